@@ -1,0 +1,33 @@
+"""List the GPU presets usable in a cluster string NODESxGPUS-gpu (e.g. 1x8-h100, 4x8-v100)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..cluster import GPU_ALIASES, GPU_PRESETS, LINK_PRESETS
+from .common import print_json
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = []
+    for name, g in GPU_PRESETS.items():
+        intra, inter = LINK_PRESETS[name]
+        rows.append({"gpu": name, "aliases": [a for a, n in GPU_ALIASES.items() if n == name],
+                     "memory_gb": g.memory_gb, "bf16_tflops": g.peak_tflops_bf16, "fp16_tflops": g.peak_tflops_fp16,
+                     "hbm_gbps": g.hbm_gbps, "intra_node_gbps": intra, "inter_node_gbps": inter})
+    if args.json:
+        print_json(rows)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title="GPU presets: use as NODESxGPUS-gpu, e.g. 4x8-h100")
+    for col in rows[0]:
+        t.add_column(col)
+    for r in rows:
+        t.add_row(*(", ".join(v) if isinstance(v, list) else str(v) for v in r.values()))
+    Console(width=max(Console().width, 130)).print(t)
+    return 0

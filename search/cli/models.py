@@ -1,0 +1,46 @@
+"""List the built-in model presets (or turn a Hugging Face config.json into a spec with --from-hf)."""
+
+from __future__ import annotations
+
+import argparse
+
+import model_specs
+
+from ..presets import load_model
+from .common import print_json
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--from-hf", metavar="CONFIG_JSON", help="convert a Hugging Face config.json (like import-hf)")
+    p.add_argument("-o", "--output", default="-", help="with --from-hf: spec file to write (default stdout)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.from_hf:
+        from .import_hf import convert_to_file
+        return convert_to_file(args.from_hf, args.output)
+    rows = []
+    models = [load_model(n) for n in model_specs.preset_names()]
+    order = {"gpt": 0, "llama": 1, "t5": 2}
+    for m in sorted(models, key=lambda m: (order[m.family], m.num_parameters)):
+        name = m.name
+        rows.append({
+            "name": name, "family": m.family, "layers": m.num_layers if not m.is_t5
+            else f"{m.num_layers}+{m.num_decoder_layers}", "hidden": m.hidden_size,
+            "heads": m.num_attention_heads, "kv_groups": m.groups, "ffn": m.ffn_hidden_size,
+            "seq": m.seq_length, "vocab": m.padded_vocab_size, "params_b": round(m.num_parameters / 1e9, 3),
+            "units": m.num_units, "aceso_db_key": m.aceso_db_key,
+        })
+    if args.json:
+        print_json(rows)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title="built-in models (--num-layers overrides the depth)")
+    for col in rows[0]:
+        t.add_column(col, justify="left" if col in ("name", "family", "aceso_db_key") else "right")
+    for r in rows:
+        t.add_row(*(str(r[c]) if r[c] is not None else "-" for c in r))
+    Console(width=max(Console().width, 130)).print(t)
+    return 0

@@ -1,0 +1,126 @@
+"""Cluster description (``ClusterSpec``) and GPU presets with datasheet numbers.
+
+String form ``NxG-gpu``: ``1x8-h100`` is one node of 8 H100s, ``4x8-v100`` four nodes of 8 V100s.
+
+Datasheet sources (dense, no sparsity): V100-SXM2-32GB 125 TFLOP/s fp16 tensor, 900 GB/s HBM2, NVLink2 300 GB/s
+bidirectional per GPU; A100-SXM4 312 TFLOP/s bf16/fp16, 1555 (40 GB) / 2039 (80 GB) GB/s, NVLink3 600 GB/s
+bidirectional; H100-SXM5 989 TFLOP/s bf16, 3350 GB/s HBM3, NVLink4 900 GB/s bidirectional; H200-SXM 989 TFLOP/s,
+4800 GB/s HBM3e, 141 GB. Link bandwidths here are one direction per GPU (half the bidirectional figure).
+Inter-node: one NIC per GPU, 100 Gb/s EDR for V100 systems (DGX-1/2), 200 Gb/s HDR for A100 (DGX A100),
+400 Gb/s NDR for H100/H200 (DGX H100/H200); in GB/s that is 12.5, 25 and 50 per GPU.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .errors import AcesoError
+
+
+class GPUSpec(BaseModel):
+    """One accelerator type."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Short name, e.g. h100.")
+    memory_gb: float = Field(gt=0, description="Device memory, GB (10^9 bytes).")
+    peak_tflops_fp16: float = Field(gt=0, description="Dense fp16 tensor-core peak, TFLOP/s.")
+    peak_tflops_bf16: float | None = Field(None, gt=0, description="Dense bf16 peak, TFLOP/s; None = unsupported.")
+    peak_tflops_fp32: float = Field(gt=0, description="fp32 peak (TF32 tensor cores where present), TFLOP/s.")
+    hbm_gbps: float = Field(gt=0, description="Memory bandwidth, GB/s.")
+
+    def peak_tflops(self, dtype: str) -> float:
+        if dtype == "bf16":
+            return self.peak_tflops_bf16 or self.peak_tflops_fp16
+        return self.peak_tflops_fp16 if dtype == "fp16" else self.peak_tflops_fp32
+
+
+GPU_PRESETS: dict[str, GPUSpec] = {
+    g.name: g
+    for g in (
+        GPUSpec(name="v100", memory_gb=34.4, peak_tflops_fp16=125, peak_tflops_bf16=None,
+                peak_tflops_fp32=15.7, hbm_gbps=900),
+        GPUSpec(name="a100-40gb", memory_gb=42.9, peak_tflops_fp16=312, peak_tflops_bf16=312,
+                peak_tflops_fp32=156, hbm_gbps=1555),
+        GPUSpec(name="a100", memory_gb=85.9, peak_tflops_fp16=312, peak_tflops_bf16=312,
+                peak_tflops_fp32=156, hbm_gbps=2039),
+        GPUSpec(name="h100", memory_gb=85.9, peak_tflops_fp16=989, peak_tflops_bf16=989,
+                peak_tflops_fp32=495, hbm_gbps=3350),
+        GPUSpec(name="h200", memory_gb=149.3, peak_tflops_fp16=989, peak_tflops_bf16=989,
+                peak_tflops_fp32=495, hbm_gbps=4800),
+        GPUSpec(name="cpu", memory_gb=16.0, peak_tflops_fp16=0.2, peak_tflops_bf16=0.2,
+                peak_tflops_fp32=0.2, hbm_gbps=20),
+    )
+}
+GPU_ALIASES = {"v100-32gb": "v100", "a100-80gb": "a100", "h100-sxm": "h100", "a100-40": "a100-40gb",
+               "a100-80": "a100"}
+# (intra-node GB/s per GPU per direction, inter-node GB/s per GPU)
+LINK_PRESETS: dict[str, tuple[float, float]] = {
+    "v100": (150.0, 12.5), "a100-40gb": (300.0, 25.0), "a100": (300.0, 25.0),
+    "h100": (450.0, 50.0), "h200": (450.0, 50.0), "cpu": (5.0, 1.0),
+}
+
+
+class ClusterSpec(BaseModel):
+    """Homogeneous nodes of identical GPUs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_nodes: int = Field(gt=0, description="Number of nodes.")
+    gpus_per_node: int = Field(gt=0, description="GPUs in each node.")
+    gpu: GPUSpec = Field(description="The accelerator.")
+    intra_node_gbps: float = Field(gt=0, description="GPU-to-GPU bandwidth inside a node, GB/s per direction.")
+    inter_node_gbps: float = Field(gt=0, description="Network bandwidth per GPU across nodes, GB/s per direction.")
+    memory_limit_mb: float | None = Field(
+        None, gt=0, description="Per-GPU memory budget in MB (2^20 bytes); None = the GPU's memory."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "ClusterSpec":
+        if self.memory_limit_mb is not None and self.memory_limit_mb * 2**20 > self.gpu.memory_gb * 1e9 * 1.0001:
+            raise ValueError(
+                f"memory_limit_mb ({self.memory_limit_mb:.0f}) exceeds the {self.gpu.name}'s "
+                f"{self.gpu.memory_gb * 1e9 / 2**20:.0f} MB; lower it"
+            )
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    @property
+    def memory_mb(self) -> float:
+        """The per-GPU memory budget, MB."""
+        return self.memory_limit_mb or self.gpu.memory_gb * 1e9 / 2**20
+
+    @property
+    def label(self) -> str:
+        return f"{self.num_nodes}x{self.gpus_per_node}-{self.gpu.name}"
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+
+_CLUSTER_RE = re.compile(r"^(\d+)x(\d+)-([a-z0-9-]+)$")
+
+
+def parse_cluster(text: str, memory_limit_mb: float | None = None) -> ClusterSpec:
+    """``'4x8-h100'`` -> ClusterSpec with the preset's GPU and links."""
+    m = _CLUSTER_RE.match(text.strip().lower())
+    if not m:
+        raise AcesoError(f"cluster '{text}': expected NODESxGPUS-gpu, e.g. 1x8-h100 (see `aceso clusters`)")
+    nodes, gpn, gpu = int(m.group(1)), int(m.group(2)), m.group(3)
+    gpu = GPU_ALIASES.get(gpu, gpu)
+    if gpu not in GPU_PRESETS:
+        raise AcesoError(f"cluster '{text}': unknown gpu '{gpu}'; choose one of {', '.join(GPU_PRESETS)}")
+    if nodes < 1 or gpn < 1:
+        raise AcesoError(f"cluster '{text}': nodes and gpus per node must be at least 1")
+    intra, inter = LINK_PRESETS[gpu]
+    try:
+        return ClusterSpec(num_nodes=nodes, gpus_per_node=gpn, gpu=GPU_PRESETS[gpu], intra_node_gbps=intra,
+                           inter_node_gbps=inter, memory_limit_mb=memory_limit_mb)
+    except ValueError as e:  # pydantic ValidationError is a ValueError
+        from .errors import format_validation_error
+        raise AcesoError(f"cluster '{text}': " + format_validation_error(e)) from None

@@ -1,0 +1,216 @@
+"""Model architecture as data (``ModelSpec``) and its sub-layer units.
+
+A transformer layer is two *units*: its attention half (input norm, attention, residual add) and its MLP half
+(norm, MLP, residual add). A T5 decoder layer has three: self-attention, cross-attention, MLP. Units are the
+granularity of stage boundaries and of recompute choices in a ``ParallelPlan``. The embedding belongs to the first
+stage, the final norm, output layer and loss to the last one.
+
+Parameter counts follow megatron-core's modules (``GPTModel``/``T5Model`` with the local specs): QKV as one
+linear of ``h x (heads + 2*groups) * kv_channels``, output projection ``heads*kv_channels x h``, an MLP of
+``h x ffn`` (``h x 2*ffn`` for SwiGLU) and ``ffn x h``, biases when ``add_bias_linear``, two norms per layer.
+FLOPs follow Narayanan et al. (SC'21, appendix): 2 FLOPs per multiply-add, backward = 2x forward.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Family = Literal["gpt", "t5", "llama"]
+UnitKind = Literal["attention", "cross_attention", "mlp"]
+Stack = Literal["decoder", "encoder"]
+
+
+class Unit(NamedTuple):
+    """One sub-layer unit: which stack (GPT/Llama layers are ``decoder``), which layer in it, which half."""
+
+    stack: Stack
+    layer: int
+    kind: UnitKind
+
+
+class ModelSpec(BaseModel):
+    """A transformer architecture. Lengths are tokens; sizes are elements."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field("custom", description="Preset or user name, shown in reports.")
+    family: Family = Field(description="gpt (decoder-only), llama (decoder-only, Llama-style), t5 (encoder-decoder).")
+    num_layers: int = Field(gt=0, description="Transformer layers (T5: encoder layers).")
+    num_decoder_layers: int | None = Field(None, gt=0, description="T5 only: decoder layers.")
+    hidden_size: int = Field(gt=0, description="Model width h.")
+    num_attention_heads: int = Field(gt=0, description="Attention heads.")
+    num_query_groups: int | None = Field(None, gt=0, description="KV heads for grouped-query attention; None = heads.")
+    kv_channels: int | None = Field(None, gt=0, description="Per-head width; None = hidden_size / heads.")
+    ffn_hidden_size: int = Field(gt=0, description="MLP inner width.")
+    seq_length: int = Field(gt=0, description="Sequence length (T5: encoder sequence length).")
+    decoder_seq_length: int | None = Field(None, gt=0, description="T5 only: decoder sequence length.")
+    vocab_size: int = Field(gt=0, description="Tokenizer vocabulary size.")
+    make_vocab_size_divisible_by: int = Field(128, gt=0, description="Megatron pads the vocabulary to a multiple of this.")
+    activation: Literal["gelu", "swiglu"] = Field("gelu", description="MLP activation.")
+    normalization: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="Norm layers.")
+    position_embedding: Literal["learned", "rope"] = Field("learned", description="Absolute learned or rotary.")
+    rotary_base: float = Field(10000.0, gt=0, description="RoPE base (rope only).")
+    tied_embeddings: bool = Field(True, description="Output layer shares the input word embedding.")
+    add_bias_linear: bool = Field(True, description="Linear layers carry biases.")
+    params_dtype: Literal["bf16", "fp16", "fp32"] = Field("fp16", description="Dtype of parameters and activations.")
+    aceso_db_key: str | None = Field(None, description="Model key in the Aceso reference database, e.g. gpt_1_3B.")
+    nominal_params_b: float | None = Field(None, gt=0, description="The size the preset is named after, billions.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelSpec":
+        if self.family == "t5":
+            if self.num_decoder_layers is None or self.decoder_seq_length is None:
+                raise ValueError("t5 models need num_decoder_layers and decoder_seq_length; add both")
+        else:
+            if self.num_decoder_layers is not None or self.decoder_seq_length is not None:
+                raise ValueError(
+                    f"num_decoder_layers/decoder_seq_length are for t5 only, not {self.family}; remove them"
+                )
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                f"({self.num_attention_heads}), or set kv_channels"
+            )
+        if self.num_attention_heads % self.groups:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_query_groups "
+                f"({self.groups})"
+            )
+        return self
+
+    # ----- derived sizes -------------------------------------------------------------------------------------
+    @property
+    def groups(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.make_vocab_size_divisible_by
+        return -(-self.vocab_size // m) * m
+
+    @property
+    def is_t5(self) -> bool:
+        return self.family == "t5"
+
+    @property
+    def decoder_layers(self) -> int:
+        """Layers in the decoder stack (GPT/Llama: all layers)."""
+        return self.num_decoder_layers if self.is_t5 else self.num_layers
+
+    @property
+    def dtype_bytes(self) -> int:
+        return 4 if self.params_dtype == "fp32" else 2
+
+    @cached_property
+    def units(self) -> tuple[Unit, ...]:
+        """All sub-layer units in execution order (T5: encoder units first)."""
+        if not self.is_t5:
+            return tuple(Unit("decoder", i, k) for i in range(self.num_layers) for k in ("attention", "mlp"))
+        enc = [Unit("encoder", i, k) for i in range(self.num_layers) for k in ("attention", "mlp")]
+        dec = [
+            Unit("decoder", i, k)
+            for i in range(self.num_decoder_layers)
+            for k in ("attention", "cross_attention", "mlp")
+        ]
+        return tuple(enc + dec)
+
+    @property
+    def num_units(self) -> int:
+        return len(self.units)
+
+    @property
+    def num_encoder_units(self) -> int:
+        """T5: units before the first decoder unit (0 for GPT/Llama)."""
+        return 2 * self.num_layers if self.is_t5 else 0
+
+    # ----- parameter counts ----------------------------------------------------------------------------------
+    def _norm_params(self) -> int:
+        return self.hidden_size * (2 if self.normalization == "layernorm" else 1)
+
+    def unit_params(self, kind: UnitKind) -> int:
+        """Parameters of one unit (unsharded), its norm included."""
+        h, d = self.hidden_size, self.head_dim
+        q = self.num_attention_heads * d
+        kv = self.groups * d
+        bias = self.add_bias_linear
+        if kind == "attention":
+            return h * (q + 2 * kv) + q * h + (q + 2 * kv + h if bias else 0) + self._norm_params()
+        if kind == "cross_attention":  # Q from the decoder, K/V from the encoder output (megatron-core: two linears)
+            return h * q + h * 2 * kv + q * h + (q + 2 * kv + h if bias else 0) + self._norm_params()
+        ffn = self.ffn_hidden_size
+        up = 2 * ffn if self.activation == "swiglu" else ffn
+        return h * up + ffn * h + (up + h if bias else 0) + self._norm_params()
+
+    def embedding_params(self) -> int:
+        pos = self.seq_length if self.position_embedding == "learned" else 0
+        if self.is_t5:
+            pos = max(self.seq_length, self.decoder_seq_length)
+        return (self.padded_vocab_size + pos) * self.hidden_size
+
+    def output_params(self) -> int:
+        """Final norm(s) + untied output layer (+ the T5 LM-head bias)."""
+        n = self._norm_params() * (2 if self.is_t5 else 1)
+        if not self.tied_embeddings:
+            n += self.padded_vocab_size * self.hidden_size
+        if self.is_t5:
+            n += self.padded_vocab_size
+        return n
+
+    @property
+    def num_parameters(self) -> int:
+        return self.embedding_params() + sum(self.unit_params(u.kind) for u in self.units) + self.output_params()
+
+    # ----- FLOPs -----------------------------------------------------------------------------------------------
+    def unit_forward_flops(self, kind: UnitKind, tokens_per_sample: int, kv_len: int | None = None,
+                           causal: bool = True) -> float:
+        """Forward FLOPs of one unit per sample: 2 per multiply-add of the linears and of the attention core.
+
+        ``causal`` halves nothing here: like Megatron's reported TFLOP/s, the full score matrix is counted.
+        """
+        s = tokens_per_sample
+        h, d = self.hidden_size, self.head_dim
+        q = self.num_attention_heads * d
+        kv = self.groups * d
+        if kind == "mlp":
+            ffn = self.ffn_hidden_size
+            up = 2 * ffn if self.activation == "swiglu" else ffn
+            return 2.0 * s * (h * up + ffn * h)
+        kv_len = kv_len or s
+        if kind == "attention":
+            linear = 2.0 * s * (h * (q + 2 * kv) + q * h)
+        else:  # cross-attention: Q and output over decoder tokens, K/V over encoder tokens
+            linear = 2.0 * s * (h * q + q * h) + 2.0 * kv_len * h * 2 * kv
+        core = 2.0 * 2.0 * s * kv_len * q  # QK^T and PV
+        return linear + core
+
+    def forward_flops_per_sample(self) -> float:
+        """Forward FLOPs for one sample through the whole model, logits included."""
+        s_enc = self.seq_length
+        s_dec = self.decoder_seq_length if self.is_t5 else self.seq_length
+        total = 0.0
+        for u in self.units:
+            if u.stack == "encoder":
+                total += self.unit_forward_flops(u.kind, s_enc)
+            elif u.kind == "cross_attention":
+                total += self.unit_forward_flops(u.kind, s_dec, kv_len=s_enc)
+            else:
+                total += self.unit_forward_flops(u.kind, s_dec)
+        total += 2.0 * s_dec * self.hidden_size * self.padded_vocab_size
+        return total
+
+    def training_flops_per_sample(self) -> float:
+        """Forward + backward (2x forward), without recompute."""
+        return 3.0 * self.forward_flops_per_sample()
+
+    @property
+    def flops_per_token(self) -> float:
+        """Training FLOPs per (decoder) token."""
+        s_dec = self.decoder_seq_length if self.is_t5 else self.seq_length
+        return self.training_flops_per_sample() / s_dec

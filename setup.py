@@ -1,0 +1,21 @@
+"""aceso-megatron: the Aceso auto-parallel planner as a plugin and config generator for stock megatron-core."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="aceso-megatron",
+    version="0.1.0",
+    description="Aceso bottleneck-alleviation planner and runtime plugin for megatron-core",
+    python_requires=">=3.11",
+    packages=find_packages(include=["search*", "aceso_megatron*", "patches*", "model_specs*", "launch*"]),
+    package_data={"model_specs": ["presets/*.json"], "launch": ["*.sh", "*.sbatch"]},
+    install_requires=["pydantic>=2.6,<3", "numpy>=1.24", "rich>=13", "pyyaml>=6"],
+    extras_require={
+        # torch is pinned: a CPU wheel of 2.13.0 is on disk; an unpinned torch pulls a multi-GB CUDA build.
+        "runtime": ["torch==2.13.0", "megatron-core>=0.16.1,<0.18"],
+        # transformer-engine is optional; apex is not on PyPI (see README, "GPU extras").
+        "gpu": ["transformer-engine[pytorch]"],
+        "test": ["pytest>=8", "pytest-timeout>=2"],
+    },
+    entry_points={"console_scripts": ["aceso=search.cli:main"]},
+)
