@@ -1,0 +1,88 @@
+"""Result types shared by every cost model (analytic, profile database, aceso-compat) and the search.
+
+Times are milliseconds, memory is MB (2^20 bytes). Recompute choices are coded as ints in arrays:
+0 = none, 1 = selective, 2 = full (``RC[code]`` gives the plan's string).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+RC = ("none", "selective", "full")
+RC_CODE = {name: i for i, name in enumerate(RC)}
+
+
+@dataclass(frozen=True)
+class UnitTable:
+    """Per-unit costs of all the model's units at one (per-rank batch, tp). Arrays are indexed by unit."""
+
+    batch: int
+    tp: int
+    fwd_ms: np.ndarray            # (U,) forward, the unit's own TP collectives included
+    bwd_ms: np.ndarray            # (U,) backward
+    recompute_ms: np.ndarray      # (U, 3) extra time per micro-batch for each recompute choice
+    act_mb: np.ndarray            # (U, 3) MB kept for backward per in-flight micro-batch, per choice
+    peak_mb: np.ndarray           # (U, 3) transient re-materialisation MB during the unit's backward
+    weight_params: np.ndarray     # (U,) parameters per rank after the TP split
+    boundary_mb: np.ndarray       # (U+1,) MB per rank crossing a boundary placed before unit u (u=U: after the last)
+    embed_fwd_ms: float = 0.0
+    embed_bwd_ms: float = 0.0
+    embed_params: float = 0.0
+    embed_act_mb: float = 0.0
+    head_fwd_ms: float = 0.0
+    head_bwd_ms: float = 0.0
+    head_params: float = 0.0
+    head_act_mb: float = 0.0
+
+
+@dataclass
+class StageCost:
+    """One stage of a plan: per-micro-batch times, per-iteration sync, and peak memory per GPU."""
+
+    fwd_ms: float
+    bwd_ms: float
+    recompute_ms: float
+    p2p_ms: float
+    dp_sync_ms: float = 0.0
+    optimizer_ms: float = 0.0
+    memory_mb: float = 0.0
+    memory_breakdown: dict[str, float] = field(default_factory=dict)
+    fits: bool = True
+    # optional detail for reports and the search's bottleneck classification
+    tp_comm_ms: float = 0.0       # part of fwd/bwd spent in TP collectives
+    ideal_ms: float = 0.0         # fwd+bwd of the same units on one GPU at the full micro-batch, / num_gpus
+
+    @property
+    def time_per_microbatch_ms(self) -> float:
+        return self.fwd_ms + self.bwd_ms + self.recompute_ms + self.p2p_ms
+
+
+@dataclass
+class PipelineCost:
+    """1F1B timing of the whole pipeline."""
+
+    iteration_ms: float
+    stage_total_ms: list[float]
+    bottleneck: int
+    bubble_ms: float = 0.0
+
+
+@dataclass
+class PlanCost:
+    """Everything a report needs about one plan."""
+
+    iteration_ms: float
+    samples_per_s: float
+    stages: list[StageCost]
+    pipeline: PipelineCost
+    max_memory_mb: float
+    memory_limit_mb: float
+    fits: bool
+    bottleneck_stage: int
+    bottleneck_resource: str      # compute | communication | recompute | memory
+    tflops_per_gpu: float = 0.0
+    mfu: float = 0.0
+    cost_model: str = "analytic"
+    warnings: list[str] = field(default_factory=list)
