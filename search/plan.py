@@ -216,3 +216,32 @@ if __name__ == "__main__":  # regenerate docs/plan.schema.json
     out = Path(__file__).resolve().parent.parent / "docs" / "plan.schema.json"
     out.write_text(plan_json_schema())
     print(f"wrote {out}")
+
+
+def even_split(num_items: int, num_parts: int) -> list[int]:
+    """Sizes of ``num_parts`` contiguous parts of ``num_items``, as even as possible (earlier parts larger)."""
+    base, extra = divmod(num_items, num_parts)
+    return [base + (1 if i < extra else 0) for i in range(num_parts)]
+
+
+def uniform_plan(model: ModelSpec, num_stages: int, tp: int, dp: int, micro_batch_size: int,
+                 global_batch_size: int, recompute: Recompute = "none",
+                 cluster: ClusterSpec | None = None) -> ParallelPlan:
+    """A Megatron-style plan: every stage tp x dp, whole layers split as evenly as possible.
+
+    Units are grouped per layer (2 units; T5 decoder layers 3), so stage boundaries fall between layers.
+    """
+    layer_units = [2] * model.num_layers
+    if model.is_t5:
+        layer_units += [3] * model.num_decoder_layers
+    if num_stages > len(layer_units):
+        raise AcesoError(f"num_stages ({num_stages}) exceeds the model's {len(layer_units)} layers")
+    stages, start, li = [], 0, 0
+    for n_layers in even_split(len(layer_units), num_stages):
+        n_units = sum(layer_units[li:li + n_layers])
+        li += n_layers
+        stages.append(StageSpec(num_gpus=tp * dp, tp=tp, dp=dp, start_unit=start, end_unit=start + n_units,
+                                recompute=[recompute] * n_units))
+        start += n_units
+    return ParallelPlan(model=model, cluster=cluster, micro_batch_size=micro_batch_size,
+                        global_batch_size=global_batch_size, stages=stages)

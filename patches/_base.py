@@ -1,0 +1,51 @@
+"""Shared helpers for patches: the megatron-core version check and a record of applied swaps.
+
+Every patch module in ``patches/`` declares ``TESTED_VERSIONS`` and calls ``check_version`` in ``apply()``, so an
+untested megatron-core release is refused with one clear line instead of failing somewhere deep inside it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from search.errors import AcesoError
+
+ALLOW_UNTESTED_ENV = "ACESO_ALLOW_UNTESTED_MEGATRON"
+
+
+def megatron_version() -> str:
+    from megatron.core import package_info
+
+    return package_info.__version__
+
+
+def check_version(patch: str, tested: tuple[str, ...]) -> None:
+    """Refuse to patch a megatron-core version the patch was not tested on (override with the env variable)."""
+    version = megatron_version()
+    if version in tested or os.environ.get(ALLOW_UNTESTED_ENV) == "1":
+        return
+    raise AcesoError(
+        f"patch {patch} was tested on megatron-core {', '.join(tested)} but {version} is installed; "
+        f"install a tested version or set {ALLOW_UNTESTED_ENV}=1 to try anyway"
+    )
+
+
+class Swaps:
+    """Remembers (object, attribute, original value) so ``revert()`` can restore them in reverse order."""
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    @property
+    def active(self) -> bool:
+        return bool(self._saved)
+
+    def set(self, obj: Any, name: str, value: Any) -> None:
+        self._saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    def restore(self) -> None:
+        while self._saved:
+            obj, name, value = self._saved.pop()
+            setattr(obj, name, value)

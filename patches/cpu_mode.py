@@ -1,0 +1,93 @@
+"""CPU mode: run stock megatron-core on CPU (gloo, fp32) for tests and laptops.
+
+Target: ``torch.cuda.{current_device, synchronize, get_rng_state, set_rng_state, manual_seed}``, megatron-core's
+``tensor_parallel.random._get_cuda_rng_state/_set_cuda_rng_state``, and tensor factories called with
+``device="cuda"`` or an integer device (through a ``TorchFunctionMode``).
+
+Reason: megatron-core hard-codes CUDA in a few places that CPU training reaches: ``torch.cuda.current_device()``
+as the device of buffers (tensor-parallel layers, DDP buckets), ``device="cuda"`` in the 1F1B schedule's token
+counter and in the causal-mask helper (``transformer/utils.py``), and the CUDA RNG state that activation
+recompute saves and replays. Without the RNG mapping, seeding fails and the recompute RNG replay silently does
+nothing. The function mode must stay active during backward (recomputed forwards create tensors too), so it is
+entered in ``apply()`` and left in ``revert()``, not scoped to a ``with`` block.
+
+Tested megatron-core versions: 0.16.1 (torch 2.13.0 CPU). Remove when megatron-core supports a CPU device.
+The model side of CPU mode is configuration, not patching: all fusions off, ``use_cpu_initialization=True``,
+fp32 (see ``aceso_megatron.config``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ._base import Swaps, check_version
+
+NAME = "cpu_mode"
+TESTED_VERSIONS = ("0.16.1",)
+_swaps = Swaps()
+_mode: "_CudaToCpuMode | None" = None
+
+
+def _is_cuda(device) -> bool:
+    if isinstance(device, int):
+        return True
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+class _CudaToCpuMode(TorchFunctionMode):
+    """Rewrites ``device=cuda``/``device=<int>`` to CPU; ``Tensor.cuda()`` becomes a no-op."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
+            args = (args[0], "cpu", *args[2:])
+        return func(*args, **kwargs)
+
+
+def _get_rng_state(*args, **kwargs) -> torch.Tensor:
+    return torch.get_rng_state()
+
+
+def _set_rng_state(state: torch.Tensor, *args, **kwargs) -> None:
+    torch.set_rng_state(state)
+
+
+def is_applied() -> bool:
+    return _mode is not None
+
+
+def apply() -> None:
+    """Install the CPU shims (idempotent)."""
+    global _mode
+    if _mode is not None:
+        return
+    check_version(NAME, TESTED_VERSIONS)
+    from megatron.core.tensor_parallel import random as mrandom
+
+    _swaps.set(torch.cuda, "current_device", lambda: 0)
+    _swaps.set(torch.cuda, "synchronize", lambda *a, **k: None)
+    _swaps.set(torch.cuda, "get_rng_state", _get_rng_state)
+    _swaps.set(torch.cuda, "set_rng_state", _set_rng_state)
+    _swaps.set(torch.cuda, "manual_seed", lambda seed: torch.manual_seed(seed))
+    _swaps.set(torch.cuda.random, "get_rng_state", _get_rng_state)
+    _swaps.set(mrandom, "_get_cuda_rng_state", _get_rng_state)
+    _swaps.set(mrandom, "_set_cuda_rng_state", _set_rng_state)
+    _mode = _CudaToCpuMode()
+    _mode.__enter__()
+
+
+def revert() -> None:
+    """Remove the CPU shims."""
+    global _mode
+    if _mode is None:
+        return
+    _mode.__exit__(None, None, None)
+    _mode = None
+    _swaps.restore()
