@@ -35,6 +35,12 @@ class UnitTable:
     head_bwd_ms: float = 0.0
     head_params: float = 0.0
     head_act_mb: float = 0.0
+    # optional detail (additive): TP collective ms inside each unit (fwd + bwd), the tied word-embedding copy the
+    # last stage holds when the pipeline has more than one stage, and the T5 encoder output a decoder stage keeps
+    tp_comm_ms: np.ndarray | None = None
+    word_embed_params: float = 0.0
+    encoder_output_mb: float = 0.0
+    head_peak_mb: float = 0.0     # transient of the loss on the last stage (fp16 logits + an fp32 temporary)
 
 
 @dataclass

@@ -1,0 +1,157 @@
+"""Predict a plan's iteration time and memory per stage, and name its bottleneck.
+
+PLAN is our plan JSON or a reference (Aceso legacy) config (one with num_ops_in_each_stage; converted with the
+compat importer, --snap moves boundaries that fall inside a unit). The model, cluster and global batch size come from
+the plan unless given. --cost-model analytic (default, no measurements needed), profile (--db FILE|DIR, see
+docs/profile-db.md) or aceso-compat (--db DIR of an Aceso database).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pydantic
+
+from ..errors import AcesoError, as_aceso_error
+from ..plan import ParallelPlan, parse_plan
+from ..training import TrainingSpec
+from .common import add_cluster_args, print_json
+
+CATEGORIES = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "reserve")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", help="plan JSON (ours or a reference config)")
+    p.add_argument("--model", default=None, help="preset or spec file; default: the plan's model")
+    p.add_argument("--num-layers", type=int, default=None, help="with --model: override the preset's depth")
+    add_cluster_args(p, required=False)
+    p.add_argument("--global-batch-size", type=int, default=None, help="default: the plan's")
+    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
+                   help="default: the model's params_dtype")
+    p.add_argument("--cost-model", choices=("analytic", "profile", "aceso-compat"), default="analytic")
+    p.add_argument("--db", default=None, help="profile database (profile) or Aceso database folder (aceso-compat)")
+    p.add_argument("--snap", action="store_true", help="reference configs: move boundaries to unit boundaries")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _read_plan(args: argparse.Namespace) -> tuple[ParallelPlan, list[str]]:
+    path = Path(args.plan)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AcesoError(f"{path}: no such plan file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise AcesoError(f"{path}: not valid JSON ({e})") from None
+    if isinstance(raw, dict) and "num_ops_in_each_stage" in raw:
+        try:
+            from ..compat.mapping import ref_to_plan
+            from ..compat.refconfig import parse_ref_config
+        except ImportError:
+            raise AcesoError(f"{path}: a reference (Aceso legacy) config, but the compat importer is not "
+                             "available in this version; convert it to our plan format first") from None
+        return ref_to_plan(parse_ref_config(raw, src=str(path)), snap=args.snap, src=str(path))
+    return parse_plan(raw, source=str(path)), []
+
+
+def _resolve(args: argparse.Namespace, plan: ParallelPlan):
+    """(plan, cluster, training) with the command-line overrides applied and checked."""
+    from ..cluster import parse_cluster
+    from ..presets import load_model
+    data = plan.model_dump(exclude={"predicted"})
+    if args.model:
+        model = load_model(args.model, num_layers=args.num_layers)
+        if model.num_units != plan.model.num_units:
+            raise AcesoError(f"--model {args.model} has {model.num_units} units but the plan covers "
+                             f"{plan.model.num_units}; use the plan's model or --num-layers")
+        data["model"] = model.model_dump()
+    if args.cluster:
+        cluster = parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb)
+    elif plan.cluster is not None:
+        cluster = plan.cluster
+        if args.memory_limit_mb:
+            cluster = cluster.model_copy(update={"memory_limit_mb": args.memory_limit_mb})
+    else:
+        raise AcesoError(f"{args.plan}: the plan names no cluster; give --cluster NODESxGPUS-gpu")
+    data["cluster"] = cluster.model_dump()
+    if args.global_batch_size:
+        data["global_batch_size"] = args.global_batch_size
+    try:
+        plan = ParallelPlan.model_validate(data)
+    except pydantic.ValidationError as e:
+        raise AcesoError(f"{args.plan}: " + str(as_aceso_error(e))) from None
+    precision = args.precision or plan.model.params_dtype
+    training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
+                            precision=precision, distributed_optimizer=plan.distributed_optimizer)
+    return plan, cluster, training
+
+
+def report(plan: ParallelPlan, cost) -> dict:
+    """The JSON form of a PlanCost."""
+    stages = []
+    for i, (st, sc) in enumerate(zip(plan.stages, cost.stages)):
+        rc = {c: st.recompute.count(c) for c in ("none", "selective", "full") if st.recompute.count(c)}
+        stages.append({
+            "index": i, "num_gpus": st.num_gpus, "tp": st.tp, "dp": st.dp, "units": [st.start_unit, st.end_unit],
+            "recompute": rc, "fwd_ms": sc.fwd_ms, "bwd_ms": sc.bwd_ms, "recompute_ms": sc.recompute_ms,
+            "p2p_ms": sc.p2p_ms, "tp_comm_ms": sc.tp_comm_ms, "dp_sync_ms": sc.dp_sync_ms,
+            "optimizer_ms": sc.optimizer_ms, "time_per_microbatch_ms": sc.time_per_microbatch_ms,
+            "time_ms": cost.pipeline.stage_total_ms[i],
+            "bubble_ms": max(0.0, cost.iteration_ms - plan.num_micro_batches * sc.time_per_microbatch_ms
+                             - sc.dp_sync_ms - sc.optimizer_ms),
+            "memory_mb": sc.memory_mb,
+            "memory_breakdown_mb": dict(sc.memory_breakdown), "fits": sc.fits})
+    return {"model": plan.model.name, "cost_model": cost.cost_model, "num_micro_batches": plan.num_micro_batches,
+            "micro_batch_size": plan.micro_batch_size, "global_batch_size": plan.global_batch_size,
+            "iteration_time_ms": cost.iteration_ms, "samples_per_s": cost.samples_per_s,
+            "bubble_ms": cost.pipeline.bubble_ms, "tflops_per_gpu": cost.tflops_per_gpu, "mfu": cost.mfu,
+            "max_memory_mb": cost.max_memory_mb, "memory_limit_mb": cost.memory_limit_mb, "fits": cost.fits,
+            "bottleneck_stage": cost.bottleneck_stage, "bottleneck_resource": cost.bottleneck_resource,
+            "warnings": list(cost.warnings), "stages": stages}
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..costmodel import make_cost_model
+    plan, notes = _read_plan(args)
+    plan, cluster, training = _resolve(args, plan)
+    cm = make_cost_model(plan.model, cluster, training, kind=args.cost_model, db=args.db)
+    cost = cm.evaluate(plan)
+    out = report(plan, cost)
+    out["notes"] = notes
+    out["cluster"] = cluster.label
+    if args.json:
+        print_json(out)
+    else:
+        _print_table(out)
+    return 0
+
+
+def _print_table(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"{r['model']} on {r['cluster']} ({r['cost_model']} cost model): "
+                    f"{r['num_micro_batches']} micro-batches of {r['micro_batch_size']}")
+    cols = ["stage", "gpus", "tp", "dp", "units", "recompute", "fwd ms", "bwd ms", "recomp ms", "comm ms",
+            "sync ms", "total ms", "states GB", "act GB", "peak GB", "resv GB", "mem GB", "fits"]
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("units", "recompute", "fits") else "right")
+    for s in r["stages"]:
+        mb = s["memory_breakdown_mb"]
+        groups = (("params", "grads", "optimizer"), ("activations",), ("recompute_peak", "p2p_buffers"), ("reserve",))
+        gb = [f"{sum(mb.get(c, 0.0) for c in g) / 1024:.2f}" for g in groups]
+        rc = " ".join(f"{k[0]}{v}" for k, v in s["recompute"].items())
+        t.add_row(str(s["index"]), str(s["num_gpus"]), str(s["tp"]), str(s["dp"]),
+                  f"{s['units'][0]}-{s['units'][1]}", rc, f"{s['fwd_ms']:.2f}", f"{s['bwd_ms']:.2f}",
+                  f"{s['recompute_ms']:.2f}", f"{s['p2p_ms'] + s['tp_comm_ms']:.2f}",
+                  f"{s['dp_sync_ms'] + s['optimizer_ms']:.1f}", f"{s['time_ms']:.0f}", *gb,
+                  f"{s['memory_mb'] / 1024:.2f}", "yes" if s["fits"] else "[red]OVER[/red]")
+    con = Console(width=max(Console().width, 160))
+    con.print(t)
+    con.print(f"iteration {r['iteration_time_ms']:.1f} ms (bubble {r['bubble_ms']:.1f} ms), "
+              f"{r['samples_per_s']:.2f} samples/s, {r['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU "
+              f"{100 * r['mfu']:.1f}%; max memory {r['max_memory_mb'] / 1024:.2f} of "
+              f"{r['memory_limit_mb'] / 1024:.2f} GB ({'fits' if r['fits'] else 'DOES NOT FIT'}); bottleneck: stage "
+              f"{r['bottleneck_stage']} ({r['bottleneck_resource']})")
+    for w in r["notes"] + r["warnings"]:
+        con.print(f"note: {w}")

@@ -1,0 +1,293 @@
+"""``CostModel``: time and memory of stages and whole plans from a source of ``UnitTable``s.
+
+A stage (units [start, end) on tp*dp GPUs starting at ``first_rank``) at pipeline micro-batch ``mbs`` runs
+``b = mbs / dp`` samples per rank. Per micro-batch:
+
+    fwd, bwd     sum of its units' times at (b, tp) from the table (TP collectives included), plus the embedding on
+                 the first stage and the final norm + logits + loss on the last
+    recompute    sum over units of the extra forward of its recompute choice
+    p2p          each boundary moves the activation forward and its gradient backward (blocking send/recv, so both
+                 neighbours wait: each boundary counts in the stages on both sides). Re-sharding between stages of
+                 different (tp, dp): the receiving rank needs ``X/dp_r`` of the micro-batch's activation X (replicated
+                 over its TP group), each sending rank supplies ``tp_r X / (tp_s dp_s)``; time = max of the two over
+                 the link (fan-in / fan-out), on the network when the two stages' ranks span nodes.
+Per iteration:
+    dp_sync      gradient all-reduce over the stage's DP group (ranks strided by tp; reduce-scatter + all-gather of the
+                 same volume with the distributed optimizer) of its per-rank parameters at the gradient width; the
+                 first and last stage add the tied word-embedding gradient all-reduce between them (pp > 1)
+    optimizer    memory bound: Adam reads fp32 master, m, v and the gradient and writes master, m, v and the weight:
+                 ``OPT_BYTES_PER_PARAM`` (28 B for bf16/fp16: 4+4+4+2 read, 4+4+4+2 written) / (HBM * efficiency),
+                 divided by dp with the distributed optimizer
+Memory per GPU: see ``memory.py``. The pipeline time: see ``pipeline.py``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..cluster import ClusterSpec
+from ..errors import AcesoError
+from ..model import ModelSpec
+from ..training import TrainingSpec
+from .comm import CommModel
+from .memory import FRAGMENTATION, MB, RESERVE_MB, in_flight, state_bytes_per_param
+from .pipeline import one_f_one_b
+from .types import RC_CODE, PipelineCost, PlanCost, StageCost, UnitTable
+
+OPT_BYTES_PER_PARAM = {"bf16": 28.0, "fp16": 28.0, "fp32": 32.0}
+OPT_MEM_EFFICIENCY = 0.8
+SPAN_CACHE_SIZE = 200_000   # entries of each memo (stage terms, span sums); a memo is cleared when full
+COMM_SHARE = 0.2        # a stage whose communication (or recompute) share reaches this is "communication"-bound
+
+
+class _Prepared(NamedTuple):
+    """Prefix sums and a gather table over one UnitTable (python lists: fast scalar indexing)."""
+
+    table: UnitTable
+    cum_fwd: list[float]
+    cum_bwd: list[float]
+    cum_params: list[float]
+    cum_tpc: list[float]
+    rap: np.ndarray          # (U*3, 3): row u*3+c = (recompute_ms, act_mb, peak_mb) of unit u under choice c
+    rap_rows: list           # the same rows as python tuples (short spans are faster in plain python)
+    base3: np.ndarray        # (U,) = 3u
+    boundary: list[float]
+    cross_first: int         # first unit that reads the encoder output (T5 decoder), else U
+
+
+def _prepare(t: UnitTable, cross_first: int) -> _Prepared:
+    def cum(a):
+        return [0.0] + np.cumsum(a).tolist()
+    tpc = t.tp_comm_ms if t.tp_comm_ms is not None else np.zeros_like(t.fwd_ms)
+    rap = np.stack([t.recompute_ms, t.act_mb, t.peak_mb], axis=-1).reshape(-1, 3)
+    return _Prepared(t, cum(t.fwd_ms), cum(t.bwd_ms), cum(t.weight_params), cum(tpc), rap,
+                     [tuple(r) for r in rap.tolist()],
+                     np.arange(len(t.fwd_ms), dtype=np.int64) * 3, t.boundary_mb.tolist(), cross_first)
+
+
+def _span_sums(p: _Prepared, start: int, end: int, rc: np.ndarray) -> tuple[float, float, float]:
+    """(recompute ms, activation MB, peak MB) of units [start, end) under recompute codes ``rc``."""
+    if len(rc) != end - start:
+        raise ValueError(f"recompute has {len(rc)} codes for the {end - start} units [{start}, {end})")
+    if end - start > 32:
+        g = p.rap[p.base3[start:end] + rc]
+        sums = g.sum(axis=0)
+        return float(sums[0]), float(sums[1]), float(g[:, 2].max())
+    rows = p.rap_rows
+    rec = act = peak = 0.0
+    for i, c in enumerate(rc.tolist(), start):
+        r = rows[3 * i + c]
+        rec += r[0]
+        act += r[1]
+        if r[2] > peak:
+            peak = r[2]
+    return rec, act, peak
+
+
+class CostModel:
+    """Evaluates stages and plans of one model on one cluster with one training setup."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, source, comm: CommModel,
+                 kind: str = "analytic"):
+        self.model, self.cluster, self.training = model, cluster, training
+        self.source, self.comm, self.kind = source, comm, kind
+        self.memory_limit_mb = cluster.memory_mb
+        self._prep: dict[tuple[float, int], _Prepared] = {}
+        self._span_cache: dict[tuple, tuple[float, float, float]] = {}   # (b, tp, start, end, rc bytes) -> sums
+        self._static_cache: dict[tuple, tuple] = {}                       # stage_cost args but recompute -> terms
+        self._w, self._g, self._opt = state_bytes_per_param(training.precision, False, 1)
+        self._opt_ms_per_param = OPT_BYTES_PER_PARAM[training.precision] / (
+            cluster.gpu.hbm_gbps * 1e6 * OPT_MEM_EFFICIENCY)
+        cross = [i for i, u in enumerate(model.units) if u.kind == "cross_attention"]
+        self._cross_first = cross[0] if cross else model.num_units
+        self.warnings: list[str] = []
+
+    # ----- tables -------------------------------------------------------------------------------------------------
+    def _prepared(self, batch: float, tp: int) -> _Prepared:
+        key = (batch, tp)
+        p = self._prep.get(key)
+        if p is None:
+            if batch <= 0 or tp < 1:
+                raise AcesoError(f"per-rank batch ({batch}) and tp ({tp}) must be positive")
+            p = self._prep[key] = _prepare(self.source.unit_table(batch, tp), self._cross_first)
+        return p
+
+    def unit_table(self, batch: float, tp: int) -> UnitTable:
+        return self._prepared(batch, tp).table
+
+    # ----- one stage ----------------------------------------------------------------------------------------------
+    def stage_cost(self, stage_index: int, num_stages: int, first_rank: int, start_unit: int, end_unit: int,
+                   tp: int, dp: int, recompute: np.ndarray, micro_batch_size: int,
+                   prev: tuple[int, int] | None = None, next: tuple[int, int] | None = None,
+                   num_micro_batches: int | None = None) -> StageCost:
+        """Cost of one stage; ``prev``/``next`` = (tp, dp) of the neighbours (default: the same as this stage).
+
+        Two memoised parts (pure functions of their keys): everything that does not depend on the recompute
+        choices, and the (recompute ms, activation MB, peak MB) sums of a span under one recompute vector.
+        """
+        b = micro_batch_size / dp
+        key = (stage_index, num_stages, first_rank, start_unit, end_unit, tp, dp, micro_batch_size, prev, next,
+               num_micro_batches)
+        st = self._static_cache.get(key)
+        if st is None:
+            st = self._static(*key)
+            if len(self._static_cache) > SPAN_CACHE_SIZE:
+                self._static_cache.clear()
+            self._static_cache[key] = st
+        if type(recompute) is not np.ndarray:
+            recompute = np.asarray(recompute, dtype=np.int8)
+        skey = (b, tp, start_unit, end_unit, recompute.tobytes())
+        hit = self._span_cache.get(skey)
+        if hit is None:
+            hit = _span_sums(self._prepared(b, tp), start_unit, end_unit, recompute)
+            if len(self._span_cache) > SPAN_CACHE_SIZE:
+                self._span_cache.clear()
+            self._span_cache[skey] = hit
+        rec, act, rpeak = hit
+        fwd, bwd, p2p, sync, opt, tpc, act_extra, factor, w_mb, g_mb, o_mb, buf, head_peak, ideal = st
+        if head_peak > rpeak:
+            rpeak = head_peak
+        acts = (act + act_extra) * factor
+        total = w_mb + g_mb + o_mb + acts + rpeak + buf + RESERVE_MB
+        mem = {"params": w_mb, "grads": g_mb, "optimizer": o_mb, "activations": acts, "recompute_peak": rpeak,
+               "p2p_buffers": buf, "reserve": RESERVE_MB}
+        return StageCost(fwd_ms=fwd, bwd_ms=bwd, recompute_ms=rec, p2p_ms=p2p, dp_sync_ms=sync, optimizer_ms=opt,
+                         memory_mb=total, memory_breakdown=mem, fits=total <= self.memory_limit_mb, tp_comm_ms=tpc,
+                         ideal_ms=ideal)
+
+    def _static(self, stage_index, num_stages, first_rank, start_unit, end_unit, tp, dp, mbs, prev, next, m):
+        """The recompute-independent part of a stage: times, sync, and the memory terms."""
+        p = self._prepared(mbs / dp, tp)
+        t = p.table
+        first, last = stage_index == 0, stage_index == num_stages - 1
+        fwd = p.cum_fwd[end_unit] - p.cum_fwd[start_unit]
+        bwd = p.cum_bwd[end_unit] - p.cum_bwd[start_unit]
+        params = p.cum_params[end_unit] - p.cum_params[start_unit]
+        act = head_peak = 0.0
+        if first:
+            fwd += t.embed_fwd_ms
+            bwd += t.embed_bwd_ms
+            params += t.embed_params
+            act += t.embed_act_mb
+        if last:
+            fwd += t.head_fwd_ms
+            bwd += t.head_bwd_ms
+            params += t.head_params
+            act += t.head_act_mb
+            head_peak = t.head_peak_mb
+            if num_stages > 1:
+                params += t.word_embed_params
+        if end_unit > p.cross_first:
+            act += t.encoder_output_mb
+        n = tp * dp
+        p2p = buf = 0.0
+        if not first:
+            ms, mb = self._boundary(p.boundary[start_unit] * dp, prev or (tp, dp), (tp, dp),
+                                    first_rank - (prev[0] * prev[1] if prev else n), first_rank + n - 1)
+            p2p += 2 * ms
+            buf += mb
+        if not last:
+            ms, mb = self._boundary(p.boundary[end_unit] * dp, (tp, dp), next or (tp, dp),
+                                    first_rank, first_rank + n + (next[0] * next[1] if next else n) - 1)
+            p2p += 2 * ms
+            buf += mb
+        # per iteration
+        dp_inter = dp > 1 and self.comm.spans_nodes(first_rank, first_rank + n - 1)
+        sync = self.comm.all_reduce(params * self._g, dp, dp_inter)
+        if (first or last) and num_stages > 1 and t.word_embed_params:
+            sync += self.comm.all_reduce(t.word_embed_params * self._g, 2, self.cluster.num_nodes > 1)
+        dist = self.training.distributed_optimizer
+        opt = params * self._opt_ms_per_param / (dp if dist else 1)
+        # memory
+        factor = in_flight(stage_index, num_stages, m or self.training.global_batch_size // mbs) * (1 + FRAGMENTATION)
+        opt_b = self._opt / dp if dist else self._opt
+        tpc = p.cum_tpc[end_unit] - p.cum_tpc[start_unit]
+        return (fwd, bwd, p2p, sync, opt, tpc, act, factor, params * self._w / MB, params * self._g / MB,
+                params * opt_b / MB, buf, head_peak,
+                self._ideal(first, last, start_unit, end_unit, mbs, n) if self.kind == "analytic" else fwd + bwd - tpc)
+
+    def _ideal(self, first: bool, last: bool, start: int, end: int, mbs: int, n: int) -> float:
+        """fwd + bwd of the stage's work on one GPU at the whole micro-batch, divided by its GPUs (analytic only:
+        a profile need not cover tp 1 at the whole micro-batch; other sources report fwd + bwd - TP comm)."""
+        p = self._prepared(mbs, 1)
+        t = p.table
+        ms = p.cum_fwd[end] - p.cum_fwd[start] + p.cum_bwd[end] - p.cum_bwd[start]
+        ms += (t.embed_fwd_ms + t.embed_bwd_ms if first else 0.0) + (t.head_fwd_ms + t.head_bwd_ms if last else 0.0)
+        return ms / n
+
+    def _boundary(self, full_mb_per_dp1: float, send: tuple[int, int], recv: tuple[int, int],
+                  lo_rank: int, hi_rank: int) -> tuple[float, float]:
+        """One direction of one boundary: (ms, receive-buffer MB). ``full_mb_per_dp1`` = MB of the micro-batch."""
+        x = full_mb_per_dp1
+        recv_mb = x / recv[1]
+        send_mb = recv[0] * x / (send[0] * send[1])
+        inter = self.comm.spans_nodes(max(lo_rank, 0), hi_rank)
+        return self.comm.p2p(max(recv_mb, send_mb) * MB, inter), recv_mb
+
+    # ----- the pipeline ------------------------------------------------------------------------------------------
+    def pipeline(self, stage_costs: list[StageCost], num_micro_batches: int) -> PipelineCost:
+        fwd = [s.fwd_ms + s.p2p_ms / 2 for s in stage_costs]
+        bwd = [s.bwd_ms + s.recompute_ms + s.p2p_ms / 2 for s in stage_costs]
+        sync = [s.dp_sync_ms + s.optimizer_ms for s in stage_costs]
+        return one_f_one_b(fwd, bwd, sync, num_micro_batches)
+
+    # ----- a whole plan ------------------------------------------------------------------------------------------
+    def stage_costs(self, plan) -> list[StageCost]:
+        """Every stage of a ``ParallelPlan``, with each boundary's real neighbour shapes."""
+        self._check_plan(plan)
+        st, k = plan.stages, plan.num_stages
+        out = []
+        for i, s in enumerate(st):
+            rc = np.fromiter((RC_CODE[r] for r in s.recompute), dtype=np.int8, count=len(s.recompute))
+            out.append(self.stage_cost(
+                i, k, plan.first_rank(i), s.start_unit, s.end_unit, s.tp, s.dp, rc, plan.micro_batch_size,
+                prev=(st[i - 1].tp, st[i - 1].dp) if i else None,
+                next=(st[i + 1].tp, st[i + 1].dp) if i < k - 1 else None,
+                num_micro_batches=plan.num_micro_batches))
+        return out
+
+    def evaluate(self, plan) -> PlanCost:
+        stages = self.stage_costs(plan)
+        pipe = self.pipeline(stages, plan.num_micro_batches)
+        return self.summarize(stages, pipe, plan.global_batch_size, plan.world_size)
+
+    def summarize(self, stages: list[StageCost], pipe: PipelineCost, global_batch_size: int,
+                  num_gpus: int) -> PlanCost:
+        it = pipe.iteration_ms
+        mem = [s.memory_mb for s in stages]
+        fits = all(s.fits for s in stages)
+        warnings = list(getattr(self.source, "warnings", []))
+        for i, s in enumerate(stages):
+            if not s.fits:
+                warnings.append(f"stage {i} needs {s.memory_mb:.0f} MB per GPU, {s.memory_mb - self.memory_limit_mb:.0f}"
+                                f" MB over the {self.memory_limit_mb:.0f} MB limit")
+        worst = max(range(len(stages)), key=lambda i: mem[i] - self.memory_limit_mb) if not fits else pipe.bottleneck
+        flops = self.model.training_flops_per_sample() * global_batch_size
+        tflops = flops / (it / 1e3) / num_gpus / 1e12 if it > 0 else 0.0
+        peak = self.cluster.gpu.peak_tflops(self.training.precision)
+        return PlanCost(iteration_ms=it, samples_per_s=global_batch_size / (it / 1e3) if it > 0 else 0.0,
+                        stages=stages, pipeline=pipe, max_memory_mb=max(mem), memory_limit_mb=self.memory_limit_mb,
+                        fits=fits, bottleneck_stage=worst,
+                        bottleneck_resource="memory" if not fits else classify(stages[worst]),
+                        tflops_per_gpu=tflops, mfu=tflops / peak if peak else 0.0, cost_model=self.kind,
+                        warnings=warnings)
+
+    def _check_plan(self, plan) -> None:
+        if plan.model != self.model:
+            raise AcesoError(f"the plan is for model {plan.model.name} but the cost model was built for "
+                             f"{self.model.name}; build it with the plan's model")
+        if plan.world_size > self.cluster.num_gpus:
+            raise AcesoError(f"the plan uses {plan.world_size} GPUs but the cluster {self.cluster.label} has "
+                             f"{self.cluster.num_gpus}; use a plan for this cluster")
+
+
+def classify(s: StageCost) -> str:
+    """What limits a (fitting) stage: communication or recompute when either takes ``COMM_SHARE`` of its time."""
+    total = s.time_per_microbatch_ms or 1.0
+    comm = (s.p2p_ms + s.tp_comm_ms) / total
+    rec = s.recompute_ms / total
+    if max(comm, rec) >= COMM_SHARE:
+        return "communication" if comm >= rec else "recompute"
+    return "compute"

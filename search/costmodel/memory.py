@@ -1,0 +1,98 @@
+"""Memory per GPU: model states per parameter, activations per unit and recompute choice, stage assembly.
+
+Model states (Rajbhandari et al., ZeRO, SC'20, section 3.1; mixed-precision Adam): for bf16/fp16 training each
+parameter costs 2 B (half-precision weight) + 2 B (gradient) + 12 B (fp32 master weight, Adam m and v) = 16 B; for
+fp32, 4 + 4 + 8. With the distributed optimizer (ZeRO-1, megatron-core ``use_distributed_optimizer``) the 12 (or 8)
+optimizer bytes are sharded over the stage's DP group: 2 + 2 + 12/dp.
+
+Activations kept for backward per micro-batch (Korthikanti et al., "Reducing Activation Recomputation in Large
+Transformer Models", MLSys'23, section 4.1, Table 2): a GPT layer keeps ``sbh (34 + 5as/h)`` bytes at 2-byte
+precision, ``sbh (10 + 24/t + 5as/(ht))`` under tensor parallelism t without sequence parallelism. Split per unit
+(b = per-rank batch, s = tokens, q = heads*head_dim, kv = groups*head_dim, f = ffn width, t = tp):
+
+    attention unit: 2sbh (norm input) + 2sbh (QKV input) + sbh (dropout mask)   [replicated]
+                    + 2sb(q + 2kv)/t (Q, K, V) + 2sbq/t (projection input)      [split]
+                    + 5 a s^2 b / t (scores 2, softmax-dropout mask 1, dropout output 2) -- unfused attention only;
+                      with flash attention (Dao et al. 2022) the s^2 term vanishes: only the fp32 log-sum-exp
+                      (4 a s b / t bytes) is kept
+    mlp unit:       2sbh + 2sbh + sbh   [replicated]  +  2sbf/t (activation input) + 2sbf/t (fc2 input)   [split]
+                    (SwiGLU: the activation input is 2f wide)
+    dropout masks (1 byte) only for families that train with dropout (gpt, t5; llama has none).
+
+Recompute choices (megatron-core ``recompute_granularity``): *selective* recomputes the attention core (the s^2
+part; with flash attention only the log-sum-exp is saved by it) and the MLP activation function (its output, the fc2
+input, is dropped); *full* keeps only the unit input (2sbh) and re-runs the unit's forward in backward. While a unit
+is re-materialised its dropped activations exist again: that is the transient ``peak`` of the choice. The last
+stage's loss has its own transient, the fp16 logits and an fp32 temporary ((dt + 4) s b V / t bytes); a stage's
+``recompute_peak`` is the larger of the two (they never overlap in time).
+
+Per stage and GPU: states (above) + activations x in-flight micro-batches (1F1B: num_stages - stage_index, at most
+M) x (1 + FRAGMENTATION) + recompute_peak + p2p receive buffers (one per direction and boundary) + RESERVE_MB.
+The first stage adds the embedding's dropout mask per micro-batch; the last stage the final-norm and logits inputs
+and the fp32 softmax that the vocab-parallel cross-entropy keeps for backward (4 s b V / t bytes).
+"""
+
+from __future__ import annotations
+
+from ..model import ModelSpec
+
+MB = float(2**20)
+RESERVE_MB = 1024.0            # CUDA context (~0.5 GB) + cuBLAS/NCCL workspaces (~0.5 GB), per GPU
+FRAGMENTATION = 0.05           # caching-allocator slack on activations (PyTorch allocator, typical 3-8%)
+
+
+def state_bytes_per_param(precision: str, distributed_optimizer: bool, dp: int) -> tuple[float, float, float]:
+    """(weight, gradient, optimizer) bytes per parameter on one GPU."""
+    w = 4.0 if precision == "fp32" else 2.0
+    opt = 8.0 if precision == "fp32" else 12.0
+    if distributed_optimizer:
+        opt /= dp
+    return w, w, opt
+
+
+def _has_dropout(model: ModelSpec) -> bool:
+    return model.family != "llama"
+
+
+def attention_act_bytes(model: ModelSpec, b: float, s: int, t: int, flash: bool, kv_len: int | None = None,
+                        dt: float = 2.0) -> tuple[float, float, float]:
+    """Bytes kept by one attention (or cross-attention, ``kv_len`` = encoder tokens) unit: (none, selective, full).
+
+    Cross-attention's K/V input (the encoder output) is one tensor shared by all its units: it is counted once per
+    stage by the caller, not here.
+    """
+    h = model.hidden_size
+    q = model.num_attention_heads * model.head_dim
+    kv = model.groups * model.head_dim
+    a = model.num_attention_heads
+    kv_len = kv_len or s
+    mask = 1.0 * s * b * h if _has_dropout(model) else 0.0
+    replicated = 2 * dt * s * b * h + mask
+    split = dt * b * (s * q + 2 * kv_len * kv) / t + dt * s * b * q / t
+    if flash:
+        core = 4.0 * a * s * b / t
+    else:
+        core = (5.0 if _has_dropout(model) else 4.0) * a * s * kv_len * b / t
+    none = replicated + split + core
+    selective = replicated + split
+    full = dt * s * b * h
+    return none, selective, full
+
+
+def mlp_act_bytes(model: ModelSpec, b: float, s: int, t: int, dt: float = 2.0) -> tuple[float, float, float]:
+    """Bytes kept by one MLP unit: (none, selective, full)."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    up = 2 * f if model.activation == "swiglu" else f
+    mask = 1.0 * s * b * h if _has_dropout(model) else 0.0
+    replicated = 2 * dt * s * b * h + mask
+    act_in = dt * s * b * up / t
+    fc2_in = dt * s * b * f / t
+    none = replicated + act_in + fc2_in
+    selective = replicated + act_in
+    full = dt * s * b * h
+    return none, selective, full
+
+
+def in_flight(stage_index: int, num_stages: int, num_micro_batches: int) -> int:
+    """Micro-batches whose activations a stage holds at its peak under 1F1B (Narayanan et al. 2021, 2.2)."""
+    return max(1, min(num_stages - stage_index, num_micro_batches))

@@ -1,0 +1,325 @@
+"""Profile-database cost source: measured per-unit times and memory, fitted communication curves.
+
+The format (versioned JSON, one file; docs/profile-db.md) holds, for one GPU type and one model architecture:
+per unit kind (stack, kind), sequence length, per-rank micro-batch and tp: forward/backward/recompute microseconds
+and activation bytes per recompute choice; the same for the embedding and the head (final norm, logits, loss);
+collective times by kind, group size, intra/inter node and bytes; p2p times by bytes, intra and inter node.
+
+Lookups (all deterministic):
+- unit times and bytes are piecewise-linear in the per-rank batch between measured batches; outside the measured
+  range they extrapolate linearly from the two nearest points (proportionally from a single point) and the source
+  records a warning. A tp that was not profiled scales from the nearest profiled tp by tp0/tp (ideal scaling,
+  optimistic; warned). A missing unit kind or sequence length is an error naming what to profile.
+- communication: within the measured sizes, piecewise-linear interpolation of the measured points; outside them
+  the least-squares alpha-beta line ``t = alpha + bytes/beta`` fitted to all points (warned). A group size or link
+  with no measurements falls back to the analytic ring model (``comm.CommModel``; warned). Never a penalty number.
+The model check compares the architecture (everything but the depth: a DB profiled on a 2-layer model serves any
+depth); the GPU check compares the GPU preset name. Mismatches are refused with one line saying what differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..cluster import ClusterSpec
+from ..errors import AcesoError
+from ..model import ModelSpec
+from ..training import TrainingSpec
+from .comm import CommModel
+from .memory import MB
+from .types import UnitTable
+
+FORMAT = "aceso-profile-db"
+VERSION = 1
+DB_FILE = "profile-db.json"
+ARCH_FIELDS = ("family", "hidden_size", "num_attention_heads", "groups", "head_dim", "ffn_hidden_size",
+               "padded_vocab_size", "activation", "normalization", "position_embedding", "add_bias_linear",
+               "tied_embeddings")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def model_fingerprint(model: ModelSpec) -> dict:
+    """The architecture fields a profile depends on (not the depth)."""
+    return {f: getattr(model, f) for f in ARCH_FIELDS}
+
+
+# ----- reading ------------------------------------------------------------------------------------------------------
+def load_profile_db(path: str | Path) -> dict:
+    """Read and check a profile DB (a file, or a folder holding ``profile-db.json``)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / DB_FILE
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise AcesoError(f"--db {path}: no profile database at {p}; run `aceso profile` or give the right path") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise AcesoError(f"--db {p}: corrupt profile database, not valid JSON ({e}); re-run the profiler") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise AcesoError(f"--db {p}: not a profile database (format must be '{FORMAT}')")
+    if raw.get("version") != VERSION:
+        raise AcesoError(f"--db {p}: profile database version {raw.get('version')} is not supported (this version "
+                         f"reads {VERSION}); re-run the profiler")
+    for key in ("hardware", "model", "dtype", "units", "embedding", "head"):
+        if key not in raw:
+            raise AcesoError(f"--db {p}: corrupt profile database, field '{key}' is missing; re-run the profiler")
+    raw["_path"] = str(p)
+    return raw
+
+
+def _check_match(db: dict, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> None:
+    src = db["_path"]
+    gpu = db["hardware"].get("gpu")
+    if gpu != cluster.gpu.name:
+        raise AcesoError(f"--db {src}: profiled on gpu '{gpu}' but the cluster has '{cluster.gpu.name}'; profile "
+                         "this GPU or use --cost-model analytic")
+    want = model_fingerprint(model)
+    have = db["model"]
+    diff = [f"{k} {have.get(k)!r} vs {v!r}" for k, v in want.items() if have.get(k) != v]
+    if diff:
+        raise AcesoError(f"--db {src}: profiled for another model ({'; '.join(diff[:3])}); profile {model.name}")
+    if db["dtype"] != training.precision:
+        raise AcesoError(f"--db {src}: profiled in {db['dtype']} but training uses {training.precision}; "
+                         "profile that precision")
+
+
+def _interp(xs: np.ndarray, ys: np.ndarray, x: float) -> tuple[float, bool]:
+    """Piecewise-linear y(x); linear extrapolation outside [xs[0], xs[-1]] (proportional from one point)."""
+    if len(xs) == 1:
+        return float(ys[0] * x / xs[0]), x != xs[0]
+    if xs[0] <= x <= xs[-1]:
+        return float(np.interp(x, xs, ys)), False
+    i = 0 if x < xs[0] else len(xs) - 2
+    slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
+    return float(max(ys[i] + slope * (x - xs[i]), 0.0)), True
+
+
+def fit_alpha_beta(sizes: np.ndarray, times: np.ndarray) -> tuple[float, float]:
+    """Least-squares ``t = alpha + size * inv_beta`` (both clipped at 0); returns (alpha, inv_beta)."""
+    if len(sizes) == 1:
+        return 0.0, float(times[0] / sizes[0])
+    a = np.vstack([np.ones_like(sizes), sizes]).T
+    (alpha, inv_beta), *_ = np.linalg.lstsq(a, times, rcond=None)
+    return max(float(alpha), 0.0), max(float(inv_beta), 0.0)
+
+
+class _Curve:
+    """Measured (bytes, ms) points of one collective/p2p."""
+
+    def __init__(self, points, where: str):
+        pts = sorted((float(b), float(us) / 1e3) for b, us in points)
+        if not pts or any(b <= 0 or t < 0 for b, t in pts):
+            raise AcesoError(f"profile database: {where} needs points [bytes > 0, microseconds >= 0]")
+        self.x = np.array([p[0] for p in pts])
+        self.y = np.array([p[1] for p in pts])
+        self.alpha, self.inv_beta = fit_alpha_beta(self.x, self.y)
+        self.where = where
+
+    def __call__(self, nbytes: float, warn) -> float:
+        if nbytes <= 0:
+            return 0.0
+        if self.x[0] <= nbytes <= self.x[-1]:
+            return float(np.interp(nbytes, self.x, self.y))
+        warn(f"{self.where}: {nbytes / MB:.1f} MB is outside the measured {self.x[0] / MB:.2f}-"
+             f"{self.x[-1] / MB:.1f} MB; extrapolated with the fitted alpha-beta line")
+        return self.alpha + nbytes * self.inv_beta
+
+
+class FittedComm(CommModel):
+    """``CommModel`` whose collectives and p2p come from measured curves where the database has them."""
+
+    def __init__(self, db: dict, cluster: ClusterSpec, warn):
+        super().__init__(cluster)
+        self._warn = warn
+        self._coll: dict[tuple[str, int, bool], _Curve] = {}
+        for i, c in enumerate(db.get("collectives", [])):
+            kind, n, inter = c.get("kind"), int(c.get("group", 0)), bool(c.get("inter", False))
+            if kind not in COLLECTIVES or n < 2:
+                raise AcesoError(f"profile database: collectives[{i}] needs kind in {COLLECTIVES} and group >= 2")
+            self._coll[(kind, n, inter)] = _Curve(c.get("points", []), f"{kind} on {n} GPUs "
+                                                  f"{'inter' if inter else 'intra'}-node")
+        self._p2p = {bool(c.get("inter", False)): _Curve(c.get("points", []), f"p2p {'inter' if c.get('inter') else 'intra'}-node")
+                     for c in db.get("p2p", [])}
+
+    def _collective(self, kind: str, nbytes: float, n: int, inter: bool) -> float:
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        curve = self._coll.get((kind, n, inter))
+        if curve is None:
+            self._warn(f"{kind} on {n} GPUs {'inter' if inter else 'intra'}-node was not profiled; "
+                       "used the analytic ring model")
+            return getattr(super(), kind)(nbytes, n, inter)
+        return curve(nbytes, self._warn)
+
+    def all_reduce(self, nbytes: float, n: int, inter: bool = False) -> float:
+        return self._collective("all_reduce", nbytes, n, inter)
+
+    def all_gather(self, nbytes: float, n: int, inter: bool = False) -> float:
+        return self._collective("all_gather", nbytes, n, inter)
+
+    def reduce_scatter(self, nbytes: float, n: int, inter: bool = False) -> float:
+        return self._collective("reduce_scatter", nbytes, n, inter)
+
+    def p2p(self, nbytes: float, inter: bool = False) -> float:
+        curve = self._p2p.get(inter)
+        if curve is None:
+            self._warn(f"p2p {'inter' if inter else 'intra'}-node was not profiled; used the analytic model")
+            return super().p2p(nbytes, inter)
+        return curve(nbytes, self._warn)
+
+
+_ENTRY_FIELDS = ("batch", "tp", "seq", "fwd_us", "bwd_us", "act_bytes")
+
+
+class ProfileSource:
+    """Produces ``UnitTable``s from a checked profile database."""
+
+    name = "profile"
+
+    def __init__(self, db: dict, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec):
+        _check_match(db, model, cluster, training)
+        self.db, self.model, self.cluster, self.training = db, model, cluster, training
+        self.warnings: list[str] = []
+        self.comm = FittedComm(db, cluster, self._warn)
+        self.dt = 4.0 if training.precision == "fp32" else 2.0
+        self._groups = self._index(db)
+
+    def _warn(self, msg: str) -> None:
+        if msg not in self.warnings:
+            self.warnings.append(msg)
+
+    def _index(self, db: dict) -> dict[tuple, list[dict]]:
+        """(part, stack, kind, seq, tp) -> entries sorted by batch."""
+        groups: dict[tuple, list[dict]] = {}
+        for part in ("units", "embedding", "head"):
+            for i, e in enumerate(db[part]):
+                miss = [f for f in _ENTRY_FIELDS if f not in e]
+                if miss or len(e["act_bytes"]) != (3 if part == "units" else 1):
+                    raise AcesoError(f"--db {db['_path']}: corrupt profile database, {part}[{i}] lacks "
+                                     f"{', '.join(miss) or 'a valid act_bytes'}; re-run the profiler")
+                key = (part, e.get("stack", "decoder"), e.get("kind", part), int(e["seq"]), int(e["tp"]))
+                groups.setdefault(key, []).append(e)
+        for v in groups.values():
+            v.sort(key=lambda e: e["batch"])
+        return groups
+
+    def _lookup(self, part: str, stack: str, kind: str, seq: int, batch: float, tp: int) -> dict[str, np.ndarray]:
+        tps = sorted(k[4] for k in self._groups if k[:4] == (part, stack, kind, seq))
+        what = f"{part} {stack} {kind} at seq {seq}" if part == "units" else f"{part} at seq {seq}"
+        if not tps:
+            raise AcesoError(f"--db {self.db['_path']}: no measurements for {what}; profile it")
+        t0 = tp if tp in tps else min(tps, key=lambda t: (abs(np.log(t / tp)), t))
+        entries = self._groups[(part, stack, kind, seq, t0)]
+        xs = np.array([float(e["batch"]) for e in entries])
+        out = {}
+        extrap = False
+        for f in ("fwd_us", "bwd_us", "recompute_us", "act_bytes", "peak_bytes", "weight_bytes"):
+            if f not in entries[0]:
+                continue
+            ys = np.array([np.atleast_1d(np.asarray(e[f], dtype=float)) for e in entries])
+            vals = []
+            for j in range(ys.shape[1]):
+                v, x = _interp(xs, ys[:, j], batch) if f != "weight_bytes" else (float(ys[0, j]), False)
+                vals.append(v)
+                extrap |= x
+            out[f] = np.array(vals)
+        if extrap:
+            self._warn(f"{what}: per-rank batch {batch:g} is outside the measured {xs[0]:g}-{xs[-1]:g}; "
+                       "extrapolated linearly")
+        if t0 != tp:
+            self._warn(f"{what}: tp {tp} was not profiled; scaled from tp {t0} by {t0}/{tp} (ideal, optimistic)")
+            for f in ("fwd_us", "bwd_us", "recompute_us", "act_bytes", "peak_bytes", "weight_bytes"):
+                if f in out:
+                    out[f] = out[f] * t0 / tp
+        return out
+
+    def unit_table(self, batch: float, tp: int) -> UnitTable:
+        m = self.model
+        s_enc = m.seq_length
+        s_dec = m.decoder_seq_length if m.is_t5 else m.seq_length
+        n = m.num_units
+        fwd, bwd, params = np.zeros(n), np.zeros(n), np.zeros(n)
+        rec, act, peak = np.zeros((n, 3)), np.zeros((n, 3)), np.zeros((n, 3))
+        rows: dict[tuple[str, str], dict] = {}
+        for i, u in enumerate(m.units):
+            key = (u.stack, u.kind)
+            if key not in rows:
+                rows[key] = self._lookup("units", u.stack, u.kind, s_enc if u.stack == "encoder" else s_dec,
+                                         batch, tp)
+            r = rows[key]
+            fwd[i], bwd[i] = r["fwd_us"][0] / 1e3, r["bwd_us"][0] / 1e3
+            rec[i] = r["recompute_us"] / 1e3 if "recompute_us" in r else (0.0, 0.0, fwd[i])
+            act[i] = r["act_bytes"] / MB
+            peak[i] = r["peak_bytes"] / MB if "peak_bytes" in r else (0.0, act[i, 0] - act[i, 1], act[i, 0] - act[i, 2])
+            params[i] = r["weight_bytes"][0] / self.dt if "weight_bytes" in r else 0.0
+        emb = self._lookup("embedding", "decoder", "embedding", s_enc, batch, tp)
+        head = self._lookup("head", "decoder", "head", s_dec, batch, tp)
+        h = m.hidden_size
+        boundary = np.full(n + 1, self.dt * s_dec * batch * h / MB)
+        if m.is_t5:
+            boundary[:m.num_encoder_units + 1] = self.dt * s_enc * batch * h / MB
+            boundary[m.num_encoder_units + 1:] += self.dt * s_enc * batch * h / MB
+        return UnitTable(
+            batch=batch, tp=tp, fwd_ms=fwd, bwd_ms=bwd, recompute_ms=rec, act_mb=act, peak_mb=peak,
+            weight_params=params, boundary_mb=boundary,
+            embed_fwd_ms=emb["fwd_us"][0] / 1e3, embed_bwd_ms=emb["bwd_us"][0] / 1e3,
+            embed_params=emb.get("weight_bytes", [0.0])[0] / self.dt, embed_act_mb=emb["act_bytes"][0] / MB,
+            head_fwd_ms=head["fwd_us"][0] / 1e3, head_bwd_ms=head["bwd_us"][0] / 1e3,
+            head_params=head.get("weight_bytes", [0.0])[0] / self.dt, head_act_mb=head["act_bytes"][0] / MB,
+            head_peak_mb=(self.dt + 4.0) * s_dec * batch * m.padded_vocab_size / tp / MB,   # not profiled: formula
+            word_embed_params=m.padded_vocab_size * h / tp if m.tied_embeddings else 0.0,
+            encoder_output_mb=self.dt * s_enc * batch * h / MB if m.is_t5 else 0.0,
+        )
+
+
+# ----- writing ------------------------------------------------------------------------------------------------------
+class ProfileDBWriter:
+    """Builds a profile database (the profiler's output); ``save`` writes it atomically."""
+
+    def __init__(self, model: ModelSpec, gpu: str, dtype: str, hardware: dict | None = None):
+        self.data = {"format": FORMAT, "version": VERSION, "hardware": {"gpu": gpu, **(hardware or {})},
+                     "model": model_fingerprint(model), "model_name": model.name, "dtype": dtype,
+                     "units": [], "embedding": [], "head": [], "collectives": [], "p2p": []}
+
+    def add_unit(self, stack: str, kind: str, seq: int, batch: float, tp: int, fwd_us: float, bwd_us: float,
+                 recompute_us: tuple[float, float, float], act_bytes: tuple[float, float, float],
+                 weight_bytes: float, peak_bytes: tuple[float, float, float] | None = None) -> None:
+        e = {"stack": stack, "kind": kind, "seq": seq, "batch": batch, "tp": tp, "fwd_us": fwd_us, "bwd_us": bwd_us,
+             "recompute_us": list(recompute_us), "act_bytes": list(act_bytes), "weight_bytes": weight_bytes}
+        if peak_bytes is not None:
+            e["peak_bytes"] = list(peak_bytes)
+        self.data["units"].append(e)
+
+    def add_part(self, part: str, seq: int, batch: float, tp: int, fwd_us: float, bwd_us: float, act_bytes: float,
+                 weight_bytes: float) -> None:
+        """``part`` = embedding | head."""
+        self.data[part].append({"seq": seq, "batch": batch, "tp": tp, "fwd_us": fwd_us, "bwd_us": bwd_us,
+                                "act_bytes": [act_bytes], "weight_bytes": weight_bytes})
+
+    def add_collective(self, kind: str, group: int, inter: bool, points: list[tuple[float, float]]) -> None:
+        """``points`` = [(bytes, microseconds)]; bytes = the full tensor (all-gather: the gathered result)."""
+        self.data["collectives"].append({"kind": kind, "group": group, "inter": inter,
+                                         "points": [list(p) for p in points]})
+
+    def add_p2p(self, inter: bool, points: list[tuple[float, float]]) -> None:
+        self.data["p2p"].append({"inter": inter, "points": [list(p) for p in points]})
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        if p.is_dir():
+            p = p / DB_FILE
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.data, f, indent=1)
+            os.replace(tmp, p)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return p

@@ -1,0 +1,88 @@
+"""``aceso explain``: the JSON report, the table, reference configs, and bad input (exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from search.cli import main
+from search.cluster import parse_cluster
+from search.costmodel import make_cost_model
+from search.plan import ParallelPlan, StageSpec
+from search.presets import load_model
+from search.training import TrainingSpec
+
+
+@pytest.fixture
+def plan_file(tmp_path):
+    m = load_model("gpt-1.3b")
+    c = parse_cluster("1x8-a100")
+    plan = ParallelPlan(model=m, cluster=c, micro_batch_size=4, global_batch_size=64, stages=[
+        StageSpec(num_gpus=4, tp=2, dp=2, start_unit=0, end_unit=20, recompute=["selective"] * 20),
+        StageSpec(num_gpus=4, tp=4, dp=1, start_unit=20, end_unit=48, recompute=["none"] * 14 + ["full"] * 14)])
+    p = tmp_path / "plan.json"
+    p.write_text(plan.to_json())
+    return p, plan
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_report_fields(plan_file, capsys):
+    path, plan = plan_file
+    out = _json(capsys, ["explain", str(path), "--json"])
+    cost = make_cost_model(plan.model, plan.cluster, TrainingSpec(global_batch_size=64, precision="fp16")
+                           ).evaluate(plan)
+    assert out["iteration_time_ms"] == pytest.approx(cost.iteration_ms)
+    assert [s["memory_mb"] for s in out["stages"]] == pytest.approx([s.memory_mb for s in cost.stages])
+    assert out["max_memory_mb"] == max(s["memory_mb"] for s in out["stages"])
+    assert out["fits"] is True and len(out["stages"]) == 2
+    assert max(s["time_ms"] for s in out["stages"]) <= out["iteration_time_ms"] + 1e-9
+    assert out["stages"][1]["recompute"] == {"none": 14, "full": 14}
+    assert 0 < out["mfu"] < 1
+
+
+def test_overrides_and_table(plan_file, capsys):
+    path, _ = plan_file
+    small = _json(capsys, ["explain", str(path), "--json", "--global-batch-size", "32"])
+    big = _json(capsys, ["explain", str(path), "--json"])
+    assert small["num_micro_batches"] == 8 and small["iteration_time_ms"] < big["iteration_time_ms"]
+    tight = _json(capsys, ["explain", str(path), "--json", "--memory-limit-mb", "4000"])
+    assert tight["fits"] is False and tight["bottleneck_resource"] == "memory"
+    assert main(["explain", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "iteration" in text and "samples/s" in text and "MFU" in text
+
+
+def test_bad_plans_exit_2(tmp_path, plan_file, capsys):
+    path, plan = plan_file
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert main(["explain", str(bad)]) == 2
+    assert main(["explain", str(tmp_path / "missing.json")]) == 2
+    raw = json.loads(path.read_text())
+    raw["stages"][0]["tp"] = 3
+    bad.write_text(json.dumps(raw))
+    assert main(["explain", str(bad)]) == 2
+    raw = json.loads(path.read_text())
+    del raw["cluster"]
+    bad.write_text(json.dumps(raw))
+    assert main(["explain", str(bad)]) == 2
+    assert "give --cluster" in capsys.readouterr().err
+    assert main(["explain", str(path), "--cost-model", "profile"]) == 2
+    assert main(["explain", str(path), "--model", "gpt-13b"]) == 2
+
+
+def test_reference_config_is_converted(reference_db, capsys):
+    cfg = reference_db / "configs" / "gpt_1_3B_4gpus_megatron_grid_best.json"
+    out = _json(capsys, ["explain", str(cfg), "--cluster", "1x4-v100", "--json"])
+    assert len(out["stages"]) == 4 and out["micro_batch_size"] == 2
+    assert all(s["recompute"] == {"full": 12} for s in out["stages"])
+    cfg = reference_db / "configs" / "gpt_1_3B_4gpus_reference_search.json"
+    assert main(["explain", str(cfg), "--cluster", "1x4-v100"]) == 2      # boundaries inside units
+    assert "--snap" in capsys.readouterr().err
+    out = _json(capsys, ["explain", str(cfg), "--cluster", "1x4-v100", "--snap", "--json"])
+    assert any("moved" in n for n in out["notes"])
