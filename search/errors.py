@@ -42,3 +42,17 @@ def format_validation_error(err: pydantic.ValidationError, prefix: str = "") -> 
 
 def as_aceso_error(err: pydantic.ValidationError, prefix: str = "") -> AcesoError:
     return AcesoError(format_validation_error(err, prefix))
+
+
+def read_json(path, missing: str = "no such file", label: str | None = None, corrupt: str = "not valid JSON"):
+    """Parse a JSON file; a missing or unparsable file becomes one ``AcesoError`` line starting with ``label``."""
+    import json
+    from pathlib import Path
+
+    label = label or str(path)
+    try:
+        return json.loads(Path(path).read_text())
+    except (FileNotFoundError, IsADirectoryError):
+        raise AcesoError(f"{label}: {missing}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise AcesoError(f"{label}: {corrupt} ({e})") from None

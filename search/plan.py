@@ -19,7 +19,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .cluster import ClusterSpec
-from .errors import AcesoError, as_aceso_error
+from .errors import AcesoError, as_aceso_error, read_json
 from .model import ModelSpec, Unit
 
 SCHEMA_VERSION = 1
@@ -180,13 +180,7 @@ def check_fits_cluster(plan: ParallelPlan, cluster: ClusterSpec) -> None:
 
 def load_plan(path: str | Path, world_size: int | None = None) -> ParallelPlan:
     """Read and validate a plan file; every problem becomes one ``AcesoError`` line."""
-    path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AcesoError(f"{path}: no such plan file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise AcesoError(f"{path}: not valid JSON ({e}); regenerate it with `aceso search`") from None
+    raw = read_json(path, missing="no such plan file")
     return parse_plan(raw, world_size=world_size, source=str(path))
 
 

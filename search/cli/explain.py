@@ -9,12 +9,11 @@ docs/profile-db.md) or aceso-compat (--db DIR of an Aceso database).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import pydantic
 
-from ..errors import AcesoError, as_aceso_error
+from ..errors import AcesoError, as_aceso_error, read_json
 from ..plan import ParallelPlan, parse_plan
 from ..training import TrainingSpec
 from .common import add_cluster_args, print_json
@@ -38,12 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _read_plan(args: argparse.Namespace) -> tuple[ParallelPlan, list[str]]:
     path = Path(args.plan)
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AcesoError(f"{path}: no such plan file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise AcesoError(f"{path}: not valid JSON ({e})") from None
+    raw = read_json(path, missing="no such plan file")
     if isinstance(raw, dict) and "num_ops_in_each_stage" in raw:
         try:
             from ..compat.mapping import ref_to_plan

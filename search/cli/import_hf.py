@@ -13,12 +13,11 @@ are not in a T5 config: --seq-length (encoder, default 512) and --decoder-seq-le
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import pydantic
 
-from ..errors import AcesoError, format_validation_error
+from ..errors import AcesoError, format_validation_error, read_json
 from ..model import ModelSpec
 from .common import write_output
 
@@ -95,12 +94,7 @@ def hf_to_spec(cfg: dict, source: str = "config.json", name: str | None = None, 
 
 def convert_to_file(config_path: str, output: str, **kw) -> int:
     path = Path(config_path)
-    try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AcesoError(f"{path}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise AcesoError(f"{path}: not valid JSON ({e})") from None
+    cfg = read_json(path)
     if not isinstance(cfg, dict):
         raise AcesoError(f"{path}: a config.json must be a JSON object")
     kw.setdefault("name", path.parent.name or None)

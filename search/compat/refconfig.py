@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import AcesoError
+from ..errors import AcesoError, read_json
 
 PER_OP = ("model_parallel_size_of_each_op", "data_parallel_size_of_each_op", "recompute_ops", "algo_of_each_op")
 PER_STAGE = ("num_gpus", "checkpoint_activations", "resharding_stages", "num_ops_in_each_stage")
@@ -116,12 +116,7 @@ def _check(cfg: RefConfig, src: str) -> None:
 
 def load_ref_config(path: str | Path) -> RefConfig:
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AcesoError(f"{path}: no such reference config file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise AcesoError(f"{path}: not valid JSON ({e})") from None
+    raw = read_json(path, missing="no such reference config file")
     return parse_ref_config(raw, src=str(path))
 
 

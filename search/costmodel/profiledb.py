@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cluster import ClusterSpec
-from ..errors import AcesoError
+from ..errors import AcesoError, read_json
 from ..model import ModelSpec
 from ..training import TrainingSpec
 from .comm import CommModel
@@ -54,12 +54,9 @@ def load_profile_db(path: str | Path) -> dict:
     p = Path(path)
     if p.is_dir():
         p = p / DB_FILE
-    try:
-        raw = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise AcesoError(f"--db {path}: no profile database at {p}; run `aceso profile` or give the right path") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise AcesoError(f"--db {p}: corrupt profile database, not valid JSON ({e}); re-run the profiler") from None
+    raw = read_json(p, label=f"--db {path}",
+                    missing=f"no profile database at {p}; run `aceso profile` or give the right path",
+                    corrupt="corrupt profile database, not valid JSON; re-run the profiler")
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise AcesoError(f"--db {p}: not a profile database (format must be '{FORMAT}')")
     if raw.get("version") != VERSION:
