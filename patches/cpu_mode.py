@@ -2,14 +2,15 @@
 
 Target: ``torch.cuda.{current_device, synchronize, get_rng_state, set_rng_state, manual_seed}``, megatron-core's
 ``tensor_parallel.random._get_cuda_rng_state/_set_cuda_rng_state``, and tensor factories called with
-``device="cuda"`` or an integer device (through a ``TorchFunctionMode``).
+``device="cuda"`` or an integer device, ``Tensor.cuda()`` and ``Tensor.type()`` (through a ``TorchFunctionMode``).
 
 Reason: megatron-core hard-codes CUDA in a few places that CPU training reaches: ``torch.cuda.current_device()``
 as the device of buffers (tensor-parallel layers, DDP buckets), ``device="cuda"`` in the 1F1B schedule's token
 counter and in the causal-mask helper (``transformer/utils.py``), and the CUDA RNG state that activation
 recompute saves and replays. Without the RNG mapping, seeding fails and the recompute RNG replay silently does
-nothing. The function mode must stay active during backward (recomputed forwards create tensors too), so it is
-entered in ``apply()`` and left in ``revert()``, not scoped to a ``with`` block.
+nothing. ``Tensor.type()`` reports the CUDA type name (``torch.cuda.FloatTensor``) because the optimizers and
+gradient clipping assert it. The function mode must stay active during backward (recomputed forwards create
+tensors too), so it is entered in ``apply()`` and left in ``revert()``, not scoped to a ``with`` block.
 
 Tested megatron-core versions: 0.16.1 (torch 2.13.0 CPU). Remove when megatron-core supports a CPU device.
 The model side of CPU mode is configuration, not patching: all fusions off, ``use_cpu_initialization=True``,
@@ -26,7 +27,7 @@ from ._base import Swaps, check_version
 NAME = "cpu_mode"
 TESTED_VERSIONS = ("0.16.1",)
 _swaps = Swaps()
-_mode: "_CudaToCpuMode | None" = None
+_mode: _CudaToCpuMode | None = None
 
 
 def _is_cuda(device) -> bool:
@@ -44,11 +45,43 @@ class _CudaToCpuMode(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            # megatron-core asserts e.g. ``grad.type() == "torch.cuda.FloatTensor"`` (clip_grads, optimizers)
+            name = func(*args)
+            return name.replace("torch.", "torch.cuda.", 1) if ".cuda." not in name else name
+        if func in _BACKWARD_ENTRIES:
+            return _backward_in_mode(func, args, kwargs)
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = "cpu"
         if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
             args = (args[0], "cpu", *args[2:])
         return func(*args, **kwargs)
+
+
+_BACKWARD_ENTRIES = (torch.autograd.backward, torch.Tensor.backward, torch.autograd.grad)
+
+
+def _backward_in_mode(func, args, kwargs):
+    """Run a backward entry point with the mode active (recomputed forwards create tensors too).
+
+    torch switches a mode off while its handler runs, and the handler's call of ``torch.autograd.backward``
+    would dispatch straight back to it; so the mode is re-entered and, for this call only, ``torch.autograd``'s
+    ``has_torch_function`` answers False.
+    """
+    import torch.autograd as ag
+
+    if func is torch.Tensor.backward:
+        self, rest = args[0], args[1:]
+        names = ("gradient", "retain_graph", "create_graph", "inputs")
+        kw = dict(zip(names, rest), **kwargs)
+        func, args, kwargs = ag.backward, (self, kw.pop("gradient", None)), kw
+    saved = ag.has_torch_function
+    ag.has_torch_function = lambda *a, **k: False
+    try:
+        with _CudaToCpuMode():
+            return func(*args, **kwargs)
+    finally:
+        ag.has_torch_function = saved
 
 
 def _get_rng_state(*args, **kwargs) -> torch.Tensor:

@@ -1,0 +1,4 @@
+"""Runtime plugin: execute a ``ParallelPlan`` on stock megatron-core (see docs/runtime.md).
+
+Import the submodules you need (``aceso_megatron.engine.build_runtime``); importing this package imports no torch.
+"""

@@ -1,0 +1,47 @@
+"""Per-unit activation recompute, on megatron-core's own checkpointing (``tensor_parallel.checkpoint``, which
+saves and replays the RNG state; on CPU through ``patches.cpu_mode``).
+
+The three choices of ``search.plan.Recompute`` for one unit:
+- ``none``: keep every activation.
+- ``selective``: attention units recompute the attention core (megatron-core's ``recompute_modules=["core_attn"]``,
+  set in the unit's config by ``aceso_megatron.config.unit_config``); MLP units recompute the activation function
+  only (``CheckpointedActivation`` as the unit's ``activation_func``). Not megatron-core's ``"mlp"`` module: with
+  ``add_bias_linear`` it returns a bias Parameter from the checkpointed function, which hangs in backward on
+  torch 2.13.
+- ``full``: only the unit's input is kept; the whole unit runs again in backward (``run_unit``).
+
+Units are half layers, so a plan may recompute the attention half of a layer and keep its MLP half.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from megatron.core import tensor_parallel
+
+
+class CheckpointedActivation:
+    """An ``activation_func`` whose output is recomputed in backward (selective recompute of an MLP unit)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            return self.fn(x)
+        return tensor_parallel.checkpoint(self.fn, False, x)
+
+    def __eq__(self, other):  # megatron-core compares activation_func with F.gelu / F.silu
+        return other is self or other == self.fn
+
+    def __hash__(self):
+        return hash(self.fn)
+
+
+def run_unit(fn, full: bool, hidden: torch.Tensor, context: torch.Tensor | None):
+    """``fn(hidden, context)``, recomputed in backward when ``full`` (inputs kept, everything else dropped)."""
+    if full and torch.is_grad_enabled():
+        return tensor_parallel.checkpoint(fn, False, hidden, context)
+    return fn(hidden, context)

@@ -1,0 +1,140 @@
+"""The single-process reference: a stock megatron-core ``GPTModel`` (or ``T5Model``) built the usual way
+(``parallel_state``, ``get_gpt_layer_local_spec``, megatron-core DDP and optimizer with its own gradient
+clipping, the no-pipelining schedule), with the same plan-independent initial weights as the runtime.
+
+Tests compare the runtime under any plan with this model; ``bench/runtime_overhead.py`` times it.
+Needs a 1-process ``torch.distributed`` group and ``parallel_state.initialize_model_parallel()``
+(``init_single_process`` does both).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from search.model import ModelSpec
+
+from .config import stage_config
+from .engine import TrainConfig
+from .init import initialize
+
+
+def init_single_process(port: int) -> None:
+    """A 1-rank gloo group and megatron-core's global parallel state (tp = pp = 1)."""
+    from megatron.core import parallel_state
+
+    from patches import cpu_mode
+
+    cpu_mode.apply()
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(port)
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel()
+
+
+class Reference:
+    """Stock GPTModel/T5Model + DDP + megatron-core optimizer, one process."""
+
+    def __init__(self, model: ModelSpec, seed: int = 1234, train_config: TrainConfig | None = None,
+                 global_batch_size: int = 1):
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+        )
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        from model_specs.builders import gpt_layer_spec
+
+        tc = train_config or TrainConfig()
+        self.spec, self.tc = model, tc
+        model_parallel_cuda_manual_seed(seed)
+        if model.is_t5:
+            from megatron.core.models.T5 import T5Model
+
+            from model_specs.builders import t5_layer_specs
+
+            config = stage_config(model, 1, num_layers=model.num_decoder_layers)
+            enc_config = stage_config(model, 1, num_layers=model.num_layers)
+            enc_spec, dec_spec = t5_layer_specs(model, te=False)
+            self.gpt = T5Model(
+                config=config, encoder_config=enc_config, transformer_encoder_layer_spec=enc_spec,
+                transformer_decoder_layer_spec=dec_spec, vocab_size=model.padded_vocab_size,
+                max_sequence_length=max(model.seq_length, model.decoder_seq_length),
+                share_embeddings_and_output_weights=model.tied_embeddings,
+            )
+        else:
+            config = stage_config(model, 1)
+            self.gpt = GPTModel(
+                config=config, transformer_layer_spec=gpt_layer_spec(model, te=False),
+                vocab_size=model.padded_vocab_size, max_sequence_length=model.seq_length,
+                share_embeddings_and_output_weights=model.tied_embeddings,
+                position_embedding_type="rope" if model.position_embedding == "rope" else "learned_absolute",
+                rotary_base=int(model.rotary_base),
+            )
+        config.init_method_std = tc.init_method_std
+        names = {n: n for n, _ in self.gpt.named_parameters()}
+        initialize(self.gpt, names, model, seed, 1, 0, tc.init_method_std)
+        self.model = DistributedDataParallel(
+            config, DistributedDataParallelConfig(overlap_grad_reduce=False), self.gpt
+        )
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(optimizer="adam", lr=tc.lr, weight_decay=tc.weight_decay, adam_beta1=tc.adam_beta1,
+                            adam_beta2=tc.adam_beta2, clip_grad=tc.clip_grad, params_dtype=torch.float32),
+            [self.model],
+        )
+        from megatron.core.distributed import finalize_model_grads
+
+        config.finalize_model_grads_func = finalize_model_grads
+        self.config = config
+
+    def forward_backward(self, micro_batches: list[dict]) -> float:
+        from megatron.core.pipeline_parallel.schedules import (
+            forward_backward_no_pipelining,
+        )
+
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+        m = self.spec
+
+        def step(it, model):
+            b = next(it)
+            if m.is_t5:
+                enc_mask = torch.zeros(1, 1, m.seq_length, m.seq_length, dtype=torch.bool)
+                cross_mask = torch.zeros(1, 1, m.decoder_seq_length, m.seq_length, dtype=torch.bool)
+                out = model(b["enc_tokens"], b["dec_tokens"], enc_mask, None, cross_mask, lm_labels=b["labels"])
+            else:
+                tokens = b["tokens"]
+                pos = torch.arange(tokens.size(1)).unsqueeze(0).expand_as(tokens)
+                out = model(tokens, pos, None, labels=b["labels"])
+
+            def loss_func(per_token):
+                s = per_token.sum()
+                return s, torch.tensor(per_token.numel(), dtype=torch.int), {"sum": s.detach().clone(),
+                                                                              "n": per_token.numel()}
+
+            return out, loss_func
+
+        store = forward_backward_no_pipelining(
+            forward_step_func=step, data_iterator=iter(micro_batches), model=[self.model],
+            num_microbatches=len(micro_batches), seq_length=self.spec.seq_length,
+            micro_batch_size=micro_batches[0]["labels"].size(0),
+        )
+        return float(sum(float(d["sum"]) for d in store) / sum(d["n"] for d in store))
+
+    def train_step(self, micro_batches: list[dict]) -> float:
+        loss = self.forward_backward(micro_batches)
+        self.optimizer.step()
+        return loss
+
+    def grads(self) -> dict[str, torch.Tensor]:
+        return {n: p.main_grad.detach().clone() for n, p in self.gpt.named_parameters()}
+
+    def params(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.gpt.named_parameters()}

@@ -1,0 +1,270 @@
+"""One pipeline stage of a plan as a model chunk built from megatron-core modules.
+
+A stage holds its span of units ``[start_unit, end_unit)``; each unit is a megatron-core ``TransformerLayer``
+built from the unit spec (``model_specs.builders.unit_spec``: the layer spec with the other halves as
+``IdentityOp``), with the unit's config (its stage's tp, its selective recompute) and its global layer number.
+The first stage adds megatron-core's ``LanguageModelEmbedding``; the last the final norm, the output layer
+(``ColumnParallelLinear``, vocab-sharded) and the per-token loss. RoPE (no parameters) is on every stage.
+
+Layers are placed here, not by ``pipeline_model_parallel_layout``: that path reads the global pipeline rank and
+would silently build the wrong layers with per-stage groups.
+
+``GPTStage`` is a GPT/Llama stage; ``T5Stage`` a T5 stage (encoder output carried along with the activations).
+``canonical_names()`` maps each parameter to its name in a plain single-process megatron-core ``GPTModel`` /
+``T5Model`` (``decoder.layers.<i>.self_attention.linear_qkv.weight``, ...), the key of plan-independent
+initialisation and of the full-model gradients the tests compare.
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core import tensor_parallel
+from megatron.core.models.common.embeddings.language_model_embedding import (
+    LanguageModelEmbedding,
+)
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from megatron.core.transformer.enums import ModelType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import build_module
+
+from model_specs.builders import (
+    final_norm_spec,
+    have_transformer_engine,
+    layer_spec,
+    unit_spec,
+)
+from search.model import ModelSpec, Unit
+from search.plan import ParallelPlan
+
+from .config import stage_config, unit_config
+from .loss import vocab_parallel_cross_entropy
+from .recompute import run_unit
+
+
+class UnitLayer(torch.nn.Module):
+    """One unit: a ``TransformerLayer`` restricted to one half, optionally fully recomputed."""
+
+    def __init__(self, unit: Unit, layer: torch.nn.Module, full_recompute: bool):
+        super().__init__()
+        self.unit = unit
+        self.layer = layer
+        self.full_recompute = full_recompute
+
+    def forward(self, hidden, rotary_pos_emb=None, attention_mask=None, context=None, context_mask=None):
+        def run(h, ctx):
+            out, _ = self.layer(h, attention_mask=attention_mask, context=ctx, context_mask=context_mask,
+                                rotary_pos_emb=rotary_pos_emb)
+            return out
+
+        return run_unit(run, self.full_recompute, hidden, context)
+
+
+class _Stage(MegatronModule):
+    """What GPT and T5 stages share: unit layers, pipeline input, the output head and the per-token loss."""
+
+    def __init__(self, plan: ParallelPlan, stage: int, pg_collection, device: str):
+        model: ModelSpec = plan.model
+        st = plan.stages[stage]
+        config = stage_config(model, st.tp, device)
+        super().__init__(config=config)
+        self.model_type = ModelType.encoder_or_decoder
+        self.spec = model
+        self.pg_collection = pg_collection
+        self.stage = stage
+        self.pre_process = stage == 0
+        self.post_process = stage == plan.num_stages - 1
+        self.share_embeddings_and_output_weights = model.tied_embeddings
+        self.input_tensor = None
+        self.te = device != "cpu" and have_transformer_engine()
+        units = []
+        for unit, rc in zip(plan.stage_units(stage), st.recompute):
+            cfg = unit_config(config, unit.kind, rc)
+            spec = unit_spec(layer_spec(model, unit.stack, self.te), unit.kind, pg_collection.tp)
+            layer = build_module(spec, config=cfg, layer_number=unit.layer + 1, pg_collection=pg_collection)
+            units.append(UnitLayer(unit, layer, rc == "full"))
+        self.units = torch.nn.ModuleList(units)
+
+    def _embedding(self, max_len: int, kind: str) -> LanguageModelEmbedding:
+        return LanguageModelEmbedding(config=self.config, vocab_size=self.spec.padded_vocab_size,
+                                      max_sequence_length=max_len, position_embedding_type=kind,
+                                      tp_group=self.pg_collection.tp)
+
+    def _norm(self):
+        c = self.config
+        return build_module(final_norm_spec(self.spec, self.te), config=c, hidden_size=c.hidden_size,
+                            eps=c.layernorm_epsilon)
+
+    def _output_layer(self, has_embedding: bool, bias: bool) -> tensor_parallel.ColumnParallelLinear:
+        c = self.config
+        return tensor_parallel.ColumnParallelLinear(
+            c.hidden_size, self.spec.padded_vocab_size, config=c, init_method=c.init_method, bias=bias,
+            skip_bias_add=False, gather_output=False,
+            skip_weight_param_allocation=has_embedding and self.share_embeddings_and_output_weights,
+            tp_group=self.pg_collection.tp,
+        )
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = vocab_parallel_cross_entropy(logits, labels.transpose(0, 1).contiguous(), self.pg_collection.tp)
+        return loss.transpose(0, 1).contiguous()
+
+    def set_input_tensor(self, input_tensor) -> None:
+        if isinstance(input_tensor, (list, tuple)):
+            input_tensor = input_tensor[0]
+        self.input_tensor = input_tensor
+
+    def _unit_name(self, name: str) -> str:
+        idx, rest = name[len("units."):].split(".", 1)
+        unit = self.units[int(idx)].unit
+        return f"{unit.stack}.layers.{unit.layer}.{rest[len('layer.'):]}"
+
+
+class GPTStage(_Stage):
+    """A GPT/Llama pipeline stage; ``forward`` returns the hidden states, or on the last stage the loss [b, s]."""
+
+    def __init__(self, plan: ParallelPlan, stage: int, pg_collection, device: str = "cpu"):
+        super().__init__(plan, stage, pg_collection, device)
+        model = self.spec
+        if self.pre_process:
+            kind = "learned_absolute" if model.position_embedding == "learned" else "none"
+            self.embedding = self._embedding(model.seq_length, kind)
+        self.rotary_pos_emb = None
+        if model.position_embedding == "rope":
+            self.rotary_pos_emb = RotaryEmbedding(
+                kv_channels=self.config.kv_channels, rotary_percent=1.0, rotary_base=model.rotary_base,
+                use_cpu_initialization=self.config.use_cpu_initialization, cp_group=pg_collection.cp,
+            )
+        if self.post_process:
+            self.final_layernorm = self._norm()
+            self.output_layer = self._output_layer(self.pre_process, bias=False)
+
+    def output_weight(self) -> torch.Tensor:
+        if self.pre_process and self.share_embeddings_and_output_weights:
+            return self.embedding.word_embeddings.weight
+        return self.output_layer.weight
+
+    def forward(self, input_ids=None, position_ids=None, labels=None):
+        if self.pre_process:
+            hidden = self.embedding(input_ids=input_ids, position_ids=position_ids)
+        else:
+            hidden = self.input_tensor
+        rotary = self.rotary_pos_emb(hidden.size(0)) if self.rotary_pos_emb is not None else None
+        for unit in self.units:
+            hidden = unit(hidden, rotary_pos_emb=rotary)
+        if not self.post_process:
+            return hidden
+        logits, _ = self.output_layer(self.final_layernorm(hidden), weight=self.output_weight())
+        return self._loss(logits, labels)
+
+    def canonical_names(self) -> dict[str, str]:
+        """Local parameter name -> name in a single-process megatron-core ``GPTModel``."""
+        out = {}
+        for name, _ in self.named_parameters():
+            if name.startswith("units."):
+                out[name] = self._unit_name(name)
+            elif name.startswith("final_layernorm."):
+                out[name] = "decoder." + name
+            elif name == "output_layer.weight" and self.share_embeddings_and_output_weights:
+                out[name] = "embedding.word_embeddings.weight"
+            else:
+                out[name] = name
+        return out
+
+
+class T5Stage(_Stage):
+    """A T5 pipeline stage. The activation between stages is the encoder hidden states ``[s_enc, b, h]`` while
+    the encoder runs, then ``cat([encoder output, decoder hidden], dim=0)``: the encoder output travels with the
+    activations to every decoder stage (its gradient flows back the same way).
+
+    Embeddings (shared by encoder and decoder input, as in ``T5Model``) sit on the first stage and on the stage
+    of the first decoder unit; the encoder's final norm right after the last encoder unit; the decoder's final
+    norm and the LM head (tied: embedding weight + a vocab-sharded bias) on the last stage.
+    """
+
+    def __init__(self, plan: ParallelPlan, stage: int, pg_collection, device: str = "cpu"):
+        super().__init__(plan, stage, pg_collection, device)
+        model = self.spec
+        st = plan.stages[stage]
+        n_enc = model.num_encoder_units
+        self.s_enc, self.s_dec = model.seq_length, model.decoder_seq_length
+        self.starts_decoder = st.start_unit <= n_enc < st.end_unit  # holds the first decoder unit
+        self.ends_encoder = st.start_unit < n_enc <= st.end_unit  # holds the last encoder unit
+        self.in_decoder = st.start_unit > n_enc  # receives encoder output + decoder hidden
+        self.receives_encoder_output = st.start_unit == n_enc and stage > 0
+        if self.pre_process or self.starts_decoder:
+            self.embedding = self._embedding(max(self.s_enc, self.s_dec), "learned_absolute")
+        if self.ends_encoder:
+            self.encoder_final_layernorm = self._norm()
+        if self.post_process:
+            self.decoder_final_layernorm = self._norm()
+            has_emb = hasattr(self, "embedding")
+            self.output_layer = self._output_layer(has_emb, bias=model.tied_embeddings)
+        self.seq_out = self.s_enc if st.end_unit <= n_enc else self.s_enc + self.s_dec
+
+    @staticmethod
+    def seq_in(plan: ParallelPlan, stage: int) -> int:
+        m = plan.model
+        return m.seq_length + (m.decoder_seq_length if plan.stages[stage].start_unit > m.num_encoder_units else 0)
+
+    def _embed(self, ids):
+        pos = torch.arange(ids.size(1)).unsqueeze(0).expand_as(ids)
+        return self.embedding(input_ids=ids, position_ids=pos)
+
+    def forward(self, enc_ids=None, dec_ids=None, labels=None):
+        enc_mask = torch.zeros(1, 1, self.s_enc, self.s_enc, dtype=torch.bool)  # no padding
+        cross_mask = torch.zeros(1, 1, self.s_dec, self.s_enc, dtype=torch.bool)
+        enc = dec = enc_out = None
+        if self.pre_process:
+            enc = self._embed(enc_ids)
+        elif self.in_decoder:
+            enc_out, dec = self.input_tensor[:self.s_enc], self.input_tensor[self.s_enc:]
+        elif self.receives_encoder_output:
+            enc_out = self.input_tensor
+        else:
+            enc = self.input_tensor
+        for unit in self.units:
+            if unit.unit.stack == "encoder":
+                enc = unit(enc, attention_mask=enc_mask)
+                continue
+            if dec is None:  # first decoder unit
+                if enc_out is None:
+                    enc_out = self.encoder_final_layernorm(enc)
+                dec = self._embed(dec_ids)
+            dec = unit(dec, context=enc_out, context_mask=cross_mask)
+        if dec is None:
+            return self.encoder_final_layernorm(enc) if self.ends_encoder else enc
+        if not self.post_process:
+            return torch.cat([enc_out, dec], dim=0)
+        weight = self.embedding.word_embeddings.weight if (
+            hasattr(self, "embedding") and self.share_embeddings_and_output_weights) else self.output_layer.weight
+        logits, _ = self.output_layer(self.decoder_final_layernorm(dec), weight=weight)
+        return self._loss(logits, labels)
+
+    def canonical_names(self) -> dict[str, str]:
+        """Local parameter name -> name in a single-process megatron-core ``T5Model``."""
+        out = {}
+        for name, _ in self.named_parameters():
+            if name.startswith("units."):
+                out[name] = self._unit_name(name)
+            elif name.startswith("encoder_final_layernorm."):
+                out[name] = "encoder." + name[len("encoder_"):]
+            elif name.startswith("decoder_final_layernorm."):
+                out[name] = "decoder." + name[len("decoder_"):]
+            elif name == "output_layer.weight" and self.share_embeddings_and_output_weights:
+                out[name] = "embedding.word_embeddings.weight"
+            elif name.startswith("output_layer."):
+                out[name] = "lm_head." + name
+            else:
+                out[name] = name
+        return out
+
+
+def build_stage(plan: ParallelPlan, stage: int, pg_collection, device: str = "cpu") -> _Stage:
+    cls = T5Stage if plan.model.is_t5 else GPTStage
+    return cls(plan, stage, pg_collection, device)
+
+
+def stage_seq_lens(plan: ParallelPlan) -> list[int]:
+    """Sequence length of the activation entering each stage."""
+    if plan.model.is_t5:
+        return [T5Stage.seq_in(plan, s) for s in range(plan.num_stages)]
+    return [plan.model.seq_length] * plan.num_stages

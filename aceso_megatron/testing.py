@@ -1,0 +1,86 @@
+"""Multi-process helpers for tests and benchmarks: spawn one process per rank on a free port (gloo, CPU).
+
+``spawn(world_size, fn, *args)`` starts ``world_size`` processes with ``torch.multiprocessing`` that each
+initialise a gloo group and call ``fn(rank, world_size, *args)`` (nanotron's idea of a decorator that spawns
+ranks, as a function). ``run_plans`` is the worker the distributed tests use: several plans per process group,
+so the megatron-core import (~5 s per process) is paid once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world_size: int, port: int, fn, args) -> None:
+    warnings.filterwarnings("ignore")
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        fn(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(world_size: int, fn, *args) -> None:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes; raises if any fails."""
+    mp.spawn(_entry, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True)
+
+
+def make_batches(model, micro_batch_size: int, global_batch_size: int, seed: int = 0) -> list[dict]:
+    """Random token micro-batches: ``{"tokens", "labels"}`` (GPT), ``{"enc_tokens", "dec_tokens", "labels"}`` (T5)."""
+    g = torch.Generator().manual_seed(seed)
+    if model.is_t5:
+        enc = torch.randint(0, model.vocab_size, (global_batch_size, model.seq_length), generator=g)
+        dec = torch.randint(0, model.vocab_size, (global_batch_size, model.decoder_seq_length + 1), generator=g)
+        return [{"enc_tokens": enc[i:i + micro_batch_size], "dec_tokens": dec[i:i + micro_batch_size, :-1],
+                     "labels": dec[i:i + micro_batch_size, 1:]} for i in range(0, global_batch_size, micro_batch_size)]
+    tok = torch.randint(0, model.vocab_size, (global_batch_size, model.seq_length + 1), generator=g)
+    return [{"tokens": tok[i:i + micro_batch_size, :-1], "labels": tok[i:i + micro_batch_size, 1:]}
+            for i in range(0, global_batch_size, micro_batch_size)]
+
+
+def run_plans(rank: int, world_size: int, plans: list[dict], out: str, seed: int, num_steps: int,
+              train_config) -> None:
+    """For each plan: loss and full gradients of step 1, the losses of ``num_steps`` optimizer steps and the full
+    weights after them (distributed optimizer: no step-1 gradients, they are reduce-scattered).
+
+    Rank 0 writes ``[{"losses": [...], "grads": {...} | None, "grad_norm": float, "params": {...}}, ...]`` to
+    ``out``.
+    """
+    from .engine import build_runtime
+
+    results = []
+    for raw in plans:
+        rt = build_runtime(raw, rank, world_size, seed=seed, train_config=train_config)
+        batches = make_batches(rt.plan.model, rt.plan.micro_batch_size, rt.plan.global_batch_size, seed)
+        from .grads import clip_grad_norm
+
+        if rt.plan.distributed_optimizer:  # gradients are reduce-scattered: compare steps and weights
+            losses = [rt.train_step(iter(batches)) for _ in range(num_steps)]
+            grads, norm = None, rt.last_grad_norm
+        else:
+            losses = [rt.forward_backward(iter(batches))]
+            grads = rt.full_grads()
+            norm = clip_grad_norm(rt, rt.train_config.clip_grad)
+            rt.optimizer.step()
+            for _ in range(num_steps - 1):
+                losses.append(rt.train_step(iter(batches)))
+        results.append({"losses": losses, "grads": grads, "grad_norm": norm, "params": rt.full_params()})
+        dist.barrier()
+    if rank == 0:
+        torch.save(results, Path(out))

@@ -1,0 +1,126 @@
+"""``ModelSpec`` -> megatron-core ``TransformerConfig`` keyword arguments and layer ``ModuleSpec``s (torch).
+
+Architecture only: sizes, norm, activation, biases, position embedding. Parallel degrees and recompute are
+added per stage by ``aceso_megatron.config`` (the one place that translates our short names to megatron-core's).
+
+Layer specs are megatron-core's own: the local (pure PyTorch) specs when transformer-engine is absent, the TE
+specs when it is importable (never on CPU: callers pass ``te=False``). A *unit* spec (one sub-layer unit of
+``search.model``) is the full layer spec with the other halves replaced by ``IdentityOp``/``IdentityFuncOp``:
+an attention unit keeps the input norm, the self-attention and its residual add; an MLP unit keeps the pre-MLP
+norm, the MLP and its residual add; a T5 cross-attention unit keeps the pre-cross-attention norm, the
+cross-attention and its residual add. Chaining the units of a layer computes exactly what the full
+``TransformerLayer`` computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import torch.nn.functional as F
+from megatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from search.model import ModelSpec, UnitKind
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# Submodules of a TransformerLayer that belong to each unit kind.
+_UNIT_PARTS: dict[str, tuple[str, ...]] = {
+    "attention": ("input_layernorm", "self_attention", "self_attn_bda"),
+    "cross_attention": ("pre_cross_attn_layernorm", "cross_attention", "cross_attn_bda"),
+    "mlp": ("pre_mlp_layernorm", "mlp", "mlp_bda"),
+}
+
+
+def have_transformer_engine() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def architecture_kwargs(model: ModelSpec, dtype: str | None = None) -> dict:
+    """TransformerConfig keyword arguments describing the architecture (no parallelism, no recompute)."""
+    dt = _DTYPES[dtype or model.params_dtype]
+    return {
+        "num_layers": model.num_layers,
+        "hidden_size": model.hidden_size,
+        "num_attention_heads": model.num_attention_heads,
+        "num_query_groups": model.num_query_groups,
+        "kv_channels": model.head_dim,
+        "ffn_hidden_size": model.ffn_hidden_size,
+        "normalization": "RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm",
+        "gated_linear_unit": model.activation == "swiglu",
+        "activation_func": F.silu if model.activation == "swiglu" else F.gelu,
+        "add_bias_linear": model.add_bias_linear,
+        "params_dtype": dt,
+        "fp16": dt == torch.float16,
+        "bf16": dt == torch.bfloat16,
+    }
+
+
+def _te(te: bool | None) -> bool:
+    return have_transformer_engine() if te is None else te
+
+
+def gpt_layer_spec(model: ModelSpec, te: bool | None = None) -> ModuleSpec:
+    """megatron-core's full GPT layer spec for the model (TE when importable and ``te`` is not False, else local)."""
+    from megatron.core.models.gpt import gpt_layer_specs as g
+
+    norm = "RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm"
+    if _te(te):
+        return g.get_gpt_layer_with_transformer_engine_spec()
+    return g.get_gpt_layer_local_spec(normalization=norm)
+
+
+def t5_layer_specs(model: ModelSpec, te: bool | None = None) -> tuple[ModuleSpec, ModuleSpec]:
+    """megatron-core's (encoder, decoder) T5 layer specs."""
+    from megatron.core.models.T5 import t5_spec
+
+    if _te(te):
+        return (t5_spec.encoder_model_with_transformer_engine_default_spec(),
+                t5_spec.decoder_model_with_transformer_engine_default_spec())
+    return t5_spec.encoder_model_with_local_spec(), t5_spec.decoder_model_with_local_spec()
+
+
+def final_norm_spec(model: ModelSpec, te: bool | None = None):
+    """The final-norm module class (local: megatron's WrappedTorchNorm; TE: TENorm)."""
+    if _te(te):
+        from megatron.core.extensions.transformer_engine import TENorm
+
+        return TENorm
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    return WrappedTorchNorm
+
+
+def layer_spec(model: ModelSpec, stack: str, te: bool | None = None) -> ModuleSpec:
+    if not model.is_t5:
+        return gpt_layer_spec(model, te)
+    enc, dec = t5_layer_specs(model, te)
+    return enc if stack == "encoder" else dec
+
+
+def unit_spec(full: ModuleSpec, kind: UnitKind, tp_group=None) -> ModuleSpec:
+    """The layer spec restricted to one unit: the other submodules become identities.
+
+    ``tp_group``: megatron-core 0.16's ``CrossAttention`` builds ``linear_q``/``linear_kv`` without passing its
+    TP group (they fall back to the global ``parallel_state`` group); binding it here keeps per-stage groups.
+    """
+    keep = _UNIT_PARTS[kind]
+    changes = {}
+    for k, parts in _UNIT_PARTS.items():
+        if k == kind:
+            continue
+        for name in parts:
+            if name not in keep:
+                changes[name] = IdentityFuncOp if name.endswith("_bda") else IdentityOp
+    if kind == "cross_attention" and tp_group is not None:
+        xa = full.submodules.cross_attention
+        sub = dataclasses.replace(xa.submodules, linear_q=functools.partial(xa.submodules.linear_q, tp_group=tp_group),
+                                  linear_kv=functools.partial(xa.submodules.linear_kv, tp_group=tp_group))
+        changes["cross_attention"] = dataclasses.replace(xa, submodules=sub)
+    return dataclasses.replace(full, submodules=dataclasses.replace(full.submodules, **changes))

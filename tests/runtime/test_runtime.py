@@ -1,0 +1,184 @@
+"""One process: CPU shims, builders, plan validation at the runtime entry, and a single-stage plan that equals a
+plain stock megatron-core GPTModel (loss and every gradient)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from search.errors import AcesoError
+from search.model import ModelSpec
+
+GPT = ModelSpec(name="tiny-gpt", family="gpt", num_layers=2, hidden_size=32, num_attention_heads=4,
+                ffn_hidden_size=64, seq_length=16, vocab_size=128, params_dtype="fp32")
+
+
+def st(tp, dp, lo, hi, rc=None):
+    return {"num_gpus": tp * dp, "tp": tp, "dp": dp, "start_unit": lo, "end_unit": hi,
+            "recompute": rc or ["none"] * (hi - lo)}
+
+
+def plan(model, *stages, mb=2, gbs=4):
+    return {"model": model.model_dump(), "micro_batch_size": mb, "global_batch_size": gbs, "stages": list(stages)}
+
+
+@pytest.fixture(scope="module")
+def single_process():
+    from aceso_megatron.reference import init_single_process
+    from aceso_megatron.testing import free_port
+
+    init_single_process(free_port())
+
+
+# ----- CPU shims ------------------------------------------------------------------------------------------
+def test_cpu_mode_maps_cuda_to_cpu_and_replays_rng(single_process):
+    from megatron.core.tensor_parallel import random as mrandom
+
+    from patches import cpu_mode
+
+    assert cpu_mode.is_applied()
+    assert torch.ones(2, device="cuda").device.type == "cpu"
+    assert torch.zeros(1, device=torch.cuda.current_device()).device.type == "cpu"
+    state = mrandom._get_cuda_rng_state()
+    a = torch.rand(3)
+    mrandom._set_cuda_rng_state(state)
+    assert torch.equal(a, torch.rand(3))  # the recompute RNG replay works on the CPU generator
+
+
+def test_cpu_mode_active_in_backward(single_process):
+    """A recomputed forward that creates a device='cuda' tensor must work inside backward."""
+    from megatron.core import tensor_parallel
+
+    def f(x):
+        return x * torch.ones(x.shape, device="cuda")
+
+    x = torch.randn(4, requires_grad=True)
+    y = tensor_parallel.checkpoint(f, False, x)
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.ones(4))
+
+
+def test_cpu_mode_revert_restores_torch(single_process):
+    from patches import cpu_mode
+
+    cpu_mode.revert()
+    try:
+        assert not cpu_mode.is_applied()
+        with pytest.raises((AssertionError, RuntimeError)):  # CPU-only torch: CUDA calls fail again
+            torch.cuda.current_device()
+    finally:
+        cpu_mode.apply()
+    assert torch.cuda.current_device() == 0
+
+
+def test_patch_refuses_untested_version(monkeypatch):
+    from patches import _base
+
+    monkeypatch.setattr(_base, "megatron_version", lambda: "0.0.1")
+    monkeypatch.delenv(_base.ALLOW_UNTESTED_ENV, raising=False)
+    with pytest.raises(AcesoError, match="tested on megatron-core 0.16.1 but 0.0.1"):
+        _base.check_version("cpu_mode", ("0.16.1",))
+
+
+# ----- builders ---------------------------------------------------------------------------------------------
+def test_unit_specs_split_a_layer(single_process):
+    from megatron.core.transformer.identity_op import IdentityOp
+
+    from model_specs.builders import gpt_layer_spec, unit_spec
+
+    full = gpt_layer_spec(GPT, te=False)
+    att, mlp = unit_spec(full, "attention").submodules, unit_spec(full, "mlp").submodules
+    assert att.mlp is IdentityOp and att.pre_mlp_layernorm is IdentityOp
+    assert att.self_attention is full.submodules.self_attention
+    assert mlp.self_attention is IdentityOp and mlp.mlp is full.submodules.mlp
+
+
+def test_stage_parameter_count_matches_model_spec(single_process):
+    """The stage chunks' parameters add up to ModelSpec.num_parameters (an independent count)."""
+    from aceso_megatron.engine import build_runtime
+
+    for m in (GPT, GPT.model_copy(update={"tied_embeddings": False, "normalization": "rmsnorm",
+                                          "activation": "swiglu", "add_bias_linear": False,
+                                          "position_embedding": "rope", "num_query_groups": 2})):
+        rt = build_runtime(plan(m, st(1, 1, 0, 4)), 0, 1, seed=3)
+        assert sum(p.numel() for p in rt.stage_module.parameters()) == m.num_parameters
+
+
+# ----- plan validation at the entry ---------------------------------------------------------------------------
+@pytest.mark.parametrize("raw, world, message", [
+    (plan(GPT, st(1, 1, 0, 4)), 2, "the plan needs 1 processes"),
+    (plan(GPT, st(1, 1, 0, 2), st(3, 1, 2, 4)), 4, "stages[1].tp (3) must divide num_attention_heads"),
+    (plan(GPT, st(1, 1, 0, 2), st(1, 1, 2, 2, [])), 2, "stages[1]: span [2, 2) is empty"),
+])
+def test_bad_plans_fail_before_any_group(raw, world, message, monkeypatch):
+    import torch.distributed as dist
+
+    from aceso_megatron.engine import build_runtime
+
+    def no_groups(*a, **k):
+        raise AssertionError("a process group was created")
+
+    monkeypatch.setattr(dist, "new_group", no_groups)
+    with pytest.raises(AcesoError) as e:
+        build_runtime(raw, 0, world)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+# ----- single stage == plain model ------------------------------------------------------------------------------
+def test_single_stage_plan_equals_stock_gpt_model(single_process):
+    from aceso_megatron.engine import TrainConfig, build_runtime
+    from aceso_megatron.reference import Reference
+    from aceso_megatron.testing import make_batches
+
+    tc = TrainConfig(clip_grad=0.3)
+    raw = plan(GPT, st(1, 1, 0, 4, ["none", "selective", "full", "selective"]))
+    batches = make_batches(GPT, 2, 4, seed=5)
+    ref = Reference(GPT, seed=9, train_config=tc)
+    rt = build_runtime(raw, 0, 1, seed=9, train_config=tc)
+    assert ref.forward_backward(batches) == pytest.approx(rt.forward_backward(iter(batches)), rel=1e-6)
+    want, got = ref.grads(), rt.full_grads()
+    assert set(want) == set(got)
+    for k in want:
+        assert torch.allclose(got[k], want[k], rtol=1e-5, atol=1e-7), k
+    ref.optimizer.step()
+    from aceso_megatron.grads import clip_grad_norm
+
+    clip_grad_norm(rt, tc.clip_grad)
+    rt.optimizer.step()
+    assert ref.train_step(batches) == pytest.approx(rt.train_step(iter(batches)), rel=1e-5)
+
+
+# ----- recompute ------------------------------------------------------------------------------------------------
+def _saved_bytes(rt, batches) -> int:
+    """Bytes of tensors autograd keeps for backward during the forward of one micro-batch."""
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        if not isinstance(t, torch.nn.Parameter):
+            total += t.numel() * t.element_size()
+        return t
+
+    b = batches[0]
+    pos = torch.arange(GPT.seq_length).unsqueeze(0).expand_as(b["tokens"])
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        rt.stage_module(input_ids=b["tokens"], position_ids=pos, labels=b["labels"])
+    return total
+
+
+def test_recompute_keeps_fewer_activations(single_process):
+    """full < selective < none in saved activations, with the same gradients."""
+    from aceso_megatron.engine import build_runtime
+    from aceso_megatron.testing import make_batches
+
+    batches = make_batches(GPT, 2, 2, seed=1)
+    saved, grads = {}, {}
+    for rc in ("none", "selective", "full"):
+        rt = build_runtime(plan(GPT, st(1, 1, 0, 4, [rc] * 4), gbs=2), 0, 1, seed=4)
+        saved[rc] = _saved_bytes(rt, batches)
+        rt.forward_backward(iter(batches))
+        grads[rc] = rt.full_grads()
+    assert saved["full"] < saved["selective"] < saved["none"]
+    for rc in ("selective", "full"):
+        for k, g in grads["none"].items():
+            assert torch.allclose(grads[rc][k], g, rtol=1e-6, atol=1e-8), (rc, k)
