@@ -108,3 +108,21 @@ class SyntheticCostModel:
                         * 1000, stages=stages, pipeline=pipe, max_memory_mb=mem,
                         memory_limit_mb=self.memory_limit_mb, fits=all(s.fits for s in stages),
                         bottleneck_stage=pipe.bottleneck, bottleneck_resource="compute", cost_model=self.kind)
+
+
+def tiny_problem(seed: int, gbs: int = 32):
+    """A random tiny problem for optimality checks: (cost model, space, gbs) with <= 4 GPUs, <= 4 layers (8 units),
+    2 micro-batch sizes and a random memory limit (so recompute and memory-driven moves matter)."""
+    from ..cluster import parse_cluster
+    from ..presets import load_model
+    from ..training import TrainingSpec
+    from .state import Space
+    rng = np.random.default_rng(seed)
+    layers = int(rng.integers(1, 5))
+    gpus = int(rng.choice([1, 2, 4]))
+    mbs = sorted(int(x) for x in rng.choice([1, 2, 4, 8], 2, replace=False))
+    model = load_model("gpt-1.3b", num_layers=layers)
+    cluster = parse_cluster(f"1x{gpus}-h100")
+    training = TrainingSpec(global_batch_size=gbs, micro_batch_sizes=mbs)
+    cm = SyntheticCostModel(model, cluster, training, seed=seed, memory_limit_mb=float(rng.uniform(500, 1500)))
+    return cm, Space.of(model, cluster, training), gbs

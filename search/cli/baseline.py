@@ -1,0 +1,62 @@
+"""Best uniform Megatron configuration (same pp/tp/dp/recompute everywhere) under the same cost model.
+
+Example: aceso baseline --model gpt-1.3b --cluster 1x8-h100 --global-batch-size 512 -o baseline.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import AcesoError
+from .common import add_cluster_args, add_model_args, write_output
+from .search_cmd import add_training_args, setup
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_cluster_args(p)
+    add_training_args(p)
+    p.add_argument("--json", action="store_true", help="print a machine-readable summary")
+    p.add_argument("-o", "--output", default=None, help="write it as a ParallelPlan JSON here; - = stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..planner.api import plan_baseline
+    from ..planner.baseline import baseline_plan
+    model, cluster, training, cm = setup(args)
+    res = plan_baseline(cm, training)
+    if res is None:
+        raise AcesoError(f"no uniform configuration exists for {cluster.num_gpus} GPUs with micro-batch sizes "
+                         f"{args.micro_batch_sizes}; check the cluster and --micro-batch-sizes")
+    if not res.fits:
+        raise AcesoError(f"no uniform configuration fits in memory: the least needs "
+                         f"{max(res.stage_memory_mb):.0f} MB per GPU (limit {cm.memory_limit_mb:.0f} MB); raise "
+                         "--memory-limit-mb, use more GPUs or a smaller micro-batch")
+    plan = baseline_plan(res, model, cluster, training.global_batch_size, getattr(cm, "kind", "analytic"))
+    if args.output:
+        write_output(plan.to_json(), args.output)
+    info = {"iteration_ms": round(res.iteration_ms, 4),
+            "samples_per_s": round(training.global_batch_size / res.iteration_ms * 1000, 4), "pp": res.pp,
+            "tp": res.tp, "dp": res.dp, "micro_batch_size": res.mbs, "recompute": res.recompute,
+            "layers_per_stage": list(res.layers), "stage_time_ms": [round(t, 3) for t in res.stage_total_ms],
+            "stage_memory_mb": [round(m, 1) for m in res.stage_memory_mb], "configs_evaluated": res.evaluated}
+    if args.json:
+        if args.output != "-":
+            sys.stdout.write(json.dumps(info, indent=2) + "\n")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+    con = Console(file=sys.stderr if args.output == "-" else sys.stdout, width=120)
+    t = Table(title=f"best uniform configuration: {model.name} on {cluster.label}, global batch "
+                    f"{training.global_batch_size}")
+    for col in ("pp", "tp", "dp", "micro-batch", "recompute", "layers per stage", "iteration ms", "samples/s",
+                "max memory MB"):
+        t.add_column(col, justify="right")
+    t.add_row(str(res.pp), str(res.tp), str(res.dp), str(res.mbs), res.recompute,
+              " ".join(map(str, res.layers)), f"{res.iteration_ms:.2f}", f"{info['samples_per_s']:.2f}",
+              f"{max(res.stage_memory_mb):.0f}")
+    con.print(t)
+    con.print(f"{res.evaluated} uniform configurations evaluated")
+    return 0

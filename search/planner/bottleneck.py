@@ -1,0 +1,98 @@
+"""Bottleneck stage, what dominates it, and which primitives to try first (Aceso §4.2-4.3; SPEC §4.3-4.4).
+
+The bottleneck is the over-memory stage with the most memory if any stage does not fit, else the stage with the
+longest 1F1B total. Its time is split into three shares relative to all stages:
+
+* compute: ideal time per GPU (its units on one GPU, divided by its GPUs) over the sum of ideal times;
+* communication / parallelisation inefficiency: ``fwd + bwd + p2p - ideal`` (TP collectives, p2p, lost scaling)
+  over the sum of those losses;
+* recompute: its recompute time over the sum of recompute times.
+
+The primitives' resource effects (time, memory, communication: ``-`` relieves, ``+`` costs more, ``0`` neutral)
+order the candidates: for an over-memory plan only memory-relieving ones; otherwise the dimensions in decreasing
+share, each contributing a filtered group then the rest of its relieving primitives, then everything left.
+"""
+
+from __future__ import annotations
+
+from ..costmodel.types import StageCost
+
+# name: (time, memory, comm) -- the reference's table (SPEC §4.5), plus the cost-balanced partition move
+EFFECTS: dict[str, tuple[str, str, str]] = {
+    "move_units": ("-", "-", "0"),
+    "rebalance": ("-", "-", "0"),
+    "inc_dp": ("-", "-", "+"),
+    "dec_dp": ("+", "+", "-"),
+    "inc_tp": ("-", "-", "+"),
+    "dec_tp": ("+", "+", "-"),
+    "inc_mbs": ("-", "+", "0"),
+    "dec_mbs": ("+", "-", "0"),
+    "tp_to_dp": ("-", "+", "-"),
+    "dp_to_tp": ("+", "-", "+"),
+}
+PRIMITIVES = tuple(EFFECTS)
+
+
+def find_bottleneck(stages: list[StageCost], stage_total_ms: list[float], limit_mb: float) -> int:
+    over = [i for i, s in enumerate(stages) if not s.fits or s.memory_mb > limit_mb]
+    if over:
+        return max(over, key=lambda i: (stages[i].memory_mb, -i))
+    return max(range(len(stages)), key=lambda i: (stage_total_ms[i], -i))
+
+
+def shares(stages: list[StageCost], b: int) -> dict[str, float]:
+    ideal = [s.ideal_ms if s.ideal_ms > 0 else max(s.fwd_ms + s.bwd_ms - s.tp_comm_ms, 0.0) for s in stages]
+    loss = [max(s.fwd_ms + s.bwd_ms + s.p2p_ms - i, 0.0) for s, i in zip(stages, ideal)]
+    rec = [s.recompute_ms for s in stages]
+
+    def share(v):
+        tot = sum(v)
+        return v[b] / tot if tot > 0 else 0.0
+    return {"compute": share(ideal), "communication": share(loss), "recompute": share(rec),
+            "_ideal_above_mean": ideal[b] > sum(ideal) / len(ideal),
+            "_loss_above_mean": loss[b] > sum(loss) / len(loss), "_recomputes": rec[b] > 0}
+
+
+def classify(stages: list[StageCost], b: int, limit_mb: float) -> str:
+    """``memory`` if the bottleneck does not fit, else the largest of compute / communication / recompute."""
+    if not stages[b].fits or stages[b].memory_mb > limit_mb:
+        return "memory"
+    sh = shares(stages, b)
+    return max(("compute", "communication", "recompute"), key=lambda k: sh[k])  # ties: this order
+
+
+def order_primitives(stages: list[StageCost], b: int, limit_mb: float) -> list[list[str]]:
+    """Groups of primitive names, most promising first (SPEC §4.4)."""
+    if not stages[b].fits or stages[b].memory_mb > limit_mb:
+        return [[p for p in PRIMITIVES if EFFECTS[p][1] == "-"]]
+    sh = shares(stages, b)
+    dims = sorted(("compute", "communication", "recompute"), key=lambda k: -sh[k])  # stable: table order on ties
+    listed: set[str] = set()
+    groups: list[list[str]] = []
+
+    def ok(p, want_dim, filters):
+        t, m, c = EFFECTS[p]
+        eff = {"time": t, "memory": m, "comm": c}
+        return eff[want_dim] == "-" and all(eff[k] in ("-", "0") for k in filters)
+
+    for d in dims:
+        axis = {"compute": "time", "communication": "comm", "recompute": "memory"}[d]
+        filters = []
+        if d == "compute":
+            filters += ["comm"] if sh["_loss_above_mean"] else []
+            filters += ["memory"] if sh["_recomputes"] else []
+        elif d == "communication":
+            filters += ["time"] if sh["_ideal_above_mean"] else []
+            filters += ["memory"] if sh["_recomputes"] else []
+        else:
+            filters += ["time"] if sh["_ideal_above_mean"] else []
+            filters += ["comm"] if sh["_loss_above_mean"] else []
+        for flt in (filters, []):
+            g = [p for p in PRIMITIVES if p not in listed and ok(p, axis, flt)]
+            listed.update(g)
+            if g:
+                groups.append(g)
+    rest = [p for p in PRIMITIVES if p not in listed]
+    if rest:
+        groups.append(rest)
+    return groups

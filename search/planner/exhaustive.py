@@ -1,0 +1,68 @@
+"""Exhaustive enumeration of every plan of a tiny problem: the reference the search is tested against.
+
+Every number of stages, every split of the GPUs into stage sizes, every valid (tp, dp) per stage, every contiguous
+cut of the units, every micro-batch size; recompute per stage is either the exact optimiser (``"optimal"``) or, for
+the tiniest cases, every per-unit assignment (``"brute"``). Cost grows exponentially: keep it to a few GPUs/units.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from .state import INF, Evaluation, Evaluator, Space, State
+
+
+def _compositions(n: int, k: int):
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        parts = (0, *cuts, n)
+        yield tuple(parts[i + 1] - parts[i] for i in range(k))
+
+
+def enumerate_states(space: Space):
+    U, N = space.num_units, space.num_gpus
+    for S in range(1, min(N, U) + 1):
+        for counts in _compositions(N, S):
+            for mbs in space.mbs_list:
+                shape_opts = [space.shapes(g, mbs) for g in counts]
+                if any(not o for o in shape_opts):
+                    continue
+                for shapes in itertools.product(*shape_opts):
+                    for cuts in itertools.combinations(range(1, U), S - 1):
+                        st = State(mbs, tuple(shapes), (0, *cuts, U))
+                        if space.legal(st):
+                            yield st
+
+
+def _brute_stage(cm, i, S, first, a, b, tp, dp, mbs):
+    best_cost, best_rc = None, None
+    for rc in itertools.product(range(3), repeat=b - a):
+        rc = np.array(rc, np.int8)
+        c = cm.stage_cost(i, S, first, a, b, tp, dp, rc, mbs)
+        if c.fits and (best_cost is None or c.time_per_microbatch_ms < best_cost.time_per_microbatch_ms - 1e-12):
+            best_cost, best_rc = c, rc
+    return best_cost, best_rc
+
+
+def exhaustive_best(cm, gbs: int, space: Space, recompute: str = "optimal") -> tuple[float, State | None, int]:
+    """(best iteration time, its state, number of plans enumerated); inf/None if nothing fits."""
+    ev = Evaluator(cm, gbs, None)
+    best, best_state, n = INF, None, 0
+    for st in enumerate_states(space):
+        n += 1
+        if recompute == "optimal":
+            e: Evaluation = ev.evaluate(st, charge=False)
+            t = e.iteration_ms if e.fits else INF
+        else:
+            costs = []
+            for i, r in enumerate(st.first_ranks()):
+                tp, dp = st.shapes[i]
+                c, _ = _brute_stage(cm, i, st.num_stages, r, st.bounds[i], st.bounds[i + 1], tp, dp, st.mbs)
+                if c is None:
+                    break
+                costs.append(c)
+            t = cm.pipeline(costs, gbs // st.mbs).iteration_ms if len(costs) == st.num_stages else INF
+        if t < best - 1e-12:
+            best, best_state = t, st
+    return best, best_state, n

@@ -1,0 +1,96 @@
+"""`aceso search` / `aceso baseline`: determinism (byte-identical plans), validity, Ctrl-C, infeasible exit 2."""
+
+import contextlib
+import json
+
+import pytest
+
+from search.cli import main
+from search.plan import load_plan
+from search.planner.aceso import SearchOptions, search
+from search.planner.synthetic import tiny_problem
+
+ARGS = ["--model", "gpt-1.3b", "--num-layers", "4", "--cluster", "1x4-h100", "--global-batch-size", "64",
+        "--budget-evals", "300"]
+
+
+def test_two_runs_write_identical_bytes_whatever_the_workers(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["search", *ARGS, "--workers", "1", "--json", "-o", str(a)]) == 0
+    assert main(["search", *ARGS, "--workers", "2", "--json", "-o", str(b)]) == 0
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_written_plan_validates_fits_and_matches_the_cost_model(tmp_path, capsys):
+    from search.costmodel import make_cost_model
+    from search.training import TrainingSpec
+    out, trace = tmp_path / "plan.json", tmp_path / "trace.json"
+    assert main(["search", *ARGS, "--top-k", "2", "--trace", str(trace), "--json", "-o", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    plan = load_plan(out)
+    assert plan.cluster is not None and plan.world_size == 4 and plan.predicted is not None
+    cm = make_cost_model(plan.model, plan.cluster, TrainingSpec(global_batch_size=64, precision="fp16"))
+    cost = cm.evaluate(plan)
+    assert cost.fits
+    assert cost.iteration_ms == pytest.approx(plan.predicted.iteration_time_ms, rel=1e-6)
+    assert summary["speedup"] >= 1.0  # never worse than the uniform baseline (it is one of the starts)
+    assert (tmp_path / "plan.top2.json").exists()
+    moves = json.loads(trace.read_text())
+    assert moves and all(m["fits_after"] for m in moves if m["fits_before"])
+    assert all(m["time_after_ms"] <= m["time_before_ms"] for m in moves if m["fits_before"])
+    assert all(m["max_memory_after_mb"] < m["max_memory_before_mb"] for m in moves if not m["fits_before"])
+
+
+def test_search_is_deterministic_in_process():
+    cm, space, gbs = tiny_problem(5)
+    r1 = search(cm, gbs, space, SearchOptions(budget_evals=200, seed=3))
+    r2 = search(cm, gbs, space, SearchOptions(budget_evals=200, seed=3))
+    assert [e.state for e in r1.plans] == [e.state for e in r2.plans] and r1.evals == r2.evals
+
+
+def test_ctrl_c_returns_best_so_far():
+    cm, space, gbs = tiny_problem(10)
+
+    def stop(n):
+        if n >= 40:
+            raise KeyboardInterrupt
+    res = search(cm, gbs, space, SearchOptions(budget_evals=10_000, callback=stop))
+    assert res.interrupted and res.plans and res.plans[0].fits
+    assert res.evals <= 41
+
+
+def test_ctrl_c_in_cli_writes_best_plan(tmp_path, monkeypatch):
+    from search.planner import report
+
+    @contextlib.contextmanager
+    def interrupting(total, quiet=False):
+        def tick(n):
+            if n >= 30:
+                raise KeyboardInterrupt
+        yield tick
+    monkeypatch.setattr(report, "progress", interrupting)
+    out = tmp_path / "plan.json"
+    assert main(["search", *ARGS, "--workers", "1", "--budget-evals", "100000", "--json", "-o", str(out)]) == 130
+    plan = load_plan(out)
+    assert plan.world_size == 4
+    base = tmp_path / "base.json"  # even stopped early, never worse than the uniform baseline
+    assert main(["baseline", *ARGS[:-2], "--json", "-o", str(base)]) == 0
+    assert plan.predicted.iteration_time_ms <= load_plan(base).predicted.iteration_time_ms + 1e-6
+
+
+def test_infeasible_exits_2_with_what_would_fit(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    code = main(["search", "--model", "gpt-13b", "--cluster", "1x1-h100", "--memory-limit-mb", "20000",
+                 "--global-batch-size", "8", "--budget-evals", "50", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "needs at least" in err and "MB per GPU" in err and "more GPUs" in err
+    assert not out.exists()
+
+
+def test_baseline_cli_writes_uniform_plan(tmp_path, capsys):
+    out = tmp_path / "base.json"
+    assert main(["baseline", *ARGS[:-2], "--json", "-o", str(out)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    plan = load_plan(out)
+    assert len({(s.tp, s.dp) for s in plan.stages}) == 1 and plan.num_stages == info["pp"]
+    assert len({r for s in plan.stages for r in s.recompute}) == 1

@@ -1,0 +1,129 @@
+"""Exact per-stage recompute (search/planner/recompute.py) against brute force over every assignment."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from search.cluster import parse_cluster
+from search.planner.recompute import optimize_stage, solve
+from search.planner.synthetic import SyntheticCostModel
+from search.presets import load_model
+from search.training import TrainingSpec
+
+
+def _brute(rt, act, peak, k, budget):
+    n = len(rt)
+    best = np.inf
+    for ch in itertools.product(range(3), repeat=n):
+        ch = np.array(ch)
+        idx = np.arange(n)
+        if k * act[idx, ch].sum() + peak[idx, ch].max() <= budget:
+            best = min(best, rt[idx, ch].sum())
+    return best
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_solve_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 7))
+    ntypes = int(rng.integers(1, 4))  # repeated rows, as layers of one kind are
+    rt = rng.uniform(0, 3, (ntypes, 3))
+    rt[:, 0] = 0
+    act = rng.uniform(1, 10, (ntypes, 3))
+    peak = rng.uniform(0, 5, (ntypes, 3))
+    peak[:, 0] = 0
+    ty = rng.integers(0, ntypes, n)
+    rt, act, peak = rt[ty], act[ty], peak[ty]
+    k = int(rng.integers(1, 4))
+    budget = float(rng.uniform(0, k * act.sum() + 6))
+    want = _brute(rt, act, peak, k, budget)
+    got = solve(rt, act, peak, k, budget)
+    if not np.isfinite(want):
+        assert got is None
+        return
+    idx = np.arange(n)
+    assert k * act[idx, got].sum() + peak[idx, got].max() <= budget + 1e-9
+    assert rt[idx, got].sum() == pytest.approx(want, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_optimize_stage_matches_brute_force_on_cost_model(seed):
+    model = load_model("gpt-1.3b", num_layers=3)
+    cm = SyntheticCostModel(model, parse_cluster("1x2-h100"), TrainingSpec(global_batch_size=16), seed=seed,
+                            memory_limit_mb=400.0 + 60 * seed)
+    i, S, a, b, mbs = seed % 2, 2, 0 if seed % 2 == 0 else 1, 5 if seed % 2 == 0 else 6, 2
+    _rc, cost = optimize_stage(cm, i, S, i, a, b, 1, 1, mbs)
+    best = np.inf
+    for ch in itertools.product(range(3), repeat=b - a):
+        c = cm.stage_cost(i, S, i, a, b, 1, 1, np.array(ch, np.int8), mbs)
+        if c.fits:
+            best = min(best, c.time_per_microbatch_ms)
+    if np.isfinite(best):
+        assert cost.fits
+        assert cost.time_per_microbatch_ms == pytest.approx(best, rel=1e-12)
+    else:
+        assert not cost.fits
+
+
+def test_optimize_stage_with_analytic_model_fits_and_beats_uniform_choices():
+    from search.costmodel import make_cost_model
+    model = load_model("gpt-1.3b", num_layers=4)
+    cluster = parse_cluster("1x1-h100", memory_limit_mb=26000)
+    cm = make_cost_model(model, cluster, TrainingSpec(global_batch_size=64))
+    n = model.num_units
+    _rc, cost = optimize_stage(cm, 0, 1, 0, 0, n, 1, 1, 8)
+    assert cost.fits
+    for code in range(3):  # never slower than recomputing every unit the same way, when that fits
+        c = cm.stage_cost(0, 1, 0, 0, n, 1, 1, np.full(n, code, np.int8), 8)
+        if c.fits:
+            assert cost.time_per_microbatch_ms <= c.time_per_microbatch_ms + 1e-9
+    best = np.inf  # and exactly optimal against brute force over all 3^8 assignments
+    for ch in itertools.product(range(3), repeat=n):
+        c = cm.stage_cost(0, 1, 0, 0, n, 1, 1, np.array(ch, np.int8), 8)
+        if c.fits:
+            best = min(best, c.time_per_microbatch_ms)
+    assert cost.time_per_microbatch_ms == pytest.approx(best, rel=1e-12)
+
+
+class _OpLevel:
+    """The synthetic model without unit tables, as an op-level model (aceso-compat) presents itself."""
+
+    def __init__(self, cm):
+        self._cm = cm
+        self.model, self.cluster, self.training = cm.model, cm.cluster, cm.training
+        self.memory_limit_mb = cm.memory_limit_mb
+
+    def unit_table(self, batch, tp):
+        raise NotImplementedError
+
+    def stage_cost(self, *a, **k):
+        return self._cm.stage_cost(*a, **k)
+
+    def pipeline(self, *a, **k):
+        return self._cm.pipeline(*a, **k)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_probing_path_fits_and_local_search_never_hurts(seed):
+    from search.planner.recompute import has_unit_tables, refine_by_local_search
+    model = load_model("gpt-1.3b", num_layers=3)
+    syn = SyntheticCostModel(model, parse_cluster("1x2-h100"), TrainingSpec(global_batch_size=16), seed=seed,
+                             memory_limit_mb=500.0 + 50 * seed)
+    cm = _OpLevel(syn)
+    assert has_unit_tables(syn) and not has_unit_tables(cm)
+    n = model.num_units
+    rc, cost = optimize_stage(cm, 0, 2, 0, 0, n, 1, 1, 2)
+    fitting = [c for code in range(3)
+               if (c := syn.stage_cost(0, 2, 0, 0, n, 1, 1, np.full(n, code, np.int8), 2)).fits]
+    if not fitting:
+        return
+    assert cost.fits
+    assert cost.time_per_microbatch_ms <= min(c.time_per_microbatch_ms for c in fitting) + 1e-9
+
+    def f(r):
+        return syn.stage_cost(0, 2, 0, 0, n, 1, 1, r, 2)
+    _, cost2 = refine_by_local_search(f, rc, cost)
+    assert cost2.fits and cost2.time_per_microbatch_ms <= cost.time_per_microbatch_ms
+    exact, _ = optimize_stage(syn, 0, 2, 0, 0, n, 1, 1, 2)  # and the exact optimum bounds both from below
+    assert f(exact).time_per_microbatch_ms <= cost2.time_per_microbatch_ms + 1e-9
