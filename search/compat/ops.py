@@ -11,7 +11,12 @@ the stage of the last encoder unit) and the decoder embedding opens the decoder 
 decoder unit) — as in megatron-core's T5 and in the reference's own Megatron-style configs.
 
 Recompute of a unit as op flags: ``selective`` = the attention core (score, softmax, dropout, context: unit ops
-2-5) of an attention unit, the gelu (unit op 2) of an MLP unit; ``full`` = every op of the unit.
+2-5) of an attention unit; GEMM-1 and the gelu (unit ops 1-2) of an MLP unit; ``full`` = every op of the unit.
+MLP ``selective`` means activation recompute (the runtime recomputes the activation function and frees its
+output). The reference's memory model keeps the last op of a recompute segment, so a lone gelu flag frees
+nothing; [GEMM-1, gelu] is the smallest op segment that frees an activation of the same size (the 4h GEMM-1
+output), at the price of also recomputing GEMM-1's forward: pessimistic on time, equal on memory. It is also the
+MLP pattern the reference's own search picks.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ GPT_LAYER_OPS = 13
 T5_ENC_LAYER_OPS = 13
 T5_DEC_LAYER_OPS = 21
 # unit kind -> (number of ops, op offsets flagged by selective recompute)
-UNIT_OPS = {"attention": (8, (2, 3, 4, 5)), "cross_attention": (8, (2, 3, 4, 5)), "mlp": (5, (2,))}
+UNIT_OPS = {"attention": (8, (2, 3, 4, 5)), "cross_attention": (8, (2, 3, 4, 5)), "mlp": (5, (1, 2))}
 SEGMENT_START = "enc-1st-layernorm"   # where the reference splits recompute segments (not dec-1st-layernorm)
 _ENC = ("enc-1st-layernorm", "enc-attention-qkv", "enc-attention-score", "enc-attention-softmax",
         "enc-attention-dropout", "enc-attention-context", "enc-attention-dense", "enc-post-attention-dropout",

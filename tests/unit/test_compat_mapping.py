@@ -35,10 +35,10 @@ def test_export_gpt_hand_written_plan():
     assert ref.raw["checkpoint_activations"] == [True, True]
 
 
-def test_export_gpt_selective_mlp_flags_gelu():
+def test_export_gpt_selective_mlp_flags_gemm1_and_gelu():
     model = load_model("gpt-1.3b", num_layers=1)
     ref = plan_to_ref(_plan(model, [(0, 2, 1, 1, ["none", "selective"])]))
-    assert ref.recompute == [[0] + [0] * 8 + [0, 0, 1, 0, 0] + [0, 0]]
+    assert ref.recompute == [[0] + [0] * 8 + [0, 1, 1, 0, 0] + [0, 0]]
 
 
 def test_export_t5_glue_ops_and_cross_attention():
@@ -110,8 +110,9 @@ def test_import_recompute_covering_rule():
     raw = plan_to_ref(_plan(model, [(0, 2, 1, 1, ["none", "none"])])).raw
     cases = {  # op offsets flagged inside the attention unit (ops 1-8) / MLP unit (ops 9-13) -> expected
         (3, 4): ("selective", "none"),          # score, softmax: inside the attention core
-        (10, 11): ("none", "full"),             # MLP-GEMM-1 + gelu: not covered by selective (gelu)
-        (11,): ("none", "selective"),           # gelu alone
+        (10, 11): ("none", "selective"),        # MLP-GEMM-1 + gelu: exactly MLP selective
+        (11, 12): ("none", "full"),             # gelu + GEMM-2: not covered by selective
+        (11,): ("none", "selective"),           # gelu alone: covered by selective
         (1,): ("full", "none"),                 # a layernorm
     }
     for ops, want in cases.items():
@@ -120,7 +121,7 @@ def test_import_recompute_covering_rule():
             flags[k] = 1
         plan, notes = ref_to_plan(parse_ref_config(dict(raw, recompute_ops=[flags])))
         assert tuple(plan.stages[0].recompute) == want, ops
-        assert bool(notes) == (ops in ((3, 4), (10, 11), (1,)))
+        assert bool(notes) == (ops in ((3, 4), (11, 12), (11,), (1,)))
 
 
 def test_import_rejects_mixed_tp_algo1_and_unknown_model(reference_db):
