@@ -1,0 +1,204 @@
+"""Checkpoints with megatron-core ``dist_checkpointing``, keyed by canonical parameter names, so a checkpoint
+written under one plan loads under any other.
+
+Layout (the marker file name is Megatron-LM's)::
+
+    SAVE/iter_0000015/            a dist_checkpointing folder (``*.distcp``, metadata.json, common.pt)
+                     /extra_rank_00000.pt ...   per rank: RNG states, LR scheduler, iteration, plan digest
+    SAVE/latest_checkpointed_iteration.txt      -> "15"
+
+Sharded state: every rank describes its parameters as ``ShardedTensor``s under their canonical names
+(``GPTStage.canonical_names``: the names in a single-process megatron-core model) with their TP offsets, and replica
+ids that make exactly one rank write each piece (TP-replicated parameters: TP rank 0; DP replicas: DP rank 0; copies
+on several stages, such as a tied output embedding: the first stage, see ``model_sharded_state_dict``). SwiGLU
+``linear_fc1`` uses megatron-core's ``apply_swiglu_sharded_factory`` (its shard ``t`` is ``[gate_t; up_t]``). The
+optimizer's state comes from megatron-core's own ``optimizer.sharded_state_dict(model_sharded_state_dict)``, which
+keys Adam's moments by the same parameters. Each stage therefore saves its own shards, and
+``dist_checkpointing.load`` re-shards them for whatever plan loads them. We build the sharded dict ourselves because
+megatron-core's ``MegatronModule.sharded_state_dict`` reads TP ranks from the global ``parallel_state``, which a
+heterogeneous plan does not set.
+
+Resuming with the same plan is exact (RNG states too). With another plan the model, optimizer, scheduler and
+data position carry over, and the RNG states of the new ranks start from the seed; the global batch size must
+match, since the data position is ``iteration * global_batch_size`` samples.
+
+Protocol: all ranks write into ``SAVE/.tmp_iter_N``; after a barrier rank 0 renames it to ``iter_N`` and
+atomically replaces the marker, so the marker never names a partial checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy
+import torch
+import torch.distributed as dist
+
+from search.errors import AcesoError
+
+MARKER = "latest_checkpointed_iteration.txt"
+
+
+def _iter_dir(root: Path, iteration: int) -> Path:
+    return root / f"iter_{iteration:07d}"
+
+
+def plan_digest(plan) -> str:
+    return hashlib.sha256(plan.model_dump_json(exclude={"predicted"}).encode()).hexdigest()[:16]
+
+
+# ----- sharded state ---------------------------------------------------------------------------------------------
+def _owners(rt) -> tuple[dict[str, int], set[str]]:
+    """For each canonical name: the first stage that holds it, and the names held by several stages (a tied
+    output embedding on the last stage, T5's embedding on the first decoder stage). Collective."""
+    mine = (rt.layout.stage, sorted(set(rt.stage_module.canonical_names().values())))
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
+    owner: dict[str, int] = {}
+    holders: dict[str, set[int]] = {}
+    for stage, keys in parts:
+        for k in keys:
+            owner[k] = min(owner.get(k, stage), stage)
+            holders.setdefault(k, set()).add(stage)
+    return owner, {k for k, h in holders.items() if len(h) > 1}
+
+
+def model_sharded_state_dict(rt) -> dict:
+    """Local name -> ShardedTensor (or SwiGLU factory) of this rank's parameters, keyed by canonical name, with
+    the Parameter itself as ``data`` (megatron-core's optimizer maps its state to parameters by identity).
+
+    A parameter held by several stages (copies kept equal by the runtime) is written by the first of them; the
+    others are replicas (replica id ``(1, ...)``) that only load. Their TP may differ, and dist_checkpointing's
+    validation wants one local shape per key on a regular grid, so such keys are declared with an irregular grid
+    (``axis_fragmentations=None``: validation deferred to torch DCP, which reads any chunking).
+    """
+    from dataclasses import replace
+
+    from megatron.core.dist_checkpointing import ShardedTensor
+    from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
+
+    lay, stage = rt.layout, rt.stage_module
+    names = stage.canonical_names()
+    owner, shared = _owners(rt)
+    out = {}
+    for local, p in stage.named_parameters():
+        canon = names[local]
+        split = bool(getattr(p, "tensor_model_parallel", False))
+        replica = (int(owner[canon] != lay.stage), 0 if split else lay.tp_rank, lay.dp_rank)
+        offsets = [(p.partition_dim, lay.tp_rank, lay.tp)] if split else []
+        sh = ShardedTensor.from_rank_offsets(canon, p, *offsets, replica_id=replica)
+        if canon in shared:
+            sh = replace(sh, axis_fragmentations=None)
+        elif rt.plan.model.activation == "swiglu" and ".linear_fc1." in canon and split:
+            sh = apply_swiglu_sharded_factory(sh, ())
+        out[local] = sh
+    return out
+
+
+def sharded_state_dict(rt, is_loading: bool = False) -> dict:
+    model = model_sharded_state_dict(rt)
+    return {"model": model, "optimizer": rt.optimizer.sharded_state_dict(model, is_loading=is_loading)}
+
+
+def rng_state() -> dict:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    state = {"python": random.getstate(), "numpy": numpy.random.get_state(), "torch": torch.get_rng_state(),
+             "tracker": get_cuda_rng_tracker().get_states()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    random.setstate(state["python"])
+    numpy.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
+    get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+# ----- save / load -----------------------------------------------------------------------------------------------
+def save(root: str, iteration: int, rt, scheduler) -> Path:
+    """Write checkpoint ``iteration`` (collective: every rank calls it)."""
+    from megatron.core import dist_checkpointing
+
+    root_p = Path(root)
+    rank = dist.get_rank()
+    tmp = root_p / f".tmp_iter_{iteration:07d}"
+    if rank == 0:
+        root_p.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    dist.barrier()
+    dist_checkpointing.save(sharded_state_dict(rt), str(tmp))
+    extra = {"iteration": iteration, "scheduler": scheduler.state_dict(), "rng": rng_state(),
+             "plan_digest": plan_digest(rt.plan), "world_size": dist.get_world_size(),
+             "global_batch_size": rt.plan.global_batch_size}
+    torch.save(extra, tmp / f"extra_rank_{rank:05d}.pt")
+    dist.barrier()
+    final = _iter_dir(root_p, iteration)
+    if rank == 0:
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        marker_tmp = root_p / f".{MARKER}.tmp"
+        marker_tmp.write_text(f"{iteration}\n")
+        os.replace(marker_tmp, root_p / MARKER)
+    dist.barrier()
+    return final
+
+
+def latest_iteration(root: str) -> int | None:
+    """The iteration the marker names, or None when the folder has no complete checkpoint."""
+    marker = Path(root) / MARKER
+    if not marker.is_file():
+        return None
+    text = marker.read_text().strip()
+    if not text.isdigit():
+        raise AcesoError(f"--load {root}: {MARKER} holds '{text}', not an iteration; fix or delete it")
+    return int(text)
+
+
+def read_extra(root: str, iteration: int, rank: int) -> dict:
+    path = _iter_dir(Path(root), iteration) / f"extra_rank_{rank:05d}.pt"
+    if not path.is_file():
+        raise AcesoError(f"--load {root}: {path} is missing; the checkpoint is incomplete")
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def load(root: str, rt, scheduler) -> tuple[int, bool] | None:
+    """Restore from the latest checkpoint in ``root``: (its iteration, whether it was the same plan), or None."""
+    from megatron.core import dist_checkpointing
+
+    iteration = latest_iteration(root)
+    if iteration is None:
+        return None
+    first = read_extra(root, iteration, 0)
+    if first["global_batch_size"] != rt.plan.global_batch_size:
+        raise AcesoError(
+            f"--load {root}: iteration {iteration} was trained with global_batch_size {first['global_batch_size']}, "
+            f"the plan has {rt.plan.global_batch_size}; the data position would not carry over, use a plan with "
+            f"global_batch_size {first['global_batch_size']}"
+        )
+    same_plan = first["plan_digest"] == plan_digest(rt.plan) and first["world_size"] == dist.get_world_size()
+    state = dist_checkpointing.load(sharded_state_dict(rt, is_loading=True), str(_iter_dir(Path(root), iteration)))
+    with torch.no_grad():
+        for local, p in rt.stage_module.named_parameters():
+            value = state["model"][local]
+            if value is not p:
+                p.copy_(value)
+    rt.optimizer.load_state_dict(state["optimizer"])
+    mine = read_extra(root, iteration, dist.get_rank()) if same_plan else first
+    scheduler.load_state_dict(mine["scheduler"])
+    if same_plan:
+        set_rng_state(mine["rng"])
+    return iteration, same_plan

@@ -1,0 +1,183 @@
+"""``aceso train``: pretraining with a plan on megatron-core, one process per GPU (``python -m aceso_megatron.train``
+under torchrun, or ``aceso train`` for a 1-GPU plan).
+
+Per process: check the plan against the launch (before any process group exists), start the process group,
+build this rank's stage with the runtime plugin (``aceso_megatron.engine.build_runtime``: stage model, DDP on the
+stage's DP group, megatron-core Adam), put megatron-core's ``OptimizerParamScheduler`` on its optimizer, build
+the datasets (``aceso_megatron.data``), resume from ``--load`` and run the steps. Logging, evaluation and the
+predicted-vs-measured summary are in ``aceso_megatron.train_log``; checkpoints in ``aceso_megatron.checkpoint``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import sys
+import time
+import warnings
+
+from search.errors import AcesoError
+from search.plan import ParallelPlan, load_plan
+
+warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+
+
+def _launch_env() -> tuple[int, int, int]:
+    """(world size, rank, local rank) from torchrun's environment; (1, 0, 0) without it."""
+    return (int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0)),
+            int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def check_args(args: argparse.Namespace, plan: ParallelPlan, world_size: int) -> None:
+    """Everything that can be wrong before a process group starts, as one ``AcesoError`` line."""
+    if plan.world_size != world_size:
+        how = ("start it with `aceso launch PLAN --cpu -- ...` or torchrun" if world_size == 1
+               else f"launch {plan.world_size} processes or use a plan for {world_size} GPUs")
+        raise AcesoError(
+            f"{args.plan}: the plan needs {plan.world_size} processes (sum of stages[].num_gpus) but this launch "
+            f"has {world_size}; {how}"
+        )
+    for name in ("train_iters", "log_interval", "eval_iters"):
+        if getattr(args, name) < 1:
+            raise AcesoError(f"--{name.replace('_', '-')} ({getattr(args, name)}) must be at least 1")
+    for name in ("eval_interval", "save_interval"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise AcesoError(f"--{name.replace('_', '-')} ({getattr(args, name)}) must be at least 1")
+    if args.min_lr > args.lr:
+        raise AcesoError(f"--min-lr ({args.min_lr}) must not exceed --lr ({args.lr})")
+    decay = args.lr_decay_iters or args.train_iters
+    if args.lr_warmup_iters >= decay:
+        raise AcesoError(f"--lr-warmup-iters ({args.lr_warmup_iters}) must be below the decay steps ({decay})")
+    if args.save_interval is not None and not args.save:
+        raise AcesoError("--save-interval needs --save FOLDER")
+    if not args.mock_data and not args.data_path:
+        raise AcesoError("no training data: give --data-path PREFIX (from `aceso data prepare`) or --mock-data")
+    if not args.cpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise AcesoError("no CUDA device found; add --cpu to train on CPU (gloo, fp32)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(world_size: int, rank: int, local_rank: int, cpu: bool) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if "MASTER_ADDR" not in os.environ:  # a single process started without torchrun
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(_free_port())
+    if not cpu:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("gloo" if cpu else "nccl", rank=rank, world_size=world_size)
+
+
+def build_scheduler(args: argparse.Namespace, optimizer):
+    """megatron-core's ``OptimizerParamScheduler`` over the runtime's optimizer (warm-up from 0, then decay).
+
+    On resume the step count comes from the checkpoint and the schedule's shape from the command line, so the
+    same arguments continue exactly and a longer ``--train-iters`` stretches the decay.
+    """
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    for group in optimizer.param_groups:  # the runtime's optimizer groups carry their own max/min lr
+        group["max_lr"], group["min_lr"] = args.lr, args.min_lr
+    return OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr, lr_warmup_steps=args.lr_warmup_iters,
+        lr_decay_steps=args.lr_decay_iters or args.train_iters, lr_decay_style=args.lr_decay_style,
+        start_wd=args.weight_decay, end_wd=args.weight_decay, wd_incr_steps=args.train_iters,
+        wd_incr_style="constant",
+        use_checkpoint_opt_param_scheduler=False, override_opt_param_scheduler=True,  # the command line wins
+    )
+
+
+def _train_config(args: argparse.Namespace):
+    from .engine import TrainConfig
+
+    wanted = dict(lr=args.lr, weight_decay=args.weight_decay, clip_grad=args.clip_grad, adam_beta1=args.adam_beta1,
+                  adam_beta2=args.adam_beta2, init_method_std=args.init_method_std)
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in wanted.items() if k in names})
+
+
+def train(args: argparse.Namespace, plan: ParallelPlan, rank: int) -> dict:
+    """The training loop of this rank; returns the summary (on every rank)."""
+    from . import checkpoint
+    from .data import BatchSource, DataConfig, batch_keys, build_datasets, num_samples_needed
+    from .engine import build_runtime
+    from .train_log import TrainLogger, evaluate
+
+    device = "cpu" if args.cpu else "cuda"
+    rt = build_runtime(plan, rank, plan.world_size, seed=args.seed, device=device, train_config=_train_config(args))
+    scheduler = build_scheduler(args, rt.optimizer)
+    data_cfg = DataConfig(data_path=args.data_path, split=args.split, mock=args.mock_data,
+                          tokenizer=args.tokenizer, seed=args.seed, cache_dir=args.data_cache_path)
+    evals = args.eval_iters if args.eval_interval else 0
+    train_ds, valid_ds, _ = build_datasets(plan.model, data_cfg,
+                                           num_samples_needed(args.train_iters, evals, plan.global_batch_size))
+    keys = batch_keys(plan.model)
+    train_src = BatchSource(train_ds, plan.global_batch_size, plan.micro_batch_size, keys)
+    valid_src = BatchSource(valid_ds, plan.global_batch_size, plan.micro_batch_size, keys) if evals else None
+    start, loaded = 0, checkpoint.load(args.load, rt, scheduler) if args.load else None
+    log = TrainLogger(args, plan, rt, device)
+    if loaded:
+        start = loaded[0]
+        how = "" if loaded[1] else " (written under another plan: re-sharded; RNG states start from --seed)"
+        log.message(f"resumed from {args.load} at iteration {start}{how}")
+    saved = start
+    for it in range(start, args.train_iters):
+        lr = scheduler.get_lr(rt.optimizer.param_groups[0])
+        t0 = time.perf_counter()
+        loss = rt.train_step(iter(train_src.micro_batches(it)))
+        scheduler.step(1)
+        log.step(it + 1, loss, rt.last_grad_norm, lr, time.perf_counter() - t0)
+        if valid_src is not None and (it + 1) % args.eval_interval == 0:
+            log.eval(it + 1, evaluate(rt, [valid_src.micro_batches(k) for k in range(args.eval_iters)]))
+        if args.save and args.save_interval and (it + 1) % args.save_interval == 0:
+            checkpoint.save(args.save, it + 1, rt, scheduler)
+            saved = it + 1
+    if args.save and saved < args.train_iters:
+        checkpoint.save(args.save, args.train_iters, rt, scheduler)
+    return log.summary()
+
+
+def train_from_args(args: argparse.Namespace) -> int:
+    """Run training for parsed ``aceso train`` arguments; raises ``AcesoError`` on bad input."""
+    world_size, rank, local_rank = _launch_env()
+    plan = load_plan(args.plan)
+    check_args(args, plan, world_size)
+    import torch.distributed as dist
+
+    init_distributed(world_size, rank, local_rank, args.cpu)
+    try:
+        train(args, plan, rank)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from search.cli.train import add_arguments
+
+    parser = argparse.ArgumentParser(prog="python -m aceso_megatron.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return train_from_args(args)
+    except AcesoError as e:
+        if _launch_env()[1] == 0:  # one line for the whole job
+            print(f"aceso train: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

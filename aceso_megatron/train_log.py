@@ -1,0 +1,140 @@
+"""Training logs, evaluation and the predicted-vs-measured summary of ``aceso train``.
+
+Every ``--log-interval`` steps the last stage's last rank prints (and appends to ``--log-file`` as one JSON line):
+the step's loss, the gradient norm before clipping, the learning rate the step used, the mean iteration time over
+the interval, tokens/s, model TFLOP/s per GPU (``ModelSpec.training_flops_per_sample`` x global batch / time /
+GPUs: model FLOPs, recompute not counted, as in MFU) and the max memory of each stage (the max over its ranks:
+``torch.cuda.max_memory_allocated`` on GPUs, the process's max RSS on CPU).
+
+The summary compares the plan's prediction (``plan.predicted``) with the measurement: the mean iteration time
+of the steps after the first (the first pays for warm-up) and each stage's max memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+
+import torch
+import torch.distributed as dist
+
+
+def max_memory_mb(device: str) -> float:
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def stage_max_memory_mb(rt, device: str) -> list[float]:
+    """Per stage, the max memory over its ranks (collective: every rank calls it)."""
+    t = torch.zeros(rt.plan.num_stages, dtype=torch.float64, device=device)
+    t[rt.layout.stage] = max_memory_mb(device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [round(float(v), 1) for v in t]
+
+
+def evaluate(rt, global_batches: list[list[dict]]) -> float:
+    """Mean per-token loss over ``global_batches``: megatron-core's 1F1B schedule run forward-only with the
+    runtime's stage, forward step (``Runtime._forward_step``, whose loss is already divided by the global token
+    count) and communicator."""
+    from megatron.core.pipeline_parallel.schedules import forward_backward_pipelining_without_interleaving
+
+    plan = rt.plan
+    total = 0.0
+    rt.model.eval()
+    with torch.no_grad():
+        for micro_batches in global_batches:
+            store = forward_backward_pipelining_without_interleaving(
+                forward_step_func=rt._forward_step, data_iterator=iter(micro_batches), model=[rt.model],
+                num_microbatches=plan.num_micro_batches, seq_length=rt.communicator.seq_in,
+                micro_batch_size=plan.micro_batch_size // rt.layout.dp, p2p_communicator=rt.communicator,
+                pg_collection=rt.groups.pg_collection, forward_only=True,
+            )
+            if rt.stage_module.post_process and rt.layout.tp_rank == 0:
+                total += sum(float(d["loss"]) for d in store)
+    rt.model.train()
+    t = torch.tensor(total, dtype=torch.float64, device=getattr(rt, "device", "cpu"))  # NCCL: a CUDA tensor
+    dist.all_reduce(t, group=rt.groups.world)
+    return float(t) / len(global_batches)
+
+
+class TrainLogger:
+    """Console lines and JSON records from the last rank; window statistics on every rank."""
+
+    def __init__(self, args, plan, rt, device: str) -> None:
+        self.args, self.plan, self.rt, self.device = args, plan, rt, device
+        self.is_writer = dist.get_rank() == dist.get_world_size() - 1
+        self.file = open(args.log_file, "a") if (args.log_file and self.is_writer) else None
+        m = plan.model
+        self.tokens_per_sample = m.seq_length + (m.decoder_seq_length if m.is_t5 else 0)
+        self.window_time, self.window_steps = 0.0, 0
+        self.step_times: list[float] = []
+
+    # -- output -----------------------------------------------------------------------------------------------
+    def _emit(self, record: dict, line: str) -> None:
+        if not self.is_writer:
+            return
+        print(line, flush=True)
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def message(self, text: str) -> None:
+        self._emit({"kind": "message", "text": text}, text)
+
+    # -- records ----------------------------------------------------------------------------------------------
+    def step(self, iteration: int, loss: float, grad_norm: float, lr: float, seconds: float) -> None:
+        self.step_times.append(seconds)
+        self.window_time += seconds
+        self.window_steps += 1
+        if iteration % self.args.log_interval:
+            return
+        avg = self.window_time / self.window_steps
+        self.window_time, self.window_steps = 0.0, 0
+        gbs = self.plan.global_batch_size
+        tokens_s = gbs * self.tokens_per_sample / avg
+        tflops = self.plan.model.training_flops_per_sample() * gbs / avg / self.plan.world_size / 1e12
+        mem = stage_max_memory_mb(self.rt, self.device)
+        rec = {"kind": "train", "iteration": iteration, "loss": loss, "grad_norm": grad_norm, "lr": lr,
+               "iteration_time_ms": avg * 1e3, "tokens_per_s": tokens_s, "tflops_per_gpu": tflops,
+               "stage_max_memory_mb": mem}
+        line = (f" iteration {iteration:>6}/{self.args.train_iters} | loss {loss:.6f} | grad norm {grad_norm:.4f} "
+                f"| lr {lr:.3e} | {avg * 1e3:.1f} ms/it | {tokens_s:,.0f} tokens/s | {tflops:.3f} TFLOP/s/GPU "
+                f"| max mem/stage MB {' / '.join(f'{v:.0f}' for v in mem)}")
+        self._emit(rec, line)
+
+    def eval(self, iteration: int, loss: float) -> None:
+        ppl = math.exp(min(loss, 30.0))
+        self._emit({"kind": "eval", "iteration": iteration, "loss": loss, "ppl": ppl},
+                   f" validation at iteration {iteration} | loss {loss:.6f} | ppl {ppl:.3f}")
+
+    def summary(self) -> dict:
+        """Predicted vs measured (collective); printed and written by the last rank, returned everywhere."""
+        times = self.step_times[1:] if len(self.step_times) > 1 else self.step_times
+        measured_ms = 1e3 * sum(times) / len(times) if times else float("nan")
+        mem = stage_max_memory_mb(self.rt, self.device)
+        pred = self.plan.predicted
+        rec = {"kind": "summary", "measured_iteration_time_ms": measured_ms, "measured_stage_memory_mb": mem,
+               "predicted_iteration_time_ms": pred.iteration_time_ms if pred else None,
+               "predicted_stage_memory_mb": pred.stage_memory_mb if pred else None,
+               "memory_kind": "cuda_max_allocated" if self.device == "cuda" else "cpu_max_rss"}
+        self._emit(rec, self._table(rec))
+        if self.file:
+            self.file.close()
+        return rec
+
+    @staticmethod
+    def _table(rec: dict) -> str:
+        def fmt(v):
+            return "-" if v is None else f"{v:.1f}"
+
+        pm = rec["predicted_stage_memory_mb"] or [None] * len(rec["measured_stage_memory_mb"])
+        rows = [("iteration time (ms)", rec["predicted_iteration_time_ms"], rec["measured_iteration_time_ms"])]
+        measured = rec["measured_stage_memory_mb"]
+        rows += [(f"stage {i} max memory (MB)", p, m) for i, (p, m) in enumerate(zip(pm, measured, strict=True))]
+        lines = [f" {'':<26}{'predicted':>12}{'measured':>12}"]
+        lines += [f" {name:<26}{fmt(p):>12}{fmt(m):>12}" for name, p, m in rows]
+        if rec["memory_kind"] == "cpu_max_rss":
+            lines.append(" (CPU run: measured memory is the process's max RSS, not comparable with a GPU prediction)")
+        return "\n".join(lines)
