@@ -1,0 +1,191 @@
+"""Profile a model's units, collectives and p2p on this machine into a profile database (docs/profiler.md).
+
+  aceso profile --model gpt-1.3b --tp 1 2 4 8 --micro-batch-sizes 1 2 4 8 -o gpt13.json     # GPUs (NCCL)
+  aceso profile --model tiny.json --tp 1 2 --micro-batch-sizes 1 2 -o db.json --cpu          # CPU (gloo)
+  aceso profile --model gpt-1.3b --comm -o gpt13.json          # only the network (merged into an existing DB)
+
+Starts itself under torchrun (python -m torch.distributed.run) with max(--tp) processes per node (--nproc to
+change). --micro-batch-sizes are per-rank batches (samples). A killed run resumes where it stopped when rerun
+with the same options (--fresh starts over). The result is read by `--cost-model profile --db DB`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ..errors import AcesoError
+from ..model import ModelSpec
+from .common import add_model_args, model_from_args
+
+DB_FILE = "profile-db.json"   # as search.costmodel.profiledb.DB_FILE (not imported: keeps this module light)
+KB, MB, GB = 1024, 1024**2, 1024**3
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    p.add_argument("--tp", type=int, nargs="+", default=[1], help="tensor-parallel degrees to profile (default 1)")
+    p.add_argument("--micro-batch-sizes", type=int, nargs="+", default=[1],
+                   help="per-rank micro-batch sizes (samples) to profile (default 1)")
+    p.add_argument("-o", "--output", required=True, help="profile database file (or folder: FOLDER/profile-db.json)")
+    p.add_argument("--cpu", action="store_true", help="profile CPU processes on gloo (fp32), not GPUs")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--comm", action="store_true", help="only the network (collectives, p2p); kept units of an "
+                      "existing -o database")
+    what.add_argument("--no-comm", action="store_true", help="only the units (no network benchmarks)")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="processes per node (default: max --tp; --comm: the visible GPUs, 2 with --cpu)")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes (inter-node p2p and collectives; default 1)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's rank")
+    p.add_argument("--master-addr", default=None, help="rendezvous host (multi-node)")
+    p.add_argument("--master-port", type=int, default=None, help="rendezvous port (default 29500)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed repeats first (default GPU 5, CPU 2)")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats, median kept (default 20)")
+    p.add_argument("--passes", type=int, default=1,
+                   help="passes over all unit measurements, median kept (default 1; 3 on a busy shared CPU)")
+    p.add_argument("--min-bytes", type=int, default=KB, help="smallest message (default 1 KB)")
+    p.add_argument("--max-bytes", type=int, default=None, help="largest message (default GPU 1 GB, CPU 1 MB)")
+    p.add_argument("--gpu", default=None, help="GPU preset name to record (default: from the device name)")
+    p.add_argument("--seed", type=int, default=1234, help="weights and inputs seed")
+    p.add_argument("--fresh", action="store_true", help="ignore an unfinished profile of -o and start over")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--python", default=sys.executable, help="python interpreter for the workers")
+
+
+def settings(args: argparse.Namespace) -> dict:
+    """Defaults filled in by device; shared by the launcher and the workers."""
+    cpu = args.cpu
+    return {"warmup": args.warmup if args.warmup is not None else (2 if cpu else 5),
+            "repeats": args.repeats if args.repeats is not None else 20,
+            "passes": args.passes, "min_bytes": args.min_bytes, "max_bytes": args.max_bytes or (MB if cpu else GB)}
+
+
+def db_path(output: str) -> Path:
+    p = Path(output)
+    return p / DB_FILE if p.is_dir() else p
+
+
+def check(args: argparse.Namespace, model: ModelSpec) -> None:
+    """Every bad option as one line, before any process starts."""
+    for t in args.tp:
+        if t < 1:
+            raise AcesoError(f"--tp {t}: must be a positive integer")
+        if model.num_attention_heads % t or model.groups % t:
+            raise AcesoError(f"--tp {t}: num_attention_heads ({model.num_attention_heads}) and query groups "
+                             f"({model.groups}) must be multiples of it")
+    for b in args.micro_batch_sizes:
+        if b < 1:
+            raise AcesoError(f"--micro-batch-sizes {b}: must be a positive integer")
+    nproc = args.nproc
+    if nproc is not None and nproc < 1:
+        raise AcesoError(f"--nproc {nproc}: must be at least 1")
+    if not args.comm:
+        n = nproc or max(args.tp)
+        bad = [t for t in args.tp if n % t]
+        if bad:
+            raise AcesoError(f"--tp {bad[0]} does not divide the {n} processes (--nproc); use --nproc a multiple "
+                             "of every --tp")
+    s = settings(args)
+    if s["repeats"] < 1 or s["warmup"] < 0 or s["passes"] < 1:
+        raise AcesoError("--repeats and --passes must be at least 1 and --warmup at least 0")
+    if not 0 < s["min_bytes"] <= s["max_bytes"]:
+        raise AcesoError(f"--min-bytes ({s['min_bytes']}) must be positive and at most --max-bytes ({s['max_bytes']})")
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        raise AcesoError(f"--node-rank ({args.node_rank}) must be in [0, --nnodes ({args.nnodes}))")
+    out = db_path(args.output)
+    if not out.parent.exists():
+        raise AcesoError(f"-o {args.output}: folder {out.parent} does not exist; create it first")
+
+
+def num_procs(args: argparse.Namespace) -> int:
+    if args.nproc:
+        return args.nproc
+    if not args.comm:
+        return max(args.tp)
+    if args.cpu:
+        return 2
+    from launch.commands import count_visible_gpus
+
+    return max(count_visible_gpus() or 1, 1)
+
+
+def header(args: argparse.Namespace, model: ModelSpec, world: int) -> dict:
+    """What a resumed run must share with the run that wrote the partial file."""
+    from ..costmodel.profiledb import model_fingerprint
+
+    return {"model": model_fingerprint(model), "seq": [model.seq_length, model.decoder_seq_length],
+            "device": "cpu" if args.cpu else "cuda", "world": world, "tp": list(args.tp),
+            "micro_batch_sizes": list(args.micro_batch_sizes), "comm": bool(args.comm),
+            "no_comm": bool(args.no_comm), **settings(args)}
+
+
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    argv = ["--model", args.model, "--tp", *map(str, args.tp), "--micro-batch-sizes",
+            *map(str, args.micro_batch_sizes), "-o", args.output, "--min-bytes", str(args.min_bytes),
+            "--seed", str(args.seed)]
+    if args.num_layers is not None:
+        argv += ["--num-layers", str(args.num_layers)]
+    for flag in ("cpu", "comm", "no_comm", "fresh", "quiet"):
+        if getattr(args, flag):
+            argv.append("--" + flag.replace("_", "-"))
+    if args.passes != 1:
+        argv += ["--passes", str(args.passes)]
+    for opt in ("warmup", "repeats", "max_bytes", "gpu"):   # not --nproc: torchrun takes it for its own
+        if getattr(args, opt) is not None:
+            argv += ["--" + opt.replace("_", "-"), str(getattr(args, opt))]
+    return argv
+
+
+def torchrun_command(args: argparse.Namespace, nproc: int) -> list[str]:
+    cmd = [args.python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    if args.nnodes == 1 and args.master_addr is None and args.master_port is None:
+        cmd.append("--standalone")
+    else:
+        cmd += ["--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank), "--master-addr",
+                args.master_addr or "127.0.0.1", "--master-port", str(args.master_port or 29500)]
+    return cmd + ["-m", "aceso_megatron.profiler"] + worker_argv(args)
+
+
+def _check_partial(args: argparse.Namespace, model: ModelSpec, world: int) -> None:
+    part = db_path(args.output)
+    part = part.with_name(part.name + ".partial.jsonl")
+    if args.fresh or not part.exists() or args.node_rank:
+        return
+    try:
+        head = json.loads(part.read_text().splitlines()[0])["header"]
+    except (IndexError, json.JSONDecodeError, KeyError, TypeError):
+        head = None
+    if head != header(args, model, world):
+        raise AcesoError(f"{part}: an unfinished profile made with other settings; rerun with the same options, "
+                         "or add --fresh to start over")
+
+
+def _repo_root() -> str | None:
+    root = Path(__file__).resolve().parents[2]
+    return str(root) if (root / "aceso_megatron").is_dir() else None
+
+
+def run(args: argparse.Namespace) -> int:
+    model = model_from_args(args)
+    check(args, model)
+    nproc = num_procs(args)
+    _check_partial(args, model, nproc * args.nnodes)
+    cmd = torchrun_command(args, nproc)
+    env = dict(os.environ)
+    root = _repo_root()
+    if root:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    with tempfile.TemporaryDirectory(prefix="aceso-profile-") as tmp:
+        err = Path(tmp) / "error.txt"
+        env["ACESO_PROFILE_ERROR_FILE"] = str(err)   # a worker's bad-input message (torchrun hides exit codes)
+        rc = subprocess.run(cmd, env=env, check=False).returncode
+        if rc and err.exists():
+            raise AcesoError(err.read_text().strip())
+    return 0 if rc == 0 else 1

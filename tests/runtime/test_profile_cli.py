@@ -1,0 +1,73 @@
+"""``aceso profile`` option checks: bad input is one line and exit 2 before any process starts; the torchrun
+command it builds; the partial-file guard."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from search.cli import build_parser
+from search.cli.profile import header, torchrun_command
+
+TINY = {"name": "tiny-gpt", "family": "gpt", "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+        "ffn_hidden_size": 64, "seq_length": 16, "vocab_size": 128, "params_dtype": "fp32"}
+
+
+@pytest.fixture()
+def spec(tmp_path):
+    p = tmp_path / "tiny.json"
+    p.write_text(json.dumps(TINY))
+    return p
+
+
+def _run(*argv):
+    return subprocess.run([sys.executable, "-m", "search", "profile", *map(str, argv)], capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--tp", "3"], "--tp 3: num_attention_heads (4)"),
+    (["--tp", "1", "2", "--nproc", "3"], "--tp 2 does not divide the 3 processes"),
+    (["--micro-batch-sizes", "0"], "--micro-batch-sizes 0"),
+    (["--repeats", "0"], "--repeats and --passes must be at least 1"),
+    (["--passes", "0"], "--repeats and --passes must be at least 1"),
+    (["--min-bytes", "4096", "--max-bytes", "1024"], "--min-bytes (4096)"),
+])
+def test_bad_options_exit_2(spec, tmp_path, extra, needle):
+    r = _run("--model", spec, "-o", tmp_path / "db.json", "--cpu", *extra)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert not (tmp_path / "db.json").exists()
+
+
+def test_missing_folder(spec, tmp_path):
+    r = _run("--model", spec, "-o", tmp_path / "nope" / "db.json", "--cpu")
+    assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+def test_partial_from_other_settings_refused(spec, tmp_path):
+    db = tmp_path / "db.json"
+    (tmp_path / "db.json.partial.jsonl").write_text(json.dumps({"header": {"repeats": 99}}) + "\n")
+    r = _run("--model", spec, "-o", db, "--cpu")
+    assert r.returncode == 2 and "--fresh" in r.stderr
+
+
+def test_torchrun_command(spec, tmp_path):
+    args = build_parser().parse_args(["profile", "--model", str(spec), "--tp", "1", "2", "--micro-batch-sizes",
+                                      "1", "4", "-o", str(tmp_path / "db.json"), "--cpu", "--repeats", "3"])
+    cmd = torchrun_command(args, 2)
+    assert cmd[1:6] == ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
+    i = cmd.index("aceso_megatron.profiler")
+    assert cmd[i - 1] == "-m"
+    worker = cmd[i + 1:]
+    assert worker[worker.index("--tp") + 1:worker.index("--tp") + 3] == ["1", "2"]
+    assert "--cpu" in worker and "--nproc" not in worker     # torchrun would take --nproc for itself
+    # the worker parses the same options back into the same run header
+    from search.cli.common import model_from_args
+
+    wargs = build_parser().parse_args(["profile", *worker])
+    assert header(wargs, model_from_args(wargs), 2) == header(args, model_from_args(args), 2)
