@@ -33,6 +33,8 @@ def init_single_process(port: int) -> None:
         os.environ["MASTER_PORT"] = str(port)
         dist.init_process_group("gloo", rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
+        if parallel_state._GLOBAL_MEMORY_BUFFER is not None:  # made by a runtime built earlier in this process
+            parallel_state.destroy_global_memory_buffer()
         parallel_state.initialize_model_parallel()
 
 

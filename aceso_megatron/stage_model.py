@@ -81,6 +81,8 @@ class _Stage(MegatronModule):
             cfg = unit_config(config, unit.kind, rc)
             spec = unit_spec(layer_spec(model, unit.stack, self.te), unit.kind, pg_collection.tp)
             layer = build_module(spec, config=cfg, layer_number=unit.layer + 1, pg_collection=pg_collection)
+            if rc == "selective" and unit.kind == "mlp":
+                cfg.activation_func.release_after(layer.mlp.linear_fc2)
             units.append(UnitLayer(unit, layer, rc == "full"))
         self.units = torch.nn.ModuleList(units)
 

@@ -9,7 +9,6 @@ so the megatron-core import (~5 s per process) is paid once.
 from __future__ import annotations
 
 import os
-import socket
 import warnings
 from pathlib import Path
 
@@ -18,10 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .distenv import free_port  # noqa: F401  (re-exported for tests)
 
 
 def _entry(rank: int, world_size: int, port: int, fn, args) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import socket
 import sys
 import time
 import warnings
@@ -61,19 +60,13 @@ def check_args(args: argparse.Namespace, plan: ParallelPlan, world_size: int) ->
             raise AcesoError("no CUDA device found; add --cpu to train on CPU (gloo, fp32)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_distributed(world_size: int, rank: int, local_rank: int, cpu: bool) -> None:
     import torch
     import torch.distributed as dist
 
-    if "MASTER_ADDR" not in os.environ:  # a single process started without torchrun
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(_free_port())
+    from .distenv import ensure_rendezvous_env
+
+    ensure_rendezvous_env()
     if not cpu:
         torch.cuda.set_device(local_rank)
     dist.init_process_group("gloo" if cpu else "nccl", rank=rank, world_size=world_size)

@@ -29,14 +29,14 @@ class SavedTensors:
 
     def __init__(self, exclude: list[torch.Tensor] | None = None, params=()):
         self.skip = {storage_key(t)[0] for t in list(params) + list(exclude or []) if t is not None}
-        self.storages: dict[int, int] = {}
+        self.storages: dict[int, torch.UntypedStorage] = {}  # by data pointer at save time
         self._hooks = None
 
     def _pack(self, t):
         if isinstance(t, torch.Tensor) and t.device.type != "meta":
-            ptr, nbytes = storage_key(t)
+            ptr = t.untyped_storage().data_ptr()
             if ptr and ptr not in self.skip:
-                self.storages[ptr] = nbytes
+                self.storages[ptr] = t.untyped_storage()
         return t
 
     def __enter__(self) -> Self:
@@ -49,7 +49,9 @@ class SavedTensors:
 
     @property
     def nbytes(self) -> int:
-        return sum(self.storages.values())
+        """Bytes of the saved storages now: a storage released after saving (megatron-core's
+        ``CheckpointWithoutOutput`` resizes it to 0 until backward re-materialises it) counts 0."""
+        return sum(s.nbytes() for s in self.storages.values())
 
     def holds(self, t: torch.Tensor) -> bool:
         return storage_key(t)[0] in self.storages

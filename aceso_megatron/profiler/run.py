@@ -32,10 +32,9 @@ def _init(cpu: bool, local_rank: int) -> None:
     import torch
     import torch.distributed as dist
 
-    if "MASTER_ADDR" not in os.environ:   # one process without torchrun
-        from ..testing import free_port
+    from ..distenv import ensure_rendezvous_env
 
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    ensure_rendezvous_env()
     if cpu:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         dist.init_process_group("gloo")

@@ -1,6 +1,5 @@
 """Plans and specs: round trip, and bad input -> exit 2 with one line naming the field (no traceback)."""
 
-import copy
 import json
 
 import pytest
