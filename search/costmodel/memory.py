@@ -16,12 +16,14 @@ precision, ``sbh (10 + 24/t + 5as/(ht))`` under tensor parallelism t without seq
                       with flash attention (Dao et al. 2022) the s^2 term vanishes: only the fp32 log-sum-exp
                       (4 a s b / t bytes) is kept
     mlp unit:       2sbh + 2sbh + sbh   [replicated]  +  2sbf/t (activation input) + 2sbf/t (fc2 input)   [split]
-                    (SwiGLU: the activation input is 2f wide)
+                    (SwiGLU: the activation input is 2f wide, and the gate multiply also keeps the silu output
+                    and its copy of the linear half, 2sbf/t each -- megatron-core's unfused GLU, which the
+                    runtime uses; tests/runtime/test_recompute_memory.py measures it)
     dropout masks (1 byte) only for families that train with dropout (gpt, t5; llama has none).
 
 Recompute choices (megatron-core ``recompute_granularity``): *selective* recomputes the attention core (the s^2
-part; with flash attention only the log-sum-exp is saved by it) and the MLP activation function (its output, the fc2
-input, is dropped); *full* keeps only the unit input (2sbh) and re-runs the unit's forward in backward. While a unit
+part; with flash attention only the log-sum-exp is saved by it) and the MLP activation function (its output is
+dropped: for gelu that is the fc2 input, for SwiGLU the silu output the gate multiply kept); *full* keeps only the unit input (2sbh) and re-runs the unit's forward in backward. While a unit
 is re-materialised its dropped activations exist again: that is the transient ``peak`` of the choice. The last
 stage's loss has its own transient, the fp16 logits and an fp32 temporary ((dt + 4) s b V / t bytes); a stage's
 ``recompute_peak`` is the larger of the two (they never overlap in time).
@@ -87,8 +89,12 @@ def mlp_act_bytes(model: ModelSpec, b: float, s: int, t: int, dt: float = 2.0) -
     replicated = 2 * dt * s * b * h + mask
     act_in = dt * s * b * up / t
     fc2_in = dt * s * b * f / t
-    none = replicated + act_in + fc2_in
-    selective = replicated + act_in
+    act_out = dt * s * b * f / t  # what selective recompute drops: gelu's output (= fc2 input) or silu's output
+    if model.activation == "swiglu":  # + silu output and (x_linear + offset), both kept by the gate multiply
+        none = replicated + act_in + 2 * act_out + fc2_in
+    else:
+        none = replicated + act_in + fc2_in
+    selective = none - act_out
     full = dt * s * b * h
     return none, selective, full
 
