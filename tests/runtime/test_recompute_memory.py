@@ -54,7 +54,7 @@ def test_selective_mlp_frees_the_activation_output_and_keeps_gradients(single_pr
     assert a_none - a_sel == act_out
     if activation == "swiglu":  # the f-wide tensors kept beyond a gelu MLP's, measured and modelled
         gelu = GPT.model_copy(update={"add_bias_linear": False})
-        g_none, _, _ = mlp_act_bytes(gelu, b=B, s=S, t=1, dt=4.0)
+        gelu_none, _, _ = mlp_act_bytes(gelu, b=B, s=S, t=1, dt=4.0)
         assert none - kept_bytes(gelu, "none")[0] == a_none - gelu_none == 3 * act_out
     assert full == 0  # only the unit input is kept (excluded here: it is the previous unit's output)
     torch.testing.assert_close(g_sel, g_none, rtol=1e-6, atol=1e-7)
