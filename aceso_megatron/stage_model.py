@@ -114,6 +114,22 @@ class _Stage(MegatronModule):
             input_tensor = input_tensor[0]
         self.input_tensor = input_tensor
 
+    # local name prefix -> its name in the single-process megatron-core model (per subclass)
+    _RENAMES: dict[str, str] = {}
+
+    def canonical_names(self) -> dict[str, str]:
+        """Local parameter name -> name in a single-process megatron-core ``GPTModel``/``T5Model``."""
+        out = {}
+        for name, _ in self.named_parameters():
+            if name.startswith("units."):
+                out[name] = self._unit_name(name)
+            elif name == "output_layer.weight" and self.share_embeddings_and_output_weights:
+                out[name] = "embedding.word_embeddings.weight"
+            else:
+                out[name] = next((new + name[len(old):] for old, new in self._RENAMES.items()
+                                  if name.startswith(old)), name)
+        return out
+
     def _unit_name(self, name: str) -> str:
         idx, rest = name[len("units."):].split(".", 1)
         unit = self.units[int(idx)].unit
@@ -157,19 +173,7 @@ class GPTStage(_Stage):
         logits, _ = self.output_layer(self.final_layernorm(hidden), weight=self.output_weight())
         return self._loss(logits, labels)
 
-    def canonical_names(self) -> dict[str, str]:
-        """Local parameter name -> name in a single-process megatron-core ``GPTModel``."""
-        out = {}
-        for name, _ in self.named_parameters():
-            if name.startswith("units."):
-                out[name] = self._unit_name(name)
-            elif name.startswith("final_layernorm."):
-                out[name] = "decoder." + name
-            elif name == "output_layer.weight" and self.share_embeddings_and_output_weights:
-                out[name] = "embedding.word_embeddings.weight"
-            else:
-                out[name] = name
-        return out
+    _RENAMES = {"final_layernorm.": "decoder.final_layernorm."}
 
 
 class T5Stage(_Stage):
@@ -241,23 +245,8 @@ class T5Stage(_Stage):
         logits, _ = self.output_layer(self.decoder_final_layernorm(dec), weight=weight)
         return self._loss(logits, labels)
 
-    def canonical_names(self) -> dict[str, str]:
-        """Local parameter name -> name in a single-process megatron-core ``T5Model``."""
-        out = {}
-        for name, _ in self.named_parameters():
-            if name.startswith("units."):
-                out[name] = self._unit_name(name)
-            elif name.startswith("encoder_final_layernorm."):
-                out[name] = "encoder." + name[len("encoder_"):]
-            elif name.startswith("decoder_final_layernorm."):
-                out[name] = "decoder." + name[len("decoder_"):]
-            elif name == "output_layer.weight" and self.share_embeddings_and_output_weights:
-                out[name] = "embedding.word_embeddings.weight"
-            elif name.startswith("output_layer."):
-                out[name] = "lm_head." + name
-            else:
-                out[name] = name
-        return out
+    _RENAMES = {"encoder_final_layernorm.": "encoder.final_layernorm.",
+                "decoder_final_layernorm.": "decoder.final_layernorm.", "output_layer.": "lm_head.output_layer."}
 
 
 def build_stage(plan: ParallelPlan, stage: int, pg_collection, device: str = "cpu") -> _Stage:

@@ -81,6 +81,10 @@ class ModelSpec(BaseModel):
             )
         return self
 
+    def model_copy(self, *, update: dict | None = None, deep: bool = False) -> "ModelSpec":
+        """A validated copy (pydantic's would carry the cached ``units`` over and skip validation)."""
+        return type(self).model_validate({**self.model_dump(), **(update or {})})
+
     # ----- derived sizes -------------------------------------------------------------------------------------
     @property
     def groups(self) -> int:

@@ -13,7 +13,7 @@ import torch
 
 from aceso_megatron.engine import TrainConfig
 from aceso_megatron.testing import make_batches, run_plans, spawn
-from search.model import ModelSpec
+from tests.tiny_models import GPT, LLAMA, T5
 from search.plan import ParallelPlan
 
 SEED = 11
@@ -22,16 +22,7 @@ TC = TrainConfig(lr=1e-3, clip_grad=0.3)
 TOL = 1e-5
 TOL_WEIGHTS = 1e-4  # after 3 Adam steps: Adam amplifies rounding in near-zero gradients (e.g. the key bias)
 
-GPT = ModelSpec(name="tiny-gpt", family="gpt", num_layers=2, hidden_size=32, num_attention_heads=4,
-                ffn_hidden_size=64, seq_length=16, vocab_size=128, params_dtype="fp32")
 GPT_UNTIED = GPT.model_copy(update={"name": "tiny-gpt-untied", "tied_embeddings": False})
-LLAMA = ModelSpec(name="tiny-llama", family="llama", num_layers=2, hidden_size=32, num_attention_heads=4,
-                  num_query_groups=2, ffn_hidden_size=48, seq_length=16, vocab_size=128, activation="swiglu",
-                  normalization="rmsnorm", position_embedding="rope", tied_embeddings=False,
-                  add_bias_linear=False, params_dtype="fp32")
-T5 = ModelSpec(name="tiny-t5", family="t5", num_layers=2, num_decoder_layers=2, hidden_size=32,
-               num_attention_heads=4, ffn_hidden_size=64, seq_length=16, decoder_seq_length=8, vocab_size=128,
-               params_dtype="fp32")  # units 0-3 encoder (attention, mlp), 4-9 decoder (attention, cross, mlp)
 T5_UNTIED = T5.model_copy(update={"name": "tiny-t5-untied", "tied_embeddings": False})
 
 

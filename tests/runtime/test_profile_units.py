@@ -10,17 +10,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from search.model import ModelSpec
+from tests.tiny_models import GPT, LLAMA, T5
 
-GPT = ModelSpec(name="tiny-gpt", family="gpt", num_layers=2, hidden_size=32, num_attention_heads=4,
-                ffn_hidden_size=64, seq_length=16, vocab_size=128, params_dtype="fp32")
-LLAMA = ModelSpec(name="tiny-llama", family="llama", num_layers=2, hidden_size=32, num_attention_heads=4,
-                  num_query_groups=2, ffn_hidden_size=48, seq_length=16, vocab_size=128, activation="swiglu",
-                  normalization="rmsnorm", position_embedding="rope", tied_embeddings=False,
-                  add_bias_linear=False, params_dtype="fp32")
-T5 = ModelSpec(name="tiny-t5", family="t5", num_layers=1, num_decoder_layers=1, hidden_size=32,
-               num_attention_heads=4, ffn_hidden_size=64, seq_length=16, decoder_seq_length=8, vocab_size=128,
-               params_dtype="fp32")
+T5 = T5.model_copy(update={"num_layers": 1, "num_decoder_layers": 1})
 
 
 @pytest.fixture(scope="module")

@@ -79,3 +79,12 @@ def test_flops_per_token_matches_6n_rule():
     m = load_model("gpt-175b")
     assert m.flops_per_token == pytest.approx(6 * m.num_parameters, rel=0.10)
     assert isinstance(m, ModelSpec)
+
+
+def test_model_copy_recomputes_units_and_validates():
+    t5 = load_model("t5-770m")
+    assert t5.num_units == 120  # caches the unit list
+    small = t5.model_copy(update={"num_layers": 2, "num_decoder_layers": 2})
+    assert small.num_units == 2 * 2 + 2 * 3
+    with pytest.raises(ValueError, match="num_query_groups"):
+        t5.model_copy(update={"num_query_groups": 5})

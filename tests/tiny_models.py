@@ -1,0 +1,13 @@
+"""Tiny model specs shared by the runtime and distributed tests (fp32, a few layers, seconds on CPU)."""
+
+from search.model import ModelSpec
+
+GPT = ModelSpec(name="tiny-gpt", family="gpt", num_layers=2, hidden_size=32, num_attention_heads=4,
+                ffn_hidden_size=64, seq_length=16, vocab_size=128, params_dtype="fp32")
+LLAMA = ModelSpec(name="tiny-llama", family="llama", num_layers=2, hidden_size=32, num_attention_heads=4,
+                  num_query_groups=2, ffn_hidden_size=48, seq_length=16, vocab_size=128, activation="swiglu",
+                  normalization="rmsnorm", position_embedding="rope", tied_embeddings=False,
+                  add_bias_linear=False, params_dtype="fp32")
+T5 = ModelSpec(name="tiny-t5", family="t5", num_layers=2, num_decoder_layers=2, hidden_size=32,
+               num_attention_heads=4, ffn_hidden_size=64, seq_length=16, decoder_seq_length=8, vocab_size=128,
+               params_dtype="fp32")  # units 0-3 encoder (attention, mlp), 4-9 decoder (attention, cross, mlp)
