@@ -125,15 +125,7 @@ def predict(raw: dict, db: str, nproc: int) -> dict:
     cm = make_cost_model(plan.model, parse_cluster(f"1x{nproc}-cpu"), tr, kind="profile", db=db)
     cost = cm.evaluate(plan)
     mem = [s.memory_mb - s.memory_breakdown["reserve"] - s.memory_breakdown["p2p_buffers"] for s in cost.stages]
-    # what the profiled optimizer step (an extra block the DB format does not read yet) would change
-    opt = json.loads(Path(db).read_text()).get("optimizer")
-    with_opt = None
-    if opt:
-        per = (opt["us_per_param"] + opt["clip_us_per_param"]) / 1e3
-        with_opt = cost.iteration_ms + max(s.memory_breakdown["params"] * 2**20 / 4 * per - s.optimizer_ms
-                                           for s in cost.stages)
-    return {"iteration_ms": cost.iteration_ms, "stage_memory_mb": mem, "warnings": cost.warnings,
-            "iteration_ms_with_profiled_optimizer": with_opt}
+    return {"iteration_ms": cost.iteration_ms, "stage_memory_mb": mem, "warnings": cost.warnings}
 
 
 def profile(model_file: Path, db: Path, nproc: int, repeats: int, passes: int) -> None:
@@ -178,11 +170,8 @@ def main() -> int:
         pred = predict(raw, db, args.nproc)
         t_err = (pred["iteration_ms"] - meas["iteration_ms"]) / meas["iteration_ms"]
         m_err = [(p - m) / m for p, m in zip(pred["stage_memory_mb"], meas["stage_memory_mb"])]
-        opt_ms = pred["iteration_ms_with_profiled_optimizer"]
         rows.append({"plan": name, "predicted_ms": pred["iteration_ms"], "measured_ms": meas["iteration_ms"],
-                     "time_error": t_err, "predicted_ms_with_profiled_optimizer": opt_ms,
-                     "time_error_with_profiled_optimizer": (opt_ms - meas["iteration_ms"]) / meas["iteration_ms"]
-                     if opt_ms else None, "predicted_stage_mb": pred["stage_memory_mb"],
+                     "time_error": t_err, "predicted_stage_mb": pred["stage_memory_mb"],
                      "measured_stage_mb": meas["stage_memory_mb"], "stage_rss_mb": meas["stage_rss_mb"],
                      "memory_error": m_err, "step_times_ms": meas["times_ms"], "warnings": pred["warnings"]})
     _print(rows)
@@ -194,22 +183,18 @@ def main() -> int:
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(summary, indent=1))
     print(f"load average (1 min) before/after measuring: {summary['load_average_1min']} on {os.cpu_count()} CPUs")
-    print("+opt err: the prediction with the profiled optimizer step (DB block 'optimizer', not read by the "
-          "cost model yet) instead of the analytic one")
     print(f"max |time error| {summary['max_abs_time_error']:.1%}, max |memory error| "
           f"{summary['max_abs_memory_error']:.1%}; wrote {args.output}")
     return 0
 
 
 def _print(rows: list[dict]) -> None:
-    print(f"{'plan':<24}{'pred ms':>9}{'meas ms':>9}{'err':>8}{'+opt err':>10}   "
+    print(f"{'plan':<24}{'pred ms':>9}{'meas ms':>9}{'err':>8}   "
           f"{'pred MB / meas MB per stage (err)'}")
     for r in rows:
-        e2 = r["time_error_with_profiled_optimizer"]
         mem = "  ".join(f"{p:.1f}/{m:.1f} ({e:+.0%})" for p, m, e in
                         zip(r["predicted_stage_mb"], r["measured_stage_mb"], r["memory_error"]))
-        print(f"{r['plan']:<24}{r['predicted_ms']:>9.1f}{r['measured_ms']:>9.1f}{r['time_error']:>+8.1%}"
-              f"{format(e2, '+.1%') if e2 is not None else '-':>10}   {mem}")
+        print(f"{r['plan']:<24}{r['predicted_ms']:>9.1f}{r['measured_ms']:>9.1f}{r['time_error']:>+8.1%}   {mem}")
 
 
 if __name__ == "__main__":

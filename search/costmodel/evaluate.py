@@ -98,8 +98,8 @@ class CostModel:
         self._span_cache: dict[tuple, tuple[float, float, float]] = {}   # (b, tp, start, end, rc bytes) -> sums
         self._static_cache: dict[tuple, tuple] = {}                       # stage_cost args but recompute -> terms
         self._w, self._g, self._opt = state_bytes_per_param(training.precision, False, 1)
-        self._opt_ms_per_param = OPT_BYTES_PER_PARAM[training.precision] / (
-            cluster.gpu.hbm_gbps * 1e6 * OPT_MEM_EFFICIENCY)
+        self._opt_ms_per_param = getattr(source, "optimizer_ms_per_param", None) or (  # measured, else analytic
+            OPT_BYTES_PER_PARAM[training.precision] / (cluster.gpu.hbm_gbps * 1e6 * OPT_MEM_EFFICIENCY))
         cross = [i for i, u in enumerate(model.units) if u.kind == "cross_attention"]
         self._cross_first = cross[0] if cross else model.num_units
         self.warnings: list[str] = []

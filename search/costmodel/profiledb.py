@@ -185,6 +185,10 @@ class ProfileSource:
         self.comm = FittedComm(db, cluster, self._warn)
         self.dt = 4.0 if training.precision == "fp32" else 2.0
         self._groups = self._index(db)
+        # optional block (written by `aceso profile`): the measured optimizer step + gradient clipping per parameter
+        opt = db.get("optimizer")
+        self.optimizer_ms_per_param = ((opt["us_per_param"] + opt.get("clip_us_per_param", 0.0)) / 1e3
+                                       if isinstance(opt, dict) and "us_per_param" in opt else None)
 
     def _warn(self, msg: str) -> None:
         if msg not in self.warnings:

@@ -145,3 +145,18 @@ def test_folder_holding_the_db_and_missing_sequence(tmp_path):
     cm = make_cost_model(longer, CLUSTER, TRAIN, kind="profile", db=str(tmp_path))
     with pytest.raises(AcesoError, match="no measurements for units decoder attention at seq 1024"):
         cm.unit_table(1, 1)
+
+
+def test_measured_optimizer_step_replaces_the_analytic_one(tmp_path, db):
+    plain = make_cost_model(MODEL, CLUSTER, TRAIN, kind="profile", db=str(db))
+    raw = json.loads(db.read_text())
+    raw["optimizer"] = {"us_per_param": 0.02, "clip_us_per_param": 0.005}   # what `aceso profile` writes
+    measured_db = tmp_path / "with-opt.json"
+    measured_db.write_text(json.dumps(raw))
+    measured = make_cost_model(MODEL, CLUSTER, TRAIN, kind="profile", db=str(measured_db))
+    rc = np.zeros(MODEL.num_units, dtype=np.int8)
+    a = plain.stage_cost(0, 1, 0, 0, MODEL.num_units, 1, 1, rc, 1)
+    b = measured.stage_cost(0, 1, 0, 0, MODEL.num_units, 1, 1, rc, 1)
+    params = b.memory_breakdown["params"] * 2**20 / 2          # fp16 weights: 2 bytes per parameter
+    assert b.optimizer_ms == pytest.approx(params * 0.025 / 1e3)
+    assert a.optimizer_ms != pytest.approx(b.optimizer_ms)
