@@ -1,7 +1,9 @@
 """Predict a plan's iteration time and memory per stage, and name its bottleneck.
 
-PLAN is our plan JSON or a reference (Aceso legacy) config (one with num_ops_in_each_stage; converted with the
-compat importer, --snap moves boundaries that fall inside a unit). The model, cluster and global batch size come from
+PLAN is our plan JSON or a reference (Aceso legacy) config (one with num_ops_in_each_stage). With
+--cost-model aceso-compat a reference config is evaluated exactly as given, op by op, as the reference does;
+the other cost models need our format, so it is converted with the compat importer (--snap moves boundaries that
+fall inside a unit). The model, cluster and global batch size come from
 the plan unless given. --cost-model analytic (default, no measurements needed), profile (--db FILE|DIR, see
 docs/profile-db.md) or aceso-compat (--db DIR of an Aceso database).
 """
@@ -35,9 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def _read_plan(args: argparse.Namespace) -> tuple[ParallelPlan, list[str]]:
+def _read_plan(args: argparse.Namespace, raw: object) -> tuple[ParallelPlan, list[str]]:
     path = Path(args.plan)
-    raw = read_json(path, missing="no such plan file")
     if isinstance(raw, dict) and "num_ops_in_each_stage" in raw:
         try:
             from ..compat.mapping import ref_to_plan
@@ -105,9 +106,49 @@ def report(plan: ParallelPlan, cost) -> dict:
             "warnings": list(cost.warnings), "stages": stages}
 
 
+def _explain_ref_exactly(args: argparse.Namespace, raw: dict) -> dict:
+    """A reference config under aceso-compat, op by op (no conversion to units): the reference's own numbers."""
+    from ..cluster import parse_cluster
+    from ..compat.costmodel import make_compat_cost_model
+    from ..compat.mapping import model_for_key
+    from ..compat.refconfig import parse_ref_config
+
+    cfg = parse_ref_config(raw, src=args.plan)
+    model = model_for_key(cfg.key, cfg.num_layers)
+    cluster = parse_cluster(args.cluster or f"1x{sum(cfg.num_gpus)}-v100", memory_limit_mb=args.memory_limit_mb)
+    training = TrainingSpec(global_batch_size=cfg.global_batch_size, micro_batch_sizes=[cfg.micro_batch_size],
+                            precision="fp16")
+    cost = make_compat_cost_model(model, cluster, training, args.db).evaluate_ref(cfg)
+    stages, first = [], 0
+    for i, sc in enumerate(cost.stages):
+        n = cfg.num_ops[i]
+        stages.append({
+            "index": i, "num_gpus": cfg.num_gpus[i], "tp": max(cfg.tp[i]), "dp": max(cfg.dp[i]),
+            "ops": [first, first + n], "recompute": {"ops": sum(cfg.recompute[i])}, "fwd_ms": sc.fwd_ms,
+            "bwd_ms": sc.bwd_ms, "recompute_ms": sc.recompute_ms, "p2p_ms": sc.p2p_ms, "tp_comm_ms": sc.tp_comm_ms,
+            "dp_sync_ms": sc.dp_sync_ms, "optimizer_ms": sc.optimizer_ms,
+            "time_per_microbatch_ms": sc.time_per_microbatch_ms, "time_ms": cost.pipeline.stage_total_ms[i],
+            "memory_mb": sc.memory_mb, "memory_breakdown_mb": dict(sc.memory_breakdown), "fits": sc.fits})
+        first += n
+    return {"model": model.name, "cost_model": cost.cost_model, "num_micro_batches":
+            cfg.global_batch_size // cfg.micro_batch_size, "micro_batch_size": cfg.micro_batch_size,
+            "global_batch_size": cfg.global_batch_size, "iteration_time_ms": cost.iteration_ms,
+            "samples_per_s": cost.samples_per_s, "bubble_ms": cost.pipeline.bubble_ms,
+            "tflops_per_gpu": cost.tflops_per_gpu, "mfu": cost.mfu, "max_memory_mb": cost.max_memory_mb,
+            "memory_limit_mb": cost.memory_limit_mb, "fits": cost.fits, "bottleneck_stage": cost.bottleneck_stage,
+            "bottleneck_resource": cost.bottleneck_resource, "warnings": list(cost.warnings), "stages": stages,
+            "notes": ["reference config evaluated op by op, exactly as given"], "cluster": cluster.label}
+
+
 def run(args: argparse.Namespace) -> int:
     from ..costmodel import make_cost_model
-    plan, notes = _read_plan(args)
+    raw = read_json(args.plan, missing="no such plan file")
+    if args.cost_model == "aceso-compat" and isinstance(raw, dict) and "num_ops_in_each_stage" in raw \
+            and not args.snap:
+        out = _explain_ref_exactly(args, raw)
+        print_json(out) if args.json else _print_table(out)
+        return 0
+    plan, notes = _read_plan(args, raw)
     plan, cluster, training = _resolve(args, plan)
     cm = make_cost_model(plan.model, cluster, training, kind=args.cost_model, db=args.db)
     cost = cm.evaluate(plan)
@@ -135,8 +176,9 @@ def _print_table(r: dict) -> None:
         groups = (("params", "grads", "optimizer"), ("activations",), ("recompute_peak", "p2p_buffers"), ("reserve",))
         gb = [f"{sum(mb.get(c, 0.0) for c in g) / 1024:.2f}" for g in groups]
         rc = " ".join(f"{k[0]}{v}" for k, v in s["recompute"].items())
-        t.add_row(str(s["index"]), str(s["num_gpus"]), str(s["tp"]), str(s["dp"]),
-                  f"{s['units'][0]}-{s['units'][1]}", rc, f"{s['fwd_ms']:.2f}", f"{s['bwd_ms']:.2f}",
+        span = "{}-{}".format(*s["units"]) if "units" in s else "ops {}-{}".format(*s["ops"])
+        t.add_row(str(s["index"]), str(s["num_gpus"]), str(s["tp"]), str(s["dp"]), span, rc,
+                  f"{s['fwd_ms']:.2f}", f"{s['bwd_ms']:.2f}",
                   f"{s['recompute_ms']:.2f}", f"{s['p2p_ms'] + s['tp_comm_ms']:.2f}",
                   f"{s['dp_sync_ms'] + s['optimizer_ms']:.1f}", f"{s['time_ms']:.0f}", *gb,
                   f"{s['memory_mb'] / 1024:.2f}", "yes" if s["fits"] else "[red]OVER[/red]")

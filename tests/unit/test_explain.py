@@ -86,3 +86,22 @@ def test_reference_config_is_converted(reference_db, capsys):
     assert "--snap" in capsys.readouterr().err
     out = _json(capsys, ["explain", str(cfg), "--cluster", "1x4-v100", "--snap", "--json"])
     assert any("moved" in n for n in out["notes"])
+
+
+def test_reference_configs_are_explained_exactly_under_compat(reference_db, capsys):
+    """`aceso explain REFCONFIG --cost-model aceso-compat` gives the reference's own (golden) numbers, with no
+    conversion to units (most reference plans cut stages inside a unit)."""
+    import csv
+
+    configs = sorted((reference_db / "configs").glob("*.json"))
+    assert len(configs) >= 6
+    for cfg in configs:
+        assert main(["explain", str(cfg), "--cost-model", "aceso-compat", "--db", str(reference_db / "miniset"),
+                     "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        rows = list(csv.DictReader(open(cfg.with_suffix(".csv"))))
+        golden = [float(r["time"]) for r in rows]
+        assert out["iteration_time_ms"] == pytest.approx(max(golden), rel=1e-3), cfg.name
+        for st, r in zip(out["stages"], rows):
+            assert st["time_ms"] == pytest.approx(float(r["time"]), rel=1e-3)
+            assert st["memory_mb"] == pytest.approx(float(r["memory(total)"]), rel=1e-3)
