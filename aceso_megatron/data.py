@@ -231,8 +231,8 @@ def collate(samples: list[dict]) -> dict:
 
 
 #: runtime micro-batch key -> dataset sample key (megatron-core's GPT and T5 datasets)
-GPT_KEYS = {"tokens": "tokens", "labels": "labels"}
-T5_KEYS = {"enc_tokens": "text_enc", "dec_tokens": "text_dec", "labels": "labels"}
+GPT_KEYS = {"tokens": "tokens", "labels": "labels", "loss_mask": "loss_mask"}
+T5_KEYS = {"enc_tokens": "text_enc", "dec_tokens": "text_dec", "labels": "labels", "loss_mask": "loss_mask"}
 
 
 def batch_keys(model: ModelSpec) -> dict[str, str]:

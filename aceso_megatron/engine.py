@@ -57,6 +57,7 @@ class Runtime:
     train_config: TrainConfig
     device: str = "cpu"
     last_grad_norm: float = field(default=0.0)
+    loss_denominator: float = field(default=0.0)  # tokens that count in this global batch's loss (0: all of them)
 
     # -- data -------------------------------------------------------------------------------------------------
     def _local(self, t: torch.Tensor) -> torch.Tensor:
@@ -67,6 +68,20 @@ class Runtime:
         m = self.plan.model
         return self.plan.global_batch_size * (m.decoder_seq_length if m.is_t5 else m.seq_length)
 
+    def start_global_batch(self, micro_batches) -> Iterator[dict]:
+        """Fix the loss denominator for one global batch and iterate over its micro-batches.
+
+        The loss is per token and normalised globally (stages may differ in DP): divided by the global batch's
+        count of tokens whose ``loss_mask`` is 1 (every token when the batches carry no mask). Every rank gets the
+        full micro-batches, so every rank counts the same number without communication.
+        """
+        batches = list(micro_batches)
+        if batches and "loss_mask" in batches[0]:
+            self.loss_denominator = max(1.0, float(sum(float(b["loss_mask"].sum()) for b in batches)))
+        else:
+            self.loss_denominator = float(self._global_tokens())
+        return iter(batches)
+
     def _forward_step(self, data_iterator, model):
         batch = {k: self._local(v).to(self.device) for k, v in next(data_iterator).items()}
         if self.plan.model.is_t5:
@@ -75,11 +90,15 @@ class Runtime:
             tokens = batch["tokens"]
             pos = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0).expand_as(tokens)
             out = model(input_ids=tokens, position_ids=pos, labels=batch["labels"])
-        denom = float(self._global_tokens())
+        denom = self.loss_denominator or float(self._global_tokens())
+        mask = batch.get("loss_mask")
 
         def loss_func(per_token: torch.Tensor):
+            if mask is not None:
+                per_token = per_token * mask.to(per_token.dtype)
             loss = per_token.sum() / denom
-            return loss, torch.tensor(per_token.numel(), dtype=torch.int), {"loss": loss.detach().clone()}
+            count = int(mask.sum()) if mask is not None else per_token.numel()
+            return loss, torch.tensor(count, dtype=torch.int), {"loss": loss.detach().clone()}
 
         return out, loss_func
 
@@ -90,6 +109,7 @@ class Runtime:
             forward_backward_pipelining_without_interleaving,
         )
 
+        batch_iterator = self.start_global_batch(batch_iterator)
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         seq = self.communicator.seq_in

@@ -46,7 +46,8 @@ def evaluate(rt, global_batches: list[list[dict]]) -> float:
     with torch.no_grad():
         for micro_batches in global_batches:
             store = forward_backward_pipelining_without_interleaving(
-                forward_step_func=rt._forward_step, data_iterator=iter(micro_batches), model=[rt.model],
+                forward_step_func=rt._forward_step, data_iterator=rt.start_global_batch(micro_batches),
+                model=[rt.model],
                 num_microbatches=plan.num_micro_batches, seq_length=rt.communicator.seq_in,
                 micro_batch_size=plan.micro_batch_size // rt.layout.dp, p2p_communicator=rt.communicator,
                 pg_collection=rt.groups.pg_collection, forward_only=True,
