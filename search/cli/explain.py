@@ -82,23 +82,22 @@ def _resolve(args: argparse.Namespace, plan: ParallelPlan):
     return plan, cluster, training
 
 
-def report(plan: ParallelPlan, cost) -> dict:
-    """The JSON form of a PlanCost."""
+def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_batch_size: int) -> dict:
+    """The JSON form of a PlanCost; ``shapes[i]`` describes stage i (gpus, tp, dp, its span, its recompute)."""
+    num_micro_batches = global_batch_size // micro_batch_size
     stages = []
-    for i, (st, sc) in enumerate(zip(plan.stages, cost.stages)):
-        rc = {c: st.recompute.count(c) for c in ("none", "selective", "full") if st.recompute.count(c)}
+    for i, (shape, sc) in enumerate(zip(shapes, cost.stages)):
         stages.append({
-            "index": i, "num_gpus": st.num_gpus, "tp": st.tp, "dp": st.dp, "units": [st.start_unit, st.end_unit],
-            "recompute": rc, "fwd_ms": sc.fwd_ms, "bwd_ms": sc.bwd_ms, "recompute_ms": sc.recompute_ms,
+            "index": i, **shape, "fwd_ms": sc.fwd_ms, "bwd_ms": sc.bwd_ms, "recompute_ms": sc.recompute_ms,
             "p2p_ms": sc.p2p_ms, "tp_comm_ms": sc.tp_comm_ms, "dp_sync_ms": sc.dp_sync_ms,
             "optimizer_ms": sc.optimizer_ms, "time_per_microbatch_ms": sc.time_per_microbatch_ms,
             "time_ms": cost.pipeline.stage_total_ms[i],
-            "bubble_ms": max(0.0, cost.iteration_ms - plan.num_micro_batches * sc.time_per_microbatch_ms
+            "bubble_ms": max(0.0, cost.iteration_ms - num_micro_batches * sc.time_per_microbatch_ms
                              - sc.dp_sync_ms - sc.optimizer_ms),
             "memory_mb": sc.memory_mb,
             "memory_breakdown_mb": dict(sc.memory_breakdown), "fits": sc.fits})
-    return {"model": plan.model.name, "cost_model": cost.cost_model, "num_micro_batches": plan.num_micro_batches,
-            "micro_batch_size": plan.micro_batch_size, "global_batch_size": plan.global_batch_size,
+    return {"model": model, "cost_model": cost.cost_model, "num_micro_batches": num_micro_batches,
+            "micro_batch_size": micro_batch_size, "global_batch_size": global_batch_size,
             "iteration_time_ms": cost.iteration_ms, "samples_per_s": cost.samples_per_s,
             "bubble_ms": cost.pipeline.bubble_ms, "tflops_per_gpu": cost.tflops_per_gpu, "mfu": cost.mfu,
             "max_memory_mb": cost.max_memory_mb, "memory_limit_mb": cost.memory_limit_mb, "fits": cost.fits,
@@ -106,7 +105,20 @@ def report(plan: ParallelPlan, cost) -> dict:
             "warnings": list(cost.warnings), "stages": stages}
 
 
-def _explain_ref_exactly(args: argparse.Namespace, raw: dict) -> dict:
+def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str], str]:
+    """Our plan (or a reference config converted to one) under any cost model."""
+    from ..costmodel import make_cost_model
+    plan, notes = _read_plan(args, raw)
+    plan, cluster, training = _resolve(args, plan)
+    cost = make_cost_model(plan.model, cluster, training, kind=args.cost_model, db=args.db).evaluate(plan)
+    shapes = [{"num_gpus": st.num_gpus, "tp": st.tp, "dp": st.dp, "units": [st.start_unit, st.end_unit],
+               "recompute": {c: st.recompute.count(c) for c in ("none", "selective", "full")
+                             if st.recompute.count(c)}} for st in plan.stages]
+    out = report(cost, shapes, plan.model.name, plan.micro_batch_size, plan.global_batch_size)
+    return out, notes, cluster.label
+
+
+def _ref_report(args: argparse.Namespace, raw: dict) -> tuple[dict, list[str], str]:
     """A reference config under aceso-compat, op by op (no conversion to units): the reference's own numbers."""
     from ..cluster import parse_cluster
     from ..compat.costmodel import make_compat_cost_model
@@ -119,42 +131,21 @@ def _explain_ref_exactly(args: argparse.Namespace, raw: dict) -> dict:
     training = TrainingSpec(global_batch_size=cfg.global_batch_size, micro_batch_sizes=[cfg.micro_batch_size],
                             precision="fp16")
     cost = make_compat_cost_model(model, cluster, training, args.db).evaluate_ref(cfg)
-    stages, first = [], 0
-    for i, sc in enumerate(cost.stages):
-        n = cfg.num_ops[i]
-        stages.append({
-            "index": i, "num_gpus": cfg.num_gpus[i], "tp": max(cfg.tp[i]), "dp": max(cfg.dp[i]),
-            "ops": [first, first + n], "recompute": {"ops": sum(cfg.recompute[i])}, "fwd_ms": sc.fwd_ms,
-            "bwd_ms": sc.bwd_ms, "recompute_ms": sc.recompute_ms, "p2p_ms": sc.p2p_ms, "tp_comm_ms": sc.tp_comm_ms,
-            "dp_sync_ms": sc.dp_sync_ms, "optimizer_ms": sc.optimizer_ms,
-            "time_per_microbatch_ms": sc.time_per_microbatch_ms, "time_ms": cost.pipeline.stage_total_ms[i],
-            "memory_mb": sc.memory_mb, "memory_breakdown_mb": dict(sc.memory_breakdown), "fits": sc.fits})
-        first += n
-    return {"model": model.name, "cost_model": cost.cost_model, "num_micro_batches":
-            cfg.global_batch_size // cfg.micro_batch_size, "micro_batch_size": cfg.micro_batch_size,
-            "global_batch_size": cfg.global_batch_size, "iteration_time_ms": cost.iteration_ms,
-            "samples_per_s": cost.samples_per_s, "bubble_ms": cost.pipeline.bubble_ms,
-            "tflops_per_gpu": cost.tflops_per_gpu, "mfu": cost.mfu, "max_memory_mb": cost.max_memory_mb,
-            "memory_limit_mb": cost.memory_limit_mb, "fits": cost.fits, "bottleneck_stage": cost.bottleneck_stage,
-            "bottleneck_resource": cost.bottleneck_resource, "warnings": list(cost.warnings), "stages": stages,
-            "notes": ["reference config evaluated op by op, exactly as given"], "cluster": cluster.label}
+    bounds = [sum(cfg.num_ops[:i]) for i in range(cfg.num_stages + 1)]
+    shapes = [{"num_gpus": cfg.num_gpus[i], "tp": max(cfg.tp[i]), "dp": max(cfg.dp[i]),
+               "ops": [bounds[i], bounds[i + 1]], "recompute": {"ops": sum(cfg.recompute[i])}}
+              for i in range(cfg.num_stages)]
+    out = report(cost, shapes, model.name, cfg.micro_batch_size, cfg.global_batch_size)
+    return out, ["reference config evaluated op by op, exactly as given"], cluster.label
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..costmodel import make_cost_model
     raw = read_json(args.plan, missing="no such plan file")
-    if args.cost_model == "aceso-compat" and isinstance(raw, dict) and "num_ops_in_each_stage" in raw \
-            and not args.snap:
-        out = _explain_ref_exactly(args, raw)
-        print_json(out) if args.json else _print_table(out)
-        return 0
-    plan, notes = _read_plan(args, raw)
-    plan, cluster, training = _resolve(args, plan)
-    cm = make_cost_model(plan.model, cluster, training, kind=args.cost_model, db=args.db)
-    cost = cm.evaluate(plan)
-    out = report(plan, cost)
+    exact = args.cost_model == "aceso-compat" and not args.snap and isinstance(raw, dict) \
+        and "num_ops_in_each_stage" in raw
+    out, notes, cluster = (_ref_report if exact else _plan_report)(args, raw)
     out["notes"] = notes
-    out["cluster"] = cluster.label
+    out["cluster"] = cluster
     if args.json:
         print_json(out)
     else:
