@@ -126,6 +126,15 @@ class ModelSpec(BaseModel):
         return tuple(enc + dec)
 
     @property
+    def layer_starts(self) -> list[int]:
+        """Unit index where each layer starts, plus the end (T5: encoder layers, then decoder layers)."""
+        sizes = [2] * self.num_layers + ([3] * self.num_decoder_layers if self.is_t5 else [])
+        out = [0]
+        for n in sizes:
+            out.append(out[-1] + n)
+        return out
+
+    @property
     def num_units(self) -> int:
         return len(self.units)
 

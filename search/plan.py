@@ -225,17 +225,15 @@ def uniform_plan(model: ModelSpec, num_stages: int, tp: int, dp: int, micro_batc
 
     Units are grouped per layer (2 units; T5 decoder layers 3), so stage boundaries fall between layers.
     """
-    layer_units = [2] * model.num_layers
-    if model.is_t5:
-        layer_units += [3] * model.num_decoder_layers
-    if num_stages > len(layer_units):
-        raise AcesoError(f"num_stages ({num_stages}) exceeds the model's {len(layer_units)} layers")
-    stages, start, li = [], 0, 0
-    for n_layers in even_split(len(layer_units), num_stages):
-        n_units = sum(layer_units[li:li + n_layers])
+    starts = model.layer_starts
+    num_layers = len(starts) - 1
+    if num_stages > num_layers:
+        raise AcesoError(f"num_stages ({num_stages}) exceeds the model's {num_layers} layers")
+    stages, li = [], 0
+    for n_layers in even_split(num_layers, num_stages):
+        lo, hi = starts[li], starts[li + n_layers]
         li += n_layers
-        stages.append(StageSpec(num_gpus=tp * dp, tp=tp, dp=dp, start_unit=start, end_unit=start + n_units,
-                                recompute=[recompute] * n_units))
-        start += n_units
+        stages.append(StageSpec(num_gpus=tp * dp, tp=tp, dp=dp, start_unit=lo, end_unit=hi,
+                                recompute=[recompute] * (hi - lo)))
     return ParallelPlan(model=model, cluster=cluster, micro_batch_size=micro_batch_size,
                         global_batch_size=global_batch_size, stages=stages)

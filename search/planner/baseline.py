@@ -38,19 +38,6 @@ class BaselineResult:
         return np.isfinite(self.iteration_ms)
 
 
-def layer_unit_bounds(model) -> list[int]:
-    """Unit index where each layer starts, plus the end (encoder layers, then decoder layers)."""
-    out, u = [0], 0
-    for _ in range(model.num_layers):
-        u += 2
-        out.append(u)
-    if model.is_t5:
-        for _ in range(model.num_decoder_layers):
-            u += 3
-            out.append(u)
-    return out
-
-
 def layer_splits(num_layers: int, pp: int) -> list[tuple[int, ...]]:
     if pp > num_layers:
         return []
@@ -71,7 +58,7 @@ def layer_splits(num_layers: int, pp: int) -> list[tuple[int, ...]]:
 
 def best_uniform(cm, gbs: int, space: Space, model) -> BaselineResult | None:
     """Best fitting uniform configuration, or the one with the least memory when none fits (iteration inf)."""
-    starts = layer_unit_bounds(model)
+    starts = model.layer_starts
     L = len(starts) - 1
     best, best_key, least = None, None, None
     n = 0
