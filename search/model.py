@@ -55,6 +55,10 @@ class ModelSpec(BaseModel):
     rotary_base: float = Field(10000.0, gt=0, description="RoPE base (rope only).")
     tied_embeddings: bool = Field(True, description="Output layer shares the input word embedding.")
     add_bias_linear: bool = Field(True, description="Linear layers carry biases.")
+    attention_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the attention probabilities "
+                                     "(Megatron's default for GPT and T5 is 0.1; Llama trains without).")
+    hidden_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after the attention and MLP outputs and "
+                                  "on the embedding.")
     params_dtype: Literal["bf16", "fp16", "fp32"] = Field("fp16", description="Dtype of parameters and activations.")
     aceso_db_key: str | None = Field(None, description="Model key in the Aceso reference database, e.g. gpt_1_3B.")
     nominal_params_b: float | None = Field(None, gt=0, description="The size the preset is named after, billions.")

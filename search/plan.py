@@ -23,8 +23,14 @@ from .errors import AcesoError, as_aceso_error, read_json
 from .model import ModelSpec, Unit
 
 SCHEMA_VERSION = 1
-Recompute = Literal["none", "selective", "full"]
-RECOMPUTE_CHOICES: tuple[Recompute, ...] = ("none", "selective", "full")
+Recompute = Literal["none", "selective", "full", "attn_dropout"]
+RECOMPUTE_CHOICES: tuple[Recompute, ...] = ("none", "selective", "full", "attn_dropout")
+ATTENTION_ONLY: frozenset[str] = frozenset({"attn_dropout"})   # choices an MLP unit cannot take
+
+
+def recompute_allowed(kind: str) -> tuple[Recompute, ...]:
+    """The recompute choices a unit of this kind can take (``attn_dropout``: attention units only)."""
+    return tuple(c for c in RECOMPUTE_CHOICES if kind != "mlp" or c not in ATTENTION_ONLY)
 
 
 class StageSpec(BaseModel):
@@ -39,7 +45,8 @@ class StageSpec(BaseModel):
     end_unit: int = Field(ge=0, description="One past the last sub-layer unit (exclusive).")
     recompute: list[Recompute] = Field(
         description="Per unit of the span: none | selective (attention core and activation function recomputed) "
-        "| full (only the unit input kept)."
+        "| full (only the unit input kept) | attn_dropout (attention units only: the attention-probability "
+        "dropout and the probs x V product recomputed, freeing the dropout mask and the dropped probabilities)."
     )
 
     @model_validator(mode="after")
@@ -105,6 +112,12 @@ class ParallelPlan(BaseModel):
                 if value % st.tp:
                     raise ValueError(
                         f"stages[{i}].tp ({st.tp}) must divide {name} ({value}); use a tp that divides it"
+                    )
+            for k, rc in enumerate(st.recompute):
+                if rc in ATTENTION_ONLY and m.units[st.start_unit + k].kind == "mlp":
+                    raise ValueError(
+                        f"stages[{i}].recompute[{k}] is {rc!r} but unit {st.start_unit + k} is an MLP unit; "
+                        f"{rc!r} applies to attention units only: use none, selective or full"
                     )
             if self.micro_batch_size % st.dp:
                 raise ValueError(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pydantic
 
 from ..errors import AcesoError, as_aceso_error, read_json
-from ..plan import ParallelPlan, parse_plan
+from ..plan import RECOMPUTE_CHOICES, ParallelPlan, parse_plan
 from ..training import TrainingSpec
 from .common import add_cluster_args, print_json
 
@@ -112,8 +112,7 @@ def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str]
     plan, cluster, training = _resolve(args, plan)
     cost = make_cost_model(plan.model, cluster, training, kind=args.cost_model, db=args.db).evaluate(plan)
     shapes = [{"num_gpus": st.num_gpus, "tp": st.tp, "dp": st.dp, "units": [st.start_unit, st.end_unit],
-               "recompute": {c: st.recompute.count(c) for c in ("none", "selective", "full")
-                             if st.recompute.count(c)}} for st in plan.stages]
+               "recompute": {c: st.recompute.count(c) for c in RECOMPUTE_CHOICES if st.recompute.count(c)}} for st in plan.stages]
     out = report(cost, shapes, plan.model.name, plan.micro_batch_size, plan.global_batch_size)
     return out, notes, cluster.label
 

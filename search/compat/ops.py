@@ -11,7 +11,10 @@ the stage of the last encoder unit) and the decoder embedding opens the decoder 
 decoder unit) — as in megatron-core's T5 and in the reference's own Megatron-style configs.
 
 Recompute of a unit as op flags: ``selective`` = the attention core (score, softmax, dropout, context: unit ops
-2-5) of an attention unit; GEMM-1 and the gelu (unit ops 1-2) of an MLP unit; ``full`` = every op of the unit.
+2-5) of an attention unit; GEMM-1 and the gelu (unit ops 1-2) of an MLP unit; ``full`` = every op of the unit;
+``attn_dropout`` (attention units only) = the dropout and the context product (unit ops 4-5): the reference's memory
+rule then frees the dropout op's activations (its mask and output), exactly what the runtime's choice frees. It is
+the reference search's most frequent attention pattern after the whole core (10 of 24 units in its GPT-1.3B plan).
 MLP ``selective`` means activation recompute (the runtime recomputes the activation function and frees its
 output). The reference's memory model keeps the last op of a recompute segment, so a lone gelu flag frees
 nothing; [GEMM-1, gelu] is the smallest op segment that frees an activation of the same size (the 4h GEMM-1
@@ -26,13 +29,15 @@ from functools import cached_property
 
 import numpy as np
 
+from ..costmodel.types import ATTN_DROPOUT, N_RC
 from ..errors import AcesoError
 
 GPT_LAYER_OPS = 13
 T5_ENC_LAYER_OPS = 13
 T5_DEC_LAYER_OPS = 21
-# unit kind -> (number of ops, op offsets flagged by selective recompute)
-UNIT_OPS = {"attention": (8, (2, 3, 4, 5)), "cross_attention": (8, (2, 3, 4, 5)), "mlp": (5, (1, 2))}
+# unit kind -> (number of ops, op offsets flagged by selective recompute, by attn_dropout (None: not allowed))
+UNIT_OPS = {"attention": (8, (2, 3, 4, 5), (4, 5)), "cross_attention": (8, (2, 3, 4, 5), (4, 5)),
+            "mlp": (5, (1, 2), None)}
 SEGMENT_START = "enc-1st-layernorm"   # where the reference splits recompute segments (not dec-1st-layernorm)
 _ENC = ("enc-1st-layernorm", "enc-attention-qkv", "enc-attention-score", "enc-attention-softmax",
         "enc-attention-dropout", "enc-attention-context", "enc-attention-dense", "enc-post-attention-dropout",
@@ -86,13 +91,16 @@ class OpLayout:
 
     @cached_property
     def flag_patterns(self) -> np.ndarray:
-        """(3, num_ops) int8: the op recompute flags if every unit took choice c (glue ops never recomputed)."""
-        pat = np.zeros((3, self.num_ops), dtype=np.int8)
+        """(N_RC, num_ops) int8: the op recompute flags if every unit took choice c (glue ops never recomputed; an
+        MLP unit's attn_dropout row is empty: the search never gives it that choice)."""
+        pat = np.zeros((N_RC, self.num_ops), dtype=np.int8)
         for u in range(self.num_units):
-            n, sel = UNIT_OPS[self.unit_kinds[u]]
+            n, sel, drop = UNIT_OPS[self.unit_kinds[u]]
             s = self.unit_start[u]
             pat[1, [s + k for k in sel]] = 1
             pat[2, s:s + n] = 1
+            if drop:
+                pat[ATTN_DROPOUT, [s + k for k in drop]] = 1
         pat.setflags(write=False)
         return pat
 
@@ -103,7 +111,7 @@ class OpLayout:
         return out
 
     def op_flags(self, start_unit: int, end_unit: int, recompute) -> np.ndarray:
-        """Op flags (int8) of the stage's ops for per-unit recompute codes (0 none, 1 selective, 2 full)."""
+        """Op flags (int8) of the stage's ops for per-unit recompute codes (``RC_CODE``)."""
         ops = self.stage_ops(start_unit, end_unit)
         units = self.op_unit[ops.start:ops.stop]
         codes = np.zeros(len(units), dtype=np.int64)
@@ -118,12 +126,11 @@ class OpLayout:
         for u in range(self.num_units):
             r = self.unit_ops(u)
             f = flags[r.start:r.stop]
-            if not f.any():
-                out.append(0)
-            elif not (f & ~self.flag_patterns[1, r.start:r.stop].astype(bool)).any():
-                out.append(1)
-            else:
-                out.append(2)
+            for c in (0, ATTN_DROPOUT, 1, 2):   # by the ops they recompute: none < attn_dropout < selective < full
+                pat = self.flag_patterns[c, r.start:r.stop].astype(bool)
+                if (c == 0 or pat.any()) and not (f & ~pat).any():
+                    out.append(c)
+                    break
         return out
 
 

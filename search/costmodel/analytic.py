@@ -43,8 +43,8 @@ from ..cluster import ClusterSpec
 from ..model import ModelSpec
 from ..training import TrainingSpec
 from .comm import CommModel
-from .memory import MB, attention_act_bytes, mlp_act_bytes
-from .types import UnitTable
+from .memory import MB, attention_act_bytes, has_attention_dropout, mlp_act_bytes
+from .types import N_RC, UNAVAILABLE_MS, UnitTable
 
 KERNEL_OVERHEAD_MS = 0.005
 
@@ -73,6 +73,7 @@ class UnitCost(NamedTuple):
     rec_sel: float
     rec_full: float
     tp_comm: float       # fwd + bwd TP collective time inside the unit
+    rec_drop: float = UNAVAILABLE_MS   # attn_dropout: the probability dropout + probs x V forward, where it applies
 
 
 class AnalyticSource:
@@ -97,21 +98,23 @@ class AnalyticSource:
     def _tp_ar(self, b: float, s: int, t: int) -> float:
         return self.comm.all_reduce(self.dt * s * b * self.model.hidden_size, t)
 
-    def _core(self, b: float, s: int, kv_len: int, t: int, causal: bool) -> tuple[float, float]:
-        """Attention core (scores, softmax, dropout, context): (fwd, bwd) ms."""
+    def _core(self, b: float, s: int, kv_len: int, t: int, causal: bool) -> tuple[float, float, float]:
+        """Attention core (scores, softmax, dropout, context): (fwd, bwd, attn_dropout recompute) ms."""
         m, dt = self.model, self.dt
         flops = 4.0 * s * kv_len * b * m.num_attention_heads * m.head_dim / t
         if self.flash:
             f = flops * (0.5 if causal else 1.0)
-            return self._k(f, eff=self.eff.flash_fwd), self._k(2.5 * f, eff=self.eff.flash_bwd)
+            return self._k(f, eff=self.eff.flash_fwd), self._k(2.5 * f, eff=self.eff.flash_bwd), UNAVAILABLE_MS
         elems = m.num_attention_heads * s * kv_len * b / t
-        drop = m.family != "llama"
         fwd = 2 * self._k(flops / 2, eff=self.eff.bmm) + self._k(nbytes=2 * dt * elems)
         bwd = 2 * self._k(flops, eff=self.eff.bmm) + self._k(nbytes=3 * dt * elems)
-        if drop:
-            fwd += self._k(nbytes=(2 * dt + 1) * elems)
-            bwd += self._k(nbytes=(2 * dt + 1) * elems)
-        return fwd, bwd
+        rec_drop = UNAVAILABLE_MS
+        if has_attention_dropout(m):
+            drop = self._k(nbytes=(2 * dt + 1) * elems)
+            fwd += drop
+            bwd += drop
+            rec_drop = drop + self._k(flops / 2, eff=self.eff.bmm)
+        return fwd, bwd, rec_drop
 
     def attention(self, b: float, s: int, t: int, kv_len: int | None = None, causal: bool = True) -> UnitCost:
         m, dt = self.model, self.dt
@@ -123,11 +126,11 @@ class AnalyticSource:
         if m.position_embedding == "rope" and not cross:
             ew += 2 * dt * s * b * (q + kv) / t
         gemm = 2.0 * b * (s * h * q + kv_len * h * 2 * kv) / t + 2.0 * s * b * q * h / t
-        core_f, core_b = self._core(b, s, kv_len, t, causal and not cross)
+        core_f, core_b, rec_drop = self._core(b, s, kv_len, t, causal and not cross)
         ar = self._tp_ar(b, s, t)
         fwd = self._k(gemm) + self._k(nbytes=ew) + core_f + ar
         bwd = self._k(2 * gemm) + self._k(nbytes=1.5 * ew) + core_b + ar
-        return UnitCost(fwd, bwd, core_f, fwd, 2 * ar)
+        return UnitCost(fwd, bwd, core_f, fwd, 2 * ar, rec_drop)
 
     def mlp(self, b: float, s: int, t: int) -> UnitCost:
         m, dt = self.model, self.dt
@@ -198,14 +201,14 @@ def _build_table(src: AnalyticSource, b: float, t: int) -> UnitTable:
     rows = _unit_rows(src, b, t)
     n = m.num_units
     fwd, bwd, tpc = np.zeros(n), np.zeros(n), np.zeros(n)
-    rec, act, peak = np.zeros((n, 3)), np.zeros((n, 3)), np.zeros((n, 3))
+    rec, act, peak = np.zeros((n, N_RC)), np.zeros((n, N_RC)), np.zeros((n, N_RC))
     params = np.zeros(n)
     for i, u in enumerate(m.units):
         cost, a = rows[(u.stack, u.kind)]
         fwd[i], bwd[i], tpc[i] = cost.fwd, cost.bwd, cost.tp_comm
-        rec[i] = (0.0, cost.rec_sel, cost.rec_full)
-        act[i] = np.asarray(a) / MB
-        peak[i] = (0.0, act[i, 0] - act[i, 1], act[i, 0] - act[i, 2])
+        rec[i] = (0.0, cost.rec_sel, cost.rec_full, cost.rec_drop)
+        act[i] = np.asarray((*a, a[0])[:N_RC]) / MB      # an MLP has no attn_dropout: its none row
+        peak[i] = act[i, 0] - act[i]
         params[i] = _unit_params_per_rank(m, u.kind, t)
     boundary = np.full(n + 1, dt * s_dec * b * m.hidden_size / MB)
     if m.is_t5:  # encoder boundaries carry the encoder activation; decoder ones also carry the encoder output
@@ -218,7 +221,7 @@ def _build_table(src: AnalyticSource, b: float, t: int) -> UnitTable:
         batch=b, tp=t, fwd_ms=fwd, bwd_ms=bwd, recompute_ms=rec, act_mb=act, peak_mb=peak,
         weight_params=params, boundary_mb=boundary,
         embed_fwd_ms=emb_f, embed_bwd_ms=emb_b, embed_params=m.embedding_params() / t,
-        embed_act_mb=(s_enc * b * m.hidden_size * (1 if m.family != "llama" else 0)) / MB,
+        embed_act_mb=(s_enc * b * m.hidden_size * (1 if m.hidden_dropout > 0 else 0)) / MB,
         head_fwd_ms=head_f, head_bwd_ms=head_b, head_params=m.output_params() / t,
         # final-norm input + logits input (2 sbh dt) and the fp32 softmax kept by the vocab-parallel loss
         head_act_mb=(2 * dt * s_dec * b * m.hidden_size + 4.0 * sbv) / MB,

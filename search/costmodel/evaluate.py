@@ -34,7 +34,7 @@ from ..training import TrainingSpec
 from .comm import CommModel
 from .memory import FRAGMENTATION, MB, RESERVE_MB, in_flight, state_bytes_per_param
 from .pipeline import one_f_one_b
-from .types import RC_CODE, PipelineCost, PlanCost, StageCost, UnitTable
+from .types import N_RC, RC_CODE, PipelineCost, PlanCost, StageCost, UnitTable
 
 OPT_BYTES_PER_PARAM = {"bf16": 28.0, "fp16": 28.0, "fp32": 32.0}
 OPT_MEM_EFFICIENCY = 0.8
@@ -50,9 +50,9 @@ class _Prepared(NamedTuple):
     cum_bwd: list[float]
     cum_params: list[float]
     cum_tpc: list[float]
-    rap: np.ndarray          # (U*3, 3): row u*3+c = (recompute_ms, act_mb, peak_mb) of unit u under choice c
+    rap: np.ndarray          # (U*N_RC, 3): row u*N_RC+c = (recompute_ms, act_mb, peak_mb) of unit u, choice c
     rap_rows: list           # the same rows as python tuples (short spans are faster in plain python)
-    base3: np.ndarray        # (U,) = 3u
+    base3: np.ndarray        # (U,) = N_RC * u
     boundary: list[float]
     cross_first: int         # first unit that reads the encoder output (T5 decoder), else U
 
@@ -64,7 +64,7 @@ def _prepare(t: UnitTable, cross_first: int) -> _Prepared:
     rap = np.stack([t.recompute_ms, t.act_mb, t.peak_mb], axis=-1).reshape(-1, 3)
     return _Prepared(t, cum(t.fwd_ms), cum(t.bwd_ms), cum(t.weight_params), cum(tpc), rap,
                      [tuple(r) for r in rap.tolist()],
-                     np.arange(len(t.fwd_ms), dtype=np.int64) * 3, t.boundary_mb.tolist(), cross_first)
+                     np.arange(len(t.fwd_ms), dtype=np.int64) * N_RC, t.boundary_mb.tolist(), cross_first)
 
 
 def _span_sums(p: _Prepared, start: int, end: int, rc: np.ndarray) -> tuple[float, float, float]:
@@ -78,7 +78,7 @@ def _span_sums(p: _Prepared, start: int, end: int, rc: np.ndarray) -> tuple[floa
     rows = p.rap_rows
     rec = act = peak = 0.0
     for i, c in enumerate(rc.tolist(), start):
-        r = rows[3 * i + c]
+        r = rows[N_RC * i + c]
         rec += r[0]
         act += r[1]
         if r[2] > peak:

@@ -19,11 +19,14 @@ precision, ``sbh (10 + 24/t + 5as/(ht))`` under tensor parallelism t without seq
                     (SwiGLU: the activation input is 2f wide, and the gate multiply also keeps the silu output
                     and its copy of the linear half, 2sbf/t each -- megatron-core's unfused GLU, which the
                     runtime uses; tests/runtime/test_recompute_memory.py measures it)
-    dropout masks (1 byte) only for families that train with dropout (gpt, t5; llama has none).
+    dropout masks (1 byte) only where the model trains with dropout: the sbh masks with ``hidden_dropout``,
+    the s^2 mask and dropout output with ``attention_dropout`` (GPT/T5 presets 0.1, Llama 0).
 
 Recompute choices (megatron-core ``recompute_granularity``): *selective* recomputes the attention core (the s^2
 part; with flash attention only the log-sum-exp is saved by it) and the MLP activation function (its output is
-dropped: for gelu that is the fc2 input, for SwiGLU the silu output the gate multiply kept); *full* keeps only the unit input (2sbh) and re-runs the unit's forward in backward. While a unit
+dropped: for gelu that is the fc2 input, for SwiGLU the silu output the gate multiply kept); *full* keeps only the unit input (2sbh) and re-runs the unit's forward in backward; *attn_dropout* (attention units, unfused
+attention with attention dropout only) re-runs the probability dropout and the probs x V product: the mask and the
+dropout output (1 + 2 bytes per score element) are not kept, the softmax output is. While a unit
 is re-materialised its dropped activations exist again: that is the transient ``peak`` of the choice. The last
 stage's loss has its own transient, the fp16 logits and an fp32 temporary ((dt + 4) s b V / t bytes); a stage's
 ``recompute_peak`` is the larger of the two (they never overlap in time).
@@ -52,13 +55,18 @@ def state_bytes_per_param(precision: str, distributed_optimizer: bool, dp: int) 
     return w, w, opt
 
 
-def _has_dropout(model: ModelSpec) -> bool:
-    return model.family != "llama"
+def has_attention_dropout(model: ModelSpec) -> bool:
+    return model.attention_dropout > 0
+
+
+def _has_hidden_dropout(model: ModelSpec) -> bool:
+    return model.hidden_dropout > 0
 
 
 def attention_act_bytes(model: ModelSpec, b: float, s: int, t: int, flash: bool, kv_len: int | None = None,
-                        dt: float = 2.0) -> tuple[float, float, float]:
-    """Bytes kept by one attention (or cross-attention, ``kv_len`` = encoder tokens) unit: (none, selective, full).
+                        dt: float = 2.0) -> tuple[float, float, float, float]:
+    """Bytes kept by one attention (or cross-attention, ``kv_len`` = encoder tokens) unit: (none, selective, full,
+    attn_dropout); attn_dropout equals none where it frees nothing (flash attention, no attention dropout).
 
     Cross-attention's K/V input (the encoder output) is one tensor shared by all its units: it is counted once per
     stage by the caller, not here.
@@ -68,24 +76,26 @@ def attention_act_bytes(model: ModelSpec, b: float, s: int, t: int, flash: bool,
     kv = model.groups * model.head_dim
     a = model.num_attention_heads
     kv_len = kv_len or s
-    mask = 1.0 * s * b * h if _has_dropout(model) else 0.0
+    mask = 1.0 * s * b * h if _has_hidden_dropout(model) else 0.0
     replicated = 2 * dt * s * b * h + mask
     split = dt * b * (s * q + 2 * kv_len * kv) / t + dt * s * b * q / t
+    dropped = 0.0   # the probability dropout's mask and output
     if flash:
         core = 4.0 * a * s * b / t
     else:
-        core = (5.0 if _has_dropout(model) else 4.0) * a * s * kv_len * b / t
+        dropped = (1.0 + dt) * a * s * kv_len * b / t if has_attention_dropout(model) else 0.0
+        core = dt * a * s * kv_len * b / t + dropped
     none = replicated + split + core
     selective = replicated + split
     full = dt * s * b * h
-    return none, selective, full
+    return none, selective, full, none - dropped
 
 
 def mlp_act_bytes(model: ModelSpec, b: float, s: int, t: int, dt: float = 2.0) -> tuple[float, float, float]:
     """Bytes kept by one MLP unit: (none, selective, full)."""
     h, f = model.hidden_size, model.ffn_hidden_size
     up = 2 * f if model.activation == "swiglu" else f
-    mask = 1.0 * s * b * h if _has_dropout(model) else 0.0
+    mask = 1.0 * s * b * h if _has_hidden_dropout(model) else 0.0
     replicated = 2 * dt * s * b * h + mask
     act_in = dt * s * b * up / t
     fc2_in = dt * s * b * f / t

@@ -32,7 +32,7 @@ from ..model import ModelSpec
 from ..training import TrainingSpec
 from .comm import CommModel
 from .memory import MB
-from .types import UnitTable
+from .types import N_RC, UNAVAILABLE_MS, UnitTable
 
 FORMAT = "aceso-profile-db"
 VERSION = 1
@@ -173,6 +173,14 @@ class FittedComm(CommModel):
 _ENTRY_FIELDS = ("batch", "tp", "seq", "fwd_us", "bwd_us", "act_bytes")
 
 
+def _choices_measured(part: str, kind: str) -> tuple[int, ...]:
+    """Valid lengths of an entry's per-choice lists: embedding/head 1; units 3 (none, selective, full), attention
+    units also 4 (+ attn_dropout, newer profiles)."""
+    if part != "units":
+        return (1,)
+    return (3,) if kind == "mlp" else (3, 4)
+
+
 class ProfileSource:
     """Produces ``UnitTable``s from a checked profile database."""
 
@@ -200,13 +208,17 @@ class ProfileSource:
         for part in ("units", "embedding", "head"):
             for i, e in enumerate(db[part]):
                 miss = [f for f in _ENTRY_FIELDS if f not in e]
-                if miss or len(e["act_bytes"]) != (3 if part == "units" else 1):
+                kind = e.get("kind", part)
+                if miss or len(e["act_bytes"]) not in _choices_measured(part, kind):
                     raise AcesoError(f"--db {db['_path']}: corrupt profile database, {part}[{i}] lacks "
                                      f"{', '.join(miss) or 'a valid act_bytes'}; re-run the profiler")
-                key = (part, e.get("stack", "decoder"), e.get("kind", part), int(e["seq"]), int(e["tp"]))
+                key = (part, e.get("stack", "decoder"), kind, int(e["seq"]), int(e["tp"]))
                 groups.setdefault(key, []).append(e)
-        for v in groups.values():
+        for key, v in groups.items():
             v.sort(key=lambda e: e["batch"])
+            if len({len(e["act_bytes"]) for e in v}) > 1:
+                raise AcesoError(f"--db {db['_path']}: corrupt profile database, the {key[2]} rows at seq {key[3]}, "
+                                 f"tp {key[4]} measure different recompute choices; re-run the profiler")
         return groups
 
     def _lookup(self, part: str, stack: str, kind: str, seq: int, batch: float, tp: int) -> dict[str, np.ndarray]:
@@ -245,7 +257,7 @@ class ProfileSource:
         s_dec = m.decoder_seq_length if m.is_t5 else m.seq_length
         n = m.num_units
         fwd, bwd, params = np.zeros(n), np.zeros(n), np.zeros(n)
-        rec, act, peak = np.zeros((n, 3)), np.zeros((n, 3)), np.zeros((n, 3))
+        rec, act, peak = np.zeros((n, N_RC)), np.zeros((n, N_RC)), np.zeros((n, N_RC))
         rows: dict[tuple[str, str], dict] = {}
         for i, u in enumerate(m.units):
             key = (u.stack, u.kind)
@@ -254,9 +266,12 @@ class ProfileSource:
                                          batch, tp)
             r = rows[key]
             fwd[i], bwd[i] = r["fwd_us"][0] / 1e3, r["bwd_us"][0] / 1e3
-            rec[i] = r["recompute_us"] / 1e3 if "recompute_us" in r else (0.0, 0.0, fwd[i])
-            act[i] = r["act_bytes"] / MB
-            peak[i] = r["peak_bytes"] / MB if "peak_bytes" in r else (0.0, act[i, 0] - act[i, 1], act[i, 0] - act[i, 2])
+            k = len(r["act_bytes"])     # 3, or 4 where attn_dropout was measured (attention units)
+            act[i] = r["act_bytes"][0] / MB
+            rec[i, k:] = UNAVAILABLE_MS
+            act[i, :k] = r["act_bytes"] / MB
+            rec[i, :k] = r["recompute_us"][:k] / 1e3 if "recompute_us" in r else (0.0, 0.0, fwd[i], fwd[i])[:k]
+            peak[i, :k] = r["peak_bytes"][:k] / MB if "peak_bytes" in r else act[i, 0] - act[i, :k]
             params[i] = r["weight_bytes"][0] / self.dt if "weight_bytes" in r else 0.0
         emb = self._lookup("embedding", "decoder", "embedding", s_enc, batch, tp)
         head = self._lookup("head", "decoder", "head", s_dec, batch, tp)
@@ -288,8 +303,10 @@ class ProfileDBWriter:
                      "units": [], "embedding": [], "head": [], "collectives": [], "p2p": []}
 
     def add_unit(self, stack: str, kind: str, seq: int, batch: float, tp: int, fwd_us: float, bwd_us: float,
-                 recompute_us: tuple[float, float, float], act_bytes: tuple[float, float, float],
-                 weight_bytes: float, peak_bytes: tuple[float, float, float] | None = None) -> None:
+                 recompute_us: tuple[float, ...], act_bytes: tuple[float, ...],
+                 weight_bytes: float, peak_bytes: tuple[float, ...] | None = None) -> None:
+        """One unit measurement; the per-choice tuples follow ``RECOMPUTE_CHOICES`` (3 entries, or 4 with
+        attn_dropout for attention units)."""
         e = {"stack": stack, "kind": kind, "seq": seq, "batch": batch, "tp": tp, "fwd_us": fwd_us, "bwd_us": bwd_us,
              "recompute_us": list(recompute_us), "act_bytes": list(act_bytes), "weight_bytes": weight_bytes}
         if peak_bytes is not None:

@@ -1,7 +1,10 @@
 """Result types shared by every cost model (analytic, profile database, aceso-compat) and the search.
 
 Times are milliseconds, memory is MB (2^20 bytes). Recompute choices are coded as ints in arrays:
-0 = none, 1 = selective, 2 = full (``RC[code]`` gives the plan's string).
+0 = none, 1 = selective, 2 = full, 3 = attn_dropout (``RC[code]`` gives the plan's string; the plan's
+``RECOMPUTE_CHOICES`` order). A choice a unit cannot take (``attn_dropout`` on an MLP unit, or where it frees
+nothing: flash attention, no attention dropout) has recompute time ``UNAVAILABLE_MS`` and the ``none`` activations,
+so no search picks it.
 """
 
 from __future__ import annotations
@@ -10,8 +13,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-RC = ("none", "selective", "full")
+from ..plan import RECOMPUTE_CHOICES
+
+RC: tuple[str, ...] = RECOMPUTE_CHOICES
 RC_CODE = {name: i for i, name in enumerate(RC)}
+N_RC = len(RC)
+ATTN_DROPOUT = RC_CODE["attn_dropout"]
+UNAVAILABLE_MS = 1e9     # recompute time of a choice a unit cannot take: never chosen, never inf arithmetic
 
 
 @dataclass(frozen=True)
@@ -22,9 +30,9 @@ class UnitTable:
     tp: int
     fwd_ms: np.ndarray            # (U,) forward, the unit's own TP collectives included
     bwd_ms: np.ndarray            # (U,) backward
-    recompute_ms: np.ndarray      # (U, 3) extra time per micro-batch for each recompute choice
-    act_mb: np.ndarray            # (U, 3) MB kept for backward per in-flight micro-batch, per choice
-    peak_mb: np.ndarray           # (U, 3) transient re-materialisation MB during the unit's backward
+    recompute_ms: np.ndarray      # (U, N_RC) extra time per micro-batch for each recompute choice
+    act_mb: np.ndarray            # (U, N_RC) MB kept for backward per in-flight micro-batch, per choice
+    peak_mb: np.ndarray           # (U, N_RC) transient re-materialisation MB during the unit's backward
     weight_params: np.ndarray     # (U,) parameters per rank after the TP split
     boundary_mb: np.ndarray       # (U+1,) MB per rank crossing a boundary placed before unit u (u=U: after the last)
     embed_fwd_ms: float = 0.0

@@ -31,7 +31,7 @@ import numpy as np
 from .bottleneck import classify, find_bottleneck, order_primitives
 from .partition import Spans, best_partition
 from .primitives import APPLY, Ctx, balanced_bounds
-from .recompute import has_unit_tables, refine_by_local_search
+from .recompute import allowed_codes, has_unit_tables, refine_by_counts, refine_by_local_search
 from .state import INF, Budget, BudgetExhausted, Evaluation, Evaluator, Space, StageEval, State
 
 
@@ -254,7 +254,8 @@ class StageCountSearch:
 
 
 def refine_recompute(ev: Evaluator, e: Evaluation) -> Evaluation:
-    """Hill-climb every stage's recompute with the cost model itself (op-level models); a new evaluation."""
+    """Refine every stage's recompute with the cost model itself (op-level models): exact over per-kind choice
+    counts where they are few, then hill-climbing over single-unit changes; a new evaluation."""
     st, S = e.state, e.state.num_stages
     stages = []
     for i, r in enumerate(st.first_ranks()):
@@ -264,7 +265,11 @@ def refine_recompute(ev: Evaluator, e: Evaluation) -> Evaluation:
 
         def cost(rc, i=i, r=r, tp=tp, dp=dp, kw=kw):
             return ev.cm.stage_cost(i, S, r, st.bounds[i], st.bounds[i + 1], tp, dp, rc, st.mbs, **kw)
-        rc, c = refine_by_local_search(cost, e.stages[i].rc, e.stages[i].cost)
+        a, b = st.bounds[i], st.bounds[i + 1]
+        allowed = allowed_codes(ev.cm.model, a, b)
+        kinds = [(u.stack, u.kind) for u in ev.cm.model.units[a:b]]
+        rc, c = refine_by_counts(cost, e.stages[i].rc, e.stages[i].cost, kinds, allowed)
+        rc, c = refine_by_local_search(cost, rc, c, allowed)
         stages.append(StageEval(c, rc))
     pipe = ev.cm.pipeline([s.cost for s in stages], ev.gbs // st.mbs)
     new = Evaluation(st, pipe.iteration_ms, True, stages, list(pipe.stage_total_ms),

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..costmodel.types import RC
+from ..costmodel.types import RC, RC_CODE
 from ..plan import ParallelPlan, PlanPrediction, StageSpec
 from .state import INF, Space
+
+UNIFORM_RECOMPUTE = ("none", "selective", "full")   # Megatron's recompute settings for all layers
 
 
 @dataclass
@@ -76,7 +78,7 @@ def best_uniform(cm, gbs: int, space: Space, model) -> BaselineResult | None:
                 for split in layer_splits(L, pp):
                     cum = np.concatenate([[0], np.cumsum(split)])
                     bounds = tuple(starts[int(c)] for c in cum)
-                    for code in range(3):
+                    for code in (RC_CODE[c] for c in UNIFORM_RECOMPUTE):
                         n += 1
                         costs = [cm.stage_cost(i, pp, i * g, bounds[i], bounds[i + 1], tp, dp,
                                                np.full(bounds[i + 1] - bounds[i], code, np.int8), mbs)

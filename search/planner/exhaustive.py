@@ -11,6 +11,7 @@ import itertools
 
 import numpy as np
 
+from .recompute import allowed_codes
 from .state import INF, Evaluation, Evaluator, Space, State
 
 
@@ -37,7 +38,7 @@ def enumerate_states(space: Space):
 
 def _brute_stage(cm, i, S, first, a, b, tp, dp, mbs):
     best_cost, best_rc = None, None
-    for rc in itertools.product(range(3), repeat=b - a):
+    for rc in itertools.product(*allowed_codes(cm.model, a, b)):
         rc = np.array(rc, np.int8)
         c = cm.stage_cost(i, S, first, a, b, tp, dp, rc, mbs)
         if c.fits and (best_cost is None or c.time_per_microbatch_ms < best_cost.time_per_microbatch_ms - 1e-12):

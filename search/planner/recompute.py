@@ -1,4 +1,5 @@
-"""Per-stage recompute: choose none / selective / full for every unit to minimise time under the memory limit.
+"""Per-stage recompute: choose none / selective / full / attn_dropout for every unit to minimise time under the
+memory limit (a choice a unit cannot take has ``UNAVAILABLE_MS`` recompute time and is never considered).
 
 The reference (Aceso, SPEC §3.8) switches recompute on greedily by op name until a stage fits; here it is solved.
 With ``K = S - i`` micro-batches in flight on stage ``i`` under 1F1B, a stage's memory is
@@ -18,11 +19,18 @@ The choice is then checked with the cost model's own ``stage_cost`` and the budg
 
 from __future__ import annotations
 
+import itertools
+import math
 import weakref
 
 import numpy as np
 
+from ..costmodel.types import ATTN_DROPOUT, N_RC, RC_CODE, UNAVAILABLE_MS
+from ..plan import recompute_allowed
+
 CAP = 256
+_EYE = np.eye(N_RC, dtype=np.int64)
+FILL_ORDER = (2, 1, ATTN_DROPOUT)   # within a type of identical units: full first, then selective, attn_dropout
 _FRONTIERS: dict[tuple, list] = {}
 # op-level models: cost model -> stage position/shape -> (unit stack and kind, choice) -> (dt, dmem)
 _PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -45,21 +53,23 @@ def _pareto(act: np.ndarray, t: np.ndarray, counts: np.ndarray, cap: int = CAP):
     return act, t, counts
 
 
-def _type_frontier(rt: np.ndarray, act: np.ndarray, allowed: tuple[bool, ...], n: int, cap: int = CAP):
-    """Pareto frontier of n identical units: arrays (act, time, counts[m, 3]) sorted by act, time decreasing."""
-    key = (rt.tobytes(), act.tobytes(), allowed, cap)
+def _type_frontier(rt: np.ndarray, act: np.ndarray, allowed: tuple[bool, ...], n: int, cap: int = CAP,
+                   row_key: bytes | None = None):
+    """Pareto frontier of n identical units: arrays (act, time, counts[m, N_RC]) sorted by act, time decreasing."""
+    key = (row_key or rt.tobytes() + act.tobytes(), allowed, cap)
     lst = _FRONTIERS.get(key)
+    if lst is not None and len(lst) > n:
+        return lst[n]
     if lst is None:
         if len(_FRONTIERS) > 4096:  # bounded: tables of many (batch, tp) pairs
             _FRONTIERS.clear()
-        lst = _FRONTIERS[key] = [(np.zeros(1), np.zeros(1), np.zeros((1, 3), np.int64))]
-    choices = [c for c in range(3) if allowed[c]]
-    eye = np.eye(3, dtype=np.int64)
+        lst = _FRONTIERS[key] = [(np.zeros(1), np.zeros(1), np.zeros((1, N_RC), np.int64))]
+    choices = [c for c in range(N_RC) if allowed[c]]
     while len(lst) <= n:
         a0, t0, c0 = lst[-1]
         a = np.concatenate([a0 + act[c] for c in choices])
         t = np.concatenate([t0 + rt[c] for c in choices])
-        cnt = np.concatenate([c0 + eye[c] for c in choices])
+        cnt = np.concatenate([c0 + _EYE[c] for c in choices])
         lst.append(_pareto(a, t, cnt, cap))
     return lst[n]
 
@@ -68,7 +78,7 @@ def solve(rt: np.ndarray, act: np.ndarray, peak: np.ndarray, inflight: int, budg
           cap: int = CAP):
     """Min ``sum rt[u, c_u]`` s.t. ``inflight * sum act[u, c_u] + max peak[u, c_u] <= budget``.
 
-    Arrays are (n, 3). ``groups`` (optional, int per unit) says which units have identical rows (found by
+    Arrays are (n, N_RC). ``groups`` (optional, int per unit) says which units have identical rows (found by
     ``np.unique`` otherwise). Returns the int8 choice per unit, or None when nothing fits.
     """
     n = rt.shape[0]
@@ -83,29 +93,32 @@ def solve(rt: np.ndarray, act: np.ndarray, peak: np.ndarray, inflight: int, budg
     inverse = inverse.ravel()
     counts = np.bincount(inverse, minlength=len(types))
     best_t, best = np.inf, None
-    for P in np.unique(peak):
-        allowed = types[:, 6:9] <= P
+    available = types[:, :N_RC] < UNAVAILABLE_MS
+    row_keys = [r.tobytes() for r in types[:, :2 * N_RC]]
+    for P in np.unique(np.where(rt < UNAVAILABLE_MS, peak, 0.0)):
+        allowed = (types[:, 2 * N_RC:] <= P) & available
         if not allowed.any(axis=1).all():
             continue
         room = (budget - P) / inflight
-        res = _solve_types(types, counts, allowed, room, cap)
+        res = _solve_types(types, counts, allowed, room, cap, row_keys)
         if res is not None and res[0] < best_t - 1e-12:
             best_t, best = res
     if best is None:
         return None
     out = np.zeros(n, np.int8)
-    for ty, cnt in enumerate(best):  # deterministic: within a type, full first, then selective, then none
+    for ty, cnt in enumerate(best):  # deterministic: within a type, in FILL_ORDER, the rest none
         idx = np.flatnonzero(inverse == ty)
-        nf, ns = int(cnt[2]), int(cnt[1])
-        out[idx[:nf]] = 2
-        out[idx[nf:nf + ns]] = 1
+        k = 0
+        for c in FILL_ORDER:
+            out[idx[k:k + int(cnt[c])]] = c
+            k += int(cnt[c])
     return out
 
 
-def _solve_types(types, counts, allowed, room, cap):
-    """Min time over per-type choice counts with total activation <= room: (time, counts[type, 3]) or None."""
-    fronts = [_type_frontier(types[k, 0:3], types[k, 3:6], tuple(bool(x) for x in allowed[k]), int(counts[k]), cap)
-              for k in range(len(types))]
+def _solve_types(types, counts, allowed, room, cap, row_keys):
+    """Min time over per-type choice counts with total activation <= room: (time, counts[type, N_RC]) or None."""
+    fronts = [_type_frontier(types[k, :N_RC], types[k, N_RC:2 * N_RC], allow, int(counts[k]), cap, key)
+              for k, (allow, key) in enumerate(zip(map(tuple, allowed.tolist()), row_keys))]
     a, t, c = fronts[0][0], fronts[0][1], fronts[0][2][:, None, :]
     for fa, ft, fc in fronts[1:-1]:  # Minkowski sum of the frontiers of all types but the last
         ii, jj = np.meshgrid(np.arange(len(a)), np.arange(len(fa)), indexing="ij")
@@ -177,49 +190,49 @@ def _optimize_by_probing(cost, n, kinds, c0, limit, probes=None):
     """For cost models without additive per-unit tables (aceso-compat: op-level recompute segments).
 
     Two candidate sources, the fastest fitting result wins:
-    * a surrogate from probes: for each unit kind and choice, the time and memory change of switching one unit of
-      that kind (``probes`` caches them for stages at the same position and shape), assumed additive, solved by
-      ``solve`` with the savings re-scaled until the real model agrees, each result checked with ``cost``;
+    * a surrogate from probes: for each unit kind and choice, the time and memory change of switching one and two
+      units of that kind (``probes`` caches them for stages at the same position and shape). The difference of the
+      two is the per-unit saving, the rest the choice's transient peak (a max, not a sum); solved by ``solve`` with
+      the savings re-scaled until the real model agrees, each result checked with ``cost``;
     * prefix families: the first k units at ``selective`` or ``full``, or all selective with the first k full;
       memory falls and time rises with k, so the smallest fitting k of each is found by bisection.
     """
     cands = []
-    first = {}
+    members: dict = {}
     for u, k in enumerate(kinds):
-        first.setdefault(k, u)
-    d_t, d_m = {}, {}
-    for k, u in first.items():
-        for c in (1, 2):
-            hit = probes.get((k, c)) if probes is not None else None
+        members.setdefault(k, []).append(u)
+    d_t, d_m, d_p = {}, {}, {}
+    for k, us in members.items():
+        for c in range(1, N_RC):
+            if c == ATTN_DROPOUT and k[1] == "mlp":
+                d_t[k, c], d_m[k, c], d_p[k, c] = UNAVAILABLE_MS, 0.0, 0.0
+                continue
+            hit = probes.get((k, c, len(us) > 1)) if probes is not None else None
             if hit is None:
-                rc = np.zeros(n, np.int8)
-                rc[u] = c
-                p = cost(rc)
-                hit = (p.time_per_microbatch_ms - c0.time_per_microbatch_ms, p.memory_mb - c0.memory_mb)
+                hit = _probe(cost, n, us[:2], c, c0)
                 if probes is not None:
-                    probes[k, c] = hit
-            d_t[k, c], d_m[k, c] = hit
-    rt = np.array([[0.0, d_t[k, 1], d_t[k, 2]] for k in kinds])
-    act = np.array([[0.0, d_m[k, 1], d_m[k, 2]] for k in kinds])
-    groups = np.array([list(first).index(k) for k in kinds])
+                    probes[k, c, len(us) > 1] = hit
+            d_t[k, c], d_m[k, c], d_p[k, c] = hit
+    rt = np.array([[0.0] + [d_t[k, c] for c in range(1, N_RC)] for k in kinds])
+    act = np.array([[0.0] + [d_m[k, c] for c in range(1, N_RC)] for k in kinds])
+    quantum = limit * PEAK_QUANTUM   # rounded up to a few levels: ``solve`` tries each distinct peak
+    peak = np.ceil(np.array([[0.0] + [d_p[k, c] for c in range(1, N_RC)] for k in kinds]) / quantum) * quantum
+    groups = np.array([list(members).index(k) for k in kinds])
     budget, scale, tried = limit - c0.memory_mb, 1.0, set()
-    pred_full = float(act[:, 2].sum())
-    if pred_full < 0:  # savings are not additive (recompute segments merge): calibrate on all-full
-        scale = max((cost(np.full(n, 2, np.int8)).memory_mb - c0.memory_mb) / pred_full, 1.0)
     for _ in range(6):  # re-scale the probed savings by what the real model gives, keep every fitting result
-        rc = solve(rt, act, np.zeros_like(act), 1, budget / scale, groups, cap=64)  # savings x scale
+        rc = solve(rt, act * scale, peak, 1, budget, groups, cap=64)
         if rc is None or rc.tobytes() in tried:
             break
         tried.add(rc.tobytes())
         c = cost(rc)
         if c.fits:
             cands.append((rc, c))
-        predicted = float(act[np.arange(n), rc].sum())
-        actual = c.memory_mb - c0.memory_mb
-        if predicted < 0 and actual < 0:
-            scale = scale * actual / (predicted * scale) if c.fits else scale * 0.97 * actual / (predicted * scale)
-        else:
+        idx = np.arange(n)
+        predicted = float(act[idx, rc].sum())
+        actual = c.memory_mb - c0.memory_mb - float(peak[idx, rc].max())
+        if c.fits or predicted >= 0 or actual >= 0:
             break
+        scale *= 0.97 * actual / (predicted * scale)   # the surrogate was optimistic: trust savings less
 
     def make(k, kind):
         rc = np.full(n, 1 if kind == "sel+full" else 0, np.int8)
@@ -244,8 +257,23 @@ def _optimize_by_probing(cost, n, kinds, c0, limit, probes=None):
     return min(cands, key=lambda x: x[1].time_per_microbatch_ms)
 
 
-def refine_by_local_search(cost, rc: np.ndarray, current, max_passes: int = 20):
-    """Best-improvement hill climbing over single-unit recompute changes, keeping the stage within its limit.
+def _probe(cost, n, units, c, c0) -> tuple[float, float, float]:
+    """(time per unit, memory per unit, transient peak) of choice c from switching one, then two, units."""
+    rc = np.zeros(n, np.int8)
+    rc[units[0]] = c
+    one = cost(rc)
+    dt, dm1 = one.time_per_microbatch_ms - c0.time_per_microbatch_ms, one.memory_mb - c0.memory_mb
+    if len(units) < 2:
+        return dt, dm1, 0.0
+    rc[units[1]] = c
+    dm2 = cost(rc).memory_mb - c0.memory_mb
+    per_unit = dm2 - dm1
+    return dt, per_unit, max(dm1 - per_unit, 0.0)
+
+
+def refine_by_local_search(cost, rc: np.ndarray, current, allowed, max_passes: int = 20):
+    """Best-improvement hill climbing over single-unit recompute changes, keeping the stage within its limit;
+    ``allowed[u]`` = the codes unit u can take.
 
     Used on the final plans of op-level cost models, where ``solve`` works on a probed surrogate and is not exact.
     Returns (codes, StageCost), never worse than the input.
@@ -254,7 +282,7 @@ def refine_by_local_search(cost, rc: np.ndarray, current, max_passes: int = 20):
     for _ in range(max_passes):
         step = None
         for u in range(len(best_rc)):
-            for v in range(3):
+            for v in allowed[u]:
                 if v == best_rc[u]:
                     continue
                 trial = best_rc.copy()
@@ -268,6 +296,38 @@ def refine_by_local_search(cost, rc: np.ndarray, current, max_passes: int = 20):
     return best_rc, best
 
 
+COUNT_CAP = 4000      # most assignments ``refine_by_counts`` evaluates for one stage
+PEAK_QUANTUM = 0.02   # probed transient peaks are rounded up to this share of the memory limit
+
+
+def refine_by_counts(cost, rc: np.ndarray, current, kinds, allowed, cap: int = COUNT_CAP):
+    """Exact over how many units of each kind take each choice (op-level models, final plans).
+
+    Units of one kind (``kinds[u]``, e.g. (stack, kind)) cost the same, so an assignment is mostly fixed by its
+    per-kind choice counts; within a kind the choices go to units in ``FILL_ORDER`` (placement only matters where
+    recompute segments of neighbouring units merge). Enumerates every count vector when there are at most ``cap``
+    of them, else returns the input. Returns (codes, StageCost), never worse than the input.
+    """
+    groups: dict = {}
+    for u, k in enumerate(kinds):
+        groups.setdefault(k, []).append(u)
+    options = []
+    for units in groups.values():
+        codes = [c for c in (*FILL_ORDER, 0) if c in allowed[units[0]]]
+        options.append([(units, combo) for combo in itertools.combinations_with_replacement(codes, len(units))])
+    if math.prod(len(o) for o in options) > cap:
+        return rc, current
+    best_rc, best = rc, current
+    for pick in itertools.product(*options):
+        trial = np.zeros(len(kinds), np.int8)
+        for units, combo in pick:
+            trial[units] = combo
+        c = cost(trial)
+        if c.fits and c.time_per_microbatch_ms < best.time_per_microbatch_ms - 1e-9:
+            best_rc, best = trial, c
+    return best_rc, best
+
+
 def has_unit_tables(cm) -> bool:
     """Whether the cost model exposes additive per-unit tables (then ``optimize_stage`` is exact)."""
     try:
@@ -277,3 +337,8 @@ def has_unit_tables(cm) -> bool:
         return False
     except Exception:  # noqa: BLE001 - e.g. an unprofiled (batch, tp): tables exist for others
         return True
+
+
+def allowed_codes(model, start: int, end: int) -> list[tuple[int, ...]]:
+    """Per unit of ``[start, end)``: the recompute codes it can take (``search.plan.recompute_allowed``)."""
+    return [tuple(RC_CODE[c] for c in recompute_allowed(u.kind)) for u in model.units[start:end]]

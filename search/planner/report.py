@@ -35,7 +35,7 @@ def to_plan(ev: Evaluation, model, cluster, training, cm):
 
 
 def _rc_text(rc) -> str:
-    counts = {RC[c]: int((rc == c).sum()) for c in range(3) if (rc == c).any()}
+    counts = {RC[c]: int((rc == c).sum()) for c in range(len(RC)) if (rc == c).any()}
     if len(counts) == 1:
         return next(iter(counts))
     return ", ".join(f"{k} {v}" for k, v in counts.items())

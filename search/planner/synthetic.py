@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..costmodel.types import PipelineCost, PlanCost, StageCost, UnitTable
+from ..costmodel.types import ATTN_DROPOUT, UNAVAILABLE_MS, PipelineCost, PlanCost, StageCost, UnitTable
 from ..model import ModelSpec
 from ..plan import ParallelPlan
 
@@ -43,14 +43,22 @@ class SyntheticCostModel:
         self._tp_eff = rng.uniform(0.75, 0.95)
         self._comm = rng.uniform(0.05, 0.3)
         self._sync = rng.uniform(1e-6, 4e-6)
+        # attn_dropout: attention units only (MLP units: unavailable, the none row)
+        attn = np.array([u.kind != "mlp" for u in model.units])
+        self._keep = np.column_stack([self._keep, np.where(attn, rng.uniform(0.5, 0.9, n), 1.0)])
+        self._redo = np.column_stack([self._redo, np.where(attn, rng.uniform(0.05, 0.3, n), 0.0)])
+        self._peak = np.column_stack([self._peak, np.where(attn, rng.uniform(0.0, 0.4, n), 0.0)])
+        self._unavailable = ~attn
         self.unit_table = lru_cache(maxsize=None)(self._unit_table)
 
     def _unit_table(self, batch: int, tp: int) -> UnitTable:
         scale = batch / tp ** self._tp_eff
         fwd = self._base * scale + (self._comm * batch * (tp > 1))
         act = (self._act * batch / tp)[:, None] * self._keep
+        rec = fwd[:, None] * self._redo
+        rec[self._unavailable, ATTN_DROPOUT] = UNAVAILABLE_MS
         return UnitTable(
-            batch=batch, tp=tp, fwd_ms=fwd, bwd_ms=2 * fwd, recompute_ms=fwd[:, None] * self._redo,
+            batch=batch, tp=tp, fwd_ms=fwd, bwd_ms=2 * fwd, recompute_ms=rec,
             act_mb=act, peak_mb=(self._act * batch / tp)[:, None] * self._peak,
             weight_params=self._params / tp, boundary_mb=np.full(len(fwd) + 1, 2.0 * batch / tp),
             embed_fwd_ms=0.5 * batch, embed_bwd_ms=1.0 * batch, embed_params=4e6 / tp,

@@ -15,7 +15,7 @@ from search.compat.costmodel import make_compat_cost_model
 from search.compat.mapping import plan_to_ref
 from search.costmodel.types import PlanCost, StageCost
 from search.errors import AcesoError
-from search.plan import RECOMPUTE_CHOICES, ParallelPlan, StageSpec
+from search.plan import ParallelPlan, StageSpec, recompute_allowed
 from search.presets import load_model
 from search.training import TrainingSpec
 
@@ -37,7 +37,7 @@ def _random_plans(model, rng, n):
         stages = []
         for a, b in zip(bounds, bounds[1:]):
             tp, dp = [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2)][rng.integers(5)]
-            stages.append((a, b, tp, dp, [RECOMPUTE_CHOICES[c] for c in rng.integers(0, 3, b - a)]))
+            stages.append((a, b, tp, dp, [rng.choice(recompute_allowed(u.kind)) for u in model.units[a:b]]))
         yield _plan(model, stages, mbs)
 
 

@@ -11,7 +11,7 @@ import pytest
 from search.compat import load_ref_config, parse_ref_config
 from search.compat.mapping import plan_to_ref, ref_to_plan
 from search.errors import AcesoError
-from search.plan import RECOMPUTE_CHOICES, ParallelPlan, StageSpec
+from search.plan import ParallelPlan, StageSpec, recompute_allowed
 from search.presets import load_model
 
 
@@ -57,7 +57,7 @@ def _random_plan(model, rng, num_stages):
     stages = []
     for a, b in zip(bounds, bounds[1:]):
         tp, dp = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)][rng.integers(5)]
-        stages.append((a, b, tp, dp, [RECOMPUTE_CHOICES[c] for c in rng.integers(0, 3, b - a)]))
+        stages.append((a, b, tp, dp, [rng.choice(recompute_allowed(u.kind)) for u in model.units[a:b]]))
     return _plan(model, stages, mbs=4, gbs=64)
 
 

@@ -15,7 +15,8 @@ from search.training import TrainingSpec
 
 MB = 2.0**20
 TINY = ModelSpec(name="tiny", family="gpt", num_layers=1, hidden_size=1024, num_attention_heads=16,
-                 ffn_hidden_size=4096, seq_length=512, vocab_size=1024, params_dtype="fp16")
+                 ffn_hidden_size=4096, seq_length=512, vocab_size=1024, params_dtype="fp16",
+                 attention_dropout=0.1, hidden_dropout=0.1)   # Korthikanti et al. count dropout masks
 
 
 def _plan(model, cluster, stages, mbs, gbs, **kw):

@@ -4,7 +4,8 @@ import pytest
 
 from search.cluster import parse_cluster
 from search.costmodel import make_cost_model
-from search.plan import RECOMPUTE_CHOICES, uniform_plan
+from search.plan import uniform_plan
+from search.planner.baseline import UNIFORM_RECOMPUTE
 from search.planner.baseline import baseline_plan, best_uniform, layer_splits
 from search.planner.state import Space
 from search.presets import load_model
@@ -26,7 +27,7 @@ def test_best_uniform_equals_enumeration_of_uniform_plans(limit):
             for mbs in (1, 2, 4, 8):
                 if mbs % dp:
                     continue
-                for rc in RECOMPUTE_CHOICES:
+                for rc in UNIFORM_RECOMPUTE:
                     cost = cm.evaluate(uniform_plan(model, pp, tp, dp, mbs, 64, rc, cluster))
                     if cost.fits:
                         best = min(best, cost.iteration_ms)

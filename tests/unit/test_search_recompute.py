@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from search.cluster import parse_cluster
-from search.planner.recompute import optimize_stage, solve
+from search.costmodel.types import N_RC, UNAVAILABLE_MS
+from search.planner.recompute import allowed_codes, optimize_stage, solve
 from search.planner.synthetic import SyntheticCostModel
 from search.presets import load_model
 from search.training import TrainingSpec
@@ -15,9 +16,11 @@ from search.training import TrainingSpec
 def _brute(rt, act, peak, k, budget):
     n = len(rt)
     best = np.inf
-    for ch in itertools.product(range(3), repeat=n):
+    for ch in itertools.product(range(N_RC), repeat=n):
         ch = np.array(ch)
         idx = np.arange(n)
+        if (rt[idx, ch] >= UNAVAILABLE_MS).any():
+            continue
         if k * act[idx, ch].sum() + peak[idx, ch].max() <= budget:
             best = min(best, rt[idx, ch].sum())
     return best
@@ -28,11 +31,12 @@ def test_solve_matches_brute_force(seed):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 7))
     ntypes = int(rng.integers(1, 4))  # repeated rows, as layers of one kind are
-    rt = rng.uniform(0, 3, (ntypes, 3))
+    rt = rng.uniform(0, 3, (ntypes, N_RC))
     rt[:, 0] = 0
-    act = rng.uniform(1, 10, (ntypes, 3))
-    peak = rng.uniform(0, 5, (ntypes, 3))
+    act = rng.uniform(1, 10, (ntypes, N_RC))
+    peak = rng.uniform(0, 5, (ntypes, N_RC))
     peak[:, 0] = 0
+    rt[rng.uniform(size=ntypes) < 0.4, N_RC - 1] = UNAVAILABLE_MS   # attn_dropout on an MLP type
     ty = rng.integers(0, ntypes, n)
     rt, act, peak = rt[ty], act[ty], peak[ty]
     k = int(rng.integers(1, 4))
@@ -55,7 +59,7 @@ def test_optimize_stage_matches_brute_force_on_cost_model(seed):
     i, S, a, b, mbs = seed % 2, 2, 0 if seed % 2 == 0 else 1, 5 if seed % 2 == 0 else 6, 2
     _rc, cost = optimize_stage(cm, i, S, i, a, b, 1, 1, mbs)
     best = np.inf
-    for ch in itertools.product(range(3), repeat=b - a):
+    for ch in itertools.product(*allowed_codes(model, a, b)):
         c = cm.stage_cost(i, S, i, a, b, 1, 1, np.array(ch, np.int8), mbs)
         if c.fits:
             best = min(best, c.time_per_microbatch_ms)
@@ -78,8 +82,8 @@ def test_optimize_stage_with_analytic_model_fits_and_beats_uniform_choices():
         c = cm.stage_cost(0, 1, 0, 0, n, 1, 1, np.full(n, code, np.int8), 8)
         if c.fits:
             assert cost.time_per_microbatch_ms <= c.time_per_microbatch_ms + 1e-9
-    best = np.inf  # and exactly optimal against brute force over all 3^8 assignments
-    for ch in itertools.product(range(3), repeat=n):
+    best = np.inf  # and exactly optimal against brute force over all 4^4 * 3^4 assignments
+    for ch in itertools.product(*allowed_codes(model, 0, n)):
         c = cm.stage_cost(0, 1, 0, 0, n, 1, 1, np.array(ch, np.int8), 8)
         if c.fits:
             best = min(best, c.time_per_microbatch_ms)
@@ -123,7 +127,7 @@ def test_probing_path_fits_and_local_search_never_hurts(seed):
 
     def f(r):
         return syn.stage_cost(0, 2, 0, 0, n, 1, 1, r, 2)
-    _, cost2 = refine_by_local_search(f, rc, cost)
+    _, cost2 = refine_by_local_search(f, rc, cost, allowed_codes(model, 0, n))
     assert cost2.fits and cost2.time_per_microbatch_ms <= cost.time_per_microbatch_ms
     exact, _ = optimize_stage(syn, 0, 2, 0, 0, n, 1, 1, 2)  # and the exact optimum bounds both from below
     assert f(exact).time_per_microbatch_ms <= cost2.time_per_microbatch_ms + 1e-9
