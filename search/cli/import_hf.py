@@ -54,7 +54,8 @@ def hf_to_spec(cfg: dict, source: str = "config.json", name: str | None = None, 
             ffn_hidden_size=cfg.get("n_inner") or 4 * h,
             seq_length=seq_length or _get(cfg, source, "n_positions", "n_ctx"),
             vocab_size=_get(cfg, source, "vocab_size"), activation="gelu", normalization="layernorm",
-            position_embedding="learned", tied_embeddings=True, add_bias_linear=True, params_dtype="fp16")
+            position_embedding="learned", tied_embeddings=True, add_bias_linear=True, params_dtype="fp16",
+            attention_dropout=cfg.get("attn_pdrop", 0.1), hidden_dropout=cfg.get("resid_pdrop", 0.1))
     elif mtype in ("llama", "mistral", "qwen2"):
         heads = _get(cfg, source, "num_attention_heads")
         data = dict(
@@ -66,7 +67,8 @@ def hf_to_spec(cfg: dict, source: str = "config.json", name: str | None = None, 
             vocab_size=_get(cfg, source, "vocab_size"), activation="swiglu", normalization="rmsnorm",
             position_embedding="rope", rotary_base=float(cfg.get("rope_theta", 10000.0)),
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            add_bias_linear=bool(cfg.get("attention_bias", False)), params_dtype=dtype)
+            add_bias_linear=bool(cfg.get("attention_bias", False)), params_dtype=dtype,
+            attention_dropout=cfg.get("attention_dropout", 0.0), hidden_dropout=cfg.get("hidden_dropout", 0.0))
     elif mtype in ("t5", "mt5"):
         if str(cfg.get("feed_forward_proj", "relu")).startswith("gated"):
             act = "swiglu"
@@ -80,7 +82,8 @@ def hf_to_spec(cfg: dict, source: str = "config.json", name: str | None = None, 
             seq_length=seq_length or 512, decoder_seq_length=decoder_seq_length or 128,
             vocab_size=_get(cfg, source, "vocab_size"), activation=act, normalization="layernorm",
             position_embedding="learned", tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-            add_bias_linear=True, params_dtype=dtype)
+            add_bias_linear=True, params_dtype=dtype,
+            attention_dropout=cfg.get("dropout_rate", 0.1), hidden_dropout=cfg.get("dropout_rate", 0.1))
     else:
         raise AcesoError(
             f"{source}: model_type '{mtype}' is not supported; supported: gpt2, llama, mistral, qwen2, t5, mt5"

@@ -31,6 +31,9 @@ def test_gpt2_small_matches_hf_parameter_count(tmp_path):
     assert (m.family, m.num_layers, m.hidden_size, m.ffn_hidden_size, m.seq_length) == ("gpt", 12, 768, 3072, 1024)
     # Hugging Face reports 124,439,808 parameters; Megatron pads the vocabulary 50257 -> 50304 (+47 rows)
     assert m.num_parameters == 124_439_808 + 47 * 768
+    assert (m.attention_dropout, m.hidden_dropout) == (0.1, 0.1)     # GPT-2's attn_pdrop / resid_pdrop defaults
+    m = convert(tmp_path, {**GPT2, "attn_pdrop": 0.0, "resid_pdrop": 0.2})
+    assert (m.attention_dropout, m.hidden_dropout) == (0.0, 0.2)
 
 
 def test_llama2_7b_matches_hf_parameter_count_and_preset(tmp_path):
@@ -46,6 +49,7 @@ def test_t5_fields(tmp_path):
     assert (m.family, m.num_layers, m.num_decoder_layers, m.hidden_size) == ("t5", 12, 12, 768)
     assert (m.num_attention_heads, m.kv_channels, m.ffn_hidden_size) == (12, 64, 3072)
     assert (m.seq_length, m.decoder_seq_length, m.num_units) == (1024, 256, 12 * 2 + 12 * 3)
+    assert (m.attention_dropout, m.hidden_dropout) == (0.1, 0.1)     # T5's dropout_rate default
 
 
 def test_models_from_hf_alias(tmp_path, capsys):
