@@ -191,7 +191,9 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
         parallel_state._set_global_memory_buffer()
     groups = build_groups(plan, rank)
     lay = groups.layout
-    model_parallel_cuda_manual_seed(seed, tp_rank=lay.tp_rank, ep_rank=0, etp_rank=0)
+    # dropout RNG seeded as Megatron-LM does: seed + 100 * stage for the default generator (hidden dropout: equal
+    # within a stage's TP group, different between stages), the rng tracker's TP state differing by TP rank on top
+    model_parallel_cuda_manual_seed(seed + 100 * lay.stage, tp_rank=lay.tp_rank, ep_rank=0, etp_rank=0)
     stage = build_stage(plan, lay.stage, groups.pg_collection, device)
     stage.config.init_method_std = tc.init_method_std
     initialize(stage, stage.canonical_names(), plan.model, seed, lay.tp, lay.tp_rank, tc.init_method_std)

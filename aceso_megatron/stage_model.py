@@ -2,7 +2,8 @@
 
 A stage holds its span of units ``[start_unit, end_unit)``; each unit is a megatron-core ``TransformerLayer``
 built from the unit spec (``model_specs.builders.unit_spec``: the layer spec with the other halves as
-``IdentityOp``), with the unit's config (its stage's tp, its selective recompute) and its global layer number.
+``IdentityOp``; ``attn_dropout`` units with ``aceso_megatron.attention``'s core attention), with the unit's config
+(its stage's tp, its selective recompute) and its global layer number.
 The first stage adds megatron-core's ``LanguageModelEmbedding``; the last the final norm, the output layer
 (``ColumnParallelLinear``, vocab-sharded) and the per-token loss. RoPE (no parameters) is on every stage.
 
@@ -36,6 +37,7 @@ from model_specs.builders import (
 from search.model import ModelSpec, Unit
 from search.plan import ParallelPlan
 
+from .attention import fall_back_with_te, with_recomputed_dropout
 from .config import stage_config, unit_config
 from .loss import vocab_parallel_cross_entropy
 from .recompute import run_unit
@@ -77,9 +79,11 @@ class _Stage(MegatronModule):
         self.input_tensor = None
         self.te = device != "cpu" and have_transformer_engine()
         units = []
-        for unit, rc in zip(plan.stage_units(stage), st.recompute):
+        for unit, rc in zip(plan.stage_units(stage), fall_back_with_te(st.recompute, self.te, stage)):
             cfg = unit_config(config, unit.kind, rc)
             spec = unit_spec(layer_spec(model, unit.stack, self.te), unit.kind, pg_collection.tp)
+            if rc == "attn_dropout":
+                spec = with_recomputed_dropout(spec, unit.kind)
             layer = build_module(spec, config=cfg, layer_number=unit.layer + 1, pg_collection=pg_collection)
             if rc == "selective" and unit.kind == "mlp":
                 cfg.activation_func.release_after(layer.mlp.linear_fc2)

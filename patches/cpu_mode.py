@@ -2,14 +2,17 @@
 
 Target: ``torch.cuda.{current_device, synchronize, get_rng_state, set_rng_state, manual_seed}``, megatron-core's
 ``tensor_parallel.random._get_cuda_rng_state/_set_cuda_rng_state``, and tensor factories called with
-``device="cuda"`` or an integer device, ``Tensor.cuda()`` and ``Tensor.type()`` (through a ``TorchFunctionMode``).
+``device="cuda"`` or an integer device, ``Tensor.cuda()`` and ``Tensor.type()`` (through a ``TorchFunctionMode``);
+a logging filter on ``megatron.core.tensor_parallel.random``.
 
 Reason: megatron-core hard-codes CUDA in a few places that CPU training reaches: ``torch.cuda.current_device()``
 as the device of buffers (tensor-parallel layers, DDP buckets), ``device="cuda"`` in the 1F1B schedule's token
 counter and in the causal-mask helper (``transformer/utils.py``), and the CUDA RNG state that activation
 recompute saves and replays. Without the RNG mapping, seeding fails and the recompute RNG replay silently does
 nothing. ``Tensor.type()`` reports the CUDA type name (``torch.cuda.FloatTensor``) because the optimizers and
-gradient clipping assert it. The function mode must stay active during backward (recomputed forwards create
+gradient clipping assert it. With the CUDA RNG mapped onto the CPU generator, every dropout in the rng
+tracker's ``fork()`` (attention dropout) "changes the CPU RNG state" and the tracker logs a warning per call; the
+fork restores the state all the same, so that one message is filtered out. The function mode must stay active during backward (recomputed forwards create
 tensors too), so it is entered in ``apply()`` and left in ``revert()``, not scoped to a ``with`` block.
 
 Tested megatron-core versions: 0.16.1 (torch 2.13.0 CPU). Remove when megatron-core supports a CPU device.
@@ -18,6 +21,8 @@ fp32 (see ``aceso_megatron.config``).
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -84,6 +89,16 @@ def _backward_in_mode(func, args, kwargs):
         ag.has_torch_function = saved
 
 
+class _SameGeneratorFilter(logging.Filter):
+    """Drops the rng tracker's warning that a fork changed the CPU RNG: on CPU it is the forked generator."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "CPU RNG state changed within GPU RNG context" not in record.getMessage()
+
+
+_filter = _SameGeneratorFilter()
+
+
 def _get_rng_state(*args, **kwargs) -> torch.Tensor:
     return torch.get_rng_state()
 
@@ -112,6 +127,7 @@ def apply() -> None:
     _swaps.set(torch.cuda.random, "get_rng_state", _get_rng_state)
     _swaps.set(mrandom, "_get_cuda_rng_state", _get_rng_state)
     _swaps.set(mrandom, "_set_cuda_rng_state", _set_rng_state)
+    logging.getLogger(mrandom.__name__).addFilter(_filter)
     _mode = _CudaToCpuMode()
     _mode.__enter__()
 
@@ -124,3 +140,6 @@ def revert() -> None:
     _mode.__exit__(None, None, None)
     _mode = None
     _swaps.restore()
+    from megatron.core.tensor_parallel import random as mrandom
+
+    logging.getLogger(mrandom.__name__).removeFilter(_filter)

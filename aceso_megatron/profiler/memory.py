@@ -14,6 +14,7 @@ backward's transient peak (re-materialised activations, gradient buffers, worksp
 
 from __future__ import annotations
 
+import weakref
 from typing import Self
 
 import torch
@@ -24,37 +25,63 @@ def storage_key(t: torch.Tensor) -> tuple[int, int]:
     return s.data_ptr(), s.nbytes()
 
 
+class _Kept:
+    """What autograd keeps instead of a saved tensor while ``SavedTensors`` is active: alive exactly as long as
+    the graph node that saved it (a weak reference tells whether it still is)."""
+
+    __slots__ = ("__weakref__", "t")
+
+    def __init__(self, t: torch.Tensor):
+        self.t = t
+
+
 class SavedTensors:
-    """Context manager recording the storages autograd saves inside it."""
+    """Context manager recording the storages autograd saves inside it and still keeps.
+
+    Only what a graph node holds counts: torch 2.13 also passes some tensors through the pack hook that no node
+    keeps (the dropout noise of a forward under ``no_grad``, as inside a full-recompute checkpoint), so each saved
+    tensor is wrapped and counted while its wrapper is alive.
+    """
 
     def __init__(self, exclude: list[torch.Tensor] | None = None, params=()):
         self.skip = {storage_key(t)[0] for t in list(params) + list(exclude or []) if t is not None}
-        self.storages: dict[int, torch.UntypedStorage] = {}  # by data pointer at save time
+        self.kept: dict[int, list[weakref.ref]] = {}  # storage data pointer at save time -> wrappers
         self._hooks = None
 
     def _pack(self, t):
-        if isinstance(t, torch.Tensor) and t.device.type != "meta":
-            ptr = t.untyped_storage().data_ptr()
-            if ptr and ptr not in self.skip:
-                self.storages[ptr] = t.untyped_storage()
-        return t
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return t
+        ptr = t.untyped_storage().data_ptr()
+        if not ptr or ptr in self.skip:
+            return t
+        kept = _Kept(t)
+        self.kept.setdefault(ptr, []).append(weakref.ref(kept))
+        return kept
+
+    @staticmethod
+    def _unpack(kept):
+        return kept.t if isinstance(kept, _Kept) else kept
 
     def __enter__(self) -> Self:
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         self._hooks.__exit__(*exc)
 
+    def _live(self, ptr: int) -> torch.Tensor | None:
+        return next((k.t for r in self.kept.get(ptr, ()) if (k := r()) is not None), None)
+
     @property
     def nbytes(self) -> int:
-        """Bytes of the saved storages now: a storage released after saving (megatron-core's
+        """Bytes of the kept storages now, each once: a storage released after saving (megatron-core's
         ``CheckpointWithoutOutput`` resizes it to 0 until backward re-materialises it) counts 0."""
-        return sum(s.nbytes() for s in self.storages.values())
+        live = (self._live(ptr) for ptr in self.kept)
+        return sum(t.untyped_storage().nbytes() for t in live if t is not None)
 
     def holds(self, t: torch.Tensor) -> bool:
-        return storage_key(t)[0] in self.storages
+        return self._live(storage_key(t)[0]) is not None
 
 
 def tensor_bytes(t: torch.Tensor) -> int:

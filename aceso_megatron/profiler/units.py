@@ -5,14 +5,17 @@ For a tensor-parallel degree ``tp`` on ``world`` processes the profiler makes a 
 of the model (tp, dp = world / tp) and lets the runtime build it: ``layout.build_groups`` (real TP groups of
 ``tp`` adjacent ranks) and ``stage_model.build_stage`` (the unit layers from ``model_specs.builders``, the
 per-unit configs of ``aceso_megatron.config``, embedding, final norm, output layer, loss). One stage is built per
-recompute choice (the plan's ``recompute`` of every unit), so selective and full recompute run exactly the code
-the runtime runs. Layers are identical, so one layer per unit kind is enough.
+recompute choice (the plan's ``recompute`` of every unit that can take it, ``none`` for the others: MLP units have
+no ``attn_dropout``), so every choice runs exactly the code the runtime runs. Layers are identical, so one layer
+per unit kind is enough.
 
 Each TP group measures concurrently (every rank runs every measurement; rank 0's group is recorded), in
 lockstep: all ranks meet at a barrier before every repeat, so every repeat runs under the load of all the
 processes, as in a real run where they all compute at once (a tp-1 group alone would drift out of step). Per unit and per-rank batch:
 - ``fwd_us``, ``bwd_us``: medians with recompute none (the unit's TP collectives included);
-- ``recompute_us[c]``: ``(fwd + bwd)`` under choice c minus under none (clipped at 0);
+- ``recompute_us[c]``: ``(fwd + bwd)`` under choice c minus under none (clipped at 0); lists indexed by the
+  unit kind's choices in ``search.plan.RECOMPUTE_CHOICES`` order (``recompute_allowed``: 4 for attention and
+  cross-attention, 3 for MLP);
 - ``act_bytes[c]``: bytes kept for backward (``memory.py``); ``weight_bytes``: the unit's parameters per rank;
 - on GPU: ``peak_bytes[c]``, the backward's transient peak under c above the one under none, and
   ``workspace_bytes``, the transient under none (gradient buffers, kernel workspaces).
@@ -26,12 +29,10 @@ import numpy as np
 import torch
 
 from search.model import ModelSpec
-from search.plan import parse_plan
+from search.plan import RECOMPUTE_CHOICES, parse_plan, recompute_allowed
 
 from . import memory
 from .timing import repeat
-
-RC = ("none", "selective", "full")
 
 
 def one_layer(model: ModelSpec) -> ModelSpec:
@@ -43,11 +44,13 @@ def one_layer(model: ModelSpec) -> ModelSpec:
 
 
 def probe_plan(model: ModelSpec, tp: int, world: int, rc: str):
+    """A one-stage plan of the one-layer model with choice ``rc`` on every unit that can take it."""
     m = one_layer(model)
     dp = world // tp
+    recompute = [rc if rc in recompute_allowed(u.kind) else "none" for u in m.units]
     raw = {"model": m.model_dump(), "micro_batch_size": dp, "global_batch_size": dp,
-               "stages": [{"num_gpus": world, "tp": tp, "dp": dp, "start_unit": 0, "end_unit": m.num_units,
-                            "recompute": [rc] * m.num_units}]}
+           "stages": [{"num_gpus": world, "tp": tp, "dp": dp, "start_unit": 0, "end_unit": m.num_units,
+                       "recompute": recompute}]}
     return parse_plan(raw, world_size=world, source="profiler probe plan")
 
 
@@ -77,7 +80,7 @@ class TPBench:
         from ..stage_model import build_stage
 
         self.model, self.tp, self.s = model, tp, settings
-        plans = {rc: probe_plan(model, tp, world, rc) for rc in RC}
+        plans = {rc: probe_plan(model, tp, world, rc) for rc in RECOMPUTE_CHOICES}
         if parallel_state._GLOBAL_MEMORY_BUFFER is None:
             parallel_state._set_global_memory_buffer()
         self.groups = build_groups(plans["none"], rank)
@@ -162,24 +165,25 @@ class TPBench:
         return g
 
     def unit(self, stack: str, kind: str, b: int) -> dict:
-        """One unit kind at per-rank batch ``b`` under every recompute choice."""
+        """One unit kind at per-rank batch ``b`` under every recompute choice the kind can take."""
+        rcs = recompute_allowed(kind)
         x, kw, exclude = self._unit_call(stack, kind, b)
-        mods = {rc: self._find_unit(rc, stack, kind) for rc in RC}
-        fwds = [lambda mod=mods[rc]: mod(x, **kw) for rc in RC]
-        per = dict(zip(RC, self._time(fwds)))
-        for rc, fwd in zip(RC, fwds):
+        mods = {rc: self._find_unit(rc, stack, kind) for rc in rcs}
+        fwds = [lambda mod=mods[rc]: mod(x, **kw) for rc in rcs]
+        per = dict(zip(rcs, self._time(fwds)))
+        for rc, fwd in zip(rcs, fwds):
             per[rc].update(self._account(fwd, list(mods[rc].parameters()), exclude, [x]))
         base = per["none"]
         # extra time of a choice: the median of the per-repeat differences (paired: drift cancels)
-        extra = [max(float(np.median(per[rc]["_total"] - base["_total"])), 0.0) for rc in RC[1:]]
+        extra = [max(float(np.median(per[rc]["_total"] - base["_total"])), 0.0) for rc in rcs[1:]]
         res = {"fwd_us": base["fwd_us"], "bwd_us": base["bwd_us"], "recompute_us": [0.0] + extra,
-               "act_bytes": [float(per[rc]["act_bytes"]) for rc in RC],
-               "saved_bytes": [float(per[rc]["saved_bytes"]) for rc in RC],
+               "act_bytes": [float(per[rc]["act_bytes"]) for rc in rcs],
+               "saved_bytes": [float(per[rc]["saved_bytes"]) for rc in rcs],
                "weight_bytes": float(param_bytes(mods["none"].parameters())),
-               "spread": {rc: per[rc]["spread"] for rc in RC}}
+               "spread": {rc: per[rc]["spread"] for rc in rcs}}
         if "bwd_peak_bytes" in base:
             w0 = base["bwd_peak_bytes"]
-            res["peak_bytes"] = [0.0] + [float(max(per[rc]["bwd_peak_bytes"] - w0, 0)) for rc in RC[1:]]
+            res["peak_bytes"] = [0.0] + [float(max(per[rc]["bwd_peak_bytes"] - w0, 0)) for rc in rcs[1:]]
             res["workspace_bytes"] = float(w0)
         return res
 

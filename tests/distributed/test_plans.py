@@ -54,6 +54,8 @@ PLANS = {
         "t5 tp 2->1, boundary cross|mlp": plan(T5, st(2, 1, 0, 6, ["full", "selective"] * 3), st(1, 1, 6, 10)),
         "t5 untied dp 1->2, boundary in encoder": plan(T5_UNTIED, st(1, 1, 0, 3), st(1, 2, 3, 10)),
         "gpt dp 1->2, distributed optimizer": plan(GPT, st(1, 1, 0, 1), st(1, 2, 1, 4), dist_opt=True),
+        "gpt tp 2->1, attn_dropout in both stages": plan(GPT, st(2, 1, 0, 2, ["attn_dropout", "full"]),
+                                                         st(1, 1, 2, 4, ["attn_dropout", "selective"])),
     },
     4: {
         "gpt 3 stages tp 1|2|1": plan(GPT, st(1, 1, 0, 1), st(2, 1, 1, 3, ["selective", "full"]), st(1, 1, 3, 4)),
@@ -66,6 +68,9 @@ PLANS = {
             T5, st(1, 1, 0, 2), st(2, 1, 2, 5, ["selective", "full", "none"]), st(1, 1, 5, 10)),
         "t5 untied dp2 -> tp2": plan(T5_UNTIED, st(1, 2, 0, 7, ["selective"] * 7), st(2, 1, 7, 10)),
         "t5 dp2 -> tp2, distributed optimizer": plan(T5, st(1, 2, 0, 5), st(2, 1, 5, 10), dist_opt=True),
+        "t5 dp2 -> tp2, attn_dropout on self- and cross-attention": plan(
+            T5, st(1, 2, 0, 5, ["attn_dropout", "none", "none", "full", "attn_dropout"]),
+            st(2, 1, 5, 10, ["attn_dropout", "selective", "attn_dropout", "attn_dropout", "none"])),
     },
 }
 

@@ -58,6 +58,24 @@ def test_gpt_units_bytes(world1):
     assert r2["act_bytes"][0] == 2 * r1["act_bytes"][0]
 
 
+def test_attention_rows_have_attn_dropout(world1):
+    """Attention rows carry 4 choices (none, selective, full, attn_dropout), MLP rows 3; attn_dropout frees the
+    dropped probabilities and the dropout mask (on CPU a noise tensor of the dtype): 2 * 4 bytes per score."""
+    model = GPT.model_copy(update={"attention_dropout": 0.1, "hidden_dropout": 0.1})
+    bench = _bench(model)
+    s, a = model.seq_length, model.num_attention_heads
+    att, mlp = bench.unit("decoder", "attention", 2), bench.unit("decoder", "mlp", 2)
+    for key in ("recompute_us", "act_bytes", "saved_bytes"):
+        assert len(att[key]) == 4 and len(mlp[key]) == 3, key
+    assert att["act_bytes"][0] - att["act_bytes"][3] == 2 * a * s * s * (4 + 4)
+    assert att["act_bytes"][2] == 4 * s * 2 * model.hidden_size
+    t5 = _bench(T5.model_copy(update={"attention_dropout": 0.1}))
+    cross = t5.unit("decoder", "cross_attention", 1)
+    sd, se = T5.decoder_seq_length, T5.seq_length
+    assert len(cross["act_bytes"]) == 4
+    assert cross["act_bytes"][0] - cross["act_bytes"][3] == T5.num_attention_heads * sd * se * (4 + 4)
+
+
 def test_llama_units(world1):
     """RoPE, grouped-query attention, SwiGLU, RMSNorm, untied head."""
     bench = _bench(LLAMA)

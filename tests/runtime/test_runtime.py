@@ -93,6 +93,25 @@ def test_unit_specs_split_a_layer(single_process):
     assert mlp.self_attention is IdentityOp and mlp.mlp is full.submodules.mlp
 
 
+def test_attn_dropout_core_and_te_fallback(single_process, caplog):
+    """attn_dropout swaps in the recomputing core attention; with transformer-engine it runs as none, one
+    warning per stage."""
+    from aceso_megatron.attention import (
+        RecomputedDropoutAttention,
+        fall_back_with_te,
+        with_recomputed_dropout,
+    )
+    from model_specs.builders import gpt_layer_spec, unit_spec
+
+    spec = with_recomputed_dropout(unit_spec(gpt_layer_spec(GPT, te=False), "attention"), "attention")
+    assert spec.submodules.self_attention.submodules.core_attention is RecomputedDropoutAttention
+    rc = ["attn_dropout", "selective", "attn_dropout", "full"]
+    assert fall_back_with_te(rc, te=False, stage=1) == rc
+    with caplog.at_level("WARNING", logger="aceso_megatron.attention"):
+        assert fall_back_with_te(rc, te=True, stage=1) == ["none", "selective", "none", "full"]
+    assert len(caplog.records) == 1 and "stage 1: attn_dropout on 2 unit(s) runs as none" in caplog.text
+
+
 def test_stage_parameter_count_matches_model_spec(single_process):
     """The stage chunks' parameters add up to ModelSpec.num_parameters (an independent count)."""
     from aceso_megatron.engine import build_runtime
@@ -146,6 +165,34 @@ def test_single_stage_plan_equals_stock_gpt_model(single_process):
     clip_grad_norm(rt, tc.clip_grad)
     rt.optimizer.step()
     assert ref.train_step(batches) == pytest.approx(rt.train_step(iter(batches)), rel=1e-5)
+
+
+@pytest.mark.parametrize("family", ["gpt", "t5"])
+def test_single_stage_plan_with_dropout_equals_stock_model(single_process, family):
+    """Attention and hidden dropout 0.1: same seed, same masks as stock megatron-core, under every recompute
+    choice (each replays the RNG state it saved)."""
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from aceso_megatron.engine import build_runtime
+    from aceso_megatron.reference import Reference
+    from aceso_megatron.testing import make_batches
+    from tests.tiny_models import T5
+
+    model = (GPT if family == "gpt" else T5).model_copy(update={"attention_dropout": 0.1, "hidden_dropout": 0.1})
+    rc = (["attn_dropout", "selective", "selective", "full"] if family == "gpt" else  # T5: enc attn, mlp, ...
+          ["attn_dropout", "full", "selective", "selective", "attn_dropout", "attn_dropout", "none", "full",
+           "selective", "selective"])  # ... dec attn, cross, mlp
+    batches = make_batches(model, 2, 4, seed=5)
+    ref = Reference(model, seed=9)
+    rt = build_runtime(plan(model, st(1, 1, 0, model.num_units, rc)), 0, 1, seed=9)
+    model_parallel_cuda_manual_seed(9)  # both forwards start from the seeded RNG states (one stage: seed + 0)
+    want_loss = ref.forward_backward(batches)
+    model_parallel_cuda_manual_seed(9)
+    assert rt.forward_backward(iter(batches)) == pytest.approx(want_loss, rel=1e-6)
+    want, got = ref.grads(), rt.full_grads()
+    assert set(want) == set(got)
+    for k in want:
+        assert torch.allclose(got[k], want[k], rtol=1e-5, atol=1e-7), k
 
 
 # ----- recompute ------------------------------------------------------------------------------------------------
