@@ -12,8 +12,12 @@ precision, ``sbh (10 + 24/t + 5as/(ht))`` under tensor parallelism t without seq
 
     attention unit: 2sbh (norm input) + 2sbh (QKV input) + sbh (dropout mask)   [replicated]
                     + 2sb(q + 2kv)/t (Q, K, V) + 2sbq/t (projection input)      [split]
-                    + 5 a s^2 b / t (scores 2, softmax-dropout mask 1, dropout output 2) -- unfused attention only;
-                      with flash attention (Dao et al. 2022) the s^2 term vanishes: only the fp32 log-sum-exp
+                    + a s^2 b / t (4 + 1 + dt) -- unfused attention only (``unfused_core_bytes``): Korthikanti
+                      count 5 (a 2-byte softmax output, the dropout mask, the dropout output); megatron-core's
+                      softmax runs in fp32 (``attention_softmax_in_fp32``) and, unfused (the runtime keeps
+                      ``masked_softmax_fusion`` off), keeps its fp32 output: 4 + 1 + dt. Without attention dropout
+                      the probs x V product keeps the dt-byte cast of the softmax output instead (none in fp32).
+                      With flash attention (Dao et al. 2022) the s^2 term vanishes: only the fp32 log-sum-exp
                       (4 a s b / t bytes) is kept
     mlp unit:       2sbh + 2sbh + sbh   [replicated]  +  2sbf/t (activation input) + 2sbf/t (fc2 input)   [split]
                     (SwiGLU: the activation input is 2f wide, and the gate multiply also keeps the silu output
@@ -83,12 +87,24 @@ def attention_act_bytes(model: ModelSpec, b: float, s: int, t: int, flash: bool,
     if flash:
         core = 4.0 * a * s * b / t
     else:
-        dropped = (1.0 + dt) * a * s * kv_len * b / t if has_attention_dropout(model) else 0.0
-        core = dt * a * s * kv_len * b / t + dropped
+        core, dropped = unfused_core_bytes(model, b, s, kv_len, t, dt)
     none = replicated + split + core
     selective = replicated + split
     full = dt * s * b * h
     return none, selective, full, none - dropped
+
+
+def unfused_core_bytes(model: ModelSpec, b: float, s: int, kv_len: int, t: int, dt: float) -> tuple[float, float]:
+    """(bytes kept, of which the dropout's mask and output) by megatron-core's unfused attention core, per unit.
+
+    Per score element: the fp32 softmax output, then with attention dropout its 1-byte mask and dt-byte output
+    (kept by the probs x V product); without, the dt-byte copy the product keeps (the same tensor in fp32).
+    """
+    elems = model.num_attention_heads * s * kv_len * b / t
+    if has_attention_dropout(model):
+        dropped = (1.0 + dt) * elems
+        return 4.0 * elems + dropped, dropped
+    return (4.0 + (dt if dt < 4 else 0.0)) * elems, 0.0
 
 
 def mlp_act_bytes(model: ModelSpec, b: float, s: int, t: int, dt: float = 2.0) -> tuple[float, float, float]:

@@ -166,3 +166,37 @@ def test_attn_dropout_core_equals_stock_core(single_process, dtype):
         torch.testing.assert_close(g_rc, g, rtol=0, atol=0)
     size = torch.finfo(dtype).bits // 8
     assert kept - kept_rc == B * heads * S * S * (size + size)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_analytic_unfused_core_bytes_match_stock_core(single_process, dtype, dropout):
+    """The planner's unfused attention core (``search.costmodel.memory.unfused_core_bytes``) keeps what
+    megatron-core's ``DotProductAttention`` keeps (softmax in fp32, unfused), Q/K/V aside. On CPU torch's dropout
+    mask is a noise tensor of the dtype; the model counts CUDA's 1-byte mask, so that difference is added here."""
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from aceso_megatron.profiler.memory import SavedTensors
+    from search.costmodel.memory import unfused_core_bytes
+
+    heads, dim = 4, 8
+    cfg = TransformerConfig(num_layers=1, hidden_size=heads * dim, num_attention_heads=heads,
+                            attention_dropout=dropout, bf16=dtype == torch.bfloat16, params_dtype=dtype,
+                            masked_softmax_fusion=False, use_cpu_initialization=True)
+    core = DotProductAttention(cfg, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
+    model_parallel_cuda_manual_seed(3)
+    q, k, v = (torch.randn(S, B, heads, dim, dtype=dtype, requires_grad=True) for _ in range(3))
+    with SavedTensors(exclude=[q, k, v]) as saved:
+        out = core(q, k, v, None)
+    measured = saved.nbytes
+    del out
+    size = torch.finfo(dtype).bits // 8
+    model = GPT.model_copy(update={"num_attention_heads": heads, "attention_dropout": dropout})
+    kept, dropped = unfused_core_bytes(model, B, S, S, 1, float(size))
+    cpu_mask_extra = (size - 1) * heads * S * S * B if dropout else 0
+    causal_mask = S * S   # megatron-core's cached bool mask, one per sequence length (not per unit or batch)
+    assert measured == kept + cpu_mask_extra + causal_mask
+    assert (dropped > 0) == (dropout > 0)
