@@ -103,3 +103,18 @@ def fall_back_with_te(recompute: list[str], te: bool, stage: int) -> list[str]:
     log.warning("stage %d: attn_dropout on %d unit(s) runs as none: transformer-engine's fused attention keeps "
                 "no dropout mask or probabilities to free", stage, n)
     return ["none" if rc == "attn_dropout" else rc for rc in recompute]
+
+
+def attention_mismatch(plan, te: bool, device: str) -> str | None:
+    """A warning when the plan's prediction assumed another attention kernel than this run uses (GPU only): a plan
+    costed with flash attention keeps s^2 activations per attention unit under megatron-core's local attention."""
+    assumed = plan.predicted.attention if plan.predicted is not None else None
+    runs = "flash" if te else "unfused"
+    if device == "cpu" or assumed is None or assumed == runs:
+        return None
+    if assumed == "flash":
+        return ("the plan was costed with flash attention but transformer-engine is not installed: megatron-core's "
+                "local attention keeps s^2 activations per attention unit, more memory than predicted; install "
+                "transformer-engine or re-plan with `aceso search --attention unfused`")
+    return ("the plan was costed with unfused attention but transformer-engine's fused attention runs: it needs "
+            "less memory and time than predicted; `aceso search --attention flash` may find a faster plan")

@@ -18,6 +18,8 @@ initialisation and of the full-model gradients the tests compare.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from megatron.core import tensor_parallel
 from megatron.core.models.common.embeddings.language_model_embedding import (
@@ -37,10 +39,12 @@ from model_specs.builders import (
 from search.model import ModelSpec, Unit
 from search.plan import ParallelPlan
 
-from .attention import fall_back_with_te, with_recomputed_dropout
+from .attention import attention_mismatch, fall_back_with_te, with_recomputed_dropout
 from .config import stage_config, unit_config
 from .loss import vocab_parallel_cross_entropy
 from .recompute import run_unit
+
+log = logging.getLogger(__name__)
 
 
 class UnitLayer(torch.nn.Module):
@@ -78,6 +82,8 @@ class _Stage(MegatronModule):
         self.share_embeddings_and_output_weights = model.tied_embeddings
         self.input_tensor = None
         self.te = device != "cpu" and have_transformer_engine()
+        if stage == 0 and (msg := attention_mismatch(plan, self.te, device)):
+            log.warning(msg)
         units = []
         for unit, rc in zip(plan.stage_units(stage), fall_back_with_te(st.recompute, self.te, stage)):
             cfg = unit_config(config, unit.kind, rc)

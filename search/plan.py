@@ -79,6 +79,9 @@ class PlanPrediction(BaseModel):
     samples_per_s: float = Field(description="global_batch_size / iteration time.")
     stage_time_ms: list[float] = Field(description="Per stage: its 1F1B total time.")
     stage_memory_mb: list[float] = Field(description="Per stage: peak memory per GPU.")
+    attention: Literal["flash", "unfused"] | None = Field(
+        None, description="Attention kernel the prediction assumed (analytic model): flash = transformer-engine's "
+        "fused attention, unfused = megatron-core's local attention. The runtime warns when it runs the other.")
 
 
 class ParallelPlan(BaseModel):

@@ -20,6 +20,10 @@ class TrainingSpec(BaseModel):
     precision: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Compute and parameter dtype.")
     optimizer: Literal["adam"] = Field("adam", description="Optimizer (Adam: fp32 master weights, m and v).")
     distributed_optimizer: bool = Field(False, description="Shard optimizer states over each stage's DP group.")
+    attention: Literal["auto", "flash", "unfused"] = Field(
+        "auto", description="Attention kernel the analytic model assumes: flash (transformer-engine's fused attention "
+        "in the runtime), unfused (megatron-core's local attention: s^2 activations, no transformer-engine), or auto "
+        "(flash on GPUs that have it: A100, H100, H200).")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingSpec":

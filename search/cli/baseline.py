@@ -25,6 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..planner.api import plan_baseline
     from ..planner.baseline import baseline_plan
+    from ..planner.report import assumed_attention
     model, cluster, training, cm = setup(args)
     res = plan_baseline(cm, training)
     if res is None:
@@ -34,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
         raise AcesoError(f"no uniform configuration fits in memory: the least needs "
                          f"{max(res.stage_memory_mb):.0f} MB per GPU (limit {cm.memory_limit_mb:.0f} MB); raise "
                          "--memory-limit-mb, use more GPUs or a smaller micro-batch")
-    plan = baseline_plan(res, model, cluster, training.global_batch_size, getattr(cm, "kind", "analytic"))
+    plan = baseline_plan(res, model, cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
+                         assumed_attention(cm))
     if args.output:
         write_output(plan.to_json(), args.output)
     info = {"iteration_ms": round(res.iteration_ms, 4),

@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="default: the model's params_dtype")
     p.add_argument("--cost-model", choices=("analytic", "profile", "aceso-compat"), default="analytic")
+    p.add_argument("--attention", choices=("auto", "flash", "unfused"), default=None,
+                   help="analytic model: attention kernel (default: what the plan's prediction assumed, else auto)")
     p.add_argument("--db", default=None, help="profile database (profile) or Aceso database folder (aceso-compat)")
     p.add_argument("--snap", action="store_true", help="reference configs: move boundaries to unit boundaries")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -77,8 +79,10 @@ def _resolve(args: argparse.Namespace, plan: ParallelPlan):
     except pydantic.ValidationError as e:
         raise AcesoError(f"{args.plan}: " + str(as_aceso_error(e))) from None
     precision = args.precision or plan.model.params_dtype
+    attention = args.attention or (plan.predicted.attention if plan.predicted else None) or "auto"
     training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
-                            precision=precision, distributed_optimizer=plan.distributed_optimizer)
+                            precision=precision, distributed_optimizer=plan.distributed_optimizer,
+                            attention=attention)
     return plan, cluster, training
 
 

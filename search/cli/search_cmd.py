@@ -30,6 +30,9 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost-model", choices=("analytic", "profile", "aceso-compat"), default="analytic",
                    help="analytic (default), profile (--db profile database) or aceso-compat (--db Aceso database)")
     p.add_argument("--db", default=None, help="database for --cost-model profile / aceso-compat")
+    p.add_argument("--attention", choices=("auto", "flash", "unfused"), default="auto",
+                   help="analytic model: attention kernel the runtime will use (flash = transformer-engine installed; "
+                        "unfused = without it; auto = flash on A100/H100/H200)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,7 +61,7 @@ def training_from_args(args, model):
         raise AcesoError(f"--global-batch-size ({args.global_batch_size}) must be at least 1")
     try:
         return TrainingSpec(global_batch_size=args.global_batch_size, micro_batch_sizes=args.micro_batch_sizes,
-                            precision=args.precision or model.params_dtype)
+                            precision=args.precision or model.params_dtype, attention=args.attention)
     except pydantic.ValidationError as e:
         raise AcesoError(format_validation_error(e)) from None
 

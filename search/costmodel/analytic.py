@@ -40,6 +40,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..cluster import ClusterSpec
+from ..errors import AcesoError
 from ..model import ModelSpec
 from ..training import TrainingSpec
 from .comm import CommModel
@@ -84,7 +85,10 @@ class AnalyticSource:
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, comm: CommModel):
         self.model, self.cluster, self.training, self.comm = model, cluster, training, comm
         self.eff = GPU_EFFICIENCY.get(cluster.gpu.name, GPU_EFFICIENCY["a100"])
-        self.flash = self.eff.flash_fwd > 0
+        if training.attention == "flash" and not self.eff.flash_fwd > 0:
+            raise AcesoError(f"--attention flash: {cluster.gpu.name} has no flash attention (it needs sm80+, A100 or "
+                             "newer); use --attention auto or unfused")
+        self.flash = self.eff.flash_fwd > 0 if training.attention == "auto" else training.attention == "flash"
         self.dt = 4.0 if training.precision == "fp32" else 2.0
         self.peak = cluster.gpu.peak_tflops(training.precision) * 1e9   # FLOP per ms
         self.hbm = cluster.gpu.hbm_gbps * 1e6                           # bytes per ms

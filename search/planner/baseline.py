@@ -99,12 +99,14 @@ def best_uniform(cm, gbs: int, space: Space, model) -> BaselineResult | None:
     return out
 
 
-def baseline_plan(res: BaselineResult, model, cluster, gbs: int, kind: str) -> ParallelPlan:
+def baseline_plan(res: BaselineResult, model, cluster, gbs: int, kind: str,
+                  attention: str | None = None) -> ParallelPlan:
     stages = [StageSpec(num_gpus=res.tp * res.dp, tp=res.tp, dp=res.dp, start_unit=a, end_unit=b,
                         recompute=[res.recompute] * (b - a)) for a, b in zip(res.bounds[:-1], res.bounds[1:])]
     pred = PlanPrediction(cost_model=kind, iteration_time_ms=round(res.iteration_ms, 6),
                           samples_per_s=round(gbs / res.iteration_ms * 1000, 6),
                           stage_time_ms=[round(t, 6) for t in res.stage_total_ms],
-                          stage_memory_mb=[round(m, 6) for m in res.stage_memory_mb]) if res.fits else None
+                          stage_memory_mb=[round(m, 6) for m in res.stage_memory_mb],
+                          attention=attention) if res.fits else None
     return ParallelPlan(model=model, cluster=cluster, micro_batch_size=res.mbs, global_batch_size=gbs,
                         stages=stages, predicted=pred)

@@ -31,7 +31,13 @@ def progress(total: int, quiet: bool = False):
 
 def to_plan(ev: Evaluation, model, cluster, training, cm):
     return _to_plan(ev, model, cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
-                    training.distributed_optimizer)
+                    training.distributed_optimizer, attention=assumed_attention(cm))
+
+
+def assumed_attention(cm) -> str | None:
+    """The attention kernel a cost model assumed: flash / unfused for the analytic model, else None (measured)."""
+    flash = getattr(getattr(cm, "source", None), "flash", None)
+    return None if flash is None else ("flash" if flash else "unfused")
 
 
 def _rc_text(rc) -> str:

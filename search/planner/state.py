@@ -165,7 +165,7 @@ class Evaluator:
 
 
 def to_plan(ev: Evaluation, model, cluster, gbs: int, cost_model_kind: str, distributed_optimizer: bool = False,
-            predicted: bool = True) -> ParallelPlan:
+            predicted: bool = True, attention: str | None = None) -> ParallelPlan:
     """Build the validated ``ParallelPlan`` of an evaluation (recompute from the stage optimisations)."""
     st = ev.state
     stages = [StageSpec(num_gpus=tp * dp, tp=tp, dp=dp, start_unit=st.bounds[i], end_unit=st.bounds[i + 1],
@@ -177,7 +177,7 @@ def to_plan(ev: Evaluation, model, cluster, gbs: int, cost_model_kind: str, dist
         pred = PlanPrediction(cost_model=cost_model_kind, iteration_time_ms=round(it, 6),
                               samples_per_s=round(gbs / it * 1000, 6),
                               stage_time_ms=[round(t, 6) for t in ev.stage_total_ms],
-                              stage_memory_mb=[round(s.cost.memory_mb, 6) for s in ev.stages])
+                              stage_memory_mb=[round(s.cost.memory_mb, 6) for s in ev.stages], attention=attention)
     return ParallelPlan(model=model, cluster=cluster, micro_batch_size=st.mbs, global_batch_size=gbs,
                         distributed_optimizer=distributed_optimizer, stages=stages, predicted=pred)
 

@@ -112,6 +112,22 @@ def test_attn_dropout_core_and_te_fallback(single_process, caplog):
     assert len(caplog.records) == 1 and "stage 1: attn_dropout on 2 unit(s) runs as none" in caplog.text
 
 
+@pytest.mark.parametrize("assumed,te,device,warns", [
+    ("flash", False, "cuda", "transformer-engine is not installed"), ("flash", True, "cuda", None),
+    ("unfused", True, "cuda", "needs less memory"), ("unfused", False, "cuda", None), ("flash", False, "cpu", None),
+    (None, False, "cuda", None)])
+def test_attention_mismatch_between_plan_and_run(assumed, te, device, warns):
+    """A plan costed with flash attention run without transformer-engine keeps s^2 activations: a warning."""
+    from aceso_megatron.attention import attention_mismatch
+    from search.plan import parse_plan
+
+    raw = plan(GPT, st(1, 1, 0, 4))
+    raw["predicted"] = {"cost_model": "analytic", "iteration_time_ms": 1.0, "samples_per_s": 1.0,
+                        "stage_time_ms": [1.0], "stage_memory_mb": [1.0], "attention": assumed}
+    msg = attention_mismatch(parse_plan(raw), te, device)
+    assert (msg is None) if warns is None else (warns in msg)
+
+
 def test_stage_parameter_count_matches_model_spec(single_process):
     """The stage chunks' parameters add up to ModelSpec.num_parameters (an independent count)."""
     from aceso_megatron.engine import build_runtime

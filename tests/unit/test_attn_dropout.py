@@ -135,3 +135,27 @@ def test_refine_by_counts_equals_brute_force_on_the_compat_model(reference_db, i
     rc, got = refine_by_counts(cost, full, cost(full), kinds, allowed)
     assert got.fits and got.time_per_microbatch_ms == pytest.approx(best, rel=1e-12)
     assert got.time_per_microbatch_ms == pytest.approx(cost(rc).time_per_microbatch_ms, rel=1e-12)
+
+
+# ----- the attention kernel the analytic model assumes (flash = transformer-engine, unfused = local) ----------------
+def test_attention_unfused_on_h100_keeps_the_s2_terms_and_flash_on_v100_is_an_error():
+    from search.costmodel.memory import unfused_core_bytes
+    h100 = parse_cluster("1x4-h100")
+    flash = make_cost_model(GPT, h100, TRAIN).unit_table(1, 1)
+    local = make_cost_model(GPT, h100, TRAIN.model_copy(update={"attention": "unfused"})).unit_table(1, 1)
+    a, s = GPT.num_attention_heads, GPT.seq_length
+    core, _ = unfused_core_bytes(GPT, 1, s, s, 1, 2.0)
+    assert (local.act_mb[0, 0] - flash.act_mb[0, 0]) * MB == pytest.approx(core - 4.0 * a * s, rel=1e-12)
+    assert local.recompute_ms[0, ATTN_DROPOUT] < UNAVAILABLE_MS <= flash.recompute_ms[0, ATTN_DROPOUT]
+    with pytest.raises(AcesoError, match="--attention flash: v100 has no flash attention"):
+        make_cost_model(GPT, parse_cluster("1x4-v100"), TRAIN.model_copy(update={"attention": "flash"}))
+
+
+@pytest.mark.parametrize("extra,want", [((), "flash"), (("--attention", "unfused"), "unfused")])
+def test_search_records_the_attention_it_assumed(tmp_path, extra, want):
+    from search.cli import main
+    out = tmp_path / "plan.json"
+    assert main(["search", "--model", "gpt-350m", "--num-layers", "4", "--cluster", "1x2-h100",
+                 "--global-batch-size", "16", "--budget-evals", "200", "--workers", "1", "--json", *extra,
+                 "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["predicted"]["attention"] == want
