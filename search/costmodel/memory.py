@@ -48,6 +48,7 @@ from ..model import ModelSpec
 MB = float(2**20)
 RESERVE_MB = 1024.0            # CUDA context (~0.5 GB) + cuBLAS/NCCL workspaces (~0.5 GB), per GPU
 FRAGMENTATION = 0.05           # caching-allocator slack on activations (PyTorch allocator, typical 3-8%)
+SOFTMAX_BYTES = 4.0            # per score element kept by megatron-core's unfused softmax (fp32 output)
 
 
 def state_bytes_per_param(precision: str, distributed_optimizer: bool, dp: int) -> tuple[float, float, float]:
@@ -103,8 +104,8 @@ def unfused_core_bytes(model: ModelSpec, b: float, s: int, kv_len: int, t: int, 
     elems = model.num_attention_heads * s * kv_len * b / t
     if has_attention_dropout(model):
         dropped = (1.0 + dt) * elems
-        return 4.0 * elems + dropped, dropped
-    return (4.0 + (dt if dt < 4 else 0.0)) * elems, 0.0
+        return SOFTMAX_BYTES * elems + dropped, dropped
+    return (SOFTMAX_BYTES + (dt if dt < SOFTMAX_BYTES else 0.0)) * elems, 0.0
 
 
 def mlp_act_bytes(model: ModelSpec, b: float, s: int, t: int, dt: float = 2.0) -> tuple[float, float, float]:
