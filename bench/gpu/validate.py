@@ -46,12 +46,15 @@ def model_spec(tiny: bool) -> dict:
 def plans(model: dict, gbs: int) -> dict[str, dict]:
     from search.model import ModelSpec
 
-    n = ModelSpec.model_validate(model).num_units
+    from search.plan import RECOMPUTE_CHOICES, recompute_allowed
+
+    units = ModelSpec.model_validate(model).units
     out = {}
     for mbs in (1, 2):
-        for rc in ("none", "selective", "full"):
+        for rc in RECOMPUTE_CHOICES:  # attn_dropout on the attention units, MLP units none
+            per_unit = [rc if rc in recompute_allowed(u.kind) else "none" for u in units]
             out[f"mbs{mbs}-{rc}"] = {"model": model, "micro_batch_size": mbs, "global_batch_size": gbs, "stages": [
-                {"num_gpus": 1, "tp": 1, "dp": 1, "start_unit": 0, "end_unit": n, "recompute": [rc] * n}]}
+                {"num_gpus": 1, "tp": 1, "dp": 1, "start_unit": 0, "end_unit": len(units), "recompute": per_unit}]}
     return out
 
 

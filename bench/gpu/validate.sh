@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Profile a GPT-1.3B-like model on this GPU, run six 1-GPU plans (recompute none/selective/full x micro-batch
-# 1 and 2) for 10 steps each with `aceso train`, and print the profile cost model's prediction error
+# Profile a GPT-1.3B-like model on this GPU, run eight 1-GPU plans (recompute none/selective/full/attn_dropout x
+# micro-batch 1 and 2) for 10 steps each with `aceso train`, and print the profile cost model's prediction error
 # (targets: time <= 3 %, memory <= 5 %). Results go to $OUT (if set) or bench/results/gpu-validate/.
 # Needs torch with CUDA and megatron-core (pip install -e ".[runtime]", or a CUDA torch + megatron-core); the
 # repository itself is put on PYTHONPATH, so no install (and no network) is needed for it.

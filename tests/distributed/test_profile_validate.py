@@ -1,4 +1,4 @@
-"""bench/gpu/validate.sh without a GPU: ``--dry-run`` prints the profile command and six 1-GPU plans that
+"""bench/gpu/validate.sh without a GPU: ``--dry-run`` prints the profile command and eight 1-GPU plans that
 validate; ``--cpu --tiny`` runs the whole pipeline (profile -> predict -> aceso train -> errors) on one plan."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from search.plan import parse_plan
+from search.plan import RECOMPUTE_CHOICES, parse_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu" / "validate.sh"
@@ -19,13 +19,13 @@ def test_dry_run_plans(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
     assert "profile" in lines[0] and "--tp 1 --micro-batch-sizes 1 2" in lines[0]
-    assert len(lines) == 7 and all(" train " in ln and "--train-iters 10" in ln for ln in lines[1:])
+    assert len(lines) == 9 and all(" train " in ln and "--train-iters 10" in ln for ln in lines[1:])
     recomputes = set()
     for f in sorted(tmp_path.glob("plan-*.json")):
         plan = parse_plan(json.loads(f.read_text()), world_size=1)
         assert plan.model.num_layers == 24 and plan.model.hidden_size == 2048 and plan.model.params_dtype == "bf16"
         recomputes.add((plan.micro_batch_size, plan.stages[0].recompute[0]))
-    assert recomputes == {(m, rc) for m in (1, 2) for rc in ("none", "selective", "full")}
+    assert recomputes == {(m, rc) for m in (1, 2) for rc in RECOMPUTE_CHOICES}
 
 
 def test_cpu_tiny_pipeline(tmp_path):
