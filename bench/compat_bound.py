@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from search.cluster import parse_cluster
 from search.costmodel.types import RC
 from search.planner.api import build_cost_model
-from search.planner.recompute import FILL_ORDER, allowed_codes
+from search.planner.recompute import allowed_codes, count_assignments
 from search.presets import load_model
 from search.training import TrainingSpec
 
@@ -39,17 +39,10 @@ STAGES, GBS, SIZES = 4, 512, range(10, 15)
 
 def best_stage(cm, i, a, b):
     """(time per micro-batch, codes) of the fastest fitting per-kind recompute counts of stage i over [a, b)."""
-    allowed = allowed_codes(cm.model, a, b)
-    groups: dict = {}
-    for u in range(a, b):
-        groups.setdefault(cm.model.units[u].kind, []).append(u - a)
-    options = [[(us, combo) for combo in itertools.combinations_with_replacement(
-        [c for c in (*FILL_ORDER, 0) if c in allowed[us[0]]], len(us))] for us in groups.values()]
+    kinds = [(u.stack, u.kind) for u in cm.model.units[a:b]]
+    _, assignments = count_assignments(kinds, allowed_codes(cm.model, a, b))
     best = (np.inf, None)
-    for pick in itertools.product(*options):
-        rc = np.zeros(b - a, np.int8)
-        for us, combo in pick:
-            rc[us] = combo
+    for rc in assignments:
         c = cm.stage_cost(i, STAGES, i, a, b, 1, 1, rc, 1)
         if c.fits and c.time_per_microbatch_ms < best[0]:
             best = (c.time_per_microbatch_ms, rc)

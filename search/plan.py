@@ -116,8 +116,8 @@ class ParallelPlan(BaseModel):
                     raise ValueError(
                         f"stages[{i}].tp ({st.tp}) must divide {name} ({value}); use a tp that divides it"
                     )
-            for k, rc in enumerate(st.recompute):
-                if rc in ATTENTION_ONLY and m.units[st.start_unit + k].kind == "mlp":
+            for k, (unit, rc) in enumerate(zip(m.units[st.start_unit:st.end_unit], st.recompute)):
+                if rc not in recompute_allowed(unit.kind):
                     raise ValueError(
                         f"stages[{i}].recompute[{k}] is {rc!r} but unit {st.start_unit + k} is an MLP unit; "
                         f"{rc!r} applies to attention units only: use none, selective or full"

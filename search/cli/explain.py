@@ -116,7 +116,8 @@ def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str]
     plan, cluster, training = _resolve(args, plan)
     cost = make_cost_model(plan.model, cluster, training, kind=args.cost_model, db=args.db).evaluate(plan)
     shapes = [{"num_gpus": st.num_gpus, "tp": st.tp, "dp": st.dp, "units": [st.start_unit, st.end_unit],
-               "recompute": {c: st.recompute.count(c) for c in RECOMPUTE_CHOICES if st.recompute.count(c)}} for st in plan.stages]
+               "recompute": {c: st.recompute.count(c) for c in RECOMPUTE_CHOICES if st.recompute.count(c)}}
+              for st in plan.stages]
     out = report(cost, shapes, plan.model.name, plan.micro_batch_size, plan.global_batch_size)
     return out, notes, cluster.label
 

@@ -263,9 +263,10 @@ def refine_recompute(ev: Evaluator, e: Evaluation) -> Evaluation:
         kw = {"prev": st.shapes[i - 1] if i else None, "next": st.shapes[i + 1] if i < S - 1 else None} \
             if ev.neighbours else {}
 
-        def cost(rc, i=i, r=r, tp=tp, dp=dp, kw=kw):
-            return ev.cm.stage_cost(i, S, r, st.bounds[i], st.bounds[i + 1], tp, dp, rc, st.mbs, **kw)
         a, b = st.bounds[i], st.bounds[i + 1]
+
+        def cost(rc, i=i, r=r, a=a, b=b, tp=tp, dp=dp, kw=kw):
+            return ev.cm.stage_cost(i, S, r, a, b, tp, dp, rc, st.mbs, **kw)
         allowed = allowed_codes(ev.cm.model, a, b)
         kinds = [(u.stack, u.kind) for u in ev.cm.model.units[a:b]]
         rc, c = refine_by_counts(cost, e.stages[i].rc, e.stages[i].cost, kinds, allowed)

@@ -22,17 +22,21 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
+from collections.abc import Iterator
 
 import numpy as np
 
-from ..costmodel.types import ATTN_DROPOUT, N_RC, RC_CODE, UNAVAILABLE_MS
+from ..costmodel.types import ATTN_DROPOUT, N_RC, RC, RC_CODE, UNAVAILABLE_MS
 from ..plan import recompute_allowed
 
 CAP = 256
+COUNT_CAP = 4000      # most assignments ``refine_by_counts`` evaluates for one stage
+PEAK_QUANTUM = 0.02   # probed transient peaks are rounded up to this share of the memory limit
 _EYE = np.eye(N_RC, dtype=np.int64)
 FILL_ORDER = (2, 1, ATTN_DROPOUT)   # within a type of identical units: full first, then selective, attn_dropout
 _FRONTIERS: dict[tuple, list] = {}
-# op-level models: cost model -> stage position/shape -> (unit stack and kind, choice) -> (dt, dmem)
+# op-level models: cost model -> stage position/shape -> ((stack, kind), choice, probed on two units) ->
+# (dt, dmem per unit, transient peak)
 _PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -204,7 +208,7 @@ def _optimize_by_probing(cost, n, kinds, c0, limit, probes=None):
     d_t, d_m, d_p = {}, {}, {}
     for k, us in members.items():
         for c in range(1, N_RC):
-            if c == ATTN_DROPOUT and k[1] == "mlp":
+            if RC[c] not in recompute_allowed(k[1]):
                 d_t[k, c], d_m[k, c], d_p[k, c] = UNAVAILABLE_MS, 0.0, 0.0
                 continue
             hit = probes.get((k, c, len(us) > 1)) if probes is not None else None
@@ -296,10 +300,6 @@ def refine_by_local_search(cost, rc: np.ndarray, current, allowed, max_passes: i
     return best_rc, best
 
 
-COUNT_CAP = 4000      # most assignments ``refine_by_counts`` evaluates for one stage
-PEAK_QUANTUM = 0.02   # probed transient peaks are rounded up to this share of the memory limit
-
-
 def refine_by_counts(cost, rc: np.ndarray, current, kinds, allowed, cap: int = COUNT_CAP):
     """Exact over how many units of each kind take each choice (op-level models, final plans).
 
@@ -308,6 +308,20 @@ def refine_by_counts(cost, rc: np.ndarray, current, kinds, allowed, cap: int = C
     recompute segments of neighbouring units merge). Enumerates every count vector when there are at most ``cap``
     of them, else returns the input. Returns (codes, StageCost), never worse than the input.
     """
+    number, assignments = count_assignments(kinds, allowed)
+    if number > cap:
+        return rc, current
+    best_rc, best = rc, current
+    for trial in assignments:
+        c = cost(trial)
+        if c.fits and c.time_per_microbatch_ms < best.time_per_microbatch_ms - 1e-9:
+            best_rc, best = trial, c
+    return best_rc, best
+
+
+def count_assignments(kinds, allowed) -> tuple[int, Iterator[np.ndarray]]:
+    """(how many, an iterator over) the codes of every per-kind choice count: units of one kind (``kinds[u]``)
+    take the chosen choices in ``FILL_ORDER``, the rest none; ``allowed[u]`` = the codes unit u can take."""
     groups: dict = {}
     for u, k in enumerate(kinds):
         groups.setdefault(k, []).append(u)
@@ -315,17 +329,14 @@ def refine_by_counts(cost, rc: np.ndarray, current, kinds, allowed, cap: int = C
     for units in groups.values():
         codes = [c for c in (*FILL_ORDER, 0) if c in allowed[units[0]]]
         options.append([(units, combo) for combo in itertools.combinations_with_replacement(codes, len(units))])
-    if math.prod(len(o) for o in options) > cap:
-        return rc, current
-    best_rc, best = rc, current
-    for pick in itertools.product(*options):
-        trial = np.zeros(len(kinds), np.int8)
-        for units, combo in pick:
-            trial[units] = combo
-        c = cost(trial)
-        if c.fits and c.time_per_microbatch_ms < best.time_per_microbatch_ms - 1e-9:
-            best_rc, best = trial, c
-    return best_rc, best
+
+    def each() -> Iterator[np.ndarray]:
+        for pick in itertools.product(*options):
+            trial = np.zeros(len(kinds), np.int8)
+            for units, combo in pick:
+                trial[units] = combo
+            yield trial
+    return math.prod(len(o) for o in options), each()
 
 
 def has_unit_tables(cm) -> bool:
