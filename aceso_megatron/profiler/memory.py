@@ -25,17 +25,44 @@ def storage_key(t: torch.Tensor) -> tuple[int, int]:
     return s.data_ptr(), s.nbytes()
 
 
-class _Kept:
-    """What autograd keeps instead of a saved tensor while ``SavedTensors`` is active: alive exactly as long as
-    the graph node that saved it (a weak reference tells whether it still is)."""
+class _Wrapped:
+    """What autograd keeps instead of a saved tensor while a ``_SavedHooks`` context is active."""
 
-    __slots__ = ("__weakref__", "t")
+    __slots__ = ("t",)
 
     def __init__(self, t: torch.Tensor):
         self.t = t
 
 
-class SavedTensors:
+class _SavedHooks:
+    """A ``saved_tensors_hooks`` context whose ``_pack`` returns the tensor or a ``_Wrapped`` holding it."""
+
+    _hooks = None
+
+    def _pack(self, t):
+        raise NotImplementedError
+
+    @staticmethod
+    def _unpack(w):
+        return w.t if isinstance(w, _Wrapped) else w
+
+    def __enter__(self) -> Self:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+
+
+class _Kept(_Wrapped):
+    """Held by autograd while ``SavedTensors`` is active: alive exactly as long as the graph node that saved it
+    (a weak reference tells whether it still is)."""
+
+    __slots__ = ("__weakref__",)
+
+
+class SavedTensors(_SavedHooks):
     """Context manager recording the storages autograd saves inside it and still keeps.
 
     Only what a graph node holds counts: torch 2.13 also passes some tensors through the pack hook that no node
@@ -46,7 +73,6 @@ class SavedTensors:
     def __init__(self, exclude: list[torch.Tensor] | None = None, params=()):
         self.skip = {storage_key(t)[0] for t in list(params) + list(exclude or []) if t is not None}
         self.kept: dict[int, list[weakref.ref]] = {}  # storage data pointer at save time -> wrappers
-        self._hooks = None
 
     def _pack(self, t):
         if not isinstance(t, torch.Tensor) or t.device.type == "meta":
@@ -58,18 +84,6 @@ class SavedTensors:
         self.kept.setdefault(ptr, []).append(weakref.ref(kept))
         return kept
 
-    @staticmethod
-    def _unpack(kept):
-        return kept.t if isinstance(kept, _Kept) else kept
-
-    def __enter__(self) -> Self:
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._hooks.__exit__(*exc)
-
     def _live(self, ptr: int) -> torch.Tensor | None:
         return next((k.t for r in self.kept.get(ptr, ()) if (k := r()) is not None), None)
 
@@ -78,7 +92,7 @@ class SavedTensors:
         """Bytes of the kept storages now, each once: a storage released after saving (megatron-core's
         ``CheckpointWithoutOutput`` resizes it to 0 until backward re-materialises it) counts 0."""
         live = (self._live(ptr) for ptr in self.kept)
-        return sum(t.untyped_storage().nbytes() for t in live if t is not None)
+        return sum(tensor_bytes(t) for t in live if t is not None)
 
     def holds(self, t: torch.Tensor) -> bool:
         return self._live(storage_key(t)[0]) is not None
@@ -100,20 +114,21 @@ def peak() -> int:
     return torch.cuda.max_memory_allocated()
 
 
-class _Held:
-    """What autograd keeps instead of a saved tensor while ``LiveSaved`` is active; frees its count on release."""
+class _Held(_Wrapped):
+    """Held by autograd while ``LiveSaved`` is active; frees its count on release."""
 
-    __slots__ = ("owner", "ptr", "t")
+    __slots__ = ("owner", "ptr")
 
     def __init__(self, t, owner, ptr):
-        self.t, self.owner, self.ptr = t, owner, ptr
+        super().__init__(t)
+        self.owner, self.ptr = owner, ptr
 
     def __del__(self):
         if self.ptr:
             self.owner._release(self.ptr)
 
 
-class LiveSaved:
+class LiveSaved(_SavedHooks):
     """Live bytes of saved activations over a whole training step, and their peak (CPU memory accounting).
 
     Every tensor autograd saves is wrapped in a holder; the storage counts while any holder of it is alive (the
@@ -128,7 +143,6 @@ class LiveSaved:
         self.sizes: dict[int, int] = {}
         self.live = 0
         self.peak = 0
-        self._hooks = None
 
     def _pack(self, t):
         if not isinstance(t, torch.Tensor):
@@ -150,15 +164,3 @@ class LiveSaved:
             self.live -= self.sizes.pop(ptr, 0)
         else:
             self.refs[ptr] = n
-
-    @staticmethod
-    def _unpack(h):
-        return h.t if isinstance(h, _Held) else h
-
-    def __enter__(self) -> Self:
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._hooks.__exit__(*exc)
