@@ -1,11 +1,20 @@
-"""``ParallelPlan``: the contract between the search and the runtime.
+"""``ParallelPlan``: the contract between the search and the runtime (schema version 2).
 
-A plan is an ordered list of pipeline stages. Stage ``s`` owns a contiguous block of ranks (stages in order);
-inside a stage, TP groups are blocks of ``tp`` adjacent ranks and DP groups are strided by ``tp`` (as in Megatron
-and Aceso). Each stage covers a contiguous span of sub-layer units (``search.model.Unit``), ``[start_unit,
-end_unit)``, with one recompute choice per unit. ``micro_batch_size`` is the pipeline micro-batch: a stage with DP
-``d`` runs ``micro_batch_size / d`` samples per rank, so stages of different DP exchange the same micro-batch.
+A plan is an ordered list of pipeline stages (pipeline ranks). Stage ``s`` owns a contiguous block of
+``tp * cp * dp`` ranks (stages in order); inside a stage ranks are ordered as in Megatron (``tp-cp-dp``): TP groups
+are blocks of ``tp`` adjacent ranks, CP groups are strided by ``tp``, DP groups by ``tp * cp``. A stage holds one or
+more model chunks (``chunks``; more than one = the interleaved schedule, Megatron's virtual pipeline stages): with
+``S`` stages and ``v`` chunks each, model chunk ``k`` of the ``S * v`` chunks is chunk ``k // S`` of stage
+``k % S``, and the chunks cover the model's sub-layer units (``search.model.Unit``) in order, each its own
+contiguous span ``[start_unit, end_unit)`` with one recompute choice per unit; spans may be uneven.
 
+``micro_batch_size`` is the pipeline micro-batch: a stage with DP ``d`` runs ``micro_batch_size / d`` samples per
+rank (Megatron-LM's per-rank ``--micro-batch-size``), so stages of different DP exchange the same micro-batch.
+Per stage: ``cp`` (context parallelism) and ``sequence_parallel``; per plan: ``distributed_optimizer``,
+``overlap_grad_reduce``, ``overlap_param_gather``, ``tp_comm_overlap``.
+
+Version 1 plans (one span per stage, none of the v2 features) are read and converted (``READS_VERSIONS``); a stage
+may still be written in the v1 form (``start_unit``/``end_unit``/``recompute``), which means one chunk.
 The committed JSON Schema ``docs/plan.schema.json`` is generated from these classes (``python -m search.plan``).
 """
 
@@ -22,10 +31,12 @@ from .cluster import ClusterSpec
 from .errors import AcesoError, as_aceso_error, read_json
 from .model import ModelSpec, Unit
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READS_VERSIONS = (1, 2)     # v1 plans (one span per stage, no SP/CP/overlap) are converted on read
 Recompute = Literal["none", "selective", "full", "attn_dropout"]
 RECOMPUTE_CHOICES: tuple[Recompute, ...] = ("none", "selective", "full", "attn_dropout")
 ATTENTION_ONLY: frozenset[str] = frozenset({"attn_dropout"})   # choices an MLP unit cannot take
+_SPAN_KEYS = ("start_unit", "end_unit", "recompute")
 
 
 def recompute_allowed(kind: str) -> tuple[Recompute, ...]:
@@ -33,15 +44,12 @@ def recompute_allowed(kind: str) -> tuple[Recompute, ...]:
     return tuple(c for c in RECOMPUTE_CHOICES if kind != "mlp" or c not in ATTENTION_ONLY)
 
 
-class StageSpec(BaseModel):
-    """One pipeline stage."""
+class ChunkSpec(BaseModel):
+    """One model chunk (a virtual pipeline stage): a contiguous span of units and one recompute choice per unit."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    num_gpus: int = Field(gt=0, description="GPUs of this stage (= tp * dp).")
-    tp: int = Field(gt=0, description="Tensor-parallel degree inside the stage.")
-    dp: int = Field(gt=0, description="Data-parallel degree inside the stage.")
-    start_unit: int = Field(ge=0, description="First sub-layer unit of the stage (inclusive).")
+    start_unit: int = Field(ge=0, description="First sub-layer unit of the chunk (inclusive).")
     end_unit: int = Field(ge=0, description="One past the last sub-layer unit (exclusive).")
     recompute: list[Recompute] = Field(
         description="Per unit of the span: none | selective (attention core and activation function recomputed) "
@@ -50,9 +58,7 @@ class StageSpec(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "StageSpec":
-        if self.tp * self.dp != self.num_gpus:
-            raise ValueError(f"tp ({self.tp}) * dp ({self.dp}) must equal num_gpus ({self.num_gpus})")
+    def _check(self) -> "ChunkSpec":
         if self.end_unit <= self.start_unit:
             raise ValueError(
                 f"span [{self.start_unit}, {self.end_unit}) is empty; end_unit must exceed start_unit"
@@ -69,6 +75,85 @@ class StageSpec(BaseModel):
         return self.end_unit - self.start_unit
 
 
+class StageSpec(BaseModel):
+    """One pipeline stage (one pipeline rank): its GPUs, their parallel shape, and its model chunks.
+
+    Ranks inside a stage are ordered as in Megatron (``tp-cp-dp``): TP groups are blocks of ``tp`` adjacent ranks,
+    CP groups strided by ``tp``, DP groups strided by ``tp * cp``. A stage of an interleaved plan holds ``v``
+    chunks: chunk ``j`` of stage ``s`` is model chunk ``j * num_stages + s``. A one-chunk stage may be written
+    with ``start_unit``/``end_unit``/``recompute`` directly instead of ``chunks`` (the v1 form).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    num_gpus: int = Field(gt=0, description="GPUs of this stage (= tp * cp * dp).")
+    tp: int = Field(gt=0, description="Tensor-parallel degree inside the stage.")
+    cp: int = Field(1, gt=0, description="Context-parallel degree: the sequence is split over cp ranks (ring "
+                    "attention exchanges K/V).")
+    dp: int = Field(gt=0, description="Data-parallel degree inside the stage.")
+    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism over the TP group (tp > 1): "
+                                    "norms, dropouts and residuals run on s/tp tokens; TP all-reduces become "
+                                    "reduce-scatter + all-gather.")
+    chunks: list[ChunkSpec] = Field(min_length=1, description="The stage's model chunks (virtual stages) in "
+                                    "order: one for a non-interleaved plan.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_chunk_form(cls, data):
+        """``start_unit``/``end_unit``/``recompute`` at the stage level (v1 form) become its single chunk."""
+        if isinstance(data, dict) and "chunks" not in data and any(k in data for k in _SPAN_KEYS):
+            data = dict(data)
+            data["chunks"] = [{k: data.pop(k) for k in _SPAN_KEYS if k in data}]
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> "StageSpec":
+        if self.tp * self.cp * self.dp != self.num_gpus:
+            what = f"tp ({self.tp}) * cp ({self.cp}) * dp ({self.dp})" if self.cp > 1 else \
+                f"tp ({self.tp}) * dp ({self.dp})"
+            raise ValueError(f"{what} must equal num_gpus ({self.num_gpus})")
+        if self.sequence_parallel and self.tp < 2:
+            raise ValueError("sequence_parallel needs tp > 1 (it splits the sequence over the TP group); "
+                             "set it false or raise tp")
+        return self
+
+    # ----- the single-chunk view (non-interleaved plans) ----------------------------------------------------------
+    def _single(self) -> ChunkSpec:
+        if len(self.chunks) != 1:
+            raise ValueError(f"the stage holds {len(self.chunks)} virtual chunks; iterate stage.chunks")
+        return self.chunks[0]
+
+    @property
+    def start_unit(self) -> int:
+        return self._single().start_unit
+
+    @property
+    def end_unit(self) -> int:
+        return self._single().end_unit
+
+    @property
+    def recompute(self) -> list[Recompute]:
+        return self._single().recompute
+
+    @property
+    def num_units(self) -> int:
+        """Units of all the stage's chunks."""
+        return sum(c.num_units for c in self.chunks)
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def spans(self) -> tuple[tuple[int, int], ...]:
+        return tuple((c.start_unit, c.end_unit) for c in self.chunks)
+
+    @property
+    def all_recompute(self) -> list[Recompute]:
+        """Recompute choices of all chunks, chunk after chunk."""
+        return [r for c in self.chunks for r in c.recompute]
+
+
 class PlanPrediction(BaseModel):
     """What the cost model predicted for the plan (informational)."""
 
@@ -77,7 +162,7 @@ class PlanPrediction(BaseModel):
     cost_model: str = Field(description="analytic | profile | aceso-compat.")
     iteration_time_ms: float = Field(description="Predicted time of one optimizer step.")
     samples_per_s: float = Field(description="global_batch_size / iteration time.")
-    stage_time_ms: list[float] = Field(description="Per stage: its 1F1B total time.")
+    stage_time_ms: list[float] = Field(description="Per stage: its pipeline total time (critical path through it).")
     stage_memory_mb: list[float] = Field(description="Per stage: peak memory per GPU.")
     attention: Literal["flash", "unfused"] | None = Field(
         None, description="Attention kernel the prediction assumed (analytic model): flash = transformer-engine's "
@@ -87,56 +172,93 @@ class PlanPrediction(BaseModel):
 class ParallelPlan(BaseModel):
     """A heterogeneous pipeline-parallel plan for one model."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    schema_version: Literal[1] = Field(SCHEMA_VERSION, description="Plan format version.")
+    schema_version: Literal[2] = Field(SCHEMA_VERSION, description="Plan format version (v1 plans are converted "
+                                       "on read).")
     model: ModelSpec = Field(description="The model the plan is for.")
     cluster: ClusterSpec | None = Field(None, description="The cluster the plan was made for, if known.")
-    micro_batch_size: int = Field(gt=0, description="Pipeline micro-batch, samples (before a stage's DP split).")
+    micro_batch_size: int = Field(gt=0, description="Pipeline micro-batch, samples, before a stage's DP split: "
+                                  "stage i runs micro_batch_size / dp_i samples per rank (Megatron's per-rank "
+                                  "--micro-batch-size).")
     global_batch_size: int = Field(gt=0, description="Samples per optimizer step.")
-    distributed_optimizer: bool = Field(False, description="Optimizer states sharded over each stage's DP group.")
+    distributed_optimizer: bool = Field(False, description="Optimizer states (and the fp32 master weights) sharded "
+                                        "over each stage's DP (x CP) group; gradients reduce-scattered, parameters "
+                                        "all-gathered (megatron-core use_distributed_optimizer).")
+    overlap_grad_reduce: bool = Field(False, description="DP gradient reduction in buckets overlapped with the "
+                                      "backward pass (megatron-core DDP overlap_grad_reduce).")
+    overlap_param_gather: bool = Field(False, description="Distributed optimizer only: the parameter all-gather "
+                                       "overlapped with the next forward pass (overlap_param_gather).")
+    tp_comm_overlap: bool = Field(False, description="Transformer-engine's TP communication / GEMM overlap "
+                                  "(GPU with transformer-engine only; needs sequence_parallel on every tp > 1 "
+                                  "stage).")
     stages: list[StageSpec] = Field(min_length=1, description="Pipeline stages in order.")
     predicted: PlanPrediction | None = Field(None, description="Cost-model prediction, if any.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_v1(cls, data):
+        """A v1 plan (schema_version 1) is the same plan with every v2 feature off: convert it."""
+        if isinstance(data, dict) and data.get("schema_version") == 1:
+            data = {**data, "schema_version": SCHEMA_VERSION}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelPlan":
         m = self.model
-        expected = 0
+        S, v = self.num_stages, self.num_virtual_stages
         for i, st in enumerate(self.stages):
-            if st.start_unit != expected:
-                what = "overlaps the previous stage" if st.start_unit < expected else "leaves a gap"
+            if st.num_chunks != v:
+                raise ValueError(f"stages[{i}] has {st.num_chunks} chunks but stages[0] has {v}; every stage "
+                                 "holds the same number of virtual chunks")
+        expected = 0
+        for s, j, ch in self.chunks_in_order():
+            where = f"stages[{s}]" + (f".chunks[{j}]" if v > 1 else "")
+            if ch.start_unit != expected:
+                what = "overlaps the previous chunk" if ch.start_unit < expected else "leaves a gap"
+                order = f" (model chunk {j * S + s} starts where chunk {j * S + s - 1} ends)" if v > 1 else ""
                 raise ValueError(
-                    f"stages[{i}].start_unit ({st.start_unit}) {what}; it must be {expected} "
-                    "(stages cover every unit once, in order)"
+                    f"{where}.start_unit ({ch.start_unit}) {what}; it must be {expected} "
+                    f"(stages cover every unit once, in order{order})"
                 )
-            expected = st.end_unit
-            for name, value in (("num_attention_heads", m.num_attention_heads),
-                                ("num_query_groups", m.groups), ("ffn_hidden_size", m.ffn_hidden_size)):
-                if value % st.tp:
-                    raise ValueError(
-                        f"stages[{i}].tp ({st.tp}) must divide {name} ({value}); use a tp that divides it"
-                    )
-            for k, (unit, rc) in enumerate(zip(m.units[st.start_unit:st.end_unit], st.recompute)):
+            expected = ch.end_unit
+            if expected > m.num_units:
+                raise ValueError(f"{where}.end_unit ({expected}) is past the model's {m.num_units} units")
+            for k, (unit, rc) in enumerate(zip(m.units[ch.start_unit:ch.end_unit], ch.recompute)):
                 if rc not in recompute_allowed(unit.kind):
                     raise ValueError(
-                        f"stages[{i}].recompute[{k}] is {rc!r} but unit {st.start_unit + k} is an MLP unit; "
+                        f"{where}.recompute[{k}] is {rc!r} but unit {ch.start_unit + k} is an MLP unit; "
                         f"{rc!r} applies to attention units only: use none, selective or full"
                     )
-            if self.micro_batch_size % st.dp:
-                raise ValueError(
-                    f"stages[{i}].dp ({st.dp}) must divide micro_batch_size ({self.micro_batch_size}); "
-                    "raise micro_batch_size or lower dp"
-                )
         if expected != m.num_units:
             raise ValueError(
                 f"stages[-1].end_unit ({expected}) must be {m.num_units}: the model {m.name} has "
                 f"{m.num_units} units; stages must cover all of them"
             )
+        for i, st in enumerate(self.stages):
+            _check_stage_shape(m, i, st)
+            if self.micro_batch_size % st.dp:
+                raise ValueError(
+                    f"stages[{i}].dp ({st.dp}) must divide micro_batch_size ({self.micro_batch_size}); "
+                    "raise micro_batch_size or lower dp"
+                )
         if self.global_batch_size % self.micro_batch_size:
             raise ValueError(
                 f"global_batch_size ({self.global_batch_size}) must be a multiple of micro_batch_size "
                 f"({self.micro_batch_size})"
             )
+        if v > 1:
+            _check_interleaving(self)
+        if self.overlap_param_gather and not self.distributed_optimizer:
+            raise ValueError("overlap_param_gather needs distributed_optimizer (it overlaps the distributed "
+                             "optimizer's parameter all-gather); set distributed_optimizer true or turn it off")
+        if self.tp_comm_overlap:
+            bad = [i for i, st in enumerate(self.stages) if st.tp > 1 and not st.sequence_parallel]
+            if bad or all(st.tp == 1 for st in self.stages):
+                raise ValueError(
+                    "tp_comm_overlap needs sequence_parallel on every stage with tp > 1"
+                    + (f" (stages[{bad[0]}] has it off)" if bad else " and at least one such stage")
+                    + "; turn sequence_parallel on or tp_comm_overlap off")
         if self.cluster is not None:
             check_fits_cluster(self, self.cluster)
         return self
@@ -147,12 +269,27 @@ class ParallelPlan(BaseModel):
         return len(self.stages)
 
     @property
+    def num_virtual_stages(self) -> int:
+        """Model chunks per stage (``v``; 1 = no interleaving). Megatron-LM's
+        ``--num-virtual-stages-per-pipeline-rank``."""
+        return self.stages[0].num_chunks
+
+    def chunks_in_order(self) -> list[tuple[int, int, ChunkSpec]]:
+        """``(stage, chunk index in the stage, chunk)`` in model order: model chunk ``j * S + s``."""
+        S = self.num_stages
+        return [(s, j, self.stages[s].chunks[j]) for j in range(self.num_virtual_stages) for s in range(S)]
+
+    @property
     def world_size(self) -> int:
         return sum(s.num_gpus for s in self.stages)
 
     @property
     def num_micro_batches(self) -> int:
         return self.global_batch_size // self.micro_batch_size
+
+    def micro_batch_per_rank(self, stage: int) -> int:
+        """Samples per rank and micro-batch on ``stage`` (Megatron's ``--micro-batch-size``)."""
+        return self.micro_batch_size // self.stages[stage].dp
 
     def first_rank(self, stage: int) -> int:
         return sum(s.num_gpus for s in self.stages[:stage])
@@ -165,11 +302,49 @@ class ParallelPlan(BaseModel):
         raise ValueError(f"rank {rank} is outside the plan's {self.world_size} ranks")
 
     def stage_units(self, stage: int) -> tuple[Unit, ...]:
-        st = self.stages[stage]
-        return self.model.units[st.start_unit:st.end_unit]
+        """The units of all the stage's chunks, chunk after chunk."""
+        return tuple(u for c in self.stages[stage].chunks for u in self.model.units[c.start_unit:c.end_unit])
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2, exclude_none=True) + "\n"
+
+
+def _check_stage_shape(m: ModelSpec, i: int, st: StageSpec) -> None:
+    """TP must split heads, query groups and FFN; SP and CP must split the sequence(s)."""
+    for name, value in (("num_attention_heads", m.num_attention_heads),
+                        ("num_query_groups", m.groups), ("ffn_hidden_size", m.ffn_hidden_size)):
+        if value % st.tp:
+            raise ValueError(f"stages[{i}].tp ({st.tp}) must divide {name} ({value}); use a tp that divides it")
+    seqs = [("seq_length", m.seq_length)] + ([("decoder_seq_length", m.decoder_seq_length)] if m.is_t5 else [])
+    if st.cp > 1:
+        if m.is_t5:
+            raise ValueError(f"stages[{i}].cp ({st.cp}): megatron-core's T5Model has no context parallelism; "
+                             "use cp 1")
+        split = 2 * st.cp    # causal masking: megatron-core balances the load over 2*cp sequence chunks
+        if m.seq_length % split:
+            raise ValueError(f"stages[{i}].cp ({st.cp}): with causal masking 2*cp ({split}) must divide "
+                             f"seq_length ({m.seq_length}); use a cp that does")
+    if st.sequence_parallel:
+        for name, s in seqs:
+            if (s // st.cp) % st.tp:
+                per = f"seq_length / cp ({s // st.cp})" if st.cp > 1 else f"{name} ({s})"
+                raise ValueError(f"stages[{i}].sequence_parallel: tp ({st.tp}) must divide {per}; "
+                                 "turn sequence_parallel off or use another tp")
+
+
+def _check_interleaving(plan: ParallelPlan) -> None:
+    """megatron-core's interleaved 1F1B (``forward_backward_pipelining_with_interleaving``, 0.16)."""
+    S, v, M = plan.num_stages, plan.num_virtual_stages, plan.num_micro_batches
+    if plan.model.is_t5:
+        raise ValueError(f"stages[0].chunks: {v} virtual chunks per stage, but megatron-core's interleaved "
+                         "schedule does not run encoder-decoder (T5) models; use one chunk per stage")
+    if S < 2:
+        raise ValueError(f"stages[0].chunks: {v} virtual chunks need at least 2 pipeline stages (there is 1); "
+                         "use one chunk")
+    if M % S:
+        raise ValueError(f"{v} virtual chunks per stage: the number of micro-batches (global_batch_size / "
+                         f"micro_batch_size = {M}) must be a multiple of the {S} stages (megatron-core's "
+                         "interleaved schedule runs them in groups of num_stages); change the batch sizes")
 
 
 def check_fits_cluster(plan: ParallelPlan, cluster: ClusterSpec) -> None:
@@ -185,7 +360,7 @@ def check_fits_cluster(plan: ParallelPlan, cluster: ClusterSpec) -> None:
                 f"stages[{i}].tp ({st.tp}) exceeds gpus_per_node ({cluster.gpus_per_node}); TP stays inside a node"
             )
         first = plan.first_rank(i)
-        for j in range(st.dp):
+        for j in range(st.cp * st.dp):
             lo = first + j * st.tp
             if cluster.node_of(lo) != cluster.node_of(lo + st.tp - 1):
                 raise ValueError(
@@ -201,10 +376,10 @@ def load_plan(path: str | Path, world_size: int | None = None) -> ParallelPlan:
 
 
 def parse_plan(raw: object, world_size: int | None = None, source: str = "plan") -> ParallelPlan:
-    if isinstance(raw, dict) and raw.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+    if isinstance(raw, dict) and raw.get("schema_version", SCHEMA_VERSION) not in READS_VERSIONS:
         raise AcesoError(
-            f"{source}: schema_version {raw.get('schema_version')} is not supported (this version reads "
-            f"{SCHEMA_VERSION}); regenerate the plan"
+            f"{source}: schema_version {raw.get('schema_version')!r} is not supported (this version reads "
+            f"{', '.join(map(str, READS_VERSIONS))}); regenerate the plan"
         )
     try:
         plan = ParallelPlan.model_validate(raw)
@@ -236,20 +411,26 @@ def even_split(num_items: int, num_parts: int) -> list[int]:
 
 def uniform_plan(model: ModelSpec, num_stages: int, tp: int, dp: int, micro_batch_size: int,
                  global_batch_size: int, recompute: Recompute = "none",
-                 cluster: ClusterSpec | None = None) -> ParallelPlan:
-    """A Megatron-style plan: every stage tp x dp, whole layers split as evenly as possible.
+                 cluster: ClusterSpec | None = None, cp: int = 1, sequence_parallel: bool = False,
+                 num_virtual_stages: int = 1, **features: bool) -> ParallelPlan:
+    """A Megatron-style plan: every stage tp x cp x dp, whole layers split as evenly as possible over the
+    ``num_stages * num_virtual_stages`` model chunks; ``features``: the plan-level switches
+    (``distributed_optimizer``, ``overlap_grad_reduce``, ``overlap_param_gather``, ``tp_comm_overlap``).
 
-    Units are grouped per layer (2 units; T5 decoder layers 3), so stage boundaries fall between layers.
+    Units are grouped per layer (2 units; T5 decoder layers 3), so chunk boundaries fall between layers.
     """
     starts = model.layer_starts
     num_layers = len(starts) - 1
-    if num_stages > num_layers:
-        raise AcesoError(f"num_stages ({num_stages}) exceeds the model's {num_layers} layers")
-    stages, li = [], 0
-    for n_layers in even_split(num_layers, num_stages):
-        lo, hi = starts[li], starts[li + n_layers]
+    num_chunks = num_stages * num_virtual_stages
+    if num_chunks > num_layers:
+        raise AcesoError(f"num_stages * num_virtual_stages ({num_chunks}) exceeds the model's {num_layers} layers")
+    spans, li = [], 0
+    for n_layers in even_split(num_layers, num_chunks):
+        spans.append((starts[li], starts[li + n_layers]))
         li += n_layers
-        stages.append(StageSpec(num_gpus=tp * dp, tp=tp, dp=dp, start_unit=lo, end_unit=hi,
-                                recompute=[recompute] * (hi - lo)))
+    stages = [StageSpec(num_gpus=tp * cp * dp, tp=tp, cp=cp, dp=dp, sequence_parallel=sequence_parallel,
+                        chunks=[ChunkSpec(start_unit=lo, end_unit=hi, recompute=[recompute] * (hi - lo))
+                                for lo, hi in spans[s::num_stages]])
+              for s in range(num_stages)]
     return ParallelPlan(model=model, cluster=cluster, micro_batch_size=micro_batch_size,
-                        global_batch_size=global_batch_size, stages=stages)
+                        global_batch_size=global_batch_size, stages=stages, **features)

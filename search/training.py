@@ -1,4 +1,11 @@
-"""Training settings that shape the cost: batch sizes, precision, optimizer."""
+"""Training settings that shape the cost and the search space: batch sizes, precision, optimizer, and which of
+megatron-core's parallel features the search may use.
+
+``micro_batch_sizes`` are *per-rank* micro-batch candidates (Megatron-LM's ``--micro-batch-size``): a stage with DP
+``d`` then runs pipeline micro-batches of ``b * d`` samples (``ParallelPlan.micro_batch_size``), so data
+parallelism is limited only by the GPUs and the global batch. A feature switch set to ``None`` lets the search
+decide; ``True``/``False`` fixes it for every plan the search considers.
+"""
 
 from __future__ import annotations
 
@@ -15,25 +22,44 @@ class TrainingSpec(BaseModel):
     global_batch_size: int = Field(gt=0, description="Samples per optimizer step.")
     micro_batch_sizes: list[int] = Field(
         default_factory=lambda: [1, 2, 4, 8], min_length=1,
-        description="Candidate pipeline micro-batch sizes (samples per micro-batch, before a stage's DP split).",
+        description="Candidate per-rank micro-batch sizes (Megatron-LM's --micro-batch-size; a stage with DP d "
+                    "runs pipeline micro-batches of size * d samples).",
     )
     precision: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Compute and parameter dtype.")
     optimizer: Literal["adam"] = Field("adam", description="Optimizer (Adam: fp32 master weights, m and v).")
-    distributed_optimizer: bool = Field(False, description="Shard optimizer states over each stage's DP group.")
     attention: Literal["auto", "flash", "unfused"] = Field(
         "auto", description="Attention kernel the analytic model assumes: flash (transformer-engine's fused attention "
         "in the runtime), unfused (megatron-core's local attention: s^2 activations, no transformer-engine), or auto "
-        "(flash on GPUs that have it: A100, H100, H200).")
+        "(flash on GPUs that have it: A100, H100, H200, B200).")
+    # ----- parallel features the search may use (None: searched) --------------------------------------------------
+    distributed_optimizer: bool | None = Field(None, description="Shard optimizer states over each stage's DP "
+                                               "group; None = the search decides.")
+    sequence_parallel: bool | None = Field(None, description="Sequence parallelism on stages with tp > 1; None = "
+                                           "the search decides per stage.")
+    overlap_grad_reduce: bool | None = Field(None, description="Overlap the DP gradient reduction with backward; "
+                                             "None = the search decides.")
+    overlap_param_gather: bool | None = Field(None, description="Overlap the distributed optimizer's parameter "
+                                              "all-gather with forward; None = the search decides.")
+    tp_comm_overlap: bool = Field(False, description="Transformer-engine TP communication overlap (GPU with "
+                                  "transformer-engine only): off unless asked for.")
+    context_parallel_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1,
+                                              description="Candidate context-parallel degrees.")
+    uniform_cp: bool = Field(True, description="Keep cp equal across stages (False: each stage may differ).")
+    virtual_stages: list[int] = Field(default_factory=lambda: [1, 2], min_length=1,
+                                      description="Candidate model chunks per stage (interleaved 1F1B; 1 = off).")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingSpec":
-        for m in self.micro_batch_sizes:
-            if m < 1:
-                raise ValueError(f"micro_batch_sizes: {m} is not a positive integer")
+        for name in ("micro_batch_sizes", "context_parallel_sizes", "virtual_stages"):
+            for m in getattr(self, name):
+                if m < 1:
+                    raise ValueError(f"{name}: {m} is not a positive integer")
         usable = [m for m in self.micro_batch_sizes if self.global_batch_size % m == 0]
         if not usable:
             raise ValueError(
                 f"micro_batch_sizes: none of {self.micro_batch_sizes} divides global_batch_size "
                 f"({self.global_batch_size}); add a divisor"
             )
+        if self.overlap_param_gather and self.distributed_optimizer is False:
+            raise ValueError("overlap_param_gather needs the distributed optimizer; do not turn it off")
         return self

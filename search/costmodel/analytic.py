@@ -78,9 +78,19 @@ class UnitCost(NamedTuple):
 
 
 class AnalyticSource:
-    """Produces ``UnitTable``s for (per-rank batch, tp) from the roofline above."""
+    """Produces ``UnitTable``s for (per-rank batch, tp, cp, sp) from the roofline above.
+
+    Sequence parallelism (Korthikanti et al. 2023, section 4.2.2): the norms, dropouts and residual adds run on
+    ``s / t`` tokens per rank (their bytes and activations / t) and every TP all-reduce becomes a reduce-scatter
+    plus an all-gather of the same ring volume (so the same time). Context parallelism (megatron-core / TE ring
+    attention): every token-linear kernel runs on ``s / cp`` tokens; the causal attention core of ``s / cp``
+    queries against all ``s`` keys, load-balanced (half the score matrix), with ``cp - 1`` ring steps that each
+    pass a ``s / cp`` chunk of K and V (backward: K, V and their gradients) overlapped with the core's compute:
+    only what the core does not cover is exposed.
+    """
 
     name = "analytic"
+    features = ("sequence_parallel", "context_parallel")
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, comm: CommModel):
         self.model, self.cluster, self.training, self.comm = model, cluster, training, comm
@@ -100,7 +110,21 @@ class AnalyticSource:
         return max(t_c, t_m) + KERNEL_OVERHEAD_MS
 
     def _tp_ar(self, b: float, s: int, t: int) -> float:
+        """One TP all-reduce of the ``s b h`` activation (with SP: reduce-scatter + all-gather, the same ring time)."""
         return self.comm.all_reduce(self.dt * s * b * self.model.hidden_size, t)
+
+    def _cp_ring(self, b: float, s: float, t: int, cp: int, core_f: float, core_b: float) -> tuple[float, float]:
+        """Exposed (fwd, bwd) ms of ring attention's K/V exchange: ``cp - 1`` steps of one ``s / cp`` chunk of K and
+        V (backward also dK, dV), each hidden behind its step's share of the attention core."""
+        if cp <= 1:
+            return 0.0, 0.0
+        m = self.model
+        chunk = 2 * self.dt * s * b * m.groups * m.head_dim / t      # K and V of this rank's s/cp tokens
+        inter = t * cp > self.cluster.gpus_per_node
+        step_f = self.comm.p2p(chunk, inter)
+        step_b = self.comm.p2p(2 * chunk, inter)
+        per_f, per_b = core_f / cp, core_b / cp
+        return (cp - 1) * max(0.0, step_f - per_f), (cp - 1) * max(0.0, step_b - per_b)
 
     def _core(self, b: float, s: int, kv_len: int, t: int, causal: bool) -> tuple[float, float, float]:
         """Attention core (scores, softmax, dropout, context): (fwd, bwd, attn_dropout recompute) ms."""
@@ -120,28 +144,31 @@ class AnalyticSource:
             rec_drop = drop + self._k(flops / 2, eff=self.eff.bmm)
         return fwd, bwd, rec_drop
 
-    def attention(self, b: float, s: int, t: int, kv_len: int | None = None, causal: bool = True) -> UnitCost:
+    def attention(self, b: float, s: int, t: int, kv_len: int | None = None, causal: bool = True,
+                  cp: int = 1, sp: bool = False) -> UnitCost:
+        """``s``: this rank's tokens (the sequence / cp); ``kv_len``: cross-attention's encoder tokens."""
         m, dt = self.model, self.dt
         h, q, kv = m.hidden_size, m.num_attention_heads * m.head_dim, m.groups * m.head_dim
         cross = kv_len is not None
         kv_len = kv_len or s
         sbh = s * b * h
-        ew = 2 * dt * sbh + (3 * dt + 1) * sbh                      # norm + bias-dropout-add
+        ew = (2 * dt * sbh + (3 * dt + 1) * sbh) / (t if sp else 1)   # norm + bias-dropout-add
         if m.position_embedding == "rope" and not cross:
             ew += 2 * dt * s * b * (q + kv) / t
         gemm = 2.0 * b * (s * h * q + kv_len * h * 2 * kv) / t + 2.0 * s * b * q * h / t
-        core_f, core_b, rec_drop = self._core(b, s, kv_len, t, causal and not cross)
+        core_f, core_b, rec_drop = self._core(b, s, kv_len * (cp if not cross else 1), t, causal and not cross)
+        ring_f, ring_b = self._cp_ring(b, s, t, cp, core_f, core_b)
         ar = self._tp_ar(b, s, t)
-        fwd = self._k(gemm) + self._k(nbytes=ew) + core_f + ar
-        bwd = self._k(2 * gemm) + self._k(nbytes=1.5 * ew) + core_b + ar
-        return UnitCost(fwd, bwd, core_f, fwd, 2 * ar, rec_drop)
+        fwd = self._k(gemm) + self._k(nbytes=ew) + core_f + ring_f + ar
+        bwd = self._k(2 * gemm) + self._k(nbytes=1.5 * ew) + core_b + ring_b + ar
+        return UnitCost(fwd, bwd, core_f + ring_f, fwd, 2 * ar + ring_f + ring_b, rec_drop)
 
-    def mlp(self, b: float, s: int, t: int) -> UnitCost:
+    def mlp(self, b: float, s: int, t: int, sp: bool = False) -> UnitCost:
         m, dt = self.model, self.dt
         h, f = m.hidden_size, m.ffn_hidden_size
         up = 2 * f if m.activation == "swiglu" else f
         sbh = s * b * h
-        ew = 2 * dt * sbh + (3 * dt + 1) * sbh
+        ew = (2 * dt * sbh + (3 * dt + 1) * sbh) / (t if sp else 1)
         act_bytes = (3 if m.activation == "swiglu" else 2) * dt * s * b * f / t
         gemm = 2.0 * s * b * h * (up + f) / t
         act_f = self._k(nbytes=act_bytes)
@@ -150,11 +177,11 @@ class AnalyticSource:
         bwd = self._k(2 * gemm) + self._k(nbytes=1.5 * (ew + act_bytes)) + ar
         return UnitCost(fwd, bwd, act_f, fwd, 2 * ar)
 
-    def embedding(self, b: float, s: int, t: int) -> tuple[float, float]:
+    def embedding(self, b: float, s: int, t: int, sp: bool = False) -> tuple[float, float]:
         m, dt = self.model, self.dt
         sbh = s * b * m.hidden_size
         vh = m.padded_vocab_size * m.hidden_size / t
-        fwd = self._k(nbytes=(3 * dt + 1) * sbh) + self._tp_ar(b, s, t)
+        fwd = self._k(nbytes=(3 * dt + 1) * sbh / (t if sp else 1)) + self._tp_ar(b, s, t)
         bwd = self._k(nbytes=2 * dt * vh + 3 * dt * sbh)
         return fwd, bwd
 
@@ -169,18 +196,22 @@ class AnalyticSource:
         return fwd, bwd
 
     # ----- the table ---------------------------------------------------------------------------------------------
-    def unit_table(self, batch: float, tp: int) -> UnitTable:
-        return _build_table(self, float(batch), int(tp))
+    def unit_table(self, batch: float, tp: int, cp: int = 1, sp: bool = False) -> UnitTable:
+        if cp > 1 and not self.flash:
+            raise AcesoError(f"context parallelism (cp {cp}) needs transformer-engine's fused attention; the "
+                             "unfused (local) attention has none: use --attention flash or cp 1")
+        return _build_table(self, float(batch), int(tp), int(cp), bool(sp))
 
 
-def _seqs(model: ModelSpec) -> tuple[int, int]:
-    return model.seq_length, (model.decoder_seq_length if model.is_t5 else model.seq_length)
+def _seqs(model: ModelSpec, cp: int = 1) -> tuple[int, int]:
+    """Tokens per rank of the encoder (GPT: the only) and decoder sequences under context parallelism ``cp``."""
+    return model.seq_length // cp, (model.decoder_seq_length if model.is_t5 else model.seq_length) // cp
 
 
-def _unit_rows(src: AnalyticSource, b: float, t: int):
+def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool):
     """Per-unit (UnitCost, act bytes (3,)) keyed by (stack, kind): each distinct kind is computed once."""
     m, dt = src.model, src.dt
-    s_enc, s_dec = _seqs(m)
+    s_enc, s_dec = _seqs(m, cp)
     rows = {}
     for u in m.units:
         key = (u.stack, u.kind)
@@ -189,20 +220,21 @@ def _unit_rows(src: AnalyticSource, b: float, t: int):
         s = s_enc if u.stack == "encoder" else s_dec
         causal = not (m.is_t5 and u.stack == "encoder")
         if u.kind == "mlp":
-            rows[key] = (src.mlp(b, s, t), mlp_act_bytes(m, b, s, t, dt))
+            rows[key] = (src.mlp(b, s, t, sp), mlp_act_bytes(m, b, s, t, dt, sp))
         elif u.kind == "cross_attention":
-            rows[key] = (src.attention(b, s, t, kv_len=s_enc),
-                         attention_act_bytes(m, b, s, t, src.flash, kv_len=s_enc, dt=dt))
+            rows[key] = (src.attention(b, s, t, kv_len=s_enc, sp=sp),
+                         attention_act_bytes(m, b, s, t, src.flash, kv_len=s_enc, dt=dt, sp=sp))
         else:
-            cost = src.attention(b, s, t, causal=causal)
-            rows[key] = (cost, attention_act_bytes(m, b, s, t, src.flash, dt=dt))
+            cost = src.attention(b, s, t, causal=causal, cp=cp, sp=sp)
+            rows[key] = (cost, attention_act_bytes(m, b, s, t, src.flash, dt=dt, sp=sp))
     return rows
 
 
-def _build_table(src: AnalyticSource, b: float, t: int) -> UnitTable:
+def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = False) -> UnitTable:
     m, dt = src.model, src.dt
-    s_enc, s_dec = _seqs(m)
-    rows = _unit_rows(src, b, t)
+    s_enc, s_dec = _seqs(m, cp)
+    rows = _unit_rows(src, b, t, cp, sp)
+    r = t if sp else 1          # SP: what TP replicates (norm/dropout/residual tensors) is split over the TP group
     n = m.num_units
     fwd, bwd, tpc = np.zeros(n), np.zeros(n), np.zeros(n)
     rec, act, peak = np.zeros((n, N_RC)), np.zeros((n, N_RC)), np.zeros((n, N_RC))
@@ -214,25 +246,25 @@ def _build_table(src: AnalyticSource, b: float, t: int) -> UnitTable:
         act[i] = np.asarray((*a, a[0])[:N_RC]) / MB      # an MLP has no attn_dropout: its none row
         peak[i] = act[i, 0] - act[i]
         params[i] = _unit_params_per_rank(m, u.kind, t)
-    boundary = np.full(n + 1, dt * s_dec * b * m.hidden_size / MB)
+    boundary = np.full(n + 1, dt * s_dec * b * m.hidden_size / MB / r)   # SP: the sequence-sharded activation
     if m.is_t5:  # encoder boundaries carry the encoder activation; decoder ones also carry the encoder output
-        boundary[:m.num_encoder_units + 1] = dt * s_enc * b * m.hidden_size / MB
-        boundary[m.num_encoder_units + 1:] += dt * s_enc * b * m.hidden_size / MB
-    emb_f, emb_b = src.embedding(b, s_enc, t)
+        boundary[:m.num_encoder_units + 1] = dt * s_enc * b * m.hidden_size / MB / r
+        boundary[m.num_encoder_units + 1:] += dt * s_enc * b * m.hidden_size / MB / r
+    emb_f, emb_b = src.embedding(b, s_enc, t, sp)
     head_f, head_b = src.head(b, s_dec, t)
     sbv = s_dec * b * m.padded_vocab_size / t
     return UnitTable(
         batch=b, tp=t, fwd_ms=fwd, bwd_ms=bwd, recompute_ms=rec, act_mb=act, peak_mb=peak,
         weight_params=params, boundary_mb=boundary,
         embed_fwd_ms=emb_f, embed_bwd_ms=emb_b, embed_params=m.embedding_params() / t,
-        embed_act_mb=(s_enc * b * m.hidden_size * (1 if m.hidden_dropout > 0 else 0)) / MB,
+        embed_act_mb=(s_enc * b * m.hidden_size * (1 if m.hidden_dropout > 0 else 0)) / MB / r,
         head_fwd_ms=head_f, head_bwd_ms=head_b, head_params=m.output_params() / t,
-        # final-norm input + logits input (2 sbh dt) and the fp32 softmax kept by the vocab-parallel loss
-        head_act_mb=(2 * dt * s_dec * b * m.hidden_size + 4.0 * sbv) / MB,
+        # final-norm input (SP: sharded) + logits input (dt sbh) and the fp32 softmax kept by the vocab-parallel loss
+        head_act_mb=(dt * s_dec * b * m.hidden_size * (1 + 1 / r) + 4.0 * sbv) / MB,
         head_peak_mb=(dt + 4.0) * sbv / MB,
         tp_comm_ms=tpc,
         word_embed_params=m.padded_vocab_size * m.hidden_size / t if m.tied_embeddings else 0.0,
-        encoder_output_mb=dt * s_enc * b * m.hidden_size / MB if m.is_t5 else 0.0,
+        encoder_output_mb=dt * s_enc * b * m.hidden_size / MB / r if m.is_t5 else 0.0,
     )
 
 

@@ -32,9 +32,9 @@ from ..errors import AcesoError
 from ..model import ModelSpec
 from ..training import TrainingSpec
 from .comm import CommModel
-from .memory import FRAGMENTATION, MB, RESERVE_MB, in_flight, state_bytes_per_param
-from .pipeline import one_f_one_b
-from .types import N_RC, RC_CODE, PipelineCost, PlanCost, StageCost, UnitTable
+from .memory import FRAGMENTATION, MB, RESERVE_MB, in_flight_per_chunk, state_bytes_per_param
+from .pipeline import interleaved_one_f_one_b, one_f_one_b
+from .types import ALL_FEATURES, N_RC, RC_CODE, Features, PipelineCost, PlanCost, Shape, StageCost, UnitTable
 
 OPT_BYTES_PER_PARAM = {"bf16": 28.0, "fp16": 28.0, "fp32": 32.0}
 OPT_MEM_EFFICIENCY = 0.8
@@ -55,6 +55,28 @@ class _Prepared(NamedTuple):
     base3: np.ndarray        # (U,) = N_RC * u
     boundary: list[float]
     cross_first: int         # first unit that reads the encoder output (T5 decoder), else U
+
+
+class _Static(NamedTuple):
+    """The recompute-independent terms of one stage (memoised by ``CostModel.stage_cost``)."""
+
+    fwd: float
+    bwd: float
+    p2p: float
+    sync: float
+    opt: float
+    tpc: float
+    act_extra: float          # embedding / head / encoder-output MB, already times their chunks' in-flight counts
+    in_flight: tuple[int, ...]   # micro-batches in flight per chunk at the stage's peak
+    w_mb: float
+    g_mb: float
+    o_mb: float
+    buf: float
+    head_peak: float
+    ideal: float
+    chunk_fwd: tuple[float, ...]
+    chunk_bwd: tuple[float, ...]
+    chunk_p2p: tuple[float, ...]
 
 
 def _prepare(t: UnitTable, cross_first: int) -> _Prepared:
@@ -102,34 +124,56 @@ class CostModel:
             OPT_BYTES_PER_PARAM[training.precision] / (cluster.gpu.hbm_gbps * 1e6 * OPT_MEM_EFFICIENCY))
         cross = [i for i, u in enumerate(model.units) if u.kind == "cross_attention"]
         self._cross_first = cross[0] if cross else model.num_units
+        self._default_features = Features(distributed_optimizer=bool(training.distributed_optimizer))
         self.warnings: list[str] = []
+        # what this cost model prices beyond a v1 plan: the source's sequence/context parallelism, the rest here
+        self.features = frozenset(ALL_FEATURES - {"sequence_parallel", "context_parallel"}) | \
+            frozenset(getattr(source, "features", ()))
 
     # ----- tables -------------------------------------------------------------------------------------------------
-    def _prepared(self, batch: float, tp: int) -> _Prepared:
-        key = (batch, tp)
+    def _prepared(self, batch: float, tp: int, cp: int = 1, sp: bool = False) -> _Prepared:
+        key = (batch, tp, cp, sp)
         p = self._prep.get(key)
         if p is None:
-            if batch <= 0 or tp < 1:
-                raise AcesoError(f"per-rank batch ({batch}) and tp ({tp}) must be positive")
-            p = self._prep[key] = _prepare(self.source.unit_table(batch, tp), self._cross_first)
+            if batch <= 0 or tp < 1 or cp < 1:
+                raise AcesoError(f"per-rank batch ({batch}), tp ({tp}) and cp ({cp}) must be positive")
+            if (cp > 1 and "context_parallel" not in self.features) or (sp and "sequence_parallel" not in self.features):
+                raise AcesoError(f"the {self.kind} cost model cannot price "
+                                 f"{'context' if cp > 1 else 'sequence'} parallelism; use the analytic model")
+            table = self.source.unit_table(batch, tp, cp=cp, sp=sp) if (cp > 1 or sp) else \
+                self.source.unit_table(batch, tp)
+            p = self._prep[key] = _prepare(table, self._cross_first)
         return p
 
-    def unit_table(self, batch: float, tp: int) -> UnitTable:
-        return self._prepared(batch, tp).table
+    def unit_table(self, batch: float, tp: int, cp: int = 1, sp: bool = False) -> UnitTable:
+        return self._prepared(batch, tp, cp, sp).table
 
     # ----- one stage ----------------------------------------------------------------------------------------------
     def stage_cost(self, stage_index: int, num_stages: int, first_rank: int, start_unit: int, end_unit: int,
                    tp: int, dp: int, recompute: np.ndarray, micro_batch_size: int,
-                   prev: tuple[int, int] | None = None, next: tuple[int, int] | None = None,
-                   num_micro_batches: int | None = None) -> StageCost:
-        """Cost of one stage; ``prev``/``next`` = (tp, dp) of the neighbours (default: the same as this stage).
+                   prev: tuple | None = None, next: tuple | None = None,
+                   num_micro_batches: int | None = None, *, cp: int = 1, sp: bool = False,
+                   spans: tuple[tuple[int, int], ...] | None = None, features: Features | None = None) -> StageCost:
+        """Cost of one stage (pipeline rank) of ``tp * cp * dp`` GPUs.
+
+        ``prev``/``next``: the neighbours' shapes, ``(tp, dp)`` or ``(tp, dp, cp, sp)`` (default: this stage's);
+        with interleaving these are the ring neighbours (stage ``i - 1`` and ``i + 1`` modulo ``num_stages``).
+        ``spans``: the stage's model chunks ``((start, end), ...)`` for an interleaved plan (chunk ``j`` is model
+        chunk ``j * num_stages + stage_index``; ``start_unit``/``end_unit`` are then ignored) and ``recompute`` is
+        the chunks' codes one after the other. ``features``: the plan-level switches (default: the training spec's
+        distributed optimizer, everything else off).
 
         Two memoised parts (pure functions of their keys): everything that does not depend on the recompute
         choices, and the (recompute ms, activation MB, peak MB) sums of a span under one recompute vector.
         """
-        b = micro_batch_size / dp
-        key = (stage_index, num_stages, first_rank, start_unit, end_unit, tp, dp, micro_batch_size, prev, next,
-               num_micro_batches)
+        if spans is None:
+            spans = ((start_unit, end_unit),)
+        if features is None:
+            features = self._default_features
+        me = Shape(tp, dp, cp, sp)
+        prev, next = Shape.of(prev), Shape.of(next)
+        key = (stage_index, num_stages, first_rank, spans, me, micro_batch_size, prev, next, num_micro_batches,
+               features)
         st = self._static_cache.get(key)
         if st is None:
             st = self._static(*key)
@@ -138,75 +182,112 @@ class CostModel:
             self._static_cache[key] = st
         if type(recompute) is not np.ndarray:
             recompute = np.asarray(recompute, dtype=np.int8)
-        skey = (b, tp, start_unit, end_unit, recompute.tobytes())
-        hit = self._span_cache.get(skey)
-        if hit is None:
-            hit = _span_sums(self._prepared(b, tp), start_unit, end_unit, recompute)
-            if len(self._span_cache) > SPAN_CACHE_SIZE:
-                self._span_cache.clear()
-            self._span_cache[skey] = hit
-        rec, act, rpeak = hit
-        fwd, bwd, p2p, sync, opt, tpc, act_extra, factor, w_mb, g_mb, o_mb, buf, head_peak, ideal = st
-        if head_peak > rpeak:
-            rpeak = head_peak
-        acts = (act + act_extra) * factor
-        total = w_mb + g_mb + o_mb + acts + rpeak + buf + RESERVE_MB
-        mem = {"params": w_mb, "grads": g_mb, "optimizer": o_mb, "activations": acts, "recompute_peak": rpeak,
-               "p2p_buffers": buf, "reserve": RESERVE_MB}
-        return StageCost(fwd_ms=fwd, bwd_ms=bwd, recompute_ms=rec, p2p_ms=p2p, dp_sync_ms=sync, optimizer_ms=opt,
-                         memory_mb=total, memory_breakdown=mem, fits=total <= self.memory_limit_mb, tp_comm_ms=tpc,
-                         ideal_ms=ideal)
+        b = micro_batch_size / dp
+        rec = act = rpeak = 0.0
+        chunk_rec, pos = [], 0
+        for (a, e), n_j in zip(spans, st.in_flight):
+            rc = recompute[pos:pos + e - a] if len(spans) > 1 else recompute
+            pos += e - a
+            skey = (b, tp, cp, sp, a, e, rc.tobytes())
+            hit = self._span_cache.get(skey)
+            if hit is None:
+                hit = _span_sums(self._prepared(b, tp, cp, sp), a, e, rc)
+                if len(self._span_cache) > SPAN_CACHE_SIZE:
+                    self._span_cache.clear()
+                self._span_cache[skey] = hit
+            rec += hit[0]
+            act += hit[1] * n_j
+            if hit[2] > rpeak:
+                rpeak = hit[2]
+            chunk_rec.append(hit[0])
+        if pos != len(recompute) and len(spans) > 1:
+            raise ValueError(f"recompute has {len(recompute)} codes for the {pos} units of the stage's chunks")
+        if st.head_peak > rpeak:
+            rpeak = st.head_peak
+        acts = (act + st.act_extra) * (1 + FRAGMENTATION)
+        total = st.w_mb + st.g_mb + st.o_mb + acts + rpeak + st.buf + RESERVE_MB
+        mem = {"params": st.w_mb, "grads": st.g_mb, "optimizer": st.o_mb, "activations": acts,
+               "recompute_peak": rpeak, "p2p_buffers": st.buf, "reserve": RESERVE_MB}
+        cf = cb = ()
+        if len(spans) > 1:
+            cf = tuple(f + p / 2 for f, p in zip(st.chunk_fwd, st.chunk_p2p))
+            cb = tuple(bw + r + p / 2 for bw, r, p in zip(st.chunk_bwd, chunk_rec, st.chunk_p2p))
+        return StageCost(fwd_ms=st.fwd, bwd_ms=st.bwd, recompute_ms=rec, p2p_ms=st.p2p, dp_sync_ms=st.sync,
+                         optimizer_ms=st.opt, memory_mb=total, memory_breakdown=mem,
+                         fits=total <= self.memory_limit_mb, tp_comm_ms=st.tpc, ideal_ms=st.ideal,
+                         chunk_fwd_ms=cf, chunk_bwd_ms=cb)
 
-    def _static(self, stage_index, num_stages, first_rank, start_unit, end_unit, tp, dp, mbs, prev, next, m):
-        """The recompute-independent part of a stage: times, sync, and the memory terms."""
-        p = self._prepared(mbs / dp, tp)
+    def _static(self, stage_index, num_stages, first_rank, spans, me, mbs, prev, next, m, features) -> _Static:
+        """The recompute-independent part of a stage: times per chunk, sync, and the memory terms."""
+        tp, dp, cp, sp = me
+        p = self._prepared(mbs / dp, tp, cp, sp)
         t = p.table
-        first, last = stage_index == 0, stage_index == num_stages - 1
-        fwd = p.cum_fwd[end_unit] - p.cum_fwd[start_unit]
-        bwd = p.cum_bwd[end_unit] - p.cum_bwd[start_unit]
-        params = p.cum_params[end_unit] - p.cum_params[start_unit]
-        act = head_peak = 0.0
-        if first:
-            fwd += t.embed_fwd_ms
-            bwd += t.embed_bwd_ms
-            params += t.embed_params
-            act += t.embed_act_mb
-        if last:
-            fwd += t.head_fwd_ms
-            bwd += t.head_bwd_ms
-            params += t.head_params
-            act += t.head_act_mb
-            head_peak = t.head_peak_mb
-            if num_stages > 1:
-                params += t.word_embed_params
-        if end_unit > p.cross_first:
-            act += t.encoder_output_mb
-        n = tp * dp
-        p2p = buf = 0.0
-        if not first:
-            ms, mb = self._boundary(p.boundary[start_unit] * dp, prev or (tp, dp), (tp, dp),
-                                    first_rank - (prev[0] * prev[1] if prev else n), first_rank + n - 1)
-            p2p += 2 * ms
-            buf += mb
-        if not last:
-            ms, mb = self._boundary(p.boundary[end_unit] * dp, (tp, dp), next or (tp, dp),
-                                    first_rank, first_rank + n + (next[0] * next[1] if next else n) - 1)
-            p2p += 2 * ms
-            buf += mb
+        S, v = num_stages, len(spans)
+        n = me.num_gpus
+        M = m or self.training.global_batch_size // mbs
+        prev, next = prev or me, next or me
+        chunk_fwd, chunk_bwd, chunk_p2p = [], [], []
+        params = act = head_peak = buf = tpc = ideal = 0.0
+        in_fl = in_flight_per_chunk(stage_index, S, v, M)
+        for j, (a, e) in enumerate(spans):
+            act0 = act
+            k = j * S + stage_index                 # the model chunk
+            first, last = k == 0, k == S * v - 1
+            fwd = p.cum_fwd[e] - p.cum_fwd[a]
+            bwd = p.cum_bwd[e] - p.cum_bwd[a]
+            params += p.cum_params[e] - p.cum_params[a]
+            tpc += p.cum_tpc[e] - p.cum_tpc[a]
+            if first:
+                fwd += t.embed_fwd_ms
+                bwd += t.embed_bwd_ms
+                params += t.embed_params
+                act += t.embed_act_mb
+            if last:
+                fwd += t.head_fwd_ms
+                bwd += t.head_bwd_ms
+                params += t.head_params
+                act += t.head_act_mb
+                head_peak = t.head_peak_mb
+                if S > 1:
+                    params += t.word_embed_params
+            if e > p.cross_first:
+                act += t.encoder_output_mb
+            act = act0 + (act - act0) * in_fl[j]
+            p2p = 0.0
+            if not first:   # receive from the previous chunk (stage i - 1, or the last stage when wrapping)
+                wrap = stage_index == 0
+                lo = first_rank - prev.num_gpus
+                ms, mb = self._boundary(p.boundary[a] * dp, prev, me, lo, first_rank + n - 1, wrap)
+                p2p += 2 * ms
+                buf += mb
+            if not last:
+                wrap = stage_index == S - 1
+                ms, mb = self._boundary(p.boundary[e] * dp, me, next, first_rank,
+                                        first_rank + n + next.num_gpus - 1, wrap)
+                p2p += 2 * ms
+                buf += mb
+            chunk_fwd.append(fwd)
+            chunk_bwd.append(bwd)
+            chunk_p2p.append(p2p)
+            if self.kind == "analytic":
+                ideal += self._ideal(first, last, a, e, mbs, n)
+            else:
+                ideal += fwd + bwd
+        if self.kind != "analytic":
+            ideal -= tpc
         # per iteration
-        dp_inter = dp > 1 and self.comm.spans_nodes(first_rank, first_rank + n - 1)
-        sync = self.comm.all_reduce(params * self._g, dp, dp_inter)
-        if (first or last) and num_stages > 1 and t.word_embed_params:
+        dpc = dp * cp       # gradients are reduced, and optimizer states sharded, over the DP x CP group
+        dp_inter = dpc > 1 and self.comm.spans_nodes(first_rank, first_rank + n - 1)
+        sync = self.comm.all_reduce(params * self._g, dpc, dp_inter)
+        holds_ends = stage_index in (0, S - 1)
+        if holds_ends and S > 1 and t.word_embed_params:
             sync += self.comm.all_reduce(t.word_embed_params * self._g, 2, self.cluster.num_nodes > 1)
-        dist = self.training.distributed_optimizer
-        opt = params * self._opt_ms_per_param / (dp if dist else 1)
-        # memory
-        factor = in_flight(stage_index, num_stages, m or self.training.global_batch_size // mbs) * (1 + FRAGMENTATION)
-        opt_b = self._opt / dp if dist else self._opt
-        tpc = p.cum_tpc[end_unit] - p.cum_tpc[start_unit]
-        return (fwd, bwd, p2p, sync, opt, tpc, act, factor, params * self._w / MB, params * self._g / MB,
-                params * opt_b / MB, buf, head_peak,
-                self._ideal(first, last, start_unit, end_unit, mbs, n) if self.kind == "analytic" else fwd + bwd - tpc)
+        dist = features.distributed_optimizer
+        opt = params * self._opt_ms_per_param / (dpc if dist else 1)
+        opt_b = self._opt / dpc if dist else self._opt
+        return _Static(sum(chunk_fwd), sum(chunk_bwd), sum(chunk_p2p), sync, opt, tpc, act, in_fl,
+                       params * self._w / MB, params * self._g / MB, params * opt_b / MB, buf, head_peak, ideal,
+                       tuple(chunk_fwd), tuple(chunk_bwd), tuple(chunk_p2p))
 
     def _ideal(self, first: bool, last: bool, start: int, end: int, mbs: int, n: int) -> float:
         """fwd + bwd of the stage's work on one GPU at the whole micro-batch, divided by its GPUs (analytic only:
@@ -217,35 +298,44 @@ class CostModel:
         ms += (t.embed_fwd_ms + t.embed_bwd_ms if first else 0.0) + (t.head_fwd_ms + t.head_bwd_ms if last else 0.0)
         return ms / n
 
-    def _boundary(self, full_mb_per_dp1: float, send: tuple[int, int], recv: tuple[int, int],
-                  lo_rank: int, hi_rank: int) -> tuple[float, float]:
-        """One direction of one boundary: (ms, receive-buffer MB). ``full_mb_per_dp1`` = MB of the micro-batch."""
+    def _boundary(self, full_mb_per_dp1: float, send: Shape, recv: Shape, lo_rank: int, hi_rank: int,
+                  wrap: bool = False) -> tuple[float, float]:
+        """One direction of one boundary: (ms, receive-buffer MB). ``full_mb_per_dp1`` = MB of the micro-batch.
+        ``wrap``: the interleaved schedule's last-stage -> first-stage hop (across nodes on a multi-node cluster)."""
         x = full_mb_per_dp1
-        recv_mb = x / recv[1]
-        send_mb = recv[0] * x / (send[0] * send[1])
-        inter = self.comm.spans_nodes(max(lo_rank, 0), hi_rank)
+        recv_mb = x / recv.dp
+        send_mb = recv.tp * x / (send.tp * send.dp)
+        inter = self.cluster.num_nodes > 1 if wrap else self.comm.spans_nodes(max(lo_rank, 0), hi_rank)
         return self.comm.p2p(max(recv_mb, send_mb) * MB, inter), recv_mb
 
     # ----- the pipeline ------------------------------------------------------------------------------------------
     def pipeline(self, stage_costs: list[StageCost], num_micro_batches: int) -> PipelineCost:
+        sync = [s.dp_sync_ms + s.optimizer_ms for s in stage_costs]
+        if stage_costs[0].chunk_fwd_ms:
+            return interleaved_one_f_one_b([list(s.chunk_fwd_ms) for s in stage_costs],
+                                           [list(s.chunk_bwd_ms) for s in stage_costs], sync, num_micro_batches)
         fwd = [s.fwd_ms + s.p2p_ms / 2 for s in stage_costs]
         bwd = [s.bwd_ms + s.recompute_ms + s.p2p_ms / 2 for s in stage_costs]
-        sync = [s.dp_sync_ms + s.optimizer_ms for s in stage_costs]
         return one_f_one_b(fwd, bwd, sync, num_micro_batches)
 
     # ----- a whole plan ------------------------------------------------------------------------------------------
     def stage_costs(self, plan) -> list[StageCost]:
-        """Every stage of a ``ParallelPlan``, with each boundary's real neighbour shapes."""
+        """Every stage of a ``ParallelPlan``, with each boundary's real neighbour shapes and the plan's features."""
         self._check_plan(plan)
         st, k = plan.stages, plan.num_stages
+        ring = plan.num_virtual_stages > 1
+        feats = Features.of_plan(plan)
         out = []
         for i, s in enumerate(st):
-            rc = np.fromiter((RC_CODE[r] for r in s.recompute), dtype=np.int8, count=len(s.recompute))
+            rc = np.fromiter((RC_CODE[r] for r in s.all_recompute), dtype=np.int8, count=s.num_units)
+            prev = st[i - 1] if i or ring else None
+            nxt = st[(i + 1) % k] if i < k - 1 or ring else None
             out.append(self.stage_cost(
-                i, k, plan.first_rank(i), s.start_unit, s.end_unit, s.tp, s.dp, rc, plan.micro_batch_size,
-                prev=(st[i - 1].tp, st[i - 1].dp) if i else None,
-                next=(st[i + 1].tp, st[i + 1].dp) if i < k - 1 else None,
-                num_micro_batches=plan.num_micro_batches))
+                i, k, plan.first_rank(i), s.chunks[0].start_unit, s.chunks[-1].end_unit, s.tp, s.dp, rc,
+                plan.micro_batch_size, prev=Shape.of(prev) if k > 1 and prev is not None else None,
+                next=Shape.of(nxt) if k > 1 and nxt is not None else None,
+                num_micro_batches=plan.num_micro_batches, cp=s.cp, sp=s.sequence_parallel,
+                spans=s.spans if ring else None, features=feats))
         return out
 
     def evaluate(self, plan) -> PlanCost:

@@ -69,7 +69,7 @@ def _has_hidden_dropout(model: ModelSpec) -> bool:
 
 
 def attention_act_bytes(model: ModelSpec, b: float, s: int, t: int, flash: bool, kv_len: int | None = None,
-                        dt: float = 2.0) -> tuple[float, float, float, float]:
+                        dt: float = 2.0, sp: bool = False) -> tuple[float, float, float, float]:
     """Bytes kept by one attention (or cross-attention, ``kv_len`` = encoder tokens) unit: (none, selective, full,
     attn_dropout); attn_dropout equals none where it frees nothing (flash attention, no attention dropout).
 
@@ -81,8 +81,9 @@ def attention_act_bytes(model: ModelSpec, b: float, s: int, t: int, flash: bool,
     kv = model.groups * model.head_dim
     a = model.num_attention_heads
     kv_len = kv_len or s
+    r = t if sp else 1     # sequence parallelism splits what TP replicates
     mask = 1.0 * s * b * h if _has_hidden_dropout(model) else 0.0
-    replicated = 2 * dt * s * b * h + mask
+    replicated = (2 * dt * s * b * h + mask) / r
     split = dt * b * (s * q + 2 * kv_len * kv) / t + dt * s * b * q / t
     dropped = 0.0   # the probability dropout's mask and output
     if flash:
@@ -91,7 +92,7 @@ def attention_act_bytes(model: ModelSpec, b: float, s: int, t: int, flash: bool,
         core, dropped = unfused_core_bytes(model, b, s, kv_len, t, dt)
     none = replicated + split + core
     selective = replicated + split
-    full = dt * s * b * h
+    full = dt * s * b * h / r
     return none, selective, full, none - dropped
 
 
@@ -108,12 +109,14 @@ def unfused_core_bytes(model: ModelSpec, b: float, s: int, kv_len: int, t: int, 
     return (SOFTMAX_BYTES + (dt if dt < SOFTMAX_BYTES else 0.0)) * elems, 0.0
 
 
-def mlp_act_bytes(model: ModelSpec, b: float, s: int, t: int, dt: float = 2.0) -> tuple[float, float, float]:
+def mlp_act_bytes(model: ModelSpec, b: float, s: int, t: int, dt: float = 2.0,
+                  sp: bool = False) -> tuple[float, float, float]:
     """Bytes kept by one MLP unit: (none, selective, full)."""
     h, f = model.hidden_size, model.ffn_hidden_size
     up = 2 * f if model.activation == "swiglu" else f
+    r = t if sp else 1
     mask = 1.0 * s * b * h if _has_hidden_dropout(model) else 0.0
-    replicated = 2 * dt * s * b * h + mask
+    replicated = (2 * dt * s * b * h + mask) / r
     act_in = dt * s * b * up / t
     fc2_in = dt * s * b * f / t
     act_out = dt * s * b * f / t  # what selective recompute drops: gelu's output (= fc2 input) or silu's output
@@ -122,10 +125,35 @@ def mlp_act_bytes(model: ModelSpec, b: float, s: int, t: int, dt: float = 2.0) -
     else:
         none = replicated + act_in + fc2_in
     selective = none - act_out
-    full = dt * s * b * h
+    full = dt * s * b * h / r
     return none, selective, full
 
 
 def in_flight(stage_index: int, num_stages: int, num_micro_batches: int) -> int:
     """Micro-batches whose activations a stage holds at its peak under 1F1B (Narayanan et al. 2021, 2.2)."""
     return max(1, min(num_stages - stage_index, num_micro_batches))
+
+
+def interleaved_warmup(stage_index: int, num_stages: int, num_chunks: int, num_micro_batches: int) -> int:
+    """Warm-up forwards (model-chunk micro-batches) of a rank under megatron-core's interleaved 1F1B (0.16,
+    ``get_pp_rank_microbatches``, micro-batch groups of ``num_stages``): ``2 (p - r - 1) + (v - 1) p``, at most all."""
+    total = num_micro_batches * num_chunks
+    return min(2 * (num_stages - stage_index - 1) + (num_chunks - 1) * num_stages, total)
+
+
+def in_flight_per_chunk(stage_index: int, num_stages: int, num_chunks: int,
+                        num_micro_batches: int) -> tuple[int, ...]:
+    """Micro-batches whose activations each of a stage's chunks holds at the stage's peak.
+
+    One chunk: 1F1B's ``min(p - i, M)``. Interleaved (megatron-core): the warm-up forwards plus the first steady
+    forward are in flight before the first backward; forward ``k`` of a rank runs chunk ``(k // p) % v``.
+    """
+    if num_chunks == 1:
+        return (in_flight(stage_index, num_stages, num_micro_batches),)
+    total = num_micro_batches * num_chunks
+    w = interleaved_warmup(stage_index, num_stages, num_chunks, num_micro_batches)
+    live = min(w + 1, total)
+    counts = [0] * num_chunks
+    for k in range(live):
+        counts[(k // num_stages) % num_chunks] += 1
+    return tuple(counts)

@@ -114,3 +114,69 @@ def _busiest(fwd: list[float], bwd: list[float], sync: list[float], m: int) -> i
     """The stage with the most own work."""
     works = [m * (fwd[k] + bwd[k]) + sync[k] for k in range(len(fwd))]
     return works.index(max(works))
+
+
+def _interleaved_order(s: int, p: int, v: int, m: int) -> list[tuple[bool, int, int]]:
+    """Rank s's op order under megatron-core's interleaved 1F1B: (is_forward, chunk, micro-batch).
+
+    Forward ``k`` runs chunk ``(k // p) % v`` on micro-batch ``(k // (p v)) p + k % p``; backward ``k`` the same
+    micro-batch on chunk ``v - 1 - (k // p) % v``. Warm-up forwards, then one forward and one backward, then the
+    remaining backwards (``memory.interleaved_warmup``).
+    """
+    from .memory import interleaved_warmup
+    total = m * v
+    w = interleaved_warmup(s, p, v, m)
+
+    def op(k: int, fwd: bool) -> tuple[bool, int, int]:
+        c = (k // p) % v
+        return fwd, (c if fwd else v - 1 - c), (k // (p * v)) * p + k % p
+    ops = [op(k, True) for k in range(w)]
+    for k in range(total - w):
+        ops.append(op(w + k, True))
+        ops.append(op(k, False))
+    ops += [op(k, False) for k in range(total - w, total)]
+    return ops
+
+
+def interleaved_one_f_one_b(fwd: list[list[float]], bwd: list[list[float]], sync: list[float],
+                            num_micro_batches: int) -> PipelineCost:
+    """Interleaved 1F1B (Narayanan et al., SC'21, section 2.2.2) by event simulation of megatron-core's op order.
+
+    ``fwd[s][j]``/``bwd[s][j]``: chunk j of stage s per micro-batch (model chunk ``j p + s``). A forward waits for
+    the previous model chunk's forward of the same micro-batch, a backward for the next model chunk's backward
+    (the last chunk: its own forward). Every op waits for the rank's previous op. Exact for this dependency model;
+    for identical chunks it gives ``(M v + p - 1)(f + b)``: the 1F1B bubble divided by v.
+    """
+    p, v, m = len(fwd), len(fwd[0]), num_micro_batches
+    orders = [_interleaved_order(s, p, v, m) for s in range(p)]
+    f_end: dict[tuple[int, int], float] = {}   # (model chunk, micro-batch) -> end time
+    b_end: dict[tuple[int, int], float] = {}
+    clock, pos = [0.0] * p, [0] * p
+    last = p * v - 1
+    moved = True
+    while moved:
+        moved = False
+        for s in range(p):
+            order = orders[s]
+            while pos[s] < len(order):
+                is_f, c, i = order[pos[s]]
+                k = c * p + s
+                if is_f:
+                    dep = 0.0 if k == 0 else f_end.get((k - 1, i))
+                else:
+                    dep = f_end.get((k, i)) if k == last else b_end.get((k + 1, i))
+                if dep is None:
+                    break
+                end = max(clock[s], dep) + (fwd[s][c] if is_f else bwd[s][c])
+                (f_end if is_f else b_end)[(k, i)] = end
+                clock[s] = end
+                pos[s] += 1
+                moved = True
+    if any(pos[s] < len(orders[s]) for s in range(p)):
+        raise ValueError("interleaved schedule deadlocked; check num_micro_batches against the stages")
+    totals = [clock[s] + sync[s] for s in range(p)]
+    it = max(totals)
+    works = [m * (sum(fwd[s]) + sum(bwd[s])) + sync[s] for s in range(p)]
+    bott = works.index(max(works))
+    return PipelineCost(iteration_ms=it, stage_total_ms=totals, bottleneck=bott,
+                        bubble_ms=max(0.0, it - works[bott]), num_chunks=v)

@@ -10,6 +10,7 @@ so no search picks it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -20,6 +21,47 @@ RC_CODE = {name: i for i, name in enumerate(RC)}
 N_RC = len(RC)
 ATTN_DROPOUT = RC_CODE["attn_dropout"]
 UNAVAILABLE_MS = 1e9     # recompute time of a choice a unit cannot take: never chosen, never inf arithmetic
+
+
+# What a cost model can price beyond a v1 plan (``CostModel.features``); the search explores only these.
+ALL_FEATURES = frozenset({"sequence_parallel", "context_parallel", "interleaved", "distributed_optimizer",
+                          "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"})
+
+
+class Shape(NamedTuple):
+    """A stage's parallel shape: ``tp * cp * dp`` GPUs, sequence parallelism on or off."""
+
+    tp: int
+    dp: int
+    cp: int = 1
+    sp: bool = False
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.cp * self.dp
+
+    @classmethod
+    def of(cls, shape) -> "Shape":
+        """A ``Shape`` from a ``(tp, dp)`` / ``(tp, dp, cp, sp)`` tuple or a plan's ``StageSpec``."""
+        if shape is None or isinstance(shape, Shape):
+            return shape
+        if hasattr(shape, "tp"):
+            return cls(shape.tp, shape.dp, shape.cp, shape.sequence_parallel)
+        return cls(*shape)
+
+
+class Features(NamedTuple):
+    """Plan-wide switches that change costs (the ``ParallelPlan`` fields of the same names)."""
+
+    distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
+
+    @classmethod
+    def of_plan(cls, plan) -> "Features":
+        return cls(plan.distributed_optimizer, plan.overlap_grad_reduce, plan.overlap_param_gather,
+                   plan.tp_comm_overlap)
 
 
 @dataclass(frozen=True)
@@ -67,6 +109,12 @@ class StageCost:
     # optional detail for reports and the search's bottleneck classification
     tp_comm_ms: float = 0.0       # part of fwd/bwd spent in TP collectives
     ideal_ms: float = 0.0         # fwd+bwd of the same units on one GPU at the full micro-batch, / num_gpus
+    # interleaved plans: per model chunk of the stage, per micro-batch, forward (+ its p2p share) and backward
+    # (+ recompute + its p2p share); empty = one chunk (then fwd_ms + p2p_ms / 2 and the rest)
+    chunk_fwd_ms: tuple[float, ...] = ()
+    chunk_bwd_ms: tuple[float, ...] = ()
+    # communication per iteration by kind (tp, cp, p2p, dp, ...): (exposed ms, hidden ms behind compute)
+    comm: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def time_per_microbatch_ms(self) -> float:
@@ -81,6 +129,7 @@ class PipelineCost:
     stage_total_ms: list[float]
     bottleneck: int
     bubble_ms: float = 0.0
+    num_chunks: int = 1           # model chunks per stage (interleaved 1F1B when > 1)
 
 
 @dataclass

@@ -31,7 +31,7 @@ def progress(total: int, quiet: bool = False):
 
 def to_plan(ev: Evaluation, model, cluster, training, cm):
     return _to_plan(ev, model, cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
-                    training.distributed_optimizer, attention=assumed_attention(cm))
+                    bool(training.distributed_optimizer), attention=assumed_attention(cm))
 
 
 def assumed_attention(cm) -> str | None:

@@ -87,20 +87,20 @@ BAD_PLANS = [
     (_many(_set(("stages", 2, "end_unit"), 47), _set(("stages", 2, "recompute"), ["none"] * 11)), "end_unit"),
     (_many(_set(("stages", 0, "end_unit"), 0), _set(("stages", 0, "recompute"), [])), "empty"),
     (_set(("stages", 0, "recompute"), ["full"] * 16), "recompute"),
-    (_set(("stages", 0, "recompute", 3), "partial"), "stages[0].recompute[3]"),
+    (_set(("stages", 0, "recompute", 3), "partial"), "stages[0].chunks[0].recompute[3]"),
     (_set(("stages",), []), "stages"),
     (_set(("micro_batch_size",), 0), "micro_batch_size"),
     (_set(("micro_batch_size",), 2), "dp (4) must divide micro_batch_size"),
     (_set(("global_batch_size",), 66), "global_batch_size (66)"),
     (_set(("global_batch_size",), -1), "global_batch_size"),
-    (_set(("schema_version",), 2), "schema_version"),
+    (_set(("schema_version",), 3), "schema_version"),
     (_set(("extra_field",), 1), "extra_field"),
     (_set(("stages", 0, "pp"), 2), "stages[0].pp"),
     (_del(("stages", 0, "tp")), "stages[0].tp"),
     (_del(("micro_batch_size",)), "micro_batch_size"),
     (_del(("model",)), "model"),
     (_set(("stages", 0, "num_gpus"), 0), "stages[0].num_gpus"),
-    (_set(("stages", 0, "start_unit"), -1), "stages[0].start_unit"),
+    (_set(("stages", 0, "start_unit"), -1), "stages[0].chunks[0].start_unit"),
     (_set(("stages", 0, "tp"), "two"), "stages[0].tp"),
     (_set(("model", "num_attention_heads"), 3), "model"),                           # 1024 % 3 != 0
     (_set(("model", "family"), "bert"), "model.family"),
@@ -108,7 +108,7 @@ BAD_PLANS = [
     (_set(("model", "num_decoder_layers"), 4), "t5 only"),
     (_set(("model", "hidden_size"), 0), "model.hidden_size"),
     (_set(("model", "activation"), "relu"), "model.activation"),
-    (_set(("model", "num_layers"), 12), "end_unit (48) must be 24"),               # plan no longer covers model
+    (_set(("model", "num_layers"), 12), "end_unit (36) is past the model's 24 units"),               # plan no longer covers model
     (_set(("cluster", "num_nodes"), 2), "cluster"),                                 # 8 GPUs used, 16 in cluster
     (_many(_set(("cluster", "gpus_per_node"), 1), _set(("cluster", "num_nodes"), 8)),
      "tp (2) exceeds gpus_per_node"),
@@ -189,3 +189,105 @@ def test_committed_json_schema_is_current():
     committed = (ROOT / "docs" / "plan.schema.json").read_text()
     assert committed == plan_json_schema(), "docs/plan.schema.json is stale: run `python -m search.plan`"
     assert ParallelPlan.model_json_schema()["additionalProperties"] is False
+
+
+# ----- schema version 2: SP, CP, overlap flags, interleaved chunks ------------------------------------------------
+def v2_plan() -> dict:
+    """Llama-style 8 layers (16 units) on 1x8: 2 stages tp2 cp2 dp1 with SP, 2 uneven chunks each (VPP 2)."""
+    m = load_model("llama2-7b").model_copy(update={"num_layers": 8, "seq_length": 4096})
+    spans = [(0, 3), (3, 8), (8, 12), (12, 16)]   # model chunks 0..3: stage 0 holds 0 and 2, stage 1 holds 1 and 3
+    chunk = [dict(start_unit=a, end_unit=b, recompute=["selective"] * (b - a)) for a, b in spans]
+    stages = [dict(num_gpus=4, tp=2, cp=2, dp=1, sequence_parallel=True, chunks=[chunk[s], chunk[s + 2]])
+              for s in range(2)]
+    return dict(schema_version=2, model=m.model_dump(), cluster=parse_cluster("1x8-h100").model_dump(),
+                micro_batch_size=1, global_batch_size=8, distributed_optimizer=True, overlap_grad_reduce=True,
+                overlap_param_gather=True, tp_comm_overlap=True, stages=stages)
+
+
+def test_v2_plan_round_trips_and_orders_chunks(tmp_path):
+    plan = parse_plan(v2_plan())
+    assert plan.num_virtual_stages == 2 and plan.world_size == 8
+    assert [(s, j, c.start_unit) for s, j, c in plan.chunks_in_order()] == [(0, 0, 0), (1, 0, 3), (0, 1, 8),
+                                                                            (1, 1, 12)]
+    assert plan.stages[0].num_units == 3 + 4 and len(plan.stage_units(1)) == 5 + 4
+    with pytest.raises(ValueError, match="2 virtual chunks"):
+        plan.stages[0].start_unit  # the one-span view is for one-chunk stages only
+    path = tmp_path / "p.json"
+    path.write_text(plan.to_json())
+    assert load_plan(path) == plan
+
+
+def test_v1_plan_loads_as_v2_with_features_off():
+    d = good_plan()
+    d["schema_version"] = 1
+    plan = parse_plan(d)
+    assert plan.schema_version == 2 and plan.num_virtual_stages == 1
+    assert [s.cp for s in plan.stages] == [1, 1, 1] and not any(s.sequence_parallel for s in plan.stages)
+    assert not (plan.overlap_grad_reduce or plan.overlap_param_gather or plan.tp_comm_overlap)
+    assert [s.start_unit for s in plan.stages] == [0, 17, 36] and plan.stages[1].recompute == ["selective"] * 19
+    assert json.loads(plan.to_json())["stages"][0]["chunks"][0]["end_unit"] == 17   # written in the v2 form
+
+
+def test_uniform_plan_interleaved_and_sp():
+    p = uniform_plan(load_model("gpt-1.3b"), num_stages=2, tp=2, dp=2, micro_batch_size=4, global_batch_size=64,
+                     sequence_parallel=True, num_virtual_stages=3, distributed_optimizer=True)
+    assert p.num_virtual_stages == 3 and [c.num_units for _, _, c in p.chunks_in_order()] == [8, 8, 8, 8, 8, 8]
+    assert p.stages[1].chunks[0].start_unit == 8 and p.distributed_optimizer
+
+
+def _chunk(s, j, key, value):
+    return _set(("stages", s, "chunks", j, key), value)
+
+
+BAD_V2 = [
+    (_set(("stages", 0, "cp"), 4), "tp (2) * cp (4) * dp (1) must equal num_gpus (4)"),
+    (_many(_set(("stages", 0, "cp"), 3), _set(("stages", 0, "num_gpus"), 6)), "2*cp (6) must divide seq_length"),
+    (_many(_set(("stages", 0, "tp"), 1), _set(("stages", 0, "dp"), 2)), "sequence_parallel needs tp > 1"),
+    (_set(("distributed_optimizer",), False), "overlap_param_gather needs distributed_optimizer"),
+    (_set(("stages", 1, "sequence_parallel"), False), "tp_comm_overlap needs sequence_parallel"),
+    (_set(("stages", 1, "chunks"), [{"start_unit": 3, "end_unit": 16, "recompute": ["none"] * 13}]),
+     "stages[1] has 1 chunks but stages[0] has 2"),
+    (_many(_chunk(1, 0, "start_unit", 4), _chunk(1, 0, "recompute", ["none"] * 4)),
+     "stages[1].chunks[0].start_unit (4) leaves a gap"),
+    (_many(_chunk(0, 1, "start_unit", 7), _chunk(0, 1, "recompute", ["none"] * 5)), "overlaps the previous chunk"),
+    (_set(("global_batch_size",), 9), "must be a multiple of the 2 stages"),
+    (_chunk(0, 0, "recompute", ["attn_dropout"] * 3), "unit 1 is an MLP unit"),
+    (_set(("stages", 0, "cp"), "2"), "stages[0].cp"),                 # strict types: no string numbers
+    (_set(("stages", 0, "sequence_parallel"), 1), "stages[0].sequence_parallel"),
+    (_set(("micro_batch_size",), True), "micro_batch_size"),
+    (_set(("tp_comm_overlap",), "yes"), "tp_comm_overlap"),
+    (_set(("model", "seq_length"), 4098), "2*cp (4) must divide seq_length (4098)"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(BAD_V2)))
+def test_bad_v2_plan_gives_exit_2_and_one_line(case, tmp_path, capsys):
+    mut, needle = BAD_V2[case]
+    d = v2_plan()
+    mut(d)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(d))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert needle in err, err
+
+
+def test_v2_interleaving_rules_follow_megatron_core():
+    """One stage cannot interleave; T5 cannot interleave (megatron-core refuses encoder-decoder models there)."""
+    with pytest.raises(AcesoError, match="at least 2 pipeline stages"):
+        parse_plan(uniform_plan(load_model("gpt-1.3b"), 2, 1, 1, 1, 8, num_virtual_stages=2).model_dump()
+                   | {"stages": [{"num_gpus": 1, "tp": 1, "dp": 1, "chunks": [
+                       {"start_unit": 0, "end_unit": 24, "recompute": ["none"] * 24},
+                       {"start_unit": 24, "end_unit": 48, "recompute": ["none"] * 24}]}]})
+    with pytest.raises(AcesoError, match="encoder-decoder"):
+        t5 = load_model("t5-770m")
+        parse_plan({"model": t5.model_dump(), "micro_batch_size": 1, "global_batch_size": 4, "stages": [
+            {"num_gpus": 1, "tp": 1, "dp": 1, "chunks": [{"start_unit": a, "end_unit": b, "recompute": ["none"] * (b - a)}
+                                                         for a, b in spans]}
+            for spans in (((0, 30), (60, 100)), ((30, 60), (100, t5.num_units)))]})
+    with pytest.raises(AcesoError, match="no context parallelism"):
+        parse_plan(uniform_plan(load_model("t5-770m"), 1, 1, 1, 1, 4).model_dump()
+                   | {"stages": [{"num_gpus": 2, "tp": 1, "cp": 2, "dp": 1, "start_unit": 0,
+                                  "end_unit": load_model("t5-770m").num_units,
+                                  "recompute": ["none"] * load_model("t5-770m").num_units}]})
