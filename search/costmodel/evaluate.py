@@ -33,8 +33,8 @@ from ..model import ModelSpec
 from ..training import TrainingSpec
 from .comm import CommModel
 from .memory import FRAGMENTATION, MB, RESERVE_MB, in_flight_per_chunk, state_bytes_per_param
-from .pipeline import interleaved_one_f_one_b, one_f_one_b
-from .types import ALL_FEATURES, N_RC, RC_CODE, Features, PipelineCost, PlanCost, Shape, StageCost, UnitTable
+from .pipeline import interleaved_one_f_one_b, one_f_one_b, one_f_one_b_events
+from .types import ALL_FEATURES, N_RC, RC_CODE, Event, Features, PipelineCost, PlanCost, Shape, StageCost, UnitTable
 
 OPT_BYTES_PER_PARAM = {"bf16": 28.0, "fp16": 28.0, "fp32": 32.0}
 OPT_MEM_EFFICIENCY = 0.8
@@ -317,6 +317,18 @@ class CostModel:
         fwd = [s.fwd_ms + s.p2p_ms / 2 for s in stage_costs]
         bwd = [s.bwd_ms + s.recompute_ms + s.p2p_ms / 2 for s in stage_costs]
         return one_f_one_b(fwd, bwd, sync, num_micro_batches)
+
+    def pipeline_events(self, stage_costs: list[StageCost], num_micro_batches: int) -> list[Event]:
+        """The schedule's timeline (``types.Event``) from the same per-micro-batch times as ``pipeline``."""
+        sync = [s.dp_sync_ms + s.optimizer_ms for s in stage_costs]
+        if stage_costs[0].chunk_fwd_ms:
+            events: list[Event] = []
+            interleaved_one_f_one_b([list(s.chunk_fwd_ms) for s in stage_costs],
+                                    [list(s.chunk_bwd_ms) for s in stage_costs], sync, num_micro_batches, events)
+            return events
+        fwd = [s.fwd_ms + s.p2p_ms / 2 for s in stage_costs]
+        bwd = [s.bwd_ms + s.recompute_ms + s.p2p_ms / 2 for s in stage_costs]
+        return one_f_one_b_events(fwd, bwd, sync, num_micro_batches)
 
     # ----- a whole plan ------------------------------------------------------------------------------------------
     def stage_costs(self, plan) -> list[StageCost]:

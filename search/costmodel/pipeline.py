@@ -28,7 +28,7 @@ hold; then the schedule is simulated event by event (cheap: at most p*M events).
 
 from __future__ import annotations
 
-from .types import PipelineCost
+from .types import Event, PipelineCost
 
 
 def one_f_one_b(fwd: list[float], bwd: list[float], sync: list[float], num_micro_batches: int) -> PipelineCost:
@@ -80,30 +80,61 @@ def _order(k: int, p: int, m: int) -> list[tuple[bool, int]]:
     return ops
 
 
-def _simulated(fwd: list[float], bwd: list[float], sync: list[float], m: int) -> PipelineCost:
-    p = len(fwd)
-    orders = [_order(k, p, m) for k in range(p)]
-    f_end: dict[tuple[int, int], float] = {}
+def simulate(orders: list[list[tuple[bool, int, int]]], fwd: list[list[float]], bwd: list[list[float]],
+             sync: list[float]) -> tuple[list[float], list[Event]]:
+    """Event simulation of a pipeline schedule: per-stage totals and the event list (``types.Event``).
+
+    ``orders[s]``: stage s's ops ``(is_forward, chunk, micro-batch)``; ``fwd[s][c]``/``bwd[s][c]``: the op times
+    of chunk c (model chunk ``c p + s``). A forward waits for the previous model chunk's forward of the same
+    micro-batch, a backward for the next model chunk's backward (the last chunk: its own forward), every op for
+    the stage's previous op. The stage's DP sync + optimizer step follows its last op.
+    """
+    p = len(orders)
+    last = p * len(fwd[0]) - 1
+    f_end: dict[tuple[int, int], float] = {}   # (model chunk, micro-batch) -> end time
     b_end: dict[tuple[int, int], float] = {}
     clock, pos = [0.0] * p, [0] * p
+    events: list[Event] = []
     moved = True
     while moved:
         moved = False
-        for k in range(p):
-            while pos[k] < len(orders[k]):
-                is_f, i = orders[k][pos[k]]
+        for s in range(p):
+            order = orders[s]
+            while pos[s] < len(order):
+                is_f, c, i = order[pos[s]]
+                k = c * p + s
                 if is_f:
                     dep = 0.0 if k == 0 else f_end.get((k - 1, i))
                 else:
-                    dep = f_end.get((k, i)) if k == p - 1 else b_end.get((k + 1, i))
+                    dep = f_end.get((k, i)) if k == last else b_end.get((k + 1, i))
                 if dep is None:
                     break
-                end = max(clock[k], dep) + (fwd[k] if is_f else bwd[k])
+                start = max(clock[s], dep)
+                end = start + (fwd[s][c] if is_f else bwd[s][c])
                 (f_end if is_f else b_end)[(k, i)] = end
-                clock[k] = end
-                pos[k] += 1
+                events.append(Event(s, c, i, "forward" if is_f else "backward", start, end))
+                clock[s] = end
+                pos[s] += 1
                 moved = True
-    totals = [clock[k] + sync[k] for k in range(p)]
+    if any(pos[s] < len(orders[s]) for s in range(p)):
+        raise ValueError("pipeline schedule deadlocked; check num_micro_batches against the stages")
+    for s in range(p):
+        if sync[s] > 0:
+            events.append(Event(s, -1, -1, "sync", clock[s], clock[s] + sync[s]))
+    return [clock[s] + sync[s] for s in range(p)], events
+
+
+def one_f_one_b_events(fwd: list[float], bwd: list[float], sync: list[float], m: int) -> list[Event]:
+    """The 1F1B schedule's events (``simulate`` over each stage's 1F1B op order)."""
+    p = len(fwd)
+    orders = [[(f, 0, i) for f, i in _order(k, p, m)] for k in range(p)]
+    return simulate(orders, [[x] for x in fwd], [[x] for x in bwd], sync)[1]
+
+
+def _simulated(fwd: list[float], bwd: list[float], sync: list[float], m: int) -> PipelineCost:
+    p = len(fwd)
+    orders = [[(f, 0, i) for f, i in _order(k, p, m)] for k in range(p)]
+    totals, _ = simulate(orders, [[x] for x in fwd], [[x] for x in bwd], sync)
     it = max(totals)
     bott = _busiest(fwd, bwd, sync, m)
     work = m * (fwd[bott] + bwd[bott]) + sync[bott]
@@ -139,42 +170,18 @@ def _interleaved_order(s: int, p: int, v: int, m: int) -> list[tuple[bool, int, 
 
 
 def interleaved_one_f_one_b(fwd: list[list[float]], bwd: list[list[float]], sync: list[float],
-                            num_micro_batches: int) -> PipelineCost:
+                            num_micro_batches: int, events: list | None = None) -> PipelineCost:
     """Interleaved 1F1B (Narayanan et al., SC'21, section 2.2.2) by event simulation of megatron-core's op order.
 
-    ``fwd[s][j]``/``bwd[s][j]``: chunk j of stage s per micro-batch (model chunk ``j p + s``). A forward waits for
-    the previous model chunk's forward of the same micro-batch, a backward for the next model chunk's backward
-    (the last chunk: its own forward). Every op waits for the rank's previous op. Exact for this dependency model;
-    for identical chunks it gives ``(M v + p - 1)(f + b)``: the 1F1B bubble divided by v.
+    ``fwd[s][j]``/``bwd[s][j]``: chunk j of stage s per micro-batch (model chunk ``j p + s``); dependencies as in
+    ``simulate``. For identical chunks it gives ``(M v + p - 1)(f + b)``: the 1F1B bubble divided by v.
+    ``events``: a list to extend with the schedule's events.
     """
     p, v, m = len(fwd), len(fwd[0]), num_micro_batches
     orders = [_interleaved_order(s, p, v, m) for s in range(p)]
-    f_end: dict[tuple[int, int], float] = {}   # (model chunk, micro-batch) -> end time
-    b_end: dict[tuple[int, int], float] = {}
-    clock, pos = [0.0] * p, [0] * p
-    last = p * v - 1
-    moved = True
-    while moved:
-        moved = False
-        for s in range(p):
-            order = orders[s]
-            while pos[s] < len(order):
-                is_f, c, i = order[pos[s]]
-                k = c * p + s
-                if is_f:
-                    dep = 0.0 if k == 0 else f_end.get((k - 1, i))
-                else:
-                    dep = f_end.get((k, i)) if k == last else b_end.get((k + 1, i))
-                if dep is None:
-                    break
-                end = max(clock[s], dep) + (fwd[s][c] if is_f else bwd[s][c])
-                (f_end if is_f else b_end)[(k, i)] = end
-                clock[s] = end
-                pos[s] += 1
-                moved = True
-    if any(pos[s] < len(orders[s]) for s in range(p)):
-        raise ValueError("interleaved schedule deadlocked; check num_micro_batches against the stages")
-    totals = [clock[s] + sync[s] for s in range(p)]
+    totals, evs = simulate(orders, fwd, bwd, sync)
+    if events is not None:
+        events.extend(evs)
     it = max(totals)
     works = [m * (sum(fwd[s]) + sum(bwd[s])) + sync[s] for s in range(p)]
     bott = works.index(max(works))

@@ -121,6 +121,18 @@ class StageCost:
         return self.fwd_ms + self.bwd_ms + self.recompute_ms + self.p2p_ms
 
 
+class Event(NamedTuple):
+    """One box of a pipeline timeline: ``kind`` (forward | backward | sync, and whatever finer kinds a cost model
+    emits, e.g. recompute, p2p, dp_comm) of ``micro_batch`` on ``chunk`` of ``stage`` (-1: not per micro-batch)."""
+
+    stage: int
+    chunk: int
+    micro_batch: int
+    kind: str
+    start_ms: float
+    end_ms: float
+
+
 @dataclass
 class PipelineCost:
     """1F1B timing of the whole pipeline."""
