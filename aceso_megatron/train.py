@@ -17,6 +17,7 @@ import sys
 import time
 import warnings
 
+from search import plots
 from search.errors import AcesoError
 from search.plan import ParallelPlan, load_plan
 
@@ -146,6 +147,7 @@ def train_from_args(args: argparse.Namespace) -> int:
     world_size, rank, local_rank = _launch_env()
     plan = load_plan(args.plan)
     check_args(args, plan, world_size)
+    plots.check_training(args)   # before training: a bad --plot or no matplotlib is exit 2 now, not at the end
     import torch.distributed as dist
 
     init_distributed(world_size, rank, local_rank, args.cpu)
@@ -154,6 +156,8 @@ def train_from_args(args: argparse.Namespace) -> int:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    if getattr(args, "plot", None) and rank == world_size - 1:   # the rank that wrote the log
+        plots.draw_training(args.log_file, args.plot, args.plot_format)
     return 0
 
 

@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, str] = {
     "train": "train",
     "launch": "launch",
     "data": "data",
+    "plot": "plot",
 }
 
 

@@ -18,6 +18,7 @@ import pydantic
 from ..errors import AcesoError, as_aceso_error, read_json
 from ..plan import RECOMPUTE_CHOICES, ParallelPlan, parse_plan
 from ..training import TrainingSpec
+from .. import plots
 from .common import add_cluster_args, print_json
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "reserve")
@@ -37,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", default=None, help="profile database (profile) or Aceso database folder (aceso-compat)")
     p.add_argument("--snap", action="store_true", help="reference configs: move boundaries to unit boundaries")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    plots.add_arguments(p, "the pipeline timeline and the memory per stage")
 
 
 def _read_plan(args: argparse.Namespace, raw: object) -> tuple[ParallelPlan, list[str]]:
@@ -114,11 +116,13 @@ def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str]
     from ..costmodel import make_cost_model
     plan, notes = _read_plan(args, raw)
     plan, cluster, training = _resolve(args, plan)
-    cost = make_cost_model(plan.model, cluster, training, kind=args.cost_model, db=args.db).evaluate(plan)
+    cm = make_cost_model(plan.model, cluster, training, kind=args.cost_model, db=args.db)
+    cost = cm.evaluate(plan)
     shapes = [{"num_gpus": st.num_gpus, "tp": st.tp, "dp": st.dp, "units": [st.start_unit, st.end_unit],
                "recompute": {c: st.recompute.count(c) for c in RECOMPUTE_CHOICES if st.recompute.count(c)}}
               for st in plan.stages]
     out = report(cost, shapes, plan.model.name, plan.micro_batch_size, plan.global_batch_size)
+    plots.draw_explain(args, cm, cost, dict(out, cluster=cluster.label), plan)
     return out, notes, cluster.label
 
 
@@ -134,16 +138,19 @@ def _ref_report(args: argparse.Namespace, raw: dict) -> tuple[dict, list[str], s
     cluster = parse_cluster(args.cluster or f"1x{sum(cfg.num_gpus)}-v100", memory_limit_mb=args.memory_limit_mb)
     training = TrainingSpec(global_batch_size=cfg.global_batch_size, micro_batch_sizes=[cfg.micro_batch_size],
                             precision="fp16")
-    cost = make_compat_cost_model(model, cluster, training, args.db).evaluate_ref(cfg)
+    cm = make_compat_cost_model(model, cluster, training, args.db)
+    cost = cm.evaluate_ref(cfg)
     bounds = [sum(cfg.num_ops[:i]) for i in range(cfg.num_stages + 1)]
     shapes = [{"num_gpus": cfg.num_gpus[i], "tp": max(cfg.tp[i]), "dp": max(cfg.dp[i]),
                "ops": [bounds[i], bounds[i + 1]], "recompute": {"ops": sum(cfg.recompute[i])}}
               for i in range(cfg.num_stages)]
     out = report(cost, shapes, model.name, cfg.micro_batch_size, cfg.global_batch_size)
+    plots.draw_explain(args, cm, cost, dict(out, cluster=cluster.label))
     return out, ["reference config evaluated op by op, exactly as given"], cluster.label
 
 
 def run(args: argparse.Namespace) -> int:
+    plots.target(args.plot, args.plot_format)   # before any work: a bad --plot or no matplotlib is exit 2
     raw = read_json(args.plan, missing="no such plan file")
     exact = args.cost_model == "aceso-compat" and not args.snap and isinstance(raw, dict) \
         and "num_ops_in_each_stage" in raw

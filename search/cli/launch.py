@@ -16,6 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .. import plots
 from ..plan import load_plan
 from .common import write_output
 
@@ -37,6 +38,8 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu", action="store_true", help="CPU processes on gloo (tests, laptops); passes --cpu to train")
     p.add_argument("--dry-run", action="store_true", help="check and print the command; start nothing")
     p.add_argument("--python", default=sys.executable, help="python interpreter for the workers")
+    plots.add_arguments(p, "the run's loss, step time and memory per stage at the end (passed to `aceso train`, "
+                           "which needs --log-file)")
 
 
 def _split_remainder(args: argparse.Namespace) -> list[str]:
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from launch.commands import (LaunchSpec, check_plan_fits, count_visible_gpus, resolve_nproc, run_torchrun,
                                  shell_line, slurm_script, torchrun_command)
 
-    train_args = _split_remainder(args)
+    train_args = _split_remainder(args) + plots.train_args(args)
     plan = load_plan(args.plan)
     nproc = resolve_nproc(plan, args.nnodes, args.nproc_per_node, args.cpu)
     spec = LaunchSpec(plan_path=args.plan, nnodes=args.nnodes, node_rank=args.node_rank, nproc_per_node=nproc,

@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from .. import plots
 from ..errors import AcesoError
 from .common import add_cluster_args, add_model_args, cluster_from_args, model_from_args, write_output
 
@@ -49,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "depend on it)")
     p.add_argument("--trace", default=None, help="write the accepted moves as JSON to this file")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary")
+    plots.add_arguments(p, "the accepted moves and the final comparison")
     p.add_argument("-o", "--output", default=None, help="write the best plan (ParallelPlan JSON) here; - = stdout")
 
 
@@ -86,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         raise AcesoError(f"--top-k ({args.top_k}) must be at least 1")
     if args.output and args.output != "-" and not Path(args.output).parent.exists():
         raise AcesoError(f"-o {args.output}: folder {Path(args.output).parent} does not exist; create it first")
+    plots.target(args.plot, args.plot_format)   # before the search: a bad --plot or no matplotlib is exit 2
     model, cluster, training, cm = setup(args)
     workers = args.workers or min(os.cpu_count() or 1, 8)
     base = plan_baseline(cm, training)
@@ -107,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
                 write_output(extra.to_json(), str(p.with_name(f"{p.stem}.top{k}{p.suffix}")))
     if args.trace:
         write_output(json.dumps([m.as_dict() for m in result.moves], indent=2) + "\n", args.trace)
+    plots.draw_search(args, result, base, plans[0])
     summary = report.summary(plans[0], best, base, result, cm)
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n") if out != "-" else None

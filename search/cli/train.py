@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 
+from .. import plots
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="plan file (from `aceso search`)")
@@ -48,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save", default=None, help="checkpoint folder")
     g.add_argument("--save-interval", type=int, default=None, help="save every N steps (and at the end)")
     g.add_argument("--load", default=None, help="resume from the latest checkpoint in this folder, if any")
+    plots.add_arguments(g, "the loss, step time and predicted vs measured memory per stage at the end (needs "
+                           "--log-file; `aceso plot LOG` redraws it)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,168 @@
+"""Pictures of plans, searches and training runs (``--plot`` on explain/search/train/launch, ``aceso plot``).
+
+Every picture is drawn from data the rest of the project already computes, gathered by a pure, matplotlib-free
+function that the tests check (``timeline.boxes``, ``memory.segments``, ``search_progress.progress``,
+``training.read_log``); the drawing functions only lay those out. matplotlib is an optional extra
+(``pip install -e ".[plot]"``) imported only when a picture is drawn, always with the Agg backend (no display
+needed); without it ``--plot`` is one line and exit 2 before any work starts (``target``).
+
+Output: the format comes from the file extension (png, svg, pdf) unless ``--plot-format`` says otherwise; the file
+is written under a temporary name and renamed, so a failed drawing leaves nothing half-written. Sizes are fixed
+(``DPI`` and each figure's inches), so a PNG is exactly ``inches x DPI`` pixels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import AcesoError
+
+FORMATS = ("png", "svg", "pdf")
+DPI = 100
+INSTALL_HINT = 'pip install -e ".[plot]" (or pip install matplotlib)'
+
+# one colour per kind of box or bar, shared by every picture (Tableau 10: distinguishable, colour-blind safe-ish)
+COLORS = {
+    "forward": "#4e79a7", "backward": "#59a14f", "recompute": "#f28e2b", "p2p": "#e15759", "tp_comm": "#b07aa1",
+    "cp_comm": "#ff9da7", "dp_comm": "#9c755f", "sync": "#9c755f", "optimizer": "#bab0ac",
+}
+FALLBACK = ("#76b7b2", "#edc948", "#ff9da7", "#b07aa1", "#86bcb6", "#d37295")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a picture goes and in which format."""
+
+    path: Path
+    fmt: str
+
+
+def add_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """``--plot FILE`` and ``--plot-format`` for a subcommand; ``what`` says what the picture shows."""
+    p.add_argument("--plot", metavar="FILE", default=None,
+                   help=f"draw {what} to FILE (.png, .svg or .pdf; needs matplotlib: {INSTALL_HINT})")
+    p.add_argument("--plot-format", choices=FORMATS, default=None,
+                   help="image format of --plot (default: from the file extension)")
+
+
+def target(path: str | None, fmt: str | None = None, option: str = "--plot") -> Target | None:
+    """The checked output of ``--plot`` (None when not asked for): a known format, an existing folder, matplotlib
+    importable. Raises ``AcesoError`` (one line, exit 2) otherwise; call it before any long work."""
+    if path is None:
+        return None
+    if path in ("", "-"):
+        raise AcesoError(f"{option}: give an image file name (e.g. {option} out.png); a picture cannot go to stdout")
+    p = Path(path)
+    ext = p.suffix.lower().lstrip(".")
+    fmt = fmt or ext
+    if fmt not in FORMATS:
+        raise AcesoError(f"{option} {path}: unknown image format {('.' + ext) if ext else '(no extension)'}; "
+                         f"end the name in .png, .svg or .pdf or give --plot-format")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        raise AcesoError(f"{option} {path}: folder {folder} does not exist; create it first")
+    pyplot()
+    return Target(p, fmt)
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend, or ``AcesoError`` saying how to install it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise AcesoError(f"--plot needs matplotlib, which is not installed; install it with {INSTALL_HINT}") from None
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save(fig, out: Target) -> None:
+    """Write ``fig`` to ``out`` atomically (temporary file in the same folder, then rename) and close it."""
+    plt = pyplot()
+    folder = out.path.parent if str(out.path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{out.path.name}.", suffix=f".{out.fmt}")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format=out.fmt, dpi=DPI, metadata=_metadata(out.fmt))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)    # mkstemp makes it private; a picture gets the usual permissions
+        os.replace(tmp, out.path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    finally:
+        plt.close(fig)
+
+
+def _metadata(fmt: str) -> dict:
+    """No creation dates: the same input gives the same file bytes (a committed picture does not churn)."""
+    if fmt == "png":
+        return {"Software": None}
+    if fmt == "svg":
+        return {"Date": None}
+    return {"CreationDate": None, "ModDate": None}
+
+
+def color_of(kind: str, others: dict[str, str]) -> str:
+    """The colour of a box kind: the shared table, else the next fallback colour (stable per kind)."""
+    base = kind.removesuffix("_hidden").removesuffix("_exposed")
+    if base in COLORS:
+        return COLORS[base]
+    if kind not in others:
+        others[kind] = FALLBACK[len(others) % len(FALLBACK)]
+    return others[kind]
+
+
+# ----- the one call each command makes (nothing happens without --plot) -------------------------------------------
+def draw_explain(args, cm, cost, report: dict, plan=None) -> None:
+    """``aceso explain --plot``: timeline and memory per stage of ``cost`` (``report``: explain's JSON report)."""
+    out = target(getattr(args, "plot", None), getattr(args, "plot_format", None))
+    if out is not None:
+        from .explain import draw
+        draw(out, cm, cost, report, plan)
+
+
+def draw_search(args, result, base, plan) -> None:
+    """``aceso search --plot``: the accepted moves (``result.moves``) and the final comparison bars."""
+    out = target(getattr(args, "plot", None), getattr(args, "plot_format", None))
+    if out is None:
+        return
+    from .search_progress import comparison, draw
+    best_ms = plan.predicted.iteration_time_ms
+    megatron = getattr(result, "megatron_ms", None)   # the best Megatron-LM-expressible plan, once reported
+    cluster = plan.cluster.label if plan.cluster else f"{plan.world_size} GPUs"
+    title = (f"aceso search: {plan.model.name} on {cluster}, global batch {plan.global_batch_size}; "
+             f"{result.evals} plans evaluated in {result.seconds:.1f} s, {len(result.moves)} accepted moves")
+    limit = plan.cluster.memory_mb if plan.cluster else float("nan")
+    draw(out, [m.as_dict() for m in result.moves], comparison(base, best_ms, megatron), limit, title)
+
+
+def draw_training(log_file, path: str, fmt: str | None = None, option: str = "--plot") -> None:
+    """``aceso plot LOG`` and ``aceso train --plot``: the training picture of the JSON-lines log ``log_file``."""
+    out = target(path, fmt, option)
+    from .training import draw, read_log, title_of
+    log = read_log(log_file)
+    draw(out, log, title_of(log, Path(log_file).name))
+
+
+def check_training(args) -> None:
+    """``aceso train --plot``, before training starts: a valid target, matplotlib present, a log to draw from."""
+    if getattr(args, "plot", None) is None:
+        return
+    target(args.plot, getattr(args, "plot_format", None))
+    if not getattr(args, "log_file", None):
+        raise AcesoError("--plot draws from the run's JSON log: add --log-file FILE (e.g. --log-file train.jsonl)")
+
+
+def train_args(args) -> list[str]:
+    """``aceso launch --plot``: checked here (before anything starts), then handed to ``aceso train``."""
+    if getattr(args, "plot", None) is None:
+        return []
+    target(args.plot, args.plot_format)
+    return ["--plot", args.plot] + (["--plot-format", args.plot_format] if args.plot_format else [])
