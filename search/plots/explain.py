@@ -46,6 +46,8 @@ def stage_labels(report: dict) -> tuple[list[str], list[str]]:
         else:
             span = "ops {}-{}".format(*s["ops"])
         rc = s.get("recompute_text") or ", ".join(f"{k} {v}" for k, v in s["recompute"].items())
+        if "ops" in s:    # a reference config: the number of recomputed ops
+            rc = f"recompute {s['recompute'].get('ops', 0)} ops"
         bars.append(f"{s['index']}: {span} · {rc}" if many else f"stage {s['index']}\n{shape}\n{span}\n{rc}")
     return rows, bars
 
@@ -74,8 +76,11 @@ def draw(out: Target, cm, cost, report: dict, plan=None) -> None:
                   borderaxespad=0.0)
     end = max(e.end_ms for e in events)
     if abs(end - cost.iteration_ms) > 1e-6 * max(cost.iteration_ms, 1.0):
-        ax_t.set_title(f"the schedule's boxes end at {end:,.1f} ms; the {cost.cost_model} model's pipeline "
-                       f"formula gives {cost.iteration_ms:,.1f} ms (dashed)", fontsize=8, color="#555555", loc="right")
+        from matplotlib.transforms import offset_copy
+        ax_t.set_xlabel(ax_t.get_xlabel(), loc="left")
+        ax_t.text(1.0, 0.0, f"note: the schedule's boxes end at {end:,.1f} ms; the {cost.cost_model} model's "
+                  f"pipeline formula gives {cost.iteration_ms:,.1f} ms (dashed)", ha="right", va="top", fontsize=7.5,
+                  color="#555555", transform=offset_copy(ax_t.transAxes, fig, y=-0.3, units="inches"))
     fig.suptitle(_title(report, cost), x=0.12 / w, ha="left", fontsize=11, y=1 - 0.12 / h, va="top")
     save(fig, out)
 

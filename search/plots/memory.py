@@ -27,6 +27,8 @@ COLORS = {"params": "#4e79a7", "grads": "#a0cbe8", "optimizer": "#d4a6c8", "act_
           "act_selective": "#8cd17d", "act_full": "#b6992d", "act_attn_dropout": "#f1ce63", "activations": "#59a14f",
           "act_other": "#86bcb6", "recompute_peak": "#e15759", "p2p_buffers": "#ff9d9a", "reserve": "#bab0ac",
           "unattributed": "#000000"}
+STACK = ("params", "grads", "optimizer", *(f"act_{c}" for c in RECOMPUTE_CHOICES), "activations", "act_other",
+         "recompute_peak", "p2p_buffers", "reserve")   # bottom to top, the same in every bar
 TOLERANCE_MB = 1e-6
 OFF_SCALE = 0.3         # bars below this share of the limit are drawn to their own scale (limit stated in words)
 
@@ -88,9 +90,11 @@ def draw(ax, segs: list[list[tuple[str, float]]], limit_mb: float, tick_labels: 
 
     import numpy as np
     S = len(segs)
-    keys: list[str] = []
+    present: list[str] = []
     for stage in segs:
-        keys += [k for k, _ in stage if k not in keys]
+        present += [k for k, _ in stage if k not in present]
+    keys = [k for k in STACK if k in present] + [k for k in present if k not in STACK and k != "unattributed"]
+    keys += ["unattributed"] if "unattributed" in present else []
     gb = np.zeros((len(keys), S))
     for i, stage in enumerate(segs):
         for k, mb in stage:
@@ -99,15 +103,16 @@ def draw(ax, segs: list[list[tuple[str, float]]], limit_mb: float, tick_labels: 
     x = np.arange(S)
     over = np.array([not f for f in fits])
     for j, k in enumerate(keys):    # one bar call per category; order within a stage follows ``keys``
-        ax.bar(x, gb[j], bottom=bottom, width=0.7, color=COLORS.get(k, "#76b7b2"),
-               edgecolor=np.where(over, "#c00000", "white"), linewidth=np.where(over, 1.2, 0.3))
+        ax.bar(x, gb[j], bottom=bottom, width=0.7, color=COLORS.get(k, "#76b7b2"), edgecolor="white",
+               linewidth=0.3)
         bottom += gb[j]
+    if over.any():          # the whole bar of a stage over the limit outlined
+        ax.bar(x[over], bottom[over], width=0.7, fill=False, edgecolor="#c00000", linewidth=1.6)
     if S <= 24:
         for i in range(S):
             ax.text(i, bottom[i], f"{bottom[i]:.1f}", ha="center", va="bottom", fontsize=7,
                     fontweight="bold" if i == bottleneck else "normal",
                     bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.6, "alpha": 0.85})
-    seen = keys
     limit = limit_mb / MB_PER_GB
     tall = float(bottom.max()) if S else 0.0
     if tall >= OFF_SCALE * limit:
@@ -129,10 +134,7 @@ def draw(ax, segs: list[list[tuple[str, float]]], limit_mb: float, tick_labels: 
     ax.set_title("memory per stage (cost model)", fontsize=10, loc="left")
     ax.grid(axis="y", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)
-    order = [k for k in ("params", "grads", "optimizer", *(f"act_{c}" for c in RECOMPUTE_CHOICES), "activations",
-                         "act_other", "recompute_peak", "p2p_buffers", "reserve") if k in seen]
-    order += [k for k in seen if k not in order]
-    handles = [Patch(facecolor=COLORS.get(k, "#76b7b2"), label=LABELS.get(k, k.replace("_", " "))) for k in order]
+    handles = [Patch(facecolor=COLORS.get(k, "#76b7b2"), label=LABELS.get(k, k.replace("_", " "))) for k in keys]
     if not all(fits):
-        handles.append(Patch(facecolor="white", edgecolor="#c00000", linewidth=1.2, label="over the limit"))
+        handles.append(Patch(facecolor="white", edgecolor="#c00000", linewidth=1.6, label="stage over the limit"))
     return handles + extra
