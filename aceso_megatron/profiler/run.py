@@ -32,7 +32,7 @@ def _init(cpu: bool, local_rank: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from ..distenv import ensure_rendezvous_env
+    from ..parallel.distenv import ensure_rendezvous_env
 
     ensure_rendezvous_env()
     if cpu:
