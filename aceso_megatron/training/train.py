@@ -158,14 +158,16 @@ def train_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from search.cli.train import add_arguments
+    from ..cli import bad_input_from_patches
+    from ..cli.train import add_arguments
 
     parser = argparse.ArgumentParser(prog="python -m aceso_megatron.training.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        return train_from_args(args)
+        with bad_input_from_patches():
+            return train_from_args(args)
     except AcesoError as e:
         if _launch_env()[1] == 0:  # one line for the whole job
             print(f"aceso train: error: {e}", file=sys.stderr, flush=True)

@@ -76,8 +76,20 @@ def test_patch_refuses_untested_version(monkeypatch):
 
     monkeypatch.setattr(_base, "megatron_version", lambda: "0.0.1")
     monkeypatch.delenv(_base.ALLOW_UNTESTED_ENV, raising=False)
-    with pytest.raises(AcesoError, match="tested on megatron-core 0.16.1 but 0.0.1"):
+    with pytest.raises(_base.PatchError, match="tested on megatron-core 0.16.1 but 0.0.1"):
         _base.check_version("cpu_mode", ("0.16.1",))
+
+
+def test_runtime_cli_reports_a_refused_patch_as_bad_input(monkeypatch):
+    from aceso_megatron.cli import bad_input_from_patches
+    from patches import _base
+
+    monkeypatch.setattr(_base, "megatron_version", lambda: "0.0.1")
+    monkeypatch.delenv(_base.ALLOW_UNTESTED_ENV, raising=False)
+    with pytest.raises(AcesoError, match="tested on megatron-core 0.16.1 but 0.0.1") as e:
+        with bad_input_from_patches():
+            _base.check_version("cpu_mode", ("0.16.1",))
+    assert e.value.exit_code == 2
 
 
 # ----- builders ---------------------------------------------------------------------------------------------
