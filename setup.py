@@ -19,5 +19,14 @@ setup(
         # pictures (--plot on explain/search/train/launch, aceso plot); imported only when a picture is drawn
         "plot": ["matplotlib>=3.7"],
     },
-    entry_points={"console_scripts": ["aceso=search.cli:main"]},
+    entry_points={
+        "console_scripts": ["aceso=search.cli:main"],
+        # the runtime's subcommands of `aceso` (search/cli finds them here and never names aceso_megatron)
+        "aceso.subcommands": [
+            "profile = aceso_megatron.cli.profile",
+            "train = aceso_megatron.cli.train",
+            "launch = aceso_megatron.cli.launch",
+            "data = aceso_megatron.cli.data",
+        ],
+    },
 )

@@ -16,8 +16,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import plots
-from ..plan import load_plan
+from search import plots
+from search.plan import load_plan
+
 from .common import write_output
 
 
