@@ -28,7 +28,8 @@ INSTALL_HINT = 'pip install -e ".[plot]" (or pip install matplotlib)'
 # one colour per kind of box or bar, shared by every picture (Tableau 10: distinguishable, colour-blind safe-ish)
 COLORS = {
     "forward": "#4e79a7", "backward": "#59a14f", "recompute": "#f28e2b", "p2p": "#e15759", "tp_comm": "#b07aa1",
-    "cp_comm": "#ff9da7", "dp_comm": "#9c755f", "sync": "#9c755f", "optimizer": "#bab0ac",
+    "cp_comm": "#ff9da7", "dp_comm": "#9c755f", "sync": "#9c755f", "optimizer": "#bab0ac", "step": "#bab0ac",
+    "param_gather": "#edc948",
 }
 FALLBACK = ("#76b7b2", "#edc948", "#ff9da7", "#b07aa1", "#86bcb6", "#d37295")
 

@@ -24,16 +24,18 @@ from __future__ import annotations
 from ..costmodel.pipeline import one_f_one_b_events
 from ..costmodel.types import Event, StageCost
 
-COARSE = frozenset({"forward", "backward", "sync"})
+COARSE = frozenset({"forward", "backward", "sync"})   # the kinds a cost model emits before it splits them itself
 MAX_ROWS = 32           # stages drawn; more are sampled
 DENSE_PX = 3.0          # mean forward/backward width (pixels) below which each kind gets its own lane
 EDGE_PX = 4.0           # mean width from which boxes get white edges (separating neighbours)
 MIN_PX = 1.0            # narrowest box drawn in a dense timeline (pixels)
 LABEL_PX = 16.0         # box width (pixels) from which the micro-batch number is written in it
-ORDER = ("forward", "recompute", "backward", "p2p", "tp_comm", "cp_comm", "dp_comm", "sync", "optimizer")
+ORDER = ("forward", "recompute", "backward", "p2p", "tp_comm", "cp_comm", "dp_comm", "sync", "param_gather",
+         "optimizer", "step")
 LABELS = {"forward": "forward", "backward": "backward", "recompute": "recompute (forward re-run)",
           "p2p": "p2p send/recv (exposed)", "dp_comm": "DP gradient sync (exposed)", "sync": "DP sync + optimizer",
-          "optimizer": "optimizer step", "tp_comm": "TP collectives (exposed)", "cp_comm": "CP ring (exposed)"}
+          "optimizer": "optimizer step", "tp_comm": "TP collectives (exposed)", "cp_comm": "CP ring (exposed)",
+          "param_gather": "parameter all-gather (exposed)", "step": "optimizer step (+ parameter all-gather)"}
 
 
 def schedule_events(cm, stage_costs: list[StageCost], num_micro_batches: int) -> list[Event]:
@@ -143,7 +145,8 @@ def draw(ax, events: list[Event], stage_labels: list[str], iteration_ms: float, 
                                          linewidths=0.4 if edges else 0.0, hatch="////" if hid else None,
                                          alpha=0.6 if hid else 1.0, rasterized=dense))
         base = k.removesuffix("_hidden")
-        name = LABELS.get(base, base.replace("_", " ")) + (" overlapped (hidden)" if hid else "")
+        name = LABELS.get(base, base.replace("_", " "))
+        name = name.replace(" (exposed)", "") + " overlapped (hidden)" if hid else name
         handles.append(Patch(facecolor=c, alpha=0.6 if hid else 1.0, hatch="////" if hid else None, label=name))
     if not dense:
         _label_micro_batches(ax, events, row_of, num_chunks, px_per_ms)
