@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pydantic
 
+from .. import plots
 from ..errors import AcesoError, as_aceso_error, read_json
 from ..plan import RECOMPUTE_CHOICES, ParallelPlan, parse_plan
 from ..training import TrainingSpec
-from .. import plots
 from .common import add_cluster_args, print_json
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "reserve")

@@ -21,14 +21,15 @@ ORDER = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_b
 LABELS = {"params": "weights", "grads": "gradients", "optimizer": "optimizer states",
           "activations": "activations", "act_other": "activations: embedding / head",
           "recompute_peak": "peak transient (recompute / loss)", "p2p_buffers": "p2p buffers",
-          "reserve": "reserve (CUDA context, workspaces)", "unattributed": "unattributed"}
+          "reserve": "reserve (CUDA context, workspaces)", "unattributed": "unattributed",
+          "grad_copy": "fp32 gradient copy (optimizer step)"}
 LABELS.update({f"act_{c}": f"activations, recompute {c}" for c in RECOMPUTE_CHOICES})
 COLORS = {"params": "#4e79a7", "grads": "#a0cbe8", "optimizer": "#d4a6c8", "act_none": "#59a14f",
           "act_selective": "#8cd17d", "act_full": "#b6992d", "act_attn_dropout": "#f1ce63", "activations": "#59a14f",
           "act_other": "#86bcb6", "recompute_peak": "#e15759", "p2p_buffers": "#ff9d9a", "reserve": "#bab0ac",
-          "unattributed": "#000000"}
+          "grad_copy": "#9d7660", "unattributed": "#000000"}
 STACK = ("params", "grads", "optimizer", *(f"act_{c}" for c in RECOMPUTE_CHOICES), "activations", "act_other",
-         "recompute_peak", "p2p_buffers", "reserve")   # bottom to top, the same in every bar
+         "recompute_peak", "p2p_buffers", "grad_copy", "reserve")   # bottom to top, the same in every bar
 TOLERANCE_MB = 1e-6
 OFF_SCALE = 0.3         # bars below this share of the limit are drawn to their own scale (limit stated in words)
 
@@ -92,13 +93,15 @@ def draw(ax, segs: list[list[tuple[str, float]]], limit_mb: float, tick_labels: 
     S = len(segs)
     present: list[str] = []
     for stage in segs:
-        present += [k for k, _ in stage if k not in present]
+        present += [k for k, v in stage if k not in present and v != 0]   # zero everywhere: no bar, no legend
     keys = [k for k in STACK if k in present] + [k for k in present if k not in STACK and k != "unattributed"]
     keys += ["unattributed"] if "unattributed" in present else []
+    row = {k: j for j, k in enumerate(keys)}
     gb = np.zeros((len(keys), S))
     for i, stage in enumerate(segs):
         for k, mb in stage:
-            gb[keys.index(k), i] += mb / MB_PER_GB
+            if k in row:
+                gb[row[k], i] += mb / MB_PER_GB
     bottom = np.zeros(S)
     x = np.arange(S)
     over = np.array([not f for f in fits])

@@ -182,3 +182,14 @@ def test_readme_and_ci_install_the_same_extras_with_plot():
     ci = re.search(r'pip install -q -e "\.\[([a-z,]+)\]"', (ROOT / ".ci" / "run").read_text()).group(1)
     assert readme == ci and "plot" in readme.split(",")
     assert '"plot": ["matplotlib' in (ROOT / "setup.py").read_text()
+
+
+def test_explain_plots_a_reference_config_under_aceso_compat(reference_db, tmp_path, capsys):
+    """The compat model has no event list: the 1F1B simulation of its stage times, one activations segment."""
+    pytest.importorskip("matplotlib")
+    cfg = reference_db / "configs" / "gpt_1_3B_4gpus_reference_search.json"
+    out = tmp_path / "ref.png"
+    assert main(["explain", str(cfg), "--cost-model", "aceso-compat", "--db", str(reference_db / "miniset"),
+                 "--plot", str(out)]) == 0
+    assert png_size(out) == px(explain_figure.figure_inches(4, 1))
+    capsys.readouterr()

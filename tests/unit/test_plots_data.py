@@ -71,10 +71,13 @@ def test_timeline_ends_at_the_cost_models_iteration_time(plan):
 
 
 def test_coarse_events_are_cut_into_their_cost_terms_without_moving_their_ends():
-    cm, cost = priced(FOUR)
+    """A cost model that emits only coarse events (here: none at all, so the 1F1B simulation of its stage times):
+    each box is cut into the StageCost terms it is the sum of, back to back, its ends unmoved."""
+    _, cost = priced(FOUR)
     M = FOUR.num_micro_batches
-    coarse = cm.pipeline_events(cost.stages, M)
-    boxes = timeline.boxes(cm, cost.stages, M)
+    coarse = timeline.schedule_events(object(), cost.stages, M)
+    assert {e.kind for e in coarse} == {"forward", "backward", "sync"}
+    boxes = timeline.boxes(object(), cost.stages, M)
     for e in coarse:
         pieces = [b for b in boxes if (b.stage, b.micro_batch) == (e.stage, e.micro_batch)
                   and e.start_ms - 1e-9 <= b.start_ms and b.end_ms <= e.end_ms + 1e-9]
