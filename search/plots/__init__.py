@@ -129,19 +129,20 @@ def draw_explain(args, cm, cost, report: dict, plan=None) -> None:
         draw(out, cm, cost, report, plan)
 
 
-def draw_search(args, result, base, plan) -> None:
-    """``aceso search --plot``: the accepted moves (``result.moves``) and the final comparison bars."""
+def draw_search(args, result, base, plan, megatron_ms: float | None = None) -> None:
+    """``aceso search --plot``: the accepted moves (``result.moves``) and the final comparison bars: the uniform
+    baseline ``base``, the best Megatron-LM-expressible plan's time ``megatron_ms`` (when the search has one) and the
+    heterogeneous ``plan``."""
     out = target(getattr(args, "plot", None), getattr(args, "plot_format", None))
     if out is None:
         return
     from .search_progress import comparison, draw
     best_ms = plan.predicted.iteration_time_ms
-    megatron = getattr(result, "megatron_ms", None)   # the best Megatron-LM-expressible plan, once reported
     cluster = plan.cluster.label if plan.cluster else f"{plan.world_size} GPUs"
     title = (f"aceso search: {plan.model.name} on {cluster}, global batch {plan.global_batch_size}; "
              f"{result.evals} plans evaluated in {result.seconds:.1f} s, {len(result.moves)} accepted moves")
     limit = plan.cluster.memory_mb if plan.cluster else float("nan")
-    draw(out, [m.as_dict() for m in result.moves], comparison(base, best_ms, megatron), limit, title)
+    draw(out, [m.as_dict() for m in result.moves], comparison(base, best_ms, megatron_ms), limit, title)
 
 
 def draw_training(log_file, path: str, fmt: str | None = None, option: str = "--plot") -> None:

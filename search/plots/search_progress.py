@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from . import DPI, FALLBACK, Target, save
 
 WIDTH_IN, HEIGHT_IN = 14.0, 7.5
+MAX_LABELS = 24          # stage-count labels along the top
 EVAL_KEYS = ("evaluation", "evaluations", "evals")   # the trace's evaluation count at acceptance, if recorded
 # the planner's primitives (``primitives.APPLY``) keep their colours from picture to picture; others get the rest
 PRIMITIVE_COLORS = {"move_units": "#4e79a7", "rebalance": "#a0cbe8", "inc_tp": "#f28e2b", "dec_tp": "#ffbe7d",
@@ -133,7 +134,9 @@ def _finish_progress(ax_t, ax_m, ticks, xname: str, limit_mb: float, any_moves: 
         ax.set_axisbelow(True)
     ax_t.tick_params(labelbottom=False)
     sec = ax_t.secondary_xaxis("top")
-    sec.set_xticks([x for x, _ in ticks], [f"S={S}" if k == 0 else str(S) for k, (_, S) in enumerate(ticks)],
+    every = -(-len(ticks) // MAX_LABELS)       # many stage counts: label every k-th segment
+    shown = ticks[::every]
+    sec.set_xticks([x for x, _ in shown], [f"S={S}" if k == 0 else str(S) for k, (_, S) in enumerate(shown)],
                    fontsize=7.5)
     sec.tick_params(length=0)
     if not any_moves:
