@@ -58,8 +58,8 @@ def read_log(path: str | Path) -> TrainingLog:
             (train if kind == "train" else evals)[rec["iteration"]] = rec
         elif kind == "summary":
             summary = rec
-    if not train and not evals:
-        raise AcesoError(f"{label}: no train or eval records; is this an aceso train --log-file log?")
+    if not train and not evals and summary is None:
+        raise AcesoError(f"{label}: no train, eval or summary records; is this an aceso train --log-file log?")
     return TrainingLog([train[i] for i in sorted(train)], [evals[i] for i in sorted(evals)], summary)
 
 
@@ -89,7 +89,11 @@ def _loss(ax, log: TrainingLog) -> None:
     _iterations(ax)
     ax.set_ylabel("loss (per token)")
     ax.set_title("loss", fontsize=10, loc="left")
-    ax.legend(fontsize=8, frameon=False)
+    if log.train or log.evals:
+        ax.legend(fontsize=8, frameon=False)
+    else:
+        ax.text(0.5, 0.5, "no train records (a run shorter than --log-interval)", ha="center", va="center",
+                transform=ax.transAxes, fontsize=9, color="#555555")
     ax.grid(color="#dddddd", linewidth=0.6)
 
 
@@ -100,17 +104,20 @@ def _step_time(ax, log: TrainingLog) -> None:
                 marker="o" if len(rows) <= 60 else None, markersize=3, linewidth=1.2,
                 label="logged (mean over each log interval)")
     s = log.summary or {}
+    top = max([r["iteration_time_ms"] for r in rows] + [1.0])
     for key, color, name in (("measured_iteration_time_ms", "#59a14f", "measured mean (steps after the first)"),
                              ("predicted_iteration_time_ms", "#4e79a7", "predicted by the plan's cost model")):
         v = s.get(key)
         if isinstance(v, (int, float)) and v == v:
             ax.axhline(v, color=color, linestyle="--" if key.startswith("predicted") else ":", linewidth=1.3,
                        label=f"{name}: {v:,.1f} ms")
-    ax.set_ylim(bottom=0)
+            top = max(top, v)
+    ax.set_ylim(0, top * 1.12)
     _iterations(ax)
     ax.set_ylabel("iteration time (ms)")
     ax.set_title("step time", fontsize=10, loc="left")
-    ax.legend(fontsize=7.5, frameon=False, loc="lower right")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7.5, frameon=False, loc="lower right")
     ax.grid(color="#dddddd", linewidth=0.6)
 
 
@@ -129,14 +136,16 @@ def _memory(ax, summary: dict | None) -> None:
         return
     x = np.arange(S)
     w = 0.38
+    gb = max(predicted + measured) >= 1024      # GB, or MB for small runs (CPU tests)
+    scale, unit = (1024.0, "GB") if gb else (1.0, "MB")
     if predicted:
-        ax.bar(x[:len(predicted)] - w / 2, np.asarray(predicted) / 1024, w, color="#4e79a7", label="predicted")
+        ax.bar(x[:len(predicted)] - w / 2, np.asarray(predicted) / scale, w, color="#4e79a7", label="predicted")
     if measured:
-        ax.bar(x[:len(measured)] + w / 2, np.asarray(measured) / 1024, w, color="#f28e2b", label="measured")
+        ax.bar(x[:len(measured)] + w / 2, np.asarray(measured) / scale, w, color="#f28e2b", label="measured")
     ax.set_xticks(x, [str(i) for i in range(S)], fontsize=8 if S <= 16 else 6)
     ax.set_xlim(-0.5 - max(0.0, (4 - S) / 4), S - 0.5 + max(0.0, (4 - S) / 4))   # few stages: narrow bars
     ax.set_xlabel("stage")
-    ax.set_ylabel("GB per GPU")
+    ax.set_ylabel(f"{unit} per GPU (max over the stage's ranks)")
     if not predicted:
         ax.text(0.02, 0.97, "the plan carries no prediction", transform=ax.transAxes, fontsize=8, va="top",
                 color="#555555")

@@ -252,9 +252,14 @@ def test_read_log_keeps_the_last_record_per_iteration_and_the_last_summary(tmp_p
     assert [r["loss"] for r in log.evals] == [4.5] and log.summary["measured_stage_memory_mb"] == [2.0]
 
 
+def test_a_run_shorter_than_its_log_interval_still_has_a_picture(tmp_path):
+    log = training.read_log(_log(tmp_path / "t.jsonl", [{"kind": "summary", "measured_iteration_time_ms": 9.0}]))
+    assert log.train == [] and log.summary["measured_iteration_time_ms"] == 9.0
+
+
 @pytest.mark.parametrize("text,words", [
     ('{"kind": "train", "iteration": 1, "loss": 2.0}\nnot json\n', "t.jsonl:2: not a JSON line"),
-    ('{"kind": "message", "text": "hi"}\n', "no train or eval records"),
+    ('{"kind": "message", "text": "hi"}\n', "no train, eval or summary records"),
     ('{"kind": "train", "iteration": "one", "loss": 2.0}\n', "t.jsonl:1: a train record needs"),
 ])
 def test_bad_logs_are_one_line(tmp_path, text, words):
