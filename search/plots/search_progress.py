@@ -3,8 +3,9 @@
 Data (``progress``, ``comparison``; no matplotlib): the search's trace (``Move.as_dict()``, what ``--trace``
 writes), one point per accepted move: the iteration time and max stage memory after it, which primitive chain it
 was, and whether the plan fits; each stage count's search is its own segment, starting at the time before its
-first move. The x axis is the evaluation count at acceptance when the trace records one (key ``evaluation``),
-else the move's number within its stage count. ``comparison`` gives the bars: the uniform Megatron baseline, the
+first move. The memory is the bottleneck stage's when the trace records it (``bottleneck_memory_*_mb``), else
+the fullest stage's (``max_memory_*_mb``). The x axis is the evaluation count at acceptance when the trace records
+one (key ``evaluations``), else the move's number within its stage count. ``comparison`` gives the bars: the uniform Megatron baseline, the
 best Megatron-LM-expressible plan when the search reports one, and the heterogeneous plan the search returns
 (after its exact refinements, hence possibly below the last move).
 """
@@ -17,7 +18,7 @@ from . import DPI, FALLBACK, Target, save
 
 WIDTH_IN, HEIGHT_IN = 14.0, 7.5
 MAX_LABELS = 24          # stage-count labels along the top
-EVAL_KEYS = ("evaluation", "evaluations", "evals")   # the trace's evaluation count at acceptance, if recorded
+EVAL_KEYS = ("evaluations", "evaluation")   # the trace's evaluation count at acceptance, if recorded
 # the planner's primitives (``primitives.APPLY``) keep their colours from picture to picture; others get the rest
 PRIMITIVE_COLORS = {"move_units": "#4e79a7", "rebalance": "#a0cbe8", "inc_tp": "#f28e2b", "dec_tp": "#ffbe7d",
                     "inc_dp": "#59a14f", "dec_dp": "#8cd17d", "tp_to_dp": "#b07aa1", "dp_to_tp": "#d4a6c8",
@@ -35,19 +36,21 @@ class Point:
     hops: int                # primitives in the chain (1: a single move; more: a multi-hop chain)
 
 
-def progress(moves: list[dict]) -> tuple[dict[int, list[Point]], str]:
-    """Per stage count, its points in order, and the x axis's name."""
+def progress(moves: list[dict]) -> tuple[dict[int, list[Point]], str, str]:
+    """Per stage count, its points in order; the x axis's name; whose memory the points carry (the bottleneck
+    stage's when the trace records it, else the fullest stage's)."""
     by_eval = bool(moves) and all(any(m.get(k) is not None for k in EVAL_KEYS) for m in moves)
+    mem = "bottleneck" if moves and all("bottleneck_memory_after_mb" in m for m in moves) else "max"
     out: dict[int, list[Point]] = {}
     for m in moves:
         S = m["num_stages"]
         pts = out.setdefault(S, [])
         if not pts:
-            pts.append(Point(S, 0.0, m["time_before_ms"], m["max_memory_before_mb"], m["fits_before"], "start", 0))
+            pts.append(Point(S, 0.0, m["time_before_ms"], m[f"{mem}_memory_before_mb"], m["fits_before"], "start", 0))
         x = float(next(m[k] for k in EVAL_KEYS if m.get(k) is not None)) if by_eval else float(len(pts))
-        pts.append(Point(S, x, m["time_after_ms"], m["max_memory_after_mb"], m["fits_after"], m["primitives"][0],
+        pts.append(Point(S, x, m["time_after_ms"], m[f"{mem}_memory_after_mb"], m["fits_after"], m["primitives"][0],
                          len(m["primitives"])))
-    return out, ("evaluations in the stage count's search" if by_eval else "accepted move")
+    return out, ("evaluations in the stage count's search" if by_eval else "accepted move"), mem
 
 
 def comparison(base, best_ms: float, megatron_ms: float | None = None) -> list[tuple[str, float | None]]:
@@ -71,7 +74,7 @@ def draw(out: Target, moves: list[dict], bars: list[tuple[str, float | None]], m
 
     from . import pyplot
     plt = pyplot()
-    segments, xname = progress(moves)
+    segments, xname, mem = progress(moves)
     fig = plt.figure(figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
     W, H = WIDTH_IN, HEIGHT_IN
     ax_t = fig.add_axes((1.0 / W, 3.95 / H, 7.3 / W, 2.65 / H))
@@ -97,7 +100,7 @@ def draw(out: Target, moves: list[dict], bars: list[tuple[str, float | None]], m
         for ax in (ax_t, ax_m):
             ax.axvline(xs[-1] + 0.5, color="#cccccc", linewidth=0.8)
         offset = xs[-1] + 1.0
-    _finish_progress(ax_t, ax_m, ticks, xname, memory_limit_mb, bool(segments))
+    _finish_progress(ax_t, ax_m, ticks, xname, mem, memory_limit_mb, bool(segments))
 
     def dot(face, edge="black", marker="o", label=""):
         return Line2D([], [], marker=marker, linestyle="", markerfacecolor=face, markeredgecolor=edge, label=label)
@@ -119,11 +122,12 @@ def _gb(mb: float | None) -> float | None:
     return None if mb is None else mb / 1024.0
 
 
-def _finish_progress(ax_t, ax_m, ticks, xname: str, limit_mb: float, any_moves: bool) -> None:
+def _finish_progress(ax_t, ax_m, ticks, xname: str, mem: str, limit_mb: float, any_moves: bool) -> None:
     ax_t.set_ylabel("iteration time (ms)")
     ax_t.set_title("iteration time after each accepted move, per number of stages", fontsize=10, loc="left")
-    ax_m.set_ylabel("max stage memory (GB)")
-    ax_m.set_title("memory of the fullest stage after each move", fontsize=10, loc="left")
+    who = "the bottleneck stage" if mem == "bottleneck" else "the fullest stage"
+    ax_m.set_ylabel(f"memory of {who.split()[-2]} stage (GB)")
+    ax_m.set_title(f"memory of {who} after each move", fontsize=10, loc="left")
     ax_m.axhline(limit_mb / 1024.0, color="#c00000", linestyle="--", linewidth=1.1)
     ax_m.text(1.0, limit_mb / 1024.0, f" limit {limit_mb / 1024:.1f} GB", color="#c00000", fontsize=8,
               va="center", ha="left", transform=ax_m.get_yaxis_transform())

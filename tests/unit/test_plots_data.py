@@ -204,24 +204,30 @@ def trace(tmp_path_factory):
 
 def test_progress_points_reproduce_the_trace(trace, capsys):
     capsys.readouterr()
-    segs, xname = search_progress.progress(trace)
-    assert xname == "accepted move"
+    segs, xname, mem = search_progress.progress(trace)
+    key = f"{mem}_memory_after_mb"
+    assert xname == ("accepted move" if "evaluations" not in trace[0] else "evaluations in the stage count's search")
     assert sum(len(p) - 1 for p in segs.values()) == len(trace)
     for S, pts in segs.items():
         moves = [m for m in trace if m["num_stages"] == S]
         assert pts[0].time_ms == moves[0]["time_before_ms"] and pts[0].primitive == "start"
         assert [p.time_ms for p in pts[1:]] == [m["time_after_ms"] for m in moves]
-        assert [p.memory_mb for p in pts[1:]] == [m["max_memory_after_mb"] for m in moves]
+        assert [p.memory_mb for p in pts[1:]] == [m[key] for m in moves]
         assert [p.primitive for p in pts[1:]] == [m["primitives"][0] for m in moves]
-        assert [p.x for p in pts] == list(range(len(pts)))
+        if "evaluations" not in trace[0]:
+            assert [p.x for p in pts] == list(range(len(pts)))
+        else:
+            assert [p.x for p in pts[1:]] == [m["evaluations"] for m in moves]
 
 
-def test_progress_uses_the_evaluation_count_when_the_trace_has_one():
+def test_progress_uses_the_evaluation_count_and_bottleneck_memory_when_the_trace_has_them():
     moves = [{"num_stages": 2, "primitives": ["inc_tp", "move_units"], "time_before_ms": 10.0,
               "time_after_ms": 8.0, "max_memory_before_mb": None, "max_memory_after_mb": 5.0, "fits_before": False,
-              "fits_after": True, "evaluation": 17}]
-    segs, xname = search_progress.progress(moves)
+              "fits_after": True, "evaluations": 17, "bottleneck_memory_before_mb": 7.0,
+              "bottleneck_memory_after_mb": 4.0}]
+    segs, xname, mem = search_progress.progress(moves)
     assert xname.startswith("evaluations") and [p.x for p in segs[2]] == [0.0, 17.0]
+    assert mem == "bottleneck" and [p.memory_mb for p in segs[2]] == [7.0, 4.0]
     assert segs[2][1].hops == 2 and segs[2][0].fits is False
 
 
