@@ -132,7 +132,7 @@ def draw_explain(args, cm, cost, report: dict, plan=None) -> None:
 def draw_search(args, result, base, plan, megatron_ms: float | None = None) -> None:
     """``aceso search --plot``: the accepted moves (``result.moves``) and the final comparison bars: the uniform
     baseline ``base``, the best Megatron-LM-expressible plan's time ``megatron_ms`` (when the search has one) and the
-    heterogeneous ``plan``."""
+    search's ``plan`` (heterogeneous; with ``args.target`` megatron-lm, the Megatron-LM plan itself)."""
     out = target(getattr(args, "plot", None), getattr(args, "plot_format", None))
     if out is None:
         return
@@ -142,7 +142,8 @@ def draw_search(args, result, base, plan, megatron_ms: float | None = None) -> N
     title = (f"aceso search: {plan.model.name} on {cluster}, global batch {plan.global_batch_size}; "
              f"{result.evals} plans evaluated in {result.seconds:.1f} s, {len(result.moves)} accepted moves")
     limit = plan.cluster.memory_mb if plan.cluster else float("nan")
-    draw(out, [m.as_dict() for m in result.moves], comparison(base, best_ms, megatron_ms), limit, title)
+    bars = comparison(base, best_ms, megatron_ms, getattr(args, "target", "aceso"))
+    draw(out, [m.as_dict() for m in result.moves], bars, limit, title)
 
 
 def draw_training(log_file, path: str, fmt: str | None = None, option: str = "--plot") -> None:

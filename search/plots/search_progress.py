@@ -53,8 +53,12 @@ def progress(moves: list[dict]) -> tuple[dict[int, list[Point]], str, str]:
     return out, ("evaluations in the stage count's search" if by_eval else "accepted move"), mem
 
 
-def comparison(base, best_ms: float, megatron_ms: float | None = None) -> list[tuple[str, float | None]]:
-    """(label, iteration ms) bars; a baseline that does not fit has None."""
+def comparison(base, best_ms: float, megatron_ms: float | None = None,
+               target: str = "aceso") -> list[tuple[str, float | None]]:
+    """(label, iteration ms) bars; a baseline that does not fit has None. With ``target`` megatron-lm the search's
+    own plan is the Megatron-LM-expressible one (no heterogeneous bar)."""
+    if target == "megatron-lm":
+        megatron_ms, best_ms = best_ms, None
     rows: list[tuple[str, float | None]] = []
     if base is not None and base.fits:
         rows.append((f"uniform Megatron baseline\npp{base.pp} tp{base.tp} dp{base.dp} mbs{base.mbs}, "
@@ -62,8 +66,9 @@ def comparison(base, best_ms: float, megatron_ms: float | None = None) -> list[t
     else:
         rows.append(("uniform Megatron baseline\n(no uniform configuration fits)", None))
     if megatron_ms is not None:
-        rows.append(("Megatron-LM-expressible plan", megatron_ms))
-    rows.append(("heterogeneous plan\n(aceso runtime)", best_ms))
+        rows.append(("Megatron-LM-expressible plan\n(drop-in: aceso export --to megatron-lm)", megatron_ms))
+    if best_ms is not None:
+        rows.append(("heterogeneous plan\n(aceso runtime)", best_ms))
     return rows
 
 

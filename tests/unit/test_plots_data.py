@@ -237,6 +237,8 @@ def test_comparison_bars():
     bars = search_progress.comparison(base, 80.0, 90.0)
     assert [v for _, v in bars] == [100.0, 90.0, 80.0] and "pp2 tp1 dp4" in bars[0][0]
     assert search_progress.comparison(None, 80.0)[0][1] is None
+    mlm = search_progress.comparison(base, 90.0, target="megatron-lm")    # the search's plan is Megatron-LM's
+    assert [v for _, v in mlm] == [100.0, 90.0] and mlm[1][0].startswith("Megatron-LM")
 
 
 # ----- training log ------------------------------------------------------------------------------------------------
