@@ -1,13 +1,13 @@
 """``aceso search --plot FILE``: the accepted moves of the search and the final comparison.
 
 Data (``progress``, ``comparison``; no matplotlib): the search's trace (``Move.as_dict()``, what ``--trace``
-writes), one point per accepted move: the iteration time and max stage memory after it, which primitive chain it
-was, and whether the plan fits; each stage count's search is its own segment, starting at the time before its
-first move. The memory is the bottleneck stage's when the trace records it (``bottleneck_memory_*_mb``), else
-the fullest stage's (``max_memory_*_mb``). The x axis is the evaluation count at acceptance when the trace records
-one (key ``evaluations``), else the move's number within its stage count. ``comparison`` gives the bars: the uniform Megatron baseline, the
-best Megatron-LM-expressible plan when the search reports one, and the heterogeneous plan the search returns
-(after its exact refinements, hence possibly below the last move).
+writes), one point per accepted move: the iteration time and memory after it, which primitive chain it was, and
+whether the plan fits; each stage count's search is its own segment, starting at the time before its first move.
+The memory is the bottleneck stage's when the trace records it (``bottleneck_memory_*_mb``), else the fullest
+stage's (``max_memory_*_mb``). The x axis is the evaluation count at acceptance when the trace records one (key
+``evaluations``), else the move's number within its stage count. ``comparison`` gives the bars: the uniform
+Megatron baseline, the best Megatron-LM-expressible plan when the search reports one, and the heterogeneous plan
+the search returns (after its exact refinements, hence possibly below the last move).
 """
 
 from __future__ import annotations
