@@ -88,10 +88,14 @@ def draw(out: Target, moves: list[dict], bars: list[tuple[str, float | None]], m
     names = sorted({p.primitive for pts in segments.values() for p in pts if p.hops})
     spare = iter(FALLBACK * (1 + len(names) // len(FALLBACK)))
     color = {n: PRIMITIVE_COLORS.get(n) or next(spare) for n in names}
+    by_eval = xname.startswith("evaluations")
+    # by evaluations: every stage count's search gets a segment of the same width (they have the same budget)
+    span = max([p.x for pts in segments.values() for p in pts] + [1.0]) if by_eval else 0.0
     offset, ticks = 0.0, []
     for S in sorted(segments):
         pts = segments[S]
         xs = [offset + p.x for p in pts]
+        end = offset + span if by_eval else xs[-1]
         for ax, ys in ((ax_t, [p.time_ms for p in pts]), (ax_m, [_gb(p.memory_mb) for p in pts])):
             ok = [(x, y, p) for x, y, p in zip(xs, ys, pts) if y is not None]
             ax.plot([x for x, _, _ in ok], [y for _, y, _ in ok], color="#888888", linewidth=0.8, zorder=1)
@@ -101,11 +105,16 @@ def draw(out: Target, moves: list[dict], bars: list[tuple[str, float | None]], m
                     ax.scatter([x for x, _, _ in sel], [y for _, y, _ in sel], s=28, marker=marker, zorder=2,
                                c=[color.get(p.primitive, "white") for _, _, p in sel], linewidths=0.8,
                                edgecolors=["#c00000" if not p.fits else "black" for _, _, p in sel])
-        ticks.append(((xs[0] + xs[-1]) / 2, S))
+        gap = 0.04 * span if by_eval else 1.0
+        ticks.append(((offset + end) / 2, S))
         for ax in (ax_t, ax_m):
-            ax.axvline(xs[-1] + 0.5, color="#cccccc", linewidth=0.8)
-        offset = xs[-1] + 1.0
+            ax.axvline(end + gap / 2, color="#cccccc", linewidth=0.8)
+        offset = end + gap
+    if by_eval:
+        xname = f"evaluations within each stage count's search (each segment 0 to {span:,.0f})"
     _finish_progress(ax_t, ax_m, ticks, xname, mem, memory_limit_mb, bool(segments))
+    if by_eval:
+        ax_m.tick_params(labelbottom=False, bottom=False)
 
     def dot(face, edge="black", marker="o", label=""):
         return Line2D([], [], marker=marker, linestyle="", markerfacecolor=face, markeredgecolor=edge, label=label)
