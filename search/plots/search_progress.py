@@ -110,8 +110,8 @@ def draw(out: Target, moves: list[dict], bars: list[tuple[str, float | None]], m
         for ax in (ax_t, ax_m):
             ax.axvline(end + gap / 2, color="#cccccc", linewidth=0.8)
         offset = end + gap
-    if by_eval:
-        xname = f"evaluations within each stage count's search (each segment 0 to {span:,.0f})"
+    xname = (f"evaluations within each search (0 to {span:,.0f}); one segment per number of stages S" if by_eval
+             else "accepted moves in order; one segment per number of stages S")
     _finish_progress(ax_t, ax_m, ticks, xname, mem, memory_limit_mb, bool(segments))
     if by_eval:
         ax_m.tick_params(labelbottom=False, bottom=False)
@@ -146,7 +146,7 @@ def _finish_progress(ax_t, ax_m, ticks, xname: str, mem: str, limit_mb: float, a
     ax_m.text(1.0, limit_mb / 1024.0, f" limit {limit_mb / 1024:.1f} GB", color="#c00000", fontsize=8,
               va="center", ha="left", transform=ax_m.get_yaxis_transform())
     ax_m.set_ylim(0, max(ax_m.get_ylim()[1], limit_mb / 1024.0 * 1.08))
-    ax_m.set_xlabel(f"{xname}; segments: one search per number of stages S")
+    ax_m.set_xlabel(xname)
     for ax in (ax_t, ax_m):
         ax.grid(axis="y", color="#dddddd", linewidth=0.6)
         ax.set_axisbelow(True)
