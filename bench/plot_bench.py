@@ -2,7 +2,8 @@
 
 For each plan: the cost-model evaluation, the timeline boxes (``timeline.boxes``: the cost model's events cut into
 their terms) and the drawing + PNG write, each the best and median of ``--repeat`` runs (a shared machine is
-noisy: read the best). Target: the biggest pipeline under 10 s end to end on one core. Needs matplotlib.
+noisy: read the best, and the CPU seconds, which load inflates least). Target: the biggest pipeline under 10 s end to
+end on one core. Needs matplotlib.
 
 Prints a table and writes ``bench/results/plot_bench.json``.
 
@@ -45,7 +46,7 @@ def one(case, out: Path) -> dict:
     name, model, cluster, S, tp, dp, mbs, gbs, rc, v = case
     plan = uniform_plan(load_model(model), S, tp, dp, mbs, gbs, recompute=rc, cluster=parse_cluster(cluster),
                         num_virtual_stages=v)
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     cm = make_cost_model(plan.model, plan.cluster, TrainingSpec(global_batch_size=gbs, precision="bf16"))
     cost = cm.evaluate(plan)
     t1 = time.perf_counter()
@@ -57,6 +58,7 @@ def one(case, out: Path) -> dict:
     explain_figure.draw(Target(out, "png"), cm, cost, rep, plan)
     t3 = time.perf_counter()
     return {"evaluate_s": t1 - t0, "boxes_s": t2 - t1, "draw_s": t3 - t2, "total_s": t3 - t0,
+            "cpu_s": time.process_time() - c0,
             "num_boxes": len(boxes), "png_bytes": out.stat().st_size}
 
 
@@ -78,7 +80,7 @@ def main() -> int:
         for case in CASES:
             runs = [one(case, Path(d) / "x.png") for _ in range(args.repeat)]
             row = {"plan": case[0], "num_boxes": runs[0]["num_boxes"], "png_bytes": runs[0]["png_bytes"]}
-            for k in ("evaluate_s", "boxes_s", "draw_s", "total_s"):
+            for k in ("evaluate_s", "boxes_s", "draw_s", "total_s", "cpu_s"):
                 vals = [r[k] for r in runs]
                 row[k.replace("_s", "_best_s")] = min(vals)
                 row[k.replace("_s", "_median_s")] = statistics.median(vals)
@@ -86,10 +88,11 @@ def main() -> int:
         with contextlib.redirect_stdout(io.StringIO()):
             s = [search_picture(Path(d) / "s.png") for _ in range(args.repeat)]
     print("explain --plot, seconds (best / median of", args.repeat, "runs; shared machine)")
-    print(f"  {'plan':<36}{'boxes':>8}{'evaluate':>14}{'boxes':>14}{'draw+write':>14}{'total':>14}{'PNG KB':>8}")
+    print(f"  {'plan':<36}{'boxes':>8}{'evaluate':>14}{'boxes':>14}{'draw+write':>14}{'total':>14}"
+          f"{'CPU':>14}{'PNG KB':>8}")
     for r in rows:
         cells = "".join(f"{r[k + '_best_s']:>7.2f}/{r[k + '_median_s']:<6.2f}"
-                        for k in ("evaluate", "boxes", "draw", "total"))
+                        for k in ("evaluate", "boxes", "draw", "total", "cpu"))
         print(f"  {r['plan']:<36}{r['num_boxes']:>8}{cells}{r['png_bytes'] / 1024:>8.0f}")
     times = [x["total_s"] for x in s]
     print(f"search --plot (gpt-1.3b, 1x8-h100, gbs 512, search included): best {min(times):.2f} s, "

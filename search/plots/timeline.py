@@ -14,9 +14,11 @@ come; a kind ending in ``_hidden`` is communication overlapped with compute (dra
 A cost model without ``pipeline_events`` (aceso-compat) gets the 1F1B simulation of its per-stage times, and the
 picture says so when that differs from its own pipeline formula.
 
-Drawing (``draw``): boxes as one ``PolyCollection`` per kind (64 stages x 500 micro-batches draw in about a second);
-more than ``MAX_ROWS`` stages are sampled evenly (first, last and bottleneck always shown); when boxes get narrower
-than ``DENSE_PX`` pixels each kind gets its own lane in the row, so sub-pixel boxes of different kinds never blend.
+Drawing (``draw``): boxes as one ``PolyCollection`` per kind; more than ``MAX_ROWS`` stages are sampled evenly
+(first, last and bottleneck always shown); when the forward/backward boxes get narrower than ``DENSE_PX`` pixels
+(e.g. 64 stages x 500 micro-batches) each row shows instead, per column of ``SHARE_PX`` pixels, the share of that
+column's time each kind runs, stacked (the exact integral of its boxes), so sub-pixel boxes neither vanish nor
+blend, and idle time (the bubble) stays blank.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from ..costmodel.types import Event, StageCost
 
 COARSE = frozenset({"forward", "backward", "sync"})   # the kinds a cost model emits before it splits them itself
 MAX_ROWS = 32           # stages drawn; more are sampled
-DENSE_PX = 3.0          # mean forward/backward width (pixels) below which each kind gets its own lane
+DENSE_PX = 3.0          # mean forward/backward width (pixels) below which rows show per-pixel shares of each kind
 EDGE_PX = 4.0           # mean width from which boxes get white edges (separating neighbours)
-MIN_PX = 1.0            # narrowest box drawn in a dense timeline (pixels)
+SHARE_PX = 4             # dense rows: pixels per share column (wider than a schedule period: no aliasing)
 LABEL_PX = 16.0         # box width (pixels) from which the micro-batch number is written in it
 ORDER = ("forward", "recompute", "backward", "p2p", "tp_comm", "cp_comm", "dp_comm", "sync", "param_gather",
          "optimizer", "step")
@@ -117,39 +119,45 @@ def row_inches(num_chunks: int) -> float:
 def draw(ax, events: list[Event], stage_labels: list[str], iteration_ms: float, bottleneck: int,
          num_chunks: int, width_px: float) -> list:
     """Draw the timeline on ``ax``; returns the legend handles. ``stage_labels[s]`` names stage s."""
-    from matplotlib.collections import PolyCollection
     from matplotlib.patches import Patch
 
     from . import color_of
     S = len(stage_labels)
     rows = shown_stages(S, bottleneck)
     row_of = {s: r for r, s in enumerate(rows)}
-    end = max([e.end_ms for e in events] + [iteration_ms])
-    px_per_ms = width_px / (end * 1.02)
+    end = max([e.end_ms for e in events] + [iteration_ms]) * 1.02
+    px_per_ms = width_px / end
     work = [e.end_ms - e.start_ms for e in events if e.kind in ("forward", "backward") and e.stage in row_of]
     mean_px = px_per_ms * sum(work) / max(len(work), 1)
     dense = mean_px < DENSE_PX
-    edges = mean_px >= EDGE_PX
     kinds = kinds_in_order(events)
-    per_mb_kinds = {e.kind for e in events if e.micro_batch >= 0}
-    lane_kinds = [k for k in kinds if not hidden(k) and k in per_mb_kinds]
+    per_mb = {e.kind for e in events if e.micro_batch >= 0 and not hidden(e.kind)}
+    lane_kinds = [k for k in kinds if k in per_mb]
     others: dict[str, str] = {}
-    verts = _verts(events, row_of, dense, lane_kinds, num_chunks, MIN_PX / px_per_ms if dense else 0.0)
-    handles = []
-    for k in kinds:
-        if k not in verts:
-            continue
-        c = color_of(k, others)
-        hid = hidden(k)
-        ax.add_collection(PolyCollection(verts[k], facecolors=c, edgecolors="white" if edges else "none",
-                                         linewidths=0.4 if edges else 0.0, hatch="////" if hid else None,
-                                         alpha=0.6 if hid else 1.0, rasterized=dense))
-        base = k.removesuffix("_hidden")
-        name = LABELS.get(base, base.replace("_", " "))
-        name = name.replace(" (exposed)", "") + " overlapped (hidden)" if hid else name
-        handles.append(Patch(facecolor=c, alpha=0.6 if hid else 1.0, hatch="////" if hid else None, label=name))
+    colors = {k: color_of(k, others) for k in kinds}
+    shown = [e for e in events if e.stage in row_of]
+    if dense:   # per-micro-batch kinds as stacked shares per pixel, the rest (sync, step, hidden) as boxes
+        _draw_shares(ax, [e for e in shown if e.kind in per_mb and e.micro_batch >= 0], row_of, lane_kinds,
+                     colors, end, int(width_px) // SHARE_PX)
+        shown = [e for e in shown if not (e.kind in per_mb and e.micro_batch >= 0)]
+    _draw_boxes(ax, shown, row_of, [], 1 if dense else num_chunks, colors, edges=mean_px >= EDGE_PX)
     if not dense:
         _label_micro_batches(ax, events, row_of, num_chunks, px_per_ms)
+    handles = []
+    for k in kinds:
+        hid = hidden(k)
+        base = LABELS.get(k.removesuffix("_hidden"), k.removesuffix("_hidden").replace("_", " "))
+        name = base.replace(" (exposed)", "") + " overlapped (hidden)" if hid else base
+        handles.append(Patch(facecolor=colors[k], alpha=0.6 if hid else 1.0, hatch="////" if hid else None,
+                             label=name))
+    _frame(ax, rows, S, stage_labels, bottleneck, iteration_ms, end, handles, dense, num_chunks)
+    return handles
+
+
+def _frame(ax, rows, S, stage_labels, bottleneck, iteration_ms, end, handles, dense, num_chunks) -> None:
+    """Axes, row labels, the bottleneck band, the iteration line and the title note."""
+    from matplotlib.patches import Patch
+    row_of = {s: r for r, s in enumerate(rows)}
     if bottleneck in row_of:
         r = row_of[bottleneck]
         ax.axhspan(r - 0.5, r + 0.5, color="#fff3b0", zorder=0)
@@ -157,53 +165,87 @@ def draw(ax, events: list[Event], stage_labels: list[str], iteration_ms: float, 
     line = ax.axvline(iteration_ms, color="black", linestyle="--", linewidth=1.2)
     line.set_label(f"iteration {iteration_ms:,.1f} ms")
     handles.append(line)
-    ax.set_xlim(0, end * 1.02)
+    ax.set_xlim(0, end)
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_yticks(range(len(rows)), [stage_labels[s] for s in rows], fontsize=8 if len(rows) <= 16 else 6.5)
     if bottleneck in row_of:
         ax.get_yticklabels()[row_of[bottleneck]].set_fontweight("bold")
     ax.set_xlabel("time in the iteration (ms)")
-    note = "" if len(rows) == S else f" ({len(rows)} of {S} stages shown, evenly spaced)"
-    note += "; dense: one lane per kind" if dense else ""
+    note = "" if len(rows) == S else f": {len(rows)} of {S} stages, evenly spaced"
+    note += "; dense: each kind's share of the time, stacked" if dense else ""
     note += f"; chunk lanes 0-{num_chunks - 1} per stage" if num_chunks > 1 and not dense else ""
     ax.set_title("pipeline timeline (cost model's schedule)" + note, fontsize=10, loc="left")
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)
-    return handles
 
 
-def _verts(events: list[Event], row_of: dict[int, int], dense: bool, lane_kinds: list[str],
-           num_chunks: int, min_ms: float) -> dict:
-    """Per kind, the (N, 4, 2) rectangle corners of its boxes (numpy: 100k boxes in milliseconds); a box narrower
-    than ``min_ms`` is drawn that wide, so that none vanishes between pixels (the data is not changed)."""
+def _draw_boxes(ax, events: list[Event], row_of: dict[int, int], lane_kinds: list[str], num_chunks: int,
+                colors: dict[str, str], edges: bool) -> None:
+    """One ``PolyCollection`` per kind (numpy corners: 100k boxes in well under a second)."""
     import numpy as np
+    from matplotlib.collections import PolyCollection
     groups: dict[str, list] = {}
     for e in events:
-        r = row_of.get(e.stage)
-        if r is not None:
-            groups.setdefault(e.kind, []).append((e.start_ms, e.end_ms, r, e.chunk, e.micro_batch))
-    out = {}
+        groups.setdefault(e.kind, []).append((e.start_ms, e.end_ms, row_of[e.stage], e.chunk, e.micro_batch))
     for kind, rows in groups.items():
-        a = np.asarray(rows, dtype=float)
-        x0, x1, r, chunk, mb = a.T
-        x1 = np.maximum(x1, x0 + min_ms)
-        y0, y1 = _lanes(kind, r, chunk, mb, dense, lane_kinds, num_chunks)
-        out[kind] = np.stack([np.stack([x0, y0], -1), np.stack([x0, y1], -1), np.stack([x1, y1], -1),
-                              np.stack([x1, y0], -1)], axis=1)
-    return out
+        x0, x1, r, chunk, mb = np.asarray(rows, dtype=float).T
+        y0, y1 = (np.broadcast_to(y, x0.shape) for y in _lanes(kind, r, chunk, mb, lane_kinds, num_chunks))
+        verts = np.stack([np.stack([x0, y0], -1), np.stack([x0, y1], -1), np.stack([x1, y1], -1),
+                          np.stack([x1, y0], -1)], axis=1)
+        hid = hidden(kind)
+        ax.add_collection(PolyCollection(verts, facecolors=colors[kind], edgecolors="white" if edges else "none",
+                                         linewidths=0.4 if edges else 0.0, hatch="////" if hid else None,
+                                         alpha=0.6 if hid else 1.0))
 
 
-def _lanes(kind: str, row, chunk, mb, dense: bool, lane_kinds: list[str], num_chunks: int):
+def _draw_shares(ax, events: list[Event], row_of: dict[int, int], kinds: list[str], colors: dict[str, str],
+                 end_ms: float, width_px: int, height_px: int = 32) -> None:
+    """Dense timelines: each row is a stacked strip, per pixel column the share of that column's time each kind
+    runs (exact: the integral of its boxes over the column), top down in ``kinds`` order, idle time left blank; so
+    sub-pixel boxes neither vanish nor blend into each other's colours."""
+    import numpy as np
+    from matplotlib.colors import to_rgba
+    edges = np.linspace(0.0, end_ms, width_px + 1)
+    per_row: dict[int, dict[str, list]] = {}
+    for e in events:
+        per_row.setdefault(row_of[e.stage], {}).setdefault(e.kind, []).append((e.start_ms, e.end_ms))
+    palette = np.array([to_rgba(colors[k]) for k in kinds] + [(1.0, 1.0, 1.0, 0.0)])
+    y = (np.arange(height_px) + 0.5) / height_px
+    for r, spans in per_row.items():
+        share = np.zeros((len(kinds), width_px))
+        for j, k in enumerate(kinds):
+            if k in spans:
+                a = np.asarray(spans[k], dtype=float)
+                share[j] = np.diff(_covered(a[:, 0], a[:, 1], edges)) / np.diff(edges)
+        cum = np.cumsum(np.clip(share, 0.0, 1.0), axis=0)                 # (K, W)
+        which = (cum[:, None, :] <= y[None, :, None]).sum(axis=0)       # (H, W): the kind under each pixel
+        ax.imshow(palette[which], extent=(0.0, end_ms, r + 0.4, r - 0.4), aspect="auto",
+                  interpolation="nearest", zorder=1)
+
+
+def _covered(starts, ends, at):
+    """Total length of the intervals [starts, ends) left of each point of ``at`` (piecewise linear: slope +1 after
+    a start, -1 after an end)."""
+    import numpy as np
+    pts = np.concatenate([starts, ends])
+    slope = np.concatenate([np.ones_like(starts), -np.ones_like(ends)])
+    order = np.argsort(pts, kind="stable")
+    pts, slope = pts[order], np.cumsum(slope[order])
+    cum = np.concatenate([[0.0], np.cumsum(slope[:-1] * np.diff(pts))])
+    return np.interp(at, pts, cum, left=0.0, right=cum[-1])
+
+
+def _lanes(kind: str, row, chunk, mb, lane_kinds: list[str], num_chunks: int):
     """Vertical extent (y0, y1) of boxes of one kind in their rows (rows are 1 high, centred on the row index):
-    per-iteration work (sync, optimizer) the whole row; per micro-batch boxes a lane per kind (dense) or per chunk;
-    overlapped communication a strip along the row's bottom."""
+    per-iteration work (sync, optimizer) the whole row; per micro-batch boxes a lane per kind (``lane_kinds``:
+    dense) or per chunk; overlapped communication a strip along the row's bottom."""
     import numpy as np
     top, height = row - 0.4, 0.8
     if hidden(kind):
         return row + 0.28, row + 0.4
-    if dense and len(lane_kinds) > 1 and kind in lane_kinds:
+    if lane_kinds and kind in lane_kinds:
         n, j = len(lane_kinds), np.full_like(row, lane_kinds.index(kind))
-    elif num_chunks > 1 and not dense:
+    elif num_chunks > 1 and not lane_kinds:
         n, j = num_chunks, np.maximum(chunk, 0)
     else:
         return top, top + height
@@ -220,6 +262,6 @@ def _label_micro_batches(ax, events: list[Event], row_of: dict[int, int], num_ch
         return
     size = 6.5 if num_chunks == 1 else 5.5
     for e in wide:
-        y0, y1 = _lanes(e.kind, row_of[e.stage], e.chunk, e.micro_batch, False, [], num_chunks)
+        y0, y1 = _lanes(e.kind, row_of[e.stage], e.chunk, e.micro_batch, [], num_chunks)
         ax.text((e.start_ms + e.end_ms) / 2, float(y0 + y1) / 2, str(e.micro_batch), ha="center", va="center",
                 fontsize=size, color="white", clip_on=True)
