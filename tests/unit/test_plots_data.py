@@ -140,6 +140,16 @@ def test_big_pipelines_show_a_sample_of_stages_with_the_first_last_and_bottlenec
         assert gaps.max() - gaps.min() <= 2           # evenly spaced (the bottleneck may shift one pick)
 
 
+def test_dense_rows_integrate_each_kinds_boxes_exactly():
+    """The share strips of dense timelines: covered time left of each column edge, against a brute-force sum."""
+    rng = np.random.default_rng(0)
+    starts = np.sort(rng.uniform(0, 100, 50))
+    ends = starts + rng.uniform(0, 1.5, 50)
+    at = np.linspace(-1, 102, 333)
+    brute = [sum(min(max(x - a, 0.0), b - a) for a, b in zip(starts, ends)) for x in at]
+    assert timeline._covered(starts, ends, at) == pytest.approx(brute, abs=1e-9)
+
+
 # ----- memory ------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("plan", [TWO, FOUR, VPP], ids=["2-stage", "4-stage", "interleaved"])
 def test_memory_bars_sum_to_the_cost_models_stage_memory(plan):
