@@ -10,7 +10,7 @@ import json
 import sys
 
 from ..errors import AcesoError
-from .common import add_cluster_args, add_model_args, write_output
+from .common import add_cluster_args, add_model_args, check_output, write_output
 from .search_cmd import add_training_args, setup
 
 
@@ -26,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from ..planner.api import plan_baseline
     from ..planner.baseline import baseline_plan
     from ..planner.report import assumed_attention
+    check_output(args.output)
     model, cluster, training, cm = setup(args)
     res = plan_baseline(cm, training)
     if res is None:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pydantic
 
+from ..argtypes import positive_int
 from ..errors import AcesoError, as_aceso_error, read_json
-from ..plan import RECOMPUTE_CHOICES, ParallelPlan, parse_plan
+from ..plan import RECOMPUTE_CHOICES, ParallelPlan, check_recompute_applies, parse_plan
 from ..training import TrainingSpec
 from .common import add_cluster_args, print_json
 
@@ -26,9 +27,9 @@ CATEGORIES = ("params", "grads", "optimizer", "activations", "recompute_peak", "
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="plan JSON (ours or a reference config)")
     p.add_argument("--model", default=None, help="preset or spec file; default: the plan's model")
-    p.add_argument("--num-layers", type=int, default=None, help="with --model: override the preset's depth")
+    p.add_argument("--num-layers", type=positive_int, default=None, help="with --model: override the preset's depth")
     add_cluster_args(p, required=False)
-    p.add_argument("--global-batch-size", type=int, default=None, help="default: the plan's")
+    p.add_argument("--global-batch-size", type=positive_int, default=None, help="default: the plan's")
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="default: the model's params_dtype")
     p.add_argument("--cost-model", choices=("analytic", "profile", "aceso-compat"), default="analytic")
@@ -49,6 +50,9 @@ def _read_plan(args: argparse.Namespace, raw: object) -> tuple[ParallelPlan, lis
             raise AcesoError(f"{path}: a reference (Aceso legacy) config, but the compat importer is not "
                              "available in this version; convert it to our plan format first") from None
         return ref_to_plan(parse_ref_config(raw, src=str(path)), snap=args.snap, src=str(path))
+    if isinstance(raw, dict) and "family" in raw and "stages" not in raw:
+        raise AcesoError(f"{path}: a model spec, not a plan; explain wants a plan: make one with "
+                         f"`aceso search --model {path} --cluster ... --global-batch-size ...`")
     return parse_plan(raw, source=str(path)), []
 
 
@@ -67,12 +71,12 @@ def _resolve(args: argparse.Namespace, plan: ParallelPlan):
         cluster = parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb)
     elif plan.cluster is not None:
         cluster = plan.cluster
-        if args.memory_limit_mb:
-            cluster = cluster.model_copy(update={"memory_limit_mb": args.memory_limit_mb})
+        if args.memory_limit_mb is not None:
+            cluster = _with_limit(cluster, args.memory_limit_mb)
     else:
         raise AcesoError(f"{args.plan}: the plan names no cluster; give --cluster NODESxGPUS-gpu")
     data["cluster"] = cluster.model_dump()
-    if args.global_batch_size:
+    if args.global_batch_size is not None:
         data["global_batch_size"] = args.global_batch_size
     try:
         plan = ParallelPlan.model_validate(data)
@@ -84,6 +88,15 @@ def _resolve(args: argparse.Namespace, plan: ParallelPlan):
                             precision=precision, distributed_optimizer=plan.distributed_optimizer,
                             attention=attention)
     return plan, cluster, training
+
+
+def _with_limit(cluster, memory_limit_mb: float):
+    from ..cluster import ClusterSpec
+
+    try:
+        return ClusterSpec.model_validate({**cluster.model_dump(), "memory_limit_mb": memory_limit_mb})
+    except pydantic.ValidationError as e:
+        raise AcesoError(f"--memory-limit-mb {memory_limit_mb:g}: " + str(as_aceso_error(e))) from None
 
 
 def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_batch_size: int) -> dict:
@@ -114,7 +127,11 @@ def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str]
     from ..costmodel import make_cost_model
     plan, notes = _read_plan(args, raw)
     plan, cluster, training = _resolve(args, plan)
-    cost = make_cost_model(plan.model, cluster, training, kind=args.cost_model, db=args.db).evaluate(plan)
+    cm = make_cost_model(plan.model, cluster, training, kind=args.cost_model, db=args.db)
+    flash = getattr(getattr(cm, "source", None), "flash", None)
+    check_recompute_applies(plan, flash, f"the analytic model assumes flash attention on {cluster.gpu.name} "
+                                         f"(--attention {training.attention})")
+    cost = cm.evaluate(plan)
     shapes = [{"num_gpus": st.num_gpus, "tp": st.tp, "dp": st.dp, "units": [st.start_unit, st.end_unit],
                "recompute": {c: st.recompute.count(c) for c in RECOMPUTE_CHOICES if st.recompute.count(c)}}
               for st in plan.stages]
