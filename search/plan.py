@@ -377,6 +377,16 @@ def check_fits_cluster(plan: ParallelPlan, cluster: ClusterSpec) -> None:
                 )
 
 
+def recompute_text(counts: dict[str, int]) -> str:
+    """One notation for a stage's recompute choices (``aceso search`` and ``aceso explain``): the choice when every
+    unit has it, else counts in ``RECOMPUTE_CHOICES`` order: ``"full"``, ``"none 3, selective 2"``."""
+    order = {c: i for i, c in enumerate(RECOMPUTE_CHOICES)}
+    items = sorted(((c, n) for c, n in counts.items() if n), key=lambda cn: order.get(cn[0], len(order)))
+    if len(items) == 1 and items[0][0] in order:
+        return items[0][0]
+    return ", ".join(f"{c} {n}" for c, n in items)
+
+
 def check_recompute_applies(plan: ParallelPlan, flash: bool | None = None, why_flash: str = "") -> None:
     """Refuse ``attn_dropout`` where it frees nothing (``AcesoError`` with the reason): it frees the dropout mask and
     the dropped attention probabilities, so it needs attention dropout in the model and unfused attention (flash

@@ -4,7 +4,11 @@ Example: aceso search --model gpt-1.3b --cluster 1x8-h100 --global-batch-size 51
 
 The budget is counted in plan evaluations (--budget-evals), so the same inputs and --seed give the same plan on
 any machine; --budget-s adds a wall-clock cap (then results may depend on the CPU). Ctrl-C stops the search and
-writes the best plan found so far. Exit 2 when nothing fits, with what would make it fit.
+writes the best plan found so far (SIGTERM too). Exit 2 when nothing fits, with what would make it fit.
+
+Words: a unit is half a transformer layer (its attention or its MLP half; a T5 decoder layer has three), the
+granularity of stage boundaries and recompute. The plan's micro-batch is the pipeline micro-batch: a stage with
+data parallelism dp runs micro-batch / dp samples per rank (mbs/rank, Megatron-LM's --micro-batch-size).
 """
 
 from __future__ import annotations
