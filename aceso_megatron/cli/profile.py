@@ -106,6 +106,8 @@ def check(args: argparse.Namespace, model: ModelSpec) -> None:
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         raise AcesoError(f"--node-rank ({args.node_rank}) must be in [0, --nnodes ({args.nnodes}))")
     out = db_path(args.output)
+    if out.exists() and not out.is_file():
+        raise AcesoError(f"-o {args.output}: {out} is not a regular file; the profiler writes a database file there")
     check_output(str(out))
 
 
