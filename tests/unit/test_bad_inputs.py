@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -600,23 +599,70 @@ def test_the_corpus_is_big_and_covers_every_subcommand():
     assert covered >= set(PLANNER_SUBCOMMANDS) | set(RUNTIME_SUBCOMMANDS)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    _write(tmp_path, base_files())
-    _write(tmp_path, case.files)
+def run_case(case: Case, root: Path) -> tuple[int, str, str, bool]:
+    """Run ``case`` in the empty folder ``root``: (exit status, stdout, stderr, whether files stayed unchanged).
+    ``aceso launch --cpu`` sees 16 GB of RAM (100 MB for the tiny-RAM case), and no GPUs."""
+    import contextlib
+    import io
+    import os
+
     import launch.commands as lc
-    monkeypatch.setattr(lc, "available_ram_mb", lambda: 100.0 if case.id == "launch-cpu-tiny-ram" else 16384.0)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    before = _snapshot(tmp_path)
-    had_torch = "torch" in sys.modules
-    rc = main(case.argv)
-    out, err = capsys.readouterr()
+
+    _write(root, base_files())
+    _write(root, case.files)
+    before = _snapshot(root)
+    cwd, ram, gpus = os.getcwd(), lc.available_ram_mb, os.environ.get("CUDA_VISIBLE_DEVICES")
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.chdir(root)
+        lc.available_ram_mb = lambda: 100.0 if case.id == "launch-cpu-tiny-ram" else 16384.0
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(case.argv)
+    finally:
+        os.chdir(cwd)
+        lc.available_ram_mb = ram
+        if gpus is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpus
+    return rc, out.getvalue(), err.getvalue(), _snapshot(root) == before
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path):
+    rc, out, err, unchanged = run_case(case, tmp_path)
     assert rc == 2, (rc, out[-500:], err[-2000:])
     assert "Traceback" not in err and "internal error" not in err, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert 1 <= len(lines) <= 2, err
     assert case.needle in err, err
     assert out == "", out[-500:]
-    assert _snapshot(tmp_path) == before, "the command wrote or changed files"
-    assert had_torch or "torch" not in sys.modules, "bad input must be caught before importing torch"
+    assert unchanged, "the command wrote or changed files"
+
+
+RUNTIME = ("launch", "train", "data", "profile")
+
+
+def test_runtime_commands_refuse_bad_input_with_torch_blocked():
+    """The runtime subcommands' bad inputs, again in a process where importing torch or megatron fails: each is
+    still caught (exit 2, its line) before the runtime's heavy imports."""
+    from tests.unit.test_torch_free import run_blocked
+
+    ids = [c.id for c in CASES if c.argv and c.argv[0] in RUNTIME]
+    assert len(ids) >= 60
+    r = run_blocked(f"""
+        import tempfile
+        from pathlib import Path
+        from tests.unit.test_bad_inputs import CASES, run_case
+        bad = []
+        for c in CASES:
+            if c.id in {ids!r}:
+                with tempfile.TemporaryDirectory() as d:
+                    rc, out, err, unchanged = run_case(c, Path(d))
+                if rc != 2 or c.needle not in err or not unchanged:
+                    bad.append((c.id, rc, err[-300:]))
+        print(bad)
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "[]", r.stdout
