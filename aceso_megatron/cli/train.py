@@ -36,13 +36,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--data-cache-path", default=None, help="where megatron-core caches dataset indices")
     g = p.add_argument_group("optimizer and schedule")
     g.add_argument("--lr", type=nonnegative_float, default=3e-4, help="peak learning rate (default 3e-4)")
-    g.add_argument("--min-lr", type=nonnegative_float, default=0.0, help="learning rate at the end of decay (default 0)")
+    g.add_argument("--min-lr", type=nonnegative_float, default=0.0,
+                   help="learning rate at the end of decay (default 0)")
     g.add_argument("--lr-warmup-iters", type=nonnegative_int, default=0, help="linear warm-up steps from 0 (default 0)")
     g.add_argument("--lr-decay-iters", type=positive_int, default=None, help="decay steps (default --train-iters)")
     g.add_argument("--lr-decay-style", default="cosine",
                    choices=["constant", "linear", "cosine", "inverse-square-root"], help="default cosine")
     g.add_argument("--weight-decay", type=nonnegative_float, default=0.01, help="AdamW weight decay (default 0.01)")
-    g.add_argument("--clip-grad", type=nonnegative_float, default=1.0, help="global gradient-norm clip, 0 = off (default 1)")
+    g.add_argument("--clip-grad", type=nonnegative_float, default=1.0,
+                   help="global gradient-norm clip, 0 = off (default 1)")
     g.add_argument("--adam-beta1", type=_beta, default=0.9)
     g.add_argument("--adam-beta2", type=_beta, default=0.95)
     g.add_argument("--init-method-std", type=positive_float, default=0.02, help="weight init std (default 0.02)")

@@ -108,7 +108,8 @@ def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_b
     stages = []
     for i, (shape, sc) in enumerate(zip(shapes, cost.stages)):
         stages.append({
-            "index": i, **shape, "micro_batch_per_rank": micro_batch_size // shape["dp"], "fwd_ms": sc.fwd_ms, "bwd_ms": sc.bwd_ms, "recompute_ms": sc.recompute_ms,
+            "index": i, **shape, "micro_batch_per_rank": micro_batch_size // shape["dp"],
+            "fwd_ms": sc.fwd_ms, "bwd_ms": sc.bwd_ms, "recompute_ms": sc.recompute_ms,
             "p2p_ms": sc.p2p_ms, "tp_comm_ms": sc.tp_comm_ms, "dp_sync_ms": sc.dp_sync_ms,
             "optimizer_ms": sc.optimizer_ms, "time_per_microbatch_ms": sc.time_per_microbatch_ms,
             "time_ms": cost.pipeline.stage_total_ms[i],

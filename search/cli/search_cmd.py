@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-evals", type=positive_int, default=DEFAULT_BUDGET,
                    help=f"plan evaluations over all stage counts (default {DEFAULT_BUDGET})")
     p.add_argument("--budget-s", type=positive_float, default=None, help="optional wall-clock cap, seconds")
-    p.add_argument("--top-k", type=positive_int, default=1, help="also write the k-1 next best plans (PLAN.top2.json ...)")
+    p.add_argument("--top-k", type=positive_int, default=1,
+                   help="also write the k-1 next best plans (PLAN.top2.json ...)")
     p.add_argument("--seed", type=seed, default=0, help="seed (the search is deterministic for a given seed)")
     p.add_argument("--workers", type=positive_int, default=None,
                    help="worker processes over stage counts (default: CPU count, at most 8; results do not "
