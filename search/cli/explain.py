@@ -6,6 +6,9 @@ the other cost models need our format, so it is converted with the compat import
 fall inside a unit). The model, cluster and global batch size come from
 the plan unless given. --cost-model analytic (default, no measurements needed), profile (--db FILE|DIR, see
 docs/profile-db.md) or aceso-compat (--db DIR of an Aceso database).
+
+The table's units are half layers (attention or MLP; T5 decoder layers have three); mbs/rank is the samples per
+rank and micro-batch, Megatron-LM's --micro-batch-size (the pipeline micro-batch / the stage's dp).
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from pathlib import Path
 import pydantic
 
 from .. import plots
+from ..argtypes import positive_int
 from ..errors import AcesoError, as_aceso_error, read_json
-from ..plan import RECOMPUTE_CHOICES, ParallelPlan, parse_plan
+from ..plan import RECOMPUTE_CHOICES, ParallelPlan, check_recompute_applies, parse_plan
 from ..training import TrainingSpec
 from .common import add_cluster_args, print_json
 
@@ -27,9 +31,9 @@ CATEGORIES = ("params", "grads", "optimizer", "activations", "recompute_peak", "
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="plan JSON (ours or a reference config)")
     p.add_argument("--model", default=None, help="preset or spec file; default: the plan's model")
-    p.add_argument("--num-layers", type=int, default=None, help="with --model: override the preset's depth")
+    p.add_argument("--num-layers", type=positive_int, default=None, help="with --model: override the preset's depth")
     add_cluster_args(p, required=False)
-    p.add_argument("--global-batch-size", type=int, default=None, help="default: the plan's")
+    p.add_argument("--global-batch-size", type=positive_int, default=None, help="default: the plan's")
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="default: the model's params_dtype")
     p.add_argument("--cost-model", choices=("analytic", "profile", "aceso-compat"), default="analytic")
@@ -51,6 +55,9 @@ def _read_plan(args: argparse.Namespace, raw: object) -> tuple[ParallelPlan, lis
             raise AcesoError(f"{path}: a reference (Aceso legacy) config, but the compat importer is not "
                              "available in this version; convert it to our plan format first") from None
         return ref_to_plan(parse_ref_config(raw, src=str(path)), snap=args.snap, src=str(path))
+    if isinstance(raw, dict) and "family" in raw and "stages" not in raw:
+        raise AcesoError(f"{path}: a model spec, not a plan; explain wants a plan: make one with "
+                         f"`aceso search --model {path} --cluster ... --global-batch-size ...`")
     return parse_plan(raw, source=str(path)), []
 
 
@@ -69,12 +76,12 @@ def _resolve(args: argparse.Namespace, plan: ParallelPlan):
         cluster = parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb)
     elif plan.cluster is not None:
         cluster = plan.cluster
-        if args.memory_limit_mb:
-            cluster = cluster.model_copy(update={"memory_limit_mb": args.memory_limit_mb})
+        if args.memory_limit_mb is not None:
+            cluster = _with_limit(cluster, args.memory_limit_mb)
     else:
         raise AcesoError(f"{args.plan}: the plan names no cluster; give --cluster NODESxGPUS-gpu")
     data["cluster"] = cluster.model_dump()
-    if args.global_batch_size:
+    if args.global_batch_size is not None:
         data["global_batch_size"] = args.global_batch_size
     try:
         plan = ParallelPlan.model_validate(data)
@@ -88,13 +95,23 @@ def _resolve(args: argparse.Namespace, plan: ParallelPlan):
     return plan, cluster, training
 
 
+def _with_limit(cluster, memory_limit_mb: float):
+    from ..cluster import ClusterSpec
+
+    try:
+        return ClusterSpec.model_validate({**cluster.model_dump(), "memory_limit_mb": memory_limit_mb})
+    except pydantic.ValidationError as e:
+        raise AcesoError(f"--memory-limit-mb {memory_limit_mb:g}: " + str(as_aceso_error(e))) from None
+
+
 def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_batch_size: int) -> dict:
     """The JSON form of a PlanCost; ``shapes[i]`` describes stage i (gpus, tp, dp, its span, its recompute)."""
     num_micro_batches = global_batch_size // micro_batch_size
     stages = []
     for i, (shape, sc) in enumerate(zip(shapes, cost.stages)):
         stages.append({
-            "index": i, **shape, "fwd_ms": sc.fwd_ms, "bwd_ms": sc.bwd_ms, "recompute_ms": sc.recompute_ms,
+            "index": i, **shape, "micro_batch_per_rank": micro_batch_size // shape["dp"],
+            "fwd_ms": sc.fwd_ms, "bwd_ms": sc.bwd_ms, "recompute_ms": sc.recompute_ms,
             "p2p_ms": sc.p2p_ms, "tp_comm_ms": sc.tp_comm_ms, "dp_sync_ms": sc.dp_sync_ms,
             "optimizer_ms": sc.optimizer_ms, "time_per_microbatch_ms": sc.time_per_microbatch_ms,
             "time_ms": cost.pipeline.stage_total_ms[i],
@@ -117,6 +134,9 @@ def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str]
     plan, notes = _read_plan(args, raw)
     plan, cluster, training = _resolve(args, plan)
     cm = make_cost_model(plan.model, cluster, training, kind=args.cost_model, db=args.db)
+    flash = getattr(getattr(cm, "source", None), "flash", None)
+    check_recompute_applies(plan, flash, f"the analytic model assumes flash attention on {cluster.gpu.name} "
+                                         f"(--attention {training.attention})")
     cost = cm.evaluate(plan)
     shapes = [{"num_gpus": st.num_gpus, "tp": st.tp, "dp": st.dp, "units": [st.start_unit, st.end_unit],
                "recompute": {c: st.recompute.count(c) for c in RECOMPUTE_CHOICES if st.recompute.count(c)}}
@@ -165,31 +185,38 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_table(r: dict) -> None:
+    """The per-stage table in 120 columns (the memory breakdown in full: --json)."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
-    t = Table(title=f"{r['model']} on {r['cluster']} ({r['cost_model']} cost model): "
-                    f"{r['num_micro_batches']} micro-batches of {r['micro_batch_size']}")
-    cols = ["stage", "gpus", "tp", "dp", "units", "recompute", "fwd ms", "bwd ms", "recomp ms", "comm ms",
-            "sync ms", "total ms", "states GB", "act GB", "peak GB", "resv GB", "mem GB", "fits"]
+
+    from ..plan import recompute_text
+    t = Table(title=f"{r['model']} on {r['cluster']} ({r['cost_model']} cost model): {r['num_micro_batches']} "
+                    f"pipeline micro-batches of {r['micro_batch_size']}", box=box.SIMPLE_HEAD, padding=(0, 1),
+              collapse_padding=True, pad_edge=False, show_edge=False)
+    cols = ["stage", "tp x dp", "mbs/\nrank", "units", "recompute", "fwd\nms", "bwd\nms", "recomp\nms",
+            "comm\nms", "sync\nms", "total\nms", "states\nGB", "act\nGB", "mem\nGB", "fits"]
     for c in cols:
         t.add_column(c, justify="left" if c in ("units", "recompute", "fits") else "right")
     for s in r["stages"]:
         mb = s["memory_breakdown_mb"]
-        groups = (("params", "grads", "optimizer"), ("activations",), ("recompute_peak", "p2p_buffers"), ("reserve",))
-        gb = [f"{sum(mb.get(c, 0.0) for c in g) / 1024:.2f}" for g in groups]
-        rc = " ".join(f"{k[0]}{v}" for k, v in s["recompute"].items())
+        states = sum(mb.get(c, 0.0) for c in ("params", "grads", "optimizer")) / 1024
         span = "{}-{}".format(*s["units"]) if "units" in s else "ops {}-{}".format(*s["ops"])
-        t.add_row(str(s["index"]), str(s["num_gpus"]), str(s["tp"]), str(s["dp"]), span, rc,
-                  f"{s['fwd_ms']:.2f}", f"{s['bwd_ms']:.2f}",
-                  f"{s['recompute_ms']:.2f}", f"{s['p2p_ms'] + s['tp_comm_ms']:.2f}",
-                  f"{s['dp_sync_ms'] + s['optimizer_ms']:.1f}", f"{s['time_ms']:.0f}", *gb,
+        per_rank = r["micro_batch_size"] // s["dp"]
+        t.add_row(str(s["index"]), f"{s['tp']} x {s['dp']}", str(per_rank), span, recompute_text(s["recompute"]),
+                  f"{s['fwd_ms']:.2f}", f"{s['bwd_ms']:.2f}", f"{s['recompute_ms']:.2f}",
+                  f"{s['p2p_ms'] + s['tp_comm_ms']:.2f}", f"{s['dp_sync_ms'] + s['optimizer_ms']:.1f}",
+                  f"{s['time_ms']:.0f}", f"{states:.2f}", f"{mb.get('activations', 0.0) / 1024:.2f}",
                   f"{s['memory_mb'] / 1024:.2f}", "yes" if s["fits"] else "[red]OVER[/red]")
-    con = Console(width=max(Console().width, 160))
+    con = Console(width=120)
     con.print(t)
     con.print(f"iteration {r['iteration_time_ms']:.1f} ms (bubble {r['bubble_ms']:.1f} ms), "
               f"{r['samples_per_s']:.2f} samples/s, {r['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU "
-              f"{100 * r['mfu']:.1f}%; max memory {r['max_memory_mb'] / 1024:.2f} of "
-              f"{r['memory_limit_mb'] / 1024:.2f} GB ({'fits' if r['fits'] else 'DOES NOT FIT'}); bottleneck: stage "
-              f"{r['bottleneck_stage']} ({r['bottleneck_resource']})")
+              f"{100 * r['mfu']:.1f}%")
+    con.print(f"max memory {r['max_memory_mb'] / 1024:.2f} of {r['memory_limit_mb'] / 1024:.2f} GB "
+              f"({'fits' if r['fits'] else 'DOES NOT FIT'}); bottleneck: stage {r['bottleneck_stage']} "
+              f"({r['bottleneck_resource']})")
+    con.print("units: half layers; mbs/rank: Megatron's --micro-batch-size; mem: states + act + recompute peak + "
+              "p2p + reserve")
     for w in r["notes"] + r["warnings"]:
         con.print(f"note: {w}")

@@ -65,6 +65,10 @@ def load_profile_db(path: str | Path) -> dict:
     for key in ("hardware", "model", "dtype", "units", "embedding", "head"):
         if key not in raw:
             raise AcesoError(f"--db {p}: corrupt profile database, field '{key}' is missing; re-run the profiler")
+    from .profiledb_check import check_profile_db
+    bad = check_profile_db(raw)
+    if bad:
+        raise AcesoError(f"--db {p}: corrupt profile database, {bad}; re-run the profiler")
     raw["_path"] = str(p)
     return raw
 

@@ -55,17 +55,17 @@ def target(path: str | None, fmt: str | None = None, option: str = "--plot") -> 
     importable. Raises ``AcesoError`` (one line, exit 2) otherwise; call it before any long work."""
     if path is None:
         return None
-    if path in ("", "-"):
-        raise AcesoError(f"{option}: give an image file name (e.g. {option} out.png); a picture cannot go to stdout")
+    from ..files import check_output
+    if not path.strip() or path == "-":
+        raise AcesoError(f"{option} {path!r}: give an image file name (e.g. {option} out.png); a picture cannot go "
+                         "to stdout")
     p = Path(path)
     ext = p.suffix.lower().lstrip(".")
     fmt = fmt or ext
     if fmt not in FORMATS:
         raise AcesoError(f"{option} {path}: unknown image format {('.' + ext) if ext else '(no extension)'}; "
                          f"end the name in .png, .svg or .pdf or give --plot-format")
-    folder = p.parent if str(p.parent) else Path(".")
-    if not folder.is_dir():
-        raise AcesoError(f"{option} {path}: folder {folder} does not exist; create it first")
+    check_output(path, option)      # a folder, a missing or unwritable folder: one line (search.files)
     pyplot()
     return Target(p, fmt)
 
@@ -81,22 +81,37 @@ def pyplot():
     return plt
 
 
-def save(fig, out: Target) -> None:
-    """Write ``fig`` to ``out`` atomically (temporary file in the same folder, then rename) and close it."""
+def save(fig, out: Target, option: str = "--plot") -> None:
+    """Write ``fig`` to ``out`` and close it: a regular file through a temporary file beside it and a rename (the
+    replaced file's permissions kept), a device or FIFO in place (``search.files``' rules)."""
+    from ..files import _in_place
     plt = pyplot()
-    folder = out.path.parent if str(out.path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{out.path.name}.", suffix=f".{out.fmt}")
-    os.close(fd)
+    dest = str(out.path)
+    kw = {"format": out.fmt, "dpi": DPI, "metadata": _metadata(out.fmt)}
     try:
-        fig.savefig(tmp, format=out.fmt, dpi=DPI, metadata=_metadata(out.fmt))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)    # mkstemp makes it private; a picture gets the usual permissions
-        os.replace(tmp, out.path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        if _in_place(dest):
+            fig.savefig(dest, **kw)
+            return
+        target = os.path.realpath(dest)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target) or ".", prefix=f".{os.path.basename(target)}.",
+                                   suffix=f".{out.fmt}")
+        os.close(fd)
+        try:
+            fig.savefig(tmp, **kw)
+            if os.path.exists(target):
+                os.chmod(tmp, os.stat(target).st_mode & 0o7777)
+            else:
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(tmp, 0o666 & ~umask)   # mkstemp makes it private; a picture gets the usual permissions
+            os.replace(tmp, target)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+    except OSError as e:
+        raise AcesoError(f"{option} {dest}: cannot write it ({e.strerror or type(e).__name__}); nothing was written") \
+            from None
     finally:
         plt.close(fig)
 
