@@ -50,23 +50,25 @@ def add_arguments(p: argparse.ArgumentParser, what: str) -> None:
                    help="image format of --plot (default: from the file extension)")
 
 
-def target(path: str | None, fmt: str | None = None, option: str = "--plot") -> Target | None:
-    """The checked output of ``--plot`` (None when not asked for): a known format, an existing folder, matplotlib
-    importable. Raises ``AcesoError`` (one line, exit 2) otherwise; call it before any long work."""
+def target(path: str | None, fmt: str | None = None, option: str = "--plot", matplotlib: bool = True) -> Target | None:
+    """The checked output of ``--plot`` (None when not asked for): a file that can be written (``search.files``), a
+    known format, and (``matplotlib``) matplotlib importable. Raises ``AcesoError`` (one line, exit 2) otherwise;
+    call it before any long work."""
     if path is None:
         return None
     from ..files import check_output
     if not path.strip() or path == "-":
         raise AcesoError(f"{option} {path!r}: give an image file name (e.g. {option} out.png); a picture cannot go "
                          "to stdout")
+    check_output(path, option)      # a folder, a missing or unwritable folder: one line
     p = Path(path)
     ext = p.suffix.lower().lstrip(".")
     fmt = fmt or ext
     if fmt not in FORMATS:
         raise AcesoError(f"{option} {path}: unknown image format {('.' + ext) if ext else '(no extension)'}; "
                          f"end the name in .png, .svg or .pdf or give --plot-format")
-    check_output(path, option)      # a folder, a missing or unwritable folder: one line (search.files)
-    pyplot()
+    if matplotlib:
+        pyplot()
     return Target(p, fmt)
 
 
@@ -163,9 +165,10 @@ def draw_search(args, result, base, plan, megatron_ms: float | None = None) -> N
 
 def draw_training(log_file, path: str, fmt: str | None = None, option: str = "--plot") -> None:
     """``aceso plot LOG`` and ``aceso train --plot``: the training picture of the JSON-lines log ``log_file``."""
-    out = target(path, fmt, option)
+    out = target(path, fmt, option, matplotlib=False)
     from .training import draw, read_log, title_of
-    log = read_log(log_file)
+    log = read_log(log_file)        # a bad log is its own line, with or without matplotlib
+    pyplot()
     draw(out, log, title_of(log, Path(log_file).name))
 
 
@@ -173,14 +176,15 @@ def check_training(args) -> None:
     """``aceso train --plot``, before training starts: a valid target, matplotlib present, a log to draw from."""
     if getattr(args, "plot", None) is None:
         return
-    target(args.plot, getattr(args, "plot_format", None))
+    target(args.plot, getattr(args, "plot_format", None), matplotlib=False)
     if not getattr(args, "log_file", None):
         raise AcesoError("--plot draws from the run's JSON log: add --log-file FILE (e.g. --log-file train.jsonl)")
+    pyplot()
 
 
 def train_args(args) -> list[str]:
     """``aceso launch --plot``: checked here (before anything starts), then handed to ``aceso train``."""
     if getattr(args, "plot", None) is None:
         return []
-    target(args.plot, args.plot_format)
+    target(args.plot, args.plot_format, matplotlib=False)   # matplotlib: with the train arguments' checks
     return ["--plot", args.plot] + (["--plot-format", args.plot_format] if args.plot_format else [])

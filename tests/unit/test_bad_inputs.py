@@ -503,6 +503,26 @@ CASES = [
     C("profile-out-missing-folder", "profile --model spec.json -o nope/db.json --cpu", "folder nope does not exist"),
     C("train-log-file-folder", LAUNCH + " " + TRAIN_OK + " --log-file data", "--log-file data: is a folder"),
 
+    # ----- pictures: --plot and aceso plot (the checks that need no matplotlib come first) ---------------------
+    C("explain-plot-gif", "explain plan.json --plot out.gif", "--plot out.gif: unknown image format .gif"),
+    C("explain-plot-folder", "explain plan.json --plot data", "--plot data: is a folder"),
+    C("explain-plot-stdout", "explain plan.json --plot -", "a picture cannot go to stdout"),
+    C("explain-plot-format", "explain plan.json --plot out.png --plot-format jpg", "invalid choice: 'jpg'"),
+    C("search-plot-missing-folder", SEARCH + " -o plan2.json --plot nope/s.png", "--plot nope/s.png: folder nope"),
+    C("plot-no-log", "plot nope.jsonl", "nope.jsonl: no such log file"),
+    C("plot-not-json", "plot corpus.bad", "corpus.bad:2: not a JSON line", **{
+        "corpus.bad": '{"kind": "train", "iteration": 1, "loss": 2.0}\nnot json\n'}),
+    C("plot-no-records", "plot m.jsonl -o m.png", "no train, eval or summary records",
+      **{"m.jsonl": '{"kind": "message", "text": "hi"}\n'}),
+    C("plot-bad-record", "plot b.jsonl -o b.png", "b.jsonl:1: a train record needs an integer iteration",
+      **{"b.jsonl": '{"kind": "train", "iteration": "one", "loss": 2.0}\n'}),
+    C("plot-out-gif", "plot corpus.jsonl -o out.gif", "-o out.gif: unknown image format .gif"),
+    C("plot-out-folder", "plot corpus.jsonl -o data", "-o data: is a folder"),
+    C("train-plot-no-log-file", "train plan.json --train-iters 2 --cpu --mock-data --plot t.png", "add --log-file"),
+    C("launch-plot-gif", "launch plan.json --cpu --dry-run --plot t.gif -- " + TRAIN_OK + " --log-file t.jsonl",
+      "--plot t.gif: unknown image format"),
+    C("launch-plot-no-log-file", "launch plan.json --cpu --dry-run --plot t.png -- " + TRAIN_OK, "add --log-file"),
+
     # ----- aceso launch: the train arguments and the machine, before anything starts ---------------------------
     C("launch-no-train-iters", LAUNCH + " --mock-data", "required: --train-iters"),
     C("launch-no-data", LAUNCH + " --train-iters 2", "no training data: give --data-path"),

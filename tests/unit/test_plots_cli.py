@@ -104,7 +104,8 @@ def test_plot_redraws_a_training_log(log_file, tmp_path, capsys):
 
 def test_launch_hands_plot_to_train(plan_files, tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    one = uniform_plan(GPT, 1, 1, 1, 1, 8, cluster=parse_cluster("1x1-a100"))
+    from tests.tiny_models import GPT as TINY
+    one = uniform_plan(TINY, 1, 1, 1, 2, 4, cluster=parse_cluster("1x1-cpu"))
     (tmp_path / "one.json").write_text(one.to_json())
     assert main(["launch", str(tmp_path / "one.json"), "--cpu", "--dry-run", "--plot", str(tmp_path / "t.svg"),
                  "--", "--mock-data", "--train-iters", "2", "--log-file", "t.jsonl"]) == 0
