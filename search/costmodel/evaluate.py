@@ -143,6 +143,7 @@ class CostModel:
         self._prep: dict[tuple, _Prepared] = {}
         self._span_cache: dict[tuple, tuple[float, float, float]] = {}   # (b, tp, start, end, rc bytes) -> sums
         self._static_cache: dict[tuple, _Static] = {}                     # stage_cost args but recompute -> terms
+        self._result_cache: dict[tuple, StageCost] = {}                   # all args -> result (shared: do not mutate)
         fp32g = self.settings.grad_reduce_in_fp32
         self._w, self._g, self._opt = state_bytes_per_param(training.precision, False, 1, fp32g)
         self._copy = grad_copy_bytes(training.precision, fp32g) if self.settings.fp32_grad_copy else 0.0
@@ -196,8 +197,9 @@ class CostModel:
         the chunks' codes one after the other. ``features``: the plan-level switches (default: the training spec's
         distributed optimizer, everything else off).
 
-        Two memoised parts (pure functions of their keys): everything that does not depend on the recompute
-        choices, and the (recompute ms, activation MB, peak MB) sums of a span under one recompute vector.
+        Memoised (pure functions of their keys): everything that does not depend on the recompute choices, the
+        (recompute ms, activation MB, peak MB) sums of a span under one recompute vector, and the result itself
+        (a shared object: do not mutate it).
         """
         if spans is None:
             spans = ((start_unit, end_unit),)
@@ -215,6 +217,10 @@ class CostModel:
             self._static_cache[key] = st
         if type(recompute) is not np.ndarray:
             recompute = np.asarray(recompute, dtype=np.int8)
+        rkey = (key, recompute.tobytes())
+        hit = self._result_cache.get(rkey)
+        if hit is not None:
+            return hit
         b = micro_batch_size / dp
         ov = features.tp_comm_overlap and sp and tp > 1
         rec = act = rpeak = 0.0
@@ -236,7 +242,11 @@ class CostModel:
             chunk_rec.append(hit[0])
         if pos != len(recompute) and len(spans) > 1:
             raise ValueError(f"recompute has {len(recompute)} codes for the {pos} units of the stage's chunks")
-        return self._assemble(st, rec, act, rpeak, chunk_rec)
+        out = self._assemble(st, rec, act, rpeak, chunk_rec)
+        if len(self._result_cache) > SPAN_CACHE_SIZE:
+            self._result_cache.clear()
+        self._result_cache[rkey] = out
+        return out
 
     def _assemble(self, st: _Static, rec: float, act: float, rpeak: float, chunk_rec: list[float]) -> StageCost:
         if st.head_peak > rpeak:

@@ -44,11 +44,68 @@ _PERIOD_RTOL = 1e-12    # a round is a pure shift when all components move by th
 
 
 # ----- 1F1B: the round recurrence ------------------------------------------------------------------------------------
+def _ends_rounds(fwd: list[float], bwd: list[float], m: int, r0: list[float]) -> list[float]:
+    """``one_f_one_b_ends`` for ``m >= p`` without a record: the same recurrence on the round state only (each
+    stage's last forward and backward end), O(p) memory, with the periodic jump."""
+    p = len(fwd)
+    up, last = None, [0.0] * p                  # warm-up: stage k-1's warm-up row; each stage's last warm-up end
+    for k in range(p):
+        row, t = [], r0[k]
+        for i in range(p - k - 1):
+            if up is not None and up[i] > t:
+                t = up[i]
+            t += fwd[k]
+            row.append(t)
+        last[k] = t
+        up = row
+    F, B = [0.0] * p, [0.0] * p
+    for k in range(p):                          # round 0: forward w_k after the last warm-up forwards
+        t = last[k]
+        if k and last[k - 1] > t:
+            t = last[k - 1]
+        F[k] = t + fwd[k]
+    t = F[p - 1] + bwd[p - 1]
+    B[p - 1] = t
+    for k in range(p - 2, -1, -1):
+        t = (t if t > F[k] else F[k]) + bwd[k]
+        B[k] = t
+    j, steady, jump = 1, m - p, m - p >= 3      # rounds 1..m-p: every stage has a forward (the same map)
+    while j < m:
+        pf, pb = F, B
+        F, B = [0.0] * p, [0.0] * p
+        for k in range(p):
+            if j < steady + k + 1:              # stage k still has forward w_k + j
+                t = pb[k]
+                if k and pf[k - 1] > t:
+                    t = pf[k - 1]
+                F[k] = t + fwd[k]
+            else:
+                F[k] = pf[k]
+        t = 0.0
+        for k in range(p - 1, -1, -1):
+            own = F[k] if j < steady + k + 1 else pb[k]
+            t = (t if t > own else own) + bwd[k]
+            B[k] = t
+        if jump and 2 <= j < steady:
+            c = B[0] - pb[0]
+            tol = _PERIOD_RTOL * (abs(B[0]) + 1.0)
+            if all(abs(B[k] - pb[k] - c) <= tol and abs(F[k] - pf[k] - c) <= tol for k in range(p)):
+                n = steady - j
+                F = [x + n * c for x in F]
+                B = [x + n * c for x in B]
+                j = steady
+                jump = False
+        j += 1
+    return B
+
+
 def one_f_one_b_ends(fwd: list[float], bwd: list[float], m: int, ready: list[float] | None = None,
                      record: list | None = None) -> list[float]:
     """End time of each stage's last op under 1F1B. ``record``: a list to fill with ``(stage, is_forward,
     micro-batch, start, end)`` of every op (then the periodic jump is not taken, so that every op is visited)."""
     p = len(fwd)
+    if record is None and m >= p:
+        return _ends_rounds(fwd, bwd, m, ready or [0.0] * p)
     w = [min(p - k - 1, m) for k in range(p)]
     r0 = ready or [0.0] * p
     f = [[0.0] * m for _ in range(p)]          # forward end times [stage][micro-batch]
