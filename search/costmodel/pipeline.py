@@ -201,25 +201,71 @@ def _compiled(p: int, v: int, m: int) -> tuple:
     return tuple(ops)
 
 
-def interleaved_ends(fwd: list[list[float]], bwd: list[list[float]], m: int, ready: list[float] | None = None,
-                     record: list | None = None) -> list[float]:
-    """End time of each stage's last op under interleaved 1F1B; ``record`` as in ``one_f_one_b_ends`` (with the
-    chunk: ``(stage, chunk, is_forward, micro-batch, start, end)``)."""
+PROBE_GROUPS = (5, 10)    # interleaved: micro-batch groups (of p) simulated before looking for the periodic regime
+
+
+def _run_interleaved(fwd, bwd, m, r0, record=None, per_stage=None) -> list[float]:
     p, v = len(fwd), len(fwd[0])
     ops = _compiled(p, v, m)
     end = [0.0] * len(ops)
-    r0 = ready or [0.0] * p
+    last = [0.0] * p
     for n, (s, is_f, c, i, dep, prev) in enumerate(ops):
         t = end[prev] if prev >= 0 else r0[s]
         if dep >= 0 and end[dep] > t:
             t = end[dep]
-        end[n] = t + (fwd[s][c] if is_f else bwd[s][c])
+        e = end[n] = t + (fwd[s][c] if is_f else bwd[s][c])
+        last[s] = e
         if record is not None:
-            record.append((s, c, is_f, i, t, end[n]))
-    last = [0.0] * p
-    for n, op in enumerate(ops):
-        last[op[0]] = end[n]
+            record.append((s, c, is_f, i, t, e))
+        if per_stage is not None:
+            per_stage[s][0 if is_f else 1].append(e)
     return last
+
+
+def _group_shift(per_stage, p: int, v: int, m: int) -> float | None:
+    """The shift c if the last two steady groups of every stage's forwards and backwards both moved by the same c
+    (a full-state period of the interleaved map), else None."""
+    from .memory import interleaved_warmup
+    g, total = p * v, m * v
+    c = None
+    for s, (fe, be) in enumerate(per_stage):
+        w = interleaved_warmup(s, p, v, m)
+        for seq, hi in ((fe, total), (be, total - w)):
+            lo = hi - 3 * g
+            if lo < 0 or (seq is fe and lo < w):
+                return None
+            for k in range(lo + g, hi):
+                d = seq[k] - seq[k - g]
+                if c is None:
+                    c = d
+                elif abs(d - c) > _PERIOD_RTOL * (abs(seq[k]) + 1.0):
+                    return None
+    return c
+
+
+def interleaved_ends(fwd: list[list[float]], bwd: list[list[float]], m: int, ready: list[float] | None = None,
+                     record: list | None = None) -> list[float]:
+    """End time of each stage's last op under interleaved 1F1B; ``record`` as in ``one_f_one_b_ends`` (with the
+    chunk: ``(stage, chunk, is_forward, micro-batch, start, end)``).
+
+    Without a record and for many micro-batch groups: the schedule of ``PROBE_GROUPS`` groups first (5, then 10
+    if not yet periodic); once its last
+    steady groups repeat with a common shift c on every stage, the interleaved map is periodic (the same max-plus
+    argument as 1F1B's, with the group of p micro-batches as the period), and the schedule of M micro-batches ends
+    ``(M - M') / p`` shifts later: exact, in O(groups p^2 v) instead of O(M p v)."""
+    p, v = len(fwd), len(fwd[0])
+    r0 = ready or [0.0] * p
+    for groups in PROBE_GROUPS:
+        probe = groups * p
+        if record is not None or m % p or m <= probe + p:
+            break
+        per_stage = [([], []) for _ in range(p)]
+        last = _run_interleaved(fwd, bwd, probe, r0, per_stage=per_stage)
+        c = _group_shift(per_stage, p, v, probe)
+        if c is not None:
+            n = (m - probe) // p
+            return [e + n * c for e in last]
+    return _run_interleaved(fwd, bwd, m, r0, record)
 
 
 # ----- iteration ------------------------------------------------------------------------------------------------------
