@@ -295,10 +295,11 @@ def _interleaved_reference(fwd, bwd, m):
 
 
 def test_interleaved_uneven_chunks_match_the_reference_simulation():
+    """Short schedules (simulated op by op) and long ones (the periodic jump after a probe of a few groups)."""
     rnd = random.Random(11)
-    for _ in range(60):
+    for trial in range(60):
         p, v = rnd.randint(2, 5), rnd.randint(2, 3)
-        m = p * rnd.randint(1, 4)
+        m = p * (rnd.randint(1, 4) if trial % 2 else rnd.randint(12, 16))
         fwd = [[rnd.uniform(0.5, 3) for _ in range(v)] for _ in range(p)]
         bwd = [[rnd.uniform(0.5, 6) for _ in range(v)] for _ in range(p)]
         got = interleaved_one_f_one_b(fwd, bwd, [0.0] * p, m).iteration_ms
