@@ -13,7 +13,11 @@ A stage (model chunks ``spans`` on tp*cp*dp GPUs starting at ``first_rank``) at 
                  time = max of the two over the link, on the network when the two stages' ranks span nodes (the
                  interleaved wrap from the last stage to the first: whenever the cluster has several nodes).
                  ``RunSettings.p2p_scatter_gather``: X / tp over the link, then an all-gather in the receiving TP
-                 group. 1F1B: blocking send/recv (both neighbours wait: each boundary counts in both stages).
+                 group. 1F1B: blocking send/recv (both neighbours wait: each boundary counts in both stages); in
+                 the steady state megatron-core batches each send with the opposite receive on the same boundary
+                 (``send_forward_recv_backward``, full-duplex links: ``RunSettings.batched_p2p``), so the steady
+                 ops move half the time; the ``min(p - k - 1, M)`` warm-up forwards of the boundary's upstream
+                 stage k (and as many cool-down backwards) move alone.
                  Interleaved with ``overlap_p2p_comm``: async behind the op, exposed ``max(0, p2p - op)``.
 Per iteration (DP group = the stage's dp x cp ranks, strided by tp; on the network when they span nodes):
     DP sync      gradient all-reduce of the stage's per-rank parameters at the gradient width (distributed
@@ -317,20 +321,24 @@ class CostModel:
             if e > p.cross_first:
                 act += t.encoder_output_mb
             act = act0 + (act - act0) * in_fl[j]
-            p2p = 0.0
+            p2p = unpaired = 0.0      # unpaired: 1F1B's warm-up/cool-down share of each boundary's transfers
             if not first:   # receive from the previous chunk (stage i - 1, or the last stage when wrapping)
                 ms, mb = self._boundary(p.boundary[a] * dp, prev, me, first_rank - prev.num_gpus,
                                         first_rank + n - 1, stage_index == 0)
                 p2p += 2 * ms
+                unpaired += 2 * ms * min(S - stage_index, M) / M
                 buf += mb
             if not last:
                 ms, mb = self._boundary(p.boundary[e] * dp, me, next, first_rank,
                                         first_rank + n + next.num_gpus - 1, stage_index == S - 1)
                 p2p += 2 * ms
+                unpaired += 2 * ms * min(S - stage_index - 1, M) / M
                 buf += mb
             if v > 1 and self.settings.overlap_p2p_comm:   # async: what the op covers is hidden (and taxed)
                 h = p2p / 2
                 exp = (max(0.0, h - fwd) + self._tax * min(h, fwd), max(0.0, h - bwd) + self._tax * min(h, bwd))
+            elif v == 1 and self.settings.batched_p2p:     # steady-state 1F1B: each send paired with a receive
+                exp = ((p2p + unpaired) / 4,) * 2
             else:
                 exp = (p2p / 2, p2p / 2)
             p2p_total += p2p

@@ -177,6 +177,23 @@ def test_ring_attention_step_by_hand():
                                                     4).comm["dp"][0] == pytest.approx(st.comm["dp"][0], rel=0.05)
 
 
+def test_batched_p2p_in_the_1f1b_steady_state():
+    """A boundary's activation and gradient move together in the steady state (megatron-core's
+    send_forward_recv_backward): per micro-batch, (p2p + unpaired) / 2 with the upstream stage's warm-up ops
+    unpaired; LEGACY_V1 keeps every transfer blocking."""
+    m = load_model("gpt-1.3b")
+    c = parse_cluster("1x8-a100")
+    rc = np.zeros(24, dtype=np.int8)
+    M, S = 16, 4
+    new = _cm(m, c).stage_cost(1, S, 2, 24, 48, 1, 2, rc, 4, num_micro_batches=M)
+    old = _cm(m, c, settings=RunSettings(batched_p2p=False)).stage_cost(1, S, 2, 24, 48, 1, 2, rc, 4,
+                                                                         num_micro_batches=M)
+    one_way = old.p2p_ms / 4                  # both boundaries carry the same activation, both ways
+    unpaired = 2 * one_way * (min(S - 1, M) + min(S - 2, M)) / M
+    assert new.p2p_ms == pytest.approx((old.p2p_ms + unpaired) / 2, rel=1e-12)
+    assert new.comm["p2p"][0] + new.comm["p2p"][1] == pytest.approx(M * old.p2p_ms, rel=1e-12)
+
+
 # ----- kernels ------------------------------------------------------------------------------------------------------
 def test_shape_gemm_by_hand():
     """One H100 GEMM: 128x256 tiles over 132 SMs, the MAMF ceiling times the sustained factor, launch cost."""
