@@ -12,7 +12,8 @@
 2. Accuracy: the two shared GPT-1.3B plans (../shared/aceso-reference-db/configs, converted with the compat importer,
    boundaries snapped to units) on 1x4-v100 with 11 GB/s PCIe-class links, against the measured iteration times
    (Aceso artifact README: reference-search plan 59,011.61 ms per 512-sample iteration; best Megatron plan
-   6.98 samples/s = 73,352 ms; 10,692 MB measured for the Aceso plan); the T5-770M pair as well (33,823.79 ms and 10,470 MB measured;
+   6.98 samples/s = 73,352 ms; 10,692 MB measured for the Aceso plan); the T5-770M pair as well (33,823.79 ms and
+   10,470 MB measured;
    Megatron 9.94 samples/s). Memory is predicted twice: for our runtime (megatron-core's local attention keeps the
    fp32 softmax output) and with the 2-byte softmax output the reference's Megatron-LM kept (fused kernel), which is
    what the measurement saw.

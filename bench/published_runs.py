@@ -237,7 +237,8 @@ def aceso_v100_rows() -> list[dict]:
         gbs = 512     # all four plans: 512-sample iterations (the artifact's README)
         out.append({"id": f"aceso-v100-{r['plan']}", "set": "calibration", "gpu": "v100", "num_gpus": 4,
                     "metric": "samples_per_s", "measured_tflops": gbs / r["measured_ms"] * 1e3,
-                    "predicted_tflops": gbs / r["predicted_ms"] * 1e3, "error": r["measured_ms"] / r["predicted_ms"] - 1,
+                    "predicted_tflops": gbs / r["predicted_ms"] * 1e3,
+                    "error": r["measured_ms"] / r["predicted_ms"] - 1,
                     "iteration_ms": r["predicted_ms"], "memory_gb": r["max_memory_mb"] / 1024,
                     "memory_limit_gb": 32.0, "fits": True, "defaults": {}, "stock_megatron": True,
                     "config": {"plan": r["plan"]}})
@@ -302,14 +303,16 @@ def fit(rows_by_gpu: dict[str, list[dict]]) -> dict[str, float]:
 def print_table(rows: list[dict], stats: dict, out_of_scope: list[str]) -> None:
     print("published Megatron runs vs the analytic cost model (error = predicted / measured - 1 of the source's "
           "metric: TFLOP/s per GPU under its own FLOP formula; the Aceso V100 rows: samples/s)")
-    head = f"  {'run':44}{'set':>5}{'config (tp,pp,dp,cp,v,mbs,rc)':>34}{'meas':>9}{'pred':>9}{'err':>8}{'mem GB':>9}{'fits':>6}"
+    head = (f"  {'run':44}{'set':>5}{'config (tp,pp,dp,cp,v,mbs,rc)':>34}{'meas':>9}{'pred':>9}{'err':>8}"
+            f"{'mem GB':>9}{'fits':>6}")
     print(head)
     for r in rows:
         if "skipped" in r:
             print(f"  {r['id']:44} skipped: {r['skipped']}")
             continue
         c = r["config"]
-        cfg = ",".join(str(c[k]) for k in ("tp", "pp", "dp", "cp", "vpp", "mbs", "recompute")) if "tp" in c else c.get("plan", "")
+        keys = ("tp", "pp", "dp", "cp", "vpp", "mbs", "recompute")
+        cfg = ",".join(str(c[k]) for k in keys) if "tp" in c else c.get("plan", "")
         tag = "" if r["stock_megatron"] else " (other stack)"
         print(f"  {r['id'][:44]:44}{r['set'][:5]:>5}{cfg[:33]:>34}{r['measured_tflops']:>9.4g}"
               f"{r['predicted_tflops']:>9.4g}{100 * r['error']:>7.1f}%{r['memory_gb']:>9.1f}"

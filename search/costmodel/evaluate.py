@@ -433,7 +433,8 @@ class CostModel:
         pro = [getattr(s, "prologue_ms", 0.0) for s in stage_costs]
         return sync, step, pro if any(pro) else None
 
-    def pipeline(self, stage_costs: list[StageCost], num_micro_batches: int, events: list | None = None) -> PipelineCost:
+    def pipeline(self, stage_costs: list[StageCost], num_micro_batches: int,
+                 events: list | None = None) -> PipelineCost:
         sync, step, ready = self._schedule_inputs(stage_costs)
         if stage_costs[0].chunk_fwd_ms:
             return interleaved_one_f_one_b([list(s.chunk_fwd_ms) for s in stage_costs],
@@ -484,8 +485,9 @@ class CostModel:
         warnings = list(getattr(self.source, "warnings", []))
         for i, s in enumerate(stages):
             if not s.fits:
-                warnings.append(f"stage {i} needs {s.memory_mb:.0f} MB per GPU, {s.memory_mb - self.memory_limit_mb:.0f}"
-                                f" MB over the {self.memory_limit_mb:.0f} MB limit")
+                over = s.memory_mb - self.memory_limit_mb
+                warnings.append(f"stage {i} needs {s.memory_mb:.0f} MB per GPU, {over:.0f} MB over the "
+                                f"{self.memory_limit_mb:.0f} MB limit")
         worst = max(range(len(stages)), key=lambda i: mem[i] - self.memory_limit_mb) if not fits else pipe.bottleneck
         flops = self.model.training_flops_per_sample() * global_batch_size
         tflops = flops / (it / 1e3) / num_gpus / 1e12 if it > 0 else 0.0

@@ -29,9 +29,9 @@ stages at the barrier ``T = max_k (end_k + sync_k)``: megatron-core's gradient-n
 model-parallel group (``clip_grad`` > 0, Megatron-LM's default 1.0), so no stage steps before the slowest is done;
 the iteration is ``T + max_k step_k``. Without ``step`` the iteration is ``max_k (end_k + sync_k)`` (the v1 model).
 
-Per stage: ``stage_busy_ms`` = its own work (``M (F + B)`` summed over chunks, + sync + step + ready), ``stage_total_ms``
-= when it would finish (end + sync + step); the bottleneck is the busiest stage (it sets the steady state: the
-cycle time of 1F1B is ``max_k (F_k + B_k)``), ``bubble_ms`` = iteration - its busy time.
+Per stage: ``stage_busy_ms`` = its own work (``M (F + B)`` summed over chunks, + sync + step + ready),
+``stage_total_ms`` = when it would finish (end + sync + step); the bottleneck is the busiest stage (it sets the
+steady state: the cycle time of 1F1B is ``max_k (F_k + B_k)``), ``bubble_ms`` = iteration - its busy time.
 """
 
 from __future__ import annotations

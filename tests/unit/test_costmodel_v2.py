@@ -146,7 +146,7 @@ def test_sp_collectives_and_megatron_core_overlap_by_hand():
     assert mlp.bwd - legacy.bwd == pytest.approx(bwd_exp - (2 * ag + rs), rel=1e-9)
 
 
-# ----- context parallelism: one ring step by hand ----------------------------------------------------------------------
+# ----- context parallelism: one ring step by hand --------------------------------------------------------------------
 def test_ring_attention_step_by_hand():
     """cp = 2 on one node: one exchange of this rank's K/V chunk (s/cp tokens) behind half the attention core;
     backward moves K, V, dK, dV. Across nodes (tp 8 x cp 2 > 8 GPUs) the exchange runs on the network."""
