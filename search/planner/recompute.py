@@ -36,8 +36,11 @@ _EYE = np.eye(N_RC, dtype=np.int64)
 FILL_ORDER = (2, 1, ATTN_DROPOUT)   # within a type of identical units: full first, then selective, attn_dropout
 _FRONTIERS: dict[tuple, list] = {}
 # op-level models: cost model -> stage position/shape -> ((stack, kind), choice, probed on two units) ->
-# (dt, dmem per unit, transient peak)
+# (dt, dmem per unit, transient peak); and the results of op-level stages: cost model -> (position/shape, stage
+# signature) -> (codes, StageCost), bounded by MEMO_LIMIT (an exact memo: clearing it changes nothing)
 _PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+MEMO_LIMIT = 50_000
 
 
 def _pareto(act: np.ndarray, t: np.ndarray, counts: np.ndarray, cap: int = CAP):
@@ -57,25 +60,66 @@ def _pareto(act: np.ndarray, t: np.ndarray, counts: np.ndarray, cap: int = CAP):
     return act, t, counts
 
 
+def _thin_edges(lo: float, hi: float, cap: int) -> np.ndarray:
+    """``np.linspace(lo, hi, cap)``, bit for bit, without its per-call overhead (it runs once per frontier step)."""
+    div = cap - 1
+    delta = hi - lo
+    step = delta / div
+    y = np.arange(cap, dtype=float)
+    y = y / div * delta if step == 0 else y * step
+    y += lo
+    y[-1] = hi
+    return y
+
+
+def _frontier_step(front: np.ndarray, moves: np.ndarray, cap: int) -> np.ndarray:
+    """One more identical unit: ``front`` rows are (act, time, counts...) sorted by act with time decreasing,
+    ``moves`` one row per allowed choice (its act, its time, its unit vector). The same points, order and thinning
+    as ``_pareto`` over the concatenated candidates, in a handful of numpy calls on one array."""
+    cand = (moves[:, None, :] + front[None, :, :]).reshape(-1, front.shape[1])
+    cand = cand[np.lexsort((cand[:, 1], cand[:, 0]))]
+    t = cand[:, 1]
+    if len(t) > 1:
+        keep = np.empty(len(t), bool)
+        keep[0] = True
+        keep[1:] = t[1:] < np.minimum.accumulate(t)[:-1]
+        cand = cand[keep]
+    if len(cand) > cap:  # thin: keep the cheapest point of each activation bucket (and both ends)
+        act = cand[:, 0]
+        bucket = np.searchsorted(_thin_edges(float(act[0]), float(act[-1]), cap), act, side="right")
+        last = np.empty(len(act), bool)
+        last[:-1] = bucket[1:] != bucket[:-1]
+        last[-1] = True
+        last[0] = True
+        cand = cand[last]
+    return cand
+
+
 def _type_frontier(rt: np.ndarray, act: np.ndarray, allowed: tuple[bool, ...], n: int, cap: int = CAP,
                    row_key: bytes | None = None):
-    """Pareto frontier of n identical units: arrays (act, time, counts[m, N_RC]) sorted by act, time decreasing."""
+    """Pareto frontier of n identical units: arrays (act, time, counts[m, N_RC]) sorted by act, time decreasing.
+
+    Built once per unit count and cached (``_FRONTIERS``): each count extends the previous one by one unit
+    (``_frontier_step``); the arrays handed out are made on the first request of a count."""
     key = (row_key or rt.tobytes() + act.tobytes(), allowed, cap)
     lst = _FRONTIERS.get(key)
-    if lst is not None and len(lst) > n:
-        return lst[n]
     if lst is None:
         if len(_FRONTIERS) > 4096:  # bounded: tables of many (batch, tp) pairs
             _FRONTIERS.clear()
-        lst = _FRONTIERS[key] = [(np.zeros(1), np.zeros(1), np.zeros((1, N_RC), np.int64))]
-    choices = [c for c in range(N_RC) if allowed[c]]
-    while len(lst) <= n:
-        a0, t0, c0 = lst[-1]
-        a = np.concatenate([a0 + act[c] for c in choices])
-        t = np.concatenate([t0 + rt[c] for c in choices])
-        cnt = np.concatenate([c0 + _EYE[c] for c in choices])
-        lst.append(_pareto(a, t, cnt, cap))
-    return lst[n]
+        lst = _FRONTIERS[key] = [[np.zeros((1, 2 + N_RC)), None]]
+    if len(lst) <= n:
+        choices = [c for c in range(N_RC) if allowed[c]]
+        moves = np.concatenate([np.array([act[choices], rt[choices]], dtype=float).T, _EYE[choices]], axis=1)
+        front = lst[-1][0]
+        while len(lst) <= n:
+            front = _frontier_step(front, moves, cap)
+            lst.append([front, None])
+    entry = lst[n]
+    if entry[1] is None:
+        front = entry[0]
+        entry[1] = (np.ascontiguousarray(front[:, 0]), np.ascontiguousarray(front[:, 1]),
+                    front[:, 2:].astype(np.int64))
+    return entry[1]
 
 
 def solve(rt: np.ndarray, act: np.ndarray, peak: np.ndarray, inflight: int, budget: float, groups=None,
@@ -160,14 +204,7 @@ def optimize_stage(cm, i, num_stages, first_rank, start, end, tp, dp, mbs, **kw)
     try:
         table = cm.unit_table(mbs // dp, tp)
     except NotImplementedError:
-        kinds = [(u.stack, u.kind) for u in cm.model.units[start:end]]
-        try:
-            per_model = _PROBES.setdefault(cm, {})
-        except TypeError:  # not weak-referenceable: no probe cache
-            per_model = None
-        key = (i, num_stages, first_rank, tp, dp, mbs, tuple(sorted(kw.items())))
-        probes = per_model.setdefault(key, {}) if per_model is not None else None
-        return _optimize_by_probing(cost, n, kinds, c0, cm.memory_limit_mb, probes)
+        return _optimize_op_level(cm, cost, c0, i, num_stages, first_rank, start, end, tp, dp, mbs, kw)
     span = slice(start, end)
     rt, act, peak = table.recompute_ms[span], table.act_mb[span], table.peak_mb[span]
     full = np.full(n, 2, np.int8)
@@ -190,6 +227,56 @@ def optimize_stage(cm, i, num_stages, first_rank, start, end, tp, dp, mbs, **kw)
     return full, c2 if c2.memory_mb <= c0.memory_mb else c0
 
 
+def _optimize_op_level(cm, cost, c0, i, num_stages, first_rank, start, end, tp, dp, mbs, kw):
+    """``_optimize_by_probing`` with the probe cache of the stage's position and shape, and a memo of results.
+
+    The memo is exact: a cost model with ``stage_signature(start, end)`` says which spans have the same content
+    (aceso-compat: the same op sequence), and such spans at one position and shape get the same result, because
+    ``stage_cost`` and the probes they read are the same (probes are only added, never changed)."""
+    try:
+        per_model, memo = _PROBES.setdefault(cm, {}), _MEMO.setdefault(cm, {})
+    except TypeError:  # not weak-referenceable: no probe cache, no memo
+        per_model = memo = None
+    key = (i, num_stages, first_rank, tp, dp, mbs, tuple(sorted(kw.items())))
+    memo_key = None
+    if memo is not None and hasattr(cm, "stage_signature"):
+        memo_key = (key, cm.stage_signature(start, end))
+        hit = memo.get(memo_key)
+        if hit is not None:
+            return hit
+    probes = per_model.setdefault(key, {}) if per_model is not None else None
+    out = _optimize_by_probing(cost, end - start, _span_kinds(cm.model, start, end), c0, cm.memory_limit_mb, probes)
+    if memo_key is not None:
+        if len(memo) >= MEMO_LIMIT:
+            memo.clear()
+        out[0].setflags(write=False)  # shared by every span with this content
+        memo[memo_key] = out
+    return out
+
+
+_KIND_IDS: dict[int, tuple] = {}   # id(units tuple) -> (units tuple, distinct kinds, kind number per unit)
+
+
+def _span_kinds(model, start: int, end: int) -> tuple[np.ndarray, list]:
+    """The units ``[start, end)`` by kind ``(stack, kind)``: (kind number per unit, numbered in order of first
+    appearance; the kinds)."""
+    units = model.units
+    hit = _KIND_IDS.get(id(units))
+    if hit is None or hit[0] is not units:
+        if len(_KIND_IDS) > 64:
+            _KIND_IDS.clear()
+        kinds = list(dict.fromkeys((u.stack, u.kind) for u in units))
+        number = {k: j for j, k in enumerate(kinds)}
+        hit = _KIND_IDS[id(units)] = (units, kinds, np.array([number[u.stack, u.kind] for u in units], np.int64))
+    _, kinds, ids = hit
+    ids = ids[start:end]
+    present, first = np.unique(ids, return_index=True)
+    order = present[np.argsort(first)]
+    renumber = np.zeros(len(kinds), np.int64)
+    renumber[order] = np.arange(len(order))
+    return renumber[ids], [kinds[j] for j in order]
+
+
 def _optimize_by_probing(cost, n, kinds, c0, limit, probes=None):
     """For cost models without additive per-unit tables (aceso-compat: op-level recompute segments).
 
@@ -200,28 +287,31 @@ def _optimize_by_probing(cost, n, kinds, c0, limit, probes=None):
       the savings re-scaled until the real model agrees, each result checked with ``cost``;
     * prefix families: the first k units at ``selective`` or ``full``, or all selective with the first k full;
       memory falls and time rises with k, so the smallest fitting k of each is found by bisection.
+
+    ``kinds`` = (kind number per unit, numbered in order of first appearance; the kinds), see ``_span_kinds``.
     """
     cands = []
-    members: dict = {}
-    for u, k in enumerate(kinds):
-        members.setdefault(k, []).append(u)
-    d_t, d_m, d_p = {}, {}, {}
-    for k, us in members.items():
+    groups, names = kinds   # kind number per unit (in order of first appearance), the kinds
+    num_units = np.bincount(groups, minlength=len(names))
+    # per kind and choice (columns: none = 0, then choices 1..): time and memory per unit, transient peak
+    k_t, k_m, k_p = (np.zeros((len(names), N_RC)) for _ in range(3))
+    for g, k in enumerate(names):
+        first_two = None
         for c in range(1, N_RC):
             if RC[c] not in recompute_allowed(k[1]):
-                d_t[k, c], d_m[k, c], d_p[k, c] = UNAVAILABLE_MS, 0.0, 0.0
+                k_t[g, c] = UNAVAILABLE_MS
                 continue
-            hit = probes.get((k, c, len(us) > 1)) if probes is not None else None
+            two = bool(num_units[g] > 1)
+            hit = probes.get((k, c, two)) if probes is not None else None
             if hit is None:
-                hit = _probe(cost, n, us[:2], c, c0)
+                if first_two is None:
+                    first_two = np.flatnonzero(groups == g)[:2]
+                hit = _probe(cost, n, first_two, c, c0)
                 if probes is not None:
-                    probes[k, c, len(us) > 1] = hit
-            d_t[k, c], d_m[k, c], d_p[k, c] = hit
-    rt = np.array([[0.0] + [d_t[k, c] for c in range(1, N_RC)] for k in kinds])
-    act = np.array([[0.0] + [d_m[k, c] for c in range(1, N_RC)] for k in kinds])
+                    probes[k, c, two] = hit
+            k_t[g, c], k_m[g, c], k_p[g, c] = hit
     quantum = limit * PEAK_QUANTUM   # rounded up to a few levels: ``solve`` tries each distinct peak
-    peak = np.ceil(np.array([[0.0] + [d_p[k, c] for c in range(1, N_RC)] for k in kinds]) / quantum) * quantum
-    groups = np.array([list(members).index(k) for k in kinds])
+    rt, act, peak = k_t[groups], k_m[groups], (np.ceil(k_p / quantum) * quantum)[groups]
     budget, scale, tried = limit - c0.memory_mb, 1.0, set()
     for _ in range(6):  # re-scale the probed savings by what the real model gives, keep every fitting result
         rc = solve(rt, act * scale, peak, 1, budget, groups, cap=64)
@@ -321,22 +411,25 @@ def refine_by_counts(cost, rc: np.ndarray, current, kinds, allowed, cap: int = C
 
 def count_assignments(kinds, allowed) -> tuple[int, Iterator[np.ndarray]]:
     """(how many, an iterator over) the codes of every per-kind choice count: units of one kind (``kinds[u]``)
-    take the chosen choices in ``FILL_ORDER``, the rest none; ``allowed[u]`` = the codes unit u can take."""
+    take the chosen choices in ``FILL_ORDER``, the rest none; ``allowed[u]`` = the codes unit u can take.
+
+    The number is counted, not enumerated (``C(n + c - 1, c - 1)`` multisets per kind of n units and c codes), so
+    asking for it costs nothing even when there are millions of assignments; the iterator builds them lazily."""
     groups: dict = {}
     for u, k in enumerate(kinds):
         groups.setdefault(k, []).append(u)
-    options = []
-    for units in groups.values():
-        codes = [c for c in (*FILL_ORDER, 0) if c in allowed[units[0]]]
-        options.append([(units, combo) for combo in itertools.combinations_with_replacement(codes, len(units))])
+    kinds_codes = [(units, [c for c in (*FILL_ORDER, 0) if c in allowed[units[0]]]) for units in groups.values()]
+    number = math.prod(math.comb(len(units) + len(codes) - 1, len(codes) - 1) for units, codes in kinds_codes)
 
     def each() -> Iterator[np.ndarray]:
+        options = [[(units, combo) for combo in itertools.combinations_with_replacement(codes, len(units))]
+                   for units, codes in kinds_codes]
         for pick in itertools.product(*options):
             trial = np.zeros(len(kinds), np.int8)
             for units, combo in pick:
                 trial[units] = combo
             yield trial
-    return math.prod(len(o) for o in options), each()
+    return number, each()
 
 
 def has_unit_tables(cm) -> bool:
