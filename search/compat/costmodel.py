@@ -97,6 +97,11 @@ class CompatCostModel:
         """Whether the database profiled this per-GPU batch and tp (else ``stage_cost`` raises AcesoError)."""
         return self.db.has(batch, tp, 0)
 
+    def available_shapes(self) -> frozenset[tuple[int, int]]:
+        """The (per-GPU batch, tp) pairs ``stage_cost`` can price: the database's algo-0 files. The search keeps
+        to them (``planner.state.Space.allowed``); cost models without this method cover every shape."""
+        return self.db.profiled(0)
+
     def unit_table(self, batch: int, tp: int):
         raise NotImplementedError("aceso-compat costs are op-level and not additive per unit (recompute segments "
                                   "span units); use stage_cost")
