@@ -72,27 +72,36 @@ def _thin_edges(lo: float, hi: float, cap: int) -> np.ndarray:
     return y
 
 
-def _frontier_step(front: np.ndarray, moves: np.ndarray, cap: int) -> np.ndarray:
-    """One more identical unit: ``front`` rows are (act, time, counts...) sorted by act with time decreasing,
-    ``moves`` one row per allowed choice (its act, its time, its unit vector). The same points, order and thinning
-    as ``_pareto`` over the concatenated candidates, in a handful of numpy calls on one array."""
-    cand = (moves[:, None, :] + front[None, :, :]).reshape(-1, front.shape[1])
-    cand = cand[np.lexsort((cand[:, 1], cand[:, 0]))]
-    t = cand[:, 1]
-    if len(t) > 1:
-        keep = np.empty(len(t), bool)
+def _frontier_step(z: np.ndarray, counts: np.ndarray, moves_z: np.ndarray, moves_counts: np.ndarray, cap: int):
+    """One more identical unit. A frontier is ``z`` = act + i time (complex: numpy sorts it by act, then time,
+    as ``_pareto``'s lexsort) sorted with time decreasing, and ``counts`` per point; ``moves_z`` / ``moves_counts``
+    hold one row per allowed choice. The same points, order and thinning as ``_pareto`` over the concatenated
+    candidates, in a handful of numpy calls."""
+    cand = (moves_z[:, None] + z[None, :]).ravel()
+    src = np.argsort(cand, kind="stable")
+    cand = cand[src]
+    if len(cand) > 1:
+        t = cand.imag
+        keep = np.empty(len(cand), bool)
         keep[0] = True
         keep[1:] = t[1:] < np.minimum.accumulate(t)[:-1]
-        cand = cand[keep]
+        cand, src = cand[keep], src[keep]
     if len(cand) > cap:  # thin: keep the cheapest point of each activation bucket (and both ends)
-        act = cand[:, 0]
+        act = cand.real
         bucket = np.searchsorted(_thin_edges(float(act[0]), float(act[-1]), cap), act, side="right")
         last = np.empty(len(act), bool)
         last[:-1] = bucket[1:] != bucket[:-1]
         last[-1] = True
         last[0] = True
-        cand = cand[last]
-    return cand
+        cand, src = cand[last], src[last]
+    choice, parent = np.divmod(src, len(z))
+    return cand, counts[parent] + moves_counts[choice]
+
+
+def _complex(act, t) -> np.ndarray:
+    z = np.empty(len(act), complex)
+    z.real, z.imag = act, t
+    return z
 
 
 def _type_frontier(rt: np.ndarray, act: np.ndarray, allowed: tuple[bool, ...], n: int, cap: int = CAP,
@@ -106,20 +115,19 @@ def _type_frontier(rt: np.ndarray, act: np.ndarray, allowed: tuple[bool, ...], n
     if lst is None:
         if len(_FRONTIERS) > 4096:  # bounded: tables of many (batch, tp) pairs
             _FRONTIERS.clear()
-        lst = _FRONTIERS[key] = [[np.zeros((1, 2 + N_RC)), None]]
+        lst = _FRONTIERS[key] = [[np.zeros(1, complex), np.zeros((1, N_RC), np.int32), None]]
     if len(lst) <= n:
         choices = [c for c in range(N_RC) if allowed[c]]
-        moves = np.concatenate([np.array([act[choices], rt[choices]], dtype=float).T, _EYE[choices]], axis=1)
-        front = lst[-1][0]
+        moves_z, moves_counts = _complex(act[choices], rt[choices]), _EYE[choices].astype(np.int32)
+        z, counts = lst[-1][:2]
         while len(lst) <= n:
-            front = _frontier_step(front, moves, cap)
-            lst.append([front, None])
+            z, counts = _frontier_step(z, counts, moves_z, moves_counts, cap)
+            lst.append([z, counts, None])
     entry = lst[n]
-    if entry[1] is None:
-        front = entry[0]
-        entry[1] = (np.ascontiguousarray(front[:, 0]), np.ascontiguousarray(front[:, 1]),
-                    front[:, 2:].astype(np.int64))
-    return entry[1]
+    if entry[2] is None:
+        z = entry[0]
+        entry[2] = (z.real.copy(), z.imag.copy(), entry[1].astype(np.int64))
+    return entry[2]
 
 
 def solve(rt: np.ndarray, act: np.ndarray, peak: np.ndarray, inflight: int, budget: float, groups=None,
