@@ -41,6 +41,7 @@ _FRONTIERS: dict[tuple, list] = {}
 _PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 MEMO_LIMIT = 50_000
+_KINDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # cost model -> its units' kind numbers
 
 
 def _pareto(act: np.ndarray, t: np.ndarray, counts: np.ndarray, cap: int = CAP):
@@ -253,7 +254,7 @@ def _optimize_op_level(cm, cost, c0, i, num_stages, first_rank, start, end, tp, 
         if hit is not None:
             return hit
     probes = per_model.setdefault(key, {}) if per_model is not None else None
-    out = _optimize_by_probing(cost, end - start, _span_kinds(cm.model, start, end), c0, cm.memory_limit_mb, probes)
+    out = _optimize_by_probing(cost, end - start, _span_kinds(cm, start, end), c0, cm.memory_limit_mb, probes)
     if memo_key is not None:
         if len(memo) >= MEMO_LIMIT:
             memo.clear()
@@ -262,21 +263,17 @@ def _optimize_op_level(cm, cost, c0, i, num_stages, first_rank, start, end, tp, 
     return out
 
 
-_KIND_IDS: dict[int, tuple] = {}   # id(units tuple) -> (units tuple, distinct kinds, kind number per unit)
-
-
-def _span_kinds(model, start: int, end: int) -> tuple[np.ndarray, list]:
-    """The units ``[start, end)`` by kind ``(stack, kind)``: (kind number per unit, numbered in order of first
-    appearance; the kinds)."""
-    units = model.units
-    hit = _KIND_IDS.get(id(units))
-    if hit is None or hit[0] is not units:
-        if len(_KIND_IDS) > 64:
-            _KIND_IDS.clear()
-        kinds = list(dict.fromkeys((u.stack, u.kind) for u in units))
+def _span_kinds(cm, start: int, end: int) -> tuple[np.ndarray, list]:
+    """The units ``[start, end)`` of ``cm.model`` by kind ``(stack, kind)``: (the kind number of each unit, kinds
+    numbered in order of first appearance; those kinds). The model's numbering is made once per cost model."""
+    hit = _KINDS.get(cm) if _weakrefable(cm) else None
+    if hit is None:
+        kinds = list(dict.fromkeys((u.stack, u.kind) for u in cm.model.units))
         number = {k: j for j, k in enumerate(kinds)}
-        hit = _KIND_IDS[id(units)] = (units, kinds, np.array([number[u.stack, u.kind] for u in units], np.int64))
-    _, kinds, ids = hit
+        hit = (kinds, np.array([number[u.stack, u.kind] for u in cm.model.units], np.int64))
+        if _weakrefable(cm):
+            _KINDS[cm] = hit
+    kinds, ids = hit
     ids = ids[start:end]
     present, first = np.unique(ids, return_index=True)
     order = present[np.argsort(first)]
@@ -285,7 +282,15 @@ def _span_kinds(model, start: int, end: int) -> tuple[np.ndarray, list]:
     return renumber[ids], [kinds[j] for j in order]
 
 
-def _optimize_by_probing(cost, n, kinds, c0, limit, probes=None):
+def _weakrefable(obj) -> bool:
+    try:
+        weakref.ref(obj)
+        return True
+    except TypeError:
+        return False
+
+
+def _optimize_by_probing(cost, n, span_kinds, c0, limit, probes=None):
     """For cost models without additive per-unit tables (aceso-compat: op-level recompute segments).
 
     Two candidate sources, the fastest fitting result wins:
@@ -296,10 +301,10 @@ def _optimize_by_probing(cost, n, kinds, c0, limit, probes=None):
     * prefix families: the first k units at ``selective`` or ``full``, or all selective with the first k full;
       memory falls and time rises with k, so the smallest fitting k of each is found by bisection.
 
-    ``kinds`` = (kind number per unit, numbered in order of first appearance; the kinds), see ``_span_kinds``.
+    ``span_kinds`` = (kind number per unit, numbered in order of first appearance; the kinds): ``_span_kinds``.
     """
     cands = []
-    groups, names = kinds   # kind number per unit (in order of first appearance), the kinds
+    groups, names = span_kinds
     num_units = np.bincount(groups, minlength=len(names))
     # per kind and choice (columns: none = 0, then choices 1..): time and memory per unit, transient peak
     k_t, k_m, k_p = (np.zeros((len(names), N_RC)) for _ in range(3))
