@@ -73,12 +73,17 @@ def training_from_args(args, model):
 
 
 def setup(args):
-    """model, cluster, training, cost model from the shared arguments."""
-    from ..planner.api import build_cost_model
+    """model, cluster, training, cost model from the shared arguments; says once on stderr which stage shapes
+    the cost model does not cover (aceso-compat: unprofiled (per-GPU batch, tp) files), which plans then skip."""
+    from ..planner.api import build_cost_model, describe_dropped, search_space
     model = model_from_args(args)
     cluster = cluster_from_args(args)
     training = training_from_args(args, model)
-    return model, cluster, training, build_cost_model(model, cluster, training, args.cost_model, args.db)
+    cm = build_cost_model(model, cluster, training, args.cost_model, args.db)
+    note = describe_dropped(search_space(cm, training))
+    if note:
+        print(f"aceso {getattr(args, 'command', None) or 'search'}: {note}", file=sys.stderr)
+    return model, cluster, training, cm
 
 
 def run(args: argparse.Namespace) -> int:
