@@ -87,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     if args.output and args.output != "-" and not Path(args.output).parent.exists():
         raise AcesoError(f"-o {args.output}: folder {Path(args.output).parent} does not exist; create it first")
     model, cluster, training, cm = setup(args)
+    for note in getattr(getattr(cm, "source", None), "warnings", []):   # what it cannot price (a custom layer)
+        print(f"aceso search: note: {note}", file=sys.stderr)
     workers = args.workers or min(os.cpu_count() or 1, 8)
     base = plan_baseline(cm, training)
     with report.progress(args.budget_evals, quiet=args.json) as tick:

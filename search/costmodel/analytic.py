@@ -41,6 +41,7 @@ import numpy as np
 
 from ..cluster import ClusterSpec
 from ..errors import AcesoError
+from ..megatron_fields import analytic_note
 from ..model import ModelSpec
 from ..training import TrainingSpec
 from .comm import CommModel
@@ -102,6 +103,8 @@ class AnalyticSource:
         self.dt = 4.0 if training.precision == "fp32" else 2.0
         self.peak = cluster.gpu.peak_tflops(training.precision) * 1e9   # FLOP per ms
         self.hbm = cluster.gpu.hbm_gbps * 1e6                           # bytes per ms
+        note = analytic_note(model)     # a custom layer_spec and megatron fields it does not price
+        self.warnings: list[str] = [note] if note else []
 
     # ----- kernels -----------------------------------------------------------------------------------------------
     def _k(self, flops: float = 0.0, nbytes: float = 0.0, eff: float | None = None) -> float:
