@@ -1,8 +1,8 @@
 """``ModelSpec`` -> megatron-core ``TransformerConfig`` keyword arguments and layer ``ModuleSpec``s (torch).
 
-Architecture only: sizes, norm, activation, biases, position embedding (the ``megatron`` block's extra fields are
-added to the config by ``aceso_megatron.model.config``, through ``extensions.megatron_kwargs``). Parallel degrees and recompute are
-added per stage by ``aceso_megatron.model.config`` (the one place that translates our short names to megatron-core's).
+Architecture only: sizes, norm, activation, biases, position embedding. Parallel degrees and recompute are added
+per stage by ``aceso_megatron.model.config`` (the one place that translates our short names to megatron-core's), and
+so are the ``megatron`` block's extra fields (``extensions.megatron_kwargs``).
 
 Layer specs are megatron-core's own: the local (pure PyTorch) specs when transformer-engine is absent, the TE
 specs when it is importable (never on CPU: callers pass ``te=False``); or the user's, when the model names a
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 
 import torch
 import torch.nn.functional as F
@@ -112,7 +113,8 @@ def layer_spec(model: ModelSpec, stack: str, te: bool | None = None) -> ModuleSp
 
 
 def unit_spec(full: ModuleSpec, kind: UnitKind, tp_group=None) -> ModuleSpec:
-    """The layer spec restricted to one unit: the other submodules become identities."""
+    """The layer spec restricted to one unit: the other submodules become identities (``tp_group``: see
+    ``bind_tp_group``)."""
     keep = _UNIT_PARTS[kind]
     changes = {}
     for k, parts in _UNIT_PARTS.items():
@@ -121,18 +123,34 @@ def unit_spec(full: ModuleSpec, kind: UnitKind, tp_group=None) -> ModuleSpec:
         for name in parts:
             if name not in keep:
                 changes[name] = IdentityFuncOp if name.endswith("_bda") else IdentityOp
-    spec = dataclasses.replace(full, submodules=dataclasses.replace(full.submodules, **changes))
-    return with_cross_attention_tp(spec, tp_group) if kind == "cross_attention" else spec
+    return bind_tp_group(dataclasses.replace(full, submodules=dataclasses.replace(full.submodules, **changes)),
+                         tp_group)
 
 
-def with_cross_attention_tp(spec: ModuleSpec, tp_group) -> ModuleSpec:
-    """megatron-core 0.16's ``CrossAttention`` builds ``linear_q``/``linear_kv`` without passing its TP group (they
-    fall back to the global ``parallel_state`` group); binding ``tp_group`` here keeps per-stage groups."""
-    xa = getattr(spec.submodules, "cross_attention", None)
-    sub = getattr(xa, "submodules", None)
-    if tp_group is None or not all(isinstance(getattr(sub, n, None), type) for n in ("linear_q", "linear_kv")):
+def _takes_tp_group(cls: type) -> bool:
+    params = inspect.signature(cls.__init__).parameters
+    return "tp_group" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def bind_tp_group(spec: ModuleSpec, tp_group) -> ModuleSpec:
+    """The layer spec with ``tp_group`` bound where megatron-core 0.16's ``TransformerLayer`` does not pass it (those
+    modules fall back to the global ``parallel_state`` group, which per-stage groups leave unset):
+    ``CrossAttention``'s ``linear_q``/``linear_kv``, and an ``mlp`` that subclasses ``MLP`` (a user's MLP; the layer
+    passes its TP group to ``MLP`` itself only)."""
+    from megatron.core.transformer.mlp import MLP
+
+    if tp_group is None or not hasattr(spec.submodules, "mlp"):
         return spec
-    sub = dataclasses.replace(sub, linear_q=functools.partial(sub.linear_q, tp_group=tp_group),
-                              linear_kv=functools.partial(sub.linear_kv, tp_group=tp_group))
-    xa = dataclasses.replace(xa, submodules=sub)
-    return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, cross_attention=xa))
+    changes = {}
+    xa = spec.submodules.cross_attention
+    sub = getattr(xa, "submodules", None)
+    if all(isinstance(getattr(sub, n, None), type) for n in ("linear_q", "linear_kv")):
+        sub = dataclasses.replace(sub, linear_q=functools.partial(sub.linear_q, tp_group=tp_group),
+                                  linear_kv=functools.partial(sub.linear_kv, tp_group=tp_group))
+        changes["cross_attention"] = dataclasses.replace(xa, submodules=sub)
+    mlp = spec.submodules.mlp
+    cls = getattr(mlp, "module", None)
+    if (isinstance(mlp, ModuleSpec) and isinstance(cls, type) and issubclass(cls, MLP) and cls is not MLP
+            and cls.__name__ != "TEFusedMLP" and "tp_group" not in mlp.params and _takes_tp_group(cls)):
+        changes["mlp"] = dataclasses.replace(mlp, params={**mlp.params, "tp_group": tp_group})
+    return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, **changes)) if changes else spec

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from megatron.core.transformer.spec_utils import build_module
 
-from model_specs.builders import layer_spec, unit_spec, with_cross_attention_tp
+from model_specs.builders import bind_tp_group, layer_spec, unit_spec
 from model_specs.extensions import check_attn_dropout, check_whole_layers, whole_layer_stacks
 from search.errors import AcesoError
 from search.model import ModelSpec, Unit
@@ -72,7 +72,7 @@ def build_unit_layers(model: ModelSpec, units: list[Unit], recompute: list[str],
         full = layer_spec(model, unit.stack, te)
         if unit.stack in whole:   # the layer's units are consecutive here (check_model)
             n = sum(1 for u in units[i:] if (u.stack, u.layer) == (unit.stack, unit.layer))
-            spec = with_cross_attention_tp(full, pg_collection.tp)
+            spec = bind_tp_group(full, pg_collection.tp)
             layer = build_module(spec, config=config, layer_number=unit.layer + 1, pg_collection=pg_collection)
             out.append(UnitLayer(unit, layer, rc == "full", n))
             i += n

@@ -5,10 +5,10 @@ For a tensor-parallel degree ``tp`` on ``world`` processes the profiler makes a 
 of the model (tp, dp = world / tp) and lets the runtime build it: ``parallel.layout.build_groups`` (real TP groups
 of ``tp`` adjacent ranks) and ``model.stage_model.build_stage`` (the unit layers from ``model_specs.builders``, the
 user's own ``layer_spec`` modules included, the per-unit configs of ``model.config``, embedding, final norm, output
-layer, loss). A layer spec that cannot be carved into units is refused (``check_profiled_model``). One stage is built per
-recompute choice (the plan's ``recompute`` of every unit that can take it, ``none`` for the others: MLP units have
-no ``attn_dropout``), so every choice runs exactly the code the runtime runs. Layers are identical, so one layer
-per unit kind is enough.
+layer, loss; a layer spec that cannot be carved into units is refused: ``check_profiled_model``). One stage is
+built per recompute choice (the plan's ``recompute`` of every unit that can take it, ``none`` for the others: MLP
+units have no ``attn_dropout``), so every choice runs exactly the code the runtime runs. Layers are identical, so
+one layer per unit kind is enough.
 
 Each TP group measures concurrently (every rank runs every measurement; rank 0's group is recorded), in
 lockstep: all ranks meet at a barrier before every repeat, so every repeat runs under the load of all the

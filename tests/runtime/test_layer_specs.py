@@ -184,7 +184,8 @@ def test_attn_dropout_needs_dot_product_attention(tmp_path, monkeypatch):
     m = GPT.model_copy(update={"layer_spec": "flash_specs:spec"})
     check_model(ParallelPlan.model_validate(plan(m, (0, 4, ["selective", "none", "full", "none"]))))
     with pytest.raises(AcesoError, match="unit 2: attn_dropout needs megatron-core's DotProductAttention as "
-                                         "self_attention's core attention, but layer_spec 'flash_specs:spec' has MyCore"):
+                                         "self_attention's core attention, but layer_spec 'flash_specs:spec' "
+                                         "has MyCore"):
         check_model(ParallelPlan.model_validate(plan(m, (0, 4, ["none", "none", "attn_dropout", "none"]))))
 
 
