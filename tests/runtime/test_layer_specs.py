@@ -272,3 +272,18 @@ def test_train_exits_2_with_one_line(tmp_path, model, rc, message):
     assert r.returncode == 2, r.stderr[-2000:]
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("aceso train: error: ") and message in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("layer_spec, message", [
+    ("tests.custom_specs:not_a_spec", "returned dict, not a megatron-core ModuleSpec"),
+    ("tests.custom_specs:parallel_block", "so its layers run whole; the profiler measures attention and MLP units one "
+                                          "by one and cannot profile it yet"),
+])
+def test_profile_exits_2_with_one_line_before_any_worker(tmp_path, layer_spec, message):
+    spec = tmp_path / "m.json"
+    spec.write_text(json.dumps({**GPT.model_dump(exclude_unset=True), "layer_spec": layer_spec}))
+    r = subprocess.run([sys.executable, "-m", "search", "profile", "--model", str(spec), "--cpu", "-o",
+                        str(tmp_path / "db.json"), "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().count("\n") == 0 and message in r.stderr, r.stderr   # no torchrun started, no traceback
+    assert not list(tmp_path.glob("db.json*"))
