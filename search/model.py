@@ -18,8 +18,8 @@ by profiling it.
 
 from __future__ import annotations
 
-from functools import cached_property
 import re
+from functools import cached_property
 from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
