@@ -29,7 +29,6 @@ from . import megatron_fields
 Family = Literal["gpt", "t5", "llama"]
 UnitKind = Literal["attention", "cross_attention", "mlp"]
 Stack = Literal["decoder", "encoder"]
-_PROVIDER = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
 class Unit(NamedTuple):
@@ -38,6 +37,9 @@ class Unit(NamedTuple):
     stack: Stack
     layer: int
     kind: UnitKind
+
+
+_PROVIDER = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")   # package.module:attr
 
 
 class ModelSpec(BaseModel):
@@ -62,8 +64,6 @@ class ModelSpec(BaseModel):
     normalization: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="Norm layers.")
     position_embedding: Literal["learned", "rope"] = Field("learned", description="Absolute learned or rotary.")
     rotary_base: float = Field(10000.0, gt=0, description="RoPE base (rope only).")
-    rotary_percent: float = Field(1.0, gt=0, le=1, description="Fraction of each head's channels that RoPE "
-                                  "rotates (rope only; megatron-core's rotary_percent).")
     tied_embeddings: bool = Field(True, description="Output layer shares the input word embedding.")
     add_bias_linear: bool = Field(True, description="Linear layers carry biases.")
     attention_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the attention probabilities "
@@ -73,6 +73,10 @@ class ModelSpec(BaseModel):
     params_dtype: Literal["bf16", "fp16", "fp32"] = Field("fp16", description="Dtype of parameters and activations.")
     aceso_db_key: str | None = Field(None, description="Model key in the Aceso reference database, e.g. gpt_1_3B.")
     nominal_params_b: float | None = Field(None, gt=0, description="The size the preset is named after, billions.")
+
+    # ----- extension in megatron-core's format (docs/model-specs.md) -----
+    rotary_percent: float = Field(1.0, gt=0, le=1, description="Fraction of each head's channels that RoPE "
+                                  "rotates (rope only; megatron-core's rotary_percent).")
     layer_spec: str | dict[Literal["encoder", "decoder"], str] | None = Field(
         None, description="Your own megatron-core layer spec: 'package.module:function', a function (or a ModuleSpec) "
         "giving the ModuleSpec of one TransformerLayer; T5: {encoder: ..., decoder: ...}. Imported only by the "

@@ -24,15 +24,21 @@ _FLOAT_12 = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$" 
                        r"|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$")
 
 
-class DuplicateKey(ValueError):
-    pass
+class _DuplicateKey(json.JSONDecodeError):
+    """A key given twice in a JSON spec file (reported by the JSON error handler)."""
+
+    def __init__(self, key: str):
+        super().__init__(f"key '{key}' appears twice; keep one", "", 0)
+
+    def __str__(self) -> str:
+        return self.msg
 
 
 def _no_duplicates(pairs: list[tuple]) -> dict:
     out = {}
     for k, v in pairs:
         if k in out:
-            raise DuplicateKey(f"key '{k}' appears twice; keep one")
+            raise _DuplicateKey(k)
         out[k] = v
     return out
 
@@ -46,8 +52,13 @@ def _yaml_loader():
 
     def mapping(loader, node, deep=False):
         loader.flatten_mapping(node)
-        return _no_duplicates([(loader.construct_object(k, deep=deep), loader.construct_object(v, deep=deep))
-                               for k, v in node.value])
+        out = {}
+        for k, v in node.value:
+            key = loader.construct_object(k, deep=deep)
+            if key in out:
+                raise yaml.YAMLError(f"key '{key}' appears twice; keep one")
+            out[key] = loader.construct_object(v, deep=deep)
+        return out
 
     def number(loader, node):
         text = loader.construct_scalar(node)
@@ -61,23 +72,20 @@ def _yaml_loader():
 
 def _read_spec_file(path: Path) -> dict:
     text = path.read_text()
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            try:
-                import yaml
-            except ImportError:
-                raise AcesoError(f"{path}: reading YAML needs PyYAML (pip install pyyaml), or use JSON") from None
-            try:
-                data = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
-            except yaml.YAMLError as e:
-                raise AcesoError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-        else:
-            try:
-                data = json.loads(text, object_pairs_hook=_no_duplicates)
-            except json.JSONDecodeError as e:
-                raise AcesoError(f"{path}: not valid JSON ({e})") from None
-    except DuplicateKey as e:
-        raise AcesoError(f"{path}: {e}") from None
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise AcesoError(f"{path}: reading YAML needs PyYAML (pip install pyyaml), or use JSON") from None
+        try:
+            data = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+        except yaml.YAMLError as e:
+            raise AcesoError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    else:
+        try:
+            data = json.loads(text, object_pairs_hook=_no_duplicates)
+        except json.JSONDecodeError as e:
+            raise AcesoError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise AcesoError(f"{path}: a model spec must be a mapping of fields")
     return data
