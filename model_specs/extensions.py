@@ -11,7 +11,7 @@ layer is megatron-core's ``TransformerLayer`` running its own ``forward`` over `
 layer that is not (a subclass with its own ``forward``/``_forward_attention``/``_forward_mlp``, e.g. a parallel
 attention + MLP block, or another ``BaseTransformerLayer``) runs whole: its units must sit in one model chunk with
 one recompute choice, ``none`` or ``full`` (``check_whole_layers``). An MoE ``mlp`` is refused (no expert
-parallelism yet).
+parallelism yet), and so are QK norms without ``megatron.qk_layernorm`` (``check_qk_layernorm``).
 
 ``megatron_kwargs(model)``: the ``megatron`` block checked against the imported ``TransformerConfig`` (names as in
 ``search.megatron_fields``, and types: JSON lists become tuples where the field is a tuple, enum members are given
@@ -29,6 +29,7 @@ import types
 import typing
 from functools import lru_cache
 
+from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import (
@@ -160,6 +161,24 @@ def check_whole_layers(plan) -> None:
                              f"layer edges (units {edges})")
         if len(set(rcs)) > 1 or rcs[0] not in ("none", "full"):
             raise AcesoError(f"{why}, but its units take recompute {rcs}; give all its units none or all full")
+
+
+def check_qk_layernorm(model) -> None:
+    """A layer spec with QK norms needs ``megatron.qk_layernorm``: megatron-core (and the runtime, as it) sums the
+    norms' gradients over the TP group only when the config says so; without it they would silently differ per
+    TP rank."""
+    if (model.megatron or {}).get("qk_layernorm"):
+        return
+    for stack in ("encoder", "decoder") if model.is_t5 else ("decoder",):
+        spec = stack_spec(model, stack)
+        for name in ("self_attention", "cross_attention"):
+            sub = getattr(getattr(getattr(spec, "submodules", None), name, None), "submodules", None)
+            norms = [n for n in ("q_layernorm", "k_layernorm")
+                     if _module_of(getattr(sub, n, None)) not in (None, IdentityOp)]
+            if norms:
+                raise AcesoError(f"layer_spec '{model.layer_spec_path(stack)}': {name}.{norms[0]} is a norm but "
+                                 "the megatron block lacks qk_layernorm; add megatron: {qk_layernorm: true} (its "
+                                 "gradients are summed over tensor parallelism only then, as in megatron-core)")
 
 
 def check_attn_dropout(plan) -> None:

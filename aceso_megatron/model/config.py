@@ -33,13 +33,17 @@ log = logging.getLogger(__name__)
 _logged: set[str] = set()
 
 
-def _fusions(extra: dict, cpu: bool) -> dict:
-    """The kernel-fusion switches: off, or as the megatron block sets them (never on CPU). Pops them from ``extra``."""
+def _fusions(extra: dict, cpu: bool, base: dict | None = None) -> dict:
+    """The kernel-fusion switches: ``base`` (the runtime's choice; default all off) with the megatron block's on
+    top, except on CPU where the CUDA-only kernels stay off. Pops them from ``extra``."""
+    base = dict(base if base is not None else dict.fromkeys(CPU_OFF, False))
     asked = {f: bool(extra.pop(f)) for f in CPU_OFF if f in extra}
-    if cpu and (on := sorted(set(f for f, v in asked.items() if v) - _logged)):
+    if not cpu:
+        return {**base, **asked}
+    if on := sorted(set(f for f, v in asked.items() if v) - _logged):
         log.info("on CPU: %s off (CUDA-only kernels)", ", ".join(f"megatron.{f}" for f in on))
         _logged.update(on)
-    return {f: (not cpu) and asked.get(f, False) for f in CPU_OFF}
+    return base
 
 
 def stage_config(model: ModelSpec, tp: int, device: str = "cpu", num_layers: int | None = None) -> TransformerConfig:

@@ -12,7 +12,8 @@ user's MLP with its own activation is recomputed too.
 
 ``check_model(plan, device)`` runs everything that can be wrong with the model before any process group exists:
 the ``megatron`` block against ``TransformerConfig`` (names, types, megatron-core's own checks), the layer-spec
-providers, and the plan against layers that run whole or core attentions that ``attn_dropout`` cannot use.
+providers, QK norms without ``qk_layernorm`` (their gradients would not be summed over TP), and the plan against
+layers that run whole or core attentions that ``attn_dropout`` cannot use.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ import torch
 from megatron.core.transformer.spec_utils import build_module
 
 from model_specs.builders import bind_tp_group, layer_spec, unit_spec
-from model_specs.extensions import check_attn_dropout, check_whole_layers, whole_layer_stacks
+from model_specs.extensions import (
+    check_attn_dropout,
+    check_qk_layernorm,
+    check_whole_layers,
+    whole_layer_stacks,
+)
 from search.errors import AcesoError
 from search.model import ModelSpec, Unit
 
@@ -62,8 +68,10 @@ def _recompute_activation(layer, unit: Unit) -> None:
 
 
 def build_unit_layers(model: ModelSpec, units: list[Unit], recompute: list[str], config, pg_collection,
-                      te: bool) -> list[UnitLayer]:
-    """The layers of a span of units with their recompute choices (``recompute[i]`` for ``units[i]``)."""
+                      te: bool, transform=None) -> list[UnitLayer]:
+    """The layers of a span of units with their recompute choices (``recompute[i]`` for ``units[i]``);
+    ``transform(spec) -> spec``, if given, is applied to every unit's (or whole layer's) spec before it is built."""
+    transform = transform or (lambda spec: spec)
     whole = whole_layer_stacks(model)
     out: list[UnitLayer] = []
     i = 0
@@ -72,13 +80,13 @@ def build_unit_layers(model: ModelSpec, units: list[Unit], recompute: list[str],
         full = layer_spec(model, unit.stack, te)
         if unit.stack in whole:   # the layer's units are consecutive here (check_model)
             n = sum(1 for u in units[i:] if (u.stack, u.layer) == (unit.stack, unit.layer))
-            spec = bind_tp_group(full, pg_collection.tp)
+            spec = transform(bind_tp_group(full, pg_collection.tp))
             layer = build_module(spec, config=config, layer_number=unit.layer + 1, pg_collection=pg_collection)
             out.append(UnitLayer(unit, layer, rc == "full", n))
             i += n
             continue
         cfg = unit_config(config, unit.kind, rc)
-        spec = unit_spec(full, unit.kind, pg_collection.tp)
+        spec = transform(unit_spec(full, unit.kind, pg_collection.tp))
         if rc == "attn_dropout":
             spec = with_recomputed_dropout(spec, unit.kind)
         layer = build_module(spec, config=cfg, layer_number=unit.layer + 1, pg_collection=pg_collection)
@@ -102,4 +110,5 @@ def check_model(plan, device: str = "cpu") -> None:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AcesoError(f"megatron block: megatron-core's TransformerConfig refused it: {first}") from None
     check_whole_layers(plan)   # imports the providers (their faults are AcesoErrors too)
+    check_qk_layernorm(model)
     check_attn_dropout(plan)

@@ -6,7 +6,7 @@
 - Embedding copies on several stages (tied output layer on the last stage; T5's decoder-input embedding on the
   stage of the first decoder unit): before the DP reduction, the local gradients of all copies are summed over
   the embedding group (TP-gathered when the holders' TP differ) and DP replica 0 of each holder takes the total.
-- Parameters replicated over TP but fed different data per TP rank (QK-layernorm weights): summed over the TP
+- QK-layernorm weights (replicated over TP, each rank normalising its own heads): gradients summed over the TP
   group after the DP reduction (``sum_tp_replicated_grads``).
 - Clipping: the global norm counts every parameter once (DP replica 0 of each stage; TP-replicated parameters
   on TP rank 0 only; copies of the first stage's embedding not at all), summed over the world, then
@@ -39,16 +39,15 @@ def finalize_model_grads_fn(runtime):
 
 def sum_tp_replicated_grads(runtime) -> None:
     """Sum over the stage's TP group the gradients of parameters that every TP rank holds whole but feeds with its
-    own data: the QK-layernorm weights (``q_layernorm``/``k_layernorm``, normalising each rank's own heads), as
-    megatron-core's ``finalize_model_grads`` does (after the DP reduction). By name, whatever
-    ``config.qk_layernorm`` says: a user's spec with QK norms but without the flag would otherwise train wrong."""
-    tp_group = runtime.groups.tp
-    if runtime.layout.tp == 1 or tp_group is None:
+    own heads: the QK-layernorm weights (``q_layernorm``/``k_layernorm``) when the config has ``qk_layernorm``, as
+    megatron-core's ``finalize_model_grads`` does (after the DP reduction). A layer spec with QK norms but without
+    the flag is refused (``model_specs.extensions.check_qk_layernorm``)."""
+    cfg = runtime.stage_module.config
+    if runtime.layout.tp == 1 or not cfg.qk_layernorm:
         return
     for n, p in runtime.stage_module.named_parameters():   # a few small tensors per layer
-        if (("q_layernorm" in n or "k_layernorm" in n) and not getattr(p, "tensor_model_parallel", False)
-                and getattr(p, "main_grad", None) is not None):
-            dist.all_reduce(p.main_grad, group=tp_group)
+        if ("q_layernorm" in n or "k_layernorm" in n) and getattr(p, "main_grad", None) is not None:
+            dist.all_reduce(p.main_grad, group=runtime.groups.tp)
 
 
 def shared_names(plan) -> dict[str, tuple[int, int]]:

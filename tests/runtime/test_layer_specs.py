@@ -129,6 +129,16 @@ def test_provider_from_the_current_folder_and_as_a_spec_object(tmp_path, monkeyp
     assert provided_spec("tests.custom_specs:SPEC_OBJECT").submodules.self_attention.submodules.q_layernorm
 
 
+def test_qk_norms_need_the_qk_layernorm_flag():
+    from aceso_megatron.model.layers import check_model
+
+    bare = GPT.model_copy(update={"layer_spec": "tests.custom_specs:qk_norm_squared_relu"})
+    with pytest.raises(AcesoError, match="self_attention.q_layernorm is a norm but the megatron block lacks "
+                                         "qk_layernorm; add megatron: {qk_layernorm: true}"):
+        check_model(ParallelPlan.model_validate(plan(bare, (0, 4, ["none"] * 4))))
+    check_model(ParallelPlan.model_validate(plan(QK, (0, 4, ["none"] * 4))))
+
+
 # ----- carving -------------------------------------------------------------------------------------------------------
 def test_carving_rule():
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
