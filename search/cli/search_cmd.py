@@ -98,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.output)
     check_output(args.trace, "--trace")
     model, cluster, training, cm = setup(args)
+    for note in getattr(getattr(cm, "source", None), "warnings", []):   # what it cannot price (a custom layer)
+        print(f"aceso search: note: {note}", file=sys.stderr)
     workers = args.workers or min(os.cpu_count() or 1, 8)
     base = plan_baseline(cm, training)
     with report.progress(args.budget_evals, quiet=args.json) as tick:

@@ -39,7 +39,7 @@ VERSION = 1
 DB_FILE = "profile-db.json"
 ARCH_FIELDS = ("family", "hidden_size", "num_attention_heads", "groups", "head_dim", "ffn_hidden_size",
                "padded_vocab_size", "activation", "normalization", "position_embedding", "add_bias_linear",
-               "tied_embeddings")
+               "tied_embeddings", "layer_spec", "megatron")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
