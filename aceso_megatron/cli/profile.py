@@ -182,6 +182,14 @@ def _repo_root() -> str | None:
 def run(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     check(args, model)
+    if model.layer_spec or model.megatron:   # the user's modules (torch): one line before any process starts
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # megatron-core's import-time notices (no TE / apex)
+            from ..profiler.units import check_profiled_model
+
+            check_profiled_model(model, "cpu" if args.cpu else "cuda")
     nproc = num_procs(args)
     _check_partial(args, model, nproc * args.nnodes)
     cmd = torchrun_command(args, nproc)

@@ -49,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="global gradient-norm clip, 0 = off (default 1)")
     g.add_argument("--adam-beta1", type=_beta, default=0.9)
     g.add_argument("--adam-beta2", type=_beta, default=0.95)
-    g.add_argument("--init-method-std", type=positive_float, default=0.02, help="weight init std (default 0.02)")
+    g.add_argument("--init-method-std", type=positive_float, default=None,
+                   help="weight init std (default: the model's megatron.init_method_std, else 0.02)")
     g = p.add_argument_group("run")
     g.add_argument("--train-iters", type=positive_int, required=True, help="optimizer steps to train for")
     g.add_argument("--seed", type=seed, default=1234, help="weights, data order and dropout seed (default 1234)")

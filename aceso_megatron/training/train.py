@@ -1,7 +1,8 @@
 """``aceso train``: pretraining with a plan on megatron-core, one process per GPU
 (``python -m aceso_megatron.training.train`` under torchrun, or ``aceso train`` for a 1-GPU plan).
 
-Per process: check the plan against the launch (before any process group exists), start the process group,
+Per process: check the plan against the launch and its model (``model.layers.check_model``: the layer specs and
+the megatron block), before any process group exists; start the process group,
 build this rank's stage with the runtime plugin (``engine.build_runtime``: stage model, DDP on the stage's DP
 group, megatron-core Adam), put megatron-core's ``OptimizerParamScheduler`` on its optimizer, build the datasets
 (``data``), resume from ``--load`` and run the steps. Logging, evaluation and the predicted-vs-measured summary
@@ -135,6 +136,9 @@ def train_from_args(args: argparse.Namespace) -> int:
     world_size, rank, local_rank = _launch_env()
     plan = load_plan(args.plan)
     check_args(args, plan, world_size)
+    from ..model.layers import check_model
+
+    check_model(plan, "cpu" if args.cpu else "cuda")   # a bad layer_spec or megatron block: one line, no group
     plots.check_training(args)   # before training: a bad --plot or no matplotlib is exit 2 now, not at the end
     import torch.distributed as dist
 

@@ -75,12 +75,17 @@ def training_from_args(args, model):
 
 
 def setup(args):
-    """model, cluster, training, cost model from the shared arguments."""
-    from ..planner.api import build_cost_model
+    """model, cluster, training, cost model from the shared arguments; says once on stderr which stage shapes
+    the cost model does not cover (aceso-compat: unprofiled (per-GPU batch, tp) files), which plans then skip."""
+    from ..planner.api import build_cost_model, describe_dropped, search_space
     model = model_from_args(args)
     cluster = cluster_from_args(args)
     training = training_from_args(args, model)
-    return model, cluster, training, build_cost_model(model, cluster, training, args.cost_model, args.db)
+    cm = build_cost_model(model, cluster, training, args.cost_model, args.db)
+    note = describe_dropped(search_space(cm, training))
+    if note:
+        print(f"aceso {getattr(args, 'command', None) or 'search'}: {note}", file=sys.stderr)
+    return model, cluster, training, cm
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.trace, "--trace")
     plots.target(args.plot, args.plot_format)   # before the search: a bad --plot or no matplotlib is exit 2
     model, cluster, training, cm = setup(args)
+    for note in getattr(getattr(cm, "source", None), "warnings", []):   # what it cannot price (a custom layer)
+        print(f"aceso search: note: {note}", file=sys.stderr)
     workers = args.workers or min(os.cpu_count() or 1, 8)
     base = plan_baseline(cm, training)
     with report.progress(args.budget_evals, quiet=args.json) as tick:
