@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from .bottleneck import classify, find_bottleneck, order_primitives
+from .megatron_lm import expressible
 from .polish import polish, polish_chunks, polish_features, refine_recompute
 from .primitives import APPLY, Ctx, balanced_bounds
 from .recompute import has_unit_tables
@@ -98,6 +99,8 @@ def stage_counts(space: Space, opts: SearchOptions) -> list[int]:
     counts.update(s.num_stages for s in opts.seeds)
     if space.target == "megatron-lm":
         counts = {s for s in counts if space.num_gpus % s == 0}
+    if space.max_stages:
+        counts = {s for s in counts if s <= space.max_stages}
     return sorted(counts)
 
 
@@ -359,7 +362,10 @@ def _finish(cm, gbs, space, opts, results, top_k, t0, interrupted) -> SearchResu
     for e in cands:
         if e.state not in seen:
             seen.add(e.state)
-            plans.append(e if e.exact else ev.evaluate(e.state, charge=False, exact=True))
+            e = e if e.exact else ev.evaluate(e.state, charge=False, exact=True)
+            if space.target == "megatron-lm" and e.fits and not expressible(ev, e):
+                continue   # the export's own check is the last word on what Megatron-LM runs
+            plans.append(e)
         if len(plans) >= max(top_k, 1):
             break
     plans.sort(key=lambda e: e.rank)

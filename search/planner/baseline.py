@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..costmodel.types import Shape
-from .megatron_lm import FULL_SETTING, NONE_SETTING
+from .megatron_lm import FULL_SETTING, NONE_SETTING, codes, expressible
 from .space import Space
 from .state import INF, Evaluation, Evaluator, State, to_plan
 
@@ -158,13 +158,13 @@ def _bound(ev: Evaluator, st: State) -> tuple[float, float]:
     lb, least = 0.0, 0.0
     for i in sorted({0, st.num_stages - 1}):
         spans = st.spans(i)
-        none = ev.stage_with(st, i, firsts[i], NONE_SETTING.codes(ev.cm.model, spans)).cost
+        none = ev.stage_with(st, i, firsts[i], codes(NONE_SETTING, ev.cm.model, spans)).cost
         if not np.isfinite(none.time_per_microbatch_ms):
             return INF, INF
-        lb = max(lb, M * none.time_per_microbatch_ms + none.dp_sync_ms + none.optimizer_ms)
+        lb = max(lb, M * none.time_per_microbatch_ms + none.dp_sync_ms + none.optimizer_ms + none.prologue_ms)
         mem = none.memory_mb
         if not none.fits:
-            full = ev.stage_with(st, i, firsts[i], FULL_SETTING.codes(ev.cm.model, spans)).cost
+            full = ev.stage_with(st, i, firsts[i], codes(FULL_SETTING, ev.cm.model, spans)).cost
             mem = full.memory_mb
             if not full.fits:
                 lb = INF
@@ -190,7 +190,7 @@ def best_uniform(cm, gbs: int, space: Space, model) -> BaselineResult | None:
             break
         e = ev.evaluate(st, charge=False)
         n += 1
-        if e.fits and e.exact:
+        if e.fits and e.exact and expressible(ev, e):
             done.append((e, layers))
             if best is None or e.score < best.score:
                 best, best_layers = e, layers
@@ -208,7 +208,7 @@ def best_uniform(cm, gbs: int, space: Space, model) -> BaselineResult | None:
                 continue
             c = ev.evaluate(st, charge=False)
             n += 1
-            if c.fits and c.exact and c.score < best.score:
+            if c.fits and c.exact and c.score < best.score and expressible(ev, c):
                 best, best_layers = c, layers
                 ev.cutoff = c.iteration_ms
     return BaselineResult(ev.evaluate(best.state, charge=False, exact=True), best_layers, n)

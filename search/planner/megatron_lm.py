@@ -1,88 +1,60 @@
 """What stock Megatron-LM (core_v0.16.1) can run, for ``--target megatron-lm`` and the uniform baseline.
 
-Megatron-LM expresses: one tp, cp, dp and sequence-parallel value for every pipeline rank; stage and virtual-stage
-boundaries on layer boundaries (``--pipeline-model-parallel-layout`` allows uneven layer counts per rank and per
-virtual stage, the same number of virtual stages on every rank); one per-rank ``--micro-batch-size`` (uniform dp);
-and recompute only through ``--recompute-granularity full|selective``, ``--recompute-method uniform|block`` and
-``--recompute-num-layers`` (``--recompute-modules core_attn``, the default, for selective). As per-unit choices
-(``Setting.codes``):
+One definition: ``search.megatron`` (the export) says what Megatron-LM can express (``check_expressible``) and how
+its recompute settings map onto units (``recompute.unit_choices``); this module only prices states with them. The
+search space for the target (``Space``, ``target="megatron-lm"``) keeps to it structurally: one tp, cp, dp and
+sequence-parallel value for every pipeline rank, stage and virtual-stage boundaries on layer boundaries (uneven
+layer counts per rank and per virtual stage are fine: ``--pipeline-model-parallel-layout``), one per-rank
+``--micro-batch-size`` (uniform dp), ``--overlap-param-gather`` only with ``--overlap-grad-reduce``, T5 on one
+stage; the final plans are filtered with ``check_expressible`` itself.
+
+Recompute is one setting for the whole plan (``Recompute``):
 
     none                every unit none
-    selective           attention units ``selective`` (the attention core re-run), MLP units none
-    full uniform 1      every unit ``full`` (each layer's input checkpointed)
-    full block N        the first N layers of every model chunk ``full``, the rest none (one N for all chunks)
+    selective           attention units ``selective`` (``--recompute-modules core_attn``), MLP units none
+    full uniform 1      every unit ``full`` (each layer checkpointed)
+    full block N        the first N layers of every transformer block (model chunk) ``full``, the rest none
 
 ``best_setting`` prices a state at the fastest of these that fits: none if it fits; else selective, full, and
-block with the smallest N that fits every stage (memory falls and time rises with N, so each stage's smallest N
-is found by bisection and the plan takes the largest). ``problem`` names the first thing a plan does that
-Megatron-LM cannot express (None: the export can run it as is).
+block with the smallest N that fits every stage (memory falls and time rises with N, so each stage's smallest N is
+found by bisection and the plan takes the largest).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
-NONE, SELECTIVE, FULL = 0, 1, 2
+from ..costmodel.types import RC_CODE
+from ..megatron import check_expressible
+from ..megatron.config import NO_RECOMPUTE, NotExpressible, Recompute
+from ..megatron.recompute import recompute_of, unit_choices
+
+NONE_SETTING = NO_RECOMPUTE
+SELECTIVE_SETTING = Recompute("selective", modules=("core_attn",))
+FULL_SETTING = Recompute("full", "uniform", 1)
+_CODES: dict = {}
 
 
-class Setting(NamedTuple):
-    """One Megatron-LM recompute configuration."""
-
-    granularity: str = "none"           # none | selective | full
-    method: str | None = None           # full: uniform | block
-    num_layers: int | None = None       # full: layers per checkpoint (uniform) or per chunk (block)
-
-    @property
-    def label(self) -> str:
-        if self.granularity != "full":
-            return self.granularity
-        return f"full {self.method} {self.num_layers}"
-
-    def codes(self, model, spans) -> np.ndarray:
-        """Per unit of the chunks ``spans`` (chunk after chunk): the recompute codes of this setting."""
-        units = model.units
-        out = []
-        for a, b in spans:
-            if self.granularity == "none":
-                out.append(np.zeros(b - a, np.int8))
-            elif self.granularity == "selective":
-                out.append(np.array([SELECTIVE if units[u].kind != "mlp" else NONE for u in range(a, b)], np.int8))
-            elif self.method == "uniform":
-                out.append(np.full(b - a, FULL, np.int8))
-            else:
-                rc = np.zeros(b - a, np.int8)
-                layers = 0
-                for u in range(a, b):
-                    if u > a and units[u][:2] != units[u - 1][:2]:   # (stack, layer) changed
-                        layers += 1
-                    if layers < self.num_layers:
-                        rc[u - a] = FULL
-                out.append(rc)
-        return np.concatenate(out) if out else np.zeros(0, np.int8)
+def block(n: int) -> Recompute:
+    return Recompute("full", "block", n)
 
 
-NONE_SETTING = Setting()
-SELECTIVE_SETTING = Setting("selective")
-FULL_SETTING = Setting("full", "uniform", 1)
-
-
-def block(n: int) -> Setting:
-    return Setting("full", "block", n)
+def codes(setting: Recompute, model, spans) -> np.ndarray:
+    """Per unit of the chunks ``spans`` (chunk after chunk): the recompute codes of a setting (cached)."""
+    key = (setting, spans, id(model))
+    hit = _CODES.get(key)
+    if hit is None or hit[0] is not model:
+        if len(_CODES) > 100_000:
+            _CODES.clear()
+        rc = np.array([RC_CODE[c] for a, b in spans for c in unit_choices(setting, model, a, b)], np.int8)
+        hit = _CODES[key] = (model, rc)
+    return hit[1]
 
 
 def chunk_layers(model, spans) -> list[int]:
     """Whole layers in each chunk."""
     starts = model.layer_starts
     return [sum(1 for x in starts[:-1] if a <= x < b) for a, b in spans]
-
-
-def settings_for(model, all_spans: list) -> list[Setting]:
-    """The uniform settings worth trying for a plan with these chunks (block N for every N up to its largest chunk
-    minus one; N = the whole chunk is ``full``)."""
-    top = max(max(chunk_layers(model, s)) for s in all_spans)
-    return [NONE_SETTING, SELECTIVE_SETTING, FULL_SETTING] + [block(n) for n in range(1, top)]
 
 
 def best_setting(ev, state, exact: bool = False):
@@ -92,8 +64,8 @@ def best_setting(ev, state, exact: bool = False):
     S = state.num_stages
     spans = [state.spans(i) for i in range(S)]
 
-    def priced(setting: Setting):
-        return [ev.stage_with(state, i, firsts[i], setting.codes(model, spans[i])) for i in range(S)]
+    def priced(setting: Recompute):
+        return [ev.stage_with(state, i, firsts[i], codes(setting, model, spans[i])) for i in range(S)]
 
     def fits(stages):
         return all(s.cost.fits for s in stages)
@@ -110,11 +82,11 @@ def best_setting(ev, state, exact: bool = False):
     need = 1
     for i in range(S):  # each stage's smallest block N, by bisection
         lo, hi = need, max(chunk_layers(model, spans[i]))
-        if hi <= lo or ev.stage_with(state, i, firsts[i], block(lo).codes(model, spans[i])).cost.fits:
+        if hi <= lo or ev.stage_with(state, i, firsts[i], codes(block(lo), model, spans[i])).cost.fits:
             continue
         while lo < hi:
             mid = (lo + hi) // 2
-            if ev.stage_with(state, i, firsts[i], block(mid).codes(model, spans[i])).cost.fits:
+            if ev.stage_with(state, i, firsts[i], codes(block(mid), model, spans[i])).cost.fits:
                 hi = mid
             else:
                 lo = mid + 1
@@ -123,40 +95,31 @@ def best_setting(ev, state, exact: bool = False):
     if fits(blk):
         cands.append((block(need), blk))
     evs = [_evaluation(ev, state, stages, s, exact) for s, stages in cands]
-    return min(evs, key=lambda e: (e.score, e.setting))
+    return min(evs, key=lambda e: (e.score, e.setting.label))
 
 
-def _evaluation(ev, state, stages, setting: Setting, exact: bool):
+def _evaluation(ev, state, stages, setting: Recompute, exact: bool):
     e = ev.assemble(state, stages, exact)
     e.setting = setting
     return e
 
 
-def setting_of(model, stages) -> Setting | None:
-    """The Megatron-LM setting a plan's recompute is, or None (``stages``: the plan's ``StageSpec``s)."""
-    spans = [st.spans for st in stages]
-    codes = [np.array([{"none": 0, "selective": 1, "full": 2}.get(r, 9) for r in st.all_recompute], np.int8)
-             for st in stages]
-    for s in settings_for(model, spans):
-        if all(np.array_equal(s.codes(model, sp), c) for sp, c in zip(spans, codes)):
-            return s
-    return None
+def setting_of(plan) -> Recompute | None:
+    """The Megatron-LM recompute setting of a plan's per-unit choices, or None."""
+    try:
+        return recompute_of(plan)
+    except NotExpressible:
+        return None
 
 
 def problem(plan) -> str | None:
-    """The first thing ``plan`` does that Megatron-LM cannot express, as one line naming the stage and field."""
-    s0 = plan.stages[0]
-    for i, st in enumerate(plan.stages[1:], start=1):
-        for name in ("tp", "cp", "dp", "sequence_parallel"):
-            if getattr(st, name) != getattr(s0, name):
-                return (f"stages[{i}].{name} ({getattr(st, name)}) differs from stages[0].{name} "
-                        f"({getattr(s0, name)}): Megatron-LM runs one {name} on every pipeline rank")
-    starts = set(plan.model.layer_starts)
-    for s, j, ch in plan.chunks_in_order():
-        if ch.start_unit not in starts:
-            return (f"stages[{s}].chunks[{j}].start_unit ({ch.start_unit}) is inside a layer: Megatron-LM cuts "
-                    "stages on layer boundaries")
-    if setting_of(plan.model, plan.stages) is None:
-        return ("the recompute is not one Megatron-LM setting (none, selective, full uniform 1, or full block N "
-                "with one N for every chunk)")
-    return None
+    """The first thing ``plan`` does that Megatron-LM cannot express (``search.megatron.check_expressible``)."""
+    return check_expressible(plan)
+
+
+def expressible(ev, e) -> bool:
+    """Whether an evaluation's plan passes ``check_expressible`` (``ev``: the Evaluator that priced it)."""
+    from .state import to_plan
+    cm = ev.cm
+    plan = to_plan(e, cm.model, cm.cluster, ev.gbs, getattr(cm, "kind", "analytic"), predicted=False)
+    return check_expressible(plan) is None

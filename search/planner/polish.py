@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .megatron_lm import codes
 from .partition import Spans, best_partition
 from .recompute import allowed_codes, refine_by_counts, refine_by_local_search
 from .state import INF, Evaluation, Evaluator, StageEval, State
@@ -69,10 +70,10 @@ def polish(ev: Evaluator, ctx, e: Evaluation, max_spans: int) -> Evaluation:
                 if setting is None:
                     c = ev.stage(st, i, firsts[i], spans=span).cost
                 else:
-                    c = ev.stage_with(st, i, firsts[i], setting.codes(ev.cm.model, span), spans=span).cost
+                    c = ev.stage_with(st, i, firsts[i], codes(setting, ev.cm.model, span), spans=span).cost
                 t = c.time_per_microbatch_ms if c.fits else INF
                 A.append(a), B.append(b), T.append(t)
-                AA.append((M - 1) * t + c.dp_sync_ms + c.optimizer_ms if np.isfinite(t) else INF)
+                AA.append((M - 1) * t + c.dp_sync_ms + c.optimizer_ms + c.prologue_ms if np.isfinite(t) else INF)
         stages.append(Spans(np.array(A, int), np.array(B, int), np.array(T), np.array(AA)))
     _val, bounds = best_partition(U, stages)
     if bounds is None:

@@ -93,6 +93,7 @@ class Space:
     layer_starts: tuple[int, ...] = ()
     seqs: tuple[int, ...] = ()          # sequence lengths SP must split (GPT: one; T5: encoder and decoder)
     allowed: Callable[[int, int], bool] | None = None   # (per-rank batch, tp) a cost model covers; None: all
+    max_stages: int = 0                 # 0: any (megatron-lm runs T5 on one pipeline stage)
 
     @classmethod
     def of(cls, model, cluster, training, micro_batch_sizes=None, priced=frozenset(), target: str = "aceso",
@@ -120,9 +121,15 @@ class Space:
         if training.tp_comm_overlap:
             sps = (True,)       # TE's TP overlap needs sequence parallelism on every tp > 1 stage
         seqs = (model.seq_length,) + ((model.decoder_seq_length,) if model.is_t5 else ())
+        features = feature_combos(training, priced)
+        if target == "megatron-lm":   # --overlap-param-gather requires --overlap-grad-reduce (validate_args)
+            features = tuple(f for f in features if f.overlap_grad_reduce or not f.overlap_param_gather)
+            if not features:
+                raise AcesoError("--target megatron-lm: Megatron-LM overlaps the parameter all-gather only with "
+                                 "the gradient reduction; do not turn --overlap off")
         return cls(cluster.num_gpus, cluster.gpus_per_node, tuple(tps), batches, model.num_units, gbs, cps, sps,
-                   vs, feature_combos(training, priced), bool(training.uniform_cp), target,
-                   tuple(model.layer_starts), seqs, allowed)
+                   vs, features, bool(training.uniform_cp), target, tuple(model.layer_starts), seqs, allowed,
+                   1 if target == "megatron-lm" and model.is_t5 else 0)
 
     # ----- micro-batches ------------------------------------------------------------------------------------------
     def batch_ok(self, b: int, tp: int) -> bool:
@@ -243,7 +250,7 @@ class Space:
 
     def legal(self, st) -> bool:
         S, nb = len(st.shapes), len(st.bounds)
-        if S == 0 or (nb - 1) % S or (nb - 1) // S not in self.vs:
+        if S == 0 or (nb - 1) % S or (nb - 1) // S not in self.vs or (self.max_stages and S > self.max_stages):
             return False
         v = (nb - 1) // S
         if sum(s.num_gpus for s in st.shapes) != self.num_gpus or st.features not in self.features:

@@ -10,10 +10,10 @@ Recompute is *not* part of the state. For the ``aceso`` target every stage is pr
 plan takes the fastest recompute setting Megatron-LM can express (``megatron_lm.best_setting``). Stage results are
 cached by everything they depend on, so re-evaluating a state after a primitive costs only the stages it touched.
 
-Interleaved pipelines are priced by the cost model's event simulation, which costs milliseconds. A state whose
-lower bound ``max_i (M (F_i + B_i) + sync_i)`` (no schedule beats its busiest stage) is not below ``cutoff`` (the
-search's best time) can never be accepted: it gets the estimate ``bound + (1F1B bubble) / v`` instead
-(``exact`` False) and is simulated only if it is ever needed exactly (a restart, the final plans).
+Interleaved pipelines are priced by the cost model's schedule recurrence over every op, which costs milliseconds.
+A state whose lower bound ``max_i (M (F_i + B_i) + sync_i + step_i)`` (no schedule beats its busiest stage) is not
+below ``cutoff`` (the search's best time) can never be accepted: it gets the estimate ``bound + (1F1B bubble) / v``
+instead (``exact`` False) and is priced exactly only if it is ever needed (a restart, the final plans).
 """
 
 from __future__ import annotations
@@ -247,8 +247,8 @@ class Evaluator:
             return pipe.iteration_ms, list(pipe.stage_total_ms), pipe.bubble_ms, True
         fwd = [sum(c.chunk_fwd_ms) for c in costs]
         bwd = [sum(c.chunk_bwd_ms) for c in costs]
-        sync = [c.dp_sync_ms + c.optimizer_ms for c in costs]
-        busy = [M * (f + b) + s for f, b, s in zip(fwd, bwd, sync)]
+        sync = [c.dp_sync_ms + c.optimizer_ms + c.prologue_ms for c in costs]
+        busy = [M * (f + b) + s for f, b, s in zip(fwd, bwd, sync)]   # no schedule beats a stage's own work
         bound = max(busy)
         if bound < self.cutoff:
             pipe = self.cm.pipeline(costs, M)

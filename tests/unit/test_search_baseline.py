@@ -62,7 +62,10 @@ def _reference(model, cluster, cm, layers):
     return best
 
 
-@pytest.mark.parametrize("limit,setting", [(None, "none"), (14000, "full block 2"), (8000, "full block 2")])
+BLOCK2 = "full (block, 2 layers)"
+
+
+@pytest.mark.parametrize("limit,setting", [(None, "none"), (14000, BLOCK2), (8000, BLOCK2)])
 def test_best_uniform_equals_enumeration_of_megatron_configs(limit, setting):
     model = load_model("gpt-1.3b", num_layers=4)
     cluster = parse_cluster("1x4-h100", memory_limit_mb=limit)

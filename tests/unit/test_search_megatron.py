@@ -17,15 +17,21 @@ from search.training import TrainingSpec
 
 
 def test_setting_codes_by_hand():
+    # the export's recompute settings as the unit codes the planner prices (search.megatron.recompute)
+    codes = megatron_lm.codes
     gpt = load_model("gpt-1.3b", num_layers=4)
     spans = ((0, 6), (6, 8))                  # a chunk of 3 layers, a chunk of 1
-    assert megatron_lm.block(2).codes(gpt, spans).tolist() == [2, 2, 2, 2, 0, 0] + [2, 2]
-    assert megatron_lm.SELECTIVE_SETTING.codes(gpt, spans).tolist() == [1, 0] * 4
-    assert megatron_lm.FULL_SETTING.codes(gpt, spans).tolist() == [2] * 8
+    assert codes(megatron_lm.block(2), gpt, spans).tolist() == [2, 2, 2, 2, 0, 0] + [2, 2]
+    assert codes(megatron_lm.SELECTIVE_SETTING, gpt, spans).tolist() == [1, 0] * 4
+    assert codes(megatron_lm.FULL_SETTING, gpt, spans).tolist() == [2] * 8
     t5 = load_model("t5-770m", num_layers=2)
     dec = (t5.layer_starts[-3], t5.layer_starts[-1])   # the last two decoder layers: 3 units each
-    assert megatron_lm.block(1).codes(t5, (dec,)).tolist() == [2, 2, 2, 0, 0, 0]
-    assert megatron_lm.SELECTIVE_SETTING.codes(t5, (dec,)).tolist() == [1, 1, 0, 1, 1, 0]
+    assert codes(megatron_lm.block(1), t5, (dec,)).tolist() == [2, 2, 2, 0, 0, 0]
+    assert codes(megatron_lm.SELECTIVE_SETTING, t5, (dec,)).tolist() == [1, 1, 0, 1, 1, 0]
+    # one T5 chunk holds an encoder and a decoder block: block 1 recomputes the first layer of each
+    whole = codes(megatron_lm.block(1), t5, ((0, t5.num_units),)).tolist()
+    enc = 2 * t5.num_layers
+    assert whole[:enc] == [2, 2] + [0] * (enc - 2) and whole[enc:enc + 3] == [2, 2, 2] and set(whole[enc + 3:]) == {0}
 
 
 def _plan(model, cluster, **kw):
@@ -40,23 +46,23 @@ def test_problem_names_the_stage_and_field():
     stages = list(plan.stages)
     stages[1] = stages[1].model_copy(update={"tp": 4, "dp": 1})
     assert "stages[1].tp (4) differs" in megatron_lm.problem(plan.model_copy(update={"stages": stages}))
+    # (each case below is refused by the export's check, search.megatron.check_expressible)
     cut = [StageSpec(num_gpus=4, tp=2, dp=2, sequence_parallel=True, start_unit=0, end_unit=3,
                      recompute=["none"] * 3),
            StageSpec(num_gpus=4, tp=2, dp=2, sequence_parallel=True, start_unit=3, end_unit=8,
                      recompute=["none"] * 5)]
-    assert "stages[1].chunks[0].start_unit (3) is inside a layer" in \
-        megatron_lm.problem(plan.model_copy(update={"stages": cut}))
+    assert "stages[1].start_unit (3) cuts layer 1" in megatron_lm.problem(plan.model_copy(update={"stages": cut}))
     odd = [s.model_copy(update={"chunks": [ChunkSpec(start_unit=c.start_unit, end_unit=c.end_unit,
                                                      recompute=["none", "full"] + ["none"] * (c.num_units - 2))
                                            for c in s.chunks]}) for s in plan.stages]
-    assert "not one Megatron-LM setting" in megatron_lm.problem(plan.model_copy(update={"stages": odd}))
+    assert "mixes choices inside layer" in megatron_lm.problem(plan.model_copy(update={"stages": odd}))
     vpp = _plan(model, cl, num_virtual_stages=2)
-    assert megatron_lm.problem(vpp) is None and megatron_lm.setting_of(model, vpp.stages).label == "none"
+    assert megatron_lm.problem(vpp) is None and megatron_lm.setting_of(vpp).label == "none"
 
 
 @pytest.mark.parametrize("layers,cluster,limit,setting,stages", [
-    (4, "2x1-h100", 16000, "full block 2", 2), (4, "4x1-h100", 12000, "none", 2),
-    (6, "4x1-h100", 12000, "full block 2", 4), (2, "1x4-h100", 20000, "none", 1)])
+    (4, "2x1-h100", 16000, "full (block, 2 layers)", 2), (4, "4x1-h100", 12000, "none", 2),
+    (6, "4x1-h100", 12000, "full (block, 2 layers)", 4), (2, "1x4-h100", 20000, "none", 1)])
 def test_megatron_search_equals_exhaustive(layers, cluster, limit, setting, stages):
     # GPT-13B layers on one-GPU nodes (no TP): memory forces pipelining, uneven layers and block recompute
     model = load_model("gpt-13b", num_layers=layers)
