@@ -161,8 +161,10 @@ class Evaluator:
             params = inspect.signature(cost_model.stage_cost).parameters
         except (TypeError, ValueError):
             params = {}
-        self.neighbours = "prev" in params      # prices re-sharding between stages of different shapes
-        self.modern = "spans" in params         # takes cp, sp, spans, features (plan contract v2)
+        # a model that prices none of the v2 features (aceso-compat) is called as before them: positional only
+        v1 = getattr(cost_model, "features", None) == frozenset()
+        self.neighbours = "prev" in params and not v1   # prices re-sharding between stages of different shapes
+        self.modern = "spans" in params and not v1      # takes cp, sp, spans, features (plan contract v2)
 
     # ----- one stage ----------------------------------------------------------------------------------------------
     def stage_args(self, st: State, i: int, first_rank: int, shape: Shape | None = None,

@@ -43,7 +43,8 @@ def _with_setting(plan, setting) -> ParallelPlan:
 
 
 def _reference(model, cluster, cm, layers):
-    best = float("inf")
+    """(best fitting iteration ms, least memory of any configuration without recompute)."""
+    best, least_none = float("inf"), float("inf")
     for pp, tp, b, v, sp in itertools.product((1, 2, 4), (1, 2, 4), BATCHES, (1, 2), (False, True)):
         if 4 % (pp * tp) or (sp and tp == 1) or (v > 1 and (pp == 1 or layers % (pp * v))):
             continue
@@ -57,28 +58,35 @@ def _reference(model, cluster, cm, layers):
             plan = uniform_plan(model, pp, tp, dp, m, GBS, "none", cluster, sequence_parallel=sp,
                                 num_virtual_stages=v, **feats)
             cost = cm.evaluate(_with_setting(plan, setting))
+            if setting == "none":
+                least_none = min(least_none, cost.max_memory_mb)
             if cost.fits:
                 best = min(best, cost.iteration_ms)
-    return best
+    return best, least_none
 
 
-BLOCK2 = "full (block, 2 layers)"
-
-
-@pytest.mark.parametrize("limit,setting", [(None, "none"), (14000, BLOCK2), (8000, BLOCK2)])
-def test_best_uniform_equals_enumeration_of_megatron_configs(limit, setting):
-    model = load_model("gpt-1.3b", num_layers=4)
-    cluster = parse_cluster("1x4-h100", memory_limit_mb=limit)
-    training = TrainingSpec(global_batch_size=GBS, micro_batch_sizes=list(BATCHES))
+def _check(model, cluster, training):
     cm = make_cost_model(model, cluster, training)
-    want = _reference(model, cluster, cm, 4)
+    want, least_none = _reference(model, cluster, cm, 4)
     res = best_uniform(cm, GBS, make_space(cm, training, "megatron-lm"), model)
     assert res.iteration_ms == pytest.approx(want, rel=1e-12)
-    assert res.recompute == setting    # the limits exercise Megatron's block recompute
     plan = baseline_plan(res, model, cluster, GBS, "analytic")
     assert cm.evaluate(plan).iteration_ms == pytest.approx(res.iteration_ms, rel=1e-12)
     assert megatron_lm.problem(plan) is None
     assert plan.micro_batch_per_rank(0) == res.mbs
+    return res, least_none
+
+
+@pytest.mark.parametrize("squeeze", [0.97, 0.85])
+def test_best_uniform_equals_enumeration_of_megatron_configs(squeeze):
+    model = load_model("gpt-1.3b", num_layers=4)
+    training = TrainingSpec(global_batch_size=GBS, micro_batch_sizes=list(BATCHES))
+    res, least_none = _check(model, parse_cluster("1x4-h100"), training)
+    assert res.recompute == "none"
+    # below the least memory any configuration needs without recompute: every fitting one recomputes
+    tight = parse_cluster("1x4-h100", memory_limit_mb=least_none * squeeze)
+    res, _ = _check(model, tight, training)
+    assert res.fits and res.recompute != "none"
 
 
 def test_layer_splits_follow_megatron_first_last_adjustment():

@@ -98,11 +98,14 @@ def test_baseline_cli_writes_uniform_plan(tmp_path, capsys):
     assert megatron_lm.problem(plan) is None and plan.micro_batch_per_rank(0) == info["micro_batch_size"]
 
 
-BIG = ["--model", "gpt-13b", "--num-layers", "6", "--cluster", "4x1-h100", "--memory-limit-mb", "12000",
-       "--global-batch-size", "64", "--micro-batch-sizes", "1", "2", "--budget-evals", "300"]
-
-
 def test_three_lines_and_the_megatron_target(tmp_path, capsys):
+    # GPT-13B layers on one-GPU nodes, memory a third of the way from the least any plan needs to what pure DP
+    # needs: the plans pipeline and recompute, and the three lines differ
+    from tests.unit.search_helpers import memory_between
+    from search.presets import load_model
+    limit = memory_between(load_model("gpt-13b", num_layers=6), "4x1-h100", 64, 0.3)
+    BIG = ["--model", "gpt-13b", "--num-layers", "6", "--cluster", "4x1-h100", "--memory-limit-mb", f"{limit:.0f}",
+           "--global-batch-size", "64", "--micro-batch-sizes", "1", "2", "--budget-evals", "300"]
     het, mlm = tmp_path / "het.json", tmp_path / "mlm.json"
     assert main(["search", *BIG, "--json", "-o", str(het)]) == 0
     a = json.loads(capsys.readouterr().out)
