@@ -86,6 +86,8 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
         return Plans(target, base, mlm, mlm, space)
     o2 = copy.copy(opts)
     o2.budget_evals = opts.budget_evals if target == "aceso" else share
+    if opts.budget_s is not None:   # one wall-clock cap for both searches
+        o2.budget_s = max(opts.budget_s - mlm.seconds, 0.0)
     if opts.callback is not None:   # one progress count over both searches
         o2.callback = lambda n, done=mlm.evals: opts.callback(done + n)
     extra = [e.state for e in mlm.plans[:1] if e.fits]

@@ -1,8 +1,9 @@
 """Exact refinements of the search's best plans (no budget: a few final plans only).
 
 * ``polish``: for a plan's stage shapes and micro-batch, the optimal contiguous cut (``partition.best_partition``,
-  each span at its best recompute; ``megatron-lm``: layer cuts at the plan's recompute setting), within a window
-  around the current boundaries. One chunk per stage only (the interleaved objective is not a max plus a sum).
+  each span at its best recompute; ``megatron-lm``: layer cuts at the plan's recompute setting and at the lighter
+  ones), within a window around the current boundaries. One chunk per stage only (the interleaved objective is not a
+  max plus a sum).
 * ``polish_chunks``: interleaved plans: hill-climbing over single-step moves of every model-chunk boundary.
 * ``polish_features``: every allowed combination of the plan-level switches at the same state.
 * ``refine_recompute``: op-level cost models (aceso-compat), whose per-stage recompute is solved on a probed
@@ -15,10 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .megatron_lm import codes
+from .megatron_lm import NONE_SETTING, SELECTIVE_SETTING, block, chunk_layers, codes
 from .partition import Spans, best_partition
 from .recompute import allowed_codes, refine_by_counts, refine_by_local_search
 from .state import INF, Evaluation, Evaluator, StageEval, State
+
+LIGHTER = 4          # megatron-lm: block counts below the plan's tried by the partition DP
 
 
 def refine_recompute(ev: Evaluator, e: Evaluation) -> Evaluation:
@@ -41,11 +44,40 @@ def refine_recompute(ev: Evaluator, e: Evaluation) -> Evaluation:
 
 
 def polish(ev: Evaluator, ctx, e: Evaluation, max_spans: int) -> Evaluation:
-    """Exact partition DP over the cut positions for e's stage shapes and micro-batch (boundaries in a window)."""
+    """Exact partition DP over the cut positions for e's stage shapes and micro-batch (boundaries in a window).
+
+    ``megatron-lm``: the recompute setting is one for the plan, so the DP runs at the plan's setting and at each
+    lighter one (less recompute: an uneven cut may let the stages with the most micro-batches in flight fit with it);
+    each result is priced at its own best setting."""
     st = e.state
-    S = st.num_stages
-    if S == 1 or st.num_chunks > 1:
+    if st.num_stages == 1 or st.num_chunks > 1:
         return e
+    settings = [None] if ev.target != "megatron-lm" else _lighter(ev.cm.model, st, e.setting)
+    best = e
+    for setting in settings:
+        bounds = _best_cut(ev, ctx, st, setting, max_spans)
+        if bounds is not None:
+            cand = ev.evaluate(st._replace(bounds=bounds), charge=False, exact=True)
+            if cand.score < best.score:
+                best = cand
+    return best
+
+
+def _lighter(model, st, setting) -> list:
+    """The plan's Megatron-LM setting, then every one with less recompute (fewer block layers, selective, none)."""
+    out = [setting]
+    if setting is None or setting.granularity is None:
+        return out
+    if setting.granularity == "full":
+        top = setting.num_layers if setting.method == "block" else max(
+            max(chunk_layers(model, st.spans(i))) for i in range(st.num_stages))
+        out += [block(n) for n in range(top - 1, 0, -1)][:LIGHTER] + [SELECTIVE_SETTING]
+    return out + [NONE_SETTING]
+
+
+def _best_cut(ev: Evaluator, ctx, st, setting, max_spans: int):
+    """The DP's cut for st's shapes (``setting``: the megatron-lm recompute setting; None: exact per span)."""
+    S = st.num_stages
     P = ctx.positions
     U = len(P) - 1
     M = ev.gbs // st.mbs
@@ -56,7 +88,6 @@ def polish(ev: Evaluator, ctx, e: Evaluation, max_spans: int) -> Evaluation:
         w //= 2
     lo = [max(0, x - w) for x in idx]
     hi = [min(U, x + w) for x in idx]
-    setting = e.setting if ev.target == "megatron-lm" else None
     stages = []
     for i in range(S):
         A, B, T, AA = [], [], [], []
@@ -76,10 +107,7 @@ def polish(ev: Evaluator, ctx, e: Evaluation, max_spans: int) -> Evaluation:
                 AA.append((M - 1) * t + c.dp_sync_ms + c.optimizer_ms + c.prologue_ms if np.isfinite(t) else INF)
         stages.append(Spans(np.array(A, int), np.array(B, int), np.array(T), np.array(AA)))
     _val, bounds = best_partition(U, stages)
-    if bounds is None:
-        return e
-    cand = ev.evaluate(st._replace(bounds=tuple(int(P[x]) for x in bounds)), charge=False, exact=True)
-    return cand if cand.score < e.score else e
+    return None if bounds is None else tuple(int(P[x]) for x in bounds)
 
 
 def polish_chunks(ev: Evaluator, ctx, e: Evaluation, max_evals: int = 200) -> Evaluation:

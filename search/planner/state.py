@@ -10,10 +10,13 @@ Recompute is *not* part of the state. For the ``aceso`` target every stage is pr
 plan takes the fastest recompute setting Megatron-LM can express (``megatron_lm.best_setting``). Stage results are
 cached by everything they depend on, so re-evaluating a state after a primitive costs only the stages it touched.
 
-Interleaved pipelines are priced by the cost model's schedule recurrence over every op, which costs milliseconds.
-A state whose lower bound ``max_i (M (F_i + B_i) + sync_i + step_i)`` (no schedule beats its busiest stage) is not
-below ``cutoff`` (the search's best time) can never be accepted: it gets the estimate ``bound + (1F1B bubble) / v``
-instead (``exact`` False) and is priced exactly only if it is ever needed (a restart, the final plans).
+Pipelines are priced by the cost model's schedule recurrence over the ops (up to tens of milliseconds for long
+pipelines with many micro-batches). A state whose lower bound (``lower_bound``: a stage's own work plus the pipeline
+fill before and the drain after it, which no schedule beats; exact for identical stages) is not below ``cutoff``
+(the search's best time) can never be accepted: it gets an estimate (``exact`` False: the bound or SPEC 3.6's
+closed-form 1F1B time, its bubble divided by v) and is priced exactly only if it is ever needed (a restart, the
+final plans). Models that price none of the v2 features (aceso-compat) and test models always get their own
+pipeline.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..costmodel.pipeline import one_f_one_b
 from ..costmodel.types import RC, RC_CODE, Features, Shape, StageCost
 from ..errors import AcesoError
 from ..plan import ChunkSpec, ParallelPlan, PlanPrediction, StageSpec
@@ -243,21 +245,19 @@ class Evaluator:
         return Evaluation(state, it if fits else INF, fits, stages, totals, mem, it, is_exact, bubble)
 
     def pipeline(self, costs: list[StageCost], M: int, exact: bool = False):
-        """(iteration ms, per-stage totals, bubble ms, exact) of priced stages."""
-        if not costs[0].chunk_fwd_ms or exact or not np.isfinite(self.cutoff):
+        """(iteration ms, per-stage totals, bubble ms, exact) of priced stages (see the module docstring)."""
+        if exact or not self.modern or not np.isfinite(self.cutoff):
             pipe = self.cm.pipeline(costs, M)
             return pipe.iteration_ms, list(pipe.stage_total_ms), pipe.bubble_ms, True
-        fwd = [sum(c.chunk_fwd_ms) for c in costs]
-        bwd = [sum(c.chunk_bwd_ms) for c in costs]
-        sync = [c.dp_sync_ms + c.optimizer_ms + c.prologue_ms for c in costs]
-        busy = [M * (f + b) + s for f, b, s in zip(fwd, bwd, sync)]   # no schedule beats a stage's own work
-        bound = max(busy)
+        bound, t, tail = lower_bound(costs, M)
         if bound < self.cutoff:
             pipe = self.cm.pipeline(costs, M)
             return pipe.iteration_ms, list(pipe.stage_total_ms), pipe.bubble_ms, True
-        flat = one_f_one_b(fwd, bwd, sync, M)
-        bubble = max(flat.iteration_ms - bound, 0.0) / len(costs[0].chunk_fwd_ms)
-        return bound + bubble, [b + bubble for b in busy], bubble, False
+        v = max(len(costs[0].chunk_fwd_ms), 1)
+        flat = max((M - 1) * x + y for x, y in zip(t, tail)) + sum(t)   # SPEC 3.6's 1F1B time
+        busy = [M * x + y for x, y in zip(t, tail)]
+        est = max(bound, max(busy) + max(flat - max(busy), 0.0) / v)
+        return est, [b + est - max(busy) for b in busy], est - max(busy), False
 
     def evaluations(self) -> list[Evaluation]:
         """Every plan evaluated so far, best first (ties by state, so the order is deterministic)."""
@@ -266,6 +266,33 @@ class Evaluator:
     @property
     def num_evaluated(self) -> int:
         return len(self._plans)
+
+
+def lower_bound(costs: list[StageCost], M: int) -> tuple[float, list[float], list[float]]:
+    """(a lower bound of the iteration time under 1F1B or interleaved 1F1B, per-stage time per micro-batch,
+    per-stage per-iteration tail). Stage i cannot start before its prologue nor before micro-batch 0 has passed the
+    stages before it (their first chunk's forwards), then does ``M`` micro-batches of its own work; its DP sync and
+    step follow, and stage 0's last backward comes after stage i's and those of the stages between (their first
+    chunk's backwards). So ``T >= start_i + M t_i + max(tail_i, sum_{j<i} b_j + tail_0)`` for every i (with an
+    optimizer barrier the step only comes later). Equals ``(M + p - 1)(F + B) + tail`` for identical stages."""
+    t, tail, first_f, first_b = [], [], [], []
+    for c in costs:
+        if c.chunk_fwd_ms:
+            t.append(sum(c.chunk_fwd_ms) + sum(c.chunk_bwd_ms))
+            first_f.append(c.chunk_fwd_ms[0])
+            first_b.append(c.chunk_bwd_ms[0])
+        else:
+            t.append(c.time_per_microbatch_ms)
+            first_f.append(c.fwd_ms + c.p2p_ms / 2)
+            first_b.append(c.bwd_ms + c.recompute_ms + c.p2p_ms / 2)
+        tail.append(c.dp_sync_ms + c.optimizer_ms)
+    bound = up_f = up_b = 0.0
+    for i, c in enumerate(costs):
+        start = max(c.prologue_ms, up_f)
+        bound = max(bound, start + M * t[i] + max(tail[i], up_b + tail[0]))
+        up_f += first_f[i]
+        up_b += first_b[i]
+    return bound, t, [x + c.prologue_ms for x, c in zip(tail, costs)]
 
 
 def to_plan(ev: Evaluation, model, cluster, gbs: int, cost_model_kind: str, predicted: bool = True,
