@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from search.cli.search_cmd import DEFAULT_VIRTUAL
 from search.cluster import parse_cluster
 from search.planner.aceso import SearchOptions, search
 from search.planner.api import build_cost_model, plan_all, plan_baseline, plan_search
@@ -48,6 +49,7 @@ from search.training import TrainingSpec
 
 DB = ROOT.parent / "shared" / "aceso-reference-db"
 BUDGET = 4000
+VIRTUAL = set(DEFAULT_VIRTUAL)     # virtual-stage candidates (the CLI default; published rows: and the row's)
 COMPAT = [("gpt-1.3b", 58760.92, 73654.74, 58954.50), ("t5-770m", 33659.50, 52169.67, 33593.98)]
 ANALYTIC = [  # model, cluster, global batch
     ("gpt-1.3b", "1x8-h100", 512), ("gpt-6.7b", "2x8-h100", 1024), ("gpt-13b", "4x8-h100", 1024),
@@ -113,7 +115,7 @@ def row_training(row, model) -> TrainingSpec:
     mbs = {p["micro_batch_size"]} if p["micro_batch_size"] else set()
     vpp = {p["vpp"]} if p["vpp"] else set()
     return TrainingSpec(global_batch_size=p["global_batch_size"], precision=model.params_dtype,
-                        micro_batch_sizes=sorted({1, 2, 4, 8} | mbs), virtual_stages=sorted({1, 2} | vpp),
+                        micro_batch_sizes=sorted({1, 2, 4, 8} | mbs), virtual_stages=sorted(VIRTUAL | vpp),
                         context_parallel_sizes=sorted({1, p["cp"]}), tp_comm_overlap=bool(p["tp_comm_overlap"]))
 
 
@@ -210,7 +212,7 @@ def published_summary(rows) -> dict:
 def run_case(model_name, cluster, gbs, kind="analytic", db=None, limit=None, num_layers=None):
     model = load_model(model_name, num_layers=num_layers)
     cl = parse_cluster(cluster, memory_limit_mb=limit)
-    tr = TrainingSpec(global_batch_size=gbs, precision=model.params_dtype)
+    tr = TrainingSpec(global_batch_size=gbs, precision=model.params_dtype, virtual_stages=sorted(VIRTUAL))
     cm = build_cost_model(model, cl, tr, kind, db)
     plans, wall, cpu = timed(lambda: plan_all(cm, tr, SearchOptions(budget_evals=BUDGET, workers=1)))
     best = plans.aceso.plans[0]
@@ -286,7 +288,7 @@ def section_optimality(quick):
 def section_determinism(quick):
     model = load_model("gpt-1.3b")
     cl = parse_cluster("2x8-h100")
-    tr = TrainingSpec(global_batch_size=512, precision=model.params_dtype)
+    tr = TrainingSpec(global_batch_size=512, precision=model.params_dtype, virtual_stages=sorted(VIRTUAL))
     texts = []
     for workers in (1, 2):
         cm = build_cost_model(model, cl, tr)

@@ -24,6 +24,7 @@ from .common import add_cluster_args, add_model_args, cluster_from_args, model_f
 DEFAULT_BUDGET = 4000
 LONG_SEQUENCE = 8192          # context parallelism is a candidate by default from this many tokens on
 DEFAULT_CP = [1, 2, 4, 8]
+DEFAULT_VIRTUAL = [1, 2, 4]   # model chunks per stage: a few, as Megatron users interleave
 SWITCH = {"auto": None, "on": True, "off": False}
 
 
@@ -37,8 +38,9 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-parallel-sizes", type=int, nargs="+", default=None,
                    help=f"candidate context-parallel degrees (default: 1, and {' '.join(map(str, DEFAULT_CP[1:]))} "
                         f"from {LONG_SEQUENCE} tokens on)")
-    p.add_argument("--virtual-stages", type=int, nargs="+", default=[1, 2],
-                   help="candidate model chunks per pipeline stage, interleaved 1F1B (default 1 2; 1 = off)")
+    p.add_argument("--virtual-stages", type=int, nargs="+", default=DEFAULT_VIRTUAL,
+                   help=f"candidate model chunks per pipeline stage, interleaved 1F1B (default "
+                        f"{' '.join(map(str, DEFAULT_VIRTUAL))}; 1 = off)")
     p.add_argument("--distributed-optimizer", choices=tuple(SWITCH), default="auto",
                    help="shard optimizer states over DP: auto (searched, default), on, off")
     p.add_argument("--overlap", choices=tuple(SWITCH), default="auto",

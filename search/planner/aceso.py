@@ -230,7 +230,7 @@ class StageCountSearch:
         costs = [s.cost for s in e.stages]
         if b is None:
             b = find_bottleneck(costs, e.stage_total_ms, self.limit)
-        for group in order_primitives(costs, b, self.limit):
+        for group in order_primitives(costs, b, self.limit, self._bubble(e)):
             if self.rng is not None:  # seed 0: the reference's table order; other seeds: shuffled within groups
                 self.rng.shuffle(group)
             children = []
@@ -252,9 +252,15 @@ class StageCountSearch:
                     return found
         return None
 
+    def _bubble(self, e: Evaluation) -> float:
+        """The share of e's iteration that is pipeline bubble (0 where the space has no virtual stages)."""
+        if len(self.ctx.space.vs) < 2 or not e.fits or not e.raw_iteration_ms > 0:
+            return 0.0
+        return e.bubble_ms / e.raw_iteration_ms
+
     def _accept(self, new: Evaluation, chain: list[str]) -> None:
         start, b = self._root  # the plan the chain started from and the bottleneck its first primitive targeted
-        res = classify([s.cost for s in start.stages], b, self.limit)
+        res = classify([s.cost for s in start.stages], b, self.limit, self._bubble(start))
         old = self.best if self.best is not None else start
         nb = find_bottleneck([s.cost for s in new.stages], new.stage_total_ms, self.limit)
         used = self.ev.budget.used if self.ev.budget else self.ev.num_evaluated

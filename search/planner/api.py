@@ -33,11 +33,42 @@ def build_cost_model(model, cluster, training, kind: str = "analytic", db=None):
 
 
 def make_space(cm, training, target: str = "aceso") -> Space:
-    """The search space for this cost model (what it prices) and training spec."""
-    space = Space.of(cm.model, cm.cluster, training, priced=getattr(cm, "features", frozenset()), target=target)
+    """The search space for this cost model and training spec: what the model prices (``cm.features``) and the
+    (per-rank batch, tp) pairs it covers (``cm.available_shapes()`` where it has one, e.g. aceso-compat's profiled
+    files; else all). AcesoError when no candidate micro-batch or shape is left."""
+    available = getattr(cm, "available_shapes", None)
+    allowed = available() if available is not None else None
+    space = Space.of(cm.model, cm.cluster, training, priced=getattr(cm, "features", frozenset()), target=target,
+                     allowed=allowed)
     if not space.batches:
         raise AcesoError(f"--micro-batch-sizes: none divides --global-batch-size ({training.global_batch_size})")
+    if allowed is not None and not space.candidate_shapes() & space.allowed:
+        raise AcesoError(f"--micro-batch-sizes {list(space.batches)}: none of the stage shapes they allow is "
+                         f"covered by the cost model (per-GPU batch, tp: {_pairs(space.candidate_shapes())}; "
+                         f"covered: {_pairs(space.allowed)}); choose micro-batch sizes whose per-GPU batches it covers")
     return space
+
+
+search_space = make_space
+
+
+def dropped_shapes(space: Space) -> list[tuple[int, int]]:
+    """The candidate (per-rank batch, tp) pairs the cost model does not cover (the search skips them)."""
+    return [] if space.allowed is None else sorted(space.candidate_shapes() - space.allowed)
+
+
+def _pairs(pairs) -> str:
+    return ", ".join(f"({b}, {t})" for b, t in sorted(pairs)) or "none"
+
+
+def describe_dropped(space: Space) -> str | None:
+    """One line naming the dropped shapes, or None."""
+    dropped = dropped_shapes(space)
+    if not dropped:
+        return None
+    kept = len(space.candidate_shapes()) - len(dropped)
+    return (f"(per-GPU batch, tp) {_pairs(dropped)} not profiled in the cost model's database: plans use only "
+            f"the other {kept} candidate shapes")
 
 
 def plan_search(cm, training, opts: SearchOptions, top_k: int = 1, baseline: BaselineResult | None = None,

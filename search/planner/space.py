@@ -28,7 +28,6 @@ run, ``megatron_lm.py``): the same shape on every stage, stage and chunk boundar
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..costmodel.types import Features, Shape
@@ -92,7 +91,7 @@ class Space:
     target: str = "aceso"
     layer_starts: tuple[int, ...] = ()
     seqs: tuple[int, ...] = ()          # sequence lengths SP must split (GPT: one; T5: encoder and decoder)
-    allowed: Callable[[int, int], bool] | None = None   # (per-rank batch, tp) a cost model covers; None: all
+    allowed: frozenset[tuple[int, int]] | None = None   # (per-rank batch, tp) the cost model covers; None: all
     max_stages: int = 0                 # 0: any (megatron-lm runs T5 on one pipeline stage)
 
     @classmethod
@@ -128,12 +127,20 @@ class Space:
                 raise AcesoError("--target megatron-lm: Megatron-LM overlaps the parameter all-gather only with "
                                  "the gradient reduction; do not turn --overlap off")
         return cls(cluster.num_gpus, cluster.gpus_per_node, tuple(tps), batches, model.num_units, gbs, cps, sps,
-                   vs, features, bool(training.uniform_cp), target, tuple(model.layer_starts), seqs, allowed,
-                   1 if target == "megatron-lm" and model.is_t5 else 0)
+                   vs, features, bool(training.uniform_cp), target, tuple(model.layer_starts), seqs,
+                   None if allowed is None else frozenset(allowed), 1 if target == "megatron-lm" and model.is_t5 else 0)
 
     # ----- micro-batches ------------------------------------------------------------------------------------------
     def batch_ok(self, b: int, tp: int) -> bool:
-        return b in self.batches and (self.allowed is None or self.allowed(b, tp))
+        return b in self.batches and (self.allowed is None or (b, tp) in self.allowed)
+
+    def allows(self, tp: int, dp: int, mbs: int) -> bool:
+        """Whether a stage of this (tp, dp) at pipeline micro-batch ``mbs`` is in the cost model's coverage."""
+        return self.allowed is None or (mbs // dp, tp) in self.allowed
+
+    def candidate_shapes(self) -> set[tuple[int, int]]:
+        """Every (per-rank batch, tp) a stage could use before ``allowed`` filters it."""
+        return {(b, tp) for b in self.batches for tp in self.tps}
 
     def mbs_ok(self, shapes, m: int) -> bool:
         """Every stage's per-rank batch ``m / dp`` is a candidate, and ``m`` divides the global batch."""

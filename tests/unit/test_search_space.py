@@ -98,3 +98,15 @@ def test_sequence_parallel_rules():
     assert not on.shape_ok(Shape(2, 4, 1, False)) and on.sp_for(4, 1, False) is True
     cm = make_cost_model(model, parse_cluster("1x8-h100"), TrainingSpec(global_batch_size=512))
     assert "sequence_parallel" in cm.features
+
+
+def test_cost_model_coverage_filters_shapes():
+    # a cost model that covers only some (per-rank batch, tp) pairs (aceso-compat's profiled files)
+    m = load_model("gpt-1.3b")
+    space = Space.of(m, parse_cluster("1x4-v100"), TrainingSpec(global_batch_size=512),
+                     allowed={(1, 1), (2, 1), (1, 2)})
+    assert space.allows(1, 2, 4) and not space.allows(1, 4, 16)          # per-rank 2 at tp 1, per-rank 4
+    assert {(s.tp, s.dp) for s in space.shapes(4, 4)} == {(1, 4)}        # tp 2 x dp 2 runs per-rank 2 at tp 2
+    assert space.legal_mbs((Shape(1, 1), Shape(2, 1))) == [1]             # m = 2 would run per-rank 2 at tp 2
+    assert space.candidate_shapes() - space.allowed == {(b, t) for b in (1, 2, 4, 8) for t in (1, 2, 4)} - \
+        {(1, 1), (2, 1), (1, 2)}
