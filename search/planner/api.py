@@ -81,10 +81,6 @@ def plan_search(cm, training, opts: SearchOptions, top_k: int = 1, baseline: Bas
     return search(cm, training.global_batch_size, space, opts, top_k), space
 
 
-def baseline_state(b: BaselineResult) -> State:
-    return b.state
-
-
 def plan_baseline(cm, training) -> BaselineResult | None:
     space = make_space(cm, training, "megatron-lm")
     return best_uniform(cm, training.global_batch_size, space, cm.model)

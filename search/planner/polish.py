@@ -19,7 +19,7 @@ import numpy as np
 from .megatron_lm import NONE_SETTING, SELECTIVE_SETTING, block, chunk_layers, codes
 from .partition import Spans, best_partition
 from .recompute import allowed_codes, refine_by_counts, refine_by_local_search
-from .state import INF, Evaluation, Evaluator, StageEval, State
+from .state import INF, Evaluation, Evaluator, StageEval
 
 LIGHTER = 4          # megatron-lm: block counts below the plan's tried by the partition DP
 
@@ -147,7 +147,3 @@ def polish_features(ev: Evaluator, ctx, e: Evaluation) -> Evaluation:
             if c.score < best.score:
                 best = c
     return best
-
-
-def exact(ev: Evaluator, st: State) -> Evaluation:
-    return ev.evaluate(st, charge=False, exact=True)
