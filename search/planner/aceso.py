@@ -174,7 +174,12 @@ class StageCountSearch:
             init = initial_states(self.ctx, self.S)
             init += [s for s in self.opts.seeds if s.num_stages == self.S and s not in init
                      and self.ctx.space.legal(s)]
-            starts = [self._evaluate(s) for s in init]
+            starts = []
+            for s in init:   # the best start so far is the cutoff: the others need an exact pipeline only if better
+                e = self._evaluate(s)
+                starts.append(e)
+                if e.fits and e.exact and e.iteration_ms < self.ev.cutoff:
+                    self.ev.cutoff = e.iteration_ms
             if not starts:
                 return self.result
             starts.sort(key=lambda e: e.score)

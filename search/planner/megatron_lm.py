@@ -28,6 +28,7 @@ from ..costmodel.types import RC_CODE
 from ..megatron import check_expressible
 from ..megatron.config import NO_RECOMPUTE, NotExpressible, Recompute
 from ..megatron.recompute import recompute_of, unit_choices
+from .state import lower_bound
 
 NONE_SETTING = NO_RECOMPUTE
 SELECTIVE_SETTING = Recompute("selective", modules=("core_attn",))
@@ -94,8 +95,17 @@ def best_setting(ev, state, exact: bool = False):
     blk = priced(block(need))
     if fits(blk):
         cands.append((block(need), blk))
-    evs = [_evaluation(ev, state, stages, s, exact) for s, stages in cands]
-    return min(evs, key=lambda e: (e.score, e.setting.label))
+    # the pipeline of the candidates in lower-bound order, each only while it could beat the best so far
+    M = ev.gbs // state.mbs
+    bounds = [lower_bound([x.cost for x in stages], M)[0] for _, stages in cands]
+    best = None
+    for lb, (s, stages) in sorted(zip(bounds, cands), key=lambda c: (c[0], c[1][0].label)):
+        if best is not None and lb >= best.iteration_ms:
+            continue
+        e = _evaluation(ev, state, stages, s, exact)
+        if best is None or (e.score, e.setting.label) < (best.score, best.setting.label):
+            best = e
+    return best
 
 
 def _evaluation(ev, state, stages, setting: Recompute, exact: bool):

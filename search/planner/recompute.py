@@ -83,8 +83,24 @@ def solve(rt: np.ndarray, act: np.ndarray, peak: np.ndarray, inflight: int, budg
     """Min ``sum rt[u, c_u]`` s.t. ``inflight * sum act[u, c_u] + max peak[u, c_u] <= budget``.
 
     Arrays are (n, N_RC). ``groups`` (optional, int per unit) says which units have identical rows (found by
-    ``np.unique`` otherwise). Returns the int8 choice per unit, or None when nothing fits.
+    ``np.unique`` otherwise). Returns the int8 choice per unit, or None when nothing fits. Pure: results are
+    memoised by the inputs (stages at different positions often pose the same problem).
     """
+    key = (rt.tobytes(), act.tobytes(), peak.tobytes(), rt.shape, float(inflight), float(budget),
+           None if groups is None else groups.tobytes(), cap)
+    hit = _SOLVED.get(key, _MISS)
+    if hit is _MISS:
+        if len(_SOLVED) > 50_000:
+            _SOLVED.clear()
+        hit = _SOLVED[key] = _solve(rt, act, peak, inflight, budget, groups, cap)
+    return None if hit is None else hit.copy()
+
+
+_SOLVED: dict[tuple, np.ndarray | None] = {}
+_MISS = object()
+
+
+def _solve(rt, act, peak, inflight, budget, groups, cap):
     n = rt.shape[0]
     if n == 0:
         return np.zeros(0, np.int8) if budget >= 0 else None
