@@ -16,6 +16,8 @@ setup(
         # transformer-engine is optional; apex is not on PyPI (see README, "GPU extras").
         "gpu": ["transformer-engine[pytorch]"],
         "test": ["pytest>=8", "pytest-timeout>=2"],
+        # pictures (--plot on explain/search/train/launch, aceso plot); imported only when a picture is drawn
+        "plot": ["matplotlib>=3.7"],
     },
     entry_points={
         "console_scripts": ["aceso=search.cli:main"],

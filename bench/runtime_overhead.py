@@ -83,7 +83,7 @@ def build_stock(pp: int, tp: int, tc: TrainConfig):
             names[n] = "embedding.word_embeddings.weight"
         else:
             names[n] = n
-    initialize(gpt, names, MODEL, SEED, tp, ps.get_tensor_model_parallel_rank(), tc.init_method_std)
+    initialize(gpt, names, MODEL, SEED, tp, ps.get_tensor_model_parallel_rank(), tc.std_for(MODEL))
     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(overlap_grad_reduce=False), gpt)
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=tc.lr, weight_decay=tc.weight_decay,
                                                  adam_beta1=tc.adam_beta1, adam_beta2=tc.adam_beta2,

@@ -16,13 +16,16 @@ search time; optimality; determinism.
 3. analytic: GPT-1.3B/6.7B/13B/175B and Llama-3-70B on 8 to 1024 H100s, T5-11B on 32: the three report lines
    and the search time of the whole ``aceso search`` (baseline + both searches; target <= 20 s up to 64 GPUs,
    <= 60 s at 1024, one core).
-4. scale: gpt-scale-layer with 1024 layers on 8 GPUs (target <= 30 s; the reference needs ~250 s).
+4. scale: gpt-scale-layer with 1024 layers on 8 GPUs (target <= 30 s; the reference needs ~250 s): analytic on
+   H100s, and with ``--full-db DIR`` (the artifact's full V100 database, ``profiler/profiled-time-eurosys`` of
+   microsoft/SuperScaler branch Aceso; only its miniset is in ../shared) also aceso-compat on V100s.
 5. optimality: random tiny problems (<= 4 GPUs, <= 4 layers, 2 micro-batch sizes): search = exhaustive optimum.
 6. determinism: the same search with 1 and 2 workers writes byte-identical plans.
 
-Run: ``python bench/search_bench.py [--only published,compat,analytic,scale,optimality,determinism] [--quick]``;
-prints a table per section and writes bench/results/search_bench.json. Times are process CPU seconds (what
-matters on a loaded machine) and wall-clock; the search itself is deterministic (budget in plan evaluations).
+Run: ``python bench/search_bench.py [--only published,compat,analytic,scale,optimality,determinism] [--quick]
+[--full-db DIR]``; prints a table per section and writes bench/results/search_bench.json. Times are process CPU
+seconds (what matters on a loaded machine) and wall-clock; the search itself is deterministic (budget in plan
+evaluations).
 """
 
 from __future__ import annotations
@@ -173,10 +176,10 @@ def published_plan(cm, training, row, model):
     return best
 
 
-def section_published(quick):
+def section_published(args):
     rows = []
     for row in _published_runs():
-        if quick and row["id"] not in QUICK_ROWS:
+        if args.quick and row["id"] not in QUICK_ROWS:
             continue
         model = row_model(row)
         cl = parse_cluster(f"{row['num_gpus'] // 8}x8-{row['gpu']}")
@@ -224,7 +227,7 @@ def run_case(model_name, cluster, gbs, kind="analytic", db=None, limit=None, num
     return out, to_plan(best, model, cl, gbs, kind)
 
 
-def section_compat(quick):
+def section_compat(args):
     from search.compat import AcesoDB, evaluate_ref_config
     from search.compat.mapping import plan_to_ref
     rows = []
@@ -251,10 +254,10 @@ def section_compat(quick):
     return rows
 
 
-def section_analytic(quick):
+def section_analytic(args):
     rows = []
     for name, cluster, gbs in ANALYTIC:
-        if quick and (name, cluster) not in QUICK:
+        if args.quick and (name, cluster) not in QUICK:
             continue
         row, _ = run_case(name, cluster, gbs)
         row["target_s"] = target_s(parse_cluster(cluster).num_gpus)
@@ -263,18 +266,24 @@ def section_analytic(quick):
     return rows
 
 
-def section_scale(quick):
-    row, _ = run_case("gpt-scale-layer", "1x8-h100", 512, num_layers=1024)
-    row["target_s"], row["target_met"] = 30, row["cpu_s"] <= 30
-    return [row]
+def section_scale(args):
+    cases = [("1x8-h100", "analytic", None)]
+    if args.full_db:
+        cases.append(("1x8-v100", "aceso-compat", args.full_db))
+    rows = []
+    for cluster, kind, db in cases:
+        row, _ = run_case("gpt-scale-layer", cluster, 512, kind, db, num_layers=1024)
+        row["target_s"], row["target_met"] = 30, row["cpu_s"] <= 30
+        rows.append(row)
+    return rows
 
 
 # ----- 5. optimality, 6. determinism -------------------------------------------------------------------------------
-def section_optimality(quick):
+def section_optimality(args):
     from search.planner.exhaustive import exhaustive_best
     from search.planner.synthetic import tiny_problem
     rows = []
-    for seed in range(10 if quick else 30):
+    for seed in range(10 if args.quick else 30):
         cm, space, gbs = tiny_problem(seed)
         want, _, n = exhaustive_best(cm, gbs, space)
         res = search(cm, gbs, space, SearchOptions(budget_evals=400))
@@ -285,7 +294,7 @@ def section_optimality(quick):
     return rows
 
 
-def section_determinism(quick):
+def section_determinism(args):
     model = load_model("gpt-1.3b")
     cl = parse_cluster("2x8-h100")
     tr = TrainingSpec(global_batch_size=512, precision=model.params_dtype, virtual_stages=sorted(VIRTUAL))
@@ -304,8 +313,8 @@ COLUMNS = {
                "ref_uniform_ms", "stages", "shapes", "evals", "cpu_s", "target_met"],
     "analytic": ["model", "cluster", "uniform_ms", "megatron_lm_ms", "aceso_ms", "megatron_lm_speedup", "speedup",
                  "stages", "evals", "cpu_s", "wall_s", "target_s", "target_met"],
-    "scale": ["model", "cluster", "uniform_ms", "aceso_ms", "speedup", "stages", "evals", "cpu_s", "target_s",
-              "target_met"],
+    "scale": ["model", "cluster", "cost_model", "uniform_ms", "aceso_ms", "speedup", "stages", "evals", "cpu_s",
+              "target_s", "target_met"],
 }
 SECTIONS = {"published": section_published, "compat": section_compat, "analytic": section_analytic,
             "scale": section_scale, "optimality": section_optimality, "determinism": section_determinism}
@@ -315,13 +324,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections: " + ", ".join(SECTIONS))
     ap.add_argument("--quick", action="store_true", help="a subset of the published rows, analytic cases and seeds")
+    ap.add_argument("--full-db", default=None,
+                    help="the Aceso artifact's full database (profiler/profiled-time-eurosys): adds the aceso-compat "
+                         "1024-layer scale case")
     args = ap.parse_args(argv)
     from rich.console import Console
     from rich.table import Table
     con = Console(width=180)
     out = {}
     for name in (n.strip() for n in args.only.split(",")):
-        rows = SECTIONS[name](args.quick)
+        rows = SECTIONS[name](args)
         out[name] = rows
         if name == "optimality":
             ok = sum(r["optimal"] for r in rows)

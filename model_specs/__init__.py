@@ -1,7 +1,8 @@
 """Model architectures: presets as data files (``presets/*.json``), torch-free.
 
 ``model_specs.builders`` (torch, megatron-core) turns a ``search.model.ModelSpec`` into megatron-core
-``TransformerConfig``/``ModuleSpec`` objects; importing this package does not import it.
+``TransformerConfig``/``ModuleSpec`` objects, and ``model_specs.extensions`` imports and checks a user's own
+``layer_spec`` and ``megatron`` block; importing this package imports neither.
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 """``ModelSpec`` -> megatron-core ``TransformerConfig`` keyword arguments and layer ``ModuleSpec``s (torch).
 
-Architecture only: sizes, norm, activation, biases, position embedding. Parallel degrees and recompute are
-added per stage by ``aceso_megatron.model.config`` (the one place that translates our short names to megatron-core's).
+Architecture only: sizes, norm, activation, biases, position embedding. Parallel degrees and recompute are added
+per stage by ``aceso_megatron.model.config`` (the one place that translates our short names to megatron-core's), and
+so are the ``megatron`` block's extra fields (``extensions.megatron_kwargs``).
 
 Layer specs are megatron-core's own: the local (pure PyTorch) specs when transformer-engine is absent, the TE
-specs when it is importable (never on CPU: callers pass ``te=False``). A *unit* spec (one sub-layer unit of
-``search.model``) is the full layer spec with the other halves replaced by ``IdentityOp``/``IdentityFuncOp``:
+specs when it is importable (never on CPU: callers pass ``te=False``); or the user's, when the model names a
+``layer_spec`` provider (``model_specs.extensions``: import, checks, carving rules). A *unit* spec (one sub-layer
+unit of ``search.model``) is the full layer spec with the other halves replaced by ``IdentityOp``/``IdentityFuncOp``:
 an attention unit keeps the input norm, the self-attention and its residual add; an MLP unit keeps the pre-MLP
 norm, the MLP and its residual add; a T5 cross-attention unit keeps the pre-cross-attention norm, the
 cross-attention and its residual add. Chaining the units of a layer computes exactly what the full
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 
 import torch
 import torch.nn.functional as F
@@ -98,6 +101,11 @@ def final_norm_spec(model: ModelSpec, te: bool | None = None):
 
 
 def layer_spec(model: ModelSpec, stack: str, te: bool | None = None) -> ModuleSpec:
+    """The full layer spec of ``stack``: the user's (``model.layer_spec``) or megatron-core's stock one."""
+    if model.layer_spec_path(stack):
+        from .extensions import provided_spec
+
+        return provided_spec(model.layer_spec_path(stack))
     if not model.is_t5:
         return gpt_layer_spec(model, te)
     enc, dec = t5_layer_specs(model, te)
@@ -105,11 +113,8 @@ def layer_spec(model: ModelSpec, stack: str, te: bool | None = None) -> ModuleSp
 
 
 def unit_spec(full: ModuleSpec, kind: UnitKind, tp_group=None) -> ModuleSpec:
-    """The layer spec restricted to one unit: the other submodules become identities.
-
-    ``tp_group``: megatron-core 0.16's ``CrossAttention`` builds ``linear_q``/``linear_kv`` without passing its
-    TP group (they fall back to the global ``parallel_state`` group); binding it here keeps per-stage groups.
-    """
+    """The layer spec restricted to one unit: the other submodules become identities (``tp_group``: see
+    ``bind_tp_group``)."""
     keep = _UNIT_PARTS[kind]
     changes = {}
     for k, parts in _UNIT_PARTS.items():
@@ -118,9 +123,34 @@ def unit_spec(full: ModuleSpec, kind: UnitKind, tp_group=None) -> ModuleSpec:
         for name in parts:
             if name not in keep:
                 changes[name] = IdentityFuncOp if name.endswith("_bda") else IdentityOp
-    if kind == "cross_attention" and tp_group is not None:
-        xa = full.submodules.cross_attention
-        sub = dataclasses.replace(xa.submodules, linear_q=functools.partial(xa.submodules.linear_q, tp_group=tp_group),
-                                  linear_kv=functools.partial(xa.submodules.linear_kv, tp_group=tp_group))
+    return bind_tp_group(dataclasses.replace(full, submodules=dataclasses.replace(full.submodules, **changes)),
+                         tp_group)
+
+
+def _takes_tp_group(cls: type) -> bool:
+    params = inspect.signature(cls.__init__).parameters
+    return "tp_group" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def bind_tp_group(spec: ModuleSpec, tp_group) -> ModuleSpec:
+    """The layer spec with ``tp_group`` bound where megatron-core 0.16's ``TransformerLayer`` does not pass it (those
+    modules fall back to the global ``parallel_state`` group, which per-stage groups leave unset):
+    ``CrossAttention``'s ``linear_q``/``linear_kv``, and an ``mlp`` that subclasses ``MLP`` (a user's MLP; the layer
+    passes its TP group to ``MLP`` itself only)."""
+    from megatron.core.transformer.mlp import MLP
+
+    if tp_group is None or not hasattr(spec.submodules, "mlp"):
+        return spec
+    changes = {}
+    xa = spec.submodules.cross_attention
+    sub = getattr(xa, "submodules", None)
+    if all(isinstance(getattr(sub, n, None), type) for n in ("linear_q", "linear_kv")):
+        sub = dataclasses.replace(sub, linear_q=functools.partial(sub.linear_q, tp_group=tp_group),
+                                  linear_kv=functools.partial(sub.linear_kv, tp_group=tp_group))
         changes["cross_attention"] = dataclasses.replace(xa, submodules=sub)
-    return dataclasses.replace(full, submodules=dataclasses.replace(full.submodules, **changes))
+    mlp = spec.submodules.mlp
+    cls = getattr(mlp, "module", None)
+    if (isinstance(mlp, ModuleSpec) and isinstance(cls, type) and issubclass(cls, MLP) and cls is not MLP
+            and cls.__name__ != "TEFusedMLP" and "tp_group" not in mlp.params and _takes_tp_group(cls)):
+        changes["mlp"] = dataclasses.replace(mlp, params={**mlp.params, "tp_group": tp_group})
+    return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, **changes)) if changes else spec

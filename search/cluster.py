@@ -22,20 +22,31 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .errors import AcesoError
+from .errors import AcesoError, did_you_mean
+
+# Upper bounds (docs/inputs.md): far above any machine (B200: 192 GB, 2.25 PFLOP/s dense fp16, 8 TB/s HBM,
+# NVLink5 900 GB/s per direction), low enough that a typo such as 10^30 is refused.
+MAX_NODES = 1 << 16
+MAX_GPUS_PER_NODE = 1024
+MAX_GPUS = 1 << 20
+MAX_MEMORY_GB = 1e5
+MAX_TFLOPS = 1e6
+MAX_GBPS = 1e6
 
 
 class GPUSpec(BaseModel):
     """One accelerator type."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    name: str = Field(description="Short name, e.g. h100.")
-    memory_gb: float = Field(gt=0, description="Device memory, GB (10^9 bytes).")
-    peak_tflops_fp16: float = Field(gt=0, description="Dense fp16 tensor-core peak, TFLOP/s.")
-    peak_tflops_bf16: float | None = Field(None, gt=0, description="Dense bf16 peak, TFLOP/s; None = unsupported.")
-    peak_tflops_fp32: float = Field(gt=0, description="fp32 peak (TF32 tensor cores where present), TFLOP/s.")
-    hbm_gbps: float = Field(gt=0, description="Memory bandwidth, GB/s.")
+    name: str = Field(min_length=1, max_length=64, description="Short name, e.g. h100.")
+    memory_gb: float = Field(gt=0, le=MAX_MEMORY_GB, description="Device memory, GB (10^9 bytes).")
+    peak_tflops_fp16: float = Field(gt=0, le=MAX_TFLOPS, description="Dense fp16 tensor-core peak, TFLOP/s.")
+    peak_tflops_bf16: float | None = Field(None, gt=0, le=MAX_TFLOPS,
+                                           description="Dense bf16 peak, TFLOP/s; None = unsupported.")
+    peak_tflops_fp32: float = Field(gt=0, le=MAX_TFLOPS,
+                                    description="fp32 peak (TF32 tensor cores where present), TFLOP/s.")
+    hbm_gbps: float = Field(gt=0, le=MAX_GBPS, description="Memory bandwidth, GB/s.")
 
     def peak_tflops(self, dtype: str) -> float:
         if dtype == "bf16":
@@ -77,19 +88,24 @@ LINK_PRESETS: dict[str, tuple[float, float]] = {
 class ClusterSpec(BaseModel):
     """Homogeneous nodes of identical GPUs."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    num_nodes: int = Field(gt=0, description="Number of nodes.")
-    gpus_per_node: int = Field(gt=0, description="GPUs in each node.")
+    num_nodes: int = Field(gt=0, le=MAX_NODES, description="Number of nodes.")
+    gpus_per_node: int = Field(gt=0, le=MAX_GPUS_PER_NODE, description="GPUs in each node.")
     gpu: GPUSpec = Field(description="The accelerator.")
-    intra_node_gbps: float = Field(gt=0, description="GPU-to-GPU bandwidth inside a node, GB/s per direction.")
-    inter_node_gbps: float = Field(gt=0, description="Network bandwidth per GPU across nodes, GB/s per direction.")
+    intra_node_gbps: float = Field(gt=0, le=MAX_GBPS,
+                                   description="GPU-to-GPU bandwidth inside a node, GB/s per direction.")
+    inter_node_gbps: float = Field(gt=0, le=MAX_GBPS,
+                                   description="Network bandwidth per GPU across nodes, GB/s per direction.")
     memory_limit_mb: float | None = Field(
         None, gt=0, description="Per-GPU memory budget in MB (2^20 bytes); None = the GPU's memory."
     )
 
     @model_validator(mode="after")
     def _check(self) -> "ClusterSpec":
+        if self.num_nodes * self.gpus_per_node > MAX_GPUS:
+            raise ValueError(f"num_nodes x gpus_per_node ({self.num_nodes * self.gpus_per_node}) is above the "
+                             f"limit of {MAX_GPUS} GPUs")
         if self.memory_limit_mb is not None and self.memory_limit_mb * 2**20 > self.gpu.memory_gb * 1e9 * 1.0001:
             raise ValueError(
                 f"memory_limit_mb ({self.memory_limit_mb:.0f}) exceeds the {self.gpu.name}'s "
@@ -121,11 +137,13 @@ def parse_cluster(text: str, memory_limit_mb: float | None = None) -> ClusterSpe
     """``'4x8-h100'`` -> ClusterSpec with the preset's GPU and links."""
     m = _CLUSTER_RE.match(text.strip().lower())
     if not m:
-        raise AcesoError(f"cluster '{text}': expected NODESxGPUS-gpu, e.g. 1x8-h100 (see `aceso clusters`)")
+        raise AcesoError(f"cluster '{text}': expected NODESxGPUS-gpu, e.g. 1x8-h100{_shape_hint(text)} "
+                         "(see `aceso clusters`)")
     nodes, gpn, gpu = int(m.group(1)), int(m.group(2)), m.group(3)
     gpu = GPU_ALIASES.get(gpu, gpu)
     if gpu not in GPU_PRESETS:
-        raise AcesoError(f"cluster '{text}': unknown gpu '{gpu}'; choose one of {', '.join(GPU_PRESETS)}")
+        hint = did_you_mean(gpu, [*GPU_PRESETS, *GPU_ALIASES], what=f"{nodes}x{gpn}-")
+        raise AcesoError(f"cluster '{text}': unknown gpu '{gpu}'{hint or ';'} choose one of {', '.join(GPU_PRESETS)}")
     if nodes < 1 or gpn < 1:
         raise AcesoError(f"cluster '{text}': nodes and gpus per node must be at least 1")
     intra, inter = LINK_PRESETS[gpu]
@@ -135,3 +153,14 @@ def parse_cluster(text: str, memory_limit_mb: float | None = None) -> ClusterSpe
     except ValueError as e:  # pydantic ValidationError is a ValueError
         from .errors import format_validation_error
         raise AcesoError(f"cluster '{text}': " + format_validation_error(e)) from None
+
+
+def _shape_hint(text: str) -> str:
+    """A guess at what a malformed cluster string meant: ``h100`` -> 1x8-h100, ``8xh100`` -> 1x8-h100."""
+    t = text.strip().lower()
+    names = [*GPU_PRESETS, *GPU_ALIASES]
+    m = re.match(r"^(?:(\d+)[x*])?(?:(\d+)[x*-]?)?([a-z][a-z0-9-]*)$", t)
+    if m and m.group(3) in names:
+        nodes, gpn = (m.group(1), m.group(2)) if m.group(2) else ("1", m.group(1) or "8")
+        return f"; did you mean {nodes}x{gpn}-{m.group(3)}?"
+    return ""

@@ -9,18 +9,36 @@ Parameter counts follow megatron-core's modules (``GPTModel``/``T5Model`` with t
 linear of ``h x (heads + 2*groups) * kv_channels``, output projection ``heads*kv_channels x h``, an MLP of
 ``h x ffn`` (``h x 2*ffn`` for SwiGLU) and ``ffn x h``, biases when ``add_bias_linear``, two norms per layer.
 FLOPs follow Narayanan et al. (SC'21, appendix): 2 FLOPs per multiply-add, backward = 2x forward.
+
+Extension in megatron-core's format (docs/model-specs.md): ``layer_spec`` names the user's own layer-spec provider
+(an import path, imported only by the runtime and the profiler) and ``megatron`` carries extra ``TransformerConfig``
+fields as data (``search.megatron_fields``). Counts and FLOPs here are the stock layer's; a custom layer is priced
+by profiling it.
 """
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 from typing import Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+
+from . import megatron_fields
 
 Family = Literal["gpt", "t5", "llama"]
 UnitKind = Literal["attention", "cross_attention", "mlp"]
 Stack = Literal["decoder", "encoder"]
+
+# Upper bounds (docs/inputs.md): far above any published model (Llama 3 405B: 126 layers, hidden 16384, ffn 53248,
+# 128 heads, vocabulary 128256), low enough that a typo such as 10^30 is refused instead of exhausting memory.
+MAX_LAYERS = 4096
+MAX_HIDDEN = 1 << 18            # 262144
+MAX_HEADS = 1 << 14             # 16384
+MAX_FFN = 1 << 20
+MAX_SEQ = 1 << 24               # 16M tokens
+MAX_VOCAB = 1 << 24
+MAX_NAME = 200
 
 
 class Unit(NamedTuple):
@@ -31,28 +49,35 @@ class Unit(NamedTuple):
     kind: UnitKind
 
 
+_PROVIDER = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")   # package.module:attr
+
+
 class ModelSpec(BaseModel):
     """A transformer architecture. Lengths are tokens; sizes are elements."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    name: str = Field("custom", description="Preset or user name, shown in reports.")
+    name: str = Field("custom", min_length=1, max_length=MAX_NAME, description="Preset or user name, shown in "
+                      "reports.")
     family: Family = Field(description="gpt (decoder-only), llama (decoder-only, Llama-style), t5 (encoder-decoder).")
-    num_layers: int = Field(gt=0, description="Transformer layers (T5: encoder layers).")
-    num_decoder_layers: int | None = Field(None, gt=0, description="T5 only: decoder layers.")
-    hidden_size: int = Field(gt=0, description="Model width h.")
-    num_attention_heads: int = Field(gt=0, description="Attention heads.")
-    num_query_groups: int | None = Field(None, gt=0, description="KV heads for grouped-query attention; None = heads.")
-    kv_channels: int | None = Field(None, gt=0, description="Per-head width; None = hidden_size / heads.")
-    ffn_hidden_size: int = Field(gt=0, description="MLP inner width.")
-    seq_length: int = Field(gt=0, description="Sequence length (T5: encoder sequence length).")
-    decoder_seq_length: int | None = Field(None, gt=0, description="T5 only: decoder sequence length.")
-    vocab_size: int = Field(gt=0, description="Tokenizer vocabulary size.")
-    make_vocab_size_divisible_by: int = Field(128, gt=0, description="Megatron pads the vocabulary to a multiple of this.")
+    num_layers: int = Field(gt=0, le=MAX_LAYERS, description="Transformer layers (T5: encoder layers).")
+    num_decoder_layers: int | None = Field(None, gt=0, le=MAX_LAYERS, description="T5 only: decoder layers.")
+    hidden_size: int = Field(gt=0, le=MAX_HIDDEN, description="Model width h.")
+    num_attention_heads: int = Field(gt=0, le=MAX_HEADS, description="Attention heads.")
+    num_query_groups: int | None = Field(None, gt=0, le=MAX_HEADS,
+                                         description="KV heads for grouped-query attention; None = heads.")
+    kv_channels: int | None = Field(None, gt=0, le=MAX_HIDDEN,
+                                    description="Per-head width; None = hidden_size / heads.")
+    ffn_hidden_size: int = Field(gt=0, le=MAX_FFN, description="MLP inner width.")
+    seq_length: int = Field(gt=0, le=MAX_SEQ, description="Sequence length (T5: encoder sequence length).")
+    decoder_seq_length: int | None = Field(None, gt=0, le=MAX_SEQ, description="T5 only: decoder sequence length.")
+    vocab_size: int = Field(gt=0, le=MAX_VOCAB, description="Tokenizer vocabulary size.")
+    make_vocab_size_divisible_by: int = Field(128, gt=0, le=1 << 16,
+                                              description="Megatron pads the vocabulary to a multiple of this.")
     activation: Literal["gelu", "swiglu"] = Field("gelu", description="MLP activation.")
     normalization: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="Norm layers.")
     position_embedding: Literal["learned", "rope"] = Field("learned", description="Absolute learned or rotary.")
-    rotary_base: float = Field(10000.0, gt=0, description="RoPE base (rope only).")
+    rotary_base: float = Field(10000.0, gt=0, le=1e12, description="RoPE base (rope only).")
     tied_embeddings: bool = Field(True, description="Output layer shares the input word embedding.")
     add_bias_linear: bool = Field(True, description="Linear layers carry biases.")
     attention_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the attention probabilities "
@@ -60,8 +85,38 @@ class ModelSpec(BaseModel):
     hidden_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after the attention and MLP outputs and "
                                   "on the embedding.")
     params_dtype: Literal["bf16", "fp16", "fp32"] = Field("fp16", description="Dtype of parameters and activations.")
-    aceso_db_key: str | None = Field(None, description="Model key in the Aceso reference database, e.g. gpt_1_3B.")
-    nominal_params_b: float | None = Field(None, gt=0, description="The size the preset is named after, billions.")
+    aceso_db_key: str | None = Field(None, max_length=MAX_NAME,
+                                     description="Model key in the Aceso reference database, e.g. gpt_1_3B.")
+    nominal_params_b: float | None = Field(None, gt=0, le=1e6,
+                                           description="The size the preset is named after, billions.")
+
+    # ----- extension in megatron-core's format (docs/model-specs.md) -----
+    rotary_percent: float = Field(1.0, gt=0, le=1, description="Fraction of each head's channels that RoPE "
+                                  "rotates (rope only; megatron-core's rotary_percent).")
+    layer_spec: str | dict[Literal["encoder", "decoder"], str] | None = Field(
+        None, description="Your own megatron-core layer spec: 'package.module:function', a function (or a ModuleSpec) "
+        "giving the ModuleSpec of one TransformerLayer; T5: {encoder: ..., decoder: ...}. Imported only by the "
+        "runtime and the profiler; None = megatron-core's stock GPT/T5 layer.")
+    megatron: dict[str, JsonValue] | None = Field(
+        None, description="Extra megatron-core TransformerConfig fields passed to every stage's config unchanged "
+        "(qk_layernorm, softmax_scale, layernorm_epsilon, init_method_std, ...). Fields our spec or the plan "
+        "controls are refused.")
+
+    @field_validator("layer_spec")
+    @classmethod
+    def _provider_paths(cls, v):
+        for path in ([v] if isinstance(v, str) else (v or {}).values()):
+            if not _PROVIDER.match(path):
+                raise ValueError(f"'{path}' is not an import path; write 'package.module:function'")
+        return v
+
+    @field_validator("megatron")
+    @classmethod
+    def _megatron_block(cls, v):
+        if not v:
+            return None   # an empty block is no block (plans and fingerprints stay as without it)
+        megatron_fields.check_names(v, megatron_fields.transformer_config_fields())
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":
@@ -78,6 +133,14 @@ class ModelSpec(BaseModel):
                 f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
                 f"({self.num_attention_heads}), or set kv_channels"
             )
+        if self.is_t5 and isinstance(self.layer_spec, str):
+            raise ValueError("t5 models need two layer specs: layer_spec: {encoder: 'pkg.mod:fn', decoder: "
+                             "'pkg.mod:fn'}")
+        if isinstance(self.layer_spec, dict) and (not self.is_t5 or set(self.layer_spec) != {"encoder", "decoder"}):
+            raise ValueError(f"layer_spec: {self.family} models take one 'package.module:function'" if not self.is_t5
+                             else "layer_spec: give both encoder and decoder providers")
+        if self.rotary_percent != 1.0 and self.position_embedding != "rope":
+            raise ValueError(f"rotary_percent ({self.rotary_percent}) is for position_embedding rope; remove it")
         if self.num_attention_heads % self.groups:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_query_groups "
@@ -106,6 +169,10 @@ class ModelSpec(BaseModel):
     @property
     def is_t5(self) -> bool:
         return self.family == "t5"
+
+    def layer_spec_path(self, stack: Stack) -> str | None:
+        """The layer-spec provider of ``stack`` (None: megatron-core's stock layer)."""
+        return self.layer_spec[stack] if isinstance(self.layer_spec, dict) else self.layer_spec
 
     @property
     def decoder_layers(self) -> int:

@@ -3,7 +3,9 @@
 Every parameter has a canonical name (its name in a plain single-process megatron-core model, see
 ``GPTStage.canonical_names``). Its full, unsharded value is drawn from a generator seeded with
 ``(seed, crc32(canonical name))``, with megatron-core's default rules: norms 1, biases 0, other weights
-N(0, init_method_std), output projections (``linear_proj``, ``linear_fc2``) N(0, std / sqrt(2 * num_layers)).
+N(0, init_method_std), output projections (``linear_proj``, ``linear_fc2``) N(0, std / sqrt(2 * num_layers)), the
+embeddings N(0, embedding_init_method_std) when the model's ``megatron`` block sets it. The modules of a user's
+``layer_spec`` follow the same rules by name (a weight whose module name holds "norm" is 1).
 A TP rank then takes its shard. The same seed therefore gives the same full model under any plan.
 
 Sharding follows megatron-core's parameter attributes (``tensor_model_parallel``, ``partition_dim``): contiguous
@@ -41,6 +43,8 @@ def full_value(name: str, shape: list[int], model: ModelSpec, seed: int, std: fl
     if leaf in ("bias", "layer_norm_bias"):
         return torch.zeros(shape)
     gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    if name.startswith("embedding."):   # megatron-core's embedding_init_method_std (default: init_method_std)
+        std = float((model.megatron or {}).get("embedding_init_method_std", std))
     if ".linear_proj." in name or ".linear_fc2." in name:
         num_layers = model.num_layers + (model.num_decoder_layers or 0)
         std = std / math.sqrt(2.0 * num_layers)

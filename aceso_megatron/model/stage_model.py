@@ -1,9 +1,9 @@
 """One pipeline stage of a plan as a model chunk built from megatron-core modules.
 
 A stage holds its span of units ``[start_unit, end_unit)``; each unit is a megatron-core ``TransformerLayer``
-built from the unit spec (``model_specs.builders.unit_spec``: the layer spec with the other halves as
-``IdentityOp``; ``attn_dropout`` units with ``aceso_megatron.model.attention``'s core attention), with the unit's config
-(its stage's tp, its selective recompute) and its global layer number.
+built from the unit spec (``model_specs.builders.unit_spec``: the layer spec, stock or the user's ``layer_spec``,
+with the other halves as ``IdentityOp``), with the unit's config (its stage's tp, its selective recompute) and its
+global layer number; a layer that cannot be carved runs whole (``aceso_megatron.model.layers``).
 The first stage adds megatron-core's ``LanguageModelEmbedding``; the last the final norm, the output layer
 (``ColumnParallelLinear``, vocab-sharded) and the per-token loss. RoPE (no parameters) is on every stage.
 
@@ -30,39 +30,16 @@ from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import build_module
 
-from model_specs.builders import (
-    final_norm_spec,
-    have_transformer_engine,
-    layer_spec,
-    unit_spec,
-)
-from search.model import ModelSpec, Unit
+from model_specs.builders import final_norm_spec, have_transformer_engine
+from search.model import ModelSpec
 from search.plan import ParallelPlan
 
-from .attention import attention_mismatch, fall_back_with_te, with_recomputed_dropout
-from .config import stage_config, unit_config
+from .attention import attention_mismatch, fall_back_with_te
+from .config import stage_config
+from .layers import UnitLayer, build_unit_layers  # noqa: F401  (UnitLayer re-exported)
 from .loss import vocab_parallel_cross_entropy
-from .recompute import run_unit
 
 log = logging.getLogger(__name__)
-
-
-class UnitLayer(torch.nn.Module):
-    """One unit: a ``TransformerLayer`` restricted to one half, optionally fully recomputed."""
-
-    def __init__(self, unit: Unit, layer: torch.nn.Module, full_recompute: bool):
-        super().__init__()
-        self.unit = unit
-        self.layer = layer
-        self.full_recompute = full_recompute
-
-    def forward(self, hidden, rotary_pos_emb=None, attention_mask=None, context=None, context_mask=None):
-        def run(h, ctx):
-            out, _ = self.layer(h, attention_mask=attention_mask, context=ctx, context_mask=context_mask,
-                                rotary_pos_emb=rotary_pos_emb)
-            return out
-
-        return run_unit(run, self.full_recompute, hidden, context)
 
 
 class _Stage(MegatronModule):
@@ -84,17 +61,9 @@ class _Stage(MegatronModule):
         self.te = device != "cpu" and have_transformer_engine()
         if stage == 0 and (msg := attention_mismatch(plan, self.te, device)):
             log.warning(msg)
-        units = []
-        for unit, rc in zip(plan.stage_units(stage), fall_back_with_te(st.recompute, self.te, stage)):
-            cfg = unit_config(config, unit.kind, rc)
-            spec = unit_spec(layer_spec(model, unit.stack, self.te), unit.kind, pg_collection.tp)
-            if rc == "attn_dropout":
-                spec = with_recomputed_dropout(spec, unit.kind)
-            layer = build_module(spec, config=cfg, layer_number=unit.layer + 1, pg_collection=pg_collection)
-            if rc == "selective" and unit.kind == "mlp":
-                cfg.activation_func.release_after(layer.mlp.linear_fc2)
-            units.append(UnitLayer(unit, layer, rc == "full"))
-        self.units = torch.nn.ModuleList(units)
+        self.units = torch.nn.ModuleList(build_unit_layers(
+            model, list(plan.stage_units(stage)), fall_back_with_te(st.recompute, self.te, stage), config,
+            pg_collection, self.te))
 
     def _embedding(self, max_len: int, kind: str) -> LanguageModelEmbedding:
         return LanguageModelEmbedding(config=self.config, vocab_size=self.spec.padded_vocab_size,
@@ -158,7 +127,8 @@ class GPTStage(_Stage):
         self.rotary_pos_emb = None
         if model.position_embedding == "rope":
             self.rotary_pos_emb = RotaryEmbedding(
-                kv_channels=self.config.kv_channels, rotary_percent=1.0, rotary_base=model.rotary_base,
+                kv_channels=self.config.kv_channels, rotary_percent=model.rotary_percent,
+                rotary_interleaved=self.config.rotary_interleaved, rotary_base=model.rotary_base,
                 use_cpu_initialization=self.config.use_cpu_initialization, cp_group=pg_collection.cp,
             )
         if self.post_process:

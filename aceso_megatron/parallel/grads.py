@@ -6,6 +6,8 @@
 - Embedding copies on several stages (tied output layer on the last stage; T5's decoder-input embedding on the
   stage of the first decoder unit): before the DP reduction, the local gradients of all copies are summed over
   the embedding group (TP-gathered when the holders' TP differ) and DP replica 0 of each holder takes the total.
+- QK-layernorm weights (replicated over TP, each rank normalising its own heads): gradients summed over the TP
+  group after the DP reduction (``sum_tp_replicated_grads``).
 - Clipping: the global norm counts every parameter once (DP replica 0 of each stage; TP-replicated parameters
   on TP rank 0 only; copies of the first stage's embedding not at all), summed over the world, then
   megatron-core's rule ``coeff = max_norm / (norm + 1e-6)``, applied when below 1. With the distributed
@@ -30,8 +32,22 @@ def finalize_model_grads_fn(runtime):
         sync_tied_embedding_grads(runtime)  # on the local (not yet DP-reduced) gradients
         for chunk in model_chunks:
             chunk.finish_grad_sync()
+        sum_tp_replicated_grads(runtime)
 
     return finalize
+
+
+def sum_tp_replicated_grads(runtime) -> None:
+    """Sum over the stage's TP group the gradients of parameters that every TP rank holds whole but feeds with its
+    own heads: the QK-layernorm weights (``q_layernorm``/``k_layernorm``) when the config has ``qk_layernorm``, as
+    megatron-core's ``finalize_model_grads`` does (after the DP reduction). A layer spec with QK norms but without
+    the flag is refused (``model_specs.extensions.check_qk_layernorm``)."""
+    cfg = runtime.stage_module.config
+    if runtime.layout.tp == 1 or not cfg.qk_layernorm:
+        return
+    for n, p in runtime.stage_module.named_parameters():   # a few small tensors per layer
+        if ("q_layernorm" in n or "k_layernorm" in n) and getattr(p, "main_grad", None) is not None:
+            dist.all_reduce(p.main_grad, group=runtime.groups.tp)
 
 
 def shared_names(plan) -> dict[str, tuple[int, int]]:

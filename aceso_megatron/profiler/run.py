@@ -201,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         _die_with_parent()
     try:
         with bad_input_from_patches():
+            from ..cli.common import model_from_args
+            from .units import check_profiled_model
+
+            check_profiled_model(model_from_args(args), "cpu" if args.cpu else "cuda")   # before any group
             _init(args.cpu, local_rank)
             Worker(args).run()
     except AcesoError as e:

@@ -4,10 +4,11 @@ kind, the embedding and the head, built by the runtime itself.
 For a tensor-parallel degree ``tp`` on ``world`` processes the profiler makes a one-stage plan of a one-layer copy
 of the model (tp, dp = world / tp) and lets the runtime build it: ``parallel.layout.build_groups`` (real TP groups
 of ``tp`` adjacent ranks) and ``model.stage_model.build_stage`` (the unit layers from ``model_specs.builders``, the
-per-unit configs of ``model.config``, embedding, final norm, output layer, loss). One stage is built per
-recompute choice (the plan's ``recompute`` of every unit that can take it, ``none`` for the others: MLP units have
-no ``attn_dropout``), so every choice runs exactly the code the runtime runs. Layers are identical, so one layer
-per unit kind is enough.
+user's own ``layer_spec`` modules included, the per-unit configs of ``model.config``, embedding, final norm, output
+layer, loss; a layer spec that cannot be carved into units is refused: ``check_profiled_model``). One stage is
+built per recompute choice (the plan's ``recompute`` of every unit that can take it, ``none`` for the others: MLP
+units have no ``attn_dropout``), so every choice runs exactly the code the runtime runs. Layers are identical, so
+one layer per unit kind is enough.
 
 Each TP group measures concurrently (every rank runs every measurement; rank 0's group is recorded), in
 lockstep: all ranks meet at a barrier before every repeat, so every repeat runs under the load of all the
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from search.errors import AcesoError
 from search.model import ModelSpec
 from search.plan import RECOMPUTE_CHOICES, parse_plan, recompute_allowed
 
@@ -52,6 +54,20 @@ def probe_plan(model: ModelSpec, tp: int, world: int, rc: str):
            "stages": [{"num_gpus": world, "tp": tp, "dp": dp, "start_unit": 0, "end_unit": m.num_units,
                        "recompute": recompute}]}
     return parse_plan(raw, world_size=world, source="profiler probe plan")
+
+
+def check_profiled_model(model: ModelSpec, device: str) -> None:
+    """The model's layer specs and megatron block (``model.layers.check_model``), and layers that can be carved:
+    the profiler measures attention and MLP units one by one, which a layer that runs whole does not have."""
+    from model_specs.extensions import whole_layer_stacks
+
+    from ..model.layers import check_model
+
+    whole = whole_layer_stacks(model)
+    if whole:
+        raise AcesoError(f"{next(iter(whole.values()))}, so its layers run whole; the profiler measures attention "
+                         "and MLP units one by one and cannot profile it yet (plan it with --cost-model analytic)")
+    check_model(probe_plan(model, 1, 1, "none"), device)
 
 
 def seq_of(model: ModelSpec, stack: str) -> int:

@@ -1,6 +1,7 @@
 """The single-process reference: a stock megatron-core ``GPTModel`` (or ``T5Model``) built the usual way
-(``parallel_state``, ``get_gpt_layer_local_spec``, megatron-core DDP and optimizer with its own gradient
-clipping, the no-pipelining schedule), with the same plan-independent initial weights as the runtime.
+(``parallel_state``, ``get_gpt_layer_local_spec`` or the model's own ``layer_spec``, megatron-core DDP and
+optimizer with its own gradient clipping, the no-pipelining schedule), with the same plan-independent initial
+weights as the runtime.
 
 Tests compare the runtime under any plan with this model; ``bench/runtime_overhead.py`` times it.
 Needs a 1-process ``torch.distributed`` group and ``parallel_state.initialize_model_parallel()``
@@ -51,7 +52,7 @@ class Reference:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-        from model_specs.builders import gpt_layer_spec
+        from model_specs.builders import layer_spec
 
         tc = train_config or TrainConfig()
         self.spec, self.tc = model, tc
@@ -59,11 +60,9 @@ class Reference:
         if model.is_t5:
             from megatron.core.models.T5 import T5Model
 
-            from model_specs.builders import t5_layer_specs
-
             config = stage_config(model, 1, num_layers=model.num_decoder_layers)
             enc_config = stage_config(model, 1, num_layers=model.num_layers)
-            enc_spec, dec_spec = t5_layer_specs(model, te=False)
+            enc_spec, dec_spec = layer_spec(model, "encoder", te=False), layer_spec(model, "decoder", te=False)
             self.gpt = T5Model(
                 config=config, encoder_config=enc_config, transformer_encoder_layer_spec=enc_spec,
                 transformer_decoder_layer_spec=dec_spec, vocab_size=model.padded_vocab_size,
@@ -73,15 +72,16 @@ class Reference:
         else:
             config = stage_config(model, 1)
             self.gpt = GPTModel(
-                config=config, transformer_layer_spec=gpt_layer_spec(model, te=False),
+                config=config, transformer_layer_spec=layer_spec(model, "decoder", te=False),
                 vocab_size=model.padded_vocab_size, max_sequence_length=model.seq_length,
                 share_embeddings_and_output_weights=model.tied_embeddings,
                 position_embedding_type="rope" if model.position_embedding == "rope" else "learned_absolute",
-                rotary_base=int(model.rotary_base),
+                rotary_base=int(model.rotary_base), rotary_percent=model.rotary_percent,
             )
-        config.init_method_std = tc.init_method_std
+        std = tc.std_for(model)
+        config.init_method_std = std
         names = {n: n for n, _ in self.gpt.named_parameters()}
-        initialize(self.gpt, names, model, seed, 1, 0, tc.init_method_std)
+        initialize(self.gpt, names, model, seed, 1, 0, std)
         self.model = DistributedDataParallel(
             config, DistributedDataParallelConfig(overlap_grad_reduce=False), self.gpt
         )

@@ -3,7 +3,8 @@
     runtime = build_runtime(plan, rank, world_size, seed=1234)      # after torch.distributed.init_process_group
     loss = runtime.train_step(iter(micro_batches))                  # one optimizer step over the global batch
 
-Order: validate the plan (before any process group exists), CPU shims if on CPU, process groups
+Order: validate the plan and its model (``model.layers.check_model``: layer specs, megatron block; before any
+process group exists), CPU shims if on CPU, process groups
 (``layout.build_groups``), the stage chunk (``stage_model``), plan-independent weights (``init``), megatron-core
 DDP on the stage's DP group, megatron-core optimizer (distributed optimizer when the plan asks), and the 1F1B schedule
 ``forward_backward_pipelining_without_interleaving`` with ``PlanCommunicator`` as its ``p2p_communicator``.
@@ -36,7 +37,13 @@ class TrainConfig:
     clip_grad: float = 1.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
-    init_method_std: float = 0.02
+    init_method_std: float | None = None   # None: the model's megatron.init_method_std, else megatron-core's 0.02
+
+    def std_for(self, model) -> float:
+        """The initialisation std for ``model``."""
+        if self.init_method_std is not None:
+            return self.init_method_std
+        return float((model.megatron or {}).get("init_method_std", 0.02))
 
 
 def check_plan(plan: ParallelPlan | dict, world_size: int) -> ParallelPlan:
@@ -183,10 +190,12 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     from ..model.init import initialize
+    from ..model.layers import check_model
     from ..model.stage_model import build_stage, stage_seq_lens
     from ..parallel.grads import finalize_model_grads_fn, mark_embedding_copies
     from ..parallel.p2p import PlanCommunicator
 
+    check_model(plan, device)   # the model's layer specs and megatron block, before any process group
     if parallel_state._GLOBAL_MEMORY_BUFFER is None:  # scratch buffer of the attention core (no groups)
         parallel_state._set_global_memory_buffer()
     groups = build_groups(plan, rank)
@@ -195,8 +204,9 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
     # within a stage's TP group, different between stages), the rng tracker's TP state differing by TP rank on top
     model_parallel_cuda_manual_seed(seed + 100 * lay.stage, tp_rank=lay.tp_rank, ep_rank=0, etp_rank=0)
     stage = build_stage(plan, lay.stage, groups.pg_collection, device)
-    stage.config.init_method_std = tc.init_method_std
-    initialize(stage, stage.canonical_names(), plan.model, seed, lay.tp, lay.tp_rank, tc.init_method_std)
+    std = tc.std_for(plan.model)
+    stage.config.init_method_std = std
+    initialize(stage, stage.canonical_names(), plan.model, seed, lay.tp, lay.tp_rank, std)
     mark_embedding_copies(stage, plan)
     dist_opt = plan.distributed_optimizer
     ddp = DistributedDataParallel(

@@ -10,7 +10,7 @@ import json
 import sys
 
 from ..errors import AcesoError
-from .common import add_cluster_args, add_model_args, write_output
+from .common import add_cluster_args, add_model_args, check_output, write_output
 from .search_cmd import add_training_args, setup
 
 
@@ -26,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from ..planner.api import plan_baseline
     from ..planner.baseline import baseline_plan
     from ..planner.report import assumed_attention
+    check_output(args.output)
     model, cluster, training, cm = setup(args)
     res = plan_baseline(cm, training)
     if res is None:
@@ -43,10 +44,11 @@ def run(args: argparse.Namespace) -> int:
     info = {"iteration_ms": round(res.iteration_ms, 4),
             "samples_per_s": round(training.global_batch_size / res.iteration_ms * 1000, 4), "pp": res.pp,
             "tp": res.tp, "cp": res.cp, "dp": res.dp, "micro_batch_size": res.mbs,
-            "sequence_parallel": res.shape.sp, "virtual_stages": res.state.num_chunks,
-            "distributed_optimizer": f.distributed_optimizer, "overlap_grad_reduce": f.overlap_grad_reduce,
-            "overlap_param_gather": f.overlap_param_gather, "recompute": res.recompute,
-            "layers_per_chunk": list(res.layers), "stage_time_ms": [round(t, 3) for t in res.stage_total_ms],
+            "micro_batch_per_rank": res.micro_batch_per_rank, "sequence_parallel": res.shape.sp,
+            "virtual_stages": res.state.num_chunks, "distributed_optimizer": f.distributed_optimizer,
+            "overlap_grad_reduce": f.overlap_grad_reduce, "overlap_param_gather": f.overlap_param_gather,
+            "recompute": res.recompute, "layers_per_chunk": list(res.layers),
+            "stage_time_ms": [round(t, 3) for t in res.stage_total_ms],
             "stage_memory_mb": [round(m, 1) for m in res.stage_memory_mb], "configs_evaluated": res.evaluated}
     if args.json:
         if args.output != "-":
@@ -57,11 +59,11 @@ def run(args: argparse.Namespace) -> int:
     con = Console(file=sys.stderr if args.output == "-" else sys.stdout, width=140)
     t = Table(title=f"best uniform configuration: {model.name} on {cluster.label}, global batch "
                     f"{training.global_batch_size}")
-    for col in ("pp", "tp", "cp", "dp", "mbs/rank", "sp", "vpp", "dist-opt", "overlap", "recompute",
+    for col in ("pp", "tp", "cp", "dp", "micro-batch", "mbs/rank", "sp", "vpp", "dist-opt", "overlap", "recompute",
                 "layers per chunk", "iteration ms", "samples/s", "max memory MB"):
         t.add_column(col, justify="right")
-    t.add_row(str(res.pp), str(res.tp), str(res.cp), str(res.dp), str(res.mbs), "on" if res.shape.sp else "off",
-              str(res.state.num_chunks), "on" if f.distributed_optimizer else "off",
+    t.add_row(str(res.pp), str(res.tp), str(res.cp), str(res.dp), str(res.mbs), str(res.micro_batch_per_rank),
+              "on" if res.shape.sp else "off", str(res.state.num_chunks), "on" if f.distributed_optimizer else "off",
               "on" if f.overlap_grad_reduce else "off", res.recompute, " ".join(map(str, res.layers)),
               f"{res.iteration_ms:.2f}", f"{info['samples_per_s']:.2f}", f"{max(res.stage_memory_mb):.0f}")
     con.print(t)

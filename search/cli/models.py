@@ -1,4 +1,5 @@
-"""List the built-in model presets (or turn a Hugging Face config.json into a spec with --from-hf)."""
+"""List the built-in model presets; --show NAME prints one as a spec file to start from (--from-hf converts a
+Hugging Face config.json)."""
 
 from __future__ import annotations
 
@@ -6,20 +7,28 @@ import argparse
 
 import model_specs
 
-from ..presets import load_model
-from .common import print_json
+from ..presets import load_model, spec_text
+from .common import print_json, write_output
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--from-hf", metavar="CONFIG_JSON", help="convert a Hugging Face config.json (like import-hf)")
-    p.add_argument("-o", "--output", default="-", help="with --from-hf: spec file to write (default stdout)")
+    p.add_argument("--show", metavar="NAME", help="print a preset (or a spec file) as a YAML spec file with every "
+                   "field described (--json: JSON); edit it and pass it as --model FILE")
+    p.add_argument("--num-layers", type=int, default=None, help="with --show: override the depth")
+    p.add_argument("-o", "--output", default="-", help="with --from-hf or --show: spec file to write (default stdout)")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.from_hf:
         from .import_hf import convert_to_file
         return convert_to_file(args.from_hf, args.output)
+    if args.show:
+        model = load_model(args.show, num_layers=args.num_layers)
+        fmt = "json" if args.json or args.output.endswith(".json") else "yaml"
+        write_output(spec_text(model, fmt, title=args.show), args.output)
+        return 0
     rows = []
     models = [load_model(n) for n in model_specs.preset_names()]
     order = {"gpt": 0, "llama": 1, "t5": 2}

@@ -42,6 +42,7 @@ import numpy as np
 
 from ..cluster import ClusterSpec
 from ..errors import AcesoError
+from ..megatron_fields import analytic_note
 from ..model import ModelSpec
 from ..training import TrainingSpec
 from .comm import CommModel
@@ -92,6 +93,8 @@ class AnalyticSource:
         self._sms = ARCH.get(cluster.gpu.name, ARCH["a100"]).sms
         self._tax = overlap_tax(cluster.gpu.name) if self.settings.overlap_tp_dgrad else 0.0
         self._tax_cp = overlap_tax(cluster.gpu.name)
+        note = analytic_note(model)     # a custom layer_spec and megatron fields it does not price
+        self.warnings: list[str] = [note] if note else []
 
     # ----- communication ------------------------------------------------------------------------------------------
     def _tp_ar(self, b: float, s: int, t: int) -> float:

@@ -13,7 +13,11 @@ A stage (model chunks ``spans`` on tp*cp*dp GPUs starting at ``first_rank``) at 
                  time = max of the two over the link, on the network when the two stages' ranks span nodes (the
                  interleaved wrap from the last stage to the first: whenever the cluster has several nodes).
                  ``RunSettings.p2p_scatter_gather``: X / tp over the link, then an all-gather in the receiving TP
-                 group. 1F1B: blocking send/recv (both neighbours wait: each boundary counts in both stages).
+                 group. 1F1B: blocking send/recv (both neighbours wait: each boundary counts in both stages); in
+                 the steady state megatron-core batches each send with the opposite receive on the same boundary
+                 (``send_forward_recv_backward``, full-duplex links: ``RunSettings.batched_p2p``), so the steady
+                 ops move half the time; the ``min(p - k - 1, M)`` warm-up forwards of the boundary's upstream
+                 stage k (and as many cool-down backwards) move alone.
                  Interleaved with ``overlap_p2p_comm``: async behind the op, exposed ``max(0, p2p - op)``.
 Per iteration (DP group = the stage's dp x cp ranks, strided by tp; on the network when they span nodes):
     DP sync      gradient all-reduce of the stage's per-rank parameters at the gradient width (distributed
@@ -143,6 +147,7 @@ class CostModel:
         self._prep: dict[tuple, _Prepared] = {}
         self._span_cache: dict[tuple, tuple[float, float, float]] = {}   # (b, tp, start, end, rc bytes) -> sums
         self._static_cache: dict[tuple, _Static] = {}                     # stage_cost args but recompute -> terms
+        self._result_cache: dict[tuple, StageCost] = {}                   # all args -> result (shared: do not mutate)
         fp32g = self.settings.grad_reduce_in_fp32
         self._w, self._g, self._opt = state_bytes_per_param(training.precision, False, 1, fp32g)
         self._copy = grad_copy_bytes(training.precision, fp32g) if self.settings.fp32_grad_copy else 0.0
@@ -196,8 +201,9 @@ class CostModel:
         the chunks' codes one after the other. ``features``: the plan-level switches (default: the training spec's
         distributed optimizer, everything else off).
 
-        Two memoised parts (pure functions of their keys): everything that does not depend on the recompute
-        choices, and the (recompute ms, activation MB, peak MB) sums of a span under one recompute vector.
+        Memoised (pure functions of their keys): everything that does not depend on the recompute choices, the
+        (recompute ms, activation MB, peak MB) sums of a span under one recompute vector, and the result itself
+        (a shared object: do not mutate it).
         """
         if spans is None:
             spans = ((start_unit, end_unit),)
@@ -215,6 +221,10 @@ class CostModel:
             self._static_cache[key] = st
         if type(recompute) is not np.ndarray:
             recompute = np.asarray(recompute, dtype=np.int8)
+        rkey = (key, recompute.tobytes())
+        hit = self._result_cache.get(rkey)
+        if hit is not None:
+            return hit
         b = micro_batch_size / dp
         ov = features.tp_comm_overlap and sp and tp > 1
         rec = act = rpeak = 0.0
@@ -236,7 +246,11 @@ class CostModel:
             chunk_rec.append(hit[0])
         if pos != len(recompute) and len(spans) > 1:
             raise ValueError(f"recompute has {len(recompute)} codes for the {pos} units of the stage's chunks")
-        return self._assemble(st, rec, act, rpeak, chunk_rec)
+        out = self._assemble(st, rec, act, rpeak, chunk_rec)
+        if len(self._result_cache) > SPAN_CACHE_SIZE:
+            self._result_cache.clear()
+        self._result_cache[rkey] = out
+        return out
 
     def _assemble(self, st: _Static, rec: float, act: float, rpeak: float, chunk_rec: list[float]) -> StageCost:
         if st.head_peak > rpeak:
@@ -307,20 +321,24 @@ class CostModel:
             if e > p.cross_first:
                 act += t.encoder_output_mb
             act = act0 + (act - act0) * in_fl[j]
-            p2p = 0.0
+            p2p = unpaired = 0.0      # unpaired: 1F1B's warm-up/cool-down share of each boundary's transfers
             if not first:   # receive from the previous chunk (stage i - 1, or the last stage when wrapping)
                 ms, mb = self._boundary(p.boundary[a] * dp, prev, me, first_rank - prev.num_gpus,
                                         first_rank + n - 1, stage_index == 0)
                 p2p += 2 * ms
+                unpaired += 2 * ms * min(S - stage_index, M) / M
                 buf += mb
             if not last:
                 ms, mb = self._boundary(p.boundary[e] * dp, me, next, first_rank,
                                         first_rank + n + next.num_gpus - 1, stage_index == S - 1)
                 p2p += 2 * ms
+                unpaired += 2 * ms * min(S - stage_index - 1, M) / M
                 buf += mb
             if v > 1 and self.settings.overlap_p2p_comm:   # async: what the op covers is hidden (and taxed)
                 h = p2p / 2
                 exp = (max(0.0, h - fwd) + self._tax * min(h, fwd), max(0.0, h - bwd) + self._tax * min(h, bwd))
+            elif v == 1 and self.settings.batched_p2p:     # steady-state 1F1B: each send paired with a receive
+                exp = ((p2p + unpaired) / 4,) * 2
             else:
                 exp = (p2p / 2, p2p / 2)
             p2p_total += p2p
@@ -415,7 +433,8 @@ class CostModel:
         pro = [getattr(s, "prologue_ms", 0.0) for s in stage_costs]
         return sync, step, pro if any(pro) else None
 
-    def pipeline(self, stage_costs: list[StageCost], num_micro_batches: int, events: list | None = None) -> PipelineCost:
+    def pipeline(self, stage_costs: list[StageCost], num_micro_batches: int,
+                 events: list | None = None) -> PipelineCost:
         sync, step, ready = self._schedule_inputs(stage_costs)
         if stage_costs[0].chunk_fwd_ms:
             return interleaved_one_f_one_b([list(s.chunk_fwd_ms) for s in stage_costs],
@@ -466,8 +485,9 @@ class CostModel:
         warnings = list(getattr(self.source, "warnings", []))
         for i, s in enumerate(stages):
             if not s.fits:
-                warnings.append(f"stage {i} needs {s.memory_mb:.0f} MB per GPU, {s.memory_mb - self.memory_limit_mb:.0f}"
-                                f" MB over the {self.memory_limit_mb:.0f} MB limit")
+                over = s.memory_mb - self.memory_limit_mb
+                warnings.append(f"stage {i} needs {s.memory_mb:.0f} MB per GPU, {over:.0f} MB over the "
+                                f"{self.memory_limit_mb:.0f} MB limit")
         worst = max(range(len(stages)), key=lambda i: mem[i] - self.memory_limit_mb) if not fits else pipe.bottleneck
         flops = self.model.training_flops_per_sample() * global_batch_size
         tflops = flops / (it / 1e3) / num_gpus / 1e12 if it > 0 else 0.0

@@ -28,7 +28,8 @@ precision, ``sbh (10 + 24/t + 5as/(ht))`` under tensor parallelism t without seq
 
 Recompute choices (megatron-core ``recompute_granularity``): *selective* recomputes the attention core (the s^2
 part; with flash attention only the log-sum-exp is saved by it) and the MLP activation function (its output is
-dropped: for gelu that is the fc2 input, for SwiGLU the silu output the gate multiply kept); *full* keeps only the unit input (2sbh) and re-runs the unit's forward in backward; *attn_dropout* (attention units, unfused
+dropped: for gelu that is the fc2 input, for SwiGLU the silu output the gate multiply kept); *full* keeps only the
+unit input (2sbh) and re-runs the unit's forward in backward; *attn_dropout* (attention units, unfused
 attention with attention dropout only) re-runs the probability dropout and the probs x V product: the mask and the
 dropout output (1 + 2 bytes per score element) are not kept, the softmax output is. While a unit
 is re-materialised its dropped activations exist again: that is the transient ``peak`` of the choice. The last

@@ -29,9 +29,9 @@ stages at the barrier ``T = max_k (end_k + sync_k)``: megatron-core's gradient-n
 model-parallel group (``clip_grad`` > 0, Megatron-LM's default 1.0), so no stage steps before the slowest is done;
 the iteration is ``T + max_k step_k``. Without ``step`` the iteration is ``max_k (end_k + sync_k)`` (the v1 model).
 
-Per stage: ``stage_busy_ms`` = its own work (``M (F + B)`` summed over chunks, + sync + step + ready), ``stage_total_ms``
-= when it would finish (end + sync + step); the bottleneck is the busiest stage (it sets the steady state: the
-cycle time of 1F1B is ``max_k (F_k + B_k)``), ``bubble_ms`` = iteration - its busy time.
+Per stage: ``stage_busy_ms`` = its own work (``M (F + B)`` summed over chunks, + sync + step + ready),
+``stage_total_ms`` = when it would finish (end + sync + step); the bottleneck is the busiest stage (it sets the
+steady state: the cycle time of 1F1B is ``max_k (F_k + B_k)``), ``bubble_ms`` = iteration - its busy time.
 """
 
 from __future__ import annotations
@@ -44,11 +44,68 @@ _PERIOD_RTOL = 1e-12    # a round is a pure shift when all components move by th
 
 
 # ----- 1F1B: the round recurrence ------------------------------------------------------------------------------------
+def _ends_rounds(fwd: list[float], bwd: list[float], m: int, r0: list[float]) -> list[float]:
+    """``one_f_one_b_ends`` for ``m >= p`` without a record: the same recurrence on the round state only (each
+    stage's last forward and backward end), O(p) memory, with the periodic jump."""
+    p = len(fwd)
+    up, last = None, [0.0] * p                  # warm-up: stage k-1's warm-up row; each stage's last warm-up end
+    for k in range(p):
+        row, t = [], r0[k]
+        for i in range(p - k - 1):
+            if up is not None and up[i] > t:
+                t = up[i]
+            t += fwd[k]
+            row.append(t)
+        last[k] = t
+        up = row
+    F, B = [0.0] * p, [0.0] * p
+    for k in range(p):                          # round 0: forward w_k after the last warm-up forwards
+        t = last[k]
+        if k and last[k - 1] > t:
+            t = last[k - 1]
+        F[k] = t + fwd[k]
+    t = F[p - 1] + bwd[p - 1]
+    B[p - 1] = t
+    for k in range(p - 2, -1, -1):
+        t = (t if t > F[k] else F[k]) + bwd[k]
+        B[k] = t
+    j, steady, jump = 1, m - p, m - p >= 3      # rounds 1..m-p: every stage has a forward (the same map)
+    while j < m:
+        pf, pb = F, B
+        F, B = [0.0] * p, [0.0] * p
+        for k in range(p):
+            if j < steady + k + 1:              # stage k still has forward w_k + j
+                t = pb[k]
+                if k and pf[k - 1] > t:
+                    t = pf[k - 1]
+                F[k] = t + fwd[k]
+            else:
+                F[k] = pf[k]
+        t = 0.0
+        for k in range(p - 1, -1, -1):
+            own = F[k] if j < steady + k + 1 else pb[k]
+            t = (t if t > own else own) + bwd[k]
+            B[k] = t
+        if jump and 2 <= j < steady:
+            c = B[0] - pb[0]
+            tol = _PERIOD_RTOL * (abs(B[0]) + 1.0)
+            if all(abs(B[k] - pb[k] - c) <= tol and abs(F[k] - pf[k] - c) <= tol for k in range(p)):
+                n = steady - j
+                F = [x + n * c for x in F]
+                B = [x + n * c for x in B]
+                j = steady
+                jump = False
+        j += 1
+    return B
+
+
 def one_f_one_b_ends(fwd: list[float], bwd: list[float], m: int, ready: list[float] | None = None,
                      record: list | None = None) -> list[float]:
     """End time of each stage's last op under 1F1B. ``record``: a list to fill with ``(stage, is_forward,
     micro-batch, start, end)`` of every op (then the periodic jump is not taken, so that every op is visited)."""
     p = len(fwd)
+    if record is None and m >= p:
+        return _ends_rounds(fwd, bwd, m, ready or [0.0] * p)
     w = [min(p - k - 1, m) for k in range(p)]
     r0 = ready or [0.0] * p
     f = [[0.0] * m for _ in range(p)]          # forward end times [stage][micro-batch]
@@ -144,25 +201,71 @@ def _compiled(p: int, v: int, m: int) -> tuple:
     return tuple(ops)
 
 
-def interleaved_ends(fwd: list[list[float]], bwd: list[list[float]], m: int, ready: list[float] | None = None,
-                     record: list | None = None) -> list[float]:
-    """End time of each stage's last op under interleaved 1F1B; ``record`` as in ``one_f_one_b_ends`` (with the
-    chunk: ``(stage, chunk, is_forward, micro-batch, start, end)``)."""
+PROBE_GROUPS = (5, 10)    # interleaved: micro-batch groups (of p) simulated before looking for the periodic regime
+
+
+def _run_interleaved(fwd, bwd, m, r0, record=None, per_stage=None) -> list[float]:
     p, v = len(fwd), len(fwd[0])
     ops = _compiled(p, v, m)
     end = [0.0] * len(ops)
-    r0 = ready or [0.0] * p
+    last = [0.0] * p
     for n, (s, is_f, c, i, dep, prev) in enumerate(ops):
         t = end[prev] if prev >= 0 else r0[s]
         if dep >= 0 and end[dep] > t:
             t = end[dep]
-        end[n] = t + (fwd[s][c] if is_f else bwd[s][c])
+        e = end[n] = t + (fwd[s][c] if is_f else bwd[s][c])
+        last[s] = e
         if record is not None:
-            record.append((s, c, is_f, i, t, end[n]))
-    last = [0.0] * p
-    for n, op in enumerate(ops):
-        last[op[0]] = end[n]
+            record.append((s, c, is_f, i, t, e))
+        if per_stage is not None:
+            per_stage[s][0 if is_f else 1].append(e)
     return last
+
+
+def _group_shift(per_stage, p: int, v: int, m: int) -> float | None:
+    """The shift c if the last two steady groups of every stage's forwards and backwards both moved by the same c
+    (a full-state period of the interleaved map), else None."""
+    from .memory import interleaved_warmup
+    g, total = p * v, m * v
+    c = None
+    for s, (fe, be) in enumerate(per_stage):
+        w = interleaved_warmup(s, p, v, m)
+        for seq, hi in ((fe, total), (be, total - w)):
+            lo = hi - 3 * g
+            if lo < 0 or (seq is fe and lo < w):
+                return None
+            for k in range(lo + g, hi):
+                d = seq[k] - seq[k - g]
+                if c is None:
+                    c = d
+                elif abs(d - c) > _PERIOD_RTOL * (abs(seq[k]) + 1.0):
+                    return None
+    return c
+
+
+def interleaved_ends(fwd: list[list[float]], bwd: list[list[float]], m: int, ready: list[float] | None = None,
+                     record: list | None = None) -> list[float]:
+    """End time of each stage's last op under interleaved 1F1B; ``record`` as in ``one_f_one_b_ends`` (with the
+    chunk: ``(stage, chunk, is_forward, micro-batch, start, end)``).
+
+    Without a record and for many micro-batch groups: the schedule of ``PROBE_GROUPS`` groups first (5, then 10
+    if not yet periodic); once its last
+    steady groups repeat with a common shift c on every stage, the interleaved map is periodic (the same max-plus
+    argument as 1F1B's, with the group of p micro-batches as the period), and the schedule of M micro-batches ends
+    ``(M - M') / p`` shifts later: exact, in O(groups p^2 v) instead of O(M p v)."""
+    p, v = len(fwd), len(fwd[0])
+    r0 = ready or [0.0] * p
+    for groups in PROBE_GROUPS:
+        probe = groups * p
+        if record is not None or m % p or m <= probe + p:
+            break
+        per_stage = [([], []) for _ in range(p)]
+        last = _run_interleaved(fwd, bwd, probe, r0, per_stage=per_stage)
+        c = _group_shift(per_stage, p, v, probe)
+        if c is not None:
+            n = (m - probe) // p
+            return [e + n * c for e in last]
+    return _run_interleaved(fwd, bwd, m, r0, record)
 
 
 # ----- iteration ------------------------------------------------------------------------------------------------------

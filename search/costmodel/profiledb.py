@@ -39,7 +39,7 @@ VERSION = 1
 DB_FILE = "profile-db.json"
 ARCH_FIELDS = ("family", "hidden_size", "num_attention_heads", "groups", "head_dim", "ffn_hidden_size",
                "padded_vocab_size", "activation", "normalization", "position_embedding", "add_bias_linear",
-               "tied_embeddings")
+               "tied_embeddings", "layer_spec", "megatron")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
@@ -65,6 +65,10 @@ def load_profile_db(path: str | Path) -> dict:
     for key in ("hardware", "model", "dtype", "units", "embedding", "head"):
         if key not in raw:
             raise AcesoError(f"--db {p}: corrupt profile database, field '{key}' is missing; re-run the profiler")
+    from .profiledb_check import check_profile_db
+    bad = check_profile_db(raw)
+    if bad:
+        raise AcesoError(f"--db {p}: corrupt profile database, {bad}; re-run the profiler")
     raw["_path"] = str(p)
     return raw
 
@@ -140,7 +144,8 @@ class FittedComm(CommModel):
                 raise AcesoError(f"profile database: collectives[{i}] needs kind in {COLLECTIVES} and group >= 2")
             self._coll[(kind, n, inter)] = _Curve(c.get("points", []), f"{kind} on {n} GPUs "
                                                   f"{'inter' if inter else 'intra'}-node")
-        self._p2p = {bool(c.get("inter", False)): _Curve(c.get("points", []), f"p2p {'inter' if c.get('inter') else 'intra'}-node")
+        self._p2p = {bool(c.get("inter", False)): _Curve(c.get("points", []),
+                                                         f"p2p {'inter' if c.get('inter') else 'intra'}-node")
                      for c in db.get("p2p", [])}
 
     def _collective(self, kind: str, nbytes: float, n: int, inter: bool) -> float:

@@ -87,6 +87,8 @@ class RunSettings(NamedTuple):
     bucket_params        DDP bucket size in parameters (megatron-core: max(40M, 1M x dp) with overlap_grad_reduce)
     multi_nic            a DP group with k ranks per node crosses nodes on k NICs (NCCL channels, one NIC per GPU;
                          ``comm.py``); off: one NIC per group (v1)
+    batched_p2p          1F1B steady state: megatron-core's ``send_forward_recv_backward`` / ``send_backward_recv_
+                         forward`` run the two opposite transfers of a boundary together (full-duplex links)
     """
 
     grad_reduce_in_fp32: bool = False
@@ -97,6 +99,7 @@ class RunSettings(NamedTuple):
     fp32_grad_copy: bool = True
     bucket_params: int = 40_000_000
     multi_nic: bool = True
+    batched_p2p: bool = True
 
     @classmethod
     def megatron_lm(cls, precision: str) -> "RunSettings":
@@ -105,7 +108,7 @@ class RunSettings(NamedTuple):
 
 
 LEGACY_V1 = RunSettings(overlap_tp_dgrad=False, overlap_p2p_comm=False, optimizer_barrier=False,
-                        fp32_grad_copy=False, multi_nic=False)
+                        fp32_grad_copy=False, multi_nic=False, batched_p2p=False)
 
 
 @dataclass(frozen=True)

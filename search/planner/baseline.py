@@ -69,7 +69,12 @@ class BaselineResult:
 
     @property
     def mbs(self) -> int:
-        """The per-rank micro-batch (Megatron-LM's ``--micro-batch-size``)."""
+        """The pipeline micro-batch (as ``ParallelPlan.micro_batch_size``)."""
+        return self.state.mbs
+
+    @property
+    def micro_batch_per_rank(self) -> int:
+        """Megatron-LM's ``--micro-batch-size``."""
         return self.state.mbs // self.shape.dp
 
     @property
@@ -92,7 +97,7 @@ class BaselineResult:
     def describe(self) -> str:
         s, st = self.shape, self.state
         parts = [f"pp {self.pp}", f"tp {s.tp}"] + ([f"cp {s.cp}"] if s.cp > 1 else []) + \
-            [f"dp {s.dp}", f"mbs {self.mbs}"] + (["sp"] if s.sp else []) + \
+            [f"dp {s.dp}", f"mbs {self.micro_batch_per_rank}"] + (["sp"] if s.sp else []) + \
             ([f"vpp {st.num_chunks}"] if st.num_chunks > 1 else []) + \
             (["dist-opt"] if st.features.distributed_optimizer else []) + \
             (["overlap"] if st.features.overlap_grad_reduce else []) + [f"recompute {self.recompute}"]

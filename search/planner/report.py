@@ -53,10 +53,8 @@ def assumed_attention(cm) -> str | None:
 
 
 def _rc_text(rc) -> str:
-    counts = {RC[c]: int((rc == c).sum()) for c in range(len(RC)) if (rc == c).any()}
-    if len(counts) == 1:
-        return next(iter(counts))
-    return ", ".join(f"{k} {v}" for k, v in counts.items())
+    from ..plan import recompute_text
+    return recompute_text({RC[c]: int((rc == c).sum()) for c in range(len(RC))})
 
 
 def describe(ev: Evaluation) -> str:
@@ -126,6 +124,7 @@ def summary(plan, ev: Evaluation, plans, result, cm) -> dict:
     if base is not None and base.fits:
         out["baseline"] = {"iteration_ms": round(base.iteration_ms, 4), "pp": base.pp, "tp": base.tp,
                            "cp": base.cp, "dp": base.dp, "micro_batch_size": base.mbs,
+                           "micro_batch_per_rank": base.micro_batch_per_rank,
                            "sequence_parallel": base.shape.sp, "virtual_stages": base.state.num_chunks,
                            "recompute": base.recompute, "layers_per_chunk": list(base.layers)}
         out["speedup"] = round(base.iteration_ms / ev.iteration_ms, 4)
@@ -164,7 +163,8 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None) -> None:
             continue
         sp = f"{x['speedup']:.3f}x" if "speedup" in x else "-"
         con.print(f"{label:<21} {x['iteration_ms']:>12.2f} ms  {sp:>7}   {x['plan']}")
-    con.print(f"search {result.seconds:.2f} s, {result.evals} plans evaluated")
+    con.print(f"search {result.seconds:.2f} s, {result.evals} plans evaluated (units: half layers; mbs/rank: "
+              "Megatron's --micro-batch-size)")
 
 
 def infeasible_hint(best: Evaluation | None, cm, cluster, training, space) -> str:

@@ -112,7 +112,11 @@ class Space:
                           "context-parallel-sizes")
         if model.is_t5 and cps != (1,):
             cps = (1,)          # megatron-core's T5Model has no context parallelism
-        cps = tuple(c for c in cps if c == 1 or model.seq_length % (2 * c) == 0) or (1,)
+        legal_cps = tuple(c for c in cps if c == 1 or model.seq_length % (2 * c) == 0)
+        if not legal_cps:
+            raise AcesoError(f"--context-parallel-sizes {' '.join(map(str, cps))}: 2 cp must divide seq_length "
+                             f"({model.seq_length}) (causal load balancing); add 1 or a cp that does")
+        cps = legal_cps
         vs = _candidates(training.virtual_stages, "interleaved" in priced, "interleaving", "virtual-stages")
         if model.is_t5:
             vs = (1,)           # the interleaved schedule does not run encoder-decoder models

@@ -175,9 +175,10 @@ def test_tp_splits_compute_and_adds_collectives():
 
 
 def test_resharding_and_inter_node_boundaries_cost_more():
+    """The v1 boundary formula (every transfer blocking; v2's batched steady state: test_costmodel_v2.py)."""
     m = load_model("gpt-1.3b")
     c = parse_cluster("2x4-a100")
-    cm = _cm(m, c, gbs=64)
+    cm = _cm(m, c, gbs=64, v1=True)
     rc = np.zeros(24, dtype=np.int8)
     same = cm.stage_cost(1, 2, 4, 24, 48, 2, 2, rc, 4, prev=(2, 2))
     fan_in = cm.stage_cost(1, 2, 4, 24, 48, 2, 2, rc, 4, prev=(4, 1))

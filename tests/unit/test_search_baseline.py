@@ -73,7 +73,7 @@ def _check(model, cluster, training):
     plan = baseline_plan(res, model, cluster, GBS, "analytic")
     assert cm.evaluate(plan).iteration_ms == pytest.approx(res.iteration_ms, rel=1e-12)
     assert megatron_lm.problem(plan) is None
-    assert plan.micro_batch_per_rank(0) == res.mbs
+    assert plan.micro_batch_per_rank(0) == res.micro_batch_per_rank and plan.micro_batch_size == res.mbs
     return res, least_none
 
 

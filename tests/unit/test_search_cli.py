@@ -95,7 +95,7 @@ def test_baseline_cli_writes_uniform_plan(tmp_path, capsys):
     info = json.loads(capsys.readouterr().out)
     plan = load_plan(out)
     assert len({(s.tp, s.cp, s.dp, s.sequence_parallel) for s in plan.stages}) == 1 and plan.num_stages == info["pp"]
-    assert megatron_lm.problem(plan) is None and plan.micro_batch_per_rank(0) == info["micro_batch_size"]
+    assert megatron_lm.problem(plan) is None and plan.micro_batch_per_rank(0) == info["micro_batch_per_rank"]
 
 
 def test_three_lines_and_the_megatron_target(tmp_path, capsys):
@@ -139,8 +139,9 @@ def test_feature_switches_reach_the_plan(tmp_path, capsys):
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("extra,field", [(["--virtual-stages", "0"], "virtual_stages"),
-                                         (["--context-parallel-sizes", "0"], "context_parallel_sizes")])
+@pytest.mark.parametrize("extra,field", [(["--virtual-stages", "0"], "--virtual-stages"),
+                                         (["--context-parallel-sizes", "0"], "--context-parallel-sizes"),
+                                         (["--context-parallel-sizes", "3"], "context-parallel")])
 def test_bad_switches_exit_2_with_one_line(tmp_path, capsys, extra, field):
     out = tmp_path / "plan.json"
     assert main(["search", *ARGS, *extra, "-o", str(out)]) == 2

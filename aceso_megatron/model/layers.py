@@ -1,0 +1,114 @@
+"""How a stage gets its layers: one ``UnitLayer`` per unit of its span, from the model's layer spec (megatron-core's
+stock spec or the user's ``layer_spec``, ``model_specs.builders.layer_spec``) and the stage's config.
+
+A carvable layer (``model_specs.extensions.whole_layer_reason`` is None) gives one ``TransformerLayer`` per unit,
+built from the unit spec (the other halves as identities; ``attn_dropout`` units with
+``aceso_megatron.model.attention``'s core attention) with the unit's config (its selective recompute) and its global
+layer number. A layer that runs whole gives one ``UnitLayer`` for all its units (the plan keeps them together with
+one recompute choice, none or full: ``check_model``).
+
+Selective recompute of an MLP unit wraps the built MLP's own ``activation_func`` (``CheckpointedActivation``), so a
+user's MLP with its own activation is recomputed too.
+
+``check_model(plan, device)`` runs everything that can be wrong with the model before any process group exists:
+the ``megatron`` block against ``TransformerConfig`` (names, types, megatron-core's own checks), the layer-spec
+providers, QK norms without ``qk_layernorm`` (their gradients would not be summed over TP), and the plan against
+layers that run whole or core attentions that ``attn_dropout`` cannot use.
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core.transformer.spec_utils import build_module
+
+from model_specs.builders import bind_tp_group, layer_spec, unit_spec
+from model_specs.extensions import (
+    check_attn_dropout,
+    check_qk_layernorm,
+    check_whole_layers,
+    whole_layer_stacks,
+)
+from search.errors import AcesoError
+from search.model import ModelSpec, Unit
+
+from .attention import with_recomputed_dropout
+from .config import stage_config, unit_config
+from .recompute import CheckpointedActivation, run_unit
+
+
+class UnitLayer(torch.nn.Module):
+    """One unit (or a whole layer's units): a ``TransformerLayer``, optionally fully recomputed. ``unit`` is its
+    (first) unit."""
+
+    def __init__(self, unit: Unit, layer: torch.nn.Module, full_recompute: bool, num_units: int = 1):
+        super().__init__()
+        self.unit = unit
+        self.layer = layer
+        self.full_recompute = full_recompute
+        self.num_units = num_units
+
+    def forward(self, hidden, rotary_pos_emb=None, attention_mask=None, context=None, context_mask=None):
+        def run(h, ctx):
+            out, _ = self.layer(h, attention_mask=attention_mask, context=ctx, context_mask=context_mask,
+                                rotary_pos_emb=rotary_pos_emb)
+            return out
+
+        return run_unit(run, self.full_recompute, hidden, context)
+
+
+def _recompute_activation(layer, unit: Unit) -> None:
+    """Selective recompute of an MLP unit: its activation output dropped after ``linear_fc2`` and recomputed."""
+    mlp = getattr(layer, "mlp", None)
+    if not (callable(getattr(mlp, "activation_func", None)) and hasattr(mlp, "linear_fc2")):
+        raise AcesoError(f"{unit.stack} layer {unit.layer}: selective recompute of an MLP unit needs an MLP with "
+                         f"activation_func and linear_fc2, not {type(mlp).__name__}; use none or full")
+    if not isinstance(mlp.activation_func, CheckpointedActivation):
+        mlp.activation_func = CheckpointedActivation(mlp.activation_func)
+    mlp.activation_func.release_after(mlp.linear_fc2)
+
+
+def build_unit_layers(model: ModelSpec, units: list[Unit], recompute: list[str], config, pg_collection,
+                      te: bool, transform=None) -> list[UnitLayer]:
+    """The layers of a span of units with their recompute choices (``recompute[i]`` for ``units[i]``);
+    ``transform(spec) -> spec``, if given, is applied to every unit's (or whole layer's) spec before it is built."""
+    transform = transform or (lambda spec: spec)
+    whole = whole_layer_stacks(model)
+    out: list[UnitLayer] = []
+    i = 0
+    while i < len(units):
+        unit, rc = units[i], recompute[i]
+        full = layer_spec(model, unit.stack, te)
+        if unit.stack in whole:   # the layer's units are consecutive here (check_model)
+            n = sum(1 for u in units[i:] if (u.stack, u.layer) == (unit.stack, unit.layer))
+            spec = transform(bind_tp_group(full, pg_collection.tp))
+            layer = build_module(spec, config=config, layer_number=unit.layer + 1, pg_collection=pg_collection)
+            out.append(UnitLayer(unit, layer, rc == "full", n))
+            i += n
+            continue
+        cfg = unit_config(config, unit.kind, rc)
+        spec = transform(unit_spec(full, unit.kind, pg_collection.tp))
+        if rc == "attn_dropout":
+            spec = with_recomputed_dropout(spec, unit.kind)
+        layer = build_module(spec, config=cfg, layer_number=unit.layer + 1, pg_collection=pg_collection)
+        if rc == "selective" and unit.kind == "mlp":
+            _recompute_activation(layer, unit)
+        out.append(UnitLayer(unit, layer, rc == "full"))
+        i += 1
+    return out
+
+
+def check_model(plan, device: str = "cpu") -> None:
+    """Every fault of the model and its fit with the plan, as one ``AcesoError``, before any process group exists."""
+    model = plan.model
+    try:
+        stage_config(model, 1, device)
+    except AcesoError:
+        raise
+    except (ValueError, AssertionError, TypeError) as e:
+        if not model.megatron:
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise AcesoError(f"megatron block: megatron-core's TransformerConfig refused it: {first}") from None
+    check_whole_layers(plan)   # imports the providers (their faults are AcesoErrors too)
+    check_qk_layernorm(model)
+    check_attn_dropout(plan)
