@@ -1,26 +1,39 @@
-"""Search benchmark: plan quality against the reference search and the uniform baseline, search time, optimality.
+"""Search benchmark: plan quality against published configurations, the reference search and the uniform baseline;
+search time; optimality; determinism.
 
-1. compat: the Aceso reference database (../shared/aceso-reference-db, 4 V100, limit 12000 MB, GBS 512,
-   micro-batches 1 2 4 8): GPT-1.3B (reference search plan 58760.92 ms, best uniform 73654.74 ms) and T5-770M
-   (reference 33659.50 ms, uniform 52169.67 ms). Our plan is exported to the reference's config format
-   (``search.compat.mapping.plan_to_ref``, what ``aceso export --to aceso-legacy`` writes) and scored by the compat
-   evaluator (``evaluate_ref_config``). Target: <= the reference plan's time, in <= 10 s.
-2. analytic: GPT-1.3B/6.7B/13B/175B and Llama-3-70B on 8 to 1024 H100s, T5-11B on 32: search time (target <= 20 s up
-   to 32 GPUs, <= 60 s at 1024) and predicted speedup over the best uniform Megatron configuration.
-3. scale: gpt-scale-layer with 1024 layers on 8 GPUs (target <= 30 s; the reference needs ~250 s): analytic on
+1. published: every calibration row of bench/data/published_runs.json (Megatron-LM README H100 table, SC'21
+   Table 1), all under the same analytic cost model: the row's own configuration (``published_plan``: its tp, pp,
+   dp, cp and every setting the sources state; what they leave unknown -- micro-batch, virtual stages, recompute,
+   precision -- completed at its best under the model, the most favourable reading of the row), the best uniform
+   Megatron-LM config, the best Megatron-LM plan (--target megatron-lm) and the best heterogeneous plan, each as
+   a speedup over the published one. Goal: heterogeneous >= 1.10x in the median and never < 1.0 (the published
+   configuration is in the space: the uniform grid holds it). The search's per-rank micro-batch candidates and
+   virtual stages include the row's; tp_comm_overlap follows the row.
+2. compat: the Aceso reference database (../shared/aceso-reference-db, 4 V100, limit 12000 MB, GBS 512): GPT-1.3B
+   (reference search plan 58760.92 ms, best uniform 73654.74 ms) and T5-770M (33659.50 ms, 52169.67 ms). Our plan is
+   exported to the reference's config format (``search.compat.mapping.plan_to_ref``) and scored by the compat
+   evaluator (``evaluate_ref_config``). Targets: 58954.50 and 33593.98 ms (no regression), <= 10 s.
+3. analytic: GPT-1.3B/6.7B/13B/175B and Llama-3-70B on 8 to 1024 H100s, T5-11B on 32: the three report lines
+   and the search time of the whole ``aceso search`` (baseline + both searches; target <= 20 s up to 64 GPUs,
+   <= 60 s at 1024, one core).
+4. scale: gpt-scale-layer with 1024 layers on 8 GPUs (target <= 30 s; the reference needs ~250 s): analytic on
    H100s, and with ``--full-db DIR`` (the artifact's full V100 database, ``profiler/profiled-time-eurosys`` of
    microsoft/SuperScaler branch Aceso; only its miniset is in ../shared) also aceso-compat on V100s.
-4. optimality: random tiny problems (<= 4 GPUs, <= 4 layers, 2 micro-batch sizes): search = exhaustive optimum.
+5. optimality: random tiny problems (<= 4 GPUs, <= 4 layers, 2 micro-batch sizes): search = exhaustive optimum.
+6. determinism: the same search with 1 and 2 workers writes byte-identical plans.
 
-Run: ``python bench/search_bench.py [--only compat,analytic,scale,optimality] [--quick] [--full-db DIR]``; prints a
-table and writes bench/results/search_bench.json. Times are wall-clock and process CPU seconds (the CPU time is what
-matters on a loaded machine); the search itself is deterministic (budget in plan evaluations).
+Run: ``python bench/search_bench.py [--only published,compat,analytic,scale,optimality,determinism] [--quick]
+[--full-db DIR]``; prints a table per section and writes bench/results/search_bench.json. Times are process CPU
+seconds (what matters on a loaded machine) and wall-clock; the search itself is deterministic (budget in plan
+evaluations).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,21 +41,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from search.cli.search_cmd import DEFAULT_VIRTUAL
 from search.cluster import parse_cluster
 from search.planner.aceso import SearchOptions, search
-from search.planner.api import build_cost_model, plan_baseline, plan_search
+from search.planner.api import build_cost_model, plan_all, plan_baseline, plan_search
+from search.planner.report import describe
 from search.planner.state import to_plan
 from search.presets import load_model
 from search.training import TrainingSpec
 
 DB = ROOT.parent / "shared" / "aceso-reference-db"
-COMPAT = [("gpt-1.3b", 58760.92, 73654.74), ("t5-770m", 33659.50, 52169.67)]
+BUDGET = 4000
+VIRTUAL = set(DEFAULT_VIRTUAL)     # virtual-stage candidates (the CLI default; published rows: and the row's)
+COMPAT = [("gpt-1.3b", 58760.92, 73654.74, 58954.50), ("t5-770m", 33659.50, 52169.67, 33593.98)]
 ANALYTIC = [  # model, cluster, global batch
     ("gpt-1.3b", "1x8-h100", 512), ("gpt-6.7b", "2x8-h100", 1024), ("gpt-13b", "4x8-h100", 1024),
     ("t5-11b", "4x8-h100", 1024), ("llama3-70b", "8x8-h100", 1024), ("gpt-175b", "128x8-h100", 2048),
     ("llama3-70b", "128x8-h100", 2048),
 ]
 QUICK = {("gpt-1.3b", "1x8-h100"), ("gpt-13b", "4x8-h100"), ("gpt-175b", "128x8-h100")}
+QUICK_ROWS = {"sc21-a100-gpt-1.7b", "sc21-a100-gpt-145b", "megatron-readme-h100-gpt-16b",
+              "megatron-readme-h100-gpt-177b"}
 
 
 def timed(fn):
@@ -51,41 +70,187 @@ def timed(fn):
     return out, time.perf_counter() - w, time.process_time() - c
 
 
-def run_case(model_name, cluster, gbs, kind="analytic", db=None, limit=None, num_layers=None, budget=4000):
+def target_s(num_gpus: int) -> float | None:
+    return 20.0 if num_gpus <= 64 else 60.0 if num_gpus <= 1024 else None
+
+
+def lines(plans) -> dict:
+    """The three report lines' times (ms) and plans."""
+    uni = plans.uniform.evaluation if plans.uniform is not None and plans.uniform.fits else None
+    mlm = plans.megatron.plans[0] if plans.megatron.plans and plans.megatron.plans[0].fits else None
+    het = plans.aceso.plans[0] if plans.aceso.plans and plans.aceso.plans[0].fits else None
+    out = {}
+    for key, e in (("uniform", uni), ("megatron_lm", mlm), ("aceso", het)):
+        out[f"{key}_ms"] = round(e.iteration_ms, 2) if e is not None else None
+        out[f"{key}_plan"] = describe(e) if e is not None else None
+    return out
+
+
+def ratio(a, b):
+    return round(a / b, 4) if a and b else None
+
+
+# ----- 1. published configurations ---------------------------------------------------------------------------------
+def _published_runs():
+    spec = importlib.util.spec_from_file_location("published_runs", ROOT / "bench" / "data" / "published_runs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.load_published_runs("calibration")
+
+
+def row_model(row):
+    """The row's model as a ``ModelSpec`` (GPT; what the source leaves unknown: Megatron-LM's GPT defaults)."""
+    from search.model import ModelSpec
+    m, prec = row["model"], row["precision"]
+    dtype = prec if prec in ("bf16", "fp16") else ("fp16" if row["gpu"] in ("v100", "a100") else "bf16")
+    return ModelSpec(name=row["id"], family="gpt", num_layers=m["num_layers"], hidden_size=m["hidden_size"],
+                     num_attention_heads=m["num_attention_heads"], num_query_groups=m["num_query_groups"],
+                     ffn_hidden_size=m["ffn_hidden_size"] or 4 * m["hidden_size"], seq_length=m["seq_length"],
+                     vocab_size=m["vocab_size"], activation=m["activation"] or "gelu",
+                     normalization=m["normalization"] or "layernorm",
+                     position_embedding="rope" if m["position_embedding"] == "rope" else "learned",
+                     tied_embeddings=True if m["tied_embeddings"] is None else m["tied_embeddings"],
+                     add_bias_linear=True if m["bias"] is None else m["bias"], params_dtype=dtype)
+
+
+def row_training(row, model) -> TrainingSpec:
+    p = row["parallel"]
+    mbs = {p["micro_batch_size"]} if p["micro_batch_size"] else set()
+    vpp = {p["vpp"]} if p["vpp"] else set()
+    return TrainingSpec(global_batch_size=p["global_batch_size"], precision=model.params_dtype,
+                        micro_batch_sizes=sorted({1, 2, 4, 8} | mbs), virtual_stages=sorted(VIRTUAL | vpp),
+                        context_parallel_sizes=sorted({1, p["cp"]}), tp_comm_overlap=bool(p["tp_comm_overlap"]))
+
+
+def _row_recompute(p):
+    from search.megatron.config import Recompute
+    from search.planner import megatron_lm as ML
+    rc = p["recompute"]
+    if rc is None:
+        return None
+    if rc == "none":
+        return ML.NONE_SETTING
+    if rc == "selective":
+        return ML.SELECTIVE_SETTING
+    return Recompute("full", p["recompute_method"] or "uniform", p["recompute_num_layers"] or 1)
+
+
+def published_plan(cm, training, row, model):
+    """The row's configuration at its best under the model over what the sources leave unknown (None: no
+    completion fits)."""
+    from search.planner import megatron_lm as ML
+    from search.planner.api import make_space
+    from search.planner.baseline import uniform_states
+    from search.planner.state import Evaluator
+    space = make_space(cm, training, "megatron-lm")
+    p, unknown = row["parallel"], set(row["unknown"])
+    ev = Evaluator(cm, training.global_batch_size, None, "megatron-lm")
+    setting = _row_recompute(p)
+    best = None
+    for st, _ in uniform_states(space, model):
+        s = st.shapes[0]
+        if st.num_stages != p["pp"] or (s.tp, s.cp, s.dp) != (p["tp"], p["cp"], p["dp"]):
+            continue
+        if s.tp > 1 and p["sequence_parallel"] is not None and s.sp != p["sequence_parallel"]:
+            continue
+        if p["micro_batch_size"] is not None and st.mbs // s.dp != p["micro_batch_size"]:
+            continue
+        if "vpp" not in unknown and st.num_chunks != (p["vpp"] or 1):
+            continue
+        for f in space.features:
+            if any(p[k] is not None and getattr(f, k) != p[k]
+                   for k in ("distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather")):
+                continue
+            x = space.normalize(st._replace(features=f))
+            if not space.legal(x):
+                continue
+            if setting is None:
+                e = ev.evaluate(x, charge=False, exact=True)
+            else:
+                firsts = x.first_ranks()
+                e = ev.assemble(x, [ev.stage_with(x, i, firsts[i], ML.codes(setting, model, x.spans(i)))
+                                    for i in range(x.num_stages)], exact=True)
+                e.setting = setting
+            if e.fits and (best is None or e.score < best.score):
+                best = e
+    return best
+
+
+def section_published(args):
+    rows = []
+    for row in _published_runs():
+        if args.quick and row["id"] not in QUICK_ROWS:
+            continue
+        model = row_model(row)
+        cl = parse_cluster(f"{row['num_gpus'] // 8}x8-{row['gpu']}")
+        tr = row_training(row, model)
+        cm = build_cost_model(model, cl, tr)
+        pub = published_plan(cm, tr, row, model)
+        plans, wall, cpu = timed(lambda: plan_all(cm, tr, SearchOptions(budget_evals=BUDGET, workers=1)))
+        out = {"row": row["id"], "gpus": row["num_gpus"],
+               "published_ms": round(pub.iteration_ms, 2) if pub is not None else None,
+               "published_plan": describe(pub) if pub is not None else None, **lines(plans),
+               "evals": plans.aceso.evals + plans.megatron.evals, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2),
+               "target_s": target_s(row["num_gpus"])}
+        base = out["published_ms"]
+        for key in ("uniform", "megatron_lm", "aceso"):
+            out[f"{key}_vs_published"] = ratio(base, out[f"{key}_ms"])
+        out["target_met"] = out["target_s"] is None or out["cpu_s"] <= out["target_s"]
+        rows.append(out)
+    return rows
+
+
+def published_summary(rows) -> dict:
+    out = {}
+    for key in ("uniform", "megatron_lm", "aceso"):
+        vals = [r[f"{key}_vs_published"] for r in rows if r[f"{key}_vs_published"]]
+        if vals:
+            out[key] = {"median": round(statistics.median(vals), 4), "min": min(vals), "max": max(vals),
+                        "below_1": sum(v < 1 - 1e-9 for v in vals), "rows": len(vals)}
+    out["goal_met"] = bool(out.get("aceso") and out["aceso"]["median"] >= 1.10 and out["aceso"]["below_1"] == 0)
+    return out
+
+
+# ----- 2. compat, 3. analytic, 4. scale ------------------------------------------------------------------------------
+def run_case(model_name, cluster, gbs, kind="analytic", db=None, limit=None, num_layers=None):
     model = load_model(model_name, num_layers=num_layers)
     cl = parse_cluster(cluster, memory_limit_mb=limit)
-    tr = TrainingSpec(global_batch_size=gbs, precision=model.params_dtype)
+    tr = TrainingSpec(global_batch_size=gbs, precision=model.params_dtype, virtual_stages=sorted(VIRTUAL))
     cm = build_cost_model(model, cl, tr, kind, db)
-
-    def go():
-        base = plan_baseline(cm, tr)
-        res, _ = plan_search(cm, tr, SearchOptions(budget_evals=budget, workers=1),
-                             baseline=base if base is not None and base.fits else None)
-        return base, res
-    (base, res), wall, cpu = timed(go)
-    best = res.plans[0]
-    plan = to_plan(best, model, cl, gbs, kind)
-    return {"model": model_name + (f" L{num_layers}" if num_layers else ""), "cluster": cluster, "gbs": gbs,
-            "cost_model": kind, "iteration_ms": round(best.iteration_ms, 2) if best.fits else None,
-            "baseline_ms": round(base.iteration_ms, 2) if base is not None and base.fits else None,
-            "speedup": round(base.iteration_ms / best.iteration_ms, 3) if base is not None and base.fits and best.fits
-            else None, "stages": best.state.num_stages, "mbs": best.state.mbs,
-            "shapes": " ".join(f"{tp}x{dp}" for tp, dp in best.state.shapes), "evals": res.evals, "wall_s": round(wall, 2),
-            "cpu_s": round(cpu, 2)}, plan
+    plans, wall, cpu = timed(lambda: plan_all(cm, tr, SearchOptions(budget_evals=BUDGET, workers=1)))
+    best = plans.aceso.plans[0]
+    out = {"model": model_name + (f" L{num_layers}" if num_layers else ""), "cluster": cluster, "gbs": gbs,
+           "cost_model": kind, **lines(plans), "stages": best.state.num_stages, "mbs": best.state.mbs,
+           "evals": plans.aceso.evals + plans.megatron.evals, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2)}
+    out["speedup"] = ratio(out["uniform_ms"], out["aceso_ms"])
+    out["megatron_lm_speedup"] = ratio(out["uniform_ms"], out["megatron_lm_ms"])
+    return out, to_plan(best, model, cl, gbs, kind)
 
 
 def section_compat(args):
     from search.compat import AcesoDB, evaluate_ref_config
     from search.compat.mapping import plan_to_ref
     rows = []
-    for name, ref_ms, uniform_ms in COMPAT:
-        row, plan = run_case(name, "1x4-v100", 512, "aceso-compat", str(DB / "miniset"), limit=12000)
+    for name, ref_ms, uniform_ms, ours_before in COMPAT:
         model = load_model(name)
+        cl = parse_cluster("1x4-v100", memory_limit_mb=12000)
+        tr = TrainingSpec(global_batch_size=512, precision=model.params_dtype)
+        cm = build_cost_model(model, cl, tr, "aceso-compat", str(DB / "miniset"))
+
+        def go():
+            base = plan_baseline(cm, tr)
+            res, _ = plan_search(cm, tr, SearchOptions(budget_evals=BUDGET, workers=1), baseline=base)
+            return base, res
+        (base, res), wall, cpu = timed(go)
+        plan = to_plan(res.plans[0], model, cl, 512, "aceso-compat")
         scored = evaluate_ref_config(plan_to_ref(plan), AcesoDB(str(DB / "miniset"), model.aceso_db_key))
-        row.update(ref_search_ms=ref_ms, ref_uniform_ms=uniform_ms, exported_score_ms=round(scored.iteration_ms, 2),
-                   vs_reference=round(ref_ms / scored.iteration_ms, 4),
-                   target_met=bool(scored.iteration_ms <= ref_ms and row["cpu_s"] <= 10))
-        rows.append(row)
+        rows.append({"model": name, "exported_score_ms": round(scored.iteration_ms, 2), "ref_search_ms": ref_ms,
+                     "vs_reference": round(ref_ms / scored.iteration_ms, 4), "ours_before_ms": ours_before,
+                     "uniform_ms": round(base.iteration_ms, 2) if base and base.fits else None,
+                     "ref_uniform_ms": uniform_ms, "stages": res.plans[0].state.num_stages,
+                     "shapes": " ".join(f"{s.tp}x{s.dp}" for s in res.plans[0].state.shapes), "evals": res.evals,
+                     "cpu_s": round(cpu, 2), "wall_s": round(wall, 2),
+                     "target_met": bool(scored.iteration_ms <= ours_before + 0.01 and cpu <= 10)})
     return rows
 
 
@@ -95,8 +260,7 @@ def section_analytic(args):
         if args.quick and (name, cluster) not in QUICK:
             continue
         row, _ = run_case(name, cluster, gbs)
-        n = parse_cluster(cluster).num_gpus
-        row["target_s"] = 20 if n <= 32 else 60
+        row["target_s"] = target_s(parse_cluster(cluster).num_gpus)
         row["target_met"] = row["cpu_s"] <= row["target_s"]
         rows.append(row)
     return rows
@@ -114,6 +278,7 @@ def section_scale(args):
     return rows
 
 
+# ----- 5. optimality, 6. determinism -------------------------------------------------------------------------------
 def section_optimality(args):
     from search.planner.exhaustive import exhaustive_best
     from search.planner.synthetic import tiny_problem
@@ -129,45 +294,65 @@ def section_optimality(args):
     return rows
 
 
+def section_determinism(args):
+    model = load_model("gpt-1.3b")
+    cl = parse_cluster("2x8-h100")
+    tr = TrainingSpec(global_batch_size=512, precision=model.params_dtype, virtual_stages=sorted(VIRTUAL))
+    texts = []
+    for workers in (1, 2):
+        cm = build_cost_model(model, cl, tr)
+        plans = plan_all(cm, tr, SearchOptions(budget_evals=1000, workers=workers))
+        texts.append(to_plan(plans.aceso.plans[0], model, cl, 512, "analytic").to_json())
+    return [{"case": "gpt-1.3b 2x8-h100, 1 vs 2 workers", "identical": texts[0] == texts[1]}]
+
+
 COLUMNS = {
-    "compat": ["model", "exported_score_ms", "ref_search_ms", "vs_reference", "baseline_ms", "ref_uniform_ms",
-               "speedup", "stages", "mbs", "shapes", "evals", "cpu_s", "wall_s", "target_met"],
-    "analytic": ["model", "cluster", "iteration_ms", "baseline_ms", "speedup", "stages", "mbs", "evals", "cpu_s",
-                 "wall_s", "target_s", "target_met"],
-    "scale": ["model", "cluster", "cost_model", "iteration_ms", "baseline_ms", "speedup", "stages", "mbs", "evals",
-              "cpu_s", "wall_s", "target_s", "target_met"],
+    "published": ["row", "gpus", "published_ms", "uniform_vs_published", "megatron_lm_vs_published",
+                  "aceso_vs_published", "cpu_s", "target_s", "target_met"],
+    "compat": ["model", "exported_score_ms", "ours_before_ms", "ref_search_ms", "vs_reference", "uniform_ms",
+               "ref_uniform_ms", "stages", "shapes", "evals", "cpu_s", "target_met"],
+    "analytic": ["model", "cluster", "uniform_ms", "megatron_lm_ms", "aceso_ms", "megatron_lm_speedup", "speedup",
+                 "stages", "evals", "cpu_s", "wall_s", "target_s", "target_met"],
+    "scale": ["model", "cluster", "cost_model", "uniform_ms", "aceso_ms", "speedup", "stages", "evals", "cpu_s",
+              "target_s", "target_met"],
 }
-SECTIONS = {"compat": section_compat, "analytic": section_analytic, "scale": section_scale,
-            "optimality": section_optimality}
+SECTIONS = {"published": section_published, "compat": section_compat, "analytic": section_analytic,
+            "scale": section_scale, "optimality": section_optimality, "determinism": section_determinism}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections: " + ", ".join(SECTIONS))
-    ap.add_argument("--quick", action="store_true", help="a subset of the analytic cases and optimality seeds")
+    ap.add_argument("--quick", action="store_true", help="a subset of the published rows, analytic cases and seeds")
     ap.add_argument("--full-db", default=None,
                     help="the Aceso artifact's full database (profiler/profiled-time-eurosys): adds the aceso-compat "
                          "1024-layer scale case")
     args = ap.parse_args(argv)
     from rich.console import Console
     from rich.table import Table
-    con = Console(width=160)
+    con = Console(width=180)
     out = {}
-    for name in args.only.split(","):
-        rows = SECTIONS[name.strip()](args)
+    for name in (n.strip() for n in args.only.split(",")):
+        rows = SECTIONS[name](args)
         out[name] = rows
         if name == "optimality":
             ok = sum(r["optimal"] for r in rows)
             con.print(f"[bold]optimality[/]: search = exhaustive optimum on {ok}/{len(rows)} tiny problems "
                       f"({sum(r['plans'] for r in rows)} plans enumerated)")
             continue
-        cols = COLUMNS.get(name) or [k for k in rows[0] if k != "shapes"]
+        if name == "determinism":
+            con.print(f"[bold]determinism[/]: {rows[0]['case']}: identical = {rows[0]['identical']}")
+            continue
         t = Table(title=name)
+        cols = COLUMNS[name]
         for c in cols:
             t.add_column(c)
         for r in rows:
             t.add_row(*[str(r.get(c)) for c in cols])
         con.print(t)
+        if name == "published":
+            out["published_summary"] = published_summary(rows)
+            con.print(f"vs published: {json.dumps(out['published_summary'])}")
     res_dir = ROOT / "bench" / "results"
     res_dir.mkdir(parents=True, exist_ok=True)
     (res_dir / "search_bench.json").write_text(json.dumps(out, indent=2) + "\n")

@@ -1,7 +1,8 @@
 """Bottleneck stage, what dominates it, and which primitives to try first (Aceso §4.2-4.3; SPEC §4.3-4.4).
 
 The bottleneck is the over-memory stage with the most memory if any stage does not fit, else the stage with the
-longest 1F1B total. Its time is split into three shares relative to all stages:
+longest pipeline total. A fitting plan whose pipeline bubble takes ``BUBBLE_SHARE`` of its iteration is bubble-bound:
+more virtual stages first (where the space has them). Its time is split into three shares relative to all stages:
 
 * compute: ideal time per GPU (its units on one GPU, divided by its GPUs) over the sum of ideal times;
 * communication / parallelisation inefficiency: ``fwd + bwd + p2p - ideal`` (TP collectives, p2p, lost scaling)
@@ -17,7 +18,12 @@ from __future__ import annotations
 
 from ..costmodel.types import StageCost
 
-# name: (time, memory, comm) -- the reference's table (SPEC §4.5), plus the cost-balanced partition move
+# name: (time, memory, comm) -- the reference's table (SPEC §4.5), plus the cost-balanced partition move, then
+# the modern-Megatron primitives (after the reference's, so seed 0 keeps its order where they do not apply):
+# SP splits the replicated activations and element-wise work over the TP group at the same TP traffic; moving DP
+# into CP splits each rank's tokens (with the per-rank batch kept: less memory, ring exchanges); more model chunks
+# shrink the bubble for more p2p and a little more in flight; the plan-level switches (distributed optimizer,
+# overlap) trade memory and exposed DP traffic.
 EFFECTS: dict[str, tuple[str, str, str]] = {
     "move_units": ("-", "-", "0"),
     "rebalance": ("-", "-", "0"),
@@ -29,8 +35,18 @@ EFFECTS: dict[str, tuple[str, str, str]] = {
     "dec_mbs": ("+", "-", "0"),
     "tp_to_dp": ("-", "+", "-"),
     "dp_to_tp": ("+", "-", "+"),
+    "sp_on": ("-", "-", "0"),
+    "sp_off": ("+", "+", "0"),
+    "dp_to_cp": ("0", "-", "+"),
+    "cp_to_dp": ("0", "+", "-"),
+    "inc_vpp": ("-", "+", "+"),
+    "dec_vpp": ("+", "-", "-"),
+    "features_on": ("-", "-", "-"),
+    "features_off": ("+", "+", "+"),
 }
 PRIMITIVES = tuple(EFFECTS)
+BUBBLE_SHARE = 0.10    # a fitting plan whose pipeline bubble is this share of its iteration is bubble-bound
+BUBBLE = ("inc_vpp",)  # what shrinks the bubble at the same micro-batches: more model chunks per stage
 
 
 def find_bottleneck(stages: list[StageCost], stage_total_ms: list[float], limit_mb: float) -> int:
@@ -53,18 +69,25 @@ def shares(stages: list[StageCost], b: int) -> dict[str, float]:
             "_loss_above_mean": loss[b] > sum(loss) / len(loss), "_recomputes": rec[b] > 0}
 
 
-def classify(stages: list[StageCost], b: int, limit_mb: float) -> str:
-    """``memory`` if the bottleneck does not fit, else the largest of compute / communication / recompute."""
+def classify(stages: list[StageCost], b: int, limit_mb: float, bubble_share: float = 0.0) -> str:
+    """``memory`` if the bottleneck does not fit, ``bubble`` if the pipeline bubble takes ``BUBBLE_SHARE`` of the
+    iteration, else the largest of compute / communication / recompute."""
     if not stages[b].fits or stages[b].memory_mb > limit_mb:
         return "memory"
+    if bubble_share >= BUBBLE_SHARE:
+        return "bubble"
     sh = shares(stages, b)
     return max(("compute", "communication", "recompute"), key=lambda k: sh[k])  # ties: this order
 
 
-def order_primitives(stages: list[StageCost], b: int, limit_mb: float) -> list[list[str]]:
-    """Groups of primitive names, most promising first (SPEC §4.4)."""
+def order_primitives(stages: list[StageCost], b: int, limit_mb: float, bubble_share: float = 0.0) -> list[list[str]]:
+    """Groups of primitive names, most promising first (SPEC §4.4); a bubble-bound plan (``classify``) tries the
+    bubble's primitives first."""
     if not stages[b].fits or stages[b].memory_mb > limit_mb:
         return [[p for p in PRIMITIVES if EFFECTS[p][1] == "-"]]
+    if bubble_share >= BUBBLE_SHARE:
+        rest = order_primitives(stages, b, limit_mb)
+        return [list(BUBBLE)] + [g2 for g2 in ([p for p in g if p not in BUBBLE] for g in rest) if g2]
     sh = shares(stages, b)
     dims = sorted(("compute", "communication", "recompute"), key=lambda k: -sh[k])  # stable: table order on ties
     listed: set[str] = set()

@@ -18,7 +18,9 @@ from search.compat.costmodel import make_compat_cost_model
 from search.errors import AcesoError
 from search.planner.api import dropped_shapes, plan_baseline, search_space
 from search.planner.baseline import best_uniform
-from search.planner.state import Space, State
+from search.costmodel.types import Shape
+from search.planner.space import Space
+from search.planner.state import State
 from search.presets import load_model
 from search.training import TrainingSpec
 
@@ -108,9 +110,10 @@ def test_search_uses_what_is_profiled_and_says_once_what_it_dropped(reference_db
                      "database: plans use only the other 9 candidate shapes"]
     saved = json.loads(plan.read_text())
     assert all(saved["micro_batch_size"] // s["dp"] != 8 for s in saved["stages"])
-    rc, _, err = _run(capsys, "baseline", "--model", "t5-770m", "--num-layers", "4", *SEARCH[:-4], "--db", db,
-                      "--micro-batch-sizes", "8", "--json")
-    assert rc == 0, err   # micro-batch 8 only at dp >= 2: per-GPU batch 4, 2, 1
+    rc, out, err = _run(capsys, "baseline", "--model", "t5-770m", "--num-layers", "4", *SEARCH[:-4], "--db", db,
+                        "--micro-batch-sizes", "4", "8", "--json")
+    assert rc == 0, err   # per-rank (per-GPU) batch 8 is not profiled: the baseline keeps to 4
+    assert json.loads(out)["micro_batch_per_rank"] == 4
     assert sum("not profiled" in line for line in err.splitlines()) == 1
 
 
@@ -140,17 +143,17 @@ def test_explain_names_the_missing_row(reference_db, tmp_path, capsys):
 
 
 def test_space_keeps_to_the_allowed_shapes():
+    # per-rank (per-GPU) batch candidates 1 2 4; the pipeline micro-batch m runs m / dp per rank
     allowed = frozenset({(1, 1), (2, 1), (1, 2), (2, 2)})
-    space = Space(num_gpus=4, gpus_per_node=4, tps=(1, 2, 4), mbs_list=(2, 4), num_units=4, allowed=allowed)
+    space = Space(num_gpus=4, gpus_per_node=4, tps=(1, 2, 4), batches=(1, 2, 4), num_units=4, allowed=allowed)
     assert space.allows(1, 2, 4) and not space.allows(1, 1, 4) and not space.allows(4, 1, 2)
-    assert space.shapes(2, 4) == [(1, 2)]                               # (2, 1) at 4: per-GPU batch 4, dropped
-    assert space.shapes(2, 2) == [(1, 2), (2, 1)]
-    assert space.valid_counts() == [1, 2, 4]                               # 4 = tp 2 x dp 2 at micro-batch 4
-    assert space.legal(State(4, ((2, 2),), (0, 4)))
-    assert not space.legal(State(4, ((1, 1), (1, 1), (2, 1)), (0, 1, 2, 4)))
+    assert [(s.tp, s.dp) for s in space.shapes(2, 4)] == [(1, 2)]    # (2, 1) at 4: per-GPU batch 4, dropped
+    assert [(s.tp, s.dp) for s in space.shapes(2, 2)] == [(1, 2), (2, 1)]
+    assert space.legal(State(4, (Shape(2, 2),), (0, 4)))
+    assert not space.legal(State(4, (Shape(1, 1), Shape(1, 1), Shape(2, 1)), (0, 1, 2, 4)))
     assert (4, 1) in space.candidate_shapes() and (4, 1) not in allowed
-    free = Space(num_gpus=4, gpus_per_node=4, tps=(1, 2, 4), mbs_list=(2, 4), num_units=4)
-    assert free.allows(4, 1, 4) and free.legal(State(4, ((1, 1), (1, 1), (2, 1)), (0, 1, 2, 4)))
+    free = Space(num_gpus=4, gpus_per_node=4, tps=(1, 2, 4), batches=(1, 2, 4), num_units=4)
+    assert free.allows(4, 1, 4) and free.legal(State(4, (Shape(1, 1), Shape(1, 1), Shape(2, 1)), (0, 1, 2, 4)))
 
 
 def test_baseline_and_search_space_never_price_an_unprofiled_shape(reference_db, tmp_path):

@@ -236,8 +236,14 @@ def test_progress_uses_the_evaluation_count_and_bottleneck_memory_when_the_trace
 
 
 def test_comparison_bars():
+    import numpy as np
+
+    from search.costmodel.types import Shape, StageCost
     from search.planner.baseline import BaselineResult
-    base = BaselineResult(100.0, 2, 1, 4, 4, "none", (12, 12), (0, 24, 48), [], [], 1)
+    from search.planner.state import Evaluation, StageEval, State
+    st = State(4, (Shape(1, 4),) * 2, (0, 24, 48))       # pp 2, tp 1, dp 4, pipeline micro-batch 4
+    stage = StageEval(StageCost(fwd_ms=1.0, bwd_ms=2.0, recompute_ms=0.0, p2p_ms=0.0), np.zeros(24, np.int8))
+    base = BaselineResult(Evaluation(st, 100.0, True, [stage, stage], [100.0, 100.0], 0.0, 100.0), (12, 12), 1)
     bars = search_progress.comparison(base, 80.0, 90.0)
     assert [v for _, v in bars] == [100.0, 90.0, 80.0] and "pp2 tp1 dp4" in bars[0][0]
     assert search_progress.comparison(None, 80.0)[0][1] is None

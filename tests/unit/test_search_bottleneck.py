@@ -52,3 +52,15 @@ def test_every_primitive_listed_once():
     groups = order_primitives(stages, 1, 800)
     flat = [p for g in groups for p in g]
     assert sorted(flat) == sorted(EFFECTS) and len(flat) == len(set(flat))
+
+
+def test_bubble_bound_plans_try_more_virtual_stages_first():
+    stages = [sc(), sc(fwd=12)]
+    assert classify(stages, 1, 800, bubble_share=0.25) == "bubble"
+    assert classify(stages, 1, 800, bubble_share=0.05) != "bubble"
+    groups = order_primitives(stages, 1, 800, bubble_share=0.25)
+    assert groups[0] == ["inc_vpp"]
+    flat = [p for g in groups for p in g]
+    assert sorted(flat) == sorted(EFFECTS) and len(flat) == len(set(flat))
+    over = [sc(mem=900, fits=False), sc()]
+    assert order_primitives(over, 0, 800, bubble_share=0.25) == order_primitives(over, 0, 800)   # memory first

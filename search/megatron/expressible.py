@@ -1,0 +1,114 @@
+"""Can stock Megatron-LM (core_v0.16.1) run this plan exactly? ``check_expressible(plan)`` and ``megatron_config``.
+
+``check_expressible(plan: ParallelPlan) -> str | None`` is the stable entry point (the planner's ``--target
+megatron-lm`` calls it): ``None`` when ``aceso export --to megatron-lm`` can write the plan, else one line naming the
+stage and field and ending with what to do. It is pure (no I/O) and cheap (linear in the units).
+
+A plan is expressible when
+- every stage has the same ``tp``, ``cp``, ``dp`` and ``sequence_parallel`` (Megatron-LM has one shape);
+- every (virtual) stage boundary falls between two layers (not between the attention and MLP halves);
+- its recompute choices are one of Megatron-LM's settings (``recompute.py`` has the table);
+- T5: one pipeline stage and as many decoder as encoder layers (``pretrain_t5.py`` at core_v0.16.1 raises for
+  pipeline parallelism and builds ``--num-layers`` decoder layers);
+- ``overlap_param_gather`` comes with ``overlap_grad_reduce`` (``validate_args`` asserts it);
+- the padded vocabulary is one Megatron-LM pads to (a multiple of ``--make-vocab-size-divisible-by`` x tp), the
+  RoPE base an integer (``--rotary-base`` is an int), and tp_comm_overlap not with the local (non-TE) layers.
+Layer counts per stage are always expressible (``--pipeline-model-parallel-layout`` takes any split).
+"""
+
+from __future__ import annotations
+
+from ..plan import ParallelPlan
+from .config import HINT, MegatronConfig, NotExpressible, layer_name
+from .recompute import recompute_of
+
+SHAPE_FIELDS = ("tp", "cp", "dp", "sequence_parallel")
+
+
+def check_expressible(plan: ParallelPlan) -> str | None:
+    """``None`` if Megatron-LM can run ``plan`` exactly, else one line: stage, field, and the way out."""
+    try:
+        megatron_config(plan)
+    except NotExpressible as e:
+        return str(e)
+    return None
+
+
+def megatron_config(plan: ParallelPlan) -> MegatronConfig:
+    """The plan in Megatron-LM's terms; ``NotExpressible`` (an ``AcesoError``, exit 2) when it has none."""
+    try:
+        _check_shapes(plan)
+        _check_t5(plan)
+        chunk_layers = _chunk_layers(plan)
+        rc = recompute_of(plan)
+        _check_features(plan)
+    except NotExpressible as e:
+        raise NotExpressible(f"{e}; {HINT}") from None
+    st = plan.stages[0]
+    attention = plan.predicted.attention if plan.predicted else None
+    return MegatronConfig(
+        model=plan.model, tp=st.tp, pp=plan.num_stages, cp=st.cp, dp=st.dp, vpp=plan.num_virtual_stages,
+        sequence_parallel=st.sequence_parallel, chunk_layers=chunk_layers, recompute=rc,
+        micro_batch_size=plan.micro_batch_per_rank(0), global_batch_size=plan.global_batch_size,
+        distributed_optimizer=plan.distributed_optimizer, overlap_grad_reduce=plan.overlap_grad_reduce,
+        overlap_param_gather=plan.overlap_param_gather, tp_comm_overlap=plan.tp_comm_overlap, attention=attention)
+
+
+def _check_shapes(plan: ParallelPlan) -> None:
+    first = plan.stages[0]
+    for i, st in enumerate(plan.stages[1:], start=1):
+        for f in SHAPE_FIELDS:
+            if getattr(st, f) != getattr(first, f):
+                what = {"tp": "tensor-parallel size", "cp": "context-parallel size", "dp": "data-parallel size",
+                        "sequence_parallel": "sequence-parallel setting"}[f]
+                raise NotExpressible(f"stages[{i}].{f} ({getattr(st, f)}) differs from stages[0].{f} "
+                                     f"({getattr(first, f)}): Megatron-LM runs one {what} on every pipeline stage")
+
+
+def _check_t5(plan: ParallelPlan) -> None:
+    m = plan.model
+    if not m.is_t5:
+        return
+    if plan.num_stages > 1:
+        raise NotExpressible(f"stages: {plan.num_stages} pipeline stages, but Megatron-LM's pretrain_t5.py "
+                             "(core_v0.16.1) does not support pipeline parallelism for T5")
+    if m.num_decoder_layers != m.num_layers:
+        raise NotExpressible(f"model.num_decoder_layers ({m.num_decoder_layers}) differs from num_layers "
+                             f"({m.num_layers}): Megatron-LM's pretrain_t5.py builds --num-layers decoder layers, as "
+                             "many as encoder layers")
+
+
+def _chunk_layers(plan: ParallelPlan) -> tuple[int, ...]:
+    m = plan.model
+    index = {u: i for i, u in enumerate(m.layer_starts)}
+    firsts = []
+    for s, j, ch in plan.chunks_in_order():
+        if ch.start_unit not in index:
+            where = f"stages[{s}]" + (f".chunks[{j}]" if plan.num_virtual_stages > 1 else "")
+            prev, unit = m.units[ch.start_unit - 1], m.units[ch.start_unit]
+            raise NotExpressible(
+                f"{where}.start_unit ({ch.start_unit}) cuts {layer_name(m, unit)} between its "
+                f"{prev.kind.replace('_', '-')} and {unit.kind.replace('_', '-')} units: Megatron-LM places whole "
+                "layers on a pipeline stage")
+        firsts.append(index[ch.start_unit])
+    bounds = firsts + [len(m.layer_starts) - 1]
+    return tuple(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+
+
+def _check_features(plan: ParallelPlan) -> None:
+    m, tp = plan.model, plan.stages[0].tp
+    if plan.overlap_param_gather and not plan.overlap_grad_reduce:
+        raise NotExpressible("overlap_param_gather is on but overlap_grad_reduce is off: Megatron-LM's "
+                             "--overlap-param-gather requires --overlap-grad-reduce")
+    if m.make_vocab_size_divisible_by % tp and m.padded_vocab_size % tp:
+        raise NotExpressible(
+            f"model.make_vocab_size_divisible_by ({m.make_vocab_size_divisible_by}): Megatron-LM pads the "
+            f"vocabulary to a multiple of --make-vocab-size-divisible-by x tp ({tp}), and the plan's padded "
+            f"vocabulary ({m.padded_vocab_size}) is not a multiple of tp")
+    if m.position_embedding == "rope" and m.rotary_base != int(m.rotary_base):
+        raise NotExpressible(f"model.rotary_base ({m.rotary_base}) is not an integer: Megatron-LM's --rotary-base "
+                             "takes an integer")
+    attention = plan.predicted.attention if plan.predicted else None
+    if plan.tp_comm_overlap and attention == "unfused":
+        raise NotExpressible("tp_comm_overlap is on but the plan was priced for megatron-core's local layers "
+                             "(predicted.attention unfused): --tp-comm-overlap needs transformer-engine")

@@ -1,0 +1,138 @@
+"""How transformer layers are spread over (virtual) pipeline stages, in Megatron-LM's three ways.
+
+1. even: ``num_layers / (pp * vpp)`` per model chunk (``--num-virtual-stages-per-pipeline-rank`` for vpp > 1);
+2. uneven first / last rank: ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``,
+   the middle ranks share the rest evenly, each rank's layers split evenly over its vpp chunks;
+   ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split`` (read only) count the
+   embedding / loss as one layer of the first / last chunk;
+3. ``--pipeline-model-parallel-layout``: one entry per model chunk in model order (virtual stage major), ``|``
+   between chunks, ``E`` the embedding, ``L`` the loss, ``t`` a transformer layer, ``x*n`` and ``(...)*n``
+   repeat, commas are cosmetic (grammar of megatron-core's ``PipelineParallelLayerLayout.parse_str_to_list``).
+
+``chunk_layers`` (layers per model chunk, model order, ``pp * vpp`` entries) is the common form;
+``distribution`` reproduces megatron-core's ``get_num_layers_to_build`` for ways 1 and 2 (tested against it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import AcesoError
+
+
+@dataclass(frozen=True)
+class Split:
+    """The Megatron-LM arguments of one layer distribution (None: not set)."""
+
+    vpp: int = 1
+    first: int | None = None
+    last: int | None = None
+    layout: str | None = None
+
+
+def split_for(chunk_layers: tuple[int, ...], pp: int, vpp: int) -> Split:
+    """The simplest Megatron-LM arguments giving exactly ``chunk_layers``: even, else first/last counts, else the
+    layout string."""
+    total = sum(chunk_layers)
+    per_rank = [chunk_layers[s::pp] for s in range(pp)]
+    if all(len(set(c)) == 1 for c in per_rank):          # every rank's chunks are equal
+        n = [sum(c) for c in per_rank]
+        if len(set(n)) == 1:
+            return Split(vpp)
+        first, last = _first_last(n)
+        if (first, last) != (None, None) and distribution(total, pp, vpp, first, last) == chunk_layers:
+            return Split(vpp, first, last)
+    return Split(vpp, layout=format_layout(chunk_layers))
+
+
+def _first_last(n: list[int]) -> tuple[int | None, int | None]:
+    pp = len(n)
+    if pp == 2:
+        return n[0], None
+    middle = n[1:-1]
+    if len(set(middle)) != 1:
+        return None, None
+    m = middle[0]
+    return (n[0] if n[0] != m else None), (n[-1] if n[-1] != m else None)
+
+
+def format_layout(chunk_layers: tuple[int, ...]) -> str:
+    """``E`` + the first chunk's layers ``|`` ... ``|`` the last chunk's layers + ``L`` (``t*n`` for n layers)."""
+    parts = [("t" if n == 1 else f"t*{n}") for n in chunk_layers]
+    parts[0] = "E" + parts[0]
+    parts[-1] += "L"
+    return "|".join(parts)
+
+
+_REPEATS = (re.compile(r"\(([^)]+)\)\*(\d+)"), re.compile(r"(.)\*(\d+)"))
+
+
+def parse_layout(text: str) -> list[str]:
+    """The layout string unrolled: one string of layer characters per model chunk (``AcesoError`` if invalid)."""
+    s = text.replace(",", "")
+    for pat in _REPEATS:
+        s = pat.sub(lambda x: x.group(1) * int(x.group(2)), s)
+    chunks = s.split("|")
+    bad = sorted({c for c in s if c not in "ELtm|"})
+    if bad:
+        raise AcesoError(f"--pipeline-model-parallel-layout {text!r}: unknown layer character {bad[0]!r} "
+                         "(E embedding, L loss, t transformer layer, m MTP layer)")
+    return chunks
+
+
+def layout_chunk_layers(text: str, pp: int) -> tuple[tuple[int, ...], int]:
+    """``(layers per model chunk, vpp)`` of a layout string, checked as megatron-core checks it, plus what a plan
+    needs (no MTP layers, every chunk at least one transformer layer)."""
+    chunks = parse_layout(text)
+    flat = "".join(chunks)
+    where = f"--pipeline-model-parallel-layout {text!r}"
+    if len(chunks) % pp:
+        raise AcesoError(f"{where}: {len(chunks)} stages is not a multiple of --pipeline-model-parallel-size ({pp})")
+    if "m" in flat:
+        raise AcesoError(f"{where}: MTP layers (m) are not modelled by aceso; remove them")
+    if not flat.startswith("E") or flat.count("E") != 1 or not flat.endswith("L") or flat.count("L") != 1:
+        raise AcesoError(f"{where}: the layout must start with the embedding E and end with the loss L, once each")
+    counts = tuple(c.count("t") for c in chunks)
+    if 0 in counts:
+        raise AcesoError(f"{where}: model chunk {counts.index(0)} holds no transformer layer; aceso plans give every "
+                         "(virtual) pipeline stage at least one layer")
+    return counts, len(chunks) // pp
+
+
+def distribution(num_layers: int, pp: int, vpp: int = 1, first: int | None = None, last: int | None = None,
+                 embedding_counts: bool = False, loss_counts: bool = False) -> tuple[int, ...]:
+    """Layers per model chunk (model order) as megatron-core 0.16.1 builds them without a layout
+    (``transformer_block.get_num_layers_to_build``); ``AcesoError`` where megatron-core would assert."""
+    if (first is not None or last is not None) and (embedding_counts or loss_counts):
+        raise AcesoError("--decoder-first/last-pipeline-num-layers cannot be combined with "
+                         "--account-for-embedding/loss-in-pipeline-split (megatron-core refuses it)")
+    if first is not None or last is not None:
+        rest, left = num_layers - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
+        if left and rest % left or (left == 0) != (rest == 0) or rest < 0:
+            raise AcesoError(f"--decoder-first/last-pipeline-num-layers ({first}, {last}): the other {rest} of "
+                             f"{num_layers} layers must split evenly over the other {left} pipeline ranks")
+        ranks = [rest // left if left else 0] * pp
+        if first is not None:
+            ranks[0] = first
+        if last is not None:
+            ranks[-1] = last
+    else:
+        total = num_layers + embedding_counts + loss_counts
+        if total % pp:
+            raise AcesoError(f"--num-layers ({num_layers}"
+                             + (" + embedding/loss" if embedding_counts or loss_counts else "")
+                             + f") must be a multiple of --pipeline-model-parallel-size ({pp}), or give "
+                             "--decoder-first/last-pipeline-num-layers or --pipeline-model-parallel-layout")
+        ranks = [total // pp] * pp
+    for s, n in enumerate(ranks):
+        if n % vpp:
+            raise AcesoError(f"pipeline rank {s} has {n} layers, not a multiple of the {vpp} virtual stages "
+                             "(--num-virtual-stages-per-pipeline-rank)")
+    chunks = [ranks[k % pp] // vpp for k in range(pp * vpp)]
+    chunks[0] -= embedding_counts
+    chunks[-1] -= loss_counts
+    if min(chunks) < 1:
+        raise AcesoError(f"model chunk {chunks.index(min(chunks))} would hold no transformer layer; aceso plans "
+                         "give every (virtual) pipeline stage at least one layer")
+    return tuple(chunks)

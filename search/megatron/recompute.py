@@ -1,0 +1,159 @@
+"""Per-unit recompute choices <-> Megatron-LM's recompute settings (megatron-core 0.16.1 semantics).
+
+What megatron-core does with each setting (``TransformerBlock._checkpointed_forward``, ``TransformerLayer``,
+``Attention``): ``--recompute-granularity selective --recompute-modules core_attn`` re-runs the core attention of
+every layer (self- and cross-attention) in backward; ``--recompute-granularity full`` checkpoints whole layers:
+``--recompute-method uniform --recompute-num-layers 1`` every layer, ``block N`` the first ``N`` layers of each
+transformer block (one block per model chunk; a T5 model has an encoder and a decoder block) and none of the rest.
+
+In plan terms (one choice per unit, ``search.plan.RECOMPUTE_CHOICES``) a layer is then one of
+
+=============  =========================================================  =========================================
+layer          plan units                                                 Megatron-LM
+=============  =========================================================  =========================================
+none           every unit ``none``                                        no recompute flag
+selective      attention / cross-attention ``selective``, MLP ``none``    ``--recompute-granularity selective``
+                                                                          ``--recompute-modules core_attn``
+full           every unit ``full``                                        ``--recompute-granularity full`` (uniform
+                                                                          1, or block N for the leading layers)
+=============  =========================================================  =========================================
+
+and anything else is refused: ``attn_dropout`` (Megatron-LM has no dropout-only recompute), ``selective`` on an MLP
+unit (our activation-function recompute; megatron-core's ``mlp`` module re-runs the whole MLP and ``moe_act`` is for
+MoE experts only), a layer whose units differ, selective next to none or full (one granularity for the model),
+fully recomputed layers that are not the leading ones of their block, or a different leading count between blocks.
+Memory: megatron-core's full recompute keeps one input per layer, the plan's ``full`` one per unit, so a plan's
+prediction is an upper bound by ``s * b * h`` elements per fully recomputed layer (docs/megatron.md).
+"""
+
+from __future__ import annotations
+
+from ..model import ModelSpec
+from ..plan import ParallelPlan
+from .config import NO_RECOMPUTE, NotExpressible, Recompute, layer_name
+
+CORE_ATTN = ("core_attn",)
+
+
+def blocks_of(model: ModelSpec, start: int, end: int) -> list[tuple[str, list[tuple[int, int]]]]:
+    """The transformer blocks of a chunk ``[start, end)``: ``(stack, [(layer start unit, end unit), ...])``.
+
+    GPT/Llama chunks have one (decoder) block; a T5 chunk has its encoder layers, then its decoder layers.
+    ``start``/``end`` must fall on layer boundaries (checked before).
+    """
+    starts = model.layer_starts
+    out: list[tuple[str, list[tuple[int, int]]]] = []
+    for a, b in zip(starts[:-1], starts[1:]):
+        if a < start or b > end:
+            continue
+        stack = model.units[a].stack
+        if not out or out[-1][0] != stack:
+            out.append((stack, []))
+        out[-1][1].append((a, b))
+    return out
+
+
+def _layer_kind(model: ModelSpec, choices: list[str], lo: int) -> str | None:
+    if all(c == "none" for c in choices):
+        return "none"
+    if all(c == "full" for c in choices):
+        return "full"
+    kinds = [model.units[lo + i].kind for i in range(len(choices))]
+    if all(c == ("none" if k == "mlp" else "selective") for c, k in zip(choices, kinds)):
+        return "selective"
+    return None
+
+
+def _where(plan: ParallelPlan, s: int, j: int) -> str:
+    return f"stages[{s}]" + (f".chunks[{j}]" if plan.num_virtual_stages > 1 else "")
+
+
+def _check_units(plan: ParallelPlan) -> None:
+    for s, j, ch in plan.chunks_in_order():
+        for k, rc in enumerate(ch.recompute):
+            unit = plan.model.units[ch.start_unit + k]
+            if rc == "attn_dropout":
+                raise NotExpressible(
+                    f"{_where(plan, s, j)}.recompute[{k}] is attn_dropout: Megatron-LM has no dropout-only "
+                    "recompute (its selective recompute re-runs the whole attention core, --recompute-modules "
+                    "core_attn)")
+            if rc == "selective" and unit.kind == "mlp":
+                raise NotExpressible(
+                    f"{_where(plan, s, j)}.recompute[{k}] is selective on an MLP unit: Megatron-LM's selective "
+                    "recompute covers the attention core only (--recompute-modules core_attn; its mlp module "
+                    "re-runs the whole MLP)")
+
+
+def recompute_of(plan: ParallelPlan) -> Recompute:
+    """The Megatron-LM setting that gives exactly the plan's per-unit choices, or ``NotExpressible``.
+
+    Stage boundaries must already be known to fall between layers.
+    """
+    _check_units(plan)
+    m = plan.model
+    blocks = []           # (where, block name, [layer kinds])
+    for s, j, ch in plan.chunks_in_order():
+        for stack, layers in blocks_of(m, ch.start_unit, ch.end_unit):
+            kinds = []
+            for a, b in layers:
+                choices = ch.recompute[a - ch.start_unit:b - ch.start_unit]
+                kind = _layer_kind(m, choices, a)
+                if kind is None:
+                    k0 = a - ch.start_unit
+                    raise NotExpressible(
+                        f"{_where(plan, s, j)}.recompute[{k0}:{k0 + b - a}] ({', '.join(choices)}) mixes choices "
+                        f"inside {layer_name(m, m.units[a])}: Megatron-LM recomputes a layer fully (full), its "
+                        "attention core (selective) or not at all")
+                kinds.append(kind)
+            name = f"{stack} layers" if m.is_t5 else "layers"
+            blocks.append((_where(plan, s, j), name, kinds))
+    used = {k for _, _, kinds in blocks for k in kinds}
+    if used <= {"none"}:
+        return NO_RECOMPUTE
+    if "selective" in used:
+        if used != {"selective"}:
+            other = "full" if "full" in used else "none"
+            a = next(w for w, _, kinds in blocks if "selective" in kinds)
+            b = next(w for w, _, kinds in blocks if other in kinds)
+            raise NotExpressible(
+                f"{a} recomputes layers selectively but {b} has layers with {other} recompute: Megatron-LM's "
+                "--recompute-granularity is one setting for every layer")
+        return Recompute("selective", modules=CORE_ATTN)
+    return _full_setting(blocks)
+
+
+def _full_setting(blocks) -> Recompute:
+    pinned, whole = [], []
+    for where, name, kinds in blocks:
+        lead = next((i for i, k in enumerate(kinds) if k != "full"), len(kinds))
+        if "full" in kinds[lead:]:
+            raise NotExpressible(
+                f"{where}.recompute: its fully recomputed {name} are not the leading ones: Megatron-LM's "
+                "--recompute-method block recomputes the first --recompute-num-layers layers of each (virtual) "
+                "pipeline stage")
+        (whole if lead == len(kinds) else pinned).append((where, lead, len(kinds)))
+    if not pinned:
+        return Recompute("full", "uniform", 1)
+    where, n, total = pinned[0]
+    for w, lead, count in pinned[1:] + whole:
+        if (lead != n) if lead < count else (count > n):
+            what = f"all its {count}" if lead == count else f"its first {lead}"
+            raise NotExpressible(
+                f"{w} recomputes {what} layers fully but {where} its first {n} of {total}: Megatron-LM's "
+                "--recompute-num-layers (block) is one count for every (virtual) pipeline stage")
+    return Recompute("full", "block", n)
+
+
+def unit_choices(rc: Recompute, model: ModelSpec, start: int, end: int) -> list[str]:
+    """Per-unit choices of the chunk ``[start, end)`` under a Megatron-LM setting (the inverse of ``recompute_of``)."""
+    out: list[str] = []
+    for _, layers in blocks_of(model, start, end):
+        for i, (a, b) in enumerate(layers):
+            for u in range(a, b):
+                if rc.granularity == "selective":
+                    out.append("none" if model.units[u].kind == "mlp" else "selective")
+                elif rc.granularity == "full" and (rc.method == "uniform" or i < (rc.num_layers or 0)):
+                    out.append("full")
+                else:
+                    out.append("none")
+    return out
