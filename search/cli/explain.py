@@ -1,6 +1,8 @@
 """Predict a plan's iteration time and memory per stage, and name its bottleneck.
 
-PLAN is our plan JSON or a reference (Aceso legacy) config (one with num_ops_in_each_stage). With
+PLAN is our plan JSON or a reference (Aceso legacy) config (one with num_ops_in_each_stage); or, instead of PLAN,
+--megatron-args "ARGS..." / --megatron-args-file run.sh: a Megatron-LM command line (needs --cluster), reported like
+any plan plus what a short aceso search on the same model and cluster would gain (docs/megatron.md). With
 --cost-model aceso-compat a reference config is evaluated exactly as given, op by op, as the reference does;
 the other cost models need our format, so it is converted with the compat importer (--snap moves boundaries that
 fall inside a unit). The model, cluster and global batch size come from
@@ -24,7 +26,15 @@ CATEGORIES = ("params", "grads", "optimizer", "activations", "recompute_peak", "
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("plan", help="plan JSON (ours or a reference config)")
+    p.add_argument("plan", nargs="?", default=None, help="plan JSON (ours or a reference config)")
+    p.add_argument("--megatron-args", default=None, help="a Megatron-LM command line instead of PLAN (quoted)")
+    p.add_argument("--megatron-args-file", default=None, help="a Megatron-LM launch script or argument file")
+    p.add_argument("--world-size", type=int, default=None, help="Megatron-LM: GPUs, when the command line does "
+                   "not say (default: the cluster's)")
+    p.add_argument("--vocab-size", type=int, default=None, help="Megatron-LM: the tokenizer's vocabulary, when the "
+                   "command line does not say")
+    p.add_argument("--search-budget-evals", type=int, default=None, help="Megatron-LM: budget of the comparison "
+                   "search (default 600; 0 skips it)")
     p.add_argument("--model", default=None, help="preset or spec file; default: the plan's model")
     p.add_argument("--num-layers", type=int, default=None, help="with --model: override the preset's depth")
     add_cluster_args(p, required=False)
@@ -115,8 +125,8 @@ def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str]
     plan, notes = _read_plan(args, raw)
     plan, cluster, training = _resolve(args, plan)
     cost = make_cost_model(plan.model, cluster, training, kind=args.cost_model, db=args.db).evaluate(plan)
-    shapes = [{"num_gpus": st.num_gpus, "tp": st.tp, "dp": st.dp, "units": [st.start_unit, st.end_unit],
-               "recompute": {c: st.recompute.count(c) for c in RECOMPUTE_CHOICES if st.recompute.count(c)}}
+    shapes = [{"num_gpus": st.num_gpus, "tp": st.tp, "dp": st.dp, "units": [u for sp in st.spans for u in sp],
+               "recompute": {c: st.all_recompute.count(c) for c in RECOMPUTE_CHOICES if st.all_recompute.count(c)}}
               for st in plan.stages]
     out = report(cost, shapes, plan.model.name, plan.micro_batch_size, plan.global_batch_size)
     return out, notes, cluster.label
@@ -143,18 +153,59 @@ def _ref_report(args: argparse.Namespace, raw: dict) -> tuple[dict, list[str], s
     return out, ["reference config evaluated op by op, exactly as given"], cluster.label
 
 
+def _megatron_plan(args: argparse.Namespace):
+    """The plan a Megatron-LM command line runs (--megatron-args / --megatron-args-file), as plan JSON."""
+    import json
+
+    from ..cluster import parse_cluster
+    from ..megatron.importer import read_megatron
+    from .import_cmd import read_megatron_source
+    if args.plan:
+        raise AcesoError("give PLAN or --megatron-args/--megatron-args-file, not both")
+    if not args.cluster:
+        raise AcesoError("--megatron-args needs --cluster NODESxGPUS-gpu (the GPUs it runs on)")
+    text, label = read_megatron_source(args.megatron_args_file, args.megatron_args)
+    imp = read_megatron(text, source=label, world_size=args.world_size, vocab_size=args.vocab_size,
+                        cluster=parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb))
+    args.plan = label
+    args.attention = args.attention or imp.config.attention
+    notes = ([imp.warning] if imp.warning else []) + imp.notes
+    return json.loads(imp.plan.to_json()), notes
+
+
 def run(args: argparse.Namespace) -> int:
-    raw = read_json(args.plan, missing="no such plan file")
+    megatron = args.megatron_args is not None or args.megatron_args_file is not None
+    if megatron:
+        raw, mnotes = _megatron_plan(args)
+    elif args.plan:
+        raw = read_json(args.plan, missing="no such plan file")
+    else:
+        raise AcesoError("give a plan file, or --megatron-args / --megatron-args-file")
     exact = args.cost_model == "aceso-compat" and not args.snap and isinstance(raw, dict) \
         and "num_ops_in_each_stage" in raw
     out, notes, cluster = (_ref_report if exact else _plan_report)(args, raw)
-    out["notes"] = notes
+    out["notes"] = (mnotes if megatron else []) + notes
     out["cluster"] = cluster
+    gain = _search_gain(args, raw, out) if megatron else None
     if args.json:
         print_json(out)
     else:
         _print_table(out)
+        if gain:
+            from ..megatron.compare import gain_lines
+            print("\n".join(gain_lines(gain, parse_plan(raw, source=args.plan))))
     return 0
+
+
+def _search_gain(args: argparse.Namespace, raw: dict, out: dict) -> dict | None:
+    from ..megatron.compare import DEFAULT_BUDGET, search_gain
+    budget = DEFAULT_BUDGET if args.search_budget_evals is None else args.search_budget_evals
+    if budget < 1:
+        return None
+    plan, _, _ = _resolve(args, parse_plan(raw, source=args.plan))
+    gain = search_gain(plan, out["iteration_time_ms"], args.attention, args.cost_model, args.db, budget)
+    out["megatron_search"] = {k: v for k, v in gain.items() if k != "search_plan"}
+    return gain
 
 
 def _print_table(r: dict) -> None:
@@ -171,7 +222,8 @@ def _print_table(r: dict) -> None:
         groups = (("params", "grads", "optimizer"), ("activations",), ("recompute_peak", "p2p_buffers"), ("reserve",))
         gb = [f"{sum(mb.get(c, 0.0) for c in g) / 1024:.2f}" for g in groups]
         rc = " ".join(f"{k[0]}{v}" for k, v in s["recompute"].items())
-        span = "{}-{}".format(*s["units"]) if "units" in s else "ops {}-{}".format(*s["ops"])
+        span = " ".join(f"{a}-{b}" for a, b in zip(s["units"][::2], s["units"][1::2])) if "units" in s \
+            else "ops {}-{}".format(*s["ops"])
         t.add_row(str(s["index"]), str(s["num_gpus"]), str(s["tp"]), str(s["dp"]), span, rc,
                   f"{s['fwd_ms']:.2f}", f"{s['bwd_ms']:.2f}",
                   f"{s['recompute_ms']:.2f}", f"{s['p2p_ms'] + s['tp_comm_ms']:.2f}",
