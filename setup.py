@@ -17,5 +17,14 @@ setup(
         "gpu": ["transformer-engine[pytorch]"],
         "test": ["pytest>=8", "pytest-timeout>=2"],
     },
-    entry_points={"console_scripts": ["aceso=search.cli:main"]},
+    entry_points={
+        "console_scripts": ["aceso=search.cli:main"],
+        # the runtime's subcommands of `aceso` (search/cli finds them here and never names aceso_megatron)
+        "aceso.subcommands": [
+            "profile = aceso_megatron.cli.profile",
+            "train = aceso_megatron.cli.train",
+            "launch = aceso_megatron.cli.launch",
+            "data = aceso_megatron.cli.data",
+        ],
+    },
 )

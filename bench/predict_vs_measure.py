@@ -5,7 +5,7 @@
 
 Steps: ``aceso profile --cpu`` of the bench model (tp 1 2, per-rank micro-batches 1 2 4; ``--passes`` passes,
 median kept) on ``--nproc`` processes; for each plan the profile cost model predicts the iteration time and each stage's memory; the runtime
-(``aceso_megatron.engine.build_runtime`` on ``--nproc`` gloo processes, one thread each) runs ``--steps``
+(``aceso_megatron.training.engine.build_runtime`` on ``--nproc`` gloo processes, one thread each) runs ``--steps``
 optimizer steps, in ``--rounds`` passes over all plans; the median step time (steps after ``--skip`` warm-up
 steps of every pass) is the measured time.
 
@@ -79,7 +79,7 @@ def measure(rank: int, world: int, raws: list[dict], steps: int, skip: int, roun
     import torch
     import torch.distributed as dist
 
-    from aceso_megatron.engine import build_runtime
+    from aceso_megatron.training.engine import build_runtime
     from aceso_megatron.profiler.memory import LiveSaved
     from aceso_megatron.testing import make_batches
 

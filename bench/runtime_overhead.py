@@ -29,7 +29,7 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from aceso_megatron.engine import TrainConfig
+from aceso_megatron.training.engine import TrainConfig
 from aceso_megatron.testing import make_batches, spawn
 from search.model import ModelSpec
 
@@ -58,8 +58,8 @@ def build_stock(pp: int, tp: int, tc: TrainConfig):
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    from aceso_megatron.config import stage_config
-    from aceso_megatron.init import initialize
+    from aceso_megatron.model.config import stage_config
+    from aceso_megatron.model.init import initialize
     from model_specs.builders import gpt_layer_spec
     from patches import cpu_mode
 
@@ -118,7 +118,7 @@ def stock_step(ddp, opt, batches, mb: int) -> float:
 
 
 def worker(rank: int, world: int, pp: int, tp: int, steps: int, out: str) -> None:
-    from aceso_megatron.engine import build_runtime
+    from aceso_megatron.training.engine import build_runtime
 
     mb, gbs = 4, 16
     tc = TrainConfig(clip_grad=1.0)

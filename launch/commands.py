@@ -2,7 +2,7 @@
 
 Torch-free on purpose: ``aceso launch`` checks a plan against the machine and prints or writes commands before
 any process (or process group) exists. One process per GPU: ``python -m torch.distributed.run`` with
-``--nproc-per-node`` GPUs per node runs ``python -m aceso_megatron.train PLAN TRAIN_ARGS`` in each. Ranks are
+``--nproc-per-node`` GPUs per node runs ``python -m aceso_megatron.training.train PLAN TRAIN_ARGS`` in each. Ranks are
 numbered node by node, which is the order a plan's stages own them (``search.plan``), so a stage's TP group
 must not straddle two nodes.
 
@@ -23,7 +23,7 @@ from search.errors import AcesoError
 from search.plan import ParallelPlan
 
 DEFAULT_PORT = 29500
-TRAIN_MODULE = "aceso_megatron.train"
+TRAIN_MODULE = "aceso_megatron.training.train"
 
 
 @dataclass
@@ -104,7 +104,7 @@ def count_visible_gpus() -> int | None:
 
 
 def train_argv(spec: LaunchSpec) -> list[str]:
-    """``-m aceso_megatron.train PLAN ARGS`` (``--cpu`` added for CPU launches)."""
+    """``-m aceso_megatron.training.train PLAN ARGS`` (``--cpu`` added for CPU launches)."""
     args = list(spec.train_args)
     if spec.cpu and "--cpu" not in args:
         args.append("--cpu")

@@ -1,7 +1,7 @@
 """``ModelSpec`` -> megatron-core ``TransformerConfig`` keyword arguments and layer ``ModuleSpec``s (torch).
 
 Architecture only: sizes, norm, activation, biases, position embedding. Parallel degrees and recompute are
-added per stage by ``aceso_megatron.config`` (the one place that translates our short names to megatron-core's).
+added per stage by ``aceso_megatron.model.config`` (the one place that translates our short names to megatron-core's).
 
 Layer specs are megatron-core's own: the local (pure PyTorch) specs when transformer-engine is absent, the TE
 specs when it is importable (never on CPU: callers pass ``te=False``). A *unit* spec (one sub-layer unit of

@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from search.errors import AcesoError
-
 ALLOW_UNTESTED_ENV = "ACESO_ALLOW_UNTESTED_MEGATRON"
+
+
+class PatchError(RuntimeError):
+    """A patch refuses to apply; ``str(err)`` is one line saying why and what to do (the runtime's CLI exits 2)."""
 
 
 def megatron_version() -> str:
@@ -25,7 +27,7 @@ def check_version(patch: str, tested: tuple[str, ...]) -> None:
     version = megatron_version()
     if version in tested or os.environ.get(ALLOW_UNTESTED_ENV) == "1":
         return
-    raise AcesoError(
+    raise PatchError(
         f"patch {patch} was tested on megatron-core {', '.join(tested)} but {version} is installed; "
         f"install a tested version or set {ALLOW_UNTESTED_ENV}=1 to try anyway"
     )

@@ -17,7 +17,7 @@ tensors too), so it is entered in ``apply()`` and left in ``revert()``, not scop
 
 Tested megatron-core versions: 0.16.1 (torch 2.13.0 CPU). Remove when megatron-core supports a CPU device.
 The model side of CPU mode is configuration, not patching: all fusions off, ``use_cpu_initialization=True``,
-fp32 (see ``aceso_megatron.config``).
+fp32 (see ``aceso_megatron.model.config``).
 """
 
 from __future__ import annotations

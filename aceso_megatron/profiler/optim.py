@@ -25,8 +25,8 @@ def probe_raw(model: ModelSpec, world: int) -> dict:
 
 
 def optimizer_step(model: ModelSpec, world: int, rank: int, device: str, warmup: int, repeats: int) -> dict:
-    from ..engine import build_runtime
-    from ..grads import clip_grad_norm
+    from ..parallel.grads import clip_grad_norm
+    from ..training.engine import build_runtime
 
     rt = build_runtime(probe_raw(model, world), rank, world, seed=1, device=device)
     with torch.no_grad():

@@ -32,7 +32,7 @@ def _init(cpu: bool, local_rank: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from ..distenv import ensure_rendezvous_env
+    from ..parallel.distenv import ensure_rendezvous_env
 
     ensure_rendezvous_env()
     if cpu:
@@ -72,8 +72,8 @@ def _broadcast(obj):
 
 class Worker:
     def __init__(self, args: argparse.Namespace):
-        from search.cli.common import model_from_args
-        from search.cli.profile import header, settings
+        from ..cli.common import model_from_args
+        from ..cli.profile import header, settings
 
         self.args = args
         self.model = model_from_args(args)
@@ -93,8 +93,7 @@ class Worker:
 
     def _open_partial(self):
         """Rank 0's partial file and the finished keys (broadcast; an error is raised on every rank)."""
-        from search.cli.profile import db_path
-
+        from ..cli.profile import db_path
         from .progress import PartialFile, partial_path
 
         part, msg = None, None
@@ -158,9 +157,9 @@ class Worker:
             self._write(part, tasks, time.time() - t0)
 
     def _write(self, part, tasks, seconds: float) -> None:
-        from search.cli.profile import db_path
         from search.costmodel.profiledb import ProfileDBWriter, model_fingerprint
 
+        from ..cli.profile import db_path
         from .fingerprint import gpu_preset, hardware
         from .tasks import assemble
 
@@ -191,7 +190,8 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from search.cli.profile import add_arguments
+    from ..cli import bad_input_from_patches
+    from ..cli.profile import add_arguments
 
     parser = argparse.ArgumentParser(prog="python -m aceso_megatron.profiler")
     add_arguments(parser)
@@ -200,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     if "TORCHELASTIC_RUN_ID" in os.environ:
         _die_with_parent()
     try:
-        _init(args.cpu, local_rank)
-        Worker(args).run()
+        with bad_input_from_patches():
+            _init(args.cpu, local_rank)
+            Worker(args).run()
     except AcesoError as e:
         path = os.environ.get("ACESO_PROFILE_ERROR_FILE")
         if path and (rank == 0 or not os.path.exists(path)):   # any rank may be the one that failed

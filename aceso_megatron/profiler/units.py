@@ -2,9 +2,9 @@
 kind, the embedding and the head, built by the runtime itself.
 
 For a tensor-parallel degree ``tp`` on ``world`` processes the profiler makes a one-stage plan of a one-layer copy
-of the model (tp, dp = world / tp) and lets the runtime build it: ``layout.build_groups`` (real TP groups of
-``tp`` adjacent ranks) and ``stage_model.build_stage`` (the unit layers from ``model_specs.builders``, the
-per-unit configs of ``aceso_megatron.config``, embedding, final norm, output layer, loss). One stage is built per
+of the model (tp, dp = world / tp) and lets the runtime build it: ``parallel.layout.build_groups`` (real TP groups
+of ``tp`` adjacent ranks) and ``model.stage_model.build_stage`` (the unit layers from ``model_specs.builders``, the
+per-unit configs of ``model.config``, embedding, final norm, output layer, loss). One stage is built per
 recompute choice (the plan's ``recompute`` of every unit that can take it, ``none`` for the others: MLP units have
 no ``attn_dropout``), so every choice runs exactly the code the runtime runs. Layers are identical, so one layer
 per unit kind is enough.
@@ -76,8 +76,8 @@ class TPBench:
         from megatron.core import parallel_state
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-        from ..layout import build_groups
-        from ..stage_model import build_stage
+        from ..model.stage_model import build_stage
+        from ..parallel.layout import build_groups
 
         self.model, self.tp, self.s = model, tp, settings
         plans = {rc: probe_plan(model, tp, world, rc) for rc in RECOMPUTE_CHOICES}

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import torch
 
-from aceso_megatron.engine import TrainConfig
+from aceso_megatron.training.engine import TrainConfig
 from aceso_megatron.testing import make_batches, spawn
 from tests.tiny_models import GPT
 
@@ -34,9 +34,9 @@ def plan(model) -> dict:
 
 def run_dropout(rank: int, world_size: int, out: str, ckpt: str) -> None:
     """Losses of: a dropout run saving at SAVE_AT, a second one, a dropout-0 one, and a resumed one."""
-    from aceso_megatron import checkpoint
-    from aceso_megatron.engine import build_runtime
-    from aceso_megatron.train import build_scheduler
+    from aceso_megatron.training import checkpoint
+    from aceso_megatron.training.engine import build_runtime
+    from aceso_megatron.training.train import build_scheduler
 
     batches = make_batches(GPT, 2, 4 * ITERS, SEED)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aceso_megatron.engine import TrainConfig
+from aceso_megatron.training.engine import TrainConfig
 from aceso_megatron.testing import make_batches, run_plans, spawn
 from tests.tiny_models import GPT, LLAMA, T5
 from search.plan import ParallelPlan
@@ -76,7 +76,7 @@ PLANS = {
 
 
 def reference_run(raw: dict) -> dict:
-    from aceso_megatron.reference import Reference
+    from aceso_megatron.testing.reference import Reference
 
     p = ParallelPlan.model_validate(raw)
     ref = Reference(p.model, seed=SEED, train_config=TC)
@@ -90,7 +90,7 @@ def reference_run(raw: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def reference_process():
-    from aceso_megatron.reference import init_single_process
+    from aceso_megatron.testing.reference import init_single_process
     from aceso_megatron.testing import free_port
 
     init_single_process(free_port())

@@ -74,7 +74,7 @@ def prepare_and_train(d, one: ParallelPlan, three: ParallelPlan, prepare_args: l
     (d / "one.json").write_text(one.to_json())
     (d / "three.json").write_text(three.to_json())
     args = ["--data-path", str(d / "corpus"), "--data-cache-path", str(d / "cache"), *train_args]
-    run([sys.executable, "-m", "aceso_megatron.train", str(d / "one.json"), "--cpu", *args,
+    run([sys.executable, "-m", "aceso_megatron.training.train", str(d / "one.json"), "--cpu", *args,
          "--log-file", str(d / "single.jsonl")])
     launched = run([sys.executable, "-m", "search", "launch", str(d / "three.json"), "--cpu", "--", *args,
                     "--save", str(d / "ckpt"), "--save-interval", "15", "--log-file", str(d / "multi.jsonl")])
@@ -85,7 +85,7 @@ def prepare_and_train(d, one: ParallelPlan, three: ParallelPlan, prepare_args: l
     run([sys.executable, "-m", "search", "launch", str(d / "three.json"), "--cpu", "--", *args,
          "--load", str(d / "crashed"), "--log-file", str(d / "resumed.jsonl")])
     # the same checkpoint resumed by one process: dist_checkpointing re-shards it for the other plan
-    run([sys.executable, "-m", "aceso_megatron.train", str(d / "one.json"), "--cpu", *args,
+    run([sys.executable, "-m", "aceso_megatron.training.train", str(d / "one.json"), "--cpu", *args,
          "--load", str(d / "crashed"), "--log-file", str(d / "resharded.jsonl")])
     return {"dir": d, "docs": docs, "launch_stdout": launched.stdout}
 
@@ -131,7 +131,7 @@ def work(tmp_path_factory):
 def test_prepare_writes_utf8_bytes_plus_end_of_document(work):
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    from aceso_megatron.tokenizer import ByteTokenizer
+    from aceso_megatron.training.tokenizer import ByteTokenizer
 
     ds = IndexedDataset(str(work["dir"] / "corpus"))
     eod = ByteTokenizer().eod
@@ -176,7 +176,7 @@ def test_checkpoints_are_complete_and_marked(work):
 
 def test_launch_printed_command_and_summary(work):
     out = work["launch_stdout"]
-    assert "-m torch.distributed.run --nproc-per-node 4 --standalone -m aceso_megatron.train" in out
+    assert "-m torch.distributed.run --nproc-per-node 4 --standalone -m aceso_megatron.training.train" in out
     assert "predicted" in out and "measured" in out and "stage 2 max memory" in out
     summary = [json.loads(x) for x in open(work["dir"] / "multi.jsonl") if '"summary"' in x][0]
     assert len(summary["measured_stage_memory_mb"]) == 3 and summary["measured_iteration_time_ms"] > 0
@@ -204,7 +204,7 @@ def test_resume_with_another_global_batch_is_refused(work):
     """The data position is iteration x global batch: a plan with another global batch cannot continue it."""
     from types import SimpleNamespace
 
-    from aceso_megatron import checkpoint
+    from aceso_megatron.training import checkpoint
     from search.errors import AcesoError
 
     other = ONE.model_copy(update={"global_batch_size": 16})

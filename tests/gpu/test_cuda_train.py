@@ -36,8 +36,8 @@ def _train(tmp_path, plan: ParallelPlan, cpu: bool) -> list[float]:
     plan_file.write_text(plan.to_json())
     log = tmp_path / ("cpu.jsonl" if cpu else "gpu.jsonl")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.world_size}",
-           "-m", "aceso_megatron.train", str(plan_file), "--mock-data", "--train-iters", "10", "--log-interval", "1",
-           "--lr", "3e-3", "--log-file", str(log)] + (["--cpu"] if cpu else [])
+           "-m", "aceso_megatron.training.train", str(plan_file), "--mock-data", "--train-iters", "10",
+           "--log-interval", "1", "--lr", "3e-3", "--log-file", str(log)] + (["--cpu"] if cpu else [])
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return [rec["loss"] for rec in map(json.loads, log.read_text().splitlines()) if rec.get("kind") == "train"]

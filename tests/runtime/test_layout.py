@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from aceso_megatron.layout import RankLayout, embedding_stages, sample_range
-from aceso_megatron.p2p import boundary_routes
+from aceso_megatron.parallel.layout import RankLayout, embedding_stages, sample_range
+from aceso_megatron.parallel.p2p import boundary_routes
 from search.model import ModelSpec
 from search.plan import ParallelPlan
 

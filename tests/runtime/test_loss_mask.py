@@ -10,8 +10,8 @@ from tests.tiny_models import GPT
 
 @pytest.fixture(scope="module")
 def runtime():
-    from aceso_megatron.engine import build_runtime
-    from aceso_megatron.reference import init_single_process
+    from aceso_megatron.training.engine import build_runtime
+    from aceso_megatron.testing.reference import init_single_process
     from aceso_megatron.testing import free_port
 
     init_single_process(free_port())

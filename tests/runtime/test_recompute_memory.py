@@ -15,14 +15,14 @@ GPT = ModelSpec(name="t", family="gpt", num_layers=1, hidden_size=H, num_attenti
 
 @pytest.fixture(scope="module")
 def single_process():
-    from aceso_megatron.reference import init_single_process
+    from aceso_megatron.testing.reference import init_single_process
     from aceso_megatron.testing import free_port
 
     init_single_process(free_port())
 
 
 def kept_bytes(model: ModelSpec, rc: str) -> tuple[int, torch.Tensor]:
-    from aceso_megatron.engine import build_runtime
+    from aceso_megatron.training.engine import build_runtime
     from aceso_megatron.profiler.memory import SavedTensors
 
     raw = {"model": model.model_dump(), "micro_batch_size": B, "global_batch_size": B,
@@ -65,7 +65,7 @@ def test_selective_mlp_frees_the_activation_output_and_keeps_gradients(single_pr
 def stage_run(model: ModelSpec, rc: str) -> tuple[float, dict, int]:
     """Loss and full gradients of one forward/backward (seed 5) with ``rc`` on every attention unit (MLP units
     none), and the bytes the stage's forward keeps for backward (storages counted once, parameters excluded)."""
-    from aceso_megatron.engine import build_runtime
+    from aceso_megatron.training.engine import build_runtime
     from aceso_megatron.profiler.memory import SavedTensors
     from aceso_megatron.testing import make_batches
 
@@ -140,7 +140,7 @@ def test_attn_dropout_core_equals_stock_core(single_process, dtype):
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from aceso_megatron.attention import RecomputedDropoutAttention
+    from aceso_megatron.model.attention import RecomputedDropoutAttention
     from aceso_megatron.profiler.memory import SavedTensors
 
     heads, dim = 4, 8

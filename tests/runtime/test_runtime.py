@@ -24,7 +24,7 @@ def plan(model, *stages, mb=2, gbs=4):
 
 @pytest.fixture(scope="module")
 def single_process():
-    from aceso_megatron.reference import init_single_process
+    from aceso_megatron.testing.reference import init_single_process
     from aceso_megatron.testing import free_port
 
     init_single_process(free_port())
@@ -76,8 +76,20 @@ def test_patch_refuses_untested_version(monkeypatch):
 
     monkeypatch.setattr(_base, "megatron_version", lambda: "0.0.1")
     monkeypatch.delenv(_base.ALLOW_UNTESTED_ENV, raising=False)
-    with pytest.raises(AcesoError, match="tested on megatron-core 0.16.1 but 0.0.1"):
+    with pytest.raises(_base.PatchError, match="tested on megatron-core 0.16.1 but 0.0.1"):
         _base.check_version("cpu_mode", ("0.16.1",))
+
+
+def test_runtime_cli_reports_a_refused_patch_as_bad_input(monkeypatch):
+    from aceso_megatron.cli import bad_input_from_patches
+    from patches import _base
+
+    monkeypatch.setattr(_base, "megatron_version", lambda: "0.0.1")
+    monkeypatch.delenv(_base.ALLOW_UNTESTED_ENV, raising=False)
+    with pytest.raises(AcesoError, match="tested on megatron-core 0.16.1 but 0.0.1") as e:
+        with bad_input_from_patches():
+            _base.check_version("cpu_mode", ("0.16.1",))
+    assert e.value.exit_code == 2
 
 
 # ----- builders ---------------------------------------------------------------------------------------------
@@ -96,7 +108,7 @@ def test_unit_specs_split_a_layer(single_process):
 def test_attn_dropout_core_and_te_fallback(single_process, caplog):
     """attn_dropout swaps in the recomputing core attention; with transformer-engine it runs as none, one
     warning per stage."""
-    from aceso_megatron.attention import (
+    from aceso_megatron.model.attention import (
         RecomputedDropoutAttention,
         fall_back_with_te,
         with_recomputed_dropout,
@@ -107,7 +119,7 @@ def test_attn_dropout_core_and_te_fallback(single_process, caplog):
     assert spec.submodules.self_attention.submodules.core_attention is RecomputedDropoutAttention
     rc = ["attn_dropout", "selective", "attn_dropout", "full"]
     assert fall_back_with_te(rc, te=False, stage=1) == rc
-    with caplog.at_level("WARNING", logger="aceso_megatron.attention"):
+    with caplog.at_level("WARNING", logger="aceso_megatron.model.attention"):
         assert fall_back_with_te(rc, te=True, stage=1) == ["none", "selective", "none", "full"]
     assert len(caplog.records) == 1 and "stage 1: attn_dropout on 2 unit(s) runs as none" in caplog.text
 
@@ -118,7 +130,7 @@ def test_attn_dropout_core_and_te_fallback(single_process, caplog):
     (None, False, "cuda", None)])
 def test_attention_mismatch_between_plan_and_run(assumed, te, device, warns):
     """A plan costed with flash attention run without transformer-engine keeps s^2 activations: a warning."""
-    from aceso_megatron.attention import attention_mismatch
+    from aceso_megatron.model.attention import attention_mismatch
     from search.plan import parse_plan
 
     raw = plan(GPT, st(1, 1, 0, 4))
@@ -130,7 +142,7 @@ def test_attention_mismatch_between_plan_and_run(assumed, te, device, warns):
 
 def test_stage_parameter_count_matches_model_spec(single_process):
     """The stage chunks' parameters add up to ModelSpec.num_parameters (an independent count)."""
-    from aceso_megatron.engine import build_runtime
+    from aceso_megatron.training.engine import build_runtime
 
     for m in (GPT, GPT.model_copy(update={"tied_embeddings": False, "normalization": "rmsnorm",
                                           "activation": "swiglu", "add_bias_linear": False,
@@ -148,7 +160,7 @@ def test_stage_parameter_count_matches_model_spec(single_process):
 def test_bad_plans_fail_before_any_group(raw, world, message, monkeypatch):
     import torch.distributed as dist
 
-    from aceso_megatron.engine import build_runtime
+    from aceso_megatron.training.engine import build_runtime
 
     def no_groups(*a, **k):
         raise AssertionError("a process group was created")
@@ -161,8 +173,8 @@ def test_bad_plans_fail_before_any_group(raw, world, message, monkeypatch):
 
 # ----- single stage == plain model ------------------------------------------------------------------------------
 def test_single_stage_plan_equals_stock_gpt_model(single_process):
-    from aceso_megatron.engine import TrainConfig, build_runtime
-    from aceso_megatron.reference import Reference
+    from aceso_megatron.training.engine import TrainConfig, build_runtime
+    from aceso_megatron.testing.reference import Reference
     from aceso_megatron.testing import make_batches
 
     tc = TrainConfig(clip_grad=0.3)
@@ -176,7 +188,7 @@ def test_single_stage_plan_equals_stock_gpt_model(single_process):
     for k in want:
         assert torch.allclose(got[k], want[k], rtol=1e-5, atol=1e-7), k
     ref.optimizer.step()
-    from aceso_megatron.grads import clip_grad_norm
+    from aceso_megatron.parallel.grads import clip_grad_norm
 
     clip_grad_norm(rt, tc.clip_grad)
     rt.optimizer.step()
@@ -189,8 +201,8 @@ def test_single_stage_plan_with_dropout_equals_stock_model(single_process, famil
     choice (each replays the RNG state it saved)."""
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from aceso_megatron.engine import build_runtime
-    from aceso_megatron.reference import Reference
+    from aceso_megatron.training.engine import build_runtime
+    from aceso_megatron.testing.reference import Reference
     from aceso_megatron.testing import make_batches
     from tests.tiny_models import T5
 
@@ -231,7 +243,7 @@ def _saved_bytes(rt, batches) -> int:
 
 def test_recompute_keeps_fewer_activations(single_process):
     """full < selective < none in saved activations, with the same gradients."""
-    from aceso_megatron.engine import build_runtime
+    from aceso_megatron.training.engine import build_runtime
     from aceso_megatron.testing import make_batches
 
     batches = make_batches(GPT, 2, 2, seed=1)

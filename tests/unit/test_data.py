@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from aceso_megatron.tokenizer import NUM_SENTINELS, ByteTokenizer, HFTokenizer, load_tokenizer
+from aceso_megatron.training.tokenizer import NUM_SENTINELS, ByteTokenizer, HFTokenizer, load_tokenizer
 from search.errors import AcesoError
 from tests.unit.test_torch_free import run_blocked
 

@@ -48,7 +48,7 @@ def test_dry_run_one_node_prints_torchrun_with_one_process_per_gpu(capsys, plan8
     assert rc == 0, err
     assert shlex.split(out.strip()) == [
         "python", "-m", "torch.distributed.run", "--nproc-per-node", "8", "--standalone",
-        "-m", "aceso_megatron.train", plan8, "--mock-data", "--lr", "1e-4"]
+        "-m", "aceso_megatron.training.train", plan8, "--mock-data", "--lr", "1e-4"]
 
 
 def test_dry_run_four_nodes_names_this_node_and_the_rendezvous(capsys, plan32):
@@ -60,7 +60,7 @@ def test_dry_run_four_nodes_names_this_node_and_the_rendezvous(capsys, plan32):
     opts = dict(zip(argv[3:13:2], argv[4:13:2], strict=True))
     assert opts == {"--nproc-per-node": "8", "--nnodes": "4", "--node-rank": "2", "--master-addr": "node0",
                     "--master-port": "6000"}
-    assert argv[13:] == ["-m", "aceso_megatron.train", plan32, "--mock-data"]
+    assert argv[13:] == ["-m", "aceso_megatron.training.train", plan32, "--mock-data"]
 
 
 @pytest.mark.parametrize("nodes", [1, 4])
@@ -81,7 +81,7 @@ def test_slurm_script_runs_one_torchrun_per_node_with_slurm_rendezvous(capsys, t
     assert '--node-rank "$SLURM_NODEID"' in inner and '--nnodes "$SLURM_NNODES"' in inner
     assert '--master-addr "$MASTER_ADDR"' in inner and "--nproc-per-node 8" in inner
     # the train arguments survive quoting as separate words, the path with a space as one
-    assert words[words.index("-c") + 2:] == ["torchrun", "-m", "aceso_megatron.train", plan, "--data-path",
+    assert words[words.index("-c") + 2:] == ["torchrun", "-m", "aceso_megatron.training.train", plan, "--data-path",
                                               "data/my corpus"]
     script = tmp_path / "job.sbatch"
     script.write_text(out)
@@ -136,7 +136,7 @@ def test_launch_is_torch_free_and_wrapper_calls_it(plan8):
         sys.exit(main(['launch', {plan8!r}, '--dry-run', '--', '--mock-data']))
     """)
     assert r.returncode == 0, r.stderr
-    assert "-m aceso_megatron.train" in r.stdout
+    assert "-m aceso_megatron.training.train" in r.stdout
     env_cmd = f"{sys.executable} -m search"
     w = subprocess.run(["bash", str(ROOT / "launch" / "torchrun.sh"), plan8, "--dry-run", "--", "--mock-data"],
                        capture_output=True, text=True, cwd=ROOT, env={"ACESO": env_cmd, "PATH": "/usr/bin:/bin"})

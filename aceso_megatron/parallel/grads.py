@@ -20,7 +20,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from .init import gather_full, shard
+from ..model.init import gather_full, shard
 
 
 def finalize_model_grads_fn(runtime):

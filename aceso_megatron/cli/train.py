@@ -2,7 +2,8 @@
 
   aceso train plan.json --cpu --mock-data --train-iters 20              # a 1-GPU plan, in this process
   aceso launch plan.json --cpu -- --mock-data --train-iters 20          # any plan: one process per GPU
-  python -m torch.distributed.run --nproc-per-node 4 -m aceso_megatron.train plan.json --data-path data/corpus ...
+  python -m torch.distributed.run --nproc-per-node 4 -m aceso_megatron.training.train plan.json \
+      --data-path data/corpus ...
 
 Argument names follow Megatron-LM. Every --log-interval steps the last stage prints loss, grad norm, learning
 rate, iteration time, tokens/s, TFLOP/s per GPU and the max memory of each stage (JSON lines with --log-file);
@@ -51,6 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aceso_megatron.train import train_from_args  # torch only when the command runs
+    from ..training.train import train_from_args  # torch only when the command runs
+    from . import bad_input_from_patches
 
-    return train_from_args(args)
+    with bad_input_from_patches():
+        return train_from_args(args)

@@ -16,7 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..plan import load_plan
+from search.plan import load_plan
+
 from .common import write_output
 
 

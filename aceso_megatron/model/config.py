@@ -7,7 +7,7 @@ heterogeneous plan does not have). Loss is per token (``calculate_per_token_loss
 the global token count, and DDP then sums (not averages) gradients over a stage's DP group, which is what makes
 stages of different DP agree.
 
-Per-unit recompute: ``unit_config`` switches on a unit's selective recompute (see ``aceso_megatron.recompute``).
+Per-unit recompute: ``unit_config`` switches on a unit's selective recompute (see ``aceso_megatron.model.recompute``).
 """
 
 from __future__ import annotations

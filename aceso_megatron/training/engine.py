@@ -24,7 +24,7 @@ import torch.distributed as dist
 from search.errors import AcesoError
 from search.plan import ParallelPlan, parse_plan
 
-from .layout import Groups, RankLayout, build_groups, sample_range
+from ..parallel.layout import Groups, RankLayout, build_groups, sample_range
 
 
 @dataclass
@@ -127,7 +127,7 @@ class Runtime:
 
     def train_step(self, batch_iterator: Iterator[dict]) -> float:
         """One optimizer step over the global batch (clipped); returns the mean per-token loss."""
-        from .grads import clip_grad_norm
+        from ..parallel.grads import clip_grad_norm
 
         loss = self.forward_backward(batch_iterator)
         if self.plan.distributed_optimizer:
@@ -140,7 +140,7 @@ class Runtime:
 
     # -- inspection (tests) -------------------------------------------------------------------------------------
     def _gather(self, which: str) -> dict[str, torch.Tensor]:
-        from .init import gather_full
+        from ..model.init import gather_full
 
         params = dict(self.stage_module.named_parameters())
         names = self.stage_module.canonical_names()
@@ -182,10 +182,10 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from .grads import finalize_model_grads_fn, mark_embedding_copies
-    from .init import initialize
-    from .p2p import PlanCommunicator
-    from .stage_model import build_stage, stage_seq_lens
+    from ..model.init import initialize
+    from ..model.stage_model import build_stage, stage_seq_lens
+    from ..parallel.grads import finalize_model_grads_fn, mark_embedding_copies
+    from ..parallel.p2p import PlanCommunicator
 
     if parallel_state._GLOBAL_MEMORY_BUFFER is None:  # scratch buffer of the attention core (no groups)
         parallel_state._set_global_memory_buffer()

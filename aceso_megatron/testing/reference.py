@@ -16,9 +16,9 @@ import torch.distributed as dist
 
 from search.model import ModelSpec
 
-from .config import stage_config
-from .engine import TrainConfig
-from .init import initialize
+from ..model.config import stage_config
+from ..model.init import initialize
+from ..training.engine import TrainConfig
 
 
 def init_single_process(port: int) -> None:

@@ -19,8 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..errors import AcesoError
-from ..model import ModelSpec
+from search.errors import AcesoError
+from search.model import ModelSpec
+
 from .common import add_model_args, model_from_args
 
 DB_FILE = "profile-db.json"   # as search.costmodel.profiledb.DB_FILE (not imported: keeps this module light)
@@ -116,7 +117,7 @@ def num_procs(args: argparse.Namespace) -> int:
 
 def header(args: argparse.Namespace, model: ModelSpec, world: int) -> dict:
     """What a resumed run must share with the run that wrote the partial file."""
-    from ..costmodel.profiledb import model_fingerprint
+    from search.costmodel.profiledb import model_fingerprint
 
     return {"model": model_fingerprint(model), "seq": [model.seq_length, model.decoder_seq_length],
             "device": "cpu" if args.cpu else "cuda", "world": world, "tp": list(args.tp),

@@ -4,6 +4,7 @@
 initialise a gloo group and call ``fn(rank, world_size, *args)`` (nanotron's idea of a decorator that spawns
 ranks, as a function). ``run_plans`` is the worker the distributed tests use: several plans per process group,
 so the megatron-core import (~5 s per process) is paid once.
+The single-process stock reference the runtime is tested against is ``testing.reference``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-from .distenv import free_port  # noqa: F401  (re-exported for tests)
+from ..parallel.distenv import free_port  # noqa: F401  (re-exported for tests)
 
 
 def _entry(rank: int, world_size: int, port: int, fn, args) -> None:
@@ -58,13 +59,13 @@ def run_plans(rank: int, world_size: int, plans: list[dict], out: str, seed: int
     Rank 0 writes ``[{"losses": [...], "grads": {...} | None, "grad_norm": float, "params": {...}}, ...]`` to
     ``out``.
     """
-    from .engine import build_runtime
+    from ..training.engine import build_runtime
 
     results = []
     for raw in plans:
         rt = build_runtime(raw, rank, world_size, seed=seed, train_config=train_config)
         batches = make_batches(rt.plan.model, rt.plan.micro_batch_size, rt.plan.global_batch_size, seed)
-        from .grads import clip_grad_norm
+        from ..parallel.grads import clip_grad_norm
 
         if rt.plan.distributed_optimizer:  # gradients are reduce-scattered: compare steps and weights
             losses = [rt.train_step(iter(batches)) for _ in range(num_steps)]

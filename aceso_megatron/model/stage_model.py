@@ -2,7 +2,7 @@
 
 A stage holds its span of units ``[start_unit, end_unit)``; each unit is a megatron-core ``TransformerLayer``
 built from the unit spec (``model_specs.builders.unit_spec``: the layer spec with the other halves as
-``IdentityOp``; ``attn_dropout`` units with ``aceso_megatron.attention``'s core attention), with the unit's config
+``IdentityOp``; ``attn_dropout`` units with ``aceso_megatron.model.attention``'s core attention), with the unit's config
 (its stage's tp, its selective recompute) and its global layer number.
 The first stage adds megatron-core's ``LanguageModelEmbedding``; the last the final norm, the output layer
 (``ColumnParallelLinear``, vocab-sharded) and the per-token loss. RoPE (no parameters) is on every stage.

@@ -146,6 +146,6 @@ def build_groups(plan: ParallelPlan, rank: int) -> Groups:
     pgc.tp_ep_pp = tp_group
     pgc.mp = tp_group
     pgc.pp = StagePosition(me.stage, plan.num_stages)
-    pgc.embd = None  # tied embeddings across stages are synchronised by aceso_megatron.grads
+    pgc.embd = None  # tied embeddings across stages are synchronised by aceso_megatron.parallel.grads
     pgc.pos_embd = None
     return Groups(me, tp_group, dp_group, single, embedding, world, pgc, sharded)

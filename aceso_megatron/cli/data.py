@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aceso_megatron.data import prepare  # torch and megatron-core only when the command runs
+    from ..training.data import prepare  # torch and megatron-core only when the command runs
 
     stats = prepare(args.input, args.tokenizer, args.output_prefix, json_key=args.json_key,
                     split_sentences=args.split_sentences)

@@ -1,11 +1,11 @@
-"""``aceso train``: pretraining with a plan on megatron-core, one process per GPU (``python -m aceso_megatron.train``
-under torchrun, or ``aceso train`` for a 1-GPU plan).
+"""``aceso train``: pretraining with a plan on megatron-core, one process per GPU
+(``python -m aceso_megatron.training.train`` under torchrun, or ``aceso train`` for a 1-GPU plan).
 
 Per process: check the plan against the launch (before any process group exists), start the process group,
-build this rank's stage with the runtime plugin (``aceso_megatron.engine.build_runtime``: stage model, DDP on the
-stage's DP group, megatron-core Adam), put megatron-core's ``OptimizerParamScheduler`` on its optimizer, build
-the datasets (``aceso_megatron.data``), resume from ``--load`` and run the steps. Logging, evaluation and the
-predicted-vs-measured summary are in ``aceso_megatron.train_log``; checkpoints in ``aceso_megatron.checkpoint``.
+build this rank's stage with the runtime plugin (``engine.build_runtime``: stage model, DDP on the stage's DP
+group, megatron-core Adam), put megatron-core's ``OptimizerParamScheduler`` on its optimizer, build the datasets
+(``data``), resume from ``--load`` and run the steps. Logging, evaluation and the predicted-vs-measured summary
+are in ``train_log``; checkpoints in ``checkpoint`` (all in ``aceso_megatron.training``).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def init_distributed(world_size: int, rank: int, local_rank: int, cpu: bool) -> 
     import torch
     import torch.distributed as dist
 
-    from .distenv import ensure_rendezvous_env
+    from ..parallel.distenv import ensure_rendezvous_env
 
     ensure_rendezvous_env()
     if not cpu:
@@ -158,14 +158,16 @@ def train_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from search.cli.train import add_arguments
+    from ..cli import bad_input_from_patches
+    from ..cli.train import add_arguments
 
-    parser = argparse.ArgumentParser(prog="python -m aceso_megatron.train", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m aceso_megatron.training.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        return train_from_args(args)
+        with bad_input_from_patches():
+            return train_from_args(args)
     except AcesoError as e:
         if _launch_env()[1] == 0:  # one line for the whole job
             print(f"aceso train: error: {e}", file=sys.stderr, flush=True)

@@ -4,13 +4,13 @@ saves and replays the RNG state; on CPU through ``patches.cpu_mode``).
 The four choices of ``search.plan.Recompute`` for one unit:
 - ``none``: keep every activation.
 - ``selective``: attention units recompute the attention core (megatron-core's ``recompute_modules=["core_attn"]``,
-  set in the unit's config by ``aceso_megatron.config.unit_config``); MLP units recompute the activation function
+  set in the unit's config by ``aceso_megatron.model.config.unit_config``); MLP units recompute the activation function
   only (``CheckpointedActivation`` as the unit's ``activation_func``). Not megatron-core's ``"mlp"`` module: with
   ``add_bias_linear`` it returns a bias Parameter from the checkpointed function, which hangs in backward on
   torch 2.13.
 - ``full``: only the unit's input is kept; the whole unit runs again in backward (``run_unit``).
 - ``attn_dropout`` (attention units only): the attention-probability dropout and the probs x V product run again
-  in backward (``aceso_megatron.attention``, the unit's core attention).
+  in backward (``aceso_megatron.model.attention``, the unit's core attention).
 
 Units are half layers, so a plan may recompute the attention half of a layer and keep its MLP half.
 """
