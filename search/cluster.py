@@ -5,9 +5,15 @@ String form ``NxG-gpu``: ``1x8-h100`` is one node of 8 H100s, ``4x8-v100`` four 
 Datasheet sources (dense, no sparsity): V100-SXM2-32GB 125 TFLOP/s fp16 tensor, 900 GB/s HBM2, NVLink2 300 GB/s
 bidirectional per GPU; A100-SXM4 312 TFLOP/s bf16/fp16, 1555 (40 GB) / 2039 (80 GB) GB/s, NVLink3 600 GB/s
 bidirectional; H100-SXM5 989 TFLOP/s bf16, 3350 GB/s HBM3, NVLink4 900 GB/s bidirectional; H200-SXM 989 TFLOP/s,
-4800 GB/s HBM3e, 141 GB. Link bandwidths here are one direction per GPU (half the bidirectional figure).
-Inter-node: one NIC per GPU, 100 Gb/s EDR for V100 systems (DGX-1/2), 200 Gb/s HDR for A100 (DGX A100),
-400 Gb/s NDR for H100/H200 (DGX H100/H200); in GB/s that is 12.5, 25 and 50 per GPU.
+4800 GB/s HBM3e, 141 GB; B200 (HGX/DGX B200 datasheets: 36 PFLOP/s fp16/bf16 with sparsity per 8 GPUs = 2250
+dense per GPU, TF32 1125 dense, HBM3e 8 TB/s, 1,440 GB per 8 GPUs = 180 GB, NVLink5 1.8 TB/s bidirectional);
+GB200 (GB200 NVL72 datasheet, per GPU of 72: 360 PFLOP/s fp16/bf16 sparse / 72 = 2500 dense, TF32 1250 dense,
+13.4 TB HBM3e / 72 = 186 GB at 576 TB/s / 72 = 8 TB/s, NVLink5 1.8 TB/s bidirectional across the whole rack:
+a GB200 NVL72 rack is one NVLink "node" of 72 GPUs, ``1x72-gb200``). Link bandwidths here are one direction per
+GPU (half the bidirectional figure). Inter-node: one NIC per GPU, 100 Gb/s EDR for V100 systems (DGX-1/2),
+200 Gb/s HDR for A100 (DGX A100), 400 Gb/s NDR for H100/H200/B200/GB200 (DGX H100/H200/B200 and GB200 NVL72 with
+ConnectX-7); in GB/s that is 12.5, 25 and 50 per GPU. Memory is the datasheet's GB (10^9 bytes), except H200's,
+the 139 GiB a process can allocate.
 """
 
 from __future__ import annotations
@@ -50,16 +56,21 @@ GPU_PRESETS: dict[str, GPUSpec] = {
                 peak_tflops_fp32=495, hbm_gbps=3350),
         GPUSpec(name="h200", memory_gb=149.3, peak_tflops_fp16=989, peak_tflops_bf16=989,
                 peak_tflops_fp32=495, hbm_gbps=4800),
+        GPUSpec(name="b200", memory_gb=180.0, peak_tflops_fp16=2250, peak_tflops_bf16=2250,
+                peak_tflops_fp32=1125, hbm_gbps=8000),
+        GPUSpec(name="gb200", memory_gb=186.0, peak_tflops_fp16=2500, peak_tflops_bf16=2500,
+                peak_tflops_fp32=1250, hbm_gbps=8000),
         GPUSpec(name="cpu", memory_gb=16.0, peak_tflops_fp16=0.2, peak_tflops_bf16=0.2,
                 peak_tflops_fp32=0.2, hbm_gbps=20),
     )
 }
 GPU_ALIASES = {"v100-32gb": "v100", "a100-80gb": "a100", "h100-sxm": "h100", "a100-40": "a100-40gb",
-               "a100-80": "a100"}
+               "a100-80": "a100", "b200-sxm": "b200", "gb200-nvl72": "gb200"}
 # (intra-node GB/s per GPU per direction, inter-node GB/s per GPU)
 LINK_PRESETS: dict[str, tuple[float, float]] = {
     "v100": (150.0, 12.5), "a100-40gb": (300.0, 25.0), "a100": (300.0, 25.0),
-    "h100": (450.0, 50.0), "h200": (450.0, 50.0), "cpu": (5.0, 1.0),
+    "h100": (450.0, 50.0), "h200": (450.0, 50.0), "b200": (900.0, 50.0), "gb200": (900.0, 50.0),
+    "cpu": (5.0, 1.0),
 }
 
 

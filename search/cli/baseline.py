@@ -1,4 +1,4 @@
-"""Best uniform Megatron configuration (same pp/tp/dp/recompute everywhere) under the same cost model.
+"""Best uniform Megatron configuration (the same pp/tp/cp/dp/SP/VPP/recompute everywhere) under the same cost model.
 
 Example: aceso baseline --model gpt-1.3b --cluster 1x8-h100 --global-batch-size 512 -o baseline.json
 """
@@ -29,8 +29,8 @@ def run(args: argparse.Namespace) -> int:
     model, cluster, training, cm = setup(args)
     res = plan_baseline(cm, training)
     if res is None:
-        raise AcesoError(f"no uniform configuration exists for {cluster.num_gpus} GPUs with micro-batch sizes "
-                         f"{args.micro_batch_sizes}; check the cluster and --micro-batch-sizes")
+        raise AcesoError(f"no uniform configuration exists for {cluster.num_gpus} GPUs with per-rank micro-batch "
+                         f"sizes {args.micro_batch_sizes}; check the cluster and --micro-batch-sizes")
     if not res.fits:
         raise AcesoError(f"no uniform configuration fits in memory: the least needs "
                          f"{max(res.stage_memory_mb):.0f} MB per GPU (limit {cm.memory_limit_mb:.0f} MB); raise "
@@ -39,10 +39,14 @@ def run(args: argparse.Namespace) -> int:
                          assumed_attention(cm))
     if args.output:
         write_output(plan.to_json(), args.output)
+    f = res.state.features
     info = {"iteration_ms": round(res.iteration_ms, 4),
             "samples_per_s": round(training.global_batch_size / res.iteration_ms * 1000, 4), "pp": res.pp,
-            "tp": res.tp, "dp": res.dp, "micro_batch_size": res.mbs, "recompute": res.recompute,
-            "layers_per_stage": list(res.layers), "stage_time_ms": [round(t, 3) for t in res.stage_total_ms],
+            "tp": res.tp, "cp": res.cp, "dp": res.dp, "micro_batch_size": res.mbs,
+            "sequence_parallel": res.shape.sp, "virtual_stages": res.state.num_chunks,
+            "distributed_optimizer": f.distributed_optimizer, "overlap_grad_reduce": f.overlap_grad_reduce,
+            "overlap_param_gather": f.overlap_param_gather, "recompute": res.recompute,
+            "layers_per_chunk": list(res.layers), "stage_time_ms": [round(t, 3) for t in res.stage_total_ms],
             "stage_memory_mb": [round(m, 1) for m in res.stage_memory_mb], "configs_evaluated": res.evaluated}
     if args.json:
         if args.output != "-":
@@ -50,15 +54,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from rich.console import Console
     from rich.table import Table
-    con = Console(file=sys.stderr if args.output == "-" else sys.stdout, width=120)
+    con = Console(file=sys.stderr if args.output == "-" else sys.stdout, width=140)
     t = Table(title=f"best uniform configuration: {model.name} on {cluster.label}, global batch "
                     f"{training.global_batch_size}")
-    for col in ("pp", "tp", "dp", "micro-batch", "recompute", "layers per stage", "iteration ms", "samples/s",
-                "max memory MB"):
+    for col in ("pp", "tp", "cp", "dp", "mbs/rank", "sp", "vpp", "dist-opt", "overlap", "recompute",
+                "layers per chunk", "iteration ms", "samples/s", "max memory MB"):
         t.add_column(col, justify="right")
-    t.add_row(str(res.pp), str(res.tp), str(res.dp), str(res.mbs), res.recompute,
-              " ".join(map(str, res.layers)), f"{res.iteration_ms:.2f}", f"{info['samples_per_s']:.2f}",
-              f"{max(res.stage_memory_mb):.0f}")
+    t.add_row(str(res.pp), str(res.tp), str(res.cp), str(res.dp), str(res.mbs), "on" if res.shape.sp else "off",
+              str(res.state.num_chunks), "on" if f.distributed_optimizer else "off",
+              "on" if f.overlap_grad_reduce else "off", res.recompute, " ".join(map(str, res.layers)),
+              f"{res.iteration_ms:.2f}", f"{info['samples_per_s']:.2f}", f"{max(res.stage_memory_mb):.0f}")
     con.print(t)
-    con.print(f"{res.evaluated} uniform configurations evaluated")
+    con.print(f"{res.evaluated} uniform configurations priced in full")
     return 0

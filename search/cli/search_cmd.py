@@ -1,9 +1,12 @@
-"""Search the best heterogeneous parallel plan (Aceso's iterative bottleneck alleviation + exact refinements).
+"""Search the best parallel plan (Aceso's iterative bottleneck alleviation + exact refinements).
 
 Example: aceso search --model gpt-1.3b --cluster 1x8-h100 --global-batch-size 512 -o plan.json
 
-The budget is counted in plan evaluations (--budget-evals), so the same inputs and --seed give the same plan on
-any machine; --budget-s adds a wall-clock cap (then results may depend on the CPU). Ctrl-C stops the search and
+--target aceso (default) plans for the aceso runtime (per-stage shapes, unit cuts, per-unit recompute);
+--target megatron-lm searches only what stock Megatron-LM can run (``aceso export --to megatron-lm``). Every
+report prints three lines: the best uniform Megatron config, the best Megatron-LM plan and the best heterogeneous
+plan. The budget is counted in plan evaluations (--budget-evals), so the same inputs and --seed give the same plan
+on any machine; --budget-s adds a wall-clock cap (then results may depend on the CPU). Ctrl-C stops the search and
 writes the best plan found so far. Exit 2 when nothing fits, with what would make it fit.
 """
 
@@ -19,12 +22,30 @@ from ..errors import AcesoError
 from .common import add_cluster_args, add_model_args, cluster_from_args, model_from_args, write_output
 
 DEFAULT_BUDGET = 4000
+LONG_SEQUENCE = 8192          # context parallelism is a candidate by default from this many tokens on
+DEFAULT_CP = [1, 2, 4, 8]
+SWITCH = {"auto": None, "on": True, "off": False}
 
 
 def add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--global-batch-size", type=int, required=True, help="samples per optimizer step")
     p.add_argument("--micro-batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8],
-                   help="candidate pipeline micro-batch sizes (default 1 2 4 8)")
+                   help="candidate PER-RANK micro-batch sizes, Megatron-LM's --micro-batch-size (default 1 2 4 8); "
+                        "a stage with DP d runs pipeline micro-batches of size * d samples")
+    p.add_argument("--sequence-parallel", choices=tuple(SWITCH), default="auto",
+                   help="sequence parallelism on tp > 1 stages: auto (searched, default), on, off")
+    p.add_argument("--context-parallel-sizes", type=int, nargs="+", default=None,
+                   help=f"candidate context-parallel degrees (default: 1, and {' '.join(map(str, DEFAULT_CP[1:]))} "
+                        f"from {LONG_SEQUENCE} tokens on)")
+    p.add_argument("--virtual-stages", type=int, nargs="+", default=[1, 2],
+                   help="candidate model chunks per pipeline stage, interleaved 1F1B (default 1 2; 1 = off)")
+    p.add_argument("--distributed-optimizer", choices=tuple(SWITCH), default="auto",
+                   help="shard optimizer states over DP: auto (searched, default), on, off")
+    p.add_argument("--overlap", choices=tuple(SWITCH), default="auto",
+                   help="overlap the DP gradient reduce-scatter and the distributed optimizer's parameter "
+                        "all-gather with compute: auto (searched, default), on, off")
+    p.add_argument("--tp-comm-overlap", action="store_true",
+                   help="transformer-engine's TP communication overlap (needs sequence parallelism; off by default)")
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="training precision (default: the model's params_dtype)")
     p.add_argument("--cost-model", choices=("analytic", "profile", "aceso-compat"), default="analytic",
@@ -39,8 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_cluster_args(p)
     add_training_args(p)
+    p.add_argument("--target", choices=("aceso", "megatron-lm"), default="aceso",
+                   help="aceso: plans for the aceso runtime (default); megatron-lm: only what stock Megatron-LM can "
+                        "run (uniform shapes, layer cuts, Megatron's recompute settings)")
     p.add_argument("--budget-evals", type=int, default=DEFAULT_BUDGET,
-                   help=f"plan evaluations over all stage counts (default {DEFAULT_BUDGET})")
+                   help=f"plan evaluations of the target's search over all stage counts (default {DEFAULT_BUDGET}; "
+                        "the other search of the report gets a quarter)")
     p.add_argument("--budget-s", type=float, default=None, help="optional wall-clock cap, seconds")
     p.add_argument("--top-k", type=int, default=1, help="also write the k-1 next best plans (PLAN.top2.json ...)")
     p.add_argument("--seed", type=int, default=0, help="seed (the search is deterministic for a given seed)")
@@ -59,9 +84,17 @@ def training_from_args(args, model):
     from ..training import TrainingSpec
     if args.global_batch_size < 1:
         raise AcesoError(f"--global-batch-size ({args.global_batch_size}) must be at least 1")
+    dist = SWITCH[args.distributed_optimizer]
+    overlap = SWITCH[args.overlap]
+    cps = args.context_parallel_sizes or ([1] if model.seq_length < LONG_SEQUENCE else DEFAULT_CP)
     try:
         return TrainingSpec(global_batch_size=args.global_batch_size, micro_batch_sizes=args.micro_batch_sizes,
-                            precision=args.precision or model.params_dtype, attention=args.attention)
+                            precision=args.precision or model.params_dtype, attention=args.attention,
+                            sequence_parallel=SWITCH[args.sequence_parallel], distributed_optimizer=dist,
+                            overlap_grad_reduce=overlap,
+                            overlap_param_gather=overlap and dist if overlap else overlap,
+                            tp_comm_overlap=args.tp_comm_overlap, context_parallel_sizes=cps,
+                            virtual_stages=args.virtual_stages)
     except pydantic.ValidationError as e:
         raise AcesoError(format_validation_error(e)) from None
 
@@ -78,7 +111,7 @@ def setup(args):
 def run(args: argparse.Namespace) -> int:
     from ..planner import report
     from ..planner.aceso import SearchOptions
-    from ..planner.api import plan_baseline, plan_search
+    from ..planner.api import plan_all, total_budget
 
     if args.budget_evals < 1:
         raise AcesoError(f"--budget-evals ({args.budget_evals}) must be at least 1")
@@ -88,31 +121,30 @@ def run(args: argparse.Namespace) -> int:
         raise AcesoError(f"-o {args.output}: folder {Path(args.output).parent} does not exist; create it first")
     model, cluster, training, cm = setup(args)
     workers = args.workers or min(os.cpu_count() or 1, 8)
-    base = plan_baseline(cm, training)
-    with report.progress(args.budget_evals, quiet=args.json) as tick:
+    with report.progress(total_budget(args.budget_evals), quiet=args.json) as tick:
         opts = SearchOptions(budget_evals=args.budget_evals, budget_s=args.budget_s, seed=args.seed,
                              workers=workers, callback=tick)
-        result, space = plan_search(cm, training, opts, top_k=args.top_k,
-                                    baseline=base if base is not None and base.fits else None)
+        plans = plan_all(cm, training, opts, top_k=args.top_k, target=args.target)
+    result = plans.main
     best = result.plans[0] if result.plans else None
     if best is None or not best.fits:
-        raise AcesoError(report.infeasible_hint(best, cm, cluster, training, space))
-    plans = [report.to_plan(e, model, cluster, training, cm) for e in result.plans if e.fits]
+        raise AcesoError(report.infeasible_hint(best, cm, cluster, training, plans.space))
+    out_plans = [report.to_plan(e, model, cluster, training, cm) for e in result.plans if e.fits]
     out = args.output
     if out:
-        write_output(plans[0].to_json(), out)
+        write_output(out_plans[0].to_json(), out)
         if out != "-":
             p = Path(out)
-            for k, extra in enumerate(plans[1:], start=2):
+            for k, extra in enumerate(out_plans[1:], start=2):
                 write_output(extra.to_json(), str(p.with_name(f"{p.stem}.top{k}{p.suffix}")))
     if args.trace:
         write_output(json.dumps([m.as_dict() for m in result.moves], indent=2) + "\n", args.trace)
-    summary = report.summary(plans[0], best, base, result, cm)
+    summary = report.summary(out_plans[0], best, plans, result, cm)
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n") if out != "-" else None
     else:
-        report.print_table(plans[0], best, base, result, cm, file=sys.stderr if out == "-" else sys.stdout)
-    if result.interrupted:
+        report.print_table(out_plans[0], best, plans, result, cm, file=sys.stderr if out == "-" else sys.stdout)
+    if result.interrupted or plans.aceso.interrupted or plans.megatron.interrupted:
         print("aceso search: interrupted; wrote the best plan found so far", file=sys.stderr)
         return 130
     return 0

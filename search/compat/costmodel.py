@@ -33,6 +33,8 @@ from .refconfig import RefConfig
 
 _ZERO = np.zeros(1, dtype=np.int8)
 CACHE_LIMIT = 200_000   # cached stage results (about 1 KB each) before the cache starts over
+REFUSED = ("aceso-compat prices plans without context/sequence parallelism and interleaving (the reference has "
+           "none); use --cost-model analytic for them")
 WARNING = ("aceso-compat reproduces the Aceso reference model: no DP gradient all-reduce, optimizer step or "
            "tied-embedding sync, one p2p transfer per boundary")
 
@@ -56,6 +58,7 @@ class CompatCostModel:
     """Cost model of kind ``aceso-compat`` over an ``AcesoDB``."""
 
     kind = "aceso-compat"
+    features: frozenset = frozenset()    # none of types.ALL_FEATURES: the search does not explore them
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, db: AcesoDB):
         if model.aceso_db_key != db.key:
@@ -93,7 +96,12 @@ class CompatCostModel:
                          cum_w=np.concatenate([z, np.cumsum(m[:, W])]))
 
     def stage_cost(self, stage_index: int, num_stages: int, first_rank: int, start_unit: int, end_unit: int,
-                   tp: int, dp: int, recompute, micro_batch_size: int) -> StageCost:
+                   tp: int, dp: int, recompute, micro_batch_size: int, prev=None, next=None,
+                   num_micro_batches=None, *, cp: int = 1, sp: bool = False, spans=None, features=None) -> StageCost:
+        """The reference's stage cost; ``prev``/``next``/``features`` are accepted and ignored (the reference prices
+        none of the v2 features: ``self.features`` is empty), CP, SP and interleaving are refused."""
+        if cp > 1 or sp or (spans is not None and len(spans) > 1):
+            raise AcesoError(REFUSED)
         rc = np.asarray(recompute, dtype=np.int8)
         key = (stage_index, num_stages, first_rank, start_unit, end_unit, tp, dp, rc.tobytes(), micro_batch_size)
         hit = self._cache.get(key)
@@ -152,6 +160,8 @@ class CompatCostModel:
         if plan.model.aceso_db_key != self.model.aceso_db_key or plan.model.num_units != self.model.num_units:
             raise AcesoError(f"the plan is for {plan.model.name} ({plan.model.num_layers} layers) but the cost model "
                              f"for {self.model.name} ({self.model.num_layers} layers)")
+        if plan.num_virtual_stages > 1 or any(st.cp > 1 or st.sequence_parallel for st in plan.stages):
+            raise AcesoError(REFUSED)
         stages = [self.stage_cost(i, plan.num_stages, plan.first_rank(i), st.start_unit, st.end_unit, st.tp, st.dp,
                                   np.array([RC_CODE[c] for c in st.recompute], dtype=np.int8),
                                   plan.micro_batch_size)

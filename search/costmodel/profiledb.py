@@ -153,13 +153,13 @@ class FittedComm(CommModel):
             return getattr(super(), kind)(nbytes, n, inter)
         return curve(nbytes, self._warn)
 
-    def all_reduce(self, nbytes: float, n: int, inter: bool = False) -> float:
+    def all_reduce(self, nbytes: float, n: int, inter: bool = False, members: int = 1) -> float:
         return self._collective("all_reduce", nbytes, n, inter)
 
-    def all_gather(self, nbytes: float, n: int, inter: bool = False) -> float:
+    def all_gather(self, nbytes: float, n: int, inter: bool = False, members: int = 1) -> float:
         return self._collective("all_gather", nbytes, n, inter)
 
-    def reduce_scatter(self, nbytes: float, n: int, inter: bool = False) -> float:
+    def reduce_scatter(self, nbytes: float, n: int, inter: bool = False, members: int = 1) -> float:
         return self._collective("reduce_scatter", nbytes, n, inter)
 
     def p2p(self, nbytes: float, inter: bool = False) -> float:
@@ -182,9 +182,16 @@ def _choices_measured(part: str, kind: str) -> tuple[int, ...]:
 
 
 class ProfileSource:
-    """Produces ``UnitTable``s from a checked profile database."""
+    """Produces ``UnitTable``s from a checked profile database.
+
+    What it prices (``features``): the measured units carry no sequence or context parallelism and no
+    transformer-engine TP overlap, so none of those: the cost model refuses plans that use them and the search does
+    not explore them. Interleaving, the distributed optimizer and DP / parameter-gather overlap are priced by
+    ``CostModel`` from the measured unit times and the fitted collective curves (docs/profile-db.md).
+    """
 
     name = "profile"
+    features: tuple[str, ...] = ()
 
     def __init__(self, db: dict, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec):
         _check_match(db, model, cluster, training)

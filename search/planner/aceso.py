@@ -3,8 +3,9 @@
 For every candidate number of stages S (independent searches, optionally in worker processes, each with its own
 fixed evaluation budget, merged in S order so the result never depends on the worker count or the CPU):
 
-1. initial plans: GPUs split as evenly as the valid stage sizes allow, each stage at its best TP/DP shape, units
-   balanced *by cost* (``primitives.balanced_bounds``), for every micro-batch size; the best one is the start.
+1. initial plans: GPUs split as evenly as the valid stage sizes allow (``Space.gpu_splits``), each stage at its
+   largest or smallest TP, units balanced *by cost* (``primitives.balanced_bounds``), every legal pipeline
+   micro-batch, the preferred plan-level features; plus the seeds (the uniform baseline, the Megatron-LM plan).
 2. trial: a depth-first multi-hop search from the current plan. At each hop the bottleneck of the current
    (intermediate) plan is found, the primitives are ordered by the relief they bring (``bottleneck``), every
    resulting unvisited state is evaluated, the first one better than the best so far ends the chain (accepted
@@ -13,9 +14,9 @@ fixed evaluation budget, merged in S order so the result never depends on the wo
 3. no improving chain: restart from the best unexplored plan seen (within 1.2x of the best, Aceso's
    ``continue_when_fail``), until none is left or the budget is spent.
 
-Then the best plans are polished exactly: for their stage shapes and micro-batch, ``partition.best_partition``
-finds the optimal contiguous cut with per-stage optimal recompute; it is kept when it is better. Stages' recompute
-is always exact (``recompute``). Budget: plan evaluations (``Budget``); Ctrl-C returns the best plan so far.
+Then the best plans are polished exactly (``polish``): optimal contiguous cuts for their shapes, chunk-boundary
+hill climbing for interleaved plans, every combination of the plan-level switches. Budget: plan evaluations
+(``Budget``); Ctrl-C returns the best plan so far.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ import random
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from .bottleneck import classify, find_bottleneck, order_primitives
-from .partition import Spans, best_partition
+from .megatron_lm import expressible
+from .polish import polish, polish_chunks, polish_features, refine_recompute
 from .primitives import APPLY, Ctx, balanced_bounds
-from .recompute import allowed_codes, has_unit_tables, refine_by_counts, refine_by_local_search
-from .state import INF, Budget, BudgetExhausted, Evaluation, Evaluator, Space, StageEval, State
+from .recompute import has_unit_tables
+from .space import Space
+from .state import INF, Budget, BudgetExhausted, Evaluation, Evaluator, State
 
 
 @dataclass
@@ -52,6 +53,8 @@ class SearchOptions:
 
 @dataclass
 class Move:
+    """One accepted chain of primitives (``--trace``)."""
+
     primitive: list[str]
     bottleneck: int
     resource: str
@@ -62,6 +65,9 @@ class Move:
     memory_after_mb: float = 0.0
     fits_before: bool = True
     fits_after: bool = True
+    evals: int = 0                       # evaluations of this stage count's search at acceptance
+    bottleneck_memory_before_mb: float = 0.0
+    bottleneck_memory_after_mb: float = 0.0
 
     def as_dict(self) -> dict:
         def num(x):
@@ -70,7 +76,9 @@ class Move:
                 "bottleneck_resource": self.resource, "time_before_ms": num(self.before_ms),
                 "time_after_ms": num(self.after_ms), "max_memory_before_mb": num(self.memory_before_mb),
                 "max_memory_after_mb": num(self.memory_after_mb), "fits_before": self.fits_before,
-                "fits_after": self.fits_after}
+                "fits_after": self.fits_after, "evaluations": self.evals,
+                "bottleneck_memory_before_mb": num(self.bottleneck_memory_before_mb),
+                "bottleneck_memory_after_mb": num(self.bottleneck_memory_after_mb)}
 
 
 @dataclass
@@ -85,50 +93,46 @@ class StageCountResult:
 def stage_counts(space: Space, opts: SearchOptions) -> list[int]:
     if opts.stage_counts:
         return sorted(set(opts.stage_counts))
-    top = min(space.num_gpus, space.num_units, 64)
+    top = min(space.num_gpus, len(space.layer_starts) - 1 if space.layer_starts else space.num_units, 64) \
+        if space.target == "megatron-lm" else min(space.num_gpus, space.num_units, 64)
     counts = {s for s in range(1, top + 1) if s <= 16 or space.num_gpus % s == 0}
     counts.update(s.num_stages for s in opts.seeds)
+    if space.target == "megatron-lm":
+        counts = {s for s in counts if space.num_gpus % s == 0}
+    if space.max_stages:
+        counts = {s for s in counts if s <= space.max_stages}
     return sorted(counts)
 
 
 def initial_states(ctx: Ctx, S: int) -> list[State]:
-    """Balanced starting plans for S stages (one per micro-batch size and TP/DP preference)."""
+    """Balanced starting plans for S stages: per GPU split, context-parallel degree and TP preference (largest,
+    smallest), every legal pipeline micro-batch, the fewest model chunks allowed."""
     sp = ctx.space
-    valid = sp.valid_counts()
-    g0 = max((g for g in valid if g * S <= sp.num_gpus), default=None)
-    if g0 is None:
+    v = sp.vs[0]              # the fewest chunks allowed (1 unless the user excludes it)
+    if v > 1 and S < 2:
         return []
-    counts, rest = [g0] * S, sp.num_gpus - g0 * S
-    progress = True
-    while rest and progress:  # grow stages to the next valid size, last stages first, round robin
-        progress = False
-        for i in reversed(range(S)):
-            nxt = [g for g in valid if g > counts[i] and g - counts[i] <= rest]
-            if nxt:
-                rest -= nxt[0] - counts[i]
-                counts[i] = nxt[0]
-                progress = True
-            if not rest:
-                break
-    if rest:
-        return []
+    splits = sp.gpu_splits(S)
+    if sp.target == "megatron-lm":
+        splits = [c for c in splits if len(set(c)) == 1]
     out = []
-    for mbs in sp.mbs_list:
-        for prefer_tp in (True, False):
-            shapes = []
-            for g in counts:
-                opts = sp.shapes(g, mbs)
-                if not opts:
-                    break
-                shapes.append(max(opts) if prefer_tp else min(opts))
-            if len(shapes) != S:
-                continue
-            bounds = balanced_bounds(ctx, shapes, mbs, sp.num_units)
-            if bounds is None:
-                continue
-            s = State(mbs, tuple(shapes), bounds)
-            if sp.legal(s) and s not in out:
-                out.append(s)
+    for counts in splits:
+        for cp in sp.cps:
+            for prefer_tp in (True, False):
+                shapes = []
+                for g in counts:
+                    opts = sp.stage_shapes(g, cp, every_sp=False)
+                    if not opts:
+                        break
+                    shapes.append(max(opts) if prefer_tp else min(opts))
+                if len(shapes) != S:
+                    continue
+                for mbs in sp.legal_mbs(shapes):
+                    bounds = balanced_bounds(ctx, shapes, mbs, sp.num_units, v)
+                    if bounds is None:
+                        continue
+                    s = sp.normalize(State(mbs, tuple(shapes), bounds, sp.features[0]))
+                    if sp.legal(s) and s not in out:
+                        out.append(s)
     return out
 
 
@@ -136,7 +140,7 @@ class StageCountSearch:
     """The Aceso loop for one number of stages."""
 
     def __init__(self, cm, gbs: int, space: Space, S: int, budget: Budget, opts: SearchOptions):
-        self.ev = Evaluator(cm, gbs, budget)
+        self.ev = Evaluator(cm, gbs, budget, space.target)
         self.ctx = Ctx(space, self.ev)
         self.S, self.opts, self.limit = S, opts, self.ev.limit
         self.result = StageCountResult(S)
@@ -161,6 +165,10 @@ class StageCountSearch:
     def _better(self, e: Evaluation) -> bool:
         return self.best is None or e.score < self.best.score
 
+    def _set_best(self, e: Evaluation) -> None:
+        self.best = e
+        self.ev.cutoff = e.iteration_ms if e.fits else INF   # interleaved states above it are only estimated
+
     def run(self) -> StageCountResult:
         try:
             init = initial_states(self.ctx, self.S)
@@ -170,7 +178,7 @@ class StageCountSearch:
             if not starts:
                 return self.result
             starts.sort(key=lambda e: e.score)
-            self.best = starts[0]
+            self._set_best(starts[0])
             for e in starts:
                 self.visited.add(e.state)
                 self._push(e)
@@ -193,7 +201,7 @@ class StageCountSearch:
                         nxt = st
                 if nxt is None:
                     break
-                current = self.ev.evaluate(nxt)
+                current = self.ev.evaluate(nxt, exact=True)
         except BudgetExhausted:
             pass
         except KeyboardInterrupt:
@@ -248,69 +256,12 @@ class StageCountSearch:
         start, b = self._root  # the plan the chain started from and the bottleneck its first primitive targeted
         res = classify([s.cost for s in start.stages], b, self.limit)
         old = self.best if self.best is not None else start
+        nb = find_bottleneck([s.cost for s in new.stages], new.stage_total_ms, self.limit)
+        used = self.ev.budget.used if self.ev.budget else self.ev.num_evaluated
         self.result.moves.append(Move(chain, b, res, old.raw_iteration_ms, new.raw_iteration_ms, self.S,
-                                      old.max_memory_mb, new.max_memory_mb, old.fits, new.fits))
-        self.best = new
-
-
-def refine_recompute(ev: Evaluator, e: Evaluation) -> Evaluation:
-    """Refine every stage's recompute with the cost model itself (op-level models): exact over per-kind choice
-    counts where they are few, then hill-climbing over single-unit changes; a new evaluation."""
-    st, S = e.state, e.state.num_stages
-    stages = []
-    for i, r in enumerate(st.first_ranks()):
-        tp, dp = st.shapes[i]
-        kw = {"prev": st.shapes[i - 1] if i else None, "next": st.shapes[i + 1] if i < S - 1 else None} \
-            if ev.neighbours else {}
-
-        a, b = st.bounds[i], st.bounds[i + 1]
-
-        def cost(rc, i=i, r=r, a=a, b=b, tp=tp, dp=dp, kw=kw):
-            return ev.cm.stage_cost(i, S, r, a, b, tp, dp, rc, st.mbs, **kw)
-        allowed = allowed_codes(ev.cm.model, a, b)
-        kinds = [(u.stack, u.kind) for u in ev.cm.model.units[a:b]]
-        rc, c = refine_by_counts(cost, e.stages[i].rc, e.stages[i].cost, kinds, allowed)
-        rc, c = refine_by_local_search(cost, rc, c, allowed)
-        stages.append(StageEval(c, rc))
-    pipe = ev.cm.pipeline([s.cost for s in stages], ev.gbs // st.mbs)
-    new = Evaluation(st, pipe.iteration_ms, True, stages, list(pipe.stage_total_ms),
-                     max(s.cost.memory_mb for s in stages), pipe.iteration_ms)
-    return new if new.iteration_ms < e.iteration_ms else e
-
-
-def polish(ev: Evaluator, space: Space, e: Evaluation, max_spans: int) -> Evaluation:
-    """Exact partition DP over the units for e's stage shapes and micro-batch (boundaries within a window)."""
-    st = e.state
-    S, U = st.num_stages, space.num_units
-    if S == 1:
-        return e
-    M = ev.gbs // st.mbs
-    firsts = st.first_ranks()
-    w = U
-    while w > 1 and S * (2 * w + 1) ** 2 > max_spans:
-        w //= 2
-    lo = [max(0, x - w) for x in st.bounds]
-    hi = [min(U, x + w) for x in st.bounds]
-    stages = []
-    for i, (tp, dp) in enumerate(st.shapes):
-        A, B, T, AA = [], [], [], []
-        for a in range(lo[i], hi[i] + 1):
-            if i == 0 and a != 0:
-                continue
-            for b in range(max(a + 1, lo[i + 1]), hi[i + 1] + 1):
-                if i == S - 1 and b != U:
-                    continue
-                c = ev.stage(i, S, firsts[i], a, b, tp, dp, st.mbs, st.shapes[i - 1] if i else None,
-                             st.shapes[i + 1] if i < S - 1 else None).cost
-                t = c.time_per_microbatch_ms if c.fits else INF
-                A.append(a), B.append(b), T.append(t)
-                AA.append((M - 1) * t + c.dp_sync_ms + c.optimizer_ms if np.isfinite(t) else INF)
-        stages.append(Spans(np.array(A, int), np.array(B, int), np.array(T), np.array(AA)))
-    _val, bounds = best_partition(U, stages)
-    if bounds is None:
-        return e
-    cand = ev.evaluate(State(st.mbs, st.shapes, tuple(bounds)), charge=False)
-    return cand if cand.score < e.score else e
+                                      old.max_memory_mb, new.max_memory_mb, old.fits, new.fits, used,
+                                      start.stages[b].cost.memory_mb, new.stages[nb].cost.memory_mb))
+        self._set_best(new)
 
 
 # ----- orchestration ------------------------------------------------------------------------------------------
@@ -343,8 +294,8 @@ class SearchResult:
 def search(cm, gbs: int, space: Space, opts: SearchOptions, top_k: int = 1) -> SearchResult:
     """Run the whole search; returns the best plans found (possibly none fits: check ``plans[0].fits``)."""
     t0 = time.monotonic()
-    probe = Ctx(space, Evaluator(cm, gbs, None))  # stage counts without any starting plan get no budget
-    seeded = {s.num_stages for s in opts.seeds}
+    probe = Ctx(space, Evaluator(cm, gbs, None, space.target))  # stage counts without a start get no budget
+    seeded = {s.num_stages for s in opts.seeds if space.legal(s)}
     counts = [S for S in stage_counts(space, opts) if S in seeded or initial_states(probe, S)] or [1]
     per = max(opts.budget_evals // len(counts), 20)
     results: list[StageCountResult] = []
@@ -385,30 +336,39 @@ def search(cm, gbs: int, space: Space, opts: SearchOptions, top_k: int = 1) -> S
 
 
 def _finish(cm, gbs, space, opts, results, top_k, t0, interrupted) -> SearchResult:
+    ev = Evaluator(cm, gbs, None, space.target)
     cands = [e for r in results for e in r.best]
     if interrupted and opts.seeds:  # stage counts that never ran: at least the seeds (the uniform baseline)
-        ev0 = Evaluator(cm, gbs, None)
-        cands += [ev0.evaluate(s, charge=False) for s in opts.seeds if space.legal(s)]
-    cands.sort(key=lambda e: (e.score, e.state))
+        cands += [ev.evaluate(s, charge=False, exact=True) for s in opts.seeds if space.legal(s)]
+    cands.sort(key=lambda e: e.rank)
     polished = 0
+    n = max(opts.polish_top, top_k)
     if not interrupted:
-        ev = Evaluator(cm, gbs, None)
+        ctx = Ctx(space, ev)
         out = []
         op_level = not has_unit_tables(cm)
-        for e in cands[: max(opts.polish_top, top_k)]:
-            fresh = ev.evaluate(e.state, charge=False)
-            p = polish(ev, space, fresh, opts.polish_max_spans) if fresh.fits else fresh
-            if op_level and p.fits:
-                p = refine_recompute(ev, p)
+        for e in cands[:n]:
+            fresh = ev.evaluate(e.state, charge=False, exact=True)
+            p = fresh
+            if p.fits:
+                p = polish_features(ev, ctx, polish_chunks(ev, ctx, polish(ev, ctx, p, opts.polish_max_spans)))
+                if op_level:
+                    p = refine_recompute(ev, p)
             polished += p is not fresh
             out.append(p)
-        cands = out + cands[max(opts.polish_top, top_k):]
-        cands.sort(key=lambda e: (e.score, e.state))
+        cands = out + cands[n:]
+        cands.sort(key=lambda e: e.rank)
     seen, plans = set(), []
     for e in cands:
         if e.state not in seen:
             seen.add(e.state)
+            e = e if e.exact else ev.evaluate(e.state, charge=False, exact=True)
+            if space.target == "megatron-lm" and e.fits and not expressible(ev, e):
+                continue   # the export's own check is the last word on what Megatron-LM runs
             plans.append(e)
+        if len(plans) >= max(top_k, 1):
+            break
+    plans.sort(key=lambda e: e.rank)
     per_count = {r.num_stages: (r.best[0].iteration_ms if r.best else INF) for r in results}
-    return SearchResult(plans[:max(top_k, 1)], [m for r in results for m in r.moves],
+    return SearchResult(plans, [m for r in results for m in r.moves],
                         sum(r.evals for r in results), time.monotonic() - t0, interrupted, per_count, polished)

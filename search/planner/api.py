@@ -1,11 +1,24 @@
-"""One-call entry points used by ``aceso search``, ``aceso baseline`` and the bench."""
+"""One-call entry points used by ``aceso search``, ``aceso baseline`` and the bench.
+
+``plan_all`` runs the three searches every report shows, each seeded with the one before so the chain never gets
+worse: the best uniform Megatron configuration (``baseline``), the best plan Megatron-LM can express
+(``--target megatron-lm``: uniform shapes, layer cuts, Megatron's recompute settings; seeded with the uniform
+one), and the best heterogeneous plan for the aceso runtime (seeded with both). The search of ``target`` gets the
+whole evaluation budget, the other one a quarter (``SECONDARY_SHARE``).
+"""
 
 from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
 
 from ..errors import AcesoError
 from .aceso import SearchOptions, SearchResult, search
 from .baseline import BaselineResult, best_uniform
-from .state import Space, State
+from .space import Space
+from .state import State
+
+SECONDARY_SHARE = 0.25
 
 
 def build_cost_model(model, cluster, training, kind: str = "analytic", db=None):
@@ -19,21 +32,74 @@ def build_cost_model(model, cluster, training, kind: str = "analytic", db=None):
     return make_cost_model(model, cluster, training, kind, db=db)
 
 
-def plan_search(cm, training, opts: SearchOptions, top_k: int = 1,
-                baseline: BaselineResult | None = None) -> tuple[SearchResult, Space]:
-    """The search, started also from the uniform baseline (so it never returns a worse plan than it)."""
-    space = Space.of(cm.model, cm.cluster, training)
-    if not space.mbs_list:
+def make_space(cm, training, target: str = "aceso") -> Space:
+    """The search space for this cost model (what it prices) and training spec."""
+    space = Space.of(cm.model, cm.cluster, training, priced=getattr(cm, "features", frozenset()), target=target)
+    if not space.batches:
         raise AcesoError(f"--micro-batch-sizes: none divides --global-batch-size ({training.global_batch_size})")
-    if baseline is not None:
-        opts.seeds = list(opts.seeds) + [baseline_state(baseline)]
+    return space
+
+
+def plan_search(cm, training, opts: SearchOptions, top_k: int = 1, baseline: BaselineResult | None = None,
+                target: str = "aceso", seeds: list[State] | None = None) -> tuple[SearchResult, Space]:
+    """One search, started also from the uniform baseline (so it never returns a worse plan than it)."""
+    space = make_space(cm, training, target)
+    opts = copy.copy(opts)
+    opts.seeds = list(opts.seeds) + ([baseline.state] if baseline is not None and baseline.fits else []) + \
+        list(seeds or [])
     return search(cm, training.global_batch_size, space, opts, top_k), space
 
 
 def baseline_state(b: BaselineResult) -> State:
-    return State(b.mbs, ((b.tp, b.dp),) * b.pp, tuple(b.bounds))
+    return b.state
 
 
 def plan_baseline(cm, training) -> BaselineResult | None:
-    space = Space.of(cm.model, cm.cluster, training)
+    space = make_space(cm, training, "megatron-lm")
     return best_uniform(cm, training.global_batch_size, space, cm.model)
+
+
+@dataclass
+class Plans:
+    """The three lines of every search report (``None``: nothing fits there)."""
+
+    target: str
+    uniform: BaselineResult | None
+    megatron: SearchResult
+    aceso: SearchResult
+    space: Space
+
+    @property
+    def main(self) -> SearchResult:
+        return self.megatron if self.target == "megatron-lm" else self.aceso
+
+
+def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "aceso") -> Plans:
+    """Uniform baseline, then the Megatron-LM search, then the heterogeneous search (see the module docstring)."""
+    base = plan_baseline(cm, training)
+    fitting = base if base is not None and base.fits else None
+    share = max(int(opts.budget_evals * SECONDARY_SHARE), 1)
+    o1 = copy.copy(opts)
+    o1.budget_evals = opts.budget_evals if target == "megatron-lm" else share
+    mlm, space = plan_search(cm, training, o1, top_k if target == "megatron-lm" else 1, fitting, "megatron-lm")
+    if mlm.interrupted:   # Ctrl-C: no second search; the Megatron-LM plan also runs on the aceso runtime
+        return Plans(target, base, mlm, mlm, space)
+    o2 = copy.copy(opts)
+    o2.budget_evals = opts.budget_evals if target == "aceso" else share
+    if opts.callback is not None:   # one progress count over both searches
+        o2.callback = lambda n, done=mlm.evals: opts.callback(done + n)
+    extra = [e.state for e in mlm.plans[:1] if e.fits]
+    het, aspace = plan_search(cm, training, o2, top_k if target == "aceso" else 1, fitting, "aceso", extra)
+    _never_worse(het, mlm)
+    return Plans(target, base, mlm, het, aspace if target == "aceso" else space)
+
+
+def total_budget(budget_evals: int) -> int:
+    """Evaluations ``plan_all`` runs at most (for a progress bar)."""
+    return budget_evals + max(int(budget_evals * SECONDARY_SHARE), 1)
+
+
+def _never_worse(het: SearchResult, mlm: SearchResult) -> None:
+    """A Megatron-LM plan also runs on the aceso runtime: the heterogeneous result is never slower than it."""
+    if mlm.plans and mlm.plans[0].fits and (not het.plans or mlm.plans[0].score < het.plans[0].score):
+        het.plans.insert(0, mlm.plans[0])

@@ -1,43 +1,102 @@
-"""The best *uniform* Megatron configuration under the same cost model (the search's reference point).
+"""The best *uniform* Megatron configuration under the same cost model: what a tuned Megatron-LM user runs.
 
-Grid (SPEC §4.10, widened): pipeline stages ``pp``, TP ``tp`` (power of two within a node), ``dp = N / (pp tp)``,
-every micro-batch size that ``dp`` divides, and one recompute choice (none / selective / full) for all units.
-Layers are split evenly; when ``pp`` does not divide them, megatron-core's uneven split is allowed: the middle
-stages get ``m`` layers each and the first and last stages share the rest
-(``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``). T5 layers are counted
-encoder first, then decoder (2 and 3 units per layer).
+Grid: pipeline stages ``pp`` (dividing the GPUs), and on every stage the same ``tp`` (power of two within a node),
+``cp`` (the candidates), ``dp = N / (pp tp cp)``, sequence parallelism on or off (where the space allows), one
+per-rank ``--micro-batch-size`` (pipeline micro-batch ``b dp``), virtual stages ``v`` (layers split evenly over the
+``pp v`` chunks), the plan-level switches (distributed optimizer, overlap), and Megatron-LM's recompute settings
+(``megatron_lm``: none, selective, full uniform, full block N with the smallest N that fits). Layers are split
+evenly; with ``v = 1`` and ``pp`` not dividing them, megatron-core's uneven split is allowed: the middle stages get
+``m`` layers each and the first and last stages share the rest (``--decoder-first/last-pipeline-num-layers``).
+T5 layers are counted encoder first, then decoder (2 and 3 units per layer).
+
+Branch and bound: every configuration gets a lower bound from its first and last stages without recompute
+(no schedule beats a stage's own work, ``M (F + B) + sync``); they are evaluated in bound order until the bound
+reaches the best time. The grid runs with the preferred switches (all on: the least memory); the best few
+configurations are then evaluated under every allowed combination of switches.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..costmodel.types import RC, RC_CODE
-from ..plan import ParallelPlan, PlanPrediction, StageSpec
-from .state import INF, Space
+from ..costmodel.types import Shape
+from .megatron_lm import FULL_SETTING, NONE_SETTING, codes, expressible
+from .space import Space
+from .state import INF, Evaluation, Evaluator, State, to_plan
 
-UNIFORM_RECOMPUTE = ("none", "selective", "full")   # Megatron's recompute settings for all layers
+REFINE_TOP = 6      # configurations re-evaluated under every combination of the plan-level switches
 
 
 @dataclass
 class BaselineResult:
-    iteration_ms: float
-    pp: int
-    tp: int
-    dp: int
-    mbs: int
-    recompute: str
-    layers: tuple[int, ...]         # layers per stage
-    bounds: tuple[int, ...]         # unit boundaries
-    stage_total_ms: list[float]
-    stage_memory_mb: list[float]
-    evaluated: int
+    evaluation: Evaluation
+    layers: tuple[int, ...]         # layers per model chunk, in model order
+    evaluated: int                  # configurations priced in full
+
+    @property
+    def state(self) -> State:
+        return self.evaluation.state
 
     @property
     def fits(self) -> bool:
-        return np.isfinite(self.iteration_ms)
+        return self.evaluation.fits
+
+    @property
+    def iteration_ms(self) -> float:
+        return self.evaluation.iteration_ms
+
+    @property
+    def shape(self) -> Shape:
+        return self.state.shapes[0]
+
+    @property
+    def pp(self) -> int:
+        return self.state.num_stages
+
+    @property
+    def tp(self) -> int:
+        return self.shape.tp
+
+    @property
+    def dp(self) -> int:
+        return self.shape.dp
+
+    @property
+    def cp(self) -> int:
+        return self.shape.cp
+
+    @property
+    def mbs(self) -> int:
+        """The per-rank micro-batch (Megatron-LM's ``--micro-batch-size``)."""
+        return self.state.mbs // self.shape.dp
+
+    @property
+    def recompute(self) -> str:
+        s = self.evaluation.setting
+        return s.label if s is not None else "none"
+
+    @property
+    def bounds(self) -> tuple[int, ...]:
+        return self.state.bounds
+
+    @property
+    def stage_total_ms(self) -> list[float]:
+        return self.evaluation.stage_total_ms
+
+    @property
+    def stage_memory_mb(self) -> list[float]:
+        return [s.cost.memory_mb for s in self.evaluation.stages]
+
+    def describe(self) -> str:
+        s, st = self.shape, self.state
+        parts = [f"pp {self.pp}", f"tp {s.tp}"] + ([f"cp {s.cp}"] if s.cp > 1 else []) + \
+            [f"dp {s.dp}", f"mbs {self.mbs}"] + (["sp"] if s.sp else []) + \
+            ([f"vpp {st.num_chunks}"] if st.num_chunks > 1 else []) + \
+            (["dist-opt"] if st.features.distributed_optimizer else []) + \
+            (["overlap"] if st.features.overlap_grad_reduce else []) + [f"recompute {self.recompute}"]
+        return " ".join(parts)
 
 
 def layer_splits(num_layers: int, pp: int) -> list[tuple[int, ...]]:
@@ -58,55 +117,102 @@ def layer_splits(num_layers: int, pp: int) -> list[tuple[int, ...]]:
     return out
 
 
-def best_uniform(cm, gbs: int, space: Space, model) -> BaselineResult | None:
-    """Best fitting uniform configuration, or the one with the least memory when none fits (iteration inf)."""
+def uniform_states(space: Space, model, features=None):
+    """Every uniform configuration of the grid as (state, layers per chunk)."""
     starts = model.layer_starts
     L = len(starts) - 1
-    best, best_key, least = None, None, None
-    n = 0
-    for pp in range(1, min(space.num_gpus, L) + 1):
-        if space.num_gpus % pp:
+    N = space.num_gpus
+    feats = features or space.features[0]
+    for pp in range(1, min(N, L) + 1):
+        if N % pp:
             continue
-        g = space.num_gpus // pp
-        for tp in space.tps:
-            if g % tp:
-                continue
-            dp = g // tp
-            for mbs in space.mbs_list:
-                if mbs % dp:
+        g = N // pp
+        for cp in space.cps:
+            for tp in space.tps:
+                if g % (tp * cp):
                     continue
-                for split in layer_splits(L, pp):
-                    cum = np.concatenate([[0], np.cumsum(split)])
-                    bounds = tuple(starts[int(c)] for c in cum)
-                    for code in (RC_CODE[c] for c in UNIFORM_RECOMPUTE):
-                        n += 1
-                        costs = [cm.stage_cost(i, pp, i * g, bounds[i], bounds[i + 1], tp, dp,
-                                               np.full(bounds[i + 1] - bounds[i], code, np.int8), mbs)
-                                 for i in range(pp)]
-                        pipe = cm.pipeline(costs, gbs // mbs)
-                        fits = all(c.fits for c in costs)
-                        mem = [c.memory_mb for c in costs]
-                        r = BaselineResult(pipe.iteration_ms if fits else INF, pp, tp, dp, mbs, RC[code], split,
-                                           bounds, list(pipe.stage_total_ms), mem, 0)
-                        key = (pipe.iteration_ms, pp, tp, mbs, code)
-                        if fits and (best_key is None or key < best_key):
-                            best, best_key = r, key
-                        if least is None or max(mem) < max(least.stage_memory_mb):
-                            least = r
-    out = best or least
-    if out is not None:
-        out.evaluated = n
-    return out
+                dp = g // (tp * cp)
+                for sp in ((False,) if tp == 1 else space.sps):
+                    shape = Shape(tp, dp, cp, sp)
+                    if not space.shape_ok(shape):
+                        continue
+                    for b in space.batches:
+                        m = b * dp
+                        if space.gbs and space.gbs % m:
+                            continue
+                        for v in space.vs:
+                            splits = layer_splits(L, pp) if v == 1 else \
+                                ([(L // (pp * v),) * (pp * v)] if pp > 1 and L % (pp * v) == 0 else [])
+                            for split in splits:
+                                cum = np.concatenate([[0], np.cumsum(split)])
+                                st = space.normalize(State(m, (shape,) * pp, tuple(starts[int(c)] for c in cum),
+                                                           feats))
+                                if space.legal(st):
+                                    yield st, tuple(split)
 
 
-def baseline_plan(res: BaselineResult, model, cluster, gbs: int, kind: str,
-                  attention: str | None = None) -> ParallelPlan:
-    stages = [StageSpec(num_gpus=res.tp * res.dp, tp=res.tp, dp=res.dp, start_unit=a, end_unit=b,
-                        recompute=[res.recompute] * (b - a)) for a, b in zip(res.bounds[:-1], res.bounds[1:])]
-    pred = PlanPrediction(cost_model=kind, iteration_time_ms=round(res.iteration_ms, 6),
-                          samples_per_s=round(gbs / res.iteration_ms * 1000, 6),
-                          stage_time_ms=[round(t, 6) for t in res.stage_total_ms],
-                          stage_memory_mb=[round(m, 6) for m in res.stage_memory_mb],
-                          attention=attention) if res.fits else None
-    return ParallelPlan(model=model, cluster=cluster, micro_batch_size=res.mbs, global_batch_size=gbs,
-                        stages=stages, predicted=pred)
+def _bound(ev: Evaluator, st: State) -> tuple[float, float]:
+    """(time lower bound, least memory of the first/last stage's worst case): inf bound when it cannot fit."""
+    M = ev.gbs // st.mbs
+    firsts = st.first_ranks()
+    lb, least = 0.0, 0.0
+    for i in sorted({0, st.num_stages - 1}):
+        spans = st.spans(i)
+        none = ev.stage_with(st, i, firsts[i], codes(NONE_SETTING, ev.cm.model, spans)).cost
+        if not np.isfinite(none.time_per_microbatch_ms):
+            return INF, INF
+        lb = max(lb, M * none.time_per_microbatch_ms + none.dp_sync_ms + none.optimizer_ms + none.prologue_ms)
+        mem = none.memory_mb
+        if not none.fits:
+            full = ev.stage_with(st, i, firsts[i], codes(FULL_SETTING, ev.cm.model, spans)).cost
+            mem = full.memory_mb
+            if not full.fits:
+                lb = INF
+        least = max(least, mem)
+    return lb, least
+
+
+def best_uniform(cm, gbs: int, space: Space, model) -> BaselineResult | None:
+    """Best fitting uniform configuration, or the one with the least memory when none fits (iteration inf)."""
+    mspace = space if space.target == "megatron-lm" else replace(space, target="megatron-lm")
+    ev = Evaluator(cm, gbs, None, "megatron-lm")
+    cands, least = [], None
+    for st, layers in uniform_states(mspace, model):
+        lb, mem = _bound(ev, st)
+        if lb < INF:
+            cands.append((lb, st, layers))
+        elif least is None or mem < least[0]:
+            least = (mem, st, layers)
+    cands.sort(key=lambda c: (c[0], c[1]))
+    best, best_layers, n, done = None, None, 0, []
+    for lb, st, layers in cands:
+        if best is not None and lb >= best.iteration_ms:
+            break
+        e = ev.evaluate(st, charge=False)
+        n += 1
+        if e.fits and e.exact and expressible(ev, e):
+            done.append((e, layers))
+            if best is None or e.score < best.score:
+                best, best_layers = e, layers
+                ev.cutoff = e.iteration_ms
+    if best is None:
+        if least is None and not cands:
+            return None
+        st, layers = (least[1], least[2]) if least is not None else (cands[0][1], cands[0][2])
+        return BaselineResult(ev.evaluate(st, charge=False, exact=True), layers, n)
+    done.sort(key=lambda x: (x[0].score, x[0].state))
+    for e, layers in done[:REFINE_TOP]:    # every combination of the plan-level switches on the best few
+        for f in mspace.features[1:]:
+            st = mspace.normalize(e.state._replace(features=f))
+            if not mspace.legal(st):
+                continue
+            c = ev.evaluate(st, charge=False)
+            n += 1
+            if c.fits and c.exact and c.score < best.score and expressible(ev, c):
+                best, best_layers = c, layers
+                ev.cutoff = c.iteration_ms
+    return BaselineResult(ev.evaluate(best.state, charge=False, exact=True), best_layers, n)
+
+
+def baseline_plan(res: BaselineResult, model, cluster, gbs: int, kind: str, attention: str | None = None):
+    return to_plan(res.evaluation, model, cluster, gbs, kind, predicted=res.fits, attention=attention)

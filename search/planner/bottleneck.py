@@ -17,7 +17,12 @@ from __future__ import annotations
 
 from ..costmodel.types import StageCost
 
-# name: (time, memory, comm) -- the reference's table (SPEC §4.5), plus the cost-balanced partition move
+# name: (time, memory, comm) -- the reference's table (SPEC §4.5), plus the cost-balanced partition move, then
+# the modern-Megatron primitives (after the reference's, so seed 0 keeps its order where they do not apply):
+# SP splits the replicated activations and element-wise work over the TP group at the same TP traffic; moving DP
+# into CP splits each rank's tokens (with the per-rank batch kept: less memory, ring exchanges); more model chunks
+# shrink the bubble for more p2p and a little more in flight; the plan-level switches (distributed optimizer,
+# overlap) trade memory and exposed DP traffic.
 EFFECTS: dict[str, tuple[str, str, str]] = {
     "move_units": ("-", "-", "0"),
     "rebalance": ("-", "-", "0"),
@@ -29,6 +34,14 @@ EFFECTS: dict[str, tuple[str, str, str]] = {
     "dec_mbs": ("+", "-", "0"),
     "tp_to_dp": ("-", "+", "-"),
     "dp_to_tp": ("+", "-", "+"),
+    "sp_on": ("-", "-", "0"),
+    "sp_off": ("+", "+", "0"),
+    "dp_to_cp": ("0", "-", "+"),
+    "cp_to_dp": ("0", "+", "-"),
+    "inc_vpp": ("-", "+", "+"),
+    "dec_vpp": ("+", "-", "-"),
+    "features_on": ("-", "-", "-"),
+    "features_off": ("+", "+", "+"),
 }
 PRIMITIVES = tuple(EFFECTS)
 

@@ -91,19 +91,22 @@ def solve(rt: np.ndarray, act: np.ndarray, peak: np.ndarray, inflight: int, budg
     rows = np.concatenate([rt, act, peak], axis=1)
     if groups is None:
         types, inverse = np.unique(rows, axis=0, return_inverse=True)
+        inverse = inverse.ravel()
+        counts = np.bincount(inverse, minlength=len(types))
     else:
-        _, first, inverse = np.unique(groups, return_index=True, return_inverse=True)
+        first, inverse, counts = _grouping(groups)
         types = rows[first]
-    inverse = inverse.ravel()
-    counts = np.bincount(inverse, minlength=len(types))
     best_t, best = np.inf, None
     available = types[:, :N_RC] < UNAVAILABLE_MS
     row_keys = [r.tobytes() for r in types[:, :2 * N_RC]]
-    for P in np.unique(np.where(rt < UNAVAILABLE_MS, peak, 0.0)):
+    t_act = types[:, N_RC:2 * N_RC]
+    for P in np.unique(np.where(available, types[:, 2 * N_RC:], 0.0)):
         allowed = (types[:, 2 * N_RC:] <= P) & available
         if not allowed.any(axis=1).all():
             continue
         room = (budget - P) / inflight
+        if float((np.where(allowed, t_act, np.inf).min(axis=1) * counts).sum()) > room + 1e-9:
+            continue   # even the least activation of every type does not fit
         res = _solve_types(types, counts, allowed, room, cap, row_keys)
         if res is not None and res[0] < best_t - 1e-12:
             best_t, best = res
@@ -148,8 +151,16 @@ def _solve_types(types, counts, allowed, room, cap, row_keys):
 
 def optimize_stage(cm, i, num_stages, first_rank, start, end, tp, dp, mbs, **kw):
     """Best recompute for one stage under ``cm.memory_limit_mb``: (codes, StageCost). If nothing fits, the codes
-    of least memory (with ``fits`` False). ``kw`` (neighbour shapes) is passed to ``cm.stage_cost``."""
-    n = end - start
+    of least memory (with ``fits`` False). ``kw`` (neighbour shapes, ``cp``, ``sp``, ``spans``, ``features``) is
+    passed to ``cm.stage_cost``.
+
+    An interleaved stage (``spans``: its chunks) keeps ``n_j`` micro-batches of chunk j in flight
+    (``memory.in_flight_per_chunk``): each unit's activations are weighed by its chunk's count, so identical units
+    of different chunks are different types of the knapsack.
+    """
+    spans = kw.get("spans") or ((start, end),)
+    idx = np.concatenate([np.arange(a, b) for a, b in spans])
+    n = len(idx)
 
     def cost(rc):
         return cm.stage_cost(i, num_stages, first_rank, start, end, tp, dp, rc, mbs, **kw)
@@ -157,10 +168,11 @@ def optimize_stage(cm, i, num_stages, first_rank, start, end, tp, dp, mbs, **kw)
     c0 = cost(zero)
     if c0.fits or not np.isfinite(c0.memory_mb):
         return zero, c0
+    tkw = {k: kw[k] for k in ("cp", "sp") if kw.get(k) not in (None, 1, False)}
     try:
-        table = cm.unit_table(mbs // dp, tp)
+        table = cm.unit_table(mbs // dp, tp, **tkw)
     except NotImplementedError:
-        kinds = [(u.stack, u.kind) for u in cm.model.units[start:end]]
+        kinds = [(cm.model.units[u].stack, cm.model.units[u].kind) for u in idx]
         try:
             per_model = _PROBES.setdefault(cm, {})
         except TypeError:  # not weak-referenceable: no probe cache
@@ -168,19 +180,26 @@ def optimize_stage(cm, i, num_stages, first_rank, start, end, tp, dp, mbs, **kw)
         key = (i, num_stages, first_rank, tp, dp, mbs, tuple(sorted(kw.items())))
         probes = per_model.setdefault(key, {}) if per_model is not None else None
         return _optimize_by_probing(cost, n, kinds, c0, cm.memory_limit_mb, probes)
-    span = slice(start, end)
-    rt, act, peak = table.recompute_ms[span], table.act_mb[span], table.peak_mb[span]
+    rt, act, peak = table.recompute_ms[idx], table.act_mb[idx], table.peak_mb[idx]
+    groups = _unit_types(table)[idx]
     full = np.full(n, 2, np.int8)
     c2 = cost(full)
+    if len(spans) > 1:  # per-unit weights: the in-flight count of the unit's chunk
+        from ..costmodel.memory import in_flight_per_chunk
+        M = kw.get("num_micro_batches") or cm.training.global_batch_size // mbs
+        counts = in_flight_per_chunk(i, num_stages, len(spans), M)
+        w = np.concatenate([np.full(b - a, float(c)) for (a, b), c in zip(spans, counts)])
+        act = act * w[:, None]
+        groups = groups * (max(counts) + 1) + w.astype(np.int64)   # a type per (unit type, in-flight count)
     # calibrate the in-flight multiplier (K = S - i micro-batches, times any allocator slack) from two evaluations
     d_act = float(act[:, 0].sum() - act[:, 2].sum())
     k = ((c0.memory_mb - peak[:, 0].max()) - (c2.memory_mb - peak[:, 2].max())) / d_act if d_act > 0 else 0.0
     if not k > 0:
-        k = float(num_stages - i)
+        k = float(num_stages - i) if len(spans) == 1 else 1.0
     base = c0.memory_mb - k * float(act[:, 0].sum()) - float(peak[:, 0].max())
     budget = cm.memory_limit_mb - base
     for _ in range(4):
-        rc = solve(rt, act, peak, k, budget)
+        rc = solve(rt, act, peak, k, budget, groups)
         if rc is None:
             break
         c = cost(rc)
@@ -188,6 +207,36 @@ def optimize_stage(cm, i, num_stages, first_rank, start, end, tp, dp, mbs, **kw)
             return rc, c
         budget -= max(c.memory_mb - cm.memory_limit_mb, 1e-6)  # the surrogate was optimistic: tighten
     return full, c2 if c2.memory_mb <= c0.memory_mb else c0
+
+
+_TYPES: dict[int, tuple] = {}
+_GROUPINGS: dict[bytes, tuple] = {}
+
+
+def _grouping(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first unit of each type, type of each unit, units per type) of integer group labels, cached."""
+    key = groups.tobytes()
+    hit = _GROUPINGS.get(key)
+    if hit is None:
+        if len(_GROUPINGS) > 4096:
+            _GROUPINGS.clear()
+        _, first, inverse = np.unique(groups, return_index=True, return_inverse=True)
+        inverse = inverse.ravel()
+        hit = _GROUPINGS[key] = (first, inverse, np.bincount(inverse, minlength=len(first)))
+    return hit
+
+
+def _unit_types(table) -> np.ndarray:
+    """Per unit of a ``UnitTable``: the id of its (recompute ms, activations, peak) row, in the rows' sorted order
+    (so a span's types come out as ``np.unique`` over its rows would give them), cached per table."""
+    hit = _TYPES.get(id(table))
+    if hit is None or hit[0] is not table:
+        if len(_TYPES) > 4096:
+            _TYPES.clear()
+        rows = np.concatenate([table.recompute_ms, table.act_mb, table.peak_mb], axis=1)
+        _, inverse = np.unique(rows, axis=0, return_inverse=True)
+        hit = _TYPES[id(table)] = (table, inverse.ravel().astype(np.int64))
+    return hit[1]
 
 
 def _optimize_by_probing(cost, n, kinds, c0, limit, probes=None):

@@ -1,4 +1,13 @@
-"""What ``aceso search`` / ``aceso baseline`` print: progress bar, per-stage table, summary, infeasibility hints."""
+"""What ``aceso search`` / ``aceso baseline`` print: progress bar, per-stage table, the three report lines,
+infeasibility hints.
+
+Every search report ends with three lines, each with its predicted time and speedup over the first:
+
+    uniform Megatron-LM   the best uniform configuration (``baseline``): what a tuned Megatron-LM user runs
+    Megatron-LM plan      the best plan stock Megatron-LM can run (``--target megatron-lm``: uneven layers,
+                          virtual stages, Megatron's recompute settings; ``aceso export --to megatron-lm``)
+    heterogeneous plan    the best plan on the aceso runtime (per-stage shapes, unit cuts, per-unit recompute)
+"""
 
 from __future__ import annotations
 
@@ -8,6 +17,9 @@ import sys
 from ..costmodel.types import RC
 from .state import Evaluation
 from .state import to_plan as _to_plan
+
+LINES = (("uniform", "uniform Megatron-LM"), ("megatron_lm", "Megatron-LM plan"),
+         ("aceso", "heterogeneous plan"))
 
 
 @contextlib.contextmanager
@@ -31,7 +43,7 @@ def progress(total: int, quiet: bool = False):
 
 def to_plan(ev: Evaluation, model, cluster, training, cm):
     return _to_plan(ev, model, cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
-                    bool(training.distributed_optimizer), attention=assumed_attention(cm))
+                    attention=assumed_attention(cm))
 
 
 def assumed_attention(cm) -> str | None:
@@ -47,54 +59,111 @@ def _rc_text(rc) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items())
 
 
+def describe(ev: Evaluation) -> str:
+    """One line for a plan: shapes (compressed when repeated), micro-batch, chunks, switches, recompute setting."""
+    st = ev.state
+    shapes, runs = [], []
+    for s in st.shapes:
+        text = f"tp{s.tp}" + (f" cp{s.cp}" if s.cp > 1 else "") + f" dp{s.dp}" + (" sp" if s.sp else "")
+        if runs and runs[-1][0] == text:
+            runs[-1][1] += 1
+        else:
+            runs.append([text, 1])
+    for text, n in runs:
+        shapes.append(f"{n}x({text})" if n > 1 else f"({text})")
+    f = st.features
+    parts = [f"pp {st.num_stages}", " ".join(shapes), f"micro-batch {st.mbs}"]
+    parts += [f"vpp {st.num_chunks}"] if st.num_chunks > 1 else []
+    parts += ["dist-opt"] if f.distributed_optimizer else []
+    parts += ["overlap"] if f.overlap_grad_reduce or f.overlap_param_gather else []
+    parts += ["tp-comm-overlap"] if f.tp_comm_overlap else []
+    if ev.setting is not None:
+        parts.append(f"recompute {ev.setting.label}")
+    return ", ".join(parts)
+
+
 def stage_rows(ev: Evaluation) -> list[dict]:
     st = ev.state
     rows = []
-    for i, (tp, dp) in enumerate(st.shapes):
-        s = ev.stages[i]
-        rows.append({"stage": i, "gpus": tp * dp, "tp": tp, "dp": dp, "units": [st.bounds[i], st.bounds[i + 1]],
-                     "recompute": _rc_text(s.rc), "time_ms": round(ev.stage_total_ms[i], 3),
-                     "time_per_microbatch_ms": round(s.cost.time_per_microbatch_ms, 4),
-                     "memory_mb": round(s.cost.memory_mb, 1)})
+    for i, s in enumerate(st.shapes):
+        e = ev.stages[i]
+        rows.append({"stage": i, "gpus": s.num_gpus, "tp": s.tp, "cp": s.cp, "dp": s.dp, "sp": s.sp,
+                     "micro_batch_per_rank": st.mbs // s.dp, "units": [list(x) for x in st.spans(i)],
+                     "recompute": _rc_text(e.rc), "time_ms": round(ev.stage_total_ms[i], 3),
+                     "time_per_microbatch_ms": round(e.cost.time_per_microbatch_ms, 4),
+                     "memory_mb": round(e.cost.memory_mb, 1)})
     return rows
 
 
-def summary(plan, ev: Evaluation, base, result, cm) -> dict:
+def line(ev: Evaluation | None, base_ms: float | None) -> dict | None:
+    if ev is None or not ev.fits:
+        return None
+    out = {"iteration_ms": round(ev.iteration_ms, 4), "plan": describe(ev)}
+    if base_ms:
+        out["speedup"] = round(base_ms / ev.iteration_ms, 4)
+    return out
+
+
+def three_lines(plans) -> dict:
+    """The report's three lines (``api.Plans``) as dicts (None where nothing fits)."""
+    base = plans.uniform.evaluation if plans.uniform is not None and plans.uniform.fits else None
+    base_ms = base.iteration_ms if base is not None else None
+    return {"uniform": line(base, base_ms),
+            "megatron_lm": line(plans.megatron.plans[0] if plans.megatron.plans else None, base_ms),
+            "aceso": line(plans.aceso.plans[0] if plans.aceso.plans else None, base_ms)}
+
+
+def summary(plan, ev: Evaluation, plans, result, cm) -> dict:
     out = {"model": plan.model.name, "cluster": plan.cluster.label if plan.cluster else None,
-           "cost_model": getattr(cm, "kind", "analytic"), "iteration_ms": round(ev.iteration_ms, 4),
+           "cost_model": getattr(cm, "kind", "analytic"), "target": plans.target,
+           "iteration_ms": round(ev.iteration_ms, 4),
            "samples_per_s": round(plan.global_batch_size / ev.iteration_ms * 1000, 4),
-           "micro_batch_size": plan.micro_batch_size, "num_stages": plan.num_stages, "stages": stage_rows(ev),
+           "micro_batch_size": plan.micro_batch_size, "num_stages": plan.num_stages,
+           "num_virtual_stages": plan.num_virtual_stages, "stages": stage_rows(ev),
            "search_s": round(result.seconds, 3), "evaluated_plans": result.evals,
-           "interrupted": result.interrupted}
+           "interrupted": result.interrupted, "lines": three_lines(plans)}
+    base = plans.uniform
     if base is not None and base.fits:
         out["baseline"] = {"iteration_ms": round(base.iteration_ms, 4), "pp": base.pp, "tp": base.tp,
-                           "dp": base.dp, "micro_batch_size": base.mbs, "recompute": base.recompute,
-                           "layers_per_stage": list(base.layers)}
+                           "cp": base.cp, "dp": base.dp, "micro_batch_size": base.mbs,
+                           "sequence_parallel": base.shape.sp, "virtual_stages": base.state.num_chunks,
+                           "recompute": base.recompute, "layers_per_chunk": list(base.layers)}
         out["speedup"] = round(base.iteration_ms / ev.iteration_ms, 4)
     return out
 
 
-def print_table(plan, ev: Evaluation, base, result, cm, file=None) -> None:
+def print_table(plan, ev: Evaluation, plans, result, cm, file=None) -> None:
     from rich.console import Console
     from rich.table import Table
-    con = Console(file=file or sys.stdout, width=120)
+    con = Console(file=file or sys.stdout, width=140)
     t = Table(title=f"{plan.model.name} on {plan.cluster.label if plan.cluster else plan.world_size} GPUs "
-                    f"({getattr(cm, 'kind', 'analytic')}), micro-batch {plan.micro_batch_size}, "
-                    f"global batch {plan.global_batch_size}")
-    for col in ("stage", "GPUs", "tp", "dp", "units", "recompute", "1F1B time ms", "ms/micro-batch", "memory MB"):
+                    f"({getattr(cm, 'kind', 'analytic')}, target {plans.target}), pipeline micro-batch "
+                    f"{plan.micro_batch_size}, global batch {plan.global_batch_size}")
+    for col in ("stage", "GPUs", "tp", "cp", "dp", "sp", "mbs/rank", "units", "recompute", "total ms",
+                "ms/micro-batch", "memory MB"):
         t.add_column(col, justify="right" if col not in ("recompute", "units") else "left")
     for r in stage_rows(ev):
-        t.add_row(str(r["stage"]), str(r["gpus"]), str(r["tp"]), str(r["dp"]), f"{r['units'][0]}-{r['units'][1]}",
-                  r["recompute"], f"{r['time_ms']:.1f}", f"{r['time_per_microbatch_ms']:.2f}",
-                  f"{r['memory_mb']:.0f}")
+        t.add_row(str(r["stage"]), str(r["gpus"]), str(r["tp"]), str(r["cp"]), str(r["dp"]),
+                  "on" if r["sp"] else "", str(r["micro_batch_per_rank"]),
+                  " ".join(f"{a}-{b}" for a, b in r["units"]), r["recompute"], f"{r['time_ms']:.1f}",
+                  f"{r['time_per_microbatch_ms']:.2f}", f"{r['memory_mb']:.0f}")
     con.print(t)
+    f = ev.state.features
+    switches = [n for n, on in (("distributed optimizer", f.distributed_optimizer),
+                                ("overlap grad reduce", f.overlap_grad_reduce),
+                                ("overlap param gather", f.overlap_param_gather),
+                                ("tp comm overlap", f.tp_comm_overlap)) if on]
+    con.print(f"virtual stages {ev.state.num_chunks}; " + (", ".join(switches) if switches else "no switches on"))
     sps = plan.global_batch_size / ev.iteration_ms * 1000
     con.print(f"predicted iteration {ev.iteration_ms:.2f} ms, {sps:.2f} samples/s")
-    if base is not None and base.fits:
-        con.print(f"uniform baseline: pp {base.pp} tp {base.tp} dp {base.dp} mbs {base.mbs} recompute "
-                  f"{base.recompute}: {base.iteration_ms:.2f} ms -> speedup {base.iteration_ms / ev.iteration_ms:.3f}x")
-    else:
-        con.print("uniform baseline: no uniform configuration fits")
+    lines = three_lines(plans)
+    for key, label in LINES:
+        x = lines[key]
+        if x is None:
+            con.print(f"{label:<21} nothing fits")
+            continue
+        sp = f"{x['speedup']:.3f}x" if "speedup" in x else "-"
+        con.print(f"{label:<21} {x['iteration_ms']:>12.2f} ms  {sp:>7}   {x['plan']}")
     con.print(f"search {result.seconds:.2f} s, {result.evals} plans evaluated")
 
 
@@ -102,12 +171,12 @@ def infeasible_hint(best: Evaluation | None, cm, cluster, training, space) -> st
     """One line: what would make the problem fit."""
     limit = cm.memory_limit_mb
     if best is None:
-        return (f"no valid plan for {space.num_units} units on {cluster.num_gpus} GPUs with micro-batch sizes "
-                f"{list(space.mbs_list)}; check --micro-batch-sizes and the cluster")
+        return (f"no valid plan for {space.num_units} units on {cluster.num_gpus} GPUs with per-rank micro-batch "
+                f"sizes {list(space.batches)}; check --micro-batch-sizes and the cluster")
     need = best.max_memory_mb
     hints = [f"needs at least {need:.0f} MB per GPU (limit {limit:.0f} MB): raise --memory-limit-mb to {need:.0f}"
              if need != float("inf") else "no plan could be priced"]
     hints.append(f"use more GPUs than {cluster.num_gpus}")
-    if min(space.mbs_list) > 1:
+    if min(space.batches) > 1:
         hints.append("allow a smaller micro-batch (--micro-batch-sizes 1 ...)")
     return "no plan fits in memory: it " + "; or ".join(hints)

@@ -1,11 +1,19 @@
-"""Compact plan state for the search, conversion to/from ``ParallelPlan``, and the cached plan evaluator.
+"""Compact plan state for the search, the cached plan evaluator, and conversion to/from ``ParallelPlan``.
 
-A search state is a tiny immutable tuple: micro-batch size, per-stage ``(tp, dp)`` shapes and the ``S + 1`` unit
-boundaries. A primitive builds a new state by replacing a few tuple entries (O(S), no deep copies), and the state
-itself is the key of the visited set. Recompute is *not* part of the state: for each stage it is derived exactly
-(``recompute.optimize_stage``) from the stage's position, GPUs, span and micro-batch, so every state is evaluated
-at its best recompute. Stage costs are cached by ``(index, num_stages, first_rank, start, end, tp, dp, mbs)``,
-which makes re-evaluating a state after a primitive cost only the stages it touched.
+A search state is a tiny immutable tuple: the pipeline micro-batch, per-stage ``Shape(tp, dp, cp, sp)``, the
+``S v + 1`` unit boundaries of the model chunks in model order (chunk ``k`` is chunk ``k // S`` of stage ``k % S``;
+``v = 1``: one span per stage) and the plan-level ``Features``. A primitive builds a new state by replacing a few
+entries (O(S), no deep copies), and the state itself is the key of the visited set.
+
+Recompute is *not* part of the state. For the ``aceso`` target every stage is priced at its exact best recompute
+(``recompute.optimize_stage``) for its position, shape, chunks, neighbours and features; for ``megatron-lm`` the
+plan takes the fastest recompute setting Megatron-LM can express (``megatron_lm.best_setting``). Stage results are
+cached by everything they depend on, so re-evaluating a state after a primitive costs only the stages it touched.
+
+Interleaved pipelines are priced by the cost model's schedule recurrence over every op, which costs milliseconds.
+A state whose lower bound ``max_i (M (F_i + B_i) + sync_i + step_i)`` (no schedule beats its busiest stage) is not
+below ``cutoff`` (the search's best time) can never be accepted: it gets the estimate ``bound + (1F1B bubble) / v``
+instead (``exact`` False) and is priced exactly only if it is ever needed (a restart, the final plans).
 """
 
 from __future__ import annotations
@@ -18,46 +26,68 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..costmodel.types import RC, RC_CODE, StageCost
+from ..costmodel.pipeline import one_f_one_b
+from ..costmodel.types import RC, RC_CODE, Features, Shape, StageCost
 from ..errors import AcesoError
-from ..plan import ParallelPlan, PlanPrediction, StageSpec
+from ..plan import ChunkSpec, ParallelPlan, PlanPrediction, StageSpec
 from .recompute import optimize_stage
+from .space import Space  # noqa: F401 - re-exported (the space lived here before)
 
 INF = float("inf")
+_ERRORS = (AcesoError, KeyError, ValueError, ZeroDivisionError, IndexError)
 
 
 class State(NamedTuple):
-    """One candidate plan: ``shapes[i] = (tp, dp)``, stage i covers units ``[bounds[i], bounds[i+1])``."""
+    """One candidate plan: ``shapes[i]`` is stage i's ``Shape``; ``bounds`` the model chunks' unit boundaries."""
 
     mbs: int
-    shapes: tuple[tuple[int, int], ...]
+    shapes: tuple[Shape, ...]
     bounds: tuple[int, ...]
+    features: Features = Features()
 
     @property
     def num_stages(self) -> int:
         return len(self.shapes)
 
+    @property
+    def num_chunks(self) -> int:
+        """Model chunks per stage (``v``)."""
+        return (len(self.bounds) - 1) // len(self.shapes)
+
+    def spans(self, i: int) -> tuple[tuple[int, int], ...]:
+        """Stage i's chunks ``(start, end)``, its first chunk first."""
+        S, b = len(self.shapes), self.bounds
+        return tuple((b[j * S + i], b[j * S + i + 1]) for j in range(self.num_chunks))
+
     def gpus(self, i: int) -> int:
-        return self.shapes[i][0] * self.shapes[i][1]
+        return self.shapes[i].num_gpus
 
     def first_ranks(self) -> list[int]:
         out, r = [], 0
-        for tp, dp in self.shapes:
+        for s in self.shapes:
             out.append(r)
-            r += tp * dp
+            r += s.num_gpus
         return out
+
+    def neighbours(self, i: int) -> tuple[Shape | None, Shape | None]:
+        """The shapes stage i exchanges activations with (ring neighbours when interleaved)."""
+        S = len(self.shapes)
+        if S == 1:
+            return None, None
+        if self.num_chunks > 1:
+            return self.shapes[i - 1], self.shapes[(i + 1) % S]
+        return (self.shapes[i - 1] if i else None), (self.shapes[i + 1] if i < S - 1 else None)
 
 
 @dataclass
 class StageEval:
     cost: StageCost
-    rc: np.ndarray          # int8 per unit of the span
-    total_ms: float = 0.0   # filled by the plan evaluation: the stage's 1F1B total
+    rc: np.ndarray          # int8 per unit of the stage's chunks, chunk after chunk
 
 
 @dataclass
 class Evaluation:
-    """A state's evaluation: iteration time (inf if it does not fit), stages and their 1F1B totals."""
+    """A state's evaluation: iteration time (inf if it does not fit), stages and their pipeline totals."""
 
     state: State
     iteration_ms: float
@@ -66,11 +96,19 @@ class Evaluation:
     stage_total_ms: list[float]
     max_memory_mb: float
     raw_iteration_ms: float = INF   # the time even when the plan does not fit (reports, infeasible hints)
+    exact: bool = True              # False: an interleaved estimate above the cutoff (never accepted as is)
+    bubble_ms: float = 0.0
+    setting: object = None          # megatron-lm target: the plan's recompute setting (megatron_lm.Setting)
 
     @property
     def score(self) -> tuple[int, float]:
         """Sort key: fitting plans by time first, then non-fitting ones by memory."""
         return (0, self.iteration_ms) if self.fits else (1, self.max_memory_mb)
+
+    @property
+    def rank(self) -> tuple:
+        """Deterministic total order: score, then the plan-level switches on before off, then the state."""
+        return (self.score, tuple(not x for x in self.state.features), self.state)
 
 
 class BudgetExhausted(Exception):
@@ -98,79 +136,150 @@ class Budget:
             self.callback(self.used)
 
 
-class Evaluator:
-    """Evaluates states with a cost model; caches stage costs and plan evaluations."""
+def _failed(n: int) -> StageEval:
+    return StageEval(StageCost(fwd_ms=INF, bwd_ms=INF, recompute_ms=0.0, p2p_ms=0.0, memory_mb=INF, fits=False),
+                     np.zeros(n, np.int8))
 
-    def __init__(self, cost_model, global_batch_size: int, budget: Budget | None = None):
+
+class Evaluator:
+    """Evaluates states with a cost model; caches stage results and plan evaluations.
+
+    ``target``: ``aceso`` (exact recompute per stage) or ``megatron-lm`` (the fastest Megatron-LM recompute
+    setting for the whole plan). ``cutoff``: see the module docstring (the search keeps it at its best time).
+    """
+
+    def __init__(self, cost_model, global_batch_size: int, budget: Budget | None = None, target: str = "aceso"):
         self.cm = cost_model
         self.gbs = global_batch_size
         self.budget = budget
+        self.target = target
         self.limit = float(cost_model.memory_limit_mb)
+        self.cutoff = INF
         self._stages: dict[tuple, StageEval] = {}
         self._plans: dict[State, Evaluation] = {}
-        try:  # cost models that price re-sharding between stages of different shapes take the neighbours
-            self.neighbours = "prev" in inspect.signature(cost_model.stage_cost).parameters
+        try:
+            params = inspect.signature(cost_model.stage_cost).parameters
         except (TypeError, ValueError):
-            self.neighbours = False
+            params = {}
+        # a model that prices none of the v2 features (aceso-compat) is called as before them: positional only
+        v1 = getattr(cost_model, "features", None) == frozenset()
+        self.neighbours = "prev" in params and not v1   # prices re-sharding between stages of different shapes
+        self.modern = "spans" in params and not v1      # takes cp, sp, spans, features (plan contract v2)
 
-    def stage(self, i: int, num_stages: int, first_rank: int, start: int, end: int, tp: int, dp: int,
-              mbs: int, prev: tuple[int, int] | None = None, next: tuple[int, int] | None = None) -> StageEval:
-        if not self.neighbours:
-            prev = next = None
-        key = (i, num_stages, first_rank, start, end, tp, dp, mbs, prev, next)
+    # ----- one stage ----------------------------------------------------------------------------------------------
+    def stage_args(self, st: State, i: int, first_rank: int, shape: Shape | None = None,
+                   spans: tuple | None = None) -> tuple[tuple, dict]:
+        """(positional, keyword) arguments of ``cm.stage_cost`` for stage i of ``st`` (recompute left out)."""
+        S = st.num_stages
+        shape = shape or st.shapes[i]
+        spans = spans or st.spans(i)
+        args = (i, S, first_rank, spans[0][0], spans[-1][1], shape.tp, shape.dp)
+        kw: dict = {}
+        if self.neighbours:
+            prev, nxt = st.neighbours(i)
+            kw = {"prev": prev, "next": nxt}
+        if self.modern:
+            kw.update(cp=shape.cp, sp=shape.sp, features=st.features, spans=spans if len(spans) > 1 else None)
+        return args, kw
+
+    def stage(self, st: State, i: int, first_rank: int, shape: Shape | None = None,
+              spans: tuple | None = None) -> StageEval:
+        """Stage i of ``st`` (optionally at another shape or chunks) at its exact best recompute."""
+        args, kw = self.stage_args(st, i, first_rank, shape, spans)
+        key = (args, st.mbs, tuple(sorted(kw.items())))
         hit = self._stages.get(key)
         if hit is None:
-            kw = {"prev": prev, "next": next} if self.neighbours else {}
+            n = sum(b - a for a, b in (spans or st.spans(i)))
             try:
-                rc, cost = optimize_stage(self.cm, i, num_stages, first_rank, start, end, tp, dp, mbs, **kw)
-            except (AcesoError, KeyError, ValueError, ZeroDivisionError):
-                rc, cost = np.zeros(end - start, np.int8), None
-            if cost is None:
-                cost = StageCost(fwd_ms=INF, bwd_ms=INF, recompute_ms=0.0, p2p_ms=0.0, memory_mb=INF, fits=False)
-            hit = self._stages[key] = StageEval(cost, rc)
+                rc, cost = optimize_stage(self.cm, *args, st.mbs, **kw)
+                hit = StageEval(cost, rc) if cost is not None else _failed(n)
+            except _ERRORS:
+                hit = _failed(n)
+            self._stages[key] = hit
         return hit
 
-    def evaluate(self, state: State, charge: bool = True) -> Evaluation:
+    def stage_with(self, st: State, i: int, first_rank: int, rc: np.ndarray, spans: tuple | None = None,
+                   shape: Shape | None = None) -> StageEval:
+        """Stage i of ``st`` (optionally over other chunks, at another shape) with the given recompute codes
+        (cached by them)."""
+        args, kw = self.stage_args(st, i, first_rank, shape, spans)
+        key = (args, st.mbs, tuple(sorted(kw.items())), rc.tobytes())
+        hit = self._stages.get(key)
+        if hit is None:
+            try:
+                hit = StageEval(self.cm.stage_cost(*args, rc, st.mbs, **kw), rc)
+            except _ERRORS:
+                hit = _failed(len(rc))
+            self._stages[key] = hit
+        return hit
+
+    # ----- a plan -------------------------------------------------------------------------------------------------
+    def evaluate(self, state: State, charge: bool = True, exact: bool = False) -> Evaluation:
+        """The state's evaluation (cached); ``exact``: never an interleaved estimate."""
         hit = self._plans.get(state)
-        if hit is not None:
+        if hit is not None and (hit.exact or not exact):
             return hit
-        if charge and self.budget is not None:
+        if hit is None and charge and self.budget is not None:
             self.budget.charge()
-        S = state.num_stages
-        stages = []
-        for i, r in enumerate(state.first_ranks()):
-            tp, dp = state.shapes[i]
-            prev = state.shapes[i - 1] if i > 0 else None
-            nxt = state.shapes[i + 1] if i < S - 1 else None
-            stages.append(self.stage(i, S, r, state.bounds[i], state.bounds[i + 1], tp, dp, state.mbs, prev, nxt))
-        costs = [s.cost for s in stages]
-        mem = max(c.memory_mb for c in costs)
-        fits = all(c.fits for c in costs)
-        if all(np.isfinite(c.time_per_microbatch_ms) for c in costs):
-            pipe = self.cm.pipeline(costs, self.gbs // state.mbs)
-            totals, it = list(pipe.stage_total_ms), pipe.iteration_ms
+        exact = exact or hit is not None
+        if self.target == "megatron-lm":
+            from .megatron_lm import best_setting
+            ev = best_setting(self, state, exact)
         else:
-            totals, it = [INF if not np.isfinite(c.time_per_microbatch_ms) else 0.0 for c in costs], INF
-        ev = Evaluation(state, it if fits else INF, fits, stages, totals, mem, it)
+            firsts = state.first_ranks()
+            ev = self.assemble(state, [self.stage(state, i, r) for i, r in enumerate(firsts)], exact)
         self._plans[state] = ev
         return ev
 
+    def assemble(self, state: State, stages: list[StageEval], exact: bool = False) -> Evaluation:
+        """An ``Evaluation`` from priced stages: the pipeline (estimated above the cutoff when interleaved)."""
+        costs = [s.cost for s in stages]
+        mem = max(c.memory_mb for c in costs)
+        fits = all(c.fits for c in costs)
+        if not all(np.isfinite(c.time_per_microbatch_ms) for c in costs):
+            totals = [INF if not np.isfinite(c.time_per_microbatch_ms) else 0.0 for c in costs]
+            return Evaluation(state, INF, False, stages, totals, mem, INF)
+        it, totals, bubble, is_exact = self.pipeline(costs, self.gbs // state.mbs, exact)
+        return Evaluation(state, it if fits else INF, fits, stages, totals, mem, it, is_exact, bubble)
+
+    def pipeline(self, costs: list[StageCost], M: int, exact: bool = False):
+        """(iteration ms, per-stage totals, bubble ms, exact) of priced stages."""
+        if not costs[0].chunk_fwd_ms or exact or not np.isfinite(self.cutoff):
+            pipe = self.cm.pipeline(costs, M)
+            return pipe.iteration_ms, list(pipe.stage_total_ms), pipe.bubble_ms, True
+        fwd = [sum(c.chunk_fwd_ms) for c in costs]
+        bwd = [sum(c.chunk_bwd_ms) for c in costs]
+        sync = [c.dp_sync_ms + c.optimizer_ms + c.prologue_ms for c in costs]
+        busy = [M * (f + b) + s for f, b, s in zip(fwd, bwd, sync)]   # no schedule beats a stage's own work
+        bound = max(busy)
+        if bound < self.cutoff:
+            pipe = self.cm.pipeline(costs, M)
+            return pipe.iteration_ms, list(pipe.stage_total_ms), pipe.bubble_ms, True
+        flat = one_f_one_b(fwd, bwd, sync, M)
+        bubble = max(flat.iteration_ms - bound, 0.0) / len(costs[0].chunk_fwd_ms)
+        return bound + bubble, [b + bubble for b in busy], bubble, False
+
     def evaluations(self) -> list[Evaluation]:
         """Every plan evaluated so far, best first (ties by state, so the order is deterministic)."""
-        return sorted(self._plans.values(), key=lambda e: (e.score, e.state))
+        return sorted(self._plans.values(), key=lambda e: e.rank)
 
     @property
     def num_evaluated(self) -> int:
         return len(self._plans)
 
 
-def to_plan(ev: Evaluation, model, cluster, gbs: int, cost_model_kind: str, distributed_optimizer: bool = False,
-            predicted: bool = True, attention: str | None = None) -> ParallelPlan:
-    """Build the validated ``ParallelPlan`` of an evaluation (recompute from the stage optimisations)."""
+def to_plan(ev: Evaluation, model, cluster, gbs: int, cost_model_kind: str, predicted: bool = True,
+            attention: str | None = None) -> ParallelPlan:
+    """Build the validated ``ParallelPlan`` of an (exact) evaluation, recompute from the stage results."""
     st = ev.state
-    stages = [StageSpec(num_gpus=tp * dp, tp=tp, dp=dp, start_unit=st.bounds[i], end_unit=st.bounds[i + 1],
-                        recompute=[RC[c] for c in ev.stages[i].rc])
-              for i, (tp, dp) in enumerate(st.shapes)]
+    stages = []
+    for i, s in enumerate(st.shapes):
+        rc, pos, chunks = ev.stages[i].rc, 0, []
+        for a, b in st.spans(i):
+            chunks.append(ChunkSpec(start_unit=a, end_unit=b, recompute=[RC[c] for c in rc[pos:pos + b - a]]))
+            pos += b - a
+        stages.append(StageSpec(num_gpus=s.num_gpus, tp=s.tp, cp=s.cp, dp=s.dp, sequence_parallel=s.sp,
+                                chunks=chunks))
     pred = None
     if predicted:
         it = ev.raw_iteration_ms
@@ -178,61 +287,17 @@ def to_plan(ev: Evaluation, model, cluster, gbs: int, cost_model_kind: str, dist
                               samples_per_s=round(gbs / it * 1000, 6),
                               stage_time_ms=[round(t, 6) for t in ev.stage_total_ms],
                               stage_memory_mb=[round(s.cost.memory_mb, 6) for s in ev.stages], attention=attention)
+    f = st.features
     return ParallelPlan(model=model, cluster=cluster, micro_batch_size=st.mbs, global_batch_size=gbs,
-                        distributed_optimizer=distributed_optimizer, stages=stages, predicted=pred)
+                        distributed_optimizer=f.distributed_optimizer, overlap_grad_reduce=f.overlap_grad_reduce,
+                        overlap_param_gather=f.overlap_param_gather, tp_comm_overlap=f.tp_comm_overlap,
+                        stages=stages, predicted=pred)
 
 
 def from_plan(plan: ParallelPlan) -> tuple[State, list[np.ndarray]]:
-    """A plan's state and its per-stage recompute codes."""
-    shapes = tuple((s.tp, s.dp) for s in plan.stages)
-    bounds = tuple([s.start_unit for s in plan.stages] + [plan.stages[-1].end_unit])
-    rcs = [np.array([RC_CODE[r] for r in s.recompute], dtype=np.int8) for s in plan.stages]
-    return State(plan.micro_batch_size, shapes, bounds), rcs
-
-
-@dataclass(frozen=True)
-class Space:
-    """What shapes the cluster and model allow: TP a power of two dividing heads, query groups and FFN, at most
-    ``gpus_per_node``; DP dividing the micro-batch; TP groups (adjacent ranks) never straddle a node."""
-
-    num_gpus: int
-    gpus_per_node: int
-    tps: tuple[int, ...]
-    mbs_list: tuple[int, ...]
-    num_units: int
-
-    @classmethod
-    def of(cls, model, cluster, training, micro_batch_sizes=None) -> Space:
-        tps, t = [], 1
-        while t <= cluster.gpus_per_node:
-            if all(v % t == 0 for v in (model.num_attention_heads, model.groups, model.ffn_hidden_size)):
-                tps.append(t)
-            t *= 2
-        mbs = sorted({m for m in (micro_batch_sizes or training.micro_batch_sizes)
-                      if training.global_batch_size % m == 0})
-        return cls(cluster.num_gpus, cluster.gpus_per_node, tuple(tps), tuple(mbs), model.num_units)
-
-    def shapes(self, g: int, mbs: int) -> list[tuple[int, int]]:
-        return [(tp, g // tp) for tp in self.tps if g % tp == 0 and mbs % (g // tp) == 0]
-
-    def valid_counts(self) -> list[int]:
-        """GPU counts a stage can have under some micro-batch size."""
-        return sorted({tp * dp for tp in self.tps for m in self.mbs_list for dp in range(1, m + 1)
-                       if m % dp == 0 and tp * dp <= self.num_gpus})
-
-    def legal(self, state: State) -> bool:
-        if sum(tp * dp for tp, dp in state.shapes) != self.num_gpus:
-            return False
-        if any(b <= a for a, b in zip(state.bounds[:-1], state.bounds[1:])):
-            return False
-        if state.bounds[0] != 0 or state.bounds[-1] != self.num_units:
-            return False
-        gpn = self.gpus_per_node
-        for first, (tp, dp) in zip(state.first_ranks(), state.shapes):
-            if tp not in self.tps or state.mbs % dp:
-                return False
-            for j in range(dp):
-                lo = first + j * tp
-                if lo // gpn != (lo + tp - 1) // gpn:
-                    return False
-        return True
+    """A plan's state and its per-stage recompute codes (chunk after chunk)."""
+    shapes = tuple(Shape.of(s) for s in plan.stages)
+    chunks = plan.chunks_in_order()
+    bounds = tuple([c.start_unit for _, _, c in chunks] + [chunks[-1][2].end_unit])
+    rcs = [np.array([RC_CODE[r] for r in s.all_recompute], dtype=np.int8) for s in plan.stages]
+    return State(plan.micro_batch_size, shapes, bounds, Features.of_plan(plan)), rcs

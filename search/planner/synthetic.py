@@ -124,7 +124,7 @@ def tiny_problem(seed: int, gbs: int = 32):
     from ..cluster import parse_cluster
     from ..presets import load_model
     from ..training import TrainingSpec
-    from .state import Space
+    from .space import Space
     rng = np.random.default_rng(seed)
     layers = int(rng.integers(1, 5))
     gpus = int(rng.choice([1, 2, 4]))

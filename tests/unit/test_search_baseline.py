@@ -1,40 +1,92 @@
-"""The uniform baseline against an independent enumeration of Megatron-style plans (search.plan.uniform_plan)."""
+"""The uniform baseline against an independent enumeration of Megatron-LM configurations, built as ParallelPlans
+(``search.plan.uniform_plan``) and priced by the cost model's own ``evaluate``."""
+
+import itertools
 
 import pytest
 
 from search.cluster import parse_cluster
 from search.costmodel import make_cost_model
-from search.plan import uniform_plan
-from search.planner.baseline import UNIFORM_RECOMPUTE
+from search.plan import ChunkSpec, ParallelPlan, StageSpec, uniform_plan
+from search.planner import megatron_lm
+from search.planner.api import make_space
 from search.planner.baseline import baseline_plan, best_uniform, layer_splits
-from search.planner.state import Space
 from search.presets import load_model
 from search.training import TrainingSpec
 
+GBS = 64
+BATCHES = (8, 16)          # per-rank candidates large enough that the tighter limits need recompute
+FEATURES = [dict(distributed_optimizer=d, overlap_grad_reduce=g, overlap_param_gather=p)
+            for d, g, p in itertools.product((False, True), repeat=3) if d or not p]
 
-@pytest.mark.parametrize("limit", [None, 30000])
-def test_best_uniform_equals_enumeration_of_uniform_plans(limit):
-    model = load_model("gpt-1.3b", num_layers=4)
-    cluster = parse_cluster("1x4-h100", memory_limit_mb=limit)
-    training = TrainingSpec(global_batch_size=64)
+
+def _recompute(model, a, b, setting):
+    """Megatron-LM's recompute settings as per-unit choices, written out independently of megatron_lm.Setting."""
+    units = model.units[a:b]
+    if setting == "none":
+        return ["none"] * len(units)
+    if setting == "selective":   # --recompute-granularity selective (core_attn): the attention core only
+        return ["selective" if u.kind != "mlp" else "none" for u in units]
+    if setting == "full":        # full, uniform, 1 layer per checkpoint
+        return ["full"] * len(units)
+    n = setting[1]               # full, block, n: the first n layers of the chunk
+    layers = list(dict.fromkeys((u.stack, u.layer) for u in units))[:n]
+    return ["full" if (u.stack, u.layer) in layers else "none" for u in units]
+
+
+def _with_setting(plan, setting) -> ParallelPlan:
+    stages = [StageSpec(num_gpus=s.num_gpus, tp=s.tp, cp=s.cp, dp=s.dp, sequence_parallel=s.sequence_parallel,
+                        chunks=[ChunkSpec(start_unit=c.start_unit, end_unit=c.end_unit,
+                                          recompute=_recompute(plan.model, c.start_unit, c.end_unit, setting))
+                                for c in s.chunks]) for s in plan.stages]
+    return plan.model_copy(update={"stages": stages})
+
+
+def _reference(model, cluster, cm, layers):
+    """(best fitting iteration ms, least memory of any configuration without recompute)."""
+    best, least_none = float("inf"), float("inf")
+    for pp, tp, b, v, sp in itertools.product((1, 2, 4), (1, 2, 4), BATCHES, (1, 2), (False, True)):
+        if 4 % (pp * tp) or (sp and tp == 1) or (v > 1 and (pp == 1 or layers % (pp * v))):
+            continue
+        dp = 4 // (pp * tp)
+        m = b * dp
+        if GBS % m or (v > 1 and (GBS // m) % pp):
+            continue
+        per_chunk = layers // (pp * v)
+        settings = ["none", "selective", "full"] + [("block", n) for n in range(1, per_chunk)]
+        for feats, setting in itertools.product(FEATURES, settings):
+            plan = uniform_plan(model, pp, tp, dp, m, GBS, "none", cluster, sequence_parallel=sp,
+                                num_virtual_stages=v, **feats)
+            cost = cm.evaluate(_with_setting(plan, setting))
+            if setting == "none":
+                least_none = min(least_none, cost.max_memory_mb)
+            if cost.fits:
+                best = min(best, cost.iteration_ms)
+    return best, least_none
+
+
+def _check(model, cluster, training):
     cm = make_cost_model(model, cluster, training)
-    best = float("inf")
-    for pp in (1, 2, 4):
-        for tp in (1, 2, 4):
-            if 4 % (pp * tp):
-                continue
-            dp = 4 // (pp * tp)
-            for mbs in (1, 2, 4, 8):
-                if mbs % dp:
-                    continue
-                for rc in UNIFORM_RECOMPUTE:
-                    cost = cm.evaluate(uniform_plan(model, pp, tp, dp, mbs, 64, rc, cluster))
-                    if cost.fits:
-                        best = min(best, cost.iteration_ms)
-    res = best_uniform(cm, 64, Space.of(model, cluster, training), model)
-    assert res.iteration_ms == pytest.approx(best, rel=1e-12)
-    plan = baseline_plan(res, model, cluster, 64, "analytic")
+    want, least_none = _reference(model, cluster, cm, 4)
+    res = best_uniform(cm, GBS, make_space(cm, training, "megatron-lm"), model)
+    assert res.iteration_ms == pytest.approx(want, rel=1e-12)
+    plan = baseline_plan(res, model, cluster, GBS, "analytic")
     assert cm.evaluate(plan).iteration_ms == pytest.approx(res.iteration_ms, rel=1e-12)
+    assert megatron_lm.problem(plan) is None
+    assert plan.micro_batch_per_rank(0) == res.mbs
+    return res, least_none
+
+
+@pytest.mark.parametrize("squeeze", [0.97, 0.85])
+def test_best_uniform_equals_enumeration_of_megatron_configs(squeeze):
+    model = load_model("gpt-1.3b", num_layers=4)
+    training = TrainingSpec(global_batch_size=GBS, micro_batch_sizes=list(BATCHES))
+    res, least_none = _check(model, parse_cluster("1x4-h100"), training)
+    assert res.recompute == "none"
+    # below the least memory any configuration needs without recompute: every fitting one recomputes
+    tight = parse_cluster("1x4-h100", memory_limit_mb=least_none * squeeze)
+    res, _ = _check(model, tight, training)
+    assert res.fits and res.recompute != "none"
 
 
 def test_layer_splits_follow_megatron_first_last_adjustment():

@@ -1,4 +1,5 @@
-"""`aceso search` / `aceso baseline`: determinism (byte-identical plans), validity, Ctrl-C, infeasible exit 2."""
+"""`aceso search` / `aceso baseline`: determinism (byte-identical plans), validity, the three report lines,
+--target megatron-lm, the feature switches, Ctrl-C, infeasible exit 2."""
 
 import contextlib
 import json
@@ -7,6 +8,7 @@ import pytest
 
 from search.cli import main
 from search.plan import load_plan
+from search.planner import megatron_lm
 from search.planner.aceso import SearchOptions, search
 from search.planner.synthetic import tiny_problem
 
@@ -92,5 +94,64 @@ def test_baseline_cli_writes_uniform_plan(tmp_path, capsys):
     assert main(["baseline", *ARGS[:-2], "--json", "-o", str(out)]) == 0
     info = json.loads(capsys.readouterr().out)
     plan = load_plan(out)
-    assert len({(s.tp, s.dp) for s in plan.stages}) == 1 and plan.num_stages == info["pp"]
-    assert len({r for s in plan.stages for r in s.recompute}) == 1
+    assert len({(s.tp, s.cp, s.dp, s.sequence_parallel) for s in plan.stages}) == 1 and plan.num_stages == info["pp"]
+    assert megatron_lm.problem(plan) is None and plan.micro_batch_per_rank(0) == info["micro_batch_size"]
+
+
+def test_three_lines_and_the_megatron_target(tmp_path, capsys):
+    # GPT-13B layers on one-GPU nodes, memory a third of the way from the least any plan needs to what pure DP
+    # needs: the plans pipeline and recompute, and the three lines differ
+    from tests.unit.search_helpers import memory_between
+    from search.presets import load_model
+    limit = memory_between(load_model("gpt-13b", num_layers=6), "4x1-h100", 64, 0.3)
+    BIG = ["--model", "gpt-13b", "--num-layers", "6", "--cluster", "4x1-h100", "--memory-limit-mb", f"{limit:.0f}",
+           "--global-batch-size", "64", "--micro-batch-sizes", "1", "2", "--budget-evals", "300"]
+    het, mlm = tmp_path / "het.json", tmp_path / "mlm.json"
+    assert main(["search", *BIG, "--json", "-o", str(het)]) == 0
+    a = json.loads(capsys.readouterr().out)
+    assert main(["search", *BIG, "--target", "megatron-lm", "--json", "-o", str(mlm)]) == 0
+    b = json.loads(capsys.readouterr().out)
+    for s in (a, b):
+        lines = s["lines"]
+        assert lines["uniform"]["speedup"] == 1.0
+        assert lines["uniform"]["iteration_ms"] >= lines["megatron_lm"]["iteration_ms"] >= \
+            lines["aceso"]["iteration_ms"]
+    assert a["target"] == "aceso" and b["target"] == "megatron-lm"
+    assert a["iteration_ms"] == a["lines"]["aceso"]["iteration_ms"]
+    assert b["iteration_ms"] == b["lines"]["megatron_lm"]["iteration_ms"]
+    plan = load_plan(mlm)
+    assert megatron_lm.problem(plan) is None
+    assert load_plan(het).predicted.iteration_time_ms <= plan.predicted.iteration_time_ms
+
+
+def test_feature_switches_reach_the_plan(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    args = ["search", "--model", "gpt-1.3b", "--num-layers", "4", "--cluster", "1x8-h100", "--global-batch-size",
+            "64", "--budget-evals", "200", "--json", "-o", str(out)]
+    assert main(args + ["--sequence-parallel", "on", "--distributed-optimizer", "off", "--virtual-stages", "1"]) == 0
+    plan = load_plan(out)
+    assert not plan.distributed_optimizer and not plan.overlap_param_gather and plan.num_virtual_stages == 1
+    assert all(s.sequence_parallel == (s.tp > 1) for s in plan.stages)
+    assert main(args + ["--sequence-parallel", "off", "--overlap", "off"]) == 0
+    plan = load_plan(out)
+    assert not any(s.sequence_parallel for s in plan.stages)
+    assert not plan.overlap_grad_reduce and not plan.overlap_param_gather
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("extra,field", [(["--virtual-stages", "0"], "virtual_stages"),
+                                         (["--context-parallel-sizes", "0"], "context_parallel_sizes")])
+def test_bad_switches_exit_2_with_one_line(tmp_path, capsys, extra, field):
+    out = tmp_path / "plan.json"
+    assert main(["search", *ARGS, *extra, "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0] and not out.exists()
+
+
+def test_compat_model_refuses_what_it_cannot_price(tmp_path, capsys, reference_db):
+    out = tmp_path / "plan.json"
+    args = ["search", "--model", "gpt-1.3b", "--cluster", "1x4-v100", "--global-batch-size", "512",
+            "--cost-model", "aceso-compat", "--db", str(reference_db / "miniset"), "-o", str(out)]
+    assert main(args + ["--distributed-optimizer", "on"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--distributed-optimizer on" in err[0] and not out.exists()

@@ -6,7 +6,7 @@ import pytest
 from search.cluster import parse_cluster
 from search.planner.aceso import SearchOptions, search
 from search.planner.exhaustive import exhaustive_best
-from search.planner.state import Space
+from search.planner.space import Space
 from search.planner.synthetic import tiny_problem
 from search.presets import load_model
 from search.training import TrainingSpec

@@ -131,3 +131,32 @@ def test_probing_path_fits_and_local_search_never_hurts(seed):
     assert cost2.fits and cost2.time_per_microbatch_ms <= cost.time_per_microbatch_ms
     exact, _ = optimize_stage(syn, 0, 2, 0, 0, n, 1, 1, 2)  # and the exact optimum bounds both from below
     assert f(exact).time_per_microbatch_ms <= cost2.time_per_microbatch_ms + 1e-9
+
+
+@pytest.mark.parametrize("frac", [0.15, 0.4, 0.7, 0.9])
+def test_optimize_interleaved_stage_matches_brute_force(frac):
+    # an interleaved stage weighs each chunk's activations by its own in-flight count (3 and 2 micro-batches here):
+    # the exact solver against every assignment of its 4 units, priced by the analytic model itself
+    from search.costmodel import make_cost_model
+    from search.costmodel.memory import in_flight_per_chunk
+    from search.costmodel.types import Shape
+    model = load_model("gpt-1.3b", num_layers=4)
+    tr = TrainingSpec(global_batch_size=64)
+    spans = ((0, 2), (4, 6))                      # stage 0 of 2 with 2 chunks: model chunks 0 and 2
+    kw = {"prev": Shape(1, 1), "next": Shape(1, 1), "spans": spans}
+    assert in_flight_per_chunk(0, 2, 2, 64 // 4) == (3, 2)
+
+    def mem(cm, code):
+        return cm.stage_cost(0, 2, 0, 0, 6, 1, 1, np.full(4, code, np.int8), 4, **kw).memory_mb
+    big = make_cost_model(model, parse_cluster("1x2-h100"), tr)
+    lo, hi = mem(big, 2), mem(big, 0)
+    cm = make_cost_model(model, parse_cluster("1x2-h100", memory_limit_mb=lo + frac * (hi - lo)), tr)
+    _rc, cost = optimize_stage(cm, 0, 2, 0, 0, 6, 1, 1, 4, **kw)
+    best = np.inf
+    units = [u for a, b in spans for u in range(a, b)]
+    for ch in itertools.product(*[allowed_codes(model, u, u + 1)[0] for u in units]):
+        c = cm.stage_cost(0, 2, 0, 0, 6, 1, 1, np.array(ch, np.int8), 4, **kw)
+        if c.fits:
+            best = min(best, c.time_per_microbatch_ms)
+    assert np.isfinite(best) and cost.fits
+    assert cost.time_per_microbatch_ms == pytest.approx(best, rel=1e-12)

@@ -1,0 +1,125 @@
+"""What stock Megatron-LM (core_v0.16.1) can run, for ``--target megatron-lm`` and the uniform baseline.
+
+One definition: ``search.megatron`` (the export) says what Megatron-LM can express (``check_expressible``) and how
+its recompute settings map onto units (``recompute.unit_choices``); this module only prices states with them. The
+search space for the target (``Space``, ``target="megatron-lm"``) keeps to it structurally: one tp, cp, dp and
+sequence-parallel value for every pipeline rank, stage and virtual-stage boundaries on layer boundaries (uneven
+layer counts per rank and per virtual stage are fine: ``--pipeline-model-parallel-layout``), one per-rank
+``--micro-batch-size`` (uniform dp), ``--overlap-param-gather`` only with ``--overlap-grad-reduce``, T5 on one
+stage; the final plans are filtered with ``check_expressible`` itself.
+
+Recompute is one setting for the whole plan (``Recompute``):
+
+    none                every unit none
+    selective           attention units ``selective`` (``--recompute-modules core_attn``), MLP units none
+    full uniform 1      every unit ``full`` (each layer checkpointed)
+    full block N        the first N layers of every transformer block (model chunk) ``full``, the rest none
+
+``best_setting`` prices a state at the fastest of these that fits: none if it fits; else selective, full, and
+block with the smallest N that fits every stage (memory falls and time rises with N, so each stage's smallest N is
+found by bisection and the plan takes the largest).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..costmodel.types import RC_CODE
+from ..megatron import check_expressible
+from ..megatron.config import NO_RECOMPUTE, NotExpressible, Recompute
+from ..megatron.recompute import recompute_of, unit_choices
+
+NONE_SETTING = NO_RECOMPUTE
+SELECTIVE_SETTING = Recompute("selective", modules=("core_attn",))
+FULL_SETTING = Recompute("full", "uniform", 1)
+_CODES: dict = {}
+
+
+def block(n: int) -> Recompute:
+    return Recompute("full", "block", n)
+
+
+def codes(setting: Recompute, model, spans) -> np.ndarray:
+    """Per unit of the chunks ``spans`` (chunk after chunk): the recompute codes of a setting (cached)."""
+    key = (setting, spans, id(model))
+    hit = _CODES.get(key)
+    if hit is None or hit[0] is not model:
+        if len(_CODES) > 100_000:
+            _CODES.clear()
+        rc = np.array([RC_CODE[c] for a, b in spans for c in unit_choices(setting, model, a, b)], np.int8)
+        hit = _CODES[key] = (model, rc)
+    return hit[1]
+
+
+def chunk_layers(model, spans) -> list[int]:
+    """Whole layers in each chunk."""
+    starts = model.layer_starts
+    return [sum(1 for x in starts[:-1] if a <= x < b) for a, b in spans]
+
+
+def best_setting(ev, state, exact: bool = False):
+    """The state's evaluation at its fastest fitting Megatron-LM recompute setting (``ev``: an Evaluator)."""
+    model = ev.cm.model
+    firsts = state.first_ranks()
+    S = state.num_stages
+    spans = [state.spans(i) for i in range(S)]
+
+    def priced(setting: Recompute):
+        return [ev.stage_with(state, i, firsts[i], codes(setting, model, spans[i])) for i in range(S)]
+
+    def fits(stages):
+        return all(s.cost.fits for s in stages)
+    none = priced(NONE_SETTING)
+    if fits(none):
+        return _evaluation(ev, state, none, NONE_SETTING, exact)
+    full = priced(FULL_SETTING)
+    if not fits(full):  # nothing fits: report the least memory
+        return _evaluation(ev, state, full, FULL_SETTING, exact)
+    cands = [(FULL_SETTING, full)]
+    sel = priced(SELECTIVE_SETTING)
+    if fits(sel):
+        cands.append((SELECTIVE_SETTING, sel))
+    need = 1
+    for i in range(S):  # each stage's smallest block N, by bisection
+        lo, hi = need, max(chunk_layers(model, spans[i]))
+        if hi <= lo or ev.stage_with(state, i, firsts[i], codes(block(lo), model, spans[i])).cost.fits:
+            continue
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ev.stage_with(state, i, firsts[i], codes(block(mid), model, spans[i])).cost.fits:
+                hi = mid
+            else:
+                lo = mid + 1
+        need = lo
+    blk = priced(block(need))
+    if fits(blk):
+        cands.append((block(need), blk))
+    evs = [_evaluation(ev, state, stages, s, exact) for s, stages in cands]
+    return min(evs, key=lambda e: (e.score, e.setting.label))
+
+
+def _evaluation(ev, state, stages, setting: Recompute, exact: bool):
+    e = ev.assemble(state, stages, exact)
+    e.setting = setting
+    return e
+
+
+def setting_of(plan) -> Recompute | None:
+    """The Megatron-LM recompute setting of a plan's per-unit choices, or None."""
+    try:
+        return recompute_of(plan)
+    except NotExpressible:
+        return None
+
+
+def problem(plan) -> str | None:
+    """The first thing ``plan`` does that Megatron-LM cannot express (``search.megatron.check_expressible``)."""
+    return check_expressible(plan)
+
+
+def expressible(ev, e) -> bool:
+    """Whether an evaluation's plan passes ``check_expressible`` (``ev``: the Evaluator that priced it)."""
+    from .state import to_plan
+    cm = ev.cm
+    plan = to_plan(e, cm.model, cm.cluster, ev.gbs, getattr(cm, "kind", "analytic"), predicted=False)
+    return check_expressible(plan) is None

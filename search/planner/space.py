@@ -1,0 +1,279 @@
+"""The search space: which stage shapes, micro-batches, chunkings and plan-level features a state may take.
+
+A stage shape is ``Shape(tp, dp, cp, sp)`` on ``tp * cp * dp`` adjacent ranks (Megatron's tp-cp-dp order): tp a
+power of two dividing heads, query groups and FFN, at most a node, and TP groups never straddle a node; cp one of
+the context-parallel candidates (2 cp divides the sequence; not T5); sp only with tp > 1 and tp dividing the
+tokens per CP rank.
+
+**Micro-batches.** ``batches`` are the *per-rank* candidates (Megatron-LM's ``--micro-batch-size``). A state
+carries one pipeline micro-batch ``m`` that every stage exchanges; stage i runs ``m / dp_i`` samples per rank.
+The rule: ``m`` is legal iff it divides the global batch and **every stage's per-rank batch ``m / dp_i`` is one of
+the candidates**. So data parallelism is limited only by the GPUs and the global batch (dp 48 with per-rank 1 is
+``m = 48``), and stages of different dp differ by the ratio of two candidates (dp 8 and 16 share ``m = 16`` at
+per-rank 2 and 1). A primitive that changes a stage's dp keeps ``m`` when it stays legal, else keeps that stage's
+per-rank batch (``m`` scaled by the dp ratio), else takes the closest legal ``m`` (``retarget_mbs``).
+
+**Chunks.** ``v`` model chunks per stage (interleaved 1F1B) when the cost model prices it: the state's bounds are
+those of the ``S v`` model chunks in model order (chunk ``k`` is chunk ``k // S`` of stage ``k % S``); megatron-core
+needs ``S >= 2`` and ``M % S == 0``.
+
+**Features.** The plan-level switches (``Features``) the search may use: each is searched when the training spec
+leaves it ``None`` and the cost model prices it (``CostModel.features``), else fixed; ``features[0]`` is the
+preferred combination (everything on: what an experienced Megatron user runs).
+
+**Targets.** ``aceso`` (our runtime: everything above, per stage) or ``megatron-lm`` (what stock Megatron-LM can
+run, ``megatron_lm.py``): the same shape on every stage, stage and chunk boundaries on layer boundaries.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..costmodel.types import Features, Shape
+from ..errors import AcesoError
+
+TARGETS = ("aceso", "megatron-lm")
+FEATURE_NAMES = ("distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather")
+
+
+def _switch(training, name: str, priced: frozenset, label: str) -> tuple[bool, ...]:
+    """The values a switch may take: searched (None and priced) -> (True, False); fixed -> its value."""
+    want = getattr(training, name)
+    if want is None:
+        return (True, False) if name in priced else (False,)
+    if want and name not in priced:
+        raise AcesoError(f"--{label} on: this cost model cannot price it; use the analytic or profile model, or "
+                         "turn it off")
+    return (bool(want),)
+
+
+def feature_combos(training, priced: frozenset) -> tuple[Features, ...]:
+    """Every consistent combination of the searched plan-level switches, preferred (all on) first."""
+    do = _switch(training, "distributed_optimizer", priced, "distributed-optimizer")
+    og = _switch(training, "overlap_grad_reduce", priced, "overlap")
+    op = _switch(training, "overlap_param_gather", priced, "overlap")
+    tco = bool(training.tp_comm_overlap)
+    if tco and "tp_comm_overlap" not in priced:
+        raise AcesoError("--tp-comm-overlap: this cost model cannot price it; use the analytic or profile model")
+    out = [Features(d, g, p, tco) for d, g, p in itertools.product(do, og, op) if d or not p]
+    if not out:
+        raise AcesoError("--overlap on needs the distributed optimizer for the parameter all-gather; do not turn "
+                         "--distributed-optimizer off")
+    return tuple(out)
+
+
+def _candidates(values, priced: bool, name: str, label: str) -> tuple[int, ...]:
+    vals = tuple(sorted(set(values)))
+    if priced:
+        return vals
+    if 1 not in vals:
+        raise AcesoError(f"--{label} {' '.join(map(str, vals))}: this cost model cannot price {name}; use the "
+                         f"analytic or profile model, or {label} 1")
+    return (1,)
+
+
+@dataclass(frozen=True)
+class Space:
+    """What shapes, micro-batches, chunkings and features the cluster, model, training spec and cost model allow."""
+
+    num_gpus: int
+    gpus_per_node: int
+    tps: tuple[int, ...]
+    batches: tuple[int, ...]            # per-rank micro-batch candidates that divide the global batch
+    num_units: int
+    gbs: int = 0                        # 0: any pipeline micro-batch (tests)
+    cps: tuple[int, ...] = (1,)
+    sps: tuple[bool, ...] = (False,)    # sequence-parallel values a tp > 1 stage may take, preferred first
+    vs: tuple[int, ...] = (1,)
+    features: tuple[Features, ...] = (Features(),)
+    uniform_cp: bool = True
+    target: str = "aceso"
+    layer_starts: tuple[int, ...] = ()
+    seqs: tuple[int, ...] = ()          # sequence lengths SP must split (GPT: one; T5: encoder and decoder)
+    allowed: Callable[[int, int], bool] | None = None   # (per-rank batch, tp) a cost model covers; None: all
+    max_stages: int = 0                 # 0: any (megatron-lm runs T5 on one pipeline stage)
+
+    @classmethod
+    def of(cls, model, cluster, training, micro_batch_sizes=None, priced=frozenset(), target: str = "aceso",
+           allowed=None) -> "Space":
+        """``priced``: what the cost model prices beyond a v1 plan (``CostModel.features``; empty for compat)."""
+        if target not in TARGETS:
+            raise AcesoError(f"--target {target}: choose one of {', '.join(TARGETS)}")
+        priced = frozenset(priced)
+        tps, t = [], 1
+        while t <= cluster.gpus_per_node:
+            if all(v % t == 0 for v in (model.num_attention_heads, model.groups, model.ffn_hidden_size)):
+                tps.append(t)
+            t *= 2
+        gbs = training.global_batch_size
+        batches = tuple(sorted({m for m in (micro_batch_sizes or training.micro_batch_sizes) if gbs % m == 0}))
+        cps = _candidates(training.context_parallel_sizes, "context_parallel" in priced, "context parallelism",
+                          "context-parallel-sizes")
+        if model.is_t5 and cps != (1,):
+            cps = (1,)          # megatron-core's T5Model has no context parallelism
+        cps = tuple(c for c in cps if c == 1 or model.seq_length % (2 * c) == 0) or (1,)
+        vs = _candidates(training.virtual_stages, "interleaved" in priced, "interleaving", "virtual-stages")
+        if model.is_t5:
+            vs = (1,)           # the interleaved schedule does not run encoder-decoder models
+        sps = _switch(training, "sequence_parallel", priced, "sequence-parallel")
+        if training.tp_comm_overlap:
+            sps = (True,)       # TE's TP overlap needs sequence parallelism on every tp > 1 stage
+        seqs = (model.seq_length,) + ((model.decoder_seq_length,) if model.is_t5 else ())
+        features = feature_combos(training, priced)
+        if target == "megatron-lm":   # --overlap-param-gather requires --overlap-grad-reduce (validate_args)
+            features = tuple(f for f in features if f.overlap_grad_reduce or not f.overlap_param_gather)
+            if not features:
+                raise AcesoError("--target megatron-lm: Megatron-LM overlaps the parameter all-gather only with "
+                                 "the gradient reduction; do not turn --overlap off")
+        return cls(cluster.num_gpus, cluster.gpus_per_node, tuple(tps), batches, model.num_units, gbs, cps, sps,
+                   vs, features, bool(training.uniform_cp), target, tuple(model.layer_starts), seqs, allowed,
+                   1 if target == "megatron-lm" and model.is_t5 else 0)
+
+    # ----- micro-batches ------------------------------------------------------------------------------------------
+    def batch_ok(self, b: int, tp: int) -> bool:
+        return b in self.batches and (self.allowed is None or self.allowed(b, tp))
+
+    def mbs_ok(self, shapes, m: int) -> bool:
+        """Every stage's per-rank batch ``m / dp`` is a candidate, and ``m`` divides the global batch."""
+        if self.gbs and self.gbs % m:
+            return False
+        return all(m % s.dp == 0 and self.batch_ok(m // s.dp, s.tp) for s in shapes)
+
+    def legal_mbs(self, shapes) -> list[int]:
+        """Every legal pipeline micro-batch for these shapes, ascending."""
+        d0 = shapes[0].dp
+        return [b * d0 for b in self.batches if self.mbs_ok(shapes, b * d0)]
+
+    def retarget_mbs(self, shapes, m: int, keep: int | None = None, old_dp: int | None = None) -> int | None:
+        """``m`` if legal for ``shapes``; else stage ``keep``'s per-rank batch kept (``m * dp / old_dp``); else the
+        legal micro-batch closest to ``m`` by ratio (the smaller on ties); None if there is none."""
+        if self.mbs_ok(shapes, m):
+            return m
+        if keep is not None and old_dp:
+            m2 = m * shapes[keep].dp
+            if m2 % old_dp == 0 and self.mbs_ok(shapes, m2 // old_dp):
+                return m2 // old_dp
+        legal = self.legal_mbs(shapes)
+        if not legal:
+            return None
+        return min(legal, key=lambda x: (max(x / m, m / x), x))
+
+    # ----- shapes -------------------------------------------------------------------------------------------------
+    def _sp_splits(self, tp: int, cp: int) -> bool:
+        return all((s // cp) % tp == 0 for s in self.seqs)
+
+    def sp_for(self, tp: int, cp: int, old: bool | None = None) -> bool | None:
+        """The sequence-parallel value of a new (tp, cp) shape: off at tp 1, else ``old`` when allowed, else the
+        preferred one; None when none is allowed (SP required but tp does not split the tokens)."""
+        if tp == 1:
+            return False
+        opts = [x for x in self.sps if not x or self._sp_splits(tp, cp)]
+        if not opts:
+            return None
+        return old if old in opts else opts[0]
+
+    def shape_ok(self, s: Shape) -> bool:
+        if s.tp not in self.tps or s.cp not in self.cps or s.dp < 1:
+            return False
+        if s.tp == 1:
+            return not s.sp
+        return s.sp in self.sps and (not s.sp or self._sp_splits(s.tp, s.cp))
+
+    def stage_shapes(self, g: int, cp: int | None = None, every_sp: bool = True) -> list[Shape]:
+        """Every shape of ``g`` GPUs whatever the micro-batch (``every_sp`` False: the preferred SP value only)."""
+        out = []
+        for c in ((cp,) if cp is not None else self.cps):
+            for tp in self.tps:
+                if g % (tp * c):
+                    continue
+                sps = [self.sp_for(tp, c)] if not every_sp or tp == 1 else list(self.sps)
+                for x in sps:
+                    s = Shape(tp, g // (tp * c), c, bool(x))
+                    if x is not None and self.shape_ok(s):
+                        out.append(s)
+        return out
+
+    def shapes(self, g: int, m: int, cp: int | None = None, sp: bool | None = None) -> list[Shape]:
+        """Every shape of ``g`` GPUs legal at pipeline micro-batch ``m`` (``cp`` fixed if given; ``sp``: the old
+        value to keep where allowed)."""
+        out = []
+        for c in ((cp,) if cp is not None else self.cps):
+            for tp in self.tps:
+                if g % (tp * c):
+                    continue
+                dp = g // (tp * c)
+                if m % dp or not self.batch_ok(m // dp, tp):
+                    continue
+                x = self.sp_for(tp, c, sp)
+                if x is not None:
+                    out.append(Shape(tp, dp, c, x))
+        return out
+
+    # ----- GPU splits for S stages ------------------------------------------------------------------------------------
+    def gpu_splits(self, S: int) -> list[list[int]]:
+        """Ways to split the GPUs into S stage sizes as evenly as valid sizes allow: for each odd divisor f of the
+        GPU count, sizes ``f 2^k`` (so the stages' dp differ by powers of two), the largest that fits S times, then
+        the last stages grown to the next size, round robin, until every GPU is used."""
+        N = self.num_gpus
+        odd = N
+        while odd % 2 == 0:
+            odd //= 2
+        out = []
+        for f in (d for d in range(1, odd + 1, 2) if odd % d == 0):
+            valid = sorted({f << k for k in range(N.bit_length()) if f << k <= N})
+            g0 = max((g for g in valid if g * S <= N), default=None)
+            if g0 is None:
+                continue
+            counts, rest, progress = [g0] * S, N - g0 * S, True
+            while rest and progress:
+                progress = False
+                for i in reversed(range(S)):
+                    nxt = [g for g in valid if g > counts[i] and g - counts[i] <= rest]
+                    if nxt:
+                        rest -= nxt[0] - counts[i]
+                        counts[i] = nxt[0]
+                        progress = True
+                    if not rest:
+                        break
+            if not rest and counts not in out:
+                out.append(counts)
+        return out
+
+    # ----- legality -----------------------------------------------------------------------------------------------
+    def normalize(self, st):
+        """The state with ``tp_comm_overlap`` consistent with its shapes (it needs a tp > 1 stage)."""
+        f = st.features
+        want = self.features[0].tp_comm_overlap and any(s.tp > 1 for s in st.shapes)
+        return st if f.tp_comm_overlap == want else st._replace(features=f._replace(tp_comm_overlap=want))
+
+    def legal(self, st) -> bool:
+        S, nb = len(st.shapes), len(st.bounds)
+        if S == 0 or (nb - 1) % S or (nb - 1) // S not in self.vs or (self.max_stages and S > self.max_stages):
+            return False
+        v = (nb - 1) // S
+        if sum(s.num_gpus for s in st.shapes) != self.num_gpus or st.features not in self.features:
+            return False
+        if st.bounds[0] != 0 or st.bounds[-1] != self.num_units:
+            return False
+        if any(b <= a for a, b in zip(st.bounds[:-1], st.bounds[1:])):
+            return False
+        if not all(self.shape_ok(s) for s in st.shapes) or not self.mbs_ok(st.shapes, st.mbs):
+            return False
+        if v > 1 and (S < 2 or (self.gbs and (self.gbs // st.mbs) % S)):
+            return False
+        if self.uniform_cp and len({s.cp for s in st.shapes}) > 1:
+            return False
+        if self.target == "megatron-lm":
+            if len(set(st.shapes)) > 1 or not set(st.bounds) <= set(self.layer_starts):
+                return False
+        gpn, first = self.gpus_per_node, 0
+        for s in st.shapes:
+            if not (first % s.tp == 0 and gpn % s.tp == 0):
+                for j in range(s.cp * s.dp):
+                    lo = first + j * s.tp
+                    if lo // gpn != (lo + s.tp - 1) // gpn:
+                        return False
+            first += s.num_gpus
+        return True
