@@ -51,8 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", choices=("auto", "flash", "unfused"), default=None,
                    help="analytic model: attention kernel (default: what the plan's prediction assumed, else auto)")
     p.add_argument("--db", default=None, help="profile database (profile) or Aceso database folder (aceso-compat)")
-    p.add_argument("--framework", choices=("runtime", "megatron-lm"), default="runtime",
-                   help="who runs the plan: our runtime on megatron-core (default) or Megatron-LM's training script")
+    p.add_argument("--framework", choices=("runtime", "megatron-lm"), default=None,
+                   help="who runs the plan: our runtime on megatron-core (default) or Megatron-LM's training script "
+                        "(the default with --megatron-args)")
     p.add_argument("--snap", action="store_true", help="reference configs: move boundaries to unit boundaries")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -205,6 +206,7 @@ def _megatron_plan(args: argparse.Namespace):
                         cluster=parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb))
     args.plan = label
     args.attention = args.attention or imp.config.attention
+    args.framework = args.framework or "megatron-lm"
     notes = ([imp.warning] if imp.warning else []) + imp.notes
     return json.loads(imp.plan.to_json()), notes
 
@@ -239,8 +241,10 @@ def _search_gain(args: argparse.Namespace, raw: dict, out: dict) -> dict | None:
     if budget < 1:
         return None
     plan, _, _ = _resolve(args, parse_plan(raw, source=args.plan))
-    gain = search_gain(plan, out["iteration_time_ms"], args.attention, args.cost_model, args.db, budget)
-    out["megatron_search"] = {k: v for k, v in gain.items() if k != "search_plan"}
+    gain = search_gain(plan, out["iteration_time_ms"], args.attention, args.cost_model, args.db, budget,
+                       args.framework)
+    out["megatron_search"] = {k: ({kk: vv for kk, vv in v.items() if kk != "plan"} if isinstance(v, dict) else v)
+                              for k, v in gain.items()}
     return gain
 
 

@@ -1,9 +1,12 @@
 """What ``aceso search`` would gain over a user's Megatron-LM configuration, on the same model, cluster, global
-batch, precision and attention kernel, under the same cost model (``aceso explain --megatron-args``).
+batch, precision and attention kernel (``aceso explain --megatron-args``).
 
-The search runs with a small fixed budget (plan evaluations, so the answer is the same on any machine) and starts
-from the uniform baseline as ``aceso search`` does; its best plan may be heterogeneous (it runs with ``aceso
-train``). ``speedup`` > 1 means the search's plan is faster than the given configuration.
+The searches are ``aceso search``'s own (``planner.api.plan_all``: the Megatron-LM-expressible search, then the
+heterogeneous one seeded with it) with a small fixed budget (plan evaluations: the same answer on any machine).
+Each plan is priced for the framework that runs it: the user's configuration and the Megatron-LM plan as
+Megatron-LM's training script runs them (``RunSettings.megatron_lm``, unless ``explain --framework`` says
+otherwise), the heterogeneous plan on the aceso runtime (the search's own pricing). ``speedup`` > 1: faster than
+the user's configuration.
 """
 
 from __future__ import annotations
@@ -14,43 +17,55 @@ DEFAULT_BUDGET = 600
 
 
 def search_gain(plan: ParallelPlan, config_ms: float, attention: str | None, cost_model: str = "analytic",
-                db=None, budget_evals: int = DEFAULT_BUDGET) -> dict:
-    """``{"config_ms", "search_ms", "speedup", "budget_evals", "search_plan"}`` (search_ms None: nothing fits)."""
+                db=None, budget_evals: int = DEFAULT_BUDGET, framework: str = "megatron-lm") -> dict:
+    """``{"config_ms", "budget_evals", "megatron": line, "aceso": line}``; a line is ``{"iteration_ms",
+    "speedup", "plan"}`` or None when nothing fits."""
     from ..planner.aceso import SearchOptions
-    from ..planner.api import build_cost_model, plan_baseline, plan_search
+    from ..planner.api import build_cost_model, plan_all
     from ..planner.report import to_plan
     from ..training import TrainingSpec
     training = TrainingSpec(global_batch_size=plan.global_batch_size, precision=plan.model.params_dtype,
                             attention=attention or "auto")
     cm = build_cost_model(plan.model, plan.cluster, training, cost_model, db)
-    base = plan_baseline(cm, training)
-    result, _ = plan_search(cm, training, SearchOptions(budget_evals=budget_evals),
-                            baseline=base if base is not None and base.fits else None)
-    best = result.plans[0] if result.plans and result.plans[0].fits else None
-    out = {"config_ms": config_ms, "budget_evals": budget_evals, "search_ms": None, "speedup": None,
-           "search_plan": None}
-    if best is not None:
-        out.update(search_ms=best.iteration_ms, speedup=config_ms / best.iteration_ms,
-                   search_plan=to_plan(best, plan.model, plan.cluster, training, cm))
+    plans = plan_all(cm, training, SearchOptions(budget_evals=budget_evals), target="megatron-lm")
+    out = {"config_ms": config_ms, "budget_evals": budget_evals, "megatron": None, "aceso": None}
+    for key, result in (("megatron", plans.megatron), ("aceso", plans.aceso)):
+        best = result.plans[0] if result.plans and result.plans[0].fits else None
+        if best is None:
+            continue
+        p = to_plan(best, plan.model, plan.cluster, training, cm)
+        ms = best.iteration_ms
+        if key == "megatron" and cost_model != "aceso-compat":
+            ms = _priced(p, training, cost_model, db, framework)
+        out[key] = {"iteration_ms": ms, "speedup": config_ms / ms, "plan": p}
     return out
 
 
-def gain_lines(g: dict, plan: ParallelPlan) -> list[str]:
-    lines = [f"your Megatron-LM configuration: {g['config_ms']:.1f} ms per iteration"]
-    head = f"aceso search ({g['budget_evals']} plan evaluations)"
-    if g["search_ms"] is None:
-        return lines + [f"{head}: no plan fits in memory"]
-    sp = g["speedup"]
+def _priced(plan: ParallelPlan, training, cost_model: str, db, framework: str) -> float:
+    from ..costmodel import make_cost_model
+    from ..costmodel.types import RunSettings
+    settings = RunSettings.megatron_lm(training.precision) if framework == "megatron-lm" else RunSettings()
+    return make_cost_model(plan.model, plan.cluster, training, cost_model, db, settings=settings) \
+        .evaluate(plan).iteration_ms
+
+
+def _verdict(sp: float) -> str:
     if abs(sp - 1) < 5e-4:
-        verdict = "as fast: your configuration is as good as the search's best"
-    elif sp > 1:
-        verdict = f"{sp:.3f}x faster"
-    else:
-        verdict = f"{1 / sp:.3f}x slower: the search found nothing better in this budget"
-    lines.append(f"{head}: {g['search_ms']:.1f} ms per iteration, {verdict}")
-    if sp > 1 + 5e-4:
-        lines.append(f"  to get it: {search_command(plan)} -o plan.json (then aceso train, or export --to "
-                     "megatron-lm if it is expressible)")
+        return "as fast as yours"
+    return f"{sp:.3f}x faster" if sp > 1 else f"{1 / sp:.3f}x slower (nothing better found in this budget)"
+
+
+def gain_lines(g: dict, plan: ParallelPlan) -> list[str]:
+    lines = [f"your Megatron-LM configuration:          {g['config_ms']:10.1f} ms per iteration"]
+    for key, what in (("megatron", "best Megatron-LM plan (drop-in)"),
+                      ("aceso", "best heterogeneous plan (aceso runtime)")):
+        line = g[key]
+        if line is None:
+            lines.append(f"{what + ':':40s} no plan fits in memory")
+            continue
+        lines.append(f"{what + ':':40s} {line['iteration_ms']:10.1f} ms per iteration, {_verdict(line['speedup'])}")
+    lines.append(f"  ({g['budget_evals']} plan evaluations; to get them: {search_command(plan)} [--target "
+                 "megatron-lm] -o plan.json, then aceso export plan.json --to megatron-lm or aceso launch plan.json)")
     return lines
 
 

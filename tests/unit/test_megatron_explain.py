@@ -1,11 +1,12 @@
-"""`aceso explain --megatron-args`: a Megatron-LM command line is priced exactly as the plan it imports to, plus
-what a short search on the same model and cluster gains (the same cost model, so the speedup is its ratio)."""
+"""`aceso explain --megatron-args`: a Megatron-LM command line is priced exactly as the plan it imports to (as
+Megatron-LM's training script runs it), plus what a short search on the same model and cluster gains."""
 
 import json
 
 from search.cli import main
 from search.cluster import parse_cluster
 from search.costmodel import make_cost_model
+from search.costmodel.types import RunSettings
 from search.megatron.importer import read_megatron
 from search.training import TrainingSpec
 
@@ -14,27 +15,43 @@ ARGS = ("--num-layers 4 --hidden-size 2048 --num-attention-heads 32 --seq-length
         "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 --lr 1e-4 --made-up 2")
 
 
-def test_explain_prices_the_imported_plan_and_reports_the_search_gain(capsys):
+def test_explain_prices_the_imported_plan_as_megatron_lm_runs_it_and_reports_the_search_gain(capsys):
     assert main(["explain", "--megatron-args", ARGS, "--cluster", "1x8-h100", "--search-budget-evals", "150",
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     plan = read_megatron(ARGS, cluster=parse_cluster("1x8-h100")).plan
     assert (plan.stages[0].tp, plan.stages[0].dp, plan.model.name) == (4, 2, "gpt-1.3b")
-    cm = make_cost_model(plan.model, plan.cluster, TrainingSpec(global_batch_size=64, precision="fp16"))
+    training = TrainingSpec(global_batch_size=64, precision="fp16")
+    cm = make_cost_model(plan.model, plan.cluster, training, settings=RunSettings.megatron_lm("fp16"))
     assert abs(out["iteration_time_ms"] - cm.evaluate(plan).iteration_ms) < 1e-6
     gain = out["megatron_search"]
     assert gain["config_ms"] == out["iteration_time_ms"] and gain["budget_evals"] == 150
-    assert abs(gain["speedup"] - gain["config_ms"] / gain["search_ms"]) < 1e-9
-    assert gain["speedup"] > 1        # tp 4 with full recompute on 8 H100s for a 4-layer 1.3B is far from best
+    for key in ("megatron", "aceso"):
+        assert abs(gain[key]["speedup"] - gain["config_ms"] / gain[key]["iteration_ms"]) < 1e-9
+    # tp 4 with full recompute on 8 H100s for a 4-layer 1.3B model is far from the best Megatron-LM configuration
+    assert gain["megatron"]["speedup"] > 1.2
     assert any("ignored 1 flag that does not change the plan: --made-up" in n for n in out["notes"])
 
 
-def test_explain_table_prints_the_two_lines(capsys):
+def test_the_drop_in_plan_is_expressible_and_priced_as_megatron_lm_runs_it():
+    from search.megatron import check_expressible
+    from search.megatron.compare import search_gain
+    plan = read_megatron(ARGS, cluster=parse_cluster("1x8-h100")).plan
+    g = search_gain(plan, 1.0, "flash", budget_evals=100)
+    drop_in = g["megatron"]["plan"]
+    assert check_expressible(drop_in) is None
+    cm = make_cost_model(plan.model, plan.cluster, TrainingSpec(global_batch_size=64, precision="fp16"),
+                         settings=RunSettings.megatron_lm("fp16"))
+    assert abs(g["megatron"]["iteration_ms"] - cm.evaluate(drop_in).iteration_ms) < 1e-6
+
+
+def test_explain_table_prints_the_three_lines(capsys):
     assert main(["explain", "--megatron-args", ARGS, "--cluster", "1x8-h100", "--search-budget-evals", "100"]) == 0
     lines = capsys.readouterr().out.splitlines()
     mine = next(i for i, line in enumerate(lines) if line.startswith("your Megatron-LM configuration:"))
-    assert lines[mine + 1].startswith("aceso search (100 plan evaluations):") and "x faster" in lines[mine + 1]
-    assert "aceso search --model gpt-1.3b --num-layers 4 --cluster 1x8-h100 --global-batch-size 64" in lines[mine + 2]
+    assert lines[mine + 1].startswith("best Megatron-LM plan (drop-in):") and "x faster" in lines[mine + 1]
+    assert lines[mine + 2].startswith("best heterogeneous plan (aceso runtime):")
+    assert "aceso search --model gpt-1.3b --num-layers 4 --cluster 1x8-h100 --global-batch-size 64" in lines[mine + 3]
 
 
 def test_explain_megatron_args_needs_a_cluster_and_no_plan(tmp_path, capsys):

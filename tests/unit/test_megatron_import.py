@@ -206,3 +206,56 @@ def test_t5_command_line():
         read_megatron(line + " --pipeline-model-parallel-size 2", world_size=8)
     noted = read_megatron(line.replace("--decoder-num-layers 4", "--decoder-num-layers 2"), world_size=8)
     assert noted.plan.model.num_decoder_layers == 4 and any("builds 4 decoder layers" in n for n in noted.notes)
+
+
+# --target megatron-lm searches (small models, small budgets) whose top plans cover pp 1-4, VPP, SP, CP, uneven
+# first-stage and layout splits, selective / block / uniform recompute, GPT, Llama and T5, flash and unfused attention
+SEARCHES = [
+    "--model llama3-8b --num-layers 8 --cluster 1x8-h100 --global-batch-size 64 --memory-limit-mb 24000",
+    "--model gpt-1.3b --num-layers 12 --cluster 1x8-h100 --global-batch-size 64 --memory-limit-mb 6000",
+    "--model t5-770m --num-layers 8 --cluster 1x4-v100 --global-batch-size 64 --memory-limit-mb 5000",
+    "--model t5-770m --num-layers 4 --cluster 1x8-h100 --global-batch-size 64 --memory-limit-mb 6000",
+    "--model gpt-2.6b --num-layers 8 --cluster 1x8-a100 --global-batch-size 64 --memory-limit-mb 4000 "
+    "--attention unfused",
+    "--model llama3-70b --num-layers 8 --cluster 1x8-h100 --global-batch-size 32 --memory-limit-mb 30000",
+    "--model llama3-8b --num-layers 16 --cluster 4x8-v100 --global-batch-size 64 --memory-limit-mb 12000 "
+    "--micro-batch-sizes 1",
+]
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """Plans of ``aceso search --target megatron-lm --top-k 5`` on the problems above."""
+    d = tmp_path_factory.mktemp("searched")
+    out = []
+    for i, args in enumerate(SEARCHES):
+        first = d / f"s{i}.json"
+        assert main(["search", *args.split(), "--target", "megatron-lm", "--budget-evals", "150", "--top-k", "5",
+                     "--workers", "1", "--json", "-o", str(first)]) == 0
+        out += [(args, p) for p in sorted(d.glob(f"s{i}.*json"))]
+    return out
+
+
+def test_round_trip_of_plans_from_target_megatron_lm_searches(searched, tmp_path, capsys):
+    from search.megatron import megatron_config
+    from search.megatron.layout import split_for
+    seen = set()
+    for args, path in searched:
+        plan = load_plan(path)
+        args_txt, back = tmp_path / "args.txt", tmp_path / "back.json"
+        assert main(["export", str(path), "--to", "megatron-lm", "--args-only", "-o", str(args_txt)]) == 0
+        cl = plan.cluster
+        assert main(["import", str(args_txt), "--from", "megatron-lm", "--cluster", cl.label, "--memory-limit-mb",
+                     str(cl.memory_limit_mb), "-o", str(back)]) == 0
+        got = load_plan(back)
+        _same(plan, got, "search")
+        assert got.predicted.iteration_time_ms == pytest.approx(plan.predicted.iteration_time_ms, abs=1e-5), args
+        c = megatron_config(plan)
+        split = split_for(c.chunk_layers, c.pp, c.vpp)
+        seen |= {f"pp{c.pp}", plan.model.family, c.recompute.granularity or "none", c.recompute.method or "",
+                 "vpp" if c.vpp > 1 else "", "sp" if c.sequence_parallel else "", "cp" if c.cp > 1 else "",
+                 "layout" if split.layout else "", "first" if split.first else "", plan.predicted.attention}
+    capsys.readouterr()
+    assert len(searched) >= 20
+    assert {"pp1", "pp2", "pp4", "gpt", "llama", "t5", "none", "selective", "full", "block", "uniform", "vpp", "sp",
+            "cp", "layout", "first", "flash", "unfused"} <= seen, seen
