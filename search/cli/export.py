@@ -15,6 +15,7 @@ import argparse
 import os
 from pathlib import Path
 
+from ..errors import AcesoError
 from ..plan import load_plan
 from .common import write_output
 
@@ -34,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     if args.to == "aceso-legacy":
+        if args.args_only:
+            raise AcesoError("--args-only is for --to megatron-lm / megatron-bridge; aceso-legacy writes a JSON config")
         from ..compat.mapping import plan_to_ref
         write_output(plan_to_ref(plan).to_json(), args.output)
         return 0

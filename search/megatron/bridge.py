@@ -4,7 +4,7 @@ Bridge builds a ``ConfigContainer`` from a recipe function (``megatron.bridge.re
 its structure: a YAML file (``process_config_with_overrides(cfg, config_filepath=...)``) or Hydra-style
 ``section.field=value`` arguments (``scripts/training/run_recipe.py --recipe NAME ...``). The recipe only supplies
 what the plan does not set (optimizer, scheduler, data, logging): every model, parallel, recompute and batch field
-of the plan is overridden. The activation function is a Python callable a YAML cannot set, so the recipe is chosen
+of the plan is overridden (head width and query groups by value, so a recipe's own defaults cannot leak in). The activation function is a Python callable a YAML cannot set, so the recipe is chosen
 by it: SwiGLU models start from a Llama recipe, GELU models from ``gpt3_175b_pretrain_config``. T5: Bridge v0.3.1
 has no T5 pretraining recipe (refused). bf16 is the recipes' default precision (no override); fp16 / fp32 set the
 recipe's ``mixed_precision``, which the Llama recipes hold as a name and the GPT recipe as a config object.
@@ -103,7 +103,7 @@ def write_yaml(plan: ParallelPlan, c: MegatronConfig, source: str) -> str:
         "# Python: cfg = process_config_with_overrides(" + recipe + "(), config_filepath=\"THIS.yaml\")",
         f"# CLI: torchrun --nproc-per-node {gpn} --nnodes {nodes} scripts/training/run_recipe.py "
         "$(aceso export PLAN --to megatron-bridge --args-only)",
-        "# Data and tokenizer: the recipe's (mock data, NullTokenizer) unless you override dataset / tokenizer."]
+        "# Data: the recipe's (mock data); tokenizer: NullTokenizer with the plan's vocabulary. Replace both with yours."]
     for section, fields in ov.items():
         if not isinstance(fields, dict):
             lines.append(f"{section}: {_value(fields)}")

@@ -280,7 +280,8 @@ def _recompute(f: Flags, notes: list[str]) -> Recompute:
         if n < 1:
             raise AcesoError("--recompute-method uniform needs --recompute-num-layers of at least 1")
         if n > 1:
-            notes.append(f"--recompute-method uniform --recompute-num-layers {n}: checkpoints groups of {n} layers; "
-                         "priced as every layer fully recomputed (its memory is an upper bound)")
+            notes.append(f"--recompute-method uniform --recompute-num-layers {n}: megatron-core checkpoints groups of "
+                         f"{n} layers (one kept input per group, {n} layers re-materialised at once); priced as every "
+                         "layer fully recomputed on its own")
         return Recompute("full", "uniform", 1)
     return Recompute("full", "block", n) if n > 0 else Recompute()

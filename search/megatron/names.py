@@ -18,8 +18,8 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("model.ffn_hidden_size", "--ffn-hidden-size", "model.ffn_hidden_size", ""),
     ("model.num_attention_heads", "--num-attention-heads", "model.num_attention_heads", ""),
     ("model.num_query_groups", "--group-query-attention --num-query-groups", "model.num_query_groups",
-     "when set"),
-    ("model.kv_channels", "--kv-channels", "model.kv_channels", "when set"),
+     "Megatron-LM: when set; Bridge: always, by value"),
+    ("model.kv_channels", "--kv-channels", "model.kv_channels", "Megatron-LM: when set; Bridge: always, by value"),
     ("model.seq_length", "--seq-length --max-position-embeddings (T5: --encoder-seq-length)",
      "model.seq_length, dataset.seq_length", ""),
     ("model.decoder_seq_length", "--decoder-seq-length", "(no T5 recipe)", "T5"),
@@ -144,8 +144,8 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
     rc = c.recompute
     model = {
         "num_layers": m.num_layers, "hidden_size": m.hidden_size, "ffn_hidden_size": m.ffn_hidden_size,
-        "num_attention_heads": m.num_attention_heads, "kv_channels": m.kv_channels,
-        "num_query_groups": m.num_query_groups, "seq_length": m.seq_length,
+        "num_attention_heads": m.num_attention_heads, "kv_channels": m.head_dim, "num_query_groups": m.groups,
+        "seq_length": m.seq_length,
         "position_embedding_type": _POS[m.position_embedding], "rotary_base": int(m.rotary_base),
         "normalization": _NORM[m.normalization], "share_embeddings_and_output_weights": m.tied_embeddings,
         "add_bias_linear": m.add_bias_linear, "attention_dropout": m.attention_dropout,

@@ -3,7 +3,7 @@
 
 A small subset of bash, enough for Megatron-LM's example scripts and ours: line continuations, comments,
 assignments (``NAME=value``, ``export NAME=value``, arrays ``NAME=( ... )`` over several lines), expansions
-``$NAME``, ``${NAME}``, ``${NAME:-default}``, ``${NAME[@]}``. Nothing is executed and the environment is not read:
+``$NAME``, ``${NAME}``, ``${NAME:-default}``, ``${NAME[@]}`` (``"$@"``, the script's own arguments, is empty). Nothing is executed and the environment is not read:
 a variable the file does not set expands to ``<unset:NAME>``, so a plan argument that depends on one is reported.
 The command is the last line that runs a ``.py`` file (``torchrun ... pretrain_gpt.py ARGS``, ``python ...``);
 without one the whole text is the argument list. The launcher's ``--nproc-per-node``/``--nproc_per_node`` times
@@ -86,6 +86,7 @@ def _expand(text: str, env: dict[str, list[str]]) -> str:
         if m.group(3) is not None:
             return m.group(3)
         return f"<unset:{name}>"
+    text = re.sub(r'"\$[@*]"|\$[@*]', "", text)     # the script's own arguments: none when it is read
     for _ in range(8):                           # nested defaults such as ${A:-$B}
         new = _VAR.sub(sub, text)
         if new == text:

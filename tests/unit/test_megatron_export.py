@@ -159,7 +159,7 @@ def test_bridge_cli_overrides_are_one_line_of_hydra_assignments(tmp_path, capsys
     kv = dict(w.split("=", 1) for w in words[2:])
     assert kv["model.pipeline_model_parallel_layout"] == '"Et|t*2|t*3|t*2L"'
     assert kv["model.recompute_method"] == "block" and kv["model.recompute_num_layers"] == "1"
-    assert kv["model.kv_channels"] == "null" and kv["train.micro_batch_size"] == "4"
+    assert kv["model.kv_channels"] == "64" and kv["train.micro_batch_size"] == "4"        # 2048 / 32 heads
 
 
 def test_bridge_refuses_t5(tmp_path, capsys):
