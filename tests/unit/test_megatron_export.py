@@ -185,3 +185,13 @@ def test_export_still_writes_the_legacy_format_by_default(tmp_path, capsys):
     out = _export(tmp_path, capsys, plan)
     assert '"num_ops_in_each_stage"' in out
     assert load_plan(_write(tmp_path, plan)).num_stages == 2
+
+
+@pytest.mark.parametrize("gpu,tp,cp,expect", [("h100", 2, 1, True), ("a100", 1, 2, True), ("h100", 1, 1, False),
+                                              ("b200", 2, 1, False), ("gb200", 4, 1, False)])
+def test_max_connections_only_with_tp_or_cp_before_blackwell(gpu, tp, cp, expect, tmp_path, capsys):
+    from search.cluster import parse_cluster
+    plan = uniform_plan(load_model("gpt-1.3b", num_layers=4), 1, tp, 8 // (tp * cp), 8 // (tp * cp), 64, cp=cp,
+                        cluster=parse_cluster(f"1x8-{gpu}"))
+    text = _export(tmp_path, capsys, plan, "--to", "megatron-lm")
+    assert ("export CUDA_DEVICE_MAX_CONNECTIONS=1" in text) == expect
