@@ -3,9 +3,9 @@
 --from megatron-lm: FILE is a Megatron-LM launch script or argument file (- = stdin; or --args "..."); the plan
 is what Megatron-LM runs with those flags (core_v0.16.1 defaults). The world size comes from the script's torchrun
 (--nproc-per-node x --nnodes), --world-size or --cluster; with --cluster the plan also carries the analytic
-prediction. Flags aceso does not model (MoE, FP8, MLA, FSDP, ...) are refused with one line; flags that do not
-change a plan are listed in one warning; assumptions (the vocabulary, approximations) are notes on stderr. See
-docs/megatron.md.
+prediction. Flags aceso does not model (MoE, FP8, MLA, FSDP, ...) are refused with one line; data, schedule,
+logging and checkpoint flags are accepted, any other unknown flag is listed in one warning; assumptions (the
+vocabulary, approximations) are notes on stderr. See docs/megatron.md.
 
 --from aceso-legacy (default): FILE is an Aceso reference op-level config. Stage boundaries must fall on unit
 boundaries (else an error naming the stage; `--snap` moves each to the nearest unit boundary). Each stage needs
