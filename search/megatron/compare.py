@@ -2,7 +2,10 @@
 batch, precision and attention kernel (``aceso explain --megatron-args``).
 
 The searches are ``aceso search``'s own (``planner.api.plan_all``: the Megatron-LM-expressible search, then the
-heterogeneous one seeded with it) with a small fixed budget (plan evaluations: the same answer on any machine).
+heterogeneous one seeded with it) over the default search space widened to contain the user's configuration
+(its per-rank micro-batch, virtual stages and cp), both also started from it, with a small fixed budget (plan
+evaluations: the same answer on any machine), so neither line is slower than the configuration as the search
+prices it.
 Each plan is priced for the framework that runs it: the user's configuration and the Megatron-LM plan as
 Megatron-LM's training script runs them (``RunSettings.megatron_lm``, unless ``explain --framework`` says
 otherwise), the heterogeneous plan on the aceso runtime (the search's own pricing). ``speedup`` > 1: faster than
@@ -24,10 +27,15 @@ def search_gain(plan: ParallelPlan, config_ms: float, attention: str | None, cos
     from ..planner.api import build_cost_model, plan_all
     from ..planner.report import to_plan
     from ..training import TrainingSpec
-    training = TrainingSpec(global_batch_size=plan.global_batch_size, precision=plan.model.params_dtype,
-                            attention=attention or "auto")
+    from ..planner.state import from_plan
+    st = plan.stages[0]
+    training = TrainingSpec(    # the default search space, widened to contain the given configuration
+        global_batch_size=plan.global_batch_size, precision=plan.model.params_dtype, attention=attention or "auto",
+        micro_batch_sizes=sorted({1, 2, 4, 8, plan.micro_batch_per_rank(0)}),
+        virtual_stages=sorted({1, 2, plan.num_virtual_stages}), context_parallel_sizes=sorted({1, st.cp}))
     cm = build_cost_model(plan.model, plan.cluster, training, cost_model, db)
-    plans = plan_all(cm, training, SearchOptions(budget_evals=budget_evals), target="megatron-lm")
+    opts = SearchOptions(budget_evals=budget_evals, seeds=[from_plan(plan)[0]])    # start from theirs, too
+    plans = plan_all(cm, training, opts, target="megatron-lm")
     out = {"config_ms": config_ms, "budget_evals": budget_evals, "megatron": None, "aceso": None}
     for key, result in (("megatron", plans.megatron), ("aceso", plans.aceso)):
         best = result.plans[0] if result.plans and result.plans[0].fits else None

@@ -64,3 +64,20 @@ def test_explain_megatron_args_needs_a_cluster_and_no_plan(tmp_path, capsys):
     assert main(["explain", "--megatron-args-file", str(f), "--cluster", "1x4-h100", "--search-budget-evals", "0",
                  "--json"]) == 0
     assert "megatron_search" not in json.loads(capsys.readouterr().out)
+
+
+def test_the_search_starts_from_the_given_configuration_even_outside_its_default_space():
+    """vpp 3 and a per-rank micro-batch of 16 are outside the default candidates ([1, 2] and [1, 2, 4, 8]); the
+    space is widened to hold them and the configuration is a start, so no line is slower than it (fp16: the two
+    framework pricings agree)."""
+    from search.megatron.compare import search_gain
+    line = ("--num-layers 12 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "
+            "--max-position-embeddings 1024 --micro-batch-size 16 --global-batch-size 256 --fp16 "
+            "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 3 "
+            "--recompute-activations --tokenizer-type NullTokenizer --vocab-size 51199")
+    plan = read_megatron(line, cluster=parse_cluster("1x8-a100")).plan
+    cm = make_cost_model(plan.model, plan.cluster, TrainingSpec(global_batch_size=256, precision="fp16"),
+                         settings=RunSettings.megatron_lm("fp16"))
+    mine = cm.evaluate(plan).iteration_ms
+    g = search_gain(plan, mine, "flash", budget_evals=60)
+    assert g["megatron"]["speedup"] >= 1 - 1e-9 and g["aceso"]["speedup"] >= 1 - 1e-9
