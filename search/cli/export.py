@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         from ..megatron.bridge import cli_overrides, write_yaml
         text = cli_overrides(cfg) if args.args_only else write_yaml(plan, cfg, source)
     write_output(text, args.output)
-    if args.to == "megatron-lm" and not args.args_only and args.output not in (None, "-"):
+    if args.to == "megatron-lm" and not args.args_only and args.output not in (None, "-") \
+            and os.path.isfile(args.output):
         mode = os.stat(args.output).st_mode
         os.chmod(args.output, mode | (mode & 0o444) >> 2)     # executable wherever readable
     return 0
