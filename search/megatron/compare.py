@@ -29,10 +29,12 @@ def search_gain(plan: ParallelPlan, config_ms: float, attention: str | None, cos
     from ..training import TrainingSpec
     from ..planner.state import from_plan
     st = plan.stages[0]
-    training = TrainingSpec(    # the default search space, widened to contain the given configuration
+    base = TrainingSpec(global_batch_size=plan.global_batch_size)     # the default candidates ...
+    training = TrainingSpec(                                         # ... widened to hold the given configuration
         global_batch_size=plan.global_batch_size, precision=plan.model.params_dtype, attention=attention or "auto",
-        micro_batch_sizes=sorted({1, 2, 4, 8, plan.micro_batch_per_rank(0)}),
-        virtual_stages=sorted({1, 2, plan.num_virtual_stages}), context_parallel_sizes=sorted({1, st.cp}))
+        micro_batch_sizes=sorted({*base.micro_batch_sizes, plan.micro_batch_per_rank(0)}),
+        virtual_stages=sorted({*base.virtual_stages, plan.num_virtual_stages}),
+        context_parallel_sizes=sorted({*base.context_parallel_sizes, st.cp}))
     cm = build_cost_model(plan.model, plan.cluster, training, cost_model, db)
     opts = SearchOptions(budget_evals=budget_evals, seeds=[from_plan(plan)[0]])    # start from theirs, too
     plans = plan_all(cm, training, opts, target="megatron-lm")

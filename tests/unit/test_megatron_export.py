@@ -44,8 +44,9 @@ def test_script_runs_torchrun_with_exactly_the_plan_arguments(name, tmp_path):
     stub.parent.mkdir()
     stub.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$OUT"\nenv > "$OUT.env"\n')
     stub.chmod(0o755)
-    env = {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}", "OUT": str(tmp_path / "argv"),
-           "MEGATRON_LM": "/opt/Megatron-LM"}
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK",
+                                                             "TOKENIZER_ARGS", "DATA_ARGS", "TRAINING_ARGS")}
+    env.update(PATH=f"{stub.parent}:{os.environ['PATH']}", OUT=str(tmp_path / "argv"), MEGATRON_LM="/opt/Megatron-LM")
     r = subprocess.run(["bash", str(script), "--seed", "7"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     got = (tmp_path / "argv").read_text().splitlines()
