@@ -1,6 +1,8 @@
 """Predict a plan's iteration time and memory per stage, and name its bottleneck.
 
-PLAN is our plan JSON or a reference (Aceso legacy) config (one with num_ops_in_each_stage). With
+PLAN is our plan JSON or a reference (Aceso legacy) config (one with num_ops_in_each_stage); or, instead of PLAN,
+--megatron-args "ARGS..." / --megatron-args-file run.sh: a Megatron-LM command line (needs --cluster), reported like
+any plan plus what a short aceso search on the same model and cluster would gain (docs/megatron.md). With
 --cost-model aceso-compat a reference config is evaluated exactly as given, op by op, as the reference does;
 the other cost models need our format, so it is converted with the compat importer (--snap moves boundaries that
 fall inside a unit). The model, cluster and global batch size come from
@@ -34,7 +36,15 @@ COMM_KINDS = ("tp", "cp", "p2p", "dp", "param_gather", "embedding_grads")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("plan", help="plan JSON (ours or a reference config)")
+    p.add_argument("plan", nargs="?", default=None, help="plan JSON (ours or a reference config)")
+    p.add_argument("--megatron-args", default=None, help="a Megatron-LM command line instead of PLAN (quoted)")
+    p.add_argument("--megatron-args-file", default=None, help="a Megatron-LM launch script or argument file")
+    p.add_argument("--world-size", type=int, default=None, help="Megatron-LM: GPUs, when the command line does "
+                   "not say (default: the cluster's)")
+    p.add_argument("--vocab-size", type=int, default=None, help="Megatron-LM: the tokenizer's vocabulary, when the "
+                   "command line does not say")
+    p.add_argument("--search-budget-evals", type=int, default=None, help="Megatron-LM: budget of the comparison "
+                   "search (default 600; 0 skips it)")
     p.add_argument("--model", default=None, help="preset or spec file; default: the plan's model")
     p.add_argument("--num-layers", type=positive_int, default=None, help="with --model: override the preset's depth")
     add_cluster_args(p, required=False)
@@ -45,8 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", choices=("auto", "flash", "unfused"), default=None,
                    help="analytic model: attention kernel (default: what the plan's prediction assumed, else auto)")
     p.add_argument("--db", default=None, help="profile database (profile) or Aceso database folder (aceso-compat)")
-    p.add_argument("--framework", choices=("runtime", "megatron-lm"), default="runtime",
-                   help="who runs the plan: our runtime on megatron-core (default) or Megatron-LM's training script")
+    p.add_argument("--framework", choices=("runtime", "megatron-lm"), default=None,
+                   help="who runs the plan: our runtime on megatron-core (default) or Megatron-LM's training script "
+                        "(the default with --megatron-args)")
     p.add_argument("--snap", action="store_true", help="reference configs: move boundaries to unit boundaries")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     plots.add_arguments(p, "the pipeline timeline and the memory per stage")
@@ -203,19 +214,63 @@ def _ref_report(args: argparse.Namespace, raw: dict) -> tuple[dict, list[str], s
     return out, ["reference config evaluated op by op, exactly as given"], cluster.label
 
 
+def _megatron_plan(args: argparse.Namespace):
+    """The plan a Megatron-LM command line runs (--megatron-args / --megatron-args-file), as plan JSON."""
+    import json
+
+    from ..cluster import parse_cluster
+    from ..megatron.importer import read_megatron
+    from .import_cmd import read_megatron_source
+    if args.plan:
+        raise AcesoError("give PLAN or --megatron-args/--megatron-args-file, not both")
+    if not args.cluster:
+        raise AcesoError("--megatron-args needs --cluster NODESxGPUS-gpu (the GPUs it runs on)")
+    text, label = read_megatron_source(args.megatron_args_file, args.megatron_args)
+    imp = read_megatron(text, source=label, world_size=args.world_size, vocab_size=args.vocab_size,
+                        cluster=parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb))
+    args.plan = label
+    args.attention = args.attention or imp.config.attention
+    args.framework = args.framework or "megatron-lm"
+    notes = ([imp.warning] if imp.warning else []) + imp.notes
+    return json.loads(imp.plan.to_json()), notes
+
+
 def run(args: argparse.Namespace) -> int:
     plots.target(args.plot, args.plot_format)   # before any work: a bad --plot or no matplotlib is exit 2
-    raw = read_json(args.plan, missing="no such plan file")
+    megatron = args.megatron_args is not None or args.megatron_args_file is not None
+    if megatron:
+        raw, mnotes = _megatron_plan(args)
+    elif args.plan:
+        raw = read_json(args.plan, missing="no such plan file")
+    else:
+        raise AcesoError("give a plan file, or --megatron-args / --megatron-args-file")
     exact = args.cost_model == "aceso-compat" and not args.snap and isinstance(raw, dict) \
         and "num_ops_in_each_stage" in raw
     out, notes, cluster = (_ref_report if exact else _plan_report)(args, raw)
-    out["notes"] = notes
+    out["notes"] = (mnotes if megatron else []) + notes
     out["cluster"] = cluster
+    gain = _search_gain(args, raw, out) if megatron else None
     if args.json:
         print_json(out)
     else:
         _print_table(out)
+        if gain:
+            from ..megatron.compare import gain_lines
+            print("\n".join(gain_lines(gain, parse_plan(raw, source=args.plan))))
     return 0
+
+
+def _search_gain(args: argparse.Namespace, raw: dict, out: dict) -> dict | None:
+    from ..megatron.compare import DEFAULT_BUDGET, search_gain
+    budget = DEFAULT_BUDGET if args.search_budget_evals is None else args.search_budget_evals
+    if budget < 1:
+        return None
+    plan, _, _ = _resolve(args, parse_plan(raw, source=args.plan))
+    gain = search_gain(plan, out["iteration_time_ms"], args.attention, args.cost_model, args.db, budget,
+                       args.framework)
+    out["megatron_search"] = {k: ({kk: vv for kk, vv in v.items() if kk != "plan"} if isinstance(v, dict) else v)
+                              for k, v in gain.items()}
+    return gain
 
 
 def _print_table(r: dict) -> None:

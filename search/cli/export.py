@@ -1,30 +1,58 @@
-"""Convert a plan to the Aceso reference's op-level config: `aceso export PLAN --to aceso-legacy -o out.json`.
+"""Write a plan for another trainer: `aceso export PLAN --to megatron-lm|megatron-bridge|aceso-legacy [-o FILE]`.
 
-Each stage's units become the reference's ops (attention unit = layer ops 0-7, MLP unit = ops 8-12; T5 decoder
-layers: self-attention 0-7, cross-attention 8-15, MLP 16-20), every op at the stage's tp/dp and algo 0, and each
-unit's recompute choice becomes op flags (selective: attention core / gelu; full: all the unit's ops).
-See docs/compat.md.
+megatron-lm: a runnable bash script (torchrun + pretrain_gpt.py / pretrain_t5.py with every model, parallel,
+recompute, batch and precision argument of Megatron-LM core_v0.16.1; TOKENIZER_ARGS / DATA_ARGS placeholders);
+--args-only prints just the arguments on one line. megatron-bridge: Megatron-Bridge v0.3.1 recipe overrides as a
+YAML file; --args-only prints them as run_recipe.py CLI overrides. A plan stock Megatron-LM cannot run (tp or dp
+differing between stages, a stage cut inside a layer, per-unit recompute Megatron-LM has no setting for) is refused
+with exit 2 and one line; search with --target megatron-lm for one it can. aceso-legacy: the Aceso reference's
+op-level config JSON (each unit's ops at the stage's tp/dp; see docs/compat.md). See docs/megatron.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
+from ..errors import AcesoError
 from ..plan import load_plan
 from .common import check_output, write_output
+
+TARGETS = ("megatron-lm", "megatron-bridge", "aceso-legacy")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="plan JSON file")
-    p.add_argument("--to", default="aceso-legacy", choices=["aceso-legacy"],
-                   help="target format (aceso-legacy: the reference's op-level config JSON)")
+    p.add_argument("--to", default="aceso-legacy", choices=TARGETS,
+                   help="megatron-lm (launch script), megatron-bridge (recipe overrides YAML) or aceso-legacy (the "
+                        "reference's op-level config JSON, the default)")
+    p.add_argument("--args-only", action="store_true",
+                   help="megatron-lm: only the arguments, one shell-quoted line; megatron-bridge: the CLI overrides")
     p.add_argument("-o", "--output", default="-", help="file to write, or - for stdout")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..compat.mapping import plan_to_ref
-
     check_output(args.output)
     plan = load_plan(args.plan)
-    write_output(plan_to_ref(plan).to_json(), args.output)
+    if args.to == "aceso-legacy":
+        if args.args_only:
+            raise AcesoError("--args-only is for --to megatron-lm / megatron-bridge; aceso-legacy writes a JSON config")
+        from ..compat.mapping import plan_to_ref
+        write_output(plan_to_ref(plan).to_json(), args.output)
+        return 0
+    from ..megatron import MEGATRON_LM_VERSION, megatron_config
+    from ..megatron.script import args_line, write_script
+    cfg = megatron_config(plan)          # NotExpressible: exit 2, one line, nothing written
+    source = Path(args.plan).name
+    if args.to == "megatron-lm":
+        text = args_line(cfg) if args.args_only else write_script(plan, cfg, source, MEGATRON_LM_VERSION)
+    else:
+        from ..megatron.bridge import cli_overrides, write_yaml
+        text = cli_overrides(cfg) if args.args_only else write_yaml(plan, cfg, source)
+    write_output(text, args.output)
+    if args.to == "megatron-lm" and not args.args_only and args.output not in (None, "-") \
+            and os.path.isfile(args.output):
+        mode = os.stat(args.output).st_mode
+        os.chmod(args.output, mode | (mode & 0o444) >> 2)     # executable wherever readable
     return 0

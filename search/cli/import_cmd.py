@@ -1,11 +1,19 @@
-"""Convert an Aceso reference op-level config to a plan: `aceso import REFCONFIG.json -o plan.json [--snap]`.
+"""Make a plan from another format: `aceso import FILE [--from aceso-legacy|megatron-lm] -o plan.json`.
 
-Stage boundaries must fall on unit boundaries (else an error naming the stage; `--snap` moves each to the nearest
-unit boundary). Each stage needs one tp/dp for all its ops and algo 0. Op recompute flags that are not exactly a
-unit's none/selective/full pattern take the smallest choice covering them; such approximations are reported on
-stderr. The model comes from model_name/model_size (the preset with that aceso_db_key). With `--db DIR` the plan
-carries the aceso-compat prediction (`predicted`), and stderr compares it with the reference's own evaluation of
-the config when the import changed it. See docs/compat.md.
+--from megatron-lm: FILE is a Megatron-LM launch script or argument file (- = stdin; or --args "..."); the plan
+is what Megatron-LM runs with those flags (core_v0.16.1 defaults). The world size comes from the script's torchrun
+(--nproc-per-node x --nnodes), --world-size or --cluster; with --cluster the plan also carries the analytic
+prediction. Flags aceso does not model (MoE, FP8, MLA, FSDP, ...) are refused with one line; data, schedule,
+logging and checkpoint flags are accepted, any other unknown flag is listed in one warning; assumptions (the
+vocabulary, approximations) are notes on stderr. See docs/megatron.md.
+
+--from aceso-legacy (default): FILE is an Aceso reference op-level config. Stage boundaries must fall on unit
+boundaries (else an error naming the stage; `--snap` moves each to the nearest unit boundary). Each stage needs
+one tp/dp for all its ops and algo 0. Op recompute flags that are not exactly a unit's none/selective/full pattern
+take the smallest choice covering them; such approximations are reported on stderr. The model comes from
+model_name/model_size (the preset with that aceso_db_key). With `--db DIR` the plan carries the aceso-compat
+prediction (`predicted`), and stderr compares it with the reference's own evaluation of the config when the
+import changed it. See docs/compat.md.
 """
 
 from __future__ import annotations
@@ -13,27 +21,43 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..errors import AcesoError
 from .common import check_output, write_output
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="reference config JSON (the Aceso artifact's op-level format)")
+    p.add_argument("config", nargs="?", default=None,
+                   help="aceso-legacy: reference config JSON; megatron-lm: launch script or argument file (- = stdin)")
+    p.add_argument("--from", dest="source", default="aceso-legacy", choices=("aceso-legacy", "megatron-lm"),
+                   help="input format (default aceso-legacy)")
     p.add_argument("-o", "--output", default="-", help="plan file to write, or - for stdout")
-    p.add_argument("--snap", action="store_true", help="move stage boundaries to the nearest unit boundary")
     p.add_argument("--cluster", default=None, help="record this cluster in the plan (NODESxGPUS-gpu)")
-    p.add_argument("--db", default=None,
+    p.add_argument("--memory-limit-mb", type=float, default=None, help="with --cluster: per-GPU memory budget")
+    g = p.add_argument_group("--from megatron-lm")
+    g.add_argument("--args", default=None, help="the Megatron-LM arguments as one string (instead of FILE)")
+    g.add_argument("--world-size", type=int, default=None, help="GPUs of the run, when the command line has no "
+                   "torchrun process count")
+    g.add_argument("--vocab-size", type=int, default=None, help="the tokenizer's vocabulary, when the command line "
+                   "does not say it")
+    g = p.add_argument_group("--from aceso-legacy")
+    g.add_argument("--snap", action="store_true", help="move stage boundaries to the nearest unit boundary")
+    g.add_argument("--db", default=None,
                    help="Aceso database folder: add the aceso-compat prediction to the plan (cluster: --cluster, "
                         "else one node of V100s, the artifact's machine)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.source == "megatron-lm":
+        return _run_megatron(args)
+    if not args.config:
+        raise AcesoError("give the reference config JSON file")
     from ..cluster import parse_cluster
     from ..compat.mapping import ref_to_plan
     from ..compat.refconfig import load_ref_config
 
     check_output(args.output)
     cfg = load_ref_config(args.config)
-    cluster = parse_cluster(args.cluster) if args.cluster else None
+    cluster = parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb) if args.cluster else None
     plan, notes = ref_to_plan(cfg, snap=args.snap, cluster=cluster, src=args.config)
     if args.db:
         plan, note = _predict(plan, cfg, args.db, cluster, changed=bool(notes))
@@ -42,6 +66,59 @@ def run(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"aceso import: note: {note}", file=sys.stderr)
     return 0
+
+
+def read_megatron_source(path: str | None, text: str | None) -> tuple[str, str]:
+    """``(text, label)`` of a Megatron-LM command line given as a file, ``-`` (stdin) or a string."""
+    if text is not None:
+        if path:
+            raise AcesoError("give the Megatron-LM arguments as a file or as --args/--megatron-args, not both")
+        return text, "the arguments"
+    if not path:
+        raise AcesoError("give a Megatron-LM launch script or argument file (or the arguments as a string)")
+    if path == "-":
+        return sys.stdin.read(), "stdin"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read(), path
+    except (FileNotFoundError, IsADirectoryError):
+        raise AcesoError(f"{path}: no such file") from None
+    except UnicodeDecodeError:
+        raise AcesoError(f"{path}: not a text file") from None
+
+
+def _run_megatron(args: argparse.Namespace) -> int:
+    from ..cluster import parse_cluster
+    from ..megatron.importer import read_megatron
+    check_output(args.output)
+    text, label = read_megatron_source(args.config, args.args)
+    cluster = parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb) if args.cluster else None
+    imp = read_megatron(text, source=label, world_size=args.world_size, cluster=cluster, vocab_size=args.vocab_size)
+    plan = imp.plan
+    if cluster is not None:
+        plan = plan.model_copy(update={"predicted": predict(plan, imp.config.attention)})
+    write_output(plan.to_json(), args.output)
+    if imp.warning:
+        print(f"aceso import: warning: {imp.warning}", file=sys.stderr)
+    for note in imp.notes:
+        print(f"aceso import: note: {note}", file=sys.stderr)
+    return 0
+
+
+def predict(plan, attention: str | None, kind: str = "analytic"):
+    """The analytic prediction of an imported plan (with the attention kernel its --transformer-impl runs)."""
+    from ..costmodel import make_cost_model
+    from ..plan import PlanPrediction
+    from ..planner.report import assumed_attention
+    from ..training import TrainingSpec
+    training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
+                            precision=plan.model.params_dtype, distributed_optimizer=plan.distributed_optimizer,
+                            attention=attention or "auto")
+    cm = make_cost_model(plan.model, plan.cluster, training, kind)
+    cost = cm.evaluate(plan)
+    return PlanPrediction(cost_model=kind, iteration_time_ms=cost.iteration_ms, samples_per_s=cost.samples_per_s,
+                          stage_time_ms=cost.pipeline.stage_total_ms, stage_memory_mb=[s.memory_mb for s in cost.stages],
+                          attention=assumed_attention(cm))
 
 
 def _predict(plan, cfg, db_dir: str, cluster, changed: bool):

@@ -4,8 +4,12 @@
   one line naming the stage and field. Stable signature: ``aceso search --target megatron-lm`` filters with it.
 - ``megatron_config(plan) -> MegatronConfig`` (``expressible.py``, ``config.py``): the plan in Megatron-LM's terms.
 - ``names.py``: the one table of our names <-> Megatron-LM flags <-> Megatron-Bridge ``ConfigContainer`` fields.
-- ``script.py`` (bash launch script, ``--args-only``), ``bridge.py`` (recipe overrides), ``cmdline.py`` (parse a
-  Megatron-LM command line back into a plan), ``layout.py`` and ``recompute.py`` (the two non-trivial mappings).
+- ``script.py`` (bash launch script, ``--args-only``), ``bridge.py`` (Bridge recipe overrides).
+- ``importer.read_megatron(text, ...)``: a launch script or argument line back into the plan it runs
+  (``shell.py`` reads the bash, ``cmdline.py`` the flags, ``model_args.py`` the model), ``build.plan_from_config``.
+- ``layout.py`` and ``recompute.py``: the two non-trivial mappings (layer splits, per-unit recompute); the planner
+  uses ``recompute.recompute_of`` / ``unit_choices`` and ``config.Recompute`` too (keep them stable).
+- ``compare.search_gain``: what ``aceso search`` gains over a given configuration (``explain --megatron-args``).
 
 Checked against Megatron-LM ``core_v0.16.1`` (commit 55ac708, ``megatron/training/arguments.py``) and
 Megatron-Bridge ``v0.3.1`` (whose Megatron-LM submodule is that same commit). See docs/megatron.md.

@@ -145,7 +145,7 @@ CASES = [
     C("search-trace-missing-value", SEARCH + " --trace", "--trace: expected one argument"),
     C("explain-gbs-zero", "explain plan.json --global-batch-size 0", "--global-batch-size: 0 must be at least 1"),
     C("explain-memory-zero", "explain plan.json --memory-limit-mb 0", "--memory-limit-mb: 0 must be above 0"),
-    C("explain-no-plan", "explain", "the following arguments are required: plan"),
+    C("explain-no-plan", "explain", "give a plan file, or --megatron-args / --megatron-args-file"),
     C("validate-world-size-zero", "validate plan.json --world-size 0", "--world-size: 0 must be at least 1"),
     C("baseline-mbs-negative", "baseline --model spec.json --cluster 1x2-cpu --global-batch-size 8 "
       "--micro-batch-sizes -1", "--micro-batch-sizes: -1 must be at least 1"),

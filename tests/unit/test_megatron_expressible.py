@@ -147,3 +147,15 @@ def test_interleaved_chunk_cut_names_the_chunk():
     d["stages"][0]["chunks"][1]["recompute"] = ["none"] * 3
     msg = check_expressible(ParallelPlan.model_validate(d))
     assert msg and msg.startswith("stages[0].chunks[1].start_unit (9) cuts layer 4 between its attention and mlp")
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_export_cli_refuses_each_kind_with_exit_2_one_line_and_writes_nothing(name, tmp_path, capsys):
+    from search.cli import main
+    plan, needle = BAD[name]
+    src, out = tmp_path / "plan.json", tmp_path / "run.sh"
+    src.write_text(plan.to_json())
+    assert main(["export", str(src), "--to", "megatron-lm", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err and "--target megatron-lm" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]

@@ -1,0 +1,113 @@
+"""The plan as Megatron-Bridge recipe overrides (``aceso export --to megatron-bridge``), checked against v0.3.1.
+
+Bridge builds a ``ConfigContainer`` from a recipe function (``megatron.bridge.recipes``) and merges overrides in
+its structure: a YAML file (``process_config_with_overrides(cfg, config_filepath=...)``) or Hydra-style
+``section.field=value`` arguments (``scripts/training/run_recipe.py --recipe NAME ...``). The recipe only supplies
+what the plan does not set (optimizer, scheduler, data, logging): every model, parallel, recompute and batch field
+of the plan is overridden (head width and query groups by value, so a recipe's own defaults cannot leak in). The activation function is a Python callable a YAML cannot set, so the recipe is chosen
+by it: SwiGLU models start from a Llama recipe, GELU models from ``gpt3_175b_pretrain_config``. T5: Bridge v0.3.1
+has no T5 pretraining recipe (refused). bf16 is the recipes' default precision (no override); fp16 / fp32 set the
+recipe's ``mixed_precision``, which the Llama recipes hold as a name and the GPT recipe as a config object.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+from ..errors import AcesoError
+from ..plan import ParallelPlan
+from .config import MegatronConfig
+from .names import bridge_fields
+
+# recipe -> how it holds mixed_precision ("name": a recipe name string; "object": a MixedPrecisionConfig)
+RECIPES = {"llama3_8b_pretrain_config": "name", "llama3_70b_pretrain_config": "name",
+           "llama2_7b_pretrain_config": "name", "gpt3_175b_pretrain_config": "object"}
+_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
+
+
+def recipe_for(c: MegatronConfig) -> str:
+    m = c.model
+    if m.is_t5:
+        raise AcesoError("--to megatron-bridge: Megatron-Bridge v0.3.1 has no T5 pretraining recipe; use "
+                         "--to megatron-lm (pretrain_t5.py)")
+    if m.activation == "gelu":
+        return "gpt3_175b_pretrain_config"
+    if m.name.startswith("llama3-70b"):
+        return "llama3_70b_pretrain_config"
+    return "llama2_7b_pretrain_config" if m.name.startswith("llama2") else "llama3_8b_pretrain_config"
+
+
+def overrides(c: MegatronConfig) -> tuple[str, dict[str, object]]:
+    """``(recipe, {section: {field: value} or a value for the whole section})``."""
+    recipe = recipe_for(c)
+    out: dict[str, object] = dict(bridge_fields(c))
+    if recipe == "gpt3_175b_pretrain_config":
+        # its comm_overlap section: TP overlap on with a userbuffer config for one shape; embedding wgrad deferral
+        out["comm_overlap"] = {"tp_comm_overlap": c.tp_comm_overlap, "tp_comm_overlap_cfg": None,
+                               "defer_embedding_wgrad_compute": c.pp > 1}
+    elif c.tp_comm_overlap:
+        raise AcesoError("--to megatron-bridge: tp_comm_overlap needs a comm_overlap section, which the Llama "
+                         "recipes of v0.3.1 do not have; set cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap="
+                         "True) in Python, or export --to megatron-lm")
+    if c.precision != "bf16":
+        if RECIPES[recipe] == "name":
+            out["mixed_precision"] = "fp16_mixed" if c.precision == "fp16" else None
+        else:
+            dt = _DTYPES[c.precision]
+            out["mixed_precision"] = {"bf16": False, "fp16": c.precision == "fp16", "params_dtype": dt,
+                                      "pipeline_dtype": dt, "grad_reduce_in_fp32": c.precision != "fp16"}
+    return recipe, out
+
+
+def _value(v: object) -> str:
+    """A Hydra override / YAML scalar."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ",".join(_value(x) for x in v) + "]"
+    s = str(v)
+    return s if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", s) and s not in ("null", "true", "false") \
+        else json.dumps(s)
+
+
+def _items(ov: dict[str, object]):
+    for section, fields in ov.items():
+        if not isinstance(fields, dict):
+            yield section, fields
+            continue
+        for k, v in fields.items():
+            yield f"{section}.{k}", v
+
+
+def cli_overrides(c: MegatronConfig) -> str:
+    """``--recipe NAME section.field=value ...`` for ``scripts/training/run_recipe.py``, shell-quoted, one line."""
+    recipe, ov = overrides(c)
+    return shlex.join(["--recipe", recipe] + [f"{k}={_value(v)}" for k, v in _items(ov)]) + "\n"
+
+
+def write_yaml(plan: ParallelPlan, c: MegatronConfig, source: str) -> str:
+    from .. import __version__
+    from .script import header
+    recipe, ov = overrides(c)
+    gpn, nodes = (plan.cluster.gpus_per_node, plan.cluster.num_nodes) if plan.cluster else (c.world_size, 1)
+    intro = f"Megatron-Bridge overrides written by aceso {__version__} from {source}."
+    lines = [f"# {h}" for h in [intro] + header(plan, c, source, "")[2:]] + [
+        f"# Megatron-Bridge v0.3.1 overrides (ConfigContainer structure) for the recipe "
+        f"megatron.bridge.recipes.{recipe}.",
+        "# Python: cfg = process_config_with_overrides(" + recipe + "(), config_filepath=\"THIS.yaml\")",
+        f"# CLI: torchrun --nproc-per-node {gpn} --nnodes {nodes} scripts/training/run_recipe.py "
+        "$(aceso export PLAN --to megatron-bridge --args-only)",
+        "# Data: the recipe's (mock data); tokenizer: NullTokenizer with the plan's vocabulary. Replace both with yours."]
+    for section, fields in ov.items():
+        if not isinstance(fields, dict):
+            lines.append(f"{section}: {_value(fields)}")
+            continue
+        lines.append(f"{section}:")
+        lines += [f"  {k}: {_value(v)}" for k, v in fields.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,287 @@
+"""A Megatron-LM command line (core_v0.16.1 flags) -> ``MegatronConfig`` -> ``ParallelPlan``.
+
+``parse_flags`` reads ``--flag value...`` / ``--flag=value`` as argparse would (last occurrence wins, values up to
+the next ``--flag``). The plan's flags (``FLAGS``) are read with Megatron-LM's defaults and checks; flags that
+change the cost in ways aceso does not model are refused with one line (``REFUSED``: MoE, FP8/FP4, MLA, MTP,
+FSDP, offloading, other rank orders...); every other flag (data, optimizer hyper-parameters, logging,
+checkpointing, fusions: ``QUIET``) does not change a plan and is accepted; any other flag is listed in one warning. ``config_from_flags`` applies
+Megatron-LM's defaults (``--ffn-hidden-size`` 4h or the SwiGLU rule, dropouts 0.1, ``--global-batch-size`` =
+micro-batch x dp, vocabulary padding to ``--make-vocab-size-divisible-by`` x tp) and the checks of
+``validate_args`` / ``TransformerConfig`` that a plan depends on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import AcesoError
+from .config import MegatronConfig, Recompute
+from .layout import distribution, layout_chunk_layers
+from .model_args import model_from_flags
+
+INT, FLOAT, STR, BOOL, LIST = "int", "float", "str", "bool", "list"
+FLAGS: dict[str, str] = {
+    **{f: INT for f in ("--num-layers", "--encoder-num-layers", "--decoder-num-layers", "--hidden-size",
+                        "--ffn-hidden-size", "--num-attention-heads", "--kv-channels", "--num-query-groups",
+                        "--seq-length", "--encoder-seq-length", "--decoder-seq-length", "--max-position-embeddings",
+                        "--rotary-base", "--vocab-size", "--padded-vocab-size", "--make-vocab-size-divisible-by",
+                        "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+                        "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage",
+                        "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+                        "--recompute-num-layers", "--micro-batch-size", "--global-batch-size")},
+    **{f: FLOAT for f in ("--attention-dropout", "--hidden-dropout")},
+    **{f: STR for f in ("--position-embedding-type", "--normalization", "--tokenizer-type", "--transformer-impl",
+                        "--attention-backend",
+                        "--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method")},
+    **{f: BOOL for f in ("--group-query-attention", "--use-rotary-position-embeddings", "--swiglu",
+                         "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--sequence-parallel",
+                         "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+                         "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                         "--tp-comm-overlap", "--recompute-activations", "--bf16", "--fp16")},
+    "--recompute-modules": LIST,
+}
+
+
+# Megatron-LM flags that do not change a plan (training schedule, data, logging, checkpointing, fusions): accepted
+# without a warning; any other flag is listed in the one warning
+QUIET_PREFIXES = ("--lr", "--min-lr", "--train-", "--eval-", "--log-", "--save", "--load", "--data-", "--tokenizer-",
+                  "--wandb-", "--tensorboard-", "--exit-", "--ckpt-", "--profile", "--adam-", "--sgd-", "--valid-data",
+                  "--test-data", "--manual-gc", "--timing-log")
+QUIET = frozenset({
+    "--split", "--vocab-file", "--merge-file", "--mock-data", "--weight-decay", "--start-weight-decay",
+    "--end-weight-decay", "--weight-decay-incr-style", "--clip-grad", "--seed", "--init-method-std",
+    "--use-dist-ckpt", "--async-save", "--distributed-backend", "--distributed-timeout-minutes", "--num-workers",
+    "--use-flash-attn", "--attention-softmax-in-fp32", "--accumulate-allreduce-grads-in-fp32",
+    "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion",
+    "--no-rope-fusion", "--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--use-mcore-models",
+    "--dataloader-type", "--finetune", "--use-checkpoint-args", "--no-load-optim", "--no-load-rng",
+    "--vocab-extra-ids", "--legacy-tokenizer", "--eod-mask-loss", "--reset-position-ids", "--reset-attention-mask",
+    "--norm-epsilon", "--initial-loss-scale", "--min-loss-scale", "--loss-scale", "--loss-scale-window",
+    "--hysteresis", "--mask-prob", "--short-seq-prob", "--no-check-for-nan-in-loss-and-grad", "--local-rank",
+})
+
+
+def _always(_):
+    return True
+
+
+def _positive(v):
+    return _num(v) > 0
+
+
+def _above_one(v):
+    return _num(v) > 1
+
+
+def _num(v) -> float:
+    try:
+        return float(v[0]) if v else 0.0
+    except ValueError:
+        return 1.0
+
+
+# flag -> (refused when, why)
+REFUSED: dict[str, tuple[object, str]] = {
+    "--num-experts": (_positive, "mixture-of-experts layers are not modelled by aceso"),
+    "--expert-model-parallel-size": (_above_one, "expert parallelism is not modelled by aceso"),
+    "--expert-tensor-parallel-size": (_above_one, "expert parallelism is not modelled by aceso"),
+    "--fp8-format": (_always, "FP8 training is not modelled (aceso prices bf16, fp16 and fp32)"),
+    "--fp8-param-gather": (_always, "FP8 training is not modelled (aceso prices bf16, fp16 and fp32)"),
+    "--fp4-format": (_always, "FP4 training is not modelled (aceso prices bf16, fp16 and fp32)"),
+    "--multi-latent-attention": (_always, "multi-latent attention is not modelled by aceso"),
+    "--mtp-num-layers": (_positive, "multi-token prediction layers are not modelled by aceso"),
+    "--hybrid-override-pattern": (_always, "hybrid (Mamba) models are not modelled by aceso"),
+    "--is-hybrid-model": (_always, "hybrid (Mamba) models are not modelled by aceso"),
+    "--heterogeneous-layers-config-path": (_always, "heterogeneous layer configs are not modelled by aceso"),
+    "--heterogeneous-layers-config-encoded-json": (_always, "heterogeneous layer configs are not modelled by aceso"),
+    "--yaml-cfg": (_always, "a YAML config replaces the command line; give the flags instead"),
+    "--use-megatron-fsdp": (_always, "FSDP is not modelled (aceso prices DDP and the distributed optimizer)"),
+    "--use-torch-fsdp2": (_always, "FSDP is not modelled (aceso prices DDP and the distributed optimizer)"),
+    "--data-parallel-sharding-strategy": (lambda v: v != ["no_shard"], "FSDP sharding is not modelled by aceso"),
+    "--num-distributed-optimizer-instances": (_above_one, "several distributed-optimizer instances are not "
+                                                          "modelled by aceso"),
+    "--distribute-saved-activations": (_always, "recompute checkpoints split over TP are not modelled by aceso"),
+    "--fine-grained-activation-offloading": (_always, "activation offloading is not modelled by aceso"),
+    "--cpu-offloading-num-layers": (_positive, "activation offloading is not modelled by aceso"),
+    "--optimizer-cpu-offload": (_always, "optimizer offloading is not modelled by aceso"),
+    "--use-tp-pp-dp-mapping": (_always, "aceso plans order ranks tp-cp-dp-pp (Megatron-LM's default)"),
+    "--cp-comm-type": (lambda v: any(x != "p2p" for x in v), "aceso prices ring (p2p) context parallelism only"),
+    "--hierarchical-context-parallel-sizes": (_always, "hierarchical context parallelism is not modelled"),
+    "--hybrid-context-parallel": (_always, "hybrid context parallelism is not modelled by aceso"),
+    "--window-size": (_always, "sliding-window attention is not modelled by aceso"),
+    "--use-legacy-models": (_always, "aceso plans megatron-core models, not the legacy ones"),
+    "--rampup-batch-size": (_always, "a batch-size ramp-up changes the plan during training; plan the final size"),
+    "--model-parallel-size": (_always, "the old flag; use --tensor-model-parallel-size"),
+    "--checkpoint-activations": (_always, "removed in Megatron-LM; use --recompute-activations or "
+                                          "--recompute-granularity"),
+    "--optimizer": (lambda v: v != ["adam"], "aceso prices the Adam optimizer's states only"),
+    "--quick-geglu": (_always, "gated GELU MLPs are not modelled (use --swiglu or the default GELU)"),
+    "--no-position-embedding": (_always, "models without position embeddings are not modelled by aceso"),
+}
+
+
+@dataclass
+class Flags:
+    values: dict[str, list[str]]
+    ignored: list[str] = field(default_factory=list)
+
+    def has(self, name: str) -> bool:
+        return name in self.values
+
+    def get(self, name: str, default=None):
+        if name not in self.values:
+            return default
+        v, kind = self.values[name], FLAGS[name]
+        if kind == BOOL:
+            return True
+        if kind == LIST:
+            return v
+        if len(v) != 1:
+            raise AcesoError(f"{name}: expected one value, got {' '.join(v) or 'none'}")
+        if v[0].startswith("<unset:"):
+            raise AcesoError(f"{name} is ${v[0][7:-1]}, which the file does not set; give its value")
+        try:
+            return {INT: int, FLOAT: float, STR: str}[kind](v[0])
+        except ValueError:
+            raise AcesoError(f"{name} {v[0]!r}: expected {'an integer' if kind == INT else 'a number'}") from None
+
+
+def parse_flags(argv: list[str]) -> Flags:
+    values: dict[str, list[str]] = {}
+    ignored: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if not tok.startswith("--"):
+            ignored.append(tok)
+            i += 1
+            continue
+        name, eq, val = tok.partition("=")
+        j = i + 1
+        while not eq and j < len(argv) and not argv[j].startswith("--"):
+            j += 1
+        vals = [val] if eq else argv[i + 1:j]
+        i = j
+        if name in REFUSED:
+            when, why = REFUSED[name]
+            if when(vals):
+                raise AcesoError(f"{' '.join([name, *vals])}: {why}; remove it to price the rest")
+            continue
+        if name not in FLAGS:
+            if name not in QUIET and not name.startswith(QUIET_PREFIXES):
+                ignored.append(name)
+            continue
+        if FLAGS[name] == BOOL and vals:
+            raise AcesoError(f"{name} takes no value (got {' '.join(vals)})")
+        values[name] = vals
+    return Flags(values, sorted(set(ignored)))
+
+
+def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
+                      vocab_size: int | None = None) -> MegatronConfig:
+    """The configuration a Megatron-LM run with these flags has on ``world_size`` GPUs."""
+    tp = f.get("--tensor-model-parallel-size", 1)
+    pp = f.get("--pipeline-model-parallel-size", 1)
+    cp = f.get("--context-parallel-size", 1)
+    if min(tp, pp, cp) < 1:
+        raise AcesoError("--tensor/pipeline-model-parallel-size and --context-parallel-size must be at least 1")
+    if world_size % (tp * pp * cp):
+        raise AcesoError(f"the world size ({world_size}) is not a multiple of tp x pp x cp ({tp} x {pp} x {cp}); "
+                         "check --world-size or the launcher's process count")
+    dp = world_size // (tp * pp * cp)
+    if t5 and pp > 1:
+        raise AcesoError(f"--pipeline-model-parallel-size {pp}: pretrain_t5.py (core_v0.16.1) does not support "
+                         "pipeline parallelism for T5")
+    if t5 and f.has("--pipeline-model-parallel-layout"):
+        raise AcesoError("--pipeline-model-parallel-layout: megatron-core's layouts do not support encoder layers "
+                         "(T5)")
+    model, attention = model_from_flags(f, tp, t5, notes, vocab_size)
+    sp = f.has("--sequence-parallel")
+    if sp and tp == 1:
+        notes.append("--sequence-parallel with tp 1: Megatron-LM turns it off")
+        sp = False
+    chunk_layers, vpp = _chunk_layers(f, len(model.layer_starts) - 1, pp)
+    mbs = f.get("--micro-batch-size")
+    if mbs is None:
+        raise AcesoError("--micro-batch-size is missing; Megatron-LM requires it (the per-rank micro-batch)")
+    gbs = f.get("--global-batch-size", mbs * dp)
+    if gbs % (mbs * dp):
+        raise AcesoError(f"--global-batch-size ({gbs}) must be a multiple of --micro-batch-size x dp ({mbs} x {dp})")
+    dist_opt, ogr, opg = (f.has(x) for x in ("--use-distributed-optimizer", "--overlap-grad-reduce",
+                                             "--overlap-param-gather"))
+    if opg and not (dist_opt and ogr):
+        raise AcesoError("--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce "
+                         "(Megatron-LM's validate_args asserts both)")
+    if f.has("--tp-comm-overlap") and not sp:
+        raise AcesoError("--tp-comm-overlap needs --sequence-parallel (Megatron-LM's validate_args asserts it)")
+    return MegatronConfig(model=model, tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, sequence_parallel=sp,
+                          chunk_layers=chunk_layers, recompute=_recompute(f, notes), micro_batch_size=mbs,
+                          global_batch_size=gbs, distributed_optimizer=dist_opt, overlap_grad_reduce=ogr,
+                          overlap_param_gather=opg, tp_comm_overlap=f.has("--tp-comm-overlap"), attention=attention)
+
+
+def _chunk_layers(f: Flags, num_layers: int, pp: int) -> tuple[tuple[int, ...], int]:
+    layout = f.get("--pipeline-model-parallel-layout")
+    vps, per_vps = f.get("--num-virtual-stages-per-pipeline-rank"), f.get("--num-layers-per-virtual-pipeline-stage")
+    if sum(x is not None for x in (layout, vps, per_vps)) > 1:
+        raise AcesoError("give at most one of --pipeline-model-parallel-layout, --num-virtual-stages-per-pipeline-"
+                         "rank, --num-layers-per-virtual-pipeline-stage (Megatron-LM asserts it)")
+    first, last = f.get("--decoder-first-pipeline-num-layers"), f.get("--decoder-last-pipeline-num-layers")
+    emb, loss = f.has("--account-for-embedding-in-pipeline-split"), f.has("--account-for-loss-in-pipeline-split")
+    if layout is not None:
+        if first is not None or last is not None or emb or loss:
+            raise AcesoError("--pipeline-model-parallel-layout cannot be combined with --decoder-first/last-"
+                             "pipeline-num-layers or --account-for-*-in-pipeline-split (megatron-core refuses it)")
+        counts, vpp = layout_chunk_layers(layout, pp)
+        if sum(counts) != num_layers:
+            raise AcesoError(f"--pipeline-model-parallel-layout {layout!r} has {sum(counts)} transformer layers but "
+                             f"--num-layers is {num_layers}")
+    else:
+        vpp = vps or 1
+        if per_vps is not None:
+            if first is not None or last is not None:
+                raise AcesoError("uneven first/last stages need --num-virtual-stages-per-pipeline-rank, not "
+                                 "--num-layers-per-virtual-pipeline-stage (Megatron-LM asserts it)")
+            per_rank, rest = divmod(num_layers + emb + loss, pp)
+            if rest or per_rank % per_vps:
+                raise AcesoError(f"--num-layers-per-virtual-pipeline-stage {per_vps} must divide the "
+                                 f"{num_layers} layers / pp {pp} per pipeline rank")
+            vpp = per_rank // per_vps
+        counts = distribution(num_layers, pp, vpp, first, last, emb, loss)
+    if vpp > 1 and pp == 1:
+        raise AcesoError("virtual pipeline stages need --pipeline-model-parallel-size > 1 (Megatron-LM asserts it)")
+    return counts, vpp
+
+
+def _recompute(f: Flags, notes: list[str]) -> Recompute:
+    gran = "selective" if f.has("--recompute-activations") else f.get("--recompute-granularity")
+    method, n = f.get("--recompute-method"), f.get("--recompute-num-layers")
+    modules = f.get("--recompute-modules")
+    if gran is None:
+        if method or n is not None or modules:
+            notes.append("--recompute-method/-num-layers/-modules without --recompute-granularity do nothing")
+        return Recompute()
+    if gran == "selective":
+        if method is not None or n is not None:
+            raise AcesoError("--recompute-granularity selective takes no --recompute-method / --recompute-num-layers "
+                             "(Megatron-LM asserts it)")
+        modules = modules if modules is not None else ["core_attn"]
+        other = [x for x in modules if x != "core_attn"]
+        if other:
+            raise AcesoError(f"--recompute-modules {' '.join(modules)}: only core_attn maps onto aceso's per-unit "
+                             f"choices ({other[0]} does not); use core_attn or --recompute-granularity full")
+        return Recompute("selective", modules=("core_attn",)) if modules else Recompute()
+    if gran != "full":
+        raise AcesoError(f"--recompute-granularity {gran!r}: use full or selective")
+    if method not in ("uniform", "block") or n is None or n < 0:
+        raise AcesoError("--recompute-granularity full needs --recompute-method uniform|block and "
+                         "--recompute-num-layers N (megatron-core's TransformerConfig raises otherwise)")
+    if method == "uniform":
+        if n < 1:
+            raise AcesoError("--recompute-method uniform needs --recompute-num-layers of at least 1")
+        if n > 1:
+            notes.append(f"--recompute-method uniform --recompute-num-layers {n}: megatron-core checkpoints groups of "
+                         f"{n} layers (one kept input per group, {n} layers re-materialised at once); priced as every "
+                         "layer fully recomputed on its own")
+        return Recompute("full", "uniform", 1)
+    return Recompute("full", "block", n) if n > 0 else Recompute()

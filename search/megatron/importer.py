@@ -1,0 +1,55 @@
+"""``read_megatron``: a Megatron-LM launch script or argument line -> the ``ParallelPlan`` it runs, with notes.
+
+The world size comes from the launcher (``torchrun --nproc-per-node N --nnodes M``), aceso's ``--world-size`` or
+the cluster, and must agree where several are given. T5 when the script is ``pretrain_t5.py`` or, for a bare
+argument line, when it has ``--encoder-num-layers`` or ``--decoder-seq-length``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..cluster import ClusterSpec
+from ..errors import AcesoError
+from ..plan import ParallelPlan
+from .build import plan_from_config
+from .cmdline import config_from_flags, parse_flags
+from .config import MegatronConfig
+from .shell import read_command
+
+
+@dataclass
+class Imported:
+    plan: ParallelPlan
+    config: MegatronConfig
+    notes: list[str] = field(default_factory=list)     # what was assumed or approximated
+    ignored: list[str] = field(default_factory=list)   # flags that do not change the plan
+
+    @property
+    def warning(self) -> str | None:
+        if not self.ignored:
+            return None
+        n = len(self.ignored)
+        return f"ignored {n} flag{'s that do' if n > 1 else ' that does'} not change the plan: {' '.join(self.ignored)}"
+
+
+def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: int | None = None,
+                  cluster: ClusterSpec | None = None, vocab_size: int | None = None) -> Imported:
+    cmd = read_command(text, source)
+    flags = parse_flags(cmd.argv)
+    sizes = {k: v for k, v in (("the launcher's", cmd.world_size), ("--world-size", world_size),
+                               ("the cluster's", cluster.num_gpus if cluster else None)) if v is not None}
+    if not sizes:
+        raise AcesoError(f"{source}: the world size is not in the command line (no torchrun --nproc-per-node / "
+                         "--nnodes); give --world-size N or --cluster")
+    if len(set(sizes.values())) > 1:
+        raise AcesoError(f"{source}: world sizes disagree: " + ", ".join(f"{k} {v}" for k, v in sizes.items()))
+    script = cmd.script or ""
+    t5 = "t5" in script if script else (flags.has("--encoder-num-layers") or flags.has("--decoder-seq-length"))
+    notes: list[str] = []
+    try:
+        cfg = config_from_flags(flags, next(iter(sizes.values())), t5, notes, vocab_size)
+    except AcesoError as e:
+        raise AcesoError(f"{source}: {e}") from None
+    plan = plan_from_config(cfg, cluster=cluster, source=source)
+    return Imported(plan, cfg, notes, flags.ignored)

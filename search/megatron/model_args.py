@@ -1,0 +1,130 @@
+"""The model flags of a Megatron-LM command line -> ``ModelSpec`` (with Megatron-LM's defaults), named after the
+preset it is, if any.
+
+Vocabulary: Megatron-LM takes it from the tokenizer, which a command line names but does not contain. In order:
+aceso's own ``--vocab-size`` option; ``--padded-vocab-size P`` (the model's exact vocabulary); ``--vocab-size N``
+(NullTokenizer: N tokens + EOD; other tokenizers: N); else the vocabulary of the preset whose architecture the
+flags match; else an error asking for aceso's ``--vocab-size``. Padding: ``--make-vocab-size-divisible-by k``
+(default 128) pads to a multiple of ``k * tp``, so the plan's ``make_vocab_size_divisible_by`` is ``k * tp``.
+"""
+
+from __future__ import annotations
+
+import pydantic
+
+import model_specs
+
+from ..errors import AcesoError, format_validation_error
+from ..model import ModelSpec
+from ..presets import load_model
+
+# fields that name a preset's architecture (everything but labels, precision, dropout rates and padding)
+_LABELS = {"name", "family", "aceso_db_key", "nominal_params_b", "params_dtype", "attention_dropout",
+           "hidden_dropout", "make_vocab_size_divisible_by"}
+
+
+def model_from_flags(f, tp: int, t5: bool, notes: list[str], vocab_size: int | None = None):
+    """``(ModelSpec, attention)``: attention is flash (``--transformer-impl transformer_engine``, the default) or
+    unfused (``--transformer-impl local``, or ``--attention-backend unfused|local``)."""
+    def need(name: str, alt: str | None = None):
+        v = f.get(name) if f.has(name) or alt is None else f.get(alt)
+        if v is None:
+            raise AcesoError(f"{name} is missing; Megatron-LM requires it")
+        return v
+
+    num_layers = need("--encoder-num-layers", "--num-layers") if t5 and not f.has("--num-layers") \
+        else need("--num-layers")
+    if t5 and f.has("--decoder-num-layers") and f.get("--decoder-num-layers") != num_layers:
+        notes.append(f"--decoder-num-layers {f.get('--decoder-num-layers')} is not used by pretrain_t5.py "
+                     f"(core_v0.16.1), which builds {num_layers} decoder layers (--num-layers)")
+    h, heads = need("--hidden-size"), need("--num-attention-heads")
+    swiglu = f.has("--swiglu")
+    ffn = f.get("--ffn-hidden-size", int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h)
+    kv = f.get("--kv-channels")
+    groups = f.get("--num-query-groups") if f.has("--group-query-attention") else None
+    if f.has("--num-query-groups") and not f.has("--group-query-attention"):
+        notes.append("--num-query-groups without --group-query-attention: Megatron-LM uses multi-head attention")
+    pos = "rope" if f.has("--use-rotary-position-embeddings") else f.get("--position-embedding-type",
+                                                                          "learned_absolute")
+    if pos not in ("learned_absolute", "rope"):
+        raise AcesoError(f"--position-embedding-type {pos}: aceso models learned_absolute and rope only")
+    norm = f.get("--normalization", "LayerNorm")
+    if norm not in ("LayerNorm", "RMSNorm"):
+        raise AcesoError(f"--normalization {norm}: aceso models LayerNorm and RMSNorm only")
+    if f.has("--bf16") and f.has("--fp16"):
+        raise AcesoError("--bf16 and --fp16 together: Megatron-LM asserts one of them")
+    impl = f.get("--transformer-impl", "transformer_engine")
+    if impl not in ("transformer_engine", "local"):
+        raise AcesoError(f"--transformer-impl {impl}: aceso plans transformer_engine or local layers")
+    seq = need("--encoder-seq-length", "--seq-length") if t5 and not f.has("--seq-length") else need("--seq-length")
+    spec = {
+        "name": "custom", "family": "t5" if t5 else ("llama" if swiglu and norm == "RMSNorm" else "gpt"),
+        "num_layers": num_layers, "num_decoder_layers": num_layers if t5 else None, "hidden_size": h,
+        "num_attention_heads": heads, "num_query_groups": groups, "kv_channels": kv,
+        "ffn_hidden_size": ffn, "seq_length": seq,
+        "decoder_seq_length": need("--decoder-seq-length") if t5 else None,
+        "activation": "swiglu" if swiglu else "gelu", "normalization": norm.lower(),
+        "position_embedding": "rope" if pos == "rope" else "learned",
+        "rotary_base": float(f.get("--rotary-base", 10000)),
+        "tied_embeddings": not f.has("--untie-embeddings-and-output-weights"),
+        "add_bias_linear": not f.has("--disable-bias-linear"),
+        "attention_dropout": f.get("--attention-dropout", 0.1), "hidden_dropout": f.get("--hidden-dropout", 0.1),
+        "params_dtype": "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32",
+    }
+    spec.update(_vocab(f, tp, vocab_size))
+    model = _named(spec, notes)
+    backend = f.get("--attention-backend", "auto")
+    if backend not in ("auto", "flash", "fused", "unfused", "local"):
+        raise AcesoError(f"--attention-backend {backend}: use auto, flash, fused, unfused or local")
+    return model, ("unfused" if impl == "local" or backend in ("unfused", "local") else "flash")
+
+
+def _vocab(f, tp: int, given: int | None) -> dict:
+    k = f.get("--make-vocab-size-divisible-by", 128)
+    if given is not None:
+        return {"vocab_size": given, "make_vocab_size_divisible_by": k * tp}
+    if f.has("--padded-vocab-size"):
+        return {"vocab_size": f.get("--padded-vocab-size"), "make_vocab_size_divisible_by": 1}
+    if f.has("--vocab-size"):
+        n = f.get("--vocab-size")
+        return {"vocab_size": n + 1 if f.get("--tokenizer-type") == "NullTokenizer" else n,
+                "make_vocab_size_divisible_by": k * tp}
+    return {"vocab_size": None, "make_vocab_size_divisible_by": k * tp}
+
+
+def _named(spec: dict, notes: list[str]) -> ModelSpec:
+    """The model named after the preset with this architecture (any depth), else ``custom``. Head width and
+    query groups compare by value (``kv_channels`` None and ``hidden / heads`` are the same model)."""
+    vocab_known = spec["vocab_size"] is not None
+    mine = _validated({**spec, "vocab_size": spec["vocab_size"] or 1})
+    for name in model_specs.preset_names():
+        preset = load_model(name)
+        if preset.is_t5 != mine.is_t5:
+            continue
+        if preset.num_layers != mine.num_layers:
+            preset = load_model(name, num_layers=mine.num_layers)
+        if _architecture(preset, vocab_known) == _architecture(mine, vocab_known):
+            spec = {**spec, **{k: getattr(preset, k) for k in ("name", "family", "aceso_db_key", "nominal_params_b",
+                                                               "kv_channels", "num_query_groups")}}
+            if not vocab_known:
+                spec["vocab_size"] = preset.vocab_size
+                notes.append(f"vocabulary: {preset.vocab_size} tokens, the preset {name}'s (the command line's "
+                             "tokenizer sets it; give --vocab-size to change it)")
+            break
+    if spec["vocab_size"] is None:
+        raise AcesoError("the vocabulary size is not in the command line (its tokenizer sets it) and the "
+                         "architecture is no preset's; give aceso's --vocab-size N")
+    return _validated(spec)
+
+
+def _architecture(m: ModelSpec, with_vocab: bool) -> dict:
+    d = {k: v for k, v in m.model_dump().items()
+         if k not in _LABELS and k not in ("kv_channels", "num_query_groups") and (with_vocab or k != "vocab_size")}
+    return {**d, "head_dim": m.head_dim, "groups": m.groups}
+
+
+def _validated(spec: dict) -> ModelSpec:
+    try:
+        return ModelSpec.model_validate({k: v for k, v in spec.items() if v is not None or k == "name"})
+    except pydantic.ValidationError as e:
+        raise AcesoError("the model flags: " + format_validation_error(e)) from None

@@ -1,0 +1,186 @@
+"""The one translation of our short names into Megatron-LM flags and Megatron-Bridge ``ConfigContainer`` fields.
+
+Megatron-LM: ``megatron/training/arguments.py`` at ``core_v0.16.1`` (many flags are generated there from
+``TransformerConfig`` field names). Megatron-Bridge: ``ConfigContainer`` of ``v0.3.1`` (``model`` is a
+``GPTModelProvider``, a ``TransformerConfig`` subclass, so its fields are megatron-core's names). ``TABLE`` is the
+mapping documented in docs/megatron.md (``mapping_table``); ``megatron_lm_args`` and ``bridge_fields`` apply it.
+"""
+
+from __future__ import annotations
+
+from .config import MegatronConfig
+from .layout import split_for
+
+# (ours, Megatron-LM, Megatron-Bridge ConfigContainer field, note)
+TABLE: tuple[tuple[str, str, str, str], ...] = (
+    ("model.num_layers", "--num-layers (T5: --encoder-num-layers, --decoder-num-layers)", "model.num_layers", ""),
+    ("model.hidden_size", "--hidden-size", "model.hidden_size", ""),
+    ("model.ffn_hidden_size", "--ffn-hidden-size", "model.ffn_hidden_size", ""),
+    ("model.num_attention_heads", "--num-attention-heads", "model.num_attention_heads", ""),
+    ("model.num_query_groups", "--group-query-attention --num-query-groups", "model.num_query_groups",
+     "Megatron-LM: when set; Bridge: always, by value"),
+    ("model.kv_channels", "--kv-channels", "model.kv_channels", "Megatron-LM: when set; Bridge: always, by value"),
+    ("model.seq_length", "--seq-length --max-position-embeddings (T5: --encoder-seq-length)",
+     "model.seq_length, dataset.seq_length", ""),
+    ("model.decoder_seq_length", "--decoder-seq-length", "(no T5 recipe)", "T5"),
+    ("model.vocab_size", "TOKENIZER_ARGS placeholder: --tokenizer-type NullTokenizer --vocab-size V-1",
+     "tokenizer.vocab_size (NullTokenizer, V), model.vocab_size (padded)", "NullTokenizer adds the EOD token"),
+    ("model.make_vocab_size_divisible_by", "--make-vocab-size-divisible-by (ours / tp)",
+     "model.make_vocab_size_divisible_by", "Megatron-LM pads to a multiple of it x tp"),
+    ("model.activation swiglu", "--swiglu", "recipe: a Llama recipe", "gelu: the default / a GPT recipe"),
+    ("model.normalization", "--normalization LayerNorm or RMSNorm", "model.normalization", ""),
+    ("model.position_embedding", "--position-embedding-type learned_absolute or rope", "model.position_embedding_type",
+     ""),
+    ("model.rotary_base", "--rotary-base", "model.rotary_base", "rope; an integer"),
+    ("model.tied_embeddings false", "--untie-embeddings-and-output-weights",
+     "model.share_embeddings_and_output_weights", ""),
+    ("model.add_bias_linear false", "--disable-bias-linear", "model.add_bias_linear", ""),
+    ("model.attention_dropout", "--attention-dropout", "model.attention_dropout", ""),
+    ("model.hidden_dropout", "--hidden-dropout", "model.hidden_dropout", ""),
+    ("model.params_dtype", "--bf16 or --fp16 (fp32: neither)", "mixed_precision (bf16: the recipe default; fp16, fp32 set)", ""),
+    ("predicted.attention", "--transformer-impl transformer_engine (flash) or local (unfused)",
+     "model.transformer_impl", ""),
+    ("stages[].tp", "--tensor-model-parallel-size", "model.tensor_model_parallel_size", "one for all stages"),
+    ("num_stages", "--pipeline-model-parallel-size", "model.pipeline_model_parallel_size", ""),
+    ("stages[].cp", "--context-parallel-size", "model.context_parallel_size", ""),
+    ("stages[].dp", "(world size / (tp x pp x cp))", "(world size / (tp x pp x cp))", "torchrun's process count"),
+    ("stages[].sequence_parallel", "--sequence-parallel", "model.sequence_parallel", ""),
+    ("stages[].chunks (count)", "--num-virtual-stages-per-pipeline-rank", "model.virtual_pipeline_model_parallel_size",
+     "or the layout's stage count"),
+    ("stages[].chunks (layers)", "none (even), --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers, "
+     "or --pipeline-model-parallel-layout", "model.num_layers_in_first_pipeline_stage / "
+     "model.num_layers_in_last_pipeline_stage, or model.pipeline_model_parallel_layout", "the simplest form that gives "
+     "the plan's split"),
+    ("recompute selective (attention)", "--recompute-granularity selective --recompute-modules core_attn",
+     "model.recompute_granularity, model.recompute_modules", "MLP units none"),
+    ("recompute full", "--recompute-granularity full --recompute-method uniform (N = 1) or block --recompute-num-layers N",
+     "model.recompute_granularity, model.recompute_method, model.recompute_num_layers", "block: first N layers"),
+    ("micro_batch_size", "--micro-batch-size (= micro_batch_size / dp)", "train.micro_batch_size (= micro_batch_size / dp)",
+     "per rank in Megatron"),
+    ("global_batch_size", "--global-batch-size", "train.global_batch_size", ""),
+    ("distributed_optimizer", "--use-distributed-optimizer",
+     "ddp.use_distributed_optimizer, optimizer.use_distributed_optimizer", ""),
+    ("overlap_grad_reduce", "--overlap-grad-reduce", "ddp.overlap_grad_reduce", ""),
+    ("overlap_param_gather", "--overlap-param-gather", "ddp.overlap_param_gather", "needs overlap_grad_reduce"),
+    ("tp_comm_overlap", "--tp-comm-overlap", "comm_overlap.tp_comm_overlap", "transformer-engine"),
+)
+
+_NORM = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+_POS = {"learned": "learned_absolute", "rope": "rope"}
+_PRECISION = {"bf16": "--bf16", "fp16": "--fp16", "fp32": None}
+
+
+def megatron_lm_args(c: MegatronConfig) -> dict[str, list[str]]:
+    """Megatron-LM arguments by group (``model``, ``parallel``, ``recompute``, ``batch``, ``precision``)."""
+    m = c.model
+    model = (["--encoder-num-layers", str(m.num_layers), "--decoder-num-layers", str(m.num_decoder_layers)]
+             if m.is_t5 else ["--num-layers", str(m.num_layers)])
+    model += ["--hidden-size", str(m.hidden_size), "--ffn-hidden-size", str(m.ffn_hidden_size),
+              "--num-attention-heads", str(m.num_attention_heads)]
+    if m.kv_channels is not None:
+        model += ["--kv-channels", str(m.kv_channels)]
+    if m.num_query_groups is not None:
+        model += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
+    if m.is_t5:
+        model += ["--encoder-seq-length", str(m.seq_length), "--decoder-seq-length", str(m.decoder_seq_length),
+                  "--max-position-embeddings", str(max(m.seq_length, m.decoder_seq_length))]
+    else:
+        model += ["--seq-length", str(m.seq_length), "--max-position-embeddings", str(m.seq_length)]
+    model += ["--position-embedding-type", _POS[m.position_embedding]]
+    if m.position_embedding == "rope":
+        model += ["--rotary-base", str(int(m.rotary_base))]
+    model += ["--normalization", _NORM[m.normalization]]
+    model += ["--swiglu"] if m.activation == "swiglu" else []
+    model += [] if m.tied_embeddings else ["--untie-embeddings-and-output-weights"]
+    model += [] if m.add_bias_linear else ["--disable-bias-linear"]
+    model += ["--attention-dropout", _num(m.attention_dropout), "--hidden-dropout", _num(m.hidden_dropout),
+              "--make-vocab-size-divisible-by", str(c.vocab_divisor), "--transformer-impl", c.transformer_impl]
+    return {"model": model, "parallel": _parallel(c), "recompute": _recompute(c),
+            "batch": ["--micro-batch-size", str(c.micro_batch_size), "--global-batch-size", str(c.global_batch_size)],
+            "precision": [f for f in [_PRECISION[c.precision]] if f]}
+
+
+def tokenizer_args(c: MegatronConfig) -> list[str]:
+    """The placeholder tokenizer: NullTokenizer with exactly the plan's vocabulary (it adds the EOD token)."""
+    return ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(c.model.vocab_size - 1)]
+
+
+def _parallel(c: MegatronConfig) -> list[str]:
+    out = ["--tensor-model-parallel-size", str(c.tp), "--pipeline-model-parallel-size", str(c.pp),
+           "--context-parallel-size", str(c.cp)]
+    out += ["--sequence-parallel"] if c.sequence_parallel else []
+    split = split_for(c.chunk_layers, c.pp, c.vpp)
+    if split.layout is not None:
+        out += ["--pipeline-model-parallel-layout", split.layout]
+    else:
+        out += ["--num-virtual-stages-per-pipeline-rank", str(c.vpp)] if c.vpp > 1 else []
+        out += ["--decoder-first-pipeline-num-layers", str(split.first)] if split.first is not None else []
+        out += ["--decoder-last-pipeline-num-layers", str(split.last)] if split.last is not None else []
+    for on, flag in ((c.distributed_optimizer, "--use-distributed-optimizer"),
+                     (c.overlap_grad_reduce, "--overlap-grad-reduce"),
+                     (c.overlap_param_gather, "--overlap-param-gather"), (c.tp_comm_overlap, "--tp-comm-overlap")):
+        out += [flag] if on else []
+    return out
+
+
+def _recompute(c: MegatronConfig) -> list[str]:
+    rc = c.recompute
+    if rc.granularity is None:
+        return []
+    if rc.granularity == "selective":
+        return ["--recompute-granularity", "selective", "--recompute-modules", *rc.modules]
+    return ["--recompute-granularity", "full", "--recompute-method", rc.method, "--recompute-num-layers",
+            str(rc.num_layers)]
+
+
+def _num(x: float) -> str:
+    return repr(float(x))
+
+
+def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
+    """Megatron-Bridge ``ConfigContainer`` overrides by section (``model``, ``train``, ``ddp``, ...)."""
+    m = c.model
+    split = split_for(c.chunk_layers, c.pp, c.vpp)
+    rc = c.recompute
+    model = {
+        "num_layers": m.num_layers, "hidden_size": m.hidden_size, "ffn_hidden_size": m.ffn_hidden_size,
+        "num_attention_heads": m.num_attention_heads, "kv_channels": m.head_dim, "num_query_groups": m.groups,
+        "seq_length": m.seq_length,
+        "position_embedding_type": _POS[m.position_embedding], "rotary_base": int(m.rotary_base),
+        "normalization": _NORM[m.normalization], "share_embeddings_and_output_weights": m.tied_embeddings,
+        "add_bias_linear": m.add_bias_linear, "attention_dropout": m.attention_dropout,
+        "hidden_dropout": m.hidden_dropout, "make_vocab_size_divisible_by": m.make_vocab_size_divisible_by,
+        "vocab_size": m.padded_vocab_size, "transformer_impl": c.transformer_impl,
+        "tensor_model_parallel_size": c.tp, "pipeline_model_parallel_size": c.pp, "context_parallel_size": c.cp,
+        "sequence_parallel": c.sequence_parallel,
+        "virtual_pipeline_model_parallel_size": c.vpp if c.vpp > 1 else None,
+        "pipeline_model_parallel_layout": split.layout,
+        "num_layers_in_first_pipeline_stage": split.first, "num_layers_in_last_pipeline_stage": split.last,
+        "recompute_granularity": rc.granularity, "recompute_method": rc.method,
+        "recompute_num_layers": rc.num_layers, "recompute_modules": list(rc.modules) if rc.modules else None,
+    }
+    out: dict[str, dict[str, object]] = {
+        "model": model,
+        "train": {"micro_batch_size": c.micro_batch_size, "global_batch_size": c.global_batch_size},
+        "ddp": {"use_distributed_optimizer": c.distributed_optimizer, "overlap_grad_reduce": c.overlap_grad_reduce,
+                "overlap_param_gather": c.overlap_param_gather},
+        "optimizer": {"use_distributed_optimizer": c.distributed_optimizer},
+        "dataset": {"seq_length": m.seq_length},
+        "tokenizer": {"tokenizer_type": "NullTokenizer", "vocab_size": m.vocab_size},
+    }
+    if c.tp_comm_overlap:
+        out["comm_overlap"] = {"tp_comm_overlap": True}
+    return out
+
+
+def bridge_precision(c: MegatronConfig) -> str | None:
+    """``mixed_precision`` recipe name (None: fp32)."""
+    return {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp32": None}[c.precision]
+
+
+def mapping_table() -> str:
+    """The markdown table of ``TABLE`` (docs/megatron.md carries it verbatim; a test checks)."""
+    rows = ["| ours (plan) | Megatron-LM core_v0.16.1 | Megatron-Bridge v0.3.1 ConfigContainer | note |",
+            "|---|---|---|---|"]
+    rows += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in TABLE]
+    return "\n".join(rows) + "\n"

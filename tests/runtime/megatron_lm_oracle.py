@@ -1,0 +1,64 @@
+"""Run Megatron-LM's own argument handling on exported command lines (used by test_megatron_lm_oracle.py).
+
+Reads ``[{"line": ARGS, "world": N}, ...]`` as JSON on stdin; for each, runs Megatron-LM's ``parse_args``,
+``validate_args`` and ``core_transformer_config_from_args`` (from the checkout on PYTHONPATH) and prints one JSON
+list: per case either ``{"error": ...}`` or the ``(first layer, layer count)`` megatron-core builds on each model
+chunk in model order (``get_transformer_layer_offset`` / ``get_num_layers_to_build``), the recompute settings and
+the data-parallel size. CPU only: the device-architecture query is answered as Hopper (9.0), the Triton-only
+batch-invariant kernels are stubbed, and ``--no-rope-fusion`` is added (rope fusion needs transformer-engine).
+"""
+
+import json
+import os
+import shlex
+import sys
+import types
+import warnings
+
+warnings.filterwarnings("ignore")
+stub = types.ModuleType("megatron.core.transformer.custom_layers.batch_invariant_kernels")
+stub.enable_batch_invariant_mode = lambda *a, **k: None
+stub.is_batch_invariant_mode_enabled = lambda: False
+sys.modules[stub.__name__] = stub
+
+import megatron.training.utils as mlm_utils  # noqa: E402
+
+mlm_utils.get_device_arch_version = lambda: 9
+import megatron.training.arguments as A  # noqa: E402
+from megatron.core import parallel_state as ps  # noqa: E402
+from megatron.core.transformer.transformer_block import get_num_layers_to_build  # noqa: E402
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset  # noqa: E402
+
+A.get_device_arch_version = lambda: 9
+
+
+def run(line: str, world: int) -> dict:
+    os.environ.update(WORLD_SIZE=str(world), RANK="0", LOCAL_RANK="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    sys.argv = ["pretrain_gpt.py", *shlex.split(line), "--no-rope-fusion"]
+    args = A.parse_args()
+    A.validate_args(args)
+    cfg = A.core_transformer_config_from_args(args)
+    pp, vpp = cfg.pipeline_model_parallel_size, cfg.virtual_pipeline_model_parallel_size
+    ps.set_virtual_pipeline_model_parallel_world_size(vpp)
+    chunks = []
+    for vs in range(vpp or 1):
+        for r in range(pp):
+            ps.set_pipeline_model_parallel_rank(r)
+            stage = vs if vpp else None
+            chunks.append([get_transformer_layer_offset(cfg, vp_stage=stage, pp_rank=r),
+                           get_num_layers_to_build(cfg, vp_stage=stage, pp_rank=r)])
+    return {"chunks": chunks, "dp": args.data_parallel_size, "micro_batch_size": args.micro_batch_size,
+            "recompute": [cfg.recompute_granularity, cfg.recompute_method, cfg.recompute_num_layers,
+                          cfg.recompute_modules if cfg.recompute_granularity == "selective" else None],
+            "sequence_parallel": cfg.sequence_parallel, "ffn_hidden_size": cfg.ffn_hidden_size,
+            "num_query_groups": cfg.num_query_groups}
+
+
+if __name__ == "__main__":
+    out = []
+    for case in json.load(sys.stdin):
+        try:
+            out.append(run(case["line"], case["world"]))
+        except (AssertionError, ValueError, SystemExit) as e:
+            out.append({"error": f"{type(e).__name__}: {e}"})
+    sys.stdout.write("\n" + json.dumps(out) + "\n")

@@ -1,0 +1,45 @@
+"""Megatron-LM core_v0.16.1's own argument parser accepts every exported command line and builds each pipeline
+rank's model chunks with exactly the plan's layers and recompute setting.
+
+Needs a Megatron-LM checkout of core_v0.16.1 (megatron/training is not in the megatron-core wheel): set
+``ACESO_MEGATRON_LM=/path/to/Megatron-LM``; skipped otherwise.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from search.megatron import megatron_config
+from search.megatron.script import args_line
+from tests.megatron_plans import CASES, case_plan
+
+CHECKOUT = os.environ.get("ACESO_MEGATRON_LM")
+pytestmark = pytest.mark.skipif(not CHECKOUT or not (Path(CHECKOUT) / "megatron" / "training").is_dir(),
+                                reason="set ACESO_MEGATRON_LM to a Megatron-LM core_v0.16.1 checkout")
+
+
+def test_megatron_lm_parses_validates_and_builds_the_plans_layers():
+    plans = {n: case_plan(n) for n in sorted(CASES)}
+    cases = [{"line": args_line(megatron_config(p)), "world": p.world_size} for p in plans.values()]
+    env = {**os.environ, "PYTHONPATH": CHECKOUT}
+    r = subprocess.run([sys.executable, str(Path(__file__).with_name("megatron_lm_oracle.py"))], input=json.dumps(cases),
+                       capture_output=True, text=True, env=env, timeout=1200)
+    assert r.returncode == 0, r.stderr[-2000:]
+    results = json.loads(r.stdout.strip().splitlines()[-1])
+    for (name, plan), got in zip(plans.items(), results):
+        assert "error" not in got, (name, got)
+        c = megatron_config(plan)
+        assert got["dp"] == c.dp and got["micro_batch_size"] == c.micro_batch_size, name
+        if not plan.model.is_t5:                  # T5's two blocks are built by pretrain_t5.py, not from the config
+            starts = [0]
+            for n in c.chunk_layers:
+                starts.append(starts[-1] + n)
+            assert got["chunks"] == [[a, n] for a, n in zip(starts, c.chunk_layers)], name
+        rc = c.recompute
+        assert got["recompute"] == [rc.granularity, rc.method, rc.num_layers,
+                                    list(rc.modules) if rc.granularity == "selective" else None], name
+        assert got["sequence_parallel"] == c.sequence_parallel, name

@@ -1,0 +1,261 @@
+"""`aceso import --from megatron-lm`: the round trip export -> import gives back the same plan, and a Megatron-LM
+command line is read with Megatron-LM's (core_v0.16.1) defaults, refusals and checks."""
+
+import pytest
+
+from search.cli import main
+from search.megatron.importer import read_megatron
+from search.plan import load_plan
+from tests.megatron_plans import CASES, case_plan
+
+PRESET_NAMED = {"tiny-gpt-pp2", "tiny-llama-gqa-selective"}    # custom models: Megatron-LM has no model name
+
+
+def _same(a, b, name):
+    da, db = a.model_dump(exclude={"predicted"}), b.model_dump(exclude={"predicted"})
+    if name in PRESET_NAMED:                      # the name is not part of a command line
+        assert db["model"].pop("name") == "custom"
+        da["model"].pop("name")
+    assert da == db
+    if a.predicted and a.predicted.attention:
+        assert b.predicted is not None and b.predicted.attention == a.predicted.attention
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_round_trip_args_only(name, tmp_path, capsys):
+    plan = case_plan(name)
+    src, args, back = tmp_path / "plan.json", tmp_path / "args.txt", tmp_path / "back.json"
+    src.write_text(plan.to_json())
+    assert main(["export", str(src), "--to", "megatron-lm", "--args-only", "-o", str(args)]) == 0
+    assert len(args.read_text().splitlines()) == 1
+    assert main(["import", str(args), "--from", "megatron-lm", "--cluster", plan.cluster.label,
+                 "-o", str(back)]) == 0
+    err = capsys.readouterr().err
+    assert "warning" not in err                   # our own arguments: nothing unknown
+    _same(plan, load_plan(back), name)
+
+
+@pytest.mark.parametrize("name", ["gpt-pp3-first-last", "llama-pp4-vpp2-first-last", "t5-block1"])
+def test_round_trip_through_the_script_reads_the_world_size_from_torchrun(name, tmp_path):
+    plan = case_plan(name, with_cluster=False)
+    src, script, back = tmp_path / "plan.json", tmp_path / "run.sh", tmp_path / "back.json"
+    src.write_text(plan.to_json())
+    assert main(["export", str(src), "--to", "megatron-lm", "-o", str(script)]) == 0
+    assert main(["import", str(script), "--from", "megatron-lm", "-o", str(back)]) == 0
+    _same(plan, load_plan(back), name)
+
+
+MEGATRON_STYLE = """#!/bin/bash
+# in the style of Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+GPUS_PER_NODE=8
+NUM_NODES=4
+CHECKPOINT_PATH=$1 #<Specify path>
+DISTRIBUTED_ARGS=(
+    --nproc_per_node $GPUS_PER_NODE
+    --nnodes $NUM_NODES
+    --master_addr ${MASTER_ADDR:-localhost}
+)
+GPT_MODEL_ARGS=(
+    --num-layers 24
+    --hidden-size 2048
+    --num-attention-heads 32
+    --seq-length 2048
+    --max-position-embeddings 2048
+    --attention-backend auto # Can use (flash/fused/unfused/local)
+)
+TRAINING_ARGS=(
+    --micro-batch-size 2
+    --global-batch-size 512
+    --train-iters 500000
+    --weight-decay 0.1
+    --bf16
+    --lr 6.0e-5
+    --recompute-activations
+    --exotic-flag 3
+)
+MODEL_PARALLEL_ARGS=(
+    --tensor-model-parallel-size 2
+    --pipeline-model-parallel-size 4
+    --num-layers-per-virtual-pipeline-stage 3
+)
+DATA_ARGS=(--data-path $DATA_PATH --vocab-file $VOCAB_FILE --merge-file $MERGE_FILE --split 949,50,1)
+torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py \\
+    ${GPT_MODEL_ARGS[@]} \\
+    ${TRAINING_ARGS[@]} \\
+    ${MODEL_PARALLEL_ARGS[@]} \\
+    ${DATA_ARGS[@]} --tokenizer-type GPT2BPETokenizer --another-unknown
+"""
+
+
+def test_megatron_style_script_with_megatron_defaults():
+    imp = read_megatron(MEGATRON_STYLE, source="train.sh")
+    plan, c = imp.plan, imp.config
+    # world 8 x 4 = 32 = tp 2 x pp 4 x dp 4; 24 layers / pp 4 = 6 per rank, 3 per virtual stage -> vpp 2
+    assert (c.tp, c.pp, c.dp, c.vpp, c.cp) == (2, 4, 4, 2, 1)
+    assert c.chunk_layers == (3,) * 8
+    assert plan.model.ffn_hidden_size == 4 * 2048                     # Megatron-LM's default
+    assert (plan.model.attention_dropout, plan.model.hidden_dropout) == (0.1, 0.1)
+    assert plan.model.params_dtype == "bf16" and plan.model.tied_embeddings and plan.model.add_bias_linear
+    assert plan.micro_batch_size == 2 * 4 and plan.global_batch_size == 512     # per-rank 2 x dp 4
+    kinds = [u.kind for u in plan.model.units[:4]]
+    assert plan.stages[0].chunks[0].recompute == ["selective" if k == "attention" else "none" for k in kinds * 3][:6]
+    assert imp.ignored == ["--another-unknown", "--exotic-flag"]     # data/lr/logging flags are not listed
+    assert imp.warning == "ignored 2 flags that do not change the plan: --another-unknown --exotic-flag"
+    # the preset with this architecture names it and supplies the vocabulary GPT2BPETokenizer would set
+    assert plan.model.name == "gpt-1.3b" and plan.model.vocab_size == 51200
+    assert plan.model.make_vocab_size_divisible_by == 128 * 2         # Megatron-LM pads to 128 x tp
+    assert any("vocabulary: 51200 tokens, the preset gpt-1.3b's" in n for n in imp.notes)
+
+
+BASE = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 128 --max-position-embeddings 128 "
+        "--micro-batch-size 1 --tokenizer-type NullTokenizer --vocab-size 999 ")
+
+
+def _read(extra: str, world=4):
+    return read_megatron(BASE + extra, world_size=world)
+
+
+def test_defaults_swiglu_ffn_vocab_and_global_batch():
+    imp = _read("--swiglu --normalization RMSNorm --tensor-model-parallel-size 2")
+    m = imp.plan.model
+    assert m.ffn_hidden_size == int((4 * 256 * 2 / 3) / 64) * 64 == 640     # arguments.py's SwiGLU rule
+    assert m.family == "llama" and m.vocab_size == 1000                       # NullTokenizer adds EOD
+    assert imp.plan.global_batch_size == 1 * 2                                # micro-batch x dp
+    assert _read("--padded-vocab-size 1024").plan.model.padded_vocab_size == 1024
+
+
+@pytest.mark.parametrize("extra,expect", [
+    ("--recompute-granularity full --recompute-method block --recompute-num-layers 1", ["full", "full"] + ["none"] * 6),
+    ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1", ["full"] * 8),
+    ("--recompute-granularity selective", ["selective", "none"] * 4),
+    ("--recompute-granularity selective --recompute-modules core_attn", ["selective", "none"] * 4),
+    ("", ["none"] * 8),
+])
+def test_recompute_flags(extra, expect):
+    assert _read(extra, world=1).plan.stages[0].recompute == expect
+
+
+def test_uniform_groups_of_several_layers_are_priced_as_every_layer_with_a_note():
+    imp = _read("--recompute-granularity full --recompute-method uniform --recompute-num-layers 2", world=1)
+    assert imp.plan.stages[0].recompute == ["full"] * 8
+    assert any("groups of 2 layers" in n for n in imp.notes)
+
+
+def test_account_for_embedding_and_loss_split():
+    # (4 layers + embedding + loss) / pp 3 = 2 per rank; the first rank's embedding and the last's loss count as one
+    imp = _read("--pipeline-model-parallel-size 3 --account-for-embedding-in-pipeline-split "
+                "--account-for-loss-in-pipeline-split", world=3)
+    assert imp.config.chunk_layers == (1, 2, 1)
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ("--num-experts 8", "--num-experts 8: mixture-of-experts"),
+    ("--fp8-format hybrid", "FP8 training is not modelled"),
+    ("--multi-latent-attention", "multi-latent attention"),
+    ("--use-megatron-fsdp", "FSDP is not modelled"),
+    ("--cp-comm-type a2a", "ring (p2p) context parallelism"),
+    ("--recompute-granularity selective --recompute-modules core_attn mlp", "only core_attn maps"),
+    ("--recompute-granularity full", "needs --recompute-method uniform|block"),
+    ("--tensor-model-parallel-size 3", "not a multiple of tp x pp x cp"),
+    ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*4|L'", "model chunk 1 holds no "),
+    ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*2|t*2' ", "end with the loss L"),
+    ("--num-layers 3 --pipeline-model-parallel-size 2", "must be a multiple of --pipeline-model-parallel-size (2)"),
+    ("--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 1",
+     "must split evenly over the other 0 pipeline ranks"),
+    ("--overlap-param-gather", "needs --use-distributed-optimizer and --overlap-grad-reduce"),
+    ("--tp-comm-overlap --tensor-model-parallel-size 2", "needs --sequence-parallel"),
+    ("--bf16 --fp16", "--bf16 and --fp16 together"),
+    ("--position-embedding-type relative", "learned_absolute and rope only"),
+    ("--num-layers $LAYERS", "$LAYERS, which the file does not set"),
+])
+def test_command_lines_aceso_cannot_honour_exit_2_with_one_line(extra, needle, tmp_path, capsys):
+    f = tmp_path / "args.txt"
+    f.write_text(BASE + extra)
+    assert main(["import", str(f), "--from", "megatron-lm", "--world-size", "4", "-o", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_world_size_needed_and_checked(tmp_path, capsys):
+    f = tmp_path / "args.txt"
+    f.write_text(BASE)
+    assert main(["import", str(f), "--from", "megatron-lm"]) == 2
+    assert "give --world-size N or --cluster" in capsys.readouterr().err
+    assert main(["import", str(f), "--from", "megatron-lm", "--world-size", "4", "--cluster", "1x8-h100"]) == 2
+    assert "world sizes disagree: --world-size 4, the cluster's 8" in capsys.readouterr().err
+
+
+def test_unknown_vocabulary_asks_for_it():
+    with pytest.raises(Exception, match="give aceso's --vocab-size N"):
+        read_megatron(BASE.replace("--tokenizer-type NullTokenizer --vocab-size 999", ""), world_size=1)
+    assert read_megatron(BASE.replace("--vocab-size 999", ""), world_size=1, vocab_size=777).plan.model.vocab_size == 777
+
+
+def test_t5_command_line():
+    line = ("--encoder-num-layers 4 --decoder-num-layers 4 --hidden-size 1024 --num-attention-heads 16 "
+            "--kv-channels 64 --ffn-hidden-size 4096 --encoder-seq-length 2048 --decoder-seq-length 512 "
+            "--max-position-embeddings 2048 --micro-batch-size 2 --global-batch-size 64 --fp16 "
+            "--tensor-model-parallel-size 2")
+    imp = read_megatron(line, world_size=8)
+    m = imp.plan.model
+    assert m.is_t5 and (m.num_layers, m.num_decoder_layers, m.decoder_seq_length) == (4, 4, 512)
+    assert m.name == "t5-770m" and m.vocab_size == 30592        # the preset of this architecture
+    with pytest.raises(Exception, match="does not support pipeline parallelism for T5"):
+        read_megatron(line + " --pipeline-model-parallel-size 2", world_size=8)
+    noted = read_megatron(line.replace("--decoder-num-layers 4", "--decoder-num-layers 2"), world_size=8)
+    assert noted.plan.model.num_decoder_layers == 4 and any("builds 4 decoder layers" in n for n in noted.notes)
+
+
+# --target megatron-lm searches (small models, small budgets) whose top plans cover pp 1-4, VPP, SP, CP, uneven
+# first-stage and layout splits, selective / block / uniform recompute, GPT, Llama and T5, flash and unfused attention
+SEARCHES = [
+    "--model llama3-8b --num-layers 8 --cluster 1x8-h100 --global-batch-size 64 --memory-limit-mb 24000",
+    "--model gpt-1.3b --num-layers 12 --cluster 1x8-h100 --global-batch-size 64 --memory-limit-mb 6000",
+    "--model t5-770m --num-layers 8 --cluster 1x4-v100 --global-batch-size 64 --memory-limit-mb 5000",
+    "--model t5-770m --num-layers 4 --cluster 1x8-h100 --global-batch-size 64 --memory-limit-mb 6000",
+    "--model gpt-2.6b --num-layers 8 --cluster 1x8-a100 --global-batch-size 64 --memory-limit-mb 4000 "
+    "--attention unfused",
+    "--model llama3-70b --num-layers 8 --cluster 1x8-h100 --global-batch-size 32 --memory-limit-mb 30000",
+    "--model llama3-8b --num-layers 16 --cluster 4x8-v100 --global-batch-size 64 --memory-limit-mb 12000 "
+    "--micro-batch-sizes 1",
+]
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """Plans of ``aceso search --target megatron-lm --top-k 5`` on the problems above."""
+    d = tmp_path_factory.mktemp("searched")
+    out = []
+    for i, args in enumerate(SEARCHES):
+        first = d / f"s{i}.json"
+        assert main(["search", *args.split(), "--target", "megatron-lm", "--budget-evals", "150", "--top-k", "5",
+                     "--workers", "1", "--json", "-o", str(first)]) == 0
+        out += [(args, p) for p in sorted(d.glob(f"s{i}.*json"))]
+    return out
+
+
+def test_round_trip_of_plans_from_target_megatron_lm_searches(searched, tmp_path, capsys):
+    from search.megatron import megatron_config
+    from search.megatron.layout import split_for
+    seen = set()
+    for args, path in searched:
+        plan = load_plan(path)
+        args_txt, back = tmp_path / "args.txt", tmp_path / "back.json"
+        assert main(["export", str(path), "--to", "megatron-lm", "--args-only", "-o", str(args_txt)]) == 0
+        cl = plan.cluster
+        assert main(["import", str(args_txt), "--from", "megatron-lm", "--cluster", cl.label, "--memory-limit-mb",
+                     str(cl.memory_limit_mb), "-o", str(back)]) == 0
+        got = load_plan(back)
+        _same(plan, got, "search")
+        assert got.predicted.iteration_time_ms == pytest.approx(plan.predicted.iteration_time_ms, abs=1e-5), args
+        c = megatron_config(plan)
+        split = split_for(c.chunk_layers, c.pp, c.vpp)
+        seen |= {f"pp{c.pp}", plan.model.family, c.recompute.granularity or "none", c.recompute.method or "",
+                 "vpp" if c.vpp > 1 else "", "sp" if c.sequence_parallel else "", "cp" if c.cp > 1 else "",
+                 "layout" if split.layout else "", "first" if split.first else "", plan.predicted.attention}
+    capsys.readouterr()
+    assert len(searched) >= 20
+    assert {"pp1", "pp2", "pp4", "gpt", "llama", "t5", "none", "selective", "full", "block", "uniform", "vpp", "sp",
+            "cp", "layout", "first", "flash", "unfused"} <= seen, seen
