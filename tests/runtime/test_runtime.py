@@ -155,7 +155,11 @@ def test_stage_parameter_count_matches_model_spec(single_process):
 @pytest.mark.parametrize("raw, world, message", [
     (plan(GPT, st(1, 1, 0, 4)), 2, "the plan needs 1 processes"),
     (plan(GPT, st(1, 1, 0, 2), st(3, 1, 2, 4)), 4, "stages[1].tp (3) must divide num_attention_heads"),
-    (plan(GPT, st(1, 1, 0, 2), st(1, 1, 2, 2, [])), 2, "stages[1]: span [2, 2) is empty"),
+    (plan(GPT, st(1, 1, 0, 2), st(1, 1, 2, 2, [])), 2, "stages[1].chunks[0]: span [2, 2) is empty"),
+    ({**plan(GPT, {**st(1, 1, 0, 2), "num_gpus": 2, "cp": 2}, st(1, 1, 2, 4)), "global_batch_size": 2}, 3,
+     "stages[0].cp (2): megatron-core runs context parallelism only with transformer-engine's attention"),
+    ({**plan(GPT, {**st(2, 1, 0, 4), "sequence_parallel": True}), "tp_comm_overlap": True}, 2,
+     "tp_comm_overlap: transformer-engine's TP communication overlap"),
 ])
 def test_bad_plans_fail_before_any_group(raw, world, message, monkeypatch):
     import torch.distributed as dist
