@@ -26,6 +26,7 @@ loads in a run without them (TE's fused LayerNorm weights map to the local norms
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from search.model import ModelSpec
@@ -36,15 +37,9 @@ APEX_GRAD_ACCUM = "fused_weight_gradient_mlp_cuda"
 
 
 def _version(v: str | None) -> tuple[int, ...]:
-    if not v:
-        return ()
-    parts = []
-    for p in v.split("+")[0].split("."):
-        digits = "".join(ch for ch in p if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
+    """``"1.13.0.dev0+abc"`` -> ``(1, 13, 0)``: the leading dotted numbers."""
+    m = re.match(r"\d+(?:\.\d+)*", v or "")
+    return tuple(int(x) for x in m.group(0).split(".")) if m else ()
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,15 @@ _TE_NORMS = {"self_attention.linear_qkv.layer_norm_": "input_layernorm.",
 log = logging.getLogger(__name__)
 
 
+def local_layer_name(name: str) -> str:
+    """A layer parameter's name in megatron-core's local spec (transformer-engine's fused norm weights renamed):
+    the key that makes TE and local checkpoints interchangeable."""
+    for te_name, local in _TE_NORMS.items():
+        if name.startswith(te_name):
+            return local + name[len(te_name):]
+    return name
+
+
 class UnitLayer(torch.nn.Module):
     """One unit: a ``TransformerLayer`` restricted to one half, optionally fully recomputed."""
 
@@ -172,11 +181,7 @@ class _Stage(MegatronModule):
     def _unit_name(self, name: str) -> str:
         idx, rest = name[len("units."):].split(".", 1)
         unit = self.units[int(idx)].unit
-        rest = rest[len("layer."):]
-        for te_name, local in _TE_NORMS.items():
-            if rest.startswith(te_name):
-                rest = local + rest[len(te_name):]
-        return f"{unit.stack}.layers.{unit.layer}.{rest}"
+        return f"{unit.stack}.layers.{unit.layer}.{local_layer_name(rest[len('layer.'):])}"
 
 
 class GPTStage(_Stage):

@@ -36,8 +36,11 @@ def finalize_model_grads_fn(runtime):
 
     def finalize(model_chunks, num_tokens=None, pg_collection=None, force_all_reduce=False):
         sync_tied_embedding_grads(runtime)  # on the local (not yet DP-reduced) gradients
+        # buckets whose reduction the backward hooks already started (overlap_grad_reduce): for the record
+        runtime.overlapped_buckets = sum(bg.grad_reduce_handle is not None for m in model_chunks
+                                         for bg in m.bucket_groups)
         for chunk in model_chunks:
-            chunk.finish_grad_sync()
+            chunk.finish_grad_sync(force_all_reduce=force_all_reduce)
         allreduce_tp_partial_grads(runtime)
 
     return finalize
@@ -53,8 +56,8 @@ def shared_names(plan) -> dict[str, tuple[int, int]]:
 
 
 def sync_tied_embedding_grads(runtime) -> None:
-    """Sum the local gradients of all embedding copies (every holding stage and DP replica, whatever their TP);
-    DP replica 0 of each holding stage takes the total, the other replicas zero, so that the DP reduction that
+    """Sum the local gradients of all embedding copies (every holding stage, DP replica and CP rank, whatever
+    their TP); DP replica 0 (CP rank 0) of each holding stage takes the total, the other replicas zero, so that the DP reduction that
     follows (all-reduce, or reduce-scatter for the distributed optimizer) leaves the total on every copy.
 
     When all holders share one TP degree, each TP index has its own group and shards are summed directly;
@@ -85,7 +88,7 @@ def sync_tied_embedding_grads(runtime) -> None:
         dist.all_reduce(total, group=groups.embedding)
         if local is not None:
             p = params[local]
-            if lay.dp_rank != 0:
+            if lay.dp_rank != 0 or lay.cp_rank != 0:  # the DP (x CP) reduction that follows spreads the total
                 p.main_grad.zero_()
             elif groups.embedding_sharded:
                 p.main_grad.copy_(total)

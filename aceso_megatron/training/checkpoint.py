@@ -22,7 +22,11 @@ Resuming with the same plan is exact (RNG states too). With another plan the mod
 data position carry over, and the RNG states of the new ranks start from the seed; the global batch size must
 match, since the data position is ``iteration * global_batch_size`` samples. A checkpoint of another model
 (another size, GPT into T5) is refused before anything is read, with the first differing ``ModelSpec`` field
-(``model_mismatch``; checkpoints without the recorded spec: the first missing or differently shaped tensor).
+(``model_mismatch``; checkpoints without the recorded spec: the first missing or differently shaped tensor), and
+so is one whose optimizer kind (distributed or not) differs from the plan's: megatron-core's two optimizer
+checkpoint formats do not convert. The distributed optimizer is saved in megatron-core's ``fully_reshardable``
+format (re-sharded for any TP/DP/pipeline layout; ``patches/dist_opt_torch_adam.py`` makes it load with torch's
+Adam).
 
 Protocol: all ranks write into ``SAVE/.tmp_iter_N``; after a barrier rank 0 renames it to ``iter_N`` and
 atomically replaces the marker, so the marker never names a partial checkpoint.
@@ -101,9 +105,15 @@ def model_sharded_state_dict(rt) -> dict:
     return out
 
 
+# the distributed optimizer's checkpoint format: the one megatron-core re-shards across any TP/DP/PP (its
+# 0.16 default, fully_sharded_model_space, is no longer supported by dist_checkpointing's ShardedTensor)
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
 def sharded_state_dict(rt, is_loading: bool = False) -> dict:
     model = model_sharded_state_dict(rt)
-    return {"model": model, "optimizer": rt.optimizer.sharded_state_dict(model, is_loading=is_loading)}
+    return {"model": model, "optimizer": rt.optimizer.sharded_state_dict(model, is_loading=is_loading,
+                                                                          metadata=OPTIMIZER_METADATA)}
 
 
 def rng_state() -> dict:
@@ -127,6 +137,20 @@ def set_rng_state(state: dict) -> None:
     get_cuda_rng_tracker().set_states(state["tracker"])
 
 
+def _allocate_optimizer_state(optimizer) -> None:
+    """A distributed optimizer that has not stepped yet gets its state allocated before loading.
+
+    torch's Adam creates its state at the first step, and megatron-core's ``DistributedOptimizer.state_dict``
+    (without apex or transformer-engine) reads the step count from it; megatron-core allocates it the same way
+    before its own FSDP-format load (``_init_optimizer_states_with_dummy_values``: one step on zero gradients,
+    whose effect the loaded state replaces).
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        init = getattr(opt, "_init_optimizer_states_with_dummy_values", None)
+        if init is not None and len(opt.optimizer.state) == 0:
+            init()
+
+
 # ----- save / load -----------------------------------------------------------------------------------------------
 def save(root: str, iteration: int, rt, scheduler) -> Path:
     """Write checkpoint ``iteration`` (collective: every rank calls it)."""
@@ -145,7 +169,8 @@ def save(root: str, iteration: int, rt, scheduler) -> Path:
     dist_checkpointing.save(sharded_state_dict(rt), str(tmp))
     extra = {"iteration": iteration, "scheduler": scheduler.state_dict(), "rng": rng_state(),
              "plan_digest": plan_digest(rt.plan), "world_size": dist.get_world_size(),
-             "global_batch_size": rt.plan.global_batch_size, "model": rt.plan.model.model_dump()}
+             "global_batch_size": rt.plan.global_batch_size, "model": rt.plan.model.model_dump(),
+             "distributed_optimizer": rt.plan.distributed_optimizer}
     torch.save(extra, tmp / f"extra_rank_{rank:05d}.pt")
     dist.barrier()
     final = _iter_dir(root_p, iteration)
@@ -193,11 +218,19 @@ def load(root: str, rt, scheduler) -> tuple[int, bool] | None:
             f"global_batch_size {first['global_batch_size']}"
         )
     ckpt_dir = _iter_dir(Path(root), iteration)
+    saved_dist_opt = first.get("distributed_optimizer", False)
+    if saved_dist_opt != rt.plan.distributed_optimizer:
+        raise AcesoError(
+            f"--load {root}: iteration {iteration} was written with distributed_optimizer {str(saved_dist_opt).lower()} "
+            f"but the plan has {str(rt.plan.distributed_optimizer).lower()}; megatron-core's optimizer checkpoints do not "
+            f"convert between the two: use a plan with distributed_optimizer {str(saved_dist_opt).lower()}"
+        )
     found = [None] * dist.get_world_size()  # ranks check their own parameters: agree before anyone loads
     dist.all_gather_object(found, model_mismatch(first.get("model"), rt, ckpt_dir))
     if (msg := next((m for m in found if m is not None), None)) is not None:
         raise AcesoError(f"--load {root}: iteration {iteration} {msg}")
     same_plan = first["plan_digest"] == plan_digest(rt.plan) and first["world_size"] == dist.get_world_size()
+    _allocate_optimizer_state(rt.optimizer)
     state = dist_checkpointing.load(sharded_state_dict(rt, is_loading=True), str(ckpt_dir))
     with torch.no_grad():
         for local, p in rt.named_parameters():

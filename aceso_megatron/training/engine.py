@@ -44,6 +44,7 @@ class TrainConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
     init_method_std: float = 0.02
+    ddp_bucket_size: int | None = None  # parameters per DDP bucket (overlap_grad_reduce); None: megatron-core's
 
 
 def check_plan(plan: ParallelPlan | dict, world_size: int, env: Environment | None = None) -> ParallelPlan:
@@ -74,6 +75,7 @@ class Runtime:
     last_grad_norm: float = field(default=0.0)
     loss_denominator: float = field(default=0.0)  # tokens that count in this global batch's loss (0: all of them)
     held_bucket_groups: list = field(default_factory=list)  # see parallel.grads.hold_embedding_buckets
+    overlapped_buckets: int = 0  # last step: DDP buckets whose reduction started during backward
 
     # -- the rank's chunks ------------------------------------------------------------------------------------
     @property
@@ -199,44 +201,32 @@ class Runtime:
 
     def sync_params(self) -> None:
         """Finish the distributed optimizer's parameter all-gather now (``overlap_param_gather`` defers it to the
-        next forward): before reading or saving the weights."""
+        next forward): before reading or saving the weights after an optimizer step. (Not between backward and
+        the step: the gather counts as done until the next backward.)"""
         if self.plan.distributed_optimizer and self.plan.overlap_param_gather:
             for m in self.models:
                 m.start_param_sync(force_sync=True)
 
     # -- inspection (tests) -------------------------------------------------------------------------------------
-    def _gather(self, which: str) -> dict[str, torch.Tensor]:
-        from ..model.init import gather_full
-
-        self.sync_params()
-        params = dict(self.named_parameters())
-        names = self.canonical_names()
-        local = {n: (p.main_grad if which == "grad" else p.data) for n, p in params.items()}
-        full = gather_full(local, params, names, self.plan.model, self.groups.tp)
-        lay = self.layout
-        mine = full if (lay.tp_rank == 0 and lay.dp_rank == 0 and lay.cp_rank == 0) else {}
-        parts = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, {k: v.cpu() for k, v in mine.items()})
-        out: dict[str, torch.Tensor] = {}
-        for part in parts:
-            for k, v in part.items():
-                out.setdefault(k, v)
-        return out
-
     def full_grads(self) -> dict[str, torch.Tensor]:
         """Every full-model gradient, by canonical name (collective: all ranks call it)."""
-        return self._gather("grad")
+        from ..parallel.gather import full_tensors
+
+        return full_tensors(self, "grad")
 
     def full_params(self) -> dict[str, torch.Tensor]:
-        return self._gather("param")
+        from ..parallel.gather import full_tensors
+
+        self.sync_params()
+        return full_tensors(self, "param")
 
 
-def _ddp_config(plan: ParallelPlan, fast: FastPath):
+def _ddp_config(plan: ParallelPlan, fast: FastPath, tc: TrainConfig):
     from megatron.core.distributed import DistributedDataParallelConfig
 
     return DistributedDataParallelConfig(
         overlap_grad_reduce=plan.overlap_grad_reduce, overlap_param_gather=plan.overlap_param_gather,
-        use_distributed_optimizer=plan.distributed_optimizer,
+        use_distributed_optimizer=plan.distributed_optimizer, bucket_size=tc.ddp_bucket_size,
         grad_reduce_in_fp32=fast.dtype != "fp32",  # Megatron-LM's rule for bf16: accumulate and reduce in fp32
     )
 
@@ -256,8 +246,9 @@ def _optimizer(plan: ParallelPlan, tc: TrainConfig, config, models, groups: Grou
 
 
 def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: int = 1234, device: str = "cpu",
-                  train_config: TrainConfig | None = None) -> Runtime:
-    """Everything rank ``rank`` needs to train ``plan``; ``torch.distributed`` must be initialised."""
+                  train_config: TrainConfig | None = None, fast: FastPath | None = None) -> Runtime:
+    """Everything rank ``rank`` needs to train ``plan``; ``torch.distributed`` must be initialised. ``fast``: the
+    fast paths to use instead of what this machine offers (``fast_path.choose``), e.g. unfused on a GPU."""
     env = Environment.detect(device)
     plan = check_plan(plan, world_size, env)
     tc = train_config or TrainConfig()
@@ -267,6 +258,11 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
         from patches import cpu_mode
 
         cpu_mode.apply()
+    if plan.distributed_optimizer:
+        from patches import dist_opt_torch_adam
+
+        if dist_opt_torch_adam.needed():
+            dist_opt_torch_adam.apply()
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -277,7 +273,7 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
     from ..parallel.grads import embedding_bucket_groups, finalize_model_grads_fn, mark_embedding_copies
     from ..parallel.p2p import PlanCommunicator
 
-    fast = choose(env, plan.model, plan.tp_comm_overlap)
+    fast = fast or choose(env, plan.model, plan.tp_comm_overlap)
     if parallel_state._GLOBAL_MEMORY_BUFFER is None:  # scratch buffer of the attention core (no groups)
         parallel_state._set_global_memory_buffer()
     groups = build_groups(plan, rank)
@@ -296,7 +292,7 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
             c.cuda(torch.cuda.current_device())
     interleaving(chunks[0].config, plan.num_stages, v)
     mark_embedding_copies(chunks, plan)
-    ddp_config = _ddp_config(plan, fast)
+    ddp_config = _ddp_config(plan, fast, tc)
     models = [DistributedDataParallel(c.config, copy.copy(ddp_config), c, pg_collection=groups.pg_collection,
                                       disable_bucketing=j > 0)  # as Megatron-LM: buckets for the first chunk
               for j, c in enumerate(chunks)]
