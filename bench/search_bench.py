@@ -7,12 +7,14 @@
    evaluator (``evaluate_ref_config``). Target: <= the reference plan's time, in <= 10 s.
 2. analytic: GPT-1.3B/6.7B/13B/175B and Llama-3-70B on 8 to 1024 H100s, T5-11B on 32: search time (target <= 20 s up
    to 32 GPUs, <= 60 s at 1024) and predicted speedup over the best uniform Megatron configuration.
-3. scale: gpt-scale-layer with 1024 layers on 8 GPUs (target <= 30 s; the reference needs ~250 s).
+3. scale: gpt-scale-layer with 1024 layers on 8 GPUs (target <= 30 s; the reference needs ~250 s): analytic on
+   H100s, and with ``--full-db DIR`` (the artifact's full V100 database, ``profiler/profiled-time-eurosys`` of
+   microsoft/SuperScaler branch Aceso; only its miniset is in ../shared) also aceso-compat on V100s.
 4. optimality: random tiny problems (<= 4 GPUs, <= 4 layers, 2 micro-batch sizes): search = exhaustive optimum.
 
-Run: ``python bench/search_bench.py [--only compat,analytic,scale,optimality] [--quick]``; prints a table and writes
-bench/results/search_bench.json. Times are wall-clock and process CPU seconds (the CPU time is what matters on a
-loaded machine); the search itself is deterministic (budget in plan evaluations).
+Run: ``python bench/search_bench.py [--only compat,analytic,scale,optimality] [--quick] [--full-db DIR]``; prints a
+table and writes bench/results/search_bench.json. Times are wall-clock and process CPU seconds (the CPU time is what
+matters on a loaded machine); the search itself is deterministic (budget in plan evaluations).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def run_case(model_name, cluster, gbs, kind="analytic", db=None, limit=None, num
             "cpu_s": round(cpu, 2)}, plan
 
 
-def section_compat(quick):
+def section_compat(args):
     from search.compat import AcesoDB, evaluate_ref_config
     from search.compat.mapping import plan_to_ref
     rows = []
@@ -87,10 +89,10 @@ def section_compat(quick):
     return rows
 
 
-def section_analytic(quick):
+def section_analytic(args):
     rows = []
     for name, cluster, gbs in ANALYTIC:
-        if quick and (name, cluster) not in QUICK:
+        if args.quick and (name, cluster) not in QUICK:
             continue
         row, _ = run_case(name, cluster, gbs)
         n = parse_cluster(cluster).num_gpus
@@ -100,17 +102,23 @@ def section_analytic(quick):
     return rows
 
 
-def section_scale(quick):
-    row, _ = run_case("gpt-scale-layer", "1x8-h100", 512, num_layers=1024)
-    row["target_s"], row["target_met"] = 30, row["cpu_s"] <= 30
-    return [row]
+def section_scale(args):
+    cases = [("1x8-h100", "analytic", None)]
+    if args.full_db:
+        cases.append(("1x8-v100", "aceso-compat", args.full_db))
+    rows = []
+    for cluster, kind, db in cases:
+        row, _ = run_case("gpt-scale-layer", cluster, 512, kind, db, num_layers=1024)
+        row["target_s"], row["target_met"] = 30, row["cpu_s"] <= 30
+        rows.append(row)
+    return rows
 
 
-def section_optimality(quick):
+def section_optimality(args):
     from search.planner.exhaustive import exhaustive_best
     from search.planner.synthetic import tiny_problem
     rows = []
-    for seed in range(10 if quick else 30):
+    for seed in range(10 if args.quick else 30):
         cm, space, gbs = tiny_problem(seed)
         want, _, n = exhaustive_best(cm, gbs, space)
         res = search(cm, gbs, space, SearchOptions(budget_evals=400))
@@ -126,8 +134,8 @@ COLUMNS = {
                "speedup", "stages", "mbs", "shapes", "evals", "cpu_s", "wall_s", "target_met"],
     "analytic": ["model", "cluster", "iteration_ms", "baseline_ms", "speedup", "stages", "mbs", "evals", "cpu_s",
                  "wall_s", "target_s", "target_met"],
-    "scale": ["model", "cluster", "iteration_ms", "baseline_ms", "speedup", "stages", "mbs", "evals", "cpu_s",
-              "wall_s", "target_s", "target_met"],
+    "scale": ["model", "cluster", "cost_model", "iteration_ms", "baseline_ms", "speedup", "stages", "mbs", "evals",
+              "cpu_s", "wall_s", "target_s", "target_met"],
 }
 SECTIONS = {"compat": section_compat, "analytic": section_analytic, "scale": section_scale,
             "optimality": section_optimality}
@@ -137,13 +145,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections: " + ", ".join(SECTIONS))
     ap.add_argument("--quick", action="store_true", help="a subset of the analytic cases and optimality seeds")
+    ap.add_argument("--full-db", default=None,
+                    help="the Aceso artifact's full database (profiler/profiled-time-eurosys): adds the aceso-compat "
+                         "1024-layer scale case")
     args = ap.parse_args(argv)
     from rich.console import Console
     from rich.table import Table
     con = Console(width=160)
     out = {}
     for name in args.only.split(","):
-        rows = SECTIONS[name.strip()](args.quick)
+        rows = SECTIONS[name.strip()](args)
         out[name] = rows
         if name == "optimality":
             ok = sum(r["optimal"] for r in rows)

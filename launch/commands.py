@@ -9,18 +9,32 @@ must not straddle two nodes.
 Multi-node under SLURM: one ``srun`` task per node starts torchrun there; the rendezvous comes from the SLURM
 environment (``MASTER_ADDR`` = the first host of ``scontrol show hostnames $SLURM_JOB_NODELIST``, node rank =
 ``$SLURM_NODEID``, node count = ``$SLURM_NNODES``).
+
+CPU runs (``--cpu``) are checked against this machine's memory first (``check_cpu_memory``): the analytic
+model's per-rank memory in fp32 (what a CPU run trains in), without the GPU allocator's reserve, plus
+``CPU_PROCESS_MB`` per process, summed over the node's processes, against the RAM available to us (MemAvailable,
+and the cgroup limit of a container). A worker's bad input comes back as one line and exit 2 (``run_torchrun``).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from search.errors import AcesoError
 from search.plan import ParallelPlan
+
+# max RSS of one `aceso train --cpu` process of a 64-wide 4-layer GPT (tests/distributed/test_train_gpt.py size):
+# 443 MB measured with torch 2.13 + megatron-core 0.16.1, almost all of it the libraries themselves
+CPU_PROCESS_MB = 450
 
 DEFAULT_PORT = 29500
 TRAIN_MODULE = "aceso_megatron.training.train"
@@ -89,6 +103,61 @@ def check_plan_fits(plan: ParallelPlan, spec: LaunchSpec, visible_gpus: int | No
         )
 
 
+def plan_cpu_memory_mb(plan: ParallelPlan) -> list[float]:
+    """Per stage: the analytic memory of one rank in an fp32 CPU run (no GPU reserve), MB."""
+    from search.cluster import parse_cluster
+    from search.costmodel import make_cost_model
+    from search.training import TrainingSpec
+
+    cluster = parse_cluster(f"1x{plan.world_size}-cpu")
+    training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[1], precision="fp32",
+                            distributed_optimizer=plan.distributed_optimizer, attention="unfused")
+    cost = make_cost_model(plan.model, cluster, training).evaluate(plan.model_copy(update={"cluster": None}))
+    return [s.memory_mb - s.memory_breakdown.get("reserve", 0.0) for s in cost.stages]
+
+
+def available_ram_mb() -> float | None:
+    """RAM this process may still use: MemAvailable, capped by a cgroup (container) limit; None if unknown."""
+    avail = None
+    try:
+        m = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+        avail = int(m.group(1)) / 1024 if m else None
+    except OSError:
+        pass
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            limit, usage = Path(limit_file).read_text().strip(), Path(usage_file).read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and usage.isdigit() and int(limit) < 1 << 60:
+            free = (int(limit) - int(usage)) / 2**20
+            avail = free if avail is None else min(avail, free)
+        break
+    return avail
+
+
+def check_cpu_memory(plan: ParallelPlan, spec: "LaunchSpec", available_mb: float | None) -> str | None:
+    """Refuse a ``--cpu`` launch whose processes would not fit in this machine's RAM; returns a note to print for a
+    plan made for GPUs that does fit (None otherwise)."""
+    c = plan.cluster
+    made_for = f"the plan was made for {c.label}" if c is not None and c.gpu.name != "cpu" else None
+    per_stage = plan_cpu_memory_mb(plan)
+    first = spec.node_rank * spec.nproc_per_node
+    ranks = range(first, first + spec.nproc_per_node)
+    need = sum(per_stage[plan.stage_of_rank(r)] + CPU_PROCESS_MB for r in ranks)
+    if available_mb is not None and need > available_mb:
+        raise AcesoError(
+            f"{spec.plan_path}: {made_for + '; ' if made_for else ''}its {len(ranks)} CPU processes need about "
+            f"{need / 1024:.1f} GB (fp32, analytic memory model + {CPU_PROCESS_MB} MB each) but this machine has "
+            f"{available_mb / 1024:.1f} GB available; search a plan for --cluster 1xN-cpu with a smaller model, "
+            "or run it on the GPUs it was made for (without --cpu)")
+    if made_for:
+        return f"{made_for}; running it as {len(ranks)} CPU processes (gloo, fp32, about {need / 1024:.1f} GB)"
+    return None
+
+
 def count_visible_gpus() -> int | None:
     """GPUs on this node without importing torch (``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi -L``); None if unknown."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -123,6 +192,15 @@ def torchrun_command(spec: LaunchSpec) -> list[str]:
     return cmd + train_argv(spec)
 
 
+# site settings every cluster wants: disabled (##) until filled in, so the script also runs on the site's defaults
+SLURM_PLACEHOLDERS = (
+    "# Your site's settings: fill these in and remove one # to enable each (sbatch uses its defaults meanwhile)\n"
+    "##SBATCH --partition=PARTITION\n"
+    "##SBATCH --account=ACCOUNT\n"
+    "##SBATCH --time=HH:MM:SS\n"
+)
+
+
 def slurm_script(spec: LaunchSpec, job_name: str = "aceso-train") -> str:
     """A SLURM batch script: one srun task per node, each starting torchrun with the SLURM rendezvous."""
     gpus = "" if spec.cpu else f"#SBATCH --gpus-per-node={spec.nproc_per_node}\n"
@@ -141,6 +219,7 @@ def slurm_script(spec: LaunchSpec, job_name: str = "aceso-train") -> str:
         "#SBATCH --ntasks-per-node=1\n"
         f"{gpus}"
         "#SBATCH --exclusive\n"
+        f"{SLURM_PLACEHOLDERS}"
         "set -euo pipefail\n"
         'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
         f"export MASTER_PORT=${{MASTER_PORT:-{spec.master_port or DEFAULT_PORT}}}\n"
@@ -152,9 +231,50 @@ def shell_line(cmd: list[str]) -> str:
     return " ".join(shlex.quote(c) for c in cmd)
 
 
-def run_torchrun(cmd: list[str], extra_pythonpath: str | None = None) -> int:
-    """Run the command in the foreground; the exit status of torchrun."""
-    env = dict(os.environ)
+def run_torchrun(cmd: list[str], extra_pythonpath: str | None = None, error_env: str = "ACESO_ERROR_FILE",
+                 env: dict | None = None) -> int:
+    """Run torchrun in the foreground and return its exit status; a worker's bad input (written to the file named
+    by ``$error_env``, see ``aceso_megatron.cli.report_bad_input``) is raised as one ``AcesoError`` line, and
+    torchrun's failure report that follows it is dropped. SIGTERM or Ctrl-C stops torchrun, which stops its
+    workers, before the exception goes on. ``env``: the environment (default: ours)."""
+    env = dict(os.environ if env is None else env)
     if extra_pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_pythonpath, env.get("PYTHONPATH")) if p)
-    return subprocess.run(cmd, env=env).returncode
+    env.setdefault("OMP_NUM_THREADS", "1")    # torchrun's default for several processes, without its banner
+    with tempfile.TemporaryDirectory(prefix="aceso-launch-") as tmp:
+        err_file = Path(tmp) / "error.txt"
+        env[error_env] = str(err_file)
+        proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
+        held: list[bytes] = []
+        try:
+            for line in proc.stderr:
+                if err_file.exists():
+                    held.append(line)      # torchrun's report of the failure a worker already explained
+                else:
+                    sys.stderr.buffer.write(line)
+                    sys.stderr.buffer.flush()
+            rc = proc.wait()
+        except BaseException:
+            _stop(proc)
+            raise
+        if rc != 0 and err_file.exists():
+            raise AcesoError(err_file.read_text().strip())
+        for line in held:
+            sys.stderr.buffer.write(line)
+        sys.stderr.buffer.flush()
+        return rc
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM to torchrun (it terminates its workers), then wait; SIGKILL only if it hangs."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.communicate(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    except BaseException:   # a second Ctrl-C while waiting
+        proc.kill()
+        proc.wait()
+        raise

@@ -5,9 +5,15 @@ String form ``NxG-gpu``: ``1x8-h100`` is one node of 8 H100s, ``4x8-v100`` four 
 Datasheet sources (dense, no sparsity): V100-SXM2-32GB 125 TFLOP/s fp16 tensor, 900 GB/s HBM2, NVLink2 300 GB/s
 bidirectional per GPU; A100-SXM4 312 TFLOP/s bf16/fp16, 1555 (40 GB) / 2039 (80 GB) GB/s, NVLink3 600 GB/s
 bidirectional; H100-SXM5 989 TFLOP/s bf16, 3350 GB/s HBM3, NVLink4 900 GB/s bidirectional; H200-SXM 989 TFLOP/s,
-4800 GB/s HBM3e, 141 GB. Link bandwidths here are one direction per GPU (half the bidirectional figure).
-Inter-node: one NIC per GPU, 100 Gb/s EDR for V100 systems (DGX-1/2), 200 Gb/s HDR for A100 (DGX A100),
-400 Gb/s NDR for H100/H200 (DGX H100/H200); in GB/s that is 12.5, 25 and 50 per GPU.
+4800 GB/s HBM3e, 141 GB; B200 (HGX/DGX B200 datasheets: 36 PFLOP/s fp16/bf16 with sparsity per 8 GPUs = 2250
+dense per GPU, TF32 1125 dense, HBM3e 8 TB/s, 1,440 GB per 8 GPUs = 180 GB, NVLink5 1.8 TB/s bidirectional);
+GB200 (GB200 NVL72 datasheet, per GPU of 72: 360 PFLOP/s fp16/bf16 sparse / 72 = 2500 dense, TF32 1250 dense,
+13.4 TB HBM3e / 72 = 186 GB at 576 TB/s / 72 = 8 TB/s, NVLink5 1.8 TB/s bidirectional across the whole rack:
+a GB200 NVL72 rack is one NVLink "node" of 72 GPUs, ``1x72-gb200``). Link bandwidths here are one direction per
+GPU (half the bidirectional figure). Inter-node: one NIC per GPU, 100 Gb/s EDR for V100 systems (DGX-1/2),
+200 Gb/s HDR for A100 (DGX A100), 400 Gb/s NDR for H100/H200/B200/GB200 (DGX H100/H200/B200 and GB200 NVL72 with
+ConnectX-7); in GB/s that is 12.5, 25 and 50 per GPU. Memory is the datasheet's GB (10^9 bytes), except H200's,
+the 139 GiB a process can allocate.
 """
 
 from __future__ import annotations
@@ -16,20 +22,31 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .errors import AcesoError
+from .errors import AcesoError, did_you_mean
+
+# Upper bounds (docs/inputs.md): far above any machine (B200: 192 GB, 2.25 PFLOP/s dense fp16, 8 TB/s HBM,
+# NVLink5 900 GB/s per direction), low enough that a typo such as 10^30 is refused.
+MAX_NODES = 1 << 16
+MAX_GPUS_PER_NODE = 1024
+MAX_GPUS = 1 << 20
+MAX_MEMORY_GB = 1e5
+MAX_TFLOPS = 1e6
+MAX_GBPS = 1e6
 
 
 class GPUSpec(BaseModel):
     """One accelerator type."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    name: str = Field(description="Short name, e.g. h100.")
-    memory_gb: float = Field(gt=0, description="Device memory, GB (10^9 bytes).")
-    peak_tflops_fp16: float = Field(gt=0, description="Dense fp16 tensor-core peak, TFLOP/s.")
-    peak_tflops_bf16: float | None = Field(None, gt=0, description="Dense bf16 peak, TFLOP/s; None = unsupported.")
-    peak_tflops_fp32: float = Field(gt=0, description="fp32 peak (TF32 tensor cores where present), TFLOP/s.")
-    hbm_gbps: float = Field(gt=0, description="Memory bandwidth, GB/s.")
+    name: str = Field(min_length=1, max_length=64, description="Short name, e.g. h100.")
+    memory_gb: float = Field(gt=0, le=MAX_MEMORY_GB, description="Device memory, GB (10^9 bytes).")
+    peak_tflops_fp16: float = Field(gt=0, le=MAX_TFLOPS, description="Dense fp16 tensor-core peak, TFLOP/s.")
+    peak_tflops_bf16: float | None = Field(None, gt=0, le=MAX_TFLOPS,
+                                           description="Dense bf16 peak, TFLOP/s; None = unsupported.")
+    peak_tflops_fp32: float = Field(gt=0, le=MAX_TFLOPS,
+                                    description="fp32 peak (TF32 tensor cores where present), TFLOP/s.")
+    hbm_gbps: float = Field(gt=0, le=MAX_GBPS, description="Memory bandwidth, GB/s.")
 
     def peak_tflops(self, dtype: str) -> float:
         if dtype == "bf16":
@@ -50,35 +67,45 @@ GPU_PRESETS: dict[str, GPUSpec] = {
                 peak_tflops_fp32=495, hbm_gbps=3350),
         GPUSpec(name="h200", memory_gb=149.3, peak_tflops_fp16=989, peak_tflops_bf16=989,
                 peak_tflops_fp32=495, hbm_gbps=4800),
+        GPUSpec(name="b200", memory_gb=180.0, peak_tflops_fp16=2250, peak_tflops_bf16=2250,
+                peak_tflops_fp32=1125, hbm_gbps=8000),
+        GPUSpec(name="gb200", memory_gb=186.0, peak_tflops_fp16=2500, peak_tflops_bf16=2500,
+                peak_tflops_fp32=1250, hbm_gbps=8000),
         GPUSpec(name="cpu", memory_gb=16.0, peak_tflops_fp16=0.2, peak_tflops_bf16=0.2,
                 peak_tflops_fp32=0.2, hbm_gbps=20),
     )
 }
 GPU_ALIASES = {"v100-32gb": "v100", "a100-80gb": "a100", "h100-sxm": "h100", "a100-40": "a100-40gb",
-               "a100-80": "a100"}
+               "a100-80": "a100", "b200-sxm": "b200", "gb200-nvl72": "gb200"}
 # (intra-node GB/s per GPU per direction, inter-node GB/s per GPU)
 LINK_PRESETS: dict[str, tuple[float, float]] = {
     "v100": (150.0, 12.5), "a100-40gb": (300.0, 25.0), "a100": (300.0, 25.0),
-    "h100": (450.0, 50.0), "h200": (450.0, 50.0), "cpu": (5.0, 1.0),
+    "h100": (450.0, 50.0), "h200": (450.0, 50.0), "b200": (900.0, 50.0), "gb200": (900.0, 50.0),
+    "cpu": (5.0, 1.0),
 }
 
 
 class ClusterSpec(BaseModel):
     """Homogeneous nodes of identical GPUs."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    num_nodes: int = Field(gt=0, description="Number of nodes.")
-    gpus_per_node: int = Field(gt=0, description="GPUs in each node.")
+    num_nodes: int = Field(gt=0, le=MAX_NODES, description="Number of nodes.")
+    gpus_per_node: int = Field(gt=0, le=MAX_GPUS_PER_NODE, description="GPUs in each node.")
     gpu: GPUSpec = Field(description="The accelerator.")
-    intra_node_gbps: float = Field(gt=0, description="GPU-to-GPU bandwidth inside a node, GB/s per direction.")
-    inter_node_gbps: float = Field(gt=0, description="Network bandwidth per GPU across nodes, GB/s per direction.")
+    intra_node_gbps: float = Field(gt=0, le=MAX_GBPS,
+                                   description="GPU-to-GPU bandwidth inside a node, GB/s per direction.")
+    inter_node_gbps: float = Field(gt=0, le=MAX_GBPS,
+                                   description="Network bandwidth per GPU across nodes, GB/s per direction.")
     memory_limit_mb: float | None = Field(
         None, gt=0, description="Per-GPU memory budget in MB (2^20 bytes); None = the GPU's memory."
     )
 
     @model_validator(mode="after")
     def _check(self) -> "ClusterSpec":
+        if self.num_nodes * self.gpus_per_node > MAX_GPUS:
+            raise ValueError(f"num_nodes x gpus_per_node ({self.num_nodes * self.gpus_per_node}) is above the "
+                             f"limit of {MAX_GPUS} GPUs")
         if self.memory_limit_mb is not None and self.memory_limit_mb * 2**20 > self.gpu.memory_gb * 1e9 * 1.0001:
             raise ValueError(
                 f"memory_limit_mb ({self.memory_limit_mb:.0f}) exceeds the {self.gpu.name}'s "
@@ -110,11 +137,13 @@ def parse_cluster(text: str, memory_limit_mb: float | None = None) -> ClusterSpe
     """``'4x8-h100'`` -> ClusterSpec with the preset's GPU and links."""
     m = _CLUSTER_RE.match(text.strip().lower())
     if not m:
-        raise AcesoError(f"cluster '{text}': expected NODESxGPUS-gpu, e.g. 1x8-h100 (see `aceso clusters`)")
+        raise AcesoError(f"cluster '{text}': expected NODESxGPUS-gpu, e.g. 1x8-h100{_shape_hint(text)} "
+                         "(see `aceso clusters`)")
     nodes, gpn, gpu = int(m.group(1)), int(m.group(2)), m.group(3)
     gpu = GPU_ALIASES.get(gpu, gpu)
     if gpu not in GPU_PRESETS:
-        raise AcesoError(f"cluster '{text}': unknown gpu '{gpu}'; choose one of {', '.join(GPU_PRESETS)}")
+        hint = did_you_mean(gpu, [*GPU_PRESETS, *GPU_ALIASES], what=f"{nodes}x{gpn}-")
+        raise AcesoError(f"cluster '{text}': unknown gpu '{gpu}'{hint or ';'} choose one of {', '.join(GPU_PRESETS)}")
     if nodes < 1 or gpn < 1:
         raise AcesoError(f"cluster '{text}': nodes and gpus per node must be at least 1")
     intra, inter = LINK_PRESETS[gpu]
@@ -124,3 +153,14 @@ def parse_cluster(text: str, memory_limit_mb: float | None = None) -> ClusterSpe
     except ValueError as e:  # pydantic ValidationError is a ValueError
         from .errors import format_validation_error
         raise AcesoError(f"cluster '{text}': " + format_validation_error(e)) from None
+
+
+def _shape_hint(text: str) -> str:
+    """A guess at what a malformed cluster string meant: ``h100`` -> 1x8-h100, ``8xh100`` -> 1x8-h100."""
+    t = text.strip().lower()
+    names = [*GPU_PRESETS, *GPU_ALIASES]
+    m = re.match(r"^(?:(\d+)[x*])?(?:(\d+)[x*-]?)?([a-z][a-z0-9-]*)$", t)
+    if m and m.group(3) in names:
+        nodes, gpn = (m.group(1), m.group(2)) if m.group(2) else ("1", m.group(1) or "8")
+        return f"; did you mean {nodes}x{gpn}-{m.group(3)}?"
+    return ""

@@ -35,9 +35,19 @@ def format_validation_error(err: pydantic.ValidationError, prefix: str = "") -> 
         msg = "unknown field; remove it (check the spelling against docs/plan.schema.json)"
     elif first["type"] == "missing":
         msg = "field required; add it"
+    elif first["type"] not in ("value_error", "assertion_error") and "input" in first:
+        msg += f" (got {_short_repr(first['input'])})"
     line = f"{path}: {msg}" if path and not msg.startswith(path) else msg
     more = len(err.errors()) - 1
     return line + (f" (and {more} more error{'s' if more > 1 else ''})" if more else "")
+
+
+def _short_repr(value, limit: int = 40) -> str:
+    try:
+        text = repr(value)
+    except RecursionError:
+        return "a deeply nested value"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def as_aceso_error(err: pydantic.ValidationError, prefix: str = "") -> AcesoError:
@@ -45,14 +55,30 @@ def as_aceso_error(err: pydantic.ValidationError, prefix: str = "") -> AcesoErro
 
 
 def read_json(path, missing: str = "no such file", label: str | None = None, corrupt: str = "not valid JSON"):
-    """Parse a JSON file; a missing or unparsable file becomes one ``AcesoError`` line starting with ``label``."""
+    """Parse a JSON file; a missing, unreadable or unparsable file becomes one ``AcesoError`` line starting with
+    ``label``. ``NaN``/``Infinity`` are read (the schemas then reject them, naming the field); nesting deeper
+    than Python's parser goes (about 1000 levels) is refused."""
     import json
-    from pathlib import Path
+
+    from .files import read_text
 
     label = label or str(path)
+    text = read_text(path, label=label, missing=missing, corrupt=corrupt)
     try:
-        return json.loads(Path(path).read_text())
-    except (FileNotFoundError, IsADirectoryError):
-        raise AcesoError(f"{label}: {missing}") from None
+        return json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise AcesoError(f"{label}: {corrupt} ({e})") from None
+    except RecursionError:
+        raise AcesoError(f"{label}: {corrupt} (nested too deeply: arrays or objects about 1000 levels deep)") from None
+
+
+def did_you_mean(word: str, choices, what: str = "") -> str:
+    """`` (did you mean X?)`` for the closest of ``choices`` (case ignored), or ``""``."""
+    import difflib
+
+    choices = list(choices)
+    lower = {c.lower(): c for c in choices}
+    if word.lower() in lower:
+        return f"; did you mean {what}{lower[word.lower()]}?"
+    close = difflib.get_close_matches(word.lower(), list(lower), n=1, cutoff=0.6)
+    return f"; did you mean {what}{lower[close[0]]}?" if close else ""

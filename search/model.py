@@ -22,6 +22,16 @@ Family = Literal["gpt", "t5", "llama"]
 UnitKind = Literal["attention", "cross_attention", "mlp"]
 Stack = Literal["decoder", "encoder"]
 
+# Upper bounds (docs/inputs.md): far above any published model (Llama 3 405B: 126 layers, hidden 16384, ffn 53248,
+# 128 heads, vocabulary 128256), low enough that a typo such as 10^30 is refused instead of exhausting memory.
+MAX_LAYERS = 4096
+MAX_HIDDEN = 1 << 18            # 262144
+MAX_HEADS = 1 << 14             # 16384
+MAX_FFN = 1 << 20
+MAX_SEQ = 1 << 24               # 16M tokens
+MAX_VOCAB = 1 << 24
+MAX_NAME = 200
+
 
 class Unit(NamedTuple):
     """One sub-layer unit: which stack (GPT/Llama layers are ``decoder``), which layer in it, which half."""
@@ -34,25 +44,29 @@ class Unit(NamedTuple):
 class ModelSpec(BaseModel):
     """A transformer architecture. Lengths are tokens; sizes are elements."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    name: str = Field("custom", description="Preset or user name, shown in reports.")
+    name: str = Field("custom", min_length=1, max_length=MAX_NAME, description="Preset or user name, shown in "
+                      "reports.")
     family: Family = Field(description="gpt (decoder-only), llama (decoder-only, Llama-style), t5 (encoder-decoder).")
-    num_layers: int = Field(gt=0, description="Transformer layers (T5: encoder layers).")
-    num_decoder_layers: int | None = Field(None, gt=0, description="T5 only: decoder layers.")
-    hidden_size: int = Field(gt=0, description="Model width h.")
-    num_attention_heads: int = Field(gt=0, description="Attention heads.")
-    num_query_groups: int | None = Field(None, gt=0, description="KV heads for grouped-query attention; None = heads.")
-    kv_channels: int | None = Field(None, gt=0, description="Per-head width; None = hidden_size / heads.")
-    ffn_hidden_size: int = Field(gt=0, description="MLP inner width.")
-    seq_length: int = Field(gt=0, description="Sequence length (T5: encoder sequence length).")
-    decoder_seq_length: int | None = Field(None, gt=0, description="T5 only: decoder sequence length.")
-    vocab_size: int = Field(gt=0, description="Tokenizer vocabulary size.")
-    make_vocab_size_divisible_by: int = Field(128, gt=0, description="Megatron pads the vocabulary to a multiple of this.")
+    num_layers: int = Field(gt=0, le=MAX_LAYERS, description="Transformer layers (T5: encoder layers).")
+    num_decoder_layers: int | None = Field(None, gt=0, le=MAX_LAYERS, description="T5 only: decoder layers.")
+    hidden_size: int = Field(gt=0, le=MAX_HIDDEN, description="Model width h.")
+    num_attention_heads: int = Field(gt=0, le=MAX_HEADS, description="Attention heads.")
+    num_query_groups: int | None = Field(None, gt=0, le=MAX_HEADS,
+                                         description="KV heads for grouped-query attention; None = heads.")
+    kv_channels: int | None = Field(None, gt=0, le=MAX_HIDDEN,
+                                    description="Per-head width; None = hidden_size / heads.")
+    ffn_hidden_size: int = Field(gt=0, le=MAX_FFN, description="MLP inner width.")
+    seq_length: int = Field(gt=0, le=MAX_SEQ, description="Sequence length (T5: encoder sequence length).")
+    decoder_seq_length: int | None = Field(None, gt=0, le=MAX_SEQ, description="T5 only: decoder sequence length.")
+    vocab_size: int = Field(gt=0, le=MAX_VOCAB, description="Tokenizer vocabulary size.")
+    make_vocab_size_divisible_by: int = Field(128, gt=0, le=1 << 16,
+                                              description="Megatron pads the vocabulary to a multiple of this.")
     activation: Literal["gelu", "swiglu"] = Field("gelu", description="MLP activation.")
     normalization: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="Norm layers.")
     position_embedding: Literal["learned", "rope"] = Field("learned", description="Absolute learned or rotary.")
-    rotary_base: float = Field(10000.0, gt=0, description="RoPE base (rope only).")
+    rotary_base: float = Field(10000.0, gt=0, le=1e12, description="RoPE base (rope only).")
     tied_embeddings: bool = Field(True, description="Output layer shares the input word embedding.")
     add_bias_linear: bool = Field(True, description="Linear layers carry biases.")
     attention_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the attention probabilities "
@@ -60,8 +74,10 @@ class ModelSpec(BaseModel):
     hidden_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after the attention and MLP outputs and "
                                   "on the embedding.")
     params_dtype: Literal["bf16", "fp16", "fp32"] = Field("fp16", description="Dtype of parameters and activations.")
-    aceso_db_key: str | None = Field(None, description="Model key in the Aceso reference database, e.g. gpt_1_3B.")
-    nominal_params_b: float | None = Field(None, gt=0, description="The size the preset is named after, billions.")
+    aceso_db_key: str | None = Field(None, max_length=MAX_NAME,
+                                     description="Model key in the Aceso reference database, e.g. gpt_1_3B.")
+    nominal_params_b: float | None = Field(None, gt=0, le=1e6,
+                                           description="The size the preset is named after, billions.")
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":

@@ -37,6 +37,10 @@ Recompute = Literal["none", "selective", "full", "attn_dropout"]
 RECOMPUTE_CHOICES: tuple[Recompute, ...] = ("none", "selective", "full", "attn_dropout")
 ATTENTION_ONLY: frozenset[str] = frozenset({"attn_dropout"})   # choices an MLP unit cannot take
 _SPAN_KEYS = ("start_unit", "end_unit", "recompute")
+# Upper bounds (docs/inputs.md): the model's and cluster's bounds carried over to the plan's fields
+MAX_UNITS = 5 * 4096            # T5 with 4096 encoder (2 units) and 4096 decoder layers (3 units)
+MAX_DEGREE = 1 << 20            # tp, cp, dp, num_gpus: no more than the GPUs of a cluster
+MAX_BATCH = 1 << 24
 
 
 def recompute_allowed(kind: str) -> tuple[Recompute, ...]:
@@ -49,8 +53,8 @@ class ChunkSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    start_unit: int = Field(ge=0, description="First sub-layer unit of the chunk (inclusive).")
-    end_unit: int = Field(ge=0, description="One past the last sub-layer unit (exclusive).")
+    start_unit: int = Field(ge=0, le=MAX_UNITS, description="First sub-layer unit of the chunk (inclusive).")
+    end_unit: int = Field(ge=0, le=MAX_UNITS, description="One past the last sub-layer unit (exclusive).")
     recompute: list[Recompute] = Field(
         description="Per unit of the span: none | selective (attention core and activation function recomputed) "
         "| full (only the unit input kept) | attn_dropout (attention units only: the attention-probability "
@@ -86,15 +90,17 @@ class StageSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    num_gpus: int = Field(gt=0, description="GPUs of this stage (= tp * cp * dp).")
-    tp: int = Field(gt=0, description="Tensor-parallel degree inside the stage.")
-    cp: int = Field(1, gt=0, description="Context-parallel degree: the sequence is split over cp ranks (ring "
+    num_gpus: int = Field(gt=0, le=MAX_DEGREE, description="GPUs of this stage (= tp * cp * dp).")
+    tp: int = Field(gt=0, le=MAX_DEGREE, description="Tensor-parallel degree inside the stage.")
+    cp: int = Field(1, gt=0, le=MAX_DEGREE,
+                    description="Context-parallel degree: the sequence is split over cp ranks (ring "
                     "attention exchanges K/V).")
-    dp: int = Field(gt=0, description="Data-parallel degree inside the stage.")
+    dp: int = Field(gt=0, le=MAX_DEGREE, description="Data-parallel degree inside the stage.")
     sequence_parallel: bool = Field(False, description="Megatron sequence parallelism over the TP group (tp > 1): "
                                     "norms, dropouts and residuals run on s/tp tokens; TP all-reduces become "
                                     "reduce-scatter + all-gather.")
-    chunks: list[ChunkSpec] = Field(min_length=1, description="The stage's model chunks (virtual stages) in "
+    chunks: list[ChunkSpec] = Field(min_length=1, max_length=MAX_UNITS,
+                                    description="The stage's model chunks (virtual stages) in "
                                     "order: one for a non-interleaved plan.")
 
     @model_validator(mode="before")
@@ -157,13 +163,14 @@ class StageSpec(BaseModel):
 class PlanPrediction(BaseModel):
     """What the cost model predicted for the plan (informational)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    cost_model: str = Field(description="analytic | profile | aceso-compat.")
-    iteration_time_ms: float = Field(description="Predicted time of one optimizer step.")
-    samples_per_s: float = Field(description="global_batch_size / iteration time.")
-    stage_time_ms: list[float] = Field(description="Per stage: its pipeline total time (critical path through it).")
-    stage_memory_mb: list[float] = Field(description="Per stage: peak memory per GPU.")
+    cost_model: str = Field(max_length=64, description="analytic | profile | aceso-compat.")
+    iteration_time_ms: float = Field(gt=0, description="Predicted time of one optimizer step.")
+    samples_per_s: float = Field(gt=0, description="global_batch_size / iteration time.")
+    stage_time_ms: list[float] = Field(max_length=MAX_UNITS, description="Per stage: its pipeline total time "
+                                       "(critical path through it).")
+    stage_memory_mb: list[float] = Field(max_length=MAX_UNITS, description="Per stage: peak memory per GPU.")
     attention: Literal["flash", "unfused"] | None = Field(
         None, description="Attention kernel the prediction assumed (analytic model): flash = transformer-engine's "
         "fused attention, unfused = megatron-core's local attention. The runtime warns when it runs the other.")
@@ -178,10 +185,11 @@ class ParallelPlan(BaseModel):
                                        "on read).")
     model: ModelSpec = Field(description="The model the plan is for.")
     cluster: ClusterSpec | None = Field(None, description="The cluster the plan was made for, if known.")
-    micro_batch_size: int = Field(gt=0, description="Pipeline micro-batch, samples, before a stage's DP split: "
+    micro_batch_size: int = Field(gt=0, le=MAX_BATCH,
+                                  description="Pipeline micro-batch, samples, before a stage's DP split: "
                                   "stage i runs micro_batch_size / dp_i samples per rank (Megatron's per-rank "
                                   "--micro-batch-size).")
-    global_batch_size: int = Field(gt=0, description="Samples per optimizer step.")
+    global_batch_size: int = Field(gt=0, le=MAX_BATCH, description="Samples per optimizer step.")
     distributed_optimizer: bool = Field(False, description="Optimizer states (and the fp32 master weights) sharded "
                                         "over each stage's DP (x CP) group; gradients reduce-scattered, parameters "
                                         "all-gathered (megatron-core use_distributed_optimizer).")
@@ -192,7 +200,7 @@ class ParallelPlan(BaseModel):
     tp_comm_overlap: bool = Field(False, description="Transformer-engine's TP communication / GEMM overlap "
                                   "(GPU with transformer-engine only; needs sequence_parallel on every tp > 1 "
                                   "stage).")
-    stages: list[StageSpec] = Field(min_length=1, description="Pipeline stages in order.")
+    stages: list[StageSpec] = Field(min_length=1, max_length=MAX_UNITS, description="Pipeline stages in order.")
     predicted: PlanPrediction | None = Field(None, description="Cost-model prediction, if any.")
 
     @model_validator(mode="before")
@@ -367,6 +375,39 @@ def check_fits_cluster(plan: ParallelPlan, cluster: ClusterSpec) -> None:
                     f"stages[{i}]: TP group of ranks {lo}..{lo + st.tp - 1} spans two nodes; "
                     "move the stage boundary so TP groups stay inside a node"
                 )
+
+
+def recompute_text(counts: dict[str, int]) -> str:
+    """One notation for a stage's recompute choices (``aceso search`` and ``aceso explain``): the choice when every
+    unit has it, else counts in ``RECOMPUTE_CHOICES`` order: ``"full"``, ``"none 3, selective 2"``."""
+    order = {c: i for i, c in enumerate(RECOMPUTE_CHOICES)}
+    items = sorted(((c, n) for c, n in counts.items() if n), key=lambda cn: order.get(cn[0], len(order)))
+    if len(items) == 1 and items[0][0] in order:
+        return items[0][0]
+    return ", ".join(f"{c} {n}" for c, n in items)
+
+
+def check_recompute_applies(plan: ParallelPlan, flash: bool | None = None, why_flash: str = "") -> None:
+    """Refuse ``attn_dropout`` where it frees nothing (``AcesoError`` with the reason): it frees the dropout mask and
+    the dropped attention probabilities, so it needs attention dropout in the model and unfused attention (flash
+    attention keeps neither). ``flash``: the cost model's assumption (None: unknown); the plan's own
+    ``predicted.attention`` counts too. The runtime runs such a plan (as ``none``); the cost models cannot price
+    it, so the planner's commands (validate, explain) check this."""
+    where = next(((s, j, k) for s, j, ch in plan.chunks_in_order() for k, rc in enumerate(ch.recompute)
+                  if rc == "attn_dropout"), None)
+    if where is None:
+        return
+    s, j, k = where
+    at = f"stages[{s}]" + (f".chunks[{j}]" if plan.num_virtual_stages > 1 else "") + f".recompute[{k}]"
+    fix = "use none, selective or full there"
+    if plan.model.attention_dropout == 0:
+        raise AcesoError(f"{at} is 'attn_dropout' but the model has no attention dropout (attention_dropout 0): "
+                         f"it frees nothing; {fix}")
+    if plan.predicted is not None and plan.predicted.attention == "flash":
+        flash, why_flash = True, "the plan's prediction assumed flash attention (predicted.attention)"
+    if flash:
+        raise AcesoError(f"{at} is 'attn_dropout' but {why_flash or 'the attention is flash'}, which keeps no "
+                         f"dropout mask or probabilities: it frees nothing; {fix}, or plan for --attention unfused")
 
 
 def load_plan(path: str | Path, world_size: int | None = None) -> ParallelPlan:

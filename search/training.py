@@ -13,15 +13,22 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# Upper bounds (docs/inputs.md): far above any published run (global batches of a few thousand sequences, per-rank
+# micro-batches of 1-16, cp up to 32), low enough that a typo such as 10^30 is refused.
+MAX_BATCH = 1 << 24
+MAX_CP = 1024
+MAX_VIRTUAL = 512
+MAX_CANDIDATES = 64
+
 
 class TrainingSpec(BaseModel):
     """What the search plans for."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    global_batch_size: int = Field(gt=0, description="Samples per optimizer step.")
+    global_batch_size: int = Field(gt=0, le=MAX_BATCH, description="Samples per optimizer step.")
     micro_batch_sizes: list[int] = Field(
-        default_factory=lambda: [1, 2, 4, 8], min_length=1,
+        default_factory=lambda: [1, 2, 4, 8], min_length=1, max_length=MAX_CANDIDATES,
         description="Candidate per-rank micro-batch sizes (Megatron-LM's --micro-batch-size; a stage with DP d "
                     "runs pipeline micro-batches of size * d samples).",
     )
@@ -42,18 +49,19 @@ class TrainingSpec(BaseModel):
                                               "all-gather with forward; None = the search decides.")
     tp_comm_overlap: bool = Field(False, description="Transformer-engine TP communication overlap (GPU with "
                                   "transformer-engine only): off unless asked for.")
-    context_parallel_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1,
+    context_parallel_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=MAX_CANDIDATES,
                                               description="Candidate context-parallel degrees.")
     uniform_cp: bool = Field(True, description="Keep cp equal across stages (False: each stage may differ).")
-    virtual_stages: list[int] = Field(default_factory=lambda: [1, 2], min_length=1,
+    virtual_stages: list[int] = Field(default_factory=lambda: [1, 2], min_length=1, max_length=MAX_CANDIDATES,
                                       description="Candidate model chunks per stage (interleaved 1F1B; 1 = off).")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingSpec":
-        for name in ("micro_batch_sizes", "context_parallel_sizes", "virtual_stages"):
+        for name, top in (("micro_batch_sizes", MAX_BATCH), ("context_parallel_sizes", MAX_CP),
+                          ("virtual_stages", MAX_VIRTUAL)):
             for m in getattr(self, name):
-                if m < 1:
-                    raise ValueError(f"{name}: {m} is not a positive integer")
+                if not 1 <= m <= top:
+                    raise ValueError(f"{name}: {m} is not an integer in [1, {top}]")
         usable = [m for m in self.micro_batch_sizes if self.global_batch_size % m == 0]
         if not usable:
             raise ValueError(

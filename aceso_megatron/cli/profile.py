@@ -14,15 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+from search.argtypes import port, seed
 from search.errors import AcesoError
 from search.model import ModelSpec
 
-from .common import add_model_args, model_from_args
+from .common import add_model_args, check_output, model_from_args
 
 DB_FILE = "profile-db.json"   # as search.costmodel.profiledb.DB_FILE (not imported: keeps this module light)
 KB, MB, GB = 1024, 1024**2, 1024**3
@@ -44,18 +43,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nnodes", type=int, default=1, help="nodes (inter-node p2p and collectives; default 1)")
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank")
     p.add_argument("--master-addr", default=None, help="rendezvous host (multi-node)")
-    p.add_argument("--master-port", type=int, default=None, help="rendezvous port (default 29500)")
+    p.add_argument("--master-port", type=port, default=None, help="rendezvous port (default 29500)")
     p.add_argument("--warmup", type=int, default=None, help="untimed repeats first (default GPU 5, CPU 2)")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats, median kept (default 20)")
     p.add_argument("--passes", type=int, default=1,
                    help="passes over all unit measurements, median kept (default 1; 3 on a busy shared CPU)")
     p.add_argument("--min-bytes", type=int, default=KB, help="smallest message (default 1 KB)")
-    p.add_argument("--max-bytes", type=int, default=None, help="largest message (default GPU 1 GB, CPU 1 MB)")
+    p.add_argument("--max-bytes", type=_bytes, default=None, help="largest message (default GPU 1 GB, CPU 1 MB)")
     p.add_argument("--gpu", default=None, help="GPU preset name to record (default: from the device name)")
-    p.add_argument("--seed", type=int, default=1234, help="weights and inputs seed")
+    p.add_argument("--seed", type=seed, default=1234, help="weights and inputs seed")
     p.add_argument("--fresh", action="store_true", help="ignore an unfinished profile of -o and start over")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--python", default=sys.executable, help="python interpreter for the workers")
+
+
+def _bytes(text: str) -> int:
+    """A message size: up to 16 GiB."""
+    value = int(text) if text.lstrip("-").isdigit() else -1
+    if not 1 <= value <= 1 << 34:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes in [1, 2^34]")
+    return value
 
 
 def settings(args: argparse.Namespace) -> dict:
@@ -99,8 +106,9 @@ def check(args: argparse.Namespace, model: ModelSpec) -> None:
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         raise AcesoError(f"--node-rank ({args.node_rank}) must be in [0, --nnodes ({args.nnodes}))")
     out = db_path(args.output)
-    if not out.parent.exists():
-        raise AcesoError(f"-o {args.output}: folder {out.parent} does not exist; create it first")
+    if out.exists() and not out.is_file():
+        raise AcesoError(f"-o {args.output}: {out} is not a regular file; the profiler writes a database file there")
+    check_output(str(out))
 
 
 def num_procs(args: argparse.Namespace) -> int:
@@ -183,10 +191,7 @@ def run(args: argparse.Namespace) -> int:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONWARNINGS", "ignore")
-    with tempfile.TemporaryDirectory(prefix="aceso-profile-") as tmp:
-        err = Path(tmp) / "error.txt"
-        env["ACESO_PROFILE_ERROR_FILE"] = str(err)   # a worker's bad-input message (torchrun hides exit codes)
-        rc = subprocess.run(cmd, env=env, check=False).returncode
-        if rc and err.exists():
-            raise AcesoError(err.read_text().strip())
+    from launch.commands import run_torchrun
+
+    rc = run_torchrun(cmd, env=env, error_env="ACESO_PROFILE_ERROR_FILE")   # a worker's bad input: AcesoError
     return 0 if rc == 0 else 1

@@ -38,21 +38,9 @@ def check_args(args: argparse.Namespace, plan: ParallelPlan, world_size: int) ->
             f"{args.plan}: the plan needs {plan.world_size} processes (sum of stages[].num_gpus) but this launch "
             f"has {world_size}; {how}"
         )
-    for name in ("train_iters", "log_interval", "eval_iters"):
-        if getattr(args, name) < 1:
-            raise AcesoError(f"--{name.replace('_', '-')} ({getattr(args, name)}) must be at least 1")
-    for name in ("eval_interval", "save_interval"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise AcesoError(f"--{name.replace('_', '-')} ({getattr(args, name)}) must be at least 1")
-    if args.min_lr > args.lr:
-        raise AcesoError(f"--min-lr ({args.min_lr}) must not exceed --lr ({args.lr})")
-    decay = args.lr_decay_iters or args.train_iters
-    if args.lr_warmup_iters >= decay:
-        raise AcesoError(f"--lr-warmup-iters ({args.lr_warmup_iters}) must be below the decay steps ({decay})")
-    if args.save_interval is not None and not args.save:
-        raise AcesoError("--save-interval needs --save FOLDER")
-    if not args.mock_data and not args.data_path:
-        raise AcesoError("no training data: give --data-path PREFIX (from `aceso data prepare`) or --mock-data")
+    from ..cli.train import check_train_args   # the torch-free checks `aceso launch` ran before starting us
+
+    check_train_args(args, plan)
     if not args.cpu:
         import torch
 
@@ -134,10 +122,10 @@ def train(args: argparse.Namespace, plan: ParallelPlan, rank: int) -> dict:
         if valid_src is not None and (it + 1) % args.eval_interval == 0:
             log.eval(it + 1, evaluate(rt, [valid_src.micro_batches(k) for k in range(args.eval_iters)]))
         if args.save and args.save_interval and (it + 1) % args.save_interval == 0:
-            checkpoint.save(args.save, it + 1, rt, scheduler)
+            log.message(f"saved checkpoint {checkpoint.save(args.save, it + 1, rt, scheduler)}")
             saved = it + 1
     if args.save and saved < args.train_iters:
-        checkpoint.save(args.save, args.train_iters, rt, scheduler)
+        log.message(f"saved checkpoint {checkpoint.save(args.save, args.train_iters, rt, scheduler)}")
     return log.summary()
 
 
@@ -159,18 +147,17 @@ def train_from_args(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from ..cli import bad_input_from_patches
-    from ..cli.train import add_arguments
+    from ..cli.train import train_parser
 
-    parser = argparse.ArgumentParser(prog="python -m aceso_megatron.training.train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
+    parser = train_parser("python -m aceso_megatron.training.train", description=__doc__)
     try:
+        args = parser.parse_args(argv)
         with bad_input_from_patches():
             return train_from_args(args)
     except AcesoError as e:
-        if _launch_env()[1] == 0:  # one line for the whole job
-            print(f"aceso train: error: {e}", file=sys.stderr, flush=True)
+        from ..cli import report_bad_input
+
+        report_bad_input(e, "aceso train", rank=_launch_env()[1])   # one line for the whole job
         return e.exit_code
 
 

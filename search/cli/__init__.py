@@ -13,15 +13,25 @@ the torch-free planner never names or imports it; a subcommand's module is impor
 fallback list here (it would have to name the runtime): they register when the package is installed, and again
 after a change to setup.py (``pip install -e .``). Until then, and in a planner-only install, the runtime's
 subcommands say in one line how to install the runtime and exit 2.
+
+Errors: a usage error is one line naming the option and pointing to ``aceso COMMAND --help`` (``AcesoParser``), a
+bad input one line (``AcesoError``), both exit 2. A module may set ``PASSTHROUGH = "name"``: everything after the
+first ``--`` then goes untouched to ``args.name`` (``aceso launch PLAN -- TRAIN_ARGS``), whatever the order of
+the options before it. SIGTERM is handled like Ctrl-C (``KeyboardInterrupt``: the search writes its best plan so
+far), with exit status 143 instead of 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
+import re
+import signal
 import sys
 
+from .. import __version__
 from ..errors import AcesoError
 
 ENTRY_POINT_GROUP = "aceso.subcommands"
@@ -65,9 +75,29 @@ def _load(name: str, eps: dict):
         raise
 
 
+class AcesoParser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``aceso search: error: MSG; see `aceso search --help```, exit 2."""
+
+    def error(self, message: str) -> None:
+        self.exit(2, f"{self.prog}: error: {_suggest(message)}; see `{self.prog} --help`\n")
+
+
+def _suggest(message: str) -> str:
+    """argparse's "invalid choice: 'serch' (choose from ...)" with the closest choice named."""
+    m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if not m:
+        return message
+    choices = re.findall(r"'([^']*)'", m.group(2)) or [c.strip() for c in m.group(2).split(",")]
+    close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
+    if close:
+        return f"{message[:m.start()]}invalid choice: '{m.group(1)}'; did you mean {close[0]}?"
+    return message
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The full parser; with ``command``, only that subcommand's module is imported (the others are bare names)."""
-    parser = argparse.ArgumentParser(prog="aceso", description="Aceso auto-parallel planner for megatron-core.")
+    parser = AcesoParser(prog="aceso", description="Aceso auto-parallel planner for megatron-core.")
+    parser.add_argument("--version", action="version", version=f"aceso {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     eps = _entry_points()
     names = [*PLANNER_SUBCOMMANDS, *RUNTIME_SUBCOMMANDS, *sorted(set(eps) - set(RUNTIME_SUBCOMMANDS))]
@@ -85,7 +115,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=doc.splitlines()[0] if doc else None, description=doc,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
-        p.set_defaults(_run=mod.run)
+        p.set_defaults(_run=mod.run, _passthrough=getattr(mod, "PASSTHROUGH", None))
     return parser
 
 
@@ -95,22 +125,71 @@ def _not_installed(name: str) -> int:
     return 2
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every subcommand stops the same way."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    _terminated[0] = True
+    raise Terminated()
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str | None) -> argparse.ArgumentParser | None:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices.get(name) if name else None
+
+
+def _split_passthrough(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``argv`` before the first ``--`` and after it, for a subcommand with ``PASSTHROUGH`` (else ``argv, None``)."""
+    if not argv or argv[0].startswith("-"):
+        return argv, None
+    p = _subparser(parser, argv[0])
+    if p is None or not p.get_default("_passthrough"):
+        return argv, None
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
+def _parse(argv: list[str]) -> argparse.Namespace | int:
+    parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
+    head, rest = _split_passthrough(parser, argv)
+    try:
+        args, extra = parser.parse_known_args(head)
+        if extra:
+            sub = _subparser(parser, args.command)
+            hint = " (arguments for the command it starts go after a literal --)" if rest == [] else ""
+            (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    except SystemExit as e:   # --help, --version (0) or a usage error already printed (2)
+        return e.code if isinstance(e.code, int) else 2
+    if rest is not None:
+        setattr(args, args._passthrough, rest)
+    if not getattr(args, "_run", None):
+        parser.print_help(sys.stderr)
+        return 2
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
-    args = parser.parse_args(argv)
-    if not getattr(args, "_run", None):
-        parser.print_help()
-        return 2
+    args = _parse(argv)
+    if isinstance(args, int):
+        return args
+    _terminated[0] = False
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:
-        return int(args._run(args) or 0)
+        rc = int(args._run(args) or 0)
+        return 143 if rc == 130 and _terminated[0] else rc
     except AcesoError as e:
         print(f"aceso {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print(f"aceso {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        print(f"aceso {args.command}: {'terminated' if isinstance(e, Terminated) else 'interrupted'}",
+              file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
     except BrokenPipeError:
+        _quiet_stdout()
         return 0
     except Exception as e:  # internal error: one line unless debugging
         if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in RUNTIME_PACKAGES:
@@ -122,6 +201,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"aceso {args.command}: internal error: {type(e).__name__}: {e} (ACESO_DEBUG=1 for a traceback)",
               file=sys.stderr)
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+_terminated = [False]
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _quiet_stdout() -> None:
+    """After a closed pipe (``aceso models | head -1``): no second BrokenPipeError when Python flushes at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import json
 import sys
 
 from ..errors import AcesoError
-from .common import add_cluster_args, add_model_args, write_output
+from .common import add_cluster_args, add_model_args, check_output, write_output
 from .search_cmd import add_training_args, setup
 
 
@@ -26,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from ..planner.api import plan_baseline
     from ..planner.baseline import baseline_plan
     from ..planner.report import assumed_attention
+    check_output(args.output)
     model, cluster, training, cm = setup(args)
     res = plan_baseline(cm, training)
     if res is None:
@@ -41,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         write_output(plan.to_json(), args.output)
     info = {"iteration_ms": round(res.iteration_ms, 4),
             "samples_per_s": round(training.global_batch_size / res.iteration_ms * 1000, 4), "pp": res.pp,
-            "tp": res.tp, "dp": res.dp, "micro_batch_size": res.mbs, "recompute": res.recompute,
+            "tp": res.tp, "dp": res.dp, "micro_batch_size": res.mbs, "micro_batch_per_rank": res.mbs // res.dp,
+            "recompute": res.recompute,
             "layers_per_stage": list(res.layers), "stage_time_ms": [round(t, 3) for t in res.stage_total_ms],
             "stage_memory_mb": [round(m, 1) for m in res.stage_memory_mb], "configs_evaluated": res.evaluated}
     if args.json:
@@ -53,10 +55,10 @@ def run(args: argparse.Namespace) -> int:
     con = Console(file=sys.stderr if args.output == "-" else sys.stdout, width=120)
     t = Table(title=f"best uniform configuration: {model.name} on {cluster.label}, global batch "
                     f"{training.global_batch_size}")
-    for col in ("pp", "tp", "dp", "micro-batch", "recompute", "layers per stage", "iteration ms", "samples/s",
-                "max memory MB"):
+    for col in ("pp", "tp", "dp", "micro-batch", "mbs/rank", "recompute", "layers per stage", "iteration ms",
+                "samples/s", "max memory MB"):
         t.add_column(col, justify="right")
-    t.add_row(str(res.pp), str(res.tp), str(res.dp), str(res.mbs), res.recompute,
+    t.add_row(str(res.pp), str(res.tp), str(res.dp), str(res.mbs), str(res.mbs // res.dp), res.recompute,
               " ".join(map(str, res.layers)), f"{res.iteration_ms:.2f}", f"{info['samples_per_s']:.2f}",
               f"{max(res.stage_memory_mb):.0f}")
     con.print(t)

@@ -6,6 +6,13 @@ the other cost models need our format, so it is converted with the compat import
 fall inside a unit). The model, cluster and global batch size come from
 the plan unless given. --cost-model analytic (default, no measurements needed), profile (--db FILE|DIR, see
 docs/profile-db.md) or aceso-compat (--db DIR of an Aceso database).
+
+The table's units are half layers (attention or MLP; T5 decoder layers have three); mbs/rank is the samples per
+rank and micro-batch, Megatron-LM's --micro-batch-size (the pipeline micro-batch / the stage's dp).
+--framework megatron-lm prices the plan as Megatron-LM's training script runs it (fp32 gradient reduction for bf16)
+instead of our runtime. The report lists the plan's parallel features (SP, CP, virtual stages, distributed
+optimizer, overlaps) and, per stage and iteration, every communication kind's exposed time (on the stage's critical
+path) and hidden time (behind compute).
 """
 
 from __future__ import annotations
@@ -15,26 +22,30 @@ from pathlib import Path
 
 import pydantic
 
+from ..argtypes import positive_int
 from ..errors import AcesoError, as_aceso_error, read_json
-from ..plan import RECOMPUTE_CHOICES, ParallelPlan, parse_plan
+from ..plan import RECOMPUTE_CHOICES, ParallelPlan, check_recompute_applies, parse_plan
 from ..training import TrainingSpec
 from .common import add_cluster_args, print_json
 
-CATEGORIES = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "reserve")
+CATEGORIES = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "grad_copy", "reserve")
+COMM_KINDS = ("tp", "cp", "p2p", "dp", "param_gather", "embedding_grads")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="plan JSON (ours or a reference config)")
     p.add_argument("--model", default=None, help="preset or spec file; default: the plan's model")
-    p.add_argument("--num-layers", type=int, default=None, help="with --model: override the preset's depth")
+    p.add_argument("--num-layers", type=positive_int, default=None, help="with --model: override the preset's depth")
     add_cluster_args(p, required=False)
-    p.add_argument("--global-batch-size", type=int, default=None, help="default: the plan's")
+    p.add_argument("--global-batch-size", type=positive_int, default=None, help="default: the plan's")
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="default: the model's params_dtype")
     p.add_argument("--cost-model", choices=("analytic", "profile", "aceso-compat"), default="analytic")
     p.add_argument("--attention", choices=("auto", "flash", "unfused"), default=None,
                    help="analytic model: attention kernel (default: what the plan's prediction assumed, else auto)")
     p.add_argument("--db", default=None, help="profile database (profile) or Aceso database folder (aceso-compat)")
+    p.add_argument("--framework", choices=("runtime", "megatron-lm"), default="runtime",
+                   help="who runs the plan: our runtime on megatron-core (default) or Megatron-LM's training script")
     p.add_argument("--snap", action="store_true", help="reference configs: move boundaries to unit boundaries")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -49,6 +60,9 @@ def _read_plan(args: argparse.Namespace, raw: object) -> tuple[ParallelPlan, lis
             raise AcesoError(f"{path}: a reference (Aceso legacy) config, but the compat importer is not "
                              "available in this version; convert it to our plan format first") from None
         return ref_to_plan(parse_ref_config(raw, src=str(path)), snap=args.snap, src=str(path))
+    if isinstance(raw, dict) and "family" in raw and "stages" not in raw:
+        raise AcesoError(f"{path}: a model spec, not a plan; explain wants a plan: make one with "
+                         f"`aceso search --model {path} --cluster ... --global-batch-size ...`")
     return parse_plan(raw, source=str(path)), []
 
 
@@ -67,12 +81,12 @@ def _resolve(args: argparse.Namespace, plan: ParallelPlan):
         cluster = parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb)
     elif plan.cluster is not None:
         cluster = plan.cluster
-        if args.memory_limit_mb:
-            cluster = cluster.model_copy(update={"memory_limit_mb": args.memory_limit_mb})
+        if args.memory_limit_mb is not None:
+            cluster = _with_limit(cluster, args.memory_limit_mb)
     else:
         raise AcesoError(f"{args.plan}: the plan names no cluster; give --cluster NODESxGPUS-gpu")
     data["cluster"] = cluster.model_dump()
-    if args.global_batch_size:
+    if args.global_batch_size is not None:
         data["global_batch_size"] = args.global_batch_size
     try:
         plan = ParallelPlan.model_validate(data)
@@ -86,21 +100,39 @@ def _resolve(args: argparse.Namespace, plan: ParallelPlan):
     return plan, cluster, training
 
 
-def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_batch_size: int) -> dict:
-    """The JSON form of a PlanCost; ``shapes[i]`` describes stage i (gpus, tp, dp, its span, its recompute)."""
+def _with_limit(cluster, memory_limit_mb: float):
+    from ..cluster import ClusterSpec
+
+    try:
+        return ClusterSpec.model_validate({**cluster.model_dump(), "memory_limit_mb": memory_limit_mb})
+    except pydantic.ValidationError as e:
+        raise AcesoError(f"--memory-limit-mb {memory_limit_mb:g}: " + str(as_aceso_error(e))) from None
+
+
+def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_batch_size: int,
+           features: dict | None = None) -> dict:
+    """The JSON form of a PlanCost; ``shapes[i]`` describes stage i (gpus, tp, dp, its span, its recompute);
+    ``features``: the plan's parallel features (shown as given)."""
     num_micro_batches = global_batch_size // micro_batch_size
+    pipe = cost.pipeline
     stages = []
     for i, (shape, sc) in enumerate(zip(shapes, cost.stages)):
+        busy = pipe.stage_busy_ms[i] if pipe.stage_busy_ms else \
+            num_micro_batches * sc.time_per_microbatch_ms + sc.dp_sync_ms + sc.optimizer_ms
+        comm = {k: {"exposed_ms": e, "hidden_ms": h} for k, (e, h) in sorted(
+            sc.comm.items(), key=lambda kv: COMM_KINDS.index(kv[0]) if kv[0] in COMM_KINDS else 99)}
         stages.append({
-            "index": i, **shape, "fwd_ms": sc.fwd_ms, "bwd_ms": sc.bwd_ms, "recompute_ms": sc.recompute_ms,
+            "index": i, **shape, "micro_batch_per_rank": micro_batch_size // shape["dp"],
+            "fwd_ms": sc.fwd_ms, "bwd_ms": sc.bwd_ms, "recompute_ms": sc.recompute_ms,
             "p2p_ms": sc.p2p_ms, "tp_comm_ms": sc.tp_comm_ms, "dp_sync_ms": sc.dp_sync_ms,
-            "optimizer_ms": sc.optimizer_ms, "time_per_microbatch_ms": sc.time_per_microbatch_ms,
-            "time_ms": cost.pipeline.stage_total_ms[i],
-            "bubble_ms": max(0.0, cost.iteration_ms - num_micro_batches * sc.time_per_microbatch_ms
-                             - sc.dp_sync_ms - sc.optimizer_ms),
-            "memory_mb": sc.memory_mb,
-            "memory_breakdown_mb": dict(sc.memory_breakdown), "fits": sc.fits})
+            "optimizer_ms": sc.optimizer_ms, "prologue_ms": getattr(sc, "prologue_ms", 0.0),
+            "time_per_microbatch_ms": sc.time_per_microbatch_ms, "time_ms": pipe.stage_total_ms[i],
+            "busy_ms": busy, "bubble_ms": max(0.0, cost.iteration_ms - busy),
+            "comm": comm, "comm_exposed_ms": sum(e for e, _ in sc.comm.values()),
+            "comm_hidden_ms": sum(h for _, h in sc.comm.values()),
+            "memory_mb": sc.memory_mb, "memory_breakdown_mb": dict(sc.memory_breakdown), "fits": sc.fits})
     return {"model": model, "cost_model": cost.cost_model, "num_micro_batches": num_micro_batches,
+            "features": features or {},
             "micro_batch_size": micro_batch_size, "global_batch_size": global_batch_size,
             "iteration_time_ms": cost.iteration_ms, "samples_per_s": cost.samples_per_s,
             "bubble_ms": cost.pipeline.bubble_ms, "tflops_per_gpu": cost.tflops_per_gpu, "mfu": cost.mfu,
@@ -111,15 +143,38 @@ def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_b
 
 def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str], str]:
     """Our plan (or a reference config converted to one) under any cost model."""
-    from ..costmodel import make_cost_model
+    from ..costmodel import RunSettings, make_cost_model
     plan, notes = _read_plan(args, raw)
     plan, cluster, training = _resolve(args, plan)
-    cost = make_cost_model(plan.model, cluster, training, kind=args.cost_model, db=args.db).evaluate(plan)
-    shapes = [{"num_gpus": st.num_gpus, "tp": st.tp, "dp": st.dp, "units": [st.start_unit, st.end_unit],
-               "recompute": {c: st.recompute.count(c) for c in RECOMPUTE_CHOICES if st.recompute.count(c)}}
-              for st in plan.stages]
-    out = report(cost, shapes, plan.model.name, plan.micro_batch_size, plan.global_batch_size)
+    extra = {}
+    if args.cost_model != "aceso-compat":
+        extra["settings"] = RunSettings.megatron_lm(training.precision) if args.framework == "megatron-lm" \
+            else RunSettings()
+    cm = make_cost_model(plan.model, cluster, training, kind=args.cost_model, db=args.db, **extra)
+    flash = getattr(getattr(cm, "source", None), "flash", None)
+    check_recompute_applies(plan, flash, f"the analytic model assumes flash attention on {cluster.gpu.name} "
+                                         f"(--attention {training.attention})")
+    cost = cm.evaluate(plan)
+    shapes = [_stage_shape(st) for st in plan.stages]
+    out = report(cost, shapes, plan.model.name, plan.micro_batch_size, plan.global_batch_size,
+                 plan_features(plan))
     return out, notes, cluster.label
+
+
+def plan_features(plan: ParallelPlan) -> dict:
+    """The plan's parallel features, for the report."""
+    return {"sequence_parallel": [i for i, st in enumerate(plan.stages) if st.sequence_parallel],
+            "context_parallel": {i: st.cp for i, st in enumerate(plan.stages) if st.cp > 1},
+            "virtual_stages": plan.num_virtual_stages, "distributed_optimizer": plan.distributed_optimizer,
+            "overlap_grad_reduce": plan.overlap_grad_reduce, "overlap_param_gather": plan.overlap_param_gather,
+            "tp_comm_overlap": plan.tp_comm_overlap}
+
+
+def _stage_shape(st) -> dict:
+    rc = st.all_recompute
+    return {"num_gpus": st.num_gpus, "tp": st.tp, "cp": st.cp, "dp": st.dp, "sp": st.sequence_parallel,
+            "units": [list(span) for span in st.spans] if st.num_chunks > 1 else [st.start_unit, st.end_unit],
+            "recompute": {c: rc.count(c) for c in RECOMPUTE_CHOICES if rc.count(c)}}
 
 
 def _ref_report(args: argparse.Namespace, raw: dict) -> tuple[dict, list[str], str]:
@@ -158,31 +213,83 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_table(r: dict) -> None:
+    """The per-stage table in 120 columns (the memory breakdown in full: --json)."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
-    t = Table(title=f"{r['model']} on {r['cluster']} ({r['cost_model']} cost model): "
-                    f"{r['num_micro_batches']} micro-batches of {r['micro_batch_size']}")
-    cols = ["stage", "gpus", "tp", "dp", "units", "recompute", "fwd ms", "bwd ms", "recomp ms", "comm ms",
-            "sync ms", "total ms", "states GB", "act GB", "peak GB", "resv GB", "mem GB", "fits"]
+
+    from ..plan import recompute_text
+    t = Table(title=f"{r['model']} on {r['cluster']} ({r['cost_model']} cost model): {r['num_micro_batches']} "
+                    f"pipeline micro-batches of {r['micro_batch_size']}", box=box.SIMPLE_HEAD, padding=(0, 1),
+              collapse_padding=True, pad_edge=False, show_edge=False)
+    cols = ["stage", "tp x dp", "mbs/\nrank", "units", "recompute", "fwd\nms", "bwd\nms", "recomp\nms",
+            "comm ms\nexp/hid", "sync\nms", "total\nms", "states\nGB", "act\nGB", "mem\nGB", "fits"]
     for c in cols:
         t.add_column(c, justify="left" if c in ("units", "recompute", "fits") else "right")
     for s in r["stages"]:
         mb = s["memory_breakdown_mb"]
-        groups = (("params", "grads", "optimizer"), ("activations",), ("recompute_peak", "p2p_buffers"), ("reserve",))
-        gb = [f"{sum(mb.get(c, 0.0) for c in g) / 1024:.2f}" for g in groups]
-        rc = " ".join(f"{k[0]}{v}" for k, v in s["recompute"].items())
-        span = "{}-{}".format(*s["units"]) if "units" in s else "ops {}-{}".format(*s["ops"])
-        t.add_row(str(s["index"]), str(s["num_gpus"]), str(s["tp"]), str(s["dp"]), span, rc,
-                  f"{s['fwd_ms']:.2f}", f"{s['bwd_ms']:.2f}",
-                  f"{s['recompute_ms']:.2f}", f"{s['p2p_ms'] + s['tp_comm_ms']:.2f}",
-                  f"{s['dp_sync_ms'] + s['optimizer_ms']:.1f}", f"{s['time_ms']:.0f}", *gb,
+        states = sum(mb.get(c, 0.0) for c in ("params", "grads", "optimizer")) / 1024
+        per_rank = r["micro_batch_size"] // s["dp"]
+        shape = f"{s['tp']} x {s['dp']}" + (f" cp{s['cp']}" if s.get("cp", 1) > 1 else "") + \
+            (" sp" if s.get("sp") else "")
+        comm = f"{s.get('comm_exposed_ms', 0.0):.0f}/{s.get('comm_hidden_ms', 0.0):.0f}" if "comm" in s else \
+            f"{s['p2p_ms'] + s['tp_comm_ms']:.2f}"
+        t.add_row(str(s["index"]), shape, str(per_rank), _span(s), recompute_text(s["recompute"]),
+                  f"{s['fwd_ms']:.2f}", f"{s['bwd_ms']:.2f}", f"{s['recompute_ms']:.2f}",
+                  comm, f"{s['dp_sync_ms'] + s['optimizer_ms']:.1f}",
+                  f"{s['time_ms']:.0f}", f"{states:.2f}", f"{mb.get('activations', 0.0) / 1024:.2f}",
                   f"{s['memory_mb'] / 1024:.2f}", "yes" if s["fits"] else "[red]OVER[/red]")
-    con = Console(width=max(Console().width, 160))
+    con = Console(width=120)
+    if r.get("features"):
+        con.print("features: " + _features_line(r["features"]))
     con.print(t)
+    _print_comm(con, r)
     con.print(f"iteration {r['iteration_time_ms']:.1f} ms (bubble {r['bubble_ms']:.1f} ms), "
               f"{r['samples_per_s']:.2f} samples/s, {r['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU "
-              f"{100 * r['mfu']:.1f}%; max memory {r['max_memory_mb'] / 1024:.2f} of "
-              f"{r['memory_limit_mb'] / 1024:.2f} GB ({'fits' if r['fits'] else 'DOES NOT FIT'}); bottleneck: stage "
-              f"{r['bottleneck_stage']} ({r['bottleneck_resource']})")
+              f"{100 * r['mfu']:.1f}%")
+    con.print(f"max memory {r['max_memory_mb'] / 1024:.2f} of {r['memory_limit_mb'] / 1024:.2f} GB "
+              f"({'fits' if r['fits'] else 'DOES NOT FIT'}); bottleneck: stage {r['bottleneck_stage']} "
+              f"({r['bottleneck_resource']})")
+    con.print("units: half layers; mbs/rank: Megatron's --micro-batch-size; mem: states + act + recompute peak + "
+              "p2p + reserve; comm: exposed / hidden behind compute, per iteration")
     for w in r["notes"] + r["warnings"]:
         con.print(f"note: {w}")
+
+
+def _span(s: dict) -> str:
+    if "ops" in s:
+        return "ops {}-{}".format(*s["ops"])
+    u = s["units"]
+    return " ".join(f"{a}-{b}" for a, b in u) if u and isinstance(u[0], list) else "{}-{}".format(*u)
+
+
+def _features_line(f: dict) -> str:
+    sp = f.get("sequence_parallel") or []
+    cp = f.get("context_parallel") or {}
+    parts = [f"SP on stages {','.join(map(str, sp))}" if sp else "no SP",
+             ("CP " + ", ".join(f"{v} on stage {k}" for k, v in cp.items())) if cp else "no CP",
+             f"{f.get('virtual_stages', 1)} virtual stage(s) per stage",
+             "distributed optimizer" if f.get("distributed_optimizer") else "plain optimizer"]
+    over = [n for n, k in (("grad reduce", "overlap_grad_reduce"), ("param gather", "overlap_param_gather"),
+                           ("TP comm", "tp_comm_overlap")) if f.get(k)]
+    parts.append("overlap: " + (", ".join(over) if over else "none"))
+    return "; ".join(parts)
+
+
+def _print_comm(con, r: dict) -> None:
+    """Per stage and iteration, each communication kind: exposed / hidden ms."""
+    kinds = [k for k in COMM_KINDS if any(k in s.get("comm", {}) for s in r["stages"])]
+    if not kinds:
+        return
+    from rich import box
+    from rich.table import Table
+    t = Table(title="communication per iteration, exposed / hidden behind compute (ms)", box=box.SIMPLE_HEAD,
+              padding=(0, 1), collapse_padding=True, pad_edge=False, show_edge=False)
+    t.add_column("stage", justify="right")
+    for k in kinds:
+        t.add_column(k, justify="right")
+    for s in r["stages"]:
+        c = s.get("comm", {})
+        t.add_row(str(s["index"]), *(f"{c[k]['exposed_ms']:.1f} / {c[k]['hidden_ms']:.1f}" if k in c else "-"
+                                     for k in kinds))
+    con.print(t)

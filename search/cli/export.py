@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from ..plan import load_plan
-from .common import write_output
+from .common import check_output, write_output
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,6 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..compat.mapping import plan_to_ref
 
+    check_output(args.output)
     plan = load_plan(args.plan)
     write_output(plan_to_ref(plan).to_json(), args.output)
     return 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import write_output
+from .common import check_output, write_output
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from ..compat.mapping import ref_to_plan
     from ..compat.refconfig import load_ref_config
 
+    check_output(args.output)
     cfg = load_ref_config(args.config)
     cluster = parse_cluster(args.cluster) if args.cluster else None
     plan, notes = ref_to_plan(cfg, snap=args.snap, cluster=cluster, src=args.config)

@@ -13,13 +13,16 @@ are not in a T5 config: --seq-length (encoder, default 512) and --decoder-seq-le
 from __future__ import annotations
 
 import argparse
+import json
+import math
 from pathlib import Path
 
 import pydantic
 
+from ..argtypes import positive_int
 from ..errors import AcesoError, format_validation_error, read_json
 from ..model import ModelSpec
-from .common import write_output
+from .common import check_output, write_output
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
@@ -28,67 +31,111 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="a Hugging Face config.json")
     p.add_argument("-o", "--output", default="-", help="spec file to write (.json), or - for stdout")
     p.add_argument("--name", default=None, help="model name in the spec (default: the folder or model_type)")
-    p.add_argument("--seq-length", type=int, default=None, help="sequence length (T5: encoder length)")
-    p.add_argument("--decoder-seq-length", type=int, default=None, help="T5 decoder length (default 128)")
+    p.add_argument("--seq-length", type=positive_int, default=None, help="sequence length (T5: encoder length)")
+    p.add_argument("--decoder-seq-length", type=positive_int, default=None, help="T5 decoder length (default 128)")
 
 
-def _get(cfg: dict, source: str, *keys: str, default=None):
-    for k in keys:
-        if k in cfg and cfg[k] is not None:
-            return cfg[k]
-    if default is not None:
-        return default
-    raise AcesoError(f"{source}: field {keys[0]} is missing; this does not look like a complete config.json")
+class _Config:
+    """Typed reads of a config.json: a wrong type (``"n_layer": "12"``, ``"rope_theta": "fast"``, ``NaN``) is one
+    ``AcesoError`` line naming the config's own key."""
+
+    def __init__(self, cfg: dict, source: str) -> None:
+        self.cfg, self.source = cfg, source
+
+    def _find(self, keys: tuple[str, ...]):
+        for k in keys:
+            if self.cfg.get(k) is not None:
+                return k, self.cfg[k]
+        return keys[0], None
+
+    def _bad(self, key: str, value, want: str) -> AcesoError:
+        return AcesoError(f"{self.source}: {key} is {json.dumps(value)[:40]}; it must be {want}")
+
+    def int(self, *keys: str, default: int | None = None, required: bool = True) -> int | None:
+        key, v = self._find(keys)
+        if v is None:
+            if default is None and required:
+                raise AcesoError(f"{self.source}: field {keys[0]} is missing; this does not look like a complete "
+                                 "config.json")
+            return default
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise self._bad(key, v, "a positive integer")
+        return v
+
+    def float(self, *keys: str, default: float) -> float:
+        key, v = self._find(keys)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise self._bad(key, v, "a finite number")
+        return float(v)
+
+    def bool(self, key: str, default: bool) -> bool:
+        v = self.cfg.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise self._bad(key, v, "true or false")
+        return v
+
+    def str(self, key: str, default: str = "") -> str:
+        v = self.cfg.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, str):
+            raise self._bad(key, v, "a string")
+        return v
 
 
 def hf_to_spec(cfg: dict, source: str = "config.json", name: str | None = None, seq_length: int | None = None,
                decoder_seq_length: int | None = None) -> ModelSpec:
-    mtype = str(cfg.get("model_type", "")).lower()
-    dtype = _DTYPES.get(str(cfg.get("torch_dtype", "")), "bf16")
-    name = name or cfg.get("_name_or_path") or mtype or "hf-model"
+    c = _Config(cfg, source)
+    mtype = c.str("model_type").lower()
+    dtype = _DTYPES.get(c.str("torch_dtype"), "bf16")
+    name = name or c.str("_name_or_path") or mtype or "hf-model"
     if mtype in ("gpt2",):
-        h = _get(cfg, source, "n_embd", "hidden_size")
+        h = c.int("n_embd", "hidden_size")
         data = dict(
-            family="gpt", num_layers=_get(cfg, source, "n_layer", "num_hidden_layers"), hidden_size=h,
-            num_attention_heads=_get(cfg, source, "n_head", "num_attention_heads"),
-            ffn_hidden_size=cfg.get("n_inner") or 4 * h,
-            seq_length=seq_length or _get(cfg, source, "n_positions", "n_ctx"),
-            vocab_size=_get(cfg, source, "vocab_size"), activation="gelu", normalization="layernorm",
+            family="gpt", num_layers=c.int("n_layer", "num_hidden_layers"), hidden_size=h,
+            num_attention_heads=c.int("n_head", "num_attention_heads"),
+            ffn_hidden_size=c.int("n_inner", default=4 * h),
+            seq_length=seq_length or c.int("n_positions", "n_ctx"),
+            vocab_size=c.int("vocab_size"), activation="gelu", normalization="layernorm",
             position_embedding="learned", tied_embeddings=True, add_bias_linear=True, params_dtype="fp16",
-            attention_dropout=cfg.get("attn_pdrop", 0.1), hidden_dropout=cfg.get("resid_pdrop", 0.1))
+            attention_dropout=c.float("attn_pdrop", default=0.1), hidden_dropout=c.float("resid_pdrop", default=0.1))
     elif mtype in ("llama", "mistral", "qwen2"):
-        heads = _get(cfg, source, "num_attention_heads")
+        heads = c.int("num_attention_heads")
         data = dict(
-            family="llama", num_layers=_get(cfg, source, "num_hidden_layers"),
-            hidden_size=_get(cfg, source, "hidden_size"), num_attention_heads=heads,
-            num_query_groups=cfg.get("num_key_value_heads") or heads, kv_channels=cfg.get("head_dim"),
-            ffn_hidden_size=_get(cfg, source, "intermediate_size"),
-            seq_length=seq_length or _get(cfg, source, "max_position_embeddings"),
-            vocab_size=_get(cfg, source, "vocab_size"), activation="swiglu", normalization="rmsnorm",
-            position_embedding="rope", rotary_base=float(cfg.get("rope_theta", 10000.0)),
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            add_bias_linear=bool(cfg.get("attention_bias", False)), params_dtype=dtype,
-            attention_dropout=cfg.get("attention_dropout", 0.0), hidden_dropout=cfg.get("hidden_dropout", 0.0))
+            family="llama", num_layers=c.int("num_hidden_layers"),
+            hidden_size=c.int("hidden_size"), num_attention_heads=heads,
+            num_query_groups=c.int("num_key_value_heads", default=heads), kv_channels=c.int("head_dim", required=False),
+            ffn_hidden_size=c.int("intermediate_size"),
+            seq_length=seq_length or c.int("max_position_embeddings"),
+            vocab_size=c.int("vocab_size"), activation="swiglu", normalization="rmsnorm",
+            position_embedding="rope", rotary_base=c.float("rope_theta", default=10000.0),
+            tied_embeddings=c.bool("tie_word_embeddings", False),
+            add_bias_linear=c.bool("attention_bias", False), params_dtype=dtype,
+            attention_dropout=c.float("attention_dropout", default=0.0),
+            hidden_dropout=c.float("hidden_dropout", default=0.0))
     elif mtype in ("t5", "mt5"):
-        if str(cfg.get("feed_forward_proj", "relu")).startswith("gated"):
-            act = "swiglu"
-        else:
-            act = "gelu"
-        layers = _get(cfg, source, "num_layers")
+        act = "swiglu" if c.str("feed_forward_proj", "relu").startswith("gated") else "gelu"
+        layers = c.int("num_layers")
         data = dict(
-            family="t5", num_layers=layers, num_decoder_layers=cfg.get("num_decoder_layers") or layers,
-            hidden_size=_get(cfg, source, "d_model"), num_attention_heads=_get(cfg, source, "num_heads"),
-            kv_channels=_get(cfg, source, "d_kv"), ffn_hidden_size=_get(cfg, source, "d_ff"),
+            family="t5", num_layers=layers, num_decoder_layers=c.int("num_decoder_layers", default=layers),
+            hidden_size=c.int("d_model"), num_attention_heads=c.int("num_heads"),
+            kv_channels=c.int("d_kv"), ffn_hidden_size=c.int("d_ff"),
             seq_length=seq_length or 512, decoder_seq_length=decoder_seq_length or 128,
-            vocab_size=_get(cfg, source, "vocab_size"), activation=act, normalization="layernorm",
-            position_embedding="learned", tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            vocab_size=c.int("vocab_size"), activation=act, normalization="layernorm",
+            position_embedding="learned", tied_embeddings=c.bool("tie_word_embeddings", True),
             add_bias_linear=True, params_dtype=dtype,
-            attention_dropout=cfg.get("dropout_rate", 0.1), hidden_dropout=cfg.get("dropout_rate", 0.1))
+            attention_dropout=c.float("dropout_rate", default=0.1), hidden_dropout=c.float("dropout_rate", default=0.1))
     else:
         raise AcesoError(
             f"{source}: model_type '{mtype}' is not supported; supported: gpt2, llama, mistral, qwen2, t5, mt5"
         )
-    data["name"] = str(name)
+    data["name"] = str(name)[:200]
     try:
         return ModelSpec.model_validate({k: v for k, v in data.items() if v is not None})
     except pydantic.ValidationError as e:
@@ -97,6 +144,7 @@ def hf_to_spec(cfg: dict, source: str = "config.json", name: str | None = None, 
 
 def convert_to_file(config_path: str, output: str, **kw) -> int:
     path = Path(config_path)
+    check_output(output)
     cfg = read_json(path)
     if not isinstance(cfg, dict):
         raise AcesoError(f"{path}: a config.json must be a JSON object")

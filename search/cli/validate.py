@@ -1,38 +1,90 @@
-"""Check a plan file: schema, coverage of the model's units, TP/DP divisibility, fit to a cluster or world size."""
+"""Check a plan file: schema, coverage of the model's units, TP/DP divisibility, fit to a cluster or world size,
+and memory.
+
+With a cluster (--cluster, else the plan's own) the plan must also fit in its memory under the analytic cost model
+(the per-stage peak against the GPU's memory or --memory-limit-mb); without one only the counts are checked, and
+the output says so. Exit 2 with one line naming the stage and the fix when anything does not hold.
+"""
 
 from __future__ import annotations
 
 import argparse
 
+from ..argtypes import positive_float, positive_int
 from ..errors import AcesoError
-from ..plan import check_fits_cluster, load_plan
+from ..plan import check_fits_cluster, check_recompute_applies, load_plan
 from .common import print_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="plan JSON file")
-    p.add_argument("--world-size", type=int, default=None, help="the number of processes it will be launched with")
-    p.add_argument("--cluster", default=None, help="check against this cluster (NODESxGPUS-gpu)")
+    p.add_argument("--world-size", type=positive_int, default=None,
+                   help="the number of processes it will be launched with")
+    p.add_argument("--cluster", default=None, help="check against this cluster (NODESxGPUS-gpu); default: the plan's")
+    p.add_argument("--memory-limit-mb", type=positive_float, default=None, help="per-GPU memory budget in MB")
+    p.add_argument("--attention", choices=("auto", "flash", "unfused"), default=None,
+                   help="attention kernel for the memory check (default: what the plan's prediction assumed, "
+                        "else auto)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def _memory(plan, cluster, attention: str) -> tuple[list[float], float, bool]:
+    """Per-stage peak MB under the analytic model, the limit, and whether it assumed flash attention."""
+    from ..costmodel import make_cost_model
+    from ..training import TrainingSpec
+
+    training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
+                            precision=plan.model.params_dtype, distributed_optimizer=plan.distributed_optimizer,
+                            attention=attention)
+    cm = make_cost_model(plan.model, cluster, training)
+    flash = bool(getattr(cm.source, "flash", False))
+    check_recompute_applies(plan, flash, f"the analytic model assumes flash attention on {cluster.gpu.name} "
+                                         f"(--attention {attention})")
+    cost = cm.evaluate(plan.model_copy(update={"cluster": cluster}))
+    return [s.memory_mb for s in cost.stages], cost.memory_limit_mb, flash
+
+
 def run(args: argparse.Namespace) -> int:
+    from ..cluster import parse_cluster
+
     plan = load_plan(args.plan, world_size=args.world_size)
-    if args.cluster:
-        from ..cluster import parse_cluster
+    check_recompute_applies(plan)
+    cluster = parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb) if args.cluster else plan.cluster
+    if cluster is not None and args.memory_limit_mb and not args.cluster:
+        cluster = cluster.model_copy(update={"memory_limit_mb": args.memory_limit_mb})
+    memory = None
+    if cluster is not None:
         try:
-            check_fits_cluster(plan, parse_cluster(args.cluster))
+            check_fits_cluster(plan, cluster)
         except ValueError as e:
             raise AcesoError(f"{args.plan}: {e}") from None
+        attention = args.attention or (plan.predicted.attention if plan.predicted else None) or "auto"
+        mem, limit, _ = _memory(plan, cluster, attention)
+        worst = max(range(len(mem)), key=lambda i: mem[i])
+        if mem[worst] > limit:
+            raise AcesoError(
+                f"{args.plan}: stages[{worst}] needs {mem[worst]:.0f} MB per GPU (analytic cost model, "
+                f"--attention {attention}) but {cluster.label} allows {limit:.0f} MB; search the plan again for "
+                "this cluster, or raise --memory-limit-mb if the GPUs have more")
+        memory = {"stage_memory_mb": [round(m, 1) for m in mem], "memory_limit_mb": round(limit, 1),
+                  "cost_model": "analytic", "attention": attention}
     summary = {"valid": True, "model": plan.model.name, "world_size": plan.world_size,
                "num_stages": plan.num_stages, "micro_batch_size": plan.micro_batch_size,
-               "global_batch_size": plan.global_batch_size,
-               "stages": [{"num_gpus": s.num_gpus, "tp": s.tp, "dp": s.dp, "units": [s.start_unit, s.end_unit]}
-                          for s in plan.stages]}
+               "global_batch_size": plan.global_batch_size, "cluster": cluster.label if cluster else None,
+               "memory_checked": memory is not None, **(memory or {}),
+               "stages": [{"num_gpus": s.num_gpus, "tp": s.tp, "dp": s.dp, "micro_batch_per_rank":
+                           plan.micro_batch_per_rank(i), "units": [list(span) for span in s.spans]}
+                          for i, s in enumerate(plan.stages)]}
     if args.json:
         print_json(summary)
+        return 0
+    shapes = ", ".join(f"{s.num_gpus}gpu tp{s.tp} dp{s.dp} units "
+                       + " ".join(f"{a}-{b}" for a, b in s.spans) for s in plan.stages)
+    print(f"{args.plan}: valid plan for {plan.model.name} on {plan.world_size} GPUs, "
+          f"{plan.num_stages} stages ({shapes})")
+    if memory is None:
+        print("memory not checked: the plan names no cluster; give --cluster NODESxGPUS-gpu to check it")
     else:
-        shapes = ", ".join(f"{s.num_gpus}gpu tp{s.tp} dp{s.dp} units {s.start_unit}-{s.end_unit}" for s in plan.stages)
-        print(f"{args.plan}: valid plan for {plan.model.name} on {plan.world_size} GPUs, "
-              f"{plan.num_stages} stages ({shapes})")
+        print(f"fits {cluster.label}: at most {max(memory['stage_memory_mb']):.0f} of {memory['memory_limit_mb']:.0f}"
+              " MB per GPU (analytic cost model)")
     return 0

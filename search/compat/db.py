@@ -9,6 +9,12 @@ Files (one folder, e.g. ``../shared/aceso-reference-db/miniset``):
 
 Unlike the reference (which fills missing cells with a silent 1e6), a lookup of a file that is not in the
 database raises ``AcesoError``; a value the profiler wrote as 1e7 ("profile failed") is kept as the reference does.
+A database may cover only some (per-GPU batch, tp) pairs (the artifact's T5-11B has no micro-batch 8):
+``profiled()`` lists them, and the search keeps to them.
+
+Some models read another model's files (``SHARED_PROFILES``): the reference profiles T5-22B as T5-11B, whose
+layers are the same (only the depth differs; ``aceso_cost_model.read_profiled_time`` and
+``model_ops_info.get_op_list``: "T5 22B and 11B share same op"), op rows and collective tables alike.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ F, B, IN, OUT, W, A, RF, RB = range(8)
 OP_HEADER = ["op_name", "forward-compute", "backward-compute", "input_size", "output_size", "weights",
              "activations", "fwd_reserved", "bwd_reserved"]
 COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all")
+# model key -> the key whose files it reads (the reference's mapping, as data; SPEC §2.4)
+SHARED_PROFILES = {"t5_22B": "t5_11B"}
 _OP_FILE = re.compile(r"^(?P<key>.+)_mbs(?P<m>\d+)_tp(?P<t>\d+)_algo(?P<a>\d+)\.csv$")
 _PRIM_FILE = re.compile(r"^prim_(?P<key>.+)_(?P<prim>all_gather|all_reduce|reduce_scatter|all_to_all)_"
                         r"(?P<n>\d+)gpus\.csv$")
@@ -97,7 +105,8 @@ class AcesoDB:
 
     def __init__(self, db_dir: str | Path, key: str):
         self.dir = Path(db_dir)
-        self.key = key
+        self.key = key                                   # the model's key (configs carry it)
+        self.profile_key = SHARED_PROFILES.get(key, key)   # the key of the files read
         if not self.dir.is_dir():
             raise AcesoError(f"--db {db_dir}: no such folder; point it at an Aceso database (e.g. .../miniset)")
         self._files: dict[tuple[int, int, int], Path] = {}
@@ -106,19 +115,19 @@ class AcesoDB:
             m = _OP_FILE.match(p.name)
             if m:
                 keys.add(m["key"])
-                if m["key"] == key:
+                if m["key"] == self.profile_key:
                     self._files[(int(m["m"]), int(m["t"]), int(m["a"]))] = p
         if not self._files:
             held = ", ".join(sorted(keys)) or "none"
-            raise AcesoError(f"--db {db_dir}: no op profiles for model {key} (the database holds: {held}); "
-                             "use a database profiled for this model")
+            raise AcesoError(f"--db {db_dir}: no op profiles for model {self._named()} (the database holds: "
+                             f"{held}); use a database profiled for this model")
         self.family = "t5" if key.startswith("t5") else "gpt"
         self.mbs_list = sorted({m for m, _, _ in self._files})
         self.tp_list = sorted({t for _, t, _ in self._files})
         tmpl = (self.mbs_list[0], 1, 0)
         if tmpl not in self._files:
-            raise AcesoError(f"--db {db_dir}: {key}_mbs{tmpl[0]}_tp1_algo0.csv is missing; the reference reads the "
-                             "op list from it")
+            raise AcesoError(f"--db {db_dir}: {self.profile_key}_mbs{tmpl[0]}_tp1_algo0.csv is missing; the "
+                             "reference reads the op list from it")
         self.template = tuple(read_op_csv(self._files[tmpl]))
         from .ops import TEMPLATES
         if self.template != TEMPLATES[self.family]:
@@ -130,20 +139,32 @@ class AcesoDB:
         self._collectives: dict[tuple[str, int], dict[int, float]] = {}
         for p in self.dir.iterdir():
             m = _PRIM_FILE.match(p.name)
-            if m and m["key"] == key:
+            if m and m["key"] == self.profile_key:
                 self._collectives[(m["prim"], int(m["n"]))] = read_collective_csv(p)
+
+    def _named(self) -> str:
+        """The model key, with the key it reads when that is another one."""
+        if self.profile_key == self.key:
+            return self.key
+        return f"{self.key} (read as {self.profile_key}, as the reference does)"
 
     # ----- op tables -----------------------------------------------------------------------------------------
     def has(self, mbs: int, tp: int, algo: int = 0) -> bool:
         return (mbs, tp, algo) in self._files
 
+    def profiled(self, algo: int = 0) -> frozenset[tuple[int, int]]:
+        """The (per-GPU batch, tp) pairs with an op profile at ``algo``."""
+        return frozenset((m, t) for m, t, a in self._files if a == algo)
+
     @lru_cache(maxsize=None)
     def table(self, mbs: int, tp: int, algo: int = 0) -> dict[str, np.ndarray]:
         if (mbs, tp, algo) not in self._files:
+            pairs = ", ".join(f"({m}, {t})" for m, t in sorted(self.profiled(algo)))
+            alias = "" if self.profile_key == self.key else f" ({self.key} reads {self.profile_key}'s rows)"
             raise AcesoError(
-                f"--db {self.dir}: no profile {self.key}_mbs{mbs}_tp{tp}_algo{algo}.csv (profiled: per-GPU batch "
-                f"{self.mbs_list}, tp {self.tp_list}); the reference would silently use its 1e6 placeholder — "
-                "choose a profiled micro-batch/dp/tp")
+                f"--db {self.dir}: no profile {self.profile_key}_mbs{mbs}_tp{tp}_algo{algo}.csv{alias} (profiled "
+                f"per-GPU batch, tp at algo {algo}: {pairs or 'none'}); the reference would silently use its 1e6 "
+                "placeholder — choose a profiled micro-batch/dp/tp")
         table = read_op_csv(self._files[(mbs, tp, algo)])
         missing = [n for n in self.template if n not in table]
         if missing:

@@ -55,21 +55,36 @@ def stage_memory(weights_mb: float, input_mb: float, act: np.ndarray, rf: np.nda
 
     Returns total, normal, reserved and the parts: static (8 W), activations (in flight), recompute_peak.
     """
-    n = len(act)
+    act_total, reserved = memory_fixed_terms(weights_mb, act, rf, rb)
+    freed, peak = recompute_terms(act, flags, seg_start)
+    return combine_memory(weights_mb, input_mb, act_total, reserved, freed, peak, behind)
+
+
+def memory_fixed_terms(weights_mb: float, act: np.ndarray, rf: np.ndarray, rb: np.ndarray) -> tuple[float, float]:
+    """The terms recompute does not change: (Σ A', reserved R)."""
+    reserved = max(float(rf[:-1].max()) + float(rb[:-1].max()), weights_mb) if len(act) > 1 else weights_mb
+    return float(act.sum()), reserved
+
+
+def recompute_terms(act: np.ndarray, flags: np.ndarray, seg_start: np.ndarray) -> tuple[float, float]:
+    """(S, P): the activations recompute frees and the re-materialisation peak, for op flags ``flags``."""
+    if len(act) <= 1:
+        return 0.0, 0.0
     flags = np.asarray(flags, dtype=bool)
-    if n > 1:
-        both = flags[:-1] & flags[1:]
-        start_next = seg_start[1:]
-        freed = float(act[:-1][both & ~start_next].sum())
-        contrib = np.where(both, act[:-1], 0.0)
-        reset = ~both | start_next                   # the run ends after op k
-        seg_id = np.cumsum(reset) - reset
-        peak = float(np.bincount(seg_id, weights=contrib).max())
-        reserved = max(float(rf[:-1].max()) + float(rb[:-1].max()), weights_mb)
-    else:
-        freed = peak = 0.0
-        reserved = weights_mb
-    kept = input_mb + float(act.sum()) - freed
+    both = flags[:-1] & flags[1:]
+    start_next = seg_start[1:]
+    freed = float(act[:-1][both & ~start_next].sum())
+    contrib = np.where(both, act[:-1], 0.0)
+    reset = ~both | start_next                   # the run ends after op k
+    seg_id = np.cumsum(reset) - reset
+    peak = float(np.bincount(seg_id, weights=contrib).max())
+    return freed, peak
+
+
+def combine_memory(weights_mb: float, input_mb: float, act_total: float, reserved: float, freed: float,
+                   peak: float, behind: int) -> dict[str, float]:
+    """``stage_memory`` from its terms."""
+    kept = input_mb + act_total - freed
     static = STATIC_BYTES_FACTOR * weights_mb
     normal = static + kept * (behind + 1) + peak
     return {"total": normal + reserved, "normal": normal, "reserved": reserved, "static": static,

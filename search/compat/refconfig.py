@@ -72,6 +72,10 @@ def parse_ref_config(raw: object, src: str = "config") -> RefConfig:
             raise AcesoError(f"{src}: {name} is missing; not an Aceso reference config (see docs/compat.md)")
     num_layers = _int(raw, "num_layers", src)
     mbs, gbs = _int(raw, "micro_batch_size", src), _int(raw, "global_batch_size", src)
+    for name in ("num_ops_in_each_stage", "num_gpus"):
+        v = raw[name]
+        if not isinstance(v, list) or not v or any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in v):
+            raise AcesoError(f"{src}: {name} must be a non-empty list of positive integers, got {str(v)[:40]}")
     num_ops = list(raw["num_ops_in_each_stage"])
     s = len(num_ops)
     if raw.get("num_stages", s) != s:

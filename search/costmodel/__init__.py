@@ -3,7 +3,12 @@
 ``make_cost_model(model, cluster, training, kind)`` builds a ``CostModel`` over one source of per-unit costs:
 ``analytic`` (roofline, embedded: plan before owning the hardware), ``profile`` (a measured profile database,
 ``profiledb.py``, docs/profile-db.md) or ``aceso-compat`` (the reference implementation's model, ``search.compat``).
-Formulas: analytic.py (unit times), comm.py (collectives), memory.py, pipeline.py (1F1B), evaluate.py (stages).
+Formulas: analytic.py (unit times) over kernels.py (GEMM / attention / memory-bound kernels), tpcomm.py (TP
+collectives and their overlap), comm.py (collectives), memory.py, pipeline.py (1F1B and interleaved schedules),
+evaluate.py (stages, DP and optimizer), timeline.py (finer event kinds).
+``settings`` (``types.RunSettings``) says how the framework runs a plan (default: our runtime on megatron-core;
+``RunSettings.megatron_lm(precision)`` for Megatron-LM's training script); ``kernels`` picks the analytic kernel
+model (``shape``, default; ``flat``: the v1 per-GPU constants).
 """
 
 from __future__ import annotations
@@ -14,25 +19,26 @@ from ..model import ModelSpec
 from ..training import TrainingSpec
 from .comm import CommModel
 from .evaluate import CostModel
-from .types import RC, RC_CODE, PipelineCost, PlanCost, StageCost, UnitTable
+from .types import LEGACY_V1, RC, RC_CODE, PipelineCost, PlanCost, RunSettings, StageCost, UnitTable
 
 KINDS = ("analytic", "profile", "aceso-compat")
 
 
 def make_cost_model(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, kind: str = "analytic",
-                    db=None):
+                    db=None, *, settings: RunSettings | None = None, kernels: str = "shape"):
     """A cost model of ``kind``; ``db`` is the profile database folder/file (profile, aceso-compat)."""
     if kind == "analytic":
         from .analytic import AnalyticSource
         comm = CommModel(cluster)
-        return CostModel(model, cluster, training, AnalyticSource(model, cluster, training, comm), comm, kind)
+        src = AnalyticSource(model, cluster, training, comm, kernels=kernels, settings=settings)
+        return CostModel(model, cluster, training, src, comm, kind, settings=settings)
     if kind == "profile":
         if db is None:
             raise AcesoError("--cost-model profile needs --db PATH (a profile database, see docs/profile-db.md)")
         from .profiledb import load_profile_db, ProfileSource
         pdb = load_profile_db(db)
         src = ProfileSource(pdb, model, cluster, training)
-        return CostModel(model, cluster, training, src, src.comm, kind)
+        return CostModel(model, cluster, training, src, src.comm, kind, settings=settings)
     if kind == "aceso-compat":
         try:
             from ..compat import make_compat_cost_model
@@ -46,5 +52,5 @@ def make_cost_model(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     raise AcesoError(f"cost model '{kind}': choose one of {', '.join(KINDS)}")
 
 
-__all__ = ["RC", "RC_CODE", "CostModel", "KINDS", "PipelineCost", "PlanCost", "StageCost", "UnitTable",
-           "make_cost_model"]
+__all__ = ["LEGACY_V1", "RC", "RC_CODE", "CostModel", "KINDS", "PipelineCost", "PlanCost", "RunSettings",
+           "StageCost", "UnitTable", "make_cost_model"]

@@ -1,36 +1,37 @@
-"""Analytic GPU cost source: per-unit times from FLOPs and bytes (a roofline with achievable efficiencies).
+"""Analytic GPU cost source: per-unit times from FLOPs and bytes, over a kernel model (``kernels.py``).
 
-Each unit is a short list of kernels; a kernel takes ``max(flops / (peak * eff), bytes / (hbm * mem_eff)) +
-KERNEL_OVERHEAD_MS``. Per rank, with b samples of s tokens, hidden h, q = heads*head_dim, kv = groups*head_dim,
-ffn f (``up`` = f, 2f for SwiGLU), tp t and element size dt:
+Each unit is a short list of kernels timed by the kernel model (``ShapeKernels``, the default: shape-aware GEMM
+and attention efficiency; ``FlatKernels``: the v1 per-GPU constants). Per rank, with b samples of s tokens (the
+sequence / cp), hidden h, q = heads*head_dim, kv = groups*head_dim, ffn f (``up`` = f, 2f for SwiGLU), tp t, element
+size dt, r = t with sequence parallelism (else 1):
 
-    attention fwd: norm (2 sbh dt bytes) | QKV GEMM 2sbh(q+2kv)/t | RoPE (2 sb(q+kv) dt / t) |
-                   core: flash (causal: half of 4 s^2 b q / t at the flash efficiency) or unfused (score and
-                   context batched GEMMs 2 s^2 b q / t each, softmax 2 dt and dropout 2dt+1 bytes per score element)
-                   | output GEMM 2 sbqh/t | TP all-reduce of sbh dt | bias-dropout-add (3dt+1) sbh
-    mlp fwd:       norm | fc1 GEMM 2sbh*up/t | activation (gelu 2 sbf dt / t, SwiGLU 3 sbf dt / t) |
-                   fc2 GEMM 2sbfh/t | TP all-reduce | bias-dropout-add
-    backward:      GEMMs 2x the forward FLOPs; flash backward 2.5x (5 matmuls to 2, Dao 2023, FlashAttention-2,
-                   section 3.2); element-wise kernels 1.5x their forward bytes; one TP all-reduce per unit
-                   (Megatron TP: 2 all-reduces forward and 2 backward per layer, Shoeybi et al. 2019, figure 3).
-    embedding:     gather + position add + dropout ((3dt+1) sbh) + TP all-reduce; backward scatter-add into the
-                   V h / t gradient (2 V h dt / t + 3 sbh dt).
-    head:          final norm, logits GEMM 2 sbhV/t, vocab-parallel cross-entropy in fp32 (about 6 passes of 4 bytes
-                   over s b V / t, plus the dt read), backward: GEMMs 2x, cross-entropy grad (8 + dt) sbV/t.
+    attention fwd: norm (2 sbh dt / r bytes) | QKV GEMM (sb, (q+2kv)/t, h) | RoPE (2 sb(q+kv) dt / t) |
+                   core: flash (causal: half of 4 s^2 b q / t) or unfused (score and context batched GEMMs of
+                   b heads/t matrices (s, kv_len, d) and (s, d, kv_len); softmax 2 dt and dropout 2dt+1 bytes per
+                   score element) | output GEMM (sb, h, q/t) | bias-dropout-add ((3dt+1) sbh / r)
+    mlp fwd:       norm | fc1 GEMM (sb, up/t, h) | activation (gelu 2 sbf dt / t, SwiGLU 3 sbf dt / t) |
+                   fc2 GEMM (sb, h, f/t) | bias-dropout-add
+    backward:      each GEMM's input- and weight-gradient GEMMs; flash backward 2.5x the forward FLOPs (5
+                   matmuls to 2, Dao 2023, FlashAttention-2, section 3.2); element-wise kernels 1.5x their bytes.
+    TP collectives per half (``tpcomm.py``): no SP one all-reduce forward and one backward (Shoeybi et al. 2019,
+                   fig. 3); SP an all-gather + reduce-scatter forward and two all-gathers + a reduce-scatter
+                   backward (Korthikanti et al. 2023, 4.2.2); what megatron-core (async input-gradient
+                   collectives) or transformer-engine (``tp_comm_overlap``) hides behind GEMMs is not exposed.
+    embedding:     gather + position add + dropout ((3dt+1) sbh / r) + TP all-reduce (SP: reduce-scatter);
+                   backward scatter-add into the V h / t gradient (2 V h dt / t + 3 sbh dt) (SP: + all-gather).
+    head:          final norm (/r), (SP: all-gather of its output), logits GEMM (sb, V/t, h), vocab-parallel
+                   cross-entropy in fp32 over s b V / t logits (``kernels.ce_bytes`` per logit beyond the dt read:
+                   the passes of megatron-core's implementation; v1: 24 forward, 8 backward) and two all-reduces
+                   of s b fp32, backward: the GEMM gradients, the input-gradient all-reduce (SP: reduce-scatter)
+                   behind the weight-gradient GEMM.
+    context parallelism (megatron-core / TE ring attention, ``AttnFuncWithCPAndKVP2P``): every token-linear
+                   kernel on s/cp tokens; the causal core of s/cp queries against all s keys, load-balanced (half
+                   the score matrix), in cp steps of s/cp x s/cp blocks; each of the cp - 1 exchanges of one
+                   s/cp chunk of K and V (backward: K, V, dK, dV) runs behind one step's compute: exposed
+                   ``(cp - 1) max(0, p2p - core / cp)``.
 
 Recompute: selective re-runs the attention core and the MLP activation function forward; full re-runs the whole
-unit forward (its TP all-reduce included). Activations and peaks come from ``memory.py``.
-
-Efficiency constants per GPU (``GPU_EFFICIENCY``), with their sources:
-- v100: GEMM 0.65, batched attention GEMM 0.28, memory 0.80, no flash attention (FlashAttention needs sm80+).
-  Calibrated on the Aceso artifact's V100 profile of GPT-1.3B (miniset gpt_1_3B_mbs1_tp1: QKV/MLP GEMMs run at
-  73-87 of 125 TFLOP/s, score/context batched GEMMs at 25-32, softmax/dropout at 700-890 GB/s of 900).
-- a100 / a100-40gb: GEMM 0.75 (cuBLAS large bf16 GEMMs 230-250 of 312 TFLOP/s), flash fwd 0.60, bwd 0.45
-  (FlashAttention-2 paper, figure 4: 50-73% forward, 40-63% backward on A100), memory 0.80.
-- h100 / h200: GEMM 0.70 (600-750 of 989 TFLOP/s bf16), flash fwd 0.55, bwd 0.42 (cuDNN/TE fused attention,
-  roughly 500-550 TFLOP/s forward), memory 0.80. H200 has the same compute die; only HBM differs.
-- cpu: a placeholder for tests (all 0.5).
-KERNEL_OVERHEAD_MS is a typical launch + tail cost of a CUDA kernel (~5 us).
+unit forward (its TP collectives included). Activations and peaks come from ``memory.py``.
 """
 
 from __future__ import annotations
@@ -44,28 +45,11 @@ from ..errors import AcesoError
 from ..model import ModelSpec
 from ..training import TrainingSpec
 from .comm import CommModel
+from .comm import overlap_tax
+from .kernels import ARCH, KERNEL_MODELS, LAUNCH_MS
 from .memory import MB, attention_act_bytes, has_attention_dropout, mlp_act_bytes
-from .types import N_RC, UNAVAILABLE_MS, UnitTable
-
-KERNEL_OVERHEAD_MS = 0.005
-
-
-class Efficiency(NamedTuple):
-    gemm: float        # dense GEMMs, fraction of the dtype's tensor-core peak
-    bmm: float         # batched attention GEMMs (unfused attention)
-    flash_fwd: float   # fused flash attention forward (0 = not available: unfused path)
-    flash_bwd: float
-    mem: float         # element-wise kernels, fraction of HBM bandwidth
-
-
-GPU_EFFICIENCY: dict[str, Efficiency] = {
-    "v100": Efficiency(0.65, 0.28, 0.0, 0.0, 0.80),
-    "a100-40gb": Efficiency(0.75, 0.45, 0.60, 0.45, 0.80),
-    "a100": Efficiency(0.75, 0.45, 0.60, 0.45, 0.80),
-    "h100": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
-    "h200": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
-    "cpu": Efficiency(0.5, 0.5, 0.0, 0.0, 0.5),
-}
+from .tpcomm import TPComm, tp_half
+from .types import N_RC, UNAVAILABLE_MS, RunSettings, UnitTable
 
 
 class UnitCost(NamedTuple):
@@ -73,134 +57,186 @@ class UnitCost(NamedTuple):
     bwd: float
     rec_sel: float
     rec_full: float
-    tp_comm: float       # fwd + bwd TP collective time inside the unit
+    tp_comm: float       # fwd + bwd exposed TP collective time inside the unit
     rec_drop: float = UNAVAILABLE_MS   # attn_dropout: the probability dropout + probs x V forward, where it applies
+    tp_hidden: float = 0.0             # TP collective time hidden behind the unit's GEMMs
+    cp_comm: float = 0.0               # exposed ring-attention K/V exchange (fwd + bwd)
+    cp_hidden: float = 0.0
 
 
 class AnalyticSource:
-    """Produces ``UnitTable``s for (per-rank batch, tp, cp, sp) from the roofline above.
+    """Produces ``UnitTable``s for (per-rank batch, tp, cp, sp, TP overlap) from the kernels above.
 
-    Sequence parallelism (Korthikanti et al. 2023, section 4.2.2): the norms, dropouts and residual adds run on
-    ``s / t`` tokens per rank (their bytes and activations / t) and every TP all-reduce becomes a reduce-scatter
-    plus an all-gather of the same ring volume (so the same time). Context parallelism (megatron-core / TE ring
-    attention): every token-linear kernel runs on ``s / cp`` tokens; the causal attention core of ``s / cp``
-    queries against all ``s`` keys, load-balanced (half the score matrix), with ``cp - 1`` ring steps that each
-    pass a ``s / cp`` chunk of K and V (backward: K, V and their gradients) overlapped with the core's compute:
-    only what the core does not cover is exposed.
+    ``kernels``: ``"shape"`` (default) or ``"flat"`` (``kernels.py``); ``settings``: the framework's behaviour
+    (``types.RunSettings``: whether megatron-core's async input-gradient collectives hide behind GEMMs).
     """
 
     name = "analytic"
-    features = ("sequence_parallel", "context_parallel")
+    features = ("sequence_parallel", "context_parallel", "tp_comm_overlap")
 
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, comm: CommModel):
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, comm: CommModel,
+                 kernels: str = "shape", settings: RunSettings | None = None):
+        if kernels not in KERNEL_MODELS:
+            raise AcesoError(f"kernel model '{kernels}': choose one of {', '.join(KERNEL_MODELS)}")
         self.model, self.cluster, self.training, self.comm = model, cluster, training, comm
-        self.eff = GPU_EFFICIENCY.get(cluster.gpu.name, GPU_EFFICIENCY["a100"])
-        if training.attention == "flash" and not self.eff.flash_fwd > 0:
-            raise AcesoError(f"--attention flash: {cluster.gpu.name} has no flash attention (it needs sm80+, A100 or "
-                             "newer); use --attention auto or unfused")
-        self.flash = self.eff.flash_fwd > 0 if training.attention == "auto" else training.attention == "flash"
+        self.settings = settings or RunSettings()
         self.dt = 4.0 if training.precision == "fp32" else 2.0
         self.peak = cluster.gpu.peak_tflops(training.precision) * 1e9   # FLOP per ms
         self.hbm = cluster.gpu.hbm_gbps * 1e6                           # bytes per ms
+        self.kern = KERNEL_MODELS[kernels](cluster.gpu.name, self.peak, self.hbm, self.dt)
+        self.kernels = kernels
+        if training.attention == "flash" and not self.kern.has_flash:
+            raise AcesoError(f"--attention flash: {cluster.gpu.name} has no flash attention (it needs sm80+, A100 or "
+                             "newer); use --attention auto or unfused")
+        self.flash = self.kern.has_flash if training.attention == "auto" else training.attention == "flash"
+        self._sms = ARCH.get(cluster.gpu.name, ARCH["a100"]).sms
+        self._tax = overlap_tax(cluster.gpu.name) if self.settings.overlap_tp_dgrad else 0.0
+        self._tax_cp = overlap_tax(cluster.gpu.name)
 
-    # ----- kernels -----------------------------------------------------------------------------------------------
-    def _k(self, flops: float = 0.0, nbytes: float = 0.0, eff: float | None = None) -> float:
-        t_c = flops / (self.peak * (eff or self.eff.gemm)) if flops else 0.0
-        t_m = nbytes / (self.hbm * self.eff.mem) if nbytes else 0.0
-        return max(t_c, t_m) + KERNEL_OVERHEAD_MS
-
+    # ----- communication ------------------------------------------------------------------------------------------
     def _tp_ar(self, b: float, s: int, t: int) -> float:
-        """One TP all-reduce of the ``s b h`` activation (with SP: reduce-scatter + all-gather, the same ring time)."""
+        """One TP all-reduce of the ``s b h`` activation."""
         return self.comm.all_reduce(self.dt * s * b * self.model.hidden_size, t)
 
-    def _cp_ring(self, b: float, s: float, t: int, cp: int, core_f: float, core_b: float) -> tuple[float, float]:
-        """Exposed (fwd, bwd) ms of ring attention's K/V exchange: ``cp - 1`` steps of one ``s / cp`` chunk of K and
-        V (backward also dK, dV), each hidden behind its step's share of the attention core."""
+    def _tp_mode(self, sp: bool, overlap: bool) -> str:
+        if overlap and sp:
+            return "te"
+        return "dgrad" if self.settings.overlap_tp_dgrad else "none"
+
+    def _half(self, col: tuple, row: tuple, b: float, s: int, t: int, sp: bool, overlap: bool) -> TPComm:
+        x = self.dt * s * b * self.model.hidden_size
+        return tp_half(self.comm, self.kern, col, row, x, t, sp, self._tp_mode(sp, overlap), self._sms, self._tax)
+
+    def _cp_ring(self, b: float, s: float, t: int, cp: int, core_f: float, core_b: float) -> tuple[float, ...]:
+        """(exposed fwd, exposed bwd, hidden) ms of ring attention's K/V exchange: ``cp - 1`` steps of one
+        ``s / cp`` chunk of K and V (backward also dK, dV), each behind its step's share of the attention core."""
         if cp <= 1:
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0
         m = self.model
         chunk = 2 * self.dt * s * b * m.groups * m.head_dim / t      # K and V of this rank's s/cp tokens
         inter = t * cp > self.cluster.gpus_per_node
         step_f = self.comm.p2p(chunk, inter)
         step_b = self.comm.p2p(2 * chunk, inter)
         per_f, per_b = core_f / cp, core_b / cp
-        return (cp - 1) * max(0.0, step_f - per_f), (cp - 1) * max(0.0, step_b - per_b)
+        hf, hb = (cp - 1) * min(step_f, per_f), (cp - 1) * min(step_b, per_b)
+        ef = (cp - 1) * max(0.0, step_f - per_f) + self._tax_cp * hf
+        eb = (cp - 1) * max(0.0, step_b - per_b) + self._tax_cp * hb
+        return ef, eb, hf + hb
 
-    def _core(self, b: float, s: int, kv_len: int, t: int, causal: bool) -> tuple[float, float, float]:
+    # ----- kernels ------------------------------------------------------------------------------------------------
+    def _core(self, b: float, s: int, kv_len: int, t: int, causal: bool, cp: int = 1) -> tuple[float, float, float]:
         """Attention core (scores, softmax, dropout, context): (fwd, bwd, attn_dropout recompute) ms."""
-        m, dt = self.model, self.dt
+        m, dt, k = self.model, self.dt, self.kern
         flops = 4.0 * s * kv_len * b * m.num_attention_heads * m.head_dim / t
         if self.flash:
             f = flops * (0.5 if causal else 1.0)
-            return self._k(f, eff=self.eff.flash_fwd), self._k(2.5 * f, eff=self.eff.flash_bwd), UNAVAILABLE_MS
+            blk = kv_len / cp          # ring attention: cp blocks of s/cp keys each
+            fwd = k.flash(f, blk, m.head_dim, causal) + (cp - 1) * LAUNCH_MS
+            bwd = k.flash(f, blk, m.head_dim, causal, backward=True) + (cp - 1) * LAUNCH_MS
+            return fwd, bwd, UNAVAILABLE_MS
+        heads = b * m.num_attention_heads / t
         elems = m.num_attention_heads * s * kv_len * b / t
-        fwd = 2 * self._k(flops / 2, eff=self.eff.bmm) + self._k(nbytes=2 * dt * elems)
-        bwd = 2 * self._k(flops, eff=self.eff.bmm) + self._k(nbytes=3 * dt * elems)
+        d = m.head_dim
+        fwd = k.bmm(heads, s, kv_len, d) + k.bmm(heads, s, d, kv_len) + k.memory(2 * dt * elems)
+        bwd = k.bmm(heads, s, kv_len, d, backward=True) + k.bmm(heads, s, d, kv_len, backward=True) + \
+            k.memory(3 * dt * elems)
         rec_drop = UNAVAILABLE_MS
         if has_attention_dropout(m):
-            drop = self._k(nbytes=(2 * dt + 1) * elems)
+            drop = k.memory((2 * dt + 1) * elems)
             fwd += drop
             bwd += drop
-            rec_drop = drop + self._k(flops / 2, eff=self.eff.bmm)
+            rec_drop = drop + k.bmm(heads, s, d, kv_len)
         return fwd, bwd, rec_drop
 
     def attention(self, b: float, s: int, t: int, kv_len: int | None = None, causal: bool = True,
-                  cp: int = 1, sp: bool = False) -> UnitCost:
+                  cp: int = 1, sp: bool = False, overlap: bool = False) -> UnitCost:
         """``s``: this rank's tokens (the sequence / cp); ``kv_len``: cross-attention's encoder tokens."""
-        m, dt = self.model, self.dt
+        m, dt, k = self.model, self.dt, self.kern
         h, q, kv = m.hidden_size, m.num_attention_heads * m.head_dim, m.groups * m.head_dim
         cross = kv_len is not None
         kv_len = kv_len or s
         sbh = s * b * h
         ew = (2 * dt * sbh + (3 * dt + 1) * sbh) / (t if sp else 1)   # norm + bias-dropout-add
+        launches = 2
         if m.position_embedding == "rope" and not cross:
             ew += 2 * dt * s * b * (q + kv) / t
-        gemm = 2.0 * b * (s * h * q + kv_len * h * 2 * kv) / t + 2.0 * s * b * q * h / t
-        core_f, core_b, rec_drop = self._core(b, s, kv_len * (cp if not cross else 1), t, causal and not cross)
-        ring_f, ring_b = self._cp_ring(b, s, t, cp, core_f, core_b)
-        ar = self._tp_ar(b, s, t)
-        fwd = self._k(gemm) + self._k(nbytes=ew) + core_f + ring_f + ar
-        bwd = self._k(2 * gemm) + self._k(nbytes=1.5 * ew) + core_b + ring_b + ar
-        return UnitCost(fwd, bwd, core_f + ring_f, fwd, 2 * ar + ring_f + ring_b, rec_drop)
+            launches = 3
+        if cross:   # Q from the decoder tokens, K/V from the encoder's: two GEMMs; K/V shapes per encoder token
+            gemms = [(s * b, q / t, h), (kv_len * b, 2 * kv / t, h), (s * b, h, q / t)]
+        else:
+            gemms = [(s * b, (q + 2 * kv) / t, h), (s * b, h, q / t)]
+        core_f, core_b, rec_drop = self._core(b, s, kv_len * (cp if not cross else 1), t, causal and not cross,
+                                              1 if cross else cp)
+        ring_f, ring_b, ring_h = self._cp_ring(b, s, t, cp, core_f, core_b) if not cross else (0.0, 0.0, 0.0)
+        tpc = self._half(gemms[0], gemms[-1], b, s, t, sp, overlap)
+        fwd = k.gemm(gemms) + k.memory(ew, launches) + core_f + ring_f + tpc.fwd
+        bwd = k.gemm(gemms, backward=True) + k.memory(1.5 * ew, launches) + core_b + ring_b + tpc.bwd
+        return UnitCost(fwd, bwd, core_f + ring_f, fwd, tpc.fwd + tpc.bwd + ring_f + ring_b, rec_drop,
+                        tpc.hidden, ring_f + ring_b, ring_h)
 
-    def mlp(self, b: float, s: int, t: int, sp: bool = False) -> UnitCost:
-        m, dt = self.model, self.dt
+    def mlp(self, b: float, s: int, t: int, sp: bool = False, overlap: bool = False) -> UnitCost:
+        m, dt, k = self.model, self.dt, self.kern
         h, f = m.hidden_size, m.ffn_hidden_size
         up = 2 * f if m.activation == "swiglu" else f
         sbh = s * b * h
         ew = (2 * dt * sbh + (3 * dt + 1) * sbh) / (t if sp else 1)
         act_bytes = (3 if m.activation == "swiglu" else 2) * dt * s * b * f / t
-        gemm = 2.0 * s * b * h * (up + f) / t
-        act_f = self._k(nbytes=act_bytes)
-        ar = self._tp_ar(b, s, t)
-        fwd = self._k(gemm) + self._k(nbytes=ew) + act_f + ar
-        bwd = self._k(2 * gemm) + self._k(nbytes=1.5 * (ew + act_bytes)) + ar
-        return UnitCost(fwd, bwd, act_f, fwd, 2 * ar)
+        gemms = [(s * b, up / t, h), (s * b, h, f / t)]
+        act_f = k.memory(act_bytes)
+        tpc = self._half(gemms[0], gemms[1], b, s, t, sp, overlap)
+        fwd = k.gemm(gemms) + k.memory(ew, 2) + act_f + tpc.fwd
+        bwd = k.gemm(gemms, backward=True) + k.memory(1.5 * (ew + act_bytes), 3) + tpc.bwd
+        return UnitCost(fwd, bwd, act_f, fwd, tpc.fwd + tpc.bwd, UNAVAILABLE_MS, tpc.hidden)
 
     def embedding(self, b: float, s: int, t: int, sp: bool = False) -> tuple[float, float]:
-        m, dt = self.model, self.dt
+        m, dt, k = self.model, self.dt, self.kern
         sbh = s * b * m.hidden_size
         vh = m.padded_vocab_size * m.hidden_size / t
-        fwd = self._k(nbytes=(3 * dt + 1) * sbh / (t if sp else 1)) + self._tp_ar(b, s, t)
-        bwd = self._k(nbytes=2 * dt * vh + 3 * dt * sbh)
+        x = dt * sbh
+        if not sp or t == 1:
+            comm_f, comm_b = self._tp_ar(b, s, t), 0.0
+        else:                   # reduce-scatter into the sequence-parallel region; its backward all-gathers
+            comm_f, comm_b = self.comm.reduce_scatter(x, t), self.comm.all_gather(x, t)
+        fwd = k.memory((3 * dt + 1) * sbh / (t if sp else 1)) + comm_f
+        bwd = k.memory(2 * dt * vh + 3 * dt * sbh) + comm_b
         return fwd, bwd
 
-    def head(self, b: float, s: int, t: int) -> tuple[float, float]:
-        m, dt = self.model, self.dt
+    def head(self, b: float, s: int, t: int, sp: bool = False) -> tuple[float, float]:
+        m, dt, k = self.model, self.dt, self.kern
         sbh = s * b * m.hidden_size
         sbv = s * b * m.padded_vocab_size / t
-        gemm = 2.0 * sbh * m.padded_vocab_size / t
+        logits = (s * b, m.padded_vocab_size / t, m.hidden_size)
         ce_ar = 2 * self.comm.all_reduce(4.0 * s * b, t)
-        fwd = self._k(nbytes=2 * dt * sbh) + self._k(gemm) + self._k(nbytes=(dt + 24) * sbv) + ce_ar
-        bwd = self._k(nbytes=3 * dt * sbh) + self._k(2 * gemm) + self._k(nbytes=(dt + 8) * sbv) + self._tp_ar(b, s, t)
+        r = t if sp else 1
+        comm_f, comm_b = self._head_comm(logits, b, s, t, sp)
+        ce_f, ce_b = k.ce_bytes
+        fwd = k.memory(2 * dt * sbh / r) + k.gemm([logits]) + k.memory((dt + ce_f) * sbv) + ce_ar + comm_f
+        bwd = k.memory(3 * dt * sbh) + k.gemm([logits], backward=True) + k.memory((dt + ce_b) * sbv) + comm_b
         return fwd, bwd
 
+    def _head_comm(self, logits: tuple, b: float, s: int, t: int, sp: bool) -> tuple[float, float]:
+        """The output layer (column-parallel, megatron's own linear): SP gathers its input forward; backward its
+        input-gradient all-reduce / reduce-scatter (and the SP re-gather) behind the GEMMs when overlapped."""
+        if t <= 1:
+            return 0.0, 0.0
+        x = self.dt * s * b * self.model.hidden_size
+        _, dg, wg = self.kern.gemm_parts(*logits)
+        hide = self.settings.overlap_tp_dgrad
+        if not sp:
+            ar = self.comm.all_reduce(x, t)
+            return 0.0, max(0.0, ar - wg) + self._tax * min(ar, wg) if hide else ar
+        ag, rs = self.comm.all_gather(x, t), self.comm.reduce_scatter(x, t)
+        if not hide:
+            return ag, ag + rs
+        return ag, max(0.0, ag - dg) + max(0.0, rs - wg) + self._tax * (min(ag, dg) + min(rs, wg))
+
     # ----- the table ---------------------------------------------------------------------------------------------
-    def unit_table(self, batch: float, tp: int, cp: int = 1, sp: bool = False) -> UnitTable:
+    def unit_table(self, batch: float, tp: int, cp: int = 1, sp: bool = False,
+                   tp_overlap: bool = False) -> UnitTable:
         if cp > 1 and not self.flash:
             raise AcesoError(f"context parallelism (cp {cp}) needs transformer-engine's fused attention; the "
                              "unfused (local) attention has none: use --attention flash or cp 1")
-        return _build_table(self, float(batch), int(tp), int(cp), bool(sp))
+        return _build_table(self, float(batch), int(tp), int(cp), bool(sp), bool(tp_overlap and sp and tp > 1))
 
 
 def _seqs(model: ModelSpec, cp: int = 1) -> tuple[int, int]:
@@ -208,7 +244,7 @@ def _seqs(model: ModelSpec, cp: int = 1) -> tuple[int, int]:
     return model.seq_length // cp, (model.decoder_seq_length if model.is_t5 else model.seq_length) // cp
 
 
-def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool):
+def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool, ov: bool = False):
     """Per-unit (UnitCost, act bytes (3,)) keyed by (stack, kind): each distinct kind is computed once."""
     m, dt = src.model, src.dt
     s_enc, s_dec = _seqs(m, cp)
@@ -220,28 +256,30 @@ def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool):
         s = s_enc if u.stack == "encoder" else s_dec
         causal = not (m.is_t5 and u.stack == "encoder")
         if u.kind == "mlp":
-            rows[key] = (src.mlp(b, s, t, sp), mlp_act_bytes(m, b, s, t, dt, sp))
+            rows[key] = (src.mlp(b, s, t, sp, ov), mlp_act_bytes(m, b, s, t, dt, sp))
         elif u.kind == "cross_attention":
-            rows[key] = (src.attention(b, s, t, kv_len=s_enc, sp=sp),
+            rows[key] = (src.attention(b, s, t, kv_len=s_enc, sp=sp, overlap=ov),
                          attention_act_bytes(m, b, s, t, src.flash, kv_len=s_enc, dt=dt, sp=sp))
         else:
-            cost = src.attention(b, s, t, causal=causal, cp=cp, sp=sp)
+            cost = src.attention(b, s, t, causal=causal, cp=cp, sp=sp, overlap=ov)
             rows[key] = (cost, attention_act_bytes(m, b, s, t, src.flash, dt=dt, sp=sp))
     return rows
 
 
-def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = False) -> UnitTable:
+def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = False,
+                 ov: bool = False) -> UnitTable:
     m, dt = src.model, src.dt
     s_enc, s_dec = _seqs(m, cp)
-    rows = _unit_rows(src, b, t, cp, sp)
+    rows = _unit_rows(src, b, t, cp, sp, ov)
     r = t if sp else 1          # SP: what TP replicates (norm/dropout/residual tensors) is split over the TP group
     n = m.num_units
-    fwd, bwd, tpc = np.zeros(n), np.zeros(n), np.zeros(n)
+    fwd, bwd, tpc, tph, cpc, cph = (np.zeros(n) for _ in range(6))
     rec, act, peak = np.zeros((n, N_RC)), np.zeros((n, N_RC)), np.zeros((n, N_RC))
     params = np.zeros(n)
     for i, u in enumerate(m.units):
         cost, a = rows[(u.stack, u.kind)]
         fwd[i], bwd[i], tpc[i] = cost.fwd, cost.bwd, cost.tp_comm
+        tph[i], cpc[i], cph[i] = cost.tp_hidden, cost.cp_comm, cost.cp_hidden
         rec[i] = (0.0, cost.rec_sel, cost.rec_full, cost.rec_drop)
         act[i] = np.asarray((*a, a[0])[:N_RC]) / MB      # an MLP has no attn_dropout: its none row
         peak[i] = act[i, 0] - act[i]
@@ -251,7 +289,7 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
         boundary[:m.num_encoder_units + 1] = dt * s_enc * b * m.hidden_size / MB / r
         boundary[m.num_encoder_units + 1:] += dt * s_enc * b * m.hidden_size / MB / r
     emb_f, emb_b = src.embedding(b, s_enc, t, sp)
-    head_f, head_b = src.head(b, s_dec, t)
+    head_f, head_b = src.head(b, s_dec, t, sp)
     sbv = s_dec * b * m.padded_vocab_size / t
     return UnitTable(
         batch=b, tp=t, fwd_ms=fwd, bwd_ms=bwd, recompute_ms=rec, act_mb=act, peak_mb=peak,
@@ -262,7 +300,7 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
         # final-norm input (SP: sharded) + logits input (dt sbh) and the fp32 softmax kept by the vocab-parallel loss
         head_act_mb=(dt * s_dec * b * m.hidden_size * (1 + 1 / r) + 4.0 * sbv) / MB,
         head_peak_mb=(dt + 4.0) * sbv / MB,
-        tp_comm_ms=tpc,
+        tp_comm_ms=tpc, tp_hidden_ms=tph, cp_comm_ms=cpc, cp_hidden_ms=cph,
         word_embed_params=m.padded_vocab_size * m.hidden_size / t if m.tied_embeddings else 0.0,
         encoder_output_mb=dt * s_enc * b * m.hidden_size / MB / r if m.is_t5 else 0.0,
     )

@@ -1,28 +1,45 @@
 """``CostModel``: time and memory of stages and whole plans from a source of ``UnitTable``s.
 
-A stage (units [start, end) on tp*dp GPUs starting at ``first_rank``) at pipeline micro-batch ``mbs`` runs
-``b = mbs / dp`` samples per rank. Per micro-batch:
+A stage (model chunks ``spans`` on tp*cp*dp GPUs starting at ``first_rank``) at pipeline micro-batch ``mbs`` runs
+``b = mbs / dp`` samples per rank. Per micro-batch and chunk:
 
-    fwd, bwd     sum of its units' times at (b, tp) from the table (TP collectives included), plus the embedding on
-                 the first stage and the final norm + logits + loss on the last
+    fwd, bwd     sum of its units' times at (b, tp, cp, sp) from the table (the exposed TP / CP collectives
+                 included), plus the embedding on the first model chunk and the final norm + logits + loss on the
+                 last
     recompute    sum over units of the extra forward of its recompute choice
-    p2p          each boundary moves the activation forward and its gradient backward (blocking send/recv, so both
-                 neighbours wait: each boundary counts in the stages on both sides). Re-sharding between stages of
-                 different (tp, dp): the receiving rank needs ``X/dp_r`` of the micro-batch's activation X (replicated
-                 over its TP group), each sending rank supplies ``tp_r X / (tp_s dp_s)``; time = max of the two over
-                 the link (fan-in / fan-out), on the network when the two stages' ranks span nodes.
-Per iteration:
-    dp_sync      gradient all-reduce over the stage's DP group (ranks strided by tp; reduce-scatter + all-gather of the
-                 same volume with the distributed optimizer) of its per-rank parameters at the gradient width; the
-                 first and last stage add the tied word-embedding gradient all-reduce between them (pp > 1)
-    optimizer    memory bound: Adam reads fp32 master, m, v and the gradient and writes master, m, v and the weight:
-                 ``OPT_BYTES_PER_PARAM`` (28 B for bf16/fp16: 4+4+4+2 read, 4+4+4+2 written) / (HBM * efficiency),
-                 divided by dp with the distributed optimizer
-Memory per GPU: see ``memory.py``. The pipeline time: see ``pipeline.py``.
+    p2p          each boundary moves the activation forward and its gradient backward. Re-sharding between stages
+                 of different (tp, dp): the receiving rank needs ``X/dp_r`` of the micro-batch's activation X
+                 (replicated over its TP group; SP: sharded), each sending rank supplies ``tp_r X / (tp_s dp_s)``;
+                 time = max of the two over the link, on the network when the two stages' ranks span nodes (the
+                 interleaved wrap from the last stage to the first: whenever the cluster has several nodes).
+                 ``RunSettings.p2p_scatter_gather``: X / tp over the link, then an all-gather in the receiving TP
+                 group. 1F1B: blocking send/recv (both neighbours wait: each boundary counts in both stages); in
+                 the steady state megatron-core batches each send with the opposite receive on the same boundary
+                 (``send_forward_recv_backward``, full-duplex links: ``RunSettings.batched_p2p``), so the steady
+                 ops move half the time; the ``min(p - k - 1, M)`` warm-up forwards of the boundary's upstream
+                 stage k (and as many cool-down backwards) move alone.
+                 Interleaved with ``overlap_p2p_comm``: async behind the op, exposed ``max(0, p2p - op)``.
+Per iteration (DP group = the stage's dp x cp ranks, strided by tp; on the network when they span nodes):
+    DP sync      gradient all-reduce of the stage's per-rank parameters at the gradient width (distributed
+                 optimizer: reduce-scatter of the gradients; the parameter all-gather belongs to the step). With
+                 ``overlap_grad_reduce`` in buckets of ``max(bucket_params, 1M x dp)`` parameters behind the
+                 backward of the last micro-batch (``comm.overlapped``): exposed = the last bucket or what does
+                 not fit behind that backward. The first and last stage add the tied word-embedding gradient
+                 all-reduce between them (pp > 1).
+    step         the optimizer (memory bound: Adam reads fp32 master, m, v and the gradient and writes master, m,
+                 v and the weight: ``OPT_BYTES_PER_PARAM`` 28 B for bf16/fp16 (30 with fp32 gradients) /
+                 (HBM x ``OPT_MEM_EFFICIENCY``), divided by dp x cp with the distributed optimizer), then the
+                 distributed optimizer's parameter all-gather. With ``overlap_param_gather`` the all-gather runs
+                 behind the next iteration's first forward instead: its exposed part delays the stage's first op
+                 (``StageCost.prologue_ms``).
+Memory per GPU: see ``memory.py``; the step's fp32 gradient copy (``RunSettings.fp32_grad_copy``) lives after the
+activations are freed: states + max(activations + transients, copy). The pipeline time: see ``pipeline.py``.
+``StageCost.comm`` reports, per iteration, every communication kind's (exposed, hidden) ms.
 """
 
 from __future__ import annotations
 
+from math import ceil
 from typing import NamedTuple
 
 import numpy as np
@@ -31,25 +48,25 @@ from ..cluster import ClusterSpec
 from ..errors import AcesoError
 from ..model import ModelSpec
 from ..training import TrainingSpec
-from .comm import CommModel
-from .memory import FRAGMENTATION, MB, RESERVE_MB, in_flight_per_chunk, state_bytes_per_param
-from .pipeline import interleaved_one_f_one_b, one_f_one_b, one_f_one_b_events
-from .types import ALL_FEATURES, N_RC, RC_CODE, Event, Features, PipelineCost, PlanCost, Shape, StageCost, UnitTable
+from .comm import CommModel, overlap_tax, overlapped
+from .memory import (FRAGMENTATION, MB, RESERVE_MB, grad_copy_bytes, in_flight_per_chunk,
+                     state_bytes_per_param)
+from .pipeline import interleaved_one_f_one_b, one_f_one_b
+from .types import (ALL_FEATURES, N_RC, RC_CODE, Event, Features, PipelineCost, PlanCost, RunSettings, Shape,
+                    StageCost, UnitTable)
 
 OPT_BYTES_PER_PARAM = {"bf16": 28.0, "fp16": 28.0, "fp32": 32.0}
 OPT_MEM_EFFICIENCY = 0.8
 SPAN_CACHE_SIZE = 200_000   # entries of each memo (stage terms, span sums); a memo is cleared when full
 COMM_SHARE = 0.2        # a stage whose communication (or recompute) share reaches this is "communication"-bound
+SOURCE_FEATURES = frozenset({"sequence_parallel", "context_parallel", "tp_comm_overlap"})   # priced by the source
 
 
 class _Prepared(NamedTuple):
     """Prefix sums and a gather table over one UnitTable (python lists: fast scalar indexing)."""
 
     table: UnitTable
-    cum_fwd: list[float]
-    cum_bwd: list[float]
-    cum_params: list[float]
-    cum_tpc: list[float]
+    cum: dict                # name -> prefix sums (fwd, bwd, params, tpc, tph, cpc, cph)
     rap: np.ndarray          # (U*N_RC, 3): row u*N_RC+c = (recompute_ms, act_mb, peak_mb) of unit u, choice c
     rap_rows: list           # the same rows as python tuples (short spans are faster in plain python)
     base3: np.ndarray        # (U,) = N_RC * u
@@ -62,7 +79,7 @@ class _Static(NamedTuple):
 
     fwd: float
     bwd: float
-    p2p: float
+    p2p: float                # exposed, per micro-batch
     sync: float
     opt: float
     tpc: float
@@ -71,21 +88,28 @@ class _Static(NamedTuple):
     w_mb: float
     g_mb: float
     o_mb: float
+    copy_mb: float
     buf: float
     head_peak: float
     ideal: float
     chunk_fwd: tuple[float, ...]
     chunk_bwd: tuple[float, ...]
-    chunk_p2p: tuple[float, ...]
+    chunk_p2p: tuple[tuple[float, float], ...]   # exposed (forward, backward) p2p per chunk op
+    prologue: float
+    comm: dict
 
 
 def _prepare(t: UnitTable, cross_first: int) -> _Prepared:
     def cum(a):
         return [0.0] + np.cumsum(a).tolist()
-    tpc = t.tp_comm_ms if t.tp_comm_ms is not None else np.zeros_like(t.fwd_ms)
+    zero = np.zeros_like(t.fwd_ms)
+    arrays = {"fwd": t.fwd_ms, "bwd": t.bwd_ms, "params": t.weight_params,
+              "tpc": t.tp_comm_ms if t.tp_comm_ms is not None else zero,
+              "tph": t.tp_hidden_ms if t.tp_hidden_ms is not None else zero,
+              "cpc": t.cp_comm_ms if t.cp_comm_ms is not None else zero,
+              "cph": t.cp_hidden_ms if t.cp_hidden_ms is not None else zero}
     rap = np.stack([t.recompute_ms, t.act_mb, t.peak_mb], axis=-1).reshape(-1, 3)
-    return _Prepared(t, cum(t.fwd_ms), cum(t.bwd_ms), cum(t.weight_params), cum(tpc), rap,
-                     [tuple(r) for r in rap.tolist()],
+    return _Prepared(t, {k: cum(v) for k, v in arrays.items()}, rap, [tuple(r) for r in rap.tolist()],
                      np.arange(len(t.fwd_ms), dtype=np.int64) * N_RC, t.boundary_mb.tolist(), cross_first)
 
 
@@ -109,44 +133,58 @@ def _span_sums(p: _Prepared, start: int, end: int, rc: np.ndarray) -> tuple[floa
 
 
 class CostModel:
-    """Evaluates stages and plans of one model on one cluster with one training setup."""
+    """Evaluates stages and plans of one model on one cluster with one training setup.
+
+    ``settings``: how the framework runs the plan (``types.RunSettings``; default: our runtime on megatron-core).
+    """
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, source, comm: CommModel,
-                 kind: str = "analytic"):
+                 kind: str = "analytic", settings: RunSettings | None = None):
         self.model, self.cluster, self.training = model, cluster, training
         self.source, self.comm, self.kind = source, comm, kind
+        self.settings = settings or RunSettings()
         self.memory_limit_mb = cluster.memory_mb
-        self._prep: dict[tuple[float, int], _Prepared] = {}
+        self._prep: dict[tuple, _Prepared] = {}
         self._span_cache: dict[tuple, tuple[float, float, float]] = {}   # (b, tp, start, end, rc bytes) -> sums
-        self._static_cache: dict[tuple, tuple] = {}                       # stage_cost args but recompute -> terms
-        self._w, self._g, self._opt = state_bytes_per_param(training.precision, False, 1)
+        self._static_cache: dict[tuple, _Static] = {}                     # stage_cost args but recompute -> terms
+        self._result_cache: dict[tuple, StageCost] = {}                   # all args -> result (shared: do not mutate)
+        fp32g = self.settings.grad_reduce_in_fp32
+        self._w, self._g, self._opt = state_bytes_per_param(training.precision, False, 1, fp32g)
+        self._copy = grad_copy_bytes(training.precision, fp32g) if self.settings.fp32_grad_copy else 0.0
+        opt_bytes = OPT_BYTES_PER_PARAM[training.precision] + (2.0 if fp32g and training.precision != "fp32" else 0)
         self._opt_ms_per_param = getattr(source, "optimizer_ms_per_param", None) or (  # measured, else analytic
-            OPT_BYTES_PER_PARAM[training.precision] / (cluster.gpu.hbm_gbps * 1e6 * OPT_MEM_EFFICIENCY))
+            opt_bytes / (cluster.gpu.hbm_gbps * 1e6 * OPT_MEM_EFFICIENCY))
         cross = [i for i, u in enumerate(model.units) if u.kind == "cross_attention"]
         self._cross_first = cross[0] if cross else model.num_units
         self._default_features = Features(distributed_optimizer=bool(training.distributed_optimizer))
         self.warnings: list[str] = []
-        # what this cost model prices beyond a v1 plan: the source's sequence/context parallelism, the rest here
-        self.features = frozenset(ALL_FEATURES - {"sequence_parallel", "context_parallel"}) | \
-            frozenset(getattr(source, "features", ()))
+        # what this cost model prices beyond a v1 plan: the source's SP / CP / TP overlap, the rest here
+        self.features = frozenset(ALL_FEATURES - SOURCE_FEATURES) | frozenset(getattr(source, "features", ()))
+        self._tax = overlap_tax(cluster.gpu.name)     # compute slow-down per ms of NCCL communication it hides
 
     # ----- tables -------------------------------------------------------------------------------------------------
-    def _prepared(self, batch: float, tp: int, cp: int = 1, sp: bool = False) -> _Prepared:
-        key = (batch, tp, cp, sp)
+    def _prepared(self, batch: float, tp: int, cp: int = 1, sp: bool = False, ov: bool = False) -> _Prepared:
+        key = (batch, tp, cp, sp, ov)
         p = self._prep.get(key)
         if p is None:
             if batch <= 0 or tp < 1 or cp < 1:
                 raise AcesoError(f"per-rank batch ({batch}), tp ({tp}) and cp ({cp}) must be positive")
-            if (cp > 1 and "context_parallel" not in self.features) or (sp and "sequence_parallel" not in self.features):
-                raise AcesoError(f"the {self.kind} cost model cannot price "
-                                 f"{'context' if cp > 1 else 'sequence'} parallelism; use the analytic model")
-            table = self.source.unit_table(batch, tp, cp=cp, sp=sp) if (cp > 1 or sp) else \
-                self.source.unit_table(batch, tp)
+            for on, name, what in ((cp > 1, "context_parallel", "context parallelism"),
+                                   (sp, "sequence_parallel", "sequence parallelism"),
+                                   (ov, "tp_comm_overlap", "TP communication overlap")):
+                if on and name not in self.features:
+                    raise AcesoError(f"the {self.kind} cost model cannot price {what}; use the analytic model")
+            if ov:
+                table = self.source.unit_table(batch, tp, cp=cp, sp=sp, tp_overlap=True)
+            elif cp > 1 or sp:
+                table = self.source.unit_table(batch, tp, cp=cp, sp=sp)
+            else:
+                table = self.source.unit_table(batch, tp)
             p = self._prep[key] = _prepare(table, self._cross_first)
         return p
 
-    def unit_table(self, batch: float, tp: int, cp: int = 1, sp: bool = False) -> UnitTable:
-        return self._prepared(batch, tp, cp, sp).table
+    def unit_table(self, batch: float, tp: int, cp: int = 1, sp: bool = False, tp_overlap: bool = False) -> UnitTable:
+        return self._prepared(batch, tp, cp, sp, tp_overlap and sp and tp > 1).table
 
     # ----- one stage ----------------------------------------------------------------------------------------------
     def stage_cost(self, stage_index: int, num_stages: int, first_rank: int, start_unit: int, end_unit: int,
@@ -163,8 +201,9 @@ class CostModel:
         the chunks' codes one after the other. ``features``: the plan-level switches (default: the training spec's
         distributed optimizer, everything else off).
 
-        Two memoised parts (pure functions of their keys): everything that does not depend on the recompute
-        choices, and the (recompute ms, activation MB, peak MB) sums of a span under one recompute vector.
+        Memoised (pure functions of their keys): everything that does not depend on the recompute choices, the
+        (recompute ms, activation MB, peak MB) sums of a span under one recompute vector, and the result itself
+        (a shared object: do not mutate it).
         """
         if spans is None:
             spans = ((start_unit, end_unit),)
@@ -182,16 +221,21 @@ class CostModel:
             self._static_cache[key] = st
         if type(recompute) is not np.ndarray:
             recompute = np.asarray(recompute, dtype=np.int8)
+        rkey = (key, recompute.tobytes())
+        hit = self._result_cache.get(rkey)
+        if hit is not None:
+            return hit
         b = micro_batch_size / dp
+        ov = features.tp_comm_overlap and sp and tp > 1
         rec = act = rpeak = 0.0
         chunk_rec, pos = [], 0
         for (a, e), n_j in zip(spans, st.in_flight):
             rc = recompute[pos:pos + e - a] if len(spans) > 1 else recompute
             pos += e - a
-            skey = (b, tp, cp, sp, a, e, rc.tobytes())
+            skey = (b, tp, cp, sp, ov, a, e, rc.tobytes())
             hit = self._span_cache.get(skey)
             if hit is None:
-                hit = _span_sums(self._prepared(b, tp, cp, sp), a, e, rc)
+                hit = _span_sums(self._prepared(b, tp, cp, sp, ov), a, e, rc)
                 if len(self._span_cache) > SPAN_CACHE_SIZE:
                     self._span_cache.clear()
                 self._span_cache[skey] = hit
@@ -202,41 +246,65 @@ class CostModel:
             chunk_rec.append(hit[0])
         if pos != len(recompute) and len(spans) > 1:
             raise ValueError(f"recompute has {len(recompute)} codes for the {pos} units of the stage's chunks")
+        out = self._assemble(st, rec, act, rpeak, chunk_rec)
+        if len(self._result_cache) > SPAN_CACHE_SIZE:
+            self._result_cache.clear()
+        self._result_cache[rkey] = out
+        return out
+
+    def _assemble(self, st: _Static, rec: float, act: float, rpeak: float, chunk_rec: list[float]) -> StageCost:
         if st.head_peak > rpeak:
             rpeak = st.head_peak
         acts = (act + st.act_extra) * (1 + FRAGMENTATION)
-        total = st.w_mb + st.g_mb + st.o_mb + acts + rpeak + st.buf + RESERVE_MB
+        live = acts + rpeak + st.buf
+        over = st.copy_mb - live if st.copy_mb > live else 0.0     # the step's gradient copy beyond the activations
+        total = st.w_mb + st.g_mb + st.o_mb + live + over + RESERVE_MB
         mem = {"params": st.w_mb, "grads": st.g_mb, "optimizer": st.o_mb, "activations": acts,
                "recompute_peak": rpeak, "p2p_buffers": st.buf, "reserve": RESERVE_MB}
+        if st.copy_mb:
+            mem["grad_copy"] = over
+        parts = tuple((f, pf, r, bw, pb) for f, bw, r, (pf, pb) in zip(st.chunk_fwd, st.chunk_bwd, chunk_rec,
+                                                                       st.chunk_p2p))
         cf = cb = ()
-        if len(spans) > 1:
-            cf = tuple(f + p / 2 for f, p in zip(st.chunk_fwd, st.chunk_p2p))
-            cb = tuple(bw + r + p / 2 for bw, r, p in zip(st.chunk_bwd, chunk_rec, st.chunk_p2p))
+        if len(chunk_rec) > 1:
+            cf = tuple(f + pf for f, pf, _, _, _ in parts)
+            cb = tuple(bw + r + pb for _, _, r, bw, pb in parts)
         return StageCost(fwd_ms=st.fwd, bwd_ms=st.bwd, recompute_ms=rec, p2p_ms=st.p2p, dp_sync_ms=st.sync,
                          optimizer_ms=st.opt, memory_mb=total, memory_breakdown=mem,
                          fits=total <= self.memory_limit_mb, tp_comm_ms=st.tpc, ideal_ms=st.ideal,
-                         chunk_fwd_ms=cf, chunk_bwd_ms=cb)
+                         chunk_fwd_ms=cf, chunk_bwd_ms=cb, comm=st.comm, prologue_ms=st.prologue, chunk_parts=parts)
 
     def _static(self, stage_index, num_stages, first_rank, spans, me, mbs, prev, next, m, features) -> _Static:
         """The recompute-independent part of a stage: times per chunk, sync, and the memory terms."""
         tp, dp, cp, sp = me
-        p = self._prepared(mbs / dp, tp, cp, sp)
-        t = p.table
+        for on, name in ((len(spans) > 1, "interleaved"), (features.overlap_grad_reduce, "overlap_grad_reduce"),
+                         (features.overlap_param_gather, "overlap_param_gather"),
+                         (features.distributed_optimizer, "distributed_optimizer")):
+            if on and name not in self.features:
+                raise AcesoError(f"the {self.kind} cost model cannot price {name}; use the analytic model")
+        if features.overlap_param_gather and not features.distributed_optimizer:
+            raise AcesoError("overlap_param_gather needs distributed_optimizer; set it or turn the overlap off")
+        ov = features.tp_comm_overlap and sp and tp > 1
+        p = self._prepared(mbs / dp, tp, cp, sp, ov)
+        t, c = p.table, p.cum
         S, v = num_stages, len(spans)
         n = me.num_gpus
         M = m or self.training.global_batch_size // mbs
         prev, next = prev or me, next or me
         chunk_fwd, chunk_bwd, chunk_p2p = [], [], []
-        params = act = head_peak = buf = tpc = ideal = 0.0
+        params = act = head_peak = buf = ideal = 0.0
+        sums = dict.fromkeys(("tpc", "tph", "cpc", "cph"), 0.0)
+        p2p_total = p2p_exposed = 0.0
         in_fl = in_flight_per_chunk(stage_index, S, v, M)
         for j, (a, e) in enumerate(spans):
             act0 = act
             k = j * S + stage_index                 # the model chunk
             first, last = k == 0, k == S * v - 1
-            fwd = p.cum_fwd[e] - p.cum_fwd[a]
-            bwd = p.cum_bwd[e] - p.cum_bwd[a]
-            params += p.cum_params[e] - p.cum_params[a]
-            tpc += p.cum_tpc[e] - p.cum_tpc[a]
+            fwd = c["fwd"][e] - c["fwd"][a]
+            bwd = c["bwd"][e] - c["bwd"][a]
+            params += c["params"][e] - c["params"][a]
+            for name in sums:
+                sums[name] += c[name][e] - c[name][a]
             if first:
                 fwd += t.embed_fwd_ms
                 bwd += t.embed_bwd_ms
@@ -253,48 +321,95 @@ class CostModel:
             if e > p.cross_first:
                 act += t.encoder_output_mb
             act = act0 + (act - act0) * in_fl[j]
-            p2p = 0.0
+            p2p = unpaired = 0.0      # unpaired: 1F1B's warm-up/cool-down share of each boundary's transfers
             if not first:   # receive from the previous chunk (stage i - 1, or the last stage when wrapping)
-                wrap = stage_index == 0
-                lo = first_rank - prev.num_gpus
-                ms, mb = self._boundary(p.boundary[a] * dp, prev, me, lo, first_rank + n - 1, wrap)
+                ms, mb = self._boundary(p.boundary[a] * dp, prev, me, first_rank - prev.num_gpus,
+                                        first_rank + n - 1, stage_index == 0)
                 p2p += 2 * ms
+                unpaired += 2 * ms * min(S - stage_index, M) / M
                 buf += mb
             if not last:
-                wrap = stage_index == S - 1
                 ms, mb = self._boundary(p.boundary[e] * dp, me, next, first_rank,
-                                        first_rank + n + next.num_gpus - 1, wrap)
+                                        first_rank + n + next.num_gpus - 1, stage_index == S - 1)
                 p2p += 2 * ms
+                unpaired += 2 * ms * min(S - stage_index - 1, M) / M
                 buf += mb
+            if v > 1 and self.settings.overlap_p2p_comm:   # async: what the op covers is hidden (and taxed)
+                h = p2p / 2
+                exp = (max(0.0, h - fwd) + self._tax * min(h, fwd), max(0.0, h - bwd) + self._tax * min(h, bwd))
+            elif v == 1 and self.settings.batched_p2p:     # steady-state 1F1B: each send paired with a receive
+                exp = ((p2p + unpaired) / 4,) * 2
+            else:
+                exp = (p2p / 2, p2p / 2)
+            p2p_total += p2p
+            p2p_exposed += exp[0] + exp[1]      # (the tax counts as exposed: hidden = total - exposed, at least 0)
             chunk_fwd.append(fwd)
             chunk_bwd.append(bwd)
-            chunk_p2p.append(p2p)
+            chunk_p2p.append(exp)
             if self.kind == "analytic":
                 ideal += self._ideal(first, last, a, e, mbs, n)
             else:
                 ideal += fwd + bwd
         if self.kind != "analytic":
-            ideal -= tpc
-        # per iteration
-        dpc = dp * cp       # gradients are reduced, and optimizer states sharded, over the DP x CP group
-        dp_inter = dpc > 1 and self.comm.spans_nodes(first_rank, first_rank + n - 1)
-        sync = self.comm.all_reduce(params * self._g, dpc, dp_inter)
-        holds_ends = stage_index in (0, S - 1)
-        if holds_ends and S > 1 and t.word_embed_params:
-            sync += self.comm.all_reduce(t.word_embed_params * self._g, 2, self.cluster.num_nodes > 1)
+            ideal -= sums["tpc"]
+        sync, opt, prologue, dp_comm = self._per_iteration(stage_index, S, first_rank, n, dp * cp, params,
+                                                           sum(chunk_fwd), sum(chunk_bwd), t, features)
+        comm = {"tp": (M * sums["tpc"], M * sums["tph"]), "cp": (M * sums["cpc"], M * sums["cph"]),
+                "p2p": (M * p2p_exposed, M * max(0.0, p2p_total - p2p_exposed)), **dp_comm}
+        dist = features.distributed_optimizer
+        dpc = dp * cp
+        opt_b = self._opt / dpc if dist else self._opt
+        copy = self._copy / dpc if dist else self._copy
+        return _Static(sum(chunk_fwd), sum(chunk_bwd), p2p_exposed, sync, opt, sums["tpc"], act, in_fl,
+                       params * self._w / MB, params * self._g / MB, params * opt_b / MB, params * copy / MB,
+                       buf, head_peak, ideal, tuple(chunk_fwd), tuple(chunk_bwd), tuple(chunk_p2p), prologue,
+                       {k: v for k, v in comm.items() if v[0] > 0 or v[1] > 0})
+
+    def _per_iteration(self, stage_index: int, S: int, first_rank: int, n: int, dpc: int, params: float,
+                       fwd: float, bwd: float, t: UnitTable, features: Features):
+        """(exposed DP sync, step, prologue, comm entries) of a stage: gradient reduction, tied-embedding sync,
+        optimizer step and the distributed optimizer's parameter all-gather, overlapped as the features say."""
+        cfg = self.settings
+        inter = dpc > 1 and self.comm.spans_nodes(first_rank, first_rank + n - 1)
+        k = self.comm.members_per_node(first_rank, n // dpc, dpc) if inter and cfg.multi_nic else 1
+        grads, weights = params * self._g, params * self._w
         dist = features.distributed_optimizer
         opt = params * self._opt_ms_per_param / (dpc if dist else 1)
-        opt_b = self._opt / dpc if dist else self._opt
-        return _Static(sum(chunk_fwd), sum(chunk_bwd), sum(chunk_p2p), sync, opt, tpc, act, in_fl,
-                       params * self._w / MB, params * self._g / MB, params * opt_b / MB, buf, head_peak, ideal,
-                       tuple(chunk_fwd), tuple(chunk_bwd), tuple(chunk_p2p))
+        sync = prologue = 0.0
+        out = {}
+        if dpc > 1:
+            red = self.comm.reduce_scatter if dist else self.comm.all_reduce
+            single = red(grads, dpc, inter, k)
+            nb = max(1, ceil(params / max(cfg.bucket_params, 1_000_000 * dpc)))
+            if features.overlap_grad_reduce:
+                exp, hid = overlapped(nb * red(grads / nb, dpc, inter, k), single, nb, bwd)
+                exp = min(single, exp + self._tax * hid)      # the backward runs slower while it hides
+            else:
+                exp, hid = single, 0.0
+            sync += exp
+            out["dp"] = (exp, hid)
+            if dist:
+                ag = self.comm.all_gather(weights, dpc, inter, k)
+                if features.overlap_param_gather:
+                    prologue, hid = overlapped(nb * self.comm.all_gather(weights / nb, dpc, inter, k), ag, nb,
+                                               fwd)
+                    prologue = min(ag, prologue + self._tax * hid)
+                    out["param_gather"] = (prologue, hid)
+                else:
+                    opt += ag
+                    out["param_gather"] = (ag, 0.0)
+        if stage_index in (0, S - 1) and S > 1 and t.word_embed_params:
+            emb = self.comm.all_reduce(t.word_embed_params * self._g, 2, self.cluster.num_nodes > 1)
+            sync += emb
+            out["embedding_grads"] = (emb, 0.0)
+        return sync, opt, prologue, out
 
     def _ideal(self, first: bool, last: bool, start: int, end: int, mbs: int, n: int) -> float:
         """fwd + bwd of the stage's work on one GPU at the whole micro-batch, divided by its GPUs (analytic only:
         a profile need not cover tp 1 at the whole micro-batch; other sources report fwd + bwd - TP comm)."""
         p = self._prepared(mbs, 1)
-        t = p.table
-        ms = p.cum_fwd[end] - p.cum_fwd[start] + p.cum_bwd[end] - p.cum_bwd[start]
+        t, c = p.table, p.cum
+        ms = c["fwd"][end] - c["fwd"][start] + c["bwd"][end] - c["bwd"][start]
         ms += (t.embed_fwd_ms + t.embed_bwd_ms if first else 0.0) + (t.head_fwd_ms + t.head_bwd_ms if last else 0.0)
         return ms / n
 
@@ -306,29 +421,36 @@ class CostModel:
         recv_mb = x / recv.dp
         send_mb = recv.tp * x / (send.tp * send.dp)
         inter = self.cluster.num_nodes > 1 if wrap else self.comm.spans_nodes(max(lo_rank, 0), hi_rank)
+        if self.settings.p2p_scatter_gather and send == recv and recv.tp > 1 and not recv.sp:
+            return self.comm.p2p(recv_mb / recv.tp * MB, inter) + self.comm.all_gather(recv_mb * MB, recv.tp), recv_mb
         return self.comm.p2p(max(recv_mb, send_mb) * MB, inter), recv_mb
 
     # ----- the pipeline ------------------------------------------------------------------------------------------
-    def pipeline(self, stage_costs: list[StageCost], num_micro_batches: int) -> PipelineCost:
-        sync = [s.dp_sync_ms + s.optimizer_ms for s in stage_costs]
+    def _schedule_inputs(self, stage_costs: list[StageCost]):
+        barrier = self.settings.optimizer_barrier
+        sync = [s.dp_sync_ms + (0.0 if barrier else s.optimizer_ms) for s in stage_costs]
+        step = [s.optimizer_ms for s in stage_costs] if barrier else None
+        pro = [getattr(s, "prologue_ms", 0.0) for s in stage_costs]
+        return sync, step, pro if any(pro) else None
+
+    def pipeline(self, stage_costs: list[StageCost], num_micro_batches: int,
+                 events: list | None = None) -> PipelineCost:
+        sync, step, ready = self._schedule_inputs(stage_costs)
         if stage_costs[0].chunk_fwd_ms:
             return interleaved_one_f_one_b([list(s.chunk_fwd_ms) for s in stage_costs],
-                                           [list(s.chunk_bwd_ms) for s in stage_costs], sync, num_micro_batches)
+                                           [list(s.chunk_bwd_ms) for s in stage_costs], sync, num_micro_batches,
+                                           events, ready=ready, step=step)
         fwd = [s.fwd_ms + s.p2p_ms / 2 for s in stage_costs]
         bwd = [s.bwd_ms + s.recompute_ms + s.p2p_ms / 2 for s in stage_costs]
-        return one_f_one_b(fwd, bwd, sync, num_micro_batches)
+        return one_f_one_b(fwd, bwd, sync, num_micro_batches, ready=ready, step=step, events=events)
 
     def pipeline_events(self, stage_costs: list[StageCost], num_micro_batches: int) -> list[Event]:
-        """The schedule's timeline (``types.Event``) from the same per-micro-batch times as ``pipeline``."""
-        sync = [s.dp_sync_ms + s.optimizer_ms for s in stage_costs]
-        if stage_costs[0].chunk_fwd_ms:
-            events: list[Event] = []
-            interleaved_one_f_one_b([list(s.chunk_fwd_ms) for s in stage_costs],
-                                    [list(s.chunk_bwd_ms) for s in stage_costs], sync, num_micro_batches, events)
-            return events
-        fwd = [s.fwd_ms + s.p2p_ms / 2 for s in stage_costs]
-        bwd = [s.bwd_ms + s.recompute_ms + s.p2p_ms / 2 for s in stage_costs]
-        return one_f_one_b_events(fwd, bwd, sync, num_micro_batches)
+        """The schedule's timeline (``types.Event``, finer kinds: ``timeline.refine``) from the same recurrence as
+        ``pipeline``."""
+        from .timeline import refine
+        events: list[Event] = []
+        self.pipeline(stage_costs, num_micro_batches, events)
+        return refine(events, stage_costs, self.settings.optimizer_barrier)
 
     # ----- a whole plan ------------------------------------------------------------------------------------------
     def stage_costs(self, plan) -> list[StageCost]:
@@ -363,8 +485,9 @@ class CostModel:
         warnings = list(getattr(self.source, "warnings", []))
         for i, s in enumerate(stages):
             if not s.fits:
-                warnings.append(f"stage {i} needs {s.memory_mb:.0f} MB per GPU, {s.memory_mb - self.memory_limit_mb:.0f}"
-                                f" MB over the {self.memory_limit_mb:.0f} MB limit")
+                over = s.memory_mb - self.memory_limit_mb
+                warnings.append(f"stage {i} needs {s.memory_mb:.0f} MB per GPU, {over:.0f} MB over the "
+                                f"{self.memory_limit_mb:.0f} MB limit")
         worst = max(range(len(stages)), key=lambda i: mem[i] - self.memory_limit_mb) if not fits else pipe.bottleneck
         flops = self.model.training_flops_per_sample() * global_batch_size
         tflops = flops / (it / 1e3) / num_gpus / 1e12 if it > 0 else 0.0

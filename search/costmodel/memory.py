@@ -28,7 +28,8 @@ precision, ``sbh (10 + 24/t + 5as/(ht))`` under tensor parallelism t without seq
 
 Recompute choices (megatron-core ``recompute_granularity``): *selective* recomputes the attention core (the s^2
 part; with flash attention only the log-sum-exp is saved by it) and the MLP activation function (its output is
-dropped: for gelu that is the fc2 input, for SwiGLU the silu output the gate multiply kept); *full* keeps only the unit input (2sbh) and re-runs the unit's forward in backward; *attn_dropout* (attention units, unfused
+dropped: for gelu that is the fc2 input, for SwiGLU the silu output the gate multiply kept); *full* keeps only the
+unit input (2sbh) and re-runs the unit's forward in backward; *attn_dropout* (attention units, unfused
 attention with attention dropout only) re-runs the probability dropout and the probs x V product: the mask and the
 dropout output (1 + 2 bytes per score element) are not kept, the softmax output is. While a unit
 is re-materialised its dropped activations exist again: that is the transient ``peak`` of the choice. The last
@@ -51,13 +52,22 @@ FRAGMENTATION = 0.05           # caching-allocator slack on activations (PyTorch
 SOFTMAX_BYTES = 4.0            # per score element kept by megatron-core's unfused softmax (fp32 output)
 
 
-def state_bytes_per_param(precision: str, distributed_optimizer: bool, dp: int) -> tuple[float, float, float]:
-    """(weight, gradient, optimizer) bytes per parameter on one GPU."""
+def state_bytes_per_param(precision: str, distributed_optimizer: bool, dp: int,
+                          grad_fp32: bool = False) -> tuple[float, float, float]:
+    """(weight, gradient, optimizer) bytes per parameter on one GPU; ``grad_fp32``: the gradient buffer in fp32
+    (``RunSettings.grad_reduce_in_fp32``; megatron's table in docs/distrib_optimizer.md: bf16 weights with fp32
+    gradients are 6 + 12/d bytes with the distributed optimizer, 18 without)."""
     w = 4.0 if precision == "fp32" else 2.0
     opt = 8.0 if precision == "fp32" else 12.0
     if distributed_optimizer:
         opt /= dp
-    return w, w, opt
+    return w, 4.0 if grad_fp32 else w, opt
+
+
+def grad_copy_bytes(precision: str, grad_fp32: bool) -> float:
+    """Bytes per parameter of the mixed-precision optimizer's fp32 gradient copy (``main_param.grad =
+    main_grad.float()``, megatron-core ``_copy_model_grads_to_main_grads``) when the grad buffer is not fp32."""
+    return 0.0 if grad_fp32 or precision == "fp32" else 4.0
 
 
 def has_attention_dropout(model: ModelSpec) -> bool:

@@ -65,6 +65,10 @@ def load_profile_db(path: str | Path) -> dict:
     for key in ("hardware", "model", "dtype", "units", "embedding", "head"):
         if key not in raw:
             raise AcesoError(f"--db {p}: corrupt profile database, field '{key}' is missing; re-run the profiler")
+    from .profiledb_check import check_profile_db
+    bad = check_profile_db(raw)
+    if bad:
+        raise AcesoError(f"--db {p}: corrupt profile database, {bad}; re-run the profiler")
     raw["_path"] = str(p)
     return raw
 
@@ -140,7 +144,8 @@ class FittedComm(CommModel):
                 raise AcesoError(f"profile database: collectives[{i}] needs kind in {COLLECTIVES} and group >= 2")
             self._coll[(kind, n, inter)] = _Curve(c.get("points", []), f"{kind} on {n} GPUs "
                                                   f"{'inter' if inter else 'intra'}-node")
-        self._p2p = {bool(c.get("inter", False)): _Curve(c.get("points", []), f"p2p {'inter' if c.get('inter') else 'intra'}-node")
+        self._p2p = {bool(c.get("inter", False)): _Curve(c.get("points", []),
+                                                         f"p2p {'inter' if c.get('inter') else 'intra'}-node")
                      for c in db.get("p2p", [])}
 
     def _collective(self, kind: str, nbytes: float, n: int, inter: bool) -> float:
@@ -153,13 +158,13 @@ class FittedComm(CommModel):
             return getattr(super(), kind)(nbytes, n, inter)
         return curve(nbytes, self._warn)
 
-    def all_reduce(self, nbytes: float, n: int, inter: bool = False) -> float:
+    def all_reduce(self, nbytes: float, n: int, inter: bool = False, members: int = 1) -> float:
         return self._collective("all_reduce", nbytes, n, inter)
 
-    def all_gather(self, nbytes: float, n: int, inter: bool = False) -> float:
+    def all_gather(self, nbytes: float, n: int, inter: bool = False, members: int = 1) -> float:
         return self._collective("all_gather", nbytes, n, inter)
 
-    def reduce_scatter(self, nbytes: float, n: int, inter: bool = False) -> float:
+    def reduce_scatter(self, nbytes: float, n: int, inter: bool = False, members: int = 1) -> float:
         return self._collective("reduce_scatter", nbytes, n, inter)
 
     def p2p(self, nbytes: float, inter: bool = False) -> float:
@@ -182,9 +187,16 @@ def _choices_measured(part: str, kind: str) -> tuple[int, ...]:
 
 
 class ProfileSource:
-    """Produces ``UnitTable``s from a checked profile database."""
+    """Produces ``UnitTable``s from a checked profile database.
+
+    What it prices (``features``): the measured units carry no sequence or context parallelism and no
+    transformer-engine TP overlap, so none of those: the cost model refuses plans that use them and the search does
+    not explore them. Interleaving, the distributed optimizer and DP / parameter-gather overlap are priced by
+    ``CostModel`` from the measured unit times and the fitted collective curves (docs/profile-db.md).
+    """
 
     name = "profile"
+    features: tuple[str, ...] = ()
 
     def __init__(self, db: dict, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec):
         _check_match(db, model, cluster, training)

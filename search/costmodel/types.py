@@ -64,6 +64,53 @@ class Features(NamedTuple):
                    plan.tp_comm_overlap)
 
 
+class RunSettings(NamedTuple):
+    """How the framework runs a plan beyond what the plan says: the defaults are our runtime on megatron-core 0.16
+    (and any recent megatron-core / Megatron-LM); ``megatron_lm`` is Megatron-LM's training script; ``LEGACY_V1``
+    turns every refinement added with plan v2 off (the v1 model, for regression tests).
+
+    grad_reduce_in_fp32  gradient buffer and DP reduction in fp32 (4 B per parameter instead of the parameter dtype;
+                         Megatron-LM's arguments.py forces it for bf16; megatron-core's DDP default is off)
+    overlap_tp_dgrad     megatron-core's column-parallel backward (``LinearWithGradAccumulationAndAsyncCommunication``):
+                         the input-gradient all-reduce (SP: reduce-scatter) runs async behind the weight-gradient
+                         GEMM and the SP re-gather of the input behind the input-gradient GEMM (Megatron-LM of
+                         2021, SC'21's runs, had neither)
+    p2p_scatter_gather   Megatron-LM 2021's boundary transfer: each TP rank sends 1/tp of the activation, then the
+                         receiving TP group all-gathers it (megatron-core without SP sends it whole)
+    overlap_p2p_comm     interleaved schedule: p2p sends/receives async behind the next chunk (megatron-core's
+                         default with virtual stages); only the part longer than the op it hides behind is exposed
+    optimizer_barrier    the optimizer step of every stage starts when the slowest stage has its gradients (the
+                         gradient-norm clip all-reduces over the model-parallel group)
+    fp32_grad_copy       the mixed-precision optimizer's fp32 copy of gradients kept in a bf16/fp16 grad buffer
+                         (``main_param.grad = main_grad.float()``): 4 B per parameter (/ dp x cp with the distributed
+                         optimizer) alive during the step, after the activations are freed
+    bucket_params        DDP bucket size in parameters (megatron-core: max(40M, 1M x dp) with overlap_grad_reduce)
+    multi_nic            a DP group with k ranks per node crosses nodes on k NICs (NCCL channels, one NIC per GPU;
+                         ``comm.py``); off: one NIC per group (v1)
+    batched_p2p          1F1B steady state: megatron-core's ``send_forward_recv_backward`` / ``send_backward_recv_
+                         forward`` run the two opposite transfers of a boundary together (full-duplex links)
+    """
+
+    grad_reduce_in_fp32: bool = False
+    overlap_tp_dgrad: bool = True
+    p2p_scatter_gather: bool = False
+    overlap_p2p_comm: bool = True
+    optimizer_barrier: bool = True
+    fp32_grad_copy: bool = True
+    bucket_params: int = 40_000_000
+    multi_nic: bool = True
+    batched_p2p: bool = True
+
+    @classmethod
+    def megatron_lm(cls, precision: str) -> "RunSettings":
+        """Megatron-LM's ``pretrain_gpt.py`` (r0.8 and later): bf16 forces fp32 gradient accumulation."""
+        return cls(grad_reduce_in_fp32=precision == "bf16")
+
+
+LEGACY_V1 = RunSettings(overlap_tp_dgrad=False, overlap_p2p_comm=False, optimizer_barrier=False,
+                        fp32_grad_copy=False, multi_nic=False, batched_p2p=False)
+
+
 @dataclass(frozen=True)
 class UnitTable:
     """Per-unit costs of all the model's units at one (per-rank batch, tp). Arrays are indexed by unit."""
@@ -91,6 +138,11 @@ class UnitTable:
     word_embed_params: float = 0.0
     encoder_output_mb: float = 0.0
     head_peak_mb: float = 0.0     # transient of the loss on the last stage (fp16 logits + an fp32 temporary)
+    # optional detail (additive): TP collective ms hidden behind GEMMs, and ring-attention K/V exchange ms (exposed,
+    # hidden) inside each unit (fwd + bwd); the exposed parts are already in fwd_ms/bwd_ms
+    tp_hidden_ms: np.ndarray | None = None
+    cp_comm_ms: np.ndarray | None = None
+    cp_hidden_ms: np.ndarray | None = None
 
 
 @dataclass
@@ -113,8 +165,14 @@ class StageCost:
     # (+ recompute + its p2p share); empty = one chunk (then fwd_ms + p2p_ms / 2 and the rest)
     chunk_fwd_ms: tuple[float, ...] = ()
     chunk_bwd_ms: tuple[float, ...] = ()
-    # communication per iteration by kind (tp, cp, p2p, dp, ...): (exposed ms, hidden ms behind compute)
+    # communication per iteration by kind: (exposed ms, hidden ms behind compute). Kinds: tp (TP collectives in the
+    # units, the recomputed forwards' excluded), cp (ring-attention K/V exchange), p2p (boundaries), dp (gradient
+    # reduction), param_gather (distributed optimizer), embedding_grads (tied embedding between the end stages)
     comm: dict[str, tuple[float, float]] = field(default_factory=dict)
+    prologue_ms: float = 0.0      # exposed parameter all-gather before the stage's first forward (overlap_param_gather)
+    # per chunk, per micro-batch: (forward, exposed forward p2p, recompute, backward, exposed backward p2p), for
+    # timelines (one entry for a one-chunk stage)
+    chunk_parts: tuple[tuple[float, float, float, float, float], ...] = ()
 
     @property
     def time_per_microbatch_ms(self) -> float:
@@ -122,8 +180,18 @@ class StageCost:
 
 
 class Event(NamedTuple):
-    """One box of a pipeline timeline: ``kind`` (forward | backward | sync, and whatever finer kinds a cost model
-    emits, e.g. recompute, p2p, dp_comm) of ``micro_batch`` on ``chunk`` of ``stage`` (-1: not per micro-batch)."""
+    """One box of a pipeline timeline: ``kind`` of ``micro_batch`` on ``chunk`` of ``stage`` (-1: not per
+    micro-batch / chunk), from ``start_ms`` to ``end_ms``.
+
+    Kinds on a stage's compute lane (they never overlap each other; their durations add up to
+    ``PipelineCost.stage_busy_ms``): ``forward``, ``backward``, ``recompute`` (the re-run forward inside a backward),
+    ``p2p`` (exposed boundary send/recv), ``dp_comm`` (exposed DP gradient reduction after the last backward),
+    ``param_gather`` (exposed parameter all-gather of the distributed optimizer: before the first forward when
+    overlapped, else inside the step), ``optimizer`` (the step after the barrier). ``sync`` and ``step`` are the
+    coarse forms of dp_comm and optimizer (+ param_gather) that ``pipeline.py`` itself emits.
+    Kinds on a stage's communication lane (running under compute, not part of the busy time): ``dp_comm_hidden``,
+    ``param_gather_hidden``.
+    """
 
     stage: int
     chunk: int
@@ -135,13 +203,14 @@ class Event(NamedTuple):
 
 @dataclass
 class PipelineCost:
-    """1F1B timing of the whole pipeline."""
+    """Timing of the whole pipeline (``pipeline.py``)."""
 
     iteration_ms: float
-    stage_total_ms: list[float]
-    bottleneck: int
-    bubble_ms: float = 0.0
+    stage_total_ms: list[float]   # per stage: when it would finish (its last op + sync + step)
+    bottleneck: int               # the busiest stage
+    bubble_ms: float = 0.0        # iteration - the bottleneck's busy time
     num_chunks: int = 1           # model chunks per stage (interleaved 1F1B when > 1)
+    stage_busy_ms: list[float] = field(default_factory=list)   # per stage: its own work (compute-lane events)
 
 
 @dataclass

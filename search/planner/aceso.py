@@ -317,9 +317,35 @@ def polish(ev: Evaluator, space: Space, e: Evaluation, max_spans: int) -> Evalua
 _JOB: dict = {}
 
 
-def _ignore_sigint() -> None:  # workers: Ctrl-C is the parent's to handle
+def _ignore_sigint() -> None:  # workers: Ctrl-C is the parent's to handle; they die with it
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # pool.terminate(): no handler inherited from the parent
+    die_with_parent()
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``; elsewhere a thread polls
+    ``getppid``): a search killed by SIGTERM or SIGKILL leaves no workers behind."""
+    import os
+    import signal
+    parent = os.getppid()
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0:    # PR_SET_PDEATHSIG = 1
+            if os.getppid() != parent:                     # the parent died before the call
+                os._exit(1)
+            return
+    except (OSError, AttributeError):
+        pass
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _run_one(S: int) -> StageCountResult:

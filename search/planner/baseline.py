@@ -73,7 +73,7 @@ def best_uniform(cm, gbs: int, space: Space, model) -> BaselineResult | None:
                 continue
             dp = g // tp
             for mbs in space.mbs_list:
-                if mbs % dp:
+                if mbs % dp or not space.allows(tp, dp, mbs):
                     continue
                 for split in layer_splits(L, pp):
                     cum = np.concatenate([[0], np.cumsum(split)])

@@ -36,8 +36,12 @@ _EYE = np.eye(N_RC, dtype=np.int64)
 FILL_ORDER = (2, 1, ATTN_DROPOUT)   # within a type of identical units: full first, then selective, attn_dropout
 _FRONTIERS: dict[tuple, list] = {}
 # op-level models: cost model -> stage position/shape -> ((stack, kind), choice, probed on two units) ->
-# (dt, dmem per unit, transient peak)
+# (dt, dmem per unit, transient peak); and the results of op-level stages: cost model -> (position/shape, stage
+# signature) -> (codes, StageCost), bounded by MEMO_LIMIT (an exact memo: clearing it changes nothing)
 _PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+MEMO_LIMIT = 50_000
+_KINDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # cost model -> its units' kind numbers
 
 
 def _pareto(act: np.ndarray, t: np.ndarray, counts: np.ndarray, cap: int = CAP):
@@ -57,25 +61,74 @@ def _pareto(act: np.ndarray, t: np.ndarray, counts: np.ndarray, cap: int = CAP):
     return act, t, counts
 
 
+def _thin_edges(lo: float, hi: float, cap: int) -> np.ndarray:
+    """``np.linspace(lo, hi, cap)``, bit for bit, without its per-call overhead (it runs once per frontier step)."""
+    div = cap - 1
+    delta = hi - lo
+    step = delta / div
+    y = np.arange(cap, dtype=float)
+    y = y / div * delta if step == 0 else y * step
+    y += lo
+    y[-1] = hi
+    return y
+
+
+def _frontier_step(z: np.ndarray, counts: np.ndarray, moves_z: np.ndarray, moves_counts: np.ndarray, cap: int):
+    """One more identical unit. A frontier is ``z`` = act + i time (complex: numpy sorts it by act, then time,
+    as ``_pareto``'s lexsort) sorted with time decreasing, and ``counts`` per point; ``moves_z`` / ``moves_counts``
+    hold one row per allowed choice. The same points, order and thinning as ``_pareto`` over the concatenated
+    candidates, in a handful of numpy calls."""
+    cand = (moves_z[:, None] + z[None, :]).ravel()
+    src = np.argsort(cand, kind="stable")
+    cand = cand[src]
+    if len(cand) > 1:
+        t = cand.imag
+        keep = np.empty(len(cand), bool)
+        keep[0] = True
+        keep[1:] = t[1:] < np.minimum.accumulate(t)[:-1]
+        cand, src = cand[keep], src[keep]
+    if len(cand) > cap:  # thin: keep the cheapest point of each activation bucket (and both ends)
+        act = cand.real
+        bucket = np.searchsorted(_thin_edges(float(act[0]), float(act[-1]), cap), act, side="right")
+        last = np.empty(len(act), bool)
+        last[:-1] = bucket[1:] != bucket[:-1]
+        last[-1] = True
+        last[0] = True
+        cand, src = cand[last], src[last]
+    choice, parent = np.divmod(src, len(z))
+    return cand, counts[parent] + moves_counts[choice]
+
+
+def _complex(act, t) -> np.ndarray:
+    z = np.empty(len(act), complex)
+    z.real, z.imag = act, t
+    return z
+
+
 def _type_frontier(rt: np.ndarray, act: np.ndarray, allowed: tuple[bool, ...], n: int, cap: int = CAP,
                    row_key: bytes | None = None):
-    """Pareto frontier of n identical units: arrays (act, time, counts[m, N_RC]) sorted by act, time decreasing."""
+    """Pareto frontier of n identical units: arrays (act, time, counts[m, N_RC]) sorted by act, time decreasing.
+
+    Built once per unit count and cached (``_FRONTIERS``): each count extends the previous one by one unit
+    (``_frontier_step``); the arrays handed out are made on the first request of a count."""
     key = (row_key or rt.tobytes() + act.tobytes(), allowed, cap)
     lst = _FRONTIERS.get(key)
-    if lst is not None and len(lst) > n:
-        return lst[n]
     if lst is None:
         if len(_FRONTIERS) > 4096:  # bounded: tables of many (batch, tp) pairs
             _FRONTIERS.clear()
-        lst = _FRONTIERS[key] = [(np.zeros(1), np.zeros(1), np.zeros((1, N_RC), np.int64))]
-    choices = [c for c in range(N_RC) if allowed[c]]
-    while len(lst) <= n:
-        a0, t0, c0 = lst[-1]
-        a = np.concatenate([a0 + act[c] for c in choices])
-        t = np.concatenate([t0 + rt[c] for c in choices])
-        cnt = np.concatenate([c0 + _EYE[c] for c in choices])
-        lst.append(_pareto(a, t, cnt, cap))
-    return lst[n]
+        lst = _FRONTIERS[key] = [[np.zeros(1, complex), np.zeros((1, N_RC), np.int32), None]]
+    if len(lst) <= n:
+        choices = [c for c in range(N_RC) if allowed[c]]
+        moves_z, moves_counts = _complex(act[choices], rt[choices]), _EYE[choices].astype(np.int32)
+        z, counts = lst[-1][:2]
+        while len(lst) <= n:
+            z, counts = _frontier_step(z, counts, moves_z, moves_counts, cap)
+            lst.append([z, counts, None])
+    entry = lst[n]
+    if entry[2] is None:
+        z = entry[0]
+        entry[2] = (z.real.copy(), z.imag.copy(), entry[1].astype(np.int64))
+    return entry[2]
 
 
 def solve(rt: np.ndarray, act: np.ndarray, peak: np.ndarray, inflight: int, budget: float, groups=None,
@@ -160,14 +213,7 @@ def optimize_stage(cm, i, num_stages, first_rank, start, end, tp, dp, mbs, **kw)
     try:
         table = cm.unit_table(mbs // dp, tp)
     except NotImplementedError:
-        kinds = [(u.stack, u.kind) for u in cm.model.units[start:end]]
-        try:
-            per_model = _PROBES.setdefault(cm, {})
-        except TypeError:  # not weak-referenceable: no probe cache
-            per_model = None
-        key = (i, num_stages, first_rank, tp, dp, mbs, tuple(sorted(kw.items())))
-        probes = per_model.setdefault(key, {}) if per_model is not None else None
-        return _optimize_by_probing(cost, n, kinds, c0, cm.memory_limit_mb, probes)
+        return _optimize_op_level(cm, cost, c0, i, num_stages, first_rank, start, end, tp, dp, mbs, kw)
     span = slice(start, end)
     rt, act, peak = table.recompute_ms[span], table.act_mb[span], table.peak_mb[span]
     full = np.full(n, 2, np.int8)
@@ -190,7 +236,61 @@ def optimize_stage(cm, i, num_stages, first_rank, start, end, tp, dp, mbs, **kw)
     return full, c2 if c2.memory_mb <= c0.memory_mb else c0
 
 
-def _optimize_by_probing(cost, n, kinds, c0, limit, probes=None):
+def _optimize_op_level(cm, cost, c0, i, num_stages, first_rank, start, end, tp, dp, mbs, kw):
+    """``_optimize_by_probing`` with the probe cache of the stage's position and shape, and a memo of results.
+
+    The memo is exact: a cost model with ``stage_signature(start, end)`` says which spans have the same content
+    (aceso-compat: the same op sequence), and such spans at one position and shape get the same result, because
+    ``stage_cost`` and the probes they read are the same (probes are only added, never changed)."""
+    try:
+        per_model, memo = _PROBES.setdefault(cm, {}), _MEMO.setdefault(cm, {})
+    except TypeError:  # not weak-referenceable: no probe cache, no memo
+        per_model = memo = None
+    key = (i, num_stages, first_rank, tp, dp, mbs, tuple(sorted(kw.items())))
+    memo_key = None
+    if memo is not None and hasattr(cm, "stage_signature"):
+        memo_key = (key, cm.stage_signature(start, end))
+        hit = memo.get(memo_key)
+        if hit is not None:
+            return hit
+    probes = per_model.setdefault(key, {}) if per_model is not None else None
+    out = _optimize_by_probing(cost, end - start, _span_kinds(cm, start, end), c0, cm.memory_limit_mb, probes)
+    if memo_key is not None:
+        if len(memo) >= MEMO_LIMIT:
+            memo.clear()
+        out[0].setflags(write=False)  # shared by every span with this content
+        memo[memo_key] = out
+    return out
+
+
+def _span_kinds(cm, start: int, end: int) -> tuple[np.ndarray, list]:
+    """The units ``[start, end)`` of ``cm.model`` by kind ``(stack, kind)``: (the kind number of each unit, kinds
+    numbered in order of first appearance; those kinds). The model's numbering is made once per cost model."""
+    hit = _KINDS.get(cm) if _weakrefable(cm) else None
+    if hit is None:
+        kinds = list(dict.fromkeys((u.stack, u.kind) for u in cm.model.units))
+        number = {k: j for j, k in enumerate(kinds)}
+        hit = (kinds, np.array([number[u.stack, u.kind] for u in cm.model.units], np.int64))
+        if _weakrefable(cm):
+            _KINDS[cm] = hit
+    kinds, ids = hit
+    ids = ids[start:end]
+    present, first = np.unique(ids, return_index=True)
+    order = present[np.argsort(first)]
+    renumber = np.zeros(len(kinds), np.int64)
+    renumber[order] = np.arange(len(order))
+    return renumber[ids], [kinds[j] for j in order]
+
+
+def _weakrefable(obj) -> bool:
+    try:
+        weakref.ref(obj)
+        return True
+    except TypeError:
+        return False
+
+
+def _optimize_by_probing(cost, n, span_kinds, c0, limit, probes=None):
     """For cost models without additive per-unit tables (aceso-compat: op-level recompute segments).
 
     Two candidate sources, the fastest fitting result wins:
@@ -200,28 +300,31 @@ def _optimize_by_probing(cost, n, kinds, c0, limit, probes=None):
       the savings re-scaled until the real model agrees, each result checked with ``cost``;
     * prefix families: the first k units at ``selective`` or ``full``, or all selective with the first k full;
       memory falls and time rises with k, so the smallest fitting k of each is found by bisection.
+
+    ``span_kinds`` = (kind number per unit, numbered in order of first appearance; the kinds): ``_span_kinds``.
     """
     cands = []
-    members: dict = {}
-    for u, k in enumerate(kinds):
-        members.setdefault(k, []).append(u)
-    d_t, d_m, d_p = {}, {}, {}
-    for k, us in members.items():
+    groups, names = span_kinds
+    num_units = np.bincount(groups, minlength=len(names))
+    # per kind and choice (columns: none = 0, then choices 1..): time and memory per unit, transient peak
+    k_t, k_m, k_p = (np.zeros((len(names), N_RC)) for _ in range(3))
+    for g, k in enumerate(names):
+        first_two = None
         for c in range(1, N_RC):
             if RC[c] not in recompute_allowed(k[1]):
-                d_t[k, c], d_m[k, c], d_p[k, c] = UNAVAILABLE_MS, 0.0, 0.0
+                k_t[g, c] = UNAVAILABLE_MS
                 continue
-            hit = probes.get((k, c, len(us) > 1)) if probes is not None else None
+            two = bool(num_units[g] > 1)
+            hit = probes.get((k, c, two)) if probes is not None else None
             if hit is None:
-                hit = _probe(cost, n, us[:2], c, c0)
+                if first_two is None:
+                    first_two = np.flatnonzero(groups == g)[:2]
+                hit = _probe(cost, n, first_two, c, c0)
                 if probes is not None:
-                    probes[k, c, len(us) > 1] = hit
-            d_t[k, c], d_m[k, c], d_p[k, c] = hit
-    rt = np.array([[0.0] + [d_t[k, c] for c in range(1, N_RC)] for k in kinds])
-    act = np.array([[0.0] + [d_m[k, c] for c in range(1, N_RC)] for k in kinds])
+                    probes[k, c, two] = hit
+            k_t[g, c], k_m[g, c], k_p[g, c] = hit
     quantum = limit * PEAK_QUANTUM   # rounded up to a few levels: ``solve`` tries each distinct peak
-    peak = np.ceil(np.array([[0.0] + [d_p[k, c] for c in range(1, N_RC)] for k in kinds]) / quantum) * quantum
-    groups = np.array([list(members).index(k) for k in kinds])
+    rt, act, peak = k_t[groups], k_m[groups], (np.ceil(k_p / quantum) * quantum)[groups]
     budget, scale, tried = limit - c0.memory_mb, 1.0, set()
     for _ in range(6):  # re-scale the probed savings by what the real model gives, keep every fitting result
         rc = solve(rt, act * scale, peak, 1, budget, groups, cap=64)
@@ -321,22 +424,25 @@ def refine_by_counts(cost, rc: np.ndarray, current, kinds, allowed, cap: int = C
 
 def count_assignments(kinds, allowed) -> tuple[int, Iterator[np.ndarray]]:
     """(how many, an iterator over) the codes of every per-kind choice count: units of one kind (``kinds[u]``)
-    take the chosen choices in ``FILL_ORDER``, the rest none; ``allowed[u]`` = the codes unit u can take."""
+    take the chosen choices in ``FILL_ORDER``, the rest none; ``allowed[u]`` = the codes unit u can take.
+
+    The number is counted, not enumerated (``C(n + c - 1, c - 1)`` multisets per kind of n units and c codes), so
+    asking for it costs nothing even when there are millions of assignments; the iterator builds them lazily."""
     groups: dict = {}
     for u, k in enumerate(kinds):
         groups.setdefault(k, []).append(u)
-    options = []
-    for units in groups.values():
-        codes = [c for c in (*FILL_ORDER, 0) if c in allowed[units[0]]]
-        options.append([(units, combo) for combo in itertools.combinations_with_replacement(codes, len(units))])
+    kinds_codes = [(units, [c for c in (*FILL_ORDER, 0) if c in allowed[units[0]]]) for units in groups.values()]
+    number = math.prod(math.comb(len(units) + len(codes) - 1, len(codes) - 1) for units, codes in kinds_codes)
 
     def each() -> Iterator[np.ndarray]:
+        options = [[(units, combo) for combo in itertools.combinations_with_replacement(codes, len(units))]
+                   for units, codes in kinds_codes]
         for pick in itertools.product(*options):
             trial = np.zeros(len(kinds), np.int8)
             for units, combo in pick:
                 trial[units] = combo
             yield trial
-    return math.prod(len(o) for o in options), each()
+    return number, each()
 
 
 def has_unit_tables(cm) -> bool:

@@ -41,10 +41,8 @@ def assumed_attention(cm) -> str | None:
 
 
 def _rc_text(rc) -> str:
-    counts = {RC[c]: int((rc == c).sum()) for c in range(len(RC)) if (rc == c).any()}
-    if len(counts) == 1:
-        return next(iter(counts))
-    return ", ".join(f"{k} {v}" for k, v in counts.items())
+    from ..plan import recompute_text
+    return recompute_text({RC[c]: int((rc == c).sum()) for c in range(len(RC))})
 
 
 def stage_rows(ev: Evaluation) -> list[dict]:
@@ -52,7 +50,8 @@ def stage_rows(ev: Evaluation) -> list[dict]:
     rows = []
     for i, (tp, dp) in enumerate(st.shapes):
         s = ev.stages[i]
-        rows.append({"stage": i, "gpus": tp * dp, "tp": tp, "dp": dp, "units": [st.bounds[i], st.bounds[i + 1]],
+        rows.append({"stage": i, "gpus": tp * dp, "tp": tp, "dp": dp, "micro_batch_per_rank": st.mbs // dp,
+                     "units": [st.bounds[i], st.bounds[i + 1]],
                      "recompute": _rc_text(s.rc), "time_ms": round(ev.stage_total_ms[i], 3),
                      "time_per_microbatch_ms": round(s.cost.time_per_microbatch_ms, 4),
                      "memory_mb": round(s.cost.memory_mb, 1)})
@@ -79,23 +78,27 @@ def print_table(plan, ev: Evaluation, base, result, cm, file=None) -> None:
     from rich.table import Table
     con = Console(file=file or sys.stdout, width=120)
     t = Table(title=f"{plan.model.name} on {plan.cluster.label if plan.cluster else plan.world_size} GPUs "
-                    f"({getattr(cm, 'kind', 'analytic')}), micro-batch {plan.micro_batch_size}, "
+                    f"({getattr(cm, 'kind', 'analytic')}), pipeline micro-batch {plan.micro_batch_size}, "
                     f"global batch {plan.global_batch_size}")
-    for col in ("stage", "GPUs", "tp", "dp", "units", "recompute", "1F1B time ms", "ms/micro-batch", "memory MB"):
+    for col in ("stage", "GPUs", "tp", "dp", "mbs/rank", "units", "recompute", "1F1B time ms", "ms/micro-batch",
+                "memory MB"):
         t.add_column(col, justify="right" if col not in ("recompute", "units") else "left")
     for r in stage_rows(ev):
-        t.add_row(str(r["stage"]), str(r["gpus"]), str(r["tp"]), str(r["dp"]), f"{r['units'][0]}-{r['units'][1]}",
+        t.add_row(str(r["stage"]), str(r["gpus"]), str(r["tp"]), str(r["dp"]), str(r["micro_batch_per_rank"]),
+                  f"{r['units'][0]}-{r['units'][1]}",
                   r["recompute"], f"{r['time_ms']:.1f}", f"{r['time_per_microbatch_ms']:.2f}",
                   f"{r['memory_mb']:.0f}")
     con.print(t)
     sps = plan.global_batch_size / ev.iteration_ms * 1000
     con.print(f"predicted iteration {ev.iteration_ms:.2f} ms, {sps:.2f} samples/s")
     if base is not None and base.fits:
-        con.print(f"uniform baseline: pp {base.pp} tp {base.tp} dp {base.dp} mbs {base.mbs} recompute "
+        con.print(f"uniform baseline: pp {base.pp} tp {base.tp} dp {base.dp} micro-batch {base.mbs} "
+                  f"({base.mbs // base.dp} per rank) recompute "
                   f"{base.recompute}: {base.iteration_ms:.2f} ms -> speedup {base.iteration_ms / ev.iteration_ms:.3f}x")
     else:
         con.print("uniform baseline: no uniform configuration fits")
-    con.print(f"search {result.seconds:.2f} s, {result.evals} plans evaluated")
+    con.print(f"search {result.seconds:.2f} s, {result.evals} plans evaluated (units: half layers; mbs/rank: "
+              "Megatron's --micro-batch-size)")
 
 
 def infeasible_hint(best: Evaluation | None, cm, cluster, training, space) -> str:

@@ -193,16 +193,18 @@ def from_plan(plan: ParallelPlan) -> tuple[State, list[np.ndarray]]:
 @dataclass(frozen=True)
 class Space:
     """What shapes the cluster and model allow: TP a power of two dividing heads, query groups and FFN, at most
-    ``gpus_per_node``; DP dividing the micro-batch; TP groups (adjacent ranks) never straddle a node."""
+    ``gpus_per_node``; DP dividing the micro-batch; TP groups (adjacent ranks) never straddle a node; and, when the
+    cost model covers only some shapes (``allowed``), a stage's (per-rank batch ``mbs // dp``, tp) among them."""
 
     num_gpus: int
     gpus_per_node: int
     tps: tuple[int, ...]
     mbs_list: tuple[int, ...]
     num_units: int
+    allowed: frozenset[tuple[int, int]] | None = None   # (per-rank batch, tp) a stage may use; None: any
 
     @classmethod
-    def of(cls, model, cluster, training, micro_batch_sizes=None) -> Space:
+    def of(cls, model, cluster, training, micro_batch_sizes=None, allowed=None) -> Space:
         tps, t = [], 1
         while t <= cluster.gpus_per_node:
             if all(v % t == 0 for v in (model.num_attention_heads, model.groups, model.ffn_hidden_size)):
@@ -210,15 +212,27 @@ class Space:
             t *= 2
         mbs = sorted({m for m in (micro_batch_sizes or training.micro_batch_sizes)
                       if training.global_batch_size % m == 0})
-        return cls(cluster.num_gpus, cluster.gpus_per_node, tuple(tps), tuple(mbs), model.num_units)
+        return cls(cluster.num_gpus, cluster.gpus_per_node, tuple(tps), tuple(mbs), model.num_units,
+                   None if allowed is None else frozenset(allowed))
+
+    def allows(self, tp: int, dp: int, mbs: int) -> bool:
+        """Whether a stage of this (tp, dp) at pipeline micro-batch ``mbs`` is in the cost model's coverage."""
+        return self.allowed is None or (mbs // dp, tp) in self.allowed
 
     def shapes(self, g: int, mbs: int) -> list[tuple[int, int]]:
-        return [(tp, g // tp) for tp in self.tps if g % tp == 0 and mbs % (g // tp) == 0]
+        return [(tp, g // tp) for tp in self.tps
+                if g % tp == 0 and mbs % (g // tp) == 0 and self.allows(tp, g // tp, mbs)]
 
     def valid_counts(self) -> list[int]:
         """GPU counts a stage can have under some micro-batch size."""
         return sorted({tp * dp for tp in self.tps for m in self.mbs_list for dp in range(1, m + 1)
-                       if m % dp == 0 and tp * dp <= self.num_gpus})
+                       if m % dp == 0 and tp * dp <= self.num_gpus and self.allows(tp, dp, m)})
+
+    def candidate_shapes(self) -> set[tuple[int, int]]:
+        """Every (per-rank batch, tp) a stage could use before ``allowed`` filters: what a report of the
+        dropped ones compares against."""
+        return {(m // dp, tp) for tp in self.tps for m in self.mbs_list for dp in range(1, m + 1)
+                if m % dp == 0 and tp * dp <= self.num_gpus}
 
     def legal(self, state: State) -> bool:
         if sum(tp * dp for tp, dp in state.shapes) != self.num_gpus:
@@ -229,7 +243,7 @@ class Space:
             return False
         gpn = self.gpus_per_node
         for first, (tp, dp) in zip(state.first_ranks(), state.shapes):
-            if tp not in self.tps or state.mbs % dp:
+            if tp not in self.tps or state.mbs % dp or not self.allows(tp, dp, state.mbs):
                 return False
             for j in range(dp):
                 lo = first + j * tp

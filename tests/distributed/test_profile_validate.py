@@ -4,18 +4,21 @@ validate; ``--cpu --tiny`` runs the whole pipeline (profile -> predict -> aceso 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 from search.plan import RECOMPUTE_CHOICES, parse_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu" / "validate.sh"
+ENV = {**os.environ, "PYTHON": sys.executable}   # this interpreter, not the python on PATH
 
 
 def test_dry_run_plans(tmp_path):
     r = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--out", str(tmp_path)], capture_output=True, text=True,
-                       timeout=120, check=False)
+                       timeout=120, check=False, env=ENV)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
     assert "profile" in lines[0] and "--tp 1 --micro-batch-sizes 1 2" in lines[0]
@@ -30,7 +33,7 @@ def test_dry_run_plans(tmp_path):
 
 def test_cpu_tiny_pipeline(tmp_path):
     r = subprocess.run(["bash", str(SCRIPT), "--cpu", "--tiny", "--steps", "3", "--max-plans", "1", "--out",
-                        str(tmp_path)], capture_output=True, text=True, timeout=400, check=False)
+                        str(tmp_path)], capture_output=True, text=True, timeout=400, check=False, env=ENV)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     res = json.loads((tmp_path / "validate.json").read_text())
     (row,) = res["plans"]

@@ -108,3 +108,44 @@ def test_evaluate_ref_gives_the_golden_iteration_as_a_plan_cost(reference_db):
     assert cost.iteration_ms == pytest.approx(67732.52, rel=1e-6)          # README golden value
     assert [s.memory_mb for s in cost.stages] == pytest.approx([11640.11, 11848.03, 11552.14], rel=1e-6)
     assert cost.fits and cost.samples_per_s == pytest.approx(512 / 67.73252, rel=1e-6)
+
+
+@pytest.mark.parametrize("preset", ["gpt-1.3b", "t5-770m"])
+def test_spans_with_the_same_ops_have_one_signature_and_bit_identical_costs(preset, reference_db):
+    """A stage's numbers depend on its op sequence only, not on its offset in the model (sums over the stage's
+    own slice), so the search may reuse results across spans with one ``stage_signature``."""
+    model = load_model(preset)
+    cm = make_compat_cost_model(model, parse_cluster("1x4-v100", memory_limit_mb=12000), TRAINING,
+                                reference_db / "miniset")
+    U = model.num_units
+    period = 2 if model.family == "gpt" else 3           # GPT: attention + MLP; T5 decoder layer: 3 units
+    a = 6 if model.family == "gpt" else 2 * model.num_layers + 3
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 5, 7):
+        rc = np.array([rng.choice([0, 1, 2]) for _ in range(n)], np.int8)
+        same = [(a + period * k, a + period * k + n) for k in range(3)]
+        assert len({cm.stage_signature(*s) for s in same}) == 1
+        costs = [cm.stage_cost(1, 3, 1, *s, 1, 1, rc, 2) for s in same]
+        fresh = make_compat_cost_model(model, parse_cluster("1x4-v100", memory_limit_mb=12000), TRAINING,
+                                       reference_db / "miniset")
+        assert costs[0] is costs[1] is costs[2]                          # one cache entry
+        assert fresh._stage_cost(1, 3, 1, *same[2], 1, 1, rc, 2) == costs[0]   # computed afresh: the same bits
+    assert cm.stage_signature(a, a + 2) != cm.stage_signature(a + 1, a + 3)   # other ops
+    assert cm.stage_signature(0, 2) != cm.stage_signature(period, period + 2)  # the embedding is in the first
+    assert cm.stage_signature(U - 2, U) != cm.stage_signature(U - 2 - period, U - period)  # the head in the last
+
+
+def test_op_level_stage_optimum_is_the_same_with_and_without_the_memo(reference_db):
+    from search.planner.recompute import optimize_stage
+    model = load_model("gpt-1.3b")
+    cluster = parse_cluster("1x4-v100", memory_limit_mb=16000)   # between the all-full (7916) and none (27345)
+
+    def fresh():
+        return make_compat_cost_model(model, cluster, TRAINING, reference_db / "miniset")
+    cm = fresh()
+    first = optimize_stage(cm, 1, 4, 1, 10, 24, 1, 1, 1)
+    again = optimize_stage(cm, 1, 4, 1, 12, 26, 1, 1, 1)     # same ops two units on: the memo answers
+    alone = optimize_stage(fresh(), 1, 4, 1, 12, 26, 1, 1, 1)
+    assert again[1] is first[1]
+    assert np.array_equal(again[0], alone[0]) and again[1] == alone[1]
+    assert alone[1].fits and alone[0].any()   # it recomputes: the probing path ran

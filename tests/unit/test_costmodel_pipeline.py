@@ -54,19 +54,17 @@ def test_identical_stages_give_the_textbook_bubble(p, m):
 
 
 def test_heterogeneous_stages_against_simulation():
+    """The recurrence (with its periodic jump) is exact against the independent simulation, for any stages."""
     rnd = random.Random(7)
-    worst = 0.0
-    for _ in range(400):
-        p, m = rnd.randint(1, 8), rnd.randint(1, 24)
+    for trial in range(600):
+        p, m = rnd.randint(1, 8), rnd.randint(1, 40)
         fwd = [rnd.uniform(0.5, 3) for _ in range(p)]
         bwd = [rnd.uniform(0.5, 6) for _ in range(p)]
+        if trial % 5 == 0:           # equal and near-equal stages: the jump is taken from the first rounds
+            fwd, bwd = [1.5 + 1e-4 * rnd.random() for _ in range(p)], [2.5] * p
         sim = simulate_1f1b(fwd, bwd, m)
         got = one_f_one_b(fwd, bwd, [0.0] * p, m).iteration_ms
-        assert got <= sim * (1 + 1e-12)                  # a critical-path lower bound ...
-        worst = max(worst, (sim - got) / sim)
-        if m < p:
-            assert got == pytest.approx(sim)             # ... simulated exactly when M < p
-    assert worst < 0.06                                  # ... and close to the schedule otherwise
+        assert got == pytest.approx(sim, rel=1e-12)
 
 
 def test_sync_adds_after_each_stage_and_bottleneck_is_the_slowest():

@@ -96,7 +96,7 @@ def test_data_prepare_bad_input_exits_2_without_torch(tmp_path):
     r = run_blocked(f"""
         from search.cli import main
         codes = [main(['data', 'prepare', {str(tmp_path / 'missing.jsonl')!r}, '-o', {str(tmp_path / 'x')!r}]),
-                 main(['data', 'prepare', {str(bad)!r}, '-o', {str(tmp_path / 'nodir' / 'x')!r}]),
+                 main(['data', 'prepare', {str(bad)!r}, '-o', {str(tmp_path / 'x.bin')!r}]),
                  main(['data', 'prepare', {str(bad)!r}, '-o', {str(tmp_path / 'x')!r}, '--tokenizer', 'sp:x'])]
         print(codes)
     """)
@@ -104,4 +104,4 @@ def test_data_prepare_bad_input_exits_2_without_torch(tmp_path):
     assert r.stdout.strip() == "[2, 2, 2]"
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 3
-    assert "no such input file" in lines[0] and "does not exist" in lines[1] and "unknown tokenizer" in lines[2]
+    assert "no such input file" in lines[0] and "without .bin" in lines[1] and "unknown tokenizer" in lines[2]

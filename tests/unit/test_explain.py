@@ -105,3 +105,71 @@ def test_reference_configs_are_explained_exactly_under_compat(reference_db, caps
         for st, r in zip(out["stages"], rows):
             assert st["time_ms"] == pytest.approx(float(r["time"]), rel=1e-3)
             assert st["memory_mb"] == pytest.approx(float(r["memory(total)"]), rel=1e-3)
+
+
+def test_v2_features_and_exposed_hidden_comm(tmp_path, capsys):
+    """An interleaved SP plan with every overlap: the report names the features and, per stage, each
+    communication kind's exposed and hidden ms, which add up to the stage's comm totals."""
+    from search.plan import uniform_plan
+    m = load_model("llama3-8b")
+    c = parse_cluster("2x8-h100")
+    plan = uniform_plan(m, 2, 4, 2, 4, 64, cluster=c, sequence_parallel=True, num_virtual_stages=2,
+                        distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True,
+                        tp_comm_overlap=True)
+    path = tmp_path / "v2.json"
+    path.write_text(plan.to_json())
+    out = _json(capsys, ["explain", str(path), "--json"])
+    f = out["features"]
+    assert f["sequence_parallel"] == [0, 1] and f["virtual_stages"] == 2 and f["tp_comm_overlap"]
+    assert f["overlap_grad_reduce"] and f["overlap_param_gather"] and f["distributed_optimizer"]
+    for s in out["stages"]:
+        assert {"tp", "p2p", "dp", "param_gather"} <= set(s["comm"]) and s["sp"] is True
+        assert s["comm_exposed_ms"] == pytest.approx(sum(v["exposed_ms"] for v in s["comm"].values()))
+        assert s["comm_hidden_ms"] == pytest.approx(sum(v["hidden_ms"] for v in s["comm"].values()))
+        assert s["comm"]["tp"]["hidden_ms"] > s["comm"]["tp"]["exposed_ms"] > 0
+        assert len(s["units"]) == 2                      # two chunks per stage
+    lm = _json(capsys, ["explain", str(path), "--json", "--framework", "megatron-lm"])
+    assert lm["stages"][0]["memory_breakdown_mb"]["grads"] == pytest.approx(
+        2 * out["stages"][0]["memory_breakdown_mb"]["grads"])            # fp32 gradients under Megatron-LM
+    assert main(["explain", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "SP on stages 0,1" in text and "exposed / hidden" in text
+
+
+def test_v1_plan_and_bad_v2_fields(tmp_path, plan_file, capsys):
+    path, plan = plan_file
+    raw = json.loads(path.read_text())
+    raw["schema_version"] = 1
+    for st in raw["stages"]:                               # the v1 form: spans on the stage, no v2 fields
+        ch = st.pop("chunks")[0]
+        st.update(ch)
+        st.pop("cp", None)
+        st.pop("sequence_parallel", None)
+    for k in ("distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"):
+        raw.pop(k, None)
+    v1 = tmp_path / "v1.json"
+    v1.write_text(json.dumps(raw))
+    got = _json(capsys, ["explain", str(v1), "--json"])
+    assert got["features"]["virtual_stages"] == 1 and got["features"]["sequence_parallel"] == []
+    base = json.loads(path.read_text())
+    for change, needle in ((lambda r: r["stages"][0].update(sequence_parallel=True, tp=1, dp=4), "sequence_parallel"),
+                           (lambda r: r.update(overlap_param_gather=True), "overlap_param_gather"),
+                           (lambda r: r.update(tp_comm_overlap=True), "tp_comm_overlap"),
+                           (lambda r: r["stages"][0].update(cp=3, dp=1, num_gpus=6), "cp")):
+        bad = json.loads(json.dumps(base))
+        change(bad)
+        p = tmp_path / "bad.json"
+        p.write_text(json.dumps(bad))
+        assert main(["explain", str(p)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert needle in err and len(err.splitlines()) == 1
+    sp = json.loads(json.dumps(base))
+    sp["stages"][0]["sequence_parallel"] = True
+    p = tmp_path / "sp.json"
+    p.write_text(json.dumps(sp))
+    db = tmp_path / "db.json"
+    from search.costmodel.profiledb import ProfileDBWriter
+    ProfileDBWriter(plan.model, gpu="a100", dtype="fp16").save(db)
+    assert main(["explain", str(p), "--cost-model", "profile", "--db", str(db), "--precision", "fp16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot price sequence parallelism" in err and len(err.splitlines()) == 1

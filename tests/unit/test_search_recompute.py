@@ -131,3 +131,52 @@ def test_probing_path_fits_and_local_search_never_hurts(seed):
     assert cost2.fits and cost2.time_per_microbatch_ms <= cost.time_per_microbatch_ms
     exact, _ = optimize_stage(syn, 0, 2, 0, 0, n, 1, 1, 2)  # and the exact optimum bounds both from below
     assert f(exact).time_per_microbatch_ms <= cost2.time_per_microbatch_ms + 1e-9
+
+
+# ----- speed-ups that must not change a result -------------------------------------------------------------------
+def _frontier_step_by_concatenation(front, rt, act, choices, cap):
+    """The frontier step as first written: concatenate one copy per choice, then ``_pareto``."""
+    from search.planner.recompute import _EYE, _pareto
+    a0, t0, c0 = front
+    return _pareto(np.concatenate([a0 + act[c] for c in choices]), np.concatenate([t0 + rt[c] for c in choices]),
+                   np.concatenate([c0 + _EYE[c] for c in choices]), cap)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_type_frontier_is_bit_identical_to_concatenation_and_pareto(seed):
+    from search.planner import recompute
+    rng = np.random.default_rng(seed)
+    rt = np.concatenate([[0.0], rng.uniform(0, 5, N_RC - 1) if seed % 2 else np.round(rng.uniform(0, 4, N_RC - 1))])
+    act = np.concatenate([[0.0], -rng.uniform(0, 90, N_RC - 1) if seed % 3 else -np.round(rng.uniform(0, 3, N_RC - 1))])
+    if seed % 4 == 0:
+        rt[N_RC - 1], act[N_RC - 1] = UNAVAILABLE_MS, 0.0
+    allowed = (True,) + tuple(bool(x) for x in rng.uniform(size=N_RC - 1) < 0.8)
+    choices = [c for c in range(N_RC) if allowed[c]]
+    cap = int(rng.choice([4, 16, 64]))
+    front = (np.zeros(1), np.zeros(1), np.zeros((1, N_RC), np.int64))
+    recompute._FRONTIERS.clear()
+    for n in range(1, 90):
+        front = _frontier_step_by_concatenation(front, rt, act, choices, cap)
+        got = recompute._type_frontier(rt, act, allowed, n, cap)
+        for want, have in zip(front, got):
+            assert want.dtype == have.dtype and np.array_equal(want, have)
+
+
+@pytest.mark.parametrize("lo,hi", [(0.0, 1.0), (-5.3, -5.3), (-123.456, 7.89), (5e-324, 1e-323), (-1e-300, 0.0)])
+def test_thin_edges_is_linspace_bit_for_bit(lo, hi):
+    from search.planner.recompute import _thin_edges
+    for cap in (2, 3, 64, 256):
+        assert np.array_equal(_thin_edges(lo, hi, cap), np.linspace(lo, hi, cap))
+
+
+def test_count_assignments_counts_without_enumerating():
+    from search.planner.recompute import count_assignments
+    model = load_model("gpt-1.3b", num_layers=3)
+    kinds = [(u.stack, u.kind) for u in model.units]
+    allowed = allowed_codes(model, 0, model.num_units)
+    number, each = count_assignments(kinds, allowed)
+    assert number == len(list(each)) == 20 * 10   # 3 attention units x 4 codes, 3 MLP units x 3 codes
+    big = load_model("gpt-scale-layer", num_layers=1024)
+    kinds = [(u.stack, u.kind) for u in big.units[:512]]
+    number, _ = count_assignments(kinds, allowed_codes(big, 0, 512))   # C(259, 3) C(258, 2)
+    assert number == 2_862_209 * 33_153
