@@ -136,6 +136,10 @@ def train_from_args(args: argparse.Namespace) -> int:
     check_args(args, plan, world_size)
     import torch.distributed as dist
 
+    from ..model.fast_path import Environment
+    from .engine import check_plan
+
+    check_plan(plan, world_size, Environment.detect("cpu" if args.cpu else "cuda"))  # before the process group
     init_distributed(world_size, rank, local_rank, args.cpu)
     try:
         train(args, plan, rank)
