@@ -1,13 +1,18 @@
-"""The one module that translates our short names (``tp``, ``dp``, recompute choices) to megatron-core's
-``TransformerConfig`` fields, per stage and per unit.
+"""The one module that translates our short names (``tp``, ``cp``, sequence parallelism, virtual stages,
+recompute choices, the fast-path choice) to megatron-core's ``TransformerConfig`` fields, per stage and per unit.
 
-A stage's config carries its own ``tensor_model_parallel_size``; ``pipeline_model_parallel_size`` stays 1 because
-the runtime places layers itself (megatron-core's layer offsets read the global pipeline rank, which a
-heterogeneous plan does not have). Loss is per token (``calculate_per_token_loss``): the loss function divides by
-the global token count, and DDP then sums (not averages) gradients over a stage's DP group, which is what makes
-stages of different DP agree.
+A stage's config carries its own ``tensor_model_parallel_size``, ``context_parallel_size`` and
+``sequence_parallel``; ``pipeline_model_parallel_size`` stays 1 because the runtime places layers itself
+(megatron-core's layer offsets read the global pipeline rank, which a heterogeneous plan does not have). Loss is
+per token (``calculate_per_token_loss``): the loss function divides by the global token count, and DDP then sums
+(not averages) gradients over a stage's DP group, which is what makes stages of different DP agree.
 
-Per-unit recompute: ``unit_config`` switches on a unit's selective recompute (see ``aceso_megatron.model.recompute``).
+Interleaved plans: the schedule reads ``virtual_pipeline_model_parallel_size`` and
+``microbatch_group_size_per_vp_stage`` (= the number of stages, megatron-core's default for a pipeline of that
+size) from the first chunk's config (``interleaving``).
+
+Fusions: what ``fast_path.choose`` decided (CPU: all off, fp32). Per-unit recompute: ``unit_config`` switches
+on a unit's selective recompute (see ``aceso_megatron.model.recompute``).
 
 The model's ``megatron`` block (extra ``TransformerConfig`` fields, ``model_specs.extensions.megatron_kwargs``) is
 passed unchanged; it may turn the kernel fusions on, except on CPU, where the CUDA-only fusions
@@ -27,6 +32,7 @@ from model_specs.extensions import megatron_kwargs
 from search.megatron_fields import CPU_OFF
 from search.model import ModelSpec, UnitKind
 
+from .fast_path import Environment, FastPath, choose
 from .recompute import CheckpointedActivation
 
 log = logging.getLogger(__name__)
@@ -46,40 +52,61 @@ def _fusions(extra: dict, cpu: bool, base: dict | None = None) -> dict:
     return base
 
 
-def stage_config(model: ModelSpec, tp: int, device: str = "cpu", num_layers: int | None = None) -> TransformerConfig:
-    """The TransformerConfig of a stage with tensor-parallel degree ``tp``.
-
-    On CPU: fp32, CPU initialisation, every fusion off (the fused kernels are CUDA-only). Plus the ``megatron``
-    block's fields.
-    """
-    kw = architecture_kwargs(model, dtype="fp32" if device == "cpu" else None)
+def stage_config(model: ModelSpec, tp: int, device: str = "cpu", num_layers: int | None = None, *,
+                 cp: int = 1, sequence_parallel: bool = False, fast: FastPath | None = None) -> TransformerConfig:
+    """The TransformerConfig of a stage with tensor-parallel degree ``tp`` (and ``cp``, SP) on ``device``, with
+    the fusions of ``fast`` (default: what this machine offers; on CPU fp32 and every fusion off), plus the
+    ``megatron`` block's fields."""
+    fast = fast or choose(Environment.detect(device), model)
+    kw = architecture_kwargs(model, dtype=fast.dtype)
     if num_layers is not None:
         kw["num_layers"] = num_layers
-    cpu = device == "cpu"
     extra = megatron_kwargs(model)
-    fusions = _fusions(extra, cpu)
     return TransformerConfig(
         **kw,
+        **_fusions(extra, device == "cpu", fast.config),
         tensor_model_parallel_size=tp,
+        context_parallel_size=cp,
         pipeline_model_parallel_size=1,
-        sequence_parallel=False,
+        sequence_parallel=sequence_parallel and tp > 1,
         hidden_dropout=model.hidden_dropout,
         attention_dropout=model.attention_dropout,
         calculate_per_token_loss=True,
-        use_cpu_initialization=cpu,
+        use_cpu_initialization=device == "cpu",
         pipeline_dtype=kw["params_dtype"],
-        **fusions,
         **extra,
     )
 
 
+def interleaving(config: TransformerConfig, num_stages: int, num_chunks: int) -> None:
+    """Mark ``config`` (the first chunk's) for megatron-core's interleaved schedule."""
+    if num_chunks > 1:
+        config.virtual_pipeline_model_parallel_size = num_chunks
+        config.microbatch_group_size_per_vp_stage = num_stages
+
+
+def without_grad_accum_fusion(config: TransformerConfig) -> TransformerConfig:
+    """A copy for megatron-core's *local* linears when only transformer-engine's support the fusion."""
+    if not config.gradient_accumulation_fusion:
+        return config
+    cfg = copy.copy(config)
+    cfg.gradient_accumulation_fusion = False
+    return cfg
+
+
 def unit_config(base: TransformerConfig, kind: UnitKind, recompute: str) -> TransformerConfig:
-    """The config of one unit: ``base`` with the unit's selective recompute switched on (a shallow copy)."""
+    """The config of one unit: ``base`` with the unit's selective recompute switched on (a shallow copy).
+
+    A selective MLP unit runs its activation through ``CheckpointedActivation`` with ``bias_activation_fusion``
+    off: megatron-core's MLP calls the fused bias-GELU/SwiGLU kernel directly when the fusion is on, which would
+    bypass the checkpoint and keep the activation output.
+    """
     if recompute != "selective":
         return base
     cfg = copy.copy(base)
     if kind == "mlp":
         cfg.activation_func = CheckpointedActivation(base.activation_func)
+        cfg.bias_activation_fusion = False
     else:
         cfg.recompute_granularity = "selective"
         cfg.recompute_modules = ["core_attn"]

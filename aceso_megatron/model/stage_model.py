@@ -1,11 +1,21 @@
-"""One pipeline stage of a plan as a model chunk built from megatron-core modules.
+"""One model chunk of a pipeline stage, built from megatron-core modules.
 
-A stage holds its span of units ``[start_unit, end_unit)``; each unit is a megatron-core ``TransformerLayer``
+A stage holds one chunk (or, interleaved, ``v`` chunks: chunk ``j`` of stage ``s`` is model chunk ``j * S + s``),
+each a span of units ``[start_unit, end_unit)``; each unit is a megatron-core ``TransformerLayer``
 built from the unit spec (``model_specs.builders.unit_spec``: the layer spec, stock or the user's ``layer_spec``,
-with the other halves as ``IdentityOp``), with the unit's config (its stage's tp, its selective recompute) and its
-global layer number; a layer that cannot be carved runs whole (``aceso_megatron.model.layers``).
-The first stage adds megatron-core's ``LanguageModelEmbedding``; the last the final norm, the output layer
-(``ColumnParallelLinear``, vocab-sharded) and the per-token loss. RoPE (no parameters) is on every stage.
+with the other halves as ``IdentityOp``; ``attn_dropout`` units with ``aceso_megatron.model.attention``'s core
+attention), with the unit's config (its stage's tp, its selective recompute) and its global layer number; a layer
+that cannot be carved runs whole (``aceso_megatron.model.layers``).
+The first chunk of the first stage adds megatron-core's ``LanguageModelEmbedding``; the last chunk of the last
+stage the final norm, the output layer (``ColumnParallelLinear``, vocab-sharded) and the per-token loss. RoPE
+(no parameters) is on every chunk.
+
+Sequence parallelism (a stage's ``sequence_parallel``): the config flag does the rest in megatron-core's modules
+(the embedding scatters the sequence, column-parallel linears all-gather it, row-parallel ones reduce-scatter,
+the output layer gathers); here the torch norms become ``norms.SequenceParallelNorm``, RoPE covers the full
+sequence, and the units run in the rng tracker's fork as megatron-core's ``TransformerBlock`` runs its layers
+(hidden dropout then differs per TP rank, on its own tokens). The fast paths (layer specs, fusions) are
+``fast_path.choose``'s.
 
 Layers are placed here, not by ``pipeline_model_parallel_layout``: that path reads the global pipeline rank and
 would silently build the wrong layers with per-stage groups.
@@ -18,6 +28,7 @@ initialisation and of the full-model gradients the tests compare.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -30,40 +41,62 @@ from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import build_module
 
-from model_specs.builders import final_norm_spec, have_transformer_engine
+from model_specs.builders import final_norm_spec
 from search.model import ModelSpec
 from search.plan import ParallelPlan
 
 from .attention import attention_mismatch, fall_back_with_te
-from .config import stage_config
+from .config import stage_config, without_grad_accum_fusion
+from .fast_path import Environment, FastPath, choose
 from .layers import UnitLayer, build_unit_layers  # noqa: F401  (UnitLayer re-exported)
 from .loss import vocab_parallel_cross_entropy
+from .norms import sequence_parallel_norm, with_sequence_parallel_norms
+
+# transformer-engine fuses a layer's norms into the next linear; the canonical (local-spec) names of those weights
+_TE_NORMS = {"self_attention.linear_qkv.layer_norm_": "input_layernorm.",
+             "mlp.linear_fc1.layer_norm_": "pre_mlp_layernorm."}
 
 log = logging.getLogger(__name__)
 
 
-class _Stage(MegatronModule):
-    """What GPT and T5 stages share: unit layers, pipeline input, the output head and the per-token loss."""
+def local_layer_name(name: str) -> str:
+    """A layer parameter's name in megatron-core's local spec (transformer-engine's fused norm weights renamed):
+    the key that makes TE and local checkpoints interchangeable."""
+    for te_name, local in _TE_NORMS.items():
+        if name.startswith(te_name):
+            return local + name[len(te_name):]
+    return name
 
-    def __init__(self, plan: ParallelPlan, stage: int, pg_collection, device: str):
+
+class _Stage(MegatronModule):
+    """What GPT and T5 chunks share: unit layers, pipeline input, the output head and the per-token loss."""
+
+    def __init__(self, plan: ParallelPlan, stage: int, pg_collection, device: str, chunk: int = 0,
+                 fast: FastPath | None = None):
         model: ModelSpec = plan.model
         st = plan.stages[stage]
-        config = stage_config(model, st.tp, device)
+        span = st.chunks[chunk]
+        self.fast = fast or choose(Environment.detect(device), model, plan.tp_comm_overlap)
+        config = stage_config(model, st.tp, device, cp=st.cp, sequence_parallel=st.sequence_parallel,
+                              fast=self.fast)
         super().__init__(config=config)
         self.model_type = ModelType.encoder_or_decoder
         self.spec = model
         self.pg_collection = pg_collection
-        self.stage = stage
-        self.pre_process = stage == 0
-        self.post_process = stage == plan.num_stages - 1
+        self.stage, self.chunk = stage, chunk
+        if plan.num_virtual_stages > 1:
+            self.vp_stage = chunk  # megatron-core's schedule checks it against the chunk it runs
+        self.pre_process = stage == 0 and chunk == 0
+        self.post_process = stage == plan.num_stages - 1 and chunk == plan.num_virtual_stages - 1
         self.share_embeddings_and_output_weights = model.tied_embeddings
         self.input_tensor = None
-        self.te = device != "cpu" and have_transformer_engine()
-        if stage == 0 and (msg := attention_mismatch(plan, self.te, device)):
+        self.te = self.fast.te
+        if self.pre_process and (msg := attention_mismatch(plan, self.te, device)):
             log.warning(msg)
         self.units = torch.nn.ModuleList(build_unit_layers(
-            model, list(plan.stage_units(stage)), fall_back_with_te(st.recompute, self.te, stage), config,
-            pg_collection, self.te))
+            model, list(model.units[span.start_unit:span.end_unit]), fall_back_with_te(span.recompute, self.te, stage),
+            config, pg_collection, self.te,
+            transform=with_sequence_parallel_norms if config.sequence_parallel else None))
 
     def _embedding(self, max_len: int, kind: str) -> LanguageModelEmbedding:
         return LanguageModelEmbedding(config=self.config, vocab_size=self.spec.padded_vocab_size,
@@ -72,11 +105,20 @@ class _Stage(MegatronModule):
 
     def _norm(self):
         c = self.config
-        return build_module(final_norm_spec(self.spec, self.te), config=c, hidden_size=c.hidden_size,
-                            eps=c.layernorm_epsilon)
+        spec = final_norm_spec(self.spec, self.te)
+        if c.sequence_parallel:
+            spec = sequence_parallel_norm(spec)
+        return build_module(spec, config=c, hidden_size=c.hidden_size, eps=c.layernorm_epsilon)
+
+    def units_context(self):
+        """The context the units run in: the rng tracker's fork under sequence parallelism (as megatron-core's
+        ``TransformerBlock``: dropout on sequence-sharded activations differs per TP rank)."""
+        if self.config.sequence_parallel:
+            return tensor_parallel.get_cuda_rng_tracker().fork()
+        return contextlib.nullcontext()
 
     def _output_layer(self, has_embedding: bool, bias: bool) -> tensor_parallel.ColumnParallelLinear:
-        c = self.config
+        c = self.config if self.fast.output_layer_grad_accum_fusion else without_grad_accum_fusion(self.config)
         return tensor_parallel.ColumnParallelLinear(
             c.hidden_size, self.spec.padded_vocab_size, config=c, init_method=c.init_method, bias=bias,
             skip_bias_add=False, gather_output=False,
@@ -112,14 +154,15 @@ class _Stage(MegatronModule):
     def _unit_name(self, name: str) -> str:
         idx, rest = name[len("units."):].split(".", 1)
         unit = self.units[int(idx)].unit
-        return f"{unit.stack}.layers.{unit.layer}.{rest[len('layer.'):]}"
+        return f"{unit.stack}.layers.{unit.layer}.{local_layer_name(rest[len('layer.'):])}"
 
 
 class GPTStage(_Stage):
     """A GPT/Llama pipeline stage; ``forward`` returns the hidden states, or on the last stage the loss [b, s]."""
 
-    def __init__(self, plan: ParallelPlan, stage: int, pg_collection, device: str = "cpu"):
-        super().__init__(plan, stage, pg_collection, device)
+    def __init__(self, plan: ParallelPlan, stage: int, pg_collection, device: str = "cpu", chunk: int = 0,
+                 fast: FastPath | None = None):
+        super().__init__(plan, stage, pg_collection, device, chunk, fast)
         model = self.spec
         if self.pre_process:
             kind = "learned_absolute" if model.position_embedding == "learned" else "none"
@@ -145,9 +188,11 @@ class GPTStage(_Stage):
             hidden = self.embedding(input_ids=input_ids, position_ids=position_ids)
         else:
             hidden = self.input_tensor
-        rotary = self.rotary_pos_emb(hidden.size(0)) if self.rotary_pos_emb is not None else None
-        for unit in self.units:
-            hidden = unit(hidden, rotary_pos_emb=rotary)
+        # the full sequence: attention sees it whole (SP all-gathers it; RoPE slices its CP share itself)
+        rotary = self.rotary_pos_emb(self.spec.seq_length) if self.rotary_pos_emb is not None else None
+        with self.units_context():
+            for unit in self.units:
+                hidden = unit(hidden, rotary_pos_emb=rotary)
         if not self.post_process:
             return hidden
         logits, _ = self.output_layer(self.final_layernorm(hidden), weight=self.output_weight())
@@ -166,12 +211,15 @@ class T5Stage(_Stage):
     norm and the LM head (tied: embedding weight + a vocab-sharded bias) on the last stage.
     """
 
-    def __init__(self, plan: ParallelPlan, stage: int, pg_collection, device: str = "cpu"):
-        super().__init__(plan, stage, pg_collection, device)
+    def __init__(self, plan: ParallelPlan, stage: int, pg_collection, device: str = "cpu", chunk: int = 0,
+                 fast: FastPath | None = None):
+        super().__init__(plan, stage, pg_collection, device, chunk, fast)
         model = self.spec
         st = plan.stages[stage]
         n_enc = model.num_encoder_units
         self.s_enc, self.s_dec = model.seq_length, model.decoder_seq_length
+        # the encoder output's share of a decoder stage's input [enc; dec] (each part sequence-sharded under SP)
+        self.s_enc_local = self.s_enc // st.tp if self.config.sequence_parallel else self.s_enc
         self.starts_decoder = st.start_unit <= n_enc < st.end_unit  # holds the first decoder unit
         self.ends_encoder = st.start_unit < n_enc <= st.end_unit  # holds the last encoder unit
         self.in_decoder = st.start_unit > n_enc  # receives encoder output + decoder hidden
@@ -186,11 +234,6 @@ class T5Stage(_Stage):
             self.output_layer = self._output_layer(has_emb, bias=model.tied_embeddings)
         self.seq_out = self.s_enc if st.end_unit <= n_enc else self.s_enc + self.s_dec
 
-    @staticmethod
-    def seq_in(plan: ParallelPlan, stage: int) -> int:
-        m = plan.model
-        return m.seq_length + (m.decoder_seq_length if plan.stages[stage].start_unit > m.num_encoder_units else 0)
-
     def _embed(self, ids):
         pos = torch.arange(ids.size(1)).unsqueeze(0).expand_as(ids)
         return self.embedding(input_ids=ids, position_ids=pos)
@@ -202,20 +245,21 @@ class T5Stage(_Stage):
         if self.pre_process:
             enc = self._embed(enc_ids)
         elif self.in_decoder:
-            enc_out, dec = self.input_tensor[:self.s_enc], self.input_tensor[self.s_enc:]
+            enc_out, dec = self.input_tensor[:self.s_enc_local], self.input_tensor[self.s_enc_local:]
         elif self.receives_encoder_output:
             enc_out = self.input_tensor
         else:
             enc = self.input_tensor
-        for unit in self.units:
-            if unit.unit.stack == "encoder":
-                enc = unit(enc, attention_mask=enc_mask)
-                continue
-            if dec is None:  # first decoder unit
-                if enc_out is None:
-                    enc_out = self.encoder_final_layernorm(enc)
-                dec = self._embed(dec_ids)
-            dec = unit(dec, context=enc_out, context_mask=cross_mask)
+        with self.units_context():
+            for unit in self.units:
+                if unit.unit.stack == "encoder":
+                    enc = unit(enc, attention_mask=enc_mask)
+                    continue
+                if dec is None:  # first decoder unit
+                    if enc_out is None:
+                        enc_out = self.encoder_final_layernorm(enc)
+                    dec = self._embed(dec_ids)
+                dec = unit(dec, context=enc_out, context_mask=cross_mask)
         if dec is None:
             return self.encoder_final_layernorm(enc) if self.ends_encoder else enc
         if not self.post_process:
@@ -229,13 +273,8 @@ class T5Stage(_Stage):
                 "decoder_final_layernorm.": "decoder.final_layernorm.", "output_layer.": "lm_head.output_layer."}
 
 
-def build_stage(plan: ParallelPlan, stage: int, pg_collection, device: str = "cpu") -> _Stage:
+def build_stage(plan: ParallelPlan, stage: int, pg_collection, device: str = "cpu", chunk: int = 0,
+                fast: FastPath | None = None) -> _Stage:
+    """Model chunk ``chunk`` of stage ``stage`` (one-chunk plans: the stage's only chunk)."""
     cls = T5Stage if plan.model.is_t5 else GPTStage
-    return cls(plan, stage, pg_collection, device)
-
-
-def stage_seq_lens(plan: ParallelPlan) -> list[int]:
-    """Sequence length of the activation entering each stage."""
-    if plan.model.is_t5:
-        return [T5Stage.seq_in(plan, s) for s in range(plan.num_stages)]
-    return [plan.model.seq_length] * plan.num_stages
+    return cls(plan, stage, pg_collection, device, chunk, fast)

@@ -1,18 +1,23 @@
 """Gradient finalisation and clipping for a heterogeneous plan.
 
-- Data parallelism: megatron-core DDP per stage on the stage's DP group. The loss is per token and already
-  divided by the global token count, so DDP *sums* gradients (``calculate_per_token_loss`` makes its scaling 1):
-  a stage with DP ``d`` then holds exactly the gradient of the global loss, whatever the DP of other stages.
+- Data parallelism: megatron-core DDP per model chunk on the stage's DP (x CP) group. The loss is per token and
+  already divided by the global token count, so DDP *sums* gradients (``calculate_per_token_loss`` makes its
+  scaling 1): a stage with DP ``d`` then holds exactly the gradient of the global loss, whatever the DP of other
+  stages. With ``overlap_grad_reduce`` DDP's bucket hooks start each bucket's reduction during the last
+  micro-batch's backward.
 - Embedding copies on several stages (tied output layer on the last stage; T5's decoder-input embedding on the
   stage of the first decoder unit): before the DP reduction, the local gradients of all copies are summed over
   the embedding group (TP-gathered when the holders' TP differ) and DP replica 0 of each holder takes the total.
-- QK-layernorm weights (replicated over TP, each rank normalising its own heads): gradients summed over the TP
-  group after the DP reduction (``sum_tp_replicated_grads``).
-- Clipping: the global norm counts every parameter once (DP replica 0 of each stage; TP-replicated parameters
-  on TP rank 0 only; copies of the first stage's embedding not at all), summed over the world, then
-  megatron-core's rule ``coeff = max_norm / (norm + 1e-6)``, applied when below 1. With the distributed
-  optimizer, megatron-core's own clipping does the same: its norm runs over the world of disjoint DP shards,
-  skipping TP duplicates and parameters flagged ``shared`` (the embedding copies).
+  With ``overlap_grad_reduce`` the DDP buckets holding a copy are held back until then
+  (``hold_embedding_buckets``).
+- Sequence parallelism: norm weights and row-parallel biases see only the rank's ``s/tp`` tokens; their
+  gradients (flagged ``sequence_parallel``, as megatron-core flags them) and the QK-layernorm weights (each TP
+  rank normalising its own heads) are summed over the TP group after the DP reduction, as megatron-core's ``finalize_model_grads`` does (``allreduce_tp_partial_grads``).
+- Clipping: the global norm counts every parameter once (DP replica 0 and CP rank 0 of each stage;
+  TP-replicated parameters on TP rank 0 only; copies of the first stage's embedding not at all), summed over the
+  world, then megatron-core's rule ``coeff = max_norm / (norm + 1e-6)``, applied when below 1. With the
+  distributed optimizer, megatron-core's own clipping does the same: its norm runs over the world of disjoint DP
+  shards, skipping TP duplicates and parameters flagged ``shared`` (the embedding copies).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import math
 
 import torch
 import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..model.init import gather_full, shard
 
@@ -30,24 +36,14 @@ def finalize_model_grads_fn(runtime):
 
     def finalize(model_chunks, num_tokens=None, pg_collection=None, force_all_reduce=False):
         sync_tied_embedding_grads(runtime)  # on the local (not yet DP-reduced) gradients
+        # buckets whose reduction the backward hooks already started (overlap_grad_reduce): for the record
+        runtime.overlapped_buckets = sum(bg.grad_reduce_handle is not None for m in model_chunks
+                                         for bg in m.bucket_groups)
         for chunk in model_chunks:
-            chunk.finish_grad_sync()
-        sum_tp_replicated_grads(runtime)
+            chunk.finish_grad_sync(force_all_reduce=force_all_reduce)
+        allreduce_tp_partial_grads(runtime)
 
     return finalize
-
-
-def sum_tp_replicated_grads(runtime) -> None:
-    """Sum over the stage's TP group the gradients of parameters that every TP rank holds whole but feeds with its
-    own heads: the QK-layernorm weights (``q_layernorm``/``k_layernorm``) when the config has ``qk_layernorm``, as
-    megatron-core's ``finalize_model_grads`` does (after the DP reduction). A layer spec with QK norms but without
-    the flag is refused (``model_specs.extensions.check_qk_layernorm``)."""
-    cfg = runtime.stage_module.config
-    if runtime.layout.tp == 1 or not cfg.qk_layernorm:
-        return
-    for n, p in runtime.stage_module.named_parameters():   # a few small tensors per layer
-        if ("q_layernorm" in n or "k_layernorm" in n) and getattr(p, "main_grad", None) is not None:
-            dist.all_reduce(p.main_grad, group=runtime.groups.tp)
 
 
 def shared_names(plan) -> dict[str, tuple[int, int]]:
@@ -60,8 +56,8 @@ def shared_names(plan) -> dict[str, tuple[int, int]]:
 
 
 def sync_tied_embedding_grads(runtime) -> None:
-    """Sum the local gradients of all embedding copies (every holding stage and DP replica, whatever their TP);
-    DP replica 0 of each holding stage takes the total, the other replicas zero, so that the DP reduction that
+    """Sum the local gradients of all embedding copies (every holding stage, DP replica and CP rank, whatever
+    their TP); DP replica 0 (CP rank 0) of each holding stage takes the total, the other replicas zero, so that the DP reduction that
     follows (all-reduce, or reduce-scatter for the distributed optimizer) leaves the total on every copy.
 
     When all holders share one TP degree, each TP index has its own group and shards are summed directly;
@@ -70,10 +66,10 @@ def sync_tied_embedding_grads(runtime) -> None:
     groups, lay, model = runtime.groups, runtime.layout, runtime.plan.model
     if groups.embedding is None:
         return
-    stage = runtime.stage_module
-    params = dict(stage.named_parameters())
-    names = stage.canonical_names()
+    params = dict(runtime.named_parameters())
+    names = runtime.canonical_names()
     by_canon = {c: n for n, c in names.items()}
+    dtype = runtime.chunks[0].config.params_dtype
     for canon, shape in shared_names(runtime.plan).items():
         local = by_canon.get(canon)
         if groups.embedding_sharded:
@@ -88,11 +84,11 @@ def sync_tied_embedding_grads(runtime) -> None:
         if g is not None and contributes:
             total = g.clone()
         else:
-            total = torch.zeros(shape, dtype=stage.config.params_dtype, device=runtime.device)
+            total = torch.zeros(shape, dtype=g.dtype if g is not None else dtype, device=runtime.device)
         dist.all_reduce(total, group=groups.embedding)
         if local is not None:
             p = params[local]
-            if lay.dp_rank != 0:
+            if lay.dp_rank != 0 or lay.cp_rank != 0:  # the DP (x CP) reduction that follows spreads the total
                 p.main_grad.zero_()
             elif groups.embedding_sharded:
                 p.main_grad.copy_(total)
@@ -100,21 +96,70 @@ def sync_tied_embedding_grads(runtime) -> None:
                 p.main_grad.copy_(shard(total, p, canon, model, lay.tp, lay.tp_rank))
 
 
-def mark_embedding_copies(stage_module, plan) -> None:
-    """Flag the embedding copies outside the first stage ``shared`` so megatron-core's norm counts them once
-    (before the optimizer is built: the distributed optimizer copies the flag onto its shards)."""
-    if stage_module.stage == 0:
+def embedding_bucket_groups(runtime) -> list:
+    """The DDP bucket groups (all chunks) that hold an embedding copy."""
+    names, shared = runtime.canonical_names(), shared_names(runtime.plan)
+    copies = {p for n, p in runtime.named_parameters() if names[n] in shared}
+    return [bg for m in runtime.models for bg in m.bucket_groups if bg.params & copies]
+
+
+def hold_embedding_buckets(bucket_groups) -> None:
+    """Keep DDP from reducing these buckets during backward (call after ``zero_grad_buffer``, every step).
+
+    With ``overlap_grad_reduce`` a bucket's reduction starts from its parameters' backward hooks once every
+    gradient of the bucket is ready -- for an embedding copy before ``sync_tied_embedding_grads`` has summed the
+    copies. megatron-core's bucket group has one mode that counts hook calls but dispatches in
+    ``finish_grad_sync`` instead: its first batch (``is_first_batch``, while it learns how many hook calls make a
+    bucket ready). Holding these groups in that mode every step moves their reduction to ``finish_grad_sync``,
+    after the copies are summed; all other buckets still overlap.
+    """
+    for bg in bucket_groups:
+        bg.is_first_batch = True
+
+
+def allreduce_tp_partial_grads(runtime) -> None:
+    """Sum over the TP group the gradients that TP ranks hold in part: parameters flagged ``sequence_parallel``
+    on a sequence-parallel chunk, and q/k layer norms (``qk_layernorm``), as megatron-core's
+    ``_allreduce_non_tensor_model_parallel_grads``."""
+    if runtime.layout.tp == 1:
         return
-    shared, names = shared_names(plan), stage_module.canonical_names()
-    for name, p in stage_module.named_parameters():
-        if names[name] in shared:
-            p.shared = True
+    grads = []
+    for chunk in runtime.chunks:
+        cfg = chunk.config
+        for name, p in chunk.named_parameters():
+            if (cfg.sequence_parallel and getattr(p, "sequence_parallel", False)) or \
+                    (cfg.qk_layernorm and ("q_layernorm" in name or "k_layernorm" in name)):
+                grads.append(p.main_grad.data)
+    if grads:
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=runtime.groups.tp)
+        for buf, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+            buf.copy_(synced)
+
+
+def mark_embedding_copies(chunks, plan) -> None:
+    """Flag the embedding copies outside the first stage ``shared`` so megatron-core's norm counts them once
+    (before the optimizer is built: the distributed optimizer copies the flag onto its shards), and every copy
+    ``shared_embedding`` as megatron-core's ``LanguageModule`` does (the distributed optimizer's DDP gives each
+    its own bucket) -- when the plan has copies on several stages."""
+    from .layout import embedding_stages
+
+    if len(embedding_stages(plan)) < 2:
+        return
+    shared = shared_names(plan)
+    for chunk in chunks:
+        names = chunk.canonical_names()
+        for name, p in chunk.named_parameters():
+            if names[name] in shared:
+                p.shared_embedding = True
+                if chunk.stage != 0:
+                    p.shared = True
 
 
 def counted_once(runtime, name: str, param: torch.Tensor, names: dict[str, str], shared) -> bool:
     """Whether this rank counts ``param`` in the global gradient norm."""
     lay = runtime.layout
-    if lay.dp_rank != 0:
+    if lay.dp_rank != 0 or lay.cp_rank != 0:
         return False
     if lay.stage != 0 and names[name] in shared:
         return False  # a copy of the first stage's embedding
@@ -123,8 +168,8 @@ def counted_once(runtime, name: str, param: torch.Tensor, names: dict[str, str],
 
 def clip_grad_norm(runtime, max_norm: float) -> float:
     """Clip ``main_grad`` of all parameters by the global norm; returns the norm before clipping."""
-    params = list(runtime.stage_module.named_parameters())
-    names, shared = runtime.stage_module.canonical_names(), shared_names(runtime.plan)
+    params = list(runtime.named_parameters())
+    names, shared = runtime.canonical_names(), shared_names(runtime.plan)
     counted = [p.main_grad for n, p in params if counted_once(runtime, n, p, names, shared)]
     sq = torch.zeros((), dtype=torch.float64, device=runtime.device)
     for g in counted:

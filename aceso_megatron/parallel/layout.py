@@ -1,10 +1,11 @@
 """Rank layout and process groups of a ``ParallelPlan``.
 
-Stage ``s`` owns ranks ``[first_rank(s), first_rank(s) + num_gpus)``. Inside it, rank ``first + j*tp + t`` has
-TP index ``t`` and DP index ``j``: TP groups are ``tp`` adjacent ranks, DP groups are strided by ``tp`` (as in
-Megatron and Aceso). ``RankLayout`` is pure arithmetic (testable without torch.distributed); ``build_groups``
-creates every group on every rank in the same order (``torch.distributed.new_group`` is collective) and returns
-this rank's ``ProcessGroupCollection`` for megatron-core.
+Stage ``s`` owns ranks ``[first_rank(s), first_rank(s) + num_gpus)``. Inside it ranks are ordered as in Megatron
+(``tp-cp-dp``): rank ``first + t + tp * (c + cp * j)`` has TP index ``t``, CP index ``c`` and DP index ``j``. TP
+groups are ``tp`` adjacent ranks, CP groups are strided by ``tp``, DP groups by ``tp * cp``. ``RankLayout`` is
+pure arithmetic (testable without torch.distributed); ``build_groups`` creates every group on every rank in the
+same order (``torch.distributed.new_group`` is collective) and returns this rank's ``ProcessGroupCollection`` for
+megatron-core.
 
 megatron-core's schedules only ask the pipeline group for ``rank()``/``size()`` (first/last stage, warm-up
 length); stages of different widths have no common pipeline group, so ``StagePosition`` stands in for it.
@@ -31,6 +32,8 @@ class RankLayout:
     tp_rank: int
     dp_rank: int
     first_rank: int
+    cp: int = 1
+    cp_rank: int = 0
 
     @classmethod
     def of(cls, plan: ParallelPlan, rank: int) -> RankLayout:
@@ -38,18 +41,32 @@ class RankLayout:
         st = plan.stages[s]
         first = plan.first_rank(s)
         local = rank - first
-        return cls(rank, s, st.tp, st.dp, local % st.tp, local // st.tp, first)
+        return cls(rank, s, st.tp, st.dp, local % st.tp, local // (st.tp * st.cp), first, st.cp,
+                   (local // st.tp) % st.cp)
+
+    def _rank(self, t: int, c: int, j: int) -> int:
+        return self.first_rank + t + self.tp * (c + self.cp * j)
 
     def tp_ranks(self) -> list[int]:
-        lo = self.first_rank + self.dp_rank * self.tp
-        return list(range(lo, lo + self.tp))
+        return [self._rank(t, self.cp_rank, self.dp_rank) for t in range(self.tp)]
+
+    def cp_ranks(self) -> list[int]:
+        return [self._rank(self.tp_rank, c, self.dp_rank) for c in range(self.cp)]
 
     def dp_ranks(self) -> list[int]:
-        return [self.first_rank + j * self.tp + self.tp_rank for j in range(self.dp)]
+        return [self._rank(self.tp_rank, self.cp_rank, j) for j in range(self.dp)]
+
+    def tp_cp_ranks(self) -> list[int]:
+        return [self._rank(t, c, self.dp_rank) for c in range(self.cp) for t in range(self.tp)]
+
+    def dp_cp_ranks(self) -> list[int]:
+        """Megatron's data-and-context-parallel group: every rank of the stage with this TP index."""
+        return [self._rank(self.tp_rank, c, j) for j in range(self.dp) for c in range(self.cp)]
 
 
-def stage_rank(plan: ParallelPlan, stage: int, dp_rank: int, tp_rank: int) -> int:
-    return plan.first_rank(stage) + dp_rank * plan.stages[stage].tp + tp_rank
+def stage_rank(plan: ParallelPlan, stage: int, dp_rank: int, tp_rank: int, cp_rank: int = 0) -> int:
+    st = plan.stages[stage]
+    return plan.first_rank(stage) + tp_rank + st.tp * (cp_rank + st.cp * dp_rank)
 
 
 def sample_range(micro_batch_size: int, dp: int, dp_rank: int) -> tuple[int, int]:
@@ -59,7 +76,7 @@ def sample_range(micro_batch_size: int, dp: int, dp_rank: int) -> tuple[int, int
 
 
 def stage_of_unit(plan: ParallelPlan, unit: int) -> int:
-    return next(i for i, st in enumerate(plan.stages) if st.start_unit <= unit < st.end_unit)
+    return next(s for s, _, ch in plan.chunks_in_order() if ch.start_unit <= unit < ch.end_unit)
 
 
 def embedding_stages(plan: ParallelPlan) -> list[int]:
@@ -94,32 +111,48 @@ class Groups:
     layout: RankLayout
     tp: dist.ProcessGroup
     dp: dist.ProcessGroup
-    single: dist.ProcessGroup  # just this rank (context parallel of size 1)
+    cp: dist.ProcessGroup  # the stage's CP group (just this rank when cp == 1)
+    dp_cp: dist.ProcessGroup  # DP x CP: what DDP reduces over (the DP group when cp == 1)
     embedding: dist.ProcessGroup | None  # stages holding a word-embedding copy (if > 1 stage), see below
     world: dist.ProcessGroup
     pg_collection: ProcessGroupCollection
     embedding_sharded: bool = False  # holders share one TP: one group per TP index, shards reduced directly
 
 
+def _stage_groups(plan: ParallelPlan, rank: int) -> dict[str, dist.ProcessGroup]:
+    """TP, CP, DP and DP x CP groups of every stage (created on every rank, in one order); this rank's."""
+    mine: dict[str, dist.ProcessGroup] = {}
+    for s, st in enumerate(plan.stages):
+        lays = [RankLayout.of(plan, r) for r in range(plan.first_rank(s), plan.first_rank(s) + st.num_gpus)]
+        kinds = [("tp", RankLayout.tp_ranks), ("cp", RankLayout.cp_ranks), ("dp", RankLayout.dp_ranks),
+                 ("tp_cp", RankLayout.tp_cp_ranks), ("dp_cp", RankLayout.dp_cp_ranks)]
+        for kind, members_of in kinds:
+            if kind in ("cp", "tp_cp", "dp_cp") and st.cp == 1:
+                continue
+            done = set()
+            for lay in lays:
+                members = tuple(members_of(lay))
+                if members in done:
+                    continue
+                done.add(members)
+                g = dist.new_group(list(members))
+                if rank in members:
+                    mine[kind] = g
+    return mine
+
+
 def build_groups(plan: ParallelPlan, rank: int) -> Groups:
     """Create all groups of the plan (every rank, same order) and return this rank's."""
     me = RankLayout.of(plan, rank)
-    tp_group = dp_group = single = embedding = None
-    for s, st in enumerate(plan.stages):
-        for j in range(st.dp):
-            ranks = [stage_rank(plan, s, j, t) for t in range(st.tp)]
-            g = dist.new_group(ranks)
-            if rank in ranks:
-                tp_group = g
-        for t in range(st.tp):
-            ranks = [stage_rank(plan, s, j, t) for j in range(st.dp)]
-            g = dist.new_group(ranks)
-            if rank in ranks:
-                dp_group = g
+    mine = _stage_groups(plan, rank)
+    single = None
     for r in range(plan.world_size):
         g = dist.new_group([r])
         if r == rank:
             single = g
+    cp_group = mine.get("cp", single)
+    dp_cp = mine.get("dp_cp", mine["dp"])
+    embedding = None
     emb = embedding_stages(plan)
     sharded = len({plan.stages[s].tp for s in emb}) == 1
     if len(emb) > 1:
@@ -129,23 +162,23 @@ def build_groups(plan: ParallelPlan, rank: int) -> Groups:
             g = dist.new_group(members)
             if rank in members:
                 embedding = g
-    world = dist.group.WORLD
 
+    tp = mine["tp"]
     pgc = ProcessGroupCollection()
-    pgc.tp = tp_group
-    pgc.cp = single
-    pgc.tp_cp = tp_group
-    pgc.dp = dp_group
-    pgc.dp_cp = dp_group
-    pgc.intra_dp_cp = dp_group
+    pgc.tp = tp
+    pgc.cp = cp_group
+    pgc.tp_cp = mine.get("tp_cp", tp)
+    pgc.dp = mine["dp"]
+    pgc.dp_cp = dp_cp
+    pgc.intra_dp_cp = dp_cp
     pgc.intra_dist_opt = dist.group.WORLD  # distributed optimizer: its gradient-norm group (disjoint shards)
-    pgc.expt_dp = dp_group
-    pgc.intra_expt_dp = dp_group
+    pgc.expt_dp = dp_cp
+    pgc.intra_expt_dp = dp_cp
     pgc.ep = single
-    pgc.expt_tp = tp_group
-    pgc.tp_ep_pp = tp_group
-    pgc.mp = tp_group
+    pgc.expt_tp = tp
+    pgc.tp_ep_pp = tp
+    pgc.mp = tp
     pgc.pp = StagePosition(me.stage, plan.num_stages)
     pgc.embd = None  # tied embeddings across stages are synchronised by aceso_megatron.parallel.grads
     pgc.pos_embd = None
-    return Groups(me, tp_group, dp_group, single, embedding, world, pgc, sharded)
+    return Groups(me, tp, mine["dp"], cp_group, dp_cp, embedding, dist.group.WORLD, pgc, sharded)

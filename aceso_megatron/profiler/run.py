@@ -180,8 +180,12 @@ class Worker:
                     w.data[k] = old[k]
         assemble(w, self.model, tasks, part.done)
         w.data["model_spec"] = self.model.model_dump()   # the full spec it was made with (informational)
+        from ..model.fast_path import Environment, choose
+
+        fast = choose(Environment.detect(self.device), self.model)  # what the units were measured with (and run)
         w.data["profiler"] = {"settings": self.header, "seconds": round(seconds, 1),
-                              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                              "fast_path": {"spec": fast.spec, "dtype": fast.dtype, **fast.config}}
         w.save(out)
         part.remove()
         n = len(w.data["units"]) + len(w.data["embedding"]) + len(w.data["head"])

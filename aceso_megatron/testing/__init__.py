@@ -21,21 +21,24 @@ import torch.multiprocessing as mp
 from ..parallel.distenv import free_port  # noqa: F401  (re-exported for tests)
 
 
-def _entry(rank: int, world_size: int, port: int, fn, args) -> None:
+def _entry(rank: int, world_size: int, port: int, fn, args, backend: str = "gloo") -> None:
     warnings.filterwarnings("ignore")
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
     try:
         fn(rank, world_size, *args)
     finally:
         dist.destroy_process_group()
 
 
-def spawn(world_size: int, fn, *args) -> None:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes; raises if any fails."""
-    mp.spawn(_entry, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True)
+def spawn(world_size: int, fn, *args, backend: str = "gloo") -> None:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes (gloo; ``backend="nccl"``: one GPU each);
+    raises if any fails."""
+    mp.spawn(_entry, args=(world_size, free_port(), fn, args, backend), nprocs=world_size, join=True)
 
 
 def make_batches(model, micro_batch_size: int, global_batch_size: int, seed: int = 0) -> list[dict]:
@@ -54,30 +57,36 @@ def make_batches(model, micro_batch_size: int, global_batch_size: int, seed: int
 def run_plans(rank: int, world_size: int, plans: list[dict], out: str, seed: int, num_steps: int,
               train_config) -> None:
     """For each plan: loss and full gradients of step 1, the losses of ``num_steps`` optimizer steps and the full
-    weights after them (distributed optimizer: no step-1 gradients, they are reduce-scattered).
+    weights after them, and evidence of the overlaps the plan asks for (``overlapped_buckets``: DDP buckets whose
+    reduction started during the backward of step 2, summed over ranks; ``param_gather_deferred``: after the last
+    step no parameter all-gather had started yet).
 
-    Rank 0 writes ``[{"losses": [...], "grads": {...} | None, "grad_norm": float, "params": {...}}, ...]`` to
-    ``out``.
+    Rank 0 writes ``[{"losses": [...], "grads": {...}, "grad_norm": float, "params": {...}, ...}, ...]`` to ``out``.
     """
+    from ..parallel.grads import clip_grad_norm
     from ..training.engine import build_runtime
 
     results = []
     for raw in plans:
         rt = build_runtime(raw, rank, world_size, seed=seed, train_config=train_config)
         batches = make_batches(rt.plan.model, rt.plan.micro_batch_size, rt.plan.global_batch_size, seed)
-        from ..parallel.grads import clip_grad_norm
-
-        if rt.plan.distributed_optimizer:  # gradients are reduce-scattered: compare steps and weights
-            losses = [rt.train_step(iter(batches)) for _ in range(num_steps)]
-            grads, norm = None, rt.last_grad_norm
+        losses = [rt.forward_backward(iter(batches))]
+        grads = rt.full_grads()
+        if rt.plan.distributed_optimizer:  # megatron-core's clipping inside its distributed optimizer
+            _, norm, _ = rt.optimizer.step()
         else:
-            losses = [rt.forward_backward(iter(batches))]
-            grads = rt.full_grads()
             norm = clip_grad_norm(rt, rt.train_config.clip_grad)
             rt.optimizer.step()
-            for _ in range(num_steps - 1):
-                losses.append(rt.train_step(iter(batches)))
-        results.append({"losses": losses, "grads": grads, "grad_norm": norm, "params": rt.full_params()})
+        overlapped = 0
+        for i in range(num_steps - 1):
+            losses.append(rt.train_step(iter(batches)))
+            overlapped += rt.overlapped_buckets if i == 0 else 0
+        deferred = rt.plan.overlap_param_gather and not any(
+            bg.param_gather_dispatched for m in rt.models for bg in m.bucket_groups)
+        counts = torch.tensor([overlapped, int(deferred)], dtype=torch.int64)
+        dist.all_reduce(counts)
+        results.append({"losses": losses, "grads": grads, "grad_norm": float(norm), "params": rt.full_params(),
+                        "overlapped_buckets": int(counts[0]), "param_gather_deferred": int(counts[1]) > 0})
         dist.barrier()
     if rank == 0:
         torch.save(results, Path(out))

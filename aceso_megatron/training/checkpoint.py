@@ -20,7 +20,13 @@ heterogeneous plan does not set.
 
 Resuming with the same plan is exact (RNG states too). With another plan the model, optimizer, scheduler and
 data position carry over, and the RNG states of the new ranks start from the seed; the global batch size must
-match, since the data position is ``iteration * global_batch_size`` samples.
+match, since the data position is ``iteration * global_batch_size`` samples. A checkpoint of another model
+(another size, GPT into T5) is refused before anything is read, with the first differing ``ModelSpec`` field
+(``model_mismatch``; checkpoints without the recorded spec: the first missing or differently shaped tensor), and
+so is one whose optimizer kind (distributed or not) differs from the plan's: megatron-core's two optimizer
+checkpoint formats do not convert. The distributed optimizer is saved in megatron-core's ``fully_reshardable``
+format (re-sharded for any TP/DP/pipeline layout; ``patches/dist_opt_torch_adam.py`` makes it load with torch's
+Adam).
 
 Protocol: all ranks write into ``SAVE/.tmp_iter_N``; after a barrier rank 0 renames it to ``iter_N`` and
 atomically replaces the marker, so the marker never names a partial checkpoint.
@@ -55,7 +61,7 @@ def plan_digest(plan) -> str:
 def _owners(rt) -> tuple[dict[str, int], set[str]]:
     """For each canonical name: the first stage that holds it, and the names held by several stages (a tied
     output embedding on the last stage, T5's embedding on the first decoder stage). Collective."""
-    mine = (rt.layout.stage, sorted(set(rt.stage_module.canonical_names().values())))
+    mine = (rt.layout.stage, sorted(set(rt.canonical_names().values())))
     parts = [None] * dist.get_world_size()
     dist.all_gather_object(parts, mine)
     owner: dict[str, int] = {}
@@ -81,14 +87,14 @@ def model_sharded_state_dict(rt) -> dict:
     from megatron.core.dist_checkpointing import ShardedTensor
     from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
 
-    lay, stage = rt.layout, rt.stage_module
-    names = stage.canonical_names()
+    lay = rt.layout
+    names = rt.canonical_names()
     owner, shared = _owners(rt)
     out = {}
-    for local, p in stage.named_parameters():
+    for local, p in rt.named_parameters():
         canon = names[local]
         split = bool(getattr(p, "tensor_model_parallel", False))
-        replica = (int(owner[canon] != lay.stage), 0 if split else lay.tp_rank, lay.dp_rank)
+        replica = (int(owner[canon] != lay.stage), 0 if split else lay.tp_rank, lay.dp_rank * lay.cp + lay.cp_rank)
         offsets = [(p.partition_dim, lay.tp_rank, lay.tp)] if split else []
         sh = ShardedTensor.from_rank_offsets(canon, p, *offsets, replica_id=replica)
         if canon in shared:
@@ -99,9 +105,15 @@ def model_sharded_state_dict(rt) -> dict:
     return out
 
 
+# the distributed optimizer's checkpoint format: the one megatron-core re-shards across any TP/DP/PP (its
+# 0.16 default, fully_sharded_model_space, is no longer supported by dist_checkpointing's ShardedTensor)
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
 def sharded_state_dict(rt, is_loading: bool = False) -> dict:
     model = model_sharded_state_dict(rt)
-    return {"model": model, "optimizer": rt.optimizer.sharded_state_dict(model, is_loading=is_loading)}
+    return {"model": model, "optimizer": rt.optimizer.sharded_state_dict(model, is_loading=is_loading,
+                                                                          metadata=OPTIMIZER_METADATA)}
 
 
 def rng_state() -> dict:
@@ -125,6 +137,20 @@ def set_rng_state(state: dict) -> None:
     get_cuda_rng_tracker().set_states(state["tracker"])
 
 
+def _allocate_optimizer_state(optimizer) -> None:
+    """A distributed optimizer that has not stepped yet gets its state allocated before loading.
+
+    torch's Adam creates its state at the first step, and megatron-core's ``DistributedOptimizer.state_dict``
+    (without apex or transformer-engine) reads the step count from it; megatron-core allocates it the same way
+    before its own FSDP-format load (``_init_optimizer_states_with_dummy_values``: one step on zero gradients,
+    whose effect the loaded state replaces).
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        init = getattr(opt, "_init_optimizer_states_with_dummy_values", None)
+        if init is not None and len(opt.optimizer.state) == 0:
+            init()
+
+
 # ----- save / load -----------------------------------------------------------------------------------------------
 def save(root: str, iteration: int, rt, scheduler) -> Path:
     """Write checkpoint ``iteration`` (collective: every rank calls it)."""
@@ -133,6 +159,7 @@ def save(root: str, iteration: int, rt, scheduler) -> Path:
     root_p = Path(root)
     rank = dist.get_rank()
     tmp = root_p / f".tmp_iter_{iteration:07d}"
+    rt.sync_params()  # overlap_param_gather: the last step's all-gather is still pending
     if rank == 0:
         root_p.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
@@ -142,7 +169,8 @@ def save(root: str, iteration: int, rt, scheduler) -> Path:
     dist_checkpointing.save(sharded_state_dict(rt), str(tmp))
     extra = {"iteration": iteration, "scheduler": scheduler.state_dict(), "rng": rng_state(),
              "plan_digest": plan_digest(rt.plan), "world_size": dist.get_world_size(),
-             "global_batch_size": rt.plan.global_batch_size}
+             "global_batch_size": rt.plan.global_batch_size, "model": rt.plan.model.model_dump(),
+             "distributed_optimizer": rt.plan.distributed_optimizer}
     torch.save(extra, tmp / f"extra_rank_{rank:05d}.pt")
     dist.barrier()
     final = _iter_dir(root_p, iteration)
@@ -189,10 +217,23 @@ def load(root: str, rt, scheduler) -> tuple[int, bool] | None:
             f"the plan has {rt.plan.global_batch_size}; the data position would not carry over, use a plan with "
             f"global_batch_size {first['global_batch_size']}"
         )
+    ckpt_dir = _iter_dir(Path(root), iteration)
+    saved_dist_opt = first.get("distributed_optimizer", False)
+    if saved_dist_opt != rt.plan.distributed_optimizer:
+        raise AcesoError(
+            f"--load {root}: iteration {iteration} was written with distributed_optimizer {str(saved_dist_opt).lower()} "
+            f"but the plan has {str(rt.plan.distributed_optimizer).lower()}; megatron-core's optimizer checkpoints do not "
+            f"convert between the two: use a plan with distributed_optimizer {str(saved_dist_opt).lower()}"
+        )
+    found = [None] * dist.get_world_size()  # ranks check their own parameters: agree before anyone loads
+    dist.all_gather_object(found, model_mismatch(first.get("model"), rt, ckpt_dir))
+    if (msg := next((m for m in found if m is not None), None)) is not None:
+        raise AcesoError(f"--load {root}: iteration {iteration} {msg}")
     same_plan = first["plan_digest"] == plan_digest(rt.plan) and first["world_size"] == dist.get_world_size()
-    state = dist_checkpointing.load(sharded_state_dict(rt, is_loading=True), str(_iter_dir(Path(root), iteration)))
+    _allocate_optimizer_state(rt.optimizer)
+    state = dist_checkpointing.load(sharded_state_dict(rt, is_loading=True), str(ckpt_dir))
     with torch.no_grad():
-        for local, p in rt.stage_module.named_parameters():
+        for local, p in rt.named_parameters():
             value = state["model"][local]
             if value is not p:
                 p.copy_(value)
@@ -202,3 +243,54 @@ def load(root: str, rt, scheduler) -> tuple[int, bool] | None:
     if same_plan:
         set_rng_state(mine["rng"])
     return iteration, same_plan
+
+
+# fields of ModelSpec that change the parameters (not dtype, dropout or names); sequence lengths only with learned
+# position embeddings (a RoPE model has no per-position parameter)
+_ARCH_FIELDS = ("family", "num_layers", "num_decoder_layers", "hidden_size", "num_attention_heads",
+                "num_query_groups", "kv_channels", "ffn_hidden_size", "vocab_size", "make_vocab_size_divisible_by",
+                "activation", "normalization", "position_embedding", "rotary_base", "tied_embeddings",
+                "add_bias_linear")
+_LEARNED_FIELDS = ("seq_length", "decoder_seq_length")
+
+
+def model_mismatch(saved: dict | None, rt, ckpt_dir: Path) -> str | None:
+    """Why the checkpoint does not hold the plan's model (the first differing field), or None."""
+    from search.model import ModelSpec
+
+    want = rt.plan.model
+    if saved is not None:
+        have = ModelSpec.model_validate(saved)
+        fields = _ARCH_FIELDS + (_LEARNED_FIELDS if want.position_embedding == "learned" else ())
+        for f in fields:
+            a, b = getattr(have, f), getattr(want, f)
+            if a != b:
+                return (f"holds another model than the plan's: {f} is {a!r} in the checkpoint (model {have.name}) "
+                        f"but {b!r} in the plan (model {want.name}); resume it with a plan for its model, or save "
+                        "this run to a new folder")
+        return None
+    return _tensor_mismatch(rt, ckpt_dir)
+
+
+def _tensor_mismatch(rt, ckpt_dir: Path) -> str | None:
+    """For a checkpoint without the recorded model: the first of this rank's parameters it lacks or shapes
+    differently."""
+    from megatron.core import dist_checkpointing
+
+    from ..model.init import full_shape
+
+    meta = dist_checkpointing.load_tensors_metadata(str(ckpt_dir))
+    names = rt.canonical_names()
+    for local, p in rt.named_parameters():
+        canon = names[local]
+        if canon not in meta:
+            if f"{canon}_w" in meta:  # SwiGLU fc1 saved as gate and up halves
+                continue
+            return (f"holds another model than the plan's: it has no {canon}; resume it with a plan for its model, "
+                    "or save this run to a new folder")
+        have, want = tuple(meta[canon].global_shape), tuple(full_shape(p, rt.layout.tp))
+        if have != want:
+            return (f"holds another model than the plan's: {canon} has shape {list(have)} in the checkpoint but "
+                    f"{list(want)} in the plan; resume it with a plan for its model, or save this run to a new "
+                    "folder")
+    return None

@@ -3,19 +3,23 @@
     runtime = build_runtime(plan, rank, world_size, seed=1234)      # after torch.distributed.init_process_group
     loss = runtime.train_step(iter(micro_batches))                  # one optimizer step over the global batch
 
-Order: validate the plan and its model (``model.layers.check_model``: layer specs, megatron block; before any
-process group exists), CPU shims if on CPU, process groups
-(``layout.build_groups``), the stage chunk (``stage_model``), plan-independent weights (``init``), megatron-core
-DDP on the stage's DP group, megatron-core optimizer (distributed optimizer when the plan asks), and the 1F1B schedule
-``forward_backward_pipelining_without_interleaving`` with ``PlanCommunicator`` as its ``p2p_communicator``.
+Order (``build_runtime``): validate the plan, refuse what this environment cannot run and check its model
+(``model.layers.check_model``: layer specs, megatron block) -- all before any process group exists --, CPU shims
+if on CPU, the fast paths (``model.fast_path``), process groups (``layout.build_groups``), the rank's model chunks (``stage_model``; ``v`` of them for an interleaved plan), plan-independent weights (``init``),
+one megatron-core DDP per chunk on the stage's DP (x CP) group -- bucketed and overlapped when the plan asks --,
+megatron-core's optimizer (distributed when the plan asks) over the chunks, and the schedule megatron-core's
+``get_forward_backward_func`` picks for the pipeline (no pipelining, 1F1B, interleaved 1F1B) with
+``PlanCommunicator`` as its ``p2p_communicator``.
 
 A micro-batch is a dict of full pipeline micro-batch tensors, ``{"tokens": [mb, s], "labels": [mb, s]}`` (T5:
 ``{"enc_tokens": [mb, s_enc], "dec_tokens": [mb, s_dec], "labels": [mb, s_dec]}``); every rank is given the same
-ones and takes its DP replica's slice. The loss is the mean per-token loss of the global batch.
+ones and takes its DP replica's samples (and, with context parallelism, its CP rank's tokens). The loss is the mean
+per-token loss of the global batch.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -25,7 +29,9 @@ import torch.distributed as dist
 from search.errors import AcesoError
 from search.plan import ParallelPlan, parse_plan
 
+from ..model.fast_path import Environment, FastPath, choose, refusal
 from ..parallel.layout import Groups, RankLayout, build_groups, sample_range
+from ..parallel.shards import cp_token_index
 
 
 @dataclass
@@ -38,6 +44,7 @@ class TrainConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
     init_method_std: float | None = None   # None: the model's megatron.init_method_std, else megatron-core's 0.02
+    ddp_bucket_size: int | None = None  # parameters per DDP bucket (overlap_grad_reduce); None: megatron-core's
 
     def std_for(self, model) -> float:
         """The initialisation std for ``model``."""
@@ -46,9 +53,16 @@ class TrainConfig:
         return float((model.megatron or {}).get("init_method_std", 0.02))
 
 
-def check_plan(plan: ParallelPlan | dict, world_size: int) -> ParallelPlan:
-    """Validate ``plan`` for ``world_size`` processes; one ``AcesoError`` line naming the stage and field."""
+def check_plan(plan: ParallelPlan | dict, world_size: int, env: Environment | None = None) -> ParallelPlan:
+    """Validate ``plan`` for ``world_size`` processes and refuse what ``env`` cannot run; one ``AcesoError``
+    line naming the stage and field."""
     plan = parse_plan(plan if isinstance(plan, dict) else plan.model_dump(), world_size=world_size)
+    if env is not None:
+        if (msg := refusal(env, plan)) is not None:
+            raise AcesoError(msg)
+        if env.cuda and plan.model.params_dtype == "fp16":
+            raise AcesoError(f"model.params_dtype fp16: the runtime has no fp16 loss scaling yet; use bf16 "
+                             f"(model {plan.model.name})")
     return plan
 
 
@@ -57,19 +71,55 @@ class Runtime:
     plan: ParallelPlan
     layout: RankLayout
     groups: Groups
-    stage_module: torch.nn.Module
-    model: torch.nn.Module  # the DDP-wrapped stage
+    chunks: list  # this rank's model chunks (stage_model._Stage), in order
+    models: list  # the chunks wrapped in megatron-core DDP
     optimizer: object
     communicator: object
     train_config: TrainConfig
+    fast: FastPath
     device: str = "cpu"
     last_grad_norm: float = field(default=0.0)
     loss_denominator: float = field(default=0.0)  # tokens that count in this global batch's loss (0: all of them)
+    held_bucket_groups: list = field(default_factory=list)  # see parallel.grads.hold_embedding_buckets
+    overlapped_buckets: int = 0  # last step: DDP buckets whose reduction started during backward
+
+    # -- the rank's chunks ------------------------------------------------------------------------------------
+    @property
+    def stage_module(self):
+        """The model chunk of a one-chunk plan (tests and profiles of non-interleaved plans)."""
+        if len(self.chunks) != 1:
+            raise ValueError(f"this rank holds {len(self.chunks)} model chunks; use runtime.chunks")
+        return self.chunks[0]
+
+    @property
+    def model(self):
+        if len(self.models) != 1:
+            raise ValueError(f"this rank holds {len(self.models)} model chunks; use runtime.models")
+        return self.models[0]
+
+    def named_parameters(self):
+        """``(local name, parameter)`` of all chunks; local names are ``chunks.<i>.<name in the chunk>``."""
+        for i, c in enumerate(self.chunks):
+            for n, p in c.named_parameters():
+                yield f"chunks.{i}.{n}", p
+
+    def canonical_names(self) -> dict[str, str]:
+        """Local name -> name in a single-process megatron-core ``GPTModel``/``T5Model``."""
+        return {f"chunks.{i}.{n}": canon for i, c in enumerate(self.chunks) for n, canon in c.canonical_names().items()}
+
+    @property
+    def holds_loss(self) -> bool:
+        """This rank computes (part of) the loss: the last chunk of the last stage."""
+        return self.chunks[-1].post_process
 
     # -- data -------------------------------------------------------------------------------------------------
     def _local(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's samples of a micro-batch tensor and, with context parallelism, its tokens."""
         lo, hi = sample_range(self.plan.micro_batch_size, self.layout.dp, self.layout.dp_rank)
-        return t[lo:hi]
+        t = t[lo:hi]
+        if self.layout.cp > 1:
+            t = t[:, cp_token_index(t.size(1), self.layout.cp, self.layout.cp_rank)]
+        return t
 
     def _global_tokens(self) -> int:
         m = self.plan.model
@@ -90,13 +140,15 @@ class Runtime:
         return iter(batches)
 
     def _forward_step(self, data_iterator, model):
-        batch = {k: self._local(v).to(self.device) for k, v in next(data_iterator).items()}
+        raw = next(data_iterator)
+        if not self.plan.model.is_t5:
+            tokens = raw["tokens"]
+            raw = {**raw, "position_ids": torch.arange(tokens.size(1)).unsqueeze(0).expand_as(tokens)}
+        batch = {k: self._local(v).to(self.device) for k, v in raw.items()}
         if self.plan.model.is_t5:
             out = model(enc_ids=batch["enc_tokens"], dec_ids=batch["dec_tokens"], labels=batch["labels"])
         else:
-            tokens = batch["tokens"]
-            pos = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0).expand_as(tokens)
-            out = model(input_ids=tokens, position_ids=pos, labels=batch["labels"])
+            out = model(input_ids=batch["tokens"], position_ids=batch["position_ids"], labels=batch["labels"])
         denom = self.loss_denominator or float(self._global_tokens())
         mask = batch.get("loss_mask")
 
@@ -110,27 +162,35 @@ class Runtime:
         return out, loss_func
 
     # -- step -------------------------------------------------------------------------------------------------
-    def forward_backward(self, batch_iterator: Iterator[dict]) -> float:
-        """Forward and backward over the global batch (gradients finalised, no optimizer step); returns loss."""
-        from megatron.core.pipeline_parallel.schedules import (
-            forward_backward_pipelining_without_interleaving,
-        )
+    def run_schedule(self, micro_batches, forward_only: bool = False) -> float:
+        """megatron-core's schedule over one global batch (forward and backward, gradients finalised, or forward
+        only); returns the mean per-token loss (collective)."""
+        from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
 
-        batch_iterator = self.start_global_batch(batch_iterator)
-        self.model.zero_grad_buffer()
-        self.optimizer.zero_grad()
-        seq = self.communicator.seq_in
-        store = forward_backward_pipelining_without_interleaving(
-            forward_step_func=self._forward_step, data_iterator=batch_iterator, model=[self.model],
-            num_microbatches=self.plan.num_micro_batches, seq_length=seq,
-            micro_batch_size=self.plan.micro_batch_size // self.layout.dp,
-            p2p_communicator=self.communicator, pg_collection=self.groups.pg_collection,
+        S, v = self.plan.num_stages, self.plan.num_virtual_stages
+        batches = list(self.start_global_batch(micro_batches))
+        schedule = get_forward_backward_func(pp_size=S, vp_size=v if v > 1 else None)
+        store = schedule(
+            forward_step_func=self._forward_step,
+            data_iterator=[iter(batches) for _ in self.models] if v > 1 else iter(batches),
+            model=self.models, num_microbatches=self.plan.num_micro_batches, seq_length=self.communicator.seq_in,
+            micro_batch_size=self.plan.micro_batch_size // self.layout.dp, p2p_communicator=self.communicator,
+            pg_collection=self.groups.pg_collection, forward_only=forward_only,
         )
-        lay = self.layout
-        mine = sum(float(d["loss"]) for d in store) if (self.stage_module.post_process and lay.tp_rank == 0) else 0.0
+        mine = sum(float(d["loss"]) for d in store) if (self.holds_loss and self.layout.tp_rank == 0) else 0.0
         total = torch.tensor(mine, dtype=torch.float64, device=self.device)
         dist.all_reduce(total, group=self.groups.world)
         return float(total)
+
+    def forward_backward(self, batch_iterator: Iterator[dict]) -> float:
+        """Forward and backward over the global batch (gradients finalised, no optimizer step); returns loss."""
+        from ..parallel.grads import hold_embedding_buckets
+
+        for m in self.models:
+            m.zero_grad_buffer()
+        hold_embedding_buckets(self.held_bucket_groups)
+        self.optimizer.zero_grad()
+        return self.run_schedule(batch_iterator)
 
     def train_step(self, batch_iterator: Iterator[dict]) -> float:
         """One optimizer step over the global batch (clipped); returns the mean per-token loss."""
@@ -145,35 +205,58 @@ class Runtime:
             self.optimizer.step()
         return loss
 
+    def sync_params(self) -> None:
+        """Finish the distributed optimizer's parameter all-gather now (``overlap_param_gather`` defers it to the
+        next forward): before reading or saving the weights after an optimizer step. (Not between backward and
+        the step: the gather counts as done until the next backward.)"""
+        if self.plan.distributed_optimizer and self.plan.overlap_param_gather:
+            for m in self.models:
+                m.start_param_sync(force_sync=True)
+
     # -- inspection (tests) -------------------------------------------------------------------------------------
-    def _gather(self, which: str) -> dict[str, torch.Tensor]:
-        from ..model.init import gather_full
-
-        params = dict(self.stage_module.named_parameters())
-        names = self.stage_module.canonical_names()
-        local = {n: (p.main_grad if which == "grad" else p.data) for n, p in params.items()}
-        full = gather_full(local, params, names, self.plan.model, self.groups.tp)
-        mine = full if (self.layout.tp_rank == 0 and self.layout.dp_rank == 0) else {}
-        parts = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, mine)
-        out: dict[str, torch.Tensor] = {}
-        for part in parts:
-            for k, v in part.items():
-                out.setdefault(k, v)
-        return out
-
     def full_grads(self) -> dict[str, torch.Tensor]:
         """Every full-model gradient, by canonical name (collective: all ranks call it)."""
-        return self._gather("grad")
+        from ..parallel.gather import full_tensors
+
+        return full_tensors(self, "grad")
 
     def full_params(self) -> dict[str, torch.Tensor]:
-        return self._gather("param")
+        from ..parallel.gather import full_tensors
+
+        self.sync_params()
+        return full_tensors(self, "param")
+
+
+def _ddp_config(plan: ParallelPlan, fast: FastPath, tc: TrainConfig):
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    return DistributedDataParallelConfig(
+        overlap_grad_reduce=plan.overlap_grad_reduce, overlap_param_gather=plan.overlap_param_gather,
+        use_distributed_optimizer=plan.distributed_optimizer, bucket_size=tc.ddp_bucket_size,
+        grad_reduce_in_fp32=fast.dtype != "fp32",  # Megatron-LM's rule for bf16: accumulate and reduce in fp32
+    )
+
+
+def _optimizer(plan: ParallelPlan, tc: TrainConfig, config, models, groups: Groups):
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    dist_opt = plan.distributed_optimizer
+    opt_config = OptimizerConfig(  # distributed optimizer: megatron-core clips (norm over the world of shards)
+        optimizer="adam", lr=tc.lr, weight_decay=tc.weight_decay, adam_beta1=tc.adam_beta1,
+        adam_beta2=tc.adam_beta2, clip_grad=tc.clip_grad if dist_opt else 0.0,
+        params_dtype=config.params_dtype, bf16=config.bf16, fp16=config.fp16,
+        use_distributed_optimizer=dist_opt, overlap_param_gather=plan.overlap_param_gather,
+    )
+    return get_megatron_optimizer(opt_config, models, use_gloo_process_groups=False,
+                                  pg_collection=groups.pg_collection)
 
 
 def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: int = 1234, device: str = "cpu",
-                  train_config: TrainConfig | None = None) -> Runtime:
-    """Everything rank ``rank`` needs to train ``plan``; ``torch.distributed`` must be initialised."""
-    plan = check_plan(plan, world_size)
+                  train_config: TrainConfig | None = None, fast: FastPath | None = None) -> Runtime:
+    """Everything rank ``rank`` needs to train ``plan``; ``torch.distributed`` must be initialised. ``fast``: the
+    fast paths to use instead of what this machine offers (``fast_path.choose``), e.g. unfused on a GPU."""
+    env = Environment.detect(device)
+    plan = check_plan(plan, world_size, env)
     tc = train_config or TrainConfig()
     if not dist.is_initialized():
         raise AcesoError("torch.distributed is not initialised; call init_process_group before build_runtime")
@@ -181,49 +264,64 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
         from patches import cpu_mode
 
         cpu_mode.apply()
+    if plan.distributed_optimizer:
+        from patches import dist_opt_torch_adam
+
+        if dist_opt_torch_adam.needed():
+            dist_opt_torch_adam.apply()
     from megatron.core import parallel_state
-    from megatron.core.distributed import (
-        DistributedDataParallel,
-        DistributedDataParallelConfig,
-    )
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.distributed import DistributedDataParallel
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
+    from ..model.config import interleaving
     from ..model.init import initialize
     from ..model.layers import check_model
-    from ..model.stage_model import build_stage, stage_seq_lens
-    from ..parallel.grads import finalize_model_grads_fn, mark_embedding_copies
+    from ..model.stage_model import build_stage
+    from ..parallel.grads import embedding_bucket_groups, finalize_model_grads_fn, mark_embedding_copies
     from ..parallel.p2p import PlanCommunicator
 
     check_model(plan, device)   # the model's layer specs and megatron block, before any process group
+    fast = fast or choose(env, plan.model, plan.tp_comm_overlap)
     if parallel_state._GLOBAL_MEMORY_BUFFER is None:  # scratch buffer of the attention core (no groups)
         parallel_state._set_global_memory_buffer()
     groups = build_groups(plan, rank)
     lay = groups.layout
+    if fast.config["tp_comm_overlap"]:
+        _initialize_userbuffers(plan, lay, fast)
     # dropout RNG seeded as Megatron-LM does: seed + 100 * stage for the default generator (hidden dropout: equal
     # within a stage's TP group, different between stages), the rng tracker's TP state differing by TP rank on top
     model_parallel_cuda_manual_seed(seed + 100 * lay.stage, tp_rank=lay.tp_rank, ep_rank=0, etp_rank=0)
-    stage = build_stage(plan, lay.stage, groups.pg_collection, device)
+    v = plan.num_virtual_stages
+    chunks = [build_stage(plan, lay.stage, groups.pg_collection, device, j, fast) for j in range(v)]
     std = tc.std_for(plan.model)
-    stage.config.init_method_std = std
-    initialize(stage, stage.canonical_names(), plan.model, seed, lay.tp, lay.tp_rank, std)
-    mark_embedding_copies(stage, plan)
-    dist_opt = plan.distributed_optimizer
-    ddp = DistributedDataParallel(
-        stage.config, DistributedDataParallelConfig(overlap_grad_reduce=False, use_distributed_optimizer=dist_opt),
-        stage, pg_collection=groups.pg_collection,
-    )
-    opt_config = OptimizerConfig(  # distributed optimizer: megatron-core clips (norm over the world of shards)
-        optimizer="adam", lr=tc.lr, weight_decay=tc.weight_decay, adam_beta1=tc.adam_beta1,
-        adam_beta2=tc.adam_beta2, clip_grad=tc.clip_grad if dist_opt else 0.0,
-        params_dtype=stage.config.params_dtype, bf16=stage.config.bf16, fp16=stage.config.fp16,
-        use_distributed_optimizer=dist_opt,
-    )
-    optimizer = get_megatron_optimizer(opt_config, [ddp], use_gloo_process_groups=False,
-                                       pg_collection=groups.pg_collection)
-    seq_lens = stage_seq_lens(plan)
+    for c in chunks:
+        c.config.init_method_std = std
+        initialize(c, c.canonical_names(), plan.model, seed, lay.tp, lay.tp_rank, std)
+        if device != "cpu":
+            c.cuda(torch.cuda.current_device())
+    interleaving(chunks[0].config, plan.num_stages, v)
+    mark_embedding_copies(chunks, plan)
+    ddp_config = _ddp_config(plan, fast, tc)
+    models = [DistributedDataParallel(c.config, copy.copy(ddp_config), c, pg_collection=groups.pg_collection,
+                                      disable_bucketing=j > 0)  # as Megatron-LM: buckets for the first chunk
+              for j, c in enumerate(chunks)]
+    optimizer = _optimizer(plan, tc, chunks[0].config, models, groups)
     dev = "cpu" if device == "cpu" else torch.device("cuda", torch.cuda.current_device())
-    comm = PlanCommunicator(plan, rank, stage.config, seq_lens, dev)
-    rt = Runtime(plan, lay, groups, stage, ddp, optimizer, comm, tc, dev)
-    stage.config.finalize_model_grads_func = finalize_model_grads_fn(rt)
+    comm = PlanCommunicator(plan, rank, chunks[0].config, dev)
+    rt = Runtime(plan, lay, groups, chunks, models, optimizer, comm, tc, fast, dev)
+    if plan.overlap_grad_reduce and groups.embedding is not None:
+        rt.held_bucket_groups = embedding_bucket_groups(rt)
+    config = chunks[0].config
+    config.finalize_model_grads_func = finalize_model_grads_fn(rt)
+    if plan.overlap_grad_reduce:  # reduce each chunk's buckets during its last micro-batch's backward
+        config.no_sync_func = [m.no_sync for m in models] if v > 1 else models[0].no_sync
     return rt
+
+
+def _initialize_userbuffers(plan: ParallelPlan, lay: RankLayout, fast: FastPath) -> None:
+    """transformer-engine's TP-overlap buffers (Megatron-LM's ``_initialize_tp_communicators``): one shape for the
+    world, ``[seq * per-rank micro-batch / cp, hidden]`` (``fast_path.refusal`` checked that every stage agrees)."""
+    from transformer_engine.pytorch import module as te_module
+
+    shape = [plan.model.seq_length * plan.micro_batch_per_rank(lay.stage) // lay.cp, plan.model.hidden_size]
+    te_module.base.initialize_ub(shape=shape, tp_size=lay.tp, use_fp8=False, ub_cfgs={}, bootstrap_backend="nccl")

@@ -142,6 +142,10 @@ def train_from_args(args: argparse.Namespace) -> int:
     plots.check_training(args)   # before training: a bad --plot or no matplotlib is exit 2 now, not at the end
     import torch.distributed as dist
 
+    from ..model.fast_path import Environment
+    from .engine import check_plan
+
+    check_plan(plan, world_size, Environment.detect("cpu" if args.cpu else "cuda"))  # before the process group
     init_distributed(world_size, rank, local_rank, args.cpu)
     try:
         train(args, plan, rank)

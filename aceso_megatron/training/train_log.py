@@ -35,29 +35,18 @@ def stage_max_memory_mb(rt, device: str) -> list[float]:
 
 
 def evaluate(rt, global_batches: list[list[dict]]) -> float:
-    """Mean per-token loss over ``global_batches``: megatron-core's 1F1B schedule run forward-only with the
-    runtime's stage, forward step (``Runtime._forward_step``, whose loss is already divided by the global token
-    count) and communicator."""
-    from megatron.core.pipeline_parallel.schedules import forward_backward_pipelining_without_interleaving
-
-    plan = rt.plan
+    """Mean per-token loss over ``global_batches``: megatron-core's schedule run forward-only with the runtime's
+    chunks, forward step (``Runtime._forward_step``, whose loss is already divided by the global token count) and
+    communicator (``Runtime.run_schedule``)."""
     total = 0.0
-    rt.model.eval()
+    for m in rt.models:
+        m.eval()
     with torch.no_grad():
         for micro_batches in global_batches:
-            store = forward_backward_pipelining_without_interleaving(
-                forward_step_func=rt._forward_step, data_iterator=rt.start_global_batch(micro_batches),
-                model=[rt.model],
-                num_microbatches=plan.num_micro_batches, seq_length=rt.communicator.seq_in,
-                micro_batch_size=plan.micro_batch_size // rt.layout.dp, p2p_communicator=rt.communicator,
-                pg_collection=rt.groups.pg_collection, forward_only=True,
-            )
-            if rt.stage_module.post_process and rt.layout.tp_rank == 0:
-                total += sum(float(d["loss"]) for d in store)
-    rt.model.train()
-    t = torch.tensor(total, dtype=torch.float64, device=getattr(rt, "device", "cpu"))  # NCCL: a CUDA tensor
-    dist.all_reduce(t, group=rt.groups.world)
-    return float(t) / len(global_batches)
+            total += rt.run_schedule(micro_batches, forward_only=True)
+    for m in rt.models:
+        m.train()
+    return total / len(global_batches)
 
 
 class TrainLogger:

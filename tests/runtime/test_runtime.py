@@ -156,6 +156,10 @@ def test_stage_parameter_count_matches_model_spec(single_process):
     (plan(GPT, st(1, 1, 0, 4)), 2, "the plan needs 1 processes"),
     (plan(GPT, st(1, 1, 0, 2), st(3, 1, 2, 4)), 4, "stages[1].tp (3) must divide num_attention_heads"),
     (plan(GPT, st(1, 1, 0, 2), st(1, 1, 2, 2, [])), 2, "stages[1].chunks[0]: span [2, 2) is empty"),
+    ({**plan(GPT, {**st(1, 1, 0, 2), "num_gpus": 2, "cp": 2}, st(1, 1, 2, 4)), "global_batch_size": 2}, 3,
+     "stages[0].cp (2): megatron-core runs context parallelism only with transformer-engine's attention"),
+    ({**plan(GPT, {**st(2, 1, 0, 4), "sequence_parallel": True}), "tp_comm_overlap": True}, 2,
+     "tp_comm_overlap: transformer-engine's TP communication overlap"),
 ])
 def test_bad_plans_fail_before_any_group(raw, world, message, monkeypatch):
     import torch.distributed as dist
@@ -257,3 +261,64 @@ def test_recompute_keeps_fewer_activations(single_process):
     for rc in ("selective", "full"):
         for k, g in grads["none"].items():
             assert torch.allclose(grads[rc][k], g, rtol=1e-6, atol=1e-8), (rc, k)
+
+
+# ----- fast paths ----------------------------------------------------------------------------------------------
+def test_selective_mlp_unit_keeps_its_activation_unfused(single_process):
+    """With megatron-core's fused bias-GELU on, its MLP calls the fused kernel directly; a selective MLP unit must
+    run CheckpointedActivation instead, so its unit config turns that one fusion off (the others stay)."""
+    from aceso_megatron.model.config import stage_config, unit_config
+    from aceso_megatron.model.fast_path import Environment, choose
+    from aceso_megatron.model.recompute import CheckpointedActivation
+
+    fast = choose(Environment(cuda=True, compute_capability=(9, 0)), GPT)
+    base = stage_config(GPT, 1, "cpu", fast=fast)
+    assert base.bias_activation_fusion and base.bias_dropout_fusion
+    sel = unit_config(base, "mlp", "selective")
+    assert isinstance(sel.activation_func, CheckpointedActivation)
+    assert not sel.bias_activation_fusion and sel.bias_dropout_fusion
+    assert unit_config(base, "mlp", "none") is base and unit_config(base, "attention", "selective").bias_activation_fusion
+
+
+def test_transformer_engine_norm_weights_map_to_local_names():
+    """TE fuses a layer's norms into the next linear; checkpoints key them by the local spec's names."""
+    from aceso_megatron.model.stage_model import local_layer_name
+
+    assert local_layer_name("self_attention.linear_qkv.layer_norm_weight") == "input_layernorm.weight"
+    assert local_layer_name("self_attention.linear_qkv.layer_norm_bias") == "input_layernorm.bias"
+    assert local_layer_name("mlp.linear_fc1.layer_norm_weight") == "pre_mlp_layernorm.weight"
+    assert local_layer_name("self_attention.linear_qkv.weight") == "self_attention.linear_qkv.weight"
+    assert local_layer_name("mlp.linear_fc1.bias") == "mlp.linear_fc1.bias"
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_sequence_parallel_norm_is_the_torch_norm_flagged(single_process, norm):
+    """megatron-core's torch norm refuses SP; the flagged one computes the same and marks its weights for the TP
+    gradient reduction."""
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    from aceso_megatron.model.config import stage_config
+    from aceso_megatron.model.norms import SequenceParallelNorm, with_sequence_parallel_norms
+    from model_specs.builders import gpt_layer_spec
+
+    model = GPT.model_copy(update={"normalization": norm})
+    cfg = stage_config(model, 2, sequence_parallel=True)
+    with pytest.raises(AssertionError, match="sequence parallel not supported"):
+        WrappedTorchNorm(cfg, 32)
+    sp = SequenceParallelNorm(cfg, 32, eps=1e-5)
+    ref = WrappedTorchNorm(stage_config(model, 2), 32, eps=1e-5)
+    ref.load_state_dict(sp.state_dict())
+    x = torch.randn(5, 2, 32)
+    assert torch.equal(sp(x), ref(x)) and all(p.sequence_parallel for p in sp.parameters())
+    spec = with_sequence_parallel_norms(gpt_layer_spec(model, te=False)).submodules
+    assert spec.input_layernorm is SequenceParallelNorm and spec.pre_mlp_layernorm is SequenceParallelNorm
+
+
+def test_fp16_on_a_gpu_is_refused_before_any_group():
+    from aceso_megatron.model.fast_path import Environment
+    from aceso_megatron.training.engine import check_plan
+
+    raw = plan(GPT.model_copy(update={"params_dtype": "fp16"}), st(1, 1, 0, 4))
+    with pytest.raises(AcesoError, match="model.params_dtype fp16: the runtime has no fp16 loss scaling yet"):
+        check_plan(raw, 1, Environment(cuda=True, compute_capability=(9, 0)))
+    assert check_plan(raw, 1, Environment(cuda=False)).model.params_dtype == "fp16"  # CPU runs fp32

@@ -1,0 +1,88 @@
+"""Distributed-optimizer checkpoints with torch's Adam: load the fully re-shardable format, with a step count
+per parameter.
+
+Target: ``megatron.core.optimizer.distrib_optimizer.DistributedOptimizer._set_main_param_and_optimizer_states``
+and ``DistributedOptimizer.load_state_dict``.
+
+Reason: without apex or transformer-engine, megatron-core's distributed optimizer runs torch's Adam, which keeps a
+per-parameter ``step`` tensor in its state. Two things break when such an optimizer loads a checkpoint:
+
+1. the ``fully_reshardable`` format (the one that re-shards across TP, DP and pipeline changes, used by
+   ``aceso_megatron.training.checkpoint``) skips ``step`` among the loaded tensors (megatron-core restores it from
+   the param groups) but then copies every key of the parameter's state, ``step`` included: ``KeyError: 'step'``.
+   The wrapper hides ``step`` from that copy and puts it back unchanged.
+2. ``load_state_dict`` gives every parameter the *same* ``step`` tensor; torch's Adam increments each parameter's
+   ``step`` in place, so after a resume the shared counter advances once per parameter per step and the bias
+   correction is wrong from the second step on (a resumed run drifts from the uninterrupted one). The wrapper
+   gives each parameter its own copy after loading.
+
+Tested megatron-core versions: 0.16.1 (torch 2.13.0). Applied by ``build_runtime`` for distributed-optimizer plans
+when megatron-core runs torch's Adam (``distrib_optimizer.HAVE_APEX_OR_TE`` false). Remove when megatron-core
+copies only the loaded keys and gives each parameter its own step.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ._base import Swaps, check_version
+
+NAME = "dist_opt_torch_adam"
+TESTED_VERSIONS = ("0.16.1",)
+_swaps = Swaps()
+
+
+def needed() -> bool:
+    """Whether megatron-core's distributed optimizer runs torch's Adam here (no apex, no transformer-engine)."""
+    from megatron.core.optimizer import distrib_optimizer
+
+    return not distrib_optimizer.HAVE_APEX_OR_TE
+
+
+def is_applied() -> bool:
+    return _swaps.active
+
+
+def _without_step(original):
+    @functools.wraps(original)
+    def set_states(self, model_param, tensors):
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+        state = self.optimizer.state.get(main_param, {})
+        step = state.pop("step", None) if "step" not in tensors else None
+        try:
+            return original(self, model_param, tensors)
+        finally:
+            if step is not None:
+                state["step"] = step
+
+    return set_states
+
+
+def _own_steps(original):
+    @functools.wraps(original)
+    def load_state_dict(self, state_dict):
+        out = original(self, state_dict)
+        for s in self.optimizer.state.values():
+            if torch.is_tensor(s.get("step")):
+                s["step"] = s["step"].clone()
+        return out
+
+    return load_state_dict
+
+
+def apply() -> None:
+    """Install the wrappers (idempotent)."""
+    if _swaps.active:
+        return
+    check_version(NAME, TESTED_VERSIONS)
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer as D
+
+    _swaps.set(D, "_set_main_param_and_optimizer_states", _without_step(D._set_main_param_and_optimizer_states))
+    _swaps.set(D, "load_state_dict", _own_steps(D.load_state_dict))
+
+
+def revert() -> None:
+    _swaps.restore()
