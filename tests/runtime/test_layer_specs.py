@@ -90,8 +90,15 @@ def test_fusions_stay_off_on_cpu_and_pass_through_on_gpu():
     m = GPT.model_copy(update={"megatron": {"bias_activation_fusion": True, "apply_rope_fusion": True}})
     cpu = stage_config(m, 1, "cpu")
     assert not cpu.bias_activation_fusion and not cpu.apply_rope_fusion
-    gpu = stage_config(GPT.model_copy(update={"megatron": {"bias_activation_fusion": True}}), 1, "cuda")
-    assert gpu.bias_activation_fusion and not gpu.masked_softmax_fusion   # config only: no kernel runs here
+    # on a GPU (described, not detected: config only, no kernel runs here) the block overrides the fast path's
+    # choice both ways, and the fusions it does not name stay as the fast path chose them
+    from aceso_megatron.model.fast_path import Environment, choose
+    fast = choose(Environment(cuda=True, compute_capability=(9, 0)), GPT)
+    assert fast.config["bias_activation_fusion"] and not fast.config["cross_entropy_loss_fusion"]
+    block = {"bias_activation_fusion": False, "cross_entropy_loss_fusion": True}
+    gpu = stage_config(GPT.model_copy(update={"megatron": block}), 1, "cuda", fast=fast)
+    assert not gpu.bias_activation_fusion and gpu.cross_entropy_loss_fusion
+    assert gpu.bias_dropout_fusion == fast.config["bias_dropout_fusion"] and not gpu.masked_softmax_fusion
 
 
 # ----- the provider ------------------------------------------------------------------------------------------------
