@@ -503,6 +503,35 @@ CASES = [
     C("profile-out-missing-folder", "profile --model spec.json -o nope/db.json --cpu", "folder nope does not exist"),
     C("train-log-file-folder", LAUNCH + " " + TRAIN_OK + " --log-file data", "--log-file data: is a folder"),
 
+    # ----- Megatron-LM: export --to megatron-lm|megatron-bridge, import --from megatron-lm, explain --megatron-args
+    C("export-mlm-inexpressible", "export p.json --to megatron-lm -o run.sh", "stages[0].recompute[0:2] (full, none) "
+      "mixes choices inside layer 0", **{"p.json": edit("plan.json", **{"stages.0.chunks.0.recompute.0": "full"})}),
+    C("export-bridge-inexpressible", "export p.json --to megatron-bridge -o b.yaml", "search with --target megatron-lm",
+      **{"p.json": edit("plan.json", **{"stages.0.chunks.0.recompute.0": "full"})}),
+    C("export-legacy-args-only", "export plan.json --to aceso-legacy --args-only", "--args-only is for --to "
+      "megatron-lm / megatron-bridge"),
+    C("export-mlm-out-folder", "export plan.json --to megatron-lm -o data", "-o data: is a folder"),
+    C("import-mlm-missing", "import nope.sh --from megatron-lm", "nope.sh: no such file"),
+    C("import-mlm-no-world", ["import", "--from", "megatron-lm", "--args", "--num-layers 4"],
+      "the world size is not in the command line"),
+    C("import-mlm-tp-zero", ["import", "--from", "megatron-lm", "--world-size", "8", "--args",
+                             "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --tensor-model-parallel-size 0"],
+      "--tensor/pipeline-model-parallel-size and --context-parallel-size must be at least 1"),
+    C("import-mlm-not-int", ["import", "--from", "megatron-lm", "--world-size", "8", "--args", "--num-layers x"],
+      "--num-layers 'x': expected an integer"),
+    C("import-mlm-world", ["import", "--from", "megatron-lm", "--world-size", "8", "--args",
+                           "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --tensor-model-parallel-size 3"],
+      "the world size (8) is not a multiple of tp x pp x cp (3 x 1 x 1)"),
+    C("import-mlm-moe", ["import", "--from", "megatron-lm", "--world-size", "8", "--args", "--num-experts 8"],
+      "--num-experts 8: mixture-of-experts layers are not modelled"),
+    C("import-mlm-out-folder", ["import", "--from", "megatron-lm", "--world-size", "8", "--args", "--num-layers 4",
+                                "-o", "data"], "-o data: is a folder"),
+    C("explain-mlm-no-cluster", ["explain", "--megatron-args", "--num-layers 4"], "--megatron-args needs --cluster"),
+    C("explain-mlm-and-plan", ["explain", "plan.json", "--megatron-args", "--num-layers 4", "--cluster", "1x2-cpu"],
+      "give PLAN or --megatron-args/--megatron-args-file, not both"),
+    C("explain-mlm-file-missing", "explain --megatron-args-file nope.sh --cluster 1x8-h100", "nope.sh: no such file"),
+    C("search-target-typo", SEARCH + " --target megatron", "did you mean megatron-lm"),
+
     # ----- pictures: --plot and aceso plot (the checks that need no matplotlib come first) ---------------------
     C("explain-plot-gif", "explain plan.json --plot out.gif", "--plot out.gif: unknown image format .gif"),
     C("explain-plot-folder", "explain plan.json --plot data", "--plot data: is a folder"),
