@@ -140,3 +140,20 @@ class Reference:
 
     def params(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in self.gpt.named_parameters()}
+
+
+def stock_run(raw: dict, seed: int, train_config: TrainConfig, steps: int) -> dict:
+    """What the stock single-process model does on plan ``raw``'s model and batches (``make_batches`` with ``seed``):
+    the losses of ``steps`` optimizer steps, the gradients of the first and the parameters after the last."""
+    from search.plan import ParallelPlan
+
+    from . import make_batches
+
+    p = ParallelPlan.model_validate(raw)
+    ref = Reference(p.model, seed=seed, train_config=train_config)
+    batches = make_batches(p.model, p.micro_batch_size, p.global_batch_size, seed)
+    losses = [ref.forward_backward(batches)]
+    grads = ref.grads()
+    ref.optimizer.step()
+    losses += [ref.train_step(batches) for _ in range(steps - 1)]
+    return {"losses": losses, "grads": grads, "params": ref.params()}

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from aceso_megatron.testing import make_batches, spawn
+from aceso_megatron.testing.reference import stock_run
 from aceso_megatron.training.engine import TrainConfig
 from search.plan import ParallelPlan
 from tests.tiny_models import GPT, T5
@@ -93,19 +94,6 @@ def worker(rank: int, world_size: int, out: str, ckpt: str) -> None:
         torch.save({"plans": results, "saved": saved, "loaded": loaded}, out)
 
 
-def reference(raw: dict) -> dict:
-    from aceso_megatron.testing.reference import Reference
-
-    p = ParallelPlan.model_validate(raw)
-    ref = Reference(p.model, seed=SEED, train_config=TC)
-    batches = make_batches(p.model, p.micro_batch_size, p.global_batch_size, SEED)
-    losses = [ref.forward_backward(batches)]
-    grads = ref.grads()
-    ref.optimizer.step()
-    losses += [ref.train_step(batches) for _ in range(STEPS - 1)]
-    return {"losses": losses, "grads": grads, "params": ref.params()}
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     d = tmp_path_factory.mktemp("layer-specs")
@@ -162,7 +150,7 @@ def compare(name, what, got, want, model, tol) -> list[str]:
 def test_custom_specs_under_plans_equal_the_stock_model(results, reference_process):
     failures = []
     for (name, raw), got in zip(PLANS.items(), results["plans"]):
-        want = reference(raw)
+        want = stock_run(raw, SEED, TC, STEPS)
         model = ParallelPlan.model_validate(raw).model
         assert got["grad_norm"] > TC.clip_grad, f"{name}: clipping inactive"
         assert set(got["params"]) == set(want["params"]), f"{name}: parameter sets differ"

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from aceso_megatron.training.engine import TrainConfig
-from aceso_megatron.testing import make_batches, run_plans, spawn
+from aceso_megatron.testing import run_plans, spawn
+from aceso_megatron.testing.reference import stock_run
 from tests.tiny_models import GPT, LLAMA, T5
-from search.plan import ParallelPlan
 
 SEED = 11
 STEPS = 3
@@ -76,19 +76,6 @@ PLANS = {
 }
 
 
-def reference_run(raw: dict) -> dict:
-    from aceso_megatron.testing.reference import Reference
-
-    p = ParallelPlan.model_validate(raw)
-    ref = Reference(p.model, seed=SEED, train_config=TC)
-    batches = make_batches(p.model, p.micro_batch_size, p.global_batch_size, SEED)
-    losses = [ref.forward_backward(batches)]
-    grads = ref.grads()
-    ref.optimizer.step()
-    losses += [ref.train_step(batches) for _ in range(STEPS - 1)]
-    return {"losses": losses, "grads": grads, "params": ref.params()}
-
-
 @pytest.fixture(scope="module")
 def reference_process():
     from aceso_megatron.testing.reference import init_single_process
@@ -101,7 +88,7 @@ def compare(names, raws, results) -> list[str]:
     """Failures of each plan's results against the single-process reference."""
     failures = []
     for name, raw, got in zip(names, raws, results):
-        want = reference_run(raw)
+        want = stock_run(raw, SEED, TC, STEPS)
         if not got["grad_norm"] > TC.clip_grad:
             failures.append(f"{name}: clipping inactive (norm {got['grad_norm']})")
         if set(got["params"]) != set(want["params"]):

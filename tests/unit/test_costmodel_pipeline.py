@@ -7,36 +7,7 @@ import random
 import pytest
 
 from search.costmodel.pipeline import interleaved_one_f_one_b, one_f_one_b
-
-
-def simulate_1f1b(fwd, bwd, m):
-    """Independent reference: run each stage's 1F1B op order, every op as soon as its input is ready."""
-    p = len(fwd)
-    orders = []
-    for k in range(p):
-        w = min(p - k - 1, m)
-        ops, f = [("F", i) for i in range(w)], w
-        for b in range(m):
-            if f < m:
-                ops.append(("F", f))
-                f += 1
-            ops.append(("B", b))
-        orders.append(ops)
-    done, clock, pos = {}, [0.0] * p, [0] * p
-    while any(pos[k] < len(orders[k]) for k in range(p)):
-        for k in range(p):
-            while pos[k] < len(orders[k]):
-                kind, i = orders[k][pos[k]]
-                if kind == "F":
-                    dep = 0.0 if k == 0 else done.get(("F", k - 1, i))
-                else:
-                    dep = done.get(("F", k, i)) if k == p - 1 else done.get(("B", k + 1, i))
-                if dep is None:
-                    break
-                clock[k] = max(clock[k], dep) + (fwd[k] if kind == "F" else bwd[k])
-                done[(kind, k, i)] = clock[k]
-                pos[k] += 1
-    return max(clock)
+from tests.unit.search_helpers import simulate_1f1b
 
 
 def test_two_stages_worked_by_hand():

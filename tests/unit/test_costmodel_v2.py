@@ -26,6 +26,7 @@ from search.model import ModelSpec
 from search.plan import parse_plan, uniform_plan
 from search.presets import load_model
 from search.training import TrainingSpec
+from tests.unit.search_helpers import simulate_1f1b
 
 GOLDEN = Path(__file__).parent / "data" / "costmodel_v1_golden.json"
 TINY = ModelSpec(name="tiny", family="gpt", num_layers=2, hidden_size=1024, num_attention_heads=16,
@@ -48,34 +49,6 @@ def _v1_plan(case):
            "cluster": parse_cluster(case["cluster"]).model_dump(), "micro_batch_size": case["micro_batch_size"],
            "global_batch_size": case["global_batch_size"], "stages": case["stages"]}
     return parse_plan(json.loads(json.dumps(raw)))
-
-
-def _simulate_1f1b(fwd, bwd, sync, m):
-    """Independent 1F1B event simulation (each op as soon as its input and its stage are free)."""
-    p = len(fwd)
-    orders = []
-    for k in range(p):
-        w = min(p - k - 1, m)
-        ops, f = [("F", i) for i in range(w)], w
-        for b in range(m):
-            if f < m:
-                ops.append(("F", f))
-                f += 1
-            ops.append(("B", b))
-        orders.append(ops)
-    done, clock, pos = {}, [0.0] * p, [0] * p
-    while any(pos[k] < len(orders[k]) for k in range(p)):
-        for k in range(p):
-            while pos[k] < len(orders[k]):
-                kind, i = orders[k][pos[k]]
-                dep = (0.0 if k == 0 else done.get(("F", k - 1, i))) if kind == "F" else \
-                    (done.get(("F", k, i)) if k == p - 1 else done.get(("B", k + 1, i)))
-                if dep is None:
-                    break
-                clock[k] = max(clock[k], dep) + (fwd[k] if kind == "F" else bwd[k])
-                done[(kind, k, i)] = clock[k]
-                pos[k] += 1
-    return max(clock[k] + sync[k] for k in range(p))
 
 
 @pytest.mark.parametrize("name", sorted(_golden_cases()))
@@ -101,7 +74,7 @@ def test_v1_plans_give_the_v1_numbers(name):
     fwd = [s.fwd_ms + s.p2p_ms / 2 for s in cost.stages]
     bwd = [s.bwd_ms + s.recompute_ms + s.p2p_ms / 2 for s in cost.stages]
     sync = [s.dp_sync_ms + s.optimizer_ms for s in cost.stages]
-    assert cost.iteration_ms == pytest.approx(_simulate_1f1b(fwd, bwd, sync, plan.num_micro_batches), rel=1e-12)
+    assert cost.iteration_ms == pytest.approx(simulate_1f1b(fwd, bwd, plan.num_micro_batches, sync), rel=1e-12)
     if len({(round(f, 9), round(b, 9)) for f, b in zip(fwd, bwd)}) == 1 or plan.num_micro_batches < plan.num_stages:
         assert cost.iteration_ms == pytest.approx(case["v1_iteration_ms"], rel=1e-9)   # where v1 was exact
 
