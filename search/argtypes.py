@@ -30,22 +30,23 @@ def _float(text: str) -> float:
     return value
 
 
-def positive_int(text: str) -> int:
-    """An integer in [1, 2^24]."""
+def _count(text: str, low: int) -> int:
+    """An integer in [low, 2^24]."""
     value = _int(text)
-    if not 1 <= value <= MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1" if value < 1 else
+    if not low <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{value} must be at least {low}" if value < low else
                                          f"{value} is above the limit {MAX_COUNT}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An integer in [1, 2^24]."""
+    return _count(text, 1)
 
 
 def nonnegative_int(text: str) -> int:
     """An integer in [0, 2^24]."""
-    value = _int(text)
-    if not 0 <= value <= MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 0" if value < 0 else
-                                         f"{value} is above the limit {MAX_COUNT}")
-    return value
+    return _count(text, 0)
 
 
 def seed(text: str) -> int:

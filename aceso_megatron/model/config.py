@@ -39,10 +39,9 @@ log = logging.getLogger(__name__)
 _logged: set[str] = set()
 
 
-def _fusions(extra: dict, cpu: bool, base: dict | None = None) -> dict:
-    """The kernel-fusion switches: ``base`` (the runtime's choice; default all off) with the megatron block's on
-    top, except on CPU where the CUDA-only kernels stay off. Pops them from ``extra``."""
-    base = dict(base if base is not None else dict.fromkeys(CPU_OFF, False))
+def _fusions(extra: dict, cpu: bool, base: dict) -> dict:
+    """The kernel-fusion switches: ``base`` (the fast path's choice, ``FastPath.config``) with the megatron block's
+    on top, except on CPU where the CUDA-only kernels stay off. Pops them from ``extra``."""
     asked = {f: bool(extra.pop(f)) for f in CPU_OFF if f in extra}
     if not cpu:
         return {**base, **asked}

@@ -97,11 +97,12 @@ def build_unit_layers(model: ModelSpec, units: list[Unit], recompute: list[str],
     return out
 
 
-def check_model(plan, device: str = "cpu") -> None:
-    """Every fault of the model and its fit with the plan, as one ``AcesoError``, before any process group exists."""
+def check_model(plan, device: str = "cpu", fast=None) -> None:
+    """Every fault of the model and its fit with the plan, as one ``AcesoError``, before any process group exists;
+    the config is built with the fast paths ``fast`` the run will use (default: what this machine offers)."""
     model = plan.model
     try:
-        stage_config(model, 1, device)
+        stage_config(model, 1, device, fast=fast)
     except AcesoError:
         raise
     except (ValueError, AssertionError, TypeError) as e:

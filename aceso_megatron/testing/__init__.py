@@ -54,6 +54,16 @@ def make_batches(model, micro_batch_size: int, global_batch_size: int, seed: int
             for i in range(0, global_batch_size, micro_batch_size)]
 
 
+def scheduled_steps(rt, scheduler, batches: list[dict], iterations, per_step: int) -> list[float]:
+    """Train steps ``iterations`` of ``rt``, step ``it`` on micro-batches ``[per_step*it, per_step*(it+1))`` of
+    ``batches``, the learning-rate ``scheduler`` stepped after each (as ``aceso train`` does): the losses."""
+    losses = []
+    for it in iterations:
+        losses.append(rt.train_step(iter(batches[per_step * it:per_step * (it + 1)])))
+        scheduler.step(1)
+    return losses
+
+
 def run_plans(rank: int, world_size: int, plans: list[dict], out: str, seed: int, num_steps: int,
               train_config) -> None:
     """For each plan: loss and full gradients of step 1, the losses of ``num_steps`` optimizer steps and the full

@@ -280,8 +280,8 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
     from ..parallel.grads import embedding_bucket_groups, finalize_model_grads_fn, mark_embedding_copies
     from ..parallel.p2p import PlanCommunicator
 
-    check_model(plan, device)   # the model's layer specs and megatron block, before any process group
     fast = fast or choose(env, plan.model, plan.tp_comm_overlap)
+    check_model(plan, device, fast)   # the model's layer specs and megatron block, before any process group
     if parallel_state._GLOBAL_MEMORY_BUFFER is None:  # scratch buffer of the attention core (no groups)
         parallel_state._set_global_memory_buffer()
     groups = build_groups(plan, rank)

@@ -47,15 +47,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.source != "megatron-lm" and not args.config:
+        raise AcesoError("give the reference config JSON file")
+    check_output(args.output)   # before any work, whichever the source
     if args.source == "megatron-lm":
         return _run_megatron(args)
-    if not args.config:
-        raise AcesoError("give the reference config JSON file")
     from ..cluster import parse_cluster
     from ..compat.mapping import ref_to_plan
     from ..compat.refconfig import load_ref_config
 
-    check_output(args.output)
     cfg = load_ref_config(args.config)
     cluster = parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb) if args.cluster else None
     plan, notes = ref_to_plan(cfg, snap=args.snap, cluster=cluster, src=args.config)
@@ -90,7 +90,6 @@ def read_megatron_source(path: str | None, text: str | None) -> tuple[str, str]:
 def _run_megatron(args: argparse.Namespace) -> int:
     from ..cluster import parse_cluster
     from ..megatron.importer import read_megatron
-    check_output(args.output)
     text, label = read_megatron_source(args.config, args.args)
     cluster = parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb) if args.cluster else None
     imp = read_megatron(text, source=label, world_size=args.world_size, cluster=cluster, vocab_size=args.vocab_size)

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import torch
 
 from aceso_megatron.training.engine import TrainConfig
-from aceso_megatron.testing import make_batches, spawn
+from aceso_megatron.testing import make_batches, scheduled_steps, spawn
 from tests.tiny_models import GPT
 
 SEED = 13
@@ -45,11 +45,7 @@ def run_dropout(rank: int, world_size: int, out: str, ckpt: str) -> None:
         return rt, build_scheduler(SCHEDULE, rt.optimizer)
 
     def steps(rt, scheduler, iterations) -> list[float]:
-        losses = []
-        for it in iterations:
-            losses.append(rt.train_step(iter(batches[2 * it:2 * it + 2])))
-            scheduler.step(1)
-        return losses
+        return scheduled_steps(rt, scheduler, batches, iterations, 2)
 
     res = {}
     rt, sch = fresh(DROPOUT)

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from aceso_megatron.testing import make_batches, spawn
+from aceso_megatron.testing import make_batches, scheduled_steps, spawn
 from aceso_megatron.training.engine import TrainConfig
 from search.errors import AcesoError
 from tests.tiny_models import GPT, T5
@@ -59,11 +59,7 @@ def run(rank: int, world_size: int, ckpt: str, out: str) -> None:
         return rt, build_scheduler(SCHEDULE, rt.optimizer)
 
     def steps(rt, scheduler, iterations) -> list[float]:
-        losses = []
-        for it in iterations:
-            losses.append(rt.train_step(iter(batches[2 * it:2 * it + 2])))
-            scheduler.step(1)
-        return losses
+        return scheduled_steps(rt, scheduler, batches, iterations, 2)
 
     def refusal(raw) -> str:
         rt, sch = fresh(raw)
