@@ -1,7 +1,7 @@
 """Search benchmark: plan quality against published configurations, the reference search and the uniform baseline;
 search time; optimality; determinism.
 
-1. published: every calibration row of bench/data/published_runs.json (DGXC H100 recipes, Megatron-LM README H100 table, SC'21
+1. published: every calibration row of bench/data/published_runs.json (DGXC H100, Megatron-LM README H100, SC'21
    Table 1), all under the same analytic cost model: the row's own configuration (``published_plan``: its tp, pp,
    dp, cp and every setting the sources state; what they leave unknown -- micro-batch, virtual stages, recompute,
    precision -- completed at its best under the model, the most favourable reading of the row), the best uniform
