@@ -215,8 +215,8 @@ def evaluate_row(row: dict) -> dict:
     """The row priced at every configuration its sources allow. A fully specified row has one; for a row with
     unstated settings (nuisance parameters, bench/calibration.py) the prediction is the configuration that fits
     memory and comes nearest the measurement (profiled, not the fastest), and the range over all that fit."""
-    fid = row["flop_formula"] if row["flop_formula"] in ("megatron-core-r0.8", "nemotron4-mfu", "sc21-eq3",
-                                                         "korthikanti-eq7", "dgxc-model-flops") else "megatron-core-r0.8"
+    own = ("megatron-core-r0.8", "nemotron4-mfu", "sc21-eq3", "korthikanti-eq7", "dgxc-model-flops")
+    fid = row["flop_formula"] if row["flop_formula"] in own else "megatron-core-r0.8"
     flops = pr.flops_per_iteration(row, fid)
     meas, metric = measured_tflops(row, flops)
     priced, last_error = _price_all(row)

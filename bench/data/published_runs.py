@@ -228,9 +228,9 @@ _EVALUATORS = {
 def flops_per_iteration(row: dict, formula: str | None = None) -> float:
     """FLOPs of one iteration (global batch) of ``row`` under ``formula`` (default: the row's own convention).
 
-    Supported: ``megatron-core-r0.8`` (also used for ``nemotron4-mfu``), ``sc21-eq3``, ``korthikanti-eq7`` and
-    ``korthikanti-eq8`` (hardware FLOPs with selective recompute), ``dgxc-model-flops``. Raises ``KeyError`` for conventions the sources
-    do not write out (``llama3-paper``, ``megatron-bridge-flop-utils``).
+    Supported: ``megatron-core-r0.8`` (also used for ``nemotron4-mfu``), ``sc21-eq3``, ``korthikanti-eq7``,
+    ``korthikanti-eq8`` (hardware FLOPs with selective recompute) and ``dgxc-model-flops``. Raises ``KeyError`` for
+    conventions the sources do not write out (``llama3-paper``, ``megatron-bridge-flop-utils``).
     """
     fid = formula or row["flop_formula"]
     return _EVALUATORS[fid](row["model"], row["parallel"]["global_batch_size"])
