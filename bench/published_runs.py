@@ -19,18 +19,24 @@ How a run is written (the rules, the same for every row; what a row did not stat
 - unstated features: sequence parallelism on with tp > 1 (megatron-core era); overlap_grad_reduce on (PyTorch DDP
   and megatron-core both bucket and overlap); the distributed optimizer off before it existed (2021/2022), else on
   with dp > 1; overlap_param_gather with it; tp_comm_overlap off before transformer-engine (2021/2022), else on.
-- unstated micro-batch size, virtual stages and recompute: the benchmark was tuned, so the fastest configuration
-  that fits memory among Megatron's options: micro-batch 1/2/4/8 dividing the per-DP-rank batch, virtual stages v
-  with num_layers % (pp v) == 0 and micro-batches % pp == 0, recompute none/selective/full.
+- NeMo rows (DGX Cloud Benchmarking recipes): bf16 gradient reduction (``grad_sync_dtype: bf16``), fused attention;
+  ``layernorm1p`` priced as LayerNorm; Nemotron-4 without dropout (its recipes set 0).
+- unstated micro-batch size, virtual stages and recompute are nuisance parameters (bench/calibration.py): the row
+  is priced at every option Megatron accepts (micro-batch 1/2/4/8 dividing the per-DP-rank batch, virtual stages
+  v with num_layers % (pp v) == 0 and micro-batches % pp == 0, recompute none/selective/full) and the prediction
+  is the option that fits memory nearest the measurement (profiled), with the range over all that fit; never the
+  model's fastest (that flatters the model). A fully specified row has exactly one option.
 
-Rows: the ``calibration`` set (Megatron-LM README H100 table, SC'21 Table 1) and the Aceso artifact's V100 runs
+Rows: the ``calibration`` set (DGXC H100, Megatron-LM README H100, SC'21 Table 1) and the Aceso V100 runs
 (bench/cost_model_bench.py's four plans) are what ``--fit`` fits the only calibration constants on (``kernels.py``
-``SUSTAINED_HOPPER`` / ``SUSTAINED_AMPERE``, one per GPU generation); the ``check`` set is held out. FP8 rows are
-out of scope (no fp8 kernels in the model); the Llama 3 rows (Meta's own stack, not Megatron) are priced for
-reference and kept out of the statistics.
+``SUSTAINED_HOPPER`` / ``SUSTAINED_AMPERE``, one per GPU generation), twice: fit 1 on the fully specified rows only
+(kernels.py's values), fit 2 on all of them with the nuisance settings profiled (``calibration.NUISANCE_FIT``);
+the table shows every row under both. The ``check`` set is held out. FP8 rows are out of scope (no fp8 kernels in
+the model); the Llama 3 rows (Meta's own stack, not Megatron) are priced for reference and kept out of the
+statistics. Rows predicted out of memory under their own (fully specified) settings are listed.
 
 Run: ``python bench/published_runs.py`` (table, bench/results/published_runs.json); ``--fit`` refits the
-sustained-efficiency factors (slow: re-tunes every row per trial) and prints them.
+sustained-efficiency factors both ways (slow: every option of every row per trial) and prints them.
 """
 
 from __future__ import annotations
@@ -50,10 +56,12 @@ sys.path.insert(0, str(ROOT))
 
 from search.cluster import parse_cluster  # noqa: E402
 from search.costmodel import RunSettings, make_cost_model  # noqa: E402
-from search.costmodel import kernels as K  # noqa: E402
 from search.model import ModelSpec  # noqa: E402
 from search.plan import uniform_plan  # noqa: E402
 from search.training import TrainingSpec  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+import calibration as cal  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("published_runs_data", ROOT / "bench" / "data" / "published_runs.py")
 pr = importlib.util.module_from_spec(_spec)
@@ -61,13 +69,13 @@ _spec.loader.exec_module(pr)
 
 MBS_OPTIONS = (1, 2, 4, 8)
 RECOMPUTE_OPTIONS = ("none", "selective", "full")
-FIT_GPUS = {"h100": ("SUSTAINED_HOPPER", ("h100", "h200", "b200", "gb200")),
-            "a100": ("SUSTAINED_AMPERE", ("a100", "a100-40gb"))}
 
 
 # ----- writing a row as a plan ---------------------------------------------------------------------------------------
 def era(row: dict) -> str:
     fw = row["framework"]
+    if fw.startswith("NeMo"):
+        return "nemo"
     if "2021" in fw:
         return "2021"
     if "2022" in fw:
@@ -90,13 +98,14 @@ def model_of(row: dict, defaults: dict) -> ModelSpec:
         act = "gelu"
     tied = pick("tied_embeddings", False if llama or row["id"].startswith("megatron-readme") else True)
     pos = pick("position_embedding", "rope" if llama else "learned_absolute")
-    drop = 0.0 if llama else 0.1
+    drop = 0.0 if llama or fam == "nemotron4" else 0.1   # NeMo's Nemotron-4 recipes: hidden/attention dropout 0
+    norm = pick("normalization", "rmsnorm" if llama else "layernorm")
     return ModelSpec(
         name=row["id"], family="llama" if llama else "gpt", num_layers=m["num_layers"],
         hidden_size=m["hidden_size"], num_attention_heads=m["num_attention_heads"],
         num_query_groups=m["num_query_groups"], ffn_hidden_size=m["ffn_hidden_size"] or 4 * m["hidden_size"],
         seq_length=m["seq_length"], vocab_size=m["vocab_size"], activation=act,
-        normalization=pick("normalization", "rmsnorm" if llama else "layernorm"),
+        normalization="layernorm" if norm == "layernorm1p" else norm,   # 1p: (1 + gamma) x, the same kernels
         position_embedding="rope" if pos == "rope" else "learned", tied_embeddings=tied,
         add_bias_linear=pick("bias", not llama), attention_dropout=drop, hidden_dropout=drop,
         params_dtype=precision_of(row, {}))
@@ -116,6 +125,8 @@ def settings_of(row: dict, precision: str) -> RunSettings:
         return RunSettings(overlap_tp_dgrad=False, p2p_scatter_gather=True)
     if e == "2022":
         return RunSettings(grad_reduce_in_fp32=precision == "bf16", p2p_scatter_gather=True)
+    if e == "nemo":   # NeMo's distributed Adam reduces gradients in its grad_sync_dtype: bf16 in every recipe
+        return RunSettings(grad_reduce_in_fp32=False)
     return RunSettings.megatron_lm(precision)
 
 
@@ -180,7 +191,7 @@ def price(row: dict, mbs: int, vpp: int, rc: str):
     n = row["num_gpus"]
     cluster = parse_cluster(f"{max(n // 8, 1)}x{min(n, 8)}-{row['gpu']}")
     training = TrainingSpec(global_batch_size=p["global_batch_size"], micro_batch_sizes=[mbs], precision=precision,
-                            attention="flash" if era(row) == "mcore" else "unfused")
+                            attention="flash" if era(row) in ("mcore", "nemo") else "unfused")
     sp = feats.pop("sequence_parallel")
     plan = uniform_plan(model, p["pp"], p["tp"], p["dp"], mbs * p["dp"], p["global_batch_size"], recompute=rc,
                         cluster=cluster, cp=p["cp"], sequence_parallel=sp, num_virtual_stages=vpp, **feats)
@@ -188,46 +199,56 @@ def price(row: dict, mbs: int, vpp: int, rc: str):
     return cm.evaluate(plan), plan, defaults
 
 
-def evaluate_row(row: dict) -> dict:
-    """The row priced with the tuned unstated options (module docstring)."""
-    fid = row["flop_formula"] if row["flop_formula"] in ("megatron-core-r0.8", "nemotron4-mfu", "sc21-eq3",
-                                                         "korthikanti-eq7") else "megatron-core-r0.8"
-    flops = pr.flops_per_iteration(row, fid)
-    meas, metric = measured_tflops(row, flops)
-    best, last_error = None, "no options"
-    for mbs, vpp, rc in options_of(row):
+def _price_all(row: dict) -> tuple[list, str]:
+    """Every configuration of ``options_of(row)`` the plan contract accepts, priced: [(cost, plan, defaults, opt)]."""
+    priced, last_error = [], "no options"
+    for opt in options_of(row):
         try:
-            cost, plan, defaults = price(row, mbs, vpp, rc)
+            priced.append((*price(row, *opt), opt))
         except Exception as e:  # noqa: BLE001 - an option Megatron allows but the plan contract refuses
             last_error = re.sub(r"\s*\[type=.*", "", str(e).splitlines()[-1 if "Value error" not in str(e) else 1])
             last_error = last_error.replace("Value error, ", "").strip()
-            continue
-        key = (cost.fits, -cost.iteration_ms)
-        if best is None or key > best[0]:
-            best = (key, cost, plan, defaults, (mbs, vpp, rc))
-    if best is None:
+    return priced, last_error
+
+
+def evaluate_row(row: dict) -> dict:
+    """The row priced at every configuration its sources allow. A fully specified row has one; for a row with
+    unstated settings (nuisance parameters, bench/calibration.py) the prediction is the configuration that fits
+    memory and comes nearest the measurement (profiled, not the fastest), and the range over all that fit."""
+    own = ("megatron-core-r0.8", "nemotron4-mfu", "sc21-eq3", "korthikanti-eq7", "dgxc-model-flops")
+    fid = row["flop_formula"] if row["flop_formula"] in own else "megatron-core-r0.8"
+    flops = pr.flops_per_iteration(row, fid)
+    meas, metric = measured_tflops(row, flops)
+    priced, last_error = _price_all(row)
+    if not priced:
         return {"id": row["id"], "skipped": f"no configuration could be priced ({last_error})"}
-    _, cost, plan, defaults, (mbs, vpp, rc) = best
+    fitting = [x for x in priced if x[0].fits] or priced
+    n = row["num_gpus"]
+    tflops = np.array([flops / (x[0].iteration_ms / 1e3) / n / 1e12 for x in fitting])
+    best = int(np.argmin(np.abs(np.log(tflops / meas))))
+    cost, plan, defaults, (mbs, vpp, rc) = fitting[best]
     p = row["parallel"]
     for field, val in (("micro_batch_size", mbs), ("vpp", vpp), ("recompute", rc)):
         if p[field] is None:
-            defaults[field] = f"{val} (tuned)"
-    pred = flops / (cost.iteration_ms / 1e3) / row["num_gpus"] / 1e12
-    return {"id": row["id"], "set": row["set"], "gpu": row["gpu"], "num_gpus": row["num_gpus"],
+            defaults[field] = f"{val} (nuisance, profiled: {len(fitting)} of {len(priced)} configurations fit)"
+    pred, lo, hi = float(tflops[best]), float(tflops.min()), float(tflops.max())
+    return {"id": row["id"], "set": row["set"], "gpu": row["gpu"], "num_gpus": n,
+            "fully_specified": cal.fully_specified(row), "options": len(priced), "fitting_options": len(fitting),
             "config": {"tp": p["tp"], "pp": p["pp"], "dp": p["dp"], "cp": p["cp"], "vpp": vpp, "mbs": mbs,
                        "recompute": rc, "sp": plan.stages[0].sequence_parallel,
                        "distributed_optimizer": plan.distributed_optimizer,
                        "overlap_grad_reduce": plan.overlap_grad_reduce,
                        "overlap_param_gather": plan.overlap_param_gather, "tp_comm_overlap": plan.tp_comm_overlap},
             "metric": metric, "flop_formula": fid, "measured_tflops": meas, "predicted_tflops": pred,
-            "error": pred / meas - 1, "iteration_ms": cost.iteration_ms, "memory_gb": cost.max_memory_mb / 1024,
+            "error": pred / meas - 1, "error_range": [lo / meas - 1, hi / meas - 1],
+            "iteration_ms": cost.iteration_ms, "memory_gb": cost.max_memory_mb / 1024,
+            "min_memory_gb": min(x[0].max_memory_mb for x in priced) / 1024,
             "memory_limit_gb": cost.memory_limit_mb / 1024, "fits": cost.fits, "defaults": defaults,
             "stock_megatron": row["stock_megatron"]}
 
 
 def aceso_v100_rows() -> list[dict]:
     """The Aceso artifact's four measured V100 plans (bench/cost_model_bench.py), as calibration rows."""
-    sys.path.insert(0, str(ROOT / "bench"))
     from cost_model_bench import bench_accuracy
     out = []
     for r in bench_accuracy():
@@ -241,112 +262,84 @@ def aceso_v100_rows() -> list[dict]:
                     "error": r["measured_ms"] / r["predicted_ms"] - 1,
                     "iteration_ms": r["predicted_ms"], "memory_gb": r["max_memory_mb"] / 1024,
                     "memory_limit_gb": 32.0, "fits": True, "defaults": {}, "stock_megatron": True,
-                    "config": {"plan": r["plan"]}})
-    return out
-
-
-# ----- statistics ------------------------------------------------------------------------------------------------
-def in_stats(r: dict) -> bool:
-    return "error" in r and r["stock_megatron"]
-
-
-def summarize(rows: list[dict]) -> dict:
-    out = {}
-    for s in ("calibration", "check"):
-        sel = [r for r in rows if in_stats(r) and r["set"] == s]
-        if not sel:
-            continue
-        e = np.array([r["error"] for r in sel])
-        out[s] = {"rows": len(sel), "mae": float(np.mean(np.abs(e))), "max_abs": float(np.max(np.abs(e))),
-                  "bias_by_gpu": {g: float(np.mean([r["error"] for r in sel if r["gpu"] == g]))
-                                  for g in sorted({r["gpu"] for r in sel})},
-                  "all_fit": all(r["fits"] for r in sel)}
-    return out
-
-
-def fit(rows_by_gpu: dict[str, list[dict]]) -> dict[str, float]:
-    """Golden-section search of each GPU generation's sustained factor: least squares of the relative throughput
-    errors of its calibration rows (the unstated options re-tuned at every trial)."""
-    out = {}
-    for gpu, (const, names) in FIT_GPUS.items():
-        runs = rows_by_gpu.get(gpu, [])
-        if not runs:
-            continue
-
-        def mae(eta: float) -> float:
-            saved = dict(K.ARCH)
-            try:
-                for g in names:
-                    K.ARCH[g] = saved[g]._replace(sustained=eta)
-                return float(np.sqrt(np.mean([evaluate_row(r)["error"] ** 2 for r in runs])))
-            finally:
-                K.ARCH.clear()
-                K.ARCH.update(saved)
-        lo, hi, g = 0.55, 1.0, (5 ** 0.5 - 1) / 2
-        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-        fa, fb = mae(a), mae(b)
-        while hi - lo > 0.005:
-            if fa < fb:
-                hi, b, fb = b, a, fa
-                a = hi - g * (hi - lo)
-                fa = mae(a)
-            else:
-                lo, a, fa = a, b, fb
-                b = lo + g * (hi - lo)
-                fb = mae(b)
-        out[const] = round((lo + hi) / 2, 2)
-        print(f"{const} = {out[const]:.2f}  (calibration RMS error {min(fa, fb):.3f} on {len(runs)} {gpu} rows)")
+                    "fully_specified": True, "options": 1, "config": {"plan": r["plan"]}})
     return out
 
 
 # ----- output ------------------------------------------------------------------------------------------------------
-def print_table(rows: list[dict], stats: dict, out_of_scope: list[str]) -> None:
+def _cfg(r: dict) -> str:
+    c = r["config"]
+    if "tp" not in c:
+        return c.get("plan", "")
+    cfg = ",".join(str(c[k]) for k in ("tp", "pp", "dp", "cp", "vpp", "mbs", "recompute"))
+    return cfg if r["fully_specified"] else f"~{cfg}[{r['fitting_options']}]"
+
+
+def print_table(fits: dict[str, list[dict]], stats: dict, constants: dict, out_of_scope: list[str]) -> None:
+    (n1, rows1), (n2, rows2) = fits.items()
+    by2 = {r["id"]: r for r in rows2}
     print("published Megatron runs vs the analytic cost model (error = predicted / measured - 1 of the source's "
           "metric: TFLOP/s per GPU under its own FLOP formula; the Aceso V100 rows: samples/s)")
-    head = (f"  {'run':44}{'set':>5}{'config (tp,pp,dp,cp,v,mbs,rc)':>34}{'meas':>9}{'pred':>9}{'err':>8}"
-            f"{'mem GB':>9}{'fits':>6}")
-    print(head)
-    for r in rows:
+    print(f"  fit 1 = {n1}: {constants[n1]}; fit 2 = {n2}: {constants[n2]}.  config ~...[n]: a row with unstated "
+          "settings, n configurations fit, the profiled one shown; [lo, hi]: fit 2's error range over the n")
+    print(f"  {'run':42}{'set':>6}{'config (tp,pp,dp,cp,v,mbs,rc)':>36}{'meas':>8}{'fit 1':>8}{'fit 2':>8}"
+          f"{'fit 2 range':>16}{'mem GB':>8}{'fits':>5}")
+    for r in rows1:
         if "skipped" in r:
-            print(f"  {r['id']:44} skipped: {r['skipped']}")
+            print(f"  {r['id']:42} skipped: {r['skipped']}")
             continue
-        c = r["config"]
-        keys = ("tp", "pp", "dp", "cp", "vpp", "mbs", "recompute")
-        cfg = ",".join(str(c[k]) for k in keys) if "tp" in c else c.get("plan", "")
+        r2 = by2[r["id"]]
+        rng = f"[{100 * r2['error_range'][0]:+.0f},{100 * r2['error_range'][1]:+.0f}]%" if r2.get("error_range") \
+            else ""
         tag = "" if r["stock_megatron"] else " (other stack)"
-        print(f"  {r['id'][:44]:44}{r['set'][:5]:>5}{cfg[:33]:>34}{r['measured_tflops']:>9.4g}"
-              f"{r['predicted_tflops']:>9.4g}{100 * r['error']:>7.1f}%{r['memory_gb']:>9.1f}"
-              f"{'yes' if r['fits'] else 'NO':>6}{tag}")
-    for s, v in stats.items():
-        bias = ", ".join(f"{g} {100 * b:+.1f}%" for g, b in v["bias_by_gpu"].items())
-        print(f"  {s}: {v['rows']} rows, MAE {100 * v['mae']:.1f}%, max |error| {100 * v['max_abs']:.1f}%, "
-              f"bias by GPU: {bias}; every run fits: {'yes' if v['all_fit'] else 'NO'}")
+        print(f"  {r['id'][:42]:42}{r['set'][:5]:>6}{_cfg(r)[:35]:>36}{r['measured_tflops']:>8.4g}"
+              f"{100 * r['error']:>7.1f}%{100 * r2['error']:>7.1f}%{rng:>16}{r['memory_gb']:>8.1f}"
+              f"{'yes' if r['fits'] else 'NO':>5}{tag}")
+    for name, st in stats.items():
+        for s, v in st.items():
+            bias = ", ".join(f"{g} {100 * b:+.1f}%" for g, b in v["bias_by_gpu"].items())
+            print(f"  {name}, {s}: {v['rows']} rows, MAE {100 * v['mae']:.1f}%, max |error| {100 * v['max_abs']:.1f}% "
+                  f"({v['worst']}), bias: {bias}; every run fits: {'yes' if v['all_fit'] else 'NO'}")
+    oom = [r for r in rows1 if "error" in r and r["fully_specified"] and not r["fits"] and r["stock_megatron"]]
+    for r in oom:
+        print(f"  predicted out of memory under its own settings: {r['id']} at {r['memory_gb']:.1f} of "
+              f"{r['memory_limit_gb']:.0f} GB")
     for o in out_of_scope:
         print(f"  out of scope: {o}")
-    print(f"  sustained-efficiency factors: Hopper {K.SUSTAINED_HOPPER}, Ampere {K.SUSTAINED_AMPERE} (kernels.py)")
+
+
+def evaluate_all(priced: list[dict], with_v100: bool) -> list[dict]:
+    return [evaluate_row(r) for r in priced] + (aceso_v100_rows() if with_v100 else [])
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fit", action="store_true", help="refit the sustained-efficiency factors")
+    ap.add_argument("--fit", action="store_true", help="refit the sustained-efficiency factors both ways (slow)")
     ap.add_argument("--only", default=None, help="price only rows whose id contains this")
     args = ap.parse_args(argv)
     runs = pr.load_published_runs()
     priced = [r for r in runs if not r["fp8"] and (args.only is None or args.only in r["id"])]
     out_of_scope = [f"{r['id']} (fp8: the model has no fp8 kernels)" for r in runs if r["fp8"]]
     if args.fit:
-        fit({g: [r for r in priced if r["set"] == "calibration" and r["gpu"] == g] for g in FIT_GPUS})
+        calib = [r for r in priced if r["set"] == "calibration"]
+        by_gpu = {g: [r for r in calib if r["gpu"] == g] for g in cal.FIT_GPUS}
+        print("fit 1 (fully specified rows):")
+        cal.fit({g: [r for r in rs if cal.fully_specified(r)] for g, rs in by_gpu.items()}, evaluate_row)
+        print("fit 2 (every calibration row, unstated settings profiled as nuisance parameters):")
+        cal.fit(by_gpu, evaluate_row)
         return 0
-    rows = [evaluate_row(r) for r in priced]
-    if args.only is None:
-        rows += aceso_v100_rows()
-    stats = summarize(rows)
-    print_table(rows, stats, out_of_scope)
+    constants = {"fully specified": cal.current(), "nuisance": cal.NUISANCE_FIT}
+    fits = {}
+    for name, values in constants.items():
+        with cal.sustained(values):
+            fits[name] = evaluate_all(priced, args.only is None)
+    stats = {name: cal.summarize(rows) for name, rows in fits.items()}
+    print_table(fits, stats, constants, out_of_scope)
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "published_runs.json").write_text(json.dumps(
-        {"rows": rows, "summary": stats, "out_of_scope": out_of_scope,
-         "sustained": {"hopper": K.SUSTAINED_HOPPER, "ampere": K.SUSTAINED_AMPERE}}, indent=2) + "\n")
+        {"fits": {name: {"constants": constants[name], "rows": rows, "summary": stats[name]}
+                  for name, rows in fits.items()}, "out_of_scope": out_of_scope}, indent=2) + "\n")
     print(f"\nwrote {out / 'published_runs.json'}")
     return 0
 

@@ -1,7 +1,7 @@
 """Search benchmark: plan quality against published configurations, the reference search and the uniform baseline;
 search time; optimality; determinism.
 
-1. published: every calibration row of bench/data/published_runs.json (Megatron-LM README H100 table, SC'21
+1. published: every calibration row of bench/data/published_runs.json (DGXC H100, Megatron-LM README H100, SC'21
    Table 1), all under the same analytic cost model: the row's own configuration (``published_plan``: its tp, pp,
    dp, cp and every setting the sources state; what they leave unknown -- micro-batch, virtual stages, recompute,
    precision -- completed at its best under the model, the most favourable reading of the row), the best uniform
@@ -106,8 +106,8 @@ def row_model(row):
     return ModelSpec(name=row["id"], family="gpt", num_layers=m["num_layers"], hidden_size=m["hidden_size"],
                      num_attention_heads=m["num_attention_heads"], num_query_groups=m["num_query_groups"],
                      ffn_hidden_size=m["ffn_hidden_size"] or 4 * m["hidden_size"], seq_length=m["seq_length"],
-                     vocab_size=m["vocab_size"], activation=m["activation"] or "gelu",
-                     normalization=m["normalization"] or "layernorm",
+                     vocab_size=m["vocab_size"], activation="swiglu" if m["activation"] == "swiglu" else "gelu",
+                     normalization="rmsnorm" if m["normalization"] == "rmsnorm" else "layernorm",  # 1p: LayerNorm
                      position_embedding="rope" if m["position_embedding"] == "rope" else "learned",
                      tied_embeddings=True if m["tied_embeddings"] is None else m["tied_embeddings"],
                      add_bias_linear=True if m["bias"] is None else m["bias"], params_dtype=dtype)

@@ -205,21 +205,32 @@ def _korthikanti(m: dict, batch: int, hardware: bool) -> float:
     return 72 * batch * l * s * h * h * (1 + s / ((3 if hardware else 6) * h) + v / (12 * h * l))
 
 
+def _dgxc(m: dict, batch: int) -> float:
+    """DGXC Benchmarking READMEs' 'Notes': B s [12 l h^2 (1 + g/a + s/h) + 6 k l f h + 6 V h]; the Llama 3.1 notes
+    count GQA and the gated MLP (k = 3), the GPT-3/Nemotron-4 notes neither (g = a, k = 2)."""
+    h, l, s, a, v = m["hidden_size"], m["num_layers"], m["seq_length"], m["num_attention_heads"], m["vocab_size"]
+    f = m["ffn_hidden_size"] or 4 * h
+    llama = m["family"] == "llama"
+    g, k = (m["num_query_groups"] or a, 3) if llama else (a, 2)
+    return batch * s * (12 * l * h * h * (1 + g / a + s / h) + 6 * k * l * f * h + 6 * v * h)
+
+
 _EVALUATORS = {
     "megatron-core-r0.8": lambda m, b: _megatron_core_r08(m, b),
     "nemotron4-mfu": lambda m, b: _megatron_core_r08(m, b),
     "sc21-eq3": _sc21_eq3,
     "korthikanti-eq7": lambda m, b: _korthikanti(m, b, hardware=False),
     "korthikanti-eq8": lambda m, b: _korthikanti(m, b, hardware=True),
+    "dgxc-model-flops": _dgxc,
 }
 
 
 def flops_per_iteration(row: dict, formula: str | None = None) -> float:
     """FLOPs of one iteration (global batch) of ``row`` under ``formula`` (default: the row's own convention).
 
-    Supported: ``megatron-core-r0.8`` (also used for ``nemotron4-mfu``), ``sc21-eq3``, ``korthikanti-eq7`` and
-    ``korthikanti-eq8`` (hardware FLOPs with selective recompute). Raises ``KeyError`` for conventions the sources
-    do not write out (``llama3-paper``, ``megatron-bridge-flop-utils``).
+    Supported: ``megatron-core-r0.8`` (also used for ``nemotron4-mfu``), ``sc21-eq3``, ``korthikanti-eq7``,
+    ``korthikanti-eq8`` (hardware FLOPs with selective recompute) and ``dgxc-model-flops``. Raises ``KeyError`` for
+    conventions the sources do not write out (``llama3-paper``, ``megatron-bridge-flop-utils``).
     """
     fid = formula or row["flop_formula"]
     return _EVALUATORS[fid](row["model"], row["parallel"]["global_batch_size"])

@@ -85,11 +85,12 @@ class Arch(NamedTuple):
 # ``sustained`` (the only fitted constants of the analytic model): a training step does not reach the ceilings of a
 # short microbenchmark (clocks under sustained power, L2/HBM shared with concurrent kernels). One factor per GPU
 # generation multiplies its GEMM and attention ceilings, fitted with ``python bench/published_runs.py --fit`` on
-# that generation's calibration rows: H100 on the 9 Megatron-LM README rows, A100 on the 10 SC'21 Table 1 rows.
-# V100 needs none (its ceiling comes from a profile of real training layers). H200, B200, GB200 have no
-# calibration rows: H200 is H100's die (same factor), B200/GB200 take H100's (an assumption, docs/costmodel.md).
-SUSTAINED_HOPPER = 0.73
-SUSTAINED_AMPERE = 0.81
+# that generation's fully specified calibration rows (every priced setting published, bench/calibration.py): H100
+# on the 21 DGX Cloud Benchmarking rows (NeMo 24.x, Llama 3.1 8B/405B, GPT-3 175B, Nemotron-4 340B), A100 on the 6
+# SC'21 Table 1 rows that state everything. V100 needs none (its ceiling comes from a profile of real training
+# layers). H200 is H100's die (same factor); B200/GB200 take H100's (an assumption, docs/costmodel.md).
+SUSTAINED_HOPPER = 0.83
+SUSTAINED_AMPERE = 0.82
 ARCH: dict[str, Arch] = {
     "v100": Arch(80, (256, 128), 0.70, 0.0, 0.0, 1.0),
     "a100-40gb": Arch(108, (256, 128), 0.859, 0.71, 0.535, SUSTAINED_AMPERE),
