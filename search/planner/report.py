@@ -41,9 +41,11 @@ def progress(total: int, quiet: bool = False):
         yield tick
 
 
-def to_plan(ev: Evaluation, model, cluster, training, cm):
-    return _to_plan(ev, model, cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
+def to_plan(ev: Evaluation, model, cluster, training, cm, settings=None):
+    """The plan of an evaluation; ``settings``: the ``PlanSettings`` the cost model priced it under."""
+    plan = _to_plan(ev, model, cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
                     attention=assumed_attention(cm))
+    return plan if settings is None else plan.model_copy(update={"settings": settings})
 
 
 def assumed_attention(cm) -> str | None:
