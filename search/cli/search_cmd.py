@@ -36,7 +36,7 @@ LONG_SEQUENCE = 8192          # context parallelism is a candidate by default fr
 DEFAULT_CP = [1, 2, 4, 8]
 DEFAULT_VIRTUAL = [1, 2, 4]   # model chunks per stage: a few, as Megatron users interleave
 SWITCH = {"auto": None, "on": True, "off": False}
-FRAMEWORK = {"aceso": "runtime", "megatron-lm": "megatron-lm", "megatron-bridge": "megatron-lm"}   # -> search space
+SPACE_TARGET = {"aceso": "aceso", "megatron-lm": "megatron-lm", "megatron-bridge": "megatron-lm"}  # --target -> space
 
 
 def add_training_args(p: argparse.ArgumentParser) -> None:
@@ -73,7 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_cluster_args(p)
     add_training_args(p)
-    p.add_argument("--target", choices=tuple(FRAMEWORK), default="aceso",
+    p.add_argument("--target", choices=tuple(SPACE_TARGET), default="aceso",
                    help="aceso: plans for the aceso runtime (default); megatron-lm / megatron-bridge: only what "
                         "stock Megatron-LM can run (uniform shapes, layer cuts, Megatron's recompute settings), "
                         "priced as that framework runs the exported flags (bf16: gradients reduced in fp32)")
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     with report.progress(total_budget(args.budget_evals), quiet=args.json) as tick:
         opts = SearchOptions(budget_evals=args.budget_evals, budget_s=args.budget_s, seed=args.seed,
                              workers=workers, callback=tick)
-        plans = plan_all(cm, training, opts, top_k=args.top_k, target=FRAMEWORK[args.target])
+        plans = plan_all(cm, training, opts, top_k=args.top_k, target=SPACE_TARGET[args.target])
     result = plans.main
     best = result.plans[0] if result.plans else None
     if best is None and args.budget_s is not None and plans.uniform is not None:
