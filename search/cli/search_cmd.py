@@ -157,6 +157,9 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.trace, "--trace")
     plots.target(args.plot, args.plot_format)   # before the search: a bad --plot or no matplotlib is exit 2
     model, cluster, training, cm = setup(args)
+    if args.target == "megatron-bridge" and model.is_t5:
+        raise AcesoError("--target megatron-bridge: Megatron-Bridge v0.3.1 has no T5 pretraining recipe; use "
+                         "--target megatron-lm (pretrain_t5.py)")
     for note in getattr(getattr(cm, "source", None), "warnings", []):   # what it cannot price (a custom layer)
         print(f"aceso search: note: {note}", file=sys.stderr)
     workers = args.workers or min(os.cpu_count() or 1, 8)

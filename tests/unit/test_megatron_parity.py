@@ -116,6 +116,14 @@ def test_grad_reduce_in_bf16_needs_a_megatron_target_and_bf16(extra, tmp_path, c
     assert len(err.splitlines()) == 1 and "--grad-reduce-in-bf16" in err and not out.exists()
 
 
+def test_bridge_target_refuses_t5_before_searching(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["search", "--model", "t5-770m", "--num-layers", "2", "--cluster", "1x8-h100", "--global-batch-size",
+                 "16", "--target", "megatron-bridge", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no T5 pretraining recipe" in err and not out.exists()
+
+
 @pytest.mark.parametrize("problem,target", parity.QUICK)
 def test_search_equals_export_import_explain_of_the_script(problem, target, tmp_path):
     row = parity.run_case(problem, target, tmp_path, budget=80)
