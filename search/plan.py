@@ -11,7 +11,8 @@ contiguous span ``[start_unit, end_unit)`` with one recompute choice per unit; s
 ``micro_batch_size`` is the pipeline micro-batch: a stage with DP ``d`` runs ``micro_batch_size / d`` samples per
 rank (Megatron-LM's per-rank ``--micro-batch-size``), so stages of different DP exchange the same micro-batch.
 Per stage: ``cp`` (context parallelism) and ``sequence_parallel``; per plan: ``distributed_optimizer``,
-``overlap_grad_reduce``, ``overlap_param_gather``, ``tp_comm_overlap``.
+``overlap_grad_reduce``, ``overlap_param_gather``, ``tp_comm_overlap``; ``settings`` (``plan_settings.py``): the
+framework and gradient-reduction dtype the prediction was priced under.
 
 Version 1 plans (one span per stage, none of the v2 features) are read and converted (``READS_VERSIONS``); a stage
 may still be written in the v1 form (``start_unit``/``end_unit``/``recompute``), which means one chunk.
@@ -30,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .cluster import ClusterSpec
 from .errors import AcesoError, as_aceso_error, read_json
 from .model import ModelSpec, Unit
+from .plan_settings import PlanSettings
 
 SCHEMA_VERSION = 2
 READS_VERSIONS = (1, 2)     # v1 plans (one span per stage, no SP/CP/overlap) are converted on read
@@ -202,6 +204,9 @@ class ParallelPlan(BaseModel):
                                   "stage).")
     stages: list[StageSpec] = Field(min_length=1, max_length=MAX_UNITS, description="Pipeline stages in order.")
     predicted: PlanPrediction | None = Field(None, description="Cost-model prediction, if any.")
+    settings: PlanSettings | None = Field(None, description="The software settings the prediction was priced "
+                                          "under (framework, gradient reduction dtype; absent: the aceso runtime). "
+                                          "aceso export writes the flags that run them.")
 
     @model_validator(mode="before")
     @classmethod

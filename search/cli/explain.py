@@ -11,8 +11,10 @@ docs/profile-db.md) or aceso-compat (--db DIR of an Aceso database).
 
 The table's units are half layers (attention or MLP; T5 decoder layers have three); mbs/rank is the samples per
 rank and micro-batch, Megatron-LM's --micro-batch-size (the pipeline micro-batch / the stage's dp).
---framework megatron-lm prices the plan as Megatron-LM's training script runs it (fp32 gradient reduction for bf16)
-instead of our runtime. The report lists the plan's parallel features (SP, CP, virtual stages, distributed
+A plan is priced under the settings it carries (``settings``: the framework and gradient-reduction dtype it was
+searched for; none: our runtime), a Megatron-LM command line under its own flags (``--grad-reduce-in-bf16``);
+--framework megatron-lm / megatron-bridge / runtime prices it with that framework's defaults instead (Megatron-LM
+and Bridge reduce bf16 gradients in fp32). The report lists the plan's parallel features (SP, CP, virtual stages, distributed
 optimizer, overlaps) and, per stage and iteration, every communication kind's exposed time (on the stage's critical
 path) and hidden time (behind compute).
 """
@@ -28,6 +30,7 @@ from .. import plots
 from ..argtypes import positive_int
 from ..errors import AcesoError, as_aceso_error, read_json
 from ..plan import RECOMPUTE_CHOICES, ParallelPlan, check_recompute_applies, parse_plan
+from ..plan_settings import FRAMEWORKS
 from ..training import TrainingSpec
 from .common import add_cluster_args, print_json
 
@@ -55,9 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", choices=("auto", "flash", "unfused"), default=None,
                    help="analytic model: attention kernel (default: what the plan's prediction assumed, else auto)")
     p.add_argument("--db", default=None, help="profile database (profile) or Aceso database folder (aceso-compat)")
-    p.add_argument("--framework", choices=("runtime", "megatron-lm"), default=None,
-                   help="who runs the plan: our runtime on megatron-core (default) or Megatron-LM's training script "
-                        "(the default with --megatron-args)")
+    p.add_argument("--framework", choices=FRAMEWORKS, default=None,
+                   help="who runs the plan: default the plan's own settings (what it was priced under; none: our "
+                        "runtime), with --megatron-args the command line's; another framework: its defaults "
+                        "(megatron-lm / megatron-bridge with bf16: gradients reduced in fp32)")
     p.add_argument("--snap", action="store_true", help="reference configs: move boundaries to unit boundaries")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     plots.add_arguments(p, "the pipeline timeline and the memory per stage")
@@ -156,13 +160,15 @@ def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_b
 
 def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str], str]:
     """Our plan (or a reference config converted to one) under any cost model."""
-    from ..costmodel import RunSettings, make_cost_model
+    from ..costmodel import make_cost_model
+    from ..plan_settings import describe, run_settings, settings_for
     plan, notes = _read_plan(args, raw)
     plan, cluster, training = _resolve(args, plan)
-    extra = {}
+    extra, priced = {}, None
     if args.cost_model != "aceso-compat":
-        extra["settings"] = RunSettings.megatron_lm(training.precision) if args.framework == "megatron-lm" \
-            else RunSettings()
+        spec = settings_for(plan, args.framework)
+        extra["settings"] = run_settings(spec, training.precision)
+        priced = {**spec.model_dump(), "text": describe(spec, training.precision)}
     cm = make_cost_model(plan.model, cluster, training, kind=args.cost_model, db=args.db, **extra)
     flash = getattr(getattr(cm, "source", None), "flash", None)
     check_recompute_applies(plan, flash, f"the analytic model assumes flash attention on {cluster.gpu.name} "
@@ -171,6 +177,8 @@ def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str]
     shapes = [_stage_shape(st) for st in plan.stages]
     out = report(cost, shapes, plan.model.name, plan.micro_batch_size, plan.global_batch_size,
                  plan_features(plan))
+    if priced:
+        out["settings"] = priced
     plots.draw_explain(args, cm, cost, dict(out, cluster=cluster.label), plan)
     return out, notes, cluster.label
 
@@ -230,7 +238,6 @@ def _megatron_plan(args: argparse.Namespace):
                         cluster=parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb))
     args.plan = label
     args.attention = args.attention or imp.config.attention
-    args.framework = args.framework or "megatron-lm"
     notes = ([imp.warning] if imp.warning else []) + imp.notes
     return json.loads(imp.plan.to_json()), notes
 
@@ -262,12 +269,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _search_gain(args: argparse.Namespace, raw: dict, out: dict) -> dict | None:
     from ..megatron.compare import DEFAULT_BUDGET, search_gain
+    from ..plan_settings import settings_for
     budget = DEFAULT_BUDGET if args.search_budget_evals is None else args.search_budget_evals
     if budget < 1:
         return None
     plan, _, _ = _resolve(args, parse_plan(raw, source=args.plan))
     gain = search_gain(plan, out["iteration_time_ms"], args.attention, args.cost_model, args.db, budget,
-                       args.framework)
+                       settings_for(plan, args.framework))
     out["megatron_search"] = {k: ({kk: vv for kk, vv in v.items() if kk != "plan"} if isinstance(v, dict) else v)
                               for k, v in gain.items()}
     return gain
@@ -308,6 +316,8 @@ def _print_table(r: dict) -> None:
     con.print(f"iteration {r['iteration_time_ms']:.1f} ms (bubble {r['bubble_ms']:.1f} ms), "
               f"{r['samples_per_s']:.2f} samples/s, {r['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU "
               f"{100 * r['mfu']:.1f}%")
+    if r.get("settings"):
+        con.print(f"priced as {r['settings']['text']}")
     con.print(f"max memory {r['max_memory_mb'] / 1024:.2f} of {r['memory_limit_mb'] / 1024:.2f} GB "
               f"({'fits' if r['fits'] else 'DOES NOT FIT'}); bottleneck: stage {r['bottleneck_stage']} "
               f"({r['bottleneck_resource']})")

@@ -3,8 +3,9 @@
 --from megatron-lm: FILE is a Megatron-LM launch script or argument file (- = stdin; or --args "..."); the plan
 is what Megatron-LM runs with those flags (core_v0.16.1 defaults). The world size comes from the script's torchrun
 (--nproc-per-node x --nnodes), --world-size or --cluster; with --cluster the plan also carries the analytic
-prediction. Flags aceso does not model (MoE, FP8, MLA, FSDP, ...) are refused with one line; data, schedule,
-logging and checkpoint flags are accepted, any other unknown flag is listed in one warning; assumptions (the
+prediction. The plan's ``settings`` are Megatron-LM's gradient-reduction dtype for those flags (bf16: fp32 unless
+--grad-reduce-in-bf16), and the prediction is priced under them. Flags aceso does not model (MoE, FP8, MLA, FSDP,
+...) are refused with one line; data, schedule, logging and checkpoint flags are accepted, any other unknown flag is listed in one warning; assumptions (the
 vocabulary, approximations) are notes on stderr. See docs/megatron.md.
 
 --from aceso-legacy (default): FILE is an Aceso reference op-level config. Stage boundaries must fall on unit
@@ -108,12 +109,14 @@ def predict(plan, attention: str | None, kind: str = "analytic"):
     """The analytic prediction of an imported plan (with the attention kernel its --transformer-impl runs)."""
     from ..costmodel import make_cost_model
     from ..plan import PlanPrediction
+    from ..plan_settings import run_settings
     from ..planner.report import assumed_attention
     from ..training import TrainingSpec
     training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
                             precision=plan.model.params_dtype, distributed_optimizer=plan.distributed_optimizer,
                             attention=attention or "auto")
-    cm = make_cost_model(plan.model, plan.cluster, training, kind)
+    cm = make_cost_model(plan.model, plan.cluster, training, kind,
+                         settings=run_settings(plan.settings, training.precision))
     cost = cm.evaluate(plan)
     return PlanPrediction(cost_model=kind, iteration_time_ms=cost.iteration_ms, samples_per_s=cost.samples_per_s,
                           stage_time_ms=cost.pipeline.stage_total_ms, stage_memory_mb=[s.memory_mb for s in cost.stages],

@@ -3,7 +3,10 @@
 Example: aceso search --model gpt-1.3b --cluster 1x8-h100 --global-batch-size 512 -o plan.json
 
 --target aceso (default) plans for the aceso runtime (per-stage shapes, unit cuts, per-unit recompute);
---target megatron-lm searches only what stock Megatron-LM can run (``aceso export --to megatron-lm``). Every
+--target megatron-lm (or megatron-bridge) searches only what stock Megatron-LM can run (``aceso export --to
+megatron-lm``), priced as that framework runs the exported flags: with bf16 gradients reduced in fp32, its
+default, or in bf16 with --grad-reduce-in-bf16 (the export then writes that flag). The plan records the settings it
+was priced under (``settings``; ``plan_settings.py``). Every
 report prints three lines: the best uniform Megatron config, the best Megatron-LM plan and the best heterogeneous
 plan. The budget is counted in plan evaluations (--budget-evals), so the same inputs and --seed give the same plan
 on any machine; --budget-s adds a wall-clock cap (then results may depend on the CPU). Ctrl-C stops the search and
@@ -33,6 +36,7 @@ LONG_SEQUENCE = 8192          # context parallelism is a candidate by default fr
 DEFAULT_CP = [1, 2, 4, 8]
 DEFAULT_VIRTUAL = [1, 2, 4]   # model chunks per stage: a few, as Megatron users interleave
 SWITCH = {"auto": None, "on": True, "off": False}
+SPACE_TARGET = {"aceso": "aceso", "megatron-lm": "megatron-lm", "megatron-bridge": "megatron-lm"}  # --target -> space
 
 
 def add_training_args(p: argparse.ArgumentParser) -> None:
@@ -69,9 +73,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_cluster_args(p)
     add_training_args(p)
-    p.add_argument("--target", choices=("aceso", "megatron-lm"), default="aceso",
-                   help="aceso: plans for the aceso runtime (default); megatron-lm: only what stock Megatron-LM can "
-                        "run (uniform shapes, layer cuts, Megatron's recompute settings)")
+    p.add_argument("--target", choices=tuple(SPACE_TARGET), default="aceso",
+                   help="aceso: plans for the aceso runtime (default); megatron-lm / megatron-bridge: only what "
+                        "stock Megatron-LM can run (uniform shapes, layer cuts, Megatron's recompute settings), "
+                        "priced as that framework runs the exported flags (bf16: gradients reduced in fp32)")
+    p.add_argument("--grad-reduce-in-bf16", action="store_true",
+                   help="--target megatron-lm/-bridge with bf16: price gradients reduced in bf16; the export then "
+                        "writes Megatron-LM's --grad-reduce-in-bf16 (Bridge: ddp.grad_reduce_in_fp32 false)")
     p.add_argument("--budget-evals", type=positive_int, default=DEFAULT_BUDGET,
                    help=f"plan evaluations of the target's search over all stage counts (default {DEFAULT_BUDGET}; "
                         "the other search of the report gets a quarter)")
@@ -110,6 +118,18 @@ def training_from_args(args, model):
         raise AcesoError(format_validation_error(e)) from None
 
 
+def settings_from_args(args, training):
+    """The ``PlanSettings`` the search prices under: the target framework's default, ``--grad-reduce-in-bf16``."""
+    from ..plan_settings import plan_settings
+    target = getattr(args, "target", "aceso")
+    bf16_reduce = getattr(args, "grad_reduce_in_bf16", False)
+    if bf16_reduce and (target == "aceso" or training.precision != "bf16"):
+        raise AcesoError("--grad-reduce-in-bf16 is for --target megatron-lm / megatron-bridge with bf16 (the aceso "
+                         f"runtime reduces in the parameter dtype; this search is --target {target} --precision "
+                         f"{training.precision}); drop it")
+    return plan_settings("runtime" if target == "aceso" else target, training.precision, bf16_reduce)
+
+
 def setup(args):
     """model, cluster, training, cost model from the shared arguments; says once on stderr which stage shapes
     the cost model does not cover (aceso-compat: unprofiled (per-GPU batch, tp) files), which plans then skip."""
@@ -117,7 +137,7 @@ def setup(args):
     model = model_from_args(args)
     cluster = cluster_from_args(args)
     training = training_from_args(args, model)
-    cm = build_cost_model(model, cluster, training, args.cost_model, args.db)
+    cm = build_cost_model(model, cluster, training, args.cost_model, args.db, settings_from_args(args, training))
     note = describe_dropped(search_space(cm, training))
     if note:
         print(f"aceso {getattr(args, 'command', None) or 'search'}: {note}", file=sys.stderr)
@@ -137,13 +157,16 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.trace, "--trace")
     plots.target(args.plot, args.plot_format)   # before the search: a bad --plot or no matplotlib is exit 2
     model, cluster, training, cm = setup(args)
+    if args.target == "megatron-bridge" and model.is_t5:
+        raise AcesoError("--target megatron-bridge: Megatron-Bridge v0.3.1 has no T5 pretraining recipe; use "
+                         "--target megatron-lm (pretrain_t5.py)")
     for note in getattr(getattr(cm, "source", None), "warnings", []):   # what it cannot price (a custom layer)
         print(f"aceso search: note: {note}", file=sys.stderr)
     workers = args.workers or min(os.cpu_count() or 1, 8)
     with report.progress(total_budget(args.budget_evals), quiet=args.json) as tick:
         opts = SearchOptions(budget_evals=args.budget_evals, budget_s=args.budget_s, seed=args.seed,
                              workers=workers, callback=tick)
-        plans = plan_all(cm, training, opts, top_k=args.top_k, target=args.target)
+        plans = plan_all(cm, training, opts, top_k=args.top_k, target=SPACE_TARGET[args.target])
     result = plans.main
     best = result.plans[0] if result.plans else None
     if best is None and args.budget_s is not None and plans.uniform is not None:
@@ -151,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
                          "drop it (--budget-evals alone bounds the search)")
     if best is None or not best.fits:
         raise AcesoError(report.infeasible_hint(best, cm, cluster, training, plans.space))
-    out_plans = [report.to_plan(e, model, cluster, training, cm) for e in result.plans if e.fits]
+    settings = settings_from_args(args, training)
+    out_plans = [report.to_plan(e, model, cluster, training, cm, settings) for e in result.plans if e.fits]
     out = args.output
     files = [(out_plans[0].to_json(), out, "-o")] if out else []   # written as one: a failing --trace writes no plan
     if out and out != "-":

@@ -2,7 +2,8 @@
 and memory.
 
 With a cluster (--cluster, else the plan's own) the plan must also fit in its memory under the analytic cost model
-(the per-stage peak against the GPU's memory or --memory-limit-mb); without one only the counts are checked, and
+(the per-stage peak against the GPU's memory or --memory-limit-mb), under the settings the plan carries
+(``settings``: framework and gradient-reduction dtype); without one only the counts are checked, and
 the output says so. Exit 2 with one line naming the stage and the fix when anything does not hold.
 """
 
@@ -31,12 +32,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _memory(plan, cluster, attention: str) -> tuple[list[float], float, bool]:
     """Per-stage peak MB under the analytic model, the limit, and whether it assumed flash attention."""
     from ..costmodel import make_cost_model
+    from ..plan_settings import run_settings
     from ..training import TrainingSpec
 
     training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
                             precision=plan.model.params_dtype, distributed_optimizer=plan.distributed_optimizer,
                             attention=attention)
-    cm = make_cost_model(plan.model, cluster, training)
+    cm = make_cost_model(plan.model, cluster, training, settings=run_settings(plan.settings, training.precision))
     flash = bool(getattr(cm.source, "flash", False))
     check_recompute_applies(plan, flash, f"the analytic model assumes flash attention on {cluster.gpu.name} "
                                          f"(--attention {attention})")

@@ -103,8 +103,10 @@ class RunSettings(NamedTuple):
 
     @classmethod
     def megatron_lm(cls, precision: str) -> "RunSettings":
-        """Megatron-LM's ``pretrain_gpt.py`` (r0.8 and later): bf16 forces fp32 gradient accumulation."""
-        return cls(grad_reduce_in_fp32=precision == "bf16")
+        """Megatron-LM's ``pretrain_gpt.py`` with no extra flag (bf16 forces fp32 gradient accumulation): the one
+        mapping of ``plan_settings`` (``run_settings(plan_settings("megatron-lm", precision), precision)``)."""
+        from ..plan_settings import plan_settings, run_settings
+        return run_settings(plan_settings("megatron-lm", precision), precision)
 
 
 LEGACY_V1 = RunSettings(overlap_tp_dgrad=False, overlap_p2p_comm=False, optimizer_barrier=False,

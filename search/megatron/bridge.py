@@ -8,6 +8,9 @@ of the plan is overridden (head width and query groups by value, so a recipe's o
 by it: SwiGLU models start from a Llama recipe, GELU models from ``gpt3_175b_pretrain_config``. T5: Bridge v0.3.1
 has no T5 pretraining recipe (refused). bf16 is the recipes' default precision (no override); fp16 / fp32 set the
 recipe's ``mixed_precision``, which the Llama recipes hold as a name and the GPT recipe as a config object.
+Gradient reduction: ``ddp.grad_reduce_in_fp32`` is the plan's (``settings``), and ``mixed_precision`` says the same
+(Bridge's ``mixed_precision.setup`` copies its own over the DDP one): the recipe's name where its default agrees
+(``bf16_mixed``: fp32, ``fp16_mixed``: fp16), else a ``MixedPrecisionConfig`` object (``_target_``).
 """
 
 from __future__ import annotations
@@ -51,14 +54,34 @@ def overrides(c: MegatronConfig) -> tuple[str, dict[str, object]]:
         raise AcesoError("--to megatron-bridge: tp_comm_overlap needs a comm_overlap section, which the Llama "
                          "recipes of v0.3.1 do not have; set cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap="
                          "True) in Python, or export --to megatron-lm")
-    if c.precision != "bf16":
-        if RECIPES[recipe] == "name":
-            out["mixed_precision"] = "fp16_mixed" if c.precision == "fp16" else None
-        else:
-            dt = _DTYPES[c.precision]
-            out["mixed_precision"] = {"bf16": False, "fp16": c.precision == "fp16", "params_dtype": dt,
-                                      "pipeline_dtype": dt, "grad_reduce_in_fp32": c.precision != "fp16"}
+    mp = _mixed_precision(c, RECIPES[recipe])
+    if mp is not _KEEP:
+        out["mixed_precision"] = mp
     return recipe, out
+
+
+_KEEP = object()
+_NAME_DEFAULT = {"bf16": ("bf16_mixed", True), "fp16": ("fp16_mixed", False)}   # (recipe name, its grad fp32)
+
+
+def _mixed_precision(c: MegatronConfig, held_as: str) -> object:
+    """The ``mixed_precision`` override (``_KEEP``: none). Bridge's ``mixed_precision.setup`` copies its
+    ``grad_reduce_in_fp32`` over ``ddp.grad_reduce_in_fp32``, so it must say the plan's gradient dtype too."""
+    fp32 = c.grad_reduce_in_fp32 or c.precision == "fp32"
+    if held_as == "object":     # merged field by field into the recipe's MixedPrecisionConfig
+        if c.precision == "bf16":
+            return {"grad_reduce_in_fp32": fp32}
+        dt = _DTYPES[c.precision]
+        return {"bf16": False, "fp16": c.precision == "fp16", "params_dtype": dt, "pipeline_dtype": dt,
+                "grad_reduce_in_fp32": fp32}
+    if c.precision == "fp32":
+        return None             # no mixed precision: ddp.grad_reduce_in_fp32 stands as written
+    name, default = _NAME_DEFAULT[c.precision]
+    if fp32 == default:
+        return _KEEP if c.precision == "bf16" else name
+    dt = {"_target_": _DTYPES[c.precision], "_call_": False}    # the recipe's name replaced by a config object
+    return {"_target_": "megatron.bridge.training.mixed_precision.MixedPrecisionConfig", c.precision: True,
+            "params_dtype": dt, "pipeline_dtype": dt, "autocast_enabled": False, "grad_reduce_in_fp32": fp32}
 
 
 def _value(v: object) -> str:
@@ -71,6 +94,8 @@ def _value(v: object) -> str:
         return repr(v)
     if isinstance(v, list):
         return "[" + ",".join(_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_value(x)}" for k, x in v.items()) + "}"     # YAML / Hydra flow mapping
     s = str(v)
     return s if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", s) and s not in ("null", "true", "false") \
         else json.dumps(s)
@@ -78,7 +103,7 @@ def _value(v: object) -> str:
 
 def _items(ov: dict[str, object]):
     for section, fields in ov.items():
-        if not isinstance(fields, dict):
+        if not isinstance(fields, dict) or "_target_" in fields:
             yield section, fields
             continue
         for k, v in fields.items():

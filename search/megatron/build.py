@@ -2,7 +2,8 @@
 
 Pipeline rank ``s`` is stage ``s`` with ``tp * cp * dp`` GPUs; model chunk ``k`` (``chunk_layers[k]`` layers) is
 chunk ``k // pp`` of stage ``k % pp``; each unit's recompute choice follows ``recompute.unit_choices``; the
-pipeline micro-batch is Megatron-LM's per-rank ``--micro-batch-size`` times dp.
+pipeline micro-batch is Megatron-LM's per-rank ``--micro-batch-size`` times dp; ``settings``: Megatron-LM with the
+configuration's gradient-reduction dtype.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pydantic
 from ..cluster import ClusterSpec
 from ..errors import AcesoError, as_aceso_error
 from ..plan import ChunkSpec, ParallelPlan, PlanPrediction, StageSpec
+from ..plan_settings import PlanSettings
 from .config import MegatronConfig
 from .recompute import unit_choices
 
@@ -39,6 +41,7 @@ def plan_from_config(cfg: MegatronConfig, cluster: ClusterSpec | None = None,
                             global_batch_size=cfg.global_batch_size, distributed_optimizer=cfg.distributed_optimizer,
                             overlap_grad_reduce=cfg.overlap_grad_reduce,
                             overlap_param_gather=cfg.overlap_param_gather, tp_comm_overlap=cfg.tp_comm_overlap,
-                            stages=stages, predicted=predicted)
+                            stages=stages, predicted=predicted,
+                            settings=PlanSettings(framework="megatron-lm", grad_reduce_in_fp32=cfg.grad_reduce_in_fp32))
     except pydantic.ValidationError as e:
         raise AcesoError(f"{source}: " + str(as_aceso_error(e))) from None

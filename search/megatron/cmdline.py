@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import AcesoError
+from ..plan_settings import settings_from_flags
 from .config import MegatronConfig, Recompute
 from .layout import distribution, layout_chunk_layers
 from .model_args import model_from_flags
@@ -32,12 +33,14 @@ FLAGS: dict[str, str] = {
     **{f: FLOAT for f in ("--attention-dropout", "--hidden-dropout")},
     **{f: STR for f in ("--position-embedding-type", "--normalization", "--tokenizer-type", "--transformer-impl",
                         "--attention-backend",
-                        "--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method")},
+                        "--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method",
+                        "--main-grads-dtype")},
     **{f: BOOL for f in ("--group-query-attention", "--use-rotary-position-embeddings", "--swiglu",
                          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--sequence-parallel",
                          "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                          "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
-                         "--tp-comm-overlap", "--recompute-activations", "--bf16", "--fp16")},
+                         "--tp-comm-overlap", "--recompute-activations", "--bf16", "--fp16",
+                         "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32")},
     "--recompute-modules": LIST,
 }
 
@@ -51,7 +54,7 @@ QUIET = frozenset({
     "--split", "--vocab-file", "--merge-file", "--mock-data", "--weight-decay", "--start-weight-decay",
     "--end-weight-decay", "--weight-decay-incr-style", "--clip-grad", "--seed", "--init-method-std",
     "--use-dist-ckpt", "--async-save", "--distributed-backend", "--distributed-timeout-minutes", "--num-workers",
-    "--use-flash-attn", "--attention-softmax-in-fp32", "--accumulate-allreduce-grads-in-fp32",
+    "--use-flash-attn", "--attention-softmax-in-fp32",
     "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion",
     "--no-rope-fusion", "--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--use-mcore-models",
     "--dataloader-type", "--finetune", "--use-checkpoint-args", "--no-load-optim", "--no-load-rng",
@@ -217,7 +220,11 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
     return MegatronConfig(model=model, tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, sequence_parallel=sp,
                           chunk_layers=chunk_layers, recompute=_recompute(f, notes), micro_batch_size=mbs,
                           global_batch_size=gbs, distributed_optimizer=dist_opt, overlap_grad_reduce=ogr,
-                          overlap_param_gather=opg, tp_comm_overlap=f.has("--tp-comm-overlap"), attention=attention)
+                          overlap_param_gather=opg, tp_comm_overlap=f.has("--tp-comm-overlap"), attention=attention,
+                          grad_reduce_in_fp32=settings_from_flags(
+                              model.params_dtype, f.has("--grad-reduce-in-bf16"),
+                              f.has("--accumulate-allreduce-grads-in-fp32"),
+                              f.get("--main-grads-dtype") == "bf16").grad_reduce_in_fp32)
 
 
 def _chunk_layers(f: Flags, num_layers: int, pp: int) -> tuple[tuple[int, ...], int]:

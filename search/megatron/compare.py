@@ -7,20 +7,21 @@ heterogeneous one seeded with it) over the default search space widened to conta
 evaluations: the same answer on any machine), so neither line is slower than the configuration as the search
 prices it.
 Each plan is priced for the framework that runs it: the user's configuration and the Megatron-LM plan as
-Megatron-LM's training script runs them (``RunSettings.megatron_lm``, unless ``explain --framework`` says
-otherwise), the heterogeneous plan on the aceso runtime (the search's own pricing). ``speedup`` > 1: faster than
+the configuration's own settings run them (``plan_settings``: its gradient-reduction flags, unless ``explain
+--framework`` says otherwise), the heterogeneous plan on the aceso runtime (the search's own pricing). ``speedup`` > 1: faster than
 the user's configuration.
 """
 
 from __future__ import annotations
 
 from ..plan import ParallelPlan
+from ..plan_settings import run_settings, settings_for
 
 DEFAULT_BUDGET = 600
 
 
 def search_gain(plan: ParallelPlan, config_ms: float, attention: str | None, cost_model: str = "analytic",
-                db=None, budget_evals: int = DEFAULT_BUDGET, framework: str = "megatron-lm") -> dict:
+                db=None, budget_evals: int = DEFAULT_BUDGET, settings=None) -> dict:
     """``{"config_ms", "budget_evals", "megatron": line, "aceso": line}``; a line is ``{"iteration_ms",
     "speedup", "plan"}`` or None when nothing fits."""
     from ..planner.aceso import SearchOptions
@@ -46,17 +47,15 @@ def search_gain(plan: ParallelPlan, config_ms: float, attention: str | None, cos
         p = to_plan(best, plan.model, plan.cluster, training, cm)
         ms = best.iteration_ms
         if key == "megatron" and cost_model != "aceso-compat":
-            ms = _priced(p, training, cost_model, db, framework)
+            ms = _priced(p, training, cost_model, db, settings or settings_for(plan, "megatron-lm"))
         out[key] = {"iteration_ms": ms, "speedup": config_ms / ms, "plan": p}
     return out
 
 
-def _priced(plan: ParallelPlan, training, cost_model: str, db, framework: str) -> float:
+def _priced(plan: ParallelPlan, training, cost_model: str, db, settings) -> float:
     from ..costmodel import make_cost_model
-    from ..costmodel.types import RunSettings
-    settings = RunSettings.megatron_lm(training.precision) if framework == "megatron-lm" else RunSettings()
-    return make_cost_model(plan.model, plan.cluster, training, cost_model, db, settings=settings) \
-        .evaluate(plan).iteration_ms
+    return make_cost_model(plan.model, plan.cluster, training, cost_model, db,
+                           settings=run_settings(settings, training.precision)).evaluate(plan).iteration_ms
 
 
 def _verdict(sp: float) -> str:

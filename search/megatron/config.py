@@ -66,6 +66,7 @@ class MegatronConfig:
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
     attention: Literal["flash", "unfused"] | None = None   # transformer_engine / local
+    grad_reduce_in_fp32: bool = False   # DDP gradient buffer / reduction in fp32 (the plan's settings)
 
     @property
     def world_size(self) -> int:

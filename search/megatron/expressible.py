@@ -19,6 +19,7 @@ Layer counts per stage are always expressible (``--pipeline-model-parallel-layou
 from __future__ import annotations
 
 from ..plan import ParallelPlan
+from ..plan_settings import settings_for
 from .config import HINT, MegatronConfig, NotExpressible, layer_name
 from .recompute import recompute_of
 
@@ -51,7 +52,8 @@ def megatron_config(plan: ParallelPlan) -> MegatronConfig:
         sequence_parallel=st.sequence_parallel, chunk_layers=chunk_layers, recompute=rc,
         micro_batch_size=plan.micro_batch_per_rank(0), global_batch_size=plan.global_batch_size,
         distributed_optimizer=plan.distributed_optimizer, overlap_grad_reduce=plan.overlap_grad_reduce,
-        overlap_param_gather=plan.overlap_param_gather, tp_comm_overlap=plan.tp_comm_overlap, attention=attention)
+        overlap_param_gather=plan.overlap_param_gather, tp_comm_overlap=plan.tp_comm_overlap, attention=attention,
+        grad_reduce_in_fp32=settings_for(plan).grad_reduce_in_fp32)
 
 
 def _check_shapes(plan: ParallelPlan) -> None:

@@ -38,6 +38,9 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("model.attention_dropout", "--attention-dropout", "model.attention_dropout", ""),
     ("model.hidden_dropout", "--hidden-dropout", "model.hidden_dropout", ""),
     ("model.params_dtype", "--bf16 or --fp16 (fp32: neither)", "mixed_precision (bf16: the recipe default; fp16, fp32 set)", ""),
+    ("settings.grad_reduce_in_fp32", "bf16: --grad-reduce-in-bf16 when off; fp16: "
+     "--accumulate-allreduce-grads-in-fp32 when on", "ddp.grad_reduce_in_fp32, mixed_precision.grad_reduce_in_fp32",
+     "Megatron-LM reduces bf16 gradients in fp32 by default; Bridge copies mixed_precision's over ddp's"),
     ("predicted.attention", "--transformer-impl transformer_engine (flash) or local (unfused)",
      "model.transformer_impl", ""),
     ("stages[].tp", "--tensor-model-parallel-size", "model.tensor_model_parallel_size", "one for all stages"),
@@ -97,7 +100,18 @@ def megatron_lm_args(c: MegatronConfig) -> dict[str, list[str]]:
               "--make-vocab-size-divisible-by", str(c.vocab_divisor), "--transformer-impl", c.transformer_impl]
     return {"model": model, "parallel": _parallel(c), "recompute": _recompute(c),
             "batch": ["--micro-batch-size", str(c.micro_batch_size), "--global-batch-size", str(c.global_batch_size)],
-            "precision": [f for f in [_PRECISION[c.precision]] if f]}
+            "precision": [f for f in [_PRECISION[c.precision]] if f] + grad_reduce_args(c)}
+
+
+def grad_reduce_args(c: MegatronConfig) -> list[str]:
+    """The flag that makes Megatron-LM reduce gradients in the plan's dtype (``plan_settings.py`` has its rule):
+    bf16 reduces in fp32 unless ``--grad-reduce-in-bf16``; fp16 in fp16 unless
+    ``--accumulate-allreduce-grads-in-fp32``; fp32 gradients are fp32 either way."""
+    if c.precision == "bf16" and not c.grad_reduce_in_fp32:
+        return ["--grad-reduce-in-bf16"]
+    if c.precision == "fp16" and c.grad_reduce_in_fp32:
+        return ["--accumulate-allreduce-grads-in-fp32"]
+    return []
 
 
 def tokenizer_args(c: MegatronConfig) -> list[str]:
@@ -163,7 +177,8 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
         "model": model,
         "train": {"micro_batch_size": c.micro_batch_size, "global_batch_size": c.global_batch_size},
         "ddp": {"use_distributed_optimizer": c.distributed_optimizer, "overlap_grad_reduce": c.overlap_grad_reduce,
-                "overlap_param_gather": c.overlap_param_gather},
+                "overlap_param_gather": c.overlap_param_gather,
+                "grad_reduce_in_fp32": c.grad_reduce_in_fp32 or c.precision == "fp32"},
         "optimizer": {"use_distributed_optimizer": c.distributed_optimizer},
         "dataset": {"seq_length": m.seq_length},
         "tokenizer": {"tokenizer_type": "NullTokenizer", "vocab_size": m.vocab_size},

@@ -14,7 +14,8 @@ import shlex
 from .. import __version__
 from ..plan import ParallelPlan
 from .config import MegatronConfig
-from .names import megatron_lm_args, tokenizer_args
+from ..plan_settings import describe
+from .names import grad_reduce_args, megatron_lm_args, tokenizer_args
 
 TRAINING_PLACEHOLDER = ("--train-iters 100 --lr 1.0e-4 --min-lr 1.0e-5 --lr-decay-style cosine --lr-warmup-iters 10 "
                         "--weight-decay 0.1 --clip-grad 1.0 --log-interval 10 --eval-iters 0")
@@ -60,6 +61,8 @@ def header(plan: ParallelPlan, c: MegatronConfig, source: str, version: str) -> 
         f"micro-batch: the plan's pipeline micro-batch {plan.micro_batch_size} = --micro-batch-size "
         f"{c.micro_batch_size} per rank x dp {c.dp}; {plan.num_micro_batches} micro-batches per iteration",
     ]
+    lines.append(f"priced as {describe(plan.settings, m.params_dtype)}"
+                 + (f" ({' '.join(grad_reduce_args(c))})" if grad_reduce_args(c) else " (no flag: the default)"))
     p = plan.predicted
     if p is None:
         lines.append("predicted: the plan carries no prediction (aceso explain PLAN prices it)")

@@ -13,6 +13,7 @@ import yaml
 from search.cli import main
 from search.megatron import megatron_config
 from search.megatron.names import TABLE, mapping_table
+from search.plan_settings import PlanSettings
 from search.megatron.script import argv
 from search.plan import ParallelPlan, load_plan, uniform_plan
 from search.presets import load_model
@@ -145,8 +146,14 @@ def test_bridge_yaml_sets_every_plan_field_on_the_gelu_or_llama_recipe(tmp_path,
                                                                                            ["core_attn"], None)
     assert m["vocab_size"] == plan.model.padded_vocab_size and m["num_query_groups"] == 8
     assert y["train"] == {"micro_batch_size": 1, "global_batch_size": 64}
-    assert y["ddp"] == {"use_distributed_optimizer": True, "overlap_grad_reduce": True, "overlap_param_gather": False}
-    assert "mixed_precision" not in y                      # bf16: the recipes' default
+    assert y["ddp"] == {"use_distributed_optimizer": True, "overlap_grad_reduce": True, "overlap_param_gather": False,
+                        "grad_reduce_in_fp32": False}     # a runtime-priced plan: bf16 reduction, as priced
+    mp = y["mixed_precision"]                              # bf16_mixed would reduce in fp32: an object instead
+    assert mp["_target_"].endswith("MixedPrecisionConfig") and mp["grad_reduce_in_fp32"] is False and mp["bf16"]
+    assert mp["params_dtype"] == {"_target_": "torch.bfloat16", "_call_": False}
+    fp32 = plan.model_copy(update={"settings": PlanSettings(framework="megatron-bridge", grad_reduce_in_fp32=True)})
+    y = yaml.safe_load(_export(tmp_path, capsys, fp32, "--to", "megatron-bridge"))
+    assert y["ddp"]["grad_reduce_in_fp32"] is True and "mixed_precision" not in y   # bf16_mixed: the default
     gpt = yaml.safe_load(_export(tmp_path, capsys, case_plan("gpt-pp2-selective"), "--to", "megatron-bridge"))
     assert gpt["mixed_precision"]["fp16"] is True and gpt["mixed_precision"]["params_dtype"] == "torch.float16"
     assert gpt["comm_overlap"] == {"tp_comm_overlap": False, "tp_comm_overlap_cfg": None,

@@ -1,0 +1,85 @@
+"""The software settings a plan was priced under (``ParallelPlan.settings``), and the one mapping to ``RunSettings``.
+
+A plan runs on one of three frameworks: our runtime on megatron-core (``runtime``), Megatron-LM's training script
+(``megatron-lm``) or Megatron-Bridge (``megatron-bridge``). Beyond the plan's own fields, what changes its price
+and what an exported flag controls is the gradient reduction dtype (``grad_reduce_in_fp32``: the DDP gradient
+buffer and the DP reduction in fp32, 4 B per parameter, instead of the parameter dtype).
+
+Megatron-LM core_v0.16.1 (``megatron/training/arguments.py``, ``validate_args``): with ``--bf16``,
+``--grad-reduce-in-bf16`` sets ``accumulate_allreduce_grads_in_fp32`` False; otherwise it is set True unless
+``--main-grads-dtype bf16`` (precision-aware optimizer); with ``--fp16`` or fp32 it is
+``--accumulate-allreduce-grads-in-fp32`` as given (default off). ``training.py`` passes it to megatron-core's DDP as
+``grad_reduce_in_fp32``. Megatron-Bridge v0.3.1: ``mixed_precision.setup`` copies the recipe's
+``mixed_precision.grad_reduce_in_fp32`` over ``ddp.grad_reduce_in_fp32`` (``bf16_mixed``: True); aceso's export
+writes both (``megatron/bridge.py``). The runtime's pricing keeps megatron-core's DDP default (off); note that
+aceso_megatron's engine (``training/engine.py``, ``_ddp_config``) builds its DDP with fp32 reduction for 16-bit
+training, which this pricing does not follow yet (a known gap, kept so as not to change every runtime search here).
+
+``plan_settings(framework, precision, grad_reduce_in_bf16)`` is the default of each framework (what it does with
+no extra flag); ``run_settings(settings, precision)`` is the one place a pricing path gets its ``RunSettings``;
+``settings_for(plan, framework)`` picks the plan's own settings, or the framework's default when asked to price
+the plan for another framework. Plans without the field (older ones) are runtime plans.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Framework = Literal["runtime", "megatron-lm", "megatron-bridge"]
+FRAMEWORKS: tuple[str, ...] = ("runtime", "megatron-lm", "megatron-bridge")
+
+
+class PlanSettings(BaseModel):
+    """How the framework runs the plan beyond the plan's own fields (what the prediction assumed)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    framework: Framework = Field("runtime", description="Who runs the plan: runtime (aceso on megatron-core), "
+                                 "megatron-lm (its training script) or megatron-bridge.")
+    grad_reduce_in_fp32: bool = Field(False, description="Gradient buffer and DP reduction in fp32 (megatron-core "
+                                      "DDP grad_reduce_in_fp32). Megatron-LM: on for --bf16 unless "
+                                      "--grad-reduce-in-bf16; --accumulate-allreduce-grads-in-fp32 for --fp16.")
+
+
+RUNTIME = PlanSettings()
+
+
+def plan_settings(framework: str, precision: str, grad_reduce_in_bf16: bool = False) -> PlanSettings:
+    """The settings ``framework`` runs with for ``precision`` and no extra flag but ``--grad-reduce-in-bf16``."""
+    if framework == "runtime":
+        return RUNTIME
+    return PlanSettings(framework=framework, grad_reduce_in_fp32=precision == "bf16" and not grad_reduce_in_bf16)
+
+
+def settings_from_flags(precision: str, grad_reduce_in_bf16: bool, accumulate_in_fp32: bool,
+                        main_grads_bf16: bool = False) -> PlanSettings:
+    """Megatron-LM's ``validate_args`` rule for ``accumulate_allreduce_grads_in_fp32`` (module docstring)."""
+    if precision == "bf16":
+        fp32 = not grad_reduce_in_bf16 and (accumulate_in_fp32 or not main_grads_bf16)
+    else:
+        fp32 = accumulate_in_fp32
+    return PlanSettings(framework="megatron-lm", grad_reduce_in_fp32=fp32)
+
+
+def settings_for(plan, framework: str | None = None) -> PlanSettings:
+    """The plan's own settings; for another ``framework``, that framework's default."""
+    own = plan.settings or RUNTIME
+    if framework is None or framework == own.framework:
+        return own
+    return plan_settings(framework, plan.model.params_dtype)
+
+
+def run_settings(settings: PlanSettings | None, precision: str):
+    """The cost model's ``RunSettings`` for these settings (fp32 training: the gradients are fp32 anyway)."""
+    from .costmodel.types import RunSettings
+    s = settings or RUNTIME
+    return RunSettings(grad_reduce_in_fp32=s.grad_reduce_in_fp32 and precision != "fp32")
+
+
+def describe(settings: PlanSettings | None, precision: str) -> str:
+    """One line for reports and export headers."""
+    s = settings or RUNTIME
+    dtype = "fp32" if s.grad_reduce_in_fp32 or precision == "fp32" else precision
+    return f"{s.framework}, gradients reduced in {dtype}"
