@@ -11,9 +11,10 @@ Megatron-LM core_v0.16.1 (``megatron/training/arguments.py``, ``validate_args``)
 ``--accumulate-allreduce-grads-in-fp32`` as given (default off). ``training.py`` passes it to megatron-core's DDP as
 ``grad_reduce_in_fp32``. Megatron-Bridge v0.3.1: ``mixed_precision.setup`` copies the recipe's
 ``mixed_precision.grad_reduce_in_fp32`` over ``ddp.grad_reduce_in_fp32`` (``bf16_mixed``: True); aceso's export
-writes both (``megatron/bridge.py``). The runtime's pricing keeps megatron-core's DDP default (off); note that
-aceso_megatron's engine (``training/engine.py``, ``_ddp_config``) builds its DDP with fp32 reduction for 16-bit
-training, which this pricing does not follow yet (a known gap, kept so as not to change every runtime search here).
+writes both (``megatron/bridge.py``). The runtime keeps megatron-core's DDP default (off), and
+aceso_megatron's engine (``training/engine.py``, ``_ddp_config``) builds its DDP from the plan's own settings through
+``run_settings``, so a plan runs in the runtime as it was priced (a Megatron-LM-priced plan launched through the
+runtime reduces as its flags would).
 
 ``plan_settings(framework, precision, grad_reduce_in_bf16)`` is the default of each framework (what it does with
 no extra flag); ``run_settings(settings, precision)`` is the one place a pricing path gets its ``RunSettings``;

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from search.errors import AcesoError
 from search.plan import ParallelPlan, parse_plan
+from search.plan_settings import run_settings
 
 from ..model.fast_path import Environment, FastPath, choose, refusal
 from ..parallel.layout import Groups, RankLayout, build_groups, sample_range
@@ -233,7 +234,9 @@ def _ddp_config(plan: ParallelPlan, fast: FastPath, tc: TrainConfig):
     return DistributedDataParallelConfig(
         overlap_grad_reduce=plan.overlap_grad_reduce, overlap_param_gather=plan.overlap_param_gather,
         use_distributed_optimizer=plan.distributed_optimizer, bucket_size=tc.ddp_bucket_size,
-        grad_reduce_in_fp32=fast.dtype != "fp32",  # Megatron-LM's rule for bf16: accumulate and reduce in fp32
+        # as the plan was priced (search/plan_settings.py: runtime plans reduce in the parameter dtype, megatron-
+        # core's DDP default; a Megatron-LM-priced plan as Megatron-LM's flags say)
+        grad_reduce_in_fp32=run_settings(plan.settings, fast.dtype).grad_reduce_in_fp32,
     )
 
 
