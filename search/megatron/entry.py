@@ -48,6 +48,7 @@ def script_names(text: str) -> list[str]:
     for line in text.splitlines():
         line = re.sub(r"(^|\s)#.*$", "", line)
         out += re.findall(r"[\w./${}-]*\.py\b", line)
+        out += [m + ".py" for m in re.findall(r"python3?\s+-u?m\s+([\w.${}]+)", line)]   # python -m a.b
     return out
 
 

@@ -6,7 +6,8 @@ arrays ``NAME=( ... )`` and appends ``NAME+=( ... )`` / ``NAME+=v``, ``$NAME``, 
 (``-``, ``:=``, ``:+``), ``${NAME[@]}`` / ``${NAME[*]}`` / ``${NAME[i]}``, ``${#NAME}``, ``$((...))`` integer
 arithmetic; unquoted expansions split into words, ``"${ARR[@]}"`` gives one word per element. The script runs
 with no arguments (``$1`` is unset, ``$@`` empty). ``if``/``elif``/``else`` and ``&&``/``||`` are followed when
-the test can be decided from the file (``[ ]``/``[[ ]]`` string and integer tests); a test that cannot (a file
+the test can be decided from the file (``[ ]``/``[[ ]]`` string and integer tests; a variable the file does not
+set reads as empty, as with an empty environment, and is noted); a test that cannot (a file
 test, a command's status) is only allowed around commands that change nothing aceso reads (``echo``, ``exit``).
 Loops, ``case``, functions, ``source``, ``eval`` and here-documents are refused with their line. A value the file
 does not give (an unset variable, a command substitution ``$(...)``) is kept as a placeholder and reported only
@@ -216,6 +217,11 @@ class _Shell:
             return True
         argv = [x for w in words for x in self.expand(w)]
         if argv and argv[0] in ("[", "[[", "test"):
+            unset = sorted({m for a in argv for m in re.findall(r"<unset:([^>]*)>", a)})
+            if unset:                                 # as bash runs it with an empty environment
+                self.notes.append(f"line {words[0].line}: a test reads {', '.join('$' + u for u in unset)}, "
+                                  "which the file does not set: read as empty")
+                argv = [re.sub(r"<unset:[^>]*>", "", a) for a in argv]
             return _test(argv)
         if argv and argv[0] in ("true", ":"):
             return True
@@ -227,9 +233,13 @@ class _Shell:
     def command(self, argv: list[str], line: int):
         for k, w in enumerate(argv[:-2]):
             if w.rsplit("/", 1)[-1] in ("sh", "bash") and argv[k + 1] == "-c" and ".py" in argv[k + 2]:
+                holes: list[str] = []                 # placeholders are not shell syntax: kept aside
+                text = re.sub(r"<(unset|cmd|expr):[^>]*>", lambda m: holes.append(m.group(0)) or
+                              f"__ACESO_HOLE_{len(holes) - 1}__", argv[k + 2])
                 inner = _Shell(self.source, self.env)
-                inner.run(_parse(argv[k + 2], self.source))
-                self.commands += [(a, line) for a, _ in inner.commands]
+                inner.run(_parse(text, self.source))
+                back = lambda w: re.sub(r"__ACESO_HOLE_(\d+)__", lambda m: holes[int(m.group(1))], w)
+                self.commands += [([back(w) for w in a], line) for a, _ in inner.commands]
                 return
         self.commands.append((argv, line))
 
@@ -371,6 +381,8 @@ def _consequential(nodes: list) -> bool:
                 return True
             continue
         for words, _ in node.items:
+            if words and words[0].unquoted_literal() in ("echo", "printf"):
+                continue
             if words and (_assignment(words[0]) or words[0].unquoted_literal() in _DECLARE + ("source", ".")):
                 return True
             if any(".py" in str(v) for w in words for k, v, _ in w.parts if k in ("lit", "cmd")):

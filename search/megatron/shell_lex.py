@@ -97,7 +97,7 @@ class Lexer:
         if m and m.group(0):
             self.take(len(m.group(0)))
             if not m.group(2):                      # a file target follows: drop it
-                while self.peek() in " \t":
+                while self.peek() and self.peek() in " \t":
                     self.take()
                 target = self.word()
                 if target is None:
@@ -151,7 +151,7 @@ class Lexer:
             if c == '"':
                 self.take()
                 return parts or [("lit", "", True)]
-            if c == "\\" and self.peek(1) in '$`"\\\n':
+            if c == "\\" and self.peek(1) and self.peek(1) in '$`"\\\n':
                 self.take()
                 nxt = self.take()
                 if nxt != "\n":
