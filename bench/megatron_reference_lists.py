@@ -8,7 +8,8 @@
   taken from the checkout without importing ``megatron.training/__init__`` (which needs triton).
 * ``search/megatron/data/bridge_fields_v0.3.1.json``: the fields of the Megatron-Bridge ``ConfigContainer``
   sections the Bridge export writes, read with ``ast`` from ``src/megatron/bridge`` and its megatron-core base
-  classes (``3rdparty/Megatron-LM``, the core_v0.16.1 commit), following dataclass inheritance.
+  classes (``3rdparty/Megatron-LM``, the core_v0.16.1 commit), following dataclass inheritance; and the
+  ``mixed_precision`` recipe names (``@register`` functions of ``training/mixed_precision.py``).
 
     python bench/megatron_reference_lists.py --megatron-lm /path/Megatron-LM --bridge /path/Megatron-Bridge
 
@@ -119,6 +120,9 @@ def bridge_fields(root: str) -> dict[str, list[str]]:
         out[section] = sorted(classes.fields(path[:-3].replace("/", "."), name))
         if not out[section]:
             raise SystemExit(f"{section}: no fields found for {where}; is {root} Megatron-Bridge {BRIDGE_TAG}?")
+    tree = ast.parse(open(os.path.join(root, "src", "megatron", "bridge", "training", "mixed_precision.py")).read())
+    out["mixed_precision_recipes"] = sorted(n.name for n in tree.body if isinstance(n, ast.FunctionDef)
+                                            and any(getattr(d, "id", None) == "register" for d in n.decorator_list))
     return out
 
 

@@ -54,8 +54,13 @@ def placeholder(value: str) -> str | None:
         return (f"${name}, the script's argument {name}," if name.isdigit() else f"${name},") + \
             " which the file does not set"
     if m.group(2) is not None:
-        return f"the command substitution {m.group(2)}, which aceso cannot expand without running it"
-    return f"the expansion {m.group(3)}, which aceso does not expand"
+        return f"the command substitution {m.group(2).replace(chr(0), ' ')}, which aceso cannot expand without running it"
+    return f"the expansion {m.group(3).replace(chr(0), ' ')}, which aceso does not expand"
+
+
+def _hole(kind: str, text: str) -> str:
+    """A placeholder for a value the file does not give; NUL for spaces, so word splitting keeps it whole."""
+    return f"<{kind}:{text.replace(' ', chr(0))}>"
 
 
 @dataclass
@@ -276,8 +281,7 @@ class _Shell:
             elif kind == "arith":
                 vals, many = [self.arith(v)], False
             elif kind == "cmd":
-                vals, many = [f"<cmd:$({v})>"], False
-                quoted = True                         # a placeholder stays one word
+                vals, many = [_hole("cmd", f"$({v})")], False
             else:
                 self.fail(w.line, f"an array {w.source()!r} where a word is expected")
             if quoted or not split:
@@ -312,14 +316,14 @@ class _Shell:
     def param(self, expr: str, line: int) -> tuple[list[str], bool]:
         m = _PARAM.match(expr)
         if not m:
-            return [f"<expr:${{{expr}}}>"], False
+            return [_hole("expr", f"${{{expr}}}")], False
         length, name, index, op, arg = m.groups()
         if name in ("@", "*"):
             return [], name == "@"
         if name == "#":
             return ["0"], False
         if name in ("?", "$", "!", "-"):
-            return [f"<expr:${name}>"], False
+            return [_hole("expr", f"${name}")], False
         vals = self.env.get(name)
         if vals is not None and index not in (None, "@", "*"):
             k = int(index)
@@ -348,7 +352,7 @@ class _Shell:
         try:
             return str(_arith(ast.parse(expr.strip(), mode="eval").body, self.env))
         except (SyntaxError, ValueError, KeyError, ZeroDivisionError, TypeError):
-            return f"<expr:$(({text}))>"
+            return _hole("expr", f"$(({text}))")
 
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,

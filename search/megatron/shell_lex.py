@@ -130,6 +130,7 @@ class Lexer:
                 self.take()
                 j = self.s.find("'", self.i)
                 if j < 0:
+                    self.line = line
                     self.fail("a single quote (') is never closed")
                 parts.append(("lit", self.take(j - self.i), True))
                 self.take()
@@ -143,10 +144,11 @@ class Lexer:
         return Word(_merge(parts), line) if parts else None
 
     def double_quoted(self) -> list[tuple[str, object, bool]]:
-        parts = []
+        parts, start = [], self.line
         while True:
             c = self.peek()
             if c == "":
+                self.line = start
                 self.fail('a double quote (") is never closed')
             if c == '"':
                 self.take()
