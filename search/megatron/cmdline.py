@@ -12,6 +12,9 @@ micro-batch x dp, vocabulary padding to ``--make-vocab-size-divisible-by`` x tp)
 
 from __future__ import annotations
 
+import difflib
+import functools
+import os
 from dataclasses import dataclass, field
 
 from ..errors import AcesoError
@@ -19,6 +22,16 @@ from ..plan_settings import settings_from_flags
 from .config import MegatronConfig, Recompute
 from .layout import distribution, layout_chunk_layers
 from .model_args import model_from_flags
+from .shell import placeholder
+
+_FLAGS_FILE = os.path.join(os.path.dirname(__file__), "data", "flags_core_v0.16.1.txt")
+
+
+@functools.cache
+def megatron_flags() -> frozenset[str]:
+    """Every flag of Megatron-LM core_v0.16.1's parser (bench/megatron_reference_lists.py writes the list)."""
+    with open(_FLAGS_FILE) as f:
+        return frozenset(x.strip() for x in f if x.startswith("--"))
 
 INT, FLOAT, STR, BOOL, LIST = "int", "float", "str", "bool", "list"
 FLAGS: dict[str, str] = {
@@ -40,7 +53,8 @@ FLAGS: dict[str, str] = {
                          "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                          "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
                          "--tp-comm-overlap", "--recompute-activations", "--bf16", "--fp16",
-                         "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32")},
+                         "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
+                         "--no-position-embedding")},
     "--recompute-modules": LIST,
 }
 
@@ -119,7 +133,6 @@ REFUSED: dict[str, tuple[object, str]] = {
                                           "--recompute-granularity"),
     "--optimizer": (lambda v: v != ["adam"], "aceso prices the Adam optimizer's states only"),
     "--quick-geglu": (_always, "gated GELU MLPs are not modelled (use --swiglu or the default GELU)"),
-    "--no-position-embedding": (_always, "models without position embeddings are not modelled by aceso"),
 }
 
 
@@ -141,8 +154,8 @@ class Flags:
             return v
         if len(v) != 1:
             raise AcesoError(f"{name}: expected one value, got {' '.join(v) or 'none'}")
-        if v[0].startswith("<unset:"):
-            raise AcesoError(f"{name} is ${v[0][7:-1]}, which the file does not set; give its value")
+        if placeholder(v[0]):
+            raise AcesoError(f"{name} is {placeholder(v[0])}; give its value")
         try:
             return {INT: int, FLOAT: float, STR: str}[kind](v[0])
         except ValueError:
@@ -156,9 +169,10 @@ def parse_flags(argv: list[str]) -> Flags:
     while i < len(argv):
         tok = argv[i]
         if not tok.startswith("--"):
-            ignored.append(tok)
-            i += 1
-            continue
+            if placeholder(tok):
+                raise AcesoError(f"the arguments include {placeholder(tok)}; give its value")
+            raise AcesoError(f"{tok!r} stands where a flag is expected (Megatron-LM's parser exits on it: "
+                             "unrecognized arguments)")
         name, eq, val = tok.partition("=")
         j = i + 1
         while not eq and j < len(argv) and not argv[j].startswith("--"):
@@ -170,14 +184,26 @@ def parse_flags(argv: list[str]) -> Flags:
             if when(vals):
                 raise AcesoError(f"{' '.join([name, *vals])}: {why}; remove it to price the rest")
             continue
+        if name not in megatron_flags():
+            raise AcesoError(f"{name}: not a flag of Megatron-LM core_v0.16.1 (its parser exits on it: "
+                             f"unrecognized arguments){_closest(name)}")
         if name not in FLAGS:
             if name not in QUIET and not name.startswith(QUIET_PREFIXES):
                 ignored.append(name)
             continue
         if FLAGS[name] == BOOL and vals:
+            hole = next((placeholder(v) for v in vals if placeholder(v)), None)
+            if hole:
+                raise AcesoError(f"{name} is followed by {hole}; give its value")
             raise AcesoError(f"{name} takes no value (got {' '.join(vals)})")
         values[name] = vals
     return Flags(values, sorted(set(ignored)))
+
+
+def _closest(name: str) -> str:
+    """``; did you mean --x?`` for the closest core_v0.16.1 flag (difflib), or ``""``."""
+    close = difflib.get_close_matches(name, sorted(megatron_flags()), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],

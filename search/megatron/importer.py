@@ -15,6 +15,7 @@ from ..plan import ParallelPlan
 from .build import plan_from_config
 from .cmdline import config_from_flags, parse_flags
 from .config import MegatronConfig
+from .entry import PRICED, check_unreadable, refuse_entry
 from .shell import read_command
 
 
@@ -35,8 +36,20 @@ class Imported:
 
 def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: int | None = None,
                   cluster: ClusterSpec | None = None, vocab_size: int | None = None) -> Imported:
-    cmd = read_command(text, source)
-    flags = parse_flags(cmd.argv)
+    try:
+        cmd = read_command(text, source)
+    except AcesoError as e:
+        check_unreadable(text, source, e)
+    if cmd.script and cmd.script not in PRICED:
+        refuse_entry(cmd.script, source)
+    if not cmd.script and not cmd.argv and cmd.assigned:
+        raise AcesoError(f"{source}: no command: the file only sets variables ({', '.join(sorted(set(cmd.assigned))[:4])}"
+                         f"{', ...' if len(set(cmd.assigned)) > 4 else ''}); give the script that runs "
+                         "pretrain_gpt.py or pretrain_t5.py")
+    try:
+        flags = parse_flags(cmd.argv)
+    except AcesoError as e:
+        raise AcesoError(f"{source}: {e}") from None
     sizes = {k: v for k, v in (("the launcher's", cmd.world_size), ("--world-size", world_size),
                                ("the cluster's", cluster.num_gpus if cluster else None)) if v is not None}
     if not sizes:
@@ -46,7 +59,7 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
         raise AcesoError(f"{source}: world sizes disagree: " + ", ".join(f"{k} {v}" for k, v in sizes.items()))
     script = cmd.script or ""
     t5 = "t5" in script if script else (flags.has("--encoder-num-layers") or flags.has("--decoder-seq-length"))
-    notes: list[str] = []
+    notes: list[str] = list(cmd.notes)
     try:
         cfg = config_from_flags(flags, next(iter(sizes.values())), t5, notes, vocab_size)
     except AcesoError as e:

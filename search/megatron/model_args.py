@@ -46,6 +46,9 @@ def model_from_flags(f, tp: int, t5: bool, notes: list[str], vocab_size: int | N
         notes.append("--num-query-groups without --group-query-attention: Megatron-LM uses multi-head attention")
     pos = "rope" if f.has("--use-rotary-position-embeddings") else f.get("--position-embedding-type",
                                                                           "learned_absolute")
+    if f.has("--no-position-embedding") and pos != "rope":
+        raise AcesoError(f"--no-position-embedding with --position-embedding-type {pos}: Megatron-LM core_v0.16.1 "
+                         "raises (deprecated, use --position-embedding-type); with rope it runs RoPE")
     if pos not in ("learned_absolute", "rope"):
         raise AcesoError(f"--position-embedding-type {pos}: aceso models learned_absolute and rope only")
     norm = f.get("--normalization", "LayerNorm")

@@ -114,6 +114,7 @@ def C(id, argv, needle, **files):
     return Case(id, argv.split() if isinstance(argv, str) else argv, needle, dict(files))
 
 
+_MLM = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --micro-batch-size 1 --vocab-size 100 --tokenizer-type NullTokenizer "
 SEARCH = "search --model spec.json --cluster 1x2-cpu --global-batch-size 8 --workers 1 --budget-evals 50"
 LAUNCH = "launch plan.json --cpu --dry-run --"
 TRAIN_OK = "--mock-data --train-iters 2"
@@ -526,6 +527,38 @@ CASES = [
       "--num-experts 8: mixture-of-experts layers are not modelled"),
     C("import-mlm-out-folder", ["import", "--from", "megatron-lm", "--world-size", "8", "--args", "--num-layers 4",
                                 "-o", "data"], "-o data: is a folder"),
+    # launch scripts read as bash reads them (issue 21) and Megatron-LM's strict parser (issue 25)
+    *[C(f"import-mlm-typo-{k}", ["import", "--from", "megatron-lm", "--world-size", "8", "--args", _MLM + typo],
+        f"{typo.split()[0]}: not a flag of Megatron-LM core_v0.16.1 (its parser exits on it: unrecognized "
+        f"arguments){hint}") for k, (typo, hint) in enumerate((
+            ("--sequence-paralel", "; did you mean --sequence-parallel?"),
+            ("--recompute-activatons", "; did you mean --recompute-activations?"), ("--foo-bar 3", "")))],
+    C("explain-mlm-typo", ["explain", "--cluster", "1x8-h100", "--megatron-args", _MLM + "--sequence-paralel"],
+      "--sequence-paralel: not a flag of Megatron-LM core_v0.16.1"),
+    C("import-mlm-no-pos-emb", ["import", "--from", "megatron-lm", "--world-size", "8", "--args",
+                                _MLM + "--no-position-embedding"], "--no-position-embedding with "
+      "--position-embedding-type learned_absolute: Megatron-LM core_v0.16.1 raises"),
+    C("import-mlm-bert", "import bert.sh --from megatron-lm", "bert.sh: runs pretrain_bert.py: BERT pretraining",
+      **{"bert.sh": "torchrun --nproc_per_node 8 pretrain_bert.py " + _MLM + "\n"}),
+    C("import-mlm-inference", "import gen.sh --from megatron-lm", "runs run_text_generation_server.py: "
+      "inference / text generation, not training", **{"gen.sh": "torchrun --nproc_per_node 8 "
+                                                                  "tools/run_text_generation_server.py --tp 8\n"}),
+    C("import-mlm-loop", "import loop.sh --from megatron-lm", "loop.sh: line 1: a 'for' statement",
+      **{"loop.sh": "for tp in 1 2; do\n torchrun --nproc_per_node 8 pretrain_gpt.py " + _MLM + "; done\n"}),
+    C("import-mlm-cmd-subst", "import cs.sh --from megatron-lm", "--num-layers is the command substitution "
+      "$(cat layers.txt), which aceso cannot expand", **{"cs.sh": "L=$(cat layers.txt)\ntorchrun --nproc_per_node 8 "
+                                                        "pretrain_gpt.py " + _MLM.replace("--num-layers 4", "--num-layers $L") + "\n"}),
+    C("import-mlm-unclosed-quote", "import q.sh --from megatron-lm", 'q.sh: line 1: a double quote (") is never closed',
+      **{"q.sh": 'ARGS="--num-layers 4\ntorchrun pretrain_gpt.py $ARGS\n'}),
+    C("import-mlm-source", "import s.sh --from megatron-lm", "s.sh: line 1: 'source conf.sh' reads another file",
+      **{"s.sh": "source conf.sh\ntorchrun --nproc_per_node 8 pretrain_gpt.py $ARGS\n"}),
+    C("import-mlm-vars-only", "import v.sh --from megatron-lm", "v.sh: no command: the file only sets variables (A, B)",
+      **{"v.sh": "A=1\nB=(--num-layers 4)\n"}),
+    C("import-mlm-unset-args", "import u.sh --from megatron-lm", "the arguments include $GPT_ARGS, which the file "
+      "does not set", **{"u.sh": "torchrun --nproc_per_node 8 pretrain_gpt.py $GPT_ARGS\n"}),
+    C("import-mlm-fp8-append", "import f.sh --from megatron-lm", "--fp8-format hybrid: FP8 training is not modelled",
+      **{"f.sh": "A=(" + _MLM + ")\nA+=(\n  \"--fp8-format hybrid\"\n)\ntorchrun --nproc_per_node 8 pretrain_gpt.py "
+                 "${A[@]}\n"}),
     C("explain-mlm-no-cluster", ["explain", "--megatron-args", "--num-layers 4"], "--megatron-args needs --cluster"),
     C("explain-mlm-and-plan", ["explain", "plan.json", "--megatron-args", "--num-layers 4", "--cluster", "1x2-cpu"],
       "give PLAN or --megatron-args/--megatron-args-file, not both"),

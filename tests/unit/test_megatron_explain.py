@@ -12,7 +12,7 @@ from search.training import TrainingSpec
 
 ARGS = ("--num-layers 4 --hidden-size 2048 --num-attention-heads 32 --seq-length 2048 --max-position-embeddings 2048 "
         "--micro-batch-size 1 --global-batch-size 64 --fp16 --tensor-model-parallel-size 4 "
-        "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 --lr 1e-4 --made-up 2")
+        "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 --lr 1e-4 --empty-unused-memory-level 2")
 
 
 def test_explain_prices_the_imported_plan_as_megatron_lm_runs_it_and_reports_the_search_gain(capsys):
@@ -30,7 +30,7 @@ def test_explain_prices_the_imported_plan_as_megatron_lm_runs_it_and_reports_the
         assert abs(gain[key]["speedup"] - gain["config_ms"] / gain[key]["iteration_ms"]) < 1e-9
     # tp 4 with full recompute on 8 H100s for a 4-layer 1.3B model is far from the best Megatron-LM configuration
     assert gain["megatron"]["speedup"] > 1.2
-    assert any("ignored 1 flag that does not change the plan: --made-up" in n for n in out["notes"])
+    assert any("ignored 1 flag that does not change the plan: --empty-unused-memory-level" in n for n in out["notes"])
 
 
 def test_the_drop_in_plan_is_expressible_and_priced_as_megatron_lm_runs_it():

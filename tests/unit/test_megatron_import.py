@@ -72,7 +72,7 @@ TRAINING_ARGS=(
     --bf16
     --lr 6.0e-5
     --recompute-activations
-    --exotic-flag 3
+    --empty-unused-memory-level 1
 )
 MODEL_PARALLEL_ARGS=(
     --tensor-model-parallel-size 2
@@ -84,7 +84,7 @@ torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py \\
     ${GPT_MODEL_ARGS[@]} \\
     ${TRAINING_ARGS[@]} \\
     ${MODEL_PARALLEL_ARGS[@]} \\
-    ${DATA_ARGS[@]} --tokenizer-type GPT2BPETokenizer --another-unknown
+    ${DATA_ARGS[@]} --tokenizer-type GPT2BPETokenizer --cross-entropy-loss-fusion
 """
 
 
@@ -100,8 +100,10 @@ def test_megatron_style_script_with_megatron_defaults():
     assert plan.micro_batch_size == 2 * 4 and plan.global_batch_size == 512     # per-rank 2 x dp 4
     kinds = [u.kind for u in plan.model.units[:4]]
     assert plan.stages[0].chunks[0].recompute == ["selective" if k == "attention" else "none" for k in kinds * 3][:6]
-    assert imp.ignored == ["--another-unknown", "--exotic-flag"]     # data/lr/logging flags are not listed
-    assert imp.warning == "ignored 2 flags that do not change the plan: --another-unknown --exotic-flag"
+    # Megatron-LM flags aceso does not price are listed (data/lr/logging flags are not)
+    assert imp.ignored == ["--cross-entropy-loss-fusion", "--empty-unused-memory-level"]
+    assert imp.warning == ("ignored 2 flags that do not change the plan: --cross-entropy-loss-fusion "
+                           "--empty-unused-memory-level")
     # the preset with this architecture names it and supplies the vocabulary GPT2BPETokenizer would set
     assert plan.model.name == "gpt-1.3b" and plan.model.vocab_size == 51200
     assert plan.model.make_vocab_size_divisible_by == 128 * 2         # Megatron-LM pads to 128 x tp

@@ -1,0 +1,79 @@
+"""Every example launch script of Megatron-LM core_v0.16.1 (tests/unit/data/megatron_examples) is read as bash
+reads it and imports right or is refused with its true reason in one line (issue 21)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from search.errors import AcesoError
+from search.megatron.importer import read_megatron
+from search.megatron.shell import read_command
+
+ROOT = os.path.join(os.path.dirname(__file__), "data", "megatron_examples")
+EXPECTED = json.load(open(os.path.join(ROOT, "expected.json")))
+SCRIPTS = sorted(os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(ROOT) for f in fs
+                 if f.endswith(".sh"))
+
+
+def _text(rel: str) -> str:
+    with open(os.path.join(ROOT, rel)) as f:
+        return f.read()
+
+
+def test_every_stored_script_has_an_expected_outcome():
+    assert len(SCRIPTS) == 111 and sorted(EXPECTED) == SCRIPTS
+
+
+@pytest.mark.parametrize("rel", SCRIPTS)
+def test_example_script(rel):
+    try:
+        read_megatron(_text(rel), source=rel)
+        got = "ok"
+    except AcesoError as e:
+        msg = str(e)
+        assert "\n" not in msg and msg.startswith(rel + ": ")
+        got = msg[len(rel) + 2:]
+    assert got.startswith(EXPECTED[rel])
+
+
+def test_llama3_fp8_script_keeps_its_appends():
+    """The FP8 example is refused for FP8; as a bf16 run (its DTYPE changed) nothing appended is lost."""
+    text = _text("llama/train_llama3_8b_h100_fp8.sh")
+    with pytest.raises(AcesoError, match="--fp8-format hybrid: FP8 training is not modelled"):
+        read_megatron(text, source="fp8.sh")
+    cmd = read_command(text.replace('DTYPE="fp8"', 'DTYPE="bf16"'))
+    assert cmd.script == "pretrain_gpt.py" and cmd.world_size == 8
+    assert not any(a.startswith("--fp8") for a in cmd.argv)
+    for flag in ("--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--mock-data"):
+        assert flag in cmd.argv                     # TRAINING_ARGS+=("${DDP_ARGS[@]}") and DATA_ARGS_LIST+=(...)
+    assert cmd.argv[cmd.argv.index("--vocab-size") + 1] == "128256"
+    assert cmd.argv[cmd.argv.index("--split") + 1] == "'99,1,0'"     # bash keeps the inner quotes literal
+    imp = read_megatron(text.replace('DTYPE="fp8"', 'DTYPE="bf16"'), source="bf16.sh")
+    c = imp.config
+    assert (c.distributed_optimizer, c.overlap_grad_reduce, c.overlap_param_gather) == (True, True, True)
+    assert imp.plan.model.vocab_size == 128256 + 1                   # NullTokenizer adds EOD
+    assert imp.plan.model.position_embedding == "rope" and imp.plan.model.num_query_groups == 8
+
+
+def test_t5_example_multi_line_strings():
+    """DISTRIBUTED_ARGS="...newlines..." is one string split into words when expanded unquoted."""
+    text = _text("t5/train_t5_220m_distributed.sh")
+    cmd = read_command(text)
+    assert cmd.script == "pretrain_t5.py" and cmd.world_size == 8
+    imp = read_megatron(text, source="t5.sh", vocab_size=28996 + 100)
+    m = imp.plan.model
+    assert m.is_t5 and (m.num_layers, m.hidden_size, m.num_attention_heads) == (12, 768, 12)
+
+
+def test_mixtral_is_refused_for_moe_not_for_its_position_embedding():
+    text = _text("mixtral/train_mixtral_8x7b_distributed.sh")
+    with pytest.raises(AcesoError, match=r"--num-experts 8: mixture-of-experts"):
+        read_megatron(text, source="mixtral.sh")
+    dense = re.sub(r"MOE_ARGS=\(.*?\)", "MOE_ARGS=()", text, flags=re.S).replace("--expert-model-parallel-size 8",
+                                                                             "")
+    imp = read_megatron(dense, source="dense.sh", vocab_size=32000)     # --no-position-embedding + rope: RoPE
+    assert imp.plan.model.position_embedding == "rope"

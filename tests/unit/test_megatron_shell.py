@@ -1,0 +1,112 @@
+"""The launch-script reader against bash itself: the arguments bash hands a stub ``torchrun`` are the ones
+``read_command`` finds, on Megatron-LM's example scripts and on scripts written to exercise each construct."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from search.errors import AcesoError
+from search.megatron.shell import read_command
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "data", "megatron_examples")
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+CONSTRUCTS = {
+    "appends-and-quotes": '''
+A=(--num-layers 4)     # a comment
+A+=(--hidden-size 64 "--seq-length 128")
+B="--micro-batch-size
+ 2"
+X=${UNSET:-7}; Y=${X:+set}
+export N=2
+torchrun --nproc_per_node $((N*4)) pretrain_gpt.py "${A[@]}" $B --lr "${X}e-4" ${A[*]} --x=$Y \\
+    --name 'a b' --tab "$(printf x)x" 2>&1 | tee log
+''',
+    "if-and-chain": '''
+MODE=big
+if [[ "$MODE" == "small" ]]; then
+  L=2
+elif [ "$MODE" = big ] && [ -z "$NOT_SET" ]; then
+  L=48
+else
+  L=1
+fi
+[ -n "$L" ] && EXTRA="--swiglu" || EXTRA=""
+[ "$L" -gt 100 ] && EXTRA="--wrong"
+torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers $L $EXTRA
+''',
+    "sh-c": '''
+CMD="python -u pretrain_gpt.py --num-layers 3 --hidden-size 8"
+sh -c "${CMD}"
+''',
+}
+
+
+def _bash_argv(text: str, tmp_path, args=()) -> list[str]:
+    """The argv bash gives the last torchrun / python / sh call, from stubs on PATH (an empty environment)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name in ("torchrun", "python", "sh"):
+        stub = bin_ / name
+        stub.write_text('#!/bin/bash\nif [ "$1" = -c ]; then exec /bin/bash -c "$2"; fi\n'
+                        'printf "%s\\0" "$@" > "$ACESO_OUT"\n')
+        stub.chmod(0o755)
+    (tmp_path / "pretrain_gpt.py").write_text("")
+    (tmp_path / "run.sh").write_text(text)
+    out = tmp_path / "argv"
+    env = {"PATH": f"{bin_}:/usr/bin:/bin", "ACESO_OUT": str(out), "HOME": str(tmp_path)}
+    subprocess.run(["/bin/bash", "run.sh", *args], cwd=tmp_path, env=env, capture_output=True, timeout=60)
+    return out.read_bytes().decode().split("\0")[:-1]
+
+
+def _after_py(argv: list[str]) -> list[str]:
+    k = max(i for i, w in enumerate(argv) if w.endswith(".py"))
+    return argv[k + 1:]
+
+
+@pytest.mark.parametrize("name", sorted(CONSTRUCTS))
+def test_constructs_as_bash_expands_them(name, tmp_path):
+    text = CONSTRUCTS[name]
+    got = read_command(text)
+    want = _after_py(_bash_argv(text, tmp_path))
+    if name == "appends-and-quotes":             # bash ran the command substitution; aceso keeps it a placeholder
+        i = want.index("--tab")
+        assert want[i + 1] == "xx" and got.argv[i + 1] == "<cmd:$(printf\0x)>x"
+        want[i + 1] = got.argv[i + 1]
+        assert got.world_size == 8
+    assert got.argv == want
+
+
+@pytest.mark.parametrize("rel", ["llama/train_llama3_8b_h100_fp8.sh", "t5/train_t5_220m_distributed.sh",
+                                 "mixtral/train_mixtral_8x7b_distributed.sh", "gpt3/train_gpt3_175b_distributed.sh",
+                                 "bert/train_bert_340m_distributed.sh"])
+def test_example_scripts_as_bash_runs_them(rel, tmp_path):
+    text = open(os.path.join(EXAMPLES, rel)).read()
+    for name in ("pretrain_t5.py", "pretrain_bert.py"):
+        (tmp_path / name).write_text("")
+    got = read_command(text)
+    # aceso keeps the script's unset arguments $1.. as placeholders: bash gets them as arguments with those names
+    # (the llama script has defaults for them and runs without); bash sets PWD
+    args = [] if "${1:-" in text else [f"<unset:{i}>" for i in range(1, 10)]
+    want = [w.replace(str(tmp_path), "<unset:PWD>") for w in _after_py(_bash_argv(text, tmp_path, args))]
+    assert got.argv == want
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("while true; do torchrun pretrain_gpt.py; done", "line 1: a 'while' statement"),
+    ("f() { torchrun pretrain_gpt.py; }\nf", "a function definition (f() ...)"),
+    ("eval torchrun pretrain_gpt.py", "'eval'"),
+    ("cat <<EOF\n--num-layers 2\nEOF", "a here-document"),
+    ("if [ -f x ]; then L=2; fi\ntorchrun pretrain_gpt.py --num-layers $L", "line 1: an 'if' whose test cannot be "
+                                                                           "decided"),
+    ("A=(--num-layers 2\ntorchrun pretrain_gpt.py", "never closed with ')'"),
+    ("echo 'oops", "line 1: a single quote (') is never closed"),
+])
+def test_unreadable_constructs_are_refused_with_their_line(text, needle):
+    with pytest.raises(AcesoError, match=None) as e:
+        read_command(text, "run.sh")
+    assert needle in str(e.value) and "\n" not in str(e.value)
