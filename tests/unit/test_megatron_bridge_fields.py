@@ -39,6 +39,9 @@ def test_every_exported_field_is_a_bridge_field(name):
         if section == "mixed_precision" and not isinstance(fields, dict):
             assert fields is None or fields in REF["fields"]["mixed_precision_recipes"], fields
             continue
+        if "_target_" in fields:        # a config object (Bridge's instantiate: _target_ names the dataclass)
+            assert fields["_target_"].rsplit(".", 1)[1] == REF["sections"][section].split(":")[1], fields["_target_"]
+            fields = {k: v for k, v in fields.items() if k not in ("_target_", "_call_")}
         unknown = set(fields) - set(REF["fields"][section])
         assert not unknown, f"{recipe}: {section}.{sorted(unknown)} are not Megatron-Bridge v0.3.1 fields"
 
