@@ -157,6 +157,12 @@ class StageSpec(BaseModel):
         return tuple((c.start_unit, c.end_unit) for c in self.chunks)
 
     @property
+    def shape_text(self) -> str:
+        """The stage's shape in short names, cp and SP only where on: ``tp2 cp2 dp1 sp``."""
+        return (f"tp{self.tp}" + (f" cp{self.cp}" if self.cp > 1 else "") + f" dp{self.dp}"
+                + (" sp" if self.sequence_parallel else ""))
+
+    @property
     def all_recompute(self) -> list[Recompute]:
         """Recompute choices of all chunks, chunk after chunk."""
         return [r for c in self.chunks for r in c.recompute]

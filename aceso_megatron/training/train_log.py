@@ -108,7 +108,8 @@ class TrainLogger:
         rec = {"kind": "summary", "measured_iteration_time_ms": measured_ms, "measured_stage_memory_mb": mem,
                "predicted_iteration_time_ms": pred.iteration_time_ms if pred else None,
                "predicted_stage_memory_mb": pred.stage_memory_mb if pred else None,
-               "memory_kind": "cuda_max_allocated" if self.device == "cuda" else "cpu_max_rss"}
+               "memory_kind": "cuda_max_allocated" if self.device == "cuda" else "cpu_max_rss",
+               "stage_shapes": [s.shape_text for s in self.plan.stages]}
         self._emit(rec, self._table(rec))
         if self.file:
             self.file.close()

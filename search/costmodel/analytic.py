@@ -63,6 +63,8 @@ class UnitCost(NamedTuple):
     tp_hidden: float = 0.0             # TP collective time hidden behind the unit's GEMMs
     cp_comm: float = 0.0               # exposed ring-attention K/V exchange (fwd + bwd)
     cp_hidden: float = 0.0
+    # the forward's shares (for timelines): TP exposed (without the ring), TP hidden, CP exposed, CP hidden
+    comm_fwd: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
 
 class AnalyticSource:
@@ -113,8 +115,13 @@ class AnalyticSource:
     def _cp_ring(self, b: float, s: float, t: int, cp: int, core_f: float, core_b: float) -> tuple[float, ...]:
         """(exposed fwd, exposed bwd, hidden) ms of ring attention's K/V exchange: ``cp - 1`` steps of one
         ``s / cp`` chunk of K and V (backward also dK, dV), each behind its step's share of the attention core."""
+        ef, eb, hf, hb = self._cp_ring_parts(b, s, t, cp, core_f, core_b)
+        return ef, eb, hf + hb
+
+    def _cp_ring_parts(self, b: float, s: float, t: int, cp: int, core_f: float, core_b: float) -> tuple[float, ...]:
+        """``_cp_ring`` with the hidden time per direction: (exposed fwd, exposed bwd, hidden fwd, hidden bwd)."""
         if cp <= 1:
-            return 0.0, 0.0, 0.0
+            return 0.0, 0.0, 0.0, 0.0
         m = self.model
         chunk = 2 * self.dt * s * b * m.groups * m.head_dim / t      # K and V of this rank's s/cp tokens
         inter = t * cp > self.cluster.gpus_per_node
@@ -124,7 +131,7 @@ class AnalyticSource:
         hf, hb = (cp - 1) * min(step_f, per_f), (cp - 1) * min(step_b, per_b)
         ef = (cp - 1) * max(0.0, step_f - per_f) + self._tax_cp * hf
         eb = (cp - 1) * max(0.0, step_b - per_b) + self._tax_cp * hb
-        return ef, eb, hf + hb
+        return ef, eb, hf, hb
 
     # ----- kernels ------------------------------------------------------------------------------------------------
     def _core(self, b: float, s: int, kv_len: int, t: int, causal: bool, cp: int = 1) -> tuple[float, float, float]:
@@ -170,12 +177,13 @@ class AnalyticSource:
             gemms = [(s * b, (q + 2 * kv) / t, h), (s * b, h, q / t)]
         core_f, core_b, rec_drop = self._core(b, s, kv_len * (cp if not cross else 1), t, causal and not cross,
                                               1 if cross else cp)
-        ring_f, ring_b, ring_h = self._cp_ring(b, s, t, cp, core_f, core_b) if not cross else (0.0, 0.0, 0.0)
+        ring_f, ring_b, ring_hf, ring_hb = (self._cp_ring_parts(b, s, t, cp, core_f, core_b) if not cross
+                                            else (0.0, 0.0, 0.0, 0.0))
         tpc = self._half(gemms[0], gemms[-1], b, s, t, sp, overlap)
         fwd = k.gemm(gemms) + k.memory(ew, launches) + core_f + ring_f + tpc.fwd
         bwd = k.gemm(gemms, backward=True) + k.memory(1.5 * ew, launches) + core_b + ring_b + tpc.bwd
         return UnitCost(fwd, bwd, core_f + ring_f, fwd, tpc.fwd + tpc.bwd + ring_f + ring_b, rec_drop,
-                        tpc.hidden, ring_f + ring_b, ring_h)
+                        tpc.hidden, ring_f + ring_b, ring_hf + ring_hb, (tpc.fwd, tpc.hidden_fwd, ring_f, ring_hf))
 
     def mlp(self, b: float, s: int, t: int, sp: bool = False, overlap: bool = False) -> UnitCost:
         m, dt, k = self.model, self.dt, self.kern
@@ -189,7 +197,8 @@ class AnalyticSource:
         tpc = self._half(gemms[0], gemms[1], b, s, t, sp, overlap)
         fwd = k.gemm(gemms) + k.memory(ew, 2) + act_f + tpc.fwd
         bwd = k.gemm(gemms, backward=True) + k.memory(1.5 * (ew + act_bytes), 3) + tpc.bwd
-        return UnitCost(fwd, bwd, act_f, fwd, tpc.fwd + tpc.bwd, UNAVAILABLE_MS, tpc.hidden)
+        return UnitCost(fwd, bwd, act_f, fwd, tpc.fwd + tpc.bwd, UNAVAILABLE_MS, tpc.hidden,
+                        comm_fwd=(tpc.fwd, tpc.hidden_fwd, 0.0, 0.0))
 
     def embedding(self, b: float, s: int, t: int, sp: bool = False) -> tuple[float, float]:
         m, dt, k = self.model, self.dt, self.kern
@@ -277,12 +286,14 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
     r = t if sp else 1          # SP: what TP replicates (norm/dropout/residual tensors) is split over the TP group
     n = m.num_units
     fwd, bwd, tpc, tph, cpc, cph = (np.zeros(n) for _ in range(6))
+    comm_fwd = np.zeros((n, 4))
     rec, act, peak = np.zeros((n, N_RC)), np.zeros((n, N_RC)), np.zeros((n, N_RC))
     params = np.zeros(n)
     for i, u in enumerate(m.units):
         cost, a = rows[(u.stack, u.kind)]
         fwd[i], bwd[i], tpc[i] = cost.fwd, cost.bwd, cost.tp_comm
         tph[i], cpc[i], cph[i] = cost.tp_hidden, cost.cp_comm, cost.cp_hidden
+        comm_fwd[i] = cost.comm_fwd
         rec[i] = (0.0, cost.rec_sel, cost.rec_full, cost.rec_drop)
         act[i] = np.asarray((*a, a[0])[:N_RC]) / MB      # an MLP has no attn_dropout: its none row
         peak[i] = act[i, 0] - act[i]
@@ -303,7 +314,7 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
         # final-norm input (SP: sharded) + logits input (dt sbh) and the fp32 softmax kept by the vocab-parallel loss
         head_act_mb=(dt * s_dec * b * m.hidden_size * (1 + 1 / r) + 4.0 * sbv) / MB,
         head_peak_mb=(dt + 4.0) * sbv / MB,
-        tp_comm_ms=tpc, tp_hidden_ms=tph, cp_comm_ms=cpc, cp_hidden_ms=cph,
+        tp_comm_ms=tpc, tp_hidden_ms=tph, cp_comm_ms=cpc, cp_hidden_ms=cph, comm_fwd_ms=comm_fwd,
         word_embed_params=m.padded_vocab_size * m.hidden_size / t if m.tied_embeddings else 0.0,
         encoder_output_mb=dt * s_enc * b * m.hidden_size / MB / r if m.is_t5 else 0.0,
     )

@@ -59,6 +59,7 @@ OPT_BYTES_PER_PARAM = {"bf16": 28.0, "fp16": 28.0, "fp32": 32.0}
 OPT_MEM_EFFICIENCY = 0.8
 SPAN_CACHE_SIZE = 200_000   # entries of each memo (stage terms, span sums); a memo is cleared when full
 COMM_SHARE = 0.2        # a stage whose communication (or recompute) share reaches this is "communication"-bound
+FWD_COMM = ("tpf", "tphf", "cpf", "cphf")   # prefix-sum names of ``UnitTable.comm_fwd_ms``'s columns
 SOURCE_FEATURES = frozenset({"sequence_parallel", "context_parallel", "tp_comm_overlap"})   # priced by the source
 
 
@@ -97,6 +98,15 @@ class _Static(NamedTuple):
     chunk_p2p: tuple[tuple[float, float], ...]   # exposed (forward, backward) p2p per chunk op
     prologue: float
     comm: dict
+    chunk_comm: tuple[tuple[float, ...], ...] = ()   # ``StageCost.chunk_comm``
+
+
+def _chunk_comm(c: dict, a: int, e: int) -> tuple[float, ...]:
+    """``StageCost.chunk_comm`` of the units ``[a, e)``: the exposed TP total holds the ring's (``UnitCost``)."""
+    tot = {n: c[n][e] - c[n][a] for n in ("tpc", "tph", "cpc", "cph", *FWD_COMM)}
+    tp, cp = tot["tpc"] - tot["cpc"], tot["cpc"]
+    return (tot["tpf"], tp - tot["tpf"], tot["cpf"], cp - tot["cpf"], tot["tphf"], tot["tph"] - tot["tphf"],
+            tot["cphf"], tot["cph"] - tot["cphf"])
 
 
 def _prepare(t: UnitTable, cross_first: int) -> _Prepared:
@@ -108,6 +118,8 @@ def _prepare(t: UnitTable, cross_first: int) -> _Prepared:
               "tph": t.tp_hidden_ms if t.tp_hidden_ms is not None else zero,
               "cpc": t.cp_comm_ms if t.cp_comm_ms is not None else zero,
               "cph": t.cp_hidden_ms if t.cp_hidden_ms is not None else zero}
+    if t.comm_fwd_ms is not None:       # the forward's shares of tp / tp hidden / cp / cp hidden (timelines)
+        arrays.update(zip(FWD_COMM, t.comm_fwd_ms.T))
     rap = np.stack([t.recompute_ms, t.act_mb, t.peak_mb], axis=-1).reshape(-1, 3)
     return _Prepared(t, {k: cum(v) for k, v in arrays.items()}, rap, [tuple(r) for r in rap.tolist()],
                      np.arange(len(t.fwd_ms), dtype=np.int64) * N_RC, t.boundary_mb.tolist(), cross_first)
@@ -272,7 +284,8 @@ class CostModel:
         return StageCost(fwd_ms=st.fwd, bwd_ms=st.bwd, recompute_ms=rec, p2p_ms=st.p2p, dp_sync_ms=st.sync,
                          optimizer_ms=st.opt, memory_mb=total, memory_breakdown=mem,
                          fits=total <= self.memory_limit_mb, tp_comm_ms=st.tpc, ideal_ms=st.ideal,
-                         chunk_fwd_ms=cf, chunk_bwd_ms=cb, comm=st.comm, prologue_ms=st.prologue, chunk_parts=parts)
+                         chunk_fwd_ms=cf, chunk_bwd_ms=cb, comm=st.comm, prologue_ms=st.prologue, chunk_parts=parts,
+                         chunk_comm=st.chunk_comm)
 
     def _static(self, stage_index, num_stages, first_rank, spans, me, mbs, prev, next, m, features) -> _Static:
         """The recompute-independent part of a stage: times per chunk, sync, and the memory terms."""
@@ -291,7 +304,8 @@ class CostModel:
         n = me.num_gpus
         M = m or self.training.global_batch_size // mbs
         prev, next = prev or me, next or me
-        chunk_fwd, chunk_bwd, chunk_p2p = [], [], []
+        chunk_fwd, chunk_bwd, chunk_p2p, chunk_comm = [], [], [], []
+        split = FWD_COMM[0] in c
         params = act = head_peak = buf = ideal = 0.0
         sums = dict.fromkeys(("tpc", "tph", "cpc", "cph"), 0.0)
         p2p_total = p2p_exposed = 0.0
@@ -305,6 +319,8 @@ class CostModel:
             params += c["params"][e] - c["params"][a]
             for name in sums:
                 sums[name] += c[name][e] - c[name][a]
+            if split:
+                chunk_comm.append(_chunk_comm(c, a, e))
             if first:
                 fwd += t.embed_fwd_ms
                 bwd += t.embed_bwd_ms
@@ -354,7 +370,7 @@ class CostModel:
             ideal -= sums["tpc"]
         sync, opt, prologue, dp_comm = self._per_iteration(stage_index, S, first_rank, n, dp * cp, params,
                                                            sum(chunk_fwd), sum(chunk_bwd), t, features)
-        comm = {"tp": (M * sums["tpc"], M * sums["tph"]), "cp": (M * sums["cpc"], M * sums["cph"]),
+        comm = {"tp": (M * (sums["tpc"] - sums["cpc"]), M * sums["tph"]), "cp": (M * sums["cpc"], M * sums["cph"]),
                 "p2p": (M * p2p_exposed, M * max(0.0, p2p_total - p2p_exposed)), **dp_comm}
         dist = features.distributed_optimizer
         dpc = dp * cp
@@ -363,7 +379,7 @@ class CostModel:
         return _Static(sum(chunk_fwd), sum(chunk_bwd), p2p_exposed, sync, opt, sums["tpc"], act, in_fl,
                        params * self._w / MB, params * self._g / MB, params * opt_b / MB, params * copy / MB,
                        buf, head_peak, ideal, tuple(chunk_fwd), tuple(chunk_bwd), tuple(chunk_p2p), prologue,
-                       {k: v for k, v in comm.items() if v[0] > 0 or v[1] > 0})
+                       {k: v for k, v in comm.items() if v[0] > 0 or v[1] > 0}, tuple(chunk_comm))
 
     def _per_iteration(self, stage_index: int, S: int, first_rank: int, n: int, dpc: int, params: float,
                        fwd: float, bwd: float, t: UnitTable, features: Features):

@@ -40,6 +40,7 @@ class TPComm(NamedTuple):
     fwd: float       # exposed in the forward
     bwd: float       # exposed in the backward
     hidden: float    # behind GEMMs (forward + backward)
+    hidden_fwd: float = 0.0   # the part of ``hidden`` behind forward GEMMs (only transformer-engine overlaps those)
 
 
 def _ring(g: float, c: float, t: int) -> float:
@@ -74,4 +75,6 @@ def tp_half(comm, kern, col: tuple, row: tuple, x_bytes: float, t: int, sp: bool
         slow = sms / (sms - TE_SMS)
         fwd = (_ring(c_f, ag, t) - c_f) + (_pipeline(r_f * slow, rs, TE_SPLITS) - r_f)
         bwd = (_ring(r_d, ag, t) - r_d) + (max(c_d * slow, ag) - c_d) + (max(c_w * slow, rs) - c_w)
-    return TPComm(fwd, bwd, max(0.0, total - fwd - bwd + (tax * hid if mode == "dgrad" else 0.0)))
+    hidden = max(0.0, total - fwd - bwd + (tax * hid if mode == "dgrad" else 0.0))
+    hidden_fwd = 0.0 if mode == "dgrad" else min(hidden, max(0.0, ag + rs - fwd))   # forward volume ag + rs
+    return TPComm(fwd, bwd, hidden, hidden_fwd)

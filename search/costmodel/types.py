@@ -145,6 +145,9 @@ class UnitTable:
     tp_hidden_ms: np.ndarray | None = None
     cp_comm_ms: np.ndarray | None = None
     cp_hidden_ms: np.ndarray | None = None
+    # optional detail (timelines): (U, 4) the forward's shares of TP exposed (the ring's excluded), TP hidden, CP
+    # exposed and CP hidden ms; the backward has the rest of each unit's totals above
+    comm_fwd_ms: np.ndarray | None = None
 
 
 @dataclass
@@ -175,6 +178,10 @@ class StageCost:
     # per chunk, per micro-batch: (forward, exposed forward p2p, recompute, backward, exposed backward p2p), for
     # timelines (one entry for a one-chunk stage)
     chunk_parts: tuple[tuple[float, float, float, float, float], ...] = ()
+    # per chunk, per micro-batch, where the cost model splits them (``UnitTable.comm_fwd_ms``): TP exposed (forward,
+    # backward), CP exposed (forward, backward), TP hidden (forward, backward), CP hidden (forward, backward); the
+    # exposed parts are inside the chunk's forward / backward times. Empty: not split (timelines keep boxes whole)
+    chunk_comm: tuple[tuple[float, ...], ...] = ()
 
     @property
     def time_per_microbatch_ms(self) -> float:
@@ -187,12 +194,12 @@ class Event(NamedTuple):
 
     Kinds on a stage's compute lane (they never overlap each other; their durations add up to
     ``PipelineCost.stage_busy_ms``): ``forward``, ``backward``, ``recompute`` (the re-run forward inside a backward),
-    ``p2p`` (exposed boundary send/recv), ``dp_comm`` (exposed DP gradient reduction after the last backward),
+    ``tp_comm`` / ``cp_comm`` (the op's exposed TP collectives / ring K/V exchange), ``p2p`` (exposed boundary send/recv), ``dp_comm`` (exposed DP gradient reduction after the last backward),
     ``param_gather`` (exposed parameter all-gather of the distributed optimizer: before the first forward when
     overlapped, else inside the step), ``optimizer`` (the step after the barrier). ``sync`` and ``step`` are the
     coarse forms of dp_comm and optimizer (+ param_gather) that ``pipeline.py`` itself emits.
     Kinds on a stage's communication lane (running under compute, not part of the busy time): ``dp_comm_hidden``,
-    ``param_gather_hidden``.
+    ``param_gather_hidden``, ``tp_comm_hidden``, ``cp_comm_hidden``.
     """
 
     stage: int

@@ -127,6 +127,16 @@ def _metadata(fmt: str) -> dict:
     return {"CreationDate": None, "ModDate": None}
 
 
+def time_axis(ax, end_ms: float, what: str) -> None:
+    """An x axis of milliseconds labelled readably: at most 6 ticks, in seconds from 10 s on (``what (s)``), else
+    in ms with thousands separators; so tick labels never run into each other or out of the axes."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+    secs = end_ms >= 10_000.0
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:,.6g}" if secs else f"{x:,.6g}"))
+    ax.set_xlabel(f"{what} ({'s' if secs else 'ms'})")
+
+
 def color_of(kind: str, others: dict[str, str]) -> str:
     """The colour of a box kind: the shared table, else the next fallback colour (stable per kind)."""
     base = kind.removesuffix("_hidden").removesuffix("_exposed")

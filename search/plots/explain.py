@@ -7,6 +7,8 @@ the data behind each panel.
 
 from __future__ import annotations
 
+import textwrap
+
 from . import DPI, Target, save
 from . import memory as memory_panel
 from . import timeline as timeline_panel
@@ -18,9 +20,18 @@ MEMORY_IN = 3.8
 GAP_IN = 0.75                                    # between the panels: the timeline's axis label and note
 
 
-def _bottom_in(num_stages: int) -> float:
-    """Room under the memory bars for their labels (four lines, or one rotated line with many stages)."""
-    return 1.0 if num_stages <= 8 else 1.7
+LINE_IN = 0.13                                   # one line of a memory bar's label (7 pt, line spacing 1.1)
+CHAR_IN = 0.056                                  # mean advance of a 7 pt DejaVu Sans character (0.58 em)
+
+
+def _bottom_in(num_stages: int, label_lines: int = 4) -> float:
+    """Room under the memory bars for their labels (four lines or more, or one rotated line with many stages)."""
+    return 1.0 + LINE_IN * max(0, label_lines - 4) if num_stages <= 8 else 1.7
+
+
+def _label_chars(num_stages: int) -> int:
+    """Characters of a memory bar's label line that fit under its bar (90% of its share of the axes)."""
+    return max(8, int((WIDTH_IN - LEFT_IN - LEGEND_IN - RIGHT_IN) / max(num_stages, 1) * 0.9 / CHAR_IN))
 
 
 def _timeline_in(num_stages: int, num_chunks: int, bottleneck: int) -> float:
@@ -28,9 +39,11 @@ def _timeline_in(num_stages: int, num_chunks: int, bottleneck: int) -> float:
     return max(1.8, rows * timeline_panel.row_inches(num_chunks))
 
 
-def figure_inches(num_stages: int, num_chunks: int, bottleneck: int = 0) -> tuple[float, float]:
-    """(width, height) of the figure: a fixed width, a timeline as tall as its rows, a fixed memory panel."""
-    h = TITLE_IN + _timeline_in(num_stages, num_chunks, bottleneck) + GAP_IN + MEMORY_IN + _bottom_in(num_stages)
+def figure_inches(num_stages: int, num_chunks: int, bottleneck: int = 0, label_lines: int = 4) -> tuple[float, float]:
+    """(width, height) of the figure: a fixed width, a timeline as tall as its rows, a fixed memory panel, room for
+    the bar labels' lines."""
+    h = (TITLE_IN + _timeline_in(num_stages, num_chunks, bottleneck) + GAP_IN + MEMORY_IN
+         + _bottom_in(num_stages, label_lines))
     return WIDTH_IN, round(h, 2)
 
 
@@ -38,6 +51,7 @@ def stage_labels(report: dict) -> tuple[list[str], list[str]]:
     """(timeline row labels, memory bar labels) from explain's report stages."""
     rows, bars = [], []
     many = len(report["stages"]) > 8
+    width = _label_chars(len(report["stages"]))
     for s in report["stages"]:
         shape = f"tp{s['tp']} dp{s['dp']}" + (f" cp{s['cp']}" if s.get("cp", 1) > 1 else "")
         rows.append(f"stage {s['index']}  {shape}")
@@ -48,7 +62,11 @@ def stage_labels(report: dict) -> tuple[list[str], list[str]]:
         rc = s.get("recompute_text") or ", ".join(f"{k} {v}" for k, v in s["recompute"].items())
         if "ops" in s:    # a reference config: the number of recomputed ops
             rc = f"recompute {s['recompute'].get('ops', 0)} ops"
-        bars.append(f"{s['index']}: {span} · {rc}" if many else f"stage {s['index']}\n{shape}\n{span}\n{rc}")
+        if many:
+            bars.append(f"{s['index']}: {span} · {rc}")
+        else:       # wrapped to the bar's width: neighbouring labels never run into each other
+            lines = [f"stage {s['index']}", shape, span, rc]
+            bars.append("\n".join(textwrap.fill(line, width, break_on_hyphens=False) for line in lines))
     return rows, bars
 
 
@@ -63,9 +81,10 @@ def draw(out: Target, cm, cost, report: dict, plan=None) -> None:
     events = timeline_panel.boxes(cm, stages, M)
     segs = memory_panel.segments(cm, plan, stages)
     rows, bars = stage_labels(_with_recompute_text(report, plan))
-    w, h = figure_inches(S, v, cost.bottleneck_stage)
+    lines = max(label.count("\n") + 1 for label in bars)
+    w, h = figure_inches(S, v, cost.bottleneck_stage, lines)
     fig = plt.figure(figsize=(w, h), dpi=DPI)
-    t_in, b_in = _timeline_in(S, v, cost.bottleneck_stage), _bottom_in(S)
+    t_in, b_in = _timeline_in(S, v, cost.bottleneck_stage), _bottom_in(S, lines)
     ax_w = w - LEFT_IN - LEGEND_IN - RIGHT_IN
     ax_t = fig.add_axes((LEFT_IN / w, (b_in + MEMORY_IN + GAP_IN) / h, ax_w / w, t_in / h))
     ax_m = fig.add_axes((LEFT_IN / w, b_in / h, ax_w / w, MEMORY_IN / h))

@@ -61,7 +61,8 @@ def comparison(base, best_ms: float, megatron_ms: float | None = None,
         megatron_ms, best_ms = best_ms, None
     rows: list[tuple[str, float | None]] = []
     if base is not None and base.fits:
-        rows.append((f"uniform Megatron baseline\npp{base.pp} tp{base.tp} dp{base.dp} mbs{base.mbs}, "
+        cp = f" cp{base.cp}" if base.cp > 1 else ""
+        rows.append((f"uniform Megatron baseline\npp{base.pp} tp{base.tp}{cp} dp{base.dp} mbs/rank {base.micro_batch_per_rank}, "
                      f"recompute {base.recompute}", base.iteration_ms))
     else:
         rows.append(("uniform Megatron baseline\n(no uniform configuration fits)", None))
@@ -182,7 +183,8 @@ def _draw_bars(ax, bars: list[tuple[str, float | None]]) -> None:
     ax.set_yticks([])
     ax.set_ylim(-0.5, ys[0] + 0.95)
     ax.set_xlim(0, top * 1.55)
-    ax.set_xlabel("predicted iteration time (ms)")
+    from . import time_axis
+    time_axis(ax, top * 1.55, "predicted iteration time")
     ax.set_title("final comparison (speedup over the uniform baseline)", fontsize=10, loc="left")
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)

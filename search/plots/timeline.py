@@ -10,7 +10,9 @@ cut into the ``StageCost`` terms it is the sum of, in the order they run, withou
 
 (interleaved stages: ``chunk_fwd_ms``/``chunk_bwd_ms`` carry their p2p and recompute already, not split per chunk,
 so their boxes stay whole). Finer kinds from the cost model itself (recompute, p2p, dp_comm, ...) are used as they
-come; a kind ending in ``_hidden`` is communication overlapped with compute (drawn as a thin strip under the row).
+come (``tp_comm`` / ``cp_comm``: the exposed TP collectives / ring exchange inside each op); a kind ending in
+``_hidden`` is communication overlapped with compute (drawn as a thin strip under the row; in dense rows the
+per-micro-batch ones as shares per column too, so hundreds of micro-batches read as a band, not a solid bar).
 A cost model without ``pipeline_events`` (aceso-compat) gets the 1F1B simulation of its per-stage times, and the
 picture says so when that differs from its own pipeline formula.
 
@@ -32,6 +34,7 @@ DENSE_PX = 3.0          # mean forward/backward width (pixels) below which rows 
 EDGE_PX = 4.0           # mean width from which boxes get white edges (separating neighbours)
 SHARE_PX = 4             # dense rows: pixels per share column (wider than a schedule period: no aliasing)
 LABEL_PX = 16.0         # box width (pixels) from which the micro-batch number is written in it
+HIDDEN_STRIP = (0.28, 0.4)   # where in a row (centred on 0, 1 high) overlapped communication is drawn
 ORDER = ("forward", "recompute", "backward", "p2p", "tp_comm", "cp_comm", "dp_comm", "sync", "param_gather",
          "optimizer", "step")
 LABELS = {"forward": "forward", "backward": "backward", "recompute": "recompute (forward re-run)",
@@ -136,10 +139,15 @@ def draw(ax, events: list[Event], stage_labels: list[str], iteration_ms: float, 
     others: dict[str, str] = {}
     colors = {k: color_of(k, others) for k in kinds}
     shown = [e for e in events if e.stage in row_of]
-    if dense:   # per-micro-batch kinds as stacked shares per pixel, the rest (sync, step, hidden) as boxes
+    if dense:   # per-micro-batch kinds as stacked shares per pixel (hidden ones in the row's bottom strip), the
+        # per-iteration rest (sync, step, hidden DP / parameter gather) as boxes
+        band = [k for k in kinds if hidden(k) and any(e.kind == k and e.micro_batch >= 0 for e in shown)]
+        cols = int(width_px) // SHARE_PX
         _draw_shares(ax, [e for e in shown if e.kind in per_mb and e.micro_batch >= 0], row_of, lane_kinds,
-                     colors, end, int(width_px) // SHARE_PX)
-        shown = [e for e in shown if not (e.kind in per_mb and e.micro_batch >= 0)]
+                     colors, end, cols)
+        _draw_shares(ax, [e for e in shown if e.kind in band and e.micro_batch >= 0], row_of, band, colors, end,
+                     cols, height_px=4, extent=HIDDEN_STRIP, alpha=0.6)
+        shown = [e for e in shown if not ((e.kind in per_mb or e.kind in band) and e.micro_batch >= 0)]
     _draw_boxes(ax, shown, row_of, [], 1 if dense else num_chunks, colors, edges=mean_px >= EDGE_PX)
     if not dense:
         _label_micro_batches(ax, events, row_of, num_chunks, px_per_ms)
@@ -170,7 +178,8 @@ def _frame(ax, rows, S, stage_labels, bottleneck, iteration_ms, end, handles, de
     ax.set_yticks(range(len(rows)), [stage_labels[s] for s in rows], fontsize=8 if len(rows) <= 16 else 6.5)
     if bottleneck in row_of:
         ax.get_yticklabels()[row_of[bottleneck]].set_fontweight("bold")
-    ax.set_xlabel("time in the iteration (ms)")
+    from . import time_axis
+    time_axis(ax, end, "time in the iteration")
     note = "" if len(rows) == S else f": {len(rows)} of {S} stages, evenly spaced"
     note += "; dense: each kind's share of the time, stacked" if dense else ""
     note += f"; chunk lanes 0-{num_chunks - 1} per stage" if num_chunks > 1 and not dense else ""
@@ -199,7 +208,8 @@ def _draw_boxes(ax, events: list[Event], row_of: dict[int, int], lane_kinds: lis
 
 
 def _draw_shares(ax, events: list[Event], row_of: dict[int, int], kinds: list[str], colors: dict[str, str],
-                 end_ms: float, width_px: int, height_px: int = 32) -> None:
+                 end_ms: float, width_px: int, height_px: int = 32, extent: tuple[float, float] = (-0.4, 0.4),
+                 alpha: float = 1.0) -> None:
     """Dense timelines: each row is a stacked strip, per pixel column the share of that column's time each kind
     runs (exact: the integral of its boxes over the column), top down in ``kinds`` order, idle time left blank; so
     sub-pixel boxes neither vanish nor blend into each other's colours."""
@@ -209,7 +219,7 @@ def _draw_shares(ax, events: list[Event], row_of: dict[int, int], kinds: list[st
     per_row: dict[int, dict[str, list]] = {}
     for e in events:
         per_row.setdefault(row_of[e.stage], {}).setdefault(e.kind, []).append((e.start_ms, e.end_ms))
-    palette = np.array([to_rgba(colors[k]) for k in kinds] + [(1.0, 1.0, 1.0, 0.0)])
+    palette = np.array([to_rgba(colors[k], alpha) for k in kinds] + [(1.0, 1.0, 1.0, 0.0)])
     y = (np.arange(height_px) + 0.5) / height_px
     for r, spans in per_row.items():
         share = np.zeros((len(kinds), width_px))
@@ -219,7 +229,7 @@ def _draw_shares(ax, events: list[Event], row_of: dict[int, int], kinds: list[st
                 share[j] = np.diff(_covered(a[:, 0], a[:, 1], edges)) / np.diff(edges)
         cum = np.cumsum(np.clip(share, 0.0, 1.0), axis=0)                 # (K, W)
         which = (cum[:, None, :] <= y[None, :, None]).sum(axis=0)       # (H, W): the kind under each pixel
-        ax.imshow(palette[which], extent=(0.0, end_ms, r + 0.4, r - 0.4), aspect="auto",
+        ax.imshow(palette[which], extent=(0.0, end_ms, r + extent[1], r + extent[0]), aspect="auto",
                   interpolation="nearest", zorder=1)
 
 
@@ -242,7 +252,7 @@ def _lanes(kind: str, row, chunk, mb, lane_kinds: list[str], num_chunks: int):
     import numpy as np
     top, height = row - 0.4, 0.8
     if hidden(kind):
-        return row + 0.28, row + 0.4
+        return row + HIDDEN_STRIP[0], row + HIDDEN_STRIP[1]
     if lane_kinds and kind in lane_kinds:
         n, j = len(lane_kinds), np.full_like(row, lane_kinds.index(kind))
     elif num_chunks > 1 and not lane_kinds:

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..errors import AcesoError
 from . import DPI, Target, save
 
-WIDTH_IN, HEIGHT_IN = 14.0, 4.6
+WIDTH_IN, HEIGHT_IN = 14.0, 5.2
 
 
 @dataclass
@@ -68,7 +68,7 @@ def draw(out: Target, log: TrainingLog, title: str) -> None:
     plt = pyplot()
     fig = plt.figure(figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
     W, H = WIDTH_IN, HEIGHT_IN
-    box = (0.85 / H, 2.95 / H)
+    box = (1.45 / H, 2.95 / H)       # below the axes: tick labels, axis label, the step-time legend
     ax_l = fig.add_axes((0.75 / W, box[0], 3.75 / W, box[1]))
     ax_t = fig.add_axes((5.3 / W, box[0], 3.75 / W, box[1]))
     ax_m = fig.add_axes((9.85 / W, box[0], 3.95 / W, box[1]))
@@ -116,8 +116,8 @@ def _step_time(ax, log: TrainingLog) -> None:
     _iterations(ax)
     ax.set_ylabel("iteration time (ms)")
     ax.set_title("step time", fontsize=10, loc="left")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7.5, frameon=False, loc="lower right")
+    if ax.get_legend_handles_labels()[0]:      # under the axes: never over the lines it explains
+        ax.legend(fontsize=7.5, frameon=False, loc="upper left", bbox_to_anchor=(0.0, -0.2), borderaxespad=0.0)
     ax.grid(color="#dddddd", linewidth=0.6)
 
 
@@ -142,15 +142,17 @@ def _memory(ax, summary: dict | None) -> None:
         ax.bar(x[:len(predicted)] - w / 2, np.asarray(predicted) / scale, w, color="#4e79a7", label="predicted")
     if measured:
         ax.bar(x[:len(measured)] + w / 2, np.asarray(measured) / scale, w, color="#f28e2b", label="measured")
-    ax.set_xticks(x, [str(i) for i in range(S)], fontsize=8 if S <= 16 else 6)
+    shapes = (summary or {}).get("stage_shapes") or []      # logs before stage_shapes: the index alone
+    names = [f"stage {i}\n{shapes[i]}" if i < len(shapes) and S <= 8 else str(i) for i in range(S)]
+    ax.set_xticks(x, names, fontsize=8 if S <= 16 else 6)
     ax.set_xlim(-0.5 - max(0.0, (4 - S) / 4), S - 0.5 + max(0.0, (4 - S) / 4))   # few stages: narrow bars
-    ax.set_xlabel("stage")
+    ax.set_xlabel("stage" if S > 8 or not shapes else "")
     ax.set_ylabel(f"{unit} per GPU (max over the stage's ranks)")
     if not predicted:
         ax.text(0.02, 0.97, "the plan carries no prediction", transform=ax.transAxes, fontsize=8, va="top",
                 color="#555555")
     if summary.get("memory_kind") == "cpu_max_rss":
-        ax.text(0.0, -0.2, "CPU run: measured = the process's max RSS (not comparable)",
+        ax.text(0.0, -0.3, "CPU run: measured = the process's max RSS (not comparable)",
                 transform=ax.transAxes, fontsize=7.5, color="#555555", va="top")
     ax.legend(fontsize=8, frameon=False)
     ax.grid(axis="y", color="#dddddd", linewidth=0.6)

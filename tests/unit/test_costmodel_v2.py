@@ -325,7 +325,7 @@ def test_interleaving_holds_more_micro_batches_on_the_first_stage():
 
 
 # ----- the timeline ---------------------------------------------------------------------------------------------------
-_LANE = ("forward", "backward", "recompute", "p2p", "dp_comm", "param_gather", "optimizer")
+_LANE = ("forward", "backward", "recompute", "tp_comm", "cp_comm", "p2p", "dp_comm", "param_gather", "optimizer")
 
 
 @pytest.mark.parametrize("v", [1, 2])
@@ -360,6 +360,31 @@ def test_events_reproduce_iteration_and_busy_time(stages, v):
         lane = sorted((e.start_ms, e.end_ms) for e in events if e.stage == k and e.kind in _LANE)
         assert all(a[1] <= b[0] + 1e-9 for a, b in zip(lane, lane[1:]))      # one compute lane per stage
     assert {"recompute", "p2p", "param_gather", "optimizer"} <= {e.kind for e in events}
+
+
+@pytest.mark.parametrize("v", [1, 2])
+def test_timeline_tp_and_cp_pieces(v):
+    """The timeline's TP / CP pieces: without SP each half's forward is one blocking all-reduce of its activation
+    (Shoeybi et al. 2019, fig. 3), so a forward op's ``tp_comm`` is (units in the chunk) x that all-reduce; per
+    stage the exposed pieces add up to the iteration's exposed TP / CP time, the hidden ones to the hidden time."""
+    m = load_model("gpt-1.3b")
+    c = parse_cluster("1x8-h100")
+    cm = _cm(m, c, gbs=32)
+    plan = uniform_plan(m, 2, 2, 1, 2, 32, cluster=c, cp=2, num_virtual_stages=v)
+    costs = cm.stage_costs(plan)
+    events = cm.pipeline_events(costs, plan.num_micro_batches)
+    b, s = plan.micro_batch_size, m.seq_length // 2                # per rank: dp 1, the sequence over cp 2
+    all_reduce = cm.comm.all_reduce(2.0 * s * b * m.hidden_size, 2)
+    for k, st in enumerate(costs):
+        for j, chunk in enumerate(plan.stages[k].chunks):
+            units = chunk.end_unit - chunk.start_unit
+            fwd = [e for e in events if e.stage == k and e.chunk == j and e.kind == "tp_comm" and e.micro_batch == 0]
+            assert fwd[0].end_ms - fwd[0].start_ms == pytest.approx(units * all_reduce, rel=1e-9)
+        for kind in ("tp", "cp"):
+            exposed = sum(e.end_ms - e.start_ms for e in events if e.stage == k and e.kind == f"{kind}_comm")
+            hid = sum(e.end_ms - e.start_ms for e in events if e.stage == k and e.kind == f"{kind}_comm_hidden")
+            assert exposed == pytest.approx(st.comm[kind][0], rel=1e-9) and exposed > 0
+            assert hid == pytest.approx(st.comm[kind][1], rel=1e-9)
 
 
 # ----- memory and settings ----------------------------------------------------------------------------------------

@@ -194,3 +194,67 @@ def test_explain_plots_a_reference_config_under_aceso_compat(reference_db, tmp_p
                  "--plot", str(out)]) == 0
     assert png_size(out) == px(explain_figure.figure_inches(4, 1))
     capsys.readouterr()
+
+
+# ----- legible labels: no text box runs into another (matplotlib's own renderer extents) ----------------------------
+def test_the_overlap_check_finds_overlapping_text():
+    pytest.importorskip("matplotlib")
+    from search.plots import pyplot
+    from tests.unit.plot_layout import text_overlaps
+    fig = pyplot().figure(figsize=(4, 3))
+    fig.text(0.1, 0.5, "one label")
+    fig.text(0.15, 0.5, "another label")
+    fig.text(0.1, 0.1, "apart")
+    assert text_overlaps(fig) == [("one label", "another label")]
+
+
+def _interleaved_8_stage_plan():
+    from search.presets import load_model
+    return uniform_plan(load_model("gpt-6.7b"), 8, 1, 1, 1, 48, cluster=parse_cluster("1x8-h100"),
+                        num_virtual_stages=4, recompute="selective")
+
+
+def test_pictures_have_no_overlapping_labels(plan_files, tmp_path, monkeypatch, capsys):
+    """explain (2 and 4 stages, 8 interleaved stages with long chunk lists, 64 stages), search (a 10^5 ms axis)
+    and a training log (stage shapes, a prediction far below the measured steps)."""
+    pytest.importorskip("matplotlib")
+    from tests.unit.plot_layout import capture
+    found = capture(monkeypatch)
+    from search.presets import load_model
+    (tmp_path / "i8.json").write_text(_interleaved_8_stage_plan().to_json())
+    big = uniform_plan(load_model("gpt-175b"), 64, 8, 1, 1, 64, recompute="full", cluster=parse_cluster("64x8-h100"))
+    (tmp_path / "big.json").write_text(big.to_json())
+    for name in ("two", "four"):
+        assert main(["explain", str(plan_files[name]), "--plot", str(tmp_path / f"{name}.png")]) == 0
+    for name in ("i8", "big"):
+        assert main(["explain", str(tmp_path / f"{name}.json"), "--plot", str(tmp_path / f"{name}.png")]) == 0
+    assert main(["search", "--model", "gpt-175b", "--num-layers", "8", "--cluster", "2x8-h100",
+                 "--global-batch-size", "1024", "--budget-evals", "60", "--plot", str(tmp_path / "s.png")]) == 0
+    log = tmp_path / "t.jsonl"
+    recs = [{"kind": "train", "iteration": i, "loss": 6.0 / i, "iteration_time_ms": 400.0 + i,
+             "stage_max_memory_mb": [500.0] * 3} for i in range(1, 21)]
+    recs.append({"kind": "summary", "measured_iteration_time_ms": 410.0, "measured_stage_memory_mb": [500.0] * 3,
+                 "predicted_iteration_time_ms": 20.0, "predicted_stage_memory_mb": [520.0] * 3,
+                 "memory_kind": "cpu_max_rss", "stage_shapes": ["tp2 cp2 dp1 sp", "tp1 dp4", "tp1 dp4"]})
+    log.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert main(["plot", str(log)]) == 0
+    capsys.readouterr()
+    assert len(found) == 6 and found == [[]] * 6
+
+
+def test_training_legend_stays_off_the_step_time_lines(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from search.plots import training as training_figure
+    figs = []
+    monkeypatch.setattr(training_figure, "save", lambda fig, out: figs.append(fig))
+    log = tmp_path / "t.jsonl"
+    recs = [{"kind": "train", "iteration": i, "loss": 1.0, "iteration_time_ms": 400.0} for i in range(1, 5)]
+    recs.append({"kind": "summary", "measured_iteration_time_ms": 400.0, "measured_stage_memory_mb": [1.0],
+                 "predicted_iteration_time_ms": 10.0, "predicted_stage_memory_mb": [1.0]})
+    log.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert main(["plot", str(log), "-o", str(tmp_path / "t.png")]) == 0
+    fig = figs[0]
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    step = next(ax for ax in fig.axes if ax.get_title(loc="left") == "step time")
+    assert not step.get_legend().get_window_extent(r).overlaps(step.get_window_extent(r))

@@ -245,7 +245,10 @@ def test_comparison_bars():
     stage = StageEval(StageCost(fwd_ms=1.0, bwd_ms=2.0, recompute_ms=0.0, p2p_ms=0.0), np.zeros(24, np.int8))
     base = BaselineResult(Evaluation(st, 100.0, True, [stage, stage], [100.0, 100.0], 0.0, 100.0), (12, 12), 1)
     bars = search_progress.comparison(base, 80.0, 90.0)
-    assert [v for _, v in bars] == [100.0, 90.0, 80.0] and "pp2 tp1 dp4" in bars[0][0]
+    assert [v for _, v in bars] == [100.0, 90.0, 80.0] and "pp2 tp1 dp4 mbs/rank 1," in bars[0][0]
+    cp = State(4, (Shape(1, 2, 2),) * 2, (0, 24, 48))     # the same GPUs as tp 1 x cp 2 x dp 2
+    base_cp = BaselineResult(Evaluation(cp, 100.0, True, [stage, stage], [100.0, 100.0], 0.0, 100.0), (12, 12), 1)
+    assert "pp2 tp1 cp2 dp2 mbs/rank 2," in search_progress.comparison(base_cp, 80.0)[0][0]
     assert search_progress.comparison(None, 80.0)[0][1] is None
     mlm = search_progress.comparison(base, 90.0, target="megatron-lm")    # the search's plan is Megatron-LM's
     assert [v for _, v in mlm] == [100.0, 90.0] and mlm[1][0].startswith("Megatron-LM")
