@@ -52,6 +52,39 @@ FRAGMENTATION = 0.05           # caching-allocator slack on activations (PyTorch
 SOFTMAX_BYTES = 4.0            # per score element kept by megatron-core's unfused softmax (fp32 output)
 
 
+# ----- parameters per rank (what megatron-core 0.16 allocates; tests/runtime/test_param_counts.py builds them) -----
+def replicated_unit_params(model: ModelSpec, kind: str) -> int:
+    """Parameters of a unit every TP rank holds whole: its norm, the row-parallel output bias (``linear_proj`` /
+    ``linear_fc2``: ``RowParallelLinear`` adds its bias after the reduction, unsplit) and the Q/K norms."""
+    bias = model.hidden_size if model.add_bias_linear else 0
+    return model._norm_params() + bias + (model.qk_norm_params() if kind == "attention" else 0)
+
+
+def unit_params_per_rank(model: ModelSpec, kind: str, tp: int) -> float:
+    """Parameters of one unit on one TP rank: linear weights and column-parallel biases split, the rest whole."""
+    rep = replicated_unit_params(model, kind)
+    return (model.unit_params(kind) - rep) / tp + rep
+
+
+def embedding_params_per_rank(model: ModelSpec, tp: int) -> float:
+    """The first stage's embedding: the vocab-parallel word embedding (padded vocabulary / tp rows) and the
+    learned position embedding, which megatron-core's ``LanguageModelEmbedding`` keeps whole on every TP rank."""
+    word = model.padded_vocab_size * model.hidden_size
+    return word / tp + (model.embedding_params() - word)
+
+
+def output_params_per_rank(model: ModelSpec, tp: int) -> float:
+    """The last stage's final norm(s) (whole) and the untied output layer / T5 LM-head bias (vocab-split)."""
+    norms = model._norm_params() * (2 if model.is_t5 else 1)
+    return (model.output_params() - norms) / tp + norms
+
+
+def tied_copy_params_per_rank(model: ModelSpec, tp: int) -> float:
+    """With tied embeddings and pp > 1 the last stage allocates its own copy of the word embedding as the output
+    layer's weight (``LanguageModule.setup_embeddings_and_output_layer``), kept equal by an all-reduce."""
+    return model.padded_vocab_size * model.hidden_size / tp if model.tied_embeddings else 0.0
+
+
 def state_bytes_per_param(precision: str, distributed_optimizer: bool, dp: int,
                           grad_fp32: bool = False) -> tuple[float, float, float]:
     """(weight, gradient, optimizer) bytes per parameter on one GPU; ``grad_fp32``: the gradient buffer in fp32
