@@ -1,45 +1,30 @@
 """Parameters per rank: the planner's count equals what megatron-core 0.16.1 allocates for that rank.
 
 Each configuration builds every pipeline rank's model chunks with megatron-core's own ``GPTModel`` / ``T5Model`` on
-the meta device (no memory, no initialisation): ``pre_process`` on the first chunk, ``post_process`` on the last,
-the exported ``pipeline_model_parallel_layout`` (uneven and interleaved layouts), ``vp_stage`` per chunk and
-process groups that only report their size and rank (``_Group``: construction never communicates; the embedding
-group is left out, so the tied copy's start-up all-reduce is skipped). The parameters it allocates are summed per
-rank and compared with the cost model's per-stage ``params`` (``CostModel.stage_cost``, memory breakdown / weight
-bytes), on 24 configurations: TP 1-8, PP 1-4, VPP 2-3, uneven layouts, CP, DP, the distributed optimizer on and off
+the meta device (``aceso_megatron.testing.meta_params``: the exported layout, ``vp_stage`` per chunk, groups that
+only report their size). The parameters it allocates are summed per rank and compared with the cost model's
+per-stage ``params`` (``CostModel.stage_cost``, memory breakdown / weight bytes), on 24 configurations: TP 1-8, PP 1-4, VPP 2-3, uneven layouts, CP, DP, the distributed optimizer on and off
 (which must not change the count), tied and untied embeddings, GQA, explicit kv_channels, QK norms, SwiGLU, biases on
 and off, learned and rotary positions, a padded vocabulary and T5.
 """
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-from unittest import mock
 
 import pytest
-import torch
 
 from search.cluster import parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel.memory import MB
 from search.costmodel.types import Features
-from search.megatron.layout import format_layout
 from search.model import ModelSpec
 from search.training import TrainingSpec
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
 pytest.importorskip("megatron.core")
 
-from megatron.core import parallel_state as ps  # noqa: E402
-from megatron.core.models.gpt import GPTModel  # noqa: E402
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # noqa: E402
-from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402
-from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout  # noqa: E402
-from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
-
-from model_specs.builders import architecture_kwargs, bind_tp_group, t5_layer_specs  # noqa: E402
-from model_specs.extensions import megatron_kwargs  # noqa: E402
+from aceso_megatron.testing.meta_params import megatron_core_params, world_of_one  # noqa: E402
 
 
 def _gpt(**kw) -> ModelSpec:
@@ -88,110 +73,15 @@ CONFIGS = {
 }
 
 
-class _Group:
-    """A process group as megatron-core's constructors read it: a size and this rank's index, nothing else."""
-
-    def __init__(self, size: int, rank: int = 0):
-        self._size, self._rank = size, rank
-
-    def size(self) -> int:
-        return self._size
-
-    def rank(self) -> int:
-        return self._rank
-
-
 @pytest.fixture(scope="module", autouse=True)
-def world_of_one():
-    """megatron-core reads group sizes only once ``torch.distributed`` is initialised: a gloo world of one."""
-    if torch.distributed.is_initialized():
+def one_rank():
+    with world_of_one():
         yield
-        return
-    store = torch.distributed.HashStore()
-    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield
-    torch.distributed.destroy_process_group()
-
-
-def _groups(tp: int, pp: int, pp_rank: int) -> ProcessGroupCollection:
-    g = ProcessGroupCollection()
-    g.tp, g.pp, g.cp, g.dp = _Group(tp), _Group(pp, pp_rank), _Group(1), _Group(1)
-    g.tp_cp, g.dp_cp, g.embd, g.pos_embd, g.hcp = _Group(tp), _Group(1), None, None, None
-    return g
-
-
-def _chunks(model: ModelSpec, pp: int, layers) -> tuple[int, ...]:
-    return tuple(layers) if layers else (model.num_layers // pp,) * pp
-
-
-def _config(model: ModelSpec, tp: int, pp: int, chunks: tuple[int, ...]) -> TransformerConfig:
-    """The architecture's config at (tp, pp, layout). Context parallelism is left at 1: megatron-core's local spec
-    refuses it (CP needs TE attention), and it changes only the attention core, which holds no parameters."""
-    vpp = len(chunks) // pp
-    extra = dict(pipeline_dtype=torch.bfloat16) if pp > 1 else {}
-    if pp > 1:
-        extra["pipeline_model_parallel_layout"] = PipelineParallelLayerLayout(format_layout(chunks), pp)
-    if vpp > 1:
-        extra["virtual_pipeline_model_parallel_size"] = vpp
-    return TransformerConfig(**architecture_kwargs(model, dtype="bf16"), tensor_model_parallel_size=tp,
-                             pipeline_model_parallel_size=pp,
-                             use_cpu_initialization=True, perform_initialization=False, **extra,
-                             **megatron_kwargs(model))
-
-
-def megatron_core_params(model: ModelSpec, tp: int, pp: int, layers) -> list[int]:
-    """Parameters megatron-core allocates on each pipeline rank (one TP rank; all are alike), summed over its
-    model chunks. DP and CP are not built: neither changes what a rank allocates (``_config``)."""
-    chunks = _chunks(model, pp, layers)
-    vpp = len(chunks) // pp
-    out = []
-    with torch.device("meta"), _pipeline_rank(vpp) as set_rank:
-        for r in range(pp):
-            total = 0
-            set_rank(r)
-            for j in range(vpp):
-                first, last = (r, j) == (0, 0), (r, j) == (pp - 1, vpp - 1)
-                total += sum(p.numel() for p in _build(model, tp, pp, chunks, r, j, first, last).parameters())
-            out.append(total)
-    return out
-
-
-@contextlib.contextmanager
-def _pipeline_rank(vpp: int):
-    """A layout reads the pipeline rank and the virtual size from ``parallel_state``: set, then cleared."""
-    ps.set_virtual_pipeline_model_parallel_world_size(vpp if vpp > 1 else None)
-    try:
-        yield ps.set_pipeline_model_parallel_rank
-    finally:
-        ps.set_pipeline_model_parallel_rank(None)
-        ps.set_virtual_pipeline_model_parallel_world_size(None)
-
-
-def _build(model, tp, pp, chunks, rank, vp, first, last):
-    groups = _groups(tp, pp, rank)
-    if model.is_t5:    # T5Model builds its LanguageModule with the default groups: ours, for the build only
-        from megatron.core.models.T5 import T5Model
-
-        enc_spec, dec_spec = t5_layer_specs(model, te=False)     # (CrossAttention's linears read the global TP
-        dec_spec = bind_tp_group(dec_spec, groups.tp)              # group, which Megatron-LM sets: bound here)
-        cfg, enc_cfg = _config(model, tp, 1, (model.num_decoder_layers,)), _config(model, tp, 1, (model.num_layers,))
-        with mock.patch.object(ProcessGroupCollection, "use_mpu_process_groups", lambda *a, **k: groups):
-            return T5Model(cfg, enc_cfg, enc_spec, dec_spec, vocab_size=model.padded_vocab_size,
-                           max_sequence_length=max(model.seq_length, model.decoder_seq_length),
-                           share_embeddings_and_output_weights=model.tied_embeddings, pg_collection=groups)
-    qk = bool((model.megatron or {}).get("qk_layernorm"))
-    spec = get_gpt_layer_local_spec(qk_layernorm=qk,
-                                    normalization="RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm")
-    return GPTModel(_config(model, tp, pp, chunks), spec, vocab_size=model.padded_vocab_size,
-                    max_sequence_length=model.seq_length, pre_process=first, post_process=last,
-                    share_embeddings_and_output_weights=model.tied_embeddings,
-                    position_embedding_type="rope" if model.position_embedding == "rope" else "learned_absolute",
-                    pg_collection=groups, vp_stage=vp if len(chunks) > pp else None)
 
 
 def planner_params(model: ModelSpec, tp: int, pp: int, layers, cp: int, dp: int, dist: bool) -> list[float]:
     """The cost model's parameters per rank of each stage (its memory breakdown's weight MB / weight bytes)."""
-    chunks = _chunks(model, pp, layers)
+    chunks = tuple(layers) if layers else (model.num_layers // pp,) * pp
     vpp = len(chunks) // pp
     n = tp * cp * dp
     cm = make_cost_model(model, parse_cluster(f"{max(1, pp * n // 8)}x{min(8, pp * n)}-h100"),
@@ -215,7 +105,7 @@ def planner_params(model: ModelSpec, tp: int, pp: int, layers, cp: int, dp: int,
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_planner_params_per_rank_equal_megatron_core_allocation(name):
     model, tp, pp, layers, cp, dp, dist = CONFIGS[name]
-    want = megatron_core_params(model, tp, pp, layers)
+    want = list(megatron_core_params(model, tp, pp, layers).values())
     got = planner_params(model, tp, pp, layers, cp, dp, dist)
     assert got == pytest.approx(want, rel=1e-12, abs=0.5), name
 
