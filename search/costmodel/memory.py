@@ -44,6 +44,8 @@ and the fp32 softmax that the vocab-parallel cross-entropy keeps for backward (4
 
 from __future__ import annotations
 
+import math
+
 from ..model import ModelSpec
 
 MB = float(2**20)
@@ -83,6 +85,43 @@ def tied_copy_params_per_rank(model: ModelSpec, tp: int) -> float:
     """With tied embeddings and pp > 1 the last stage allocates its own copy of the word embedding as the output
     layer's weight (``LanguageModule.setup_embeddings_and_output_layer``), kept equal by an all-reduce."""
     return model.padded_vocab_size * model.hidden_size / tp if model.tied_embeddings else 0.0
+
+
+def ddp_buffer_numel(numels: list[int], dpc: int, distributed_optimizer: bool, bucket_size: int | None = None,
+                     shared: frozenset[int] = frozenset()) -> tuple[int, int]:
+    """(elements, buckets) of megatron-core 0.16.1's grad buffer (and, with the distributed optimizer, its param
+    buffer) for parameters of ``numels`` in registration order (``_ParamAndGradBuffer.__init__``): parameters are
+    laid out in reverse order; with the distributed optimizer each starts at a multiple of 64 elements, each bucket
+    ends at a multiple of ``lcm(dp x cp, 128)`` and a shared (tied) embedding weight (indices in ``shared``) gets a
+    bucket of its own; a bucket closes once it holds ``bucket_size`` elements. Without it nothing is padded.
+
+    The cost model does not price this padding per stage (at most 63 elements per tensor and ``lcm(dp x cp, 128)``
+    per bucket: under a MB per rank on the published configurations, bench/megatron_memory.py); this is the exact
+    layout the bench and tests/runtime/test_memory_buffers.py check against megatron-core's own buffer."""
+    def pad(n: int, d: int) -> int:
+        return -(-n // d) * d
+    div = math.lcm(dpc, 128)
+    start = bucket_start = end = 0
+    n_in_bucket, buckets = 0, 0
+    for i in reversed(range(len(numels))):
+        own = distributed_optimizer and i in shared
+        if distributed_optimizer:
+            start = pad(start, 64)
+        if own and n_in_bucket:
+            start = bucket_start = pad(start, div) if distributed_optimizer else start
+            buckets, n_in_bucket = buckets + 1, 0
+        end = start + numels[i]
+        n_in_bucket += 1
+        if (bucket_size is not None and end - bucket_start >= bucket_size) or own:
+            start = bucket_start = pad(end, div) if distributed_optimizer else end
+            buckets, n_in_bucket = buckets + 1, 0
+        else:
+            start = end
+    if n_in_bucket:
+        end, buckets = (pad(end, div) if distributed_optimizer else end), buckets + 1
+    else:
+        end = start
+    return end, buckets
 
 
 def state_bytes_per_param(precision: str, distributed_optimizer: bool, dp: int,
