@@ -260,7 +260,8 @@ def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool, ov: boo
         s = s_enc if u.stack == "encoder" else s_dec
         causal = not (m.is_t5 and u.stack == "encoder")
         if u.kind == "mlp":
-            rows[key] = (src.mlp(b, s, t, sp, ov), mlp_act_bytes(m, b, s, t, dt, sp))
+            fused = src.settings.fused_swiglu and src.cluster.gpu.name != "cpu"
+            rows[key] = (src.mlp(b, s, t, sp, ov), mlp_act_bytes(m, b, s, t, dt, sp, fused_swiglu=fused))
         elif u.kind == "cross_attention":
             rows[key] = (src.attention(b, s, t, kv_len=s_enc, sp=sp, overlap=ov),
                          attention_act_bytes(m, b, s, t, src.flash, kv_len=s_enc, dt=dt, sp=sp))
@@ -286,7 +287,7 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
         tph[i], cpc[i], cph[i] = cost.tp_hidden, cost.cp_comm, cost.cp_hidden
         rec[i] = (0.0, cost.rec_sel, cost.rec_full, cost.rec_drop)
         act[i] = np.asarray((*a, a[0])[:N_RC]) / MB      # an MLP has no attn_dropout: its none row
-        peak[i] = act[i, 0] - act[i]
+        peak[i] = np.maximum(act[i, 0] - act[i], 0.0)   # (fused SwiGLU: its selective row is the unfused one)
         params[i] = unit_params_per_rank(m, u.kind, t)
     boundary = np.full(n + 1, dt * s_dec * b * m.hidden_size / MB / r)   # SP: the sequence-sharded activation
     if m.is_t5:  # encoder boundaries carry the encoder activation; decoder ones also carry the encoder output

@@ -22,7 +22,8 @@ precision, ``sbh (10 + 24/t + 5as/(ht))`` under tensor parallelism t without seq
     mlp unit:       2sbh + 2sbh + sbh   [replicated]  +  2sbf/t (activation input) + 2sbf/t (fc2 input)   [split]
                     (SwiGLU: the activation input is 2f wide, and the gate multiply also keeps the silu output
                     and its copy of the linear half, 2sbf/t each -- megatron-core's unfused GLU, which the
-                    runtime uses; tests/runtime/test_recompute_memory.py measures it)
+                    runtime uses on CPU; tests/runtime/test_recompute_memory.py measures it; on a GPU megatron-core's
+                    jit-fused SwiGLU keeps only its input: ``RunSettings.fused_swiglu``)
     dropout masks (1 byte) only where the model trains with dropout: the sbh masks with ``hidden_dropout``,
     the s^2 mask and dropout output with ``attention_dropout`` (GPT/T5 presets 0.1, Llama 0).
 
@@ -192,8 +193,11 @@ def unfused_core_bytes(model: ModelSpec, b: float, s: int, kv_len: int, t: int, 
 
 
 def mlp_act_bytes(model: ModelSpec, b: float, s: int, t: int, dt: float = 2.0,
-                  sp: bool = False) -> tuple[float, float, float]:
-    """Bytes kept by one MLP unit: (none, selective, full)."""
+                  sp: bool = False, fused_swiglu: bool = False) -> tuple[float, float, float]:
+    """Bytes kept by one MLP unit: (none, selective, full). ``fused_swiglu``: megatron-core's jit-fused SwiGLU
+    (``fused_bias_swiglu.SwiGLUFunction`` saves only its input and recomputes silu in backward) keeps no silu
+    output nor linear-half copy without recompute; a selective unit runs unfused (the runtime turns the fusion off
+    for it, ``model.config.unit_config``), so its row is the unfused one."""
     h, f = model.hidden_size, model.ffn_hidden_size
     up = 2 * f if model.activation == "swiglu" else f
     r = t if sp else 1
@@ -207,6 +211,8 @@ def mlp_act_bytes(model: ModelSpec, b: float, s: int, t: int, dt: float = 2.0,
     else:
         none = replicated + act_in + fc2_in
     selective = none - act_out
+    if fused_swiglu and model.activation == "swiglu":
+        none = replicated + act_in + fc2_in
     full = dt * s * b * h / r
     return none, selective, full
 
