@@ -50,9 +50,33 @@ import math
 from ..model import ModelSpec
 
 MB = float(2**20)
+# Share of the GPU's memory a plan must leave free (``--memory-headroom``; search, validate and explain, through
+# ``memory_budget_mb`` / ``headroom_verdict``): what the per-category estimate does not see -- NCCL's communicator
+# buffers (NCCL_BUFFSIZE, 4 MiB by default, per channel and peer, for each of a rank's TP/DP/PP/CP/embedding
+# communicators: NCCL user guide, "Environment Variables"), the caching allocator's fragmentation beyond the
+# activations' 5% (PyTorch "CUDA semantics: memory management") and kernel workspaces beyond RESERVE_MB. 3% is
+# 2.4 GB of an 80 GB H100; every fully specified published bf16 run keeps it free under its own settings (the
+# tightest, Nemotron-4 340B on 128 H100s, is predicted at 95.7%: bench/megatron_memory.py).
+DEFAULT_HEADROOM = 0.03
 RESERVE_MB = 1024.0            # CUDA context (~0.5 GB) + cuBLAS/NCCL workspaces (~0.5 GB), per GPU
 FRAGMENTATION = 0.05           # caching-allocator slack on activations (PyTorch allocator, typical 3-8%)
 SOFTMAX_BYTES = 4.0            # per score element kept by megatron-core's unfused softmax (fp32 output)
+
+
+def memory_budget_mb(limit_mb: float, headroom: float) -> float:
+    """What a plan may use of ``limit_mb`` per GPU when it keeps ``headroom`` of it free."""
+    return limit_mb * (1.0 - headroom)
+
+
+def headroom_verdict(peak_mb: float, limit_mb: float, headroom: float) -> str | None:
+    """None when ``peak_mb`` keeps the headroom free; else one line: over the GPU, or inside the headroom."""
+    budget = memory_budget_mb(limit_mb, headroom)
+    if peak_mb <= budget:
+        return None
+    if peak_mb > limit_mb:
+        return f"needs {peak_mb:.0f} MB per GPU, over the {limit_mb:.0f} MB the GPU has"
+    return (f"needs {peak_mb:.0f} MB per GPU: it fits the {limit_mb:.0f} MB but not the {100 * headroom:g}% "
+            f"--memory-headroom (budget {budget:.0f} MB); give --memory-headroom 0 to accept it")
 
 
 # ----- parameters per rank (what megatron-core 0.16 allocates; tests/runtime/test_param_counts.py builds them) -----
