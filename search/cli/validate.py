@@ -92,5 +92,5 @@ def run(args: argparse.Namespace) -> int:
         print("memory not checked: the plan names no cluster; give --cluster NODESxGPUS-gpu to check it")
     else:
         print(f"fits {cluster.label}: at most {max(memory['stage_memory_mb']):.0f} of {memory['memory_limit_mb']:.0f}"
-              " MB per GPU (analytic cost model)")
+              f" MB per GPU, within the {100 * args.memory_headroom:g}% --memory-headroom (analytic cost model)")
     return 0
