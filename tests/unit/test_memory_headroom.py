@@ -106,3 +106,23 @@ def test_megatron_lm_formula_simplifies_what_we_count():
     missing = gpt.num_parameters - th
     biases = gpt.num_layers * (3 * gpt.hidden_size + gpt.hidden_size + 4 * gpt.hidden_size + gpt.hidden_size)
     assert missing == pytest.approx(biases + gpt.seq_length * gpt.hidden_size, rel=1e-9)
+
+
+# ----- published runs fit under their own settings ----------------------------------------------------------------
+def _bench():
+    spec = importlib.util.spec_from_file_location("megatron_memory_bench2", ROOT / "bench" / "megatron_memory.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_fully_specified_published_bf16_run_fits_with_the_headroom():
+    """Runs that ran must fit: every fully specified bf16 row of bench/data/published_runs.json (and the shared
+    Megatron-Bridge file's bf16 rows, where present), priced under its own settings, keeps the default headroom
+    free on every rank (fp8 rows are only a bf16 upper bound: not asserted)."""
+    mm = _bench()
+    rows = [r for r in mm.memory_rows(build=False) if "skipped" not in r and not r["note"]]
+    assert len({r["id"] for r in rows}) >= 20
+    over = [(r["id"], r["rank"], round(r["total_gb"], 1)) for r in rows
+            if r["total_gb"] > memory_budget_mb(r["limit_gb"], DEFAULT_HEADROOM)]
+    assert over == []
