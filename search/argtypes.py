@@ -73,6 +73,14 @@ def nonnegative_float(text: str) -> float:
     return value
 
 
+def headroom(text: str) -> float:
+    """A share of the GPU's memory kept free: 0 or above, below 0.5."""
+    value = _float(text)
+    if not 0 <= value < 0.5:
+        raise argparse.ArgumentTypeError(f"{text} must be a fraction in [0, 0.5), e.g. 0.03 for 3%")
+    return value
+
+
 def finite_float(text: str) -> float:
     return _float(text)
 

@@ -7,7 +7,8 @@ stage, the final norm, output layer and loss to the last one.
 
 Parameter counts follow megatron-core's modules (``GPTModel``/``T5Model`` with the local specs): QKV as one
 linear of ``h x (heads + 2*groups) * kv_channels``, output projection ``heads*kv_channels x h``, an MLP of
-``h x ffn`` (``h x 2*ffn`` for SwiGLU) and ``ffn x h``, biases when ``add_bias_linear``, two norms per layer.
+``h x ffn`` (``h x 2*ffn`` for SwiGLU) and ``ffn x h``, biases when ``add_bias_linear``, two norms per layer (and the Q/K norms of ``megatron.qk_layernorm``). What
+one rank of a TP group holds: ``costmodel.memory`` (``*_params_per_rank``).
 FLOPs follow Narayanan et al. (SC'21, appendix): 2 FLOPs per multiply-add, backward = 2x forward.
 
 Extension in megatron-core's format (docs/model-specs.md): ``layer_spec`` names the user's own layer-spec provider
@@ -218,6 +219,12 @@ class ModelSpec(BaseModel):
     def _norm_params(self) -> int:
         return self.hidden_size * (2 if self.normalization == "layernorm" else 1)
 
+    def qk_norm_params(self) -> int:
+        """The Q and K norms of a self-attention unit (``megatron.qk_layernorm``): two norms of width head_dim."""
+        if not (self.megatron or {}).get("qk_layernorm"):
+            return 0
+        return 2 * self.head_dim * (2 if self.normalization == "layernorm" else 1)
+
     def unit_params(self, kind: UnitKind) -> int:
         """Parameters of one unit (unsharded), its norm included."""
         h, d = self.hidden_size, self.head_dim
@@ -225,7 +232,8 @@ class ModelSpec(BaseModel):
         kv = self.groups * d
         bias = self.add_bias_linear
         if kind == "attention":
-            return h * (q + 2 * kv) + q * h + (q + 2 * kv + h if bias else 0) + self._norm_params()
+            return h * (q + 2 * kv) + q * h + (q + 2 * kv + h if bias else 0) + self._norm_params() + \
+                self.qk_norm_params()
         if kind == "cross_attention":  # Q from the decoder, K/V from the encoder output (megatron-core: two linears)
             return h * q + h * 2 * kv + q * h + (q + 2 * kv + h if bias else 0) + self._norm_params()
         ffn = self.ffn_hidden_size

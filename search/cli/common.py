@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from ..argtypes import positive_float, positive_int
+from ..argtypes import headroom, positive_float, positive_int
 from ..cluster import ClusterSpec, parse_cluster
 from ..files import check_output, write_output, write_outputs  # noqa: F401  (re-exported for the subcommands)
 from ..model import ModelSpec
@@ -22,6 +22,14 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 def add_cluster_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--cluster", required=required, help="NODESxGPUS-gpu, e.g. 1x8-h100 (see `aceso clusters`)")
     p.add_argument("--memory-limit-mb", type=positive_float, default=None, help="per-GPU memory budget in MB")
+    add_headroom_arg(p)
+
+
+def add_headroom_arg(p: argparse.ArgumentParser) -> None:
+    from ..costmodel.memory import DEFAULT_HEADROOM
+    p.add_argument("--memory-headroom", type=headroom, default=DEFAULT_HEADROOM,
+                   help=f"share of each GPU's memory a plan must leave free (default {DEFAULT_HEADROOM:g}: NCCL "
+                        "buffers, allocator fragmentation; docs/costmodel.md Memory)")
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:

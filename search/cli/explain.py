@@ -179,8 +179,22 @@ def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str]
                  plan_features(plan))
     if priced:
         out["settings"] = priced
+    if args.cost_model != "aceso-compat":
+        _headroom(out, args.memory_headroom)
     plots.draw_explain(args, cm, cost, dict(out, cluster=cluster.label), plan)
     return out, notes, cluster.label
+
+
+def _headroom(out: dict, headroom: float) -> None:
+    """The --memory-headroom verdict (``memory.headroom_verdict``), in the report and among its warnings."""
+    from ..costmodel.memory import headroom_verdict, memory_budget_mb
+
+    verdict = headroom_verdict(out["max_memory_mb"], out["memory_limit_mb"], headroom)
+    out.update(memory_headroom=headroom, memory_budget_mb=memory_budget_mb(out["memory_limit_mb"], headroom),
+               within_headroom=verdict is None)
+    if verdict:
+        out["warnings"].append(f"stage {max(range(len(out['stages'])), key=lambda i: out['stages'][i]['memory_mb'])} "
+                               + verdict)
 
 
 def plan_features(plan: ParallelPlan) -> dict:
@@ -318,8 +332,9 @@ def _print_table(r: dict) -> None:
               f"{100 * r['mfu']:.1f}%")
     if r.get("settings"):
         con.print(f"priced as {r['settings']['text']}")
+    fit = ("fits" if r.get("within_headroom", True) else "fits, INSIDE THE HEADROOM") if r["fits"] else "DOES NOT FIT"
     con.print(f"max memory {r['max_memory_mb'] / 1024:.2f} of {r['memory_limit_mb'] / 1024:.2f} GB "
-              f"({'fits' if r['fits'] else 'DOES NOT FIT'}); bottleneck: stage {r['bottleneck_stage']} "
+              f"({fit}); bottleneck: stage {r['bottleneck_stage']} "
               f"({r['bottleneck_resource']})")
     con.print("units: half layers; mbs/rank: Megatron's --micro-batch-size; mem: states + act + recompute peak + "
               "p2p + reserve; comm: exposed / hidden behind compute, per iteration")

@@ -138,6 +138,9 @@ def setup(args):
     cluster = cluster_from_args(args)
     training = training_from_args(args, model)
     cm = build_cost_model(model, cluster, training, args.cost_model, args.db, settings_from_args(args, training))
+    if args.cost_model != "aceso-compat":     # (compat keeps the reference planner's own limit)
+        from ..costmodel.memory import memory_budget_mb
+        cm.memory_limit_mb = memory_budget_mb(cm.memory_limit_mb, args.memory_headroom)
     note = describe_dropped(search_space(cm, training))
     if note:
         print(f"aceso {getattr(args, 'command', None) or 'search'}: {note}", file=sys.stderr)

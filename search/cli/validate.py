@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 
 from ..argtypes import positive_float, positive_int
+from ..costmodel.memory import headroom_verdict
 from ..errors import AcesoError
 from ..plan import check_fits_cluster, check_recompute_applies, load_plan
-from .common import print_json
+from .common import add_headroom_arg, print_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,6 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the number of processes it will be launched with")
     p.add_argument("--cluster", default=None, help="check against this cluster (NODESxGPUS-gpu); default: the plan's")
     p.add_argument("--memory-limit-mb", type=positive_float, default=None, help="per-GPU memory budget in MB")
+    add_headroom_arg(p)
     p.add_argument("--attention", choices=("auto", "flash", "unfused"), default=None,
                    help="attention kernel for the memory check (default: what the plan's prediction assumed, "
                         "else auto)")
@@ -68,7 +70,11 @@ def run(args: argparse.Namespace) -> int:
                 f"{args.plan}: stages[{worst}] needs {mem[worst]:.0f} MB per GPU (analytic cost model, "
                 f"--attention {attention}) but {cluster.label} allows {limit:.0f} MB; search the plan again for "
                 "this cluster, or raise --memory-limit-mb if the GPUs have more")
+        verdict = headroom_verdict(mem[worst], limit, args.memory_headroom)
+        if verdict:
+            raise AcesoError(f"{args.plan}: stages[{worst}] {verdict} (analytic cost model, --attention {attention})")
         memory = {"stage_memory_mb": [round(m, 1) for m in mem], "memory_limit_mb": round(limit, 1),
+                  "memory_headroom": args.memory_headroom,
                   "cost_model": "analytic", "attention": attention}
     summary = {"valid": True, "model": plan.model.name, "world_size": plan.world_size,
                "num_stages": plan.num_stages, "micro_batch_size": plan.micro_batch_size,
@@ -88,5 +94,5 @@ def run(args: argparse.Namespace) -> int:
         print("memory not checked: the plan names no cluster; give --cluster NODESxGPUS-gpu to check it")
     else:
         print(f"fits {cluster.label}: at most {max(memory['stage_memory_mb']):.0f} of {memory['memory_limit_mb']:.0f}"
-              " MB per GPU (analytic cost model)")
+              f" MB per GPU, within the {100 * args.memory_headroom:g}% --memory-headroom (analytic cost model)")
     return 0

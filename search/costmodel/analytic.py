@@ -48,7 +48,8 @@ from ..training import TrainingSpec
 from .comm import CommModel
 from .comm import overlap_tax
 from .kernels import ARCH, KERNEL_MODELS, LAUNCH_MS
-from .memory import MB, attention_act_bytes, has_attention_dropout, mlp_act_bytes
+from .memory import (MB, attention_act_bytes, embedding_params_per_rank, has_attention_dropout, mlp_act_bytes,
+                     output_params_per_rank, tied_copy_params_per_rank, unit_params_per_rank)
 from .tpcomm import TPComm, tp_half
 from .types import N_RC, UNAVAILABLE_MS, RunSettings, UnitTable
 
@@ -268,7 +269,8 @@ def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool, ov: boo
         s = s_enc if u.stack == "encoder" else s_dec
         causal = not (m.is_t5 and u.stack == "encoder")
         if u.kind == "mlp":
-            rows[key] = (src.mlp(b, s, t, sp, ov), mlp_act_bytes(m, b, s, t, dt, sp))
+            fused = src.settings.fused_swiglu and src.cluster.gpu.name != "cpu"
+            rows[key] = (src.mlp(b, s, t, sp, ov), mlp_act_bytes(m, b, s, t, dt, sp, fused_swiglu=fused))
         elif u.kind == "cross_attention":
             rows[key] = (src.attention(b, s, t, kv_len=s_enc, sp=sp, overlap=ov),
                          attention_act_bytes(m, b, s, t, src.flash, kv_len=s_enc, dt=dt, sp=sp))
@@ -296,8 +298,8 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
         comm_fwd[i] = cost.comm_fwd
         rec[i] = (0.0, cost.rec_sel, cost.rec_full, cost.rec_drop)
         act[i] = np.asarray((*a, a[0])[:N_RC]) / MB      # an MLP has no attn_dropout: its none row
-        peak[i] = act[i, 0] - act[i]
-        params[i] = _unit_params_per_rank(m, u.kind, t)
+        peak[i] = np.maximum(act[i, 0] - act[i], 0.0)   # (fused SwiGLU: its selective row is the unfused one)
+        params[i] = unit_params_per_rank(m, u.kind, t)
     boundary = np.full(n + 1, dt * s_dec * b * m.hidden_size / MB / r)   # SP: the sequence-sharded activation
     if m.is_t5:  # encoder boundaries carry the encoder activation; decoder ones also carry the encoder output
         boundary[:m.num_encoder_units + 1] = dt * s_enc * b * m.hidden_size / MB / r
@@ -308,22 +310,13 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
     return UnitTable(
         batch=b, tp=t, fwd_ms=fwd, bwd_ms=bwd, recompute_ms=rec, act_mb=act, peak_mb=peak,
         weight_params=params, boundary_mb=boundary,
-        embed_fwd_ms=emb_f, embed_bwd_ms=emb_b, embed_params=m.embedding_params() / t,
+        embed_fwd_ms=emb_f, embed_bwd_ms=emb_b, embed_params=embedding_params_per_rank(m, t),
         embed_act_mb=(s_enc * b * m.hidden_size * (1 if m.hidden_dropout > 0 else 0)) / MB / r,
-        head_fwd_ms=head_f, head_bwd_ms=head_b, head_params=m.output_params() / t,
+        head_fwd_ms=head_f, head_bwd_ms=head_b, head_params=output_params_per_rank(m, t),
         # final-norm input (SP: sharded) + logits input (dt sbh) and the fp32 softmax kept by the vocab-parallel loss
         head_act_mb=(dt * s_dec * b * m.hidden_size * (1 + 1 / r) + 4.0 * sbv) / MB,
         head_peak_mb=(dt + 4.0) * sbv / MB,
         tp_comm_ms=tpc, tp_hidden_ms=tph, cp_comm_ms=cpc, cp_hidden_ms=cph, comm_fwd_ms=comm_fwd,
-        word_embed_params=m.padded_vocab_size * m.hidden_size / t if m.tied_embeddings else 0.0,
+        word_embed_params=tied_copy_params_per_rank(m, t),
         encoder_output_mb=dt * s_enc * b * m.hidden_size / MB / r if m.is_t5 else 0.0,
     )
-
-
-def _unit_params_per_rank(m: ModelSpec, kind: str, t: int) -> float:
-    """Linear weights split by TP; norms (and the row-parallel output bias) replicated."""
-    norm = m.hidden_size * (2 if m.normalization == "layernorm" else 1)
-    bias_rep = m.hidden_size if m.add_bias_linear else 0
-    total = m.unit_params(kind)
-    return (total - norm - bias_rep) / t + norm + bias_rep
-

@@ -22,7 +22,8 @@ precision, ``sbh (10 + 24/t + 5as/(ht))`` under tensor parallelism t without seq
     mlp unit:       2sbh + 2sbh + sbh   [replicated]  +  2sbf/t (activation input) + 2sbf/t (fc2 input)   [split]
                     (SwiGLU: the activation input is 2f wide, and the gate multiply also keeps the silu output
                     and its copy of the linear half, 2sbf/t each -- megatron-core's unfused GLU, which the
-                    runtime uses; tests/runtime/test_recompute_memory.py measures it)
+                    runtime uses on CPU; tests/runtime/test_recompute_memory.py measures it; on a GPU megatron-core's
+                    jit-fused SwiGLU keeps only its input: ``RunSettings.fused_swiglu``)
     dropout masks (1 byte) only where the model trains with dropout: the sbh masks with ``hidden_dropout``,
     the s^2 mask and dropout output with ``attention_dropout`` (GPT/T5 presets 0.1, Llama 0).
 
@@ -44,12 +45,108 @@ and the fp32 softmax that the vocab-parallel cross-entropy keeps for backward (4
 
 from __future__ import annotations
 
+import math
+
 from ..model import ModelSpec
 
 MB = float(2**20)
+# Share of the GPU's memory a plan must leave free (``--memory-headroom``; search, validate and explain, through
+# ``memory_budget_mb`` / ``headroom_verdict``): what the per-category estimate does not see -- NCCL's communicator
+# buffers (NCCL_BUFFSIZE, 4 MiB by default, per channel and peer, for each of a rank's TP/DP/PP/CP/embedding
+# communicators: NCCL user guide, "Environment Variables"), the caching allocator's fragmentation beyond the
+# activations' 5% (PyTorch "CUDA semantics: memory management") and kernel workspaces beyond RESERVE_MB. 3% is
+# 2.4 GB of an 80 GB H100; every fully specified published bf16 run keeps it free under its own settings (the
+# tightest, Nemotron-4 340B on 128 H100s, is predicted at 95.7%: bench/megatron_memory.py).
+DEFAULT_HEADROOM = 0.03
 RESERVE_MB = 1024.0            # CUDA context (~0.5 GB) + cuBLAS/NCCL workspaces (~0.5 GB), per GPU
 FRAGMENTATION = 0.05           # caching-allocator slack on activations (PyTorch allocator, typical 3-8%)
 SOFTMAX_BYTES = 4.0            # per score element kept by megatron-core's unfused softmax (fp32 output)
+
+
+def memory_budget_mb(limit_mb: float, headroom: float) -> float:
+    """What a plan may use of ``limit_mb`` per GPU when it keeps ``headroom`` of it free."""
+    return limit_mb * (1.0 - headroom)
+
+
+def headroom_verdict(peak_mb: float, limit_mb: float, headroom: float) -> str | None:
+    """None when ``peak_mb`` keeps the headroom free; else one line: over the GPU, or inside the headroom."""
+    budget = memory_budget_mb(limit_mb, headroom)
+    if peak_mb <= budget:
+        return None
+    if peak_mb > limit_mb:
+        return f"needs {peak_mb:.0f} MB per GPU, over the {limit_mb:.0f} MB the GPU has"
+    return (f"needs {peak_mb:.0f} MB per GPU: it fits the {limit_mb:.0f} MB but not the {100 * headroom:g}% "
+            f"--memory-headroom (budget {budget:.0f} MB); give --memory-headroom 0 to accept it")
+
+
+# ----- parameters per rank (what megatron-core 0.16 allocates; tests/runtime/test_param_counts.py builds them) -----
+def replicated_unit_params(model: ModelSpec, kind: str) -> int:
+    """Parameters of a unit every TP rank holds whole: its norm, the row-parallel output bias (``linear_proj`` /
+    ``linear_fc2``: ``RowParallelLinear`` adds its bias after the reduction, unsplit) and the Q/K norms."""
+    bias = model.hidden_size if model.add_bias_linear else 0
+    return model._norm_params() + bias + (model.qk_norm_params() if kind == "attention" else 0)
+
+
+def unit_params_per_rank(model: ModelSpec, kind: str, tp: int) -> float:
+    """Parameters of one unit on one TP rank: linear weights and column-parallel biases split, the rest whole."""
+    rep = replicated_unit_params(model, kind)
+    return (model.unit_params(kind) - rep) / tp + rep
+
+
+def embedding_params_per_rank(model: ModelSpec, tp: int) -> float:
+    """The first stage's embedding: the vocab-parallel word embedding (padded vocabulary / tp rows) and the
+    learned position embedding, which megatron-core's ``LanguageModelEmbedding`` keeps whole on every TP rank."""
+    word = model.padded_vocab_size * model.hidden_size
+    return word / tp + (model.embedding_params() - word)
+
+
+def output_params_per_rank(model: ModelSpec, tp: int) -> float:
+    """The last stage's final norm(s) (whole) and the untied output layer / T5 LM-head bias (vocab-split)."""
+    norms = model._norm_params() * (2 if model.is_t5 else 1)
+    return (model.output_params() - norms) / tp + norms
+
+
+def tied_copy_params_per_rank(model: ModelSpec, tp: int) -> float:
+    """With tied embeddings and pp > 1 the last stage allocates its own copy of the word embedding as the output
+    layer's weight (``LanguageModule.setup_embeddings_and_output_layer``), kept equal by an all-reduce."""
+    return model.padded_vocab_size * model.hidden_size / tp if model.tied_embeddings else 0.0
+
+
+def ddp_buffer_numel(numels: list[int], dpc: int, distributed_optimizer: bool, bucket_size: int | None = None,
+                     shared: frozenset[int] = frozenset()) -> tuple[int, int]:
+    """(elements, buckets) of megatron-core 0.16.1's grad buffer (and, with the distributed optimizer, its param
+    buffer) for parameters of ``numels`` in registration order (``_ParamAndGradBuffer.__init__``): parameters are
+    laid out in reverse order; with the distributed optimizer each starts at a multiple of 64 elements, each bucket
+    ends at a multiple of ``lcm(dp x cp, 128)`` and a shared (tied) embedding weight (indices in ``shared``) gets a
+    bucket of its own; a bucket closes once it holds ``bucket_size`` elements. Without it nothing is padded.
+
+    The cost model does not price this padding per stage (at most 63 elements per tensor and ``lcm(dp x cp, 128)``
+    per bucket: under a MB per rank on the published configurations, bench/megatron_memory.py); this is the exact
+    layout the bench and tests/runtime/test_memory_buffers.py check against megatron-core's own buffer."""
+    def pad(n: int, d: int) -> int:
+        return -(-n // d) * d
+    div = math.lcm(dpc, 128)
+    start = bucket_start = end = 0
+    n_in_bucket, buckets = 0, 0
+    for i in reversed(range(len(numels))):
+        own = distributed_optimizer and i in shared
+        if distributed_optimizer:
+            start = pad(start, 64)
+        if own and n_in_bucket:
+            start = bucket_start = pad(start, div) if distributed_optimizer else start
+            buckets, n_in_bucket = buckets + 1, 0
+        end = start + numels[i]
+        n_in_bucket += 1
+        if (bucket_size is not None and end - bucket_start >= bucket_size) or own:
+            start = bucket_start = pad(end, div) if distributed_optimizer else end
+            buckets, n_in_bucket = buckets + 1, 0
+        else:
+            start = end
+    if n_in_bucket:
+        end, buckets = (pad(end, div) if distributed_optimizer else end), buckets + 1
+    else:
+        end = start
+    return end, buckets
 
 
 def state_bytes_per_param(precision: str, distributed_optimizer: bool, dp: int,
@@ -120,8 +217,11 @@ def unfused_core_bytes(model: ModelSpec, b: float, s: int, kv_len: int, t: int, 
 
 
 def mlp_act_bytes(model: ModelSpec, b: float, s: int, t: int, dt: float = 2.0,
-                  sp: bool = False) -> tuple[float, float, float]:
-    """Bytes kept by one MLP unit: (none, selective, full)."""
+                  sp: bool = False, fused_swiglu: bool = False) -> tuple[float, float, float]:
+    """Bytes kept by one MLP unit: (none, selective, full). ``fused_swiglu``: megatron-core's jit-fused SwiGLU
+    (``fused_bias_swiglu.SwiGLUFunction`` saves only its input and recomputes silu in backward) keeps no silu
+    output nor linear-half copy without recompute; a selective unit runs unfused (the runtime turns the fusion off
+    for it, ``model.config.unit_config``), so its row is the unfused one."""
     h, f = model.hidden_size, model.ffn_hidden_size
     up = 2 * f if model.activation == "swiglu" else f
     r = t if sp else 1
@@ -135,6 +235,8 @@ def mlp_act_bytes(model: ModelSpec, b: float, s: int, t: int, dt: float = 2.0,
     else:
         none = replicated + act_in + fc2_in
     selective = none - act_out
+    if fused_swiglu and model.activation == "swiglu":
+        none = replicated + act_in + fc2_in
     full = dt * s * b * h / r
     return none, selective, full
 

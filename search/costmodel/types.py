@@ -89,6 +89,9 @@ class RunSettings(NamedTuple):
                          ``comm.py``); off: one NIC per group (v1)
     batched_p2p          1F1B steady state: megatron-core's ``send_forward_recv_backward`` / ``send_backward_recv_
                          forward`` run the two opposite transfers of a boundary together (full-duplex links)
+    fused_swiglu         on a GPU, SwiGLU runs megatron-core's jit-fused ``bias_swiglu_impl`` (Megatron-LM's default
+                         ``--bias-swiglu-fusion``, NeMo's fast-swiglu, the runtime's fast path on CUDA), which keeps only
+                         its 2f-wide input for backward; off (and on the cpu "GPU"): the unfused GLU (``memory.py``)
     """
 
     grad_reduce_in_fp32: bool = False
@@ -100,6 +103,7 @@ class RunSettings(NamedTuple):
     bucket_params: int = 40_000_000
     multi_nic: bool = True
     batched_p2p: bool = True
+    fused_swiglu: bool = True
 
     @classmethod
     def megatron_lm(cls, precision: str) -> "RunSettings":
@@ -110,7 +114,7 @@ class RunSettings(NamedTuple):
 
 
 LEGACY_V1 = RunSettings(overlap_tp_dgrad=False, overlap_p2p_comm=False, optimizer_barrier=False,
-                        fp32_grad_copy=False, multi_nic=False, batched_p2p=False)
+                        fp32_grad_copy=False, multi_nic=False, batched_p2p=False, fused_swiglu=False)
 
 
 @dataclass(frozen=True)
