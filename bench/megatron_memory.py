@@ -129,7 +129,7 @@ def published_cases(runs_path: Path = RUNS) -> list[dict]:
         if bf16:
             settings = settings._replace(grad_reduce_in_fp32=False)
         training = TrainingSpec(global_batch_size=p["global_batch_size"], micro_batch_sizes=[p["micro_batch_size"]],
-                                precision=precision, attention="flash" if pb.era(row) == "mcore" else "unfused")
+                                precision=precision, attention=pb.attention_of(row))
         out.append({"id": row["id"], "plan": plan, "training": training, "settings": settings,
                     "grad": "bf16" if bf16 or not settings.grad_reduce_in_fp32 else "fp32", "note": ""})
     return out

@@ -83,6 +83,11 @@ def era(row: dict) -> str:
     return "mcore"
 
 
+def attention_of(row: dict) -> str:
+    """megatron-core and NeMo runs use fused (flash) attention; the 2021-2022 Megatron-LM runs the unfused kernel."""
+    return "flash" if era(row) in ("mcore", "nemo") else "unfused"
+
+
 def model_of(row: dict, defaults: dict) -> ModelSpec:
     m, fam = row["model"], row["model"]["family"]
     llama = fam == "llama"
@@ -191,7 +196,7 @@ def price(row: dict, mbs: int, vpp: int, rc: str):
     n = row["num_gpus"]
     cluster = parse_cluster(f"{max(n // 8, 1)}x{min(n, 8)}-{row['gpu']}")
     training = TrainingSpec(global_batch_size=p["global_batch_size"], micro_batch_sizes=[mbs], precision=precision,
-                            attention="flash" if era(row) in ("mcore", "nemo") else "unfused")
+                            attention=attention_of(row))
     sp = feats.pop("sequence_parallel")
     plan = uniform_plan(model, p["pp"], p["tp"], p["dp"], mbs * p["dp"], p["global_batch_size"], recompute=rc,
                         cluster=cluster, cp=p["cp"], sequence_parallel=sp, num_virtual_stages=vpp, **feats)
