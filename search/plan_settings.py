@@ -12,7 +12,7 @@ Megatron-LM core_v0.16.1 (``megatron/training/arguments.py``, ``validate_args``)
 ``grad_reduce_in_fp32``. Megatron-Bridge v0.3.1: ``mixed_precision.setup`` copies the recipe's
 ``mixed_precision.grad_reduce_in_fp32`` over ``ddp.grad_reduce_in_fp32`` (``bf16_mixed``: True); aceso's export
 writes both (``megatron/bridge.py``). The runtime keeps megatron-core's DDP default (off), and
-aceso_megatron's engine (``training/engine.py``, ``_ddp_config``) builds its DDP from the plan's own settings through
+the runtime's engine (its ``_ddp_config``) builds its DDP from the plan's own settings through
 ``run_settings``, so a plan runs in the runtime as it was priced (a Megatron-LM-priced plan launched through the
 runtime reduces as its flags would).
 
