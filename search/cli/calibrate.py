@@ -13,6 +13,7 @@ Example: aceso calibrate --run run.sh run.log --cluster 4x8-h100 -o calib.json
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..argtypes import positive_int
@@ -54,8 +55,7 @@ def _read_run(config: str, log: str, args: argparse.Namespace):
             raise AcesoError(f"{config}: a Megatron-LM run needs --cluster NODESxGPUS-gpu (the GPUs it ran on)")
         imp = read_megatron(text, source=config, cluster=cluster, vocab_size=args.vocab_size)
         run = Run(label, imp.plan, imp.config.attention, "megatron-lm", measured)
-        div = imp.config.vocab_divisor
-        padded = -(-imp.config.model.vocab_size // div) * div
+        padded = imp.config.model.padded_vocab_size      # Megatron-LM's: a multiple of the divisor x tp
     if run.plan.world_size != cluster.num_gpus:
         raise AcesoError(f"{config}: it runs on {run.plan.world_size} GPUs but --cluster {cluster.label} has "
                          f"{cluster.num_gpus}; give the cluster it ran on")
@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         for r in c.runs:
             mem = f"{r.measured_memory_mb:>9.0f}{r.predicted_memory_after_mb:>9.0f}" if r.measured_memory_mb \
                 is not None else f"{'-':>9}{'-':>9}"
-            print(f"  {r.run[-50:]:50}{r.measured_iteration_ms:>12.1f}{100 * r.error_before:>8.1f}%"
+            name = " + ".join(os.path.basename(part) for part in r.run.split(" + "))
+            print(f"  {name[-50:]:50}{r.measured_iteration_ms:>12.1f}{100 * r.error_before:>8.1f}%"
                   f"{100 * r.error_after:>8.1f}%{mem}", file=out)
     return 0
