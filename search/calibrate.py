@@ -43,6 +43,7 @@ class Run:
     attention: str | None
     framework: str              # "megatron-lm" (a launch script) or "runtime" (an aceso plan)
     measured: MeasuredRun
+    settings: object = None     # a RunSettings other than the framework's (the benchmark's 2021/2022 rows)
 
 
 def price(run: Run, cluster: ClusterSpec):
@@ -53,7 +54,8 @@ def price(run: Run, cluster: ClusterSpec):
     training = TrainingSpec(global_batch_size=p.global_batch_size, micro_batch_sizes=[p.micro_batch_size],
                             precision=p.model.params_dtype, distributed_optimizer=p.distributed_optimizer,
                             attention=run.attention or "auto")
-    settings = RunSettings.megatron_lm(training.precision) if run.framework == "megatron-lm" else RunSettings()
+    settings = run.settings or (RunSettings.megatron_lm(training.precision) if run.framework == "megatron-lm"
+                                else RunSettings())
     return make_cost_model(p.model, cluster, training, settings=settings).evaluate(
         p.model_copy(update={"cluster": cluster}))
 
@@ -113,21 +115,31 @@ def _residuals(runs: list[Run], x: np.ndarray) -> np.ndarray:
                      for r in runs])
 
 
-def fit_factors(runs: list[Run], iterations: int = 6) -> tuple[np.ndarray, list[str]]:
-    """log(factor) per ``FACTORS`` and the names of those some run exercised."""
+def jacobian(runs: list[Run], x: np.ndarray, r: np.ndarray | None = None, cols=None) -> np.ndarray:
+    """d log(pred_i) / d log(factor_j) at ``x`` (forward differences; only ``cols`` where given)."""
+    r = _residuals(runs, x) if r is None else r
+    jac = np.zeros((len(runs), len(FACTORS)))
+    for j in range(len(FACTORS)):
+        if cols is not None and not cols[j]:
+            continue
+        dx = x.copy()
+        dx[j] += STEP
+        jac[:, j] = (_residuals(runs, dx) - r) / STEP
+    return jac
+
+
+def fit_factors(runs: list[Run], iterations: int = 6, jac: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
+    """log(factor) per ``FACTORS`` and the names of those some run exercised. With ``jac`` (the runs' Jacobian,
+    e.g. at the defaults) it stays frozen and each iteration re-prices the runs once (a chord method)."""
     x = np.zeros(len(FACTORS))
-    free = np.ones(len(FACTORS), bool)
+    frozen = jac is not None
+    free = np.ones(len(FACTORS), bool) if jac is None else np.abs(jac).max(axis=0) > 1e-4
     for it in range(iterations):
         r = _residuals(runs, x)
-        jac = np.zeros((len(runs), len(FACTORS)))
-        for j in range(len(FACTORS)):
-            if not free[j]:
-                continue
-            dx = x.copy()
-            dx[j] += STEP
-            jac[:, j] = (_residuals(runs, dx) - r) / STEP
-        if it == 0:
-            free = np.abs(jac).max(axis=0) > 1e-4
+        if not frozen:
+            jac = jacobian(runs, x, r, None if it == 0 else free)
+            if it == 0:
+                free = np.abs(jac).max(axis=0) > 1e-4
         jf = jac[:, free]
         step = np.linalg.solve(jf.T @ jf + PRIOR * np.eye(jf.shape[1]), -(jf.T @ r + PRIOR * x[free]))
         x[free] = np.clip(x[free] + step, -BOUND, BOUND)
@@ -136,9 +148,9 @@ def fit_factors(runs: list[Run], iterations: int = 6) -> tuple[np.ndarray, list[
     return x, [FACTORS[j] for j in range(len(FACTORS)) if free[j]]
 
 
-def calibrate_gpu(runs: list[Run]) -> GPUCalibration:
+def calibrate_gpu(runs: list[Run], jac: np.ndarray | None = None, iterations: int = 6) -> GPUCalibration:
     """One GPU type's calibration from its runs, with each run's residuals before and after."""
-    x, fitted = fit_factors(runs)
+    x, fitted = fit_factors(runs, iterations, jac)
     gemm, attn, intra, inter = np.exp(x)
     base = runs[0].plan.cluster
     d = defaults(base.gpu.name, base.intra_node_gbps, base.inter_node_gbps)
