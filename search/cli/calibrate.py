@@ -37,22 +37,24 @@ def _read_run(config: str, log: str, args: argparse.Namespace):
     from ..cluster import parse_cluster
     from ..megatron_log import read_run_log
     text = read_text(config, label=config, missing="no such launch script or plan")
-    measured = read_run_log(read_text(log, label=log, missing="no such log file"), log)
-    label = f"{config} + {log}"
     cluster = parse_cluster(args.cluster) if args.cluster else None
+    plan = None
     if text.lstrip().startswith("{"):
         from ..plan import load_plan
         plan = load_plan(config)
         cluster = cluster or plan.cluster
         if cluster is None:
             raise AcesoError(f"{config}: the plan names no cluster; give --cluster NODESxGPUS-gpu")
+    elif cluster is None:
+        raise AcesoError(f"{config}: a Megatron-LM run needs --cluster NODESxGPUS-gpu (the GPUs it ran on)")
+    measured = read_run_log(read_text(log, label=log, missing="no such log file"), log)
+    label = f"{config} + {log}"
+    if plan is not None:
         run = Run(label, plan.model_copy(update={"cluster": cluster}),
                   plan.predicted.attention if plan.predicted else None, "runtime", measured)
         padded = None
     else:
         from ..megatron.importer import read_megatron
-        if cluster is None:
-            raise AcesoError(f"{config}: a Megatron-LM run needs --cluster NODESxGPUS-gpu (the GPUs it ran on)")
         imp = read_megatron(text, source=config, cluster=cluster, vocab_size=args.vocab_size)
         run = Run(label, imp.plan, imp.config.attention, "megatron-lm", measured)
         padded = imp.config.model.padded_vocab_size      # Megatron-LM's: a multiple of the divisor x tp

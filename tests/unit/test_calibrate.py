@@ -191,3 +191,25 @@ def _plan(tmp_path):
     p = tmp_path / "plan.json"
     p.write_text(imported().plan.to_json())
     return p
+
+
+def test_an_aceso_plan_and_its_train_jsonl_calibrate(tmp_path, capsys):
+    """The records as aceso_megatron/training/train_log.py ``TrainLogger.step`` writes them."""
+    plan = imported().plan
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    ms = 1.1 * price(Run("", plan, None, "runtime", None), plan.cluster).iteration_ms
+    gbs = plan.global_batch_size
+    recs = [{"kind": "train", "iteration": i, "loss": 5.0, "grad_norm": 1.0, "lr": 1e-4, "iteration_time_ms": t,
+             "tokens_per_s": gbs * 2048 / (t / 1e3),
+             "tflops_per_gpu": plan.model.training_flops_per_sample() * gbs / (t / 1e3) / plan.world_size / 1e12,
+             "stage_max_memory_mb": [20000.0]} for i, t in ((5, 3 * ms), (10, ms), (15, ms))]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert main(["calibrate", "--run", str(tmp_path / "plan.json"), str(tmp_path / "t.jsonl"), "-o",
+                 str(tmp_path / "c.json"), "--json"]) == 0
+    (r,) = json.loads(capsys.readouterr().out)["h100"]
+    assert r["error_before"] == pytest.approx(1 / 1.1 - 1, abs=1e-3) and abs(r["error_after"]) < 0.005
+    recs[-1]["tflops_per_gpu"] *= 2          # another model's log
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert main(["calibrate", "--run", str(tmp_path / "plan.json"), str(tmp_path / "t.jsonl"), "-o",
+                 str(tmp_path / "d.json")]) == 2
+    assert "another model or cluster" in capsys.readouterr().err and not (tmp_path / "d.json").exists()
