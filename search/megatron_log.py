@@ -135,7 +135,7 @@ def read_megatron_log(text: str, source: str) -> MeasuredRun:
 
 
 def read_train_jsonl(text: str, source: str) -> MeasuredRun:
-    """The run's measurements from ``aceso train --log-file`` JSON lines (aceso_megatron/training/train_log.py)."""
+    """The run's measurements from ``aceso train --log-file`` JSON lines (the runtime's training/train_log.py)."""
     if not text.strip():
         raise AcesoError(f"{source}: the log is empty; give the --log-file of a finished aceso train run")
     times, mem, tput = [], [], None

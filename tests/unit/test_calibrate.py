@@ -213,3 +213,25 @@ def test_an_aceso_plan_and_its_train_jsonl_calibrate(tmp_path, capsys):
     assert main(["calibrate", "--run", str(tmp_path / "plan.json"), str(tmp_path / "t.jsonl"), "-o",
                  str(tmp_path / "d.json")]) == 2
     assert "another model or cluster" in capsys.readouterr().err and not (tmp_path / "d.json").exists()
+
+
+def test_every_command_prices_with_the_same_calibrated_cluster(tmp_path, capsys):
+    sh, log, _ = write_run(tmp_path, factor=1.3)
+    cal = str(tmp_path / "c.json")
+    assert main(["calibrate", "--run", sh, log, "--cluster", CLUSTER, "-o", cal]) == 0
+    base = str(tmp_path / "base.json")
+    assert main(["baseline", "--model", "gpt-1.3b", "--num-layers", "4", "--cluster", CLUSTER, "--global-batch-size",
+                 "64", "--calibration", cal, "-o", base]) == 0
+    capsys.readouterr()
+    plan = json.loads(open(base).read())
+    assert plan["cluster"]["gpu"]["attention_scale"] is not None            # the plan records what it was priced on
+    ms = plan["predicted"]["iteration_time_ms"]
+    for extra in ([], ["--calibration", cal]):                               # applying it again changes nothing
+        assert main(["explain", base, "--json", *extra]) == 0
+        assert json.loads(capsys.readouterr().out)["iteration_time_ms"] == pytest.approx(ms, abs=1e-5)
+    assert main(["baseline", "--model", "gpt-1.3b", "--num-layers", "4", "--cluster", CLUSTER, "--global-batch-size",
+                 "64", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["iteration_ms"] < ms / 1.15         # the defaults: faster
+    assert main(["export", base, "--to", "megatron-lm", "--calibration", cal, "-o", str(tmp_path / "run2.sh")]) == 0
+    assert f"{ms:.1f} ms per iteration" in (tmp_path / "run2.sh").read_text()
+    assert main(["validate", base, "--calibration", cal, "--json"]) == 0
