@@ -41,7 +41,8 @@ class RunResidual(BaseModel):
     measured_iteration_ms: float = Field(gt=0)
     predicted_before_ms: float = Field(gt=0)
     predicted_after_ms: float = Field(gt=0)
-    error_before: float = Field(description="predicted_before / measured - 1 of the iteration time (positive: predicted slower).")
+    error_before: float = Field(description="predicted_before / measured - 1 of the iteration time (positive: "
+                                "predicted slower).")
     error_after: float
     measured_memory_mb: float | None = Field(None, ge=0, description="Max over ranks of the log's peak memory.")
     predicted_memory_before_mb: float | None = Field(None, ge=0)

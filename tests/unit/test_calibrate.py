@@ -76,7 +76,8 @@ def test_a_log_from_megatron_lms_format_strings_reads_back():
 
 def test_the_line_format_is_megatron_lms():
     line = iteration_line(10, 100, 640, 4321.04, 412.34, 1e-4, 64, {"lm loss": 7.1, "zero": 0.0})
-    assert line.startswith(" [2026-01-02 03:04:05.000000] iteration       10/     100 | consumed samples:          640 |")
+    assert line.startswith(" [2026-01-02 03:04:05.000000] iteration       10/     100 | consumed samples:"
+                           "          640 |")
     assert " elapsed time per iteration (ms): 4321.0 | throughput per GPU (TFLOP/s/GPU): 412.3 |" in line
     assert " lm loss: 7.100000E+00 |" in line and "zero" not in line
     assert line.endswith(" number of skipped iterations:   0 | number of nan iterations:   0 |")
