@@ -37,14 +37,18 @@ from search.calibrate import Run, calibrate_gpu, check_log, jacobian, megatron_f
 from search.calibration import CalibrationFile  # noqa: E402
 from search.megatron_log import read_megatron_log  # noqa: E402
 
-UNTUNED = {"micro_batch_size", "vpp", "recompute"}
+try:        # bench/calibration.py's definition where it exists (the calib branch): one truth for "fully specified"
+    from calibration import fully_specified  # noqa: E402
+except ImportError:
+    def fully_specified(row: dict) -> bool:
+        return not {"micro_batch_size", "vpp", "recompute"} & set(row["unknown"])
 
 
 def user_runs(only: str | None = None) -> list[tuple[dict, Run]]:
     """(row, Run) for every fully specified row, its log generated from the measured number and read back."""
     out = []
     for row in B.pr.load_published_runs():
-        if row["fp8"] or not row["stock_megatron"] or UNTUNED & set(row["unknown"]):
+        if row["fp8"] or not row["stock_megatron"] or not fully_specified(row):
             continue
         if only and only not in row["id"]:
             continue
@@ -58,7 +62,7 @@ def user_runs(only: str | None = None) -> list[tuple[dict, Run]]:
         text = megatron_log(iteration_ms, megatron_flops(plan, padded), row["num_gpus"],
                             plan.global_batch_size, {"num_layers": plan.model.num_layers,
                                                      "world_size": plan.cluster.num_gpus})
-        run = Run(row["id"], plan, "flash" if B.era(row) == "mcore" else "unfused", "megatron-lm",
+        run = Run(row["id"], plan, "unfused" if B.era(row) in ("2021", "2022") else "flash", "megatron-lm",
                   read_megatron_log(text, f"{row['id']}.log"),
                   settings=B.settings_of(row, plan.model.params_dtype))
         check_log(run, plan.cluster, padded)
