@@ -9,13 +9,14 @@ import pytest
 
 from megatron_log_format import iteration_line, megatron_log, memory_line
 from search.calibrate import Run, calibrate, megatron_flops, price
-from search.calibration import CalibrationFile, apply_calibration, load_calibration, scaled_cluster
+from search.calibration import CalibrationFile, apply_calibration, defaults, load_calibration, scaled_cluster
 from search.cli import main
 from search.cluster import parse_cluster
 from search.megatron.importer import read_megatron
 from search.megatron_log import read_megatron_log, read_train_jsonl
 
 CLUSTER = "1x8-h100"
+DEFAULT = defaults("h100", 450.0, 50.0)     # the analytic model's own values (kernels.ARCH, comm, memory)
 ARGS = ("--num-layers 4 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
         "--micro-batch-size 2 --global-batch-size 64 --bf16 --tensor-model-parallel-size {tp} --vocab-size 50257 "
         "--transformer-impl transformer_engine --use-distributed-optimizer")
@@ -106,7 +107,7 @@ def test_one_run_calibrates_to_its_measurement_and_the_file_round_trips(tmp_path
     c = f.gpus["h100"]
     (r,) = c.runs
     assert r.error_before == pytest.approx(1 / 1.25 - 1, abs=2e-4)
-    assert abs(r.error_after) < 0.005 and c.gemm_efficiency < 0.803 * 0.73
+    assert abs(r.error_after) < 0.005 and c.gemm_efficiency < DEFAULT["gemm_efficiency"]
     assert c.inter_node_gbps is None                     # one node: the network was not measured
     assert c.memory_reserve_mb == pytest.approx(1024 + 30000 - pred.max_memory_mb, abs=0.1)
     # explain, search's cluster and validate apply the same file the same way
@@ -133,8 +134,8 @@ def test_several_runs_recover_the_factors_that_made_them():
         r.measured = read_megatron_log(log_for(imp, ms, reserved_mb=None), f"tp{tp}.log")
         runs.append(r)
     c = calibrate(runs).gpus["h100"]
-    assert c.gemm_efficiency == pytest.approx(0.803 * 0.73 * 0.85, rel=0.03)
-    assert c.intra_node_gbps == pytest.approx(450 * 0.8 * 0.6, rel=0.1)
+    assert c.gemm_efficiency == pytest.approx(DEFAULT["gemm_efficiency"] * 0.85, rel=0.03)
+    assert c.intra_node_gbps == pytest.approx(DEFAULT["intra_node_gbps"] * 0.6, rel=0.1)
     assert max(abs(r.error_after) for r in c.runs) < 0.003
     assert np.mean([abs(r.error_before) for r in c.runs]) > 0.1
 
