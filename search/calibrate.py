@@ -7,8 +7,9 @@ cluster whose fields ``search.calibration.scaled_cluster`` scales by four factor
 intra-node and inter-node bandwidth. The fit minimises ``sum_i log(pred_i / meas_i)^2 + PRIOR sum_j log(f_j)^2``
 by damped Gauss-Newton with a finite-difference Jacobian: a factor no run exercises (the network, for one-node
 runs) has a zero column and keeps its default, and with fewer runs than factors the small prior picks the
-smallest change that explains them (mostly GEMM, where the time is). The memory reserve is the default
-``RESERVE_MB`` plus the largest measured-minus-predicted peak of any run (the conservative side: the run needed it).
+smallest change that explains them (mostly GEMM, where the time is). No factor goes beyond the hardware
+(``upper_bounds``: kernels at most their microbenchmark ceilings, links at most the datasheet). The memory reserve
+is the default ``RESERVE_MB`` plus the largest measured-minus-predicted peak of any run (the conservative side: the run needed it).
 
 Before pricing, a log is checked against its configuration: the arguments block Megatron-LM prints (model shape,
 parallel sizes, batch, world size) and the logged global batch size must match the script, and the logged
@@ -32,7 +33,7 @@ from .plan import ParallelPlan
 PRIOR = 1e-3          # weight of log(factor)^2 against log(pred/meas)^2: a 3% factor change costs a 0.1% residual
 FACTORS = ("gemm", "attention", "intra", "inter")
 STEP = 0.02           # finite-difference step in log(factor)
-BOUND = math.log(4.0)  # factors stay within 1/4 .. 4 of the defaults
+BOUND = math.log(4.0)  # factors stay above 1/4 of the defaults, and below the hardware (upper_bounds)
 TPUT_TOLERANCE = 0.03  # logged vs recomputed throughput (the log rounds to 0.1 TFLOP/s; vocab padding by tp)
 
 
@@ -128,9 +129,25 @@ def jacobian(runs: list[Run], x: np.ndarray, r: np.ndarray | None = None, cols=N
     return jac
 
 
+def upper_bounds(gpu: str) -> np.ndarray:
+    """log of the largest physical factors: kernels at their microbenchmark ceilings (``sustained`` 1), links at
+    the datasheet bandwidth (``LINK_EFFICIENCY`` 1)."""
+    from .costmodel.comm import LINK_EFFICIENCY
+    from .costmodel.kernels import ARCH
+    s = ARCH.get(gpu, ARCH["a100"]).sustained
+    return np.log([1 / s, 1 / s, 1 / LINK_EFFICIENCY, 1 / LINK_EFFICIENCY])
+
+
+def _clip(x: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    x = np.clip(x, -BOUND, hi)
+    x[1] = min(x[1], hi[1] - x[0])        # attention's factor is relative to the GEMM's
+    return x
+
+
 def fit_factors(runs: list[Run], iterations: int = 6, jac: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
     """log(factor) per ``FACTORS`` and the names of those some run exercised. With ``jac`` (the runs' Jacobian,
     e.g. at the defaults) it stays frozen and each iteration re-prices the runs once (a chord method)."""
+    hi = upper_bounds(runs[0].plan.cluster.gpu.name)
     x = np.zeros(len(FACTORS))
     frozen = jac is not None
     free = np.ones(len(FACTORS), bool) if jac is None else np.abs(jac).max(axis=0) > 1e-4
@@ -142,8 +159,10 @@ def fit_factors(runs: list[Run], iterations: int = 6, jac: np.ndarray | None = N
                 free = np.abs(jac).max(axis=0) > 1e-4
         jf = jac[:, free]
         step = np.linalg.solve(jf.T @ jf + PRIOR * np.eye(jf.shape[1]), -(jf.T @ r + PRIOR * x[free]))
-        x[free] = np.clip(x[free] + step, -BOUND, BOUND)
-        if np.max(np.abs(step)) < 1e-4:
+        before = x.copy()
+        x[free] += step
+        x = _clip(x, hi)
+        if np.max(np.abs(x - before)) < 1e-4:
             break
     return x, [FACTORS[j] for j in range(len(FACTORS)) if free[j]]
 
