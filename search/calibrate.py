@@ -9,7 +9,8 @@ by damped Gauss-Newton with a finite-difference Jacobian: a factor no run exerci
 runs) has a zero column and keeps its default, and with fewer runs than factors the small prior picks the
 smallest change that explains them (mostly GEMM, where the time is). No factor goes beyond the hardware
 (``upper_bounds``: kernels at most their microbenchmark ceilings, links at most the datasheet). The memory reserve
-is the default ``RESERVE_MB`` plus the largest measured-minus-predicted peak of any run (the conservative side: the run needed it).
+is the default ``RESERVE_MB`` plus the largest measured-minus-predicted peak of any run (the conservative side:
+the run needed it).
 
 Before pricing, a log is checked against its configuration: the arguments block Megatron-LM prints (model shape,
 parallel sizes, batch, world size) and the logged global batch size must match the script, and the logged
