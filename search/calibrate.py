@@ -145,6 +145,25 @@ def _clip(x: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return x
 
 
+def _bounded_step(x: np.ndarray, r: np.ndarray, jac: np.ndarray, free: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """One regularised Gauss-Newton step within the bounds: a factor the step would push past its bound is pinned
+    there (the residuals moved by its linearised effect) and the step re-solved for the others (an active set)."""
+    x, r, active = x.copy(), r.copy(), free.copy()
+    while active.any():
+        jf = jac[:, active]
+        step = np.linalg.solve(jf.T @ jf + PRIOR * np.eye(jf.shape[1]), -(jf.T @ r + PRIOR * x[active]))
+        trial = x.copy()
+        trial[active] += step
+        clipped = _clip(trial.copy(), hi)
+        hit = active & ~np.isclose(clipped, trial, rtol=0, atol=1e-12)
+        if not hit.any():
+            return clipped
+        r = r + jac[:, hit] @ (clipped[hit] - x[hit])
+        x[hit] = clipped[hit]
+        active &= ~hit
+    return x
+
+
 def fit_factors(runs: list[Run], iterations: int = 6, jac: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
     """log(factor) per ``FACTORS`` and the names of those some run exercised. With ``jac`` (the runs' Jacobian,
     e.g. at the defaults) it stays frozen and each iteration re-prices the runs once (a chord method)."""
@@ -158,11 +177,8 @@ def fit_factors(runs: list[Run], iterations: int = 6, jac: np.ndarray | None = N
             jac = jacobian(runs, x, r, None if it == 0 else free)
             if it == 0:
                 free = np.abs(jac).max(axis=0) > 1e-4
-        jf = jac[:, free]
-        step = np.linalg.solve(jf.T @ jf + PRIOR * np.eye(jf.shape[1]), -(jf.T @ r + PRIOR * x[free]))
         before = x.copy()
-        x[free] += step
-        x = _clip(x, hi)
+        x = _bounded_step(x, r, jac, free, hi)
         if np.max(np.abs(x - before)) < 1e-4:
             break
     return x, [FACTORS[j] for j in range(len(FACTORS)) if free[j]]

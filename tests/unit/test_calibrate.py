@@ -237,3 +237,17 @@ def test_every_command_prices_with_the_same_calibrated_cluster(tmp_path, capsys)
     assert main(["export", base, "--to", "megatron-lm", "--calibration", cal, "-o", str(tmp_path / "run2.sh")]) == 0
     assert f"{ms:.1f} ms per iteration" in (tmp_path / "run2.sh").read_text()
     assert main(["validate", base, "--calibration", cal, "--json"]) == 0
+
+
+def test_no_factor_goes_beyond_the_hardware(tmp_path):
+    """A run 'measured' twice as fast as the defaults predict: the fit stops at the microbenchmark ceilings
+    (kernels.ARCH gemm_max, attn_fwd) and the datasheet links, and says how far off the run still is."""
+    from search.costmodel.kernels import ARCH
+    imp = imported()
+    r = Run("fast", imp.plan, imp.config.attention, "megatron-lm", None)
+    r.measured = read_megatron_log(log_for(imp, price(r, imp.plan.cluster).iteration_ms / 2, reserved_mb=None), "x")
+    c = calibrate([r]).gpus["h100"]
+    assert c.gemm_efficiency == pytest.approx(ARCH["h100"].gemm_max, rel=1e-9)
+    assert c.attention_efficiency <= ARCH["h100"].attn_fwd * (1 + 1e-9)
+    assert c.intra_node_gbps <= 450.0 * (1 + 1e-9)
+    assert c.runs[0].error_after > 0.2              # still predicted slower: the run is beyond this hardware
