@@ -47,6 +47,8 @@ class GPUSpec(BaseModel):
     peak_tflops_fp32: float = Field(gt=0, le=MAX_TFLOPS,
                                     description="fp32 peak (TF32 tensor cores where present), TFLOP/s.")
     hbm_gbps: float = Field(gt=0, le=MAX_GBPS, description="Memory bandwidth, GB/s.")
+    attention_scale: float | None = Field(None, gt=0, le=100, description="Calibrated (`aceso calibrate`): fused "
+                                          "attention throughput relative to the cost model's default; None = 1.")
 
     def peak_tflops(self, dtype: str) -> float:
         if dtype == "bf16":

@@ -50,6 +50,7 @@ PLANNER_SUBCOMMANDS: dict[str, str] = {
     "export": "export",
     "import": "import_cmd",
     "plot": "plot",
+    "calibrate": "calibrate",
 }
 # registered by the runtime through ENTRY_POINT_GROUP; named here only to list them (and say how to get them)
 RUNTIME_SUBCOMMANDS = ("profile", "train", "launch", "data")

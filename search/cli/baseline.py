@@ -10,13 +10,14 @@ import json
 import sys
 
 from ..errors import AcesoError
-from .common import add_cluster_args, add_model_args, check_output, write_output
+from .common import add_calibration_arg, add_cluster_args, add_model_args, check_output, write_output
 from .search_cmd import add_training_args, setup
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_cluster_args(p)
+    add_calibration_arg(p)
     add_training_args(p)
     p.add_argument("--json", action="store_true", help="print a machine-readable summary")
     p.add_argument("-o", "--output", default=None, help="write it as a ParallelPlan JSON here; - = stdout")

@@ -32,12 +32,26 @@ def add_headroom_arg(p: argparse.ArgumentParser) -> None:
                         "buffers, allocator fragmentation; docs/costmodel.md Memory)")
 
 
+def add_calibration_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="price on the GPUs and links your own runs measured (a file of `aceso calibrate`)")
+
+
+def calibrated(args: argparse.Namespace, cluster: ClusterSpec | None) -> ClusterSpec | None:
+    """``cluster`` with ``--calibration FILE`` applied (search.calibration.apply_calibration); as is without one."""
+    path = getattr(args, "calibration", None)
+    if path is None or cluster is None:
+        return cluster
+    from ..calibration import apply_calibration, load_calibration
+    return apply_calibration(cluster, load_calibration(path))
+
+
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
     return load_model(args.model, num_layers=args.num_layers)
 
 
 def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
-    return parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb)
+    return calibrated(args, parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb))
 
 
 def print_json(obj) -> None:

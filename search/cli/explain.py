@@ -32,7 +32,7 @@ from ..errors import AcesoError, as_aceso_error, read_json
 from ..plan import RECOMPUTE_CHOICES, ParallelPlan, check_recompute_applies, parse_plan
 from ..plan_settings import FRAMEWORKS
 from ..training import TrainingSpec
-from .common import add_cluster_args, print_json
+from .common import add_calibration_arg, add_cluster_args, calibrated, print_json
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "grad_copy", "reserve")
 COMM_KINDS = ("tp", "cp", "p2p", "dp", "param_gather", "embedding_grads")
@@ -51,6 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="preset or spec file; default: the plan's model")
     p.add_argument("--num-layers", type=positive_int, default=None, help="with --model: override the preset's depth")
     add_cluster_args(p, required=False)
+    add_calibration_arg(p)
     p.add_argument("--global-batch-size", type=positive_int, default=None, help="default: the plan's")
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="default: the model's params_dtype")
@@ -102,6 +103,7 @@ def _resolve(args: argparse.Namespace, plan: ParallelPlan):
             cluster = _with_limit(cluster, args.memory_limit_mb)
     else:
         raise AcesoError(f"{args.plan}: the plan names no cluster; give --cluster NODESxGPUS-gpu")
+    cluster = calibrated(args, cluster)
     data["cluster"] = cluster.model_dump()
     if args.global_batch_size is not None:
         data["global_batch_size"] = args.global_batch_size

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import AcesoError
 from ..plan import load_plan
-from .common import check_output, write_output
+from .common import add_calibration_arg, calibrated, check_output, write_output
 
 TARGETS = ("megatron-lm", "megatron-bridge", "aceso-legacy")
 
@@ -30,11 +30,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--args-only", action="store_true",
                    help="megatron-lm: only the arguments, one shell-quoted line; megatron-bridge: the CLI overrides")
     p.add_argument("-o", "--output", default="-", help="file to write, or - for stdout")
+    add_calibration_arg(p)
 
 
 def run(args: argparse.Namespace) -> int:
     check_output(args.output)
     plan = load_plan(args.plan)
+    if args.calibration and plan.cluster is not None:     # the header's prediction on the calibrated cluster
+        from .import_cmd import predict
+        plan = plan.model_copy(update={"cluster": calibrated(args, plan.cluster)})
+        plan = plan.model_copy(update={"predicted": predict(plan, plan.predicted.attention if plan.predicted
+                                                           else None)})
     if args.to == "aceso-legacy":
         if args.args_only:
             raise AcesoError("--args-only is for --to megatron-lm / megatron-bridge; aceso-legacy writes a JSON config")

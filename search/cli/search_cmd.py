@@ -29,7 +29,8 @@ from pathlib import Path
 from .. import plots
 from ..argtypes import positive_float, positive_int, seed
 from ..errors import AcesoError
-from .common import add_cluster_args, add_model_args, check_output, cluster_from_args, model_from_args, write_outputs
+from .common import (add_calibration_arg, add_cluster_args, add_model_args, check_output, cluster_from_args,
+                     model_from_args, write_outputs)
 
 DEFAULT_BUDGET = 4000
 LONG_SEQUENCE = 8192          # context parallelism is a candidate by default from this many tokens on
@@ -72,6 +73,7 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_cluster_args(p)
+    add_calibration_arg(p)
     add_training_args(p)
     p.add_argument("--target", choices=tuple(SPACE_TARGET), default="aceso",
                    help="aceso: plans for the aceso runtime (default); megatron-lm / megatron-bridge: only what "

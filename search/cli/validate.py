@@ -15,7 +15,7 @@ from ..argtypes import positive_float, positive_int
 from ..costmodel.memory import headroom_verdict
 from ..errors import AcesoError
 from ..plan import check_fits_cluster, check_recompute_applies, load_plan
-from .common import add_headroom_arg, print_json
+from .common import add_calibration_arg, add_headroom_arg, calibrated, print_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,6 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", choices=("auto", "flash", "unfused"), default=None,
                    help="attention kernel for the memory check (default: what the plan's prediction assumed, "
                         "else auto)")
+    add_calibration_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -56,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb) if args.cluster else plan.cluster
     if cluster is not None and args.memory_limit_mb and not args.cluster:
         cluster = cluster.model_copy(update={"memory_limit_mb": args.memory_limit_mb})
+    cluster = calibrated(args, cluster)
     memory = None
     if cluster is not None:
         try:

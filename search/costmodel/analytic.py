@@ -88,6 +88,7 @@ class AnalyticSource:
         self.peak = cluster.gpu.peak_tflops(training.precision) * 1e9   # FLOP per ms
         self.hbm = cluster.gpu.hbm_gbps * 1e6                           # bytes per ms
         self.kern = KERNEL_MODELS[kernels](cluster.gpu.name, self.peak, self.hbm, self.dt)
+        self.kern.attn_scale = cluster.gpu.attention_scale or 1.0     # aceso calibrate (search/calibration.py)
         self.kernels = kernels
         if training.attention == "flash" and not self.kern.has_flash:
             raise AcesoError(f"--attention flash: {cluster.gpu.name} has no flash attention (it needs sm80+, A100 or "

@@ -107,6 +107,7 @@ class FlatKernels:
     """v1: ``max(flops / (peak eff), bytes / (hbm mem)) + LAUNCH_MS`` per kernel group, efficiencies per GPU."""
 
     name = "flat"
+    attn_scale = 1.0            # calibrated fused-attention throughput factor (GPUSpec.attention_scale)
     ce_bytes = (24.0, 8.0)      # v1: cross-entropy bytes per logit beyond the dt read, forward / backward
 
     def __init__(self, gpu: str, peak_flop_per_ms: float, hbm_bytes_per_ms: float, dt: float):
@@ -133,7 +134,8 @@ class FlatKernels:
         return one, one, one
 
     def flash(self, flops: float, s_kv: float, head_dim: int, causal: bool, backward: bool = False) -> float:
-        return self._k(2.5 * flops if backward else flops, eff=self.eff.flash_bwd if backward else self.eff.flash_fwd)
+        eff = self.eff.flash_bwd if backward else self.eff.flash_fwd
+        return self._k(2.5 * flops if backward else flops, eff=eff * self.attn_scale)
 
     def memory(self, nbytes: float, launches: int = 1) -> float:
         return self._k(nbytes=nbytes)
@@ -143,6 +145,7 @@ class ShapeKernels:
     """Shape-aware GEMM and attention efficiency (module docstring)."""
 
     name = "shape"
+    attn_scale = 1.0            # calibrated fused-attention throughput factor (GPUSpec.attention_scale)
     # megatron-core's vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py), bytes per logit beyond the
     # dt read: forward .float() 4 + max 4 + subtract 8 + exp 8 + sum 4 + divide 8; backward mul_ 8 + the cast's 4
     ce_bytes = (36.0, 12.0)
@@ -190,7 +193,7 @@ class ShapeKernels:
 
     def flash(self, flops: float, s_kv: float, head_dim: int, causal: bool, backward: bool = False) -> float:
         a = self.arch
-        eff = (a.attn_bwd if backward else a.attn_fwd) * a.sustained * s_kv / (s_kv + ATTN_S0)
+        eff = (a.attn_bwd if backward else a.attn_fwd) * a.sustained * self.attn_scale * s_kv / (s_kv + ATTN_S0)
         eff *= min(1.0, (head_dim / (head_dim + ATTN_D0)) / (128.0 / (128.0 + ATTN_D0)))
         if not causal:
             eff *= NONCAUSAL_GAIN

@@ -118,6 +118,9 @@ _MLM = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 
 SEARCH = "search --model spec.json --cluster 1x2-cpu --global-batch-size 8 --workers 1 --budget-evals 50"
 LAUNCH = "launch plan.json --cpu --dry-run --"
 TRAIN_OK = "--mock-data --train-iters 2"
+CAL_SCRIPT = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 1024 --num-attention-heads 16 "
+              "--seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 1 --global-batch-size 8 --bf16 "
+              "--vocab-size 50257\n")
 
 CASES = [
     # ----- the dispatcher and argparse: one usage line, did-you-mean ---------------------------------------------
@@ -656,6 +659,22 @@ CASES = [
     C("profile-node-rank", "profile --model spec.json -o db2.json --cpu --nnodes 1 --node-rank 2",
       "--node-rank (2) must be in [0, --nnodes (1))"),
     C("profile-model", "profile --model gpt-1.3B -o db2.json --cpu", "did you mean gpt-1.3b"),
+
+    # ----- aceso calibrate and --calibration (docs/calibrate.md; the log checks: test_calibrate.py) -----------
+    C("calibrate-log-missing", "calibrate --run run.sh nope.log --cluster 1x8-h100 -o c.json",
+      "nope.log: no such log file", **{"run.sh": CAL_SCRIPT}),
+    C("calibrate-log-empty", "calibrate --run run.sh run.log --cluster 1x8-h100 -o c.json", "the log is empty",
+      **{"run.sh": CAL_SCRIPT, "run.log": ""}),
+    C("calibrate-no-cluster", "calibrate --run run.sh run.log -o c.json", "needs --cluster",
+      **{"run.sh": CAL_SCRIPT, "run.log": "x\n"}),
+    C("calibrate-jsonl-cut", "calibrate --run plan.json t.jsonl -o c.json", "line 1: cut off mid-line",
+      **{"t.jsonl": '{"kind": "train", "iteration_ti'}),
+    C("calibration-missing", "explain plan.json --calibration nope.json", "--calibration nope.json: no such"),
+    C("calibration-not-one", "validate plan.json --calibration plan.json", "not a calibration file"),
+    C("calibration-other-gpu", "explain plan.json --calibration c.json", "no calibration for cpu",
+      **{"c.json": {"kind": "aceso-calibration", "gpus": {"h100": {"gemm_efficiency": 0.5,
+                                                                    "attention_efficiency": 0.4,
+                                                                    "memory_reserve_mb": 1024.0}}}}),
 ]
 
 
