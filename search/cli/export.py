@@ -35,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     check_output(args.output)
     plan = load_plan(args.plan)
+    from ..moe import refuse_unpriced
+    refuse_unpriced(plan.model)     # exported flags would run a model nobody priced (docs/moe.md)
     if args.to == "aceso-legacy":
         if args.args_only:
             raise AcesoError("--args-only is for --to megatron-lm / megatron-bridge; aceso-legacy writes a JSON config")
