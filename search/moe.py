@@ -136,11 +136,11 @@ def unpriced_features(model) -> list[str]:
     return out
 
 
-def refuse_unpriced(model) -> None:
-    """The one check where models enter pricing: an MoE / MLA / MTP model is refused (``AcesoError``, exit 2)
-    rather than priced as if it were dense."""
+def refuse_unpriced(model, reason: str | None = None) -> None:
+    """The one check where models enter pricing (and the runtime's plan check, with its own ``reason``): an MoE /
+    MLA / MTP model is refused (``AcesoError``, exit 2) rather than priced or built as if it were dense."""
     what = unpriced_features(model)
     if what:
-        raise AcesoError(f"model {model.name}: {', '.join(what)}: MoE pricing is not built yet (issue 22); "
-                         "`aceso models` lists its parameter counts, but search/explain/baseline/validate/export "
-                         "need a dense model")
+        raise AcesoError(f"model {model.name}: {', '.join(what)}: " + (reason or (
+            "MoE pricing is not built yet (issue 22); `aceso models` lists its parameter counts, but "
+            "search/explain/baseline/validate/export need a dense model")))
