@@ -2,7 +2,7 @@
 with every structural feature of the presets (GQA, q/k norms, biases, dense-first and every-N-th MoE layers,
 shared experts, MLA with and without the query down-projection, an MTP layer) built as ``GPTModel`` with
 megatron-core's local block spec (``get_gpt_decoder_block_spec``, SequentialMLP experts) on CPU in one process;
-the count is the sum of the model's parameter numels.
+the count is the sum of the model's parameter numels. Then every MoE preset at full width on the meta device.
 
 The ModelSpec -> TransformerConfig translation below is this test's own, written from megatron-core's field names
 (the runtime does not build MoE models yet: docs/moe.md)."""
@@ -105,3 +105,19 @@ def _megatron_numel(m: ModelSpec, monkeypatch) -> int:
 def test_count_equals_megatron_core_numel(single_process, name, monkeypatch):
     m = ModelSpec.model_validate({"name": name, **CASES[name]})
     assert counts(m).total == _megatron_numel(m, monkeypatch)
+
+
+# Each MoE preset at full width on the meta device (no memory), cut to the fewest layers that keep every layer kind
+# it has: its dense-first layers, one MoE layer, and the MTP layer. Counts are linear in the layers of each kind, so
+# these fix the count of the whole preset.
+PRESET_DEPTH = {"mixtral-8x7b": 1, "mixtral-8x22b": 1, "qwen3-30b-a3b": 1, "qwen3-235b-a22b": 1, "deepseek-v3": 4,
+                "deepseek-v3-no-mtp": 4, "kimi-k2": 2}
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_DEPTH))
+def test_preset_count_equals_megatron_core_at_full_width(single_process, name, monkeypatch):
+    from search.presets import load_model
+
+    m = load_model(name, num_layers=PRESET_DEPTH[name])
+    with torch.device("meta"):
+        assert counts(m).total == _megatron_numel(m, monkeypatch)
