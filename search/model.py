@@ -26,6 +26,7 @@ from typing import Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from . import megatron_fields
+from .moe import MAX_MTP, MLASpec, MoESpec, check_model as _check_moe
 
 Family = Literal["gpt", "t5", "llama"]
 UnitKind = Literal["attention", "cross_attention", "mlp"]
@@ -103,6 +104,13 @@ class ModelSpec(BaseModel):
         "(qk_layernorm, softmax_scale, layernorm_epsilon, init_method_std, ...). Fields our spec or the plan "
         "controls are refused.")
 
+    # ----- MoE / MLA / MTP (search.moe; counted by search.moe_params, not priced yet: docs/moe.md) -----
+    moe: MoESpec | None = Field(None, description="Mixture-of-Experts layers (search.moe.MoESpec); None = dense.")
+    mla: MLASpec | None = Field(None, description="Multi-latent attention (search.moe.MLASpec); None = standard "
+                                "attention.")
+    mtp_num_layers: int | None = Field(None, gt=0, le=MAX_MTP, description="Multi-token prediction layers after "
+                                       "the decoder (DeepSeek-V3: 1); None = none.")
+
     @field_validator("layer_spec")
     @classmethod
     def _provider_paths(cls, v):
@@ -147,6 +155,7 @@ class ModelSpec(BaseModel):
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_query_groups "
                 f"({self.groups})"
             )
+        _check_moe(self)
         return self
 
     def model_copy(self, *, update: dict | None = None, deep: bool = False) -> "ModelSpec":
@@ -257,6 +266,9 @@ class ModelSpec(BaseModel):
 
     @property
     def num_parameters(self) -> int:
+        if self.moe or self.mla or self.mtp_num_layers:
+            from .moe_params import counts
+            return counts(self).total
         return self.embedding_params() + sum(self.unit_params(u.kind) for u in self.units) + self.output_params()
 
     # ----- FLOPs -----------------------------------------------------------------------------------------------

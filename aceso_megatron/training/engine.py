@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from search.errors import AcesoError
+from search.moe import refuse_unpriced
 from search.plan import ParallelPlan, parse_plan
 from search.plan_settings import run_settings
 
@@ -58,6 +59,7 @@ def check_plan(plan: ParallelPlan | dict, world_size: int, env: Environment | No
     """Validate ``plan`` for ``world_size`` processes and refuse what ``env`` cannot run; one ``AcesoError``
     line naming the stage and field."""
     plan = parse_plan(plan if isinstance(plan, dict) else plan.model_dump(), world_size=world_size)
+    refuse_unpriced(plan.model, "the runtime does not build MoE/MLA/MTP layers yet")   # never train it as dense
     if env is not None:
         if (msg := refusal(env, plan)) is not None:
             raise AcesoError(msg)

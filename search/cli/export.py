@@ -36,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     check_output(args.output)
     plan = load_plan(args.plan)
+    from ..moe import refuse_unpriced
+    refuse_unpriced(plan.model)     # exported flags would run a model nobody priced (docs/moe.md)
     if args.calibration and plan.cluster is not None:     # the header's prediction on the calibrated cluster
         from .import_cmd import predict
         plan = plan.model_copy(update={"cluster": calibrated(args, plan.cluster)})

@@ -3,7 +3,8 @@
 Reads the file only: no download, no transformers import. Fields map as follows:
 GPT-2 (``model_type`` gpt2): n_layer, n_embd, n_head, n_inner (default 4h), n_positions, vocab_size; gelu,
 layernorm, learned positions, tied embeddings, biases.
-Llama-style (llama, mistral, qwen2): num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads,
+Llama-style (llama, mistral, qwen2; with experts/MLA/MTP, search.hf_moe: mixtral, qwen3, qwen3_moe, deepseek_v3,
+kimi_k2): num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads,
 intermediate_size, max_position_embeddings, vocab_size, rope_theta, tie_word_embeddings; swiglu, rmsnorm, rope,
 no biases.
 T5 (t5, mt5): num_layers, num_decoder_layers, d_model, num_heads, d_kv, d_ff, vocab_size; the sequence lengths
@@ -21,6 +22,7 @@ import pydantic
 
 from ..argtypes import positive_int
 from ..errors import AcesoError, format_validation_error, read_json
+from ..hf_moe import MOE_TYPES, moe_fields
 from ..model import ModelSpec
 from .common import check_output, write_output
 
@@ -105,7 +107,7 @@ def hf_to_spec(cfg: dict, source: str = "config.json", name: str | None = None, 
             vocab_size=c.int("vocab_size"), activation="gelu", normalization="layernorm",
             position_embedding="learned", tied_embeddings=True, add_bias_linear=True, params_dtype="fp16",
             attention_dropout=c.float("attn_pdrop", default=0.1), hidden_dropout=c.float("resid_pdrop", default=0.1))
-    elif mtype in ("llama", "mistral", "qwen2"):
+    elif mtype in ("llama", "mistral", "qwen2") + MOE_TYPES:
         heads = c.int("num_attention_heads")
         data = dict(
             family="llama", num_layers=c.int("num_hidden_layers"),
@@ -119,6 +121,7 @@ def hf_to_spec(cfg: dict, source: str = "config.json", name: str | None = None, 
             add_bias_linear=c.bool("attention_bias", False), params_dtype=dtype,
             attention_dropout=c.float("attention_dropout", default=0.0),
             hidden_dropout=c.float("hidden_dropout", default=0.0))
+        data.update(moe_fields(c, mtype, data["num_layers"]))      # experts, MLA, MTP (search.hf_moe)
     elif mtype in ("t5", "mt5"):
         act = "swiglu" if c.str("feed_forward_proj", "relu").startswith("gated") else "gelu"
         layers = c.int("num_layers")
@@ -133,7 +136,8 @@ def hf_to_spec(cfg: dict, source: str = "config.json", name: str | None = None, 
             attention_dropout=c.float("dropout_rate", default=0.1), hidden_dropout=c.float("dropout_rate", default=0.1))
     else:
         raise AcesoError(
-            f"{source}: model_type '{mtype}' is not supported; supported: gpt2, llama, mistral, qwen2, t5, mt5"
+            f"{source}: model_type '{mtype}' is not supported; supported: gpt2, llama, mistral, qwen2, "
+            f"{', '.join(MOE_TYPES)}, t5, mt5"
         )
     data["name"] = str(name)[:200]
     try:

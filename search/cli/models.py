@@ -7,6 +7,7 @@ import argparse
 
 import model_specs
 
+from ..moe_params import counts
 from ..presets import load_model, spec_text
 from .common import print_json, write_output
 
@@ -39,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
             else f"{m.num_layers}+{m.num_decoder_layers}", "hidden": m.hidden_size,
             "heads": m.num_attention_heads, "kv_groups": m.groups, "ffn": m.ffn_hidden_size,
             "seq": m.seq_length, "vocab": m.padded_vocab_size, "params_b": round(m.num_parameters / 1e9, 3),
+            "active_b": round(counts(m).active / 1e9, 3),
+            "experts": f"{m.moe.moe_router_topk}/{m.moe.num_experts}" if m.moe else None,
             "units": m.num_units, "aceso_db_key": m.aceso_db_key,
         })
     if args.json:
@@ -46,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from rich.console import Console
     from rich.table import Table
-    t = Table(title="built-in models (--num-layers overrides the depth)")
+    t = Table(title="built-in models (--num-layers overrides the depth; active_b: parameters a token runs "
+                    "through, experts: routed top-k/all)")
     for col in rows[0]:
         t.add_column(col, justify="left" if col in ("name", "family", "aceso_db_key") else "right")
     for r in rows:

@@ -27,6 +27,8 @@ KINDS = ("analytic", "profile", "aceso-compat")
 def make_cost_model(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, kind: str = "analytic",
                     db=None, *, settings: RunSettings | None = None, kernels: str = "shape"):
     """A cost model of ``kind``; ``db`` is the profile database folder/file (profile, aceso-compat)."""
+    from ..moe import refuse_unpriced
+    refuse_unpriced(model)      # MoE / MLA / MTP: not priced yet (docs/moe.md), never priced as dense
     if kind == "analytic":
         from .analytic import AnalyticSource
         comm = CommModel(cluster)

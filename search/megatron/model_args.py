@@ -102,8 +102,8 @@ def _named(spec: dict, notes: list[str]) -> ModelSpec:
     mine = _validated({**spec, "vocab_size": spec["vocab_size"] or 1})
     for name in model_specs.preset_names():
         preset = load_model(name)
-        if preset.is_t5 != mine.is_t5:
-            continue
+        if preset.is_t5 != mine.is_t5 or preset.moe or preset.mla or preset.mtp_num_layers:
+            continue            # MoE / MLA / MTP command lines are refused before this (cmdline.REFUSED)
         if preset.num_layers != mine.num_layers:
             preset = load_model(name, num_layers=mine.num_layers)
         if _architecture(preset, vocab_known) == _architecture(mine, vocab_known):

@@ -32,6 +32,7 @@ LLAMA = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "n
          "num_key_value_heads": 32, "intermediate_size": 11008, "max_position_embeddings": 4096,
          "vocab_size": 32000, "rope_theta": 10000.0, "tie_word_embeddings": False}
 DELETE = object()
+MOE = {"num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 64}
 
 
 def _tiny_plan() -> dict:
@@ -245,6 +246,34 @@ CASES = [
     C("spec-yaml-string-int", SEARCH.replace("spec.json", "s.yaml"), "num_layers: Input should be a valid integer",
       **{"s.yaml": "".join(f"{k}: {v!r}\n" if k == "num_layers" else f"{k}: {v}\n"
                            for k, v in {**TINY, "num_layers": "4"}.items())}),
+
+    # ----- MoE / MLA / MTP (search.moe): spec errors name the field; pricing refuses until it is built ---------
+    C("spec-moe-topk-above-experts", SEARCH.replace("spec.json", "s.json"), "moe_router_topk (9) must be at most",
+      **{"s.json": {**TINY, "moe": {**MOE, "moe_router_topk": 9}}}),
+    C("spec-moe-unknown-field", SEARCH.replace("spec.json", "s.json"), "moe.num_expert: unknown field",
+      **{"s.json": {**TINY, "moe": {"num_expert": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 64}}}),
+    C("spec-moe-freq-list-length", SEARCH.replace("spec.json", "s.json"), "moe.moe_layer_freq lists 3 layers",
+      **{"s.json": {**TINY, "moe": {**MOE, "moe_layer_freq": [0, 1, 1]}}}),
+    C("spec-moe-groups-alone", SEARCH.replace("spec.json", "s.json"), "set both or neither",
+      **{"s.json": {**TINY, "moe": {**MOE, "moe_router_num_groups": 4}}}),
+    C("spec-moe-imbalance-forced", SEARCH.replace("spec.json", "s.json"), "moe_router_force_load_balancing false",
+      **{"s.json": {**TINY, "moe": {**MOE, "moe_imbalance_factor": 1.5}}}),
+    C("spec-mla-missing-rank", SEARCH.replace("spec.json", "s.json"), "kv_lora_rank: field required",
+      **{"s.json": {**TINY, "mla": {"qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16}}}),
+    C("search-moe-unpriced", SEARCH.replace("spec.json", "s.json"), "MoE pricing is not built yet",
+      **{"s.json": {**TINY, "moe": MOE}}),
+    C("search-mtp-unpriced", SEARCH.replace("spec.json", "s.json"), "1 MTP layer(s): MoE pricing is not built",
+      **{"s.json": {**TINY, "mtp_num_layers": 1}}),
+    C("baseline-moe-preset-unpriced", "baseline --model mixtral-8x7b --cluster 1x8-h100 --global-batch-size 8",
+      "model mixtral-8x7b: MoE (8 experts, top-2): MoE pricing is not built yet"),
+    C("explain-moe-plan-unpriced", "explain moe-plan.json", "MoE pricing is not built yet",
+      **{"moe-plan.json": edit("plan.json", **{"model.moe": MOE})}),
+    C("validate-moe-plan-unpriced", "validate moe-plan.json --world-size 2", "MoE pricing is not built yet",
+      **{"moe-plan.json": edit("plan.json", **{"model.moe": MOE})}),
+    C("export-moe-plan-unpriced", "export moe-plan.json --to megatron-lm -o run.sh", "MoE pricing is not built yet",
+      **{"moe-plan.json": edit("plan.json", **{"model.moe": MOE})}),
+    C("import-hf-moe-bad-experts", "import-hf mx.json", "num_local_experts is \"8\"",
+      **{"mx.json": {**LLAMA, "model_type": "mixtral", "num_local_experts": "8", "num_experts_per_tok": 2}}),
 
     # ----- --cluster strings -----------------------------------------------------------------------------------
     C("cluster-gpu-typo", "search --model spec.json --cluster 1x8-h10 --global-batch-size 8",

@@ -56,8 +56,10 @@ def test_extension_fields_are_data():
     ({"megatron": {"sequence_parallel": True}}, "use the plan's stages[].sequence_parallel"),
     ({"megatron": {"recompute_granularity": "full"}}, "use the plan's per-unit recompute"),
     ({"megatron": {"activation_func": "relu"}}, "or an MLP with its own activation in your layer_spec"),
-    ({"megatron": {"num_moe_experts": 8}}, "megatron.num_moe_experts: MoE layers and expert parallelism are not "
-                                           "supported yet; remove it"),
+    ({"megatron": {"num_moe_experts": 8}}, "megatron.num_moe_experts: set by aceso, not by the megatron block; use "
+                                           "moe.num_experts"),
+    ({"megatron": {"expert_model_parallel_size": 2}}, "megatron.expert_model_parallel_size: MoE layers and expert "
+                                                      "parallelism are not supported yet; remove it"),
     ({"megatron": {"rotary_percent": 0.5}}, "a GPTModel argument, not a TransformerConfig field; set the spec's "
                                             "rotary_percent field instead"),
 ])
@@ -119,7 +121,8 @@ def test_show_prints_every_preset_as_a_spec_file_that_loads_back(tmp_path, capsy
     assert main(["models", "--show", name]) == 0
     text = capsys.readouterr().out
     assert load_model(write(tmp_path, "m.yaml", text)) == load_model(name)
-    assert "# Model width h." in text and "# layer_spec: " in text and "# megatron:" in text
+    assert "# Model width h." in text and "# layer_spec: " in text
+    assert "# megatron:" in text or "\nmegatron:\n  qk_layernorm: true" in text      # the MoE presets set q/k norms
     assert main(["models", "--show", name, "--json", "-o", str(tmp_path / "m.json")]) == 0
     assert load_model(str(tmp_path / "m.json")) == load_model(name)
 
