@@ -19,6 +19,7 @@ import math
 import os
 from pathlib import Path
 
+from search.argparser import AcesoParser
 from search.argtypes import nonnegative_float, nonnegative_int, positive_float, positive_int, seed
 from search.errors import AcesoError
 
@@ -73,11 +74,11 @@ def _beta(text: str) -> float:
     return value
 
 
-class _TrainArgParser(argparse.ArgumentParser):
+class _TrainArgParser(AcesoParser):
     """``aceso train``'s parser for ``aceso launch``: an error is an ``AcesoError`` line, not an exit."""
 
     def error(self, message: str) -> None:
-        raise AcesoError(f"{message}; see `aceso train --help`")
+        raise AcesoError(f"{self.explain(message)}; see `aceso train --help`")
 
 
 def train_parser(prog: str = "aceso train", **kw) -> argparse.ArgumentParser:

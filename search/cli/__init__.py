@@ -24,14 +24,13 @@ far), with exit status 143 instead of 130.
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib
 import os
-import re
 import signal
 import sys
 
 from .. import __version__
+from ..argparser import AcesoParser  # noqa: F401  (the one constructor; see search/argparser.py)
 from ..errors import AcesoError
 
 ENTRY_POINT_GROUP = "aceso.subcommands"
@@ -74,25 +73,6 @@ def _load(name: str, eps: dict):
         if e.name and (ep.module == e.name or ep.module.startswith(e.name + ".")):
             return None
         raise
-
-
-class AcesoParser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``aceso search: error: MSG; see `aceso search --help```, exit 2."""
-
-    def error(self, message: str) -> None:
-        self.exit(2, f"{self.prog}: error: {_suggest(message)}; see `{self.prog} --help`\n")
-
-
-def _suggest(message: str) -> str:
-    """argparse's "invalid choice: 'serch' (choose from ...)" with the closest choice named."""
-    m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
-    if not m:
-        return message
-    choices = re.findall(r"'([^']*)'", m.group(2)) or [c.strip() for c in m.group(2).split(",")]
-    close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
-    if close:
-        return f"{message[:m.start()]}invalid choice: '{m.group(1)}'; did you mean {close[0]}?"
-    return message
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
