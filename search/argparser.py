@@ -1,5 +1,5 @@
 """The one argparse constructor of every ``aceso`` parser: the planner's subcommands, the runtime's (imported
-from here by ``aceso_megatron``, never the reverse), the workers' own entry points and the bench scripts.
+from here by the runtime package, never the reverse), the workers' own entry points and the bench scripts.
 
 Why one class: prefix abbreviations are off everywhere (``allow_abbrev=False``), so ``--seq on`` is not silently
 ``--sequence-parallel on``, ``--glob 16`` not ``--global-batch-size 16`` and ``--tp 8`` not ``--tp-comm-overlap``;

@@ -104,7 +104,7 @@ def measure(train_cmd: list[str], log: Path, tries: int = 3) -> dict:
     steps = [x["iteration_time_ms"] for x in recs if x.get("kind") == "train"]
     warm = 2 if len(steps) > 3 else 1 if len(steps) > 1 else 0   # the first steps pay for warm-up
     return {"iteration_ms": statistics.median(steps[warm:]), "step_ms": steps,
-            "memory_mb": s["measured_stage_memory_mb"][0], "memory_kind": s["memory_kind"]}
+            "memory_mb": s["measured_stage_memory_mib"][0], "memory_kind": s["memory_kind"]}
 
 
 def main() -> int:

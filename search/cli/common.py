@@ -21,7 +21,13 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 def add_cluster_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--cluster", required=required, help="NODESxGPUS-gpu, e.g. 1x8-h100 (see `aceso clusters`)")
-    p.add_argument("--memory-limit-mb", type=positive_float, default=None, help="per-GPU memory budget in MB")
+    add_memory_limit_arg(p)
+
+
+def add_memory_limit_arg(p: argparse.ArgumentParser, help: str = "per-GPU memory budget in MiB (2^20 bytes)") -> None:
+    """``--memory-limit-mib``; its old name ``--memory-limit-mb`` (the same MiB number) still works, unlisted."""
+    p.add_argument("--memory-limit-mib", type=positive_float, default=None, dest="memory_limit_mb", help=help)
+    p.add_argument("--memory-limit-mb", type=positive_float, dest="memory_limit_mb", help=argparse.SUPPRESS)
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:

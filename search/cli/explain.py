@@ -117,9 +117,9 @@ def _with_limit(cluster, memory_limit_mb: float):
     from ..cluster import ClusterSpec
 
     try:
-        return ClusterSpec.model_validate({**cluster.model_dump(), "memory_limit_mb": memory_limit_mb})
+        return ClusterSpec.model_validate({**cluster.model_dump(), "memory_limit_mib": memory_limit_mb})
     except pydantic.ValidationError as e:
-        raise AcesoError(f"--memory-limit-mb {memory_limit_mb:g}: " + str(as_aceso_error(e))) from None
+        raise AcesoError(f"--memory-limit-mib {memory_limit_mb:g}: " + str(as_aceso_error(e))) from None
 
 
 def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_batch_size: int,
@@ -143,13 +143,13 @@ def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_b
             "busy_ms": busy, "bubble_ms": max(0.0, cost.iteration_ms - busy),
             "comm": comm, "comm_exposed_ms": sum(e for e, _ in sc.comm.values()),
             "comm_hidden_ms": sum(h for _, h in sc.comm.values()),
-            "memory_mb": sc.memory_mb, "memory_breakdown_mb": dict(sc.memory_breakdown), "fits": sc.fits})
+            "memory_mib": sc.memory_mb, "memory_breakdown_mib": dict(sc.memory_breakdown), "fits": sc.fits})
     return {"model": model, "cost_model": cost.cost_model, "num_micro_batches": num_micro_batches,
             "features": features or {},
             "micro_batch_size": micro_batch_size, "global_batch_size": global_batch_size,
             "iteration_time_ms": cost.iteration_ms, "samples_per_s": cost.samples_per_s,
             "bubble_ms": cost.pipeline.bubble_ms, "tflops_per_gpu": cost.tflops_per_gpu, "mfu": cost.mfu,
-            "max_memory_mb": cost.max_memory_mb, "memory_limit_mb": cost.memory_limit_mb, "fits": cost.fits,
+            "max_memory_mib": cost.max_memory_mb, "memory_limit_mib": cost.memory_limit_mb, "fits": cost.fits,
             "bottleneck_stage": cost.bottleneck_stage, "bottleneck_resource": cost.bottleneck_resource,
             "warnings": list(cost.warnings), "stages": stages}
 
@@ -284,11 +284,11 @@ def _print_table(r: dict) -> None:
                     f"pipeline micro-batches of {r['micro_batch_size']}", box=box.SIMPLE_HEAD, padding=(0, 1),
               collapse_padding=True, pad_edge=False, show_edge=False)
     cols = ["stage", "tp x dp", "mbs/\nrank", "units", "recompute", "fwd\nms", "bwd\nms", "recomp\nms",
-            "comm ms\nexp/hid", "sync\nms", "total\nms", "states\nGB", "act\nGB", "mem\nGB", "fits"]
+            "comm ms\nexp/hid", "sync\nms", "total\nms", "states\nGiB", "act\nGiB", "mem\nGiB", "fits"]
     for c in cols:
         t.add_column(c, justify="left" if c in ("units", "recompute", "fits") else "right")
     for s in r["stages"]:
-        mb = s["memory_breakdown_mb"]
+        mb = s["memory_breakdown_mib"]
         states = sum(mb.get(c, 0.0) for c in ("params", "grads", "optimizer")) / 1024
         per_rank = r["micro_batch_size"] // s["dp"]
         shape = f"{s['tp']} x {s['dp']}" + (f" cp{s['cp']}" if s.get("cp", 1) > 1 else "") + \
@@ -299,7 +299,7 @@ def _print_table(r: dict) -> None:
                   f"{s['fwd_ms']:.2f}", f"{s['bwd_ms']:.2f}", f"{s['recompute_ms']:.2f}",
                   comm, f"{s['dp_sync_ms'] + s['optimizer_ms']:.1f}",
                   f"{s['time_ms']:.0f}", f"{states:.2f}", f"{mb.get('activations', 0.0) / 1024:.2f}",
-                  f"{s['memory_mb'] / 1024:.2f}", "yes" if s["fits"] else "[red]OVER[/red]")
+                  f"{s['memory_mib'] / 1024:.2f}", "yes" if s["fits"] else "[red]OVER[/red]")
     con = Console(width=120)
     if r.get("features"):
         con.print("features: " + _features_line(r["features"]))
@@ -308,7 +308,7 @@ def _print_table(r: dict) -> None:
     con.print(f"iteration {r['iteration_time_ms']:.1f} ms (bubble {r['bubble_ms']:.1f} ms), "
               f"{r['samples_per_s']:.2f} samples/s, {r['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU "
               f"{100 * r['mfu']:.1f}%")
-    con.print(f"max memory {r['max_memory_mb'] / 1024:.2f} of {r['memory_limit_mb'] / 1024:.2f} GB "
+    con.print(f"max memory {r['max_memory_mib'] / 1024:.2f} of {r['memory_limit_mib'] / 1024:.2f} GiB "
               f"({'fits' if r['fits'] else 'DOES NOT FIT'}); bottleneck: stage {r['bottleneck_stage']} "
               f"({r['bottleneck_resource']})")
     con.print("units: half layers; mbs/rank: Megatron's --micro-batch-size; mem: states + act + recompute peak + "

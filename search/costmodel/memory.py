@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from ..model import ModelSpec
 
-MB = float(2**20)
+MB = float(2**20)              # one MiB (the one memory unit: search/units.py); the name predates it
 RESERVE_MB = 1024.0            # CUDA context (~0.5 GB) + cuBLAS/NCCL workspaces (~0.5 GB), per GPU
 FRAGMENTATION = 0.05           # caching-allocator slack on activations (PyTorch allocator, typical 3-8%)
 SOFTMAX_BYTES = 4.0            # per score element kept by megatron-core's unfused softmax (fp32 output)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -333,8 +334,10 @@ CASES = [
       **{"p.json": edit("plan.json", global_batch_size=DELETE)}),
     C("plan-model-layers-string", "validate p.json", "model.num_layers: Input should be a valid integer",
       **{"p.json": edit("plan.json", **{"model.num_layers": "4"})}),
-    C("plan-gpu-memory-nan", "validate p.json", "cluster.gpu.memory_gb: Input should be a finite number",
-      **{"p.json": json.dumps(base_files()["plan.json"]).replace('"memory_gb": 16.0', '"memory_gb": NaN')}),
+    C("plan-gpu-memory-nan", "validate p.json", "cluster.gpu.memory_gib: Input should be a finite number",
+      **{"p.json": re.sub(r'"memory_gib": [0-9.e+-]+', '"memory_gib": NaN', json.dumps(base_files()["plan.json"]))}),
+    C("plan-gpu-legacy-memory-nan", "validate p.json", "cluster.gpu.memory_gib: Input should be a finite number",
+      **{"p.json": re.sub(r'"memory_gib": [0-9.e+-]+', '"memory_gb": NaN', json.dumps(base_files()["plan.json"]))}),
     C("plan-bandwidth-infinity", "validate p.json", "cluster.intra_node_gbps: Input should be a finite number",
       **{"p.json": json.dumps(base_files()["plan.json"]).replace('"intra_node_gbps": 5.0',
                                                                  '"intra_node_gbps": Infinity')}),
@@ -590,7 +593,7 @@ CASES = [
       "--node-rank (1) must be in [0, 1)"),
     C("launch-cpu-too-big", "launch gpu-plan.json --cpu -- " + TRAIN_OK,
       "the plan was made for 1x8-h100; its 8 CPU processes need about"),
-    C("launch-cpu-tiny-ram", "launch plan.json --cpu -- " + TRAIN_OK, "but this machine has 0.1 GB available"),
+    C("launch-cpu-tiny-ram", "launch plan.json --cpu -- " + TRAIN_OK, "but this machine has 0.1 GiB available"),
     C("launch-slurm-data-missing", "launch gpu-plan.json --slurm job.sbatch -- --train-iters 2 --data-path x",
       "--data-path x: no x.bin"),
 
