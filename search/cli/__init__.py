@@ -1,6 +1,6 @@
 """The ``aceso`` command: one module per subcommand, loaded lazily.
 
-Each subcommand module has a docstring (its first line is the help), ``add_arguments(parser)`` and
+Each subcommand module has a docstring (its first paragraph is the help), ``add_arguments(parser)`` and
 ``run(args) -> int``. Conventions: files are positional, ``-o -`` writes stdout, ``--json`` prints machine-readable
 output; exit 0 ok, 2 bad input (one line on stderr naming the field and the fix), 1 internal error.
 Set ``ACESO_DEBUG=1`` to see tracebacks of internal errors.
@@ -93,11 +93,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             p.set_defaults(_run=lambda args, name=name: _not_installed(name))
             continue
         doc = (mod.__doc__ or "").strip()
-        p = sub.add_parser(name, help=doc.splitlines()[0] if doc else None, description=doc,
+        p = sub.add_parser(name, help=summary(doc) if doc else None, description=doc,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run, _passthrough=getattr(mod, "PASSTHROUGH", None))
     return parser
+
+
+def summary(doc: str) -> str:
+    """A module docstring's first paragraph as one line: ``aceso --help``'s summary, never cut mid-sentence."""
+    return " ".join(line.strip() for line in doc.strip().split("\n\n")[0].splitlines())
 
 
 def _not_installed(name: str) -> int:

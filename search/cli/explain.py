@@ -29,6 +29,7 @@ from ..argtypes import positive_int
 from ..errors import AcesoError, as_aceso_error, read_json
 from ..plan import RECOMPUTE_CHOICES, ParallelPlan, check_recompute_applies, parse_plan
 from ..training import TrainingSpec
+from ..text import shape as stage_shape
 from .common import add_cluster_args, print_json
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "grad_copy", "reserve")
@@ -274,7 +275,7 @@ def _search_gain(args: argparse.Namespace, raw: dict, out: dict) -> dict | None:
 
 
 def _print_table(r: dict) -> None:
-    """The per-stage table in 120 columns (the memory breakdown in full: --json)."""
+    """The per-stage table in 132 columns (the memory breakdown in full: --json)."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -283,16 +284,16 @@ def _print_table(r: dict) -> None:
     t = Table(title=f"{r['model']} on {r['cluster']} ({r['cost_model']} cost model): {r['num_micro_batches']} "
                     f"pipeline micro-batches of {r['micro_batch_size']}", box=box.SIMPLE_HEAD, padding=(0, 1),
               collapse_padding=True, pad_edge=False, show_edge=False)
-    cols = ["stage", "tp x dp", "mbs/\nrank", "units", "recompute", "fwd\nms", "bwd\nms", "recomp\nms",
+    cols = ["stage", "shape", "mbs/\nrank", "units", "recompute", "fwd\nms", "bwd\nms", "recomp\nms",
             "comm ms\nexp/hid", "sync\nms", "total\nms", "states\nGiB", "act\nGiB", "mem\nGiB", "fits"]
     for c in cols:
-        t.add_column(c, justify="left" if c in ("units", "recompute", "fits") else "right")
+        t.add_column(c, justify="left" if c in ("units", "recompute", "fits") else "right", overflow="fold",
+                     no_wrap=c not in ("units", "recompute"))
     for s in r["stages"]:
         mb = s["memory_breakdown_mib"]
         states = sum(mb.get(c, 0.0) for c in ("params", "grads", "optimizer")) / 1024
         per_rank = r["micro_batch_size"] // s["dp"]
-        shape = f"{s['tp']} x {s['dp']}" + (f" cp{s['cp']}" if s.get("cp", 1) > 1 else "") + \
-            (" sp" if s.get("sp") else "")
+        shape = stage_shape(s)
         comm = f"{s.get('comm_exposed_ms', 0.0):.0f}/{s.get('comm_hidden_ms', 0.0):.0f}" if "comm" in s else \
             f"{s['p2p_ms'] + s['tp_comm_ms']:.2f}"
         t.add_row(str(s["index"]), shape, str(per_rank), _span(s), recompute_text(s["recompute"]),
@@ -300,7 +301,7 @@ def _print_table(r: dict) -> None:
                   comm, f"{s['dp_sync_ms'] + s['optimizer_ms']:.1f}",
                   f"{s['time_ms']:.0f}", f"{states:.2f}", f"{mb.get('activations', 0.0) / 1024:.2f}",
                   f"{s['memory_mib'] / 1024:.2f}", "yes" if s["fits"] else "[red]OVER[/red]")
-    con = Console(width=120)
+    con = Console(width=132)
     if r.get("features"):
         con.print("features: " + _features_line(r["features"]))
     con.print(t)

@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from .. import plots
@@ -129,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     from ..planner.aceso import SearchOptions
     from ..planner.api import plan_all, total_budget
 
+    started = time.perf_counter()
     if args.budget_evals < 1:
         raise AcesoError(f"--budget-evals ({args.budget_evals}) must be at least 1")
     if args.top_k < 1:
@@ -163,11 +165,13 @@ def run(args: argparse.Namespace) -> int:
     write_outputs(files)
     mlm = plans.megatron.plans[0] if plans.megatron.plans and plans.megatron.plans[0].fits else None
     plots.draw_search(args, result, plans.uniform, out_plans[0], mlm.iteration_ms if mlm is not None else None)
-    summary = report.summary(out_plans[0], best, plans, result, cm)
+    wall_s = time.perf_counter() - started
+    summary = report.summary(out_plans[0], best, plans, result, cm, wall_s=wall_s)
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n") if out != "-" else None
     else:
-        report.print_table(out_plans[0], best, plans, result, cm, file=sys.stderr if out == "-" else sys.stdout)
+        report.print_table(out_plans[0], best, plans, result, cm, file=sys.stderr if out == "-" else sys.stdout,
+                           wall_s=wall_s)
     if result.interrupted or plans.aceso.interrupted or plans.megatron.interrupted:
         print("aceso search: interrupted; wrote the best plan found so far", file=sys.stderr)
         return 130

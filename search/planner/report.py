@@ -112,14 +112,15 @@ def three_lines(plans) -> dict:
             "aceso": line(plans.aceso.plans[0] if plans.aceso.plans else None, base_ms)}
 
 
-def summary(plan, ev: Evaluation, plans, result, cm) -> dict:
+def summary(plan, ev: Evaluation, plans, result, cm, wall_s: float | None = None) -> dict:
     out = {"model": plan.model.name, "cluster": plan.cluster.label if plan.cluster else None,
            "cost_model": getattr(cm, "kind", "analytic"), "target": plans.target,
            "iteration_ms": round(ev.iteration_ms, 4),
            "samples_per_s": round(plan.global_batch_size / ev.iteration_ms * 1000, 4),
            "micro_batch_size": plan.micro_batch_size, "num_stages": plan.num_stages,
            "num_virtual_stages": plan.num_virtual_stages, "stages": stage_rows(ev),
-           "search_s": round(result.seconds, 3), "evaluated_plans": result.evals,
+           "search_s": round(result.seconds, 3), **({"wall_s": round(wall_s, 3)} if wall_s is not None else {}),
+           "evaluated_plans": result.evals,
            "interrupted": result.interrupted, "lines": three_lines(plans)}
     base = plans.uniform
     if base is not None and base.fits:
@@ -132,11 +133,11 @@ def summary(plan, ev: Evaluation, plans, result, cm) -> dict:
     return out
 
 
-def print_table(plan, ev: Evaluation, plans, result, cm, file=None) -> None:
+def print_table(plan, ev: Evaluation, plans, result, cm, file=None, wall_s: float | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
     con = Console(file=file or sys.stdout, width=140)
-    t = Table(title=f"{plan.model.name} on {plan.cluster.label if plan.cluster else plan.world_size} GPUs "
+    t = Table(title=f"{plan.model.name} on {plan.cluster.label if plan.cluster else f'{plan.world_size} GPUs'} "
                     f"({getattr(cm, 'kind', 'analytic')}, target {plans.target}), pipeline micro-batch "
                     f"{plan.micro_batch_size}, global batch {plan.global_batch_size}")
     for col in ("stage", "GPUs", "tp", "cp", "dp", "sp", "mbs/rank", "units", "recompute", "total ms",
@@ -164,7 +165,8 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None) -> None:
             continue
         sp = f"{x['speedup']:.3f}x" if "speedup" in x else "-"
         con.print(f"{label:<21} {x['iteration_ms']:>12.2f} ms  {sp:>7}   {x['plan']}")
-    con.print(f"search {result.seconds:.2f} s, {result.evals} plans evaluated (units: half layers; mbs/rank: "
+    wall = f" ({wall_s:.1f} s wall in all, with the uniform and Megatron-LM lines)" if wall_s is not None else ""
+    con.print(f"search {result.seconds:.2f} s{wall}, {result.evals} plans evaluated (units: half layers; mbs/rank: "
               "Megatron's --micro-batch-size)")
 
 
