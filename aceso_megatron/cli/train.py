@@ -67,6 +67,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                            "--log-file; `aceso plot LOG` redraws it)")
 
 
+def preflight(plan, device: str, here: bool = False) -> None:
+    """The runtime's checks of ``search.preflight`` (found through this entry point); imports torch only here."""
+    from ..preflight import preflight as runtime_preflight
+
+    runtime_preflight(plan, device, here=here)
+
+
 def _beta(text: str) -> float:
     value = nonnegative_float(text)
     if value >= 1:

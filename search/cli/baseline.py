@@ -38,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
                          "--memory-limit-mib, use more GPUs or a smaller micro-batch")
     plan = baseline_plan(res, model, cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
                          assumed_attention(cm))
+    from ..preflight import preflight
+
+    preflight(plan)     # the one pre-flight: it writes only a plan the runtime runs
     if args.output:
         write_output(plan.to_json(), args.output)
     f = res.state.features

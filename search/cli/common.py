@@ -39,4 +39,11 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
 
 
 def print_json(obj) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+    """``obj`` as JSON; numpy scalars (a cost model's ``np.bool_``, ``np.float64``) as their Python values."""
+    sys.stdout.write(json.dumps(obj, indent=2, default=_plain) + "\n")
+
+
+def _plain(o):
+    if hasattr(o, "item") and callable(o.item):
+        return o.item()
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")

@@ -144,13 +144,13 @@ def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_b
             "busy_ms": busy, "bubble_ms": max(0.0, cost.iteration_ms - busy),
             "comm": comm, "comm_exposed_ms": sum(e for e, _ in sc.comm.values()),
             "comm_hidden_ms": sum(h for _, h in sc.comm.values()),
-            "memory_mib": sc.memory_mb, "memory_breakdown_mib": dict(sc.memory_breakdown), "fits": sc.fits})
+            "memory_mib": sc.memory_mb, "memory_breakdown_mib": dict(sc.memory_breakdown), "fits": bool(sc.fits)})
     return {"model": model, "cost_model": cost.cost_model, "num_micro_batches": num_micro_batches,
             "features": features or {},
             "micro_batch_size": micro_batch_size, "global_batch_size": global_batch_size,
             "iteration_time_ms": cost.iteration_ms, "samples_per_s": cost.samples_per_s,
             "bubble_ms": cost.pipeline.bubble_ms, "tflops_per_gpu": cost.tflops_per_gpu, "mfu": cost.mfu,
-            "max_memory_mib": cost.max_memory_mb, "memory_limit_mib": cost.memory_limit_mb, "fits": cost.fits,
+            "max_memory_mib": cost.max_memory_mb, "memory_limit_mib": cost.memory_limit_mb, "fits": bool(cost.fits),
             "bottleneck_stage": cost.bottleneck_stage, "bottleneck_resource": cost.bottleneck_resource,
             "warnings": list(cost.warnings), "stages": stages}
 

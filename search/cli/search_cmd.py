@@ -125,6 +125,26 @@ def setup(args):
     return model, cluster, training, cm
 
 
+def runnable(found: list) -> tuple:
+    """The search's output check: of ``(evaluation, plan)`` best first, those the runtime runs (the one pre-flight,
+    ``search.preflight``); the best of them and their plans. None runs: the first refusal, one line."""
+    from ..preflight import preflight
+
+    kept, refusal = [], None
+    for ev, plan in found:
+        try:
+            preflight(plan)
+            kept.append((ev, plan))
+        except AcesoError as e:
+            refusal = refusal or e
+    if not kept:
+        raise AcesoError(f"the search found no plan the runtime runs: {refusal}")
+    if refusal is not None:
+        print(f"aceso search: note: left out {len(found) - len(kept)} plan(s) the runtime would refuse: {refusal}",
+              file=sys.stderr)
+    return kept[0][0], [plan for _, plan in kept]
+
+
 def run(args: argparse.Namespace) -> int:
     from ..planner import report
     from ..planner.aceso import SearchOptions
@@ -153,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
                          "drop it (--budget-evals alone bounds the search)")
     if best is None or not best.fits:
         raise AcesoError(report.infeasible_hint(best, cm, cluster, training, plans.space))
-    out_plans = [report.to_plan(e, model, cluster, training, cm) for e in result.plans if e.fits]
+    best, out_plans = runnable([(e, report.to_plan(e, model, cluster, training, cm)) for e in result.plans if e.fits])
     out = args.output
     files = [(out_plans[0].to_json(), out, "-o")] if out else []   # written as one: a failing --trace writes no plan
     if out and out != "-":

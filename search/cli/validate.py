@@ -1,6 +1,10 @@
 """Check a plan file: schema, coverage of the model's units, TP/DP divisibility, fit to a cluster or world size,
 and memory.
 
+The plan passes the one pre-flight the runtime runs before it starts (search/preflight.py): the padded vocabulary
+divides the tp of every stage that shards it, no context parallelism on a CPU cluster, and, with the runtime
+installed, the model's layer specs and megatron block as the runtime builds them.
+
 With a cluster (--cluster, else the plan's own) the plan must also fit in its memory under the analytic cost model
 (the per-stage peak against the GPU's memory or --memory-limit-mib); without one only the counts are checked, and
 the output says so. Exit 2 with one line naming the stage and the fix when anything does not hold.
@@ -13,6 +17,7 @@ import argparse
 from ..argtypes import positive_int
 from ..errors import AcesoError
 from ..plan import check_fits_cluster, check_recompute_applies, load_plan
+from ..preflight import preflight
 from ..text import plural, shape
 from .common import add_memory_limit_arg, print_json
 
@@ -59,6 +64,12 @@ def run(args: argparse.Namespace) -> int:
             check_fits_cluster(plan, cluster)
         except ValueError as e:
             raise AcesoError(f"{args.plan}: {e}") from None
+    device = "cpu" if cluster is not None and cluster.gpu.name == "cpu" else "cuda"
+    try:
+        runtime_checked = preflight(plan, device)        # the one pre-flight: will the runtime run it?
+    except AcesoError as e:
+        raise AcesoError(f"{args.plan}: {e}") from None
+    if cluster is not None:
         attention = args.attention or (plan.predicted.attention if plan.predicted else None) or "auto"
         mem, limit, _ = _memory(plan, cluster, attention)
         worst = max(range(len(mem)), key=lambda i: mem[i])
@@ -72,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     summary = {"valid": True, "model": plan.model.name, "world_size": plan.world_size,
                "num_stages": plan.num_stages, "micro_batch_size": plan.micro_batch_size,
                "global_batch_size": plan.global_batch_size, "cluster": cluster.label if cluster else None,
-               "memory_checked": memory is not None, **(memory or {}),
+               "memory_checked": memory is not None, **(memory or {}), "runtime_checked": runtime_checked,
                "stages": [{"num_gpus": s.num_gpus, "tp": s.tp, "cp": s.cp, "dp": s.dp, "micro_batch_per_rank":
                            plan.micro_batch_per_rank(i), "units": [list(span) for span in s.spans]}
                           for i, s in enumerate(plan.stages)]}
@@ -83,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
                        for s in plan.stages)
     print(f"{args.plan}: valid plan for {plan.model.name} on {plan.world_size} GPUs, "
           f"{plural(plan.num_stages, 'stage')} ({shapes})")
+    if not runtime_checked:
+        print("layer specs and megatron block not checked: they need the runtime (pip install -e \".[runtime]\")")
     if memory is None:
         print("memory not checked: the plan names no cluster; give --cluster NODESxGPUS-gpu to check it")
     else:

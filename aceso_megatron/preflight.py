@@ -1,0 +1,33 @@
+"""The runtime's half of the one pre-flight (``search.preflight``): what only torch and megatron-core can answer.
+
+``preflight(plan, device, here)``: the model's layer specs and ``megatron`` block built into a stage config the way
+the run builds it (``model.layers.check_model``: providers importable and transformer-engine-free on CPU, layers
+carvable or kept whole, QK norms declared, names and types against ``TransformerConfig``), then, for a run on
+this machine (``here``), the plan against this machine's environment (``training.engine.check_plan``: cp without
+transformer-engine, tp_comm_overlap, fp16). A plan checked elsewhere (``aceso validate`` of a GPU plan on a
+laptop) is not held to this machine's environment. Before any process group exists; one ``AcesoError`` line.
+"""
+
+from __future__ import annotations
+
+
+def preflight(plan, device: str, here: bool = False) -> None:
+    from .cli import bad_input_from_patches
+
+    with bad_input_from_patches():
+        from .model.layers import check_model
+
+        check_model(plan, device if here or device == "cpu" or _has_cuda() else "cpu")
+        if here:
+            from .model.fast_path import Environment
+            from .training.engine import check_plan
+
+            check_plan(plan, plan.world_size, Environment.detect(device))
+
+
+def _has_cuda() -> bool:
+    """A GPU plan checked on a machine without one (``aceso validate`` on a laptop) builds its configs as CPU ones:
+    the layer specs and megatron block are checked all the same; the GPU's environment is the worker's to check."""
+    import torch
+
+    return torch.cuda.is_available()
