@@ -12,9 +12,12 @@ from __future__ import annotations
 
 
 def preflight(plan, device: str, here: bool = False) -> None:
+    import warnings
+
     from .cli import bad_input_from_patches
 
-    with bad_input_from_patches():
+    with bad_input_from_patches(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # megatron-core's import-time "X is not installed" notes
         from .model.layers import check_model
 
         check_model(plan, device if here or device == "cpu" or _has_cuda() else "cpu")

@@ -125,13 +125,15 @@ def setup(args):
     return model, cluster, training, cm
 
 
-def runnable(found: list) -> tuple:
-    """The search's output check: of ``(evaluation, plan)`` best first, those the runtime runs (the one pre-flight,
-    ``search.preflight``); the best of them and their plans. None runs: the first refusal, one line."""
+def runnable(found: list, keep: int) -> tuple:
+    """The search's output check: of ``(evaluation, plan)`` best first, the first ``keep`` the runtime runs (the one
+    pre-flight, ``search.preflight``); the best of them and their plans. None runs: the first refusal, one line."""
     from ..preflight import preflight
 
     kept, refusal = [], None
     for ev, plan in found:
+        if len(kept) == keep:
+            break
         try:
             preflight(plan)
             kept.append((ev, plan))
@@ -140,8 +142,7 @@ def runnable(found: list) -> tuple:
     if not kept:
         raise AcesoError(f"the search found no plan the runtime runs: {refusal}")
     if refusal is not None:
-        print(f"aceso search: note: left out {len(found) - len(kept)} plan(s) the runtime would refuse: {refusal}",
-              file=sys.stderr)
+        print(f"aceso search: note: left out plan(s) the runtime would refuse: {refusal}", file=sys.stderr)
     return kept[0][0], [plan for _, plan in kept]
 
 
@@ -173,7 +174,12 @@ def run(args: argparse.Namespace) -> int:
                          "drop it (--budget-evals alone bounds the search)")
     if best is None or not best.fits:
         raise AcesoError(report.infeasible_hint(best, cm, cluster, training, plans.space))
-    best, out_plans = runnable([(e, report.to_plan(e, model, cluster, training, cm)) for e in result.plans if e.fits])
+    # the best the search found first; the Megatron-LM-expressible and uniform plans (whole layers, one recompute
+    # setting) after them, for when the runtime refuses every heterogeneous one (e.g. a custom layer that runs whole)
+    found = [*result.plans, *(plans.megatron.plans if result is not plans.megatron else []),
+             *([plans.uniform.evaluation] if plans.uniform is not None else [])]
+    best, out_plans = runnable([(e, report.to_plan(e, model, cluster, training, cm)) for e in found if e.fits],
+                               keep=max(1, len([e for e in result.plans if e.fits])))
     out = args.output
     files = [(out_plans[0].to_json(), out, "-o")] if out else []   # written as one: a failing --trace writes no plan
     if out and out != "-":

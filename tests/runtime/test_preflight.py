@@ -101,3 +101,20 @@ def test_validate_says_yes_exactly_when_the_cpu_runtime_runs_a_step(tmp_path, ca
         assert yes == runs, (name, raw["stages"], err, why)
         seen.add(yes)
     assert seen == {True, False}        # the sample holds both answers
+
+
+def test_the_search_emits_only_plans_the_runtime_runs(capsys):
+    """The search's output check (``search_cmd.runnable``, the one pre-flight): a heterogeneous plan with selective
+    recompute on units of a layer that runs whole is left out for the next best (issue 25's 13B parallel-attention
+    case), and with nothing runnable the search is one line naming why."""
+    from search.cli.search_cmd import runnable
+    from search.errors import AcesoError
+    from search.plan import ParallelPlan
+
+    bad = ParallelPlan.model_validate(plan(PARALLEL, (0, 4, ["selective", "selective", "none", "none"])))
+    good = ParallelPlan.model_validate(plan(PARALLEL, (0, 4, ["full", "full", "none", "none"])))
+    best, kept = runnable([("heterogeneous", bad), ("megatron-lm", good)], keep=1)
+    assert best == "megatron-lm" and kept == [good]
+    assert "left out plan(s) the runtime would refuse" in capsys.readouterr().err
+    with pytest.raises(AcesoError, match="no plan the runtime runs: .*runs whole"):
+        runnable([("heterogeneous", bad)], keep=1)
