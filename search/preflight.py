@@ -33,7 +33,14 @@ def preflight(plan, device: str | None = None, here: bool = False) -> bool:
     check = runtime_preflight()
     if check is None:
         return False
-    check(plan, device, here=here)
+    from .cli import RUNTIME_PACKAGES
+
+    try:
+        check(plan, device, here=here)
+    except ModuleNotFoundError as e:     # the runtime's package is here but torch or megatron-core is not
+        if here or (e.name or "").split(".")[0] not in RUNTIME_PACKAGES:
+            raise
+        return False
     return True
 
 
