@@ -11,21 +11,34 @@ laptop) is not held to this machine's environment. Before any process group exis
 from __future__ import annotations
 
 
-def preflight(plan, device: str, here: bool = False) -> None:
+def preflight(plan, device: str, here: bool = False) -> bool:
+    """Refuse what the runtime would not run; returns False when it could not tell (a GPU plan's transformer-engine
+    spec checked on a machine without transformer-engine: the workers on the GPUs check it)."""
     import warnings
+
+    from search.errors import AcesoError
 
     from .cli import bad_input_from_patches
 
     with bad_input_from_patches(), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)   # megatron-core's import-time "X is not installed" notes
+        from model_specs.extensions import TE_MISSING
+
         from .model.layers import check_model
 
-        check_model(plan, device if here or device == "cpu" or _has_cuda() else "cpu")
+        elsewhere = not here and device == "cuda" and not _has_cuda()
+        try:
+            check_model(plan, "cpu" if elsewhere else device)
+        except AcesoError as e:
+            if elsewhere and TE_MISSING in str(e):
+                return False
+            raise
         if here:
             from .model.fast_path import Environment
             from .training.engine import check_plan
 
             check_plan(plan, plan.world_size, Environment.detect(device))
+    return True
 
 
 def _has_cuda() -> bool:

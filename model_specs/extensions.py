@@ -119,12 +119,15 @@ def whole_layer_reason(spec: ModuleSpec) -> str | None:
     return None
 
 
+TE_MISSING = "needs transformer-engine, which is not installed here"
+
+
 def _te_hint(e: Exception) -> str:
     """A provider that fails for want of transformer-engine (megatron-core's TE specs name ``TESpecProvider``,
     ``TELayerNormColumnParallelLinear``, ... only when TE imports): say so, and what runs instead."""
     text = f"{type(e).__name__} {e}"
     if isinstance(e, NameError | ImportError | AttributeError) and ("TE" in text or "transformer_engine" in text):
-        return ("; it needs transformer-engine, which is not installed here (and never runs on CPU): use a local "
+        return (f"; it {TE_MISSING} (and never runs on CPU): use a local "
                 "spec (megatron-core's get_gpt_layer_local_spec) or run on a GPU with transformer-engine")
     return ""
 

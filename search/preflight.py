@@ -36,12 +36,11 @@ def preflight(plan, device: str | None = None, here: bool = False) -> bool:
     from .cli import RUNTIME_PACKAGES
 
     try:
-        check(plan, device, here=here)
+        return check(plan, device, here=here) is not False
     except ModuleNotFoundError as e:     # the runtime's package is here but torch or megatron-core is not
         if here or (e.name or "").split(".")[0] not in RUNTIME_PACKAGES:
             raise
         return False
-    return True
 
 
 def target_device(plan) -> str:

@@ -67,11 +67,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                            "--log-file; `aceso plot LOG` redraws it)")
 
 
-def preflight(plan, device: str, here: bool = False) -> None:
-    """The runtime's checks of ``search.preflight`` (found through this entry point); imports torch only here."""
+def preflight(plan, device: str, here: bool = False) -> bool:
+    """The runtime's checks of ``search.preflight`` (found through this entry point); imports torch only here.
+    False: it could not tell here (see ``aceso_megatron.preflight``)."""
     from ..preflight import preflight as runtime_preflight
 
-    runtime_preflight(plan, device, here=here)
+    return runtime_preflight(plan, device, here=here)
 
 
 def _beta(text: str) -> float:

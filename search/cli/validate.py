@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.plan}: valid plan for {plan.model.name} on {plan.world_size} GPUs, "
           f"{plural(plan.num_stages, 'stage')} ({shapes})")
     if not runtime_checked:
-        print("layer specs and megatron block not checked: they need the runtime (pip install -e \".[runtime]\")")
+        print("layer specs and megatron block not fully checked: this machine lacks the runtime or transformer-engine "
+              "(the workers check them before they start)")
     if memory is None:
         print("memory not checked: the plan names no cluster; give --cluster NODESxGPUS-gpu to check it")
     else:

@@ -118,3 +118,17 @@ def test_the_search_emits_only_plans_the_runtime_runs(capsys):
     assert "left out plan(s) the runtime would refuse" in capsys.readouterr().err
     with pytest.raises(AcesoError, match="no plan the runtime runs: .*runs whole"):
         runnable([("heterogeneous", bad)], keep=1)
+
+
+def test_a_gpu_plan_with_a_te_spec_is_not_refused_on_a_machine_without_te(tmp_path, capsys):
+    """Planning for GPUs on a laptop: the transformer-engine spec cannot be built here, which says nothing about the
+    GPUs; validate accepts the plan and says what it could not check (on CPU it refuses, above)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the spec is checked for real")
+    (tmp_path / "p.json").write_text(json.dumps(plan(TE_SPEC, (0, 4, ["none"] * 4))))
+    assert main(["validate", str(tmp_path / "p.json"), "--cluster", "1x1-h100"]) == 0
+    assert "not fully checked" in capsys.readouterr().out
+    assert main(["validate", str(tmp_path / "p.json"), "--cluster", "1x1-h100", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["runtime_checked"] is False
