@@ -27,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+
 from search.cluster import parse_cluster  # noqa: E402
 from search.costmodel import make_cost_model  # noqa: E402
 from search.costmodel.types import RunSettings  # noqa: E402
@@ -113,7 +115,7 @@ def _describe(plan) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = AcesoParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
     ap.add_argument("--budget-evals", type=int, default=600)
     args = ap.parse_args()

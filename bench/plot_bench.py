@@ -25,6 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+
 from search.cli.explain import report
 from search.cluster import parse_cluster
 from search.costmodel import make_cost_model
@@ -71,7 +73,7 @@ def search_picture(out: Path) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = AcesoParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     rows = []

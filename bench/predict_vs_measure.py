@@ -34,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+
 MODEL = {"name": "bench-gpt", "family": "gpt", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
          "ffn_hidden_size": 1024, "seq_length": 128, "vocab_size": 2048, "params_dtype": "fp32"}
 
@@ -139,7 +141,7 @@ def profile(model_file: Path, db: Path, nproc: int, repeats: int, passes: int) -
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = AcesoParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", default=None, help="an existing profile of the bench model (skip profiling)")
     ap.add_argument("--nproc", type=int, default=2, help="processes (default 2)")
     ap.add_argument("--steps", type=int, default=6, help="optimizer steps per plan and round (default 6)")

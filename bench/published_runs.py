@@ -54,6 +54,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+
 from search.cluster import parse_cluster  # noqa: E402
 from search.costmodel import RunSettings, make_cost_model  # noqa: E402
 from search.model import ModelSpec  # noqa: E402
@@ -318,7 +320,7 @@ def evaluate_all(priced: list[dict], with_v100: bool) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = AcesoParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="refit the sustained-efficiency factors both ways (slow)")
     ap.add_argument("--only", default=None, help="price only rows whose id contains this")
     args = ap.parse_args(argv)

@@ -34,6 +34,8 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+
 from aceso_megatron.testing import make_batches, spawn
 from aceso_megatron.training.engine import TrainConfig
 from search.model import ModelSpec
@@ -191,7 +193,7 @@ def worker(rank: int, world: int, pp: int, tp: int, dp: int, modern: bool, steps
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = AcesoParser(description=__doc__.split("\n")[0])
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--dp", type=int, default=1)

@@ -41,6 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+
 from search.cli.search_cmd import DEFAULT_VIRTUAL
 from search.cluster import parse_cluster
 from search.planner.aceso import SearchOptions, search
@@ -321,7 +323,7 @@ SECTIONS = {"published": section_published, "compat": section_compat, "analytic"
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = AcesoParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections: " + ", ".join(SECTIONS))
     ap.add_argument("--quick", action="store_true", help="a subset of the published rows, analytic cases and seeds")
     ap.add_argument("--full-db", default=None,

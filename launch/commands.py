@@ -33,7 +33,7 @@ from search.errors import AcesoError
 from search.plan import ParallelPlan
 
 # max RSS of one `aceso train --cpu` process of a 64-wide 4-layer GPT (tests/distributed/test_train_gpt.py size):
-# 443 MB measured with torch 2.13 + megatron-core 0.16.1, almost all of it the libraries themselves
+# 443 MiB measured with torch 2.13 + megatron-core 0.16.1, almost all of it the libraries themselves
 CPU_PROCESS_MB = 450
 
 DEFAULT_PORT = 29500
@@ -104,7 +104,7 @@ def check_plan_fits(plan: ParallelPlan, spec: LaunchSpec, visible_gpus: int | No
 
 
 def plan_cpu_memory_mb(plan: ParallelPlan) -> list[float]:
-    """Per stage: the analytic memory of one rank in an fp32 CPU run (no GPU reserve), MB."""
+    """Per stage: the analytic memory of one rank in an fp32 CPU run (no GPU reserve), MiB."""
     from search.cluster import parse_cluster
     from search.costmodel import make_cost_model
     from search.training import TrainingSpec
@@ -150,11 +150,11 @@ def check_cpu_memory(plan: ParallelPlan, spec: "LaunchSpec", available_mb: float
     if available_mb is not None and need > available_mb:
         raise AcesoError(
             f"{spec.plan_path}: {made_for + '; ' if made_for else ''}its {len(ranks)} CPU processes need about "
-            f"{need / 1024:.1f} GB (fp32, analytic memory model + {CPU_PROCESS_MB} MB each) but this machine has "
-            f"{available_mb / 1024:.1f} GB available; search a plan for --cluster 1xN-cpu with a smaller model, "
+            f"{need / 1024:.1f} GiB (fp32, analytic memory model + {CPU_PROCESS_MB} MiB each) but this machine has "
+            f"{available_mb / 1024:.1f} GiB available; search a plan for --cluster 1xN-cpu with a smaller model, "
             "or run it on the GPUs it was made for (without --cpu)")
     if made_for:
-        return f"{made_for}; running it as {len(ranks)} CPU processes (gloo, fp32, about {need / 1024:.1f} GB)"
+        return f"{made_for}; running it as {len(ranks)} CPU processes (gloo, fp32, about {need / 1024:.1f} GiB)"
     return None
 
 

@@ -80,7 +80,7 @@ def provided_spec(path: str) -> ModuleSpec:
         try:
             obj = obj()
         except Exception as e:  # noqa: BLE001 - the user's function failed: one line
-            raise AcesoError(f"layer_spec '{path}' raised {type(e).__name__}: {e}") from None
+            raise AcesoError(f"layer_spec '{path}' raised {type(e).__name__}: {e}{_te_hint(e)}") from None
         if not isinstance(obj, ModuleSpec):
             raise AcesoError(f"layer_spec '{path}' returned {type(obj).__name__}, not a megatron-core ModuleSpec")
     if not (isinstance(obj.module, type) and issubclass(obj.module, BaseTransformerLayer)):
@@ -117,6 +117,19 @@ def whole_layer_reason(spec: ModuleSpec) -> str | None:
     if not isinstance(spec.submodules, TransformerLayerSubmodules):
         return f"its submodules are a {type(spec.submodules).__name__}, not TransformerLayerSubmodules"
     return None
+
+
+TE_MISSING = "needs transformer-engine, which is not installed here"
+
+
+def _te_hint(e: Exception) -> str:
+    """A provider that fails for want of transformer-engine (megatron-core's TE specs name ``TESpecProvider``,
+    ``TELayerNormColumnParallelLinear``, ... only when TE imports): say so, and what runs instead."""
+    text = f"{type(e).__name__} {e}"
+    if isinstance(e, NameError | ImportError | AttributeError) and ("TE" in text or "transformer_engine" in text):
+        return (f"; it {TE_MISSING} (and never runs on CPU): use a local "
+                "spec (megatron-core's get_gpt_layer_local_spec) or run on a GPU with transformer-engine")
+    return ""
 
 
 def stack_spec(model, stack: str) -> ModuleSpec | None:

@@ -12,8 +12,10 @@ GB200 (GB200 NVL72 datasheet, per GPU of 72: 360 PFLOP/s fp16/bf16 sparse / 72 =
 a GB200 NVL72 rack is one NVLink "node" of 72 GPUs, ``1x72-gb200``). Link bandwidths here are one direction per
 GPU (half the bidirectional figure). Inter-node: one NIC per GPU, 100 Gb/s EDR for V100 systems (DGX-1/2),
 200 Gb/s HDR for A100 (DGX A100), 400 Gb/s NDR for H100/H200/B200/GB200 (DGX H100/H200/B200 and GB200 NVL72 with
-ConnectX-7); in GB/s that is 12.5, 25 and 50 per GPU. Memory is the datasheet's GB (10^9 bytes), except H200's,
-the 139 GiB a process can allocate.
+ConnectX-7); in GB/s that is 12.5, 25 and 50 per GPU. Memory is GiB (2^30 bytes, the one memory unit of aceso,
+docs/inputs.md): the HBM stacks of V100/A100/H100 are 32/40/80 GiB (sold as "32/40/80 GB"); H200's is the 139 GiB a
+process can allocate; B200's and GB200's datasheet figures (180, 186 GB) are decimal and converted. Plan files
+written before the unit was fixed (``memory_gb``, 10^9 bytes) still read.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .units import GIB, gib_from_legacy_gb, mib_alias
+
 from .errors import AcesoError, did_you_mean
 
 # Upper bounds (docs/inputs.md): far above any machine (B200: 192 GB, 2.25 PFLOP/s dense fp16, 8 TB/s HBM,
@@ -29,7 +33,7 @@ from .errors import AcesoError, did_you_mean
 MAX_NODES = 1 << 16
 MAX_GPUS_PER_NODE = 1024
 MAX_GPUS = 1 << 20
-MAX_MEMORY_GB = 1e5
+MAX_MEMORY_GIB = 1e5
 MAX_TFLOPS = 1e6
 MAX_GBPS = 1e6
 
@@ -40,7 +44,7 @@ class GPUSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=64, description="Short name, e.g. h100.")
-    memory_gb: float = Field(gt=0, le=MAX_MEMORY_GB, description="Device memory, GB (10^9 bytes).")
+    memory_gib: float = Field(gt=0, le=MAX_MEMORY_GIB, description="Device memory, GiB (2^30 bytes).")
     peak_tflops_fp16: float = Field(gt=0, le=MAX_TFLOPS, description="Dense fp16 tensor-core peak, TFLOP/s.")
     peak_tflops_bf16: float | None = Field(None, gt=0, le=MAX_TFLOPS,
                                            description="Dense bf16 peak, TFLOP/s; None = unsupported.")
@@ -49,6 +53,8 @@ class GPUSpec(BaseModel):
     hbm_gbps: float = Field(gt=0, le=MAX_GBPS, description="Memory bandwidth, GB/s.")
     attention_scale: float | None = Field(None, gt=0, le=100, description="Calibrated (`aceso calibrate`): fused "
                                           "attention throughput relative to the cost model's default; None = 1.")
+
+    _legacy = model_validator(mode="before")(gib_from_legacy_gb)
 
     def peak_tflops(self, dtype: str) -> float:
         if dtype == "bf16":
@@ -59,21 +65,21 @@ class GPUSpec(BaseModel):
 GPU_PRESETS: dict[str, GPUSpec] = {
     g.name: g
     for g in (
-        GPUSpec(name="v100", memory_gb=34.4, peak_tflops_fp16=125, peak_tflops_bf16=None,
+        GPUSpec(name="v100", memory_gib=32.0, peak_tflops_fp16=125, peak_tflops_bf16=None,
                 peak_tflops_fp32=15.7, hbm_gbps=900),
-        GPUSpec(name="a100-40gb", memory_gb=42.9, peak_tflops_fp16=312, peak_tflops_bf16=312,
+        GPUSpec(name="a100-40gb", memory_gib=40.0, peak_tflops_fp16=312, peak_tflops_bf16=312,
                 peak_tflops_fp32=156, hbm_gbps=1555),
-        GPUSpec(name="a100", memory_gb=85.9, peak_tflops_fp16=312, peak_tflops_bf16=312,
+        GPUSpec(name="a100", memory_gib=80.0, peak_tflops_fp16=312, peak_tflops_bf16=312,
                 peak_tflops_fp32=156, hbm_gbps=2039),
-        GPUSpec(name="h100", memory_gb=85.9, peak_tflops_fp16=989, peak_tflops_bf16=989,
+        GPUSpec(name="h100", memory_gib=80.0, peak_tflops_fp16=989, peak_tflops_bf16=989,
                 peak_tflops_fp32=495, hbm_gbps=3350),
-        GPUSpec(name="h200", memory_gb=149.3, peak_tflops_fp16=989, peak_tflops_bf16=989,
+        GPUSpec(name="h200", memory_gib=139.0, peak_tflops_fp16=989, peak_tflops_bf16=989,
                 peak_tflops_fp32=495, hbm_gbps=4800),
-        GPUSpec(name="b200", memory_gb=180.0, peak_tflops_fp16=2250, peak_tflops_bf16=2250,
+        GPUSpec(name="b200", memory_gib=180e9 / GIB, peak_tflops_fp16=2250, peak_tflops_bf16=2250,
                 peak_tflops_fp32=1125, hbm_gbps=8000),
-        GPUSpec(name="gb200", memory_gb=186.0, peak_tflops_fp16=2500, peak_tflops_bf16=2500,
+        GPUSpec(name="gb200", memory_gib=186e9 / GIB, peak_tflops_fp16=2500, peak_tflops_bf16=2500,
                 peak_tflops_fp32=1250, hbm_gbps=8000),
-        GPUSpec(name="cpu", memory_gb=16.0, peak_tflops_fp16=0.2, peak_tflops_bf16=0.2,
+        GPUSpec(name="cpu", memory_gib=16e9 / GIB, peak_tflops_fp16=0.2, peak_tflops_bf16=0.2,
                 peak_tflops_fp32=0.2, hbm_gbps=20),
     )
 }
@@ -90,7 +96,8 @@ LINK_PRESETS: dict[str, tuple[float, float]] = {
 class ClusterSpec(BaseModel):
     """Homogeneous nodes of identical GPUs."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False, validate_by_name=True,
+                              validate_by_alias=True, serialize_by_alias=True)
 
     num_nodes: int = Field(gt=0, le=MAX_NODES, description="Number of nodes.")
     gpus_per_node: int = Field(gt=0, le=MAX_GPUS_PER_NODE, description="GPUs in each node.")
@@ -100,18 +107,18 @@ class ClusterSpec(BaseModel):
     inter_node_gbps: float = Field(gt=0, le=MAX_GBPS,
                                    description="Network bandwidth per GPU across nodes, GB/s per direction.")
     memory_limit_mb: float | None = Field(
-        None, gt=0, description="Per-GPU memory budget in MB (2^20 bytes); None = the GPU's memory."
-    )
+        None, gt=0, description="Per-GPU memory budget in MiB (2^20 bytes); None = the GPU's memory.",
+        **mib_alias("memory_limit_mb"))
 
     @model_validator(mode="after")
     def _check(self) -> "ClusterSpec":
         if self.num_nodes * self.gpus_per_node > MAX_GPUS:
             raise ValueError(f"num_nodes x gpus_per_node ({self.num_nodes * self.gpus_per_node}) is above the "
                              f"limit of {MAX_GPUS} GPUs")
-        if self.memory_limit_mb is not None and self.memory_limit_mb * 2**20 > self.gpu.memory_gb * 1e9 * 1.0001:
+        if self.memory_limit_mb is not None and self.memory_limit_mb > self.gpu.memory_gib * 1024 * 1.0001:
             raise ValueError(
-                f"memory_limit_mb ({self.memory_limit_mb:.0f}) exceeds the {self.gpu.name}'s "
-                f"{self.gpu.memory_gb * 1e9 / 2**20:.0f} MB; lower it"
+                f"memory_limit_mib ({self.memory_limit_mb:.0f}) exceeds the {self.gpu.name}'s "
+                f"{self.gpu.memory_gib * 1024:.0f} MiB; lower it"
             )
         return self
 
@@ -121,8 +128,8 @@ class ClusterSpec(BaseModel):
 
     @property
     def memory_mb(self) -> float:
-        """The per-GPU memory budget, MB."""
-        return self.memory_limit_mb or self.gpu.memory_gb * 1e9 / 2**20
+        """The per-GPU memory budget, MiB."""
+        return self.memory_limit_mb or self.gpu.memory_gib * 1024
 
     @property
     def label(self) -> str:

@@ -32,6 +32,7 @@ from .cluster import ClusterSpec
 from .errors import AcesoError, as_aceso_error, read_json
 from .model import ModelSpec, Unit
 from .plan_settings import PlanSettings
+from .units import mib_alias
 
 SCHEMA_VERSION = 2
 READS_VERSIONS = (1, 2)     # v1 plans (one span per stage, no SP/CP/overlap) are converted on read
@@ -171,14 +172,16 @@ class StageSpec(BaseModel):
 class PlanPrediction(BaseModel):
     """What the cost model predicted for the plan (informational)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, validate_by_name=True,
+                              validate_by_alias=True, serialize_by_alias=True)
 
     cost_model: str = Field(max_length=64, description="analytic | profile | aceso-compat.")
     iteration_time_ms: float = Field(gt=0, description="Predicted time of one optimizer step.")
     samples_per_s: float = Field(gt=0, description="global_batch_size / iteration time.")
     stage_time_ms: list[float] = Field(max_length=MAX_UNITS, description="Per stage: its pipeline total time "
                                        "(critical path through it).")
-    stage_memory_mb: list[float] = Field(max_length=MAX_UNITS, description="Per stage: peak memory per GPU.")
+    stage_memory_mb: list[float] = Field(max_length=MAX_UNITS, description="Per stage: peak memory per GPU, MiB.",
+                                         **mib_alias("stage_memory_mb"))
     attention: Literal["flash", "unfused"] | None = Field(
         None, description="Attention kernel the prediction assumed (analytic model): flash = transformer-engine's "
         "fused attention, unfused = megatron-core's local attention. The runtime warns when it runs the other.")

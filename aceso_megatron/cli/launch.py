@@ -7,7 +7,8 @@
 
 Everything after `--` goes to `aceso train` (see `aceso train --help`); the options before it may come in any
 order. Before anything starts (also with --dry-run and --slurm), and as one line with exit 2: the train
-arguments are parsed and checked (data prefixes, split, checkpoint to resume), the plan's world size (sum of
+arguments are parsed and checked (data prefixes, split, checkpoint to resume), the plan passes the one pre-flight
+(`aceso validate`'s: vocabulary per tp, cp on CPU, layer specs, megatron block), the plan's world size (sum of
 stages[].num_gpus) must equal nodes x processes per node, the processes per node must match the plan's cluster,
 and with --cpu the processes must fit in this machine's RAM. --nnodes defaults to the plan's cluster. A worker
 that stops on bad input comes back as its one line and exit 2.
@@ -22,6 +23,7 @@ from pathlib import Path
 from search import plots
 from search.argtypes import nonnegative_int, port, positive_int
 from search.plan import load_plan
+from search.preflight import preflight
 
 from .common import check_output, write_output
 
@@ -64,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
     train_args = list(getattr(args, "train_args", None) or []) + plots.train_args(args)
     plan = load_plan(args.plan)
     check_train_args(parse_train_args(args.plan, [*train_args, *(["--cpu"] if args.cpu else [])]), plan)
+    # the one pre-flight (search.preflight) before any process: the plan and its model; each worker repeats it
+    # with this machine's environment (here=True) before its process group
+    preflight(plan, "cpu" if args.cpu else "cuda")
     if args.slurm is not None and not args.dry_run:
         check_output(args.slurm, "--slurm")
     nnodes = _nnodes(args, plan)

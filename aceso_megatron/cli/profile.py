@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passes", type=int, default=1,
                    help="passes over all unit measurements, median kept (default 1; 3 on a busy shared CPU)")
     p.add_argument("--min-bytes", type=int, default=KB, help="smallest message (default 1 KB)")
-    p.add_argument("--max-bytes", type=_bytes, default=None, help="largest message (default GPU 1 GB, CPU 1 MB)")
+    p.add_argument("--max-bytes", type=_bytes, default=None, help="largest message (default GPU 1 GiB, CPU 1 MiB)")
     p.add_argument("--gpu", default=None, help="GPU preset name to record (default: from the device name)")
     p.add_argument("--seed", type=seed, default=1234, help="weights and inputs seed")
     p.add_argument("--fresh", action="store_true", help="ignore an unfinished profile of -o and start over")

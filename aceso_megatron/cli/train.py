@@ -19,6 +19,7 @@ import math
 import os
 from pathlib import Path
 
+from search.argparser import AcesoParser
 from search.argtypes import nonnegative_float, nonnegative_int, positive_float, positive_int, seed
 from search.errors import AcesoError
 
@@ -66,6 +67,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                            "--log-file; `aceso plot LOG` redraws it)")
 
 
+def preflight(plan, device: str, here: bool = False) -> bool:
+    """The runtime's checks of ``search.preflight`` (found through this entry point); imports torch only here.
+    False: it could not tell here (see ``aceso_megatron.preflight``)."""
+    from ..preflight import preflight as runtime_preflight
+
+    return runtime_preflight(plan, device, here=here)
+
+
 def _beta(text: str) -> float:
     value = nonnegative_float(text)
     if value >= 1:
@@ -73,11 +82,11 @@ def _beta(text: str) -> float:
     return value
 
 
-class _TrainArgParser(argparse.ArgumentParser):
+class _TrainArgParser(AcesoParser):
     """``aceso train``'s parser for ``aceso launch``: an error is an ``AcesoError`` line, not an exit."""
 
     def error(self, message: str) -> None:
-        raise AcesoError(f"{message}; see `aceso train --help`")
+        raise AcesoError(f"{self.explain(message)}; see `aceso train --help`")
 
 
 def train_parser(prog: str = "aceso train", **kw) -> argparse.ArgumentParser:

@@ -193,13 +193,20 @@ class Worker:
               f"{len(w.data['p2p'])} p2p curves ({seconds:.0f} s)", file=sys.stderr, flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from ..cli import bad_input_from_patches
+def worker_parser():
+    """The worker's parser: ``aceso profile``'s arguments, built by the one constructor (no abbreviations)."""
+    from search.argparser import AcesoParser
+
     from ..cli.profile import add_arguments
 
-    parser = argparse.ArgumentParser(prog="python -m aceso_megatron.profiler")
+    parser = AcesoParser(prog="python -m aceso_megatron.profiler")
     add_arguments(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..cli import bad_input_from_patches
+    args = worker_parser().parse_args(argv)
     _world, rank, local_rank, _ = _env()
     if "TORCHELASTIC_RUN_ID" in os.environ:
         _die_with_parent()

@@ -136,16 +136,12 @@ def train_from_args(args: argparse.Namespace) -> int:
     world_size, rank, local_rank = _launch_env()
     plan = load_plan(args.plan)
     check_args(args, plan, world_size)
-    from ..model.layers import check_model
+    from search.preflight import preflight
 
-    check_model(plan, "cpu" if args.cpu else "cuda")   # a bad layer_spec or megatron block: one line, no group
+    preflight(plan, "cpu" if args.cpu else "cuda", here=True)   # the one pre-flight, before any process group
     plots.check_training(args)   # before training: a bad --plot or no matplotlib is exit 2 now, not at the end
     import torch.distributed as dist
 
-    from ..model.fast_path import Environment
-    from .engine import check_plan
-
-    check_plan(plan, world_size, Environment.detect("cpu" if args.cpu else "cuda"))  # before the process group
     init_distributed(world_size, rank, local_rank, args.cpu)
     try:
         train(args, plan, rank)

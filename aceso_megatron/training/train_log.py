@@ -88,10 +88,10 @@ class TrainLogger:
         mem = stage_max_memory_mb(self.rt, self.device)
         rec = {"kind": "train", "iteration": iteration, "loss": loss, "grad_norm": grad_norm, "lr": lr,
                "iteration_time_ms": avg * 1e3, "tokens_per_s": tokens_s, "tflops_per_gpu": tflops,
-               "stage_max_memory_mb": mem}
+               "stage_max_memory_mib": mem}
         line = (f" iteration {iteration:>6}/{self.args.train_iters} | loss {loss:.6f} | grad norm {grad_norm:.4f} "
-                f"| lr {lr:.3e} | {avg * 1e3:.1f} ms/it | {tokens_s:,.0f} tokens/s | {tflops:.3f} TFLOP/s/GPU "
-                f"| max mem/stage MB {' / '.join(f'{v:.0f}' for v in mem)}")
+                f"| lr {lr:.3e} | {avg * 1e3:.1f} ms/it | {tokens_s:,.0f} tokens/s | {tflops:.3f} TFLOP/s per {'GPU' if self.device == 'cuda' else 'process'} "
+                f"| max mem/stage MiB {' / '.join(f'{v:.0f}' for v in mem)}")
         self._emit(rec, line)
 
     def eval(self, iteration: int, loss: float) -> None:
@@ -105,9 +105,9 @@ class TrainLogger:
         measured_ms = 1e3 * sum(times) / len(times) if times else float("nan")
         mem = stage_max_memory_mb(self.rt, self.device)
         pred = self.plan.predicted
-        rec = {"kind": "summary", "measured_iteration_time_ms": measured_ms, "measured_stage_memory_mb": mem,
+        rec = {"kind": "summary", "measured_iteration_time_ms": measured_ms, "measured_stage_memory_mib": mem,
                "predicted_iteration_time_ms": pred.iteration_time_ms if pred else None,
-               "predicted_stage_memory_mb": pred.stage_memory_mb if pred else None,
+               "predicted_stage_memory_mib": pred.stage_memory_mb if pred else None,
                "memory_kind": "cuda_max_allocated" if self.device == "cuda" else "cpu_max_rss",
                "stage_shapes": [s.shape_text for s in self.plan.stages]}
         self._emit(rec, self._table(rec))
@@ -120,10 +120,10 @@ class TrainLogger:
         def fmt(v):
             return "-" if v is None else f"{v:.1f}"
 
-        pm = rec["predicted_stage_memory_mb"] or [None] * len(rec["measured_stage_memory_mb"])
+        pm = rec["predicted_stage_memory_mib"] or [None] * len(rec["measured_stage_memory_mib"])
         rows = [("iteration time (ms)", rec["predicted_iteration_time_ms"], rec["measured_iteration_time_ms"])]
-        measured = rec["measured_stage_memory_mb"]
-        rows += [(f"stage {i} max memory (MB)", p, m) for i, (p, m) in enumerate(zip(pm, measured, strict=True))]
+        measured = rec["measured_stage_memory_mib"]
+        rows += [(f"stage {i} max memory (MiB)", p, m) for i, (p, m) in enumerate(zip(pm, measured, strict=True))]
         lines = [f" {'':<26}{'predicted':>12}{'measured':>12}"]
         lines += [f" {name:<26}{fmt(p):>12}{fmt(m):>12}" for name, p, m in rows]
         if rec["memory_kind"] == "cpu_max_rss":

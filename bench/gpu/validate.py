@@ -28,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+
 TINY = {"name": "tiny-gpt", "family": "gpt", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
         "ffn_hidden_size": 256, "seq_length": 32, "vocab_size": 256, "params_dtype": "fp32"}
 TIME_TARGET, MEMORY_TARGET = 0.03, 0.05
@@ -102,11 +104,11 @@ def measure(train_cmd: list[str], log: Path, tries: int = 3) -> dict:
     steps = [x["iteration_time_ms"] for x in recs if x.get("kind") == "train"]
     warm = 2 if len(steps) > 3 else 1 if len(steps) > 1 else 0   # the first steps pay for warm-up
     return {"iteration_ms": statistics.median(steps[warm:]), "step_ms": steps,
-            "memory_mb": s["measured_stage_memory_mb"][0], "memory_kind": s["memory_kind"]}
+            "memory_mb": s["measured_stage_memory_mib"][0], "memory_kind": s["memory_kind"]}
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = AcesoParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu", action="store_true", help="run on CPU (gloo, fp32): for testing the pipeline")
     ap.add_argument("--tiny", action="store_true", help="a tiny GPT instead of GPT-1.3B")
     ap.add_argument("--steps", type=int, default=10, help="training steps per plan (default 10)")

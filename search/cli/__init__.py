@@ -1,6 +1,6 @@
 """The ``aceso`` command: one module per subcommand, loaded lazily.
 
-Each subcommand module has a docstring (its first line is the help), ``add_arguments(parser)`` and
+Each subcommand module has a docstring (its first paragraph is the help), ``add_arguments(parser)`` and
 ``run(args) -> int``. Conventions: files are positional, ``-o -`` writes stdout, ``--json`` prints machine-readable
 output; exit 0 ok, 2 bad input (one line on stderr naming the field and the fix), 1 internal error.
 Set ``ACESO_DEBUG=1`` to see tracebacks of internal errors.
@@ -24,14 +24,13 @@ far), with exit status 143 instead of 130.
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib
 import os
-import re
 import signal
 import sys
 
 from .. import __version__
+from ..argparser import AcesoParser  # noqa: F401  (the one constructor; see search/argparser.py)
 from ..errors import AcesoError
 
 ENTRY_POINT_GROUP = "aceso.subcommands"
@@ -77,25 +76,6 @@ def _load(name: str, eps: dict):
         raise
 
 
-class AcesoParser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``aceso search: error: MSG; see `aceso search --help```, exit 2."""
-
-    def error(self, message: str) -> None:
-        self.exit(2, f"{self.prog}: error: {_suggest(message)}; see `{self.prog} --help`\n")
-
-
-def _suggest(message: str) -> str:
-    """argparse's "invalid choice: 'serch' (choose from ...)" with the closest choice named."""
-    m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
-    if not m:
-        return message
-    choices = re.findall(r"'([^']*)'", m.group(2)) or [c.strip() for c in m.group(2).split(",")]
-    close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
-    if close:
-        return f"{message[:m.start()]}invalid choice: '{m.group(1)}'; did you mean {close[0]}?"
-    return message
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The full parser; with ``command``, only that subcommand's module is imported (the others are bare names)."""
     parser = AcesoParser(prog="aceso", description="Aceso auto-parallel planner for megatron-core.")
@@ -114,11 +94,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             p.set_defaults(_run=lambda args, name=name: _not_installed(name))
             continue
         doc = (mod.__doc__ or "").strip()
-        p = sub.add_parser(name, help=doc.splitlines()[0] if doc else None, description=doc,
+        p = sub.add_parser(name, help=summary(doc) if doc else None, description=doc,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run, _passthrough=getattr(mod, "PASSTHROUGH", None))
     return parser
+
+
+def summary(doc: str) -> str:
+    """A module docstring's first paragraph as one line: ``aceso --help``'s summary, never cut mid-sentence."""
+    return " ".join(line.strip() for line in doc.strip().split("\n\n")[0].splitlines())
 
 
 def _not_installed(name: str) -> int:

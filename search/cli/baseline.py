@@ -35,10 +35,13 @@ def run(args: argparse.Namespace) -> int:
                          f"sizes {args.micro_batch_sizes}; check the cluster and --micro-batch-sizes")
     if not res.fits:
         raise AcesoError(f"no uniform configuration fits in memory: the least needs "
-                         f"{max(res.stage_memory_mb):.0f} MB per GPU (limit {cm.memory_limit_mb:.0f} MB); raise "
-                         "--memory-limit-mb, use more GPUs or a smaller micro-batch")
+                         f"{max(res.stage_memory_mb):.0f} MiB per GPU (limit {cm.memory_limit_mb:.0f} MiB); raise "
+                         "--memory-limit-mib, use more GPUs or a smaller micro-batch")
     plan = baseline_plan(res, model, cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
                          assumed_attention(cm))
+    from ..preflight import preflight
+
+    preflight(plan)     # the one pre-flight: it writes only a plan the runtime runs
     if args.output:
         write_output(plan.to_json(), args.output)
     f = res.state.features
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             "overlap_grad_reduce": f.overlap_grad_reduce, "overlap_param_gather": f.overlap_param_gather,
             "recompute": res.recompute, "layers_per_chunk": list(res.layers),
             "stage_time_ms": [round(t, 3) for t in res.stage_total_ms],
-            "stage_memory_mb": [round(m, 1) for m in res.stage_memory_mb], "configs_evaluated": res.evaluated}
+            "stage_memory_mib": [round(m, 1) for m in res.stage_memory_mb], "configs_evaluated": res.evaluated}
     if args.json:
         if args.output != "-":
             sys.stdout.write(json.dumps(info, indent=2) + "\n")
@@ -60,9 +63,9 @@ def run(args: argparse.Namespace) -> int:
     con = Console(file=sys.stderr if args.output == "-" else sys.stdout, width=140)
     t = Table(title=f"best uniform configuration: {model.name} on {cluster.label}, global batch "
                     f"{training.global_batch_size}")
-    for col in ("pp", "tp", "cp", "dp", "micro-batch", "mbs/rank", "sp", "vpp", "dist-opt", "overlap", "recompute",
-                "layers per chunk", "iteration ms", "samples/s", "max memory MB"):
-        t.add_column(col, justify="right")
+    for col in ("pp", "tp", "cp", "dp", "micro-\nbatch", "mbs/\nrank", "sp", "vpp", "dist-\nopt", "over-\nlap",
+                "recompute", "layers\nper chunk", "iteration\nms", "samples\n/s", "max mem\nMiB"):
+        t.add_column(col, justify="right", overflow="fold")
     t.add_row(str(res.pp), str(res.tp), str(res.cp), str(res.dp), str(res.mbs), str(res.micro_batch_per_rank),
               "on" if res.shape.sp else "off", str(res.state.num_chunks), "on" if f.distributed_optimizer else "off",
               "on" if f.overlap_grad_reduce else "off", res.recompute, " ".join(map(str, res.layers)),

@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
     for name, g in GPU_PRESETS.items():
         intra, inter = LINK_PRESETS[name]
         rows.append({"gpu": name, "aliases": [a for a, n in GPU_ALIASES.items() if n == name],
-                     "memory_gb": g.memory_gb, "bf16_tflops": g.peak_tflops_bf16, "fp16_tflops": g.peak_tflops_fp16,
+                     "memory_gib": round(g.memory_gib, 1), "bf16_tflops": g.peak_tflops_bf16, "fp16_tflops": g.peak_tflops_fp16,
                      "hbm_gbps": g.hbm_gbps, "intra_node_gbps": intra, "inter_node_gbps": inter})
     if args.json:
         print_json(rows)

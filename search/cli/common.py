@@ -21,8 +21,14 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 def add_cluster_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--cluster", required=required, help="NODESxGPUS-gpu, e.g. 1x8-h100 (see `aceso clusters`)")
-    p.add_argument("--memory-limit-mb", type=positive_float, default=None, help="per-GPU memory budget in MB")
+    add_memory_limit_arg(p)
     add_headroom_arg(p)
+
+
+def add_memory_limit_arg(p: argparse.ArgumentParser, help: str = "per-GPU memory budget in MiB (2^20 bytes)") -> None:
+    """``--memory-limit-mib``; its old name ``--memory-limit-mb`` (the same MiB number) still works, unlisted."""
+    p.add_argument("--memory-limit-mib", type=positive_float, default=None, dest="memory_limit_mb", help=help)
+    p.add_argument("--memory-limit-mb", type=positive_float, dest="memory_limit_mb", help=argparse.SUPPRESS)
 
 
 def add_headroom_arg(p: argparse.ArgumentParser) -> None:
@@ -55,4 +61,11 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
 
 
 def print_json(obj) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+    """``obj`` as JSON; numpy scalars (a cost model's ``np.bool_``, ``np.float64``) as their Python values."""
+    sys.stdout.write(json.dumps(obj, indent=2, default=_plain) + "\n")
+
+
+def _plain(o):
+    if hasattr(o, "item") and callable(o.item):
+        return o.item()
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")

@@ -32,6 +32,7 @@ from ..errors import AcesoError, as_aceso_error, read_json
 from ..plan import RECOMPUTE_CHOICES, ParallelPlan, check_recompute_applies, parse_plan
 from ..plan_settings import FRAMEWORKS
 from ..training import TrainingSpec
+from ..text import shape as stage_shape
 from .common import add_calibration_arg, add_cluster_args, calibrated, print_json
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "grad_copy", "reserve")
@@ -123,9 +124,9 @@ def _with_limit(cluster, memory_limit_mb: float):
     from ..cluster import ClusterSpec
 
     try:
-        return ClusterSpec.model_validate({**cluster.model_dump(), "memory_limit_mb": memory_limit_mb})
+        return ClusterSpec.model_validate({**cluster.model_dump(), "memory_limit_mib": memory_limit_mb})
     except pydantic.ValidationError as e:
-        raise AcesoError(f"--memory-limit-mb {memory_limit_mb:g}: " + str(as_aceso_error(e))) from None
+        raise AcesoError(f"--memory-limit-mib {memory_limit_mb:g}: " + str(as_aceso_error(e))) from None
 
 
 def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_batch_size: int,
@@ -149,13 +150,13 @@ def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_b
             "busy_ms": busy, "bubble_ms": max(0.0, cost.iteration_ms - busy),
             "comm": comm, "comm_exposed_ms": sum(e for e, _ in sc.comm.values()),
             "comm_hidden_ms": sum(h for _, h in sc.comm.values()),
-            "memory_mb": sc.memory_mb, "memory_breakdown_mb": dict(sc.memory_breakdown), "fits": sc.fits})
+            "memory_mib": sc.memory_mb, "memory_breakdown_mib": dict(sc.memory_breakdown), "fits": bool(sc.fits)})
     return {"model": model, "cost_model": cost.cost_model, "num_micro_batches": num_micro_batches,
             "features": features or {},
             "micro_batch_size": micro_batch_size, "global_batch_size": global_batch_size,
             "iteration_time_ms": cost.iteration_ms, "samples_per_s": cost.samples_per_s,
             "bubble_ms": cost.pipeline.bubble_ms, "tflops_per_gpu": cost.tflops_per_gpu, "mfu": cost.mfu,
-            "max_memory_mb": cost.max_memory_mb, "memory_limit_mb": cost.memory_limit_mb, "fits": cost.fits,
+            "max_memory_mib": cost.max_memory_mb, "memory_limit_mib": cost.memory_limit_mb, "fits": bool(cost.fits),
             "bottleneck_stage": cost.bottleneck_stage, "bottleneck_resource": cost.bottleneck_resource,
             "warnings": list(cost.warnings), "stages": stages}
 
@@ -191,12 +192,12 @@ def _headroom(out: dict, headroom: float) -> None:
     """The --memory-headroom verdict (``memory.headroom_verdict``), in the report and among its warnings."""
     from ..costmodel.memory import headroom_verdict, memory_budget_mb
 
-    verdict = headroom_verdict(out["max_memory_mb"], out["memory_limit_mb"], headroom)
-    out.update(memory_headroom=headroom, memory_budget_mb=memory_budget_mb(out["memory_limit_mb"], headroom),
+    verdict = headroom_verdict(out["max_memory_mib"], out["memory_limit_mib"], headroom)
+    out.update(memory_headroom=headroom, memory_budget_mib=memory_budget_mb(out["memory_limit_mib"], headroom),
                within_headroom=verdict is None)
     if verdict:
-        out["warnings"].append(f"stage {max(range(len(out['stages'])), key=lambda i: out['stages'][i]['memory_mb'])} "
-                               + verdict)
+        worst = max(range(len(out["stages"])), key=lambda i: out["stages"][i]["memory_mib"])
+        out["warnings"].append(f"stage {worst} " + verdict)
 
 
 def plan_features(plan: ParallelPlan) -> dict:
@@ -298,7 +299,7 @@ def _search_gain(args: argparse.Namespace, raw: dict, out: dict) -> dict | None:
 
 
 def _print_table(r: dict) -> None:
-    """The per-stage table in 120 columns (the memory breakdown in full: --json)."""
+    """The per-stage table in 132 columns (the memory breakdown in full: --json)."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -307,24 +308,24 @@ def _print_table(r: dict) -> None:
     t = Table(title=f"{r['model']} on {r['cluster']} ({r['cost_model']} cost model): {r['num_micro_batches']} "
                     f"pipeline micro-batches of {r['micro_batch_size']}", box=box.SIMPLE_HEAD, padding=(0, 1),
               collapse_padding=True, pad_edge=False, show_edge=False)
-    cols = ["stage", "tp x dp", "mbs/\nrank", "units", "recompute", "fwd\nms", "bwd\nms", "recomp\nms",
-            "comm ms\nexp/hid", "sync\nms", "total\nms", "states\nGB", "act\nGB", "mem\nGB", "fits"]
+    cols = ["stage", "shape", "mbs/\nrank", "units", "recompute", "fwd\nms", "bwd\nms", "recomp\nms",
+            "comm ms\nexp/hid", "sync\nms", "total\nms", "states\nGiB", "act\nGiB", "mem\nGiB", "fits"]
     for c in cols:
-        t.add_column(c, justify="left" if c in ("units", "recompute", "fits") else "right")
+        t.add_column(c, justify="left" if c in ("units", "recompute", "fits") else "right", overflow="fold",
+                     no_wrap=c not in ("units", "recompute"))
     for s in r["stages"]:
-        mb = s["memory_breakdown_mb"]
+        mb = s["memory_breakdown_mib"]
         states = sum(mb.get(c, 0.0) for c in ("params", "grads", "optimizer")) / 1024
         per_rank = r["micro_batch_size"] // s["dp"]
-        shape = f"{s['tp']} x {s['dp']}" + (f" cp{s['cp']}" if s.get("cp", 1) > 1 else "") + \
-            (" sp" if s.get("sp") else "")
+        shape = stage_shape(s)
         comm = f"{s.get('comm_exposed_ms', 0.0):.0f}/{s.get('comm_hidden_ms', 0.0):.0f}" if "comm" in s else \
             f"{s['p2p_ms'] + s['tp_comm_ms']:.2f}"
         t.add_row(str(s["index"]), shape, str(per_rank), _span(s), recompute_text(s["recompute"]),
                   f"{s['fwd_ms']:.2f}", f"{s['bwd_ms']:.2f}", f"{s['recompute_ms']:.2f}",
                   comm, f"{s['dp_sync_ms'] + s['optimizer_ms']:.1f}",
                   f"{s['time_ms']:.0f}", f"{states:.2f}", f"{mb.get('activations', 0.0) / 1024:.2f}",
-                  f"{s['memory_mb'] / 1024:.2f}", "yes" if s["fits"] else "[red]OVER[/red]")
-    con = Console(width=120)
+                  f"{s['memory_mib'] / 1024:.2f}", "yes" if s["fits"] else "[red]OVER[/red]")
+    con = Console(width=132)
     if r.get("features"):
         con.print("features: " + _features_line(r["features"]))
     con.print(t)
@@ -335,7 +336,7 @@ def _print_table(r: dict) -> None:
     if r.get("settings"):
         con.print(f"priced as {r['settings']['text']}")
     fit = ("fits" if r.get("within_headroom", True) else "fits, INSIDE THE HEADROOM") if r["fits"] else "DOES NOT FIT"
-    con.print(f"max memory {r['max_memory_mb'] / 1024:.2f} of {r['memory_limit_mb'] / 1024:.2f} GB "
+    con.print(f"max memory {r['max_memory_mib'] / 1024:.2f} of {r['memory_limit_mib'] / 1024:.2f} GiB "
               f"({fit}); bottleneck: stage {r['bottleneck_stage']} "
               f"({r['bottleneck_resource']})")
     con.print("units: half layers; mbs/rank: Megatron's --micro-batch-size; mem: states + act + recompute peak + "

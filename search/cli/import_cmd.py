@@ -23,7 +23,7 @@ import argparse
 import sys
 
 from ..errors import AcesoError
-from .common import check_output, write_output
+from .common import add_memory_limit_arg, check_output, write_output
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="input format (default aceso-legacy)")
     p.add_argument("-o", "--output", default="-", help="plan file to write, or - for stdout")
     p.add_argument("--cluster", default=None, help="record this cluster in the plan (NODESxGPUS-gpu)")
-    p.add_argument("--memory-limit-mb", type=float, default=None, help="with --cluster: per-GPU memory budget")
+    add_memory_limit_arg(p, help="with --cluster: per-GPU memory budget in MiB")
     g = p.add_argument_group("--from megatron-lm")
     g.add_argument("--args", default=None, help="the Megatron-LM arguments as one string (instead of FILE)")
     g.add_argument("--world-size", type=int, default=None, help="GPUs of the run, when the command line has no "

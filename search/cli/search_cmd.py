@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from .. import plots
@@ -149,11 +150,33 @@ def setup(args):
     return model, cluster, training, cm
 
 
+def runnable(found: list, keep: int) -> tuple:
+    """The search's output check: of ``(evaluation, plan)`` best first, the first ``keep`` the runtime runs (the one
+    pre-flight, ``search.preflight``); the best of them and their plans. None runs: the first refusal, one line."""
+    from ..preflight import preflight
+
+    kept, refusal = [], None
+    for ev, plan in found:
+        if len(kept) == keep:
+            break
+        try:
+            preflight(plan)
+            kept.append((ev, plan))
+        except AcesoError as e:
+            refusal = refusal or e
+    if not kept:
+        raise AcesoError(f"the search found no plan the runtime runs: {refusal}")
+    if refusal is not None:
+        print(f"aceso search: note: left out plan(s) the runtime would refuse: {refusal}", file=sys.stderr)
+    return kept[0][0], [plan for _, plan in kept]
+
+
 def run(args: argparse.Namespace) -> int:
     from ..planner import report
     from ..planner.aceso import SearchOptions
     from ..planner.api import plan_all, total_budget
 
+    started = time.perf_counter()
     if args.budget_evals < 1:
         raise AcesoError(f"--budget-evals ({args.budget_evals}) must be at least 1")
     if args.top_k < 1:
@@ -180,7 +203,12 @@ def run(args: argparse.Namespace) -> int:
     if best is None or not best.fits:
         raise AcesoError(report.infeasible_hint(best, cm, cluster, training, plans.space))
     settings = settings_from_args(args, training)
-    out_plans = [report.to_plan(e, model, cluster, training, cm, settings) for e in result.plans if e.fits]
+    # the best the search found first; the Megatron-LM-expressible and uniform plans (whole layers, one recompute
+    # setting) after them, for when the runtime refuses every heterogeneous one (e.g. a custom layer that runs whole)
+    found = [*result.plans, *(plans.megatron.plans if result is not plans.megatron else []),
+             *([plans.uniform.evaluation] if plans.uniform is not None else [])]
+    best, out_plans = runnable([(e, report.to_plan(e, model, cluster, training, cm, settings)) for e in found
+                                if e.fits], keep=max(1, len([e for e in result.plans if e.fits])))
     out = args.output
     files = [(out_plans[0].to_json(), out, "-o")] if out else []   # written as one: a failing --trace writes no plan
     if out and out != "-":
@@ -192,11 +220,13 @@ def run(args: argparse.Namespace) -> int:
     write_outputs(files)
     mlm = plans.megatron.plans[0] if plans.megatron.plans and plans.megatron.plans[0].fits else None
     plots.draw_search(args, result, plans.uniform, out_plans[0], mlm.iteration_ms if mlm is not None else None)
-    summary = report.summary(out_plans[0], best, plans, result, cm)
+    wall_s = time.perf_counter() - started
+    summary = report.summary(out_plans[0], best, plans, result, cm, wall_s=wall_s)
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n") if out != "-" else None
     else:
-        report.print_table(out_plans[0], best, plans, result, cm, file=sys.stderr if out == "-" else sys.stdout)
+        report.print_table(out_plans[0], best, plans, result, cm, file=sys.stderr if out == "-" else sys.stdout,
+                           wall_s=wall_s)
     if result.interrupted or plans.aceso.interrupted or plans.megatron.interrupted:
         print("aceso search: interrupted; wrote the best plan found so far", file=sys.stderr)
         return 130

@@ -1,8 +1,12 @@
 """Check a plan file: schema, coverage of the model's units, TP/DP divisibility, fit to a cluster or world size,
 and memory.
 
+The plan passes the one pre-flight the runtime runs before it starts (search/preflight.py): the padded vocabulary
+divides the tp of every stage that shards it, no context parallelism on a CPU cluster, and, with the runtime
+installed, the model's layer specs and megatron block as the runtime builds them.
+
 With a cluster (--cluster, else the plan's own) the plan must also fit in its memory under the analytic cost model
-(the per-stage peak against the GPU's memory or --memory-limit-mb), under the settings the plan carries
+(the per-stage peak against the GPU's memory or --memory-limit-mib), under the settings the plan carries
 (``settings``: framework and gradient-reduction dtype); without one only the counts are checked, and
 the output says so. Exit 2 with one line naming the stage and the fix when anything does not hold.
 """
@@ -11,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 
-from ..argtypes import positive_float, positive_int
+from ..argtypes import positive_int
 from ..costmodel.memory import headroom_verdict
 from ..errors import AcesoError
 from ..plan import check_fits_cluster, check_recompute_applies, load_plan
-from .common import add_calibration_arg, add_headroom_arg, calibrated, print_json
+from ..preflight import preflight
+from ..text import plural, shape
+from .common import add_calibration_arg, add_headroom_arg, add_memory_limit_arg, calibrated, print_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=positive_int, default=None,
                    help="the number of processes it will be launched with")
     p.add_argument("--cluster", default=None, help="check against this cluster (NODESxGPUS-gpu); default: the plan's")
-    p.add_argument("--memory-limit-mb", type=positive_float, default=None, help="per-GPU memory budget in MB")
+    add_memory_limit_arg(p)
     add_headroom_arg(p)
     p.add_argument("--attention", choices=("auto", "flash", "unfused"), default=None,
                    help="attention kernel for the memory check (default: what the plan's prediction assumed, "
@@ -33,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _memory(plan, cluster, attention: str) -> tuple[list[float], float, bool]:
-    """Per-stage peak MB under the analytic model, the limit, and whether it assumed flash attention."""
+    """Per-stage peak MiB under the analytic model, the limit, and whether it assumed flash attention."""
     from ..costmodel import make_cost_model
     from ..plan_settings import run_settings
     from ..training import TrainingSpec
@@ -64,37 +70,47 @@ def run(args: argparse.Namespace) -> int:
             check_fits_cluster(plan, cluster)
         except ValueError as e:
             raise AcesoError(f"{args.plan}: {e}") from None
+    device = "cpu" if cluster is not None and cluster.gpu.name == "cpu" else "cuda"
+    try:
+        runtime_checked = preflight(plan, device)        # the one pre-flight: will the runtime run it?
+    except AcesoError as e:
+        raise AcesoError(f"{args.plan}: {e}") from None
+    if cluster is not None:
         attention = args.attention or (plan.predicted.attention if plan.predicted else None) or "auto"
         mem, limit, _ = _memory(plan, cluster, attention)
         worst = max(range(len(mem)), key=lambda i: mem[i])
         if mem[worst] > limit:
             raise AcesoError(
-                f"{args.plan}: stages[{worst}] needs {mem[worst]:.0f} MB per GPU (analytic cost model, "
-                f"--attention {attention}) but {cluster.label} allows {limit:.0f} MB; search the plan again for "
-                "this cluster, or raise --memory-limit-mb if the GPUs have more")
+                f"{args.plan}: stages[{worst}] needs {mem[worst]:.0f} MiB per GPU (analytic cost model, "
+                f"--attention {attention}) but {cluster.label} allows {limit:.0f} MiB; search the plan again for "
+                "this cluster, or raise --memory-limit-mib if the GPUs have more")
         verdict = headroom_verdict(mem[worst], limit, args.memory_headroom)
         if verdict:
             raise AcesoError(f"{args.plan}: stages[{worst}] {verdict} (analytic cost model, --attention {attention})")
-        memory = {"stage_memory_mb": [round(m, 1) for m in mem], "memory_limit_mb": round(limit, 1),
+        memory = {"stage_memory_mib": [round(m, 1) for m in mem], "memory_limit_mib": round(limit, 1),
                   "memory_headroom": args.memory_headroom,
                   "cost_model": "analytic", "attention": attention}
     summary = {"valid": True, "model": plan.model.name, "world_size": plan.world_size,
                "num_stages": plan.num_stages, "micro_batch_size": plan.micro_batch_size,
                "global_batch_size": plan.global_batch_size, "cluster": cluster.label if cluster else None,
-               "memory_checked": memory is not None, **(memory or {}),
-               "stages": [{"num_gpus": s.num_gpus, "tp": s.tp, "dp": s.dp, "micro_batch_per_rank":
+               "memory_checked": memory is not None, **(memory or {}), "runtime_checked": runtime_checked,
+               "stages": [{"num_gpus": s.num_gpus, "tp": s.tp, "cp": s.cp, "dp": s.dp, "micro_batch_per_rank":
                            plan.micro_batch_per_rank(i), "units": [list(span) for span in s.spans]}
                           for i, s in enumerate(plan.stages)]}
     if args.json:
         print_json(summary)
         return 0
-    shapes = ", ".join(f"{s.num_gpus}gpu tp{s.tp} dp{s.dp} units "
-                       + " ".join(f"{a}-{b}" for a, b in s.spans) for s in plan.stages)
+    shapes = ", ".join(f"{s.num_gpus}gpu {shape(s)} units " + " ".join(f"{a}-{b}" for a, b in s.spans)
+                       for s in plan.stages)
     print(f"{args.plan}: valid plan for {plan.model.name} on {plan.world_size} GPUs, "
-          f"{plan.num_stages} stages ({shapes})")
+          f"{plural(plan.num_stages, 'stage')} ({shapes})")
+    if not runtime_checked:
+        print("layer specs and megatron block not fully checked: this machine lacks the runtime or transformer-engine "
+              "(the workers check them before they start)")
     if memory is None:
         print("memory not checked: the plan names no cluster; give --cluster NODESxGPUS-gpu to check it")
     else:
-        print(f"fits {cluster.label}: at most {max(memory['stage_memory_mb']):.0f} of {memory['memory_limit_mb']:.0f}"
-              f" MB per GPU, within the {100 * args.memory_headroom:g}% --memory-headroom (analytic cost model)")
+        print(f"fits {cluster.label}: at most {max(memory['stage_memory_mib']):.0f} of "
+              f"{memory['memory_limit_mib']:.0f} MiB per GPU, within the {100 * args.memory_headroom:g}% "
+              "--memory-headroom (analytic cost model)")
     return 0

@@ -502,8 +502,8 @@ class CostModel:
         for i, s in enumerate(stages):
             if not s.fits:
                 over = s.memory_mb - self.memory_limit_mb
-                warnings.append(f"stage {i} needs {s.memory_mb:.0f} MB per GPU, {over:.0f} MB over the "
-                                f"{self.memory_limit_mb:.0f} MB limit")
+                warnings.append(f"stage {i} needs {s.memory_mb:.0f} MiB per GPU, {over:.0f} MiB over the "
+                                f"{self.memory_limit_mb:.0f} MiB limit")
         worst = max(range(len(stages)), key=lambda i: mem[i] - self.memory_limit_mb) if not fits else pipe.bottleneck
         flops = self.model.training_flops_per_sample() * global_batch_size
         tflops = flops / (it / 1e3) / num_gpus / 1e12 if it > 0 else 0.0

@@ -49,7 +49,7 @@ import math
 
 from ..model import ModelSpec
 
-MB = float(2**20)
+MB = float(2**20)              # one MiB (the one memory unit: search/units.py); the name predates it
 # Share of the GPU's memory a plan must leave free (``--memory-headroom``; search, validate and explain, through
 # ``memory_budget_mb`` / ``headroom_verdict``): what the per-category estimate does not see -- NCCL's communicator
 # buffers (NCCL_BUFFSIZE, 4 MiB by default, per channel and peer, for each of a rank's TP/DP/PP/CP/embedding
@@ -74,9 +74,9 @@ def headroom_verdict(peak_mb: float, limit_mb: float, headroom: float) -> str | 
     if peak_mb <= budget:
         return None
     if peak_mb > limit_mb:
-        return f"needs {peak_mb:.0f} MB per GPU, over the {limit_mb:.0f} MB the GPU has"
-    return (f"needs {peak_mb:.0f} MB per GPU: it fits the {limit_mb:.0f} MB but not the {100 * headroom:g}% "
-            f"--memory-headroom (budget {budget:.0f} MB); give --memory-headroom 0 to accept it")
+        return f"needs {peak_mb:.0f} MiB per GPU, over the {limit_mb:.0f} MiB the GPU has"
+    return (f"needs {peak_mb:.0f} MiB per GPU: it fits the {limit_mb:.0f} MiB but not the {100 * headroom:g}% "
+            f"--memory-headroom (budget {budget:.0f} MiB); give --memory-headroom 0 to accept it")
 
 
 # ----- parameters per rank (what megatron-core 0.16 allocates; tests/runtime/test_param_counts.py builds them) -----

@@ -126,8 +126,8 @@ class _Curve:
             return 0.0
         if self.x[0] <= nbytes <= self.x[-1]:
             return float(np.interp(nbytes, self.x, self.y))
-        warn(f"{self.where}: {nbytes / MB:.1f} MB is outside the measured {self.x[0] / MB:.2f}-"
-             f"{self.x[-1] / MB:.1f} MB; extrapolated with the fitted alpha-beta line")
+        warn(f"{self.where}: {nbytes / MB:.1f} MiB is outside the measured {self.x[0] / MB:.2f}-"
+             f"{self.x[-1] / MB:.1f} MiB; extrapolated with the fitted alpha-beta line")
         return self.alpha + nbytes * self.inv_beta
 
 

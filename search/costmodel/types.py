@@ -1,6 +1,6 @@
 """Result types shared by every cost model (analytic, profile database, aceso-compat) and the search.
 
-Times are milliseconds, memory is MB (2^20 bytes). Recompute choices are coded as ints in arrays:
+Times are milliseconds, memory is MiB (2^20 bytes; ``_mb`` in python names, ``_mib`` in files). Recompute choices are coded as ints in arrays:
 0 = none, 1 = selective, 2 = full, 3 = attn_dropout (``RC[code]`` gives the plan's string; the plan's
 ``RECOMPUTE_CHOICES`` order). A choice a unit cannot take (``attn_dropout`` on an MLP unit, or where it frees
 nothing: flash attention, no attention dropout) has recompute time ``UNAVAILABLE_MS`` and the ``none`` activations,

@@ -70,7 +70,7 @@ def header(plan: ParallelPlan, c: MegatronConfig, source: str, version: str) -> 
         att = f", {p.attention} attention" if p.attention else ""
         limit = f" of {cl.memory_mb / 1024:.2f}" if cl else ""
         lines.append(f"predicted ({p.cost_model} cost model{att}): {p.iteration_time_ms:.1f} ms per iteration, "
-                     f"{p.samples_per_s:.2f} samples/s; peak memory {max(p.stage_memory_mb) / 1024:.2f}{limit} GB "
+                     f"{p.samples_per_s:.2f} samples/s; peak memory {max(p.stage_memory_mb) / 1024:.2f}{limit} GiB "
                      "per GPU")
     return lines
 

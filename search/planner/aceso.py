@@ -74,11 +74,11 @@ class Move:
             return round(x, 6) if x != INF else None
         return {"num_stages": self.num_stages, "primitives": self.primitive, "bottleneck_stage": self.bottleneck,
                 "bottleneck_resource": self.resource, "time_before_ms": num(self.before_ms),
-                "time_after_ms": num(self.after_ms), "max_memory_before_mb": num(self.memory_before_mb),
-                "max_memory_after_mb": num(self.memory_after_mb), "fits_before": self.fits_before,
+                "time_after_ms": num(self.after_ms), "max_memory_before_mib": num(self.memory_before_mb),
+                "max_memory_after_mib": num(self.memory_after_mb), "fits_before": self.fits_before,
                 "fits_after": self.fits_after, "evaluations": self.evals,
-                "bottleneck_memory_before_mb": num(self.bottleneck_memory_before_mb),
-                "bottleneck_memory_after_mb": num(self.bottleneck_memory_after_mb)}
+                "bottleneck_memory_before_mib": num(self.bottleneck_memory_before_mb),
+                "bottleneck_memory_after_mib": num(self.bottleneck_memory_after_mb)}
 
 
 @dataclass

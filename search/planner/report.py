@@ -15,6 +15,7 @@ import contextlib
 import sys
 
 from ..costmodel.types import RC
+from ..text import shape
 from .state import Evaluation
 from .state import to_plan as _to_plan
 
@@ -67,7 +68,7 @@ def describe(ev: Evaluation) -> str:
     st = ev.state
     shapes, runs = [], []
     for s in st.shapes:
-        text = f"tp{s.tp}" + (f" cp{s.cp}" if s.cp > 1 else "") + f" dp{s.dp}" + (" sp" if s.sp else "")
+        text = shape(s)
         if runs and runs[-1][0] == text:
             runs[-1][1] += 1
         else:
@@ -94,7 +95,7 @@ def stage_rows(ev: Evaluation) -> list[dict]:
                      "micro_batch_per_rank": st.mbs // s.dp, "units": [list(x) for x in st.spans(i)],
                      "recompute": _rc_text(e.rc), "time_ms": round(ev.stage_total_ms[i], 3),
                      "time_per_microbatch_ms": round(e.cost.time_per_microbatch_ms, 4),
-                     "memory_mb": round(e.cost.memory_mb, 1)})
+                     "memory_mib": round(e.cost.memory_mb, 1)})
     return rows
 
 
@@ -116,14 +117,15 @@ def three_lines(plans) -> dict:
             "aceso": line(plans.aceso.plans[0] if plans.aceso.plans else None, base_ms)}
 
 
-def summary(plan, ev: Evaluation, plans, result, cm) -> dict:
+def summary(plan, ev: Evaluation, plans, result, cm, wall_s: float | None = None) -> dict:
     out = {"model": plan.model.name, "cluster": plan.cluster.label if plan.cluster else None,
            "cost_model": getattr(cm, "kind", "analytic"), "target": plans.target,
            "iteration_ms": round(ev.iteration_ms, 4),
            "samples_per_s": round(plan.global_batch_size / ev.iteration_ms * 1000, 4),
            "micro_batch_size": plan.micro_batch_size, "num_stages": plan.num_stages,
            "num_virtual_stages": plan.num_virtual_stages, "stages": stage_rows(ev),
-           "search_s": round(result.seconds, 3), "evaluated_plans": result.evals,
+           "search_s": round(result.seconds, 3), **({"wall_s": round(wall_s, 3)} if wall_s is not None else {}),
+           "evaluated_plans": result.evals,
            "interrupted": result.interrupted, "lines": three_lines(plans)}
     base = plans.uniform
     if base is not None and base.fits:
@@ -136,21 +138,21 @@ def summary(plan, ev: Evaluation, plans, result, cm) -> dict:
     return out
 
 
-def print_table(plan, ev: Evaluation, plans, result, cm, file=None) -> None:
+def print_table(plan, ev: Evaluation, plans, result, cm, file=None, wall_s: float | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
     con = Console(file=file or sys.stdout, width=140)
-    t = Table(title=f"{plan.model.name} on {plan.cluster.label if plan.cluster else plan.world_size} GPUs "
+    t = Table(title=f"{plan.model.name} on {plan.cluster.label if plan.cluster else f'{plan.world_size} GPUs'} "
                     f"({getattr(cm, 'kind', 'analytic')}, target {plans.target}), pipeline micro-batch "
                     f"{plan.micro_batch_size}, global batch {plan.global_batch_size}")
     for col in ("stage", "GPUs", "tp", "cp", "dp", "sp", "mbs/rank", "units", "recompute", "total ms",
-                "ms/micro-batch", "memory MB"):
+                "ms/micro-batch", "memory MiB"):
         t.add_column(col, justify="right" if col not in ("recompute", "units") else "left")
     for r in stage_rows(ev):
         t.add_row(str(r["stage"]), str(r["gpus"]), str(r["tp"]), str(r["cp"]), str(r["dp"]),
                   "on" if r["sp"] else "", str(r["micro_batch_per_rank"]),
                   " ".join(f"{a}-{b}" for a, b in r["units"]), r["recompute"], f"{r['time_ms']:.1f}",
-                  f"{r['time_per_microbatch_ms']:.2f}", f"{r['memory_mb']:.0f}")
+                  f"{r['time_per_microbatch_ms']:.2f}", f"{r['memory_mib']:.0f}")
     con.print(t)
     f = ev.state.features
     switches = [n for n, on in (("distributed optimizer", f.distributed_optimizer),
@@ -168,7 +170,8 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None) -> None:
             continue
         sp = f"{x['speedup']:.3f}x" if "speedup" in x else "-"
         con.print(f"{label:<21} {x['iteration_ms']:>12.2f} ms  {sp:>7}   {x['plan']}")
-    con.print(f"search {result.seconds:.2f} s, {result.evals} plans evaluated (units: half layers; mbs/rank: "
+    wall = f" ({wall_s:.1f} s wall in all, with the uniform and Megatron-LM lines)" if wall_s is not None else ""
+    con.print(f"search {result.seconds:.2f} s{wall}, {result.evals} plans evaluated (units: half layers; mbs/rank: "
               "Megatron's --micro-batch-size)")
 
 
@@ -179,7 +182,7 @@ def infeasible_hint(best: Evaluation | None, cm, cluster, training, space) -> st
         return (f"no valid plan for {space.num_units} units on {cluster.num_gpus} GPUs with per-rank micro-batch "
                 f"sizes {list(space.batches)}; check --micro-batch-sizes and the cluster")
     need = best.max_memory_mb
-    hints = [f"needs at least {need:.0f} MB per GPU (limit {limit:.0f} MB): raise --memory-limit-mb to {need:.0f}"
+    hints = [f"needs at least {need:.0f} MiB per GPU (limit {limit:.0f} MiB): raise --memory-limit-mib to {need:.0f}"
              if need != float("inf") else "no plan could be priced"]
     hints.append(f"use more GPUs than {cluster.num_gpus}")
     if min(space.batches) > 1:

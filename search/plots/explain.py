@@ -10,6 +10,7 @@ from __future__ import annotations
 import textwrap
 
 from . import DPI, Target, save
+from ..text import shape as stage_shape
 from . import memory as memory_panel
 from . import timeline as timeline_panel
 
@@ -53,7 +54,7 @@ def stage_labels(report: dict) -> tuple[list[str], list[str]]:
     many = len(report["stages"]) > 8
     width = _label_chars(len(report["stages"]))
     for s in report["stages"]:
-        shape = f"tp{s['tp']} dp{s['dp']}" + (f" cp{s['cp']}" if s.get("cp", 1) > 1 else "")
+        shape = stage_shape({**s, "sp": False})
         rows.append(f"stage {s['index']}  {shape}")
         if "units" in s:
             span = "units {}-{}".format(*s["units"]) if not s.get("chunks") else s["chunks"]
@@ -109,7 +110,7 @@ def _title(r: dict, cost) -> str:
     return (f"{r['model']} on {r.get('cluster', '?')}: global batch {r['global_batch_size']} = "
             f"{r['num_micro_batches']} micro-batches of {r['micro_batch_size']}\n"
             f"predicted {cost.iteration_ms:,.1f} ms per iteration, {cost.samples_per_s:,.2f} samples/s, "
-            f"MFU {100 * cost.mfu:.1f}%, max memory {cost.max_memory_mb / 1024:.1f} GB ({fit}); bottleneck stage "
+            f"MFU {100 * cost.mfu:.1f}%, max memory {cost.max_memory_mb / 1024:.1f} GiB ({fit}); bottleneck stage "
             f"{cost.bottleneck_stage} ({cost.bottleneck_resource}); {cost.cost_model} cost model")
 
 

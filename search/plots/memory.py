@@ -35,7 +35,7 @@ OFF_SCALE = 0.3         # bars below this share of the limit are drawn to their 
 
 
 def segments(cm, plan, stage_costs: list[StageCost]) -> list[list[tuple[str, float]]]:
-    """Per stage, ``(key, MB)`` bottom to top; they sum to the stage's ``memory_mb``. ``plan`` may be None (a
+    """Per stage, ``(key, MiB)`` bottom to top; they sum to the stage's ``memory_mb``. ``plan`` may be None (a
     reference config): then the activations stay one segment."""
     out = []
     for i, s in enumerate(stage_costs):
@@ -86,7 +86,7 @@ def recompute_text(stage) -> str:
 
 def draw(ax, segs: list[list[tuple[str, float]]], limit_mb: float, tick_labels: list[str], fits: list[bool],
          bottleneck: int) -> list:
-    """Stacked bars (GB) per stage with the limit line; returns the legend handles."""
+    """Stacked bars (GiB) per stage with the limit line; returns the legend handles."""
     from matplotlib.patches import Patch
 
     import numpy as np
@@ -120,12 +120,12 @@ def draw(ax, segs: list[list[tuple[str, float]]], limit_mb: float, tick_labels: 
     tall = float(bottom.max()) if S else 0.0
     if tall >= OFF_SCALE * limit:
         line = ax.axhline(limit, color="#c00000", linestyle="--", linewidth=1.2)
-        line.set_label(f"GPU memory limit {limit:.1f} GB")
+        line.set_label(f"GPU memory limit {limit:.1f} GiB")
         ax.set_ylim(0, max(tall, limit) * 1.12)
         extra = [line]
     else:   # far below the limit: scale to the bars (readable segments) and state the limit in words
         ax.set_ylim(0, tall * 1.18)
-        ax.text(0.995, 0.97, f"GPU memory limit {limit:.1f} GB is off this scale: the fullest stage uses "
+        ax.text(0.995, 0.97, f"GPU memory limit {limit:.1f} GiB is off this scale: the fullest stage uses "
                 f"{100 * tall / limit:.0f}% of it", transform=ax.transAxes, ha="right", va="top", fontsize=8,
                 color="#c00000")
         extra = []
@@ -133,7 +133,7 @@ def draw(ax, segs: list[list[tuple[str, float]]], limit_mb: float, tick_labels: 
     rotate = S > 8
     ax.set_xticks(range(S), tick_labels, fontsize=7 if S <= 16 else 5.5, rotation=90 if rotate else 0,
                   linespacing=1.1)
-    ax.set_ylabel("GB per GPU")
+    ax.set_ylabel("GiB per GPU")
     ax.set_title("memory per stage (cost model)", fontsize=10, loc="left")
     ax.grid(axis="y", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)

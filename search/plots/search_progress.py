@@ -3,8 +3,8 @@
 Data (``progress``, ``comparison``; no matplotlib): the search's trace (``Move.as_dict()``, what ``--trace``
 writes), one point per accepted move: the iteration time and memory after it, which primitive chain it was, and
 whether the plan fits; each stage count's search is its own segment, starting at the time before its first move.
-The memory is the bottleneck stage's when the trace records it (``bottleneck_memory_*_mb``), else the fullest
-stage's (``max_memory_*_mb``). The x axis is the evaluation count at acceptance when the trace records one (key
+The memory is the bottleneck stage's when the trace records it (``bottleneck_memory_*_mib``), else the fullest
+stage's (``max_memory_*_mib``; ``*_mb`` in old traces). The x axis is the evaluation count at acceptance when the trace records one (key
 ``evaluations``), else the move's number within its stage count. ``comparison`` gives the bars: the uniform
 Megatron baseline, the best Megatron-LM-expressible plan when the search reports one, and the heterogeneous plan
 the search returns (after its exact refinements, hence possibly below the last move).
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..units import legacy_keys
 from . import DPI, FALLBACK, Target, save
 
 WIDTH_IN, HEIGHT_IN = 14.0, 7.5
@@ -40,15 +41,16 @@ def progress(moves: list[dict]) -> tuple[dict[int, list[Point]], str, str]:
     """Per stage count, its points in order; the x axis's name; whose memory the points carry (the bottleneck
     stage's when the trace records it, else the fullest stage's)."""
     by_eval = bool(moves) and all(any(m.get(k) is not None for k in EVAL_KEYS) for m in moves)
-    mem = "bottleneck" if moves and all("bottleneck_memory_after_mb" in m for m in moves) else "max"
+    moves = [legacy_keys(m) for m in moves]      # traces written before the MiB names read too
+    mem = "bottleneck" if moves and all("bottleneck_memory_after_mib" in m for m in moves) else "max"
     out: dict[int, list[Point]] = {}
     for m in moves:
         S = m["num_stages"]
         pts = out.setdefault(S, [])
         if not pts:
-            pts.append(Point(S, 0.0, m["time_before_ms"], m[f"{mem}_memory_before_mb"], m["fits_before"], "start", 0))
+            pts.append(Point(S, 0.0, m["time_before_ms"], m[f"{mem}_memory_before_mib"], m["fits_before"], "start", 0))
         x = float(next(m[k] for k in EVAL_KEYS if m.get(k) is not None)) if by_eval else float(len(pts))
-        pts.append(Point(S, x, m["time_after_ms"], m[f"{mem}_memory_after_mb"], m["fits_after"], m["primitives"][0],
+        pts.append(Point(S, x, m["time_after_ms"], m[f"{mem}_memory_after_mib"], m["fits_after"], m["primitives"][0],
                          len(m["primitives"])))
     return out, ("evaluations in the stage count's search" if by_eval else "accepted move"), mem
 
@@ -141,10 +143,10 @@ def _finish_progress(ax_t, ax_m, ticks, xname: str, mem: str, limit_mb: float, a
     ax_t.set_ylabel("iteration time (ms)")
     ax_t.set_title("iteration time after each accepted move, per number of stages", fontsize=10, loc="left")
     who = "the bottleneck stage" if mem == "bottleneck" else "the fullest stage"
-    ax_m.set_ylabel(f"memory of {who.split()[-2]} stage (GB)")
+    ax_m.set_ylabel(f"memory of {who.split()[-2]} stage (GiB)")
     ax_m.set_title(f"memory of {who} after each move", fontsize=10, loc="left")
     ax_m.axhline(limit_mb / 1024.0, color="#c00000", linestyle="--", linewidth=1.1)
-    ax_m.text(1.0, limit_mb / 1024.0, f" limit {limit_mb / 1024:.1f} GB", color="#c00000", fontsize=8,
+    ax_m.text(1.0, limit_mb / 1024.0, f" limit {limit_mb / 1024:.1f} GiB", color="#c00000", fontsize=8,
               va="center", ha="left", transform=ax_m.get_yaxis_transform())
     ax_m.set_ylim(0, max(ax_m.get_ylim()[1], limit_mb / 1024.0 * 1.08))
     ax_m.set_xlabel(xname)

@@ -2,8 +2,8 @@
 
 Data (``read_log``, no matplotlib) uses the documented records only (docs/train.md, "Logs"):
 ``{"kind": "train", iteration, loss, iteration_time_ms, ...}`` every log interval, ``{"kind": "eval", iteration,
-loss}`` per validation, and ``{"kind": "summary", measured_iteration_time_ms, measured_stage_memory_mb,
-predicted_iteration_time_ms, predicted_stage_memory_mb, memory_kind}`` at the end. ``--log-file`` appends, so a
+loss}`` per validation, and ``{"kind": "summary", measured_iteration_time_ms, measured_stage_memory_mib,
+predicted_iteration_time_ms, predicted_stage_memory_mib, memory_kind}`` at the end (``*_mb`` in old logs). ``--log-file`` appends, so a
 resumed run continues the same file: for each iteration the last record counts (a run that repeats iterations
 replaces them), and the last summary. Other kinds (messages) and unknown fields are ignored.
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import AcesoError
+from ..units import legacy_keys
 from . import DPI, Target, save
 
 WIDTH_IN, HEIGHT_IN = 14.0, 5.2
@@ -51,6 +52,7 @@ def read_log(path: str | Path) -> TrainingLog:
         except json.JSONDecodeError as e:
             raise AcesoError(f"{label}:{n}: not a JSON line ({e.msg}); is this an aceso train --log-file log?") \
                 from None
+        rec = legacy_keys(rec) if isinstance(rec, dict) else rec    # logs written with *_mb names read too
         kind = rec.get("kind") if isinstance(rec, dict) else None
         if kind in ("train", "eval"):
             if not isinstance(rec.get("iteration"), int) or not isinstance(rec.get("loss"), (int, float)):
@@ -122,11 +124,11 @@ def _step_time(ax, log: TrainingLog) -> None:
 
 
 def _memory(ax, summary: dict | None) -> None:
-    """Grouped bars: per stage the predicted and the measured max memory (GB)."""
+    """Grouped bars: per stage the predicted and the measured max memory (GiB)."""
     import numpy as np
     ax.set_title("memory per stage: predicted vs measured", fontsize=10, loc="left")
-    measured = (summary or {}).get("measured_stage_memory_mb") or []
-    predicted = (summary or {}).get("predicted_stage_memory_mb") or []
+    measured = (summary or {}).get("measured_stage_memory_mib") or []
+    predicted = (summary or {}).get("predicted_stage_memory_mib") or []
     S = max(len(measured), len(predicted))
     if not S:
         ax.text(0.5, 0.5, "no summary record in the log\n(the run did not finish)", ha="center", va="center",
@@ -136,8 +138,8 @@ def _memory(ax, summary: dict | None) -> None:
         return
     x = np.arange(S)
     w = 0.38
-    gb = max(predicted + measured) >= 1024      # GB, or MB for small runs (CPU tests)
-    scale, unit = (1024.0, "GB") if gb else (1.0, "MB")
+    gb = max(predicted + measured) >= 1024      # GiB, or MiB for small runs (CPU tests)
+    scale, unit = (1024.0, "GiB") if gb else (1.0, "MiB")
     if predicted:
         ax.bar(x[:len(predicted)] - w / 2, np.asarray(predicted) / scale, w, color="#4e79a7", label="predicted")
     if measured:

@@ -24,6 +24,7 @@ TC = TrainConfig(lr=1e-3, clip_grad=0.3)
 TOL, TOL_WEIGHTS = 1e-5, 1e-4
 BLOCK = {"qk_layernorm": True, "layernorm_epsilon": 1e-6, "softmax_scale": 0.3, "init_method_std": 0.05}
 QK = GPT.model_copy(update={"layer_spec": "tests.custom_specs:qk_norm_squared_relu", "megatron": BLOCK})
+QK_STOCK = GPT.model_copy(update={"megatron": BLOCK})
 PARALLEL = GPT.model_copy(update={"layer_spec": "tests.custom_specs:parallel_block", "megatron": BLOCK})
 T5_CUSTOM = T5.model_copy(update={"layer_spec": {"encoder": "tests.custom_specs:t5_encoder",
                                                  "decoder": "tests.custom_specs:t5_decoder"}, "megatron": BLOCK})
@@ -42,6 +43,8 @@ PLANS = {
     "qk tp 2->1, attn_dropout, selective custom MLP": plan(
         QK, st(2, 1, 0, 3, ["attn_dropout", "selective", "full"]), st(1, 1, 3, 4, ["selective"])),
     "qk dp 1->2": plan(QK, st(1, 1, 0, 1, ["full"]), st(1, 2, 1, 4, ["selective", "none", "full"])),
+    "stock qk_layernorm, sequence-parallel tp 2->1": plan(   # the docs' own example under SP (issue 25)
+        QK_STOCK, {**st(2, 1, 0, 3, ["none", "selective", "full"]), "sequence_parallel": True}, st(1, 1, 3, 4)),
     "parallel block (whole layers) tp 2->1": plan(PARALLEL, st(2, 1, 0, 2, ["full", "full"]), st(1, 1, 2, 4)),
     "t5 custom tp 2->1, boundary cross|mlp": plan(
         T5_CUSTOM, st(2, 1, 0, 6, ["full", "selective", "attn_dropout", "none", "selective", "full"]),

@@ -179,7 +179,7 @@ def test_launch_printed_command_and_summary(work):
     assert "-m torch.distributed.run --nproc-per-node 4 --standalone -m aceso_megatron.training.train" in out
     assert "predicted" in out and "measured" in out and "stage 2 max memory" in out
     summary = [json.loads(x) for x in open(work["dir"] / "multi.jsonl") if '"summary"' in x][0]
-    assert len(summary["measured_stage_memory_mb"]) == 3 and summary["measured_iteration_time_ms"] > 0
+    assert len(summary["measured_stage_memory_mib"]) == 3 and summary["measured_iteration_time_ms"] > 0
 
 
 def test_world_size_mismatch_is_one_line_before_any_process_group(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,13 @@ MOE = {"num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 64}
 def _tiny_plan() -> dict:
     model = ModelSpec.model_validate(TINY)
     return json.loads(uniform_plan(model, 1, 1, 2, 2, 8, cluster=parse_cluster("1x2-cpu")).to_json())
+
+
+def _preflight_plan(tp=1, cp=1, dp=2, **model) -> dict:
+    """A tiny CPU plan for the one pre-flight's cases (issue 25)."""
+    spec = ModelSpec.model_validate({**TINY, **model})
+    return json.loads(uniform_plan(spec, 1, tp, dp, 2, 8, cluster=parse_cluster(f"1x{tp * cp * dp}-cpu"),
+                                   cp=cp).to_json())
 
 
 def _gpu_plan() -> dict:
@@ -369,8 +377,10 @@ CASES = [
       **{"p.json": edit("plan.json", global_batch_size=DELETE)}),
     C("plan-model-layers-string", "validate p.json", "model.num_layers: Input should be a valid integer",
       **{"p.json": edit("plan.json", **{"model.num_layers": "4"})}),
-    C("plan-gpu-memory-nan", "validate p.json", "cluster.gpu.memory_gb: Input should be a finite number",
-      **{"p.json": json.dumps(base_files()["plan.json"]).replace('"memory_gb": 16.0', '"memory_gb": NaN')}),
+    C("plan-gpu-memory-nan", "validate p.json", "cluster.gpu.memory_gib: Input should be a finite number",
+      **{"p.json": re.sub(r'"memory_gib": [0-9.e+-]+', '"memory_gib": NaN', json.dumps(base_files()["plan.json"]))}),
+    C("plan-gpu-legacy-memory-nan", "validate p.json", "cluster.gpu.memory_gib: Input should be a finite number",
+      **{"p.json": re.sub(r'"memory_gib": [0-9.e+-]+', '"memory_gb": NaN', json.dumps(base_files()["plan.json"]))}),
     C("plan-bandwidth-infinity", "validate p.json", "cluster.intra_node_gbps: Input should be a finite number",
       **{"p.json": json.dumps(base_files()["plan.json"]).replace('"intra_node_gbps": 5.0',
                                                                  '"intra_node_gbps": Infinity')}),
@@ -424,6 +434,15 @@ CASES = [
     C("launch-bad-plan", LAUNCH + " " + TRAIN_OK, "micro_batch_size: Input should be a valid integer",
       **{"plan.json": edit("plan.json", micro_batch_size="2")}),
     C("train-bad-plan", "train p.json --train-iters 2 --mock-data", "p.json: no such plan file"),
+    # ----- the one pre-flight (search/preflight.py): what the runtime would refuse late is refused here -------------
+    C("validate-vocab-per-tp", "validate v.json", "stages[0].tp (2): the padded vocabulary (511",
+      **{"v.json": _preflight_plan(tp=2, dp=1, vocab_size=511, make_vocab_size_divisible_by=1)}),
+    C("launch-vocab-per-tp", LAUNCH + " " + TRAIN_OK, "the padded vocabulary (511",
+      **{"plan.json": _preflight_plan(tp=2, dp=1, vocab_size=511, make_vocab_size_divisible_by=1)}),
+    C("validate-cp-on-cpu", "validate c.json", "stages[0].cp (2): megatron-core runs context parallelism only",
+      **{"c.json": _preflight_plan(cp=2, dp=1)}),
+    C("launch-cpu-cp", LAUNCH + " " + TRAIN_OK, "search the plan for a CPU cluster with cp 1",
+      **{"plan.json": _preflight_plan(cp=2, dp=1)}),
 
     # ----- Hugging Face config.json (import-hf, models --from-hf) -------------------------------------------
     C("hf-missing", "import-hf nope/config.json", "nope/config.json: no such file"),
@@ -658,7 +677,7 @@ CASES = [
       "--node-rank (1) must be in [0, 1)"),
     C("launch-cpu-too-big", "launch gpu-plan.json --cpu -- " + TRAIN_OK,
       "the plan was made for 1x8-h100; its 8 CPU processes need about"),
-    C("launch-cpu-tiny-ram", "launch plan.json --cpu -- " + TRAIN_OK, "but this machine has 0.1 GB available"),
+    C("launch-cpu-tiny-ram", "launch plan.json --cpu -- " + TRAIN_OK, "but this machine has 0.1 GiB available"),
     C("launch-slurm-data-missing", "launch gpu-plan.json --slurm job.sbatch -- --train-iters 2 --data-path x",
       "--data-path x: no x.bin"),
 
@@ -799,3 +818,20 @@ def test_runtime_commands_refuse_bad_input_with_torch_blocked():
     """)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "[]", r.stdout
+
+
+def test_cp_on_a_cpu_launch_suggests_only_what_launch_takes(tmp_path):
+    """The message names a fix launch can take: no cost-model option (``--attention flash``) that launch has not."""
+    case = next(c for c in CASES if c.id == "launch-cpu-cp")
+    rc, _out, err, _ = run_case(case, tmp_path)
+    assert rc == 2 and "--attention" not in err and "flash" not in err, err
+
+
+def test_explain_profile_json_is_plain_json(tmp_path):
+    """``explain --cost-model profile --json`` printed numpy bools it could not serialise (issue 25)."""
+    case = C("ok", "explain plan.json --cost-model profile --db db.json --json", "")
+    rc, out, err, _ = run_case(case, tmp_path)
+    assert rc == 0, err
+    report = json.loads(out)
+    assert report["cost_model"] == "profile" and report["fits"] is True
+    assert all(type(s["fits"]) is bool for s in report["stages"])

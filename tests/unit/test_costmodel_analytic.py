@@ -146,7 +146,7 @@ def test_plan_that_does_not_fit_names_the_stage_and_shortfall():
     assert cost.bottleneck_stage == worst == 0      # the first stage holds the most in-flight micro-batches
     short = cost.stages[0].memory_mb - cm.memory_limit_mb
     assert short > 0
-    assert any(w.startswith("stage 0 needs") and f"{short:.0f} MB over" in w for w in cost.warnings)
+    assert any(w.startswith("stage 0 needs") and f"{short:.0f} MiB over" in w for w in cost.warnings)
     cheap = cm.evaluate(_plan(m, c, [(i * q, (i + 1) * q, 1, 1, "full") for i in range(4)], mbs=1, gbs=64))
     assert cheap.fits and cheap.bottleneck_resource != "memory"
 

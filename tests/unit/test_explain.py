@@ -37,8 +37,8 @@ def test_json_report_fields(plan_file, capsys):
     cost = make_cost_model(plan.model, plan.cluster, TrainingSpec(global_batch_size=64, precision="fp16")
                            ).evaluate(plan)
     assert out["iteration_time_ms"] == pytest.approx(cost.iteration_ms)
-    assert [s["memory_mb"] for s in out["stages"]] == pytest.approx([s.memory_mb for s in cost.stages])
-    assert out["max_memory_mb"] == max(s["memory_mb"] for s in out["stages"])
+    assert [s["memory_mib"] for s in out["stages"]] == pytest.approx([s.memory_mb for s in cost.stages])
+    assert out["max_memory_mib"] == max(s["memory_mib"] for s in out["stages"])
     assert out["fits"] is True and len(out["stages"]) == 2
     assert max(s["time_ms"] for s in out["stages"]) <= out["iteration_time_ms"] + 1e-9
     assert out["stages"][1]["recompute"] == {"none": 14, "full": 14}
@@ -104,7 +104,7 @@ def test_reference_configs_are_explained_exactly_under_compat(reference_db, caps
         assert out["iteration_time_ms"] == pytest.approx(max(golden), rel=1e-3), cfg.name
         for st, r in zip(out["stages"], rows):
             assert st["time_ms"] == pytest.approx(float(r["time"]), rel=1e-3)
-            assert st["memory_mb"] == pytest.approx(float(r["memory(total)"]), rel=1e-3)
+            assert st["memory_mib"] == pytest.approx(float(r["memory(total)"]), rel=1e-3)
 
 
 def test_v2_features_and_exposed_hidden_comm(tmp_path, capsys):
@@ -129,8 +129,8 @@ def test_v2_features_and_exposed_hidden_comm(tmp_path, capsys):
         assert s["comm"]["tp"]["hidden_ms"] > s["comm"]["tp"]["exposed_ms"] > 0
         assert len(s["units"]) == 2                      # two chunks per stage
     lm = _json(capsys, ["explain", str(path), "--json", "--framework", "megatron-lm"])
-    assert lm["stages"][0]["memory_breakdown_mb"]["grads"] == pytest.approx(
-        2 * out["stages"][0]["memory_breakdown_mb"]["grads"])            # fp32 gradients under Megatron-LM
+    assert lm["stages"][0]["memory_breakdown_mib"]["grads"] == pytest.approx(
+        2 * out["stages"][0]["memory_breakdown_mib"]["grads"])            # fp32 gradients under Megatron-LM
     assert main(["explain", str(path)]) == 0
     text = capsys.readouterr().out
     assert "SP on stages 0,1" in text and "exposed / hidden" in text

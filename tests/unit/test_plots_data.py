@@ -209,7 +209,7 @@ def trace(tmp_path_factory):
 def test_progress_points_reproduce_the_trace(trace, capsys):
     capsys.readouterr()
     segs, xname, mem = search_progress.progress(trace)
-    key = f"{mem}_memory_after_mb"
+    key = f"{mem}_memory_after_mib"
     assert xname == ("accepted move" if "evaluations" not in trace[0] else "evaluations in the stage count's search")
     assert sum(len(p) - 1 for p in segs.values()) == len(trace)
     for S, pts in segs.items():
@@ -270,7 +270,7 @@ def test_read_log_keeps_the_last_record_per_iteration_and_the_last_summary(tmp_p
     log = training.read_log(_log(tmp_path / "t.jsonl", recs))
     assert [r["iteration"] for r in log.train] == [5, 10, 15, 20]
     assert [r["loss"] for r in log.train] == [4.5, 4.0, 1.0, 1.0]
-    assert [r["loss"] for r in log.evals] == [4.5] and log.summary["measured_stage_memory_mb"] == [2.0]
+    assert [r["loss"] for r in log.evals] == [4.5] and log.summary["measured_stage_memory_mib"] == [2.0]   # an old *_mb log reads under the MiB name
 
 
 def test_a_run_shorter_than_its_log_interval_still_has_a_picture(tmp_path):

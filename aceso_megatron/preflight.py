@@ -1,0 +1,49 @@
+"""The runtime's half of the one pre-flight (``search.preflight``): what only torch and megatron-core can answer.
+
+``preflight(plan, device, here)``: the model's layer specs and ``megatron`` block built into a stage config the way
+the run builds it (``model.layers.check_model``: providers importable and transformer-engine-free on CPU, layers
+carvable or kept whole, QK norms declared, names and types against ``TransformerConfig``), then, for a run on
+this machine (``here``), the plan against this machine's environment (``training.engine.check_plan``: cp without
+transformer-engine, tp_comm_overlap, fp16). A plan checked elsewhere (``aceso validate`` of a GPU plan on a
+laptop) is not held to this machine's environment. Before any process group exists; one ``AcesoError`` line.
+"""
+
+from __future__ import annotations
+
+
+def preflight(plan, device: str, here: bool = False) -> bool:
+    """Refuse what the runtime would not run; returns False when it could not tell (a GPU plan's transformer-engine
+    spec checked on a machine without transformer-engine: the workers on the GPUs check it)."""
+    import warnings
+
+    from search.errors import AcesoError
+
+    from .cli import bad_input_from_patches
+
+    with bad_input_from_patches(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # megatron-core's import-time "X is not installed" notes
+        from model_specs.extensions import TE_MISSING
+
+        from .model.layers import check_model
+
+        elsewhere = not here and device == "cuda" and not _has_cuda()
+        try:
+            check_model(plan, "cpu" if elsewhere else device)
+        except AcesoError as e:
+            if elsewhere and TE_MISSING in str(e):
+                return False
+            raise
+        if here:
+            from .model.fast_path import Environment
+            from .training.engine import check_plan
+
+            check_plan(plan, plan.world_size, Environment.detect(device))
+    return True
+
+
+def _has_cuda() -> bool:
+    """A GPU plan checked on a machine without one (``aceso validate`` on a laptop) builds its configs as CPU ones:
+    the layer specs and megatron block are checked all the same; the GPU's environment is the worker's to check."""
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,86 @@
+"""One pre-flight: will the runtime run this plan? (issue 25: "what validate accepts, the runtime runs").
+
+``preflight(plan, device)`` is the one answer, asked by ``aceso validate``, by the search before it writes a plan
+(it emits only plans its runtime runs), and by ``aceso launch`` / ``aceso train`` before any process exists. It is
+one ``AcesoError`` line naming the stage or field, or None. Two parts, one function:
+
+- the planner's checks (here, torch-free): the padded vocabulary divides every tp that shards it (the first and
+  last model chunks' stages, and a T5's decoder embedding), as megatron-core's ``VocabParallelEmbedding`` and
+  output layer require; context parallelism on a CPU run (megatron-core runs it only with transformer-engine's
+  attention);
+- the runtime's checks, reached through the ``aceso.subcommands`` entry point of ``train`` (a module attribute
+  ``preflight(plan, device)``), so that this package never names the runtime: the layer specs (importable,
+  transformer-engine where there is none, carvable or kept whole in one chunk with one recompute none/full), the
+  ``megatron`` block against the installed ``TransformerConfig`` (names and types), and what this machine's
+  environment cannot run. They run only for what they can refuse: a plan whose model has a ``layer_spec`` or a
+  ``megatron`` block, or a run on this machine (``here=True``: launch, train). Without the runtime installed they
+  are skipped, and ``runtime_checked`` says so.
+"""
+
+from __future__ import annotations
+
+from .errors import AcesoError
+
+RUNTIME_ENTRY = "train"      # the aceso.subcommands entry point whose module carries ``preflight``
+
+
+def preflight(plan, device: str | None = None, here: bool = False) -> bool:
+    """Refuse (``AcesoError``) what the runtime would not run; returns whether the runtime's checks ran."""
+    device = device or target_device(plan)
+    planner_checks(plan, device)
+    if not (here or plan.model.layer_spec or plan.model.megatron):
+        return True          # nothing the runtime checks beyond the planner's
+    check = runtime_preflight()
+    if check is None:
+        return False
+    from .cli import RUNTIME_PACKAGES
+
+    try:
+        return check(plan, device, here=here) is not False
+    except ModuleNotFoundError as e:     # the runtime's package is here but torch or megatron-core is not
+        if here or (e.name or "").split(".")[0] not in RUNTIME_PACKAGES:
+            raise
+        return False
+
+
+def target_device(plan) -> str:
+    """The device a plan is made for: cpu for a ``*-cpu`` cluster, else cuda."""
+    return "cpu" if plan.cluster is not None and plan.cluster.gpu.name == "cpu" else "cuda"
+
+
+def planner_checks(plan, device: str) -> None:
+    m = plan.model
+    vocab = m.padded_vocab_size
+    holders = {plan.chunks_in_order()[0][0]: "the input embedding", plan.chunks_in_order()[-1][0]: "the output layer"}
+    if m.is_t5:
+        for s, _j, ch in plan.chunks_in_order():
+            if ch.start_unit <= m.num_encoder_units < ch.end_unit or ch.start_unit == m.num_encoder_units:
+                holders.setdefault(s, "the decoder embedding")
+    for s, what in sorted(holders.items()):
+        tp = plan.stages[s].tp
+        if vocab % tp:
+            raise AcesoError(
+                f"stages[{s}].tp ({tp}): the padded vocabulary ({vocab} = vocab_size {m.vocab_size} rounded up to "
+                f"make_vocab_size_divisible_by {m.make_vocab_size_divisible_by}) must divide by it ({what} is "
+                f"split over tp); set model.make_vocab_size_divisible_by to a multiple of {tp} (Megatron-LM uses "
+                "128), or use a tp that divides it")
+    if device == "cpu":
+        for i, st in enumerate(plan.stages):
+            if st.cp > 1:
+                raise AcesoError(f"stages[{i}].cp ({st.cp}): megatron-core runs context parallelism only with "
+                                 "transformer-engine's attention, which a CPU run does not have; search the plan "
+                                 "for a CPU cluster with cp 1 (aceso search --cluster 1xN-cpu), or run it on GPUs")
+
+
+def runtime_preflight():
+    """The runtime's ``preflight(plan, device, here)``, or None in a planner-only install."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="aceso.subcommands"):
+        if ep.name != RUNTIME_ENTRY:
+            continue
+        try:
+            return getattr(ep.load(), "preflight", None)
+        except ModuleNotFoundError:
+            return None
+    return None

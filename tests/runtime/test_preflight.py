@@ -1,0 +1,134 @@
+"""The one pre-flight (``search.preflight``) against the runtime it speaks for (issue 25): what ``aceso validate``
+accepts, the CPU runtime runs, and what it refuses, the runtime would have failed on late.
+
+The cases that need megatron-core (custom layers cut mid-layer or with split recompute, wrong-typed ``megatron``
+fields, a transformer-engine spec on CPU) run the bad-input corpus's checks (one line, exit 2, nothing written)
+here, in the runtime tier. The property: seeded random one-process plans over tiny models with and without
+custom layers and megatron blocks; validate says yes exactly when the runtime builds the plan and runs a step."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from search.cli import main
+from tests.tiny_models import GPT
+from tests.unit.test_bad_inputs import C, run_case
+
+PARALLEL = GPT.model_copy(update={"layer_spec": "tests.custom_specs:parallel_block"})
+QK = GPT.model_copy(update={"layer_spec": "tests.custom_specs:qk_norm_squared_relu",
+                            "megatron": {"qk_layernorm": True}})
+TE_SPEC = GPT.model_copy(update={"layer_spec": "megatron.core.models.gpt.gpt_layer_specs:"
+                                               "get_gpt_layer_with_transformer_engine_spec"})
+WRONG_TYPE = GPT.model_copy(update={"megatron": {"layernorm_epsilon": "small"}})
+MODELS = {"stock": GPT, "parallel-block": PARALLEL, "qk-norm": QK, "te-spec": TE_SPEC, "wrong-type": WRONG_TYPE}
+
+
+def plan(model, *spans, mb=2, gbs=4) -> dict:
+    return {"model": model.model_dump(), "micro_batch_size": mb, "global_batch_size": gbs,
+            "stages": [{"num_gpus": 1, "tp": 1, "dp": 1, "start_unit": lo, "end_unit": hi, "recompute": rc}
+                       for lo, hi, rc in spans]}
+
+
+CASES = [
+    C("validate-whole-layer-cut", "validate p.json", "runs whole",
+      **{"p.json": plan(PARALLEL, (0, 1, ["none"]), (1, 4, ["none"] * 3))}),
+    C("validate-whole-layer-split-recompute", "validate p.json", "give all its units none or all full",
+      **{"p.json": plan(PARALLEL, (0, 4, ["selective", "none", "full", "full"]))}),
+    C("validate-megatron-wrong-type", "validate p.json", "layernorm_epsilon",
+      **{"p.json": plan(WRONG_TYPE, (0, 4, ["none"] * 4))}),
+    C("validate-te-spec-on-cpu", "validate p.json --cluster 1x1-cpu", "needs transformer-engine",
+      **{"p.json": plan(TE_SPEC, (0, 4, ["none"] * 4))}),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_runtime_faults_are_refused_by_validate(case, tmp_path):
+    rc, out, err, unchanged = run_case(case, tmp_path)
+    assert rc == 2 and case.needle in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and out == "" and unchanged, err
+
+
+@pytest.fixture(scope="module")
+def single_process():
+    from aceso_megatron.testing import free_port
+    from aceso_megatron.testing.reference import init_single_process
+
+    init_single_process(free_port())
+
+
+def _random_plans(n: int, seed: int = 25):
+    rng = random.Random(seed)
+    for _ in range(n):
+        name = rng.choice(sorted(MODELS))
+        cut = rng.choice([None, 1, 2])          # one stage, or two stages cut after unit 1 (mid-layer) or 2
+        rc = [rng.choice(["none", "selective", "full"]) for _ in range(4)]
+        spans = [(0, 4, rc)] if cut is None else [(0, cut, rc[:cut]), (cut, 4, rc[cut:])]
+        yield name, plan(MODELS[name], *spans)
+
+
+def _runs(raw: dict) -> tuple[bool, str]:
+    """Whether the CPU runtime builds every stage of ``raw`` and runs a forward/backward step on it (each stage
+    as a one-stage plan of its units in this one process; a cut plan's stages must each build and run)."""
+    from aceso_megatron.testing import make_batches
+    from aceso_megatron.training.engine import build_runtime
+
+    try:
+        rt = build_runtime(raw, 0, 1, seed=1) if len(raw["stages"]) == 1 else None
+        if rt is None:     # two stages need two processes; the runtime's own pre-process checks decide
+            from aceso_megatron.model.layers import check_model
+            from search.plan import ParallelPlan
+
+            check_model(ParallelPlan.model_validate(raw), "cpu")
+            return True, ""
+        batches = make_batches(rt.plan.model, rt.plan.micro_batch_size, rt.plan.global_batch_size, 1)
+        rt.forward_backward(iter(batches))
+        return True, ""
+    except Exception as e:  # noqa: BLE001 - any failure of the runtime is a "no"
+        return False, f"{type(e).__name__}: {e}"
+
+
+def test_validate_says_yes_exactly_when_the_cpu_runtime_runs_a_step(tmp_path, capsys, single_process):
+    seen = set()
+    for k, (name, raw) in enumerate(_random_plans(10)):
+        path = tmp_path / f"p{k}.json"
+        path.write_text(json.dumps(raw))
+        yes = main(["validate", str(path), "--cluster", f"1x{len(raw['stages'])}-cpu"]) == 0
+        err = capsys.readouterr().err
+        runs, why = _runs(raw)
+        assert yes == runs, (name, raw["stages"], err, why)
+        seen.add(yes)
+    assert seen == {True, False}        # the sample holds both answers
+
+
+def test_the_search_emits_only_plans_the_runtime_runs(capsys):
+    """The search's output check (``search_cmd.runnable``, the one pre-flight): a heterogeneous plan with selective
+    recompute on units of a layer that runs whole is left out for the next best (issue 25's 13B parallel-attention
+    case), and with nothing runnable the search is one line naming why."""
+    from search.cli.search_cmd import runnable
+    from search.errors import AcesoError
+    from search.plan import ParallelPlan
+
+    bad = ParallelPlan.model_validate(plan(PARALLEL, (0, 4, ["selective", "selective", "none", "none"])))
+    good = ParallelPlan.model_validate(plan(PARALLEL, (0, 4, ["full", "full", "none", "none"])))
+    best, kept = runnable([("heterogeneous", bad), ("megatron-lm", good)], keep=1)
+    assert best == "megatron-lm" and kept == [good]
+    assert "left out plan(s) the runtime would refuse" in capsys.readouterr().err
+    with pytest.raises(AcesoError, match="no plan the runtime runs: .*runs whole"):
+        runnable([("heterogeneous", bad)], keep=1)
+
+
+def test_a_gpu_plan_with_a_te_spec_is_not_refused_on_a_machine_without_te(tmp_path, capsys):
+    """Planning for GPUs on a laptop: the transformer-engine spec cannot be built here, which says nothing about the
+    GPUs; validate accepts the plan and says what it could not check (on CPU it refuses, above)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the spec is checked for real")
+    (tmp_path / "p.json").write_text(json.dumps(plan(TE_SPEC, (0, 4, ["none"] * 4))))
+    assert main(["validate", str(tmp_path / "p.json"), "--cluster", "1x1-h100"]) == 0
+    assert "not fully checked" in capsys.readouterr().out
+    assert main(["validate", str(tmp_path / "p.json"), "--cluster", "1x1-h100", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["runtime_checked"] is False
