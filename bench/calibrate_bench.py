@@ -20,7 +20,6 @@ whose id contains it. About 70 s of CPU time (5 minutes on the shared 2-core mac
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -33,6 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests" / "unit")]
 import published_runs as B  # noqa: E402
 from megatron_log_format import megatron_log  # noqa: E402
 
+from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 from search.calibrate import Run, calibrate_gpu, check_log, jacobian, megatron_flops, residual  # noqa: E402
 from search.calibration import CalibrationFile  # noqa: E402
 from search.megatron_log import read_megatron_log  # noqa: E402
@@ -122,7 +122,7 @@ def print_table(res: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = AcesoParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=None, help="only rows whose id contains this")
     args = ap.parse_args(argv)
     res = bench(args.only)

@@ -24,7 +24,6 @@ the table and writes bench/results/megatron_memory.json.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import re
@@ -34,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 from search.cluster import parse_cluster  # noqa: E402
 from search.costmodel import RunSettings, make_cost_model  # noqa: E402
 from search.costmodel.memory import MB, ddp_buffer_numel  # noqa: E402
@@ -270,7 +270,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = AcesoParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, default=RUNS, help="published-runs file (default bench/data/...)")
     ap.add_argument("--no-build", action="store_true", help="skip megatron-core's meta-device build")
     args = ap.parse_args(argv)

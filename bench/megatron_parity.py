@@ -17,7 +17,6 @@ The per-rank memory table (``bench/megatron_memory.py``) is a separate module.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -30,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 from search.cli import main as aceso  # noqa: E402
 from search.plan import load_plan  # noqa: E402
 
@@ -116,7 +116,7 @@ def run_case(problem: str, target: str, work: Path, budget: int = BUDGET) -> dic
     plan = load_plan(plan_json)
     _run(["export", str(plan_json), "--to", "megatron-lm", "-o", str(script)])
     cl = plan.cluster
-    where = ["--cluster", cl.label, "--memory-limit-mb", repr(cl.memory_limit_mb)]
+    where = ["--cluster", cl.label, "--memory-limit-mib", repr(cl.memory_limit_mb)]
     ex = json.loads(_run(["explain", "--megatron-args-file", str(script), *where, "--search-budget-evals", "0",
                           "--json"]))
     _run(["import", str(script), "--from", "megatron-lm", *where, "-o", str(back)])
@@ -124,7 +124,7 @@ def run_case(problem: str, target: str, work: Path, budget: int = BUDGET) -> dic
     p = plan.predicted
     row = {"plan": f"{problem} {target}", "features": features(plan), "settings": plan.settings.model_dump(),
            "search_ms": p.iteration_time_ms, "search_mb": max(p.stage_memory_mb),
-           "explain_ms": ex["iteration_time_ms"], "explain_mb": ex["max_memory_mb"],
+           "explain_ms": ex["iteration_time_ms"], "explain_mb": ex["max_memory_mib"],
            "import_ms": imp.predicted.iteration_time_ms, "import_mb": max(imp.predicted.stage_memory_mb),
            "import_grad_fp32": imp.settings.grad_reduce_in_fp32}
     if target.startswith("bridge"):
@@ -145,7 +145,7 @@ def run_case(problem: str, target: str, work: Path, budget: int = BUDGET) -> dic
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = AcesoParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="three rows only")
     ap.add_argument("--budget-evals", type=int, default=BUDGET)
     args = ap.parse_args()

@@ -18,7 +18,6 @@ Each path is a work tree at the tag (``git worktree add`` / ``git archive core_v
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import os
@@ -27,6 +26,9 @@ import sys
 import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors, as Megatron-LM's own)
+
 DATA = os.path.join(HERE, "..", "search", "megatron", "data")
 MLM_TAG, BRIDGE_TAG = "core_v0.16.1", "v0.3.1"
 COMMITS = {MLM_TAG: "55ac7082517c3878ae653c07c09c534b8aed49f6", BRIDGE_TAG: "9c9dd848966322fc3ed7706747ec13219ef49dda"}
@@ -65,7 +67,7 @@ def megatron_flags(root: str) -> list[str]:
         setattr(pkg, name, lambda *a, **k: None)
     sys.modules["megatron.training"] = pkg
     from megatron.training.arguments import add_megatron_arguments
-    parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+    parser = add_megatron_arguments(AcesoParser())
     return sorted({s for a in parser._actions for s in a.option_strings if s.startswith("--") and s != "--help"})
 
 
@@ -127,7 +129,7 @@ def bridge_fields(root: str) -> dict[str, list[str]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    ap = AcesoParser(description=__doc__.split("\n")[0])
     ap.add_argument("--megatron-lm", help=f"a Megatron-LM work tree at {MLM_TAG}")
     ap.add_argument("--bridge", help=f"a Megatron-Bridge work tree at {BRIDGE_TAG}")
     args = ap.parse_args(argv)

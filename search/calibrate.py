@@ -194,13 +194,13 @@ def calibrate_gpu(runs: list[Run], jac: np.ndarray | None = None, iterations: in
     for r in runs:
         if r.measured.memory_mb is not None:
             over.append(r.measured.memory_mb - price(r, _cluster(r.plan.cluster, x)).max_memory_mb)
-    reserve = max(0.0, d["memory_reserve_mb"] + max(over)) if over else d["memory_reserve_mb"]
+    reserve = max(0.0, d["memory_reserve_mib"] + max(over)) if over else d["memory_reserve_mib"]
     calib = GPUCalibration(
         gemm_efficiency=min(1.0, d["gemm_efficiency"] * gemm),
         attention_efficiency=min(1.0, d["attention_efficiency"] * gemm * attn),
         intra_node_gbps=d["intra_node_gbps"] * intra if "intra" in fitted else None,
         inter_node_gbps=d["inter_node_gbps"] * inter if "inter" in fitted else None,
-        memory_reserve_mb=round(reserve, 1), fitted=fitted + (["memory_reserve"] if over else []))
+        memory_reserve_mib=round(reserve, 1), fitted=fitted + (["memory_reserve"] if over else []))
     file = CalibrationFile(gpus={base.gpu.name: calib})
     calib.runs = [residual(r, file) for r in runs]
     return calib
@@ -211,7 +211,7 @@ def residual(run: Run, file: CalibrationFile) -> RunResidual:
     from .costmodel.memory import RESERVE_MB
     before = price(run, run.plan.cluster)
     after = price(run, apply_calibration(run.plan.cluster, file))
-    extra = file.gpus[run.plan.cluster.gpu.name].memory_reserve_mb - RESERVE_MB   # the budget carries it
+    extra = file.gpus[run.plan.cluster.gpu.name].memory_reserve_mib - RESERVE_MB   # the budget carries it
     m = run.measured
     return RunResidual(run=run.label, cluster=run.plan.cluster.label, measured_iteration_ms=m.iteration_ms,
                        predicted_before_ms=before.iteration_ms, predicted_after_ms=after.iteration_ms,

@@ -8,7 +8,7 @@ keeps its meaning when the default constants change (docs/calibrate.md):
 - ``attention_efficiency``: the same for the fused attention forward (default ``attn_fwd x sustained``);
 - ``intra_node_gbps`` / ``inter_node_gbps``: achieved bus bandwidth per GPU and direction (default: the preset
   link x ``comm.LINK_EFFICIENCY``); ``None`` where no run exercised the link;
-- ``memory_reserve_mb``: what a GPU needs beyond the modelled states, activations and buffers (default
+- ``memory_reserve_mib``: what a GPU needs beyond the modelled states, activations and buffers (default
   ``memory.RESERVE_MB``);
 
 with the fit's residuals per run (``runs``). ``apply_calibration`` turns one entry into the fields the analytic
@@ -60,7 +60,7 @@ class GPUCalibration(BaseModel):
     intra_node_gbps: float | None = Field(None, gt=0, le=1e6, description="Achieved intra-node bus bandwidth, "
                                           "GB/s per GPU and direction; None = not measured (preset).")
     inter_node_gbps: float | None = Field(None, gt=0, le=1e6, description="Achieved network bandwidth per GPU.")
-    memory_reserve_mb: float = Field(ge=0, le=1e6, description="Per-GPU memory beyond the modelled parts, MB.")
+    memory_reserve_mib: float = Field(ge=0, le=1e6, description="Per-GPU memory beyond the modelled parts, MiB (2^20 bytes).")
     fitted: list[str] = Field(default_factory=list, description="The parameters the runs determined.")
     runs: list[RunResidual] = Field(default_factory=list)
 
@@ -96,7 +96,7 @@ def defaults(gpu: str, intra_gbps: float, inter_gbps: float) -> dict[str, float]
     a = ARCH.get(gpu, ARCH["a100"])
     return {"gemm_efficiency": a.gemm_max * a.sustained, "attention_efficiency": (a.attn_fwd or 1.0) * a.sustained,
             "intra_node_gbps": intra_gbps * LINK_EFFICIENCY, "inter_node_gbps": inter_gbps * LINK_EFFICIENCY,
-            "memory_reserve_mb": RESERVE_MB}
+            "memory_reserve_mib": RESERVE_MB}
 
 
 def scaled_cluster(cluster: ClusterSpec, gemm: float = 1.0, attention: float = 1.0, intra: float = 1.0,
@@ -107,14 +107,14 @@ def scaled_cluster(cluster: ClusterSpec, gemm: float = 1.0, attention: float = 1
         "peak_tflops_fp16": g.peak_tflops_fp16 * gemm, "peak_tflops_fp32": g.peak_tflops_fp32 * gemm,
         "peak_tflops_bf16": None if g.peak_tflops_bf16 is None else g.peak_tflops_bf16 * gemm,
         "attention_scale": (g.attention_scale or 1.0) * attention})
-    full = g.memory_gb * 1e9 / 2**20
+    full = g.memory_gib * 1024.0                     # MiB
     limit = min(cluster.memory_mb - extra_reserve_mb, full)
     data = {**cluster.model_dump(), "gpu": gpu.model_dump(), "intra_node_gbps": cluster.intra_node_gbps * intra,
             "inter_node_gbps": cluster.inter_node_gbps * inter,
-            "memory_limit_mb": None if abs(limit - full) < 1e-6 and cluster.memory_limit_mb is None else limit}
+            "memory_limit_mib": None if abs(limit - full) < 1e-6 and cluster.memory_limit_mb is None else limit}
     if not all(math.isfinite(v) and v > 0 for v in (gemm, attention, intra, inter, limit)):
         raise AcesoError(f"calibration for {g.name}: it leaves no memory or a non-positive factor "
-                         f"(gemm {gemm:g}, attention {attention:g}, links {intra:g}/{inter:g}, limit {limit:.0f} MB)")
+                         f"(gemm {gemm:g}, attention {attention:g}, links {intra:g}/{inter:g}, limit {limit:.0f} MiB)")
     try:
         return ClusterSpec.model_validate(data)
     except pydantic.ValidationError as e:
@@ -143,7 +143,7 @@ def apply_calibration(cluster: ClusterSpec, calib: CalibrationFile | None) -> Cl
         base, gemm=gemm, attention=c.attention_efficiency / d["attention_efficiency"] / gemm,
         intra=c.intra_node_gbps / d["intra_node_gbps"] if c.intra_node_gbps else 1.0,
         inter=c.inter_node_gbps / d["inter_node_gbps"] if c.inter_node_gbps else 1.0,
-        extra_reserve_mb=c.memory_reserve_mb - d["memory_reserve_mb"])
+        extra_reserve_mb=c.memory_reserve_mib - d["memory_reserve_mib"])
     if (cluster.gpu, cluster.intra_node_gbps, cluster.inter_node_gbps) == \
             (out.gpu, out.intra_node_gbps, out.inter_node_gbps):
         return cluster

@@ -79,9 +79,9 @@ def run(args: argparse.Namespace) -> int:
         links = ", ".join(f"{k} {v:.0f} GB/s" for k, v in (("intra-node", c.intra_node_gbps),
                                                            ("inter-node", c.inter_node_gbps)) if v)
         print(f"{gpu}: GEMM {c.gemm_efficiency:.3f}, attention {c.attention_efficiency:.3f} of peak"
-              f"{', ' + links if links else ''}, memory reserve {c.memory_reserve_mb:.0f} MB "
+              f"{', ' + links if links else ''}, memory reserve {c.memory_reserve_mib:.0f} MiB "
               f"(fitted: {', '.join(c.fitted) or 'nothing'})", file=out)
-        print(f"  {'run':50}{'measured ms':>12}{'before':>9}{'after':>9}{'mem MB':>9}{'pred':>9}", file=out)
+        print(f"  {'run':50}{'measured ms':>12}{'before':>9}{'after':>9}{'mem MiB':>9}{'pred':>9}", file=out)
         for r in c.runs:
             mem = f"{r.measured_memory_mb:>9.0f}{r.predicted_memory_after_mb:>9.0f}" if r.measured_memory_mb \
                 is not None else f"{'-':>9}{'-':>9}"

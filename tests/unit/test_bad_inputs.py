@@ -722,7 +722,7 @@ CASES = [
     C("calibration-other-gpu", "explain plan.json --calibration c.json", "no calibration for cpu",
       **{"c.json": {"kind": "aceso-calibration", "gpus": {"h100": {"gemm_efficiency": 0.5,
                                                                     "attention_efficiency": 0.4,
-                                                                    "memory_reserve_mb": 1024.0}}}}),
+                                                                    "memory_reserve_mib": 1024.0}}}}),
 ]
 
 

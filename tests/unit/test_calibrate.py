@@ -110,7 +110,7 @@ def test_one_run_calibrates_to_its_measurement_and_the_file_round_trips(tmp_path
     assert r.error_before == pytest.approx(pred.iteration_ms / measured - 1, abs=1e-9)
     assert abs(r.error_after) < 0.005 and c.gemm_efficiency < DEFAULT["gemm_efficiency"]
     assert c.inter_node_gbps is None                     # one node: the network was not measured
-    assert c.memory_reserve_mb == pytest.approx(1024 + 30000 - pred.max_memory_mb, abs=0.1)
+    assert c.memory_reserve_mib == pytest.approx(1024 + 30000 - pred.max_memory_mb, abs=0.1)
     # explain, search's cluster and validate apply the same file the same way
     plan = imported().plan
     cal = apply_calibration(plan.cluster, f)
@@ -121,7 +121,7 @@ def test_one_run_calibrates_to_its_measurement_and_the_file_round_trips(tmp_path
                  "--search-budget-evals", "1", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["iteration_time_ms"] == pytest.approx(r.predicted_after_ms, rel=1e-9)
-    assert got["memory_limit_mb"] == pytest.approx(cal.memory_mb)
+    assert got["memory_limit_mib"] == pytest.approx(cal.memory_mb)
 
 
 def test_several_runs_recover_the_factors_that_made_them():
@@ -180,11 +180,11 @@ def test_a_log_of_another_model_or_cluster_is_refused(tmp_path, capsys):
 def test_bad_calibration_files_are_refused(tmp_path, capsys):
     bad = tmp_path / "c.json"
     bad.write_text('{"kind": "aceso-calibration", "schema_version": 1, "gpus": {"h100": {"gemm_efficiency": NaN, '
-                   '"attention_efficiency": 0.4, "memory_reserve_mb": 1024}}}')
+                   '"attention_efficiency": 0.4, "memory_reserve_mib": 1024}}}')
     assert main(["validate", "--calibration", str(bad), str(_plan(tmp_path))]) == 2
     assert "gemm_efficiency" in capsys.readouterr().err
     bad.write_text('{"kind": "aceso-calibration", "schema_version": 1, "gpus": {"a100": {"gemm_efficiency": 0.5, '
-                   '"attention_efficiency": 0.4, "memory_reserve_mb": 1024}}}')
+                   '"attention_efficiency": 0.4, "memory_reserve_mib": 1024}}}')
     assert main(["baseline", "--model", "gpt-1.3b", "--cluster", CLUSTER, "--global-batch-size", "64",
                  "--calibration", str(bad)]) == 2
     assert "no calibration for h100 (the file has a100)" in capsys.readouterr().err

@@ -98,11 +98,11 @@ def test_explain_prices_a_plan_under_its_own_settings_unless_framework_says_othe
         assert main(["explain", str(path), "--json", *extra]) == 0
         return json.loads(capsys.readouterr().out)
     own, mlm, rt = explain(), explain("--framework", "megatron-lm"), explain("--framework", "runtime")
-    assert own["max_memory_mb"] == pytest.approx(max(pred.stage_memory_mb), rel=1e-6) == mlm["max_memory_mb"]
+    assert own["max_memory_mib"] == pytest.approx(max(pred.stage_memory_mb), rel=1e-6) == mlm["max_memory_mib"]
     assert own["settings"]["grad_reduce_in_fp32"] and not rt["settings"]["grad_reduce_in_fp32"]
-    assert rt["max_memory_mb"] != pytest.approx(own["max_memory_mb"], rel=1e-3)   # bf16 gradients: another size
+    assert rt["max_memory_mib"] != pytest.approx(own["max_memory_mib"], rel=1e-3)   # bf16 gradients: another size
     assert main(["validate", str(path), "--json"]) == 0
-    assert max(json.loads(capsys.readouterr().out)["stage_memory_mb"]) == pytest.approx(own["max_memory_mb"], abs=0.1)
+    assert max(json.loads(capsys.readouterr().out)["stage_memory_mib"]) == pytest.approx(own["max_memory_mib"], abs=0.1)
 
 
 @pytest.mark.parametrize("extra", [(), ("--target", "megatron-lm", "--precision", "fp16")])

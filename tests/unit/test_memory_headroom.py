@@ -25,8 +25,8 @@ def test_budget_and_verdict_by_hand():
     assert memory_budget_mb(81920, 0.03) == pytest.approx(79462.4)
     assert headroom_verdict(79000, 81920, 0.03) is None
     inside = headroom_verdict(80000, 81920, 0.03)
-    assert "fits the 81920 MB but not the 3% --memory-headroom (budget 79462 MB)" in inside
-    assert "over the 81920 MB" in headroom_verdict(82000, 81920, 0.03)
+    assert "fits the 81920 MiB but not the 3% --memory-headroom (budget 79462 MiB)" in inside
+    assert "over the 81920 MiB" in headroom_verdict(82000, 81920, 0.03)
     assert headroom_verdict(81920, 81920, 0.0) is None
     assert 0 < DEFAULT_HEADROOM < 0.1
 
@@ -45,26 +45,26 @@ def _plan_between(tmp_path):
 
 def test_validate_flags_a_plan_inside_the_headroom(tmp_path, capsys):
     path, _, limit = _plan_between(tmp_path)
-    assert main(["validate", str(path), "--memory-limit-mb", f"{limit:.1f}"]) == 2
+    assert main(["validate", str(path), "--memory-limit-mib", f"{limit:.1f}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--memory-headroom" in err[0] and "Traceback" not in err[0]
-    assert main(["validate", str(path), "--memory-limit-mb", f"{limit:.1f}", "--memory-headroom", "0"]) == 0
+    assert main(["validate", str(path), "--memory-limit-mib", f"{limit:.1f}", "--memory-headroom", "0"]) == 0
 
 
 def test_explain_says_so_and_search_does_not_take_it(tmp_path, capsys):
     path, peak, limit = _plan_between(tmp_path)
-    assert main(["explain", str(path), "--memory-limit-mb", f"{limit:.1f}", "--json"]) == 0
+    assert main(["explain", str(path), "--memory-limit-mib", f"{limit:.1f}", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["fits"] and not out["within_headroom"]
     assert any("--memory-headroom" in w for w in out["warnings"])
-    assert out["memory_budget_mb"] == pytest.approx(limit * (1 - DEFAULT_HEADROOM))
+    assert out["memory_budget_mib"] == pytest.approx(limit * (1 - DEFAULT_HEADROOM))
     plan_out = tmp_path / "s.json"
     assert main(["search", "--model", "gpt-1.3b", "--cluster", "1x8-h100", "--global-batch-size", "64",
-                 "--memory-limit-mb", f"{limit:.1f}", "--budget-evals", "200", "--json", "-o", str(plan_out)]) == 0
+                 "--memory-limit-mib", f"{limit:.1f}", "--budget-evals", "200", "--json", "-o", str(plan_out)]) == 0
     capsys.readouterr()
-    assert main(["explain", str(plan_out), "--memory-limit-mb", f"{limit:.1f}", "--json"]) == 0
+    assert main(["explain", str(plan_out), "--memory-limit-mib", f"{limit:.1f}", "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
-    assert found["within_headroom"] and found["max_memory_mb"] <= limit * (1 - DEFAULT_HEADROOM) + 1e-6
+    assert found["within_headroom"] and found["max_memory_mib"] <= limit * (1 - DEFAULT_HEADROOM) + 1e-6
 
 
 # ----- Megatron-LM's formula, where its assumptions hold ----------------------------------------------------------
