@@ -101,6 +101,8 @@ def stage_counts(space: Space, opts: SearchOptions) -> list[int]:
         counts = {s for s in counts if space.num_gpus % s == 0}
     if space.max_stages:
         counts = {s for s in counts if s <= space.max_stages}
+    if space.pps is not None:
+        counts &= space.pps
     return sorted(counts)
 
 
