@@ -270,17 +270,21 @@ def _vpp(ctx: Ctx, ev: Evaluation, b: int, step: int) -> list[State]:
     return legal(ctx, out)
 
 
+JUMP_CHUNKS = 128    # inc_vpp jumps straight to one layer per chunk only up to this many chunks (balancing cost)
+
+
 def vpp_steps(sp, S: int, v: int, step: int) -> list[int]:
     """The chunk counts ``inc_vpp`` (``dec_vpp``) tries from v on S stages: the next (previous) candidate, the one
-    nearest to twice (half) v, and the most (fewest) chunks -- one layer (unit) per chunk -- so that every degree
-    the space holds is a move or a few away however many there are."""
+    nearest to twice (half) v, and the most (fewest) chunks -- one layer per chunk, while the plan has at most
+    ``JUMP_CHUNKS`` chunks -- so that every degree the space holds is a move or a few away however many there are
+    (the uniform baseline prices every even-split degree exactly, and seeds the searches)."""
     top = (len(sp.layer_starts) - 1 if sp.target == "megatron-lm" and sp.layer_starts else sp.num_units) // S
     layer_top = (len(sp.layer_starts) - 1) // S if sp.layer_starts else top
     vs = [x for x in sp.vs if x <= top and (x > v if step > 0 else x < v)]
     if not vs:
         return []
     if step > 0:
-        whole = [x for x in vs if x <= layer_top]
+        whole = [x for x in vs if x <= layer_top and S * x <= JUMP_CHUNKS]
         picks = [vs[0], min(vs, key=lambda x: (abs(x - 2 * v), x))] + ([whole[-1]] if whole else [])
     else:
         picks = [vs[-1], min(vs, key=lambda x: (abs(2 * x - v), -x)), vs[0]]

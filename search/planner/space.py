@@ -66,14 +66,18 @@ def feature_combos(training, priced: frozenset) -> tuple[Features, ...]:
     return tuple(out)
 
 
+MAX_CHUNKS = 128    # default degrees only: at most this many model chunks in all (one layer each up to 128 layers)
+
+
 def virtual_degrees(model, target: str) -> tuple[int, ...]:
     """Every number of model chunks per pipeline rank Megatron-LM (core_v0.16.1) accepts: ``validate_args`` takes
     any ``--num-virtual-stages-per-pipeline-rank`` (or a ``--pipeline-model-parallel-layout`` whose length pp
     divides) on pp >= 2 with its default p2p overlap, ``--num-layers-per-virtual-pipeline-stage`` any divisor of the
     layers per rank. So every v from 1 up to one layer per chunk on two stages (aceso target: one unit), at most
-    ``MAX_VIRTUAL``; ``Space.legal`` keeps S v chunks within the layers (units) of the state."""
+    ``MAX_VIRTUAL``; ``Space.legal`` keeps S v chunks within the layers (units) of the state and, for these default
+    degrees, within ``MAX_CHUNKS`` (bounded search time; no degree is excluded for models up to 128 layers)."""
     top = len(model.layer_starts) - 1 if target == "megatron-lm" else model.num_units
-    return tuple(range(1, max(min(top // 2, MAX_VIRTUAL), 1) + 1))
+    return tuple(range(1, max(min(top // 2, MAX_VIRTUAL, MAX_CHUNKS // 2), 1) + 1))
 
 
 def _candidates(values, priced: bool, name: str, label: str) -> tuple[int, ...]:
@@ -107,6 +111,7 @@ class Space:
     allowed: frozenset[tuple[int, int]] | None = None   # (per-rank batch, tp) the cost model covers; None: all
     max_stages: int = 0                 # 0: any (megatron-lm runs T5 on one pipeline stage)
     pps: frozenset[int] | None = None   # allowed numbers of stages (--pp); None: any
+    max_chunks: int = 0                 # 0: any; else at most this many model chunks (default VPP degrees)
 
     @classmethod
     def of(cls, model, cluster, training, micro_batch_sizes=None, priced=frozenset(), target: str = "aceso",
@@ -152,7 +157,8 @@ class Space:
         return cls(cluster.num_gpus, cluster.gpus_per_node, tuple(tps), batches, model.num_units, gbs, cps, sps,
                    vs, features, bool(training.uniform_cp), target, tuple(model.layer_starts), seqs,
                    None if allowed is None else frozenset(allowed), 1 if target == "megatron-lm" and model.is_t5 else 0,
-                   constraints.pipeline_sizes(model, cluster, training))
+                   constraints.pipeline_sizes(model, cluster, training),
+                   MAX_CHUNKS if training.virtual_stages is None else 0)
 
     @functools.cached_property
     def v_set(self) -> frozenset[int]:
@@ -290,6 +296,8 @@ class Space:
         if self.pps is not None and S not in self.pps:
             return False
         v = (nb - 1) // S
+        if v > 1 and self.max_chunks and nb - 1 > self.max_chunks:
+            return False
         if sum(s.num_gpus for s in st.shapes) != self.num_gpus or st.features not in self.features:
             return False
         if st.bounds[0] != 0 or st.bounds[-1] != self.num_units:
