@@ -44,9 +44,9 @@ def pipeline_sizes(model, cluster, training) -> frozenset[int] | None:
 
 
 def check_virtual(model, vs) -> None:
-    """Every requested chunk count must fit on two stages (one unit per chunk), else no plan can use it."""
+    """Some requested chunk count must fit on two stages (one unit per chunk), else no plan can use any."""
     top = max(model.num_units // 2, 1)
     bad = [v for v in vs if v > top]
-    if bad:
+    if bad and len(bad) == len(vs):
         raise AcesoError(f"--virtual-stages {bad[0]}: {model.name} has {model.num_units} units (half layers), at "
                          f"most {top} model chunks per stage on two stages; choose at most {top}")

@@ -151,7 +151,7 @@ CASES = [
     C("search-max-tp-zero", SEARCH + " --max-tp 0", "--max-tp: 0 must be at least 1"),
     C("search-pp-above-gpus", SEARCH + " --pp 1 3", "--pp 3: more pipeline stages than the 2 GPUs"),
     C("search-pp-word", SEARCH + " --pp two", "--pp: 'two' is not an integer"),
-    C("search-vpp-too-many", SEARCH + " --vpp 1 9", "--virtual-stages 9: tiny-gpt has 8 units"),
+    C("search-vpp-too-many", SEARCH + " --vpp 9", "--virtual-stages 9: tiny-gpt has 8 units"),
     C("search-vpp-zero", SEARCH + " --vpp 0", "--vpp: 0 must be at least 1"),
     C("search-cp-odd", SEARCH + " --cp 3", "2 cp must divide seq_length (64)"),
     C("search-seq-length-zero", SEARCH + " --seq-length 0", "--seq-length: 0 must be at least 1"),
