@@ -52,14 +52,23 @@ class TrainingSpec(BaseModel):
     context_parallel_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=MAX_CANDIDATES,
                                               description="Candidate context-parallel degrees.")
     uniform_cp: bool = Field(True, description="Keep cp equal across stages (False: each stage may differ).")
-    virtual_stages: list[int] = Field(default_factory=lambda: [1, 2], min_length=1, max_length=MAX_CANDIDATES,
-                                      description="Candidate model chunks per stage (interleaved 1F1B; 1 = off).")
+    virtual_stages: list[int] | None = Field(
+        default_factory=lambda: [1, 2], min_length=1, max_length=MAX_CANDIDATES,
+        description="Candidate model chunks per stage (interleaved 1F1B; 1 = off); None = every degree Megatron-LM "
+                    "accepts (search.planner.space.virtual_degrees).")
+
+    tensor_parallel_sizes: list[int] | None = Field(None, min_length=1, max_length=MAX_CANDIDATES,
+                                                    description="Allowed tp degrees (None: every power of two "
+                                                    "that divides the heads, query groups and FFN within a node).")
+    pipeline_parallel_sizes: list[int] | None = Field(None, min_length=1, max_length=MAX_CANDIDATES,
+                                                      description="Allowed numbers of pipeline stages (None: all).")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingSpec":
         for name, top in (("micro_batch_sizes", MAX_BATCH), ("context_parallel_sizes", MAX_CP),
-                          ("virtual_stages", MAX_VIRTUAL)):
-            for m in getattr(self, name):
+                          ("virtual_stages", MAX_VIRTUAL), ("tensor_parallel_sizes", MAX_BATCH),
+                          ("pipeline_parallel_sizes", MAX_BATCH)):
+            for m in getattr(self, name) or ():
                 if not 1 <= m <= top:
                     raise ValueError(f"{name}: {m} is not an integer in [1, {top}]")
         usable = [m for m in self.micro_batch_sizes if self.global_batch_size % m == 0]

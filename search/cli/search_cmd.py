@@ -36,7 +36,7 @@ from .common import (add_calibration_arg, add_cluster_args, add_model_args, chec
 DEFAULT_BUDGET = 4000
 LONG_SEQUENCE = 8192          # context parallelism is a candidate by default from this many tokens on
 DEFAULT_CP = [1, 2, 4, 8]
-DEFAULT_VIRTUAL = [1, 2, 4]   # model chunks per stage: a few, as Megatron users interleave
+DEFAULT_VIRTUAL = None        # model chunks per stage: every degree Megatron-LM accepts (space.virtual_degrees)
 SWITCH = {"auto": None, "on": True, "off": False}
 SPACE_TARGET = {"aceso": "aceso", "megatron-lm": "megatron-lm", "megatron-bridge": "megatron-lm"}  # --target -> space
 
@@ -48,12 +48,20 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                         "a stage with DP d runs pipeline micro-batches of size * d samples")
     p.add_argument("--sequence-parallel", choices=tuple(SWITCH), default="auto",
                    help="sequence parallelism on tp > 1 stages: auto (searched, default), on, off")
-    p.add_argument("--context-parallel-sizes", type=positive_int, nargs="+", default=None,
+    p.add_argument("--context-parallel-sizes", "--cp", type=positive_int, nargs="+", default=None,
                    help=f"candidate context-parallel degrees (default: 1, and {' '.join(map(str, DEFAULT_CP[1:]))} "
                         f"from {LONG_SEQUENCE} tokens on)")
-    p.add_argument("--virtual-stages", type=positive_int, nargs="+", default=DEFAULT_VIRTUAL,
-                   help=f"candidate model chunks per pipeline stage, interleaved 1F1B (default "
-                        f"{' '.join(map(str, DEFAULT_VIRTUAL))}; 1 = off)")
+    p.add_argument("--virtual-stages", "--vpp", type=positive_int, nargs="+", default=DEFAULT_VIRTUAL,
+                   help="candidate model chunks per pipeline stage, interleaved 1F1B (default: every degree "
+                        "Megatron-LM accepts, up to one layer per chunk; 1 = off)")
+    p.add_argument("--tp", type=positive_int, nargs="+", default=None,
+                   help="allowed tensor-parallel degrees (default: every power of two within a node that divides "
+                        "the heads, query groups and FFN)")
+    p.add_argument("--max-tp", type=positive_int, default=None, help="largest tensor-parallel degree allowed")
+    p.add_argument("--pp", type=positive_int, nargs="+", default=None,
+                   help="allowed numbers of pipeline stages (default: all)")
+    p.add_argument("--seq-length", type=positive_int, default=None, help="override the model's sequence length "
+                   "(T5: the encoder's)")
     p.add_argument("--distributed-optimizer", choices=tuple(SWITCH), default="auto",
                    help="shard optimizer states over DP: auto (searched, default), on, off")
     p.add_argument("--overlap", choices=tuple(SWITCH), default="auto",
@@ -109,6 +117,12 @@ def training_from_args(args, model):
     dist = SWITCH[args.distributed_optimizer]
     overlap = SWITCH[args.overlap]
     cps = args.context_parallel_sizes or ([1] if model.seq_length < LONG_SEQUENCE else DEFAULT_CP)
+    tps = args.tp
+    if args.max_tp is not None:
+        tps = [t for t in (tps or [1 << k for k in range(args.max_tp.bit_length())]) if t <= args.max_tp]
+        if not tps:
+            raise AcesoError(f"--tp {' '.join(map(str, args.tp))} --max-tp {args.max_tp}: no tensor-parallel "
+                             "degree is left; raise --max-tp or add a smaller --tp")
     try:
         return TrainingSpec(global_batch_size=args.global_batch_size, micro_batch_sizes=args.micro_batch_sizes,
                             precision=args.precision or model.params_dtype, attention=args.attention,
@@ -116,7 +130,8 @@ def training_from_args(args, model):
                             overlap_grad_reduce=overlap,
                             overlap_param_gather=overlap and dist if overlap else overlap,
                             tp_comm_overlap=args.tp_comm_overlap, context_parallel_sizes=cps,
-                            virtual_stages=args.virtual_stages)
+                            virtual_stages=args.virtual_stages, tensor_parallel_sizes=tps,
+                            pipeline_parallel_sizes=args.pp)
     except pydantic.ValidationError as e:
         raise AcesoError(format_validation_error(e)) from None
 
@@ -133,11 +148,25 @@ def settings_from_args(args, training):
     return plan_settings("runtime" if target == "aceso" else target, training.precision, bf16_reduce)
 
 
+def with_seq_length(model, n: int | None):
+    """The model at sequence length ``n`` (``--seq-length``; T5: the encoder's), validated as a spec file is."""
+    if n is None or n == model.seq_length:
+        return model
+    import pydantic
+
+    from ..errors import format_validation_error
+    from ..model import ModelSpec
+    try:
+        return ModelSpec.model_validate({**model.model_dump(), "seq_length": n})
+    except pydantic.ValidationError as e:
+        raise AcesoError(f"--seq-length {n}: " + format_validation_error(e)) from None
+
+
 def setup(args):
     """model, cluster, training, cost model from the shared arguments; says once on stderr which stage shapes
     the cost model does not cover (aceso-compat: unprofiled (per-GPU batch, tp) files), which plans then skip."""
     from ..planner.api import build_cost_model, describe_dropped, search_space
-    model = model_from_args(args)
+    model = with_seq_length(model_from_args(args), args.seq_length)
     cluster = cluster_from_args(args)
     training = training_from_args(args, model)
     cm = build_cost_model(model, cluster, training, args.cost_model, args.db, settings_from_args(args, training))

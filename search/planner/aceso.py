@@ -101,6 +101,8 @@ def stage_counts(space: Space, opts: SearchOptions) -> list[int]:
         counts = {s for s in counts if space.num_gpus % s == 0}
     if space.max_stages:
         counts = {s for s in counts if s <= space.max_stages}
+    if space.pps is not None:
+        counts &= space.pps
     return sorted(counts)
 
 
@@ -127,13 +129,34 @@ def initial_states(ctx: Ctx, S: int) -> list[State]:
                 if len(shapes) != S:
                     continue
                 for mbs in sp.legal_mbs(shapes):
-                    bounds = balanced_bounds(ctx, shapes, mbs, sp.num_units, v)
-                    if bounds is None:
-                        continue
-                    s = sp.normalize(State(mbs, tuple(shapes), bounds, sp.features[0]))
-                    if sp.legal(s) and s not in out:
-                        out.append(s)
+                    _add_start(ctx, out, shapes, mbs, v)
+            for mbs in _pipeline_batches(sp, counts, cp):   # per micro-batch: the largest / smallest TP legal at it
+                for prefer_tp in (True, False):
+                    shapes = []
+                    for g in counts:
+                        opts = sp.shapes(g, mbs, cp)
+                        if not opts:
+                            break
+                        shapes.append(max(opts) if prefer_tp else min(opts))
+                    if len(shapes) == S and sp.mbs_ok(shapes, mbs):
+                        _add_start(ctx, out, shapes, mbs, v)
     return out
+
+
+def _pipeline_batches(sp: Space, counts, cp: int) -> list[int]:
+    """The pipeline micro-batches some stage shape of these GPU counts runs at a candidate per-rank batch."""
+    ms = {b * s.dp for g in set(counts) for s in sp.stage_shapes(g, cp, every_sp=False) for b in sp.batches}
+    return sorted(m for m in ms if not sp.gbs or sp.gbs % m == 0)
+
+
+def _add_start(ctx: Ctx, out: list, shapes, mbs: int, v: int) -> None:
+    sp = ctx.space
+    bounds = balanced_bounds(ctx, shapes, mbs, sp.num_units, v)
+    if bounds is None:
+        return
+    s = sp.normalize(State(mbs, tuple(shapes), bounds, sp.features[0]))
+    if sp.legal(s) and s not in out:
+        out.append(s)
 
 
 class StageCountSearch:
@@ -383,7 +406,7 @@ def _finish(cm, gbs, space, opts, results, top_k, t0, interrupted) -> SearchResu
     if not interrupted:
         ctx = Ctx(space, ev)
         out = []
-        op_level = not has_unit_tables(cm)
+        op_level = not has_unit_tables(cm) and space.target != "megatron-lm"   # one setting per plan there
         for e in cands[:n]:
             fresh = ev.evaluate(e.state, charge=False, exact=True)
             p = fresh

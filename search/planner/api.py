@@ -112,6 +112,8 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
     o1 = copy.copy(opts)
     o1.budget_evals = opts.budget_evals if target == "megatron-lm" else share
     mlm, space = plan_search(cm, training, o1, top_k if target == "megatron-lm" else 1, fitting, "megatron-lm")
+    if fitting is not None:   # the uniform configuration is a Megatron-LM plan: line 2 never slower than line 1
+        _never_worse(mlm, fitting.evaluation)
     if mlm.interrupted:   # Ctrl-C: no second search; the Megatron-LM plan also runs on the aceso runtime
         return Plans(target, base, mlm, mlm, space)
     o2 = copy.copy(opts)
@@ -122,7 +124,8 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
         o2.callback = lambda n, done=mlm.evals: opts.callback(done + n)
     extra = [e.state for e in mlm.plans[:1] if e.fits]
     het, aspace = plan_search(cm, training, o2, top_k if target == "aceso" else 1, fitting, "aceso", extra)
-    _never_worse(het, mlm)
+    if mlm.plans and mlm.plans[0].fits:
+        _never_worse(het, mlm.plans[0])
     return Plans(target, base, mlm, het, aspace if target == "aceso" else space)
 
 
@@ -131,7 +134,8 @@ def total_budget(budget_evals: int) -> int:
     return budget_evals + max(int(budget_evals * SECONDARY_SHARE), 1)
 
 
-def _never_worse(het: SearchResult, mlm: SearchResult) -> None:
-    """A Megatron-LM plan also runs on the aceso runtime: the heterogeneous result is never slower than it."""
-    if mlm.plans and mlm.plans[0].fits and (not het.plans or mlm.plans[0].score < het.plans[0].score):
-        het.plans.insert(0, mlm.plans[0])
+def _never_worse(res: SearchResult, e) -> None:
+    """``e`` (a fitting plan of a line above) also runs where ``res``'s plans run: put it first if it is faster
+    (the uniform configuration is a Megatron-LM plan; a Megatron-LM plan also runs on the aceso runtime)."""
+    if e.fits and (not res.plans or e.score < res.plans[0].score):
+        res.plans.insert(0, e)

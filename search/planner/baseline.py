@@ -129,7 +129,7 @@ def uniform_states(space: Space, model, features=None):
     N = space.num_gpus
     feats = features or space.features[0]
     for pp in range(1, min(N, L) + 1):
-        if N % pp:
+        if N % pp or (space.pps is not None and pp not in space.pps):
             continue
         g = N // pp
         for cp in space.cps:

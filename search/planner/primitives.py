@@ -253,21 +253,42 @@ def _vpp(ctx: Ctx, ev: Evaluation, b: int, step: int) -> list[State]:
     """The next (previous) number of model chunks per stage, chunks re-cut balanced by cost; the pipeline
     micro-batch moves to the closest one whose micro-batch count the stages divide when it must."""
     st, sp = ev.state, ctx.space
-    vs = sp.vs
-    k = vs.index(st.num_chunks) + step if st.num_chunks in vs else -1
-    if not 0 <= k < len(vs) or st.num_stages < 2:
+    if st.num_stages < 2:
         return []
-    v = vs[k]
-    bounds = balanced_bounds(ctx, st.shapes, st.mbs, sp.num_units, v)
-    if bounds is None:
+    out = []
+    for v in vpp_steps(sp, st.num_stages, st.num_chunks, step):
+        bounds = balanced_bounds(ctx, st.shapes, st.mbs, sp.num_units, v)
+        if bounds is None:
+            continue
+        mbs = st.mbs
+        if v > 1 and sp.gbs and (sp.gbs // mbs) % st.num_stages:
+            ok = [m for m in sp.legal_mbs(st.shapes) if (sp.gbs // m) % st.num_stages == 0]
+            if not ok:
+                return []
+            mbs = min(ok, key=lambda x: (max(x / mbs, mbs / x), x))
+        out.append(st._replace(mbs=mbs, bounds=bounds))
+    return legal(ctx, out)
+
+
+JUMP_CHUNKS = 128    # inc_vpp jumps straight to one layer per chunk only up to this many chunks (balancing cost)
+
+
+def vpp_steps(sp, S: int, v: int, step: int) -> list[int]:
+    """The chunk counts ``inc_vpp`` (``dec_vpp``) tries from v on S stages: the next (previous) candidate, the one
+    nearest to twice (half) v, and the most (fewest) chunks -- one layer per chunk, while the plan has at most
+    ``JUMP_CHUNKS`` chunks -- so that every degree the space holds is a move or a few away however many there are
+    (the uniform baseline prices every even-split degree exactly, and seeds the searches)."""
+    top = (len(sp.layer_starts) - 1 if sp.target == "megatron-lm" and sp.layer_starts else sp.num_units) // S
+    layer_top = (len(sp.layer_starts) - 1) // S if sp.layer_starts else top
+    vs = [x for x in sp.vs if x <= top and (x > v if step > 0 else x < v)]
+    if not vs:
         return []
-    mbs = st.mbs
-    if v > 1 and sp.gbs and (sp.gbs // mbs) % st.num_stages:
-        ok = [m for m in sp.legal_mbs(st.shapes) if (sp.gbs // m) % st.num_stages == 0]
-        if not ok:
-            return []
-        mbs = min(ok, key=lambda x: (max(x / mbs, mbs / x), x))
-    return legal(ctx, [st._replace(mbs=mbs, bounds=bounds)])
+    if step > 0:
+        whole = [x for x in vs if x <= layer_top and S * x <= JUMP_CHUNKS]
+        picks = [vs[0], min(vs, key=lambda x: (abs(x - 2 * v), x))] + ([whole[-1]] if whole else [])
+    else:
+        picks = [vs[-1], min(vs, key=lambda x: (abs(2 * x - v), -x)), vs[0]]
+    return sorted(set(picks), key=picks.index)
 
 
 def _features(ctx: Ctx, ev: Evaluation, b: int, on: bool) -> list[State]:

@@ -27,11 +27,14 @@ run, ``megatron_lm.py``): the same shape on every stage, stage and chunk boundar
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
 from ..costmodel.types import Features, Shape
 from ..errors import AcesoError
+from ..training import MAX_VIRTUAL
+from . import constraints
 
 TARGETS = ("aceso", "megatron-lm")
 FEATURE_NAMES = ("distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather")
@@ -61,6 +64,20 @@ def feature_combos(training, priced: frozenset) -> tuple[Features, ...]:
         raise AcesoError("--overlap on needs the distributed optimizer for the parameter all-gather; do not turn "
                          "--distributed-optimizer off")
     return tuple(out)
+
+
+MAX_CHUNKS = 128    # default degrees only: at most this many model chunks in all (one layer each up to 128 layers)
+
+
+def virtual_degrees(model, target: str) -> tuple[int, ...]:
+    """Every number of model chunks per pipeline rank Megatron-LM (core_v0.16.1) accepts: ``validate_args`` takes
+    any ``--num-virtual-stages-per-pipeline-rank`` (or a ``--pipeline-model-parallel-layout`` whose length pp
+    divides) on pp >= 2 with its default p2p overlap, ``--num-layers-per-virtual-pipeline-stage`` any divisor of the
+    layers per rank. So every v from 1 up to one layer per chunk on two stages (aceso target: one unit), at most
+    ``MAX_VIRTUAL``; ``Space.legal`` keeps S v chunks within the layers (units) of the state and, for these default
+    degrees, within ``MAX_CHUNKS`` (bounded search time; no degree is excluded for models up to 128 layers)."""
+    top = len(model.layer_starts) - 1 if target == "megatron-lm" else model.num_units
+    return tuple(range(1, max(min(top // 2, MAX_VIRTUAL, MAX_CHUNKS // 2), 1) + 1))
 
 
 def _candidates(values, priced: bool, name: str, label: str) -> tuple[int, ...]:
@@ -93,6 +110,8 @@ class Space:
     seqs: tuple[int, ...] = ()          # sequence lengths SP must split (GPT: one; T5: encoder and decoder)
     allowed: frozenset[tuple[int, int]] | None = None   # (per-rank batch, tp) the cost model covers; None: all
     max_stages: int = 0                 # 0: any (megatron-lm runs T5 on one pipeline stage)
+    pps: frozenset[int] | None = None   # allowed numbers of stages (--pp); None: any
+    max_chunks: int = 0                 # 0: any; else at most this many model chunks (default VPP degrees)
 
     @classmethod
     def of(cls, model, cluster, training, micro_batch_sizes=None, priced=frozenset(), target: str = "aceso",
@@ -106,6 +125,7 @@ class Space:
             if all(v % t == 0 for v in (model.num_attention_heads, model.groups, model.ffn_hidden_size)):
                 tps.append(t)
             t *= 2
+        tps = list(constraints.tensor_sizes(model, cluster, training, tps))
         gbs = training.global_batch_size
         batches = tuple(sorted({m for m in (micro_batch_sizes or training.micro_batch_sizes) if gbs % m == 0}))
         cps = _candidates(training.context_parallel_sizes, "context_parallel" in priced, "context parallelism",
@@ -117,7 +137,11 @@ class Space:
             raise AcesoError(f"--context-parallel-sizes {' '.join(map(str, cps))}: 2 cp must divide seq_length "
                              f"({model.seq_length}) (causal load balancing); add 1 or a cp that does")
         cps = legal_cps
-        vs = _candidates(training.virtual_stages, "interleaved" in priced, "interleaving", "virtual-stages")
+        vs = (virtual_degrees(model, target) if "interleaved" in priced else (1,)) \
+            if training.virtual_stages is None else \
+            _candidates(training.virtual_stages, "interleaved" in priced, "interleaving", "virtual-stages")
+        if training.virtual_stages is not None:
+            constraints.check_virtual(model, training.virtual_stages)
         if model.is_t5:
             vs = (1,)           # the interleaved schedule does not run encoder-decoder models
         sps = _switch(training, "sequence_parallel", priced, "sequence-parallel")
@@ -132,7 +156,13 @@ class Space:
                                  "the gradient reduction; do not turn --overlap off")
         return cls(cluster.num_gpus, cluster.gpus_per_node, tuple(tps), batches, model.num_units, gbs, cps, sps,
                    vs, features, bool(training.uniform_cp), target, tuple(model.layer_starts), seqs,
-                   None if allowed is None else frozenset(allowed), 1 if target == "megatron-lm" and model.is_t5 else 0)
+                   None if allowed is None else frozenset(allowed), 1 if target == "megatron-lm" and model.is_t5 else 0,
+                   constraints.pipeline_sizes(model, cluster, training),
+                   MAX_CHUNKS if training.virtual_stages is None else 0)
+
+    @functools.cached_property
+    def v_set(self) -> frozenset[int]:
+        return frozenset(self.vs)
 
     # ----- micro-batches ------------------------------------------------------------------------------------------
     def batch_ok(self, b: int, tp: int) -> bool:
@@ -261,9 +291,13 @@ class Space:
 
     def legal(self, st) -> bool:
         S, nb = len(st.shapes), len(st.bounds)
-        if S == 0 or (nb - 1) % S or (nb - 1) // S not in self.vs or (self.max_stages and S > self.max_stages):
+        if S == 0 or (nb - 1) % S or (nb - 1) // S not in self.v_set or (self.max_stages and S > self.max_stages):
+            return False
+        if self.pps is not None and S not in self.pps:
             return False
         v = (nb - 1) // S
+        if v > 1 and self.max_chunks and nb - 1 > self.max_chunks:
+            return False
         if sum(s.num_gpus for s in st.shapes) != self.num_gpus or st.features not in self.features:
             return False
         if st.bounds[0] != 0 or st.bounds[-1] != self.num_units:
