@@ -62,6 +62,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save", default=None, help="checkpoint folder")
     g.add_argument("--save-interval", type=positive_int, default=None, help="save every N steps (and at the end)")
     g.add_argument("--load", default=None, help="resume from the latest checkpoint in this folder, if any")
+    g.add_argument("--keep-last", type=positive_int, default=None, metavar="N",
+                   help="after each save keep only the newest N checkpoints in --save (never the one resumed from)")
+    g.add_argument("--exit-signal-handler", action=argparse.BooleanOptionalAction, default=True,
+                   help="on SIGTERM/SIGINT finish the step, save (with --save) and exit 143/130 (default on)")
+    g.add_argument("--override-opt_param-scheduler", action="store_true",
+                   help="resuming: use the command line's learning-rate schedule, not the checkpoint's")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", action="store_true",
+                   help="resuming: use the checkpoint's learning-rate schedule, ignore --lr & co.")
     plots.add_arguments(g, "the loss, step time and predicted vs measured memory per stage at the end (needs "
                            "--log-file; `aceso plot LOG` redraws it)")
 
@@ -104,8 +112,11 @@ def check_train_args(args: argparse.Namespace, plan=None) -> None:
     decay = args.lr_decay_iters or args.train_iters
     if args.lr_warmup_iters >= decay:
         raise AcesoError(f"--lr-warmup-iters ({args.lr_warmup_iters}) must be below the decay steps ({decay})")
-    if args.save_interval is not None and not args.save:
-        raise AcesoError("--save-interval needs --save FOLDER")
+    for flag, value in (("--save-interval", args.save_interval), ("--keep-last", args.keep_last)):
+        if value is not None and not args.save:
+            raise AcesoError(f"{flag} needs --save FOLDER")
+    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
+        raise AcesoError("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler: give one of them")
     if args.mock_data and args.data_path:
         raise AcesoError("--mock-data and --data-path: give one of them")
     if not args.mock_data and not args.data_path:

@@ -152,8 +152,9 @@ def _allocate_optimizer_state(optimizer) -> None:
 
 
 # ----- save / load -----------------------------------------------------------------------------------------------
-def save(root: str, iteration: int, rt, scheduler) -> Path:
-    """Write checkpoint ``iteration`` (collective: every rank calls it)."""
+def save(root: str, iteration: int, rt, scheduler, keep_last: int | None = None, protect: int | None = None) -> Path:
+    """Write checkpoint ``iteration`` (collective: every rank calls it); with ``keep_last``, then delete all but
+    the newest ``keep_last`` checkpoints except ``protect`` (``rotate``)."""
     from megatron.core import dist_checkpointing
 
     root_p = Path(root)
@@ -181,8 +182,22 @@ def save(root: str, iteration: int, rt, scheduler) -> Path:
         marker_tmp = root_p / f".{MARKER}.tmp"
         marker_tmp.write_text(f"{iteration}\n")
         os.replace(marker_tmp, root_p / MARKER)
+        if keep_last:
+            rotate(root, keep_last, protect)
     dist.barrier()
     return final
+
+
+def rotate(root: str, keep: int, protect: int | None = None) -> list[Path]:
+    """Delete all but the ``keep`` newest ``iter_N`` folders in ``root`` (rank 0 only; after a save), never the
+    one named ``protect`` (the checkpoint this run resumed from) nor the one the marker names; returns the deleted."""
+    root_p = Path(root)
+    spared = {latest_iteration(root), protect}
+    found = sorted((int(d.name[5:]), d) for d in root_p.glob("iter_*") if d.is_dir() and d.name[5:].isdigit())
+    gone = [d for it, d in found[:-keep] if it not in spared] if keep > 0 else []
+    for d in gone:
+        shutil.rmtree(d)
+    return gone
 
 
 def latest_iteration(root: str) -> int | None:
@@ -225,6 +240,10 @@ def load(root: str, rt, scheduler) -> tuple[int, bool] | None:
             f"but the plan has {str(rt.plan.distributed_optimizer).lower()}; megatron-core's optimizer checkpoints do not "
             f"convert between the two: use a plan with distributed_optimizer {str(saved_dist_opt).lower()}"
         )
+    from .schedule import load_state, mismatch
+
+    if (msg := mismatch(first["scheduler"], scheduler)) is not None:
+        raise AcesoError(f"--load {root}: iteration {iteration} {msg}")
     found = [None] * dist.get_world_size()  # ranks check their own parameters: agree before anyone loads
     dist.all_gather_object(found, model_mismatch(first.get("model"), rt, ckpt_dir))
     if (msg := next((m for m in found if m is not None), None)) is not None:
@@ -239,7 +258,7 @@ def load(root: str, rt, scheduler) -> tuple[int, bool] | None:
                 p.copy_(value)
     rt.optimizer.load_state_dict(state["optimizer"])
     mine = read_extra(root, iteration, dist.get_rank()) if same_plan else first
-    scheduler.load_state_dict(mine["scheduler"])
+    load_state(scheduler, mine["scheduler"])
     if same_plan:
         set_rng_state(mine["rng"])
     return iteration, same_plan
