@@ -72,6 +72,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="resuming: use the checkpoint's learning-rate schedule, ignore --lr & co.")
     plots.add_arguments(g, "the loss, step time and predicted vs measured memory per stage at the end (needs "
                            "--log-file; `aceso plot LOG` redraws it)")
+    g = p.add_argument_group("TensorBoard and Weights & Biases (Megatron-LM's names; optional extras)")
+    g.add_argument("--tensorboard-dir", default=None, help="write TensorBoard event files here (last rank)")
+    g.add_argument("--wandb-project", default=None, help="log to this Weights & Biases project (needs wandb)")
+    g.add_argument("--wandb-exp-name", default=None, help="the W&B run's name (needed with --wandb-project)")
+    g.add_argument("--wandb-save-dir", default=None, help="W&B's local files (default SAVE/wandb)")
 
 
 def _beta(text: str) -> float:
@@ -140,6 +145,9 @@ def check_train_args(args: argparse.Namespace, plan=None) -> None:
         from search.files import check_output
 
         check_output(args.log_file, "--log-file")
+    from ..training.writers import check_args as check_writers   # torch-free
+
+    check_writers(args)
     plots.check_training(args)   # --plot: a known format, a writable target, matplotlib, and a --log-file to draw
     if args.load:
         _check_resume(args)
