@@ -46,8 +46,8 @@ def mismatch(saved: dict, scheduler) -> str | None:
         return None
     for key, flag in FIELDS:
         if key in saved and saved[key] != getattr(scheduler, key):
-            return (f"its learning-rate schedule has {key} {saved[key]!r} but the command line gives "
-                    f"{getattr(scheduler, key)!r} ({flag}); add --use-checkpoint-opt_param-scheduler to keep the "
+            return (f"was saved with {key} {saved[key]!r} in its learning-rate schedule but the command line "
+                    f"gives {getattr(scheduler, key)!r} ({flag}); add --use-checkpoint-opt_param-scheduler to keep the "
                     "checkpoint's schedule, or --override-opt_param-scheduler to continue on the command line's")
     return None
 

@@ -28,6 +28,16 @@ from .signals import exit_code
 from .signals import name as signal_name
 
 warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+# third-party deprecations a user cannot act on, printed by every rank otherwise: megatron-core 0.16 calls torch
+# 2.13's renamed collectives (distributed optimizer) and torch DCP's old load_state_dict (dist_checkpointing load)
+THIRD_PARTY_FUTURE_WARNINGS = (r"`torch\.distributed\.reduce_scatter_tensor` is deprecated",
+                               r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
+                               r"`load_state_dict` is deprecated and will be removed in future versions")
+
+
+def quiet_third_party_warnings() -> None:
+    for message in THIRD_PARTY_FUTURE_WARNINGS:
+        warnings.filterwarnings("ignore", category=FutureWarning, message=message)
 
 
 def _launch_env() -> tuple[int, int, int]:
@@ -142,6 +152,7 @@ def _stopped(args: argparse.Namespace, signum: int, iteration: int) -> str:
 
 def train_from_args(args: argparse.Namespace) -> int:
     """Run training for parsed ``aceso train`` arguments; raises ``AcesoError`` on bad input."""
+    quiet_third_party_warnings()
     world_size, rank, local_rank = _launch_env()
     plan = load_plan(args.plan)
     check_args(args, plan, world_size)

@@ -41,8 +41,8 @@ def _saved_after(steps: int, train_iters: int) -> dict:
 def test_a_longer_train_iters_on_resume_is_refused_without_a_flag():
     saved = _saved_after(6, 10)
     msg = schedule.mismatch(saved, _scheduler(20))
-    assert msg == ("its learning-rate schedule has lr_decay_steps 10 but the command line gives 20 (--lr-decay-iters "
-                   "(default --train-iters)); add --use-checkpoint-opt_param-scheduler to keep the checkpoint's "
+    assert msg == ("was saved with lr_decay_steps 10 in its learning-rate schedule but the command line gives 20 "
+                   "(--lr-decay-iters (default --train-iters)); add --use-checkpoint-opt_param-scheduler to keep the checkpoint's "
                    "schedule, or --override-opt_param-scheduler to continue on the command line's")
     assert schedule.mismatch(saved, _scheduler(10)) is None   # the same command line continues
 
@@ -89,3 +89,46 @@ def test_exit_signal_records_sigint_instead_of_raising():
         assert s.agreed() == signal.SIGINT
     assert signal.getsignal(signal.SIGINT) is before
     assert signals.exit_code(signal.SIGINT) == 130 and signals.exit_code(signal.SIGTERM) == 143
+
+
+def test_cpu_mode_reads_a_shard_views_grad_without_torchs_warning():
+    """megatron-core's distributed optimizer sets and reads ``.grad`` on views of its parameters (non-leaf)."""
+    import warnings
+
+    from patches import cpu_mode
+
+    was = cpu_mode.is_applied()
+    cpu_mode.apply()
+    try:
+        p = torch.nn.Parameter(torch.ones(4))
+        shard = p.view(-1)[1:3]
+        shard.grad = torch.full((2,), 2.0)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert torch.equal(shard.grad, torch.full((2,), 2.0))   # the value torch stores, still returned
+        assert not seen, [str(w.message) for w in seen]
+    finally:
+        if not was:
+            cpu_mode.revert()
+
+
+def test_known_third_party_future_warnings_are_filtered_by_aceso_train():
+    import warnings
+
+    import torch.distributed as dist
+
+    from aceso_megatron.parallel.distenv import free_port
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        from aceso_megatron.training.train import quiet_third_party_warnings
+
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            quiet_third_party_warnings()   # what aceso train does first
+            for name in ("reduce_scatter_tensor", "all_gather_into_tensor"):   # torch's own messages
+                getattr(dist, name)(torch.zeros(2), torch.ones(2))
+        assert not [w for w in seen if issubclass(w.category, FutureWarning)], [str(w.message) for w in seen]
+    finally:
+        dist.destroy_process_group()
