@@ -26,9 +26,13 @@ CHECKPOINT_MARKER = "latest_checkpointed_iteration.txt"   # as aceso_megatron.tr
 
 from search import plots
 
+from .train_config import ConfigAction
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="plan file (from `aceso search`)")
+    p.add_argument("--config", action=ConfigAction, default=None, metavar="FILE",
+                   help="YAML file of train flags (train-iters: 100, ...); command-line flags override it")
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", default=None,
                    help="dataset prefix(es) from `aceso data prepare`, optionally weighted: 0.7 A 0.3 B")
@@ -52,7 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--init-method-std", type=positive_float, default=None,
                    help="weight init std (default: the model's megatron.init_method_std, else 0.02)")
     g = p.add_argument_group("run")
-    g.add_argument("--train-iters", type=positive_int, required=True, help="optimizer steps to train for")
+    g.add_argument("--train-iters", type=positive_int, default=None,
+                   help="optimizer steps to train for (required, here or in --config)")
     g.add_argument("--seed", type=seed, default=1234, help="weights, data order and dropout seed (default 1234)")
     g.add_argument("--cpu", action="store_true", help="run on CPU with gloo (fp32)")
     g.add_argument("--log-interval", type=positive_int, default=10, help="steps between log lines (default 10)")
@@ -112,6 +117,8 @@ def check_train_args(args: argparse.Namespace, plan=None) -> None:
     """Everything about ``aceso train``'s arguments (and, given the ``plan``, their fit to it) that can be checked
     without torch, as one ``AcesoError`` line (``aceso launch`` runs it before starting any process; every worker
     again)."""
+    if args.train_iters is None:
+        raise AcesoError("the following arguments are required: --train-iters (on the command line or in --config)")
     if args.min_lr > args.lr:
         raise AcesoError(f"--min-lr ({args.min_lr}) must not exceed --lr ({args.lr})")
     decay = args.lr_decay_iters or args.train_iters

@@ -579,6 +579,9 @@ CASES = [
     C("launch-load-file", LAUNCH + " " + TRAIN_OK + " --load a-file", "--load a-file: not a folder"),
     C("launch-save-file", LAUNCH + " " + TRAIN_OK + " --save a-file", "--save a-file: not a folder"),
     C("launch-save-interval-alone", LAUNCH + " " + TRAIN_OK + " --save-interval 5", "--save-interval needs --save"),
+    C("launch-config-unknown-key", LAUNCH + " --mock-data --config bad.yaml",
+      "bad.yaml: unknown key 'trian-iters'; did you mean 'train-iters'?", **{"bad.yaml": "trian-iters: 3\n"}),
+    C("launch-config-missing", LAUNCH + " --mock-data --config nope.yaml", "nope.yaml: no such file"),
     C("launch-keep-last-alone", LAUNCH + " " + TRAIN_OK + " --keep-last 2", "--keep-last needs --save"),
     C("launch-keep-last-zero", LAUNCH + " " + TRAIN_OK + " --save ckpt2 --keep-last 0", "--keep-last"),
     C("launch-scheduler-both", LAUNCH + " " + TRAIN_OK + " --override-opt_param-scheduler "
