@@ -9,7 +9,9 @@ Argument names follow Megatron-LM. Every --log-interval steps the last stage pri
 rate, iteration time, tokens/s, TFLOP/s per GPU and the max memory of each stage (JSON lines with --log-file);
 at the end it prints the plan's predicted iteration time and memory beside the measured ones. --save/--load use
 megatron-core dist_checkpointing keyed by canonical names, so a checkpoint of one plan resumes under another;
-`latest_checkpointed_iteration.txt` only ever names a complete checkpoint. See docs/train.md.
+`latest_checkpointed_iteration.txt` only ever names a complete checkpoint; --keep-last N rotates them, SIGTERM or
+Ctrl-C saves after the step under way and exits 143/130, --no-load-optim loads the weights only. --tensorboard-dir
+and --wandb-project log Megatron-LM's scalars; --config FILE reads the flags from YAML. See docs/train.md.
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save", default=None, help="checkpoint folder")
     g.add_argument("--save-interval", type=positive_int, default=None, help="save every N steps (and at the end)")
     g.add_argument("--load", default=None, help="resume from the latest checkpoint in this folder, if any")
+    g.add_argument("--no-load-optim", action="store_true",
+                   help="--load the weights only (Adam's moments start from zero; any optimizer kind)")
+    g.add_argument("--no-load-rng", action="store_true", help="--load without the RNG states (they start from --seed)")
     g.add_argument("--keep-last", type=positive_int, default=None, metavar="N",
                    help="after each save keep only the newest N checkpoints in --save (never the one resumed from)")
     g.add_argument("--exit-signal-handler", action=argparse.BooleanOptionalAction, default=True,

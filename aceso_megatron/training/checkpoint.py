@@ -23,8 +23,9 @@ data position carry over, and the RNG states of the new ranks start from the see
 match, since the data position is ``iteration * global_batch_size`` samples. A checkpoint of another model
 (another size, GPT into T5) is refused before anything is read, with the first differing ``ModelSpec`` field
 (``model_mismatch``; checkpoints without the recorded spec: the first missing or differently shaped tensor), and
-so is one whose optimizer kind (distributed or not) differs from the plan's: megatron-core's two optimizer
-checkpoint formats do not convert. The distributed optimizer is saved in megatron-core's ``fully_reshardable``
+so is one whose optimizer kind (distributed or not) differs from the plan's, unless only the weights are loaded
+(``--no-load-optim``): megatron-core's two optimizer checkpoint formats do not convert. The distributed
+optimizer is saved in megatron-core's ``fully_reshardable``
 format (re-sharded for any TP/DP/pipeline layout; ``patches/dist_opt_torch_adam.py`` makes it load with torch's
 Adam).
 
@@ -218,8 +219,13 @@ def read_extra(root: str, iteration: int, rank: int) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def load(root: str, rt, scheduler) -> tuple[int, bool] | None:
-    """Restore from the latest checkpoint in ``root``: (its iteration, whether it was the same plan), or None."""
+def load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = True) -> tuple[int, bool] | None:
+    """Restore from the latest checkpoint in ``root``: (its iteration, whether it was the same plan), or None.
+
+    ``load_optim=False`` (Megatron-LM's ``--no-load-optim``): the weights only; Adam's moments start from zero,
+    so a checkpoint of either optimizer kind loads. The iteration, data position and learning-rate schedule still
+    carry on (Megatron-LM restarts its scheduler too, which would re-warm the rate). ``load_rng=False``
+    (``--no-load-rng``): the RNG states start from the seed even under the same plan."""
     from megatron.core import dist_checkpointing
 
     iteration = latest_iteration(root)
@@ -234,11 +240,12 @@ def load(root: str, rt, scheduler) -> tuple[int, bool] | None:
         )
     ckpt_dir = _iter_dir(Path(root), iteration)
     saved_dist_opt = first.get("distributed_optimizer", False)
-    if saved_dist_opt != rt.plan.distributed_optimizer:
+    if load_optim and saved_dist_opt != rt.plan.distributed_optimizer:
         raise AcesoError(
             f"--load {root}: iteration {iteration} was written with distributed_optimizer {str(saved_dist_opt).lower()} "
             f"but the plan has {str(rt.plan.distributed_optimizer).lower()}; megatron-core's optimizer checkpoints do not "
-            f"convert between the two: use a plan with distributed_optimizer {str(saved_dist_opt).lower()}"
+            f"convert between the two: use a plan with distributed_optimizer {str(saved_dist_opt).lower()}, or add "
+            "--no-load-optim to load the weights only"
         )
     from .schedule import load_state, mismatch
 
@@ -249,17 +256,24 @@ def load(root: str, rt, scheduler) -> tuple[int, bool] | None:
     if (msg := next((m for m in found if m is not None), None)) is not None:
         raise AcesoError(f"--load {root}: iteration {iteration} {msg}")
     same_plan = first["plan_digest"] == plan_digest(rt.plan) and first["world_size"] == dist.get_world_size()
-    _allocate_optimizer_state(rt.optimizer)
-    state = dist_checkpointing.load(sharded_state_dict(rt, is_loading=True), str(ckpt_dir))
+    if load_optim:
+        _allocate_optimizer_state(rt.optimizer)
+        request = sharded_state_dict(rt, is_loading=True)
+    else:
+        request = {"model": model_sharded_state_dict(rt)}
+    state = dist_checkpointing.load(request, str(ckpt_dir))
     with torch.no_grad():
         for local, p in rt.named_parameters():
             value = state["model"][local]
             if value is not p:
                 p.copy_(value)
-    rt.optimizer.load_state_dict(state["optimizer"])
+    if load_optim:
+        rt.optimizer.load_state_dict(state["optimizer"])
+    else:
+        rt.optimizer.reload_model_params()   # fp32 main copies (bf16 models) from the loaded weights
     mine = read_extra(root, iteration, dist.get_rank()) if same_plan else first
     load_state(scheduler, mine["scheduler"])
-    if same_plan:
+    if same_plan and load_rng:
         set_rng_state(mine["rng"])
     return iteration, same_plan
 

@@ -6,7 +6,8 @@ the megatron block), before any process group exists; start the process group,
 build this rank's stage with the runtime plugin (``engine.build_runtime``: stage model, DDP on the stage's DP
 group, megatron-core Adam), put megatron-core's ``OptimizerParamScheduler`` on its optimizer, build the datasets
 (``data``), resume from ``--load`` and run the steps. Logging, evaluation and the predicted-vs-measured summary
-are in ``train_log``; checkpoints in ``checkpoint`` (all in ``aceso_megatron.training``).
+are in ``train_log`` (TensorBoard and W&B in ``writers``); checkpoints in ``checkpoint``, the schedule's resume
+policy in ``schedule``, the stop on SIGTERM/SIGINT in ``signals`` (all in ``aceso_megatron.training``).
 """
 
 from __future__ import annotations
@@ -106,11 +107,16 @@ def train(args: argparse.Namespace, plan: ParallelPlan, rank: int) -> dict:
     keys = batch_keys(plan.model)
     train_src = BatchSource(train_ds, plan.global_batch_size, plan.micro_batch_size, keys)
     valid_src = BatchSource(valid_ds, plan.global_batch_size, plan.micro_batch_size, keys) if evals else None
-    start, loaded = 0, checkpoint.load(args.load, rt, scheduler) if args.load else None
+    start, loaded = 0, None
+    if args.load:
+        loaded = checkpoint.load(args.load, rt, scheduler, load_optim=not args.no_load_optim,
+                                 load_rng=not args.no_load_rng)
     log = TrainLogger(args, plan, rt, device)
     if loaded:
         start = loaded[0]
         how = "" if loaded[1] else " (written under another plan: re-sharded; RNG states start from --seed)"
+        how += " (weights only: Adam's moments start from zero)" if args.no_load_optim else ""
+        how += " (RNG states from --seed)" if args.no_load_rng and loaded[1] else ""
         log.message(f"resumed from {args.load} at iteration {start}{how}")
     protect = start if loaded and args.save and _same_folder(args.save, args.load) else None
     save_kw = dict(keep_last=args.keep_last, protect=protect)

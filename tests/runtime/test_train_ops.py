@@ -42,8 +42,8 @@ def test_a_longer_train_iters_on_resume_is_refused_without_a_flag():
     saved = _saved_after(6, 10)
     msg = schedule.mismatch(saved, _scheduler(20))
     assert msg == ("was saved with lr_decay_steps 10 in its learning-rate schedule but the command line gives 20 "
-                   "(--lr-decay-iters (default --train-iters)); add --use-checkpoint-opt_param-scheduler to keep the checkpoint's "
-                   "schedule, or --override-opt_param-scheduler to continue on the command line's")
+                   "(--lr-decay-iters (default --train-iters)); add --use-checkpoint-opt_param-scheduler to keep the "
+                   "checkpoint's schedule, or --override-opt_param-scheduler to continue on the command line's")
     assert schedule.mismatch(saved, _scheduler(10)) is None   # the same command line continues
 
 
