@@ -123,7 +123,8 @@ def check_train_args(args: argparse.Namespace, plan=None) -> None:
     without torch, as one ``AcesoError`` line (``aceso launch`` runs it before starting any process; every worker
     again)."""
     if args.train_iters is None:
-        raise AcesoError("the following arguments are required: --train-iters (on the command line or in --config)")
+        raise AcesoError("the following arguments are required: --train-iters (on the command line or in --config); "
+                         "see `aceso train --help`")
     if args.min_lr > args.lr:
         raise AcesoError(f"--min-lr ({args.min_lr}) must not exceed --lr ({args.lr})")
     decay = args.lr_decay_iters or args.train_iters
