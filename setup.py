@@ -15,7 +15,10 @@ setup(
         "runtime": ["torch==2.13.0", "megatron-core>=0.16.1,<0.18", "psutil"],  # psutil: dist_checkpointing
         # transformer-engine is optional; apex is not on PyPI (see README, "GPU extras").
         "gpu": ["transformer-engine[pytorch]"],
-        "test": ["pytest>=8", "pytest-timeout>=2"],
+        "test": ["pytest>=8", "pytest-timeout>=2", "tensorboard>=2.14"],   # tensorboard: event files read back
+        # `aceso train --tensorboard-dir` (torch's SummaryWriter) and `--wandb-project`; imported only when asked
+        "tensorboard": ["tensorboard>=2.14"],
+        "wandb": ["wandb"],
         # pictures (--plot on explain/search/train/launch, aceso plot); imported only when a picture is drawn
         "plot": ["matplotlib>=3.7"],
     },

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -244,25 +245,53 @@ def run_torchrun(cmd: list[str], extra_pythonpath: str | None = None, error_env:
     with tempfile.TemporaryDirectory(prefix="aceso-launch-") as tmp:
         err_file = Path(tmp) / "error.txt"
         env[error_env] = str(err_file)
-        proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True)
         held: list[bytes] = []
         try:
-            for line in proc.stderr:
-                if err_file.exists():
-                    held.append(line)      # torchrun's report of the failure a worker already explained
-                else:
-                    sys.stderr.buffer.write(line)
-                    sys.stderr.buffer.flush()
-            rc = proc.wait()
+            with _ForwardSignals(proc) as forwarded:
+                for line in proc.stderr:
+                    if err_file.exists() or forwarded.signum:
+                        held.append(line)  # torchrun's report of a failure a worker explained, or of the signal
+                    else:
+                        sys.stderr.buffer.write(line)
+                        sys.stderr.buffer.flush()
+                rc = proc.wait()
         except BaseException:
             _stop(proc)
             raise
+        if forwarded.signum:   # the workers said where they stopped and how to resume
+            return 128 + forwarded.signum
         if rc != 0 and err_file.exists():
             raise AcesoError(err_file.read_text().strip())
         for line in held:
             sys.stderr.buffer.write(line)
         sys.stderr.buffer.flush()
         return rc
+
+
+class _ForwardSignals:
+    """While torchrun runs (in its own session, so a terminal's Ctrl-C reaches it only through us): pass SIGTERM
+    and SIGINT on to it once each; torchrun passes them to its workers, which finish the step, save and exit
+    (``aceso_megatron.training.signals``). ``signum``: the first signal received, else 0."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.signum, self.previous, self.sent = proc, 0, {}, set()
+
+    def _forward(self, signum: int, frame) -> None:
+        self.signum = self.signum or signum
+        if signum not in self.sent and self.proc.poll() is None:
+            self.sent.add(signum)
+            self.proc.send_signal(signum)
+
+    def __enter__(self) -> "_ForwardSignals":
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGTERM, signal.SIGINT):
+                self.previous[s] = signal.signal(s, self._forward)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:

@@ -12,7 +12,11 @@ recompute saves and replays. Without the RNG mapping, seeding fails and the reco
 nothing. ``Tensor.type()`` reports the CUDA type name (``torch.cuda.FloatTensor``) because the optimizers and
 gradient clipping assert it. With the CUDA RNG mapped onto the CPU generator, every dropout in the rng
 tracker's ``fork()`` (attention dropout) "changes the CPU RNG state" and the tracker logs a warning per call; the
-fork restores the state all the same, so that one message is filtered out. The function mode must stay active during backward (recomputed forwards create
+fork restores the state all the same, so that one message is filtered out. Reading ``.grad`` of a non-leaf
+tensor (megatron-core's distributed optimizer zeroes the grads of its parameter-shard views) goes through the
+mode; megatron-core's distributed optimizer sets and reads the ``.grad`` of its parameter-shard views on purpose,
+so torch's "not a leaf Tensor" warning is silenced for that read (raised from inside the mode, it escaped the
+callers' filters on megatron-core's warnings). The function mode must stay active during backward (recomputed forwards create
 tensors too), so it is entered in ``apply()`` and left in ``revert()``, not scoped to a ``with`` block.
 
 Tested megatron-core versions: 0.16.1 (torch 2.13.0 CPU). Remove when megatron-core supports a CPU device.
@@ -23,6 +27,7 @@ fp32 (see ``aceso_megatron.model.config``).
 from __future__ import annotations
 
 import logging
+import warnings
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -54,6 +59,11 @@ class _CudaToCpuMode(TorchFunctionMode):
             # megatron-core asserts e.g. ``grad.type() == "torch.cuda.FloatTensor"`` (clip_grads, optimizers)
             name = func(*args)
             return name.replace("torch.", "torch.cuda.", 1) if ".cuda." not in name else name
+        if getattr(func, "__self__", None) is torch.Tensor.grad and func.__name__ == "__get__" \
+                and not args[0].is_leaf:
+            with warnings.catch_warnings():   # a parameter shard's .grad, set and read by megatron-core
+                warnings.filterwarnings("ignore", message=_NON_LEAF_GRAD)
+                return func(*args, **kwargs)
         if func in _BACKWARD_ENTRIES:
             return _backward_in_mode(func, args, kwargs)
         if _is_cuda(kwargs.get("device")):
@@ -63,6 +73,7 @@ class _CudaToCpuMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+_NON_LEAF_GRAD = r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed"
 _BACKWARD_ENTRIES = (torch.autograd.backward, torch.Tensor.backward, torch.autograd.grad)
 
 

@@ -9,7 +9,9 @@ Argument names follow Megatron-LM. Every --log-interval steps the last stage pri
 rate, iteration time, tokens/s, TFLOP/s per GPU and the max memory of each stage (JSON lines with --log-file);
 at the end it prints the plan's predicted iteration time and memory beside the measured ones. --save/--load use
 megatron-core dist_checkpointing keyed by canonical names, so a checkpoint of one plan resumes under another;
-`latest_checkpointed_iteration.txt` only ever names a complete checkpoint. See docs/train.md.
+`latest_checkpointed_iteration.txt` only ever names a complete checkpoint; --keep-last N rotates them, SIGTERM or
+Ctrl-C saves after the step under way and exits 143/130, --no-load-optim loads the weights only. --tensorboard-dir
+and --wandb-project log Megatron-LM's scalars; --config FILE reads the flags from YAML. See docs/train.md.
 """
 
 from __future__ import annotations
@@ -27,9 +29,13 @@ CHECKPOINT_MARKER = "latest_checkpointed_iteration.txt"   # as aceso_megatron.tr
 
 from search import plots
 
+from .train_config import ConfigAction
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="plan file (from `aceso search`)")
+    p.add_argument("--config", action=ConfigAction, default=None, metavar="FILE",
+                   help="YAML file of train flags (train-iters: 100, ...); command-line flags override it")
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", default=None,
                    help="dataset prefix(es) from `aceso data prepare`, optionally weighted: 0.7 A 0.3 B")
@@ -53,7 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--init-method-std", type=positive_float, default=None,
                    help="weight init std (default: the model's megatron.init_method_std, else 0.02)")
     g = p.add_argument_group("run")
-    g.add_argument("--train-iters", type=positive_int, required=True, help="optimizer steps to train for")
+    g.add_argument("--train-iters", type=positive_int, default=None,
+                   help="optimizer steps to train for (required, here or in --config)")
     g.add_argument("--seed", type=seed, default=1234, help="weights, data order and dropout seed (default 1234)")
     g.add_argument("--cpu", action="store_true", help="run on CPU with gloo (fp32)")
     g.add_argument("--log-interval", type=positive_int, default=10, help="steps between log lines (default 10)")
@@ -63,8 +70,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save", default=None, help="checkpoint folder")
     g.add_argument("--save-interval", type=positive_int, default=None, help="save every N steps (and at the end)")
     g.add_argument("--load", default=None, help="resume from the latest checkpoint in this folder, if any")
+    g.add_argument("--no-load-optim", action="store_true",
+                   help="--load the weights only (Adam's moments start from zero; any optimizer kind)")
+    g.add_argument("--no-load-rng", action="store_true", help="--load without the RNG states (they start from --seed)")
+    g.add_argument("--keep-last", type=positive_int, default=None, metavar="N",
+                   help="after each save keep only the newest N checkpoints in --save (never the one resumed from)")
+    g.add_argument("--exit-signal-handler", action=argparse.BooleanOptionalAction, default=True,
+                   help="on SIGTERM/SIGINT finish the step, save (with --save) and exit 143/130 (default on)")
+    g.add_argument("--override-opt_param-scheduler", action="store_true",
+                   help="resuming: use the command line's learning-rate schedule, not the checkpoint's")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", action="store_true",
+                   help="resuming: use the checkpoint's learning-rate schedule, ignore --lr & co.")
     plots.add_arguments(g, "the loss, step time and predicted vs measured memory per stage at the end (needs "
                            "--log-file; `aceso plot LOG` redraws it)")
+    g = p.add_argument_group("TensorBoard and Weights & Biases (Megatron-LM's names; optional extras)")
+    g.add_argument("--tensorboard-dir", default=None, help="write TensorBoard event files here (last rank)")
+    g.add_argument("--wandb-project", default=None, help="log to this Weights & Biases project (needs wandb)")
+    g.add_argument("--wandb-exp-name", default=None, help="the W&B run's name (needed with --wandb-project)")
+    g.add_argument("--wandb-save-dir", default=None, help="W&B's local files (default SAVE/wandb)")
 
 
 def preflight(plan, device: str, here: bool = False) -> bool:
@@ -108,13 +131,19 @@ def check_train_args(args: argparse.Namespace, plan=None) -> None:
     """Everything about ``aceso train``'s arguments (and, given the ``plan``, their fit to it) that can be checked
     without torch, as one ``AcesoError`` line (``aceso launch`` runs it before starting any process; every worker
     again)."""
+    if args.train_iters is None:
+        raise AcesoError("the following arguments are required: --train-iters (on the command line or in --config); "
+                         "see `aceso train --help`")
     if args.min_lr > args.lr:
         raise AcesoError(f"--min-lr ({args.min_lr}) must not exceed --lr ({args.lr})")
     decay = args.lr_decay_iters or args.train_iters
     if args.lr_warmup_iters >= decay:
         raise AcesoError(f"--lr-warmup-iters ({args.lr_warmup_iters}) must be below the decay steps ({decay})")
-    if args.save_interval is not None and not args.save:
-        raise AcesoError("--save-interval needs --save FOLDER")
+    for flag, value in (("--save-interval", args.save_interval), ("--keep-last", args.keep_last)):
+        if value is not None and not args.save:
+            raise AcesoError(f"{flag} needs --save FOLDER")
+    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
+        raise AcesoError("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler: give one of them")
     if args.mock_data and args.data_path:
         raise AcesoError("--mock-data and --data-path: give one of them")
     if not args.mock_data and not args.data_path:
@@ -138,6 +167,9 @@ def check_train_args(args: argparse.Namespace, plan=None) -> None:
         from search.files import check_output
 
         check_output(args.log_file, "--log-file")
+    from ..training.writers import check_args as check_writers   # torch-free
+
+    check_writers(args)
     plots.check_training(args)   # --plot: a known format, a writable target, matplotlib, and a --log-file to draw
     if args.load:
         _check_resume(args)

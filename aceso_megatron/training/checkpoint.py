@@ -23,8 +23,9 @@ data position carry over, and the RNG states of the new ranks start from the see
 match, since the data position is ``iteration * global_batch_size`` samples. A checkpoint of another model
 (another size, GPT into T5) is refused before anything is read, with the first differing ``ModelSpec`` field
 (``model_mismatch``; checkpoints without the recorded spec: the first missing or differently shaped tensor), and
-so is one whose optimizer kind (distributed or not) differs from the plan's: megatron-core's two optimizer
-checkpoint formats do not convert. The distributed optimizer is saved in megatron-core's ``fully_reshardable``
+so is one whose optimizer kind (distributed or not) differs from the plan's, unless only the weights are loaded
+(``--no-load-optim``): megatron-core's two optimizer checkpoint formats do not convert. The distributed
+optimizer is saved in megatron-core's ``fully_reshardable``
 format (re-sharded for any TP/DP/pipeline layout; ``patches/dist_opt_torch_adam.py`` makes it load with torch's
 Adam).
 
@@ -152,8 +153,9 @@ def _allocate_optimizer_state(optimizer) -> None:
 
 
 # ----- save / load -----------------------------------------------------------------------------------------------
-def save(root: str, iteration: int, rt, scheduler) -> Path:
-    """Write checkpoint ``iteration`` (collective: every rank calls it)."""
+def save(root: str, iteration: int, rt, scheduler, keep_last: int | None = None, protect: int | None = None) -> Path:
+    """Write checkpoint ``iteration`` (collective: every rank calls it); with ``keep_last``, then delete all but
+    the newest ``keep_last`` checkpoints except ``protect`` (``rotate``)."""
     from megatron.core import dist_checkpointing
 
     root_p = Path(root)
@@ -181,8 +183,22 @@ def save(root: str, iteration: int, rt, scheduler) -> Path:
         marker_tmp = root_p / f".{MARKER}.tmp"
         marker_tmp.write_text(f"{iteration}\n")
         os.replace(marker_tmp, root_p / MARKER)
+        if keep_last:
+            rotate(root, keep_last, protect)
     dist.barrier()
     return final
+
+
+def rotate(root: str, keep: int, protect: int | None = None) -> list[Path]:
+    """Delete all but the ``keep`` newest ``iter_N`` folders in ``root`` (rank 0 only; after a save), never the
+    one named ``protect`` (the checkpoint this run resumed from) nor the one the marker names; returns the deleted."""
+    root_p = Path(root)
+    spared = {latest_iteration(root), protect}
+    found = sorted((int(d.name[5:]), d) for d in root_p.glob("iter_*") if d.is_dir() and d.name[5:].isdigit())
+    gone = [d for it, d in found[:-keep] if it not in spared] if keep > 0 else []
+    for d in gone:
+        shutil.rmtree(d)
+    return gone
 
 
 def latest_iteration(root: str) -> int | None:
@@ -203,8 +219,13 @@ def read_extra(root: str, iteration: int, rank: int) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def load(root: str, rt, scheduler) -> tuple[int, bool] | None:
-    """Restore from the latest checkpoint in ``root``: (its iteration, whether it was the same plan), or None."""
+def load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = True) -> tuple[int, bool] | None:
+    """Restore from the latest checkpoint in ``root``: (its iteration, whether it was the same plan), or None.
+
+    ``load_optim=False`` (Megatron-LM's ``--no-load-optim``): the weights only; Adam's moments start from zero,
+    so a checkpoint of either optimizer kind loads. The iteration, data position and learning-rate schedule still
+    carry on (Megatron-LM restarts its scheduler too, which would re-warm the rate). ``load_rng=False``
+    (``--no-load-rng``): the RNG states start from the seed even under the same plan."""
     from megatron.core import dist_checkpointing
 
     iteration = latest_iteration(root)
@@ -219,28 +240,40 @@ def load(root: str, rt, scheduler) -> tuple[int, bool] | None:
         )
     ckpt_dir = _iter_dir(Path(root), iteration)
     saved_dist_opt = first.get("distributed_optimizer", False)
-    if saved_dist_opt != rt.plan.distributed_optimizer:
+    if load_optim and saved_dist_opt != rt.plan.distributed_optimizer:
         raise AcesoError(
             f"--load {root}: iteration {iteration} was written with distributed_optimizer {str(saved_dist_opt).lower()} "
             f"but the plan has {str(rt.plan.distributed_optimizer).lower()}; megatron-core's optimizer checkpoints do not "
-            f"convert between the two: use a plan with distributed_optimizer {str(saved_dist_opt).lower()}"
+            f"convert between the two: use a plan with distributed_optimizer {str(saved_dist_opt).lower()}, or add "
+            "--no-load-optim to load the weights only"
         )
+    from .schedule import load_state, mismatch
+
+    if (msg := mismatch(first["scheduler"], scheduler)) is not None:
+        raise AcesoError(f"--load {root}: iteration {iteration} {msg}")
     found = [None] * dist.get_world_size()  # ranks check their own parameters: agree before anyone loads
     dist.all_gather_object(found, model_mismatch(first.get("model"), rt, ckpt_dir))
     if (msg := next((m for m in found if m is not None), None)) is not None:
         raise AcesoError(f"--load {root}: iteration {iteration} {msg}")
     same_plan = first["plan_digest"] == plan_digest(rt.plan) and first["world_size"] == dist.get_world_size()
-    _allocate_optimizer_state(rt.optimizer)
-    state = dist_checkpointing.load(sharded_state_dict(rt, is_loading=True), str(ckpt_dir))
+    if load_optim:
+        _allocate_optimizer_state(rt.optimizer)
+        request = sharded_state_dict(rt, is_loading=True)
+    else:
+        request = {"model": model_sharded_state_dict(rt)}
+    state = dist_checkpointing.load(request, str(ckpt_dir))
     with torch.no_grad():
         for local, p in rt.named_parameters():
             value = state["model"][local]
             if value is not p:
                 p.copy_(value)
-    rt.optimizer.load_state_dict(state["optimizer"])
+    if load_optim:
+        rt.optimizer.load_state_dict(state["optimizer"])
+    else:
+        rt.optimizer.reload_model_params()   # fp32 main copies (bf16 models) from the loaded weights
     mine = read_extra(root, iteration, dist.get_rank()) if same_plan else first
-    scheduler.load_state_dict(mine["scheduler"])
-    if same_plan:
+    load_state(scheduler, mine["scheduler"])
+    if same_plan and load_rng:
         set_rng_state(mine["rng"])
     return iteration, same_plan
 

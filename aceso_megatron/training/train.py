@@ -6,12 +6,14 @@ the megatron block), before any process group exists; start the process group,
 build this rank's stage with the runtime plugin (``engine.build_runtime``: stage model, DDP on the stage's DP
 group, megatron-core Adam), put megatron-core's ``OptimizerParamScheduler`` on its optimizer, build the datasets
 (``data``), resume from ``--load`` and run the steps. Logging, evaluation and the predicted-vs-measured summary
-are in ``train_log``; checkpoints in ``checkpoint`` (all in ``aceso_megatron.training``).
+are in ``train_log`` (TensorBoard and W&B in ``writers``); checkpoints in ``checkpoint``, the schedule's resume
+policy in ``schedule``, the stop on SIGTERM/SIGINT in ``signals`` (all in ``aceso_megatron.training``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -22,7 +24,21 @@ from search import plots
 from search.errors import AcesoError
 from search.plan import ParallelPlan, load_plan
 
+from .schedule import build_scheduler  # noqa: F401  (tests build the run's scheduler from here)
+from .signals import exit_code
+from .signals import name as signal_name
+
 warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+# third-party deprecations a user cannot act on, printed by every rank otherwise: megatron-core 0.16 calls torch
+# 2.13's renamed collectives (distributed optimizer) and torch DCP's old load_state_dict (dist_checkpointing load)
+THIRD_PARTY_FUTURE_WARNINGS = (r"`torch\.distributed\.reduce_scatter_tensor` is deprecated",
+                               r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
+                               r"`load_state_dict` is deprecated and will be removed in future versions")
+
+
+def quiet_third_party_warnings() -> None:
+    for message in THIRD_PARTY_FUTURE_WARNINGS:
+        warnings.filterwarnings("ignore", category=FutureWarning, message=message)
 
 
 def _launch_env() -> tuple[int, int, int]:
@@ -62,25 +78,6 @@ def init_distributed(world_size: int, rank: int, local_rank: int, cpu: bool) -> 
     dist.init_process_group("gloo" if cpu else "nccl", rank=rank, world_size=world_size)
 
 
-def build_scheduler(args: argparse.Namespace, optimizer):
-    """megatron-core's ``OptimizerParamScheduler`` over the runtime's optimizer (warm-up from 0, then decay).
-
-    On resume the step count comes from the checkpoint and the schedule's shape from the command line, so the
-    same arguments continue exactly and a longer ``--train-iters`` stretches the decay.
-    """
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
-    for group in optimizer.param_groups:  # the runtime's optimizer groups carry their own max/min lr
-        group["max_lr"], group["min_lr"] = args.lr, args.min_lr
-    return OptimizerParamScheduler(
-        optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr, lr_warmup_steps=args.lr_warmup_iters,
-        lr_decay_steps=args.lr_decay_iters or args.train_iters, lr_decay_style=args.lr_decay_style,
-        start_wd=args.weight_decay, end_wd=args.weight_decay, wd_incr_steps=args.train_iters,
-        wd_incr_style="constant",
-        use_checkpoint_opt_param_scheduler=False, override_opt_param_scheduler=True,  # the command line wins
-    )
-
-
 def _train_config(args: argparse.Namespace):
     from .engine import TrainConfig
 
@@ -91,10 +88,12 @@ def _train_config(args: argparse.Namespace):
 
 
 def train(args: argparse.Namespace, plan: ParallelPlan, rank: int) -> dict:
-    """The training loop of this rank; returns the summary (on every rank)."""
+    """The training loop of this rank; returns the summary (on every rank) and ``stopped_by``: the signal that
+    ended it early (``signals``), else 0."""
     from . import checkpoint
     from .data import BatchSource, DataConfig, batch_keys, build_datasets, num_samples_needed
     from .engine import build_runtime
+    from .signals import ExitSignal
     from .train_log import TrainLogger, evaluate
 
     device = "cpu" if args.cpu else "cuda"
@@ -108,31 +107,58 @@ def train(args: argparse.Namespace, plan: ParallelPlan, rank: int) -> dict:
     keys = batch_keys(plan.model)
     train_src = BatchSource(train_ds, plan.global_batch_size, plan.micro_batch_size, keys)
     valid_src = BatchSource(valid_ds, plan.global_batch_size, plan.micro_batch_size, keys) if evals else None
-    start, loaded = 0, checkpoint.load(args.load, rt, scheduler) if args.load else None
+    start, loaded = 0, None
+    if args.load:
+        loaded = checkpoint.load(args.load, rt, scheduler, load_optim=not args.no_load_optim,
+                                 load_rng=not args.no_load_rng)
     log = TrainLogger(args, plan, rt, device)
     if loaded:
         start = loaded[0]
         how = "" if loaded[1] else " (written under another plan: re-sharded; RNG states start from --seed)"
+        how += " (weights only: Adam's moments start from zero)" if args.no_load_optim else ""
+        how += " (RNG states from --seed)" if args.no_load_rng and loaded[1] else ""
         log.message(f"resumed from {args.load} at iteration {start}{how}")
-    saved = start
-    for it in range(start, args.train_iters):
-        lr = scheduler.get_lr(rt.optimizer.param_groups[0])
-        t0 = time.perf_counter()
-        loss = rt.train_step(iter(train_src.micro_batches(it)))
-        scheduler.step(1)
-        log.step(it + 1, loss, rt.last_grad_norm, lr, time.perf_counter() - t0)
-        if valid_src is not None and (it + 1) % args.eval_interval == 0:
-            log.eval(it + 1, evaluate(rt, [valid_src.micro_batches(k) for k in range(args.eval_iters)]))
-        if args.save and args.save_interval and (it + 1) % args.save_interval == 0:
-            log.message(f"saved checkpoint {checkpoint.save(args.save, it + 1, rt, scheduler)}")
-            saved = it + 1
-    if args.save and saved < args.train_iters:
-        log.message(f"saved checkpoint {checkpoint.save(args.save, args.train_iters, rt, scheduler)}")
-    return log.summary()
+    protect = start if loaded and args.save and _same_folder(args.save, args.load) else None
+    save_kw = dict(keep_last=args.keep_last, protect=protect)
+    saved, done, stop = start, args.train_iters, 0
+    with ExitSignal(device) if args.exit_signal_handler else contextlib.nullcontext() as signals:
+        for it in range(start, args.train_iters):
+            lr = scheduler.get_lr(rt.optimizer.param_groups[0])
+            t0 = time.perf_counter()
+            loss = rt.train_step(iter(train_src.micro_batches(it)))
+            scheduler.step(1)
+            log.step(it + 1, loss, rt.last_grad_norm, lr, time.perf_counter() - t0)
+            if valid_src is not None and (it + 1) % args.eval_interval == 0:
+                log.eval(it + 1, evaluate(rt, [valid_src.micro_batches(k) for k in range(args.eval_iters)]))
+            if args.save and args.save_interval and (it + 1) % args.save_interval == 0:
+                log.message(f"saved checkpoint {checkpoint.save(args.save, it + 1, rt, scheduler, **save_kw)}")
+                saved = it + 1
+            if args.exit_signal_handler and (stop := signals.agreed()):
+                done = it + 1
+                break
+        if args.save and saved < done:
+            log.message(f"saved checkpoint {checkpoint.save(args.save, done, rt, scheduler, **save_kw)}")
+    if stop:
+        log.message(_stopped(args, stop, done))
+    return {**log.summary(), "stopped_by": stop}
+
+
+def _same_folder(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _stopped(args: argparse.Namespace, signum: int, iteration: int) -> str:
+    """The line a run stopped by a signal ends with: where it stopped and how to go on."""
+    head = f"stopped by {signal_name(signum)} after iteration {iteration}/{args.train_iters}"
+    if not args.save:
+        return f"{head}; nothing saved (no --save): restart with --save FOLDER to keep progress"
+    load = "" if args.load and _same_folder(args.load, args.save) else f" with --load {args.save} added"
+    return f"{head}; saved {args.save}; resume with the same command{load}"
 
 
 def train_from_args(args: argparse.Namespace) -> int:
     """Run training for parsed ``aceso train`` arguments; raises ``AcesoError`` on bad input."""
+    quiet_third_party_warnings()
     world_size, rank, local_rank = _launch_env()
     plan = load_plan(args.plan)
     check_args(args, plan, world_size)
@@ -144,13 +170,13 @@ def train_from_args(args: argparse.Namespace) -> int:
 
     init_distributed(world_size, rank, local_rank, args.cpu)
     try:
-        train(args, plan, rank)
+        stop = train(args, plan, rank)["stopped_by"]
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
     if getattr(args, "plot", None) and rank == world_size - 1:   # the rank that wrote the log
         plots.draw_training(args.log_file, args.plot, args.plot_format)
-    return 0
+    return exit_code(stop) if stop else 0
 
 
 def main(argv: list[str] | None = None) -> int:

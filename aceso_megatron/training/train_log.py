@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import resource
+from datetime import datetime, timezone
 
 import torch
 import torch.distributed as dist
@@ -56,6 +57,9 @@ class TrainLogger:
         self.args, self.plan, self.rt, self.device = args, plan, rt, device
         self.is_writer = dist.get_rank() == dist.get_world_size() - 1
         self.file = open(args.log_file, "a") if (args.log_file and self.is_writer) else None
+        from .writers import Writers
+
+        self.writers = Writers(args, self.is_writer)
         m = plan.model
         self.tokens_per_sample = m.seq_length + (m.decoder_seq_length if m.is_t5 else 0)
         self.window_time, self.window_steps = 0.0, 0
@@ -66,7 +70,8 @@ class TrainLogger:
         if not self.is_writer:
             return
         print(line, flush=True)
-        if self.file:
+        if self.file:   # wall-clock time of the record, UTC
+            record = {**record, "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds")}
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
 
@@ -93,11 +98,15 @@ class TrainLogger:
                 f"| lr {lr:.3e} | {avg * 1e3:.1f} ms/it | {tokens_s:,.0f} tokens/s | {tflops:.3f} TFLOP/s per {'GPU' if self.device == 'cuda' else 'process'} "
                 f"| max mem/stage MiB {' / '.join(f'{v:.0f}' for v in mem)}")
         self._emit(rec, line)
+        from .writers import train_scalars
+
+        self.writers.scalars(iteration, train_scalars(rec, gbs, self.device))
 
     def eval(self, iteration: int, loss: float) -> None:
         ppl = math.exp(min(loss, 30.0))
         self._emit({"kind": "eval", "iteration": iteration, "loss": loss, "ppl": ppl},
                    f" validation at iteration {iteration} | loss {loss:.6f} | ppl {ppl:.3f}")
+        self.writers.scalars(iteration, {"lm loss validation": loss, "lm loss validation ppl": ppl})
 
     def summary(self) -> dict:
         """Predicted vs measured (collective); printed and written by the last rank, returned everywhere."""
@@ -113,6 +122,7 @@ class TrainLogger:
         self._emit(rec, self._table(rec))
         if self.file:
             self.file.close()
+        self.writers.close()
         return rec
 
     @staticmethod

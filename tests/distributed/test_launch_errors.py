@@ -49,6 +49,6 @@ def test_launch_refuses_bad_train_arguments_before_starting_anything(plan, tmp_p
                        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
     assert r.returncode == 2 and r.stdout == ""                 # the torchrun command was never printed
     assert r.stderr.strip().splitlines() == [
-        "aceso launch: error: the arguments after -- (for aceso train): the following arguments are required: "
-        "--train-iters; see `aceso train --help`"]
+        "aceso launch: error: the following arguments are required: --train-iters (on the command line or in "
+        "--config); see `aceso train --help`"]
     assert time.monotonic() - t0 < 60                           # no worker started (they take longer)

@@ -3,7 +3,8 @@ resumes under an interleaved, sequence-parallel plan with the same next-step los
 written by the distributed optimizer with both overlaps under an interleaved SP plan resumes under the v1 layout
 with the distributed optimizer (megatron-core's fully re-shardable format); a checkpoint of another model is
 refused with one line naming the first differing field (another width; GPT into T5), also for a checkpoint that
-does not record its model (the first differently shaped tensor), and so is one of the other optimizer kind."""
+does not record its model (the first differently shaped tensor), and so is one of the other optimizer kind, whose
+weights alone (``--no-load-optim``) load."""
 
 from __future__ import annotations
 
@@ -86,6 +87,9 @@ def run(rank: int, world_size: int, ckpt: str, out: str) -> None:
     res["v1_dist_opt_loaded"] = checkpoint.load(ckpt + "-dist-opt", rt, sch)
     res["v1_dist_opt"] = steps(rt, sch, range(SAVE_AT, ITERS))
     res["other_optimizer"] = refusal(dist_opt)
+    rt, sch = fresh(V1)   # the distributed optimizer's checkpoint, weights only, under a plan without it
+    res["weights_only_loaded"] = checkpoint.load(ckpt + "-dist-opt", rt, sch, load_optim=False)
+    res["weights_only"] = steps(rt, sch, range(SAVE_AT, ITERS))
     wider = GPT4.model_copy(update={"hidden_size": 64})
     res["wider"] = refusal(_other(wider))
     res["t5"] = refusal(_other(T5))
@@ -112,7 +116,11 @@ def test_v1_checkpoint_resumes_under_interleaved_sp_plans_and_other_models_are_r
     assert res["other_optimizer"] == (f"--load {tmp_path / 'ckpt'}: iteration {SAVE_AT} was written with "
                                       "distributed_optimizer false but the plan has true; megatron-core's optimizer "
                                       "checkpoints do not convert between the two: use a plan with "
-                                      "distributed_optimizer false")
+                                      "distributed_optimizer false, or add --no-load-optim to load the weights "
+                                      "only")
+    # weights only (--no-load-optim): the first step's loss is the weights' (its forward comes before any update)
+    assert res["weights_only_loaded"] == (SAVE_AT, False)
+    assert abs(res["weights_only"][0] - res["v1"][0]) <= 1e-5 * abs(res["v1"][0])
     assert res["wider"] == (f"--load {tmp_path / 'ckpt'}: iteration {SAVE_AT} holds another model than the plan's: "
                             "hidden_size is 32 in the checkpoint (model tiny-gpt-4) but 64 in the plan (model "
                             "tiny-gpt-4); resume it with a plan for its model, or save this run to a new folder")

@@ -680,6 +680,17 @@ CASES = [
     C("launch-load-file", LAUNCH + " " + TRAIN_OK + " --load a-file", "--load a-file: not a folder"),
     C("launch-save-file", LAUNCH + " " + TRAIN_OK + " --save a-file", "--save a-file: not a folder"),
     C("launch-save-interval-alone", LAUNCH + " " + TRAIN_OK + " --save-interval 5", "--save-interval needs --save"),
+    C("launch-config-unknown-key", LAUNCH + " --mock-data --config bad.yaml",
+      "bad.yaml: unknown key 'trian-iters'; did you mean 'train-iters'?", **{"bad.yaml": "trian-iters: 3\n"}),
+    C("launch-config-missing", LAUNCH + " --mock-data --config nope.yaml", "nope.yaml: no such file"),
+    C("launch-keep-last-alone", LAUNCH + " " + TRAIN_OK + " --keep-last 2", "--keep-last needs --save"),
+    C("launch-keep-last-zero", LAUNCH + " " + TRAIN_OK + " --save ckpt2 --keep-last 0", "--keep-last"),
+    C("launch-scheduler-both", LAUNCH + " " + TRAIN_OK + " --override-opt_param-scheduler "
+      "--use-checkpoint-opt_param-scheduler", "give one of them"),
+    C("launch-wandb-no-name", LAUNCH + " " + TRAIN_OK + " --wandb-project p", "--wandb-project needs --wandb-exp-name"),
+    C("launch-wandb-name-alone", LAUNCH + " " + TRAIN_OK + " --wandb-exp-name r", "--wandb-exp-name needs"),
+    C("launch-tensorboard-file", LAUNCH + " " + TRAIN_OK + " --tensorboard-dir a-file", "--tensorboard-dir a-file: "
+      "not a folder"),
     C("launch-warmup", LAUNCH + " " + TRAIN_OK + " --lr-warmup-iters 2", "--lr-warmup-iters (2) must be below"),
     C("launch-min-lr", LAUNCH + " " + TRAIN_OK + " --min-lr 1 --lr 0.1", "--min-lr (1.0) must not exceed --lr"),
     C("launch-train-option-typo", LAUNCH + " " + TRAIN_OK + " --train-itres 5", "unrecognized arguments: --train-itres"),
