@@ -30,6 +30,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from .errors import AcesoError
+from .units import legacy_keys
 
 _ITER = re.compile(r"^\s*(?:\[[^\]]*\]\s*)?iteration\s+(\d+)/\s*(\d+)\s*\|")
 _MEM = re.compile(r"^\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| allocated: (\S+) \| max allocated: "
@@ -162,9 +163,9 @@ def read_train_jsonl(text: str, source: str) -> MeasuredRun:
                 raise AcesoError(f"{source}: line {n}: {key} is {v}; calibrate with a run that trained normally")
         times.append(float(rec["iteration_time_ms"]))
         tput = (float(rec["tflops_per_gpu"]), times[-1])
-        stage_mem = rec.get("stage_max_memory_mb") or []
+        stage_mem = legacy_keys(rec).get("stage_max_memory_mib") or []       # (older logs: *_mb, the same MiB)
         if any(not isinstance(v, (int, float)) or not math.isfinite(v) for v in stage_mem):
-            raise AcesoError(f"{source}: line {n}: stage_max_memory_mb has a non-number; give the unedited log")
+            raise AcesoError(f"{source}: line {n}: stage_max_memory_mib has a non-number; give the unedited log")
         mem.extend(float(v) for v in stage_mem)
     if not times:
         raise AcesoError(f"{source}: no 'train' record; give the --log-file of an aceso train run that logged at "

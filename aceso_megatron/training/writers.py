@@ -89,5 +89,5 @@ def train_scalars(rec: dict, global_batch_size: int, device: str) -> dict[str, f
     out = {"lm loss": rec["loss"], "learning-rate": rec["lr"], "grad-norm": rec["grad_norm"],
            "iteration-time": rec["iteration_time_ms"] / 1e3, "throughput": rec["tflops_per_gpu"],
            "batch-size": float(global_batch_size)}
-    out.update({f"{mem}/stage-{i}": mb * 2**20 for i, mb in enumerate(rec["stage_max_memory_mb"])})
+    out.update({f"{mem}/stage-{i}": mb * 2**20 for i, mb in enumerate(rec["stage_max_memory_mib"])})
     return out

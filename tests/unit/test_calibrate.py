@@ -90,7 +90,7 @@ def test_the_line_format_is_megatron_lms():
 def test_aceso_train_jsonl_reads_back():
     recs = [{"kind": "message", "text": "hello"}] + [
         {"kind": "train", "iteration": i, "loss": 5.0, "grad_norm": 1.0, "lr": 1e-4, "iteration_time_ms": ms,
-         "tokens_per_s": 1.0, "tflops_per_gpu": 100.0, "stage_max_memory_mb": [1000.0, 1200.0 + i]}
+         "tokens_per_s": 1.0, "tflops_per_gpu": 100.0, "stage_max_memory_mib": [1000.0, 1200.0 + i]}
         for i, ms in ((5, 900.0), (10, 500.0), (15, 520.0), (20, 510.0))]
     run = read_train_jsonl("\n".join(json.dumps(r) for r in recs) + "\n", "train.jsonl")
     assert run.iteration_ms == 510.0 and run.memory_mb == 1220.0 and run.memory_kind == "max_allocated"
