@@ -11,8 +11,8 @@ import pytest
 
 from search.errors import AcesoError
 from search.megatron.shell import read_command
+from tests.unit.megatron_examples import example_text
 
-EXAMPLES = os.path.join(os.path.dirname(__file__), "data", "megatron_examples")
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 CONSTRUCTS = {
@@ -85,7 +85,7 @@ def test_constructs_as_bash_expands_them(name, tmp_path):
                                  "mixtral/train_mixtral_8x7b_distributed.sh", "gpt3/train_gpt3_175b_distributed.sh",
                                  "bert/train_bert_340m_distributed.sh"])
 def test_example_scripts_as_bash_runs_them(rel, tmp_path):
-    text = open(os.path.join(EXAMPLES, rel)).read()
+    text = example_text(rel)
     for name in ("pretrain_t5.py", "pretrain_bert.py"):
         (tmp_path / name).write_text("")
     got = read_command(text)
