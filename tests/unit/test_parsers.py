@@ -89,7 +89,7 @@ SEARCH = ["search", "--model", "gpt-1.3b", "--cluster", "1x8-h100", "--global-ba
 
 @pytest.mark.parametrize("argv,named", [
     (SEARCH + ["--seq", "on"], "--sequence-parallel"),
-    (SEARCH + ["--tp", "8"], "--tp-comm-overlap"),
+    (SEARCH + ["--tp-comm", "on"], "--tp-comm-overlap"),        # (--tp itself is a flag: the tp candidates)
     (SEARCH[:5] + ["--glob", "16", "-o", "-"], "--global-batch-size"),
     (["explain", "plan.json", "--cost", "analytic"], "--cost-model"),
     (["launch", "plan.json", "--dry", "--", "--mock-data", "--train-iters", "1"], "--dry-run"),
