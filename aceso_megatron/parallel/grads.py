@@ -140,8 +140,9 @@ def allreduce_tp_partial_grads(runtime) -> None:
 def mark_embedding_copies(chunks, plan) -> None:
     """Flag the embedding copies outside the first stage ``shared`` so megatron-core's norm counts them once
     (before the optimizer is built: the distributed optimizer copies the flag onto its shards), and every copy
-    ``shared_embedding`` as megatron-core's ``LanguageModule`` does (the distributed optimizer's DDP gives each
-    its own bucket) -- when the plan has copies on several stages."""
+    ``shared_embedding`` as megatron-core's ``LanguageModule`` does (DDP gives each its own bucket: megatron-core
+    with the distributed optimizer, ``patches.shared_embedding_bucket`` without) -- when the plan has copies on
+    several stages."""
     from .layout import embedding_stages
 
     if len(embedding_stages(plan)) < 2:

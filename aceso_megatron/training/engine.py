@@ -306,6 +306,10 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
             c.cuda(torch.cuda.current_device())
     interleaving(chunks[0].config, plan.num_stages, v)
     mark_embedding_copies(chunks, plan)
+    if groups.embedding is not None and not plan.distributed_optimizer:
+        from patches import shared_embedding_bucket  # each embedding copy in a bucket of its own
+
+        shared_embedding_bucket.apply()
     ddp_config = _ddp_config(plan, fast, tc)
     models = [DistributedDataParallel(c.config, copy.copy(ddp_config), c, pg_collection=groups.pg_collection,
                                       disable_bucketing=j > 0)  # as Megatron-LM: buckets for the first chunk
