@@ -59,10 +59,11 @@ def mla_params(m) -> int:
 
 
 def attention_params(m) -> int:
-    """Self-attention of one layer with its input norm: MLA, or the standard one plus q/k norms when set."""
+    """Self-attention of one layer with its input norm: MLA, or the standard one (``ModelSpec.unit_params``, which
+    holds the q/k norms when set: ``qk_norm_params``)."""
     if m.mla is not None:
         return mla_params(m)
-    return m.unit_params("attention") + (2 * _norm(m, m.head_dim) if _qk_layernorm(m) else 0)
+    return m.unit_params("attention")
 
 
 def mlp_params(m, ffn: int) -> int:

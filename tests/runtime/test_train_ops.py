@@ -119,8 +119,10 @@ def test_known_third_party_future_warnings_are_filtered_by_aceso_train():
 
     from aceso_megatron.parallel.distenv import free_port
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    own = not dist.is_initialized()      # another runtime test's one-process world may be up already
+    if own:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         from aceso_megatron.training.train import quiet_third_party_warnings
 
@@ -131,4 +133,5 @@ def test_known_third_party_future_warnings_are_filtered_by_aceso_train():
                 getattr(dist, name)(torch.zeros(2), torch.ones(2))
         assert not [w for w in seen if issubclass(w.category, FutureWarning)], [str(w.message) for w in seen]
     finally:
-        dist.destroy_process_group()
+        if own:
+            dist.destroy_process_group()
