@@ -2,8 +2,9 @@
 
 ``preflight(plan, device, here)``: the model's layer specs and ``megatron`` block built into a stage config the way
 the run builds it (``model.layers.check_model``: providers importable and transformer-engine-free on CPU, layers
-carvable or kept whole, QK norms declared, names and types against ``TransformerConfig``), then, for a run on
-this machine (``here``), the plan against this machine's environment (``training.engine.check_plan``: cp without
+carvable or kept whole, QK norms declared, names and types against ``TransformerConfig``; for a CPU run, one layer
+of a user's layer spec built on the meta device, ``model.build_check``: a module that needs CUDA), then, for a run
+on this machine (``here``), the plan against this machine's environment (``training.engine.check_plan``: cp without
 transformer-engine, tp_comm_overlap, fp16). A plan checked elsewhere (``aceso validate`` of a GPU plan on a
 laptop) is not held to this machine's environment. Before any process group exists; one ``AcesoError`` line.
 """
@@ -24,6 +25,7 @@ def preflight(plan, device: str, here: bool = False) -> bool:
         warnings.simplefilter("ignore", UserWarning)   # megatron-core's import-time "X is not installed" notes
         from model_specs.extensions import TE_MISSING
 
+        from .model.build_check import check_layers_build
         from .model.layers import check_model
 
         elsewhere = not here and device == "cuda" and not _has_cuda()
@@ -33,6 +35,7 @@ def preflight(plan, device: str, here: bool = False) -> bool:
             if elsewhere and TE_MISSING in str(e):
                 return False
             raise
+        check_layers_build(plan.model, device)   # a CPU run: one layer of a user's spec built on the meta device
         if here:
             from .model.fast_path import Environment
             from .training.engine import check_plan

@@ -6,7 +6,8 @@
 - ``parallel_block``: a GPT-J-style layer (attention and MLP read the same normed input and add to one residual),
   a ``TransformerLayer`` subclass with its own ``forward``: it cannot be split into units and runs whole;
 - the faults: ``not_a_spec`` (returns a dict), ``raises``, ``not_a_layer`` (a ModuleSpec of an MLP), ``moe``
-  (an MoE mlp), ``SPEC_OBJECT`` (a ModuleSpec itself, not a function: accepted).
+  (an MoE mlp), ``SPEC_OBJECT`` (a ModuleSpec itself, not a function: accepted), ``cuda_stream`` (an MLP that
+  creates a ``torch.cuda.Stream``: it needs CUDA).
 """
 
 from __future__ import annotations
@@ -99,3 +100,15 @@ def not_a_layer() -> ModuleSpec:
 
 def moe() -> ModuleSpec:
     return get_gpt_layer_local_spec(num_experts=4)
+
+
+class CudaStreamMLP(MLP):
+    """megatron-core's MLP that keeps a side CUDA stream of its own (raises without CUDA, as torch does)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.side_stream = torch.cuda.Stream()
+
+
+def cuda_stream() -> ModuleSpec:
+    return _with_mlp(get_gpt_layer_local_spec(), CudaStreamMLP)

@@ -52,7 +52,8 @@ def world_of_one():
         torch.distributed.destroy_process_group()
 
 
-def _groups(tp: int, pp: int, pp_rank: int):
+def meta_groups(tp: int, pp: int, pp_rank: int):
+    """The groups of one rank of a tp x pp layout, for a build that never communicates (DP, CP of 1)."""
     from megatron.core.process_groups_config import ProcessGroupCollection
 
     g = ProcessGroupCollection()
@@ -95,7 +96,7 @@ def build_chunk(model: ModelSpec, tp: int, pp: int, chunks: tuple[int, ...], ran
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    groups = _groups(tp, pp, rank)
+    groups = meta_groups(tp, pp, rank)
     if model.is_t5:    # T5Model builds its LanguageModule with the default groups: ours, for the build only
         from megatron.core.models.T5 import T5Model
 

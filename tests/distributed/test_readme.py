@@ -3,8 +3,9 @@ temporary folder, so the README cannot drift from the code.
 
 A block is skipped only when the README marks it ``<!-- readme-test: skip (reason) -->`` (the install, the test
 suite itself, the GPU profiler). ``aceso`` and ``python`` are shell functions running this interpreter on this
-checkout (``sys.executable -m search``), not whatever is on PATH. About two minutes on a 2-core machine: two
-searches for GPT-1.3B, a tiny CPU search, three 2-process CPU trainings and a data preparation.
+checkout (``sys.executable -m search``), not whatever is on PATH. About four minutes on a 2-core machine: two
+searches for GPT-1.3B, two CPU searches, three 2-process CPU trainings, the 4-process pipelined demo and a data
+preparation.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def test_quick_start_runs_as_written(tmp_path):
     assert plan["model"]["name"] == "gpt-1.3b" and sum(s["num_gpus"] for s in plan["stages"]) == 8
     assert "valid plan for gpt-1.3b on 8 GPUs" in r.stdout and "fits 1x8-h100" in r.stdout
     assert re.search(r"iteration\s+20/20 \| loss", r.stdout)                      # mock-data training
+    _check_pipe_demo(json.loads((runs / "pipe-plan.json").read_text()), r.stdout)
     assert (runs / "data" / "corpus.bin").is_file() and (runs / "data" / "corpus.idx").is_file()
     assert "saved checkpoint ckpt/iter_0000010" in r.stdout
     assert "resumed from ckpt at iteration 10" in r.stdout                           # the resume trained on
@@ -67,3 +69,15 @@ def test_quick_start_runs_as_written(tmp_path):
     assert "#SBATCH --nodes=4" in sbatch and "#SBATCH --gpus-per-node=8" in sbatch
     assert subprocess.run(["bash", "-n", str(runs / "job.sbatch")]).returncode == 0
     assert "Traceback" not in log
+
+
+def _check_pipe_demo(plan: dict, stdout: str) -> None:
+    """The 2x2-cpu demo, as the README says it is: pipelined across the two nodes in uneven chunks, faster than the
+    uniform and Megatron-LM lines (its search's report lines), and trained."""
+    stdout = next(b for b in stdout.split(">>> README block ") if "pipe-gpt on 2x2-cpu" in b)
+    sizes = [c["end_unit"] - c["start_unit"] for st in plan["stages"] for c in st["chunks"]]
+    assert len(plan["stages"]) == 2 and len(set(sizes)) > 1, sizes
+    ms = {k: float(re.findall(rf"{k}\s+([\d.]+) ms", stdout)[-1])
+          for k in ("uniform Megatron-LM", "Megatron-LM plan", "heterogeneous plan")}
+    assert ms["heterogeneous plan"] < min(ms["uniform Megatron-LM"], ms["Megatron-LM plan"]), ms
+    assert re.search(r"iteration\s+10/10 \| loss", stdout)

@@ -22,6 +22,7 @@ QK = GPT.model_copy(update={"layer_spec": "tests.custom_specs:qk_norm_squared_re
                             "megatron": {"qk_layernorm": True}})
 TE_SPEC = GPT.model_copy(update={"layer_spec": "megatron.core.models.gpt.gpt_layer_specs:"
                                                "get_gpt_layer_with_transformer_engine_spec"})
+CUDA_STREAM = GPT.model_copy(update={"layer_spec": "tests.custom_specs:cuda_stream"})
 WRONG_TYPE = GPT.model_copy(update={"megatron": {"layernorm_epsilon": "small"}})
 MODELS = {"stock": GPT, "parallel-block": PARALLEL, "qk-norm": QK, "te-spec": TE_SPEC, "wrong-type": WRONG_TYPE}
 
@@ -41,7 +42,23 @@ CASES = [
       **{"p.json": plan(WRONG_TYPE, (0, 4, ["none"] * 4))}),
     C("validate-te-spec-on-cpu", "validate p.json --cluster 1x1-cpu", "needs transformer-engine",
       **{"p.json": plan(TE_SPEC, (0, 4, ["none"] * 4))}),
+    C("validate-cuda-module-on-cpu", "validate p.json --cluster 1x1-cpu", "cuda_stream): a decoder layer cannot be "
+      "built on CPU (RuntimeError: torch.cuda.Stream requires CUDA support when instantiating CudaStreamMLP",
+      **{"p.json": plan(CUDA_STREAM, (0, 4, ["none"] * 4))}),
+    C("launch-cuda-module-on-cpu", "launch p.json --cpu --dry-run -- --mock-data --train-iters 2", "needs CUDA, which a CPU run does not have",
+      **{"p.json": plan(CUDA_STREAM, (0, 4, ["none"] * 4))}),
 ]
+
+
+def test_cuda_module_is_the_gpus_to_build(tmp_path, capsys):
+    """The same plan for GPUs, checked on this CPU machine (aceso validate on a laptop), is not refused: the
+    workers on the GPUs build it; and a stock or CPU-buildable custom spec passes the CPU build check."""
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(plan(CUDA_STREAM, (0, 4, ["none"] * 4))))
+    assert main(["validate", str(p)]) == 0, capsys.readouterr().err
+    for model in (GPT, QK, PARALLEL):
+        p.write_text(json.dumps(plan(model, (0, 4, ["none"] * 4))))
+        assert main(["validate", str(p), "--cluster", "1x1-cpu"]) == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
