@@ -8,7 +8,8 @@
 
 Uniform spaces apply a change to every stage at once: the ``megatron-lm`` target (one shape for all stages: only
 exchanges and SP, since the GPUs per stage are fixed) and cp under ``uniform_cp``. Every new shape takes its
-sequence-parallel value with ``Space.sp_for`` (kept where allowed) and the state its micro-batch with
+sequence-parallel value with ``Space.sp_for`` (kept where allowed). A move of one stage keeps the plan's
+micro-batch (no move where the new shapes cannot run it); a move of every stage takes it with
 ``Space.retarget_mbs`` (kept when legal, else the changed stage's per-rank batch kept).
 """
 
@@ -27,8 +28,16 @@ def _fix_sp(ctx, s: Shape, old: bool) -> Shape | None:
     return s if ctx.space.shape_ok(s) else None
 
 
-def _state(ctx, st: State, shapes, keep: int | None, old_dp: int | None) -> State | None:
-    m = ctx.space.retarget_mbs(shapes, st.mbs, keep, old_dp)
+def _state(ctx, st: State, shapes, keep: int | None, old_dp: int | None, every: bool = False) -> State | None:
+    """The state at the new shapes. A move of one stage keeps the plan's micro-batch (None where the new shapes
+    cannot run it): the pipeline micro-batch is plan-wide, so retargeting it would change every other stage's
+    per-rank batch too -- a plan-wide jump that ``inc_mbs`` / ``dec_mbs`` own; taken inside a stage move it sent
+    the first-improvement search astray (aceso-compat GPT-13B on 32 V100s, docs/search.md). A move of every stage
+    at once (``every``) retargets it with ``Space.retarget_mbs``: all stages' per-rank batches stay consistent."""
+    if every:
+        m = ctx.space.retarget_mbs(shapes, st.mbs, keep, old_dp)
+    else:
+        m = st.mbs if ctx.space.mbs_ok(shapes, st.mbs) else None
     return None if m is None else st._replace(mbs=m, shapes=tuple(shapes))
 
 
@@ -92,9 +101,8 @@ def shrink(ctx, ev: Evaluation, b: int, kind: str) -> list[State]:
         g = st.gpus(c) + freed
         base = list(st.shapes)
         base[b] = new
-        m = ctx.space.retarget_mbs(base, st.mbs, b, s.dp) or st.mbs
         cp = st.shapes[c].cp if ctx.space.uniform_cp else None
-        for shape in ctx.space.shapes(g, m, cp=cp, sp=st.shapes[c].sp):
+        for shape in ctx.space.shapes(g, st.mbs, cp=cp, sp=st.shapes[c].sp):
             shapes = list(base)
             shapes[c] = shape
             out.append(_state(ctx, st, shapes, b, s.dp))
@@ -145,7 +153,7 @@ def exchange(ctx, ev: Evaluation, b: int, kind: str) -> list[State]:
         if new is None:
             return []
         shapes[i] = new
-    return P.legal(ctx, [_state(ctx, st, shapes, b, st.shapes[b].dp)])
+    return P.legal(ctx, [_state(ctx, st, shapes, b, st.shapes[b].dp, every)])
 
 
 def toggle_sp(ctx, ev: Evaluation, b: int, on: bool) -> list[State]:

@@ -115,3 +115,23 @@ def test_features_primitives_flip_one_switch():
     off = APPLY["features_off"](ctx, e, 0)
     assert {s.features for s in off} == {Features(True, True, False), Features(True, False, True)}
     assert not APPLY["features_on"](ctx, e, 0)
+
+
+SHAPE_MOVES = ("inc_tp", "inc_dp", "dec_tp", "dec_dp", "tp_to_dp", "dp_to_tp", "dp_to_cp", "cp_to_dp", "sp_on",
+               "sp_off")
+
+
+def test_one_stage_shape_moves_keep_the_micro_batch():
+    """A shape move of one stage keeps the plan-wide micro-batch (none where the new shapes cannot run it): the
+    micro-batch is inc_mbs/dec_mbs's to change; a stage move that retargeted it sent the aceso-compat GPT-13B
+    search astray (docs/search.md)."""
+    _model, _cl, _cm, space, ev, ctx = _setup(context_parallel_sizes=[1, 2])
+    states = [s for S in (2, 3, 4) for s in initial_states(ctx, S)]
+    moves = [(n, st, new) for n, st, new in _walk(space, ev, ctx, states) if n in SHAPE_MOVES
+             and any(a == b for a, b in zip(st.shapes, new.shapes))]   # moves of every stage may retarget it
+    assert len(moves) > 50
+    for name, st, new in moves:
+        assert new.mbs == st.mbs, (name, st, new)
+    # and where the micro-batch does not suit the new shape there is no move: stage 0 at tp 2 dp 1, micro-batch 1
+    st = next(s for s in states if s.mbs == 1 and s.shapes[0].tp == 2 and s.shapes[0].dp == 1)
+    assert APPLY["tp_to_dp"](ctx, ev.evaluate(st, charge=False), 0) == []
