@@ -53,12 +53,14 @@ PLANS = {
 CKPT_FROM, CKPT_TO = PLANS["qk tp 2->1, attn_dropout, selective custom MLP"], PLANS["qk dp 1->2"]
 
 
-class _Scheduler:
-    def state_dict(self):
-        return {}
+def _scheduler(rt):
+    """The runtime's own learning-rate scheduler (checkpoints carry it; resume checks it against the command line)."""
+    from types import SimpleNamespace
 
-    def load_state_dict(self, _):
-        pass
+    from aceso_megatron.training.schedule import build_scheduler
+    args = SimpleNamespace(lr=1e-3, min_lr=0.0, lr_decay_iters=None, train_iters=STEPS, lr_warmup_iters=0,
+                           lr_decay_style="constant", weight_decay=0.0)
+    return build_scheduler(args, rt.optimizer)
 
 
 def _configs(rt) -> list[dict]:
@@ -87,11 +89,11 @@ def worker(rank: int, world_size: int, out: str, ckpt: str) -> None:
         results.append({"losses": losses, "grads": grads, "grad_norm": norm, "params": rt.full_params(),
                         "configs": configs})
         if raw is CKPT_FROM:
-            checkpoint.save(ckpt, STEPS, rt, _Scheduler())
+            checkpoint.save(ckpt, STEPS, rt, _scheduler(rt))
             saved = results[-1]["params"]
         dist.barrier()
     rt = build_runtime(CKPT_TO, rank, world_size, seed=SEED + 1, train_config=TC)
-    assert checkpoint.load(ckpt, rt, _Scheduler())[0] == STEPS
+    assert checkpoint.load(ckpt, rt, _scheduler(rt))[0] == STEPS
     loaded = rt.full_params()
     if rank == 0:
         torch.save({"plans": results, "saved": saved, "loaded": loaded}, out)
