@@ -232,6 +232,20 @@ def shell_line(cmd: list[str]) -> str:
     return " ".join(shlex.quote(c) for c in cmd)
 
 
+def die_with_parent() -> None:
+    """Linux: end this process when its parent dies (``PR_SET_PDEATHSIG``): a SIGKILLed launcher cannot stop the
+    torchrun it started in its own session, nor a SIGKILLed torchrun its workers; they would go on running
+    (training, or measuring into the partial file a rerun reads)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def run_torchrun(cmd: list[str], extra_pythonpath: str | None = None, error_env: str = "ACESO_ERROR_FILE",
                  env: dict | None = None) -> int:
     """Run torchrun in the foreground and return its exit status; a worker's bad input (written to the file named
@@ -245,7 +259,9 @@ def run_torchrun(cmd: list[str], extra_pythonpath: str | None = None, error_env:
     with tempfile.TemporaryDirectory(prefix="aceso-launch-") as tmp:
         err_file = Path(tmp) / "error.txt"
         env[error_env] = str(err_file)
-        proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True)
+        # its own session (signals reach it only through _ForwardSignals), but it dies with us
+        proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True,
+                                preexec_fn=die_with_parent)
         held: list[bytes] = []
         try:
             with _ForwardSignals(proc) as forwarded:

@@ -48,20 +48,6 @@ def _init(cpu: bool, local_rank: int) -> None:
         dist.init_process_group("nccl")
 
 
-def _die_with_parent() -> None:
-    """Linux: end this worker when its launcher dies (a SIGKILLed torchrun cannot stop its workers, which would
-    go on measuring and appending to the partial file that a rerun reads)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _broadcast(obj):
     import torch.distributed as dist
 
@@ -209,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     args = worker_parser().parse_args(argv)
     _world, rank, local_rank, _ = _env()
     if "TORCHELASTIC_RUN_ID" in os.environ:
-        _die_with_parent()
+        from launch.commands import die_with_parent
+
+        die_with_parent()   # a SIGKILLed torchrun cannot stop its workers
     try:
         with bad_input_from_patches():
             from ..cli.common import model_from_args
