@@ -12,7 +12,7 @@ Bridge's ``mixed_precision.setup`` copies over ``ddp.grad_reduce_in_fp32``; a re
 dense GPT / Llama / T5, SP, CP, VPP, uneven layer splits, bf16 and fp16, and both gradient-reduction dtypes.
 
 Run: ``python bench/megatron_parity.py [--quick]``; prints the table and writes bench/results/megatron_parity.json.
-The per-rank memory table (``bench/megatron_memory.py``) is a separate module.
+The per-rank memory table (``bench/megatron_memory.py``) follows the 25-plan table (``--no-memory`` skips it).
 """
 
 from __future__ import annotations
@@ -148,10 +148,11 @@ def main() -> int:
     ap = AcesoParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="three rows only")
     ap.add_argument("--budget-evals", type=int, default=BUDGET)
+    ap.add_argument("--no-memory", action="store_true", help="skip the per-rank memory table (megatron_memory.py)")
     args = ap.parse_args()
     cases = QUICK if args.quick else CASES
     rows = []
-    print(f"{'plan':36s} {'grads':5s} {'search ms':>10s} {'trip ms':>10s} {'search GB':>9s} {'trip GB':>8s} "
+    print(f"{'plan':36s} {'grads':5s} {'search ms':>10s} {'trip ms':>10s} {'search GiB':>10s} {'trip GiB':>8s} "
           f"{'rel diff':>9s} {'ok':3s} {'s':>5s}  features")
     with tempfile.TemporaryDirectory() as tmp:
         for problem, target in cases:
@@ -160,7 +161,7 @@ def main() -> int:
             ok = r["rel_diff"] <= TOLERANCE and r["settings_agree"]
             grads = "fp32" if r["settings"]["grad_reduce_in_fp32"] else "dtype"
             print(f"{r['plan']:36s} {grads:5s} {r['search_ms']:10.2f} {r['explain_ms']:10.2f} "
-                  f"{r['search_mb'] / 1024:9.3f} {r['explain_mb'] / 1024:8.3f} {r['rel_diff']:9.2e} "
+                  f"{r['search_mb'] / 1024:10.3f} {r['explain_mb'] / 1024:8.3f} {r['rel_diff']:9.2e} "
                   f"{'yes' if ok else 'NO':3s} {r['seconds']:5.1f}  {r['features']}")
     bad = [r["plan"] for r in rows if r["rel_diff"] > TOLERANCE or not r["settings_agree"]]
     print(f"{len(rows)} plans; trip = export -> explain --megatron-args-file of the script (import --from "
@@ -171,6 +172,10 @@ def main() -> int:
     out.write_text(json.dumps({"budget_evals": args.budget_evals, "tolerance": TOLERANCE, "rows": rows}, indent=2)
                    + "\n")
     print(f"wrote {out.relative_to(ROOT)}")
+    if not args.no_memory:      # the other half: memory per rank against megatron-core's allocation
+        import megatron_memory
+        print()
+        megatron_memory.main([])
     return 1 if bad else 0
 
 
