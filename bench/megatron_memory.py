@@ -98,11 +98,6 @@ def _pp_factor(act: float, pp: int, vpp: int | None, m: int) -> float:
 
 
 # ----- the runs -------------------------------------------------------------------------------------------------------
-def _grad_bf16(row: dict) -> bool:
-    quotes = " ".join(c.get("quote", "") for c in row.get("config_sources", []))
-    return "grad_sync_dtype: bf16" in quotes
-
-
 def published_cases(runs_path: Path = RUNS) -> list[dict]:
     """Fully specified non-fp8 rows of the published-runs file as (plan, training, settings) cases."""
     pb = _published_runs_module()
@@ -124,14 +119,11 @@ def published_cases(runs_path: Path = RUNS) -> list[dict]:
         plan = uniform_plan(model, p["pp"], p["tp"], p["dp"], p["micro_batch_size"] * p["dp"], p["global_batch_size"],
                             recompute=p["recompute"], cluster=cluster, cp=p["cp"], sequence_parallel=sp,
                             num_virtual_stages=p["vpp"] or 1, **feats)
-        settings = pb.settings_of(row, precision)
-        bf16 = _grad_bf16(row)
-        if bf16:
-            settings = settings._replace(grad_reduce_in_fp32=False)
+        settings = pb.settings_of(row, precision)      # NeMo rows: its bf16 grad_sync_dtype (published_runs.py)
         training = TrainingSpec(global_batch_size=p["global_batch_size"], micro_batch_sizes=[p["micro_batch_size"]],
                                 precision=precision, attention=pb.attention_of(row))
         out.append({"id": row["id"], "plan": plan, "training": training, "settings": settings,
-                    "grad": "bf16" if bf16 or not settings.grad_reduce_in_fp32 else "fp32", "note": ""})
+                    "grad": "fp32" if settings.grad_reduce_in_fp32 else "bf16", "note": ""})
     return out
 
 
