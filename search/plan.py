@@ -1,4 +1,4 @@
-"""``ParallelPlan``: the contract between the search and the runtime (schema version 2).
+"""``ParallelPlan``: the contract between the search and the runtime (schema version 3).
 
 A plan is an ordered list of pipeline stages (pipeline ranks). Stage ``s`` owns a contiguous block of
 ``tp * cp * dp`` ranks (stages in order); inside a stage ranks are ordered as in Megatron (``tp-cp-dp``): TP groups
@@ -12,9 +12,12 @@ contiguous span ``[start_unit, end_unit)`` with one recompute choice per unit; s
 rank (Megatron-LM's per-rank ``--micro-batch-size``), so stages of different DP exchange the same micro-batch.
 Per stage: ``cp`` (context parallelism) and ``sequence_parallel``; per plan: ``distributed_optimizer``,
 ``overlap_grad_reduce``, ``overlap_param_gather``, ``tp_comm_overlap``; ``settings`` (``plan_settings.py``): the
-framework and gradient-reduction dtype the prediction was priced under.
+framework and gradient-reduction dtype the prediction was priced under. Version 3 adds MoE (``moe_plan.py``): per
+stage an expert shape ``ep`` / ``etp`` folded over the same GPUs, per plan the ``moe`` settings (dispatcher, grouped
+GEMM, overlaps).
 
-Version 1 plans (one span per stage, none of the v2 features) are read and converted (``READS_VERSIONS``); a stage
+Version 1 and 2 plans (dense; v1: one span per stage, none of the v2 features) are read and converted
+(``READS_VERSIONS``); a stage
 may still be written in the v1 form (``start_unit``/``end_unit``/``recompute``), which means one chunk.
 The committed JSON Schema ``docs/plan.schema.json`` is generated from these classes (``python -m search.plan``).
 """
@@ -26,16 +29,17 @@ from pathlib import Path
 from typing import Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from .cluster import ClusterSpec
 from .errors import AcesoError, as_aceso_error, read_json
 from .model import ModelSpec, Unit
+from .moe_plan import MoEPlanSettings, check_expert_shape, check_moe_settings, expert_shape_text
 from .plan_settings import PlanSettings
 from .units import mib_alias
 
-SCHEMA_VERSION = 2
-READS_VERSIONS = (1, 2)     # v1 plans (one span per stage, no SP/CP/overlap) are converted on read
+SCHEMA_VERSION = 3
+READS_VERSIONS = (1, 2, 3)  # v1 plans (one span per stage, no SP/CP/overlap) and v2 (no MoE) are converted on read
 Recompute = Literal["none", "selective", "full", "attn_dropout"]
 RECOMPUTE_CHOICES: tuple[Recompute, ...] = ("none", "selective", "full", "attn_dropout")
 ATTENTION_ONLY: frozenset[str] = frozenset({"attn_dropout"})   # choices an MLP unit cannot take
@@ -105,6 +109,10 @@ class StageSpec(BaseModel):
     chunks: list[ChunkSpec] = Field(min_length=1, max_length=MAX_UNITS,
                                     description="The stage's model chunks (virtual stages) in "
                                     "order: one for a non-interleaved plan.")
+    ep: int = Field(1, gt=0, le=MAX_DEGREE, description="MoE: expert-parallel degree (the stage's experts split over "
+                    "ep ranks; moe_plan.py). 1 for a dense model.")
+    etp: int | None = Field(None, gt=0, le=MAX_DEGREE, description="MoE: expert tensor-parallel degree; None = the "
+                            "stage's tp (megatron-core's default). edp = num_gpus / (etp * ep).")
 
     @model_validator(mode="before")
     @classmethod
@@ -114,6 +122,15 @@ class StageSpec(BaseModel):
             data = dict(data)
             data["chunks"] = [{k: data.pop(k) for k in _SPAN_KEYS if k in data}]
         return data
+
+    @model_serializer(mode="wrap")
+    def _dense_form(self, handler):
+        """A stage without an expert shape is written as in v2 (no ``ep`` / ``etp`` keys)."""
+        out = handler(self)
+        if isinstance(out, dict) and out.get("ep") == 1 and out.get("etp") is None:
+            out.pop("ep", None)
+            out.pop("etp", None)
+        return out
 
     @model_validator(mode="after")
     def _check(self) -> "StageSpec":
@@ -160,8 +177,9 @@ class StageSpec(BaseModel):
     @property
     def shape_text(self) -> str:
         """The stage's shape in short names, cp and SP only where on: ``tp2 cp2 dp1 sp``."""
+        experts = expert_shape_text(self)
         return (f"tp{self.tp}" + (f" cp{self.cp}" if self.cp > 1 else "") + f" dp{self.dp}"
-                + (" sp" if self.sequence_parallel else ""))
+                + (" sp" if self.sequence_parallel else "") + (f" {experts}" if experts else ""))
 
     @property
     def all_recompute(self) -> list[Recompute]:
@@ -192,8 +210,8 @@ class ParallelPlan(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    schema_version: Literal[2] = Field(SCHEMA_VERSION, description="Plan format version (v1 plans are converted "
-                                       "on read).")
+    schema_version: Literal[3] = Field(SCHEMA_VERSION, description="Plan format version (v1 and v2 plans are "
+                                       "converted on read).")
     model: ModelSpec = Field(description="The model the plan is for.")
     cluster: ClusterSpec | None = Field(None, description="The cluster the plan was made for, if known.")
     micro_batch_size: int = Field(gt=0, le=MAX_BATCH,
@@ -212,6 +230,8 @@ class ParallelPlan(BaseModel):
                                   "(GPU with transformer-engine only; needs sequence_parallel on every tp > 1 "
                                   "stage).")
     stages: list[StageSpec] = Field(min_length=1, max_length=MAX_UNITS, description="Pipeline stages in order.")
+    moe: MoEPlanSettings | None = Field(None, description="MoE models: how the MoE layers run (dispatcher, grouped "
+                                        "GEMM, overlaps); None = the defaults (moe_plan.py). Absent on dense models.")
     predicted: PlanPrediction | None = Field(None, description="Cost-model prediction, if any.")
     settings: PlanSettings | None = Field(None, description="The software settings the prediction was priced "
                                           "under (framework, gradient reduction dtype; absent: the aceso runtime). "
@@ -220,8 +240,8 @@ class ParallelPlan(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _from_v1(cls, data):
-        """A v1 plan (schema_version 1) is the same plan with every v2 feature off: convert it."""
-        if isinstance(data, dict) and data.get("schema_version") == 1:
+        """A v1 / v2 plan is the same plan with every later feature off (v1: the v2 features; v2: MoE): convert it."""
+        if isinstance(data, dict) and data.get("schema_version") in (1, 2):
             data = {**data, "schema_version": SCHEMA_VERSION}
         return data
 
@@ -259,6 +279,7 @@ class ParallelPlan(BaseModel):
             )
         for i, st in enumerate(self.stages):
             _check_stage_shape(m, i, st)
+            check_expert_shape(m, i, st)
             if self.micro_batch_size % st.dp:
                 raise ValueError(
                     f"stages[{i}].dp ({st.dp}) must divide micro_batch_size ({self.micro_batch_size}); "
@@ -281,6 +302,7 @@ class ParallelPlan(BaseModel):
                     "tp_comm_overlap needs sequence_parallel on every stage with tp > 1"
                     + (f" (stages[{bad[0]}] has it off)" if bad else " and at least one such stage")
                     + "; turn sequence_parallel on or tp_comm_overlap off")
+        check_moe_settings(self)
         if self.cluster is not None:
             check_fits_cluster(self, self.cluster)
         return self

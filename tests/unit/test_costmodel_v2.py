@@ -76,7 +76,7 @@ def test_v1_plans_give_the_v1_numbers(name):
     exact 1F1B schedule of those numbers (v1's closed form was a lower bound for unequal stages)."""
     case = _golden_cases()[name]
     plan = _v1_plan(case)
-    assert plan.schema_version == 2 and plan.num_virtual_stages == 1 and not plan.tp_comm_overlap
+    assert plan.schema_version == 3 and plan.num_virtual_stages == 1 and not plan.tp_comm_overlap
     tr = dict(case["training"])
     if tr.get("distributed_optimizer"):      # v1 read it from the training spec; a v2 plan states it
         plan = plan.model_copy(update={"distributed_optimizer": True})

@@ -93,7 +93,7 @@ BAD_PLANS = [
     (_set(("micro_batch_size",), 2), "dp (4) must divide micro_batch_size"),
     (_set(("global_batch_size",), 66), "global_batch_size (66)"),
     (_set(("global_batch_size",), -1), "global_batch_size"),
-    (_set(("schema_version",), 3), "schema_version"),
+    (_set(("schema_version",), 4), "schema_version"),
     (_set(("extra_field",), 1), "extra_field"),
     (_set(("stages", 0, "pp"), 2), "stages[0].pp"),
     (_del(("stages", 0, "tp")), "stages[0].tp"),
@@ -199,7 +199,7 @@ def v2_plan() -> dict:
     chunk = [dict(start_unit=a, end_unit=b, recompute=["selective"] * (b - a)) for a, b in spans]
     stages = [dict(num_gpus=4, tp=2, cp=2, dp=1, sequence_parallel=True, chunks=[chunk[s], chunk[s + 2]])
               for s in range(2)]
-    return dict(schema_version=2, model=m.model_dump(), cluster=parse_cluster("1x8-h100").model_dump(),
+    return dict(schema_version=3, model=m.model_dump(), cluster=parse_cluster("1x8-h100").model_dump(),
                 micro_batch_size=1, global_batch_size=8, distributed_optimizer=True, overlap_grad_reduce=True,
                 overlap_param_gather=True, tp_comm_overlap=True, stages=stages)
 
@@ -221,7 +221,7 @@ def test_v1_plan_loads_as_v2_with_features_off():
     d = good_plan()
     d["schema_version"] = 1
     plan = parse_plan(d)
-    assert plan.schema_version == 2 and plan.num_virtual_stages == 1
+    assert plan.schema_version == 3 and plan.num_virtual_stages == 1
     assert [s.cp for s in plan.stages] == [1, 1, 1] and not any(s.sequence_parallel for s in plan.stages)
     assert not (plan.overlap_grad_reduce or plan.overlap_param_gather or plan.tp_comm_overlap)
     assert [s.start_unit for s in plan.stages] == [0, 17, 36] and plan.stages[1].recompute == ["selective"] * 19

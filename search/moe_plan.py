@@ -1,0 +1,134 @@
+"""The MoE part of the plan contract (schema version 3): each stage's expert shape and the plan's MoE settings.
+
+**Expert shape (MoE parallel folding).** megatron-core lays the expert groups of a stage over the same
+``tp x cp x dp`` GPUs as its attention groups, folded differently: ``etp x ep x edp`` (Liu et al., "MoE Parallel
+Folding", arXiv 2504.14960; megatron-core 0.16.1 ``parallel_state.initialize_model_parallel``, whose expert
+``RankGenerator`` orders ranks ``tp-ep-dp`` with the expert TP fastest). So inside a stage the ETP groups are blocks
+of ``etp`` adjacent ranks, the EP groups are strided by ``etp``, and expert-DP groups by ``etp x ep``. A stage's
+``ep`` and ``etp`` are ``StageSpec`` fields (``etp`` None = the stage's ``tp``, megatron-core's default for
+``expert_tensor_parallel_size``); ``edp = num_gpus / (etp x ep)``.
+
+**Rules** (``check_expert_shape``; one line each, naming the field and the fix), from megatron-core 0.16.1:
+- ``etp x ep`` divides the stage's GPUs (``parallel_state``: "world_size is not divisible by
+  expert_tensor_model_pipeline_parallel size");
+- ``ep`` divides ``num_experts`` (each EP rank holds ``num_experts / ep`` local experts: ``MoELayer``);
+- ``etp`` divides ``moe_ffn_hidden_size`` (and the shared expert's width: both are column/row-parallel over ETP);
+- with linear biases, ``etp`` is 1 ("Bias in Moe is only supported when ETP==1", ``TransformerConfig``);
+- attention ``tp > 1`` needs ``sequence_parallel`` (``MoELayer.forward`` raises during training otherwise);
+- a dense model keeps ``ep`` 1 and no ``etp``.
+
+**Plan settings** (``MoEPlanSettings``, the plan's ``moe`` field; None on an MoE model = the defaults): the token
+dispatcher, grouped GEMM, permute fusion and the two communication overlaps megatron-core 0.16.1 has
+(``moe_shared_expert_overlap``: alltoall only; ``overlap_moe_expert_parallel_comm``: ep > 1, alltoall or flex,
+no full recompute, virtual stages when pp > 1).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Dispatcher = Literal["alltoall", "allgather", "flex"]
+
+
+class MoEPlanSettings(BaseModel):
+    """How the plan's MoE layers run (megatron-core ``TransformerConfig`` fields of the same meaning)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    token_dispatcher: Dispatcher = Field(
+        "alltoall", description="Token dispatcher (moe_token_dispatcher_type): alltoall (published runs), "
+        "allgather, or flex (DeepEP / HybridEP; GPU only).")
+    grouped_gemm: bool = Field(True, description="All local experts in one grouped GEMM (moe_grouped_gemm; "
+                               "transformer-engine GroupedLinear on GPU); off: one GEMM per expert (SequentialMLP).")
+    permute_fusion: bool = Field(True, description="Fused token permute/unpermute kernels (moe_permute_fusion; "
+                                 "transformer-engine on GPU).")
+    shared_expert_overlap: bool = Field(False, description="The shared expert runs concurrently with the dispatch "
+                                        "(moe_shared_expert_overlap; alltoall dispatcher only).")
+    overlap_ep_comm: bool = Field(False, description="Dispatch/combine all-to-all overlapped with another "
+                                  "micro-batch's compute (overlap_moe_expert_parallel_comm): needs ep > 1, the "
+                                  "alltoall or flex dispatcher, no full recompute, virtual stages when pp > 1.")
+
+
+def expert_tp(stage) -> int:
+    """The stage's expert tensor-parallel degree (``etp``; None = its attention ``tp``)."""
+    return stage.tp if stage.etp is None else stage.etp
+
+
+def expert_dp(stage) -> int:
+    """The stage's expert data-parallel degree: its GPUs over ``etp x ep``."""
+    return stage.num_gpus // (expert_tp(stage) * stage.ep)
+
+
+def has_expert_shape(stage) -> bool:
+    """Whether the stage says anything about experts (``ep`` above 1 or an explicit ``etp``)."""
+    return stage.ep > 1 or stage.etp is not None
+
+
+def expert_shape_text(stage) -> str:
+    """``ep4 etp1`` (empty for a stage without an expert shape): appended to ``StageSpec.shape_text``."""
+    return f"ep{stage.ep} etp{expert_tp(stage)}" if has_expert_shape(stage) else ""
+
+
+def check_expert_shape(model, i: int, stage) -> None:
+    """megatron-core 0.16.1's rules for stage ``i``'s expert shape on ``model`` (ValueError, one line)."""
+    at = f"stages[{i}]"
+    moe = model.moe
+    if moe is None:
+        if has_expert_shape(stage):
+            what = f"ep ({stage.ep})" if stage.ep > 1 else f"etp ({stage.etp})"
+            raise ValueError(f"{at}.{what}: the model {model.name} has no experts; use ep 1 and no etp")
+        return
+    etp, ep = expert_tp(stage), stage.ep
+    if stage.num_gpus % (etp * ep):
+        raise ValueError(f"{at}: etp ({etp}) x ep ({ep}) must divide the stage's num_gpus ({stage.num_gpus}) "
+                         "(the expert groups fold over the same GPUs as tp x cp x dp); change ep or etp")
+    if moe.num_experts % ep:
+        raise ValueError(f"{at}.ep ({ep}) must divide num_experts ({moe.num_experts}); use an ep that divides it")
+    widths = [("moe_ffn_hidden_size", moe.moe_ffn_hidden_size)]
+    if moe.moe_shared_expert_intermediate_size:
+        widths.append(("moe_shared_expert_intermediate_size", moe.moe_shared_expert_intermediate_size))
+    for name, width in widths:
+        if width % etp:
+            raise ValueError(f"{at}: etp ({etp}) must divide {name} ({width}); use an etp that divides it")
+    if model.add_bias_linear and etp > 1:
+        raise ValueError(f"{at}: etp ({etp}) with linear biases: megatron-core supports MoE biases only with "
+                         "etp 1; set etp 1")
+    if stage.tp > 1 and not stage.sequence_parallel:
+        raise ValueError(f"{at}: tp ({stage.tp}) on an MoE model needs sequence_parallel (megatron-core's "
+                         "MoELayer refuses MoE + TP without it in training); turn sequence_parallel on")
+
+
+def check_moe_settings(plan) -> None:
+    """The plan-wide MoE settings against the model and stages (ValueError, one line)."""
+    s = plan.moe
+    if s is None:
+        return
+    if plan.model.moe is None:
+        raise ValueError(f"moe: the model {plan.model.name} has no experts; remove the plan's moe block")
+    if s.shared_expert_overlap:
+        if s.token_dispatcher != "alltoall":
+            raise ValueError(f"moe.shared_expert_overlap works with the alltoall dispatcher only (it is "
+                             f"{s.token_dispatcher}); set token_dispatcher alltoall or turn the overlap off")
+        if not plan.model.moe.moe_shared_expert_intermediate_size:
+            raise ValueError("moe.shared_expert_overlap: the model has no shared expert; turn the overlap off")
+    if s.overlap_ep_comm:
+        if s.token_dispatcher == "allgather":
+            raise ValueError("moe.overlap_ep_comm needs the alltoall or flex dispatcher; change "
+                             "token_dispatcher or turn the overlap off")
+        if all(st.ep == 1 for st in plan.stages):
+            raise ValueError("moe.overlap_ep_comm needs ep > 1 on some stage; raise ep or turn the overlap off")
+        if any(rc == "full" for st in plan.stages for rc in st.all_recompute):
+            raise ValueError("moe.overlap_ep_comm cannot run with full recompute (megatron-core refuses it); "
+                             "use none or selective, or turn the overlap off")
+        if plan.num_stages > 1 and plan.num_virtual_stages == 1:
+            raise ValueError("moe.overlap_ep_comm with pipeline stages needs virtual chunks (megatron-core "
+                             "interleaves the overlapped micro-batches); use 2+ chunks per stage or turn it off")
+
+
+def moe_settings(plan) -> MoEPlanSettings | None:
+    """The MoE settings a plan runs with: its own, the defaults for an MoE model, None for a dense one."""
+    if plan.model.moe is None:
+        return None
+    return plan.moe or MoEPlanSettings()
