@@ -289,7 +289,7 @@ class CostModel:
 
     def _static(self, stage_index, num_stages, first_rank, spans, me, mbs, prev, next, m, features) -> _Static:
         """The recompute-independent part of a stage: times per chunk, sync, and the memory terms."""
-        tp, dp, cp, sp = me
+        tp, dp, cp, sp = me[:4]
         for on, name in ((len(spans) > 1, "interleaved"), (features.overlap_grad_reduce, "overlap_grad_reduce"),
                          (features.overlap_param_gather, "overlap_param_gather"),
                          (features.distributed_optimizer, "distributed_optimizer")):

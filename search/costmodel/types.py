@@ -29,24 +29,36 @@ ALL_FEATURES = frozenset({"sequence_parallel", "context_parallel", "interleaved"
 
 
 class Shape(NamedTuple):
-    """A stage's parallel shape: ``tp * cp * dp`` GPUs, sequence parallelism on or off."""
+    """A stage's parallel shape: ``tp * cp * dp`` GPUs, sequence parallelism on or off, and (MoE models) the expert
+    shape folded over the same GPUs: ``ep`` and ``etp`` (0 = the stage's tp; ``search/moe_plan.py``)."""
 
     tp: int
     dp: int
     cp: int = 1
     sp: bool = False
+    ep: int = 1
+    etp: int = 0
 
     @property
     def num_gpus(self) -> int:
         return self.tp * self.cp * self.dp
 
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        return self.num_gpus // (self.expert_tp * self.ep)
+
     @classmethod
     def of(cls, shape) -> "Shape":
-        """A ``Shape`` from a ``(tp, dp)`` / ``(tp, dp, cp, sp)`` tuple or a plan's ``StageSpec``."""
+        """A ``Shape`` from a ``(tp, dp)`` / ``(tp, dp, cp, sp[, ep, etp])`` tuple or a plan's ``StageSpec``."""
         if shape is None or isinstance(shape, Shape):
             return shape
         if hasattr(shape, "tp"):
-            return cls(shape.tp, shape.dp, shape.cp, shape.sequence_parallel)
+            return cls(shape.tp, shape.dp, shape.cp, shape.sequence_parallel, getattr(shape, "ep", 1),
+                       getattr(shape, "etp", None) or 0)
         return cls(*shape)
 
 

@@ -306,7 +306,7 @@ def to_plan(ev: Evaluation, model, cluster, gbs: int, cost_model_kind: str, pred
             chunks.append(ChunkSpec(start_unit=a, end_unit=b, recompute=[RC[c] for c in rc[pos:pos + b - a]]))
             pos += b - a
         stages.append(StageSpec(num_gpus=s.num_gpus, tp=s.tp, cp=s.cp, dp=s.dp, sequence_parallel=s.sp,
-                                chunks=chunks))
+                                chunks=chunks, ep=s.ep, etp=s.etp or None))
     pred = None
     if predicted:
         it = ev.raw_iteration_ms
