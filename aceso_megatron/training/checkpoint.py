@@ -221,10 +221,11 @@ def read_extra(root: str, iteration: int, rank: int) -> dict:
 def load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = True) -> tuple[int, bool] | None:
     """Restore from the latest checkpoint in ``root``: (its iteration, whether it was the same plan), or None.
 
-    ``load_optim=False`` (Megatron-LM's ``--no-load-optim``): the weights only; Adam's moments start from zero,
-    so a checkpoint of either optimizer kind loads. The iteration, data position and learning-rate schedule still
-    carry on (Megatron-LM restarts its scheduler too, which would re-warm the rate). ``load_rng=False``
-    (``--no-load-rng``): the RNG states start from the seed even under the same plan."""
+    A checkpoint of the other optimizer kind (distributed or not) loads Adam's state through ``optim_convert``.
+    ``load_optim=False`` (Megatron-LM's ``--no-load-optim``): the weights only; Adam's moments start from zero.
+    The iteration, data position and learning-rate schedule still carry on (Megatron-LM restarts its scheduler
+    too, which would re-warm the rate). ``load_rng=False`` (``--no-load-rng``): the RNG states start from the seed
+    even under the same plan."""
     from megatron.core import dist_checkpointing
 
     iteration = latest_iteration(root)

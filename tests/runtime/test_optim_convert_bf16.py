@@ -86,3 +86,20 @@ def test_bf16_master_weights_and_moments_convert(single_process, tmp_path, saved
             assert got[k][n].dtype == torch.float32 and torch.equal(want[k][n], got[k][n]), (k, n)
     # the master weights are fp32, not the bf16 weights rounded: the conversion did not go through the model
     assert any(not torch.equal(t, t.bfloat16().float()) for t in got["param"].values())
+
+
+def test_a_checkpoint_without_adam_state_is_refused_in_one_line(single_process, tmp_path):
+    """A plain optimizer that never stepped saves no moments: converting them is refused on one line naming the
+    missing tensor, and the weights alone still load."""
+    from aceso_megatron.training import checkpoint
+    from search.errors import AcesoError
+
+    rt, sch = _runtime(False)
+    checkpoint.save(str(tmp_path), 0, rt, sch)
+    rt, sch = _runtime(True)
+    with pytest.raises(AcesoError) as e:
+        checkpoint.load(str(tmp_path), rt, sch)
+    msg = str(e.value)
+    assert msg.startswith(f"--load {tmp_path}: iteration 0 has no optimizer.state.") and "\n" not in msg, msg
+    assert msg.endswith("to convert Adam's state from; add --no-load-optim to load the weights only"), msg
+    assert checkpoint.load(str(tmp_path), rt, sch, load_optim=False) == (0, False)
