@@ -4,7 +4,8 @@ single-process model).
 A parameter's full value is its TP shards put together (``init.gather_full``) on DP replica 0, CP rank 0 of its
 stage. Its gradient is its ``main_grad`` after the step's finalisation -- except with the distributed optimizer,
 where each DP (x CP) rank holds the reduced gradient of its shard of every DDP bucket only: the shards are put
-together first (``reduced_grads``).
+together first (``reduced_grads``). Adam's state (``full_optimizer_state``) likewise: the distributed optimizer's
+flat DP shards put together, then the TP shards.
 """
 
 from __future__ import annotations
@@ -50,4 +51,55 @@ def full_tensors(rt, which: str) -> dict[str, torch.Tensor]:
     for part in parts:
         for k, v in part.items():
             out.setdefault(k, v)
+    return out
+
+
+OPTIMIZER_KEYS = ("exp_avg", "exp_avg_sq", "param")   # Adam's moments and the fp32 master weight
+
+
+def _local_optimizer_state(rt) -> tuple[dict[str, dict], set[float]]:
+    """Per key of ``OPTIMIZER_KEYS``: local parameter name -> its value on this TP rank (the distributed
+    optimizer's flat DP shards summed over DP); and the step counts seen."""
+    params = dict(rt.named_parameters())
+    by_id = {id(p): n for n, p in params.items()}
+    out = {k: {} for k in OPTIMIZER_KEYS}
+    steps: set[float] = set()
+    for opt in getattr(rt.optimizer, "chained_optimizers", [rt.optimizer]):
+        if rt.plan.distributed_optimizer:
+            flat = {n: {k: torch.zeros(p.numel()) for k in OPTIMIZER_KEYS} for n, p in params.items()}
+            for maps in opt.gbuf_ranges:
+                for per_bucket in maps.values():
+                    for bucket in per_bucket:
+                        for p, ranges in bucket["param_map"].items():
+                            r, mine = ranges["param"], opt._get_main_param_and_optimizer_states(p)
+                            steps.add(float(mine["step"]))
+                            for k in OPTIMIZER_KEYS:
+                                flat[by_id[id(p)]][k][r.start:r.end] = mine[k].float()
+            for n, p in params.items():
+                for k in OPTIMIZER_KEYS:
+                    dist.all_reduce(flat[n][k], group=opt.data_parallel_group)
+                    out[k][n] = flat[n][k].view(p.shape)
+        else:   # bf16/fp16: the fp32 copy beside each parameter; fp32: the parameter itself
+            mains = {id(m): f for g16, g32 in zip(getattr(opt, "float16_groups", []),
+                                                  getattr(opt, "fp32_from_float16_groups", [])) for m, f in zip(g16, g32)}
+            for n, p in params.items():
+                main = mains.get(id(p), p)
+                state = opt.optimizer.state[main]
+                steps.add(float(state["step"]))
+                out["exp_avg"][n], out["exp_avg_sq"][n], out["param"][n] = state["exp_avg"], state["exp_avg_sq"], main
+    return out, steps
+
+
+def full_optimizer_state(rt) -> dict:
+    """Adam's state from the live optimizer: ``{key of OPTIMIZER_KEYS: {canonical name: full tensor}, "step":
+    [the step counts of every rank]}`` on every rank (collective; tests compare optimizer kinds with it)."""
+    local, steps = _local_optimizer_state(rt)
+    params, names = dict(rt.named_parameters()), rt.canonical_names()
+    full = {k: gather_full(v, params, names, rt.plan.model, rt.groups.tp) for k, v in local.items()}
+    lay = rt.layout
+    mine = {k: {n: t.cpu() for n, t in v.items()} for k, v in full.items()} if lay.tp_rank == lay.dp_rank == 0 else None
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, (mine, sorted(steps)))
+    out = next(p for p, _ in parts if p is not None)
+    out["step"] = sorted({s for _, ss in parts for s in ss})
     return out

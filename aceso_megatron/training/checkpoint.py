@@ -22,12 +22,11 @@ Resuming with the same plan is exact (RNG states too). With another plan the mod
 data position carry over, and the RNG states of the new ranks start from the seed; the global batch size must
 match, since the data position is ``iteration * global_batch_size`` samples. A checkpoint of another model
 (another size, GPT into T5) is refused before anything is read, with the first differing ``ModelSpec`` field
-(``model_mismatch``; checkpoints without the recorded spec: the first missing or differently shaped tensor), and
-so is one whose optimizer kind (distributed or not) differs from the plan's, unless only the weights are loaded
-(``--no-load-optim``): megatron-core's two optimizer checkpoint formats do not convert. The distributed
-optimizer is saved in megatron-core's ``fully_reshardable``
-format (re-sharded for any TP/DP/pipeline layout; ``patches/dist_opt_torch_adam.py`` makes it load with torch's
-Adam).
+(``model_mismatch``; checkpoints without the recorded spec: the first missing or differently shaped tensor). The
+distributed optimizer is saved in megatron-core's ``fully_reshardable`` format (re-sharded for any TP/DP/pipeline
+layout; ``patches/dist_opt_torch_adam.py`` makes it load with torch's Adam); a checkpoint of the other optimizer
+kind (distributed or not) keeps Adam's moments, master weights and step too (``optim_convert``), or loads the
+weights only with ``--no-load-optim``.
 
 Protocol: all ranks write into ``SAVE/.tmp_iter_N``; after a barrier rank 0 renames it to ``iter_N`` and
 atomically replaces the marker, so the marker never names a partial checkpoint.
@@ -222,10 +221,11 @@ def read_extra(root: str, iteration: int, rank: int) -> dict:
 def load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = True) -> tuple[int, bool] | None:
     """Restore from the latest checkpoint in ``root``: (its iteration, whether it was the same plan), or None.
 
-    ``load_optim=False`` (Megatron-LM's ``--no-load-optim``): the weights only; Adam's moments start from zero,
-    so a checkpoint of either optimizer kind loads. The iteration, data position and learning-rate schedule still
-    carry on (Megatron-LM restarts its scheduler too, which would re-warm the rate). ``load_rng=False``
-    (``--no-load-rng``): the RNG states start from the seed even under the same plan."""
+    A checkpoint of the other optimizer kind (distributed or not) loads Adam's state through ``optim_convert``.
+    ``load_optim=False`` (Megatron-LM's ``--no-load-optim``): the weights only; Adam's moments start from zero.
+    The iteration, data position and learning-rate schedule still carry on (Megatron-LM restarts its scheduler
+    too, which would re-warm the rate). ``load_rng=False`` (``--no-load-rng``): the RNG states start from the seed
+    even under the same plan."""
     from megatron.core import dist_checkpointing
 
     iteration = latest_iteration(root)
@@ -239,14 +239,8 @@ def load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = Tru
             f"global_batch_size {first['global_batch_size']}"
         )
     ckpt_dir = _iter_dir(Path(root), iteration)
-    saved_dist_opt = first.get("distributed_optimizer", False)
-    if load_optim and saved_dist_opt != rt.plan.distributed_optimizer:
-        raise AcesoError(
-            f"--load {root}: iteration {iteration} was written with distributed_optimizer {str(saved_dist_opt).lower()} "
-            f"but the plan has {str(rt.plan.distributed_optimizer).lower()}; megatron-core's optimizer checkpoints do not "
-            f"convert between the two: use a plan with distributed_optimizer {str(saved_dist_opt).lower()}, or add "
-            "--no-load-optim to load the weights only"
-        )
+    # the other optimizer kind (distributed or not): its Adam state is mapped after the weights (optim_convert)
+    convert = load_optim and first.get("distributed_optimizer", False) != rt.plan.distributed_optimizer
     from .schedule import load_state, mismatch
 
     if (msg := mismatch(first["scheduler"], scheduler)) is not None:
@@ -257,7 +251,8 @@ def load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = Tru
         raise AcesoError(f"--load {root}: iteration {iteration} {msg}")
     same_plan = first["plan_digest"] == plan_digest(rt.plan) and first["world_size"] == dist.get_world_size()
     if load_optim:
-        _allocate_optimizer_state(rt.optimizer)
+        _allocate_optimizer_state(rt.optimizer)   # before the weights: its dummy step decays them
+    if load_optim and not convert:
         request = sharded_state_dict(rt, is_loading=True)
     else:
         request = {"model": model_sharded_state_dict(rt)}
@@ -267,7 +262,11 @@ def load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = Tru
             value = state["model"][local]
             if value is not p:
                 p.copy_(value)
-    if load_optim:
+    if convert:
+        from .optim_convert import load_other_kind
+
+        load_other_kind(rt, model_sharded_state_dict(rt), ckpt_dir, f"--load {root}: iteration {iteration}")
+    elif load_optim:
         rt.optimizer.load_state_dict(state["optimizer"])
     else:
         rt.optimizer.reload_model_params()   # fp32 main copies (bf16 models) from the loaded weights

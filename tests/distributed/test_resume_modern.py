@@ -1,10 +1,11 @@
 """Checkpoints across plan generations on 4 gloo ranks: a checkpoint written under a schema-v1 plan (TP 2 | DP 2)
 resumes under an interleaved, sequence-parallel plan with the same next-step losses as the run that wrote it; one
 written by the distributed optimizer with both overlaps under an interleaved SP plan resumes under the v1 layout
-with the distributed optimizer (megatron-core's fully re-shardable format); a checkpoint of another model is
-refused with one line naming the first differing field (another width; GPT into T5), also for a checkpoint that
-does not record its model (the first differently shaped tensor), and so is one of the other optimizer kind, whose
-weights alone (``--no-load-optim``) load."""
+with the distributed optimizer (megatron-core's fully re-shardable format), and the v1 checkpoint of the plain
+optimizer under the interleaved SP plan with the distributed one (Adam's state converted); a checkpoint of another
+model is refused with one line naming the first differing field (another width; GPT into T5), also for a checkpoint
+that does not record its model (the first differently shaped tensor); the weights alone (``--no-load-optim``) load
+from a checkpoint of either optimizer kind."""
 
 from __future__ import annotations
 
@@ -86,7 +87,9 @@ def run(rank: int, world_size: int, ckpt: str, out: str) -> None:
     rt, sch = fresh({**V1, "distributed_optimizer": True})
     res["v1_dist_opt_loaded"] = checkpoint.load(ckpt + "-dist-opt", rt, sch)
     res["v1_dist_opt"] = steps(rt, sch, range(SAVE_AT, ITERS))
-    res["other_optimizer"] = refusal(dist_opt)
+    rt, sch = fresh(dist_opt)   # the plain optimizer's checkpoint under the distributed one (optim_convert)
+    res["other_optimizer_loaded"] = checkpoint.load(ckpt, rt, sch)
+    res["other_optimizer"] = steps(rt, sch, range(SAVE_AT, ITERS))
     rt, sch = fresh(V1)   # the distributed optimizer's checkpoint, weights only, under a plan without it
     res["weights_only_loaded"] = checkpoint.load(ckpt + "-dist-opt", rt, sch, load_optim=False)
     res["weights_only"] = steps(rt, sch, range(SAVE_AT, ITERS))
@@ -109,15 +112,10 @@ def test_v1_checkpoint_resumes_under_interleaved_sp_plans_and_other_models_are_r
     out = tmp_path / "res.pt"
     spawn(4, run, str(tmp_path / "ckpt"), str(out))
     res = torch.load(out)
-    assert res["vpp_sp_loaded"] == res["v1_dist_opt_loaded"] == (SAVE_AT, False)  # another plan: re-sharded
-    for name in ("vpp_sp", "vpp_sp_dist_opt", "v1_dist_opt"):  # every plan trains the same model the same way
+    assert res["vpp_sp_loaded"] == res["v1_dist_opt_loaded"] == res["other_optimizer_loaded"] == (SAVE_AT, False)
+    for name in ("vpp_sp", "vpp_sp_dist_opt", "v1_dist_opt", "other_optimizer"):  # the same model the same way
         for a, b in zip(res[name], res["v1"]):
             assert abs(a - b) <= 1e-5 * abs(b), (name, res[name], res["v1"])
-    assert res["other_optimizer"] == (f"--load {tmp_path / 'ckpt'}: iteration {SAVE_AT} was written with "
-                                      "distributed_optimizer false but the plan has true; megatron-core's optimizer "
-                                      "checkpoints do not convert between the two: use a plan with "
-                                      "distributed_optimizer false, or add --no-load-optim to load the weights "
-                                      "only")
     # weights only (--no-load-optim): the first step's loss is the weights' (its forward comes before any update)
     assert res["weights_only_loaded"] == (SAVE_AT, False)
     assert abs(res["weights_only"][0] - res["v1"][0]) <= 1e-5 * abs(res["v1"][0])
