@@ -81,3 +81,23 @@ def softmax_offset_params(model) -> int:
     """Parameters of one attention unit's softmax offset: one per head when ``softmax_type`` is learnable (the
     off-by-one offset is a constant, not a parameter)."""
     return model.num_attention_heads if model.softmax_type == "learnable" else 0
+
+
+FIELDS = ("window_size", "window_attn_skip_freq", "softmax_type", "glu_linear_offset", "activation_func_clamp_value")
+
+
+def set_fields(model) -> list[str]:
+    """The layer-variant fields ``model`` sets (quick_geglu counts as ``activation``)."""
+    out = [f for f in FIELDS if getattr(model, f) not in (None, "vanilla")]
+    return (["activation quick_geglu"] if model.activation == "quick_geglu" else []) + out
+
+
+def refuse_unbuilt(model) -> None:
+    """The runtime's check (``aceso_megatron.model.layers.check_model``: train, profile, pre-flight): it does not
+    build these fields yet, so a model that sets them is refused (``AcesoError``) rather than trained without."""
+    from .errors import AcesoError
+
+    fields = set_fields(model)
+    if fields:
+        raise AcesoError(f"model {model.name}: {', '.join(fields)}: the runtime does not build GPT-OSS's layer "
+                         "fields yet (search, explain and export price and write them); remove them to run here")

@@ -146,3 +146,40 @@ def test_dense_specs_unchanged():
                 "activation_func_clamp_value"} & set(dumped)
     assert m.unit_params("attention") == ModelSpec(**{**m.model_dump(), "softmax_type": "vanilla"}) \
         .unit_params("attention")
+
+
+PUBLISHED_FILE = Path(__file__).resolve().parents[2].parent / "shared" / "published" / \
+    "megatron-bridge-25.09-25.11.json"
+
+
+@pytest.mark.skipif(not PUBLISHED_FILE.is_file(), reason="../shared/published is absent (shared reference data)")
+def test_published_gpt_oss_flags_read_as_the_preset():
+    """The GPT-OSS-120B flags of the published Megatron-Bridge rows (without --num-experts: MoE flags are read
+    elsewhere) give the preset's layer fields; their window is Megatron-LM's example's 128,0 (129 keys) where the
+    HF config's 128 keys are [127, 0] (model_specs/presets/SOURCES-moe.md)."""
+    from search.megatron.cmdline import parse_flags
+    from search.megatron.model_args import model_from_flags
+
+    flags = json.loads(PUBLISHED_FILE.read_text())["architectures"]["gpt-oss-120b"]["flags"]
+    i = flags.index("--num-experts")
+    f = parse_flags(flags[:i] + flags[i + 2:] + ["--seq-length", "4096", "--bf16", "--tokenizer-type",
+                                                 "NullTokenizer", "--vocab-size", "201087"])
+    m, _ = model_from_flags(f, 1, False, [])
+    preset = load_model("gpt-oss-120b")
+    skip = {"name", "nominal_params_b", "moe", "window_size"}
+    assert m.model_dump(exclude=skip) == preset.model_dump(exclude=skip)
+    assert m.window_size == [128, 0] and preset.window_size == [127, 0]
+
+
+@pytest.mark.parametrize("text, want", [("2", 2), ("[1,0]*2", [1, 0, 1, 0]), ("([1]*2+[0])*2", [1, 1, 0, 1, 1, 0])])
+def test_skip_freq_flag_patterns(text, want):
+    from search.megatron.layer_variant_flags import _pattern
+    assert _pattern(text) == want
+
+
+@pytest.mark.parametrize("text", ["[2,0]", "__import__('os')", "[1]*10**9", "[1]*100000000", "x"])
+def test_skip_freq_flag_refused_in_one_line(text):
+    from search.errors import AcesoError
+    from search.megatron.layer_variant_flags import _pattern
+    with pytest.raises(AcesoError, match="--window-attn-skip-freq"):
+        _pattern(text)
