@@ -84,20 +84,31 @@ def softmax_offset_params(model) -> int:
 
 
 FIELDS = ("window_size", "window_attn_skip_freq", "softmax_type", "glu_linear_offset", "activation_func_clamp_value")
+RUNTIME_BUILT = ("window_size", "window_attn_skip_freq")
 
 
-def set_fields(model) -> list[str]:
-    """The layer-variant fields ``model`` sets (quick_geglu counts as ``activation``)."""
-    out = [f for f in FIELDS if getattr(model, f) not in (None, "vanilla")]
+def config_kwargs(model) -> dict:
+    """The ``TransformerConfig`` fields the runtime passes for the sliding window (``model_specs.builders``)."""
+    out = {"window_size": tuple(model.window_size)} if model.window_size is not None else {}
+    if model.window_attn_skip_freq is not None:
+        out["window_attn_skip_freq"] = model.window_attn_skip_freq
+    return out
+
+
+def unbuilt_fields(model) -> list[str]:
+    """The layer-variant fields ``model`` sets that the runtime does not build yet (quick_geglu as ``activation``):
+    the softmax offset (megatron-core 0.16.1 allocates it on the CUDA device; the checkpoint's TP resharding does not
+    know it) and the quick-GEGLU MLP (the resharding knows SwiGLU's gated fc1 only)."""
+    out = [f for f in FIELDS if f not in RUNTIME_BUILT and getattr(model, f) not in (None, "vanilla")]
     return (["activation quick_geglu"] if model.activation == "quick_geglu" else []) + out
 
 
 def refuse_unbuilt(model) -> None:
-    """The runtime's check (``aceso_megatron.model.layers.check_model``: train, profile, pre-flight): it does not
-    build these fields yet, so a model that sets them is refused (``AcesoError``) rather than trained without."""
+    """The runtime's check (``aceso_megatron.model.layers.check_model``: train, profile, pre-flight): a model with a
+    field it does not build is refused (``AcesoError``) rather than trained without it."""
     from .errors import AcesoError
 
-    fields = set_fields(model)
+    fields = unbuilt_fields(model)
     if fields:
-        raise AcesoError(f"model {model.name}: {', '.join(fields)}: the runtime does not build GPT-OSS's layer "
+        raise AcesoError(f"model {model.name}: {', '.join(fields)}: the runtime does not build these GPT-OSS layer "
                          "fields yet (search, explain and export price and write them); remove them to run here")

@@ -2,8 +2,8 @@
 
 Each unit is a short list of kernels timed by the kernel model (``ShapeKernels``, the default: shape-aware GEMM
 and attention efficiency; ``FlatKernels``: the v1 per-GPU constants). Per rank, with b samples of s tokens (the
-sequence / cp), hidden h, q = heads*head_dim, kv = groups*head_dim, ffn f (``up`` = f, 2f for SwiGLU / quick-GEGLU), tp t, element
-size dt, r = t with sequence parallelism (else 1):
+sequence / cp), hidden h, q = heads*head_dim, kv = groups*head_dim, ffn f (``up`` = f, 2f for SwiGLU and
+quick-GEGLU), tp t, element size dt, r = t with sequence parallelism (else 1):
 
     attention fwd: norm (2 sbh dt / r bytes) | QKV GEMM (sb, (q+2kv)/t, h) | RoPE (2 sb(q+kv) dt / t) |
                    core: flash (causal: half of 4 s^2 b q / t) or unfused (score and context batched GEMMs of

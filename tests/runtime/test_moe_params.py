@@ -157,13 +157,3 @@ def test_window_layers_are_megatron_cores(single_process, freq, monkeypatch):
     assert [w is not None for w in built] == [is_window_layer(m, i) for i in range(5)]
     assert {w for w in built if w is not None} == {(7, 0)}
 
-
-def test_runtime_refuses_the_layer_fields_it_does_not_build():
-    """The runtime builds its layers from its own config translation, which does not carry these fields yet: it
-    refuses the model in one line (train, profile and launch's pre-flight) instead of training full attention."""
-    from aceso_megatron.model.layers import check_model
-    from search.errors import AcesoError
-    from tests.megatron_plans import case_plan
-
-    with pytest.raises(AcesoError, match="window_size, window_attn_skip_freq, softmax_type.*runtime does not build"):
-        check_model(case_plan("oss-pp2-window-selective", with_cluster=False))
