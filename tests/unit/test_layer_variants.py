@@ -133,6 +133,8 @@ def test_hf_layer_types():
     ({"activation_func_clamp_value": 7.0}, "activation quick_geglu only"),
     ({"activation": "gelu", "glu_linear_offset": 1.0}, "gated MLPs"),
     ({"softmax_type": "sink"}, "softmax_type"),
+    ({"megatron": {"window_size": [127, 0]}}, "megatron.window_size: set by aceso, not by the megatron block; use "
+                                              "window_size"),
 ])
 def test_bad_fields_are_one_line(extra, match):
     with pytest.raises(pydantic.ValidationError, match=match):
