@@ -77,6 +77,13 @@ def window_keys(model, layer: int, s: int) -> int:
     return min(s, left + 1 + right)
 
 
+def offset_blocks_cp(model) -> bool:
+    """Whether context parallelism is out for ``model``: transformer-engine runs a softmax offset (off-by-one,
+    learnable) under context parallelism only with ``cp_comm_type`` a2a (``get_attention_backend``'s softmax-type
+    filter disables every other backend), and aceso prices ring (p2p) context parallelism only."""
+    return model.softmax_type in ("off-by-one", "learnable")
+
+
 def softmax_offset_params(model) -> int:
     """Parameters of one attention unit's softmax offset: one per head when ``softmax_type`` is learnable (the
     off-by-one offset is a constant, not a parameter)."""

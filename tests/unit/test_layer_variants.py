@@ -185,3 +185,22 @@ def test_skip_freq_flag_refused_in_one_line(text):
     from search.megatron.layer_variant_flags import _pattern
     with pytest.raises(AcesoError, match="--window-attn-skip-freq"):
         _pattern(text)
+
+
+def test_softmax_offset_keeps_cp_at_one():
+    """transformer-engine runs a softmax offset under context parallelism only over a2a (not priced): the search
+    space has cp 1 only, and a plan with cp 2 is refused by the one pre-flight in one line."""
+    from search.errors import AcesoError
+    from search.plan import uniform_plan
+    from search.planner.space import Space
+    from search.preflight import planner_checks
+
+    m = ModelSpec(**{**DENSE, "seq_length": 32768}, softmax_type="learnable")
+    c = parse_cluster("1x8-h100")
+    training = TrainingSpec(global_batch_size=8, precision="bf16", context_parallel_sizes=[1, 2, 4])
+    priced = frozenset({"context_parallel"})
+    assert Space.of(m, c, training, priced=priced).cps == (1,)
+    assert Space.of(m.model_copy(update={"softmax_type": None}), c, training, priced=priced).cps == (1, 2, 4)
+    with pytest.raises(AcesoError, match=r"stages\[0\].cp \(2\): transformer-engine runs softmax_type learnable"):
+        planner_checks(uniform_plan(m, 1, 1, 4, 4, 8, cluster=c, cp=2), "cuda")
+    planner_checks(uniform_plan(m.model_copy(update={"softmax_type": None}), 1, 1, 4, 4, 8, cluster=c, cp=2), "cuda")
