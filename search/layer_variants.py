@@ -111,7 +111,7 @@ def unbuilt_fields(model) -> list[str]:
 
 
 def refuse_unbuilt(model) -> None:
-    """The runtime's check (``aceso_megatron.model.layers.check_model``: train, profile, pre-flight): a model with a
+    """The runtime's check (its ``check_model``: train, profile, pre-flight): a model with a
     field it does not build is refused (``AcesoError``) rather than trained without it."""
     from .errors import AcesoError
 
