@@ -1,8 +1,8 @@
 """``ModelSpec`` -> megatron-core ``TransformerConfig`` keyword arguments and layer ``ModuleSpec``s (torch).
 
-Architecture only: sizes, norm, activation, biases, position embedding. Parallel degrees and recompute are added
-per stage by ``aceso_megatron.model.config`` (the one place that translates our short names to megatron-core's), and
-so are the ``megatron`` block's extra fields (``extensions.megatron_kwargs``).
+Architecture only: sizes, norm, activation, biases, position embedding, sliding window. Parallel degrees and
+recompute are added per stage by ``aceso_megatron.model.config`` (the one place that translates our short names to
+megatron-core's), and so are the ``megatron`` block's extra fields (``extensions.megatron_kwargs``).
 
 Layer specs are megatron-core's own: the local (pure PyTorch) specs when transformer-engine is absent, the TE
 specs when it is importable (never on CPU: callers pass ``te=False``); or the user's, when the model names a
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from megatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 
+from search.layer_variants import config_kwargs
 from search.model import ModelSpec, UnitKind
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -62,6 +63,7 @@ def architecture_kwargs(model: ModelSpec, dtype: str | None = None) -> dict:
         "params_dtype": dt,
         "fp16": dt == torch.float16,
         "bf16": dt == torch.bfloat16,
+        **config_kwargs(model),      # sliding window (search.layer_variants); the other GPT-OSS fields are refused
     }
 
 

@@ -6,13 +6,19 @@ qwen3 / qwen3_moe (q/k norms; num_experts, num_experts_per_tok, moe_intermediate
 rule "layer i is MoE when (i + 1) % step == 0", mlp_only_layers, router_aux_loss_coef); deepseek_v3 and kimi_k2
 (n_routed_experts, n_shared_experts x moe_intermediate_size, first_k_dense_replace, moe_layer_freq, n_group /
 topk_group, scoring_func, topk_method noaux_tc = the expert score bias, aux_loss_alpha, q_lora_rank, kv_lora_rank,
-qk_nope_head_dim, qk_rope_head_dim, v_head_dim, num_nextn_predict_layers). Routers run force-balanced and dropless
-(megatron-core's default and the published benchmarks' setting); edit the spec to change either.
+qk_nope_head_dim, qk_rope_head_dim, v_head_dim, num_nextn_predict_layers); gpt_oss (num_local_experts,
+num_experts_per_tok, intermediate_size = each expert's width, head_dim, attention_bias = all linear biases;
+sliding_window w = window_size [w - 1, 0] (HF's window counts the query itself: keys i-w+1..i), layer_types as
+window_attn_skip_freq (sliding = windowed), the attention sinks as softmax_type learnable, quick_geglu with
+glu_linear_offset 1 and swiglu_limit as activation_func_clamp_value; router_aux_loss_coef is not taken: Megatron-LM's
+GPT-OSS flags train without the aux loss, --moe-router-load-balancing-type none; YaRN rope scaling is not
+expressed). Routers run force-balanced and dropless (megatron-core's default and the published benchmarks'
+setting); edit the spec to change either.
 """
 
 from __future__ import annotations
 
-MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v3", "kimi_k2")
+MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v3", "kimi_k2", "gpt_oss")
 MLA_TYPES = ("deepseek_v3", "kimi_k2")
 
 
@@ -61,6 +67,35 @@ def _deepseek(c) -> dict:
             "megatron": {"qk_layernorm": True}}
 
 
+def _skip_freq(c, layers: int) -> int | list[int] | None:
+    """HF ``layer_types`` (default: sliding, full, sliding, ...) as megatron-core's ``window_attn_skip_freq``:
+    None when every layer slides, N when it is megatron-core's every-N-th-full rule, else a 0/1 list."""
+    types = c.cfg.get("layer_types")
+    if types is None:
+        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or \
+            not set(types) <= {"sliding_attention", "full_attention"}:
+        raise c._bad("layer_types", types, f"{layers} entries of sliding_attention / full_attention")
+    pattern = [int(t == "sliding_attention") for t in types]
+    if all(pattern):
+        return None
+    for n in range(2, layers + 1):
+        if pattern == [int((i + 1) % n != 0) for i in range(layers)]:
+            return n
+    return pattern
+
+
+def _gpt_oss(c, layers: int) -> dict:
+    window = c.int("sliding_window", default=128)
+    return {"moe": {"num_experts": c.int("num_local_experts"),
+                    "moe_router_topk": c.int("num_experts_per_tok", "experts_per_token"),
+                    "moe_ffn_hidden_size": c.int("intermediate_size")},
+            "activation": "quick_geglu", "glu_linear_offset": 1.0,
+            "activation_func_clamp_value": c.float("swiglu_limit", default=7.0),
+            "softmax_type": "learnable", "window_size": [window - 1, 0],
+            "window_attn_skip_freq": _skip_freq(c, layers)}
+
+
 def moe_fields(c, mtype: str, layers: int) -> dict:
     """The spec fields ``mtype``'s experts, latent attention and MTP set (``c``: import_hf's typed reader)."""
     if mtype == "mixtral":
@@ -69,4 +104,6 @@ def moe_fields(c, mtype: str, layers: int) -> dict:
         return _qwen3(c, layers)
     if mtype in MLA_TYPES:
         return _deepseek(c)
+    if mtype == "gpt_oss":
+        return _gpt_oss(c, layers)
     return {}

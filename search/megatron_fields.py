@@ -2,7 +2,7 @@
 
 A spec names its architecture with our short fields (``search.model.ModelSpec``); anything else megatron-core's
 ``TransformerConfig`` offers (``qk_layernorm``, ``softmax_scale``, ``layernorm_epsilon``, ``init_method_std``,
-``window_size``, ...) goes into ``megatron: {field: value}`` and reaches every stage's config unchanged. Three
+``add_qkv_bias``, ...) goes into ``megatron: {field: value}`` and reaches every stage's config unchanged. Three
 rules, the same in the planner and in the runtime:
 
 - a field that our spec or the plan controls (``hidden_size``, ``tensor_model_parallel_size``,
@@ -33,8 +33,8 @@ CONTROLLED: dict[str, str] = {
     **{f: f for f in ("hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "ffn_hidden_size",
                       "normalization", "add_bias_linear", "hidden_dropout", "attention_dropout")},
     "num_layers": "num_layers (T5: num_decoder_layers)",
-    "gated_linear_unit": "activation (gelu | swiglu)",
-    "activation_func": "activation (gelu | swiglu), or an MLP with its own activation in your layer_spec",
+    "gated_linear_unit": "activation (gelu | swiglu | quick_geglu)",
+    "activation_func": "activation (gelu | swiglu | quick_geglu), or an MLP with its own activation in your layer_spec",
     **{f: "params_dtype (and aceso search --precision)" for f in ("params_dtype", "fp16", "bf16", "pipeline_dtype")},
     "tensor_model_parallel_size": "the plan's stages[].tp",
     "context_parallel_size": "the plan's stages[].cp",
@@ -54,6 +54,8 @@ CONTROLLED: dict[str, str] = {
                                "moe_router_group_topk", "moe_router_enable_expert_bias", "moe_aux_loss_coeff",
                                "moe_expert_capacity_factor", "moe_router_force_load_balancing")},
     "mtp_num_layers": "mtp_num_layers",
+    **{f: f for f in ("window_size", "window_attn_skip_freq", "softmax_type", "glu_linear_offset",
+                      "activation_func_clamp_value")},       # spec fields (search.layer_variants)
     "init_method": "init_method_std (the runtime draws every weight from it)",
     "output_layer_init_method": "init_method_std (the runtime draws every weight from it)",
     "embedding_init_method": "embedding_init_method_std",

@@ -26,6 +26,7 @@ from typing import Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from . import megatron_fields
+from . import layer_variants
 from .moe import MAX_MTP, MLASpec, MoESpec, check_model as _check_moe
 
 Family = Literal["gpt", "t5", "llama"]
@@ -76,7 +77,9 @@ class ModelSpec(BaseModel):
     vocab_size: int = Field(gt=0, le=MAX_VOCAB, description="Tokenizer vocabulary size.")
     make_vocab_size_divisible_by: int = Field(128, gt=0, le=1 << 16,
                                               description="Megatron pads the vocabulary to a multiple of this.")
-    activation: Literal["gelu", "swiglu"] = Field("gelu", description="MLP activation.")
+    activation: Literal["gelu", "swiglu", "quick_geglu"] = Field(
+        "gelu", description="MLP activation: gelu, swiglu or quick_geglu (gated quick-GELU, GPT-OSS); the gated ones "
+        "double the first linear.")
     normalization: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="Norm layers.")
     position_embedding: Literal["learned", "rope"] = Field("learned", description="Absolute learned or rotary.")
     rotary_base: float = Field(10000.0, gt=0, le=1e12, description="RoPE base (rope only).")
@@ -110,6 +113,20 @@ class ModelSpec(BaseModel):
                                 "attention.")
     mtp_num_layers: int | None = Field(None, gt=0, le=MAX_MTP, description="Multi-token prediction layers after "
                                        "the decoder (DeepSeek-V3: 1); None = none.")
+
+    # ----- sliding window, softmax offset, clamped GEGLU (search.layer_variants; GPT-OSS) -----
+    window_size: list[int] | None = Field(None, description="Sliding-window attention [left, right] (megatron-core "
+                                          "window_size; -1 = unbounded; GPT-OSS: [127, 0]); None = full attention.")
+    window_attn_skip_freq: int | list[Literal[0, 1]] | None = Field(
+        None, description="Which layers the window applies to: N = every layer but each N-th (1-based layer "
+        "number % N != 0), or one 0/1 per layer (1 = windowed); None = all layers.")
+    softmax_type: Literal["vanilla", "off-by-one", "learnable"] | None = Field(
+        None, description="Attention softmax: vanilla (None), off-by-one, or learnable (a per-head "
+        "softmax_offset parameter: GPT-OSS's attention sinks).")
+    glu_linear_offset: float | None = Field(None, ge=-1e6, le=1e6, description="Gated MLP: act(x W) * (x V + "
+                                            "offset) (GPT-OSS: 1.0); None = 0.")
+    activation_func_clamp_value: float | None = Field(None, gt=0, le=1e6, description="quick_geglu: clamp of "
+                                                      "linear_fc1's output (GPT-OSS: 7.0); None = none.")
 
     @field_validator("layer_spec")
     @classmethod
@@ -156,6 +173,7 @@ class ModelSpec(BaseModel):
                 f"({self.groups})"
             )
         _check_moe(self)
+        layer_variants.check(self)
         return self
 
     def model_copy(self, *, update: dict | None = None, deep: bool = False) -> "ModelSpec":
@@ -170,6 +188,11 @@ class ModelSpec(BaseModel):
     @property
     def head_dim(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def gated_mlp(self) -> bool:
+        """swiglu and quick_geglu: the first MLP linear is two (gate and linear halves)."""
+        return self.activation in ("swiglu", "quick_geglu")
 
     @property
     def padded_vocab_size(self) -> int:
@@ -242,11 +265,11 @@ class ModelSpec(BaseModel):
         bias = self.add_bias_linear
         if kind == "attention":
             return h * (q + 2 * kv) + q * h + (q + 2 * kv + h if bias else 0) + self._norm_params() + \
-                self.qk_norm_params()
+                self.qk_norm_params() + layer_variants.softmax_offset_params(self)
         if kind == "cross_attention":  # Q from the decoder, K/V from the encoder output (megatron-core: two linears)
             return h * q + h * 2 * kv + q * h + (q + 2 * kv + h if bias else 0) + self._norm_params()
         ffn = self.ffn_hidden_size
-        up = 2 * ffn if self.activation == "swiglu" else ffn
+        up = 2 * ffn if self.gated_mlp else ffn
         return h * up + ffn * h + (up + h if bias else 0) + self._norm_params()
 
     def embedding_params(self) -> int:
@@ -284,7 +307,7 @@ class ModelSpec(BaseModel):
         kv = self.groups * d
         if kind == "mlp":
             ffn = self.ffn_hidden_size
-            up = 2 * ffn if self.activation == "swiglu" else ffn
+            up = 2 * ffn if self.gated_mlp else ffn
             return 2.0 * s * (h * up + ffn * h)
         kv_len = kv_len or s
         if kind == "attention":
@@ -304,6 +327,8 @@ class ModelSpec(BaseModel):
                 total += self.unit_forward_flops(u.kind, s_enc)
             elif u.kind == "cross_attention":
                 total += self.unit_forward_flops(u.kind, s_dec, kv_len=s_enc)
+            elif u.kind == "attention":      # sliding-window layers score s x min(s, window) (layer_variants)
+                total += self.unit_forward_flops(u.kind, s_dec, kv_len=layer_variants.window_keys(self, u.layer, s_dec))
             else:
                 total += self.unit_forward_flops(u.kind, s_dec)
         total += 2.0 * s_dec * self.hidden_size * self.padded_vocab_size

@@ -68,7 +68,7 @@ def attention_params(m) -> int:
 
 def mlp_params(m, ffn: int) -> int:
     """One MLP of inner width ``ffn`` (an expert, a shared expert or the dense MLP), without a norm."""
-    up = 2 * ffn if m.activation == "swiglu" else ffn
+    up = 2 * ffn if m.gated_mlp else ffn
     return _linear(m, m.hidden_size, up) + _linear(m, ffn, m.hidden_size)
 
 

@@ -7,7 +7,7 @@ one ``AcesoError`` line naming the stage or field, or None. Two parts, one funct
 - the planner's checks (here, torch-free): the padded vocabulary divides every tp that shards it (the first and
   last model chunks' stages, and a T5's decoder embedding), as megatron-core's ``VocabParallelEmbedding`` and
   output layer require; context parallelism on a CPU run (megatron-core runs it only with transformer-engine's
-  attention);
+  attention) or with a softmax offset (transformer-engine: a2a only, not priced; ``layer_variants``);
 - the runtime's checks, reached through the ``aceso.subcommands`` entry point of ``train`` (a module attribute
   ``preflight(plan, device)``), so that this package never names the runtime: the layer specs (importable,
   transformer-engine where there is none, carvable or kept whole in one chunk with one recompute none/full), the
@@ -20,6 +20,7 @@ one ``AcesoError`` line naming the stage or field, or None. Two parts, one funct
 from __future__ import annotations
 
 from .errors import AcesoError
+from .layer_variants import offset_blocks_cp
 
 RUNTIME_ENTRY = "train"      # the aceso.subcommands entry point whose module carries ``preflight``
 
@@ -64,6 +65,11 @@ def planner_checks(plan, device: str) -> None:
                 f"make_vocab_size_divisible_by {m.make_vocab_size_divisible_by}) must divide by it ({what} is "
                 f"split over tp); set model.make_vocab_size_divisible_by to a multiple of {tp} (Megatron-LM uses "
                 "128), or use a tp that divides it")
+    for i, st in enumerate(plan.stages):
+        if st.cp > 1 and offset_blocks_cp(m):
+            raise AcesoError(f"stages[{i}].cp ({st.cp}): transformer-engine runs softmax_type {m.softmax_type} "
+                             "under context parallelism only with cp_comm_type a2a, which aceso does not price; "
+                             "use cp 1")
     if device == "cpu":
         for i, st in enumerate(plan.stages):
             if st.cp > 1:

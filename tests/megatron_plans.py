@@ -1,5 +1,6 @@
 """Megatron-LM-expressible plans for the export / import round trip and the megatron-core checks (GPT, Llama,
-T5; pp 1-8, VPP, SP, CP, uneven first/last and layout splits, every recompute setting, precisions, local layers).
+GPT-OSS's layer fields, T5; pp 1-8, VPP, SP, CP, uneven first/last and layout splits, every recompute setting,
+precisions, local layers).
 
 Built from ``MegatronConfig`` (Megatron-LM's own terms), so each case says which Megatron-LM form it exercises.
 """
@@ -16,6 +17,12 @@ from tests.tiny_models import LLAMA as TINY_LLAMA
 GPT8, GPT12 = load_model("gpt-1.3b", num_layers=8), load_model("gpt-1.3b", num_layers=12)
 LLAMA8, LLAMA12 = load_model("llama3-8b", num_layers=8), load_model("llama3-8b", num_layers=12)
 T5 = load_model("t5-770m", num_layers=4)
+# GPT-OSS's layer fields on a dense model (search.layer_variants): sliding window on every 2nd layer, learnable
+# softmax offset, clamped quick-GEGLU with offset, biases, head_dim 64 != hidden / heads
+OSS8 = LLAMA8.model_copy(update={"name": "custom", "aceso_db_key": None, "activation": "quick_geglu",
+                                 "glu_linear_offset": 1.0, "activation_func_clamp_value": 7.0,
+                                 "softmax_type": "learnable", "window_size": [127, 0], "window_attn_skip_freq": 2,
+                                 "add_bias_linear": True, "kv_channels": 64})
 NONE, SEL, FULL = Recompute(), Recompute("selective", modules=("core_attn",)), Recompute("full", "uniform", 1)
 
 
@@ -50,6 +57,7 @@ CASES = {
     "llama-pp4-vpp2-first-last": (LLAMA12, (2, 1, 1, 2, 2, 1, 1, 2), 4, 2, 1, 1, 2, NONE, 1, 64, {}),
     "llama-fp16-pp4-vpp2": (LLAMA8.model_copy(update={"params_dtype": "fp16"}), (1,) * 8, 4, 2, 2, 1, 1, SEL,
                             1, 32, {}),
+    "oss-pp2-window-selective": (OSS8, (4, 4), 2, 1, 2, 1, 2, SEL, 1, 64, {"attention": "flash"}),
     "tiny-gpt-pp2": (TINY_GPT, (1, 1), 2, 1, 2, 1, 1, FULL, 2, 16, {}),
     "tiny-llama-gqa-selective": (TINY_LLAMA, (2,), 1, 1, 2, 1, 2, SEL, 2, 16, {"sp": True}),
     "t5-tp2": (T5, (8,), 1, 1, 2, 1, 4, NONE, 1, 64, {}),

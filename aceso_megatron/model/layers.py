@@ -29,6 +29,7 @@ from model_specs.extensions import (
     whole_layer_stacks,
 )
 from search.errors import AcesoError
+from search.layer_variants import refuse_unbuilt
 from search.model import ModelSpec, Unit
 
 from .attention import with_recomputed_dropout
@@ -101,6 +102,7 @@ def check_model(plan, device: str = "cpu", fast=None) -> None:
     """Every fault of the model and its fit with the plan, as one ``AcesoError``, before any process group exists;
     the config is built with the fast paths ``fast`` the run will use (default: what this machine offers)."""
     model = plan.model
+    refuse_unbuilt(model)      # sliding window, softmax offset, quick-GEGLU: not built by the runtime yet
     try:
         stage_config(model, 1, device, fast=fast)
     except AcesoError:

@@ -4,7 +4,7 @@ Reads the file only: no download, no transformers import. Fields map as follows:
 GPT-2 (``model_type`` gpt2): n_layer, n_embd, n_head, n_inner (default 4h), n_positions, vocab_size; gelu,
 layernorm, learned positions, tied embeddings, biases.
 Llama-style (llama, mistral, qwen2; with experts/MLA/MTP, search.hf_moe: mixtral, qwen3, qwen3_moe, deepseek_v3,
-kimi_k2): num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads,
+kimi_k2, gpt_oss): num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads,
 intermediate_size, max_position_embeddings, vocab_size, rope_theta, tie_word_embeddings; swiglu, rmsnorm, rope,
 no biases.
 T5 (t5, mt5): num_layers, num_decoder_layers, d_model, num_heads, d_kv, d_ff, vocab_size; the sequence lengths

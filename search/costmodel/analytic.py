@@ -2,13 +2,15 @@
 
 Each unit is a short list of kernels timed by the kernel model (``ShapeKernels``, the default: shape-aware GEMM
 and attention efficiency; ``FlatKernels``: the v1 per-GPU constants). Per rank, with b samples of s tokens (the
-sequence / cp), hidden h, q = heads*head_dim, kv = groups*head_dim, ffn f (``up`` = f, 2f for SwiGLU), tp t, element
-size dt, r = t with sequence parallelism (else 1):
+sequence / cp), hidden h, q = heads*head_dim, kv = groups*head_dim, ffn f (``up`` = f, 2f for SwiGLU and
+quick-GEGLU), tp t, element size dt, r = t with sequence parallelism (else 1):
 
     attention fwd: norm (2 sbh dt / r bytes) | QKV GEMM (sb, (q+2kv)/t, h) | RoPE (2 sb(q+kv) dt / t) |
                    core: flash (causal: half of 4 s^2 b q / t) or unfused (score and context batched GEMMs of
                    b heads/t matrices (s, kv_len, d) and (s, d, kv_len); softmax 2 dt and dropout 2dt+1 bytes per
-                   score element) | output GEMM (sb, h, q/t) | bias-dropout-add ((3dt+1) sbh / r)
+                   score element) | output GEMM (sb, h, q/t) | bias-dropout-add ((3dt+1) sbh / r);
+                   a sliding-window layer (``layer_variants``): flash 4 s w b q / t over the band of w keys
+                   per query (its own row), unfused unchanged (megatron-core scores s x s and masks)
     mlp fwd:       norm | fc1 GEMM (sb, up/t, h) | activation (gelu 2 sbf dt / t, SwiGLU 3 sbf dt / t) |
                    fc2 GEMM (sb, h, f/t) | bias-dropout-add
     backward:      each GEMM's input- and weight-gradient GEMMs; flash backward 2.5x the forward FLOPs (5
@@ -42,6 +44,7 @@ import numpy as np
 
 from ..cluster import ClusterSpec
 from ..errors import AcesoError
+from ..layer_variants import is_window_layer, window_keys
 from ..megatron_fields import analytic_note
 from ..model import ModelSpec
 from ..training import TrainingSpec
@@ -136,10 +139,18 @@ class AnalyticSource:
         return ef, eb, hf, hb
 
     # ----- kernels ------------------------------------------------------------------------------------------------
-    def _core(self, b: float, s: int, kv_len: int, t: int, causal: bool, cp: int = 1) -> tuple[float, float, float]:
-        """Attention core (scores, softmax, dropout, context): (fwd, bwd, attn_dropout recompute) ms."""
+    def _core(self, b: float, s: int, kv_len: int, t: int, causal: bool, cp: int = 1,
+              window: int | None = None) -> tuple[float, float, float]:
+        """Attention core (scores, softmax, dropout, context): (fwd, bwd, attn_dropout recompute) ms. ``window``:
+        keys per query of a sliding-window layer (``layer_variants.window_keys``): flash attention skips the tiles
+        outside the band, s x window scores, already causal; the unfused core scores all of s x kv_len and masks."""
         m, dt, k = self.model, self.dt, self.kern
         flops = 4.0 * s * kv_len * b * m.num_attention_heads * m.head_dim / t
+        if self.flash and window is not None and window < kv_len:
+            f = 4.0 * s * window * b * m.num_attention_heads * m.head_dim / t
+            fwd = k.flash(f, window, m.head_dim, causal) + (cp - 1) * LAUNCH_MS
+            bwd = k.flash(f, window, m.head_dim, causal, backward=True) + (cp - 1) * LAUNCH_MS
+            return fwd, bwd, UNAVAILABLE_MS
         if self.flash:
             f = flops * (0.5 if causal else 1.0)
             blk = kv_len / cp          # ring attention: cp blocks of s/cp keys each
@@ -161,8 +172,9 @@ class AnalyticSource:
         return fwd, bwd, rec_drop
 
     def attention(self, b: float, s: int, t: int, kv_len: int | None = None, causal: bool = True,
-                  cp: int = 1, sp: bool = False, overlap: bool = False) -> UnitCost:
-        """``s``: this rank's tokens (the sequence / cp); ``kv_len``: cross-attention's encoder tokens."""
+                  cp: int = 1, sp: bool = False, overlap: bool = False, window: int | None = None) -> UnitCost:
+        """``s``: this rank's tokens (the sequence / cp); ``kv_len``: cross-attention's encoder tokens;
+        ``window``: keys per query of a sliding-window layer (``_core``)."""
         m, dt, k = self.model, self.dt, self.kern
         h, q, kv = m.hidden_size, m.num_attention_heads * m.head_dim, m.groups * m.head_dim
         cross = kv_len is not None
@@ -178,7 +190,7 @@ class AnalyticSource:
         else:
             gemms = [(s * b, (q + 2 * kv) / t, h), (s * b, h, q / t)]
         core_f, core_b, rec_drop = self._core(b, s, kv_len * (cp if not cross else 1), t, causal and not cross,
-                                              1 if cross else cp)
+                                              1 if cross else cp, window)
         ring_f, ring_b, ring_hf, ring_hb = (self._cp_ring_parts(b, s, t, cp, core_f, core_b) if not cross
                                             else (0.0, 0.0, 0.0, 0.0))
         tpc = self._half(gemms[0], gemms[-1], b, s, t, sp, overlap)
@@ -190,10 +202,10 @@ class AnalyticSource:
     def mlp(self, b: float, s: int, t: int, sp: bool = False, overlap: bool = False) -> UnitCost:
         m, dt, k = self.model, self.dt, self.kern
         h, f = m.hidden_size, m.ffn_hidden_size
-        up = 2 * f if m.activation == "swiglu" else f
+        up = 2 * f if m.gated_mlp else f
         sbh = s * b * h
         ew = (2 * dt * sbh + (3 * dt + 1) * sbh) / (t if sp else 1)
-        act_bytes = (3 if m.activation == "swiglu" else 2) * dt * s * b * f / t
+        act_bytes = (3 if m.gated_mlp else 2) * dt * s * b * f / t
         gemms = [(s * b, up / t, h), (s * b, h, f / t)]
         act_f = k.memory(act_bytes)
         tpc = self._half(gemms[0], gemms[1], b, s, t, sp, overlap)
@@ -264,7 +276,7 @@ def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool, ov: boo
     s_enc, s_dec = _seqs(m, cp)
     rows = {}
     for u in m.units:
-        key = (u.stack, u.kind)
+        key = _row_key(m, u)
         if key in rows:
             continue
         s = s_enc if u.stack == "encoder" else s_dec
@@ -276,9 +288,15 @@ def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool, ov: boo
             rows[key] = (src.attention(b, s, t, kv_len=s_enc, sp=sp, overlap=ov),
                          attention_act_bytes(m, b, s, t, src.flash, kv_len=s_enc, dt=dt, sp=sp))
         else:
-            cost = src.attention(b, s, t, causal=causal, cp=cp, sp=sp, overlap=ov)
+            window = window_keys(m, u.layer, s * cp) if key[2] else None
+            cost = src.attention(b, s, t, causal=causal, cp=cp, sp=sp, overlap=ov, window=window)
             rows[key] = (cost, attention_act_bytes(m, b, s, t, src.flash, dt=dt, sp=sp))
     return rows
+
+
+def _row_key(m: ModelSpec, u) -> tuple:
+    """Units priced alike: (stack, kind, sliding window): a windowed self-attention layer is its own row."""
+    return u.stack, u.kind, u.kind == "attention" and u.stack == "decoder" and is_window_layer(m, u.layer)
 
 
 def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = False,
@@ -293,7 +311,7 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
     rec, act, peak = np.zeros((n, N_RC)), np.zeros((n, N_RC)), np.zeros((n, N_RC))
     params = np.zeros(n)
     for i, u in enumerate(m.units):
-        cost, a = rows[(u.stack, u.kind)]
+        cost, a = rows[_row_key(m, u)]
         fwd[i], bwd[i], tpc[i] = cost.fwd, cost.bwd, cost.tp_comm
         tph[i], cpc[i], cph[i] = cost.tp_hidden, cost.cp_comm, cost.cp_hidden
         comm_fwd[i] = cost.comm_fwd

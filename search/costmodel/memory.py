@@ -223,14 +223,14 @@ def mlp_act_bytes(model: ModelSpec, b: float, s: int, t: int, dt: float = 2.0,
     output nor linear-half copy without recompute; a selective unit runs unfused (the runtime turns the fusion off
     for it, ``model.config.unit_config``), so its row is the unfused one."""
     h, f = model.hidden_size, model.ffn_hidden_size
-    up = 2 * f if model.activation == "swiglu" else f
+    up = 2 * f if model.gated_mlp else f
     r = t if sp else 1
     mask = 1.0 * s * b * h if _has_hidden_dropout(model) else 0.0
     replicated = (2 * dt * s * b * h + mask) / r
     act_in = dt * s * b * up / t
     fc2_in = dt * s * b * f / t
     act_out = dt * s * b * f / t  # what selective recompute drops: gelu's output (= fc2 input) or silu's output
-    if model.activation == "swiglu":  # + silu output and (x_linear + offset), both kept by the gate multiply
+    if model.gated_mlp:  # + silu (quick-gelu) output and (x_linear + offset), both kept by the gate multiply
         none = replicated + act_in + 2 * act_out + fc2_in
     else:
         none = replicated + act_in + fc2_in

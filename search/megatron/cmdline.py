@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from ..errors import AcesoError
 from ..plan_settings import settings_from_flags
 from .config import MegatronConfig, Recompute
+from .layer_variant_flags import FLAG_KINDS as LAYER_FLAG_KINDS
 from .layout import distribution, layout_chunk_layers
 from .model_args import model_from_flags
 from .shell import placeholder
@@ -56,6 +57,7 @@ FLAGS: dict[str, str] = {
                          "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
                          "--no-position-embedding")},
     "--recompute-modules": LIST,
+    **LAYER_FLAG_KINDS,         # --window-size, --softmax-type, --quick-geglu, ... (layer_variant_flags)
 }
 
 
@@ -125,14 +127,12 @@ REFUSED: dict[str, tuple[object, str]] = {
     "--cp-comm-type": (lambda v: any(x != "p2p" for x in v), "aceso prices ring (p2p) context parallelism only"),
     "--hierarchical-context-parallel-sizes": (_always, "hierarchical context parallelism is not modelled"),
     "--hybrid-context-parallel": (_always, "hybrid context parallelism is not modelled by aceso"),
-    "--window-size": (_always, "sliding-window attention is not modelled by aceso"),
     "--use-legacy-models": (_always, "aceso plans megatron-core models, not the legacy ones"),
     "--rampup-batch-size": (_always, "a batch-size ramp-up changes the plan during training; plan the final size"),
     "--model-parallel-size": (_always, "the old flag; use --tensor-model-parallel-size"),
     "--checkpoint-activations": (_always, "removed in Megatron-LM; use --recompute-activations or "
                                           "--recompute-granularity"),
     "--optimizer": (lambda v: v != ["adam"], "aceso prices the Adam optimizer's states only"),
-    "--quick-geglu": (_always, "gated GELU MLPs are not modelled (use --swiglu or the default GELU)"),
 }
 
 

@@ -17,6 +17,7 @@ import model_specs
 from ..errors import AcesoError, format_validation_error
 from ..model import ModelSpec
 from ..presets import load_model
+from . import layer_variant_flags
 
 # fields that name a preset's architecture (everything but labels, precision, dropout rates and padding)
 _LABELS = {"name", "family", "aceso_db_key", "nominal_params_b", "params_dtype", "attention_dropout",
@@ -74,6 +75,9 @@ def model_from_flags(f, tp: int, t5: bool, notes: list[str], vocab_size: int | N
         "attention_dropout": f.get("--attention-dropout", 0.1), "hidden_dropout": f.get("--hidden-dropout", 0.1),
         "params_dtype": "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32",
     }
+    spec.update(layer_variant_flags.read(f))       # --window-size, --softmax-type, --quick-geglu, ...
+    if spec["activation"] == "quick_geglu" and norm == "RMSNorm":
+        spec["family"] = "llama"
     spec.update(_vocab(f, tp, vocab_size))
     model = _named(spec, notes)
     backend = f.get("--attention-backend", "auto")

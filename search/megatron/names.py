@@ -8,6 +8,7 @@ mapping documented in docs/megatron.md (``mapping_table``); ``megatron_lm_args``
 
 from __future__ import annotations
 
+from . import layer_variant_flags
 from .config import MegatronConfig
 from .layout import split_for
 
@@ -28,6 +29,14 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("model.make_vocab_size_divisible_by", "--make-vocab-size-divisible-by (ours / tp)",
      "model.make_vocab_size_divisible_by", "Megatron-LM pads to a multiple of it x tp"),
     ("model.activation swiglu", "--swiglu", "recipe: a Llama recipe", "gelu: the default / a GPT recipe"),
+    ("model.activation quick_geglu", "--quick-geglu", "recipe: a GPT-OSS recipe", "gated quick-GELU"),
+    ("model.glu_linear_offset", "--glu-linear-offset", "model.glu_linear_offset", "when set"),
+    ("model.activation_func_clamp_value", "--activation-func-clamp-value", "model.activation_func_clamp_value",
+     "when set"),
+    ("model.softmax_type", "--softmax-type", "model.softmax_type", "when set (not vanilla)"),
+    ("model.window_size", "--window-size LEFT,RIGHT", "model.window_size", "when set"),
+    ("model.window_attn_skip_freq", "--window-attn-skip-freq N or [0/1 list]", "model.window_attn_skip_freq",
+     "when set"),
     ("model.normalization", "--normalization LayerNorm or RMSNorm", "model.normalization", ""),
     ("model.position_embedding", "--position-embedding-type learned_absolute or rope", "model.position_embedding_type",
      ""),
@@ -94,6 +103,7 @@ def megatron_lm_args(c: MegatronConfig) -> dict[str, list[str]]:
         model += ["--rotary-base", str(int(m.rotary_base))]
     model += ["--normalization", _NORM[m.normalization]]
     model += ["--swiglu"] if m.activation == "swiglu" else []
+    model += layer_variant_flags.write(m)          # --quick-geglu, --window-size, --softmax-type, ...
     model += [] if m.tied_embeddings else ["--untie-embeddings-and-output-weights"]
     model += [] if m.add_bias_linear else ["--disable-bias-linear"]
     model += ["--attention-dropout", _num(m.attention_dropout), "--hidden-dropout", _num(m.hidden_dropout),
@@ -172,6 +182,7 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
         "num_layers_in_first_pipeline_stage": split.first, "num_layers_in_last_pipeline_stage": split.last,
         "recompute_granularity": rc.granularity, "recompute_method": rc.method,
         "recompute_num_layers": rc.num_layers, "recompute_modules": list(rc.modules) if rc.modules else None,
+        **layer_variant_flags.bridge(m),
     }
     out: dict[str, dict[str, object]] = {
         "model": model,

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from ..costmodel.types import Features, Shape
 from ..errors import AcesoError
+from ..layer_variants import offset_blocks_cp
 from ..training import MAX_VIRTUAL
 from . import constraints
 
@@ -132,6 +133,8 @@ class Space:
                           "context-parallel-sizes")
         if model.is_t5 and cps != (1,):
             cps = (1,)          # megatron-core's T5Model has no context parallelism
+        if offset_blocks_cp(model):
+            cps = (1,)          # a softmax offset runs under cp only over a2a, which is not priced (layer_variants)
         legal_cps = tuple(c for c in cps if c == 1 or model.seq_length % (2 * c) == 0)
         if not legal_cps:
             raise AcesoError(f"--context-parallel-sizes {' '.join(map(str, cps))}: 2 cp must divide seq_length "

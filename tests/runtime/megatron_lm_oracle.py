@@ -51,7 +51,12 @@ def run(line: str, world: int) -> dict:
             "recompute": [cfg.recompute_granularity, cfg.recompute_method, cfg.recompute_num_layers,
                           cfg.recompute_modules if cfg.recompute_granularity == "selective" else None],
             "sequence_parallel": cfg.sequence_parallel, "ffn_hidden_size": cfg.ffn_hidden_size,
-            "num_query_groups": cfg.num_query_groups}
+            "num_query_groups": cfg.num_query_groups, "kv_channels": cfg.kv_channels,
+            "layer_variants": {"window_size": list(cfg.window_size) if cfg.window_size else None,
+                               "window_attn_skip_freq": cfg.window_attn_skip_freq,
+                               "softmax_type": cfg.softmax_type, "glu_linear_offset": cfg.glu_linear_offset,
+                               "activation_func_clamp_value": cfg.activation_func_clamp_value,
+                               "activation": cfg.activation_func.__name__, "gated": cfg.gated_linear_unit}}
 
 
 if __name__ == "__main__":

@@ -54,16 +54,19 @@ def test_block_values_are_converted_to_the_field_types():
 
     from model_specs.extensions import megatron_kwargs
 
-    m = GPT.model_copy(update={"megatron": {"window_size": [4, 0], "attention_backend": "unfused",
-                                            "softmax_scale": 1, "qk_layernorm": True}})
-    assert megatron_kwargs(m) == {"window_size": (4, 0), "attention_backend": AttnBackend.unfused,
-                                  "softmax_scale": 1.0, "qk_layernorm": True}
+    m = GPT.model_copy(update={"megatron": {"attention_backend": "unfused", "softmax_scale": 1,
+                                            "qk_layernorm": True}})
+    assert megatron_kwargs(m) == {"attention_backend": AttnBackend.unfused, "softmax_scale": 1.0,
+                                  "qk_layernorm": True}
+    from typing import Optional, Tuple
+
+    from model_specs.extensions import _convert      # a tuple field (0.16.1's window_size is a spec field now)
+    assert _convert([4, 0], Optional[Tuple[int, int]]) == (4, 0)
 
 
 @pytest.mark.parametrize("block, message", [
     ({"softmax_scale": "big"}, "megatron.softmax_scale: 'big' is not a Optional[float]"),
     ({"qk_layernorm": 1}, "megatron.qk_layernorm: 1 is not a bool"),
-    ({"window_size": [4]}, "megatron.window_size: [4] is not a Optional[Tuple[int, int]]"),
     ({"attention_backend": "fastest"}, "megatron.attention_backend: 'fastest' is not a AttnBackend"),
     ({"autocast_dtype": "bf16"}, "callables and objects go in your layer_spec"),
 ])

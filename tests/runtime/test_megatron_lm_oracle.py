@@ -43,3 +43,11 @@ def test_megatron_lm_parses_validates_and_builds_the_plans_layers():
         assert got["recompute"] == [rc.granularity, rc.method, rc.num_layers,
                                     list(rc.modules) if rc.granularity == "selective" else None], name
         assert got["sequence_parallel"] == c.sequence_parallel, name
+        m = plan.model                            # GPT-OSS's layer fields (search.layer_variants) as megatron-core's
+        assert got["kv_channels"] == m.head_dim, name
+        assert got["layer_variants"] == {
+            "window_size": m.window_size, "window_attn_skip_freq": m.window_attn_skip_freq,
+            "softmax_type": m.softmax_type or "vanilla", "glu_linear_offset": m.glu_linear_offset or 0.0,
+            "activation_func_clamp_value": m.activation_func_clamp_value,
+            "activation": {"gelu": "gelu", "swiglu": "silu", "quick_geglu": "quick_gelu"}[m.activation],
+            "gated": m.gated_mlp}, name

@@ -1,8 +1,10 @@
 """Our MoE / MLA / MTP parameter counts (search.moe_params) equal what megatron-core 0.16.1 allocates: tiny models
 with every structural feature of the presets (GQA, q/k norms, biases, dense-first and every-N-th MoE layers,
-shared experts, MLA with and without the query down-projection, an MTP layer) built as ``GPTModel`` with
-megatron-core's local block spec (``get_gpt_decoder_block_spec``, SequentialMLP experts) on CPU in one process;
-the count is the sum of the model's parameter numels. Then every MoE preset at full width on the meta device.
+shared experts, MLA with and without the query down-projection, an MTP layer, GPT-OSS's learnable softmax offset,
+quick-GEGLU and kv_channels != hidden / heads) built as ``GPTModel`` with megatron-core's local block spec
+(``get_gpt_decoder_block_spec``, SequentialMLP experts) on CPU in one process; the count is the sum of the model's
+parameter numels. Then every MoE preset at full width on the meta device, and which layers megatron-core builds
+with a sliding window against ``search.layer_variants``.
 
 The ModelSpec -> TransformerConfig translation below is this test's own, written from megatron-core's field names
 (the runtime does not build MoE models yet: docs/moe.md)."""
@@ -30,6 +32,11 @@ CASES = {
                               "moe_router_score_function": "sigmoid", "moe_router_num_groups": 2,
                               "moe_router_group_topk": 1, "moe_router_enable_expert_bias": True}},
     "mla-no-q-lora-listed": {**LLAMA, "mla": {**MLA, "q_lora_rank": None}, "moe": {**MOE, "moe_layer_freq": [1, 0, 1]}},
+    # GPT-OSS: head_dim != hidden / heads, biases on attention, router and experts, learnable softmax offset,
+    # quick-GEGLU with offset and clamp, sliding window on every 2nd layer (search.layer_variants)
+    "gpt-oss-like": {**LLAMA, "add_bias_linear": True, "num_query_groups": 2, "kv_channels": 8,
+                     "activation": "quick_geglu", "glu_linear_offset": 1.0, "activation_func_clamp_value": 7.0,
+                     "softmax_type": "learnable", "window_size": [7, 0], "window_attn_skip_freq": 2, "moe": MOE},
 }
 
 
@@ -45,11 +52,19 @@ def _config(m: ModelSpec):
     """rope_type rope for MLA: yarn (the default) only rescales, adds no parameter, and builds on the GPU."""
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
+    from megatron.core.activations import quick_gelu
+
+    act = {"swiglu": F.silu, "quick_geglu": quick_gelu}.get(m.activation, F.gelu)
     kw = dict(num_layers=m.num_layers, hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
               num_query_groups=m.num_query_groups, kv_channels=m.kv_channels, ffn_hidden_size=m.ffn_hidden_size,
               add_bias_linear=m.add_bias_linear, normalization="RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm",
-              gated_linear_unit=m.activation == "swiglu", activation_func=F.silu if m.activation == "swiglu"
-              else F.gelu, use_cpu_initialization=True, params_dtype=torch.float32, **(m.megatron or {}))
+              gated_linear_unit=m.gated_mlp, activation_func=act, use_cpu_initialization=True,
+              params_dtype=torch.float32, **(m.megatron or {}))
+    for f in ("window_attn_skip_freq", "softmax_type", "glu_linear_offset", "activation_func_clamp_value"):
+        if getattr(m, f) is not None:
+            kw[f] = getattr(m, f)
+    if m.window_size is not None:
+        kw["window_size"] = tuple(m.window_size)
     if m.moe is not None:
         e = m.moe
         kw.update(num_moe_experts=e.num_experts, moe_router_topk=e.moe_router_topk,
@@ -84,11 +99,14 @@ def _mla_core_stand_in(spec) -> None:
         layer.submodules.self_attention.submodules.core_attention = _CoreStandIn
 
 
-def _megatron_numel(m: ModelSpec, monkeypatch) -> int:
+def _megatron_model(m: ModelSpec, monkeypatch):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
 
     cfg = _config(m)
+    # megatron-core 0.16.1 allocates the learnable softmax_offset on torch.cuda.current_device(): here, the CPU
+    # (or the meta device the caller builds on)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: torch.get_default_device())
     spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False)
     if m.mla is not None:
         _mla_core_stand_in(spec)
@@ -98,7 +116,11 @@ def _megatron_numel(m: ModelSpec, monkeypatch) -> int:
     model = GPTModel(cfg, spec, vocab_size=m.padded_vocab_size, max_sequence_length=m.seq_length,
                      position_embedding_type="rope" if m.position_embedding == "rope" else "learned_absolute",
                      share_embeddings_and_output_weights=m.tied_embeddings, mtp_block_spec=mtp)
-    return sum(p.numel() for p in model.parameters())
+    return model
+
+
+def _megatron_numel(m: ModelSpec, monkeypatch) -> int:
+    return sum(p.numel() for p in _megatron_model(m, monkeypatch).parameters())
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -111,7 +133,7 @@ def test_count_equals_megatron_core_numel(single_process, name, monkeypatch):
 # it has: its dense-first layers, one MoE layer, and the MTP layer. Counts are linear in the layers of each kind, so
 # these fix the count of the whole preset.
 PRESET_DEPTH = {"mixtral-8x7b": 1, "mixtral-8x22b": 1, "qwen3-30b-a3b": 1, "qwen3-235b-a22b": 1, "deepseek-v3": 4,
-                "deepseek-v3-no-mtp": 4, "kimi-k2": 2}
+                "deepseek-v3-no-mtp": 4, "kimi-k2": 2, "gpt-oss-120b": 2, "gpt-oss-20b": 2}
 
 
 @pytest.mark.parametrize("name", sorted(PRESET_DEPTH))
@@ -121,3 +143,17 @@ def test_preset_count_equals_megatron_core_at_full_width(single_process, name, m
     m = load_model(name, num_layers=PRESET_DEPTH[name])
     with torch.device("meta"):
         assert counts(m).total == _megatron_numel(m, monkeypatch)
+
+
+@pytest.mark.parametrize("freq", [None, 2, 3, [0, 1, 1, 0, 1]])
+def test_window_layers_are_megatron_cores(single_process, freq, monkeypatch):
+    """The layers ``layer_variants.is_window_layer`` windows are the ones megatron-core builds with a window."""
+    from search.layer_variants import is_window_layer
+
+    spec = {**CASES["gpt-oss-like"], "num_layers": 5, "window_attn_skip_freq": freq}
+    m = ModelSpec.model_validate({"name": "w", **spec})
+    built = [layer.self_attention.core_attention.scale_mask_softmax.window_size
+             for layer in _megatron_model(m, monkeypatch).decoder.layers]
+    assert [w is not None for w in built] == [is_window_layer(m, i) for i in range(5)]
+    assert {w for w in built if w is not None} == {(7, 0)}
+
