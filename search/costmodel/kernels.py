@@ -27,6 +27,11 @@ Two models behind one interface (``gemm``, ``bmm``, ``flash``, ``memory``, all i
   the v1 constants 0.60 / 0.45 (E = 0.71 / 0.535). B200: no measurement in our sources; the H100 fractions.
 - Batched attention GEMMs (unfused attention): the GEMM model per matrix, ``batch`` of them in one launch.
 - Memory-bound kernels: ``bytes / (hbm MEM_EFF) + LAUNCH_MS`` each.
+- Low-precision GEMMs (``search/precision.py``: the linear layers under an FP8 / FP4 recipe): the same shape model
+  at the GPU's FP8 / FP4 dense peak with the quantized element size, times ``gemm_scale``: the achieved fraction of
+  the bf16 microbenchmark ceiling that an FP8 GEMM of a training step reaches (``LOWPREC_GEMM_SCALE``, one per GPU
+  generation, fitted on the published FP8 / MXFP8 Megatron-Bridge runs: ``python bench/lowprec_published.py
+  --fit``). FP8 GEMMs are shorter for the same shape, so launch, tail and the scaling-factor handling weigh more.
 
 ``FlatKernels`` (the v1 model, selectable with ``kernels="flat"``): one efficiency per kernel class and GPU
 (``GPU_EFFICIENCY``), one launch overhead per kernel group; it reproduces the v1 numbers exactly (tests).
@@ -103,11 +108,19 @@ ARCH: dict[str, Arch] = {
 }
 
 
+# Low-precision GEMM efficiency relative to the bf16 ceiling (``gemm_scale``), per GPU generation; fitted
+# (docs/costmodel.md, "Low precision"): Hopper on the H100 FP8-CS rows, Blackwell on the B200/GB200/GB300 rows.
+LOWPREC_GEMM_SCALE = {"hopper": 0.80, "blackwell": 0.80}
+GENERATION = {"h100": "hopper", "h200": "hopper", "b200": "blackwell", "gb200": "blackwell", "b300": "blackwell",
+              "gb300": "blackwell"}
+
+
 class FlatKernels:
     """v1: ``max(flops / (peak eff), bytes / (hbm mem)) + LAUNCH_MS`` per kernel group, efficiencies per GPU."""
 
     name = "flat"
     attn_scale = 1.0            # calibrated fused-attention throughput factor (GPUSpec.attention_scale)
+    gemm_scale = 1.0            # low-precision GEMMs: LOWPREC_GEMM_SCALE
     ce_bytes = (24.0, 8.0)      # v1: cross-entropy bytes per logit beyond the dt read, forward / backward
 
     def __init__(self, gpu: str, peak_flop_per_ms: float, hbm_bytes_per_ms: float, dt: float):
@@ -116,7 +129,7 @@ class FlatKernels:
         self.has_flash = self.eff.flash_fwd > 0
 
     def _k(self, flops: float = 0.0, nbytes: float = 0.0, eff: float | None = None) -> float:
-        t_c = flops / (self.peak * (eff or self.eff.gemm)) if flops else 0.0
+        t_c = flops / (self.peak * (eff or self.eff.gemm * self.gemm_scale)) if flops else 0.0
         t_m = nbytes / (self.hbm * self.eff.mem) if nbytes else 0.0
         return max(t_c, t_m) + LAUNCH_MS
 
@@ -146,6 +159,7 @@ class ShapeKernels:
 
     name = "shape"
     attn_scale = 1.0            # calibrated fused-attention throughput factor (GPUSpec.attention_scale)
+    gemm_scale = 1.0            # low-precision GEMMs: LOWPREC_GEMM_SCALE
     # megatron-core's vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py), bytes per logit beyond the
     # dt read: forward .float() 4 + max 4 + subtract 8 + exp 8 + sum 4 + divide 8; backward mul_ 8 + the cast's 4
     ce_bytes = (36.0, 12.0)
@@ -171,7 +185,7 @@ class ShapeKernels:
             split = max(1, min(a.sms // max(int(units), 1), int(k // SPLIT_K_MIN)))
             units *= split
         waves = ceil(units / a.sms)
-        eff = a.gemm_max * a.sustained * tile_util * units / (waves * a.sms)
+        eff = a.gemm_max * a.sustained * self.gemm_scale * tile_util * units / (waves * a.sms)
         flops = 2.0 * m * n * k * batch
         nbytes = self.dt * (m * k + k * n + m * n) * batch + (4.0 * m * n * batch * split if split > 1 else 0.0)
         t = max(flops / (self.peak * eff), nbytes / (self.hbm * MEM_EFF)) + LAUNCH_MS
@@ -204,3 +218,11 @@ class ShapeKernels:
 
 
 KERNEL_MODELS = {"shape": ShapeKernels, "flat": FlatKernels}
+
+
+def lowprec_kernels(kernels: str, gpu: str, peak_flop_per_ms: float, hbm_bytes_per_ms: float, elem_bytes: float):
+    """The kernel model of the quantized linear GEMMs: the FP8 / FP4 peak, the quantized element size and the
+    generation's ``LOWPREC_GEMM_SCALE`` (read at call time, so a fit can vary it)."""
+    k = KERNEL_MODELS[kernels](gpu, peak_flop_per_ms, hbm_bytes_per_ms, elem_bytes)
+    k.gemm_scale = LOWPREC_GEMM_SCALE.get(GENERATION.get(gpu, ""), 1.0)
+    return k
