@@ -35,7 +35,9 @@ weight gradient instead of the bf16 tensor.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Recipe(NamedTuple):
@@ -170,3 +172,32 @@ def check(precision: str, gpu, param_gather: bool, start: int, end: int, num_lay
     if start < 0 or end < 0 or start + end > num_layers:
         return f"bf16 first/last layers ({start} + {end}) must be between 0 and the {num_layers} layers"
     return None
+
+
+class LowPrecision(BaseModel):
+    """A plan's low-precision recipe (``PlanSettings.low_precision``): what the prediction assumed and what the
+    exported flags run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    recipe: Literal["fp8-delayed", "fp8-tensorwise", "fp8-blockwise", "mxfp8", "nvfp4"] = Field(
+        description="The recipe (search/precision.py): the linear layers' GEMMs in FP8 / FP4.")
+    param_gather: bool = Field(False, description="Parameters stored quantized (--fp8-param-gather).")
+    bf16_layers_start: int = Field(0, ge=0, description="First layers kept in bf16 (--num-layers-at-start-in-bf16).")
+    bf16_layers_end: int = Field(0, ge=0, description="Last layers kept in bf16 (--num-layers-at-end-in-bf16).")
+
+
+def of_training(training) -> LowPrecision | None:
+    """The ``LowPrecision`` of a ``TrainingSpec`` (None: a plain dtype)."""
+    if not is_low(training.precision):
+        return None
+    return LowPrecision(recipe=training.precision, param_gather=training.fp8_param_gather,
+                        bf16_layers_start=training.bf16_layers_start, bf16_layers_end=training.bf16_layers_end)
+
+
+def training_fields(low: LowPrecision | None, dtype: str) -> dict:
+    """``TrainingSpec`` fields of a plan: its recipe, else its parameter dtype."""
+    if low is None:
+        return {"precision": dtype}
+    return {"precision": low.recipe, "fp8_param_gather": low.param_gather,
+            "bf16_layers_start": low.bf16_layers_start, "bf16_layers_end": low.bf16_layers_end}
