@@ -8,6 +8,7 @@ mapping documented in docs/megatron.md (``mapping_table``); ``megatron_lm_args``
 
 from __future__ import annotations
 
+from ..precision import megatron_flags as precision_flags
 from .config import MegatronConfig
 from .layout import split_for
 
@@ -100,7 +101,15 @@ def megatron_lm_args(c: MegatronConfig) -> dict[str, list[str]]:
               "--make-vocab-size-divisible-by", str(c.vocab_divisor), "--transformer-impl", c.transformer_impl]
     return {"model": model, "parallel": _parallel(c), "recompute": _recompute(c),
             "batch": ["--micro-batch-size", str(c.micro_batch_size), "--global-batch-size", str(c.global_batch_size)],
-            "precision": [f for f in [_PRECISION[c.precision]] if f] + grad_reduce_args(c)}
+            "precision": [f for f in [_PRECISION[c.precision]] if f] + grad_reduce_args(c) + low_precision_args(c)}
+
+
+def low_precision_args(c: MegatronConfig) -> list[str]:
+    """The recipe's flags (``search/precision.py``)."""
+    low = c.low_precision
+    if low is None:
+        return []
+    return precision_flags(low.recipe, low.param_gather, low.bf16_layers_start, low.bf16_layers_end)
 
 
 def grad_reduce_args(c: MegatronConfig) -> list[str]:
