@@ -110,7 +110,7 @@ ARCH: dict[str, Arch] = {
 
 # Low-precision GEMM efficiency relative to the bf16 ceiling (``gemm_scale``), per GPU generation; fitted
 # (docs/costmodel.md, "Low precision"): Hopper on the H100 FP8-CS rows, Blackwell on the B200/GB200/GB300 rows.
-LOWPREC_GEMM_SCALE = {"hopper": 0.80, "blackwell": 0.80}
+LOWPREC_GEMM_SCALE = {"hopper": 0.98, "blackwell": 0.84}
 GENERATION = {"h100": "hopper", "h200": "hopper", "b200": "blackwell", "gb200": "blackwell", "b300": "blackwell",
               "gb300": "blackwell"}
 
