@@ -66,7 +66,7 @@ FLAGS: dict[str, str] = {
 # without a warning; any other flag is listed in the one warning
 QUIET_PREFIXES = ("--lr", "--min-lr", "--train-", "--eval-", "--log-", "--save", "--load", "--data-", "--tokenizer-",
                   "--wandb-", "--tensorboard-", "--exit-", "--ckpt-", "--profile", "--adam-", "--sgd-", "--valid-data",
-                  "--test-data", "--manual-gc", "--timing-log")
+                  "--test-data", "--manual-gc", "--timing-log", "--fp8-amax-")
 QUIET = frozenset({
     "--split", "--vocab-file", "--merge-file", "--mock-data", "--weight-decay", "--start-weight-decay",
     "--end-weight-decay", "--weight-decay-incr-style", "--clip-grad", "--seed", "--init-method-std",
@@ -77,7 +77,7 @@ QUIET = frozenset({
     "--dataloader-type", "--finetune", "--use-checkpoint-args", "--no-load-optim", "--no-load-rng",
     "--vocab-extra-ids", "--legacy-tokenizer", "--eod-mask-loss", "--reset-position-ids", "--reset-attention-mask",
     "--norm-epsilon", "--initial-loss-scale", "--min-loss-scale", "--loss-scale", "--loss-scale-window",
-    "--hysteresis", "--mask-prob", "--short-seq-prob", "--no-check-for-nan-in-loss-and-grad", "--local-rank",
+    "--hysteresis", "--fp8-margin", "--fp8-interval", "--mask-prob", "--short-seq-prob", "--no-check-for-nan-in-loss-and-grad", "--local-rank",
 })
 
 
