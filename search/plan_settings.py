@@ -96,4 +96,4 @@ def describe(settings: PlanSettings | None, precision: str) -> str:
     s = settings or RUNTIME
     dtype = "fp32" if s.grad_reduce_in_fp32 or precision == "fp32" else base_dtype(precision)
     low = f", {s.low_precision.recipe} linear GEMMs" if s.low_precision else ""
-    return f"{s.framework}, gradients reduced in {dtype}{low}"
+    return f"{s.framework}{low}, gradients reduced in {dtype}"

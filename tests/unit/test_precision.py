@@ -166,3 +166,40 @@ def test_param_gather_needs_the_distributed_optimizer():
     with pytest.raises(AcesoError, match="use-distributed-optimizer"):
         read_megatron(ARGS.replace("--use-distributed-optimizer", "") + "--fp8-format hybrid --fp8-param-gather",
                       world_size=8)
+
+
+# ----- the CLI: search prices the recipe given, export writes it, explain reads it ---------------------------------
+def test_search_export_and_explain_carry_the_recipe(tmp_path, capsys):
+    import yaml
+    plan = tmp_path / "p.json"
+    assert main(["search", "--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch-size", "64",
+                 "--precision", "fp8-tensorwise", "--fp8-param-gather", "--target", "megatron-lm",
+                 "--budget-evals", "50", "-o", str(plan)]) == 0
+    saved = json.loads(plan.read_text())
+    assert saved["settings"]["low_precision"]["recipe"] == "fp8-tensorwise" and saved["distributed_optimizer"]
+    capsys.readouterr()
+    assert main(["export", str(plan), "--to", "megatron-lm"]) == 0
+    script = capsys.readouterr().out
+    line = next(ln for ln in script.splitlines() if ln.startswith("PRECISION_ARGS="))
+    words = line.split("(")[1].rstrip(")").split()
+    assert words[:6] == ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-param-gather"]
+    assert all(w in megatron_flags() for w in words if w.startswith("--"))
+    assert main(["export", str(plan), "--to", "megatron-bridge"]) == 0
+    mp = yaml.safe_load(capsys.readouterr().out.split("\n", 1)[1])["mixed_precision"]
+    fields = json.loads((ROOT / "search" / "megatron" / "data" / "bridge_fields_v0.3.1.json").read_text())
+    assert (mp["fp8"], mp["fp8_recipe"], mp["fp8_param_gather"]) == ("hybrid", "tensorwise", True)
+    assert set(mp) - {"_target_"} <= set(fields["fields"]["mixed_precision"])
+    # import prices the exported flags under the plan's own recipe: the searched plan's iteration time
+    from search.cli.import_cmd import predict
+    args = " ".join(ln.split("(")[1].rstrip(")").strip() for ln in script.splitlines()
+                    if ln.split("=")[0] in ("MODEL_ARGS", "PARALLEL_ARGS", "BATCH_ARGS", "PRECISION_ARGS"))
+    imp = read_megatron(args + " --tokenizer-type NullTokenizer --vocab-size 128255",
+                        cluster=parse_cluster("1x8-h100"))
+    assert imp.plan.settings.low_precision == megatron_config(_plan_of(saved)).low_precision
+    got = predict(imp.plan, "flash").iteration_time_ms
+    assert got == pytest.approx(saved["predicted"]["iteration_time_ms"], rel=1e-6)
+
+
+def _plan_of(data):
+    from search.plan import ParallelPlan
+    return ParallelPlan.model_validate(data)
