@@ -87,4 +87,10 @@ def search_command(plan: ParallelPlan) -> str:
     model = m.name if preset else "SPEC.json"
     depth = f" --num-layers {m.num_layers}" if preset and load_model(m.name).num_layers != m.num_layers else ""
     cluster = f" --cluster {plan.cluster.label}" if plan.cluster else ""
-    return f"aceso search --model {model}{depth}{cluster} --global-batch-size {plan.global_batch_size}"
+    low = (plan.settings.low_precision if plan.settings else None)
+    prec = ""
+    if low is not None:
+        prec = f" --precision {low.recipe}" + (" --fp8-param-gather" if low.param_gather else "")
+        if low.bf16_layers_start or low.bf16_layers_end:
+            prec += f" --bf16-layers {low.bf16_layers_start} {low.bf16_layers_end}"
+    return f"aceso search --model {model}{depth}{cluster} --global-batch-size {plan.global_batch_size}{prec}"

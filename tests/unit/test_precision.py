@@ -203,3 +203,13 @@ def test_search_export_and_explain_carry_the_recipe(tmp_path, capsys):
 def _plan_of(data):
     from search.plan import ParallelPlan
     return ParallelPlan.model_validate(data)
+
+
+def test_explain_megatron_args_prices_the_recipe_and_refuses_it_on_a100(capsys):
+    args = ARGS + "--fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather"
+    assert main(["explain", "--megatron-args", args, "--cluster", "1x8-h100"]) == 0
+    out = capsys.readouterr().out
+    assert "fp8-tensorwise linear GEMMs" in out and "--precision fp8-tensorwise --fp8-param-gather" in out
+    assert main(["explain", "--megatron-args", args, "--cluster", "1x8-a100"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a100 has no FP8" in err
