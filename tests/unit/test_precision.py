@@ -213,3 +213,10 @@ def test_explain_megatron_args_prices_the_recipe_and_refuses_it_on_a100(capsys):
     assert main(["explain", "--megatron-args", args, "--cluster", "1x8-a100"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "a100 has no FP8" in err
+
+
+def test_other_cost_models_refuse_low_precision():
+    m = load_model("llama3-8b", num_layers=4)
+    tr = TrainingSpec(global_batch_size=16, precision="mxfp8")
+    with pytest.raises(AcesoError, match="analytic cost model only"):
+        make_cost_model(m, parse_cluster("1x8-b200"), tr, "profile", db="x")
