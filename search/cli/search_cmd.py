@@ -157,6 +157,9 @@ def settings_from_args(args, training):
         raise AcesoError("--grad-reduce-in-bf16 is for --target megatron-lm / megatron-bridge with bf16 (the aceso "
                          f"runtime reduces in the parameter dtype; this search is --target {target} --precision "
                          f"{training.precision}); drop it")
+    if target == "aceso" and of_training(training) is not None:
+        from ..preflight import RUNTIME_LOW_PRECISION
+        raise AcesoError(f"--precision {training.precision}: {RUNTIME_LOW_PRECISION}")
     return plan_settings("runtime" if target == "aceso" else target, training.dtype, bf16_reduce,
                          low=of_training(training))
 

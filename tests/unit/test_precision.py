@@ -104,7 +104,7 @@ def test_low_precision_refused_where_the_gpu_has_none(gpu, precision, needle):
 
 def test_search_refuses_fp8_on_v100_with_one_line(tmp_path, capsys):
     rc = main(["search", "--model", "gpt-1.3b", "--cluster", "1x4-v100", "--global-batch-size", "8",
-               "--precision", "fp8-tensorwise", "-o", str(tmp_path / "p.json")])
+               "--precision", "fp8-tensorwise", "--target", "megatron-lm", "-o", str(tmp_path / "p.json")])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "no FP8" in err and "Traceback" not in err
     assert not (tmp_path / "p.json").exists()
@@ -220,3 +220,20 @@ def test_other_cost_models_refuse_low_precision():
     tr = TrainingSpec(global_batch_size=16, precision="mxfp8")
     with pytest.raises(AcesoError, match="analytic cost model only"):
         make_cost_model(m, parse_cluster("1x8-b200"), tr, "profile", db="x")
+
+
+def test_the_runtime_target_refuses_low_precision(tmp_path, capsys):
+    """Until the runtime runs transformer-engine recipes a plan for it is never priced in FP8 (one pricing)."""
+    rc = main(["search", "--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch-size", "64",
+               "--precision", "fp8-tensorwise", "-o", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "does not run low-precision recipes" in err
+    from search.plan_settings import PlanSettings
+    from search.preflight import planner_checks
+    m = load_model("llama3-8b", num_layers=4)
+    plan = uniform_plan(m, 1, 1, 8, 8, 16, cluster=parse_cluster("1x8-h100")).model_copy(
+        update={"settings": PlanSettings(low_precision=lowp.LowPrecision(recipe="fp8-tensorwise"))})
+    with pytest.raises(AcesoError, match="settings.low_precision"):
+        planner_checks(plan, "cuda")
+    planner_checks(plan.model_copy(update={"settings": PlanSettings(
+        framework="megatron-lm", low_precision=lowp.LowPrecision(recipe="fp8-tensorwise"))}), "cuda")
