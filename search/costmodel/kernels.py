@@ -72,6 +72,8 @@ GPU_EFFICIENCY: dict[str, Efficiency] = {
     "h200": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
     "b200": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
     "gb200": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
+    "b300": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
+    "gb300": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
     "cpu": Efficiency(0.5, 0.5, 0.0, 0.0, 0.5),
 }
 
@@ -93,9 +95,16 @@ class Arch(NamedTuple):
 # that generation's fully specified calibration rows (every priced setting published, bench/calibration.py): H100
 # on the 21 DGX Cloud Benchmarking rows (NeMo 24.x, Llama 3.1 8B/405B, GPT-3 175B, Nemotron-4 340B), A100 on the 6
 # SC'21 Table 1 rows that state everything. V100 needs none (its ceiling comes from a profile of real training
-# layers). H200 is H100's die (same factor); B200/GB200 take H100's (an assumption, docs/costmodel.md).
+# layers). H200 is H100's die (same factor); B200/GB200 take H100's (an assumption, docs/costmodel.md). B300/GB300
+# (Blackwell Ultra: 160 SMs, NVIDIA's Blackwell Ultra architecture brief) take B200's MAMF fraction (no
+# measurement in our sources: an assumption), ULTRA_ATTN and the same sustained factor.
 SUSTAINED_HOPPER = 0.83
 SUSTAINED_AMPERE = 0.82
+# Blackwell Ultra doubles the SFU's exponentials (10.7 vs 5 TeraExp/s per GPU: NVIDIA's B300/GB300 specifications,
+# "2x attention-layer acceleration"), the softmax bound of fused attention; with it removed the attention core is
+# taken to run at the GEMM ceiling (min(2 x the B200 fractions 0.558 / 0.466, MAMF 0.776)): an assumption, no
+# measurement in our sources (docs/costmodel.md).
+ULTRA_ATTN = min(2 * 0.466, 0.776)
 ARCH: dict[str, Arch] = {
     "v100": Arch(80, (256, 128), 0.70, 0.0, 0.0, 1.0),
     "a100-40gb": Arch(108, (256, 128), 0.859, 0.71, 0.535, SUSTAINED_AMPERE),
@@ -104,6 +113,8 @@ ARCH: dict[str, Arch] = {
     "h200": Arch(132, (128, 256), 0.803, 0.558, 0.466, SUSTAINED_HOPPER),
     "b200": Arch(148, (128, 256), 0.776, 0.558, 0.466, SUSTAINED_HOPPER),
     "gb200": Arch(148, (128, 256), 0.776, 0.558, 0.466, SUSTAINED_HOPPER),
+    "b300": Arch(160, (128, 256), 0.776, ULTRA_ATTN, ULTRA_ATTN, SUSTAINED_HOPPER),
+    "gb300": Arch(160, (128, 256), 0.776, ULTRA_ATTN, ULTRA_ATTN, SUSTAINED_HOPPER),
     "cpu": Arch(8, (64, 64), 0.5, 0.0, 0.0, 1.0),
 }
 
