@@ -385,7 +385,8 @@ class CostModel:
         opt_b = self._opt / dpc if dist else self._opt
         copy = self._copy / dpc if dist else self._copy
         return _Static(sum(chunk_fwd), sum(chunk_bwd), p2p_exposed, sync, opt, sums["tpc"], act, in_fl,
-                       (params * self._w + lp_params * self._w_lp) / MB, params * self._g / MB, params * opt_b / MB, params * copy / MB,
+                       (params * self._w + lp_params * self._w_lp) / MB, params * self._g / MB, params * opt_b / MB,
+                       params * copy / MB,
                        buf, head_peak, ideal, tuple(chunk_fwd), tuple(chunk_bwd), tuple(chunk_p2p), prologue,
                        {k: v for k, v in comm.items() if v[0] > 0 or v[1] > 0}, tuple(chunk_comm))
 

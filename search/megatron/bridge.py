@@ -95,7 +95,8 @@ def _low_precision_object(c: MegatronConfig, fp32: bool, held_as: str) -> dict:
     fmt, name = r.flags[1], r.flags[3]
     out: dict[str, object] = {"grad_reduce_in_fp32": fp32}
     if r.gemm == "fp8":
-        out.update({"fp8": fmt, "fp8_recipe": name, "fp8_param_gather": low.param_gather, "fp8_param": low.param_gather})
+        out.update({"fp8": fmt, "fp8_recipe": name, "fp8_param_gather": low.param_gather,
+                    "fp8_param": low.param_gather})
     else:
         out.update({"fp4": fmt, "fp4_recipe": name})
     if low.bf16_layers_start or low.bf16_layers_end:

@@ -26,7 +26,7 @@ from tests.conftest import ROOT
 BRIDGE = ROOT.parent / "shared" / "published" / "megatron-bridge-25.09-25.11.json"
 
 
-# ----- bytes -----------------------------------------------------------------------------------------------------------
+# ----- bytes ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name,expect", [
     ("fp8-delayed", 2 * 1000 + 2 * 1.0 * 1000),                 # read bf16, write fp8 row- and column-wise
     ("fp8-tensorwise", 2 * 2 * 1000 + 2 * 1.0 * 1000),          # + the amax read
@@ -50,7 +50,7 @@ def test_bf16_layers():
     assert all(lowp.bf16_layer("bf16", i, 6, 0, 0) for i in range(6))
 
 
-# ----- pricing ---------------------------------------------------------------------------------------------------------
+# ----- pricing -------------------------------------------------------------------------------------------------------
 def _cm(precision="fp8-tensorwise", gpu="h100", **kw):
     m = load_model("llama3-8b", num_layers=4)
     c = parse_cluster(f"1x8-{gpu}")
@@ -110,7 +110,7 @@ def test_search_refuses_fp8_on_v100_with_one_line(tmp_path, capsys):
     assert not (tmp_path / "p.json").exists()
 
 
-# ----- clusters --------------------------------------------------------------------------------------------------------
+# ----- clusters ------------------------------------------------------------------------------------------------------
 def test_blackwell_ultra_presets_and_peaks():
     b300, gb300 = GPU_PRESETS["b300"], GPU_PRESETS["gb300"]
     assert (b300.peak_tflops("fp8"), b300.peak_tflops("fp4"), gb300.peak_tflops("fp8")) == (4500, 13125, 5000)
@@ -135,7 +135,7 @@ def test_published_cluster_strings_parse():
         assert parse_cluster(r["cluster"]).num_gpus == r["gpus"]
 
 
-# ----- flags -----------------------------------------------------------------------------------------------------------
+# ----- flags ---------------------------------------------------------------------------------------------------------
 ARGS = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
         "--tensor-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 8 --vocab-size 32000 --bf16 "
         "--use-distributed-optimizer --swiglu --normalization RMSNorm --position-embedding-type rope ")
