@@ -31,8 +31,8 @@ Rows: the ``calibration`` set (DGXC H100, Megatron-LM README H100, SC'21 Table 1
 (bench/cost_model_bench.py's four plans) are what ``--fit`` fits the only calibration constants on (``kernels.py``
 ``SUSTAINED_HOPPER`` / ``SUSTAINED_AMPERE``, one per GPU generation), twice: fit 1 on the fully specified rows only
 (kernels.py's values), fit 2 on all of them with the nuisance settings profiled (``calibration.NUISANCE_FIT``);
-the table shows every row under both. The ``check`` set is held out. FP8 rows are out of scope (no fp8 kernels in
-the model); the Llama 3 rows (Meta's own stack, not Megatron) are priced for reference and kept out of the
+the table shows every row under both. The ``check`` set is held out. FP8 rows are priced by
+bench/lowprec_published.py (from the Megatron-Bridge table's own arguments); the Llama 3 rows (Meta's own stack, not Megatron) are priced for reference and kept out of the
 statistics. Rows predicted out of memory under their own (fully specified) settings are listed.
 
 Run: ``python bench/published_runs.py`` (table, bench/results/published_runs.json); ``--fit`` refits the
@@ -326,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     runs = pr.load_published_runs()
     priced = [r for r in runs if not r["fp8"] and (args.only is None or args.only in r["id"])]
-    out_of_scope = [f"{r['id']} (fp8: the model has no fp8 kernels)" for r in runs if r["fp8"]]
+    out_of_scope = [f"{r['id']} (fp8: priced from the Megatron-Bridge table by bench/lowprec_published.py)"
+                    for r in runs if r["fp8"]]
     if args.fit:
         calib = [r for r in priced if r["set"] == "calibration"]
         by_gpu = {g: [r for r in calib if r["gpu"] == g] for g in cal.FIT_GPUS}

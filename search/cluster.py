@@ -16,6 +16,22 @@ ConnectX-7); in GB/s that is 12.5, 25 and 50 per GPU. Memory is GiB (2^30 bytes,
 docs/inputs.md): the HBM stacks of V100/A100/H100 are 32/40/80 GiB (sold as "32/40/80 GB"); H200's is the 139 GiB a
 process can allocate; B200's and GB200's datasheet figures (180, 186 GB) are decimal and converted. Plan files
 written before the unit was fixed (``memory_gb``, 10^9 bytes) still read.
+
+Low-precision peaks (dense, ``peak_tflops_fp8`` / ``peak_tflops_fp4``; None: no such tensor cores, a low-precision
+plan is refused, ``search/precision.py``): H100-SXM5 / H200-SXM FP8 1979 (H100 datasheet: 3958 with sparsity);
+B200 FP8 4500, FP4 9000 (DGX B200: 72 PFLOP/s FP8 training and 144 FP4 inference sparse per 8 GPUs); GB200 FP8
+5000, FP4 10000 (GB200 NVL72: 720 PFLOP/s FP8 and 1440 FP4 sparse per 72). Blackwell Ultra: B300 (HGX/DGX B300;
+G. Lockwood's B300 page, glennklockwood.com/garden/processors/B300, from NVIDIA's HGX B300 datasheet: dense
+bf16 2250, TF32 1125, FP8 4500, FP4 13125; 288 GB HBM3e at 8 TB/s, NVLink5 1.8 TB/s bidirectional; DGX B300:
+72 PFLOP/s FP8 sparse per 8 GPUs, 2.3 TB HBM3e per 8, ConnectX-8 800 Gb/s per GPU) and GB300 (GB300 NVL72
+datasheet as quoted on the same page and verda.com/blog/gb300-nvl72-architecture: 360 PFLOP/s FP8, 1.08 EFLOP/s
+FP4 and 180 PFLOP/s bf16 dense per 72 GPUs = 5000 / 15000 / 2500, 20 TB HBM3e at 576 TB/s per 72 = 279 GB at
+8 TB/s, 72 ConnectX-8 800 Gb/s NICs). Their networks: 800 Gb/s = 100 GB/s per GPU.
+
+NVLink domains (``ClusterSpec.nvlink_domain``): GPUs that reach each other over NVLink, a multiple of the GPUs per
+node (default: one node). ``1x64-gb200`` prices a rack as one node of 64; ``16x4-gb200:nvl64`` writes it as 16
+trays of 4 in one NVLink domain of 64 (``:nvlN`` after the string): TP, CP and DP groups inside a domain run at the
+NVLink bandwidth, groups across domains on the network (``comm.py``).
 """
 
 from __future__ import annotations
@@ -51,12 +67,19 @@ class GPUSpec(BaseModel):
     peak_tflops_fp32: float = Field(gt=0, le=MAX_TFLOPS,
                                     description="fp32 peak (TF32 tensor cores where present), TFLOP/s.")
     hbm_gbps: float = Field(gt=0, le=MAX_GBPS, description="Memory bandwidth, GB/s.")
+    peak_tflops_fp8: float | None = Field(None, gt=0, le=MAX_TFLOPS,
+                                          description="Dense FP8 tensor-core peak, TFLOP/s; None = no FP8.")
+    peak_tflops_fp4: float | None = Field(None, gt=0, le=MAX_TFLOPS,
+                                          description="Dense FP4 tensor-core peak, TFLOP/s; None = no FP4.")
     attention_scale: float | None = Field(None, gt=0, le=100, description="Calibrated (`aceso calibrate`): fused "
                                           "attention throughput relative to the cost model's default; None = 1.")
 
     _legacy = model_validator(mode="before")(gib_from_legacy_gb)
 
-    def peak_tflops(self, dtype: str) -> float:
+    def peak_tflops(self, dtype: str) -> float | None:
+        """The dense peak of ``dtype`` (bf16, fp16, fp32, fp8, fp4; None where the GPU has none)."""
+        if dtype in ("fp8", "fp4"):
+            return self.peak_tflops_fp8 if dtype == "fp8" else self.peak_tflops_fp4
         if dtype == "bf16":
             return self.peak_tflops_bf16 or self.peak_tflops_fp16
         return self.peak_tflops_fp16 if dtype == "fp16" else self.peak_tflops_fp32
@@ -72,23 +95,29 @@ GPU_PRESETS: dict[str, GPUSpec] = {
         GPUSpec(name="a100", memory_gib=80.0, peak_tflops_fp16=312, peak_tflops_bf16=312,
                 peak_tflops_fp32=156, hbm_gbps=2039),
         GPUSpec(name="h100", memory_gib=80.0, peak_tflops_fp16=989, peak_tflops_bf16=989,
-                peak_tflops_fp32=495, hbm_gbps=3350),
+                peak_tflops_fp32=495, hbm_gbps=3350, peak_tflops_fp8=1979),
         GPUSpec(name="h200", memory_gib=139.0, peak_tflops_fp16=989, peak_tflops_bf16=989,
-                peak_tflops_fp32=495, hbm_gbps=4800),
+                peak_tflops_fp32=495, hbm_gbps=4800, peak_tflops_fp8=1979),
         GPUSpec(name="b200", memory_gib=180e9 / GIB, peak_tflops_fp16=2250, peak_tflops_bf16=2250,
-                peak_tflops_fp32=1125, hbm_gbps=8000),
+                peak_tflops_fp32=1125, hbm_gbps=8000, peak_tflops_fp8=4500, peak_tflops_fp4=9000),
+        GPUSpec(name="b300", memory_gib=288e9 / GIB, peak_tflops_fp16=2250, peak_tflops_bf16=2250,
+                peak_tflops_fp32=1125, hbm_gbps=8000, peak_tflops_fp8=4500, peak_tflops_fp4=13125),
+        GPUSpec(name="gb300", memory_gib=279e9 / GIB, peak_tflops_fp16=2500, peak_tflops_bf16=2500,
+                peak_tflops_fp32=1250, hbm_gbps=8000, peak_tflops_fp8=5000, peak_tflops_fp4=15000),
         GPUSpec(name="gb200", memory_gib=186e9 / GIB, peak_tflops_fp16=2500, peak_tflops_bf16=2500,
-                peak_tflops_fp32=1250, hbm_gbps=8000),
+                peak_tflops_fp32=1250, hbm_gbps=8000, peak_tflops_fp8=5000, peak_tflops_fp4=10000),
         GPUSpec(name="cpu", memory_gib=16e9 / GIB, peak_tflops_fp16=0.2, peak_tflops_bf16=0.2,
                 peak_tflops_fp32=0.2, hbm_gbps=20),
     )
 }
 GPU_ALIASES = {"v100-32gb": "v100", "a100-80gb": "a100", "h100-sxm": "h100", "a100-40": "a100-40gb",
-               "a100-80": "a100", "b200-sxm": "b200", "gb200-nvl72": "gb200"}
+               "a100-80": "a100", "b200-sxm": "b200", "gb200-nvl72": "gb200",
+               "b300-sxm": "b300", "gb300-nvl72": "gb300"}
 # (intra-node GB/s per GPU per direction, inter-node GB/s per GPU)
 LINK_PRESETS: dict[str, tuple[float, float]] = {
     "v100": (150.0, 12.5), "a100-40gb": (300.0, 25.0), "a100": (300.0, 25.0),
     "h100": (450.0, 50.0), "h200": (450.0, 50.0), "b200": (900.0, 50.0), "gb200": (900.0, 50.0),
+    "b300": (900.0, 100.0), "gb300": (900.0, 100.0),
     "cpu": (5.0, 1.0),
 }
 
@@ -106,6 +135,8 @@ class ClusterSpec(BaseModel):
                                    description="GPU-to-GPU bandwidth inside a node, GB/s per direction.")
     inter_node_gbps: float = Field(gt=0, le=MAX_GBPS,
                                    description="Network bandwidth per GPU across nodes, GB/s per direction.")
+    nvlink_domain: int | None = Field(None, gt=0, le=MAX_GPUS, description="GPUs per NVLink domain (a multiple "
+                                      "of gpus_per_node: an NVL72 rack of trays of 4); None = one node.")
     memory_limit_mb: float | None = Field(
         None, gt=0, description="Per-GPU memory budget in MiB (2^20 bytes); None = the GPU's memory.",
         **mib_alias("memory_limit_mb"))
@@ -115,6 +146,9 @@ class ClusterSpec(BaseModel):
         if self.num_nodes * self.gpus_per_node > MAX_GPUS:
             raise ValueError(f"num_nodes x gpus_per_node ({self.num_nodes * self.gpus_per_node}) is above the "
                              f"limit of {MAX_GPUS} GPUs")
+        if self.nvlink_domain is not None and self.nvlink_domain % self.gpus_per_node:
+            raise ValueError(f"nvlink_domain ({self.nvlink_domain}) must be a multiple of gpus_per_node "
+                             f"({self.gpus_per_node})")
         if self.memory_limit_mb is not None and self.memory_limit_mb > self.gpu.memory_gib * 1024 * 1.0001:
             raise ValueError(
                 f"memory_limit_mib ({self.memory_limit_mb:.0f}) exceeds the {self.gpu.name}'s "
@@ -132,23 +166,34 @@ class ClusterSpec(BaseModel):
         return self.memory_limit_mb or self.gpu.memory_gib * 1024
 
     @property
+    def nvlink_size(self) -> int:
+        """GPUs per NVLink domain."""
+        return self.nvlink_domain or self.gpus_per_node
+
+    @property
     def label(self) -> str:
-        return f"{self.num_nodes}x{self.gpus_per_node}-{self.gpu.name}"
+        nvl = f":nvl{self.nvlink_domain}" if self.nvlink_size != self.gpus_per_node else ""
+        return f"{self.num_nodes}x{self.gpus_per_node}-{self.gpu.name}{nvl}"
 
     def node_of(self, rank: int) -> int:
         return rank // self.gpus_per_node
 
+    def domain_of(self, rank: int) -> int:
+        """The NVLink domain of ``rank``."""
+        return rank // self.nvlink_size
 
-_CLUSTER_RE = re.compile(r"^(\d+)x(\d+)-([a-z0-9-]+)$")
+
+_CLUSTER_RE = re.compile(r"^(\d+)x(\d+)-([a-z0-9-]+?)(?::nvl(\d+))?$")
 
 
 def parse_cluster(text: str, memory_limit_mb: float | None = None) -> ClusterSpec:
     """``'4x8-h100'`` -> ClusterSpec with the preset's GPU and links."""
     m = _CLUSTER_RE.match(text.strip().lower())
     if not m:
-        raise AcesoError(f"cluster '{text}': expected NODESxGPUS-gpu, e.g. 1x8-h100{_shape_hint(text)} "
+        raise AcesoError(f"cluster '{text}': expected NODESxGPUS-gpu[:nvlN], e.g. 1x8-h100{_shape_hint(text)} "
                          "(see `aceso clusters`)")
     nodes, gpn, gpu = int(m.group(1)), int(m.group(2)), m.group(3)
+    nvl = int(m.group(4)) if m.group(4) else None
     gpu = GPU_ALIASES.get(gpu, gpu)
     if gpu not in GPU_PRESETS:
         hint = did_you_mean(gpu, [*GPU_PRESETS, *GPU_ALIASES], what=f"{nodes}x{gpn}-")
@@ -158,7 +203,7 @@ def parse_cluster(text: str, memory_limit_mb: float | None = None) -> ClusterSpe
     intra, inter = LINK_PRESETS[gpu]
     try:
         return ClusterSpec(num_nodes=nodes, gpus_per_node=gpn, gpu=GPU_PRESETS[gpu], intra_node_gbps=intra,
-                           inter_node_gbps=inter, memory_limit_mb=memory_limit_mb)
+                           inter_node_gbps=inter, memory_limit_mb=memory_limit_mb, nvlink_domain=nvl)
     except ValueError as e:  # pydantic ValidationError is a ValueError
         from .errors import format_validation_error
         raise AcesoError(f"cluster '{text}': " + format_validation_error(e)) from None

@@ -399,17 +399,18 @@ def check_fits_cluster(plan: ParallelPlan, cluster: ClusterSpec) -> None:
             "make the stages' num_gpus add up to it"
         )
     for i, st in enumerate(plan.stages):
-        if st.tp > cluster.gpus_per_node:
-            raise ValueError(
-                f"stages[{i}].tp ({st.tp}) exceeds gpus_per_node ({cluster.gpus_per_node}); TP stays inside a node"
-            )
+        if st.tp > cluster.nvlink_size:
+            where = (f"gpus_per_node ({cluster.gpus_per_node})" if cluster.nvlink_domain is None
+                     else f"nvlink_domain ({cluster.nvlink_domain})")
+            raise ValueError(f"stages[{i}].tp ({st.tp}) exceeds {where}; TP stays inside an NVLink domain")
         first = plan.first_rank(i)
         for j in range(st.cp * st.dp):
             lo = first + j * st.tp
-            if cluster.node_of(lo) != cluster.node_of(lo + st.tp - 1):
+            if cluster.domain_of(lo) != cluster.domain_of(lo + st.tp - 1):
                 raise ValueError(
-                    f"stages[{i}]: TP group of ranks {lo}..{lo + st.tp - 1} spans two nodes; "
-                    "move the stage boundary so TP groups stay inside a node"
+                    f"stages[{i}]: TP group of ranks {lo}..{lo + st.tp - 1} spans two "
+                    f"{'nodes' if cluster.nvlink_domain is None else 'NVLink domains'}; move the stage boundary so "
+                    "TP groups stay inside one"
                 )
 
 

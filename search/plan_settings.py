@@ -28,6 +28,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .precision import LowPrecision, base_dtype, training_fields
+
 Framework = Literal["runtime", "megatron-lm", "megatron-bridge"]
 FRAMEWORKS: tuple[str, ...] = ("runtime", "megatron-lm", "megatron-bridge")
 
@@ -42,16 +44,26 @@ class PlanSettings(BaseModel):
     grad_reduce_in_fp32: bool = Field(False, description="Gradient buffer and DP reduction in fp32 (megatron-core "
                                       "DDP grad_reduce_in_fp32). Megatron-LM: on for --bf16 unless "
                                       "--grad-reduce-in-bf16; --accumulate-allreduce-grads-in-fp32 for --fp16.")
+    low_precision: LowPrecision | None = Field(None, description="The low-precision recipe (FP8 / FP4 linear "
+                                               "GEMMs, search/precision.py); None = the parameter dtype throughout.")
 
 
 RUNTIME = PlanSettings()
 
 
-def plan_settings(framework: str, precision: str, grad_reduce_in_bf16: bool = False) -> PlanSettings:
-    """The settings ``framework`` runs with for ``precision`` and no extra flag but ``--grad-reduce-in-bf16``."""
+def plan_settings(framework: str, precision: str, grad_reduce_in_bf16: bool = False,
+                  low: LowPrecision | None = None) -> PlanSettings:
+    """The settings ``framework`` runs with for ``precision`` and no extra flag but ``--grad-reduce-in-bf16``;
+    ``low``: the low-precision recipe the plan runs (``precision`` is then its bf16 base)."""
     if framework == "runtime":
-        return RUNTIME
-    return PlanSettings(framework=framework, grad_reduce_in_fp32=precision == "bf16" and not grad_reduce_in_bf16)
+        return RUNTIME if low is None else PlanSettings(low_precision=low)
+    return PlanSettings(framework=framework, low_precision=low,
+                        grad_reduce_in_fp32=base_dtype(precision) == "bf16" and not grad_reduce_in_bf16)
+
+
+def plan_precision(plan) -> dict:
+    """The ``TrainingSpec`` precision fields a plan was priced under (its recipe, else its parameter dtype)."""
+    return training_fields((plan.settings or RUNTIME).low_precision, plan.model.params_dtype)
 
 
 def settings_from_flags(precision: str, grad_reduce_in_bf16: bool, accumulate_in_fp32: bool,
@@ -69,7 +81,7 @@ def settings_for(plan, framework: str | None = None) -> PlanSettings:
     own = plan.settings or RUNTIME
     if framework is None or framework == own.framework:
         return own
-    return plan_settings(framework, plan.model.params_dtype)
+    return plan_settings(framework, plan.model.params_dtype, low=own.low_precision)
 
 
 def run_settings(settings: PlanSettings | None, precision: str):
@@ -82,5 +94,6 @@ def run_settings(settings: PlanSettings | None, precision: str):
 def describe(settings: PlanSettings | None, precision: str) -> str:
     """One line for reports and export headers."""
     s = settings or RUNTIME
-    dtype = "fp32" if s.grad_reduce_in_fp32 or precision == "fp32" else precision
-    return f"{s.framework}, gradients reduced in {dtype}"
+    dtype = "fp32" if s.grad_reduce_in_fp32 or precision == "fp32" else base_dtype(precision)
+    low = f", {s.low_precision.recipe} linear GEMMs" if s.low_precision else ""
+    return f"{s.framework}{low}, gradients reduced in {dtype}"

@@ -49,8 +49,15 @@ def target_device(plan) -> str:
     return "cpu" if plan.cluster is not None and plan.cluster.gpu.name == "cpu" else "cuda"
 
 
+RUNTIME_LOW_PRECISION = ("the aceso runtime does not run low-precision recipes yet (transformer-engine FP8/FP4: "
+                         "issue 24 part 5); search with --target megatron-lm or megatron-bridge and export the plan")
+
+
 def planner_checks(plan, device: str) -> None:
     m = plan.model
+    s = plan.settings
+    if s is not None and s.low_precision is not None and s.framework == "runtime":
+        raise AcesoError(f"settings.low_precision ({s.low_precision.recipe}): {RUNTIME_LOW_PRECISION}")
     vocab = m.padded_vocab_size
     holders = {plan.chunks_in_order()[0][0]: "the input embedding", plan.chunks_in_order()[-1][0]: "the output layer"}
     if m.is_t5:

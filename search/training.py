@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .precision import base_dtype, is_low
+
 # Upper bounds (docs/inputs.md): far above any published run (global batches of a few thousand sequences, per-rank
 # micro-batches of 1-16, cp up to 32), low enough that a typo such as 10^30 is refused.
 MAX_BATCH = 1 << 24
@@ -32,7 +34,15 @@ class TrainingSpec(BaseModel):
         description="Candidate per-rank micro-batch sizes (Megatron-LM's --micro-batch-size; a stage with DP d "
                     "runs pipeline micro-batches of size * d samples).",
     )
-    precision: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Compute and parameter dtype.")
+    precision: Literal["bf16", "fp16", "fp32", "fp8-delayed", "fp8-tensorwise", "fp8-blockwise", "mxfp8", "nvfp4"] = \
+        Field("bf16", description="Compute and parameter dtype, or a low-precision recipe (search/precision.py: "
+              "the linear layers' GEMMs in FP8/FP4, the rest bf16).")
+    fp8_param_gather: bool = Field(False, description="Low precision: parameters stored quantized, no bf16 copy, "
+                                   "quantized all-gather (Megatron-LM --fp8-param-gather / --fp4-param-gather).")
+    bf16_layers_start: int = Field(0, ge=0, le=1 << 16, description="Low precision: first transformer layers kept "
+                                   "in bf16 (--first-last-layers-bf16 --num-layers-at-start-in-bf16).")
+    bf16_layers_end: int = Field(0, ge=0, le=1 << 16, description="Low precision: last transformer layers kept in "
+                                 "bf16 (--num-layers-at-end-in-bf16).")
     optimizer: Literal["adam"] = Field("adam", description="Optimizer (Adam: fp32 master weights, m and v).")
     attention: Literal["auto", "flash", "unfused"] = Field(
         "auto", description="Attention kernel the analytic model assumes: flash (transformer-engine's fused attention "
@@ -63,6 +73,11 @@ class TrainingSpec(BaseModel):
     pipeline_parallel_sizes: list[int] | None = Field(None, min_length=1, max_length=MAX_CANDIDATES,
                                                       description="Allowed numbers of pipeline stages (None: all).")
 
+    @property
+    def dtype(self) -> str:
+        """The dtype of parameters, activations and the unquantized kernels (bf16 under a low-precision recipe)."""
+        return base_dtype(self.precision)
+
     @model_validator(mode="after")
     def _check(self) -> "TrainingSpec":
         for name, top in (("micro_batch_sizes", MAX_BATCH), ("context_parallel_sizes", MAX_CP),
@@ -77,6 +92,12 @@ class TrainingSpec(BaseModel):
                 f"micro_batch_sizes: none of {self.micro_batch_sizes} divides global_batch_size "
                 f"({self.global_batch_size}); add a divisor"
             )
+        if not is_low(self.precision) and (self.fp8_param_gather or self.bf16_layers_start or self.bf16_layers_end):
+            raise ValueError(f"fp8_param_gather / bf16_layers_*: precision {self.precision} quantizes nothing; "
+                             "give a low-precision recipe (fp8-tensorwise, mxfp8, ...) or drop them")
+        if self.fp8_param_gather and self.distributed_optimizer is False:
+            raise ValueError("fp8_param_gather needs the distributed optimizer (Megatron-LM asserts it); do not turn "
+                             "it off")
         if self.overlap_param_gather and self.distributed_optimizer is False:
             raise ValueError("overlap_param_gather needs the distributed optimizer; do not turn it off")
         return self

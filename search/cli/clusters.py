@@ -18,7 +18,8 @@ def run(args: argparse.Namespace) -> int:
         intra, inter = LINK_PRESETS[name]
         rows.append({"gpu": name, "aliases": [a for a, n in GPU_ALIASES.items() if n == name],
                      "memory_gib": round(g.memory_gib, 1), "bf16_tflops": g.peak_tflops_bf16, "fp16_tflops": g.peak_tflops_fp16,
-                     "hbm_gbps": g.hbm_gbps, "intra_node_gbps": intra, "inter_node_gbps": inter})
+                     "fp8_tflops": g.peak_tflops_fp8, "fp4_tflops": g.peak_tflops_fp4, "hbm_gbps": g.hbm_gbps,
+                     "intra_node_gbps": intra, "inter_node_gbps": inter})
     if args.json:
         print_json(rows)
         return 0

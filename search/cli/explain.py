@@ -31,6 +31,7 @@ from ..argtypes import positive_int
 from ..errors import AcesoError, as_aceso_error, read_json
 from ..plan import RECOMPUTE_CHOICES, ParallelPlan, check_recompute_applies, parse_plan
 from ..plan_settings import FRAMEWORKS
+from ..precision import PRECISIONS
 from ..training import TrainingSpec
 from ..text import shape as stage_shape
 from .common import add_calibration_arg, add_cluster_args, calibrated, print_json
@@ -54,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_cluster_args(p, required=False)
     add_calibration_arg(p)
     p.add_argument("--global-batch-size", type=positive_int, default=None, help="default: the plan's")
-    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="default: the model's params_dtype")
     p.add_argument("--cost-model", choices=("analytic", "profile", "aceso-compat"), default="analytic")
     p.add_argument("--attention", choices=("auto", "flash", "unfused"), default=None,
@@ -112,10 +113,11 @@ def _resolve(args: argparse.Namespace, plan: ParallelPlan):
         plan = ParallelPlan.model_validate(data)
     except pydantic.ValidationError as e:
         raise AcesoError(f"{args.plan}: " + str(as_aceso_error(e))) from None
-    precision = args.precision or plan.model.params_dtype
+    from ..plan_settings import plan_precision
+    precision = {"precision": args.precision} if args.precision else plan_precision(plan)
     attention = args.attention or (plan.predicted.attention if plan.predicted else None) or "auto"
     training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
-                            precision=precision, distributed_optimizer=plan.distributed_optimizer,
+                            **precision, distributed_optimizer=plan.distributed_optimizer,
                             attention=attention)
     return plan, cluster, training
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from .. import plots
 from ..argtypes import positive_float, positive_int, seed
 from ..errors import AcesoError
+from ..precision import PRECISIONS
 from .common import (add_calibration_arg, add_cluster_args, add_model_args, check_output, cluster_from_args,
                      model_from_args, write_outputs)
 
@@ -69,8 +70,15 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                         "all-gather with compute: auto (searched, default), on, off")
     p.add_argument("--tp-comm-overlap", action="store_true",
                    help="transformer-engine's TP communication overlap (needs sequence parallelism; off by default)")
-    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
-                   help="training precision (default: the model's params_dtype)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="training precision (default: the model's params_dtype); fp8-* / mxfp8 / nvfp4: the linear "
+                        "layers' GEMMs in FP8 / FP4 (search/precision.py), the rest bf16")
+    p.add_argument("--fp8-param-gather", action="store_true",
+                   help="low precision: parameters kept quantized, all-gathered quantized (Megatron-LM "
+                        "--fp8-param-gather; needs the distributed optimizer)")
+    p.add_argument("--bf16-layers", type=int, nargs=2, metavar=("START", "END"), default=(0, 0),
+                   help="low precision: the first START and last END transformer layers in bf16 (Megatron-LM "
+                        "--first-last-layers-bf16)")
     p.add_argument("--cost-model", choices=("analytic", "profile", "aceso-compat"), default="analytic",
                    help="analytic (default), profile (--db profile database) or aceso-compat (--db Aceso database)")
     p.add_argument("--db", default=None, help="database for --cost-model profile / aceso-compat")
@@ -126,7 +134,10 @@ def training_from_args(args, model):
     try:
         return TrainingSpec(global_batch_size=args.global_batch_size, micro_batch_sizes=args.micro_batch_sizes,
                             precision=args.precision or model.params_dtype, attention=args.attention,
-                            sequence_parallel=SWITCH[args.sequence_parallel], distributed_optimizer=dist,
+                            fp8_param_gather=args.fp8_param_gather, bf16_layers_start=args.bf16_layers[0],
+                            bf16_layers_end=args.bf16_layers[1],
+                            sequence_parallel=SWITCH[args.sequence_parallel],
+                            distributed_optimizer=True if args.fp8_param_gather and dist is None else dist,
                             overlap_grad_reduce=overlap,
                             overlap_param_gather=overlap and dist if overlap else overlap,
                             tp_comm_overlap=args.tp_comm_overlap, context_parallel_sizes=cps,
@@ -139,13 +150,18 @@ def training_from_args(args, model):
 def settings_from_args(args, training):
     """The ``PlanSettings`` the search prices under: the target framework's default, ``--grad-reduce-in-bf16``."""
     from ..plan_settings import plan_settings
+    from ..precision import of_training
     target = getattr(args, "target", "aceso")
     bf16_reduce = getattr(args, "grad_reduce_in_bf16", False)
-    if bf16_reduce and (target == "aceso" or training.precision != "bf16"):
+    if bf16_reduce and (target == "aceso" or training.dtype != "bf16"):
         raise AcesoError("--grad-reduce-in-bf16 is for --target megatron-lm / megatron-bridge with bf16 (the aceso "
                          f"runtime reduces in the parameter dtype; this search is --target {target} --precision "
                          f"{training.precision}); drop it")
-    return plan_settings("runtime" if target == "aceso" else target, training.precision, bf16_reduce)
+    if target == "aceso" and of_training(training) is not None:
+        from ..preflight import RUNTIME_LOW_PRECISION
+        raise AcesoError(f"--precision {training.precision}: {RUNTIME_LOW_PRECISION}")
+    return plan_settings("runtime" if target == "aceso" else target, training.dtype, bf16_reduce,
+                         low=of_training(training))
 
 
 def with_seq_length(model, n: int | None):

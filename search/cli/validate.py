@@ -41,11 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _memory(plan, cluster, attention: str) -> tuple[list[float], float, bool]:
     """Per-stage peak MiB under the analytic model, the limit, and whether it assumed flash attention."""
     from ..costmodel import make_cost_model
-    from ..plan_settings import run_settings
+    from ..plan_settings import plan_precision, run_settings
     from ..training import TrainingSpec
 
     training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
-                            precision=plan.model.params_dtype, distributed_optimizer=plan.distributed_optimizer,
+                            **plan_precision(plan), distributed_optimizer=plan.distributed_optimizer,
                             attention=attention)
     cm = make_cost_model(plan.model, cluster, training, settings=run_settings(plan.settings, training.precision))
     flash = bool(getattr(cm.source, "flash", False))

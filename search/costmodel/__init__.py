@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..cluster import ClusterSpec
 from ..errors import AcesoError
 from ..model import ModelSpec
+from ..precision import is_low
 from ..training import TrainingSpec
 from .comm import CommModel
 from .evaluate import CostModel
@@ -29,6 +30,9 @@ def make_cost_model(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     """A cost model of ``kind``; ``db`` is the profile database folder/file (profile, aceso-compat)."""
     from ..moe import refuse_unpriced
     refuse_unpriced(model)      # MoE / MLA / MTP: not priced yet (docs/moe.md), never priced as dense
+    if kind != "analytic" and is_low(training.precision):
+        raise AcesoError(f"--cost-model {kind}: precision {training.precision} is priced by the analytic cost model "
+                         "only (its FP8/FP4 GEMMs are not profiled); use --cost-model analytic")
     if kind == "analytic":
         from .analytic import AnalyticSource
         comm = CommModel(cluster)

@@ -50,7 +50,8 @@ from ..model import ModelSpec
 from ..training import TrainingSpec
 from .comm import CommModel
 from .comm import overlap_tax
-from .kernels import ARCH, KERNEL_MODELS, LAUNCH_MS
+from .. import precision as lowp
+from .kernels import ARCH, KERNEL_MODELS, LAUNCH_MS, lowprec_kernels
 from .memory import (MB, attention_act_bytes, embedding_params_per_rank, has_attention_dropout, mlp_act_bytes,
                      output_params_per_rank, tied_copy_params_per_rank, unit_params_per_rank)
 from .tpcomm import TPComm, tp_half
@@ -87,12 +88,23 @@ class AnalyticSource:
             raise AcesoError(f"kernel model '{kernels}': choose one of {', '.join(KERNEL_MODELS)}")
         self.model, self.cluster, self.training, self.comm = model, cluster, training, comm
         self.settings = settings or RunSettings()
-        self.dt = 4.0 if training.precision == "fp32" else 2.0
-        self.peak = cluster.gpu.peak_tflops(training.precision) * 1e9   # FLOP per ms
+        self.dt = 4.0 if training.dtype == "fp32" else 2.0
+        self.peak = cluster.gpu.peak_tflops(training.dtype) * 1e9   # FLOP per ms
         self.hbm = cluster.gpu.hbm_gbps * 1e6                           # bytes per ms
         self.kern = KERNEL_MODELS[kernels](cluster.gpu.name, self.peak, self.hbm, self.dt)
         self.kern.attn_scale = cluster.gpu.attention_scale or 1.0     # aceso calibrate (search/calibration.py)
         self.kernels = kernels
+        self.lp = training.precision          # the recipe (search/precision.py); bf16/fp16/fp32: no quantization
+        self.kern_lp = self.kern
+        if lowp.is_low(self.lp):
+            why = lowp.check(self.lp, cluster.gpu, training.fp8_param_gather, training.bf16_layers_start,
+                             training.bf16_layers_end, model.num_layers)
+            if model.is_t5:
+                why = f"precision {self.lp}: low precision is priced for GPT models (T5 trains in bf16 here)"
+            if why:
+                raise AcesoError(why)
+            peak = cluster.gpu.peak_tflops(lowp.recipe(self.lp).gemm) * 1e9
+            self.kern_lp = lowprec_kernels(kernels, cluster.gpu.name, peak, self.hbm, lowp.per_elem(self.lp))
         if training.attention == "flash" and not self.kern.has_flash:
             raise AcesoError(f"--attention flash: {cluster.gpu.name} has no flash attention (it needs sm80+, A100 or "
                              "newer); use --attention auto or unfused")
@@ -113,9 +125,21 @@ class AnalyticSource:
             return "te"
         return "dgrad" if self.settings.overlap_tp_dgrad else "none"
 
-    def _half(self, col: tuple, row: tuple, b: float, s: int, t: int, sp: bool, overlap: bool) -> TPComm:
+    def _half(self, col: tuple, row: tuple, b: float, s: int, t: int, sp: bool, overlap: bool,
+              lp: bool = False) -> TPComm:
         x = self.dt * s * b * self.model.hidden_size
-        return tp_half(self.comm, self.kern, col, row, x, t, sp, self._tp_mode(sp, overlap), self._sms, self._tax)
+        kern = self.kern_lp if lp else self.kern
+        return tp_half(self.comm, kern, col, row, x, t, sp, self._tp_mode(sp, overlap), self._sms, self._tax)
+
+    def _linears(self, gemms: list, lp: bool) -> tuple[float, float]:
+        """(forward, backward) ms of a unit's linear GEMMs: bf16, or quantized at the low-precision peak plus the
+        casts of their inputs (forward x: m k; backward dy: m n; ``precision.cast_bytes``)."""
+        if not lp or self.kern_lp is self.kern:
+            return self.kern.gemm(gemms), self.kern.gemm(gemms, backward=True)
+        k, n_l = self.kern_lp, lowp.cast_launches(self.lp)
+        cast_f = sum(self.kern.memory(lowp.cast_bytes(self.lp, m * kk, self.dt), n_l) for m, n, kk in gemms)
+        cast_b = sum(self.kern.memory(lowp.cast_bytes(self.lp, m * n, self.dt), n_l) for m, n, kk in gemms)
+        return k.gemm(gemms) + cast_f, k.gemm(gemms, backward=True) + cast_b
 
     def _cp_ring(self, b: float, s: float, t: int, cp: int, core_f: float, core_b: float) -> tuple[float, ...]:
         """(exposed fwd, exposed bwd, hidden) ms of ring attention's K/V exchange: ``cp - 1`` steps of one
@@ -129,7 +153,7 @@ class AnalyticSource:
             return 0.0, 0.0, 0.0, 0.0
         m = self.model
         chunk = 2 * self.dt * s * b * m.groups * m.head_dim / t      # K and V of this rank's s/cp tokens
-        inter = t * cp > self.cluster.gpus_per_node
+        inter = t * cp > self.cluster.nvlink_size
         step_f = self.comm.p2p(chunk, inter)
         step_b = self.comm.p2p(2 * chunk, inter)
         per_f, per_b = core_f / cp, core_b / cp
@@ -172,9 +196,11 @@ class AnalyticSource:
         return fwd, bwd, rec_drop
 
     def attention(self, b: float, s: int, t: int, kv_len: int | None = None, causal: bool = True,
-                  cp: int = 1, sp: bool = False, overlap: bool = False, window: int | None = None) -> UnitCost:
+                  cp: int = 1, sp: bool = False, overlap: bool = False, window: int | None = None,
+                  lp: bool = False) -> UnitCost:
         """``s``: this rank's tokens (the sequence / cp); ``kv_len``: cross-attention's encoder tokens;
-        ``window``: keys per query of a sliding-window layer (``_core``)."""
+        ``window``: keys per query of a sliding-window layer (``_core``); ``lp``: the linear GEMMs run in the
+        training spec's low-precision recipe."""
         m, dt, k = self.model, self.dt, self.kern
         h, q, kv = m.hidden_size, m.num_attention_heads * m.head_dim, m.groups * m.head_dim
         cross = kv_len is not None
@@ -193,13 +219,14 @@ class AnalyticSource:
                                               1 if cross else cp, window)
         ring_f, ring_b, ring_hf, ring_hb = (self._cp_ring_parts(b, s, t, cp, core_f, core_b) if not cross
                                             else (0.0, 0.0, 0.0, 0.0))
-        tpc = self._half(gemms[0], gemms[-1], b, s, t, sp, overlap)
-        fwd = k.gemm(gemms) + k.memory(ew, launches) + core_f + ring_f + tpc.fwd
-        bwd = k.gemm(gemms, backward=True) + k.memory(1.5 * ew, launches) + core_b + ring_b + tpc.bwd
+        tpc = self._half(gemms[0], gemms[-1], b, s, t, sp, overlap, lp)
+        lin_f, lin_b = self._linears(gemms, lp)
+        fwd = lin_f + k.memory(ew, launches) + core_f + ring_f + tpc.fwd
+        bwd = lin_b + k.memory(1.5 * ew, launches) + core_b + ring_b + tpc.bwd
         return UnitCost(fwd, bwd, core_f + ring_f, fwd, tpc.fwd + tpc.bwd + ring_f + ring_b, rec_drop,
                         tpc.hidden, ring_f + ring_b, ring_hf + ring_hb, (tpc.fwd, tpc.hidden_fwd, ring_f, ring_hf))
 
-    def mlp(self, b: float, s: int, t: int, sp: bool = False, overlap: bool = False) -> UnitCost:
+    def mlp(self, b: float, s: int, t: int, sp: bool = False, overlap: bool = False, lp: bool = False) -> UnitCost:
         m, dt, k = self.model, self.dt, self.kern
         h, f = m.hidden_size, m.ffn_hidden_size
         up = 2 * f if m.gated_mlp else f
@@ -208,9 +235,10 @@ class AnalyticSource:
         act_bytes = (3 if m.gated_mlp else 2) * dt * s * b * f / t
         gemms = [(s * b, up / t, h), (s * b, h, f / t)]
         act_f = k.memory(act_bytes)
-        tpc = self._half(gemms[0], gemms[1], b, s, t, sp, overlap)
-        fwd = k.gemm(gemms) + k.memory(ew, 2) + act_f + tpc.fwd
-        bwd = k.gemm(gemms, backward=True) + k.memory(1.5 * (ew + act_bytes), 3) + tpc.bwd
+        tpc = self._half(gemms[0], gemms[1], b, s, t, sp, overlap, lp)
+        lin_f, lin_b = self._linears(gemms, lp)
+        fwd = lin_f + k.memory(ew, 2) + act_f + tpc.fwd
+        bwd = lin_b + k.memory(1.5 * (ew + act_bytes), 3) + tpc.bwd
         return UnitCost(fwd, bwd, act_f, fwd, tpc.fwd + tpc.bwd, UNAVAILABLE_MS, tpc.hidden,
                         comm_fwd=(tpc.fwd, tpc.hidden_fwd, 0.0, 0.0))
 
@@ -270,33 +298,57 @@ def _seqs(model: ModelSpec, cp: int = 1) -> tuple[int, int]:
     return model.seq_length // cp, (model.decoder_seq_length if model.is_t5 else model.seq_length) // cp
 
 
+def _lp_unit(src: AnalyticSource, u) -> bool:
+    """Whether unit ``u`` runs its linear GEMMs quantized (a low-precision recipe, not a layer kept in bf16)."""
+    tr = src.training
+    return src.kern_lp is not src.kern and not lowp.bf16_layer(tr.precision, u.layer, src.model.num_layers,
+                                                                  tr.bf16_layers_start, tr.bf16_layers_end)
+
+
+def _lp_saving(m: ModelSpec, kind: str, b: float, s: int, t: int, sp: bool, precision: str, dt: float) -> float:
+    """Activation bytes a quantized unit does not keep: its linear layers' inputs are saved quantized (attention:
+    the QKV input s b h / r and the projection input s b q / t; MLP: the fc1 input s b h / r and the fc2 input
+    s b f / t)."""
+    r = t if sp else 1
+    second = m.num_attention_heads * m.head_dim if kind != "mlp" else m.ffn_hidden_size
+    return lowp.act_saving_bytes(precision, s * b * (m.hidden_size / r + second / t), dt)
+
+
 def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool, ov: bool = False):
-    """Per-unit (UnitCost, act bytes (3,)) keyed by (stack, kind): each distinct kind is computed once."""
+    """Per-unit (UnitCost, act bytes (3,)) keyed by (stack, kind, quantized): each distinct kind is computed once."""
     m, dt = src.model, src.dt
     s_enc, s_dec = _seqs(m, cp)
     rows = {}
     for u in m.units:
-        key = _row_key(m, u)
+        lp = _lp_unit(src, u)
+        key = _row_key(src, u)
         if key in rows:
             continue
         s = s_enc if u.stack == "encoder" else s_dec
         causal = not (m.is_t5 and u.stack == "encoder")
         if u.kind == "mlp":
             fused = src.settings.fused_swiglu and src.cluster.gpu.name != "cpu"
-            rows[key] = (src.mlp(b, s, t, sp, ov), mlp_act_bytes(m, b, s, t, dt, sp, fused_swiglu=fused))
+            rows[key] = (src.mlp(b, s, t, sp, ov, lp), mlp_act_bytes(m, b, s, t, dt, sp, fused_swiglu=fused))
         elif u.kind == "cross_attention":
-            rows[key] = (src.attention(b, s, t, kv_len=s_enc, sp=sp, overlap=ov),
+            rows[key] = (src.attention(b, s, t, kv_len=s_enc, sp=sp, overlap=ov, lp=lp),
                          attention_act_bytes(m, b, s, t, src.flash, kv_len=s_enc, dt=dt, sp=sp))
         else:
             window = window_keys(m, u.layer, s * cp) if key[2] else None
-            cost = src.attention(b, s, t, causal=causal, cp=cp, sp=sp, overlap=ov, window=window)
+            cost = src.attention(b, s, t, causal=causal, cp=cp, sp=sp, overlap=ov, window=window, lp=lp)
             rows[key] = (cost, attention_act_bytes(m, b, s, t, src.flash, dt=dt, sp=sp))
+        if lp:     # every row but full recompute (which keeps only the unit input) keeps quantized linear inputs
+            save = _lp_saving(m, u.kind, b, s, t, sp, src.lp, dt)
+            a = rows[key][1]
+            rows[key] = (rows[key][0], tuple(x if j == 2 else x - save for j, x in enumerate(a)))
     return rows
 
 
-def _row_key(m: ModelSpec, u) -> tuple:
-    """Units priced alike: (stack, kind, sliding window): a windowed self-attention layer is its own row."""
-    return u.stack, u.kind, u.kind == "attention" and u.stack == "decoder" and is_window_layer(m, u.layer)
+def _row_key(src: AnalyticSource, u) -> tuple:
+    """Units priced alike: (stack, kind, sliding window, low precision): a windowed self-attention layer and a layer
+    kept in bf16 under a low-precision recipe are their own rows."""
+    m = src.model
+    return (u.stack, u.kind, u.kind == "attention" and u.stack == "decoder" and is_window_layer(m, u.layer),
+            _lp_unit(src, u))
 
 
 def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = False,
@@ -311,7 +363,7 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
     rec, act, peak = np.zeros((n, N_RC)), np.zeros((n, N_RC)), np.zeros((n, N_RC))
     params = np.zeros(n)
     for i, u in enumerate(m.units):
-        cost, a = rows[_row_key(m, u)]
+        cost, a = rows[_row_key(src, u)]
         fwd[i], bwd[i], tpc[i] = cost.fwd, cost.bwd, cost.tp_comm
         tph[i], cpc[i], cph[i] = cost.tp_hidden, cost.cp_comm, cost.cp_hidden
         comm_fwd[i] = cost.comm_fwd

@@ -8,8 +8,8 @@ bytes (the full tensor), with per-step latency ``alpha`` and link bandwidth ``be
     all-gather      T =   (n-1) alpha +   (n-1)/n * B / beta      (B = the gathered, full tensor)
     p2p             T =         alpha +           B / beta
 
-A group whose ranks sit on more than one node runs at the network bandwidth, otherwise at the intra-node link
-bandwidth. Across nodes NCCL runs one ring channel per member of the group in a node, each crossing the node boundary
+A group whose ranks sit in more than one NVLink domain (a node, or ``ClusterSpec.nvlink_domain`` GPUs: an NVL72
+rack of trays of 4) runs at the network bandwidth, otherwise at the NVLink bandwidth. Across nodes NCCL runs one ring channel per member of the group in a node, each crossing the node boundary
 on that member's own NIC (DGX systems have one NIC per GPU): a group with ``members`` ranks per node moves data
 across nodes at ``members`` NICs' bandwidth, capped by the intra-node links (``members = 1``: the v1 model; a DP
 group of a tp-8 stage has one member per 8-GPU node, a tp-1 stage's has eight).
@@ -83,7 +83,8 @@ class CommModel:
 
     # ----- where ranks sit ----------------------------------------------------------------------------------------
     def spans_nodes(self, first_rank: int, last_rank: int) -> bool:
-        return self.cluster.node_of(first_rank) != self.cluster.node_of(last_rank)
+        """Whether the ranks leave one NVLink domain (a node, unless ``ClusterSpec.nvlink_domain`` says more)."""
+        return self.cluster.domain_of(first_rank) != self.cluster.domain_of(last_rank)
 
     def members_per_node(self, first_rank: int, stride: int, count: int) -> int:
         """Fewest members per node of the group ``first_rank + i * stride`` (i < count)."""

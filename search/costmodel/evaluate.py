@@ -44,6 +44,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import precision as lowp
 from ..cluster import ClusterSpec
 from ..errors import AcesoError
 from ..model import ModelSpec
@@ -161,9 +162,15 @@ class CostModel:
         self._static_cache: dict[tuple, _Static] = {}                     # stage_cost args but recompute -> terms
         self._result_cache: dict[tuple, StageCost] = {}                   # all args -> result (shared: do not mutate)
         fp32g = self.settings.grad_reduce_in_fp32
-        self._w, self._g, self._opt = state_bytes_per_param(training.precision, False, 1, fp32g)
-        self._copy = grad_copy_bytes(training.precision, fp32g) if self.settings.fp32_grad_copy else 0.0
-        opt_bytes = OPT_BYTES_PER_PARAM[training.precision] + (2.0 if fp32g and training.precision != "fp32" else 0)
+        self._w, self._g, self._opt = state_bytes_per_param(training.dtype, False, 1, fp32g)
+        self._copy = grad_copy_bytes(training.dtype, fp32g) if self.settings.fp32_grad_copy else 0.0
+        # low precision (search/precision.py): quantized weight caches per linear parameter, quantized all-gather
+        self._w_lp = lowp.weight_bytes_per_param(training.precision, training.fp8_param_gather)
+        self._ag_lp = lowp.gather_bytes_per_param(training.precision, training.fp8_param_gather, self._w) - self._w
+        self._lp_mask = np.array([not lowp.bf16_layer(training.precision, u.layer, model.num_layers,
+                                                      training.bf16_layers_start, training.bf16_layers_end)
+                                  for u in model.units], dtype=bool)
+        opt_bytes = OPT_BYTES_PER_PARAM[training.dtype] + (2.0 if fp32g and training.dtype != "fp32" else 0)
         self._opt_ms_per_param = getattr(source, "optimizer_ms_per_param", None) or (  # measured, else analytic
             opt_bytes / (cluster.gpu.hbm_gbps * 1e6 * OPT_MEM_EFFICIENCY))
         cross = [i for i, u in enumerate(model.units) if u.kind == "cross_attention"]
@@ -306,7 +313,7 @@ class CostModel:
         prev, next = prev or me, next or me
         chunk_fwd, chunk_bwd, chunk_p2p, chunk_comm = [], [], [], []
         split = FWD_COMM[0] in c
-        params = act = head_peak = buf = ideal = 0.0
+        params = act = head_peak = buf = ideal = lp_params = 0.0
         sums = dict.fromkeys(("tpc", "tph", "cpc", "cph"), 0.0)
         p2p_total = p2p_exposed = 0.0
         in_fl = in_flight_per_chunk(stage_index, S, v, M)
@@ -317,6 +324,7 @@ class CostModel:
             fwd = c["fwd"][e] - c["fwd"][a]
             bwd = c["bwd"][e] - c["bwd"][a]
             params += c["params"][e] - c["params"][a]
+            lp_params += float(t.weight_params[a:e][self._lp_mask[a:e]].sum()) if self._w_lp or self._ag_lp else 0.0
             for name in sums:
                 sums[name] += c[name][e] - c[name][a]
             if split:
@@ -369,7 +377,7 @@ class CostModel:
         if self.kind != "analytic":
             ideal -= sums["tpc"]
         sync, opt, prologue, dp_comm = self._per_iteration(stage_index, S, first_rank, n, dp * cp, params,
-                                                           sum(chunk_fwd), sum(chunk_bwd), t, features)
+                                                           sum(chunk_fwd), sum(chunk_bwd), t, features, lp_params)
         comm = {"tp": (M * (sums["tpc"] - sums["cpc"]), M * sums["tph"]), "cp": (M * sums["cpc"], M * sums["cph"]),
                 "p2p": (M * p2p_exposed, M * max(0.0, p2p_total - p2p_exposed)), **dp_comm}
         dist = features.distributed_optimizer
@@ -377,18 +385,19 @@ class CostModel:
         opt_b = self._opt / dpc if dist else self._opt
         copy = self._copy / dpc if dist else self._copy
         return _Static(sum(chunk_fwd), sum(chunk_bwd), p2p_exposed, sync, opt, sums["tpc"], act, in_fl,
-                       params * self._w / MB, params * self._g / MB, params * opt_b / MB, params * copy / MB,
+                       (params * self._w + lp_params * self._w_lp) / MB, params * self._g / MB, params * opt_b / MB,
+                       params * copy / MB,
                        buf, head_peak, ideal, tuple(chunk_fwd), tuple(chunk_bwd), tuple(chunk_p2p), prologue,
                        {k: v for k, v in comm.items() if v[0] > 0 or v[1] > 0}, tuple(chunk_comm))
 
     def _per_iteration(self, stage_index: int, S: int, first_rank: int, n: int, dpc: int, params: float,
-                       fwd: float, bwd: float, t: UnitTable, features: Features):
+                       fwd: float, bwd: float, t: UnitTable, features: Features, lp_params: float = 0.0):
         """(exposed DP sync, step, prologue, comm entries) of a stage: gradient reduction, tied-embedding sync,
         optimizer step and the distributed optimizer's parameter all-gather, overlapped as the features say."""
         cfg = self.settings
         inter = dpc > 1 and self.comm.spans_nodes(first_rank, first_rank + n - 1)
         k = self.comm.members_per_node(first_rank, n // dpc, dpc) if inter and cfg.multi_nic else 1
-        grads, weights = params * self._g, params * self._w
+        grads, weights = params * self._g, params * self._w + lp_params * self._ag_lp   # (quantized all-gather)
         dist = features.distributed_optimizer
         opt = params * self._opt_ms_per_param / (dpc if dist else 1)
         sync = prologue = 0.0
@@ -415,7 +424,7 @@ class CostModel:
                     opt += ag
                     out["param_gather"] = (ag, 0.0)
         if stage_index in (0, S - 1) and S > 1 and t.word_embed_params:
-            emb = self.comm.all_reduce(t.word_embed_params * self._g, 2, self.cluster.num_nodes > 1)
+            emb = self.comm.all_reduce(t.word_embed_params * self._g, 2, self.cluster.num_gpus > self.cluster.nvlink_size)
             sync += emb
             out["embedding_grads"] = (emb, 0.0)
         return sync, opt, prologue, out
@@ -436,7 +445,7 @@ class CostModel:
         x = full_mb_per_dp1
         recv_mb = x / recv.dp
         send_mb = recv.tp * x / (send.tp * send.dp)
-        inter = self.cluster.num_nodes > 1 if wrap else self.comm.spans_nodes(max(lo_rank, 0), hi_rank)
+        inter = self.cluster.num_gpus > self.cluster.nvlink_size if wrap else self.comm.spans_nodes(max(lo_rank, 0), hi_rank)
         if self.settings.p2p_scatter_gather and send == recv and recv.tp > 1 and not recv.sp:
             return self.comm.p2p(recv_mb / recv.tp * MB, inter) + self.comm.all_gather(recv_mb * MB, recv.tp), recv_mb
         return self.comm.p2p(max(recv_mb, send_mb) * MB, inter), recv_mb
@@ -507,7 +516,7 @@ class CostModel:
         worst = max(range(len(stages)), key=lambda i: mem[i] - self.memory_limit_mb) if not fits else pipe.bottleneck
         flops = self.model.training_flops_per_sample() * global_batch_size
         tflops = flops / (it / 1e3) / num_gpus / 1e12 if it > 0 else 0.0
-        peak = self.cluster.gpu.peak_tflops(self.training.precision)
+        peak = self.cluster.gpu.peak_tflops(self.training.dtype)
         return PlanCost(iteration_ms=it, samples_per_s=global_batch_size / (it / 1e3) if it > 0 else 0.0,
                         stages=stages, pipeline=pipe, max_memory_mb=max(mem), memory_limit_mb=self.memory_limit_mb,
                         fits=fits, bottleneck_stage=worst,

@@ -27,6 +27,11 @@ Two models behind one interface (``gemm``, ``bmm``, ``flash``, ``memory``, all i
   the v1 constants 0.60 / 0.45 (E = 0.71 / 0.535). B200: no measurement in our sources; the H100 fractions.
 - Batched attention GEMMs (unfused attention): the GEMM model per matrix, ``batch`` of them in one launch.
 - Memory-bound kernels: ``bytes / (hbm MEM_EFF) + LAUNCH_MS`` each.
+- Low-precision GEMMs (``search/precision.py``: the linear layers under an FP8 / FP4 recipe): the same shape model
+  at the GPU's FP8 / FP4 dense peak with the quantized element size, times ``gemm_scale``: the achieved fraction of
+  the bf16 microbenchmark ceiling that an FP8 GEMM of a training step reaches (``LOWPREC_GEMM_SCALE``, one per GPU
+  generation, fitted on the published FP8 / MXFP8 Megatron-Bridge runs: ``python bench/lowprec_published.py
+  --fit``). FP8 GEMMs are shorter for the same shape, so launch, tail and the scaling-factor handling weigh more.
 
 ``FlatKernels`` (the v1 model, selectable with ``kernels="flat"``): one efficiency per kernel class and GPU
 (``GPU_EFFICIENCY``), one launch overhead per kernel group; it reproduces the v1 numbers exactly (tests).
@@ -67,6 +72,8 @@ GPU_EFFICIENCY: dict[str, Efficiency] = {
     "h200": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
     "b200": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
     "gb200": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
+    "b300": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
+    "gb300": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
     "cpu": Efficiency(0.5, 0.5, 0.0, 0.0, 0.5),
 }
 
@@ -88,9 +95,16 @@ class Arch(NamedTuple):
 # that generation's fully specified calibration rows (every priced setting published, bench/calibration.py): H100
 # on the 21 DGX Cloud Benchmarking rows (NeMo 24.x, Llama 3.1 8B/405B, GPT-3 175B, Nemotron-4 340B), A100 on the 6
 # SC'21 Table 1 rows that state everything. V100 needs none (its ceiling comes from a profile of real training
-# layers). H200 is H100's die (same factor); B200/GB200 take H100's (an assumption, docs/costmodel.md).
+# layers). H200 is H100's die (same factor); B200/GB200 take H100's (an assumption, docs/costmodel.md). B300/GB300
+# (Blackwell Ultra: 160 SMs, NVIDIA's Blackwell Ultra architecture brief) take B200's MAMF fraction (no
+# measurement in our sources: an assumption), ULTRA_ATTN and the same sustained factor.
 SUSTAINED_HOPPER = 0.83
 SUSTAINED_AMPERE = 0.82
+# Blackwell Ultra doubles the SFU's exponentials (10.7 vs 5 TeraExp/s per GPU: NVIDIA's B300/GB300 specifications,
+# "2x attention-layer acceleration"), the softmax bound of fused attention; with it removed the attention core is
+# taken to run at the GEMM ceiling (min(2 x the B200 fractions 0.558 / 0.466, MAMF 0.776)): an assumption, no
+# measurement in our sources (docs/costmodel.md).
+ULTRA_ATTN = min(2 * 0.466, 0.776)
 ARCH: dict[str, Arch] = {
     "v100": Arch(80, (256, 128), 0.70, 0.0, 0.0, 1.0),
     "a100-40gb": Arch(108, (256, 128), 0.859, 0.71, 0.535, SUSTAINED_AMPERE),
@@ -99,8 +113,17 @@ ARCH: dict[str, Arch] = {
     "h200": Arch(132, (128, 256), 0.803, 0.558, 0.466, SUSTAINED_HOPPER),
     "b200": Arch(148, (128, 256), 0.776, 0.558, 0.466, SUSTAINED_HOPPER),
     "gb200": Arch(148, (128, 256), 0.776, 0.558, 0.466, SUSTAINED_HOPPER),
+    "b300": Arch(160, (128, 256), 0.776, ULTRA_ATTN, ULTRA_ATTN, SUSTAINED_HOPPER),
+    "gb300": Arch(160, (128, 256), 0.776, ULTRA_ATTN, ULTRA_ATTN, SUSTAINED_HOPPER),
     "cpu": Arch(8, (64, 64), 0.5, 0.0, 0.0, 1.0),
 }
+
+
+# Low-precision GEMM efficiency relative to the bf16 ceiling (``gemm_scale``), per GPU generation; fitted
+# (docs/costmodel.md, "Low precision"): Hopper on the H100 FP8-CS rows, Blackwell on the B200/GB200/GB300 rows.
+LOWPREC_GEMM_SCALE = {"hopper": 0.98, "blackwell": 0.84}
+GENERATION = {"h100": "hopper", "h200": "hopper", "b200": "blackwell", "gb200": "blackwell", "b300": "blackwell",
+              "gb300": "blackwell"}
 
 
 class FlatKernels:
@@ -108,6 +131,7 @@ class FlatKernels:
 
     name = "flat"
     attn_scale = 1.0            # calibrated fused-attention throughput factor (GPUSpec.attention_scale)
+    gemm_scale = 1.0            # low-precision GEMMs: LOWPREC_GEMM_SCALE
     ce_bytes = (24.0, 8.0)      # v1: cross-entropy bytes per logit beyond the dt read, forward / backward
 
     def __init__(self, gpu: str, peak_flop_per_ms: float, hbm_bytes_per_ms: float, dt: float):
@@ -116,7 +140,7 @@ class FlatKernels:
         self.has_flash = self.eff.flash_fwd > 0
 
     def _k(self, flops: float = 0.0, nbytes: float = 0.0, eff: float | None = None) -> float:
-        t_c = flops / (self.peak * (eff or self.eff.gemm)) if flops else 0.0
+        t_c = flops / (self.peak * (eff or self.eff.gemm * self.gemm_scale)) if flops else 0.0
         t_m = nbytes / (self.hbm * self.eff.mem) if nbytes else 0.0
         return max(t_c, t_m) + LAUNCH_MS
 
@@ -146,6 +170,7 @@ class ShapeKernels:
 
     name = "shape"
     attn_scale = 1.0            # calibrated fused-attention throughput factor (GPUSpec.attention_scale)
+    gemm_scale = 1.0            # low-precision GEMMs: LOWPREC_GEMM_SCALE
     # megatron-core's vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py), bytes per logit beyond the
     # dt read: forward .float() 4 + max 4 + subtract 8 + exp 8 + sum 4 + divide 8; backward mul_ 8 + the cast's 4
     ce_bytes = (36.0, 12.0)
@@ -171,7 +196,7 @@ class ShapeKernels:
             split = max(1, min(a.sms // max(int(units), 1), int(k // SPLIT_K_MIN)))
             units *= split
         waves = ceil(units / a.sms)
-        eff = a.gemm_max * a.sustained * tile_util * units / (waves * a.sms)
+        eff = a.gemm_max * a.sustained * self.gemm_scale * tile_util * units / (waves * a.sms)
         flops = 2.0 * m * n * k * batch
         nbytes = self.dt * (m * k + k * n + m * n) * batch + (4.0 * m * n * batch * split if split > 1 else 0.0)
         t = max(flops / (self.peak * eff), nbytes / (self.hbm * MEM_EFF)) + LAUNCH_MS
@@ -204,3 +229,11 @@ class ShapeKernels:
 
 
 KERNEL_MODELS = {"shape": ShapeKernels, "flat": FlatKernels}
+
+
+def lowprec_kernels(kernels: str, gpu: str, peak_flop_per_ms: float, hbm_bytes_per_ms: float, elem_bytes: float):
+    """The kernel model of the quantized linear GEMMs: the FP8 / FP4 peak, the quantized element size and the
+    generation's ``LOWPREC_GEMM_SCALE`` (read at call time, so a fit can vary it)."""
+    k = KERNEL_MODELS[kernels](gpu, peak_flop_per_ms, hbm_bytes_per_ms, elem_bytes)
+    k.gemm_scale = LOWPREC_GEMM_SCALE.get(GENERATION.get(gpu, ""), 1.0)
+    return k

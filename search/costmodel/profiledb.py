@@ -203,7 +203,7 @@ class ProfileSource:
         self.db, self.model, self.cluster, self.training = db, model, cluster, training
         self.warnings: list[str] = []
         self.comm = FittedComm(db, cluster, self._warn)
-        self.dt = 4.0 if training.precision == "fp32" else 2.0
+        self.dt = 4.0 if training.dtype == "fp32" else 2.0
         self._groups = self._index(db)
         # optional block (written by `aceso profile`): the measured optimizer step + gradient clipping per parameter
         opt = db.get("optimizer")

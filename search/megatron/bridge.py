@@ -21,6 +21,7 @@ import shlex
 
 from ..errors import AcesoError
 from ..plan import ParallelPlan
+from ..precision import recipe
 from .config import MegatronConfig
 from .names import bridge_fields
 
@@ -68,6 +69,8 @@ def _mixed_precision(c: MegatronConfig, held_as: str) -> object:
     """The ``mixed_precision`` override (``_KEEP``: none). Bridge's ``mixed_precision.setup`` copies its
     ``grad_reduce_in_fp32`` over ``ddp.grad_reduce_in_fp32``, so it must say the plan's gradient dtype too."""
     fp32 = c.grad_reduce_in_fp32 or c.precision == "fp32"
+    if c.low_precision is not None:
+        return _low_precision_object(c, fp32, held_as)
     if held_as == "object":     # merged field by field into the recipe's MixedPrecisionConfig
         if c.precision == "bf16":
             return {"grad_reduce_in_fp32": fp32}
@@ -82,6 +85,28 @@ def _mixed_precision(c: MegatronConfig, held_as: str) -> object:
     dt = {"_target_": _DTYPES[c.precision], "_call_": False}    # the recipe's name replaced by a config object
     return {"_target_": "megatron.bridge.training.mixed_precision.MixedPrecisionConfig", c.precision: True,
             "params_dtype": dt, "pipeline_dtype": dt, "autocast_enabled": False, "grad_reduce_in_fp32": fp32}
+
+
+def _low_precision_object(c: MegatronConfig, fp32: bool, held_as: str) -> dict:
+    """A low-precision plan's ``mixed_precision``: Bridge's ``MixedPrecisionConfig`` fields of the recipe
+    (``fp8``/``fp8_recipe`` or ``fp4``/``fp4_recipe``, ``fp8_param_gather``, the bf16 first/last layers), which
+    ``mixed_precision.setup`` copies onto the model and DDP configs."""
+    low, r = c.low_precision, recipe(c.low_precision.recipe)
+    fmt, name = r.flags[1], r.flags[3]
+    out: dict[str, object] = {"grad_reduce_in_fp32": fp32}
+    if r.gemm == "fp8":
+        out.update({"fp8": fmt, "fp8_recipe": name, "fp8_param_gather": low.param_gather,
+                    "fp8_param": low.param_gather})
+    else:
+        out.update({"fp4": fmt, "fp4_recipe": name})
+    if low.bf16_layers_start or low.bf16_layers_end:
+        out.update({"first_last_layers_bf16": True, "num_layers_at_start_in_bf16": low.bf16_layers_start,
+                    "num_layers_at_end_in_bf16": low.bf16_layers_end})
+    if held_as == "object":
+        return out
+    dt = {"_target_": "torch.bfloat16", "_call_": False}
+    return {"_target_": "megatron.bridge.training.mixed_precision.MixedPrecisionConfig", "bf16": True,
+            "params_dtype": dt, "pipeline_dtype": dt, "autocast_enabled": False, **out}
 
 
 def _value(v: object) -> str:

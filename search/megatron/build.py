@@ -42,6 +42,7 @@ def plan_from_config(cfg: MegatronConfig, cluster: ClusterSpec | None = None,
                             overlap_grad_reduce=cfg.overlap_grad_reduce,
                             overlap_param_gather=cfg.overlap_param_gather, tp_comm_overlap=cfg.tp_comm_overlap,
                             stages=stages, predicted=predicted,
-                            settings=PlanSettings(framework="megatron-lm", grad_reduce_in_fp32=cfg.grad_reduce_in_fp32))
+                            settings=PlanSettings(framework="megatron-lm", grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
+                                                  low_precision=cfg.low_precision))
     except pydantic.ValidationError as e:
         raise AcesoError(f"{source}: " + str(as_aceso_error(e))) from None

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..errors import AcesoError
 from ..plan_settings import settings_from_flags
+from ..precision import LowPrecision, from_megatron
 from .config import MegatronConfig, Recompute
 from .layer_variant_flags import FLAG_KINDS as LAYER_FLAG_KINDS
 from .layout import distribution, layout_chunk_layers
@@ -43,19 +44,21 @@ FLAGS: dict[str, str] = {
                         "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
                         "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage",
                         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-                        "--recompute-num-layers", "--micro-batch-size", "--global-batch-size")},
+                        "--recompute-num-layers", "--micro-batch-size", "--global-batch-size",
+                        "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16")},
     **{f: FLOAT for f in ("--attention-dropout", "--hidden-dropout")},
     **{f: STR for f in ("--position-embedding-type", "--normalization", "--tokenizer-type", "--transformer-impl",
                         "--attention-backend",
                         "--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method",
-                        "--main-grads-dtype")},
+                        "--main-grads-dtype", "--fp8-format", "--fp8-recipe", "--fp4-format", "--fp4-recipe")},
     **{f: BOOL for f in ("--group-query-attention", "--use-rotary-position-embeddings", "--swiglu",
                          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--sequence-parallel",
                          "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                          "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
                          "--tp-comm-overlap", "--recompute-activations", "--bf16", "--fp16",
                          "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
-                         "--no-position-embedding")},
+                         "--no-position-embedding", "--fp8-param-gather", "--fp4-param-gather",
+                         "--first-last-layers-bf16")},
     "--recompute-modules": LIST,
     **LAYER_FLAG_KINDS,         # --window-size, --softmax-type, --quick-geglu, ... (layer_variant_flags)
 }
@@ -65,7 +68,7 @@ FLAGS: dict[str, str] = {
 # without a warning; any other flag is listed in the one warning
 QUIET_PREFIXES = ("--lr", "--min-lr", "--train-", "--eval-", "--log-", "--save", "--load", "--data-", "--tokenizer-",
                   "--wandb-", "--tensorboard-", "--exit-", "--ckpt-", "--profile", "--adam-", "--sgd-", "--valid-data",
-                  "--test-data", "--manual-gc", "--timing-log")
+                  "--test-data", "--manual-gc", "--timing-log", "--fp8-amax-")
 QUIET = frozenset({
     "--split", "--vocab-file", "--merge-file", "--mock-data", "--weight-decay", "--start-weight-decay",
     "--end-weight-decay", "--weight-decay-incr-style", "--clip-grad", "--seed", "--init-method-std",
@@ -76,7 +79,7 @@ QUIET = frozenset({
     "--dataloader-type", "--finetune", "--use-checkpoint-args", "--no-load-optim", "--no-load-rng",
     "--vocab-extra-ids", "--legacy-tokenizer", "--eod-mask-loss", "--reset-position-ids", "--reset-attention-mask",
     "--norm-epsilon", "--initial-loss-scale", "--min-loss-scale", "--loss-scale", "--loss-scale-window",
-    "--hysteresis", "--mask-prob", "--short-seq-prob", "--no-check-for-nan-in-loss-and-grad", "--local-rank",
+    "--hysteresis", "--fp8-margin", "--fp8-interval", "--mask-prob", "--short-seq-prob", "--no-check-for-nan-in-loss-and-grad", "--local-rank",
 })
 
 
@@ -104,9 +107,8 @@ REFUSED: dict[str, tuple[object, str]] = {
     "--num-experts": (_positive, "mixture-of-experts layers are not modelled by aceso"),
     "--expert-model-parallel-size": (_above_one, "expert parallelism is not modelled by aceso"),
     "--expert-tensor-parallel-size": (_above_one, "expert parallelism is not modelled by aceso"),
-    "--fp8-format": (_always, "FP8 training is not modelled (aceso prices bf16, fp16 and fp32)"),
-    "--fp8-param-gather": (_always, "FP8 training is not modelled (aceso prices bf16, fp16 and fp32)"),
-    "--fp4-format": (_always, "FP4 training is not modelled (aceso prices bf16, fp16 and fp32)"),
+    "--fp8-dot-product-attention": (_always, "FP8 attention is not modelled (the attention core prices bf16)"),
+    "--fp8-multi-head-attention": (_always, "FP8 attention is not modelled (the attention core prices bf16)"),
     "--multi-latent-attention": (_always, "multi-latent attention is not modelled by aceso"),
     "--mtp-num-layers": (_positive, "multi-token prediction layers are not modelled by aceso"),
     "--hybrid-override-pattern": (_always, "hybrid (Mamba) models are not modelled by aceso"),
@@ -250,7 +252,34 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
                           grad_reduce_in_fp32=settings_from_flags(
                               model.params_dtype, f.has("--grad-reduce-in-bf16"),
                               f.has("--accumulate-allreduce-grads-in-fp32"),
-                              f.get("--main-grads-dtype") == "bf16").grad_reduce_in_fp32)
+                              f.get("--main-grads-dtype") == "bf16").grad_reduce_in_fp32,
+                          low_precision=_low_precision(f, model.params_dtype, dist_opt))
+
+
+def _low_precision(f: Flags, dtype: str, dist_opt: bool) -> LowPrecision | None:
+    """The recipe of ``--fp8-format/--fp8-recipe`` / ``--fp4-format/--fp4-recipe`` (search/precision.py), with
+    ``--fp8-param-gather`` and the bf16 first/last layers (megatron-core's defaults: 1 and 1 when only
+    ``--first-last-layers-bf16`` is given)."""
+    try:
+        recipe = from_megatron(f.get("--fp8-format"), f.get("--fp8-recipe"), f.get("--fp4-format"),
+                               f.get("--fp4-recipe"))
+    except ValueError as e:
+        raise AcesoError(str(e)) from None
+    gather = f.has("--fp8-param-gather") or f.has("--fp4-param-gather")
+    if recipe is None:
+        if gather or f.has("--first-last-layers-bf16"):
+            raise AcesoError("--fp8-param-gather / --first-last-layers-bf16 without --fp8-format or --fp4-format: "
+                             "give the recipe")
+        return None
+    if dtype != "bf16":
+        raise AcesoError(f"--{recipe.split('-')[0][:3]}-format with {dtype}: aceso prices low precision on --bf16")
+    if gather and not dist_opt:
+        raise AcesoError("--fp8-param-gather needs --use-distributed-optimizer (Megatron-LM's validate_args "
+                         "asserts it)")
+    first_last = f.has("--first-last-layers-bf16")
+    start = f.get("--num-layers-at-start-in-bf16", 1) if first_last else 0
+    end = f.get("--num-layers-at-end-in-bf16", 1) if first_last else 0
+    return LowPrecision(recipe=recipe, param_gather=gather, bf16_layers_start=start, bf16_layers_end=end)
 
 
 def _chunk_layers(f: Flags, num_layers: int, pp: int) -> tuple[tuple[int, ...], int]:

@@ -15,7 +15,7 @@ the user's configuration.
 from __future__ import annotations
 
 from ..plan import ParallelPlan
-from ..plan_settings import run_settings, settings_for
+from ..plan_settings import plan_precision, run_settings, settings_for
 
 DEFAULT_BUDGET = 600
 
@@ -32,7 +32,7 @@ def search_gain(plan: ParallelPlan, config_ms: float, attention: str | None, cos
     st = plan.stages[0]
     base = TrainingSpec(global_batch_size=plan.global_batch_size)     # the default candidates ...
     training = TrainingSpec(                                         # ... widened to hold the given configuration
-        global_batch_size=plan.global_batch_size, precision=plan.model.params_dtype, attention=attention or "auto",
+        global_batch_size=plan.global_batch_size, **plan_precision(plan), attention=attention or "auto",
         micro_batch_sizes=sorted({*base.micro_batch_sizes, plan.micro_batch_per_rank(0)}),
         virtual_stages=sorted({*base.virtual_stages, plan.num_virtual_stages}),
         context_parallel_sizes=sorted({*base.context_parallel_sizes, st.cp}))
@@ -87,4 +87,10 @@ def search_command(plan: ParallelPlan) -> str:
     model = m.name if preset else "SPEC.json"
     depth = f" --num-layers {m.num_layers}" if preset and load_model(m.name).num_layers != m.num_layers else ""
     cluster = f" --cluster {plan.cluster.label}" if plan.cluster else ""
-    return f"aceso search --model {model}{depth}{cluster} --global-batch-size {plan.global_batch_size}"
+    low = (plan.settings.low_precision if plan.settings else None)
+    prec = ""
+    if low is not None:
+        prec = f" --precision {low.recipe}" + (" --fp8-param-gather" if low.param_gather else "")
+        if low.bf16_layers_start or low.bf16_layers_end:
+            prec += f" --bf16-layers {low.bf16_layers_start} {low.bf16_layers_end}"
+    return f"aceso search --model {model}{depth}{cluster} --global-batch-size {plan.global_batch_size}{prec}"

@@ -15,6 +15,7 @@ from typing import Literal
 
 from ..errors import AcesoError
 from ..model import ModelSpec
+from ..precision import LowPrecision
 
 Granularity = Literal["full", "selective"]
 
@@ -67,6 +68,7 @@ class MegatronConfig:
     tp_comm_overlap: bool = False
     attention: Literal["flash", "unfused"] | None = None   # transformer_engine / local
     grad_reduce_in_fp32: bool = False   # DDP gradient buffer / reduction in fp32 (the plan's settings)
+    low_precision: LowPrecision | None = None   # FP8 / FP4 recipe (search/precision.py; the plan's settings)
 
     @property
     def world_size(self) -> int:

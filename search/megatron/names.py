@@ -8,6 +8,7 @@ mapping documented in docs/megatron.md (``mapping_table``); ``megatron_lm_args``
 
 from __future__ import annotations
 
+from ..precision import megatron_flags as precision_flags
 from . import layer_variant_flags
 from .config import MegatronConfig
 from .layout import split_for
@@ -50,6 +51,10 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("settings.grad_reduce_in_fp32", "bf16: --grad-reduce-in-bf16 when off; fp16: "
      "--accumulate-allreduce-grads-in-fp32 when on", "ddp.grad_reduce_in_fp32, mixed_precision.grad_reduce_in_fp32",
      "Megatron-LM reduces bf16 gradients in fp32 by default; Bridge copies mixed_precision's over ddp's"),
+    ("settings.low_precision", "--fp8-format --fp8-recipe (or --fp4-format --fp4-recipe), --fp8-param-gather, "
+     "--first-last-layers-bf16 --num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16",
+     "mixed_precision.fp8, fp8_recipe, fp8_param_gather, fp4, fp4_recipe, first_last_layers_bf16, ...",
+     "the recipes of search/precision.py; with --bf16"),
     ("predicted.attention", "--transformer-impl transformer_engine (flash) or local (unfused)",
      "model.transformer_impl", ""),
     ("stages[].tp", "--tensor-model-parallel-size", "model.tensor_model_parallel_size", "one for all stages"),
@@ -110,7 +115,15 @@ def megatron_lm_args(c: MegatronConfig) -> dict[str, list[str]]:
               "--make-vocab-size-divisible-by", str(c.vocab_divisor), "--transformer-impl", c.transformer_impl]
     return {"model": model, "parallel": _parallel(c), "recompute": _recompute(c),
             "batch": ["--micro-batch-size", str(c.micro_batch_size), "--global-batch-size", str(c.global_batch_size)],
-            "precision": [f for f in [_PRECISION[c.precision]] if f] + grad_reduce_args(c)}
+            "precision": [f for f in [_PRECISION[c.precision]] if f] + grad_reduce_args(c) + low_precision_args(c)}
+
+
+def low_precision_args(c: MegatronConfig) -> list[str]:
+    """The recipe's flags (``search/precision.py``)."""
+    low = c.low_precision
+    if low is None:
+        return []
+    return precision_flags(low.recipe, low.param_gather, low.bf16_layers_start, low.bf16_layers_end)
 
 
 def grad_reduce_args(c: MegatronConfig) -> list[str]:

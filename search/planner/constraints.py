@@ -22,7 +22,7 @@ def tensor_sizes(model, cluster, training, usable: list[int]) -> tuple[int, ...]
     if bad:
         raise AcesoError(f"--tp {bad[0]}: not a usable tensor-parallel size for {model.name} on {cluster.label} "
                          f"(a power of two dividing the {model.num_attention_heads} heads, {model.groups} query "
-                         f"groups and FFN {model.ffn_hidden_size}, at most a node of {cluster.gpus_per_node}); "
+                         f"groups and FFN {model.ffn_hidden_size}, at most an NVLink domain of {cluster.nvlink_size}); "
                          f"choose from {_nums(usable)}")
     return tuple(t for t in usable if t in want)
 

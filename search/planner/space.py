@@ -122,7 +122,7 @@ class Space:
             raise AcesoError(f"--target {target}: choose one of {', '.join(TARGETS)}")
         priced = frozenset(priced)
         tps, t = [], 1
-        while t <= cluster.gpus_per_node:
+        while t <= cluster.nvlink_size:
             if all(v % t == 0 for v in (model.num_attention_heads, model.groups, model.ffn_hidden_size)):
                 tps.append(t)
             t *= 2

@@ -624,7 +624,7 @@ CASES = [
       **{"v.sh": "A=1\nB=(--num-layers 4)\n"}),
     C("import-mlm-unset-args", "import u.sh --from megatron-lm", "the arguments include $GPT_ARGS, which the file "
       "does not set", **{"u.sh": "torchrun --nproc_per_node 8 pretrain_gpt.py $GPT_ARGS\n"}),
-    C("import-mlm-fp8-append", "import f.sh --from megatron-lm", "--fp8-format hybrid: FP8 training is not modelled",
+    C("import-mlm-fp8-append", "import f.sh --from megatron-lm", "--fp8-format with fp32: aceso prices low precision",
       **{"f.sh": "A=(" + _MLM + ")\nA+=(\n  \"--fp8-format hybrid\"\n)\ntorchrun --nproc_per_node 8 pretrain_gpt.py "
                  "${A[@]}\n"}),
     C("explain-mlm-no-cluster", ["explain", "--megatron-args", "--num-layers 4"], "--megatron-args needs --cluster"),

@@ -42,10 +42,11 @@ def test_example_script(rel):
 
 
 def test_llama3_fp8_script_keeps_its_appends():
-    """The FP8 example is refused for FP8; as a bf16 run (its DTYPE changed) nothing appended is lost."""
+    """The FP8 example imports its recipe (appended by DTYPE_ARGS+=(...): hybrid, Megatron-LM's default delayed
+    recipe, --fp8-param-gather); as a bf16 run (its DTYPE changed) nothing appended is lost."""
     text = _text("llama/train_llama3_8b_h100_fp8.sh")
-    with pytest.raises(AcesoError, match="--fp8-format hybrid: FP8 training is not modelled"):
-        read_megatron(text, source="fp8.sh")
+    low = read_megatron(text, source="fp8.sh").plan.settings.low_precision
+    assert (low.recipe, low.param_gather) == ("fp8-delayed", True)
     cmd = read_command(text.replace('DTYPE="fp8"', 'DTYPE="bf16"'))
     assert cmd.script == "pretrain_gpt.py" and cmd.world_size == 8
     assert not any(a.startswith("--fp8") for a in cmd.argv)

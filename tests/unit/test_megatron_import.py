@@ -153,7 +153,7 @@ def test_account_for_embedding_and_loss_split():
 
 @pytest.mark.parametrize("extra,needle", [
     ("--num-experts 8", "--num-experts 8: mixture-of-experts"),
-    ("--fp8-format hybrid", "FP8 training is not modelled"),
+    ("--fp8-format hybrid --fp8-dot-product-attention", "FP8 attention is not modelled"),
     ("--multi-latent-attention", "multi-latent attention"),
     ("--use-megatron-fsdp", "FSDP is not modelled"),
     ("--cp-comm-type a2a", "ring (p2p) context parallelism"),

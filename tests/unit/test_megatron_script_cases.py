@@ -66,9 +66,8 @@ torchrun --nproc_per_node $GPUS_PER_NODE --nnodes $NNODES pretrain_gpt.py \\
 """
 
 
-def test_appends_inside_an_if_are_followed_and_fp8_is_refused_for_fp8():
-    with pytest.raises(AcesoError, match=r"^fp8\.sh: --fp8-format hybrid: FP8 training is not modelled"):
-        read_megatron(FP8, source="fp8.sh")
+def test_appends_inside_an_if_are_followed_and_fp8_is_read_for_fp8():
+    assert read_megatron(FP8, source="fp8.sh").plan.settings.low_precision.recipe == "fp8-delayed"
     imp = read_megatron(FP8.replace('DTYPE="fp8"', 'DTYPE="bf16"'), source="bf16.sh")
     c = imp.config
     assert (c.distributed_optimizer, c.overlap_grad_reduce, c.overlap_param_gather) == (True, True, True)

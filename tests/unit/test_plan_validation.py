@@ -159,7 +159,7 @@ def test_missing_plan_file(capsys):
 
 
 def test_bad_cluster_strings():
-    for text, needle in [("8-h100", "NODESxGPUS"), ("1x8-b300", "unknown gpu"), ("0x8-h100", "at least 1")]:
+    for text, needle in [("8-h100", "NODESxGPUS"), ("1x8-b900", "unknown gpu"), ("0x8-h100", "at least 1")]:
         with pytest.raises(AcesoError, match=needle):
             parse_cluster(text)
     c = parse_cluster("4x8-V100")

@@ -1,0 +1,147 @@
+"""Published low-precision Megatron runs against the analytic cost model: tokens/s per GPU and memory, row by row.
+
+Rows: the dense FP8 (``fp8-cs``: tensorwise current scaling) and MXFP8 rows of NVIDIA's Megatron-Bridge performance
+summary (``../shared/published/megatron-bridge-25.09-25.11.json``: Llama 3 8B, Llama 3 70B, Llama 3.1 405B on H100,
+B200, GB200, GB300). Left out and listed: MoE rows (the MoE branches price them) and rows with Megatron FSDP
+(``fsdp`` > 0: the fsdp branch). Each row is imported from its own Megatron-LM arguments (``args``) with
+``read_megatron`` -- the one row -> plan path (``aceso import --from megatron-lm``), which reads the precision
+flags into the plan's ``settings.low_precision`` -- and priced as ``aceso explain`` prices an imported plan
+(``plan_precision``, ``run_settings``: the row's gradient reduction, bf16 with ``--grad-reduce-in-bf16``).
+Error = predicted / measured - 1 of tokens/s per GPU (positive: the model is too fast).
+
+The one fitted constant per GPU generation is ``kernels.LOWPREC_GEMM_SCALE`` (the achieved low-precision GEMM
+fraction of the bf16 ceiling); ``--fit`` scans it per generation for the lowest mean absolute error on that
+generation's rows and prints it (every other constant is the bf16 calibration's).
+
+Run: ``python bench/lowprec_published.py`` (table, bench/results/lowprec_published.json); ``--fit``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from search.argparser import AcesoParser  # noqa: E402
+from search.cluster import parse_cluster  # noqa: E402
+from search.costmodel import make_cost_model  # noqa: E402
+from search.costmodel import kernels  # noqa: E402
+from search.megatron.importer import read_megatron  # noqa: E402
+from search.plan_settings import plan_precision, run_settings  # noqa: E402
+from search.training import TrainingSpec  # noqa: E402
+
+BRIDGE = ROOT.parent / "shared" / "published" / "megatron-bridge-25.09-25.11.json"
+DENSE = ("llama3-8b", "llama3-70b", "llama3.1-405b")
+PRECISIONS = ("fp8-cs", "mxfp8")
+
+
+def load_rows(path: Path = BRIDGE) -> tuple[list[dict], list[str]]:
+    """(rows priced, reasons for the rows left out)."""
+    if not path.exists():
+        return [], [f"{path} is absent"]
+    rows, out = [], []
+    for r in json.loads(path.read_text())["rows"]:
+        if r["precision"] not in PRECISIONS or r["kind"] != "pretrain":
+            continue
+        tag = f"{r['version']} {r['model']} {r['cluster']} {r['precision']}"
+        if r["moe"] or r["model"] not in DENSE:
+            out.append(f"{tag}: MoE (the MoE branches)")
+        elif r["fsdp"]:
+            out.append(f"{tag}: Megatron FSDP (fsdp {r['fsdp']}: the fsdp branch)")
+        else:
+            rows.append(r)
+    return rows, out
+
+
+def price_row(r: dict) -> dict:
+    """The row imported from its arguments and priced; tokens/s per GPU predicted vs measured."""
+    cluster = parse_cluster(r["cluster"])
+    plan = read_megatron(r["args"], cluster=cluster).plan
+    training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
+                            **plan_precision(plan), distributed_optimizer=plan.distributed_optimizer,
+                            attention="flash")
+    cm = make_cost_model(plan.model, cluster, training, settings=run_settings(plan.settings, training.precision))
+    cost = cm.evaluate(plan)
+    tokens = plan.global_batch_size * plan.model.seq_length / (cost.iteration_ms / 1e3) / cluster.num_gpus
+    meas = r["tokens_per_s_per_gpu"]
+    return {"id": r["id"], "gpu": cluster.gpu.name, "generation": kernels.GENERATION.get(cluster.gpu.name, ""),
+            "model": r["model"], "cluster": r["cluster"], "precision": training.precision,
+            "config": f"tp{r['tp']} pp{r['pp']} cp{r['cp']} vp{r['vp'] or 1} mbs{r['mbs']} gbs{r['gbs']}",
+            "measured_tokens_per_gpu": meas, "predicted_tokens_per_gpu": tokens, "error": tokens / meas - 1,
+            "iteration_ms": cost.iteration_ms, "memory_gib": cost.max_memory_mb / 1024,
+            "memory_limit_gib": cost.memory_limit_mb / 1024, "fits": cost.fits, "checks": r.get("checks") or []}
+
+
+def summarize(results: list[dict]) -> dict:
+    errs = np.array([abs(x["error"]) for x in results])
+    worst = results[int(errs.argmax())]["id"] if len(errs) else None
+    return {"rows": len(results), "mae": float(errs.mean()) if len(errs) else 0.0,
+            "max_abs": float(errs.max()) if len(errs) else 0.0, "worst": worst,
+            "all_fit": all(x["fits"] for x in results)}
+
+
+def fit(rows: list[dict]) -> dict[str, float]:
+    """Per generation, the ``LOWPREC_GEMM_SCALE`` in [0.5, 1.2] (step 0.02) with the lowest MAE on its rows."""
+    best = {}
+    for gen in sorted({kernels.GENERATION.get(parse_cluster(r["cluster"]).gpu.name, "") for r in rows}):
+        mine = [r for r in rows if kernels.GENERATION.get(parse_cluster(r["cluster"]).gpu.name, "") == gen]
+        keep = kernels.LOWPREC_GEMM_SCALE[gen]
+        trials = []
+        for s in np.arange(0.50, 1.201, 0.02):
+            kernels.LOWPREC_GEMM_SCALE[gen] = float(s)
+            trials.append((summarize([price_row(r) for r in mine])["mae"], round(float(s), 2)))
+        kernels.LOWPREC_GEMM_SCALE[gen] = keep
+        best[gen] = min(trials)[1]
+        print(f"  {gen}: LOWPREC_GEMM_SCALE {best[gen]:.2f} (MAE {100 * min(trials)[0]:.1f}% on {len(mine)} rows)")
+    return best
+
+
+def print_table(results: list[dict], summary: dict, left_out: list[str]) -> None:
+    print("published low-precision Megatron-Bridge runs vs the analytic cost model (tokens/s per GPU; error = "
+          f"predicted / measured - 1); LOWPREC_GEMM_SCALE {kernels.LOWPREC_GEMM_SCALE}")
+    print(f"  {'run':16}{'cluster':>12}{'precision':>16}{'config':>34}{'meas':>8}{'pred':>8}{'error':>8}"
+          f"{'mem GiB':>9}{'fits':>5}")
+    for x in results:
+        run = f"{x['id'].split('/')[0]} {x['model']}"
+        print(f"  {run:16}{x['cluster']:>12}{x['precision']:>16}{x['config']:>34}{x['measured_tokens_per_gpu']:>8.0f}"
+              f"{x['predicted_tokens_per_gpu']:>8.0f}{100 * x['error']:>7.1f}%{x['memory_gib']:>9.1f}"
+              f"{'yes' if x['fits'] else 'NO':>5}")
+    for x in results:
+        for note in x["checks"]:
+            print(f"  the table's own check of {x['id']}: {note}")
+    print(f"  {summary['rows']} rows: MAE {100 * summary['mae']:.1f}%, max |error| {100 * summary['max_abs']:.1f}% "
+          f"({summary['worst']}); every run fits: {'yes' if summary['all_fit'] else 'NO'}")
+    for o in left_out:
+        print(f"  left out: {o}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = AcesoParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fit", action="store_true", help="scan LOWPREC_GEMM_SCALE per GPU generation and print it")
+    args = ap.parse_args(argv)
+    rows, left_out = load_rows()
+    if not rows:
+        print(f"no rows: {'; '.join(left_out)}")
+        return 0
+    if args.fit:
+        fit(rows)
+        return 0
+    results = [price_row(r) for r in rows]
+    summary = summarize(results)
+    print_table(results, summary, left_out)
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "lowprec_published.json").write_text(json.dumps(
+        {"constants": dict(kernels.LOWPREC_GEMM_SCALE), "rows": results, "summary": summary,
+         "left_out": left_out}, indent=2) + "\n")
+    print(f"\nwrote {out / 'lowprec_published.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Precision recipes: what each training precision quantizes, its Megatron-LM flags, and its cast and memory bytes.
+
+``TrainingSpec.precision`` is one of ``RECIPES``. bf16 / fp16 / fp32 are the plain dtypes. The low-precision
+recipes (transformer-engine through megatron-core core_v0.16.1, ``TransformerConfig.fp8`` / ``fp8_recipe`` /
+``fp4`` / ``fp4_recipe``) train in bf16 (``--bf16``) and run the GEMMs of the transformer layers' linear layers
+(QKV, attention output, fc1, fc2: forward, input gradient and weight gradient) at the GPU's FP8 or FP4 tensor-core
+peak. What stays bf16: the attention core (``fp8_dot_product_attention`` off), norms, softmax, activations, the
+embedding and the output layer (logits; megatron-core's own ``ColumnParallelLinear``, not a TE module), and the
+first / last layers kept in bf16 (``--first-last-layers-bf16 --num-layers-at-start-in-bf16 N
+--num-layers-at-end-in-bf16 M``; megatron-core refuses it with the delayed recipe).
+
+Flags (core_v0.16.1 ``transformer_config.py``; names checked against ``megatron/data/flags_core_v0.16.1.txt``):
+
+    fp8-delayed     --fp8-format hybrid --fp8-recipe delayed      per-tensor scale from an amax history
+    fp8-tensorwise  --fp8-format hybrid --fp8-recipe tensorwise   per-tensor current scaling (NVIDIA's "FP8-CS")
+    fp8-blockwise   --fp8-format e4m3   --fp8-recipe blockwise    1x128 (activations) / 128x128 (weights) fp32 scales
+    mxfp8           --fp8-format e4m3   --fp8-recipe mxfp8        E8M0 scale per 32 elements (Blackwell only)
+    nvfp4           --fp4-format e2m1   --fp4-recipe nvfp4        E4M3 scale per 16 elements + a per-tensor fp32 scale
+
+Quantize / cast kernels (memory bound, per linear layer and micro-batch; ``cast_bytes``): transformer-engine casts
+each GEMM input it did not already hold quantized: forward the input x (m x k) is read in bf16 and written in the
+low-precision format twice (row-wise for the forward GEMM, column-wise for the weight gradient, which keeps it);
+backward the output gradient dy (m x n) the same way (dgrad and wgrad). Current scaling (tensorwise, nvfp4's
+per-tensor scale) reads its input once more for the amax before the cast; delayed scaling takes the scale from the
+history (the amax is fused into the cast); block recipes write one scale per block. Weights are cast once per
+iteration (``is_first_microbatch``: cached over the micro-batches) and not priced per micro-batch.
+
+Memory (``weight_bytes_per_param``, per linear-layer parameter beyond the bf16 weight): transformer-engine caches the
+quantized weight and its transpose (both directions, with block scales) for the whole iteration; with
+``--fp8-param-gather`` the parameter itself is stored quantized (megatron-core ``fp8_param``: no bf16 copy; the
+fp32 master copy lives in the optimizer states as before) and the distributed optimizer's all-gather moves 1 byte per
+parameter instead of 2. Activations (``act_saving_bytes``): the linear layers keep their quantized input for the
+weight gradient instead of the bf16 tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Recipe(NamedTuple):
+    name: str
+    gemm: str | None           # the dtype the linear GEMMs run in ("fp8", "fp4"); None: the plain dtype
+    elem_bytes: float          # bytes per quantized element
+    block: int                 # elements per scale (0: one scale per tensor)
+    scale_bytes: float         # bytes per scale
+    amax_pass: bool            # current scaling: one more read of the input for its amax
+    flags: tuple[str, ...]     # Megatron-LM core_v0.16.1 flags
+
+
+RECIPES: dict[str, Recipe] = {r.name: r for r in (
+    Recipe("bf16", None, 2.0, 0, 0.0, False, ()),
+    Recipe("fp16", None, 2.0, 0, 0.0, False, ()),
+    Recipe("fp32", None, 4.0, 0, 0.0, False, ()),
+    Recipe("fp8-delayed", "fp8", 1.0, 0, 0.0, False, ("--fp8-format", "hybrid", "--fp8-recipe", "delayed")),
+    Recipe("fp8-tensorwise", "fp8", 1.0, 0, 0.0, True, ("--fp8-format", "hybrid", "--fp8-recipe", "tensorwise")),
+    Recipe("fp8-blockwise", "fp8", 1.0, 128, 4.0, False, ("--fp8-format", "e4m3", "--fp8-recipe", "blockwise")),
+    Recipe("mxfp8", "fp8", 1.0, 32, 1.0, False, ("--fp8-format", "e4m3", "--fp8-recipe", "mxfp8")),
+    Recipe("nvfp4", "fp4", 0.5, 16, 1.0, True, ("--fp4-format", "e2m1", "--fp4-recipe", "nvfp4")),
+)}
+PRECISIONS: tuple[str, ...] = tuple(RECIPES)
+LOW_PRECISIONS: tuple[str, ...] = tuple(n for n, r in RECIPES.items() if r.gemm)
+# the published tables' labels (Megatron-Bridge performance summary) -> ours
+LABELS = {"fp8-cs": "fp8-tensorwise", "fp8-ds": "fp8-delayed", "fp8-mx": "mxfp8", "fp8-blockwise": "fp8-blockwise"}
+
+
+def recipe(precision: str) -> Recipe:
+    return RECIPES[precision]
+
+
+def is_low(precision: str) -> bool:
+    return RECIPES[precision].gemm is not None
+
+
+def base_dtype(precision: str) -> str:
+    """The dtype of parameters, activations and everything a recipe does not quantize (low precision: bf16)."""
+    return "bf16" if is_low(precision) else precision
+
+
+def per_elem(precision: str) -> float:
+    """Bytes per quantized element with its share of the block scales."""
+    r = RECIPES[precision]
+    return r.elem_bytes + (r.scale_bytes / r.block if r.block else 0.0)
+
+
+def cast_bytes(precision: str, elems: float, dt: float = 2.0) -> float:
+    """HBM bytes of quantizing one GEMM input of ``elems`` elements read in ``dt`` bytes: the amax read (current
+    scaling), the read, and the row-wise and column-wise quantized copies with their scales (module docstring)."""
+    r = RECIPES[precision]
+    if r.gemm is None:
+        return 0.0
+    return dt * elems * (2.0 if r.amax_pass else 1.0) + 2.0 * per_elem(precision) * elems
+
+
+def cast_launches(precision: str) -> int:
+    """Kernels per cast: the amax reduction (current scaling) and the cast."""
+    return 2 if RECIPES[precision].amax_pass else 1
+
+
+def weight_bytes_per_param(precision: str, param_gather: bool) -> float:
+    """Bytes per linear-layer parameter beyond the dt-byte weight: the cached quantized weight and its transpose
+    (2 x ``per_elem``); with ``--fp8-param-gather`` the bf16 weight is not kept (-2)."""
+    if not is_low(precision):
+        return 0.0
+    return 2.0 * per_elem(precision) - (2.0 if param_gather else 0.0)
+
+
+def gather_bytes_per_param(precision: str, param_gather: bool, dt: float = 2.0) -> float:
+    """Bytes per linear-layer parameter the distributed optimizer all-gathers (quantized with param gather)."""
+    return per_elem(precision) if param_gather and is_low(precision) else dt
+
+
+def act_saving_bytes(precision: str, elems: float, dt: float = 2.0) -> float:
+    """Activation bytes saved when a linear layer keeps its quantized input (``elems`` elements) for backward."""
+    return (dt - per_elem(precision)) * elems if is_low(precision) else 0.0
+
+
+def bf16_layer(precision: str, layer: int, num_layers: int, start: int, end: int) -> bool:
+    """Whether transformer layer ``layer`` (0-based) runs its GEMMs in bf16 (first / last layers kept)."""
+    return not is_low(precision) or layer < start or layer >= num_layers - end
+
+
+def megatron_flags(precision: str, param_gather: bool = False, start: int = 0, end: int = 0) -> list[str]:
+    """The Megatron-LM flags of a recipe (beyond ``--bf16``)."""
+    r = RECIPES[precision]
+    out = list(r.flags)
+    if param_gather and r.gemm:
+        out.append("--fp8-param-gather" if r.gemm == "fp8" else "--fp4-param-gather")
+    if (start or end) and r.gemm:
+        out += ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16", str(start),
+                "--num-layers-at-end-in-bf16", str(end)]
+    return out
+
+
+def from_megatron(fp8_format: str | None, fp8_recipe: str | None, fp4_format: str | None,
+                  fp4_recipe: str | None) -> str | None:
+    """The recipe of Megatron-LM's flags (None: no low precision). Raises ValueError naming the flag."""
+    if fp8_format and fp4_format:
+        raise ValueError("--fp4-format and --fp8-format together: Megatron-LM refuses it; choose one")
+    if fp4_format:
+        if fp4_format != "e2m1" or (fp4_recipe or "nvfp4") != "nvfp4":
+            raise ValueError(f"--fp4-format {fp4_format} --fp4-recipe {fp4_recipe}: aceso prices e2m1 nvfp4 only")
+        return "nvfp4"
+    if not fp8_format:
+        return None
+    if fp8_format not in ("hybrid", "e4m3"):
+        raise ValueError(f"--fp8-format {fp8_format}: Megatron-LM accepts hybrid or e4m3")
+    name = {"delayed": "fp8-delayed", "tensorwise": "fp8-tensorwise", "blockwise": "fp8-blockwise",
+            "mxfp8": "mxfp8"}.get(fp8_recipe or "delayed")
+    if name is None:
+        raise ValueError(f"--fp8-recipe {fp8_recipe}: aceso prices delayed, tensorwise, blockwise and mxfp8")
+    return name
+
+
+def check(precision: str, gpu, param_gather: bool, start: int, end: int, num_layers: int) -> str | None:
+    """Why a recipe cannot run (one line naming the field), or None."""
+    r = RECIPES[precision]
+    if r.gemm is None:
+        if param_gather or start or end:
+            return (f"precision {precision}: fp8_param_gather and bf16 first/last layers need a low-precision "
+                    "recipe (fp8-tensorwise, mxfp8, ...)")
+        return None
+    if gpu.peak_tflops(r.gemm) is None:
+        return (f"precision {precision}: the {gpu.name} has no {r.gemm.upper()} tensor cores (H100/H200 have "
+                "FP8, B200/B300/GB200/GB300 FP8 and FP4); use bf16")
+    if precision == "mxfp8" and gpu.name in ("h100", "h200"):
+        return f"precision mxfp8: Blackwell only (transformer-engine); the {gpu.name} runs fp8-blockwise"
+    if precision == "fp8-delayed" and (start or end):
+        return "precision fp8-delayed: megatron-core keeps no first/last layers in bf16 with delayed scaling"
+    if start < 0 or end < 0 or start + end > num_layers:
+        return f"bf16 first/last layers ({start} + {end}) must be between 0 and the {num_layers} layers"
+    return None
+
+
+class LowPrecision(BaseModel):
+    """A plan's low-precision recipe (``PlanSettings.low_precision``): what the prediction assumed and what the
+    exported flags run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    recipe: Literal["fp8-delayed", "fp8-tensorwise", "fp8-blockwise", "mxfp8", "nvfp4"] = Field(
+        description="The recipe (search/precision.py): the linear layers' GEMMs in FP8 / FP4.")
+    param_gather: bool = Field(False, description="Parameters stored quantized (--fp8-param-gather).")
+    bf16_layers_start: int = Field(0, ge=0, description="First layers kept in bf16 (--num-layers-at-start-in-bf16).")
+    bf16_layers_end: int = Field(0, ge=0, description="Last layers kept in bf16 (--num-layers-at-end-in-bf16).")
+
+
+def of_training(training) -> LowPrecision | None:
+    """The ``LowPrecision`` of a ``TrainingSpec`` (None: a plain dtype)."""
+    if not is_low(training.precision):
+        return None
+    return LowPrecision(recipe=training.precision, param_gather=training.fp8_param_gather,
+                        bf16_layers_start=training.bf16_layers_start, bf16_layers_end=training.bf16_layers_end)
+
+
+def training_fields(low: LowPrecision | None, dtype: str) -> dict:
+    """``TrainingSpec`` fields of a plan: its recipe, else its parameter dtype."""
+    if low is None:
+        return {"precision": dtype}
+    return {"precision": low.recipe, "fp8_param_gather": low.param_gather,
+            "bf16_layers_start": low.bf16_layers_start, "bf16_layers_end": low.bf16_layers_end}

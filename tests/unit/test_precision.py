@@ -1,0 +1,253 @@
+"""Low precision (search/precision.py): the recipes' cast and memory bytes, the quantized GEMM time, FP8/FP4 peaks
+and presets, NVLink domains, the refusals, and the Megatron-LM flags (import, export, core_v0.16.1's flag list)
+against hand-computed cases."""
+
+import json
+from math import ceil
+
+import pytest
+
+from search import precision as lowp
+from search.cli import main
+from search.cluster import GPU_PRESETS, parse_cluster
+from search.costmodel import make_cost_model
+from search.costmodel.comm import CommModel
+from search.costmodel.kernels import ARCH, LAUNCH_MS, LOWPREC_GEMM_SCALE
+from search.errors import AcesoError
+from search.megatron.cmdline import megatron_flags
+from search.megatron.expressible import megatron_config
+from search.megatron.importer import read_megatron
+from search.megatron.names import megatron_lm_args
+from search.plan import uniform_plan
+from search.presets import load_model
+from search.training import TrainingSpec
+from tests.conftest import ROOT
+
+BRIDGE = ROOT.parent / "shared" / "published" / "megatron-bridge-25.09-25.11.json"
+
+
+# ----- bytes ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,expect", [
+    ("fp8-delayed", 2 * 1000 + 2 * 1.0 * 1000),                 # read bf16, write fp8 row- and column-wise
+    ("fp8-tensorwise", 2 * 2 * 1000 + 2 * 1.0 * 1000),          # + the amax read
+    ("fp8-blockwise", 2 * 1000 + 2 * (1 + 4 / 128) * 1000),     # fp32 scale per 128
+    ("mxfp8", 2 * 1000 + 2 * (1 + 1 / 32) * 1000),              # E8M0 scale per 32
+    ("nvfp4", 2 * 2 * 1000 + 2 * (0.5 + 1 / 16) * 1000),        # amax + 4-bit data + E4M3 scale per 16
+    ("bf16", 0.0)])
+def test_cast_bytes(name, expect):
+    assert lowp.cast_bytes(name, 1000, 2.0) == pytest.approx(expect)
+
+
+@pytest.mark.parametrize("name,gather,expect", [("fp8-tensorwise", False, 2.0), ("fp8-tensorwise", True, 0.0),
+                                                ("mxfp8", True, 2 * (1 + 1 / 32) - 2), ("nvfp4", False, 1.125),
+                                                ("bf16", False, 0.0)])
+def test_weight_bytes(name, gather, expect):
+    assert lowp.weight_bytes_per_param(name, gather) == pytest.approx(expect)
+
+
+def test_bf16_layers():
+    assert [lowp.bf16_layer("mxfp8", i, 6, 1, 2) for i in range(6)] == [True, False, False, False, True, True]
+    assert all(lowp.bf16_layer("bf16", i, 6, 0, 0) for i in range(6))
+
+
+# ----- pricing -------------------------------------------------------------------------------------------------------
+def _cm(precision="fp8-tensorwise", gpu="h100", **kw):
+    m = load_model("llama3-8b", num_layers=4)
+    c = parse_cluster(f"1x8-{gpu}")
+    tr = TrainingSpec(global_batch_size=16, micro_batch_sizes=[2], precision=precision, attention="flash", **kw)
+    return m, c, make_cost_model(m, c, tr)
+
+
+def test_quantized_gemm_time_is_the_shape_model_at_the_fp8_peak():
+    """H100: 132 SMs, 128x256 tiles; (16384, 8192, 8192): 4096 tiles in 32 waves."""
+    _, _, cm = _cm()
+    a = ARCH["h100"]
+    eff = a.gemm_max * a.sustained * LOWPREC_GEMM_SCALE["hopper"] * 4096 / (ceil(4096 / 132) * 132)
+    want = 2 * 16384 * 8192 * 8192 / (1979e9 * eff) + LAUNCH_MS
+    assert cm.source.kern_lp._one(16384, 8192, 8192) == pytest.approx(want)
+    assert cm.source.kern._one(16384, 8192, 8192) > 1.5 * want     # bf16: half the peak
+
+
+def test_first_last_bf16_layers_price_as_bf16():
+    m, _, lp = _cm()
+    _, _, keep = _cm(bf16_layers_start=1, bf16_layers_end=1)
+    _, _, bf = _cm("bf16")
+    t_lp, t_keep, t_bf = (x.unit_table(2, 1) for x in (lp, keep, bf))
+    assert t_keep.fwd_ms[0] == pytest.approx(t_bf.fwd_ms[0]) and t_keep.fwd_ms[-1] == pytest.approx(t_bf.fwd_ms[-1])
+    assert t_keep.fwd_ms[2] == pytest.approx(t_lp.fwd_ms[2]) and t_lp.fwd_ms[2] < t_bf.fwd_ms[2]
+
+
+def test_fp8_weight_and_activation_memory():
+    """Weights: + 2 B (fp8 copy and transpose) per linear parameter, 0 with param gather; activations: the
+    linear inputs kept in fp8 (1 B instead of 2): attention s b (h + q), MLP s b (h + f) per unit."""
+    m, c, lp = _cm()
+    _, _, bf = _cm("bf16")
+    _, _, pg = _cm(fp8_param_gather=True)
+    plan = uniform_plan(m, 1, 1, 8, 16, 16, cluster=c, distributed_optimizer=True)
+    mem = {k: x.evaluate(plan).stages[0].memory_breakdown for k, x in (("lp", lp), ("bf", bf), ("pg", pg))}
+    units = sum(m.unit_params(u.kind) for u in m.units)
+    assert (mem["lp"]["params"] - mem["bf"]["params"]) * 2**20 == pytest.approx(2 * units)
+    assert mem["pg"]["params"] == pytest.approx(mem["bf"]["params"])
+    t_lp, t_bf = lp.unit_table(2, 1), bf.unit_table(2, 1)
+    s, b, h, q, f = m.seq_length, 2, m.hidden_size, m.num_attention_heads * m.head_dim, m.ffn_hidden_size
+    assert (t_bf.act_mb[0, 0] - t_lp.act_mb[0, 0]) * 2**20 == pytest.approx(s * b * (h + q))
+    assert (t_bf.act_mb[1, 0] - t_lp.act_mb[1, 0]) * 2**20 == pytest.approx(s * b * (h + f))
+    assert t_bf.act_mb[1, 2] == t_lp.act_mb[1, 2]       # full recompute keeps the unit input only
+
+
+@pytest.mark.parametrize("gpu,precision,needle", [("v100", "fp8-tensorwise", "no FP8"), ("a100", "mxfp8", "no FP8"),
+                                                  ("h100", "nvfp4", "no FP4"), ("h100", "mxfp8", "Blackwell only")])
+def test_low_precision_refused_where_the_gpu_has_none(gpu, precision, needle):
+    with pytest.raises(AcesoError, match=needle):
+        _cm(precision, gpu)
+
+
+def test_search_refuses_fp8_on_v100_with_one_line(tmp_path, capsys):
+    rc = main(["search", "--model", "gpt-1.3b", "--cluster", "1x4-v100", "--global-batch-size", "8",
+               "--precision", "fp8-tensorwise", "--target", "megatron-lm", "-o", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "no FP8" in err and "Traceback" not in err
+    assert not (tmp_path / "p.json").exists()
+
+
+# ----- clusters ------------------------------------------------------------------------------------------------------
+def test_blackwell_ultra_presets_and_peaks():
+    b300, gb300 = GPU_PRESETS["b300"], GPU_PRESETS["gb300"]
+    assert (b300.peak_tflops("fp8"), b300.peak_tflops("fp4"), gb300.peak_tflops("fp8")) == (4500, 13125, 5000)
+    assert GPU_PRESETS["h100"].peak_tflops("fp8") == 1979 and GPU_PRESETS["h100"].peak_tflops("fp4") is None
+    assert GPU_PRESETS["v100"].peak_tflops("fp8") is None
+    assert parse_cluster("2x8-b300").inter_node_gbps == 100.0          # ConnectX-8, 800 Gb/s
+
+
+def test_nvlink_domain_larger_than_a_node():
+    tray = parse_cluster("32x4-gb200")
+    racks = parse_cluster("32x4-gb200:nvl64")
+    assert racks.label == "32x4-gb200:nvl64" and racks.nvlink_size == 64
+    assert CommModel(tray).spans_nodes(0, 7) and not CommModel(racks).spans_nodes(0, 63)
+    assert CommModel(racks).spans_nodes(0, 64)          # the second rack: the network
+    with pytest.raises(AcesoError, match="multiple of gpus_per_node"):
+        parse_cluster("4x4-gb200:nvl6")
+
+
+@pytest.mark.skipif(not BRIDGE.exists(), reason="needs ../shared/published")
+def test_published_cluster_strings_parse():
+    for r in json.loads(BRIDGE.read_text())["rows"]:
+        assert parse_cluster(r["cluster"]).num_gpus == r["gpus"]
+
+
+# ----- flags ---------------------------------------------------------------------------------------------------------
+ARGS = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
+        "--tensor-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 8 --vocab-size 32000 --bf16 "
+        "--use-distributed-optimizer --swiglu --normalization RMSNorm --position-embedding-type rope ")
+
+
+@pytest.mark.parametrize("name", lowp.LOW_PRECISIONS)
+def test_flags_round_trip_through_import_and_export(name):
+    extra = lowp.megatron_flags(name, param_gather=True, start=0 if name == "fp8-delayed" else 1,
+                                end=0 if name == "fp8-delayed" else 1)
+    plan = read_megatron(ARGS + " ".join(extra), world_size=8).plan
+    low = plan.settings.low_precision
+    assert low.recipe == name and low.param_gather
+    out = megatron_lm_args(megatron_config(plan))["precision"]
+    assert out[0] == "--bf16" and all(w in out for w in extra)
+    flags = megatron_flags()
+    assert all(w in flags for w in out if w.startswith("--"))      # core_v0.16.1's own parser knows each
+
+
+@pytest.mark.parametrize("extra,needle", [("--fp8-format e5m2", "hybrid or e4m3"),
+                                          ("--fp8-format hybrid --fp4-format e2m1", "together"),
+                                          ("--fp8-param-gather", "give the recipe")])
+def test_bad_precision_flags(extra, needle):
+    with pytest.raises(AcesoError, match=needle):
+        read_megatron(ARGS + extra, world_size=8)
+
+
+def test_param_gather_needs_the_distributed_optimizer():
+    with pytest.raises(AcesoError, match="use-distributed-optimizer"):
+        read_megatron(ARGS.replace("--use-distributed-optimizer", "") + "--fp8-format hybrid --fp8-param-gather",
+                      world_size=8)
+
+
+# ----- the CLI: search prices the recipe given, export writes it, explain reads it ---------------------------------
+def test_search_export_and_explain_carry_the_recipe(tmp_path, capsys):
+    import yaml
+    plan = tmp_path / "p.json"
+    assert main(["search", "--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch-size", "64",
+                 "--precision", "fp8-tensorwise", "--fp8-param-gather", "--target", "megatron-lm",
+                 "--budget-evals", "50", "-o", str(plan)]) == 0
+    saved = json.loads(plan.read_text())
+    assert saved["settings"]["low_precision"]["recipe"] == "fp8-tensorwise" and saved["distributed_optimizer"]
+    capsys.readouterr()
+    assert main(["export", str(plan), "--to", "megatron-lm"]) == 0
+    script = capsys.readouterr().out
+    line = next(ln for ln in script.splitlines() if ln.startswith("PRECISION_ARGS="))
+    words = line.split("(")[1].rstrip(")").split()
+    assert words[:6] == ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-param-gather"]
+    assert all(w in megatron_flags() for w in words if w.startswith("--"))
+    assert main(["export", str(plan), "--to", "megatron-bridge"]) == 0
+    mp = yaml.safe_load(capsys.readouterr().out.split("\n", 1)[1])["mixed_precision"]
+    fields = json.loads((ROOT / "search" / "megatron" / "data" / "bridge_fields_v0.3.1.json").read_text())
+    assert (mp["fp8"], mp["fp8_recipe"], mp["fp8_param_gather"]) == ("hybrid", "tensorwise", True)
+    assert set(mp) - {"_target_"} <= set(fields["fields"]["mixed_precision"])
+    # import prices the exported flags under the plan's own recipe: the searched plan's iteration time
+    from search.cli.import_cmd import predict
+    args = " ".join(ln.split("(")[1].rstrip(")").strip() for ln in script.splitlines()
+                    if ln.split("=")[0] in ("MODEL_ARGS", "PARALLEL_ARGS", "BATCH_ARGS", "PRECISION_ARGS"))
+    imp = read_megatron(args + " --tokenizer-type NullTokenizer --vocab-size 128255",
+                        cluster=parse_cluster("1x8-h100"))
+    assert imp.plan.settings.low_precision == megatron_config(_plan_of(saved)).low_precision
+    got = predict(imp.plan, "flash").iteration_time_ms
+    assert got == pytest.approx(saved["predicted"]["iteration_time_ms"], rel=1e-6)
+
+
+def _plan_of(data):
+    from search.plan import ParallelPlan
+    return ParallelPlan.model_validate(data)
+
+
+def test_explain_megatron_args_prices_the_recipe_and_refuses_it_on_a100(capsys):
+    args = ARGS + "--fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather"
+    assert main(["explain", "--megatron-args", args, "--cluster", "1x8-h100"]) == 0
+    out = capsys.readouterr().out
+    assert "fp8-tensorwise linear GEMMs" in out and "--precision fp8-tensorwise --fp8-param-gather" in out
+    assert main(["explain", "--megatron-args", args, "--cluster", "1x8-a100"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a100 has no FP8" in err
+
+
+def test_other_cost_models_refuse_low_precision():
+    m = load_model("llama3-8b", num_layers=4)
+    tr = TrainingSpec(global_batch_size=16, precision="mxfp8")
+    with pytest.raises(AcesoError, match="analytic cost model only"):
+        make_cost_model(m, parse_cluster("1x8-b200"), tr, "profile", db="x")
+
+
+def test_the_runtime_target_refuses_low_precision(tmp_path, capsys):
+    """Until the runtime runs transformer-engine recipes a plan for it is never priced in FP8 (one pricing)."""
+    rc = main(["search", "--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch-size", "64",
+               "--precision", "fp8-tensorwise", "-o", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "does not run low-precision recipes" in err
+    from search.plan_settings import PlanSettings
+    from search.preflight import planner_checks
+    m = load_model("llama3-8b", num_layers=4)
+    plan = uniform_plan(m, 1, 1, 8, 8, 16, cluster=parse_cluster("1x8-h100")).model_copy(
+        update={"settings": PlanSettings(low_precision=lowp.LowPrecision(recipe="fp8-tensorwise"))})
+    with pytest.raises(AcesoError, match="settings.low_precision"):
+        planner_checks(plan, "cuda")
+    planner_checks(plan.model_copy(update={"settings": PlanSettings(
+        framework="megatron-lm", low_precision=lowp.LowPrecision(recipe="fp8-tensorwise"))}), "cuda")
+
+
+@pytest.mark.skipif(not BRIDGE.exists(), reason="needs ../shared/published")
+def test_every_dense_low_precision_bridge_row_imports_its_recipe():
+    """bench/lowprec_published.py's rows: the dense non-FSDP FP8-CS / MXFP8 runs, read from their own arguments."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("lowprec_published", ROOT / "bench" / "lowprec_published.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows, left_out = bench.load_rows(BRIDGE)
+    assert len(rows) == 14 and any("fsdp" in x for x in left_out) and any("MoE" in x for x in left_out)
+    for r in rows:
+        low = read_megatron(r["args"], cluster=parse_cluster(r["cluster"])).plan.settings.low_precision
+        assert low.recipe == lowp.LABELS.get(r["precision"], r["precision"])
