@@ -67,6 +67,8 @@ class MegatronConfig:
     tp_comm_overlap: bool = False
     attention: Literal["flash", "unfused"] | None = None   # transformer_engine / local
     grad_reduce_in_fp32: bool = False   # DDP gradient buffer / reduction in fp32 (the plan's settings)
+    fsdp: str | None = None             # Megatron FSDP's --data-parallel-sharding-strategy (None: DDP)
+    offload_layers: int = 0             # --cpu-offloading-num-layers (0: no activation offload)
 
     @property
     def world_size(self) -> int:
