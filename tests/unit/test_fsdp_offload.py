@@ -192,3 +192,34 @@ def test_bridge_fields():
     out = bridge_fields(megatron_config(_plan("optim_grads", offload=1)))
     assert out["ddp"]["use_megatron_fsdp"] and out["ddp"]["data_parallel_sharding_strategy"] == "optim_grads"
     assert out["model"]["cpu_offloading"] and out["model"]["cpu_offloading_num_layers"] == 1
+
+
+# ----- search and baseline ------------------------------------------------------------------------------------
+def _baseline(cluster, **kw):
+    from search.planner.api import build_cost_model, plan_baseline
+    model = load_model("llama3-8b")
+    training = TrainingSpec(global_batch_size=128, **kw)
+    cm = build_cost_model(model, parse_cluster(cluster), training, settings=RunSettings.megatron_lm("bf16"))
+    return plan_baseline(cm, training)
+
+
+def test_baseline_takes_fsdp_where_memory_binds_and_offload_over_nvlink_c2c():
+    """Llama 3 8B, seq 8192 on 8 H100s: without recompute only FSDP's sharded gradients fit dp 8 (faster than the
+    best DDP configuration, tp 2); on GB200 (NVLink-C2C to the host) at 4 samples per rank the fewest offloaded
+    layers that fit beat the configurations without offload."""
+    h = _baseline("1x8-h100")
+    no = _baseline("1x8-h100", megatron_fsdp=False)
+    assert h.state.features.fsdp and not no.state.features.fsdp and h.iteration_ms < no.iteration_ms
+    g = _baseline("1x8-gb200", micro_batch_sizes=[4])
+    g_no = _baseline("1x8-gb200", micro_batch_sizes=[4], activation_offload=False)
+    n = g.state.features.offload_layers
+    assert 0 < n < 32 and g.recompute == "none" and g.iteration_ms < g_no.iteration_ms
+    assert not g_no.state.features.offload_layers
+
+
+def test_runtime_search_refuses_what_the_runtime_does_not_run():
+    from search.planner.api import runtime_training
+    with pytest.raises(AcesoError, match="--megatron-fsdp on: Megatron-LM runs it"):
+        runtime_training(TrainingSpec(global_batch_size=8, megatron_fsdp=True))
+    t = runtime_training(TrainingSpec(global_batch_size=8))
+    assert t.megatron_fsdp is False and t.activation_offload is False
