@@ -109,8 +109,8 @@ def runtime_training(training, strict: bool = True):
     DDP / the distributed optimizer and keeps activations on the GPU); ``strict``: refuse them asked for."""
     for name, flag in (("megatron_fsdp", "--megatron-fsdp"), ("activation_offload", "--activation-offload")):
         if strict and getattr(training, name):
-            raise AcesoError(f"{flag} on: Megatron-LM runs it, the aceso runtime does not; add --target megatron-lm "
-                             "or turn it off")
+            raise AcesoError(f"{flag} on: Megatron-LM runs it, the aceso runtime does not; search with --target "
+                             "megatron-lm, or turn it off")
     return training.model_copy(update={"megatron_fsdp": False, "activation_offload": False})
 
 

@@ -223,3 +223,11 @@ def test_runtime_search_refuses_what_the_runtime_does_not_run():
         runtime_training(TrainingSpec(global_batch_size=8, megatron_fsdp=True))
     t = runtime_training(TrainingSpec(global_batch_size=8))
     assert t.megatron_fsdp is False and t.activation_offload is False
+
+
+def test_preflight_refuses_fsdp_on_the_runtime_but_not_for_megatron_lm():
+    from search.preflight import planner_checks
+    plan = _plan("optim_grads_params")
+    planner_checks(plan, "cuda")                       # a Megatron-LM plan: its export runs it
+    with pytest.raises(AcesoError, match="megatron_fsdp: the aceso runtime runs DDP"):
+        planner_checks(plan.model_copy(update={"settings": None}), "cuda")
