@@ -34,6 +34,8 @@ A.get_device_arch_version = lambda: 9
 
 def run(line: str, world: int) -> dict:
     os.environ.update(WORLD_SIZE=str(world), RANK="0", LOCAL_RANK="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    if "--use-megatron-fsdp" in line:     # Megatron FSDP asserts the opposite (the exported script leaves it unset)
+        del os.environ["CUDA_DEVICE_MAX_CONNECTIONS"]
     sys.argv = ["pretrain_gpt.py", *shlex.split(line), "--no-rope-fusion"]
     args = A.parse_args()
     A.validate_args(args)
@@ -51,7 +53,9 @@ def run(line: str, world: int) -> dict:
             "recompute": [cfg.recompute_granularity, cfg.recompute_method, cfg.recompute_num_layers,
                           cfg.recompute_modules if cfg.recompute_granularity == "selective" else None],
             "sequence_parallel": cfg.sequence_parallel, "ffn_hidden_size": cfg.ffn_hidden_size,
-            "num_query_groups": cfg.num_query_groups}
+            "num_query_groups": cfg.num_query_groups,
+            "fsdp": [args.use_megatron_fsdp, args.data_parallel_sharding_strategy, args.ckpt_format],
+            "offload": [cfg.cpu_offloading, cfg.cpu_offloading_num_layers]}
 
 
 if __name__ == "__main__":
