@@ -67,7 +67,8 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("overlap_param_gather", "--overlap-param-gather", "ddp.overlap_param_gather", "needs overlap_grad_reduce"),
     ("tp_comm_overlap", "--tp-comm-overlap", "comm_overlap.tp_comm_overlap", "transformer-engine"),
     ("megatron_fsdp.data_parallel_sharding_strategy", "--use-megatron-fsdp --data-parallel-sharding-strategy S "
-     "--ckpt-format fsdp_dtensor", "ddp.use_megatron_fsdp, ddp.data_parallel_sharding_strategy",
+     "--ckpt-format fsdp_dtensor", "ddp.use_megatron_fsdp, ddp.data_parallel_sharding_strategy, "
+     "checkpoint.ckpt_format",
      "Megatron-LM asserts the fsdp_dtensor checkpoint format"),
     ("activation_offload.num_layers", "--cpu-offloading-num-layers N", "model.cpu_offloading, "
      "model.cpu_offloading_num_layers", "one stage, no recompute"),
@@ -194,8 +195,9 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
         # megatron-core's NullTokenizer (Bridge v0.3.1's default, legacy_tokenizer false) adds the EOD token
         "tokenizer": {"tokenizer_type": "NullTokenizer", "vocab_size": m.vocab_size - 1},
     }
-    if c.fsdp:
+    if c.fsdp:   # Bridge's ConfigContainer.validate sets dist.use_megatron_fsdp from it; saving needs the format
         out["ddp"].update(use_megatron_fsdp=True, data_parallel_sharding_strategy=c.fsdp)
+        out["checkpoint"] = {"ckpt_format": "fsdp_dtensor"}
     if c.tp_comm_overlap:
         out["comm_overlap"] = {"tp_comm_overlap": True}
     return out

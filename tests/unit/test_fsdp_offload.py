@@ -3,6 +3,7 @@ against a hand-computed case (costmodel/sharding.py, costmodel/offload.py), and 
 ways (every exported flag in core_v0.16.1's list; export -> import gives the same plan at the same price)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -192,6 +193,11 @@ def test_bridge_fields():
     out = bridge_fields(megatron_config(_plan("optim_grads", offload=1)))
     assert out["ddp"]["use_megatron_fsdp"] and out["ddp"]["data_parallel_sharding_strategy"] == "optim_grads"
     assert out["model"]["cpu_offloading"] and out["model"]["cpu_offloading_num_layers"] == 1
+    assert out["checkpoint"] == {"ckpt_format": "fsdp_dtensor"}
+    ref = json.loads((Path(__file__).resolve().parents[2] / "search" / "megatron" / "data" /
+                      "bridge_fields_v0.3.1.json").read_text())["fields"]
+    for section, fields in out.items():
+        assert set(fields) <= set(ref[section]), section
 
 
 # ----- search and baseline ------------------------------------------------------------------------------------
