@@ -43,6 +43,7 @@ SECTIONS = {
     "comm_overlap": "megatron/bridge/training/comm_overlap.py:CommOverlapConfig",
     "mixed_precision": "megatron/bridge/training/mixed_precision.py:MixedPrecisionConfig",
     "model": "megatron/bridge/models/gpt_provider.py:GPTModelProvider",
+    "checkpoint": "megatron/bridge/training/config.py:CheckpointConfig",
 }
 
 

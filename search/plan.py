@@ -11,7 +11,8 @@ contiguous span ``[start_unit, end_unit)`` with one recompute choice per unit; s
 ``micro_batch_size`` is the pipeline micro-batch: a stage with DP ``d`` runs ``micro_batch_size / d`` samples per
 rank (Megatron-LM's per-rank ``--micro-batch-size``), so stages of different DP exchange the same micro-batch.
 Per stage: ``cp`` (context parallelism) and ``sequence_parallel``; per plan: ``distributed_optimizer``,
-``overlap_grad_reduce``, ``overlap_param_gather``, ``tp_comm_overlap``; ``settings`` (``plan_settings.py``): the
+``overlap_grad_reduce``, ``overlap_param_gather``, ``tp_comm_overlap``, ``megatron_fsdp`` and
+``activation_offload`` (``fsdp.py``: absent in older plans, which read unchanged); ``settings`` (``plan_settings.py``): the
 framework and gradient-reduction dtype the prediction was priced under. Version 3 adds MoE (``moe_plan.py``): per
 stage an expert shape ``ep`` / ``etp`` folded over the same GPUs, per plan the ``moe`` settings (dispatcher, grouped
 GEMM, overlaps).
@@ -33,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_valid
 
 from .cluster import ClusterSpec
 from .errors import AcesoError, as_aceso_error, read_json
+from .fsdp import ActivationOffload, MegatronFSDP, check_plan as _check_fsdp_offload
 from .model import ModelSpec, Unit
 from .moe_plan import MoEPlanSettings, check_expert_shape, check_moe_settings, expert_shape_text
 from .plan_settings import PlanSettings
@@ -229,6 +231,11 @@ class ParallelPlan(BaseModel):
     tp_comm_overlap: bool = Field(False, description="Transformer-engine's TP communication / GEMM overlap "
                                   "(GPU with transformer-engine only; needs sequence_parallel on every tp > 1 "
                                   "stage).")
+    megatron_fsdp: MegatronFSDP | None = Field(None, description="Megatron FSDP instead of DDP, with its sharding "
+                                               "strategy (search/fsdp.py); absent: DDP / the distributed optimizer.")
+    activation_offload: ActivationOffload | None = Field(None, description="CPU activation offload of the first "
+                                                         "layers (search/fsdp.py); absent: activations stay on "
+                                                         "the GPU.")
     stages: list[StageSpec] = Field(min_length=1, max_length=MAX_UNITS, description="Pipeline stages in order.")
     moe: MoEPlanSettings | None = Field(None, description="MoE models: how the MoE layers run (dispatcher, grouped "
                                         "GEMM, overlaps); None = the defaults (moe_plan.py). Absent on dense models.")
@@ -292,9 +299,10 @@ class ParallelPlan(BaseModel):
             )
         if v > 1:
             _check_interleaving(self)
-        if self.overlap_param_gather and not self.distributed_optimizer:
-            raise ValueError("overlap_param_gather needs distributed_optimizer (it overlaps the distributed "
-                             "optimizer's parameter all-gather); set distributed_optimizer true or turn it off")
+        if self.overlap_param_gather and not (self.distributed_optimizer or self.megatron_fsdp):
+            raise ValueError("overlap_param_gather needs distributed_optimizer or megatron_fsdp (it overlaps their "
+                             "parameter all-gather); set distributed_optimizer true or turn it off")
+        _check_fsdp_offload(self)
         if self.tp_comm_overlap:
             bad = [i for i, st in enumerate(self.stages) if st.tp > 1 and not st.sequence_parallel]
             if bad or all(st.tp == 1 for st in self.stages):

@@ -4,7 +4,8 @@
 (it emits only plans its runtime runs), and by ``aceso launch`` / ``aceso train`` before any process exists. It is
 one ``AcesoError`` line naming the stage or field, or None. Two parts, one function:
 
-- the planner's checks (here, torch-free): the padded vocabulary divides every tp that shards it (the first and
+- the planner's checks (here, torch-free): a runtime plan (``settings`` absent or ``runtime``) has no Megatron FSDP
+  or activation offload (``search/fsdp.py``; Megatron-LM runs them); the padded vocabulary divides every tp that shards it (the first and
   last model chunks' stages, and a T5's decoder embedding), as megatron-core's ``VocabParallelEmbedding`` and
   output layer require; context parallelism on a CPU run (megatron-core runs it only with transformer-engine's
   attention) or with a softmax offset (transformer-engine: a2a only, not priced; ``layer_variants``);
@@ -58,6 +59,11 @@ def planner_checks(plan, device: str) -> None:
     s = plan.settings
     if s is not None and s.low_precision is not None and s.framework == "runtime":
         raise AcesoError(f"settings.low_precision ({s.low_precision.recipe}): {RUNTIME_LOW_PRECISION}")
+    if (plan.megatron_fsdp or plan.activation_offload) and (plan.settings is None or
+                                                           plan.settings.framework == "runtime"):
+        what = "megatron_fsdp" if plan.megatron_fsdp else "activation_offload"
+        raise AcesoError(f"{what}: the aceso runtime runs DDP / the distributed optimizer with activations on the "
+                         "GPU; run the plan with Megatron-LM (aceso export --to megatron-lm) or remove the field")
     vocab = m.padded_vocab_size
     holders = {plan.chunks_in_order()[0][0]: "the input embedding", plan.chunks_in_order()[-1][0]: "the output layer"}
     if m.is_t5:

@@ -57,6 +57,11 @@ class TrainingSpec(BaseModel):
                                              "None = the search decides.")
     overlap_param_gather: bool | None = Field(None, description="Overlap the distributed optimizer's parameter "
                                               "all-gather with forward; None = the search decides.")
+    megatron_fsdp: bool | None = Field(None, description="Megatron FSDP (--target megatron-lm; strategies "
+                                       "optim_grads_params and optim_grads); None = the search decides.")
+    activation_offload: bool | None = Field(None, description="CPU activation offload of the first layers "
+                                            "(--target megatron-lm, one stage, no recompute); None = the search "
+                                            "decides where nothing else fits without recompute.")
     tp_comm_overlap: bool = Field(False, description="Transformer-engine TP communication overlap (GPU with "
                                   "transformer-engine only): off unless asked for.")
     context_parallel_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=MAX_CANDIDATES,

@@ -28,7 +28,9 @@ def run(args: argparse.Namespace) -> int:
     from ..planner.baseline import baseline_plan
     from ..planner.report import assumed_attention
     check_output(args.output)
+    from ..planner.api import runtime_training
     model, cluster, training, cm = setup(args)
+    training = runtime_training(training)     # the plan it writes runs on the aceso runtime (DDP, no offload)
     res = plan_baseline(cm, training)
     if res is None:
         raise AcesoError(f"no uniform configuration exists for {cluster.num_gpus} GPUs with per-rank micro-batch "

@@ -29,6 +29,7 @@ import pydantic
 from .. import plots
 from ..argtypes import positive_int
 from ..errors import AcesoError, as_aceso_error, read_json
+from ..fsdp import describe as fsdp_describe
 from ..plan import RECOMPUTE_CHOICES, ParallelPlan, check_recompute_applies, parse_plan
 from ..plan_settings import FRAMEWORKS
 from ..precision import PRECISIONS
@@ -37,7 +38,8 @@ from ..text import shape as stage_shape
 from .common import add_calibration_arg, add_cluster_args, calibrated, print_json
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "grad_copy", "reserve")
-COMM_KINDS = ("tp", "cp", "p2p", "dp", "param_gather", "embedding_grads")
+COMM_KINDS = ("tp", "cp", "p2p", "dp", "param_gather", "embedding_grads", "fsdp_param_gather", "fsdp_grad_reduce",
+              "offload")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -208,7 +210,7 @@ def plan_features(plan: ParallelPlan) -> dict:
             "context_parallel": {i: st.cp for i, st in enumerate(plan.stages) if st.cp > 1},
             "virtual_stages": plan.num_virtual_stages, "distributed_optimizer": plan.distributed_optimizer,
             "overlap_grad_reduce": plan.overlap_grad_reduce, "overlap_param_gather": plan.overlap_param_gather,
-            "tp_comm_overlap": plan.tp_comm_overlap}
+            "tp_comm_overlap": plan.tp_comm_overlap, "fsdp_offload": fsdp_describe(plan)}
 
 
 def _stage_shape(st) -> dict:
@@ -364,7 +366,7 @@ def _features_line(f: dict) -> str:
     over = [n for n, k in (("grad reduce", "overlap_grad_reduce"), ("param gather", "overlap_param_gather"),
                            ("TP comm", "tp_comm_overlap")) if f.get(k)]
     parts.append("overlap: " + (", ".join(over) if over else "none"))
-    return "; ".join(parts)
+    return "; ".join(parts + ([f["fsdp_offload"]] if f.get("fsdp_offload") else []))
 
 
 def _print_comm(con, r: dict) -> None:

@@ -68,6 +68,12 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overlap", choices=tuple(SWITCH), default="auto",
                    help="overlap the DP gradient reduce-scatter and the distributed optimizer's parameter "
                         "all-gather with compute: auto (searched, default), on, off")
+    p.add_argument("--megatron-fsdp", choices=tuple(SWITCH), default="auto",
+                   help="Megatron FSDP, strategies optim_grads_params / optim_grads (--target megatron-lm): auto "
+                        "(searched, default), on, off")
+    p.add_argument("--activation-offload", choices=tuple(SWITCH), default="auto",
+                   help="CPU activation offload of the first layers (--target megatron-lm, one stage, no recompute): "
+                        "auto (where nothing fits without recompute, default), on (allowed), off")
     p.add_argument("--tp-comm-overlap", action="store_true",
                    help="transformer-engine's TP communication overlap (needs sequence parallelism; off by default)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
@@ -142,7 +148,8 @@ def training_from_args(args, model):
                             overlap_param_gather=overlap and dist if overlap else overlap,
                             tp_comm_overlap=args.tp_comm_overlap, context_parallel_sizes=cps,
                             virtual_stages=args.virtual_stages, tensor_parallel_sizes=tps,
-                            pipeline_parallel_sizes=args.pp)
+                            pipeline_parallel_sizes=args.pp, megatron_fsdp=SWITCH[args.megatron_fsdp],
+                            activation_offload=SWITCH[args.activation_offload])
     except pydantic.ValidationError as e:
         raise AcesoError(format_validation_error(e)) from None
 

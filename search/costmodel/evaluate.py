@@ -52,6 +52,8 @@ from ..training import TrainingSpec
 from .comm import CommModel, overlap_tax, overlapped
 from .memory import (FRAGMENTATION, MB, RESERVE_MB, grad_copy_bytes, in_flight_per_chunk,
                      state_bytes_per_param)
+from .offload import host_link_gbps, kept_mb, offload_ms
+from .sharding import fsdp_buffer_mb, per_micro_batch, state_divisors
 from .pipeline import interleaved_one_f_one_b, one_f_one_b
 from .types import (ALL_FEATURES, N_RC, RC_CODE, Event, Features, PipelineCost, PlanCost, RunSettings, Shape,
                     StageCost, UnitTable)
@@ -100,6 +102,8 @@ class _Static(NamedTuple):
     prologue: float
     comm: dict
     chunk_comm: tuple[tuple[float, ...], ...] = ()   # ``StageCost.chunk_comm``
+    off_mb: float = 0.0       # activation MB the offload moves to the host (recompute none), per micro-batch
+    fsdp_mb: float = 0.0      # Megatron FSDP's whole-layer buffers in flight
 
 
 def _chunk_comm(c: dict, a: int, e: int) -> tuple[float, ...]:
@@ -266,6 +270,8 @@ class CostModel:
         if pos != len(recompute) and len(spans) > 1:
             raise ValueError(f"recompute has {len(recompute)} codes for the {pos} units of the stage's chunks")
         out = self._assemble(st, rec, act, rpeak, chunk_rec)
+        if features.offload_layers and recompute.any():     # megatron-core refuses it (search/fsdp.py): never fits
+            out.fits = False
         if len(self._result_cache) > SPAN_CACHE_SIZE:
             self._result_cache.clear()
         self._result_cache[rkey] = out
@@ -274,14 +280,16 @@ class CostModel:
     def _assemble(self, st: _Static, rec: float, act: float, rpeak: float, chunk_rec: list[float]) -> StageCost:
         if st.head_peak > rpeak:
             rpeak = st.head_peak
-        acts = (act + st.act_extra) * (1 + FRAGMENTATION)
-        live = acts + rpeak + st.buf
+        acts = (act + st.act_extra - st.off_mb) * (1 + FRAGMENTATION)
+        live = acts + rpeak + st.buf + st.fsdp_mb
         over = st.copy_mb - live if st.copy_mb > live else 0.0     # the step's gradient copy beyond the activations
         total = st.w_mb + st.g_mb + st.o_mb + live + over + RESERVE_MB
         mem = {"params": st.w_mb, "grads": st.g_mb, "optimizer": st.o_mb, "activations": acts,
                "recompute_peak": rpeak, "p2p_buffers": st.buf, "reserve": RESERVE_MB}
         if st.copy_mb:
             mem["grad_copy"] = over
+        if st.fsdp_mb:
+            mem["fsdp_buffers"] = st.fsdp_mb
         parts = tuple((f, pf, r, bw, pb) for f, bw, r, (pf, pb) in zip(st.chunk_fwd, st.chunk_bwd, chunk_rec,
                                                                        st.chunk_p2p))
         cf = cb = ()
@@ -299,11 +307,13 @@ class CostModel:
         tp, dp, cp, sp = me[:4]
         for on, name in ((len(spans) > 1, "interleaved"), (features.overlap_grad_reduce, "overlap_grad_reduce"),
                          (features.overlap_param_gather, "overlap_param_gather"),
-                         (features.distributed_optimizer, "distributed_optimizer")):
+                         (features.distributed_optimizer, "distributed_optimizer"),
+                         (bool(features.fsdp), "megatron_fsdp"), (features.offload_layers > 0, "activation_offload")):
             if on and name not in self.features:
                 raise AcesoError(f"the {self.kind} cost model cannot price {name}; use the analytic model")
-        if features.overlap_param_gather and not features.distributed_optimizer:
-            raise AcesoError("overlap_param_gather needs distributed_optimizer; set it or turn the overlap off")
+        if features.overlap_param_gather and not (features.distributed_optimizer or features.fsdp):
+            raise AcesoError("overlap_param_gather needs distributed_optimizer or megatron_fsdp; set it or turn the "
+                             "overlap off")
         ov = features.tp_comm_overlap and sp and tp > 1
         p = self._prepared(mbs / dp, tp, cp, sp, ov)
         t, c = p.table, p.cum
@@ -317,8 +327,9 @@ class CostModel:
         sums = dict.fromkeys(("tpc", "tph", "cpc", "cph"), 0.0)
         p2p_total = p2p_exposed = 0.0
         in_fl = in_flight_per_chunk(stage_index, S, v, M)
+        chunk_params = []
         for j, (a, e) in enumerate(spans):
-            act0 = act
+            act0, params0 = act, params
             k = j * S + stage_index                 # the model chunk
             first, last = k == 0, k == S * v - 1
             fwd = c["fwd"][e] - c["fwd"][a]
@@ -342,6 +353,7 @@ class CostModel:
                 head_peak = t.head_peak_mb
                 if S > 1:
                     params += t.word_embed_params
+            chunk_params.append(params - params0)
             if e > p.cross_first:
                 act += t.encoder_output_mb
             act = act0 + (act - act0) * in_fl[j]
@@ -376,29 +388,34 @@ class CostModel:
                 ideal += fwd + bwd
         if self.kind != "analytic":
             ideal -= sums["tpc"]
+        fsdp_mb, fsdp_comm = self._fsdp_micro_batches(p, spans, chunk_params, chunk_fwd, chunk_bwd, first_rank, n,
+                                                      dp * cp, features, M)
+        off_mb, off_comm = self._offload(p, stage_index, chunk_fwd, chunk_bwd, features, M)
         sync, opt, prologue, dp_comm = self._per_iteration(stage_index, S, first_rank, n, dp * cp, params,
                                                            sum(chunk_fwd), sum(chunk_bwd), t, features, lp_params)
-        comm = {"tp": (M * (sums["tpc"] - sums["cpc"]), M * sums["tph"]), "cp": (M * sums["cpc"], M * sums["cph"]),
+        comm = {**fsdp_comm, **off_comm, "tp": (M * (sums["tpc"] - sums["cpc"]), M * sums["tph"]),
+                "cp": (M * sums["cpc"], M * sums["cph"]),
                 "p2p": (M * p2p_exposed, M * max(0.0, p2p_total - p2p_exposed)), **dp_comm}
-        dist = features.distributed_optimizer
-        dpc = dp * cp
-        opt_b = self._opt / dpc if dist else self._opt
-        copy = self._copy / dpc if dist else self._copy
+        dw, dg, do = state_divisors(features.fsdp, dp * cp, features.distributed_optimizer)
         return _Static(sum(chunk_fwd), sum(chunk_bwd), p2p_exposed, sync, opt, sums["tpc"], act, in_fl,
-                       (params * self._w + lp_params * self._w_lp) / MB, params * self._g / MB, params * opt_b / MB,
-                       params * copy / MB,
+                       (params * self._w + lp_params * self._w_lp) / dw / MB, params * self._g / dg / MB,
+                       params * self._opt / do / MB, params * self._copy / do / MB,
                        buf, head_peak, ideal, tuple(chunk_fwd), tuple(chunk_bwd), tuple(chunk_p2p), prologue,
-                       {k: v for k, v in comm.items() if v[0] > 0 or v[1] > 0}, tuple(chunk_comm))
+                       {k: v for k, v in comm.items() if v[0] > 0 or v[1] > 0}, tuple(chunk_comm), off_mb, fsdp_mb)
 
     def _per_iteration(self, stage_index: int, S: int, first_rank: int, n: int, dpc: int, params: float,
                        fwd: float, bwd: float, t: UnitTable, features: Features, lp_params: float = 0.0):
         """(exposed DP sync, step, prologue, comm entries) of a stage: gradient reduction, tied-embedding sync,
         optimizer step and the distributed optimizer's parameter all-gather, overlapped as the features say."""
         cfg = self.settings
-        inter = dpc > 1 and self.comm.spans_nodes(first_rank, first_rank + n - 1)
-        k = self.comm.members_per_node(first_rank, n // dpc, dpc) if inter and cfg.multi_nic else 1
+        inter, k = self._dp_link(first_rank, n, dpc)
         grads, weights = params * self._g, params * self._w + lp_params * self._ag_lp   # (quantized all-gather)
         dist = features.distributed_optimizer
+        reduce_once = gather_after = True     # DDP / the distributed optimizer; FSDP: ``sharding.py``
+        if features.fsdp:
+            dist = features.fsdp != "no_shard"
+            reduce_once = features.fsdp in ("no_shard", "optim")
+            gather_after = features.fsdp in ("optim", "optim_grads")
         opt = params * self._opt_ms_per_param / (dpc if dist else 1)
         sync = prologue = 0.0
         out = {}
@@ -406,14 +423,16 @@ class CostModel:
             red = self.comm.reduce_scatter if dist else self.comm.all_reduce
             single = red(grads, dpc, inter, k)
             nb = max(1, ceil(params / max(cfg.bucket_params, 1_000_000 * dpc)))
-            if features.overlap_grad_reduce:
+            if not reduce_once:
+                exp, hid = 0.0, 0.0                            # reduce-scattered every micro-batch instead
+            elif features.overlap_grad_reduce:
                 exp, hid = overlapped(nb * red(grads / nb, dpc, inter, k), single, nb, bwd)
                 exp = min(single, exp + self._tax * hid)      # the backward runs slower while it hides
             else:
                 exp, hid = single, 0.0
             sync += exp
             out["dp"] = (exp, hid)
-            if dist:
+            if dist and gather_after:
                 ag = self.comm.all_gather(weights, dpc, inter, k)
                 if features.overlap_param_gather:
                     prologue, hid = overlapped(nb * self.comm.all_gather(weights / nb, dpc, inter, k), ag, nb,
@@ -428,6 +447,53 @@ class CostModel:
             sync += emb
             out["embedding_grads"] = (emb, 0.0)
         return sync, opt, prologue, out
+
+    def _dp_link(self, first_rank: int, n: int, dpc: int) -> tuple[bool, int]:
+        inter = dpc > 1 and self.comm.spans_nodes(first_rank, first_rank + n - 1)
+        return inter, self.comm.members_per_node(first_rank, n // dpc, dpc) if inter and self.settings.multi_nic else 1
+
+    def _fsdp_micro_batches(self, p: _Prepared, spans, chunk_params: list, chunk_fwd: list, chunk_bwd: list,
+                            first_rank: int, n: int, dpc: int, features: Features, M: int) -> tuple[float, dict]:
+        """Megatron FSDP's per-micro-batch collectives (``sharding.py``): the exposed parts added to each chunk's
+        forward / backward in place; returns (whole-layer buffer MB, comm entries per iteration)."""
+        if not features.fsdp or dpc <= 1:
+            return 0.0, {}
+        inter, k = self._dp_link(first_rank, n, dpc)
+        ag = lambda b: self.comm.all_gather(b, dpc, inter, k)       # noqa: E731
+        rs = lambda b: self.comm.reduce_scatter(b, dpc, inter, k)   # noqa: E731
+        starts, c = self.model.layer_starts, p.cum["params"]
+        gath = red = (0.0, 0.0)
+        biggest = 0.0
+        for j, (a, e) in enumerate(spans):
+            bounds = [u for u in starts if a <= u <= e]
+            layer = [c[y] - c[x] for x, y in zip(bounds[:-1], bounds[1:])]
+            biggest = max([biggest, *layer])
+            prm = chunk_params[j]      # its layers' and, on the end chunks, the embedding's / output layer's
+            exp, g, r = per_micro_batch(features.fsdp, dpc, (prm * self._w, prm * self._g), len(layer),
+                                        chunk_fwd[j], chunk_bwd[j], ag, rs, self._tax, features.overlap_param_gather,
+                                        features.overlap_grad_reduce)
+            chunk_fwd[j] += exp[0]
+            chunk_bwd[j] += exp[1]
+            gath, red = (gath[0] + M * g[0], gath[1] + M * g[1]), (red[0] + M * r[0], red[1] + M * r[1])
+        return (fsdp_buffer_mb(features.fsdp, dpc, biggest, self._w, self._g),
+                {"fsdp_param_gather": gath, "fsdp_grad_reduce": red})
+
+    def _offload(self, p: _Prepared, stage_index: int, chunk_fwd: list, chunk_bwd: list, features: Features,
+                 M: int) -> tuple[float, dict]:
+        """CPU activation offload of the first ``offload_layers`` layers (``offload.py``; one stage): the exposed
+        copies added to the forward / backward in place; returns (MB off the GPU per micro-batch, comm entries)."""
+        N = features.offload_layers
+        if not N or stage_index:
+            return 0.0, {}
+        end = self.model.layer_starts[N]
+        c = p.cum
+        act = float(p.table.act_mb[:end, 0].sum())
+        fwd, bwd = (c["fwd"][end] - c["fwd"][0]) / N, (c["bwd"][end] - c["bwd"][0]) / N
+        gbps = host_link_gbps(self.cluster.gpu.name)
+        d2h, h2d = offload_ms(act / N, N, fwd, gbps), offload_ms(act / N, N, bwd, gbps)
+        chunk_fwd[0] += d2h[0]
+        chunk_bwd[0] += h2d[0]
+        return act - kept_mb(act, N), {"offload": (M * (d2h[0] + h2d[0]), M * (d2h[1] + h2d[1]))}
 
     def _ideal(self, first: bool, last: bool, start: int, end: int, mbs: int, n: int) -> float:
         """fwd + bwd of the stage's work on one GPU at the whole micro-batch, divided by its GPUs (analytic only:

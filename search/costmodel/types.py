@@ -25,7 +25,8 @@ UNAVAILABLE_MS = 1e9     # recompute time of a choice a unit cannot take: never 
 
 # What a cost model can price beyond a v1 plan (``CostModel.features``); the search explores only these.
 ALL_FEATURES = frozenset({"sequence_parallel", "context_parallel", "interleaved", "distributed_optimizer",
-                          "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"})
+                          "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "megatron_fsdp",
+                          "activation_offload"})
 
 
 class Shape(NamedTuple):
@@ -69,11 +70,16 @@ class Features(NamedTuple):
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
+    fsdp: str = ""              # Megatron FSDP's data_parallel_sharding_strategy ("": DDP; search/fsdp.py)
+    offload_layers: int = 0     # transformer layers whose activations are offloaded to the host (0: none)
 
     @classmethod
     def of_plan(cls, plan) -> "Features":
+        fsdp = getattr(plan, "megatron_fsdp", None)
+        off = getattr(plan, "activation_offload", None)
         return cls(plan.distributed_optimizer, plan.overlap_grad_reduce, plan.overlap_param_gather,
-                   plan.tp_comm_overlap)
+                   plan.tp_comm_overlap, fsdp.data_parallel_sharding_strategy if fsdp else "",
+                   off.num_layers if off else 0)
 
 
 class RunSettings(NamedTuple):

@@ -12,6 +12,7 @@ import pydantic
 
 from ..cluster import ClusterSpec
 from ..errors import AcesoError, as_aceso_error
+from ..fsdp import ActivationOffload, MegatronFSDP
 from ..plan import ChunkSpec, ParallelPlan, PlanPrediction, StageSpec
 from ..plan_settings import PlanSettings
 from .config import MegatronConfig
@@ -42,6 +43,9 @@ def plan_from_config(cfg: MegatronConfig, cluster: ClusterSpec | None = None,
                             overlap_grad_reduce=cfg.overlap_grad_reduce,
                             overlap_param_gather=cfg.overlap_param_gather, tp_comm_overlap=cfg.tp_comm_overlap,
                             stages=stages, predicted=predicted,
+                            megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy=cfg.fsdp) if cfg.fsdp else None,
+                            activation_offload=ActivationOffload(num_layers=cfg.offload_layers)
+                            if cfg.offload_layers else None,
                             settings=PlanSettings(framework="megatron-lm", grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
                                                   low_precision=cfg.low_precision))
     except pydantic.ValidationError as e:

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..errors import AcesoError
+from ..fsdp import STRATEGIES
 from ..plan_settings import settings_from_flags
 from ..precision import LowPrecision, from_megatron
 from .config import MegatronConfig, Recompute
@@ -45,12 +46,13 @@ FLAGS: dict[str, str] = {
                         "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage",
                         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
                         "--recompute-num-layers", "--micro-batch-size", "--global-batch-size",
-                        "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16")},
+                        "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16", "--cpu-offloading-num-layers")},
     **{f: FLOAT for f in ("--attention-dropout", "--hidden-dropout")},
     **{f: STR for f in ("--position-embedding-type", "--normalization", "--tokenizer-type", "--transformer-impl",
                         "--attention-backend",
                         "--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method",
-                        "--main-grads-dtype", "--fp8-format", "--fp8-recipe", "--fp4-format", "--fp4-recipe")},
+                        "--main-grads-dtype", "--fp8-format", "--fp8-recipe", "--fp4-format", "--fp4-recipe",
+                        "--data-parallel-sharding-strategy", "--ckpt-format")},
     **{f: BOOL for f in ("--group-query-attention", "--use-rotary-position-embeddings", "--swiglu",
                          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--sequence-parallel",
                          "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
@@ -58,7 +60,7 @@ FLAGS: dict[str, str] = {
                          "--tp-comm-overlap", "--recompute-activations", "--bf16", "--fp16",
                          "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
                          "--no-position-embedding", "--fp8-param-gather", "--fp4-param-gather",
-                         "--first-last-layers-bf16")},
+                         "--first-last-layers-bf16", "--use-megatron-fsdp")},
     "--recompute-modules": LIST,
     **LAYER_FLAG_KINDS,         # --window-size, --softmax-type, --quick-geglu, ... (layer_variant_flags)
 }
@@ -116,14 +118,13 @@ REFUSED: dict[str, tuple[object, str]] = {
     "--heterogeneous-layers-config-path": (_always, "heterogeneous layer configs are not modelled by aceso"),
     "--heterogeneous-layers-config-encoded-json": (_always, "heterogeneous layer configs are not modelled by aceso"),
     "--yaml-cfg": (_always, "a YAML config replaces the command line; give the flags instead"),
-    "--use-megatron-fsdp": (_always, "FSDP is not modelled (aceso prices DDP and the distributed optimizer)"),
-    "--use-torch-fsdp2": (_always, "FSDP is not modelled (aceso prices DDP and the distributed optimizer)"),
-    "--data-parallel-sharding-strategy": (lambda v: v != ["no_shard"], "FSDP sharding is not modelled by aceso"),
+    "--use-torch-fsdp2": (_always, "torch FSDP2 is not modelled (aceso prices DDP, the distributed optimizer and "
+                                   "Megatron FSDP: --use-megatron-fsdp)"),
+    "--outer-dp-sharding-strategy": (lambda v: v != ["no_shard"], "hybrid-sharded FSDP is not modelled by aceso"),
     "--num-distributed-optimizer-instances": (_above_one, "several distributed-optimizer instances are not "
                                                           "modelled by aceso"),
     "--distribute-saved-activations": (_always, "recompute checkpoints split over TP are not modelled by aceso"),
     "--fine-grained-activation-offloading": (_always, "activation offloading is not modelled by aceso"),
-    "--cpu-offloading-num-layers": (_positive, "activation offloading is not modelled by aceso"),
     "--optimizer-cpu-offload": (_always, "optimizer offloading is not modelled by aceso"),
     "--use-tp-pp-dp-mapping": (_always, "aceso plans order ranks tp-cp-dp-pp (Megatron-LM's default)"),
     "--cp-comm-type": (lambda v: any(x != "p2p" for x in v), "aceso prices ring (p2p) context parallelism only"),
@@ -240,9 +241,13 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
         raise AcesoError(f"--global-batch-size ({gbs}) must be a multiple of --micro-batch-size x dp ({mbs} x {dp})")
     dist_opt, ogr, opg = (f.has(x) for x in ("--use-distributed-optimizer", "--overlap-grad-reduce",
                                              "--overlap-param-gather"))
-    if opg and not (dist_opt and ogr):
-        raise AcesoError("--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce "
-                         "(Megatron-LM's validate_args asserts both)")
+    fsdp = _fsdp(f, notes)
+    if opg and not ((dist_opt or fsdp) and ogr):
+        raise AcesoError("--overlap-param-gather needs --use-distributed-optimizer (or --use-megatron-fsdp) and "
+                         "--overlap-grad-reduce (Megatron-LM's validate_args asserts both)")
+    offload = f.get("--cpu-offloading-num-layers", 0)
+    if offload < 0:
+        raise AcesoError(f"--cpu-offloading-num-layers {offload}: give 0 (no offload) or a positive number of layers")
     if f.has("--tp-comm-overlap") and not sp:
         raise AcesoError("--tp-comm-overlap needs --sequence-parallel (Megatron-LM's validate_args asserts it)")
     return MegatronConfig(model=model, tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, sequence_parallel=sp,
@@ -253,7 +258,8 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
                               model.params_dtype, f.has("--grad-reduce-in-bf16"),
                               f.has("--accumulate-allreduce-grads-in-fp32"),
                               f.get("--main-grads-dtype") == "bf16").grad_reduce_in_fp32,
-                          low_precision=_low_precision(f, model.params_dtype, dist_opt))
+                          low_precision=_low_precision(f, model.params_dtype, dist_opt),
+                          fsdp=fsdp, offload_layers=offload)
 
 
 def _low_precision(f: Flags, dtype: str, dist_opt: bool) -> LowPrecision | None:
@@ -280,6 +286,23 @@ def _low_precision(f: Flags, dtype: str, dist_opt: bool) -> LowPrecision | None:
     start = f.get("--num-layers-at-start-in-bf16", 1) if first_last else 0
     end = f.get("--num-layers-at-end-in-bf16", 1) if first_last else 0
     return LowPrecision(recipe=recipe, param_gather=gather, bf16_layers_start=start, bf16_layers_end=end)
+
+
+def _fsdp(f: Flags, notes: list[str]) -> str | None:
+    """Megatron FSDP's sharding strategy, or None (DDP); Megatron-LM's checks (``search/fsdp.py``)."""
+    strategy = f.get("--data-parallel-sharding-strategy", "no_shard")
+    if strategy not in STRATEGIES:
+        raise AcesoError(f"--data-parallel-sharding-strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    if not f.has("--use-megatron-fsdp"):
+        if strategy != "no_shard":
+            notes.append(f"--data-parallel-sharding-strategy {strategy} without --use-megatron-fsdp does nothing "
+                         "(DDP runs)")
+        return None
+    fmt = f.get("--ckpt-format", "torch_dist")
+    if fmt != "fsdp_dtensor":
+        raise AcesoError(f"--use-megatron-fsdp with --ckpt-format {fmt}: Megatron-LM core_v0.16.1 asserts "
+                         "\"Megatron FSDP only supports fsdp_dtensor checkpoint format\"; add --ckpt-format fsdp_dtensor")
+    return strategy
 
 
 def _chunk_layers(f: Flags, num_layers: int, pp: int) -> tuple[tuple[int, ...], int]:

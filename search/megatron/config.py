@@ -69,6 +69,8 @@ class MegatronConfig:
     attention: Literal["flash", "unfused"] | None = None   # transformer_engine / local
     grad_reduce_in_fp32: bool = False   # DDP gradient buffer / reduction in fp32 (the plan's settings)
     low_precision: LowPrecision | None = None   # FP8 / FP4 recipe (search/precision.py; the plan's settings)
+    fsdp: str | None = None             # Megatron FSDP's --data-parallel-sharding-strategy (None: DDP)
+    offload_layers: int = 0             # --cpu-offloading-num-layers (0: no activation offload)
 
     @property
     def world_size(self) -> int:

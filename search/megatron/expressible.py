@@ -53,7 +53,9 @@ def megatron_config(plan: ParallelPlan) -> MegatronConfig:
         micro_batch_size=plan.micro_batch_per_rank(0), global_batch_size=plan.global_batch_size,
         distributed_optimizer=plan.distributed_optimizer, overlap_grad_reduce=plan.overlap_grad_reduce,
         overlap_param_gather=plan.overlap_param_gather, tp_comm_overlap=plan.tp_comm_overlap, attention=attention,
-        grad_reduce_in_fp32=settings_for(plan).grad_reduce_in_fp32, low_precision=settings_for(plan).low_precision)
+        grad_reduce_in_fp32=settings_for(plan).grad_reduce_in_fp32, low_precision=settings_for(plan).low_precision,
+        fsdp=plan.megatron_fsdp.data_parallel_sharding_strategy if plan.megatron_fsdp else None,
+        offload_layers=plan.activation_offload.num_layers if plan.activation_offload else 0)
 
 
 def _check_shapes(plan: ParallelPlan) -> None:

@@ -80,6 +80,12 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("overlap_grad_reduce", "--overlap-grad-reduce", "ddp.overlap_grad_reduce", ""),
     ("overlap_param_gather", "--overlap-param-gather", "ddp.overlap_param_gather", "needs overlap_grad_reduce"),
     ("tp_comm_overlap", "--tp-comm-overlap", "comm_overlap.tp_comm_overlap", "transformer-engine"),
+    ("megatron_fsdp.data_parallel_sharding_strategy", "--use-megatron-fsdp --data-parallel-sharding-strategy S "
+     "--ckpt-format fsdp_dtensor", "ddp.use_megatron_fsdp, ddp.data_parallel_sharding_strategy, "
+     "checkpoint.ckpt_format",
+     "Megatron-LM asserts the fsdp_dtensor checkpoint format"),
+    ("activation_offload.num_layers", "--cpu-offloading-num-layers N", "model.cpu_offloading, "
+     "model.cpu_offloading_num_layers", "one stage, no recompute"),
 )
 
 _NORM = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
@@ -157,6 +163,9 @@ def _parallel(c: MegatronConfig) -> list[str]:
                      (c.overlap_grad_reduce, "--overlap-grad-reduce"),
                      (c.overlap_param_gather, "--overlap-param-gather"), (c.tp_comm_overlap, "--tp-comm-overlap")):
         out += [flag] if on else []
+    if c.fsdp:
+        out += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", c.fsdp, "--ckpt-format", "fsdp_dtensor"]
+    out += ["--cpu-offloading-num-layers", str(c.offload_layers)] if c.offload_layers else []
     return out
 
 
@@ -197,6 +206,8 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
         "recompute_num_layers": rc.num_layers, "recompute_modules": list(rc.modules) if rc.modules else None,
         **layer_variant_flags.bridge(m),
     }
+    if c.offload_layers:
+        model.update(cpu_offloading=True, cpu_offloading_num_layers=c.offload_layers)
     out: dict[str, dict[str, object]] = {
         "model": model,
         "train": {"micro_batch_size": c.micro_batch_size, "global_batch_size": c.global_batch_size},
@@ -208,6 +219,9 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
         # megatron-core's NullTokenizer (Bridge v0.3.1's default, legacy_tokenizer false) adds the EOD token
         "tokenizer": {"tokenizer_type": "NullTokenizer", "vocab_size": m.vocab_size - 1},
     }
+    if c.fsdp:   # Bridge's ConfigContainer.validate sets dist.use_megatron_fsdp from it; saving needs the format
+        out["ddp"].update(use_megatron_fsdp=True, data_parallel_sharding_strategy=c.fsdp)
+        out["checkpoint"] = {"ckpt_format": "fsdp_dtensor"}
     if c.tp_comm_overlap:
         out["comm_overlap"] = {"tp_comm_overlap": True}
     return out

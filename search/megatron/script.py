@@ -14,6 +14,7 @@ import shlex
 from .. import __version__
 from ..plan import ParallelPlan
 from .config import MegatronConfig
+from ..fsdp import describe as fsdp_describe
 from ..plan_settings import describe
 from .names import grad_reduce_args, megatron_lm_args, tokenizer_args
 
@@ -37,9 +38,10 @@ def entry_script(c: MegatronConfig) -> str:
 
 
 def needs_max_connections(plan: ParallelPlan, c: MegatronConfig) -> bool:
-    """tp or cp > 1 on a GPU before Blackwell (an unknown GPU counts as one)."""
+    """tp or cp > 1 on a GPU before Blackwell (an unknown GPU counts as one); never with Megatron FSDP, which
+    asserts the opposite (``validate_args``: it only warns about tp/cp then)."""
     gpu = plan.cluster.gpu.name if plan.cluster else ""
-    return (c.tp > 1 or c.cp > 1) and not gpu.startswith(("b", "gb"))
+    return (c.tp > 1 or c.cp > 1) and not gpu.startswith(("b", "gb")) and not c.fsdp
 
 
 def header(plan: ParallelPlan, c: MegatronConfig, source: str, version: str) -> list[str]:
@@ -57,7 +59,7 @@ def header(plan: ParallelPlan, c: MegatronConfig, source: str, version: str) -> 
         + (", sequence parallel" if c.sequence_parallel else ""),
         "layers per pipeline stage: " + " ".join(map(str, c.stage_layers()))
         + (f" (model chunks in order: {' '.join(map(str, c.chunk_layers))})" if c.vpp > 1 else ""),
-        f"recompute: {c.recompute.label}",
+        f"recompute: {c.recompute.label}" + (f"; {fsdp_describe(plan)}" if fsdp_describe(plan) else ""),
         f"micro-batch: the plan's pipeline micro-batch {plan.micro_batch_size} = --micro-batch-size "
         f"{c.micro_batch_size} per rank x dp {c.dp}; {plan.num_micro_batches} micro-batches per iteration",
     ]

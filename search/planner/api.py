@@ -104,8 +104,25 @@ class Plans:
         return self.megatron if self.target == "megatron-lm" else self.aceso
 
 
+def runtime_training(training, strict: bool = True):
+    """The training spec for a runtime search: Megatron FSDP and CPU activation offload off (the aceso runtime runs
+    DDP / the distributed optimizer and keeps activations on the GPU); ``strict``: refuse them asked for."""
+    for name, flag in (("megatron_fsdp", "--megatron-fsdp"), ("activation_offload", "--activation-offload")):
+        if strict and getattr(training, name):
+            raise AcesoError(f"{flag} on: Megatron-LM runs it, the aceso runtime does not; search with --target "
+                             "megatron-lm, or turn it off")
+    return training.model_copy(update={"megatron_fsdp": False, "activation_offload": False})
+
+
+def runs_elsewhere(state) -> bool:
+    """A state the aceso runtime does not run (Megatron FSDP, activation offload): not a seed of its search."""
+    return bool(state.features.fsdp or state.features.offload_layers)
+
+
 def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "aceso") -> Plans:
     """Uniform baseline, then the Megatron-LM search, then the heterogeneous search (see the module docstring)."""
+    if target != "megatron-lm":
+        training = runtime_training(training)
     base = plan_baseline(cm, training)
     fitting = base if base is not None and base.fits else None
     share = max(int(opts.budget_evals * SECONDARY_SHARE), 1)
@@ -122,10 +139,12 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
         o2.budget_s = max(opts.budget_s - mlm.seconds, 0.0)
     if opts.callback is not None:   # one progress count over both searches
         o2.callback = lambda n, done=mlm.evals: opts.callback(done + n)
-    extra = [e.state for e in mlm.plans[:1] if e.fits]
-    het, aspace = plan_search(cm, training, o2, top_k if target == "aceso" else 1, fitting, "aceso", extra)
-    if mlm.plans and mlm.plans[0].fits:
-        _never_worse(het, mlm.plans[0])
+    runs = [e for e in mlm.plans[:1] if e.fits and not runs_elsewhere(e.state)]
+    het, aspace = plan_search(cm, runtime_training(training, strict=False), o2, top_k if target == "aceso" else 1,
+                              fitting if fitting is not None and not runs_elsewhere(fitting.state) else None, "aceso",
+                              [e.state for e in runs])
+    if runs:
+        _never_worse(het, runs[0])
     return Plans(target, base, mlm, het, aspace if target == "aceso" else space)
 
 

@@ -100,7 +100,10 @@ class BaselineResult:
             [f"dp {s.dp}", f"mbs {self.micro_batch_per_rank}"] + (["sp"] if s.sp else []) + \
             ([f"vpp {st.num_chunks}"] if st.num_chunks > 1 else []) + \
             (["dist-opt"] if st.features.distributed_optimizer else []) + \
-            (["overlap"] if st.features.overlap_grad_reduce else []) + [f"recompute {self.recompute}"]
+            (["overlap"] if st.features.overlap_grad_reduce else []) + \
+            ([f"fsdp {st.features.fsdp}"] if st.features.fsdp else []) + \
+            ([f"offload {st.features.offload_layers}"] if st.features.offload_layers else []) + \
+            [f"recompute {self.recompute}"]
         return " ".join(parts)
 
 

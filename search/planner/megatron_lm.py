@@ -17,7 +17,9 @@ Recompute is one setting for the whole plan (``Recompute``):
 
 ``best_setting`` prices a state at the fastest of these that fits: none if it fits; else selective, full, and
 block with the smallest N that fits every stage (memory falls and time rises with N, so each stage's smallest N is
-found by bisection and the plan takes the largest).
+found by bisection and the plan takes the largest). A one-stage state that does not fit without recompute also tries CPU activation offload
+(``offloaded``: the fewest layers that make it fit, by bisection; megatron-core offloads only without recompute
+and pipeline parallelism). Megatron FSDP is a plan-level feature (``space.with_fsdp``).
 """
 
 from __future__ import annotations
@@ -73,9 +75,10 @@ def best_setting(ev, state, exact: bool = False):
     none = priced(NONE_SETTING)
     if fits(none):
         return _evaluation(ev, state, none, NONE_SETTING, exact)
+    off = offloaded(ev, state, spans, firsts)
     full = priced(FULL_SETTING)
     if not fits(full):  # nothing fits: report the least memory
-        return _evaluation(ev, state, full, FULL_SETTING, exact)
+        return _evaluation(ev, *off, NONE_SETTING, exact) if off else _evaluation(ev, state, full, FULL_SETTING, exact)
     cands = [(FULL_SETTING, full)]
     sel = priced(SELECTIVE_SETTING)
     if fits(sel):
@@ -97,15 +100,41 @@ def best_setting(ev, state, exact: bool = False):
         cands.append((block(need), blk))
     # the pipeline of the candidates in lower-bound order, each only while it could beat the best so far
     M = ev.gbs // state.mbs
-    bounds = [lower_bound([x.cost for x in stages], M)[0] for _, stages in cands]
+    cands = [(s, stages, state) for s, stages in cands] + ([(NONE_SETTING, off[1], off[0])] if off else [])
+    bounds = [lower_bound([x.cost for x in stages], M)[0] for _, stages, _ in cands]
     best = None
-    for lb, (s, stages) in sorted(zip(bounds, cands), key=lambda c: (c[0], c[1][0].label)):
+    for lb, (s, stages, st) in sorted(zip(bounds, cands), key=lambda c: (c[0], c[1][0].label)):
         if best is not None and lb >= best.iteration_ms:
             continue
-        e = _evaluation(ev, state, stages, s, exact)
+        e = _evaluation(ev, st, stages, s, exact)
         if best is None or (e.score, e.setting.label) < (best.score, best.setting.label):
             best = e
     return best
+
+
+def offloaded(ev, state, spans, firsts):
+    """``(state, stages)`` with the fewest offloaded layers that make a one-stage state fit without recompute
+    (megatron-core's CPU offloading: one stage, no recompute, fewer layers than the model's; bisection: memory
+    falls with the layers offloaded), or None (not allowed, not one stage, or even the most do not fit)."""
+    cm, model = ev.cm, ev.cm.model
+    if state.num_stages > 1 or len(spans[0]) > 1 or "activation_offload" not in getattr(cm, "features", ()) \
+            or cm.training.activation_offload is False:
+        return None
+    rc = codes(NONE_SETTING, model, spans[0])
+
+    def at(n):
+        st = state._replace(features=state.features._replace(offload_layers=n))
+        return st, [ev.stage_with(st, 0, firsts[0], rc)]
+    lo, hi = 1, len(model.layer_starts) - 2
+    if hi < lo or not at(hi)[1][0].cost.fits:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if at(mid)[1][0].cost.fits:
+            hi = mid
+        else:
+            lo = mid + 1
+    return at(lo)
 
 
 def _evaluation(ev, state, stages, setting: Recompute, exact: bool):

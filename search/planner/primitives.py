@@ -300,8 +300,8 @@ def _features(ctx: Ctx, ev: Evaluation, b: int, on: bool) -> list[State]:
     for g in ctx.space.features:
         if g == f:
             continue
-        added = [x and not y for x, y in zip(g, f)]
-        dropped = [y and not x for x, y in zip(g, f)]
+        added = [bool(x) and not y for x, y in zip(g, f)]
+        dropped = [bool(y) and not x for x, y in zip(g, f)]
         if (on and any(added) and not any(dropped)) or (not on and any(dropped) and not any(added)):
             cands.append((sum(added) + sum(dropped), g))
     if not cands:

@@ -81,6 +81,8 @@ def describe(ev: Evaluation) -> str:
     parts += ["dist-opt"] if f.distributed_optimizer else []
     parts += ["overlap"] if f.overlap_grad_reduce or f.overlap_param_gather else []
     parts += ["tp-comm-overlap"] if f.tp_comm_overlap else []
+    parts += [f"fsdp {f.fsdp}"] if f.fsdp else []
+    parts += [f"offload {f.offload_layers} layers"] if f.offload_layers else []
     if ev.setting is not None:
         parts.append(f"recompute {ev.setting.label}")
     return ", ".join(parts)
@@ -158,7 +160,9 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None, wall_s: floa
     switches = [n for n, on in (("distributed optimizer", f.distributed_optimizer),
                                 ("overlap grad reduce", f.overlap_grad_reduce),
                                 ("overlap param gather", f.overlap_param_gather),
-                                ("tp comm overlap", f.tp_comm_overlap)) if on]
+                                ("tp comm overlap", f.tp_comm_overlap),
+                                (f"megatron fsdp {f.fsdp}", f.fsdp),
+                                (f"offload {f.offload_layers} layers", f.offload_layers)) if on]
     con.print(f"virtual stages {ev.state.num_chunks}; " + (", ".join(switches) if switches else "no switches on"))
     sps = plan.global_batch_size / ev.iteration_ms * 1000
     con.print(f"predicted iteration {ev.iteration_ms:.2f} ms, {sps:.2f} samples/s")

@@ -67,6 +67,27 @@ def feature_combos(training, priced: frozenset) -> tuple[Features, ...]:
     return tuple(out)
 
 
+SEARCHED_FSDP = ("optim_grads_params", "optim_grads")   # what saves memory beyond the distributed optimizer
+
+
+def with_fsdp(training, priced: frozenset, features: tuple[Features, ...], target: str) -> tuple[Features, ...]:
+    """The feature combinations plus Megatron FSDP's (``--target megatron-lm`` only: the runtime runs DDP): the
+    two strategies that shard beyond the distributed optimizer (``optim`` prices exactly as it), overlapped as the
+    switches allow; ``training.megatron_fsdp`` True: only those, False: none."""
+    want = training.megatron_fsdp
+    if want is False or (want is None and (target != "megatron-lm" or "megatron_fsdp" not in priced)):
+        return features
+    if target != "megatron-lm" or "megatron_fsdp" not in priced:
+        raise AcesoError("--megatron-fsdp on: Megatron FSDP is searched for --target megatron-lm with the analytic "
+                         "or profile model; use them, or turn it off")
+    if features[0].tp_comm_overlap:
+        return features if want is None else ()
+    og = training.overlap_grad_reduce is not False
+    op = og and training.overlap_param_gather is not False
+    fsdp = tuple(Features(False, og, op, False, fsdp=s) for s in SEARCHED_FSDP)
+    return fsdp if want else features + fsdp
+
+
 MAX_CHUNKS = 128    # default degrees only: at most this many model chunks in all (one layer each up to 128 layers)
 
 
@@ -157,6 +178,7 @@ class Space:
             if not features:
                 raise AcesoError("--target megatron-lm: Megatron-LM overlaps the parameter all-gather only with "
                                  "the gradient reduction; do not turn --overlap off")
+        features = with_fsdp(training, priced, features, target)
         return cls(cluster.num_gpus, cluster.gpus_per_node, tuple(tps), batches, model.num_units, gbs, cps, sps,
                    vs, features, bool(training.uniform_cp), target, tuple(model.layer_starts), seqs,
                    None if allowed is None else frozenset(allowed), 1 if target == "megatron-lm" and model.is_t5 else 0,

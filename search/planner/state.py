@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..costmodel.types import RC, RC_CODE, Features, Shape, StageCost
+from ..fsdp import ActivationOffload, MegatronFSDP
 from ..errors import AcesoError
 from ..plan import ChunkSpec, ParallelPlan, PlanPrediction, StageSpec
 from .recompute import optimize_stage
@@ -318,6 +319,8 @@ def to_plan(ev: Evaluation, model, cluster, gbs: int, cost_model_kind: str, pred
     return ParallelPlan(model=model, cluster=cluster, micro_batch_size=st.mbs, global_batch_size=gbs,
                         distributed_optimizer=f.distributed_optimizer, overlap_grad_reduce=f.overlap_grad_reduce,
                         overlap_param_gather=f.overlap_param_gather, tp_comm_overlap=f.tp_comm_overlap,
+                        megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy=f.fsdp) if f.fsdp else None,
+                        activation_offload=ActivationOffload(num_layers=f.offload_layers) if f.offload_layers else None,
                         stages=stages, predicted=pred)
 
 

@@ -34,6 +34,8 @@ A.get_device_arch_version = lambda: 9
 
 def run(line: str, world: int) -> dict:
     os.environ.update(WORLD_SIZE=str(world), RANK="0", LOCAL_RANK="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    if "--use-megatron-fsdp" in line:     # Megatron FSDP asserts the opposite (the exported script leaves it unset)
+        del os.environ["CUDA_DEVICE_MAX_CONNECTIONS"]
     sys.argv = ["pretrain_gpt.py", *shlex.split(line), "--no-rope-fusion"]
     args = A.parse_args()
     A.validate_args(args)
@@ -56,7 +58,9 @@ def run(line: str, world: int) -> dict:
                                "window_attn_skip_freq": cfg.window_attn_skip_freq,
                                "softmax_type": cfg.softmax_type, "glu_linear_offset": cfg.glu_linear_offset,
                                "activation_func_clamp_value": cfg.activation_func_clamp_value,
-                               "activation": cfg.activation_func.__name__, "gated": cfg.gated_linear_unit}}
+                               "activation": cfg.activation_func.__name__, "gated": cfg.gated_linear_unit},
+            "fsdp": [args.use_megatron_fsdp, args.data_parallel_sharding_strategy, args.ckpt_format],
+            "offload": [cfg.cpu_offloading, cfg.cpu_offloading_num_layers]}
 
 
 if __name__ == "__main__":

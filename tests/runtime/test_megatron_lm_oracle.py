@@ -22,6 +22,33 @@ pytestmark = pytest.mark.skipif(not CHECKOUT or not (Path(CHECKOUT) / "megatron"
                                 reason="set ACESO_MEGATRON_LM to a Megatron-LM core_v0.16.1 checkout")
 
 
+def _oracle(plans):
+    cases = [{"line": args_line(megatron_config(p)), "world": p.world_size} for p in plans]
+    env = {**os.environ, "PYTHONPATH": CHECKOUT}
+    r = subprocess.run([sys.executable, str(Path(__file__).with_name("megatron_lm_oracle.py"))], input=json.dumps(cases),
+                       capture_output=True, text=True, env=env, timeout=1200)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_megatron_lm_takes_the_fsdp_and_offload_flags():
+    """Megatron FSDP (each strategy) and CPU activation offload as exported: parsed, validated (fsdp_dtensor,
+    CUDA_DEVICE_MAX_CONNECTIONS unset) and in megatron-core's TransformerConfig (offload: one stage, no recompute)."""
+    from search.fsdp import ActivationOffload, MegatronFSDP
+    from search.plan import uniform_plan
+    from search.presets import load_model
+    model = load_model("llama3-8b", num_layers=4)
+    plans = [uniform_plan(model, 1, 2, 4, 4, 16, "none", overlap_grad_reduce=True, overlap_param_gather=s != "no_shard",
+                          megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy=s),
+                          activation_offload=ActivationOffload(num_layers=2) if s == "optim_grads_params" else None)
+             for s in ("no_shard", "optim", "optim_grads", "optim_grads_params")]
+    for plan, got in zip(plans, _oracle(plans)):
+        assert "error" not in got, got
+        s = plan.megatron_fsdp.data_parallel_sharding_strategy
+        assert got["fsdp"] == [True, s, "fsdp_dtensor"]
+        assert got["offload"] == ([True, 2] if plan.activation_offload else [False, 0])
+
+
 def test_megatron_lm_parses_validates_and_builds_the_plans_layers():
     plans = {n: case_plan(n) for n in sorted(CASES)}
     cases = [{"line": args_line(megatron_config(p)), "world": p.world_size} for p in plans.values()]
