@@ -28,7 +28,9 @@ def make_cost_model(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                     db=None, *, settings: RunSettings | None = None, kernels: str = "shape"):
     """A cost model of ``kind``; ``db`` is the profile database folder/file (profile, aceso-compat)."""
     from ..moe import refuse_unpriced
-    refuse_unpriced(model)      # MoE / MLA / MTP: not priced yet (docs/moe.md), never priced as dense
+    if kind != "analytic":      # MoE / MLA / MTP: the analytic model prices them (moe_cost.py, mla_mtp.py)
+        refuse_unpriced(model, f"the {kind} cost model does not price them; use --cost-model analytic")
+    refuse_unpriced(model)      # what the analytic model does not price either (search.moe.unpriced_features)
     if kind == "analytic":
         from .analytic import AnalyticSource
         comm = CommModel(cluster)

@@ -69,11 +69,13 @@ class Features(NamedTuple):
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
+    moe: object = None          # the plan's ``MoEPlanSettings`` (MoE models; None = the defaults)
 
     @classmethod
     def of_plan(cls, plan) -> "Features":
+        from ..moe_plan import moe_settings
         return cls(plan.distributed_optimizer, plan.overlap_grad_reduce, plan.overlap_param_gather,
-                   plan.tp_comm_overlap)
+                   plan.tp_comm_overlap, moe_settings(plan))
 
 
 class RunSettings(NamedTuple):
@@ -164,6 +166,14 @@ class UnitTable:
     # optional detail (timelines): (U, 4) the forward's shares of TP exposed (the ring's excluded), TP hidden, CP
     # exposed and CP hidden ms; the backward has the rest of each unit's totals above
     comm_fwd_ms: np.ndarray | None = None
+    # optional detail (MoE models, ``moe_cost.py``): expert parameters per rank inside ``weight_params`` (their
+    # gradients reduce, and their optimizer states shard, over the expert-DP group), the exposed and hidden
+    # expert-parallel dispatch / combine ms (fwd + bwd; the exposed part is in fwd_ms / bwd_ms) and (U, 2) the
+    # forward's (exposed, hidden) share
+    expert_params: np.ndarray | None = None
+    ep_comm_ms: np.ndarray | None = None
+    ep_hidden_ms: np.ndarray | None = None
+    ep_fwd_ms: np.ndarray | None = None
 
 
 @dataclass
