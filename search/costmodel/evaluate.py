@@ -52,6 +52,7 @@ from ..cluster import ClusterSpec
 from ..errors import AcesoError
 from ..model import ModelSpec
 from ..training import TrainingSpec
+from ..moe_plan import moe_settings
 from .comm import CommModel, overlap_tax, overlapped
 from .memory import (FRAGMENTATION, MB, RESERVE_MB, grad_copy_bytes, in_flight_per_chunk,
                      state_bytes_per_param)
@@ -215,7 +216,7 @@ class CostModel:
                    prev: tuple | None = None, next: tuple | None = None,
                    num_micro_batches: int | None = None, *, cp: int = 1, sp: bool = False,
                    spans: tuple[tuple[int, int], ...] | None = None, features: Features | None = None,
-                   ep: int = 1, etp: int = 0) -> StageCost:
+                   ep: int = 1, etp: int = 0, moe=None) -> StageCost:
         """Cost of one stage (pipeline rank) of ``tp * cp * dp`` GPUs.
 
         ``prev``/``next``: the neighbours' shapes, ``(tp, dp)`` or ``(tp, dp, cp, sp)`` (default: this stage's);
@@ -224,7 +225,7 @@ class CostModel:
         chunk ``j * num_stages + stage_index``; ``start_unit``/``end_unit`` are then ignored) and ``recompute`` is
         the chunks' codes one after the other. ``features``: the plan-level switches (default: the training spec's
         distributed optimizer, everything else off). ``ep``/``etp``: the stage's expert shape (MoE models; etp 0 =
-        tp), priced by ``moe_cost.py`` under ``features.moe``.
+        tp), priced by ``moe_cost.py`` under ``moe`` (the plan's ``MoEPlanSettings``; None = the defaults).
 
         Memoised (pure functions of their keys): everything that does not depend on the recompute choices, the
         (recompute ms, activation MB, peak MB) sums of a span under one recompute vector, and the result itself
@@ -237,7 +238,7 @@ class CostModel:
         me = Shape(tp, dp, cp, sp, ep, etp)
         prev, next = Shape.of(prev), Shape.of(next)
         key = (stage_index, num_stages, first_rank, spans, me, micro_batch_size, prev, next, num_micro_batches,
-               features)
+               features, moe)
         st = self._static_cache.get(key)
         if st is None:
             st = self._static(*key)
@@ -257,10 +258,10 @@ class CostModel:
         for (a, e), n_j in zip(spans, st.in_flight):
             rc = recompute[pos:pos + e - a] if len(spans) > 1 else recompute
             pos += e - a
-            skey = (b, tp, cp, sp, ov, ep, etp, features.moe, a, e, rc.tobytes())
+            skey = (b, tp, cp, sp, ov, ep, etp, moe, a, e, rc.tobytes())
             hit = self._span_cache.get(skey)
             if hit is None:
-                hit = _span_sums(self._prepared(b, tp, cp, sp, ov, ep, etp, features.moe), a, e, rc)
+                hit = _span_sums(self._prepared(b, tp, cp, sp, ov, ep, etp, moe), a, e, rc)
                 if len(self._span_cache) > SPAN_CACHE_SIZE:
                     self._span_cache.clear()
                 self._span_cache[skey] = hit
@@ -300,7 +301,8 @@ class CostModel:
                          chunk_fwd_ms=cf, chunk_bwd_ms=cb, comm=st.comm, prologue_ms=st.prologue, chunk_parts=parts,
                          chunk_comm=st.chunk_comm)
 
-    def _static(self, stage_index, num_stages, first_rank, spans, me, mbs, prev, next, m, features) -> _Static:
+    def _static(self, stage_index, num_stages, first_rank, spans, me, mbs, prev, next, m, features,
+                moe=None) -> _Static:
         """The recompute-independent part of a stage: times per chunk, sync, and the memory terms."""
         tp, dp, cp, sp, ep, etp = me
         for on, name in ((len(spans) > 1, "interleaved"), (features.overlap_grad_reduce, "overlap_grad_reduce"),
@@ -311,7 +313,7 @@ class CostModel:
         if features.overlap_param_gather and not features.distributed_optimizer:
             raise AcesoError("overlap_param_gather needs distributed_optimizer; set it or turn the overlap off")
         ov = features.tp_comm_overlap and sp and tp > 1
-        p = self._prepared(mbs / dp, tp, cp, sp, ov, ep, etp, features.moe)
+        p = self._prepared(mbs / dp, tp, cp, sp, ov, ep, etp, moe)
         t, c = p.table, p.cum
         S, v = num_stages, len(spans)
         n = me.num_gpus
@@ -510,6 +512,7 @@ class CostModel:
         st, k = plan.stages, plan.num_stages
         ring = plan.num_virtual_stages > 1
         feats = Features.of_plan(plan)
+        moe = moe_settings(plan)
         out = []
         for i, s in enumerate(st):
             rc = np.fromiter((RC_CODE[r] for r in s.all_recompute), dtype=np.int8, count=s.num_units)
@@ -520,7 +523,7 @@ class CostModel:
                 plan.micro_batch_size, prev=Shape.of(prev) if k > 1 and prev is not None else None,
                 next=Shape.of(nxt) if k > 1 and nxt is not None else None,
                 num_micro_batches=plan.num_micro_batches, cp=s.cp, sp=s.sequence_parallel,
-                spans=s.spans if ring else None, features=feats, ep=s.ep, etp=s.etp or 0))
+                spans=s.spans if ring else None, features=feats, ep=s.ep, etp=s.etp or 0, moe=moe))
         return out
 
     def evaluate(self, plan) -> PlanCost:

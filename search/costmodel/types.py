@@ -69,13 +69,11 @@ class Features(NamedTuple):
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
-    moe: object = None          # the plan's ``MoEPlanSettings`` (MoE models; None = the defaults)
 
     @classmethod
     def of_plan(cls, plan) -> "Features":
-        from ..moe_plan import moe_settings
         return cls(plan.distributed_optimizer, plan.overlap_grad_reduce, plan.overlap_param_gather,
-                   plan.tp_comm_overlap, moe_settings(plan))
+                   plan.tp_comm_overlap)
 
 
 class RunSettings(NamedTuple):
