@@ -124,6 +124,8 @@ def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, ov
                          "MoE + TP without it); turn sequence_parallel on")
     etp = etp or t
     E, topk = e.num_experts, e.moe_router_topk
+    if E % ep:
+        raise AcesoError(f"ep ({ep}) must divide num_experts ({E}); use an ep that divides it")
     f, fi = e.moe_ffn_hidden_size, imbalance(m)
     up = 2 * f if m.activation == "swiglu" else f
     T = b * s / t
