@@ -104,6 +104,7 @@ class _Static(NamedTuple):
     prologue: float
     comm: dict
     chunk_comm: tuple[tuple[float, ...], ...] = ()   # ``StageCost.chunk_comm``
+    micro_batches: int = 1
 
 
 def _chunk_comm(c: dict, a: int, e: int) -> tuple[float, ...]:
@@ -298,6 +299,7 @@ class CostModel:
         return StageCost(fwd_ms=st.fwd, bwd_ms=st.bwd, recompute_ms=rec, p2p_ms=st.p2p, dp_sync_ms=st.sync,
                          optimizer_ms=st.opt, memory_mb=total, memory_breakdown=mem,
                          fits=total <= self.memory_limit_mb, tp_comm_ms=st.tpc, ideal_ms=st.ideal,
+                         ep_comm_ms=st.comm.get("ep", (0.0, 0.0))[0] / max(st.micro_batches, 1),
                          chunk_fwd_ms=cf, chunk_bwd_ms=cb, comm=st.comm, prologue_ms=st.prologue, chunk_parts=parts,
                          chunk_comm=st.chunk_comm)
 
@@ -398,7 +400,7 @@ class CostModel:
         return _Static(sum(chunk_fwd), sum(chunk_bwd), p2p_exposed, sync, opt, sums["tpc"], act, in_fl,
                        params * self._w / MB, params * self._g / MB, opt_mb, copy_mb,
                        buf, head_peak, ideal, tuple(chunk_fwd), tuple(chunk_bwd), tuple(chunk_p2p), prologue,
-                       {k: v for k, v in comm.items() if v[0] > 0 or v[1] > 0}, tuple(chunk_comm))
+                       {k: v for k, v in comm.items() if v[0] > 0 or v[1] > 0}, tuple(chunk_comm), M)
 
     def _per_iteration(self, stage_index: int, S: int, first_rank: int, n: int, dpc: int, params: float,
                        fwd: float, bwd: float, t: UnitTable, features: Features, experts: float = 0.0,
@@ -565,7 +567,7 @@ class CostModel:
 def classify(s: StageCost) -> str:
     """What limits a (fitting) stage: communication or recompute when either takes ``COMM_SHARE`` of its time."""
     total = s.time_per_microbatch_ms or 1.0
-    comm = (s.p2p_ms + s.tp_comm_ms) / total
+    comm = (s.p2p_ms + s.tp_comm_ms + s.ep_comm_ms) / total
     rec = s.recompute_ms / total
     if max(comm, rec) >= COMM_SHARE:
         return "communication" if comm >= rec else "recompute"

@@ -189,6 +189,7 @@ class StageCost:
     fits: bool = True
     # optional detail for reports and the search's bottleneck classification
     tp_comm_ms: float = 0.0       # part of fwd/bwd spent in TP collectives
+    ep_comm_ms: float = 0.0       # part of fwd/bwd spent in exposed expert-parallel dispatch / combine (MoE)
     ideal_ms: float = 0.0         # fwd+bwd of the same units on one GPU at the full micro-batch, / num_gpus
     # interleaved plans: per model chunk of the stage, per micro-batch, forward (+ its p2p share) and backward
     # (+ recompute + its p2p share); empty = one chunk (then fwd_ms + p2p_ms / 2 and the rest)
