@@ -198,3 +198,31 @@ def test_qwen3_plan_through_explain_prints_the_all_to_all(tmp_path, capsys):
     text = capsys.readouterr().out
     header = next(line for line in text.splitlines() if line.split()[:2] == ["stage", "ep"])
     assert "ep" in header.split()
+
+
+def test_etp_gather_and_allgather_dispatcher_by_hand():
+    """tp 2 (SP), ep 2, etp 2 in one node: the ETP all-gather / reduce-scatter of the dispatched tokens; the
+    allgather dispatcher instead gathers tokens, probs and routing map over the etp x ep = 4 ranks."""
+    m = tiny_moe()
+    cl = parse_cluster("1x8-h100")
+    src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8), CommModel(cl))
+    T, h, k, dt, E = 512, 1024, 2, 2, 8          # T = b s / tp
+
+    def ring(nbytes, n):                         # reduce-scatter or all-gather of a full tensor, in a node
+        return (n - 1) * 0.003 + (n - 1) / n * nbytes / NVLINK
+    a2a = (0.003 + (T * k * h * dt + 4 * T * k) / 2 / NVLINK) + (0.003 + T * k * h * dt / 2 / NVLINK)
+    etp = ring(2 * T * k * h * dt, 2) * 2        # gather after the dispatch, reduce-scatter before the combine
+    cost, *_ = moe_unit(src, 1.0, 1024, 2, True, 2, 2, MoEPlanSettings())
+    assert cost.ep_comm == pytest.approx(2 * (a2a + etp), rel=1e-9)
+    gather = ring(4 * T * (h * dt + E * 5), 4) + ring(4 * T * h * dt, 4)
+    cost, *_ = moe_unit(src, 1.0, 1024, 2, True, 2, 2, MoEPlanSettings(token_dispatcher="allgather"))
+    assert cost.ep_comm == pytest.approx(2 * gather, rel=1e-9)
+
+
+def test_moe_needs_sequence_parallel_with_tp():
+    from search.errors import AcesoError
+    m = tiny_moe()
+    cl = parse_cluster("1x8-h100")
+    src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8), CommModel(cl))
+    with pytest.raises(AcesoError, match="needs sequence parallelism"):
+        moe_unit(src, 1.0, 1024, 2, False, 2, 1, MoEPlanSettings())
