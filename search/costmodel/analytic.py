@@ -32,6 +32,10 @@ size dt, r = t with sequence parallelism (else 1):
 
 Recompute: selective re-runs the attention core and the MLP activation function forward; full re-runs the whole
 unit forward (its TP collectives included). Activations and peaks come from ``memory.py``.
+
+MoE / MLA / MTP models: the ``moe`` unit at the stage's expert shape (``unit_table(..., ep, etp, moe)``) comes
+from ``moe_cost.py``, an MLA ``attention`` unit and the ``mtp`` unit from ``mla_mtp.py`` (their docstrings and
+docs/costmodel.md have every term).
 """
 
 from __future__ import annotations
