@@ -226,3 +226,14 @@ def test_moe_needs_sequence_parallel_with_tp():
     src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8), CommModel(cl))
     with pytest.raises(AcesoError, match="needs sequence parallelism"):
         moe_unit(src, 1.0, 1024, 2, False, 2, 1, MoEPlanSettings())
+
+
+def test_overlap_ep_comm_hides_the_all_to_all_behind_the_units_compute():
+    m = tiny_moe(num_experts=16)
+    cl = parse_cluster("2x8-h100")
+    src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8), CommModel(cl))
+    plain, *_ = moe_unit(src, 1.0, 1024, 1, False, 16, 1, MoEPlanSettings())
+    over, *_ = moe_unit(src, 1.0, 1024, 1, False, 16, 1, MoEPlanSettings(overlap_ep_comm=True))
+    compute = plain.fwd + plain.bwd - plain.ep_comm          # no shared expert, tp 1: the rest is compute
+    assert over.ep_comm == pytest.approx(max(0.0, plain.ep_comm - compute), rel=1e-9)
+    assert over.ep_comm + over.ep_hidden == pytest.approx(plain.ep_comm, rel=1e-9)
