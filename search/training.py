@@ -100,9 +100,9 @@ class TrainingSpec(BaseModel):
         if not is_low(self.precision) and (self.fp8_param_gather or self.bf16_layers_start or self.bf16_layers_end):
             raise ValueError(f"fp8_param_gather / bf16_layers_*: precision {self.precision} quantizes nothing; "
                              "give a low-precision recipe (fp8-tensorwise, mxfp8, ...) or drop them")
-        if self.fp8_param_gather and self.distributed_optimizer is False:
-            raise ValueError("fp8_param_gather needs the distributed optimizer (Megatron-LM asserts it); do not turn "
-                             "it off")
+        if self.fp8_param_gather and self.distributed_optimizer is False and not self.megatron_fsdp:
+            raise ValueError("fp8_param_gather needs the distributed optimizer or Megatron FSDP (Megatron-LM asserts "
+                             "it); do not turn both off")
         if self.overlap_param_gather and self.distributed_optimizer is False:
             raise ValueError("overlap_param_gather needs the distributed optimizer; do not turn it off")
         return self

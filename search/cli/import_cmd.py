@@ -114,7 +114,7 @@ def predict(plan, attention: str | None, kind: str = "analytic"):
     from ..training import TrainingSpec
     training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
                             **plan_precision(plan), distributed_optimizer=plan.distributed_optimizer,
-                            attention=attention or "auto")
+                            megatron_fsdp=True if plan.megatron_fsdp else None, attention=attention or "auto")
     cm = make_cost_model(plan.model, plan.cluster, training, kind,
                          settings=run_settings(plan.settings, training.precision))
     cost = cm.evaluate(plan)

@@ -258,11 +258,11 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
                               model.params_dtype, f.has("--grad-reduce-in-bf16"),
                               f.has("--accumulate-allreduce-grads-in-fp32"),
                               f.get("--main-grads-dtype") == "bf16").grad_reduce_in_fp32,
-                          low_precision=_low_precision(f, model.params_dtype, dist_opt),
+                          low_precision=_low_precision(f, model.params_dtype, dist_opt or bool(fsdp)),
                           fsdp=fsdp, offload_layers=offload)
 
 
-def _low_precision(f: Flags, dtype: str, dist_opt: bool) -> LowPrecision | None:
+def _low_precision(f: Flags, dtype: str, sharded: bool) -> LowPrecision | None:
     """The recipe of ``--fp8-format/--fp8-recipe`` / ``--fp4-format/--fp4-recipe`` (search/precision.py), with
     ``--fp8-param-gather`` and the bf16 first/last layers (megatron-core's defaults: 1 and 1 when only
     ``--first-last-layers-bf16`` is given)."""
@@ -279,9 +279,9 @@ def _low_precision(f: Flags, dtype: str, dist_opt: bool) -> LowPrecision | None:
         return None
     if dtype != "bf16":
         raise AcesoError(f"--{recipe.split('-')[0][:3]}-format with {dtype}: aceso prices low precision on --bf16")
-    if gather and not dist_opt:
-        raise AcesoError("--fp8-param-gather needs --use-distributed-optimizer (Megatron-LM's validate_args "
-                         "asserts it)")
+    if gather and not sharded:
+        raise AcesoError("--fp8-param-gather needs --use-distributed-optimizer or --use-megatron-fsdp (Megatron-LM's "
+                         "validate_args asserts it)")
     first_last = f.has("--first-last-layers-bf16")
     start = f.get("--num-layers-at-start-in-bf16", 1) if first_last else 0
     end = f.get("--num-layers-at-end-in-bf16", 1) if first_last else 0
