@@ -1,6 +1,6 @@
 """Compact plan state for the search, the cached plan evaluator, and conversion to/from ``ParallelPlan``.
 
-A search state is a tiny immutable tuple: the pipeline micro-batch, per-stage ``Shape(tp, dp, cp, sp)``, the
+A search state is a tiny immutable tuple: the pipeline micro-batch, per-stage ``Shape(tp, dp, cp, sp, ep, etp)``, the
 ``S v + 1`` unit boundaries of the model chunks in model order (chunk ``k`` is chunk ``k // S`` of stage ``k % S``;
 ``v = 1``: one span per stage) and the plan-level ``Features``. A primitive builds a new state by replacing a few
 entries (O(S), no deep copies), and the state itself is the key of the visited set.
@@ -167,6 +167,7 @@ class Evaluator:
         v1 = getattr(cost_model, "features", None) == frozenset()
         self.neighbours = "prev" in params and not v1   # prices re-sharding between stages of different shapes
         self.modern = "spans" in params and not v1      # takes cp, sp, spans, features (plan contract v2)
+        self.experts = "ep" in params and not v1        # takes the expert shape ep, etp (plan contract v3; MoE)
 
     # ----- one stage ----------------------------------------------------------------------------------------------
     def stage_args(self, st: State, i: int, first_rank: int, shape: Shape | None = None,
@@ -182,6 +183,8 @@ class Evaluator:
             kw = {"prev": prev, "next": nxt}
         if self.modern:
             kw.update(cp=shape.cp, sp=shape.sp, features=st.features, spans=spans if len(spans) > 1 else None)
+        if self.experts and (shape.ep > 1 or shape.etp):
+            kw.update(ep=shape.ep, etp=shape.etp)
         return args, kw
 
     def stage(self, st: State, i: int, first_rank: int, shape: Shape | None = None,
