@@ -15,6 +15,7 @@ least expert memory and gradient traffic; the moves lower it where the all-to-al
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..costmodel.types import Shape
@@ -45,15 +46,14 @@ class ExpertSpace:
 
     def eps(self, num_gpus: int, etp: int) -> tuple[int, ...]:
         """Every ep of ``num_gpus`` GPUs at expert tp ``etp`` (a degree, not a code), ascending."""
-        room = num_gpus // etp if num_gpus % etp == 0 else 0
-        return tuple(e for e in range(1, room + 1) if room % e == 0 and self.num_experts % e == 0)
+        return _common_divisors(num_gpus // etp if num_gpus % etp == 0 else 0, self.num_experts)
 
     def options(self, s: Shape) -> list[tuple[int, int]]:
         """Every (ep, etp code) of stage shape ``s``."""
         return [(e, code) for code in self.etps(s.tp) for e in self.eps(s.num_gpus, code or s.tp)]
 
     def ok(self, s: Shape) -> bool:
-        return (s.ep, s.etp) in self.options(s)
+        return s.etp in self.etps(s.tp) and s.ep in self.eps(s.num_gpus, s.etp or s.tp)
 
     def fit(self, s: Shape, old: Shape | None = None) -> Shape | None:
         """``s`` with an expert shape: ``old``'s etp code and at most its ep where legal, else the default (etp 1,
@@ -84,3 +84,9 @@ class ExpertSpace:
         eps = self.eps(s.num_gpus, other[0] or s.tp)
         ep = max((e for e in eps if e <= s.ep), default=None)
         return None if ep is None else s._replace(ep=ep, etp=other[0])
+
+
+@functools.lru_cache(maxsize=4096)
+def _common_divisors(a: int, b: int) -> tuple[int, ...]:
+    """Every common divisor of ``a`` and ``b``, ascending (none when ``a`` is 0)."""
+    return tuple(e for e in range(1, a + 1) if a % e == 0 and b % e == 0)
