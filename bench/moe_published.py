@@ -28,8 +28,9 @@ Then, on every priced row, the search (``planner.aceso.search`` seeded with the 
 slower under our own model) and the speedup over the published configuration; the median over the rows.
 
 Until the MoE cost model lands, ``make_cost_model`` refuses MoE models (``search.moe.refuse_unpriced``): those
-rows say so in the table. Run: ``python bench/moe_published.py`` (table; bench/results/moe_published.json);
-``--no-search`` prices only; ``--budget-s`` caps each search.
+rows say so in the table. The search-time line: DeepSeek-V3 on 256 H100s (32x8-h100, global batch 4096, one worker,
+the default budget), target 60 s on one core. Run: ``python bench/moe_published.py`` (table and the time line;
+bench/results/moe_published.json); ``--no-search`` prices only; ``--budget-s`` caps each row's search.
 """
 
 from __future__ import annotations
@@ -276,6 +277,25 @@ def search_row(cm, training, plan, published_ms: float, budget_s: float) -> dict
             "search_s": time.monotonic() - t0}
 
 
+def search_time(model: str = "deepseek-v3", cluster: str = "32x8-h100", gbs: int = 4096) -> dict:
+    """Seconds of one default search (one worker, 3000 evaluations) of ``model`` on ``cluster``."""
+    from search.planner.aceso import SearchOptions, search
+    from search.planner.api import make_space
+    m, cl = load_model(model), parse_cluster(cluster)
+    training = TrainingSpec(global_batch_size=gbs)
+    out = {"model": model, "cluster": cluster, "gbs": gbs, "target_s": 60.0}
+    try:
+        cm = make_cost_model(m, cl, training)
+    except AcesoError as e:
+        return {**out, "status": f"not priced: {_reason(e).split(';')[0]}"}
+    space = make_space(cm, training)
+    t0 = time.monotonic()
+    res = search(cm, gbs, space, SearchOptions())
+    best = res.plans[0] if res.plans else None
+    return {**out, "status": "searched", "seconds": time.monotonic() - t0,
+            "iteration_ms": best.iteration_ms if best is not None and best.fits else None}
+
+
 def summarize(rows: list[dict]) -> dict:
     priced = [r for r in rows if r["status"] == "priced" and r.get("error") is not None]
     speed = [r["speedup"] for r in rows if r.get("speedup") is not None]
@@ -321,6 +341,10 @@ def main(argv: list[str] | None = None) -> int:
             for r in load_rows(path) if args.only is None or args.only in r["id"]]
     summary = summarize(rows)
     print_table(rows, summary)
+    timing = search_time() if not args.no_search else {"status": "skipped (--no-search)"}
+    summary["search_time"] = timing
+    print(f"search time, {timing.get('model', 'deepseek-v3')} on {timing.get('cluster', '32x8-h100')} (target 60 s): "
+          + (f"{timing['seconds']:.1f} s" if "seconds" in timing else timing["status"]))
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "moe_published.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=2) + "\n")

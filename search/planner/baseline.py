@@ -29,7 +29,7 @@ import numpy as np
 
 from ..costmodel.types import Shape
 from .megatron_lm import FULL_SETTING, NONE_SETTING, codes, expressible
-from .space import Space
+from .space import Space, cut_points
 from .state import INF, Evaluation, Evaluator, State, to_plan
 
 REFINE_TOP = 6      # configurations re-evaluated under every combination of the plan-level switches
@@ -131,7 +131,7 @@ def layer_splits(num_layers: int, pp: int) -> list[tuple[int, ...]]:
 
 def uniform_states(space: Space, model, features=None):
     """Every uniform configuration of the grid as (state, layers per chunk)."""
-    starts = model.layer_starts
+    starts = space.layer_starts or cut_points(model)
     L = len(starts) - 1
     N = space.num_gpus
     feats = features or space.features[0]

@@ -73,6 +73,14 @@ def feature_combos(training, priced: frozenset) -> tuple[Features, ...]:
     return tuple(out)
 
 
+def cut_points(model) -> tuple[int, ...]:
+    """The model's layer starts as stage cut points, the last one the end of every unit: a unit after the last
+    layer (an MoE model's MTP block) belongs to the last layer's chunk, wherever ``layer_starts`` ends."""
+    starts = list(model.layer_starts)
+    starts[-1] = max(starts[-1], model.num_units)
+    return tuple(starts)
+
+
 MAX_CHUNKS = 128    # default degrees only: at most this many model chunks in all (one layer each up to 128 layers)
 
 
@@ -166,7 +174,7 @@ class Space:
                 raise AcesoError("--target megatron-lm: Megatron-LM overlaps the parameter all-gather only with "
                                  "the gradient reduction; do not turn --overlap off")
         return cls(cluster.num_gpus, cluster.gpus_per_node, tuple(tps), batches, model.num_units, gbs, cps, sps,
-                   vs, features, bool(training.uniform_cp), target, tuple(model.layer_starts), seqs,
+                   vs, features, bool(training.uniform_cp), target, cut_points(model), seqs,
                    None if allowed is None else frozenset(allowed), 1 if target == "megatron-lm" and model.is_t5 else 0,
                    constraints.pipeline_sizes(model, cluster, training),
                    MAX_CHUNKS if training.virtual_stages is None else 0, experts)

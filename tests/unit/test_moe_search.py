@@ -210,3 +210,15 @@ def test_baseline_tries_every_expert_shape_of_its_best_configurations():
         st = base.state._replace(shapes=(s._replace(ep=ep, etp=code),) * base.pp)
         e = ev.evaluate(st, exact=True)
         assert not e.fits or e.iteration_ms >= base.iteration_ms * (1 - 1e-9)
+
+
+def test_a_unit_after_the_last_layer_joins_the_last_cut():
+    """An MTP block after the last decoder layer (moecost: one unit of kind "mtp") is in the last chunk: the cut
+    points end at the last unit whether or not ``layer_starts`` counts it."""
+    from types import SimpleNamespace
+
+    from search.planner.space import cut_points
+    assert cut_points(SimpleNamespace(layer_starts=[0, 2, 4, 6], num_units=7)) == (0, 2, 4, 7)
+    assert cut_points(SimpleNamespace(layer_starts=[0, 2, 4, 7], num_units=7)) == (0, 2, 4, 7)
+    model = load_model("deepseek-v3", num_layers=4)
+    assert cut_points(model)[-1] == model.num_units
