@@ -321,7 +321,7 @@ def to_plan(ev: Evaluation, model, cluster, gbs: int, cost_model_kind: str, pred
     return ParallelPlan(model=model, cluster=cluster, micro_batch_size=st.mbs, global_batch_size=gbs,
                         distributed_optimizer=f.distributed_optimizer, overlap_grad_reduce=f.overlap_grad_reduce,
                         overlap_param_gather=f.overlap_param_gather, tp_comm_overlap=f.tp_comm_overlap,
-                        stages=stages, predicted=pred)
+                        stages=stages, predicted=pred, moe=getattr(f, "moe", None))
 
 
 def from_plan(plan: ParallelPlan) -> tuple[State, list[np.ndarray]]:

@@ -222,3 +222,11 @@ def test_a_unit_after_the_last_layer_joins_the_last_cut():
     assert cut_points(SimpleNamespace(layer_starts=[0, 2, 4, 7], num_units=7)) == (0, 2, 4, 7)
     model = load_model("deepseek-v3", num_layers=4)
     assert cut_points(model)[-1] == model.num_units
+
+
+def test_reports_show_the_expert_shape():
+    from search.planner.report import describe, stage_rows
+    model, cm, space, ev, ctx = _ctx()
+    e = ev.evaluate(_start(space, ctx), exact=True)
+    assert "2x(tp4 dp2 sp ep8 etp1)" in describe(e)
+    assert [(r["ep"], r["etp"]) for r in stage_rows(e)] == [(8, 1), (8, 1)]
