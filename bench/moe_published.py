@@ -262,12 +262,17 @@ def price_row(row: dict, search_budget_s: float | None = None) -> dict:
 
 def search_row(cm, training, plan, published_ms: float, budget_s: float) -> dict:
     """The search seeded with the published plan: its time, the speedup, the plan's shape and seconds taken."""
-    from search.planner.aceso import SearchOptions
-    from search.planner.api import plan_search
+    from search.planner.aceso import SearchOptions, search
+    from search.planner.api import make_space
     from search.planner.state import from_plan
     t0 = time.monotonic()
-    opts = SearchOptions(budget_evals=3000, budget_s=budget_s, seeds=[from_plan(plan)[0]])
-    res, _ = plan_search(cm, training, opts)
+    space = make_space(cm, training, "aceso", moe=plan.moe)      # the published MoE settings on every state
+    seed = from_plan(plan)[0]
+    opts = SearchOptions(budget_evals=3000, budget_s=budget_s, seeds=[seed])
+    res = search(cm, training.global_batch_size, space, opts)
+    if not space.legal(space.normalize(seed)):
+        return {"search_ms": None, "speedup": None, "search_s": time.monotonic() - t0,
+                "search_note": "the published plan is outside the search space"}
     best = res.plans[0] if res.plans else None
     if best is None or not best.fits:
         return {"search_ms": None, "speedup": None, "search_s": time.monotonic() - t0}

@@ -131,8 +131,9 @@ class Space:
 
     @classmethod
     def of(cls, model, cluster, training, micro_batch_sizes=None, priced=frozenset(), target: str = "aceso",
-           allowed=None) -> "Space":
-        """``priced``: what the cost model prices beyond a v1 plan (``CostModel.features``; empty for compat)."""
+           allowed=None, moe=None) -> "Space":
+        """``priced``: what the cost model prices beyond a v1 plan (``CostModel.features``; empty for compat);
+        ``moe``: the MoE settings every state runs with (``MoEPlanSettings``; None: the defaults)."""
         if target not in TARGETS:
             raise AcesoError(f"--target {target}: choose one of {', '.join(TARGETS)}")
         priced = frozenset(priced)
@@ -173,6 +174,8 @@ class Space:
             if not features:
                 raise AcesoError("--target megatron-lm: Megatron-LM overlaps the parameter all-gather only with "
                                  "the gradient reduction; do not turn --overlap off")
+        if moe is not None and "moe" in Features._fields:
+            features = tuple(f._replace(moe=moe) for f in features)
         return cls(cluster.num_gpus, cluster.gpus_per_node, tuple(tps), batches, model.num_units, gbs, cps, sps,
                    vs, features, bool(training.uniform_cp), target, cut_points(model), seqs,
                    None if allowed is None else frozenset(allowed), 1 if target == "megatron-lm" and model.is_t5 else 0,
