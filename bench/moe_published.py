@@ -268,11 +268,11 @@ def search_row(cm, training, plan, published_ms: float, budget_s: float) -> dict
     t0 = time.monotonic()
     space = make_space(cm, training, "aceso", moe=plan.moe)      # the published MoE settings on every state
     seed = from_plan(plan)[0]
+    if not space.legal(space.normalize(seed)):
+        return {"search_ms": None, "speedup": None, "search_s": 0.0,
+                "search_note": "the published plan is outside the search space"}
     opts = SearchOptions(budget_evals=3000, budget_s=budget_s, seeds=[seed])
     res = search(cm, training.global_batch_size, space, opts)
-    if not space.legal(space.normalize(seed)):
-        return {"search_ms": None, "speedup": None, "search_s": time.monotonic() - t0,
-                "search_note": "the published plan is outside the search space"}
     best = res.plans[0] if res.plans else None
     if best is None or not best.fits:
         return {"search_ms": None, "speedup": None, "search_s": time.monotonic() - t0}
