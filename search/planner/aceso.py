@@ -27,7 +27,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from .bottleneck import classify, find_bottleneck, order_primitives
+from .bottleneck import EXPERT_PRIMITIVES, classify, find_bottleneck, order_primitives
 from .megatron_lm import expressible
 from .polish import polish, polish_chunks, polish_features, refine_recompute
 from .primitives import APPLY, Ctx, balanced_bounds
@@ -259,6 +259,8 @@ class StageCountSearch:
         if b is None:
             b = find_bottleneck(costs, e.stage_total_ms, self.limit)
         for group in order_primitives(costs, b, self.limit, self._bubble(e)):
+            if self.ctx.space.experts is None:   # a dense model: no expert moves (and seeded shuffles unchanged)
+                group = [p for p in group if p not in EXPERT_PRIMITIVES]
             if self.rng is not None:  # seed 0: the reference's table order; other seeds: shuffled within groups
                 self.rng.shuffle(group)
             children = []

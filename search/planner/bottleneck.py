@@ -54,6 +54,7 @@ EFFECTS: dict[str, tuple[str, str, str]] = {
     "ep_to_tp": ("+", "0", "+"),
 }
 PRIMITIVES = tuple(EFFECTS)
+EXPERT_PRIMITIVES = frozenset({"inc_ep", "dec_ep", "etp_1", "etp_tp", "tp_to_ep", "ep_to_tp"})   # expert_moves.py
 BUBBLE_SHARE = 0.10    # a fitting plan whose pipeline bubble is this share of its iteration is bubble-bound
 BUBBLE = ("inc_vpp",)  # what shrinks the bubble at the same micro-batches: more model chunks per stage
 

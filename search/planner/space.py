@@ -174,6 +174,9 @@ class Space:
             if not features:
                 raise AcesoError("--target megatron-lm: Megatron-LM overlaps the parameter all-gather only with "
                                  "the gradient reduction; do not turn --overlap off")
+        if experts is not None and moe is None:
+            from ..moe_plan import MoEPlanSettings
+            moe = MoEPlanSettings()     # the defaults, as ``Features.of_plan`` gives a plan without a moe block
         if moe is not None and "moe" in Features._fields:
             features = tuple(f._replace(moe=moe) for f in features)
         return cls(cluster.num_gpus, cluster.gpus_per_node, tuple(tps), batches, model.num_units, gbs, cps, sps,

@@ -230,3 +230,8 @@ def test_reports_show_the_expert_shape():
     e = ev.evaluate(_start(space, ctx), exact=True)
     assert "2x(tp4 dp2 sp ep8 etp1)" in describe(e)
     assert [(r["ep"], r["etp"]) for r in stage_rows(e)] == [(8, 1), (8, 1)]
+
+
+def test_expert_primitives_are_the_expert_moves():
+    from search.planner.bottleneck import EXPERT_PRIMITIVES, PRIMITIVES
+    assert EXPERT_PRIMITIVES == set(MOVES) and EXPERT_PRIMITIVES <= set(PRIMITIVES) <= set(APPLY)
