@@ -53,7 +53,7 @@ from search.megatron.config import NO_RECOMPUTE, Recompute  # noqa: E402
 from search.megatron.layout import distribution, parse_layout  # noqa: E402
 from search.megatron.recompute import unit_choices  # noqa: E402
 from search.moe_plan import MoEPlanSettings  # noqa: E402
-from search.plan import ChunkSpec, ParallelPlan, StageSpec  # noqa: E402
+from search.plan import ChunkSpec, ParallelPlan, StageSpec, recompute_allowed  # noqa: E402
 from search.presets import load_model  # noqa: E402
 from search.training import TrainingSpec  # noqa: E402
 
@@ -137,6 +137,17 @@ def recompute_of(f: dict) -> Recompute:
     return NO_RECOMPUTE
 
 
+def unit_recompute(rc: Recompute, model, a: int, b: int) -> list[str]:
+    """Per-unit choices of ``rc`` on units ``[a, b)``: ``unit_choices``, with MoE units selective only where the
+    modules name ``moe_act``, and a choice a unit's kind cannot take (an MTP unit: none or full) none."""
+    out = []
+    for c, u in zip(unit_choices(rc, model, a, b), model.units[a:b]):
+        if c == "selective" and u.kind == "moe" and "moe_act" not in rc.modules:
+            c = "none"
+        out.append(c if c in recompute_allowed(u.kind) else "none")
+    return out
+
+
 def moe_settings_of(f: dict) -> MoEPlanSettings:
     return MoEPlanSettings(
         token_dispatcher=(f.get("--moe-token-dispatcher-type") or ["allgather"])[0],
@@ -169,7 +180,7 @@ def row_plan(row: dict, model, cluster=None) -> ParallelPlan:
     etp = _int(f, "--expert-tensor-parallel-size")
     stages = [StageSpec(num_gpus=tp * cp * dp, tp=tp, cp=cp, dp=dp, sequence_parallel=tp > 1, ep=ep,
                         etp=None if etp is None or etp == tp else etp,
-                        chunks=[ChunkSpec(start_unit=a, end_unit=b, recompute=unit_choices(rc, model, a, b))
+                        chunks=[ChunkSpec(start_unit=a, end_unit=b, recompute=unit_recompute(rc, model, a, b))
                                 for a, b in spans[s::pp]])
               for s in range(pp)]
     dist = "--use-distributed-optimizer" in f
@@ -228,7 +239,8 @@ def prepare(row: dict) -> dict:
     if plan is None:
         return {"status": built}
     training = TrainingSpec(global_batch_size=row["gbs"], micro_batch_sizes=sorted({1, 2, 4, 8, row["mbs"]}),
-                            precision=precision_name(row["precision"]), attention="flash")
+                            precision=precision_name(row["precision"]), attention="flash",
+                            virtual_stages=None)      # every degree Megatron-LM accepts (the rows use up to 24)
     return {"status": "ok", "plan": plan, "cluster": cluster, "training": training}
 
 
@@ -282,8 +294,9 @@ def search_row(cm, training, plan, published_ms: float, budget_s: float) -> dict
             "search_s": time.monotonic() - t0}
 
 
-def search_time(model: str = "deepseek-v3", cluster: str = "32x8-h100", gbs: int = 4096) -> dict:
-    """Seconds of one default search (one worker, 3000 evaluations) of ``model`` on ``cluster``."""
+def search_time(model: str = "deepseek-v3", cluster: str = "32x8-h100", gbs: int = 4096, cap_s: float = 600.0) -> dict:
+    """Seconds of one default search (one worker, 3000 evaluations; stopped at ``cap_s``) of ``model`` on
+    ``cluster``."""
     from search.planner.aceso import SearchOptions, search
     from search.planner.api import make_space
     m, cl = load_model(model), parse_cluster(cluster)
@@ -294,10 +307,11 @@ def search_time(model: str = "deepseek-v3", cluster: str = "32x8-h100", gbs: int
     except AcesoError as e:
         return {**out, "status": f"not priced: {_reason(e).split(';')[0]}"}
     space = make_space(cm, training)
-    t0 = time.monotonic()
-    res = search(cm, gbs, space, SearchOptions())
+    t0, c0 = time.monotonic(), time.process_time()
+    res = search(cm, gbs, space, SearchOptions(budget_s=cap_s))
     best = res.plans[0] if res.plans else None
-    return {**out, "status": "searched", "seconds": time.monotonic() - t0,
+    return {**out, "status": "searched", "seconds": time.monotonic() - t0, "cpu_s": time.process_time() - c0,
+            "evaluations": res.evals,
             "iteration_ms": best.iteration_ms if best is not None and best.fits else None}
 
 
@@ -349,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     timing = search_time() if not args.no_search else {"status": "skipped (--no-search)"}
     summary["search_time"] = timing
     print(f"search time, {timing.get('model', 'deepseek-v3')} on {timing.get('cluster', '32x8-h100')} (target 60 s): "
-          + (f"{timing['seconds']:.1f} s" if "seconds" in timing else timing["status"]))
+          + (f"{timing['seconds']:.1f} s wall, {timing['cpu_s']:.1f} s CPU, {timing['evaluations']} evaluations"
+             if "seconds" in timing else timing["status"]))
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "moe_published.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=2) + "\n")

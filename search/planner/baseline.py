@@ -187,7 +187,7 @@ def _bound(ev: Evaluator, st: State) -> tuple[float, float]:
 def best_uniform(cm, gbs: int, space: Space, model) -> BaselineResult | None:
     """Best fitting uniform configuration, or the one with the least memory when none fits (iteration inf)."""
     mspace = space if space.target == "megatron-lm" else replace(space, target="megatron-lm")
-    ev = Evaluator(cm, gbs, None, "megatron-lm")
+    ev = Evaluator(cm, gbs, None, "megatron-lm", mspace.moe)
     cands, least = [], None
     for st, layers in uniform_states(mspace, model):
         lb, mem = _bound(ev, st)

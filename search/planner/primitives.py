@@ -13,8 +13,8 @@ Shapes (``shapes.py``): ``inc_tp`` / ``inc_dp`` / ``dec_tp`` / ``dec_dp`` (GPUs 
 ``dp_to_tp``, ``dp_to_cp`` / ``cp_to_dp`` (same GPUs), ``sp_on`` / ``sp_off``. Plan-wide: ``inc_mbs`` /
 ``dec_mbs`` (the pipeline micro-batch), ``inc_vpp`` / ``dec_vpp`` (model chunks per stage, re-cut balanced),
 ``features_on`` / ``features_off`` (one plan-level switch). Expert shapes (MoE, ``expert_moves.py``): ``inc_ep`` /
-``dec_ep``, ``etp_1`` / ``etp_tp``, ``tp_to_ep`` / ``ep_to_tp`` (same GPUs). Recompute has no primitive: every state is priced at
-its best recompute (``state.Evaluator``).
+``dec_ep``, ``etp_1`` / ``etp_tp``, ``tp_to_ep`` / ``ep_to_tp`` (same GPUs). Recompute has no primitive: every state
+is priced at its best recompute (``state.Evaluator``).
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ the old one's where legal, else etp 1 and the largest ep), so the candidate coun
 expert moves (``expert_moves.py``) explore the rest.
 
 **Targets.** ``aceso`` (our runtime: everything above, per stage) or ``megatron-lm`` (what stock Megatron-LM can
-run, ``megatron_lm.py``): the same shape (and one folding: ep, etp) on every stage, stage and chunk boundaries on layer boundaries.
+run, ``megatron_lm.py``): the same shape (and one folding: ep, etp) on every stage, stage and chunk boundaries on
+layer boundaries.
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ class Space:
     pps: frozenset[int] | None = None   # allowed numbers of stages (--pp); None: any
     max_chunks: int = 0                 # 0: any; else at most this many model chunks (default VPP degrees)
     experts: ExpertSpace | None = None  # MoE models: the expert shapes a stage may take; None: dense (ep 1)
+    moe: object = None                  # MoE models: the MoEPlanSettings every state runs with (None: defaults)
 
     @classmethod
     def of(cls, model, cluster, training, micro_batch_sizes=None, priced=frozenset(), target: str = "aceso",
@@ -174,16 +176,11 @@ class Space:
             if not features:
                 raise AcesoError("--target megatron-lm: Megatron-LM overlaps the parameter all-gather only with "
                                  "the gradient reduction; do not turn --overlap off")
-        if experts is not None and moe is None:
-            from ..moe_plan import MoEPlanSettings
-            moe = MoEPlanSettings()     # the defaults, as ``Features.of_plan`` gives a plan without a moe block
-        if moe is not None and "moe" in Features._fields:
-            features = tuple(f._replace(moe=moe) for f in features)
         return cls(cluster.num_gpus, cluster.gpus_per_node, tuple(tps), batches, model.num_units, gbs, cps, sps,
                    vs, features, bool(training.uniform_cp), target, cut_points(model), seqs,
                    None if allowed is None else frozenset(allowed), 1 if target == "megatron-lm" and model.is_t5 else 0,
                    constraints.pipeline_sizes(model, cluster, training),
-                   MAX_CHUNKS if training.virtual_stages is None else 0, experts)
+                   MAX_CHUNKS if training.virtual_stages is None else 0, experts, moe if experts else None)
 
     @functools.cached_property
     def v_set(self) -> frozenset[int]:

@@ -101,6 +101,7 @@ class Evaluation:
     exact: bool = True              # False: an interleaved estimate above the cutoff (never accepted as is)
     bubble_ms: float = 0.0
     setting: object = None          # megatron-lm target: the plan's recompute setting (megatron_lm.Setting)
+    moe: object = None              # MoE models: the MoEPlanSettings it was priced under (None: the defaults)
 
     @property
     def score(self) -> tuple[int, float]:
@@ -150,8 +151,10 @@ class Evaluator:
     setting for the whole plan). ``cutoff``: see the module docstring (the search keeps it at its best time).
     """
 
-    def __init__(self, cost_model, global_batch_size: int, budget: Budget | None = None, target: str = "aceso"):
+    def __init__(self, cost_model, global_batch_size: int, budget: Budget | None = None, target: str = "aceso",
+                 moe=None):
         self.cm = cost_model
+        self.moe = moe      # MoE models: the plan's MoEPlanSettings, passed to a cost model that takes them
         self.gbs = global_batch_size
         self.budget = budget
         self.target = target
@@ -168,6 +171,7 @@ class Evaluator:
         self.neighbours = "prev" in params and not v1   # prices re-sharding between stages of different shapes
         self.modern = "spans" in params and not v1      # takes cp, sp, spans, features (plan contract v2)
         self.experts = "ep" in params and not v1        # takes the expert shape ep, etp (plan contract v3; MoE)
+        self.takes_moe = "moe" in params and not v1     # takes the MoE settings (dispatcher, overlaps)
 
     # ----- one stage ----------------------------------------------------------------------------------------------
     def stage_args(self, st: State, i: int, first_rank: int, shape: Shape | None = None,
@@ -185,6 +189,8 @@ class Evaluator:
             kw.update(cp=shape.cp, sp=shape.sp, features=st.features, spans=spans if len(spans) > 1 else None)
         if self.experts and (shape.ep > 1 or shape.etp):
             kw.update(ep=shape.ep, etp=shape.etp)
+        if self.takes_moe and self.moe is not None:
+            kw["moe"] = self.moe
         return args, kw
 
     def stage(self, st: State, i: int, first_rank: int, shape: Shape | None = None,
@@ -243,9 +249,9 @@ class Evaluator:
         fits = all(c.fits for c in costs)
         if not all(np.isfinite(c.time_per_microbatch_ms) for c in costs):
             totals = [INF if not np.isfinite(c.time_per_microbatch_ms) else 0.0 for c in costs]
-            return Evaluation(state, INF, False, stages, totals, mem, INF)
+            return Evaluation(state, INF, False, stages, totals, mem, INF, moe=self.moe)
         it, totals, bubble, is_exact = self.pipeline(costs, self.gbs // state.mbs, exact)
-        return Evaluation(state, it if fits else INF, fits, stages, totals, mem, it, is_exact, bubble)
+        return Evaluation(state, it if fits else INF, fits, stages, totals, mem, it, is_exact, bubble, moe=self.moe)
 
     def pipeline(self, costs: list[StageCost], M: int, exact: bool = False):
         """(iteration ms, per-stage totals, bubble ms, exact) of priced stages (see the module docstring)."""
@@ -321,7 +327,7 @@ def to_plan(ev: Evaluation, model, cluster, gbs: int, cost_model_kind: str, pred
     return ParallelPlan(model=model, cluster=cluster, micro_batch_size=st.mbs, global_batch_size=gbs,
                         distributed_optimizer=f.distributed_optimizer, overlap_grad_reduce=f.overlap_grad_reduce,
                         overlap_param_gather=f.overlap_param_gather, tp_comm_overlap=f.tp_comm_overlap,
-                        stages=stages, predicted=pred, moe=getattr(f, "moe", None))
+                        stages=stages, predicted=pred, moe=ev.moe)
 
 
 def from_plan(plan: ParallelPlan) -> tuple[State, list[np.ndarray]]:
