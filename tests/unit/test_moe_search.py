@@ -235,3 +235,22 @@ def test_reports_show_the_expert_shape():
 def test_expert_primitives_are_the_expert_moves():
     from search.planner.bottleneck import EXPERT_PRIMITIVES, PRIMITIVES
     assert EXPERT_PRIMITIVES == set(MOVES) and EXPERT_PRIMITIVES <= set(PRIMITIVES) <= set(APPLY)
+
+
+def test_moe_settings_reach_the_cost_model_and_the_plan():
+    """The space's MoE settings go to a cost model whose stage_cost takes ``moe``, and into the plan written."""
+    from search.moe_plan import MoEPlanSettings
+
+    class SettingsCost(ExpertCost):
+        def stage_cost(self, *a, moe=None, **kw):
+            self.asked.add(("moe", moe))
+            return super().stage_cost(*a, **kw)
+    model, cl, tr, _ = _space()
+    flex = MoEPlanSettings(token_dispatcher="flex")
+    space = Space.of(model, cl, tr, priced=ALL_FEATURES, moe=flex)
+    cm = SettingsCost(model, cl, tr, memory_limit_mb=1e9)
+    ev = Evaluator(cm, 64, None, "aceso", space.moe)
+    e = ev.evaluate(_start(space, Ctx(space, ev)), exact=True)
+    assert ("moe", flex) in cm.asked and ("moe", None) not in cm.asked
+    assert to_plan(e, model, cl, 64, "synthetic").moe == flex
+    assert Space.of(load_model("gpt-1.3b"), cl, tr, moe=flex).moe is None      # a dense model has none
