@@ -25,7 +25,9 @@ Every MoE row of ../shared/published/megatron-bridge-25.09-25.11.json (Megatron-
   measured - 1; memory: whether every stage fits the GPU.
 
 Then, on every priced row, the search (``planner.aceso.search`` seeded with the published plan, so it is never
-slower under our own model) and the speedup over the published configuration; the median over the rows.
+slower under our own model) and the speedup over the published configuration; the median over the rows. The
+target is ``aceso`` (per-stage shapes) for bf16 rows and ``megatron-lm`` for low-precision ones (the aceso runtime
+runs no FP8/FP4 recipe yet: ``search.preflight.RUNTIME_LOW_PRECISION``).
 
 Until the MoE cost model lands, ``make_cost_model`` refuses MoE models (``search.moe.refuse_unpriced``): those
 rows say so in the table. The search-time line: DeepSeek-V3 on 256 H100s (32x8-h100, global batch 4096, one worker,
@@ -96,6 +98,15 @@ def precision_support(label: str) -> str | None:
     except ValueError:
         return f"precision {label}: no {name} kernels in the cost model yet"
     return None
+
+
+def search_target(label: str) -> str:
+    """``megatron-lm`` for a low-precision recipe (the runtime runs none yet), else ``aceso``."""
+    try:
+        from search.precision import is_low
+        return "megatron-lm" if is_low(precision_name(label)) else "aceso"
+    except (ImportError, KeyError):
+        return "aceso"
 
 
 def flags(args: str) -> dict[str, list[str]]:
@@ -268,17 +279,17 @@ def price_row(row: dict, search_budget_s: float | None = None) -> dict:
                error=(tokens / meas - 1) if meas else None,
                tflops=row["tflops_per_gpu"] * tokens / meas if meas and row["tflops_per_gpu"] else None)
     if search_budget_s is not None:
-        out.update(search_row(cm, training, plan, it, search_budget_s))
+        out.update(search_row(cm, training, plan, it, search_budget_s, search_target(row["precision"])))
     return out
 
 
-def search_row(cm, training, plan, published_ms: float, budget_s: float) -> dict:
+def search_row(cm, training, plan, published_ms: float, budget_s: float, target: str = "aceso") -> dict:
     """The search seeded with the published plan: its time, the speedup, the plan's shape and seconds taken."""
     from search.planner.aceso import SearchOptions, search
     from search.planner.api import make_space
     from search.planner.state import from_plan
     t0 = time.monotonic()
-    space = make_space(cm, training, "aceso", moe=plan.moe)      # the published MoE settings on every state
+    space = make_space(cm, training, target, moe=plan.moe)      # the published MoE settings on every state
     seed = from_plan(plan)[0]
     if not space.legal(space.normalize(seed)):
         return {"search_ms": None, "speedup": None, "search_s": 0.0,
@@ -289,7 +300,7 @@ def search_row(cm, training, plan, published_ms: float, budget_s: float) -> dict
     if best is None or not best.fits:
         return {"search_ms": None, "speedup": None, "search_s": time.monotonic() - t0}
     shapes = " | ".join(sorted({f"tp{s.tp} dp{s.dp} ep{s.ep} etp{s.expert_tp}" for s in best.state.shapes}))
-    return {"search_ms": best.iteration_ms, "speedup": published_ms / best.iteration_ms,
+    return {"search_ms": best.iteration_ms, "speedup": published_ms / best.iteration_ms, "search_target": target,
             "search_shape": f"pp{best.state.num_stages} v{best.state.num_chunks} {shapes}",
             "search_s": time.monotonic() - t0}
 

@@ -112,3 +112,15 @@ def test_every_row_is_accounted_for(mp):
     for r in rows:
         s = mp.prepare(r)["status"]
         assert s == "ok" or s.startswith((mp.WAITS, "no preset", "not buildable", "no arguments")), s
+
+
+def test_low_precision_rows_search_what_megatron_lm_runs(mp):
+    """bf16 rows search the aceso target; a low-precision recipe (where the precision module has it) the
+    megatron-lm target, since the aceso runtime runs no FP8 recipe yet."""
+    assert mp.search_target("bf16") == "aceso"
+    try:
+        from search.precision import is_low
+    except ImportError:
+        assert mp.search_target("fp8-cs") == "aceso"
+    else:
+        assert mp.search_target("fp8-cs") == ("megatron-lm" if is_low(mp.precision_name("fp8-cs")) else "aceso")
