@@ -27,7 +27,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from .bottleneck import classify, find_bottleneck, order_primitives
+from .bottleneck import EXPERT_PRIMITIVES, classify, find_bottleneck, order_primitives
 from .megatron_lm import expressible
 from .polish import polish, polish_chunks, polish_features, refine_recompute
 from .primitives import APPLY, Ctx, balanced_bounds
@@ -163,7 +163,7 @@ class StageCountSearch:
     """The Aceso loop for one number of stages."""
 
     def __init__(self, cm, gbs: int, space: Space, S: int, budget: Budget, opts: SearchOptions):
-        self.ev = Evaluator(cm, gbs, budget, space.target)
+        self.ev = Evaluator(cm, gbs, budget, space.target, space.moe)
         self.ctx = Ctx(space, self.ev)
         self.S, self.opts, self.limit = S, opts, self.ev.limit
         self.result = StageCountResult(S)
@@ -259,6 +259,8 @@ class StageCountSearch:
         if b is None:
             b = find_bottleneck(costs, e.stage_total_ms, self.limit)
         for group in order_primitives(costs, b, self.limit, self._bubble(e)):
+            if self.ctx.space.experts is None:   # a dense model: no expert moves (and seeded shuffles unchanged)
+                group = [p for p in group if p not in EXPERT_PRIMITIVES]
             if self.rng is not None:  # seed 0: the reference's table order; other seeds: shuffled within groups
                 self.rng.shuffle(group)
             children = []
@@ -354,7 +356,7 @@ class SearchResult:
 def search(cm, gbs: int, space: Space, opts: SearchOptions, top_k: int = 1) -> SearchResult:
     """Run the whole search; returns the best plans found (possibly none fits: check ``plans[0].fits``)."""
     t0 = time.monotonic()
-    probe = Ctx(space, Evaluator(cm, gbs, None, space.target))  # stage counts without a start get no budget
+    probe = Ctx(space, Evaluator(cm, gbs, None, space.target, space.moe))  # stage counts without a start get no budget
     seeded = {s.num_stages for s in opts.seeds if space.legal(s)}
     counts = [S for S in stage_counts(space, opts) if S in seeded or initial_states(probe, S)] or [1]
     per = max(opts.budget_evals // len(counts), 20)
@@ -396,7 +398,7 @@ def search(cm, gbs: int, space: Space, opts: SearchOptions, top_k: int = 1) -> S
 
 
 def _finish(cm, gbs, space, opts, results, top_k, t0, interrupted) -> SearchResult:
-    ev = Evaluator(cm, gbs, None, space.target)
+    ev = Evaluator(cm, gbs, None, space.target, space.moe)
     cands = [e for r in results for e in r.best]
     if interrupted and opts.seeds:  # stage counts that never ran: at least the seeds (the uniform baseline)
         cands += [ev.evaluate(s, charge=False, exact=True) for s in opts.seeds if space.legal(s)]

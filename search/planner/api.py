@@ -35,14 +35,14 @@ def build_cost_model(model, cluster, training, kind: str = "analytic", db=None, 
     return make_cost_model(model, cluster, training, kind, db=db, settings=run_settings(settings, training.precision))
 
 
-def make_space(cm, training, target: str = "aceso") -> Space:
+def make_space(cm, training, target: str = "aceso", moe=None) -> Space:
     """The search space for this cost model and training spec: what the model prices (``cm.features``) and the
     (per-rank batch, tp) pairs it covers (``cm.available_shapes()`` where it has one, e.g. aceso-compat's profiled
     files; else all). AcesoError when no candidate micro-batch or shape is left."""
     available = getattr(cm, "available_shapes", None)
     allowed = available() if available is not None else None
     space = Space.of(cm.model, cm.cluster, training, priced=getattr(cm, "features", frozenset()), target=target,
-                     allowed=allowed)
+                     allowed=allowed, moe=moe)
     if not space.batches:
         raise AcesoError(f"--micro-batch-sizes: none divides --global-batch-size ({training.global_batch_size})")
     if allowed is not None and not space.candidate_shapes() & space.allowed:

@@ -9,10 +9,16 @@ evenly; with ``v = 1`` and ``pp`` not dividing them, megatron-core's uneven spli
 ``m`` layers each and the first and last stages share the rest (``--decoder-first/last-pipeline-num-layers``).
 T5 layers are counted encoder first, then decoder (2 and 3 units per layer).
 
+MoE models: the grid runs at each shape's default expert folding (``Space.expert_fit``: etp 1, the largest ep of
+the stage's GPUs, the least expert memory; SP on at tp > 1), and the best few configurations are then priced at
+every other ``ep`` / ``etp`` (1 or tp) of their shape (``experts.ExpertSpace.options``) -- what an MoE user tunes
+once the attention layout is chosen -- so the grid stays seconds; the recompute settings add selective
+``core_attn moe_act`` (``megatron_lm.selective_settings``).
+
 Branch and bound: every configuration gets a lower bound from its first and last stages without recompute
 (no schedule beats a stage's own work, ``M (F + B) + sync``); they are evaluated in bound order until the bound
 reaches the best time. The grid runs with the preferred switches (all on: the least memory); the best few
-configurations are then evaluated under every allowed combination of switches.
+configurations are then evaluated under every allowed combination of switches (and, MoE, expert shapes).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import numpy as np
 
 from ..costmodel.types import Shape
 from .megatron_lm import FULL_SETTING, NONE_SETTING, codes, expressible
-from .space import Space
+from .space import Space, cut_points
 from .state import INF, Evaluation, Evaluator, State, to_plan
 
 REFINE_TOP = 6      # configurations re-evaluated under every combination of the plan-level switches
@@ -97,7 +103,8 @@ class BaselineResult:
     def describe(self) -> str:
         s, st = self.shape, self.state
         parts = [f"pp {self.pp}", f"tp {s.tp}"] + ([f"cp {s.cp}"] if s.cp > 1 else []) + \
-            [f"dp {s.dp}", f"mbs {self.micro_batch_per_rank}"] + (["sp"] if s.sp else []) + \
+            [f"dp {s.dp}"] + ([f"ep {s.ep}", f"etp {s.expert_tp}"] if s.ep > 1 or s.etp else []) + \
+            [f"mbs {self.micro_batch_per_rank}"] + (["sp"] if s.sp else []) + \
             ([f"vpp {st.num_chunks}"] if st.num_chunks > 1 else []) + \
             (["dist-opt"] if st.features.distributed_optimizer else []) + \
             (["overlap"] if st.features.overlap_grad_reduce else []) + \
@@ -127,7 +134,7 @@ def layer_splits(num_layers: int, pp: int) -> list[tuple[int, ...]]:
 
 def uniform_states(space: Space, model, features=None):
     """Every uniform configuration of the grid as (state, layers per chunk)."""
-    starts = model.layer_starts
+    starts = space.layer_starts or cut_points(model)
     L = len(starts) - 1
     N = space.num_gpus
     feats = features or space.features[0]
@@ -141,8 +148,8 @@ def uniform_states(space: Space, model, features=None):
                     continue
                 dp = g // (tp * cp)
                 for sp in ((False,) if tp == 1 else space.sps):
-                    shape = Shape(tp, dp, cp, sp)
-                    if not space.shape_ok(shape):
+                    shape = space.expert_fit(Shape(tp, dp, cp, sp))
+                    if shape is None or not space.shape_ok(shape):
                         continue
                     for b in space.batches:
                         m = b * dp
@@ -183,7 +190,7 @@ def _bound(ev: Evaluator, st: State) -> tuple[float, float]:
 def best_uniform(cm, gbs: int, space: Space, model) -> BaselineResult | None:
     """Best fitting uniform configuration, or the one with the least memory when none fits (iteration inf)."""
     mspace = space if space.target == "megatron-lm" else replace(space, target="megatron-lm")
-    ev = Evaluator(cm, gbs, None, "megatron-lm")
+    ev = Evaluator(cm, gbs, None, "megatron-lm", mspace.moe)
     cands, least = [], None
     for st, layers in uniform_states(mspace, model):
         lb, mem = _bound(ev, st)
@@ -210,16 +217,25 @@ def best_uniform(cm, gbs: int, space: Space, model) -> BaselineResult | None:
         return BaselineResult(ev.evaluate(st, charge=False, exact=True), layers, n)
     done.sort(key=lambda x: (x[0].score, x[0].state))
     for e, layers in done[:REFINE_TOP]:    # every combination of the plan-level switches on the best few
-        for f in mspace.features[1:]:
-            st = mspace.normalize(e.state._replace(features=f))
-            if not mspace.legal(st):
-                continue
+        for st in _variants(mspace, e.state):
             c = ev.evaluate(st, charge=False)
             n += 1
             if c.fits and c.exact and c.score < best.score and expressible(ev, c):
                 best, best_layers = c, layers
                 ev.cutoff = c.iteration_ms
     return BaselineResult(ev.evaluate(best.state, charge=False, exact=True), best_layers, n)
+
+
+def _variants(space: Space, st: State):
+    """The legal variants of a uniform state: every other combination of the plan-level switches, and (MoE) every
+    other expert shape of its stage shape under each combination."""
+    s = st.shapes[0]
+    experts = [s._replace(ep=ep, etp=etp) for ep, etp in space.experts.options(s)] if space.experts else [s]
+    for f in space.features:
+        for x in experts:
+            v = space.normalize(st._replace(shapes=(x,) * st.num_stages, features=f))
+            if v != st and space.legal(v):
+                yield v
 
 
 def baseline_plan(res: BaselineResult, model, cluster, gbs: int, kind: str, attention: str | None = None):

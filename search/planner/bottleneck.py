@@ -43,8 +43,18 @@ EFFECTS: dict[str, tuple[str, str, str]] = {
     "dec_vpp": ("+", "-", "-"),
     "features_on": ("-", "-", "-"),
     "features_off": ("+", "+", "+"),
+    # MoE expert shapes (expert_moves.py; nothing on a dense model): more ep, fewer local experts (less memory,
+    # wider all-to-all); etp 1 drops the experts' TP collectives for unsplit expert weights; the trades move a
+    # factor between attention tp and ep on the same GPUs
+    "inc_ep": ("-", "-", "+"),
+    "dec_ep": ("+", "+", "-"),
+    "etp_1": ("-", "+", "-"),
+    "etp_tp": ("+", "-", "+"),
+    "tp_to_ep": ("-", "0", "-"),
+    "ep_to_tp": ("+", "0", "+"),
 }
 PRIMITIVES = tuple(EFFECTS)
+EXPERT_PRIMITIVES = frozenset({"inc_ep", "dec_ep", "etp_1", "etp_tp", "tp_to_ep", "ep_to_tp"})   # expert_moves.py
 BUBBLE_SHARE = 0.10    # a fitting plan whose pipeline bubble is this share of its iteration is bubble-bound
 BUBBLE = ("inc_vpp",)  # what shrinks the bubble at the same micro-batches: more model chunks per stage
 

@@ -53,7 +53,7 @@ def _brute_stage(cm, i, S, first, a, b, tp, dp, mbs):
 
 def exhaustive_best(cm, gbs: int, space: Space, recompute: str = "optimal") -> tuple[float, State | None, int]:
     """(best iteration time, its state, number of plans enumerated); inf/None if nothing fits."""
-    ev = Evaluator(cm, gbs, None, space.target)
+    ev = Evaluator(cm, gbs, None, space.target, space.moe)
     best, best_state, n = INF, None, 0
     for st in enumerate_states(space):
         n += 1

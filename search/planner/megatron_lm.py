@@ -11,7 +11,9 @@ stage; the final plans are filtered with ``check_expressible`` itself.
 Recompute is one setting for the whole plan (``Recompute``):
 
     none                every unit none
-    selective           attention units ``selective`` (``--recompute-modules core_attn``), MLP units none
+    selective           attention units ``selective`` (``--recompute-modules core_attn``), MLP units none;
+                        MoE models also ``core_attn moe_act`` (the experts' activation function re-run; which
+                        units it marks is ``recompute.unit_choices``'s mapping)
     full uniform 1      every unit ``full`` (each layer checkpointed)
     full block N        the first N layers of every transformer block (model chunk) ``full``, the rest none
 
@@ -34,12 +36,18 @@ from .state import lower_bound
 
 NONE_SETTING = NO_RECOMPUTE
 SELECTIVE_SETTING = Recompute("selective", modules=("core_attn",))
+MOE_ACT_SETTING = Recompute("selective", modules=("core_attn", "moe_act"))   # MoE: the experts' activation too
 FULL_SETTING = Recompute("full", "uniform", 1)
 _CODES: dict = {}
 
 
 def block(n: int) -> Recompute:
     return Recompute("full", "block", n)
+
+
+def selective_settings(model) -> tuple[Recompute, ...]:
+    """The selective settings a Megatron-LM user of this model tries (MoE: with ``moe_act`` too)."""
+    return (SELECTIVE_SETTING,) + ((MOE_ACT_SETTING,) if model.moe is not None else ())
 
 
 def codes(setting: Recompute, model, spans) -> np.ndarray:
@@ -80,9 +88,10 @@ def best_setting(ev, state, exact: bool = False):
     if not fits(full):  # nothing fits: report the least memory
         return _evaluation(ev, *off, NONE_SETTING, exact) if off else _evaluation(ev, state, full, FULL_SETTING, exact)
     cands = [(FULL_SETTING, full)]
-    sel = priced(SELECTIVE_SETTING)
-    if fits(sel):
-        cands.append((SELECTIVE_SETTING, sel))
+    for setting in selective_settings(model):
+        sel = priced(setting)
+        if fits(sel):
+            cands.append((setting, sel))
     need = 1
     for i in range(S):  # each stage's smallest block N, by bisection
         lo, hi = need, max(chunk_layers(model, spans[i]))

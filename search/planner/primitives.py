@@ -12,8 +12,9 @@ Partition (units, or whole layers for ``megatron-lm``: the cut positions are ``C
 Shapes (``shapes.py``): ``inc_tp`` / ``inc_dp`` / ``dec_tp`` / ``dec_dp`` (GPUs between stages), ``tp_to_dp`` /
 ``dp_to_tp``, ``dp_to_cp`` / ``cp_to_dp`` (same GPUs), ``sp_on`` / ``sp_off``. Plan-wide: ``inc_mbs`` /
 ``dec_mbs`` (the pipeline micro-batch), ``inc_vpp`` / ``dec_vpp`` (model chunks per stage, re-cut balanced),
-``features_on`` / ``features_off`` (one plan-level switch). Recompute has no primitive: every state is priced at
-its best recompute (``state.Evaluator``).
+``features_on`` / ``features_off`` (one plan-level switch). Expert shapes (MoE, ``expert_moves.py``): ``inc_ep`` /
+``dec_ep``, ``etp_1`` / ``etp_tp``, ``tp_to_ep`` / ``ep_to_tp`` (same GPUs). Recompute has no primitive: every state
+is priced at its best recompute (``state.Evaluator``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from bisect import bisect_right
 
 import numpy as np
 
+from .recompute import has_unit_tables, table_kwargs
 from .space import Space
 from .state import Evaluation, Evaluator, State
 
@@ -36,7 +38,6 @@ class Ctx:
         self.positions = np.array(space.layer_starts if space.target == "megatron-lm" and space.layer_starts
                                   else range(U + 1), dtype=np.int64)
         self.index = {int(x): i for i, x in enumerate(self.positions)}
-        from .recompute import has_unit_tables
         self.tables = has_unit_tables(self.cm)
 
     def unit_cum(self, shape, mbs: int) -> np.ndarray:
@@ -44,9 +45,7 @@ class Ctx:
         key = (shape, mbs)
         if key not in self._w:
             tp, dp = shape[0], shape[1]
-            kw = {}
-            if len(shape) > 2 and (shape[2] > 1 or shape[3]):
-                kw = {"cp": shape[2], "sp": shape[3]}
+            kw = table_kwargs(self.cm, dict(zip(("cp", "sp", "ep", "etp"), shape[2:])))
             try:
                 t = self.cm.unit_table(mbs // dp, tp, **kw)
                 w = t.fwd_ms + t.bwd_ms
@@ -239,7 +238,7 @@ def _mbs(ctx: Ctx, ev: Evaluation, b: int, step: int) -> list[State]:
         cp = st.shapes[0].cp if sp.uniform_cp else None
         shapes = []
         for i, s in enumerate(st.shapes):
-            opts = sp.shapes(s.num_gpus, m2, cp=cp if cp is not None else s.cp, sp=s.sp)
+            opts = sp.shapes(s.num_gpus, m2, cp=cp if cp is not None else s.cp, sp=s.sp, old=s)
             if not opts:
                 shapes = None
                 break
@@ -312,6 +311,7 @@ def _features(ctx: Ctx, ev: Evaluation, b: int, on: bool) -> list[State]:
 
 def _registry():
     from . import shapes as sh
+    from .expert_moves import MOVES
     return {
         "move_units": move_units,
         "rebalance": rebalance,
@@ -331,6 +331,7 @@ def _registry():
         "dec_vpp": lambda c, e, b: _vpp(c, e, b, -1),
         "features_on": lambda c, e, b: _features(c, e, b, True),
         "features_off": lambda c, e, b: _features(c, e, b, False),
+        **MOVES,
     }
 
 

@@ -19,6 +19,7 @@ The choice is then checked with the cost model's own ``stage_cost`` and the budg
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 import weakref
@@ -237,7 +238,7 @@ def optimize_stage(cm, i, num_stages, first_rank, start, end, tp, dp, mbs, **kw)
     c0 = cost(zero)
     if c0.fits or not np.isfinite(c0.memory_mb):
         return zero, c0
-    tkw = {k: kw[k] for k in ("cp", "sp") if kw.get(k) not in (None, 1, False)}
+    tkw = table_kwargs(cm, kw)
     try:
         table = cm.unit_table(mbs // dp, tp, **tkw)
     except NotImplementedError:
@@ -508,6 +509,20 @@ def count_assignments(kinds, allowed) -> tuple[int, Iterator[np.ndarray]]:
                 trial[units] = combo
             yield trial
     return number, each()
+
+
+def table_kwargs(cm, kw: dict) -> dict:
+    """The keywords of ``cm.unit_table`` for a stage's ``kw``: cp and sp where not the default, and the expert
+    shape (ep, etp) where the cost model's tables take it (plan contract v3)."""
+    out = {k: kw[k] for k in ("cp", "sp") if kw.get(k) not in (None, 1, False)}
+    if kw.get("ep", 1) > 1 or kw.get("etp"):
+        try:
+            takes = "ep" in inspect.signature(cm.unit_table).parameters
+        except (AttributeError, TypeError, ValueError):
+            takes = False
+        if takes:
+            out.update(ep=kw.get("ep", 1), etp=kw.get("etp", 0))
+    return out
 
 
 def has_unit_tables(cm) -> bool:

@@ -63,12 +63,17 @@ def _rc_text(rc) -> str:
     return recompute_text({RC[c]: int((rc == c).sum()) for c in range(len(RC))})
 
 
+def _experts(s) -> str:
+    """`` ep8 etp1`` for a stage shape with an expert shape (MoE), else empty."""
+    return f" ep{s.ep} etp{s.expert_tp}" if s.ep > 1 or s.etp else ""
+
+
 def describe(ev: Evaluation) -> str:
     """One line for a plan: shapes (compressed when repeated), micro-batch, chunks, switches, recompute setting."""
     st = ev.state
     shapes, runs = [], []
     for s in st.shapes:
-        text = shape(s)
+        text = shape(s) + _experts(s)
         if runs and runs[-1][0] == text:
             runs[-1][1] += 1
         else:
@@ -97,7 +102,8 @@ def stage_rows(ev: Evaluation) -> list[dict]:
                      "micro_batch_per_rank": st.mbs // s.dp, "units": [list(x) for x in st.spans(i)],
                      "recompute": _rc_text(e.rc), "time_ms": round(ev.stage_total_ms[i], 3),
                      "time_per_microbatch_ms": round(e.cost.time_per_microbatch_ms, 4),
-                     "memory_mib": round(e.cost.memory_mb, 1)})
+                     "memory_mib": round(e.cost.memory_mb, 1),
+                     **({"ep": s.ep, "etp": s.expert_tp} if _experts(s) else {})})
     return rows
 
 

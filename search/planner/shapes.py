@@ -8,7 +8,8 @@
 
 Uniform spaces apply a change to every stage at once: the ``megatron-lm`` target (one shape for all stages: only
 exchanges and SP, since the GPUs per stage are fixed) and cp under ``uniform_cp``. Every new shape takes its
-sequence-parallel value with ``Space.sp_for`` (kept where allowed). A move of one stage keeps the plan's
+sequence-parallel value with ``Space.sp_for`` and (MoE) its expert shape with ``Space.expert_fit`` (both kept
+where allowed). A move of one stage keeps the plan's
 micro-batch (no move where the new shapes cannot run it); a move of every stage takes it with
 ``Space.retarget_mbs`` (kept when legal, else the changed stage's per-rank batch kept).
 """
@@ -20,12 +21,13 @@ from . import primitives as P
 from .state import Evaluation, State
 
 
-def _fix_sp(ctx, s: Shape, old: bool) -> Shape | None:
-    sp = ctx.space.sp_for(s.tp, s.cp, old)
+def _fix_sp(ctx, s: Shape, old: Shape) -> Shape | None:
+    """The new shape ``s`` of a stage that had ``old``: its SP value and (MoE) expert shape kept where allowed."""
+    sp = ctx.space.sp_for(s.tp, s.cp, old.sp)
     if sp is None:
         return None
-    s = s._replace(sp=sp)
-    return s if ctx.space.shape_ok(s) else None
+    s = ctx.space.expert_fit(s._replace(sp=sp), old)
+    return s if s is not None and ctx.space.shape_ok(s) else None
 
 
 def _state(ctx, st: State, shapes, keep: int | None, old_dp: int | None, every: bool = False) -> State | None:
@@ -50,7 +52,7 @@ def grow(ctx, ev: Evaluation, b: int, kind: str) -> list[State]:
     if _uniform(ctx):
         return []
     s = st.shapes[b]
-    new = _fix_sp(ctx, s._replace(tp=s.tp * 2) if kind == "tp" else s._replace(dp=s.dp * 2), s.sp)
+    new = _fix_sp(ctx, s._replace(tp=s.tp * 2) if kind == "tp" else s._replace(dp=s.dp * 2), s)
     if new is None:
         return []
     need = s.num_gpus
@@ -81,7 +83,7 @@ def _halves(ctx, st: State, i: int, first: int) -> list[Shape]:
     s = st.shapes[i]
     opts = [s._replace(tp=s.tp // 2)] if s.tp > 1 else []
     opts += [s._replace(dp=s.dp // 2)] if s.dp > 1 else []
-    opts = [o for o in (_fix_sp(ctx, o, s.sp) for o in opts) if o is not None]
+    opts = [o for o in (_fix_sp(ctx, o, s) for o in opts) if o is not None]
     return sorted(opts, key=lambda o: (ctx.stage_time(st, i, o, first), o))
 
 
@@ -92,7 +94,7 @@ def shrink(ctx, ev: Evaluation, b: int, kind: str) -> list[State]:
     s = st.shapes[b]
     if (kind == "tp" and s.tp < 2) or (kind == "dp" and s.dp < 2):
         return []
-    new = _fix_sp(ctx, s._replace(tp=s.tp // 2) if kind == "tp" else s._replace(dp=s.dp // 2), s.sp)
+    new = _fix_sp(ctx, s._replace(tp=s.tp // 2) if kind == "tp" else s._replace(dp=s.dp // 2), s)
     if new is None:
         return []
     freed = s.num_gpus // 2
@@ -102,7 +104,7 @@ def shrink(ctx, ev: Evaluation, b: int, kind: str) -> list[State]:
         base = list(st.shapes)
         base[b] = new
         cp = st.shapes[c].cp if ctx.space.uniform_cp else None
-        for shape in ctx.space.shapes(g, st.mbs, cp=cp, sp=st.shapes[c].sp):
+        for shape in ctx.space.shapes(g, st.mbs, cp=cp, sp=st.shapes[c].sp, old=st.shapes[c]):
             shapes = list(base)
             shapes[c] = shape
             out.append(_state(ctx, st, shapes, b, s.dp))
@@ -139,7 +141,7 @@ def _exchanged(ctx, s: Shape, kind: str) -> Shape | None:
             if (s.cp % c) or s.dp * s.cp % c:
                 return None
             new = s._replace(cp=c, dp=s.dp * s.cp // c)
-    return _fix_sp(ctx, new, s.sp)
+    return _fix_sp(ctx, new, s)
 
 
 def exchange(ctx, ev: Evaluation, b: int, kind: str) -> list[State]:

@@ -21,8 +21,15 @@ needs ``S >= 2`` and ``M % S == 0``.
 leaves it ``None`` and the cost model prices it (``CostModel.features``), else fixed; ``features[0]`` is the
 preferred combination (everything on: what an experienced Megatron user runs).
 
+**Experts (MoE models).** Each stage shape also carries its expert shape ``ep`` / ``etp`` (``experts.py``: etp 1 or
+tp, ep dividing the experts and the stage's GPUs over etp); sequence parallelism is forced on at tp > 1 (megatron-core's
+MoE layer refuses TP without it). ``shapes`` / ``stage_shapes`` give each attention shape one expert shape (``fit``:
+the old one's where legal, else etp 1 and the largest ep), so the candidate count stays that of a dense model; the
+expert moves (``expert_moves.py``) explore the rest.
+
 **Targets.** ``aceso`` (our runtime: everything above, per stage) or ``megatron-lm`` (what stock Megatron-LM can
-run, ``megatron_lm.py``): the same shape on every stage, stage and chunk boundaries on layer boundaries.
+run, ``megatron_lm.py``): the same shape (and one folding: ep, etp) on every stage, stage and chunk boundaries on
+layer boundaries.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from ..errors import AcesoError
 from ..layer_variants import offset_blocks_cp
 from ..training import MAX_VIRTUAL
 from . import constraints
+from .experts import ExpertSpace
 
 TARGETS = ("aceso", "megatron-lm")
 FEATURE_NAMES = ("distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather")
@@ -86,6 +94,12 @@ def with_fsdp(training, priced: frozenset, features: tuple[Features, ...], targe
     op = og and training.overlap_param_gather is not False
     fsdp = tuple(Features(False, og, op, False, fsdp=s) for s in SEARCHED_FSDP)
     return fsdp if want else features + fsdp
+def cut_points(model) -> tuple[int, ...]:
+    """The model's layer starts as stage cut points, the last one the end of every unit: a unit after the last
+    layer (an MoE model's MTP block) belongs to the last layer's chunk, wherever ``layer_starts`` ends."""
+    starts = list(model.layer_starts)
+    starts[-1] = max(starts[-1], model.num_units)
+    return tuple(starts)
 
 
 MAX_CHUNKS = 128    # default degrees only: at most this many model chunks in all (one layer each up to 128 layers)
@@ -134,11 +148,14 @@ class Space:
     max_stages: int = 0                 # 0: any (megatron-lm runs T5 on one pipeline stage)
     pps: frozenset[int] | None = None   # allowed numbers of stages (--pp); None: any
     max_chunks: int = 0                 # 0: any; else at most this many model chunks (default VPP degrees)
+    experts: ExpertSpace | None = None  # MoE models: the expert shapes a stage may take; None: dense (ep 1)
+    moe: object = None                  # MoE models: the MoEPlanSettings every state runs with (None: defaults)
 
     @classmethod
     def of(cls, model, cluster, training, micro_batch_sizes=None, priced=frozenset(), target: str = "aceso",
-           allowed=None) -> "Space":
-        """``priced``: what the cost model prices beyond a v1 plan (``CostModel.features``; empty for compat)."""
+           allowed=None, moe=None) -> "Space":
+        """``priced``: what the cost model prices beyond a v1 plan (``CostModel.features``; empty for compat);
+        ``moe``: the MoE settings every state runs with (``MoEPlanSettings``; None: the defaults)."""
         if target not in TARGETS:
             raise AcesoError(f"--target {target}: choose one of {', '.join(TARGETS)}")
         priced = frozenset(priced)
@@ -171,6 +188,9 @@ class Space:
         sps = _switch(training, "sequence_parallel", priced, "sequence-parallel")
         if training.tp_comm_overlap:
             sps = (True,)       # TE's TP overlap needs sequence parallelism on every tp > 1 stage
+        experts = ExpertSpace.of(model)
+        if experts is not None and True in sps:
+            sps = (True,)       # MoE + TP needs sequence parallelism (moe_plan.check_expert_shape)
         seqs = (model.seq_length,) + ((model.decoder_seq_length,) if model.is_t5 else ())
         features = feature_combos(training, priced)
         if target == "megatron-lm":   # --overlap-param-gather requires --overlap-grad-reduce (validate_args)
@@ -180,10 +200,10 @@ class Space:
                                  "the gradient reduction; do not turn --overlap off")
         features = with_fsdp(training, priced, features, target)
         return cls(cluster.num_gpus, cluster.gpus_per_node, tuple(tps), batches, model.num_units, gbs, cps, sps,
-                   vs, features, bool(training.uniform_cp), target, tuple(model.layer_starts), seqs,
+                   vs, features, bool(training.uniform_cp), target, cut_points(model), seqs,
                    None if allowed is None else frozenset(allowed), 1 if target == "megatron-lm" and model.is_t5 else 0,
                    constraints.pipeline_sizes(model, cluster, training),
-                   MAX_CHUNKS if training.virtual_stages is None else 0)
+                   MAX_CHUNKS if training.virtual_stages is None else 0, experts, moe if experts else None)
 
     @functools.cached_property
     def v_set(self) -> frozenset[int]:
@@ -243,9 +263,20 @@ class Space:
     def shape_ok(self, s: Shape) -> bool:
         if s.tp not in self.tps or s.cp not in self.cps or s.dp < 1:
             return False
+        if self.experts is None:
+            if s.ep != 1 or s.etp:
+                return False
+        elif not self.experts.ok(s) or (s.tp > 1 and not s.sp):
+            return False
         if s.tp == 1:
             return not s.sp
         return s.sp in self.sps and (not s.sp or self._sp_splits(s.tp, s.cp))
+
+    def expert_fit(self, s: Shape, old: Shape | None = None) -> Shape | None:
+        """``s`` with its expert shape (``ExpertSpace.fit``; ep 1 on a dense model); None when it has none."""
+        if self.experts is None:
+            return s._replace(ep=1, etp=0)
+        return self.experts.fit(s, old)
 
     def stage_shapes(self, g: int, cp: int | None = None, every_sp: bool = True) -> list[Shape]:
         """Every shape of ``g`` GPUs whatever the micro-batch (``every_sp`` False: the preferred SP value only)."""
@@ -256,14 +287,15 @@ class Space:
                     continue
                 sps = [self.sp_for(tp, c)] if not every_sp or tp == 1 else list(self.sps)
                 for x in sps:
-                    s = Shape(tp, g // (tp * c), c, bool(x))
-                    if x is not None and self.shape_ok(s):
+                    s = self.expert_fit(Shape(tp, g // (tp * c), c, bool(x)))
+                    if x is not None and s is not None and self.shape_ok(s):
                         out.append(s)
         return out
 
-    def shapes(self, g: int, m: int, cp: int | None = None, sp: bool | None = None) -> list[Shape]:
+    def shapes(self, g: int, m: int, cp: int | None = None, sp: bool | None = None,
+               old: Shape | None = None) -> list[Shape]:
         """Every shape of ``g`` GPUs legal at pipeline micro-batch ``m`` (``cp`` fixed if given; ``sp``: the old
-        value to keep where allowed)."""
+        value to keep where allowed; ``old``: the shape whose expert shape to keep where legal)."""
         out = []
         for c in ((cp,) if cp is not None else self.cps):
             for tp in self.tps:
@@ -273,8 +305,9 @@ class Space:
                 if m % dp or not self.batch_ok(m // dp, tp):
                     continue
                 x = self.sp_for(tp, c, sp)
-                if x is not None:
-                    out.append(Shape(tp, dp, c, x))
+                s = None if x is None else self.expert_fit(Shape(tp, dp, c, x), old)
+                if s is not None and self.shape_ok(s):
+                    out.append(s)
         return out
 
     # ----- GPU splits for S stages ------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Compact plan state for the search, the cached plan evaluator, and conversion to/from ``ParallelPlan``.
 
-A search state is a tiny immutable tuple: the pipeline micro-batch, per-stage ``Shape(tp, dp, cp, sp)``, the
+A search state is a tiny immutable tuple: the pipeline micro-batch, per-stage ``Shape(tp, dp, cp, sp, ep, etp)``, the
 ``S v + 1`` unit boundaries of the model chunks in model order (chunk ``k`` is chunk ``k // S`` of stage ``k % S``;
 ``v = 1``: one span per stage) and the plan-level ``Features``. A primitive builds a new state by replacing a few
 entries (O(S), no deep copies), and the state itself is the key of the visited set.
@@ -102,6 +102,7 @@ class Evaluation:
     exact: bool = True              # False: an interleaved estimate above the cutoff (never accepted as is)
     bubble_ms: float = 0.0
     setting: object = None          # megatron-lm target: the plan's recompute setting (megatron_lm.Setting)
+    moe: object = None              # MoE models: the MoEPlanSettings it was priced under (None: the defaults)
 
     @property
     def score(self) -> tuple[int, float]:
@@ -151,8 +152,10 @@ class Evaluator:
     setting for the whole plan). ``cutoff``: see the module docstring (the search keeps it at its best time).
     """
 
-    def __init__(self, cost_model, global_batch_size: int, budget: Budget | None = None, target: str = "aceso"):
+    def __init__(self, cost_model, global_batch_size: int, budget: Budget | None = None, target: str = "aceso",
+                 moe=None):
         self.cm = cost_model
+        self.moe = moe      # MoE models: the plan's MoEPlanSettings, passed to a cost model that takes them
         self.gbs = global_batch_size
         self.budget = budget
         self.target = target
@@ -168,6 +171,8 @@ class Evaluator:
         v1 = getattr(cost_model, "features", None) == frozenset()
         self.neighbours = "prev" in params and not v1   # prices re-sharding between stages of different shapes
         self.modern = "spans" in params and not v1      # takes cp, sp, spans, features (plan contract v2)
+        self.experts = "ep" in params and not v1        # takes the expert shape ep, etp (plan contract v3; MoE)
+        self.takes_moe = "moe" in params and not v1     # takes the MoE settings (dispatcher, overlaps)
 
     # ----- one stage ----------------------------------------------------------------------------------------------
     def stage_args(self, st: State, i: int, first_rank: int, shape: Shape | None = None,
@@ -183,6 +188,10 @@ class Evaluator:
             kw = {"prev": prev, "next": nxt}
         if self.modern:
             kw.update(cp=shape.cp, sp=shape.sp, features=st.features, spans=spans if len(spans) > 1 else None)
+        if self.experts and (shape.ep > 1 or shape.etp):
+            kw.update(ep=shape.ep, etp=shape.etp)
+        if self.takes_moe and self.moe is not None:
+            kw["moe"] = self.moe
         return args, kw
 
     def stage(self, st: State, i: int, first_rank: int, shape: Shape | None = None,
@@ -241,9 +250,9 @@ class Evaluator:
         fits = all(c.fits for c in costs)
         if not all(np.isfinite(c.time_per_microbatch_ms) for c in costs):
             totals = [INF if not np.isfinite(c.time_per_microbatch_ms) else 0.0 for c in costs]
-            return Evaluation(state, INF, False, stages, totals, mem, INF)
+            return Evaluation(state, INF, False, stages, totals, mem, INF, moe=self.moe)
         it, totals, bubble, is_exact = self.pipeline(costs, self.gbs // state.mbs, exact)
-        return Evaluation(state, it if fits else INF, fits, stages, totals, mem, it, is_exact, bubble)
+        return Evaluation(state, it if fits else INF, fits, stages, totals, mem, it, is_exact, bubble, moe=self.moe)
 
     def pipeline(self, costs: list[StageCost], M: int, exact: bool = False):
         """(iteration ms, per-stage totals, bubble ms, exact) of priced stages (see the module docstring)."""
@@ -321,7 +330,7 @@ def to_plan(ev: Evaluation, model, cluster, gbs: int, cost_model_kind: str, pred
                         overlap_param_gather=f.overlap_param_gather, tp_comm_overlap=f.tp_comm_overlap,
                         megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy=f.fsdp) if f.fsdp else None,
                         activation_offload=ActivationOffload(num_layers=f.offload_layers) if f.offload_layers else None,
-                        stages=stages, predicted=pred)
+                        stages=stages, predicted=pred, moe=ev.moe)
 
 
 def from_plan(plan: ParallelPlan) -> tuple[State, list[np.ndarray]]:

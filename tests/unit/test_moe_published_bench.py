@@ -1,0 +1,126 @@
+"""bench/moe_published.py's row -> plan construction on the Megatron-Bridge MoE rows (../shared/published): layers
+per chunk from each row's own layout / first-last / even arguments (counted by hand from the quoted strings), the
+expert shape and settings from its flags, the precision and GPU look-ups, and the rows it cannot build."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from search.training import TrainingSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+BRIDGE = ROOT.parent / "shared" / "published" / "megatron-bridge-25.09-25.11.json"
+pytestmark = pytest.mark.skipif(not BRIDGE.is_file(), reason="../shared/published (the shared reference data) absent")
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("moe_published_bench", ROOT / "bench" / "moe_published.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def mp():
+    return _bench()
+
+
+def _row(mp, start: str):
+    rows = [r for r in mp.load_rows(BRIDGE) if r["id"].startswith(start)]
+    assert len(rows) == 1, start
+    return rows[0]
+
+
+def _chunk_layers(plan):
+    starts = plan.model.layer_starts
+    return [sum(1 for x in starts[:-1] if c.start_unit <= x < c.end_unit) for _, _, c in plan.chunks_in_order()]
+
+
+def test_deepseek_layout_row(mp):
+    """'Et*4|(t*4|)*14tL' on pp 4 x vp 4: 15 chunks of 4 layers, then 1 (61); ep 64, etp 1 (= tp), flex."""
+    row = _row(mp, "25.11/pretrain/deepseek-v3-mtp0/gb200x256/bf16")
+    plan = mp.row_plan(row, mp.row_model(row))
+    assert _chunk_layers(plan) == [4] * 15 + [1]
+    assert plan.num_stages == 4 and plan.num_virtual_stages == 4 and plan.world_size == 256
+    st = plan.stages[0]
+    assert (st.tp, st.dp, st.ep, st.etp, st.sequence_parallel) == (1, 64, 64, None, False)
+    assert plan.micro_batch_size == 64 and plan.global_batch_size == 4096
+    assert plan.moe.token_dispatcher == "flex" and plan.moe.grouped_gemm and plan.moe.permute_fusion
+    assert plan.distributed_optimizer and plan.overlap_grad_reduce and plan.overlap_param_gather
+    assert set(st.all_recompute) == {"selective", "none"}       # --recompute-granularity selective
+    assert plan.chunks_in_order()[-1][2].end_unit == plan.model.num_units
+
+
+def test_mtp_layer_goes_to_the_last_chunk(mp):
+    row = _row(mp, "25.11/pretrain/deepseek-v3-mtp1/b200x256/mxfp8")     # 'Et*4|(t*4|)*14tmL', pp 16
+    model = mp.row_model(row)
+    assert model.mtp_num_layers == 1
+    plan = mp.row_plan(row, model)
+    assert _chunk_layers(plan) == [4] * 15 + [1]
+    assert plan.chunks_in_order()[-1][2].end_unit == model.num_units
+
+
+def test_qwen3_235b_accounts_for_embedding_and_loss(mp):
+    """94 layers + embedding + loss = 96 over pp 8 x vp 2: 6 per chunk, the first and last one fewer."""
+    row = _row(mp, "25.11/pretrain/qwen3-235b-a22b/b200x64/mxfp8")
+    plan = mp.row_plan(row, mp.row_model(row))
+    assert _chunk_layers(plan) == [5] + [6] * 14 + [5]
+    assert (plan.stages[0].ep, plan.stages[0].etp) == (8, None)
+
+
+def test_token_drop_rows_take_their_capacity(mp):
+    row = _row(mp, "25.09/pretrain/qwen3-235b-a22b-token_drop1/gb200x64/fp8-cs")
+    assert "--moe-expert-capacity-factor 1.0" in row["args"]
+    assert mp.row_model(row).moe.moe_expert_capacity_factor == 1.0
+    assert mp.row_model(_row(mp, "25.11/pretrain/qwen3-235b-a22b/b200x64")).moe.moe_expert_capacity_factor is None
+
+
+def test_rows_that_cannot_be_built_say_why(mp):
+    empty = _row(mp, "25.11/pretrain/deepseek-v3-mtp0/gb200x256/mxfp8")   # 'Et|(tt|)*30L': a loss-only chunk
+    with pytest.raises(Exception, match="holds no transformer layer"):
+        mp.row_plan(empty, mp.row_model(empty))
+    folded = _row(mp, "25.09/pretrain/deepseek-v3-token_drop1/gb200x256/mxfp8")   # ep 64 > 256 / pp 8 GPUs
+    with pytest.raises(ValueError, match=r"etp \(1\) x ep \(64\) must divide the stage's num_gpus \(32\)"):
+        mp.row_plan(folded, mp.row_model(folded))
+
+
+def test_precision_and_gpu_look_ups_follow_the_code(mp):
+    """A precision waits exactly when TrainingSpec refuses its recipe name; a GPU when the cluster parser does."""
+    for label in ("bf16", "fp8-cs", "mxfp8", "fp8-blockwise"):
+        try:
+            TrainingSpec(global_batch_size=1, precision=mp.precision_name(label))
+            accepted = True
+        except ValueError:
+            accepted = False
+        assert (mp.precision_support(label) is None) == accepted
+    assert mp.precision_support("bf16") is None
+    gb300 = _row(mp, "25.11/pretrain/qwen3-235b-a22b/gb300x256/bf16")
+    status = mp.prepare(gb300)["status"]
+    from search.cluster import parse_cluster
+    try:
+        parse_cluster("4x64-gb300")
+        assert not status.startswith(mp.WAITS)
+    except Exception:  # noqa: BLE001 - no gb300 preset yet
+        assert status.startswith(mp.WAITS) and "gb300" in status and status.endswith("(plan builds)")
+
+
+def test_every_row_is_accounted_for(mp):
+    """Each MoE row is priced, waits for issue 24, has no preset, or says why not: never silently dropped."""
+    rows = mp.load_rows(BRIDGE)
+    assert len(rows) == sum(1 for r in rows if r["moe"]) and rows
+    for r in rows:
+        s = mp.prepare(r)["status"]
+        assert s == "ok" or s.startswith((mp.WAITS, "no preset", "not buildable", "no arguments")), s
+
+
+def test_low_precision_rows_search_what_megatron_lm_runs(mp):
+    """bf16 rows search the aceso target; a low-precision recipe (where the precision module has it) the
+    megatron-lm target, since the aceso runtime runs no FP8 recipe yet."""
+    assert mp.search_target("bf16") == "aceso"
+    try:
+        from search.precision import is_low
+    except ImportError:
+        assert mp.search_target("fp8-cs") == "aceso"
+    else:
+        assert mp.search_target("fp8-cs") == ("megatron-lm" if is_low(mp.precision_name("fp8-cs")) else "aceso")
