@@ -22,7 +22,9 @@ and anything else is refused: ``attn_dropout`` (Megatron-LM has no dropout-only 
 unit (our activation-function recompute; megatron-core's ``mlp`` module re-runs the whole MLP and ``moe_act`` is for
 MoE experts only), a layer whose units differ, selective next to none or full (one granularity for the model),
 fully recomputed layers that are not the leading ones of their block, or a different leading count between blocks.
-Memory: megatron-core's full recompute keeps one input per layer, the plan's ``full`` one per unit, so a plan's
+MoE units (kind ``moe``) are treated as MLP units (``--recompute-modules moe`` / ``moe_act`` / ``shared_experts``
+are not plan choices: the importer lists them in a note); the MTP unit takes what megatron-core gives the MTP
+layer (``mtp_choice``). Memory: megatron-core's full recompute keeps one input per layer, the plan's ``full`` one per unit, so a plan's
 prediction is an upper bound by ``s * b * h`` elements per fully recomputed layer (docs/megatron.md).
 """
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 from ..model import ModelSpec
 from ..plan import ParallelPlan
-from .config import NO_RECOMPUTE, NotExpressible, Recompute, layer_name
+from .config import NO_RECOMPUTE, NotExpressible, Recompute, layer_bounds, layer_name
 
 CORE_ATTN = ("core_attn",)
 
@@ -41,7 +43,7 @@ def blocks_of(model: ModelSpec, start: int, end: int) -> list[tuple[str, list[tu
     GPT/Llama chunks have one (decoder) block; a T5 chunk has its encoder layers, then its decoder layers.
     ``start``/``end`` must fall on layer boundaries (checked before).
     """
-    starts = model.layer_starts
+    starts = layer_bounds(model)
     out: list[tuple[str, list[tuple[int, int]]]] = []
     for a, b in zip(starts[:-1], starts[1:]):
         if a < start or b > end:
@@ -59,9 +61,23 @@ def _layer_kind(model: ModelSpec, choices: list[str], lo: int) -> str | None:
     if all(c == "full" for c in choices):
         return "full"
     kinds = [model.units[lo + i].kind for i in range(len(choices))]
-    if all(c == ("none" if k == "mlp" else "selective") for c, k in zip(choices, kinds)):
+    if all(c == _selective(k) for c, k in zip(choices, kinds)):
         return "selective"
     return None
+
+
+def _selective(kind: str) -> str:
+    """A unit's choice under ``--recompute-modules core_attn``: its attention core (the MTP block's layer has one)
+    is recomputed, an MLP or MoE unit is not."""
+    return "selective" if kind in ("attention", "cross_attention", "mtp") else "none"
+
+
+def mtp_choice(rc: Recompute) -> str:
+    """The MTP unit under a Megatron-LM setting (megatron-core 0.16.1 ``MultiTokenPredictionLayer``): full
+    uniform recomputes it, block skips it ("not supported for MTP yet"), selective re-runs its attention core."""
+    if rc.granularity == "selective":
+        return "selective"
+    return "full" if rc.granularity == "full" and rc.method == "uniform" else "none"
 
 
 def _where(plan: ParallelPlan, s: int, j: int) -> str:
@@ -77,7 +93,7 @@ def _check_units(plan: ParallelPlan) -> None:
                     f"{_where(plan, s, j)}.recompute[{k}] is attn_dropout: Megatron-LM has no dropout-only "
                     "recompute (its selective recompute re-runs the whole attention core, --recompute-modules "
                     "core_attn)")
-            if rc == "selective" and unit.kind == "mlp":
+            if rc == "selective" and unit.kind in ("mlp", "moe"):
                 raise NotExpressible(
                     f"{_where(plan, s, j)}.recompute[{k}] is selective on an MLP unit: Megatron-LM's selective "
                     "recompute covers the attention core only (--recompute-modules core_attn; its mlp module "
@@ -109,7 +125,7 @@ def recompute_of(plan: ParallelPlan) -> Recompute:
             blocks.append((_where(plan, s, j), name, kinds))
     used = {k for _, _, kinds in blocks for k in kinds}
     if used <= {"none"}:
-        return NO_RECOMPUTE
+        return _with_mtp(plan, NO_RECOMPUTE)
     if "selective" in used:
         if used != {"selective"}:
             other = "full" if "full" in used else "none"
@@ -118,8 +134,19 @@ def recompute_of(plan: ParallelPlan) -> Recompute:
             raise NotExpressible(
                 f"{a} recomputes layers selectively but {b} has layers with {other} recompute: Megatron-LM's "
                 "--recompute-granularity is one setting for every layer")
-        return Recompute("selective", modules=CORE_ATTN)
-    return _full_setting(blocks)
+        return _with_mtp(plan, Recompute("selective", modules=CORE_ATTN))
+    return _with_mtp(plan, _full_setting(blocks))
+
+
+def _with_mtp(plan: ParallelPlan, rc: Recompute) -> Recompute:
+    """``rc`` if the plan's MTP unit has the choice megatron-core makes for it under ``rc``, else NotExpressible."""
+    end = layer_bounds(plan.model)[-1]
+    s, j, ch = list(plan.chunks_in_order())[-1]
+    for k in range(max(end, ch.start_unit) - ch.start_unit, ch.end_unit - ch.start_unit):
+        if ch.recompute[k] != mtp_choice(rc):
+            raise NotExpressible(f"{_where(plan, s, j)}.recompute[{k}] (the MTP block) is {ch.recompute[k]}, but "
+                                 f"Megatron-LM's {rc.label} recompute gives it {mtp_choice(rc)}")
+    return rc
 
 
 def _full_setting(blocks) -> Recompute:
@@ -151,9 +178,10 @@ def unit_choices(rc: Recompute, model: ModelSpec, start: int, end: int) -> list[
         for i, (a, b) in enumerate(layers):
             for u in range(a, b):
                 if rc.granularity == "selective":
-                    out.append("none" if model.units[u].kind == "mlp" else "selective")
+                    out.append(_selective(model.units[u].kind))
                 elif rc.granularity == "full" and (rc.method == "uniform" or i < (rc.num_layers or 0)):
                     out.append("full")
                 else:
                     out.append("none")
+    out += [mtp_choice(rc)] * (end - max(start, layer_bounds(model)[-1]))     # the MTP unit(s) after the layers
     return out

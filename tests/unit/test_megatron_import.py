@@ -152,12 +152,18 @@ def test_account_for_embedding_and_loss_split():
 
 
 @pytest.mark.parametrize("extra,needle", [
-    ("--num-experts 8", "--num-experts 8: mixture-of-experts"),
+    ("--num-experts 6 --expert-model-parallel-size 4", "stages[0].ep (4) must divide num_experts (6)"),
+    ("--expert-model-parallel-size 2", "--expert-model-parallel-size 2 without --num-experts"),
+    ("--num-experts 8 --moe-layer-freq '[1]*3'", "the pattern has 3 entries but --num-layers is 4"),
+    ("--num-experts 8 --moe-token-dispatcher-type flex --moe-shared-expert-overlap", "alltoall only"),
     ("--fp8-format hybrid", "FP8 training is not modelled"),
-    ("--multi-latent-attention", "multi-latent attention"),
+    ("--multi-latent-attention --group-query-attention", "mutually exclusive"),
+    ("--mtp-num-layers 1 --position-embedding-type rope --pipeline-model-parallel-size 2 "
+     "--pipeline-model-parallel-layout 'Et*2|t*2L'",
+     "0 MTP layers (m) but --mtp-num-layers is 1"),
     ("--use-megatron-fsdp", "FSDP is not modelled"),
     ("--cp-comm-type a2a", "ring (p2p) context parallelism"),
-    ("--recompute-granularity selective --recompute-modules core_attn mlp", "only core_attn maps"),
+    ("--recompute-granularity selective --recompute-modules core_attn mlps", "not a module of megatron-core"),
     ("--recompute-granularity full", "needs --recompute-method uniform|block"),
     ("--tensor-model-parallel-size 3", "not a multiple of tp x pp x cp"),
     ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*4|L'", "model chunk 1 holds no "),
