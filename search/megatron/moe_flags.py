@@ -173,7 +173,7 @@ def moe_plan_fields(f, model, notes: list[str]) -> tuple[int, int | None, MoEPla
     if f.has("--moe-enable-deepep") and (dispatcher != "flex" or backend == "hybridep"):
         raise AcesoError("--moe-enable-deepep needs --moe-token-dispatcher-type flex and no hybridep backend "
                          "(megatron-core's TransformerConfig raises)")
-    if dispatcher == "flex":
+    if dispatcher == "flex" and backend != "deepep":
         notes.append(f"--moe-token-dispatcher-type flex ({backend}): priced as the flex dispatcher; the plan does "
                      "not name its backend (export writes Megatron-LM's default, deepep)")
     settings = {"token_dispatcher": dispatcher, **{name: f.has(flag) for name, flag, _ in SETTING_FLAGS}}
