@@ -86,6 +86,7 @@ QUIET = frozenset({
     "--norm-epsilon", "--initial-loss-scale", "--min-loss-scale", "--loss-scale", "--loss-scale-window",
     "--hysteresis", "--mask-prob", "--short-seq-prob", "--no-check-for-nan-in-loss-and-grad", "--local-rank",
     "--mtp-loss-scaling-factor", "--moe-per-layer-logging",
+    "--moe-router-pre-softmax",     # softmax before or after the top-k: the same kernels (checked in moe_flags.py)
 })
 
 

@@ -133,6 +133,10 @@ def moe_model_fields(f, num_layers: int, ffn: int, pos: str, notes: list[str]) -
             moe[name] = f.has(flag)
         moe.update(layer_freq(f.get("--moe-layer-freq", "1"), num_layers))
         moe["moe_aux_loss_coeff"] = _aux_loss(f, notes)
+        if moe["moe_router_topk"] == 1 and moe.get("moe_router_score_function", "softmax") == "softmax" and not (
+                f.has("--moe-router-pre-softmax") or "sinkhorn" in (f.get("--moe-router-load-balancing-type") or [])):
+            raise AcesoError("--moe-router-topk 1 with the softmax router needs --moe-router-pre-softmax "
+                             "(megatron-core's TransformerConfig raises)")
         out["moe"] = moe
     else:
         given = [x for x in MODEL_ONLY if f.has(x)]
@@ -203,6 +207,8 @@ def moe_args(m) -> list[str]:
             if v is not None:
                 out += [flag, str(v)]
         out += [flag for name, flag in MOE_BOOLS if getattr(moe, name)]
+        if moe.moe_router_topk == 1 and moe.moe_router_score_function == "softmax":
+            out.append("--moe-router-pre-softmax")      # megatron-core requires it for top-1 (same cost)
         out += ["--moe-layer-freq", _freq_of(m)]
         out += (["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", repr(moe.moe_aux_loss_coeff)]
                 if moe.moe_aux_loss_coeff else ["--moe-router-load-balancing-type", "none"])
@@ -258,6 +264,7 @@ def moe_bridge_fields(c) -> dict[str, object]:
     out["moe_layer_freq"] = moe.moe_layer_freq if isinstance(moe.moe_layer_freq, int) and not \
         moe.first_k_dense_layers else freq_list(moe, m.num_layers)
     out["moe_router_load_balancing_type"] = "aux_loss" if moe.moe_aux_loss_coeff else "none"
+    out["moe_router_pre_softmax"] = moe.moe_router_topk == 1 and moe.moe_router_score_function == "softmax"
     out["moe_aux_loss_coeff"] = moe.moe_aux_loss_coeff
     out["expert_model_parallel_size"] = c.ep
     out["expert_tensor_parallel_size"] = c.tp if c.etp is None else c.etp
