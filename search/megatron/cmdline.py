@@ -64,7 +64,8 @@ FLAGS: dict[str, str] = {
                          "--no-position-embedding",
                          "--moe-router-enable-expert-bias", "--moe-router-force-load-balancing",
                          "--multi-latent-attention", "--qk-layernorm", "--moe-grouped-gemm", "--moe-permute-fusion",
-                         "--moe-shared-expert-overlap", "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep")},
+                         "--moe-shared-expert-overlap", "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep",
+                         "--moe-router-pre-softmax")},    # read by moe_flags.py
     **{f: LIST for f in ("--recompute-modules", "--moe-aux-loss-coeff", "--moe-router-load-balancing-type")},
 }
 
@@ -86,7 +87,6 @@ QUIET = frozenset({
     "--norm-epsilon", "--initial-loss-scale", "--min-loss-scale", "--loss-scale", "--loss-scale-window",
     "--hysteresis", "--mask-prob", "--short-seq-prob", "--no-check-for-nan-in-loss-and-grad", "--local-rank",
     "--mtp-loss-scaling-factor", "--moe-per-layer-logging",
-    "--moe-router-pre-softmax",     # softmax before or after the top-k: the same kernels (checked in moe_flags.py)
 })
 
 
