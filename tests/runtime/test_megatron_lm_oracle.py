@@ -22,15 +22,19 @@ pytestmark = pytest.mark.skipif(not CHECKOUT or not (Path(CHECKOUT) / "megatron"
                                 reason="set ACESO_MEGATRON_LM to a Megatron-LM core_v0.16.1 checkout")
 
 
-def test_megatron_lm_parses_validates_and_builds_the_plans_layers():
-    plans = {n: case_plan(n) for n in sorted(CASES)}
+def _oracle(plans: dict) -> list[dict]:
+    """What Megatron-LM (the checkout) makes of each plan's exported command line (megatron_lm_oracle.py)."""
     cases = [{"line": args_line(megatron_config(p)), "world": p.world_size} for p in plans.values()]
     env = {**os.environ, "PYTHONPATH": CHECKOUT}
     r = subprocess.run([sys.executable, str(Path(__file__).with_name("megatron_lm_oracle.py"))], input=json.dumps(cases),
                        capture_output=True, text=True, env=env, timeout=1200)
     assert r.returncode == 0, r.stderr[-2000:]
-    results = json.loads(r.stdout.strip().splitlines()[-1])
-    for (name, plan), got in zip(plans.items(), results):
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_megatron_lm_parses_validates_and_builds_the_plans_layers():
+    plans = {n: case_plan(n) for n in sorted(CASES)}
+    for (name, plan), got in zip(plans.items(), _oracle(plans)):
         assert "error" not in got, (name, got)
         c = megatron_config(plan)
         assert got["dp"] == c.dp and got["micro_batch_size"] == c.micro_batch_size, name
@@ -73,12 +77,7 @@ def _expected_moe(c) -> dict:
 def test_megatron_lm_reads_the_moe_mla_mtp_plans_as_planned():
     from tests.megatron_moe_plans import MOE_CASES, moe_case_plan
     plans = {n: moe_case_plan(n) for n in sorted(MOE_CASES)}
-    cases = [{"line": args_line(megatron_config(p)), "world": p.world_size} for p in plans.values()]
-    env = {**os.environ, "PYTHONPATH": CHECKOUT}
-    r = subprocess.run([sys.executable, str(Path(__file__).with_name("megatron_lm_oracle.py"))], input=json.dumps(cases),
-                       capture_output=True, text=True, env=env, timeout=1200)
-    assert r.returncode == 0, r.stderr[-2000:]
-    for (name, plan), got in zip(plans.items(), json.loads(r.stdout.strip().splitlines()[-1])):
+    for (name, plan), got in zip(plans.items(), _oracle(plans)):
         assert "error" not in got, (name, got)
         c = megatron_config(plan)
         starts = [0]
