@@ -252,7 +252,7 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
     if f.has("--tp-comm-overlap") and not sp:
         raise AcesoError("--tp-comm-overlap needs --sequence-parallel (Megatron-LM's validate_args asserts it)")
     return MegatronConfig(model=model, tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, sequence_parallel=sp, ep=ep, etp=etp,
-                          moe=moe, chunk_layers=chunk_layers, recompute=_recompute(f, notes), micro_batch_size=mbs,
+                          moe=moe, chunk_layers=chunk_layers, recompute=_recompute(f, notes, moe), micro_batch_size=mbs,
                           global_batch_size=gbs, distributed_optimizer=dist_opt, overlap_grad_reduce=ogr,
                           overlap_param_gather=opg, tp_comm_overlap=f.has("--tp-comm-overlap"), attention=attention,
                           grad_reduce_in_fp32=settings_from_flags(
@@ -298,7 +298,7 @@ def _chunk_layers(f: Flags, num_layers: int, pp: int, mtp: int = 0) -> tuple[tup
 MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 
 
-def _recompute(f: Flags, notes: list[str]) -> Recompute:
+def _recompute(f: Flags, notes: list[str], moe=None) -> Recompute:
     gran = "selective" if f.has("--recompute-activations") else f.get("--recompute-granularity")
     method, n = f.get("--recompute-method"), f.get("--recompute-num-layers")
     modules = f.get("--recompute-modules")
@@ -314,11 +314,15 @@ def _recompute(f: Flags, notes: list[str]) -> Recompute:
         bad = [x for x in modules if x not in MODULES]
         if bad:
             raise AcesoError(f"--recompute-modules {bad[0]}: not a module of megatron-core 0.16.1 ({', '.join(MODULES)})")
-        other = [x for x in modules if x != "core_attn"]
+        if "moe_act" in modules and moe and not moe.grouped_gemm:
+            raise AcesoError("--recompute-modules moe_act needs --moe-grouped-gemm (megatron-core's TransformerConfig "
+                             "raises)")
+        mapped = tuple(x for x in ("core_attn", "moe_act") if x in modules and (x == "core_attn" or moe))
+        other = [x for x in modules if x not in mapped]
         if other:
-            notes.append(f"--recompute-modules {' '.join(other)}: not one of the plan's per-unit choices (only "
-                         "core_attn is); priced without recomputing them")
-        return Recompute("selective", modules=("core_attn",)) if "core_attn" in modules else Recompute()
+            notes.append(f"--recompute-modules {' '.join(other)}: not one of the plan's per-unit choices (core_attn "
+                         "and, on MoE models, moe_act are); priced without recomputing them")
+        return Recompute("selective", modules=mapped) if mapped else Recompute()
     if gran != "full":
         raise AcesoError(f"--recompute-granularity {gran!r}: use full or selective")
     if method not in ("uniform", "block") or n is None or n < 0:

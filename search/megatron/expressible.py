@@ -47,6 +47,9 @@ def megatron_config(plan: ParallelPlan) -> MegatronConfig:
         chunk_layers = _chunk_layers(plan)
         rc = recompute_of(plan)
         _check_features(plan)
+        if "moe_act" in rc.modules and not moe_settings(plan).grouped_gemm:
+            raise NotExpressible("selective recompute of moe units (--recompute-modules moe_act) with grouped_gemm "
+                                 "off: megatron-core supports moe_act with --moe-grouped-gemm only")
     except NotExpressible as e:
         raise NotExpressible(str(e) if str(e).endswith(FOLDING) else f"{e}; {HINT}") from None
     st = plan.stages[0]

@@ -22,9 +22,10 @@ and anything else is refused: ``attn_dropout`` (Megatron-LM has no dropout-only 
 unit (our activation-function recompute; megatron-core's ``mlp`` module re-runs the whole MLP and ``moe_act`` is for
 MoE experts only), a layer whose units differ, selective next to none or full (one granularity for the model),
 fully recomputed layers that are not the leading ones of their block, or a different leading count between blocks.
-MoE units (kind ``moe``) are treated as MLP units (``--recompute-modules moe`` / ``moe_act`` / ``shared_experts``
-are not plan choices: the importer lists them in a note); the MTP unit takes what megatron-core gives the MTP
-layer (``mtp_choice``). Memory: megatron-core's full recompute keeps one input per layer, the plan's ``full`` one per unit, so a plan's
+MoE units (kind ``moe``): ``selective`` is megatron-core's ``--recompute-modules moe_act`` (the experts'
+activation function; with core_attn both may be given), full / none as an MLP unit (``moe`` / ``shared_experts`` /
+``mla_up_proj`` / ``mlp`` / ``layernorm`` are not plan choices: the importer lists them in a note); the MTP unit
+takes what megatron-core gives the MTP layer (``mtp_choice``). Memory: megatron-core's full recompute keeps one input per layer, the plan's ``full`` one per unit, so a plan's
 prediction is an upper bound by ``s * b * h`` elements per fully recomputed layer (docs/megatron.md).
 """
 
@@ -55,28 +56,39 @@ def blocks_of(model: ModelSpec, start: int, end: int) -> list[tuple[str, list[tu
     return out
 
 
-def _layer_kind(model: ModelSpec, choices: list[str], lo: int) -> str | None:
+def _layer_kind(model: ModelSpec, choices: list[str], lo: int, modules: tuple[str, ...]) -> str | None:
+    kinds = [model.units[lo + i].kind for i in range(len(choices))]
+    if modules and choices == [_selective(k, modules) for k in kinds]:
+        return "selective"
     if all(c == "none" for c in choices):
         return "none"
     if all(c == "full" for c in choices):
         return "full"
-    kinds = [model.units[lo + i].kind for i in range(len(choices))]
-    if all(c == _selective(k) for c, k in zip(choices, kinds)):
-        return "selective"
     return None
 
 
-def _selective(kind: str) -> str:
-    """A unit's choice under ``--recompute-modules core_attn``: its attention core (the MTP block's layer has one)
-    is recomputed, an MLP or MoE unit is not."""
-    return "selective" if kind in ("attention", "cross_attention", "mtp") else "none"
+def _selective(kind: str, modules: tuple[str, ...] = CORE_ATTN) -> str:
+    """A unit's choice under ``--recompute-modules MODULES``: core_attn re-runs the attention core of attention
+    units, moe_act the experts' activation function of moe units (the plan's ``selective`` on them); MLP units and
+    the MTP unit are not recomputed (a plan's MTP unit takes none or full)."""
+    on = ("core_attn" in modules and kind in ("attention", "cross_attention")) or ("moe_act" in modules and
+                                                                                  kind == "moe")
+    return "selective" if on else "none"
+
+
+def plan_modules(plan: ParallelPlan) -> tuple[str, ...]:
+    """The selective modules the plan's choices name: core_attn for selective attention units, moe_act for
+    selective moe units."""
+    kinds = {plan.model.units[ch.start_unit + k].kind for _, _, ch in plan.chunks_in_order()
+             for k, rc in enumerate(ch.recompute) if rc == "selective"}
+    return tuple(x for x, on in (("core_attn", kinds & {"attention", "cross_attention"}), ("moe_act", "moe" in kinds))
+                 if on)
 
 
 def mtp_choice(rc: Recompute) -> str:
     """The MTP unit under a Megatron-LM setting (megatron-core 0.16.1 ``MultiTokenPredictionLayer``): full
-    uniform recomputes it, block skips it ("not supported for MTP yet"), selective re-runs its attention core."""
-    if rc.granularity == "selective":
-        return "selective"
+    uniform recomputes it, block skips it ("not supported for MTP yet"); selective re-runs its inner layer's
+    attention core, which a plan's MTP unit cannot say (none or full): none, an upper bound on its memory."""
     return "full" if rc.granularity == "full" and rc.method == "uniform" else "none"
 
 
@@ -93,7 +105,7 @@ def _check_units(plan: ParallelPlan) -> None:
                     f"{_where(plan, s, j)}.recompute[{k}] is attn_dropout: Megatron-LM has no dropout-only "
                     "recompute (its selective recompute re-runs the whole attention core, --recompute-modules "
                     "core_attn)")
-            if rc == "selective" and unit.kind in ("mlp", "moe"):
+            if rc == "selective" and unit.kind in ("mlp", "mtp"):
                 raise NotExpressible(
                     f"{_where(plan, s, j)}.recompute[{k}] is selective on an MLP unit: Megatron-LM's selective "
                     "recompute covers the attention core only (--recompute-modules core_attn; its mlp module "
@@ -107,13 +119,14 @@ def recompute_of(plan: ParallelPlan) -> Recompute:
     """
     _check_units(plan)
     m = plan.model
+    modules = plan_modules(plan)
     blocks = []           # (where, block name, [layer kinds])
     for s, j, ch in plan.chunks_in_order():
         for stack, layers in blocks_of(m, ch.start_unit, ch.end_unit):
             kinds = []
             for a, b in layers:
                 choices = ch.recompute[a - ch.start_unit:b - ch.start_unit]
-                kind = _layer_kind(m, choices, a)
+                kind = _layer_kind(m, choices, a, modules)
                 if kind is None:
                     k0 = a - ch.start_unit
                     raise NotExpressible(
@@ -134,7 +147,7 @@ def recompute_of(plan: ParallelPlan) -> Recompute:
             raise NotExpressible(
                 f"{a} recomputes layers selectively but {b} has layers with {other} recompute: Megatron-LM's "
                 "--recompute-granularity is one setting for every layer")
-        return _with_mtp(plan, Recompute("selective", modules=CORE_ATTN))
+        return _with_mtp(plan, Recompute("selective", modules=modules))
     return _with_mtp(plan, _full_setting(blocks))
 
 
@@ -178,7 +191,7 @@ def unit_choices(rc: Recompute, model: ModelSpec, start: int, end: int) -> list[
         for i, (a, b) in enumerate(layers):
             for u in range(a, b):
                 if rc.granularity == "selective":
-                    out.append(_selective(model.units[u].kind))
+                    out.append(_selective(model.units[u].kind, rc.modules))
                 elif rc.granularity == "full" and (rc.method == "uniform" or i < (rc.num_layers or 0)):
                     out.append("full")
                 else:
