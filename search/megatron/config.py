@@ -103,8 +103,10 @@ def num_layers(model: ModelSpec) -> int:
 
 
 def layer_bounds(model: ModelSpec) -> list[int]:
-    """``model.layer_starts`` of the transformer layers only (the MTP unit, after them, is not a layer here)."""
-    return model.layer_starts[:num_layers(model) + 1]
+    """Where each transformer layer starts, plus where the last one ends: ``model.layer_starts`` without the MTP
+    units after the last layer (which ``layer_starts`` may count in the last layer's span)."""
+    mtp = sum(u.kind == "mtp" for u in model.units)
+    return model.layer_starts[:num_layers(model)] + [model.num_units - mtp]
 
 
 class NotExpressible(AcesoError):
