@@ -238,3 +238,41 @@ def test_published_rows_cover_the_three_presets_and_mtp():
         except AcesoError:
             pass
     assert names == {"qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "deepseek-v3-no-mtp"}
+
+
+# ----- per-unit recompute of moe / mtp units (needs the moe / mtp units of ModelSpec.units) ---------------------
+def _needs_moe_units(model):
+    if not any(u.kind == "moe" for u in model.units):
+        pytest.skip("ModelSpec.units has no moe units yet (the MoE cost model's unit list)")
+
+
+@pytest.mark.parametrize("modules,attention,moe", [("core_attn", "selective", "none"), ("moe_act", "none", "selective"),
+                                                   ("core_attn moe_act", "selective", "selective")])
+def test_moe_act_is_selective_on_moe_units(modules, attention, moe):
+    plan = moe_case_plan("tiny-list-shared-overlap")
+    m = plan.model
+    _needs_moe_units(m)
+    line = args_line(megatron_config(plan)).replace("--recompute-modules core_attn", f"--recompute-modules {modules}")
+    back = read_megatron(line, world_size=plan.world_size, cluster=plan.cluster).plan
+    want = {"attention": attention, "moe": moe, "mlp": "none"}
+    for _, _, ch in back.chunks_in_order():
+        assert ch.recompute == [want[m.units[ch.start_unit + k].kind] for k in range(ch.num_units)]
+    assert f"--recompute-modules {modules}" in args_line(megatron_config(back))        # and back again
+
+
+def test_mtp_unit_choice_and_the_mtp_alone_chunk():
+    plan = moe_case_plan("tiny-mla-mtp2-even-full")
+    m = plan.model
+    if not any(u.kind == "mtp" for u in m.units):
+        pytest.skip("ModelSpec.units has no mtp unit yet (the MoE cost model's unit list)")
+    assert plan.stages[-1].chunks[-1].recompute[-2:] == ["full", "full"]        # uniform: MTP recomputed
+    line = args_line(megatron_config(plan)).replace("--recompute-method uniform", "--recompute-method block")
+    assert read_megatron(line, world_size=plan.world_size).plan.stages[-1].chunks[-1].recompute[-2:] == \
+        ["none", "none"]                                                         # block skips MTP (megatron-core)
+    cfg = moe_case_config("tiny-mla-mtp2-even-full")
+    alone = cfg.__class__(**{**cfg.__dict__, "chunk_layers": (2, 2, 0), "pp": 3, "dp": 2})
+    line = args_line(alone)
+    assert "--pipeline-model-parallel-layout 'Et*2|t*2|mmL'" in line
+    back = read_megatron(line, world_size=alone.world_size)
+    assert back.plan.stages[-1].chunks[0].num_units == 2 and back.config.chunk_layers == (2, 2, 0)
+    assert args_line(megatron_config(back.plan)) == line
