@@ -3,7 +3,8 @@
 ``parse_flags`` reads ``--flag value...`` / ``--flag=value`` as argparse would (last occurrence wins, values up to
 the next ``--flag``). The plan's flags (``FLAGS``) are read with Megatron-LM's defaults and checks; flags that
 change the cost in ways aceso does not model are refused with one line (``REFUSED``: FP8/FP4, FSDP,
-offloading, other rank orders...); the MoE / MLA / MTP flags are read by ``moe_flags.py``; every other flag (data, optimizer hyper-parameters, logging,
+offloading, other rank orders...); the MoE / MLA / MTP flags are read by ``moe_flags.py``; every other flag
+(data, optimizer hyper-parameters, logging,
 checkpointing, fusions: ``QUIET``) does not change a plan and is accepted; any other flag is listed in one warning. ``config_from_flags`` applies
 Megatron-LM's defaults (``--ffn-hidden-size`` 4h or the SwiGLU rule, dropouts 0.1, ``--global-batch-size`` =
 micro-batch x dp, vocabulary padding to ``--make-vocab-size-divisible-by`` x tp) and the checks of
@@ -313,7 +314,8 @@ def _recompute(f: Flags, notes: list[str], moe=None) -> Recompute:
         modules = modules if modules is not None else ["core_attn"]
         bad = [x for x in modules if x not in MODULES]
         if bad:
-            raise AcesoError(f"--recompute-modules {bad[0]}: not a module of megatron-core 0.16.1 ({', '.join(MODULES)})")
+            raise AcesoError(f"--recompute-modules {bad[0]}: not a module of megatron-core 0.16.1 "
+                             f"({', '.join(MODULES)})")
         if "moe_act" in modules and moe and not moe.grouped_gemm:
             raise AcesoError("--recompute-modules moe_act needs --moe-grouped-gemm (megatron-core's TransformerConfig "
                              "raises)")

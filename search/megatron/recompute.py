@@ -25,7 +25,8 @@ fully recomputed layers that are not the leading ones of their block, or a diffe
 MoE units (kind ``moe``): ``selective`` is megatron-core's ``--recompute-modules moe_act`` (the experts'
 activation function; with core_attn both may be given), full / none as an MLP unit (``moe`` / ``shared_experts`` /
 ``mla_up_proj`` / ``mlp`` / ``layernorm`` are not plan choices: the importer lists them in a note); the MTP unit
-takes what megatron-core gives the MTP layer (``mtp_choice``). Memory: megatron-core's full recompute keeps one input per layer, the plan's ``full`` one per unit, so a plan's
+takes what megatron-core gives the MTP layer (``mtp_choice``).
+Memory: megatron-core's full recompute keeps one input per layer, the plan's ``full`` one per unit, so a plan's
 prediction is an upper bound by ``s * b * h`` elements per fully recomputed layer (docs/megatron.md).
 """
 
