@@ -264,7 +264,8 @@ def moe_bridge_fields(c) -> dict[str, object]:
     out["moe_layer_freq"] = moe.moe_layer_freq if isinstance(moe.moe_layer_freq, int) and not \
         moe.first_k_dense_layers else freq_list(moe, m.num_layers)
     out["moe_router_load_balancing_type"] = "aux_loss" if moe.moe_aux_loss_coeff else "none"
-    out["moe_router_pre_softmax"] = moe.moe_router_topk == 1 and moe.moe_router_score_function == "softmax"
+    if moe.moe_router_topk == 1 and moe.moe_router_score_function == "softmax":
+        out["moe_router_pre_softmax"] = True        # megatron-core requires it for top-1; else the recipe's
     out["moe_aux_loss_coeff"] = moe.moe_aux_loss_coeff
     out["expert_model_parallel_size"] = c.ep
     out["expert_tensor_parallel_size"] = c.tp if c.etp is None else c.etp
