@@ -149,7 +149,17 @@ def recompute_of(plan: ParallelPlan) -> Recompute:
                 f"{a} recomputes layers selectively but {b} has layers with {other} recompute: Megatron-LM's "
                 "--recompute-granularity is one setting for every layer")
         return _with_mtp(plan, Recompute("selective", modules=modules))
-    return _with_mtp(plan, _full_setting(blocks))
+    rc = _full_setting(blocks)
+    if rc.method == "uniform" and _mtp_choices(plan) and set(_mtp_choices(plan)) == {"none"}:
+        # every layer full and the MTP block not: block N (N = the longest block) also recomputes every layer
+        rc = Recompute("full", "block", max(len(kinds) for _, _, kinds in blocks))
+    return _with_mtp(plan, rc)
+
+
+def _mtp_choices(plan: ParallelPlan) -> list[str]:
+    """The choices of the MTP units (after the last transformer layer, in the last chunk)."""
+    _, _, ch = list(plan.chunks_in_order())[-1]
+    return ch.recompute[max(layer_bounds(plan.model)[-1], ch.start_unit) - ch.start_unit:]
 
 
 def _with_mtp(plan: ParallelPlan, rc: Recompute) -> Recompute:
