@@ -276,3 +276,19 @@ def test_mtp_unit_choice_and_the_mtp_alone_chunk():
     back = read_megatron(line, world_size=alone.world_size)
     assert back.plan.stages[-1].chunks[0].num_units == 2 and back.config.chunk_layers == (2, 2, 0)
     assert args_line(megatron_config(back.plan)) == line
+
+
+@pytest.mark.parametrize("name", ["qwen30-ep8", "dsv3-pp4-vpp4-layout-mtp-flex", "tiny-mla-mtp2-layout-selective"])
+def test_cli_export_import_round_trip_prices_the_moe_plan(name, tmp_path, capsys):
+    from search.cli import main
+    plan = moe_case_plan(name)
+    src, args, back, yaml = (tmp_path / x for x in ("plan.json", "args.txt", "back.json", "bridge.yaml"))
+    src.write_text(plan.to_json())
+    assert main(["export", str(src), "--to", "megatron-lm", "--args-only", "-o", str(args)]) == 0
+    assert main(["import", str(args), "--from", "megatron-lm", "--cluster", plan.cluster.label, "-o", str(back)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    got = ParallelPlan.model_validate_json(back.read_text())
+    assert got.model_dump(exclude={"predicted"}) == plan.model_dump(exclude={"predicted"})
+    assert got.predicted is not None and got.predicted.iteration_time_ms > 0       # priced by the MoE cost model
+    assert main(["export", str(back), "--to", "megatron-bridge", "-o", str(yaml)]) == 0
+    assert "num_moe_experts: " + str(plan.model.moe.num_experts) in yaml.read_text()
