@@ -5,7 +5,10 @@ its structure: a YAML file (``process_config_with_overrides(cfg, config_filepath
 ``section.field=value`` arguments (``scripts/training/run_recipe.py --recipe NAME ...``). The recipe only supplies
 what the plan does not set (optimizer, scheduler, data, logging): every model, parallel, recompute and batch field
 of the plan is overridden (head width and query groups by value, so a recipe's own defaults cannot leak in). The activation function is a Python callable a YAML cannot set, so the recipe is chosen
-by it: SwiGLU models start from a Llama recipe, GELU models from ``gpt3_175b_pretrain_config``. T5: Bridge v0.3.1
+by it: SwiGLU models start from a Llama recipe, GELU models from ``gpt3_175b_pretrain_config``; SwiGLU MoE models
+from ``qwen3_30b_a3b_pretrain_config`` and MLA models from ``deepseek_v3_pretrain_config`` (whose provider has the
+MLA fields); their router settings the plan does not hold (pre-softmax, top-k scaling, router dtype) stay the
+recipe's. T5: Bridge v0.3.1
 has no T5 pretraining recipe (refused). bf16 is the recipes' default precision (no override); fp16 / fp32 set the
 recipe's ``mixed_precision``, which the Llama recipes hold as a name and the GPT recipe as a config object.
 Gradient reduction: ``ddp.grad_reduce_in_fp32`` is the plan's (``settings``), and ``mixed_precision`` says the same
@@ -27,7 +30,10 @@ from .names import bridge_fields
 
 # recipe -> how it holds mixed_precision ("name": a recipe name string; "object": a MixedPrecisionConfig)
 RECIPES = {"llama3_8b_pretrain_config": "name", "llama3_70b_pretrain_config": "name",
-           "llama2_7b_pretrain_config": "name", "gpt3_175b_pretrain_config": "object"}
+           "llama2_7b_pretrain_config": "name", "gpt3_175b_pretrain_config": "object",
+           "qwen3_30b_a3b_pretrain_config": "name", "deepseek_v3_pretrain_config": "object"}
+# recipes with a comm_overlap section (CommOverlapConfig) in v0.3.1
+_COMM_OVERLAP = ("gpt3_175b_pretrain_config", "deepseek_v3_pretrain_config")
 _DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
 
 
@@ -38,6 +44,10 @@ def recipe_for(c: MegatronConfig) -> str:
                          "--to megatron-lm (pretrain_t5.py)")
     if m.activation == "gelu":
         return "gpt3_175b_pretrain_config"
+    if m.mla is not None:           # its model is an MLAModelProvider (MLATransformerConfig + GPTModelProvider)
+        return "deepseek_v3_pretrain_config"
+    if m.moe is not None:
+        return "qwen3_30b_a3b_pretrain_config"
     if m.name.startswith("llama3-70b"):
         return "llama3_70b_pretrain_config"
     return "llama2_7b_pretrain_config" if m.name.startswith("llama2") else "llama3_8b_pretrain_config"
@@ -51,6 +61,10 @@ def overrides(c: MegatronConfig) -> tuple[str, dict[str, object]]:
         # its comm_overlap section: TP overlap on with a userbuffer config for one shape; embedding wgrad deferral
         out["comm_overlap"] = {"tp_comm_overlap": c.tp_comm_overlap, "tp_comm_overlap_cfg": None,
                                "defer_embedding_wgrad_compute": c.pp > 1}
+    elif recipe == "deepseek_v3_pretrain_config":
+        # its CommOverlapConfig(tp_comm_overlap=False) also holds the EP overlap, which Bridge copies to the model
+        out["comm_overlap"] = {"tp_comm_overlap": c.tp_comm_overlap, "overlap_moe_expert_parallel_comm":
+                               bool(c.moe and c.moe.overlap_ep_comm)}
     elif c.tp_comm_overlap:
         raise AcesoError("--to megatron-bridge: tp_comm_overlap needs a comm_overlap section, which the Llama "
                          "recipes of v0.3.1 do not have; set cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap="

@@ -2,8 +2,9 @@
 
 Pipeline rank ``s`` is stage ``s`` with ``tp * cp * dp`` GPUs; model chunk ``k`` (``chunk_layers[k]`` layers) is
 chunk ``k // pp`` of stage ``k % pp``; each unit's recompute choice follows ``recompute.unit_choices``; the
-pipeline micro-batch is Megatron-LM's per-rank ``--micro-batch-size`` times dp; ``settings``: Megatron-LM with the
-configuration's gradient-reduction dtype.
+pipeline micro-batch is Megatron-LM's per-rank ``--micro-batch-size`` times dp; ``settings``: Megatron-LM with
+the configuration's gradient-reduction dtype. MoE: every stage has the one expert shape (``ep``, ``etp``), the plan
+the ``moe`` settings, and the last chunk also holds the MTP unit.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from ..errors import AcesoError, as_aceso_error
 from ..fsdp import ActivationOffload, MegatronFSDP
 from ..plan import ChunkSpec, ParallelPlan, PlanPrediction, StageSpec
 from ..plan_settings import PlanSettings
-from .config import MegatronConfig
+from .config import MegatronConfig, layer_bounds
 from .recompute import unit_choices
 
 
@@ -23,26 +24,28 @@ def plan_from_config(cfg: MegatronConfig, cluster: ClusterSpec | None = None,
                      predicted: PlanPrediction | None = None, source: str = "megatron-lm arguments") -> ParallelPlan:
     """The plan, validated (a problem becomes one ``AcesoError`` line prefixed with ``source``)."""
     m = cfg.model
-    if len(cfg.chunk_layers) != cfg.pp * cfg.vpp or sum(cfg.chunk_layers) != len(m.layer_starts) - 1:
+    starts = layer_bounds(m)
+    if len(cfg.chunk_layers) != cfg.pp * cfg.vpp or sum(cfg.chunk_layers) != len(starts) - 1:
         raise AcesoError(f"{source}: the layer layout gives {sum(cfg.chunk_layers)} layers in "
-                         f"{len(cfg.chunk_layers)} chunks; the model has {len(m.layer_starts) - 1} layers "
+                         f"{len(cfg.chunk_layers)} chunks; the model has {len(starts) - 1} layers "
                          f"(pp {cfg.pp} x vpp {cfg.vpp} chunks)")
     spans, li = [], 0
     for n in cfg.chunk_layers:
-        spans.append((m.layer_starts[li], m.layer_starts[li + n]))
+        spans.append((starts[li], starts[li + n]))
         li += n
+    spans[-1] = (spans[-1][0], m.num_units)       # the MTP unit (if any) runs in the last model chunk
     stages = []
     for s in range(cfg.pp):
         chunks = [ChunkSpec(start_unit=a, end_unit=b, recompute=unit_choices(cfg.recompute, m, a, b))
                   for a, b in spans[s::cfg.pp]]
         stages.append(StageSpec(num_gpus=cfg.tp * cfg.cp * cfg.dp, tp=cfg.tp, cp=cfg.cp, dp=cfg.dp,
-                                sequence_parallel=cfg.sequence_parallel, chunks=chunks))
+                                sequence_parallel=cfg.sequence_parallel, ep=cfg.ep, etp=cfg.etp, chunks=chunks))
     try:
         return ParallelPlan(model=m, cluster=cluster, micro_batch_size=cfg.micro_batch_size * cfg.dp,
                             global_batch_size=cfg.global_batch_size, distributed_optimizer=cfg.distributed_optimizer,
                             overlap_grad_reduce=cfg.overlap_grad_reduce,
                             overlap_param_gather=cfg.overlap_param_gather, tp_comm_overlap=cfg.tp_comm_overlap,
-                            stages=stages, predicted=predicted,
+                            stages=stages, predicted=predicted, moe=cfg.moe,
                             megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy=cfg.fsdp) if cfg.fsdp else None,
                             activation_offload=ActivationOffload(num_layers=cfg.offload_layers)
                             if cfg.offload_layers else None,

@@ -2,8 +2,9 @@
 
 ``parse_flags`` reads ``--flag value...`` / ``--flag=value`` as argparse would (last occurrence wins, values up to
 the next ``--flag``). The plan's flags (``FLAGS``) are read with Megatron-LM's defaults and checks; flags that
-change the cost in ways aceso does not model are refused with one line (``REFUSED``: MoE, FP8/FP4, MLA, MTP,
-FSDP, offloading, other rank orders...); every other flag (data, optimizer hyper-parameters, logging,
+change the cost in ways aceso does not model are refused with one line (``REFUSED``: FP8/FP4, FSDP,
+offloading, other rank orders...); the MoE / MLA / MTP flags are read by ``moe_flags.py``; every other flag
+(data, optimizer hyper-parameters, logging,
 checkpointing, fusions: ``QUIET``) does not change a plan and is accepted; any other flag is listed in one warning. ``config_from_flags`` applies
 Megatron-LM's defaults (``--ffn-hidden-size`` 4h or the SwiGLU rule, dropouts 0.1, ``--global-batch-size`` =
 micro-batch x dp, vocabulary padding to ``--make-vocab-size-divisible-by`` x tp) and the checks of
@@ -21,10 +22,11 @@ from ..errors import AcesoError
 from ..fsdp import STRATEGIES
 from ..plan_settings import settings_from_flags
 from ..precision import LowPrecision, from_megatron
-from .config import MegatronConfig, Recompute
+from .config import MegatronConfig, Recompute, num_layers
 from .layer_variant_flags import FLAG_KINDS as LAYER_FLAG_KINDS
 from .layout import distribution, layout_chunk_layers
 from .model_args import model_from_flags
+from .moe_flags import moe_plan_fields
 from .shell import placeholder
 
 _FLAGS_FILE = os.path.join(os.path.dirname(__file__), "data", "flags_core_v0.16.1.txt")
@@ -46,13 +48,19 @@ FLAGS: dict[str, str] = {
                         "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage",
                         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
                         "--recompute-num-layers", "--micro-batch-size", "--global-batch-size",
-                        "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16", "--cpu-offloading-num-layers")},
-    **{f: FLOAT for f in ("--attention-dropout", "--hidden-dropout")},
+                        "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16", "--cpu-offloading-num-layers",
+                        # MoE / MLA / MTP (moe_flags.py)
+                        "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
+                        "--moe-shared-expert-intermediate-size", "--moe-router-num-groups", "--moe-router-group-topk",
+                        "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
+                        "--mtp-num-layers", "--expert-model-parallel-size", "--expert-tensor-parallel-size")},
+    **{f: FLOAT for f in ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor")},
     **{f: STR for f in ("--position-embedding-type", "--normalization", "--tokenizer-type", "--transformer-impl",
                         "--attention-backend",
                         "--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method",
                         "--main-grads-dtype", "--fp8-format", "--fp8-recipe", "--fp4-format", "--fp4-recipe",
-                        "--data-parallel-sharding-strategy", "--ckpt-format")},
+                        "--data-parallel-sharding-strategy", "--ckpt-format", "--moe-layer-freq",
+                        "--moe-router-score-function", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend")},
     **{f: BOOL for f in ("--group-query-attention", "--use-rotary-position-embeddings", "--swiglu",
                          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--sequence-parallel",
                          "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
@@ -60,8 +68,12 @@ FLAGS: dict[str, str] = {
                          "--tp-comm-overlap", "--recompute-activations", "--bf16", "--fp16",
                          "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
                          "--no-position-embedding", "--fp8-param-gather", "--fp4-param-gather",
-                         "--first-last-layers-bf16", "--use-megatron-fsdp")},
-    "--recompute-modules": LIST,
+                         "--first-last-layers-bf16", "--use-megatron-fsdp",
+                         "--moe-router-enable-expert-bias", "--moe-router-force-load-balancing",
+                         "--multi-latent-attention", "--qk-layernorm", "--moe-grouped-gemm", "--moe-permute-fusion",
+                         "--moe-shared-expert-overlap", "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep",
+                         "--moe-router-pre-softmax")},    # MoE ones read by moe_flags.py
+    **{f: LIST for f in ("--recompute-modules", "--moe-aux-loss-coeff", "--moe-router-load-balancing-type")},
     **LAYER_FLAG_KINDS,         # --window-size, --softmax-type, --quick-geglu, ... (layer_variant_flags)
 }
 
@@ -82,6 +94,7 @@ QUIET = frozenset({
     "--vocab-extra-ids", "--legacy-tokenizer", "--eod-mask-loss", "--reset-position-ids", "--reset-attention-mask",
     "--norm-epsilon", "--initial-loss-scale", "--min-loss-scale", "--loss-scale", "--loss-scale-window",
     "--hysteresis", "--fp8-margin", "--fp8-interval", "--mask-prob", "--short-seq-prob", "--no-check-for-nan-in-loss-and-grad", "--local-rank",
+    "--mtp-loss-scaling-factor", "--moe-per-layer-logging",
 })
 
 
@@ -106,13 +119,8 @@ def _num(v) -> float:
 
 # flag -> (refused when, why)
 REFUSED: dict[str, tuple[object, str]] = {
-    "--num-experts": (_positive, "mixture-of-experts layers are not modelled by aceso"),
-    "--expert-model-parallel-size": (_above_one, "expert parallelism is not modelled by aceso"),
-    "--expert-tensor-parallel-size": (_above_one, "expert parallelism is not modelled by aceso"),
     "--fp8-dot-product-attention": (_always, "FP8 attention is not modelled (the attention core prices bf16)"),
     "--fp8-multi-head-attention": (_always, "FP8 attention is not modelled (the attention core prices bf16)"),
-    "--multi-latent-attention": (_always, "multi-latent attention is not modelled by aceso"),
-    "--mtp-num-layers": (_positive, "multi-token prediction layers are not modelled by aceso"),
     "--hybrid-override-pattern": (_always, "hybrid (Mamba) models are not modelled by aceso"),
     "--is-hybrid-model": (_always, "hybrid (Mamba) models are not modelled by aceso"),
     "--heterogeneous-layers-config-path": (_always, "heterogeneous layer configs are not modelled by aceso"),
@@ -232,7 +240,8 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
     if sp and tp == 1:
         notes.append("--sequence-parallel with tp 1: Megatron-LM turns it off")
         sp = False
-    chunk_layers, vpp = _chunk_layers(f, len(model.layer_starts) - 1, pp)
+    chunk_layers, vpp = _chunk_layers(f, num_layers(model), pp, model.mtp_num_layers or 0)
+    ep, etp, moe = moe_plan_fields(f, model, notes)
     mbs = f.get("--micro-batch-size")
     if mbs is None:
         raise AcesoError("--micro-batch-size is missing; Megatron-LM requires it (the per-rank micro-batch)")
@@ -250,8 +259,8 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
         raise AcesoError(f"--cpu-offloading-num-layers {offload}: give 0 (no offload) or a positive number of layers")
     if f.has("--tp-comm-overlap") and not sp:
         raise AcesoError("--tp-comm-overlap needs --sequence-parallel (Megatron-LM's validate_args asserts it)")
-    return MegatronConfig(model=model, tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, sequence_parallel=sp,
-                          chunk_layers=chunk_layers, recompute=_recompute(f, notes), micro_batch_size=mbs,
+    return MegatronConfig(model=model, tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, sequence_parallel=sp, ep=ep, etp=etp,
+                          moe=moe, chunk_layers=chunk_layers, recompute=_recompute(f, notes, moe), micro_batch_size=mbs,
                           global_batch_size=gbs, distributed_optimizer=dist_opt, overlap_grad_reduce=ogr,
                           overlap_param_gather=opg, tp_comm_overlap=f.has("--tp-comm-overlap"), attention=attention,
                           grad_reduce_in_fp32=settings_from_flags(
@@ -305,7 +314,7 @@ def _fsdp(f: Flags, notes: list[str]) -> str | None:
     return strategy
 
 
-def _chunk_layers(f: Flags, num_layers: int, pp: int) -> tuple[tuple[int, ...], int]:
+def _chunk_layers(f: Flags, num_layers: int, pp: int, mtp: int = 0) -> tuple[tuple[int, ...], int]:
     layout = f.get("--pipeline-model-parallel-layout")
     vps, per_vps = f.get("--num-virtual-stages-per-pipeline-rank"), f.get("--num-layers-per-virtual-pipeline-stage")
     if sum(x is not None for x in (layout, vps, per_vps)) > 1:
@@ -317,7 +326,7 @@ def _chunk_layers(f: Flags, num_layers: int, pp: int) -> tuple[tuple[int, ...], 
         if first is not None or last is not None or emb or loss:
             raise AcesoError("--pipeline-model-parallel-layout cannot be combined with --decoder-first/last-"
                              "pipeline-num-layers or --account-for-*-in-pipeline-split (megatron-core refuses it)")
-        counts, vpp = layout_chunk_layers(layout, pp)
+        counts, vpp = layout_chunk_layers(layout, pp, mtp)
         if sum(counts) != num_layers:
             raise AcesoError(f"--pipeline-model-parallel-layout {layout!r} has {sum(counts)} transformer layers but "
                              f"--num-layers is {num_layers}")
@@ -338,7 +347,11 @@ def _chunk_layers(f: Flags, num_layers: int, pp: int) -> tuple[tuple[int, ...], 
     return counts, vpp
 
 
-def _recompute(f: Flags, notes: list[str]) -> Recompute:
+# megatron-core 0.16.1 TransformerConfig: the modules selective recompute accepts
+MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+
+
+def _recompute(f: Flags, notes: list[str], moe=None) -> Recompute:
     gran = "selective" if f.has("--recompute-activations") else f.get("--recompute-granularity")
     method, n = f.get("--recompute-method"), f.get("--recompute-num-layers")
     modules = f.get("--recompute-modules")
@@ -351,11 +364,19 @@ def _recompute(f: Flags, notes: list[str]) -> Recompute:
             raise AcesoError("--recompute-granularity selective takes no --recompute-method / --recompute-num-layers "
                              "(Megatron-LM asserts it)")
         modules = modules if modules is not None else ["core_attn"]
-        other = [x for x in modules if x != "core_attn"]
+        bad = [x for x in modules if x not in MODULES]
+        if bad:
+            raise AcesoError(f"--recompute-modules {bad[0]}: not a module of megatron-core 0.16.1 "
+                             f"({', '.join(MODULES)})")
+        if "moe_act" in modules and moe and not moe.grouped_gemm:
+            raise AcesoError("--recompute-modules moe_act needs --moe-grouped-gemm (megatron-core's TransformerConfig "
+                             "raises)")
+        mapped = tuple(x for x in ("core_attn", "moe_act") if x in modules and (x == "core_attn" or moe))
+        other = [x for x in modules if x not in mapped]
         if other:
-            raise AcesoError(f"--recompute-modules {' '.join(modules)}: only core_attn maps onto aceso's per-unit "
-                             f"choices ({other[0]} does not); use core_attn or --recompute-granularity full")
-        return Recompute("selective", modules=("core_attn",)) if modules else Recompute()
+            notes.append(f"--recompute-modules {' '.join(other)}: not one of the plan's per-unit choices (core_attn "
+                         "and, on MoE models, moe_act are); priced without recomputing them")
+        return Recompute("selective", modules=mapped) if mapped else Recompute()
     if gran != "full":
         raise AcesoError(f"--recompute-granularity {gran!r}: use full or selective")
     if method not in ("uniform", "block") or n is None or n < 0:

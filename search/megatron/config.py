@@ -3,7 +3,9 @@
 Megatron-LM runs one shape on every pipeline rank (tp, cp, dp, sequence parallelism), spreads whole layers over
 the ``pp * vpp`` model chunks (``chunk_layers``, model order: chunk ``k`` is virtual stage ``k // pp`` of pipeline
 rank ``k % pp``, as ``ParallelPlan.chunks_in_order``) and applies one recompute setting to every transformer block
-(``Recompute``). ``micro_batch_size`` here is Megatron-LM's per-rank ``--micro-batch-size``: the plan's pipeline
+(``Recompute``). MoE: one expert shape ``ep`` / ``etp`` for every stage and
+the plan's ``moe`` settings; the MTP block runs in the last model chunk. ``micro_batch_size`` here is Megatron-LM's
+per-rank ``--micro-batch-size``: the plan's pipeline
 micro-batch divided by dp. ``vocab_divisor`` is ``--make-vocab-size-divisible-by``: Megatron-LM pads the vocabulary
 to a multiple of it times tp, so ``ModelSpec.make_vocab_size_divisible_by = vocab_divisor * tp``.
 """
@@ -16,6 +18,7 @@ from typing import Literal
 from ..errors import AcesoError
 from ..model import ModelSpec
 from ..precision import LowPrecision
+from ..moe_plan import MoEPlanSettings
 
 Granularity = Literal["full", "selective"]
 
@@ -71,6 +74,9 @@ class MegatronConfig:
     low_precision: LowPrecision | None = None   # FP8 / FP4 recipe (search/precision.py; the plan's settings)
     fsdp: str | None = None             # Megatron FSDP's --data-parallel-sharding-strategy (None: DDP)
     offload_layers: int = 0             # --cpu-offloading-num-layers (0: no activation offload)
+    ep: int = 1                         # MoE: --expert-model-parallel-size (every stage)
+    etp: int | None = None              # MoE: --expert-tensor-parallel-size (None: not given, = tp)
+    moe: MoEPlanSettings | None = None  # MoE: dispatcher, grouped GEMM, overlaps (None: dense)
 
     @property
     def world_size(self) -> int:
@@ -93,6 +99,18 @@ class MegatronConfig:
     def stage_layers(self) -> list[int]:
         """Layers per pipeline rank (all its chunks)."""
         return [sum(self.chunk_layers[s::self.pp]) for s in range(self.pp)]
+
+
+def num_layers(model: ModelSpec) -> int:
+    """Transformer layers a Megatron-LM layout places (T5: encoder + decoder; the MTP block is not one of them)."""
+    return model.num_layers + (model.num_decoder_layers if model.is_t5 else 0)
+
+
+def layer_bounds(model: ModelSpec) -> list[int]:
+    """Where each transformer layer starts, plus where the last one ends: ``model.layer_starts`` without the MTP
+    units after the last layer (which ``layer_starts`` may count in the last layer's span)."""
+    mtp = sum(u.kind == "mtp" for u in model.units)
+    return model.layer_starts[:num_layers(model)] + [model.num_units - mtp]
 
 
 class NotExpressible(AcesoError):

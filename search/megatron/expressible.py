@@ -5,7 +5,8 @@ megatron-lm`` calls it): ``None`` when ``aceso export --to megatron-lm`` can wri
 stage and field and ending with what to do. It is pure (no I/O) and cheap (linear in the units).
 
 A plan is expressible when
-- every stage has the same ``tp``, ``cp``, ``dp`` and ``sequence_parallel`` (Megatron-LM has one shape);
+- every stage has the same ``tp``, ``cp``, ``dp`` and ``sequence_parallel`` (Megatron-LM has one shape), and the
+  same expert shape ``ep`` / ``etp`` (one expert folding; ``etp`` None and ``etp == tp`` are the same folding);
 - every (virtual) stage boundary falls between two layers (not between the attention and MLP halves);
 - its recompute choices are one of Megatron-LM's settings (``recompute.py`` has the table);
 - T5: one pipeline stage and as many decoder as encoder layers (``pretrain_t5.py`` at core_v0.16.1 raises for
@@ -20,10 +21,12 @@ from __future__ import annotations
 
 from ..plan import ParallelPlan
 from ..plan_settings import settings_for
-from .config import HINT, MegatronConfig, NotExpressible, layer_name
+from ..moe_plan import expert_tp, moe_settings
+from .config import HINT, MegatronConfig, NotExpressible, layer_bounds, layer_name, num_layers
 from .recompute import recompute_of
 
 SHAPE_FIELDS = ("tp", "cp", "dp", "sequence_parallel")
+FOLDING = "Megatron-LM has one expert folding for all stages; use the plugin runtime or --target megatron-lm"
 
 
 def check_expressible(plan: ParallelPlan) -> str | None:
@@ -39,12 +42,16 @@ def megatron_config(plan: ParallelPlan) -> MegatronConfig:
     """The plan in Megatron-LM's terms; ``NotExpressible`` (an ``AcesoError``, exit 2) when it has none."""
     try:
         _check_shapes(plan)
+        _check_folding(plan)
         _check_t5(plan)
         chunk_layers = _chunk_layers(plan)
         rc = recompute_of(plan)
         _check_features(plan)
+        if "moe_act" in rc.modules and not moe_settings(plan).grouped_gemm:
+            raise NotExpressible("selective recompute of moe units (--recompute-modules moe_act) with grouped_gemm "
+                                 "off: megatron-core supports moe_act with --moe-grouped-gemm only")
     except NotExpressible as e:
-        raise NotExpressible(f"{e}; {HINT}") from None
+        raise NotExpressible(str(e) if str(e).endswith(FOLDING) else f"{e}; {HINT}") from None
     st = plan.stages[0]
     attention = plan.predicted.attention if plan.predicted else None
     return MegatronConfig(
@@ -55,7 +62,8 @@ def megatron_config(plan: ParallelPlan) -> MegatronConfig:
         overlap_param_gather=plan.overlap_param_gather, tp_comm_overlap=plan.tp_comm_overlap, attention=attention,
         grad_reduce_in_fp32=settings_for(plan).grad_reduce_in_fp32, low_precision=settings_for(plan).low_precision,
         fsdp=plan.megatron_fsdp.data_parallel_sharding_strategy if plan.megatron_fsdp else None,
-        offload_layers=plan.activation_offload.num_layers if plan.activation_offload else 0)
+        offload_layers=plan.activation_offload.num_layers if plan.activation_offload else 0,
+        ep=st.ep, etp=st.etp, moe=moe_settings(plan))
 
 
 def _check_shapes(plan: ParallelPlan) -> None:
@@ -67,6 +75,17 @@ def _check_shapes(plan: ParallelPlan) -> None:
                         "sequence_parallel": "sequence-parallel setting"}[f]
                 raise NotExpressible(f"stages[{i}].{f} ({getattr(st, f)}) differs from stages[0].{f} "
                                      f"({getattr(first, f)}): Megatron-LM runs one {what} on every pipeline stage")
+
+
+
+def _check_folding(plan: ParallelPlan) -> None:
+    if plan.model.moe is None:
+        return
+    first = plan.stages[0]
+    for i, st in enumerate(plan.stages[1:], start=1):
+        if (st.ep, expert_tp(st)) != (first.ep, expert_tp(first)):
+            raise NotExpressible(f"stages[{i}] has the expert shape ep {st.ep} etp {expert_tp(st)}, stages[0] ep "
+                                 f"{first.ep} etp {expert_tp(first)}: {FOLDING}")
 
 
 def _check_t5(plan: ParallelPlan) -> None:
@@ -84,7 +103,7 @@ def _check_t5(plan: ParallelPlan) -> None:
 
 def _chunk_layers(plan: ParallelPlan) -> tuple[int, ...]:
     m = plan.model
-    index = {u: i for i, u in enumerate(m.layer_starts)}
+    index = {u: i for i, u in enumerate(layer_bounds(m))}
     firsts = []
     for s, j, ch in plan.chunks_in_order():
         if ch.start_unit not in index:
@@ -95,7 +114,7 @@ def _chunk_layers(plan: ParallelPlan) -> tuple[int, ...]:
                 f"{prev.kind.replace('_', '-')} and {unit.kind.replace('_', '-')} units: Megatron-LM places whole "
                 "layers on a pipeline stage")
         firsts.append(index[ch.start_unit])
-    bounds = firsts + [len(m.layer_starts) - 1]
+    bounds = firsts + [num_layers(m)]
     return tuple(b - a for a, b in zip(bounds[:-1], bounds[1:]))
 
 

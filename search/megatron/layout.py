@@ -6,8 +6,14 @@
    ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split`` (read only) count the
    embedding / loss as one layer of the first / last chunk;
 3. ``--pipeline-model-parallel-layout``: one entry per model chunk in model order (virtual stage major), ``|``
-   between chunks, ``E`` the embedding, ``L`` the loss, ``t`` a transformer layer, ``x*n`` and ``(...)*n``
-   repeat, commas are cosmetic (grammar of megatron-core's ``PipelineParallelLayerLayout.parse_str_to_list``).
+   between chunks, ``E`` the embedding, ``L`` the loss, ``t`` a transformer layer, ``m`` an MTP layer, ``x*n``
+   and ``(...)*n`` repeat, commas are cosmetic (grammar of megatron-core's ``PipelineParallelLayerLayout.
+   parse_str_to_list``, checks of its ``validate_layer_layout``).
+
+MTP layers: without a layout megatron-core builds them on the last pipeline rank's last model chunk
+(``get_mtp_num_layers_to_build``), and that is where a plan has the MTP unit (after the last decoder layer); a layout
+must put every ``m`` there too (megatron-core would also take a rank's last chunk before a loss-only chunk, which
+a plan cannot hold: every chunk holds a unit). The last chunk may hold the MTP block alone (``...|mL``).
 
 ``chunk_layers`` (layers per model chunk, model order, ``pp * vpp`` entries) is the common form;
 ``distribution`` reproduces megatron-core's ``get_num_layers_to_build`` for ways 1 and 2 (tested against it).
@@ -31,10 +37,12 @@ class Split:
     layout: str | None = None
 
 
-def split_for(chunk_layers: tuple[int, ...], pp: int, vpp: int) -> Split:
-    """The simplest Megatron-LM arguments giving exactly ``chunk_layers``: even, else first/last counts, else the
-    layout string."""
+def split_for(chunk_layers: tuple[int, ...], pp: int, vpp: int, mtp: int = 0) -> Split:
+    """The simplest Megatron-LM arguments giving exactly ``chunk_layers`` (and ``mtp`` MTP layers in the last
+    chunk): even, else first/last counts, else the layout string."""
     total = sum(chunk_layers)
+    if 0 in chunk_layers:                                # the last chunk holds only the MTP block
+        return Split(vpp, layout=format_layout(chunk_layers, mtp))
     per_rank = [chunk_layers[s::pp] for s in range(pp)]
     if all(len(set(c)) == 1 for c in per_rank):          # every rank's chunks are equal
         n = [sum(c) for c in per_rank]
@@ -43,7 +51,7 @@ def split_for(chunk_layers: tuple[int, ...], pp: int, vpp: int) -> Split:
         first, last = _first_last(n)
         if (first, last) != (None, None) and distribution(total, pp, vpp, first, last) == chunk_layers:
             return Split(vpp, first, last)
-    return Split(vpp, layout=format_layout(chunk_layers))
+    return Split(vpp, layout=format_layout(chunk_layers, mtp))
 
 
 def _first_last(n: list[int]) -> tuple[int | None, int | None]:
@@ -57,11 +65,12 @@ def _first_last(n: list[int]) -> tuple[int | None, int | None]:
     return (n[0] if n[0] != m else None), (n[-1] if n[-1] != m else None)
 
 
-def format_layout(chunk_layers: tuple[int, ...]) -> str:
-    """``E`` + the first chunk's layers ``|`` ... ``|`` the last chunk's layers + ``L`` (``t*n`` for n layers)."""
-    parts = [("t" if n == 1 else f"t*{n}") for n in chunk_layers]
+def format_layout(chunk_layers: tuple[int, ...], mtp: int = 0) -> str:
+    """``E`` + the first chunk's layers ``|`` ... ``|`` the last chunk's layers + the MTP layers + ``L``
+    (``t*n`` for n layers)."""
+    parts = [("" if n == 0 else "t" if n == 1 else f"t*{n}") for n in chunk_layers]
     parts[0] = "E" + parts[0]
-    parts[-1] += "L"
+    parts[-1] += "m" * mtp + "L"
     return "|".join(parts)
 
 
@@ -81,21 +90,30 @@ def parse_layout(text: str) -> list[str]:
     return chunks
 
 
-def layout_chunk_layers(text: str, pp: int) -> tuple[tuple[int, ...], int]:
-    """``(layers per model chunk, vpp)`` of a layout string, checked as megatron-core checks it, plus what a plan
-    needs (no MTP layers, every chunk at least one transformer layer)."""
+def layout_chunk_layers(text: str, pp: int, mtp: int = 0) -> tuple[tuple[int, ...], int]:
+    """``(transformer layers per model chunk, vpp)`` of a layout string, checked as megatron-core checks it, plus
+    what a plan needs (the ``mtp`` MTP layers in the last chunk, every chunk at least one unit)."""
     chunks = parse_layout(text)
     flat = "".join(chunks)
     where = f"--pipeline-model-parallel-layout {text!r}"
     if len(chunks) % pp:
         raise AcesoError(f"{where}: {len(chunks)} stages is not a multiple of --pipeline-model-parallel-size ({pp})")
-    if "m" in flat:
-        raise AcesoError(f"{where}: MTP layers (m) are not modelled by aceso; remove them")
     if not flat.startswith("E") or flat.count("E") != 1 or not flat.endswith("L") or flat.count("L") != 1:
         raise AcesoError(f"{where}: the layout must start with the embedding E and end with the loss L, once each")
+    if flat.count("m") != mtp:
+        raise AcesoError(f"{where}: {flat.count('m')} MTP layers (m) but --mtp-num-layers is {mtp} (megatron-core "
+                         "asserts they match)")
+    if "t" in flat[flat.find("m"):] and mtp:
+        raise AcesoError(f"{where}: decoder layers (t) after an MTP layer (m); megatron-core places MTP layers after "
+                         "every decoder layer")
+    if mtp and chunks[-1].count("m") != mtp:
+        k = next(i for i, c in enumerate(chunks) if "m" in c)
+        raise AcesoError(f"{where}: the MTP layers are in model chunk {k}, not the last one ({len(chunks) - 1}); a "
+                         "plan holds the MTP block in the last chunk (move every m before the final L)")
     counts = tuple(c.count("t") for c in chunks)
-    if 0 in counts:
-        raise AcesoError(f"{where}: model chunk {counts.index(0)} holds no transformer layer; aceso plans give every "
+    empty = [k for k, n in enumerate(counts) if n == 0 and not (k == len(chunks) - 1 and mtp)]
+    if empty:
+        raise AcesoError(f"{where}: model chunk {empty[0]} holds no transformer layer; aceso plans give every "
                          "(virtual) pipeline stage at least one layer")
     return counts, len(chunks) // pp
 

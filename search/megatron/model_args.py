@@ -18,10 +18,15 @@ from ..errors import AcesoError, format_validation_error
 from ..model import ModelSpec
 from ..presets import load_model
 from . import layer_variant_flags
+from .moe_flags import moe_model_fields
 
 # fields that name a preset's architecture (everything but labels, precision, dropout rates and padding)
 _LABELS = {"name", "family", "aceso_db_key", "nominal_params_b", "params_dtype", "attention_dropout",
            "hidden_dropout", "make_vocab_size_divisible_by"}
+# MoESpec fields a run sets (loss coefficient, token dropping, the load-balance assumption): a command line with
+# other values is still the preset's architecture (the model keeps the command line's values, the preset's name)
+_MOE_RUN = {"moe_aux_loss_coeff", "moe_expert_capacity_factor", "moe_router_force_load_balancing",
+            "moe_imbalance_factor"}
 
 
 def model_from_flags(f, tp: int, t5: bool, notes: list[str], vocab_size: int | None = None):
@@ -78,6 +83,7 @@ def model_from_flags(f, tp: int, t5: bool, notes: list[str], vocab_size: int | N
     spec.update(layer_variant_flags.read(f))       # --window-size, --softmax-type, --quick-geglu, ...
     if spec["activation"] == "quick_geglu" and norm == "RMSNorm":
         spec["family"] = "llama"
+    spec.update(moe_model_fields(f, num_layers, ffn, spec["position_embedding"], notes))
     spec.update(_vocab(f, tp, vocab_size))
     model = _named(spec, notes)
     backend = f.get("--attention-backend", "auto")
@@ -106,10 +112,13 @@ def _named(spec: dict, notes: list[str]) -> ModelSpec:
     mine = _validated({**spec, "vocab_size": spec["vocab_size"] or 1})
     for name in model_specs.preset_names():
         preset = load_model(name)
-        if preset.is_t5 != mine.is_t5 or preset.moe or preset.mla or preset.mtp_num_layers:
-            continue            # MoE / MLA / MTP command lines are refused before this (cmdline.REFUSED)
+        if preset.is_t5 != mine.is_t5 or (preset.moe is None) != (mine.moe is None):
+            continue
         if preset.num_layers != mine.num_layers:
-            preset = load_model(name, num_layers=mine.num_layers)
+            try:
+                preset = load_model(name, num_layers=mine.num_layers)
+            except (AcesoError, ValueError):          # its layer pattern does not fit this depth
+                continue
         if _architecture(preset, vocab_known) == _architecture(mine, vocab_known):
             spec = {**spec, **{k: getattr(preset, k) for k in ("name", "family", "aceso_db_key", "nominal_params_b",
                                                                "kv_channels", "num_query_groups")}}
@@ -127,6 +136,8 @@ def _named(spec: dict, notes: list[str]) -> ModelSpec:
 def _architecture(m: ModelSpec, with_vocab: bool) -> dict:
     d = {k: v for k, v in m.model_dump().items()
          if k not in _LABELS and k not in ("kv_channels", "num_query_groups") and (with_vocab or k != "vocab_size")}
+    if d.get("moe"):        # the router's training settings are the run's, not the architecture
+        d["moe"] = {k: v for k, v in d["moe"].items() if k not in _MOE_RUN}
     return {**d, "head_dim": m.head_dim, "groups": m.groups}
 
 

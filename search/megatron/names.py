@@ -12,6 +12,7 @@ from ..precision import megatron_flags as precision_flags
 from . import layer_variant_flags
 from .config import MegatronConfig
 from .layout import split_for
+from .moe_flags import moe_args, moe_bridge_fields, moe_parallel_args
 
 # (ours, Megatron-LM, Megatron-Bridge ConfigContainer field, note)
 TABLE: tuple[tuple[str, str, str, str], ...] = (
@@ -86,6 +87,31 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "Megatron-LM asserts the fsdp_dtensor checkpoint format"),
     ("activation_offload.num_layers", "--cpu-offloading-num-layers N", "model.cpu_offloading, "
      "model.cpu_offloading_num_layers", "one stage, no recompute"),
+    # MoE / MLA / MTP (moe_flags.py)
+    ("model.moe.num_experts", "--num-experts", "model.num_moe_experts", ""),
+    ("model.moe.moe_router_topk, moe_ffn_hidden_size, moe_shared_expert_intermediate_size, "
+     "moe_router_score_function, moe_router_num_groups, moe_router_group_topk, moe_expert_capacity_factor",
+     "--moe-router-topk, --moe-ffn-hidden-size, ... (the field name with - for _)", "model.(the same name)",
+     "Megatron-LM defaults: topk 2, moe_ffn_hidden_size = ffn_hidden_size"),
+    ("model.moe.moe_router_enable_expert_bias, moe_router_force_load_balancing",
+     "--moe-router-enable-expert-bias, --moe-router-force-load-balancing", "model.(the same name)", "off by default"),
+    ("model.moe.moe_layer_freq, first_k_dense_layers", "--moe-layer-freq N or '[0]*k+[1]*n'",
+     "model.moe_layer_freq (N or a 0/1 list)", "first k dense: a list"),
+    ("model.moe.moe_aux_loss_coeff", "--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff C (0: none)",
+     "model.moe_router_load_balancing_type, model.moe_aux_loss_coeff", "other aux-loss types priced as aux_loss"),
+    ("model.mla.*", "--multi-latent-attention --q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim "
+     "--v-head-dim", "model.multi_latent_attention, model.(the same names)", "recipe: deepseek_v3_pretrain_config"),
+    ("model.mtp_num_layers", "--mtp-num-layers (a layout: m before L)", "model.mtp_num_layers",
+     "the MTP block in the last model chunk"),
+    ("model.megatron.qk_layernorm", "--qk-layernorm", "model.qk_layernorm", ""),
+    ("stages[].ep, stages[].etp", "--expert-model-parallel-size, --expert-tensor-parallel-size (when set)",
+     "model.expert_model_parallel_size, model.expert_tensor_parallel_size", "one expert folding for all stages"),
+    ("moe.token_dispatcher", "--moe-token-dispatcher-type", "model.moe_token_dispatcher_type",
+     "flex: deepep backend (Megatron-LM's default)"),
+    ("moe.grouped_gemm, permute_fusion, shared_expert_overlap, overlap_ep_comm",
+     "--moe-grouped-gemm, --moe-permute-fusion, --moe-shared-expert-overlap, --overlap-moe-expert-parallel-comm",
+     "model.moe_grouped_gemm, moe_permute_fusion, moe_shared_expert_overlap, overlap_moe_expert_parallel_comm",
+     "off by default in Megatron-LM"),
 )
 
 _NORM = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
@@ -119,6 +145,7 @@ def megatron_lm_args(c: MegatronConfig) -> dict[str, list[str]]:
     model += [] if m.add_bias_linear else ["--disable-bias-linear"]
     model += ["--attention-dropout", _num(m.attention_dropout), "--hidden-dropout", _num(m.hidden_dropout),
               "--make-vocab-size-divisible-by", str(c.vocab_divisor), "--transformer-impl", c.transformer_impl]
+    model += moe_args(m)
     return {"model": model, "parallel": _parallel(c), "recompute": _recompute(c),
             "batch": ["--micro-batch-size", str(c.micro_batch_size), "--global-batch-size", str(c.global_batch_size)],
             "precision": [f for f in [_PRECISION[c.precision]] if f] + grad_reduce_args(c) + low_precision_args(c)}
@@ -152,7 +179,8 @@ def _parallel(c: MegatronConfig) -> list[str]:
     out = ["--tensor-model-parallel-size", str(c.tp), "--pipeline-model-parallel-size", str(c.pp),
            "--context-parallel-size", str(c.cp)]
     out += ["--sequence-parallel"] if c.sequence_parallel else []
-    split = split_for(c.chunk_layers, c.pp, c.vpp)
+    out += moe_parallel_args(c)
+    split = split_for(c.chunk_layers, c.pp, c.vpp, c.model.mtp_num_layers or 0)
     if split.layout is not None:
         out += ["--pipeline-model-parallel-layout", split.layout]
     else:
@@ -186,7 +214,7 @@ def _num(x: float) -> str:
 def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
     """Megatron-Bridge ``ConfigContainer`` overrides by section (``model``, ``train``, ``ddp``, ...)."""
     m = c.model
-    split = split_for(c.chunk_layers, c.pp, c.vpp)
+    split = split_for(c.chunk_layers, c.pp, c.vpp, m.mtp_num_layers or 0)
     rc = c.recompute
     model = {
         "num_layers": m.num_layers, "hidden_size": m.hidden_size, "ffn_hidden_size": m.ffn_hidden_size,
@@ -205,6 +233,7 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
         "recompute_granularity": rc.granularity, "recompute_method": rc.method,
         "recompute_num_layers": rc.num_layers, "recompute_modules": list(rc.modules) if rc.modules else None,
         **layer_variant_flags.bridge(m),
+        **moe_bridge_fields(c),
     }
     if c.offload_layers:
         model.update(cpu_offloading=True, cpu_offloading_num_layers=c.offload_layers)

@@ -22,6 +22,10 @@ and anything else is refused: ``attn_dropout`` (Megatron-LM has no dropout-only 
 unit (our activation-function recompute; megatron-core's ``mlp`` module re-runs the whole MLP and ``moe_act`` is for
 MoE experts only), a layer whose units differ, selective next to none or full (one granularity for the model),
 fully recomputed layers that are not the leading ones of their block, or a different leading count between blocks.
+MoE units (kind ``moe``): ``selective`` is megatron-core's ``--recompute-modules moe_act`` (the experts'
+activation function; with core_attn both may be given), full / none as an MLP unit (``moe`` / ``shared_experts`` /
+``mla_up_proj`` / ``mlp`` / ``layernorm`` are not plan choices: the importer lists them in a note); the MTP unit
+takes what megatron-core gives the MTP layer (``mtp_choice``).
 Memory: megatron-core's full recompute keeps one input per layer, the plan's ``full`` one per unit, so a plan's
 prediction is an upper bound by ``s * b * h`` elements per fully recomputed layer (docs/megatron.md).
 """
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 from ..model import ModelSpec
 from ..plan import ParallelPlan
-from .config import NO_RECOMPUTE, NotExpressible, Recompute, layer_name
+from .config import NO_RECOMPUTE, NotExpressible, Recompute, layer_bounds, layer_name
 
 CORE_ATTN = ("core_attn",)
 
@@ -41,7 +45,7 @@ def blocks_of(model: ModelSpec, start: int, end: int) -> list[tuple[str, list[tu
     GPT/Llama chunks have one (decoder) block; a T5 chunk has its encoder layers, then its decoder layers.
     ``start``/``end`` must fall on layer boundaries (checked before).
     """
-    starts = model.layer_starts
+    starts = layer_bounds(model)
     out: list[tuple[str, list[tuple[int, int]]]] = []
     for a, b in zip(starts[:-1], starts[1:]):
         if a < start or b > end:
@@ -53,15 +57,40 @@ def blocks_of(model: ModelSpec, start: int, end: int) -> list[tuple[str, list[tu
     return out
 
 
-def _layer_kind(model: ModelSpec, choices: list[str], lo: int) -> str | None:
+def _layer_kind(model: ModelSpec, choices: list[str], lo: int, modules: tuple[str, ...]) -> str | None:
+    kinds = [model.units[lo + i].kind for i in range(len(choices))]
+    if modules and choices == [_selective(k, modules) for k in kinds]:
+        return "selective"
     if all(c == "none" for c in choices):
         return "none"
     if all(c == "full" for c in choices):
         return "full"
-    kinds = [model.units[lo + i].kind for i in range(len(choices))]
-    if all(c == ("none" if k == "mlp" else "selective") for c, k in zip(choices, kinds)):
-        return "selective"
     return None
+
+
+def _selective(kind: str, modules: tuple[str, ...] = CORE_ATTN) -> str:
+    """A unit's choice under ``--recompute-modules MODULES``: core_attn re-runs the attention core of attention
+    units, moe_act the experts' activation function of moe units (the plan's ``selective`` on them); MLP units and
+    the MTP unit are not recomputed (a plan's MTP unit takes none or full)."""
+    on = ("core_attn" in modules and kind in ("attention", "cross_attention")) or ("moe_act" in modules and
+                                                                                  kind == "moe")
+    return "selective" if on else "none"
+
+
+def plan_modules(plan: ParallelPlan) -> tuple[str, ...]:
+    """The selective modules the plan's choices name: core_attn for selective attention units, moe_act for
+    selective moe units."""
+    kinds = {plan.model.units[ch.start_unit + k].kind for _, _, ch in plan.chunks_in_order()
+             for k, rc in enumerate(ch.recompute) if rc == "selective"}
+    return tuple(x for x, on in (("core_attn", kinds & {"attention", "cross_attention"}), ("moe_act", "moe" in kinds))
+                 if on)
+
+
+def mtp_choice(rc: Recompute) -> str:
+    """The MTP unit under a Megatron-LM setting (megatron-core 0.16.1 ``MultiTokenPredictionLayer``): full
+    uniform recomputes it, block skips it ("not supported for MTP yet"); selective re-runs its inner layer's
+    attention core, which a plan's MTP unit cannot say (none or full): none, an upper bound on its memory."""
+    return "full" if rc.granularity == "full" and rc.method == "uniform" else "none"
 
 
 def _where(plan: ParallelPlan, s: int, j: int) -> str:
@@ -77,7 +106,7 @@ def _check_units(plan: ParallelPlan) -> None:
                     f"{_where(plan, s, j)}.recompute[{k}] is attn_dropout: Megatron-LM has no dropout-only "
                     "recompute (its selective recompute re-runs the whole attention core, --recompute-modules "
                     "core_attn)")
-            if rc == "selective" and unit.kind == "mlp":
+            if rc == "selective" and unit.kind in ("mlp", "mtp"):
                 raise NotExpressible(
                     f"{_where(plan, s, j)}.recompute[{k}] is selective on an MLP unit: Megatron-LM's selective "
                     "recompute covers the attention core only (--recompute-modules core_attn; its mlp module "
@@ -91,13 +120,14 @@ def recompute_of(plan: ParallelPlan) -> Recompute:
     """
     _check_units(plan)
     m = plan.model
+    modules = plan_modules(plan)
     blocks = []           # (where, block name, [layer kinds])
     for s, j, ch in plan.chunks_in_order():
         for stack, layers in blocks_of(m, ch.start_unit, ch.end_unit):
             kinds = []
             for a, b in layers:
                 choices = ch.recompute[a - ch.start_unit:b - ch.start_unit]
-                kind = _layer_kind(m, choices, a)
+                kind = _layer_kind(m, choices, a, modules)
                 if kind is None:
                     k0 = a - ch.start_unit
                     raise NotExpressible(
@@ -109,7 +139,7 @@ def recompute_of(plan: ParallelPlan) -> Recompute:
             blocks.append((_where(plan, s, j), name, kinds))
     used = {k for _, _, kinds in blocks for k in kinds}
     if used <= {"none"}:
-        return NO_RECOMPUTE
+        return _with_mtp(plan, NO_RECOMPUTE)
     if "selective" in used:
         if used != {"selective"}:
             other = "full" if "full" in used else "none"
@@ -118,8 +148,29 @@ def recompute_of(plan: ParallelPlan) -> Recompute:
             raise NotExpressible(
                 f"{a} recomputes layers selectively but {b} has layers with {other} recompute: Megatron-LM's "
                 "--recompute-granularity is one setting for every layer")
-        return Recompute("selective", modules=CORE_ATTN)
-    return _full_setting(blocks)
+        return _with_mtp(plan, Recompute("selective", modules=modules))
+    rc = _full_setting(blocks)
+    if rc.method == "uniform" and _mtp_choices(plan) and set(_mtp_choices(plan)) == {"none"}:
+        # every layer full and the MTP block not: block N (N = the longest block) also recomputes every layer
+        rc = Recompute("full", "block", max(len(kinds) for _, _, kinds in blocks))
+    return _with_mtp(plan, rc)
+
+
+def _mtp_choices(plan: ParallelPlan) -> list[str]:
+    """The choices of the MTP units (after the last transformer layer, in the last chunk)."""
+    _, _, ch = list(plan.chunks_in_order())[-1]
+    return ch.recompute[max(layer_bounds(plan.model)[-1], ch.start_unit) - ch.start_unit:]
+
+
+def _with_mtp(plan: ParallelPlan, rc: Recompute) -> Recompute:
+    """``rc`` if the plan's MTP unit has the choice megatron-core makes for it under ``rc``, else NotExpressible."""
+    end = layer_bounds(plan.model)[-1]
+    s, j, ch = list(plan.chunks_in_order())[-1]
+    for k in range(max(end, ch.start_unit) - ch.start_unit, ch.end_unit - ch.start_unit):
+        if ch.recompute[k] != mtp_choice(rc):
+            raise NotExpressible(f"{_where(plan, s, j)}.recompute[{k}] (the MTP block) is {ch.recompute[k]}, but "
+                                 f"Megatron-LM's {rc.label} recompute gives it {mtp_choice(rc)}")
+    return rc
 
 
 def _full_setting(blocks) -> Recompute:
@@ -151,9 +202,10 @@ def unit_choices(rc: Recompute, model: ModelSpec, start: int, end: int) -> list[
         for i, (a, b) in enumerate(layers):
             for u in range(a, b):
                 if rc.granularity == "selective":
-                    out.append("none" if model.units[u].kind == "mlp" else "selective")
+                    out.append(_selective(model.units[u].kind, rc.modules))
                 elif rc.granularity == "full" and (rc.method == "uniform" or i < (rc.num_layers or 0)):
                     out.append("full")
                 else:
                     out.append("none")
+    out += [mtp_choice(rc)] * (end - max(start, layer_bounds(model)[-1]))     # the MTP unit(s) after the layers
     return out

@@ -5,7 +5,9 @@ Reads ``[{"line": ARGS, "world": N}, ...]`` as JSON on stdin; for each, runs Meg
 list: per case either ``{"error": ...}`` or the ``(first layer, layer count)`` megatron-core builds on each model
 chunk in model order (``get_transformer_layer_offset`` / ``get_num_layers_to_build``), the recompute settings and
 the data-parallel size. CPU only: the device-architecture query is answered as Hopper (9.0), the Triton-only
-batch-invariant kernels are stubbed, and ``--no-rope-fusion`` is added (rope fusion needs transformer-engine).
+batch-invariant kernels and transformer-engine's fused MoE permute kernels are stubbed, and ``--no-rope-fusion`` is
+added (rope fusion needs transformer-engine). MoE lines also report the MoE / MLA / MTP config fields and the chunk
+megatron-core builds the MTP layers on.
 """
 
 import json
@@ -30,6 +32,14 @@ from megatron.core.transformer.transformer_block import get_num_layers_to_build 
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset  # noqa: E402
 
 A.get_device_arch_version = lambda: 9
+import torch  # noqa: E402
+
+torch.cuda.get_device_capability = lambda *a, **k: (9, 0)   # --moe-grouped-gemm asks for it (Hopper)
+import megatron.core.transformer.moe.moe_utils as moe_utils  # noqa: E402
+
+for _name in ("fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
+              "fused_sort_chunks_by_index_with_probs", "fused_unpermute"):   # --moe-permute-fusion: TE's kernels
+    setattr(moe_utils, _name, getattr(moe_utils, _name, None) or (lambda *a, **k: None))
 
 
 def run(line: str, world: int) -> dict:
@@ -60,7 +70,34 @@ def run(line: str, world: int) -> dict:
                                "activation_func_clamp_value": cfg.activation_func_clamp_value,
                                "activation": cfg.activation_func.__name__, "gated": cfg.gated_linear_unit},
             "fsdp": [args.use_megatron_fsdp, args.data_parallel_sharding_strategy, args.ckpt_format],
-            "offload": [cfg.cpu_offloading, cfg.cpu_offloading_num_layers]}
+            "offload": [cfg.cpu_offloading, cfg.cpu_offloading_num_layers],
+            "moe": {k: _plain(getattr(cfg, k, None)) for k in MOE_FIELDS},
+            "mtp_chunk": _mtp_chunk(cfg, pp, vpp)}
+
+
+# TransformerConfig / MLATransformerConfig fields of MoE, MLA and MTP (what the MoE export must set)
+MOE_FIELDS = ("num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+              "moe_layer_freq", "moe_router_score_function", "moe_router_num_groups", "moe_router_group_topk",
+              "moe_router_enable_expert_bias", "moe_aux_loss_coeff", "moe_router_load_balancing_type",
+              "moe_expert_capacity_factor", "moe_router_force_load_balancing", "expert_model_parallel_size",
+              "expert_tensor_parallel_size", "moe_token_dispatcher_type", "moe_grouped_gemm", "moe_permute_fusion",
+              "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm", "multi_latent_attention",
+              "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm",
+              "mtp_num_layers")
+
+
+def _plain(v):
+    return v if v is None or isinstance(v, (bool, int, float, str, list)) else str(v)
+
+
+def _mtp_chunk(cfg, pp, vpp):
+    """The model chunk (model order) megatron-core builds the MTP layers on (None: no MTP)."""
+    if not cfg.mtp_num_layers:
+        return None
+    if cfg.pipeline_model_parallel_layout is not None:
+        layout = cfg.pipeline_model_parallel_layout.layout
+        return next(v * pp + r for v in range(vpp or 1) for r in range(pp) if "mtp" in str(layout[r][v]).lower())
+    return pp * (vpp or 1) - 1            # get_mtp_num_layers_to_build: the last pipeline stage's last chunk
 
 
 if __name__ == "__main__":

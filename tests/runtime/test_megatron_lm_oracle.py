@@ -22,7 +22,9 @@ pytestmark = pytest.mark.skipif(not CHECKOUT or not (Path(CHECKOUT) / "megatron"
                                 reason="set ACESO_MEGATRON_LM to a Megatron-LM core_v0.16.1 checkout")
 
 
-def _oracle(plans):
+def _oracle(plans: dict) -> list[dict]:
+    """What Megatron-LM (the checkout) makes of each plan's exported command line (megatron_lm_oracle.py)."""
+    plans = plans.values() if isinstance(plans, dict) else plans
     cases = [{"line": args_line(megatron_config(p)), "world": p.world_size} for p in plans]
     env = {**os.environ, "PYTHONPATH": CHECKOUT}
     r = subprocess.run([sys.executable, str(Path(__file__).with_name("megatron_lm_oracle.py"))], input=json.dumps(cases),
@@ -51,13 +53,7 @@ def test_megatron_lm_takes_the_fsdp_and_offload_flags():
 
 def test_megatron_lm_parses_validates_and_builds_the_plans_layers():
     plans = {n: case_plan(n) for n in sorted(CASES)}
-    cases = [{"line": args_line(megatron_config(p)), "world": p.world_size} for p in plans.values()]
-    env = {**os.environ, "PYTHONPATH": CHECKOUT}
-    r = subprocess.run([sys.executable, str(Path(__file__).with_name("megatron_lm_oracle.py"))], input=json.dumps(cases),
-                       capture_output=True, text=True, env=env, timeout=1200)
-    assert r.returncode == 0, r.stderr[-2000:]
-    results = json.loads(r.stdout.strip().splitlines()[-1])
-    for (name, plan), got in zip(plans.items(), results):
+    for (name, plan), got in zip(plans.items(), _oracle(plans)):
         assert "error" not in got, (name, got)
         c = megatron_config(plan)
         assert got["dp"] == c.dp and got["micro_batch_size"] == c.micro_batch_size, name
@@ -78,3 +74,43 @@ def test_megatron_lm_parses_validates_and_builds_the_plans_layers():
             "activation_func_clamp_value": m.activation_func_clamp_value,
             "activation": {"gelu": "gelu", "swiglu": "silu", "quick_geglu": "quick_gelu"}[m.activation],
             "gated": m.gated_mlp}, name
+
+
+def _expected_moe(c) -> dict:
+    """What megatron-core's config must hold for the MoE plan's MegatronConfig (our fields, its names)."""
+    from search.megatron.moe_flags import freq_list
+    m, moe, s = c.model, c.model.moe, c.moe
+    mla = m.mla.model_dump() if m.mla else dict.fromkeys(("q_lora_rank", "kv_lora_rank", "qk_head_dim",
+                                                           "qk_pos_emb_head_dim", "v_head_dim"))
+    freq = moe.moe_layer_freq if isinstance(moe.moe_layer_freq, int) and not moe.first_k_dense_layers \
+        else freq_list(moe, m.num_layers)
+    return {"num_moe_experts": moe.num_experts, "moe_router_topk": moe.moe_router_topk,
+            "moe_ffn_hidden_size": moe.moe_ffn_hidden_size,
+            "moe_shared_expert_intermediate_size": moe.moe_shared_expert_intermediate_size, "moe_layer_freq": freq,
+            "moe_router_score_function": moe.moe_router_score_function,
+            "moe_router_num_groups": moe.moe_router_num_groups, "moe_router_group_topk": moe.moe_router_group_topk,
+            "moe_router_enable_expert_bias": moe.moe_router_enable_expert_bias,
+            "moe_aux_loss_coeff": moe.moe_aux_loss_coeff,
+            "moe_router_load_balancing_type": "aux_loss" if moe.moe_aux_loss_coeff else "none",
+            "moe_expert_capacity_factor": moe.moe_expert_capacity_factor,
+            "moe_router_force_load_balancing": moe.moe_router_force_load_balancing,
+            "expert_model_parallel_size": c.ep, "expert_tensor_parallel_size": c.etp or c.tp,
+            "moe_token_dispatcher_type": s.token_dispatcher, "moe_grouped_gemm": s.grouped_gemm,
+            "moe_permute_fusion": s.permute_fusion, "moe_shared_expert_overlap": s.shared_expert_overlap,
+            "overlap_moe_expert_parallel_comm": s.overlap_ep_comm, "multi_latent_attention": m.mla is not None,
+            **mla, "qk_layernorm": bool((m.megatron or {}).get("qk_layernorm")), "mtp_num_layers": m.mtp_num_layers}
+
+
+def test_megatron_lm_reads_the_moe_mla_mtp_plans_as_planned():
+    from tests.megatron_moe_plans import MOE_CASES, moe_case_plan
+    plans = {n: moe_case_plan(n) for n in sorted(MOE_CASES)}
+    for (name, plan), got in zip(plans.items(), _oracle(plans)):
+        assert "error" not in got, (name, got)
+        c = megatron_config(plan)
+        starts = [0]
+        for n in c.chunk_layers:
+            starts.append(starts[-1] + n)
+        assert got["chunks"] == [[a, n] for a, n in zip(starts, c.chunk_layers)], name
+        assert got["moe"] == _expected_moe(c), name
+        assert got["mtp_chunk"] == (len(c.chunk_layers) - 1 if c.model.mtp_num_layers else None), name
+        assert got["dp"] == c.dp and got["micro_batch_size"] == c.micro_batch_size, name

@@ -71,10 +71,17 @@ def test_t5_example_multi_line_strings():
     assert m.is_t5 and (m.num_layers, m.hidden_size, m.num_attention_heads) == (12, 768, 12)
 
 
-def test_mixtral_is_refused_for_moe_not_for_its_position_embedding():
+def test_mixtral_reads_on_four_nodes_and_is_refused_on_one():
+    """Its default one node (8 GPUs) with pp 4 leaves 2 GPUs per stage for ep 8 (megatron-core's folding refuses
+    it too); with SLURM_NNODES 4 it is the mixtral-8x7b preset with ep 8, the alltoall dispatcher, grouped GEMM."""
     text = _text("mixtral/train_mixtral_8x7b_distributed.sh")
-    with pytest.raises(AcesoError, match=r"--num-experts 8: mixture-of-experts"):
+    with pytest.raises(AcesoError, match=re.escape("etp (1) x ep (8) must divide the stage's num_gpus (2)")):
         read_megatron(text, source="mixtral.sh")
+    imp = read_megatron(text.replace('NNODES=${SLURM_NNODES:-"1"}', 'NNODES=${SLURM_NNODES:-"4"}'), source="m.sh")
+    p = imp.plan
+    assert (p.model.name, p.world_size, p.num_stages, p.stages[0].ep, p.moe.token_dispatcher, p.moe.grouped_gemm) \
+        == ("mixtral-8x7b", 32, 4, 8, "alltoall", True)
+    assert p.model.moe.moe_aux_loss_coeff == 0.01 and not p.model.moe.moe_router_force_load_balancing
     dense = re.sub(r"MOE_ARGS=\(.*?\)", "MOE_ARGS=()", text, flags=re.S).replace("--expert-model-parallel-size 8",
                                                                              "")
     imp = read_megatron(dense, source="dense.sh", vocab_size=32000)     # --no-position-embedding + rope: RoPE

@@ -152,9 +152,7 @@ def test_account_for_embedding_and_loss_split():
 
 
 @pytest.mark.parametrize("extra,needle", [
-    ("--num-experts 8", "--num-experts 8: mixture-of-experts"),
     ("--fp8-format hybrid --fp8-dot-product-attention", "FP8 attention is not modelled"),
-    ("--multi-latent-attention", "multi-latent attention"),
     ("--use-megatron-fsdp", "only supports fsdp_dtensor checkpoint format\"; add --ckpt-format fsdp_dtensor"),
     ("--use-torch-fsdp2", "torch FSDP2 is not modelled"),
     ("--use-megatron-fsdp --ckpt-format fsdp_dtensor --data-parallel-sharding-strategy zero3",
@@ -162,8 +160,16 @@ def test_account_for_embedding_and_loss_split():
     ("--pipeline-model-parallel-size 2 --cpu-offloading-num-layers 1", "activation_offload needs one pipeline stage"),
     ("--cpu-offloading-num-layers 1 --recompute-activations", "does not work with activation recompute"),
     ("--cpu-offloading-num-layers 4", "must be below the model's 4 layers"),
+    ("--num-experts 6 --expert-model-parallel-size 4", "stages[0].ep (4) must divide num_experts (6)"),
+    ("--expert-model-parallel-size 2", "--expert-model-parallel-size 2 without --num-experts"),
+    ("--num-experts 8 --moe-layer-freq '[1]*3'", "the pattern has 3 entries but --num-layers is 4"),
+    ("--num-experts 8 --moe-token-dispatcher-type flex --moe-shared-expert-overlap", "alltoall only"),
+    ("--multi-latent-attention --group-query-attention", "mutually exclusive"),
+    ("--mtp-num-layers 1 --position-embedding-type rope --pipeline-model-parallel-size 2 "
+     "--pipeline-model-parallel-layout 'Et*2|t*2L'",
+     "0 MTP layers (m) but --mtp-num-layers is 1"),
     ("--cp-comm-type a2a", "ring (p2p) context parallelism"),
-    ("--recompute-granularity selective --recompute-modules core_attn mlp", "only core_attn maps"),
+    ("--recompute-granularity selective --recompute-modules core_attn mlps", "not a module of megatron-core"),
     ("--recompute-granularity full", "needs --recompute-method uniform|block"),
     ("--tensor-model-parallel-size 3", "not a multiple of tp x pp x cp"),
     ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*4|L'", "model chunk 1 holds no "),

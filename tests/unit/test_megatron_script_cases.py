@@ -83,9 +83,11 @@ def test_a_multi_line_double_quoted_string_splits_into_its_flags():
     assert imp.plan.world_size == 2 and imp.plan.global_batch_size == 32
 
 
-def test_no_position_embedding_beside_rope_is_rope_and_moe_is_refused_for_moe():
-    with pytest.raises(AcesoError, match=r"^moe\.sh: --num-experts 8: mixture-of-experts layers are not modelled"):
-        read_megatron(MOE, source="moe.sh")
+def test_no_position_embedding_beside_rope_is_rope_and_moe_with_tp_needs_sequence_parallel():
+    with pytest.raises(AcesoError, match=r"^moe\.sh: stages\[0\]: tp \(2\) on an MoE model needs sequence_parallel"):
+        read_megatron(MOE, source="moe.sh")                 # megatron-core's MoELayer refuses MoE + TP without SP
+    m = read_megatron(MOE.replace("--mock-data", "--mock-data --sequence-parallel"), source="moe.sh").plan.model
+    assert (m.moe.num_experts, m.moe.moe_router_topk, m.position_embedding) == (8, 2, "rope")
     dense = MOE.replace("    --num-experts 8\n", "").replace("    --moe-router-topk 2\n", "")
     imp = read_megatron(dense, source="dense.sh")
     assert imp.plan.model.position_embedding == "rope" and imp.plan.stages[0].tp == 2

@@ -1,0 +1,279 @@
+"""MoE, MLA and MTP both ways with Megatron-LM core_v0.16.1 (flags) and Megatron-Bridge v0.3.1 (provider fields).
+
+Import (``moe_model_fields``, ``moe_plan_fields``): the model flags become ``ModelSpec.moe`` / ``mla`` /
+``mtp_num_layers`` (and ``megatron.qk_layernorm``), the expert shape ``--expert-model-parallel-size`` /
+``--expert-tensor-parallel-size`` every stage's ``ep`` / ``etp`` (Megatron-LM has one folding), the dispatcher and
+overlap flags ``ParallelPlan.moe``, all with Megatron-LM's defaults (``--moe-router-topk`` 2, the ``allgather``
+dispatcher, grouped GEMM and permute fusion off, ``--kv-lora-rank`` 32, ``--qk-head-dim`` 128 ...) and the checks of
+``validate_args`` / ``TransformerConfig`` a plan depends on. Export (``moe_args``, ``moe_parallel_args``,
+``moe_bridge_fields``) writes the same fields back, so export -> import gives the same plan.
+
+``--moe-layer-freq`` is an int N or Megatron-LM's list expression (``"[0]*3+[1]*58"``, evaluated on the characters
+``_eval_pattern`` allows); a list of the form "the first k dense, then every N-th" becomes ``moe_layer_freq N`` with
+``first_k_dense_layers k`` (the presets' form), any other list stays a list. Aux losses: the plan keeps one
+coefficient (``moe_aux_loss_coeff``); ``--moe-router-load-balancing-type none`` is coefficient 0, the other aux-loss
+kinds are priced as ``aux_loss`` (a note). What the plan cannot say (the flex backend, router dtype / pre-softmax /
+scaling, YaRN) is listed in the importer's one warning, as every unpriced flag.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from ..errors import AcesoError
+from ..moe_plan import MoEPlanSettings
+
+DISPATCHERS = ("allgather", "alltoall", "flex")
+LB_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
+
+# ModelSpec.moe field <-> Megatron-LM flag (Bridge: the same TransformerConfig name, num_experts: num_moe_experts)
+MOE_FLAGS = (("num_experts", "--num-experts"), ("moe_router_topk", "--moe-router-topk"),
+             ("moe_ffn_hidden_size", "--moe-ffn-hidden-size"),
+             ("moe_shared_expert_intermediate_size", "--moe-shared-expert-intermediate-size"),
+             ("moe_router_score_function", "--moe-router-score-function"),
+             ("moe_router_num_groups", "--moe-router-num-groups"), ("moe_router_group_topk", "--moe-router-group-topk"),
+             ("moe_expert_capacity_factor", "--moe-expert-capacity-factor"))
+MOE_BOOLS = (("moe_router_enable_expert_bias", "--moe-router-enable-expert-bias"),
+             ("moe_router_force_load_balancing", "--moe-router-force-load-balancing"))
+MLA_FLAGS = (("q_lora_rank", "--q-lora-rank", None), ("kv_lora_rank", "--kv-lora-rank", 32),
+             ("qk_head_dim", "--qk-head-dim", 128), ("qk_pos_emb_head_dim", "--qk-pos-emb-head-dim", 64),
+             ("v_head_dim", "--v-head-dim", 128))
+# MoEPlanSettings bool field <-> Megatron-LM flag <-> Bridge model field (all off by default in Megatron-LM)
+SETTING_FLAGS = (("grouped_gemm", "--moe-grouped-gemm", "moe_grouped_gemm"),
+                 ("permute_fusion", "--moe-permute-fusion", "moe_permute_fusion"),
+                 ("shared_expert_overlap", "--moe-shared-expert-overlap", "moe_shared_expert_overlap"),
+                 ("overlap_ep_comm", "--overlap-moe-expert-parallel-comm", "overlap_moe_expert_parallel_comm"))
+MODEL_ONLY = ("--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
+              "--moe-layer-freq", "--moe-router-score-function", "--moe-router-num-groups", "--moe-router-group-topk",
+              "--moe-router-enable-expert-bias", "--moe-aux-loss-coeff", "--moe-expert-capacity-factor",
+              "--moe-router-force-load-balancing", "--moe-router-load-balancing-type")
+
+
+# ----- import -------------------------------------------------------------------------------------------------
+def layer_freq(text: str, num_layers: int) -> dict:
+    """``--moe-layer-freq`` as MoESpec fields: ``{moe_layer_freq: N}`` (+ ``first_k_dense_layers``) or a 0/1 list."""
+    where = f"--moe-layer-freq {text!r}"
+    if "[" not in text:
+        try:
+            return {"moe_layer_freq": int(text)}
+        except ValueError:
+            raise AcesoError(f"{where}: expected an integer or a list expression such as [0]*3+[1]*58") from None
+    if re.search(r"[^,\d\[\]()+*\s]", text):      # Megatron-LM's _eval_pattern allows these characters only
+        raise AcesoError(f"{where}: only digits, [ ] ( ) + * and commas are allowed (Megatron-LM's pattern)")
+    try:
+        pattern = _eval(ast.parse(text.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, TypeError, RecursionError):
+        raise AcesoError(f"{where}: not a list expression such as [0]*3+[1]*58") from None
+    if not isinstance(pattern, list) or any(x not in (0, 1) for x in pattern):
+        raise AcesoError(f"{where}: the pattern must be a list of 0s (dense) and 1s (MoE)")
+    if len(pattern) != num_layers:
+        raise AcesoError(f"{where}: the pattern has {len(pattern)} entries but --num-layers is {num_layers} "
+                         "(Megatron-LM asserts one per layer)")
+    return _compact(pattern)
+
+
+def _eval(node):
+    """The list expression of ``--moe-layer-freq`` without ``eval``: list literals, ints, ``+`` and ``*``."""
+    if isinstance(node, ast.List):
+        return [_eval(x) for x in node.elts]
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        a, b = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Mult) and max(len(x) if isinstance(x, list) else x for x in (a, b)) > 1 << 16:
+            raise ValueError("too long")
+        return a + b if isinstance(node.op, ast.Add) else a * b
+    raise ValueError("not a list expression")
+
+
+def _compact(pattern: list[int]) -> dict:
+    """``[0]*k + every N-th`` as ``{moe_layer_freq: N, first_k_dense_layers: k}``, else the list itself."""
+    if 1 in pattern:
+        k = pattern.index(1)
+        for n in range(1, len(pattern) + 1):
+            if [int(i >= k and i % n == 0) for i in range(len(pattern))] == pattern:
+                return {"moe_layer_freq": n, **({"first_k_dense_layers": k} if k else {})}
+    return {"moe_layer_freq": pattern}
+
+
+def _aux_loss(f, notes: list[str]) -> float:
+    types = f.get("--moe-router-load-balancing-type") or ["aux_loss"]
+    coeffs = f.get("--moe-aux-loss-coeff") or ["0.0"]
+    bad = [t for t in types if t not in LB_TYPES]
+    if bad:
+        raise AcesoError(f"--moe-router-load-balancing-type {bad[0]}: use one of {', '.join(LB_TYPES)}")
+    try:
+        values = [float(x) for x in coeffs]
+    except ValueError:
+        raise AcesoError(f"--moe-aux-loss-coeff {' '.join(coeffs)}: expected numbers") from None
+    if len(types) != len(values) and len(values) != 1:
+        raise AcesoError(f"--moe-aux-loss-coeff gives {len(values)} values for {len(types)} load-balancing types; "
+                         "give one per type")
+    values = values * len(types) if len(values) == 1 else values
+    total = sum(v for t, v in zip(types, values) if t not in ("none", "sinkhorn"))
+    other = sorted({t for t, v in zip(types, values) if t not in ("aux_loss", "none") and v})
+    if other or "sinkhorn" in types:
+        notes.append(f"--moe-router-load-balancing-type {' '.join(types)}: priced as one aux_loss of coefficient "
+                     f"{total:g}")
+    return total
+
+
+def moe_model_fields(f, num_layers: int, ffn: int, pos: str, notes: list[str]) -> dict:
+    """The ModelSpec fields of the MoE / MLA / MTP / q-k norm flags (empty for a dense model)."""
+    out: dict = {}
+    experts = f.get("--num-experts")
+    if experts:                                     # Megatron-LM: 0 is None (no MoE)
+        moe = {"num_experts": experts, "moe_router_topk": f.get("--moe-router-topk", 2),
+               "moe_ffn_hidden_size": f.get("--moe-ffn-hidden-size", ffn)}
+        for name, flag in MOE_FLAGS[3:]:
+            if f.has(flag):
+                moe[name] = f.get(flag)
+        for name, flag in MOE_BOOLS:
+            moe[name] = f.has(flag)
+        moe.update(layer_freq(f.get("--moe-layer-freq", "1"), num_layers))
+        moe["moe_aux_loss_coeff"] = _aux_loss(f, notes)
+        if moe["moe_router_topk"] == 1 and moe.get("moe_router_score_function", "softmax") == "softmax" and not (
+                f.has("--moe-router-pre-softmax") or "sinkhorn" in (f.get("--moe-router-load-balancing-type") or [])):
+            raise AcesoError("--moe-router-topk 1 with the softmax router needs --moe-router-pre-softmax "
+                             "(megatron-core's TransformerConfig raises)")
+        out["moe"] = moe
+    else:
+        given = [x for x in MODEL_ONLY if f.has(x)]
+        if given:
+            notes.append(f"{' '.join(given)} without --num-experts: Megatron-LM builds a dense model")
+    if f.has("--multi-latent-attention"):
+        if f.has("--group-query-attention"):
+            raise AcesoError("--multi-latent-attention with --group-query-attention: Megatron-LM asserts they are "
+                             "mutually exclusive")
+        out["mla"] = {name: f.get(flag, default) for name, flag, default in MLA_FLAGS}
+    mtp = f.get("--mtp-num-layers")
+    if mtp:
+        if pos != "rope":
+            raise AcesoError(f"--mtp-num-layers with --position-embedding-type {pos}: Megatron-LM supports MTP with "
+                             "rope (or none) only")
+        out["mtp_num_layers"] = mtp
+    if f.has("--qk-layernorm"):
+        out["megatron"] = {"qk_layernorm": True}
+    return out
+
+
+def moe_plan_fields(f, model, notes: list[str]) -> tuple[int, int | None, MoEPlanSettings | None]:
+    """``(ep, etp, settings)`` of every stage / the plan (``etp`` None: not given, megatron-core's default tp)."""
+    ep, etp = f.get("--expert-model-parallel-size", 1), f.get("--expert-tensor-parallel-size")
+    if ep < 1 or (etp is not None and etp < 1):
+        raise AcesoError("--expert-model-parallel-size and --expert-tensor-parallel-size must be at least 1")
+    dispatcher = f.get("--moe-token-dispatcher-type", "allgather")
+    backend = f.get("--moe-flex-dispatcher-backend", "deepep")
+    if model.moe is None:
+        if ep > 1:
+            raise AcesoError(f"--expert-model-parallel-size {ep} without --num-experts: Megatron-LM asserts "
+                             "num_experts is set to use expert model parallelism")
+        return 1, None, None
+    if dispatcher not in DISPATCHERS:
+        raise AcesoError(f"--moe-token-dispatcher-type {dispatcher}: use one of {', '.join(DISPATCHERS)}")
+    if backend not in ("deepep", "hybridep"):
+        raise AcesoError(f"--moe-flex-dispatcher-backend {backend}: use deepep or hybridep")
+    if f.has("--moe-enable-deepep") and (dispatcher != "flex" or backend == "hybridep"):
+        raise AcesoError("--moe-enable-deepep needs --moe-token-dispatcher-type flex and no hybridep backend "
+                         "(megatron-core's TransformerConfig raises)")
+    if dispatcher == "flex" and backend != "deepep":
+        notes.append(f"--moe-token-dispatcher-type flex ({backend}): priced as the flex dispatcher; the plan does "
+                     "not name its backend (export writes Megatron-LM's default, deepep)")
+    settings = {"token_dispatcher": dispatcher, **{name: f.has(flag) for name, flag, _ in SETTING_FLAGS}}
+    if settings["shared_expert_overlap"] and dispatcher != "alltoall":
+        raise AcesoError(f"--moe-shared-expert-overlap with the {dispatcher} dispatcher: megatron-core supports it "
+                         "with alltoall only")
+    return ep, etp, MoEPlanSettings(**settings)
+
+
+# ----- export -------------------------------------------------------------------------------------------------
+def freq_list(moe, num_layers: int) -> list[int]:
+    """One 0/1 per layer (1 = MoE)."""
+    if isinstance(moe.moe_layer_freq, list):
+        return list(moe.moe_layer_freq)
+    return [int(moe.is_moe_layer(i)) for i in range(num_layers)]
+
+
+def moe_args(m) -> list[str]:
+    """The Megatron-LM model flags of the MoE / MLA / MTP / q-k norm fields."""
+    out: list[str] = []
+    if (m.megatron or {}).get("qk_layernorm"):
+        out.append("--qk-layernorm")
+    if m.moe is not None:
+        moe = m.moe
+        for name, flag in MOE_FLAGS:
+            v = getattr(moe, name)
+            if v is not None:
+                out += [flag, str(v)]
+        out += [flag for name, flag in MOE_BOOLS if getattr(moe, name)]
+        if moe.moe_router_topk == 1 and moe.moe_router_score_function == "softmax":
+            out.append("--moe-router-pre-softmax")      # megatron-core requires it for top-1 (same cost)
+        out += ["--moe-layer-freq", _freq_of(m)]
+        out += (["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", repr(moe.moe_aux_loss_coeff)]
+                if moe.moe_aux_loss_coeff else ["--moe-router-load-balancing-type", "none"])
+    if m.mla is not None:
+        out.append("--multi-latent-attention")
+        for name, flag, _ in MLA_FLAGS:
+            v = getattr(m.mla, name)
+            if v is not None:
+                out += [flag, str(v)]
+    if m.mtp_num_layers:
+        out += ["--mtp-num-layers", str(m.mtp_num_layers)]
+    return out
+
+
+def _freq_of(m) -> str:
+    """``--moe-layer-freq``'s value: N, or the run-length list expression ``[0]*3+[1]*58``."""
+    moe = m.moe
+    if isinstance(moe.moe_layer_freq, int) and not moe.first_k_dense_layers:
+        return str(moe.moe_layer_freq)
+    runs: list[list[int]] = []
+    for v in freq_list(moe, m.num_layers):
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([v, 1])
+    return "+".join(f"[{v}]*{n}" for v, n in runs)
+
+
+def moe_parallel_args(c) -> list[str]:
+    """The expert shape and the MoE run settings as Megatron-LM flags (empty for a dense model)."""
+    if c.model.moe is None:
+        return []
+    s = c.moe or MoEPlanSettings()
+    out = ["--expert-model-parallel-size", str(c.ep)]
+    out += ["--expert-tensor-parallel-size", str(c.etp)] if c.etp is not None else []
+    out += ["--moe-token-dispatcher-type", s.token_dispatcher]
+    out += [flag for name, flag, _ in SETTING_FLAGS if getattr(s, name)]
+    return out
+
+
+def moe_bridge_fields(c) -> dict[str, object]:
+    """The Bridge ``model`` fields (GPTModelProvider / MLAModelProvider = megatron-core TransformerConfig names)."""
+    m = c.model
+    if m.moe is None and m.mla is None and not m.mtp_num_layers:
+        return {}                                   # a dense model: as before (the recipe is a dense one)
+    out: dict[str, object] = {"qk_layernorm": bool((m.megatron or {}).get("qk_layernorm")),
+                              "mtp_num_layers": m.mtp_num_layers, "multi_latent_attention": m.mla is not None}
+    if m.moe is None:
+        return {**out, "num_moe_experts": None, **(_mla(m) if m.mla is not None else {})}
+    moe, s = m.moe, c.moe or MoEPlanSettings()
+    out["num_moe_experts"] = moe.num_experts
+    out.update({name: getattr(moe, name) for name, _ in MOE_FLAGS[1:] + MOE_BOOLS})
+    out["moe_layer_freq"] = moe.moe_layer_freq if isinstance(moe.moe_layer_freq, int) and not \
+        moe.first_k_dense_layers else freq_list(moe, m.num_layers)
+    out["moe_router_load_balancing_type"] = "aux_loss" if moe.moe_aux_loss_coeff else "none"
+    if moe.moe_router_topk == 1 and moe.moe_router_score_function == "softmax":
+        out["moe_router_pre_softmax"] = True        # megatron-core requires it for top-1; else the recipe's
+    out["moe_aux_loss_coeff"] = moe.moe_aux_loss_coeff
+    out["expert_model_parallel_size"] = c.ep
+    out["expert_tensor_parallel_size"] = c.tp if c.etp is None else c.etp
+    out["moe_token_dispatcher_type"] = s.token_dispatcher
+    out["moe_flex_dispatcher_backend"] = "deepep"
+    out.update({field: getattr(s, name) for name, _, field in SETTING_FLAGS})
+    return {**out, **(_mla(m) if m.mla is not None else {})}
+
+
+def _mla(m) -> dict[str, object]:
+    return {"multi_latent_attention": True, **{name: getattr(m.mla, name) for name, _, _ in MLA_FLAGS}}
