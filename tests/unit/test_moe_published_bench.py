@@ -48,7 +48,9 @@ def test_deepseek_layout_row(mp):
     assert plan.micro_batch_size == 64 and plan.global_batch_size == 4096
     assert plan.moe.token_dispatcher == "flex" and plan.moe.grouped_gemm and plan.moe.permute_fusion
     assert plan.distributed_optimizer and plan.overlap_grad_reduce and plan.overlap_param_gather
-    assert set(st.all_recompute) == {"selective", "none"}       # --recompute-granularity selective
+    # --recompute-granularity selective --recompute-modules mla_up_proj: a module the plan has no choice for (priced
+    # as not recomputed, search/megatron/recompute.py), not core_attn
+    assert set(st.all_recompute) == {"none"}
     assert plan.chunks_in_order()[-1][2].end_unit == plan.model.num_units
 
 
