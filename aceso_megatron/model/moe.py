@@ -80,6 +80,9 @@ def refusal(env, plan) -> str | None:
     if m.moe is None:
         return None
     s = settings(plan)
+    if m.add_bias_linear:
+        return (f"model {m.name}: add_bias_linear with MoE: megatron-core 0.16.1's expert MLP adds its bias in place "
+                "on the output of its TP reduction, which autograd refuses; set add_bias_linear false")
     if m.moe.moe_router_enable_expert_bias:
         return ("moe.moe_router_enable_expert_bias: megatron-core 0.16.1 updates the expert bias over the global "
                 "parallel_state groups, which per-stage groups leave unset; set it false")

@@ -30,7 +30,8 @@ MOE = MoESpec(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32)
 LLAMA_MOE = LLAMA.model_copy(update={"name": "tiny-llama-moe", "moe": MOE})
 DENSE_FIRST = LLAMA.model_copy(update={"name": "tiny-llama-moe-dense-first", "num_layers": 3, "moe": MOE.model_copy(
     update={"first_k_dense_layers": 1, "moe_shared_expert_intermediate_size": 16})})
-GPT_MOE = GPT.model_copy(update={"name": "tiny-gpt-moe", "moe": MOE})   # biases, GELU, tied embeddings
+# GELU, LayerNorm, learned positions, tied embeddings (no biases: refused with MoE, see model.moe.refusal)
+GPT_MOE = GPT.model_copy(update={"name": "tiny-gpt-moe", "moe": MOE, "add_bias_linear": False})
 
 
 def st(tp, dp, lo, hi, ep=1, etp=None, sp=False):
@@ -47,7 +48,7 @@ PLANS = {
     2: {
         "llama EP 2 on one stage (tp1 x dp2, edp 1), alltoall": plan(LLAMA_MOE, st(1, 2, 0, 4, ep=2)),
         "llama EP 2, allgather dispatcher": plan(LLAMA_MOE, st(1, 2, 0, 4, ep=2), dispatcher="allgather"),
-        "gpt (biases) tp2 + SP, experts ep2 etp1 on the same GPUs (folding)": plan(
+        "gpt tp2 + SP, experts ep2 etp1 on the same GPUs (folding)": plan(
             GPT_MOE, st(2, 1, 0, 4, ep=2, etp=1, sp=True)),
     },
     4: {
