@@ -102,6 +102,12 @@ def refusal(env, plan) -> str | None:
         return None
     if s.token_dispatcher == "flex" and not env.cuda:
         return "moe.token_dispatcher flex: DeepEP/HybridEP need CUDA, not available on CPU; use alltoall or allgather"
+    if not env.cuda and s.token_dispatcher == "alltoall":
+        for i, st in enumerate(plan.stages):
+            if expert_tp(st) > 1:
+                return (f"stages[{i}].etp ({expert_tp(st)}) with the alltoall dispatcher on CPU: megatron-core "
+                        "all-gathers uneven token counts over expert-TP, which gloo cannot; use etp 1 or the "
+                        "allgather dispatcher")
     if s.grouped_gemm and env.cuda and not env.te:
         return ("moe.grouped_gemm: megatron-core's grouped experts need transformer-engine, not importable here; "
                 "set grouped_gemm false or install transformer-engine")

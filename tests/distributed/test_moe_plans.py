@@ -55,7 +55,8 @@ PLANS = {
         "llama EP 2 -> EP 1 across two stages (dp2 | dp2)": plan(LLAMA_MOE, st(1, 2, 0, 2, ep=2), st(1, 2, 2, 4)),
         "llama dense first layer on stage 0 (dp2), shared expert, EP 2 on stage 1": plan(
             DENSE_FIRST, st(1, 2, 0, 2), st(1, 2, 2, 6, ep=2)),
-        "llama tp2 + SP x dp2, experts etp2 x ep2 (edp 1)": plan(LLAMA_MOE, st(2, 2, 0, 4, ep=2, etp=2, sp=True)),
+        "llama tp2 + SP x dp2, experts etp2 x ep2 (edp 1), allgather": plan(
+            LLAMA_MOE, st(2, 2, 0, 4, ep=2, etp=2, sp=True), dispatcher="allgather"),
         "llama tp2 + SP x dp2, experts etp1 x ep4, allgather": plan(
             LLAMA_MOE, st(2, 2, 0, 4, ep=4, etp=1, sp=True), dispatcher="allgather"),
     },
