@@ -15,8 +15,6 @@ the same experts everywhere; ``test_routing_margin`` measures the smallest top-k
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -67,10 +65,69 @@ def test_enough_moe_plans():
     assert sum(len(p) for p in PLANS.values()) >= 7
 
 
+# the control: EP 2 over attention DP 2 (expert-DP 1); reducing the experts over DP sums different experts
+CONTROL = PLANS[2]["llama EP 2 on one stage (tp1 x dp2, edp 1), alltoall"]
+
+
+def _experts_over_dp(chunk) -> None:
+    """The wrong group: routed experts left in DDP's dense buffers, reduced over the attention DP group."""
+    from aceso_megatron.model.moe import is_expert
+
+    for name, canon in chunk.canonical_names().items():
+        if is_expert(canon):
+            chunk.get_parameter(name).allreduce = True
+
+
+def plans_then_control(rank, world_size, raws, out, control_out, seed, steps, tc) -> None:
+    """``run_plans`` on ``raws``; then, on ranks > 1, the control plan with experts reduced over DP."""
+    run_plans(rank, world_size, raws, out, seed, steps, tc)
+    if world_size == 2:
+        from aceso_megatron.model import moe
+
+        right, moe.mark_expert_params = moe.mark_expert_params, _experts_over_dp
+        try:
+            run_plans(rank, world_size, [CONTROL], control_out, seed, steps, tc)
+        finally:
+            moe.mark_expert_params = right
+    dist.barrier()
+
+
 @pytest.mark.parametrize("world_size", sorted(PLANS))
 def test_moe_plans_match_single_process(world_size, tmp_path, reference_process):  # noqa: F811
     names, raws = zip(*PLANS[world_size].items())
-    out = tmp_path / "results.pt"
-    spawn(world_size, run_plans, list(raws), str(out), SEED, STEPS, TC)
+    out, control = tmp_path / "results.pt", tmp_path / "control.pt"
+    spawn(world_size, plans_then_control, list(raws), str(out), str(control), SEED, STEPS, TC)
     failures = compare(names, raws, torch.load(out))
     assert not failures, "\n".join(failures)
+    if world_size == 2:   # the control must fail, on expert gradients
+        wrong = compare(["control"], [CONTROL], torch.load(control))
+        assert any(".mlp.experts." in f and " grad " in f for f in wrong), wrong
+
+
+def test_routing_margin(reference_process):  # noqa: F811
+    """The smallest gap between the k-th and (k+1)-th router logit over every token of every plan's batches, at
+    the reference's initial weights: far above fp32 rounding, so every plan routes every token alike."""
+    from aceso_megatron.testing import make_batches
+    from aceso_megatron.testing.reference import Reference
+    from search.plan import ParallelPlan
+
+    smallest = float("inf")
+    for raw in [r for plans in PLANS.values() for r in plans.values()]:
+        p = ParallelPlan.model_validate(raw)
+        ref = Reference(p.model, seed=SEED, train_config=TC)
+        gaps = []
+        hooks = [m.register_forward_hook(lambda mod, args, out: gaps.append(_gap(mod, args[0])))
+                 for n, m in ref.gpt.named_modules() if n.endswith("mlp.router")]
+        ref.forward_backward(make_batches(p.model, p.micro_batch_size, p.global_batch_size, SEED))
+        for h in hooks:
+            h.remove()
+        assert gaps, "no router ran"
+        smallest = min(smallest, min(gaps))
+    print(f"smallest top-k router-logit margin: {smallest:.2e}")
+    assert smallest > 1e-5, f"top-k margin {smallest:.2e}: routing could differ between plans by rounding"
+
+
+def _gap(router, hidden: torch.Tensor) -> float:
+    logits = (hidden.reshape(-1, hidden.size(-1)) @ router.weight.t()).detach()
+    top = logits.topk(router.topk + 1, dim=-1).values
+    return float((top[:, -2] - top[:, -1]).min())
