@@ -29,7 +29,7 @@ from . import megatron_fields
 from .moe import MAX_MTP, MLASpec, MoESpec, check_model as _check_moe
 
 Family = Literal["gpt", "t5", "llama"]
-UnitKind = Literal["attention", "cross_attention", "mlp"]
+UnitKind = Literal["attention", "cross_attention", "mlp", "moe", "mtp"]
 Stack = Literal["decoder", "encoder"]
 
 # Upper bounds (docs/inputs.md): far above any published model (Llama 3 405B: 126 layers, hidden 16384, ffn 53248,
@@ -195,9 +195,14 @@ class ModelSpec(BaseModel):
 
     @cached_property
     def units(self) -> tuple[Unit, ...]:
-        """All sub-layer units in execution order (T5: encoder units first)."""
+        """All sub-layer units in execution order (T5: encoder units first). An MoE layer's second unit is ``moe``
+        (router, dispatch, experts, shared expert, combine) instead of ``mlp``; each MTP layer is one ``mtp`` unit
+        after the last decoder layer (layer index ``num_layers + j``)."""
         if not self.is_t5:
-            return tuple(Unit("decoder", i, k) for i in range(self.num_layers) for k in ("attention", "mlp"))
+            moe = self.moe
+            out = [Unit("decoder", i, k) for i in range(self.num_layers)
+                   for k in ("attention", "moe" if moe is not None and moe.is_moe_layer(i) else "mlp")]
+            return tuple(out + [Unit("decoder", self.num_layers + j, "mtp") for j in range(self.mtp_num_layers or 0)])
         enc = [Unit("encoder", i, k) for i in range(self.num_layers) for k in ("attention", "mlp")]
         dec = [
             Unit("decoder", i, k)
@@ -208,8 +213,11 @@ class ModelSpec(BaseModel):
 
     @property
     def layer_starts(self) -> list[int]:
-        """Unit index where each layer starts, plus the end (T5: encoder layers, then decoder layers)."""
+        """Unit index where each layer starts, plus the end (T5: encoder layers, then decoder layers). The MTP units
+        count as part of the last decoder layer: they belong to the last model chunk (megatron-core builds the MTP
+        block on the last pipeline stage), so a layer-aligned cut never separates them from it."""
         sizes = [2] * self.num_layers + ([3] * self.num_decoder_layers if self.is_t5 else [])
+        sizes[-1] += self.mtp_num_layers or 0
         out = [0]
         for n in sizes:
             out.append(out[-1] + n)
@@ -235,7 +243,10 @@ class ModelSpec(BaseModel):
         return 2 * self.head_dim * (2 if self.normalization == "layernorm" else 1)
 
     def unit_params(self, kind: UnitKind) -> int:
-        """Parameters of one unit (unsharded), its norm included."""
+        """Parameters of one unit (unsharded), its norm included (MLA / MoE / MTP: ``search.moe_params``)."""
+        if kind in ("moe", "mtp") or (kind == "attention" and self.mla is not None):
+            from .moe_params import unit_params
+            return unit_params(self, kind)
         h, d = self.hidden_size, self.head_dim
         q = self.num_attention_heads * d
         kv = self.groups * d
@@ -279,6 +290,9 @@ class ModelSpec(BaseModel):
         ``causal`` halves nothing here: like Megatron's reported TFLOP/s, the full score matrix is counted.
         """
         s = tokens_per_sample
+        if kind in ("moe", "mtp") or (kind == "attention" and self.mla is not None):
+            from .moe_flops import unit_forward_flops
+            return unit_forward_flops(self, kind, s)
         h, d = self.hidden_size, self.head_dim
         q = self.num_attention_heads * d
         kv = self.groups * d

@@ -5,9 +5,10 @@ the MTP depth. Field names are megatron-core 0.16.1's ``TransformerConfig`` / ``
 Megatron-LM's flags with ``_`` for ``-``), so a preset reads like the Megatron-Bridge recipe that trains it. Counts
 live in ``search.moe_params``.
 
-The cost model does not price these yet: ``refuse_unpriced`` is the one check every pricing entry calls (search,
-explain, baseline, validate, import, export), so an MoE / MLA / MTP model is refused with one line instead of being
-priced as a dense model. docs/moe.md says what is built and what is not.
+The analytic cost model prices them (``search/costmodel/moe_cost.py``, ``mla_mtp.py``); ``refuse_unpriced`` is the
+one check every pricing entry calls (search, explain, baseline, validate, import, export), so what it does not
+price is refused with one line instead of being priced as a dense model, and the runtime, the profile-db and
+aceso-compat cost models refuse every MoE / MLA / MTP feature with their own reason. docs/moe.md says what is built.
 """
 
 from __future__ import annotations
@@ -124,8 +125,8 @@ def check_model(model) -> None:
         model.moe.check_layers(model.num_layers)
 
 
-def unpriced_features(model) -> list[str]:
-    """The features of ``model`` the cost model does not price yet (empty: a dense model it prices)."""
+def moe_features(model) -> list[str]:
+    """The MoE / MLA / MTP features of ``model`` (empty: a dense model)."""
     out = []
     if model.moe is not None:
         out.append(f"MoE ({model.moe.num_experts} experts, top-{model.moe.moe_router_topk})")
@@ -136,11 +137,18 @@ def unpriced_features(model) -> list[str]:
     return out
 
 
+def unpriced_features(model) -> list[str]:
+    """The features of ``model`` the analytic cost model does not price (empty: it prices the model). It prices
+    MoE layers (``costmodel/moe_cost.py``), MLA and MTP (``costmodel/mla_mtp.py``); what it approximates is
+    written there (group-limited routing as plain top-k, the aux loss's kernels not counted, flex as alltoall)."""
+    return []
+
+
 def refuse_unpriced(model, reason: str | None = None) -> None:
-    """The one check where models enter pricing (and the runtime's plan check, with its own ``reason``): an MoE /
-    MLA / MTP model is refused (``AcesoError``, exit 2) rather than priced or built as if it were dense."""
-    what = unpriced_features(model)
+    """The one check where models enter pricing: what the analytic cost model does not price is refused
+    (``AcesoError``, exit 2) rather than priced as if it were dense. With a ``reason`` (the runtime's plan check,
+    the profile-db and aceso-compat cost models) every MoE / MLA / MTP feature is refused with it."""
+    what = moe_features(model) if reason else unpriced_features(model)
     if what:
         raise AcesoError(f"model {model.name}: {', '.join(what)}: " + (reason or (
-            "MoE pricing is not built yet (issue 22); `aceso models` lists its parameter counts, but "
-            "search/explain/baseline/validate/export need a dense model")))
+            "the cost model does not price this yet (docs/moe.md)")))

@@ -51,8 +51,11 @@ MAX_BATCH = 1 << 24
 
 
 def recompute_allowed(kind: str) -> tuple[Recompute, ...]:
-    """The recompute choices a unit of this kind can take (``attn_dropout``: attention units only)."""
-    return tuple(c for c in RECOMPUTE_CHOICES if kind != "mlp" or c not in ATTENTION_ONLY)
+    """The recompute choices a unit of this kind can take (``attn_dropout``: attention units only; ``moe``:
+    selective = megatron-core's ``recompute_modules`` ["moe_act"]; ``mtp``: none or full, its inner layer whole)."""
+    if kind == "mtp":
+        return ("none", "full")
+    return tuple(c for c in RECOMPUTE_CHOICES if kind in ("attention", "cross_attention") or c not in ATTENTION_ONLY)
 
 
 class ChunkSpec(BaseModel):

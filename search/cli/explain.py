@@ -36,7 +36,7 @@ from ..text import shape as stage_shape
 from .common import add_calibration_arg, add_cluster_args, calibrated, print_json
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "grad_copy", "reserve")
-COMM_KINDS = ("tp", "cp", "p2p", "dp", "param_gather", "embedding_grads")
+COMM_KINDS = ("tp", "cp", "ep", "p2p", "dp", "edp", "param_gather", "edp_param_gather", "embedding_grads")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

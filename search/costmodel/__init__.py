@@ -5,7 +5,8 @@
 ``profiledb.py``, docs/profile-db.md) or ``aceso-compat`` (the reference implementation's model, ``search.compat``).
 Formulas: analytic.py (unit times) over kernels.py (GEMM / attention / memory-bound kernels), tpcomm.py (TP
 collectives and their overlap), comm.py (collectives), memory.py, pipeline.py (1F1B and interleaved schedules),
-evaluate.py (stages, DP and optimizer), timeline.py (finer event kinds).
+evaluate.py (stages, DP and optimizer), timeline.py (finer event kinds); MoE / MLA / MTP units: moe_cost.py and
+mla_mtp.py over moe_primitives.py (analytic only: the other kinds refuse those models with one line).
 ``settings`` (``types.RunSettings``) says how the framework runs a plan (default: our runtime on megatron-core;
 ``RunSettings.megatron_lm(precision)`` for Megatron-LM's training script); ``kernels`` picks the analytic kernel
 model (``shape``, default; ``flat``: the v1 per-GPU constants).
@@ -28,7 +29,9 @@ def make_cost_model(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                     db=None, *, settings: RunSettings | None = None, kernels: str = "shape"):
     """A cost model of ``kind``; ``db`` is the profile database folder/file (profile, aceso-compat)."""
     from ..moe import refuse_unpriced
-    refuse_unpriced(model)      # MoE / MLA / MTP: not priced yet (docs/moe.md), never priced as dense
+    if kind != "analytic":      # MoE / MLA / MTP: the analytic model prices them (moe_cost.py, mla_mtp.py)
+        refuse_unpriced(model, f"the {kind} cost model does not price them; use --cost-model analytic")
+    refuse_unpriced(model)      # what the analytic model does not price either (search.moe.unpriced_features)
     if kind == "analytic":
         from .analytic import AnalyticSource
         comm = CommModel(cluster)

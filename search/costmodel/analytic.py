@@ -32,6 +32,10 @@ size dt, r = t with sequence parallelism (else 1):
 
 Recompute: selective re-runs the attention core and the MLP activation function forward; full re-runs the whole
 unit forward (its TP collectives included). Activations and peaks come from ``memory.py``.
+
+MoE / MLA / MTP models: the ``moe`` unit at the stage's expert shape (``unit_table(..., ep, etp, moe)``) comes
+from ``moe_cost.py``, an MLA ``attention`` unit and the ``mtp`` unit from ``mla_mtp.py`` (their docstrings and
+docs/costmodel.md have every term).
 """
 
 from __future__ import annotations
@@ -50,6 +54,9 @@ from .comm import overlap_tax
 from .kernels import ARCH, KERNEL_MODELS, LAUNCH_MS
 from .memory import (MB, attention_act_bytes, embedding_params_per_rank, has_attention_dropout, mlp_act_bytes,
                      output_params_per_rank, tied_copy_params_per_rank, unit_params_per_rank)
+from ..moe_plan import MoEPlanSettings
+from .mla_mtp import mla_act_bytes, mla_attention, mla_params_per_rank, mtp_unit
+from .moe_cost import moe_unit
 from .tpcomm import TPComm, tp_half
 from .types import N_RC, UNAVAILABLE_MS, RunSettings, UnitTable
 
@@ -66,6 +73,9 @@ class UnitCost(NamedTuple):
     cp_hidden: float = 0.0
     # the forward's shares (for timelines): TP exposed (without the ring), TP hidden, CP exposed, CP hidden
     comm_fwd: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    ep_comm: float = 0.0               # exposed expert-parallel dispatch / combine (+ ETP gather) fwd + bwd
+    ep_hidden: float = 0.0             # the part hidden (shared-expert overlap, overlap_ep_comm)
+    ep_fwd: tuple[float, float] = (0.0, 0.0)   # the forward's (exposed, hidden) share
 
 
 class AnalyticSource:
@@ -120,12 +130,15 @@ class AnalyticSource:
         ef, eb, hf, hb = self._cp_ring_parts(b, s, t, cp, core_f, core_b)
         return ef, eb, hf + hb
 
-    def _cp_ring_parts(self, b: float, s: float, t: int, cp: int, core_f: float, core_b: float) -> tuple[float, ...]:
-        """``_cp_ring`` with the hidden time per direction: (exposed fwd, exposed bwd, hidden fwd, hidden bwd)."""
+    def _cp_ring_parts(self, b: float, s: float, t: int, cp: int, core_f: float, core_b: float,
+                       chunk: float | None = None) -> tuple[float, ...]:
+        """``_cp_ring`` with the hidden time per direction: (exposed fwd, exposed bwd, hidden fwd, hidden bwd);
+        ``chunk``: bytes of one K/V chunk (default: the standard attention's)."""
         if cp <= 1:
             return 0.0, 0.0, 0.0, 0.0
         m = self.model
-        chunk = 2 * self.dt * s * b * m.groups * m.head_dim / t      # K and V of this rank's s/cp tokens
+        if chunk is None:
+            chunk = 2 * self.dt * s * b * m.groups * m.head_dim / t      # K and V of this rank's s/cp tokens
         inter = t * cp > self.cluster.gpus_per_node
         step_f = self.comm.p2p(chunk, inter)
         step_b = self.comm.p2p(2 * chunk, inter)
@@ -246,11 +259,14 @@ class AnalyticSource:
 
     # ----- the table ---------------------------------------------------------------------------------------------
     def unit_table(self, batch: float, tp: int, cp: int = 1, sp: bool = False,
-                   tp_overlap: bool = False) -> UnitTable:
+                   tp_overlap: bool = False, ep: int = 1, etp: int = 0, moe=None) -> UnitTable:
+        """``ep``/``etp``/``moe`` (``MoEPlanSettings``; None = the defaults): the expert shape and settings the
+        ``moe`` units run with (``moe_cost.py``)."""
         if cp > 1 and not self.flash:
             raise AcesoError(f"context parallelism (cp {cp}) needs transformer-engine's fused attention; the "
                              "unfused (local) attention has none: use --attention flash or cp 1")
-        return _build_table(self, float(batch), int(tp), int(cp), bool(sp), bool(tp_overlap and sp and tp > 1))
+        x = (int(ep), int(etp), moe or MoEPlanSettings())
+        return _build_table(self, float(batch), int(tp), int(cp), bool(sp), bool(tp_overlap and sp and tp > 1), x)
 
 
 def _seqs(model: ModelSpec, cp: int = 1) -> tuple[int, int]:
@@ -258,17 +274,30 @@ def _seqs(model: ModelSpec, cp: int = 1) -> tuple[int, int]:
     return model.seq_length // cp, (model.decoder_seq_length if model.is_t5 else model.seq_length) // cp
 
 
-def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool, ov: bool = False):
-    """Per-unit (UnitCost, act bytes (3,)) keyed by (stack, kind): each distinct kind is computed once."""
+def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool, ov: bool = False, x: tuple = (1, 0, None)):
+    """Per-unit (UnitCost, act bytes (3,) or (4,), params per rank, expert params per rank) keyed by (stack,
+    kind): each distinct kind is computed once. ``x``: (ep, etp, MoEPlanSettings) of the moe units."""
     m, dt = src.model, src.dt
     s_enc, s_dec = _seqs(m, cp)
     rows = {}
-    for u in m.units:
+    kinds = [u for u in m.units if u.kind != "mtp"] + [u for u in m.units if u.kind == "mtp"]   # mtp: from its inner
+    for u in kinds:
         key = (u.stack, u.kind)
         if key in rows:
             continue
         s = s_enc if u.stack == "encoder" else s_dec
         causal = not (m.is_t5 and u.stack == "encoder")
+        if u.kind == "moe":
+            cost, *a, pr, ex = moe_unit(src, b, s, t, sp, *x, overlap=ov)
+            rows[key] = (cost, a[0], pr, ex)
+            continue
+        if u.kind == "mtp":
+            rows[key] = _mtp_row(src, rows, b, s, t, sp, ov, x)
+            continue
+        if u.kind == "attention" and m.mla is not None:
+            rows[key] = (mla_attention(src, b, s, t, cp, sp, ov), mla_act_bytes(src, b, s, t, sp),
+                         mla_params_per_rank(m, t), 0.0)
+            continue
         if u.kind == "mlp":
             fused = src.settings.fused_swiglu and src.cluster.gpu.name != "cpu"
             rows[key] = (src.mlp(b, s, t, sp, ov), mlp_act_bytes(m, b, s, t, dt, sp, fused_swiglu=fused))
@@ -278,29 +307,40 @@ def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool, ov: boo
         else:
             cost = src.attention(b, s, t, causal=causal, cp=cp, sp=sp, overlap=ov)
             rows[key] = (cost, attention_act_bytes(m, b, s, t, src.flash, dt=dt, sp=sp))
+        rows[key] = (*rows[key], unit_params_per_rank(m, u.kind, t), 0.0)
     return rows
 
 
+def _mtp_row(src: AnalyticSource, rows: dict, b: float, s: int, t: int, sp: bool, ov: bool, x: tuple):
+    """The mtp unit from its inner layer (like the last decoder layer: its attention and mlp / moe rows)."""
+    m = src.model
+    inner = "moe" if m.moe is not None and m.moe.is_moe_layer(m.num_layers - 1) else "mlp"
+    att, ffn = rows[("decoder", "attention")], rows[("decoder", inner)]
+    return mtp_unit(src, b, s, t, sp, att[0], att[1], ffn[0], ffn[1], att[2], (ffn[2], ffn[3]))
+
+
 def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = False,
-                 ov: bool = False) -> UnitTable:
+                 ov: bool = False, x: tuple = (1, 0, None)) -> UnitTable:
     m, dt = src.model, src.dt
     s_enc, s_dec = _seqs(m, cp)
-    rows = _unit_rows(src, b, t, cp, sp, ov)
+    rows = _unit_rows(src, b, t, cp, sp, ov, x)
     r = t if sp else 1          # SP: what TP replicates (norm/dropout/residual tensors) is split over the TP group
     n = m.num_units
     fwd, bwd, tpc, tph, cpc, cph = (np.zeros(n) for _ in range(6))
     comm_fwd = np.zeros((n, 4))
     rec, act, peak = np.zeros((n, N_RC)), np.zeros((n, N_RC)), np.zeros((n, N_RC))
-    params = np.zeros(n)
+    params, eparams, epc, eph, epf = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros((n, 2))
     for i, u in enumerate(m.units):
-        cost, a = rows[(u.stack, u.kind)]
+        cost, a, params[i], eparams[i] = rows[(u.stack, u.kind)]
+        epc[i], eph[i], epf[i] = cost.ep_comm, cost.ep_hidden, cost.ep_fwd
+        transient = a[3] / MB if u.kind in ("moe", "mtp") else 0.0   # the dispatch buffers
+        a = a[:3] if u.kind in ("moe", "mtp") else a
         fwd[i], bwd[i], tpc[i] = cost.fwd, cost.bwd, cost.tp_comm
         tph[i], cpc[i], cph[i] = cost.tp_hidden, cost.cp_comm, cost.cp_hidden
         comm_fwd[i] = cost.comm_fwd
         rec[i] = (0.0, cost.rec_sel, cost.rec_full, cost.rec_drop)
         act[i] = np.asarray((*a, a[0])[:N_RC]) / MB      # an MLP has no attn_dropout: its none row
-        peak[i] = np.maximum(act[i, 0] - act[i], 0.0)   # (fused SwiGLU: its selective row is the unfused one)
-        params[i] = unit_params_per_rank(m, u.kind, t)
+        peak[i] = np.maximum(act[i, 0] - act[i], 0.0) + transient   # (fused SwiGLU: selective = the unfused row)
     boundary = np.full(n + 1, dt * s_dec * b * m.hidden_size / MB / r)   # SP: the sequence-sharded activation
     if m.is_t5:  # encoder boundaries carry the encoder activation; decoder ones also carry the encoder output
         boundary[:m.num_encoder_units + 1] = dt * s_enc * b * m.hidden_size / MB / r
@@ -320,4 +360,7 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
         tp_comm_ms=tpc, tp_hidden_ms=tph, cp_comm_ms=cpc, cp_hidden_ms=cph, comm_fwd_ms=comm_fwd,
         word_embed_params=tied_copy_params_per_rank(m, t),
         encoder_output_mb=dt * s_enc * b * m.hidden_size / MB / r if m.is_t5 else 0.0,
+        expert_params=eparams if eparams.any() else None,
+        ep_comm_ms=epc if epc.any() or eph.any() else None, ep_hidden_ms=eph if epc.any() or eph.any() else None,
+        ep_fwd_ms=epf if epf.any() else None,
     )

@@ -20,6 +20,10 @@ A stage (model chunks ``spans`` on tp*cp*dp GPUs starting at ``first_rank``) at 
                  stage k (and as many cool-down backwards) move alone.
                  Interleaved with ``overlap_p2p_comm``: async behind the op, exposed ``max(0, p2p - op)``.
 Per iteration (DP group = the stage's dp x cp ranks, strided by tp; on the network when they span nodes):
+    EDP sync     MoE: the expert parameters' gradients reduce over the expert-DP group instead (edp = tp cp dp /
+                 (etp ep) ranks strided by etp x ep; on the network when it spans nodes; ``_per_iteration``), their
+                 optimizer states and the step shard over it with the distributed optimizer (``comm`` "edp",
+                 "edp_param_gather"; the dispatch / combine all-to-all is ``comm`` "ep")
     DP sync      gradient all-reduce of the stage's per-rank parameters at the gradient width (distributed
                  optimizer: reduce-scatter of the gradients; the parameter all-gather belongs to the step). With
                  ``overlap_grad_reduce`` in buckets of ``max(bucket_params, 1M x dp)`` parameters behind the
@@ -48,6 +52,7 @@ from ..cluster import ClusterSpec
 from ..errors import AcesoError
 from ..model import ModelSpec
 from ..training import TrainingSpec
+from ..moe_plan import moe_settings
 from .comm import CommModel, overlap_tax, overlapped
 from .memory import (FRAGMENTATION, MB, RESERVE_MB, grad_copy_bytes, in_flight_per_chunk,
                      state_bytes_per_param)
@@ -99,6 +104,7 @@ class _Static(NamedTuple):
     prologue: float
     comm: dict
     chunk_comm: tuple[tuple[float, ...], ...] = ()   # ``StageCost.chunk_comm``
+    micro_batches: int = 1
 
 
 def _chunk_comm(c: dict, a: int, e: int) -> tuple[float, ...]:
@@ -114,6 +120,9 @@ def _prepare(t: UnitTable, cross_first: int) -> _Prepared:
         return [0.0] + np.cumsum(a).tolist()
     zero = np.zeros_like(t.fwd_ms)
     arrays = {"fwd": t.fwd_ms, "bwd": t.bwd_ms, "params": t.weight_params,
+              "eparams": t.expert_params if t.expert_params is not None else zero,
+              "epc": t.ep_comm_ms if t.ep_comm_ms is not None else zero,
+              "eph": t.ep_hidden_ms if t.ep_hidden_ms is not None else zero,
               "tpc": t.tp_comm_ms if t.tp_comm_ms is not None else zero,
               "tph": t.tp_hidden_ms if t.tp_hidden_ms is not None else zero,
               "cpc": t.cp_comm_ms if t.cp_comm_ms is not None else zero,
@@ -173,10 +182,12 @@ class CostModel:
         # what this cost model prices beyond a v1 plan: the source's SP / CP / TP overlap, the rest here
         self.features = frozenset(ALL_FEATURES - SOURCE_FEATURES) | frozenset(getattr(source, "features", ()))
         self._tax = overlap_tax(cluster.gpu.name)     # compute slow-down per ms of NCCL communication it hides
+        self._moe_model = bool(model.moe or model.mla or model.mtp_num_layers)
 
     # ----- tables -------------------------------------------------------------------------------------------------
-    def _prepared(self, batch: float, tp: int, cp: int = 1, sp: bool = False, ov: bool = False) -> _Prepared:
-        key = (batch, tp, cp, sp, ov)
+    def _prepared(self, batch: float, tp: int, cp: int = 1, sp: bool = False, ov: bool = False, ep: int = 1,
+                  etp: int = 0, moe=None) -> _Prepared:
+        key = (batch, tp, cp, sp, ov, ep, etp, moe)
         p = self._prep.get(key)
         if p is None:
             if batch <= 0 or tp < 1 or cp < 1:
@@ -186,7 +197,9 @@ class CostModel:
                                    (ov, "tp_comm_overlap", "TP communication overlap")):
                 if on and name not in self.features:
                     raise AcesoError(f"the {self.kind} cost model cannot price {what}; use the analytic model")
-            if ov:
+            if self._moe_model:     # the analytic source only (make_cost_model refuses the others)
+                table = self.source.unit_table(batch, tp, cp=cp, sp=sp, tp_overlap=ov, ep=ep, etp=etp, moe=moe)
+            elif ov:
                 table = self.source.unit_table(batch, tp, cp=cp, sp=sp, tp_overlap=True)
             elif cp > 1 or sp:
                 table = self.source.unit_table(batch, tp, cp=cp, sp=sp)
@@ -203,7 +216,8 @@ class CostModel:
                    tp: int, dp: int, recompute: np.ndarray, micro_batch_size: int,
                    prev: tuple | None = None, next: tuple | None = None,
                    num_micro_batches: int | None = None, *, cp: int = 1, sp: bool = False,
-                   spans: tuple[tuple[int, int], ...] | None = None, features: Features | None = None) -> StageCost:
+                   spans: tuple[tuple[int, int], ...] | None = None, features: Features | None = None,
+                   ep: int = 1, etp: int = 0, moe=None) -> StageCost:
         """Cost of one stage (pipeline rank) of ``tp * cp * dp`` GPUs.
 
         ``prev``/``next``: the neighbours' shapes, ``(tp, dp)`` or ``(tp, dp, cp, sp)`` (default: this stage's);
@@ -211,7 +225,8 @@ class CostModel:
         ``spans``: the stage's model chunks ``((start, end), ...)`` for an interleaved plan (chunk ``j`` is model
         chunk ``j * num_stages + stage_index``; ``start_unit``/``end_unit`` are then ignored) and ``recompute`` is
         the chunks' codes one after the other. ``features``: the plan-level switches (default: the training spec's
-        distributed optimizer, everything else off).
+        distributed optimizer, everything else off). ``ep``/``etp``: the stage's expert shape (MoE models; etp 0 =
+        tp), priced by ``moe_cost.py`` under ``moe`` (the plan's ``MoEPlanSettings``; None = the defaults).
 
         Memoised (pure functions of their keys): everything that does not depend on the recompute choices, the
         (recompute ms, activation MB, peak MB) sums of a span under one recompute vector, and the result itself
@@ -221,10 +236,10 @@ class CostModel:
             spans = ((start_unit, end_unit),)
         if features is None:
             features = self._default_features
-        me = Shape(tp, dp, cp, sp)
+        me = Shape(tp, dp, cp, sp, ep, etp)
         prev, next = Shape.of(prev), Shape.of(next)
         key = (stage_index, num_stages, first_rank, spans, me, micro_batch_size, prev, next, num_micro_batches,
-               features)
+               features, moe)
         st = self._static_cache.get(key)
         if st is None:
             st = self._static(*key)
@@ -244,10 +259,10 @@ class CostModel:
         for (a, e), n_j in zip(spans, st.in_flight):
             rc = recompute[pos:pos + e - a] if len(spans) > 1 else recompute
             pos += e - a
-            skey = (b, tp, cp, sp, ov, a, e, rc.tobytes())
+            skey = (b, tp, cp, sp, ov, ep, etp, moe, a, e, rc.tobytes())
             hit = self._span_cache.get(skey)
             if hit is None:
-                hit = _span_sums(self._prepared(b, tp, cp, sp, ov), a, e, rc)
+                hit = _span_sums(self._prepared(b, tp, cp, sp, ov, ep, etp, moe), a, e, rc)
                 if len(self._span_cache) > SPAN_CACHE_SIZE:
                     self._span_cache.clear()
                 self._span_cache[skey] = hit
@@ -284,12 +299,14 @@ class CostModel:
         return StageCost(fwd_ms=st.fwd, bwd_ms=st.bwd, recompute_ms=rec, p2p_ms=st.p2p, dp_sync_ms=st.sync,
                          optimizer_ms=st.opt, memory_mb=total, memory_breakdown=mem,
                          fits=total <= self.memory_limit_mb, tp_comm_ms=st.tpc, ideal_ms=st.ideal,
+                         ep_comm_ms=st.comm.get("ep", (0.0, 0.0))[0] / max(st.micro_batches, 1),
                          chunk_fwd_ms=cf, chunk_bwd_ms=cb, comm=st.comm, prologue_ms=st.prologue, chunk_parts=parts,
                          chunk_comm=st.chunk_comm)
 
-    def _static(self, stage_index, num_stages, first_rank, spans, me, mbs, prev, next, m, features) -> _Static:
+    def _static(self, stage_index, num_stages, first_rank, spans, me, mbs, prev, next, m, features,
+                moe=None) -> _Static:
         """The recompute-independent part of a stage: times per chunk, sync, and the memory terms."""
-        tp, dp, cp, sp = me[:4]
+        tp, dp, cp, sp, ep, etp = me
         for on, name in ((len(spans) > 1, "interleaved"), (features.overlap_grad_reduce, "overlap_grad_reduce"),
                          (features.overlap_param_gather, "overlap_param_gather"),
                          (features.distributed_optimizer, "distributed_optimizer")):
@@ -298,7 +315,7 @@ class CostModel:
         if features.overlap_param_gather and not features.distributed_optimizer:
             raise AcesoError("overlap_param_gather needs distributed_optimizer; set it or turn the overlap off")
         ov = features.tp_comm_overlap and sp and tp > 1
-        p = self._prepared(mbs / dp, tp, cp, sp, ov)
+        p = self._prepared(mbs / dp, tp, cp, sp, ov, ep, etp, moe)
         t, c = p.table, p.cum
         S, v = num_stages, len(spans)
         n = me.num_gpus
@@ -307,7 +324,7 @@ class CostModel:
         chunk_fwd, chunk_bwd, chunk_p2p, chunk_comm = [], [], [], []
         split = FWD_COMM[0] in c
         params = act = head_peak = buf = ideal = 0.0
-        sums = dict.fromkeys(("tpc", "tph", "cpc", "cph"), 0.0)
+        sums = dict.fromkeys(("tpc", "tph", "cpc", "cph", "epc", "eph", "eparams"), 0.0)
         p2p_total = p2p_exposed = 0.0
         in_fl = in_flight_per_chunk(stage_index, S, v, M)
         for j, (a, e) in enumerate(spans):
@@ -368,52 +385,74 @@ class CostModel:
                 ideal += fwd + bwd
         if self.kind != "analytic":
             ideal -= sums["tpc"]
+        experts = sums["eparams"]
         sync, opt, prologue, dp_comm = self._per_iteration(stage_index, S, first_rank, n, dp * cp, params,
-                                                           sum(chunk_fwd), sum(chunk_bwd), t, features)
+                                                           sum(chunk_fwd), sum(chunk_bwd), t, features,
+                                                           experts, me)
         comm = {"tp": (M * (sums["tpc"] - sums["cpc"]), M * sums["tph"]), "cp": (M * sums["cpc"], M * sums["cph"]),
+                "ep": (M * sums["epc"], M * sums["eph"]),
                 "p2p": (M * p2p_exposed, M * max(0.0, p2p_total - p2p_exposed)), **dp_comm}
         dist = features.distributed_optimizer
-        dpc = dp * cp
-        opt_b = self._opt / dpc if dist else self._opt
-        copy = self._copy / dpc if dist else self._copy
+        dpc, edp = dp * cp, me.expert_dp
+        dense = params - experts        # optimizer states shard over dp x cp, the experts' over the expert-DP group
+        opt_mb = (dense * self._opt / dpc + experts * self._opt / edp if dist else params * self._opt) / MB
+        copy_mb = (dense * self._copy / dpc + experts * self._copy / edp if dist else params * self._copy) / MB
         return _Static(sum(chunk_fwd), sum(chunk_bwd), p2p_exposed, sync, opt, sums["tpc"], act, in_fl,
-                       params * self._w / MB, params * self._g / MB, params * opt_b / MB, params * copy / MB,
+                       params * self._w / MB, params * self._g / MB, opt_mb, copy_mb,
                        buf, head_peak, ideal, tuple(chunk_fwd), tuple(chunk_bwd), tuple(chunk_p2p), prologue,
-                       {k: v for k, v in comm.items() if v[0] > 0 or v[1] > 0}, tuple(chunk_comm))
+                       {k: v for k, v in comm.items() if v[0] > 0 or v[1] > 0}, tuple(chunk_comm), M)
 
     def _per_iteration(self, stage_index: int, S: int, first_rank: int, n: int, dpc: int, params: float,
-                       fwd: float, bwd: float, t: UnitTable, features: Features):
+                       fwd: float, bwd: float, t: UnitTable, features: Features, experts: float = 0.0,
+                       me: Shape | None = None):
         """(exposed DP sync, step, prologue, comm entries) of a stage: gradient reduction, tied-embedding sync,
-        optimizer step and the distributed optimizer's parameter all-gather, overlapped as the features say."""
+        optimizer step and the distributed optimizer's parameter all-gather, overlapped as the features say.
+        MoE: the ``experts`` parameters (per rank) reduce over the expert-DP group instead (``edp`` ranks strided
+        by etp x ep inside the stage, megatron-core's ``expert_data_parallel_group``), behind what is left of the
+        backward after the dense reduction (both queue on the same NICs)."""
         cfg = self.settings
         inter = dpc > 1 and self.comm.spans_nodes(first_rank, first_rank + n - 1)
         k = self.comm.members_per_node(first_rank, n // dpc, dpc) if inter and cfg.multi_nic else 1
-        grads, weights = params * self._g, params * self._w
         dist = features.distributed_optimizer
-        opt = params * self._opt_ms_per_param / (dpc if dist else 1)
+        dense = params - experts
+        opt = dense * self._opt_ms_per_param / (dpc if dist else 1)
         sync = prologue = 0.0
         out = {}
-        if dpc > 1:
+        groups = [("dp", "param_gather", dense, dpc, inter, k)]
+        if experts:
+            edp, stride = me.expert_dp, me.expert_tp * me.ep
+            opt += experts * self._opt_ms_per_param / (edp if dist else 1)
+            e_inter = edp > 1 and self.comm.spans_nodes(first_rank, first_rank + (edp - 1) * stride)
+            ek = self.comm.members_per_node(first_rank, stride, edp) if e_inter and cfg.multi_nic else 1
+            groups.append(("edp", "edp_param_gather", experts, edp, e_inter, ek))
+        window, pwindow = bwd, fwd
+        for name, pg, nparams, size, g_inter, g_k in groups:
+            if size <= 1 or nparams <= 0:
+                continue
             red = self.comm.reduce_scatter if dist else self.comm.all_reduce
-            single = red(grads, dpc, inter, k)
-            nb = max(1, ceil(params / max(cfg.bucket_params, 1_000_000 * dpc)))
+            grads, weights = nparams * self._g, nparams * self._w
+            single = red(grads, size, g_inter, g_k)
+            nb = max(1, ceil(nparams / max(cfg.bucket_params, 1_000_000 * size)))
             if features.overlap_grad_reduce:
-                exp, hid = overlapped(nb * red(grads / nb, dpc, inter, k), single, nb, bwd)
+                exp, hid = overlapped(nb * red(grads / nb, size, g_inter, g_k), single, nb, window)
                 exp = min(single, exp + self._tax * hid)      # the backward runs slower while it hides
+                window = max(0.0, window - exp - hid)
             else:
                 exp, hid = single, 0.0
             sync += exp
-            out["dp"] = (exp, hid)
+            out[name] = (exp, hid)
             if dist:
-                ag = self.comm.all_gather(weights, dpc, inter, k)
+                ag = self.comm.all_gather(weights, size, g_inter, g_k)
                 if features.overlap_param_gather:
-                    prologue, hid = overlapped(nb * self.comm.all_gather(weights / nb, dpc, inter, k), ag, nb,
-                                               fwd)
-                    prologue = min(ag, prologue + self._tax * hid)
-                    out["param_gather"] = (prologue, hid)
+                    pro, hid = overlapped(nb * self.comm.all_gather(weights / nb, size, g_inter, g_k), ag, nb,
+                                          pwindow)
+                    pro = min(ag, pro + self._tax * hid)
+                    pwindow = max(0.0, pwindow - pro - hid)
+                    prologue += pro
+                    out[pg] = (pro, hid)
                 else:
                     opt += ag
-                    out["param_gather"] = (ag, 0.0)
+                    out[pg] = (ag, 0.0)
         if stage_index in (0, S - 1) and S > 1 and t.word_embed_params:
             emb = self.comm.all_reduce(t.word_embed_params * self._g, 2, self.cluster.num_nodes > 1)
             sync += emb
@@ -475,6 +514,7 @@ class CostModel:
         st, k = plan.stages, plan.num_stages
         ring = plan.num_virtual_stages > 1
         feats = Features.of_plan(plan)
+        moe = moe_settings(plan)
         out = []
         for i, s in enumerate(st):
             rc = np.fromiter((RC_CODE[r] for r in s.all_recompute), dtype=np.int8, count=s.num_units)
@@ -485,7 +525,7 @@ class CostModel:
                 plan.micro_batch_size, prev=Shape.of(prev) if k > 1 and prev is not None else None,
                 next=Shape.of(nxt) if k > 1 and nxt is not None else None,
                 num_micro_batches=plan.num_micro_batches, cp=s.cp, sp=s.sequence_parallel,
-                spans=s.spans if ring else None, features=feats))
+                spans=s.spans if ring else None, features=feats, ep=s.ep, etp=s.etp or 0, moe=moe))
         return out
 
     def evaluate(self, plan) -> PlanCost:
@@ -527,7 +567,7 @@ class CostModel:
 def classify(s: StageCost) -> str:
     """What limits a (fitting) stage: communication or recompute when either takes ``COMM_SHARE`` of its time."""
     total = s.time_per_microbatch_ms or 1.0
-    comm = (s.p2p_ms + s.tp_comm_ms) / total
+    comm = (s.p2p_ms + s.tp_comm_ms + s.ep_comm_ms) / total
     rec = s.recompute_ms / total
     if max(comm, rec) >= COMM_SHARE:
         return "communication" if comm >= rec else "recompute"

@@ -1,8 +1,7 @@
 """Cost primitives of an MoE layer: expert-parallel all-to-all and grouped-GEMM time (issue 22, part 5).
 
-NOT WIRED INTO THE SEARCH YET: nothing in the cost model calls these; MoE models are refused before pricing
-(``search.moe.refuse_unpriced``). They are the pure formulas the MoE cost model will be built on, each tested
-against hand-computed cases (tests/unit/test_moe_primitives.py).
+The pure formulas the MoE cost model (``moe_cost.py``) is built on, each tested against hand-computed cases
+(tests/unit/test_moe_primitives.py).
 
 **Dispatch / combine all-to-all** (megatron-core's alltoall token dispatcher). Each EP rank sends
 ``B = tokens x topk x h x dt`` bytes per direction (one copy of a token per routed expert). Under force-balanced

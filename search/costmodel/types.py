@@ -164,6 +164,14 @@ class UnitTable:
     # optional detail (timelines): (U, 4) the forward's shares of TP exposed (the ring's excluded), TP hidden, CP
     # exposed and CP hidden ms; the backward has the rest of each unit's totals above
     comm_fwd_ms: np.ndarray | None = None
+    # optional detail (MoE models, ``moe_cost.py``): expert parameters per rank inside ``weight_params`` (their
+    # gradients reduce, and their optimizer states shard, over the expert-DP group), the exposed and hidden
+    # expert-parallel dispatch / combine ms (fwd + bwd; the exposed part is in fwd_ms / bwd_ms) and (U, 2) the
+    # forward's (exposed, hidden) share
+    expert_params: np.ndarray | None = None
+    ep_comm_ms: np.ndarray | None = None
+    ep_hidden_ms: np.ndarray | None = None
+    ep_fwd_ms: np.ndarray | None = None
 
 
 @dataclass
@@ -181,6 +189,7 @@ class StageCost:
     fits: bool = True
     # optional detail for reports and the search's bottleneck classification
     tp_comm_ms: float = 0.0       # part of fwd/bwd spent in TP collectives
+    ep_comm_ms: float = 0.0       # part of fwd/bwd spent in exposed expert-parallel dispatch / combine (MoE)
     ideal_ms: float = 0.0         # fwd+bwd of the same units on one GPU at the full micro-batch, / num_gpus
     # interleaved plans: per model chunk of the stage, per micro-batch, forward (+ its p2p share) and backward
     # (+ recompute + its p2p share); empty = one chunk (then fwd_ms + p2p_ms / 2 and the rest)

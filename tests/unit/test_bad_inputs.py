@@ -269,7 +269,7 @@ CASES = [
       **{"s.yaml": "".join(f"{k}: {v!r}\n" if k == "num_layers" else f"{k}: {v}\n"
                            for k, v in {**TINY, "num_layers": "4"}.items())}),
 
-    # ----- MoE / MLA / MTP (search.moe): spec errors name the field; pricing refuses until it is built ---------
+    # ----- MoE / MLA / MTP (search.moe): spec errors name the field; the profile-db model refuses them ---------
     C("spec-moe-topk-above-experts", SEARCH.replace("spec.json", "s.json"), "moe_router_topk (9) must be at most",
       **{"s.json": {**TINY, "moe": {**MOE, "moe_router_topk": 9}}}),
     C("spec-moe-unknown-field", SEARCH.replace("spec.json", "s.json"), "moe.num_expert: unknown field",
@@ -282,18 +282,13 @@ CASES = [
       **{"s.json": {**TINY, "moe": {**MOE, "moe_imbalance_factor": 1.5}}}),
     C("spec-mla-missing-rank", SEARCH.replace("spec.json", "s.json"), "kv_lora_rank: field required",
       **{"s.json": {**TINY, "mla": {"qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16}}}),
-    C("search-moe-unpriced", SEARCH.replace("spec.json", "s.json"), "MoE pricing is not built yet",
+    C("search-moe-profile-unpriced", SEARCH.replace("spec.json", "s.json") + " --cost-model profile --db d.json",
+      "MoE (8 experts, top-2): the profile cost model does not price them; use --cost-model analytic",
       **{"s.json": {**TINY, "moe": MOE}}),
-    C("search-mtp-unpriced", SEARCH.replace("spec.json", "s.json"), "1 MTP layer(s): MoE pricing is not built",
-      **{"s.json": {**TINY, "mtp_num_layers": 1}}),
-    C("baseline-moe-preset-unpriced", "baseline --model mixtral-8x7b --cluster 1x8-h100 --global-batch-size 8",
-      "model mixtral-8x7b: MoE (8 experts, top-2): MoE pricing is not built yet"),
-    C("explain-moe-plan-unpriced", "explain moe-plan.json", "MoE pricing is not built yet",
-      **{"moe-plan.json": edit("plan.json", **{"model.moe": MOE})}),
-    C("validate-moe-plan-unpriced", "validate moe-plan.json --world-size 2", "MoE pricing is not built yet",
-      **{"moe-plan.json": edit("plan.json", **{"model.moe": MOE})}),
-    C("export-moe-plan-unpriced", "export moe-plan.json --to megatron-lm -o run.sh", "MoE pricing is not built yet",
-      **{"moe-plan.json": edit("plan.json", **{"model.moe": MOE})}),
+    C("search-mtp-profile-unpriced", SEARCH.replace("spec.json", "s.json") + " --cost-model profile --db d.json",
+      "1 MTP layer(s): the profile cost model does not price them", **{"s.json": {**TINY, "mtp_num_layers": 1}}),
+    C("explain-moe-plan-profile-unpriced", "explain moe-plan.json --cost-model profile --db d.json",
+      "the profile cost model does not price them", **{"moe-plan.json": edit("plan.json", **{"model.moe": MOE})}),
     C("import-hf-moe-bad-experts", "import-hf mx.json", "num_local_experts is \"8\"",
       **{"mx.json": {**LLAMA, "model_type": "mixtral", "num_local_experts": "8", "num_experts_per_tok": 2}}),
 

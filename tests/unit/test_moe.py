@@ -114,6 +114,8 @@ def test_qwen3_sparse_step_follows_hf_rule():
 
 
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-v3", "kimi-k2"])
-def test_pricing_refuses_moe(name):
-    with pytest.raises(AcesoError, match="MoE pricing is not built yet"):
-        make_cost_model(load_model(name), parse_cluster("1x8-h100"), TrainingSpec(global_batch_size=8))
+def test_analytic_prices_moe_the_others_refuse(name):
+    model, cluster, training = load_model(name), parse_cluster("1x8-h100"), TrainingSpec(global_batch_size=8)
+    assert make_cost_model(model, cluster, training).kind == "analytic"
+    with pytest.raises(AcesoError, match="the profile cost model does not price them; use --cost-model analytic"):
+        make_cost_model(model, cluster, training, "profile", db="x")

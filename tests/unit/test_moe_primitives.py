@@ -1,4 +1,4 @@
-"""MoE cost primitives (search.costmodel.moe_primitives, not wired into the search yet) against hand-computed
+"""MoE cost primitives (search.costmodel.moe_primitives, which moe_cost.py prices with) against hand-computed
 cases: the EP all-to-all on H100 nodes (NVLink 450 GB/s and a 50 GB/s NIC per GPU, x0.8 achieved) and the grouped
 GEMM on an H100 (989 TFLOP/s bf16, 3.35 TB/s HBM, 132 SMs, 128x256 tiles, MAMF 0.803, sustained 0.83)."""
 
