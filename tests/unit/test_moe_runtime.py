@@ -24,7 +24,7 @@ CUDA_TE = Environment(cuda=True, te_version="2.1.0", compute_capability=(9, 0))
 
 def plan(model=MOE, tp=2, dp=1, ep=2, etp=1, moe=None, rc=None, **features):
     st = {"num_gpus": tp * dp, "tp": tp, "dp": dp, "ep": ep, "etp": etp, "sequence_parallel": tp > 1,
-          "start_unit": 0, "end_unit": 4, "recompute": rc or ["none"] * 4}
+          "start_unit": 0, "end_unit": model.num_units, "recompute": rc or ["none"] * model.num_units}
     return ParallelPlan.model_validate({"model": model.model_dump(), "micro_batch_size": 2, "global_batch_size": 2,
                                         "stages": [st], "moe": moe, **features})
 
