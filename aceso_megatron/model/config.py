@@ -105,7 +105,7 @@ def unit_config(base: TransformerConfig, kind: UnitKind, recompute: str) -> Tran
     if recompute != "selective":
         return base
     cfg = copy.copy(base)
-    if kind == "mlp":
+    if kind in ("mlp", "moe"):   # an MoE unit: each expert's activation (SequentialMLP; not megatron's moe_act)
         cfg.activation_func = CheckpointedActivation(base.activation_func)
         cfg.bias_activation_fusion = False
     else:

@@ -86,12 +86,6 @@ def refusal(env, plan) -> str | None:
     if m.moe.moe_router_enable_expert_bias:
         return ("moe.moe_router_enable_expert_bias: megatron-core 0.16.1 updates the expert bias over the global "
                 "parallel_state groups, which per-stage groups leave unset; set it false")
-    for i, st in enumerate(plan.stages):
-        for j, ch in enumerate(st.chunks):
-            for u, rc in zip(plan.model.units[ch.start_unit:ch.end_unit], ch.recompute):
-                if rc in ("selective", "attn_dropout") and u.kind != "attention" and m.moe.is_moe_layer(u.layer):
-                    return (f"stages[{i}].chunks[{j}]: {rc} recompute of MoE layer {u.layer}'s experts: the "
-                            "runtime recomputes an MoE unit only in full; use none or full")
     if s.overlap_ep_comm:
         return ("moe.overlap_ep_comm: the runtime does not run megatron-core's combined 1F1B EP overlap yet; set "
                 "it false")

@@ -5,7 +5,8 @@ Each plan as in ``test_plans.py``: loss and every gradient after one step (fp32,
 gradients by the stock model's global expert index), the losses of 3 clipped optimizer steps and the weights after
 them. Plans: EP 2 on one stage; EP 2 -> EP 1 across two stages; attention tp2 + SP with experts ep2 etp1 on the
 same GPUs (folding); ETP 2 with EP 2 under attention tp2 x dp2; a dense first layer on stage 0 and MoE after; a
-shared expert; the alltoall and allgather dispatchers. The control reduces the expert gradients over the
+shared expert; the alltoall and allgather dispatchers; selective (each expert's activation) and full recompute
+of MoE units. The control reduces the expert gradients over the
 attention DP group instead of expert-DP and must fail.
 
 Routing is deterministic without forcing it: the router's fp32 logits of distinct random tokens differ by far
@@ -32,9 +33,9 @@ DENSE_FIRST = LLAMA.model_copy(update={"name": "tiny-llama-moe-dense-first", "nu
 GPT_MOE = GPT.model_copy(update={"name": "tiny-gpt-moe", "moe": MOE, "add_bias_linear": False})
 
 
-def st(tp, dp, lo, hi, ep=1, etp=None, sp=False):
+def st(tp, dp, lo, hi, ep=1, etp=None, sp=False, rc=None):
     return {"num_gpus": tp * dp, "tp": tp, "dp": dp, "ep": ep, "etp": etp, "sequence_parallel": sp,
-            "start_unit": lo, "end_unit": hi, "recompute": ["none"] * (hi - lo)}
+            "start_unit": lo, "end_unit": hi, "recompute": rc or ["none"] * (hi - lo)}
 
 
 def plan(model, *stages, mb=2, gbs=4, dispatcher="alltoall"):
@@ -45,7 +46,8 @@ def plan(model, *stages, mb=2, gbs=4, dispatcher="alltoall"):
 PLANS = {
     2: {
         "llama EP 2 on one stage (tp1 x dp2, edp 1), alltoall": plan(LLAMA_MOE, st(1, 2, 0, 4, ep=2)),
-        "llama EP 2, allgather dispatcher": plan(LLAMA_MOE, st(1, 2, 0, 4, ep=2), dispatcher="allgather"),
+        "llama EP 2, allgather dispatcher, MoE units recomputed selective and full": plan(
+            LLAMA_MOE, st(1, 2, 0, 4, ep=2, rc=["full", "selective", "selective", "full"]), dispatcher="allgather"),
         "gpt tp2 + SP, experts ep2 etp1 on the same GPUs (folding)": plan(
             GPT_MOE, st(2, 1, 0, 4, ep=2, etp=1, sp=True)),
     },
