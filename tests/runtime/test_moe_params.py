@@ -5,7 +5,7 @@ megatron-core's local block spec (``get_gpt_decoder_block_spec``, SequentialMLP 
 the count is the sum of the model's parameter numels. Then every MoE preset at full width on the meta device.
 
 The ModelSpec -> TransformerConfig translation below is this test's own, written from megatron-core's field names
-(the runtime does not build MoE models yet: docs/moe.md)."""
+(the runtime builds MoE stages: docs/runtime.md)."""
 
 import pytest
 import torch
