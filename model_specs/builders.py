@@ -36,6 +36,7 @@ _UNIT_PARTS: dict[str, tuple[str, ...]] = {
     "cross_attention": ("pre_cross_attn_layernorm", "cross_attention", "cross_attn_bda"),
     "mlp": ("pre_mlp_layernorm", "mlp", "mlp_bda"),
 }
+_UNIT_PARTS["moe"] = _UNIT_PARTS["mlp"]   # an MoE layer's second unit: megatron-core's MoELayer sits at ``mlp``
 
 
 def have_transformer_engine() -> bool:
@@ -64,6 +65,31 @@ def architecture_kwargs(model: ModelSpec, dtype: str | None = None) -> dict:
         "fp16": dt == torch.float16,
         "bf16": dt == torch.bfloat16,
         **config_kwargs(model),      # sliding window (search.layer_variants); the other GPT-OSS fields are refused
+        **moe_kwargs(model),
+    }
+
+
+def moe_kwargs(model: ModelSpec) -> dict:
+    """The MoE architecture as ``TransformerConfig`` fields (empty for a dense model): experts, router, which layers
+    are MoE (always as megatron-core's 0/1 list: ``first_k_dense_layers`` folded in). No aux loss at coefficient 0
+    (load balancing type "none"). ``moe_router_force_load_balancing`` is a pricing assumption, not passed (its
+    random logits would make training irreproducible); the expert shape and dispatcher are per stage
+    (``aceso_megatron.model.config``)."""
+    moe = model.moe
+    if moe is None:
+        return {}
+    return {
+        "num_moe_experts": moe.num_experts,
+        "moe_router_topk": moe.moe_router_topk,
+        "moe_ffn_hidden_size": moe.moe_ffn_hidden_size,
+        "moe_shared_expert_intermediate_size": moe.moe_shared_expert_intermediate_size,
+        "moe_layer_freq": [int(moe.is_moe_layer(i)) for i in range(model.num_layers)],
+        "moe_router_score_function": moe.moe_router_score_function,
+        "moe_router_num_groups": moe.moe_router_num_groups,
+        "moe_router_group_topk": moe.moe_router_group_topk,
+        "moe_aux_loss_coeff": moe.moe_aux_loss_coeff,
+        "moe_router_load_balancing_type": "aux_loss" if moe.moe_aux_loss_coeff > 0 else "none",
+        "moe_expert_capacity_factor": moe.moe_expert_capacity_factor,
     }
 
 
@@ -71,14 +97,20 @@ def _te(te: bool | None) -> bool:
     return have_transformer_engine() if te is None else te
 
 
-def gpt_layer_spec(model: ModelSpec, te: bool | None = None) -> ModuleSpec:
-    """megatron-core's full GPT layer spec for the model (TE when importable and ``te`` is not False, else local)."""
+def gpt_layer_spec(model: ModelSpec, te: bool | None = None, layer: int | None = None,
+                   grouped_gemm: bool = False) -> ModuleSpec:
+    """megatron-core's full GPT layer spec for the model (TE when importable and ``te`` is not False, else local);
+    decoder layer ``layer`` of an MoE model: the MoE layer spec (``MoELayer``; ``grouped_gemm``: TE's grouped
+    experts, else ``SequentialMLP``) where ``model.moe`` makes it one, as ``get_gpt_decoder_layer_specs`` picks."""
     from megatron.core.models.gpt import gpt_layer_specs as g
 
+    experts = model.moe.num_experts if (model.moe and layer is not None and model.moe.is_moe_layer(layer)) else None
     norm = "RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm"
     if _te(te):
-        return g.get_gpt_layer_with_transformer_engine_spec()
-    return g.get_gpt_layer_local_spec(normalization=norm)
+        return g.get_gpt_layer_with_transformer_engine_spec(num_experts=experts,
+                                                            moe_grouped_gemm=grouped_gemm and bool(experts))
+    return g.get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=grouped_gemm and bool(experts),
+                                      normalization=norm)
 
 
 def t5_layer_specs(model: ModelSpec, te: bool | None = None) -> tuple[ModuleSpec, ModuleSpec]:
@@ -102,14 +134,16 @@ def final_norm_spec(model: ModelSpec, te: bool | None = None):
     return WrappedTorchNorm
 
 
-def layer_spec(model: ModelSpec, stack: str, te: bool | None = None) -> ModuleSpec:
-    """The full layer spec of ``stack``: the user's (``model.layer_spec``) or megatron-core's stock one."""
+def layer_spec(model: ModelSpec, stack: str, te: bool | None = None, layer: int | None = None,
+               grouped_gemm: bool = False) -> ModuleSpec:
+    """The full layer spec of ``stack``: the user's (``model.layer_spec``) or megatron-core's stock one (for an
+    MoE model: of decoder layer ``layer``, see ``gpt_layer_spec``)."""
     if model.layer_spec_path(stack):
         from .extensions import provided_spec
 
         return provided_spec(model.layer_spec_path(stack))
     if not model.is_t5:
-        return gpt_layer_spec(model, te)
+        return gpt_layer_spec(model, te, layer, grouped_gemm)
     enc, dec = t5_layer_specs(model, te)
     return enc if stack == "encoder" else dec
 

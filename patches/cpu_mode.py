@@ -1,14 +1,19 @@
 """CPU mode: run stock megatron-core on CPU (gloo, fp32) for tests and laptops.
 
-Target: ``torch.cuda.{current_device, synchronize, get_rng_state, set_rng_state, manual_seed}``, megatron-core's
-``tensor_parallel.random._get_cuda_rng_state/_set_cuda_rng_state``, and tensor factories called with
+Target: ``torch.cuda.{current_device, synchronize, get_rng_state, set_rng_state, manual_seed}``,
+``MoEAlltoAllTokenDispatcher.{cuda_dtoh_stream, _maybe_dtoh_and_synchronize}`` (its host copy of the split
+sizes), megatron-core's ``tensor_parallel.random._get_cuda_rng_state/_set_cuda_rng_state``, and tensor factories called with
 ``device="cuda"`` or an integer device, ``Tensor.cuda()`` and ``Tensor.type()`` (through a ``TorchFunctionMode``);
 a logging filter on ``megatron.core.tensor_parallel.random``.
 
 Reason: megatron-core hard-codes CUDA in a few places that CPU training reaches: ``torch.cuda.current_device()``
 as the device of buffers (tensor-parallel layers, DDP buckets), ``device="cuda"`` in the 1F1B schedule's token
 counter and in the causal-mask helper (``transformer/utils.py``), and the CUDA RNG state that activation
-recompute saves and replays. Without the RNG mapping, seeding fails and the recompute RNG replay silently does
+recompute saves and replays, and the MoE alltoall token dispatcher's copy of its split sizes to the host on a
+CUDA side stream (created in its ``__init__``; the copy converts only CUDA tensors to the numpy split sizes
+the all-to-all takes): on CPU the class's stream is a placeholder and the copy is the numpy conversion alone
+(``torch.cuda.Stream`` itself stays unpatched, so the meta-device build check still catches a user's module
+that needs CUDA). Without the RNG mapping, seeding fails and the recompute RNG replay silently does
 nothing. ``Tensor.type()`` reports the CUDA type name (``torch.cuda.FloatTensor``) because the optimizers and
 gradient clipping assert it. With the CUDA RNG mapped onto the CPU generator, every dropout in the rng
 tracker's ``fork()`` (attention dropout) "changes the CPU RNG state" and the tracker logs a warning per call; the
@@ -110,6 +115,17 @@ class _SameGeneratorFilter(logging.Filter):
 _filter = _SameGeneratorFilter()
 
 
+def _dtoh_on_cpu(self, point: str, tokens_per_expert=None):
+    """``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize`` on CPU: nothing to copy or wait for; the split
+    sizes become the numpy arrays the all-to-all takes, at the same point as on CUDA."""
+    if not self.drop_and_pad and point == self.cuda_dtoh_point:
+        for name in ("input_splits", "output_splits", "output_splits_tp"):
+            value = getattr(self, name)
+            if torch.is_tensor(value):
+                setattr(self, name, value.numpy())
+    return tokens_per_expert
+
+
 def _get_rng_state(*args, **kwargs) -> torch.Tensor:
     return torch.get_rng_state()
 
@@ -135,6 +151,10 @@ def apply() -> None:
     _swaps.set(torch.cuda, "get_rng_state", _get_rng_state)
     _swaps.set(torch.cuda, "set_rng_state", _set_rng_state)
     _swaps.set(torch.cuda, "manual_seed", lambda seed: torch.manual_seed(seed))
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as a2a
+
+    _swaps.set(a2a, "cuda_dtoh_stream", "cpu")   # not None: its __init__ creates no CUDA stream
+    _swaps.set(a2a, "_maybe_dtoh_and_synchronize", _dtoh_on_cpu)
     _swaps.set(torch.cuda.random, "get_rng_state", _get_rng_state)
     _swaps.set(mrandom, "_get_cuda_rng_state", _get_rng_state)
     _swaps.set(mrandom, "_set_cuda_rng_state", _set_rng_state)

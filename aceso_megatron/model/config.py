@@ -52,10 +52,11 @@ def _fusions(extra: dict, cpu: bool, base: dict) -> dict:
 
 
 def stage_config(model: ModelSpec, tp: int, device: str = "cpu", num_layers: int | None = None, *,
-                 cp: int = 1, sequence_parallel: bool = False, fast: FastPath | None = None) -> TransformerConfig:
+                 cp: int = 1, sequence_parallel: bool = False, fast: FastPath | None = None,
+                 moe: dict | None = None) -> TransformerConfig:
     """The TransformerConfig of a stage with tensor-parallel degree ``tp`` (and ``cp``, SP) on ``device``, with
-    the fusions of ``fast`` (default: what this machine offers; on CPU fp32 and every fusion off), plus the
-    ``megatron`` block's fields."""
+    the fusions of ``fast`` (default: what this machine offers; on CPU fp32 and every fusion off), the stage's MoE
+    fields ``moe`` (expert shape, dispatcher: ``model.moe.stage_fields``), plus the ``megatron`` block's fields."""
     fast = fast or choose(Environment.detect(device), model)
     kw = architecture_kwargs(model, dtype=fast.dtype)
     if num_layers is not None:
@@ -73,6 +74,7 @@ def stage_config(model: ModelSpec, tp: int, device: str = "cpu", num_layers: int
         calculate_per_token_loss=True,
         use_cpu_initialization=device == "cpu",
         pipeline_dtype=kw["params_dtype"],
+        **(moe or {}),
         **extra,
     )
 
@@ -103,7 +105,7 @@ def unit_config(base: TransformerConfig, kind: UnitKind, recompute: str) -> Tran
     if recompute != "selective":
         return base
     cfg = copy.copy(base)
-    if kind == "mlp":
+    if kind in ("mlp", "moe"):   # an MoE unit: each expert's activation (SequentialMLP; not megatron's moe_act)
         cfg.activation_func = CheckpointedActivation(base.activation_func)
         cfg.bias_activation_fusion = False
     else:

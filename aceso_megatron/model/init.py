@@ -76,12 +76,16 @@ def unshard(shards: list[torch.Tensor], param: torch.Tensor, name: str, model: M
 
 @torch.no_grad()
 def initialize(module: torch.nn.Module, names: dict[str, str], model: ModelSpec, seed: int, tp: int,
-               tp_rank: int, std: float = 0.02) -> None:
-    """Overwrite every parameter of ``module`` with its shard of the canonical full value."""
+               tp_rank: int, std: float = 0.02, etp: tuple[int, int] = (1, 0)) -> None:
+    """Overwrite every parameter of ``module`` with its shard of the canonical full value (routed experts: their
+    expert-TP shard, ``etp`` = (degree, rank))."""
+    from .moe import is_expert
+
     for local, p in module.named_parameters():
         canon = names[local]
-        full = full_value(canon, full_shape(p, tp), model, seed, std)
-        p.copy_(shard(full, p, canon, model, tp, tp_rank))
+        t, r = etp if is_expert(canon) else (tp, tp_rank)
+        full = full_value(canon, full_shape(p, t), model, seed, std)
+        p.copy_(shard(full, p, canon, model, t, r))
 
 
 def gather_full(tensors: dict[str, torch.Tensor], params: dict[str, torch.Tensor], names: dict[str, str],

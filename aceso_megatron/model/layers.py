@@ -57,9 +57,27 @@ class UnitLayer(torch.nn.Module):
         return run_unit(run, self.full_recompute, hidden, context)
 
 
+def _expert_mlps(moe_layer) -> list:
+    """The MLPs of an ``MoELayer``: each local expert of its ``SequentialMLP``, and the shared expert."""
+    experts = getattr(getattr(moe_layer, "experts", None), "local_experts", None)
+    if experts is None:
+        raise AcesoError(f"selective recompute of an MoE unit needs SequentialMLP experts, not "
+                         f"{type(getattr(moe_layer, 'experts', None)).__name__}; use none or full")
+    shared = getattr(moe_layer, "shared_experts", None)
+    return list(experts) + ([shared] if shared is not None else [])
+
+
 def _recompute_activation(layer, unit: Unit) -> None:
-    """Selective recompute of an MLP unit: its activation output dropped after ``linear_fc2`` and recomputed."""
-    mlp = getattr(layer, "mlp", None)
+    """Selective recompute of an MLP unit: its activation output dropped after ``linear_fc2`` and recomputed (an
+    MoE unit: every expert's, one after another as ``SequentialMLP`` runs them)."""
+    if unit.kind == "moe":
+        for mlp in _expert_mlps(layer.mlp):
+            _checkpoint_activation(mlp, unit)
+        return
+    _checkpoint_activation(getattr(layer, "mlp", None), unit)
+
+
+def _checkpoint_activation(mlp, unit: Unit) -> None:
     if not (callable(getattr(mlp, "activation_func", None)) and hasattr(mlp, "linear_fc2")):
         raise AcesoError(f"{unit.stack} layer {unit.layer}: selective recompute of an MLP unit needs an MLP with "
                          f"activation_func and linear_fc2, not {type(mlp).__name__}; use none or full")
@@ -78,7 +96,7 @@ def build_unit_layers(model: ModelSpec, units: list[Unit], recompute: list[str],
     i = 0
     while i < len(units):
         unit, rc = units[i], recompute[i]
-        full = layer_spec(model, unit.stack, te)
+        full = layer_spec(model, unit.stack, te, unit.layer, bool(getattr(config, "moe_grouped_gemm", False)))
         if unit.stack in whole:   # the layer's units are consecutive here (check_model)
             n = sum(1 for u in units[i:] if (u.stack, u.layer) == (unit.stack, unit.layer))
             spec = transform(bind_tp_group(full, pg_collection.tp))
@@ -91,7 +109,7 @@ def build_unit_layers(model: ModelSpec, units: list[Unit], recompute: list[str],
         if rc == "attn_dropout":
             spec = with_recomputed_dropout(spec, unit.kind)
         layer = build_module(spec, config=cfg, layer_number=unit.layer + 1, pg_collection=pg_collection)
-        if rc == "selective" and unit.kind == "mlp":
+        if rc == "selective" and unit.kind in ("mlp", "moe"):
             _recompute_activation(layer, unit)
         out.append(UnitLayer(unit, layer, rc == "full"))
         i += 1

@@ -45,6 +45,7 @@ from model_specs.builders import final_norm_spec
 from search.model import ModelSpec
 from search.plan import ParallelPlan
 
+from . import moe
 from .attention import attention_mismatch, fall_back_with_te
 from .config import stage_config, without_grad_accum_fusion
 from .fast_path import Environment, FastPath, choose
@@ -78,12 +79,15 @@ class _Stage(MegatronModule):
         span = st.chunks[chunk]
         self.fast = fast or choose(Environment.detect(device), model, plan.tp_comm_overlap)
         config = stage_config(model, st.tp, device, cp=st.cp, sequence_parallel=st.sequence_parallel,
-                              fast=self.fast)
+                              fast=self.fast, moe=moe.stage_fields(plan, stage, device != "cpu", self.fast.te))
         super().__init__(config=config)
         self.model_type = ModelType.encoder_or_decoder
         self.spec = model
         self.pg_collection = pg_collection
         self.stage, self.chunk = stage, chunk
+        # routed experts of this EP rank: local expert i is the stock model's expert ep_rank * local + i
+        self._ep_rank = pg_collection.ep.rank() if model.moe is not None else 0
+        self._local_experts = model.moe.num_experts // st.ep if model.moe is not None else 0
         if plan.num_virtual_stages > 1:
             self.vp_stage = chunk  # megatron-core's schedule checks it against the chunk it runs
         self.pre_process = stage == 0 and chunk == 0
@@ -154,7 +158,8 @@ class _Stage(MegatronModule):
     def _unit_name(self, name: str) -> str:
         idx, rest = name[len("units."):].split(".", 1)
         unit = self.units[int(idx)].unit
-        return f"{unit.stack}.layers.{unit.layer}.{local_layer_name(rest[len('layer.'):])}"
+        name = f"{unit.stack}.layers.{unit.layer}.{local_layer_name(rest[len('layer.'):])}"
+        return moe.global_expert_name(name, self._ep_rank, self._local_experts) if self._local_experts else name
 
 
 class GPTStage(_Stage):

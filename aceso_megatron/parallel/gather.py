@@ -2,7 +2,7 @@
 single-process model).
 
 A parameter's full value is its TP shards put together (``init.gather_full``) on DP replica 0, CP rank 0 of its
-stage. Its gradient is its ``main_grad`` after the step's finalisation -- except with the distributed optimizer,
+stage (a routed expert's: its expert-TP shards on expert-DP replica 0 of its EP rank). Its gradient is its ``main_grad`` after the step's finalisation -- except with the distributed optimizer,
 where each DP (x CP) rank holds the reduced gradient of its shard of every DDP bucket only: the shards are put
 together first (``reduced_grads``). Adam's state (``full_optimizer_state``) likewise: the distributed optimizer's
 flat DP shards put together, then the TP shards.
@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..model.init import gather_full
+from ..model.moe import is_expert
 
 
 def reduced_grads(rt) -> dict:
@@ -42,9 +43,14 @@ def full_tensors(rt, which: str) -> dict[str, torch.Tensor]:
         local = {n: reduced[p] for n, p in params.items()}
     else:
         local = {n: (p.main_grad if which == "grad" else p.data) for n, p in params.items()}
-    full = gather_full(local, params, names, rt.plan.model, rt.groups.tp)
-    lay = rt.layout
+    lay, pgc = rt.layout, rt.groups.pg_collection
+    experts = {n: t for n, t in local.items() if is_expert(names[n])}
+    dense = {n: t for n, t in local.items() if n not in experts}
+    full = gather_full(dense, params, names, rt.plan.model, rt.groups.tp)
     mine = full if (lay.tp_rank == 0 and lay.dp_rank == 0 and lay.cp_rank == 0) else {}
+    if experts:   # each EP rank's experts, gathered over expert-TP, from expert-DP replica 0
+        full = gather_full(experts, params, names, rt.plan.model, pgc.expt_tp)
+        mine = {**mine, **(full if (lay.etp_rank == 0 and lay.edp_rank == 0) else {})}
     parts = [None] * dist.get_world_size()
     dist.all_gather_object(parts, {k: v.cpu() for k, v in mine.items()})
     out: dict[str, torch.Tensor] = {}

@@ -13,6 +13,8 @@
 - Sequence parallelism: norm weights and row-parallel biases see only the rank's ``s/tp`` tokens; their
   gradients (flagged ``sequence_parallel``, as megatron-core flags them) and the QK-layernorm weights (each TP
   rank normalising its own heads) are summed over the TP group after the DP reduction, as megatron-core's ``finalize_model_grads`` does (``allreduce_tp_partial_grads``).
+- MoE: routed expert parameters are reduced by DDP over the stage's expert-DP group (``model.moe``); the router
+  weight is flagged ``sequence_parallel`` by megatron-core and summed over TP with the others below.
 - Clipping: the global norm counts every parameter once (DP replica 0 and CP rank 0 of each stage;
   TP-replicated parameters on TP rank 0 only; copies of the first stage's embedding not at all), summed over the
   world, then megatron-core's rule ``coeff = max_norm / (norm + 1e-6)``, applied when below 1. With the
@@ -29,6 +31,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..model.init import gather_full, shard
+from ..model.moe import is_expert
 
 
 def finalize_model_grads_fn(runtime):
@@ -120,13 +123,16 @@ def hold_embedding_buckets(bucket_groups) -> None:
 def allreduce_tp_partial_grads(runtime) -> None:
     """Sum over the TP group the gradients that TP ranks hold in part: parameters flagged ``sequence_parallel``
     on a sequence-parallel chunk, and q/k layer norms (``qk_layernorm``), as megatron-core's
-    ``_allreduce_non_tensor_model_parallel_grads``."""
+    ``_allreduce_non_tensor_model_parallel_grads`` -- except routed experts' biases, which megatron-core flags too
+    but whose gradient the token dispatcher already brought whole to their EP rank."""
     if runtime.layout.tp == 1:
         return
     grads = []
     for chunk in runtime.chunks:
-        cfg = chunk.config
+        cfg, names = chunk.config, chunk.canonical_names()
         for name, p in chunk.named_parameters():
+            if is_expert(names[name]):   # full on its EP rank after the dispatcher's backward (biases are flagged)
+                continue
             if (cfg.sequence_parallel and getattr(p, "sequence_parallel", False)) or \
                     (cfg.qk_layernorm and ("q_layernorm" in name or "k_layernorm" in name)):
                 grads.append(p.main_grad.data)
@@ -158,8 +164,11 @@ def mark_embedding_copies(chunks, plan) -> None:
 
 
 def counted_once(runtime, name: str, param: torch.Tensor, names: dict[str, str], shared) -> bool:
-    """Whether this rank counts ``param`` in the global gradient norm."""
+    """Whether this rank counts ``param`` in the global gradient norm (a routed expert's: on expert-DP replica 0,
+    expert-TP rank 0 unless sharded over expert-TP)."""
     lay = runtime.layout
+    if is_expert(names[name]):
+        return lay.edp_rank == 0 and (getattr(param, "tensor_model_parallel", False) or lay.etp_rank == 0)
     if lay.dp_rank != 0 or lay.cp_rank != 0:
         return False
     if lay.stage != 0 and names[name] in shared:

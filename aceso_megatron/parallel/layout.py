@@ -7,6 +7,12 @@ pure arithmetic (testable without torch.distributed); ``build_groups`` creates e
 same order (``torch.distributed.new_group`` is collective) and returns this rank's ``ProcessGroupCollection`` for
 megatron-core.
 
+An MoE model's stages also get megatron-core's expert groups, folded over the same GPUs in its expert
+``RankGenerator`` order ``tp-ep-dp``: rank ``first + t + etp * (e + ep * j)`` has expert-TP index ``t``, EP index
+``e`` and expert-DP index ``j`` (ETP groups adjacent, EP strided by ``etp``, expert-DP by ``etp * ep``), plus the
+expert tensor-and-model group (``etp x ep``, the dispatchers' ``tp_ep``); they go into the stage's
+``ProcessGroupCollection`` (``ep``, ``expt_tp``, ``expt_dp``, ``tp_ep``), which ``MoELayer`` and DDP read.
+
 megatron-core's schedules only ask the pipeline group for ``rank()``/``size()`` (first/last stage, warm-up
 length); stages of different widths have no common pipeline group, so ``StagePosition`` stands in for it.
 """
@@ -18,6 +24,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from megatron.core.process_groups_config import ProcessGroupCollection
 
+from search.moe_plan import expert_tp
 from search.plan import ParallelPlan
 
 
@@ -34,6 +41,11 @@ class RankLayout:
     first_rank: int
     cp: int = 1
     cp_rank: int = 0
+    ep: int = 1   # the stage's expert shape, folded over the same GPUs: etp fastest, then ep, then edp
+    etp: int = 1
+    ep_rank: int = 0
+    etp_rank: int = 0
+    edp_rank: int = 0
 
     @classmethod
     def of(cls, plan: ParallelPlan, rank: int) -> RankLayout:
@@ -41,8 +53,33 @@ class RankLayout:
         st = plan.stages[s]
         first = plan.first_rank(s)
         local = rank - first
+        etp = expert_tp(st)
         return cls(rank, s, st.tp, st.dp, local % st.tp, local // (st.tp * st.cp), first, st.cp,
-                   (local // st.tp) % st.cp)
+                   (local // st.tp) % st.cp, st.ep, etp, (local // etp) % st.ep, local % etp,
+                   local // (etp * st.ep))
+
+    @property
+    def edp(self) -> int:
+        return self.tp * self.cp * self.dp // (self.etp * self.ep)
+
+    def _expert_rank(self, t: int, e: int, j: int) -> int:
+        return self.first_rank + t + self.etp * (e + self.ep * j)
+
+    def etp_ranks(self) -> list[int]:
+        return [self._expert_rank(t, self.ep_rank, self.edp_rank) for t in range(self.etp)]
+
+    def ep_ranks(self) -> list[int]:
+        return [self._expert_rank(self.etp_rank, e, self.edp_rank) for e in range(self.ep)]
+
+    def edp_ranks(self) -> list[int]:
+        return [self._expert_rank(self.etp_rank, self.ep_rank, j) for j in range(self.edp)]
+
+    def etp_ep_ranks(self) -> list[int]:
+        """megatron-core's expert tensor-and-model group: the etp x ep ranks of this expert-DP index."""
+        return [self._expert_rank(t, e, self.edp_rank) for e in range(self.ep) for t in range(self.etp)]
+
+    def stage_ranks(self) -> list[int]:
+        return list(range(self.first_rank, self.first_rank + self.tp * self.cp * self.dp))
 
     def _rank(self, t: int, c: int, j: int) -> int:
         return self.first_rank + t + self.tp * (c + self.cp * j)
@@ -119,6 +156,10 @@ class Groups:
     embedding_sharded: bool = False  # holders share one TP: one group per TP index, shards reduced directly
 
 
+_EXPERT_KINDS = [("etp", RankLayout.etp_ranks), ("ep", RankLayout.ep_ranks), ("edp", RankLayout.edp_ranks),
+                 ("etp_ep", RankLayout.etp_ep_ranks), ("stage", RankLayout.stage_ranks)]
+
+
 def _stage_groups(plan: ParallelPlan, rank: int) -> dict[str, dist.ProcessGroup]:
     """TP, CP, DP and DP x CP groups of every stage (created on every rank, in one order); this rank's."""
     mine: dict[str, dist.ProcessGroup] = {}
@@ -126,6 +167,8 @@ def _stage_groups(plan: ParallelPlan, rank: int) -> dict[str, dist.ProcessGroup]
         lays = [RankLayout.of(plan, r) for r in range(plan.first_rank(s), plan.first_rank(s) + st.num_gpus)]
         kinds = [("tp", RankLayout.tp_ranks), ("cp", RankLayout.cp_ranks), ("dp", RankLayout.dp_ranks),
                  ("tp_cp", RankLayout.tp_cp_ranks), ("dp_cp", RankLayout.dp_cp_ranks)]
+        if plan.model.moe is not None:
+            kinds += _EXPERT_KINDS
         for kind, members_of in kinds:
             if kind in ("cp", "tp_cp", "dp_cp") and st.cp == 1:
                 continue
@@ -172,11 +215,14 @@ def build_groups(plan: ParallelPlan, rank: int) -> Groups:
     pgc.dp_cp = dp_cp
     pgc.intra_dp_cp = dp_cp
     pgc.intra_dist_opt = dist.group.WORLD  # distributed optimizer: its gradient-norm group (disjoint shards)
-    pgc.expt_dp = dp_cp
-    pgc.intra_expt_dp = dp_cp
-    pgc.ep = single
-    pgc.expt_tp = tp
-    pgc.tp_ep_pp = tp
+    pgc.expt_dp = mine.get("edp", dp_cp)   # MoE: the stage's expert groups (etp x ep x edp folded over its GPUs)
+    pgc.intra_expt_dp = pgc.expt_dp
+    pgc.ep = mine.get("ep", single)
+    pgc.expt_tp = mine.get("etp", tp)
+    pgc.tp_ep = mine.get("etp_ep", tp)
+    pgc.tp_ep_pp = pgc.tp_ep
+    if "stage" in mine:
+        pgc.tp_dp_cp = mine["stage"]   # the router's group for a global aux loss
     pgc.mp = tp
     pgc.pp = StagePosition(me.stage, plan.num_stages)
     pgc.embd = None  # tied embeddings across stages are synchronised by aceso_megatron.parallel.grads

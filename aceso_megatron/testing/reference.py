@@ -39,6 +39,19 @@ def init_single_process(port: int) -> None:
         parallel_state.initialize_model_parallel()
 
 
+def _decoder_spec(model: ModelSpec, config):
+    """The stock decoder spec: one layer spec, or for an MoE model megatron-core's block spec (dense and
+    ``MoELayer`` layers by ``moe_layer_freq``, ``SequentialMLP`` experts)."""
+    from model_specs.builders import layer_spec
+
+    if model.moe is None or model.layer_spec_path("decoder"):
+        return layer_spec(model, "decoder", te=False)
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    norm = "RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm"
+    return get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=norm)
+
+
 class Reference:
     """Stock GPTModel/T5Model + DDP + megatron-core optimizer, one process."""
 
@@ -54,6 +67,10 @@ class Reference:
 
         from model_specs.builders import layer_spec
 
+        if model.moe is not None:
+            from patches import moe_router_without_te
+
+            moe_router_without_te.apply()
         tc = train_config or TrainConfig()
         self.spec, self.tc = model, tc
         model_parallel_cuda_manual_seed(seed)
@@ -72,7 +89,7 @@ class Reference:
         else:
             config = stage_config(model, 1)
             self.gpt = GPTModel(
-                config=config, transformer_layer_spec=layer_spec(model, "decoder", te=False),
+                config=config, transformer_layer_spec=_decoder_spec(model, config),
                 vocab_size=model.padded_vocab_size, max_sequence_length=model.seq_length,
                 share_embeddings_and_output_weights=model.tied_embeddings,
                 position_embedding_type="rope" if model.position_embedding == "rope" else "learned_absolute",

@@ -27,11 +27,11 @@ import torch
 import torch.distributed as dist
 
 from search.errors import AcesoError
-from search.moe import refuse_unpriced
 from search.plan import ParallelPlan, parse_plan
 from search.plan_settings import run_settings
 
 from ..model.fast_path import Environment, FastPath, choose, refusal
+from ..model.moe import refusal as moe_refusal
 from ..parallel.layout import Groups, RankLayout, build_groups, sample_range
 from ..parallel.shards import cp_token_index
 
@@ -59,7 +59,8 @@ def check_plan(plan: ParallelPlan | dict, world_size: int, env: Environment | No
     """Validate ``plan`` for ``world_size`` processes and refuse what ``env`` cannot run; one ``AcesoError``
     line naming the stage and field."""
     plan = parse_plan(plan if isinstance(plan, dict) else plan.model_dump(), world_size=world_size)
-    refuse_unpriced(plan.model, "the runtime does not build MoE/MLA/MTP layers yet")   # never train it as dense
+    if (msg := moe_refusal(env, plan)) is not None:   # never an MoE/MLA/MTP model built as if it were dense
+        raise AcesoError(msg)
     if env is not None:
         if (msg := refusal(env, plan)) is not None:
             raise AcesoError(msg)
@@ -269,6 +270,10 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
         from patches import cpu_mode
 
         cpu_mode.apply()
+    if plan.model.moe is not None:
+        from patches import moe_router_without_te
+
+        moe_router_without_te.apply()
     if plan.distributed_optimizer:
         from patches import dist_opt_torch_adam
 
@@ -281,6 +286,7 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
     from ..model.config import interleaving
     from ..model.init import initialize
     from ..model.layers import check_model
+    from ..model.moe import mark_expert_params
     from ..model.stage_model import build_stage
     from ..parallel.grads import embedding_bucket_groups, finalize_model_grads_fn, mark_embedding_copies
     from ..parallel.p2p import PlanCommunicator
@@ -301,7 +307,8 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
     std = tc.std_for(plan.model)
     for c in chunks:
         c.config.init_method_std = std
-        initialize(c, c.canonical_names(), plan.model, seed, lay.tp, lay.tp_rank, std)
+        initialize(c, c.canonical_names(), plan.model, seed, lay.tp, lay.tp_rank, std, (lay.etp, lay.etp_rank))
+        mark_expert_params(c)
         if device != "cpu":
             c.cuda(torch.cuda.current_device())
     interleaving(chunks[0].config, plan.num_stages, v)

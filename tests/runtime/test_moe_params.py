@@ -7,7 +7,7 @@ parameter numels. Then every MoE preset at full width on the meta device, and wh
 with a sliding window against ``search.layer_variants``.
 
 The ModelSpec -> TransformerConfig translation below is this test's own, written from megatron-core's field names
-(the runtime does not build MoE models yet: docs/moe.md)."""
+(the runtime builds MoE stages: docs/runtime.md)."""
 
 import pytest
 import torch
