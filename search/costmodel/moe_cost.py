@@ -197,10 +197,12 @@ def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, ov
     bwd = other_b + sh_b + exp_b + tp_b
     cost = UnitCost(fwd, bwd, act_f, fwd, tp_f + tp_b, UNAVAILABLE_MS, tp_h, comm_fwd=(tp_f, tp_hf, 0.0, 0.0),
                     ep_comm=exp_f + exp_b, ep_hidden=hid_f + hid_b, ep_fwd=(exp_f, hid_f))
-    return cost, moe_act_bytes(src, b, s, t, ep, etp, cfg), *moe_params_per_rank(m, t, ep, etp)
+    acts = moe_act_bytes(src, b, s, t, ep, etp, cfg, lp)
+    return cost, acts, *moe_params_per_rank(m, t, ep, etp)
 
 
-def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg) -> tuple[float, float, float, float]:
+def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg,
+                  lp: bool = False) -> tuple[float, float, float, float]:
     """Bytes one moe unit keeps for backward: (none, selective = moe_act, full) and the dispatch transient.
 
     Kept (T = b s / t tokens, m = etp T k f_i tokens at the experts): the norm input and output (2 dt T h), the
@@ -210,7 +212,9 @@ def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg) -> tupl
     / etp), the expert output the unpermute's probs multiply keeps (dt T k h), and the shared expert's activation
     input and fc2 input (dt b s (up_s + f_s) / t; its fc1 input is the norm output, in SP form). moe_act frees the
     experts' activation output (fc2 input, and the SwiGLU extras); full keeps the unit input (dt T h). The
-    transient: the permuted send buffer and (etp > 1) the pre-gather receive buffer, dt T k h each.
+    transient: the permuted send buffer and (etp > 1) the pre-gather receive buffer, dt T k h each. ``lp`` (a
+    quantized unit): the experts' fc1 and fc2 inputs are kept quantized (``precision.act_saving_bytes``), as the
+    dense linears' inputs are.
     """
     m, dt = src.model, src.dt
     e, h = m.moe, m.hidden_size
@@ -230,7 +234,11 @@ def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg) -> tupl
     shared = dt * s * b * (ups + fs) / t
     none = base + experts + shared
     transient = dt * T * topk * h * (2 if etp > 1 else 1)
-    return none, none - fc2_in - extra, dt * T * h, transient
+    sel = none - fc2_in - extra
+    if lp:
+        none -= lowp.act_saving_bytes(src.lp, tok * h + tok * f / etp, dt)
+        sel -= lowp.act_saving_bytes(src.lp, tok * h, dt)
+    return none, sel, dt * T * h, transient
 
 
 def moe_params_per_rank(model, t: int, ep: int, etp: int) -> tuple[float, float]:

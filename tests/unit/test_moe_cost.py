@@ -97,6 +97,19 @@ def test_quantized_experts_run_at_the_fp8_peak_plus_their_input_casts():
     assert quant.fwd - plain.fwd == pytest.approx(fp8 + casts - bf16, rel=1e-9)
 
 
+def test_quantized_experts_keep_their_inputs_in_fp8():
+    """A quantized moe unit keeps the experts' fc1 input (m h) and fc2 input (m f) as fp8 (1 byte, not dt 2):
+    m = etp T k = 2048 token copies, h 1024, f 512; selective (moe_act) frees the fc2 input anyway."""
+    m = tiny_moe()
+    cl = parse_cluster("1x8-h100")
+    src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8, precision="fp8-delayed"), CommModel(cl),
+                         kernels="flat")
+    _, plain, *_ = moe_unit(src, 1.0, 1024, 1, False, 4, 1, MoEPlanSettings())
+    _, quant, *_ = moe_unit(src, 1.0, 1024, 1, False, 4, 1, MoEPlanSettings(), lp=True)
+    assert plain[0] - quant[0] == pytest.approx((2 - 1) * 2048 * (1024 + 512))
+    assert plain[1] - quant[1] == pytest.approx((2 - 1) * 2048 * 1024)
+
+
 def test_imbalance_and_sequential_experts_scale_the_busiest_rank():
     m = tiny_moe(moe_router_force_load_balancing=False, moe_imbalance_factor=2.0)
     cl = parse_cluster("1x8-h100")
