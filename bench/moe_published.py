@@ -20,6 +20,7 @@ Every MoE row of ../shared/published/megatron-bridge-25.09-25.11.json (Megatron-
   the table says which), the distributed optimizer
   and overlaps from its flags, the MoE settings (dispatcher, grouped GEMM, permute fusion, overlaps) from its flags;
   gradients reduced in bf16 where it says ``--grad-reduce-in-bf16`` (``RunSettings``), else Megatron-LM's fp32;
+  the parameters stored quantized (no bf16 copy) where it says ``--fp8-param-gather``;
 - predicted tokens/s/GPU = ``gbs x seq / iteration / GPUs``; TFLOP/s/GPU by the row's own FLOP count (the
   published TFLOP/s scaled by predicted / measured tokens, so both columns share one error); error = predicted /
   measured - 1; memory: whether every stage fits the GPU.
@@ -251,6 +252,7 @@ def prepare(row: dict) -> dict:
         return {"status": built}
     training = TrainingSpec(global_batch_size=row["gbs"], micro_batch_sizes=sorted({1, 2, 4, 8, row["mbs"]}),
                             precision=precision_name(row["precision"]), attention="flash",
+                            fp8_param_gather="--fp8-param-gather" in row["args"],
                             virtual_stages=None)      # every degree Megatron-LM accepts (the rows use up to 24)
     return {"status": "ok", "plan": plan, "cluster": cluster, "training": training}
 

@@ -346,7 +346,7 @@ def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool, ov: boo
         s = s_enc if u.stack == "encoder" else s_dec
         causal = not (m.is_t5 and u.stack == "encoder")
         if u.kind == "moe":
-            cost, *a, pr, ex = moe_unit(src, b, s, t, sp, *x, overlap=ov)
+            cost, *a, pr, ex = moe_unit(src, b, s, t, sp, *x, overlap=ov, lp=lp)
             rows[key] = (cost, a[0], pr, ex)
             continue
         if u.kind == "mtp":

@@ -30,7 +30,12 @@ dropped): the busiest EP rank's share over the even one, which the slowest rank 
                               (x f_i on the busiest rank). fc1 grouped GEMM (E/ep, m_e, up/etp, h), the activation
                               (3 (SwiGLU) or 2 dt m_e f / etp bytes per expert), fc2 (E/ep, m_e, h, f/etp):
                               ``moe_primitives.grouped_gemm_ms``; ``grouped_gemm`` off (``SequentialMLP``): one GEMM
-                              per local expert, one after another
+                              per local expert, one after another. Under a low-precision recipe (``lp``: a
+                              quantized layer) at the recipe's kernels plus the casts of their inputs, as the dense
+                              linears (``AnalyticSource._linears``): TE's GroupedLinear runs the recipe's GEMMs
+    fixed                     ``MOE_LAYER_MS`` per micro-batch (a third forward): the host / launch overhead of
+                              the layer's many small kernels and the dispatcher's device-to-host sync of the
+                              token counts; ONE constant fitted on the published MoE runs (docs/costmodel.md)
     shared expert             ``SharedExpertMLP`` is a dense MLP over the attention TP group (``pg_collection.tp``):
                               all-gather of the SP input, fc1 (b s, up_s/t, h), act, fc2 (b s, h, f_s/t),
                               reduce-scatter, as ``tpcomm.tp_half``. ``shared_expert_overlap``: it runs on its own
@@ -47,6 +52,7 @@ input, is not kept); full re-runs the whole unit (its all-to-alls included).
 
 from __future__ import annotations
 
+from .. import precision as lowp
 from ..errors import AcesoError
 from ..moe_params import _norm, mlp_params, router_params, shared_expert_params
 from .memory import _has_hidden_dropout
@@ -54,6 +60,11 @@ from .moe_primitives import dispatch_bytes, ep_all_to_all_ms, grouped_gemm_ms
 from .types import UNAVAILABLE_MS
 
 PROBS = 4.0          # fp32 router probabilities (megatron-core keeps routing probs in fp32)
+# Fitted on the published Megatron-Bridge MoE rows (bench/moe_published.py; docs/costmodel.md "MoE calibration"):
+# the fixed time of one MoE layer per micro-batch (forward + backward) beyond the kernels priced above: the host
+# and launch overhead of its many small kernels and syncs (router, top-k, aux loss, sort, permute, the dispatcher's
+# token-count exchange and device-to-host sync of the split sizes). A third in the forward, two thirds backward.
+MOE_LAYER_MS = 5.0
 
 
 def imbalance(model) -> float:
@@ -74,18 +85,29 @@ def tokens_per_expert(model, b: float, s: float, t: int, ep: int, etp: int) -> f
     return etp * (b * s / t) * e.moe_router_topk * ep / e.num_experts
 
 
-def _experts(src, m_e: float, n_local: int, etp: int, grouped: bool, backward: bool = False) -> float:
-    """fc1 + fc2 of the local experts (grouped GEMM, or one GEMM per expert in sequence)."""
-    m, k = src.model, src.kern
+def _experts(src, m_e: float, n_local: int, etp: int, grouped: bool, backward: bool = False,
+             lp: bool = False) -> float:
+    """fc1 + fc2 of the local experts (grouped GEMM, or one GEMM per expert in sequence). ``lp``: quantized at the
+    recipe's low-precision kernels (TE's grouped linear runs the recipe's GEMMs, as the dense linears do) plus the
+    casts of their inputs (forward x: m k, backward dy: m n; ``precision.cast_bytes``), as ``_linears``."""
+    m = src.model
+    k = src.kern_lp if lp else src.kern
     f = m.moe.moe_ffn_hidden_size
     up = 2 * f if m.activation == "swiglu" else f
     h = m.hidden_size
     shapes = ((m_e, up / etp, h), (m_e, h, f / etp))
     if grouped:
         if not backward:
-            return sum(grouped_gemm_ms(k, n_local, *sh) for sh in shapes)
-        return sum(k.bmm(n_local, *sh, backward=True) for sh in shapes)
-    return n_local * k.gemm(list(shapes), backward=backward)
+            t = sum(grouped_gemm_ms(k, n_local, *sh) for sh in shapes)
+        else:
+            t = sum(k.bmm(n_local, *sh, backward=True) for sh in shapes)
+    else:
+        t = n_local * k.gemm(list(shapes), backward=backward)
+    if lp and k is not src.kern:
+        n_l = lowp.cast_launches(src.lp)
+        t += sum(src.kern.memory(lowp.cast_bytes(src.lp, n_local * mm * (nn if backward else kk), src.dt), n_l)
+                 for mm, nn, kk in shapes)
+    return t
 
 
 def _dispatch(src, T: float, ep: int, etp: int, cfg) -> tuple[float, float]:
@@ -114,7 +136,8 @@ def _dispatch(src, T: float, ep: int, etp: int, cfg) -> tuple[float, float]:
     return d, c
 
 
-def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, overlap: bool = False):
+def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, overlap: bool = False,
+             lp: bool = False):
     """(UnitCost, act bytes (none, selective, full), params per rank, expert params per rank) of one moe unit."""
     from .analytic import UnitCost
     m, dt, k = src.model, src.dt, src.kern
@@ -141,11 +164,11 @@ def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, ov
     act_b = (3 if m.activation == "swiglu" else 2) * dt * m_e * n_local * f / etp
     router = k.gemm([(T, E, h)])
     router_b = k.gemm([(T, E, h)], backward=True)
-    ex_f = _experts(src, m_e, n_local, etp, cfg.grouped_gemm)
-    ex_b = _experts(src, m_e, n_local, etp, cfg.grouped_gemm, backward=True)
+    ex_f = _experts(src, m_e, n_local, etp, cfg.grouped_gemm, lp=lp)
+    ex_b = _experts(src, m_e, n_local, etp, cfg.grouped_gemm, backward=True, lp=lp)
     act_f = k.memory(act_b)
-    other_f = router + k.memory(ew + score + perm, launches) + ex_f + act_f
-    other_b = router_b + k.memory(1.5 * (ew + score + perm + act_b), launches + 1) + ex_b
+    other_f = router + k.memory(ew + score + perm, launches) + ex_f + act_f + MOE_LAYER_MS / 3
+    other_b = router_b + k.memory(1.5 * (ew + score + perm + act_b), launches + 1) + ex_b + 2 * MOE_LAYER_MS / 3
     # the shared expert: a dense MLP half over the attention TP group
     sh_f = sh_b = 0.0
     tpc = None
@@ -174,10 +197,12 @@ def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, ov
     bwd = other_b + sh_b + exp_b + tp_b
     cost = UnitCost(fwd, bwd, act_f, fwd, tp_f + tp_b, UNAVAILABLE_MS, tp_h, comm_fwd=(tp_f, tp_hf, 0.0, 0.0),
                     ep_comm=exp_f + exp_b, ep_hidden=hid_f + hid_b, ep_fwd=(exp_f, hid_f))
-    return cost, moe_act_bytes(src, b, s, t, ep, etp, cfg), *moe_params_per_rank(m, t, ep, etp)
+    acts = moe_act_bytes(src, b, s, t, ep, etp, cfg, lp)
+    return cost, acts, *moe_params_per_rank(m, t, ep, etp)
 
 
-def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg) -> tuple[float, float, float, float]:
+def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg,
+                  lp: bool = False) -> tuple[float, float, float, float]:
     """Bytes one moe unit keeps for backward: (none, selective = moe_act, full) and the dispatch transient.
 
     Kept (T = b s / t tokens, m = etp T k f_i tokens at the experts): the norm input and output (2 dt T h), the
@@ -187,7 +212,9 @@ def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg) -> tupl
     / etp), the expert output the unpermute's probs multiply keeps (dt T k h), and the shared expert's activation
     input and fc2 input (dt b s (up_s + f_s) / t; its fc1 input is the norm output, in SP form). moe_act frees the
     experts' activation output (fc2 input, and the SwiGLU extras); full keeps the unit input (dt T h). The
-    transient: the permuted send buffer and (etp > 1) the pre-gather receive buffer, dt T k h each.
+    transient: the permuted send buffer and (etp > 1) the pre-gather receive buffer, dt T k h each. ``lp`` (a
+    quantized unit): the experts' fc1 and fc2 inputs are kept quantized (``precision.act_saving_bytes``), as the
+    dense linears' inputs are.
     """
     m, dt = src.model, src.dt
     e, h = m.moe, m.hidden_size
@@ -207,7 +234,11 @@ def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg) -> tupl
     shared = dt * s * b * (ups + fs) / t
     none = base + experts + shared
     transient = dt * T * topk * h * (2 if etp > 1 else 1)
-    return none, none - fc2_in - extra, dt * T * h, transient
+    sel = none - fc2_in - extra
+    if lp:
+        none -= lowp.act_saving_bytes(src.lp, tok * h + tok * f / etp, dt)
+        sel -= lowp.act_saving_bytes(src.lp, tok * h, dt)
+    return none, sel, dt * T * h, transient
 
 
 def moe_params_per_rank(model, t: int, ep: int, etp: int) -> tuple[float, float]:

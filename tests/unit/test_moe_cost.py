@@ -65,8 +65,9 @@ def test_moe_unit_forward_by_hand():
     act = mem(2 * dt * m_e * 2 * f)
     dispatch = 0.003 + (T * k * h * dt + 4 * T * k) * 3 / 4 / NVLINK        # 3 of 4 EP peers in the node
     combine = 0.003 + T * k * h * dt * 3 / 4 / NVLINK
+    fixed = 5.0 / 3                           # MOE_LAYER_MS (5 ms, fitted: docs/costmodel.md), a third forward
     cost, act_bytes, params, experts_params = moe_unit(src, 1.0, 1024, 1, False, 4, 1, MoEPlanSettings())
-    assert cost.fwd == pytest.approx(router + elementwise + experts + act + dispatch + combine, rel=1e-9)
+    assert cost.fwd == pytest.approx(router + elementwise + experts + act + dispatch + combine + fixed, rel=1e-9)
     assert cost.ep_comm == pytest.approx(2 * (dispatch + combine), rel=1e-9)     # forward + backward
     assert cost.rec_sel == pytest.approx(act, rel=1e-9)
     assert experts_params == 2 * mlp_params(m, 512)                          # E / ep = 2 local experts
@@ -74,6 +75,39 @@ def test_moe_unit_forward_by_hand():
     # moe_act frees the experts' activation output: dt m_e f per local expert
     assert act_bytes[0] - act_bytes[1] == pytest.approx(dt * m_e * 2 * f)
     assert act_bytes[2] == dt * T * h
+
+
+def test_quantized_experts_run_at_the_fp8_peak_plus_their_input_casts():
+    """fp8-delayed on H100 (flat kernels): the grouped GEMMs at the 1979 TFLOP/s FP8 peak, plus one cast per GEMM
+    input (forward: x of fc1 (m h) and fc2 (m f); delayed scaling: read dt + write the row- and column-wise fp8
+    copies, dt + 2 bytes per element, one launch)."""
+    m = tiny_moe()
+    cl = parse_cluster("1x8-h100")
+    src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8, precision="fp8-delayed"), CommModel(cl),
+                         kernels="flat")
+    e = GPU_EFFICIENCY["h100"]
+    T, h, k, f, dt = 1024, 1024, 2, 512, 2
+    m_e = T * k * 4 / 8
+    flops = 2 * 2 * m_e * f * h                                   # one linear over the 2 local experts
+    bf16 = 2 * (flops / (PEAK * e.bmm) + LAUNCH_MS)
+    fp8 = 2 * (flops / (1979e9 * e.bmm) + LAUNCH_MS)
+    casts = sum((dt + 2) * 2 * m_e * n / (HBM * e.mem) + LAUNCH_MS for n in (h, f))
+    plain, *_ = moe_unit(src, 1.0, 1024, 1, False, 4, 1, MoEPlanSettings())
+    quant, *_ = moe_unit(src, 1.0, 1024, 1, False, 4, 1, MoEPlanSettings(), lp=True)
+    assert quant.fwd - plain.fwd == pytest.approx(fp8 + casts - bf16, rel=1e-9)
+
+
+def test_quantized_experts_keep_their_inputs_in_fp8():
+    """A quantized moe unit keeps the experts' fc1 input (m h) and fc2 input (m f) as fp8 (1 byte, not dt 2):
+    m = etp T k = 2048 token copies, h 1024, f 512; selective (moe_act) frees the fc2 input anyway."""
+    m = tiny_moe()
+    cl = parse_cluster("1x8-h100")
+    src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8, precision="fp8-delayed"), CommModel(cl),
+                         kernels="flat")
+    _, plain, *_ = moe_unit(src, 1.0, 1024, 1, False, 4, 1, MoEPlanSettings())
+    _, quant, *_ = moe_unit(src, 1.0, 1024, 1, False, 4, 1, MoEPlanSettings(), lp=True)
+    assert plain[0] - quant[0] == pytest.approx((2 - 1) * 2048 * (1024 + 512))
+    assert plain[1] - quant[1] == pytest.approx((2 - 1) * 2048 * 1024)
 
 
 def test_imbalance_and_sequential_experts_scale_the_busiest_rank():
