@@ -2,8 +2,8 @@
 
 Rows: the dense FP8 (``fp8-cs``: tensorwise current scaling) and MXFP8 rows of NVIDIA's Megatron-Bridge performance
 summary (``../shared/published/megatron-bridge-25.09-25.11.json``: Llama 3 8B, Llama 3 70B, Llama 3.1 405B on H100,
-B200, GB200, GB300). Left out and listed: MoE rows (the MoE branches price them) and rows with Megatron FSDP
-(``fsdp`` > 0: the fsdp branch). Each row is imported from its own Megatron-LM arguments (``args``) with
+B200, GB200, GB300). Left out and listed: MoE rows (bench/moe_published.py prices them) and rows with Megatron FSDP
+(``fsdp`` > 0: bench/fsdp_published.py). Each row is imported from its own Megatron-LM arguments (``args``) with
 ``read_megatron`` -- the one row -> plan path (``aceso import --from megatron-lm``), which reads the precision
 flags into the plan's ``settings.low_precision`` -- and priced as ``aceso explain`` prices an imported plan
 (``plan_precision``, ``run_settings``: the row's gradient reduction, bf16 with ``--grad-reduce-in-bf16``).
@@ -50,9 +50,9 @@ def load_rows(path: Path = BRIDGE) -> tuple[list[dict], list[str]]:
             continue
         tag = f"{r['version']} {r['model']} {r['cluster']} {r['precision']}"
         if r["moe"] or r["model"] not in DENSE:
-            out.append(f"{tag}: MoE (the MoE branches)")
+            out.append(f"{tag}: MoE (bench/moe_published.py)")
         elif r["fsdp"]:
-            out.append(f"{tag}: Megatron FSDP (fsdp {r['fsdp']}: the fsdp branch)")
+            out.append(f"{tag}: Megatron FSDP (fsdp {r['fsdp']}: bench/fsdp_published.py)")
         else:
             rows.append(r)
     return rows, out
