@@ -2,8 +2,8 @@
 
 Rows: the dense FP8 (``fp8-cs``: tensorwise current scaling) and MXFP8 rows of NVIDIA's Megatron-Bridge performance
 summary (``../shared/published/megatron-bridge-25.09-25.11.json``: Llama 3 8B, Llama 3 70B, Llama 3.1 405B on H100,
-B200, GB200, GB300). Left out and listed: MoE rows (bench/moe_published.py prices them) and rows with Megatron FSDP
-(``fsdp`` > 0: bench/fsdp_published.py). Each row is imported from its own Megatron-LM arguments (``args``) with
+B200, GB200, GB300). Left out and listed: MoE rows (bench/moe_published.py prices them); rows with Megatron FSDP (``fsdp`` > 0) are
+priced here with their FSDP flags (bench/fsdp_published.py shows their memory lines). Each row is imported from its own Megatron-LM arguments (``args``) with
 ``read_megatron`` -- the one row -> plan path (``aceso import --from megatron-lm``), which reads the precision
 flags into the plan's ``settings.low_precision`` -- and priced as ``aceso explain`` prices an imported plan
 (``plan_precision``, ``run_settings``: the row's gradient reduction, bf16 with ``--grad-reduce-in-bf16``).
@@ -51,10 +51,8 @@ def load_rows(path: Path = BRIDGE) -> tuple[list[dict], list[str]]:
         tag = f"{r['version']} {r['model']} {r['cluster']} {r['precision']}"
         if r["moe"] or r["model"] not in DENSE:
             out.append(f"{tag}: MoE (bench/moe_published.py)")
-        elif r["fsdp"]:
-            out.append(f"{tag}: Megatron FSDP (fsdp {r['fsdp']}: bench/fsdp_published.py)")
         else:
-            rows.append(r)
+            rows.append(r)      # Megatron FSDP rows too (their --use-megatron-fsdp flags import into the plan)
     return rows, out
 
 
@@ -64,7 +62,7 @@ def price_row(r: dict) -> dict:
     plan = read_megatron(r["args"], cluster=cluster).plan
     training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
                             **plan_precision(plan), distributed_optimizer=plan.distributed_optimizer,
-                            attention="flash")
+                            megatron_fsdp=True if plan.megatron_fsdp else None, attention="flash")
     cm = make_cost_model(plan.model, cluster, training, settings=run_settings(plan.settings, training.precision))
     cost = cm.evaluate(plan)
     tokens = plan.global_batch_size * plan.model.seq_length / (cost.iteration_ms / 1e3) / cluster.num_gpus

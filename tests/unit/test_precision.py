@@ -243,13 +243,16 @@ def test_the_runtime_target_refuses_low_precision(tmp_path, capsys):
 
 @pytest.mark.skipif(not BRIDGE.exists(), reason="needs ../shared/published")
 def test_every_dense_low_precision_bridge_row_imports_its_recipe():
-    """bench/lowprec_published.py's rows: the dense non-FSDP FP8-CS / MXFP8 runs, read from their own arguments."""
+    """bench/lowprec_published.py's rows: the dense FP8-CS / MXFP8 runs (the five Megatron FSDP ones with their FSDP
+    strategy), read from their own arguments."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("lowprec_published", ROOT / "bench" / "lowprec_published.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     rows, left_out = bench.load_rows(BRIDGE)
-    assert len(rows) == 14 and any("fsdp" in x for x in left_out) and any("MoE" in x for x in left_out)
+    assert len(rows) == 19 and sum(r["fsdp"] > 0 for r in rows) == 5 and any("MoE" in x for x in left_out)
     for r in rows:
-        low = read_megatron(r["args"], cluster=parse_cluster(r["cluster"])).plan.settings.low_precision
+        plan = read_megatron(r["args"], cluster=parse_cluster(r["cluster"])).plan
+        assert bool(plan.megatron_fsdp) == (r["fsdp"] > 0)
+        low = plan.settings.low_precision
         assert low.recipe == lowp.LABELS.get(r["precision"], r["precision"])
