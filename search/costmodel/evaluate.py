@@ -440,7 +440,7 @@ class CostModel:
         by etp x ep inside the stage, megatron-core's ``expert_data_parallel_group``), behind what is left of the
         backward after the dense reduction (both queue on the same NICs)."""
         cfg = self.settings
-        inter, k = self._dp_link(first_rank, n, dpc)
+        inter, k = self._group_link(first_rank, n // dpc, dpc)
         dist = features.distributed_optimizer
         reduce_once = gather_after = True     # DDP / the distributed optimizer; FSDP: ``sharding.py``
         if features.fsdp:
@@ -455,8 +455,7 @@ class CostModel:
         if experts:
             edp, stride = me.expert_dp, me.expert_tp * me.ep
             opt += experts * self._opt_ms_per_param / (edp if dist else 1)
-            e_inter = edp > 1 and self.comm.spans_nodes(first_rank, first_rank + (edp - 1) * stride)
-            ek = self.comm.members_per_node(first_rank, stride, edp) if e_inter and cfg.multi_nic else 1
+            e_inter, ek = self._group_link(first_rank, stride, edp)
             groups.append(("edp", "edp_param_gather", experts, edp, e_inter, ek))
         window, pwindow = bwd, fwd
         for name, pg, nparams, size, g_inter, g_k in groups:
@@ -496,9 +495,11 @@ class CostModel:
             out["embedding_grads"] = (emb, 0.0)
         return sync, opt, prologue, out
 
-    def _dp_link(self, first_rank: int, n: int, dpc: int) -> tuple[bool, int]:
-        inter = dpc > 1 and self.comm.spans_nodes(first_rank, first_rank + n - 1)
-        return inter, self.comm.members_per_node(first_rank, n // dpc, dpc) if inter and self.settings.multi_nic else 1
+    def _group_link(self, first_rank: int, stride: int, size: int) -> tuple[bool, int]:
+        """(on the network, NICs per node) of the group ``first_rank + i * stride`` (i < size): the DP x CP group
+        (stride tp) and MoE's expert-DP group (stride etp x ep)."""
+        inter = size > 1 and self.comm.spans_nodes(first_rank, first_rank + (size - 1) * stride)
+        return inter, self.comm.members_per_node(first_rank, stride, size) if inter and self.settings.multi_nic else 1
 
     def _fsdp_micro_batches(self, p: _Prepared, spans, chunk_params: list, chunk_fwd: list, chunk_bwd: list,
                             first_rank: int, n: int, dpc: int, features: Features, M: int) -> tuple[float, dict]:
@@ -506,7 +507,7 @@ class CostModel:
         forward / backward in place; returns (whole-layer buffer MB, comm entries per iteration)."""
         if not features.fsdp or dpc <= 1:
             return 0.0, {}
-        inter, k = self._dp_link(first_rank, n, dpc)
+        inter, k = self._group_link(first_rank, n // dpc, dpc)
         ag = lambda b: self.comm.all_gather(b, dpc, inter, k)       # noqa: E731
         rs = lambda b: self.comm.reduce_scatter(b, dpc, inter, k)   # noqa: E731
         starts, c = self.model.layer_starts, p.cum["params"]
