@@ -36,6 +36,11 @@ def preflight(plan, device: str, here: bool = False) -> bool:
                 return False
             raise
         check_layers_build(plan.model, device)   # a CPU run: one layer of a user's spec built on the meta device
+        if plan.settings is None or plan.settings.framework == "runtime":
+            from .model.moe import refusal as moe_refusal
+
+            if (msg := moe_refusal(None, plan)) is not None:   # what no machine runs yet (the env's part: here)
+                raise AcesoError(msg)
         if here:
             from .model.fast_path import Environment
             from .training.engine import check_plan

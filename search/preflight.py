@@ -13,8 +13,9 @@ one ``AcesoError`` line naming the stage or field, or None. Two parts, one funct
   ``preflight(plan, device)``), so that this package never names the runtime: the layer specs (importable,
   transformer-engine where there is none, carvable or kept whole in one chunk with one recompute none/full), the
   ``megatron`` block against the installed ``TransformerConfig`` (names and types), and what this machine's
-  environment cannot run. They run only for what they can refuse: a plan whose model has a ``layer_spec`` or a
-  ``megatron`` block, or a run on this machine (``here=True``: launch, train). Without the runtime installed they
+  environment cannot run, and what of MoE / MLA / MTP it does not build yet on any machine. They run only for
+  what they can refuse: a plan whose model has a ``layer_spec``, a ``megatron`` block or MoE / MLA / MTP, or a run
+  on this machine (``here=True``: launch, train). Without the runtime installed they
   are skipped, and ``runtime_checked`` says so.
 """
 
@@ -30,7 +31,8 @@ def preflight(plan, device: str | None = None, here: bool = False) -> bool:
     """Refuse (``AcesoError``) what the runtime would not run; returns whether the runtime's checks ran."""
     device = device or target_device(plan)
     planner_checks(plan, device)
-    if not (here or plan.model.layer_spec or plan.model.megatron):
+    m = plan.model
+    if not (here or m.layer_spec or m.megatron or m.moe or m.mla or m.mtp_num_layers):
         return True          # nothing the runtime checks beyond the planner's
     check = runtime_preflight()
     if check is None:

@@ -78,3 +78,23 @@ def test_runnable_plans_are_not_refused():
     assert refusal(CPU, plan(ep=1, etp=2, moe={"token_dispatcher": "allgather"})) is None
     assert refusal(CUDA_TE, plan(ep=1, etp=2)) is None
     assert refusal(None, plan(moe={"token_dispatcher": "flex"})) is None   # environment unknown: not refused
+
+
+def test_validate_refuses_what_no_machine_runs_and_the_search_does_not_emit_it():
+    """The one pre-flight (validate, the search's output check, launch) refuses an MoE runtime plan with the
+    distributed optimizer on any machine, not only in the workers; a runtime search turns it off (asked for: refused,
+    one line), a Megatron-LM plan keeps it."""
+    from search.errors import AcesoError
+    from search.plan_settings import PlanSettings
+    from search.planner.api import runtime_training
+    from search.preflight import preflight
+    from search.training import TrainingSpec
+    with pytest.raises(AcesoError, match="distributed_optimizer with MoE"):
+        preflight(plan(distributed_optimizer=True), "cuda")
+    assert preflight(plan(distributed_optimizer=True).model_copy(
+        update={"settings": PlanSettings(framework="megatron-lm")}), "cuda")
+    tr = TrainingSpec(global_batch_size=8)
+    assert runtime_training(tr, model=MOE).distributed_optimizer is False
+    assert runtime_training(tr, model=MOE.model_copy(update={"moe": None})).distributed_optimizer is None
+    with pytest.raises(AcesoError, match="--distributed-optimizer on with an MoE model"):
+        runtime_training(tr.model_copy(update={"distributed_optimizer": True}), model=MOE)
