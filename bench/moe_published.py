@@ -3,24 +3,17 @@
 Every MoE row of ../shared/published/megatron-bridge-25.09-25.11.json (Megatron-Bridge's performance tables of the
 25.09 and 25.11 containers, measured tokens/s/GPU and TFLOP/s/GPU) is written as a plan and priced:
 
-- model: the preset named by the row (``deepseek-v3`` / ``deepseek-v3-no-mtp`` by its MTP layers,
-  ``qwen3-30b-a3b``, ``qwen3-235b-a22b``, ``gpt-oss-120b`` where that preset exists; none: "no preset") at the row's
-  sequence length, with its token-drop capacity (``--moe-expert-capacity-factor``; the presets are dropless);
+- plan (``row_plan``): the row's own Megatron-LM arguments imported by ``read_megatron`` (the one row -> plan path,
+  ``aceso import --from megatron-lm``; bench/lowprec_published.py prices the dense rows the same way), so the model
+  (vocabulary padding, GPT-OSS's ``--window-size 128,0``, DeepSeek's aux-loss coefficient, the token-drop capacity),
+  the layers per model chunk (``--pipeline-model-parallel-layout``, first/last, or the embedding/loss split), the
+  expert shape, recompute, the MoE settings, the distributed optimizer and overlaps are exactly what the flags mean;
+  the importer's notes say what it approximates (e.g. ``--recompute-modules mla_up_proj`` is priced unrecomputed);
 - cluster: the row's ``cluster`` string (GB200/GB300: NVL72 racks of 64 used GPUs); a GPU we have no preset for is
-  "waits for issue 24" with the parser's reason;
-- precision: the row's label mapped to our recipe name (``search.precision.LABELS`` where the low-precision branch
-  has it) and looked up by ``TrainingSpec`` itself (``precision_support``): a precision it refuses is "waits for
-  issue 24", so the rows price once the recipes exist, with no list here to update;
-- plan (``row_plan``): every stage ``tp x cp x dp`` with the row's ``ep`` and ``--expert-tensor-parallel-size``
-  (megatron-core's default: tp), SP at tp > 1, the pipeline micro-batch ``mbs x dp``, the row's ``gbs``, layers per
-  model chunk from its arguments (``--pipeline-model-parallel-layout``, else ``--decoder-first/last-pipeline-num-
-  layers``, else even over ``pp x vp``: ``search.megatron.layout``), an MTP layer (``m``) in the last chunk,
-  recompute from its ``--recompute-*`` flags (the modules onto units as ``search.megatron.recompute.unit_choices``
-  maps a selective setting: ``mla_up_proj`` / ``mlp`` are priced as the attention units' selective recompute,
-  the table says which), the distributed optimizer
-  and overlaps from its flags, the MoE settings (dispatcher, grouped GEMM, permute fusion, overlaps) from its flags;
-  gradients reduced in bf16 where it says ``--grad-reduce-in-bf16`` (``RunSettings``), else Megatron-LM's fp32;
-  the parameters stored quantized (no bf16 copy) where it says ``--fp8-param-gather``;
+  "waits for issue 24" with the parser's reason; a precision ``TrainingSpec`` refuses likewise
+  (``precision_support``), so the rows price once the recipes exist, with no list here to update;
+- priced as ``aceso explain`` prices an imported plan: ``plan_precision`` (the recipe, ``--fp8-param-gather``) and
+  ``run_settings`` (gradients reduced in bf16 with ``--grad-reduce-in-bf16``, Megatron-LM's rule);
 - predicted tokens/s/GPU = ``gbs x seq / iteration / GPUs``; TFLOP/s/GPU by the row's own FLOP count (the
   published TFLOP/s scaled by predicted / measured tokens, so both columns share one error); error = predicted /
   measured - 1; memory: whether every stage fits the GPU.
@@ -50,13 +43,12 @@ sys.path.insert(0, str(ROOT))
 
 from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 from search.cluster import parse_cluster  # noqa: E402
-from search.costmodel import RunSettings, make_cost_model  # noqa: E402
+from search.costmodel import make_cost_model  # noqa: E402
 from search.errors import AcesoError  # noqa: E402
 from search.megatron.config import NO_RECOMPUTE, Recompute  # noqa: E402
-from search.megatron.layout import distribution, parse_layout  # noqa: E402
-from search.megatron.recompute import unit_choices  # noqa: E402
-from search.moe_plan import MoEPlanSettings  # noqa: E402
-from search.plan import ChunkSpec, ParallelPlan, StageSpec, recompute_allowed  # noqa: E402
+from search.megatron.importer import read_megatron  # noqa: E402
+from search.plan import ParallelPlan  # noqa: E402
+from search.plan_settings import plan_precision, run_settings  # noqa: E402
 from search.presets import load_model  # noqa: E402
 from search.training import TrainingSpec  # noqa: E402
 
@@ -68,18 +60,6 @@ WAITS = "waits for issue 24"
 def load_rows(path: Path = BRIDGE) -> list[dict]:
     """The MoE rows of the Megatron-Bridge file."""
     return [r for r in json.loads(Path(path).read_text())["rows"] if r.get("moe")]
-
-
-def mtp_layers(row: dict) -> int:
-    if row.get("mtp_layers") is not None:
-        return int(row["mtp_layers"])
-    return int(bool((row.get("model_tags") or {}).get("mtp")))
-
-
-def preset_name(row: dict) -> str:
-    if row["model"] == "deepseek-v3":
-        return "deepseek-v3" if mtp_layers(row) else "deepseek-v3-no-mtp"
-    return row["model"]
 
 
 def precision_name(label: str) -> str:
@@ -127,19 +107,6 @@ def _int(f: dict, name: str, default: int | None = None) -> int | None:
     return int(f[name][0]) if f.get(name) else default
 
 
-def chunk_layers(f: dict, num_layers: int, pp: int, vp: int) -> tuple[tuple[int, ...], bool]:
-    """(layers per model chunk in model order, whether the last chunk holds an MTP layer ``m``)."""
-    if f.get("--pipeline-model-parallel-layout"):
-        chunks = parse_layout(f["--pipeline-model-parallel-layout"][0])
-        if len(chunks) != pp * vp:
-            raise AcesoError(f"layout of {len(chunks)} chunks for pp {pp} x vp {vp}")
-        return tuple(c.count("t") for c in chunks), "m" in chunks[-1]
-    return distribution(num_layers, pp, vp, _int(f, "--decoder-first-pipeline-num-layers"),
-                        _int(f, "--decoder-last-pipeline-num-layers"),
-                        "--account-for-embedding-in-pipeline-split" in f,
-                        "--account-for-loss-in-pipeline-split" in f), False
-
-
 def recompute_of(f: dict) -> Recompute:
     gran = (f.get("--recompute-granularity") or [None])[0]
     if gran == "selective":
@@ -149,68 +116,15 @@ def recompute_of(f: dict) -> Recompute:
     return NO_RECOMPUTE
 
 
-def unit_recompute(rc: Recompute, model, a: int, b: int) -> list[str]:
-    """Per-unit choices of ``rc`` on units ``[a, b)``: ``unit_choices``, with MoE units selective only where the
-    modules name ``moe_act``, and a choice a unit's kind cannot take (an MTP unit: none or full) none."""
-    out = []
-    for c, u in zip(unit_choices(rc, model, a, b), model.units[a:b]):
-        if c == "selective" and u.kind == "moe" and "moe_act" not in rc.modules:
-            c = "none"
-        out.append(c if c in recompute_allowed(u.kind) else "none")
-    return out
+def row_import(row: dict, cluster=None):
+    """The row's arguments imported (``read_megatron``: the one row -> plan path, ``aceso import --from
+    megatron-lm``): the plan, its Megatron config, notes and ignored flags."""
+    return read_megatron(row["args"], cluster=cluster, world_size=row["gpus"])
 
 
-def moe_settings_of(f: dict) -> MoEPlanSettings:
-    return MoEPlanSettings(
-        token_dispatcher=(f.get("--moe-token-dispatcher-type") or ["allgather"])[0],
-        grouped_gemm="--moe-grouped-gemm" in f, permute_fusion="--moe-permute-fusion" in f,
-        shared_expert_overlap="--moe-shared-expert-overlap" in f,
-        overlap_ep_comm="--overlap-moe-expert-parallel-comm" in f)
-
-
-def row_plan(row: dict, model, cluster=None) -> ParallelPlan:
-    """The row's published configuration as a plan on ``model`` (see the module docstring)."""
-    f = flags(row["args"])
-    tp, pp, cp, dp, ep, vp = row["tp"], row["pp"], row["cp"], row["dp"], row["ep"], row["vp"] or 1
-    if tp * cp * dp * pp != row["gpus"]:
-        raise AcesoError(f"tp {tp} x cp {cp} x dp {dp} x pp {pp} is not the row's {row['gpus']} GPUs")
-    layers, mtp_last = chunk_layers(f, model.num_layers, pp, vp)
-    if 0 in layers:
-        raise AcesoError(f"model chunk {layers.index(0)} of the layout holds no transformer layer (megatron-core "
-                         "allows a loss- or embedding-only chunk; aceso plans give every chunk a layer)")
-    if sum(layers) != model.num_layers:
-        raise AcesoError(f"the layout holds {sum(layers)} layers, the model {model.num_layers}")
-    if mtp_last != bool(model.mtp_num_layers):
-        raise AcesoError(f"the layout {'has' if mtp_last else 'lacks'} the MTP layer; the preset has "
-                         f"{model.mtp_num_layers or 0}")
-    starts, rc = model.layer_starts, recompute_of(f)
-    spans, li = [], 0
-    for n in layers:
-        spans.append((starts[li], starts[li + n]))
-        li += n
-    spans[-1] = (spans[-1][0], model.num_units)      # the MTP block (if any) belongs to the last chunk
-    etp = _int(f, "--expert-tensor-parallel-size")
-    stages = [StageSpec(num_gpus=tp * cp * dp, tp=tp, cp=cp, dp=dp, sequence_parallel=tp > 1, ep=ep,
-                        etp=None if etp is None or etp == tp else etp,
-                        chunks=[ChunkSpec(start_unit=a, end_unit=b, recompute=unit_recompute(rc, model, a, b))
-                                for a, b in spans[s::pp]])
-              for s in range(pp)]
-    dist = "--use-distributed-optimizer" in f
-    return ParallelPlan(model=model, cluster=cluster, micro_batch_size=row["mbs"] * dp, global_batch_size=row["gbs"],
-                        distributed_optimizer=dist, overlap_grad_reduce="--overlap-grad-reduce" in f,
-                        overlap_param_gather=dist and "--overlap-param-gather" in f, stages=stages,
-                        moe=moe_settings_of(f))
-
-
-def row_model(row: dict):
-    """The row's preset at its sequence length and token-drop capacity (``AcesoError``: no preset)."""
-    base = load_model(preset_name(row))
-    f = flags(row["args"] or "")
-    dump = base.model_dump()
-    dump["seq_length"] = row["seq"]
-    if f.get("--moe-expert-capacity-factor"):
-        dump["moe"]["moe_expert_capacity_factor"] = float(f["--moe-expert-capacity-factor"][0])
-    return type(base).model_validate(dump)
+def row_plan(row: dict, cluster=None) -> ParallelPlan:
+    """The row's published configuration as the plan its flags mean."""
+    return row_import(row, cluster).plan
 
 
 def _reason(e: Exception) -> str:
@@ -224,16 +138,8 @@ def _reason(e: Exception) -> str:
     return str(e).splitlines()[0]
 
 
-def row_settings(row: dict) -> RunSettings:
-    return RunSettings(grad_reduce_in_fp32="--grad-reduce-in-bf16" not in (row["args"] or ""))
-
-
 def prepare(row: dict) -> dict:
     """The row's plan, cluster and training spec, or ``{"status": why not}``."""
-    try:
-        model = row_model(row)
-    except AcesoError:
-        return {"status": f"no preset {preset_name(row)}"}
     whys = [precision_support(row["precision"])]
     try:
         cluster = parse_cluster(row["cluster"])
@@ -243,18 +149,19 @@ def prepare(row: dict) -> dict:
     plan, built = None, "no arguments: " + (row.get("why_not") or "the row has no command line")
     if row["args"]:
         try:
-            plan, built = row_plan(row, model, cluster), "plan builds"
+            plan, built = row_plan(row, cluster), "plan builds"
         except (AcesoError, ValueError) as e:
-            built = f"not buildable: {_reason(e)}"
+            built = f"not buildable: {_reason(e).removeprefix('megatron-lm arguments: ')}"
     if any(whys):
         return {"status": f"{WAITS}: " + "; ".join(w for w in whys if w) + f" ({built.split(':')[0]})"}
     if plan is None:
         return {"status": built}
-    training = TrainingSpec(global_batch_size=row["gbs"], micro_batch_sizes=sorted({1, 2, 4, 8, row["mbs"]}),
-                            precision=precision_name(row["precision"]), attention="flash",
-                            fp8_param_gather="--fp8-param-gather" in row["args"],
+    training = TrainingSpec(global_batch_size=plan.global_batch_size,
+                            micro_batch_sizes=sorted({1, 2, 4, 8, row["mbs"]}), **plan_precision(plan),
+                            distributed_optimizer=plan.distributed_optimizer, attention="flash",
                             virtual_stages=None)      # every degree Megatron-LM accepts (the rows use up to 24)
-    return {"status": "ok", "plan": plan, "cluster": cluster, "training": training}
+    return {"status": "ok", "plan": plan, "cluster": cluster, "training": training,
+            "settings": run_settings(plan.settings, training.precision)}
 
 
 # ----- pricing and searching ----------------------------------------------------------------------------------------
@@ -269,7 +176,7 @@ def price_row(row: dict, search_budget_s: float | None = None) -> dict:
         return {**out, "status": prep["status"]}
     plan, training = prep["plan"], prep["training"]
     try:
-        cm = make_cost_model(plan.model, prep["cluster"], training, settings=row_settings(row))
+        cm = make_cost_model(plan.model, prep["cluster"], training, settings=prep["settings"])
         cost = cm.evaluate(plan)
     except AcesoError as e:
         return {**out, "status": f"not priced: {_reason(e).split(';')[0]}"}
