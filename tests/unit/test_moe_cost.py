@@ -271,3 +271,24 @@ def test_overlap_ep_comm_hides_the_all_to_all_behind_the_units_compute():
     compute = plain.fwd + plain.bwd - plain.ep_comm          # no shared expert, tp 1: the rest is compute
     assert over.ep_comm == pytest.approx(max(0.0, plain.ep_comm - compute), rel=1e-9)
     assert over.ep_comm + over.ep_hidden == pytest.approx(plain.ep_comm, rel=1e-9)
+
+
+def test_moe_act_bytes_by_hand_as_megatron_core_keeps_them():
+    """Every byte a gated (SwiGLU and GPT-OSS's quick-GELU GLU) moe unit keeps on a GPU, counted by hand from
+    megatron-core 0.16.1's MoELayer: norm in/out 2 dt T h; router fp32 scores + probs + map T E (4 + 4 + 1) and
+    top-k probs 4 T k; experts: fc1 input dt m h, activation input dt m 2f, the probs the weighted activation
+    saves 4 m, fc2 input dt m f; nothing for the unpermute (the probs are applied in the activation, so the
+    dispatchers' unpermute keeps only its row map). T 1024, k 2, m = T k = 2048, h 1024, E 8, f 512, dt 2."""
+    from search.costmodel.moe_cost import moe_act_bytes
+    cl = parse_cluster("1x8-h100")
+    T, h, E, k, f, dt = 1024, 1024, 8, 2, 512, 2
+    m_tok = T * k
+    for act in ("swiglu", "quick_geglu"):
+        m = tiny_moe().model_copy(update={"activation": act})
+        src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8), CommModel(cl), kernels="flat")
+        none, sel, full, transient = moe_act_bytes(src, 1.0, T, 1, 4, 1, MoEPlanSettings())
+        kept = (2 * dt * T * h + T * E * 9 + 4 * T * k
+                + dt * m_tok * h + dt * m_tok * 2 * f + 4 * m_tok + dt * m_tok * f)
+        assert none == pytest.approx(kept), act
+        assert none - sel == pytest.approx(dt * m_tok * f)          # moe_act drops the fc2 input
+        assert full == dt * T * h and transient == dt * T * k * h   # the unit input; the permuted send buffer
