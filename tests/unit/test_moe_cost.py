@@ -292,3 +292,23 @@ def test_moe_act_bytes_by_hand_as_megatron_core_keeps_them():
         assert none == pytest.approx(kept), act
         assert none - sel == pytest.approx(dt * m_tok * f)          # moe_act drops the fc2 input
         assert full == dt * T * h and transient == dt * T * k * h   # the unit input; the permuted send buffer
+
+
+def test_mla_activations_by_hand_and_quantized_linear_inputs():
+    """DeepSeek-V3's MLA unit at b 1, s 4096, tp 1, flash: norm in/out 2 dt s h, the latents and their normalised
+    copies dt s (2 ql + 2 kvl + dr), Q K V dt s n (2 (dq + dr) + dv), the projection input dt s n dv, the fp32
+    log-sum-exp 4 n s. Under fp8 (a quantized unit, as the dense attention's linears) the down projections' input
+    (s h), the up projections' latents (s (ql + kvl)) and the projection input (s n dv) are kept in 1 byte."""
+    from search.costmodel.mla_mtp import mla_act_bytes
+    m = load_model("deepseek-v3")
+    cl = parse_cluster("1x8-h100")
+    s, h, n, ql, kvl, dr, dq, dv, dt = 4096, 7168, 128, 1536, 512, 64, 128, 128, 2
+    kept = 2 * dt * s * h + dt * s * (2 * ql + 2 * kvl + dr) + dt * s * n * (2 * (dq + dr) + dv) + dt * s * n * dv \
+        + 4 * n * s
+    src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8, attention="flash"), CommModel(cl), kernels="flat")
+    none, sel, full, _ = mla_act_bytes(src, 1.0, s, 1)
+    assert none == pytest.approx(kept) and none - sel == pytest.approx(4 * n * s) and full == dt * s * h
+    fp8 = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8, precision="fp8-delayed", attention="flash"),
+                         CommModel(cl), kernels="flat")
+    qnone, _, qfull, _ = mla_act_bytes(fp8, 1.0, s, 1, lp=True)
+    assert none - qnone == pytest.approx((2 - 1) * s * (h + ql + kvl + n * dv)) and qfull == full
