@@ -149,7 +149,8 @@ def prepare(row: dict) -> dict:
     plan, built = None, "no arguments: " + (row.get("why_not") or "the row has no command line")
     if row["args"]:
         try:
-            plan, built = row_plan(row, cluster), "plan builds"
+            imported = row_import(row, cluster)
+            plan, built = imported.plan, "plan builds"
         except (AcesoError, ValueError) as e:
             built = f"not buildable: {_reason(e).removeprefix('megatron-lm arguments: ')}"
     if any(whys):
@@ -161,7 +162,7 @@ def prepare(row: dict) -> dict:
                             distributed_optimizer=plan.distributed_optimizer, attention="flash",
                             virtual_stages=None)      # every degree Megatron-LM accepts (the rows use up to 24)
     return {"status": "ok", "plan": plan, "cluster": cluster, "training": training,
-            "settings": run_settings(plan.settings, training.precision)}
+            "settings": run_settings(plan.settings, training.precision), "notes": imported.notes}
 
 
 # ----- pricing and searching ----------------------------------------------------------------------------------------
@@ -183,8 +184,11 @@ def price_row(row: dict, search_budget_s: float | None = None) -> dict:
     it = cost.iteration_ms
     tokens = row["gbs"] * plan.model.seq_length / (it / 1000) / row["gpus"]
     meas = row["tokens_per_s_per_gpu"]
+    worst = max(range(len(cost.stages)), key=lambda i: cost.stages[i].memory_mb)
     out.update(status="priced", iteration_ms=it, tokens=tokens, fits=cost.fits,
                max_memory_gib=cost.max_memory_mb / 1024, limit_gib=cost.memory_limit_mb / 1024,
+               memory_stage=worst, memory_gib={k: v / 1024 for k, v in cost.stages[worst].memory_breakdown.items()},
+               notes=prep["notes"], checks=row.get("checks") or [],
                error=(tokens / meas - 1) if meas else None,
                tflops=row["tflops_per_gpu"] * tokens / meas if meas and row["tflops_per_gpu"] else None)
     if search_budget_s is not None:
@@ -250,14 +254,35 @@ def _fmt(x, spec: str, none: str = "-") -> str:
     return none if x is None else format(x, spec)
 
 
+def _gib(r: dict) -> str:
+    """Predicted peak GiB per GPU / the GPU's capacity."""
+    return f"{r['max_memory_gib']:.0f}/{r['limit_gib']:.0f}" if "max_memory_gib" in r else "-"
+
+
+def print_memory(rows: list[dict]) -> None:
+    """Per priced run over the GPU: its fullest stage's memory terms (GiB) and what the importer approximated."""
+    over = [r for r in rows if r["status"] == "priced" and not r["fits"]]
+    if not over:
+        return
+    print("\nruns over the GPU (fullest stage, GiB per GPU; memory.py / moe_cost.py terms):")
+    for r in over:
+        terms = " ".join(f"{k} {v:.1f}" for k, v in r["memory_gib"].items() if v >= 0.05)
+        print(f"  {r['id']}: stage {r['memory_stage']} {r['max_memory_gib']:.1f} of {r['limit_gib']:.1f}: {terms}")
+        for note in r["notes"]:
+            print(f"    importer: {note}")
+        for note in r["checks"]:
+            print(f"    the table's own check: {note}")
+
+
 def print_table(rows: list[dict], summary: dict) -> None:
     print(f"{'model':16}{'cluster':11}{'prec':14}{'config':36}{'meas tok':>9}{'pred tok':>9}{'err':>7}"
-          f"{'TFLOP/s':>8}{'fits':>5}{'speedup':>8}  status")
+          f"{'TFLOP/s':>8}{'fits':>5}{'GiB/GPU':>10}{'speedup':>8}  status")
     for r in rows:
         print(f"{r['model']:16}{r['cluster']:11}{r['precision']:14}{r['config']:36}"
               f"{_fmt(r['measured_tokens'], '9.0f', '        -')}{_fmt(r.get('tokens'), '9.0f', '        -')}"
               f"{_fmt(r.get('error'), '+7.1%', '      -')}{_fmt(r.get('tflops'), '8.0f', '       -')}"
               f"{('yes' if r.get('fits') else 'no') if 'fits' in r else '-':>5}"
+              f"{_gib(r):>10}"
               f"{_fmt(r.get('speedup'), '7.2f', '      -') + ('x' if r.get('speedup') else ' ')}  {r['status']}")
     s = summary
     print(f"\n{s['priced']} of {s['rows']} MoE rows priced; MAE {_fmt(s['mae'], '.1%')}; every priced run fits: "
@@ -280,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in load_rows(path) if args.only is None or args.only in r["id"]]
     summary = summarize(rows)
     print_table(rows, summary)
+    print_memory(rows)
     timing = search_time() if not args.no_search else {"status": "skipped (--no-search)"}
     summary["search_time"] = timing
     print(f"search time, {timing.get('model', 'deepseek-v3')} on {timing.get('cluster', '32x8-h100')} (target 60 s): "

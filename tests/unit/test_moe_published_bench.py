@@ -137,3 +137,15 @@ def test_low_precision_rows_search_what_megatron_lm_runs(mp):
         assert mp.search_target("fp8-cs") == "aceso"
     else:
         assert mp.search_target("fp8-cs") == ("megatron-lm" if is_low(mp.precision_name("fp8-cs")) else "aceso")
+
+
+def test_over_memory_rows_print_their_memory_terms(mp, capsys):
+    """A priced row reports its fullest stage's terms, which add up to its peak; a run over the GPU prints them
+    with what the importer approximated (the DeepSeek-V3 GB200 bf16 run: mla_up_proj priced unrecomputed)."""
+    row = _row(mp, "25.11/pretrain/deepseek-v3-mtp0/gb200x256/bf16")
+    out = mp.price_row(row)
+    assert out["status"] == "priced"
+    assert sum(out["memory_gib"].values()) == pytest.approx(out["max_memory_gib"], rel=1e-9)
+    mp.print_memory([{**out, "fits": False}])
+    text = capsys.readouterr().out
+    assert row["id"] in text and "activations" in text and "mla_up_proj" in text
