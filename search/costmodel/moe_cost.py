@@ -212,9 +212,12 @@ def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg,
     ``GroupedLinear``), activation input (dt m up / etp) and the permuted probs it weights by (4 m: the routing
     probs are applied inside the experts' activation, ``TEGroupedMLP.bias_act_func`` / ``weighted_bias_swiglu_impl``
     and ``weighted_bias_quick_geglu_impl``, which save their input and the probs), its output = the fc2 input
-    (dt m f / etp; gated and unfused, i.e. on the cpu "GPU", also the activation output and the linear half, 2 dt
-    m f / etp), and the shared expert's activation input and fc2 input (dt b s (up_s + f_s) / t; its fc1 input is
-    the norm output, in SP form). Nothing after fc2: the token dispatchers call ``unpermute`` without probs, and
+    (dt m f / etp; unfused, the probs multiply saves its other operand: gelu, which has no fused weighted kernel,
+    its activation output, dt m f / etp; gated on the cpu "GPU" the gate's activation output, the (x_linear +
+    offset) copy the gate multiply keeps and the gated product, 3 dt m f / etp: tests/runtime/test_moe_act_memory.py
+    measures megatron-core's layer), and the shared
+    expert's activation input and fc2 input (dt b s (up_s + f_s) / t; its fc1 input is the norm output, in SP
+    form). Nothing after fc2: the token dispatchers call ``unpermute`` without probs, and
     its backward (TE ``moe_unpermute`` or the unfused ``scatter_add``) keeps only the row map, the all-to-alls
     nothing. moe_act frees the experts' activation output (fc2 input, and the unfused extras); full keeps the unit
     input (dt T h). The transient: the permuted send buffer and (etp > 1) the pre-gather receive buffer, dt T k h
@@ -232,7 +235,9 @@ def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg,
     base = 2 * dt * T * h + mask + T * e.num_experts * (2 * PROBS + 1) + PROBS * T * topk
     fc2_in = dt * tok * f / etp
     fused = src.settings.fused_swiglu and src.cluster.gpu.name != "cpu"
-    extra = 2 * fc2_in if m.gated_mlp and not fused else 0.0
+    # the unfused activation (gelu always: TEGroupedMLP fuses only the gated ones) keeps what its probs multiply
+    # saves, the activation output; gated also the gate's activation output and the (x_linear + offset) copy
+    extra = fc2_in if not m.gated_mlp else (3 * fc2_in if not fused else 0.0)
     experts = dt * tok * h + dt * tok * up / etp + PROBS * tok + fc2_in + extra
     fs = e.moe_shared_expert_intermediate_size or 0
     ups = 2 * fs if m.gated_mlp else fs
