@@ -90,6 +90,8 @@ def test_the_model_is_what_the_flags_say(mp):
 
 
 def test_rows_that_cannot_be_built_say_why(mp):
+    """A loss-only last chunk: megatron-core 0.16.1's layout accepts it, a plan cannot hold it (no unit). ep 64 over
+    pp 8 on 256 GPUs: megatron-core's initialize_model_parallel refuses it too (256 % (etp 1 x ep 64 x pp 8))."""
     empty = _row(mp, "25.11/pretrain/deepseek-v3-mtp0/gb200x256/mxfp8")   # 'Et|(tt|)*30L': a loss-only chunk
     with pytest.raises(Exception, match="holds no transformer layer"):
         mp.row_plan(empty)
