@@ -16,15 +16,16 @@ Every MoE row of ../shared/published/megatron-bridge-25.09-25.11.json (Megatron-
   ``run_settings`` (gradients reduced in bf16 with ``--grad-reduce-in-bf16``, Megatron-LM's rule);
 - predicted tokens/s/GPU = ``gbs x seq / iteration / GPUs``; TFLOP/s/GPU by the row's own FLOP count (the
   published TFLOP/s scaled by predicted / measured tokens, so both columns share one error); error = predicted /
-  measured - 1; memory: whether every stage fits the GPU.
+  measured - 1; memory: whether every stage fits the GPU and the fullest stage's peak / the GPU's capacity
+  (``GiB/GPU``); per run over the GPU, that stage's memory terms (``memory_breakdown``) with the importer's notes
+  and the table's own checks, printed under the table.
 
 Then, on every priced row, the search (``planner.aceso.search`` seeded with the published plan, so it is never
 slower under our own model) and the speedup over the published configuration; the median over the rows. The
 target is ``aceso`` (per-stage shapes) for bf16 rows and ``megatron-lm`` for low-precision ones (the aceso runtime
 runs no FP8/FP4 recipe yet: ``search.preflight.RUNTIME_LOW_PRECISION``).
 
-Until the MoE cost model lands, ``make_cost_model`` refuses MoE models (``search.moe.refuse_unpriced``): those
-rows say so in the table. The search-time line: DeepSeek-V3 on 256 H100s (32x8-h100, global batch 4096, one worker,
+A row the cost model refuses says so in the table. The search-time line: DeepSeek-V3 on 256 H100s (32x8-h100, global batch 4096, one worker,
 the default budget), target 60 s on one core. Run: ``python bench/moe_published.py`` (table and the time line;
 bench/results/moe_published.json); ``--no-search`` prices only; ``--budget-s`` caps each row's search.
 """
