@@ -3,35 +3,29 @@
 Every MoE row of ../shared/published/megatron-bridge-25.09-25.11.json (Megatron-Bridge's performance tables of the
 25.09 and 25.11 containers, measured tokens/s/GPU and TFLOP/s/GPU) is written as a plan and priced:
 
-- model: the preset named by the row (``deepseek-v3`` / ``deepseek-v3-no-mtp`` by its MTP layers,
-  ``qwen3-30b-a3b``, ``qwen3-235b-a22b``, ``gpt-oss-120b`` where that preset exists; none: "no preset") at the row's
-  sequence length, with its token-drop capacity (``--moe-expert-capacity-factor``; the presets are dropless);
+- plan (``row_plan``): the row's own Megatron-LM arguments imported by ``read_megatron`` (the one row -> plan path,
+  ``aceso import --from megatron-lm``; bench/lowprec_published.py prices the dense rows the same way), so the model
+  (vocabulary padding, GPT-OSS's ``--window-size 128,0``, DeepSeek's aux-loss coefficient, the token-drop capacity),
+  the layers per model chunk (``--pipeline-model-parallel-layout``, first/last, or the embedding/loss split), the
+  expert shape, recompute, the MoE settings, the distributed optimizer and overlaps are exactly what the flags mean;
+  the importer's notes say what it approximates (e.g. ``--recompute-modules mla_up_proj`` is priced unrecomputed);
 - cluster: the row's ``cluster`` string (GB200/GB300: NVL72 racks of 64 used GPUs); a GPU we have no preset for is
-  "waits for issue 24" with the parser's reason;
-- precision: the row's label mapped to our recipe name (``search.precision.LABELS`` where the low-precision branch
-  has it) and looked up by ``TrainingSpec`` itself (``precision_support``): a precision it refuses is "waits for
-  issue 24", so the rows price once the recipes exist, with no list here to update;
-- plan (``row_plan``): every stage ``tp x cp x dp`` with the row's ``ep`` and ``--expert-tensor-parallel-size``
-  (megatron-core's default: tp), SP at tp > 1, the pipeline micro-batch ``mbs x dp``, the row's ``gbs``, layers per
-  model chunk from its arguments (``--pipeline-model-parallel-layout``, else ``--decoder-first/last-pipeline-num-
-  layers``, else even over ``pp x vp``: ``search.megatron.layout``), an MTP layer (``m``) in the last chunk,
-  recompute from its ``--recompute-*`` flags (the modules onto units as ``search.megatron.recompute.unit_choices``
-  maps a selective setting: ``mla_up_proj`` / ``mlp`` are priced as the attention units' selective recompute,
-  the table says which), the distributed optimizer
-  and overlaps from its flags, the MoE settings (dispatcher, grouped GEMM, permute fusion, overlaps) from its flags;
-  gradients reduced in bf16 where it says ``--grad-reduce-in-bf16`` (``RunSettings``), else Megatron-LM's fp32;
-  the parameters stored quantized (no bf16 copy) where it says ``--fp8-param-gather``;
+  "waits for issue 24" with the parser's reason; a precision ``TrainingSpec`` refuses likewise
+  (``precision_support``), so the rows price once the recipes exist, with no list here to update;
+- priced as ``aceso explain`` prices an imported plan: ``plan_precision`` (the recipe, ``--fp8-param-gather``) and
+  ``run_settings`` (gradients reduced in bf16 with ``--grad-reduce-in-bf16``, Megatron-LM's rule);
 - predicted tokens/s/GPU = ``gbs x seq / iteration / GPUs``; TFLOP/s/GPU by the row's own FLOP count (the
   published TFLOP/s scaled by predicted / measured tokens, so both columns share one error); error = predicted /
-  measured - 1; memory: whether every stage fits the GPU.
+  measured - 1; memory: whether every stage fits the GPU and the fullest stage's peak / the GPU's capacity
+  (``GiB/GPU``); per run over the GPU, that stage's memory terms (``memory_breakdown``) with the importer's notes
+  and the table's own checks, printed under the table.
 
 Then, on every priced row, the search (``planner.aceso.search`` seeded with the published plan, so it is never
 slower under our own model) and the speedup over the published configuration; the median over the rows. The
 target is ``aceso`` (per-stage shapes) for bf16 rows and ``megatron-lm`` for low-precision ones (the aceso runtime
 runs no FP8/FP4 recipe yet: ``search.preflight.RUNTIME_LOW_PRECISION``).
 
-Until the MoE cost model lands, ``make_cost_model`` refuses MoE models (``search.moe.refuse_unpriced``): those
-rows say so in the table. The search-time line: DeepSeek-V3 on 256 H100s (32x8-h100, global batch 4096, one worker,
+A row the cost model refuses says so in the table. The search-time line: DeepSeek-V3 on 256 H100s (32x8-h100, global batch 4096, one worker,
 the default budget), target 60 s on one core. Run: ``python bench/moe_published.py`` (table and the time line;
 bench/results/moe_published.json); ``--no-search`` prices only; ``--budget-s`` caps each row's search.
 """
@@ -50,13 +44,12 @@ sys.path.insert(0, str(ROOT))
 
 from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 from search.cluster import parse_cluster  # noqa: E402
-from search.costmodel import RunSettings, make_cost_model  # noqa: E402
+from search.costmodel import make_cost_model  # noqa: E402
 from search.errors import AcesoError  # noqa: E402
 from search.megatron.config import NO_RECOMPUTE, Recompute  # noqa: E402
-from search.megatron.layout import distribution, parse_layout  # noqa: E402
-from search.megatron.recompute import unit_choices  # noqa: E402
-from search.moe_plan import MoEPlanSettings  # noqa: E402
-from search.plan import ChunkSpec, ParallelPlan, StageSpec, recompute_allowed  # noqa: E402
+from search.megatron.importer import read_megatron  # noqa: E402
+from search.plan import ParallelPlan  # noqa: E402
+from search.plan_settings import plan_precision, run_settings  # noqa: E402
 from search.presets import load_model  # noqa: E402
 from search.training import TrainingSpec  # noqa: E402
 
@@ -68,18 +61,6 @@ WAITS = "waits for issue 24"
 def load_rows(path: Path = BRIDGE) -> list[dict]:
     """The MoE rows of the Megatron-Bridge file."""
     return [r for r in json.loads(Path(path).read_text())["rows"] if r.get("moe")]
-
-
-def mtp_layers(row: dict) -> int:
-    if row.get("mtp_layers") is not None:
-        return int(row["mtp_layers"])
-    return int(bool((row.get("model_tags") or {}).get("mtp")))
-
-
-def preset_name(row: dict) -> str:
-    if row["model"] == "deepseek-v3":
-        return "deepseek-v3" if mtp_layers(row) else "deepseek-v3-no-mtp"
-    return row["model"]
 
 
 def precision_name(label: str) -> str:
@@ -127,19 +108,6 @@ def _int(f: dict, name: str, default: int | None = None) -> int | None:
     return int(f[name][0]) if f.get(name) else default
 
 
-def chunk_layers(f: dict, num_layers: int, pp: int, vp: int) -> tuple[tuple[int, ...], bool]:
-    """(layers per model chunk in model order, whether the last chunk holds an MTP layer ``m``)."""
-    if f.get("--pipeline-model-parallel-layout"):
-        chunks = parse_layout(f["--pipeline-model-parallel-layout"][0])
-        if len(chunks) != pp * vp:
-            raise AcesoError(f"layout of {len(chunks)} chunks for pp {pp} x vp {vp}")
-        return tuple(c.count("t") for c in chunks), "m" in chunks[-1]
-    return distribution(num_layers, pp, vp, _int(f, "--decoder-first-pipeline-num-layers"),
-                        _int(f, "--decoder-last-pipeline-num-layers"),
-                        "--account-for-embedding-in-pipeline-split" in f,
-                        "--account-for-loss-in-pipeline-split" in f), False
-
-
 def recompute_of(f: dict) -> Recompute:
     gran = (f.get("--recompute-granularity") or [None])[0]
     if gran == "selective":
@@ -149,68 +117,15 @@ def recompute_of(f: dict) -> Recompute:
     return NO_RECOMPUTE
 
 
-def unit_recompute(rc: Recompute, model, a: int, b: int) -> list[str]:
-    """Per-unit choices of ``rc`` on units ``[a, b)``: ``unit_choices``, with MoE units selective only where the
-    modules name ``moe_act``, and a choice a unit's kind cannot take (an MTP unit: none or full) none."""
-    out = []
-    for c, u in zip(unit_choices(rc, model, a, b), model.units[a:b]):
-        if c == "selective" and u.kind == "moe" and "moe_act" not in rc.modules:
-            c = "none"
-        out.append(c if c in recompute_allowed(u.kind) else "none")
-    return out
+def row_import(row: dict, cluster=None):
+    """The row's arguments imported (``read_megatron``: the one row -> plan path, ``aceso import --from
+    megatron-lm``): the plan, its Megatron config, notes and ignored flags."""
+    return read_megatron(row["args"], cluster=cluster, world_size=row["gpus"])
 
 
-def moe_settings_of(f: dict) -> MoEPlanSettings:
-    return MoEPlanSettings(
-        token_dispatcher=(f.get("--moe-token-dispatcher-type") or ["allgather"])[0],
-        grouped_gemm="--moe-grouped-gemm" in f, permute_fusion="--moe-permute-fusion" in f,
-        shared_expert_overlap="--moe-shared-expert-overlap" in f,
-        overlap_ep_comm="--overlap-moe-expert-parallel-comm" in f)
-
-
-def row_plan(row: dict, model, cluster=None) -> ParallelPlan:
-    """The row's published configuration as a plan on ``model`` (see the module docstring)."""
-    f = flags(row["args"])
-    tp, pp, cp, dp, ep, vp = row["tp"], row["pp"], row["cp"], row["dp"], row["ep"], row["vp"] or 1
-    if tp * cp * dp * pp != row["gpus"]:
-        raise AcesoError(f"tp {tp} x cp {cp} x dp {dp} x pp {pp} is not the row's {row['gpus']} GPUs")
-    layers, mtp_last = chunk_layers(f, model.num_layers, pp, vp)
-    if 0 in layers:
-        raise AcesoError(f"model chunk {layers.index(0)} of the layout holds no transformer layer (megatron-core "
-                         "allows a loss- or embedding-only chunk; aceso plans give every chunk a layer)")
-    if sum(layers) != model.num_layers:
-        raise AcesoError(f"the layout holds {sum(layers)} layers, the model {model.num_layers}")
-    if mtp_last != bool(model.mtp_num_layers):
-        raise AcesoError(f"the layout {'has' if mtp_last else 'lacks'} the MTP layer; the preset has "
-                         f"{model.mtp_num_layers or 0}")
-    starts, rc = model.layer_starts, recompute_of(f)
-    spans, li = [], 0
-    for n in layers:
-        spans.append((starts[li], starts[li + n]))
-        li += n
-    spans[-1] = (spans[-1][0], model.num_units)      # the MTP block (if any) belongs to the last chunk
-    etp = _int(f, "--expert-tensor-parallel-size")
-    stages = [StageSpec(num_gpus=tp * cp * dp, tp=tp, cp=cp, dp=dp, sequence_parallel=tp > 1, ep=ep,
-                        etp=None if etp is None or etp == tp else etp,
-                        chunks=[ChunkSpec(start_unit=a, end_unit=b, recompute=unit_recompute(rc, model, a, b))
-                                for a, b in spans[s::pp]])
-              for s in range(pp)]
-    dist = "--use-distributed-optimizer" in f
-    return ParallelPlan(model=model, cluster=cluster, micro_batch_size=row["mbs"] * dp, global_batch_size=row["gbs"],
-                        distributed_optimizer=dist, overlap_grad_reduce="--overlap-grad-reduce" in f,
-                        overlap_param_gather=dist and "--overlap-param-gather" in f, stages=stages,
-                        moe=moe_settings_of(f))
-
-
-def row_model(row: dict):
-    """The row's preset at its sequence length and token-drop capacity (``AcesoError``: no preset)."""
-    base = load_model(preset_name(row))
-    f = flags(row["args"] or "")
-    dump = base.model_dump()
-    dump["seq_length"] = row["seq"]
-    if f.get("--moe-expert-capacity-factor"):
-        dump["moe"]["moe_expert_capacity_factor"] = float(f["--moe-expert-capacity-factor"][0])
-    return type(base).model_validate(dump)
+def row_plan(row: dict, cluster=None) -> ParallelPlan:
+    """The row's published configuration as the plan its flags mean."""
+    return row_import(row, cluster).plan
 
 
 def _reason(e: Exception) -> str:
@@ -224,16 +139,8 @@ def _reason(e: Exception) -> str:
     return str(e).splitlines()[0]
 
 
-def row_settings(row: dict) -> RunSettings:
-    return RunSettings(grad_reduce_in_fp32="--grad-reduce-in-bf16" not in (row["args"] or ""))
-
-
 def prepare(row: dict) -> dict:
     """The row's plan, cluster and training spec, or ``{"status": why not}``."""
-    try:
-        model = row_model(row)
-    except AcesoError:
-        return {"status": f"no preset {preset_name(row)}"}
     whys = [precision_support(row["precision"])]
     try:
         cluster = parse_cluster(row["cluster"])
@@ -243,18 +150,20 @@ def prepare(row: dict) -> dict:
     plan, built = None, "no arguments: " + (row.get("why_not") or "the row has no command line")
     if row["args"]:
         try:
-            plan, built = row_plan(row, model, cluster), "plan builds"
+            imported = row_import(row, cluster)
+            plan, built = imported.plan, "plan builds"
         except (AcesoError, ValueError) as e:
-            built = f"not buildable: {_reason(e)}"
+            built = f"not buildable: {_reason(e).removeprefix('megatron-lm arguments: ')}"
     if any(whys):
         return {"status": f"{WAITS}: " + "; ".join(w for w in whys if w) + f" ({built.split(':')[0]})"}
     if plan is None:
         return {"status": built}
-    training = TrainingSpec(global_batch_size=row["gbs"], micro_batch_sizes=sorted({1, 2, 4, 8, row["mbs"]}),
-                            precision=precision_name(row["precision"]), attention="flash",
-                            fp8_param_gather="--fp8-param-gather" in row["args"],
+    training = TrainingSpec(global_batch_size=plan.global_batch_size,
+                            micro_batch_sizes=sorted({1, 2, 4, 8, row["mbs"]}), **plan_precision(plan),
+                            distributed_optimizer=plan.distributed_optimizer, attention="flash",
                             virtual_stages=None)      # every degree Megatron-LM accepts (the rows use up to 24)
-    return {"status": "ok", "plan": plan, "cluster": cluster, "training": training}
+    return {"status": "ok", "plan": plan, "cluster": cluster, "training": training,
+            "settings": run_settings(plan.settings, training.precision), "notes": imported.notes}
 
 
 # ----- pricing and searching ----------------------------------------------------------------------------------------
@@ -269,15 +178,18 @@ def price_row(row: dict, search_budget_s: float | None = None) -> dict:
         return {**out, "status": prep["status"]}
     plan, training = prep["plan"], prep["training"]
     try:
-        cm = make_cost_model(plan.model, prep["cluster"], training, settings=row_settings(row))
+        cm = make_cost_model(plan.model, prep["cluster"], training, settings=prep["settings"])
         cost = cm.evaluate(plan)
     except AcesoError as e:
         return {**out, "status": f"not priced: {_reason(e).split(';')[0]}"}
     it = cost.iteration_ms
     tokens = row["gbs"] * plan.model.seq_length / (it / 1000) / row["gpus"]
     meas = row["tokens_per_s_per_gpu"]
+    worst = max(range(len(cost.stages)), key=lambda i: cost.stages[i].memory_mb)
     out.update(status="priced", iteration_ms=it, tokens=tokens, fits=cost.fits,
                max_memory_gib=cost.max_memory_mb / 1024, limit_gib=cost.memory_limit_mb / 1024,
+               memory_stage=worst, memory_gib={k: v / 1024 for k, v in cost.stages[worst].memory_breakdown.items()},
+               notes=prep["notes"], checks=row.get("checks") or [],
                error=(tokens / meas - 1) if meas else None,
                tflops=row["tflops_per_gpu"] * tokens / meas if meas and row["tflops_per_gpu"] else None)
     if search_budget_s is not None:
@@ -343,14 +255,35 @@ def _fmt(x, spec: str, none: str = "-") -> str:
     return none if x is None else format(x, spec)
 
 
+def _gib(r: dict) -> str:
+    """Predicted peak GiB per GPU / the GPU's capacity."""
+    return f"{r['max_memory_gib']:.0f}/{r['limit_gib']:.0f}" if "max_memory_gib" in r else "-"
+
+
+def print_memory(rows: list[dict]) -> None:
+    """Per priced run over the GPU: its fullest stage's memory terms (GiB) and what the importer approximated."""
+    over = [r for r in rows if r["status"] == "priced" and not r["fits"]]
+    if not over:
+        return
+    print("\nruns over the GPU (fullest stage, GiB per GPU; memory.py / moe_cost.py terms):")
+    for r in over:
+        terms = " ".join(f"{k} {v:.1f}" for k, v in r["memory_gib"].items() if v >= 0.05)
+        print(f"  {r['id']}: stage {r['memory_stage']} {r['max_memory_gib']:.1f} of {r['limit_gib']:.1f}: {terms}")
+        for note in r["notes"]:
+            print(f"    importer: {note}")
+        for note in r["checks"]:
+            print(f"    the table's own check: {note}")
+
+
 def print_table(rows: list[dict], summary: dict) -> None:
     print(f"{'model':16}{'cluster':11}{'prec':14}{'config':36}{'meas tok':>9}{'pred tok':>9}{'err':>7}"
-          f"{'TFLOP/s':>8}{'fits':>5}{'speedup':>8}  status")
+          f"{'TFLOP/s':>8}{'fits':>5}{'GiB/GPU':>10}{'speedup':>8}  status")
     for r in rows:
         print(f"{r['model']:16}{r['cluster']:11}{r['precision']:14}{r['config']:36}"
               f"{_fmt(r['measured_tokens'], '9.0f', '        -')}{_fmt(r.get('tokens'), '9.0f', '        -')}"
               f"{_fmt(r.get('error'), '+7.1%', '      -')}{_fmt(r.get('tflops'), '8.0f', '       -')}"
               f"{('yes' if r.get('fits') else 'no') if 'fits' in r else '-':>5}"
+              f"{_gib(r):>10}"
               f"{_fmt(r.get('speedup'), '7.2f', '      -') + ('x' if r.get('speedup') else ' ')}  {r['status']}")
     s = summary
     print(f"\n{s['priced']} of {s['rows']} MoE rows priced; MAE {_fmt(s['mae'], '.1%')}; every priced run fits: "
@@ -373,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in load_rows(path) if args.only is None or args.only in r["id"]]
     summary = summarize(rows)
     print_table(rows, summary)
+    print_memory(rows)
     timing = search_time() if not args.no_search else {"status": "skipped (--no-search)"}
     summary["search_time"] = timing
     print(f"search time, {timing.get('model', 'deepseek-v3')} on {timing.get('cluster', '32x8-h100')} (target 60 s): "

@@ -353,7 +353,7 @@ def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool, ov: boo
             rows[key] = _mtp_row(src, rows, b, s, t, sp, ov, x)
             continue
         if u.kind == "attention" and m.mla is not None:
-            rows[key] = (mla_attention(src, b, s, t, cp, sp, ov), mla_act_bytes(src, b, s, t, sp),
+            rows[key] = (mla_attention(src, b, s, t, cp, sp, ov), mla_act_bytes(src, b, s, t, sp, lp),
                          mla_params_per_rank(m, t), 0.0)
             continue
         if u.kind == "mlp":

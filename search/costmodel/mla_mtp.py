@@ -30,6 +30,7 @@ kept: 2 dt b s h / r).
 
 from __future__ import annotations
 
+from .. import precision as lowp
 from ..moe_params import _norm, mla_params
 from .memory import _has_hidden_dropout
 
@@ -78,8 +79,12 @@ def mla_attention(src, b: float, s: int, t: int, cp: int = 1, sp: bool = False, 
                     ring_f + ring_b, ring_hf + ring_hb, (tp_f, tp_hf, ring_f, ring_hf))
 
 
-def mla_act_bytes(src, b: float, s: int, t: int, sp: bool = False) -> tuple[float, float, float, float]:
-    """(none, selective, full, attn_dropout = none) bytes kept by one MLA attention unit."""
+def mla_act_bytes(src, b: float, s: int, t: int, sp: bool = False,
+                  lp: bool = False) -> tuple[float, float, float, float]:
+    """(none, selective, full, attn_dropout = none) bytes kept by one MLA attention unit. ``lp`` (a quantized
+    unit): its linear layers keep their inputs quantized, as the dense attention's do (``analytic._lp_saving``):
+    the down projections' input (b s h / r), the up projections' normalised latents (b s (ql + kvl) / r) and the
+    output projection's input (b s n dv / t); full keeps the unit input in bf16."""
     m, dt = src.model, src.dt
     a, h, n = m.mla, m.hidden_size, m.num_attention_heads
     qk, dv = a.qk_head_dim + a.qk_pos_emb_head_dim, a.v_head_dim
@@ -91,6 +96,8 @@ def mla_act_bytes(src, b: float, s: int, t: int, sp: bool = False) -> tuple[floa
     split = dt * sb * n * (2 * qk + dv) / t + dt * sb * n * dv / t
     core = 4.0 * n * sb / t if src.flash else (4.0 + dt) * n * s * s * b / t
     none = (2 * dt * sb * h + mask) / r + latents + split + core
+    if lp:
+        none -= lowp.act_saving_bytes(src.lp, sb * ((h + ql + a.kv_lora_rank) / r + n * dv / t), dt)
     return none, none - core, dt * sb * h / r, none
 
 

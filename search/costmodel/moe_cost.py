@@ -205,32 +205,42 @@ def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg,
                   lp: bool = False) -> tuple[float, float, float, float]:
     """Bytes one moe unit keeps for backward: (none, selective = moe_act, full) and the dispatch transient.
 
-    Kept (T = b s / t tokens, m = etp T k f_i tokens at the experts): the norm input and output (2 dt T h), the
-    hidden-dropout mask (T h, with dropout), the router's fp32 probs and scores and the routing map
-    (T E (4 + 4 + 1)) and the top-k probs (4 T k), the experts' fc1 input (dt m h), activation input (dt m up /
-    etp) and output = fc2 input (dt m f / etp; SwiGLU unfused also the silu output and the linear half, 2 dt m f
-    / etp), the expert output the unpermute's probs multiply keeps (dt T k h), and the shared expert's activation
-    input and fc2 input (dt b s (up_s + f_s) / t; its fc1 input is the norm output, in SP form). moe_act frees the
-    experts' activation output (fc2 input, and the SwiGLU extras); full keeps the unit input (dt T h). The
-    transient: the permuted send buffer and (etp > 1) the pre-gather receive buffer, dt T k h each. ``lp`` (a
-    quantized unit): the experts' fc1 and fc2 inputs are kept quantized (``precision.act_saving_bytes``), as the
-    dense linears' inputs are.
+    Kept (T = b s / t tokens, m = etp T k f_i tokens at the experts), as megatron-core 0.16.1's ``MoELayer`` keeps
+    them: the norm input and output (2 dt T h; the router's ``RouterGatingLinearFunction`` saves the same norm
+    output, in its own dtype), the hidden-dropout mask (T h, with dropout), the router's fp32 probs and scores and
+    the routing map (T E (4 + 4 + 1)) and the top-k probs (4 T k), the experts' fc1 input (dt m h, saved by TE's
+    ``GroupedLinear``), activation input (dt m up / etp) and the permuted probs it weights by (4 m: the routing
+    probs are applied inside the experts' activation, ``TEGroupedMLP.bias_act_func`` / ``weighted_bias_swiglu_impl``
+    and ``weighted_bias_quick_geglu_impl``, which save their input and the probs), its output = the fc2 input
+    (dt m f / etp; unfused, the probs multiply saves its other operand: gelu, which has no fused weighted kernel,
+    its activation output, dt m f / etp; gated on the cpu "GPU" the gate's activation output, the (x_linear +
+    offset) copy the gate multiply keeps and the gated product, 3 dt m f / etp: tests/runtime/test_moe_act_memory.py
+    measures megatron-core's layer), and the shared
+    expert's activation input and fc2 input (dt b s (up_s + f_s) / t; its fc1 input is the norm output, in SP
+    form). Nothing after fc2: the token dispatchers call ``unpermute`` without probs, and
+    its backward (TE ``moe_unpermute`` or the unfused ``scatter_add``) keeps only the row map, the all-to-alls
+    nothing. moe_act frees the experts' activation output (fc2 input, and the unfused extras); full keeps the unit
+    input (dt T h). The transient: the permuted send buffer and (etp > 1) the pre-gather receive buffer, dt T k h
+    each. ``lp`` (a quantized unit): the experts' fc1 and fc2 inputs are kept quantized
+    (``precision.act_saving_bytes``), as the dense linears' inputs are.
     """
     m, dt = src.model, src.dt
     e, h = m.moe, m.hidden_size
     etp = etp or t
     T = b * s / t
     topk, f = e.moe_router_topk, e.moe_ffn_hidden_size
-    up = 2 * f if m.activation == "swiglu" else f
+    up = 2 * f if m.gated_mlp else f
     tok = etp * T * topk * imbalance(m)
     mask = T * h if _has_hidden_dropout(m) else 0.0
     base = 2 * dt * T * h + mask + T * e.num_experts * (2 * PROBS + 1) + PROBS * T * topk
     fc2_in = dt * tok * f / etp
     fused = src.settings.fused_swiglu and src.cluster.gpu.name != "cpu"
-    extra = 2 * fc2_in if m.activation == "swiglu" and not fused else 0.0
-    experts = dt * tok * h + dt * tok * up / etp + fc2_in + extra + dt * T * topk * h
+    # the unfused activation (gelu always: TEGroupedMLP fuses only the gated ones) keeps what its probs multiply
+    # saves, the activation output; gated also the gate's activation output and the (x_linear + offset) copy
+    extra = fc2_in if not m.gated_mlp else (3 * fc2_in if not fused else 0.0)
+    experts = dt * tok * h + dt * tok * up / etp + PROBS * tok + fc2_in + extra
     fs = e.moe_shared_expert_intermediate_size or 0
-    ups = 2 * fs if m.activation == "swiglu" else fs
+    ups = 2 * fs if m.gated_mlp else fs
     shared = dt * s * b * (ups + fs) / t
     none = base + experts + shared
     transient = dt * T * topk * h * (2 if etp > 1 else 1)

@@ -72,8 +72,9 @@ def test_moe_unit_forward_by_hand():
     assert cost.rec_sel == pytest.approx(act, rel=1e-9)
     assert experts_params == 2 * mlp_params(m, 512)                          # E / ep = 2 local experts
     assert params == experts_params + 1024 + 8 * 1024                        # + norm + router
-    # moe_act frees the experts' activation output: dt m_e f per local expert
-    assert act_bytes[0] - act_bytes[1] == pytest.approx(dt * m_e * 2 * f)
+    # moe_act frees the experts' activation output twice over for gelu (the fc2 input, and the copy the unfused
+    # probs multiply saves: tests/runtime/test_moe_act_memory.py): 2 dt m_e f per local expert
+    assert act_bytes[0] - act_bytes[1] == pytest.approx(2 * dt * m_e * 2 * f)
     assert act_bytes[2] == dt * T * h
 
 
@@ -271,3 +272,44 @@ def test_overlap_ep_comm_hides_the_all_to_all_behind_the_units_compute():
     compute = plain.fwd + plain.bwd - plain.ep_comm          # no shared expert, tp 1: the rest is compute
     assert over.ep_comm == pytest.approx(max(0.0, plain.ep_comm - compute), rel=1e-9)
     assert over.ep_comm + over.ep_hidden == pytest.approx(plain.ep_comm, rel=1e-9)
+
+
+def test_moe_act_bytes_by_hand_as_megatron_core_keeps_them():
+    """Every byte a gated (SwiGLU and GPT-OSS's quick-GELU GLU) moe unit keeps on a GPU, counted by hand from
+    megatron-core 0.16.1's MoELayer: norm in/out 2 dt T h; router fp32 scores + probs + map T E (4 + 4 + 1) and
+    top-k probs 4 T k; experts: fc1 input dt m h, activation input dt m 2f, the probs the weighted activation
+    saves 4 m, fc2 input dt m f; nothing for the unpermute (the probs are applied in the activation, so the
+    dispatchers' unpermute keeps only its row map). T 1024, k 2, m = T k = 2048, h 1024, E 8, f 512, dt 2."""
+    from search.costmodel.moe_cost import moe_act_bytes
+    cl = parse_cluster("1x8-h100")
+    T, h, E, k, f, dt = 1024, 1024, 8, 2, 512, 2
+    m_tok = T * k
+    for act in ("swiglu", "quick_geglu"):
+        m = tiny_moe().model_copy(update={"activation": act})
+        src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8), CommModel(cl), kernels="flat")
+        none, sel, full, transient = moe_act_bytes(src, 1.0, T, 1, 4, 1, MoEPlanSettings())
+        kept = (2 * dt * T * h + T * E * 9 + 4 * T * k
+                + dt * m_tok * h + dt * m_tok * 2 * f + 4 * m_tok + dt * m_tok * f)
+        assert none == pytest.approx(kept), act
+        assert none - sel == pytest.approx(dt * m_tok * f)          # moe_act drops the fc2 input
+        assert full == dt * T * h and transient == dt * T * k * h   # the unit input; the permuted send buffer
+
+
+def test_mla_activations_by_hand_and_quantized_linear_inputs():
+    """DeepSeek-V3's MLA unit at b 1, s 4096, tp 1, flash: norm in/out 2 dt s h, the latents and their normalised
+    copies dt s (2 ql + 2 kvl + dr), Q K V dt s n (2 (dq + dr) + dv), the projection input dt s n dv, the fp32
+    log-sum-exp 4 n s. Under fp8 (a quantized unit, as the dense attention's linears) the down projections' input
+    (s h), the up projections' latents (s (ql + kvl)) and the projection input (s n dv) are kept in 1 byte."""
+    from search.costmodel.mla_mtp import mla_act_bytes
+    m = load_model("deepseek-v3")
+    cl = parse_cluster("1x8-h100")
+    s, h, n, ql, kvl, dr, dq, dv, dt = 4096, 7168, 128, 1536, 512, 64, 128, 128, 2
+    kept = 2 * dt * s * h + dt * s * (2 * ql + 2 * kvl + dr) + dt * s * n * (2 * (dq + dr) + dv) + dt * s * n * dv \
+        + 4 * n * s
+    src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8, attention="flash"), CommModel(cl), kernels="flat")
+    none, sel, full, _ = mla_act_bytes(src, 1.0, s, 1)
+    assert none == pytest.approx(kept) and none - sel == pytest.approx(4 * n * s) and full == dt * s * h
+    fp8 = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8, precision="fp8-delayed", attention="flash"),
+                         CommModel(cl), kernels="flat")
+    qnone, _, qfull, _ = mla_act_bytes(fp8, 1.0, s, 1, lp=True)
+    assert none - qnone == pytest.approx((2 - 1) * s * (h + ql + kvl + n * dv)) and qfull == full

@@ -1,12 +1,14 @@
-"""bench/moe_published.py's row -> plan construction on the Megatron-Bridge MoE rows (../shared/published): layers
-per chunk from each row's own layout / first-last / even arguments (counted by hand from the quoted strings), the
-expert shape and settings from its flags, the precision and GPU look-ups, and the rows it cannot build."""
+"""bench/moe_published.py's rows on the Megatron-Bridge MoE rows (../shared/published), imported from each row's own
+arguments by ``read_megatron``: layers per chunk from its layout / first-last / embedding-loss arguments (counted by
+hand from the quoted strings), the expert shape, settings and model from its flags, the precision and GPU look-ups,
+and the rows it cannot build."""
 
 import importlib.util
 from pathlib import Path
 
 import pytest
 
+from search.errors import AcesoError
 from search.training import TrainingSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,11 +42,11 @@ def _chunk_layers(plan):
 def test_deepseek_layout_row(mp):
     """'Et*4|(t*4|)*14tL' on pp 4 x vp 4: 15 chunks of 4 layers, then 1 (61); ep 64, etp 1 (= tp), flex."""
     row = _row(mp, "25.11/pretrain/deepseek-v3-mtp0/gb200x256/bf16")
-    plan = mp.row_plan(row, mp.row_model(row))
+    plan = mp.row_plan(row)
     assert _chunk_layers(plan) == [4] * 15 + [1]
     assert plan.num_stages == 4 and plan.num_virtual_stages == 4 and plan.world_size == 256
     st = plan.stages[0]
-    assert (st.tp, st.dp, st.ep, st.etp, st.sequence_parallel) == (1, 64, 64, None, False)
+    assert (st.tp, st.dp, st.ep, st.etp, st.sequence_parallel) == (1, 64, 64, 1, False)
     assert plan.micro_batch_size == 64 and plan.global_batch_size == 4096
     assert plan.moe.token_dispatcher == "flex" and plan.moe.grouped_gemm and plan.moe.permute_fusion
     assert plan.distributed_optimizer and plan.overlap_grad_reduce and plan.overlap_param_gather
@@ -56,35 +58,46 @@ def test_deepseek_layout_row(mp):
 
 def test_mtp_layer_goes_to_the_last_chunk(mp):
     row = _row(mp, "25.11/pretrain/deepseek-v3-mtp1/b200x256/mxfp8")     # 'Et*4|(t*4|)*14tmL', pp 16
-    model = mp.row_model(row)
-    assert model.mtp_num_layers == 1
-    plan = mp.row_plan(row, model)
+    plan = mp.row_plan(row)
+    assert plan.model.mtp_num_layers == 1
     assert _chunk_layers(plan) == [4] * 15 + [1]
-    assert plan.chunks_in_order()[-1][2].end_unit == model.num_units
+    assert plan.chunks_in_order()[-1][2].end_unit == plan.model.num_units
 
 
 def test_qwen3_235b_accounts_for_embedding_and_loss(mp):
     """94 layers + embedding + loss = 96 over pp 8 x vp 2: 6 per chunk, the first and last one fewer."""
     row = _row(mp, "25.11/pretrain/qwen3-235b-a22b/b200x64/mxfp8")
-    plan = mp.row_plan(row, mp.row_model(row))
+    plan = mp.row_plan(row)
     assert _chunk_layers(plan) == [5] + [6] * 14 + [5]
-    assert (plan.stages[0].ep, plan.stages[0].etp) == (8, None)
+    assert (plan.stages[0].ep, plan.stages[0].etp) == (8, 1)
 
 
 def test_token_drop_rows_take_their_capacity(mp):
     row = _row(mp, "25.09/pretrain/qwen3-235b-a22b-token_drop1/gb200x64/fp8-cs")
     assert "--moe-expert-capacity-factor 1.0" in row["args"]
-    assert mp.row_model(row).moe.moe_expert_capacity_factor == 1.0
-    assert mp.row_model(_row(mp, "25.11/pretrain/qwen3-235b-a22b/b200x64")).moe.moe_expert_capacity_factor is None
+    assert mp.row_plan(row).model.moe.moe_expert_capacity_factor == 1.0
+    assert mp.row_plan(_row(mp, "25.11/pretrain/qwen3-235b-a22b/b200x64")).model.moe.moe_expert_capacity_factor is None
+
+
+def test_the_model_is_what_the_flags_say(mp):
+    """The importer's model, not a preset: GPT-OSS's window is the row's --window-size 128,0 (Megatron-Bridge's
+    recipe; the preset keeps HF's 127 + the query), DeepSeek's aux coefficient its --moe-aux-loss-coeff."""
+    gpt = _row(mp, "25.11/pretrain/gpt-oss-120b/gb200x64/bf16")
+    assert "--window-size 128,0" in gpt["args"] and mp.row_plan(gpt).model.window_size == [128, 0]
+    ds = _row(mp, "25.11/pretrain/deepseek-v3-mtp0/gb200x256/bf16")
+    coeff = float(ds["args"].split("--moe-aux-loss-coeff ")[1].split()[0])
+    assert mp.row_plan(ds).model.moe.moe_aux_loss_coeff == coeff
 
 
 def test_rows_that_cannot_be_built_say_why(mp):
+    """A loss-only last chunk: megatron-core 0.16.1's layout accepts it, a plan cannot hold it (no unit). ep 64 over
+    pp 8 on 256 GPUs: megatron-core's initialize_model_parallel refuses it too (256 % (etp 1 x ep 64 x pp 8))."""
     empty = _row(mp, "25.11/pretrain/deepseek-v3-mtp0/gb200x256/mxfp8")   # 'Et|(tt|)*30L': a loss-only chunk
     with pytest.raises(Exception, match="holds no transformer layer"):
-        mp.row_plan(empty, mp.row_model(empty))
+        mp.row_plan(empty)
     folded = _row(mp, "25.09/pretrain/deepseek-v3-token_drop1/gb200x256/mxfp8")   # ep 64 > 256 / pp 8 GPUs
-    with pytest.raises(ValueError, match=r"etp \(1\) x ep \(64\) must divide the stage's num_gpus \(32\)"):
-        mp.row_plan(folded, mp.row_model(folded))
+    with pytest.raises(AcesoError, match=r"etp \(1\) x ep \(64\) must divide the stage's num_gpus \(32\)"):
+        mp.row_plan(folded)
 
 
 def test_precision_and_gpu_look_ups_follow_the_code(mp):
@@ -126,3 +139,15 @@ def test_low_precision_rows_search_what_megatron_lm_runs(mp):
         assert mp.search_target("fp8-cs") == "aceso"
     else:
         assert mp.search_target("fp8-cs") == ("megatron-lm" if is_low(mp.precision_name("fp8-cs")) else "aceso")
+
+
+def test_over_memory_rows_print_their_memory_terms(mp, capsys):
+    """A priced row reports its fullest stage's terms, which add up to its peak; a run over the GPU prints them
+    with what the importer approximated (the DeepSeek-V3 GB200 bf16 run: mla_up_proj priced unrecomputed)."""
+    row = _row(mp, "25.11/pretrain/deepseek-v3-mtp0/gb200x256/bf16")
+    out = mp.price_row(row)
+    assert out["status"] == "priced"
+    assert sum(out["memory_gib"].values()) == pytest.approx(out["max_memory_gib"], rel=1e-9)
+    mp.print_memory([{**out, "fits": False}])
+    text = capsys.readouterr().out
+    assert row["id"] in text and "activations" in text and "mla_up_proj" in text
