@@ -10,7 +10,7 @@ Within a key, batches interpolate as for every unit (``ProfileSource._lookup``).
 The settings the profiler did not measure are refused too: ``overlap_ep_comm`` and, on a model with a shared
 expert, ``shared_expert_overlap`` (the probe runs both off), and grouped GEMM / permute fusion turned off in a plan
 where the rows were measured with them on (the runtime would run other kernels; a row measured without them is
-what runs wherever the device lacks them, ``aceso_megatron.model.moe.fast_fields``).
+what runs wherever the device lacks them: the runtime picks them from the environment).
 
 ``ep_comm_ms``: the measured forward dispatch + combine parts (``parts_fwd_us``), twice (the backward's
 all-to-alls move the same volumes); reported in ``StageCost.ep_comm_ms``, already inside the unit's time.

@@ -730,6 +730,12 @@ CASES = [
     C("profile-node-rank", "profile --model spec.json -o db2.json --cpu --nnodes 1 --node-rank 2",
       "--node-rank (2) must be in [0, --nnodes (1))"),
     C("profile-model", "profile --model gpt-1.3B -o db2.json --cpu", "did you mean gpt-1.3b"),
+    C("profile-ep-dense", "profile --model spec.json --ep 2 -o db2.json --cpu", "--ep: the model tiny-gpt has no "
+      "experts; drop --ep"),
+    C("profile-ep-experts", "profile --model s.json --ep 3 -o db2.json --cpu", "--ep 3: must be a positive divisor "
+      "of num_experts (8)", **{"s.json": {**TINY, "moe": MOE, "add_bias_linear": False}}),
+    C("profile-moe-tp", "profile --model s.json --tp 2 --ep 2 -o db2.json --cpu", "--tp 2: an MoE model at tp > 1 "
+      "runs with sequence parallelism", **{"s.json": {**TINY, "moe": MOE, "add_bias_linear": False}}),
 
     # ----- aceso calibrate and --calibration (docs/calibrate.md; the log checks: test_calibrate.py) -----------
     C("calibrate-log-missing", "calibrate --run run.sh nope.log --cluster 1x8-h100 -o c.json",

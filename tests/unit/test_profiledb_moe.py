@@ -166,3 +166,35 @@ def test_mla_and_mtp_stay_refused(db):
                                                   v_head_dim=8)})
     with pytest.raises(AcesoError, match="multi-latent attention: the profile cost model does not price them"):
         cost_model(db, mla)
+
+
+def test_profiler_tasks_and_assembly_of_moe_rows(tmp_path):
+    """The profiler's task list (pure: aceso_megatron.profiler.tasks, no torch) measures the moe unit at every ep and
+    the other units once; its assembly writes the moe columns, which the cost model reads back."""
+    from aceso_megatron.profiler.tasks import assemble, unit_tasks
+
+    model = MODEL.model_copy(update={"moe": MODEL.moe.model_copy(update={"first_k_dense_layers": 1})})
+    keys = [t.key for t in unit_tasks(model, [1], [1], eps=[1, 2])]
+    assert keys == ["unit/decoder/attention/tp1/b1", "unit/decoder/mlp/tp1/b1", "unit/decoder/moe/tp1/ep1/b1",
+                    "embedding/tp1/b1", "head/tp1/b1", "unit/decoder/moe/tp1/ep2/b1", "optimizer"]
+    assert [t.key for t in unit_tasks(MODEL.model_copy(update={"moe": None}), [1], [1], eps=[1, 2])][:2] == [
+        "unit/decoder/attention/tp1/b1", "unit/decoder/mlp/tp1/b1"]
+    base = {"fwd_us": 10.0, "bwd_us": 20.0, "recompute_us": [0, 1, 10], "act_bytes": [3e4, 2e4, 2048.0],
+            "weight_bytes": 1e4}
+    done = {"unit/decoder/attention/tp1/b1": {**base, "recompute_us": [0, 1, 10, 2], "act_bytes": [3e4, 2e4, 2048.0,
+                                                                                                   2.5e4]},
+            "unit/decoder/mlp/tp1/b1": base, "embedding/tp1/b1": {**base, "act_bytes": 0.0},
+            "head/tp1/b1": {**base, "act_bytes": 1e3}}
+    for ep in (1, 2):
+        done[f"unit/decoder/moe/tp1/ep{ep}/b1"] = {**base, "fwd_us": 100.0 * ep, "ep": ep, "etp": 1,
+                                                   "dispatcher": "alltoall", "expert_weight_bytes": 8e3 / ep,
+                                                   "parts_fwd_us": {"dispatch": 5.0 * ep, "combine": 1.0}}
+    w = ProfileDBWriter(model, gpu="cpu", dtype="fp32")
+    assemble(w, model, unit_tasks(model, [1], [1], eps=[1, 2]), done)
+    moe = [u for u in w.data["units"] if u["kind"] == "moe"]
+    assert [(u["ep"], u["expert_weight_bytes"], u["parts_fwd_us"]["dispatch"]) for u in moe] == [(1, 8e3, 5.0),
+                                                                                                   (2, 4e3, 10.0)]
+    src = make_cost_model(model, CLUSTER, TRAIN, kind="profile", db=str(w.save(tmp_path / "db.json"))).source
+    t = src.unit_table(1, 1, ep=2)
+    assert [u.kind for u in model.units] == ["attention", "mlp", "attention", "moe"]
+    assert t.fwd_ms[3] == pytest.approx(0.2) and t.expert_params[3] == 1e3 and t.ep_comm_ms[3] == pytest.approx(0.022)
