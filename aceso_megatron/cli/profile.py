@@ -206,7 +206,8 @@ def _repo_root() -> str | None:
 def run(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     check(args, model)
-    if model.layer_spec or model.megatron:   # the user's modules (torch): one line before any process starts
+    if model.layer_spec or model.megatron or model.moe or model.mla or model.mtp_num_layers:
+        # the user's modules, what the runtime's MoE stages refuse (torch): one line before any process starts
         import warnings
 
         with warnings.catch_warnings():

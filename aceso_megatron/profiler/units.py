@@ -78,7 +78,14 @@ def check_profiled_model(model: ModelSpec, device: str) -> None:
     if whole:
         raise AcesoError(f"{next(iter(whole.values()))}, so its layers run whole; the profiler measures attention "
                          "and MLP units one by one and cannot profile it yet (plan it with --cost-model analytic)")
-    check_model(probe_plan(model, 1, 1, "none"), device)
+    probe = probe_plan(model, 1, 1, "none")
+    if model.moe is not None or model.mla is not None or model.mtp_num_layers:   # what the runtime cannot build
+        from ..model.fast_path import Environment
+        from ..model.moe import refusal
+
+        if (msg := refusal(Environment.detect(device), probe)) is not None:
+            raise AcesoError(msg)
+    check_model(probe, device)
 
 
 def seq_of(model: ModelSpec, stack: str) -> int:
