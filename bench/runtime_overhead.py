@@ -9,13 +9,18 @@ reduction). Steps are interleaved (plugin, stock, stock, plugin, ...) so machine
 alike. ``--modern``: sequence parallelism and the distributed optimizer with both overlaps (small DDP buckets so
 several overlap). Stock layer spec: transformer-engine's when importable (GPU), else the local one -- on CPU with
 the torch norms flagged sequence-parallel (``aceso_megatron.model.norms``: megatron-core's torch fallback refuses
-SP, apex's FusedLayerNorm is what a GPU without TE would use).
+SP, apex's FusedLayerNorm is what a GPU without TE would use). ``--ep N``: the MoE variant of the model
+(``MOE_MODEL``: every layer megatron-core's ``MoELayer``, 4 experts top-2, the alltoall dispatcher) with its experts
+over N ranks; stock megatron-core builds it the usual way for MoE (``initialize_model_parallel(...,
+expert_model_parallel_size=N)``, ``get_gpt_decoder_block_spec``, grouped GEMM and permute fusion where TE has
+them, as the plugin's fast paths), its expert weights initialised by their global expert index as the plugin's.
 
 Prints a table and writes ``bench/results/runtime_overhead_pp<pp>_tp<tp>_dp<dp>[_modern][_cuda].json``: median step
 times, their ratio (median over paired steps of stock / plugin; target >= 0.95 on CPU, >= 0.99 on a GPU) and the
 losses of every step (must agree).
 
     python bench/runtime_overhead.py [--pp 2] [--tp 1] [--dp 1] [--modern] [--steps 6] [--device cuda]
+    python bench/runtime_overhead.py --pp 1 --dp 2 --ep 2        # the MoE row (EP 2)
 """
 
 from __future__ import annotations
@@ -39,28 +44,41 @@ from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-l
 from aceso_megatron.testing import make_batches, spawn
 from aceso_megatron.training.engine import TrainConfig
 from search.model import ModelSpec
+from search.moe import MoESpec
 
 MODEL = ModelSpec(name="bench-gpt", family="gpt", num_layers=4, hidden_size=256, num_attention_heads=8,
                   ffn_hidden_size=1024, seq_length=128, vocab_size=1024, params_dtype="fp32")
+MOE_MODEL = ModelSpec.model_validate({**MODEL.model_dump(), "name": "bench-gpt-moe", "add_bias_linear": False,
+                                      "moe": MoESpec(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=512)})
 SEED = 3
 PER_RANK_MB, NUM_MB = 4, 4
 BUCKET = 200_000  # --modern: DDP bucket size (parameters), several buckets per stage so reductions overlap
 
 
-def uniform_plan(pp: int, tp: int, dp: int, modern: bool, model: ModelSpec) -> dict:
+def uniform_plan(pp: int, tp: int, dp: int, modern: bool, model: ModelSpec, ep: int = 0, te: bool = False) -> dict:
     units = model.num_units // pp
     stages = [{"num_gpus": tp * dp, "tp": tp, "dp": dp, "sequence_parallel": modern and tp > 1,
-               "start_unit": i * units, "end_unit": (i + 1) * units, "recompute": ["none"] * units}
-              for i in range(pp)]
+               "start_unit": i * units, "end_unit": (i + 1) * units, "recompute": ["none"] * units,
+               **({"ep": ep} if ep else {})} for i in range(pp)]
     features = {"distributed_optimizer": True, "overlap_grad_reduce": True,
                 "overlap_param_gather": True} if modern else {}
+    if ep:
+        # TE's grouped GEMM and fused permute where importable (as stock's flags), else the plugin would refuse it
+        features["moe"] = {"token_dispatcher": "alltoall", "grouped_gemm": te, "permute_fusion": te}
     return {"model": model.model_dump(), "micro_batch_size": PER_RANK_MB * dp,
             "global_batch_size": PER_RANK_MB * dp * NUM_MB, "stages": stages, **features}
 
 
-def _stock_spec(model: ModelSpec, fast, sp: bool):
-    """The layer spec Megatron-LM would use: TE's when importable, else the local one (SP: flagged torch norms)."""
+def _stock_spec(model: ModelSpec, fast, sp: bool, config=None):
+    """The layer spec Megatron-LM would use: TE's when importable, else the local one (SP: flagged torch norms);
+    an MoE model: megatron-core's decoder block spec (``MoELayer`` layers)."""
     from megatron.core.transformer.spec_utils import ModuleSpec
+
+    if model.moe is not None:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+        norm = "RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm"
+        return get_gpt_decoder_block_spec(config, use_transformer_engine=fast.te, normalization=norm)
     from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
 
     from aceso_megatron.model.norms import SequenceParallelNorm, with_sequence_parallel_norms
@@ -80,7 +98,17 @@ def _pp() -> int:
     return ps.get_pipeline_model_parallel_world_size()
 
 
-def build_stock(model: ModelSpec, pp: int, tp: int, modern: bool, tc: TrainConfig, device: str, fast):
+def _moe_fields(model: ModelSpec, ep: int, device: str, fast) -> dict:
+    """The MoE fields Megatron-LM sets from its flags (--expert-model-parallel-size, --moe-token-dispatcher-type,
+    --moe-grouped-gemm and --moe-permute-fusion where transformer-engine has them)."""
+    if model.moe is None:
+        return {}
+    te = device != "cpu" and fast.te
+    return {"expert_model_parallel_size": ep, "moe_token_dispatcher_type": "alltoall", "moe_grouped_gemm": te,
+            "moe_permute_fusion": te}
+
+
+def build_stock(model: ModelSpec, pp: int, tp: int, modern: bool, tc: TrainConfig, device: str, fast, ep: int = 0):
     """GPTModel chunk of this rank, the usual way (parallel_state), with the plugin's initial weights."""
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
@@ -91,17 +119,24 @@ def build_stock(model: ModelSpec, pp: int, tp: int, modern: bool, tc: TrainConfi
 
     from aceso_megatron.model.config import stage_config
     from aceso_megatron.model.init import initialize
+    from aceso_megatron.model.moe import global_expert_name
     from aceso_megatron.model.stage_model import local_layer_name
 
     if device == "cpu":
         from patches import cpu_mode
 
         cpu_mode.apply()
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    if model.moe is not None:
+        from patches import moe_router_without_te
+
+        moe_router_without_te.apply()
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                 expert_model_parallel_size=max(ep, 1))
     model_parallel_cuda_manual_seed(SEED)
-    config = stage_config(model, tp, device, sequence_parallel=modern, fast=fast)
+    config = stage_config(model, tp, device, sequence_parallel=modern, fast=fast,
+                          moe=_moe_fields(model, ep, device, fast))
     config.pipeline_model_parallel_size = pp
-    gpt = GPTModel(config=config, transformer_layer_spec=_stock_spec(model, fast, config.sequence_parallel),
+    gpt = GPTModel(config=config, transformer_layer_spec=_stock_spec(model, fast, config.sequence_parallel, config),
                    vocab_size=model.padded_vocab_size, max_sequence_length=model.seq_length,
                    pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
                    share_embeddings_and_output_weights=model.tied_embeddings)
@@ -111,6 +146,9 @@ def build_stock(model: ModelSpec, pp: int, tp: int, modern: bool, tc: TrainConfi
         if n.startswith("decoder.layers."):
             i, rest = n[len("decoder.layers."):].split(".", 1)
             names[n] = f"decoder.layers.{int(i) + offset}.{local_layer_name(rest)}"
+            if model.moe is not None:   # this EP rank's local experts by their global index, as the plugin's
+                names[n] = global_expert_name(names[n], ps.get_expert_model_parallel_rank(),
+                                              model.moe.num_experts // ep)
         elif n == "output_layer.weight" and model.tied_embeddings:
             names[n] = "embedding.word_embeddings.weight"
         else:
@@ -159,17 +197,18 @@ def stock_step(model: ModelSpec, ddp, opt, batches, device: str) -> float:
 
 
 def worker(rank: int, world: int, pp: int, tp: int, dp: int, modern: bool, steps: int, device: str,
-           out: str) -> None:
+           out: str, ep: int = 0) -> None:
     from megatron.core import parallel_state as ps
 
     from aceso_megatron.model.fast_path import Environment, choose
     from aceso_megatron.training.engine import build_runtime
 
-    model = MODEL if device == "cpu" else MODEL.model_copy(update={"params_dtype": "bf16"})
-    raw = uniform_plan(pp, tp, dp, modern, model)
+    model = MOE_MODEL if ep else MODEL
+    model = model if device == "cpu" else model.model_copy(update={"params_dtype": "bf16"})
     fast = choose(Environment.detect(device), model)
+    raw = uniform_plan(pp, tp, dp, modern, model, ep, te=device != "cpu" and fast.te)
     tc = TrainConfig(clip_grad=1.0, ddp_bucket_size=BUCKET if modern else None)
-    ddp, opt = build_stock(model, pp, tp, modern, tc, device, fast)  # first: parallel_state wants its own buffer
+    ddp, opt = build_stock(model, pp, tp, modern, tc, device, fast, ep)  # first: parallel_state wants its buffer
     rt = build_runtime(raw, rank, world, seed=SEED, device=device, train_config=tc)
     batches = make_batches(model, raw["micro_batch_size"], raw["global_batch_size"], seed=SEED)
     j = ps.get_data_parallel_rank()
@@ -200,12 +239,16 @@ def main(argv=None) -> int:
     p.add_argument("--modern", action="store_true", help="sequence parallel + distributed optimizer, both overlaps")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--ep", type=int, default=0, help="the MoE model with its experts over EP ranks (0: dense)")
     args = p.parse_args(argv)
     if args.modern and args.tp < 2:
         p.error("--modern needs --tp >= 2 (sequence parallelism)")
+    if args.ep and (args.modern or args.tp * args.dp % args.ep or MOE_MODEL.moe.num_experts % args.ep):
+        p.error(f"--ep {args.ep}: must divide tp x dp ({args.tp * args.dp}) and the 4 experts, without --modern "
+                "(the runtime's MoE stages refuse the distributed optimizer)")
     out = tempfile.mktemp(suffix=".pt")
     spawn(args.pp * args.tp * args.dp, worker, args.pp, args.tp, args.dp, args.modern, args.steps, args.device, out,
-          backend="gloo" if args.device == "cpu" else "nccl")
+          args.ep, backend="gloo" if args.device == "cpu" else "nccl")
     res = torch.load(out)
     t_plugin = statistics.median(res["times"]["plugin"][1:])  # first step warms up
     t_stock = statistics.median(res["times"]["stock"][1:])
@@ -214,21 +257,25 @@ def main(argv=None) -> int:
     max_diff = max(abs(a - b) / abs(b) for a, b in zip(res["losses"]["plugin"], res["losses"]["stock"]))
     target = 0.95 if args.device == "cpu" else 0.99
     what = "SP + distributed optimizer, both overlaps" if args.modern else "no SP, plain DDP"
-    print(f"uniform plan: pp={args.pp} tp={args.tp} dp={args.dp} ({what}) on {args.device}, model {MODEL.name} "
-          f"(h={MODEL.hidden_size}, {MODEL.num_layers} layers, seq {MODEL.seq_length}), {NUM_MB} micro-batches of "
+    model = MOE_MODEL if args.ep else MODEL
+    if args.ep:
+        what += f", MoE {model.moe.num_experts} experts top-{model.moe.moe_router_topk} over ep={args.ep}, alltoall"
+    print(f"uniform plan: pp={args.pp} tp={args.tp} dp={args.dp} ({what}) on {args.device}, model {model.name} "
+          f"(h={model.hidden_size}, {model.num_layers} layers, seq {model.seq_length}), {NUM_MB} micro-batches of "
           f"{PER_RANK_MB} per rank")
     print(f"{'side':8} {'median step (s)':>16} {'losses':>40}")
     for side in ("plugin", "stock"):
         ls = " ".join(f"{x:.6f}" for x in res["losses"][side][:4])
         print(f"{side:8} {statistics.median(res['times'][side][1:]):16.4f} {ls:>40}")
-    print(f"step-time ratio stock/plugin = {ratio:.3f} (target >= {target}); max relative loss difference "
-          f"{max_diff:.2e}")
+    print(f"step-time ratio stock/plugin = {ratio:.3f} (target >= {target}) {'PASS' if ratio >= target else 'FAIL'}; "
+          f"max relative loss difference {max_diff:.2e}")
     result = {"pp": args.pp, "tp": args.tp, "dp": args.dp, "modern": args.modern, "device": args.device,
-              "steps": args.steps, "model": MODEL.model_dump(), "times": res["times"], "losses": res["losses"],
+              "ep": args.ep, "steps": args.steps, "model": model.model_dump(), "times": res["times"],
+              "losses": res["losses"], "passed": ratio >= target,
               "median_plugin_s": t_plugin, "median_stock_s": t_stock, "ratio": ratio, "max_rel_loss_diff": max_diff,
               "target_ratio": target}
     tag = f"pp{args.pp}_tp{args.tp}_dp{args.dp}" + ("_modern" if args.modern else "") + \
-        ("_cuda" if args.device == "cuda" else "")
+        (f"_ep{args.ep}" if args.ep else "") + ("_cuda" if args.device == "cuda" else "")
     path = ROOT / "bench" / "results" / f"runtime_overhead_{tag}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))

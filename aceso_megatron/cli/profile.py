@@ -30,6 +30,8 @@ KB, MB, GB = 1024, 1024**2, 1024**3
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     p.add_argument("--tp", type=int, nargs="+", default=[1], help="tensor-parallel degrees to profile (default 1)")
+    p.add_argument("--ep", type=int, nargs="+", default=[1],
+                   help="MoE models: expert-parallel degrees to profile the moe unit at (etp = tp; default 1)")
     p.add_argument("--micro-batch-sizes", type=int, nargs="+", default=[1],
                    help="per-rank micro-batch sizes (samples) to profile (default 1)")
     p.add_argument("-o", "--output", required=True, help="profile database file (or folder: FOLDER/profile-db.json)")
@@ -86,6 +88,7 @@ def check(args: argparse.Namespace, model: ModelSpec) -> None:
         if model.num_attention_heads % t or model.groups % t:
             raise AcesoError(f"--tp {t}: num_attention_heads ({model.num_attention_heads}) and query groups "
                              f"({model.groups}) must be multiples of it")
+    _check_ep(args, model)
     for b in args.micro_batch_sizes:
         if b < 1:
             raise AcesoError(f"--micro-batch-sizes {b}: must be a positive integer")
@@ -93,11 +96,15 @@ def check(args: argparse.Namespace, model: ModelSpec) -> None:
     if nproc is not None and nproc < 1:
         raise AcesoError(f"--nproc {nproc}: must be at least 1")
     if not args.comm:
-        n = nproc or max(args.tp)
+        n = nproc or max(args.tp + args.ep)
         bad = [t for t in args.tp if n % t]
         if bad:
             raise AcesoError(f"--tp {bad[0]} does not divide the {n} processes (--nproc); use --nproc a multiple "
                              "of every --tp")
+        bad = [e for e in args.ep if n % (e * max(args.tp))]
+        if bad:
+            raise AcesoError(f"--ep {bad[0]} x --tp {max(args.tp)} does not divide the {n} processes (--nproc); use "
+                             "--nproc a multiple of every ep x tp")
     s = settings(args)
     if s["repeats"] < 1 or s["warmup"] < 0 or s["passes"] < 1:
         raise AcesoError("--repeats and --passes must be at least 1 and --warmup at least 0")
@@ -111,11 +118,26 @@ def check(args: argparse.Namespace, model: ModelSpec) -> None:
     check_output(str(out))
 
 
+def _check_ep(args: argparse.Namespace, model: ModelSpec) -> None:
+    """--ep against the model: an MoE model's experts at tp 1 (MoE + TP runs with sequence parallelism, which the
+    profiler does not measure), ep dividing num_experts; a dense model has no --ep."""
+    if model.moe is None:
+        if args.ep != [1]:
+            raise AcesoError(f"--ep: the model {model.name} has no experts; drop --ep")
+        return
+    for e in args.ep:
+        if e < 1 or model.moe.num_experts % e:
+            raise AcesoError(f"--ep {e}: must be a positive divisor of num_experts ({model.moe.num_experts})")
+    if not args.comm and max(args.tp) > 1:
+        raise AcesoError(f"--tp {max(args.tp)}: an MoE model at tp > 1 runs with sequence parallelism, which the "
+                         "profiler does not measure (nor the profile cost model price); profile --tp 1")
+
+
 def num_procs(args: argparse.Namespace) -> int:
     if args.nproc:
         return args.nproc
     if not args.comm:
-        return max(args.tp)
+        return max(args.tp + args.ep)
     if args.cpu:
         return 2
     from launch.commands import count_visible_gpus
@@ -130,7 +152,7 @@ def header(args: argparse.Namespace, model: ModelSpec, world: int) -> dict:
     return {"model": model_fingerprint(model), "seq": [model.seq_length, model.decoder_seq_length],
             "device": "cpu" if args.cpu else "cuda", "world": world, "tp": list(args.tp),
             "micro_batch_sizes": list(args.micro_batch_sizes), "comm": bool(args.comm),
-            "no_comm": bool(args.no_comm), **settings(args)}
+            "no_comm": bool(args.no_comm), **settings(args), **({"ep": list(args.ep)} if args.ep != [1] else {})}
 
 
 def worker_argv(args: argparse.Namespace) -> list[str]:
@@ -139,6 +161,8 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
             "--seed", str(args.seed)]
     if args.num_layers is not None:
         argv += ["--num-layers", str(args.num_layers)]
+    if args.ep != [1]:
+        argv += ["--ep", *map(str, args.ep)]
     for flag in ("cpu", "comm", "no_comm", "fresh", "quiet"):
         if getattr(args, flag):
             argv.append("--" + flag.replace("_", "-"))
@@ -182,7 +206,8 @@ def _repo_root() -> str | None:
 def run(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     check(args, model)
-    if model.layer_spec or model.megatron:   # the user's modules (torch): one line before any process starts
+    if model.layer_spec or model.megatron or model.moe or model.mla or model.mtp_num_layers:
+        # the user's modules, what the runtime's MoE stages refuse (torch): one line before any process starts
         import warnings
 
         with warnings.catch_warnings():

@@ -72,7 +72,7 @@ class Worker:
         from .tasks import comm_tasks, unit_tasks
 
         out = [] if self.args.comm else unit_tasks(self.model, self.args.tp, self.args.micro_batch_sizes,
-                                                        self.set["passes"])
+                                                        self.set["passes"], self.args.ep)
         if not self.args.no_comm:
             out += comm_tasks(self.world, self.per_node, self.set["min_bytes"], self.set["max_bytes"])
         return out
@@ -112,9 +112,9 @@ class Worker:
                     continue
                 bar.update(t.key)
                 if t.what in ("unit", "embedding", "head"):
-                    if bench is None or bench.tp != t.tp:
+                    if bench is None or (bench.tp, bench.ep) != (t.tp, t.ep):
                         bench = None
-                        bench = TPBench(self.model, t.tp, self.world, self.rank, st, self.args.seed)
+                        bench = TPBench(self.model, t.tp, self.world, self.rank, st, self.args.seed, t.ep)
                     try:
                         res = (bench.unit(t.stack, t.kind, t.batch) if t.what == "unit"
                                else getattr(bench, t.what)(t.batch))

@@ -30,6 +30,7 @@ class Task:
     group: str = ""
     nbytes: int = 0
     inter: bool = False
+    ep: int = 1              # the moe unit's expert-parallel degree (MoE models; the other units at the first --ep)
 
 
 def unit_kinds(model: ModelSpec) -> list[tuple[str, str]]:
@@ -40,19 +41,29 @@ def unit_kinds(model: ModelSpec) -> list[tuple[str, str]]:
     return out
 
 
-def unit_tasks(model: ModelSpec, tps: list[int], batches: list[int], passes: int = 1) -> list[Task]:
+def unit_tasks(model: ModelSpec, tps: list[int], batches: list[int], passes: int = 1,
+               eps: list[int] | tuple[int, ...] = (1,)) -> list[Task]:
     """Every unit kind, the embedding and the head at each (tp, batch), then the optimizer; ``passes`` times
     over the whole grid (pass p > 0 adds ``#p`` to the keys), so a slow spell of a shared machine hits one pass
-    of a measurement, which the median over passes then discards."""
+    of a measurement, which the median over passes then discards. An MoE model's moe unit is measured at every
+    (tp, ep, batch) (key ``unit/decoder/moe/tp1/ep2/b1``), the other units once per (tp, batch), at the first ep."""
     out = []
     for p in range(passes):
         sfx = f"#{p}" if p else ""
         for tp in tps:
-            for b in batches:
-                for stack, kind in unit_kinds(model):
-                    out.append(Task(f"unit/{stack}/{kind}/tp{tp}/b{b}{sfx}", "unit", tp, b, stack, kind))
-                out.append(Task(f"embedding/tp{tp}/b{b}{sfx}", "embedding", tp, b))
-                out.append(Task(f"head/tp{tp}/b{b}{sfx}", "head", tp, b))
+            for ep in (eps if model.moe is not None else (1,)):
+                first = ep == eps[0] or model.moe is None
+                for b in batches:
+                    for stack, kind in unit_kinds(model):
+                        if kind == "moe":
+                            out.append(Task(f"unit/{stack}/{kind}/tp{tp}/ep{ep}/b{b}{sfx}", "unit", tp, b, stack,
+                                            kind, ep=ep))
+                        elif first:
+                            out.append(Task(f"unit/{stack}/{kind}/tp{tp}/b{b}{sfx}", "unit", tp, b, stack, kind,
+                                            ep=ep))
+                    if first:
+                        out.append(Task(f"embedding/tp{tp}/b{b}{sfx}", "embedding", tp, b, ep=ep))
+                        out.append(Task(f"head/tp{tp}/b{b}{sfx}", "head", tp, b, ep=ep))
         out.append(Task(f"optimizer{sfx}", "optimizer"))
     return out
 
@@ -88,6 +99,8 @@ def comm_tasks(world: int, per_node: int, lo: int, hi: int) -> list[Task]:
 
 
 _EXTRA = ("spread", "saved_bytes", "workspace_bytes", "passes")
+# the moe unit's columns (profiler/moe.py; docs/profile-db.md), parts_fwd_us merged over passes by median
+_MOE = ("ep", "etp", "dispatcher", "grouped_gemm", "permute_fusion", "expert_weight_bytes", "parts_fwd_us")
 
 
 def assemble(writer: ProfileDBWriter, model: ModelSpec, tasks: list[Task], done: dict[str, dict]) -> None:
@@ -103,12 +116,15 @@ def assemble(writer: ProfileDBWriter, model: ModelSpec, tasks: list[Task], done:
         if "#" in t.key or t.key not in passes:
             continue
         r = merge_passes(passes[t.key])
+        if "parts_fwd_us" in r and len(passes[t.key]) > 1:
+            r["parts_fwd_us"] = {k: float(np.median([p["parts_fwd_us"][k] for p in passes[t.key]]))
+                                 for k in r["parts_fwd_us"]}
         if t.what == "unit":
             writer.add_unit(t.stack, t.kind, seq=s_enc if t.stack == "encoder" else s_dec, batch=t.batch, tp=t.tp,
                             fwd_us=r["fwd_us"], bwd_us=r["bwd_us"], recompute_us=tuple(r["recompute_us"]),
                             act_bytes=tuple(r["act_bytes"]), weight_bytes=r["weight_bytes"],
                             peak_bytes=tuple(r["peak_bytes"]) if "peak_bytes" in r else None)
-            writer.data["units"][-1].update({k: r[k] for k in _EXTRA if k in r})
+            writer.data["units"][-1].update({k: r[k] for k in _EXTRA + _MOE if k in r})
         elif t.what in ("embedding", "head"):
             writer.add_part(t.what, seq=s_enc if t.what == "embedding" else s_dec, batch=t.batch, tp=t.tp,
                             fwd_us=r["fwd_us"], bwd_us=r["bwd_us"], act_bytes=r["act_bytes"],

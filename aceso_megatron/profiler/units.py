@@ -38,21 +38,32 @@ from .timing import repeat
 
 
 def one_layer(model: ModelSpec) -> ModelSpec:
-    """The model with one layer (T5: one encoder and one decoder layer)."""
+    """The model with one layer (T5: one encoder and one decoder layer); an MoE model with dense layers too gets
+    two, a dense one and an MoE one (``moe.probe_model``)."""
+    if model.moe is not None:
+        from .moe import probe_model
+
+        return probe_model(model)
     upd = {"num_layers": 1}
     if model.is_t5:
         upd["num_decoder_layers"] = 1
     return ModelSpec.model_validate({**model.model_dump(), **upd})
 
 
-def probe_plan(model: ModelSpec, tp: int, world: int, rc: str):
-    """A one-stage plan of the one-layer model with choice ``rc`` on every unit that can take it."""
+def probe_plan(model: ModelSpec, tp: int, world: int, rc: str, ep: int = 1):
+    """A one-stage plan of the one-layer model with choice ``rc`` on every unit that can take it (an MoE model:
+    experts at ``ep``, etp = tp, the settings ``moe.PROBE_SETTINGS``)."""
     m = one_layer(model)
     dp = world // tp
     recompute = [rc if rc in recompute_allowed(u.kind) else "none" for u in m.units]
     raw = {"model": m.model_dump(), "micro_batch_size": dp, "global_batch_size": dp,
            "stages": [{"num_gpus": world, "tp": tp, "dp": dp, "start_unit": 0, "end_unit": m.num_units,
                        "recompute": recompute}]}
+    if m.moe is not None:
+        from .moe import PROBE_SETTINGS
+
+        raw["stages"][0]["ep"] = ep
+        raw["moe"] = PROBE_SETTINGS.model_dump()
     return parse_plan(raw, world_size=world, source="profiler probe plan")
 
 
@@ -67,7 +78,14 @@ def check_profiled_model(model: ModelSpec, device: str) -> None:
     if whole:
         raise AcesoError(f"{next(iter(whole.values()))}, so its layers run whole; the profiler measures attention "
                          "and MLP units one by one and cannot profile it yet (plan it with --cost-model analytic)")
-    check_model(probe_plan(model, 1, 1, "none"), device)
+    probe = probe_plan(model, 1, 1, "none")
+    if model.moe is not None or model.mla is not None or model.mtp_num_layers:   # what the runtime cannot build
+        from ..model.fast_path import Environment
+        from ..model.moe import refusal
+
+        if (msg := refusal(Environment.detect(device), probe)) is not None:
+            raise AcesoError(msg)
+    check_model(probe, device)
 
 
 def seq_of(model: ModelSpec, stack: str) -> int:
@@ -88,19 +106,25 @@ class Settings:
 class TPBench:
     """The runtime's modules at one tp: one stage per recompute choice, sharing this rank's TP group."""
 
-    def __init__(self, model: ModelSpec, tp: int, world: int, rank: int, settings: Settings, seed: int = 1234):
+    def __init__(self, model: ModelSpec, tp: int, world: int, rank: int, settings: Settings, seed: int = 1234,
+                 ep: int = 1):
         from megatron.core import parallel_state
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
         from ..model.stage_model import build_stage
         from ..parallel.layout import build_groups
 
-        self.model, self.tp, self.s = model, tp, settings
-        plans = {rc: probe_plan(model, tp, world, rc) for rc in RECOMPUTE_CHOICES}
+        self.model, self.tp, self.ep, self.s = model, tp, ep, settings
+        plans = {rc: probe_plan(model, tp, world, rc, ep) for rc in RECOMPUTE_CHOICES}
         if parallel_state._GLOBAL_MEMORY_BUFFER is None:
             parallel_state._set_global_memory_buffer()
+        if model.moe is not None:     # as the runtime does (training.engine.build_runtime)
+            from patches import moe_router_without_te
+
+            moe_router_without_te.apply()
         self.groups = build_groups(plans["none"], rank)
-        model_parallel_cuda_manual_seed(seed, tp_rank=self.groups.layout.tp_rank, ep_rank=0, etp_rank=0)
+        lay = self.groups.layout
+        model_parallel_cuda_manual_seed(seed, tp_rank=lay.tp_rank, ep_rank=lay.ep_rank, etp_rank=lay.etp_rank)
         self.stages = {}
         for rc, plan in plans.items():
             st = build_stage(plan, 0, self.groups.pg_collection, settings.device)
@@ -201,6 +225,10 @@ class TPBench:
             w0 = base["bwd_peak_bytes"]
             res["peak_bytes"] = [0.0] + [float(max(per[rc]["bwd_peak_bytes"] - w0, 0)) for rc in rcs[1:]]
             res["workspace_bytes"] = float(w0)
+        if kind == "moe":
+            from .moe import moe_columns
+
+            res.update(moe_columns(self, mods["none"], fwds[0]))
         return res
 
     def embedding(self, b: int) -> dict:

@@ -7,7 +7,8 @@
 #     fused checkpoint resumed unfused, context parallel vs data parallel (2 GPUs + TE), CUDA training vs CPU
 #     (tests/gpu);
 #  3. runtime overhead on the GPU (target ratio stock/plugin >= 0.99): a 1-GPU uniform plan; with >= 2 GPUs also
-#     the sequence-parallel + distributed-optimizer-overlap plan (tp 2, and dp 2 with >= 4 GPUs).
+#     the sequence-parallel + distributed-optimizer-overlap plan (tp 2, and dp 2 with >= 4 GPUs); the MoE plan
+#     (--ep: experts over EP 2 with >= 2 GPUs, the MoE model at ep 1 on one GPU).
 # Needs torch with CUDA and megatron-core (pip install -e ".[runtime]", or a CUDA torch + megatron-core); the
 # repository itself is put on PYTHONPATH, so no install (and no network) is needed for it.
 # Extra arguments go to bench/gpu/validate.py (e.g. --steps 20, --dry-run, --cpu --tiny); with --dry-run or --cpu
@@ -41,6 +42,7 @@ if [[ $gpu == 1 ]]; then
   n=$("$PY" -c "import torch; print(torch.cuda.device_count())")
   runs=("--pp 1 --tp 1 --dp 1")
   if (( n >= 4 )); then runs+=("--pp 1 --tp 2 --dp 2 --modern"); elif (( n >= 2 )); then runs+=("--pp 1 --tp 2 --dp 1 --modern"); fi
+  runs+=("--pp 1 --tp 1 --dp $(( n >= 2 ? 2 : 1 )) --ep $(( n >= 2 ? 2 : 1 ))")   # MoE: EP 2 (ep 1 on one GPU)
   for r in "${runs[@]}"; do
     # shellcheck disable=SC2086
     "$PY" bench/runtime_overhead.py --device cuda --steps 12 $r 2>&1 | tee -a "$out/runtime-overhead.txt" || status=1

@@ -6,7 +6,8 @@
 Formulas: analytic.py (unit times) over kernels.py (GEMM / attention / memory-bound kernels), tpcomm.py (TP
 collectives and their overlap), comm.py (collectives), memory.py, pipeline.py (1F1B and interleaved schedules),
 evaluate.py (stages, DP and optimizer), timeline.py (finer event kinds); MoE / MLA / MTP units: moe_cost.py and
-mla_mtp.py over moe_primitives.py (analytic only: the other kinds refuse those models with one line).
+mla_mtp.py over moe_primitives.py (analytic; the profile kind prices MoE units from the database's moe rows,
+profiledb_moe.py, and refuses MLA / MTP; aceso-compat refuses all three with one line).
 ``settings`` (``types.RunSettings``) says how the framework runs a plan (default: our runtime on megatron-core;
 ``RunSettings.megatron_lm(precision)`` for Megatron-LM's training script); ``kernels`` picks the analytic kernel
 model (``shape``, default; ``flat``: the v1 per-GPU constants).
@@ -30,8 +31,11 @@ def make_cost_model(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                     db=None, *, settings: RunSettings | None = None, kernels: str = "shape"):
     """A cost model of ``kind``; ``db`` is the profile database folder/file (profile, aceso-compat)."""
     from ..moe import refuse_unpriced
-    if kind != "analytic":      # MoE / MLA / MTP: the analytic model prices them (moe_cost.py, mla_mtp.py)
+    if kind == "aceso-compat":  # MoE / MLA / MTP: the analytic model prices them (moe_cost.py, mla_mtp.py)
         refuse_unpriced(model, f"the {kind} cost model does not price them; use --cost-model analytic")
+    if kind == "profile" and (model.mla is not None or model.mtp_num_layers):   # MoE: the database's moe rows
+        refuse_unpriced(model.model_copy(update={"moe": None}), "the profile cost model does not price them "
+                        "(the profiler measures MoE layers, not MLA or MTP); use --cost-model analytic")
     refuse_unpriced(model)      # what the analytic model does not price either (search.moe.unpriced_features)
     if kind != "analytic" and is_low(training.precision):
         raise AcesoError(f"--cost-model {kind}: precision {training.precision} is priced by the analytic cost model "

@@ -32,6 +32,7 @@ from ..model import ModelSpec
 from ..training import TrainingSpec
 from .comm import CommModel
 from .memory import MB, tied_copy_params_per_rank
+from .profiledb_moe import check_kernels, ep_comm_us, missing, plan_shape, row_shape
 from .types import N_RC, UNAVAILABLE_MS, UnitTable
 
 FORMAT = "aceso-profile-db"
@@ -43,9 +44,16 @@ ARCH_FIELDS = ("family", "hidden_size", "num_attention_heads", "groups", "head_d
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
+MOE_DEPTH_FIELDS = ("moe_layer_freq", "first_k_dense_layers")   # which layers are MoE: the depth, not the units
+
+
 def model_fingerprint(model: ModelSpec) -> dict:
-    """The architecture fields a profile depends on (not the depth)."""
-    return {f: getattr(model, f) for f in ARCH_FIELDS}
+    """The architecture fields a profile depends on (not the depth). An MoE model adds its ``moe`` block but
+    the layer pattern (units are per layer); a dense model's fingerprint has no ``moe`` key, as older databases."""
+    out = {f: getattr(model, f) for f in ARCH_FIELDS}
+    if model.moe is not None:
+        out["moe"] = {k: v for k, v in model.moe.model_dump().items() if k not in MOE_DEPTH_FIELDS}
+    return out
 
 
 # ----- reading ------------------------------------------------------------------------------------------------------
@@ -81,7 +89,8 @@ def _check_match(db: dict, model: ModelSpec, cluster: ClusterSpec, training: Tra
                          "this GPU or use --cost-model analytic")
     want = model_fingerprint(model)
     have = db["model"]
-    diff = [f"{k} {have.get(k)!r} vs {v!r}" for k, v in want.items() if have.get(k) != v]
+    diff = [f"{k} {have.get(k)!r} vs {want.get(k)!r}" for k in {**have, **want}
+            if k in ARCH_FIELDS + ("moe",) and have.get(k) != want.get(k)]
     if diff:
         raise AcesoError(f"--db {src}: profiled for another model ({'; '.join(diff[:3])}); profile {model.name}")
     if db["dtype"] != training.precision:
@@ -176,6 +185,8 @@ class FittedComm(CommModel):
 
 
 _ENTRY_FIELDS = ("batch", "tp", "seq", "fwd_us", "bwd_us", "act_bytes")
+_WEIGHTS = ("weight_bytes", "expert_weight_bytes")   # per rank, the same at every batch
+_LOOKED_UP = ("fwd_us", "bwd_us", "recompute_us", "act_bytes", "peak_bytes", "ep_comm_us") + _WEIGHTS
 
 
 def _choices_measured(part: str, kind: str) -> tuple[int, ...]:
@@ -183,7 +194,7 @@ def _choices_measured(part: str, kind: str) -> tuple[int, ...]:
     units also 4 (+ attn_dropout, newer profiles)."""
     if part != "units":
         return (1,)
-    return (3,) if kind == "mlp" else (3, 4)
+    return (3,) if kind in ("mlp", "moe") else (3, 4)
 
 
 class ProfileSource:
@@ -215,7 +226,8 @@ class ProfileSource:
             self.warnings.append(msg)
 
     def _index(self, db: dict) -> dict[tuple, list[dict]]:
-        """(part, stack, kind, seq, tp) -> entries sorted by batch."""
+        """(part, stack, kind, seq, tp, expert shape) -> entries sorted by batch (the shape: ``profiledb_moe``;
+        () but for moe rows)."""
         groups: dict[tuple, list[dict]] = {}
         for part in ("units", "embedding", "head"):
             for i, e in enumerate(db[part]):
@@ -224,7 +236,9 @@ class ProfileSource:
                 if miss or len(e["act_bytes"]) not in _choices_measured(part, kind):
                     raise AcesoError(f"--db {db['_path']}: corrupt profile database, {part}[{i}] lacks "
                                      f"{', '.join(miss) or 'a valid act_bytes'}; re-run the profiler")
-                key = (part, e.get("stack", "decoder"), kind, int(e["seq"]), int(e["tp"]))
+                key = (part, e.get("stack", "decoder"), kind, int(e["seq"]), int(e["tp"]), row_shape(e))
+                if kind == "moe":
+                    e = {**e, "ep_comm_us": ep_comm_us(e)}
                 groups.setdefault(key, []).append(e)
         for key, v in groups.items():
             v.sort(key=lambda e: e["batch"])
@@ -233,23 +247,27 @@ class ProfileSource:
                                  f"tp {key[4]} measure different recompute choices; re-run the profiler")
         return groups
 
-    def _lookup(self, part: str, stack: str, kind: str, seq: int, batch: float, tp: int) -> dict[str, np.ndarray]:
-        tps = sorted(k[4] for k in self._groups if k[:4] == (part, stack, kind, seq))
+    def _lookup(self, part: str, stack: str, kind: str, seq: int, batch: float, tp: int,
+                shape: tuple = ()) -> dict[str, np.ndarray]:
+        tps = sorted(k[4] for k in self._groups if k[:4] == (part, stack, kind, seq) and k[5] == shape)
         what = f"{part} {stack} {kind} at seq {seq}" if part == "units" else f"{part} at seq {seq}"
+        if shape and tp not in tps:     # an expert shape is never scaled from another (profiledb_moe)
+            have = [(k[4], k[5]) for k in self._groups if k[:4] == (part, stack, kind, seq)]
+            raise missing(self.db["_path"], seq, tp, shape, have)
         if not tps:
             raise AcesoError(f"--db {self.db['_path']}: no measurements for {what}; profile it")
         t0 = tp if tp in tps else min(tps, key=lambda t: (abs(np.log(t / tp)), t))
-        entries = self._groups[(part, stack, kind, seq, t0)]
+        entries = self._groups[(part, stack, kind, seq, t0, shape)]
         xs = np.array([float(e["batch"]) for e in entries])
         out = {}
         extrap = False
-        for f in ("fwd_us", "bwd_us", "recompute_us", "act_bytes", "peak_bytes", "weight_bytes"):
+        for f in _LOOKED_UP:
             if f not in entries[0]:
                 continue
             ys = np.array([np.atleast_1d(np.asarray(e[f], dtype=float)) for e in entries])
             vals = []
             for j in range(ys.shape[1]):
-                v, x = _interp(xs, ys[:, j], batch) if f != "weight_bytes" else (float(ys[0, j]), False)
+                v, x = _interp(xs, ys[:, j], batch) if f not in _WEIGHTS else (float(ys[0, j]), False)
                 vals.append(v)
                 extrap |= x
             out[f] = np.array(vals)
@@ -263,19 +281,26 @@ class ProfileSource:
                     out[f] = out[f] * t0 / tp
         return out
 
-    def unit_table(self, batch: float, tp: int) -> UnitTable:
+    def unit_table(self, batch: float, tp: int, cp: int = 1, sp: bool = False, tp_overlap: bool = False,
+                   ep: int = 1, etp: int = 0, moe=None) -> UnitTable:
+        """``ep``/``etp``/``moe``: the stage's expert shape and the plan's MoE settings (MoE models: the moe rows
+        of that shape, ``profiledb_moe``); cp, sp and tp_overlap are never asked of this source (``features``)."""
         m = self.model
         s_enc = m.seq_length
         s_dec = m.decoder_seq_length if m.is_t5 else m.seq_length
         n = m.num_units
-        fwd, bwd, params = np.zeros(n), np.zeros(n), np.zeros(n)
+        fwd, bwd, params, eparams, epc = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
         rec, act, peak = np.zeros((n, N_RC)), np.zeros((n, N_RC)), np.zeros((n, N_RC))
         rows: dict[tuple[str, str], dict] = {}
+        shape = plan_shape(m, tp, ep, etp, moe) if m.moe is not None else ()
         for i, u in enumerate(m.units):
             key = (u.stack, u.kind)
             if key not in rows:
+                x = shape if u.kind == "moe" else ()
                 rows[key] = self._lookup("units", u.stack, u.kind, s_enc if u.stack == "encoder" else s_dec,
-                                         batch, tp)
+                                         batch, tp, x)
+                if x:
+                    check_kernels(self.db["_path"], self._groups[("units", u.stack, "moe", s_dec, tp, x)][0], moe)
             r = rows[key]
             fwd[i], bwd[i] = r["fwd_us"][0] / 1e3, r["bwd_us"][0] / 1e3
             k = len(r["act_bytes"])     # 3, or 4 where attn_dropout was measured (attention units)
@@ -285,6 +310,8 @@ class ProfileSource:
             rec[i, :k] = r["recompute_us"][:k] / 1e3 if "recompute_us" in r else (0.0, 0.0, fwd[i], fwd[i])[:k]
             peak[i, :k] = r["peak_bytes"][:k] / MB if "peak_bytes" in r else act[i, 0] - act[i, :k]
             params[i] = r["weight_bytes"][0] / self.dt if "weight_bytes" in r else 0.0
+            eparams[i] = r["expert_weight_bytes"][0] / self.dt if "expert_weight_bytes" in r else 0.0
+            epc[i] = r["ep_comm_us"][0] / 1e3 if "ep_comm_us" in r else 0.0
         emb = self._lookup("embedding", "decoder", "embedding", s_enc, batch, tp)
         head = self._lookup("head", "decoder", "head", s_dec, batch, tp)
         h = m.hidden_size
@@ -302,6 +329,8 @@ class ProfileSource:
             head_peak_mb=(self.dt + 4.0) * s_dec * batch * m.padded_vocab_size / tp / MB,   # not profiled: formula
             word_embed_params=tied_copy_params_per_rank(m, tp),
             encoder_output_mb=self.dt * s_enc * batch * h / MB if m.is_t5 else 0.0,
+            expert_params=eparams if eparams.any() else None,
+            ep_comm_ms=epc if epc.any() else None, ep_hidden_ms=np.zeros(n) if epc.any() else None,
         )
 
 

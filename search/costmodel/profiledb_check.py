@@ -54,7 +54,20 @@ class _Entry(_Strict):
 
 class _Unit(_Entry):
     stack: Literal["decoder", "encoder"] = "decoder"
-    kind: Literal["attention", "cross_attention", "mlp"]
+    kind: Literal["attention", "cross_attention", "mlp", "moe"]
+    # moe rows (docs/profile-db.md): the expert shape and dispatcher they were measured at, the routed experts' bytes
+    ep: int = Field(1, ge=1, le=MAX_INT)
+    etp: int | None = Field(None, ge=1, le=MAX_INT)
+    dispatcher: Literal["alltoall", "allgather", "flex"] = "alltoall"
+    expert_weight_bytes: float = Field(0.0, ge=0, le=MAX_BYTES)
+    parts_fwd_us: dict[str, float] | None = None
+
+    @pydantic.field_validator("parts_fwd_us")
+    @classmethod
+    def _parts(cls, v):
+        if v is not None and any(not 0 <= x <= MAX_US for x in v.values()):
+            raise ValueError(f"every part must be microseconds in [0, {MAX_US:.0e}]")
+        return v
 
 
 class _Curve(_Strict):
@@ -72,6 +85,10 @@ class _Curve(_Strict):
 
 class _Collective(_Curve):
     kind: Literal["all_reduce", "all_gather", "reduce_scatter"]
+    group: int = Field(ge=2, le=MAX_INT)
+
+
+class _AllToAll(_Curve):
     group: int = Field(ge=2, le=MAX_INT)
 
 
@@ -95,6 +112,7 @@ class ProfileDBFile(_Strict):
     head: list[_Entry] = Field(max_length=1 << 20)
     collectives: list[_Collective] = Field([], max_length=1 << 20)
     p2p: list[_Curve] = Field([], max_length=64)
+    all_to_all: list[_AllToAll] = Field([], max_length=1 << 20)
     optimizer: _Optimizer | None = None
 
 

@@ -71,3 +71,27 @@ def test_torchrun_command(spec, tmp_path):
 
     wargs = build_parser().parse_args(["profile", *worker])
     assert header(wargs, model_from_args(wargs), 2) == header(args, model_from_args(args), 2)
+
+
+def test_moe_model_the_runtime_refuses_is_refused_before_any_process(tmp_path):
+    """An MoE model with linear biases (megatron-core 0.16.1's expert MLP cannot train it: model.moe.refusal) is
+    one line, exit 2, from the launcher, not a traceback in the workers."""
+    p = tmp_path / "moe.json"
+    p.write_text(json.dumps({**TINY, "moe": {"num_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 32}}))
+    r = _run("--model", p, "--ep", "2", "-o", tmp_path / "db.json", "--cpu")
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "add_bias_linear with MoE" in lines[0], r.stderr
+    assert not (tmp_path / "db.json").exists()
+
+
+def test_moe_ep_in_the_worker_command(tmp_path):
+    p = tmp_path / "moe.json"
+    p.write_text(json.dumps({**TINY, "add_bias_linear": False,
+                             "moe": {"num_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 32}}))
+    args = build_parser().parse_args(["profile", "--model", str(p), "--ep", "1", "2", "-o", str(tmp_path / "d.json"),
+                                      "--cpu"])
+    from aceso_megatron.cli.profile import num_procs
+
+    cmd = torchrun_command(args, num_procs(args))
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and cmd[cmd.index("--ep"):][:3] == ["--ep", "1", "2"]

@@ -282,13 +282,12 @@ CASES = [
       **{"s.json": {**TINY, "moe": {**MOE, "moe_imbalance_factor": 1.5}}}),
     C("spec-mla-missing-rank", SEARCH.replace("spec.json", "s.json"), "kv_lora_rank: field required",
       **{"s.json": {**TINY, "mla": {"qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16}}}),
-    C("search-moe-profile-unpriced", SEARCH.replace("spec.json", "s.json") + " --cost-model profile --db d.json",
-      "MoE (8 experts, top-2): the profile cost model does not price them; use --cost-model analytic",
-      **{"s.json": {**TINY, "moe": MOE}}),
+    C("search-moe-profile-dense-db", SEARCH.replace("spec.json", "s.json") + " --cost-model profile --db db.json",
+      "profiled for another model (moe None vs {'num_experts': 8", **{"s.json": {**TINY, "moe": MOE}}),
     C("search-mtp-profile-unpriced", SEARCH.replace("spec.json", "s.json") + " --cost-model profile --db d.json",
       "1 MTP layer(s): the profile cost model does not price them", **{"s.json": {**TINY, "mtp_num_layers": 1}}),
-    C("explain-moe-plan-profile-unpriced", "explain moe-plan.json --cost-model profile --db d.json",
-      "the profile cost model does not price them", **{"moe-plan.json": edit("plan.json", **{"model.moe": MOE})}),
+    C("explain-moe-plan-profile-dense-db", "explain moe-plan.json --cost-model profile --db db.json",
+      "profiled for another model (moe None vs", **{"moe-plan.json": edit("plan.json", **{"model.moe": MOE})}),
     C("import-hf-moe-bad-experts", "import-hf mx.json", "num_local_experts is \"8\"",
       **{"mx.json": {**LLAMA, "model_type": "mixtral", "num_local_experts": "8", "num_experts_per_tok": 2}}),
 
@@ -501,7 +500,7 @@ CASES = [
           ("tp-string", "units[0].tp: Input should be a valid integer", edit("db.json", **{"units.0.tp": "1"})),
           ("seq-float", "embedding[0].seq: Input should be a valid integer",
            edit("db.json", **{"embedding.0.seq": 64.5})),
-          ("kind", "units[0].kind: Input should be 'attention', 'cross_attention' or 'mlp'",
+          ("kind", "units[0].kind: Input should be 'attention', 'cross_attention', 'mlp' or 'moe'",
            edit("db.json", **{"units.0.kind": "ffn"})),
           ("act-negative", "units[0].act_bytes: every entry must be bytes",
            edit("db.json", **{"units.0.act_bytes.1": -5.0})),
@@ -731,6 +730,12 @@ CASES = [
     C("profile-node-rank", "profile --model spec.json -o db2.json --cpu --nnodes 1 --node-rank 2",
       "--node-rank (2) must be in [0, --nnodes (1))"),
     C("profile-model", "profile --model gpt-1.3B -o db2.json --cpu", "did you mean gpt-1.3b"),
+    C("profile-ep-dense", "profile --model spec.json --ep 2 -o db2.json --cpu", "--ep: the model tiny-gpt has no "
+      "experts; drop --ep"),
+    C("profile-ep-experts", "profile --model s.json --ep 3 -o db2.json --cpu", "--ep 3: must be a positive divisor "
+      "of num_experts (8)", **{"s.json": {**TINY, "moe": MOE, "add_bias_linear": False}}),
+    C("profile-moe-tp", "profile --model s.json --tp 2 --ep 2 -o db2.json --cpu", "--tp 2: an MoE model at tp > 1 "
+      "runs with sequence parallelism", **{"s.json": {**TINY, "moe": MOE, "add_bias_linear": False}}),
 
     # ----- aceso calibrate and --calibration (docs/calibrate.md; the log checks: test_calibrate.py) -----------
     C("calibrate-log-missing", "calibrate --run run.sh nope.log --cluster 1x8-h100 -o c.json",

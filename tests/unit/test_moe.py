@@ -115,7 +115,12 @@ def test_qwen3_sparse_step_follows_hf_rule():
 
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-v3", "kimi-k2"])
 def test_analytic_prices_moe_the_others_refuse(name):
+    """The profile kind prices MoE layers from a database's moe rows (tests/unit/test_profiledb_moe.py), not MLA
+    or MTP; aceso-compat none of them."""
     model, cluster, training = load_model(name), parse_cluster("1x8-h100"), TrainingSpec(global_batch_size=8)
     assert make_cost_model(model, cluster, training).kind == "analytic"
-    with pytest.raises(AcesoError, match="the profile cost model does not price them; use --cost-model analytic"):
+    said = "no profile database at x" if name == "mixtral-8x7b" else "the profile cost model does not price them"
+    with pytest.raises(AcesoError, match=said):
         make_cost_model(model, cluster, training, "profile", db="x")
+    with pytest.raises(AcesoError, match="the aceso-compat cost model does not price them"):
+        make_cost_model(model, cluster, training, "aceso-compat", db="x")
