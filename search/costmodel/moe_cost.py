@@ -136,10 +136,14 @@ def _dispatch(src, T: float, ep: int, etp: int, cfg) -> tuple[float, float]:
     return d, c
 
 
-def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, overlap: bool = False,
-             lp: bool = False):
-    """(UnitCost, act bytes (none, selective, full), params per rank, expert params per rank) of one moe unit."""
-    from .analytic import UnitCost
+def moe_parts(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, overlap: bool = False,
+              lp: bool = False) -> dict:
+    """The moe unit's time by stage, each a (forward, backward) ms pair of one micro-batch (``moe_unit`` sums
+    them; ``bench/moe_published.py --breakdown`` prints them): ``router`` (router GEMM, norm, bias-dropout-add,
+    score / top-k, permute / unpermute), ``experts`` (the grouped GEMMs and the activation), ``a2a`` (exposed
+    dispatch / combine), ``shared`` (the shared expert's compute), ``tp`` (its exposed TP collectives), ``fixed``
+    (``MOE_LAYER_MS``); with ``hidden`` = the all-to-all hidden behind compute and ``tpc`` the shared expert's
+    ``tpcomm`` result (None without one)."""
     m, dt, k = src.model, src.dt, src.kern
     e, h = m.moe, m.hidden_size
     if t > 1 and not sp:
@@ -150,7 +154,6 @@ def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, ov
     if E % ep:
         raise AcesoError(f"ep ({ep}) must divide num_experts ({E}); use an ep that divides it")
     f, fi = e.moe_ffn_hidden_size, imbalance(m)
-    up = 2 * f if m.activation == "swiglu" else f
     T = b * s / t
     n_local = E // ep
     m_e = tokens_per_expert(m, b, s, t, ep, etp) * fi
@@ -162,13 +165,12 @@ def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, ov
     if cfg.token_dispatcher == "allgather":
         perm += dt * T * etp * ep * h * (1 if cfg.permute_fusion else 2)     # the local mask reads all gathered
     act_b = (3 if m.activation == "swiglu" else 2) * dt * m_e * n_local * f / etp
-    router = k.gemm([(T, E, h)])
-    router_b = k.gemm([(T, E, h)], backward=True)
-    ex_f = _experts(src, m_e, n_local, etp, cfg.grouped_gemm, lp=lp)
-    ex_b = _experts(src, m_e, n_local, etp, cfg.grouped_gemm, backward=True, lp=lp)
-    act_f = k.memory(act_b)
-    other_f = router + k.memory(ew + score + perm, launches) + ex_f + act_f + MOE_LAYER_MS / 3
-    other_b = router_b + k.memory(1.5 * (ew + score + perm + act_b), launches + 1) + ex_b + 2 * MOE_LAYER_MS / 3
+    router_f = k.gemm([(T, E, h)]) + k.memory(ew + score + perm, launches)
+    router_b = k.gemm([(T, E, h)], backward=True) + k.memory(1.5 * (ew + score + perm), launches)
+    ex_f = _experts(src, m_e, n_local, etp, cfg.grouped_gemm, lp=lp) + k.memory(act_b)
+    ex_b = _experts(src, m_e, n_local, etp, cfg.grouped_gemm, backward=True, lp=lp) + k.memory(1.5 * act_b)
+    fixed = (MOE_LAYER_MS / 3, 2 * MOE_LAYER_MS / 3)
+    other_f, other_b = router_f + ex_f + fixed[0], router_b + ex_b + fixed[1]
     # the shared expert: a dense MLP half over the attention TP group
     sh_f = sh_b = 0.0
     tpc = None
@@ -191,14 +193,29 @@ def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, ov
         share = exposed / total if total > 0 else 0.0
         hid_f += (a2a_f - hid_f) * (1 - share)
         hid_b += (a2a_b - hid_b) * (1 - share)
-    exp_f, exp_b = a2a_f - hid_f, a2a_b - hid_b
+    tp_p = (tpc.fwd, tpc.bwd) if tpc else (0.0, 0.0)
+    return {"router": (router_f, router_b), "experts": (ex_f, ex_b), "a2a": (a2a_f - hid_f, a2a_b - hid_b),
+            "shared": (sh_f, sh_b), "tp": tp_p, "fixed": fixed, "hidden": (hid_f, hid_b), "tpc": tpc,
+            "act_f": k.memory(act_b)}
+
+
+TIME_PARTS = ("router", "experts", "a2a", "shared", "tp", "fixed")
+
+
+def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, overlap: bool = False,
+             lp: bool = False):
+    """(UnitCost, act bytes (none, selective, full), params per rank, expert params per rank) of one moe unit."""
+    from .analytic import UnitCost
+    parts = moe_parts(src, b, s, t, sp, ep, etp, cfg, overlap, lp)
+    fwd = sum(parts[n][0] for n in TIME_PARTS)
+    bwd = sum(parts[n][1] for n in TIME_PARTS)
+    (exp_f, exp_b), (hid_f, hid_b), tpc = parts["a2a"], parts["hidden"], parts["tpc"]
     tp_f, tp_b, tp_h, tp_hf = (tpc.fwd, tpc.bwd, tpc.hidden, tpc.hidden_fwd) if tpc else (0.0, 0.0, 0.0, 0.0)
-    fwd = other_f + sh_f + exp_f + tp_f
-    bwd = other_b + sh_b + exp_b + tp_b
-    cost = UnitCost(fwd, bwd, act_f, fwd, tp_f + tp_b, UNAVAILABLE_MS, tp_h, comm_fwd=(tp_f, tp_hf, 0.0, 0.0),
-                    ep_comm=exp_f + exp_b, ep_hidden=hid_f + hid_b, ep_fwd=(exp_f, hid_f))
+    cost = UnitCost(fwd, bwd, parts["act_f"], fwd, tp_f + tp_b, UNAVAILABLE_MS, tp_h,
+                    comm_fwd=(tp_f, tp_hf, 0.0, 0.0), ep_comm=exp_f + exp_b, ep_hidden=hid_f + hid_b,
+                    ep_fwd=(exp_f, hid_f))
     acts = moe_act_bytes(src, b, s, t, ep, etp, cfg, lp)
-    return cost, acts, *moe_params_per_rank(m, t, ep, etp)
+    return cost, acts, *moe_params_per_rank(src.model, t, ep, etp)
 
 
 def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg,
