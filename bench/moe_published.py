@@ -33,7 +33,9 @@ runs no FP8/FP4 recipe yet: ``search.preflight.RUNTIME_LOW_PRECISION``).
 Until the MoE cost model lands, ``make_cost_model`` refuses MoE models (``search.moe.refuse_unpriced``): those
 rows say so in the table. The search-time line: DeepSeek-V3 on 256 H100s (32x8-h100, global batch 4096, one worker,
 the default budget), target 60 s on one core. Run: ``python bench/moe_published.py`` (table and the time line;
-bench/results/moe_published.json); ``--no-search`` prices only; ``--budget-s`` caps each row's search.
+bench/results/moe_published.json); ``--no-search`` prices only; ``--budget-s`` caps each row's search;
+``--breakdown`` adds each priced row's iteration by stage; ``--fit`` refits the MoE time constants on the rows not kept
+out of the fit (``OUT_OF_FIT``: listed under the table with their errors and reasons).
 """
 
 from __future__ import annotations

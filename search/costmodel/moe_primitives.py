@@ -23,6 +23,9 @@ model (NVIDIA DU-09799-001 tile and wave quantization, roofline against HBM, ker
 of ``(tokens_per_expert, n, k)`` in one launch: a small per-expert batch wastes most of each 128-row output tile
 (``tile_util = m / 128`` for ``m < 128``) and, once its intensity ``2 m n k / (dt (m k + k n + m n))`` falls below
 peak / HBM bandwidth, is bound by reading every expert's weights from HBM. Efficiency = ``2 groups m n k / peak`` over that time.
+A quantized grouped GEMM (FP8 / MXFP8: TE's GroupedLinear quantizing each expert's operands) adds a fixed cost per
+output tile worth ``k0`` of its k loop, ``x (1 + k0 / k)`` with k each GEMM's own inner depth (the weight gradient's
+is the tokens per expert): ``moe_cost.GROUPED_K0_LP``, fitted (docs/costmodel.md "MoE calibration").
 """
 
 from __future__ import annotations
