@@ -60,7 +60,7 @@ from .memory import (MB, attention_act_bytes, embedding_params_per_rank, has_att
                      output_params_per_rank, tied_copy_params_per_rank, unit_params_per_rank)
 from ..moe_plan import MoEPlanSettings
 from .mla_mtp import mla_act_bytes, mla_attention, mla_params_per_rank, mtp_unit
-from .moe_cost import moe_unit
+from .moe_cost import host_bound_layers, moe_unit
 from .tpcomm import TPComm, tp_half
 from .types import N_RC, UNAVAILABLE_MS, RunSettings, UnitTable
 
@@ -413,6 +413,8 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
         rec[i] = (0.0, cost.rec_sel, cost.rec_full, cost.rec_drop)
         act[i] = np.asarray((*a, a[0])[:N_RC]) / MB      # an MLP has no attn_dropout: its none row
         peak[i] = np.maximum(act[i, 0] - act[i], 0.0) + transient   # (fused SwiGLU: selective = the unfused row)
+    if m.moe is not None:       # a host-bound MoE layer: max(device, host) (moe_cost.host_bound)
+        host_bound_layers(src, fwd, bwd, rec)
     boundary = np.full(n + 1, dt * s_dec * b * m.hidden_size / MB / r)   # SP: the sequence-sharded activation
     if m.is_t5:  # encoder boundaries carry the encoder activation; decoder ones also carry the encoder output
         boundary[:m.num_encoder_units + 1] = dt * s_enc * b * m.hidden_size / MB / r

@@ -32,10 +32,14 @@ dropped): the busiest EP rank's share over the even one, which the slowest rank 
                               ``moe_primitives.grouped_gemm_ms``; ``grouped_gemm`` off (``SequentialMLP``): one GEMM
                               per local expert, one after another. Under a low-precision recipe (``lp``: a
                               quantized layer) at the recipe's kernels plus the casts of their inputs, as the dense
-                              linears (``AnalyticSource._linears``): TE's GroupedLinear runs the recipe's GEMMs
-    fixed                     ``MOE_LAYER_MS`` per micro-batch (a third forward): the host / launch overhead of
-                              the layer's many small kernels and the dispatcher's device-to-host sync of the
-                              token counts; ONE constant fitted on the published MoE runs (docs/costmodel.md)
+                              linears (``AnalyticSource._linears``): TE's GroupedLinear runs the recipe's GEMMs,
+                              each of inner depth k at (1 + ``GROUPED_K0_LP`` / k) times the tile model (forward k,
+                              input gradient n, weight gradient the tokens per expert: ``grouped_gemm_bwd_ms``)
+    host                      ``host_bound_layers`` (on the unit table: it needs the layer's attention unit): the
+                              dispatcher of a dropless layer copies the token counts to the host and waits for
+                              them (megatron-core 0.16.1 ``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize``
+                              before the EP all-to-all; padded to capacity it does not), so the layer's forward
+                              is max(device, ``HOST_FWD_MS``); unsynchronised, max over forward + backward
     shared expert             ``SharedExpertMLP`` is a dense MLP over the attention TP group (``pg_collection.tp``):
                               all-gather of the SP input, fc1 (b s, up_s/t, h), act, fc2 (b s, h, f_s/t),
                               reduce-scatter, as ``tpcomm.tp_half``. ``shared_expert_overlap``: it runs on its own
@@ -56,15 +60,52 @@ from .. import precision as lowp
 from ..errors import AcesoError
 from ..moe_params import _norm, mlp_params, router_params, shared_expert_params
 from .memory import _has_hidden_dropout
-from .moe_primitives import dispatch_bytes, ep_all_to_all_ms, grouped_gemm_ms
+from .moe_primitives import dispatch_bytes, ep_all_to_all_ms, grouped_gemm_bwd_ms, grouped_gemm_ms
 from .types import UNAVAILABLE_MS
 
 PROBS = 4.0          # fp32 router probabilities (megatron-core keeps routing probs in fp32)
-# Fitted on the published Megatron-Bridge MoE rows (bench/moe_published.py; docs/costmodel.md "MoE calibration"):
-# the fixed time of one MoE layer per micro-batch (forward + backward) beyond the kernels priced above: the host
-# and launch overhead of its many small kernels and syncs (router, top-k, aux loss, sort, permute, the dispatcher's
-# token-count exchange and device-to-host sync of the split sizes). A third in the forward, two thirds backward.
-MOE_LAYER_MS = 5.0
+
+
+# Host time of one MoE transformer layer's forward (its attention and moe units) per micro-batch, ms: the CPU's
+# launch of the layer's kernels (router, top-k, aux loss, permute, dispatcher bookkeeping, TE modules), which the
+# device waits on when the dispatcher synchronises (``syncs``). The backward's is taken as hidden (a fitted backward
+# term comes out 0). Fitted on the consistent published MoE rows (``python bench/moe_published.py --fit``;
+# docs/costmodel.md "MoE calibration").
+HOST_FWD_MS = 4.75
+# Quantized (FP8 / MXFP8) grouped GEMMs: each GEMM of inner depth k costs the tile model's time x (1 + K0 / k),
+# a fixed per-tile cost worth K0 of its k loop (TE's GroupedLinear quantizes, scales and, for the weight
+# gradient, transposes each expert's operands on its own). Fitted with HOST_FWD_MS (the same rows); bf16 grouped
+# GEMMs take the tile model as it is (a fitted bf16 K0 gains < 0.3 points of MAE: not kept).
+GROUPED_K0_LP = 6500.0
+
+
+def syncs(model) -> bool:
+    """Whether the token dispatcher waits on the device in every forward: megatron-core 0.16.1's dispatchers copy the
+    token counts to the host (alltoall: ``_maybe_dtoh_and_synchronize`` before the EP all-to-all; allgather:
+    ``.cpu()`` of the local map; flex: the permuted-token count) unless the expert input is padded to capacity
+    (``moe_pad_expert_input_to_capacity``, taken as set with a capacity factor: every published token-drop run
+    sets both)."""
+    return model.moe.moe_expert_capacity_factor is None
+
+
+def host_bound(model, g_f: float, g_b: float) -> float:
+    """Extra forward ms of one MoE layer whose device time is ``g_f`` / ``g_b`` when its host time is longer.
+    Synchronised (``syncs``): the CPU waits for the device at every dispatch, so the layer's forward takes
+    max(device, host) by itself: ``max(0, HOST_FWD_MS - g_f)``. Not synchronised: the CPU runs ahead and only a
+    layer whose whole device time is shorter waits: ``max(0, HOST_FWD_MS - g_f - g_b)``."""
+    return max(0.0, HOST_FWD_MS - g_f - (0.0 if syncs(model) else g_b))
+
+
+def host_bound_layers(src, fwd, bwd, rec) -> None:
+    """``host_bound`` added to each moe unit of a unit table (in place; its full recompute re-runs the forward):
+    the layer's device time is its attention unit (the unit before) and the moe unit."""
+    units = src.model.units
+    for i, u in enumerate(units):
+        if u.kind != "moe" or i == 0 or units[i - 1].kind != "attention":
+            continue
+        add = host_bound(src.model, fwd[i - 1] + fwd[i], bwd[i - 1] + bwd[i])
+        fwd[i] += add
+        rec[i, 2] += add
 
 
 def imbalance(model) -> float:
@@ -96,11 +137,12 @@ def _experts(src, m_e: float, n_local: int, etp: int, grouped: bool, backward: b
     up = 2 * f if m.activation == "swiglu" else f
     h = m.hidden_size
     shapes = ((m_e, up / etp, h), (m_e, h, f / etp))
+    k0 = GROUPED_K0_LP if lp and k is not src.kern else 0.0
     if grouped:
         if not backward:
-            t = sum(grouped_gemm_ms(k, n_local, *sh) for sh in shapes)
+            t = sum(grouped_gemm_ms(k, n_local, *sh, k0) for sh in shapes)
         else:
-            t = sum(k.bmm(n_local, *sh, backward=True) for sh in shapes)
+            t = sum(grouped_gemm_bwd_ms(k, n_local, *sh, k0) for sh in shapes)
     else:
         t = n_local * k.gemm(list(shapes), backward=backward)
     if lp and k is not src.kern:
@@ -136,10 +178,14 @@ def _dispatch(src, T: float, ep: int, etp: int, cfg) -> tuple[float, float]:
     return d, c
 
 
-def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, overlap: bool = False,
-             lp: bool = False):
-    """(UnitCost, act bytes (none, selective, full), params per rank, expert params per rank) of one moe unit."""
-    from .analytic import UnitCost
+def moe_parts(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, overlap: bool = False,
+              lp: bool = False) -> dict:
+    """The moe unit's time by stage, each a (forward, backward) ms pair of one micro-batch (``moe_unit`` sums
+    them; ``bench/moe_published.py --breakdown`` prints them): ``router`` (router GEMM, norm, bias-dropout-add,
+    score / top-k, permute / unpermute), ``experts`` (the grouped GEMMs and the activation), ``a2a`` (exposed
+    dispatch / combine), ``shared`` (the shared expert's compute), ``tp`` (its exposed TP collectives); with
+    ``hidden`` = the all-to-all hidden behind compute and ``tpc`` the shared expert's ``tpcomm`` result (None
+    without one). The host-bound wait (``host_bound``) is added per layer to the unit table."""
     m, dt, k = src.model, src.dt, src.kern
     e, h = m.moe, m.hidden_size
     if t > 1 and not sp:
@@ -150,7 +196,6 @@ def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, ov
     if E % ep:
         raise AcesoError(f"ep ({ep}) must divide num_experts ({E}); use an ep that divides it")
     f, fi = e.moe_ffn_hidden_size, imbalance(m)
-    up = 2 * f if m.activation == "swiglu" else f
     T = b * s / t
     n_local = E // ep
     m_e = tokens_per_expert(m, b, s, t, ep, etp) * fi
@@ -162,13 +207,11 @@ def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, ov
     if cfg.token_dispatcher == "allgather":
         perm += dt * T * etp * ep * h * (1 if cfg.permute_fusion else 2)     # the local mask reads all gathered
     act_b = (3 if m.activation == "swiglu" else 2) * dt * m_e * n_local * f / etp
-    router = k.gemm([(T, E, h)])
-    router_b = k.gemm([(T, E, h)], backward=True)
-    ex_f = _experts(src, m_e, n_local, etp, cfg.grouped_gemm, lp=lp)
-    ex_b = _experts(src, m_e, n_local, etp, cfg.grouped_gemm, backward=True, lp=lp)
-    act_f = k.memory(act_b)
-    other_f = router + k.memory(ew + score + perm, launches) + ex_f + act_f + MOE_LAYER_MS / 3
-    other_b = router_b + k.memory(1.5 * (ew + score + perm + act_b), launches + 1) + ex_b + 2 * MOE_LAYER_MS / 3
+    router_f = k.gemm([(T, E, h)]) + k.memory(ew + score + perm, launches)
+    router_b = k.gemm([(T, E, h)], backward=True) + k.memory(1.5 * (ew + score + perm), launches)
+    ex_f = _experts(src, m_e, n_local, etp, cfg.grouped_gemm, lp=lp) + k.memory(act_b)
+    ex_b = _experts(src, m_e, n_local, etp, cfg.grouped_gemm, backward=True, lp=lp) + k.memory(1.5 * act_b)
+    other_f, other_b = router_f + ex_f, router_b + ex_b
     # the shared expert: a dense MLP half over the attention TP group
     sh_f = sh_b = 0.0
     tpc = None
@@ -191,14 +234,29 @@ def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, ov
         share = exposed / total if total > 0 else 0.0
         hid_f += (a2a_f - hid_f) * (1 - share)
         hid_b += (a2a_b - hid_b) * (1 - share)
-    exp_f, exp_b = a2a_f - hid_f, a2a_b - hid_b
+    tp_p = (tpc.fwd, tpc.bwd) if tpc else (0.0, 0.0)
+    return {"router": (router_f, router_b), "experts": (ex_f, ex_b), "a2a": (a2a_f - hid_f, a2a_b - hid_b),
+            "shared": (sh_f, sh_b), "tp": tp_p, "hidden": (hid_f, hid_b), "tpc": tpc,
+            "act_f": k.memory(act_b)}
+
+
+TIME_PARTS = ("router", "experts", "a2a", "shared", "tp")
+
+
+def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, overlap: bool = False,
+             lp: bool = False):
+    """(UnitCost, act bytes (none, selective, full), params per rank, expert params per rank) of one moe unit."""
+    from .analytic import UnitCost
+    parts = moe_parts(src, b, s, t, sp, ep, etp, cfg, overlap, lp)
+    fwd = sum(parts[n][0] for n in TIME_PARTS)
+    bwd = sum(parts[n][1] for n in TIME_PARTS)
+    (exp_f, exp_b), (hid_f, hid_b), tpc = parts["a2a"], parts["hidden"], parts["tpc"]
     tp_f, tp_b, tp_h, tp_hf = (tpc.fwd, tpc.bwd, tpc.hidden, tpc.hidden_fwd) if tpc else (0.0, 0.0, 0.0, 0.0)
-    fwd = other_f + sh_f + exp_f + tp_f
-    bwd = other_b + sh_b + exp_b + tp_b
-    cost = UnitCost(fwd, bwd, act_f, fwd, tp_f + tp_b, UNAVAILABLE_MS, tp_h, comm_fwd=(tp_f, tp_hf, 0.0, 0.0),
-                    ep_comm=exp_f + exp_b, ep_hidden=hid_f + hid_b, ep_fwd=(exp_f, hid_f))
+    cost = UnitCost(fwd, bwd, parts["act_f"], fwd, tp_f + tp_b, UNAVAILABLE_MS, tp_h,
+                    comm_fwd=(tp_f, tp_hf, 0.0, 0.0), ep_comm=exp_f + exp_b, ep_hidden=hid_f + hid_b,
+                    ep_fwd=(exp_f, hid_f))
     acts = moe_act_bytes(src, b, s, t, ep, etp, cfg, lp)
-    return cost, acts, *moe_params_per_rank(m, t, ep, etp)
+    return cost, acts, *moe_params_per_rank(src.model, t, ep, etp)
 
 
 def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg,

@@ -23,6 +23,9 @@ model (NVIDIA DU-09799-001 tile and wave quantization, roofline against HBM, ker
 of ``(tokens_per_expert, n, k)`` in one launch: a small per-expert batch wastes most of each 128-row output tile
 (``tile_util = m / 128`` for ``m < 128``) and, once its intensity ``2 m n k / (dt (m k + k n + m n))`` falls below
 peak / HBM bandwidth, is bound by reading every expert's weights from HBM. Efficiency = ``2 groups m n k / peak`` over that time.
+A quantized grouped GEMM (FP8 / MXFP8: TE's GroupedLinear quantizing each expert's operands) adds a fixed cost per
+output tile worth ``k0`` of its k loop, ``x (1 + k0 / k)`` with k each GEMM's own inner depth (the weight gradient's
+is the tokens per expert): ``moe_cost.GROUPED_K0_LP``, fitted (docs/costmodel.md "MoE calibration").
 """
 
 from __future__ import annotations
@@ -55,12 +58,22 @@ def ep_group_all_to_all_ms(comm: CommModel, nbytes: float, first_rank: int, stri
     return ep_all_to_all_ms(comm, nbytes, ep, members, imbalance)
 
 
-def grouped_gemm_ms(kernels, groups: int, tokens_per_expert: float, n: int, k: int) -> float:
+def grouped_gemm_ms(kernels, groups: int, tokens_per_expert: float, n: int, k: int, k0: float = 0.0) -> float:
     """Forward time of one grouped GEMM: ``groups`` experts, each ``(tokens_per_expert x k) @ (k x n)``
-    (``kernels``: a ``ShapeKernels``)."""
+    (``kernels``: a ``ShapeKernels``), each output tile's fixed cost worth ``k0`` of its k loop: ``bmm x (1 + k0 /
+    k)`` (``moe_cost.GROUPED_K0_LP`` for quantized experts, 0 in bf16)."""
     if groups <= 0 or tokens_per_expert <= 0:
         return 0.0
-    return kernels.bmm(groups, tokens_per_expert, n, k)
+    return kernels.bmm(groups, tokens_per_expert, n, k) * (1 + k0 / k)
+
+
+def grouped_gemm_bwd_ms(kernels, groups: int, tokens_per_expert: float, n: int, k: int, k0: float = 0.0) -> float:
+    """Backward of that grouped GEMM: the input gradient ``(m, k, n)`` (inner n) and the weight gradient
+    ``(k, n, m)`` (inner m = the tokens per expert), each with its own ``1 + k0 / inner``."""
+    if groups <= 0 or tokens_per_expert <= 0:
+        return 0.0
+    m = tokens_per_expert
+    return kernels.bmm(groups, m, k, n) * (1 + k0 / n) + kernels.bmm(groups, k, n, m) * (1 + k0 / m)
 
 
 def grouped_gemm_efficiency(kernels, groups: int, tokens_per_expert: float, n: int, k: int) -> float:

@@ -151,3 +151,28 @@ def test_over_memory_rows_print_their_memory_terms(mp, capsys):
     mp.print_memory([{**out, "fits": False}])
     text = capsys.readouterr().out
     assert row["id"] in text and "activations" in text and "mla_up_proj" in text
+def test_rows_kept_out_of_the_fit_are_what_their_reason_says(mp):
+    """The inconsistent pair: the same model, cluster and shape, one dropless (no capacity factor) and one padded
+    to capacity, the dropless one measured faster although it adds the dispatcher's host sync."""
+    rows = {r["id"]: r for r in mp.load_rows(BRIDGE)}
+    pair = [rows[i] for i in mp.OUT_OF_FIT]
+    assert len(pair) == 2
+    keys = ("model", "cluster", "tp", "pp", "cp", "ep", "vp", "mbs", "gbs", "seq", "precision")
+    assert all(pair[0][k] == pair[1][k] for k in keys)
+    dropless = [r for r in pair if "--moe-expert-capacity-factor" not in r["args"]]
+    padded = [r for r in pair if "--moe-pad-expert-input-to-capacity" in r["args"]]
+    assert len(dropless) == len(padded) == 1
+    assert dropless[0]["tokens_per_s_per_gpu"] > 1.3 * padded[0]["tokens_per_s_per_gpu"]
+    assert all(mp.fit_note(r) for r in pair)
+    assert mp.fit_note(rows["25.11/pretrain/gpt-oss-120b/h100x64/bf16/gbs512-mbs4-seq4096/tp1pp4cp1vp1ep8fsdp0"])
+    assert mp.fit_note(rows["25.09/pretrain/qwen3-30b-a3b-token_drop1/b200x8/fp8-cs/gbs512-mbs1-seq4096/"
+                            "tp1pp1cp1vp1ep8fsdp0"]) is None
+
+
+def test_breakdown_adds_up_to_the_iteration(mp):
+    """--breakdown's parts (busiest stage) sum to the priced iteration time."""
+    row = _row(mp, "25.09/pretrain/qwen3-30b-a3b-token_drop1/b200x8/fp8-cs")
+    bd = mp.breakdown(row)
+    assert bd is not None
+    assert sum(bd[n] for n in mp.BREAKDOWN) == pytest.approx(bd["iteration_ms"], rel=1e-6)
+    assert min(bd[n] for n in ("attention", "experts", "a2a", "router")) > 0
