@@ -52,7 +52,8 @@ CONTROLLED: dict[str, str] = {
     **{f: f"moe.{f}" for f in ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
                                "moe_layer_freq", "moe_router_score_function", "moe_router_num_groups",
                                "moe_router_group_topk", "moe_router_enable_expert_bias", "moe_aux_loss_coeff",
-                               "moe_expert_capacity_factor", "moe_router_force_load_balancing")},
+                               "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
+                               "moe_router_force_load_balancing")},
     "mtp_num_layers": "mtp_num_layers",
     **{f: f for f in ("window_size", "window_attn_skip_freq", "softmax_type", "glu_linear_offset",
                       "activation_func_clamp_value")},       # spec fields (search.layer_variants)

@@ -55,6 +55,9 @@ class MoESpec(BaseModel):
     moe_expert_capacity_factor: float | None = Field(
         None, gt=0, le=1024, description="Token dropping: each expert takes at most this factor times its even "
         "share of tokens; None = dropless (megatron-core's default).")
+    moe_pad_expert_input_to_capacity: bool = Field(
+        False, description="With a capacity factor: pad every expert's input to its capacity (Megatron-LM "
+        "--moe-pad-expert-input-to-capacity); the dispatcher then needs no device-to-host sync of token counts.")
     moe_router_force_load_balancing: bool = Field(
         True, description="Price as if tokens spread evenly over experts, as NVIDIA's published benchmarks run "
         "(Megatron-LM --moe-router-force-load-balancing).")
@@ -67,6 +70,9 @@ class MoESpec(BaseModel):
         if self.moe_router_topk > self.num_experts:
             raise ValueError(f"moe_router_topk ({self.moe_router_topk}) must be at most num_experts "
                              f"({self.num_experts})")
+        if self.moe_pad_expert_input_to_capacity and self.moe_expert_capacity_factor is None:
+            raise ValueError("moe_pad_expert_input_to_capacity needs moe_expert_capacity_factor (megatron-core pads "
+                             "to a capacity); set a capacity factor or turn padding off")
         if isinstance(self.moe_layer_freq, int) and self.moe_layer_freq < 1:
             raise ValueError(f"moe_layer_freq ({self.moe_layer_freq}) must be at least 1, or a 0/1 list per layer")
         if isinstance(self.moe_layer_freq, list) and self.first_k_dense_layers:

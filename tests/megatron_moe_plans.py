@@ -24,7 +24,8 @@ _TINY = dict(name="custom", family="llama", num_layers=4, hidden_size=256, num_a
              tied_embeddings=False, add_bias_linear=False, params_dtype="bf16")
 TINY_LIST = ModelSpec(**_TINY, moe={"num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 128,
                                     "moe_shared_expert_intermediate_size": 256, "moe_layer_freq": [1, 0, 1, 1],
-                                    "moe_expert_capacity_factor": 1.5, "moe_router_force_load_balancing": False,
+                                    "moe_expert_capacity_factor": 1.5, "moe_pad_expert_input_to_capacity": True,
+                                    "moe_router_force_load_balancing": False,
                                     "moe_aux_loss_coeff": 0.01})
 TINY_MLA = ModelSpec(**{**_TINY, "kv_channels": 32}, megatron={"qk_layernorm": True}, mtp_num_layers=2,
                      mla={"kv_lora_rank": 64, "qk_head_dim": 32, "qk_pos_emb_head_dim": 16, "v_head_dim": 32},

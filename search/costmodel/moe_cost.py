@@ -83,9 +83,8 @@ def syncs(model) -> bool:
     """Whether the token dispatcher waits on the device in every forward: megatron-core 0.16.1's dispatchers copy the
     token counts to the host (alltoall: ``_maybe_dtoh_and_synchronize`` before the EP all-to-all; allgather:
     ``.cpu()`` of the local map; flex: the permuted-token count) unless the expert input is padded to capacity
-    (``moe_pad_expert_input_to_capacity``, taken as set with a capacity factor: every published token-drop run
-    sets both)."""
-    return model.moe.moe_expert_capacity_factor is None
+    (``MoESpec.moe_pad_expert_input_to_capacity``, Megatron-LM ``--moe-pad-expert-input-to-capacity``)."""
+    return not model.moe.moe_pad_expert_input_to_capacity
 
 
 def host_bound(model, g_f: float, g_b: float) -> float:

@@ -70,7 +70,8 @@ FLAGS: dict[str, str] = {
                          "--no-position-embedding", "--fp8-param-gather", "--fp4-param-gather",
                          "--first-last-layers-bf16", "--use-megatron-fsdp",
                          "--moe-router-enable-expert-bias", "--moe-router-force-load-balancing",
-                         "--multi-latent-attention", "--qk-layernorm", "--moe-grouped-gemm", "--moe-permute-fusion",
+                         "--moe-pad-expert-input-to-capacity", "--multi-latent-attention", "--qk-layernorm",
+                         "--moe-grouped-gemm", "--moe-permute-fusion",
                          "--moe-shared-expert-overlap", "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep",
                          "--moe-router-pre-softmax")},    # MoE ones read by moe_flags.py
     **{f: LIST for f in ("--recompute-modules", "--moe-aux-loss-coeff", "--moe-router-load-balancing-type")},

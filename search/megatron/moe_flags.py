@@ -35,6 +35,7 @@ MOE_FLAGS = (("num_experts", "--num-experts"), ("moe_router_topk", "--moe-router
              ("moe_router_num_groups", "--moe-router-num-groups"), ("moe_router_group_topk", "--moe-router-group-topk"),
              ("moe_expert_capacity_factor", "--moe-expert-capacity-factor"))
 MOE_BOOLS = (("moe_router_enable_expert_bias", "--moe-router-enable-expert-bias"),
+             ("moe_pad_expert_input_to_capacity", "--moe-pad-expert-input-to-capacity"),
              ("moe_router_force_load_balancing", "--moe-router-force-load-balancing"))
 MLA_FLAGS = (("q_lora_rank", "--q-lora-rank", None), ("kv_lora_rank", "--kv-lora-rank", 32),
              ("qk_head_dim", "--qk-head-dim", 128), ("qk_pos_emb_head_dim", "--qk-pos-emb-head-dim", 64),
@@ -47,7 +48,8 @@ SETTING_FLAGS = (("grouped_gemm", "--moe-grouped-gemm", "moe_grouped_gemm"),
 MODEL_ONLY = ("--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
               "--moe-layer-freq", "--moe-router-score-function", "--moe-router-num-groups", "--moe-router-group-topk",
               "--moe-router-enable-expert-bias", "--moe-aux-loss-coeff", "--moe-expert-capacity-factor",
-              "--moe-router-force-load-balancing", "--moe-router-load-balancing-type")
+              "--moe-pad-expert-input-to-capacity", "--moe-router-force-load-balancing",
+              "--moe-router-load-balancing-type")
 
 
 # ----- import -------------------------------------------------------------------------------------------------

@@ -51,11 +51,12 @@ def test_grouped_gemm_backward_takes_each_gemms_own_inner_depth():
 def test_dropless_dispatch_synchronises_padded_does_not():
     # megatron-core 0.16.1 MoEAlltoAllTokenDispatcher: the D2H copy and sync run only `if not self.drop_and_pad`
     assert syncs(tiny_moe())
-    assert not syncs(tiny_moe(moe_expert_capacity_factor=1.0))
+    assert syncs(tiny_moe(moe_expert_capacity_factor=1.0))      # dropping without padding still syncs
+    assert not syncs(tiny_moe(moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True))
 
 
 def test_host_bound_by_hand():
-    dropless, padded = tiny_moe(), tiny_moe(moe_expert_capacity_factor=1.0)
+    dropless, padded = tiny_moe(), tiny_moe(moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True)
     # synchronised: the forward alone against the host time
     assert host_bound(dropless, 1.0, 10.0) == pytest.approx(HOST_FWD_MS - 1.0)
     assert host_bound(dropless, HOST_FWD_MS + 1, 0.0) == 0.0
@@ -68,7 +69,7 @@ def test_unit_table_adds_the_host_wait_to_each_moe_layer():
     """A tiny dropless layer on an H100 is host-bound: its moe unit's forward in the table is the kernels' time
     plus HOST_FWD_MS - (attention + moe forward); padded, the wait is against the whole layer's fwd + bwd."""
     cl = parse_cluster("1x8-h100")
-    for m in (tiny_moe(), tiny_moe(moe_expert_capacity_factor=1.0)):
+    for m in (tiny_moe(), tiny_moe(moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True)):
         src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8), CommModel(cl), kernels="flat")
         table = src.unit_table(1.0, 1, ep=4, etp=1, moe=MoEPlanSettings())
         att = src.attention(1.0, 1024, 1)
