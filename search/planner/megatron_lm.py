@@ -64,11 +64,32 @@ def codes(setting: Recompute, model, spans) -> np.ndarray:
 
 
 def _chunk_codes(setting: Recompute, model, a: int, b: int) -> np.ndarray:
+    """One chunk's codes, sliced from ``unit_choices`` of a longer chunk (each call is linear in the model's units,
+    so a 1024-layer model's search spent half its time there): a chunk's choices are a prefix of those of the
+    chunk from the same start to the model's end (block N marks the first N layers of each block from the chunk's
+    start; the MTP units come last), and without block recompute they do not depend on the chunk's start at all
+    (one choice per unit kind), so they are a slice of the whole model's. Chunks not on layer cuts: directly."""
+    if a not in _cuts(model) or b not in _cuts(model):
+        return _direct(setting, model, a, b)
+    start = a if setting.granularity == "full" and setting.method == "block" else 0
+    return _direct(setting, model, start, model.num_units)[a - start:b - start]
+
+
+def _direct(setting: Recompute, model, a: int, b: int) -> np.ndarray:
     key = (setting, a, b, id(model), "chunk")
     hit = _CODES.get(key)
     if hit is None or hit[0] is not model:
         rc = np.array([RC_CODE[c] for c in unit_choices(setting, model, a, b)], np.int8)
         hit = _CODES[key] = (model, rc)
+    return hit[1]
+
+
+def _cuts(model) -> frozenset[int]:
+    """The layer cuts a Megatron-LM chunk starts and ends on (``space.cut_points``), cached per model."""
+    hit = _CODES.get(("cuts", id(model)))
+    if hit is None or hit[0] is not model:
+        from .space import cut_points
+        hit = _CODES[("cuts", id(model))] = (model, frozenset(cut_points(model)))
     return hit[1]
 
 
