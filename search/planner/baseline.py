@@ -218,18 +218,19 @@ def best_uniform(cm, gbs: int, space: Space, model) -> BaselineResult | None:
         st, layers = (least[1], least[2]) if least is not None else (cands[0][1], cands[0][2])
         return BaselineResult(ev.evaluate(st, charge=False, exact=True), layers, n)
     done.sort(key=lambda x: (x[0].score, x[0].state))
-    refined = []
+    disp = Dispatchers(cm, gbs, "megatron-lm", mspace.moe, expressible)
+    refined = []        # MoE: the refined configurations, for the dispatcher choice below
     for e, layers in done[:REFINE_TOP]:    # every combination of the plan-level switches on the best few
         for st in _variants(mspace, e.state):
             c = ev.evaluate(st, charge=False)
             n += 1
-            if c.fits and c.exact and expressible(ev, c):
-                refined.append((c, layers))
+            if c.fits and c.exact and (disp.active or c.score < best.score) and expressible(ev, c):
+                if disp.active:
+                    refined.append((c, layers))
                 if c.score < best.score:
                     best, best_layers = c, layers
                     ev.cutoff = c.iteration_ms
     best = ev.evaluate(best.state, charge=False, exact=True)
-    disp = Dispatchers(cm, gbs, "megatron-lm", mspace.moe, expressible)
     if disp.active:     # MoE: the best few of all that, under every other token dispatcher
         refined.sort(key=lambda x: (x[0].score, x[0].state))
         for e, layers in [(best, best_layers)] + refined[:REFINE_TOP]:
