@@ -19,13 +19,15 @@ search time; optimality; determinism.
 3. analytic: GPT-1.3B/6.7B/13B/175B and Llama-3-70B on 8 to 1024 H100s, T5-11B on 32: the three report lines
    and the search time of the whole ``aceso search`` (baseline + both searches; target <= 20 s up to 64 GPUs,
    <= 60 s at 1024, one core).
+3b. moe_time: DeepSeek-V3 on 32x8-h100 (GBS 4096, --target megatron-lm: MLA is not in the runtime yet), the whole
+   search with the dispatcher choice; target <= 60 s on one core.
 4. scale: gpt-scale-layer with 1024 layers on 8 GPUs (target <= 30 s; the reference needs ~250 s): analytic on
    H100s, and with ``--full-db DIR`` (the artifact's full V100 database, ``profiler/profiled-time-eurosys`` of
    microsoft/SuperScaler branch Aceso; only its miniset is in ../shared) also aceso-compat on V100s.
 5. optimality: random tiny problems (<= 4 GPUs, <= 4 layers, 2 micro-batch sizes): search = exhaustive optimum.
 6. determinism: the same search with 1 and 2 workers writes byte-identical plans.
 
-Run: ``python bench/search_bench.py [--only published,compat,analytic,scale,optimality,determinism] [--quick]
+Run: ``python bench/search_bench.py [--only published,compat,analytic,moe_time,scale,optimality,determinism] [--quick]
 [--full-db DIR]``; prints a table per section and writes bench/results/search_bench.json. Times are process CPU
 seconds (what matters on a loaded machine) and wall-clock; the search itself is deterministic (budget in plan
 evaluations).
@@ -354,6 +356,29 @@ def section_analytic(args):
     return rows
 
 
+# MoE search time (issue 22): DeepSeek-V3 (MLA, MTP, 256 experts) on 256 H100s, the whole ``aceso search --target
+# megatron-lm`` (baseline + both searches + the dispatcher choice), one worker; target <= 60 s on one core.
+MOE_TIME = [("deepseek-v3", "32x8-h100", 4096, "megatron-lm")]
+
+
+def section_moe_time(args):
+    from search.plan_settings import plan_settings
+    rows = []
+    for name, cluster, gbs, target in MOE_TIME:
+        model, cl = load_model(name), parse_cluster(cluster)
+        tr = TrainingSpec(global_batch_size=gbs, precision=model.params_dtype, virtual_stages=VIRTUAL)
+        cm = build_cost_model(model, cl, tr, settings=plan_settings(target, tr.dtype))
+        plans, wall, cpu = timed(lambda: plan_all(cm, tr, SearchOptions(budget_evals=BUDGET, workers=1),
+                                                  target=target))
+        out = {"model": name, "cluster": cluster, "gbs": gbs, "target": target, **lines(plans),
+               "evals": plans.aceso.evals + plans.megatron.evals, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2),
+               "target_s": 60.0}
+        out["megatron_lm_speedup"] = ratio(out["uniform_ms"], out["megatron_lm_ms"])
+        out["target_met"] = out["cpu_s"] <= out["target_s"]
+        rows.append(out)
+    return rows
+
+
 def section_scale(args):
     cases = [("1x8-h100", "analytic", None)]
     if args.full_db:
@@ -405,11 +430,13 @@ COLUMNS = {
                "ref_uniform_ms", "stages", "shapes", "evals", "cpu_s", "target_met"],
     "analytic": ["model", "cluster", "uniform_ms", "megatron_lm_ms", "aceso_ms", "megatron_lm_speedup", "speedup",
                  "stages", "evals", "cpu_s", "wall_s", "target_s", "target_met"],
+    "moe_time": ["model", "cluster", "target", "uniform_ms", "megatron_lm_ms", "aceso_ms", "megatron_lm_speedup",
+                 "evals", "cpu_s", "wall_s", "target_s", "target_met"],
     "scale": ["model", "cluster", "cost_model", "uniform_ms", "aceso_ms", "speedup", "stages", "evals", "cpu_s",
               "target_s", "target_met"],
 }
 SECTIONS = {"published": section_published, "published_plans": section_published_plans, "compat": section_compat, "compat_full": section_compat_full, "analytic": section_analytic,
-            "scale": section_scale, "optimality": section_optimality, "determinism": section_determinism}
+            "scale": section_scale, "moe_time": section_moe_time, "optimality": section_optimality, "determinism": section_determinism}
 
 
 def main(argv=None) -> int:

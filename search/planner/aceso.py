@@ -15,7 +15,8 @@ fixed evaluation budget, merged in S order so the result never depends on the wo
    ``continue_when_fail``), until none is left or the budget is spent.
 
 Then the best plans are polished exactly (``polish``): optimal contiguous cuts for their shapes, chunk-boundary
-hill climbing for interleaved plans, every combination of the plan-level switches. Budget: plan evaluations
+hill climbing for interleaved plans, every combination of the plan-level switches, and (MoE) every token
+dispatcher (``dispatchers``: the plan-wide setting, priced on the polished plans). Budget: plan evaluations
 (``Budget``); Ctrl-C returns the best plan so far.
 """
 
@@ -28,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 from .bottleneck import EXPERT_PRIMITIVES, classify, find_bottleneck, order_primitives
+from .dispatchers import Dispatchers
 from .megatron_lm import expressible
 from .polish import polish, polish_chunks, polish_features, refine_recompute
 from .primitives import APPLY, Ctx, balanced_bounds
@@ -407,6 +409,7 @@ def _finish(cm, gbs, space, opts, results, top_k, t0, interrupted) -> SearchResu
     n = max(opts.polish_top, top_k)
     if not interrupted:
         ctx = Ctx(space, ev)
+        disp = Dispatchers(cm, gbs, space.target, space.moe, expressible if space.target == "megatron-lm" else None)
         out = []
         op_level = not has_unit_tables(cm) and space.target != "megatron-lm"   # one setting per plan there
         for e in cands[:n]:
@@ -417,7 +420,7 @@ def _finish(cm, gbs, space, opts, results, top_k, t0, interrupted) -> SearchResu
                 if op_level:
                     p = refine_recompute(ev, p)
             polished += p is not fresh
-            out.append(p)
+            out.append(disp.best(p))
         cands = out + cands[n:]
         cands.sort(key=lambda e: e.rank)
     seen, plans = set(), []

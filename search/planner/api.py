@@ -129,6 +129,16 @@ def runs_elsewhere(state, model=None) -> bool:
                                                  and f.distributed_optimizer))
 
 
+def runtime_state(state, model=None):
+    """``state`` with the switches the aceso runtime runs (``runs_elsewhere``): Megatron FSDP and activation
+    offload off (the parameter gather with them, which needs the distributed optimizer), and with an MoE ``model``
+    the distributed optimizer off too."""
+    f = state.features
+    dist = f.distributed_optimizer and not (model is not None and model.moe is not None)
+    return state._replace(features=f._replace(fsdp="", offload_layers=0, distributed_optimizer=dist,
+                                              overlap_param_gather=f.overlap_param_gather and dist))
+
+
 def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "aceso") -> Plans:
     """Uniform baseline, then the Megatron-LM search, then the heterogeneous search (see the module docstring)."""
     if target != "megatron-lm":
@@ -150,11 +160,15 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
     if opts.callback is not None:   # one progress count over both searches
         o2.callback = lambda n, done=mlm.evals: opts.callback(done + n)
     runs = [e for e in mlm.plans[:1] if e.fits and not runs_elsewhere(e.state, cm.model)]
+    # MoE: the lines above as the runtime runs them (its switches) are seeds too: a plan the runtime does not run
+    # as it is (dist-opt, FSDP, offload) still gives the heterogeneous search its shapes and cuts to start from
+    moved = [runtime_state(e.state, cm.model) for e in [fitting] + mlm.plans[:1]
+             if cm.model.moe is not None and e is not None and e.fits and runs_elsewhere(e.state, cm.model)]
     het, aspace = plan_search(cm, runtime_training(training, strict=False, model=cm.model), o2,
                               top_k if target == "aceso" else 1,
                               fitting if fitting is not None and not runs_elsewhere(fitting.state, cm.model) else None,
                               "aceso",
-                              [e.state for e in runs])
+                              [e.state for e in runs] + moved)
     if runs:
         _never_worse(het, runs[0])
     return Plans(target, base, mlm, het, aspace if target == "aceso" else space)

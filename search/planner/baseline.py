@@ -13,7 +13,8 @@ MoE models: the grid runs at each shape's default expert folding (``Space.expert
 the stage's GPUs, the least expert memory; SP on at tp > 1), and the best few configurations are then priced at
 every other ``ep`` / ``etp`` (1 or tp) of their shape (``experts.ExpertSpace.options``) -- what an MoE user tunes
 once the attention layout is chosen -- so the grid stays seconds; the recompute settings add selective
-``core_attn moe_act`` (``megatron_lm.selective_settings``).
+``core_attn moe_act`` (``megatron_lm.selective_settings``); the best few of those are priced under every token
+dispatcher (``dispatchers``: alltoall, allgather, flex on CUDA; one per plan, as ``--moe-token-dispatcher-type``).
 
 Branch and bound: every configuration gets a lower bound from its first and last stages without recompute
 (no schedule beats a stage's own work, ``M (F + B) + sync``); they are evaluated in bound order until the bound
@@ -28,6 +29,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..costmodel.types import Shape
+from .dispatchers import Dispatchers
 from .megatron_lm import FULL_SETTING, NONE_SETTING, codes, expressible
 from .space import Space, cut_points
 from .state import INF, Evaluation, Evaluator, State, to_plan
@@ -216,14 +218,27 @@ def best_uniform(cm, gbs: int, space: Space, model) -> BaselineResult | None:
         st, layers = (least[1], least[2]) if least is not None else (cands[0][1], cands[0][2])
         return BaselineResult(ev.evaluate(st, charge=False, exact=True), layers, n)
     done.sort(key=lambda x: (x[0].score, x[0].state))
+    disp = Dispatchers(cm, gbs, "megatron-lm", mspace.moe, expressible)
+    refined = []        # MoE: the refined configurations, for the dispatcher choice below
     for e, layers in done[:REFINE_TOP]:    # every combination of the plan-level switches on the best few
         for st in _variants(mspace, e.state):
             c = ev.evaluate(st, charge=False)
             n += 1
-            if c.fits and c.exact and c.score < best.score and expressible(ev, c):
+            if c.fits and c.exact and (disp.active or c.score < best.score) and expressible(ev, c):
+                if disp.active:
+                    refined.append((c, layers))
+                if c.score < best.score:
+                    best, best_layers = c, layers
+                    ev.cutoff = c.iteration_ms
+    best = ev.evaluate(best.state, charge=False, exact=True)
+    if disp.active:     # MoE: the best few of all that, under every other token dispatcher
+        refined.sort(key=lambda x: (x[0].score, x[0].state))
+        for e, layers in [(best, best_layers)] + refined[:REFINE_TOP]:
+            c = disp.best(e)
+            n += len(disp.evaluators)
+            if c.score < best.score:
                 best, best_layers = c, layers
-                ev.cutoff = c.iteration_ms
-    return BaselineResult(ev.evaluate(best.state, charge=False, exact=True), best_layers, n)
+    return BaselineResult(best, best_layers, n)
 
 
 def _variants(space: Space, st: State):

@@ -51,21 +51,60 @@ def selective_settings(model) -> tuple[Recompute, ...]:
 
 
 def codes(setting: Recompute, model, spans) -> np.ndarray:
-    """Per unit of the chunks ``spans`` (chunk after chunk): the recompute codes of a setting (cached)."""
+    """Per unit of the chunks ``spans`` (chunk after chunk): the recompute codes of a setting (cached, whole and
+    per chunk: a chunk's codes depend on its own bounds only, and the same chunks recur in many states)."""
     key = (setting, spans, id(model))
     hit = _CODES.get(key)
     if hit is None or hit[0] is not model:
         if len(_CODES) > 100_000:
             _CODES.clear()
-        rc = np.array([RC_CODE[c] for a, b in spans for c in unit_choices(setting, model, a, b)], np.int8)
+        parts = [_chunk_codes(setting, model, a, b) for a, b in spans]
+        hit = _CODES[key] = (model, parts[0] if len(parts) == 1 else np.concatenate(parts))
+    return hit[1]
+
+
+def _chunk_codes(setting: Recompute, model, a: int, b: int) -> np.ndarray:
+    """One chunk's codes, sliced from ``unit_choices`` of a longer chunk (each call is linear in the model's units,
+    so a 1024-layer model's search spent half its time there): a chunk's choices are a prefix of those of the
+    chunk from the same start to the model's end (block N marks the first N layers of each block from the chunk's
+    start; the MTP units come last), and without block recompute they do not depend on the chunk's start at all
+    (one choice per unit kind), so they are a slice of the whole model's. Chunks not on layer cuts: directly."""
+    if a not in _cuts(model) or b not in _cuts(model):
+        return _direct(setting, model, a, b)
+    start = a if setting.granularity == "full" and setting.method == "block" else 0
+    return _direct(setting, model, start, model.num_units)[a - start:b - start]
+
+
+def _direct(setting: Recompute, model, a: int, b: int) -> np.ndarray:
+    key = (setting, a, b, id(model), "chunk")
+    hit = _CODES.get(key)
+    if hit is None or hit[0] is not model:
+        rc = np.array([RC_CODE[c] for c in unit_choices(setting, model, a, b)], np.int8)
         hit = _CODES[key] = (model, rc)
     return hit[1]
 
 
+def _cuts(model) -> frozenset[int]:
+    """The layer cuts a Megatron-LM chunk starts and ends on (``space.cut_points``), cached per model."""
+    hit = _CODES.get(("cuts", id(model)))
+    if hit is None or hit[0] is not model:
+        from .space import cut_points
+        hit = _CODES[("cuts", id(model))] = (model, frozenset(cut_points(model)))
+    return hit[1]
+
+
+def _layer_starts(model) -> np.ndarray:
+    """``model.layer_starts`` without the end, as an array (cached per model: the property rebuilds the list)."""
+    hit = _CODES.get(("starts", id(model)))
+    if hit is None or hit[0] is not model:
+        hit = _CODES[("starts", id(model))] = (model, np.asarray(model.layer_starts[:-1]))
+    return hit[1]
+
+
 def chunk_layers(model, spans) -> list[int]:
-    """Whole layers in each chunk."""
-    starts = model.layer_starts
-    return [sum(1 for x in starts[:-1] if a <= x < b) for a, b in spans]
+    """Whole layers in each chunk (layer starts in ``[a, b)``)."""
+    starts = _layer_starts(model)
+    return [int(np.searchsorted(starts, b, "left") - np.searchsorted(starts, a, "left")) for a, b in spans]
 
 
 def best_setting(ev, state, exact: bool = False):

@@ -68,6 +68,22 @@ def _experts(s) -> str:
     return f" ep{s.ep} etp{s.expert_tp}" if s.ep > 1 or s.etp else ""
 
 
+def units_text(model) -> str:
+    """What a unit of ``model`` is, for report footers: ``half layers`` for a dense GPT (attention / MLP halves),
+    else the unit kinds it has (``ModelSpec.units``): an MoE layer's halves are attention and moe, each MTP layer
+    one mtp unit, a T5 decoder layer three."""
+    kinds = list(dict.fromkeys(u.kind for u in model.units))
+    if set(kinds) <= {"attention", "mlp"}:
+        return "half layers"
+    return "layer parts: " + " / ".join(kinds)
+
+
+def _dispatcher(ev: Evaluation) -> list[str]:
+    """``dispatcher allgather`` when an MoE plan runs another token dispatcher than the default alltoall."""
+    d = getattr(ev.moe, "token_dispatcher", "alltoall")
+    return [] if d == "alltoall" else [f"dispatcher {d}"]
+
+
 def describe(ev: Evaluation) -> str:
     """One line for a plan: shapes (compressed when repeated), micro-batch, chunks, switches, recompute setting."""
     st = ev.state
@@ -88,6 +104,7 @@ def describe(ev: Evaluation) -> str:
     parts += ["tp-comm-overlap"] if f.tp_comm_overlap else []
     parts += [f"fsdp {f.fsdp}"] if f.fsdp else []
     parts += [f"offload {f.offload_layers} layers"] if f.offload_layers else []
+    parts += _dispatcher(ev)
     if ev.setting is not None:
         parts.append(f"recompute {ev.setting.label}")
     return ", ".join(parts)
@@ -181,8 +198,8 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None, wall_s: floa
         sp = f"{x['speedup']:.3f}x" if "speedup" in x else "-"
         con.print(f"{label:<21} {x['iteration_ms']:>12.2f} ms  {sp:>7}   {x['plan']}")
     wall = f" ({wall_s:.1f} s wall in all, with the uniform and Megatron-LM lines)" if wall_s is not None else ""
-    con.print(f"search {result.seconds:.2f} s{wall}, {result.evals} plans evaluated (units: half layers; mbs/rank: "
-              "Megatron's --micro-batch-size)")
+    con.print(f"search {result.seconds:.2f} s{wall}, {result.evals} plans evaluated (units: "
+              f"{units_text(plan.model)}; mbs/rank: Megatron's --micro-batch-size)")
 
 
 def infeasible_hint(best: Evaluation | None, cm, cluster, training, space) -> str:

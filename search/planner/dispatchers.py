@@ -1,0 +1,69 @@
+"""The token dispatcher, searched (MoE models): alltoall, allgather and, on CUDA clusters, flex.
+
+megatron-core 0.16.1 has one ``moe_token_dispatcher_type`` per model (``TransformerConfig``; Megatron-LM's
+``--moe-token-dispatcher-type``), so the dispatcher is a plan-wide setting (``MoEPlanSettings.token_dispatcher``),
+not a per-stage one. The search runs under the plan's settings (``Space.moe``; None: the defaults, alltoall) and
+this module prices its final plans, and the uniform baseline's best few configurations, under every other
+dispatcher on the same state (shapes, cuts, micro-batch, switches; recompute re-chosen by the evaluator): the
+dispatcher changes the MoE units' dispatch / combine time and buffers, not which states are legal, so pricing the
+finalists under each is what choosing it costs (a few evaluations, not a search per dispatcher). The fastest
+fitting one is kept; ties keep the earlier candidate (the plan's own settings first, then alltoall, allgather,
+flex), so a dispatcher priced the same as alltoall (flex: the same bytes) is never chosen over it.
+
+Candidates (``candidates``): flex (DeepEP / HybridEP) needs CUDA, so not on a ``cpu`` cluster; the overlaps of the
+base settings rule out what megatron-core refuses with them (``moe_plan.check_moe_settings``):
+``shared_expert_overlap`` keeps alltoall, ``overlap_ep_comm`` excludes allgather.
+"""
+
+from __future__ import annotations
+
+from ..moe_plan import MoEPlanSettings
+from .state import Evaluation, Evaluator
+
+DISPATCHERS = ("alltoall", "allgather", "flex")
+
+
+def candidates(model, cluster, base: MoEPlanSettings | None = None) -> list[MoEPlanSettings]:
+    """The MoE settings to price a plan of ``model`` on ``cluster`` under: ``base`` (None: the defaults) first,
+    then ``base`` with each other dispatcher megatron-core runs there; empty for a dense model."""
+    if model.moe is None:
+        return []
+    base = base or MoEPlanSettings()
+    out = [base]
+    for d in DISPATCHERS:
+        if d == base.token_dispatcher or (d == "flex" and cluster.gpu.name == "cpu"):
+            continue
+        if (base.shared_expert_overlap and d != "alltoall") or (base.overlap_ep_comm and d == "allgather"):
+            continue
+        out.append(base.model_copy(update={"token_dispatcher": d}))
+    return out
+
+
+class Dispatchers:
+    """Prices states under each candidate dispatcher (one ``Evaluator`` each, so their stage caches are kept)."""
+
+    def __init__(self, cm, gbs: int, target: str, base: MoEPlanSettings | None = None, accept=None):
+        """``accept(evaluator, evaluation)``: an extra check a variant must pass (the megatron-lm target: the
+        export's ``expressible``); None: any fitting variant."""
+        self.base = base
+        self.accept = accept
+        cands = candidates(cm.model, cm.cluster, base)
+        self.evaluators = [Evaluator(cm, gbs, None, target, s) for s in cands[1:]]
+
+    def best(self, e: Evaluation) -> Evaluation:
+        """``e`` or its state under another dispatcher when that is faster and fits (exact evaluations)."""
+        if not e.fits:
+            return e
+        best = e
+        for ev in self.evaluators:
+            if ev.moe == (e.moe or self.base or MoEPlanSettings()):
+                continue
+            c = ev.evaluate(e.state, charge=False, exact=True)
+            if c.fits and c.score < best.score and (self.accept is None or self.accept(ev, c)):
+                best = c
+        return best
+
+    @property
+    def active(self) -> bool:
+        """Whether there is another dispatcher to try (an MoE model)."""
+        return bool(self.evaluators)
