@@ -9,7 +9,8 @@ fall inside a unit). The model, cluster and global batch size come from
 the plan unless given. --cost-model analytic (default, no measurements needed), profile (--db FILE|DIR, see
 docs/profile-db.md) or aceso-compat (--db DIR of an Aceso database).
 
-The table's units are half layers (attention or MLP; T5 decoder layers have three); mbs/rank is the samples per
+The table's units are half layers (attention or MLP; T5 decoder layers have three; an MoE layer's are attention and
+moe, each MTP layer one mtp unit); mbs/rank is the samples per
 rank and micro-batch, Megatron-LM's --micro-batch-size (the pipeline micro-batch / the stage's dp).
 A plan is priced under the settings it carries (``settings``: the framework and gradient-reduction dtype it was
 searched for; none: our runtime), a Megatron-LM command line under its own flags (``--grad-reduce-in-bf16``);
@@ -281,7 +282,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(out)
     else:
-        _print_table(out)
+        from ..planner.report import units_text
+        _print_table(out, "half layers" if exact else units_text(parse_plan(raw, source=args.plan).model))
         if gain:
             from ..megatron.compare import gain_lines
             print("\n".join(gain_lines(gain, parse_plan(raw, source=args.plan))))
@@ -302,7 +304,7 @@ def _search_gain(args: argparse.Namespace, raw: dict, out: dict) -> dict | None:
     return gain
 
 
-def _print_table(r: dict) -> None:
+def _print_table(r: dict, units: str = "half layers") -> None:
     """The per-stage table in 132 columns (the memory breakdown in full: --json)."""
     from rich import box
     from rich.console import Console
@@ -343,7 +345,7 @@ def _print_table(r: dict) -> None:
     con.print(f"max memory {r['max_memory_mib'] / 1024:.2f} of {r['memory_limit_mib'] / 1024:.2f} GiB "
               f"({fit}); bottleneck: stage {r['bottleneck_stage']} "
               f"({r['bottleneck_resource']})")
-    con.print("units: half layers; mbs/rank: Megatron's --micro-batch-size; mem: states + act + recompute peak + "
+    con.print(f"units: {units}; mbs/rank: Megatron's --micro-batch-size; mem: states + act + recompute peak + "
               "p2p + reserve; comm: exposed / hidden behind compute, per iteration")
     for w in r["notes"] + r["warnings"]:
         con.print(f"note: {w}")
