@@ -95,6 +95,15 @@ def _within(method, group_of, pending_of):
     return wrapped
 
 
+def _layer_offset(original):
+    def offset(config, vp_stage=None, pp_rank=None):
+        if pp_rank is None and config.pipeline_model_parallel_size == 1:   # a stage's config: no offset
+            pp_rank = 0
+        return original(config, vp_stage, pp_rank)
+
+    return offset
+
+
 def is_applied() -> bool:
     return _swaps.active
 
@@ -117,6 +126,7 @@ def apply() -> None:
                _within(mla.MLASelfAttention.get_query_key_value_tensors, lambda a: a.tp_group, mla_pending))
     _swaps.set(mtp, "gather_from_tensor_model_parallel_region", _gather(mtp.gather_from_tensor_model_parallel_region))
     _swaps.set(mtp, "scatter_to_sequence_parallel_region", _scatter(mtp.scatter_to_sequence_parallel_region))
+    _swaps.set(mtp, "get_transformer_layer_offset", _layer_offset(mtp.get_transformer_layer_offset))
     _swaps.set(mtp.MultiTokenPredictionLayer, "_concat_embeddings",
                _within(mtp.MultiTokenPredictionLayer._concat_embeddings, lambda m: m.eh_proj.tp_group,
                        lambda m: ([], 0)))

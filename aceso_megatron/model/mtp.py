@@ -23,9 +23,8 @@ token count the main loss is divided by. The reported loss stays the main loss, 
 from __future__ import annotations
 
 import dataclasses
-import functools
-
 import torch
+from megatron.core.transformer.spec_utils import ModuleSpec
 
 from model_specs.builders import bind_tp_group, layer_spec
 
@@ -59,7 +58,7 @@ def block_spec(model, config, pg_collection, te: bool):
     sub = spec.submodules
     norm = sequence_parallel_norm if config.sequence_parallel else (lambda s: s)
     sub = dataclasses.replace(sub, enorm=norm(sub.enorm), hnorm=norm(sub.hnorm), layer_norm=norm(sub.layer_norm),
-                              eh_proj=functools.partial(sub.eh_proj, tp_group=pg_collection.tp))
+                              eh_proj=ModuleSpec(module=sub.eh_proj, params={"tp_group": pg_collection.tp}))
     spec = dataclasses.replace(spec, submodules=sub)
     return MultiTokenPredictionBlockSubmodules(layer_specs=[spec] * model.mtp_num_layers)
 
