@@ -153,6 +153,8 @@ class _Stage(MegatronModule):
                 out[name] = self._unit_name(name)
             elif name == "output_layer.weight" and self.share_embeddings_and_output_weights:
                 out[name] = "embedding.word_embeddings.weight"
+            elif name.startswith("mtp.") and self._local_experts:   # GPTModel's names; experts by global index
+                out[name] = moe.global_expert_name(name, self._ep_rank, self._local_experts)
             else:
                 out[name] = next((new + name[len(old):] for old, new in self._RENAMES.items()
                                   if name.startswith(old)), name)
