@@ -10,7 +10,9 @@ model (MLA everywhere, the first layer dense, the rest MoE with a shared expert,
 layer on stage 0 and the MoE layers and the MTP block on stage 1 (tp2 + SP, ep2); a tied GPT (learned positions)
 with an MTP layer, whose last stage's output layer uses its embedding copy.
 
-Routing is deterministic as in ``test_moe_plans.py`` (the router's top-k margins far above fp32 rounding).
+The control runs the MLA plan with megatron-core's own gather of MLA's ``kv_combined`` (the other TP rank's share
+of the RoPE key's gradient lost) and must fail on ``linear_kv_down_proj``. Routing is deterministic as in
+``test_moe_plans.py`` (``test_routing_margin``: the router's top-k margins far above fp32 rounding).
 """
 
 from __future__ import annotations
@@ -54,9 +56,52 @@ PLANS = {
 }
 
 
+# the control: the MLA tp2 + SP plan with megatron-core's plain gather of kv_combined (the RoPE key's gradient of
+# the other TP rank's heads lost); it must fail on linear_kv_down_proj's gradient
+CONTROL = PLANS["MLA pp2, tp2 + SP on stage 1"]
+
+
+def plans_then_control(rank, world_size, raws, out, control_out, seed, steps, tc) -> None:
+    """``run_plans`` on ``raws``, then the control plan without the RoPE key's TP reduction."""
+    run_plans(rank, world_size, raws, out, seed, steps, tc)
+    from megatron.core.tensor_parallel.mappings import _GatherFromModelParallelRegion
+
+    from patches import mla_mtp_tp_group as patch
+
+    right = patch._GatherWithKeyPos
+    patch._GatherWithKeyPos = type("PlainGather", (), {"apply": staticmethod(
+        lambda x, group, pos: _GatherFromModelParallelRegion.apply(x, group))})
+    try:
+        run_plans(rank, world_size, [CONTROL], control_out, seed, steps, tc)
+    finally:
+        patch._GatherWithKeyPos = right
+
+
 def test_mla_mtp_plans_match_single_process(tmp_path, reference_process):  # noqa: F811
     names, raws = zip(*PLANS.items())
-    out = tmp_path / "results.pt"
-    spawn(3, run_plans, list(raws), str(out), SEED, STEPS, TC)
+    out, control = tmp_path / "results.pt", tmp_path / "control.pt"
+    spawn(3, plans_then_control, list(raws), str(out), str(control), SEED, STEPS, TC)
     failures = compare(names, raws, torch.load(out))
     assert not failures, "\n".join(failures)
+    wrong = compare(["control"], [CONTROL], torch.load(control))
+    assert any("linear_kv_down_proj" in f and " grad " in f for f in wrong), wrong
+
+
+def test_routing_margin(reference_process):  # noqa: F811
+    """The DeepSeek-like plan routes every token alike under any plan: its smallest top-k router-logit margin at
+    the reference's initial weights is far above fp32 rounding (``test_moe_plans._gap``)."""
+    from aceso_megatron.testing import make_batches
+    from aceso_megatron.testing.reference import Reference
+    from search.plan import ParallelPlan
+    from tests.distributed.test_moe_plans import _gap
+
+    p = ParallelPlan.model_validate(PLANS["DeepSeek-like: dense MLA layer | MoE MLA layers + MTP on tp2 + SP, ep2"])
+    ref = Reference(p.model, seed=SEED, train_config=TC)
+    gaps = []
+    hooks = [m.register_forward_hook(lambda mod, args, out: gaps.append(_gap(mod, args[0])))
+             for n, m in ref.gpt.named_modules() if n.endswith("mlp.router")]
+    ref.forward_backward(make_batches(p.model, p.micro_batch_size, p.global_batch_size, SEED))
+    for h in hooks:
+        h.remove()
+    assert len(gaps) >= 3 * 2, gaps   # 2 MoE layers + the MTP layer's, 2 micro-batches
+    assert min(gaps) > 1e-5, f"top-k margin {min(gaps):.2e}: routing could differ between plans by rounding"
