@@ -4,7 +4,9 @@ Target: the module globals ``gather_from_tensor_model_parallel_region`` / ``scat
 ``megatron.core.transformer.multi_latent_attention`` and ``...multi_token_prediction`` (replaced by versions that
 take the group of the module running them), with ``MLASelfAttention.get_query_key_value_tensors`` and
 ``MultiTokenPredictionLayer._concat_embeddings`` wrapped to name that group (``self.tp_group``,
-``self.eh_proj.tp_group``) for the duration of the call.
+``self.eh_proj.tp_group``) for the duration of the call; and ``multi_token_prediction.get_transformer_layer_offset``,
+which ``MultiTokenPredictionLayer.__init__`` calls without a pipeline rank (the global one, unset here): with a
+stage's config (``pipeline_model_parallel_size`` 1) the offset is 0 whatever the rank, so rank 0 is passed.
 
 Reason: both methods call the two mappings without a group, which falls back to the global ``parallel_state`` TP
 group; per-stage groups leave it unset (``group.size()`` on None: ``AttributeError``, at every TP degree for MTP,
