@@ -66,7 +66,24 @@ def architecture_kwargs(model: ModelSpec, dtype: str | None = None) -> dict:
         "bf16": dt == torch.bfloat16,
         **config_kwargs(model),      # sliding window (search.layer_variants); the other GPT-OSS fields are refused
         **moe_kwargs(model),
+        **mla_mtp_kwargs(model),
     }
+
+
+def mla_mtp_kwargs(model: ModelSpec) -> dict:
+    """Multi-latent attention (megatron-core's ``MLATransformerConfig`` fields; RoPE on the ``qk_pos_emb_head_dim``
+    part at the model's ``rotary_base``: ``rope_type`` "rope" unless the megatron block sets it, e.g. "yarn" with
+    its ``rotary_scaling_factor`` & co.) and the MTP depth (empty for a model with neither)."""
+    out = {"mtp_num_layers": model.mtp_num_layers} if model.mtp_num_layers else {}
+    mla = model.mla
+    if mla is None:
+        return out
+    out.update(multi_latent_attention=True, q_lora_rank=mla.q_lora_rank, kv_lora_rank=mla.kv_lora_rank,
+               qk_head_dim=mla.qk_head_dim, qk_pos_emb_head_dim=mla.qk_pos_emb_head_dim, v_head_dim=mla.v_head_dim,
+               rotary_base=model.rotary_base, rotary_percent=model.rotary_percent)
+    if "rope_type" not in (model.megatron or {}):
+        out["rope_type"] = "rope"
+    return out
 
 
 def moe_kwargs(model: ModelSpec) -> dict:
@@ -106,11 +123,19 @@ def gpt_layer_spec(model: ModelSpec, te: bool | None = None, layer: int | None =
 
     experts = model.moe.num_experts if (model.moe and layer is not None and model.moe.is_moe_layer(layer)) else None
     norm = "RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm"
+    # MLA: megatron-core's MLASelfAttention, its latent q/kv norms with qk_layernorm (as get_gpt_decoder_block_spec)
+    mla = {"multi_latent_attention": True, "qk_layernorm": bool((model.megatron or {}).get("qk_layernorm"))} \
+        if model.mla is not None else {}
     if _te(te):
         return g.get_gpt_layer_with_transformer_engine_spec(num_experts=experts,
-                                                            moe_grouped_gemm=grouped_gemm and bool(experts))
-    return g.get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=grouped_gemm and bool(experts),
-                                      normalization=norm)
+                                                            moe_grouped_gemm=grouped_gemm and bool(experts), **mla)
+    spec = g.get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=grouped_gemm and bool(experts),
+                                      normalization=norm, **mla)
+    if mla:   # 0.16.1's local MLA core cannot be built as specified (model_specs.mla_core)
+        from .mla_core import with_mla_core
+
+        spec = with_mla_core(spec)
+    return spec
 
 
 def t5_layer_specs(model: ModelSpec, te: bool | None = None) -> tuple[ModuleSpec, ModuleSpec]:

@@ -31,7 +31,7 @@ from functools import lru_cache
 
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
-from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 from megatron.core.transformer.transformer_layer import (
     BaseTransformerLayer,
     TransformerLayer,
@@ -266,7 +266,8 @@ def megatron_kwargs(model) -> dict:
     block = model.megatron or {}
     if not block:
         return {}
-    fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
+    # an MLA model's stages are MLATransformerConfigs: its fields (rope_type, rotary_scaling_factor, ...) too
+    fields = {f.name: f for f in dataclasses.fields(MLATransformerConfig if model.mla else TransformerConfig)}
     try:
         megatron_fields.check_names(block, frozenset(fields))
     except ValueError as e:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import logging
 
-from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
 from model_specs.builders import architecture_kwargs
 from model_specs.extensions import megatron_kwargs
@@ -56,13 +56,15 @@ def stage_config(model: ModelSpec, tp: int, device: str = "cpu", num_layers: int
                  moe: dict | None = None) -> TransformerConfig:
     """The TransformerConfig of a stage with tensor-parallel degree ``tp`` (and ``cp``, SP) on ``device``, with
     the fusions of ``fast`` (default: what this machine offers; on CPU fp32 and every fusion off), the stage's MoE
-    fields ``moe`` (expert shape, dispatcher: ``model.moe.stage_fields``), plus the ``megatron`` block's fields."""
+    fields ``moe`` (expert shape, dispatcher: ``model.moe.stage_fields``), plus the ``megatron`` block's fields; an MLA
+    model's is an ``MLATransformerConfig`` (``builders.mla_mtp_kwargs``)."""
     fast = fast or choose(Environment.detect(device), model)
     kw = architecture_kwargs(model, dtype=fast.dtype)
     if num_layers is not None:
         kw["num_layers"] = num_layers
     extra = megatron_kwargs(model)
-    return TransformerConfig(
+    cls = MLATransformerConfig if model.mla is not None else TransformerConfig   # MLA: its own config class
+    return cls(
         **kw,
         **_fusions(extra, device == "cpu", fast.config),
         tensor_model_parallel_size=tp,

@@ -15,7 +15,8 @@ token dispatcher, and the fast paths ``fast_fields`` picks from the environment 
 The process groups (EP, ETP, expert-DP, expert TP x EP) are the stage's own (``parallel.layout``); expert
 parameters are reduced over expert-DP (``mark_expert_params``: every routed expert parameter, whatever the ep).
 
-``refusal(env, plan)`` names what this runtime cannot run yet, one line, before any process group exists.
+``refusal(env, plan)`` names what this runtime cannot run yet, one line, before any process group exists (MLA and
+MTP run: ``model.mtp``, ``patches.mla_mtp_tp_group``; ``mla_mtp_refusal`` keeps what of them does not).
 """
 
 from __future__ import annotations
@@ -67,16 +68,29 @@ def mark_expert_params(chunk) -> None:
             chunk.get_parameter(name).allreduce = False
 
 
+def mla_mtp_refusal(plan) -> str | None:
+    """What of MLA / MTP the runtime does not run (one line), or None: MTP units run unrecomputed (megatron-core's
+    MTP recompute is its whole-block ``full`` only), MLA attention units without ``attn_dropout`` (its core
+    attention has separate key and value widths)."""
+    m = plan.model
+    for s, j, ch in plan.chunks_in_order():
+        for k, rc in enumerate(ch.recompute):
+            unit = m.units[ch.start_unit + k]
+            if unit.kind == "mtp" and rc != "none":
+                return (f"stages[{s}] unit {ch.start_unit + k} (mtp): recompute {rc}: the runtime runs the MTP "
+                        "block without recompute; set it none")
+            if unit.kind == "attention" and m.mla is not None and rc == "attn_dropout":
+                return (f"stages[{s}] unit {ch.start_unit + k}: attn_dropout with multi-latent attention: the "
+                        "runtime's recomputed dropout assumes equal key and value widths; use selective or full")
+    return None
+
+
 def refusal(env, plan) -> str | None:
     """One line naming what of ``plan``'s MoE / MLA / MTP this runtime cannot run (on ``env``; None: what no
     environment runs), or None."""
     m = plan.model
-    if m.mla is not None:
-        return f"model {m.name}: multi-latent attention: the runtime does not build MLA layers yet; use a model " \
-               "without mla"
-    if m.mtp_num_layers:
-        return f"model {m.name}: mtp_num_layers ({m.mtp_num_layers}): the runtime does not build the MTP block " \
-               "yet; set it 0"
+    if (msg := mla_mtp_refusal(plan)) is not None:
+        return msg
     if m.moe is None:
         return None
     s = settings(plan)

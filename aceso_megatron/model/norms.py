@@ -27,6 +27,7 @@ from megatron.core.transformer.torch_norm import WrappedTorchNorm
 _LAYER_NORMS = ("input_layernorm", "pre_cross_attn_layernorm", "pre_mlp_layernorm")
 _ATTENTIONS = ("self_attention", "cross_attention")
 _QK_NORMS = ("q_layernorm", "k_layernorm")
+_MLA_NORMS = ("q_layernorm", "kv_layernorm")
 
 
 class SequenceParallelNorm:
@@ -69,10 +70,14 @@ def _qk_norm(spec):
 
 
 def _with_qk_norms(attention):
-    """An attention ModuleSpec whose torch q/k norms are ``QKNormUnderSP``."""
+    """An attention ModuleSpec whose torch q/k norms are ``QKNormUnderSP`` (MLA's latent norms, which run on
+    the rank's ``s/tp`` tokens under SP: ``SequenceParallelNorm``)."""
     sub = getattr(attention, "submodules", None)
     if not isinstance(attention, ModuleSpec) or not dataclasses.is_dataclass(sub):
         return attention
+    if hasattr(sub, "kv_layernorm"):   # MLASelfAttentionSubmodules
+        changes = {n: sequence_parallel_norm(getattr(sub, n)) for n in _MLA_NORMS if getattr(sub, n, None)}
+        return dataclasses.replace(attention, submodules=dataclasses.replace(sub, **changes))
     changes = {n: _qk_norm(getattr(sub, n)) for n in _QK_NORMS if getattr(sub, n, None) is not None}
     return dataclasses.replace(attention, submodules=dataclasses.replace(sub, **changes)) if changes else attention
 

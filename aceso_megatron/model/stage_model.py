@@ -45,7 +45,7 @@ from model_specs.builders import final_norm_spec
 from search.model import ModelSpec
 from search.plan import ParallelPlan
 
-from . import moe
+from . import moe, mtp
 from .attention import attention_mismatch, fall_back_with_te
 from .config import stage_config, without_grad_accum_fusion
 from .fast_path import Environment, FastPath, choose
@@ -97,10 +97,13 @@ class _Stage(MegatronModule):
         self.te = self.fast.te
         if self.pre_process and (msg := attention_mismatch(plan, self.te, device)):
             log.warning(msg)
+        units = list(model.units[span.start_unit:span.end_unit])
+        n_mtp = sum(u.kind == mtp.UNIT for u in units)   # the MTP units end the last chunk (mtp.block_spec)
+        recompute = fall_back_with_te(span.recompute, self.te, stage)[:len(units) - n_mtp]
         self.units = torch.nn.ModuleList(build_unit_layers(
-            model, list(model.units[span.start_unit:span.end_unit]), fall_back_with_te(span.recompute, self.te, stage),
-            config, pg_collection, self.te,
+            model, units[:len(units) - n_mtp], recompute, config, pg_collection, self.te,
             transform=with_sequence_parallel_norms if config.sequence_parallel else None))
+        self.mtp = mtp.build_block(model, config, pg_collection, self.te) if n_mtp else None
 
     def _embedding(self, max_len: int, kind: str) -> LanguageModelEmbedding:
         return LanguageModelEmbedding(config=self.config, vocab_size=self.spec.padded_vocab_size,
@@ -150,6 +153,8 @@ class _Stage(MegatronModule):
                 out[name] = self._unit_name(name)
             elif name == "output_layer.weight" and self.share_embeddings_and_output_weights:
                 out[name] = "embedding.word_embeddings.weight"
+            elif name.startswith("mtp.") and self._local_experts:   # GPTModel's names; experts by global index
+                out[name] = moe.global_expert_name(name, self._ep_rank, self._local_experts)
             else:
                 out[name] = next((new + name[len(old):] for old, new in self._RENAMES.items()
                                   if name.startswith(old)), name)
@@ -169,11 +174,11 @@ class GPTStage(_Stage):
                  fast: FastPath | None = None):
         super().__init__(plan, stage, pg_collection, device, chunk, fast)
         model = self.spec
-        if self.pre_process:
+        if self.pre_process or self.mtp is not None:   # MTP embeds the shifted tokens (a copy after stage 0)
             kind = "learned_absolute" if model.position_embedding == "learned" else "none"
             self.embedding = self._embedding(model.seq_length, kind)
         self.rotary_pos_emb = None
-        if model.position_embedding == "rope":
+        if model.position_embedding == "rope" and model.mla is None:   # MLA applies its own RoPE
             self.rotary_pos_emb = RotaryEmbedding(
                 kv_channels=self.config.kv_channels, rotary_percent=model.rotary_percent,
                 rotary_interleaved=self.config.rotary_interleaved, rotary_base=model.rotary_base,
@@ -181,14 +186,16 @@ class GPTStage(_Stage):
             )
         if self.post_process:
             self.final_layernorm = self._norm()
-            self.output_layer = self._output_layer(self.pre_process, bias=False)
+            self.output_layer = self._output_layer(hasattr(self, "embedding"), bias=False)
 
     def output_weight(self) -> torch.Tensor:
-        if self.pre_process and self.share_embeddings_and_output_weights:
+        if hasattr(self, "embedding") and self.share_embeddings_and_output_weights:
             return self.embedding.word_embeddings.weight
         return self.output_layer.weight
 
-    def forward(self, input_ids=None, position_ids=None, labels=None):
+    def forward(self, input_ids=None, position_ids=None, labels=None, loss_mask=None, mtp_denominator=1.0):
+        """``loss_mask`` and ``mtp_denominator`` (the global token count the main loss is divided by) feed the MTP
+        loss of a chunk with the MTP block (``mtp.mtp_loss``)."""
         if self.pre_process:
             hidden = self.embedding(input_ids=input_ids, position_ids=position_ids)
         else:
@@ -200,7 +207,13 @@ class GPTStage(_Stage):
                 hidden = unit(hidden, rotary_pos_emb=rotary)
         if not self.post_process:
             return hidden
-        logits, _ = self.output_layer(self.final_layernorm(hidden), weight=self.output_weight())
+        hidden = self.final_layernorm(hidden)
+        if self.mtp is not None:
+            # (under SP each MTP layer forks the rng tracker itself)
+            hidden = self.mtp(input_ids=input_ids, position_ids=position_ids, hidden_states=hidden,
+                              attention_mask=None, rotary_pos_emb=rotary, embedding=self.embedding)
+            hidden = mtp.mtp_loss(self, hidden, labels, loss_mask, mtp_denominator)
+        logits, _ = self.output_layer(hidden, weight=self.output_weight())
         return self._loss(logits, labels)
 
     _RENAMES = {"final_layernorm.": "decoder.final_layernorm."}

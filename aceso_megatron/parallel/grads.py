@@ -53,6 +53,8 @@ def shared_names(plan) -> dict[str, tuple[int, int]]:
     """Canonical names of parameters with copies on several stages -> their full shape."""
     m = plan.model
     out = {"embedding.word_embeddings.weight": (m.padded_vocab_size, m.hidden_size)}
+    if m.mtp_num_layers and m.position_embedding == "learned":   # the MTP block's embedding copy
+        out["embedding.position_embeddings.weight"] = (m.seq_length, m.hidden_size)
     if m.is_t5:
         out["embedding.position_embeddings.weight"] = (max(m.seq_length, m.decoder_seq_length), m.hidden_size)
     return out
@@ -134,7 +136,8 @@ def allreduce_tp_partial_grads(runtime) -> None:
             if is_expert(names[name]):   # full on its EP rank after the dispatcher's backward (biases are flagged)
                 continue
             if (cfg.sequence_parallel and getattr(p, "sequence_parallel", False)) or \
-                    (cfg.qk_layernorm and ("q_layernorm" in name or "k_layernorm" in name)):
+                    (cfg.qk_layernorm and not cfg.multi_latent_attention   # MLA's: on whole latents (SP: flagged)
+                     and ("q_layernorm" in name or "k_layernorm" in name)):
                 grads.append(p.main_grad.data)
     if grads:
         flat = _flatten_dense_tensors(grads)

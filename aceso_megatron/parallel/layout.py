@@ -118,12 +118,12 @@ def stage_of_unit(plan: ParallelPlan, unit: int) -> int:
 
 def embedding_stages(plan: ParallelPlan) -> list[int]:
     """Stages holding a copy of the word embedding: the first, the one of the first T5 decoder unit (decoder
-    input embedding), and the last when input and output embeddings are tied."""
+    input embedding), and the last when input and output embeddings are tied or it holds the MTP block."""
     m = plan.model
     stages = {0}
     if m.is_t5:
         stages.add(stage_of_unit(plan, m.num_encoder_units))
-    if m.tied_embeddings:
+    if m.tied_embeddings or m.mtp_num_layers:   # the MTP block embeds on the last stage
         stages.add(plan.num_stages - 1)
     return sorted(stages)
 

@@ -10,6 +10,7 @@ Needs a 1-process ``torch.distributed`` group and ``parallel_state.initialize_mo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -49,7 +50,12 @@ def _decoder_spec(model: ModelSpec, config):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     norm = "RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm"
-    return get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=norm)
+    block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=norm)
+    if model.mla is None:
+        return block
+    from model_specs.mla_core import with_mla_core   # the local MLA core as the runtime builds it
+
+    return dataclasses.replace(block, layer_specs=[with_mla_core(s) for s in block.layer_specs])
 
 
 class Reference:
@@ -71,6 +77,10 @@ class Reference:
             from patches import moe_router_without_te
 
             moe_router_without_te.apply()
+        if model.mla is not None:
+            from patches import mla_without_te
+
+            mla_without_te.apply()
         tc = train_config or TrainConfig()
         self.spec, self.tc = model, tc
         model_parallel_cuda_manual_seed(seed)
@@ -88,8 +98,14 @@ class Reference:
             )
         else:
             config = stage_config(model, 1)
+            spec = _decoder_spec(model, config)
+            mtp = None
+            if model.mtp_num_layers:   # megatron-core's MTP block after the decoder's last layer spec
+                from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+
+                mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
             self.gpt = GPTModel(
-                config=config, transformer_layer_spec=_decoder_spec(model, config),
+                config=config, transformer_layer_spec=spec, mtp_block_spec=mtp,
                 vocab_size=model.padded_vocab_size, max_sequence_length=model.seq_length,
                 share_embeddings_and_output_weights=model.tied_embeddings,
                 position_embedding_type="rope" if model.position_embedding == "rope" else "learned_absolute",

@@ -149,12 +149,14 @@ class Runtime:
             tokens = raw["tokens"]
             raw = {**raw, "position_ids": torch.arange(tokens.size(1)).unsqueeze(0).expand_as(tokens)}
         batch = {k: self._local(v).to(self.device) for k, v in raw.items()}
-        if self.plan.model.is_t5:
-            out = model(enc_ids=batch["enc_tokens"], dec_ids=batch["dec_tokens"], labels=batch["labels"])
-        else:
-            out = model(input_ids=batch["tokens"], position_ids=batch["position_ids"], labels=batch["labels"])
         denom = self.loss_denominator or float(self._global_tokens())
         mask = batch.get("loss_mask")
+        if self.plan.model.is_t5:
+            out = model(enc_ids=batch["enc_tokens"], dec_ids=batch["dec_tokens"], labels=batch["labels"])
+        else:   # an MTP chunk weighs its MTP loss by the main loss's mask and denominator
+            extra = {"loss_mask": mask, "mtp_denominator": denom} if self.plan.model.mtp_num_layers else {}
+            out = model(input_ids=batch["tokens"], position_ids=batch["position_ids"], labels=batch["labels"],
+                        **extra)
 
         def loss_func(per_token: torch.Tensor):
             if mask is not None:
@@ -274,6 +276,11 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
         from patches import moe_router_without_te
 
         moe_router_without_te.apply()
+    if plan.model.mla is not None or plan.model.mtp_num_layers:
+        from patches import mla_mtp_tp_group, mla_without_te   # MLA / MTP mappings on the stage's TP group
+
+        mla_mtp_tp_group.apply()
+        mla_without_te.apply()
     if plan.distributed_optimizer:
         from patches import dist_opt_torch_adam
 

@@ -1,6 +1,7 @@
 """The runtime's MoE choices (``aceso_megatron.model.moe``), torch-free: the per-stage ``TransformerConfig`` fields
 (expert shape as megatron-core names it, the dispatcher, the fast paths per environment), the stock model's
-global expert index of a local expert, and every refusal (one line naming the field and the fix)."""
+global expert index of a local expert, and every refusal (one line naming the field and the fix): MLA and MTP run
+(tests/distributed/test_moe_mla_mtp.py), but not MTP recompute nor ``attn_dropout`` on MLA attention."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ MOE = ModelSpec(name="m", family="llama", num_layers=2, hidden_size=32, num_atte
                 seq_length=16, vocab_size=128, activation="swiglu", normalization="rmsnorm",
                 position_embedding="rope", add_bias_linear=False, tied_embeddings=False, params_dtype="fp32",
                 moe=MoESpec(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32))
+MLA = MOE.model_copy(update={"mla": MLASpec(kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=8)})
+MTP = MOE.model_copy(update={"mtp_num_layers": 1})
 CPU = Environment(cuda=False)
 CUDA = Environment(cuda=True, compute_capability=(9, 0))
 CUDA_TE = Environment(cuda=True, te_version="2.1.0", compute_capability=(9, 0))
@@ -60,9 +63,8 @@ def test_local_experts_take_the_stock_models_global_index():
     (lambda: plan(moe={"overlap_ep_comm": True}), CUDA_TE, "moe.overlap_ep_comm"),
     (lambda: plan(ep=1, etp=2), CPU, "stages[0].etp (2) with the alltoall dispatcher"),
     (lambda: plan(distributed_optimizer=True), CPU, "distributed_optimizer with MoE"),
-    (lambda: plan(MOE.model_copy(update={"mtp_num_layers": 1})), CPU, "mtp_num_layers (1)"),
-    (lambda: plan(MOE.model_copy(update={"mla": MLASpec(kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4,
-                                                        v_head_dim=8)})), CPU, "multi-latent attention"),
+    (lambda: plan(MTP, rc=["none"] * 4 + ["full"]), CPU, "unit 4 (mtp): recompute full"),
+    (lambda: plan(MLA, rc=["attn_dropout"] + ["none"] * 3), CPU, "attn_dropout with multi-latent attention"),
     (lambda: plan(MOE.model_copy(update={"moe": MOE.moe.model_copy(update={
         "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True})})), CPU,
      "moe.moe_router_enable_expert_bias"),
@@ -78,6 +80,9 @@ def test_runnable_plans_are_not_refused():
     assert refusal(CPU, plan(ep=1, etp=2, moe={"token_dispatcher": "allgather"})) is None
     assert refusal(CUDA_TE, plan(ep=1, etp=2)) is None
     assert refusal(None, plan(moe={"token_dispatcher": "flex"})) is None   # environment unknown: not refused
+    assert refusal(CPU, plan(MTP)) is None and refusal(CPU, plan(MLA, rc=["selective", "full"] * 2)) is None
+    dense_mla_mtp = MLA.model_copy(update={"moe": None, "mtp_num_layers": 2})   # MLA / MTP without MoE run too
+    assert refusal(CPU, plan(dense_mla_mtp, ep=1, etp=None)) is None
 
 
 def test_validate_refuses_what_no_machine_runs_and_the_search_does_not_emit_it():

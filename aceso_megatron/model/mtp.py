@@ -1,0 +1,98 @@
+"""Multi-token prediction on the last stage: megatron-core's ``MultiTokenPredictionBlock`` and its loss, as stock
+``GPTModel`` builds and computes them.
+
+The plan's ``mtp`` units (``search.model``: one per MTP layer, after the last decoder layer) are the last units
+of the last chunk of the last stage; that chunk builds one ``MultiTokenPredictionBlock`` of them (canonical names
+``mtp.layers.<j>.*``, as ``GPTModel``'s) from megatron-core's MTP layer spec (``get_mtp_layer_spec_for_backend``)
+around the spec of the last decoder layer (stock ``get_gpt_mtp_block_spec`` takes ``layer_specs[-1]``), with the
+stage's groups bound where megatron-core 0.16.1 builds without them (the transformer layer's ``pg_collection``,
+``eh_proj``'s ``tp_group``; the two mappings it calls without a group: ``patches.mla_mtp_tp_group``), and the
+sequence-parallel norms of an SP stage.
+
+The chunk also holds a copy of the embedding (stock: "MTP needs both embedding layer and output layer"; tied: the
+output layer uses it, as ``shared_embedding_or_output_weight``), whose gradients are summed with the first
+stage's (``parallel.grads``, an embedding stage like a tied last stage).
+
+``mtp_loss`` follows ``GPTModel._postprocess``: the hidden states after the final norm are the main output and one
+output per MTP layer; layer ``j``'s logits (the shared output layer) against the labels rolled ``j + 1`` to the
+left (the last positions masked, ``roll_tensor``), scaled ``mtp_loss_scaling_factor / mtp_num_layers``, enter the
+backward through ``MTPLossAutoScaler`` -- per token (``calculate_per_token_loss``), divided here by the global
+token count the main loss is divided by. The reported loss stays the main loss, as in stock training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import torch
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from model_specs.builders import bind_tp_group, layer_spec
+
+from .norms import sequence_parallel_norm
+
+UNIT = "mtp"
+
+
+def block_spec(model, config, pg_collection, te: bool):
+    """The ``MultiTokenPredictionBlockSubmodules`` of ``model``'s MTP layers for a stage with ``config``."""
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.transformer.multi_token_prediction import (
+        MultiTokenPredictionBlockSubmodules,
+        get_mtp_layer_spec_for_backend,
+    )
+
+    if te:
+        from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
+
+        backend = TESpecProvider()
+    else:
+        backend = LocalSpecProvider()
+    last = layer_spec(model, "decoder", te, model.num_layers - 1, bool(getattr(config, "moe_grouped_gemm", False)))
+    last = bind_tp_group(last, pg_collection.tp)
+    if config.sequence_parallel:
+        from .norms import with_sequence_parallel_norms
+
+        last = with_sequence_parallel_norms(last)
+    last = dataclasses.replace(last, params={**last.params, "pg_collection": pg_collection})
+    spec = get_mtp_layer_spec_for_backend(transformer_layer_spec=last, backend=backend)
+    sub = spec.submodules
+    norm = sequence_parallel_norm if config.sequence_parallel else (lambda s: s)
+    sub = dataclasses.replace(sub, enorm=norm(sub.enorm), hnorm=norm(sub.hnorm), layer_norm=norm(sub.layer_norm),
+                              eh_proj=ModuleSpec(module=sub.eh_proj, params={"tp_group": pg_collection.tp}))
+    spec = dataclasses.replace(spec, submodules=sub)
+    return MultiTokenPredictionBlockSubmodules(layer_specs=[spec] * model.mtp_num_layers)
+
+
+def build_block(model, config, pg_collection, te: bool):
+    from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionBlock
+
+    return MultiTokenPredictionBlock(config=config, spec=block_spec(model, config, pg_collection, te),
+                                     pg_collection=pg_collection)
+
+
+def mtp_loss(stage, hidden: torch.Tensor, labels: torch.Tensor, loss_mask, denominator: float) -> torch.Tensor:
+    """The main hidden states of ``hidden`` (main and MTP outputs concatenated on the sequence) with every MTP
+    layer's loss attached for the backward (``MTPLossAutoScaler``), as ``GPTModel._postprocess``."""
+    from megatron.core.transformer.multi_token_prediction import (
+        MTPLossAutoScaler,
+        MTPLossLoggingHelper,
+        roll_tensor,
+    )
+
+    cfg = stage.config
+    n = cfg.mtp_num_layers
+    parts = torch.chunk(hidden, 1 + n, dim=0)
+    hidden, cp = parts[0], stage.pg_collection.cp
+    mtp_labels = labels.clone()
+    mask = torch.ones_like(mtp_labels) if loss_mask is None else loss_mask
+    for j in range(n):
+        logits, _ = stage.output_layer(parts[j + 1], weight=stage.output_weight())
+        mtp_labels, _ = roll_tensor(mtp_labels, shifts=-1, dims=-1, cp_group=cp)
+        mask, num_tokens = roll_tensor(mask, shifts=-1, dims=-1, cp_group=cp)
+        loss = mask * stage._loss(logits, mtp_labels)
+        if stage.training:
+            MTPLossLoggingHelper.save_loss_to_tracker(torch.sum(loss) / num_tokens, j, n,
+                                                      avg_group=stage.pg_collection.dp_cp)
+        scale = cfg.mtp_loss_scaling_factor / n
+        hidden = MTPLossAutoScaler.apply(hidden, scale * loss / denominator)
+    return hidden
