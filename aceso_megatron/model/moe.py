@@ -73,6 +73,14 @@ def mla_mtp_refusal(plan) -> str | None:
     MTP recompute is its whole-block ``full`` only), MLA attention units without ``attn_dropout`` (its core
     attention has separate key and value widths)."""
     m = plan.model
+    if m.mtp_num_layers:
+        last = plan.stages[-1]
+        if len(last.chunks) > 1:
+            return (f"mtp_num_layers ({m.mtp_num_layers}) with virtual stages ({len(last.chunks)} chunks on the last "
+                    "stage): the runtime's MTP block is proven without interleaving only; use one chunk per stage")
+        if last.cp > 1:
+            return (f"mtp_num_layers ({m.mtp_num_layers}) with cp {last.cp} on the last stage: the runtime's MTP "
+                    "block is proven without context parallelism only; use cp 1 there")
     for s, j, ch in plan.chunks_in_order():
         for k, rc in enumerate(ch.recompute):
             unit = m.units[ch.start_unit + k]

@@ -103,3 +103,20 @@ def test_validate_refuses_what_no_machine_runs_and_the_search_does_not_emit_it()
     assert runtime_training(tr, model=MOE.model_copy(update={"moe": None})).distributed_optimizer is None
     with pytest.raises(AcesoError, match="--distributed-optimizer on with an MoE model"):
         runtime_training(tr.model_copy(update={"distributed_optimizer": True}), model=MOE)
+
+
+def test_mtp_with_context_parallelism_or_virtual_stages_is_refused():
+    """Not proven against stock megatron-core (tests/distributed/test_moe_mla_mtp.py runs neither): one line each."""
+    n = MTP.num_units
+    cp2 = ParallelPlan.model_validate({"model": MTP.model_dump(), "micro_batch_size": 2, "global_batch_size": 2,
+                                       "stages": [{"num_gpus": 2, "tp": 1, "dp": 1, "cp": 2, "ep": 2, "etp": 1,
+                                                   "start_unit": 0, "end_unit": n, "recompute": ["none"] * n}]})
+    msg = refusal(CPU, cp2)
+    assert msg is not None and "cp 2 on the last stage" in msg and "use cp 1" in msg, msg
+    def st(*spans):
+        return {"num_gpus": 2, "tp": 1, "dp": 2, "ep": 2, "etp": 1,
+                "chunks": [{"start_unit": a, "end_unit": b, "recompute": ["none"] * (b - a)} for a, b in spans]}
+    vpp = ParallelPlan.model_validate({"model": MTP.model_dump(), "micro_batch_size": 2, "global_batch_size": 8,
+                                       "stages": [st((0, 1), (2, 3)), st((1, 2), (3, n))]})
+    msg = refusal(CPU, vpp)
+    assert msg is not None and "virtual stages (2 chunks" in msg and "one chunk per stage" in msg, msg
