@@ -7,12 +7,14 @@ group with the plan's strategy (``optim_grads_params``: every ``TransformerLayer
 its weights all-gathered before its forward and backward), megatron-core's distributed optimizer over its shards
 (``get_megatron_optimizer`` takes the FSDP branch), megatron-core's clipping. On CPU with ``patches.fsdp_cpu``
 (host streams). What is refused, one line before any process group (``refusal``): pipeline stages (the runtime's
-embedding-copy and p2p helpers read DDP's buckets), tp > 1 (``wrap``), MoE (the expert groups), CPU activation offload (not built),
+embedding-copy and p2p helpers read DDP's buckets), ``no_shard`` (megatron-core's step fails on it; it is DDP),
+tp > 1 (``wrap``), MoE (the expert groups), CPU activation offload (not built),
 and a machine without einops (``FullyShardedDataParallel`` builds its device mesh with it).
 
-Full tensors (tests): ``local_full`` puts each parameter group's gradient buffer (after the reduce-scatter) or
-weight buffer (after the optimizer's all-gather) together over the DP x CP group and cuts each parameter out of it
-at its place in the buffer (``item_index_map``): a TP-local tensor per local name, as DDP's ``main_grad``.
+Full tensors (tests): ``local_full`` puts each parameter group's gradient buffer (after the reduction) or weight
+buffer (after the optimizer step) together from every DP x CP rank's shard -- the part it reduced or updated; an
+unsharded buffer (``optim``) holds the rest unreduced -- and cuts each parameter out of it at its place in the
+buffer (``item_index_map``): a TP-local tensor per local name, as DDP's ``main_grad``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ def refusal(plan) -> str | None:
         return (f"megatron_fsdp with {plan.num_stages} pipeline stages ({plan.num_virtual_stages} chunks each): the "
                 "runtime runs Megatron FSDP on one stage with one chunk; use one stage or run the plan with "
                 "Megatron-LM (aceso export --to megatron-lm)")
+    if plan.megatron_fsdp.data_parallel_sharding_strategy == "no_shard":
+        return ("megatron_fsdp no_shard: megatron-core 0.16.1's optimizer step fails on it (start_param_sync -> "
+                "async_bucket_gather: the weight buffer is None) and it shards nothing; remove megatron_fsdp (DDP)")
     if (tp := max(st.tp for st in plan.stages)) > 1:
         return (f"megatron_fsdp with tp {tp}: megatron-core's FullyShardedDataParallel flags TP parameters from the "
                 "global parallel_state groups, which the runtime's per-stage groups are not; use tp 1 or run the "
@@ -79,11 +84,12 @@ def local_full(rt, which: str) -> dict[str, torch.Tensor]:
             buf = group.main_grad_buffer if which == "grad" else group.model_weight_buffer
             if buf is None:
                 continue
-            data = buf.data
-            if buf.is_data_distributed:
-                parts = [torch.empty_like(data) for _ in range(buf.dp_world_size)]
-                dist.all_gather(parts, data, group=buf.data_parallel_group)
-                data = torch.cat(parts)
+            # each rank's (virtual) shard is what it reduced / updated: summed over DP x CP into the whole bucket
+            sh, whole = buf.shard_bucket_index, buf.bucket_index
+            data = torch.zeros(whole.global_data_index + whole.size, dtype=buf.data.dtype)
+            lo = sh.global_data_index
+            data[lo:lo + sh.size] = buf.data[sh.local_data_index:sh.local_data_index + sh.size].cpu()
+            dist.all_reduce(data, group=buf.data_parallel_group)
             for k, p in enumerate(buf.params):
                 ix = buf.item_index_map[k]
                 out[f"chunks.{i}.{names[p]}"] = data[ix.global_data_index:ix.global_data_index + ix.size].view(p.shape)

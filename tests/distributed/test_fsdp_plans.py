@@ -4,9 +4,9 @@ Each plan as in ``test_plans.py``: loss and every gradient after one step (relat
 clipped optimizer steps and the weights after them. The plans run through megatron-core's own
 ``FullyShardedDataParallel`` (``aceso_megatron.training.fsdp``; on CPU with ``patches.fsdp_cpu``) and its distributed
 optimizer: ``optim_grads_params`` (ZeRO-3: every unit's weights all-gathered per forward and backward),
-``optim_grads`` (ZeRO-2), ``optim`` and ``no_shard``, on a Llama (SwiGLU, RMSNorm, RoPE, untied) and a GPT (GELU,
-biases, LayerNorm, tied embeddings), with recompute. A control reduces nothing (each rank keeps its own
-half-batch gradient) and must fail. Needs einops (megatron-core's FSDP device mesh); skipped without it.
+``optim_grads`` (ZeRO-2) and ``optim``, on a Llama (SwiGLU, RMSNorm, RoPE, untied) and a GPT (GELU,
+biases, LayerNorm, tied embeddings), with recompute. The control (ZeRO-2) reduce-scatters without the reduction
+(each rank keeps its own micro-batches' gradient shard) and must fail on gradients. Needs einops (megatron-core's FSDP device mesh); skipped without it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import importlib.util
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from aceso_megatron.testing import run_plans, spawn
 from tests.distributed.test_plans import SEED, STEPS, TC, compare, reference_process  # noqa: F401 (fixture)
@@ -38,25 +39,29 @@ PLANS = {
     "gpt optim_grads_params dp2, tied embeddings, recompute full and selective": plan(
         GPT, "optim_grads_params", rc=["full", "full", "none", "selective"]),
     "gpt optim dp2": plan(GPT, "optim"),
-    "llama no_shard dp2": plan(LLAMA, "no_shard"),
 }
 CONTROL = PLANS["llama optim_grads (ZeRO-2) dp2, 2 micro-batches"]
 
 
-def _no_reduction(self, *args, **kwargs):
-    """The control: the gradient reduce-scatter skipped (each rank keeps its own micro-batches' gradients)."""
+def _scatter_without_reduction(output, input, op=None, group=None, async_op=False):
+    """The control: FSDP's gradient reduce-scatter keeps each rank's own shard unreduced (its micro-batches only)."""
+    output.copy_(input.chunk(dist.get_world_size(group))[dist.get_rank(group)])
+    return _Done()
+
+
+class _Done:
+    def wait(self) -> None:
+        pass
 
 
 def plans_then_control(rank, world_size, raws, out, control_out, seed, steps, tc) -> None:
-    from megatron.core.distributed.fsdp.src.megatron_fsdp import megatron_fsdp
-
     run_plans(rank, world_size, raws, out, seed, steps, tc)
-    right = megatron_fsdp.MegatronFSDP.synchronize_gradient_reduce
-    megatron_fsdp.MegatronFSDP.synchronize_gradient_reduce = _no_reduction
+    right = dist.reduce_scatter_tensor
+    dist.reduce_scatter_tensor = _scatter_without_reduction
     try:
         run_plans(rank, world_size, [CONTROL], control_out, seed, steps, tc)
     finally:
-        megatron_fsdp.MegatronFSDP.synchronize_gradient_reduce = right
+        dist.reduce_scatter_tensor = right
 
 
 def test_fsdp_plans_match_single_process(tmp_path, reference_process):  # noqa: F811
