@@ -12,7 +12,8 @@ setup(
     install_requires=["pydantic>=2.6,<3", "numpy>=1.24", "rich>=13", "pyyaml>=6"],
     extras_require={
         # torch is pinned: a CPU wheel of 2.13.0 is on disk; an unpinned torch pulls a multi-GB CUDA build.
-        "runtime": ["torch==2.13.0", "megatron-core>=0.16.1,<0.18", "psutil"],  # psutil: dist_checkpointing
+        # psutil: dist_checkpointing; einops: megatron-core's FullyShardedDataParallel (Megatron FSDP plans)
+        "runtime": ["torch==2.13.0", "megatron-core>=0.16.1,<0.18", "psutil", "einops"],
         # transformer-engine is optional; apex is not on PyPI (see README, "GPU extras").
         "gpu": ["transformer-engine[pytorch]"],
         "test": ["pytest>=8", "pytest-timeout>=2", "tensorboard>=2.14"],   # tensorboard: event files read back

@@ -18,6 +18,9 @@ The model's ``megatron`` block (extra ``TransformerConfig`` fields, ``model_spec
 passed unchanged; it may turn the kernel fusions on, except on CPU, where the CUDA-only fusions
 (``search.megatron_fields.CPU_OFF``) stay off whatever it says (logged once). Fields the runtime sets itself are
 refused in the block, so they never collide here.
+
+Low precision (``low``: the plan's ``settings.low_precision``): the recipe's fields as Megatron-LM sets them from
+the exported flags (``lowprec.config_fields``); a megatron block that sets one of them too is refused (one truth).
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ from megatron.core.transformer.transformer_config import MLATransformerConfig, T
 
 from model_specs.builders import architecture_kwargs
 from model_specs.extensions import megatron_kwargs
+from search.errors import AcesoError
 from search.megatron_fields import CPU_OFF
 from search.model import ModelSpec, UnitKind
 
 from .fast_path import Environment, FastPath, choose
+from .lowprec import config_fields
 from .recompute import CheckpointedActivation
 
 log = logging.getLogger(__name__)
@@ -53,16 +58,21 @@ def _fusions(extra: dict, cpu: bool, base: dict) -> dict:
 
 def stage_config(model: ModelSpec, tp: int, device: str = "cpu", num_layers: int | None = None, *,
                  cp: int = 1, sequence_parallel: bool = False, fast: FastPath | None = None,
-                 moe: dict | None = None) -> TransformerConfig:
+                 moe: dict | None = None, low=None) -> TransformerConfig:
     """The TransformerConfig of a stage with tensor-parallel degree ``tp`` (and ``cp``, SP) on ``device``, with
     the fusions of ``fast`` (default: what this machine offers; on CPU fp32 and every fusion off), the stage's MoE
-    fields ``moe`` (expert shape, dispatcher: ``model.moe.stage_fields``), plus the ``megatron`` block's fields; an MLA
-    model's is an ``MLATransformerConfig`` (``builders.mla_mtp_kwargs``)."""
+    fields ``moe`` (expert shape, dispatcher: ``model.moe.stage_fields``), the recipe of ``low`` (a
+    ``LowPrecision``), plus the ``megatron`` block's fields; an MLA model's is an ``MLATransformerConfig``
+    (``builders.mla_mtp_kwargs``)."""
     fast = fast or choose(Environment.detect(device), model)
     kw = architecture_kwargs(model, dtype=fast.dtype)
     if num_layers is not None:
         kw["num_layers"] = num_layers
     extra = megatron_kwargs(model)
+    recipe = config_fields(low) if low is not None else {}
+    if clash := sorted(set(recipe) & set(extra)):
+        raise AcesoError(f"megatron.{clash[0]}: the plan's settings.low_precision ({low.recipe}) sets it; remove it "
+                         "from the model's megatron block")
     cls = MLATransformerConfig if model.mla is not None else TransformerConfig   # MLA: its own config class
     return cls(
         **kw,
@@ -77,6 +87,7 @@ def stage_config(model: ModelSpec, tp: int, device: str = "cpu", num_layers: int
         use_cpu_initialization=device == "cpu",
         pipeline_dtype=kw["params_dtype"],
         **(moe or {}),
+        **recipe,
         **extra,
     )
 

@@ -14,6 +14,7 @@ refuses such a plan before any process group exists).
 | ``masked_softmax_fusion`` | CUDA and (TE specs, or apex's ``scaled_masked_softmax_cuda``) | local attention imports the apex kernel at the first call |
 | ``apply_rope_fusion`` | CUDA, RoPE, TE >= 1.4 | TE's fused RoPE |
 | ``gradient_accumulation_fusion`` | CUDA and (TE specs or apex's ``fused_weight_gradient_mlp_cuda``) | wgrad GEMM accumulates into ``main_grad``; local linears need the apex kernel, so the output layer (a local ``ColumnParallelLinear``) gets it only with apex (``output_layer_grad_accum_fusion``) |
+| low-precision recipe (``settings.low_precision``) | CUDA, TE (>= the recipe's version), the recipe's tensor cores | ``model.lowprec``: megatron-core's fp8 / fp4 config fields and per-layer contexts; refused otherwise |
 | ``tp_comm_overlap`` | the plan asks, CUDA, TE >= 1.9 with userbuffers | TE's ``initialize_ub`` builds one TP domain per block of ``tp`` ranks of the world: every stage needs the same tp, cp and per-rank micro-batch |
 
 Recompute stays exact with fusions: a selective MLP unit keeps its activation unfused (``model.config.unit_config``
@@ -134,6 +135,10 @@ def choose(env: Environment, model: ModelSpec, tp_comm_overlap: bool = False) ->
 
 def refusal(env: Environment, plan: ParallelPlan) -> str | None:
     """One line naming the stage/field of ``plan`` this environment cannot run, or None."""
+    from .lowprec import refusal as recipe_refusal
+
+    if (msg := recipe_refusal(env, plan)) is not None:   # FP8 / FP4: CUDA, transformer-engine, tensor cores
+        return msg
     where = "on CPU" if not env.cuda else "without transformer-engine"
     for i, st in enumerate(plan.stages):
         if st.cp > 1 and not env.te:

@@ -7,6 +7,9 @@ built from the unit spec (the other halves as identities; ``attn_dropout`` units
 layer number. A layer that runs whole gives one ``UnitLayer`` for all its units (the plan keeps them together with
 one recompute choice, none or full: ``check_model``).
 
+A unit runs in its recipe's FP8 / FP4 context (``lowprec.layer_context``, inside a full recompute's function as in
+megatron-core's ``TransformerBlock``) and is built in its quantized-parameter context (``lowprec.init_context``).
+
 Selective recompute of an MLP unit wraps the built MLP's own ``activation_func`` (``CheckpointedActivation``), so a
 user's MLP with its own activation is recomputed too.
 
@@ -34,6 +37,7 @@ from search.model import ModelSpec, Unit
 
 from .attention import with_recomputed_dropout
 from .config import stage_config, unit_config
+from .lowprec import init_context, layer_context
 from .recompute import CheckpointedActivation, run_unit
 
 
@@ -49,9 +53,10 @@ class UnitLayer(torch.nn.Module):
         self.num_units = num_units
 
     def forward(self, hidden, rotary_pos_emb=None, attention_mask=None, context=None, context_mask=None):
-        def run(h, ctx):
-            out, _ = self.layer(h, attention_mask=attention_mask, context=ctx, context_mask=context_mask,
-                                rotary_pos_emb=rotary_pos_emb)
+        def run(h, ctx):   # in the unit's FP8 / FP4 context (global layer number; bf16 layers: none)
+            with layer_context(self.layer.config, self.unit.layer):
+                out, _ = self.layer(h, attention_mask=attention_mask, context=ctx, context_mask=context_mask,
+                                    rotary_pos_emb=rotary_pos_emb)
             return out
 
         return run_unit(run, self.full_recompute, hidden, context)
@@ -100,7 +105,8 @@ def build_unit_layers(model: ModelSpec, units: list[Unit], recompute: list[str],
         if unit.stack in whole:   # the layer's units are consecutive here (check_model)
             n = sum(1 for u in units[i:] if (u.stack, u.layer) == (unit.stack, unit.layer))
             spec = transform(bind_tp_group(full, pg_collection.tp))
-            layer = build_module(spec, config=config, layer_number=unit.layer + 1, pg_collection=pg_collection)
+            with init_context(config, unit.layer):
+                layer = build_module(spec, config=config, layer_number=unit.layer + 1, pg_collection=pg_collection)
             out.append(UnitLayer(unit, layer, rc == "full", n))
             i += n
             continue
@@ -108,7 +114,8 @@ def build_unit_layers(model: ModelSpec, units: list[Unit], recompute: list[str],
         spec = transform(unit_spec(full, unit.kind, pg_collection.tp))
         if rc == "attn_dropout":
             spec = with_recomputed_dropout(spec, unit.kind)
-        layer = build_module(spec, config=cfg, layer_number=unit.layer + 1, pg_collection=pg_collection)
+        with init_context(cfg, unit.layer):
+            layer = build_module(spec, config=cfg, layer_number=unit.layer + 1, pg_collection=pg_collection)
         if rc == "selective" and unit.kind in ("mlp", "moe"):
             _recompute_activation(layer, unit)
         out.append(UnitLayer(unit, layer, rc == "full"))

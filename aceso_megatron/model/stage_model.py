@@ -45,7 +45,7 @@ from model_specs.builders import final_norm_spec
 from search.model import ModelSpec
 from search.plan import ParallelPlan
 
-from . import moe, mtp
+from . import lowprec, moe, mtp
 from .attention import attention_mismatch, fall_back_with_te
 from .config import stage_config, without_grad_accum_fusion
 from .fast_path import Environment, FastPath, choose
@@ -79,7 +79,8 @@ class _Stage(MegatronModule):
         span = st.chunks[chunk]
         self.fast = fast or choose(Environment.detect(device), model, plan.tp_comm_overlap)
         config = stage_config(model, st.tp, device, cp=st.cp, sequence_parallel=st.sequence_parallel,
-                              fast=self.fast, moe=moe.stage_fields(plan, stage, device != "cpu", self.fast.te))
+                              fast=self.fast, moe=moe.stage_fields(plan, stage, device != "cpu", self.fast.te),
+                              low=plan.settings.low_precision if plan.settings is not None else None)
         super().__init__(config=config)
         self.model_type = ModelType.encoder_or_decoder
         self.spec = model
@@ -119,10 +120,11 @@ class _Stage(MegatronModule):
 
     def units_context(self):
         """The context the units run in: the rng tracker's fork under sequence parallelism (as megatron-core's
-        ``TransformerBlock``: dropout on sequence-sharded activations differs per TP rank)."""
-        if self.config.sequence_parallel:
-            return tensor_parallel.get_cuda_rng_tracker().fork()
-        return contextlib.nullcontext()
+        ``TransformerBlock``: dropout on sequence-sharded activations differs per TP rank), and in the recipe's
+        block context (``lowprec.block_context``: delayed scaling's one FP8 context; otherwise each unit enters
+        its own)."""
+        rng = tensor_parallel.get_cuda_rng_tracker().fork() if self.config.sequence_parallel else None
+        return lowprec.entered(rng or contextlib.nullcontext(), lowprec.block_context(self.config))
 
     def _output_layer(self, has_embedding: bool, bias: bool) -> tensor_parallel.ColumnParallelLinear:
         c = self.config if self.fast.output_layer_grad_accum_fusion else without_grad_accum_fusion(self.config)

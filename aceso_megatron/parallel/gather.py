@@ -4,7 +4,8 @@ single-process model).
 A parameter's full value is its TP shards put together (``init.gather_full``) on DP replica 0, CP rank 0 of its
 stage (a routed expert's: its expert-TP shards on expert-DP replica 0 of its EP rank). Its gradient is its ``main_grad`` after the step's finalisation -- except with the distributed optimizer,
 where each DP (x CP) rank holds the reduced gradient of its shard of every DDP bucket only: the shards are put
-together first (``reduced_grads``). Adam's state (``full_optimizer_state``) likewise: the distributed optimizer's
+together first (``reduced_grads``); with Megatron FSDP, gradients and weights from its buffers
+(``training.fsdp.local_full``). Adam's state (``full_optimizer_state``) likewise: the distributed optimizer's
 flat DP shards put together, then the TP shards.
 """
 
@@ -38,7 +39,11 @@ def full_tensors(rt, which: str) -> dict[str, torch.Tensor]:
     """``which`` = "param" or "grad": every full-model tensor on every rank (collective)."""
     params = dict(rt.named_parameters())
     names = rt.canonical_names()
-    if which == "grad" and rt.plan.distributed_optimizer:
+    if rt.plan.megatron_fsdp is not None:   # Megatron FSDP: its buffers put together over DP x CP
+        from ..training.fsdp import local_full
+
+        local = local_full(rt, which)
+    elif which == "grad" and rt.plan.distributed_optimizer:
         reduced = reduced_grads(rt)
         local = {n: reduced[p] for n, p in params.items()}
     else:

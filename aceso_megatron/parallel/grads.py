@@ -41,7 +41,7 @@ def finalize_model_grads_fn(runtime):
         sync_tied_embedding_grads(runtime)  # on the local (not yet DP-reduced) gradients
         # buckets whose reduction the backward hooks already started (overlap_grad_reduce): for the record
         runtime.overlapped_buckets = sum(bg.grad_reduce_handle is not None for m in model_chunks
-                                         for bg in m.bucket_groups)
+                                         for bg in getattr(m, "bucket_groups", ()))   # Megatron FSDP: none
         for chunk in model_chunks:
             chunk.finish_grad_sync(force_all_reduce=force_all_reduce)
         allreduce_tp_partial_grads(runtime)

@@ -82,7 +82,7 @@ def run_plans(rank: int, world_size: int, plans: list[dict], out: str, seed: int
         batches = make_batches(rt.plan.model, rt.plan.micro_batch_size, rt.plan.global_batch_size, seed)
         losses = [rt.forward_backward(iter(batches))]
         grads = rt.full_grads()
-        if rt.plan.distributed_optimizer:  # megatron-core's clipping inside its distributed optimizer
+        if rt.sharded_optimizer:  # megatron-core's clipping inside its distributed optimizer
             _, norm, _ = rt.optimizer.step()
         else:
             norm = clip_grad_norm(rt, rt.train_config.clip_grad)
@@ -92,7 +92,7 @@ def run_plans(rank: int, world_size: int, plans: list[dict], out: str, seed: int
             losses.append(rt.train_step(iter(batches)))
             overlapped += rt.overlapped_buckets if i == 0 else 0
         deferred = rt.plan.overlap_param_gather and not any(
-            bg.param_gather_dispatched for m in rt.models for bg in m.bucket_groups)
+            bg.param_gather_dispatched for m in rt.models for bg in getattr(m, "bucket_groups", ()))
         counts = torch.tensor([overlapped, int(deferred)], dtype=torch.int64)
         dist.all_reduce(counts)
         results.append({"losses": losses, "grads": grads, "grad_norm": float(norm), "params": rt.full_params(),

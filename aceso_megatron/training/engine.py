@@ -34,6 +34,7 @@ from ..model.fast_path import Environment, FastPath, choose, refusal
 from ..model.moe import refusal as moe_refusal
 from ..parallel.layout import Groups, RankLayout, build_groups, sample_range
 from ..parallel.shards import cp_token_index
+from . import fsdp
 
 
 @dataclass
@@ -60,6 +61,8 @@ def check_plan(plan: ParallelPlan | dict, world_size: int, env: Environment | No
     line naming the stage and field."""
     plan = parse_plan(plan if isinstance(plan, dict) else plan.model_dump(), world_size=world_size)
     if (msg := moe_refusal(env, plan)) is not None:   # never an MoE/MLA/MTP model built as if it were dense
+        raise AcesoError(msg)
+    if (msg := fsdp.refusal(plan)) is not None:       # never a Megatron FSDP plan run as DDP
         raise AcesoError(msg)
     if env is not None:
         if (msg := refusal(env, plan)) is not None:
@@ -198,12 +201,17 @@ class Runtime:
         self.optimizer.zero_grad()
         return self.run_schedule(batch_iterator)
 
+    @property
+    def sharded_optimizer(self) -> bool:
+        """megatron-core's distributed optimizer steps and clips (the plan's, or Megatron FSDP's)."""
+        return self.plan.distributed_optimizer or self.plan.megatron_fsdp is not None
+
     def train_step(self, batch_iterator: Iterator[dict]) -> float:
         """One optimizer step over the global batch (clipped); returns the mean per-token loss."""
         from ..parallel.grads import clip_grad_norm
 
         loss = self.forward_backward(batch_iterator)
-        if self.plan.distributed_optimizer:
+        if self.sharded_optimizer:
             _, norm, _ = self.optimizer.step()
             self.last_grad_norm = float(norm) if norm is not None else 0.0
         else:
@@ -238,17 +246,18 @@ def _ddp_config(plan: ParallelPlan, fast: FastPath, tc: TrainConfig):
 
     return DistributedDataParallelConfig(
         overlap_grad_reduce=plan.overlap_grad_reduce, overlap_param_gather=plan.overlap_param_gather,
-        use_distributed_optimizer=plan.distributed_optimizer, bucket_size=tc.ddp_bucket_size,
+        use_distributed_optimizer=plan.distributed_optimizer or plan.megatron_fsdp is not None, bucket_size=tc.ddp_bucket_size,
         # as the plan was priced (search/plan_settings.py: runtime plans reduce in the parameter dtype, megatron-
         # core's DDP default; a Megatron-LM-priced plan as Megatron-LM's flags say)
         grad_reduce_in_fp32=run_settings(plan.settings, fast.dtype).grad_reduce_in_fp32,
+        **fsdp.ddp_fields(plan),
     )
 
 
 def _optimizer(plan: ParallelPlan, tc: TrainConfig, config, models, groups: Groups):
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    dist_opt = plan.distributed_optimizer
+    dist_opt = plan.distributed_optimizer or plan.megatron_fsdp is not None
     opt_config = OptimizerConfig(  # distributed optimizer: megatron-core clips (norm over the world of shards)
         optimizer="adam", lr=tc.lr, weight_decay=tc.weight_decay, adam_beta1=tc.adam_beta1,
         adam_beta2=tc.adam_beta2, clip_grad=tc.clip_grad if dist_opt else 0.0,
@@ -281,7 +290,11 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
 
         mla_mtp_tp_group.apply()
         mla_without_te.apply()
-    if plan.distributed_optimizer:
+    if plan.megatron_fsdp is not None and device == "cpu":
+        from patches import fsdp_cpu
+
+        fsdp_cpu.apply()
+    if plan.distributed_optimizer or plan.megatron_fsdp is not None:
         from patches import dist_opt_torch_adam
 
         if dist_opt_torch_adam.needed():
@@ -325,9 +338,13 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
 
         shared_embedding_bucket.apply()
     ddp_config = _ddp_config(plan, fast, tc)
-    models = [DistributedDataParallel(c.config, copy.copy(ddp_config), c, pg_collection=groups.pg_collection,
-                                      disable_bucketing=j > 0)  # as Megatron-LM: buckets for the first chunk
-              for j, c in enumerate(chunks)]
+    if plan.megatron_fsdp is not None:   # one chunk (fsdp.refusal)
+        models = [fsdp.wrap(c, copy.copy(ddp_config), groups, "cpu" if device == "cpu" else f"cuda:{torch.cuda.current_device()}")
+                  for c in chunks]
+    else:
+        models = [DistributedDataParallel(c.config, copy.copy(ddp_config), c, pg_collection=groups.pg_collection,
+                                          disable_bucketing=j > 0)  # as Megatron-LM: buckets for the first chunk
+                  for j, c in enumerate(chunks)]
     optimizer = _optimizer(plan, tc, chunks[0].config, models, groups)
     dev = "cpu" if device == "cpu" else torch.device("cuda", torch.cuda.current_device())
     comm = PlanCommunicator(plan, rank, chunks[0].config, dev)

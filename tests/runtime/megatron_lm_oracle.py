@@ -4,7 +4,8 @@ Reads ``[{"line": ARGS, "world": N}, ...]`` as JSON on stdin; for each, runs Meg
 ``validate_args`` and ``core_transformer_config_from_args`` (from the checkout on PYTHONPATH) and prints one JSON
 list: per case either ``{"error": ...}`` or the ``(first layer, layer count)`` megatron-core builds on each model
 chunk in model order (``get_transformer_layer_offset`` / ``get_num_layers_to_build``), the recompute settings and
-the data-parallel size. CPU only: the device-architecture query is answered as Hopper (9.0), the Triton-only
+the data-parallel size. CPU only: the device-architecture query is answered as Hopper (9.0), the transformer-engine version query as
+new enough (``--fp4-format``), the Triton-only
 batch-invariant kernels and transformer-engine's fused MoE permute kernels are stubbed, and ``--no-rope-fusion`` is
 added (rope fusion needs transformer-engine). MoE lines also report the MoE / MLA / MTP config fields and the chunk
 megatron-core builds the MTP layers on.
@@ -32,6 +33,7 @@ from megatron.core.transformer.transformer_block import get_num_layers_to_build 
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset  # noqa: E402
 
 A.get_device_arch_version = lambda: 9
+A.is_te_min_version = lambda *a, **k: True   # --fp4-format asks for transformer-engine >= 2.7 (absent on CPU)
 import torch  # noqa: E402
 
 torch.cuda.get_device_capability = lambda *a, **k: (9, 0)   # --moe-grouped-gemm asks for it (Hopper)
@@ -72,6 +74,7 @@ def run(line: str, world: int) -> dict:
             "fsdp": [args.use_megatron_fsdp, args.data_parallel_sharding_strategy, args.ckpt_format],
             "offload": [cfg.cpu_offloading, cfg.cpu_offloading_num_layers],
             "moe": {k: _plain(getattr(cfg, k, None)) for k in MOE_FIELDS},
+            "recipe": {k: _plain(getattr(cfg, k, None)) for k in RECIPE_FIELDS},
             "mtp_chunk": _mtp_chunk(cfg, pp, vpp)}
 
 
@@ -84,6 +87,13 @@ MOE_FIELDS = ("num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_
               "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm", "multi_latent_attention",
               "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm",
               "mtp_num_layers")
+
+
+# TransformerConfig fields of the low-precision recipes (aceso_megatron.model.lowprec.DEFAULTS)
+RECIPE_FIELDS = ("fp8", "fp8_recipe", "fp8_param", "fp8_margin", "fp8_interval", "fp8_amax_history_len",
+                 "fp8_amax_compute_algo", "fp8_wgrad", "fp8_dot_product_attention", "fp8_multi_head_attention", "fp4",
+                 "fp4_recipe", "fp4_param", "first_last_layers_bf16", "num_layers_at_start_in_bf16",
+                 "num_layers_at_end_in_bf16")
 
 
 def _plain(v):
