@@ -19,6 +19,7 @@ Run: ``python bench/lowprec_published.py`` (table, bench/results/lowprec_publish
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -56,10 +57,33 @@ def load_rows(path: Path = BRIDGE) -> tuple[list[dict], list[str]]:
     return rows, out
 
 
+def run_args(r: dict) -> tuple[str, str | None]:
+    """(the Megatron-LM arguments Megatron-Bridge ran for the row, the correction made, if any).
+
+    One correction: a row whose published GA disagrees with GBS / (MBS x DP) (the table's own ``checks``). The one
+    such dense row, 25.09 Llama 3 70B MXFP8 on 64 GB200 (tp2 pp4 vp5, GA 16), is a parenthesised variant of the FP8
+    row whose MBS column (2) it inherits: MBS is not among its ``variant_fields``; its recipe
+    (``LLAMA3_70B_GB200_FP8_MX_BASE_CONFIG`` in Megatron-Bridge v0.2.0 ``scripts/performance/configs/llama3/
+    workload_base_configs.py``, ``LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_MX_V1`` in v0.5.1) sets no micro-batch size,
+    so it runs ``WorkloadBaseConfig``'s default 1, and GBS 128 / (1 x DP 8) = 16 is the published GA. So the row's
+    own GA decides: MBS = GBS / (GA x DP)."""
+    ga, dp = r.get("ga"), r.get("dp")
+    if not ga or not dp or ga == r.get("ga_implied") or r["gbs"] % (ga * dp):
+        return r["args"], None
+    mbs = r["gbs"] // (ga * dp)
+    args = re.sub(r"--micro-batch-size \d+", f"--micro-batch-size {mbs}", r["args"])
+    return args, f"priced at MBS {mbs} (GBS {r['gbs']} / (GA {ga} x DP {dp})), the recipe's default, not the column's {r['mbs']}"
+
+
+def _mbs(args: str) -> int:
+    return int(re.search(r"--micro-batch-size (\d+)", args).group(1))
+
+
 def price_row(r: dict) -> dict:
-    """The row imported from its arguments and priced; tokens/s per GPU predicted vs measured."""
+    """The row imported from the arguments it ran (``run_args``) and priced; tokens/s per GPU predicted vs measured."""
     cluster = parse_cluster(r["cluster"])
-    plan = read_megatron(r["args"], cluster=cluster).plan
+    args, fixed = run_args(r)
+    plan = read_megatron(args, cluster=cluster).plan
     training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
                             **plan_precision(plan), distributed_optimizer=plan.distributed_optimizer,
                             megatron_fsdp=True if plan.megatron_fsdp else None, attention="flash")
@@ -69,10 +93,11 @@ def price_row(r: dict) -> dict:
     meas = r["tokens_per_s_per_gpu"]
     return {"id": r["id"], "gpu": cluster.gpu.name, "generation": kernels.GENERATION.get(cluster.gpu.name, ""),
             "model": r["model"], "cluster": r["cluster"], "precision": training.precision,
-            "config": f"tp{r['tp']} pp{r['pp']} cp{r['cp']} vp{r['vp'] or 1} mbs{r['mbs']} gbs{r['gbs']}",
+            "config": f"tp{r['tp']} pp{r['pp']} cp{r['cp']} vp{r['vp'] or 1} mbs{_mbs(args)} gbs{r['gbs']}",
             "measured_tokens_per_gpu": meas, "predicted_tokens_per_gpu": tokens, "error": tokens / meas - 1,
             "iteration_ms": cost.iteration_ms, "memory_gib": cost.max_memory_mb / 1024,
-            "memory_limit_gib": cost.memory_limit_mb / 1024, "fits": cost.fits, "checks": r.get("checks") or []}
+            "memory_limit_gib": cost.memory_limit_mb / 1024, "fits": cost.fits, "checks": [f"{c}: {fixed}" for c in r.get("checks") or []] if fixed else
+            r.get("checks") or []}
 
 
 def summarize(results: list[dict]) -> dict:

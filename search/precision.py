@@ -108,8 +108,24 @@ def weight_bytes_per_param(precision: str, param_gather: bool) -> float:
 
 
 def gather_bytes_per_param(precision: str, param_gather: bool, dt: float = 2.0) -> float:
-    """Bytes per linear-layer parameter the distributed optimizer all-gathers (quantized with param gather)."""
-    return per_elem(precision) if param_gather and is_low(precision) else dt
+    """Bytes per linear-layer parameter the distributed optimizer all-gathers: quantized with param gather, except
+    MXFP8, whose parameters megatron-core all-gathers in the gradient buffer's dtype (``dt``: bf16 with
+    ``--grad-reduce-in-bf16``) and then quantizes into the MXFP8 parameter (core_v0.16.1
+    ``param_and_grad_buffer.py``: "For MXFP8 param: Create a shared buffer for param AG and grad RS", the buffer
+    typed as the gradients, whatever ``--reuse-grad-buf-for-mxfp8-param-ag`` says)."""
+    if not (param_gather and is_low(precision)) or precision == "mxfp8":
+        return dt
+    return per_elem(precision)
+
+
+def fsdp_weight_bytes_per_param(precision: str, param_gather: bool, dt: float = 2.0) -> float:
+    """Bytes per linear-layer parameter beyond the dt-byte weight under Megatron FSDP: with param gather the
+    (sharded) parameter and the unsharded copy FSDP all-gathers are what the all-gather moves
+    (``gather_bytes_per_param``) and no transposed copy is cached (megatron-core ``keep_fp8_transpose_cache``
+    False by default, as Megatron-Bridge's FSDP runs set it); without it as under DDP (``weight_bytes_per_param``)."""
+    if param_gather and is_low(precision):
+        return gather_bytes_per_param(precision, True, dt) - dt
+    return weight_bytes_per_param(precision, False)
 
 
 def act_saving_bytes(precision: str, elems: float, dt: float = 2.0) -> float:

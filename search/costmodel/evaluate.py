@@ -110,6 +110,7 @@ class _Static(NamedTuple):
     off_mb: float = 0.0       # activation MB the offload moves to the host (recompute none), per micro-batch
     fsdp_mb: float = 0.0      # Megatron FSDP's whole-layer buffers in flight
     micro_batches: int = 1
+    off_kept: float = 0.0     # of the offloaded activations, the MB of the layer in flight (``offload.kept_mb``)
 
 
 def _chunk_comm(c: dict, a: int, e: int) -> tuple[float, ...]:
@@ -180,6 +181,7 @@ class CostModel:
         # low precision (search/precision.py): quantized weight caches per linear parameter, quantized all-gather
         self._w_lp = lowp.weight_bytes_per_param(training.precision, training.fp8_param_gather)
         self._ag_lp = lowp.gather_bytes_per_param(training.precision, training.fp8_param_gather, self._w) - self._w
+        self._w_lp_fsdp = lowp.fsdp_weight_bytes_per_param(training.precision, training.fp8_param_gather, self._w)
         self._lp_mask = np.array([not lowp.bf16_layer(training.precision, u.layer, model.num_layers,
                                                       training.bf16_layers_start, training.bf16_layers_end)
                                   for u in model.units], dtype=bool)
@@ -295,8 +297,10 @@ class CostModel:
     def _assemble(self, st: _Static, rec: float, act: float, rpeak: float, chunk_rec: list[float]) -> StageCost:
         if st.head_peak > rpeak:
             rpeak = st.head_peak
-        acts = (act + st.act_extra - st.off_mb) * (1 + FRAGMENTATION)
-        live = acts + rpeak + st.buf + st.fsdp_mb
+        acts = (act + st.act_extra - st.off_mb - st.off_kept) * (1 + FRAGMENTATION)
+        # the offloaded layer still in flight overlaps the last layers' forward, not the loss (``offload.py``)
+        in_flight = max(0.0, st.off_kept * (1 + FRAGMENTATION) - rpeak)
+        live = acts + in_flight + rpeak + st.buf + st.fsdp_mb
         over = st.copy_mb - live if st.copy_mb > live else 0.0     # the step's gradient copy beyond the activations
         total = st.w_mb + st.g_mb + st.o_mb + live + over + RESERVE_MB
         mem = {"params": st.w_mb, "grads": st.g_mb, "optimizer": st.o_mb, "activations": acts,
@@ -305,6 +309,8 @@ class CostModel:
             mem["grad_copy"] = over
         if st.fsdp_mb:
             mem["fsdp_buffers"] = st.fsdp_mb
+        if st.off_kept:
+            mem["offload_in_flight"] = in_flight
         parts = tuple((f, pf, r, bw, pb) for f, bw, r, (pf, pb) in zip(st.chunk_fwd, st.chunk_bwd, chunk_rec,
                                                                        st.chunk_p2p))
         cf = cb = ()
@@ -344,7 +350,7 @@ class CostModel:
         sums = dict.fromkeys(("tpc", "tph", "cpc", "cph", "epc", "eph", "eparams"), 0.0)
         p2p_total = p2p_exposed = 0.0
         in_fl = in_flight_per_chunk(stage_index, S, v, M)
-        chunk_params = []
+        chunk_params, chunk_lp = [], []
         for j, (a, e) in enumerate(spans):
             act0, params0 = act, params
             k = j * S + stage_index                 # the model chunk
@@ -352,7 +358,9 @@ class CostModel:
             fwd = c["fwd"][e] - c["fwd"][a]
             bwd = c["bwd"][e] - c["bwd"][a]
             params += c["params"][e] - c["params"][a]
+            lp0 = lp_params
             lp_params += float(t.weight_params[a:e][self._lp_mask[a:e]].sum()) if self._w_lp or self._ag_lp else 0.0
+            chunk_lp.append(lp_params - lp0)
             for name in sums:
                 sums[name] += c[name][e] - c[name][a]
             if split:
@@ -405,9 +413,9 @@ class CostModel:
                 ideal += fwd + bwd
         if self.kind != "analytic":
             ideal -= sums["tpc"]
-        fsdp_mb, fsdp_comm = self._fsdp_micro_batches(p, spans, chunk_params, chunk_fwd, chunk_bwd, first_rank, n,
-                                                      dp * cp, features, M)
-        off_mb, off_comm = self._offload(p, stage_index, chunk_fwd, chunk_bwd, features, M)
+        fsdp_mb, fsdp_comm = self._fsdp_micro_batches(p, spans, chunk_params, chunk_lp, chunk_fwd, chunk_bwd,
+                                                      first_rank, n, dp * cp, features, M)
+        off_mb, off_kept, off_comm = self._offload(p, stage_index, chunk_fwd, chunk_bwd, features, M)
         experts = sums["eparams"]
         sync, opt, prologue, dp_comm = self._per_iteration(stage_index, S, first_rank, n, dp * cp, params,
                                                            sum(chunk_fwd), sum(chunk_bwd), t, features, lp_params,
@@ -420,7 +428,7 @@ class CostModel:
         # the experts' states shard over the expert-DP group where the dense ones shard over dp x cp
         ew, eg, eo = state_divisors(features.fsdp, edp, features.distributed_optimizer)
         dense = params - experts
-        lp_w = lp_params * self._w_lp
+        lp_w = lp_params * (self._w_lp_fsdp if features.fsdp else self._w_lp)
         return _Static(sum(chunk_fwd), sum(chunk_bwd), p2p_exposed, sync, opt, sums["tpc"], act, in_fl,
                        (dense * self._w / dw + experts * self._w / ew + lp_w * (dense / dw + experts / ew) /
                         max(params, 1.0)) / MB,
@@ -429,7 +437,7 @@ class CostModel:
                        (dense * self._copy / do + experts * self._copy / eo) / MB,
                        buf, head_peak, ideal, tuple(chunk_fwd), tuple(chunk_bwd), tuple(chunk_p2p), prologue,
                        {k: v for k, v in comm.items() if v[0] > 0 or v[1] > 0}, tuple(chunk_comm), off_mb, fsdp_mb,
-                       M)
+                       M, off_kept)
 
     def _per_iteration(self, stage_index: int, S: int, first_rank: int, n: int, dpc: int, params: float,
                        fwd: float, bwd: float, t: UnitTable, features: Features, lp_params: float = 0.0,
@@ -501,10 +509,12 @@ class CostModel:
         inter = size > 1 and self.comm.spans_nodes(first_rank, first_rank + (size - 1) * stride)
         return inter, self.comm.members_per_node(first_rank, stride, size) if inter and self.settings.multi_nic else 1
 
-    def _fsdp_micro_batches(self, p: _Prepared, spans, chunk_params: list, chunk_fwd: list, chunk_bwd: list,
-                            first_rank: int, n: int, dpc: int, features: Features, M: int) -> tuple[float, dict]:
+    def _fsdp_micro_batches(self, p: _Prepared, spans, chunk_params: list, chunk_lp: list, chunk_fwd: list,
+                            chunk_bwd: list, first_rank: int, n: int, dpc: int, features: Features,
+                            M: int) -> tuple[float, dict]:
         """Megatron FSDP's per-micro-batch collectives (``sharding.py``): the exposed parts added to each chunk's
-        forward / backward in place; returns (whole-layer buffer MB, comm entries per iteration)."""
+        forward / backward in place; returns (whole-layer buffer MB, comm entries per iteration). ``chunk_lp``: the
+        chunks' low-precision linear parameters, gathered (and buffered) quantized with param gather."""
         if not features.fsdp or dpc <= 1:
             return 0.0, {}
         inter, k = self._group_link(first_rank, n // dpc, dpc)
@@ -512,28 +522,30 @@ class CostModel:
         rs = lambda b: self.comm.reduce_scatter(b, dpc, inter, k)   # noqa: E731
         starts, c = self.model.layer_starts, p.cum["params"]
         gath = red = (0.0, 0.0)
-        biggest = 0.0
+        biggest = layers = 0.0
         for j, (a, e) in enumerate(spans):
             bounds = [u for u in starts if a <= u <= e]
             layer = [c[y] - c[x] for x, y in zip(bounds[:-1], bounds[1:])]
-            biggest = max([biggest, *layer])
+            biggest, layers = max([biggest, *layer]), layers + sum(layer)
             prm = chunk_params[j]      # its layers' and, on the end chunks, the embedding's / output layer's
-            exp, g, r = per_micro_batch(features.fsdp, dpc, (prm * self._w, prm * self._g), len(layer),
-                                        chunk_fwd[j], chunk_bwd[j], ag, rs, self._tax, features.overlap_param_gather,
-                                        features.overlap_grad_reduce)
+            nbytes = (prm * self._w + chunk_lp[j] * self._ag_lp, prm * self._g)
+            exp, g, r = per_micro_batch(features.fsdp, dpc, nbytes, len(layer), chunk_fwd[j], chunk_bwd[j], ag, rs,
+                                        self._tax, features.overlap_param_gather, features.overlap_grad_reduce)
             chunk_fwd[j] += exp[0]
             chunk_bwd[j] += exp[1]
             gath, red = (gath[0] + M * g[0], gath[1] + M * g[1]), (red[0] + M * r[0], red[1] + M * r[1])
-        return (fsdp_buffer_mb(features.fsdp, dpc, biggest, self._w, self._g),
+        w_layer = self._w + self._ag_lp * sum(chunk_lp) / max(layers, 1.0)    # a layer's weight bytes per parameter
+        return (fsdp_buffer_mb(features.fsdp, dpc, biggest, w_layer, self._g),
                 {"fsdp_param_gather": gath, "fsdp_grad_reduce": red})
 
     def _offload(self, p: _Prepared, stage_index: int, chunk_fwd: list, chunk_bwd: list, features: Features,
-                 M: int) -> tuple[float, dict]:
+                 M: int) -> tuple[float, float, dict]:
         """CPU activation offload of the first ``offload_layers`` layers (``offload.py``; one stage): the exposed
-        copies added to the forward / backward in place; returns (MB off the GPU per micro-batch, comm entries)."""
+        copies added to the forward / backward in place; returns (MB off the GPU per micro-batch, MB of the layer in
+        flight, comm entries)."""
         N = features.offload_layers
         if not N or stage_index:
-            return 0.0, {}
+            return 0.0, 0.0, {}
         end = self.model.layer_starts[N]
         c = p.cum
         act = float(p.table.act_mb[:end, 0].sum())
@@ -542,7 +554,8 @@ class CostModel:
         d2h, h2d = offload_ms(act / N, N, fwd, gbps), offload_ms(act / N, N, bwd, gbps)
         chunk_fwd[0] += d2h[0]
         chunk_bwd[0] += h2d[0]
-        return act - kept_mb(act, N), {"offload": (M * (d2h[0] + h2d[0]), M * (d2h[1] + h2d[1]))}
+        kept = kept_mb(act, N)
+        return act - kept, kept, {"offload": (M * (d2h[0] + h2d[0]), M * (d2h[1] + h2d[1]))}
 
     def _ideal(self, first: bool, last: bool, start: int, end: int, mbs: int, n: int) -> float:
         """fwd + bwd of the stage's work on one GPU at the whole micro-batch, divided by its GPUs (analytic only:
