@@ -55,6 +55,7 @@ from ..model import ModelSpec
 from ..training import TrainingSpec
 from ..moe_plan import moe_settings
 from .comm import CommModel, overlap_tax, overlapped
+from .kernels import GENERATION
 from .memory import (FRAGMENTATION, MB, RESERVE_MB, grad_copy_bytes, in_flight_per_chunk,
                      state_bytes_per_param)
 from .offload import host_link_gbps, kept_mb, offload_ms
@@ -179,9 +180,11 @@ class CostModel:
         self._w, self._g, self._opt = state_bytes_per_param(training.dtype, False, 1, fp32g)
         self._copy = grad_copy_bytes(training.dtype, fp32g) if self.settings.fp32_grad_copy else 0.0
         # low precision (search/precision.py): quantized weight caches per linear parameter, quantized all-gather
-        self._w_lp = lowp.weight_bytes_per_param(training.precision, training.fp8_param_gather)
+        non_tn = GENERATION.get(cluster.gpu.name) == "blackwell"     # no transposed FP8 copy (precision.copies)
+        self._w_lp = lowp.weight_bytes_per_param(training.precision, training.fp8_param_gather, non_tn)
         self._ag_lp = lowp.gather_bytes_per_param(training.precision, training.fp8_param_gather, self._w) - self._w
-        self._w_lp_fsdp = lowp.fsdp_weight_bytes_per_param(training.precision, training.fp8_param_gather, self._w)
+        self._w_lp_fsdp = lowp.fsdp_weight_bytes_per_param(training.precision, training.fp8_param_gather, self._w,
+                                                           non_tn)
         self._lp_mask = np.array([not lowp.bf16_layer(training.precision, u.layer, model.num_layers,
                                                       training.bf16_layers_start, training.bf16_layers_end)
                                   for u in model.units], dtype=bool)
