@@ -81,15 +81,25 @@ def _mbs(args: str) -> int:
     return int(re.search(r"--micro-batch-size (\d+)", args).group(1))
 
 
-def price_row(r: dict) -> dict:
-    """The row imported from the arguments it ran (``run_args``) and priced; tokens/s per GPU predicted vs measured."""
+def row_setup(r: dict) -> dict:
+    """The row imported from the arguments it ran (``run_args``) and the training and run settings ``aceso explain``
+    prices the imported plan under (``plan_precision``, ``run_settings``): {plan, cluster, training, settings,
+    args, fixed}. bench/megatron_memory.py and bench/fsdp_published.py read the Bridge rows through it."""
     cluster = parse_cluster(r["cluster"])
     args, fixed = run_args(r)
     plan = read_megatron(args, cluster=cluster).plan
     training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
                             **plan_precision(plan), distributed_optimizer=plan.distributed_optimizer,
                             megatron_fsdp=True if plan.megatron_fsdp else None, attention="flash")
-    cm = make_cost_model(plan.model, cluster, training, settings=run_settings(plan.settings, training.precision))
+    return {"plan": plan, "cluster": cluster, "training": training, "args": args, "fixed": fixed,
+            "settings": run_settings(plan.settings, training.precision)}
+
+
+def price_row(r: dict) -> dict:
+    """The row priced (``row_setup``); tokens/s per GPU predicted vs measured."""
+    su = row_setup(r)
+    plan, cluster, training, args, fixed = su["plan"], su["cluster"], su["training"], su["args"], su["fixed"]
+    cm = make_cost_model(plan.model, cluster, training, settings=su["settings"])
     cost = cm.evaluate(plan)
     tokens = plan.global_batch_size * plan.model.seq_length / (cost.iteration_ms / 1e3) / cluster.num_gpus
     meas = r["tokens_per_s_per_gpu"]
