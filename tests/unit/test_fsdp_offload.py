@@ -152,14 +152,34 @@ def test_host_link_and_offload_hand_computed():
 
 
 def test_offload_in_the_plan_moves_all_but_one_layer():
-    """Offloading 2 of 4 (identical) layers frees one layer's activations (one stays in flight) x (1 + 5%)."""
+    """Offloading 2 of 4 (identical) layers moves both off the activations x (1 + 5%); the one in flight stays
+    only while the last layers run, so the peak adds what of it the loss transient does not cover."""
     cm = _cm()
     a = cm.evaluate(_plan(distributed_optimizer=True)).stages[0]
     b = cm.evaluate(_plan(distributed_optimizer=True, offload=2)).stages[0]
     t = cm.unit_table(8 / 8, 1)
-    layer = float(t.act_mb[0, 0] + t.act_mb[1, 0])
-    assert a.memory_breakdown["activations"] - b.memory_breakdown["activations"] == pytest.approx(layer * 1.05)
+    layer = float(t.act_mb[0, 0] + t.act_mb[1, 0]) * 1.05
+    bd = b.memory_breakdown
+    assert a.memory_breakdown["activations"] - bd["activations"] == pytest.approx(2 * layer)
+    assert bd["offload_in_flight"] == pytest.approx(max(0.0, layer - bd["recompute_peak"]))
+    assert a.memory_mb - b.memory_mb == pytest.approx(2 * layer - bd["offload_in_flight"])
     assert "offload" in b.comm and b.fwd_ms >= a.fwd_ms
+
+
+def test_fsdp_with_fp8_param_gather_stores_and_gathers_one_byte():
+    """optim_grads_params over 8 with fp8-tensorwise + param gather: the sharded weights 1 B per linear parameter
+    instead of 2 (-1 B / 8 each) and the in-flight layer buffers 1 B per linear weight; hand-computed on the model's
+    linear parameters."""
+    plan = _plan("optim_grads_params")
+    bf = _cm().evaluate(plan).stages[0].memory_breakdown
+    fp8 = make_cost_model(MODEL, CLUSTER, TrainingSpec(global_batch_size=64, precision="fp8-tensorwise",
+                                                       fp8_param_gather=True), settings=RunSettings())
+    mem = fp8.evaluate(plan).stages[0].memory_breakdown
+    t = fp8.unit_table(1, 1)
+    linear = float(t.weight_params[fp8._lp_mask].sum())
+    assert (bf["params"] - mem["params"]) * MB == pytest.approx(linear / 8)
+    layer = float(t.weight_params[:2].sum())        # one layer's linear weights (attention + MLP units)
+    assert (bf["fsdp_buffers"] - mem["fsdp_buffers"]) * MB == pytest.approx(IN_FLIGHT_LAYERS * layer, rel=1e-3)
 
 
 def test_offload_with_recompute_never_fits():
