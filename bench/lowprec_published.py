@@ -115,7 +115,9 @@ def price_row(r: dict) -> dict:
 def summarize(results: list[dict]) -> dict:
     errs = np.array([abs(x["error"]) for x in results])
     worst = results[int(errs.argmax())]["id"] if len(errs) else None
-    return {"rows": len(results), "mae": float(errs.mean()) if len(errs) else 0.0,
+    bias = {v: float(np.mean([x["error"] for x in results if x["id"].split("/")[0] == v]))
+            for v in sorted({x["id"].split("/")[0] for x in results})}
+    return {"rows": len(results), "bias_by_release": bias, "mae": float(errs.mean()) if len(errs) else 0.0,
             "max_abs": float(errs.max()) if len(errs) else 0.0, "worst": worst,
             "all_fit": all(x["fits"] for x in results)}
 
@@ -173,7 +175,8 @@ def print_table(rep: dict) -> None:
         for note in x["checks"]:
             print(f"  the table's own check of {x['id']}: {note}")
     print(f"  {summary['rows']} rows: MAE {100 * summary['mae']:.1f}%, max |error| {100 * summary['max_abs']:.1f}% "
-          f"({summary['worst']}); every run fits: {'yes' if summary['all_fit'] else 'NO'}")
+          f"({summary['worst']}); every run fits: {'yes' if summary['all_fit'] else 'NO'}; mean error by release: "
+          + ", ".join(f"{v} {100 * b:+.1f}%" for v, b in summary["bias_by_release"].items()))
     for t in rep["targets"]:
         print(f"  {t}")
     for o in left_out:
