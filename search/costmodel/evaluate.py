@@ -417,7 +417,7 @@ class CostModel:
         if self.kind != "analytic":
             ideal -= sums["tpc"]
         fsdp_mb, fsdp_comm = self._fsdp_micro_batches(p, spans, chunk_params, chunk_lp, chunk_fwd, chunk_bwd,
-                                                      first_rank, n, dp * cp, features, M)
+                                                      first_rank, n, dp * cp, features, M, me)
         off_mb, off_kept, off_comm = self._offload(p, stage_index, chunk_fwd, chunk_bwd, features, M)
         experts = sums["eparams"]
         sync, opt, prologue, dp_comm = self._per_iteration(stage_index, S, first_rank, n, dp * cp, params,
@@ -514,16 +514,21 @@ class CostModel:
 
     def _fsdp_micro_batches(self, p: _Prepared, spans, chunk_params: list, chunk_lp: list, chunk_fwd: list,
                             chunk_bwd: list, first_rank: int, n: int, dpc: int, features: Features,
-                            M: int) -> tuple[float, dict]:
+                            M: int, me: Shape | None = None) -> tuple[float, dict]:
         """Megatron FSDP's per-micro-batch collectives (``sharding.py``): the exposed parts added to each chunk's
         forward / backward in place; returns (whole-layer buffer MB, comm entries per iteration). ``chunk_lp``: the
-        chunks' low-precision linear parameters, gathered (and buffered) quantized with param gather."""
+        chunks' low-precision linear parameters, gathered (and buffered) quantized with param gather. MoE: the
+        experts' parameters are sharded over the expert-DP group (megatron-core's ``expt_dp`` parameter groups:
+        ``edp`` ranks strided by etp x ep), so they are gathered and reduce-scattered there, behind what the dense
+        collectives leave of the micro-batch (one DP stream)."""
         if not features.fsdp or dpc <= 1:
             return 0.0, {}
-        inter, k = self._group_link(first_rank, n // dpc, dpc)
-        ag = lambda b: self.comm.all_gather(b, dpc, inter, k)       # noqa: E731
-        rs = lambda b: self.comm.reduce_scatter(b, dpc, inter, k)   # noqa: E731
+        groups = [(dpc, *self._group_link(first_rank, n // dpc, dpc))]
+        edp = me.expert_dp if me is not None else 1
+        if edp > 1:
+            groups.append((edp, *self._group_link(first_rank, me.expert_tp * me.ep, edp)))
         starts, c = self.model.layer_starts, p.cum["params"]
+        ce = p.cum["eparams"]
         gath = red = (0.0, 0.0)
         biggest = layers = 0.0
         for j, (a, e) in enumerate(spans):
@@ -531,12 +536,21 @@ class CostModel:
             layer = [c[y] - c[x] for x, y in zip(bounds[:-1], bounds[1:])]
             biggest, layers = max([biggest, *layer]), layers + sum(layer)
             prm = chunk_params[j]      # its layers' and, on the end chunks, the embedding's / output layer's
-            nbytes = (prm * self._w + chunk_lp[j] * self._ag_lp, prm * self._g)
-            exp, g, r = per_micro_batch(features.fsdp, dpc, nbytes, len(layer), chunk_fwd[j], chunk_bwd[j], ag, rs,
-                                        self._tax, features.overlap_param_gather, features.overlap_grad_reduce)
-            chunk_fwd[j] += exp[0]
-            chunk_bwd[j] += exp[1]
-            gath, red = (gath[0] + M * g[0], gath[1] + M * g[1]), (red[0] + M * r[0], red[1] + M * r[1])
+            ex = float(ce[e] - ce[a])
+            fwd, bwd = chunk_fwd[j], chunk_bwd[j]
+            for (size, inter, k), part in zip(groups, (prm - ex, ex)):
+                if part <= 0 or size <= 1:
+                    continue
+                ag = lambda b, size=size, inter=inter, k=k: self.comm.all_gather(b, size, inter, k)       # noqa: E731
+                rs = lambda b, size=size, inter=inter, k=k: self.comm.reduce_scatter(b, size, inter, k)   # noqa: E731
+                lp = chunk_lp[j] * part / prm if prm else 0.0
+                nbytes = (part * self._w + lp * self._ag_lp, part * self._g)
+                exp, g, r = per_micro_batch(features.fsdp, size, nbytes, len(layer), fwd, bwd, ag, rs, self._tax,
+                                            features.overlap_param_gather, features.overlap_grad_reduce)
+                chunk_fwd[j] += exp[0]
+                chunk_bwd[j] += exp[1]
+                fwd, bwd = max(0.0, fwd - g[1] / 2), max(0.0, bwd - g[1] / 2 - r[1])   # what is left for the experts
+                gath, red = (gath[0] + M * g[0], gath[1] + M * g[1]), (red[0] + M * r[0], red[1] + M * r[1])
         w_layer = self._w + self._ag_lp * sum(chunk_lp) / max(layers, 1.0)    # a layer's weight bytes per parameter
         return (fsdp_buffer_mb(features.fsdp, dpc, biggest, w_layer, self._g),
                 {"fsdp_param_gather": gath, "fsdp_grad_reduce": red})
