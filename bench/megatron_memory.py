@@ -215,6 +215,7 @@ def case_rows(case: dict, build: bool = True) -> list[dict]:
             "id": case["id"], "rank": r, "tp": st.tp, "pp": plan.num_stages, "dp": st.dp, "cp": st.cp,
             "vpp": plan.num_virtual_stages, "mbs": plan.micro_batch_size // st.dp, "recompute": st.all_recompute[0],
             "dist_opt": plan.distributed_optimizer, "grad": case["grad"], "note": case["note"],
+            "precision": training.precision,
             "params_planner": planner, "params_megatron_core": mc,
             "params_diff": None if mc is None else planner - mc, "buffer_padding_params": pad,
             "weights_gb": b["params"] * MB / GB, "grads_gb": b["grads"] * MB / GB,

@@ -322,3 +322,12 @@ def test_targets_print_pass_and_fail():
     ok = bench.targets({"mae": 0.07, "max_abs": 0.14, "worst": "w", "all_fit": True})
     bad = bench.targets({"mae": 0.09, "max_abs": 0.20, "worst": "w", "all_fit": False})
     assert [t.split()[0] for t in ok] == ["PASS"] * 3 and [t.split()[0] for t in bad] == ["FAIL"] * 3
+
+
+@pytest.mark.skipif(not BRIDGE.exists(), reason="needs ../shared/published")
+def test_every_dense_low_precision_bridge_run_fits_its_gpu():
+    """Runs that ran fit: each of the 19 rows priced as bench/lowprec_published.py prices it (the one row path)."""
+    bench = _lowprec_bench()
+    rows, _ = bench.load_rows(BRIDGE)
+    out = [bench.price_row(r) for r in rows]
+    assert [x["id"] for x in out if not x["fits"]] == []
