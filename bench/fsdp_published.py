@@ -67,7 +67,8 @@ def rows() -> list[dict]:
                     "memory_gib": c.max_memory_mb / 1024, "limit_gib": c.memory_limit_mb / 1024,
                     "fits": c.fits, "within_headroom": c.max_memory_mb <= budget,
                     "breakdown_gib": {k: round(v / 1024, 2) for k, v in st.memory_breakdown.items()},
-                    "predicted_tokens_per_s_per_gpu": tokens, "published_tokens_per_s_per_gpu": published_tokens(case["id"]),
+                    "predicted_tokens_per_s_per_gpu": tokens,
+                    "published_tokens_per_s_per_gpu": published_tokens(case["id"]),
                     "comm_ms": {k: [round(a, 1), round(b, 1)] for k, (a, b) in st.comm.items()}})
     return out
 
@@ -86,7 +87,8 @@ def main() -> int:
         bd, pub = r["breakdown_gib"], r["published_tokens_per_s_per_gpu"] or 0
         err = f"{100 * (r['predicted_tokens_per_s_per_gpu'] / pub - 1):+6.1f}%" if pub else ""
         print(f"{r['id']:48} {r['gpus']:>4} {r['offload_layers']:>4} {r['memory_gib']:>8.1f} {r['limit_gib']:>6.1f} "
-              f"{'yes' if r['fits'] else 'NO':>4}{'' if r['within_headroom'] else ' (not 3%)'} {bd.get('fsdp_buffers', 0):>8.2f} {bd['activations']:>6.1f} "
+              f"{'yes' if r['fits'] else 'NO':>4}{'' if r['within_headroom'] else ' (not 3%)'} "
+              f"{bd.get('fsdp_buffers', 0):>8.2f} {bd['activations']:>6.1f} "
               f"{r['predicted_tokens_per_s_per_gpu']:>10.0f} {pub:>8.0f} {err:>7}")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)

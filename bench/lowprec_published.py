@@ -74,7 +74,8 @@ def run_args(r: dict) -> tuple[str, str | None]:
         return r["args"], None
     mbs = r["gbs"] // (ga * dp)
     args = re.sub(r"--micro-batch-size \d+", f"--micro-batch-size {mbs}", r["args"])
-    return args, f"priced at MBS {mbs} (GBS {r['gbs']} / (GA {ga} x DP {dp})), the recipe's default, not the column's {r['mbs']}"
+    return args, (f"priced at MBS {mbs} (GBS {r['gbs']} / (GA {ga} x DP {dp})), the recipe's default, not the "
+                  f"column's {r['mbs']}")
 
 
 def _mbs(args: str) -> int:
@@ -108,8 +109,8 @@ def price_row(r: dict) -> dict:
             "config": f"tp{r['tp']} pp{r['pp']} cp{r['cp']} vp{r['vp'] or 1} mbs{_mbs(args)} gbs{r['gbs']}",
             "measured_tokens_per_gpu": meas, "predicted_tokens_per_gpu": tokens, "error": tokens / meas - 1,
             "iteration_ms": cost.iteration_ms, "memory_gib": cost.max_memory_mb / 1024,
-            "memory_limit_gib": cost.memory_limit_mb / 1024, "fits": cost.fits, "checks": [f"{c}: {fixed}" for c in r.get("checks") or []] if fixed else
-            r.get("checks") or []}
+            "memory_limit_gib": cost.memory_limit_mb / 1024, "fits": cost.fits,
+            "checks": [f"{c}: {fixed}" for c in r.get("checks") or []] if fixed else r.get("checks") or []}
 
 
 def summarize(results: list[dict]) -> dict:

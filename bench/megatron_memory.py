@@ -260,8 +260,8 @@ def print_table(rows: list[dict]) -> None:
     print(f"\n{len({r['id'] for r in priced})} runs, {len(priced)} rank rows; parameters vs megatron-core: "
           f"max |diff| {max(diffs) if diffs else float('nan'):.0f}; runs predicted over their GPU: "
           f"{', '.join(over) if over else 'none'}"
-          + (f"; tightest run {worst['id']} rank {worst['rank']} at {worst['total_gb']:.1f} of {worst['limit_gb']:.0f} GB"
-             if worst else ""))
+          + (f"; tightest run {worst['id']} rank {worst['rank']} at {worst['total_gb']:.1f} of "
+             f"{worst['limit_gb']:.0f} GB" if worst else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
