@@ -1,14 +1,12 @@
-"""The Megatron-FSDP rows of Megatron-Bridge's published tables (25.09, 25.11), priced as far as bf16 allows.
+"""The Megatron-FSDP rows of Megatron-Bridge's published tables (25.09, 25.11): their memory lines and throughput.
 
 Every such row (``fsdp`` > 0 in ../shared/published/megatron-bridge-25.09-25.11.json: Llama 3 8B on 8 H100s, 70B on 64
 GB200 / GB300, 3.1 405B on 128 GB200) trains in FP8 (tensorwise current scaling) with ``--use-megatron-fsdp
---data-parallel-sharding-strategy optim_grads_params`` and, on the Blackwell racks, ``--cpu-offloading-num-layers``.
-The row's own Megatron-LM arguments are imported (bench/megatron_memory.py ``bridge_cases``: the FP8 flags dropped,
-so weights and activations are priced in bf16, an upper bound of the FP8 run's memory: FP8 keeps bf16/fp32 master
-state and smaller activations) and priced under its settings (gradients reduced in bf16). Printed per row: the
-memory per GPU (its FSDP buffers, the activations left after the offload) against the GPU, whether it fits, the bf16
-prediction beside the published FP8 throughput (not comparable: FP8 GEMMs are up to 2x faster), and what the row
-waits for (the lowprec branch's FP8 kernels; GB300: its preset). Writes bench/results/fsdp_published.json.
+--data-parallel-sharding-strategy optim_grads_params --fp8-param-gather`` and, on the Blackwell racks,
+``--cpu-offloading-num-layers``. The row's own Megatron-LM arguments are imported and priced with their recipe
+(bench/megatron_memory.py ``bridge_cases``, through bench/lowprec_published.py's one row path). Printed per row: the
+memory per GPU (its FSDP buffers, the activations left after the offload) against the GPU, whether it fits, the
+predicted tokens/s per GPU beside the published one. Writes bench/results/fsdp_published.json.
 """
 
 from __future__ import annotations
@@ -67,12 +65,11 @@ def rows() -> list[dict]:
         out.append({"id": case["id"], "gpus": plan.world_size, "strategy": plan.megatron_fsdp.data_parallel_sharding_strategy,
                     "offload_layers": plan.activation_offload.num_layers if plan.activation_offload else 0,
                     "memory_gib": c.max_memory_mb / 1024, "limit_gib": c.memory_limit_mb / 1024,
-                    "fits": c.max_memory_mb <= budget,
+                    "fits": c.fits, "within_headroom": c.max_memory_mb <= budget,
                     "breakdown_gib": {k: round(v / 1024, 2) for k, v in st.memory_breakdown.items()},
-                    "bf16_tokens_per_s_per_gpu": tokens, "published_fp8_tokens_per_s_per_gpu": published_tokens(case["id"]),
-                    "comm_ms": {k: [round(a, 1), round(b, 1)] for k, (a, b) in st.comm.items()},
-                    "waits": "FP8 kernels (lowprec branch) for the time" if c.max_memory_mb <= budget else
-                    "FP8 activations (lowprec branch): the bf16 upper bound does not fit"})
+                    "predicted_tokens_per_s_per_gpu": tokens,
+                    "published_tokens_per_s_per_gpu": published_tokens(case["id"]),
+                    "comm_ms": {k: [round(a, 1), round(b, 1)] for k, (a, b) in st.comm.items()}})
     return out
 
 
@@ -82,15 +79,17 @@ def main() -> int:
         print(f"no rows: {BRIDGE} is absent")
         return 0
     print(f"{'row':48} {'GPUs':>4} {'offl':>4} {'mem GiB':>8} {'of':>6} {'fits':>4} {'fsdp buf':>8} {'act':>6} "
-          f"{'bf16 tok/s':>10} {'FP8 pub':>8}  waits for")
+          f"{'pred tok/s':>10} {'pub':>8} {'error':>7}  (fits: the GPU; 3%: within aceso's 3% headroom)")
     for r in rs:
         if "memory_gib" not in r:
-            print(f"{r['id']:48} {'':>4} {'':>4} {'':>8} {'':>6} {'':>4} {'':>8} {'':>6} {'':>10} {'':>8}  {r['waits']}")
+            print(f"{r['id']:48}  {r['waits']}")
             continue
-        bd = r["breakdown_gib"]
+        bd, pub = r["breakdown_gib"], r["published_tokens_per_s_per_gpu"] or 0
+        err = f"{100 * (r['predicted_tokens_per_s_per_gpu'] / pub - 1):+6.1f}%" if pub else ""
         print(f"{r['id']:48} {r['gpus']:>4} {r['offload_layers']:>4} {r['memory_gib']:>8.1f} {r['limit_gib']:>6.1f} "
-              f"{'yes' if r['fits'] else 'NO':>4} {bd.get('fsdp_buffers', 0):>8.2f} {bd['activations']:>6.1f} "
-              f"{r['bf16_tokens_per_s_per_gpu']:>10.0f} {r['published_fp8_tokens_per_s_per_gpu'] or 0:>8.0f}  {r['waits']}")
+              f"{'yes' if r['fits'] else 'NO':>4}{'' if r['within_headroom'] else ' (not 3%)'} "
+              f"{bd.get('fsdp_buffers', 0):>8.2f} {bd['activations']:>6.1f} "
+              f"{r['predicted_tokens_per_s_per_gpu']:>10.0f} {pub:>8.0f} {err:>7}")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     (out / "fsdp_published.json").write_text(json.dumps({"rows": rs}, indent=2) + "\n")

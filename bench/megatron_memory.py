@@ -8,8 +8,9 @@ run's own settings:
 - gradient reduction dtype: bf16 where the run says so (NeMo's ``grad_sync_dtype: bf16`` in the recipe quoted by
   the row; the Bridge rows' ``--grad-reduce-in-bf16``), else Megatron-LM's default (fp32 for bf16 training);
 - everything else as bench/published_runs.py writes the row (``model_of`` / ``features_of``: its rules);
-- FP8 rows (the Bridge H100/B200 tables) are priced with bf16 weights and activations: an upper bound of their
-  memory (fp8 keeps bf16 master weights and gradients, and smaller activations), said in the row's ``note``.
+- FP8 / MXFP8 rows (the Bridge tables) are priced with their recipe (``precision.py``: the quantized weight
+  lines, the activations linear layers keep quantized), as bench/lowprec_published.py prices them; the parameter
+  count beside megatron-core's is the plan's, without the recipe's weight bytes.
 
 Per pipeline rank it lists the parameters the planner counts and those megatron-core 0.16.1 allocates (the rank's
 modules built on the meta device, ``aceso_megatron.testing.meta_params``; ``--no-build`` skips it), the DDP buffer
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 from search.cluster import parse_cluster  # noqa: E402
-from search.costmodel import RunSettings, make_cost_model  # noqa: E402
+from search.costmodel import make_cost_model  # noqa: E402
 from search.costmodel.memory import MB, ddp_buffer_numel  # noqa: E402
 from search.plan import uniform_plan  # noqa: E402
 from search.training import TrainingSpec  # noqa: E402
@@ -127,31 +127,32 @@ def published_cases(runs_path: Path = RUNS) -> list[dict]:
     return out
 
 
-def bridge_cases(path: Path = BRIDGE) -> list[dict]:
-    """The dense Llama rows of the Megatron-Bridge tables, imported from their Megatron-LM arguments."""
-    from search.megatron.importer import read_megatron
+def _lowprec_module():
+    spec = importlib.util.spec_from_file_location("lowprec_published_bench", ROOT / "bench" / "lowprec_published.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
+
+def bridge_cases(path: Path = BRIDGE) -> list[dict]:
+    """The dense Llama rows of the Megatron-Bridge tables, imported from the Megatron-LM arguments they ran and
+    priced with their recipe (bench/lowprec_published.py ``row_setup``: the one Bridge row path)."""
     if not path.exists():
         return []
+    lp = _lowprec_module()
     out = []
     for r in json.loads(path.read_text())["rows"]:
         if r["model"] not in DENSE_BRIDGE or not r.get("expressible"):
             continue
-        fp8 = r["precision"] != "bf16"
-        args = re.sub(r"--fp8-[\w-]+(\s+(?!--)\S+)?", "", r["args"]) if fp8 else r["args"]   # priced as bf16
         try:
-            cluster = parse_cluster(r["cluster"])
-            plan = read_megatron(args, cluster=cluster).plan
+            su = lp.row_setup(r)
         except Exception as e:  # noqa: BLE001 - a row our importer cannot read is reported, not priced
             out.append({"id": f"bridge-{r['version']}-{r['system']}-{r['model']}-{r['precision']}", "skipped": str(e)})
             continue
-        training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
-                                precision="bf16", attention="flash")
-        out.append({"id": f"bridge-{r['version']}-{r['system'].lower()}-{r['model']}-{r['precision']}", "plan": plan,
-                    "training": training,
-                    "settings": RunSettings(grad_reduce_in_fp32="--grad-reduce-in-bf16" not in r["args"]),
-                    "grad": "bf16" if "--grad-reduce-in-bf16" in r["args"] else "fp32",
-                    "note": "fp8 run priced with bf16 weights/activations (upper bound)" if fp8 else ""})
+        out.append({"id": f"bridge-{r['version']}-{r['system'].lower()}-{r['model']}-{r['precision']}",
+                    "plan": su["plan"], "training": su["training"], "settings": su["settings"],
+                    "grad": "fp32" if su["settings"].grad_reduce_in_fp32 else "bf16",
+                    "note": su["fixed"] or ""})
     return out
 
 
@@ -195,6 +196,10 @@ def case_rows(case: dict, build: bool = True) -> list[dict]:
     st = plan.stages[0]
     ranks = _ranks(plan.num_stages)
     built = _built(plan, ranks) if build else {}
+    bf16 = training.model_copy(update={"precision": "bf16", "fp8_param_gather": False, "bf16_layers_start": 0,
+                                       "bf16_layers_end": 0})
+    counted = make_cost_model(plan.model, plan.cluster, bf16, settings=case["settings"]).evaluate(plan) \
+        if training.precision != bf16.precision else cost     # the parameters, without the recipe's weight bytes
     w = cm._w
     theory = theoretical_memory(plan.model, st.tp, plan.num_stages, st.dp * st.cp,
                                 plan.num_virtual_stages if plan.num_virtual_stages > 1 else None,
@@ -204,12 +209,13 @@ def case_rows(case: dict, build: bool = True) -> list[dict]:
     for r in ranks:
         sc = cost.stages[r]
         b = sc.memory_breakdown
-        planner = b["params"] * MB / w
+        planner = counted.stages[r].memory_breakdown["params"] * MB / w
         mc, pad = built.get(r, (None, None))
         rows.append({
             "id": case["id"], "rank": r, "tp": st.tp, "pp": plan.num_stages, "dp": st.dp, "cp": st.cp,
             "vpp": plan.num_virtual_stages, "mbs": plan.micro_batch_size // st.dp, "recompute": st.all_recompute[0],
             "dist_opt": plan.distributed_optimizer, "grad": case["grad"], "note": case["note"],
+            "precision": training.precision,
             "params_planner": planner, "params_megatron_core": mc,
             "params_diff": None if mc is None else planner - mc, "buffer_padding_params": pad,
             "weights_gb": b["params"] * MB / GB, "grads_gb": b["grads"] * MB / GB,
@@ -248,17 +254,14 @@ def print_table(rows: list[dict]) -> None:
               f"{r['total_gb']:>7.1f}{r['limit_gb']:>5.0f}{'yes' if r['fits'] else 'NO':>5}"
               + (f"{t['weight_optimizer_gb']:>8.1f}{t['activation_gb']:>8.1f}" if t else ""))
     priced = [r for r in rows if "skipped" not in r]
-    over = sorted({r["id"] for r in priced if not r["fits"] and not r["note"]})
-    bound = sorted({r["id"] for r in priced if not r["fits"] and r["note"]})
-    bf16 = [r for r in priced if not r["note"]]
-    worst = max(bf16, key=lambda r: r["total_gb"] / r["limit_gb"]) if bf16 else None
+    over = sorted({r["id"] for r in priced if not r["fits"]})
+    worst = max(priced, key=lambda r: r["total_gb"] / r["limit_gb"]) if priced else None
     diffs = [abs(r["params_diff"]) for r in priced if r["params_diff"] is not None]
     print(f"\n{len({r['id'] for r in priced})} runs, {len(priced)} rank rows; parameters vs megatron-core: "
           f"max |diff| {max(diffs) if diffs else float('nan'):.0f}; runs predicted over their GPU: "
-          f"{', '.join(over) if over else 'none'} (bf16 runs); fp8 runs whose bf16 upper bound exceeds the GPU: "
-          f"{', '.join(bound) if bound else 'none'}"
-          + (f"; tightest bf16 run {worst['id']} rank {worst['rank']} at {worst['total_gb']:.1f} of {worst['limit_gb']:.0f} GB"
-             if worst else ""))
+          f"{', '.join(over) if over else 'none'}"
+          + (f"; tightest run {worst['id']} rank {worst['rank']} at {worst['total_gb']:.1f} of "
+             f"{worst['limit_gb']:.0f} GB" if worst else ""))
 
 
 def main(argv: list[str] | None = None) -> int:

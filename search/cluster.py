@@ -14,8 +14,12 @@ GPU (half the bidirectional figure). Inter-node: one NIC per GPU, 100 Gb/s EDR f
 200 Gb/s HDR for A100 (DGX A100), 400 Gb/s NDR for H100/H200/B200/GB200 (DGX H100/H200/B200 and GB200 NVL72 with
 ConnectX-7); in GB/s that is 12.5, 25 and 50 per GPU. Memory is GiB (2^30 bytes, the one memory unit of aceso,
 docs/inputs.md): the HBM stacks of V100/A100/H100 are 32/40/80 GiB (sold as "32/40/80 GB"); H200's is the 139 GiB a
-process can allocate; B200's and GB200's datasheet figures (180, 186 GB) are decimal and converted. Plan files
-written before the unit was fixed (``memory_gb``, 10^9 bytes) still read.
+process can allocate. B200's, GB200's and GB300's "180 / 186 / 279 GB" are binary as H100's "80 GB" is: NVIDIA's
+full-GPU MIG profiles are named 7g.80gb / 7g.180gb / 7g.186gb / 7g.278gb at 81920 / 184320 / 190464 / 284672 MiB
+(NVML profile tables as transcribed by NVIDIA's nvml-mock profiles), and nvidia-smi reports 183359 MiB on a B200 and
+189471 MiB on a GB200 (179.1 / 185.0 GiB, public nvidia-smi logs; H100: 81559 MiB for its 80): 180, 186, 278 GiB.
+B300's 288 GB stays decimal (268 GiB: what B300 listings report). Plan files written before the unit was fixed
+(``memory_gb``, 10^9 bytes) still read.
 
 Low-precision peaks (dense, ``peak_tflops_fp8`` / ``peak_tflops_fp4``; None: no such tensor cores, a low-precision
 plan is refused, ``search/precision.py``): H100-SXM5 / H200-SXM FP8 1979 (H100 datasheet: 3958 with sparsity);
@@ -98,13 +102,13 @@ GPU_PRESETS: dict[str, GPUSpec] = {
                 peak_tflops_fp32=495, hbm_gbps=3350, peak_tflops_fp8=1979),
         GPUSpec(name="h200", memory_gib=139.0, peak_tflops_fp16=989, peak_tflops_bf16=989,
                 peak_tflops_fp32=495, hbm_gbps=4800, peak_tflops_fp8=1979),
-        GPUSpec(name="b200", memory_gib=180e9 / GIB, peak_tflops_fp16=2250, peak_tflops_bf16=2250,
+        GPUSpec(name="b200", memory_gib=180.0, peak_tflops_fp16=2250, peak_tflops_bf16=2250,
                 peak_tflops_fp32=1125, hbm_gbps=8000, peak_tflops_fp8=4500, peak_tflops_fp4=9000),
         GPUSpec(name="b300", memory_gib=288e9 / GIB, peak_tflops_fp16=2250, peak_tflops_bf16=2250,
                 peak_tflops_fp32=1125, hbm_gbps=8000, peak_tflops_fp8=4500, peak_tflops_fp4=13125),
-        GPUSpec(name="gb300", memory_gib=279e9 / GIB, peak_tflops_fp16=2500, peak_tflops_bf16=2500,
+        GPUSpec(name="gb300", memory_gib=278.0, peak_tflops_fp16=2500, peak_tflops_bf16=2500,
                 peak_tflops_fp32=1250, hbm_gbps=8000, peak_tflops_fp8=5000, peak_tflops_fp4=15000),
-        GPUSpec(name="gb200", memory_gib=186e9 / GIB, peak_tflops_fp16=2500, peak_tflops_bf16=2500,
+        GPUSpec(name="gb200", memory_gib=186.0, peak_tflops_fp16=2500, peak_tflops_bf16=2500,
                 peak_tflops_fp32=1250, hbm_gbps=8000, peak_tflops_fp8=5000, peak_tflops_fp4=10000),
         GPUSpec(name="cpu", memory_gib=16e9 / GIB, peak_tflops_fp16=0.2, peak_tflops_bf16=0.2,
                 peak_tflops_fp32=0.2, hbm_gbps=20),

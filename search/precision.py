@@ -85,13 +85,23 @@ def per_elem(precision: str) -> float:
     return r.elem_bytes + (r.scale_bytes / r.block if r.block else 0.0)
 
 
-def cast_bytes(precision: str, elems: float, dt: float = 2.0) -> float:
+def copies(precision: str, non_tn: bool = False) -> int:
+    """Quantized copies of a GEMM operand: row-wise and column-wise (2), except per-tensor-scaled FP8 (delayed,
+    tensorwise) on a GPU whose FP8 GEMMs take any layout (Blackwell, ``non_tn``): transformer-engine makes no
+    transpose there (``quantizer.cpp``: ``create_transpose = columnwise_usage &&
+    !nvte_is_non_tn_fp8_gemm_supported()``, true from sm100); block-scaled recipes scale along each direction and
+    keep both."""
+    return 1 if non_tn and RECIPES[precision].block == 0 else 2
+
+
+def cast_bytes(precision: str, elems: float, dt: float = 2.0, non_tn: bool = False) -> float:
     """HBM bytes of quantizing one GEMM input of ``elems`` elements read in ``dt`` bytes: the amax read (current
-    scaling), the read, and the row-wise and column-wise quantized copies with their scales (module docstring)."""
+    scaling), the read, and the row-wise and column-wise quantized copies with their scales (module docstring;
+    one copy where ``copies`` says so)."""
     r = RECIPES[precision]
     if r.gemm is None:
         return 0.0
-    return dt * elems * (2.0 if r.amax_pass else 1.0) + 2.0 * per_elem(precision) * elems
+    return dt * elems * (2.0 if r.amax_pass else 1.0) + copies(precision, non_tn) * per_elem(precision) * elems
 
 
 def cast_launches(precision: str) -> int:
@@ -99,17 +109,33 @@ def cast_launches(precision: str) -> int:
     return 2 if RECIPES[precision].amax_pass else 1
 
 
-def weight_bytes_per_param(precision: str, param_gather: bool) -> float:
+def weight_bytes_per_param(precision: str, param_gather: bool, non_tn: bool = False) -> float:
     """Bytes per linear-layer parameter beyond the dt-byte weight: the cached quantized weight and its transpose
-    (2 x ``per_elem``); with ``--fp8-param-gather`` the bf16 weight is not kept (-2)."""
+    (``copies`` x ``per_elem``); with ``--fp8-param-gather`` the bf16 weight is not kept (-2)."""
     if not is_low(precision):
         return 0.0
-    return 2.0 * per_elem(precision) - (2.0 if param_gather else 0.0)
+    return copies(precision, non_tn) * per_elem(precision) - (2.0 if param_gather else 0.0)
 
 
 def gather_bytes_per_param(precision: str, param_gather: bool, dt: float = 2.0) -> float:
-    """Bytes per linear-layer parameter the distributed optimizer all-gathers (quantized with param gather)."""
-    return per_elem(precision) if param_gather and is_low(precision) else dt
+    """Bytes per linear-layer parameter the distributed optimizer all-gathers: quantized with param gather, except
+    MXFP8, whose parameters megatron-core all-gathers in the gradient buffer's dtype (``dt``: bf16 with
+    ``--grad-reduce-in-bf16``) and then quantizes into the MXFP8 parameter (core_v0.16.1
+    ``param_and_grad_buffer.py``: "For MXFP8 param: Create a shared buffer for param AG and grad RS", the buffer
+    typed as the gradients, whatever ``--reuse-grad-buf-for-mxfp8-param-ag`` says)."""
+    if not (param_gather and is_low(precision)) or precision == "mxfp8":
+        return dt
+    return per_elem(precision)
+
+
+def fsdp_weight_bytes_per_param(precision: str, param_gather: bool, dt: float = 2.0, non_tn: bool = False) -> float:
+    """Bytes per linear-layer parameter beyond the dt-byte weight under Megatron FSDP: with param gather the
+    (sharded) parameter and the unsharded copy FSDP all-gathers are what the all-gather moves
+    (``gather_bytes_per_param``) and no transposed copy is cached (megatron-core ``keep_fp8_transpose_cache``
+    False by default, as Megatron-Bridge's FSDP runs set it); without it as under DDP (``weight_bytes_per_param``)."""
+    if param_gather and is_low(precision):
+        return gather_bytes_per_param(precision, True, dt) - dt
+    return weight_bytes_per_param(precision, False, non_tn)
 
 
 def act_saving_bytes(precision: str, elems: float, dt: float = 2.0) -> float:

@@ -55,7 +55,7 @@ from ..training import TrainingSpec
 from .comm import CommModel
 from .comm import overlap_tax
 from .. import precision as lowp
-from .kernels import ARCH, KERNEL_MODELS, LAUNCH_MS, lowprec_kernels
+from .kernels import ARCH, GENERATION, KERNEL_MODELS, LAUNCH_MS, lowprec_kernels
 from .memory import (MB, attention_act_bytes, embedding_params_per_rank, has_attention_dropout, mlp_act_bytes,
                      output_params_per_rank, tied_copy_params_per_rank, unit_params_per_rank)
 from ..moe_plan import MoEPlanSettings
@@ -114,7 +114,9 @@ class AnalyticSource:
             if why:
                 raise AcesoError(why)
             peak = cluster.gpu.peak_tflops(lowp.recipe(self.lp).gemm) * 1e9
-            self.kern_lp = lowprec_kernels(kernels, cluster.gpu.name, peak, self.hbm, lowp.per_elem(self.lp))
+            self.kern_lp = lowprec_kernels(kernels, cluster.gpu.name, peak, self.hbm, lowp.per_elem(self.lp),
+                                           self.lp)
+        self.non_tn = GENERATION.get(cluster.gpu.name) == "blackwell"   # FP8 GEMMs in any layout (precision.copies)
         if training.attention == "flash" and not self.kern.has_flash:
             raise AcesoError(f"--attention flash: {cluster.gpu.name} has no flash attention (it needs sm80+, A100 or "
                              "newer); use --attention auto or unfused")
@@ -147,8 +149,9 @@ class AnalyticSource:
         if not lp or self.kern_lp is self.kern:
             return self.kern.gemm(gemms), self.kern.gemm(gemms, backward=True)
         k, n_l = self.kern_lp, lowp.cast_launches(self.lp)
-        cast_f = sum(self.kern.memory(lowp.cast_bytes(self.lp, m * kk, self.dt), n_l) for m, n, kk in gemms)
-        cast_b = sum(self.kern.memory(lowp.cast_bytes(self.lp, m * n, self.dt), n_l) for m, n, kk in gemms)
+        cast = lambda elems: self.kern.memory(lowp.cast_bytes(self.lp, elems, self.dt, self.non_tn), n_l)  # noqa: E731
+        cast_f = sum(cast(m * kk) for m, n, kk in gemms)
+        cast_b = sum(cast(m * n) for m, n, kk in gemms)
         return k.gemm(gemms) + cast_f, k.gemm(gemms, backward=True) + cast_b
 
     def _cp_ring(self, b: float, s: float, t: int, cp: int, core_f: float, core_b: float) -> tuple[float, ...]:

@@ -55,6 +55,7 @@ from ..model import ModelSpec
 from ..training import TrainingSpec
 from ..moe_plan import moe_settings
 from .comm import CommModel, overlap_tax, overlapped
+from .kernels import GENERATION
 from .memory import (FRAGMENTATION, MB, RESERVE_MB, grad_copy_bytes, in_flight_per_chunk,
                      state_bytes_per_param)
 from .offload import host_link_gbps, kept_mb, offload_ms
@@ -110,6 +111,7 @@ class _Static(NamedTuple):
     off_mb: float = 0.0       # activation MB the offload moves to the host (recompute none), per micro-batch
     fsdp_mb: float = 0.0      # Megatron FSDP's whole-layer buffers in flight
     micro_batches: int = 1
+    off_kept: float = 0.0     # of the offloaded activations, the MB of the layer in flight (``offload.kept_mb``)
 
 
 def _chunk_comm(c: dict, a: int, e: int) -> tuple[float, ...]:
@@ -178,8 +180,11 @@ class CostModel:
         self._w, self._g, self._opt = state_bytes_per_param(training.dtype, False, 1, fp32g)
         self._copy = grad_copy_bytes(training.dtype, fp32g) if self.settings.fp32_grad_copy else 0.0
         # low precision (search/precision.py): quantized weight caches per linear parameter, quantized all-gather
-        self._w_lp = lowp.weight_bytes_per_param(training.precision, training.fp8_param_gather)
+        non_tn = GENERATION.get(cluster.gpu.name) == "blackwell"     # no transposed FP8 copy (precision.copies)
+        self._w_lp = lowp.weight_bytes_per_param(training.precision, training.fp8_param_gather, non_tn)
         self._ag_lp = lowp.gather_bytes_per_param(training.precision, training.fp8_param_gather, self._w) - self._w
+        self._w_lp_fsdp = lowp.fsdp_weight_bytes_per_param(training.precision, training.fp8_param_gather, self._w,
+                                                           non_tn)
         self._lp_mask = np.array([not lowp.bf16_layer(training.precision, u.layer, model.num_layers,
                                                       training.bf16_layers_start, training.bf16_layers_end)
                                   for u in model.units], dtype=bool)
@@ -295,8 +300,10 @@ class CostModel:
     def _assemble(self, st: _Static, rec: float, act: float, rpeak: float, chunk_rec: list[float]) -> StageCost:
         if st.head_peak > rpeak:
             rpeak = st.head_peak
-        acts = (act + st.act_extra - st.off_mb) * (1 + FRAGMENTATION)
-        live = acts + rpeak + st.buf + st.fsdp_mb
+        acts = (act + st.act_extra - st.off_mb - st.off_kept) * (1 + FRAGMENTATION)
+        # the offloaded layer still in flight overlaps the last layers' forward, not the loss (``offload.py``)
+        in_flight = max(0.0, st.off_kept * (1 + FRAGMENTATION) - rpeak)
+        live = acts + in_flight + rpeak + st.buf + st.fsdp_mb
         over = st.copy_mb - live if st.copy_mb > live else 0.0     # the step's gradient copy beyond the activations
         total = st.w_mb + st.g_mb + st.o_mb + live + over + RESERVE_MB
         mem = {"params": st.w_mb, "grads": st.g_mb, "optimizer": st.o_mb, "activations": acts,
@@ -305,6 +312,8 @@ class CostModel:
             mem["grad_copy"] = over
         if st.fsdp_mb:
             mem["fsdp_buffers"] = st.fsdp_mb
+        if st.off_kept:
+            mem["offload_in_flight"] = in_flight
         parts = tuple((f, pf, r, bw, pb) for f, bw, r, (pf, pb) in zip(st.chunk_fwd, st.chunk_bwd, chunk_rec,
                                                                        st.chunk_p2p))
         cf = cb = ()
@@ -344,7 +353,7 @@ class CostModel:
         sums = dict.fromkeys(("tpc", "tph", "cpc", "cph", "epc", "eph", "eparams"), 0.0)
         p2p_total = p2p_exposed = 0.0
         in_fl = in_flight_per_chunk(stage_index, S, v, M)
-        chunk_params = []
+        chunk_params, chunk_lp = [], []
         for j, (a, e) in enumerate(spans):
             act0, params0 = act, params
             k = j * S + stage_index                 # the model chunk
@@ -352,7 +361,9 @@ class CostModel:
             fwd = c["fwd"][e] - c["fwd"][a]
             bwd = c["bwd"][e] - c["bwd"][a]
             params += c["params"][e] - c["params"][a]
+            lp0 = lp_params
             lp_params += float(t.weight_params[a:e][self._lp_mask[a:e]].sum()) if self._w_lp or self._ag_lp else 0.0
+            chunk_lp.append(lp_params - lp0)
             for name in sums:
                 sums[name] += c[name][e] - c[name][a]
             if split:
@@ -405,9 +416,9 @@ class CostModel:
                 ideal += fwd + bwd
         if self.kind != "analytic":
             ideal -= sums["tpc"]
-        fsdp_mb, fsdp_comm = self._fsdp_micro_batches(p, spans, chunk_params, chunk_fwd, chunk_bwd, first_rank, n,
-                                                      dp * cp, features, M)
-        off_mb, off_comm = self._offload(p, stage_index, chunk_fwd, chunk_bwd, features, M)
+        fsdp_mb, fsdp_comm = self._fsdp_micro_batches(p, spans, chunk_params, chunk_lp, chunk_fwd, chunk_bwd,
+                                                      first_rank, n, dp * cp, features, M, me)
+        off_mb, off_kept, off_comm = self._offload(p, stage_index, chunk_fwd, chunk_bwd, features, M)
         experts = sums["eparams"]
         sync, opt, prologue, dp_comm = self._per_iteration(stage_index, S, first_rank, n, dp * cp, params,
                                                            sum(chunk_fwd), sum(chunk_bwd), t, features, lp_params,
@@ -420,7 +431,7 @@ class CostModel:
         # the experts' states shard over the expert-DP group where the dense ones shard over dp x cp
         ew, eg, eo = state_divisors(features.fsdp, edp, features.distributed_optimizer)
         dense = params - experts
-        lp_w = lp_params * self._w_lp
+        lp_w = lp_params * (self._w_lp_fsdp if features.fsdp else self._w_lp)
         return _Static(sum(chunk_fwd), sum(chunk_bwd), p2p_exposed, sync, opt, sums["tpc"], act, in_fl,
                        (dense * self._w / dw + experts * self._w / ew + lp_w * (dense / dw + experts / ew) /
                         max(params, 1.0)) / MB,
@@ -429,7 +440,7 @@ class CostModel:
                        (dense * self._copy / do + experts * self._copy / eo) / MB,
                        buf, head_peak, ideal, tuple(chunk_fwd), tuple(chunk_bwd), tuple(chunk_p2p), prologue,
                        {k: v for k, v in comm.items() if v[0] > 0 or v[1] > 0}, tuple(chunk_comm), off_mb, fsdp_mb,
-                       M)
+                       M, off_kept)
 
     def _per_iteration(self, stage_index: int, S: int, first_rank: int, n: int, dpc: int, params: float,
                        fwd: float, bwd: float, t: UnitTable, features: Features, lp_params: float = 0.0,
@@ -501,39 +512,57 @@ class CostModel:
         inter = size > 1 and self.comm.spans_nodes(first_rank, first_rank + (size - 1) * stride)
         return inter, self.comm.members_per_node(first_rank, stride, size) if inter and self.settings.multi_nic else 1
 
-    def _fsdp_micro_batches(self, p: _Prepared, spans, chunk_params: list, chunk_fwd: list, chunk_bwd: list,
-                            first_rank: int, n: int, dpc: int, features: Features, M: int) -> tuple[float, dict]:
+    def _fsdp_micro_batches(self, p: _Prepared, spans, chunk_params: list, chunk_lp: list, chunk_fwd: list,
+                            chunk_bwd: list, first_rank: int, n: int, dpc: int, features: Features,
+                            M: int, me: Shape | None = None) -> tuple[float, dict]:
         """Megatron FSDP's per-micro-batch collectives (``sharding.py``): the exposed parts added to each chunk's
-        forward / backward in place; returns (whole-layer buffer MB, comm entries per iteration)."""
+        forward / backward in place; returns (whole-layer buffer MB, comm entries per iteration). ``chunk_lp``: the
+        chunks' low-precision linear parameters, gathered (and buffered) quantized with param gather. MoE: the
+        experts' parameters are sharded over the expert-DP group (megatron-core's ``expt_dp`` parameter groups:
+        ``edp`` ranks strided by etp x ep), so they are gathered and reduce-scattered there, behind what the dense
+        collectives leave of the micro-batch (one DP stream)."""
         if not features.fsdp or dpc <= 1:
             return 0.0, {}
-        inter, k = self._group_link(first_rank, n // dpc, dpc)
-        ag = lambda b: self.comm.all_gather(b, dpc, inter, k)       # noqa: E731
-        rs = lambda b: self.comm.reduce_scatter(b, dpc, inter, k)   # noqa: E731
+        groups = [(dpc, *self._group_link(first_rank, n // dpc, dpc))]
+        edp = me.expert_dp if me is not None else 1
+        if edp > 1:
+            groups.append((edp, *self._group_link(first_rank, me.expert_tp * me.ep, edp)))
         starts, c = self.model.layer_starts, p.cum["params"]
+        ce = p.cum["eparams"]
         gath = red = (0.0, 0.0)
-        biggest = 0.0
+        biggest = layers = 0.0
         for j, (a, e) in enumerate(spans):
             bounds = [u for u in starts if a <= u <= e]
             layer = [c[y] - c[x] for x, y in zip(bounds[:-1], bounds[1:])]
-            biggest = max([biggest, *layer])
+            biggest, layers = max([biggest, *layer]), layers + sum(layer)
             prm = chunk_params[j]      # its layers' and, on the end chunks, the embedding's / output layer's
-            exp, g, r = per_micro_batch(features.fsdp, dpc, (prm * self._w, prm * self._g), len(layer),
-                                        chunk_fwd[j], chunk_bwd[j], ag, rs, self._tax, features.overlap_param_gather,
-                                        features.overlap_grad_reduce)
-            chunk_fwd[j] += exp[0]
-            chunk_bwd[j] += exp[1]
-            gath, red = (gath[0] + M * g[0], gath[1] + M * g[1]), (red[0] + M * r[0], red[1] + M * r[1])
-        return (fsdp_buffer_mb(features.fsdp, dpc, biggest, self._w, self._g),
+            ex = float(ce[e] - ce[a])
+            fwd, bwd = chunk_fwd[j], chunk_bwd[j]
+            for (size, inter, k), part in zip(groups, (prm - ex, ex)):
+                if part <= 0 or size <= 1:
+                    continue
+                ag = lambda b, size=size, inter=inter, k=k: self.comm.all_gather(b, size, inter, k)       # noqa: E731
+                rs = lambda b, size=size, inter=inter, k=k: self.comm.reduce_scatter(b, size, inter, k)   # noqa: E731
+                lp = chunk_lp[j] * part / prm if prm else 0.0
+                nbytes = (part * self._w + lp * self._ag_lp, part * self._g)
+                exp, g, r = per_micro_batch(features.fsdp, size, nbytes, len(layer), fwd, bwd, ag, rs, self._tax,
+                                            features.overlap_param_gather, features.overlap_grad_reduce)
+                chunk_fwd[j] += exp[0]
+                chunk_bwd[j] += exp[1]
+                fwd, bwd = max(0.0, fwd - g[1] / 2), max(0.0, bwd - g[1] / 2 - r[1])   # what is left for the experts
+                gath, red = (gath[0] + M * g[0], gath[1] + M * g[1]), (red[0] + M * r[0], red[1] + M * r[1])
+        w_layer = self._w + self._ag_lp * sum(chunk_lp) / max(layers, 1.0)    # a layer's weight bytes per parameter
+        return (fsdp_buffer_mb(features.fsdp, dpc, biggest, w_layer, self._g),
                 {"fsdp_param_gather": gath, "fsdp_grad_reduce": red})
 
     def _offload(self, p: _Prepared, stage_index: int, chunk_fwd: list, chunk_bwd: list, features: Features,
-                 M: int) -> tuple[float, dict]:
+                 M: int) -> tuple[float, float, dict]:
         """CPU activation offload of the first ``offload_layers`` layers (``offload.py``; one stage): the exposed
-        copies added to the forward / backward in place; returns (MB off the GPU per micro-batch, comm entries)."""
+        copies added to the forward / backward in place; returns (MB off the GPU per micro-batch, MB of the layer in
+        flight, comm entries)."""
         N = features.offload_layers
         if not N or stage_index:
-            return 0.0, {}
+            return 0.0, 0.0, {}
         end = self.model.layer_starts[N]
         c = p.cum
         act = float(p.table.act_mb[:end, 0].sum())
@@ -542,7 +571,8 @@ class CostModel:
         d2h, h2d = offload_ms(act / N, N, fwd, gbps), offload_ms(act / N, N, bwd, gbps)
         chunk_fwd[0] += d2h[0]
         chunk_bwd[0] += h2d[0]
-        return act - kept_mb(act, N), {"offload": (M * (d2h[0] + h2d[0]), M * (d2h[1] + h2d[1]))}
+        kept = kept_mb(act, N)
+        return act - kept, kept, {"offload": (M * (d2h[0] + h2d[0]), M * (d2h[1] + h2d[1]))}
 
     def _ideal(self, first: bool, last: bool, start: int, end: int, mbs: int, n: int) -> float:
         """fwd + bwd of the stage's work on one GPU at the whole micro-batch, divided by its GPUs (analytic only:

@@ -121,7 +121,11 @@ ARCH: dict[str, Arch] = {
 
 # Low-precision GEMM efficiency relative to the bf16 ceiling (``gemm_scale``), per GPU generation; fitted
 # (docs/costmodel.md, "Low precision"): Hopper on the H100 FP8-CS rows, Blackwell on the B200/GB200/GB300 rows.
-LOWPREC_GEMM_SCALE = {"hopper": 0.98, "blackwell": 0.84}
+LOWPREC_GEMM_SCALE = {"hopper": 0.98, "blackwell": 0.82}
+# The block-scaled MXFP8 GEMM's rate relative to the per-tensor-scaled FP8 GEMM of the same shape, fitted on the
+# published runs that ran one configuration in both recipes (Megatron-Bridge 25.11: Llama 3 8B on 8 GB300 / GB200 /
+# B200 and Llama 3.1 405B on 128 B200, MXFP8 3.6-5.6% slower than FP8-CS each): ``bench/lowprec_published.py --fit``.
+RECIPE_GEMM_SCALE = {"mxfp8": 0.91}
 GENERATION = {"h100": "hopper", "h200": "hopper", "b200": "blackwell", "gb200": "blackwell", "b300": "blackwell",
               "gb300": "blackwell"}
 
@@ -231,9 +235,11 @@ class ShapeKernels:
 KERNEL_MODELS = {"shape": ShapeKernels, "flat": FlatKernels}
 
 
-def lowprec_kernels(kernels: str, gpu: str, peak_flop_per_ms: float, hbm_bytes_per_ms: float, elem_bytes: float):
-    """The kernel model of the quantized linear GEMMs: the FP8 / FP4 peak, the quantized element size and the
-    generation's ``LOWPREC_GEMM_SCALE`` (read at call time, so a fit can vary it)."""
+def lowprec_kernels(kernels: str, gpu: str, peak_flop_per_ms: float, hbm_bytes_per_ms: float, elem_bytes: float,
+                    recipe: str = ""):
+    """The kernel model of the quantized linear GEMMs: the FP8 / FP4 peak, the quantized element size, the
+    generation's ``LOWPREC_GEMM_SCALE`` and the recipe's ``RECIPE_GEMM_SCALE`` (read at call time, so a fit can vary
+    them)."""
     k = KERNEL_MODELS[kernels](gpu, peak_flop_per_ms, hbm_bytes_per_ms, elem_bytes)
-    k.gemm_scale = LOWPREC_GEMM_SCALE.get(GENERATION.get(gpu, ""), 1.0)
+    k.gemm_scale = LOWPREC_GEMM_SCALE.get(GENERATION.get(gpu, ""), 1.0) * RECIPE_GEMM_SCALE.get(recipe, 1.0)
     return k

@@ -146,7 +146,8 @@ def _experts(src, m_e: float, n_local: int, etp: int, grouped: bool, backward: b
         t = n_local * k.gemm(list(shapes), backward=backward)
     if lp and k is not src.kern:
         n_l = lowp.cast_launches(src.lp)
-        t += sum(src.kern.memory(lowp.cast_bytes(src.lp, n_local * mm * (nn if backward else kk), src.dt), n_l)
+        t += sum(src.kern.memory(lowp.cast_bytes(src.lp, n_local * mm * (nn if backward else kk), src.dt,
+                                                  src.non_tn), n_l)
                  for mm, nn, kk in shapes)
     return t
 

@@ -7,7 +7,12 @@ the next layer, and the synchroniser waits for it before the layer after. So, pe
 layers of ``A`` MiB of activations each (the offloaded layers' average), the host link's bandwidth ``H`` per
 direction and ``t_f`` / ``t_b`` the forward / backward of one layer (the stage's average):
 
-    memory    the activations of the N layers leave the GPU but one (the layer in flight)
+    memory    the activations of the N layers leave the GPU but one (the layer in flight), and that one only while
+              the last layers run their forward: TE's ``AsyncDoubleBufferGroupOffloadHandler`` offloads the
+              groups one after another and frees group k at the commit of layer ``layer_window_map[k]``, the
+              last group at the last layer's, before the loss; so the stage's peak is the kept activations plus
+              the larger of the layer in flight and the loss / recompute transient (``evaluate._assemble``), not
+              their sum
     forward   exposed  N max(0, A / H - t_f)          hidden  N min(A / H, t_f)
     backward  exposed  N max(0, A / H - t_b)          hidden  N min(A / H, t_b)
 

@@ -152,14 +152,34 @@ def test_host_link_and_offload_hand_computed():
 
 
 def test_offload_in_the_plan_moves_all_but_one_layer():
-    """Offloading 2 of 4 (identical) layers frees one layer's activations (one stays in flight) x (1 + 5%)."""
+    """Offloading 2 of 4 (identical) layers moves both off the activations x (1 + 5%); the one in flight stays
+    only while the last layers run, so the peak adds what of it the loss transient does not cover."""
     cm = _cm()
     a = cm.evaluate(_plan(distributed_optimizer=True)).stages[0]
     b = cm.evaluate(_plan(distributed_optimizer=True, offload=2)).stages[0]
     t = cm.unit_table(8 / 8, 1)
-    layer = float(t.act_mb[0, 0] + t.act_mb[1, 0])
-    assert a.memory_breakdown["activations"] - b.memory_breakdown["activations"] == pytest.approx(layer * 1.05)
+    layer = float(t.act_mb[0, 0] + t.act_mb[1, 0]) * 1.05
+    bd = b.memory_breakdown
+    assert a.memory_breakdown["activations"] - bd["activations"] == pytest.approx(2 * layer)
+    assert bd["offload_in_flight"] == pytest.approx(max(0.0, layer - bd["recompute_peak"]))
+    assert a.memory_mb - b.memory_mb == pytest.approx(2 * layer - bd["offload_in_flight"])
     assert "offload" in b.comm and b.fwd_ms >= a.fwd_ms
+
+
+def test_fsdp_with_fp8_param_gather_stores_and_gathers_one_byte():
+    """optim_grads_params over 8 with fp8-tensorwise + param gather: the sharded weights 1 B per linear parameter
+    instead of 2 (-1 B / 8 each) and the in-flight layer buffers 1 B per linear weight; hand-computed on the model's
+    linear parameters."""
+    plan = _plan("optim_grads_params")
+    bf = _cm().evaluate(plan).stages[0].memory_breakdown
+    fp8 = make_cost_model(MODEL, CLUSTER, TrainingSpec(global_batch_size=64, precision="fp8-tensorwise",
+                                                       fp8_param_gather=True), settings=RunSettings())
+    mem = fp8.evaluate(plan).stages[0].memory_breakdown
+    t = fp8.unit_table(1, 1)
+    linear = float(t.weight_params[fp8._lp_mask].sum())
+    assert (bf["params"] - mem["params"]) * MB == pytest.approx(linear / 8)
+    layer = float(t.weight_params[:2].sum())        # one layer's linear weights (attention + MLP units)
+    assert (bf["fsdp_buffers"] - mem["fsdp_buffers"]) * MB == pytest.approx(IN_FLIGHT_LAYERS * layer, rel=1e-3)
 
 
 def test_offload_with_recompute_never_fits():
@@ -237,3 +257,25 @@ def test_preflight_refuses_fsdp_on_the_runtime_but_not_for_megatron_lm():
     planner_checks(plan, "cuda")                       # a Megatron-LM plan: its export runs it
     with pytest.raises(AcesoError, match="megatron_fsdp: the aceso runtime runs DDP"):
         planner_checks(plan.model_copy(update={"settings": None}), "cuda")
+
+
+def test_moe_fsdp_gathers_experts_over_expert_dp():
+    """Mixtral 8x7B layers 2-3 on 8 H100s, tp 2 (SP), dp 4, ep 4, etp 1, optim_grads_params, no overlap: per
+    micro-batch the dense weights are all-gathered twice (forward, backward) and their gradients reduce-scattered
+    over dp x cp = 4 (stride tp 2), the experts' over the expert-DP group of 8 / (1 x 4) = 2 (stride etp x ep 4);
+    their optimizer states shard there too (megatron-core's expert-DP parameter groups). Hand-computed sizes."""
+    import numpy as np
+    from search.costmodel.types import Features
+    m = load_model("mixtral-8x7b")
+    cm = make_cost_model(m, parse_cluster("1x8-h100"), TrainingSpec(global_batch_size=64))
+    st = cm.stage_cost(1, 4, 0, 4, 8, 2, 4, np.zeros(4, np.int8), 4, sp=True, ep=4, etp=1,
+                       features=Features(fsdp="optim_grads_params"))
+    h, f, E, q, kv = 4096, 14336, 8, 4096, 8 * 128
+    dense = 2 * ((h * (q + 2 * kv) + q * h) / 2 + h + h + E * h)    # attention (tp 2) + norm + router, 2 layers
+    experts = 2 * (E // 4) * 3 * h * f                              # E / ep SwiGLU experts, etp 1, 2 layers
+    c, w, g, M = cm.comm, cm._w, cm._g, 64 // 4
+    gather = 2 * (c.all_gather(dense * w, 4, False, 1) + c.all_gather(experts * w, 2, False, 1))
+    reduce = c.reduce_scatter(dense * g, 4, False, 1) + c.reduce_scatter(experts * g, 2, False, 1)
+    assert st.comm["fsdp_param_gather"][0] == pytest.approx(M * gather, rel=1e-9)
+    assert st.comm["fsdp_grad_reduce"][0] == pytest.approx(M * reduce, rel=1e-9)
+    assert st.memory_breakdown["params"] == pytest.approx((dense * w / 4 + experts * w / 2) / MB, rel=1e-12)

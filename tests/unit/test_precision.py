@@ -45,6 +45,47 @@ def test_weight_bytes(name, gather, expect):
     assert lowp.weight_bytes_per_param(name, gather) == pytest.approx(expect)
 
 
+@pytest.mark.parametrize("name,expect", [
+    ("fp8-delayed", 2 * 1000 + 1.0 * 1000),                     # Blackwell: one row-wise copy (no transpose)
+    ("fp8-tensorwise", 2 * 2 * 1000 + 1.0 * 1000),
+    ("mxfp8", 2 * 1000 + 2 * (1 + 1 / 32) * 1000),              # block scales per direction: both copies
+    ("nvfp4", 2 * 2 * 1000 + 2 * (0.5 + 1 / 16) * 1000)])
+def test_cast_bytes_on_blackwell(name, expect):
+    assert lowp.cast_bytes(name, 1000, 2.0, non_tn=True) == pytest.approx(expect)
+
+
+@pytest.mark.parametrize("name,gather,non_tn,expect", [
+    ("fp8-tensorwise", False, True, 1.0), ("fp8-tensorwise", True, True, 1.0 - 2.0),
+    ("mxfp8", True, True, 2 * (1 + 1 / 32) - 2)])
+def test_weight_bytes_on_blackwell(name, gather, non_tn, expect):
+    assert lowp.weight_bytes_per_param(name, gather, non_tn) == pytest.approx(expect)
+
+
+def test_gather_and_fsdp_weight_bytes():
+    """FP8 param gather moves 1 B (+ block scales); MXFP8 parameters are all-gathered in the gradient buffer's dtype
+    (2 B with bf16 gradients); Megatron FSDP stores / gathers what the all-gather moves, no transpose."""
+    assert lowp.gather_bytes_per_param("fp8-tensorwise", True) == 1.0
+    assert lowp.gather_bytes_per_param("fp8-blockwise", True) == pytest.approx(1 + 4 / 128)
+    assert lowp.gather_bytes_per_param("mxfp8", True) == 2.0
+    assert lowp.gather_bytes_per_param("fp8-tensorwise", False) == 2.0
+    assert lowp.fsdp_weight_bytes_per_param("fp8-tensorwise", True) == -1.0
+    assert lowp.fsdp_weight_bytes_per_param("mxfp8", True) == 0.0
+    assert lowp.fsdp_weight_bytes_per_param("fp8-tensorwise", False, non_tn=True) == 1.0
+
+
+def test_mxfp8_gemm_rate_is_the_generation_scale_times_the_recipe_scale():
+    from search.costmodel.kernels import RECIPE_GEMM_SCALE, lowprec_kernels
+    k = lowprec_kernels("shape", "b200", 4.5e15, 8e12, 1.0, "mxfp8")
+    assert k.gemm_scale == pytest.approx(LOWPREC_GEMM_SCALE["blackwell"] * RECIPE_GEMM_SCALE["mxfp8"])
+    assert lowprec_kernels("shape", "b200", 4.5e15, 8e12, 1.0, "fp8-tensorwise").gemm_scale == \
+        LOWPREC_GEMM_SCALE["blackwell"]
+
+
+def test_blackwell_memory_is_binary_as_nvidia_names_it():
+    """MIG full-GPU profiles 7g.80gb / 7g.180gb / 7g.186gb / 7g.278gb: 80 / 180 / 186 / 278 GiB."""
+    assert [GPU_PRESETS[g].memory_gib for g in ("h100", "b200", "gb200", "gb300")] == [80.0, 180.0, 186.0, 278.0]
+
+
 def test_bf16_layers():
     assert [lowp.bf16_layer("mxfp8", i, 6, 1, 2) for i in range(6)] == [True, False, False, False, True, True]
     assert all(lowp.bf16_layer("bf16", i, 6, 0, 0) for i in range(6))
@@ -256,3 +297,37 @@ def test_every_dense_low_precision_bridge_row_imports_its_recipe():
         assert bool(plan.megatron_fsdp) == (r["fsdp"] > 0)
         low = plan.settings.low_precision
         assert low.recipe == lowp.LABELS.get(r["precision"], r["precision"])
+
+
+def _lowprec_bench():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("lowprec_published", ROOT / "bench" / "lowprec_published.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_a_row_whose_ga_disagrees_runs_at_the_mbs_its_ga_says():
+    """GBS 128, DP 8, published GA 16: MBS 1 (the MBS column's 2 gives GA 8); a consistent row is left alone."""
+    bench = _lowprec_bench()
+    row = {"ga": 16, "dp": 8, "ga_implied": 8, "gbs": 128, "mbs": 2,
+           "args": "--micro-batch-size 2 --global-batch-size 128"}
+    args, fixed = bench.run_args(row)
+    assert args == "--micro-batch-size 1 --global-batch-size 128" and "MBS 1" in fixed
+    assert bench.run_args(dict(row, ga=8)) == (row["args"], None)
+
+
+def test_targets_print_pass_and_fail():
+    bench = _lowprec_bench()
+    ok = bench.targets({"mae": 0.07, "max_abs": 0.14, "worst": "w", "all_fit": True})
+    bad = bench.targets({"mae": 0.09, "max_abs": 0.20, "worst": "w", "all_fit": False})
+    assert [t.split()[0] for t in ok] == ["PASS"] * 3 and [t.split()[0] for t in bad] == ["FAIL"] * 3
+
+
+@pytest.mark.skipif(not BRIDGE.exists(), reason="needs ../shared/published")
+def test_every_dense_low_precision_bridge_run_fits_its_gpu():
+    """Runs that ran fit: each of the 19 rows priced as bench/lowprec_published.py prices it (the one row path)."""
+    bench = _lowprec_bench()
+    rows, _ = bench.load_rows(BRIDGE)
+    out = [bench.price_row(r) for r in rows]
+    assert [x["id"] for x in out if not x["fits"]] == []
