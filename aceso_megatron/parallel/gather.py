@@ -81,8 +81,8 @@ def _local_optimizer_state(rt) -> tuple[dict[str, dict], set[float]]:
     steps: set[float] = set()
     for opt in getattr(rt.optimizer, "chained_optimizers", [rt.optimizer]):
         if rt.plan.distributed_optimizer:   # MoE: one optimizer for the dense buffers, one for the experts'
-            flat = {n: {k: torch.zeros(p.numel()) for k in OPTIMIZER_KEYS}
-                    for n, p in params.items() if p in opt.model_param_gbuf_map}
+            held = {p for buf in opt.buffers for p in buf.param_index_map}   # (whether or not in this rank's shard)
+            flat = {n: {k: torch.zeros(p.numel()) for k in OPTIMIZER_KEYS} for n, p in params.items() if p in held}
             for maps in opt.gbuf_ranges:
                 for per_bucket in maps.values():
                     for bucket in per_bucket:
