@@ -111,9 +111,6 @@ def refusal(env, plan) -> str | None:
     if s.overlap_ep_comm:
         return ("moe.overlap_ep_comm: the runtime does not run megatron-core's combined 1F1B EP overlap yet; set "
                 "it false")
-    if plan.distributed_optimizer:
-        return ("distributed_optimizer with MoE: expert-state sharding over expert-DP is not proven in the runtime "
-                "yet; set distributed_optimizer false")
     if env is None:
         return None
     if s.token_dispatcher == "flex" and not env.cuda:

@@ -22,7 +22,7 @@ def reduced_grads(rt) -> dict:
     """Distributed optimizer: parameter -> its full DP-reduced gradient, from every rank's bucket shards."""
     out = {}
     for m in rt.models:
-        for buf in m.buffers:
+        for buf in m.buffers + m.expert_parallel_buffers:   # MoE: expert buffers shard over expert-DP
             size, rank = buf.data_parallel_world_size, dist.get_rank(buf.data_parallel_group)
             mine = torch.zeros_like(buf.grad_data)
             for bucket in buf.buckets:  # the rank's shard of each bucket, in buffer coordinates
@@ -48,14 +48,7 @@ def full_tensors(rt, which: str) -> dict[str, torch.Tensor]:
         local = {n: reduced[p] for n, p in params.items()}
     else:
         local = {n: (p.main_grad if which == "grad" else p.data) for n, p in params.items()}
-    lay, pgc = rt.layout, rt.groups.pg_collection
-    experts = {n: t for n, t in local.items() if is_expert(names[n])}
-    dense = {n: t for n, t in local.items() if n not in experts}
-    full = gather_full(dense, params, names, rt.plan.model, rt.groups.tp)
-    mine = full if (lay.tp_rank == 0 and lay.dp_rank == 0 and lay.cp_rank == 0) else {}
-    if experts:   # each EP rank's experts, gathered over expert-TP, from expert-DP replica 0
-        full = gather_full(experts, params, names, rt.plan.model, pgc.expt_tp)
-        mine = {**mine, **(full if (lay.etp_rank == 0 and lay.edp_rank == 0) else {})}
+    mine = _gathered_here(rt, local)
     parts = [None] * dist.get_world_size()
     dist.all_gather_object(parts, {k: v.cpu() for k, v in mine.items()})
     out: dict[str, torch.Tensor] = {}
@@ -63,6 +56,22 @@ def full_tensors(rt, which: str) -> dict[str, torch.Tensor]:
         for k, v in part.items():
             out.setdefault(k, v)
     return out
+
+
+def _gathered_here(rt, local: dict) -> dict[str, torch.Tensor]:
+    """Local name -> tensor (this rank's shards) to canonical name -> full tensor, for the tensors this rank
+    reports: dense ones on TP rank 0 of DP replica 0 (CP rank 0), each EP rank's experts gathered over expert-TP
+    on expert-DP replica 0 (collective over TP and expert-TP)."""
+    params, names = dict(rt.named_parameters()), rt.canonical_names()
+    lay, pgc = rt.layout, rt.groups.pg_collection
+    experts = {n: t for n, t in local.items() if is_expert(names[n])}
+    dense = {n: t for n, t in local.items() if n not in experts}
+    full = gather_full(dense, params, names, rt.plan.model, rt.groups.tp)
+    mine = full if (lay.tp_rank == 0 and lay.dp_rank == 0 and lay.cp_rank == 0) else {}
+    if experts:
+        full = gather_full(experts, params, names, rt.plan.model, pgc.expt_tp)
+        mine = {**mine, **(full if (lay.etp_rank == 0 and lay.edp_rank == 0) else {})}
+    return mine
 
 
 OPTIMIZER_KEYS = ("exp_avg", "exp_avg_sq", "param")   # Adam's moments and the fp32 master weight
@@ -76,8 +85,9 @@ def _local_optimizer_state(rt) -> tuple[dict[str, dict], set[float]]:
     out = {k: {} for k in OPTIMIZER_KEYS}
     steps: set[float] = set()
     for opt in getattr(rt.optimizer, "chained_optimizers", [rt.optimizer]):
-        if rt.plan.distributed_optimizer:
-            flat = {n: {k: torch.zeros(p.numel()) for k in OPTIMIZER_KEYS} for n, p in params.items()}
+        if rt.plan.distributed_optimizer:   # MoE: one optimizer for the dense buffers, one for the experts'
+            held = {p for buf in opt.buffers for p in buf.param_index_map}   # (whether or not in this rank's shard)
+            flat = {n: {k: torch.zeros(p.numel()) for k in OPTIMIZER_KEYS} for n, p in params.items() if p in held}
             for maps in opt.gbuf_ranges:
                 for per_bucket in maps.values():
                     for bucket in per_bucket:
@@ -87,6 +97,8 @@ def _local_optimizer_state(rt) -> tuple[dict[str, dict], set[float]]:
                             for k in OPTIMIZER_KEYS:
                                 flat[by_id[id(p)]][k][r.start:r.end] = mine[k].float()
             for n, p in params.items():
+                if n not in flat:
+                    continue
                 for k in OPTIMIZER_KEYS:
                     dist.all_reduce(flat[n][k], group=opt.data_parallel_group)
                     out[k][n] = flat[n][k].view(p.shape)
@@ -95,6 +107,8 @@ def _local_optimizer_state(rt) -> tuple[dict[str, dict], set[float]]:
                                                   getattr(opt, "fp32_from_float16_groups", [])) for m, f in zip(g16, g32)}
             for n, p in params.items():
                 main = mains.get(id(p), p)
+                if main not in opt.optimizer.state:   # MoE: the other optimizer's (dense | expert) parameter
+                    continue
                 state = opt.optimizer.state[main]
                 steps.add(float(state["step"]))
                 out["exp_avg"][n], out["exp_avg_sq"][n], out["param"][n] = state["exp_avg"], state["exp_avg_sq"], main
@@ -105,12 +119,13 @@ def full_optimizer_state(rt) -> dict:
     """Adam's state from the live optimizer: ``{key of OPTIMIZER_KEYS: {canonical name: full tensor}, "step":
     [the step counts of every rank]}`` on every rank (collective; tests compare optimizer kinds with it)."""
     local, steps = _local_optimizer_state(rt)
-    params, names = dict(rt.named_parameters()), rt.canonical_names()
-    full = {k: gather_full(v, params, names, rt.plan.model, rt.groups.tp) for k, v in local.items()}
-    lay = rt.layout
-    mine = {k: {n: t.cpu() for n, t in v.items()} for k, v in full.items()} if lay.tp_rank == lay.dp_rank == 0 else None
+    mine = {k: {n: t.cpu() for n, t in _gathered_here(rt, v).items()} for k, v in local.items()}
     parts = [None] * dist.get_world_size()
     dist.all_gather_object(parts, (mine, sorted(steps)))
-    out = next(p for p, _ in parts if p is not None)
+    out = {k: {} for k in OPTIMIZER_KEYS}
+    for part, _ in parts:
+        for k, v in part.items():
+            for n, t in v.items():
+                out[k].setdefault(n, t)
     out["step"] = sorted({s for _, ss in parts for s in ss})
     return out

@@ -87,6 +87,8 @@ def model_sharded_state_dict(rt) -> dict:
     from megatron.core.dist_checkpointing import ShardedTensor
     from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
 
+    from ..model.moe import is_expert
+
     lay = rt.layout
     names = rt.canonical_names()
     owner, shared = _owners(rt)
@@ -94,8 +96,12 @@ def model_sharded_state_dict(rt) -> dict:
     for local, p in rt.named_parameters():
         canon = names[local]
         split = bool(getattr(p, "tensor_model_parallel", False))
-        replica = (int(owner[canon] != lay.stage), 0 if split else lay.tp_rank, lay.dp_rank * lay.cp + lay.cp_rank)
-        offsets = [(p.partition_dim, lay.tp_rank, lay.tp)] if split else []
+        if is_expert(canon):   # its global expert index is in the name: EP re-shards by key; ETP by offset
+            tp, tp_rank, dp_index = lay.etp, lay.etp_rank, lay.edp_rank
+        else:
+            tp, tp_rank, dp_index = lay.tp, lay.tp_rank, lay.dp_rank * lay.cp + lay.cp_rank
+        replica = (int(owner[canon] != lay.stage), 0 if split else tp_rank, dp_index)
+        offsets = [(p.partition_dim, tp_rank, tp)] if split else []
         sh = ShardedTensor.from_rank_offsets(canon, p, *offsets, replica_id=replica)
         if canon in shared:
             sh = replace(sh, axis_fragmentations=None)
@@ -310,6 +316,7 @@ def _tensor_mismatch(rt, ckpt_dir: Path) -> str | None:
     from megatron.core import dist_checkpointing
 
     from ..model.init import full_shape
+    from ..model.moe import is_expert
 
     meta = dist_checkpointing.load_tensors_metadata(str(ckpt_dir))
     names = rt.canonical_names()
@@ -320,7 +327,8 @@ def _tensor_mismatch(rt, ckpt_dir: Path) -> str | None:
                 continue
             return (f"holds another model than the plan's: it has no {canon}; resume it with a plan for its model, "
                     "or save this run to a new folder")
-        have, want = tuple(meta[canon].global_shape), tuple(full_shape(p, rt.layout.tp))
+        tp = rt.layout.etp if is_expert(canon) else rt.layout.tp
+        have, want = tuple(meta[canon].global_shape), tuple(full_shape(p, tp))
         if have != want:
             return (f"holds another model than the plan's: {canon} has shape {list(have)} in the checkpoint but "
                     f"{list(want)} in the plan; resume it with a plan for its model, or save this run to a new "

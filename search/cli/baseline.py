@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.output)
     from ..planner.api import runtime_training
     model, cluster, training, cm = setup(args)
-    training = runtime_training(training, model=model)   # the plan it writes runs on the aceso runtime
+    training = runtime_training(training)     # the plan it writes runs on the aceso runtime (DDP, no offload)
     res = plan_baseline(cm, training)
     if res is None:
         raise AcesoError(f"no uniform configuration exists for {cluster.num_gpus} GPUs with per-rank micro-batch "

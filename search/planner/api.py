@@ -104,45 +104,33 @@ class Plans:
         return self.megatron if self.target == "megatron-lm" else self.aceso
 
 
-def runtime_training(training, strict: bool = True, model=None):
+def runtime_training(training, strict: bool = True):
     """The training spec for a runtime search: Megatron FSDP and CPU activation offload off (the aceso runtime runs
-    DDP / the distributed optimizer and keeps activations on the GPU), and for an MoE ``model`` the distributed
-    optimizer off too (the runtime's MoE stages run DDP); ``strict``: refuse them asked for."""
+    DDP / the distributed optimizer and keeps activations on the GPU); ``strict``: refuse them asked for."""
     for name, flag in (("megatron_fsdp", "--megatron-fsdp"), ("activation_offload", "--activation-offload")):
         if strict and getattr(training, name):
             raise AcesoError(f"{flag} on: Megatron-LM runs it, the aceso runtime does not; search with --target "
                              "megatron-lm, or turn it off")
-    off = {"megatron_fsdp": False, "activation_offload": False}
-    if model is not None and model.moe is not None:   # the runtime runs MoE stages with DDP only (its pre-flight)
-        if strict and training.distributed_optimizer:
-            raise AcesoError("--distributed-optimizer on with an MoE model: the aceso runtime does not run the "
-                             "distributed optimizer with MoE yet; search with --target megatron-lm, or turn it off")
-        off.update(distributed_optimizer=False, overlap_param_gather=False)   # (the gather is the optimizer's)
-    return training.model_copy(update=off)
+    return training.model_copy(update={"megatron_fsdp": False, "activation_offload": False})
 
 
-def runs_elsewhere(state, model=None) -> bool:
-    """A state the aceso runtime does not run (Megatron FSDP, activation offload; the distributed optimizer with an
-    MoE ``model``: ``runtime_training``): not a seed of its search."""
-    f = state.features
-    return bool(f.fsdp or f.offload_layers or (model is not None and model.moe is not None
-                                                 and f.distributed_optimizer))
+def runs_elsewhere(state) -> bool:
+    """A state the aceso runtime does not run (Megatron FSDP, activation offload): not a seed of its search."""
+    return bool(state.features.fsdp or state.features.offload_layers)
 
 
-def runtime_state(state, model=None):
+def runtime_state(state):
     """``state`` with the switches the aceso runtime runs (``runs_elsewhere``): Megatron FSDP and activation
-    offload off (the parameter gather with them, which needs the distributed optimizer), and with an MoE ``model``
-    the distributed optimizer off too."""
+    offload off (the parameter gather with them unless the distributed optimizer runs it)."""
     f = state.features
-    dist = f.distributed_optimizer and not (model is not None and model.moe is not None)
-    return state._replace(features=f._replace(fsdp="", offload_layers=0, distributed_optimizer=dist,
-                                              overlap_param_gather=f.overlap_param_gather and dist))
+    return state._replace(features=f._replace(fsdp="", offload_layers=0,
+                                              overlap_param_gather=f.overlap_param_gather and f.distributed_optimizer))
 
 
 def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "aceso") -> Plans:
     """Uniform baseline, then the Megatron-LM search, then the heterogeneous search (see the module docstring)."""
     if target != "megatron-lm":
-        training = runtime_training(training, model=cm.model)
+        training = runtime_training(training)
     base = plan_baseline(cm, training)
     fitting = base if base is not None and base.fits else None
     share = max(int(opts.budget_evals * SECONDARY_SHARE), 1)
@@ -159,15 +147,13 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
         o2.budget_s = max(opts.budget_s - mlm.seconds, 0.0)
     if opts.callback is not None:   # one progress count over both searches
         o2.callback = lambda n, done=mlm.evals: opts.callback(done + n)
-    runs = [e for e in mlm.plans[:1] if e.fits and not runs_elsewhere(e.state, cm.model)]
-    # MoE: the lines above as the runtime runs them (its switches) are seeds too: a plan the runtime does not run
-    # as it is (dist-opt, FSDP, offload) still gives the heterogeneous search its shapes and cuts to start from
-    moved = [runtime_state(e.state, cm.model) for e in [fitting] + mlm.plans[:1]
-             if cm.model.moe is not None and e is not None and e.fits and runs_elsewhere(e.state, cm.model)]
-    het, aspace = plan_search(cm, runtime_training(training, strict=False, model=cm.model), o2,
-                              top_k if target == "aceso" else 1,
-                              fitting if fitting is not None and not runs_elsewhere(fitting.state, cm.model) else None,
-                              "aceso",
+    runs = [e for e in mlm.plans[:1] if e.fits and not runs_elsewhere(e.state)]
+    # MoE: the lines above as the runtime runs them (FSDP and offload off) are seeds too: a plan the runtime does
+    # not run as it is still gives the heterogeneous search its shapes and cuts to start from
+    moved = [runtime_state(e.state) for e in [fitting] + mlm.plans[:1]
+             if cm.model.moe is not None and e is not None and e.fits and runs_elsewhere(e.state)]
+    het, aspace = plan_search(cm, runtime_training(training, strict=False), o2, top_k if target == "aceso" else 1,
+                              fitting if fitting is not None and not runs_elsewhere(fitting.state) else None, "aceso",
                               [e.state for e in runs] + moved)
     if runs:
         _never_worse(het, runs[0])

@@ -62,7 +62,6 @@ def test_local_experts_take_the_stock_models_global_index():
     (lambda: plan(moe={"grouped_gemm": True}), CUDA, "moe.grouped_gemm"),
     (lambda: plan(moe={"overlap_ep_comm": True}), CUDA_TE, "moe.overlap_ep_comm"),
     (lambda: plan(ep=1, etp=2), CPU, "stages[0].etp (2) with the alltoall dispatcher"),
-    (lambda: plan(distributed_optimizer=True), CPU, "distributed_optimizer with MoE"),
     (lambda: plan(MTP, rc=["none"] * 4 + ["full"]), CPU, "unit 4 (mtp): recompute full"),
     (lambda: plan(MLA, rc=["attn_dropout"] + ["none"] * 3), CPU, "attn_dropout with multi-latent attention"),
     (lambda: plan(MOE.model_copy(update={"moe": MOE.moe.model_copy(update={
@@ -85,24 +84,20 @@ def test_runnable_plans_are_not_refused():
     assert refusal(CPU, plan(dense_mla_mtp, ep=1, etp=None)) is None
 
 
-def test_validate_refuses_what_no_machine_runs_and_the_search_does_not_emit_it():
-    """The one pre-flight (validate, the search's output check, launch) refuses an MoE runtime plan with the
-    distributed optimizer on any machine, not only in the workers; a runtime search turns it off (asked for: refused,
-    one line), a Megatron-LM plan keeps it."""
+def test_validate_refuses_what_no_machine_runs_and_the_search_keeps_the_distributed_optimizer():
+    """The one pre-flight (validate, the search's output check, launch) refuses an MoE runtime plan that no
+    machine runs (``overlap_ep_comm``), not only in the workers; the distributed optimizer with MoE runs
+    (tests/distributed/test_moe_optim.py), so validate passes it and a runtime search keeps it as asked."""
     from search.errors import AcesoError
-    from search.plan_settings import PlanSettings
     from search.planner.api import runtime_training
     from search.preflight import preflight
     from search.training import TrainingSpec
-    with pytest.raises(AcesoError, match="distributed_optimizer with MoE"):
-        preflight(plan(distributed_optimizer=True), "cuda")
-    assert preflight(plan(distributed_optimizer=True).model_copy(
-        update={"settings": PlanSettings(framework="megatron-lm")}), "cuda")
-    tr = TrainingSpec(global_batch_size=8)
-    assert runtime_training(tr, model=MOE).distributed_optimizer is False
-    assert runtime_training(tr, model=MOE.model_copy(update={"moe": None})).distributed_optimizer is None
-    with pytest.raises(AcesoError, match="--distributed-optimizer on with an MoE model"):
-        runtime_training(tr.model_copy(update={"distributed_optimizer": True}), model=MOE)
+    with pytest.raises(AcesoError, match="moe.overlap_ep_comm"):
+        preflight(plan(moe={"overlap_ep_comm": True}), "cuda")
+    assert preflight(plan(distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True), "cuda")
+    tr = TrainingSpec(global_batch_size=8, distributed_optimizer=True, overlap_param_gather=True)
+    kept = runtime_training(tr)
+    assert kept.distributed_optimizer is True and kept.overlap_param_gather is True
 
 
 def test_mtp_with_context_parallelism_or_virtual_stages_is_refused():
