@@ -39,7 +39,11 @@ def preflight(plan, device: str, here: bool = False) -> bool:
         if plan.settings is None or plan.settings.framework == "runtime":
             from .model.moe import refusal as moe_refusal
 
+            from .training.fsdp import refusal as fsdp_refusal
+
             if (msg := moe_refusal(None, plan)) is not None:   # what no machine runs yet (the env's part: here)
+                raise AcesoError(msg)
+            if (msg := fsdp_refusal(plan)) is not None:        # Megatron FSDP: one stage, tp 1, dense (einops)
                 raise AcesoError(msg)
         if here:
             from .model.fast_path import Environment

@@ -4,8 +4,8 @@
 (it emits only plans its runtime runs), and by ``aceso launch`` / ``aceso train`` before any process exists. It is
 one ``AcesoError`` line naming the stage or field, or None. Two parts, one function:
 
-- the planner's checks (here, torch-free): a runtime plan (``settings`` absent or ``runtime``) has no Megatron FSDP
-  or activation offload (``search/fsdp.py``; Megatron-LM runs them); the padded vocabulary divides every tp that shards it (the first and
+- the planner's checks (here, torch-free): a runtime plan (``settings`` absent or ``runtime``) has no activation
+  offload nor low-precision recipe (``search/fsdp.py``, ``search/precision.py``; Megatron-LM runs them); the padded vocabulary divides every tp that shards it (the first and
   last model chunks' stages, and a T5's decoder embedding), as megatron-core's ``VocabParallelEmbedding`` and
   output layer require; context parallelism on a CPU run (megatron-core runs it only with transformer-engine's
   attention) or with a softmax offset (transformer-engine: a2a only, not priced; ``layer_variants``);
@@ -13,8 +13,9 @@ one ``AcesoError`` line naming the stage or field, or None. Two parts, one funct
   ``preflight(plan, device)``), so that this package never names the runtime: the layer specs (importable,
   transformer-engine where there is none, carvable or kept whole in one chunk with one recompute none/full), the
   ``megatron`` block against the installed ``TransformerConfig`` (names and types), and what this machine's
-  environment cannot run, and what of MoE / MLA / MTP it does not build yet on any machine. They run only for
-  what they can refuse: a plan whose model has a ``layer_spec``, a ``megatron`` block or MoE / MLA / MTP, or a run
+  environment cannot run, and what of MoE / MLA / MTP and Megatron FSDP it does not run yet on any machine. They
+  run only for what they can refuse: a plan whose model has a ``layer_spec``, a ``megatron`` block or MoE / MLA /
+  MTP, a Megatron FSDP plan, or a run
   on this machine (``here=True``: launch, train). Without the runtime installed they
   are skipped, and ``runtime_checked`` says so.
 """
@@ -32,7 +33,7 @@ def preflight(plan, device: str | None = None, here: bool = False) -> bool:
     device = device or target_device(plan)
     planner_checks(plan, device)
     m = plan.model
-    if not (here or m.layer_spec or m.megatron or m.moe or m.mla or m.mtp_num_layers):
+    if not (here or m.layer_spec or m.megatron or m.moe or m.mla or m.mtp_num_layers or plan.megatron_fsdp):
         return True          # nothing the runtime checks beyond the planner's
     check = runtime_preflight()
     if check is None:
@@ -52,8 +53,9 @@ def target_device(plan) -> str:
     return "cpu" if plan.cluster is not None and plan.cluster.gpu.name == "cpu" else "cuda"
 
 
-RUNTIME_LOW_PRECISION = ("the aceso runtime does not run low-precision recipes yet (transformer-engine FP8/FP4: "
-                         "issue 24 part 5); search with --target megatron-lm or megatron-bridge and export the plan")
+RUNTIME_LOW_PRECISION = ("the aceso runtime does not run low-precision recipes yet (its transformer-engine path, "
+                         "aceso_megatron/model/lowprec.py, has not run on a GPU: tests/gpu/test_lowprec_gpu.py); "
+                         "search with --target megatron-lm or megatron-bridge and export the plan")
 
 
 def planner_checks(plan, device: str) -> None:
@@ -61,11 +63,9 @@ def planner_checks(plan, device: str) -> None:
     s = plan.settings
     if s is not None and s.low_precision is not None and s.framework == "runtime":
         raise AcesoError(f"settings.low_precision ({s.low_precision.recipe}): {RUNTIME_LOW_PRECISION}")
-    if (plan.megatron_fsdp or plan.activation_offload) and (plan.settings is None or
-                                                           plan.settings.framework == "runtime"):
-        what = "megatron_fsdp" if plan.megatron_fsdp else "activation_offload"
-        raise AcesoError(f"{what}: the aceso runtime runs DDP / the distributed optimizer with activations on the "
-                         "GPU; run the plan with Megatron-LM (aceso export --to megatron-lm) or remove the field")
+    if plan.activation_offload and (plan.settings is None or plan.settings.framework == "runtime"):
+        raise AcesoError("activation_offload: the aceso runtime keeps activations on the GPU; run the plan with "
+                         "Megatron-LM (aceso export --to megatron-lm) or remove the field")
     vocab = m.padded_vocab_size
     holders = {plan.chunks_in_order()[0][0]: "the input embedding", plan.chunks_in_order()[-1][0]: "the output layer"}
     if m.is_t5:

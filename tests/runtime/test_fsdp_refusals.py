@@ -46,3 +46,15 @@ def test_one_stage_tp1_fsdp_passes_the_entry():
     pytest.importorskip("einops")
     assert _check(plan(LLAMA, "optim_grads_params"), 2).megatron_fsdp.data_parallel_sharding_strategy == \
         "optim_grads_params"
+
+
+def test_the_one_preflight_answers_as_the_entry_does():
+    """validate, the search's output check and launch share ``search.preflight.preflight``: it passes the FSDP plan
+    the runtime runs (one stage, tp 1) and refuses, with the entry's own line, one it does not (2 stages)."""
+    pytest.importorskip("einops")
+    from search.plan import ParallelPlan
+    from search.preflight import preflight
+
+    assert preflight(ParallelPlan.model_validate(plan(LLAMA, "optim_grads_params")), "cpu") is True
+    with pytest.raises(AcesoError, match="megatron_fsdp with 2 pipeline stages"):
+        preflight(ParallelPlan.model_validate(_two_stages(plan(LLAMA, "optim_grads"))), "cpu")

@@ -251,12 +251,17 @@ def test_runtime_search_refuses_what_the_runtime_does_not_run():
     assert t.megatron_fsdp is False and t.activation_offload is False
 
 
-def test_preflight_refuses_fsdp_on_the_runtime_but_not_for_megatron_lm():
+def test_preflight_leaves_fsdp_to_the_runtime_and_refuses_offload_on_it():
+    """Megatron FSDP: the runtime runs some plans (one stage, tp 1, dense: its own check,
+    tests/runtime/test_fsdp_refusals.py), so the torch-free part passes them on; activation offload it never runs."""
     from search.preflight import planner_checks
     plan = _plan("optim_grads_params")
     planner_checks(plan, "cuda")                       # a Megatron-LM plan: its export runs it
-    with pytest.raises(AcesoError, match="megatron_fsdp: the aceso runtime runs DDP"):
-        planner_checks(plan.model_copy(update={"settings": None}), "cuda")
+    planner_checks(plan.model_copy(update={"settings": None}), "cuda")
+    off = _plan(offload=2, distributed_optimizer=True)
+    planner_checks(off, "cuda")
+    with pytest.raises(AcesoError, match="activation_offload: the aceso runtime keeps activations on the GPU"):
+        planner_checks(off.model_copy(update={"settings": None}), "cuda")
 
 
 def test_moe_fsdp_gathers_experts_over_expert_dp():
