@@ -53,9 +53,9 @@ def target_device(plan) -> str:
     return "cpu" if plan.cluster is not None and plan.cluster.gpu.name == "cpu" else "cuda"
 
 
-RUNTIME_LOW_PRECISION = ("the aceso runtime does not run low-precision recipes yet (its transformer-engine path, "
-                         "aceso_megatron/model/lowprec.py, has not run on a GPU: tests/gpu/test_lowprec_gpu.py); "
-                         "search with --target megatron-lm or megatron-bridge and export the plan")
+RUNTIME_LOW_PRECISION = ("the aceso runtime does not run low-precision recipes yet (its transformer-engine path "
+                         "has not run on a GPU: tests/gpu/test_lowprec_gpu.py); search with --target megatron-lm "
+                         "or megatron-bridge and export the plan")
 
 
 def planner_checks(plan, device: str) -> None:
