@@ -1,9 +1,9 @@
-"""MoE plans on gloo (<= 4 ranks) against a single-process stock megatron-core ``GPTModel`` with the same MoE
+"""MoE plans on gloo (<= 5 ranks) against a single-process stock megatron-core ``GPTModel`` with the same MoE
 config (``get_gpt_decoder_block_spec``: dense and ``MoELayer`` layers, ``SequentialMLP`` experts, one process, EP 1).
 
 Each plan as in ``test_plans.py``: loss and every gradient after one step (fp32, relative <= 1e-5; the expert
 gradients by the stock model's global expert index), the losses of 3 clipped optimizer steps and the weights after
-them. Plans: EP 2 on one stage; EP 2 -> EP 1 across two stages; attention tp2 + SP with experts ep2 etp1 on the
+them. Plans: EP 2 on one stage; EP 2 -> EP 1 and EP 4 -> EP 1 across two stages; attention tp2 + SP with experts ep2 etp1 on the
 same GPUs (folding); ETP 2 with EP 2 under attention tp2 x dp2; a dense first layer on stage 0 and MoE after; a
 shared expert; the alltoall and allgather dispatchers; selective (each expert's activation) and full recompute
 of MoE units. The control reduces the expert gradients over the
@@ -59,6 +59,10 @@ PLANS = {
             LLAMA_MOE, st(2, 2, 0, 4, ep=2, etp=2, sp=True), dispatcher="allgather"),
         "llama tp2 + SP x dp2, experts etp1 x ep4, allgather": plan(
             LLAMA_MOE, st(2, 2, 0, 4, ep=4, etp=1, sp=True), dispatcher="allgather"),
+    },
+    5: {
+        "llama EP 4 -> EP 1 across two stages (dp4 | dp1)": plan(LLAMA_MOE, st(1, 4, 0, 2, ep=4), st(1, 1, 2, 4),
+                                                                 mb=4, gbs=8),
     },
 }
 
