@@ -290,6 +290,23 @@ _ARCH_FIELDS = ("family", "num_layers", "num_decoder_layers", "hidden_size", "nu
                 "activation", "normalization", "position_embedding", "rotary_base", "tied_embeddings",
                 "add_bias_linear")
 _LEARNED_FIELDS = ("seq_length", "decoder_seq_length")
+# MoE / MLA / MTP fields that shape the parameters (the router's top-k, coefficients and balancing do not)
+_MOE_FIELDS = ("num_experts", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_layer_freq",
+               "first_k_dense_layers")
+_MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+
+
+def _arch(model, fields) -> dict:
+    """``fields`` of ``model`` by name, and its MoE / MLA / MTP shape (``moe.num_experts``, ``mla``, ...)."""
+    out = {f: getattr(model, f) for f in fields}
+    out["mtp_num_layers"] = model.mtp_num_layers or 0       # None and 0: no MTP block
+    out["moe"] = model.moe is not None
+    for f in _MOE_FIELDS:
+        out[f"moe.{f}"] = getattr(model.moe, f) if model.moe is not None else None
+    out["mla"] = model.mla is not None
+    for f in _MLA_FIELDS:
+        out[f"mla.{f}"] = getattr(model.mla, f) if model.mla is not None else None
+    return out
 
 
 def model_mismatch(saved: dict | None, rt, ckpt_dir: Path) -> str | None:
@@ -300,8 +317,9 @@ def model_mismatch(saved: dict | None, rt, ckpt_dir: Path) -> str | None:
     if saved is not None:
         have = ModelSpec.model_validate(saved)
         fields = _ARCH_FIELDS + (_LEARNED_FIELDS if want.position_embedding == "learned" else ())
-        for f in fields:
-            a, b = getattr(have, f), getattr(want, f)
+        got, need = _arch(have, fields), _arch(want, fields)
+        for f in need:
+            a, b = got[f], need[f]
             if a != b:
                 return (f"holds another model than the plan's: {f} is {a!r} in the checkpoint (model {have.name}) "
                         f"but {b!r} in the plan (model {want.name}); resume it with a plan for its model, or save "

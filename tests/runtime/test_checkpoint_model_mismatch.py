@@ -1,0 +1,43 @@
+"""A checkpoint of another MoE / MLA / MTP shape is refused by ``model_mismatch`` in one line naming the field (the
+expert count, an expert width, the layer pattern, MLA's ranks, the MTP depth), before any tensor is read; what
+does not shape a parameter (the router's top-k, the aux-loss coefficient) is no mismatch."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from aceso_megatron.training.checkpoint import model_mismatch
+from search.moe import MLASpec, MoESpec
+from tests.tiny_models import LLAMA
+
+MOE = LLAMA.model_copy(update={"name": "m", "moe": MoESpec(num_experts=4, moe_router_topk=2,
+                                                             moe_ffn_hidden_size=32)})
+
+
+def _mismatch(saved, planned):
+    return model_mismatch(saved.model_dump(), SimpleNamespace(plan=SimpleNamespace(model=planned)), None)
+
+
+def _moe(**kw):
+    return MOE.model_copy(update={"moe": MOE.moe.model_copy(update=kw)})
+
+
+@pytest.mark.parametrize("planned, field", [
+    (_moe(num_experts=8), "moe.num_experts is 4"),
+    (_moe(moe_ffn_hidden_size=64), "moe.moe_ffn_hidden_size is 32"),
+    (_moe(first_k_dense_layers=1), "moe.first_k_dense_layers is 0"),
+    (LLAMA, "moe is True"),
+    (MOE.model_copy(update={"mtp_num_layers": 1}), "mtp_num_layers is 0"),
+    (MOE.model_copy(update={"mla": MLASpec(kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=8)}),
+     "mla is False"),
+])
+def test_another_expert_shape_is_refused_naming_the_field(planned, field):
+    msg = _mismatch(MOE, planned)
+    assert msg is not None and field in msg and "\n" not in msg, msg
+
+
+def test_router_settings_are_no_mismatch():
+    assert _mismatch(MOE, _moe(moe_router_topk=1, moe_aux_loss_coeff=0.01)) is None
+    assert _mismatch(MOE, MOE) is None
