@@ -16,11 +16,11 @@ Tested megatron-core versions: 0.16.1. Remove when ``multi_latent_attention`` ta
 
 from __future__ import annotations
 
-from ._base import check_version
+from ._base import Swaps, check_version
 
 NAME = "mla_without_te"
 TESTED_VERSIONS = ("0.16.1",)
-_applied = False
+_swaps = Swaps()
 
 
 def needed() -> bool:
@@ -31,26 +31,18 @@ def needed() -> bool:
 
 
 def is_applied() -> bool:
-    return _applied
+    return _swaps.active
 
 
 def apply() -> None:
     """Set ``multi_latent_attention.HAVE_TE = False`` when transformer-engine is absent (idempotent)."""
-    global _applied
-    if _applied or not needed():
+    if _swaps.active or not needed():
         return
     check_version(NAME, TESTED_VERSIONS)
     from megatron.core.transformer import multi_latent_attention as mla
 
-    mla.HAVE_TE = False
-    _applied = True
+    _swaps.set(mla, "HAVE_TE", False)
 
 
 def revert() -> None:
-    global _applied
-    if not _applied:
-        return
-    from megatron.core.transformer import multi_latent_attention as mla
-
-    mla.HAVE_TE = True
-    _applied = False
+    _swaps.restore()
