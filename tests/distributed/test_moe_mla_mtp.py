@@ -89,19 +89,9 @@ def test_mla_mtp_plans_match_single_process(tmp_path, reference_process):  # noq
 
 def test_routing_margin(reference_process):  # noqa: F811
     """The DeepSeek-like plan routes every token alike under any plan: its smallest top-k router-logit margin at
-    the reference's initial weights is far above fp32 rounding (``test_moe_plans._gap``)."""
-    from aceso_megatron.testing import make_batches
-    from aceso_megatron.testing.reference import Reference
-    from search.plan import ParallelPlan
-    from tests.distributed.test_moe_plans import _gap
+    the reference's initial weights is far above fp32 rounding (``test_moe_plans.router_gaps``)."""
+    from tests.distributed.test_moe_plans import router_gaps
 
-    p = ParallelPlan.model_validate(PLANS["DeepSeek-like: dense MLA layer | MoE MLA layers + MTP on tp2 + SP, ep2"])
-    ref = Reference(p.model, seed=SEED, train_config=TC)
-    gaps = []
-    hooks = [m.register_forward_hook(lambda mod, args, out: gaps.append(_gap(mod, args[0])))
-             for n, m in ref.gpt.named_modules() if n.endswith("mlp.router")]
-    ref.forward_backward(make_batches(p.model, p.micro_batch_size, p.global_batch_size, SEED))
-    for h in hooks:
-        h.remove()
+    gaps = router_gaps(PLANS["DeepSeek-like: dense MLA layer | MoE MLA layers + MTP on tp2 + SP, ep2"])
     assert len(gaps) >= 3 * 2, gaps   # 2 MoE layers + the MTP layer's, 2 micro-batches
     assert min(gaps) > 1e-5, f"top-k margin {min(gaps):.2e}: routing could differ between plans by rounding"

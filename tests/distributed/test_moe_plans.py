@@ -113,24 +113,28 @@ def test_moe_plans_match_single_process(world_size, tmp_path, reference_process)
 def test_routing_margin(reference_process):  # noqa: F811
     """The smallest gap between the k-th and (k+1)-th router logit over every token of every plan's batches, at
     the reference's initial weights: far above fp32 rounding, so every plan routes every token alike."""
+    smallest = min(min(router_gaps(r)) for plans in PLANS.values() for r in plans.values())
+    print(f"smallest top-k router-logit margin: {smallest:.2e}")
+    assert smallest > 1e-5, f"top-k margin {smallest:.2e}: routing could differ between plans by rounding"
+
+
+def router_gaps(raw) -> list[float]:
+    """Every router call's smallest top-k margin (``_gap``) over the plan's batches, run through the single-process
+    reference at its initial weights; asserts that a router ran."""
     from aceso_megatron.testing import make_batches
     from aceso_megatron.testing.reference import Reference
     from search.plan import ParallelPlan
 
-    smallest = float("inf")
-    for raw in [r for plans in PLANS.values() for r in plans.values()]:
-        p = ParallelPlan.model_validate(raw)
-        ref = Reference(p.model, seed=SEED, train_config=TC)
-        gaps = []
-        hooks = [m.register_forward_hook(lambda mod, args, out: gaps.append(_gap(mod, args[0])))
-                 for n, m in ref.gpt.named_modules() if n.endswith("mlp.router")]
-        ref.forward_backward(make_batches(p.model, p.micro_batch_size, p.global_batch_size, SEED))
-        for h in hooks:
-            h.remove()
-        assert gaps, "no router ran"
-        smallest = min(smallest, min(gaps))
-    print(f"smallest top-k router-logit margin: {smallest:.2e}")
-    assert smallest > 1e-5, f"top-k margin {smallest:.2e}: routing could differ between plans by rounding"
+    p = ParallelPlan.model_validate(raw)
+    ref = Reference(p.model, seed=SEED, train_config=TC)
+    gaps = []
+    hooks = [m.register_forward_hook(lambda mod, args, out: gaps.append(_gap(mod, args[0])))
+             for n, m in ref.gpt.named_modules() if n.endswith("mlp.router")]
+    ref.forward_backward(make_batches(p.model, p.micro_batch_size, p.global_batch_size, SEED))
+    for h in hooks:
+        h.remove()
+    assert gaps, "no router ran"
+    return gaps
 
 
 def _gap(router, hidden: torch.Tensor) -> float:

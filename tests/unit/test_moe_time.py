@@ -11,21 +11,13 @@ from search.costmodel.comm import CommModel
 from search.costmodel.kernels import ShapeKernels
 from search.costmodel.moe_cost import HOST_FWD_MS, host_bound, moe_unit, syncs
 from search.costmodel.moe_primitives import grouped_gemm_bwd_ms, grouped_gemm_ms
-from search.model import ModelSpec
 from search.moe_plan import MoEPlanSettings
 from search.training import TrainingSpec
+from tests.unit.test_moe_cost import tiny_moe
 
 
 def _h100():
     return ShapeKernels("h100", 989e9, 3.35e9, 2.0)
-
-
-def tiny_moe(**moe) -> ModelSpec:
-    return ModelSpec(name="tiny-moe", family="llama", num_layers=2, hidden_size=1024, num_attention_heads=8,
-                     ffn_hidden_size=2048, seq_length=1024, vocab_size=32000, activation="gelu",
-                     normalization="rmsnorm", position_embedding="rope", add_bias_linear=False,
-                     tied_embeddings=False, params_dtype="bf16",
-                     moe={"num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 512, **moe})
 
 
 def test_grouped_gemm_per_tile_cost_by_hand():
