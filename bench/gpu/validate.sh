@@ -5,8 +5,9 @@
 #     profile cost model's prediction error (targets: time <= 3 %, memory <= 5 %) -- bench/gpu/validate.py;
 #  2. the GPU test tier: fused fast paths (transformer-engine, fusions) vs the same plan unfused over 5 steps, a
 #     fused checkpoint resumed unfused, context parallel vs data parallel (2 GPUs + TE), CUDA training vs CPU,
-#     an FP8 (Blackwell: MXFP8) plan's 3 steps against bf16, bf16 first/last layers (TE; test_lowprec_gpu.py)
-#     (tests/gpu);
+#     an FP8 (Blackwell: MXFP8) plan's 3 steps against bf16, bf16 first/last layers (TE; test_lowprec_gpu.py),
+#     MoE grouped experts (TEGroupedMLP) and, with DeepEP, the flex dispatcher against SequentialMLP, an MLA + MoE
+#     model on TE's linears (test_moe_gpu.py) (tests/gpu);
 #  3. runtime overhead on the GPU (target ratio stock/plugin >= 0.99): a 1-GPU uniform plan; with >= 2 GPUs also
 #     the sequence-parallel + distributed-optimizer-overlap plan (tp 2, and dp 2 with >= 4 GPUs); the MoE plan
 #     (--ep: experts over EP 2 with >= 2 GPUs, the MoE model at ep 1 on one GPU).
