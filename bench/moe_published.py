@@ -198,7 +198,8 @@ def price_row(row: dict, search_budget_s: float | None = None) -> dict:
                      f"gbs{row['gbs']}", "measured_tokens": row["tokens_per_s_per_gpu"],
            "measured_tflops": row["tflops_per_gpu"],
            "recompute": recompute_of(flags(row["args"])).label if row["args"] else None,
-           "recipe_flags": recipe_flags(row) or None}
+           "recipe_flags": recipe_flags(row) or None,
+           "dispatch": "padded" if "--moe-pad-expert-input-to-capacity" in (row["args"] or "") else "dropless"}
     prep = prepare(row)
     if prep["status"] != "ok":
         return {**out, "status": prep["status"]}
@@ -325,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=None, help="only rows whose id contains this")
     ap.add_argument("--breakdown", action="store_true", help="also print each priced row's stage breakdown")
     ap.add_argument("--fit", action="store_true", help="fit the MoE time constants (moe_cost.py) and stop")
+    ap.add_argument("--markdown", action="store_true", help="also print the per-row table of docs/costmodel.md")
     ap.add_argument("--host-scan", action="store_true",
                     help="print the HOST_FWD_MS each dropless row implies (scan_host) and stop")
     args = ap.parse_args(argv)
@@ -348,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     print_fit_summary(summary["fit"], rows)
     if args.breakdown:
         print_breakdown(rows, raw)
+    if args.markdown:
+        print_markdown(rows)
     timing = search_time() if not args.no_search else {"status": "skipped (--no-search)"}
     summary["search_time"] = timing
     print(f"search time, {timing.get('model', 'deepseek-v3')} on {timing.get('cluster', '32x8-h100')} (target 60 s): "
@@ -424,7 +428,7 @@ def print_breakdown(rows: list[dict], raw: list[dict]) -> None:
 
 
 # ----- rows kept out of the MoE fit, and the fit (issue 22, moetime; docs/costmodel.md "MoE calibration") ---------
-_H100_30B = "the dropless run is 1.99x slower than its drop-and-pad twin of the same command line; the host time " \
+_H100_30B = "host time inconsistent: the dropless run is 1.99x slower than its drop-and-pad twin of the same command line; the host time " \
             "per MoE layer forward that would close it (HOST_FWD_MS 21.1 ms) is 3-4x what every other dropless " \
             "Qwen3 row implies (3.7-6.3 ms: scan_host), and no setting in the file tells it apart (no recipe: " \
             "the H100 FP8-CS recipes of both releases set vp 12 and moe_a2a_overlap, not the table's vp 24)"
@@ -458,7 +462,7 @@ def print_fit_summary(fs: dict, rows: list[dict] = ()) -> None:
             print(f"  priced with its own-release recipe's {r['recipe_flags']} (RECIPE_FLAGS): {r['id']}")
 
 
-def fit(raw: list[dict], hosts=(3.5, 4.0, 4.5, 4.75, 5.0, 5.5, 6.0), k0s=(4000, 5000, 6000, 6500, 7000, 8000)):
+def fit(raw: list[dict], hosts=(3.5, 4.0, 4.5, 4.75, 5.0, 5.25, 5.5, 6.0), k0s=(4000, 5000, 6000, 6500, 7000, 8000)):
     """Grid least-MAE fit of ``moe_cost.HOST_FWD_MS`` and ``GROUPED_K0_LP`` on the fitted rows; prints the grid's
     best and restores the constants."""
     from search.costmodel import moe_cost as mc
@@ -475,6 +479,23 @@ def fit(raw: list[dict], hosts=(3.5, 4.0, 4.5, 4.75, 5.0, 5.5, 6.0), k0s=(4000, 
     grid.sort()
     for mae, h, k0 in grid[:5]:
         print(f"HOST_FWD_MS {h:5.2f}  GROUPED_K0_LP {k0:6.0f}: MAE {mae:.1%}")
+
+
+def print_markdown(rows: list[dict]) -> None:
+    """The per-row table of docs/costmodel.md "MoE calibration" (every priced row, its error and whether it is
+    fitted; the out-of-fit label is the reason's text before its first colon)."""
+    print("| release model | cluster | precision | config | dispatch | measured tok/s/GPU | predicted | error | fit "
+          "| fits (peak / GPU) |\n|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r["status"] != "priced" or r.get("error") is None:
+            continue
+        note = fit_note(r)
+        fit_col = f"out: {note.split(':')[0]}" if note else "fit"
+        if r.get("recipe_flags"):
+            fit_col += " (recipe's " + r["recipe_flags"].replace("--", "") + ")"
+        print(f"| {r['id'].split('/')[0]} {r['model']} | {r['cluster']} | {r['precision']} | {r['config']} | "
+              f"{r['dispatch']} | {r['measured_tokens']:.0f} | {r['tokens']:.0f} | "
+              f"{r['error']:+.1%} | {fit_col} | {'yes' if r['fits'] else 'no'} ({_gib(r)} GiB) |")
 
 
 def scan_host(raw: list[dict], hi: float = 60.0) -> list[dict]:
