@@ -428,16 +428,18 @@ def print_breakdown(rows: list[dict], raw: list[dict]) -> None:
 
 
 # ----- rows kept out of the MoE fit, and the fit (issue 22, moetime; docs/costmodel.md "MoE calibration") ---------
-_H100_30B = "host time inconsistent: the dropless run is 1.99x slower than its drop-and-pad twin of the same command line; the host time " \
-            "per MoE layer forward that would close it (HOST_FWD_MS 21.1 ms) is 3-4x what every other dropless " \
+_H100_30B = "host time inconsistent: the dropless run is 1.99x slower than its drop-and-pad twin of the same " \
+            "command line; the host time per MoE layer forward that would close it (HOST_FWD_MS 21.1 ms) is 3-4x what every other dropless " \
             "Qwen3 row implies (3.7-6.3 ms: scan_host), and no setting in the file tells it apart (no recipe: " \
             "the H100 FP8-CS recipes of both releases set vp 12 and moe_a2a_overlap, not the table's vp 24)"
 OUT_OF_FIT = {
     "25.11/pretrain/qwen3-30b-a3b/h100x16/fp8-cs/gbs512-mbs2-seq4096/tp1pp2cp1vp24ep8fsdp0": _H100_30B,
 }
-OUT_OF_FIT_MODELS = {"gpt-oss-120b": "kernels not priced: attention sinks (--softmax-type learnable), the clamped "
-                                     "quick-GEGLU with linear biases in the experts (all four rows 1.4-2x slower "
-                                     "than priced, at every mbs)"}
+OUT_OF_FIT_MODELS = {"gpt-oss-120b": "kernels not priced: attention sinks (--softmax-type learnable: TE 2.9 "
+                                     "disables FlashAttention for it and runs cuDNN's fused attention, cuDNN >= "
+                                     "9.13.1; no benchmark of it in our sources, priced as flash); the four rows "
+                                     "1.13-1.83x slower than priced: 1.9-2.6x the priced attention time on the "
+                                     "GB300, GB200 and H100 rows, 6.8x on B200 (over memory at its ep 8)"}
 
 
 def fit_note(row: dict) -> str | None:
