@@ -119,10 +119,33 @@ def recompute_of(f: dict) -> Recompute:
     return NO_RECOMPUTE
 
 
+# Settings a row's own-release recipe sets that its ``args`` leave out (the file's command lines carry no MoE
+# overlap flags), as the Megatron-LM flags Megatron-Bridge's perf scripts turn them into. Only recipes of the row's
+# own release (``recipe.own_release``: the file cites name and commit) count as what ran. Source:
+# NVIDIA-NeMo/Megatron-Bridge 7af9601c9 (v0.2.0, the 25.11 scripts): scripts/performance/configs/qwen3/
+# workload_base_configs.py ``QWEN3_235B_A22B_H100_FP8_CS_BASE_CONFIG`` (``moe_a2a_overlap=True``) and
+# scripts/performance/utils/helpers.py ``set_moe_a2a_overlap_overrides`` (``overlap_moe_expert_parallel_comm``,
+# ``delay_wgrad_compute``; ``moe_shared_expert_overlap`` off: Qwen3 has no shared expert). The other own-release
+# recipes of priced rows add nothing the model prices (CUDA graphs of ``moe_router`` / ``moe_preprocess`` on the
+# Qwen3-30B-A3B B200 / GB200 rows are not modelled; DeepSeek-V3 B200 sets ``moe_a2a_overlap=False``).
+RECIPE_FLAGS = {
+    ("QWEN3_235B_A22B_H100_FP8_CS_BASE_CONFIG", "7af9601c9da746d21481194356295bfe23df3737"):
+        "--overlap-moe-expert-parallel-comm --delay-wgrad-compute",
+}
+
+
+def recipe_flags(row: dict) -> str:
+    """The flags ``RECIPE_FLAGS`` adds to the row's command line ('' for none)."""
+    rec = row.get("recipe") or {}
+    return RECIPE_FLAGS.get((rec.get("name"), rec.get("commit")), "") if rec.get("own_release") else ""
+
+
 def row_import(row: dict, cluster=None):
     """The row's arguments imported (``read_megatron``: the one row -> plan path, ``aceso import --from
-    megatron-lm``): the plan, its Megatron config, notes and ignored flags."""
-    return read_megatron(row["args"], cluster=cluster, world_size=row["gpus"])
+    megatron-lm``), with its own-release recipe's omitted flags (``recipe_flags``): the plan, its Megatron config,
+    notes and ignored flags."""
+    extra = recipe_flags(row)
+    return read_megatron(row["args"] + (" " + extra if extra else ""), cluster=cluster, world_size=row["gpus"])
 
 
 def row_plan(row: dict, cluster=None) -> ParallelPlan:
@@ -174,7 +197,9 @@ def price_row(row: dict, search_budget_s: float | None = None) -> dict:
            "config": f"tp{row['tp']} pp{row['pp']} cp{row['cp']} ep{row['ep']} vp{row['vp']} mbs{row['mbs']} "
                      f"gbs{row['gbs']}", "measured_tokens": row["tokens_per_s_per_gpu"],
            "measured_tflops": row["tflops_per_gpu"],
-           "recompute": recompute_of(flags(row["args"])).label if row["args"] else None}
+           "recompute": recompute_of(flags(row["args"])).label if row["args"] else None,
+           "recipe_flags": recipe_flags(row) or None,
+           "dispatch": "padded" if "--moe-pad-expert-input-to-capacity" in (row["args"] or "") else "dropless"}
     prep = prepare(row)
     if prep["status"] != "ok":
         return {**out, "status": prep["status"]}
@@ -301,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=None, help="only rows whose id contains this")
     ap.add_argument("--breakdown", action="store_true", help="also print each priced row's stage breakdown")
     ap.add_argument("--fit", action="store_true", help="fit the MoE time constants (moe_cost.py) and stop")
+    ap.add_argument("--markdown", action="store_true", help="also print the per-row table of docs/costmodel.md")
+    ap.add_argument("--host-scan", action="store_true",
+                    help="print the HOST_FWD_MS each dropless row implies (scan_host) and stop")
     args = ap.parse_args(argv)
     path = Path(args.bridge)
     if not path.is_file():
@@ -310,14 +338,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.fit:
         fit(raw)
         return 0
+    if args.host_scan:
+        print("HOST_FWD_MS each dropless row implies (its error 0 at that constant; '-': device time alone is slower):")
+        scan_host(raw)
+        return 0
     rows = [price_row(r, None if args.no_search else args.budget_s) for r in raw]
     summary = summarize(rows)
     print_table(rows, summary)
     print_memory(rows)
     summary["fit"] = fit_summary(rows)
-    print_fit_summary(summary["fit"])
+    print_fit_summary(summary["fit"], rows)
     if args.breakdown:
         print_breakdown(rows, raw)
+    if args.markdown:
+        print_markdown(rows)
     timing = search_time() if not args.no_search else {"status": "skipped (--no-search)"}
     summary["search_time"] = timing
     print(f"search time, {timing.get('model', 'deepseek-v3')} on {timing.get('cluster', '32x8-h100')} (target 60 s): "
@@ -394,17 +428,18 @@ def print_breakdown(rows: list[dict], raw: list[dict]) -> None:
 
 
 # ----- rows kept out of the MoE fit, and the fit (issue 22, moetime; docs/costmodel.md "MoE calibration") ---------
-_H100_235B = "the 25.11 dropless run is 1.31x faster than the 25.09 drop-and-pad run of the same shape, though " \
-             "dropless only adds the dispatcher's host sync; no setting in the file tells them apart (containers " \
-             "25.09 vs 25.11, recipes v0.5.1 vs v0.2.0): inconsistent pair"
+_H100_30B = "host time inconsistent: the dropless run is 1.99x slower than its drop-and-pad twin of the same " \
+            "command line; the host time per MoE layer forward that would close it (HOST_FWD_MS 21.1 ms) is 3-4x what every other dropless " \
+            "Qwen3 row implies (3.7-6.3 ms: scan_host), and no setting in the file tells it apart (no recipe: " \
+            "the H100 FP8-CS recipes of both releases set vp 12 and moe_a2a_overlap, not the table's vp 24)"
 OUT_OF_FIT = {
-    "25.11/pretrain/qwen3-235b-a22b/h100x256/fp8-cs/gbs2048-mbs1-seq4096/tp2pp8cp1vp4ep32fsdp0": _H100_235B,
-    "25.09/pretrain/qwen3-235b-a22b-token_drop1/h100x256/fp8-cs/gbs2048-mbs1-seq4096/tp2pp8cp1vp4ep32fsdp0":
-        _H100_235B,
+    "25.11/pretrain/qwen3-30b-a3b/h100x16/fp8-cs/gbs512-mbs2-seq4096/tp1pp2cp1vp24ep8fsdp0": _H100_30B,
 }
-OUT_OF_FIT_MODELS = {"gpt-oss-120b": "kernels not priced: attention sinks (--softmax-type learnable), the clamped "
-                                     "quick-GEGLU with linear biases in the experts (all four rows 1.4-2x slower "
-                                     "than priced, at every mbs)"}
+OUT_OF_FIT_MODELS = {"gpt-oss-120b": "kernels not priced: attention sinks (--softmax-type learnable: TE 2.9 "
+                                     "disables FlashAttention for it and runs cuDNN's fused attention, cuDNN >= "
+                                     "9.13.1; no benchmark of it in our sources, priced as flash); the four rows "
+                                     "1.13-1.83x slower than priced: 1.9-2.6x the priced attention time on the "
+                                     "GB300, GB200 and H100 rows, 6.8x on B200 (over memory at its ep 8)"}
 
 
 def fit_note(row: dict) -> str | None:
@@ -420,13 +455,16 @@ def fit_summary(rows: list[dict]) -> dict:
             "out_of_fit": [{"id": r["id"], "error": r["error"], "why": fit_note(r)} for r in priced if fit_note(r)]}
 
 
-def print_fit_summary(fs: dict) -> None:
+def print_fit_summary(fs: dict, rows: list[dict] = ()) -> None:
     print(f"fitted rows: {fs['fit_rows']}, MAE {_fmt(fs['fit_mae'], '.1%')}; kept out of the fit:")
     for r in fs["out_of_fit"]:
         print(f"  {r['error']:+7.1%}  {r['id']}: {r['why']}")
+    for r in rows:
+        if r.get("recipe_flags"):
+            print(f"  priced with its own-release recipe's {r['recipe_flags']} (RECIPE_FLAGS): {r['id']}")
 
 
-def fit(raw: list[dict], hosts=(3.5, 4.0, 4.5, 4.75, 5.0, 5.5, 6.0), k0s=(4000, 5000, 6000, 6500, 7000, 8000)):
+def fit(raw: list[dict], hosts=(3.5, 4.0, 4.5, 4.75, 5.0, 5.25, 5.5, 6.0), k0s=(4000, 5000, 6000, 6500, 7000, 8000)):
     """Grid least-MAE fit of ``moe_cost.HOST_FWD_MS`` and ``GROUPED_K0_LP`` on the fitted rows; prints the grid's
     best and restores the constants."""
     from search.costmodel import moe_cost as mc
@@ -443,6 +481,55 @@ def fit(raw: list[dict], hosts=(3.5, 4.0, 4.5, 4.75, 5.0, 5.5, 6.0), k0s=(4000, 
     grid.sort()
     for mae, h, k0 in grid[:5]:
         print(f"HOST_FWD_MS {h:5.2f}  GROUPED_K0_LP {k0:6.0f}: MAE {mae:.1%}")
+
+
+def print_markdown(rows: list[dict]) -> None:
+    """The per-row table of docs/costmodel.md "MoE calibration" (every priced row, its error and whether it is
+    fitted; the out-of-fit label is the reason's text before its first colon)."""
+    print("| release model | cluster | precision | config | dispatch | measured tok/s/GPU | predicted | error | fit "
+          "| fits (peak / GPU) |\n|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r["status"] != "priced" or r.get("error") is None:
+            continue
+        note = fit_note(r)
+        fit_col = f"out: {note.split(':')[0]}" if note else "fit"
+        if r.get("recipe_flags"):
+            fit_col += " (recipe's " + r["recipe_flags"].replace("--", "") + ")"
+        print(f"| {r['id'].split('/')[0]} {r['model']} | {r['cluster']} | {r['precision']} | {r['config']} | "
+              f"{r['dispatch']} | {r['measured_tokens']:.0f} | {r['tokens']:.0f} | "
+              f"{r['error']:+.1%} | {fit_col} | {'yes' if r['fits'] else 'no'} ({_gib(r)} GiB) |")
+
+
+def scan_host(raw: list[dict], hi: float = 60.0) -> list[dict]:
+    """Per dropless row (the dispatcher syncs: ``moe_cost.syncs``), the ``HOST_FWD_MS`` that would make its error 0
+    (bisection; None where the device time alone already prices it slower than measured): the host time per MoE
+    layer forward each row implies, to see whether one constant can serve them all. Prints one line per row and
+    restores the constant."""
+    from search.costmodel import moe_cost as mc
+    keep, out = mc.HOST_FWD_MS, []
+    try:
+        for row in raw:
+            prep = prepare(row)
+            if prep["status"] != "ok" or not prep["plan"].model.moe or not mc.syncs(prep["plan"].model) \
+                    or not row["tokens_per_s_per_gpu"]:
+                continue
+
+            def err(h: float) -> float:
+                mc.HOST_FWD_MS = h
+                return price_row(row)["error"]
+            e0, implied = err(0.0), None
+            if e0 > 0 and err(hi) < 0:
+                lo, up = 0.0, hi
+                for _ in range(20):
+                    mid = (lo + up) / 2
+                    lo, up = (mid, up) if err(mid) > 0 else (lo, mid)
+                implied = lo
+            out.append({"id": row["id"], "error_device_only": e0, "implied_host_fwd_ms": implied})
+            print(f"  {_fmt(implied, '6.2f', '     -')} ms  (device only {e0:+7.1%})  {row['id']}"
+                  + (f"  [{fit_note(row)[:40]}...]" if fit_note(row) else ""))
+    finally:
+        mc.HOST_FWD_MS = keep
+    return out
 
 
 if __name__ == "__main__":

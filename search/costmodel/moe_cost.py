@@ -2,8 +2,8 @@
 
 One MoE layer's MLP half on one rank, per micro-batch, at per-rank batch b, s tokens (the sequence / cp), tp t,
 sequence parallelism (required with t > 1: ``search/moe_plan.py``), expert shape ep x etp, h hidden, E experts,
-top-k k, expert width f (up = 2f for SwiGLU), element size dt. Tokens entering the layer per rank
-``T = b s / t`` (SP shards the sequence over the TP group; ``MoELayer.forward`` takes the SP shard as it is).
+top-k k, expert width f (up = 2f for the gated SwiGLU and quick-GEGLU), element size dt. Tokens entering the layer
+per rank ``T = b s / t`` (SP shards the sequence over the TP group; ``MoELayer.forward`` takes the SP shard as it is).
 ``f_i`` = ``moe_imbalance_factor`` (1 when force-balanced; capped by ``moe_expert_capacity_factor`` when tokens are
 dropped): the busiest EP rank's share over the even one, which the slowest rank (and so the all-to-all) waits on.
 
@@ -29,7 +29,8 @@ dropped): the busiest EP rank's share over the even one, which the slowest rank 
                               gather holds ``etp T k`` tokens: ``m_e = etp T k ep / E`` tokens per local expert
                               (x f_i on the busiest rank). fc1 grouped GEMM (E/ep, m_e, up/etp, h), the activation
                               (3 (SwiGLU) or 2 dt m_e f / etp bytes per expert), fc2 (E/ep, m_e, h, f/etp):
-                              ``moe_primitives.grouped_gemm_ms``; ``grouped_gemm`` off (``SequentialMLP``): one GEMM
+                              ``moe_primitives.grouped_gemm_ms``; biased experts' fc2 bias and GPT-OSS's clamp
+                              (``expert_extra_bytes``); ``grouped_gemm`` off (``SequentialMLP``): one GEMM
                               per local expert, one after another. Under a low-precision recipe (``lp``: a
                               quantized layer) at the recipe's kernels plus the casts of their inputs, as the dense
                               linears (``AnalyticSource._linears``): TE's GroupedLinear runs the recipe's GEMMs,
@@ -64,6 +65,23 @@ from .moe_primitives import dispatch_bytes, ep_all_to_all_ms, grouped_gemm_bwd_m
 from .types import UNAVAILABLE_MS
 
 PROBS = 4.0          # fp32 router probabilities (megatron-core keeps routing probs in fp32)
+
+
+def bias_fc2_bytes(dt: float) -> tuple[float, float]:
+    """(forward, backward) bytes per element of the fc2 output that ``TEGroupedMLP._apply_bias`` moves (megatron-core
+    0.16.1 moe/experts.py: ``torch.cat([t + b * p for ...]).to(dtype)`` over the local experts' splits, p the fp32
+    probs). Forward: b * p written in fp32 (4), t + it (read dt + 4, write 4), the cat (read 4, write 4), the cast
+    (read 4, write dt): 24 + 2 dt. Backward (autograd): the cast's (read dt, write 4), the add's gradient of t cast
+    back (read 4, write dt), the multiply's two gradients ((g p).sum(0) and (g b).sum(-1): read 4, write 4, reduce
+    4, each), the split's cat of t's gradients (read dt, write dt): 32 + 4 dt."""
+    return 24.0 + 2.0 * dt, 32.0 + 4.0 * dt
+
+
+# The clamp of GPT-OSS's quick-GEGLU (``weighted_bias_quick_geglu_impl`` with ``clamp_value``, megatron-core 0.16.1
+# fusions/fused_bias_geglu.py): forward the two clamps (read + write dt over m x f each) and the cat of the halves
+# (read + write dt over m x 2f): 8 dt per element of m x f; backward each clamp's masked gradient (read the
+# gradient and the saved input, write: 3 dt): 6 dt; the cat's backward is views. Bytes per dt per element.
+CLAMP_BYTES = (8.0, 6.0)
 
 
 # Host time of one MoE transformer layer's forward (its attention and moe units) per micro-batch, ms: the CPU's
@@ -107,6 +125,30 @@ def host_bound_layers(src, fwd, bwd, rec) -> None:
         rec[i, 2] += add
 
 
+def expert_extra_bytes(model, m: float, n_local: int, etp: int, dt: float, grouped: bool) -> list:
+    """The experts' element-wise work beyond the fused activation, megatron-core 0.16.1 (``TEGroupedMLP``), for
+    ``m`` tokens at this rank's local experts: a list of ((forward, backward) bytes, (forward, backward) launches,
+    whether a moe_act recompute re-runs it).
+
+    - fc2 bias (``add_bias_linear`` with grouped GEMM): ``linear_fc2`` has ``skip_bias_add``, and
+      ``TEGroupedMLP._apply_bias`` adds the bias per local expert in Python, weighted by the probs: bytes per
+      element of the fc2 output (m x h) ``bias_fc2_bytes``; launches 2 per local expert + 2 forward, 6 + 2 backward.
+      (fc1's bias is TE GroupedLinear's: the GEMM epilogue, its gradient in the wgrad GEMM; not counted.)
+    - clamped quick-GEGLU (``activation_func_clamp_value``, GPT-OSS): ``weighted_bias_quick_geglu_impl``
+      (fusions/fused_bias_geglu.py) clamps the gate and linear halves and ``torch.cat``s them before the fused kernel:
+      ``CLAMP_BYTES`` per element of m x f / etp, 3 launches forward, 2 backward; inside the activation, so a moe_act
+      recompute re-runs it."""
+    out = []
+    if model.add_bias_linear and grouped:
+        fb, bb = bias_fc2_bytes(dt)
+        out.append(((fb * m * model.hidden_size, bb * m * model.hidden_size), (2 * n_local + 2, 6 * n_local + 2),
+                    False))
+    if model.activation == "quick_geglu" and model.activation_func_clamp_value is not None:
+        f = model.moe.moe_ffn_hidden_size / etp
+        out.append(((CLAMP_BYTES[0] * dt * m * f, CLAMP_BYTES[1] * dt * m * f), (3, 2), True))
+    return out
+
+
 def imbalance(model) -> float:
     """The busiest EP rank's tokens over the even share the cost model prices."""
     e = model.moe
@@ -133,7 +175,7 @@ def _experts(src, m_e: float, n_local: int, etp: int, grouped: bool, backward: b
     m = src.model
     k = src.kern_lp if lp else src.kern
     f = m.moe.moe_ffn_hidden_size
-    up = 2 * f if m.activation == "swiglu" else f
+    up = 2 * f if m.gated_mlp else f       # SwiGLU and GPT-OSS's quick-GEGLU: fc1 is the gate and linear halves
     h = m.hidden_size
     shapes = ((m_e, up / etp, h), (m_e, h, f / etp))
     k0 = GROUPED_K0_LP if lp and k is not src.kern else 0.0
@@ -206,21 +248,26 @@ def moe_parts(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, o
     launches = 2 + (2 if cfg.permute_fusion else 6)
     if cfg.token_dispatcher == "allgather":
         perm += dt * T * etp * ep * h * (1 if cfg.permute_fusion else 2)     # the local mask reads all gathered
-    act_b = (3 if m.activation == "swiglu" else 2) * dt * m_e * n_local * f / etp
+    act_b = (3 if m.gated_mlp else 2) * dt * m_e * n_local * f / etp
+    ex_extra = expert_extra_bytes(m, m_e * n_local, n_local, etp, dt, cfg.grouped_gemm)
     router_f = k.gemm([(T, E, h)]) + k.memory(ew + score + perm, launches)
     router_b = k.gemm([(T, E, h)], backward=True) + k.memory(1.5 * (ew + score + perm), launches)
     ex_f = _experts(src, m_e, n_local, etp, cfg.grouped_gemm, lp=lp) + k.memory(act_b)
     ex_b = _experts(src, m_e, n_local, etp, cfg.grouped_gemm, backward=True, lp=lp) + k.memory(1.5 * act_b)
+    for nbytes, launches, recomputed in ex_extra:
+        ex_f += k.memory(nbytes[0], launches[0])
+        ex_b += k.memory(nbytes[1], launches[1])
+    act_rec = k.memory(act_b) + sum(k.memory(nb[0], ln[0]) for nb, ln, rec in ex_extra if rec)
     other_f, other_b = router_f + ex_f, router_b + ex_b
     # the shared expert: a dense MLP half over the attention TP group
     sh_f = sh_b = 0.0
     tpc = None
     fs = e.moe_shared_expert_intermediate_size
     if fs:
-        ups = 2 * fs if m.activation == "swiglu" else fs
+        ups = 2 * fs if m.gated_mlp else fs
         col, row = (s * b, ups / t, h), (s * b, h, fs / t)
         tpc = src._half(col, row, b, s, t, sp, overlap)
-        sact = (3 if m.activation == "swiglu" else 2) * dt * s * b * fs / t
+        sact = (3 if m.gated_mlp else 2) * dt * s * b * fs / t
         sh_f = k.gemm([col, row]) + k.memory(sact)
         sh_b = k.gemm([col, row], backward=True) + k.memory(1.5 * sact)
     d, c = _dispatch(src, T, ep, etp, cfg)
@@ -237,7 +284,7 @@ def moe_parts(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, o
     tp_p = (tpc.fwd, tpc.bwd) if tpc else (0.0, 0.0)
     return {"router": (router_f, router_b), "experts": (ex_f, ex_b), "a2a": (a2a_f - hid_f, a2a_b - hid_b),
             "shared": (sh_f, sh_b), "tp": tp_p, "hidden": (hid_f, hid_b), "tpc": tpc,
-            "act_f": k.memory(act_b)}
+            "act_f": act_rec}
 
 
 TIME_PARTS = ("router", "experts", "a2a", "shared", "tp")

@@ -75,3 +75,56 @@ def test_unit_table_adds_the_host_wait_to_each_moe_layer():
         assert table.bwd_ms[i] == pytest.approx(moe.bwd, rel=1e-9)
         assert table.fwd_ms[i - 1] == pytest.approx(att.fwd, rel=1e-9)
         assert table.recompute_ms[i, 2] == pytest.approx(table.fwd_ms[i], rel=1e-9)   # full recompute re-waits
+
+
+def _gpt_oss_like(**kw):
+    """tiny_moe's shape with GPT-OSS's expert kernels: quick-GEGLU (gated: fc1 is h -> 2f), linear biases, the clamp."""
+    from search.model import ModelSpec
+    base = tiny_moe().model_dump()
+    base.update(name="tiny-gpt-oss", activation="quick_geglu", add_bias_linear=True, glu_linear_offset=1.0,
+                activation_func_clamp_value=7.0)
+    base.update(kw)
+    return ModelSpec(**base)
+
+
+def test_gpt_oss_experts_by_hand():
+    """b 1, s 1024, tp 1, ep 4, etp 1, flat H100 kernels, grouped GEMM: against tiny_moe's gelu experts, GPT-OSS's
+    cost (a) fc1 of width 2f (quick-GEGLU is gated, as SwiGLU), (b) the fused gated activation's 3 dt m f (read 2f,
+    write f) for gelu's 2, (c) megatron-core's TEGroupedMLP._apply_bias: (24 + 2 dt) bytes per fc2 output element
+    forward, (32 + 4 dt) backward, (d) the clamp and cat before weighted_bias_quick_geglu_impl: 8 dt per m x f
+    element forward, 6 dt backward (the moe_act recompute re-runs the clamp, not the bias)."""
+    from search.costmodel.kernels import GPU_EFFICIENCY, LAUNCH_MS
+    cl = parse_cluster("1x8-h100")
+    e = GPU_EFFICIENCY["h100"]
+    peak, hbm = 989e9, 3350e6
+
+    def grouped(flops):
+        return flops / (peak * e.bmm) + LAUNCH_MS
+
+    def mem(nbytes):
+        return nbytes / (hbm * e.mem) + LAUNCH_MS
+
+    T, h, E, k, f, dt, ep = 1024, 1024, 8, 2, 512, 2, 4
+    m = T * k                                  # tokens at this rank's 2 local experts (m_e = 1024 each)
+    costs = {}
+    for name, model in (("gelu", tiny_moe()), ("oss", _gpt_oss_like())):
+        src = AnalyticSource(model, cl, TrainingSpec(global_batch_size=8), CommModel(cl), kernels="flat")
+        costs[name] = moe_unit(src, 1.0, 1024, 1, False, ep, 1, MoEPlanSettings())[0]
+    fc1 = grouped(2 * m * (2 * f) * h) - grouped(2 * m * f * h)
+    act = mem(3 * dt * m * f) - mem(2 * dt * m * f)
+    bias_f, bias_b = mem((24 + 2 * dt) * m * h), mem((32 + 4 * dt) * m * h)
+    clamp_f, clamp_b = mem(8 * dt * m * f), mem(6 * dt * m * f)
+    assert costs["oss"].fwd - costs["gelu"].fwd == pytest.approx(fc1 + act + bias_f + clamp_f, rel=1e-9)
+    # backward: the GEMMs' two gradients (flat: 2x the forward FLOPs), the activation 1.5x its bytes
+    fc1_b = grouped(2 * 2 * m * (2 * f) * h) - grouped(2 * 2 * m * f * h)
+    act_b = mem(1.5 * 3 * dt * m * f) - mem(1.5 * 2 * dt * m * f)
+    assert costs["oss"].bwd - costs["gelu"].bwd == pytest.approx(fc1_b + act_b + bias_b + clamp_b, rel=1e-9)
+    assert costs["oss"].rec_sel == pytest.approx(mem(3 * dt * m * f) + clamp_f, rel=1e-9)
+    # without the clamp and the biases, quick-GEGLU's experts cost what SwiGLU's do (the same gated shapes)
+    plain = AnalyticSource(_gpt_oss_like(add_bias_linear=False, activation_func_clamp_value=None), cl,
+                           TrainingSpec(global_batch_size=8), CommModel(cl), kernels="flat")
+    swiglu = AnalyticSource(_gpt_oss_like(add_bias_linear=False, activation_func_clamp_value=None,
+                                          glu_linear_offset=None, activation="swiglu"), cl,
+                            TrainingSpec(global_batch_size=8), CommModel(cl), kernels="flat")
+    a, b = (moe_unit(s, 1.0, 1024, 1, False, ep, 1, MoEPlanSettings())[0] for s in (plain, swiglu))
+    assert (a.fwd, a.bwd) == pytest.approx((b.fwd, b.bwd), rel=1e-12)
