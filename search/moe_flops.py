@@ -2,7 +2,7 @@
 
 2 FLOPs per multiply-add, as ``search.model``; *active* FLOPs: a token runs ``moe_router_topk`` routed experts (and
 the shared expert), so MFU of an MoE model is quoted against what its tokens compute, as DeepSeek and NVIDIA do.
-Per sample of ``s`` tokens (h hidden, n heads, E experts, k top-k, f expert width, up = 2f for SwiGLU):
+Per sample of ``s`` tokens (h hidden, n heads, E experts, k top-k, f expert width, up = 2f for the gated SwiGLU and quick-GEGLU):
 
     MLA attention   q: 2s h ql + 2s ql n (dq + dr) (q_lora_rank ql; none: 2s h n (dq + dr)),
                     kv down 2s h (kvl + dr), kv up 2s kvl n (dq + dv), out 2s n dv h,
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 
 def _mlp(m, s: int, ffn: int) -> float:
-    up = 2 * ffn if m.activation == "swiglu" else ffn
+    up = 2 * ffn if m.gated_mlp else ffn
     return 2.0 * s * (m.hidden_size * up + ffn * m.hidden_size)
 
 

@@ -214,6 +214,15 @@ def test_mla_and_mtp_flops_by_hand():
     assert m.layer_starts[-1] == m.num_units and m.layer_starts[-2] == m.num_units - 3
 
 
+def test_gpt_oss_moe_flops_count_the_gated_fc1_by_hand():
+    """GPT-OSS's quick-GEGLU is gated like SwiGLU: fc1 is h x 2f (megatron-core's gated_linear_unit), so a token's
+    expert costs 2 s (h 2f + f h), not 2 s (h f + f h)."""
+    m = load_model("gpt-oss-120b")
+    s, h, f = 4096, 2880, 2880
+    moe = 2 * s * h * 128 + 4 * 2 * s * (h * 2 * f + f * h)
+    assert m.unit_forward_flops("moe", s) == pytest.approx(moe, rel=1e-12)
+
+
 def test_qwen3_plan_through_explain_prints_the_all_to_all(tmp_path, capsys):
     from search.cli import main
     from search.plan import ChunkSpec, ParallelPlan, StageSpec
