@@ -326,8 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     print_fit_summary(summary["fit"])
     if args.breakdown:
         print_breakdown(rows, raw)
-    summary["folding"] = run_folding(Path(args.folding), args.only)["summary"] if Path(args.folding).is_file() else \
-        {"status": f"{args.folding}: no such file"}
+    folding = run_folding(Path(args.folding), args.only, args.breakdown) if Path(args.folding).is_file() else \
+        {"rows": [], "summary": {"status": f"{args.folding}: no such file"}}
+    summary["folding"] = folding["summary"]
     timing = search_time() if not args.no_search else {"status": "skipped (--no-search)"}
     summary["search_time"] = timing
     print(f"search time, {timing.get('model', 'deepseek-v3')} on {timing.get('cluster', '32x8-h100')} (target 60 s): "
@@ -335,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
              if "seconds" in timing else timing["status"]))
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "moe_published.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=2) + "\n")
+    (out / "moe_published.json").write_text(json.dumps({"rows": rows, "summary": summary, "folding_rows": folding["rows"]}, indent=2) + "\n")
     print(f"\nwrote {out / 'moe_published.json'}")
     return 0
 
@@ -505,6 +506,7 @@ def price_folding_row(row: dict) -> dict:
     meas = row["measured"]
     shape = " ".join(f"{k}{row[k]}" for k in ("tp", "pp", "vp", "cp", "ep") if row.get(k) is not None)
     out = {"id": row["id"], "model": row.get("model") or row["model_label"], "system": row.get("system") or "-",
+           "cluster": row.get("cluster") or "-",
            "precision": row.get("precision") or "-", "config": shape + (f" mbs{row['mbs']} gbs{row['gbs']} "
                                                                       f"seq{row['seq']}" if row.get("gbs") else ""),
            "measured": row["measured_as_published"], "measured_tflops": meas.get("tflops_per_gpu"),
@@ -521,8 +523,10 @@ def price_folding_row(row: dict) -> dict:
         return {**out, "status": f"not priced: {_reason(e).split(';')[0]}"}
     it = cost.iteration_ms
     tflops = megatron_moe_flops(plan.model, plan.global_batch_size) / (it / 1e3) / row["gpus"] / 1e12
+    worst = max(range(len(cost.stages)), key=lambda i: cost.stages[i].memory_mb)
     out.update(status="priced", iteration_ms=it, tflops=tflops, fits=cost.fits,
-               max_memory_gib=cost.max_memory_mb / 1024, limit_gib=cost.memory_limit_mb / 1024,
+               max_memory_gib=cost.max_memory_mb / 1024, limit_gib=cost.memory_limit_mb / 1024, memory_stage=worst,
+               memory_gib={k: v / 1024 for k, v in cost.stages[worst].memory_breakdown.items()}, checks=[],
                error=tflops / meas["tflops_per_gpu"] - 1 if meas.get("tflops_per_gpu") else None,
                step_error=meas["step_s"] * 1e3 / it - 1 if meas.get("step_s") else None, notes=prep["notes"])
     return out
@@ -555,10 +559,14 @@ def print_folding(rows: list[dict], s: dict) -> None:
           f"fits: {s['all_fit']}; {s['missing_settings']} rows without their settings; {s['waiting']} rows {WAITS}")
 
 
-def run_folding(path: Path = FOLDING, only: str | None = None) -> dict:
-    rows = [price_folding_row(r) for r in load_folding_rows(path) if only is None or only in r["id"]]
+def run_folding(path: Path = FOLDING, only: str | None = None, with_breakdown: bool = False) -> dict:
+    raw = [r for r in load_folding_rows(path) if only is None or only in r["id"]]
+    rows = [price_folding_row(r) for r in raw]
     summary = summarize_folding(rows)
     print_folding(rows, summary)
+    print_memory(rows)
+    if with_breakdown:
+        print_breakdown(rows, raw)
     return {"rows": rows, "summary": summary}
 
 
