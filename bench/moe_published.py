@@ -25,11 +25,11 @@ slower under our own model) and the speedup over the published configuration; th
 target is ``aceso`` (per-stage shapes) for bf16 rows and ``megatron-lm`` for low-precision ones (the aceso runtime
 runs no FP8/FP4 recipe yet: ``search.preflight.RUNTIME_LOW_PRECISION``).
 
-Then the "folding paper" group (``run_folding``): bench/data/moe_folding_paper.json's rows, the MoE parallel folding
-paper's and NVIDIA's MoE report's headline numbers (no settings stated: listed, not priced) and the Megatron-MoE-ModelZoo's
-and Megatron-LM's DeepSeek-V3 GB200 guide's measured runs, each with the Megatron-LM arguments it passes, priced the
-same way (``prepare``); TFLOP/s by Megatron-LM's own FLOP count (``megatron_moe_flops``), error per row and the MAE
-over the rows with every setting stated.
+Then the "folding paper" group (``run_folding``): bench/data/moe_folding_paper.json's rows, the MoE parallel
+folding paper's and NVIDIA's MoE report's headline numbers (no settings stated: listed, not priced) and the
+Megatron-MoE-ModelZoo's and Megatron-LM's DeepSeek-V3 GB200 guide's measured runs, each with the Megatron-LM
+arguments it passes, priced the same way (``prepare``); TFLOP/s by Megatron-LM's own FLOP count
+(``megatron_moe_flops``), error per row, the MAE over the rows with every setting stated, and the search on each.
 
 A row the cost model refuses says so in the table. The search-time line: DeepSeek-V3 on 256 H100s (32x8-h100, global batch 4096, one worker,
 the default budget), target 60 s on one core. Run: ``python bench/moe_published.py`` (table and the time line;
@@ -326,8 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     print_fit_summary(summary["fit"])
     if args.breakdown:
         print_breakdown(rows, raw)
-    folding = run_folding(Path(args.folding), args.only, args.breakdown) if Path(args.folding).is_file() else \
-        {"rows": [], "summary": {"status": f"{args.folding}: no such file"}}
+    folding = {"rows": [], "summary": {"status": f"{args.folding}: no such file"}}
+    if Path(args.folding).is_file():
+        folding = run_folding(Path(args.folding), args.only, args.breakdown, None if args.no_search else args.budget_s)
     summary["folding"] = folding["summary"]
     timing = search_time() if not args.no_search else {"status": "skipped (--no-search)"}
     summary["search_time"] = timing
@@ -336,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
              if "seconds" in timing else timing["status"]))
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "moe_published.json").write_text(json.dumps({"rows": rows, "summary": summary, "folding_rows": folding["rows"]}, indent=2) + "\n")
+    (out / "moe_published.json").write_text(json.dumps({"rows": rows, "summary": summary,
+                                                        "folding_rows": folding["rows"]}, indent=2) + "\n")
     print(f"\nwrote {out / 'moe_published.json'}")
     return 0
 
@@ -498,7 +500,7 @@ def megatron_moe_flops(m, global_batch_size: int) -> float:
     return global_batch_size * s * per_token
 
 
-def price_folding_row(row: dict) -> dict:
+def price_folding_row(row: dict, search_budget_s: float | None = None) -> dict:
     """A row of bench/data/moe_folding_paper.json priced through the Bridge rows' path (``prepare``: the row's
     Megatron-LM arguments imported by ``read_megatron``, its cluster and precision): predicted TFLOP/s/GPU =
     ``megatron_moe_flops`` / predicted iteration / GPUs; error = predicted / measured TFLOP/s - 1 (the step time's
@@ -518,7 +520,8 @@ def price_folding_row(row: dict) -> dict:
         return {**out, "status": prep["status"]}
     plan = prep["plan"]
     try:
-        cost = make_cost_model(plan.model, prep["cluster"], prep["training"], settings=prep["settings"]).evaluate(plan)
+        cm = make_cost_model(plan.model, prep["cluster"], prep["training"], settings=prep["settings"])
+        cost = cm.evaluate(plan)
     except AcesoError as e:
         return {**out, "status": f"not priced: {_reason(e).split(';')[0]}"}
     it = cost.iteration_ms
@@ -529,6 +532,8 @@ def price_folding_row(row: dict) -> dict:
                memory_gib={k: v / 1024 for k, v in cost.stages[worst].memory_breakdown.items()}, checks=[],
                error=tflops / meas["tflops_per_gpu"] - 1 if meas.get("tflops_per_gpu") else None,
                step_error=meas["step_s"] * 1e3 / it - 1 if meas.get("step_s") else None, notes=prep["notes"])
+    if search_budget_s is not None:
+        out.update(search_row(cm, prep["training"], plan, it, search_budget_s, search_target(row["precision"])))
     return out
 
 
@@ -537,7 +542,9 @@ def summarize_folding(rows: list[dict]) -> dict:
     priced = [r for r in rows if r["status"] == "priced" and r.get("error") is not None]
     full = [r for r in priced if not r["missing"]]
     mae = (lambda rs: statistics.fmean(abs(r["error"]) for r in rs) if rs else None)
+    speed = [r["speedup"] for r in rows if r.get("speedup") is not None]
     return {"rows": len(rows), "priced": len(priced), "complete": len(full), "mae_complete": mae(full),
+            "median_speedup": statistics.median(speed) if speed else None, "min_speedup": min(speed) if speed else None,
             "mae_all": mae(priced), "all_fit": all(r["fits"] for r in priced) if priced else None,
             "waiting": sum(r["status"].startswith(WAITS) for r in rows),
             "missing_settings": sum(r["status"].startswith("not priced: settings not stated") for r in rows)}
@@ -546,22 +553,26 @@ def summarize_folding(rows: list[dict]) -> dict:
 def print_folding(rows: list[dict], s: dict) -> None:
     print(f"\nfolding paper and other published MoE runs (bench/data/moe_folding_paper.json; TFLOP/s by Megatron-LM's "
           f"own FLOP count)\n{'model':18}{'system':7}{'prec':14}{'config':44}{'measured':>18}{'pred TF':>8}"
-          f"{'err':>7}{'step err':>9}{'fits':>5}{'GiB/GPU':>9}  status")
+          f"{'err':>7}{'step err':>9}{'fits':>5}{'GiB/GPU':>9}{'speedup':>8}  status")
     for r in rows:
         status = r["status"] + (f" (unstated: {'; '.join(m.split(':')[0] for m in r['missing'])})"
                                 if r["status"] == "priced" and r["missing"] else "")
         print(f"{r['model'][:17]:18}{r['system']:7}{r['precision']:14}{r['config'][:43]:44}{r['measured'][:17]:>18}"
               f"{_fmt(r.get('tflops'), '8.0f', '       -')}{_fmt(r.get('error'), '+7.1%', '      -')}"
               f"{_fmt(r.get('step_error'), '+9.1%', '        -')}"
-              f"{('yes' if r.get('fits') else 'no') if 'fits' in r else '-':>5}{_gib(r):>9}  {status}")
+              f"{('yes' if r.get('fits') else 'no') if 'fits' in r else '-':>5}{_gib(r):>9}"
+              f"{_fmt(r.get('speedup'), '7.2f', '      -') + ('x' if r.get('speedup') else ' ')}  {status}")
     print(f"folding group: {s['priced']} of {s['rows']} rows priced; MAE {_fmt(s['mae_complete'], '.1%')} over the "
           f"{s['complete']} with every setting stated, {_fmt(s['mae_all'], '.1%')} over all priced; every priced run "
-          f"fits: {s['all_fit']}; {s['missing_settings']} rows without their settings; {s['waiting']} rows {WAITS}")
+          f"fits: {s['all_fit']}; search vs published: median {_fmt(s['median_speedup'], '.3f')}x, lowest "
+          f"{_fmt(s['min_speedup'], '.3f')}x; {s['missing_settings']} rows without their settings; {s['waiting']} rows "
+          f"{WAITS}")
 
 
-def run_folding(path: Path = FOLDING, only: str | None = None, with_breakdown: bool = False) -> dict:
+def run_folding(path: Path = FOLDING, only: str | None = None, with_breakdown: bool = False,
+                search_budget_s: float | None = None) -> dict:
     raw = [r for r in load_folding_rows(path) if only is None or only in r["id"]]
-    rows = [price_folding_row(r) for r in raw]
+    rows = [price_folding_row(r, search_budget_s) for r in raw]
     summary = summarize_folding(rows)
     print_folding(rows, summary)
     print_memory(rows)

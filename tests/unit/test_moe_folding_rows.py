@@ -141,3 +141,15 @@ def test_qwen2_57b_a14b_preset_is_the_published_size():
     c = counts(load_model("qwen2-57b-a14b"))
     assert c.total / 1e9 == pytest.approx(57.4, rel=0.002)
     assert c.active / 1e9 == pytest.approx(14.0, rel=0.02)
+
+
+def test_group_mae_is_over_the_fully_stated_rows(mp):
+    """A priced row with unstated settings counts in mae_all only; unpriced rows in neither (hand-computed)."""
+    rows = [{"status": "priced", "error": 0.10, "missing": [], "fits": True},
+            {"status": "priced", "error": -0.30, "missing": [], "fits": True},
+            {"status": "priced", "error": 0.50, "missing": ["router balance"], "fits": False},
+            {"status": "not priced: settings not stated: tp", "missing": ["tp"]}]
+    s = mp.summarize_folding(rows)
+    assert (s["priced"], s["complete"], s["missing_settings"]) == (3, 2, 1)
+    assert s["mae_complete"] == pytest.approx(0.20) and s["mae_all"] == pytest.approx(0.30)
+    assert s["all_fit"] is False and s["median_speedup"] is None
