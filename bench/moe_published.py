@@ -25,6 +25,12 @@ slower under our own model) and the speedup over the published configuration; th
 target is ``aceso`` (per-stage shapes) for bf16 rows and ``megatron-lm`` for low-precision ones (the aceso runtime
 runs no FP8/FP4 recipe yet: ``search.preflight.RUNTIME_LOW_PRECISION``).
 
+Then the "folding paper" group (``run_folding``): bench/data/moe_folding_paper.json's rows, the MoE parallel
+folding paper's and NVIDIA's MoE report's headline numbers (no settings stated: listed, not priced) and the
+Megatron-MoE-ModelZoo's and Megatron-LM's DeepSeek-V3 GB200 guide's measured runs, each with the Megatron-LM
+arguments it passes, priced the same way (``prepare``); TFLOP/s by Megatron-LM's own FLOP count
+(``megatron_moe_flops``), error per row, the MAE over the rows with every setting stated, and the search on each.
+
 A row the cost model refuses says so in the table. The search-time line: DeepSeek-V3 on 256 H100s (32x8-h100, global batch 4096, one worker,
 the default budget), target 60 s on one core. Run: ``python bench/moe_published.py`` (table and the time line;
 bench/results/moe_published.json); ``--no-search`` prices only; ``--budget-s`` caps each row's search;
@@ -321,6 +327,8 @@ def print_table(rows: list[dict], summary: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = AcesoParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bridge", default=str(BRIDGE), help="the Megatron-Bridge published-runs file")
+    ap.add_argument("--folding", default=str(FOLDING), help="the other published MoE runs (the folding paper, "
+                    "NVIDIA's MoE report, the ModelZoo): bench/data/moe_folding_paper.json")
     ap.add_argument("--no-search", action="store_true", help="price the published configurations only")
     ap.add_argument("--budget-s", type=float, default=60.0, help="wall-clock cap of each row's search (s)")
     ap.add_argument("--only", default=None, help="only rows whose id contains this")
@@ -352,6 +360,10 @@ def main(argv: list[str] | None = None) -> int:
         print_breakdown(rows, raw)
     if args.markdown:
         print_markdown(rows)
+    folding = {"rows": [], "summary": {"status": f"{args.folding}: no such file"}}
+    if Path(args.folding).is_file():
+        folding = run_folding(Path(args.folding), args.only, args.breakdown, None if args.no_search else args.budget_s)
+    summary["folding"] = folding["summary"]
     timing = search_time() if not args.no_search else {"status": "skipped (--no-search)"}
     summary["search_time"] = timing
     print(f"search time, {timing.get('model', 'deepseek-v3')} on {timing.get('cluster', '32x8-h100')} (target 60 s): "
@@ -359,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
              if "seconds" in timing else timing["status"]))
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "moe_published.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=2) + "\n")
+    (out / "moe_published.json").write_text(json.dumps({"rows": rows, "summary": summary,
+                                                        "folding_rows": folding["rows"]}, indent=2) + "\n")
     print(f"\nwrote {out / 'moe_published.json'}")
     return 0
 
@@ -530,6 +543,129 @@ def scan_host(raw: list[dict], hi: float = 60.0) -> list[dict]:
     finally:
         mc.HOST_FWD_MS = keep
     return out
+
+
+# ----- other published MoE runs: the folding paper, NVIDIA's MoE report, the ModelZoo (issue 22, folding) ----------
+FOLDING = ROOT / "bench" / "data" / "moe_folding_paper.json"
+
+
+def load_folding_rows(path: Path = FOLDING) -> list[dict]:
+    """The rows of bench/data/moe_folding_paper.json (its ``about`` says what each field is)."""
+    return json.loads(Path(path).read_text())["rows"]
+
+
+def megatron_moe_flops(m, global_batch_size: int) -> float:
+    """FLOPs of one global batch as Megatron-LM core_v0.16.1 counts them for ``--log-throughput`` (training.py
+    ``num_floating_point_operations`` -> ``transformer_flops``; GQA or MLA attention, dense / MoE layers by the
+    layer pattern, shared experts, MTP layers, logits; causal attention counted half), for ``ModelSpec`` ``m``.
+    The ModelZoo's and the DeepSeek guide's TFLOP/s are this count over the measured step time."""
+    h, s, n, ffe = m.hidden_size, m.seq_length, m.num_attention_heads, 3 if m.gated_mlp else 2
+    mtp = m.mtp_num_layers or 0
+    e = m.moe
+    if e is None:
+        dense, moe_layers, topk, moe_ffn, shared = m.num_layers + mtp, 0, 0, 0, 0
+    else:
+        moe_layers = sum(e.is_moe_layer(i) for i in range(m.num_layers))
+        last_moe = int(e.is_moe_layer(m.num_layers - 1))
+        dense = m.num_layers - moe_layers + (1 - last_moe) * mtp
+        moe_layers += last_moe * mtp
+        topk, moe_ffn = e.moe_router_topk, e.moe_ffn_hidden_size or m.ffn_hidden_size
+        shared = e.moe_shared_expert_intermediate_size or 0
+    if m.mla is not None:
+        a = m.mla
+        qk = a.qk_head_dim + a.qk_pos_emb_head_dim
+        q_term = h * n * qk if a.q_lora_rank is None else a.q_lora_rank * (h + n * qk + 1)
+        attn = 6 * (q_term + a.kv_lora_rank * (h + n * (a.qk_head_dim + a.v_head_dim) + 1)
+                    + h * a.qk_pos_emb_head_dim + n * a.v_head_dim * h + s * n * qk / 2 + s * n * a.v_head_dim / 2)
+    else:
+        q, k = m.head_dim * n, m.head_dim * m.groups
+        attn = 6 * (h * (q + 2 * k) + q * s / 2 * 2 + q * h)
+    per_token = (6 * h * (m.ffn_hidden_size * ffe * dense + moe_ffn * topk * ffe * moe_layers
+                          + shared * ffe * moe_layers)
+                 + attn * (m.num_layers + mtp) + 6 * mtp * (3 * h + 2 * h * h)
+                 + 6 * h * m.padded_vocab_size * (mtp + 1))
+    return global_batch_size * s * per_token
+
+
+def price_folding_row(row: dict, search_budget_s: float | None = None) -> dict:
+    """A row of bench/data/moe_folding_paper.json priced through the Bridge rows' path (``prepare``: the row's
+    Megatron-LM arguments imported by ``read_megatron``, its cluster and precision): predicted TFLOP/s/GPU =
+    ``megatron_moe_flops`` / predicted iteration / GPUs; error = predicted / measured TFLOP/s - 1 (the step time's
+    error beside it where the source gives one). MFU-only rows have no arguments and say what is missing."""
+    meas = row["measured"]
+    shape = " ".join(f"{k}{row[k]}" for k in ("tp", "pp", "vp", "cp", "ep") if row.get(k) is not None)
+    out = {"id": row["id"], "model": row.get("model") or row["model_label"], "system": row.get("system") or "-",
+           "cluster": row.get("cluster") or "-",
+           "precision": row.get("precision") or "-", "config": shape + (f" mbs{row['mbs']} gbs{row['gbs']} "
+                                                                      f"seq{row['seq']}" if row.get("gbs") else ""),
+           "measured": row["measured_as_published"], "measured_tflops": meas.get("tflops_per_gpu"),
+           "missing": row.get("missing") or [], "source": row["source"]["url"]}
+    if not row.get("args"):
+        return {**out, "status": "not priced: " + (row.get("why_not") or "no arguments")}
+    prep = prepare(dict(row, why_not=row.get("why_not")))
+    if prep["status"] != "ok":
+        return {**out, "status": prep["status"]}
+    plan = prep["plan"]
+    try:
+        cm = make_cost_model(plan.model, prep["cluster"], prep["training"], settings=prep["settings"])
+        cost = cm.evaluate(plan)
+    except AcesoError as e:
+        return {**out, "status": f"not priced: {_reason(e).split(';')[0]}"}
+    it = cost.iteration_ms
+    tflops = megatron_moe_flops(plan.model, plan.global_batch_size) / (it / 1e3) / row["gpus"] / 1e12
+    worst = max(range(len(cost.stages)), key=lambda i: cost.stages[i].memory_mb)
+    out.update(status="priced", iteration_ms=it, tflops=tflops, fits=cost.fits,
+               max_memory_gib=cost.max_memory_mb / 1024, limit_gib=cost.memory_limit_mb / 1024, memory_stage=worst,
+               memory_gib={k: v / 1024 for k, v in cost.stages[worst].memory_breakdown.items()}, checks=[],
+               error=tflops / meas["tflops_per_gpu"] - 1 if meas.get("tflops_per_gpu") else None,
+               step_error=meas["step_s"] * 1e3 / it - 1 if meas.get("step_s") else None, notes=prep["notes"])
+    if search_budget_s is not None:
+        out.update(search_row(cm, prep["training"], plan, it, search_budget_s, search_target(row["precision"])))
+    return out
+
+
+def summarize_folding(rows: list[dict]) -> dict:
+    """MAE over the priced rows whose settings are all stated, and over every priced row."""
+    priced = [r for r in rows if r["status"] == "priced" and r.get("error") is not None]
+    full = [r for r in priced if not r["missing"]]
+    mae = (lambda rs: statistics.fmean(abs(r["error"]) for r in rs) if rs else None)
+    speed = [r["speedup"] for r in rows if r.get("speedup") is not None]
+    return {"rows": len(rows), "priced": len(priced), "complete": len(full), "mae_complete": mae(full),
+            "median_speedup": statistics.median(speed) if speed else None, "min_speedup": min(speed) if speed else None,
+            "mae_all": mae(priced), "all_fit": all(r["fits"] for r in priced) if priced else None,
+            "waiting": sum(r["status"].startswith(WAITS) for r in rows),
+            "missing_settings": sum(r["status"].startswith("not priced: settings not stated") for r in rows)}
+
+
+def print_folding(rows: list[dict], s: dict) -> None:
+    print(f"\nfolding paper and other published MoE runs (bench/data/moe_folding_paper.json; TFLOP/s by Megatron-LM's "
+          f"own FLOP count)\n{'model':18}{'system':7}{'prec':14}{'config':44}{'measured':>18}{'pred TF':>8}"
+          f"{'err':>7}{'step err':>9}{'fits':>5}{'GiB/GPU':>9}{'speedup':>8}  status")
+    for r in rows:
+        status = r["status"] + (f" (unstated: {'; '.join(m.split(':')[0] for m in r['missing'])})"
+                                if r["status"] == "priced" and r["missing"] else "")
+        print(f"{r['model'][:17]:18}{r['system']:7}{r['precision']:14}{r['config'][:43]:44}{r['measured'][:17]:>18}"
+              f"{_fmt(r.get('tflops'), '8.0f', '       -')}{_fmt(r.get('error'), '+7.1%', '      -')}"
+              f"{_fmt(r.get('step_error'), '+9.1%', '        -')}"
+              f"{('yes' if r.get('fits') else 'no') if 'fits' in r else '-':>5}{_gib(r):>9}"
+              f"{_fmt(r.get('speedup'), '7.2f', '      -') + ('x' if r.get('speedup') else ' ')}  {status}")
+    print(f"folding group: {s['priced']} of {s['rows']} rows priced; MAE {_fmt(s['mae_complete'], '.1%')} over the "
+          f"{s['complete']} with every setting stated, {_fmt(s['mae_all'], '.1%')} over all priced; every priced run "
+          f"fits: {s['all_fit']}; search vs published: median {_fmt(s['median_speedup'], '.3f')}x, lowest "
+          f"{_fmt(s['min_speedup'], '.3f')}x; {s['missing_settings']} rows without their settings; {s['waiting']} rows "
+          f"{WAITS}")
+
+
+def run_folding(path: Path = FOLDING, only: str | None = None, with_breakdown: bool = False,
+                search_budget_s: float | None = None) -> dict:
+    raw = [r for r in load_folding_rows(path) if only is None or only in r["id"]]
+    rows = [price_folding_row(r, search_budget_s) for r in raw]
+    summary = summarize_folding(rows)
+    print_folding(rows, summary)
+    print_memory(rows)
+    if with_breakdown:
+        print_breakdown(rows, raw)
+    return {"rows": rows, "summary": summary}
 
 
 if __name__ == "__main__":
