@@ -200,6 +200,23 @@ def check(precision: str, gpu, param_gather: bool, start: int, end: int, num_lay
     return None
 
 
+def check_bf16_layers(precision: str, start: int, end: int, num_layers: int, pp: int) -> str | None:
+    """megatron-core's bound on the bf16 first / last layers (core_v0.16.1 ``TransformerConfig.__post_init__``,
+    under ``if self.fp8``): each of ``num_layers_at_start_in_bf16`` and ``num_layers_at_end_in_bf16`` must be
+    between 0 and ``num_layers // pipeline_model_parallel_size``; with an FP4 recipe megatron-core checks nothing
+    more (``check``'s own bound, start + end <= num_layers, applies). One line naming the field, or None."""
+    if RECIPES[precision].gemm != "fp8" or pp < 1:
+        return None
+    cap = num_layers // pp
+    for field, n in (("bf16_layers_start", start), ("bf16_layers_end", end)):
+        if n > cap:
+            return (f"settings.low_precision.{field} ({n}): megatron-core keeps at most num_layers // pp = "
+                    f"{num_layers} // {pp} = {cap} layers in bf16 at each end (TransformerConfig: "
+                    f"num_layers_at_{field.split('_')[-1]}_in_bf16 must be between 0 and the layers per pipeline "
+                    f"stage); lower it to {cap} or use fewer pipeline stages")
+    return None
+
+
 class LowPrecision(BaseModel):
     """A plan's low-precision recipe (``PlanSettings.low_precision``): what the prediction assumed and what the
     exported flags run."""

@@ -331,3 +331,48 @@ def test_every_dense_low_precision_bridge_run_fits_its_gpu():
     rows, _ = bench.load_rows(BRIDGE)
     out = [bench.price_row(r) for r in rows]
     assert [x["id"] for x in out if not x["fits"]] == []
+
+
+# ----- megatron-core's bound on the bf16 first / last layers (TransformerConfig, core_v0.16.1) ---------------------
+def _mcore_accepts(recipe: str, start: int, end: int, num_layers: int, pp: int) -> bool:
+    """Whether megatron-core's own TransformerConfig accepts the bf16 layer counts (the oracle)."""
+    import warnings
+
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    r = lowp.recipe(recipe)
+    kw = ({"fp8": r.flags[1], "fp8_recipe": r.flags[3]} if r.gemm == "fp8" else {"fp4": "e2m1", "fp4_recipe": "nvfp4"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            TransformerConfig(num_layers=num_layers, hidden_size=64, num_attention_heads=4,
+                              pipeline_model_parallel_size=pp, pipeline_dtype=torch.bfloat16, bf16=True,
+                              first_last_layers_bf16=True, num_layers_at_start_in_bf16=start,
+                              num_layers_at_end_in_bf16=end, **kw)
+        except ValueError:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("recipe,start,end,pp", [
+    ("fp8-tensorwise", 2, 1, 4),      # 8 // 4 = 2 at each end: accepted
+    ("fp8-tensorwise", 3, 1, 4),      # start 3 > 2: refused
+    ("mxfp8", 1, 3, 4),               # end 3 > 2: refused
+    ("mxfp8", 3, 3, 2),               # 8 // 2 = 4: accepted
+    ("nvfp4", 3, 1, 4)])              # megatron-core bounds only FP8 recipes: accepted
+def test_bf16_layer_counts_follow_megatron_core(recipe, start, end, pp):
+    from search.plan_settings import PlanSettings
+    from search.preflight import planner_checks
+    m = load_model("llama3-8b", num_layers=8)
+    low = lowp.LowPrecision(recipe=recipe, bf16_layers_start=start, bf16_layers_end=end)
+    plan = uniform_plan(m, pp, 1, 8 // pp, 8 // pp, 16, cluster=parse_cluster("1x8-b200")).model_copy(
+        update={"settings": PlanSettings(framework="megatron-lm", low_precision=low)})
+    ok = _mcore_accepts(recipe, start, end, 8, pp)
+    assert (lowp.check_bf16_layers(recipe, start, end, 8, pp) is None) == ok
+    if ok:
+        planner_checks(plan, "cuda")
+        return
+    with pytest.raises(AcesoError) as e:
+        planner_checks(plan, "cuda")
+    line = str(e.value)
+    assert "\n" not in line and "settings.low_precision.bf16_layers_" in line and f"8 // {pp} = {8 // pp}" in line
