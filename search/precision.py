@@ -138,6 +138,37 @@ def fsdp_weight_bytes_per_param(precision: str, param_gather: bool, dt: float = 
     return weight_bytes_per_param(precision, False, non_tn)
 
 
+def sp_gather_bytes(precision: str, dt: float = 2.0) -> tuple[float, float, float]:
+    """Bytes per element of a quantized linear layer's three sequence-parallel all-gathers under transformer-engine
+    (2.9, which megatron-core core_v0.16.1's TE layers run with ``sequence_parallel``): (forward input of the
+    column-parallel layer, backward output gradient of the row-parallel layer, backward re-gather of the
+    column-parallel input for its weight gradient). Transformer-engine quantizes before it gathers
+    (``layernorm_linear.py`` forward: the norm writes the quantized output, ``gather_along_first_dim(...,
+    quantizer=input_quantizer)`` after ``set_usage(rowwise=True, columnwise=False)``; ``base.py``
+    ``grad_output_preprocess``: ``gather_along_first_dim(grad_output, ..., quantizer=quantizer)``): the forward moves
+    the row-wise copy (``per_elem``); per-tensor FP8 (delayed, tensorwise) gathers only its row-wise data and
+    transposes locally (``distributed.py`` ``_all_gather_fp8``; ``supports_only_rowwise_all_gather``), block-scaled
+    recipes gather the copies the quantizer uses: the output gradient both row- and column-wise (``_all_gather_mxfp8``
+    / ``_nvfp4`` / ``_fp8_blockwise``: dgrad and wgrad), the re-gathered input column-wise only. Plain dtypes:
+    ``dt`` each."""
+    r = RECIPES[precision]
+    if r.gemm is None:
+        return dt, dt, dt
+    e = per_elem(precision)
+    return e, (2 * e if r.block else e), e
+
+
+def amax_reductions(precision: str) -> int:
+    """Blocking all-reduces of one fp32 amax over the TP group per SP-gathered tensor: current scaling
+    (tensorwise, nvfp4's per-tensor scale) reduces the amax of the column-parallel input (forward) and of the
+    row-parallel output gradient (backward) before it casts, so that every rank gathers with one scale
+    (transformer-engine 2.9 ``layernorm_linear.py`` / ``linear.py`` ``_customize_quantizers_float8_current_scaling``
+    / ``_nvfp4``: ``with_amax_reduction = True``, ``amax_reduction_group = tp_group`` under ``sequence_parallel``;
+    ``quantizer.cpp``: ``amax_reduction_group->allreduce(...)->wait()``). Delayed scaling reduces its amax history
+    once per autocast, not per GEMM (not priced); block recipes scale locally (none)."""
+    return 1 if RECIPES[precision].amax_pass else 0
+
+
 def act_saving_bytes(precision: str, elems: float, dt: float = 2.0) -> float:
     """Activation bytes saved when a linear layer keeps its quantized input (``elems`` elements) for backward."""
     return (dt - per_elem(precision)) * elems if is_low(precision) else 0.0

@@ -129,7 +129,7 @@ ARCH: dict[str, Arch] = {
 
 # Low-precision GEMM efficiency relative to the bf16 ceiling (``gemm_scale``), per GPU generation; fitted
 # (docs/costmodel.md, "Low precision"): Hopper on the H100 FP8-CS rows, Blackwell on the B200/GB200/GB300 rows.
-LOWPREC_GEMM_SCALE = {"hopper": 0.98, "blackwell": 0.82}
+LOWPREC_GEMM_SCALE = {"hopper": 0.98, "blackwell": 0.86}
 # The block-scaled MXFP8 GEMM's rate relative to the per-tensor-scaled FP8 GEMM of the same shape, fitted on the
 # published runs that ran one configuration in both recipes (Megatron-Bridge 25.11: Llama 3 8B on 8 GB300 / GB200 /
 # B200 and Llama 3.1 405B on 128 B200, MXFP8 3.6-5.6% slower than FP8-CS each): ``bench/lowprec_published.py --fit``.

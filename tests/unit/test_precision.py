@@ -376,3 +376,48 @@ def test_bf16_layer_counts_follow_megatron_core(recipe, start, end, pp):
         planner_checks(plan, "cuda")
     line = str(e.value)
     assert "\n" not in line and "settings.low_precision.bf16_layers_" in line and f"8 // {pp} = {8 // pp}" in line
+
+
+# ----- FP8 sequence-parallel all-gathers and the amax all-reduces (transformer-engine 2.9) ---------------------------
+@pytest.mark.parametrize("name,expect", [
+    ("bf16", (2.0, 2.0, 2.0)),
+    ("fp8-delayed", (1.0, 1.0, 1.0)),                   # row-wise data only, transposed locally
+    ("fp8-tensorwise", (1.0, 1.0, 1.0)),
+    ("fp8-blockwise", (1 + 4 / 128, 2 * (1 + 4 / 128), 1 + 4 / 128)),   # dy row- and column-wise
+    ("mxfp8", (1 + 1 / 32, 2 * (1 + 1 / 32), 1 + 1 / 32)),
+    ("nvfp4", (0.5 + 1 / 16, 2 * (0.5 + 1 / 16), 0.5 + 1 / 16))])
+def test_sp_gather_bytes(name, expect):
+    assert lowp.sp_gather_bytes(name) == pytest.approx(expect)
+
+
+def test_amax_reductions_only_under_current_scaling():
+    assert {n: lowp.amax_reductions(n) for n in lowp.LOW_PRECISIONS} == {
+        "fp8-delayed": 0, "fp8-tensorwise": 1, "fp8-blockwise": 0, "mxfp8": 0, "nvfp4": 1}
+
+
+@pytest.mark.parametrize("name", ["fp8-tensorwise", "mxfp8"])
+def test_quantized_sp_collectives_by_hand(name):
+    """Llama 3 8B layer at tp 4 with SP, no overlap (megatron-core's async dgrad off): forward exposes the
+    all-gather of the quantized attention input (s b h x e_fwd bytes) and the bf16 reduce-scatter; backward the
+    gather of the quantized output gradient, the re-gather of the input and the bf16 reduce-scatter; current scaling
+    adds one 4-byte amax all-reduce each way. Compared with the bf16 recipe's own collectives (same shapes)."""
+    from search.costmodel import RunSettings
+    m = load_model("llama3-8b", num_layers=4)
+    c = parse_cluster("1x8-b200")
+    comm = CommModel(c)
+    b, s, t, h = 1, m.seq_length, 4, m.hidden_size
+    src = {}
+    for p in (name, "bf16"):
+        tr = TrainingSpec(global_batch_size=16, micro_batch_sizes=[1], precision=p, attention="flash")
+        cm = make_cost_model(m, c, tr, settings=RunSettings(overlap_tp_dgrad=False))
+        src[p] = cm.source
+    e_x, e_dy, e_re = lowp.sp_gather_bytes(name)
+    ag = lambda e: comm.all_gather(e * s * b * h, t)  # noqa: E731
+    rs = comm.reduce_scatter(2.0 * s * b * h, t)
+    amax = comm.all_reduce(4.0, t) if name == "fp8-tensorwise" else 0.0
+    cost = src[name].attention(b, s, t, sp=True, lp=True)
+    want_f, want_b = ag(e_x) + rs + amax, ag(e_dy) + ag(e_re) + rs + amax
+    assert cost.comm_fwd[0] == pytest.approx(want_f)
+    assert cost.tp_comm == pytest.approx(want_f + want_b)
+    plain = src["bf16"].attention(b, s, t, sp=True)
+    assert plain.tp_comm == pytest.approx(3 * ag(2.0) + 2 * rs)
