@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Recipe(NamedTuple):
@@ -117,6 +117,21 @@ def weight_bytes_per_param(precision: str, param_gather: bool, non_tn: bool = Fa
     return copies(precision, non_tn) * per_elem(precision) - (2.0 if param_gather else 0.0)
 
 
+REUSE_FLAG = "--reuse-grad-buf-for-mxfp8-param-ag"
+
+
+def reuse_grad_buf_check(precision: str, param_gather: bool, reuse: bool) -> str | None:
+    """``--reuse-grad-buf-for-mxfp8-param-ag`` is for MXFP8 parameters (``--fp8-param-gather``): megatron-core's
+    ``DistributedDataParallelConfig`` asserts ``fp8_param_gather``, and only MXFP8 parameters live in the shared
+    gradient buffer the flag copies them out of (``param_and_grad_buffer.py``); with another recipe the flag leaves
+    the parameters unmapped to the all-gathered buffer. One line, or None."""
+    if reuse and not (precision == "mxfp8" and param_gather):
+        return (f"{REUSE_FLAG} needs --fp8-recipe mxfp8 with --fp8-param-gather (megatron-core asserts "
+                f"fp8_param_gather; only MXFP8 parameters share the gradient buffer), not {precision}"
+                f"{' with' if param_gather else ' without'} parameter gather; drop it")
+    return None
+
+
 def gather_bytes_per_param(precision: str, param_gather: bool, dt: float = 2.0) -> float:
     """Bytes per linear-layer parameter the distributed optimizer all-gathers: quantized with param gather, except
     MXFP8, whose parameters megatron-core all-gathers in the gradient buffer's dtype (``dt``: bf16 with
@@ -179,12 +194,15 @@ def bf16_layer(precision: str, layer: int, num_layers: int, start: int, end: int
     return not is_low(precision) or layer < start or layer >= num_layers - end
 
 
-def megatron_flags(precision: str, param_gather: bool = False, start: int = 0, end: int = 0) -> list[str]:
+def megatron_flags(precision: str, param_gather: bool = False, start: int = 0, end: int = 0,
+                   reuse_grad_buf: bool = False) -> list[str]:
     """The Megatron-LM flags of a recipe (beyond ``--bf16``)."""
     r = RECIPES[precision]
     out = list(r.flags)
     if param_gather and r.gemm:
         out.append("--fp8-param-gather" if r.gemm == "fp8" else "--fp4-param-gather")
+    if reuse_grad_buf and param_gather and precision == "mxfp8":
+        out.append(REUSE_FLAG)
     if (start or end) and r.gemm:
         out += ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16", str(start),
                 "--num-layers-at-end-in-bf16", str(end)]
@@ -259,14 +277,26 @@ class LowPrecision(BaseModel):
     param_gather: bool = Field(False, description="Parameters stored quantized (--fp8-param-gather).")
     bf16_layers_start: int = Field(0, ge=0, description="First layers kept in bf16 (--num-layers-at-start-in-bf16).")
     bf16_layers_end: int = Field(0, ge=0, description="Last layers kept in bf16 (--num-layers-at-end-in-bf16).")
+    reuse_grad_buf: bool = Field(False, description="MXFP8 parameters all-gathered through the gradient buffer "
+                                 "(--reuse-grad-buf-for-mxfp8-param-ag; Megatron-Bridge requires it with mxfp8 "
+                                 "and param_gather). Priced the same either way (search/precision.py).")
+
+    @model_validator(mode="after")
+    def _reuse(self) -> "LowPrecision":
+        why = reuse_grad_buf_check(self.recipe, self.param_gather, self.reuse_grad_buf)
+        if why:
+            raise ValueError(why)
+        return self
 
 
 def of_training(training) -> LowPrecision | None:
     """The ``LowPrecision`` of a ``TrainingSpec`` (None: a plain dtype)."""
     if not is_low(training.precision):
         return None
+    reuse = training.precision == "mxfp8" and training.fp8_param_gather and not training.megatron_fsdp
     return LowPrecision(recipe=training.precision, param_gather=training.fp8_param_gather,
-                        bf16_layers_start=training.bf16_layers_start, bf16_layers_end=training.bf16_layers_end)
+                        bf16_layers_start=training.bf16_layers_start, bf16_layers_end=training.bf16_layers_end,
+                        reuse_grad_buf=reuse)
 
 
 def training_fields(low: LowPrecision | None, dtype: str) -> dict:

@@ -185,10 +185,10 @@ ARGS = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length
 @pytest.mark.parametrize("name", lowp.LOW_PRECISIONS)
 def test_flags_round_trip_through_import_and_export(name):
     extra = lowp.megatron_flags(name, param_gather=True, start=0 if name == "fp8-delayed" else 1,
-                                end=0 if name == "fp8-delayed" else 1)
+                                end=0 if name == "fp8-delayed" else 1, reuse_grad_buf=name == "mxfp8")
     plan = read_megatron(ARGS + " ".join(extra), world_size=8).plan
     low = plan.settings.low_precision
-    assert low.recipe == name and low.param_gather
+    assert low.recipe == name and low.param_gather and low.reuse_grad_buf == (name == "mxfp8")
     out = megatron_lm_args(megatron_config(plan))["precision"]
     assert out[0] == "--bf16" and all(w in out for w in extra)
     flags = megatron_flags()
@@ -421,3 +421,56 @@ def test_quantized_sp_collectives_by_hand(name):
     assert cost.tp_comm == pytest.approx(want_f + want_b)
     plain = src["bf16"].attention(b, s, t, sp=True)
     assert plain.tp_comm == pytest.approx(3 * ag(2.0) + 2 * rs)
+
+
+# ----- --reuse-grad-buf-for-mxfp8-param-ag --------------------------------------------------------------------------
+MX = ARGS + "--fp8-format e4m3 --fp8-recipe mxfp8 --fp8-param-gather "
+
+
+def test_reuse_grad_buf_round_trips_and_megatron_lm_knows_it():
+    plan = read_megatron(MX + lowp.REUSE_FLAG, world_size=8).plan
+    assert plan.settings.low_precision.reuse_grad_buf
+    out = megatron_lm_args(megatron_config(plan))["precision"]
+    assert out.count(lowp.REUSE_FLAG) == 1 and lowp.REUSE_FLAG in megatron_flags()   # core_v0.16.1's parser
+    again = read_megatron(ARGS + " ".join(out[1:]), world_size=8).plan
+    assert again.settings.low_precision == plan.settings.low_precision
+    assert not read_megatron(MX, world_size=8).plan.settings.low_precision.reuse_grad_buf
+    assert lowp.REUSE_FLAG not in megatron_lm_args(megatron_config(read_megatron(MX, world_size=8).plan))["precision"]
+
+
+@pytest.mark.parametrize("args", [ARGS + "--fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather ",
+                                  ARGS + "--fp8-format e4m3 --fp8-recipe mxfp8 "])
+def test_reuse_grad_buf_refused_without_mxfp8_parameters(args):
+    with pytest.raises(AcesoError) as e:
+        read_megatron(args + lowp.REUSE_FLAG, world_size=8)
+    assert "\n" not in str(e.value) and lowp.REUSE_FLAG in str(e.value) and "mxfp8" in str(e.value)
+
+
+def test_reuse_grad_buf_is_reset_under_megatron_fsdp_and_set_for_searched_mxfp8_plans():
+    """Megatron-LM's validate_args resets it under Megatron FSDP; a searched MXFP8 plan with parameter gather carries
+    it (Megatron-Bridge asserts it there: mixed_precision.py ``finalize``)."""
+    fsdp = ARGS.replace("--use-distributed-optimizer", "--use-megatron-fsdp --data-parallel-sharding-strategy "
+                        "optim_grads_params --ckpt-format fsdp_dtensor")
+    plan = read_megatron(fsdp + "--fp8-format e4m3 --fp8-recipe mxfp8 --fp8-param-gather " + lowp.REUSE_FLAG,
+                         world_size=8).plan
+    assert not plan.settings.low_precision.reuse_grad_buf
+    tr = TrainingSpec(global_batch_size=16, micro_batch_sizes=[2], precision="mxfp8", fp8_param_gather=True,
+                      distributed_optimizer=True)
+    assert lowp.of_training(tr).reuse_grad_buf
+    assert not lowp.of_training(tr.model_copy(update={"fp8_param_gather": False})).reuse_grad_buf
+
+
+def test_reuse_grad_buf_has_no_price_of_its_own():
+    """core_v0.16.1 builds the shared param / grad buffer for any MXFP8 parameters under the distributed optimizer
+    (param_and_grad_buffer.py, "For MXFP8 param: Create a shared buffer for param AG and grad RS"): the flag changes
+    which copy the parameters are read back from, not the bytes held or moved."""
+    from search.plan_settings import plan_precision, run_settings
+    costs = []
+    for extra in ("", lowp.REUSE_FLAG):
+        plan = read_megatron(MX + extra, world_size=8, cluster=parse_cluster("1x8-b200")).plan
+        tr = TrainingSpec(global_batch_size=8, micro_batch_sizes=[1], **plan_precision(plan),
+                          distributed_optimizer=True, attention="flash")
+        c = make_cost_model(plan.model, parse_cluster("1x8-b200"), tr,
+                            settings=run_settings(plan.settings, tr.precision)).evaluate(plan)
+        costs.append((c.iteration_ms, c.max_memory_mb))
+    assert costs[0] == costs[1]
