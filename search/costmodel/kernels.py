@@ -11,7 +11,8 @@ Two models behind one interface (``gemm``, ``bmm``, ``flash``, ``memory``, all i
   ``t = max(2 m n k / (peak E_max tile_util wave_util), bytes / (hbm MEM_EFF)) + LAUNCH_MS`` with
   ``bytes = dt (m k + k n + m n)`` (+ the fp32 partials of a split-k reduction). ``E_max`` is the maximum
   achievable matmul throughput measured by Bekman's MAMF finder (ml-engineering, "Maximum Achievable Matmul FLOPS
-  comparison table", bf16): A100 SXM 267.9/312 (0.859), H100 SXM 794.5/989 (0.803), B200 SXM 1745/2250 (0.776);
+  comparison table", bf16): A100 SXM 267.9/312 (0.859), H100 SXM 794.5/989 (0.803), B200 SXM 1745/2250 (0.776),
+  GB200 SXM 1822/2500 (0.729);
   V100: 0.70, the best GEMM of the Aceso artifact's V100 profile (miniset gpt_1_3B_mbs1_tp1: MLP GEMM-1 at
   86.9 of 125 TFLOP/s). Times ``sustained``: the calibrated fraction of these microbenchmark ceilings a training
   step reaches (``ARCH``).
