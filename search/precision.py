@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Recipe(NamedTuple):
@@ -117,6 +117,21 @@ def weight_bytes_per_param(precision: str, param_gather: bool, non_tn: bool = Fa
     return copies(precision, non_tn) * per_elem(precision) - (2.0 if param_gather else 0.0)
 
 
+REUSE_FLAG = "--reuse-grad-buf-for-mxfp8-param-ag"
+
+
+def reuse_grad_buf_check(precision: str, param_gather: bool, reuse: bool) -> str | None:
+    """``--reuse-grad-buf-for-mxfp8-param-ag`` is for MXFP8 parameters (``--fp8-param-gather``): megatron-core's
+    ``DistributedDataParallelConfig`` asserts ``fp8_param_gather``, and only MXFP8 parameters live in the shared
+    gradient buffer the flag copies them out of (``param_and_grad_buffer.py``); with another recipe the flag leaves
+    the parameters unmapped to the all-gathered buffer. One line, or None."""
+    if reuse and not (precision == "mxfp8" and param_gather):
+        return (f"{REUSE_FLAG} needs --fp8-recipe mxfp8 with --fp8-param-gather (megatron-core asserts "
+                f"fp8_param_gather; only MXFP8 parameters share the gradient buffer), not {precision}"
+                f"{' with' if param_gather else ' without'} parameter gather; drop it")
+    return None
+
+
 def gather_bytes_per_param(precision: str, param_gather: bool, dt: float = 2.0) -> float:
     """Bytes per linear-layer parameter the distributed optimizer all-gathers: quantized with param gather, except
     MXFP8, whose parameters megatron-core all-gathers in the gradient buffer's dtype (``dt``: bf16 with
@@ -138,6 +153,37 @@ def fsdp_weight_bytes_per_param(precision: str, param_gather: bool, dt: float = 
     return weight_bytes_per_param(precision, False, non_tn)
 
 
+def sp_gather_bytes(precision: str, dt: float = 2.0) -> tuple[float, float, float]:
+    """Bytes per element of a quantized linear layer's three sequence-parallel all-gathers under transformer-engine
+    (2.9, which megatron-core core_v0.16.1's TE layers run with ``sequence_parallel``): (forward input of the
+    column-parallel layer, backward output gradient of the row-parallel layer, backward re-gather of the
+    column-parallel input for its weight gradient). Transformer-engine quantizes before it gathers
+    (``layernorm_linear.py`` forward: the norm writes the quantized output, ``gather_along_first_dim(...,
+    quantizer=input_quantizer)`` after ``set_usage(rowwise=True, columnwise=False)``; ``base.py``
+    ``grad_output_preprocess``: ``gather_along_first_dim(grad_output, ..., quantizer=quantizer)``): the forward moves
+    the row-wise copy (``per_elem``); per-tensor FP8 (delayed, tensorwise) gathers only its row-wise data and
+    transposes locally (``distributed.py`` ``_all_gather_fp8``; ``supports_only_rowwise_all_gather``), block-scaled
+    recipes gather the copies the quantizer uses: the output gradient both row- and column-wise (``_all_gather_mxfp8``
+    / ``_nvfp4`` / ``_fp8_blockwise``: dgrad and wgrad), the re-gathered input column-wise only. Plain dtypes:
+    ``dt`` each."""
+    r = RECIPES[precision]
+    if r.gemm is None:
+        return dt, dt, dt
+    e = per_elem(precision)
+    return e, (2 * e if r.block else e), e
+
+
+def amax_reductions(precision: str) -> int:
+    """Blocking all-reduces of one fp32 amax over the TP group per SP-gathered tensor: current scaling
+    (tensorwise, nvfp4's per-tensor scale) reduces the amax of the column-parallel input (forward) and of the
+    row-parallel output gradient (backward) before it casts, so that every rank gathers with one scale
+    (transformer-engine 2.9 ``layernorm_linear.py`` / ``linear.py`` ``_customize_quantizers_float8_current_scaling``
+    / ``_nvfp4``: ``with_amax_reduction = True``, ``amax_reduction_group = tp_group`` under ``sequence_parallel``;
+    ``quantizer.cpp``: ``amax_reduction_group->allreduce(...)->wait()``). Delayed scaling reduces its amax history
+    once per autocast, not per GEMM (not priced); block recipes scale locally (none)."""
+    return 1 if RECIPES[precision].amax_pass else 0
+
+
 def act_saving_bytes(precision: str, elems: float, dt: float = 2.0) -> float:
     """Activation bytes saved when a linear layer keeps its quantized input (``elems`` elements) for backward."""
     return (dt - per_elem(precision)) * elems if is_low(precision) else 0.0
@@ -148,12 +194,15 @@ def bf16_layer(precision: str, layer: int, num_layers: int, start: int, end: int
     return not is_low(precision) or layer < start or layer >= num_layers - end
 
 
-def megatron_flags(precision: str, param_gather: bool = False, start: int = 0, end: int = 0) -> list[str]:
+def megatron_flags(precision: str, param_gather: bool = False, start: int = 0, end: int = 0,
+                   reuse_grad_buf: bool = False) -> list[str]:
     """The Megatron-LM flags of a recipe (beyond ``--bf16``)."""
     r = RECIPES[precision]
     out = list(r.flags)
     if param_gather and r.gemm:
         out.append("--fp8-param-gather" if r.gemm == "fp8" else "--fp4-param-gather")
+    if reuse_grad_buf and param_gather and precision == "mxfp8":
+        out.append(REUSE_FLAG)
     if (start or end) and r.gemm:
         out += ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16", str(start),
                 "--num-layers-at-end-in-bf16", str(end)]
@@ -200,6 +249,23 @@ def check(precision: str, gpu, param_gather: bool, start: int, end: int, num_lay
     return None
 
 
+def check_bf16_layers(precision: str, start: int, end: int, num_layers: int, pp: int) -> str | None:
+    """megatron-core's bound on the bf16 first / last layers (core_v0.16.1 ``TransformerConfig.__post_init__``,
+    under ``if self.fp8``): each of ``num_layers_at_start_in_bf16`` and ``num_layers_at_end_in_bf16`` must be
+    between 0 and ``num_layers // pipeline_model_parallel_size``; with an FP4 recipe megatron-core checks nothing
+    more (``check``'s own bound, start + end <= num_layers, applies). One line naming the field, or None."""
+    if RECIPES[precision].gemm != "fp8" or pp < 1:
+        return None
+    cap = num_layers // pp
+    for field, n in (("bf16_layers_start", start), ("bf16_layers_end", end)):
+        if n > cap:
+            return (f"settings.low_precision.{field} ({n}): megatron-core keeps at most num_layers // pp = "
+                    f"{num_layers} // {pp} = {cap} layers in bf16 at each end (TransformerConfig: "
+                    f"num_layers_at_{field.split('_')[-1]}_in_bf16 must be between 0 and the layers per pipeline "
+                    f"stage); lower it to {cap} or use fewer pipeline stages")
+    return None
+
+
 class LowPrecision(BaseModel):
     """A plan's low-precision recipe (``PlanSettings.low_precision``): what the prediction assumed and what the
     exported flags run."""
@@ -211,14 +277,26 @@ class LowPrecision(BaseModel):
     param_gather: bool = Field(False, description="Parameters stored quantized (--fp8-param-gather).")
     bf16_layers_start: int = Field(0, ge=0, description="First layers kept in bf16 (--num-layers-at-start-in-bf16).")
     bf16_layers_end: int = Field(0, ge=0, description="Last layers kept in bf16 (--num-layers-at-end-in-bf16).")
+    reuse_grad_buf: bool = Field(False, description="MXFP8 parameters all-gathered through the gradient buffer "
+                                 "(--reuse-grad-buf-for-mxfp8-param-ag; Megatron-Bridge requires it with mxfp8 "
+                                 "and param_gather). Priced the same either way (search/precision.py).")
+
+    @model_validator(mode="after")
+    def _reuse(self) -> "LowPrecision":
+        why = reuse_grad_buf_check(self.recipe, self.param_gather, self.reuse_grad_buf)
+        if why:
+            raise ValueError(why)
+        return self
 
 
 def of_training(training) -> LowPrecision | None:
     """The ``LowPrecision`` of a ``TrainingSpec`` (None: a plain dtype)."""
     if not is_low(training.precision):
         return None
+    reuse = training.precision == "mxfp8" and training.fp8_param_gather and not training.megatron_fsdp
     return LowPrecision(recipe=training.precision, param_gather=training.fp8_param_gather,
-                        bf16_layers_start=training.bf16_layers_start, bf16_layers_end=training.bf16_layers_end)
+                        bf16_layers_start=training.bf16_layers_start, bf16_layers_end=training.bf16_layers_end,
+                        reuse_grad_buf=reuse)
 
 
 def training_fields(low: LowPrecision | None, dtype: str) -> dict:

@@ -5,7 +5,8 @@
 one ``AcesoError`` line naming the stage or field, or None. Two parts, one function:
 
 - the planner's checks (here, torch-free): a runtime plan (``settings`` absent or ``runtime``) has no activation
-  offload nor low-precision recipe (``search/fsdp.py``, ``search/precision.py``; Megatron-LM runs them); the padded vocabulary divides every tp that shards it (the first and
+  offload nor low-precision recipe (``search/fsdp.py``, ``search/precision.py``; Megatron-LM runs them); an FP8
+  plan's bf16 first / last layers fit megatron-core's bound (``precision.check_bf16_layers``); the padded vocabulary divides every tp that shards it (the first and
   last model chunks' stages, and a T5's decoder embedding), as megatron-core's ``VocabParallelEmbedding`` and
   output layer require; context parallelism on a CPU run (megatron-core runs it only with transformer-engine's
   attention) or with a softmax offset (transformer-engine: a2a only, not priced; ``layer_variants``);
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from .errors import AcesoError
 from .layer_variants import offset_blocks_cp
+from .precision import check_bf16_layers
 
 RUNTIME_ENTRY = "train"      # the aceso.subcommands entry point whose module carries ``preflight``
 
@@ -63,6 +65,12 @@ def planner_checks(plan, device: str) -> None:
     s = plan.settings
     if s is not None and s.low_precision is not None and s.framework == "runtime":
         raise AcesoError(f"settings.low_precision ({s.low_precision.recipe}): {RUNTIME_LOW_PRECISION}")
+    if s is not None and s.low_precision is not None:
+        low = s.low_precision
+        why = check_bf16_layers(low.recipe, low.bf16_layers_start, low.bf16_layers_end, m.num_layers,
+                                plan.num_stages)
+        if why:
+            raise AcesoError(why)
     if plan.activation_offload and (plan.settings is None or plan.settings.framework == "runtime"):
         raise AcesoError("activation_offload: the aceso runtime keeps activations on the GPU; run the plan with "
                          "Megatron-LM (aceso export --to megatron-lm) or remove the field")

@@ -141,7 +141,13 @@ class AnalyticSource:
               lp: bool = False) -> TPComm:
         x = self.dt * s * b * self.model.hidden_size
         kern = self.kern_lp if lp else self.kern
-        return tp_half(self.comm, kern, col, row, x, t, sp, self._tp_mode(sp, overlap), self._sms, self._tax)
+        ag, amax = None, 0.0
+        if lp and sp and self.kern_lp is not self.kern:     # quantized gathers, current scaling's amax all-reduces
+            elems = s * b * self.model.hidden_size
+            ag = tuple(e * elems for e in lowp.sp_gather_bytes(self.lp, self.dt))
+            amax = lowp.amax_reductions(self.lp) * self.comm.all_reduce(4.0, t)
+        return tp_half(self.comm, kern, col, row, x, t, sp, self._tp_mode(sp, overlap), self._sms, self._tax,
+                       ag, amax)
 
     def _linears(self, gemms: list, lp: bool) -> tuple[float, float]:
         """(forward, backward) ms of a unit's linear GEMMs: bf16, or quantized at the low-precision peak plus the

@@ -11,7 +11,8 @@ Two models behind one interface (``gemm``, ``bmm``, ``flash``, ``memory``, all i
   ``t = max(2 m n k / (peak E_max tile_util wave_util), bytes / (hbm MEM_EFF)) + LAUNCH_MS`` with
   ``bytes = dt (m k + k n + m n)`` (+ the fp32 partials of a split-k reduction). ``E_max`` is the maximum
   achievable matmul throughput measured by Bekman's MAMF finder (ml-engineering, "Maximum Achievable Matmul FLOPS
-  comparison table", bf16): A100 SXM 267.9/312 (0.859), H100 SXM 794.5/989 (0.803), B200 SXM 1745/2250 (0.776);
+  comparison table", bf16): A100 SXM 267.9/312 (0.859), H100 SXM 794.5/989 (0.803), B200 SXM 1745/2250 (0.776),
+  GB200 SXM 1822/2500 (0.729);
   V100: 0.70, the best GEMM of the Aceso artifact's V100 profile (miniset gpt_1_3B_mbs1_tp1: MLP GEMM-1 at
   86.9 of 125 TFLOP/s). Times ``sustained``: the calibrated fraction of these microbenchmark ceilings a training
   step reaches (``ARCH``).
@@ -98,6 +99,14 @@ class Arch(NamedTuple):
 # layers). H200 is H100's die (same factor); B200/GB200 take H100's (an assumption, docs/costmodel.md). B300/GB300
 # (Blackwell Ultra: 160 SMs, NVIDIA's Blackwell Ultra architecture brief) take B200's MAMF fraction (no
 # measurement in our sources: an assumption), ULTRA_ATTN and the same sustained factor.
+# GB200: the same die as B200 at a higher datasheet peak (2500 / 5000 dense bf16 / FP8 against 2250 / 4500), but its
+# measured matmul ceiling is only 4.4% above B200's: MAMF 1822 of 2500 bf16 (0.729) against 1745 of 2250 (0.776),
+# and FP8 3615.6 of 5000 against 3432.5 of 4500 (+5.3%) (Bekman, ml-engineering, "Maximum Achievable Matmul FLOPS
+# comparison table", GB200 SXM rows added 2025-09-17, commit 68cd2e5). Its gemm_max is its own MAMF fraction; its
+# fused-attention fractions are B200's scaled by the same ratio (GB200_TC = 0.729 / 0.776: the attention core runs
+# on the same tensor cores at the same clocks; an assumption, no GB200 attention measurement in our sources).
+GB200_MAMF = 1822.0 / 2500.0
+GB200_TC = GB200_MAMF / 0.776
 SUSTAINED_HOPPER = 0.83
 SUSTAINED_AMPERE = 0.82
 # Blackwell Ultra doubles the SFU's exponentials (10.7 vs 5 TeraExp/s per GPU: NVIDIA's B300/GB300 specifications,
@@ -112,7 +121,7 @@ ARCH: dict[str, Arch] = {
     "h100": Arch(132, (128, 256), 0.803, 0.558, 0.466, SUSTAINED_HOPPER),
     "h200": Arch(132, (128, 256), 0.803, 0.558, 0.466, SUSTAINED_HOPPER),
     "b200": Arch(148, (128, 256), 0.776, 0.558, 0.466, SUSTAINED_HOPPER),
-    "gb200": Arch(148, (128, 256), 0.776, 0.558, 0.466, SUSTAINED_HOPPER),
+    "gb200": Arch(148, (128, 256), GB200_MAMF, 0.558 * GB200_TC, 0.466 * GB200_TC, SUSTAINED_HOPPER),
     "b300": Arch(160, (128, 256), 0.776, ULTRA_ATTN, ULTRA_ATTN, SUSTAINED_HOPPER),
     "gb300": Arch(160, (128, 256), 0.776, ULTRA_ATTN, ULTRA_ATTN, SUSTAINED_HOPPER),
     "cpu": Arch(8, (64, 64), 0.5, 0.0, 0.0, 1.0),
@@ -121,7 +130,7 @@ ARCH: dict[str, Arch] = {
 
 # Low-precision GEMM efficiency relative to the bf16 ceiling (``gemm_scale``), per GPU generation; fitted
 # (docs/costmodel.md, "Low precision"): Hopper on the H100 FP8-CS rows, Blackwell on the B200/GB200/GB300 rows.
-LOWPREC_GEMM_SCALE = {"hopper": 0.98, "blackwell": 0.82}
+LOWPREC_GEMM_SCALE = {"hopper": 0.98, "blackwell": 0.86}
 # The block-scaled MXFP8 GEMM's rate relative to the per-tensor-scaled FP8 GEMM of the same shape, fitted on the
 # published runs that ran one configuration in both recipes (Megatron-Bridge 25.11: Llama 3 8B on 8 GB300 / GB200 /
 # B200 and Llama 3.1 405B on 128 B200, MXFP8 3.6-5.6% slower than FP8-CS each): ``bench/lowprec_published.py --fit``.

@@ -22,6 +22,9 @@ Overlap (``mode``):
   ``TE_SPLITS`` (4) GEMM chunks on the SMs left by ``TE_SMS`` (16) communication SMs, each chunk's
   reduce-scatter behind the next chunk; ``bulk`` for the col backward (re-gather behind the input-gradient GEMM,
   reduce-scatter behind the weight-gradient GEMM), also on ``TE_SMS`` SMs: ``max(g', c)``.
+Low precision (``ag``, ``amax``; ``precision.sp_gather_bytes`` / ``amax_reductions``): transformer-engine gathers
+the quantized tensors, so each of the three all-gathers has its own volume (the reduce-scatters stay ``dt``), and
+current scaling adds one blocking all-reduce of one fp32 amax per gathered tensor in each direction.
 Exposed = the overlapped pair's time minus the GEMM's own (so it includes the GEMM slow-down); hidden = the rest of
 the communication. NCCL-run overlap (``dgrad``) also slows the GEMM it hides behind: ``tax`` x hidden is exposed
 (``comm.overlap_tax``). GEMM windows come from the kernel model (``gemm_parts``: forward, input-gradient,
@@ -52,8 +55,11 @@ def _pipeline(g: float, c: float, n: int) -> float:
 
 
 def tp_half(comm, kern, col: tuple, row: tuple, x_bytes: float, t: int, sp: bool, mode: str,
-            sms: int, tax: float = 0.0) -> TPComm:
-    """Exposed / hidden TP communication of one half; ``col``/``row`` = the GEMM shapes ``(m, n, k)``."""
+            sms: int, tax: float = 0.0, ag: tuple[float, float, float] | None = None,
+            amax: float = 0.0) -> TPComm:
+    """Exposed / hidden TP communication of one half; ``col``/``row`` = the GEMM shapes ``(m, n, k)``.
+    ``ag``: bytes of the SP all-gathers (forward col input, backward row output gradient, backward col input
+    re-gather; default ``x_bytes`` each); ``amax``: exposed ms per direction of the amax all-reduces (SP only)."""
     if t <= 1:
         return TPComm(0.0, 0.0, 0.0)
     if not sp:
@@ -62,19 +68,20 @@ def tp_half(comm, kern, col: tuple, row: tuple, x_bytes: float, t: int, sp: bool
             return TPComm(ar, ar, 0.0)
         wg = kern.gemm_parts(*col)[2]
         return TPComm(ar, max(0.0, ar - wg) + tax * min(ar, wg), min(ar, wg))
-    ag, rs = comm.all_gather(x_bytes, t), comm.reduce_scatter(x_bytes, t)
-    total = 2 * ag + 2 * rs + ag
+    a_x, a_dy, a_re = (comm.all_gather(v, t) for v in (ag or (x_bytes,) * 3))
+    rs = comm.reduce_scatter(x_bytes, t)
+    total = a_x + a_dy + a_re + 2 * rs
     if mode == "none":
-        return TPComm(ag + rs, 2 * ag + rs, 0.0)
+        return TPComm(a_x + rs + amax, a_dy + a_re + rs + amax, 0.0)
     c_f, c_d, c_w = kern.gemm_parts(*col)
     r_f, r_d, _ = kern.gemm_parts(*row)
     if mode == "dgrad":
-        hid = min(ag, c_d) + min(rs, c_w)
-        fwd, bwd = ag + rs, ag + max(0.0, ag - c_d) + max(0.0, rs - c_w) + tax * hid
+        hid = min(a_re, c_d) + min(rs, c_w)
+        fwd, bwd = a_x + rs, a_dy + max(0.0, a_re - c_d) + max(0.0, rs - c_w) + tax * hid
     else:
         slow = sms / (sms - TE_SMS)
-        fwd = (_ring(c_f, ag, t) - c_f) + (_pipeline(r_f * slow, rs, TE_SPLITS) - r_f)
-        bwd = (_ring(r_d, ag, t) - r_d) + (max(c_d * slow, ag) - c_d) + (max(c_w * slow, rs) - c_w)
+        fwd = (_ring(c_f, a_x, t) - c_f) + (_pipeline(r_f * slow, rs, TE_SPLITS) - r_f)
+        bwd = (_ring(r_d, a_dy, t) - r_d) + (max(c_d * slow, a_re) - c_d) + (max(c_w * slow, rs) - c_w)
     hidden = max(0.0, total - fwd - bwd + (tax * hid if mode == "dgrad" else 0.0))
-    hidden_fwd = 0.0 if mode == "dgrad" else min(hidden, max(0.0, ag + rs - fwd))   # forward volume ag + rs
-    return TPComm(fwd, bwd, hidden, hidden_fwd)
+    hidden_fwd = 0.0 if mode == "dgrad" else min(hidden, max(0.0, a_x + rs - fwd))   # forward volume a_x + rs
+    return TPComm(fwd + amax, bwd + amax, hidden, hidden_fwd)

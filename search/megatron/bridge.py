@@ -111,6 +111,8 @@ def _low_precision_object(c: MegatronConfig, fp32: bool, held_as: str) -> dict:
     if r.gemm == "fp8":
         out.update({"fp8": fmt, "fp8_recipe": name, "fp8_param_gather": low.param_gather,
                     "fp8_param": low.param_gather})
+        if low.reuse_grad_buf:
+            out["reuse_grad_buf_for_mxfp8_param_ag"] = True
     else:
         out.update({"fp4": fmt, "fp4_recipe": name})
     if low.bf16_layers_start or low.bf16_layers_end:

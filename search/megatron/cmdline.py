@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from ..errors import AcesoError
 from ..fsdp import STRATEGIES
 from ..plan_settings import settings_from_flags
-from ..precision import LowPrecision, from_megatron
+from ..precision import REUSE_FLAG, LowPrecision, from_megatron, reuse_grad_buf_check
 from .config import MegatronConfig, Recompute, num_layers
 from .layer_variant_flags import FLAG_KINDS as LAYER_FLAG_KINDS
 from .layout import distribution, layout_chunk_layers
@@ -68,7 +68,7 @@ FLAGS: dict[str, str] = {
                          "--tp-comm-overlap", "--recompute-activations", "--bf16", "--fp16",
                          "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
                          "--no-position-embedding", "--fp8-param-gather", "--fp4-param-gather",
-                         "--first-last-layers-bf16", "--use-megatron-fsdp",
+                         "--first-last-layers-bf16", "--use-megatron-fsdp", "--reuse-grad-buf-for-mxfp8-param-ag",
                          "--moe-router-enable-expert-bias", "--moe-router-force-load-balancing",
                          "--moe-pad-expert-input-to-capacity", "--multi-latent-attention", "--qk-layernorm",
                          "--moe-grouped-gemm", "--moe-permute-fusion",
@@ -295,7 +295,14 @@ def _low_precision(f: Flags, dtype: str, sharded: bool) -> LowPrecision | None:
     first_last = f.has("--first-last-layers-bf16")
     start = f.get("--num-layers-at-start-in-bf16", 1) if first_last else 0
     end = f.get("--num-layers-at-end-in-bf16", 1) if first_last else 0
-    return LowPrecision(recipe=recipe, param_gather=gather, bf16_layers_start=start, bf16_layers_end=end)
+    # Megatron-LM's validate_args resets it under Megatron FSDP (arguments.py: "if args.use_megatron_fsdp:
+    # args.reuse_grad_buf_for_mxfp8_param_ag = False")
+    reuse = f.has(REUSE_FLAG) and not f.has("--use-megatron-fsdp")
+    why = reuse_grad_buf_check(recipe, gather, reuse)
+    if why:
+        raise AcesoError(why)
+    return LowPrecision(recipe=recipe, param_gather=gather, bf16_layers_start=start, bf16_layers_end=end,
+                        reuse_grad_buf=reuse)
 
 
 def _fsdp(f: Flags, notes: list[str]) -> str | None:

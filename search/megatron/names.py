@@ -157,7 +157,8 @@ def low_precision_args(c: MegatronConfig) -> list[str]:
     low = c.low_precision
     if low is None:
         return []
-    return precision_flags(low.recipe, low.param_gather, low.bf16_layers_start, low.bf16_layers_end)
+    return precision_flags(low.recipe, low.param_gather, low.bf16_layers_start, low.bf16_layers_end,
+                           low.reuse_grad_buf)
 
 
 def grad_reduce_args(c: MegatronConfig) -> list[str]:

@@ -185,10 +185,10 @@ ARGS = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length
 @pytest.mark.parametrize("name", lowp.LOW_PRECISIONS)
 def test_flags_round_trip_through_import_and_export(name):
     extra = lowp.megatron_flags(name, param_gather=True, start=0 if name == "fp8-delayed" else 1,
-                                end=0 if name == "fp8-delayed" else 1)
+                                end=0 if name == "fp8-delayed" else 1, reuse_grad_buf=name == "mxfp8")
     plan = read_megatron(ARGS + " ".join(extra), world_size=8).plan
     low = plan.settings.low_precision
-    assert low.recipe == name and low.param_gather
+    assert low.recipe == name and low.param_gather and low.reuse_grad_buf == (name == "mxfp8")
     out = megatron_lm_args(megatron_config(plan))["precision"]
     assert out[0] == "--bf16" and all(w in out for w in extra)
     flags = megatron_flags()
@@ -331,3 +331,146 @@ def test_every_dense_low_precision_bridge_run_fits_its_gpu():
     rows, _ = bench.load_rows(BRIDGE)
     out = [bench.price_row(r) for r in rows]
     assert [x["id"] for x in out if not x["fits"]] == []
+
+
+# ----- megatron-core's bound on the bf16 first / last layers (TransformerConfig, core_v0.16.1) ---------------------
+def _mcore_accepts(recipe: str, start: int, end: int, num_layers: int, pp: int) -> bool:
+    """Whether megatron-core's own TransformerConfig accepts the bf16 layer counts (the oracle)."""
+    import warnings
+
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    r = lowp.recipe(recipe)
+    kw = ({"fp8": r.flags[1], "fp8_recipe": r.flags[3]} if r.gemm == "fp8" else {"fp4": "e2m1", "fp4_recipe": "nvfp4"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            TransformerConfig(num_layers=num_layers, hidden_size=64, num_attention_heads=4,
+                              pipeline_model_parallel_size=pp, pipeline_dtype=torch.bfloat16, bf16=True,
+                              first_last_layers_bf16=True, num_layers_at_start_in_bf16=start,
+                              num_layers_at_end_in_bf16=end, **kw)
+        except ValueError:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("recipe,start,end,pp", [
+    ("fp8-tensorwise", 2, 1, 4),      # 8 // 4 = 2 at each end: accepted
+    ("fp8-tensorwise", 3, 1, 4),      # start 3 > 2: refused
+    ("mxfp8", 1, 3, 4),               # end 3 > 2: refused
+    ("mxfp8", 3, 3, 2),               # 8 // 2 = 4: accepted
+    ("nvfp4", 3, 1, 4)])              # megatron-core bounds only FP8 recipes: accepted
+def test_bf16_layer_counts_follow_megatron_core(recipe, start, end, pp):
+    from search.plan_settings import PlanSettings
+    from search.preflight import planner_checks
+    m = load_model("llama3-8b", num_layers=8)
+    low = lowp.LowPrecision(recipe=recipe, bf16_layers_start=start, bf16_layers_end=end)
+    plan = uniform_plan(m, pp, 1, 8 // pp, 8 // pp, 16, cluster=parse_cluster("1x8-b200")).model_copy(
+        update={"settings": PlanSettings(framework="megatron-lm", low_precision=low)})
+    ok = _mcore_accepts(recipe, start, end, 8, pp)
+    assert (lowp.check_bf16_layers(recipe, start, end, 8, pp) is None) == ok
+    if ok:
+        planner_checks(plan, "cuda")
+        return
+    with pytest.raises(AcesoError) as e:
+        planner_checks(plan, "cuda")
+    line = str(e.value)
+    assert "\n" not in line and "settings.low_precision.bf16_layers_" in line and f"8 // {pp} = {8 // pp}" in line
+
+
+# ----- FP8 sequence-parallel all-gathers and the amax all-reduces (transformer-engine 2.9) ---------------------------
+@pytest.mark.parametrize("name,expect", [
+    ("bf16", (2.0, 2.0, 2.0)),
+    ("fp8-delayed", (1.0, 1.0, 1.0)),                   # row-wise data only, transposed locally
+    ("fp8-tensorwise", (1.0, 1.0, 1.0)),
+    ("fp8-blockwise", (1 + 4 / 128, 2 * (1 + 4 / 128), 1 + 4 / 128)),   # dy row- and column-wise
+    ("mxfp8", (1 + 1 / 32, 2 * (1 + 1 / 32), 1 + 1 / 32)),
+    ("nvfp4", (0.5 + 1 / 16, 2 * (0.5 + 1 / 16), 0.5 + 1 / 16))])
+def test_sp_gather_bytes(name, expect):
+    assert lowp.sp_gather_bytes(name) == pytest.approx(expect)
+
+
+def test_amax_reductions_only_under_current_scaling():
+    assert {n: lowp.amax_reductions(n) for n in lowp.LOW_PRECISIONS} == {
+        "fp8-delayed": 0, "fp8-tensorwise": 1, "fp8-blockwise": 0, "mxfp8": 0, "nvfp4": 1}
+
+
+@pytest.mark.parametrize("name", ["fp8-tensorwise", "mxfp8"])
+def test_quantized_sp_collectives_by_hand(name):
+    """Llama 3 8B layer at tp 4 with SP, no overlap (megatron-core's async dgrad off): forward exposes the
+    all-gather of the quantized attention input (s b h x e_fwd bytes) and the bf16 reduce-scatter; backward the
+    gather of the quantized output gradient, the re-gather of the input and the bf16 reduce-scatter; current scaling
+    adds one 4-byte amax all-reduce each way. Compared with the bf16 recipe's own collectives (same shapes)."""
+    from search.costmodel import RunSettings
+    m = load_model("llama3-8b", num_layers=4)
+    c = parse_cluster("1x8-b200")
+    comm = CommModel(c)
+    b, s, t, h = 1, m.seq_length, 4, m.hidden_size
+    src = {}
+    for p in (name, "bf16"):
+        tr = TrainingSpec(global_batch_size=16, micro_batch_sizes=[1], precision=p, attention="flash")
+        cm = make_cost_model(m, c, tr, settings=RunSettings(overlap_tp_dgrad=False))
+        src[p] = cm.source
+    e_x, e_dy, e_re = lowp.sp_gather_bytes(name)
+    ag = lambda e: comm.all_gather(e * s * b * h, t)  # noqa: E731
+    rs = comm.reduce_scatter(2.0 * s * b * h, t)
+    amax = comm.all_reduce(4.0, t) if name == "fp8-tensorwise" else 0.0
+    cost = src[name].attention(b, s, t, sp=True, lp=True)
+    want_f, want_b = ag(e_x) + rs + amax, ag(e_dy) + ag(e_re) + rs + amax
+    assert cost.comm_fwd[0] == pytest.approx(want_f)
+    assert cost.tp_comm == pytest.approx(want_f + want_b)
+    plain = src["bf16"].attention(b, s, t, sp=True)
+    assert plain.tp_comm == pytest.approx(3 * ag(2.0) + 2 * rs)
+
+
+# ----- --reuse-grad-buf-for-mxfp8-param-ag --------------------------------------------------------------------------
+MX = ARGS + "--fp8-format e4m3 --fp8-recipe mxfp8 --fp8-param-gather "
+
+
+def test_reuse_grad_buf_round_trips_and_megatron_lm_knows_it():
+    plan = read_megatron(MX + lowp.REUSE_FLAG, world_size=8).plan
+    assert plan.settings.low_precision.reuse_grad_buf
+    out = megatron_lm_args(megatron_config(plan))["precision"]
+    assert out.count(lowp.REUSE_FLAG) == 1 and lowp.REUSE_FLAG in megatron_flags()   # core_v0.16.1's parser
+    again = read_megatron(ARGS + " ".join(out[1:]), world_size=8).plan
+    assert again.settings.low_precision == plan.settings.low_precision
+    assert not read_megatron(MX, world_size=8).plan.settings.low_precision.reuse_grad_buf
+    assert lowp.REUSE_FLAG not in megatron_lm_args(megatron_config(read_megatron(MX, world_size=8).plan))["precision"]
+
+
+@pytest.mark.parametrize("args", [ARGS + "--fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather ",
+                                  ARGS + "--fp8-format e4m3 --fp8-recipe mxfp8 "])
+def test_reuse_grad_buf_refused_without_mxfp8_parameters(args):
+    with pytest.raises(AcesoError) as e:
+        read_megatron(args + lowp.REUSE_FLAG, world_size=8)
+    assert "\n" not in str(e.value) and lowp.REUSE_FLAG in str(e.value) and "mxfp8" in str(e.value)
+
+
+def test_reuse_grad_buf_is_reset_under_megatron_fsdp_and_set_for_searched_mxfp8_plans():
+    """Megatron-LM's validate_args resets it under Megatron FSDP; a searched MXFP8 plan with parameter gather carries
+    it (Megatron-Bridge asserts it there: mixed_precision.py ``finalize``)."""
+    fsdp = ARGS.replace("--use-distributed-optimizer", "--use-megatron-fsdp --data-parallel-sharding-strategy "
+                        "optim_grads_params --ckpt-format fsdp_dtensor")
+    plan = read_megatron(fsdp + "--fp8-format e4m3 --fp8-recipe mxfp8 --fp8-param-gather " + lowp.REUSE_FLAG,
+                         world_size=8).plan
+    assert not plan.settings.low_precision.reuse_grad_buf
+    tr = TrainingSpec(global_batch_size=16, micro_batch_sizes=[2], precision="mxfp8", fp8_param_gather=True,
+                      distributed_optimizer=True)
+    assert lowp.of_training(tr).reuse_grad_buf
+    assert not lowp.of_training(tr.model_copy(update={"fp8_param_gather": False})).reuse_grad_buf
+
+
+def test_reuse_grad_buf_has_no_price_of_its_own():
+    """core_v0.16.1 builds the shared param / grad buffer for any MXFP8 parameters under the distributed optimizer
+    (param_and_grad_buffer.py, "For MXFP8 param: Create a shared buffer for param AG and grad RS"): the flag changes
+    which copy the parameters are read back from, not the bytes held or moved."""
+    from search.plan_settings import plan_precision, run_settings
+    costs = []
+    for extra in ("", lowp.REUSE_FLAG):
+        plan = read_megatron(MX + extra, world_size=8, cluster=parse_cluster("1x8-b200")).plan
+        tr = TrainingSpec(global_batch_size=8, micro_batch_sizes=[1], **plan_precision(plan),
+                          distributed_optimizer=True, attention="flash")
+        c = make_cost_model(plan.model, parse_cluster("1x8-b200"), tr,
+                            settings=run_settings(plan.settings, tr.precision)).evaluate(plan)
+        costs.append((c.iteration_ms, c.max_memory_mb))
+    assert costs[0] == costs[1]
