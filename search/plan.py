@@ -394,6 +394,12 @@ class ParallelPlan(BaseModel):
         return self.model_dump_json(indent=2, exclude_none=True) + "\n"
 
 
+def span_text(a: int, b: int) -> str:
+    """A chunk's span for text output: ``3-8``, or ``embed`` / ``loss`` for a unit-less end chunk (``holds_only``:
+    an empty span is only ever model chunk 0, at unit 0, or the last one)."""
+    return f"{a}-{b}" if a != b else ("embed" if a == 0 else "loss")
+
+
 def _check_end_only(m: ModelSpec, where: str, k: int, last: int, ch: ChunkSpec) -> None:
     """A unit-less chunk is model chunk 0 holding the embedding or the last one holding the loss (megatron-core
     builds the embedding on the first and the loss on the last model chunk); GPT-style models only."""
