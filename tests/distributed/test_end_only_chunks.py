@@ -6,7 +6,10 @@ As in ``test_plans.py``: loss and every gradient after one step (fp32, relative 
 optimizer steps and the weights after them. The plans: interleaved (2 stages x 2 chunks) with the embedding alone
 on model chunk 0 and the loss alone on model chunk 3 (``E|t*2|t*2|L``; tied embeddings, so the loss chunk's output
 layer is the embedding weight synchronised across the end stages), the same untied with only the loss alone
-(``Et|t|t*2|L``, Llama), and one chunk per stage with the embedding alone on stage 0 (``E|t*4L``).
+(``Et|t|t*2|L``, Llama), and one chunk per stage with the embedding alone on stage 0 (``E|t*4L``); with MoE
+(``test_moe_plans.py``'s tiny Llama MoE, ``E|t|t|L``) and the DeepSeek-like MLA + MoE + MTP model of
+``test_moe_mla_mtp.py`` (``E|t*3mL``: the embedding alone on stage 0; the runtime runs MTP without interleaving).
+Routing is deterministic there as those files' ``test_routing_margin`` measure for the same models and seed.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import torch
 from aceso_megatron.testing import run_plans, spawn
 from search.plan import parse_plan
 from tests.distributed.test_modern_plans import GPT4, LLAMA4, TC, plan
+from tests.distributed.test_moe_mla_mtp import DEEPSEEK
+from tests.distributed.test_moe_plans import LLAMA_MOE
 from tests.distributed.test_plans import compare, reference_process  # noqa: F401 (fixture)
 
 
@@ -37,9 +42,18 @@ PLANS = {
 }
 
 
+MOE = {"token_dispatcher": "alltoall", "grouped_gemm": False, "permute_fusion": False}
+MOE_PLANS = {
+    "llama MoE VPP 2: E|t|t|L": plan(LLAMA_MOE, stage(chunk(0, 0, "embedding"), chunk(2, 4)),
+                                     stage(chunk(0, 2), chunk(4, 4, "loss")), moe=MOE),
+    "DeepSeek-like MLA + MoE + MTP: E|t*3mL": plan(DEEPSEEK, stage(chunk(0, 0, "embedding")), stage(chunk(0, 7)),
+                                                 moe=MOE),
+}
+
+
 def test_the_plans_hold_end_only_chunks():
     """The plans are what they say: each has a unit-less end chunk (guards against a silent schema change)."""
-    for raw in PLANS.values():
+    for raw in [*PLANS.values(), *MOE_PLANS.values()]:
         p = parse_plan(raw)
         assert any(ch.num_units == 0 and ch.holds_only for _, _, ch in p.chunks_in_order())
 
@@ -51,3 +65,10 @@ def test_end_only_chunks_match_single_process(tmp_path, reference_process):  # n
     failures = compare(names, raws, torch.load(out))
     assert not failures, "\n".join(failures)
 
+
+def test_moe_end_only_chunks_match_single_process(tmp_path, reference_process):  # noqa: F811
+    names, raws = zip(*MOE_PLANS.items())
+    out = tmp_path / "results.pt"
+    spawn(2, run_plans, list(raws), str(out), 11, 3, TC)
+    failures = compare(names, raws, torch.load(out))
+    assert not failures, "\n".join(failures)
