@@ -415,6 +415,10 @@ def _check_end_only(m: ModelSpec, where: str, k: int, last: int, ch: ChunkSpec) 
                          f"{ch.holds_only} (the embedding is on the first model chunk, the loss on the last)")
     if last == 0:
         raise ValueError(f"{at}: the plan's only chunk must hold the model's units; drop holds_only")
+    if ch.holds_only == "loss" and m.mtp_num_layers:
+        raise ValueError(f"{at}: the model has {m.mtp_num_layers} MTP layer(s), which run with the loss in the last "
+                         "chunk; a loss-only chunk after them is megatron-core's standalone MTP, which plans do not "
+                         "express: move the MTP units into the last chunk")
 
 
 def _check_stage_shape(m: ModelSpec, i: int, st: StageSpec) -> None:

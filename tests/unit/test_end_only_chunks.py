@@ -104,6 +104,19 @@ def test_t5_refuses_a_unit_less_chunk():
         parse_plan(raw([chunk(0, 0, "embedding")], [chunk(0, n)], model=t5))
 
 
+def test_a_loss_only_chunk_after_the_mtp_block_is_refused(tmp_path, capsys):
+    """The MTP block runs with the loss (megatron-core's standalone MTP, '...|m|L', is not a plan)."""
+    m = load_model("deepseek-v3").model_copy(update={"num_layers": 4})
+    n = m.num_units
+    d = raw([chunk(0, n)], [chunk(n, n, "loss")], model=m)
+    d.pop("cluster")
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(d))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "standalone MTP" in err, err
+
+
 # ----- Megatron-LM layouts ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("text,pp,chunks,vpp", [
     ("E|t*12|t*12|L", 2, (0, 12, 12, 0), 2),
