@@ -60,8 +60,19 @@ def recompute_allowed(kind: str) -> tuple[Recompute, ...]:
     return tuple(c for c in RECOMPUTE_CHOICES if kind in ("attention", "cross_attention") or c not in ATTENTION_ONLY)
 
 
+EndOnly = Literal["embedding", "loss"]
+
+
 class ChunkSpec(BaseModel):
-    """One model chunk (a virtual pipeline stage): a contiguous span of units and one recompute choice per unit."""
+    """One model chunk (a virtual pipeline stage): a contiguous span of units and one recompute choice per unit.
+
+    A chunk may hold no unit at all when it is one of the model's two end chunks, as megatron-core's
+    ``--pipeline-model-parallel-layout`` allows (``E|...``, ``...|L``): ``holds_only: "embedding"`` (model chunk 0,
+    span ``[0, 0)``: only the word / position embedding) or ``holds_only: "loss"`` (the last model chunk, span
+    ``[num_units, num_units)``: only the final norm, the output layer and the loss). The marker is explicit so an
+    empty span is never an accident: an empty span without it, or the marker on a chunk with units or anywhere
+    else, is refused (``ParallelPlan`` checks the position).
+    """
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -72,12 +83,29 @@ class ChunkSpec(BaseModel):
         "| full (only the unit input kept) | attn_dropout (attention units only: the attention-probability "
         "dropout and the probs x V product recomputed, freeing the dropout mask and the dropped probabilities)."
     )
+    holds_only: EndOnly | None = Field(
+        None, description="A chunk with no unit (empty span, recompute []): 'embedding' = model chunk 0 holding "
+        "only the embedding (Megatron-LM layout 'E|...'), 'loss' = the last model chunk holding only the final "
+        "norm, output layer and loss ('...|L'). Absent: the chunk holds its span's units.")
+
+    @model_serializer(mode="wrap")
+    def _plain_form(self, handler):
+        """A chunk with units is written without ``holds_only`` (as before the field existed)."""
+        out = handler(self)
+        if isinstance(out, dict) and out.get("holds_only", 0) is None:
+            out.pop("holds_only")
+        return out
 
     @model_validator(mode="after")
     def _check(self) -> "ChunkSpec":
-        if self.end_unit <= self.start_unit:
+        if self.holds_only is not None and self.end_unit != self.start_unit:
+            raise ValueError(f"holds_only is {self.holds_only!r} but the span [{self.start_unit}, {self.end_unit}) "
+                             "holds units; give a chunk with only the embedding / loss an empty span "
+                             "(start_unit = end_unit, recompute []), or drop holds_only")
+        if self.end_unit < self.start_unit or self.end_unit == self.start_unit and self.holds_only is None:
             raise ValueError(
-                f"span [{self.start_unit}, {self.end_unit}) is empty; end_unit must exceed start_unit"
+                f"span [{self.start_unit}, {self.end_unit}) is empty; end_unit must exceed start_unit (a chunk "
+                "holding only the embedding or the loss says so: holds_only 'embedding' / 'loss')"
             )
         if len(self.recompute) != self.end_unit - self.start_unit:
             raise ValueError(
@@ -264,8 +292,10 @@ class ParallelPlan(BaseModel):
                 raise ValueError(f"stages[{i}] has {st.num_chunks} chunks but stages[0] has {v}; every stage "
                                  "holds the same number of virtual chunks")
         expected = 0
+        last = S * v - 1
         for s, j, ch in self.chunks_in_order():
             where = f"stages[{s}]" + (f".chunks[{j}]" if v > 1 else "")
+            _check_end_only(m, where, j * S + s, last, ch)
             if ch.start_unit != expected:
                 what = "overlaps the previous chunk" if ch.start_unit < expected else "leaves a gap"
                 order = f" (model chunk {j * S + s} starts where chunk {j * S + s - 1} ends)" if v > 1 else ""
@@ -362,6 +392,33 @@ class ParallelPlan(BaseModel):
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2, exclude_none=True) + "\n"
+
+
+def span_text(a: int, b: int) -> str:
+    """A chunk's span for text output: ``3-8``, or ``embed`` / ``loss`` for a unit-less end chunk (``holds_only``:
+    an empty span is only ever model chunk 0, at unit 0, or the last one)."""
+    return f"{a}-{b}" if a != b else ("embed" if a == 0 else "loss")
+
+
+def _check_end_only(m: ModelSpec, where: str, k: int, last: int, ch: ChunkSpec) -> None:
+    """A unit-less chunk is model chunk 0 holding the embedding or the last one holding the loss (megatron-core
+    builds the embedding on the first and the loss on the last model chunk); GPT-style models only."""
+    if ch.holds_only is None:
+        return
+    at = f"{where}.holds_only ({ch.holds_only!r})"
+    if m.is_t5:
+        raise ValueError(f"{at}: a chunk without units needs megatron-core's pipeline layout, which does not "
+                         "support encoder-decoder (T5) models; give every chunk units")
+    want = 0 if ch.holds_only == "embedding" else last
+    if k != want:
+        raise ValueError(f"{at}: this is model chunk {k}, but only model chunk {want} can hold only the "
+                         f"{ch.holds_only} (the embedding is on the first model chunk, the loss on the last)")
+    if last == 0:
+        raise ValueError(f"{at}: the plan's only chunk must hold the model's units; drop holds_only")
+    if ch.holds_only == "loss" and m.mtp_num_layers:
+        raise ValueError(f"{at}: the model has {m.mtp_num_layers} MTP layer(s), which run with the loss in the last "
+                         "chunk; a loss-only chunk after them is megatron-core's standalone MTP, which plans do not "
+                         "express: move the MTP units into the last chunk")
 
 
 def _check_stage_shape(m: ModelSpec, i: int, st: StageSpec) -> None:

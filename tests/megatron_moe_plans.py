@@ -59,6 +59,8 @@ MOE_CASES = {
                               "overlap_param_gather": True}),
     "dsv3-pp16-layout-mtp": (DSV3, DSV3_LAYOUT, 16, 1, 1, 1, 16, 8, 1, A2A, NONE, 1, 2048, {}),
     "dsv3-pp4-vpp4-layout-mtp-flex": (DSV3, DSV3_LAYOUT, 4, 4, 1, 1, 64, 64, 1, FLEX, NONE, 1, 4096, {}),
+    "dsv3-pp8-vpp4-loss-only-flex": (DSV3N, (1,) + (2,) * 30 + (0,), 8, 4, 1, 1, 32, 32, 1, FLEX, NONE, 1, 2048,
+                                     {}),                                 # Bridge's 'Et|(tt|)*30L' (25.11, GB200)
     "dsv3-pp8-first-last": (DSV3N, (5,) + (8,) * 7, 8, 1, 1, 1, 32, 32, 1, A2A, SEL, 1, 1024, {}),
     "dsv3-mtp-pp2-even-uniform-full": (DSV3, (30, 31), 2, 1, 1, 1, 64, 64, None, A2A, FULL, 1, 1024, {}),
     "mixtral-tp2-ep4-etp2-allgather": (MIXTRAL, (16, 16), 2, 1, 2, 1, 4, 4, 2, AG, NONE, 1, 64, {"sp": True}),
@@ -71,6 +73,7 @@ MOE_CASES = {
     "tiny-mla-mtp2-even-full": (TINY_MLA, (2, 2), 2, 1, 1, 1, 2, 2, 1, A2A, FULL, 1, 16, {}),
     "tiny-mla-mtp2-layout-selective": (TINY_MLA, (1, 3), 2, 1, 1, 1, 4, 4, None, FLEX, SEL, 1, 16, {}),
     "tiny-mla-mtp2-vpp2-block": (TINY_MLA, (1, 1, 1, 1), 2, 2, 1, 1, 2, 2, 1, _moe(pf=False), BLOCK1, 1, 16, {}),
+    "tiny-mla-mtp2-vpp2-embedding-only": (TINY_MLA, (0, 2, 1, 1), 2, 2, 1, 1, 2, 2, 1, A2A, NONE, 1, 16, {}),
     "tiny-gelu-bias-ep4-flex": (TINY_GELU, (4,), 1, 1, 1, 1, 4, 4, 1, _moe("flex", gg=False), NONE, 1, 16, {}),
 }
 

@@ -58,6 +58,9 @@ CASES = {
     "llama-fp16-pp4-vpp2": (LLAMA8.model_copy(update={"params_dtype": "fp16"}), (1,) * 8, 4, 2, 2, 1, 1, SEL,
                             1, 32, {}),
     "oss-pp2-window-selective": (OSS8, (4, 4), 2, 1, 2, 1, 2, SEL, 1, 64, {"attention": "flash"}),
+    "gpt-pp2-vpp2-layout-embedding-loss-only": (GPT8, (0, 4, 4, 0), 2, 2, 1, 1, 4, NONE, 1, 64, {}),  # E|t*4|t*4|L
+    "llama-pp2-layout-embedding-only": (LLAMA8, (0, 8), 2, 1, 2, 1, 2, SEL, 1, 64, {}),             # E|t*8L
+    "gpt-pp4-layout-loss-only-full": (GPT8, (3, 3, 2, 0), 4, 1, 1, 1, 2, FULL, 1, 64, {}),         # ...|t*2|L
     "tiny-gpt-pp2": (TINY_GPT, (1, 1), 2, 1, 2, 1, 1, FULL, 2, 16, {}),
     "tiny-llama-gqa-selective": (TINY_LLAMA, (2,), 1, 1, 2, 1, 2, SEL, 2, 16, {"sp": True}),
     "t5-tp2": (T5, (8,), 1, 1, 2, 1, 4, NONE, 1, 64, {}),

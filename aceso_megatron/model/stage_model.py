@@ -8,7 +8,9 @@ attention), with the unit's config (its stage's tp, its selective recompute) and
 that cannot be carved runs whole (``aceso_megatron.model.layers``).
 The first chunk of the first stage adds megatron-core's ``LanguageModelEmbedding``; the last chunk of the last
 stage the final norm, the output layer (``ColumnParallelLinear``, vocab-sharded) and the per-token loss. RoPE
-(no parameters) is on every chunk.
+(no parameters) is on every chunk. Either of those two chunks may hold no unit (the plan's ``holds_only``,
+Megatron-LM's ``E|...`` / ``...|L``): the unit list is then empty and the chunk runs only the embedding, or only
+the final norm, output layer and loss, as a ``GPTModel`` chunk with a zero-layer ``TransformerBlock`` does.
 
 Sequence parallelism (a stage's ``sequence_parallel``): the config flag does the rest in megatron-core's modules
 (the embedding scatters the sequence, column-parallel linears all-gather it, row-parallel ones reduce-scatter,

@@ -31,7 +31,7 @@ from .. import plots
 from ..argtypes import positive_int
 from ..errors import AcesoError, as_aceso_error, read_json
 from ..fsdp import describe as fsdp_describe
-from ..plan import RECOMPUTE_CHOICES, ParallelPlan, check_recompute_applies, parse_plan
+from ..plan import RECOMPUTE_CHOICES, ParallelPlan, check_recompute_applies, parse_plan, span_text
 from ..plan_settings import FRAMEWORKS
 from ..precision import PRECISIONS
 from ..training import TrainingSpec
@@ -355,7 +355,7 @@ def _span(s: dict) -> str:
     if "ops" in s:
         return "ops {}-{}".format(*s["ops"])
     u = s["units"]
-    return " ".join(f"{a}-{b}" for a, b in u) if u and isinstance(u[0], list) else "{}-{}".format(*u)
+    return " ".join(span_text(a, b) for a, b in u) if u and isinstance(u[0], list) else span_text(*u)
 
 
 def _features_line(f: dict) -> str:

@@ -18,7 +18,7 @@ import argparse
 from ..argtypes import positive_int
 from ..costmodel.memory import headroom_verdict
 from ..errors import AcesoError
-from ..plan import check_fits_cluster, check_recompute_applies, load_plan
+from ..plan import check_fits_cluster, check_recompute_applies, load_plan, span_text
 from ..preflight import preflight
 from ..text import plural, shape
 from .common import add_calibration_arg, add_headroom_arg, add_memory_limit_arg, calibrated, print_json
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary)
         return 0
-    shapes = ", ".join(f"{s.num_gpus}gpu {shape(s)} units " + " ".join(f"{a}-{b}" for a, b in s.spans)
+    shapes = ", ".join(f"{s.num_gpus}gpu {shape(s)} units " + " ".join(span_text(a, b) for a, b in s.spans)
                        for s in plan.stages)
     print(f"{args.plan}: valid plan for {plan.model.name} on {plan.world_size} GPUs, "
           f"{plural(plan.num_stages, 'stage')} ({shapes})")

@@ -4,7 +4,8 @@ Pipeline rank ``s`` is stage ``s`` with ``tp * cp * dp`` GPUs; model chunk ``k``
 chunk ``k // pp`` of stage ``k % pp``; each unit's recompute choice follows ``recompute.unit_choices``; the
 pipeline micro-batch is Megatron-LM's per-rank ``--micro-batch-size`` times dp; ``settings``: Megatron-LM with
 the configuration's gradient-reduction dtype. MoE: every stage has the one expert shape (``ep``, ``etp``), the plan
-the ``moe`` settings, and the last chunk also holds the MTP unit.
+the ``moe`` settings, and the last chunk also holds the MTP unit. A layout's end chunk without a transformer layer
+(``E|...``, ``...|L``) is a chunk ``holds_only`` "embedding" / "loss".
 """
 
 from __future__ import annotations
@@ -34,10 +35,13 @@ def plan_from_config(cfg: MegatronConfig, cluster: ClusterSpec | None = None,
         spans.append((starts[li], starts[li + n]))
         li += n
     spans[-1] = (spans[-1][0], m.num_units)       # the MTP unit (if any) runs in the last model chunk
+    last = len(spans) - 1
+    only = {k: ("embedding" if k == 0 else "loss") for k, (a, b) in enumerate(spans) if a == b and k in (0, last)}
     stages = []
     for s in range(cfg.pp):
-        chunks = [ChunkSpec(start_unit=a, end_unit=b, recompute=unit_choices(cfg.recompute, m, a, b))
-                  for a, b in spans[s::cfg.pp]]
+        chunks = [ChunkSpec(start_unit=a, end_unit=b, recompute=unit_choices(cfg.recompute, m, a, b),
+                            holds_only=only.get(k))
+                  for k, (a, b) in list(enumerate(spans))[s::cfg.pp]]
         stages.append(StageSpec(num_gpus=cfg.tp * cfg.cp * cfg.dp, tp=cfg.tp, cp=cfg.cp, dp=cfg.dp,
                                 sequence_parallel=cfg.sequence_parallel, ep=cfg.ep, etp=cfg.etp, chunks=chunks))
     try:

@@ -12,8 +12,13 @@
 
 MTP layers: without a layout megatron-core builds them on the last pipeline rank's last model chunk
 (``get_mtp_num_layers_to_build``), and that is where a plan has the MTP unit (after the last decoder layer); a layout
-must put every ``m`` there too (megatron-core would also take a rank's last chunk before a loss-only chunk, which
-a plan cannot hold: every chunk holds a unit). The last chunk may hold the MTP block alone (``...|mL``).
+must put every ``m`` there too (megatron-core would also take another rank's last chunk before a loss-only chunk,
+"standalone MTP", which a plan does not express). The last chunk may hold the MTP block alone (``...|mL``).
+
+Chunks without a transformer layer: the first model chunk may hold only the embedding (``E|...``, a plan chunk
+``holds_only: "embedding"``) and the last only the loss (``...|L``, ``holds_only: "loss"``), as megatron-core
+builds them (``TransformerBlock`` with zero layers; ``chunk_layers`` 0 there). A middle chunk with nothing
+(megatron-core's "(empty stage)") is refused: it would only pass activations on.
 
 ``chunk_layers`` (layers per model chunk, model order, ``pp * vpp`` entries) is the common form;
 ``distribution`` reproduces megatron-core's ``get_num_layers_to_build`` for ways 1 and 2 (tested against it).
@@ -41,7 +46,7 @@ def split_for(chunk_layers: tuple[int, ...], pp: int, vpp: int, mtp: int = 0) ->
     """The simplest Megatron-LM arguments giving exactly ``chunk_layers`` (and ``mtp`` MTP layers in the last
     chunk): even, else first/last counts, else the layout string."""
     total = sum(chunk_layers)
-    if 0 in chunk_layers:                                # the last chunk holds only the MTP block
+    if 0 in chunk_layers:                                # an end chunk holds only E, L or the MTP block
         return Split(vpp, layout=format_layout(chunk_layers, mtp))
     per_rank = [chunk_layers[s::pp] for s in range(pp)]
     if all(len(set(c)) == 1 for c in per_rank):          # every rank's chunks are equal
@@ -92,7 +97,8 @@ def parse_layout(text: str) -> list[str]:
 
 def layout_chunk_layers(text: str, pp: int, mtp: int = 0) -> tuple[tuple[int, ...], int]:
     """``(transformer layers per model chunk, vpp)`` of a layout string, checked as megatron-core checks it, plus
-    what a plan needs (the ``mtp`` MTP layers in the last chunk, every chunk at least one unit)."""
+    what a plan needs (the ``mtp`` MTP layers in the last chunk; a chunk without a transformer layer only at the
+    ends: the first holding only ``E``, the last only ``L`` or the MTP block)."""
     chunks = parse_layout(text)
     flat = "".join(chunks)
     where = f"--pipeline-model-parallel-layout {text!r}"
@@ -111,10 +117,13 @@ def layout_chunk_layers(text: str, pp: int, mtp: int = 0) -> tuple[tuple[int, ..
         raise AcesoError(f"{where}: the MTP layers are in model chunk {k}, not the last one ({len(chunks) - 1}); a "
                          "plan holds the MTP block in the last chunk (move every m before the final L)")
     counts = tuple(c.count("t") for c in chunks)
-    empty = [k for k, n in enumerate(counts) if n == 0 and not (k == len(chunks) - 1 and mtp)]
+    empty = [k for k, n in enumerate(counts) if n == 0 and 0 < k < len(chunks) - 1]
     if empty:
-        raise AcesoError(f"{where}: model chunk {empty[0]} holds no transformer layer; aceso plans give every "
-                         "(virtual) pipeline stage at least one layer")
+        raise AcesoError(f"{where}: model chunk {empty[0]} holds nothing (neither a transformer layer nor the "
+                         "embedding or loss); only the first chunk may hold just E and the last just L (or the "
+                         "MTP block): give it a layer")
+    if len(chunks) == 1 and counts[0] == 0:
+        raise AcesoError(f"{where}: the only model chunk holds no transformer layer")
     return counts, len(chunks) // pp
 
 
@@ -150,7 +159,11 @@ def distribution(num_layers: int, pp: int, vpp: int = 1, first: int | None = Non
     chunks = [ranks[k % pp] // vpp for k in range(pp * vpp)]
     chunks[0] -= embedding_counts
     chunks[-1] -= loss_counts
-    if min(chunks) < 1:
-        raise AcesoError(f"model chunk {chunks.index(min(chunks))} would hold no transformer layer; aceso plans "
-                         "give every (virtual) pipeline stage at least one layer")
+    if min(chunks) < 0:      # megatron-core asserts "Not enough layers in the first/last virtual pipeline stage"
+        raise AcesoError(f"model chunk {chunks.index(min(chunks))} has no layer to give to the embedding / loss "
+                         "(--account-for-embedding/loss-in-pipeline-split); use fewer pipeline stages")
+    empty = [k for k, n in enumerate(chunks) if n == 0 and 0 < k < len(chunks) - 1]
+    if empty:
+        raise AcesoError(f"model chunk {empty[0]} would hold nothing (no transformer layer, not an end chunk "
+                         "holding the embedding or loss); give every middle (virtual) pipeline stage a layer")
     return tuple(chunks)

@@ -15,6 +15,7 @@ import contextlib
 import sys
 
 from ..costmodel.types import RC
+from ..plan import span_text
 from ..text import shape
 from .state import Evaluation
 from .state import to_plan as _to_plan
@@ -176,7 +177,7 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None, wall_s: floa
     for r in stage_rows(ev):
         t.add_row(str(r["stage"]), str(r["gpus"]), str(r["tp"]), str(r["cp"]), str(r["dp"]),
                   "on" if r["sp"] else "", str(r["micro_batch_per_rank"]),
-                  " ".join(f"{a}-{b}" for a, b in r["units"]), r["recompute"], f"{r['time_ms']:.1f}",
+                  " ".join(span_text(a, b) for a, b in r["units"]), r["recompute"], f"{r['time_ms']:.1f}",
                   f"{r['time_per_microbatch_ms']:.2f}", f"{r['memory_mib']:.0f}")
     con.print(t)
     f = ev.state.features

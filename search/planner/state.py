@@ -313,7 +313,8 @@ def to_plan(ev: Evaluation, model, cluster, gbs: int, cost_model_kind: str, pred
     for i, s in enumerate(st.shapes):
         rc, pos, chunks = ev.stages[i].rc, 0, []
         for a, b in st.spans(i):
-            chunks.append(ChunkSpec(start_unit=a, end_unit=b, recompute=[RC[c] for c in rc[pos:pos + b - a]]))
+            chunks.append(ChunkSpec(start_unit=a, end_unit=b, recompute=[RC[c] for c in rc[pos:pos + b - a]],
+                                    holds_only=None if b > a else "embedding" if a == 0 else "loss"))
             pos += b - a
         stages.append(StageSpec(num_gpus=s.num_gpus, tp=s.tp, cp=s.cp, dp=s.dp, sequence_parallel=s.sp,
                                 chunks=chunks, ep=s.ep, etp=s.etp or None))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import textwrap
 
 from . import DPI, Target, save
+from ..plan import span_text
 from ..text import shape as stage_shape
 from . import memory as memory_panel
 from . import timeline as timeline_panel
@@ -122,6 +123,6 @@ def _with_recompute_text(report: dict, plan) -> dict:
     for s, st in zip(report["stages"], plan.stages):
         s = dict(s, recompute_text=memory_panel.recompute_text(st))
         if st.num_chunks > 1:
-            s["chunks"] = "units " + " ".join(f"{a}-{b}" for a, b in st.spans)
+            s["chunks"] = "units " + " ".join(span_text(a, b) for a, b in st.spans)
         stages.append(s)
     return dict(report, stages=stages)

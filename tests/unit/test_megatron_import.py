@@ -172,7 +172,7 @@ def test_account_for_embedding_and_loss_split():
     ("--recompute-granularity selective --recompute-modules core_attn mlps", "not a module of megatron-core"),
     ("--recompute-granularity full", "needs --recompute-method uniform|block"),
     ("--tensor-model-parallel-size 3", "not a multiple of tp x pp x cp"),
-    ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*4|L'", "model chunk 1 holds no "),
+    ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*2||t*2|L'", "model chunk 1 holds nothing"),
     ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*2|t*2' ", "end with the loss L"),
     ("--num-layers 3 --pipeline-model-parallel-size 2", "must be a multiple of --pipeline-model-parallel-size (2)"),
     ("--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 1",
