@@ -192,6 +192,7 @@ def prepare(row: dict) -> dict:
     training = TrainingSpec(global_batch_size=plan.global_batch_size,
                             micro_batch_sizes=sorted({1, 2, 4, 8, row["mbs"]}), **plan_precision(plan),
                             distributed_optimizer=plan.distributed_optimizer, attention="flash",
+                            tp_comm_overlap=plan.tp_comm_overlap,   # the search keeps the row's --tp-comm-overlap
                             virtual_stages=None)      # every degree Megatron-LM accepts (the rows use up to 24)
     return {"status": "ok", "plan": plan, "cluster": cluster, "training": training,
             "settings": run_settings(plan.settings, training.precision), "notes": imported.notes}

@@ -20,7 +20,7 @@ import torch
 
 from aceso_megatron.testing import make_batches, scheduled_steps, spawn
 from aceso_megatron.training.engine import TrainConfig
-from tests.distributed.test_moe_plans import MOE
+from tests.distributed.test_moe_plans import DENSE_FIRST, MOE
 from tests.tiny_models import LLAMA
 
 SEED, ITERS, SAVE_AT = 5, 4, 2
@@ -115,4 +115,43 @@ def test_moe_checkpoints_resume_across_expert_shapes(tmp_path):
     assert any(".mlp.experts.local_experts.3." in k for k in want["params"])   # all 4 experts, global names
     assert max(float(v.abs().max()) for k, v in want["state"]["exp_avg"].items() if ".experts." in k) > 0
     failures = [f for name in [*RESUMED, "single"] for f in _mismatches(name, res[name], want)]
+    assert not failures, "\n".join(failures)
+
+
+# a stage of dense layers only (DeepSeek-V3's first layers on stage 0): megatron-core still builds it an expert
+# optimizer, with no parameter (patches/dist_opt_torch_adam.py, item 3)
+DENSE_FIRST_SAVED = {**plan(st(1, 1, 0, 2), st(1, 1, 2, 6), distributed_optimizer=True),
+                     "model": DENSE_FIRST.model_dump()}
+DENSE_FIRST_RESUMED = {**plan(st(1, 1, 0, 4), st(1, 1, 4, 6), distributed_optimizer=True),
+                       "model": DENSE_FIRST.model_dump()}
+
+
+def run_dense_first(rank: int, world_size: int, ckpt: str, out: str) -> None:
+    from aceso_megatron.training import checkpoint
+
+    batches = make_batches(DENSE_FIRST, 4, 8 * ITERS, SEED)
+    rt, sch = _fresh(DENSE_FIRST_SAVED, rank, world_size)
+    scheduled_steps(rt, sch, batches, range(SAVE_AT), 2)
+    checkpoint.save(ckpt, SAVE_AT, rt, sch)
+    res = {"saved": {"params": rt.full_params(), "losses": scheduled_steps(rt, sch, batches, range(SAVE_AT, ITERS), 2)}}
+    for name, raw in (("same plan", DENSE_FIRST_SAVED), ("dense layer moved beside the MoE layers", DENSE_FIRST_RESUMED)):
+        rt, sch = _fresh(raw, rank, world_size)
+        got = {"loaded": checkpoint.load(ckpt, rt, sch), "params": rt.full_params()}
+        got["losses"] = scheduled_steps(rt, sch, batches, range(SAVE_AT, ITERS), 2)
+        res[name] = got
+    if rank == 0:
+        torch.save(res, out)
+
+
+def test_dense_only_stage_of_an_moe_model_checkpoints_and_resumes(tmp_path):
+    """Stage 0 holds the dense first layer only, stage 1 the MoE layers (distributed optimizer): the checkpoint is
+    written (megatron-core's empty expert optimizer on stage 0 has no step to read), resumes under the same plan
+    exactly and under a split that puts the dense layer beside MoE layers with the saving run's weights and losses."""
+    ckpt, out = str(tmp_path / "ckpt"), tmp_path / "res.pt"
+    spawn(2, run_dense_first, ckpt, str(out))
+    res = torch.load(out)
+    want = res["saved"]
+    assert res["same plan"]["loaded"] == (SAVE_AT, True)
+    failures = [f for name in ("same plan", "dense layer moved beside the MoE layers")
+                for f in _mismatches(name, {**res[name], "loaded": (SAVE_AT, False)}, want)]
     assert not failures, "\n".join(failures)
