@@ -317,6 +317,7 @@ class ParallelPlan(BaseModel):
                 f"stages[-1].end_unit ({expected}) must be {m.num_units}: the model {m.name} has "
                 f"{m.num_units} units; stages must cover all of them"
             )
+        _check_mtp_in_last_chunk(self)
         for i, st in enumerate(self.stages):
             _check_stage_shape(m, i, st)
             check_expert_shape(m, i, st)
@@ -419,6 +420,22 @@ def _check_end_only(m: ModelSpec, where: str, k: int, last: int, ch: ChunkSpec) 
         raise ValueError(f"{at}: the model has {m.mtp_num_layers} MTP layer(s), which run with the loss in the last "
                          "chunk; a loss-only chunk after them is megatron-core's standalone MTP, which plans do not "
                          "express: move the MTP units into the last chunk")
+
+
+def _check_mtp_in_last_chunk(plan: "ParallelPlan") -> None:
+    """The MTP units (the model's last ``mtp_num_layers`` units) are all in the last model chunk: megatron-core
+    builds the whole ``MultiTokenPredictionBlock`` there (with the loss), so a cut among them or before them and
+    after the chunk's start cannot run."""
+    m = plan.model
+    if not m.mtp_num_layers:
+        return
+    first = m.num_units - m.mtp_num_layers
+    s, j, ch = plan.chunks_in_order()[-1]
+    if ch.start_unit > first:
+        where = f"stages[{s}]" + (f".chunks[{j}]" if plan.num_virtual_stages > 1 else "")
+        raise ValueError(f"{where}.start_unit ({ch.start_unit}) leaves MTP unit(s) {first}-{ch.start_unit - 1} on an "
+                         f"earlier chunk; megatron-core builds the whole MTP block on the last model chunk: start it "
+                         f"at unit {first} or before")
 
 
 def _check_stage_shape(m: ModelSpec, i: int, st: StageSpec) -> None:

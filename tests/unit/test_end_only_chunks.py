@@ -117,6 +117,23 @@ def test_a_loss_only_chunk_after_the_mtp_block_is_refused(tmp_path, capsys):
     assert err.count("\n") == 1 and "standalone MTP" in err, err
 
 
+def test_mtp_units_split_from_the_last_chunk_are_refused(tmp_path, capsys):
+    """megatron-core builds the whole MTP block on the last model chunk: a cut between the MTP units is refused in
+    one line; the MTP units in the last chunk (with or without the last layer) validate."""
+    m = load_model("deepseek-v3").model_copy(update={"num_layers": 4, "mtp_num_layers": 2})
+    n = m.num_units
+    assert [u.kind for u in m.units[-2:]] == ["mtp", "mtp"]
+    for cut in (n - 4, n - 2):          # the last layer and the MTP block, or the MTP block alone ('...|mmL')
+        parse_plan({**raw([chunk(0, cut)], [chunk(cut, n)], model=m), "cluster": None})
+    d = raw([chunk(0, n - 1)], [chunk(n - 1, n)], model=m)
+    d.pop("cluster")
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(d))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "whole MTP block on the last model chunk" in err, err
+
+
 # ----- Megatron-LM layouts ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("text,pp,chunks,vpp", [
     ("E|t*12|t*12|L", 2, (0, 12, 12, 0), 2),
