@@ -56,8 +56,9 @@ from .comm import CommModel
 from .comm import overlap_tax
 from .. import precision as lowp
 from .kernels import ARCH, GENERATION, KERNEL_MODELS, LAUNCH_MS, lowprec_kernels
-from .memory import (MB, attention_act_bytes, embedding_params_per_rank, has_attention_dropout, mlp_act_bytes,
-                     output_params_per_rank, tied_copy_params_per_rank, unit_params_per_rank)
+from .memory import (LOSS_KEPT_BYTES, MB, attention_act_bytes, embedding_params_per_rank, has_attention_dropout,
+                     loss_transient_bytes, mlp_act_bytes, output_params_per_rank, tied_copy_params_per_rank,
+                     unit_params_per_rank)
 from ..moe_plan import MoEPlanSettings
 from .mla_mtp import mla_act_bytes, mla_attention, mla_params_per_rank, mtp_unit
 from .moe_cost import host_bound_layers, moe_unit
@@ -432,8 +433,8 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
         embed_act_mb=(s_enc * b * m.hidden_size * (1 if m.hidden_dropout > 0 else 0)) / MB / r,
         head_fwd_ms=head_f, head_bwd_ms=head_b, head_params=output_params_per_rank(m, t),
         # final-norm input (SP: sharded) + logits input (dt sbh) and the fp32 softmax kept by the vocab-parallel loss
-        head_act_mb=(dt * s_dec * b * m.hidden_size * (1 + 1 / r) + 4.0 * sbv) / MB,
-        head_peak_mb=(dt + 4.0) * sbv / MB,
+        head_act_mb=(dt * s_dec * b * m.hidden_size * (1 + 1 / r) + LOSS_KEPT_BYTES * sbv) / MB,
+        head_peak_mb=loss_transient_bytes(sbv, dt) / MB,
         tp_comm_ms=tpc, tp_hidden_ms=tph, cp_comm_ms=cpc, cp_hidden_ms=cph, comm_fwd_ms=comm_fwd,
         word_embed_params=tied_copy_params_per_rank(m, t),
         encoder_output_mb=dt * s_enc * b * m.hidden_size / MB / r if m.is_t5 else 0.0,

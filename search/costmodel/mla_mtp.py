@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from .. import precision as lowp
 from ..moe_params import _norm, mla_params
-from .memory import _has_hidden_dropout
+from .memory import LOSS_KEPT_BYTES, _has_hidden_dropout
 
 
 def mla_scale(m) -> float:
@@ -134,7 +134,7 @@ def mtp_unit(src, b: float, s: int, t: int, sp: bool, att, att_act, inner, inner
                     tuple(x + y for x, y in zip(att.comm_fwd, inner.comm_fwd)),
                     ep_comm=inner.ep_comm, ep_hidden=inner.ep_hidden, ep_fwd=inner.ep_fwd)
     sbv = sb * m.padded_vocab_size / t
-    own = dt * sb * 2 * h + 2 * dt * sb * h / r + dt * sb * h * (1 + 1 / r) + 4.0 * sbv
+    own = dt * sb * 2 * h + 2 * dt * sb * h / r + dt * sb * h * (1 + 1 / r) + LOSS_KEPT_BYTES * sbv
     none = att_act[0] + inner_act[0] + own
     transient = inner_act[3] if len(inner_act) > 3 else 0.0
     params = 3 * _norm(m, h) + 2 * h * h / t + att_params + inner_params[0]
