@@ -81,6 +81,7 @@ class UnitCost(NamedTuple):
     ep_comm: float = 0.0               # exposed expert-parallel dispatch / combine (+ ETP gather) fwd + bwd
     ep_hidden: float = 0.0             # the part hidden (shared-expert overlap, overlap_ep_comm)
     ep_fwd: tuple[float, float] = (0.0, 0.0)   # the forward's (exposed, hidden) share
+    rec_up: float = UNAVAILABLE_MS     # mla_up_proj: MLA's Q/K/V up projections + RoPE forward (MLA units only)
 
 
 class AnalyticSource:
@@ -411,11 +412,12 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
         epc[i], eph[i], epf[i] = cost.ep_comm, cost.ep_hidden, cost.ep_fwd
         transient = a[3] / MB if u.kind in ("moe", "mtp") else 0.0   # the dispatch buffers
         a = a[:3] if u.kind in ("moe", "mtp") else a
+        a = (*a, *([a[0]] * (N_RC - len(a))))    # choices a unit cannot take (attn_dropout, mla_up_proj): its none row
         fwd[i], bwd[i], tpc[i] = cost.fwd, cost.bwd, cost.tp_comm
         tph[i], cpc[i], cph[i] = cost.tp_hidden, cost.cp_comm, cost.cp_hidden
         comm_fwd[i] = cost.comm_fwd
-        rec[i] = (0.0, cost.rec_sel, cost.rec_full, cost.rec_drop)
-        act[i] = np.asarray((*a, a[0])[:N_RC]) / MB      # an MLP has no attn_dropout: its none row
+        rec[i] = (0.0, cost.rec_sel, cost.rec_full, cost.rec_drop, cost.rec_up)
+        act[i] = np.asarray(a) / MB
         peak[i] = np.maximum(act[i, 0] - act[i], 0.0) + transient   # (fused SwiGLU: selective = the unfused row)
     if m.moe is not None:       # a host-bound MoE layer: max(device, host) (moe_cost.host_bound)
         host_bound_layers(src, fwd, bwd, rec)
