@@ -42,9 +42,10 @@ from .units import mib_alias
 
 SCHEMA_VERSION = 3
 READS_VERSIONS = (1, 2, 3)  # v1 plans (one span per stage, no SP/CP/overlap) and v2 (no MoE) are converted on read
-Recompute = Literal["none", "selective", "full", "attn_dropout"]
-RECOMPUTE_CHOICES: tuple[Recompute, ...] = ("none", "selective", "full", "attn_dropout")
-ATTENTION_ONLY: frozenset[str] = frozenset({"attn_dropout"})   # choices an MLP unit cannot take
+Recompute = Literal["none", "selective", "full", "attn_dropout", "mla_up_proj"]
+RECOMPUTE_CHOICES: tuple[Recompute, ...] = ("none", "selective", "full", "attn_dropout", "mla_up_proj")
+ATTENTION_ONLY: frozenset[str] = frozenset({"attn_dropout", "mla_up_proj"})   # choices an MLP unit cannot take
+MLA_ONLY: frozenset[str] = frozenset({"mla_up_proj"})   # choices of an MLA model's attention units only
 _SPAN_KEYS = ("start_unit", "end_unit", "recompute")
 # Upper bounds (docs/inputs.md): the model's and cluster's bounds carried over to the plan's fields
 MAX_UNITS = 5 * 4096            # T5 with 4096 encoder (2 units) and 4096 decoder layers (3 units)
@@ -52,12 +53,16 @@ MAX_DEGREE = 1 << 20            # tp, cp, dp, num_gpus: no more than the GPUs of
 MAX_BATCH = 1 << 24
 
 
-def recompute_allowed(kind: str) -> tuple[Recompute, ...]:
-    """The recompute choices a unit of this kind can take (``attn_dropout``: attention units only; ``moe``:
-    selective = megatron-core's ``recompute_modules`` ["moe_act"]; ``mtp``: none or full, its inner layer whole)."""
+def recompute_allowed(kind: str, mla: bool = False) -> tuple[Recompute, ...]:
+    """The recompute choices a unit of this kind can take (``attn_dropout``: attention units only; ``mla_up_proj``:
+    the attention units of an MLA model (``mla``) only, megatron-core's ``recompute_modules`` ["mla_up_proj"];
+    ``moe``: selective = megatron-core's ``recompute_modules`` ["moe_act"]; ``mtp``: none or full, its inner layer
+    whole)."""
     if kind == "mtp":
         return ("none", "full")
-    return tuple(c for c in RECOMPUTE_CHOICES if kind in ("attention", "cross_attention") or c not in ATTENTION_ONLY)
+    attention = kind in ("attention", "cross_attention")
+    return tuple(c for c in RECOMPUTE_CHOICES if (attention or c not in ATTENTION_ONLY)
+                 and (c not in MLA_ONLY or (mla and kind == "attention")))
 
 
 EndOnly = Literal["embedding", "loss"]
@@ -81,7 +86,9 @@ class ChunkSpec(BaseModel):
     recompute: list[Recompute] = Field(
         description="Per unit of the span: none | selective (attention core and activation function recomputed) "
         "| full (only the unit input kept) | attn_dropout (attention units only: the attention-probability "
-        "dropout and the probs x V product recomputed, freeing the dropout mask and the dropped probabilities)."
+        "dropout and the probs x V product recomputed, freeing the dropout mask and the dropped probabilities) "
+        "| mla_up_proj (MLA attention units only: megatron-core's recompute_modules mla_up_proj, the Q/K/V up "
+        "projections and RoPE re-run in backward, freeing the core attention's Q, K and V)."
     )
     holds_only: EndOnly | None = Field(
         None, description="A chunk with no unit (empty span, recompute []): 'embedding' = model chunk 0 holding "
@@ -307,7 +314,13 @@ class ParallelPlan(BaseModel):
             if expected > m.num_units:
                 raise ValueError(f"{where}.end_unit ({expected}) is past the model's {m.num_units} units")
             for k, (unit, rc) in enumerate(zip(m.units[ch.start_unit:ch.end_unit], ch.recompute)):
-                if rc not in recompute_allowed(unit.kind):
+                if rc in MLA_ONLY and rc not in recompute_allowed(unit.kind, m.mla is not None):
+                    what = "the model has no MLA (mla)" if m.mla is None else f"unit {ch.start_unit + k} is {unit.kind}"
+                    raise ValueError(
+                        f"{where}.recompute[{k}] is {rc!r} but {what}; {rc!r} applies to the attention units of "
+                        "an MLA model only: use none, selective or full"
+                    )
+                if rc not in recompute_allowed(unit.kind, m.mla is not None):
                     raise ValueError(
                         f"{where}.recompute[{k}] is {rc!r} but unit {ch.start_unit + k} is an MLP unit; "
                         f"{rc!r} applies to attention units only: use none, selective or full"

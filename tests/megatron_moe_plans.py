@@ -38,6 +38,7 @@ TINY_GELU = ModelSpec(name="custom", family="gpt", num_layers=4, hidden_size=256
                       moe={"num_experts": 4, "moe_router_topk": 1, "moe_ffn_hidden_size": 512})
 NONE, SEL = Recompute(), Recompute("selective", modules=("core_attn",))
 FULL, BLOCK1 = Recompute("full", "uniform", 1), Recompute("full", "block", 1)
+UP_PROJ = Recompute("selective", modules=("moe_act", "mla_up_proj"))    # MLA: the plan's mla_up_proj units
 
 
 def _moe(dispatcher="alltoall", gg=True, pf=True, **kw) -> MoEPlanSettings:
@@ -72,6 +73,7 @@ MOE_CASES = {
     "tiny-list-ep1-allgather-block": (TINY_LIST, (4,), 1, 1, 2, 1, 2, 1, None, AG, BLOCK1, 2, 16, {"sp": True}),
     "tiny-mla-mtp2-even-full": (TINY_MLA, (2, 2), 2, 1, 1, 1, 2, 2, 1, A2A, FULL, 1, 16, {}),
     "tiny-mla-mtp2-layout-selective": (TINY_MLA, (1, 3), 2, 1, 1, 1, 4, 4, None, FLEX, SEL, 1, 16, {}),
+    "tiny-mla-mtp2-up-proj-moe-act": (TINY_MLA, (2, 2), 2, 1, 1, 1, 2, 2, 1, A2A, UP_PROJ, 1, 16, {}),
     "tiny-mla-mtp2-vpp2-block": (TINY_MLA, (1, 1, 1, 1), 2, 2, 1, 1, 2, 2, 1, _moe(pf=False), BLOCK1, 1, 16, {}),
     "tiny-mla-mtp2-vpp2-embedding-only": (TINY_MLA, (0, 2, 1, 1), 2, 2, 1, 1, 2, 2, 1, A2A, NONE, 1, 16, {}),
     "tiny-gelu-bias-ep4-flex": (TINY_GELU, (4,), 1, 1, 1, 1, 4, 4, 1, _moe("flex", gg=False), NONE, 1, 16, {}),

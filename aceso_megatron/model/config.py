@@ -110,11 +110,19 @@ def without_grad_accum_fusion(config: TransformerConfig) -> TransformerConfig:
 
 def unit_config(base: TransformerConfig, kind: UnitKind, recompute: str) -> TransformerConfig:
     """The config of one unit: ``base`` with the unit's selective recompute switched on (a shallow copy).
+    ``mla_up_proj`` (MLA attention units) is megatron-core 0.16.1's ``recompute_modules`` ["mla_up_proj"]:
+    ``MLASelfAttention`` checkpoints its Q/K/V up projections and RoPE without output and discards Q, K and V
+    once the core attention has run.
 
     A selective MLP unit runs its activation through ``CheckpointedActivation`` with ``bias_activation_fusion``
     off: megatron-core's MLP calls the fused bias-GELU/SwiGLU kernel directly when the fusion is on, which would
     bypass the checkpoint and keep the activation output.
     """
+    if recompute == "mla_up_proj":   # an MLA attention unit: megatron-core's own up-projection recompute
+        cfg = copy.copy(base)
+        cfg.recompute_granularity = "selective"
+        cfg.recompute_modules = ["mla_up_proj"]
+        return cfg
     if recompute != "selective":
         return base
     cfg = copy.copy(base)

@@ -56,8 +56,9 @@ from .comm import CommModel
 from .comm import overlap_tax
 from .. import precision as lowp
 from .kernels import ARCH, GENERATION, KERNEL_MODELS, LAUNCH_MS, lowprec_kernels
-from .memory import (MB, attention_act_bytes, embedding_params_per_rank, has_attention_dropout, mlp_act_bytes,
-                     output_params_per_rank, tied_copy_params_per_rank, unit_params_per_rank)
+from .memory import (LOSS_KEPT_BYTES, MB, attention_act_bytes, embedding_params_per_rank, has_attention_dropout,
+                     loss_transient_bytes, mlp_act_bytes, output_params_per_rank, tied_copy_params_per_rank,
+                     unit_params_per_rank)
 from ..moe_plan import MoEPlanSettings
 from .mla_mtp import mla_act_bytes, mla_attention, mla_params_per_rank, mtp_unit
 from .moe_cost import host_bound_layers, moe_unit
@@ -80,6 +81,7 @@ class UnitCost(NamedTuple):
     ep_comm: float = 0.0               # exposed expert-parallel dispatch / combine (+ ETP gather) fwd + bwd
     ep_hidden: float = 0.0             # the part hidden (shared-expert overlap, overlap_ep_comm)
     ep_fwd: tuple[float, float] = (0.0, 0.0)   # the forward's (exposed, hidden) share
+    rec_up: float = UNAVAILABLE_MS     # mla_up_proj: MLA's Q/K/V up projections + RoPE forward (MLA units only)
 
 
 class AnalyticSource:
@@ -416,11 +418,12 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
         epc[i], eph[i], epf[i] = cost.ep_comm, cost.ep_hidden, cost.ep_fwd
         transient = a[3] / MB if u.kind in ("moe", "mtp") else 0.0   # the dispatch buffers
         a = a[:3] if u.kind in ("moe", "mtp") else a
+        a = (*a, *([a[0]] * (N_RC - len(a))))    # choices a unit cannot take (attn_dropout, mla_up_proj): its none row
         fwd[i], bwd[i], tpc[i] = cost.fwd, cost.bwd, cost.tp_comm
         tph[i], cpc[i], cph[i] = cost.tp_hidden, cost.cp_comm, cost.cp_hidden
         comm_fwd[i] = cost.comm_fwd
-        rec[i] = (0.0, cost.rec_sel, cost.rec_full, cost.rec_drop)
-        act[i] = np.asarray((*a, a[0])[:N_RC]) / MB      # an MLP has no attn_dropout: its none row
+        rec[i] = (0.0, cost.rec_sel, cost.rec_full, cost.rec_drop, cost.rec_up)
+        act[i] = np.asarray(a) / MB
         peak[i] = np.maximum(act[i, 0] - act[i], 0.0) + transient   # (fused SwiGLU: selective = the unfused row)
     if m.moe is not None:       # a host-bound MoE layer: max(device, host) (moe_cost.host_bound)
         host_bound_layers(src, fwd, bwd, rec)
@@ -438,8 +441,8 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
         embed_act_mb=(s_enc * b * m.hidden_size * (1 if m.hidden_dropout > 0 else 0)) / MB / r,
         head_fwd_ms=head_f, head_bwd_ms=head_b, head_params=output_params_per_rank(m, t),
         # final-norm input (SP: sharded) + logits input (dt sbh) and the fp32 softmax kept by the vocab-parallel loss
-        head_act_mb=(dt * s_dec * b * m.hidden_size * (1 + 1 / r) + 4.0 * sbv) / MB,
-        head_peak_mb=(dt + 4.0) * sbv / MB,
+        head_act_mb=(dt * s_dec * b * m.hidden_size * (1 + 1 / r) + LOSS_KEPT_BYTES * sbv) / MB,
+        head_peak_mb=loss_transient_bytes(sbv, dt) / MB,
         tp_comm_ms=tpc, tp_hidden_ms=tph, cp_comm_ms=cpc, cp_hidden_ms=cph, comm_fwd_ms=comm_fwd,
         word_embed_params=tied_copy_params_per_rank(m, t),
         encoder_output_mb=dt * s_enc * b * m.hidden_size / MB / r if m.is_t5 else 0.0,

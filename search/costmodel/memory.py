@@ -34,7 +34,8 @@ unit input (2sbh) and re-runs the unit's forward in backward; *attn_dropout* (at
 attention with attention dropout only) re-runs the probability dropout and the probs x V product: the mask and the
 dropout output (1 + 2 bytes per score element) are not kept, the softmax output is. While a unit
 is re-materialised its dropped activations exist again: that is the transient ``peak`` of the choice. The last
-stage's loss has its own transient, the fp16 logits and an fp32 temporary ((dt + 4) s b V / t bytes); a stage's
+stage's loss has its own transient beyond the fp32 softmax it keeps (below): the dt-byte logits beside it in forward,
+the gradient's dt-byte cast in backward (dt s b V / t bytes, none in fp32: ``loss_transient_bytes``); a stage's
 ``recompute_peak`` is the larger of the two (they never overlap in time).
 
 Per stage and GPU: states (above) + activations x in-flight micro-batches (1F1B: num_stages - stage_index, at most
@@ -61,6 +62,19 @@ DEFAULT_HEADROOM = 0.03
 RESERVE_MB = 1024.0            # CUDA context (~0.5 GB) + cuBLAS/NCCL workspaces (~0.5 GB), per GPU
 FRAGMENTATION = 0.05           # caching-allocator slack on activations (PyTorch allocator, typical 3-8%)
 SOFTMAX_BYTES = 4.0            # per score element kept by megatron-core's unfused softmax (fp32 output)
+# The vocab-parallel cross-entropy (megatron-core 0.16.1 tensor_parallel/cross_entropy.py; the native
+# --cross-entropy-loss-fusion runs the same steps jit-fused): ``.float()`` makes one fp32 copy of the logits, the
+# max subtraction, exp and division run in place on it, and it is saved as the softmax: 4 bytes per logit kept.
+# tests/runtime/test_loss_memory.py measures it (every storage's bytes, on CPU).
+LOSS_KEPT_BYTES = 4.0
+
+
+def loss_transient_bytes(logits: float, dt: float) -> float:
+    """Bytes beyond the kept fp32 softmax (``LOSS_KEPT_BYTES`` per logit) that the loss holds at its peak, for
+    ``logits`` logits (s b V / t) of ``dt`` bytes: in forward the dt-byte logits beside their fp32 copy, in backward
+    the gradient (written into the softmax's storage) and its cast back to dt -- dt per logit either way; in fp32
+    ``.float()`` is the logits themselves and the cast is none: nothing. tests/runtime/test_loss_memory.py."""
+    return (dt if dt < LOSS_KEPT_BYTES else 0.0) * logits
 
 
 def memory_budget_mb(limit_mb: float, headroom: float) -> float:

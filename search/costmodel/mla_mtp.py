@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from .. import precision as lowp
 from ..moe_params import _norm, mla_params
-from .memory import _has_hidden_dropout
+from .memory import LOSS_KEPT_BYTES, _has_hidden_dropout
 
 
 def mla_scale(m) -> float:
@@ -75,16 +75,24 @@ def mla_attention(src, b: float, s: int, t: int, cp: int = 1, sp: bool = False, 
     tp_f, tp_b, tp_h, tp_hf = tpc.fwd * sc, tpc.bwd * sc, tpc.hidden * sc, tpc.hidden_fwd * sc
     fwd = k.gemm(gemms) + k.memory(ew, 4) + core_f + ring_f + tp_f
     bwd = k.gemm(gemms, backward=True) + k.memory(1.5 * ew, 4) + core_b + ring_b + tp_b
+    # mla_up_proj re-runs the up projections and RoPE (megatron-core's CheckpointWithoutOutput over
+    # ``qkv_up_proj_and_rope_apply``; its inputs are the gathered, normalised latents: no TP collective again)
+    up = [(sb, n * (a.qk_head_dim + dv) / t, a.kv_lora_rank),
+          (sb, n * qk / t, a.q_lora_rank) if a.q_lora_rank is not None else (sb, n * qk / t, h)]
+    rec_up = k.gemm(up) + k.memory(2 * dt * sb * (n + 1) * a.qk_pos_emb_head_dim / t, 4)
     return UnitCost(fwd, bwd, core_f + ring_f, fwd, tp_f + tp_b + ring_f + ring_b, float(1e9), tp_h,
-                    ring_f + ring_b, ring_hf + ring_hb, (tp_f, tp_hf, ring_f, ring_hf))
+                    ring_f + ring_b, ring_hf + ring_hb, (tp_f, tp_hf, ring_f, ring_hf), rec_up=rec_up)
 
 
 def mla_act_bytes(src, b: float, s: int, t: int, sp: bool = False,
-                  lp: bool = False) -> tuple[float, float, float, float]:
-    """(none, selective, full, attn_dropout = none) bytes kept by one MLA attention unit. ``lp`` (a quantized
-    unit): its linear layers keep their inputs quantized, as the dense attention's do (``analytic._lp_saving``):
-    the down projections' input (b s h / r), the up projections' normalised latents (b s (ql + kvl) / r) and the
-    output projection's input (b s n dv / t); full keeps the unit input in bf16."""
+                  lp: bool = False) -> tuple[float, float, float, float, float]:
+    """(none, selective, full, attn_dropout = none, mla_up_proj) bytes kept by one MLA attention unit. ``lp`` (a
+    quantized unit): its linear layers keep their inputs quantized, as the dense attention's do
+    (``analytic._lp_saving``): the down projections' input (b s h / r), the up projections' normalised latents
+    (b s (ql + kvl) / r) and the output projection's input (b s n dv / t); full keeps the unit input in bf16.
+    mla_up_proj (megatron-core's ``CheckpointWithoutOutput`` over the up projections and RoPE, discarded once the
+    core attention has run) keeps none of the core's Q, K and V (dt b s n (2 (dq + dr) + dv) / t): its inputs, the
+    latents, are kept anyway; tests/runtime/test_mla_up_proj.py measures it on megatron-core's MLASelfAttention."""
     m, dt = src.model, src.dt
     a, h, n = m.mla, m.hidden_size, m.num_attention_heads
     qk, dv = a.qk_head_dim + a.qk_pos_emb_head_dim, a.v_head_dim
@@ -98,7 +106,8 @@ def mla_act_bytes(src, b: float, s: int, t: int, sp: bool = False,
     none = (2 * dt * sb * h + mask) / r + latents + split + core
     if lp:
         none -= lowp.act_saving_bytes(src.lp, sb * ((h + ql + a.kv_lora_rank) / r + n * dv / t), dt)
-    return none, none - core, dt * sb * h / r, none
+    qkv = dt * sb * n * (2 * qk + dv) / t
+    return none, none - core, dt * sb * h / r, none, none - qkv
 
 
 def mla_params_per_rank(m, t: int) -> float:
@@ -134,7 +143,7 @@ def mtp_unit(src, b: float, s: int, t: int, sp: bool, att, att_act, inner, inner
                     tuple(x + y for x, y in zip(att.comm_fwd, inner.comm_fwd)),
                     ep_comm=inner.ep_comm, ep_hidden=inner.ep_hidden, ep_fwd=inner.ep_fwd)
     sbv = sb * m.padded_vocab_size / t
-    own = dt * sb * 2 * h + 2 * dt * sb * h / r + dt * sb * h * (1 + 1 / r) + 4.0 * sbv
+    own = dt * sb * 2 * h + 2 * dt * sb * h / r + dt * sb * h * (1 + 1 / r) + LOSS_KEPT_BYTES * sbv
     none = att_act[0] + inner_act[0] + own
     transient = inner_act[3] if len(inner_act) > 3 else 0.0
     params = 3 * _norm(m, h) + 2 * h * h / t + att_params + inner_params[0]

@@ -31,7 +31,7 @@ from ..errors import AcesoError, read_json
 from ..model import ModelSpec
 from ..training import TrainingSpec
 from .comm import CommModel
-from .memory import MB, tied_copy_params_per_rank
+from .memory import MB, loss_transient_bytes, tied_copy_params_per_rank
 from .profiledb_moe import check_kernels, ep_comm_us, missing, plan_shape, row_shape
 from .types import N_RC, UNAVAILABLE_MS, UnitTable
 
@@ -326,7 +326,7 @@ class ProfileSource:
             embed_params=emb.get("weight_bytes", [0.0])[0] / self.dt, embed_act_mb=emb["act_bytes"][0] / MB,
             head_fwd_ms=head["fwd_us"][0] / 1e3, head_bwd_ms=head["bwd_us"][0] / 1e3,
             head_params=head.get("weight_bytes", [0.0])[0] / self.dt, head_act_mb=head["act_bytes"][0] / MB,
-            head_peak_mb=(self.dt + 4.0) * s_dec * batch * m.padded_vocab_size / tp / MB,   # not profiled: formula
+            head_peak_mb=loss_transient_bytes(s_dec * batch * m.padded_vocab_size / tp, self.dt) / MB,  # formula
             word_embed_params=tied_copy_params_per_rank(m, tp),
             encoder_output_mb=self.dt * s_enc * batch * h / MB if m.is_t5 else 0.0,
             expert_params=eparams if eparams.any() else None,

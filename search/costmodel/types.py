@@ -1,8 +1,8 @@
 """Result types shared by every cost model (analytic, profile database, aceso-compat) and the search.
 
 Times are milliseconds, memory is MiB (2^20 bytes; ``_mb`` in python names, ``_mib`` in files). Recompute choices are coded as ints in arrays:
-0 = none, 1 = selective, 2 = full, 3 = attn_dropout (``RC[code]`` gives the plan's string; the plan's
-``RECOMPUTE_CHOICES`` order). A choice a unit cannot take (``attn_dropout`` on an MLP unit, or where it frees
+0 = none, 1 = selective, 2 = full, 3 = attn_dropout, 4 = mla_up_proj (``RC[code]`` gives the plan's string; the plan's
+``RECOMPUTE_CHOICES`` order). A choice a unit cannot take (``attn_dropout`` on an MLP unit, ``mla_up_proj`` outside MLA attention, or where it frees
 nothing: flash attention, no attention dropout) has recompute time ``UNAVAILABLE_MS`` and the ``none`` activations,
 so no search picks it.
 """
@@ -20,6 +20,7 @@ RC: tuple[str, ...] = RECOMPUTE_CHOICES
 RC_CODE = {name: i for i, name in enumerate(RC)}
 N_RC = len(RC)
 ATTN_DROPOUT = RC_CODE["attn_dropout"]
+MLA_UP_PROJ = RC_CODE["mla_up_proj"]
 UNAVAILABLE_MS = 1e9     # recompute time of a choice a unit cannot take: never chosen, never inf arithmetic
 
 

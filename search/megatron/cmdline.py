@@ -357,9 +357,11 @@ def _chunk_layers(f: Flags, num_layers: int, pp: int, mtp: int = 0) -> tuple[tup
 
 # megatron-core 0.16.1 TransformerConfig: the modules selective recompute accepts
 MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+PLAN_MODULES = ("core_attn", "moe_act", "mla_up_proj")   # those a plan's per-unit choices say (megatron/recompute.py)
 
 
 def _recompute(f: Flags, notes: list[str], moe=None) -> Recompute:
+    mla = f.has("--multi-latent-attention")
     gran = "selective" if f.has("--recompute-activations") else f.get("--recompute-granularity")
     method, n = f.get("--recompute-method"), f.get("--recompute-num-layers")
     modules = f.get("--recompute-modules")
@@ -379,11 +381,18 @@ def _recompute(f: Flags, notes: list[str], moe=None) -> Recompute:
         if "moe_act" in modules and moe and not moe.grouped_gemm:
             raise AcesoError("--recompute-modules moe_act needs --moe-grouped-gemm (megatron-core's TransformerConfig "
                              "raises)")
-        mapped = tuple(x for x in ("core_attn", "moe_act") if x in modules and (x == "core_attn" or moe))
+        if "mla_up_proj" in modules and not mla:
+            raise AcesoError("--recompute-modules mla_up_proj needs --multi-latent-attention (megatron-core's "
+                             "TransformerConfig raises)")
+        mapped = tuple(x for x in PLAN_MODULES if x in modules and (x == "core_attn" or (x == "moe_act" and moe)
+                                                                     or (x == "mla_up_proj" and mla)))
         other = [x for x in modules if x not in mapped]
         if other:
-            notes.append(f"--recompute-modules {' '.join(other)}: not one of the plan's per-unit choices (core_attn "
-                         "and, on MoE models, moe_act are); priced without recomputing them")
+            notes.append(f"--recompute-modules {' '.join(other)}: not one of the plan's per-unit choices (core_attn, "
+                         "on MoE models moe_act, on MLA models mla_up_proj are); priced without recomputing them")
+        if "core_attn" in mapped and "mla_up_proj" in mapped:
+            notes.append("--recompute-modules core_attn mla_up_proj: an MLA attention unit takes one choice; priced "
+                         "as mla_up_proj, keeping the flash attention's log-sum-exp that core_attn would free")
         return Recompute("selective", modules=mapped) if mapped else Recompute()
     if gran != "full":
         raise AcesoError(f"--recompute-granularity {gran!r}: use full or selective")

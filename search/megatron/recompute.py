@@ -23,9 +23,12 @@ unit (our activation-function recompute; megatron-core's ``mlp`` module re-runs 
 MoE experts only), a layer whose units differ, selective next to none or full (one granularity for the model),
 fully recomputed layers that are not the leading ones of their block, or a different leading count between blocks.
 MoE units (kind ``moe``): ``selective`` is megatron-core's ``--recompute-modules moe_act`` (the experts'
-activation function; with core_attn both may be given), full / none as an MLP unit (``moe`` / ``shared_experts`` /
-``mla_up_proj`` / ``mlp`` / ``layernorm`` are not plan choices: the importer lists them in a note); the MTP unit
-takes what megatron-core gives the MTP layer (``mtp_choice``).
+activation function; with core_attn both may be given), full / none as an MLP unit. An MLA model's attention units:
+``mla_up_proj`` is ``--recompute-modules mla_up_proj`` (the Q/K/V up projections and RoPE, ``MLASelfAttention``'s
+``CheckpointWithoutOutput``; with moe_act both may be given; with core_attn too an MLA unit still reads as
+``mla_up_proj``: one choice per unit, the importer notes it). ``moe`` / ``shared_experts`` / ``mlp`` /
+``layernorm`` are not plan choices: the importer lists them in a note; the MTP unit takes what megatron-core gives
+the MTP layer (``mtp_choice``).
 Memory: megatron-core's full recompute keeps one input per layer, the plan's ``full`` one per unit, so a plan's
 prediction is an upper bound by ``s * b * h`` elements per fully recomputed layer (docs/megatron.md).
 """
@@ -59,7 +62,7 @@ def blocks_of(model: ModelSpec, start: int, end: int) -> list[tuple[str, list[tu
 
 def _layer_kind(model: ModelSpec, choices: list[str], lo: int, modules: tuple[str, ...]) -> str | None:
     kinds = [model.units[lo + i].kind for i in range(len(choices))]
-    if modules and choices == [_selective(k, modules) for k in kinds]:
+    if modules and choices == [_selective(k, modules, model.mla is not None) for k in kinds]:
         return "selective"
     if all(c == "none" for c in choices):
         return "none"
@@ -68,10 +71,14 @@ def _layer_kind(model: ModelSpec, choices: list[str], lo: int, modules: tuple[st
     return None
 
 
-def _selective(kind: str, modules: tuple[str, ...] = CORE_ATTN) -> str:
+def _selective(kind: str, modules: tuple[str, ...] = CORE_ATTN, mla: bool = False) -> str:
     """A unit's choice under ``--recompute-modules MODULES``: core_attn re-runs the attention core of attention
-    units, moe_act the experts' activation function of moe units (the plan's ``selective`` on them); MLP units and
-    the MTP unit are not recomputed (a plan's MTP unit takes none or full)."""
+    units, moe_act the experts' activation function of moe units (the plan's ``selective`` on them), mla_up_proj
+    the Q/K/V up projections of an MLA model's attention units (the plan's ``mla_up_proj``; with core_attn too,
+    still ``mla_up_proj``: a unit takes one choice, the importer notes it); MLP units and the MTP unit are not
+    recomputed (a plan's MTP unit takes none or full)."""
+    if mla and kind == "attention" and "mla_up_proj" in modules:
+        return "mla_up_proj"
     on = ("core_attn" in modules and kind in ("attention", "cross_attention")) or ("moe_act" in modules and
                                                                                   kind == "moe")
     return "selective" if on else "none"
@@ -79,11 +86,12 @@ def _selective(kind: str, modules: tuple[str, ...] = CORE_ATTN) -> str:
 
 def plan_modules(plan: ParallelPlan) -> tuple[str, ...]:
     """The selective modules the plan's choices name: core_attn for selective attention units, moe_act for
-    selective moe units."""
-    kinds = {plan.model.units[ch.start_unit + k].kind for _, _, ch in plan.chunks_in_order()
-             for k, rc in enumerate(ch.recompute) if rc == "selective"}
-    return tuple(x for x, on in (("core_attn", kinds & {"attention", "cross_attention"}), ("moe_act", "moe" in kinds))
-                 if on)
+    selective moe units, mla_up_proj for mla_up_proj units."""
+    picked = {(plan.model.units[ch.start_unit + k].kind, rc) for _, _, ch in plan.chunks_in_order()
+              for k, rc in enumerate(ch.recompute) if rc in ("selective", "mla_up_proj")}
+    kinds = {kind for kind, rc in picked if rc == "selective"}
+    return tuple(x for x, on in (("core_attn", kinds & {"attention", "cross_attention"}), ("moe_act", "moe" in kinds),
+                                 ("mla_up_proj", any(rc == "mla_up_proj" for _, rc in picked))) if on)
 
 
 def mtp_choice(rc: Recompute) -> str:
@@ -202,7 +210,7 @@ def unit_choices(rc: Recompute, model: ModelSpec, start: int, end: int) -> list[
         for i, (a, b) in enumerate(layers):
             for u in range(a, b):
                 if rc.granularity == "selective":
-                    out.append(_selective(model.units[u].kind, rc.modules))
+                    out.append(_selective(model.units[u].kind, rc.modules, model.mla is not None))
                 elif rc.granularity == "full" and (rc.method == "uniform" or i < (rc.num_layers or 0)):
                     out.append("full")
                 else:

@@ -12,8 +12,9 @@ Recompute is one setting for the whole plan (``Recompute``):
 
     none                every unit none
     selective           attention units ``selective`` (``--recompute-modules core_attn``), MLP units none;
-                        MoE models also ``core_attn moe_act`` (the experts' activation function re-run; which
-                        units it marks is ``recompute.unit_choices``'s mapping)
+                        MoE models also ``core_attn moe_act`` (the experts' activation function re-run), MLA
+                        models ``mla_up_proj`` (and ``moe_act mla_up_proj``: MLA attention units ``mla_up_proj``);
+                        which units each marks is ``recompute.unit_choices``'s mapping
     full uniform 1      every unit ``full`` (each layer checkpointed)
     full block N        the first N layers of every transformer block (model chunk) ``full``, the rest none
 
@@ -45,9 +46,17 @@ def block(n: int) -> Recompute:
     return Recompute("full", "block", n)
 
 
+UP_PROJ_SETTING = Recompute("selective", modules=("mla_up_proj",))    # MLA: the Q/K/V up projections
+UP_PROJ_MOE_ACT_SETTING = Recompute("selective", modules=("moe_act", "mla_up_proj"))
+
+
 def selective_settings(model) -> tuple[Recompute, ...]:
-    """The selective settings a Megatron-LM user of this model tries (MoE: with ``moe_act`` too)."""
-    return (SELECTIVE_SETTING,) + ((MOE_ACT_SETTING,) if model.moe is not None else ())
+    """The selective settings a Megatron-LM user of this model tries (MoE: with ``moe_act`` too; MLA:
+    ``mla_up_proj``, alone and with ``moe_act``, as Megatron-Bridge's DeepSeek-V3 recipes set it)."""
+    out = (SELECTIVE_SETTING,) + ((MOE_ACT_SETTING,) if model.moe is not None else ())
+    if model.mla is not None:
+        out += (UP_PROJ_SETTING,) + ((UP_PROJ_MOE_ACT_SETTING,) if model.moe is not None else ())
+    return out
 
 
 def codes(setting: Recompute, model, spans) -> np.ndarray:

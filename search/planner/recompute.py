@@ -1,4 +1,4 @@
-"""Per-stage recompute: choose none / selective / full / attn_dropout for every unit to minimise time under the
+"""Per-stage recompute: choose none / selective / full / attn_dropout / mla_up_proj for every unit to minimise time under the
 memory limit (a choice a unit cannot take has ``UNAVAILABLE_MS`` recompute time and is never considered).
 
 The reference (Aceso, SPEC §3.8) switches recompute on greedily by op name until a stage fits; here it is solved.
@@ -27,14 +27,14 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..costmodel.types import ATTN_DROPOUT, N_RC, RC, RC_CODE, UNAVAILABLE_MS
+from ..costmodel.types import ATTN_DROPOUT, MLA_UP_PROJ, N_RC, RC, RC_CODE, UNAVAILABLE_MS
 from ..plan import recompute_allowed
 
 CAP = 256
 COUNT_CAP = 4000      # most assignments ``refine_by_counts`` evaluates for one stage
 PEAK_QUANTUM = 0.02   # probed transient peaks are rounded up to this share of the memory limit
 _EYE = np.eye(N_RC, dtype=np.int64)
-FILL_ORDER = (2, 1, ATTN_DROPOUT)   # within a type of identical units: full first, then selective, attn_dropout
+FILL_ORDER = (2, 1, ATTN_DROPOUT, MLA_UP_PROJ)   # within a type of identical units: full first, then the rest
 _FRONTIERS: dict[tuple, list] = {}
 # op-level models: cost model -> stage position/shape -> ((stack, kind), choice, probed on two units) ->
 # (dt, dmem per unit, transient peak); and the results of op-level stages: cost model -> (position/shape, stage
@@ -538,4 +538,5 @@ def has_unit_tables(cm) -> bool:
 
 def allowed_codes(model, start: int, end: int) -> list[tuple[int, ...]]:
     """Per unit of ``[start, end)``: the recompute codes it can take (``search.plan.recompute_allowed``)."""
-    return [tuple(RC_CODE[c] for c in recompute_allowed(u.kind)) for u in model.units[start:end]]
+    mla = model.mla is not None
+    return [tuple(RC_CODE[c] for c in recompute_allowed(u.kind, mla)) for u in model.units[start:end]]

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..costmodel.types import ATTN_DROPOUT, UNAVAILABLE_MS, PipelineCost, PlanCost, StageCost, UnitTable
+from ..costmodel.types import ATTN_DROPOUT, MLA_UP_PROJ, UNAVAILABLE_MS, PipelineCost, PlanCost, StageCost, UnitTable
 from ..model import ModelSpec
 from ..plan import ParallelPlan
 
@@ -49,6 +49,10 @@ class SyntheticCostModel:
         self._redo = np.column_stack([self._redo, np.where(attn, rng.uniform(0.05, 0.3, n), 0.0)])
         self._peak = np.column_stack([self._peak, np.where(attn, rng.uniform(0.0, 0.4, n), 0.0)])
         self._unavailable = ~attn
+        # mla_up_proj: no synthetic model has MLA (unavailable everywhere, the none row; no random draw)
+        self._keep = np.column_stack([self._keep, np.ones(n)])
+        self._redo = np.column_stack([self._redo, np.zeros(n)])
+        self._peak = np.column_stack([self._peak, np.zeros(n)])
         self.unit_table = lru_cache(maxsize=None)(self._unit_table)
 
     def _unit_table(self, batch: int, tp: int) -> UnitTable:
@@ -57,6 +61,7 @@ class SyntheticCostModel:
         act = (self._act * batch / tp)[:, None] * self._keep
         rec = fwd[:, None] * self._redo
         rec[self._unavailable, ATTN_DROPOUT] = UNAVAILABLE_MS
+        rec[:, MLA_UP_PROJ] = UNAVAILABLE_MS
         return UnitTable(
             batch=batch, tp=tp, fwd_ms=fwd, bwd_ms=2 * fwd, recompute_ms=rec,
             act_mb=act, peak_mb=(self._act * batch / tp)[:, None] * self._peak,

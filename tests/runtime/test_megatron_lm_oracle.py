@@ -112,5 +112,8 @@ def test_megatron_lm_reads_the_moe_mla_mtp_plans_as_planned():
             starts.append(starts[-1] + n)
         assert got["chunks"] == [[a, n] for a, n in zip(starts, c.chunk_layers)], name
         assert got["moe"] == _expected_moe(c), name
+        rc = c.recompute                      # moe_act / mla_up_proj as megatron-core's TransformerConfig holds them
+        assert got["recompute"] == [rc.granularity, rc.method, rc.num_layers,
+                                    list(rc.modules) if rc.granularity == "selective" else None], name
         assert got["mtp_chunk"] == (len(c.chunk_layers) - 1 if c.model.mtp_num_layers else None), name
         assert got["dp"] == c.dp and got["micro_batch_size"] == c.micro_batch_size, name

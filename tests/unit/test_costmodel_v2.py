@@ -70,6 +70,30 @@ def _v1_replicated_params_fixed(plan, i, want, cm):
     return {**want, "memory_mb": want["memory_mb"] + extra * (w + g + o) / MB, "memory_breakdown": mem}
 
 
+def _v1_loss_transient_fixed(plan, i, want, cm):
+    """The v1 numbers with the loss transient corrected: v1 priced it (dt + 4) s b V / t on top of the fp32
+    softmax the loss keeps; megatron-core's vocab-parallel cross-entropy peaks at dt s b V / t beside it (measured:
+    tests/runtime/test_loss_memory.py). Where the last stage's recompute peak was v1's loss transient it is now the
+    larger of dt s b V / t and the stage's largest unit peak (from the cost model's own unit table)."""
+    if i != len(plan.stages) - 1:
+        return want
+    m, st = plan.model, plan.stages[i]
+    dt, b = cm._w, plan.micro_batch_size // st.dp
+    s = m.decoder_seq_length if m.is_t5 else m.seq_length
+    sbv = s * b * m.padded_vocab_size / st.tp / MB
+    old, new = (dt + 4) * sbv, (dt if dt < 4 else 0.0) * sbv
+    peak = want["memory_breakdown"]["recompute_peak"]
+    if peak != pytest.approx(old, rel=1e-12):
+        return want
+    from search.costmodel.types import RC_CODE
+    t = cm.unit_table(b, st.tp)
+    ch = st.chunks[0]
+    units = max((t.peak_mb[ch.start_unit + k, RC_CODE[c]] for k, c in enumerate(ch.recompute)), default=0.0)
+    fixed = max(units, new)
+    mem = {**want["memory_breakdown"], "recompute_peak": fixed}
+    return {**want, "memory_mb": want["memory_mb"] - peak + fixed, "memory_breakdown": mem}
+
+
 @pytest.mark.parametrize("name", sorted(_golden_cases()))
 def test_v1_plans_give_the_v1_numbers(name):
     """LEGACY_V1 + the flat kernels reproduce every per-stage number of the v1 model; the iteration is now the
@@ -84,7 +108,7 @@ def test_v1_plans_give_the_v1_numbers(name):
              micro_batch_sizes=[case["micro_batch_size"]], precision=case["precision"], **tr)
     cost = cm.evaluate(plan)
     for i, (want, got) in enumerate(zip(case["stages_expected"], cost.stages)):
-        want = _v1_replicated_params_fixed(plan, i, want, cm)
+        want = _v1_loss_transient_fixed(plan, i, _v1_replicated_params_fixed(plan, i, want, cm), cm)
         for f in ("fwd_ms", "bwd_ms", "recompute_ms", "p2p_ms", "memory_mb", "tp_comm_ms", "ideal_ms"):
             assert getattr(got, f) == pytest.approx(want[f], rel=1e-12, abs=1e-12), f
         # the distributed optimizer's all-gather moved from the sync into the step, where megatron runs it

@@ -170,6 +170,7 @@ def test_account_for_embedding_and_loss_split():
      "0 MTP layers (m) but --mtp-num-layers is 1"),
     ("--cp-comm-type a2a", "ring (p2p) context parallelism"),
     ("--recompute-granularity selective --recompute-modules core_attn mlps", "not a module of megatron-core"),
+    ("--recompute-granularity selective --recompute-modules mla_up_proj", "mla_up_proj needs --multi-latent-attention"),
     ("--recompute-granularity full", "needs --recompute-method uniform|block"),
     ("--tensor-model-parallel-size 3", "not a multiple of tp x pp x cp"),
     ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*2||t*2|L'", "model chunk 1 holds nothing"),

@@ -317,9 +317,10 @@ def test_mla_activations_by_hand_and_quantized_linear_inputs():
     kept = 2 * dt * s * h + dt * s * (2 * ql + 2 * kvl + dr) + dt * s * n * (2 * (dq + dr) + dv) + dt * s * n * dv \
         + 4 * n * s
     src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8, attention="flash"), CommModel(cl), kernels="flat")
-    none, sel, full, _ = mla_act_bytes(src, 1.0, s, 1)
+    none, sel, full, _, up = mla_act_bytes(src, 1.0, s, 1)
     assert none == pytest.approx(kept) and none - sel == pytest.approx(4 * n * s) and full == dt * s * h
+    assert none - up == pytest.approx(dt * s * n * (2 * (dq + dr) + dv))    # mla_up_proj: the core's Q, K, V
     fp8 = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8, precision="fp8-delayed", attention="flash"),
                          CommModel(cl), kernels="flat")
-    qnone, _, qfull, _ = mla_act_bytes(fp8, 1.0, s, 1, lp=True)
+    qnone, _, qfull, _, _ = mla_act_bytes(fp8, 1.0, s, 1, lp=True)
     assert none - qnone == pytest.approx((2 - 1) * s * (h + ql + kvl + n * dv)) and qfull == full

@@ -50,9 +50,12 @@ def test_deepseek_layout_row(mp):
     assert plan.micro_batch_size == 64 and plan.global_batch_size == 4096
     assert plan.moe.token_dispatcher == "flex" and plan.moe.grouped_gemm and plan.moe.permute_fusion
     assert plan.distributed_optimizer and plan.overlap_grad_reduce and plan.overlap_param_gather
-    # --recompute-granularity selective --recompute-modules mla_up_proj: a module the plan has no choice for (priced
-    # as not recomputed, search/megatron/recompute.py), not core_attn
-    assert set(st.all_recompute) == {"none"}
+    # --recompute-granularity selective --recompute-modules mla_up_proj: the plan's mla_up_proj on every MLA
+    # attention unit (search/megatron/recompute.py), nothing on the dense MLP / moe units
+    m = plan.model
+    for _, _, ch in plan.chunks_in_order():
+        want = ["mla_up_proj" if m.units[u].kind == "attention" else "none" for u in range(ch.start_unit, ch.end_unit)]
+        assert ch.recompute == want
     assert plan.chunks_in_order()[-1][2].end_unit == plan.model.num_units
 
 
@@ -146,14 +149,28 @@ def test_low_precision_rows_search_what_megatron_lm_runs(mp):
 
 def test_over_memory_rows_print_their_memory_terms(mp, capsys):
     """A priced row reports its fullest stage's terms, which add up to its peak; a run over the GPU prints them
-    with what the importer approximated (the DeepSeek-V3 GB200 bf16 run: mla_up_proj priced unrecomputed)."""
+    with what the importer approximated (the DeepSeek-V3 GB200 bf16 run: its hybridep flex backend)."""
     row = _row(mp, "25.11/pretrain/deepseek-v3-mtp0/gb200x256/bf16")
     out = mp.price_row(row)
     assert out["status"] == "priced"
     assert sum(out["memory_gib"].values()) == pytest.approx(out["max_memory_gib"], rel=1e-9)
     mp.print_memory([{**out, "fits": False}])
     text = capsys.readouterr().out
-    assert row["id"] in text and "activations" in text and "mla_up_proj" in text
+    assert row["id"] in text and "activations" in text and "hybridep" in text
+
+
+def test_mla_up_proj_is_what_lets_the_deepseek_gb200_run_fit(mp):
+    """The run sets --recompute-modules mla_up_proj (Megatron-Bridge DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_BF16_V2):
+    priced with it the fullest stage fits the 186 GiB GB200; its attention units without it do not. The
+    difference is the core's Q, K and V of every MLA layer in flight (mla_mtp.mla_act_bytes)."""
+    row = _row(mp, "25.11/pretrain/deepseek-v3-mtp0/gb200x256/bf16")
+    out = mp.price_row(row)
+    assert out["fits"] and out["max_memory_gib"] < 186
+    without = {**row, "args": row["args"].replace("--recompute-granularity selective --recompute-modules mla_up_proj",
+                                                  "")}
+    assert without["args"] != row["args"]
+    out0 = mp.price_row(without)
+    assert not out0["fits"] and out0["max_memory_gib"] > 186
 def test_rows_kept_out_of_the_fit_are_what_their_reason_says(mp):
     """The H100 Qwen3-30B-A3B pair: the same model, cluster and shape, one dropless (no capacity factor) and one
     padded to capacity, the dropless one measured about 2x slower; only the dropless one is kept out (with the
