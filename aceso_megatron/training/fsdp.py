@@ -19,7 +19,11 @@ What is refused, one line before any process group (``refusal``; the one pre-fli
   (an unsharded buffer's bucket *is* the buffer, and ``_bucket_group_gradient_reduce`` adds the reduce-scatter's
   output onto it: measured, each gradient exactly 2x the stock one); over one rank FSDP shards nothing anyway;
 - ``no_shard`` (megatron-core's step fails on it; it is DDP), MoE (not run yet: the expert groups' mesh and
-  buffers), CPU activation offload (not built), a machine without einops (the device mesh is built with it).
+  buffers), CPU activation offload (not built), a machine without einops (the device mesh is built with it);
+- checkpoints (``checkpoint_refusal``, asked by ``aceso train``'s argument check): the FSDP optimizer's state
+  comes only in megatron-core's ``fsdp_dtensor`` format, not the canonical-name layout of ``training.checkpoint``.
+
+Torch-free at import (the pre-flight and the argument check read it).
 
 Full tensors (tests): ``local_full`` puts each parameter group's gradient buffer (after the reduction) or weight
 buffer (after the optimizer step) together from every DP x CP rank's shard -- the part it reduced or updated; an
@@ -31,9 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-
-import torch
-import torch.distributed as dist
 
 
 def refusal(plan) -> str | None:
@@ -64,6 +65,20 @@ def refusal(plan) -> str | None:
     return None
 
 
+CHECKPOINT_REASON = ("megatron-core 0.16.1's Megatron FSDP optimizer gives its state only in the fsdp_dtensor format "
+                     "(DistributedOptimizer.sharded_state_dict: 'sharding_type fully_reshardable is not supported "
+                     "with Megatron FSDP'), which the runtime's canonical-name checkpoints cannot hold")
+
+
+def checkpoint_refusal(plan, save: str | None, load: str | None) -> str | None:
+    """Why ``aceso train`` cannot ``--save`` / ``--load`` under ``plan`` (one line), or None (torch-free)."""
+    if plan.megatron_fsdp is None or not (save or load):
+        return None
+    flag = "--save" if save else "--load"
+    return (f"{flag} with megatron_fsdp: {CHECKPOINT_REASON}; train it without {flag}, or remove megatron_fsdp "
+            "(the distributed optimizer's checkpoints resume under any plan)")
+
+
 def ddp_fields(plan) -> dict:
     """The ``DistributedDataParallelConfig`` fields of a Megatron FSDP plan (empty without one; the distributed
     optimizer is on with it: ``Runtime.sharded_optimizer``)."""
@@ -90,6 +105,8 @@ def wrap(chunk, ddp_config, groups, device):
             with _stage_tp_groups(groups.tp, groups.pg_collection.expt_tp):
                 super()._fix_tensor_parallel_attributes(module)
 
+    import torch
+
     return StageFSDP(chunk.config, ddp_config, chunk, device=torch.device(device), pg_collection=groups.pg_collection)
 
 
@@ -106,7 +123,7 @@ def _stage_tp_groups(tp, expt_tp):
         ps._TENSOR_MODEL_PARALLEL_GROUP, ps._EXPERT_TENSOR_PARALLEL_GROUP = saved
 
 
-def grad_of(p) -> torch.Tensor | None:
+def grad_of(p):
     """The gradient the runtime finalises in place: DDP's ``main_grad``; a Megatron FSDP parameter's (after
     ``finish_grad_sync``, a DTensor of the distributed optimizer) its local shard, a view of FSDP's gradient buffer
     (None when this rank holds none of it), as megatron-core's ``_allreduce_non_tensor_model_parallel_grads``."""
@@ -115,8 +132,11 @@ def grad_of(p) -> torch.Tensor | None:
     return p.main_grad.data
 
 
-def local_full(rt, which: str) -> dict[str, torch.Tensor]:
+def local_full(rt, which: str) -> dict:
     """``which`` = "grad" or "param": local name -> its DP-complete (TP-local) tensor (collective over DP x CP)."""
+    import torch
+    import torch.distributed as dist
+
     out = {}
     for i, m in enumerate(rt.models):
         fsdp = m.module
