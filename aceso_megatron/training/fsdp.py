@@ -17,7 +17,8 @@ What is refused, one line before any process group (``refusal``; the one pre-fli
   (``tests/distributed/test_fsdp_upstream.py`` shows it on stock megatron-core);
 - DP x CP 1 with ``optim_grads`` / ``optim_grads_params``: megatron-core 0.16.1 counts every gradient twice there
   (an unsharded buffer's bucket *is* the buffer, and ``_bucket_group_gradient_reduce`` adds the reduce-scatter's
-  output onto it: measured, each gradient exactly 2x the stock one); over one rank FSDP shards nothing anyway;
+  output onto it: measured, each gradient exactly 2x DDP's with one micro-batch, no multiple with more,
+  tests/distributed/test_fsdp_upstream.py); over one rank FSDP shards nothing anyway;
 - ``no_shard`` (megatron-core's step fails on it; it is DDP), MoE (not run yet: the expert groups' mesh and
   buffers), CPU activation offload (not built), a machine without einops (the device mesh is built with it);
 - checkpoints (``checkpoint_refusal``, asked by ``aceso train``'s argument check): the FSDP optimizer's state

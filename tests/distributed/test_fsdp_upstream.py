@@ -5,6 +5,11 @@ Two gloo ranks with megatron-core's own ``initialize_model_parallel``: at pipeli
 ``FullyShardedDataParallel`` fails while building the device mesh (``_get_dp_tp_mesh`` lays
 ``torch.arange(world_size)`` out as ``(dp_cp ep tp)``: "Shape mismatch, 2 != 1"); the control, the same two ranks
 as data parallel 2, builds the mesh its DP group asks for. ``training.fsdp.refusal`` quotes this reason.
+
+And why DP x CP 1 is refused under ``optim_grads`` / ``optim_grads_params``: one rank, the runtime's entry refusal
+lifted, megatron-core's FSDP gradients against its DDP's on the same model and micro-batch -- every gradient exactly
+twice DDP's (the reduce-scatter output added onto the unsharded bucket it read; with more micro-batches no
+multiple at all: measured 2.8-3.4x, 41 % off), while ``optim`` (reduced once, into the buffer) equals DDP's.
 """
 
 from __future__ import annotations
@@ -66,4 +71,41 @@ def test_megatron_fsdp_with_pipeline_stages_fails_in_stock_megatron_core(tmp_pat
     pp2 = torch.load(tmp_path / "pp2.pt")
     assert pp2.startswith("EinopsError") and "Shape mismatch, 2 != 1" in pp2, pp2
     spawn(2, build_under, 1, str(tmp_path / "dp2.pt"))
-    assert torch.load(tmp_path / "dp2.pt") == "mesh [[0, 1]]"
+    assert torch.load(tmp_path / "dp2.pt") == "mesh [[0], [1]]"   # dp_cp x tp
+
+
+def grads_at_dp1(rank, world_size, out) -> None:
+    from aceso_megatron.testing import make_batches
+    from aceso_megatron.training import engine, fsdp
+    from tests.distributed.test_fsdp_plans import plan
+    from tests.tiny_models import LLAMA
+
+    right = fsdp.refusal
+    fsdp.refusal = lambda p: None   # the runtime's entry refusal lifted: what megatron-core does at DP 1
+    ratios = {}
+    try:
+        for strategy in (None, "optim", "optim_grads", "optim_grads_params"):
+            raw = plan(LLAMA, strategy or "optim", dp=1, gbs=2)   # one micro-batch
+            raw["megatron_fsdp"] = {"data_parallel_sharding_strategy": strategy} if strategy else None
+            rt = engine.build_runtime(raw, rank, world_size, seed=3)
+            rt.forward_backward(iter(make_batches(rt.plan.model, 2, 2, 3)))
+            grads = rt.full_grads()
+            if strategy is None:
+                ddp = grads
+            else:   # FSDP's gradient over DDP's, fitted per tensor, and how far from that multiple
+                fits = {k: float((g * ddp[k]).sum() / (ddp[k] * ddp[k]).sum()) for k, g in grads.items()}
+                off = max(float((grads[k] - fits[k] * ddp[k]).norm() / grads[k].norm()) for k in grads)
+                ratios[strategy] = (min(fits.values()), max(fits.values()), off)
+    finally:
+        fsdp.refusal = right
+    torch.save(ratios, out)
+
+
+def test_dp1_fsdp_counts_gradients_twice_in_stock_megatron_core(tmp_path):
+    spawn(1, grads_at_dp1, str(tmp_path / "r.pt"))
+    r = torch.load(tmp_path / "r.pt")
+    for strategy in ("optim_grads", "optim_grads_params"):
+        lo, hi, off = r[strategy]
+        assert abs(lo - 2) < 1e-5 and abs(hi - 2) < 1e-5 and off < 1e-5, (strategy, r[strategy])
+    lo, hi, off = r["optim"]
+    assert abs(lo - 1) < 1e-5 and abs(hi - 1) < 1e-5 and off < 1e-5, r["optim"]
