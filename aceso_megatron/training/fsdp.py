@@ -2,7 +2,9 @@
 ``FullyShardedDataParallel`` (``distributed/fsdp/mcore_fsdp_adapter.py``), as Megatron-LM's ``--use-megatron-fsdp
 --data-parallel-sharding-strategy S`` runs them.
 
-What runs: one pipeline stage (one chunk), dense, any tp (sequence parallel or not) with DP x CP >= 2, wrapped in
+What runs: one pipeline stage (one chunk), dense at any tp (sequence parallel or not) or MoE at tp 1 / etp 1 (the
+experts' FSDP buffers sharded over expert-DP, megatron-core's expert device mesh), with DP x CP (and expert-DP)
+>= 2, wrapped in
 ``FullyShardedDataParallel`` on the stage's DP x CP group with the plan's strategy (``optim_grads_params``: every
 ``TransformerLayer`` -- each unit -- is an FSDP unit, its weights all-gathered before its forward and backward),
 megatron-core's distributed optimizer over its shards (``get_megatron_optimizer`` takes the FSDP branch),
@@ -15,12 +17,13 @@ What is refused, one line before any process group (``refusal``; the one pre-fli
   parallelism, in Megatron-LM either: ``_get_dp_tp_mesh`` lays ``torch.arange(world_size)`` out as
   ``(dp_cp ep tp)``, which fails (``EinopsError: Shape mismatch``) when the world also spans pipeline stages
   (``tests/distributed/test_fsdp_upstream.py`` shows it on stock megatron-core);
-- DP x CP 1 with ``optim_grads`` / ``optim_grads_params``: megatron-core 0.16.1 counts every gradient twice there
+- DP x CP 1 (or expert-DP 1) with ``optim_grads`` / ``optim_grads_params``: megatron-core 0.16.1 counts every gradient twice there
   (an unsharded buffer's bucket *is* the buffer, and ``_bucket_group_gradient_reduce`` adds the reduce-scatter's
   output onto it: measured, each gradient exactly 2x DDP's with one micro-batch, no multiple with more,
   tests/distributed/test_fsdp_upstream.py); over one rank FSDP shards nothing anyway;
-- ``no_shard`` (megatron-core's step fails on it; it is DDP), MoE (not run yet: the expert groups' mesh and
-  buffers), CPU activation offload (not built), a machine without einops (the device mesh is built with it);
+- ``no_shard`` (megatron-core's step fails on it; it is DDP), MoE at tp or etp > 1 (not run yet:
+  ``_fix_tensor_parallel_attributes`` flags the router and expert-TP weights, skipped here without
+  transformer-engine), CPU activation offload (not built), a machine without einops (the device mesh is built with it);
 - checkpoints (``checkpoint_refusal``, asked by ``aceso train``'s argument check): the FSDP optimizer's state
   comes only in megatron-core's ``fsdp_dtensor`` format, not the canonical-name layout of ``training.checkpoint``.
 
@@ -54,12 +57,18 @@ def refusal(plan) -> str | None:
     if strategy == "no_shard":
         return ("megatron_fsdp no_shard: megatron-core 0.16.1's optimizer step fails on it (start_param_sync -> "
                 "async_bucket_gather: the weight buffer is None) and it shards nothing; remove megatron_fsdp (DDP)")
-    if strategy != "optim" and (dpc := plan.stages[0].dp * plan.stages[0].cp) == 1:
-        return (f"megatron_fsdp {strategy} with dp x cp {dpc}: megatron-core 0.16.1 counts every gradient twice on "
-                "an unsharded buffer (its reduce-scatter output is added onto the bucket it read) and FSDP over one "
-                "rank shards nothing; use dp >= 2 or remove megatron_fsdp")
-    if plan.model.moe is not None:
-        return "megatron_fsdp with an MoE model: the runtime runs Megatron FSDP on dense models only; remove it"
+    st = plan.stages[0]
+    etp = st.etp or st.tp
+    edp = st.num_gpus // (etp * st.ep)
+    for what, size in (("dp x cp", st.dp * st.cp), ("expert-DP (num_gpus / (etp x ep))", edp)):
+        if strategy != "optim" and size == 1 and (what == "dp x cp" or plan.model.moe is not None):
+            return (f"megatron_fsdp {strategy} with {what} 1: megatron-core 0.16.1 counts every gradient twice on "
+                    "an unsharded buffer (its reduce-scatter output is added onto the bucket it read) and FSDP over "
+                    "one rank shards nothing; use more data-parallel ranks or remove megatron_fsdp")
+    if plan.model.moe is not None and max(st.tp, etp) > 1:
+        return (f"megatron_fsdp with an MoE model at tp {st.tp} / etp {etp}: the runtime runs Megatron FSDP with "
+                "experts at tp 1 and etp 1 only (the router's and experts' TP flags are not run yet); use tp 1 or "
+                "remove megatron_fsdp")
     if importlib.util.find_spec("einops") is None:
         return ("megatron_fsdp: megatron-core's FullyShardedDataParallel needs einops, which is not installed; "
                 "pip install einops")

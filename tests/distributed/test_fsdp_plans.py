@@ -9,7 +9,10 @@ biases, LayerNorm, tied embeddings), with recompute. The control (ZeRO-2) reduce
 (each rank keeps its own micro-batches' gradient shard) and must fail on gradients. The runtime's checkpoint of an
 FSDP plan is refused (``fsdp.checkpoint_refusal``) with the reason megatron-core gives here. With TP (4 gloo ranks): tp2 x
 dp2 under each strategy, with sequence parallelism, recompute and a tied GPT; its control leaves the SP partial
-gradients (the norms') on FSDP's shards unsummed over TP and must fail on the norms' gradients. Needs einops
+gradients (the norms') on FSDP's shards unsummed over TP and must fail on the norms' gradients. MoE (4 gloo ranks,
+dp 4, EP 2, expert-DP 2) under ``optim_grads_params`` and ``optim_grads``, alltoall and allgather, against the stock
+MoE model; its control leaves the expert-DP reduce-scatter unreduced and must fail on the expert gradients only.
+Needs einops
 (megatron-core's FSDP device mesh); skipped without it.
 """
 
@@ -130,3 +133,46 @@ def test_fsdp_tp_plans_match_single_process(tmp_path, reference_process):  # noq
     assert not failures, "\n".join(failures)
     wrong = compare(["control"], [TP_CONTROL], torch.load(control))
     assert any(" grad " in f and "layernorm" in f for f in wrong), wrong
+
+
+def _moe_plan(strategy, dispatcher="alltoall"):
+    from tests.distributed.test_moe_plans import LLAMA_MOE, plan as moe_plan, st
+
+    raw = moe_plan(LLAMA_MOE, st(1, 4, 0, 4, ep=2), mb=4, gbs=8, dispatcher=dispatcher)
+    return {**raw, "megatron_fsdp": {"data_parallel_sharding_strategy": strategy}}
+
+
+# MoE inside FSDP (4 gloo ranks, dp 4, EP 2, expert-DP 2): the experts' FSDP buffers sharded over expert-DP
+MOE_PLANS = {
+    "llama MoE dp4 EP 2 (expert-DP 2) optim_grads_params, alltoall": _moe_plan("optim_grads_params"),
+    "llama MoE dp4 EP 2 (expert-DP 2) optim_grads, allgather": _moe_plan("optim_grads", "allgather"),
+}
+MOE_CONTROL = MOE_PLANS["llama MoE dp4 EP 2 (expert-DP 2) optim_grads_params, alltoall"]
+
+
+def moe_plans_then_control(rank, world_size, raws, out, control_out, seed, steps, tc) -> None:
+    """The MoE plans, then the control: reduce-scatters over a 2-rank group (only the expert-DP group here; the
+    dense buffers reduce over dp 4) keep each rank's own shard unreduced."""
+    run_plans(rank, world_size, raws, out, seed, steps, tc)
+    right = dist.reduce_scatter_tensor
+
+    def on_expert_dp_unreduced(output, input, op=None, group=None, async_op=False):
+        if dist.get_world_size(group) == 2:
+            return _scatter_without_reduction(output, input, op, group, async_op)
+        return right(output, input, op=op, group=group, async_op=async_op)
+
+    dist.reduce_scatter_tensor = on_expert_dp_unreduced
+    try:
+        run_plans(rank, world_size, [MOE_CONTROL], control_out, seed, steps, tc)
+    finally:
+        dist.reduce_scatter_tensor = right
+
+
+def test_fsdp_moe_plans_match_single_process(tmp_path, reference_process):  # noqa: F811
+    names, raws = zip(*MOE_PLANS.items())
+    out, control = tmp_path / "results.pt", tmp_path / "control.pt"
+    spawn(4, moe_plans_then_control, list(raws), str(out), str(control), SEED, STEPS, TC)
+    failures = compare(names, raws, torch.load(out))
+    assert not failures, "\n".join(failures)
+    wrong = [f for f in compare(["control"], [MOE_CONTROL], torch.load(control)) if " grad " in f]
+    assert wrong and all(".experts." in f for f in wrong), wrong   # the experts' gradients only

@@ -31,7 +31,8 @@ def _tp2(raw, dp=1):
 
 def _moe(raw):
     moe = {"num_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 24}
-    return {**raw, "model": {**raw["model"], "name": "tiny-llama-moe", "moe": moe}}
+    return {**raw, "model": {**raw["model"], "name": "tiny-llama-moe", "moe": moe},
+            "moe": {"token_dispatcher": "allgather", "grouped_gemm": False, "permute_fusion": False}}
 
 
 @pytest.mark.parametrize("raw, world, needle", [
@@ -43,7 +44,9 @@ def _moe(raw):
     (_tp2(plan(LLAMA, "optim_grads_params")), 2, "megatron_fsdp optim_grads_params with dp x cp 1: megatron-core "
      "0.16.1 counts every gradient twice"),
     (plan(LLAMA, "optim_grads", dp=1), 1, "megatron_fsdp optim_grads with dp x cp 1"),
-    (_moe(plan(LLAMA, "optim_grads_params")), 2, "megatron_fsdp with an MoE model"),
+    (_moe(plan(LLAMA, "optim_grads_params", tp=2, sp=True)), 4, "megatron_fsdp with an MoE model at tp 2 / etp 2"),
+    ({**_moe(plan(LLAMA, "optim_grads_params")), "stages": [{**plan(LLAMA, "optim")["stages"][0], "ep": 2}]}, 2,
+     "megatron_fsdp optim_grads_params with expert-DP (num_gpus / (etp x ep)) 1"),
     ({**plan(LLAMA, "optim"), "megatron_fsdp": None, "activation_offload": {"num_layers": 1}}, 2,
      "activation_offload: the aceso runtime keeps activations"),
 ])
@@ -57,6 +60,8 @@ def test_refused_in_one_line(raw, world, needle):
     (plan(LLAMA, "optim_grads_params"), 2),
     (_tp2(plan(LLAMA, "optim_grads_params", tp=2, sp=True), dp=2), 4),   # tp > 1 with SP runs (test_fsdp_plans)
     (plan(LLAMA, "optim", dp=1), 1),   # optim reduces its unsharded buffer once: right at DP 1 too
+    ({**_moe(plan(LLAMA, "optim_grads_params", dp=4, mb=4, gbs=8)),   # EP 2, expert-DP 2 (test_fsdp_plans)
+      "stages": [{**plan(LLAMA, "optim", dp=4)["stages"][0], "ep": 2}]}, 4),
 ])
 def test_what_runs_passes_the_entry(raw, world):
     pytest.importorskip("einops")
