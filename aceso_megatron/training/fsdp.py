@@ -3,27 +3,27 @@
 --data-parallel-sharding-strategy S`` runs them.
 
 What runs: one pipeline stage (one chunk), dense at any tp (sequence parallel or not) or MoE at tp 1 / etp 1 (the
-experts' FSDP buffers sharded over expert-DP, megatron-core's expert device mesh), with DP x CP (and expert-DP)
->= 2, wrapped in
-``FullyShardedDataParallel`` on the stage's DP x CP group with the plan's strategy (``optim_grads_params``: every
-``TransformerLayer`` -- each unit -- is an FSDP unit, its weights all-gathered before its forward and backward),
-megatron-core's distributed optimizer over its shards (``get_megatron_optimizer`` takes the FSDP branch),
-megatron-core's clipping. On CPU with ``patches.fsdp_cpu`` (host streams). TP: each TP rank's FSDP shards its own
-TP-local weights over DP x CP (the buffers of a stage's TP ranks have one layout), so the sequence-parallel partial
-gradients are summed over TP on the local shards (``grad_of``), as megatron-core's ``finalize_model_grads`` does.
+experts' FSDP buffers sharded over expert-DP on megatron-core's expert device mesh), with DP x CP (and expert-DP)
+>= 2, wrapped in ``FullyShardedDataParallel`` on the stage's DP x CP group with the plan's strategy
+(``optim_grads_params``: every ``TransformerLayer`` -- each unit -- is an FSDP unit, its weights all-gathered before
+its forward and backward), megatron-core's distributed optimizer over its shards (``get_megatron_optimizer`` takes
+the FSDP branch), megatron-core's clipping. On CPU with ``patches.fsdp_cpu`` (host streams). TP: each TP rank's
+FSDP shards its own TP-local weights over DP x CP (the buffers of a stage's TP ranks have one layout), so the
+sequence-parallel partial gradients are summed over TP on the local shards (``grad_of``), as megatron-core's
+``finalize_model_grads`` does.
 
 What is refused, one line before any process group (``refusal``; the one pre-flight asks it):
 - pipeline stages or chunks: megatron-core 0.16.1 cannot build Megatron FSDP's device mesh with pipeline
   parallelism, in Megatron-LM either: ``_get_dp_tp_mesh`` lays ``torch.arange(world_size)`` out as
   ``(dp_cp ep tp)``, which fails (``EinopsError: Shape mismatch``) when the world also spans pipeline stages
   (``tests/distributed/test_fsdp_upstream.py`` shows it on stock megatron-core);
-- DP x CP 1 (or expert-DP 1) with ``optim_grads`` / ``optim_grads_params``: megatron-core 0.16.1 counts every gradient twice there
-  (an unsharded buffer's bucket *is* the buffer, and ``_bucket_group_gradient_reduce`` adds the reduce-scatter's
-  output onto it: measured, each gradient exactly 2x DDP's with one micro-batch, no multiple with more,
-  tests/distributed/test_fsdp_upstream.py); over one rank FSDP shards nothing anyway;
-- ``no_shard`` (megatron-core's step fails on it; it is DDP), MoE at tp or etp > 1 (not run yet:
+- DP x CP 1 (or expert-DP 1) with ``optim_grads`` / ``optim_grads_params``: megatron-core 0.16.1 counts every
+  gradient twice there (an unsharded buffer's bucket *is* the buffer, and ``_bucket_group_gradient_reduce`` adds
+  the reduce-scatter's output onto it: measured, each gradient exactly 2x DDP's with one micro-batch, no multiple
+  with more, ``tests/distributed/test_fsdp_upstream.py``); over one rank FSDP shards nothing anyway;
+- ``no_shard`` (megatron-core's step fails on it; it is DDP); MoE at tp or etp > 1 (not run yet:
   ``_fix_tensor_parallel_attributes`` flags the router and expert-TP weights, skipped here without
-  transformer-engine), CPU activation offload (not built), a machine without einops (the device mesh is built with it);
+  transformer-engine); CPU activation offload (not built); a machine without einops (the device mesh needs it);
 - checkpoints (``checkpoint_refusal``, asked by ``aceso train``'s argument check): the FSDP optimizer's state
   comes only in megatron-core's ``fsdp_dtensor`` format, not the canonical-name layout of ``training.checkpoint``.
 
@@ -60,11 +60,11 @@ def refusal(plan) -> str | None:
     st = plan.stages[0]
     etp = st.etp or st.tp
     edp = st.num_gpus // (etp * st.ep)
-    for what, size in (("dp x cp", st.dp * st.cp), ("expert-DP (num_gpus / (etp x ep))", edp)):
-        if strategy != "optim" and size == 1 and (what == "dp x cp" or plan.model.moe is not None):
-            return (f"megatron_fsdp {strategy} with {what} 1: megatron-core 0.16.1 counts every gradient twice on "
-                    "an unsharded buffer (its reduce-scatter output is added onto the bucket it read) and FSDP over "
-                    "one rank shards nothing; use more data-parallel ranks or remove megatron_fsdp")
+    sizes = {"dp x cp": st.dp * st.cp, **({"expert-DP (num_gpus / (etp x ep))": edp} if plan.model.moe else {})}
+    if strategy != "optim" and (one := next((what for what, n in sizes.items() if n == 1), None)):
+        return (f"megatron_fsdp {strategy} with {one} 1: megatron-core 0.16.1 counts every gradient twice on "
+                "an unsharded buffer (its reduce-scatter output is added onto the bucket it read) and FSDP over "
+                "one rank shards nothing; use more data-parallel ranks or remove megatron_fsdp")
     if plan.model.moe is not None and max(st.tp, etp) > 1:
         return (f"megatron_fsdp with an MoE model at tp {st.tp} / etp {etp}: the runtime runs Megatron FSDP with "
                 "experts at tp 1 and etp 1 only (the router's and experts' TP flags are not run yet); use tp 1 or "
@@ -94,7 +94,8 @@ def ddp_fields(plan) -> dict:
     optimizer is on with it: ``Runtime.sharded_optimizer``)."""
     if plan.megatron_fsdp is None:
         return {}
-    return {"use_megatron_fsdp": True, "data_parallel_sharding_strategy": plan.megatron_fsdp.data_parallel_sharding_strategy}
+    return {"use_megatron_fsdp": True,
+            "data_parallel_sharding_strategy": plan.megatron_fsdp.data_parallel_sharding_strategy}
 
 
 def wrap(chunk, ddp_config, groups, device):

@@ -6,10 +6,11 @@ clipped optimizer steps and the weights after them. The plans run through megatr
 optimizer: ``optim_grads_params`` (ZeRO-3: every unit's weights all-gathered per forward and backward),
 ``optim_grads`` (ZeRO-2) and ``optim``, on a Llama (SwiGLU, RMSNorm, RoPE, untied) and a GPT (GELU,
 biases, LayerNorm, tied embeddings), with recompute. The control (ZeRO-2) reduce-scatters without the reduction
-(each rank keeps its own micro-batches' gradient shard) and must fail on gradients. The runtime's checkpoint of an
-FSDP plan is refused (``fsdp.checkpoint_refusal``) with the reason megatron-core gives here. With TP (4 gloo ranks): tp2 x
-dp2 under each strategy, with sequence parallelism, recompute and a tied GPT; its control leaves the SP partial
-gradients (the norms') on FSDP's shards unsummed over TP and must fail on the norms' gradients. MoE (4 gloo ranks,
+(each rank keeps its own micro-batches' gradient shard) and must fail on gradients. The runtime's checkpoint
+of an FSDP plan is refused (``fsdp.checkpoint_refusal``) with the reason megatron-core gives here. With TP (4
+gloo ranks): tp2 x dp2 under each strategy, with sequence parallelism, recompute and a tied GPT; its control
+leaves the SP partial gradients (the norms') on FSDP's shards unsummed over TP and must fail on the norms'
+gradients. MoE (4 gloo ranks,
 dp 4, EP 2, expert-DP 2) under ``optim_grads_params`` and ``optim_grads``, alltoall and allgather, against the stock
 MoE model; its control leaves the expert-DP reduce-scatter unreduced and must fail on the expert gradients only.
 Needs einops

@@ -55,8 +55,8 @@ def build_under(rank, world_size, pp, out) -> None:
             mcore_fsdp_adapter.FullyShardedDataParallel(config, ddp, _tiny(config), device=torch.device("cpu"))
             result = "built"
         else:        # the control: the mesh of a world that is all data parallel
-            mesh = mcore_fsdp_adapter._get_dp_tp_mesh(parallel_state.get_data_parallel_group(with_context_parallel=True),
-                                                      parallel_state.get_tensor_model_parallel_group())
+            dp = parallel_state.get_data_parallel_group(with_context_parallel=True)
+            mesh = mcore_fsdp_adapter._get_dp_tp_mesh(dp, parallel_state.get_tensor_model_parallel_group())
             result = f"mesh {mesh.tolist()}"
     except Exception as e:   # noqa: BLE001 (the test reads what megatron-core raised)
         result = f"{type(e).__name__}: {e}"
