@@ -43,7 +43,7 @@ def preflight(plan, device: str, here: bool = False) -> bool:
 
             if (msg := moe_refusal(None, plan)) is not None:   # what no machine runs yet (the env's part: here)
                 raise AcesoError(msg)
-            if (msg := fsdp_refusal(plan)) is not None:        # Megatron FSDP: one stage, tp 1, dense (einops)
+            if (msg := fsdp_refusal(plan)) is not None:        # Megatron FSDP: one stage, dp x cp >= 2, MoE at tp 1
                 raise AcesoError(msg)
         if here:
             from .model.fast_path import Environment

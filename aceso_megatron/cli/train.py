@@ -171,6 +171,11 @@ def check_train_args(args: argparse.Namespace, plan=None) -> None:
 
     check_writers(args)
     plots.check_training(args)   # --plot: a known format, a writable target, matplotlib, and a --log-file to draw
+    if plan is not None:
+        from ..training.fsdp import checkpoint_refusal   # torch-free
+
+        if (msg := checkpoint_refusal(plan, args.save, args.load)) is not None:
+            raise AcesoError(msg)
     if args.load:
         _check_resume(args)
 

@@ -32,6 +32,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..model.init import gather_full, shard
 from ..model.moe import is_expert
+from ..training.fsdp import grad_of
 
 
 def finalize_model_grads_fn(runtime):
@@ -138,7 +139,8 @@ def allreduce_tp_partial_grads(runtime) -> None:
             if (cfg.sequence_parallel and getattr(p, "sequence_parallel", False)) or \
                     (cfg.qk_layernorm and not cfg.multi_latent_attention   # MLA's: on whole latents (SP: flagged)
                      and ("q_layernorm" in name or "k_layernorm" in name)):
-                grads.append(p.main_grad.data)
+                if (g := grad_of(p)) is not None:   # Megatron FSDP: the local shard (training.fsdp)
+                    grads.append(g)
     if grads:
         flat = _flatten_dense_tensors(grads)
         dist.all_reduce(flat, group=runtime.groups.tp)

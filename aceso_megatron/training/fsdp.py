@@ -2,14 +2,32 @@
 ``FullyShardedDataParallel`` (``distributed/fsdp/mcore_fsdp_adapter.py``), as Megatron-LM's ``--use-megatron-fsdp
 --data-parallel-sharding-strategy S`` runs them.
 
-What runs: one pipeline stage (one chunk), dense, tp 1, wrapped in ``FullyShardedDataParallel`` on the stage's DP x CP
-group with the plan's strategy (``optim_grads_params``: every ``TransformerLayer`` -- each unit -- is an FSDP unit,
-its weights all-gathered before its forward and backward), megatron-core's distributed optimizer over its shards
-(``get_megatron_optimizer`` takes the FSDP branch), megatron-core's clipping. On CPU with ``patches.fsdp_cpu``
-(host streams). What is refused, one line before any process group (``refusal``): pipeline stages (the runtime's
-embedding-copy and p2p helpers read DDP's buckets), ``no_shard`` (megatron-core's step fails on it; it is DDP),
-tp > 1 (``wrap``), MoE (the expert groups), CPU activation offload (not built),
-and a machine without einops (``FullyShardedDataParallel`` builds its device mesh with it).
+What runs: one pipeline stage (one chunk), dense at any tp (sequence parallel or not) or MoE at tp 1 / etp 1 (the
+experts' FSDP buffers sharded over expert-DP on megatron-core's expert device mesh), with DP x CP (and expert-DP)
+>= 2, wrapped in ``FullyShardedDataParallel`` on the stage's DP x CP group with the plan's strategy
+(``optim_grads_params``: every ``TransformerLayer`` -- each unit -- is an FSDP unit, its weights all-gathered before
+its forward and backward), megatron-core's distributed optimizer over its shards (``get_megatron_optimizer`` takes
+the FSDP branch), megatron-core's clipping. On CPU with ``patches.fsdp_cpu`` (host streams). TP: each TP rank's
+FSDP shards its own TP-local weights over DP x CP (the buffers of a stage's TP ranks have one layout), so the
+sequence-parallel partial gradients are summed over TP on the local shards (``grad_of``), as megatron-core's
+``finalize_model_grads`` does.
+
+What is refused, one line before any process group (``refusal``; the one pre-flight asks it):
+- pipeline stages or chunks: megatron-core 0.16.1 cannot build Megatron FSDP's device mesh with pipeline
+  parallelism, in Megatron-LM either: ``_get_dp_tp_mesh`` lays ``torch.arange(world_size)`` out as
+  ``(dp_cp ep tp)``, which fails (``EinopsError: Shape mismatch``) when the world also spans pipeline stages
+  (``tests/distributed/test_fsdp_upstream.py`` shows it on stock megatron-core);
+- DP x CP 1 (or expert-DP 1) with ``optim_grads`` / ``optim_grads_params``: megatron-core 0.16.1 counts every
+  gradient twice there (an unsharded buffer's bucket *is* the buffer, and ``_bucket_group_gradient_reduce`` adds
+  the reduce-scatter's output onto it: measured, each gradient exactly 2x DDP's with one micro-batch, no multiple
+  with more, ``tests/distributed/test_fsdp_upstream.py``); over one rank FSDP shards nothing anyway;
+- ``no_shard`` (megatron-core's step fails on it; it is DDP); MoE at tp or etp > 1 (not run yet:
+  ``_fix_tensor_parallel_attributes`` flags the router and expert-TP weights, skipped here without
+  transformer-engine); CPU activation offload (not built); a machine without einops (the device mesh needs it);
+- checkpoints (``checkpoint_refusal``, asked by ``aceso train``'s argument check): the FSDP optimizer's state
+  comes only in megatron-core's ``fsdp_dtensor`` format, not the canonical-name layout of ``training.checkpoint``.
+
+Torch-free at import (the pre-flight and the argument check read it).
 
 Full tensors (tests): ``local_full`` puts each parameter group's gradient buffer (after the reduction) or weight
 buffer (after the optimizer step) together from every DP x CP rank's shard -- the part it reduced or updated; an
@@ -19,10 +37,8 @@ buffer (``item_index_map``): a TP-local tensor per local name, as DDP's ``main_g
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
-
-import torch
-import torch.distributed as dist
 
 
 def refusal(plan) -> str | None:
@@ -33,22 +49,44 @@ def refusal(plan) -> str | None:
     if plan.megatron_fsdp is None:
         return None
     if plan.num_stages > 1 or plan.num_virtual_stages > 1:
-        return (f"megatron_fsdp with {plan.num_stages} pipeline stages ({plan.num_virtual_stages} chunks each): the "
-                "runtime runs Megatron FSDP on one stage with one chunk; use one stage or run the plan with "
-                "Megatron-LM (aceso export --to megatron-lm)")
-    if plan.megatron_fsdp.data_parallel_sharding_strategy == "no_shard":
+        return (f"megatron_fsdp with {plan.num_stages} pipeline stages ({plan.num_virtual_stages} chunks each): "
+                "megatron-core 0.16.1 builds Megatron FSDP's device mesh from the whole world as (dp_cp ep tp) "
+                "(_get_dp_tp_mesh: 'Shape mismatch' when the world also spans pipeline stages), in Megatron-LM too; "
+                "use one stage or remove megatron_fsdp")
+    strategy = plan.megatron_fsdp.data_parallel_sharding_strategy
+    if strategy == "no_shard":
         return ("megatron_fsdp no_shard: megatron-core 0.16.1's optimizer step fails on it (start_param_sync -> "
                 "async_bucket_gather: the weight buffer is None) and it shards nothing; remove megatron_fsdp (DDP)")
-    if (tp := max(st.tp for st in plan.stages)) > 1:
-        return (f"megatron_fsdp with tp {tp}: megatron-core's FullyShardedDataParallel flags TP parameters from the "
-                "global parallel_state groups, which the runtime's per-stage groups are not; use tp 1 or run the "
-                "plan with Megatron-LM (aceso export --to megatron-lm)")
-    if plan.model.moe is not None:
-        return "megatron_fsdp with an MoE model: the runtime runs Megatron FSDP on dense models only; remove it"
+    st = plan.stages[0]
+    etp = st.etp or st.tp
+    edp = st.num_gpus // (etp * st.ep)
+    sizes = {"dp x cp": st.dp * st.cp, **({"expert-DP (num_gpus / (etp x ep))": edp} if plan.model.moe else {})}
+    if strategy != "optim" and (one := next((what for what, n in sizes.items() if n == 1), None)):
+        return (f"megatron_fsdp {strategy} with {one} 1: megatron-core 0.16.1 counts every gradient twice on "
+                "an unsharded buffer (its reduce-scatter output is added onto the bucket it read) and FSDP over "
+                "one rank shards nothing; use more data-parallel ranks or remove megatron_fsdp")
+    if plan.model.moe is not None and max(st.tp, etp) > 1:
+        return (f"megatron_fsdp with an MoE model at tp {st.tp} / etp {etp}: the runtime runs Megatron FSDP with "
+                "experts at tp 1 and etp 1 only (the router's and experts' TP flags are not run yet); use tp 1 or "
+                "remove megatron_fsdp")
     if importlib.util.find_spec("einops") is None:
         return ("megatron_fsdp: megatron-core's FullyShardedDataParallel needs einops, which is not installed; "
                 "pip install einops")
     return None
+
+
+CHECKPOINT_REASON = ("megatron-core 0.16.1's Megatron FSDP optimizer gives its state only in the fsdp_dtensor format "
+                     "(DistributedOptimizer.sharded_state_dict: 'sharding_type fully_reshardable is not supported "
+                     "with Megatron FSDP'), which the runtime's canonical-name checkpoints cannot hold")
+
+
+def checkpoint_refusal(plan, save: str | None, load: str | None) -> str | None:
+    """Why ``aceso train`` cannot ``--save`` / ``--load`` under ``plan`` (one line), or None (torch-free)."""
+    if plan.megatron_fsdp is None or not (save or load):
+        return None
+    flag = "--save" if save else "--load"
+    return (f"{flag} with megatron_fsdp: {CHECKPOINT_REASON}; train it without {flag}, or remove megatron_fsdp "
+            "(the distributed optimizer's checkpoints resume under any plan)")
 
 
 def ddp_fields(plan) -> dict:
@@ -56,26 +94,60 @@ def ddp_fields(plan) -> dict:
     optimizer is on with it: ``Runtime.sharded_optimizer``)."""
     if plan.megatron_fsdp is None:
         return {}
-    return {"use_megatron_fsdp": True, "data_parallel_sharding_strategy": plan.megatron_fsdp.data_parallel_sharding_strategy}
+    return {"use_megatron_fsdp": True,
+            "data_parallel_sharding_strategy": plan.megatron_fsdp.data_parallel_sharding_strategy}
 
 
 def wrap(chunk, ddp_config, groups, device):
     """``chunk`` in megatron-core's ``FullyShardedDataParallel`` on the stage's groups.
 
-    ``_fix_tensor_parallel_attributes`` reads the global ``parallel_state`` TP groups (asserted initialised, which
-    the runtime's per-stage groups never are) to flag TE and expert parameters of TP > 1; at TP 1 without experts
-    (``refusal``) it flags nothing, so it is skipped."""
-    from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
+    ``_fix_tensor_parallel_attributes`` (it flags TP-duplicated transformer-engine ``TELinear`` and router weights
+    ``_tp_duplicated``, and expert weights of expert-TP > 1 with their partition dim) reads the TP sizes from the
+    global ``parallel_state`` groups, which the runtime never initialises: it runs with the stage's TP and
+    expert-TP groups put there for the call (``_stage_tp_groups``). Without transformer-engine it cannot run at
+    TP > 1 (``isinstance`` on the ``TELinear`` placeholder raises) and has nothing to flag in a dense model (no
+    ``TELinear``; routers and experts are MoE, refused): skipped."""
+    from megatron.core.distributed.fsdp import mcore_fsdp_adapter
 
-    class StageFSDP(FullyShardedDataParallel):
+    class StageFSDP(mcore_fsdp_adapter.FullyShardedDataParallel):
         def _fix_tensor_parallel_attributes(self, module):
-            pass
+            if not isinstance(mcore_fsdp_adapter.TELinear, type):
+                return
+            with _stage_tp_groups(groups.tp, groups.pg_collection.expt_tp):
+                super()._fix_tensor_parallel_attributes(module)
+
+    import torch
 
     return StageFSDP(chunk.config, ddp_config, chunk, device=torch.device(device), pg_collection=groups.pg_collection)
 
 
-def local_full(rt, which: str) -> dict[str, torch.Tensor]:
+@contextlib.contextmanager
+def _stage_tp_groups(tp, expt_tp):
+    """megatron-core's global TP and expert-TP groups set to the stage's, restored after."""
+    from megatron.core import parallel_state as ps
+
+    saved = ps._TENSOR_MODEL_PARALLEL_GROUP, ps._EXPERT_TENSOR_PARALLEL_GROUP
+    ps._TENSOR_MODEL_PARALLEL_GROUP, ps._EXPERT_TENSOR_PARALLEL_GROUP = tp, expt_tp
+    try:
+        yield
+    finally:
+        ps._TENSOR_MODEL_PARALLEL_GROUP, ps._EXPERT_TENSOR_PARALLEL_GROUP = saved
+
+
+def grad_of(p):
+    """The gradient the runtime finalises in place: DDP's ``main_grad``; a Megatron FSDP parameter's (after
+    ``finish_grad_sync``, a DTensor of the distributed optimizer) its local shard, a view of FSDP's gradient buffer
+    (None when this rank holds none of it), as megatron-core's ``_allreduce_non_tensor_model_parallel_grads``."""
+    if getattr(p, "__fsdp_param__", False):
+        return p.grad._local_tensor.data if p.grad is not None else None
+    return p.main_grad.data
+
+
+def local_full(rt, which: str) -> dict:
     """``which`` = "grad" or "param": local name -> its DP-complete (TP-local) tensor (collective over DP x CP)."""
+    import torch
+    import torch.distributed as dist
+
     out = {}
     for i, m in enumerate(rt.models):
         fsdp = m.module

@@ -252,7 +252,7 @@ def test_runtime_search_refuses_what_the_runtime_does_not_run():
 
 
 def test_preflight_leaves_fsdp_to_the_runtime_and_refuses_offload_on_it():
-    """Megatron FSDP: the runtime runs some plans (one stage, tp 1, dense: its own check,
+    """Megatron FSDP: the runtime runs some plans (one stage, dense, dp x cp >= 2: its own check,
     tests/runtime/test_fsdp_refusals.py), so the torch-free part passes them on; activation offload it never runs."""
     from search.preflight import planner_checks
     plan = _plan("optim_grads_params")
