@@ -24,6 +24,7 @@ from search.megatron.names import megatron_lm_args
 from search.plan import parse_plan, uniform_plan
 from search.presets import load_model
 from search.training import TrainingSpec
+from tests.unit.test_plan_validation import validate_refuses
 
 MODEL = load_model("gpt-350m")          # 24 layers, 48 units
 N = MODEL.num_units
@@ -89,12 +90,7 @@ def test_bad_end_only_chunks_exit_2_with_one_line(case, tmp_path, capsys):
     mut, needle = BAD[case]
     d = e_t_t_l()
     mut(d)
-    path = tmp_path / "bad.json"
-    path.write_text(json.dumps(d))
-    assert main(["validate", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert needle in err, err
+    validate_refuses(d, tmp_path, capsys, needle)
 
 
 def test_t5_refuses_a_unit_less_chunk():
@@ -110,11 +106,7 @@ def test_a_loss_only_chunk_after_the_mtp_block_is_refused(tmp_path, capsys):
     n = m.num_units
     d = raw([chunk(0, n)], [chunk(n, n, "loss")], model=m)
     d.pop("cluster")
-    path = tmp_path / "p.json"
-    path.write_text(json.dumps(d))
-    assert main(["validate", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "standalone MTP" in err, err
+    validate_refuses(d, tmp_path, capsys, "standalone MTP")
 
 
 def test_mtp_units_split_from_the_last_chunk_are_refused(tmp_path, capsys):
@@ -127,11 +119,7 @@ def test_mtp_units_split_from_the_last_chunk_are_refused(tmp_path, capsys):
         parse_plan({**raw([chunk(0, cut)], [chunk(cut, n)], model=m), "cluster": None})
     d = raw([chunk(0, n - 1)], [chunk(n - 1, n)], model=m)
     d.pop("cluster")
-    path = tmp_path / "p.json"
-    path.write_text(json.dumps(d))
-    assert main(["validate", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "whole MTP block on the last model chunk" in err, err
+    validate_refuses(d, tmp_path, capsys, "whole MTP block on the last model chunk")
 
 
 # ----- Megatron-LM layouts ----------------------------------------------------------------------------------------

@@ -42,6 +42,18 @@ def test_validate_cli_ok(tmp_path, capsys):
     assert "valid plan" in capsys.readouterr().out
 
 
+def validate_refuses(d: dict, tmp_path, capsys, needle: str) -> str:
+    """``aceso validate`` of plan ``d`` (written in ``tmp_path``) exits 2 with one line, no traceback, naming
+    ``needle``: that line."""
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(d))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert needle in err, err
+    return err
+
+
 def mutate(fn):
     d = good_plan()
     fn(d)
@@ -124,12 +136,7 @@ BAD_PLANS = [
 @pytest.mark.parametrize("case", range(len(BAD_PLANS)))
 def test_bad_plan_gives_exit_2_and_one_line(case, tmp_path, capsys):
     mut, needle = BAD_PLANS[case]
-    path = tmp_path / "bad.json"
-    path.write_text(json.dumps(mutate(mut)))
-    assert main(["validate", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert needle in err, err
+    validate_refuses(mutate(mut), tmp_path, capsys, needle)
 
 
 def test_at_least_30_bad_cases():
@@ -265,12 +272,7 @@ def test_bad_v2_plan_gives_exit_2_and_one_line(case, tmp_path, capsys):
     mut, needle = BAD_V2[case]
     d = v2_plan()
     mut(d)
-    path = tmp_path / "bad.json"
-    path.write_text(json.dumps(d))
-    assert main(["validate", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert needle in err, err
+    validate_refuses(d, tmp_path, capsys, needle)
 
 
 def test_v2_interleaving_rules_follow_megatron_core():
