@@ -13,12 +13,17 @@ dropped): the busiest EP rank's share over the even one, which the slowest rank 
     permute / unpermute       read T h dt, write T k h dt (+ fp32 probs) each way; ``permute_fusion`` one kernel,
                               unfused (``moe_utils.permute`` with ``fused=False``: argsort + index_select + probs
                               gather) twice the bytes in three launches
-    dispatch / combine        alltoall (and flex, priced the same: DeepEP / HybridEP move the same bytes):
-                              ``moe_primitives.ep_all_to_all_ms`` of T k (h dt + 4) bytes (tokens + their probs:
+    dispatch / combine        alltoall: ``moe_primitives.ep_all_to_all_ms`` of T k (h dt + 4) bytes (tokens + their probs:
                               ``token_dispatch``) and T k h dt back (``token_combine``), over the EP group. Placement
                               (assumed, as megatron-core's expert ``RankGenerator`` orders ranks etp-ep-dp inside a
                               node-aligned stage): EP ranks strided by etp, so ``min(ep, nvlink_size // etp)`` of
                               them share a node.
+                              flex (``MoEFlexTokenDispatcher``, DeepEP / HybridEP; ``flex_dispatch``): one
+                              fused exchange over the etp x ep group, a token once per distinct destination rank
+                              and, across nodes, once per distinct destination node (RDMA) fanned out over
+                              NVLink there, at the kernels' benchmarked bandwidths
+                              (``moe_primitives.flex_all_to_all_ms``); no separate ETP gather; its DeepEP
+                              buffer in memory (``flex_buffer_mb``).
                               allgather (``MoEAllGatherTokenDispatcher``): all-gather of the T h dt tokens, the fp32
                               probs and the routing map (T E (4 + 1)) over the etp x ep group, a local mask, and a
                               reduce-scatter of the output back.
