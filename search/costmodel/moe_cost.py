@@ -13,9 +13,9 @@ dropped): the busiest EP rank's share over the even one, which the slowest rank 
     permute / unpermute       read T h dt, write T k h dt (+ fp32 probs) each way; ``permute_fusion`` one kernel,
                               unfused (``moe_utils.permute`` with ``fused=False``: argsort + index_select + probs
                               gather) twice the bytes in three launches
-    dispatch / combine        alltoall: ``moe_primitives.ep_all_to_all_ms`` of T k (h dt + 4) bytes (tokens + their probs:
-                              ``token_dispatch``) and T k h dt back (``token_combine``), over the EP group. Placement
-                              (assumed, as megatron-core's expert ``RankGenerator`` orders ranks etp-ep-dp inside a
+    dispatch / combine        alltoall: ``moe_primitives.ep_all_to_all_ms`` of T k (h dt + 4) bytes (tokens + their
+                              probs: ``token_dispatch``) and T k h dt back (``token_combine``), over the EP
+                              group. Placement (assumed, as megatron-core's expert ``RankGenerator`` orders ranks etp-ep-dp inside a
                               node-aligned stage): EP ranks strided by etp, so ``min(ep, nvlink_size // etp)`` of
                               them share a node.
                               flex (``MoEFlexTokenDispatcher``, DeepEP / HybridEP; ``flex_dispatch``): one
@@ -68,8 +68,9 @@ from ..moe_params import _norm, mlp_params, router_params, shared_expert_params
 from .memory import _has_hidden_dropout
 from .comm import LINK_EFFICIENCY
 from .kernels import GENERATION
-from .moe_primitives import (FLEX_NVL_EFF, FLEX_RDMA_EFF, deepep_buffer_bytes, dispatch_bytes, ep_all_to_all_ms, flex_all_to_all_ms,
-                             flex_destinations, flex_token_bytes, grouped_gemm_bwd_ms, grouped_gemm_ms)
+from .moe_primitives import (FLEX_NVL_EFF, FLEX_RDMA_EFF, deepep_buffer_bytes, dispatch_bytes, ep_all_to_all_ms,
+                             flex_all_to_all_ms, flex_destinations, flex_token_bytes, grouped_gemm_bwd_ms,
+                             grouped_gemm_ms)
 from .types import UNAVAILABLE_MS
 
 PROBS = 4.0          # fp32 router probabilities (megatron-core keeps routing probs in fp32)
