@@ -15,9 +15,9 @@ dropped): the busiest EP rank's share over the even one, which the slowest rank 
                               gather) twice the bytes in three launches
     dispatch / combine        alltoall: ``moe_primitives.ep_all_to_all_ms`` of T k (h dt + 4) bytes (tokens + their
                               probs: ``token_dispatch``) and T k h dt back (``token_combine``), over the EP
-                              group. Placement (assumed, as megatron-core's expert ``RankGenerator`` orders ranks etp-ep-dp inside a
-                              node-aligned stage): EP ranks strided by etp, so ``min(ep, nvlink_size // etp)`` of
-                              them share a node.
+                              group. Placement (assumed, as megatron-core's expert ``RankGenerator`` orders ranks
+                              etp-ep-dp inside a node-aligned stage): EP ranks strided by etp, so ``min(ep,
+                              nvlink_size // etp)`` of them share a node.
                               flex (``MoEFlexTokenDispatcher``, DeepEP / HybridEP; ``flex_dispatch``): one
                               fused exchange over the etp x ep group, a token once per distinct destination rank
                               and, across nodes, once per distinct destination node (RDMA) fanned out over
