@@ -58,6 +58,7 @@ from .comm import CommModel, overlap_tax, overlapped
 from .kernels import GENERATION
 from .memory import (FRAGMENTATION, MB, RESERVE_MB, grad_copy_bytes, in_flight_per_chunk,
                      state_bytes_per_param)
+from .moe_cost import flex_buffer_mb
 from .offload import host_link_gbps, kept_mb, offload_ms
 from .sharding import fsdp_buffer_mb, per_micro_batch, state_divisors
 from .pipeline import interleaved_one_f_one_b, one_f_one_b
@@ -112,6 +113,7 @@ class _Static(NamedTuple):
     fsdp_mb: float = 0.0      # Megatron FSDP's whole-layer buffers in flight
     micro_batches: int = 1
     off_kept: float = 0.0     # of the offloaded activations, the MB of the layer in flight (``offload.kept_mb``)
+    dispatch_mb: float = 0.0  # the flex dispatcher's DeepEP buffer (``moe_cost.flex_buffer_mb``), MoE stages only
 
 
 def _chunk_comm(c: dict, a: int, e: int) -> tuple[float, ...]:
@@ -303,7 +305,7 @@ class CostModel:
         acts = (act + st.act_extra - st.off_mb - st.off_kept) * (1 + FRAGMENTATION)
         # the offloaded layer still in flight overlaps the last layers' forward, not the loss (``offload.py``)
         in_flight = max(0.0, st.off_kept * (1 + FRAGMENTATION) - rpeak)
-        live = acts + in_flight + rpeak + st.buf + st.fsdp_mb
+        live = acts + in_flight + rpeak + st.buf + st.fsdp_mb + st.dispatch_mb
         over = st.copy_mb - live if st.copy_mb > live else 0.0     # the step's gradient copy beyond the activations
         total = st.w_mb + st.g_mb + st.o_mb + live + over + RESERVE_MB
         mem = {"params": st.w_mb, "grads": st.g_mb, "optimizer": st.o_mb, "activations": acts,
@@ -314,6 +316,8 @@ class CostModel:
             mem["fsdp_buffers"] = st.fsdp_mb
         if st.off_kept:
             mem["offload_in_flight"] = in_flight
+        if st.dispatch_mb:
+            mem["dispatch_buffers"] = st.dispatch_mb
         parts = tuple((f, pf, r, bw, pb) for f, bw, r, (pf, pb) in zip(st.chunk_fwd, st.chunk_bwd, chunk_rec,
                                                                        st.chunk_p2p))
         cf = cb = ()
@@ -440,7 +444,14 @@ class CostModel:
                        (dense * self._copy / do + experts * self._copy / eo) / MB,
                        buf, head_peak, ideal, tuple(chunk_fwd), tuple(chunk_bwd), tuple(chunk_p2p), prologue,
                        {k: v for k, v in comm.items() if v[0] > 0 or v[1] > 0}, tuple(chunk_comm), off_mb, fsdp_mb,
-                       M, off_kept)
+                       M, off_kept, self._dispatch_mb(spans, me, moe))
+
+    def _dispatch_mb(self, spans, me: Shape, moe) -> float:
+        """The flex dispatcher's buffer on a stage that holds an MoE layer (``moe_cost.flex_buffer_mb``)."""
+        units = self.model.units
+        if self.model.moe is None or not any(units[i].kind in ("moe", "mtp") for a, e in spans for i in range(a, e)):
+            return 0.0
+        return flex_buffer_mb(self.model, moe, me.ep, me.etp or me.tp, self.model.dtype_bytes)
 
     def _per_iteration(self, stage_index: int, S: int, first_rank: int, n: int, dpc: int, params: float,
                        fwd: float, bwd: float, t: UnitTable, features: Features, lp_params: float = 0.0,

@@ -13,12 +13,17 @@ dropped): the busiest EP rank's share over the even one, which the slowest rank 
     permute / unpermute       read T h dt, write T k h dt (+ fp32 probs) each way; ``permute_fusion`` one kernel,
                               unfused (``moe_utils.permute`` with ``fused=False``: argsort + index_select + probs
                               gather) twice the bytes in three launches
-    dispatch / combine        alltoall (and flex, priced the same: DeepEP / HybridEP move the same bytes):
-                              ``moe_primitives.ep_all_to_all_ms`` of T k (h dt + 4) bytes (tokens + their probs:
-                              ``token_dispatch``) and T k h dt back (``token_combine``), over the EP group. Placement
-                              (assumed, as megatron-core's expert ``RankGenerator`` orders ranks etp-ep-dp inside a
-                              node-aligned stage): EP ranks strided by etp, so ``min(ep, nvlink_size // etp)`` of
-                              them share a node.
+    dispatch / combine        alltoall: ``moe_primitives.ep_all_to_all_ms`` of T k (h dt + 4) bytes (tokens + their
+                              probs: ``token_dispatch``) and T k h dt back (``token_combine``), over the EP
+                              group. Placement (assumed, as megatron-core's expert ``RankGenerator`` orders ranks
+                              etp-ep-dp inside a node-aligned stage): EP ranks strided by etp, so ``min(ep,
+                              nvlink_size // etp)`` of them share a node.
+                              flex (``MoEFlexTokenDispatcher``, DeepEP / HybridEP; ``flex_dispatch``): one
+                              fused exchange over the etp x ep group, a token once per distinct destination rank
+                              and, across nodes, once per distinct destination node (RDMA) fanned out over
+                              NVLink there, at the kernels' benchmarked bandwidths
+                              (``moe_primitives.flex_all_to_all_ms``); no separate ETP gather; its DeepEP
+                              buffer in memory (``flex_buffer_mb``).
                               allgather (``MoEAllGatherTokenDispatcher``): all-gather of the T h dt tokens, the fp32
                               probs and the routing map (T E (4 + 1)) over the etp x ep group, a local mask, and a
                               reduce-scatter of the output back.
@@ -61,7 +66,11 @@ from .. import precision as lowp
 from ..errors import AcesoError
 from ..moe_params import _norm, mlp_params, router_params, shared_expert_params
 from .memory import _has_hidden_dropout
-from .moe_primitives import dispatch_bytes, ep_all_to_all_ms, grouped_gemm_bwd_ms, grouped_gemm_ms
+from .comm import LINK_EFFICIENCY
+from .kernels import GENERATION
+from .moe_primitives import (FLEX_NVL_EFF, FLEX_RDMA_EFF, deepep_buffer_bytes, dispatch_bytes, ep_all_to_all_ms,
+                             flex_all_to_all_ms, flex_destinations, flex_token_bytes, grouped_gemm_bwd_ms,
+                             grouped_gemm_ms)
 from .types import UNAVAILABLE_MS
 
 PROBS = 4.0          # fp32 router probabilities (megatron-core keeps routing probs in fp32)
@@ -208,6 +217,8 @@ def _dispatch(src, T: float, ep: int, etp: int, cfg) -> tuple[float, float]:
         return (comm.all_gather(full, n, inter, members),
                 comm.reduce_scatter(n * T * h * dt, n, inter, members))
     f = imbalance(m)
+    if cfg.token_dispatcher == "flex":
+        return flex_dispatch(src, T, ep, etp, f)
     g = ep_members(src.cluster, ep, etp)
     tokens = dispatch_bytes(T, e.moe_router_topk, h, dt)
     d = ep_all_to_all_ms(comm, tokens + T * e.moe_router_topk * PROBS, ep, g, f)
@@ -218,6 +229,46 @@ def _dispatch(src, T: float, ep: int, etp: int, cfg) -> tuple[float, float]:
         d += comm.all_gather(x, etp, inter)
         c += comm.reduce_scatter(x, etp, inter)
     return d, c
+
+
+def flex_dispatch(src, T: float, ep: int, etp: int, f: float) -> tuple[float, float]:
+    """(dispatch, combine) ms of the flex dispatcher (DeepEP / HybridEP, ``MoEFlexTokenDispatcher``): one fused
+    exchange over the etp x ep group (``tp_ep_group``; each token goes to every ETP rank of its experts, so there
+    is no separate ETP all-gather / reduce-scatter), sent once per distinct destination rank and, across nodes,
+    once per distinct destination node, fanned out over NVLink there (``moe_primitives.flex_all_to_all_ms``).
+    Group members per node ``min(etp ep, nvlink_size)`` (ETP innermost, EP strided by etp: ``ep_members``)."""
+    m, comm, dt = src.model, src.comm, src.dt
+    e, h = m.moe, m.hidden_size
+    etp = max(etp, 1)
+    n = etp * ep
+    if n <= 1:
+        return 0.0, 0.0
+    g_ep = ep_members(src.cluster, ep, etp)          # EP ranks per node
+    r_ep, nodes = flex_destinations(e.num_experts, e.moe_router_topk, ep, g_ep, e.moe_router_num_groups,
+                                    e.moe_router_group_topk)
+    g = min(n, src.cluster.nvlink_size)
+    k = e.moe_router_topk
+    eff = {"nvl_eff": FLEX_NVL_EFF.get(GENERATION.get(src.cluster.gpu.name), LINK_EFFICIENCY),
+           "rdma_eff": FLEX_RDMA_EFF}
+    d = flex_all_to_all_ms(comm, T, flex_token_bytes(h, dt, k), r_ep * etp, nodes, n, g, f, **eff)
+    c = flex_all_to_all_ms(comm, T, flex_token_bytes(h, dt, k, dispatch=False), r_ep * etp, nodes, n, g, f, **eff)
+    return d, c
+
+
+def flex_buffer_mb(model, moe_settings, ep: int, etp: int, dt: float) -> float:
+    """MB of the flex dispatcher's communication buffer on a rank whose stage holds an MoE layer: one DeepEP
+    ``Buffer`` per process (``fused_a2a._buffer``, allocated at the first dispatch for the etp x ep group and
+    reused by every layer), ``num_nvl_bytes + num_rdma_bytes`` as ``fused_a2a.get_buffer`` sizes it for
+    ``hidden_bytes = h x max(dt, 2)`` (``moe_primitives.deepep_buffer_bytes``). 0 for the other dispatchers and
+    for a group of one (megatron-core requires etp x ep > 1 for flex). HybridEP's buffer (sized by tokens per
+    rank and local experts) is priced as DeepEP's: the plan does not name the backend and exports DeepEP."""
+    if model.moe is None or moe_settings is None or moe_settings.token_dispatcher != "flex":
+        return 0.0
+    n = max(etp, 1) * ep
+    if n <= 1:
+        return 0.0
+    nvl, rdma = deepep_buffer_bytes(n, int(model.hidden_size * max(dt, 2)))
+    return (nvl + rdma) / 2 ** 20
 
 
 def moe_parts(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, overlap: bool = False,

@@ -8,7 +8,10 @@ dispatcher on the same state (shapes, cuts, micro-batch, switches; recompute re-
 dispatcher changes the MoE units' dispatch / combine time and buffers, not which states are legal, so pricing the
 finalists under each is what choosing it costs (a few evaluations, not a search per dispatcher). The fastest
 fitting one is kept; ties keep the earlier candidate (the plan's own settings first, then alltoall, allgather,
-flex), so a dispatcher priced the same as alltoall (flex: the same bytes) is never chosen over it.
+flex). flex is priced as DeepEP / HybridEP run it (``moe_cost.flex_dispatch``: a token once per destination
+node across the network, fanned out over NVLink, at the kernels' benchmarked bandwidths, plus its DeepEP buffer),
+so it wins where the EP group spans nodes and loses inside an NVLink domain on Blackwell, where the benchmarked
+HybridEP bandwidth (0.49 of NVLink) is below NCCL's.
 
 Candidates (``candidates``): flex (DeepEP / HybridEP) needs CUDA, so not on a ``cpu`` cluster; the overlaps of the
 base settings rule out what megatron-core refuses with them (``moe_plan.check_moe_settings``):
