@@ -30,6 +30,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Dispatcher = Literal["alltoall", "allgather", "flex"]
+FlexBackend = Literal["deepep", "hybridep"]
 
 
 class MoEPlanSettings(BaseModel):
@@ -40,6 +41,9 @@ class MoEPlanSettings(BaseModel):
     token_dispatcher: Dispatcher = Field(
         "alltoall", description="Token dispatcher (moe_token_dispatcher_type): alltoall (published runs), "
         "allgather, or flex (DeepEP / HybridEP; GPU only).")
+    flex_backend: FlexBackend = Field(
+        "deepep", description="The flex dispatcher's backend (moe_flex_dispatcher_backend): deepep (DeepEP, "
+        "Megatron-LM's default) or hybridep (HybridEP, NVLink domains such as NVL72 racks); flex only.")
     grouped_gemm: bool = Field(True, description="All local experts in one grouped GEMM (moe_grouped_gemm; "
                                "transformer-engine GroupedLinear on GPU); off: one GEMM per expert (SequentialMLP).")
     permute_fusion: bool = Field(True, description="Fused token permute/unpermute kernels (moe_permute_fusion; "
@@ -107,6 +111,14 @@ def check_moe_settings(plan) -> None:
         return
     if plan.model.moe is None:
         raise ValueError(f"moe: the model {plan.model.name} has no experts; remove the plan's moe block")
+    if s.flex_backend != "deepep" and s.token_dispatcher != "flex":
+        raise ValueError(f"moe.flex_backend {s.flex_backend} is the flex dispatcher's backend (token_dispatcher is "
+                         f"{s.token_dispatcher}); set token_dispatcher flex or flex_backend deepep")
+    if (s.token_dispatcher == "flex" and s.flex_backend == "deepep"
+            and plan.model.moe.moe_pad_expert_input_to_capacity):
+        raise ValueError("moe.flex_backend deepep with the model's moe_pad_expert_input_to_capacity: megatron-core "
+                         "0.16.1 pads expert input only with the hybridep backend (TransformerConfig raises); use "
+                         "flex_backend hybridep or another dispatcher")
     if s.shared_expert_overlap:
         if s.token_dispatcher != "alltoall":
             raise ValueError(f"moe.shared_expert_overlap works with the alltoall dispatcher only (it is "

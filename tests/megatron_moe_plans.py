@@ -77,6 +77,8 @@ MOE_CASES = {
     "tiny-mla-mtp2-vpp2-block": (TINY_MLA, (1, 1, 1, 1), 2, 2, 1, 1, 2, 2, 1, _moe(pf=False), BLOCK1, 1, 16, {}),
     "tiny-mla-mtp2-vpp2-embedding-only": (TINY_MLA, (0, 2, 1, 1), 2, 2, 1, 1, 2, 2, 1, A2A, NONE, 1, 16, {}),
     "tiny-gelu-bias-ep4-flex": (TINY_GELU, (4,), 1, 1, 1, 1, 4, 4, 1, _moe("flex", gg=False), NONE, 1, 16, {}),
+    "tiny-list-padded-flex-hybridep": (TINY_LIST, (4,), 1, 1, 1, 1, 4, 4, 1, _moe("flex", flex_backend="hybridep"),
+                                       NONE, 1, 16, {}),       # megatron-core pads expert input with hybridep only
 }
 
 

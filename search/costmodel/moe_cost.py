@@ -261,7 +261,7 @@ def flex_buffer_mb(model, moe_settings, ep: int, etp: int, dt: float) -> float:
     reused by every layer), ``num_nvl_bytes + num_rdma_bytes`` as ``fused_a2a.get_buffer`` sizes it for
     ``hidden_bytes = h x max(dt, 2)`` (``moe_primitives.deepep_buffer_bytes``). 0 for the other dispatchers and
     for a group of one (megatron-core requires etp x ep > 1 for flex). HybridEP's buffer (sized by tokens per
-    rank and local experts) is priced as DeepEP's: the plan does not name the backend and exports DeepEP."""
+    rank and local experts) is priced as DeepEP's (``MoEPlanSettings.flex_backend`` names it; not priced apart yet)."""
     if model.moe is None or moe_settings is None or moe_settings.token_dispatcher != "flex":
         return 0.0
     n = max(etp, 1) * ep

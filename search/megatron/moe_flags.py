@@ -179,10 +179,9 @@ def moe_plan_fields(f, model, notes: list[str]) -> tuple[int, int | None, MoEPla
     if f.has("--moe-enable-deepep") and (dispatcher != "flex" or backend == "hybridep"):
         raise AcesoError("--moe-enable-deepep needs --moe-token-dispatcher-type flex and no hybridep backend "
                          "(megatron-core's TransformerConfig raises)")
-    if dispatcher == "flex" and backend != "deepep":
-        notes.append(f"--moe-token-dispatcher-type flex ({backend}): priced as the flex dispatcher; the plan does "
-                     "not name its backend (export writes Megatron-LM's default, deepep)")
     settings = {"token_dispatcher": dispatcher, **{name: f.has(flag) for name, flag, _ in SETTING_FLAGS}}
+    if dispatcher == "flex":
+        settings["flex_backend"] = backend
     if settings["shared_expert_overlap"] and dispatcher != "alltoall":
         raise AcesoError(f"--moe-shared-expert-overlap with the {dispatcher} dispatcher: megatron-core supports it "
                          "with alltoall only")
@@ -247,6 +246,8 @@ def moe_parallel_args(c) -> list[str]:
     out = ["--expert-model-parallel-size", str(c.ep)]
     out += ["--expert-tensor-parallel-size", str(c.etp)] if c.etp is not None else []
     out += ["--moe-token-dispatcher-type", s.token_dispatcher]
+    if s.token_dispatcher == "flex":
+        out += ["--moe-flex-dispatcher-backend", s.flex_backend]
     out += [flag for name, flag, _ in SETTING_FLAGS if getattr(s, name)]
     return out
 
@@ -272,7 +273,7 @@ def moe_bridge_fields(c) -> dict[str, object]:
     out["expert_model_parallel_size"] = c.ep
     out["expert_tensor_parallel_size"] = c.tp if c.etp is None else c.etp
     out["moe_token_dispatcher_type"] = s.token_dispatcher
-    out["moe_flex_dispatcher_backend"] = "deepep"
+    out["moe_flex_dispatcher_backend"] = s.flex_backend
     out.update({field: getattr(s, name) for name, _, field in SETTING_FLAGS})
     return {**out, **(_mla(m) if m.mla is not None else {})}
 

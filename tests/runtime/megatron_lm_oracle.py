@@ -84,7 +84,8 @@ MOE_FIELDS = ("num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_
               "moe_router_enable_expert_bias", "moe_aux_loss_coeff", "moe_router_load_balancing_type",
               "moe_expert_capacity_factor", "moe_router_force_load_balancing", "expert_model_parallel_size",
               "expert_tensor_parallel_size", "moe_token_dispatcher_type", "moe_grouped_gemm", "moe_permute_fusion",
-              "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm", "multi_latent_attention",
+              "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm", "moe_flex_dispatcher_backend",
+              "moe_pad_expert_input_to_capacity", "multi_latent_attention",
               "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm",
               "mtp_num_layers")
 

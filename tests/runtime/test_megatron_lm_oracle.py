@@ -97,7 +97,9 @@ def _expected_moe(c) -> dict:
             "expert_model_parallel_size": c.ep, "expert_tensor_parallel_size": c.etp or c.tp,
             "moe_token_dispatcher_type": s.token_dispatcher, "moe_grouped_gemm": s.grouped_gemm,
             "moe_permute_fusion": s.permute_fusion, "moe_shared_expert_overlap": s.shared_expert_overlap,
-            "overlap_moe_expert_parallel_comm": s.overlap_ep_comm, "multi_latent_attention": m.mla is not None,
+            "overlap_moe_expert_parallel_comm": s.overlap_ep_comm, "moe_flex_dispatcher_backend": s.flex_backend,
+            "moe_pad_expert_input_to_capacity": moe.moe_pad_expert_input_to_capacity,
+            "multi_latent_attention": m.mla is not None,
             **mla, "qk_layernorm": bool((m.megatron or {}).get("qk_layernorm")), "mtp_num_layers": m.mtp_num_layers}
 
 

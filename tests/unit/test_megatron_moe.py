@@ -294,3 +294,21 @@ def test_cli_export_import_round_trip_prices_the_moe_plan(name, tmp_path, capsys
     assert got.predicted is not None and got.predicted.iteration_time_ms > 0       # priced by the MoE cost model
     assert main(["export", str(back), "--to", "megatron-bridge", "-o", str(yaml)]) == 0
     assert "num_moe_experts: " + str(plan.model.moe.num_experts) in yaml.read_text()
+
+
+def test_flex_backend_is_read_written_and_checked_as_megatron_core_does():
+    """``--moe-flex-dispatcher-backend`` is the plan's ``moe.flex_backend`` both ways (Megatron-LM and Bridge);
+    with padded expert input megatron-core's TransformerConfig refuses deepep ("Flex token dispatcher with deepep
+    backend does not support moe_pad_expert_input_to_capacity"), so the plan does, in one line."""
+    plan = moe_case_plan("tiny-list-padded-flex-hybridep")
+    line = args_line(megatron_config(plan))
+    assert "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep" in line
+    assert read_megatron(line, world_size=plan.world_size).plan.moe.flex_backend == "hybridep"
+    assert overrides(megatron_config(plan))[1]["model"]["moe_flex_dispatcher_backend"] == "hybridep"
+    deepep = line.replace("--moe-flex-dispatcher-backend hybridep", "--moe-flex-dispatcher-backend deepep")
+    with pytest.raises(AcesoError, match="pads expert input only with the hybridep backend"):
+        read_megatron(deepep, world_size=plan.world_size)
+    alltoall = read_megatron(line.replace("--moe-token-dispatcher-type flex", "--moe-token-dispatcher-type alltoall"),
+                             world_size=plan.world_size).plan
+    assert alltoall.moe.flex_backend == "deepep"          # the backend means nothing without flex
+    assert "--moe-flex-dispatcher-backend" not in args_line(megatron_config(alltoall))
