@@ -38,7 +38,9 @@ def candidates(model, cluster, base: MoEPlanSettings | None = None) -> list[MoEP
             continue
         if (base.shared_expert_overlap and d != "alltoall") or (base.overlap_ep_comm and d == "allgather"):
             continue
-        out.append(base.model_copy(update={"token_dispatcher": d}))
+        backend = ("hybridep" if model.moe.moe_pad_expert_input_to_capacity else base.flex_backend) \
+            if d == "flex" else "deepep"       # megatron-core pads expert input with HybridEP only
+        out.append(base.model_copy(update={"token_dispatcher": d, "flex_backend": backend}))
     return out
 
 

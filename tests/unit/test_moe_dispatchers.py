@@ -57,6 +57,14 @@ def test_candidates():
     assert [s.token_dispatcher for s in candidates(qwen, h100, ov)] == ["flex", "alltoall"]
     assert all(s.overlap_ep_comm for s in candidates(qwen, h100, ov))
     assert candidates(load_model("gpt-1.3b"), h100) == []
+    # padded expert input: megatron-core's flex pads with HybridEP only; a HybridEP base keeps deepep off the others
+    padded = qwen.model_copy(update={"moe": qwen.moe.model_copy(update={"moe_expert_capacity_factor": 1.0,
+                                                                        "moe_pad_expert_input_to_capacity": True})})
+    assert [(s.token_dispatcher, s.flex_backend) for s in candidates(padded, h100)] == [
+        ("alltoall", "deepep"), ("allgather", "deepep"), ("flex", "hybridep")]
+    hyb = MoEPlanSettings(token_dispatcher="flex", flex_backend="hybridep")
+    assert [(s.token_dispatcher, s.flex_backend) for s in candidates(qwen, h100, hyb)] == [
+        ("flex", "hybridep"), ("alltoall", "deepep"), ("allgather", "deepep")]
 
 
 @pytest.mark.parametrize("target", ["aceso", "megatron-lm"])
