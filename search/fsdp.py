@@ -15,6 +15,9 @@ GPU, as before.
                           its weights before its forward and again before its backward          (ZeRO-3)
 
 Constraints (Megatron-LM core_v0.16.1 ``arguments.py`` ``validate_args`` and megatron-core 0.16.1), one line each:
+- one pipeline stage with one chunk (megatron-core builds the FSDP mesh from the whole world: ``pipeline_refusal``);
+- ``optim_grads`` / ``optim_grads_params`` over at least 2 ranks of DP x CP (and of expert-DP with experts):
+  megatron-core counts every gradient twice over a group of one (``one_rank_refusal``);
 - ``--ckpt-format fsdp_dtensor`` is required ("Megatron FSDP only supports fsdp_dtensor checkpoint format"); the
   export writes it, the import refuses another format;
 - ``--overlap-param-gather`` needs ``--use-distributed-optimizer`` or ``--use-megatron-fsdp``, and
@@ -73,8 +76,48 @@ def shards(strategy: str | None) -> tuple[bool, bool, bool]:
     return i >= 3, i >= 2, i >= 1
 
 
+def pipeline_refusal(num_stages: int, num_chunks: int) -> str | None:
+    """Megatron FSDP across pipeline stages (one line), or None: megatron-core 0.16.1 cannot build it."""
+    if num_stages == 1 and num_chunks == 1:
+        return None
+    return (f"megatron_fsdp with {num_stages} pipeline stages ({num_chunks} chunks each): megatron-core 0.16.1 "
+            "builds Megatron FSDP's device mesh from the whole world as (dp_cp ep tp) (_get_dp_tp_mesh: 'Shape "
+            "mismatch' when the world also spans pipeline stages), in Megatron-LM too; use one stage or remove "
+            "megatron_fsdp")
+
+
+def one_rank_refusal(strategy: str, dp: int, cp: int, num_gpus: int, tp: int, etp: int, ep: int,
+                     moe: bool) -> str | None:
+    """A gradient-sharding strategy over a group of one rank (one line), or None: megatron-core 0.16.1 then adds
+    its reduce-scatter output onto the bucket it read, counting every gradient twice (tests/distributed/
+    test_fsdp_upstream.py), and such a group shards nothing."""
+    if strategy in ("no_shard", "optim"):
+        return None
+    sizes = {"dp x cp": dp * cp, **({"expert-DP (num_gpus / (etp x ep))": num_gpus // (etp * ep)} if moe else {})}
+    one = next((what for what, n in sizes.items() if n == 1), None)
+    if one is None:
+        return None
+    return (f"megatron_fsdp {strategy} with {one} 1: megatron-core 0.16.1 counts every gradient twice on an "
+            "unsharded buffer (its reduce-scatter output is added onto the bucket it read) and FSDP over one rank "
+            "shards nothing; use more data-parallel ranks or remove megatron_fsdp")
+
+
+def structural_refusal(plan) -> str | None:
+    """What of the plan's Megatron FSDP megatron-core 0.16.1 cannot run, in any framework (one line), or None."""
+    f = plan.megatron_fsdp
+    if f is None:
+        return None
+    if (why := pipeline_refusal(plan.num_stages, plan.num_virtual_stages)) is not None:
+        return why
+    st = plan.stages[0]
+    return one_rank_refusal(f.data_parallel_sharding_strategy, st.dp, st.cp, st.num_gpus, st.tp, st.etp or st.tp,
+                            st.ep, plan.model.moe is not None)
+
+
 def check_plan(plan) -> None:
     """``ValueError`` (one line, the field and the fix) for what Megatron-LM / megatron-core refuse."""
+    if (why := structural_refusal(plan)) is not None:
+        raise ValueError(why)
     off = plan.activation_offload
     if off is None:
         return

@@ -40,6 +40,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 
+from search.fsdp import structural_refusal
+
 
 def refusal(plan) -> str | None:
     """Why the runtime cannot run ``plan``'s Megatron FSDP or activation offload (one line), or None."""
@@ -48,23 +50,14 @@ def refusal(plan) -> str | None:
                 "offloading is not built); run the plan with Megatron-LM (aceso export --to megatron-lm) or remove it")
     if plan.megatron_fsdp is None:
         return None
-    if plan.num_stages > 1 or plan.num_virtual_stages > 1:
-        return (f"megatron_fsdp with {plan.num_stages} pipeline stages ({plan.num_virtual_stages} chunks each): "
-                "megatron-core 0.16.1 builds Megatron FSDP's device mesh from the whole world as (dp_cp ep tp) "
-                "(_get_dp_tp_mesh: 'Shape mismatch' when the world also spans pipeline stages), in Megatron-LM too; "
-                "use one stage or remove megatron_fsdp")
+    if (why := structural_refusal(plan)) is not None:
+        return why
     strategy = plan.megatron_fsdp.data_parallel_sharding_strategy
     if strategy == "no_shard":
         return ("megatron_fsdp no_shard: megatron-core 0.16.1's optimizer step fails on it (start_param_sync -> "
                 "async_bucket_gather: the weight buffer is None) and it shards nothing; remove megatron_fsdp (DDP)")
     st = plan.stages[0]
     etp = st.etp or st.tp
-    edp = st.num_gpus // (etp * st.ep)
-    sizes = {"dp x cp": st.dp * st.cp, **({"expert-DP (num_gpus / (etp x ep))": edp} if plan.model.moe else {})}
-    if strategy != "optim" and (one := next((what for what, n in sizes.items() if n == 1), None)):
-        return (f"megatron_fsdp {strategy} with {one} 1: megatron-core 0.16.1 counts every gradient twice on "
-                "an unsharded buffer (its reduce-scatter output is added onto the bucket it read) and FSDP over "
-                "one rank shards nothing; use more data-parallel ranks or remove megatron_fsdp")
     if plan.model.moe is not None and max(st.tp, etp) > 1:
         return (f"megatron_fsdp with an MoE model at tp {st.tp} / etp {etp}: the runtime runs Megatron FSDP with "
                 "experts at tp 1 and etp 1 only (the router's and experts' TP flags are not run yet); use tp 1 or "
