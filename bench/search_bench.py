@@ -371,7 +371,8 @@ def section_moe_time(args):
     for name, cluster, gbs, target in MOE_TIME:
         model, cl = load_model(name), parse_cluster(cluster)
         tr = TrainingSpec(global_batch_size=gbs, precision=model.params_dtype, virtual_stages=VIRTUAL)
-        cm = build_cost_model(model, cl, tr, settings=plan_settings(target, tr.dtype))
+        framework = "runtime" if target == "aceso" else target     # how the target runs the plan
+        cm = build_cost_model(model, cl, tr, settings=plan_settings(framework, tr.dtype))
         plans, wall, cpu = timed(lambda: plan_all(cm, tr, SearchOptions(budget_evals=BUDGET, workers=1),
                                                   target=target))
         best = plans.main.plans[0] if plans.main.plans else None
