@@ -349,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=None, help="only rows whose id contains this")
     ap.add_argument("--breakdown", action="store_true", help="also print each priced row's stage breakdown")
     ap.add_argument("--fit", action="store_true", help="fit the MoE time constants (moe_cost.py) and stop")
+    ap.add_argument("--json", default=None, help="where to write the results (default bench/results/moe_published.json)")
     args = ap.parse_args(argv)
     path = Path(args.bridge)
     if not path.is_file():
@@ -372,10 +373,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"search time, {timing.get('model', 'deepseek-v3')} on {timing.get('cluster', '32x8-h100')} (target 60 s): "
           + (f"{timing['seconds']:.1f} s wall, {timing['cpu_s']:.1f} s CPU, {timing['evaluations']} evaluations"
              if "seconds" in timing else timing["status"]))
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "moe_published.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=2) + "\n")
-    print(f"\nwrote {out / 'moe_published.json'}")
+    dest = Path(args.json) if args.json else ROOT / "bench" / "results" / "moe_published.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps({"rows": rows, "summary": summary}, indent=2) + "\n")
+    print(f"\nwrote {dest}")
     return 0
 
 
