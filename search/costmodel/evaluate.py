@@ -226,8 +226,11 @@ class CostModel:
             p = self._prep[key] = _prepare(table, self._cross_first)
         return p
 
-    def unit_table(self, batch: float, tp: int, cp: int = 1, sp: bool = False, tp_overlap: bool = False) -> UnitTable:
-        return self._prepared(batch, tp, cp, sp, tp_overlap and sp and tp > 1).table
+    def unit_table(self, batch: float, tp: int, cp: int = 1, sp: bool = False, tp_overlap: bool = False,
+                   ep: int = 1, etp: int = 0, moe=None) -> UnitTable:
+        """The per-unit table ``stage_cost`` prices a stage of this shape with (``ep``/``etp``/``moe``: its expert
+        shape and the plan's MoE settings, as ``stage_cost`` takes them)."""
+        return self._prepared(batch, tp, cp, sp, tp_overlap and sp and tp > 1, ep, etp, moe).table
 
     # ----- one stage ----------------------------------------------------------------------------------------------
     def stage_cost(self, stage_index: int, num_stages: int, first_rank: int, start_unit: int, end_unit: int,

@@ -247,6 +247,14 @@ class ProfileSource:
                                  f"tp {key[4]} measure different recompute choices; re-run the profiler")
         return groups
 
+    def expert_shapes(self) -> frozenset[tuple[int, int, int, str]] | None:
+        """The (tp, ep, etp, dispatcher) of the database's moe rows at the model's sequence length: the only expert
+        shapes this source prices (``profiledb_moe``), so the search's expert space (None: a dense model)."""
+        if self.model.moe is None:
+            return None
+        seq = self.model.seq_length
+        return frozenset((k[4], *k[5]) for k in self._groups if k[0] == "units" and k[2] == "moe" and k[3] == seq)
+
     def _lookup(self, part: str, stack: str, kind: str, seq: int, batch: float, tp: int,
                 shape: tuple = ()) -> dict[str, np.ndarray]:
         tps = sorted(k[4] for k in self._groups if k[:4] == (part, stack, kind, seq) and k[5] == shape)

@@ -402,7 +402,9 @@ def search(cm, gbs: int, space: Space, opts: SearchOptions, top_k: int = 1) -> S
 def _finish(cm, gbs, space, opts, results, top_k, t0, interrupted) -> SearchResult:
     ev = Evaluator(cm, gbs, None, space.target, space.moe)
     cands = [e for r in results for e in r.best]
-    if interrupted and opts.seeds:  # stage counts that never ran: at least the seeds (the uniform baseline)
+    # stage counts that never ran (Ctrl-C, or a --budget-s cap spent on the stage counts before): at least the seeds
+    # (the uniform baseline, a published plan), so the search is never worse than them
+    if (interrupted or opts.budget_s is not None) and opts.seeds:
         cands += [ev.evaluate(s, charge=False, exact=True) for s in opts.seeds if space.legal(s)]
     cands.sort(key=lambda e: e.rank)
     polished = 0

@@ -38,11 +38,14 @@ def build_cost_model(model, cluster, training, kind: str = "analytic", db=None, 
 def make_space(cm, training, target: str = "aceso", moe=None) -> Space:
     """The search space for this cost model and training spec: what the model prices (``cm.features``) and the
     (per-rank batch, tp) pairs it covers (``cm.available_shapes()`` where it has one, e.g. aceso-compat's profiled
-    files; else all). AcesoError when no candidate micro-batch or shape is left."""
+    files; else all) and, for an MoE model, the expert shapes it prices (``expert_shapes()`` of its source where
+    it has one: the profile model's measured moe rows; else all). AcesoError when no candidate micro-batch or shape
+    is left."""
     available = getattr(cm, "available_shapes", None)
     allowed = available() if available is not None else None
+    measured = getattr(getattr(cm, "source", None), "expert_shapes", None)
     space = Space.of(cm.model, cm.cluster, training, priced=getattr(cm, "features", frozenset()), target=target,
-                     allowed=allowed, moe=moe)
+                     allowed=allowed, moe=moe, expert_shapes=measured() if measured is not None else None)
     if not space.batches:
         raise AcesoError(f"--micro-batch-sizes: none divides --global-batch-size ({training.global_batch_size})")
     if allowed is not None and not space.candidate_shapes() & space.allowed:

@@ -55,7 +55,7 @@ def trade(ctx, ev: Evaluation, b: int, to_ep: bool) -> list[State]:
         new = sh._exchanged(ctx, s, "tp_to_dp" if to_ep else "dp_to_tp")
         if new is None:
             return None
-        eps = ex.eps(new.num_gpus, new.expert_tp)
+        eps = ex.eps(new.num_gpus, new.expert_tp, new.tp)
         pick = [e for e in eps if e >= 2 * s.ep] if to_ep else [e for e in eps if 2 * e <= s.ep]
         if not pick:
             return None

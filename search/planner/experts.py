@@ -5,7 +5,10 @@ has megatron-core 0.16.1's rules; this module enumerates what they allow). Candi
 
 * ``etp`` in {1, tp}: megatron-core's default is the attention tp (``expert_tensor_parallel_size`` unset), the
   published runs use 1; ``etp`` must divide the expert widths, and linear biases allow only 1;
-* ``ep``: every divisor of ``num_experts`` that divides ``num_gpus / etp``.
+* ``ep``: every divisor of ``num_experts`` that divides ``num_gpus / etp``;
+* a cost model that prices only measured expert shapes (the profile model: ``ProfileSource.expert_shapes``, the
+  (tp, ep, etp) of the database's moe rows under the plan's dispatcher, docs/profile-db.md) restricts both to those
+  (``measured``), so the search never proposes a shape the cost model refuses.
 
 A ``Shape`` stores ``etp`` 0 for "the stage's tp" (as ``StageSpec.etp`` None), so each (ep, etp) has one code: 0
 when it equals tp (always at tp 1), else 1. ``fit`` gives a new attention shape its expert shape: the old one's
@@ -28,32 +31,43 @@ class ExpertSpace:
     num_experts: int
     widths: tuple[int, ...]     # moe_ffn_hidden_size and the shared expert's width: etp must divide them
     etp_tp: bool = True         # False with linear biases (megatron-core: MoE biases only with etp 1)
+    measured: frozenset[tuple[int, int, int]] | None = None   # (tp, ep, etp degree) the cost model prices; None: all
 
     @classmethod
-    def of(cls, model) -> "ExpertSpace | None":
+    def of(cls, model, measured=None, dispatcher: str = "alltoall") -> "ExpertSpace | None":
+        """``measured``: the (tp, ep, etp degree, dispatcher) the cost model prices (None: every shape); only those
+        of ``dispatcher`` (the plan's, under which the search runs) are kept."""
         moe = model.moe
         if moe is None:
             return None
         widths = (moe.moe_ffn_hidden_size,) + ((moe.moe_shared_expert_intermediate_size,)
                                                if moe.moe_shared_expert_intermediate_size else ())
-        return cls(moe.num_experts, widths, not model.add_bias_linear)
+        keep = None if measured is None else frozenset((t, e, x) for t, e, x, d in measured if d == dispatcher)
+        return cls(moe.num_experts, widths, not model.add_bias_linear, keep)
 
     def etps(self, tp: int) -> tuple[int, ...]:
         """The etp codes a stage of this tp may take (0 = tp, 1 = etp 1 under tp > 1), megatron-core's default
-        first."""
+        first; with ``measured``, only codes some measured shape at this tp has."""
         out = [0] if tp == 1 or (self.etp_tp and all(w % tp == 0 for w in self.widths)) else []
-        return tuple(out + ([1] if tp > 1 else []))
+        out += [1] if tp > 1 else []
+        if self.measured is not None:
+            out = [c for c in out if any(t == tp and x == (c or tp) for t, _, x in self.measured)]
+        return tuple(out)
 
-    def eps(self, num_gpus: int, etp: int) -> tuple[int, ...]:
-        """Every ep of ``num_gpus`` GPUs at expert tp ``etp`` (a degree, not a code), ascending."""
-        return _common_divisors(num_gpus // etp if num_gpus % etp == 0 else 0, self.num_experts)
+    def eps(self, num_gpus: int, etp: int, tp: int) -> tuple[int, ...]:
+        """Every ep of ``num_gpus`` GPUs at expert tp ``etp`` (a degree, not a code) under attention tp ``tp``,
+        ascending (with ``measured``: the measured ones)."""
+        out = _common_divisors(num_gpus // etp if num_gpus % etp == 0 else 0, self.num_experts)
+        if self.measured is not None:
+            out = tuple(e for e in out if (tp, e, etp) in self.measured)
+        return out
 
     def options(self, s: Shape) -> list[tuple[int, int]]:
         """Every (ep, etp code) of stage shape ``s``."""
-        return [(e, code) for code in self.etps(s.tp) for e in self.eps(s.num_gpus, code or s.tp)]
+        return [(e, code) for code in self.etps(s.tp) for e in self.eps(s.num_gpus, code or s.tp, s.tp)]
 
     def ok(self, s: Shape) -> bool:
-        return s.etp in self.etps(s.tp) and s.ep in self.eps(s.num_gpus, s.etp or s.tp)
+        return s.etp in self.etps(s.tp) and s.ep in self.eps(s.num_gpus, s.etp or s.tp, s.tp)
 
     def fit(self, s: Shape, old: Shape | None = None) -> Shape | None:
         """``s`` with an expert shape: ``old``'s etp code and at most its ep where legal, else the default (etp 1,
@@ -62,17 +76,17 @@ class ExpertSpace:
         if not codes:
             return None
         pref = [c for c in ((old.etp if old is not None else None), 1, 0) if c in codes]
-        code = pref[0]
-        eps = self.eps(s.num_gpus, code or s.tp)
-        if not eps:
+        code = next((c for c in pref if self.eps(s.num_gpus, c or s.tp, s.tp)), None)
+        if code is None:
             return None
+        eps = self.eps(s.num_gpus, code or s.tp, s.tp)
         top = old.ep if old is not None else eps[-1]
         ep = max((e for e in eps if e <= top), default=eps[0])
         return s._replace(ep=ep, etp=code)
 
     def stepped(self, s: Shape, step: int) -> Shape | None:
         """``s`` at the next larger (``step`` 1) or smaller (-1) ep of the same etp; None at the end."""
-        eps = self.eps(s.num_gpus, s.expert_tp)
+        eps = self.eps(s.num_gpus, s.expert_tp, s.tp)
         k = eps.index(s.ep) + step if s.ep in eps else -1
         return s._replace(ep=eps[k]) if 0 <= k < len(eps) else None
 
@@ -81,7 +95,7 @@ class ExpertSpace:
         other = [c for c in self.etps(s.tp) if c != s.etp]
         if not other:
             return None
-        eps = self.eps(s.num_gpus, other[0] or s.tp)
+        eps = self.eps(s.num_gpus, other[0] or s.tp, s.tp)
         ep = max((e for e in eps if e <= s.ep), default=None)
         return None if ep is None else s._replace(ep=ep, etp=other[0])
 

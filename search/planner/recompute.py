@@ -512,17 +512,33 @@ def count_assignments(kinds, allowed) -> tuple[int, Iterator[np.ndarray]]:
 
 
 def table_kwargs(cm, kw: dict) -> dict:
-    """The keywords of ``cm.unit_table`` for a stage's ``kw``: cp and sp where not the default, and the expert
-    shape (ep, etp) where the cost model's tables take it (plan contract v3)."""
-    out = {k: kw[k] for k in ("cp", "sp") if kw.get(k) not in (None, 1, False)}
+    """The keywords of ``cm.unit_table`` for a stage's ``kw`` (``Evaluator.stage_args``), so the table is the one
+    ``stage_cost`` prices the stage with: cp and sp where not the default, transformer-engine TP overlap (the plan's
+    switch, on SP stages), the expert shape (ep, etp) and the MoE settings; each only where the cost model's
+    ``unit_table`` takes it (the synthetic models take batch and tp only)."""
+    want: dict = {}
+    if kw.get("cp") not in (None, 1):
+        want["cp"] = kw["cp"]
+    if kw.get("sp") is True:            # a bool: ``True in (1,)`` holds, so no membership test
+        want["sp"] = True
+        f = kw.get("features")
+        if f is not None and f.tp_comm_overlap:
+            want["tp_overlap"] = True
     if kw.get("ep", 1) > 1 or kw.get("etp"):
-        try:
-            takes = "ep" in inspect.signature(cm.unit_table).parameters
-        except (AttributeError, TypeError, ValueError):
-            takes = False
-        if takes:
-            out.update(ep=kw.get("ep", 1), etp=kw.get("etp", 0))
-    return out
+        want.update(ep=kw.get("ep", 1), etp=kw.get("etp", 0))
+    if kw.get("moe") is not None:
+        want["moe"] = kw["moe"]
+    if not want:
+        return want
+    takes = _unit_table_params(cm)
+    return {k: v for k, v in want.items() if k in takes}
+
+
+def _unit_table_params(cm) -> frozenset[str]:
+    try:
+        return frozenset(inspect.signature(cm.unit_table).parameters)
+    except (AttributeError, TypeError, ValueError):
+        return frozenset()
 
 
 def has_unit_tables(cm) -> bool:

@@ -153,9 +153,10 @@ class Space:
 
     @classmethod
     def of(cls, model, cluster, training, micro_batch_sizes=None, priced=frozenset(), target: str = "aceso",
-           allowed=None, moe=None) -> "Space":
+           allowed=None, moe=None, expert_shapes=None) -> "Space":
         """``priced``: what the cost model prices beyond a v1 plan (``CostModel.features``; empty for compat);
-        ``moe``: the MoE settings every state runs with (``MoEPlanSettings``; None: the defaults)."""
+        ``moe``: the MoE settings every state runs with (``MoEPlanSettings``; None: the defaults);
+        ``expert_shapes``: the (tp, ep, etp, dispatcher) the cost model prices (``ExpertSpace.of``; None: all)."""
         if target not in TARGETS:
             raise AcesoError(f"--target {target}: choose one of {', '.join(TARGETS)}")
         priced = frozenset(priced)
@@ -188,7 +189,7 @@ class Space:
         sps = _switch(training, "sequence_parallel", priced, "sequence-parallel")
         if training.tp_comm_overlap:
             sps = (True,)       # TE's TP overlap needs sequence parallelism on every tp > 1 stage
-        experts = ExpertSpace.of(model)
+        experts = ExpertSpace.of(model, expert_shapes, getattr(moe, "token_dispatcher", "alltoall"))
         if experts is not None and True in sps:
             sps = (True,)       # MoE + TP needs sequence parallelism (moe_plan.check_expert_shape)
         seqs = (model.seq_length,) + ((model.decoder_seq_length,) if model.is_t5 else ())

@@ -335,9 +335,16 @@ def to_plan(ev: Evaluation, model, cluster, gbs: int, cost_model_kind: str, pred
 
 
 def from_plan(plan: ParallelPlan) -> tuple[State, list[np.ndarray]]:
-    """A plan's state and its per-stage recompute codes (chunk after chunk)."""
-    shapes = tuple(Shape.of(s) for s in plan.stages)
+    """A plan's state and its per-stage recompute codes (chunk after chunk). An expert tp equal to the stage's tp
+    (``--expert-tensor-parallel-size 1`` at tp 1) is the state's code 0, as the search writes it (``experts.py``),
+    so a plan that says it explicitly is the same state and inside the space."""
+    shapes = tuple(_canonical(Shape.of(s)) for s in plan.stages)
     chunks = plan.chunks_in_order()
     bounds = tuple([c.start_unit for _, _, c in chunks] + [chunks[-1][2].end_unit])
     rcs = [np.array([RC_CODE[r] for r in s.all_recompute], dtype=np.int8) for s in plan.stages]
     return State(plan.micro_batch_size, shapes, bounds, Features.of_plan(plan)), rcs
+
+
+def _canonical(s: Shape) -> Shape:
+    """``s`` with etp code 0 where its expert tp equals its tp."""
+    return s._replace(etp=0) if s.etp == s.tp else s

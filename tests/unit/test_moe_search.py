@@ -254,3 +254,17 @@ def test_moe_settings_reach_the_cost_model_and_the_plan():
     assert ("moe", flex) in cm.asked and ("moe", None) not in cm.asked
     assert to_plan(e, model, cl, 64, "synthetic").moe == flex
     assert Space.of(load_model("gpt-1.3b"), cl, tr, moe=flex).moe is None      # a dense model has none
+
+
+@pytest.mark.parametrize("etp", [None, 1])
+def test_a_plan_spelling_etp_equal_to_tp_is_inside_the_space(etp):
+    """A published run's ``--expert-tensor-parallel-size 1`` at tp 1 (megatron-core: etp None means tp, so etp 1 is
+    the same folding) reads back as the state the search writes (code 0), so it is a legal seed."""
+    from search.plan import parse_plan
+    from search.planner.state import from_plan
+    model, cl, tr, space = _space(cluster="1x8-h100", gbs=64)
+    raw = {"model": model.model_dump(), "micro_batch_size": 8, "global_batch_size": 64,
+           "stages": [{"num_gpus": 8, "tp": 1, "dp": 8, "ep": 8, "etp": etp, "start_unit": 0,
+                       "end_unit": model.num_units, "recompute": ["none"] * model.num_units}]}
+    st = from_plan(parse_plan(raw, world_size=8))[0]
+    assert st.shapes == (Shape(1, 8, 1, False, 8, 0),) and space.legal(space.normalize(st))

@@ -47,3 +47,16 @@ def test_exhaustive_optimal_recompute_equals_brute_force_recompute():
         a, _, _ = exhaustive_best(cm, gbs, space, recompute="optimal")
         b, _, _ = exhaustive_best(cm, gbs, space, recompute="brute")
         assert np.isfinite(a) and a == pytest.approx(b, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_spent_wall_clock_cap_still_returns_the_seed(seed):
+    """``--budget-s`` spent before the seed's stage count runs (0 s: no stage count gets an evaluation): the seed
+    (here the exhaustive optimum, as a published plan or the uniform baseline would be) is still a candidate, so
+    the search is never worse than it (it was returned only on Ctrl-C)."""
+    cm, space, gbs = tiny_problem(seed)
+    want, best, _ = exhaustive_best(cm, gbs, space)
+    if best is None:                # nothing fits this problem: nothing to seed
+        return
+    res = search(cm, gbs, space, SearchOptions(budget_evals=400, budget_s=0.0, seeds=[best]))
+    assert res.plans and res.plans[0].fits and res.plans[0].iteration_ms <= want * (1 + 1e-12)

@@ -90,6 +90,27 @@ def test_optimize_stage_with_analytic_model_fits_and_beats_uniform_choices():
     assert cost.time_per_microbatch_ms == pytest.approx(best, rel=1e-12)
 
 
+@pytest.mark.parametrize("frac", [0.25, 0.5, 0.75])
+def test_optimize_stage_on_an_moe_stage_at_tp_2_fits(frac):
+    """The knapsack's table is the stage's own (``table_kwargs``: SP, ep, etp as ``stage_cost`` takes them; SP was
+    dropped, ``True in (1,)``, so the table of an MoE stage at tp > 1 was refused and every such state of the
+    heterogeneous search priced unfit): at a memory limit between all-none and all-full the choice fits, is
+    priced at its own expert shape and is never slower than recomputing every unit fully. (Brute force over every
+    assignment can be faster at these shapes, dense SP stages too: the knapsack's additive memory is an
+    approximation, docs/search.md.)"""
+    from search.costmodel import make_cost_model
+    model = load_model("qwen3-30b-a3b", num_layers=2)
+    n, tr, kw = model.num_units, TrainingSpec(global_batch_size=64), {"sp": True, "ep": 4, "etp": 1}
+    full = make_cost_model(model, parse_cluster("1x8-h100"), tr)
+    args = (0, 1, 0, 0, n, 2, 4)
+    lo, hi = (full.stage_cost(*args, np.full(n, c, np.int8), 16, cp=1, **kw).memory_mb for c in (2, 0))
+    cm = make_cost_model(model, parse_cluster("1x8-h100", memory_limit_mb=lo + (hi - lo) * frac), tr)
+    rc, cost = optimize_stage(cm, *args, 16, cp=1, **kw)
+    assert cost.fits and cost.memory_mb == cm.stage_cost(*args, rc, 16, cp=1, **kw).memory_mb
+    assert cost.time_per_microbatch_ms <= cm.stage_cost(*args, np.full(n, 2, np.int8), 16, cp=1,
+                                                        **kw).time_per_microbatch_ms + 1e-9
+
+
 class _OpLevel:
     """The synthetic model without unit tables, as an op-level model (aceso-compat) presents itself."""
 
