@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from ..costmodel.types import Features, Shape
 from ..errors import AcesoError
+from ..fsdp import one_rank_refusal, pipeline_refusal
 from ..layer_variants import offset_blocks_cp
 from ..training import MAX_VIRTUAL
 from . import constraints
@@ -150,6 +151,8 @@ class Space:
     max_chunks: int = 0                 # 0: any; else at most this many model chunks (default VPP degrees)
     experts: ExpertSpace | None = None  # MoE models: the expert shapes a stage may take; None: dense (ep 1)
     moe: object = None                  # MoE models: the MoEPlanSettings every state runs with (None: defaults)
+    empty_ends: tuple[bool, bool] = (False, False)   # model chunk 0 may hold only the embedding / the last only
+    #                                                  the loss (ChunkSpec.holds_only: GPT-style models, no MTP)
 
     @classmethod
     def of(cls, model, cluster, training, micro_batch_sizes=None, priced=frozenset(), target: str = "aceso",
@@ -204,7 +207,8 @@ class Space:
                    vs, features, bool(training.uniform_cp), target, cut_points(model), seqs,
                    None if allowed is None else frozenset(allowed), 1 if target == "megatron-lm" and model.is_t5 else 0,
                    constraints.pipeline_sizes(model, cluster, training),
-                   MAX_CHUNKS if training.virtual_stages is None else 0, experts, moe if experts else None)
+                   MAX_CHUNKS if training.virtual_stages is None else 0, experts, moe if experts else None,
+                   empty_ends=(not model.is_t5, not model.is_t5 and not model.mtp_num_layers))
 
     @functools.cached_property
     def v_set(self) -> frozenset[int]:
@@ -361,8 +365,13 @@ class Space:
             return False
         if st.bounds[0] != 0 or st.bounds[-1] != self.num_units:
             return False
-        if any(b <= a for a, b in zip(st.bounds[:-1], st.bounds[1:])):
-            return False
+        if st.features.fsdp and (pipeline_refusal(S, v) is not None or any(
+                one_rank_refusal(st.features.fsdp, s.dp, s.cp, s.num_gpus, s.tp, s.etp or s.tp, s.ep,
+                                 self.experts is not None) for s in st.shapes)):
+            return False            # what megatron-core cannot run under Megatron FSDP (search.fsdp)
+        for i, (a, b) in enumerate(zip(st.bounds[:-1], st.bounds[1:])):
+            if b < a or (b == a and not ((i == 0 and self.empty_ends[0]) or (i == nb - 2 and self.empty_ends[1]))):
+                return False
         if not all(self.shape_ok(s) for s in st.shapes) or not self.mbs_ok(st.shapes, st.mbs):
             return False
         if v > 1 and (S < 2 or (self.gbs and (self.gbs // st.mbs) % S)):
