@@ -68,6 +68,30 @@ def spawn(world_size: int, fn, *args, backend: str = "gloo") -> None:
                        nprocs=world_size, join=True, start_method=_context())
 
 
+def _call(fn, args, env: dict, cwd: str) -> None:
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    torch.set_num_threads(1)
+    rc = fn(*args)
+    if rc:
+        raise SystemExit(rc)
+
+
+def run_fresh(fn, *args, cwd=None) -> None:
+    """``fn(*args)`` (e.g. a CLI's ``main(argv)``) in one process forked from the preloaded forkserver: a fresh
+    interpreter without a process group, like ``python -m ...`` as a subprocess, with the caller's environment,
+    ``cwd`` (default: the caller's) and one torch thread, without paying the torch and megatron-core import
+    again; raises if it fails or returns a non-zero exit status."""
+    ctx = mp.get_context(_context())
+    p = ctx.Process(target=_call, args=(fn, args, dict(os.environ), str(cwd or os.getcwd())))
+    p.start()
+    p.join()
+    if p.exitcode != 0:
+        raise RuntimeError(f"{fn.__module__}.{fn.__qualname__}({', '.join(map(repr, args))}): exit status "
+                           f"{p.exitcode}")
+
+
 def make_batches(model, micro_batch_size: int, global_batch_size: int, seed: int = 0) -> list[dict]:
     """Random token micro-batches: ``{"tokens", "labels"}`` (GPT), ``{"enc_tokens", "dec_tokens", "labels"}`` (T5)."""
     g = torch.Generator().manual_seed(seed)
