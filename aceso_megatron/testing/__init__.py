@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from multiprocessing.reduction import DupFd
 
 
 from ..parallel.distenv import free_port  # noqa: F401  (re-exported for tests)
@@ -44,10 +45,34 @@ def _context():
     return "forkserver"
 
 
-def _entry(rank: int, world_size: int, port: int, fn, args, backend: str = "gloo", env=None) -> None:
-    if env is not None:   # a forked rank has the forkserver's environment: take the caller's, as "spawn" does
-        os.environ.clear()
-        os.environ.update(env)
+class _Stdio:
+    """The caller's stdout and stderr (e.g. pytest's capture): pickled for a forked process, its descriptors go
+    with the fork request, and ``attach()`` there puts them on fds 1 and 2."""
+
+    def __init__(self, dups=None):
+        self.dups = dups
+
+    def __reduce__(self):   # called while the process is being started: DupFd sends the fd along
+        return _Stdio, ((DupFd(1), DupFd(2)),)
+
+    def attach(self) -> None:
+        for fd, dup in zip((1, 2), self.dups):
+            new = dup.detach()
+            os.dup2(new, fd)
+            os.close(new)
+
+
+def _as_caller(env: dict, stdio: _Stdio) -> None:
+    """A process forked from the forkserver has the server's environment and standard streams (those of when it
+    started): take the caller's, as "spawn" does."""
+    os.environ.clear()
+    os.environ.update(env)
+    stdio.attach()
+
+
+def _entry(rank: int, world_size: int, port: int, fn, args, backend: str = "gloo", env=None, stdio=None) -> None:
+    if env is not None:
+        _as_caller(env, stdio)
     warnings.filterwarnings("ignore")
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -64,13 +89,12 @@ def _entry(rank: int, world_size: int, port: int, fn, args, backend: str = "gloo
 def spawn(world_size: int, fn, *args, backend: str = "gloo") -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes (gloo; ``backend="nccl"``: one GPU each);
     raises if any fails."""
-    mp.start_processes(_entry, args=(world_size, free_port(), fn, args, backend, dict(os.environ)),
+    mp.start_processes(_entry, args=(world_size, free_port(), fn, args, backend, dict(os.environ), _Stdio()),
                        nprocs=world_size, join=True, start_method=_context())
 
 
-def _call(fn, args, env: dict, cwd: str) -> None:
-    os.environ.clear()
-    os.environ.update(env)
+def _call(fn, args, env: dict, stdio: _Stdio, cwd: str) -> None:
+    _as_caller(env, stdio)
     os.chdir(cwd)
     torch.set_num_threads(1)
     rc = fn(*args)
@@ -84,7 +108,7 @@ def run_fresh(fn, *args, cwd=None) -> None:
     ``cwd`` (default: the caller's) and one torch thread, without paying the torch and megatron-core import
     again; raises if it fails or returns a non-zero exit status."""
     ctx = mp.get_context(_context())
-    p = ctx.Process(target=_call, args=(fn, args, dict(os.environ), str(cwd or os.getcwd())))
+    p = ctx.Process(target=_call, args=(fn, args, dict(os.environ), _Stdio(), str(cwd or os.getcwd())))
     p.start()
     p.join()
     if p.exitcode != 0:
