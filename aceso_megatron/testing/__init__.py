@@ -2,13 +2,18 @@
 
 ``spawn(world_size, fn, *args)`` starts ``world_size`` processes with ``torch.multiprocessing`` that each
 initialise a gloo group and call ``fn(rank, world_size, *args)`` (nanotron's idea of a decorator that spawns
-ranks, as a function). ``run_plans`` is the worker the distributed tests use: several plans per process group,
-so the megatron-core import (~5 s per process) is paid once.
+ranks, as a function). The ranks are forked from one forkserver per test session that imported torch,
+megatron-core and the runtime once (``PRELOAD``), so a rank does not pay that import (~5 s CPU) again; like
+"spawn", each rank starts from a clean interpreter state (nothing the parent patched or initialised), with the
+parent's environment and working directory as they are at the call. ``run_plans`` is the worker the
+distributed tests use: several plans per process group, so building and tearing down groups is paid once.
 The single-process stock reference the runtime is tested against is ``testing.reference``.
 """
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing.forkserver
 import os
 import warnings
 from pathlib import Path
@@ -16,12 +21,58 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from multiprocessing.reduction import DupFd
 
 
 from ..parallel.distenv import free_port  # noqa: F401  (re-exported for tests)
 
 
-def _entry(rank: int, world_size: int, port: int, fn, args, backend: str = "gloo") -> None:
+# imported once by the forkserver the ranks are forked from (what every rank would otherwise import itself)
+PRELOAD = ["torch", "torch.distributed", "megatron.core", "megatron.core.models.gpt", "megatron.core.models.T5",
+           "megatron.core.optimizer", "megatron.core.distributed", "aceso_megatron.training.engine",
+           "aceso_megatron.testing.reference"]
+_forkserver_started = False
+
+
+def _context():
+    """The forkserver start method, preloaded with ``PRELOAD``; the server is stopped (and waited for, so its
+    ranks' CPU time is the session's) when this process exits."""
+    global _forkserver_started
+    if not _forkserver_started:
+        mp.set_forkserver_preload(PRELOAD)
+        atexit.register(multiprocessing.forkserver._forkserver._stop)
+        _forkserver_started = True
+    return "forkserver"
+
+
+class _Stdio:
+    """The caller's stdout and stderr (e.g. pytest's capture): pickled for a forked process, its descriptors go
+    with the fork request, and ``attach()`` there puts them on fds 1 and 2."""
+
+    def __init__(self, dups=None):
+        self.dups = dups
+
+    def __reduce__(self):   # called while the process is being started: DupFd sends the fd along
+        return _Stdio, ((DupFd(1), DupFd(2)),)
+
+    def attach(self) -> None:
+        for fd, dup in zip((1, 2), self.dups):
+            new = dup.detach()
+            os.dup2(new, fd)
+            os.close(new)
+
+
+def _as_caller(env: dict, stdio: _Stdio) -> None:
+    """A process forked from the forkserver has the server's environment and standard streams (those of when it
+    started): take the caller's, as "spawn" does."""
+    os.environ.clear()
+    os.environ.update(env)
+    stdio.attach()
+
+
+def _entry(rank: int, world_size: int, port: int, fn, args, backend: str = "gloo", env=None, stdio=None) -> None:
+    if env is not None:
+        _as_caller(env, stdio)
     warnings.filterwarnings("ignore")
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -38,7 +89,31 @@ def _entry(rank: int, world_size: int, port: int, fn, args, backend: str = "gloo
 def spawn(world_size: int, fn, *args, backend: str = "gloo") -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes (gloo; ``backend="nccl"``: one GPU each);
     raises if any fails."""
-    mp.spawn(_entry, args=(world_size, free_port(), fn, args, backend), nprocs=world_size, join=True)
+    mp.start_processes(_entry, args=(world_size, free_port(), fn, args, backend, dict(os.environ), _Stdio()),
+                       nprocs=world_size, join=True, start_method=_context())
+
+
+def _call(fn, args, env: dict, stdio: _Stdio, cwd: str) -> None:
+    _as_caller(env, stdio)
+    os.chdir(cwd)
+    torch.set_num_threads(1)
+    rc = fn(*args)
+    if rc:
+        raise SystemExit(rc)
+
+
+def run_fresh(fn, *args, cwd=None) -> None:
+    """``fn(*args)`` (e.g. a CLI's ``main(argv)``) in one process forked from the preloaded forkserver: a fresh
+    interpreter without a process group, like ``python -m ...`` as a subprocess, with the caller's environment,
+    ``cwd`` (default: the caller's) and one torch thread, without paying the torch and megatron-core import
+    again; raises if it fails or returns a non-zero exit status."""
+    ctx = mp.get_context(_context())
+    p = ctx.Process(target=_call, args=(fn, args, dict(os.environ), _Stdio(), str(cwd or os.getcwd())))
+    p.start()
+    p.join()
+    if p.exitcode != 0:
+        raise RuntimeError(f"{fn.__module__}.{fn.__qualname__}({', '.join(map(repr, args))}): exit status "
+                           f"{p.exitcode}")
 
 
 def make_batches(model, micro_batch_size: int, global_batch_size: int, seed: int = 0) -> list[dict]:

@@ -175,14 +175,30 @@ class Reference:
         return {n: p.detach().clone() for n, p in self.gpt.named_parameters()}
 
 
+_STOCK_RUNS: dict[tuple, dict] = {}
+
+
 def stock_run(raw: dict, seed: int, train_config: TrainConfig, steps: int) -> dict:
     """What the stock single-process model does on plan ``raw``'s model and batches (``make_batches`` with ``seed``):
-    the losses of ``steps`` optimizer steps, the gradients of the first and the parameters after the last."""
+    the losses of ``steps`` optimizer steps, the gradients of the first and the parameters after the last.
+
+    It depends on the plan's model, micro-batch and global batch sizes only (not its stages or features: that is
+    the equivalence the tests check), so it is computed once per process for each of those with ``seed``,
+    ``train_config`` and ``steps``; plans sharing them (most plans of a test file) get a copy of that run."""
     from search.plan import ParallelPlan
 
+    p = ParallelPlan.model_validate(raw)
+    key = (p.model.model_dump_json(), p.micro_batch_size, p.global_batch_size, seed, repr(train_config), steps)
+    if key not in _STOCK_RUNS:
+        _STOCK_RUNS[key] = _stock_run(p, seed, train_config, steps)
+    got = _STOCK_RUNS[key]
+    return {"losses": list(got["losses"]), "grads": {k: v.clone() for k, v in got["grads"].items()},
+            "params": {k: v.clone() for k, v in got["params"].items()}}
+
+
+def _stock_run(p, seed: int, train_config: TrainConfig, steps: int) -> dict:
     from . import make_batches
 
-    p = ParallelPlan.model_validate(raw)
     ref = Reference(p.model, seed=seed, train_config=train_config)
     batches = make_batches(p.model, p.micro_batch_size, p.global_batch_size, seed)
     losses = [ref.forward_backward(batches)]

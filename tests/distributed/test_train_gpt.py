@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from aceso_megatron.testing import run_fresh
+from aceso_megatron.training.train import main as train_main
 from search.cli import main
 from search.model import ModelSpec
 from search.plan import ParallelPlan, StageSpec
@@ -74,8 +76,9 @@ def prepare_and_train(d, one: ParallelPlan, three: ParallelPlan, prepare_args: l
     (d / "one.json").write_text(one.to_json())
     (d / "three.json").write_text(three.to_json())
     args = ["--data-path", str(d / "corpus"), "--data-cache-path", str(d / "cache"), *train_args]
-    run([sys.executable, "-m", "aceso_megatron.training.train", str(d / "one.json"), "--cpu", *args,
-         "--log-file", str(d / "single.jsonl")])
+    # the one-process runs: `python -m aceso_megatron.training.train`'s main in a fresh process that skips the
+    # torch import (the 4-process runs below go through the real `aceso launch` -> torchrun path)
+    run_fresh(train_main, [str(d / "one.json"), "--cpu", *args, "--log-file", str(d / "single.jsonl")], cwd=ROOT)
     launched = run([sys.executable, "-m", "search", "launch", str(d / "three.json"), "--cpu", "--", *args,
                     "--save", str(d / "ckpt"), "--save-interval", "15", "--log-file", str(d / "multi.jsonl")])
     # a run that died after step 15: its folder holds iteration 15 only
@@ -85,8 +88,8 @@ def prepare_and_train(d, one: ParallelPlan, three: ParallelPlan, prepare_args: l
     run([sys.executable, "-m", "search", "launch", str(d / "three.json"), "--cpu", "--", *args,
          "--load", str(d / "crashed"), "--log-file", str(d / "resumed.jsonl")])
     # the same checkpoint resumed by one process: dist_checkpointing re-shards it for the other plan
-    run([sys.executable, "-m", "aceso_megatron.training.train", str(d / "one.json"), "--cpu", *args,
-         "--load", str(d / "crashed"), "--log-file", str(d / "resharded.jsonl")])
+    run_fresh(train_main, [str(d / "one.json"), "--cpu", *args, "--load", str(d / "crashed"), "--log-file",
+                           str(d / "resharded.jsonl")], cwd=ROOT)
     return {"dir": d, "docs": docs, "launch_stdout": launched.stdout}
 
 
