@@ -70,6 +70,17 @@ def build_block(model, config, pg_collection, te: bool):
                                      pg_collection=pg_collection)
 
 
+def reset_loss_tracker(num_layers: int | None = None) -> None:
+    """Drop megatron-core's MTP loss-logging tracker (``MTPLossLoggingHelper.tracker``, one process-wide dict whose
+    ``values`` tensor is sized by the first MTP model's depth) unless it already has ``num_layers`` entries, so a
+    process that builds models of another MTP depth (a test running several plans) logs into a tensor of its size."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    values = MTPLossLoggingHelper.tracker.get("values")
+    if num_layers is None or values is None or values.numel() != num_layers:
+        MTPLossLoggingHelper.tracker.clear()
+
+
 def mtp_loss(stage, hidden: torch.Tensor, labels: torch.Tensor, loss_mask, denominator: float) -> torch.Tensor:
     """The main hidden states of ``hidden`` (main and MTP outputs concatenated on the sequence) with every MTP
     layer's loss attached for the backward (``MTPLossAutoScaler``), as ``GPTModel._postprocess``."""
@@ -91,6 +102,7 @@ def mtp_loss(stage, hidden: torch.Tensor, labels: torch.Tensor, loss_mask, denom
         mask, num_tokens = roll_tensor(mask, shifts=-1, dims=-1, cp_group=cp)
         loss = mask * stage._loss(logits, mtp_labels)
         if stage.training:
+            reset_loss_tracker(n)
             MTPLossLoggingHelper.save_loss_to_tracker(torch.sum(loss) / num_tokens, j, n,
                                                       avg_group=stage.pg_collection.dp_cp)
         scale = cfg.mtp_loss_scaling_factor / n

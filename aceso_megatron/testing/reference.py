@@ -197,8 +197,10 @@ def stock_run(raw: dict, seed: int, train_config: TrainConfig, steps: int) -> di
 
 
 def _stock_run(p, seed: int, train_config: TrainConfig, steps: int) -> dict:
+    from ..model.mtp import reset_loss_tracker
     from . import make_batches
 
+    reset_loss_tracker()      # megatron-core's process-wide MTP loss log, sized by the last MTP model's depth
     ref = Reference(p.model, seed=seed, train_config=train_config)
     batches = make_batches(p.model, p.micro_batch_size, p.global_batch_size, seed)
     losses = [ref.forward_backward(batches)]
