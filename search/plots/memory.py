@@ -17,19 +17,21 @@ from ..costmodel.types import RC_CODE, StageCost
 from ..plan import RECOMPUTE_CHOICES
 
 MB_PER_GB = 1024.0
-ORDER = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "reserve")
+ORDER = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "dispatch_buffers", "reserve")
 LABELS = {"params": "weights", "grads": "gradients", "optimizer": "optimizer states",
           "activations": "activations", "act_other": "activations: embedding / head",
           "recompute_peak": "peak transient (recompute / loss)", "p2p_buffers": "p2p buffers",
           "reserve": "reserve (CUDA context, workspaces)", "unattributed": "unattributed",
-          "grad_copy": "fp32 gradient copy (optimizer step)"}
+          "grad_copy": "fp32 gradient copy (optimizer step)",
+          "dispatch_buffers": "MoE dispatch buffers (DeepEP / HybridEP)"}
 LABELS.update({f"act_{c}": f"activations, recompute {c}" for c in RECOMPUTE_CHOICES})
 COLORS = {"params": "#4e79a7", "grads": "#a0cbe8", "optimizer": "#d4a6c8", "act_none": "#59a14f",
           "act_selective": "#8cd17d", "act_full": "#b6992d", "act_attn_dropout": "#f1ce63", "activations": "#59a14f",
           "act_other": "#86bcb6", "recompute_peak": "#e15759", "p2p_buffers": "#ff9d9a", "reserve": "#bab0ac",
-          "grad_copy": "#9d7660", "unattributed": "#000000"}
+          "grad_copy": "#9d7660", "unattributed": "#000000", "act_mla_up_proj": "#499894",
+          "dispatch_buffers": "#d37295"}
 STACK = ("params", "grads", "optimizer", *(f"act_{c}" for c in RECOMPUTE_CHOICES), "activations", "act_other",
-         "recompute_peak", "p2p_buffers", "grad_copy", "reserve")   # bottom to top, the same in every bar
+         "recompute_peak", "p2p_buffers", "dispatch_buffers", "grad_copy", "reserve")   # bottom to top, every bar
 TOLERANCE_MB = 1e-6
 OFF_SCALE = 0.3         # bars below this share of the limit are drawn to their own scale (limit stated in words)
 

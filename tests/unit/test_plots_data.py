@@ -289,3 +289,23 @@ def test_bad_logs_are_one_line(tmp_path, text, words):
         training.read_log(tmp_path / "t.jsonl")
     with pytest.raises(AcesoError, match="no such log file"):
         training.read_log(tmp_path / "missing.jsonl")
+
+
+def test_moe_flex_plan_memory_bar_names_the_dispatch_buffers():
+    """A flex-dispatcher MoE stage's memory bar has the DeepEP buffer as its own labelled segment (moe_cost's
+    ``dispatch_buffers``), between the p2p buffers and the reserve, and the segments add up to the stage's peak."""
+    from search.moe_plan import MoEPlanSettings
+    from search.plan import ChunkSpec
+
+    m = load_model("qwen3-30b-a3b", num_layers=2)
+    st = StageSpec(num_gpus=16, tp=1, dp=16, ep=16, chunks=[ChunkSpec(start_unit=0, end_unit=m.num_units,
+                                                                     recompute=["none"] * m.num_units)])
+    p = ParallelPlan(model=m, micro_batch_size=16, global_batch_size=64, stages=[st],
+                     moe=MoEPlanSettings(token_dispatcher="flex"))
+    cm = make_cost_model(m, parse_cluster("2x8-h100"), TrainingSpec(global_batch_size=64))
+    c = cm.evaluate(p)
+    (segs,) = memory.segments(cm, p, c.stages)
+    keys = [k for k, _ in segs]
+    assert keys.index("p2p_buffers") < keys.index("dispatch_buffers") < keys.index("reserve")
+    assert dict(segs)["dispatch_buffers"] > 0 and all(k in memory.LABELS for k in keys)
+    assert sum(v for _, v in segs) == pytest.approx(c.stages[0].memory_mb, rel=1e-9)
