@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ..costmodel.memory import FRAGMENTATION, in_flight_per_chunk
 from ..costmodel.types import RC_CODE, StageCost
+from ..moe_plan import moe_settings
 from ..plan import RECOMPUTE_CHOICES
 
 MB_PER_GB = 1024.0
@@ -61,7 +62,9 @@ def _activations(cm, plan, i: int, total: float) -> list[tuple[str, float]]:
     unit_table = getattr(cm, "unit_table", None)
     st = plan.stages[i]
     try:
-        t = unit_table(plan.micro_batch_size / st.dp, st.tp, st.cp, st.sequence_parallel) if unit_table else None
+        experts = {"ep": st.ep, "etp": st.etp or 0, "moe": moe_settings(plan)} if plan.model.moe else {}
+        t = unit_table(plan.micro_batch_size / st.dp, st.tp, st.cp, st.sequence_parallel, **experts) \
+            if unit_table else None          # the stage's expert shape, as stage_cost prices it
     except (NotImplementedError, TypeError):
         t = None
     if t is None:
