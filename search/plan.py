@@ -301,7 +301,7 @@ class ParallelPlan(BaseModel):
         expected = 0
         last = S * v - 1
         for s, j, ch in self.chunks_in_order():
-            where = f"stages[{s}]" + (f".chunks[{j}]" if v > 1 else "")
+            where = self.chunk_where(s, j)
             _check_end_only(m, where, j * S + s, last, ch)
             if ch.start_unit != expected:
                 what = "overlaps the previous chunk" if ch.start_unit < expected else "leaves a gap"
@@ -372,6 +372,10 @@ class ParallelPlan(BaseModel):
         """Model chunks per stage (``v``; 1 = no interleaving). Megatron-LM's
         ``--num-virtual-stages-per-pipeline-rank``."""
         return self.stages[0].num_chunks
+
+    def chunk_where(self, stage: int, chunk: int) -> str:
+        """A chunk's place in messages: ``stages[1]``, or ``stages[1].chunks[2]`` with virtual stages."""
+        return f"stages[{stage}]" + (f".chunks[{chunk}]" if self.num_virtual_stages > 1 else "")
 
     def chunks_in_order(self) -> list[tuple[int, int, ChunkSpec]]:
         """``(stage, chunk index in the stage, chunk)`` in model order: model chunk ``j * S + s``."""
@@ -445,10 +449,9 @@ def _check_mtp_in_last_chunk(plan: "ParallelPlan") -> None:
     first = m.num_units - m.mtp_num_layers
     s, j, ch = plan.chunks_in_order()[-1]
     if ch.start_unit > first:
-        where = f"stages[{s}]" + (f".chunks[{j}]" if plan.num_virtual_stages > 1 else "")
-        raise ValueError(f"{where}.start_unit ({ch.start_unit}) leaves MTP unit(s) {first}-{ch.start_unit - 1} on an "
-                         f"earlier chunk; megatron-core builds the whole MTP block on the last model chunk: start it "
-                         f"at unit {first} or before")
+        raise ValueError(f"{plan.chunk_where(s, j)}.start_unit ({ch.start_unit}) leaves MTP unit(s) "
+                         f"{first}-{ch.start_unit - 1} on an earlier chunk; megatron-core builds the whole MTP block "
+                         f"on the last model chunk: start it at unit {first} or before")
 
 
 def _check_stage_shape(m: ModelSpec, i: int, st: StageSpec) -> None:
@@ -533,7 +536,7 @@ def check_recompute_applies(plan: ParallelPlan, flash: bool | None = None, why_f
     if where is None:
         return
     s, j, k = where
-    at = f"stages[{s}]" + (f".chunks[{j}]" if plan.num_virtual_stages > 1 else "") + f".recompute[{k}]"
+    at = f"{plan.chunk_where(s, j)}.recompute[{k}]"
     fix = "use none, selective or full there"
     if plan.model.attention_dropout == 0:
         raise AcesoError(f"{at} is 'attn_dropout' but the model has no attention dropout (attention_dropout 0): "

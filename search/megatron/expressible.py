@@ -107,7 +107,7 @@ def _chunk_layers(plan: ParallelPlan) -> tuple[int, ...]:
     firsts = []
     for s, j, ch in plan.chunks_in_order():
         if ch.start_unit not in index:
-            where = f"stages[{s}]" + (f".chunks[{j}]" if plan.num_virtual_stages > 1 else "")
+            where = plan.chunk_where(s, j)
             prev, unit = m.units[ch.start_unit - 1], m.units[ch.start_unit]
             raise NotExpressible(
                 f"{where}.start_unit ({ch.start_unit}) cuts {layer_name(m, unit)} between its "

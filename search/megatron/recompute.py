@@ -101,22 +101,18 @@ def mtp_choice(rc: Recompute) -> str:
     return "full" if rc.granularity == "full" and rc.method == "uniform" else "none"
 
 
-def _where(plan: ParallelPlan, s: int, j: int) -> str:
-    return f"stages[{s}]" + (f".chunks[{j}]" if plan.num_virtual_stages > 1 else "")
-
-
 def _check_units(plan: ParallelPlan) -> None:
     for s, j, ch in plan.chunks_in_order():
         for k, rc in enumerate(ch.recompute):
             unit = plan.model.units[ch.start_unit + k]
             if rc == "attn_dropout":
                 raise NotExpressible(
-                    f"{_where(plan, s, j)}.recompute[{k}] is attn_dropout: Megatron-LM has no dropout-only "
+                    f"{plan.chunk_where(s, j)}.recompute[{k}] is attn_dropout: Megatron-LM has no dropout-only "
                     "recompute (its selective recompute re-runs the whole attention core, --recompute-modules "
                     "core_attn)")
             if rc == "selective" and unit.kind in ("mlp", "mtp"):
                 raise NotExpressible(
-                    f"{_where(plan, s, j)}.recompute[{k}] is selective on an MLP unit: Megatron-LM's selective "
+                    f"{plan.chunk_where(s, j)}.recompute[{k}] is selective on an MLP unit: Megatron-LM's selective "
                     "recompute covers the attention core only (--recompute-modules core_attn; its mlp module "
                     "re-runs the whole MLP)")
 
@@ -139,12 +135,12 @@ def recompute_of(plan: ParallelPlan) -> Recompute:
                 if kind is None:
                     k0 = a - ch.start_unit
                     raise NotExpressible(
-                        f"{_where(plan, s, j)}.recompute[{k0}:{k0 + b - a}] ({', '.join(choices)}) mixes choices "
+                        f"{plan.chunk_where(s, j)}.recompute[{k0}:{k0 + b - a}] ({', '.join(choices)}) mixes choices "
                         f"inside {layer_name(m, m.units[a])}: Megatron-LM recomputes a layer fully (full), its "
                         "attention core (selective) or not at all")
                 kinds.append(kind)
             name = f"{stack} layers" if m.is_t5 else "layers"
-            blocks.append((_where(plan, s, j), name, kinds))
+            blocks.append((plan.chunk_where(s, j), name, kinds))
     used = {k for _, _, kinds in blocks for k in kinds}
     if used <= {"none"}:
         return _with_mtp(plan, NO_RECOMPUTE)
@@ -176,7 +172,7 @@ def _with_mtp(plan: ParallelPlan, rc: Recompute) -> Recompute:
     s, j, ch = list(plan.chunks_in_order())[-1]
     for k in range(max(end, ch.start_unit) - ch.start_unit, ch.end_unit - ch.start_unit):
         if ch.recompute[k] != mtp_choice(rc):
-            raise NotExpressible(f"{_where(plan, s, j)}.recompute[{k}] (the MTP block) is {ch.recompute[k]}, but "
+            raise NotExpressible(f"{plan.chunk_where(s, j)}.recompute[{k}] (the MTP block) is {ch.recompute[k]}, but "
                                  f"Megatron-LM's {rc.label} recompute gives it {mtp_choice(rc)}")
     return rc
 
