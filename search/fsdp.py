@@ -17,7 +17,7 @@ GPU, as before.
 Constraints (Megatron-LM core_v0.16.1 ``arguments.py`` ``validate_args`` and megatron-core 0.16.1), one line each:
 - one pipeline stage with one chunk (megatron-core builds the FSDP mesh from the whole world: ``pipeline_refusal``);
 - ``optim_grads`` / ``optim_grads_params`` over at least 2 ranks of DP x CP (and of expert-DP with experts):
-  megatron-core counts every gradient twice over a group of one (``one_rank_refusal``);
+  megatron-core counts every gradient twice over a group of one (``one_rank_group``);
 - ``--ckpt-format fsdp_dtensor`` is required ("Megatron FSDP only supports fsdp_dtensor checkpoint format"); the
   export writes it, the import refuses another format;
 - ``--overlap-param-gather`` needs ``--use-distributed-optimizer`` or ``--use-megatron-fsdp``, and
@@ -43,6 +43,8 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from .moe_plan import expert_tp
 
 ShardingStrategy = Literal["no_shard", "optim", "optim_grads", "optim_grads_params"]
 STRATEGIES: tuple[str, ...] = ("no_shard", "optim", "optim_grads", "optim_grads_params")
@@ -86,20 +88,15 @@ def pipeline_refusal(num_stages: int, num_chunks: int) -> str | None:
             "megatron_fsdp")
 
 
-def one_rank_refusal(strategy: str, dp: int, cp: int, num_gpus: int, tp: int, etp: int, ep: int,
-                     moe: bool) -> str | None:
-    """A gradient-sharding strategy over a group of one rank (one line), or None: megatron-core 0.16.1 then adds
-    its reduce-scatter output onto the bucket it read, counting every gradient twice (tests/distributed/
-    test_fsdp_upstream.py), and such a group shards nothing."""
+def one_rank_group(strategy: str, dp: int, cp: int, num_gpus: int, etp: int, ep: int, moe: bool) -> str | None:
+    """The group of one rank a gradient-sharding strategy would shard over ("dp x cp", or expert-DP with experts),
+    or None: megatron-core 0.16.1 then adds its reduce-scatter output onto the bucket it read, counting every
+    gradient twice (tests/distributed/test_fsdp_upstream.py), and such a group shards nothing."""
     if strategy in ("no_shard", "optim"):
         return None
-    sizes = {"dp x cp": dp * cp, **({"expert-DP (num_gpus / (etp x ep))": num_gpus // (etp * ep)} if moe else {})}
-    one = next((what for what, n in sizes.items() if n == 1), None)
-    if one is None:
-        return None
-    return (f"megatron_fsdp {strategy} with {one} 1: megatron-core 0.16.1 counts every gradient twice on an "
-            "unsharded buffer (its reduce-scatter output is added onto the bucket it read) and FSDP over one rank "
-            "shards nothing; use more data-parallel ranks or remove megatron_fsdp")
+    if dp * cp == 1:
+        return "dp x cp"
+    return "expert-DP (num_gpus / (etp x ep))" if moe and num_gpus // (etp * ep) == 1 else None
 
 
 def structural_refusal(plan) -> str | None:
@@ -109,9 +106,13 @@ def structural_refusal(plan) -> str | None:
         return None
     if (why := pipeline_refusal(plan.num_stages, plan.num_virtual_stages)) is not None:
         return why
-    st = plan.stages[0]
-    return one_rank_refusal(f.data_parallel_sharding_strategy, st.dp, st.cp, st.num_gpus, st.tp, st.etp or st.tp,
-                            st.ep, plan.model.moe is not None)
+    st, strategy = plan.stages[0], f.data_parallel_sharding_strategy
+    one = one_rank_group(strategy, st.dp, st.cp, st.num_gpus, expert_tp(st), st.ep, plan.model.moe is not None)
+    if one is None:
+        return None
+    return (f"megatron_fsdp {strategy} with {one} 1: megatron-core 0.16.1 counts every gradient twice on an "
+            "unsharded buffer (its reduce-scatter output is added onto the bucket it read) and FSDP over one rank "
+            "shards nothing; use more data-parallel ranks or remove megatron_fsdp")
 
 
 def check_plan(plan) -> None:

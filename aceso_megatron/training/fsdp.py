@@ -12,7 +12,8 @@ FSDP shards its own TP-local weights over DP x CP (the buffers of a stage's TP r
 sequence-parallel partial gradients are summed over TP on the local shards (``grad_of``), as megatron-core's
 ``finalize_model_grads`` does.
 
-What is refused, one line before any process group (``refusal``; the one pre-flight asks it):
+What is refused, one line before any process group (the first two by the plan itself,
+``search.fsdp.structural_refusal``; the rest by ``refusal``, which the one pre-flight asks):
 - pipeline stages or chunks: megatron-core 0.16.1 cannot build Megatron FSDP's device mesh with pipeline
   parallelism, in Megatron-LM either: ``_get_dp_tp_mesh`` lays ``torch.arange(world_size)`` out as
   ``(dp_cp ep tp)``, which fails (``EinopsError: Shape mismatch``) when the world also spans pipeline stages
@@ -40,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 
-from search.fsdp import structural_refusal
+from search.moe_plan import expert_tp
 
 
 def refusal(plan) -> str | None:
@@ -50,14 +51,12 @@ def refusal(plan) -> str | None:
                 "offloading is not built); run the plan with Megatron-LM (aceso export --to megatron-lm) or remove it")
     if plan.megatron_fsdp is None:
         return None
-    if (why := structural_refusal(plan)) is not None:
-        return why
-    strategy = plan.megatron_fsdp.data_parallel_sharding_strategy
-    if strategy == "no_shard":
+    # pipeline stages and a one-rank sharding group are no plan at all (search.fsdp.structural_refusal)
+    if plan.megatron_fsdp.data_parallel_sharding_strategy == "no_shard":
         return ("megatron_fsdp no_shard: megatron-core 0.16.1's optimizer step fails on it (start_param_sync -> "
                 "async_bucket_gather: the weight buffer is None) and it shards nothing; remove megatron_fsdp (DDP)")
     st = plan.stages[0]
-    etp = st.etp or st.tp
+    etp = expert_tp(st)
     if plan.model.moe is not None and max(st.tp, etp) > 1:
         return (f"megatron_fsdp with an MoE model at tp {st.tp} / etp {etp}: the runtime runs Megatron FSDP with "
                 "experts at tp 1 and etp 1 only (the router's and experts' TP flags are not run yet); use tp 1 or "

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from ..costmodel.types import Features, Shape
 from ..errors import AcesoError
-from ..fsdp import one_rank_refusal, pipeline_refusal
+from ..fsdp import one_rank_group, pipeline_refusal
 from ..layer_variants import offset_blocks_cp
 from ..training import MAX_VIRTUAL
 from . import constraints
@@ -366,8 +366,8 @@ class Space:
         if st.bounds[0] != 0 or st.bounds[-1] != self.num_units:
             return False
         if st.features.fsdp and (pipeline_refusal(S, v) is not None or any(
-                one_rank_refusal(st.features.fsdp, s.dp, s.cp, s.num_gpus, s.tp, s.etp or s.tp, s.ep,
-                                 self.experts is not None) for s in st.shapes)):
+                one_rank_group(st.features.fsdp, s.dp, s.cp, s.num_gpus, s.etp or s.tp, s.ep, self.experts is not None)
+                for s in st.shapes)):
             return False            # what megatron-core cannot run under Megatron FSDP (search.fsdp)
         for i, (a, b) in enumerate(zip(st.bounds[:-1], st.bounds[1:])):
             if b < a or (b == a and not ((i == 0 and self.empty_ends[0]) or (i == nb - 2 and self.empty_ends[1]))):
