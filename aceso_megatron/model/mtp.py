@@ -96,13 +96,14 @@ def mtp_loss(stage, hidden: torch.Tensor, labels: torch.Tensor, loss_mask, denom
     hidden, cp = parts[0], stage.pg_collection.cp
     mtp_labels = labels.clone()
     mask = torch.ones_like(mtp_labels) if loss_mask is None else loss_mask
+    if stage.training:
+        reset_loss_tracker(n)
     for j in range(n):
         logits, _ = stage.output_layer(parts[j + 1], weight=stage.output_weight())
         mtp_labels, _ = roll_tensor(mtp_labels, shifts=-1, dims=-1, cp_group=cp)
         mask, num_tokens = roll_tensor(mask, shifts=-1, dims=-1, cp_group=cp)
         loss = mask * stage._loss(logits, mtp_labels)
         if stage.training:
-            reset_loss_tracker(n)
             MTPLossLoggingHelper.save_loss_to_tracker(torch.sum(loss) / num_tokens, j, n,
                                                       avg_group=stage.pg_collection.dp_cp)
         scale = cfg.mtp_loss_scaling_factor / n
