@@ -215,24 +215,32 @@ def price_row(row: dict, search_budget_s: float | None = None) -> dict:
     prep = prepare(row)
     if prep["status"] != "ok":
         return {**out, "status": prep["status"]}
+    out.update(price_prepared(prep, row["precision"], search_budget_s))
+    if out["status"] != "priced":
+        return out
+    tokens = row["gbs"] * prep["plan"].model.seq_length / (out["iteration_ms"] / 1000) / row["gpus"]
+    meas = row["tokens_per_s_per_gpu"]
+    out.update(tokens=tokens, checks=row.get("checks") or [], error=(tokens / meas - 1) if meas else None,
+               tflops=row["tflops_per_gpu"] * tokens / meas if meas and row["tflops_per_gpu"] else None)
+    return out
+
+
+def price_prepared(prep: dict, precision: str, search_budget_s: float | None = None) -> dict:
+    """A prepared row's plan (``prepare``) under our cost model: its iteration time, memory (the fullest stage's
+    terms), the importer's notes and, with a budget, the search against it; or ``{"status": why not}``."""
     plan, training = prep["plan"], prep["training"]
     try:
         cm = make_cost_model(plan.model, prep["cluster"], training, settings=prep["settings"])
         cost = cm.evaluate(plan)
     except AcesoError as e:
-        return {**out, "status": f"not priced: {_reason(e).split(';')[0]}"}
-    it = cost.iteration_ms
-    tokens = row["gbs"] * plan.model.seq_length / (it / 1000) / row["gpus"]
-    meas = row["tokens_per_s_per_gpu"]
+        return {"status": f"not priced: {_reason(e).split(';')[0]}"}
     worst = max(range(len(cost.stages)), key=lambda i: cost.stages[i].memory_mb)
-    out.update(status="priced", iteration_ms=it, tokens=tokens, fits=cost.fits,
-               max_memory_gib=cost.max_memory_mb / 1024, limit_gib=cost.memory_limit_mb / 1024,
-               memory_stage=worst, memory_gib={k: v / 1024 for k, v in cost.stages[worst].memory_breakdown.items()},
-               notes=prep["notes"], checks=row.get("checks") or [],
-               error=(tokens / meas - 1) if meas else None,
-               tflops=row["tflops_per_gpu"] * tokens / meas if meas and row["tflops_per_gpu"] else None)
+    out = {"status": "priced", "iteration_ms": cost.iteration_ms, "fits": cost.fits,
+           "max_memory_gib": cost.max_memory_mb / 1024, "limit_gib": cost.memory_limit_mb / 1024,
+           "memory_stage": worst, "memory_gib": {k: v / 1024 for k, v in cost.stages[worst].memory_breakdown.items()},
+           "notes": prep["notes"]}
     if search_budget_s is not None:
-        out.update(search_row(cm, training, plan, it, search_budget_s, search_target(row["precision"])))
+        out.update(search_row(cm, training, plan, cost.iteration_ms, search_budget_s, search_target(precision)))
     return out
 
 
@@ -660,22 +668,14 @@ def price_folding_row(row: dict, search_budget_s: float | None = None) -> dict:
     prep = prepare(dict(row, why_not=row.get("why_not")))
     if prep["status"] != "ok":
         return {**out, "status": prep["status"]}
-    plan = prep["plan"]
-    try:
-        cm = make_cost_model(plan.model, prep["cluster"], prep["training"], settings=prep["settings"])
-        cost = cm.evaluate(plan)
-    except AcesoError as e:
-        return {**out, "status": f"not priced: {_reason(e).split(';')[0]}"}
-    it = cost.iteration_ms
+    out.update(price_prepared(prep, row["precision"], search_budget_s))
+    if out["status"] != "priced":
+        return out
+    plan, it = prep["plan"], out["iteration_ms"]
     tflops = megatron_moe_flops(plan.model, plan.global_batch_size) / (it / 1e3) / row["gpus"] / 1e12
-    worst = max(range(len(cost.stages)), key=lambda i: cost.stages[i].memory_mb)
-    out.update(status="priced", iteration_ms=it, tflops=tflops, fits=cost.fits,
-               max_memory_gib=cost.max_memory_mb / 1024, limit_gib=cost.memory_limit_mb / 1024, memory_stage=worst,
-               memory_gib={k: v / 1024 for k, v in cost.stages[worst].memory_breakdown.items()}, checks=[],
+    out.update(tflops=tflops, checks=[],
                error=tflops / meas["tflops_per_gpu"] - 1 if meas.get("tflops_per_gpu") else None,
-               step_error=meas["step_s"] * 1e3 / it - 1 if meas.get("step_s") else None, notes=prep["notes"])
-    if search_budget_s is not None:
-        out.update(search_row(cm, prep["training"], plan, it, search_budget_s, search_target(row["precision"])))
+               step_error=meas["step_s"] * 1e3 / it - 1 if meas.get("step_s") else None)
     return out
 
 
