@@ -21,7 +21,7 @@ from search.plan import parse_plan
 from tests.distributed.test_modern_plans import GPT4, LLAMA4, TC, plan
 from tests.distributed.test_moe_mla_mtp import DEEPSEEK
 from tests.distributed.test_moe_plans import LLAMA_MOE
-from tests.distributed.test_plans import compare, reference_process  # noqa: F401 (fixture)
+from tests.distributed.test_plans import SEED, STEPS, compare, reference_process  # noqa: F401 (fixture)
 
 
 def chunk(lo, hi, only=None):
@@ -59,16 +59,9 @@ def test_the_plans_hold_end_only_chunks():
 
 
 def test_end_only_chunks_match_single_process(tmp_path, reference_process):  # noqa: F811
-    names, raws = zip(*PLANS.items())
+    """The dense and the MoE plans, all on 2 ranks: one process group for them all."""
+    names, raws = zip(*PLANS.items(), *MOE_PLANS.items())
     out = tmp_path / "results.pt"
-    spawn(2, run_plans, list(raws), str(out), 11, 3, TC)
-    failures = compare(names, raws, torch.load(out))
-    assert not failures, "\n".join(failures)
-
-
-def test_moe_end_only_chunks_match_single_process(tmp_path, reference_process):  # noqa: F811
-    names, raws = zip(*MOE_PLANS.items())
-    out = tmp_path / "results.pt"
-    spawn(2, run_plans, list(raws), str(out), 11, 3, TC)
+    spawn(2, run_plans, list(raws), str(out), SEED, STEPS, TC)
     failures = compare(names, raws, torch.load(out))
     assert not failures, "\n".join(failures)
