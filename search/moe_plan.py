@@ -125,18 +125,31 @@ def check_moe_settings(plan) -> None:
                              f"{s.token_dispatcher}); set token_dispatcher alltoall or turn the overlap off")
         if not plan.model.moe.moe_shared_expert_intermediate_size:
             raise ValueError("moe.shared_expert_overlap: the model has no shared expert; turn the overlap off")
-    if s.overlap_ep_comm:
-        if s.token_dispatcher == "allgather":
-            raise ValueError("moe.overlap_ep_comm needs the alltoall or flex dispatcher; change "
-                             "token_dispatcher or turn the overlap off")
-        if all(st.ep == 1 for st in plan.stages):
-            raise ValueError("moe.overlap_ep_comm needs ep > 1 on some stage; raise ep or turn the overlap off")
-        if any(rc == "full" for st in plan.stages for rc in st.all_recompute):
-            raise ValueError("moe.overlap_ep_comm cannot run with full recompute (megatron-core refuses it); "
-                             "use none or selective, or turn the overlap off")
-        if plan.num_stages > 1 and plan.num_virtual_stages == 1:
-            raise ValueError("moe.overlap_ep_comm with pipeline stages needs virtual chunks (megatron-core "
-                             "interleaves the overlapped micro-batches); use 2+ chunks per stage or turn it off")
+    msg = overlap_ep_refusal(s, plan.num_stages, plan.num_virtual_stages, any(st.ep > 1 for st in plan.stages),
+                             any(rc == "full" for st in plan.stages for rc in st.all_recompute))
+    if msg:
+        raise ValueError(msg)
+
+
+def overlap_ep_refusal(s: "MoEPlanSettings", num_stages: int, num_virtual: int, any_ep: bool,
+                       any_full: bool = False) -> str | None:
+    """Why megatron-core cannot run ``overlap_ep_comm`` (``--overlap-moe-expert-parallel-comm``) with these
+    settings and this structure, or None. The plan check raises it; the search's ``Space.legal`` keeps out the
+    structures it names (and the recompute search the full recompute), so a searched plan always validates."""
+    if not s.overlap_ep_comm:
+        return None
+    if s.token_dispatcher == "allgather":
+        return ("moe.overlap_ep_comm needs the alltoall or flex dispatcher; change token_dispatcher or turn the "
+                "overlap off")
+    if not any_ep:
+        return "moe.overlap_ep_comm needs ep > 1 on some stage; raise ep or turn the overlap off"
+    if any_full:
+        return ("moe.overlap_ep_comm cannot run with full recompute (megatron-core refuses it); use none or "
+                "selective, or turn the overlap off")
+    if num_stages > 1 and num_virtual == 1:
+        return ("moe.overlap_ep_comm with pipeline stages needs virtual chunks (megatron-core interleaves the "
+                "overlapped micro-batches); use 2+ chunks per stage or turn it off")
+    return None
 
 
 def moe_settings(plan) -> MoEPlanSettings | None:

@@ -132,14 +132,21 @@ def best_setting(ev, state, exact: bool = False):
     if fits(none):
         return _evaluation(ev, state, none, NONE_SETTING, exact)
     off = offloaded(ev, state, spans, firsts)
-    full = priced(FULL_SETTING)
-    if not fits(full):  # nothing fits: report the least memory
-        return _evaluation(ev, *off, NONE_SETTING, exact) if off else _evaluation(ev, state, full, FULL_SETTING, exact)
-    cands = [(FULL_SETTING, full)]
+    cands = []
+    if not ev.no_full:      # full recompute (and its blocks) is refused under the MoE EP overlap
+        full = priced(FULL_SETTING)
+        if not fits(full):  # nothing fits: report the least memory
+            return _evaluation(ev, *off, NONE_SETTING, exact) if off else \
+                _evaluation(ev, state, full, FULL_SETTING, exact)
+        cands.append((FULL_SETTING, full))
     for setting in selective_settings(model):
         sel = priced(setting)
         if fits(sel):
             cands.append((setting, sel))
+    if ev.no_full:
+        if not cands and not off:
+            return _evaluation(ev, state, none, NONE_SETTING, exact)
+        return _best(ev, state, cands, off, exact)
     need = 1
     for i in range(S):  # each stage's smallest block N, by bisection
         lo, hi = need, max(chunk_layers(model, spans[i]))
@@ -155,7 +162,12 @@ def best_setting(ev, state, exact: bool = False):
     blk = priced(block(need))
     if fits(blk):
         cands.append((block(need), blk))
-    # the pipeline of the candidates in lower-bound order, each only while it could beat the best so far
+    return _best(ev, state, cands, off, exact)
+
+
+def _best(ev, state, cands, off, exact: bool):
+    """The fastest of the fitting (setting, stages) candidates and the offloaded state: their pipelines in
+    lower-bound order, each only while it could beat the best so far."""
     M = ev.gbs // state.mbs
     cands = [(s, stages, state) for s, stages in cands] + ([(NONE_SETTING, off[1], off[0])] if off else [])
     bounds = [lower_bound([x.cost for x in stages], M)[0] for _, stages, _ in cands]

@@ -219,10 +219,11 @@ def _solve_types(types, counts, allowed, room, cap, row_keys):
     return float(tot[k]), np.concatenate([c[i], lc[j[i]][None]], axis=0)
 
 
-def optimize_stage(cm, i, num_stages, first_rank, start, end, tp, dp, mbs, **kw):
+def optimize_stage(cm, i, num_stages, first_rank, start, end, tp, dp, mbs, no_full: bool = False, **kw):
     """Best recompute for one stage under ``cm.memory_limit_mb``: (codes, StageCost). If nothing fits, the codes
     of least memory (with ``fits`` False). ``kw`` (neighbour shapes, ``cp``, ``sp``, ``spans``, ``features``) is
-    passed to ``cm.stage_cost``.
+    passed to ``cm.stage_cost``. ``no_full``: full recompute is not a choice (megatron-core refuses it under the
+    MoE EP overlap, ``moe_plan.overlap_ep_refusal``); the knapsack then picks among the others.
 
     An interleaved stage (``spans``: its chunks) keeps ``n_j`` micro-batches of chunk j in flight
     (``memory.in_flight_per_chunk``): each unit's activations are weighed by its chunk's count, so identical units
@@ -244,6 +245,9 @@ def optimize_stage(cm, i, num_stages, first_rank, start, end, tp, dp, mbs, **kw)
     except NotImplementedError:
         return _optimize_op_level(cm, cost, c0, i, num_stages, first_rank, start, end, tp, dp, mbs, kw)
     rt, act, peak = table.recompute_ms[idx], table.act_mb[idx], table.peak_mb[idx]
+    if no_full:
+        rt = rt.copy()
+        rt[:, 2] = UNAVAILABLE_MS
     groups = _unit_types(table)[idx]
     full = np.full(n, 2, np.int8)
     c2 = cost(full)
@@ -269,6 +273,8 @@ def optimize_stage(cm, i, num_stages, first_rank, start, end, tp, dp, mbs, **kw)
         if c.fits:
             return rc, c
         budget -= max(c.memory_mb - cm.memory_limit_mb, 1e-6)  # the surrogate was optimistic: tighten
+    if no_full:
+        return zero, c0
     return full, c2 if c2.memory_mb <= c0.memory_mb else c0
 
 

@@ -42,6 +42,7 @@ from ..costmodel.types import Features, Shape
 from ..errors import AcesoError
 from ..fsdp import one_rank_group, pipeline_refusal
 from ..layer_variants import offset_blocks_cp
+from ..moe_plan import overlap_ep_refusal
 from ..training import MAX_VIRTUAL
 from . import constraints
 from .experts import ExpertSpace
@@ -369,6 +370,8 @@ class Space:
                 one_rank_group(st.features.fsdp, s.dp, s.cp, s.num_gpus, s.etp or s.tp, s.ep, self.experts is not None)
                 for s in st.shapes)):
             return False            # what megatron-core cannot run under Megatron FSDP (search.fsdp)
+        if self.moe is not None and overlap_ep_refusal(self.moe, S, v, any(s.ep > 1 for s in st.shapes)):
+            return False            # the MoE EP overlap's structure (moe_plan; the recompute search avoids full)
         for i, (a, b) in enumerate(zip(st.bounds[:-1], st.bounds[1:])):
             if b < a or (b == a and not ((i == 0 and self.empty_ends[0]) or (i == nb - 2 and self.empty_ends[1]))):
                 return False

@@ -173,6 +173,8 @@ class Evaluator:
         self.modern = "spans" in params and not v1      # takes cp, sp, spans, features (plan contract v2)
         self.experts = "ep" in params and not v1        # takes the expert shape ep, etp (plan contract v3; MoE)
         self.takes_moe = "moe" in params and not v1     # takes the MoE settings (dispatcher, overlaps)
+        # megatron-core refuses full recompute under the EP overlap (moe_plan.overlap_ep_refusal): no stage takes it
+        self.no_full = bool(getattr(moe, "overlap_ep_comm", False))
 
     # ----- one stage ----------------------------------------------------------------------------------------------
     def stage_args(self, st: State, i: int, first_rank: int, shape: Shape | None = None,
@@ -203,8 +205,8 @@ class Evaluator:
         if hit is None:
             n = sum(b - a for a, b in (spans or st.spans(i)))
             try:
-                rc, cost = optimize_stage(self.cm, *args, st.mbs, **kw)
-                hit = StageEval(cost, rc) if cost is not None else _failed(n)
+                rc, cost = optimize_stage(self.cm, *args, st.mbs, no_full=self.no_full, **kw)
+                hit = StageEval(cost, rc) if cost is not None and not self._refused(rc) else _failed(n)
             except _ERRORS:
                 hit = _failed(n)
             self._stages[key] = hit
@@ -219,11 +221,16 @@ class Evaluator:
         hit = self._stages.get(key)
         if hit is None:
             try:
-                hit = StageEval(self.cm.stage_cost(*args, rc, st.mbs, **kw), rc)
+                hit = _failed(len(rc)) if self._refused(rc) else \
+                    StageEval(self.cm.stage_cost(*args, rc, st.mbs, **kw), rc)
             except _ERRORS:
                 hit = _failed(len(rc))
             self._stages[key] = hit
         return hit
+
+    def _refused(self, rc) -> bool:
+        """Recompute codes megatron-core would not run with the plan's MoE settings (full under the EP overlap)."""
+        return self.no_full and bool((np.asarray(rc) == RC_CODE["full"]).any())
 
     # ----- a plan -------------------------------------------------------------------------------------------------
     def evaluate(self, state: State, charge: bool = True, exact: bool = False) -> Evaluation:

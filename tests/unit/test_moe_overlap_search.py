@@ -1,0 +1,71 @@
+"""The search under megatron-core's EP overlap (``--overlap-moe-expert-parallel-comm``, ``moe.overlap_ep_comm``).
+
+megatron-core refuses the overlap with pipeline stages but no virtual chunks, without ep > 1, and with full
+recompute; the plan check says so (``moe_plan.overlap_ep_refusal``). The search must never return such a plan:
+before, a Qwen3-30B search under the overlap picked full recompute and failed inside ``to_plan``, and
+bench/moe_published.py stopped on a pp 8 x vp 1 candidate of the Qwen3-235B H100 row. The reference is the plan
+validator itself: every plan the search returns must build a ``ParallelPlan``."""
+
+import numpy as np
+import pytest
+
+from search.cluster import parse_cluster
+from search.costmodel import make_cost_model
+from search.costmodel.types import RC_CODE, Shape
+from search.moe_plan import MoEPlanSettings
+from search.planner.aceso import SearchOptions, search
+from search.planner.api import make_space
+from search.planner.baseline import best_uniform
+from search.planner.state import Evaluator, State, to_plan
+from search.presets import load_model
+from search.training import TrainingSpec
+
+OVERLAP = MoEPlanSettings(overlap_ep_comm=True)
+
+
+def _problem(target: str, moe=OVERLAP):
+    model = load_model("qwen3-30b-a3b")
+    cl = parse_cluster("1x8-h100")
+    tr = TrainingSpec(global_batch_size=64, micro_batch_sizes=[1, 2])
+    cm = make_cost_model(model, cl, tr)
+    return model, cl, tr, cm, make_space(cm, tr, target, moe=moe)
+
+
+@pytest.mark.parametrize("target", ["aceso", "megatron-lm"])
+def test_every_searched_plan_runs_under_the_overlap(target):
+    model, cl, tr, cm, space = _problem(target)
+    res = search(cm, 64, space, SearchOptions(budget_evals=300, polish_top=1))
+    base = best_uniform(cm, 64, space, model)
+    evs = [e for e in res.plans if e.fits] + [base.evaluation]
+    assert evs
+    for e in evs:
+        plan = to_plan(e, model, cl, 64, "analytic")        # the plan validator: raises on what megatron refuses
+        assert plan.moe.overlap_ep_comm
+        assert "full" not in {rc for s in plan.stages for rc in s.all_recompute}
+        assert plan.num_stages == 1 or plan.num_virtual_stages > 1
+
+
+def test_the_space_keeps_out_pipelines_without_chunks():
+    *_, space = _problem("aceso")
+    *_, plain = _problem("aceso", moe=None)
+    s = Shape(1, 4, 1, False, 4, 0)                            # 4 GPUs, ep 4
+    n = space.num_units
+    f = space.features[0]
+    two = State(1 * 4, (s, s), (0, n // 2, n), f)              # pp 2, vp 1
+    chunks = State(1 * 4, (s, s), (0, n // 4, n // 2, 3 * n // 4, n), f)    # pp 2, vp 2
+    assert plain.legal(two) and plain.legal(chunks)            # without the overlap both are plans
+    assert not space.legal(two) and space.legal(chunks)
+    one = State(8, (Shape(1, 8, 1, False, 1, 0),), (0, n), f)  # one stage at ep 1: the overlap has no all-to-all
+    assert plain.legal(one) and not space.legal(one)
+
+
+def test_the_evaluator_refuses_full_recompute_under_the_overlap():
+    model, cl, tr, cm, space = _problem("aceso")
+    st = State(8, (Shape(1, 8, 1, False, 8, 0),), (0, model.num_units), space.features[0])
+    n = model.num_units
+    full = np.full(n, RC_CODE["full"], np.int8)
+    sel = np.full(n, RC_CODE["selective"], np.int8)
+    on, off = Evaluator(cm, 64, moe=OVERLAP), Evaluator(cm, 64, moe=MoEPlanSettings())
+    assert not np.isfinite(on.stage_with(st, 0, 0, full).cost.time_per_microbatch_ms)
+    assert np.isfinite(off.stage_with(st, 0, 0, full).cost.time_per_microbatch_ms)
+    assert np.isfinite(on.stage_with(st, 0, 0, sel).cost.time_per_microbatch_ms)     # selective stays a choice
