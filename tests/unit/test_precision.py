@@ -325,6 +325,27 @@ def test_targets_print_pass_and_fail():
 
 
 @pytest.mark.skipif(not BRIDGE.exists(), reason="needs ../shared/published")
+def test_each_kept_out_row_has_a_faster_b200_twin_in_its_own_release():
+    """The evidence a row is kept out of the fit and targets with, read off the published table itself: the same
+    configuration (model, precision, GPUs, tp, pp, cp, vp, gbs, mbs) on B200 measured at least 5% faster in the same
+    release (the row's table or its ``also_published``), though GB200 has at least B200's compute and NVLink."""
+    import json
+
+    bench = _lowprec_bench()
+    rows = json.loads(BRIDGE.read_text())["rows"]
+    kept = [r for r in rows if bench.kept_out(r["id"])]
+    assert len(kept) == len(bench.KEPT_OUT) == 1
+    key = ("model", "precision", "gpus", "tp", "pp", "cp", "vp", "gbs", "mbs")
+    for r in kept:
+        assert r["system"] == "DGX-GB200"
+        twins = [t for t in rows if t["system"] == "DGX-B200" and all(t[k] == r[k] for k in key)]
+        same_release = [t["tokens_per_s_per_gpu"] for t in twins if t["version"] == r["version"]] + [
+            a["tokens_per_s_per_gpu"] for t in twins for a in t.get("also_published") or []
+            if a["version"] == r["version"]]
+        assert same_release and min(same_release) >= 1.05 * r["tokens_per_s_per_gpu"]
+
+
+@pytest.mark.skipif(not BRIDGE.exists(), reason="needs ../shared/published")
 def test_every_dense_low_precision_bridge_run_fits_its_gpu():
     """Runs that ran fit: each of the 19 rows priced as bench/lowprec_published.py prices it (the one row path)."""
     bench = _lowprec_bench()
