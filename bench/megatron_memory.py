@@ -37,6 +37,7 @@ from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-l
 from search.cluster import parse_cluster  # noqa: E402
 from search.costmodel import make_cost_model  # noqa: E402
 from search.costmodel.memory import MB, ddp_buffer_numel  # noqa: E402
+from search.fsdp import shards  # noqa: E402
 from search.plan import uniform_plan  # noqa: E402
 from search.training import TrainingSpec  # noqa: E402
 
@@ -210,6 +211,8 @@ def case_rows(case: dict, build: bool = True) -> list[dict]:
         sc = cost.stages[r]
         b = sc.memory_breakdown
         planner = counted.stages[r].memory_breakdown["params"] * MB / w
+        if plan.megatron_fsdp and shards(plan.megatron_fsdp.data_parallel_sharding_strategy)[0]:
+            planner *= st.dp * st.cp    # Megatron FSDP shards the weights over DP x CP; megatron-core's count is whole
         mc, pad = built.get(r, (None, None))
         rows.append({
             "id": case["id"], "rank": r, "tp": st.tp, "pp": plan.num_stages, "dp": st.dp, "cp": st.cp,
