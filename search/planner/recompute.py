@@ -273,8 +273,11 @@ def optimize_stage(cm, i, num_stages, first_rank, start, end, tp, dp, mbs, no_fu
         if c.fits:
             return rc, c
         budget -= max(c.memory_mb - cm.memory_limit_mb, 1e-6)  # the surrogate was optimistic: tighten
-    if no_full:
-        return zero, c0
+    if no_full:     # nothing fits: the least-memory codes without full (each unit's smallest available choice)
+        keep = np.where(rt < UNAVAILABLE_MS / 2, act, np.inf)
+        least = keep.argmin(axis=1).astype(np.int8)
+        c = cost(least)
+        return (least, c) if c.memory_mb <= c0.memory_mb else (zero, c0)
     return full, c2 if c2.memory_mb <= c0.memory_mb else c0
 
 

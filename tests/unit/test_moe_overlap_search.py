@@ -69,3 +69,21 @@ def test_the_evaluator_refuses_full_recompute_under_the_overlap():
     assert not np.isfinite(on.stage_with(st, 0, 0, full).cost.time_per_microbatch_ms)
     assert np.isfinite(off.stage_with(st, 0, 0, full).cost.time_per_microbatch_ms)
     assert np.isfinite(on.stage_with(st, 0, 0, sel).cost.time_per_microbatch_ms)     # selective stays a choice
+
+
+def test_a_stage_that_fits_nowhere_reports_its_least_memory_without_full():
+    """With no room at all, the recompute search under the overlap returns no full codes, and memory no more than
+    all-none or all-selective (the least it can reach without full), where without the overlap it reports full."""
+    from search.planner.recompute import optimize_stage
+
+    model, cl, tr, cm, space = _problem("aceso")
+    n = model.num_units
+    cm.memory_limit_mb = 1.0
+    kw = {"ep": 8, "moe": OVERLAP}
+    rc, c = optimize_stage(cm, 0, 1, 0, 0, n, 1, 8, 8, no_full=True, **kw)
+    assert not c.fits and RC_CODE["full"] not in set(rc.tolist())
+    none = cm.stage_cost(0, 1, 0, 0, n, 1, 8, np.zeros(n, np.int8), 8, **kw)
+    sel = cm.stage_cost(0, 1, 0, 0, n, 1, 8, np.full(n, RC_CODE["selective"], np.int8), 8, **kw)
+    assert c.memory_mb <= min(none.memory_mb, sel.memory_mb) + 1e-6
+    rc_free, _ = optimize_stage(cm, 0, 1, 0, 0, n, 1, 8, 8, **kw)
+    assert RC_CODE["full"] in set(rc_free.tolist())
