@@ -201,10 +201,11 @@ def print_table(rep: dict) -> None:
         if x.get("kept_out"):
             print(f"  kept out of the fit and the targets: {x['id']} ({100 * x['error']:+.1f}%): {x['kept_out']}")
     a = rep.get("summary_all_rows")
-    if a is not None and a["rows"] != summary["rows"]:
+    some_kept = a is not None and a["rows"] != summary["rows"]
+    if some_kept:
         print(f"  all {a['rows']} rows: MAE {100 * a['mae']:.1f}%, max |error| {100 * a['max_abs']:.1f}% "
               f"({a['worst']}); every run fits: {'yes' if a['all_fit'] else 'NO'}")
-    without = " (the kept-out rows left out)" if a and a["rows"] != summary["rows"] else ""
+    without = " (the kept-out rows left out)" if some_kept else ""
     print(f"  {summary['rows']} rows{without}: MAE {100 * summary['mae']:.1f}%, max |error| "
           f"{100 * summary['max_abs']:.1f}% "
           f"({summary['worst']}); every run fits: {'yes' if summary['all_fit'] else 'NO'}; mean error by release: "

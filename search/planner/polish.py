@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..costmodel.types import RC_CODE
 from .megatron_lm import NONE_SETTING, SELECTIVE_SETTING, block, chunk_layers, codes
 from .partition import Spans, best_partition
 from .recompute import allowed_codes, refine_by_counts, refine_by_local_search
@@ -35,8 +34,7 @@ def refine_recompute(ev: Evaluator, e: Evaluation) -> Evaluation:
 
         def cost(rc, args=args, kw=kw):
             return ev.cm.stage_cost(*args, rc, st.mbs, **kw)
-        allowed = [tuple(c for c in u if not (ev.no_full and c == RC_CODE["full"]))
-                   for u in allowed_codes(ev.cm.model, a, b)]
+        allowed = allowed_codes(ev.cm.model, a, b, no_full=ev.no_full)
         kinds = [(u.stack, u.kind) for u in ev.cm.model.units[a:b]]
         rc, c = refine_by_counts(cost, e.stages[i].rc, e.stages[i].cost, kinds, allowed)
         rc, c = refine_by_local_search(cost, rc, c, allowed)

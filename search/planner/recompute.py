@@ -561,7 +561,9 @@ def has_unit_tables(cm) -> bool:
         return True
 
 
-def allowed_codes(model, start: int, end: int) -> list[tuple[int, ...]]:
-    """Per unit of ``[start, end)``: the recompute codes it can take (``search.plan.recompute_allowed``)."""
+def allowed_codes(model, start: int, end: int, no_full: bool = False) -> list[tuple[int, ...]]:
+    """Per unit of ``[start, end)``: the recompute codes it can take (``search.plan.recompute_allowed``; ``no_full``:
+    without full, as under the MoE EP overlap)."""
     mla = model.mla is not None
-    return [tuple(RC_CODE[c] for c in recompute_allowed(u.kind, mla)) for u in model.units[start:end]]
+    return [tuple(RC_CODE[c] for c in recompute_allowed(u.kind, mla) if not (no_full and c == "full"))
+            for u in model.units[start:end]]
