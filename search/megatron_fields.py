@@ -11,8 +11,9 @@ rules, the same in the planner and in the runtime:
   ``TransformerConfig``. The planner reads the field names from megatron-core's source files with ``ast``
   (``transformer_config_fields``: no import, so no torch); the runtime checks against the imported dataclass
   (``model_specs.extensions``), types included;
-- the analytic cost model prices what it knows: the fields in ``NO_COST`` change neither time nor memory; it names
-  every other field it ignores (``unpriced``), and a profile (``aceso profile``) measures them all.
+- the analytic cost model prices what it knows: the fields in ``NO_COST`` change neither time nor memory, those in
+  ``PRICED`` it counts (``add_qkv_bias``); it names every other field it ignores (``unpriced``), and a profile
+  (``aceso profile``) measures them all.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ CONTROLLED: dict[str, str] = {
     "mtp_num_layers": "mtp_num_layers",
     **{f: f for f in ("window_size", "window_attn_skip_freq", "softmax_type", "glu_linear_offset",
                       "activation_func_clamp_value")},       # spec fields (search.layer_variants)
+    **{f: "rope_scaling (type yarn, for multi-latent attention)" for f in (
+        "rope_type", "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+        "mscale_all_dim")},                                  # MLATransformerConfig's YaRN (search.rope_scaling)
     "init_method": "init_method_std (the runtime draws every weight from it)",
     "output_layer_init_method": "init_method_std (the runtime draws every weight from it)",
     "embedding_init_method": "embedding_init_method_std",
@@ -72,12 +76,16 @@ MODEL_ARGUMENTS: dict[str, str] = {
     "rotary_percent": "rotary_percent", "rotary_base": "rotary_base",
     "position_embedding_type": "position_embedding", "vocab_size": "vocab_size",
     "max_sequence_length": "seq_length", "share_embeddings_and_output_weights": "tied_embeddings",
+    "rope_scaling": "rope_scaling (type llama3)", "rope_scaling_factor": "rope_scaling.factor",
 }
 
 # fields that change neither time nor memory: the analytic model prices them exactly by ignoring them
 NO_COST = frozenset({"init_method_std", "embedding_init_method_std", "layernorm_epsilon",
                      "layernorm_zero_centered_gamma", "softmax_scale", "rotary_interleaved",
-                     "apply_query_key_layer_scaling"})
+                     "apply_query_key_layer_scaling", "moe_router_topk_scaling_factor"})
+# fields the analytic model prices where they act: the QKV bias in the parameter counts (ModelSpec.unit_params; its
+# add runs inside the projection, as add_bias_linear's does)
+PRICED = frozenset({"add_qkv_bias"})
 
 # kernel fusions: CUDA-only, the runtime switches them off on CPU whatever the block says
 CPU_OFF = ("bias_activation_fusion", "bias_dropout_fusion", "masked_softmax_fusion", "persist_layer_norm",
@@ -136,7 +144,7 @@ def check_names(block: dict, known: frozenset[str] | set[str] | None = None) -> 
 
 def unpriced(block: dict | None) -> list[str]:
     """The block's fields the analytic model does not price (sorted)."""
-    return sorted(k for k in (block or {}) if k not in NO_COST)
+    return sorted(k for k in (block or {}) if k not in NO_COST | PRICED)
 
 
 def analytic_note(model) -> str | None:

@@ -15,6 +15,7 @@ import pydantic
 import model_specs
 
 from ..errors import AcesoError, format_validation_error
+from ..megatron_fields import NO_COST
 from ..model import ModelSpec
 from ..presets import load_model
 from . import layer_variant_flags
@@ -83,7 +84,9 @@ def model_from_flags(f, tp: int, t5: bool, notes: list[str], vocab_size: int | N
     spec.update(layer_variant_flags.read(f))       # --window-size, --softmax-type, --quick-geglu, ...
     if spec["activation"] == "quick_geglu" and norm == "RMSNorm":
         spec["family"] = "llama"
-    spec.update(moe_model_fields(f, num_layers, ffn, spec["position_embedding"], notes))
+    moe = moe_model_fields(f, num_layers, ffn, spec["position_embedding"], notes)
+    spec["megatron"] = {**(spec.get("megatron") or {}), **(moe.pop("megatron", None) or {})} or None
+    spec.update(moe)
     spec.update(_vocab(f, tp, vocab_size))
     model = _named(spec, notes)
     backend = f.get("--attention-backend", "auto")
@@ -135,9 +138,13 @@ def _named(spec: dict, notes: list[str]) -> ModelSpec:
 
 def _architecture(m: ModelSpec, with_vocab: bool) -> dict:
     d = {k: v for k, v in m.model_dump().items()
-         if k not in _LABELS and k not in ("kv_channels", "num_query_groups") and (with_vocab or k != "vocab_size")}
+         if k not in _LABELS and k not in ("kv_channels", "num_query_groups", "rope_scaling")
+         and (with_vocab or k != "vocab_size")}
     if d.get("moe"):        # the router's training settings are the run's, not the architecture
         d["moe"] = {k: v for k, v in d["moe"].items() if k not in _MOE_RUN}
+    # numerics that cost nothing (norm epsilon, top-k scaling; RoPE scaling above): the model keeps the command
+    # line's values under the preset's name, as with the router settings
+    d["megatron"] = {k: v for k, v in (d.get("megatron") or {}).items() if k not in NO_COST} or None
     return {**d, "head_dim": m.head_dim, "groups": m.groups}
 
 
