@@ -59,8 +59,8 @@ def llama_style(c, mtype: str, layers: int, mla: bool) -> dict:
     if mtype in QK_NORM_ALWAYS or c.bool("use_qk_norm", False) or mla:
         block["qk_layernorm"] = True
     eps = c.float("rms_norm_eps", default=NORM_EPSILON)
-    if not eps > 0:
-        raise c.bad("rms_norm_eps", eps, "a positive number")
+    if not 0 < eps < 1:
+        raise c.bad("rms_norm_eps", eps, "a small positive number (below 1)")
     if eps != NORM_EPSILON:
         block["layernorm_epsilon"] = eps
     base, scaling = rope(c, mla)
@@ -128,7 +128,7 @@ def rope(c, mla: bool) -> tuple[float, dict | None]:
 def window(c, mtype: str, layers: int) -> dict:
     """``window_size`` / ``window_attn_skip_freq`` of the layers HF gives a sliding window (none: ``{}``)."""
     types = layer_types(c, layers, default=None)
-    size = c.raw("sliding_window")
+    size = c.int("sliding_window", required=False) if mtype in WINDOW_FROM_LAYER + WINDOW_EVERY_LAYER else None
     if mtype in WINDOW_FROM_LAYER:
         use = c.bool("use_sliding_window", False)
         first = c.int("max_window_layers", default=layers, required=False, minimum=0)
@@ -138,7 +138,7 @@ def window(c, mtype: str, layers: int) -> dict:
         types = ["sliding_attention"] * layers
     if not types or "sliding_attention" not in types:
         return {}
-    w = c.int("sliding_window")
+    w = c.int("sliding_window")          # the families without a window do not read it: an unknown field there
     return {"window_size": [w - 1, 0], "window_attn_skip_freq": skip_freq(types)}
 
 

@@ -59,10 +59,14 @@ def _qwen3(c, layers: int) -> dict:
         return {}                         # dense Qwen3
     step = c.int("decoder_sparse_step", default=1)
     dense = c.raw("mlp_only_layers", [])
-    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
-        raise c.bad("mlp_only_layers", dense, "a list of layer numbers")
+    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers
+                                              for i in dense):
+        raise c.bad("mlp_only_layers", dense, f"a list of layer numbers in [0, {layers})")
     _normalized_topk(c, False)            # Qwen3MoeConfig's default is false
     pattern = [int(i not in dense and (i + 1) % step == 0) for i in range(layers)]
+    if not any(pattern):                  # every layer dense: HF builds a dense model
+        c.ignore("num_experts", "num_experts_per_tok", "moe_intermediate_size", "router_aux_loss_coef")
+        return {}
     return {"moe": {"num_experts": c.int("num_experts"), "moe_router_topk": c.int("num_experts_per_tok"),
                     "moe_ffn_hidden_size": c.int("moe_intermediate_size"),
                     "moe_layer_freq": 1 if all(pattern) else pattern,
@@ -91,8 +95,9 @@ def _mtp(c) -> int | None:
 
 
 def _deepseek(c) -> dict:
-    score = c.choice("scoring_func", ("softmax", "sigmoid"), "softmax")
-    method = c.choice("topk_method", ("greedy", "group_limited_greedy", "noaux_tc"), "greedy")
+    # transformers' DeepseekV3 router is sigmoid with the score-correction bias (noaux_tc): the defaults when absent
+    score = c.choice("scoring_func", ("softmax", "sigmoid"), "sigmoid")
+    method = c.choice("topk_method", ("greedy", "group_limited_greedy", "noaux_tc"), "noaux_tc")
     if method == "group_limited_greedy":
         raise c.refuse("topk_method", "DeepSeek-V2's group score is the group's best expert, megatron-core's "
                        "group-limited routing sums the group's top scores")

@@ -37,6 +37,24 @@ _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 DEFAULT_SEQ = 4096               # the training length when --seq-length is not given (and the context is longer)
 LLAMA_TYPES = ("llama", "mistral", "qwen2") + MOE_TYPES
 _GELU = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh")   # GPT-2's GELUs: megatron-core's gelu
+# spec field -> the config keys it is read from (a bound the spec checks is reported under the config's own key)
+CONFIG_KEYS = {
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"), "num_decoder_layers": ("num_decoder_layers",),
+    "hidden_size": ("hidden_size", "n_embd", "d_model"), "num_attention_heads": ("num_attention_heads", "n_head",
+                                                                                 "num_heads"),
+    "num_query_groups": ("num_key_value_heads",), "kv_channels": ("head_dim", "v_head_dim", "d_kv"),
+    "ffn_hidden_size": ("intermediate_size", "n_inner", "d_ff"), "vocab_size": ("vocab_size",),
+    "rotary_base": ("rope_theta",), "attention_dropout": ("attention_dropout", "attn_pdrop", "dropout_rate"),
+    "hidden_dropout": ("hidden_dropout", "resid_pdrop", "dropout_rate"), "mtp_num_layers": ("num_nextn_predict_layers",),
+    "moe.num_experts": ("n_routed_experts", "num_local_experts", "num_experts"),
+    "moe.moe_router_topk": ("num_experts_per_tok", "experts_per_token"),
+    "moe.moe_ffn_hidden_size": ("moe_intermediate_size", "intermediate_size"),
+    "moe.first_k_dense_layers": ("first_k_dense_replace",), "moe.moe_router_num_groups": ("n_group",),
+    "moe.moe_router_group_topk": ("topk_group",), "moe.moe_aux_loss_coeff": ("aux_loss_alpha", "router_aux_loss_coef"),
+    **{f"mla.{k}": (v,) for k, v in (("q_lora_rank", "q_lora_rank"), ("kv_lora_rank", "kv_lora_rank"),
+                                    ("qk_head_dim", "qk_nope_head_dim"), ("qk_pos_emb_head_dim", "qk_rope_head_dim"),
+                                    ("v_head_dim", "v_head_dim"))},
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -135,6 +153,8 @@ def hf_to_spec(cfg: dict, source: str = "config.json", name: str | None = None, 
     notes = [] if notes is None else notes
     c = HFConfig(cfg, source)
     mtype = c.str("model_type").lower()
+    if not mtype:
+        raise AcesoError(f"{source}: field model_type is missing; this does not look like a complete config.json")
     refusal = refuse_type(c, mtype)
     if refusal is not None:
         raise refusal
@@ -154,7 +174,8 @@ def hf_to_spec(cfg: dict, source: str = "config.json", name: str | None = None, 
     try:
         return ModelSpec.model_validate({k: v for k, v in data.items() if v is not None})
     except pydantic.ValidationError as e:
-        raise AcesoError(f"{source}: " + format_validation_error(e)) from None
+        raise AcesoError(f"{source}: " + format_validation_error(
+            e, names=lambda path: next((k for k in CONFIG_KEYS.get(path, ()) if k in cfg), None))) from None
 
 
 def convert_to_file(config_path: str, output: str, prog: str = "aceso import-hf", **kw) -> int:

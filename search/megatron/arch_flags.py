@@ -31,12 +31,12 @@ def read(f) -> dict:
     if f.has("--add-qkv-bias") and f.has("--disable-bias-linear"):
         block["add_qkv_bias"] = True
     eps = f.get("--norm-epsilon", NORM_EPSILON)
-    if not eps > 0:
-        raise AcesoError(f"--norm-epsilon {eps}: give a positive number")
+    if not 0 < eps < 1:
+        raise AcesoError(f"--norm-epsilon {eps}: give a small positive number (below 1)")
     if eps != NORM_EPSILON:
         block["layernorm_epsilon"] = eps
     if f.has("--moe-router-topk-scaling-factor") and f.has("--num-experts"):
-        block["moe_router_topk_scaling_factor"] = f.get("--moe-router-topk-scaling-factor")
+        block["moe_router_topk_scaling_factor"] = _positive(f, "--moe-router-topk-scaling-factor")
     out: dict = {"megatron": block} if block else {}
     percent = f.get("--rotary-percent", 1.0)
     if not 0 < percent <= 1:
@@ -56,13 +56,20 @@ def _rope_scaling(f) -> dict | None:
         raise AcesoError("--rope-type yarn without --multi-latent-attention: Megatron-LM core_v0.16.1 asserts "
                          "'Common attention only support rope_type=\"rope\"'")
     if mla:
-        factor = f.get("--rotary-scaling-factor", 1.0)
+        factor = _positive(f, "--rotary-scaling-factor", 1.0)
         if kind == "rope" or factor <= 1.0:
             return None                  # YaRN at factor 1 is RoPE
         return rs.yarn(factor, mscale=f.get("--mscale", 1.0), mscale_all_dim=f.get("--mscale-all-dim", 0.0))
     if f.has("--use-rope-scaling"):
-        return {"type": "llama3", "factor": f.get("--rope-scaling-factor", 8.0)}
+        return {"type": "llama3", "factor": _positive(f, "--rope-scaling-factor", 8.0)}
     return None
+
+
+def _positive(f, flag: str, default: float | None = None) -> float:
+    v = f.get(flag, default)
+    if not v > 0:
+        raise AcesoError(f"{flag} {v}: give a positive factor")
+    return v
 
 
 def write(m) -> list[str]:

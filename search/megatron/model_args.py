@@ -103,6 +103,8 @@ def _vocab(f, tp: int, given: int | None) -> dict:
         return {"vocab_size": f.get("--padded-vocab-size"), "make_vocab_size_divisible_by": 1}
     if f.has("--vocab-size"):
         n = f.get("--vocab-size")
+        if n < 1:
+            raise AcesoError(f"--vocab-size {n}: give the tokenizer's vocabulary size (at least 1)")
         return {"vocab_size": n + 1 if f.get("--tokenizer-type") == "NullTokenizer" else n,
                 "make_vocab_size_divisible_by": k * tp}
     return {"vocab_size": None, "make_vocab_size_divisible_by": k * tp}
@@ -152,4 +154,12 @@ def _validated(spec: dict) -> ModelSpec:
     try:
         return ModelSpec.model_validate({k: v for k, v in spec.items() if v is not None or k == "name"})
     except pydantic.ValidationError as e:
-        raise AcesoError("the model flags: " + format_validation_error(e)) from None
+        raise AcesoError("the model flags: " + format_validation_error(e, names=_flag_of)) from None
+
+
+def _flag_of(path: str) -> str | None:
+    """The Megatron-LM flag of a spec field (``moe.moe_router_topk`` -> ``--moe-router-topk``), if it has one."""
+    from .cmdline import megatron_flags
+
+    flag = "--" + path.split(".", 1)[-1].replace("_", "-")
+    return flag if flag in megatron_flags() else None
