@@ -263,3 +263,19 @@ def test_bridge_export_carries_the_fields():
     assert fields["glm-4.5"]["rotary_percent"] == 0.5 and fields["glm-4.5"]["moe_router_topk_scaling_factor"] == 2.5
     assert {k: fields["deepseek-v3"][k] for k in ("rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim")} \
         == {"rope_type": "yarn", "rotary_scaling_factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+def test_a_moe_config_with_every_layer_dense_is_a_dense_model():
+    """Qwen3-MoE with every layer in mlp_only_layers: HF builds dense MLPs of intermediate_size everywhere."""
+    cfg = {**config("qwen3-30b-a3b"), "mlp_only_layers": list(range(48))}
+    m = spec("qwen3-30b-a3b", cfg)
+    assert m.moe is None and m.ffn_hidden_size == 6144
+
+
+def test_deepseek_router_defaults_are_transformers():
+    """transformers' DeepseekV3 router is sigmoid with the score-correction bias: a config without scoring_func /
+    topk_method is that router, not a softmax one (aceso read it as softmax without the bias before)."""
+    cfg = {k: v for k, v in config("deepseek-v3").items() if k not in ("scoring_func", "topk_method")}
+    moe = spec("deepseek-v3", cfg).moe
+    assert (moe.moe_router_score_function, moe.moe_router_enable_expert_bias, moe.moe_router_num_groups) == \
+        ("sigmoid", True, 8)
