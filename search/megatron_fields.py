@@ -58,9 +58,6 @@ CONTROLLED: dict[str, str] = {
     "mtp_num_layers": "mtp_num_layers",
     **{f: f for f in ("window_size", "window_attn_skip_freq", "softmax_type", "glu_linear_offset",
                       "activation_func_clamp_value")},       # spec fields (search.layer_variants)
-    **{f: "rope_scaling (type yarn, for multi-latent attention)" for f in (
-        "rope_type", "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
-        "mscale_all_dim")},                                  # MLATransformerConfig's YaRN (search.rope_scaling)
     "init_method": "init_method_std (the runtime draws every weight from it)",
     "output_layer_init_method": "init_method_std (the runtime draws every weight from it)",
     "embedding_init_method": "embedding_init_method_std",
@@ -78,6 +75,9 @@ MODEL_ARGUMENTS: dict[str, str] = {
     "max_sequence_length": "seq_length", "share_embeddings_and_output_weights": "tied_embeddings",
     "rope_scaling": "rope_scaling (type llama3)", "rope_scaling_factor": "rope_scaling.factor",
 }
+# MLATransformerConfig's YaRN fields (not TransformerConfig's): the spec's rope_scaling of type yarn (search.rope_scaling)
+MLA_ROPE = ("rope_type", "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+            "mscale", "mscale_all_dim")
 
 # fields that change neither time nor memory: the analytic model prices them exactly by ignoring them
 NO_COST = frozenset({"init_method_std", "embedding_init_method_std", "layernorm_epsilon",
@@ -133,6 +133,9 @@ def check_names(block: dict, known: frozenset[str] | set[str] | None = None) -> 
             if instead.startswith("-"):
                 raise ValueError(f"{where}: {instead[1:]}; remove it")
             raise ValueError(f"{where}: set by aceso, not by the megatron block; use {instead}")
+        if name in MLA_ROPE:
+            raise ValueError(f"{where}: an MLATransformerConfig field; set the spec's rope_scaling (type yarn, with "
+                             "mla) instead")
         if name in MODEL_ARGUMENTS:
             raise ValueError(f"{where}: a GPTModel argument, not a TransformerConfig field; set the spec's "
                              f"{MODEL_ARGUMENTS[name]} field instead")

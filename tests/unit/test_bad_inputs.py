@@ -469,7 +469,7 @@ CASES = [
       **{"c.json": {**GPT2, "n_layer": 0}}),
     C("hf-layers-bool", "import-hf c.json", "n_layer is true", **{"c.json": {**GPT2, "n_layer": True}}),
     C("hf-hidden-fraction", "import-hf c.json", "n_embd is 768.5", **{"c.json": {**GPT2, "n_embd": 768.5}}),
-    C("hf-hidden-huge", "import-hf c.json", "hidden_size: Input should be less than or equal",
+    C("hf-hidden-huge", "import-hf c.json", "n_embd: Input should be less than or equal",
       **{"c.json": {**GPT2, "n_embd": 10**30}}),
     C("hf-vocab-missing", "import-hf c.json", "field vocab_size is missing",
       **{"c.json": {k: v for k, v in GPT2.items() if k != "vocab_size"}}),

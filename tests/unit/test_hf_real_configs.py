@@ -279,3 +279,16 @@ def test_deepseek_router_defaults_are_transformers():
     moe = spec("deepseek-v3", cfg).moe
     assert (moe.moe_router_score_function, moe.moe_router_enable_expert_bias, moe.moe_router_num_groups) == \
         ("sigmoid", True, 8)
+
+
+def test_mla_yarn_fields_in_the_megatron_block_point_to_rope_scaling():
+    """MLATransformerConfig's YaRN fields are not TransformerConfig's (the block refused rope_type with 'did you mean
+    pipeline_dtype?'): the message names the spec field that carries them."""
+    import pydantic
+
+    from search.model import ModelSpec
+
+    ds = load_model("deepseek-v3")
+    with pytest.raises(pydantic.ValidationError, match="megatron.rope_type: an MLATransformerConfig field; set the "
+                                                       "spec's rope_scaling"):
+        ModelSpec.model_validate({**ds.model_dump(), "megatron": {"rope_type": "yarn"}})
