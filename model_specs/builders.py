@@ -26,6 +26,7 @@ from megatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from search.layer_variants import config_kwargs
+from search.rope_scaling import runtime_kwargs
 from search.model import ModelSpec, UnitKind
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -72,8 +73,9 @@ def architecture_kwargs(model: ModelSpec, dtype: str | None = None) -> dict:
 
 def mla_mtp_kwargs(model: ModelSpec) -> dict:
     """Multi-latent attention (megatron-core's ``MLATransformerConfig`` fields; RoPE on the ``qk_pos_emb_head_dim``
-    part at the model's ``rotary_base``: ``rope_type`` "rope" unless the megatron block sets it, e.g. "yarn" with
-    its ``rotary_scaling_factor`` & co.) and the MTP depth (empty for a model with neither)."""
+    part at the model's ``rotary_base``: ``rope_type`` "rope", or "yarn" with its ``rotary_scaling_factor`` & co.
+    when the spec's ``rope_scaling`` is YaRN, ``search.rope_scaling``) and the MTP depth (empty for a model with
+    neither)."""
     out = {"mtp_num_layers": model.mtp_num_layers} if model.mtp_num_layers else {}
     mla = model.mla
     if mla is None:
@@ -81,8 +83,7 @@ def mla_mtp_kwargs(model: ModelSpec) -> dict:
     out.update(multi_latent_attention=True, q_lora_rank=mla.q_lora_rank, kv_lora_rank=mla.kv_lora_rank,
                qk_head_dim=mla.qk_head_dim, qk_pos_emb_head_dim=mla.qk_pos_emb_head_dim, v_head_dim=mla.v_head_dim,
                rotary_base=model.rotary_base, rotary_percent=model.rotary_percent)
-    if "rope_type" not in (model.megatron or {}):
-        out["rope_type"] = "rope"
+    out.update(runtime_kwargs(model))
     return out
 
 

@@ -23,12 +23,33 @@ class AcesoParser(argparse.ArgumentParser):
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
 
+    def parse_known_args(self, args=None, namespace=None):
+        self._given = list(args) if args is not None else None      # for error(): what the user typed
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> None:
         self.exit(2, f"{self.prog}: error: {self.explain(message)}; see `{self.prog} --help`\n")
 
     def explain(self, message: str) -> str:
-        """argparse's message with the closest real choice or option named."""
+        """argparse's message with the closest real choice or option named; a required option reported missing
+        because the user abbreviated it (``--glob=16``) is reported as the abbreviation."""
+        if message.startswith("the following arguments are required"):
+            message = self._abbreviation(message) or message
         return suggest_option(self, suggest_choice(message))
+
+    def _abbreviation(self, message: str) -> str | None:
+        """"unrecognized arguments: --glob=16" when a given option is a prefix of a missing required one."""
+        import sys
+
+        given = getattr(self, "_given", None)
+        given = sys.argv[1:] if given is None else given
+        options = {s for a in self._actions for s in a.option_strings}
+        for tok in given:
+            flag = tok.split("=", 1)[0]
+            if flag.startswith("--") and flag not in options and any(
+                    o.startswith(flag) and o in message for o in options):
+                return f"unrecognized arguments: {tok}"
+        return None
 
 
 def suggest_choice(message: str) -> str:

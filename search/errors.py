@@ -21,14 +21,17 @@ def _loc_to_path(loc: tuple) -> str:
     return path
 
 
-def format_validation_error(err: pydantic.ValidationError, prefix: str = "") -> str:
-    """One line for a pydantic error: ``field.path: message`` (the first error; the count of the others)."""
+def format_validation_error(err: pydantic.ValidationError, prefix: str = "", names=None) -> str:
+    """One line for a pydantic error: ``field.path: message`` (the first error; the count of the others).
+    ``names(path)`` gives what the user wrote for a field (a flag, a config key), where the input was not ours."""
     first = err.errors()[0]
     msg = first["msg"]
     for noise in ("Value error, ", "Assertion failed, "):
         if msg.startswith(noise):
             msg = msg[len(noise):]
     path = _loc_to_path(tuple(first["loc"]))
+    if names is not None and path:
+        path = names(path) or path
     if prefix:
         path = f"{prefix}.{path}" if path else prefix
     if first["type"] == "extra_forbidden":

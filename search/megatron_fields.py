@@ -11,8 +11,9 @@ rules, the same in the planner and in the runtime:
   ``TransformerConfig``. The planner reads the field names from megatron-core's source files with ``ast``
   (``transformer_config_fields``: no import, so no torch); the runtime checks against the imported dataclass
   (``model_specs.extensions``), types included;
-- the analytic cost model prices what it knows: the fields in ``NO_COST`` change neither time nor memory; it names
-  every other field it ignores (``unpriced``), and a profile (``aceso profile``) measures them all.
+- the analytic cost model prices what it knows: the fields in ``NO_COST`` change neither time nor memory, those in
+  ``PRICED`` it counts (``add_qkv_bias``); it names every other field it ignores (``unpriced``), and a profile
+  (``aceso profile``) measures them all.
 """
 
 from __future__ import annotations
@@ -72,12 +73,19 @@ MODEL_ARGUMENTS: dict[str, str] = {
     "rotary_percent": "rotary_percent", "rotary_base": "rotary_base",
     "position_embedding_type": "position_embedding", "vocab_size": "vocab_size",
     "max_sequence_length": "seq_length", "share_embeddings_and_output_weights": "tied_embeddings",
+    "rope_scaling": "rope_scaling (type llama3)", "rope_scaling_factor": "rope_scaling.factor",
 }
+# MLATransformerConfig's YaRN fields (not TransformerConfig's): the spec's rope_scaling of type yarn (search.rope_scaling)
+MLA_ROPE = ("rope_type", "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+            "mscale", "mscale_all_dim")
 
 # fields that change neither time nor memory: the analytic model prices them exactly by ignoring them
 NO_COST = frozenset({"init_method_std", "embedding_init_method_std", "layernorm_epsilon",
                      "layernorm_zero_centered_gamma", "softmax_scale", "rotary_interleaved",
-                     "apply_query_key_layer_scaling"})
+                     "apply_query_key_layer_scaling", "moe_router_topk_scaling_factor"})
+# fields the analytic model prices where they act: the QKV bias in the parameter counts (ModelSpec.unit_params; its
+# add runs inside the projection, as add_bias_linear's does)
+PRICED = frozenset({"add_qkv_bias"})
 
 # kernel fusions: CUDA-only, the runtime switches them off on CPU whatever the block says
 CPU_OFF = ("bias_activation_fusion", "bias_dropout_fusion", "masked_softmax_fusion", "persist_layer_norm",
@@ -125,6 +133,9 @@ def check_names(block: dict, known: frozenset[str] | set[str] | None = None) -> 
             if instead.startswith("-"):
                 raise ValueError(f"{where}: {instead[1:]}; remove it")
             raise ValueError(f"{where}: set by aceso, not by the megatron block; use {instead}")
+        if name in MLA_ROPE:
+            raise ValueError(f"{where}: an MLATransformerConfig field; set the spec's rope_scaling (type yarn, with "
+                             "mla) instead")
         if name in MODEL_ARGUMENTS:
             raise ValueError(f"{where}: a GPTModel argument, not a TransformerConfig field; set the spec's "
                              f"{MODEL_ARGUMENTS[name]} field instead")
@@ -136,7 +147,7 @@ def check_names(block: dict, known: frozenset[str] | set[str] | None = None) -> 
 
 def unpriced(block: dict | None) -> list[str]:
     """The block's fields the analytic model does not price (sorted)."""
-    return sorted(k for k in (block or {}) if k not in NO_COST)
+    return sorted(k for k in (block or {}) if k not in NO_COST | PRICED)
 
 
 def analytic_note(model) -> str | None:

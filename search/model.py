@@ -7,7 +7,8 @@ stage, the final norm, output layer and loss to the last one.
 
 Parameter counts follow megatron-core's modules (``GPTModel``/``T5Model`` with the local specs): QKV as one
 linear of ``h x (heads + 2*groups) * kv_channels``, output projection ``heads*kv_channels x h``, an MLP of
-``h x ffn`` (``h x 2*ffn`` for SwiGLU) and ``ffn x h``, biases when ``add_bias_linear``, two norms per layer (and the Q/K norms of ``megatron.qk_layernorm``). What
+``h x ffn`` (``h x 2*ffn`` for SwiGLU) and ``ffn x h``, biases when ``add_bias_linear`` (the QKV bias alone with
+``megatron.add_qkv_bias``), two norms per layer (and the Q/K norms of ``megatron.qk_layernorm``). What
 one rank of a TP group holds: ``costmodel.memory`` (``*_params_per_rank``).
 FLOPs follow Narayanan et al. (SC'21, appendix): 2 FLOPs per multiply-add, backward = 2x forward.
 
@@ -27,7 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 
 from . import megatron_fields
 from . import layer_variants
+from . import rope_scaling as _rope_scaling
 from .moe import MAX_MTP, MLASpec, MoESpec, check_model as _check_moe
+from .rope_scaling import RopeScaling
 
 Family = Literal["gpt", "t5", "llama"]
 UnitKind = Literal["attention", "cross_attention", "mlp", "moe", "mtp"]
@@ -98,6 +101,8 @@ class ModelSpec(BaseModel):
     # ----- extension in megatron-core's format (docs/model-specs.md) -----
     rotary_percent: float = Field(1.0, gt=0, le=1, description="Fraction of each head's channels that RoPE "
                                   "rotates (rope only; megatron-core's rotary_percent).")
+    rope_scaling: RopeScaling | None = Field(None, description="RoPE frequency scaling for a longer context "
+                                             "(search.rope_scaling: llama3 or yarn); None = plain RoPE.")
     layer_spec: str | dict[Literal["encoder", "decoder"], str] | None = Field(
         None, description="Your own megatron-core layer spec: 'package.module:function', a function (or a ModuleSpec) "
         "giving the ModuleSpec of one TransformerLayer; T5: {encoder: ..., decoder: ...}. Imported only by the "
@@ -174,6 +179,7 @@ class ModelSpec(BaseModel):
             )
         _check_moe(self)
         layer_variants.check(self)
+        _rope_scaling.check(self)
         return self
 
     def model_copy(self, *, update: dict | None = None, deep: bool = False) -> "ModelSpec":
@@ -188,6 +194,12 @@ class ModelSpec(BaseModel):
     @property
     def head_dim(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def qkv_bias(self) -> bool:
+        """The self-attention's QKV projection carries a bias: ``add_bias_linear``, or ``megatron.add_qkv_bias``
+        alone (Qwen2, GLM-4.5; megatron-core's ``SelfAttention.linear_qkv`` takes either)."""
+        return self.add_bias_linear or bool((self.megatron or {}).get("add_qkv_bias"))
 
     @property
     def gated_mlp(self) -> bool:
@@ -275,8 +287,8 @@ class ModelSpec(BaseModel):
         kv = self.groups * d
         bias = self.add_bias_linear
         if kind == "attention":
-            return h * (q + 2 * kv) + q * h + (q + 2 * kv + h if bias else 0) + self._norm_params() + \
-                self.qk_norm_params() + layer_variants.softmax_offset_params(self)
+            return h * (q + 2 * kv) + q * h + (q + 2 * kv if self.qkv_bias else 0) + (h if bias else 0) + \
+                self._norm_params() + self.qk_norm_params() + layer_variants.softmax_offset_params(self)
         if kind == "cross_attention":  # Q from the decoder, K/V from the encoder output (megatron-core: two linears)
             return h * q + h * 2 * kv + q * h + (q + 2 * kv + h if bias else 0) + self._norm_params()
         ffn = self.ffn_hidden_size

@@ -46,6 +46,7 @@ from megatron.core.transformer.spec_utils import build_module
 from model_specs.builders import final_norm_spec
 from search.model import ModelSpec
 from search.plan import ParallelPlan
+from search.rope_scaling import rotary_kwargs
 
 from . import lowprec, moe, mtp
 from .attention import attention_mismatch, fall_back_with_te
@@ -187,6 +188,7 @@ class GPTStage(_Stage):
                 kv_channels=self.config.kv_channels, rotary_percent=model.rotary_percent,
                 rotary_interleaved=self.config.rotary_interleaved, rotary_base=model.rotary_base,
                 use_cpu_initialization=self.config.use_cpu_initialization, cp_group=pg_collection.cp,
+                **rotary_kwargs(model),        # Llama 3.x RoPE scaling, as GPTModel(rope_scaling=...) passes it
             )
         if self.post_process:
             self.final_layernorm = self._norm()

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from search.model import ModelSpec
+from search.rope_scaling import rotary_kwargs
 
 from ..model.config import stage_config
 from ..model.init import initialize
@@ -110,6 +111,7 @@ class Reference:
                 share_embeddings_and_output_weights=model.tied_embeddings,
                 position_embedding_type="rope" if model.position_embedding == "rope" else "learned_absolute",
                 rotary_base=int(model.rotary_base), rotary_percent=model.rotary_percent,
+                **rotary_kwargs(model),
             )
         std = tc.std_for(model)
         config.init_method_std = std

@@ -23,6 +23,7 @@ import argparse
 import sys
 
 from ..errors import AcesoError
+from ..files import read_text
 from .common import add_memory_limit_arg, check_output, write_output
 
 
@@ -78,14 +79,11 @@ def read_megatron_source(path: str | None, text: str | None) -> tuple[str, str]:
     if not path:
         raise AcesoError("give a Megatron-LM launch script or argument file (or the arguments as a string)")
     if path == "-":
-        return sys.stdin.read(), "stdin"
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read(), path
-    except (FileNotFoundError, IsADirectoryError):
-        raise AcesoError(f"{path}: no such file") from None
-    except UnicodeDecodeError:
-        raise AcesoError(f"{path}: not a text file") from None
+        try:
+            return sys.stdin.buffer.read().decode("utf-8"), "stdin"
+        except UnicodeDecodeError as e:
+            raise AcesoError(f"stdin: not a text file (not UTF-8 text at byte {e.start})") from None
+    return read_text(path), path          # a folder, a binary or oversized file: one line naming it
 
 
 def _run_megatron(args: argparse.Namespace) -> int:

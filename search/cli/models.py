@@ -7,6 +7,8 @@ import argparse
 
 import model_specs
 
+from ..argtypes import positive_int
+from ..errors import AcesoError
 from ..moe_params import counts
 from ..presets import load_model, spec_text
 from .common import print_json, write_output
@@ -19,12 +21,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "field described (--json: JSON); edit it and pass it as --model FILE")
     p.add_argument("--num-layers", type=int, default=None, help="with --show: override the depth")
     p.add_argument("-o", "--output", default="-", help="with --from-hf or --show: spec file to write (default stdout)")
+    p.add_argument("--seq-length", type=positive_int, default=None,
+                   help="with --from-hf: training sequence length (default: the model's context, at most 4096)")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.from_hf:
         from .import_hf import convert_to_file
-        return convert_to_file(args.from_hf, args.output)
+        return convert_to_file(args.from_hf, args.output, seq_length=args.seq_length, prog="aceso models")
+    if args.seq_length is not None:
+        raise AcesoError("--seq-length goes with --from-hf (a preset or spec file has its own seq_length)")
     if args.show:
         model = load_model(args.show, num_layers=args.num_layers)
         fmt = "json" if args.json or args.output.endswith(".json") else "yaml"

@@ -246,6 +246,8 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
     mbs = f.get("--micro-batch-size")
     if mbs is None:
         raise AcesoError("--micro-batch-size is missing; Megatron-LM requires it (the per-rank micro-batch)")
+    if mbs < 1 or f.get("--global-batch-size", 1) < 1:
+        raise AcesoError("--micro-batch-size and --global-batch-size must be at least 1")
     gbs = f.get("--global-batch-size", mbs * dp)
     if gbs % (mbs * dp):
         raise AcesoError(f"--global-batch-size ({gbs}) must be a multiple of --micro-batch-size x dp ({mbs} x {dp})")

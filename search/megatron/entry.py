@@ -42,6 +42,60 @@ def refuse_entry(script: str, source: str):
     raise AcesoError(f"{source}: runs {script}: {what_it_runs(script)}")
 
 
+# commands a launch script runs around its launcher that change nothing aceso reads
+_HARMLESS = frozenset({"echo", "printf", "set", "cd", "pushd", "popd", "mkdir", "exit", "ulimit", "trap", "shift",
+                       "umask", "sleep", "wait", "date", "hostname", "nvidia-smi", "env", "rm", "cp", "touch", "ls",
+                       "cat", "tee", "true", "false", ":"})
+_LAUNCHERS = ("torchrun", "python", "python3", "deepspeed", "accelerate")
+_RUNNERS = ("bash", "sh", "zsh", "source", ".", "sbatch", "srun", "exec", "nohup")
+
+
+def check_no_entry(commands: list[tuple[list[str], int]], source: str) -> None:
+    """A file whose commands run no ``.py`` file: it is an argument line (every command starts with a flag), or
+    it is refused for what it runs instead (another script, a ``-m`` module, another program), in one line."""
+    for argv, line in commands:
+        if not argv or argv[0].startswith("-") or harmless(argv) or re.match(r"<(unset|cmd|expr):", argv[0]):
+            continue
+        prog = argv[0].rsplit("/", 1)[-1]
+        module = _module(argv) if prog.startswith(_LAUNCHERS) else None
+        if module:
+            raise AcesoError(f"{source}: line {line}: runs {module} ({prog} -m {module}): "
+                             f"{what_it_runs(module.replace('.', '/') + '.py')}")
+        script = _script_run(argv) if prog in _RUNNERS or prog.startswith(_LAUNCHERS) else \
+            (argv[0] if argv[0].endswith(".sh") else None)
+        if script:
+            raise AcesoError(f"{source}: line {line}: runs another script, {script}: aceso reads one launch script "
+                             "without running it; give the script that runs pretrain_gpt.py or pretrain_t5.py (or "
+                             "its arguments)")
+        raise AcesoError(f"{source}: line {line}: runs {prog}, and no command runs Megatron-LM's pretrain_gpt.py or "
+                         "pretrain_t5.py; give that launch script (or its arguments)")
+
+
+def harmless(argv: list[str]) -> bool:
+    """A command that changes nothing aceso reads (``echo``, ``mkdir``, ``set -e``, ...)."""
+    return bool(argv) and argv[0].rsplit("/", 1)[-1] in _HARMLESS
+
+
+def _script_run(argv: list[str]) -> str | None:
+    """The script a runner runs: a ``*.sh`` word, or the word after a nested ``bash`` / ``sh`` (``srun ... bash
+    $1``), shown as the file wrote it (``$1``)."""
+    for i, w in enumerate(argv[1:], start=1):
+        if w.endswith((".sh", ".bash", ".sbatch", ".slurm")) or (
+                i > 1 and argv[i - 1].rsplit("/", 1)[-1] in ("bash", "sh") and w != "-c"):
+            return re.sub(r"<unset:([^>]*)>", r"$\1", w)
+    return None
+
+
+def _module(argv: list[str]) -> str | None:
+    """The module a launcher runs with ``-m MODULE`` / ``--module MODULE``."""
+    for i, w in enumerate(argv[1:-1], start=1):
+        if w in ("-m", "--module"):
+            return argv[i + 1]
+        if w.startswith("-m") and len(w) > 2 and not w.startswith("--"):
+            return w[2:]
+    return None
+
+
 def script_names(text: str) -> list[str]:
     """Every ``*.py`` path the text names (comments excluded), in order."""
     out = []

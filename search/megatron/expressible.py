@@ -13,7 +13,8 @@ A plan is expressible when
   pipeline parallelism and builds ``--num-layers`` decoder layers);
 - ``overlap_param_gather`` comes with ``overlap_grad_reduce`` (``validate_args`` asserts it);
 - the padded vocabulary is one Megatron-LM pads to (a multiple of ``--make-vocab-size-divisible-by`` x tp), the
-  RoPE base an integer (``--rotary-base`` is an int), and tp_comm_overlap not with the local (non-TE) layers.
+  RoPE base an integer (``--rotary-base`` is an int), the RoPE scaling one its flags carry (``arch_flags``), and
+  tp_comm_overlap not with the local (non-TE) layers.
 Layer counts per stage are always expressible (``--pipeline-model-parallel-layout`` takes any split).
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 from ..plan import ParallelPlan
 from ..plan_settings import settings_for
 from ..moe_plan import expert_tp, moe_settings
+from . import arch_flags
 from .config import HINT, MegatronConfig, NotExpressible, layer_bounds, layer_name, num_layers
 from .recompute import recompute_of
 
@@ -128,6 +130,8 @@ def _check_features(plan: ParallelPlan) -> None:
             f"model.make_vocab_size_divisible_by ({m.make_vocab_size_divisible_by}): Megatron-LM pads the "
             f"vocabulary to a multiple of --make-vocab-size-divisible-by x tp ({tp}), and the plan's padded "
             f"vocabulary ({m.padded_vocab_size}) is not a multiple of tp")
+    if arch_flags.refusal(m):
+        raise NotExpressible(arch_flags.refusal(m))
     if m.position_embedding == "rope" and m.rotary_base != int(m.rotary_base):
         raise NotExpressible(f"model.rotary_base ({m.rotary_base}) is not an integer: Megatron-LM's --rotary-base "
                              "takes an integer")

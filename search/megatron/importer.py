@@ -42,6 +42,9 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
         check_unreadable(text, source, e)
     if cmd.script and cmd.script not in PRICED:
         refuse_entry(cmd.script, source)
+    if not cmd.script and not cmd.argv and not cmd.assigned:
+        raise AcesoError(f"{source}: empty (no command, no arguments); give the launch script that runs "
+                         "pretrain_gpt.py or pretrain_t5.py, or its arguments")
     if not cmd.script and not cmd.argv and cmd.assigned:
         raise AcesoError(f"{source}: no command: the file only sets variables ({', '.join(sorted(set(cmd.assigned))[:4])}"
                          f"{', ...' if len(set(cmd.assigned)) > 4 else ''}); give the script that runs "

@@ -7,6 +7,8 @@ Megatron-LM (``megatron/training/arguments.py``): ``--window-size L,R`` (``tuple
 ``TransformerConfig`` through its ``ArgumentGroupFactory``: ``--softmax-type vanilla|off-by-one|learnable``,
 ``--glu-linear-offset``, ``--activation-func-clamp-value``. ``--kv-channels`` is read with the other sizes
 (``model_args``). Bridge: the same ``TransformerConfig`` names; the activation comes with the recipe (as SwiGLU's).
+``read`` / ``write`` / ``bridge`` / ``FLAG_KINDS`` also carry the architecture fields of ``arch_flags`` (QKV bias,
+norm epsilon, top-k scaling, rotary percent, RoPE scaling).
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from __future__ import annotations
 import ast
 
 from ..errors import AcesoError
+from . import arch_flags
 
 # flag -> value kind (search.megatron.cmdline's FLAGS kinds)
 FLAG_KINDS: dict[str, str] = {"--window-size": "str", "--window-attn-skip-freq": "str", "--softmax-type": "str",
                               "--glu-linear-offset": "float", "--activation-func-clamp-value": "float",
-                              "--quick-geglu": "bool"}
+                              "--quick-geglu": "bool", **arch_flags.FLAG_KINDS}
 _SOFTMAX = ("vanilla", "off-by-one", "learnable")
 
 
@@ -74,7 +77,7 @@ def read(f) -> dict:
     offset = f.get("--glu-linear-offset", 0.0)
     out["glu_linear_offset"] = offset or None
     out["activation_func_clamp_value"] = f.get("--activation-func-clamp-value")
-    return out
+    return {**out, **arch_flags.read(f)}
 
 
 def _freq(v: int | list[int]) -> str:
@@ -94,7 +97,7 @@ def write(m) -> list[str]:
         out += ["--window-size", f"{m.window_size[0]},{m.window_size[1]}"]
     if m.window_attn_skip_freq is not None:
         out += ["--window-attn-skip-freq", _freq(m.window_attn_skip_freq)]
-    return out
+    return out + arch_flags.write(m)
 
 
 def bridge(m) -> dict:
@@ -103,4 +106,4 @@ def bridge(m) -> dict:
                                       "activation_func_clamp_value") if getattr(m, k) is not None}
     if m.window_size is not None:
         out["window_size"] = list(m.window_size)
-    return out
+    return {**out, **arch_flags.bridge(m)}

@@ -15,6 +15,7 @@ import pydantic
 import model_specs
 
 from ..errors import AcesoError, format_validation_error
+from ..megatron_fields import NO_COST
 from ..model import ModelSpec
 from ..presets import load_model
 from . import layer_variant_flags
@@ -83,7 +84,9 @@ def model_from_flags(f, tp: int, t5: bool, notes: list[str], vocab_size: int | N
     spec.update(layer_variant_flags.read(f))       # --window-size, --softmax-type, --quick-geglu, ...
     if spec["activation"] == "quick_geglu" and norm == "RMSNorm":
         spec["family"] = "llama"
-    spec.update(moe_model_fields(f, num_layers, ffn, spec["position_embedding"], notes))
+    moe = moe_model_fields(f, num_layers, ffn, spec["position_embedding"], notes)
+    spec["megatron"] = {**(spec.get("megatron") or {}), **(moe.pop("megatron", None) or {})} or None
+    spec.update(moe)
     spec.update(_vocab(f, tp, vocab_size))
     model = _named(spec, notes)
     backend = f.get("--attention-backend", "auto")
@@ -100,6 +103,8 @@ def _vocab(f, tp: int, given: int | None) -> dict:
         return {"vocab_size": f.get("--padded-vocab-size"), "make_vocab_size_divisible_by": 1}
     if f.has("--vocab-size"):
         n = f.get("--vocab-size")
+        if n < 1:
+            raise AcesoError(f"--vocab-size {n}: give the tokenizer's vocabulary size (at least 1)")
         return {"vocab_size": n + 1 if f.get("--tokenizer-type") == "NullTokenizer" else n,
                 "make_vocab_size_divisible_by": k * tp}
     return {"vocab_size": None, "make_vocab_size_divisible_by": k * tp}
@@ -135,9 +140,13 @@ def _named(spec: dict, notes: list[str]) -> ModelSpec:
 
 def _architecture(m: ModelSpec, with_vocab: bool) -> dict:
     d = {k: v for k, v in m.model_dump().items()
-         if k not in _LABELS and k not in ("kv_channels", "num_query_groups") and (with_vocab or k != "vocab_size")}
+         if k not in _LABELS and k not in ("kv_channels", "num_query_groups", "rope_scaling")
+         and (with_vocab or k != "vocab_size")}
     if d.get("moe"):        # the router's training settings are the run's, not the architecture
         d["moe"] = {k: v for k, v in d["moe"].items() if k not in _MOE_RUN}
+    # numerics that cost nothing (norm epsilon, top-k scaling; RoPE scaling above): the model keeps the command
+    # line's values under the preset's name, as with the router settings
+    d["megatron"] = {k: v for k, v in (d.get("megatron") or {}).items() if k not in NO_COST} or None
     return {**d, "head_dim": m.head_dim, "groups": m.groups}
 
 
@@ -145,4 +154,12 @@ def _validated(spec: dict) -> ModelSpec:
     try:
         return ModelSpec.model_validate({k: v for k, v in spec.items() if v is not None or k == "name"})
     except pydantic.ValidationError as e:
-        raise AcesoError("the model flags: " + format_validation_error(e)) from None
+        raise AcesoError("the model flags: " + format_validation_error(e, names=_flag_of)) from None
+
+
+def _flag_of(path: str) -> str | None:
+    """The Megatron-LM flag of a spec field (``moe.moe_router_topk`` -> ``--moe-router-topk``), if it has one."""
+    from .cmdline import megatron_flags
+
+    flag = "--" + path.split(".", 1)[-1].replace("_", "-")
+    return flag if flag in megatron_flags() else None

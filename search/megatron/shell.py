@@ -8,8 +8,10 @@ arithmetic; unquoted expansions split into words, ``"${ARR[@]}"`` gives one word
 with no arguments (``$1`` is unset, ``$@`` empty). ``if``/``elif``/``else`` and ``&&``/``||`` are followed when
 the test can be decided from the file (``[ ]``/``[[ ]]`` string and integer tests; a variable the file does not
 set reads as empty, as with an empty environment, and is noted); a test that cannot (a file
-test, a command's status) is only allowed around commands that change nothing aceso reads (``echo``, ``exit``).
-Loops, ``case``, functions, ``source``, ``eval`` and here-documents are refused with their line. A value the file
+test, a command's status) is only allowed around commands that change nothing aceso reads (``echo``, ``exit``), and
+so are ``for`` / ``while`` / ``until`` loops (skipped, noted). A process substitution ``<(cmd)`` is a placeholder
+word (so ``done < <(cmd)`` redirects from it). Loops that set variables or run the command, ``case``, functions,
+``source``, ``eval`` and here-documents are refused with their line. A value the file
 does not give (an unset variable, a command substitution ``$(...)``) is kept as a placeholder and reported only
 where a plan flag, the entry point or a flag position needs it (``placeholder``).
 The command is the last one that runs a ``.py`` file (``torchrun ... pretrain_gpt.py ARGS``, ``python ...``,
@@ -30,7 +32,8 @@ from .shell_lex import Lexer, Op, Word
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?=)(.*)$", re.S)
 _PARAM = re.compile(r"^(#)?([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!-])(?:\[(@|\*|-?\d+)\])?(?:(:?[-=+?])(.*))?$",
                     re.S)
-_LOOPS = ("for", "while", "until", "select", "case", "function", "coproc")
+_LOOPS = ("select", "case", "function", "coproc")     # refused with their line
+_READ_LOOPS = ("for", "while", "until")               # skipped when they change nothing aceso reads
 _DECLARE = ("export", "declare", "local", "readonly", "typeset")
 _SEPARATORS = ("\n", ";", "&", ";;", "(", ")")
 
@@ -70,6 +73,14 @@ class _Chain:
 
 
 @dataclass
+class _Loop:
+    kind: str                                     # for, while, until
+    head: list                                    # the condition (while/until) or the word list (for)
+    body: list
+    line: int
+
+
+@dataclass
 class _If:
     branches: list[tuple[list, list]]             # (condition nodes, body nodes)
     otherwise: list
@@ -101,6 +112,9 @@ class _Parser:
             if kw == "if":
                 self.i += 1
                 nodes.append(self.parse_if(tok.line))
+            elif kw in _READ_LOOPS:
+                self.i += 1
+                nodes.append(self.parse_loop(kw, tok.line))
             elif kw in _LOOPS:
                 self.fail(tok.line, f"a '{kw}' statement: aceso reads a launch script without running it and "
                                     "does not expand loops, case or functions; write the command out")
@@ -128,6 +142,15 @@ class _Parser:
                 self.i += 1
                 continue
             return _Chain(items, line)
+
+    def parse_loop(self, kind: str, line: int) -> _Loop:
+        head, kw = self.parse_list(frozenset({"do"}))
+        if kw != "do":
+            self.fail(line, f"a '{kind}' without 'do'")
+        body, kw = self.parse_list(frozenset({"done"}))
+        if kw != "done":
+            self.fail(line, f"a '{kind}' loop never closed with 'done'")
+        return _Loop(kind, head, body, line)
 
     def parse_if(self, line: int) -> _If:
         branches = []
@@ -161,8 +184,22 @@ class _Shell:
     def run(self, nodes: list, in_cond: bool = False) -> bool | None:
         status: bool | None = True
         for node in nodes:
-            status = self.run_if(node) if isinstance(node, _If) else self.run_chain(node, in_cond)
+            if isinstance(node, _Loop):
+                status = self.run_loop(node)
+            else:
+                status = self.run_if(node) if isinstance(node, _If) else self.run_chain(node, in_cond)
         return status
+
+    def run_loop(self, node: _Loop) -> bool:
+        """A loop that only prints (``while read l; do echo "$l"; done < <(cmd)``) is skipped, noted; one that
+        sets variables or runs the command is refused with its line."""
+        if _consequential(node.head) or _consequential(node.body):
+            self.fail(node.line, f"a '{node.kind}' loop that sets variables or runs the command: aceso reads a "
+                                 "launch script without running it and does not expand loops; write the command out")
+        self.notes.append(f"line {node.line}: skipped a '{node.kind}' loop (it only prints)")
+        for name in _loop_variables(node):           # what the loop leaves in them is unknown without running it
+            self.env[name] = [_hole("expr", f"${name} (set by the loop on line {node.line})")]
+        return True
 
     def run_if(self, node: _If) -> bool | None:
         for cond, body in node.branches:
@@ -260,7 +297,7 @@ class _Shell:
         if rest.parts and rest.parts[0][0] == "array":
             vals = [x for e in rest.parts[0][1] for x in self.expand(e)]
         else:
-            vals = ["".join(self.expand(rest, split=False))]
+            vals = [" ".join(self.expand(rest, split=False))]      # "${A[@]}" in an assignment: joined by spaces
             if op == "+=":
                 old = self.env.get(name, [""])
                 vals = [(old[0] if old else "") + vals[0]] + old[1:]
@@ -282,6 +319,8 @@ class _Shell:
                 vals, many = [self.arith(v)], False
             elif kind == "cmd":
                 vals, many = [_hole("cmd", f"$({v})")], False
+            elif kind == "proc":                     # bash: a /dev/fd/N path to the command's output
+                vals, many = [_hole("cmd", v)], False
             else:
                 self.fail(w.line, f"an array {w.source()!r} where a word is expected")
             if quoted or not split:
@@ -345,7 +384,7 @@ class _Shell:
 
     def word_text(self, text: str, line: int) -> list[str]:
         w = Lexer(text, self.source).word() if text else None
-        return ["".join(self.expand(w, split=False))] if w else [""]
+        return [" ".join(self.expand(w, split=False))] if w else [""]
 
     def arith(self, text: str) -> str:
         expr = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", r"\1", text)
@@ -376,9 +415,24 @@ def _assignment(w: Word) -> bool:
     return p[0] == "lit" and not p[2] and bool(_ASSIGN.match(p[1]))
 
 
+def _loop_variables(node: _Loop) -> list[str]:
+    """The variables a loop sets: a ``for`` loop's name, the names ``read`` fills in a ``while`` / ``until`` head."""
+    chains = [n for n in node.head if isinstance(n, _Chain)]
+    words = [w.unquoted_literal() or "" for c in chains for ws, _ in c.items for w in ws]
+    if node.kind == "for":
+        return words[:1] if words and re.match(r"^[A-Za-z_]\w*$", words[0]) else []
+    if "read" not in words:
+        return []
+    return [w for w in words[words.index("read") + 1:] if re.match(r"^[A-Za-z_]\w*$", w)]
+
+
 def _consequential(nodes: list) -> bool:
     """Whether a block sets a variable, runs a ``.py`` file or reads another file."""
     for node in nodes:
+        if isinstance(node, _Loop):
+            if _consequential(node.head) or _consequential(node.body):
+                return True
+            continue
         if isinstance(node, _If):
             if any(_consequential(c) or _consequential(b) for c, b in node.branches) or \
                     _consequential(node.otherwise):
@@ -424,14 +478,26 @@ def _parse(text: str, source: str) -> list:
 
 
 def read_command(text: str, source: str = "arguments") -> Command:
+    from .entry import PRICED, check_no_entry, harmless
+
     sh = _Shell(source)
     sh.run(_parse(text, source))
     runs = [(argv, line) for argv, line in sh.commands if any(w.endswith(".py") for w in argv)]
-    if not runs:
-        return Command(argv=[x for argv, _ in sh.commands for x in argv], notes=sh.notes, assigned=sh.assigned)
-    from .entry import PRICED
+    if not runs:                                  # an argument line, or a file that runs something else
+        check_no_entry(sh.commands, source)
+        return Command(argv=[x for argv, _ in sh.commands if not harmless(argv) for x in argv], notes=sh.notes,
+                       assigned=sh.assigned)
     priced = [r for r in runs if any(w.rsplit("/", 1)[-1] in PRICED for w in r[0])]
-    command, _ = (priced or runs)[-1]
+    chosen = priced or runs
+    if len({tuple(argv) for argv, _ in chosen}) > 1:
+        script = next(w for w in chosen[-1][0] if w.endswith(".py")).rsplit("/", 1)[-1]
+        raise AcesoError(f"{source}: runs {script} {len(chosen)} times with different arguments (lines "
+                         f"{', '.join(str(line) for _, line in chosen)}); aceso prices one run: keep one command in "
+                         "the file, or give that command's arguments with --megatron-args / --args")
+    if len(chosen) > 1:
+        sh.notes.append(f"the same command runs {len(chosen)} times (lines {', '.join(str(x) for _, x in chosen)}); "
+                        "priced once")
+    command, _ = chosen[-1]
     k = max(i for i, w in enumerate(command) if w.endswith(".py") and (not priced or w.rsplit("/", 1)[-1] in PRICED))
     return Command(argv=command[k + 1:], script=command[k].rsplit("/", 1)[-1],
                    world_size=_world_size(command[:k]), notes=sh.notes, assigned=sh.assigned)

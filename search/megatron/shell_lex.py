@@ -2,7 +2,8 @@
 
 A word is a list of parts, each ``(kind, value, quoted)``: ``lit`` text, ``var`` (a ``$NAME`` / ``${...}``
 expansion: the text between the braces), ``cmd`` (a command substitution ``$(...)`` / backquotes: its text),
-``arith`` (``$((...))``: its text) and ``array`` (the element words of ``NAME=( ... )``). Quoting follows bash:
+``proc`` (a process substitution ``<(...)`` / ``>(...)``, bash's ``/dev/fd/N``: its text), ``arith`` (``$((...))``:
+its text) and ``array`` (the element words of ``NAME=( ... )``). Quoting follows bash:
 single quotes are literal, double quotes keep ``$`` expansions and may span lines, a backslash escapes one
 character, ``\\<newline>`` joins lines, ``#`` at the start of a word starts a comment. Operators: newline, ``;``,
 ``&&``, ``||``, ``|``, ``&``, ``(``, ``)``; redirections (``> file``, ``2>&1``, ``&> file``) are dropped with their
@@ -42,7 +43,7 @@ class Word:
         out = []
         for k, v, _ in self.parts:
             out.append({"lit": lambda x: x, "var": lambda x: "${" + x + "}", "cmd": lambda x: "$(" + x + ")",
-                        "arith": lambda x: "$((" + x + "))", "array": lambda x: "(...)"}[k](v))
+                        "arith": lambda x: "$((" + x + "))", "array": lambda x: "(...)", "proc": lambda x: x}[k](v))
         return "".join(out)
 
 
@@ -90,6 +91,8 @@ class Lexer:
                     self.take()
             else:
                 break
+        if self.s.startswith(("<(", ">("), self.i):     # a process substitution is a word (done < <(cmd))
+            return self.word()
         if self.s.startswith("<<", self.i):
             self.fail("a here-document (<<): aceso reads a launch script without running it; write the "
                       "arguments out")
@@ -114,6 +117,10 @@ class Lexer:
         line, parts = self.line, []
         while True:
             c = self.peek()
+            if c in "<>" and self.peek(1) == "(":
+                self.take(2)
+                parts.append(("proc", c + "(" + self.balanced("(", ")", 1), False))
+                continue
             if c == "" or c in " \t\r\n;&|()<>":
                 if c == "(" and parts and _is_assign_prefix(_merge(parts)):
                     parts = _merge(parts)

@@ -8,7 +8,7 @@ the data-parallel size. CPU only: the device-architecture query is answered as H
 new enough (``--fp4-format``), the Triton-only
 batch-invariant kernels and transformer-engine's fused MoE permute kernels are stubbed, and ``--no-rope-fusion`` is
 added (rope fusion needs transformer-engine). MoE lines also report the MoE / MLA / MTP config fields and the chunk
-megatron-core builds the MTP layers on.
+megatron-core builds the MTP layers on; every line its attention / norm / RoPE fields (``arch``).
 """
 
 import json
@@ -75,7 +75,17 @@ def run(line: str, world: int) -> dict:
             "offload": [cfg.cpu_offloading, cfg.cpu_offloading_num_layers],
             "moe": {k: _plain(getattr(cfg, k, None)) for k in MOE_FIELDS},
             "recipe": {k: _plain(getattr(cfg, k, None)) for k in RECIPE_FIELDS},
-            "mtp_chunk": _mtp_chunk(cfg, pp, vpp)}
+            "mtp_chunk": _mtp_chunk(cfg, pp, vpp),
+            "arch": {**{k: _plain(getattr(cfg, k, None)) for k in ARCH_FIELDS},
+                     **{k: _plain(getattr(args, k)) for k in ARCH_ARGS}}}
+
+
+# what a converted model's attention, norms and RoPE build with: TransformerConfig / MLATransformerConfig fields and
+# the GPTModel arguments pretrain_gpt.py passes from args (rotary_percent, rope_scaling, rope_scaling_factor)
+ARCH_FIELDS = ("add_bias_linear", "add_qkv_bias", "qk_layernorm", "layernorm_epsilon", "moe_router_topk_scaling_factor",
+               "rope_type", "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+               "mscale", "mscale_all_dim")
+ARCH_ARGS = ("rotary_percent", "rotary_base", "use_rope_scaling", "rope_scaling_factor")
 
 
 # TransformerConfig / MLATransformerConfig fields of MoE, MLA and MTP (what the MoE export must set)

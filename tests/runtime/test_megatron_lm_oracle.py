@@ -119,3 +119,31 @@ def test_megatron_lm_reads_the_moe_mla_mtp_plans_as_planned():
                                     list(rc.modules) if rc.granularity == "selective" else None], name
         assert got["mtp_chunk"] == (len(c.chunk_layers) - 1 if c.model.mtp_num_layers else None), name
         assert got["dp"] == c.dp and got["micro_batch_size"] == c.micro_batch_size, name
+
+
+def test_megatron_lm_builds_the_imported_hf_models_fields():
+    """The published Hugging Face configs (tests/unit/data/hf) as imported and exported: Megatron-LM's own parser
+    and config builder give each the QKV bias, QK norm, norm epsilon, top-k scaling, rotary percent and RoPE scaling
+    the config.json has."""
+    from search.cluster import parse_cluster
+    from search.plan import uniform_plan
+    from tests.unit.test_hf_real_configs import IMPORTED, spec
+
+    plans = [uniform_plan(spec(n).model_copy(update={"num_layers": 5}), 1, 1, 8, 8, 64,
+                          cluster=parse_cluster("1x8-h100")) for n in IMPORTED]
+    got = {n: g for n, g in zip(IMPORTED, _oracle(plans))}
+    for n, g in got.items():
+        assert "error" not in g, (n, g)
+    arch = {n: g["arch"] for n, g in got.items()}
+    want_eps = {"qwen2.5-7b": 1e-6, "qwen3-8b": 1e-6, "qwen3-30b-a3b": 1e-6, "deepseek-v3": 1e-6}
+    for n, a in arch.items():
+        assert a["layernorm_epsilon"] == want_eps.get(n, 1e-5), n
+        assert a["add_qkv_bias"] is (n in ("qwen2.5-7b", "glm-4.5")) and a["add_bias_linear"] is False, n
+        assert a["qk_layernorm"] is (n in ("qwen3-8b", "qwen3-30b-a3b", "deepseek-v3", "glm-4.5")), n
+        assert a["rotary_percent"] == (0.5 if n == "glm-4.5" else 1.0), n
+        assert a["use_rope_scaling"] is (n == "llama-3.1-8b"), n
+        assert a["moe_router_topk_scaling_factor"] == (2.5 if n in ("deepseek-v3", "glm-4.5") else None), n
+    assert arch["llama-3.1-8b"]["rope_scaling_factor"] == 8.0 and arch["llama-3.1-8b"]["rotary_base"] == 500000
+    ds = arch["deepseek-v3"]       # DeepSeek-V3's config.json: yarn, factor 40, 4096, beta 32 / 1, mscale 1 / 1
+    assert (ds["rope_type"], ds["rotary_scaling_factor"], ds["original_max_position_embeddings"], ds["beta_fast"],
+            ds["beta_slow"], ds["mscale"], ds["mscale_all_dim"]) == ("yarn", 40.0, 4096, 32, 1, 1.0, 1.0)

@@ -5,7 +5,7 @@ the meta device (``aceso_megatron.testing.meta_params``: the exported layout, ``
 only report their size). The parameters it allocates are summed per rank and compared with the cost model's
 per-stage ``params`` (``CostModel.stage_cost``, memory breakdown / weight bytes), on 24 configurations: TP 1-8, PP 1-4, VPP 2-3, uneven layouts, CP, DP, the distributed optimizer on and off
 (which must not change the count), tied and untied embeddings, GQA, explicit kv_channels, QK norms, SwiGLU, biases on
-and off, learned and rotary positions, a padded vocabulary and T5.
+and off (and the QKV bias alone), learned and rotary positions, a padded vocabulary and T5.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ CONFIGS = {
     "llama-tied-pp2": (_llama(tied_embeddings=True), 2, 2, None, 1, 1, False),
     "llama-cp2-vpp2": (_llama(), 2, 2, (2, 2, 2, 2), 2, 1, True),
     "llama-qk-norm-tp2": (_llama(megatron={"qk_layernorm": True}), 2, 1, None, 1, 1, False),
+    "llama-qkv-bias-tp2-pp2": (_llama(megatron={"add_qkv_bias": True}), 2, 2, None, 1, 1, False),   # Qwen2, GLM-4.5
     "t5-tp1": (T5, 1, 1, None, 1, 1, False),
     "t5-tp2": (T5, 2, 1, None, 1, 2, True),
 }

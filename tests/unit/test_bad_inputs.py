@@ -469,7 +469,7 @@ CASES = [
       **{"c.json": {**GPT2, "n_layer": 0}}),
     C("hf-layers-bool", "import-hf c.json", "n_layer is true", **{"c.json": {**GPT2, "n_layer": True}}),
     C("hf-hidden-fraction", "import-hf c.json", "n_embd is 768.5", **{"c.json": {**GPT2, "n_embd": 768.5}}),
-    C("hf-hidden-huge", "import-hf c.json", "hidden_size: Input should be less than or equal",
+    C("hf-hidden-huge", "import-hf c.json", "n_embd: Input should be less than or equal",
       **{"c.json": {**GPT2, "n_embd": 10**30}}),
     C("hf-vocab-missing", "import-hf c.json", "field vocab_size is missing",
       **{"c.json": {k: v for k, v in GPT2.items() if k != "vocab_size"}}),
@@ -612,7 +612,7 @@ CASES = [
     C("import-mlm-inference", "import gen.sh --from megatron-lm", "runs run_text_generation_server.py: "
       "inference / text generation, not training", **{"gen.sh": "torchrun --nproc_per_node 8 "
                                                                   "tools/run_text_generation_server.py --tp 8\n"}),
-    C("import-mlm-loop", "import loop.sh --from megatron-lm", "loop.sh: line 1: a 'for' statement",
+    C("import-mlm-loop", "import loop.sh --from megatron-lm", "loop.sh: line 1: a 'for' loop that sets variables or runs the command",
       **{"loop.sh": "for tp in 1 2; do\n torchrun --nproc_per_node 8 pretrain_gpt.py " + _MLM + "; done\n"}),
     C("import-mlm-cmd-subst", "import cs.sh --from megatron-lm", "--num-layers is the command substitution "
       "$(cat layers.txt), which aceso cannot expand", **{"cs.sh": "L=$(cat layers.txt)\ntorchrun --nproc_per_node 8 "

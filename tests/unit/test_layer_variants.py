@@ -20,6 +20,7 @@ from search.model import ModelSpec
 from search.moe_params import counts, layer_mlp_params
 from search.presets import load_model
 from search.training import TrainingSpec
+from tests.unit.test_moe import plain_rope
 
 HF = json.loads((Path(__file__).parent / "data" / "hf_moe_configs.json").read_text())
 
@@ -107,7 +108,7 @@ def test_unfused_core_scores_everything():
 
 @pytest.mark.parametrize("name", ["gpt-oss-120b", "gpt-oss-20b"])
 def test_hf_import_is_the_preset(name):
-    cfg = {k: v for k, v in HF[name].items() if not k.startswith("_")}
+    cfg = plain_rope(HF[name])
     spec = hf_to_spec(cfg, source=name, seq_length=4096)
     preset = load_model(name)
     assert spec.model_dump(exclude={"name", "nominal_params_b"}) == \
@@ -116,7 +117,7 @@ def test_hf_import_is_the_preset(name):
 
 
 def test_hf_layer_types():
-    cfg = {k: v for k, v in HF["gpt-oss-20b"].items() if not k.startswith("_")}
+    cfg = plain_rope(HF["gpt-oss-20b"])
     four = {**cfg, "num_hidden_layers": 4}
     assert hf_to_spec({**four, "layer_types": ["sliding_attention"] * 4}, "g").window_attn_skip_freq is None
     odd = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]

@@ -222,6 +222,18 @@ def test_published_moe_rows_import_with_their_shape_and_our_preset(row):
     assert a.pop("make_vocab_size_divisible_by") == 128 * row["tp"]        # Megatron-LM pads to 128 x tp
     b.pop("make_vocab_size_divisible_by")
     moe_a, moe_b = a.pop("moe"), b.pop("moe")
+    # the numerics the command line states and the preset leaves at megatron-core's defaults are the command line's
+    # (search.megatron.arch_flags): its norm epsilon, top-k scaling and YaRN; the rest is the preset's architecture
+    flags = shlex.split(args)
+    stated = {"layernorm_epsilon": "--norm-epsilon", "moe_router_topk_scaling_factor": "--moe-router-topk-scaling-factor"}
+    for field, flag in stated.items():
+        if flag in flags and float(flags[flags.index(flag) + 1]) != {"layernorm_epsilon": 1e-5}.get(field):
+            assert a["megatron"].pop(field) == float(flags[flags.index(flag) + 1])
+    if "--rotary-scaling-factor" in flags:
+        assert a.pop("rope_scaling") == {"type": "yarn", "factor": float(flags[flags.index("--rotary-scaling-factor") + 1]),
+                                         "original_max_position_embeddings": None, "beta_fast": None, "beta_slow": None,
+                                         "mscale": None, "mscale_all_dim": 1.0}
+        b.pop("rope_scaling")
     assert a == b
     diff = {k: (moe_a[k], moe_b[k]) for k in moe_a if moe_a[k] != moe_b[k]}
     diff.pop("moe_router_force_load_balancing", None) if "--moe-router-force-load-balancing" not in args else None

@@ -42,6 +42,24 @@ torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers $L $EXTRA
 CMD="python -u pretrain_gpt.py --num-layers 3 --hidden-size 8"
 sh -c "${CMD}"
 ''',
+    # issue 32: an array inside a string joins its elements with spaces (aceso read --num-layers2--hidden-size256)
+    "array-in-a-string": '''
+ARGS=(--num-layers 2 --hidden-size 256 "--name a b")
+CMD="torchrun --nproc-per-node 8 pretrain_gpt.py ${ARGS[@]} --bf16"
+D=${UNSET:-"x${ARGS[@]}y"}
+E="${ARGS[*]}"
+$CMD --d "$D" --e "$E"
+''',
+    # issue 32: loops that only print, one fed by a process substitution (was "a redirection without a target")
+    "loops-that-only-print": r'''
+while read -r line; do echo "$line"; done < <(printf 'a\nb\n')
+for x in 1 2 3; do
+  echo "step $x"
+done
+until true; do echo never; done
+diff <(echo a) <(echo a) > /dev/null
+torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 4 --hidden-size 64
+''',
 }
 
 
@@ -96,7 +114,9 @@ def test_example_scripts_as_bash_runs_them(rel, tmp_path):
 
 
 @pytest.mark.parametrize("text, needle", [
-    ("while true; do torchrun pretrain_gpt.py; done", "line 1: a 'while' statement"),
+    ("while true; do torchrun pretrain_gpt.py; done", "line 1: a 'while' loop that sets variables or runs the "
+                                                     "command"),
+    ("for L in 2 4; do N=$L; done\ntorchrun pretrain_gpt.py --num-layers $N", "line 1: a 'for' loop that sets"),
     ("f() { torchrun pretrain_gpt.py; }\nf", "a function definition (f() ...)"),
     ("eval torchrun pretrain_gpt.py", "'eval'"),
     ("cat <<EOF\n--num-layers 2\nEOF", "a here-document"),
@@ -109,3 +129,36 @@ def test_unreadable_constructs_are_refused_with_their_line(text, needle):
     with pytest.raises(AcesoError, match=None) as e:
         read_command(text, "run.sh")
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_loop_variable_is_not_guessed():
+    """After a skipped loop its variable holds what the last pass left (bash: 3); aceso does not run the loop, so
+    the value is a placeholder a plan flag reports, not the empty string."""
+    got = read_command("for L in 1 2 3; do echo $L; done\ntorchrun pretrain_gpt.py --num-layers $L")
+    assert got.argv[1].startswith("<expr:$L") and got.notes == ["line 1: skipped a 'for' loop (it only prints)"]
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('#!/bin/bash\nset -e\nbash ./train_llama.sh "$@"\n', "line 3: runs another script, ./train_llama.sh: aceso "
+                                                           "reads one launch script"),
+    ("sbatch job.sbatch\n", "line 1: runs another script, job.sbatch"),
+    ("NGPU=8\ntorchrun --nproc_per_node=${NGPU} --rdzv_backend c10d -m torchtitan.train --job.config_file x.toml\n",
+     "line 2: runs torchtitan.train (torchrun -m torchtitan.train): not a Megatron-LM pretraining entry point"),
+    ("python -m megatron.inference.text_generation_server --num-layers 2\n",
+     "(python -m megatron.inference.text_generation_server): inference / text generation"),
+    ("mkdir -p out\nmy_trainer --layers 4\n", "line 2: runs my_trainer, and no command runs Megatron-LM's "
+                                              "pretrain_gpt.py"),
+    ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 2\ntorchrun --nproc-per-node 8 pretrain_gpt.py "
+     "--num-layers 4\n", "runs pretrain_gpt.py 2 times with different arguments (lines 1, 2)"),
+])
+def test_what_a_file_runs_instead_is_named(text, needle):
+    with pytest.raises(AcesoError) as e:
+        read_command(text, "run.sh")
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_the_same_command_twice_is_priced_once_with_a_note():
+    line = "torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 2\n"
+    got = read_command(line + "echo retry\n" + line, "run.sh")
+    assert got.argv == ["--num-layers", "2"]
+    assert got.notes == ["the same command runs 2 times (lines 1, 3); priced once"]

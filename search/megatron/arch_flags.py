@@ -1,0 +1,107 @@
+"""Architecture fields a converted model carries beyond the base flags, as Megatron-LM core_v0.16.1 flags (both ways)
+and Megatron-Bridge ``model`` fields: the QKV bias, the norm epsilon and the top-k scaling factor of the ``megatron``
+block, ``rotary_percent`` and ``rope_scaling`` (``search.rope_scaling``).
+
+Megatron-LM (``megatron/training/arguments.py``): ``--add-qkv-bias`` (``TransformerConfig.add_qkv_bias``; implied by
+the linear biases: ``validate_args`` sets it unless ``--disable-bias-linear``), ``--norm-epsilon`` (``layernorm_epsilon``,
+default 1e-5), ``--moe-router-topk-scaling-factor``, ``--rotary-percent`` (default 1.0), ``--use-rope-scaling``
+``--rope-scaling-factor`` (default 8.0; standard attention only), and for multi-latent attention ``--rope-type``
+(None: ``MLATransformerConfig``'s yarn), ``--rotary-scaling-factor`` (1.0), ``--mscale`` (1.0), ``--mscale-all-dim``
+(0.0); YaRN at factor 1 is plain RoPE (``yarn_get_mscale`` is 1 and both frequency sets are equal). Hooked in through
+``layer_variant_flags`` (its ``read`` / ``write`` / ``bridge`` / ``FLAG_KINDS`` carry these too).
+"""
+
+from __future__ import annotations
+
+from .. import rope_scaling as rs
+from ..errors import AcesoError
+
+FLAG_KINDS: dict[str, str] = {"--add-qkv-bias": "bool", "--norm-epsilon": "float",
+                              "--moe-router-topk-scaling-factor": "float", "--rotary-percent": "float",
+                              "--use-rope-scaling": "bool", "--rope-scaling-factor": "float", "--rope-type": "str",
+                              "--rotary-scaling-factor": "float", "--mscale": "float", "--mscale-all-dim": "float"}
+NORM_EPSILON = 1e-5          # Megatron-LM's --norm-epsilon and TransformerConfig.layernorm_epsilon default
+# megatron block field -> Megatron-LM flag (a value flag; add_qkv_bias is a switch)
+BLOCK_FLAGS = {"layernorm_epsilon": "--norm-epsilon", "moe_router_topk_scaling_factor": "--moe-router-topk-scaling-factor"}
+
+
+def read(f) -> dict:
+    """The ``ModelSpec`` fields the flags of ``f`` set: ``megatron`` entries, ``rotary_percent``, ``rope_scaling``."""
+    block: dict = {}
+    if f.has("--add-qkv-bias") and f.has("--disable-bias-linear"):
+        block["add_qkv_bias"] = True
+    eps = f.get("--norm-epsilon", NORM_EPSILON)
+    if not 0 < eps < 1:
+        raise AcesoError(f"--norm-epsilon {eps}: give a small positive number (below 1)")
+    if eps != NORM_EPSILON:
+        block["layernorm_epsilon"] = eps
+    if f.has("--moe-router-topk-scaling-factor") and f.has("--num-experts"):
+        block["moe_router_topk_scaling_factor"] = _positive(f, "--moe-router-topk-scaling-factor")
+    out: dict = {"megatron": block} if block else {}
+    percent = f.get("--rotary-percent", 1.0)
+    if not 0 < percent <= 1:
+        raise AcesoError(f"--rotary-percent {percent}: give a fraction in (0, 1]")
+    if percent != 1.0:
+        out["rotary_percent"] = percent
+    out["rope_scaling"] = _rope_scaling(f)
+    return out
+
+
+def _rope_scaling(f) -> dict | None:
+    mla = f.has("--multi-latent-attention")
+    kind = f.get("--rope-type")
+    if kind not in (None, "rope", "yarn"):
+        raise AcesoError(f"--rope-type {kind}: use rope or yarn")
+    if kind == "yarn" and not mla:
+        raise AcesoError("--rope-type yarn without --multi-latent-attention: Megatron-LM core_v0.16.1 asserts "
+                         "'Common attention only support rope_type=\"rope\"'")
+    if mla:
+        factor = _positive(f, "--rotary-scaling-factor", 1.0)
+        if kind == "rope" or factor <= 1.0:
+            return None                  # YaRN at factor 1 is RoPE
+        return rs.yarn(factor, mscale=f.get("--mscale", 1.0), mscale_all_dim=f.get("--mscale-all-dim", 0.0))
+    if f.has("--use-rope-scaling"):
+        return {"type": "llama3", "factor": _positive(f, "--rope-scaling-factor", 8.0)}
+    return None
+
+
+def _positive(f, flag: str, default: float | None = None) -> float:
+    v = f.get(flag, default)
+    if not v > 0:
+        raise AcesoError(f"{flag} {v}: give a positive factor")
+    return v
+
+
+def write(m) -> list[str]:
+    """Megatron-LM flags of the fields a ``ModelSpec`` sets (none for a spec without them)."""
+    block = m.megatron or {}
+    out = ["--add-qkv-bias"] if block.get("add_qkv_bias") and not m.add_bias_linear else []
+    out += [x for k, flag in BLOCK_FLAGS.items() if k in block for x in (flag, repr(float(block[k])))]
+    if m.rotary_percent != 1.0:
+        out += ["--rotary-percent", repr(float(m.rotary_percent))]
+    r = m.rope_scaling
+    if r is not None and r.type == "llama3":
+        out += ["--use-rope-scaling", "--rope-scaling-factor", repr(float(r.factor))]
+    elif r is not None:
+        out += ["--rope-type", "yarn", "--rotary-scaling-factor", repr(float(r.factor)), "--mscale",
+                repr(float(r.yarn("mscale"))), "--mscale-all-dim", repr(float(r.yarn("mscale_all_dim")))]
+    return out
+
+
+def bridge(m) -> dict:
+    """Megatron-Bridge ``model`` fields (``TransformerConfig`` / ``GPTModelProvider`` names) of the same fields."""
+    block = m.megatron or {}
+    out: dict = {k: block[k] for k in ("add_qkv_bias", *BLOCK_FLAGS) if k in block}
+    if m.rotary_percent != 1.0:
+        out["rotary_percent"] = m.rotary_percent
+    r = m.rope_scaling
+    if r is not None and r.type == "llama3":
+        out.update(rope_scaling=True, rope_scaling_factor=r.factor)
+    elif r is not None:
+        out.update({k: v for k, v in rs.runtime_kwargs(m).items()})
+    return out
+
+
+def refusal(m) -> str | None:
+    """Why Megatron-LM core_v0.16.1's flags cannot express the model's RoPE scaling (None: they can)."""
+    return rs.refusal(m)
