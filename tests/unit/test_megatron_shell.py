@@ -42,6 +42,12 @@ torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers $L $EXTRA
 CMD="python -u pretrain_gpt.py --num-layers 3 --hidden-size 8"
 sh -c "${CMD}"
 ''',
+    # aceso's own export: TOKENIZER_ARGS=(${TOKENIZER_ARGS:-...}) is an environment override with a default of words
+    "default-of-words": '''
+T=(${T:---tokenizer-type NullTokenizer --vocab-size 99})
+D=${D:---mock-data}
+torchrun --nproc_per_node 8 pretrain_gpt.py "${T[@]}" $D "${U:-a b}" ${U:-c  d} "${U:-$D e}"
+''',
 }
 
 
