@@ -28,6 +28,10 @@ from ..precision import recipe
 from .config import MegatronConfig
 from .names import bridge_fields
 
+# fields Bridge v0.3.1 holds as a property with a setter, not a dataclass field (data/bridge_fields_v0.3.1.json
+# "settable"): a YAML merge sets them (setattr), its struct-mode Hydra CLI only with ++ (add or override)
+FORCE_ADD = ("dataset.seq_length",)
+
 # recipe -> how it holds mixed_precision ("name": a recipe name string; "object": a MixedPrecisionConfig)
 RECIPES = {"llama3_8b_pretrain_config": "name", "llama3_70b_pretrain_config": "name",
            "llama2_7b_pretrain_config": "name", "gpt3_175b_pretrain_config": "object",
@@ -154,7 +158,8 @@ def _items(ov: dict[str, object]):
 def cli_overrides(c: MegatronConfig) -> str:
     """``--recipe NAME section.field=value ...`` for ``scripts/training/run_recipe.py``, shell-quoted, one line."""
     recipe, ov = overrides(c)
-    return shlex.join(["--recipe", recipe] + [f"{k}={_value(v)}" for k, v in _items(ov)]) + "\n"
+    return shlex.join(["--recipe", recipe] + [f"{'++' if k in FORCE_ADD else ''}{k}={_value(v)}"
+                                              for k, v in _items(ov)]) + "\n"
 
 
 def write_yaml(plan: ParallelPlan, c: MegatronConfig, source: str) -> str:

@@ -24,7 +24,7 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "Megatron-LM: when set; Bridge: always, by value"),
     ("model.kv_channels", "--kv-channels", "model.kv_channels", "Megatron-LM: when set; Bridge: always, by value"),
     ("model.seq_length", "--seq-length --max-position-embeddings (T5: --encoder-seq-length)",
-     "model.seq_length, dataset.sequence_length", ""),
+     "model.seq_length, dataset.seq_length", ""),
     ("model.decoder_seq_length", "--decoder-seq-length", "(no T5 recipe)", "T5"),
     ("model.vocab_size", "TOKENIZER_ARGS placeholder: --tokenizer-type NullTokenizer --vocab-size V-1",
      "tokenizer.vocab_size (NullTokenizer, V-1), model.vocab_size (padded)", "NullTokenizer adds the EOD token"),
@@ -247,7 +247,9 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
                 "overlap_param_gather": c.overlap_param_gather,
                 "grad_reduce_in_fp32": c.grad_reduce_in_fp32 or c.precision == "fp32"},
         "optimizer": {"use_distributed_optimizer": c.distributed_optimizer},
-        "dataset": {"sequence_length": m.seq_length},
+        # Bridge's own name (v0.3.1: a property that sets megatron-core's sequence_length; v0.6: a field that
+        # finalize() copies over sequence_length, so sequence_length alone would be lost there)
+        "dataset": {"seq_length": m.seq_length},
         # megatron-core's NullTokenizer (Bridge v0.3.1's default, legacy_tokenizer false) adds the EOD token
         "tokenizer": {"tokenizer_type": "NullTokenizer", "vocab_size": m.vocab_size - 1},
     }

@@ -166,6 +166,9 @@ def test_bridge_cli_overrides_are_one_line_of_hydra_assignments(tmp_path, capsys
     assert words[:2] == ["--recipe", "gpt3_175b_pretrain_config"]
     kv = dict(w.split("=", 1) for w in words[2:])
     assert kv["model.pipeline_model_parallel_layout"] == '"Et|t*2|t*3|t*2L"'
+    # Bridge's dataset.seq_length (v0.6: the field finalize() copies over sequence_length; v0.3.1: a property with a
+    # setter, not in its struct-mode DictConfig, so Hydra needs ++ to add it)
+    assert kv["++dataset.seq_length"] == str(case_plan("gpt-pp4-layout-block1").model.seq_length)
     assert kv["model.recompute_method"] == "block" and kv["model.recompute_num_layers"] == "1"
     assert kv["model.kv_channels"] == "64" and kv["train.micro_batch_size"] == "4"        # 2048 / 32 heads
 
