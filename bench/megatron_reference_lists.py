@@ -107,7 +107,8 @@ def dump_parser(root: str) -> dict:
     from megatron.training.arguments import add_megatron_arguments
     if not os.path.abspath(megatron.core.__file__).startswith(os.path.abspath(root)):
         raise SystemExit(f"megatron.core came from {megatron.core.__file__}, not the checkout {root}")
-    parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+    from search.argparser import AcesoParser      # no abbreviations, as Megatron-LM's own parser
+    parser = add_megatron_arguments(AcesoParser())
     flags = {}
     for a in parser._actions:
         for s in a.option_strings:

@@ -27,6 +27,7 @@ from ..plan import ParallelPlan
 from ..precision import recipe
 from .config import MegatronConfig
 from .names import bridge_fields
+from .versions import release
 
 # fields Bridge v0.3.1 holds as a property with a setter, not a dataclass field (data/bridge_fields_v0.3.1.json
 # "settable"): a YAML merge sets them (setattr), its struct-mode Hydra CLI only with ++ (add or override)
@@ -168,7 +169,7 @@ def write_yaml(plan: ParallelPlan, c: MegatronConfig, source: str) -> str:
     recipe, ov = overrides(c)
     gpn, nodes = (plan.cluster.gpus_per_node, plan.cluster.num_nodes) if plan.cluster else (c.world_size, 1)
     intro = f"Megatron-Bridge overrides written by aceso {__version__} from {source}."
-    lines = [f"# {h}" for h in [intro] + header(plan, c, source, "")[2:]] + [
+    lines = [f"# {h}" for h in [intro] + header(plan, c, source, release("0.16"))[2:]] + [
         f"# Megatron-Bridge v0.3.1 overrides (ConfigContainer structure) for the recipe "
         f"megatron.bridge.recipes.{recipe}.",
         "# Python: cfg = process_config_with_overrides(" + recipe + "(), config_filepath=\"THIS.yaml\")",
