@@ -83,7 +83,7 @@ def run_row(row: dict, pr, budget: int) -> dict:
     n = row["num_gpus"]
     cluster = parse_cluster(f"{max(1, n // 8)}x{min(n, 8)}-{row['gpu']}")
     line = command_line(row)
-    imp = read_megatron(line, cluster=cluster)
+    imp = read_megatron(line, cluster=cluster, version="core_v0.16.1")      # command_line writes core_v0.16.1 flags
     plan = imp.plan
     training = TrainingSpec(global_batch_size=plan.global_batch_size, precision=plan.model.params_dtype)
     cost = make_cost_model(plan.model, cluster, training, settings=RunSettings.megatron_lm(training.precision)) \

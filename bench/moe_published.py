@@ -156,7 +156,8 @@ def row_import(row: dict, cluster=None):
     megatron-lm``), with its own-release recipe's omitted flags (``recipe_flags``): the plan, its Megatron config,
     notes and ignored flags."""
     extra = recipe_flags(row)
-    return read_megatron(row["args"] + (" " + extra if extra else ""), cluster=cluster, world_size=row["gpus"])
+    return read_megatron(row["args"] + (" " + extra if extra else ""), cluster=cluster, world_size=row["gpus"],
+                         version="core_v0.16.1")      # the rows' args are core_v0.16.1 lines (published/README.md)
 
 
 def row_plan(row: dict, cluster=None) -> ParallelPlan:

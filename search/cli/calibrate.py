@@ -2,7 +2,7 @@
 
 Each --run is a configuration and its log: a Megatron-LM launch script (read as `aceso import --from megatron-lm`
 reads it) with the run's stdout (the `elapsed time per iteration (ms)`, `throughput per GPU` and memory report
-lines Megatron-LM core_v0.16.1 prints), or an aceso plan JSON with its `aceso train --log-file` JSON lines.
+lines Megatron-LM prints; the script read under --megatron-version, default the newest release), or an aceso plan JSON with its `aceso train --log-file` JSON lines.
 The file written holds, per GPU type, the sustained GEMM and attention efficiency, the achieved link bandwidths,
 the memory reserve, and every run's error before and after; give it to search, explain, baseline, validate and
 export with --calibration FILE (docs/calibrate.md).
@@ -19,7 +19,7 @@ import sys
 from ..argtypes import positive_int
 from ..errors import AcesoError
 from ..files import read_text
-from .common import check_output, print_json, write_output
+from .common import add_megatron_version_arg, check_output, print_json, write_output
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,6 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default=None, help="NODESxGPUS-gpu the Megatron-LM runs ran on (a plan: its own)")
     p.add_argument("--vocab-size", type=positive_int, default=None,
                    help="Megatron-LM: the tokenizer's vocabulary, when the script does not say")
+    add_megatron_version_arg(p, "the scripts were written for")
     p.add_argument("-o", "--output", default="-", help="calibration file to write, or - for stdout")
     p.add_argument("--json", action="store_true", help="print the residuals as JSON")
 
@@ -55,7 +56,8 @@ def _read_run(config: str, log: str, args: argparse.Namespace):
         padded = None
     else:
         from ..megatron.importer import read_megatron
-        imp = read_megatron(text, source=config, cluster=cluster, vocab_size=args.vocab_size)
+        imp = read_megatron(text, source=config, cluster=cluster, vocab_size=args.vocab_size,
+                            version=args.megatron_version)
         run = Run(label, imp.plan, imp.config.attention, "megatron-lm", measured)
         padded = imp.config.model.padded_vocab_size      # Megatron-LM's: a multiple of the divisor x tp
     if run.plan.world_size != cluster.num_gpus:

@@ -52,6 +52,14 @@ def calibrated(args: argparse.Namespace, cluster: ClusterSpec | None) -> Cluster
     return apply_calibration(cluster, load_calibration(path))
 
 
+def add_megatron_version_arg(p: argparse.ArgumentParser, what: str) -> None:
+    from ..megatron.versions import tags
+    known = tags()
+    p.add_argument("--megatron-version", default=None, metavar="VERSION",
+                   help=f"the Megatron-LM release {what}: {', '.join(known)} (or 0.NN; default the newest, "
+                        f"{known[-1]}); its flags, defaults and rules (docs/megatron.md)")
+
+
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
     return load_model(args.model, num_layers=args.num_layers)
 

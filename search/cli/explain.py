@@ -36,7 +36,7 @@ from ..plan_settings import FRAMEWORKS
 from ..precision import PRECISIONS
 from ..training import TrainingSpec
 from ..text import shape as stage_shape
-from .common import add_calibration_arg, add_cluster_args, calibrated, print_json
+from .common import add_calibration_arg, add_cluster_args, add_megatron_version_arg, calibrated, print_json
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "grad_copy", "reserve")
 COMM_KINDS = ("tp", "cp", "ep", "p2p", "dp", "edp", "param_gather", "edp_param_gather", "embedding_grads",
@@ -53,6 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "command line does not say")
     p.add_argument("--search-budget-evals", type=int, default=None, help="Megatron-LM: budget of the comparison "
                    "search (default 600; 0 skips it)")
+    add_megatron_version_arg(p, "the command line was written for")
     p.add_argument("--model", default=None, help="preset or spec file; default: the plan's model")
     p.add_argument("--num-layers", type=positive_int, default=None, help="with --model: override the preset's depth")
     add_cluster_args(p, required=False)
@@ -257,7 +258,8 @@ def _megatron_plan(args: argparse.Namespace):
         raise AcesoError("--megatron-args needs --cluster NODESxGPUS-gpu (the GPUs it runs on)")
     text, label = read_megatron_source(args.megatron_args_file, args.megatron_args)
     imp = read_megatron(text, source=label, world_size=args.world_size, vocab_size=args.vocab_size,
-                        cluster=parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb))
+                        cluster=parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb),
+                        version=args.megatron_version)
     args.plan = label
     args.attention = args.attention or imp.config.attention
     notes = ([imp.warning] if imp.warning else []) + imp.notes

@@ -1,8 +1,11 @@
-"""Write a plan for another trainer: `aceso export PLAN --to megatron-lm|megatron-bridge|aceso-legacy [-o FILE]`.
+"""Write a plan for another trainer: `aceso export PLAN [--to megatron-lm|megatron-bridge|aceso-legacy] [-o FILE]`.
 
-megatron-lm: a runnable bash script (torchrun + pretrain_gpt.py / pretrain_t5.py with every model, parallel,
-recompute, batch and precision argument of Megatron-LM core_v0.16.1; TOKENIZER_ARGS / DATA_ARGS placeholders);
---args-only prints just the arguments on one line. megatron-bridge: Megatron-Bridge v0.3.1 recipe overrides as a
+megatron-lm (the default): a runnable bash script (torchrun + pretrain_gpt.py / pretrain_t5.py with every model,
+parallel, recompute, batch and precision argument, and a NullTokenizer with the plan's vocabulary; DATA_ARGS /
+TRAINING_ARGS placeholders) for the Megatron-LM release --megatron-version names (default the newest): its flag
+names, its entry points (pretrain_t5.py is examples/t5/pretrain_t5.py from 0.18) and its rules (Megatron FSDP runs
+the distributed optimizer from 0.18); the header names the release. --args-only prints just the arguments on one
+line. megatron-bridge: Megatron-Bridge v0.3.1 recipe overrides as a
 YAML file; --args-only prints them as run_recipe.py CLI overrides. A plan stock Megatron-LM cannot run (tp or dp
 differing between stages, a stage cut inside a layer, per-unit recompute Megatron-LM has no setting for) is refused
 with exit 2 and one line; search with --target megatron-lm for one it can. aceso-legacy: the Aceso reference's
@@ -17,16 +20,17 @@ from pathlib import Path
 
 from ..errors import AcesoError
 from ..plan import load_plan
-from .common import add_calibration_arg, calibrated, check_output, write_output
+from .common import add_calibration_arg, add_megatron_version_arg, calibrated, check_output, write_output
 
 TARGETS = ("megatron-lm", "megatron-bridge", "aceso-legacy")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="plan JSON file")
-    p.add_argument("--to", default="aceso-legacy", choices=TARGETS,
-                   help="megatron-lm (launch script), megatron-bridge (recipe overrides YAML) or aceso-legacy (the "
-                        "reference's op-level config JSON, the default)")
+    p.add_argument("--to", default="megatron-lm", choices=TARGETS,
+                   help="megatron-lm (a launch script, the default), megatron-bridge (recipe overrides YAML) or "
+                        "aceso-legacy (the Aceso reference's op-level config JSON)")
+    add_megatron_version_arg(p, "to write for (--to megatron-lm)")
     p.add_argument("--args-only", action="store_true",
                    help="megatron-lm: only the arguments, one shell-quoted line; megatron-bridge: the CLI overrides")
     p.add_argument("-o", "--output", default="-", help="file to write, or - for stdout")
@@ -49,12 +53,17 @@ def run(args: argparse.Namespace) -> int:
         from ..compat.mapping import plan_to_ref
         write_output(plan_to_ref(plan).to_json(), args.output)
         return 0
-    from ..megatron import MEGATRON_LM_VERSION, megatron_config
+    from ..megatron import megatron_config
     from ..megatron.script import args_line, write_script
+    from ..megatron.versions import release
+    if args.megatron_version is not None and args.to != "megatron-lm":
+        raise AcesoError(f"--megatron-version is for --to megatron-lm; --to {args.to} writes for "
+                         + ("Megatron-Bridge v0.3.1" if args.to == "megatron-bridge" else "the Aceso reference"))
+    rel = release(args.megatron_version)
     cfg = megatron_config(plan)          # NotExpressible: exit 2, one line, nothing written
     source = Path(args.plan).name
     if args.to == "megatron-lm":
-        text = args_line(cfg) if args.args_only else write_script(plan, cfg, source, MEGATRON_LM_VERSION)
+        text = args_line(cfg, rel) if args.args_only else write_script(plan, cfg, source, rel)
     else:
         from ..megatron.bridge import cli_overrides, write_yaml
         text = cli_overrides(cfg) if args.args_only else write_yaml(plan, cfg, source)

@@ -1,7 +1,8 @@
 """Make a plan from another format: `aceso import FILE [--from aceso-legacy|megatron-lm] -o plan.json`.
 
 --from megatron-lm: FILE is a Megatron-LM launch script or argument file (- = stdin; or --args "..."); the plan
-is what Megatron-LM runs with those flags (core_v0.16.1 defaults). The world size comes from the script's torchrun
+is what Megatron-LM runs with those flags, read under the release --megatron-version names (its flags, defaults and
+rules; default the newest; a flag that release does not have is refused naming the closest one). The world size comes from the script's torchrun
 (--nproc-per-node x --nnodes), --world-size or --cluster; with --cluster the plan also carries the analytic
 prediction. The plan's ``settings`` are Megatron-LM's gradient-reduction dtype for those flags (bf16: fp32 unless
 --grad-reduce-in-bf16), and the prediction is priced under them. Flags aceso does not model (MoE, FP8, MLA, FSDP,
@@ -24,7 +25,7 @@ import sys
 
 from ..errors import AcesoError
 from ..files import read_text
-from .common import add_memory_limit_arg, check_output, write_output
+from .common import add_megatron_version_arg, add_memory_limit_arg, check_output, write_output
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "torchrun process count")
     g.add_argument("--vocab-size", type=int, default=None, help="the tokenizer's vocabulary, when the command line "
                    "does not say it")
+    add_megatron_version_arg(g, "the script was written for")
     g = p.add_argument_group("--from aceso-legacy")
     g.add_argument("--snap", action="store_true", help="move stage boundaries to the nearest unit boundary")
     g.add_argument("--db", default=None,
@@ -91,7 +93,8 @@ def _run_megatron(args: argparse.Namespace) -> int:
     from ..megatron.importer import read_megatron
     text, label = read_megatron_source(args.config, args.args)
     cluster = parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb) if args.cluster else None
-    imp = read_megatron(text, source=label, world_size=args.world_size, cluster=cluster, vocab_size=args.vocab_size)
+    imp = read_megatron(text, source=label, world_size=args.world_size, cluster=cluster, vocab_size=args.vocab_size,
+                        version=args.megatron_version)
     plan = imp.plan
     if cluster is not None:
         plan = plan.model_copy(update={"predicted": predict(plan, imp.config.attention)})

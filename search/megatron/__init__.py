@@ -11,16 +11,16 @@
   uses ``recompute.recompute_of`` / ``unit_choices`` and ``config.Recompute`` too (keep them stable).
 - ``compare.search_gain``: what ``aceso search`` gains over a given configuration (``explain --megatron-args``).
 
-Checked against Megatron-LM ``core_v0.16.1`` (commit 55ac708, ``megatron/training/arguments.py``) and
-Megatron-Bridge ``v0.3.1`` (whose Megatron-LM submodule is that same commit). See docs/megatron.md.
+- ``versions.py``: the Megatron-LM releases aceso reads and writes (core_v0.16.1 to core_v0.19.0), each a data file
+  of its parser's flags, defaults and entry points, plus the rules and renames between them.
+
+Checked against each release's own ``megatron/training/arguments.py`` (``versions.py``) and Megatron-Bridge
+``v0.3.1`` (whose Megatron-LM submodule is core_v0.16.1). See docs/megatron.md.
 """
 
 from .config import MegatronConfig, NotExpressible, Recompute
 from .expressible import check_expressible, megatron_config
 
-MEGATRON_LM_VERSION = "core_v0.16.1"
-MEGATRON_LM_COMMIT = "55ac7082517c3878ae653c07c09c534b8aed49f6"
 BRIDGE_VERSION = "v0.3.1"
 
-__all__ = ["BRIDGE_VERSION", "MEGATRON_LM_COMMIT", "MEGATRON_LM_VERSION", "MegatronConfig", "NotExpressible",
-           "Recompute", "check_expressible", "megatron_config"]
+__all__ = ["BRIDGE_VERSION", "MegatronConfig", "NotExpressible", "Recompute", "check_expressible", "megatron_config"]

@@ -27,6 +27,11 @@ from ..plan import ParallelPlan
 from ..precision import recipe
 from .config import MegatronConfig
 from .names import bridge_fields
+from .versions import release
+
+# fields Bridge v0.3.1 holds as a property with a setter, not a dataclass field (data/bridge_fields_v0.3.1.json
+# "settable"): a YAML merge sets them (setattr), its struct-mode Hydra CLI only with ++ (add or override)
+FORCE_ADD = ("dataset.seq_length",)
 
 # recipe -> how it holds mixed_precision ("name": a recipe name string; "object": a MixedPrecisionConfig)
 RECIPES = {"llama3_8b_pretrain_config": "name", "llama3_70b_pretrain_config": "name",
@@ -154,7 +159,8 @@ def _items(ov: dict[str, object]):
 def cli_overrides(c: MegatronConfig) -> str:
     """``--recipe NAME section.field=value ...`` for ``scripts/training/run_recipe.py``, shell-quoted, one line."""
     recipe, ov = overrides(c)
-    return shlex.join(["--recipe", recipe] + [f"{k}={_value(v)}" for k, v in _items(ov)]) + "\n"
+    return shlex.join(["--recipe", recipe] + [f"{'++' if k in FORCE_ADD else ''}{k}={_value(v)}"
+                                              for k, v in _items(ov)]) + "\n"
 
 
 def write_yaml(plan: ParallelPlan, c: MegatronConfig, source: str) -> str:
@@ -163,7 +169,7 @@ def write_yaml(plan: ParallelPlan, c: MegatronConfig, source: str) -> str:
     recipe, ov = overrides(c)
     gpn, nodes = (plan.cluster.gpus_per_node, plan.cluster.num_nodes) if plan.cluster else (c.world_size, 1)
     intro = f"Megatron-Bridge overrides written by aceso {__version__} from {source}."
-    lines = [f"# {h}" for h in [intro] + header(plan, c, source, "")[2:]] + [
+    lines = [f"# {h}" for h in [intro] + header(plan, c, source, release("0.16"))[2:]] + [
         f"# Megatron-Bridge v0.3.1 overrides (ConfigContainer structure) for the recipe "
         f"megatron.bridge.recipes.{recipe}.",
         "# Python: cfg = process_config_with_overrides(" + recipe + "(), config_filepath=\"THIS.yaml\")",

@@ -1,7 +1,10 @@
-"""A Megatron-LM command line (core_v0.16.1 flags) -> ``MegatronConfig`` -> ``ParallelPlan``.
+"""A Megatron-LM command line (the flags of one release, ``versions.py``) -> ``MegatronConfig`` -> ``ParallelPlan``.
 
 ``parse_flags`` reads ``--flag value...`` / ``--flag=value`` as argparse would (last occurrence wins, values up to
-the next ``--flag``). The plan's flags (``FLAGS``) are read with Megatron-LM's defaults and checks; flags that
+the next ``--flag``) against the release's parser: a flag it does not have is refused naming its closest flag and
+the releases that have it. Every flag given is kept in ``Flags.values`` (typed by ``Flags.get`` as the release's
+parser types it), so a pricing that reads a flag later finds it there. The plan's flags (``FLAGS``) are read with
+the release's defaults (``Flags.value``) and Megatron-LM's checks; flags that
 change the cost in ways aceso does not model are refused with one line (``REFUSED``: FP8/FP4, FSDP,
 offloading, other rank orders...); the MoE / MLA / MTP flags are read by ``moe_flags.py``; every other flag
 (data, optimizer hyper-parameters, logging,
@@ -13,9 +16,7 @@ micro-batch x dp, vocabulary padding to ``--make-vocab-size-divisible-by`` x tp)
 
 from __future__ import annotations
 
-import difflib
 import functools
-import os
 from dataclasses import dataclass, field
 
 from ..errors import AcesoError
@@ -28,15 +29,13 @@ from .layout import distribution, layout_chunk_layers
 from .model_args import model_from_flags
 from .moe_flags import moe_plan_fields
 from .shell import placeholder
-
-_FLAGS_FILE = os.path.join(os.path.dirname(__file__), "data", "flags_core_v0.16.1.txt")
+from .versions import Release, having, not_a_flag, release
 
 
 @functools.cache
-def megatron_flags() -> frozenset[str]:
-    """Every flag of Megatron-LM core_v0.16.1's parser (bench/megatron_reference_lists.py writes the list)."""
-    with open(_FLAGS_FILE) as f:
-        return frozenset(x.strip() for x in f if x.startswith("--"))
+def megatron_flags(version: str | None = None) -> frozenset[str]:
+    """Every flag of a Megatron-LM release's parser (default the newest; ``versions.py``)."""
+    return frozenset(release(version).flags)
 
 INT, FLOAT, STR, BOOL, LIST = "int", "float", "str", "bool", "list"
 FLAGS: dict[str, str] = {
@@ -141,6 +140,8 @@ REFUSED: dict[str, tuple[object, str]] = {
     "--hybrid-context-parallel": (_always, "hybrid context parallelism is not modelled by aceso"),
     "--use-legacy-models": (_always, "aceso plans megatron-core models, not the legacy ones"),
     "--rampup-batch-size": (_always, "a batch-size ramp-up changes the plan during training; plan the final size"),
+    "--step-batch-size-schedule": (_always, "a batch-size schedule changes the plan during training; plan the final "
+                                            "size"),
     "--model-parallel-size": (_always, "the old flag; use --tensor-model-parallel-size"),
     "--checkpoint-activations": (_always, "removed in Megatron-LM; use --recompute-activations or "
                                           "--recompute-granularity"),
@@ -150,16 +151,32 @@ REFUSED: dict[str, tuple[object, str]] = {
 
 @dataclass
 class Flags:
+    """The flags of a command line under one release: ``values`` holds every flag given (priced or not, in the
+    release's parser), ``ignored`` those aceso does not price and does not know to be harmless."""
+
     values: dict[str, list[str]]
     ignored: list[str] = field(default_factory=list)
+    release: Release = field(default_factory=release)
 
     def has(self, name: str) -> bool:
         return name in self.values
 
+    def kind(self, name: str) -> str:
+        """``FLAGS``'s kind for a priced flag, else what the release's parser makes of it."""
+        if name in FLAGS:
+            return FLAGS[name]
+        f = self.release.flags.get(name)
+        if f is None or f.action in ("store_true", "store_false", "store_const", "count", "boolean_optional"):
+            return BOOL
+        if f.nargs in ("+", "*") or isinstance(f.nargs, int) or f.action == "append":
+            return LIST
+        return {"int": INT, "float": FLOAT}.get(f.type, STR)
+
     def get(self, name: str, default=None):
+        """The value given (typed), else ``default``."""
         if name not in self.values:
             return default
-        v, kind = self.values[name], FLAGS[name]
+        v, kind = self.values[name], self.kind(name)
         if kind == BOOL:
             return True
         if kind == LIST:
@@ -173,8 +190,17 @@ class Flags:
         except ValueError:
             raise AcesoError(f"{name} {v[0]!r}: expected {'an integer' if kind == INT else 'a number'}") from None
 
+    def value(self, name: str):
+        """What the run's ``args.<dest>`` holds after the release's parser: the value given (a ``store_false``
+        flag given: False), else the parser's default."""
+        if name not in self.values:
+            return self.release.default(name)
+        f = self.release.flags.get(name)
+        return False if f is not None and f.action == "store_false" else self.get(name)
 
-def parse_flags(argv: list[str]) -> Flags:
+
+def parse_flags(argv: list[str], rel: Release | None = None) -> Flags:
+    rel = rel or release()
     values: dict[str, list[str]] = {}
     ignored: list[str] = []
     i = 0
@@ -191,17 +217,17 @@ def parse_flags(argv: list[str]) -> Flags:
             j += 1
         vals = [val] if eq else argv[i + 1:j]
         i = j
+        if not rel.has(name) and (having(name) or name not in REFUSED):
+            raise AcesoError(not_a_flag(name, rel))
         if name in REFUSED:
             when, why = REFUSED[name]
             if when(vals):
                 raise AcesoError(f"{' '.join([name, *vals])}: {why}; remove it to price the rest")
             continue
-        if name not in megatron_flags():
-            raise AcesoError(f"{name}: not a flag of Megatron-LM core_v0.16.1 (its parser exits on it: "
-                             f"unrecognized arguments){_closest(name)}")
         if name not in FLAGS:
             if name not in QUIET and not name.startswith(QUIET_PREFIXES):
                 ignored.append(name)
+            values[name] = vals
             continue
         if FLAGS[name] == BOOL and vals:
             hole = next((placeholder(v) for v in vals if placeholder(v)), None)
@@ -209,21 +235,15 @@ def parse_flags(argv: list[str]) -> Flags:
                 raise AcesoError(f"{name} is followed by {hole}; give its value")
             raise AcesoError(f"{name} takes no value (got {' '.join(vals)})")
         values[name] = vals
-    return Flags(values, sorted(set(ignored)))
-
-
-def _closest(name: str) -> str:
-    """``; did you mean --x?`` for the closest core_v0.16.1 flag (difflib), or ``""``."""
-    close = difflib.get_close_matches(name, sorted(megatron_flags()), n=1, cutoff=0.75)
-    return f"; did you mean {close[0]}?" if close else ""
+    return Flags(values, sorted(set(ignored)), rel)
 
 
 def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
                       vocab_size: int | None = None) -> MegatronConfig:
     """The configuration a Megatron-LM run with these flags has on ``world_size`` GPUs."""
-    tp = f.get("--tensor-model-parallel-size", 1)
-    pp = f.get("--pipeline-model-parallel-size", 1)
-    cp = f.get("--context-parallel-size", 1)
+    tp = f.value("--tensor-model-parallel-size")
+    pp = f.value("--pipeline-model-parallel-size")
+    cp = f.value("--context-parallel-size")
     if min(tp, pp, cp) < 1:
         raise AcesoError("--tensor/pipeline-model-parallel-size and --context-parallel-size must be at least 1")
     if world_size % (tp * pp * cp):
@@ -231,8 +251,8 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
                          "check --world-size or the launcher's process count")
     dp = world_size // (tp * pp * cp)
     if t5 and pp > 1:
-        raise AcesoError(f"--pipeline-model-parallel-size {pp}: pretrain_t5.py (core_v0.16.1) does not support "
-                         "pipeline parallelism for T5")
+        raise AcesoError(f"--pipeline-model-parallel-size {pp}: pretrain_t5.py ({f.release.tag}) does not "
+                         "support pipeline parallelism for T5")
     if t5 and f.has("--pipeline-model-parallel-layout"):
         raise AcesoError("--pipeline-model-parallel-layout: megatron-core's layouts do not support encoder layers "
                          "(T5)")
@@ -254,10 +274,14 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
     dist_opt, ogr, opg = (f.has(x) for x in ("--use-distributed-optimizer", "--overlap-grad-reduce",
                                              "--overlap-param-gather"))
     fsdp = _fsdp(f, notes)
+    if fsdp and f.release.rule("fsdp_forces_distributed_optimizer") and not dist_opt:
+        notes.append(f"--use-megatron-fsdp: {f.release.label} runs the distributed optimizer with it "
+                     "(validate_args turns it on)")
+        dist_opt = True
     if opg and not ((dist_opt or fsdp) and ogr):
         raise AcesoError("--overlap-param-gather needs --use-distributed-optimizer (or --use-megatron-fsdp) and "
                          "--overlap-grad-reduce (Megatron-LM's validate_args asserts both)")
-    offload = f.get("--cpu-offloading-num-layers", 0)
+    offload = f.value("--cpu-offloading-num-layers")
     if offload < 0:
         raise AcesoError(f"--cpu-offloading-num-layers {offload}: give 0 (no offload) or a positive number of layers")
     if f.has("--tp-comm-overlap") and not sp:
@@ -295,8 +319,8 @@ def _low_precision(f: Flags, dtype: str, sharded: bool) -> LowPrecision | None:
         raise AcesoError("--fp8-param-gather needs --use-distributed-optimizer or --use-megatron-fsdp (Megatron-LM's "
                          "validate_args asserts it)")
     first_last = f.has("--first-last-layers-bf16")
-    start = f.get("--num-layers-at-start-in-bf16", 1) if first_last else 0
-    end = f.get("--num-layers-at-end-in-bf16", 1) if first_last else 0
+    start = f.value("--num-layers-at-start-in-bf16") if first_last else 0
+    end = f.value("--num-layers-at-end-in-bf16") if first_last else 0
     # Megatron-LM's validate_args resets it under Megatron FSDP (arguments.py: "if args.use_megatron_fsdp:
     # args.reuse_grad_buf_for_mxfp8_param_ag = False")
     reuse = f.has(REUSE_FLAG) and not f.has("--use-megatron-fsdp")
@@ -308,19 +332,23 @@ def _low_precision(f: Flags, dtype: str, sharded: bool) -> LowPrecision | None:
 
 
 def _fsdp(f: Flags, notes: list[str]) -> str | None:
-    """Megatron FSDP's sharding strategy, or None (DDP); Megatron-LM's checks (``search/fsdp.py``)."""
-    strategy = f.get("--data-parallel-sharding-strategy", "no_shard")
+    """Megatron FSDP's sharding strategy (not given: the release's default, ``no_shard`` before 0.18,
+    ``optim_grads_params`` from 0.18), or None (DDP); Megatron-LM's checks (``search/fsdp.py``)."""
+    strategy = f.value("--data-parallel-sharding-strategy")
     if strategy not in STRATEGIES:
         raise AcesoError(f"--data-parallel-sharding-strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     if not f.has("--use-megatron-fsdp"):
-        if strategy != "no_shard":
+        if f.has("--data-parallel-sharding-strategy") and strategy != "no_shard":
             notes.append(f"--data-parallel-sharding-strategy {strategy} without --use-megatron-fsdp does nothing "
                          "(DDP runs)")
         return None
-    fmt = f.get("--ckpt-format", "torch_dist")
+    fmt = f.value("--ckpt-format")
     if fmt != "fsdp_dtensor":
-        raise AcesoError(f"--use-megatron-fsdp with --ckpt-format {fmt}: Megatron-LM core_v0.16.1 asserts "
-                         "\"Megatron FSDP only supports fsdp_dtensor checkpoint format\"; add --ckpt-format fsdp_dtensor")
+        raise AcesoError(f"--use-megatron-fsdp with --ckpt-format {fmt}: {f.release.label} asserts that Megatron "
+                         "FSDP only supports the fsdp_dtensor checkpoint format; add --ckpt-format fsdp_dtensor")
+    if not f.has("--data-parallel-sharding-strategy"):
+        notes.append(f"--use-megatron-fsdp without --data-parallel-sharding-strategy: {f.release.label}'s default, "
+                     f"{strategy}")
     return strategy
 
 
@@ -357,8 +385,9 @@ def _chunk_layers(f: Flags, num_layers: int, pp: int, mtp: int = 0) -> tuple[tup
     return counts, vpp
 
 
-# megatron-core 0.16.1 TransformerConfig: the modules selective recompute accepts
+# megatron-core TransformerConfig: the modules selective recompute accepts (0.16.1 to 0.18.x), and those added since
 MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+MODULES_SINCE = {"gdn_norm_out": (0, 19)}
 PLAN_MODULES = ("core_attn", "moe_act", "mla_up_proj")   # those a plan's per-unit choices say (megatron/recompute.py)
 
 
@@ -376,10 +405,11 @@ def _recompute(f: Flags, notes: list[str], moe=None) -> Recompute:
             raise AcesoError("--recompute-granularity selective takes no --recompute-method / --recompute-num-layers "
                              "(Megatron-LM asserts it)")
         modules = modules if modules is not None else ["core_attn"]
-        bad = [x for x in modules if x not in MODULES]
+        known = MODULES + tuple(m for m, since in MODULES_SINCE.items() if f.release.version >= since)
+        bad = [x for x in modules if x not in known]
         if bad:
-            raise AcesoError(f"--recompute-modules {bad[0]}: not a module of megatron-core 0.16.1 "
-                             f"({', '.join(MODULES)})")
+            raise AcesoError(f"--recompute-modules {bad[0]}: not a module of megatron-core {f.release.series} "
+                             f"({', '.join(known)})")
         if "moe_act" in modules and moe and not moe.grouped_gemm:
             raise AcesoError("--recompute-modules moe_act needs --moe-grouped-gemm (megatron-core's TransformerConfig "
                              "raises)")

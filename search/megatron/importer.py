@@ -2,7 +2,9 @@
 
 The world size comes from the launcher (``torchrun --nproc-per-node N --nnodes M``), aceso's ``--world-size`` or
 the cluster, and must agree where several are given. T5 when the script is ``pretrain_t5.py`` or, for a bare
-argument line, when it has ``--encoder-num-layers`` or ``--decoder-seq-length``.
+argument line, when it has ``--encoder-num-layers`` or ``--decoder-seq-length``. The flags are read under one
+Megatron-LM release (``version``: ``0.19``, ``core_v0.16.1``, ...; None: the newest, ``versions.py``), with its
+parser's flags and defaults and its rules.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from ..cluster import ClusterSpec
 from ..errors import AcesoError
 from ..plan import ParallelPlan
 from .build import plan_from_config
-from .cmdline import config_from_flags, parse_flags
+from .cmdline import Flags, config_from_flags, parse_flags
 from .config import MegatronConfig
 from .entry import PRICED, check_unreadable, refuse_entry
 from .shell import read_command
+from .versions import Release, release
 
 
 @dataclass
@@ -25,6 +28,8 @@ class Imported:
     config: MegatronConfig
     notes: list[str] = field(default_factory=list)     # what was assumed or approximated
     ignored: list[str] = field(default_factory=list)   # flags that do not change the plan
+    release: Release = field(default_factory=release)  # the Megatron-LM release the flags were read under
+    flags: Flags | None = None                         # every flag given, priced or not (Flags.get reads any)
 
     @property
     def warning(self) -> str | None:
@@ -35,7 +40,9 @@ class Imported:
 
 
 def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: int | None = None,
-                  cluster: ClusterSpec | None = None, vocab_size: int | None = None) -> Imported:
+                  cluster: ClusterSpec | None = None, vocab_size: int | None = None,
+                  version: str | None = None) -> Imported:
+    rel = release(version)
     try:
         cmd = read_command(text, source)
     except AcesoError as e:
@@ -50,7 +57,7 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
                          f"{', ...' if len(set(cmd.assigned)) > 4 else ''}); give the script that runs "
                          "pretrain_gpt.py or pretrain_t5.py")
     try:
-        flags = parse_flags(cmd.argv)
+        flags = parse_flags(cmd.argv, rel)
     except AcesoError as e:
         raise AcesoError(f"{source}: {e}") from None
     sizes = {k: v for k, v in (("the launcher's", cmd.world_size), ("--world-size", world_size),
@@ -68,4 +75,4 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
     except AcesoError as e:
         raise AcesoError(f"{source}: {e}") from None
     plan = plan_from_config(cfg, cluster=cluster, source=source)
-    return Imported(plan, cfg, notes, flags.ignored)
+    return Imported(plan, cfg, notes, flags.ignored, rel, flags)

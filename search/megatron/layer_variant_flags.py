@@ -70,11 +70,11 @@ def read(f) -> dict:
         out["window_size"] = _window(f.get("--window-size"))
     if f.has("--window-attn-skip-freq"):
         out["window_attn_skip_freq"] = _pattern(f.get("--window-attn-skip-freq"))
-    kind = f.get("--softmax-type", "vanilla")
+    kind = f.value("--softmax-type")
     if kind not in _SOFTMAX:
         raise AcesoError(f"--softmax-type {kind}: use {', '.join(_SOFTMAX)}")
     out["softmax_type"] = None if kind == "vanilla" else kind
-    offset = f.get("--glu-linear-offset", 0.0)
+    offset = f.value("--glu-linear-offset")
     out["glu_linear_offset"] = offset or None
     out["activation_func_clamp_value"] = f.get("--activation-func-clamp-value")
     return {**out, **arch_flags.read(f)}

@@ -3,7 +3,7 @@ preset it is, if any.
 
 Vocabulary: Megatron-LM takes it from the tokenizer, which a command line names but does not contain. In order:
 aceso's own ``--vocab-size`` option; ``--padded-vocab-size P`` (the model's exact vocabulary); ``--vocab-size N``
-(NullTokenizer: N tokens + EOD; other tokenizers: N); else the vocabulary of the preset whose architecture the
+(NullTokenizer: N + 1 before Megatron-LM 0.18, which adds the EOD token, N from 0.18; other tokenizers: N); else the vocabulary of the preset whose architecture the
 flags match; else an error asking for aceso's ``--vocab-size``. Padding: ``--make-vocab-size-divisible-by k``
 (default 128) pads to a multiple of ``k * tp``, so the plan's ``make_vocab_size_divisible_by`` is ``k * tp``.
 """
@@ -43,7 +43,7 @@ def model_from_flags(f, tp: int, t5: bool, notes: list[str], vocab_size: int | N
         else need("--num-layers")
     if t5 and f.has("--decoder-num-layers") and f.get("--decoder-num-layers") != num_layers:
         notes.append(f"--decoder-num-layers {f.get('--decoder-num-layers')} is not used by pretrain_t5.py "
-                     f"(core_v0.16.1), which builds {num_layers} decoder layers (--num-layers)")
+                     f"({f.release.tag}), which builds {num_layers} decoder layers (--num-layers)")
     h, heads = need("--hidden-size"), need("--num-attention-heads")
     swiglu = f.has("--swiglu")
     ffn = f.get("--ffn-hidden-size", int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h)
@@ -51,19 +51,18 @@ def model_from_flags(f, tp: int, t5: bool, notes: list[str], vocab_size: int | N
     groups = f.get("--num-query-groups") if f.has("--group-query-attention") else None
     if f.has("--num-query-groups") and not f.has("--group-query-attention"):
         notes.append("--num-query-groups without --group-query-attention: Megatron-LM uses multi-head attention")
-    pos = "rope" if f.has("--use-rotary-position-embeddings") else f.get("--position-embedding-type",
-                                                                          "learned_absolute")
+    pos = "rope" if f.has("--use-rotary-position-embeddings") else f.value("--position-embedding-type")
     if f.has("--no-position-embedding") and pos != "rope":
-        raise AcesoError(f"--no-position-embedding with --position-embedding-type {pos}: Megatron-LM core_v0.16.1 "
+        raise AcesoError(f"--no-position-embedding with --position-embedding-type {pos}: {f.release.label} "
                          "raises (deprecated, use --position-embedding-type); with rope it runs RoPE")
     if pos not in ("learned_absolute", "rope"):
         raise AcesoError(f"--position-embedding-type {pos}: aceso models learned_absolute and rope only")
-    norm = f.get("--normalization", "LayerNorm")
+    norm = f.value("--normalization")
     if norm not in ("LayerNorm", "RMSNorm"):
         raise AcesoError(f"--normalization {norm}: aceso models LayerNorm and RMSNorm only")
     if f.has("--bf16") and f.has("--fp16"):
         raise AcesoError("--bf16 and --fp16 together: Megatron-LM asserts one of them")
-    impl = f.get("--transformer-impl", "transformer_engine")
+    impl = f.value("--transformer-impl")
     if impl not in ("transformer_engine", "local"):
         raise AcesoError(f"--transformer-impl {impl}: aceso plans transformer_engine or local layers")
     seq = need("--encoder-seq-length", "--seq-length") if t5 and not f.has("--seq-length") else need("--seq-length")
@@ -75,10 +74,10 @@ def model_from_flags(f, tp: int, t5: bool, notes: list[str], vocab_size: int | N
         "decoder_seq_length": need("--decoder-seq-length") if t5 else None,
         "activation": "swiglu" if swiglu else "gelu", "normalization": norm.lower(),
         "position_embedding": "rope" if pos == "rope" else "learned",
-        "rotary_base": float(f.get("--rotary-base", 10000)),
+        "rotary_base": float(f.value("--rotary-base")),
         "tied_embeddings": not f.has("--untie-embeddings-and-output-weights"),
         "add_bias_linear": not f.has("--disable-bias-linear"),
-        "attention_dropout": f.get("--attention-dropout", 0.1), "hidden_dropout": f.get("--hidden-dropout", 0.1),
+        "attention_dropout": f.value("--attention-dropout"), "hidden_dropout": f.value("--hidden-dropout"),
         "params_dtype": "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32",
     }
     spec.update(layer_variant_flags.read(f))       # --window-size, --softmax-type, --quick-geglu, ...
@@ -89,14 +88,14 @@ def model_from_flags(f, tp: int, t5: bool, notes: list[str], vocab_size: int | N
     spec.update(moe)
     spec.update(_vocab(f, tp, vocab_size))
     model = _named(spec, notes)
-    backend = f.get("--attention-backend", "auto")
+    backend = f.value("--attention-backend")
     if backend not in ("auto", "flash", "fused", "unfused", "local"):
         raise AcesoError(f"--attention-backend {backend}: use auto, flash, fused, unfused or local")
     return model, ("unfused" if impl == "local" or backend in ("unfused", "local") else "flash")
 
 
 def _vocab(f, tp: int, given: int | None) -> dict:
-    k = f.get("--make-vocab-size-divisible-by", 128)
+    k = f.value("--make-vocab-size-divisible-by")
     if given is not None:
         return {"vocab_size": given, "make_vocab_size_divisible_by": k * tp}
     if f.has("--padded-vocab-size"):
@@ -105,7 +104,7 @@ def _vocab(f, tp: int, given: int | None) -> dict:
         n = f.get("--vocab-size")
         if n < 1:
             raise AcesoError(f"--vocab-size {n}: give the tokenizer's vocabulary size (at least 1)")
-        return {"vocab_size": n + 1 if f.get("--tokenizer-type") == "NullTokenizer" else n,
+        return {"vocab_size": f.release.null_vocab(n) if f.get("--tokenizer-type") == "NullTokenizer" else n,
                 "make_vocab_size_divisible_by": k * tp}
     return {"vocab_size": None, "make_vocab_size_divisible_by": k * tp}
 

@@ -126,7 +126,7 @@ def moe_model_fields(f, num_layers: int, ffn: int, pos: str, notes: list[str]) -
     out: dict = {}
     experts = f.get("--num-experts")
     if experts:                                     # Megatron-LM: 0 is None (no MoE)
-        moe = {"num_experts": experts, "moe_router_topk": f.get("--moe-router-topk", 2),
+        moe = {"num_experts": experts, "moe_router_topk": f.value("--moe-router-topk"),
                "moe_ffn_hidden_size": f.get("--moe-ffn-hidden-size", ffn)}
         for name, flag in MOE_FLAGS[3:]:
             if f.has(flag):
@@ -148,7 +148,7 @@ def moe_model_fields(f, num_layers: int, ffn: int, pos: str, notes: list[str]) -
         if f.has("--group-query-attention"):
             raise AcesoError("--multi-latent-attention with --group-query-attention: Megatron-LM asserts they are "
                              "mutually exclusive")
-        out["mla"] = {name: f.get(flag, default) for name, flag, default in MLA_FLAGS}
+        out["mla"] = {name: f.value(flag) for name, flag, _ in MLA_FLAGS}
     mtp = f.get("--mtp-num-layers")
     if mtp:
         if pos != "rope":
@@ -162,11 +162,11 @@ def moe_model_fields(f, num_layers: int, ffn: int, pos: str, notes: list[str]) -
 
 def moe_plan_fields(f, model, notes: list[str]) -> tuple[int, int | None, MoEPlanSettings | None]:
     """``(ep, etp, settings)`` of every stage / the plan (``etp`` None: not given, megatron-core's default tp)."""
-    ep, etp = f.get("--expert-model-parallel-size", 1), f.get("--expert-tensor-parallel-size")
+    ep, etp = f.value("--expert-model-parallel-size"), f.get("--expert-tensor-parallel-size")
     if ep < 1 or (etp is not None and etp < 1):
         raise AcesoError("--expert-model-parallel-size and --expert-tensor-parallel-size must be at least 1")
-    dispatcher = f.get("--moe-token-dispatcher-type", "allgather")
-    backend = f.get("--moe-flex-dispatcher-backend", "deepep")
+    dispatcher = f.value("--moe-token-dispatcher-type")
+    backend = f.value("--moe-flex-dispatcher-backend")
     if model.moe is None:
         if ep > 1:
             raise AcesoError(f"--expert-model-parallel-size {ep} without --num-experts: Megatron-LM asserts "

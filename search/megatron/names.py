@@ -1,7 +1,8 @@
 """The one translation of our short names into Megatron-LM flags and Megatron-Bridge ``ConfigContainer`` fields.
 
-Megatron-LM: ``megatron/training/arguments.py`` at ``core_v0.16.1`` (many flags are generated there from
-``TransformerConfig`` field names). Megatron-Bridge: ``ConfigContainer`` of ``v0.3.1`` (``model`` is a
+Megatron-LM: ``megatron/training/arguments.py`` of each release (``versions.py``; many flags are generated there
+from ``TransformerConfig`` field names); every flag written here is in every release's parser (a test checks), and
+``script.arg_groups`` renames one for a release that reads it by another name. Megatron-Bridge: ``ConfigContainer`` of ``v0.3.1`` (``model`` is a
 ``GPTModelProvider``, a ``TransformerConfig`` subclass, so its fields are megatron-core's names). ``TABLE`` is the
 mapping documented in docs/megatron.md (``mapping_table``); ``megatron_lm_args`` and ``bridge_fields`` apply it.
 """
@@ -24,10 +25,11 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "Megatron-LM: when set; Bridge: always, by value"),
     ("model.kv_channels", "--kv-channels", "model.kv_channels", "Megatron-LM: when set; Bridge: always, by value"),
     ("model.seq_length", "--seq-length --max-position-embeddings (T5: --encoder-seq-length)",
-     "model.seq_length, dataset.sequence_length", ""),
+     "model.seq_length, dataset.seq_length", ""),
     ("model.decoder_seq_length", "--decoder-seq-length", "(no T5 recipe)", "T5"),
-    ("model.vocab_size", "TOKENIZER_ARGS placeholder: --tokenizer-type NullTokenizer --vocab-size V-1",
-     "tokenizer.vocab_size (NullTokenizer, V-1), model.vocab_size (padded)", "NullTokenizer adds the EOD token"),
+    ("model.vocab_size", "TOKENIZER_ARGS placeholder: --tokenizer-type NullTokenizer --vocab-size V (before 0.18: "
+     "V-1)", "tokenizer.vocab_size (NullTokenizer, V-1), model.vocab_size (padded)",
+     "NullTokenizer adds the EOD token before 0.18 (Bridge v0.3.1: megatron-core 0.16.1)"),
     ("model.make_vocab_size_divisible_by", "--make-vocab-size-divisible-by (ours / tp)",
      "model.make_vocab_size_divisible_by", "Megatron-LM pads to a multiple of it x tp"),
     ("model.activation swiglu", "--swiglu", "recipe: a Llama recipe", "gelu: the default / a GPT recipe"),
@@ -173,9 +175,11 @@ def grad_reduce_args(c: MegatronConfig) -> list[str]:
     return []
 
 
-def tokenizer_args(c: MegatronConfig) -> list[str]:
-    """The placeholder tokenizer: NullTokenizer with exactly the plan's vocabulary (it adds the EOD token)."""
-    return ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(c.model.vocab_size - 1)]
+def tokenizer_args(c: MegatronConfig, rel) -> list[str]:
+    """The placeholder tokenizer: NullTokenizer with exactly the plan's vocabulary under ``rel``
+    (``Release.null_vocab``: before 0.18 it adds the EOD token to --vocab-size)."""
+    n = c.model.vocab_size - (0 if rel.rule("null_tokenizer_counts_eod") else 1)
+    return ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(n)]
 
 
 def _parallel(c: MegatronConfig) -> list[str]:
@@ -247,7 +251,9 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
                 "overlap_param_gather": c.overlap_param_gather,
                 "grad_reduce_in_fp32": c.grad_reduce_in_fp32 or c.precision == "fp32"},
         "optimizer": {"use_distributed_optimizer": c.distributed_optimizer},
-        "dataset": {"sequence_length": m.seq_length},
+        # Bridge's own name (v0.3.1: a property that sets megatron-core's sequence_length; v0.6: a field that
+        # finalize() copies over sequence_length, so sequence_length alone would be lost there)
+        "dataset": {"seq_length": m.seq_length},
         # megatron-core's NullTokenizer (Bridge v0.3.1's default, legacy_tokenizer false) adds the EOD token
         "tokenizer": {"tokenizer_type": "NullTokenizer", "vocab_size": m.vocab_size - 1},
     }
@@ -266,7 +272,9 @@ def bridge_precision(c: MegatronConfig) -> str | None:
 
 def mapping_table() -> str:
     """The markdown table of ``TABLE`` (docs/megatron.md carries it verbatim; a test checks)."""
-    rows = ["| ours (plan) | Megatron-LM core_v0.16.1 | Megatron-Bridge v0.3.1 ConfigContainer | note |",
+    from .versions import releases
+    tags = [r.tag for r in releases()]
+    rows = [f"| ours (plan) | Megatron-LM {tags[0]} to {tags[-1]} | Megatron-Bridge v0.3.1 ConfigContainer | note |",
             "|---|---|---|---|"]
     rows += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in TABLE]
     return "\n".join(rows) + "\n"

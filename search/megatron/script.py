@@ -1,19 +1,26 @@
-"""The Megatron-LM launch script (``aceso export --to megatron-lm``) and the one-line argument form (``--args-only``).
+"""The Megatron-LM launch script (``aceso export --to megatron-lm``) and the one-line argument form (``--args-only``),
+for one Megatron-LM release (``versions.Release``).
 
 The script sets what megatron-core needs in the environment (``CUDA_DEVICE_MAX_CONNECTIONS=1`` with tp or cp > 1
-before Blackwell: ``validate_args`` asserts it), launches ``torchrun`` with the plan's world size and runs
-``pretrain_gpt.py`` (GPT, Llama) or ``pretrain_t5.py`` with the model, parallel, recompute, batch and precision
-arguments in bash arrays; ``TOKENIZER_ARGS`` / ``DATA_ARGS`` / ``TRAINING_ARGS`` are placeholders the user replaces
-(environment variables of those names override them), extra arguments pass through ``"$@"``.
+before Blackwell: ``validate_args`` asserts it; never with Megatron FSDP, which asserts the opposite), launches
+``torchrun`` with the plan's world size and runs the release's ``pretrain_gpt.py`` (GPT, Llama) or
+``pretrain_t5.py`` (``examples/t5/`` from 0.18) with the model, parallel, recompute, batch and precision arguments
+in bash arrays, written by the names the release has (``Release.flag_name``) and as the release runs them (from
+0.18 Megatron FSDP runs the distributed optimizer: the flag is written). ``TOKENIZER_ARGS`` is a NullTokenizer with
+the plan's vocabulary (what ``aceso import`` reads back); it, ``DATA_ARGS`` and ``TRAINING_ARGS`` are placeholders
+the user replaces (environment variables of those names override them); extra arguments pass through ``"$@"``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 
 from .. import __version__
+from ..errors import AcesoError
 from ..plan import ParallelPlan
 from .config import MegatronConfig
+from .versions import Release, having, release
 from ..fsdp import describe as fsdp_describe
 from ..plan_settings import describe
 from .names import grad_reduce_args, megatron_lm_args, tokenizer_args
@@ -23,18 +30,41 @@ TRAINING_PLACEHOLDER = ("--train-iters 100 --lr 1.0e-4 --min-lr 1.0e-5 --lr-deca
 GROUPS = ("model", "parallel", "recompute", "batch", "precision")
 
 
-def argv(c: MegatronConfig) -> list[str]:
-    """Every plan argument in one list (the tokenizer placeholder last: it pins the plan's vocabulary)."""
-    groups = megatron_lm_args(c)
-    return [a for g in GROUPS for a in groups[g]] + tokenizer_args(c)
+def as_run(c: MegatronConfig, rel: Release) -> MegatronConfig:
+    """``c`` as ``rel`` runs it: from 0.18 Megatron FSDP turns the distributed optimizer on (validate_args)."""
+    if c.fsdp and rel.rule("fsdp_forces_distributed_optimizer") and not c.distributed_optimizer:
+        return dataclasses.replace(c, distributed_optimizer=True)
+    return c
 
 
-def args_line(c: MegatronConfig) -> str:
-    return shlex.join(argv(c)) + "\n"
+def arg_groups(c: MegatronConfig, rel: Release | None = None) -> dict[str, list[str]]:
+    """``megatron_lm_args`` for ``rel`` (default the newest): its rules applied, its flag names; a flag the
+    release does not have is refused (one line)."""
+    rel = rel or release()
+    groups = megatron_lm_args(as_run(c, rel))
+    out = {}
+    for g, words in groups.items():
+        out[g] = [rel.flag_name(w) if w.startswith("--") else w for w in words]
+        missing = [w for w in out[g] if w.startswith("--") and not rel.has(w)]
+        if missing:
+            raise AcesoError(f"{missing[0]}: not a flag of {rel.label}; export with a --megatron-version that has it "
+                             f"({', '.join(r.tag for r in having(missing[0])) or 'none'})")
+    return out
 
 
-def entry_script(c: MegatronConfig) -> str:
-    return "pretrain_t5.py" if c.model.is_t5 else "pretrain_gpt.py"
+def argv(c: MegatronConfig, rel: Release | None = None) -> list[str]:
+    """Every plan argument in one list (the tokenizer last: it pins the plan's vocabulary)."""
+    groups = arg_groups(c, rel)
+    return [a for g in GROUPS for a in groups[g]] + tokenizer_args(c, rel or release())
+
+
+def args_line(c: MegatronConfig, rel: Release | None = None) -> str:
+    return shlex.join(argv(c, rel)) + "\n"
+
+
+def entry_script(c: MegatronConfig, rel: Release | None = None) -> str:
+    """The entry point's path in ``rel``'s checkout (T5: ``examples/t5/pretrain_t5.py`` from 0.18)."""
+    return (rel or release()).entry_path("pretrain_t5.py" if c.model.is_t5 else "pretrain_gpt.py")
 
 
 def needs_max_connections(plan: ParallelPlan, c: MegatronConfig) -> bool:
@@ -44,14 +74,15 @@ def needs_max_connections(plan: ParallelPlan, c: MegatronConfig) -> bool:
     return (c.tp > 1 or c.cp > 1) and not gpu.startswith(("b", "gb")) and not c.fsdp
 
 
-def header(plan: ParallelPlan, c: MegatronConfig, source: str, version: str) -> list[str]:
+def header(plan: ParallelPlan, c: MegatronConfig, source: str, rel: Release) -> list[str]:
     m = plan.model
     cl = plan.cluster
     what = (f"{m.family.upper()}, {m.num_layers}+{m.num_decoder_layers} layers" if m.is_t5
             else f"{m.family.upper() if m.family == 'gpt' else 'Llama'}, {m.num_layers} layers")
     lines = [
         f"Megatron-LM launch script written by aceso {__version__} from {source}.",
-        f"Arguments of Megatron-LM {version} (megatron/training/arguments.py); run it in a checkout of that tag.",
+        f"Arguments of {rel.label} (megatron/training/arguments.py, megatron-core {rel.series}.x); run it in a "
+        f"checkout of that tag.",
         f"model: {m.name} ({what}, hidden {m.hidden_size}, {m.num_attention_heads} heads, seq {m.seq_length}, "
         f"{m.num_parameters / 1e9:.2f}B parameters, {m.params_dtype})",
         f"cluster: {cl.label if cl else 'not recorded in the plan'}, {c.world_size} GPUs = pp {c.pp} x tp {c.tp} x "
@@ -60,6 +91,12 @@ def header(plan: ParallelPlan, c: MegatronConfig, source: str, version: str) -> 
         "layers per pipeline stage: " + " ".join(map(str, c.stage_layers()))
         + (f" (model chunks in order: {' '.join(map(str, c.chunk_layers))})" if c.vpp > 1 else ""),
         f"recompute: {c.recompute.label}" + (f"; {fsdp_describe(plan)}" if fsdp_describe(plan) else ""),
+        *([f"Megatron FSDP saves and loads checkpoints only in the fsdp_dtensor format (--ckpt-format fsdp_dtensor), "
+           "not the torch_dist format of DDP runs: convert an existing torch_dist checkpoint with Megatron-LM's",
+           "tools/checkpoint/checkpoint_inspector.py convert-torch-dist-to-fsdp-dtensor before --load; without FSDP "
+           "later runs cannot load these checkpoints"
+           + ("; with it the distributed optimizer runs (validate_args)"
+              if rel.rule("fsdp_forces_distributed_optimizer") else "")] if c.fsdp else []),
         f"micro-batch: the plan's pipeline micro-batch {plan.micro_batch_size} = --micro-batch-size "
         f"{c.micro_batch_size} per rank x dp {c.dp}; {plan.num_micro_batches} micro-batches per iteration",
     ]
@@ -81,11 +118,12 @@ def _array(name: str, items: list[str]) -> str:
     return f"{name}=({' ' + shlex.join(items) if items else ''} )"
 
 
-def write_script(plan: ParallelPlan, c: MegatronConfig, source: str, version: str) -> str:
-    groups = megatron_lm_args(c)
+def write_script(plan: ParallelPlan, c: MegatronConfig, source: str, rel: Release | None = None) -> str:
+    rel = rel or release()
+    groups = arg_groups(c, rel)
     cl = plan.cluster
     gpn, nodes = (cl.gpus_per_node, cl.num_nodes) if cl else (c.world_size, 1)
-    out = ["#!/usr/bin/env bash"] + [f"# {line}" for line in header(plan, c, source, version)] + [
+    out = ["#!/usr/bin/env bash"] + [f"# {line}" for line in header(plan, c, source, rel)] + [
         "# Fill in TOKENIZER_ARGS, DATA_ARGS and TRAINING_ARGS (or set them in the environment); more Megatron-LM",
         "# arguments pass through \"$@\". Several nodes: run it on each with NODE_RANK and MASTER_ADDR set.",
         "set -euo pipefail", "",
@@ -95,22 +133,22 @@ def write_script(plan: ParallelPlan, c: MegatronConfig, source: str, version: st
     out += [f"GPUS_PER_NODE={gpn}", f"NNODES={nodes}", "NODE_RANK=${NODE_RANK:-0}",
             "MASTER_ADDR=${MASTER_ADDR:-localhost}", "MASTER_PORT=${MASTER_PORT:-6000}", ""]
     out += [_array(f"{g.upper()}_ARGS", groups[g]) for g in GROUPS]
-    tok = shlex.join(tokenizer_args(c))
+    tok = tokenizer_args(c, rel)
     out += ["",
             f"# The plan assumed a vocabulary of {c.model.vocab_size} tokens (padded to {c.model.padded_vocab_size}): "
             "NullTokenizer with --vocab-size",
-            f"# {c.model.vocab_size - 1} (+ the EOD token) reproduces it. Use yours, e.g. --tokenizer-type "
-            "HuggingFaceTokenizer --tokenizer-model NAME"
+            f"# {tok[-1]} ({'its last id the EOD token' if rel.rule('null_tokenizer_counts_eod') else '+ the EOD token'})"
+            " reproduces it. Use yours, e.g. --tokenizer-type HuggingFaceTokenizer --tokenizer-model NAME"
             + (" (T5: --tokenizer-type BertWordPieceCase --vocab-file FILE --vocab-extra-ids 100)."
                if c.model.is_t5 else "."),
-            f"TOKENIZER_ARGS=(${{TOKENIZER_ARGS:-{tok}}})",
+            f"TOKENIZER_ARGS=(${{TOKENIZER_ARGS:-{shlex.join(tok)}}})",
             "# Your data: --data-path PREFIX --split 949,50,1" + (" (mock data needs none)." if not c.model.is_t5
                                                                  else " (T5 needs a WordPiece-tokenized corpus)."),
             f"DATA_ARGS=(${{DATA_ARGS:-{'--mock-data' if not c.model.is_t5 else '--data-path YOUR_DATA_PREFIX'}}})",
             f"TRAINING_ARGS=(${{TRAINING_ARGS:-{TRAINING_PLACEHOLDER}}})", "",
             'torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" \\',
             '    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\',
-            f'    "$MEGATRON_LM/{entry_script(c)}" \\',
+            f'    "$MEGATRON_LM/{entry_script(c, rel)}" \\',
             "    " + " ".join(f'"${{{g.upper()}_ARGS[@]}}"' for g in GROUPS) + " \\",
             '    "${TOKENIZER_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAINING_ARGS[@]}" "$@"', ""]
     return "\n".join(out)

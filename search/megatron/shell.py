@@ -383,8 +383,9 @@ class _Shell:
         return vals, index == "@"
 
     def word_text(self, text: str, line: int) -> list[str]:
-        w = Lexer(text, self.source).word() if text else None
-        return [" ".join(self.expand(w, split=False))] if w else [""]
+        """The word of ``${NAME:-word}`` expanded, spaces kept (bash: ``${T:-a b}`` unquoted is two words)."""
+        words = [t for t in Lexer(text, self.source).tokens() if isinstance(t, Word)] if text else []
+        return [" ".join(" ".join(self.expand(w, split=False)) for w in words)] if words else [""]
 
     def arith(self, text: str) -> str:
         expr = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", r"\1", text)

@@ -1,10 +1,12 @@
 """Run Megatron-LM's own argument handling on exported command lines (used by test_megatron_lm_oracle.py).
 
 Reads ``[{"line": ARGS, "world": N}, ...]`` as JSON on stdin; for each, runs Megatron-LM's ``parse_args``,
-``validate_args`` and ``core_transformer_config_from_args`` (from the checkout on PYTHONPATH) and prints one JSON
-list: per case either ``{"error": ...}`` or the ``(first layer, layer count)`` megatron-core builds on each model
-chunk in model order (``get_transformer_layer_offset`` / ``get_num_layers_to_build``), the recompute settings and
-the data-parallel size. CPU only: the device-architecture query is answered as Hopper (9.0), the transformer-engine version query as
+``validate_args`` and ``core_transformer_config_from_args`` (from the checkout on PYTHONPATH: any release from
+core_v0.16.1 to core_v0.19.0, with its own megatron-core) and builds its tokenizer (``global_vars.build_tokenizer``,
+which pads the vocabulary), and prints one JSON list: per case either ``{"error": ...}`` or the ``(first layer,
+layer count)`` megatron-core builds on each model chunk in model order (``get_transformer_layer_offset`` /
+``get_num_layers_to_build``), the recompute settings, the data-parallel size, the distributed optimizer as
+validate_args leaves it and the tokenizer's (padded) vocabulary. CPU only: the device-architecture query is answered as Hopper (9.0), the transformer-engine version query as
 new enough (``--fp4-format``), the Triton-only
 batch-invariant kernels and transformer-engine's fused MoE permute kernels are stubbed, and ``--no-rope-fusion`` is
 added (rope fusion needs transformer-engine). MoE lines also report the MoE / MLA / MTP config fields and the chunk
@@ -19,6 +21,17 @@ import types
 import warnings
 
 warnings.filterwarnings("ignore")
+try:
+    import six  # noqa: F401
+except ImportError:          # core_v0.16.1's BERT tokenizer imports it at module level and uses it only to tokenize
+    six = types.ModuleType("six")
+    six.PY2, six.PY3 = False, True
+    sys.modules["six"] = six
+try:
+    import regex  # noqa: F401
+except ImportError:          # core_v0.16.1's GPT-2 BPE tokenizer: the same, at module level (the lines here tokenize
+    import re as regex       # nothing: NullTokenizer)
+    sys.modules["regex"] = regex
 stub = types.ModuleType("megatron.core.transformer.custom_layers.batch_invariant_kernels")
 stub.enable_batch_invariant_mode = lambda *a, **k: None
 stub.is_batch_invariant_mode_enabled = lambda: False
@@ -52,6 +65,8 @@ def run(line: str, world: int) -> dict:
     args = A.parse_args()
     A.validate_args(args)
     cfg = A.core_transformer_config_from_args(args)
+    from megatron.training import global_vars
+    tokenizer = global_vars.build_tokenizer(args)          # the release's own (pads: args.padded_vocab_size)
     pp, vpp = cfg.pipeline_model_parallel_size, cfg.virtual_pipeline_model_parallel_size
     ps.set_virtual_pipeline_model_parallel_world_size(vpp)
     chunks = []
@@ -72,6 +87,8 @@ def run(line: str, world: int) -> dict:
                                "activation_func_clamp_value": cfg.activation_func_clamp_value,
                                "activation": cfg.activation_func.__name__, "gated": cfg.gated_linear_unit},
             "fsdp": [args.use_megatron_fsdp, args.data_parallel_sharding_strategy, args.ckpt_format],
+            "distributed_optimizer": args.use_distributed_optimizer,
+            "vocab": [tokenizer.vocab_size, args.padded_vocab_size],
             "offload": [cfg.cpu_offloading, cfg.cpu_offloading_num_layers],
             "moe": {k: _plain(getattr(cfg, k, None)) for k in MOE_FIELDS},
             "recipe": {k: _plain(getattr(cfg, k, None)) for k in RECIPE_FIELDS},

@@ -1,13 +1,15 @@
-"""Megatron-LM core_v0.16.1's own ``core_transformer_config_from_args`` on the exported command line of each
-low-precision plan sets exactly the recipe fields the runtime builds its stage configs with
-(``aceso_megatron.model.lowprec.config_fields``). Skipped without ``ACESO_MEGATRON_LM`` (a core_v0.16.1 checkout).
+"""Each Megatron-LM release's own ``core_transformer_config_from_args`` on the command line of each low-precision plan
+exported for it sets exactly the recipe fields the runtime builds its stage configs with
+(``aceso_megatron.model.lowprec.config_fields``). Skipped without ``ACESO_MEGATRON_LM`` (test_megatron_lm_oracle.py).
 """
+
+import pytest
 
 from search.plan import uniform_plan
 from search.plan_settings import PlanSettings
 from search.precision import LowPrecision
 from search.presets import load_model
-from tests.runtime.test_megatron_lm_oracle import _oracle, pytestmark  # noqa: F401 (the skip)
+from tests.runtime.test_megatron_lm_oracle import TAGS, _oracle
 
 LOWS = [LowPrecision(recipe="fp8-delayed"), LowPrecision(recipe="fp8-tensorwise", bf16_layers_start=1,
                                                          bf16_layers_end=1),
@@ -15,12 +17,13 @@ LOWS = [LowPrecision(recipe="fp8-delayed"), LowPrecision(recipe="fp8-tensorwise"
         LowPrecision(recipe="nvfp4", bf16_layers_start=1, bf16_layers_end=1)]
 
 
-def test_megatron_lm_sets_the_runtimes_recipe_fields():
+@pytest.mark.parametrize("tag", TAGS)
+def test_megatron_lm_sets_the_runtimes_recipe_fields(tag):
     from aceso_megatron.model.lowprec import config_fields
 
     model = load_model("llama3-8b", num_layers=4)
     plans = [uniform_plan(model, 1, 2, 4, 4, 16, "none", distributed_optimizer=True).model_copy(update={
         "settings": PlanSettings(framework="megatron-lm", low_precision=low)}) for low in LOWS]
-    for low, got in zip(LOWS, _oracle(plans)):
+    for low, got in zip(LOWS, _oracle(plans, tag)):
         assert "error" not in got, (low, got)
         assert got["recipe"] == config_fields(low), low

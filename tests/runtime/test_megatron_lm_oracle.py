@@ -1,12 +1,16 @@
-"""Megatron-LM core_v0.16.1's own argument parser accepts every exported command line and builds each pipeline
-rank's model chunks with exactly the plan's layers and recompute setting.
+"""Each Megatron-LM release's own argument parser (core_v0.16.1 to core_v0.19.0) accepts every command line exported
+for it and builds each pipeline rank's model chunks with exactly the plan's layers, recompute setting and
+vocabulary; and does what aceso's release rules say (search/megatron/versions.py RULES).
 
-Needs a Megatron-LM checkout of core_v0.16.1 (megatron/training is not in the megatron-core wheel): set
-``ACESO_MEGATRON_LM=/path/to/Megatron-LM``; skipped otherwise.
+Needs Megatron-LM checkouts (megatron/training is not in every megatron-core wheel): ``ACESO_MEGATRON_LM`` names one,
+with ``{tag}`` standing for the release (``/src/{tag}``: one per tag; a path without ``{tag}`` is core_v0.16.1's);
+a release without its checkout, or whose ``requires-python`` this Python does not meet (0.17 and later need 3.12),
+is skipped. The checkout's own megatron-core runs (PYTHONPATH).
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,25 +19,39 @@ import pytest
 
 from search.megatron import megatron_config
 from search.megatron.script import args_line
+from search.megatron.versions import release, tags
 from tests.megatron_plans import CASES, case_plan
 
-CHECKOUT = os.environ.get("ACESO_MEGATRON_LM")
-pytestmark = pytest.mark.skipif(not CHECKOUT or not (Path(CHECKOUT) / "megatron" / "training").is_dir(),
-                                reason="set ACESO_MEGATRON_LM to a Megatron-LM core_v0.16.1 checkout")
+TAGS = tags()
 
 
-def _oracle(plans: dict) -> list[dict]:
-    """What Megatron-LM (the checkout) makes of each plan's exported command line (megatron_lm_oracle.py)."""
-    plans = plans.values() if isinstance(plans, dict) else plans
-    cases = [{"line": args_line(megatron_config(p)), "world": p.world_size} for p in plans]
-    env = {**os.environ, "PYTHONPATH": CHECKOUT}
+def _checkout(tag: str) -> Path:
+    env = os.environ.get("ACESO_MEGATRON_LM")
+    root = (env.replace("{tag}", tag) if "{tag}" in env else (env if tag == "core_v0.16.1" else None)) if env else None
+    if not root or not (Path(root) / "megatron" / "training").is_dir():
+        pytest.skip(f"set ACESO_MEGATRON_LM to a Megatron-LM {tag} checkout ({{tag}} for each release)")
+    m = re.search(r'requires-python\s*=\s*">=\s*(\d+)\.(\d+)"', (Path(root) / "pyproject.toml").read_text())
+    if m and sys.version_info[:2] < (int(m.group(1)), int(m.group(2))):
+        pytest.skip(f"Megatron-LM {tag} needs Python >= {m.group(1)}.{m.group(2)}")
+    return Path(root)
+
+
+def _oracle(plans, tag: str, lines=None) -> list[dict]:
+    """What Megatron-LM ``tag`` (its checkout) makes of each plan's command line exported for it
+    (megatron_lm_oracle.py), or of ``lines`` when given."""
+    root = _checkout(tag)
+    plans = list(plans.values() if isinstance(plans, dict) else plans)
+    lines = lines or [args_line(megatron_config(p), release(tag)) for p in plans]
+    cases = [{"line": line, "world": p.world_size} for line, p in zip(lines, plans)]
+    env = {**os.environ, "PYTHONPATH": str(root)}
     r = subprocess.run([sys.executable, str(Path(__file__).with_name("megatron_lm_oracle.py"))], input=json.dumps(cases),
                        capture_output=True, text=True, env=env, timeout=1200)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_megatron_lm_takes_the_fsdp_and_offload_flags():
+@pytest.mark.parametrize("tag", TAGS)
+def test_megatron_lm_takes_the_fsdp_and_offload_flags(tag):
     """Megatron FSDP (each strategy) and CPU activation offload as exported: parsed, validated (fsdp_dtensor,
     CUDA_DEVICE_MAX_CONNECTIONS unset) and in megatron-core's TransformerConfig (offload: one stage, no recompute)."""
     from search.fsdp import ActivationOffload, MegatronFSDP
@@ -44,16 +62,42 @@ def test_megatron_lm_takes_the_fsdp_and_offload_flags():
                           megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy=s),
                           activation_offload=ActivationOffload(num_layers=2) if s == "optim_grads_params" else None)
              for s in ("no_shard", "optim", "optim_grads", "optim_grads_params")]
-    for plan, got in zip(plans, _oracle(plans)):
+    for plan, got in zip(plans, _oracle(plans, tag)):
         assert "error" not in got, got
         s = plan.megatron_fsdp.data_parallel_sharding_strategy
         assert got["fsdp"] == [True, s, "fsdp_dtensor"]
         assert got["offload"] == ([True, 2] if plan.activation_offload else [False, 0])
 
 
-def test_megatron_lm_parses_validates_and_builds_the_plans_layers():
+@pytest.mark.parametrize("tag", TAGS)
+def test_the_releases_rules_are_what_its_validate_args_and_tokenizer_do(tag):
+    """The command line without --data-parallel-sharding-strategy and --use-distributed-optimizer: the strategy is
+    the release's parser default, the distributed optimizer what validate_args leaves (RULES
+    fsdp_forces_distributed_optimizer), as the importer reads them; NullTokenizer's vocabulary (RULES
+    null_tokenizer_counts_eod) is the plan's on every exported line."""
+    from search.fsdp import MegatronFSDP
+    from search.megatron.importer import read_megatron
+    from search.plan import uniform_plan
+    from search.presets import load_model
+    rel = release(tag)
+    plan = uniform_plan(load_model("llama3-8b", num_layers=4), 1, 1, 8, 8, 16, "none", overlap_grad_reduce=True,
+                        megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy="optim"))
+    line = re.sub(r" --data-parallel-sharding-strategy \S+| --use-distributed-optimizer", "",
+                  args_line(megatron_config(plan), rel))
+    (got,) = _oracle([plan], tag, [line])
+    imp = read_megatron(line, world_size=8, version=tag)
+    assert got["fsdp"] == [True, imp.plan.megatron_fsdp.data_parallel_sharding_strategy, "fsdp_dtensor"]
+    assert got["distributed_optimizer"] == imp.plan.distributed_optimizer == rel.rule(
+        "fsdp_forces_distributed_optimizer")
+    plans = [case_plan(n) for n in sorted(CASES)]
+    for p, got in zip(plans, _oracle(plans, tag)):
+        assert got["vocab"] == [p.model.vocab_size, p.model.padded_vocab_size], p.model.name
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_megatron_lm_parses_validates_and_builds_the_plans_layers(tag):
     plans = {n: case_plan(n) for n in sorted(CASES)}
-    for (name, plan), got in zip(plans.items(), _oracle(plans)):
+    for (name, plan), got in zip(plans.items(), _oracle(plans, tag)):
         assert "error" not in got, (name, got)
         c = megatron_config(plan)
         assert got["dp"] == c.dp and got["micro_batch_size"] == c.micro_batch_size, name
@@ -103,10 +147,11 @@ def _expected_moe(c) -> dict:
             **mla, "qk_layernorm": bool((m.megatron or {}).get("qk_layernorm")), "mtp_num_layers": m.mtp_num_layers}
 
 
-def test_megatron_lm_reads_the_moe_mla_mtp_plans_as_planned():
+@pytest.mark.parametrize("tag", TAGS)
+def test_megatron_lm_reads_the_moe_mla_mtp_plans_as_planned(tag):
     from tests.megatron_moe_plans import MOE_CASES, moe_case_plan
     plans = {n: moe_case_plan(n) for n in sorted(MOE_CASES)}
-    for (name, plan), got in zip(plans.items(), _oracle(plans)):
+    for (name, plan), got in zip(plans.items(), _oracle(plans, tag)):
         assert "error" not in got, (name, got)
         c = megatron_config(plan)
         starts = [0]

@@ -441,7 +441,7 @@ CASES = [
       **{"d.json": "{"}),
     C("export-bad-plan", "export p.json", "stages[0].dp: Input should be a valid integer",
       **{"p.json": edit("plan.json", **{"stages.0.dp": "2"})}),
-    C("export-no-db-key", "export plan.json", "has no aceso_db_key"),
+    C("export-no-db-key", "export plan.json --to aceso-legacy", "has no aceso_db_key"),
     C("launch-bad-plan", LAUNCH + " " + TRAIN_OK, "micro_batch_size: Input should be a valid integer",
       **{"plan.json": edit("plan.json", micro_batch_size="2")}),
     C("train-bad-plan", "train p.json --train-iters 2 --mock-data", "p.json: no such plan file"),
@@ -598,15 +598,30 @@ CASES = [
                                 "-o", "data"], "-o data: is a folder"),
     # launch scripts read as bash reads them (issue 21) and Megatron-LM's strict parser (issue 25)
     *[C(f"import-mlm-typo-{k}", ["import", "--from", "megatron-lm", "--world-size", "8", "--args", _MLM + typo],
-        f"{typo.split()[0]}: not a flag of Megatron-LM core_v0.16.1 (its parser exits on it: unrecognized "
+        f"{typo.split()[0]}: not a flag of Megatron-LM core_v0.19.0 (its parser exits on it: unrecognized "
         f"arguments){hint}") for k, (typo, hint) in enumerate((
             ("--sequence-paralel", "; did you mean --sequence-parallel?"),
             ("--recompute-activatons", "; did you mean --recompute-activations?"), ("--foo-bar 3", "")))],
     C("explain-mlm-typo", ["explain", "--cluster", "1x8-h100", "--megatron-args", _MLM + "--sequence-paralel"],
-      "--sequence-paralel: not a flag of Megatron-LM core_v0.16.1"),
+      "--sequence-paralel: not a flag of Megatron-LM core_v0.19.0"),
     C("import-mlm-no-pos-emb", ["import", "--from", "megatron-lm", "--world-size", "8", "--args",
-                                _MLM + "--no-position-embedding"], "--no-position-embedding with "
-      "--position-embedding-type learned_absolute: Megatron-LM core_v0.16.1 raises"),
+                                _MLM + "--no-position-embedding", "--megatron-version", "0.16"], "--no-position-embedding "
+      "with --position-embedding-type learned_absolute: Megatron-LM core_v0.16.1 raises"),
+    # a script read under the release it was written for (issue 33): a flag of another release names those
+    C("import-mlm-removed-flag", ["import", "--from", "megatron-lm", "--world-size", "8", "--args",
+                                  _MLM + "--use-legacy-models"], "--use-legacy-models: not a flag of Megatron-LM "
+      "core_v0.19.0 (its parser exits on it: unrecognized arguments); did you mean --use-mcore-models? "
+      "(--use-legacy-models is a flag of core_v0.16.1, core_v0.17.1: give --megatron-version 0.17"),
+    C("import-mlm-newer-flag", ["import", "--from", "megatron-lm", "--world-size", "8", "--megatron-version",
+                                "0.16", "--args", _MLM + "--megatron-fsdp-main-params-dtype fp32"],
+      "--megatron-fsdp-main-params-dtype: not a flag of Megatron-LM core_v0.16.1 (its parser exits on it: "
+      "unrecognized arguments) (--megatron-fsdp-main-params-dtype is a flag of core_v0.17.1, core_v0.18.2, "
+      "core_v0.19.0: give --megatron-version 0.19 for a script written for it)"),
+    C("import-mlm-bad-version", ["import", "--from", "megatron-lm", "--world-size", "8", "--megatron-version",
+                                 "0.15", "--args", _MLM], "--megatron-version 0.15: aceso knows Megatron-LM 0.16 "
+      "(core_v0.16.1), 0.17 (core_v0.17.1), 0.18 (core_v0.18.2), 0.19 (core_v0.19.0); give one of them"),
+    C("export-version-bridge", "export plan.json --to megatron-bridge --megatron-version 0.16",
+      "--megatron-version is for --to megatron-lm"),
     C("import-mlm-bert", "import bert.sh --from megatron-lm", "bert.sh: runs pretrain_bert.py: BERT pretraining",
       **{"bert.sh": "torchrun --nproc_per_node 8 pretrain_bert.py " + _MLM + "\n"}),
     C("import-mlm-inference", "import gen.sh --from megatron-lm", "runs run_text_generation_server.py: "

@@ -155,7 +155,7 @@ CASES = [
     *script("two-runs", MLM + "\n" + MLM.replace("--num-layers 4", "--num-layers 8") + "\n",
             "runs pretrain_gpt.py 2 times with different arguments (lines 1, 2)"),
     *script("loop-sets", "for i in 1 2; do N=$i; done\n" + MLM + "\n", "line 1: a 'for' loop that sets variables"),
-    *script("unknown-flag", MLM + " --turbo\n", "--turbo: not a flag of Megatron-LM core_v0.16.1"),
+    *script("unknown-flag", MLM + " --turbo\n", "--turbo: not a flag of Megatron-LM core_v0.19.0"),
     # ----- Megatron-LM flags: zero, negative, out of range, unknown values ----------------------------------------------
     *[x for flag, v, needle in [
         ("--num-layers", "0", "--num-layers: Input should be greater than 0 (got 0)"),

@@ -162,11 +162,13 @@ def test_published_gpt_oss_flags_read_as_the_preset():
     HF config's 128 keys are [127, 0] (model_specs/presets/SOURCES-moe.md)."""
     from search.megatron.cmdline import parse_flags
     from search.megatron.model_args import model_from_flags
+    from search.megatron.versions import release
 
     flags = json.loads(PUBLISHED_FILE.read_text())["architectures"]["gpt-oss-120b"]["flags"]
     i = flags.index("--num-experts")
     f = parse_flags(flags[:i] + flags[i + 2:] + ["--seq-length", "4096", "--bf16", "--tokenizer-type",
-                                                 "NullTokenizer", "--vocab-size", "201087"])
+                                                 "NullTokenizer", "--vocab-size", "201087"],
+                    release("core_v0.16.1"))        # the rows' args are core_v0.16.1 lines (+ EOD: 201088)
     m, _ = model_from_flags(f, 1, False, [])
     preset = load_model("gpt-oss-120b")
     skip = {"name", "nominal_params_b", "moe", "window_size"}

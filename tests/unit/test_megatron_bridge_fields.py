@@ -20,9 +20,10 @@ BRIDGE = [n for n in CASES if not n.startswith("t5") and n != "llama-pp4-tp-comm
 def test_reference_list_names_the_release_and_holds_the_known_fields():
     assert "v0.3.1" in REF["source"] and "9c9dd848966322fc3ed7706747ec13219ef49dda" in REF["source"]
     f = REF["fields"]
-    # spot checks against Bridge v0.3.1 source: GPTDatasetConfig is megatron-core's with `sequence_length`
-    # (`seq_length` is only a Python property alias a YAML override cannot set)
+    # spot checks against Bridge v0.3.1 source: GPTDatasetConfig is megatron-core's with `sequence_length`;
+    # `seq_length` is Bridge's property alias with a setter (a YAML override sets it through setattr)
     assert "sequence_length" in f["dataset"] and "seq_length" not in f["dataset"]
+    assert REF["settable"] == {"dataset": ["seq_length"]}
     assert {"micro_batch_size", "global_batch_size"} <= set(f["train"])
     assert {"tp_comm_overlap", "defer_embedding_wgrad_compute"} <= set(f["comm_overlap"])
 
@@ -42,7 +43,7 @@ def test_every_exported_field_is_a_bridge_field(name):
         if "_target_" in fields:        # a config object (Bridge's instantiate: _target_ names the dataclass)
             assert fields["_target_"].rsplit(".", 1)[1] == REF["sections"][section].split(":")[1], fields["_target_"]
             fields = {k: v for k, v in fields.items() if k not in ("_target_", "_call_")}
-        unknown = set(fields) - set(REF["fields"][section])
+        unknown = set(fields) - set(REF["fields"][section]) - set(REF["settable"].get(section, []))
         assert not unknown, f"{recipe}: {section}.{sorted(unknown)} are not Megatron-Bridge v0.3.1 fields"
 
 
@@ -52,5 +53,5 @@ def test_tokenizer_vocabulary_is_v_minus_one_as_megatron_lm():
     c = case_config("gpt-pp1-dp8")
     _, ov = overrides(c)
     assert ov["tokenizer"] == {"tokenizer_type": "NullTokenizer", "vocab_size": c.model.vocab_size - 1}
-    assert ov["dataset"] == {"sequence_length": c.model.seq_length}
+    assert ov["dataset"] == {"seq_length": c.model.seq_length}
     assert recipe_for(c) == "gpt3_175b_pretrain_config"

@@ -1,5 +1,5 @@
-"""`aceso export --to megatron-lm | megatron-bridge`: the script bash really runs, the argument forms Megatron-LM
-(core_v0.16.1) documents, refusals with exit 2 and nothing written, and the documented flag table."""
+"""`aceso export --to megatron-lm | megatron-bridge`: the script bash really runs (for each Megatron-LM release), the
+argument forms Megatron-LM documents, refusals with exit 2 and nothing written, and the documented flag table."""
 
 import os
 import shlex
@@ -15,6 +15,7 @@ from search.megatron import megatron_config
 from search.megatron.names import TABLE, mapping_table
 from search.plan_settings import PlanSettings
 from search.megatron.script import argv
+from search.megatron.versions import release
 from search.plan import ParallelPlan, load_plan, uniform_plan
 from search.presets import load_model
 from tests.conftest import ROOT
@@ -33,13 +34,22 @@ def _export(tmp_path, capsys, plan, *extra):
     return capsys.readouterr().out
 
 
+# where each release keeps the entry points (git ls-tree of NVIDIA/Megatron-LM at each tag)
+ENTRY = {"0.16": {"gpt": "pretrain_gpt.py", "t5": "pretrain_t5.py"},
+         "0.17": {"gpt": "pretrain_gpt.py", "t5": "pretrain_t5.py"},
+         "0.18": {"gpt": "pretrain_gpt.py", "t5": "examples/t5/pretrain_t5.py"},
+         "0.19": {"gpt": "pretrain_gpt.py", "t5": "examples/t5/pretrain_t5.py"}}
+
+
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("version", sorted(ENTRY))
 @pytest.mark.parametrize("name", ["gpt-pp4-layout-block1", "llama-pp4-vpp2-first-last", "t5-selective-sp"])
-def test_script_runs_torchrun_with_exactly_the_plan_arguments(name, tmp_path):
-    """A stub torchrun on PATH records what bash hands it: the world size and every plan argument, in order."""
+def test_script_runs_torchrun_with_exactly_the_plan_arguments(name, version, tmp_path):
+    """A stub torchrun on PATH records what bash hands it: the world size, the release's entry point and every plan
+    argument, in order."""
     plan = case_plan(name)
     script = tmp_path / "run.sh"
-    assert main(["export", str(_write(tmp_path, plan)), "--to", "megatron-lm", "-o", str(script)]) == 0
+    assert main(["export", str(_write(tmp_path, plan)), "--megatron-version", version, "-o", str(script)]) == 0
     assert os.stat(script).st_mode & stat.S_IXUSR
     stub = tmp_path / "bin" / "torchrun"
     stub.parent.mkdir()
@@ -54,10 +64,9 @@ def test_script_runs_torchrun_with_exactly_the_plan_arguments(name, tmp_path):
     cl = plan.cluster
     assert got[:10] == ["--nproc-per-node", str(cl.gpus_per_node), "--nnodes", str(cl.num_nodes), "--node-rank", "0",
                         "--master-addr", "localhost", "--master-port", "6000"]
-    entry = "pretrain_t5.py" if plan.model.is_t5 else "pretrain_gpt.py"
-    assert got[10] == f"/opt/Megatron-LM/{entry}"
+    assert got[10] == f"/opt/Megatron-LM/{ENTRY[version]['t5' if plan.model.is_t5 else 'gpt']}"
     rest = got[11:]
-    plan_args = argv(megatron_config(plan))
+    plan_args = argv(megatron_config(plan), release(version))
     assert rest[:len(plan_args)] == plan_args
     assert rest[-2:] == ["--seed", "7"]
     assert ("--mock-data" in rest) == (not plan.model.is_t5)
@@ -67,15 +76,19 @@ def test_script_runs_torchrun_with_exactly_the_plan_arguments(name, tmp_path):
 
 def test_header_names_version_model_cluster_prediction_and_the_micro_batch_conversion(tmp_path, capsys):
     plan = case_plan("llama-pp4-tp-comm-overlap")
-    text = _export(tmp_path, capsys, plan, "--to", "megatron-lm")
+    text = _export(tmp_path, capsys, plan)                                       # --to megatron-lm, the default
     head = [line for line in text.splitlines() if line.startswith("#")]
-    assert any("core_v0.16.1" in line for line in head)
+    assert "# Arguments of Megatron-LM core_v0.19.0 (megatron/training/arguments.py, megatron-core 0.19.x)" in text
+    old = _export(tmp_path, capsys, plan, "--megatron-version", "0.16")
+    assert "# Arguments of Megatron-LM core_v0.16.1 (megatron/training/arguments.py, megatron-core 0.16.x)" in old
     assert any(line.startswith("# model: llama3-8b (Llama, 8 layers") for line in head)
     assert any(line.startswith("# cluster: 1x8-h100, 8 GPUs = pp 4 x tp 2 x cp 1 x dp 1") for line in head)
     pred = plan.predicted
     assert any(f"{pred.iteration_time_ms:.1f} ms per iteration" in line and "flash attention" in line for line in head)
     assert "# micro-batch: the plan's pipeline micro-batch 1 = --micro-batch-size 1 per rank x dp 1" in text
-    assert "TOKENIZER_ARGS=(${TOKENIZER_ARGS:---tokenizer-type NullTokenizer --vocab-size 128255})" in text
+    # NullTokenizer: --vocab-size V from 0.18 (the EOD token its last id), V - 1 before (it adds the EOD token)
+    assert "TOKENIZER_ARGS=(${TOKENIZER_ARGS:---tokenizer-type NullTokenizer --vocab-size 128256})" in text
+    assert "TOKENIZER_ARGS=(${TOKENIZER_ARGS:---tokenizer-type NullTokenizer --vocab-size 128255})" in old
 
 
 def test_micro_batch_per_rank_is_the_pipeline_micro_batch_over_dp(tmp_path, capsys):
@@ -166,6 +179,9 @@ def test_bridge_cli_overrides_are_one_line_of_hydra_assignments(tmp_path, capsys
     assert words[:2] == ["--recipe", "gpt3_175b_pretrain_config"]
     kv = dict(w.split("=", 1) for w in words[2:])
     assert kv["model.pipeline_model_parallel_layout"] == '"Et|t*2|t*3|t*2L"'
+    # Bridge's dataset.seq_length (v0.6: the field finalize() copies over sequence_length; v0.3.1: a property with a
+    # setter, not in its struct-mode DictConfig, so Hydra needs ++ to add it)
+    assert kv["++dataset.seq_length"] == str(case_plan("gpt-pp4-layout-block1").model.seq_length)
     assert kv["model.recompute_method"] == "block" and kv["model.recompute_num_layers"] == "1"
     assert kv["model.kv_channels"] == "64" and kv["train.micro_batch_size"] == "4"        # 2048 / 32 heads
 
@@ -188,11 +204,30 @@ def test_every_emitted_flag_is_in_the_table():
                 assert w in documented, w
 
 
-def test_export_still_writes_the_legacy_format_by_default(tmp_path, capsys):
+def test_export_writes_megatron_lm_by_default_and_the_legacy_format_when_asked(tmp_path, capsys):
     plan = uniform_plan(load_model("gpt-1.3b", num_layers=4), 2, 1, 2, 2, 16)
     out = _export(tmp_path, capsys, plan)
+    assert out.startswith("#!/usr/bin/env bash\n# Megatron-LM launch script written by aceso")
+    out = _export(tmp_path, capsys, plan, "--to", "aceso-legacy")
     assert '"num_ops_in_each_stage"' in out
     assert load_plan(_write(tmp_path, plan)).num_stages == 2
+
+
+@pytest.mark.parametrize("version", ["0.16", "0.19"])
+def test_fsdp_export_leaves_max_connections_unset_and_says_the_checkpoint_format(version, tmp_path, capsys):
+    """Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1 with Megatron FSDP (tp 2 on H100 would set it
+    otherwise); the header says its checkpoints are fsdp_dtensor only; from 0.18 the distributed optimizer runs."""
+    from search.cluster import parse_cluster
+    from search.fsdp import MegatronFSDP
+    plan = uniform_plan(load_model("gpt-1.3b", num_layers=4), 1, 2, 4, 4, 64, cluster=parse_cluster("1x8-h100"),
+                        overlap_grad_reduce=True, megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy="optim"))
+    text = _export(tmp_path, capsys, plan, "--megatron-version", version)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in text
+    assert "# Megatron FSDP saves and loads checkpoints only in the fsdp_dtensor format (--ckpt-format fsdp_dtensor)" \
+        in text and "convert-torch-dist-to-fsdp-dtensor" in text
+    words = shlex.split(_export(tmp_path, capsys, plan, "--megatron-version", version, "--args-only"))
+    assert ("--use-distributed-optimizer" in words) == (version == "0.19")
+    assert words[words.index("--ckpt-format") + 1] == "fsdp_dtensor"
 
 
 @pytest.mark.parametrize("gpu,tp,cp,expect", [("h100", 2, 1, True), ("a100", 1, 2, True), ("h100", 1, 1, False),

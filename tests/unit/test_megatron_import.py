@@ -1,10 +1,11 @@
 """`aceso import --from megatron-lm`: the round trip export -> import gives back the same plan, and a Megatron-LM
-command line is read with Megatron-LM's (core_v0.16.1) defaults, refusals and checks."""
+command line is read with Megatron-LM's defaults (the newest release's), refusals and checks."""
 
 import pytest
 
 from search.cli import main
 from search.megatron.importer import read_megatron
+from search.megatron.versions import release
 from search.plan import load_plan
 from tests.megatron_plans import CASES, case_plan
 
@@ -12,7 +13,10 @@ PRESET_NAMED = {"tiny-gpt-pp2", "tiny-llama-gqa-selective"}    # custom models: 
 
 
 def _same(a, b, name):
+    """``b`` (imported) is ``a`` as the newest Megatron-LM runs it: with Megatron FSDP the distributed optimizer."""
     da, db = a.model_dump(exclude={"predicted"}), b.model_dump(exclude={"predicted"})
+    if a.megatron_fsdp and release().rule("fsdp_forces_distributed_optimizer"):
+        da["distributed_optimizer"] = True
     if name in PRESET_NAMED:                      # the name is not part of a command line
         assert db["model"].pop("name") == "custom"
         da["model"].pop("name")
@@ -122,7 +126,9 @@ def test_defaults_swiglu_ffn_vocab_and_global_batch():
     imp = _read("--swiglu --normalization RMSNorm --tensor-model-parallel-size 2")
     m = imp.plan.model
     assert m.ffn_hidden_size == int((4 * 256 * 2 / 3) / 64) * 64 == 640     # arguments.py's SwiGLU rule
-    assert m.family == "llama" and m.vocab_size == 1000                       # NullTokenizer adds EOD
+    assert m.family == "llama" and m.vocab_size == 999                        # NullTokenizer (0.18+): EOD included
+    old = read_megatron(BASE + "--swiglu --normalization RMSNorm", world_size=4, version="0.17")
+    assert old.plan.model.vocab_size == 1000                                   # before 0.18 it adds the EOD token
     assert imp.plan.global_batch_size == 1 * 2                                # micro-batch x dp
     assert _read("--padded-vocab-size 1024").plan.model.padded_vocab_size == 1024
 
@@ -153,7 +159,7 @@ def test_account_for_embedding_and_loss_split():
 
 @pytest.mark.parametrize("extra,needle", [
     ("--fp8-format hybrid --fp8-dot-product-attention", "FP8 attention is not modelled"),
-    ("--use-megatron-fsdp", "only supports fsdp_dtensor checkpoint format\"; add --ckpt-format fsdp_dtensor"),
+    ("--use-megatron-fsdp", "only supports the fsdp_dtensor checkpoint format; add --ckpt-format fsdp_dtensor"),
     ("--use-torch-fsdp2", "torch FSDP2 is not modelled"),
     ("--use-megatron-fsdp --ckpt-format fsdp_dtensor --data-parallel-sharding-strategy zero3",
      "--data-parallel-sharding-strategy 'zero3': choose one of no_shard"),

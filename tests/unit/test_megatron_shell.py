@@ -60,6 +60,12 @@ until true; do echo never; done
 diff <(echo a) <(echo a) > /dev/null
 torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 4 --hidden-size 64
 ''',
+    # aceso's own export: TOKENIZER_ARGS=(${TOKENIZER_ARGS:-...}) is an environment override with a default of words
+    "default-of-words": '''
+T=(${T:---tokenizer-type NullTokenizer --vocab-size 99})
+D=${D:---mock-data}
+torchrun --nproc_per_node 8 pretrain_gpt.py "${T[@]}" $D "${U:-a b}" ${U:-c  d} "${U:-$D e}"
+''',
 }
 
 
