@@ -89,8 +89,8 @@ def mla_mtp_kwargs(model: ModelSpec) -> dict:
 def moe_kwargs(model: ModelSpec) -> dict:
     """The MoE architecture as ``TransformerConfig`` fields (empty for a dense model): experts, router, which layers
     are MoE (always as megatron-core's 0/1 list: ``first_k_dense_layers`` folded in). No aux loss at coefficient 0
-    (load balancing type "none"). ``moe_router_force_load_balancing`` is a pricing assumption, not passed (its
-    random logits would make training irreproducible); the expert shape and dispatcher are per stage
+    (load balancing type "none"). ``moe_router_force_load_balancing`` (benchmark routing) is not passed: the
+    runtime trains learned routing (random logits would make training irreproducible); the expert shape and dispatcher are per stage
     (``aceso_megatron.model.config``)."""
     moe = model.moe
     if moe is None:

@@ -12,8 +12,8 @@ sliding_window w = window_size [w - 1, 0] (HF's window counts the query itself: 
 window_attn_skip_freq (sliding = windowed), the attention sinks as softmax_type learnable, quick_geglu with
 glu_linear_offset 1 and swiglu_limit as activation_func_clamp_value; router_aux_loss_coef is not taken: Megatron-LM's
 GPT-OSS flags train without the aux loss, --moe-router-load-balancing-type none; YaRN rope scaling is not
-expressed). Routers run force-balanced and dropless (megatron-core's default and the published benchmarks'
-setting); edit the spec to change either.
+expressed). Routing is learned and dropless (megatron-core's defaults; force-balanced routing is a benchmark
+setting a spec turns on with ``moe_router_force_load_balancing``).
 """
 
 from __future__ import annotations

@@ -59,11 +59,14 @@ class MoESpec(BaseModel):
         False, description="With a capacity factor: pad every expert's input to its capacity (Megatron-LM "
         "--moe-pad-expert-input-to-capacity); the dispatcher then needs no device-to-host sync of token counts.")
     moe_router_force_load_balancing: bool = Field(
-        True, description="Price as if tokens spread evenly over experts, as NVIDIA's published benchmarks run "
-        "(Megatron-LM --moe-router-force-load-balancing).")
+        False, description="Benchmark only: the router ignores its scores and spreads tokens evenly over the "
+        "experts (Megatron-LM --moe-router-force-load-balancing, as NVIDIA's published throughput runs); a model "
+        "trained so learns nothing useful. False (default): learned routing, priced at moe_imbalance_factor.")
     moe_imbalance_factor: float = Field(
-        1.0, ge=1, le=1024, description="With force-balancing off: the busiest expert's tokens over the even "
-        "share, which the slowest EP rank waits on (1 = balanced).")
+        1.0, ge=1, le=1024, description="Learned routing: the busiest EP rank's routed tokens over the even "
+        "share, which the slowest EP rank (and every all-to-all) waits on; the cost model multiplies that rank's "
+        "expert GEMMs and dispatch / combine by it (capped by moe_expert_capacity_factor). 1 = as even as forced "
+        "balance (docs/moe.md, 'Routing and load balance').")
 
     @model_validator(mode="after")
     def _check(self) -> "MoESpec":

@@ -279,7 +279,7 @@ CASES = [
     C("spec-moe-groups-alone", SEARCH.replace("spec.json", "s.json"), "set both or neither",
       **{"s.json": {**TINY, "moe": {**MOE, "moe_router_num_groups": 4}}}),
     C("spec-moe-imbalance-forced", SEARCH.replace("spec.json", "s.json"), "moe_router_force_load_balancing false",
-      **{"s.json": {**TINY, "moe": {**MOE, "moe_imbalance_factor": 1.5}}}),
+      **{"s.json": {**TINY, "moe": {**MOE, "moe_imbalance_factor": 1.5, "moe_router_force_load_balancing": True}}}),
     C("spec-mla-missing-rank", SEARCH.replace("spec.json", "s.json"), "kv_lora_rank: field required",
       **{"s.json": {**TINY, "mla": {"qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16}}}),
     C("search-moe-profile-dense-db", SEARCH.replace("spec.json", "s.json") + " --cost-model profile --db db.json",
