@@ -36,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
         raise AcesoError(f"no uniform configuration exists for {cluster.num_gpus} GPUs with per-rank micro-batch "
                          f"sizes {args.micro_batch_sizes}; check the cluster and --micro-batch-sizes")
     if not res.fits:
-        raise AcesoError(f"no uniform configuration fits in memory: the least needs "
-                         f"{max(res.stage_memory_mb):.0f} MiB per GPU (limit {cm.memory_limit_mb:.0f} MiB); raise "
-                         "--memory-limit-mib, use more GPUs or a smaller micro-batch")
+        from ..planner.report import memory_fix
+        raise AcesoError(memory_fix("no uniform configuration fits in memory: the least", max(res.stage_memory_mb),
+                                    cm, cluster, training, training.micro_batch_sizes))
     plan = baseline_plan(res, model, cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
                          assumed_attention(cm))
     from ..preflight import preflight

@@ -205,14 +205,52 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None, wall_s: floa
 
 def infeasible_hint(best: Evaluation | None, cm, cluster, training, space) -> str:
     """One line: what would make the problem fit."""
-    limit = cm.memory_limit_mb
     if best is None:
         return (f"no valid plan for {space.num_units} units on {cluster.num_gpus} GPUs with per-rank micro-batch "
                 f"sizes {list(space.batches)}; check --micro-batch-sizes and the cluster")
-    need = best.max_memory_mb
-    hints = [f"needs at least {need:.0f} MiB per GPU (limit {limit:.0f} MiB): raise --memory-limit-mib to {need:.0f}"
-             if need != float("inf") else "no plan could be priced"]
-    hints.append(f"use more GPUs than {cluster.num_gpus}")
-    if min(space.batches) > 1:
-        hints.append("allow a smaller micro-batch (--micro-batch-sizes 1 ...)")
-    return "no plan fits in memory: it " + "; or ".join(hints)
+    if best.max_memory_mb == float("inf"):
+        return "no plan fits in memory: no plan could be priced"
+    return memory_fix("no plan fits in memory: the best plan found", best.max_memory_mb, cm, cluster, training,
+                      space.batches)
+
+
+def min_gpus(model, training, usable_mb: float) -> int:
+    """A lower bound on the GPUs ``model`` needs: its weights, gradients and optimizer states
+    (``memory.state_bytes_per_param``, 16 bytes per parameter in bf16 / fp16 with Adam; 1-byte weights with
+    ``--fp8-param-gather``) sharded over every GPU with nothing replicated (Megatron FSDP's optim_grads_params),
+    within ``usable_mb`` per GPU; activations come on top."""
+    import math
+
+    from ..costmodel.memory import MB, state_bytes_per_param
+    from ..precision import base_dtype
+    w, g, o = state_bytes_per_param(base_dtype(training.precision), False, 1)
+    w = 1.0 if getattr(training, "fp8_param_gather", False) else w
+    return max(1, math.ceil(model.num_parameters * (w + g + o) / (usable_mb * MB)))
+
+
+def memory_fix(what: str, need_mb: float, cm, cluster, training, batches) -> str:
+    """One line for a search or baseline where nothing fits: ``what`` needs ``need_mb`` per GPU. Over the GPU's own
+    memory (under the headroom), raising ``--memory-limit-mib`` cannot help: the line says the model does not fit
+    on this many GPUs and how many it needs at least (``min_gpus``), as a cluster string to try."""
+    import math
+
+    from ..costmodel.memory import RESERVE_MB
+    budget = cm.memory_limit_mb
+    share = budget / cluster.memory_mb                      # 1 - the headroom the budget keeps free
+    gpu_mb = cluster.gpu.memory_gib * 1024
+    head = f"{what} needs {need_mb:.0f} MiB per GPU (budget {budget:.0f} MiB)"
+    small = "; or allow a smaller micro-batch (--micro-batch-sizes 1 ...)" if min(batches) > 1 else ""
+    if need_mb <= gpu_mb * share:                           # a --memory-limit-mib below the GPU binds
+        return f"{head}: raise --memory-limit-mib to {math.ceil(need_mb / share)} (the {cluster.gpu.name} has " \
+               f"{gpu_mb:.0f} MiB){small}"
+    model, n = cm.model, cluster.num_gpus
+    need_gpus = min_gpus(model, training, gpu_mb * share - RESERVE_MB)
+    if need_gpus <= n:
+        return (f"{head}, more than a {cluster.gpu.name} has ({gpu_mb:.0f} MiB): use more GPUs than {n} "
+                f"(activations, not model states, are what does not fit){small}")
+    gpn = cluster.gpus_per_node
+    nodes = math.ceil(need_gpus / gpn)
+    return (f"{head}: {model.name} does not fit on {n} {cluster.gpu.name} GPU{'s' if n > 1 else ''} ({gpu_mb:.0f} MiB "
+            f"each); its "
+            f"{model.num_parameters / 1e9:.1f}B parameters' weights, gradients and optimizer states alone need at "
+            f"least {need_gpus} GPUs: try --cluster {nodes}x{gpn}-{cluster.gpu.name} or more")

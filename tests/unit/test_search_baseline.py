@@ -94,3 +94,25 @@ def test_layer_splits_follow_megatron_first_last_adjustment():
     for split in layer_splits(10, 4):  # middle stages equal, first/last take the rest
         assert sum(split) == 10 and split[1] == split[2] and min(split) >= 1
     assert layer_splits(3, 4) == []
+
+
+def test_a_model_too_big_for_the_cluster_says_how_many_gpus_it_needs(capsys):
+    """Issue 32: DeepSeek-V3 on one node said "raise --memory-limit-mib to 1483493", above the H100's 81920 MiB.
+    Over the GPU's own memory the line says the model does not fit on these GPUs and the GPUs its model states
+    alone need: the published 682.6B parameters (671B + the MTP layer) x 16 bytes (bf16 weight and gradient, fp32
+    master weight and Adam moments: ZeRO, section 3.1) over what an H100 leaves (80 GiB less the 3% headroom and
+    the 1 GiB reserve); a --memory-limit-mib below the GPU is still the fix it names."""
+    from search.cli import main
+
+    usable = 81920 * 0.97 - 1024
+    need = int(-(-682.64e9 * 16 // (usable * 2**20)))
+    assert need == 133
+    for cmd in ("baseline", "search"):
+        assert main([cmd, "--model", "deepseek-v3", "--cluster", "1x8-h100", "--global-batch-size", "512"]) == 2
+        err = capsys.readouterr().err
+        assert f"deepseek-v3 does not fit on 8 h100 GPUs (81920 MiB each)" in err, err
+        assert f"need at least {need} GPUs: try --cluster 17x8-h100" in err and "--memory-limit-mib" not in err
+    assert main(["baseline", "--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch-size", "512",
+                 "--memory-limit-mib", "8000"]) == 2
+    err = capsys.readouterr().err
+    assert "raise --memory-limit-mib to" in err and "(the h100 has 81920 MiB)" in err, err

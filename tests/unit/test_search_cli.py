@@ -85,7 +85,8 @@ def test_infeasible_exits_2_with_what_would_fit(tmp_path, capsys):
     code = main(["search", "--model", "gpt-13b", "--cluster", "1x1-h100", "--memory-limit-mb", "20000",
                  "--global-batch-size", "8", "--budget-evals", "50", "-o", str(out)])
     err = capsys.readouterr().err
-    assert code == 2 and "needs at least" in err and "MiB per GPU" in err and "more GPUs" in err
+    assert code == 2 and "MiB per GPU" in err and "gpt-13b does not fit on 1 h100 GPU" in err
+    assert "need at least" in err and "--memory-limit-mib" not in err      # over the GPU itself: more GPUs
     assert not out.exists()
 
 
