@@ -83,11 +83,12 @@ class GPUSpec(BaseModel):
     _legacy = model_validator(mode="before")(gib_from_legacy_gb)
 
     def peak_tflops(self, dtype: str) -> float | None:
-        """The dense peak of ``dtype`` (bf16, fp16, fp32, fp8, fp4; None where the GPU has none)."""
+        """The dense peak of ``dtype`` (bf16, fp16, fp32, fp8, fp4; None where the GPU has none: bf16 on a V100 is
+        refused by ``precision.check``, not priced at the fp16 peak)."""
         if dtype in ("fp8", "fp4"):
             return self.peak_tflops_fp8 if dtype == "fp8" else self.peak_tflops_fp4
         if dtype == "bf16":
-            return self.peak_tflops_bf16 or self.peak_tflops_fp16
+            return self.peak_tflops_bf16
         return self.peak_tflops_fp16 if dtype == "fp16" else self.peak_tflops_fp32
 
 

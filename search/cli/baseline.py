@@ -25,8 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..planner.api import plan_baseline
-    from ..planner.baseline import baseline_plan
-    from ..planner.report import assumed_attention
+    from ..planner.report import to_plan
     check_output(args.output)
     from ..planner.api import runtime_training
     model, cluster, training, cm = setup(args)
@@ -39,8 +38,7 @@ def run(args: argparse.Namespace) -> int:
         from ..planner.report import memory_fix
         raise AcesoError(memory_fix("no uniform configuration fits in memory: the least", max(res.stage_memory_mb),
                                     cm, cluster, training, training.micro_batch_sizes))
-    plan = baseline_plan(res, model, cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
-                         assumed_attention(cm))
+    plan = to_plan(res.evaluation, model, cluster, training, cm)     # the model in the precision it was priced
     from ..preflight import preflight
 
     preflight(plan)     # the one pre-flight: it writes only a plan the runtime runs

@@ -121,7 +121,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", default=None, help="write the best plan (ParallelPlan JSON) here; - = stdout")
 
 
-def training_from_args(args, model):
+def default_precision(args, model, gpu) -> str:
+    """``--precision``, else the model's params_dtype; a bf16 model on a GPU without bf16 (V100) plans in fp16,
+    with a note (an explicit ``--precision bf16`` there is refused by ``precision.check``)."""
+    if args.precision:
+        return args.precision
+    from ..precision import plain_dtype
+    if model.params_dtype == "bf16" and plain_dtype(gpu) != "bf16":
+        print(f"aceso {getattr(args, 'command', None) or 'search'}: note: {model.name} is a bf16 model and the "
+              f"{gpu.name} has no bf16: planning fp16 (--precision sets it)", file=sys.stderr)
+        return plain_dtype(gpu)
+    return model.params_dtype
+
+
+def training_from_args(args, model, gpu=None):
     import pydantic
 
     from ..errors import format_validation_error
@@ -139,7 +152,8 @@ def training_from_args(args, model):
                              "degree is left; raise --max-tp or add a smaller --tp")
     try:
         return TrainingSpec(global_batch_size=args.global_batch_size, micro_batch_sizes=args.micro_batch_sizes,
-                            precision=args.precision or model.params_dtype, attention=args.attention,
+                            precision=default_precision(args, model, gpu) if gpu else args.precision or
+                            model.params_dtype, attention=args.attention,
                             fp8_param_gather=args.fp8_param_gather, bf16_layers_start=args.bf16_layers[0],
                             bf16_layers_end=args.bf16_layers[1],
                             sequence_parallel=SWITCH[args.sequence_parallel],
@@ -191,7 +205,7 @@ def setup(args):
     from ..planner.api import build_cost_model, describe_dropped, search_space
     model = with_seq_length(model_from_args(args), args.seq_length)
     cluster = cluster_from_args(args)
-    training = training_from_args(args, model)
+    training = training_from_args(args, model, cluster.gpu)
     cm = build_cost_model(model, cluster, training, args.cost_model, args.db, settings_from_args(args, training))
     if args.cost_model != "aceso-compat":     # (compat keeps the reference planner's own limit)
         from ..costmodel.memory import memory_budget_mb

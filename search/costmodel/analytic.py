@@ -101,6 +101,12 @@ class AnalyticSource:
         self.model, self.cluster, self.training, self.comm = model, cluster, training, comm
         self.settings = settings or RunSettings()
         self.dt = 4.0 if training.dtype == "fp32" else 2.0
+        why = lowp.check(training.precision, cluster.gpu, training.fp8_param_gather, training.bf16_layers_start,
+                         training.bf16_layers_end, model.num_layers)
+        if model.is_t5 and lowp.is_low(training.precision):
+            why = f"precision {training.precision}: low precision is priced for GPT models (T5 trains in bf16 here)"
+        if why:
+            raise AcesoError(why)
         self.peak = cluster.gpu.peak_tflops(training.dtype) * 1e9   # FLOP per ms
         self.hbm = cluster.gpu.hbm_gbps * 1e6                           # bytes per ms
         self.kern = KERNEL_MODELS[kernels](cluster.gpu.name, self.peak, self.hbm, self.dt)
@@ -109,12 +115,6 @@ class AnalyticSource:
         self.lp = training.precision          # the recipe (search/precision.py); bf16/fp16/fp32: no quantization
         self.kern_lp = self.kern
         if lowp.is_low(self.lp):
-            why = lowp.check(self.lp, cluster.gpu, training.fp8_param_gather, training.bf16_layers_start,
-                             training.bf16_layers_end, model.num_layers)
-            if model.is_t5:
-                why = f"precision {self.lp}: low precision is priced for GPT models (T5 trains in bf16 here)"
-            if why:
-                raise AcesoError(why)
             peak = cluster.gpu.peak_tflops(lowp.recipe(self.lp).gemm) * 1e9
             self.kern_lp = lowprec_kernels(kernels, cluster.gpu.name, peak, self.hbm, lowp.per_elem(self.lp),
                                            self.lp)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -594,6 +595,19 @@ CASES = [
     C("import-mlm-moe-freq", ["import", "--from", "megatron-lm", "--world-size", "8", "--args",
                               _MLM + "--num-experts 8 --moe-layer-freq [1]*3"],
       "--moe-layer-freq '[1]*3': the pattern has 3 entries but --num-layers is 4"),
+    # issue 32: what a V100 has (fp16 tensor cores, no bf16, FP8 or flash attention), with fixes the command takes
+    C("import-mlm-v100-flash", ["import", "--from", "megatron-lm", "--world-size", "8", "--cluster", "1x8-v100",
+                                "--args", _MLM + "--fp16"], "add --transformer-impl local"),
+    C("import-mlm-v100-bf16", ["import", "--from", "megatron-lm", "--world-size", "8", "--cluster", "1x8-v100",
+                               "--args", _MLM + "--bf16 --transformer-impl local"],
+      "the v100 has no bf16 tensor cores (bf16 needs an A100 or newer); train in fp16"),
+    C("search-v100-bf16", "search --model gpt-1.3b --num-layers 2 --cluster 1x8-v100 --global-batch-size 8 "
+      "--precision bf16", "precision bf16: the v100 has no bf16 tensor cores"),
+    C("search-v100-fp8", "search --model gpt-1.3b --num-layers 2 --cluster 1x8-v100 --global-batch-size 8 "
+      "--precision fp8-tensorwise --target megatron-lm", "the v100 has no FP8 tensor cores (H100/H200 have FP8, "
+      "B200/B300/GB200/GB300 FP8 and FP4); train in fp16"),
+    C("baseline-v100-bf16", "baseline --model gpt-1.3b --num-layers 2 --cluster 1x8-v100 --global-batch-size 8 "
+      "--precision bf16", "train in fp16"),
     C("import-mlm-out-folder", ["import", "--from", "megatron-lm", "--world-size", "8", "--args", "--num-layers 4",
                                 "-o", "data"], "-o data: is a folder"),
     # launch scripts read as bash reads them (issue 21) and Megatron-LM's strict parser (issue 25)
@@ -850,6 +864,89 @@ def test_runtime_commands_refuse_bad_input_with_torch_blocked():
     """)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "[]", r.stdout
+
+
+_COMMANDS = ("search", "baseline", "explain", "validate", "export", "import", "import-hf", "models", "clusters",
+             "plot", "calibrate", "train", "launch", "profile", "data")
+_READS_MEGATRON = ("import", "explain", "calibrate")     # their inputs are Megatron-LM command lines
+TORCHRUN = {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port"}
+
+
+def _options(command: str) -> set[str]:
+    """Every option string of ``aceso COMMAND`` (with its nested subcommands': ``data prepare``)."""
+    import argparse
+
+    from search.cli import build_parser
+
+    def walk(p):
+        out = set()
+        for a in p._actions:
+            out |= set(a.option_strings)
+            if isinstance(a, argparse._SubParsersAction):
+                for sub in a.choices.values():
+                    out |= walk(sub)
+        return out
+
+    p = build_parser(command)
+    return walk(next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices[command])
+
+
+def _scope_end(text: str, m) -> int:
+    """Where a command mention stops applying: at the ')' closing the parenthesis it stands in, else the end."""
+    inside = text.rfind("(", 0, m.start()) > text.rfind(")", 0, m.start())
+    return text.find(")", m.end()) % (len(text) + 1) if inside else len(text)
+
+
+def misnamed_options(command: str, message: str) -> list[str]:
+    """The options ``message`` (an error of ``aceso COMMAND``) names that nobody who reads it can give: an option
+    belongs to the command named last before it in its clause (``aceso X ...``, ``X with ...``, ``X a plan for
+    ...``), else to ``command`` (launch: also train's options, which it passes on); commands that read Megatron-LM
+    command lines may name Megatron-LM core_v0.16.1's flags and torchrun's."""
+    from search.megatron.cmdline import megatron_flags
+
+    names = "|".join(re.escape(c) for c in sorted(_COMMANDS, key=len, reverse=True))
+    mention = re.compile(rf"\baceso ({names})\b|\b({names}) (?:with|a plan|the plan|--)")
+    message = re.sub(r"^aceso [\w-]+(?: [\w-]+)?: error: ", "", message)
+    out = []
+    for clause in message.split(";"):
+        for flag in re.finditer(r"(?<![\w-])--[a-z][a-z0-9_-]*(?![\w/-])", clause):
+            named = [m.group(1) or m.group(2) for m in mention.finditer(clause, 0, flag.start())
+                     if flag.start() < _scope_end(clause, m)]
+            owner = named[-1] if named else command
+            valid = _options(owner) | (_options("train") if owner == "launch" else set())
+            if owner in _READS_MEGATRON:
+                valid |= megatron_flags() | TORCHRUN
+            if flag.group() not in valid:
+                out.append(flag.group())
+    return out
+
+
+def test_every_refusal_names_options_the_reader_can_give(tmp_path):
+    """Issue 32: an import on a V100 said "use --attention auto" (import has no --attention: the fix is the
+    script's --transformer-impl local). Every refusal of the corpus names only options of the command it is
+    about (its parser's own), or Megatron-LM flags where the input is a Megatron-LM command line."""
+    bad = []
+    for case in CASES:
+        if not case.argv or case.argv[0] not in _COMMANDS:
+            continue
+        with tempfile.TemporaryDirectory(dir=tmp_path) as d:
+            _rc, _out, err, _ = run_case(case, Path(d))
+        given = " ".join(case.argv) + " " + " ".join(str(v) for v in case.files.values())
+        wrong = [f for f in misnamed_options(case.argv[0], err.strip().splitlines()[-1] if err.strip() else "")
+                 if not re.search(rf"{re.escape(f)}(?![\w-])", given)]     # an option the input gave, quoted
+        if wrong:
+            bad.append((case.id, wrong, err.strip()[-200:]))
+    assert bad == [], "\n".join(map(str, bad))
+
+
+def test_the_option_walk_catches_an_option_the_command_lacks():
+    assert misnamed_options("import", "aceso import: error: --attention flash: v100 has no flash attention; use "
+                                      "--attention auto or unfused") == ["--attention", "--attention"]
+    assert misnamed_options("import", "x; add --transformer-impl local") == []
+    assert misnamed_options("export", "x; search with --target megatron-lm") == []
+    assert misnamed_options("search", "hf.json: convert it first: aceso models --from-hf hf.json") == []
+    assert misnamed_options("train", "give --data-path P (from `aceso data prepare`) or --mock-data") == []
+    assert misnamed_options("train", "give --data-path P (from `aceso data prepare`) or --mock-dat") == ["--mock-dat"]
 
 
 def test_cp_on_a_cpu_launch_suggests_only_what_launch_takes(tmp_path):

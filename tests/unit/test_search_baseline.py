@@ -116,3 +116,22 @@ def test_a_model_too_big_for_the_cluster_says_how_many_gpus_it_needs(capsys):
                  "--memory-limit-mib", "8000"]) == 2
     err = capsys.readouterr().err
     assert "raise --memory-limit-mib to" in err and "(the h100 has 81920 MiB)" in err, err
+
+
+def test_a_bf16_model_on_a_v100_plans_in_fp16_and_writes_it(tmp_path, capsys):
+    """Issue 32: bf16 on a V100 was priced at the fp16 peak; ``--precision bf16`` there is now refused
+    (tests/unit/test_bad_inputs.py), and a bf16 preset without --precision plans in fp16 with a note. The written
+    plan's model is in the precision it was priced in (baseline wrote the preset's bf16)."""
+    import json
+
+    from search.cli import main
+
+    args = ["baseline", "--model", "llama3-8b", "--num-layers", "2", "--cluster", "1x8-v100", "--global-batch-size",
+            "16", "--json"]
+    assert main([*args, "-o", str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr()
+    assert "llama3-8b is a bf16 model and the v100 has no bf16: planning fp16" in out.err
+    assert main([*args, "--precision", "fp16", "-o", str(tmp_path / "b.json")]) == 0
+    assert json.loads(capsys.readouterr().out)["iteration_ms"] == json.loads(out.out)["iteration_ms"]
+    for name in ("a.json", "b.json"):
+        assert json.loads((tmp_path / name).read_text())["model"]["params_dtype"] == "fp16"
