@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..cluster import GPU_ALIASES, GPU_PRESETS, LINK_PRESETS, RACK_PRESETS
-from .common import print_json
+from .common import print_json, print_rows
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,16 +24,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
         return 0
-    from rich.console import Console
-    from rich.table import Table
-    t = Table(title="GPU presets: use as NODESxGPUS-gpu, e.g. 4x8-h100")
-    for col in rows[0]:
-        t.add_column(col)
-    for r in rows:
-        t.add_row(*(", ".join(v) if isinstance(v, (list, dict)) else str(v) for v in r.values()))
-    con = Console(width=max(Console().width, 130))
-    con.print(t)
-    con.print("racks: NODESxGPUS-gb200-nvl72 (or gb300-nvl72) puts the nodes one rack holds in one 72-GPU NVLink "
-              "domain, e.g. 16x4-gb200-nvl72 (16 trays of 4, one rack); :nvlN after any string sets the domain, "
-              "e.g. 16x4-gb200:nvl64")
+    print_rows("GPU presets: use as NODESxGPUS-gpu, e.g. 4x8-h100", rows, left=("gpu", "aliases", "racks"),
+               footer="racks: NODESxGPUS-gb200-nvl72 (or gb300-nvl72) puts the nodes one rack holds in one 72-GPU "
+               "NVLink domain, e.g. 16x4-gb200-nvl72 (16 trays of 4, one rack); :nvlN after any string sets the "
+               "domain, e.g. 16x4-gb200:nvl64")
     return 0
