@@ -46,6 +46,9 @@ def _qwen3(c, layers: int) -> dict:
 
 def _deepseek(c) -> dict:
     ffn = c.int("moe_intermediate_size")
+    score = c.str("scoring_func", "softmax")
+    if score not in ("softmax", "sigmoid"):          # megatron-core's router has these two (and no other)
+        raise c._bad("scoring_func", score, "softmax or sigmoid")
     shared = c.int("n_shared_experts", default=0, required=False) if c.cfg.get("n_shared_experts") else 0
     groups = c.int("n_group", default=1)
     moe = {"num_experts": c.int("n_routed_experts"), "moe_router_topk": c.int("num_experts_per_tok"),
@@ -53,7 +56,7 @@ def _deepseek(c) -> dict:
            "moe_layer_freq": c.int("moe_layer_freq", default=1),
            "first_k_dense_layers": c.int("first_k_dense_replace", default=0, required=False)
            if c.cfg.get("first_k_dense_replace") else 0,
-           "moe_router_score_function": "sigmoid" if c.str("scoring_func", "softmax") == "sigmoid" else "softmax",
+           "moe_router_score_function": score,
            "moe_router_num_groups": groups if groups > 1 else None,
            "moe_router_group_topk": c.int("topk_group", default=1) if groups > 1 else None,
            "moe_router_enable_expert_bias": c.str("topk_method") == "noaux_tc",
