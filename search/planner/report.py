@@ -17,6 +17,7 @@ import sys
 from ..costmodel.types import RC
 from ..plan import span_text
 from ..text import shape
+from ..throughput import Throughput, throughput
 from .state import Evaluation
 from .state import to_plan as _to_plan
 
@@ -147,7 +148,8 @@ def summary(plan, ev: Evaluation, plans, result, cm, wall_s: float | None = None
     out = {"model": plan.model.name, "cluster": plan.cluster.label if plan.cluster else None,
            "cost_model": getattr(cm, "kind", "analytic"), "target": plans.target,
            "iteration_ms": round(ev.iteration_ms, 4),
-           "samples_per_s": round(plan.global_batch_size / ev.iteration_ms * 1000, 4),
+           **{k: round(v, 4) for k, v in plan_throughput(plan, ev.iteration_ms, cm)._asdict().items()
+              if v is not None},
            "micro_batch_size": plan.micro_batch_size, "num_stages": plan.num_stages,
            "num_virtual_stages": plan.num_virtual_stages, "stages": stage_rows(ev),
            "search_s": round(result.seconds, 3), **({"wall_s": round(wall_s, 3)} if wall_s is not None else {}),
@@ -188,8 +190,7 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None, wall_s: floa
                                 (f"megatron fsdp {f.fsdp}", f.fsdp),
                                 (f"offload {f.offload_layers} layers", f.offload_layers)) if on]
     con.print(f"virtual stages {ev.state.num_chunks}; " + (", ".join(switches) if switches else "no switches on"))
-    sps = plan.global_batch_size / ev.iteration_ms * 1000
-    con.print(f"predicted iteration {ev.iteration_ms:.2f} ms, {sps:.2f} samples/s")
+    con.print(f"predicted iteration {ev.iteration_ms:.2f} ms, {plan_throughput(plan, ev.iteration_ms, cm).text()}")
     lines = three_lines(plans)
     for key, label in LINES:
         x = lines[key]
@@ -201,6 +202,13 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None, wall_s: floa
     wall = f" ({wall_s:.1f} s wall in all, with the uniform and Megatron-LM lines)" if wall_s is not None else ""
     con.print(f"search {result.seconds:.2f} s{wall}, {result.evals} plans evaluated (units: "
               f"{units_text(plan.model)}; mbs/rank: Megatron's --micro-batch-size)")
+
+
+def plan_throughput(plan, iteration_ms: float, cm) -> Throughput:
+    """``search.throughput`` of ``plan`` at ``iteration_ms`` on its GPUs (MFU at the cost model's training dtype)."""
+    training = getattr(cm, "training", None)
+    peak = cm.cluster.gpu.peak_tflops(training.dtype) if training is not None and plan.cluster else None
+    return throughput(plan.model, plan.global_batch_size, iteration_ms, plan.world_size, peak)
 
 
 def infeasible_hint(best: Evaluation | None, cm, cluster, training, space) -> str:
