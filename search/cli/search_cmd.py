@@ -63,6 +63,21 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                    help="allowed numbers of pipeline stages (default: all)")
     p.add_argument("--seq-length", type=positive_int, default=None, help="override the model's sequence length "
                    "(T5: the encoder's)")
+    moe = p.add_argument_group("MoE models", "Every stage's expert shape ep x etp is searched (etp 1 or the "
+                               "stage's tp, ep\nany divisor of the experts and of the stage's GPUs / etp), and one "
+                               "token dispatcher\nfor the whole plan (its finalists priced under each); these "
+                               "options narrow that\n(docs/search.md, 'MoE').")
+    moe.add_argument("--ep", type=positive_int, nargs="+", default=None, dest="expert_parallel_sizes", metavar="EP",
+                     help="allowed expert-parallel degrees (each must divide the model's experts)")
+    moe.add_argument("--max-ep", type=positive_int, default=None, dest="max_expert_parallel", metavar="EP",
+                     help="largest expert-parallel degree allowed")
+    moe.add_argument("--etp", type=positive_int, nargs="+", default=None, dest="expert_tensor_parallel_sizes",
+                     metavar="ETP", help="allowed expert tensor-parallel degrees (1, or a stage's tp)")
+    moe.add_argument("--dispatcher", choices=("alltoall", "allgather", "flex"), nargs="+", default=None,
+                     dest="token_dispatchers",
+                     help="token dispatchers the plan may use, the first searched under (default: alltoall, then "
+                          "allgather and, on GPUs, flex = DeepEP / HybridEP); --dispatcher alltoall allgather keeps "
+                          "DeepEP and HybridEP out")
     p.add_argument("--distributed-optimizer", choices=tuple(SWITCH), default="auto",
                    help="shard optimizer states over DP: auto (searched, default), on, off")
     p.add_argument("--overlap", choices=tuple(SWITCH), default="auto",
@@ -163,9 +178,18 @@ def training_from_args(args, model, gpu=None):
                             tp_comm_overlap=args.tp_comm_overlap, context_parallel_sizes=cps,
                             virtual_stages=args.virtual_stages, tensor_parallel_sizes=tps,
                             pipeline_parallel_sizes=args.pp, megatron_fsdp=SWITCH[args.megatron_fsdp],
+                            expert_parallel_sizes=args.expert_parallel_sizes,
+                            max_expert_parallel=args.max_expert_parallel,
+                            expert_tensor_parallel_sizes=args.expert_tensor_parallel_sizes,
+                            token_dispatchers=_unique(args.token_dispatchers),
                             activation_offload=SWITCH[args.activation_offload])
     except pydantic.ValidationError as e:
         raise AcesoError(format_validation_error(e)) from None
+
+
+def _unique(values):
+    """``values`` without repeats, in order (None stays None)."""
+    return None if values is None else list(dict.fromkeys(values))
 
 
 def settings_from_args(args, training):
