@@ -61,7 +61,7 @@ from .memory import (LOSS_KEPT_BYTES, MB, attention_act_bytes, embedding_params_
                      unit_params_per_rank)
 from ..moe_plan import MoEPlanSettings
 from .mla_mtp import mla_act_bytes, mla_attention, mla_params_per_rank, mtp_unit
-from .moe_cost import host_bound_layers, moe_unit
+from .moe_cost import host_bound_layers, imbalance_note, moe_unit
 from .tpcomm import TPComm, tp_half
 from .types import N_RC, UNAVAILABLE_MS, RunSettings, UnitTable
 
@@ -126,8 +126,9 @@ class AnalyticSource:
         self._sms = ARCH.get(cluster.gpu.name, ARCH["a100"]).sms
         self._tax = overlap_tax(cluster.gpu.name) if self.settings.overlap_tp_dgrad else 0.0
         self._tax_cp = overlap_tax(cluster.gpu.name)
-        note = analytic_note(model)     # a custom layer_spec and megatron fields it does not price
-        self.warnings: list[str] = [note] if note else []
+        notes = (analytic_note(model),  # a custom layer_spec and megatron fields it does not price
+                 imbalance_note(model))  # learned MoE routing priced as even
+        self.warnings: list[str] = [n for n in notes if n]
 
     # ----- communication ------------------------------------------------------------------------------------------
     def _tp_ar(self, b: float, s: int, t: int) -> float:
