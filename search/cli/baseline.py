@@ -27,9 +27,9 @@ def run(args: argparse.Namespace) -> int:
     from ..planner.api import plan_baseline
     from ..planner.report import plan_throughput, to_plan
     check_output(args.output)
-    from ..planner.api import runtime_training
-    model, cluster, training, cm = setup(args)
-    training = runtime_training(training)     # the plan it writes runs on the aceso runtime (DDP, no offload)
+    # the plan it writes runs on the aceso runtime (DDP, no offload), in the cost model's training spec too (the
+    # Megatron-LM settings it tries read the offload switch there)
+    model, cluster, training, cm = setup(args, runtime=True)
     res = plan_baseline(cm, training)
     if res is None:
         raise AcesoError(f"no uniform configuration exists for {cluster.num_gpus} GPUs with per-rank micro-batch "

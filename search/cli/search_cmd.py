@@ -223,13 +223,17 @@ def with_seq_length(model, n: int | None):
         raise AcesoError(f"--seq-length {n}: " + format_validation_error(e)) from None
 
 
-def setup(args):
+def setup(args, runtime: bool = False):
     """model, cluster, training, cost model from the shared arguments; says once on stderr which stage shapes
-    the cost model does not cover (aceso-compat: unprofiled (per-GPU batch, tp) files), which plans then skip."""
-    from ..planner.api import build_cost_model, describe_dropped, search_space
+    the cost model does not cover (aceso-compat: unprofiled (per-GPU batch, tp) files), which plans then skip.
+    ``runtime``: the plan is for the aceso runtime (``api.runtime_training``: no Megatron FSDP or activation
+    offload), in the training spec the cost model carries too."""
+    from ..planner.api import build_cost_model, describe_dropped, runtime_training, search_space
     model = with_seq_length(model_from_args(args), args.seq_length)
     cluster = cluster_from_args(args)
     training = training_from_args(args, model, cluster.gpu)
+    if runtime:
+        training = runtime_training(training)
     cm = build_cost_model(model, cluster, training, args.cost_model, args.db, settings_from_args(args, training))
     if args.cost_model != "aceso-compat":     # (compat keeps the reference planner's own limit)
         from ..costmodel.memory import memory_budget_mb

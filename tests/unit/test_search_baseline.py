@@ -135,3 +135,19 @@ def test_a_bf16_model_on_a_v100_plans_in_fp16_and_writes_it(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["iteration_ms"] == json.loads(out.out)["iteration_ms"]
     for name in ("a.json", "b.json"):
         assert json.loads((tmp_path / name).read_text())["model"]["params_dtype"] == "fp16"
+
+
+def test_baseline_writes_a_runtime_plan_where_offload_would_win(tmp_path, capsys):
+    """Qwen3-30B-A3B on a GB200 rack: the fastest one-stage Megatron-LM setting offloads activations, which the aceso
+    runtime does not run; baseline tried it anyway (the offload switch was read from the cost model's training spec,
+    not the runtime one) and exited 2 naming activation_offload. Now it writes the best plan the runtime runs."""
+    import json
+
+    from search.cli import main
+
+    out = tmp_path / "b.json"
+    assert main(["baseline", "--model", "qwen3-30b-a3b", "--cluster", "16x4-gb200:nvl72", "--global-batch-size",
+                 "512", "--json", "-o", str(out)]) == 0, capsys.readouterr().err
+    plan = json.loads(out.read_text())
+    assert plan.get("activation_offload") is None and plan.get("megatron_fsdp") is None
+    assert main(["validate", str(out)]) == 0
