@@ -89,26 +89,16 @@ def mla_mtp_kwargs(model: ModelSpec) -> dict:
 
 def moe_kwargs(model: ModelSpec) -> dict:
     """The MoE architecture as ``TransformerConfig`` fields (empty for a dense model): experts, router, which layers
-    are MoE (always as megatron-core's 0/1 list: ``first_k_dense_layers`` folded in). No aux loss at coefficient 0
-    (load balancing type "none"). ``moe_router_force_load_balancing`` is a pricing assumption, not passed (its
-    random logits would make training irreproducible); the expert shape and dispatcher are per stage
-    (``aceso_megatron.model.config``)."""
-    moe = model.moe
-    if moe is None:
-        return {}
-    return {
-        "num_moe_experts": moe.num_experts,
-        "moe_router_topk": moe.moe_router_topk,
-        "moe_ffn_hidden_size": moe.moe_ffn_hidden_size,
-        "moe_shared_expert_intermediate_size": moe.moe_shared_expert_intermediate_size,
-        "moe_layer_freq": [int(moe.is_moe_layer(i)) for i in range(model.num_layers)],
-        "moe_router_score_function": moe.moe_router_score_function,
-        "moe_router_num_groups": moe.moe_router_num_groups,
-        "moe_router_group_topk": moe.moe_router_group_topk,
-        "moe_aux_loss_coeff": moe.moe_aux_loss_coeff,
-        "moe_router_load_balancing_type": "aux_loss" if moe.moe_aux_loss_coeff > 0 else "none",
-        "moe_expert_capacity_factor": moe.moe_expert_capacity_factor,
-    }
+    are MoE (always as megatron-core's 0/1 list: ``first_k_dense_layers`` folded in), the pre-softmax router
+    megatron-core requires for top-1 softmax routing. No aux loss at coefficient 0 (load balancing type "none").
+    ``search.model_rules.moe_config`` is the one translation (the model check reads it too), less padding to
+    capacity, which the runtime has never passed (its dispatcher runs unpadded); ``moe_router_force_load_balancing``
+    (benchmark routing) is not passed: the runtime trains learned routing (random logits would make training
+    irreproducible); the expert shape and dispatcher are per stage (``aceso_megatron.model.config``)."""
+    from search.model_rules import moe_config
+    cfg = moe_config(model)
+    cfg.pop("moe_pad_expert_input_to_capacity", None)
+    return cfg
 
 
 def _te(te: bool | None) -> bool:

@@ -35,7 +35,9 @@ FP4 and 180 PFLOP/s bf16 dense per 72 GPUs = 5000 / 15000 / 2500, 20 TB HBM3e at
 NVLink domains (``ClusterSpec.nvlink_domain``): GPUs that reach each other over NVLink, a multiple of the GPUs per
 node (default: one node). ``1x64-gb200`` prices a rack as one node of 64; ``16x4-gb200:nvl64`` writes it as 16
 trays of 4 in one NVLink domain of 64 (``:nvlN`` after the string): TP, CP and DP groups inside a domain run at the
-NVLink bandwidth, groups across domains on the network (``comm.py``).
+NVLink bandwidth, groups across domains on the network (``comm.py``). The rack presets ``gb200-nvl72`` /
+``gb300-nvl72`` are a rack: ``16x4-gb200-nvl72`` is ``16x4-gb200:nvl72``, the whole nodes of one 72-GPU rack in one
+domain (``rack_domain``; nodes of 64, as the published ``1x64-gb200`` rows, stay one domain of 64).
 """
 
 from __future__ import annotations
@@ -81,11 +83,12 @@ class GPUSpec(BaseModel):
     _legacy = model_validator(mode="before")(gib_from_legacy_gb)
 
     def peak_tflops(self, dtype: str) -> float | None:
-        """The dense peak of ``dtype`` (bf16, fp16, fp32, fp8, fp4; None where the GPU has none)."""
+        """The dense peak of ``dtype`` (bf16, fp16, fp32, fp8, fp4; None where the GPU has none: bf16 on a V100 is
+        refused by ``precision.check``, not priced at the fp16 peak)."""
         if dtype in ("fp8", "fp4"):
             return self.peak_tflops_fp8 if dtype == "fp8" else self.peak_tflops_fp4
         if dtype == "bf16":
-            return self.peak_tflops_bf16 or self.peak_tflops_fp16
+            return self.peak_tflops_bf16
         return self.peak_tflops_fp16 if dtype == "fp16" else self.peak_tflops_fp32
 
 
@@ -115,8 +118,11 @@ GPU_PRESETS: dict[str, GPUSpec] = {
     )
 }
 GPU_ALIASES = {"v100-32gb": "v100", "a100-80gb": "a100", "h100-sxm": "h100", "a100-40": "a100-40gb",
-               "a100-80": "a100", "b200-sxm": "b200", "gb200-nvl72": "gb200",
-               "b300-sxm": "b300", "gb300-nvl72": "gb300"}
+               "a100-80": "a100", "b200-sxm": "b200", "b300-sxm": "b300"}
+# Rack presets: the GPU and the GPUs one NVLink domain of the rack holds. ``16x4-gb200-nvl72`` is 16 trays of 4 in
+# one NVL72 rack (``rack_domain``: as many whole nodes as the rack holds); ``1x64-gb200-nvl72`` is the 64 GPUs the
+# published recipes use of one rack, priced as ``1x64-gb200``.
+RACK_PRESETS: dict[str, tuple[str, int]] = {"gb200-nvl72": ("gb200", 72), "gb300-nvl72": ("gb300", 72)}
 # (intra-node GB/s per GPU per direction, inter-node GB/s per GPU)
 LINK_PRESETS: dict[str, tuple[float, float]] = {
     "v100": (150.0, 12.5), "a100-40gb": (300.0, 25.0), "a100": (300.0, 25.0),
@@ -198,12 +204,20 @@ def parse_cluster(text: str, memory_limit_mb: float | None = None) -> ClusterSpe
                          "(see `aceso clusters`)")
     nodes, gpn, gpu = int(m.group(1)), int(m.group(2)), m.group(3)
     nvl = int(m.group(4)) if m.group(4) else None
-    gpu = GPU_ALIASES.get(gpu, gpu)
-    if gpu not in GPU_PRESETS:
-        hint = did_you_mean(gpu, [*GPU_PRESETS, *GPU_ALIASES], what=f"{nodes}x{gpn}-")
-        raise AcesoError(f"cluster '{text}': unknown gpu '{gpu}'{hint or ';'} choose one of {', '.join(GPU_PRESETS)}")
     if nodes < 1 or gpn < 1:
         raise AcesoError(f"cluster '{text}': nodes and gpus per node must be at least 1")
+    if gpu in RACK_PRESETS:
+        gpu, rack = RACK_PRESETS[gpu]
+        nvl = rack_domain(text, gpn, rack, nvl)
+    gpu = GPU_ALIASES.get(gpu, gpu)
+    if gpu not in GPU_PRESETS:
+        hint = did_you_mean(gpu, [*GPU_PRESETS, *GPU_ALIASES, *RACK_PRESETS], what=f"{nodes}x{gpn}-")
+        raise AcesoError(f"cluster '{text}': unknown gpu '{gpu}'{hint or ';'} choose one of "
+                         f"{', '.join([*GPU_PRESETS, *RACK_PRESETS])}")
+    if nvl is not None and nvl % gpn:
+        raise AcesoError(f"cluster '{text}': an NVLink domain of {nvl} GPUs cannot hold whole nodes of {gpn} (a "
+                         f"node is never split between domains); use :nvl{max(gpn, nvl // gpn * gpn)} or nodes of "
+                         f"a size that divides {nvl}")
     intra, inter = LINK_PRESETS[gpu]
     try:
         return ClusterSpec(num_nodes=nodes, gpus_per_node=gpn, gpu=GPU_PRESETS[gpu], intra_node_gbps=intra,
@@ -213,12 +227,29 @@ def parse_cluster(text: str, memory_limit_mb: float | None = None) -> ClusterSpe
         raise AcesoError(f"cluster '{text}': " + format_validation_error(e)) from None
 
 
+def rack_domain(text: str, gpus_per_node: int, rack: int, nvl: int | None) -> int | None:
+    """The NVLink domain of a rack preset with nodes of ``gpus_per_node``: the whole nodes one rack of ``rack`` GPUs
+    holds (None: one node, as without the preset). ``:nvlN`` may name a smaller domain, not a larger one."""
+    if gpus_per_node > rack:
+        raise AcesoError(f"cluster '{text}': a rack holds {rack} GPUs, not a node of {gpus_per_node}; use nodes "
+                         f"(trays) of at most {rack} GPUs, e.g. {-(-gpus_per_node // 4)}x4")
+    if nvl is not None and nvl > rack:
+        raise AcesoError(f"cluster '{text}': :nvl{nvl} is more than the {rack} GPUs one rack's NVLink reaches; drop "
+                         f":nvl{nvl} (the preset makes the rack one domain)")
+    domain = nvl or rack // gpus_per_node * gpus_per_node
+    return None if domain == gpus_per_node else domain
+
+
 def _shape_hint(text: str) -> str:
     """A guess at what a malformed cluster string meant: ``h100`` -> 1x8-h100, ``8xh100`` -> 1x8-h100."""
     t = text.strip().lower()
-    names = [*GPU_PRESETS, *GPU_ALIASES]
+    names = [*GPU_PRESETS, *GPU_ALIASES, *RACK_PRESETS]
     m = re.match(r"^(?:(\d+)[x*])?(?:(\d+)[x*-]?)?([a-z][a-z0-9-]*)$", t)
-    if m and m.group(3) in names:
-        nodes, gpn = (m.group(1), m.group(2)) if m.group(2) else ("1", m.group(1) or "8")
-        return f"; did you mean {nodes}x{gpn}-{m.group(3)}?"
-    return ""
+    if not m or m.group(3) not in names:
+        return ""
+    if m.group(1) and m.group(2):
+        nodes, gpn = int(m.group(1)), int(m.group(2))
+    else:                                       # one number: the GPUs in all (``64-h100``), in nodes of 8
+        total = int(m.group(1) or m.group(2) or 8)
+        nodes, gpn = (total // 8, 8) if total > 8 and total % 8 == 0 else (1, total)
+    return f"; did you mean {nodes}x{gpn}-{m.group(3)}?"

@@ -21,7 +21,8 @@ router_aux_loss_coef is not taken: Megatron-LM's GPT-OSS flags train without the
 Routing: every type here renormalizes the top-k weights (HF ``norm_topk_prob`` true, megatron-core's softmax over the
 top-k and normalized sigmoid); ``norm_topk_prob`` false, an unknown ``scoring_func`` or ``topk_method`` and
 DeepSeek-V2's group_limited_greedy (its group score is the group's best, megatron-core's the sum of its top
-scores) are refused with one line.
+scores) are refused with one line. Routing is learned and dropless (megatron-core's defaults; force-balanced
+routing is a benchmark setting a spec turns on with ``moe_router_force_load_balancing``).
 """
 
 from __future__ import annotations

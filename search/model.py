@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 from . import megatron_fields
 from . import layer_variants
 from . import rope_scaling as _rope_scaling
+from . import model_rules
 from .moe import MAX_MTP, MLASpec, MoESpec, check_model as _check_moe
 from .rope_scaling import RopeScaling
 
@@ -180,6 +181,7 @@ class ModelSpec(BaseModel):
         _check_moe(self)
         layer_variants.check(self)
         _rope_scaling.check(self)
+        model_rules.check_model(self)       # what megatron-core (and Megatron-LM) refuse at model build
         return self
 
     def model_copy(self, *, update: dict | None = None, deep: bool = False) -> "ModelSpec":

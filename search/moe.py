@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import AcesoError
 
@@ -54,39 +54,39 @@ class MoESpec(BaseModel):
     moe_aux_loss_coeff: float = Field(0.0, ge=0, le=1, description="Load-balancing auxiliary loss coefficient.")
     moe_expert_capacity_factor: float | None = Field(
         None, gt=0, le=1024, description="Token dropping: each expert takes at most this factor times its even "
-        "share of tokens; None = dropless (megatron-core's default).")
+        "share of tokens; None = dropless (megatron-core's default; a negative factor, as megatron-core reads "
+        "it, is dropless too and reads as None).")
     moe_pad_expert_input_to_capacity: bool = Field(
         False, description="With a capacity factor: pad every expert's input to its capacity (Megatron-LM "
         "--moe-pad-expert-input-to-capacity); the dispatcher then needs no device-to-host sync of token counts.")
     moe_router_force_load_balancing: bool = Field(
-        True, description="Price as if tokens spread evenly over experts, as NVIDIA's published benchmarks run "
-        "(Megatron-LM --moe-router-force-load-balancing).")
+        False, description="Benchmark only: the router ignores its scores and spreads tokens evenly over the "
+        "experts (Megatron-LM --moe-router-force-load-balancing, as NVIDIA's published throughput runs); a model "
+        "trained so learns nothing useful. False (default): learned routing, priced at moe_imbalance_factor.")
     moe_imbalance_factor: float = Field(
-        1.0, ge=1, le=1024, description="With force-balancing off: the busiest expert's tokens over the even "
-        "share, which the slowest EP rank waits on (1 = balanced).")
+        1.0, ge=1, le=1024, description="Learned routing: the busiest EP rank's routed tokens over the even "
+        "share, which the slowest EP rank (and every all-to-all) waits on; the cost model multiplies that rank's "
+        "expert GEMMs and dispatch / combine by it (capped by moe_expert_capacity_factor). 1 = as even as forced "
+        "balance (docs/moe.md, 'Routing and load balance').")
+
+    @field_validator("moe_expert_capacity_factor", mode="before")
+    @classmethod
+    def _dropless(cls, v):
+        """A negative capacity factor is dropless: megatron-core sets it None (transformer_config.py:1105-1107)."""
+        return None if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0 else v
 
     @model_validator(mode="after")
     def _check(self) -> "MoESpec":
         if self.moe_router_topk > self.num_experts:
             raise ValueError(f"moe_router_topk ({self.moe_router_topk}) must be at most num_experts "
                              f"({self.num_experts})")
-        if self.moe_pad_expert_input_to_capacity and self.moe_expert_capacity_factor is None:
-            raise ValueError("moe_pad_expert_input_to_capacity needs moe_expert_capacity_factor (megatron-core pads "
-                             "to a capacity); set a capacity factor or turn padding off")
         if isinstance(self.moe_layer_freq, int) and self.moe_layer_freq < 1:
             raise ValueError(f"moe_layer_freq ({self.moe_layer_freq}) must be at least 1, or a 0/1 list per layer")
         if isinstance(self.moe_layer_freq, list) and self.first_k_dense_layers:
             raise ValueError("first_k_dense_layers works with an integer moe_layer_freq; with a 0/1 list write the "
                              "dense layers as 0s")
-        groups, gtopk = self.moe_router_num_groups, self.moe_router_group_topk
-        if (groups is None) != (gtopk is None):
+        if (self.moe_router_num_groups is None) != (self.moe_router_group_topk is None):
             raise ValueError("moe_router_num_groups and moe_router_group_topk go together; set both or neither")
-        if groups is not None:
-            if self.num_experts % groups:
-                raise ValueError(f"num_experts ({self.num_experts}) must be a multiple of moe_router_num_groups "
-                                 f"({groups})")
-            if gtopk > groups:
-                raise ValueError(f"moe_router_group_topk ({gtopk}) must be at most moe_router_num_groups ({groups})")
         if self.moe_router_force_load_balancing and self.moe_imbalance_factor != 1.0:
             raise ValueError("moe_imbalance_factor needs moe_router_force_load_balancing false; set it false or "
                              "remove the factor")

@@ -55,6 +55,15 @@ class MoEPlanSettings(BaseModel):
                                   "alltoall or flex dispatcher, no full recompute, virtual stages when pp > 1.")
 
 
+def dispatcher_settings(model, dispatcher: str, base: MoEPlanSettings | None = None) -> MoEPlanSettings:
+    """``base`` (None: the defaults) under ``dispatcher``; flex on HybridEP where the experts' input is padded to
+    capacity (megatron-core pads with HybridEP only), else on ``base``'s backend."""
+    base = base or MoEPlanSettings()
+    backend = ("hybridep" if model.moe.moe_pad_expert_input_to_capacity else base.flex_backend) \
+        if dispatcher == "flex" else "deepep"
+    return base.model_copy(update={"token_dispatcher": dispatcher, "flex_backend": backend})
+
+
 def expert_tp(stage) -> int:
     """The stage's expert tensor-parallel degree (``etp``; None = its attention ``tp``)."""
     return stage.tp if stage.etp is None else stage.etp

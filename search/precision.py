@@ -229,17 +229,28 @@ def from_megatron(fp8_format: str | None, fp8_recipe: str | None, fp4_format: st
     return name
 
 
-def check(precision: str, gpu, param_gather: bool, start: int, end: int, num_layers: int) -> str | None:
-    """Why a recipe cannot run (one line naming the field), or None."""
+def plain_dtype(gpu) -> str:
+    """The half precision ``gpu`` trains in: bf16 where it has bf16 tensor cores (A100 and newer), else fp16."""
+    return "bf16" if gpu.peak_tflops("bf16") else "fp16"
+
+
+def check(precision: str, gpu, param_gather: bool = False, start: int = 0, end: int = 0,
+          num_layers: int = 0) -> str | None:
+    """Why a precision cannot run on ``gpu`` (one line naming the precision and what the GPU runs), or None. The
+    fix names the dtype, not a flag: ``aceso search`` spells it --precision, a Megatron-LM script --fp16."""
     r = RECIPES[precision]
+    if r.gemm is not None and gpu.peak_tflops(r.gemm) is None:
+        return (f"precision {precision}: the {gpu.name} has no {r.gemm.upper()} tensor cores (H100/H200 have "
+                f"FP8, B200/B300/GB200/GB300 FP8 and FP4); train in {plain_dtype(gpu)}")
+    base = base_dtype(precision)
+    if gpu.peak_tflops(base) is None:
+        return (f"precision {precision}: the {gpu.name} has no {base} tensor cores (bf16 needs an A100 or newer); "
+                f"train in {plain_dtype(gpu)}")
     if r.gemm is None:
         if param_gather or start or end:
             return (f"precision {precision}: fp8_param_gather and bf16 first/last layers need a low-precision "
                     "recipe (fp8-tensorwise, mxfp8, ...)")
         return None
-    if gpu.peak_tflops(r.gemm) is None:
-        return (f"precision {precision}: the {gpu.name} has no {r.gemm.upper()} tensor cores (H100/H200 have "
-                "FP8, B200/B300/GB200/GB300 FP8 and FP4); use bf16")
     if precision == "mxfp8" and gpu.name in ("h100", "h200"):
         return f"precision mxfp8: Blackwell only (transformer-engine); the {gpu.name} runs fp8-blockwise"
     if precision == "fp8-delayed" and (start or end):

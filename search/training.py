@@ -77,6 +77,18 @@ class TrainingSpec(BaseModel):
                                                     "that divides the heads, query groups and FFN within a node).")
     pipeline_parallel_sizes: list[int] | None = Field(None, min_length=1, max_length=MAX_CANDIDATES,
                                                       description="Allowed numbers of pipeline stages (None: all).")
+    # ----- MoE models: the expert shapes and dispatchers the search may use (search/planner/constraints.py) ------
+    expert_parallel_sizes: list[int] | None = Field(None, min_length=1, max_length=MAX_CANDIDATES,
+                                                    description="Allowed expert-parallel degrees (None: every divisor "
+                                                    "of num_experts that divides a stage's GPUs over its etp).")
+    max_expert_parallel: int | None = Field(None, ge=1, le=MAX_BATCH, description="The largest expert-parallel "
+                                            "degree allowed (None: no bound).")
+    expert_tensor_parallel_sizes: list[int] | None = Field(None, min_length=1, max_length=MAX_CANDIDATES,
+                                                           description="Allowed expert tensor-parallel degrees, "
+                                                           "each 1 or a stage's tp (None: both).")
+    token_dispatchers: list[Literal["alltoall", "allgather", "flex"]] | None = Field(
+        None, min_length=1, max_length=3, description="Token dispatchers the search may use, the first the one it "
+        "searches under (None: alltoall, then allgather and, on GPUs, flex: DeepEP / HybridEP).")
 
     @property
     def dtype(self) -> str:
@@ -87,7 +99,8 @@ class TrainingSpec(BaseModel):
     def _check(self) -> "TrainingSpec":
         for name, top in (("micro_batch_sizes", MAX_BATCH), ("context_parallel_sizes", MAX_CP),
                           ("virtual_stages", MAX_VIRTUAL), ("tensor_parallel_sizes", MAX_BATCH),
-                          ("pipeline_parallel_sizes", MAX_BATCH)):
+                          ("pipeline_parallel_sizes", MAX_BATCH), ("expert_parallel_sizes", MAX_BATCH),
+                          ("expert_tensor_parallel_sizes", MAX_BATCH)):
             for m in getattr(self, name) or ():
                 if not 1 <= m <= top:
                     raise ValueError(f"{name}: {m} is not an integer in [1, {top}]")

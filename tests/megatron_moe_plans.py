@@ -1,6 +1,6 @@
 """Megatron-LM-expressible MoE / MLA / MTP plans for the export / import round trip (issue 22): the presets at full
 depth (DeepSeek-V3 with and without MTP, Qwen3-30B-A3B, Qwen3-235B-A22B, Mixtral) and tiny models with what the
-presets lack (a 0/1 layer list, capacity factor, no force-balancing, MLA without q_lora, 2 MTP layers, biases),
+presets lack (a 0/1 layer list, capacity factor, forced balance (a benchmark setting), MLA without q_lora, 2 MTP layers, biases),
 over every dispatcher, ep / etp folding, even / first-last / layout splits (embedding- and loss-accounting ones of
 the published Qwen3-235B rows), vpp, cp, every recompute setting and the MoE overlaps.
 
@@ -25,7 +25,7 @@ _TINY = dict(name="custom", family="llama", num_layers=4, hidden_size=256, num_a
 TINY_LIST = ModelSpec(**_TINY, moe={"num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 128,
                                     "moe_shared_expert_intermediate_size": 256, "moe_layer_freq": [1, 0, 1, 1],
                                     "moe_expert_capacity_factor": 1.5, "moe_pad_expert_input_to_capacity": True,
-                                    "moe_router_force_load_balancing": False,
+                                    "moe_router_force_load_balancing": True,
                                     "moe_aux_loss_coeff": 0.01})
 TINY_MLA = ModelSpec(**{**_TINY, "kv_channels": 32}, megatron={"qk_layernorm": True}, mtp_num_layers=2,
                      mla={"kv_lora_rank": 64, "qk_head_dim": 32, "qk_pos_emb_head_dim": 16, "v_head_dim": 32},

@@ -6,9 +6,10 @@
       --data-path data/corpus ...
 
 Argument names follow Megatron-LM. Every --log-interval steps the last stage prints loss, grad norm, learning
-rate, iteration time, tokens/s, TFLOP/s per GPU and the max memory of each stage (JSON lines with --log-file);
-at the end it prints the plan's predicted iteration time and memory beside the measured ones. --save/--load use
-megatron-core dist_checkpointing keyed by canonical names, so a checkpoint of one plan resumes under another;
+rate, iteration time, samples/s, tokens/s per GPU, TFLOP/s per GPU (and MFU on GPUs) and the max memory of each
+stage (JSON lines with --log-file); at the end it prints the plan's predicted iteration time and memory beside
+the measured ones. --save/--load use megatron-core dist_checkpointing keyed by canonical names, so a checkpoint of
+one plan resumes under another;
 `latest_checkpointed_iteration.txt` only ever names a complete checkpoint; --keep-last N rotates them, SIGTERM or
 Ctrl-C saves after the step under way and exits 143/130, --no-load-optim loads the weights only. --tensorboard-dir
 and --wandb-project log Megatron-LM's scalars; --config FILE reads the flags from YAML. See docs/train.md.

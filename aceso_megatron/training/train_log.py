@@ -2,8 +2,9 @@
 
 Every ``--log-interval`` steps the last stage's last rank prints (and appends to ``--log-file`` as one JSON line):
 the step's loss, the gradient norm before clipping, the learning rate the step used, the mean iteration time over
-the interval, tokens/s, model TFLOP/s per GPU (``ModelSpec.training_flops_per_sample`` x global batch / time /
-GPUs: model FLOPs, recompute not counted, as in MFU) and the max memory of each stage (the max over its ranks:
+the interval, samples/s, tokens/s per GPU and model TFLOP/s per GPU (``search.throughput``, the function every
+report uses: ``ModelSpec.training_flops_per_sample`` x global batch / time / GPUs, model FLOPs, recompute not
+counted; MFU on a GPU run, against the plan's GPU preset) and the max memory of each stage (the max over its ranks:
 ``torch.cuda.max_memory_allocated`` on GPUs, the process's max RSS on CPU).
 
 The summary compares the plan's prediction (``plan.predicted``) with the measurement: the mean iteration time
@@ -19,6 +20,8 @@ from datetime import datetime, timezone
 
 import torch
 import torch.distributed as dist
+
+from search.throughput import throughput
 
 
 def max_memory_mb(device: str) -> float:
@@ -60,8 +63,8 @@ class TrainLogger:
         from .writers import Writers
 
         self.writers = Writers(args, self.is_writer)
-        m = plan.model
-        self.tokens_per_sample = m.seq_length + (m.decoder_seq_length if m.is_t5 else 0)
+        cl = plan.cluster        # MFU on a GPU run: against the plan's GPU preset in the model's dtype
+        self.peak = cl.gpu.peak_tflops(plan.model.params_dtype) if device == "cuda" and cl is not None else None
         self.window_time, self.window_steps = 0.0, 0
         self.step_times: list[float] = []
 
@@ -87,15 +90,19 @@ class TrainLogger:
             return
         avg = self.window_time / self.window_steps
         self.window_time, self.window_steps = 0.0, 0
-        gbs = self.plan.global_batch_size
-        tokens_s = gbs * self.tokens_per_sample / avg
-        tflops = self.plan.model.training_flops_per_sample() * gbs / avg / self.plan.world_size / 1e12
+        gbs, n = self.plan.global_batch_size, self.plan.world_size
+        t = throughput(self.plan.model, gbs, avg * 1e3, n, self.peak)      # one function: search, explain, ...
         mem = stage_max_memory_mb(self.rt, self.device)
         rec = {"kind": "train", "iteration": iteration, "loss": loss, "grad_norm": grad_norm, "lr": lr,
-               "iteration_time_ms": avg * 1e3, "tokens_per_s": tokens_s, "tflops_per_gpu": tflops,
+               "iteration_time_ms": avg * 1e3, "samples_per_s": t.samples_per_s,
+               "tokens_per_s": t.tokens_per_s_per_gpu * n, "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
+               "tflops_per_gpu": t.tflops_per_gpu, **({"mfu": t.mfu} if t.mfu is not None else {}),
                "stage_max_memory_mib": mem}
+        per = "GPU" if self.device == "cuda" else "process"
+        mfu = f" | MFU {100 * t.mfu:.1f}%" if t.mfu is not None else ""
         line = (f" iteration {iteration:>6}/{self.args.train_iters} | loss {loss:.6f} | grad norm {grad_norm:.4f} "
-                f"| lr {lr:.3e} | {avg * 1e3:.1f} ms/it | {tokens_s:,.0f} tokens/s | {tflops:.3f} TFLOP/s per {'GPU' if self.device == 'cuda' else 'process'} "
+                f"| lr {lr:.3e} | {avg * 1e3:.1f} ms/it | {t.samples_per_s:,.2f} samples/s | "
+                f"{t.tokens_per_s_per_gpu:,.0f} tokens/s per {per} | {t.tflops_per_gpu:.3f} TFLOP/s per {per}{mfu} "
                 f"| max mem/stage MiB {' / '.join(f'{v:.0f}' for v in mem)}")
         self._emit(rec, line)
         from .writers import train_scalars

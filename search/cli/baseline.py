@@ -25,22 +25,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..planner.api import plan_baseline
-    from ..planner.baseline import baseline_plan
-    from ..planner.report import assumed_attention
+    from ..planner.report import plan_throughput, to_plan
     check_output(args.output)
-    from ..planner.api import runtime_training
-    model, cluster, training, cm = setup(args)
-    training = runtime_training(training)     # the plan it writes runs on the aceso runtime (DDP, no offload)
+    # the plan it writes runs on the aceso runtime (DDP, no offload), in the cost model's training spec too (the
+    # Megatron-LM settings it tries read the offload switch there)
+    model, cluster, training, cm = setup(args, runtime=True)
     res = plan_baseline(cm, training)
     if res is None:
         raise AcesoError(f"no uniform configuration exists for {cluster.num_gpus} GPUs with per-rank micro-batch "
                          f"sizes {args.micro_batch_sizes}; check the cluster and --micro-batch-sizes")
     if not res.fits:
-        raise AcesoError(f"no uniform configuration fits in memory: the least needs "
-                         f"{max(res.stage_memory_mb):.0f} MiB per GPU (limit {cm.memory_limit_mb:.0f} MiB); raise "
-                         "--memory-limit-mib, use more GPUs or a smaller micro-batch")
-    plan = baseline_plan(res, model, cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
-                         assumed_attention(cm))
+        from ..planner.report import memory_fix
+        raise AcesoError(memory_fix("no uniform configuration fits in memory: the least", max(res.stage_memory_mb),
+                                    cm, cluster, training, training.micro_batch_sizes))
+    plan = to_plan(res.evaluation, model, cluster, training, cm)     # the model in the precision it was priced
     from ..preflight import preflight
 
     preflight(plan)     # the one pre-flight: it writes only a plan the runtime runs
@@ -48,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         write_output(plan.to_json(), args.output)
     f = res.state.features
     info = {"iteration_ms": round(res.iteration_ms, 4),
-            "samples_per_s": round(training.global_batch_size / res.iteration_ms * 1000, 4), "pp": res.pp,
+            **{k: round(v, 4) for k, v in plan_throughput(plan, res.iteration_ms, cm)._asdict().items()
+               if v is not None}, "pp": res.pp,
             "tp": res.tp, "cp": res.cp, "dp": res.dp, "micro_batch_size": res.mbs,
             "micro_batch_per_rank": res.micro_batch_per_rank, "sequence_parallel": res.shape.sp,
             "virtual_stages": res.state.num_chunks, "distributed_optimizer": f.distributed_optimizer,
@@ -66,12 +65,14 @@ def run(args: argparse.Namespace) -> int:
     t = Table(title=f"best uniform configuration: {model.name} on {cluster.label}, global batch "
                     f"{training.global_batch_size}")
     for col in ("pp", "tp", "cp", "dp", "micro-\nbatch", "mbs/\nrank", "sp", "vpp", "dist-\nopt", "over-\nlap",
-                "recompute", "layers\nper chunk", "iteration\nms", "samples\n/s", "max mem\nMiB"):
+                "recompute", "layers\nper chunk", "iteration\nms", "samples\n/s", "tokens/s\nper GPU", "MFU",
+                "max mem\nMiB"):
         t.add_column(col, justify="right", overflow="fold")
     t.add_row(str(res.pp), str(res.tp), str(res.cp), str(res.dp), str(res.mbs), str(res.micro_batch_per_rank),
               "on" if res.shape.sp else "off", str(res.state.num_chunks), "on" if f.distributed_optimizer else "off",
               "on" if f.overlap_grad_reduce else "off", res.recompute, " ".join(map(str, res.layers)),
-              f"{res.iteration_ms:.2f}", f"{info['samples_per_s']:.2f}", f"{max(res.stage_memory_mb):.0f}")
+              f"{res.iteration_ms:.2f}", f"{info['samples_per_s']:.2f}", f"{info['tokens_per_s_per_gpu']:,.0f}",
+              f"{100 * info['mfu']:.1f}%" if "mfu" in info else "-", f"{max(res.stage_memory_mb):.0f}")
     con.print(t)
     con.print(f"{res.evaluated} uniform configurations priced in full")
     return 0

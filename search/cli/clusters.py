@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..cluster import GPU_ALIASES, GPU_PRESETS, LINK_PRESETS
-from .common import print_json
+from ..cluster import GPU_ALIASES, GPU_PRESETS, LINK_PRESETS, RACK_PRESETS
+from .common import print_json, print_rows
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,18 +17,15 @@ def run(args: argparse.Namespace) -> int:
     for name, g in GPU_PRESETS.items():
         intra, inter = LINK_PRESETS[name]
         rows.append({"gpu": name, "aliases": [a for a, n in GPU_ALIASES.items() if n == name],
+                     "racks": {r: size for r, (n, size) in RACK_PRESETS.items() if n == name},
                      "memory_gib": round(g.memory_gib, 1), "bf16_tflops": g.peak_tflops_bf16, "fp16_tflops": g.peak_tflops_fp16,
                      "fp8_tflops": g.peak_tflops_fp8, "fp4_tflops": g.peak_tflops_fp4, "hbm_gbps": g.hbm_gbps,
                      "intra_node_gbps": intra, "inter_node_gbps": inter})
     if args.json:
         print_json(rows)
         return 0
-    from rich.console import Console
-    from rich.table import Table
-    t = Table(title="GPU presets: use as NODESxGPUS-gpu, e.g. 4x8-h100")
-    for col in rows[0]:
-        t.add_column(col)
-    for r in rows:
-        t.add_row(*(", ".join(v) if isinstance(v, list) else str(v) for v in r.values()))
-    Console(width=max(Console().width, 130)).print(t)
+    print_rows("GPU presets: use as NODESxGPUS-gpu, e.g. 4x8-h100", rows, left=("gpu", "aliases", "racks"),
+               footer="racks: NODESxGPUS-gb200-nvl72 (or gb300-nvl72) puts the nodes one rack holds in one 72-GPU "
+               "NVLink domain, e.g. 16x4-gb200-nvl72 (16 trays of 4, one rack); :nvlN after any string sets the "
+               "domain, e.g. 16x4-gb200:nvl64")
     return 0

@@ -77,3 +77,27 @@ def _plain(o):
     if hasattr(o, "item") and callable(o.item):
         return o.item()
     raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+
+def print_rows(title: str, rows: list[dict], left: tuple[str, ...] = (), footer: str | None = None) -> None:
+    """``rows`` (dicts with the same keys) as a table on stdout, one row per line and every cell whole at any
+    terminal or pipe width (None is '-', lists and dicts their items): a cut cell such as "llama3…" can stand for
+    two values. Columns in ``left`` are left-aligned, the rest right-aligned."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    def text(v) -> str:
+        return "-" if v is None else ", ".join(map(str, v)) if isinstance(v, (list, dict)) else str(v)
+
+    cells = [[text(v) for v in r.values()] for r in rows]
+    t = Table(title=title, box=box.SIMPLE_HEAD)
+    for i, col in enumerate(rows[0]):
+        t.add_column(col, justify="left" if col in left else "right", no_wrap=True,
+                     min_width=max(len(col), *(len(c[i]) for c in cells)))
+    for c in cells:
+        t.add_row(*c)
+    con = Console(width=1000, soft_wrap=True)
+    con.print(t)
+    if footer:
+        con.print(footer)

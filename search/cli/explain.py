@@ -36,6 +36,7 @@ from ..plan_settings import FRAMEWORKS
 from ..precision import PRECISIONS
 from ..training import TrainingSpec
 from ..text import shape as stage_shape
+from ..throughput import Throughput
 from .common import add_calibration_arg, add_cluster_args, add_megatron_version_arg, calibrated, print_json
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "grad_copy", "reserve")
@@ -161,7 +162,8 @@ def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_b
             "features": features or {},
             "micro_batch_size": micro_batch_size, "global_batch_size": global_batch_size,
             "iteration_time_ms": cost.iteration_ms, "samples_per_s": cost.samples_per_s,
-            "bubble_ms": cost.pipeline.bubble_ms, "tflops_per_gpu": cost.tflops_per_gpu, "mfu": cost.mfu,
+            "bubble_ms": cost.pipeline.bubble_ms, "tokens_per_s_per_gpu": cost.tokens_per_s_per_gpu,
+            "tflops_per_gpu": cost.tflops_per_gpu, "mfu": cost.mfu,
             "max_memory_mib": cost.max_memory_mb, "memory_limit_mib": cost.memory_limit_mb, "fits": bool(cost.fits),
             "bottleneck_stage": cost.bottleneck_stage, "bottleneck_resource": cost.bottleneck_resource,
             "warnings": list(cost.warnings), "stages": stages}
@@ -339,8 +341,7 @@ def _print_table(r: dict, units: str = "half layers") -> None:
     con.print(t)
     _print_comm(con, r)
     con.print(f"iteration {r['iteration_time_ms']:.1f} ms (bubble {r['bubble_ms']:.1f} ms), "
-              f"{r['samples_per_s']:.2f} samples/s, {r['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU "
-              f"{100 * r['mfu']:.1f}%")
+              + Throughput(r["samples_per_s"], r["tokens_per_s_per_gpu"], r["tflops_per_gpu"], r["mfu"]).text())
     if r.get("settings"):
         con.print(f"priced as {r['settings']['text']}")
     fit = ("fits" if r.get("within_headroom", True) else "fits, INSIDE THE HEADROOM") if r["fits"] else "DOES NOT FIT"

@@ -11,7 +11,7 @@ from ..argtypes import positive_int
 from ..errors import AcesoError
 from ..moe_params import counts
 from ..presets import load_model, spec_text
-from .common import print_json, write_output
+from .common import print_json, print_rows, write_output
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,13 +53,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
         return 0
-    from rich.console import Console
-    from rich.table import Table
-    t = Table(title="built-in models (--num-layers overrides the depth; active_b: parameters a token runs "
-                    "through, experts: routed top-k/all)")
-    for col in rows[0]:
-        t.add_column(col, justify="left" if col in ("name", "family", "aceso_db_key") else "right")
-    for r in rows:
-        t.add_row(*(str(r[c]) if r[c] is not None else "-" for c in r))
-    Console(width=max(Console().width, 130)).print(t)
+    print_rows("built-in models (--num-layers overrides the depth; active_b: parameters a token runs through, "
+               "experts: routed top-k/all)", rows, left=("name", "family", "aceso_db_key"))
     return 0

@@ -63,6 +63,21 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                    help="allowed numbers of pipeline stages (default: all)")
     p.add_argument("--seq-length", type=positive_int, default=None, help="override the model's sequence length "
                    "(T5: the encoder's)")
+    moe = p.add_argument_group("MoE models", "Every stage's expert shape ep x etp is searched (etp 1 or the "
+                               "stage's tp, ep\nany divisor of the experts and of the stage's GPUs / etp), and one "
+                               "token dispatcher\nfor the whole plan (its finalists priced under each); these "
+                               "options narrow that\n(docs/search.md, 'MoE').")
+    moe.add_argument("--ep", type=positive_int, nargs="+", default=None, dest="expert_parallel_sizes", metavar="EP",
+                     help="allowed expert-parallel degrees (each must divide the model's experts)")
+    moe.add_argument("--max-ep", type=positive_int, default=None, dest="max_expert_parallel", metavar="EP",
+                     help="largest expert-parallel degree allowed")
+    moe.add_argument("--etp", type=positive_int, nargs="+", default=None, dest="expert_tensor_parallel_sizes",
+                     metavar="ETP", help="allowed expert tensor-parallel degrees (1, or a stage's tp)")
+    moe.add_argument("--dispatcher", choices=("alltoall", "allgather", "flex"), nargs="+", default=None,
+                     dest="token_dispatchers",
+                     help="token dispatchers the plan may use, the first searched under (default: alltoall, then "
+                          "allgather and, on GPUs, flex = DeepEP / HybridEP); --dispatcher alltoall allgather keeps "
+                          "DeepEP and HybridEP out")
     p.add_argument("--distributed-optimizer", choices=tuple(SWITCH), default="auto",
                    help="shard optimizer states over DP: auto (searched, default), on, off")
     p.add_argument("--overlap", choices=tuple(SWITCH), default="auto",
@@ -121,7 +136,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", default=None, help="write the best plan (ParallelPlan JSON) here; - = stdout")
 
 
-def training_from_args(args, model):
+def default_precision(args, model, gpu) -> str:
+    """``--precision``, else the model's params_dtype; a bf16 model on a GPU without bf16 (V100) plans in fp16,
+    with a note (an explicit ``--precision bf16`` there is refused by ``precision.check``)."""
+    if args.precision:
+        return args.precision
+    from ..precision import plain_dtype
+    if model.params_dtype == "bf16" and plain_dtype(gpu) != "bf16":
+        print(f"aceso {getattr(args, 'command', None) or 'search'}: note: {model.name} is a bf16 model and the "
+              f"{gpu.name} has no bf16: planning fp16 (--precision sets it)", file=sys.stderr)
+        return plain_dtype(gpu)
+    return model.params_dtype
+
+
+def training_from_args(args, model, gpu=None):
     import pydantic
 
     from ..errors import format_validation_error
@@ -139,7 +167,8 @@ def training_from_args(args, model):
                              "degree is left; raise --max-tp or add a smaller --tp")
     try:
         return TrainingSpec(global_batch_size=args.global_batch_size, micro_batch_sizes=args.micro_batch_sizes,
-                            precision=args.precision or model.params_dtype, attention=args.attention,
+                            precision=default_precision(args, model, gpu) if gpu else args.precision or
+                            model.params_dtype, attention=args.attention,
                             fp8_param_gather=args.fp8_param_gather, bf16_layers_start=args.bf16_layers[0],
                             bf16_layers_end=args.bf16_layers[1],
                             sequence_parallel=SWITCH[args.sequence_parallel],
@@ -149,9 +178,18 @@ def training_from_args(args, model):
                             tp_comm_overlap=args.tp_comm_overlap, context_parallel_sizes=cps,
                             virtual_stages=args.virtual_stages, tensor_parallel_sizes=tps,
                             pipeline_parallel_sizes=args.pp, megatron_fsdp=SWITCH[args.megatron_fsdp],
+                            expert_parallel_sizes=args.expert_parallel_sizes,
+                            max_expert_parallel=args.max_expert_parallel,
+                            expert_tensor_parallel_sizes=args.expert_tensor_parallel_sizes,
+                            token_dispatchers=_unique(args.token_dispatchers),
                             activation_offload=SWITCH[args.activation_offload])
     except pydantic.ValidationError as e:
         raise AcesoError(format_validation_error(e)) from None
+
+
+def _unique(values):
+    """``values`` without repeats, in order (None stays None)."""
+    return None if values is None else list(dict.fromkeys(values))
 
 
 def settings_from_args(args, training):
@@ -185,13 +223,17 @@ def with_seq_length(model, n: int | None):
         raise AcesoError(f"--seq-length {n}: " + format_validation_error(e)) from None
 
 
-def setup(args):
+def setup(args, runtime: bool = False):
     """model, cluster, training, cost model from the shared arguments; says once on stderr which stage shapes
-    the cost model does not cover (aceso-compat: unprofiled (per-GPU batch, tp) files), which plans then skip."""
-    from ..planner.api import build_cost_model, describe_dropped, search_space
+    the cost model does not cover (aceso-compat: unprofiled (per-GPU batch, tp) files), which plans then skip.
+    ``runtime``: the plan is for the aceso runtime (``api.runtime_training``: no Megatron FSDP or activation
+    offload), in the training spec the cost model carries too."""
+    from ..planner.api import build_cost_model, describe_dropped, runtime_training, search_space
     model = with_seq_length(model_from_args(args), args.seq_length)
     cluster = cluster_from_args(args)
-    training = training_from_args(args, model)
+    training = training_from_args(args, model, cluster.gpu)
+    if runtime:
+        training = runtime_training(training)
     cm = build_cost_model(model, cluster, training, args.cost_model, args.db, settings_from_args(args, training))
     if args.cost_model != "aceso-compat":     # (compat keeps the reference planner's own limit)
         from ..costmodel.memory import memory_budget_mb

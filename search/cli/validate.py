@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
             raise AcesoError(
                 f"{args.plan}: stages[{worst}] needs {mem[worst]:.0f} MiB per GPU (analytic cost model, "
                 f"--attention {attention}) but {cluster.label} allows {limit:.0f} MiB; search the plan again for "
-                "this cluster, or raise --memory-limit-mib if the GPUs have more")
+                "this cluster" + (f", or raise --memory-limit-mib (the {cluster.gpu.name} has {gpu_mb:.0f} MiB)"
+                                  if mem[worst] <= (gpu_mb := cluster.gpu.memory_gib * 1024) else ""))
         verdict = headroom_verdict(mem[worst], limit, args.memory_headroom)
         if verdict:
             raise AcesoError(f"{args.plan}: stages[{worst}] {verdict} (analytic cost model, --attention {attention})")

@@ -28,6 +28,7 @@ from ..errors import AcesoError
 from ..model import ModelSpec
 from ..plan import ParallelPlan
 from ..training import TrainingSpec
+from ..throughput import tokens_per_sample
 from .db import IN, OUT, RB, RF, AcesoDB, A, B, F, W
 from .evaluate import evaluate_ref_config
 from .formulas import combine_memory, memory_fixed_terms, p2p_us, pipeline_1f1b, recompute_terms, shared_space_factors
@@ -263,7 +264,8 @@ class CompatCostModel:
         return PlanCost(iteration_ms=pipe.iteration_ms, samples_per_s=global_batch_size / seconds,
                         stages=stages, pipeline=pipe, max_memory_mb=max_mem, memory_limit_mb=self.memory_limit_mb,
                         fits=fits, bottleneck_stage=b, bottleneck_resource=resource, tflops_per_gpu=tflops,
-                        mfu=tflops / peak, cost_model=self.kind, warnings=[WARNING])
+                        mfu=tflops / peak, cost_model=self.kind, warnings=[WARNING],
+                        tokens_per_s_per_gpu=global_batch_size / seconds * tokens_per_sample(self.model) / world_size)
 
 
 @lru_cache(maxsize=16)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from ..cluster import ClusterSpec
 from ..errors import AcesoError
 from ..model import ModelSpec
+from ..precision import check as check_precision
 from ..precision import is_low
 from ..training import TrainingSpec
 from .comm import CommModel
@@ -31,12 +32,17 @@ def make_cost_model(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                     db=None, *, settings: RunSettings | None = None, kernels: str = "shape"):
     """A cost model of ``kind``; ``db`` is the profile database folder/file (profile, aceso-compat)."""
     from ..moe import refuse_unpriced
+    if kind not in KINDS:
+        raise AcesoError(f"cost model '{kind}': choose one of {', '.join(KINDS)}")
     if kind == "aceso-compat":  # MoE / MLA / MTP: the analytic model prices them (moe_cost.py, mla_mtp.py)
         refuse_unpriced(model, f"the {kind} cost model does not price them; use --cost-model analytic")
     if kind == "profile" and (model.mla is not None or model.mtp_num_layers):   # MoE: the database's moe rows
         refuse_unpriced(model.model_copy(update={"moe": None}), "the profile cost model does not price them "
                         "(the profiler measures MoE layers, not MLA or MTP); use --cost-model analytic")
     refuse_unpriced(model)      # what the analytic model does not price either (search.moe.unpriced_features)
+    why = check_precision(training.precision, cluster.gpu)    # every kind: bf16 on a V100 is no fp16 run
+    if why:
+        raise AcesoError(why)
     if kind != "analytic" and is_low(training.precision):
         raise AcesoError(f"--cost-model {kind}: precision {training.precision} is priced by the analytic cost model "
                          "only (its FP8/FP4 GEMMs are not profiled); use --cost-model analytic")

@@ -61,7 +61,7 @@ from .memory import (LOSS_KEPT_BYTES, MB, attention_act_bytes, embedding_params_
                      unit_params_per_rank)
 from ..moe_plan import MoEPlanSettings
 from .mla_mtp import mla_act_bytes, mla_attention, mla_params_per_rank, mtp_unit
-from .moe_cost import host_bound_layers, moe_unit
+from .moe_cost import host_bound_layers, imbalance_note, moe_unit
 from .tpcomm import TPComm, tp_half
 from .types import N_RC, UNAVAILABLE_MS, RunSettings, UnitTable
 
@@ -101,6 +101,12 @@ class AnalyticSource:
         self.model, self.cluster, self.training, self.comm = model, cluster, training, comm
         self.settings = settings or RunSettings()
         self.dt = 4.0 if training.dtype == "fp32" else 2.0
+        why = lowp.check(training.precision, cluster.gpu, training.fp8_param_gather, training.bf16_layers_start,
+                         training.bf16_layers_end, model.num_layers)
+        if model.is_t5 and lowp.is_low(training.precision):
+            why = f"precision {training.precision}: low precision is priced for GPT models (T5 trains in bf16 here)"
+        if why:
+            raise AcesoError(why)
         self.peak = cluster.gpu.peak_tflops(training.dtype) * 1e9   # FLOP per ms
         self.hbm = cluster.gpu.hbm_gbps * 1e6                           # bytes per ms
         self.kern = KERNEL_MODELS[kernels](cluster.gpu.name, self.peak, self.hbm, self.dt)
@@ -109,12 +115,6 @@ class AnalyticSource:
         self.lp = training.precision          # the recipe (search/precision.py); bf16/fp16/fp32: no quantization
         self.kern_lp = self.kern
         if lowp.is_low(self.lp):
-            why = lowp.check(self.lp, cluster.gpu, training.fp8_param_gather, training.bf16_layers_start,
-                             training.bf16_layers_end, model.num_layers)
-            if model.is_t5:
-                why = f"precision {self.lp}: low precision is priced for GPT models (T5 trains in bf16 here)"
-            if why:
-                raise AcesoError(why)
             peak = cluster.gpu.peak_tflops(lowp.recipe(self.lp).gemm) * 1e9
             self.kern_lp = lowprec_kernels(kernels, cluster.gpu.name, peak, self.hbm, lowp.per_elem(self.lp),
                                            self.lp)
@@ -126,8 +126,9 @@ class AnalyticSource:
         self._sms = ARCH.get(cluster.gpu.name, ARCH["a100"]).sms
         self._tax = overlap_tax(cluster.gpu.name) if self.settings.overlap_tp_dgrad else 0.0
         self._tax_cp = overlap_tax(cluster.gpu.name)
-        note = analytic_note(model)     # a custom layer_spec and megatron fields it does not price
-        self.warnings: list[str] = [note] if note else []
+        notes = (analytic_note(model),  # a custom layer_spec and megatron fields it does not price
+                 imbalance_note(model))  # learned MoE routing priced as even
+        self.warnings: list[str] = [n for n in notes if n]
 
     # ----- communication ------------------------------------------------------------------------------------------
     def _tp_ar(self, b: float, s: int, t: int) -> float:

@@ -54,6 +54,7 @@ from ..errors import AcesoError
 from ..model import ModelSpec
 from ..training import TrainingSpec
 from ..moe_plan import moe_settings
+from ..throughput import throughput
 from .comm import CommModel, overlap_tax, overlapped
 from .kernels import GENERATION
 from .memory import (FRAGMENTATION, MB, RESERVE_MB, grad_copy_bytes, in_flight_per_chunk,
@@ -674,15 +675,13 @@ class CostModel:
                 warnings.append(f"stage {i} needs {s.memory_mb:.0f} MiB per GPU, {over:.0f} MiB over the "
                                 f"{self.memory_limit_mb:.0f} MiB limit")
         worst = max(range(len(stages)), key=lambda i: mem[i] - self.memory_limit_mb) if not fits else pipe.bottleneck
-        flops = self.model.training_flops_per_sample() * global_batch_size
-        tflops = flops / (it / 1e3) / num_gpus / 1e12 if it > 0 else 0.0
-        peak = self.cluster.gpu.peak_tflops(self.training.dtype)
-        return PlanCost(iteration_ms=it, samples_per_s=global_batch_size / (it / 1e3) if it > 0 else 0.0,
+        t = throughput(self.model, global_batch_size, it, num_gpus, self.cluster.gpu.peak_tflops(self.training.dtype))
+        return PlanCost(iteration_ms=it, samples_per_s=t.samples_per_s,
                         stages=stages, pipeline=pipe, max_memory_mb=max(mem), memory_limit_mb=self.memory_limit_mb,
                         fits=fits, bottleneck_stage=worst,
                         bottleneck_resource="memory" if not fits else classify(stages[worst]),
-                        tflops_per_gpu=tflops, mfu=tflops / peak if peak else 0.0, cost_model=self.kind,
-                        warnings=warnings)
+                        tflops_per_gpu=t.tflops_per_gpu, mfu=t.mfu or 0.0, cost_model=self.kind,
+                        warnings=warnings, tokens_per_s_per_gpu=t.tokens_per_s_per_gpu)
 
     def _check_plan(self, plan) -> None:
         if plan.model != self.model:

@@ -139,6 +139,11 @@ GENERATION = {"h100": "hopper", "h200": "hopper", "b200": "blackwell", "gb200": 
               "gb300": "blackwell"}
 
 
+def has_flash(gpu: str) -> bool:
+    """Whether ``gpu`` runs flash attention (sm80+: A100 and newer); ``ShapeKernels.has_flash``."""
+    return ARCH.get(gpu, ARCH["a100"]).attn_fwd > 0
+
+
 class FlatKernels:
     """v1: ``max(flops / (peak eff), bytes / (hbm mem)) + LAUNCH_MS`` per kernel group, efficiencies per GPU."""
 

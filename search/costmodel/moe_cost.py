@@ -165,6 +165,18 @@ def imbalance(model) -> float:
     return min(f, e.moe_expert_capacity_factor) if e.moe_expert_capacity_factor else f
 
 
+def imbalance_note(model) -> str | None:
+    """One line when learned routing is priced as even (``moe_imbalance_factor`` 1, no capacity to bound it): the
+    published learned-routing twins of force-balanced runs measured 4-20% lower throughput (docs/moe.md)."""
+    e = model.moe
+    if e is None or e.moe_router_force_load_balancing or e.moe_imbalance_factor != 1.0 or \
+            e.moe_expert_capacity_factor is not None:
+        return None
+    return ("MoE routing is learned and priced as evenly balanced (moe.moe_imbalance_factor 1); published "
+            "learned-routing runs measured 4-20% below their force-balanced twins: set moe_imbalance_factor in a spec "
+            "to price your router's imbalance (docs/moe.md, 'Routing and load balance')")
+
+
 def ep_members(cluster, ep: int, etp: int) -> int:
     """EP group members per node (stride etp inside a node-aligned stage)."""
     return min(ep, max(1, cluster.nvlink_size // max(etp, 1)))

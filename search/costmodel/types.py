@@ -271,3 +271,4 @@ class PlanCost:
     mfu: float = 0.0
     cost_model: str = "analytic"
     warnings: list[str] = field(default_factory=list)
+    tokens_per_s_per_gpu: float = 0.0     # search.throughput: global batch x tokens per sample / time / GPUs

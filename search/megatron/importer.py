@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..cluster import ClusterSpec
+from ..costmodel.kernels import has_flash
 from ..errors import AcesoError
 from ..plan import ParallelPlan
 from .build import plan_from_config
@@ -74,5 +75,9 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
         cfg = config_from_flags(flags, next(iter(sizes.values())), t5, notes, vocab_size)
     except AcesoError as e:
         raise AcesoError(f"{source}: {e}") from None
+    if cluster is not None and cfg.attention == "flash" and not has_flash(cluster.gpu.name):
+        raise AcesoError(f"{source}: --transformer-impl transformer_engine (Megatron-LM's default) runs flash "
+                         f"attention, which the {cluster.gpu.name} has not (it needs sm80+, an A100 or newer); add "
+                         "--transformer-impl local (megatron-core's unfused attention)")
     plan = plan_from_config(cfg, cluster=cluster, source=source)
     return Imported(plan, cfg, notes, flags.ignored, rel, flags)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import re
 
+from .. import model_rules
 from ..errors import AcesoError
 from ..moe_plan import MoEPlanSettings
 
@@ -135,15 +136,14 @@ def moe_model_fields(f, num_layers: int, ffn: int, pos: str, notes: list[str]) -
             moe[name] = f.has(flag)
         moe.update(layer_freq(f.get("--moe-layer-freq", "1"), num_layers))
         moe["moe_aux_loss_coeff"] = _aux_loss(f, notes)
-        if moe["moe_router_topk"] == 1 and moe.get("moe_router_score_function", "softmax") == "softmax" and not (
-                f.has("--moe-router-pre-softmax") or "sinkhorn" in (f.get("--moe-router-load-balancing-type") or [])):
-            raise AcesoError("--moe-router-topk 1 with the softmax router needs --moe-router-pre-softmax "
-                             "(megatron-core's TransformerConfig raises)")
         out["moe"] = moe
     else:
         given = [x for x in MODEL_ONLY if f.has(x)]
         if given:
             notes.append(f"{' '.join(given)} without --num-experts: Megatron-LM builds a dense model")
+    why = model_rules.refusal(_rule_fields(f, out.get("moe"), pos), model_rules.flag_name)
+    if why:             # the rules the model check applies again, here with the flags the spec cannot hold
+        raise AcesoError(why)
     if f.has("--multi-latent-attention"):
         if f.has("--group-query-attention"):
             raise AcesoError("--multi-latent-attention with --group-query-attention: Megatron-LM asserts they are "
@@ -151,13 +151,23 @@ def moe_model_fields(f, num_layers: int, ffn: int, pos: str, notes: list[str]) -
         out["mla"] = {name: f.value(flag) for name, flag, _ in MLA_FLAGS}
     mtp = f.get("--mtp-num-layers")
     if mtp:
-        if pos != "rope":
-            raise AcesoError(f"--mtp-num-layers with --position-embedding-type {pos}: Megatron-LM supports MTP with "
-                             "rope (or none) only")
         out["mtp_num_layers"] = mtp
     if f.has("--qk-layernorm"):
         out["megatron"] = {"qk_layernorm": True}
     return out
+
+
+def _rule_fields(f, moe: dict | None, pos: str) -> dict:
+    """What ``search.model_rules`` reads, from the flags: the MoE fields as read, and what a spec cannot hold (the
+    load-balancing types, --moe-router-pre-softmax, --group-query-attention, --rotary-interleaved)."""
+    return {**({"num_moe_experts": moe["num_experts"], **{k: v for k, v in moe.items() if k != "num_experts"},
+                "moe_router_pre_softmax": f.has("--moe-router-pre-softmax"),
+                "moe_router_load_balancing_type": f.get("--moe-router-load-balancing-type") or ["aux_loss"]}
+               if moe else {}),
+            "multi_latent_attention": f.has("--multi-latent-attention"),
+            "group_query_attention": f.has("--group-query-attention"),
+            "rotary_interleaved": "--rotary-interleaved" in f.ignored,     # read by nothing else
+            "mtp_num_layers": f.get("--mtp-num-layers"), "position_embedding_type": pos}
 
 
 def moe_plan_fields(f, model, notes: list[str]) -> tuple[int, int | None, MoEPlanSettings | None]:

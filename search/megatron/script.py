@@ -23,6 +23,7 @@ from .config import MegatronConfig
 from .versions import Release, having, release
 from ..fsdp import describe as fsdp_describe
 from ..plan_settings import describe
+from ..throughput import throughput
 from .names import grad_reduce_args, megatron_lm_args, tokenizer_args
 
 TRAINING_PLACEHOLDER = ("--train-iters 100 --lr 1.0e-4 --min-lr 1.0e-5 --lr-decay-style cosine --lr-warmup-iters 10 "
@@ -108,9 +109,10 @@ def header(plan: ParallelPlan, c: MegatronConfig, source: str, rel: Release) -> 
     else:
         att = f", {p.attention} attention" if p.attention else ""
         limit = f" of {cl.memory_mb / 1024:.2f}" if cl else ""
+        t = throughput(plan.model, plan.global_batch_size, p.iteration_time_ms, plan.world_size)
         lines.append(f"predicted ({p.cost_model} cost model{att}): {p.iteration_time_ms:.1f} ms per iteration, "
-                     f"{p.samples_per_s:.2f} samples/s; peak memory {max(p.stage_memory_mb) / 1024:.2f}{limit} GiB "
-                     "per GPU")
+                     f"{p.samples_per_s:.2f} samples/s, {t.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; peak memory "
+                     f"{max(p.stage_memory_mb) / 1024:.2f}{limit} GiB per GPU")
     return lines
 
 

@@ -13,22 +13,25 @@ node across the network, fanned out over NVLink, at the kernels' benchmarked ban
 so it wins where the EP group spans nodes and loses inside an NVLink domain on Blackwell, where the benchmarked
 HybridEP bandwidth (0.49 of NVLink) is below NCCL's.
 
-Candidates (``candidates``): flex (DeepEP / HybridEP) needs CUDA, so not on a ``cpu`` cluster; the overlaps of the
+Candidates (``candidates``): ``--dispatcher`` (``TrainingSpec.token_dispatchers``) keeps the ones it names, the first
+the one the search runs under (``--dispatcher alltoall allgather`` keeps DeepEP and HybridEP out); flex (DeepEP /
+HybridEP) needs CUDA, so not on a ``cpu`` cluster; the overlaps of the
 base settings rule out what megatron-core refuses with them (``moe_plan.check_moe_settings``):
 ``shared_expert_overlap`` keeps alltoall, ``overlap_ep_comm`` excludes allgather.
 """
 
 from __future__ import annotations
 
-from ..moe_plan import MoEPlanSettings
+from ..moe_plan import MoEPlanSettings, dispatcher_settings
 from .state import Evaluation, Evaluator
 
 DISPATCHERS = ("alltoall", "allgather", "flex")
 
 
-def candidates(model, cluster, base: MoEPlanSettings | None = None) -> list[MoEPlanSettings]:
+def candidates(model, cluster, base: MoEPlanSettings | None = None, allowed=None) -> list[MoEPlanSettings]:
     """The MoE settings to price a plan of ``model`` on ``cluster`` under: ``base`` (None: the defaults) first,
-    then ``base`` with each other dispatcher megatron-core runs there; empty for a dense model."""
+    then ``base`` with each other dispatcher megatron-core runs there (and ``allowed`` keeps: --dispatcher); empty
+    for a dense model."""
     if model.moe is None:
         return []
     base = base or MoEPlanSettings()
@@ -36,11 +39,11 @@ def candidates(model, cluster, base: MoEPlanSettings | None = None) -> list[MoEP
     for d in DISPATCHERS:
         if d == base.token_dispatcher or (d == "flex" and cluster.gpu.name == "cpu"):
             continue
+        if allowed is not None and d not in allowed:
+            continue
         if (base.shared_expert_overlap and d != "alltoall") or (base.overlap_ep_comm and d == "allgather"):
             continue
-        backend = ("hybridep" if model.moe.moe_pad_expert_input_to_capacity else base.flex_backend) \
-            if d == "flex" else "deepep"       # megatron-core pads expert input with HybridEP only
-        out.append(base.model_copy(update={"token_dispatcher": d, "flex_backend": backend}))
+        out.append(dispatcher_settings(model, d, base))
     return out
 
 
@@ -52,7 +55,8 @@ class Dispatchers:
         export's ``expressible``); None: any fitting variant."""
         self.base = base
         self.accept = accept
-        cands = candidates(cm.model, cm.cluster, base)
+        cands = candidates(cm.model, cm.cluster, base, getattr(getattr(cm, "training", None), "token_dispatchers",
+                                                                None))
         self.evaluators = [Evaluator(cm, gbs, None, target, s) for s in cands[1:]]
 
     def best(self, e: Evaluation) -> Evaluation:

@@ -6,6 +6,7 @@ has megatron-core 0.16.1's rules; this module enumerates what they allow). Candi
 * ``etp`` in {1, tp}: megatron-core's default is the attention tp (``expert_tensor_parallel_size`` unset), the
   published runs use 1; ``etp`` must divide the expert widths, and linear biases allow only 1;
 * ``ep``: every divisor of ``num_experts`` that divides ``num_gpus / etp``;
+* the user's limits (``--ep``, ``--max-ep``, ``--etp``: ``constraints.expert_limits``) keep only those degrees;
 * a cost model that prices only measured expert shapes (the profile model: ``ProfileSource.expert_shapes``, the
   (tp, ep, etp) of the database's moe rows under the plan's dispatcher, docs/profile-db.md) restricts both to those
   (``measured``), so the search never proposes a shape the cost model refuses.
@@ -32,34 +33,45 @@ class ExpertSpace:
     widths: tuple[int, ...]     # moe_ffn_hidden_size and the shared expert's width: etp must divide them
     etp_tp: bool = True         # False with linear biases (megatron-core: MoE biases only with etp 1)
     measured: frozenset[tuple[int, int, int]] | None = None   # (tp, ep, etp degree) the cost model prices; None: all
+    allowed_eps: frozenset[int] | None = None     # --ep (None: any)
+    max_ep: int | None = None                     # --max-ep (None: no bound)
+    allowed_etps: frozenset[int] | None = None    # --etp degrees (None: 1 and tp)
 
     @classmethod
-    def of(cls, model, measured=None, dispatcher: str = "alltoall") -> "ExpertSpace | None":
+    def of(cls, model, measured=None, dispatcher: str = "alltoall", eps=None, max_ep=None,
+           etps=None) -> "ExpertSpace | None":
         """``measured``: the (tp, ep, etp degree, dispatcher) the cost model prices (None: every shape); only those
-        of ``dispatcher`` (the plan's, under which the search runs) are kept."""
+        of ``dispatcher`` (the plan's, under which the search runs) are kept. ``eps`` / ``max_ep`` / ``etps``: the
+        user's limits (``constraints.expert_limits``: --ep, --max-ep, --etp)."""
         moe = model.moe
         if moe is None:
             return None
         widths = (moe.moe_ffn_hidden_size,) + ((moe.moe_shared_expert_intermediate_size,)
                                                if moe.moe_shared_expert_intermediate_size else ())
         keep = None if measured is None else frozenset((t, e, x) for t, e, x, d in measured if d == dispatcher)
-        return cls(moe.num_experts, widths, not model.add_bias_linear, keep)
+        return cls(moe.num_experts, widths, not model.add_bias_linear, keep, eps, max_ep, etps)
 
     def etps(self, tp: int) -> tuple[int, ...]:
         """The etp codes a stage of this tp may take (0 = tp, 1 = etp 1 under tp > 1), megatron-core's default
-        first; with ``measured``, only codes some measured shape at this tp has."""
+        first; with ``measured``, only codes some measured shape at this tp has; with ``allowed_etps``, only codes
+        of those degrees."""
         out = [0] if tp == 1 or (self.etp_tp and all(w % tp == 0 for w in self.widths)) else []
         out += [1] if tp > 1 else []
         if self.measured is not None:
             out = [c for c in out if any(t == tp and x == (c or tp) for t, _, x in self.measured)]
+        if self.allowed_etps is not None:
+            out = [c for c in out if (c or tp) in self.allowed_etps]
         return tuple(out)
 
     def eps(self, num_gpus: int, etp: int, tp: int) -> tuple[int, ...]:
         """Every ep of ``num_gpus`` GPUs at expert tp ``etp`` (a degree, not a code) under attention tp ``tp``,
-        ascending (with ``measured``: the measured ones)."""
+        ascending (with ``measured``: the measured ones; within --ep / --max-ep)."""
         out = _common_divisors(num_gpus // etp if num_gpus % etp == 0 else 0, self.num_experts)
         if self.measured is not None:
             out = tuple(e for e in out if (tp, e, etp) in self.measured)
+        if self.allowed_eps is not None or self.max_ep is not None:
+            out = tuple(e for e in out if (self.allowed_eps is None or e in self.allowed_eps)
+                        and (self.max_ep is None or e <= self.max_ep))
         return out
 
     def options(self, s: Shape) -> list[tuple[int, int]]:

@@ -17,6 +17,7 @@ import sys
 from ..costmodel.types import RC
 from ..plan import span_text
 from ..text import shape
+from ..throughput import Throughput, throughput
 from .state import Evaluation
 from .state import to_plan as _to_plan
 
@@ -147,7 +148,8 @@ def summary(plan, ev: Evaluation, plans, result, cm, wall_s: float | None = None
     out = {"model": plan.model.name, "cluster": plan.cluster.label if plan.cluster else None,
            "cost_model": getattr(cm, "kind", "analytic"), "target": plans.target,
            "iteration_ms": round(ev.iteration_ms, 4),
-           "samples_per_s": round(plan.global_batch_size / ev.iteration_ms * 1000, 4),
+           **{k: round(v, 4) for k, v in plan_throughput(plan, ev.iteration_ms, cm)._asdict().items()
+              if v is not None},
            "micro_batch_size": plan.micro_batch_size, "num_stages": plan.num_stages,
            "num_virtual_stages": plan.num_virtual_stages, "stages": stage_rows(ev),
            "search_s": round(result.seconds, 3), **({"wall_s": round(wall_s, 3)} if wall_s is not None else {}),
@@ -188,8 +190,7 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None, wall_s: floa
                                 (f"megatron fsdp {f.fsdp}", f.fsdp),
                                 (f"offload {f.offload_layers} layers", f.offload_layers)) if on]
     con.print(f"virtual stages {ev.state.num_chunks}; " + (", ".join(switches) if switches else "no switches on"))
-    sps = plan.global_batch_size / ev.iteration_ms * 1000
-    con.print(f"predicted iteration {ev.iteration_ms:.2f} ms, {sps:.2f} samples/s")
+    con.print(f"predicted iteration {ev.iteration_ms:.2f} ms, {plan_throughput(plan, ev.iteration_ms, cm).text()}")
     lines = three_lines(plans)
     for key, label in LINES:
         x = lines[key]
@@ -203,16 +204,61 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None, wall_s: floa
               f"{units_text(plan.model)}; mbs/rank: Megatron's --micro-batch-size)")
 
 
+def plan_throughput(plan, iteration_ms: float, cm) -> Throughput:
+    """``search.throughput`` of ``plan`` at ``iteration_ms`` on its GPUs (MFU at the cost model's training dtype)."""
+    training = getattr(cm, "training", None)
+    peak = cm.cluster.gpu.peak_tflops(training.dtype) if training is not None and plan.cluster else None
+    return throughput(plan.model, plan.global_batch_size, iteration_ms, plan.world_size, peak)
+
+
 def infeasible_hint(best: Evaluation | None, cm, cluster, training, space) -> str:
     """One line: what would make the problem fit."""
-    limit = cm.memory_limit_mb
     if best is None:
         return (f"no valid plan for {space.num_units} units on {cluster.num_gpus} GPUs with per-rank micro-batch "
                 f"sizes {list(space.batches)}; check --micro-batch-sizes and the cluster")
-    need = best.max_memory_mb
-    hints = [f"needs at least {need:.0f} MiB per GPU (limit {limit:.0f} MiB): raise --memory-limit-mib to {need:.0f}"
-             if need != float("inf") else "no plan could be priced"]
-    hints.append(f"use more GPUs than {cluster.num_gpus}")
-    if min(space.batches) > 1:
-        hints.append("allow a smaller micro-batch (--micro-batch-sizes 1 ...)")
-    return "no plan fits in memory: it " + "; or ".join(hints)
+    if best.max_memory_mb == float("inf"):
+        return "no plan fits in memory: no plan could be priced"
+    return memory_fix("no plan fits in memory: the best plan found", best.max_memory_mb, cm, cluster, training,
+                      space.batches)
+
+
+def min_gpus(model, training, usable_mb: float) -> int:
+    """A lower bound on the GPUs ``model`` needs: its weights, gradients and optimizer states
+    (``memory.state_bytes_per_param``, 16 bytes per parameter in bf16 / fp16 with Adam; 1-byte weights with
+    ``--fp8-param-gather``) sharded over every GPU with nothing replicated (Megatron FSDP's optim_grads_params),
+    within ``usable_mb`` per GPU; activations come on top."""
+    import math
+
+    from ..costmodel.memory import MB, state_bytes_per_param
+    from ..precision import base_dtype
+    w, g, o = state_bytes_per_param(base_dtype(training.precision), False, 1)
+    w = 1.0 if getattr(training, "fp8_param_gather", False) else w
+    return max(1, math.ceil(model.num_parameters * (w + g + o) / (usable_mb * MB)))
+
+
+def memory_fix(what: str, need_mb: float, cm, cluster, training, batches) -> str:
+    """One line for a search or baseline where nothing fits: ``what`` needs ``need_mb`` per GPU. Over the GPU's own
+    memory (under the headroom), raising ``--memory-limit-mib`` cannot help: the line says the model does not fit
+    on this many GPUs and how many it needs at least (``min_gpus``), as a cluster string to try."""
+    import math
+
+    from ..costmodel.memory import RESERVE_MB
+    budget = cm.memory_limit_mb
+    share = budget / cluster.memory_mb                      # 1 - the headroom the budget keeps free
+    gpu_mb = cluster.gpu.memory_gib * 1024
+    head = f"{what} needs {need_mb:.0f} MiB per GPU (budget {budget:.0f} MiB)"
+    small = "; or allow a smaller micro-batch (--micro-batch-sizes 1 ...)" if min(batches) > 1 else ""
+    if need_mb <= gpu_mb * share:                           # a --memory-limit-mib below the GPU binds
+        return f"{head}: raise --memory-limit-mib to {math.ceil(need_mb / share)} (the {cluster.gpu.name} has " \
+               f"{gpu_mb:.0f} MiB){small}"
+    model, n = cm.model, cluster.num_gpus
+    need_gpus = min_gpus(model, training, gpu_mb * share - RESERVE_MB)
+    if need_gpus <= n:
+        return (f"{head}, more than a {cluster.gpu.name} has ({gpu_mb:.0f} MiB): use more GPUs than {n} "
+                f"(activations, not model states, are what does not fit){small}")
+    gpn = cluster.gpus_per_node
+    nodes = math.ceil(need_gpus / gpn)
+    return (f"{head}: {model.name} does not fit on {n} {cluster.gpu.name} GPU{'s' if n > 1 else ''} ({gpu_mb:.0f} MiB "
+            f"each); its "
+            f"{model.num_parameters / 1e9:.1f}B parameters' weights, gradients and optimizer states alone need at "
+            f"least {need_gpus} GPUs: try --cluster {nodes}x{gpn}-{cluster.gpu.name} or more")

@@ -42,7 +42,7 @@ from ..costmodel.types import Features, Shape
 from ..errors import AcesoError
 from ..fsdp import one_rank_group, pipeline_refusal
 from ..layer_variants import offset_blocks_cp
-from ..moe_plan import overlap_ep_refusal
+from ..moe_plan import dispatcher_settings, overlap_ep_refusal
 from ..training import MAX_VIRTUAL
 from . import constraints
 from .experts import ExpertSpace
@@ -193,7 +193,10 @@ class Space:
         sps = _switch(training, "sequence_parallel", priced, "sequence-parallel")
         if training.tp_comm_overlap:
             sps = (True,)       # TE's TP overlap needs sequence parallelism on every tp > 1 stage
-        experts = ExpertSpace.of(model, expert_shapes, getattr(moe, "token_dispatcher", "alltoall"))
+        if moe is None and model.moe is not None and training.token_dispatchers:
+            moe = dispatcher_settings(model, training.token_dispatchers[0])   # --dispatcher: the first
+        experts = ExpertSpace.of(model, expert_shapes, getattr(moe, "token_dispatcher", "alltoall"),
+                                 **constraints.expert_limits(model, cluster, training, tps))
         if experts is not None and True in sps:
             sps = (True,)       # MoE + TP needs sequence parallelism (moe_plan.check_expert_shape)
         seqs = (model.seq_length,) + ((model.decoder_seq_length,) if model.is_t5 else ())

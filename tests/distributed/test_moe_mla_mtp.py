@@ -7,8 +7,8 @@ Each plan as in ``test_plans.py`` (its ``compare``): loss and every gradient aft
 tp2 + SP on the second (the RoPE key's gradient summed over TP: ``patches.mla_mtp_tp_group``); two MTP layers on
 the last stage (pp2, dp2 there: the MTP block's embedding copy summed with stage 0's); a DeepSeek-V3-like tiny
 model (MLA everywhere, the first layer dense, the rest MoE with a shared expert, one MTP layer) with the dense
-layer on stage 0 and the MoE layers and the MTP block on stage 1 (tp2 + SP, ep2); a tied GPT (learned positions)
-with an MTP layer, whose last stage's output layer uses its embedding copy.
+layer on stage 0 and the MoE layers and the MTP block on stage 1 (tp2 + SP, ep2); a tied GPT (RoPE: Megatron-LM
+refuses MTP with learned positions) with an MTP layer, whose last stage's output layer uses its embedding copy.
 
 The control runs the MLA plan with megatron-core's own gather of MLA's ``kv_combined`` (the other TP rank's share
 of the RoPE key's gradient lost) and must fail on ``linear_kv_down_proj``. Routing is deterministic as in
@@ -31,7 +31,8 @@ DEEPSEEK = LLAMA.model_copy(update={
     "name": "tiny-deepseek", "num_layers": 3, "mla": MLA, "num_query_groups": None, "mtp_num_layers": 1, "megatron": {"qk_layernorm": True},
     "moe": MoESpec(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32, first_k_dense_layers=1,
                    moe_shared_expert_intermediate_size=16)})
-GPT_MTP = GPT.model_copy(update={"name": "tiny-gpt-mtp", "mtp_num_layers": 1})
+# rope: Megatron-LM's validate_args refuses MTP with learned absolute positions (search.model_rules)
+GPT_MTP = GPT.model_copy(update={"name": "tiny-gpt-mtp", "mtp_num_layers": 1, "position_embedding": "rope"})
 
 
 def st(tp, dp, lo, hi, ep=1, sp=False):
@@ -52,7 +53,7 @@ PLANS = {
     "2 MTP layers on the last stage (pp2, dp2 there)": plan(MTP_LLAMA, st(1, 1, 0, 2), st(1, 2, 2, 6)),
     "DeepSeek-like: dense MLA layer | MoE MLA layers + MTP on tp2 + SP, ep2": plan(
         DEEPSEEK, st(1, 1, 0, 2), st(2, 1, 2, 7, ep=2, sp=True)),
-    "gpt tied, learned positions, MTP on the last stage (tp2)": plan(GPT_MTP, st(1, 1, 0, 2), st(2, 1, 2, 5)),
+    "gpt tied, MTP on the last stage (tp2)": plan(GPT_MTP, st(1, 1, 0, 2), st(2, 1, 2, 5)),
 }
 
 

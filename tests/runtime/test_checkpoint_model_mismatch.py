@@ -30,12 +30,18 @@ def _moe(**kw):
     (_moe(first_k_dense_layers=1), "moe.first_k_dense_layers is 0"),
     (LLAMA, "moe is True"),
     (MOE.model_copy(update={"mtp_num_layers": 1}), "mtp_num_layers is 0"),
-    (MOE.model_copy(update={"mla": MLASpec(kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=8)}),
-     "mla is False"),
 ])
 def test_another_expert_shape_is_refused_naming_the_field(planned, field):
     msg = _mismatch(MOE, planned)
     assert msg is not None and field in msg and "\n" not in msg, msg
+
+
+def test_an_mla_plan_is_refused_on_a_checkpoint_without_mla():
+    mha = MOE.model_copy(update={"num_query_groups": None})     # MLA has no query groups (search.model_rules)
+    planned = mha.model_copy(update={"mla": MLASpec(kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4,
+                                                    v_head_dim=8)})
+    msg = _mismatch(mha, planned)
+    assert msg is not None and "mla is False" in msg and "\n" not in msg, msg
 
 
 def test_router_settings_are_no_mismatch():

@@ -76,3 +76,24 @@ def test_tensorboard_and_wandb_scalars_match_the_json_log(tmp_path):
     assert [c["step"] for c in logged] == [2, 4]
     assert all(c["values"]["lm loss"] == train[c["step"]]["loss"] for c in logged)
     assert calls[-1] == {"call": "finish"}
+
+
+def test_the_log_has_tokens_per_gpu_as_every_report_computes_it(tmp_path):
+    """Issue 32: tokens/s per GPU (NVIDIA's tables) beside samples/s in the training log, from the same function as
+    search / explain / baseline: global batch x sequence / iteration time / GPUs, checked by hand on each record."""
+    (tmp_path / "one.json").write_text(ONE.to_json())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+               OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "aceso_megatron.training.train", str(tmp_path / "one.json"), "--cpu",
+                        "--mock-data", "--train-iters", "2", "--log-interval", "1", "--log-file",
+                        str(tmp_path / "log.jsonl")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    train = [row for row in map(json.loads, open(tmp_path / "log.jsonl")) if row["kind"] == "train"]
+    assert len(train) == 2
+    for row in train:
+        seconds = row["iteration_time_ms"] / 1e3
+        assert row["samples_per_s"] == pytest.approx(4 / seconds)
+        assert row["tokens_per_s_per_gpu"] == pytest.approx(4 * 32 / seconds / 1) == row["tokens_per_s"]
+        assert "mfu" not in row                              # a CPU run: no GPU peak to compare with
+    assert "samples/s |" in r.stdout and "tokens/s per process" in r.stdout

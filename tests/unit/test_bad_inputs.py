@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -279,13 +280,62 @@ CASES = [
     C("spec-moe-groups-alone", SEARCH.replace("spec.json", "s.json"), "set both or neither",
       **{"s.json": {**TINY, "moe": {**MOE, "moe_router_num_groups": 4}}}),
     C("spec-moe-imbalance-forced", SEARCH.replace("spec.json", "s.json"), "moe_router_force_load_balancing false",
-      **{"s.json": {**TINY, "moe": {**MOE, "moe_imbalance_factor": 1.5}}}),
+      **{"s.json": {**TINY, "moe": {**MOE, "moe_imbalance_factor": 1.5, "moe_router_force_load_balancing": True}}}),
     C("spec-mla-missing-rank", SEARCH.replace("spec.json", "s.json"), "kv_lora_rank: field required",
       **{"s.json": {**TINY, "mla": {"qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16}}}),
     C("search-moe-profile-dense-db", SEARCH.replace("spec.json", "s.json") + " --cost-model profile --db db.json",
       "profiled for another model (moe None vs {'num_experts': 8", **{"s.json": {**TINY, "moe": MOE}}),
     C("search-mtp-profile-unpriced", SEARCH.replace("spec.json", "s.json") + " --cost-model profile --db d.json",
-      "1 MTP layer(s): the profile cost model does not price them", **{"s.json": {**TINY, "mtp_num_layers": 1}}),
+      "1 MTP layer(s): the profile cost model does not price them",
+      **{"s.json": {**TINY, "mtp_num_layers": 1, "position_embedding": "rope"}}),
+    # issue 32: the MoE search options (--ep / --max-ep / --etp / --dispatcher) against the model and cluster
+    C("search-moe-ep-not-dividing", SEARCH.replace("spec.json", "s.json") + " --ep 3",
+      "--ep 3: must divide num_experts (8) of tiny-gpt; choose from 1 2", **{"s.json": {**TINY, "moe": MOE}}),
+    C("search-moe-max-ep-leaves-none", SEARCH.replace("spec.json", "s.json") + " --ep 2 --max-ep 1",
+      "--max-ep 1: no expert-parallel degree of 2 is left", **{"s.json": {**TINY, "moe": MOE}}),
+    C("search-moe-etp-not-a-tp", SEARCH.replace("spec.json", "s.json") + " --etp 3",
+      "--etp 3: a stage's expert tp is 1 or its tp", **{"s.json": {**TINY, "add_bias_linear": False, "moe": MOE}}),
+    C("search-moe-etp-with-biases", SEARCH.replace("spec.json", "s.json") + " --etp 2",
+      "--etp 2: megatron-core runs tiny-gpt's linear biases with expert tp 1 only", **{"s.json": {**TINY, "moe": MOE}}),
+    C("search-moe-flex-on-cpu", SEARCH.replace("spec.json", "s.json") + " --dispatcher flex",
+      "--dispatcher flex: DeepEP / HybridEP need CUDA GPUs", **{"s.json": {**TINY, "moe": MOE}}),
+    C("baseline-dense-ep", "baseline --model spec.json --cluster 1x2-cpu --global-batch-size 8 --ep 2",
+      "--ep: tiny-gpt is a dense model (no experts); drop --ep"),
+    C("search-moe-ep-zero", SEARCH + " --ep 0", "--ep: 0 must be at least 1"),
+    # issue 32: what megatron-core (or Megatron-LM's validate_args) refuses at model build (search/model_rules.py)
+    C("spec-moe-expert-bias-softmax", SEARCH.replace("spec.json", "s.json"),
+      "moe.moe_router_enable_expert_bias (aux-loss-free routing) needs moe.moe_router_score_function sigmoid",
+      **{"s.json": {**TINY, "moe": {**MOE, "moe_router_enable_expert_bias": True}}}),
+    C("spec-moe-pad-without-capacity", SEARCH.replace("spec.json", "s.json"),
+      "moe.moe_pad_expert_input_to_capacity needs moe.moe_expert_capacity_factor",
+      **{"s.json": {**TINY, "moe": {**MOE, "moe_pad_expert_input_to_capacity": True}}}),
+    C("spec-moe-groups-indivisible", SEARCH.replace("spec.json", "s.json"),
+      "moe.num_experts must be a multiple of moe.moe_router_num_groups",
+      **{"s.json": {**TINY, "moe": {**MOE, "moe_router_num_groups": 3, "moe_router_group_topk": 1}}}),
+    C("spec-mla-query-groups", SEARCH.replace("spec.json", "s.json"),
+      "mla and num_query_groups (grouped-query attention) are mutually exclusive",
+      **{"s.json": {**TINY, "position_embedding": "rope", "num_query_groups": 2,
+                    "mla": {"kv_lora_rank": 16, "qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16}}}),
+    C("spec-mtp-learned-positions", SEARCH.replace("spec.json", "s.json"),
+      "mtp_num_layers with learned absolute positions (position_embedding)",
+      **{"s.json": {**TINY, "mtp_num_layers": 1}}),
+    C("spec-mla-rotary-interleaved", SEARCH.replace("spec.json", "s.json"),
+      "rotary_interleaved does not work with mla",
+      **{"s.json": {**TINY, "position_embedding": "rope", "megatron": {"rotary_interleaved": True},
+                    "mla": {"kv_lora_rank": 16, "qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16}}}),
+    C("import-mlm-expert-bias-softmax", ["import", "--from", "megatron-lm", "--world-size", "8", "--args",
+                                         _MLM + "--num-experts 8 --moe-router-enable-expert-bias"],
+      "--moe-router-enable-expert-bias (aux-loss-free routing) needs --moe-router-score-function sigmoid"),
+    C("import-mlm-capacity-sinkhorn", ["import", "--from", "megatron-lm", "--world-size", "8", "--args",
+                                       _MLM + "--num-experts 8 --moe-expert-capacity-factor 1.5 "
+                                       "--moe-router-load-balancing-type sinkhorn"],
+      "not --moe-router-load-balancing-type sinkhorn"),
+    C("import-mlm-mtp-learned", ["import", "--from", "megatron-lm", "--world-size", "8", "--args",
+                                 _MLM + "--mtp-num-layers 1"], "--mtp-num-layers with learned absolute positions"),
+    C("import-hf-scoring-func", "import-hf ds.json", "scoring_func 'relu' is not one aceso's import knows (softmax, sigmoid)",
+      **{"ds.json": {**LLAMA, "model_type": "deepseek_v3", "n_routed_experts": 8, "num_experts_per_tok": 2,
+                     "moe_intermediate_size": 64, "scoring_func": "relu", "kv_lora_rank": 16,
+                     "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16}}),
     C("explain-moe-plan-profile-dense-db", "explain moe-plan.json --cost-model profile --db db.json",
       "profiled for another model (moe None vs", **{"moe-plan.json": edit("plan.json", **{"model.moe": MOE})}),
     C("import-hf-moe-bad-experts", "import-hf mx.json", "num_local_experts is \"8\"",
@@ -594,6 +644,19 @@ CASES = [
     C("import-mlm-moe-freq", ["import", "--from", "megatron-lm", "--world-size", "8", "--args",
                               _MLM + "--num-experts 8 --moe-layer-freq [1]*3"],
       "--moe-layer-freq '[1]*3': the pattern has 3 entries but --num-layers is 4"),
+    # issue 32: what a V100 has (fp16 tensor cores, no bf16, FP8 or flash attention), with fixes the command takes
+    C("import-mlm-v100-flash", ["import", "--from", "megatron-lm", "--world-size", "8", "--cluster", "1x8-v100",
+                                "--args", _MLM + "--fp16"], "add --transformer-impl local"),
+    C("import-mlm-v100-bf16", ["import", "--from", "megatron-lm", "--world-size", "8", "--cluster", "1x8-v100",
+                               "--args", _MLM + "--bf16 --transformer-impl local"],
+      "the v100 has no bf16 tensor cores (bf16 needs an A100 or newer); train in fp16"),
+    C("search-v100-bf16", "search --model gpt-1.3b --num-layers 2 --cluster 1x8-v100 --global-batch-size 8 "
+      "--precision bf16", "precision bf16: the v100 has no bf16 tensor cores"),
+    C("search-v100-fp8", "search --model gpt-1.3b --num-layers 2 --cluster 1x8-v100 --global-batch-size 8 "
+      "--precision fp8-tensorwise --target megatron-lm", "the v100 has no FP8 tensor cores (H100/H200 have FP8, "
+      "B200/B300/GB200/GB300 FP8 and FP4); train in fp16"),
+    C("baseline-v100-bf16", "baseline --model gpt-1.3b --num-layers 2 --cluster 1x8-v100 --global-batch-size 8 "
+      "--precision bf16", "train in fp16"),
     C("import-mlm-out-folder", ["import", "--from", "megatron-lm", "--world-size", "8", "--args", "--num-layers 4",
                                 "-o", "data"], "-o data: is a folder"),
     # launch scripts read as bash reads them (issue 21) and Megatron-LM's strict parser (issue 25)
@@ -865,6 +928,89 @@ def test_runtime_commands_refuse_bad_input_with_torch_blocked():
     """)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "[]", r.stdout
+
+
+_COMMANDS = ("search", "baseline", "explain", "validate", "export", "import", "import-hf", "models", "clusters",
+             "plot", "calibrate", "train", "launch", "profile", "data")
+_READS_MEGATRON = ("import", "explain", "calibrate")     # their inputs are Megatron-LM command lines
+TORCHRUN = {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port"}
+
+
+def _options(command: str) -> set[str]:
+    """Every option string of ``aceso COMMAND`` (with its nested subcommands': ``data prepare``)."""
+    import argparse
+
+    from search.cli import build_parser
+
+    def walk(p):
+        out = set()
+        for a in p._actions:
+            out |= set(a.option_strings)
+            if isinstance(a, argparse._SubParsersAction):
+                for sub in a.choices.values():
+                    out |= walk(sub)
+        return out
+
+    p = build_parser(command)
+    return walk(next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices[command])
+
+
+def _scope_end(text: str, m) -> int:
+    """Where a command mention stops applying: at the ')' closing the parenthesis it stands in, else the end."""
+    inside = text.rfind("(", 0, m.start()) > text.rfind(")", 0, m.start())
+    return text.find(")", m.end()) % (len(text) + 1) if inside else len(text)
+
+
+def misnamed_options(command: str, message: str) -> list[str]:
+    """The options ``message`` (an error of ``aceso COMMAND``) names that nobody who reads it can give: an option
+    belongs to the command named last before it in its clause (``aceso X ...``, ``X with ...``, ``X a plan for
+    ...``), else to ``command`` (launch: also train's options, which it passes on); commands that read Megatron-LM
+    command lines may name Megatron-LM core_v0.16.1's flags and torchrun's."""
+    from search.megatron.cmdline import megatron_flags
+
+    names = "|".join(re.escape(c) for c in sorted(_COMMANDS, key=len, reverse=True))
+    mention = re.compile(rf"\baceso ({names})\b|\b({names}) (?:with|a plan|the plan|--)")
+    message = re.sub(r"^aceso [\w-]+(?: [\w-]+)?: error: ", "", message)
+    out = []
+    for clause in message.split(";"):
+        for flag in re.finditer(r"(?<![\w-])--[a-z][a-z0-9_-]*(?![\w/-])", clause):
+            named = [m.group(1) or m.group(2) for m in mention.finditer(clause, 0, flag.start())
+                     if flag.start() < _scope_end(clause, m)]
+            owner = named[-1] if named else command
+            valid = _options(owner) | (_options("train") if owner == "launch" else set())
+            if owner in _READS_MEGATRON:
+                valid |= megatron_flags() | TORCHRUN
+            if flag.group() not in valid:
+                out.append(flag.group())
+    return out
+
+
+def test_every_refusal_names_options_the_reader_can_give(tmp_path):
+    """Issue 32: an import on a V100 said "use --attention auto" (import has no --attention: the fix is the
+    script's --transformer-impl local). Every refusal of the corpus names only options of the command it is
+    about (its parser's own), or Megatron-LM flags where the input is a Megatron-LM command line."""
+    bad = []
+    for case in CASES:
+        if not case.argv or case.argv[0] not in _COMMANDS:
+            continue
+        with tempfile.TemporaryDirectory(dir=tmp_path) as d:
+            _rc, _out, err, _ = run_case(case, Path(d))
+        given = " ".join(case.argv) + " " + " ".join(str(v) for v in case.files.values())
+        wrong = [f for f in misnamed_options(case.argv[0], err.strip().splitlines()[-1] if err.strip() else "")
+                 if not re.search(rf"{re.escape(f)}(?![\w-])", given)]     # an option the input gave, quoted
+        if wrong:
+            bad.append((case.id, wrong, err.strip()[-200:]))
+    assert bad == [], "\n".join(map(str, bad))
+
+
+def test_the_option_walk_catches_an_option_the_command_lacks():
+    assert misnamed_options("import", "aceso import: error: --attention flash: v100 has no flash attention; use "
+                                      "--attention auto or unfused") == ["--attention", "--attention"]
+    assert misnamed_options("import", "x; add --transformer-impl local") == []
+    assert misnamed_options("export", "x; search with --target megatron-lm") == []
+    assert misnamed_options("search", "hf.json: convert it first: aceso models --from-hf hf.json") == []
+    assert misnamed_options("train", "give --data-path P (from `aceso data prepare`) or --mock-data") == []
+    assert misnamed_options("train", "give --data-path P (from `aceso data prepare`) or --mock-dat") == ["--mock-dat"]
 
 
 def test_cp_on_a_cpu_launch_suggests_only_what_launch_takes(tmp_path):

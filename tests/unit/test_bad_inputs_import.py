@@ -105,8 +105,8 @@ CASES = [
     *hf("experts-string", {**DSV3, "n_routed_experts": "256"}, 'n_routed_experts is "256"'),
     *hf("topk-zero", {**DSV3, "num_experts_per_tok": 0}, "num_experts_per_tok is 0"),
     *hf("topk-over", {**DSV3, "num_experts_per_tok": 300}, "moe_router_topk (300) must be at most num_experts (256)"),
-    *hf("groups-divide", {**DSV3, "n_group": 7}, "must be a multiple of moe_router_num_groups (7)"),
-    *hf("group-topk-over", {**DSV3, "topk_group": 9}, "moe_router_group_topk (9) must be at most"),
+    *hf("groups-divide", {**DSV3, "n_group": 7}, "moe.num_experts must be a multiple of moe.moe_router_num_groups"),
+    *hf("group-topk-over", {**DSV3, "topk_group": 9}, "moe.moe_router_group_topk must be at most moe.moe_router_num_groups"),
     *hf("scoring-unknown", {**DSV3, "scoring_func": "sqrtsoftplus"}, "scoring_func 'sqrtsoftplus' is not one aceso's "
         "import knows (softmax, sigmoid)"),
     *hf("scoring-number", {**DSV3, "scoring_func": 5}, "scoring_func is 5; it must be a string"),

@@ -239,7 +239,8 @@ def test_published_moe_rows_import_with_their_shape_and_our_preset(row):
         b.pop("rope_scaling")
     assert a == b
     diff = {k: (moe_a[k], moe_b[k]) for k in moe_a if moe_a[k] != moe_b[k]}
-    diff.pop("moe_router_force_load_balancing", None) if "--moe-router-force-load-balancing" not in args else None
+    if "--moe-router-force-load-balancing" in args:                      # benchmark routing: kept, as they say
+        assert diff.pop("moe_router_force_load_balancing") == (True, False)
     diff.pop("moe_expert_capacity_factor", None) if "--moe-expert-capacity-factor" in args else None
     if "--moe-pad-expert-input-to-capacity" in args:                     # the token-drop rows pad, as they say
         assert diff.pop("moe_pad_expert_input_to_capacity") == (True, False)
@@ -328,3 +329,19 @@ def test_flex_backend_is_read_written_and_checked_as_megatron_core_does():
                              world_size=plan.world_size).plan
     assert alltoall.moe.flex_backend == "deepep"          # the backend means nothing without flex
     assert "--moe-flex-dispatcher-backend" not in args_line(megatron_config(alltoall))
+
+
+def test_routing_is_learned_unless_the_command_line_forces_balance():
+    """Issue 32: a preset plan's exported script trained with benchmark routing (--moe-router-force-load-balancing:
+    random router scores) because the spec defaulted to it. Now the presets route as they learn; Megatron-LM's own
+    flag list has the flag (so it is a real flag we leave out), and an imported command line that forces balance
+    (the published rows) keeps it through export."""
+    assert "--moe-router-force-load-balancing" in megatron_flags()
+    plan = moe_case_plan("qwen30-ep8")
+    assert not plan.model.moe.moe_router_force_load_balancing
+    line = args_line(megatron_config(plan))
+    assert "--moe-router-force-load-balancing" not in shlex.split(line)
+    assert overrides(megatron_config(plan))[1]["model"]["moe_router_force_load_balancing"] is False
+    forced = read_megatron(line + " --moe-router-force-load-balancing", world_size=plan.world_size)
+    assert forced.plan.model.moe.moe_router_force_load_balancing
+    assert "--moe-router-force-load-balancing" in shlex.split(args_line(megatron_config(forced.plan)))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
+import model_specs
 from search.cli.import_hf import hf_to_spec
 from search.cluster import parse_cluster
 from search.costmodel import make_cost_model
@@ -112,6 +113,25 @@ def test_hf_import_matches_preset(name):
               "num_attention_heads"):
         assert getattr(spec, f) == getattr(preset, f), f
     assert counts(spec) == counts(preset)
+
+
+def test_presets_and_hf_imports_route_as_they_learn():
+    """Issue 32: ``models --from-hf`` of a Qwen3-MoE config wrote moe_router_force_load_balancing true (benchmark
+    routing: random router scores). Megatron-LM's default is learned routing (the flag is store_true, off), so no
+    preset or HF import forces balance."""
+    imported = 0
+    for name in sorted(k for k in HF if not k.startswith("_")):
+        cfg = {k: v for k, v in HF[name].items() if not k.startswith("_")}
+        try:
+            spec = hf_to_spec(cfg, source=name, seq_length=4096)
+        except AcesoError as e:          # GPT-OSS's published config: YaRN on standard attention is refused
+            assert "rope_scaling" in str(e), (name, e)
+            continue
+        assert not spec.moe.moe_router_force_load_balancing, name
+        imported += 1
+    assert imported >= 4
+    moe = [m for m in map(load_model, model_specs.preset_names()) if m.moe is not None]
+    assert len(moe) >= 10 and not any(m.moe.moe_router_force_load_balancing for m in moe)
 
 
 def test_qwen3_sparse_step_follows_hf_rule():

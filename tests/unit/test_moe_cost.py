@@ -324,3 +324,18 @@ def test_mla_activations_by_hand_and_quantized_linear_inputs():
                          CommModel(cl), kernels="flat")
     qnone, _, qfull, _, _ = mla_act_bytes(fp8, 1.0, s, 1, lp=True)
     assert none - qnone == pytest.approx((2 - 1) * s * (h + ql + kvl + n * dv)) and qfull == full
+
+
+def test_learned_routing_priced_as_even_says_so():
+    """Issue 32: routing is learned by default and priced at moe_imbalance_factor 1; the analytic source says so in
+    one note (search prints it), and not when the spec forces balance, sets a factor or bounds it by a capacity."""
+    cl = parse_cluster("1x8-h100")
+
+    def notes(**moe):
+        m = tiny_moe(**moe)
+        return [w for w in AnalyticSource(m, cl, TrainingSpec(global_batch_size=8), CommModel(cl)).warnings
+                if "moe_imbalance_factor" in w]
+    assert len(notes()) == 1 and "priced as evenly balanced" in notes()[0]
+    for moe in ({"moe_router_force_load_balancing": True}, {"moe_imbalance_factor": 1.5},
+                {"moe_expert_capacity_factor": 1.0}):
+        assert notes(**moe) == [], moe

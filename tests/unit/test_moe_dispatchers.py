@@ -97,3 +97,19 @@ def test_footer_units_follow_the_model():
     assert units_text(load_model("gpt-1.3b")) == "half layers"
     assert units_text(load_model("deepseek-v3", num_layers=4)) == "layer parts: attention / mlp / moe / mtp"
     assert units_text(load_model("qwen3-30b-a3b", num_layers=2)) == "layer parts: attention / moe"
+
+
+def test_the_dispatcher_option_keeps_the_plan_to_the_named_ones():
+    """Issue 32: --dispatcher (TrainingSpec.token_dispatchers). flex is the fastest by hand, yet --dispatcher
+    allgather alltoall keeps DeepEP / HybridEP out: the search runs under allgather (the first named) and never
+    prices flex; --dispatcher flex alone prices flex only."""
+    model, cl = load_model("qwen3-30b-a3b", num_layers=2), parse_cluster("1x8-h100")
+    for named, want in ((["allgather", "alltoall"], "allgather"), (["flex"], "flex")):
+        tr = TrainingSpec(global_batch_size=32, micro_batch_sizes=[1, 2], token_dispatchers=named)
+        cm = DispatchCost(model, cl, tr, memory_limit_mb=1e9, ms={"alltoall": 3.0, "allgather": 2.0, "flex": 0.5})
+        space = Space.of(model, cl, tr, priced=ALL_FEATURES)
+        assert space.moe.token_dispatcher == named[0]
+        res = search(cm, 32, space, SearchOptions(budget_evals=100, stage_counts=[1], polish_top=1))
+        base = best_uniform(cm, 32, Space.of(model, cl, tr, priced=ALL_FEATURES, target="megatron-lm"), model)
+        assert cm.asked == set(named)
+        assert res.plans[0].moe.token_dispatcher == want == base.evaluation.moe.token_dispatcher

@@ -230,3 +230,27 @@ def test_breakdown_adds_up_to_the_iteration(mp):
     assert bd is not None
     assert sum(bd[n] for n in mp.BREAKDOWN) == pytest.approx(bd["iteration_ms"], rel=1e-6)
     assert min(bd[n] for n in ("attention", "experts", "a2a", "router")) > 0
+
+
+def test_rack_presets_price_the_published_gb_rows_as_their_cluster_strings(mp):
+    """Issue 32: ``gb200-nvl72`` / ``gb300-nvl72`` now make the rack one NVLink domain (``16x4-gb200-nvl72`` is
+    ``16x4-gb200:nvl72``). The published rows write racks as nodes of 64 (``1x64-gb300``, ``4x64-gb200``) or one
+    node of 8: spelled with the rack preset, every GB200 / GB300 MoE row prices exactly as its own string."""
+    from search.cluster import parse_cluster
+    from search.costmodel import make_cost_model
+
+    priced = 0
+    for path in (BRIDGE, BRIDGE.with_name("megatron-bridge-26.02-26.04.json")):
+        for row in mp.load_rows(path):
+            if not row["cluster"].endswith(("gb200", "gb300")):
+                continue
+            prep = mp.prepare(row)
+            if prep["status"] != "ok":
+                continue
+            rack = parse_cluster(row["cluster"] + "-nvl72")
+            assert rack.num_gpus == prep["cluster"].num_gpus
+            ms = [make_cost_model(prep["plan"].model, c, prep["training"], settings=prep["settings"])
+                  .evaluate(prep["plan"]).iteration_ms for c in (prep["cluster"], rack)]
+            assert ms[0] == ms[1], row["id"]
+            priced += 1
+    assert priced >= 10, priced

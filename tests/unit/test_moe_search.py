@@ -268,3 +268,29 @@ def test_a_plan_spelling_etp_equal_to_tp_is_inside_the_space(etp):
                        "end_unit": model.num_units, "recompute": ["none"] * model.num_units}]}
     st = from_plan(parse_plan(raw, world_size=8))[0]
     assert st.shapes == (Shape(1, 8, 1, False, 8, 0),) and space.legal(space.normalize(st))
+
+
+def test_ep_max_ep_and_etp_narrow_every_expert_shape_the_search_and_baseline_consider():
+    """Issue 32: --ep / --max-ep / --etp (TrainingSpec.expert_parallel_sizes / max_expert_parallel /
+    expert_tensor_parallel_sizes). By hand on 16 GPUs at tp 2 (Qwen3-30B-A3B: 128 experts, width 768): all
+    options are ep 1-8 at etp 2 and 1-16 at etp 1; --ep 2 8 --etp 1 leaves (2, 1) and (8, 1), --max-ep 4 the ep up to
+    4. The search and the baseline on the expert-cost model (whose unconstrained best is another shape) keep to them."""
+    s = Shape(2, 8, 1, True)
+    assert _space()[3].experts.options(s) == [(e, 0) for e in (1, 2, 4, 8)] + [(e, 1) for e in (1, 2, 4, 8, 16)]
+    model, cl, tr, space = _space(expert_parallel_sizes=[2, 8], expert_tensor_parallel_sizes=[1])
+    assert space.experts.options(s) == [(2, 1), (8, 1)]
+    assert _space(max_expert_parallel=4)[3].experts.options(s) == [(e, 0) for e in (1, 2, 4)] + \
+        [(e, 1) for e in (1, 2, 4)]
+    for kw, ok in (({"expert_parallel_sizes": [2]}, lambda x: x.ep == 2),
+                   ({"max_expert_parallel": 2}, lambda x: x.ep <= 2),
+                   ({"expert_tensor_parallel_sizes": [1], "tensor_parallel_sizes": [2]},
+                    lambda x: x.tp == 2 and x.etp == 1)):
+        model, cl, tr, space = _space(cluster="1x16-h100", layers=2, micro_batch_sizes=[1], **kw)
+        cm = ExpertCost(model, cl, tr, memory_limit_mb=1e9, a2a_ms=2.0)
+        res = search(cm, 64, space, SearchOptions(budget_evals=300, stage_counts=[1, 2], polish_top=1))
+        mspace = _space(cluster="1x16-h100", layers=2, micro_batch_sizes=[1], target="megatron-lm", **kw)[3]
+        base = best_uniform(cm, 64, mspace, model)
+        assert res.plans and base is not None
+        for shapes in (res.plans[0].state.shapes, base.state.shapes):
+            assert all(ok(x) for x in shapes), (kw, shapes)
+        assert all(ok(x._replace(ep=ep, etp=c)) for x in space.stage_shapes(8) for ep, c in space.experts.options(x))

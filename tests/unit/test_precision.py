@@ -166,8 +166,36 @@ def test_nvlink_domain_larger_than_a_node():
     assert racks.label == "32x4-gb200:nvl64" and racks.nvlink_size == 64
     assert CommModel(tray).spans_nodes(0, 7) and not CommModel(racks).spans_nodes(0, 63)
     assert CommModel(racks).spans_nodes(0, 64)          # the second rack: the network
-    with pytest.raises(AcesoError, match="multiple of gpus_per_node"):
+    with pytest.raises(AcesoError, match="an NVLink domain of 6 GPUs cannot hold whole nodes of 4"):
         parse_cluster("4x4-gb200:nvl6")
+
+
+@pytest.mark.parametrize("gpu", ["gb200", "gb300"])
+def test_a_rack_preset_is_a_rack(gpu):
+    """Issue 32: ``16x4-gb200-nvl72`` priced 4-GPU NVLink domains (the name was only a GPU alias). The rack preset
+    is the explicit ``:nvl72`` spelling: 72 GPUs share NVLink, the 73rd is on the network; nodes of 64 (the
+    published rows' racks) stay one domain of 64, and what a rack cannot hold is one line."""
+    rack = parse_cluster(f"16x4-{gpu}-nvl72")
+    assert rack == parse_cluster(f"16x4-{gpu}:nvl72") != parse_cluster(f"16x4-{gpu}")
+    assert not CommModel(rack).spans_nodes(0, 63)
+    assert CommModel(parse_cluster(f"20x4-{gpu}-nvl72")).spans_nodes(0, 72)
+    assert parse_cluster(f"4x64-{gpu}-nvl72") == parse_cluster(f"4x64-{gpu}")
+    assert parse_cluster(f"8x9-{gpu}-nvl72").nvlink_size == 72
+    for text, needle in ((f"1x96-{gpu}-nvl72", "a rack holds 72 GPUs, not a node of 96"),
+                         (f"16x4-{gpu}-nvl72:nvl144", ":nvl144 is more than the 72 GPUs"),
+                         (f"1x64-{gpu}:nvl72", "cannot hold whole nodes of 64")):
+        with pytest.raises(AcesoError, match=needle):
+            parse_cluster(text)
+
+
+@pytest.mark.parametrize("text, meant", [("64-h100", "8x8-h100"), ("4-h100", "1x4-h100"), ("h100", "1x8-h100"),
+                                         ("2x8h100", "2x8-h100"), ("12-a100", "1x12-a100")])
+def test_a_malformed_cluster_string_suggests_a_real_one(text, meant):
+    """``64-h100`` suggested ``Nonex64-h100``: a bare number is the GPUs in all, in nodes of 8."""
+    with pytest.raises(AcesoError, match=f"did you mean {meant}\\?") as e:
+        parse_cluster(text)
+    parse_cluster(meant)
+    assert "None" not in str(e.value)
 
 
 @pytest.mark.skipif(not BRIDGE.exists(), reason="needs ../shared/published")

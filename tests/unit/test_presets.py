@@ -88,3 +88,20 @@ def test_model_copy_recomputes_units_and_validates():
     assert small.num_units == 2 * 2 + 2 * 3
     with pytest.raises(ValueError, match="num_query_groups"):
         t5.model_copy(update={"num_query_groups": 5})
+
+
+def test_models_prints_every_name_whole_in_an_80_column_pipe(monkeypatch, capsys):
+    """Issue 32: in a pipe (80 columns) `aceso models` cut names to "llama3…", which stood for two models. Every
+    preset is one line that starts with its whole name, and nothing is cut."""
+    import model_specs
+    from search.cli import main
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    names = model_specs.preset_names()
+    firsts = [line.split()[0] for line in out.splitlines() if line.strip() and line.split()[0] in names]
+    assert sorted(firsts) == sorted(names) and "…" not in out
+    assert main(["clusters"]) == 0                  # the same table: every column whole, the rack presets listed
+    out = capsys.readouterr().out
+    assert "…" not in out and "intra_node_gbps" in out and "gb200-nvl72" in out

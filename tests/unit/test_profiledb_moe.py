@@ -162,7 +162,8 @@ def test_bad_moe_row_is_refused_naming_the_field(tmp_path):
 
 
 def test_mla_and_mtp_stay_refused(db):
-    mla = MODEL.model_copy(update={"mla": MLASpec(kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4,
+    mla = MODEL.model_copy(update={"num_query_groups": None,     # MLA has no query groups (search.model_rules)
+                                   "mla": MLASpec(kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4,
                                                   v_head_dim=8)})
     with pytest.raises(AcesoError, match="multi-latent attention: the profile cost model does not price them"):
         cost_model(db, mla)

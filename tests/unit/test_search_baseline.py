@@ -94,3 +94,60 @@ def test_layer_splits_follow_megatron_first_last_adjustment():
     for split in layer_splits(10, 4):  # middle stages equal, first/last take the rest
         assert sum(split) == 10 and split[1] == split[2] and min(split) >= 1
     assert layer_splits(3, 4) == []
+
+
+def test_a_model_too_big_for_the_cluster_says_how_many_gpus_it_needs(capsys):
+    """Issue 32: DeepSeek-V3 on one node said "raise --memory-limit-mib to 1483493", above the H100's 81920 MiB.
+    Over the GPU's own memory the line says the model does not fit on these GPUs and the GPUs its model states
+    alone need: the published 682.6B parameters (671B + the MTP layer) x 16 bytes (bf16 weight and gradient, fp32
+    master weight and Adam moments: ZeRO, section 3.1) over what an H100 leaves (80 GiB less the 3% headroom and
+    the 1 GiB reserve); a --memory-limit-mib below the GPU is still the fix it names."""
+    from search.cli import main
+
+    usable = 81920 * 0.97 - 1024
+    need = int(-(-682.64e9 * 16 // (usable * 2**20)))
+    assert need == 133
+    for cmd in ("baseline", "search"):
+        assert main([cmd, "--model", "deepseek-v3", "--cluster", "1x8-h100", "--global-batch-size", "512"]) == 2
+        err = capsys.readouterr().err
+        assert f"deepseek-v3 does not fit on 8 h100 GPUs (81920 MiB each)" in err, err
+        assert f"need at least {need} GPUs: try --cluster 17x8-h100" in err and "--memory-limit-mib" not in err
+    assert main(["baseline", "--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch-size", "512",
+                 "--memory-limit-mib", "8000"]) == 2
+    err = capsys.readouterr().err
+    assert "raise --memory-limit-mib to" in err and "(the h100 has 81920 MiB)" in err, err
+
+
+def test_a_bf16_model_on_a_v100_plans_in_fp16_and_writes_it(tmp_path, capsys):
+    """Issue 32: bf16 on a V100 was priced at the fp16 peak; ``--precision bf16`` there is now refused
+    (tests/unit/test_bad_inputs.py), and a bf16 preset without --precision plans in fp16 with a note. The written
+    plan's model is in the precision it was priced in (baseline wrote the preset's bf16)."""
+    import json
+
+    from search.cli import main
+
+    args = ["baseline", "--model", "llama3-8b", "--num-layers", "2", "--cluster", "1x8-v100", "--global-batch-size",
+            "16", "--json"]
+    assert main([*args, "-o", str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr()
+    assert "llama3-8b is a bf16 model and the v100 has no bf16: planning fp16" in out.err
+    assert main([*args, "--precision", "fp16", "-o", str(tmp_path / "b.json")]) == 0
+    assert json.loads(capsys.readouterr().out)["iteration_ms"] == json.loads(out.out)["iteration_ms"]
+    for name in ("a.json", "b.json"):
+        assert json.loads((tmp_path / name).read_text())["model"]["params_dtype"] == "fp16"
+
+
+def test_baseline_writes_a_runtime_plan_where_offload_would_win(tmp_path, capsys):
+    """Qwen3-30B-A3B on a GB200 rack: the fastest one-stage Megatron-LM setting offloads activations, which the aceso
+    runtime does not run; baseline tried it anyway (the offload switch was read from the cost model's training spec,
+    not the runtime one) and exited 2 naming activation_offload. Now it writes the best plan the runtime runs."""
+    import json
+
+    from search.cli import main
+
+    out = tmp_path / "b.json"
+    assert main(["baseline", "--model", "qwen3-30b-a3b", "--cluster", "16x4-gb200:nvl72", "--global-batch-size",
+                 "512", "--json", "-o", str(out)]) == 0, capsys.readouterr().err
+    plan = json.loads(out.read_text())
+    assert plan.get("activation_offload") is None and plan.get("megatron_fsdp") is None
+    assert main(["validate", str(out)]) == 0

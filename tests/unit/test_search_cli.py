@@ -85,7 +85,8 @@ def test_infeasible_exits_2_with_what_would_fit(tmp_path, capsys):
     code = main(["search", "--model", "gpt-13b", "--cluster", "1x1-h100", "--memory-limit-mb", "20000",
                  "--global-batch-size", "8", "--budget-evals", "50", "-o", str(out)])
     err = capsys.readouterr().err
-    assert code == 2 and "needs at least" in err and "MiB per GPU" in err and "more GPUs" in err
+    assert code == 2 and "MiB per GPU" in err and "gpt-13b does not fit on 1 h100 GPU" in err
+    assert "need at least" in err and "--memory-limit-mib" not in err      # over the GPU itself: more GPUs
     assert not out.exists()
 
 
@@ -156,3 +157,28 @@ def test_compat_model_refuses_what_it_cannot_price(tmp_path, capsys, reference_d
     assert main(args + ["--distributed-optimizer", "on"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--distributed-optimizer on" in err[0] and not out.exists()
+
+
+def test_tokens_per_gpu_beside_samples_and_mfu_in_every_report(tmp_path, capsys):
+    """Issue 32: tokens/s per GPU (the unit of NVIDIA's tables) next to samples/s and MFU in search, baseline,
+    explain and the export header, each global batch x sequence / iteration / GPUs (gpt-1.3b: 2048 tokens, 4 GPUs)
+    from the one function (search.throughput), so the four agree on one plan."""
+    out = tmp_path / "p.json"
+    assert main(["search", *ARGS, "--json", "-o", str(out)]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["tokens_per_s_per_gpu"] == pytest.approx(64 * 2048 / (s["iteration_ms"] / 1e3) / 4, rel=1e-4)
+    assert s["samples_per_s"] == pytest.approx(64 / (s["iteration_ms"] / 1e3), rel=1e-4) and 0 < s["mfu"] < 1
+    assert main(["explain", str(out), "--json"]) == 0
+    e = json.loads(capsys.readouterr().out)
+    assert e["tokens_per_s_per_gpu"] == pytest.approx(64 * 2048 / (e["iteration_time_ms"] / 1e3) / 4)
+    assert e["iteration_time_ms"] == pytest.approx(s["iteration_ms"], rel=1e-4)
+    assert e["tokens_per_s_per_gpu"] == pytest.approx(s["tokens_per_s_per_gpu"], rel=1e-4)
+    assert main(["explain", str(out)]) == 0
+    assert f"{e['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU" in capsys.readouterr().out
+    assert main(["baseline", *ARGS[:-2], "--json"]) == 0
+    b = json.loads(capsys.readouterr().out)
+    assert b["tokens_per_s_per_gpu"] == pytest.approx(64 * 2048 / (b["iteration_ms"] / 1e3) / 4, rel=1e-4)
+    assert main(["search", *ARGS]) == 0
+    assert "tokens/s per GPU" in capsys.readouterr().out
+    assert main(["export", str(out), "--to", "megatron-lm", "-o", "-"]) == 0
+    assert f"{s['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU" in capsys.readouterr().out
