@@ -1,6 +1,11 @@
 """Best uniform Megatron configuration (the same pp/tp/cp/dp/SP/VPP/recompute everywhere) under the same cost model.
 
 Example: aceso baseline --model gpt-1.3b --cluster 1x8-h100 --global-batch-size 512 -o baseline.json
+
+--target aceso (default) prices and checks it for the aceso runtime (DDP / the distributed optimizer, activations
+on the GPU); --target megatron-lm / megatron-bridge as that framework runs it, Megatron FSDP and CPU activation
+offload included (--megatron-fsdp on: only FSDP configurations). Each target's limits apply to it only
+(search/capabilities.py).
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import sys
 
 from ..errors import AcesoError
 from .common import add_calibration_arg, add_cluster_args, add_model_args, check_output, write_output
-from .search_cmd import add_training_args, setup
+from .search_cmd import add_target_args, add_training_args, settings_from_args, setup
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,6 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_cluster_args(p)
     add_calibration_arg(p)
     add_training_args(p)
+    add_target_args(p)
     p.add_argument("--json", action="store_true", help="print a machine-readable summary")
     p.add_argument("-o", "--output", default=None, help="write it as a ParallelPlan JSON here; - = stdout")
 
@@ -30,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.output)
     from ..planner.api import runtime_training
     model, cluster, training, cm = setup(args)
-    training = runtime_training(training)     # the plan it writes runs on the aceso runtime (DDP, no offload)
+    if args.target == "aceso":
+        training = runtime_training(training)     # the aceso runtime runs DDP / the distributed optimizer, no offload
     res = plan_baseline(cm, training)
     if res is None:
         raise AcesoError(f"no uniform configuration exists for {cluster.num_gpus} GPUs with per-rank micro-batch "
@@ -40,10 +47,10 @@ def run(args: argparse.Namespace) -> int:
                          f"{max(res.stage_memory_mb):.0f} MiB per GPU (limit {cm.memory_limit_mb:.0f} MiB); raise "
                          "--memory-limit-mib, use more GPUs or a smaller micro-batch")
     plan = baseline_plan(res, model, cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
-                         assumed_attention(cm))
+                         assumed_attention(cm)).model_copy(update={"settings": settings_from_args(args, training)})
     from ..preflight import preflight
 
-    preflight(plan)     # the one pre-flight: it writes only a plan the runtime runs
+    preflight(plan, target=args.target)     # the one pre-flight: it writes only a plan its target runs
     if args.output:
         write_output(plan.to_json(), args.output)
     f = res.state.features
@@ -53,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
             "micro_batch_per_rank": res.micro_batch_per_rank, "sequence_parallel": res.shape.sp,
             "virtual_stages": res.state.num_chunks, "distributed_optimizer": f.distributed_optimizer,
             "overlap_grad_reduce": f.overlap_grad_reduce, "overlap_param_gather": f.overlap_param_gather,
-            "recompute": res.recompute, "layers_per_chunk": list(res.layers),
+            "megatron_fsdp": f.fsdp or None, "activation_offload_layers": f.offload_layers or None,
+            "target": args.target, "recompute": res.recompute, "layers_per_chunk": list(res.layers),
             "stage_time_ms": [round(t, 3) for t in res.stage_total_ms],
             "stage_memory_mib": [round(m, 1) for m in res.stage_memory_mb], "configs_evaluated": res.evaluated}
     if args.json:
