@@ -9,7 +9,8 @@
   (``shell.py`` reads the bash, ``cmdline.py`` the flags, ``model_args.py`` the model), ``build.plan_from_config``.
 - ``layout.py`` and ``recompute.py``: the two non-trivial mappings (layer splits, per-unit recompute); the planner
   uses ``recompute.recompute_of`` / ``unit_choices`` and ``config.Recompute`` too (keep them stable).
-- ``compare.search_gain``: what ``aceso search`` gains over a given configuration (``explain --megatron-args``).
+- what ``aceso search`` gains over a given configuration (``explain --megatron-args``) is the search command's own
+  answer: ``search/cli/explain_search.py`` runs the very command it prints.
 
 Checked against Megatron-LM ``core_v0.16.1`` (commit 55ac708, ``megatron/training/arguments.py``) and
 Megatron-Bridge ``v0.3.1`` (whose Megatron-LM submodule is that same commit). See docs/megatron.md.
