@@ -81,5 +81,8 @@ def run(args: argparse.Namespace) -> int:
               "on" if f.overlap_grad_reduce else "off", res.recompute, " ".join(map(str, res.layers)),
               f"{res.iteration_ms:.2f}", f"{info['samples_per_s']:.2f}", f"{max(res.stage_memory_mb):.0f}")
     con.print(t)
-    con.print(f"{res.evaluated} uniform configurations priced in full")
+    extra = [x for x in (f"megatron fsdp {f.fsdp}" if f.fsdp else "",
+                         f"activation offload of {f.offload_layers} layers" if f.offload_layers else "") if x]
+    con.print(f"{res.evaluated} uniform configurations priced in full" + (f"; {', '.join(extra)}" if extra else "")
+              + f" (target {args.target})")
     return 0
