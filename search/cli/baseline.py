@@ -15,16 +15,12 @@ import json
 import sys
 
 from ..errors import AcesoError
-from .common import add_calibration_arg, add_cluster_args, add_model_args, check_output, write_output
-from .search_cmd import add_target_args, add_training_args, settings_from_args, setup
+from .common import check_output, write_output
+from .search_cmd import add_problem_args, settings_from_args, setup
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_args(p)
-    add_cluster_args(p)
-    add_calibration_arg(p)
-    add_training_args(p)
-    add_target_args(p)
+    add_problem_args(p)
     p.add_argument("--json", action="store_true", help="print a machine-readable summary")
     p.add_argument("-o", "--output", default=None, help="write it as a ParallelPlan JSON here; - = stdout")
 

@@ -105,12 +105,17 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
                         "writes Megatron-LM's --grad-reduce-in-bf16 (Bridge: ddp.grad_reduce_in_fp32 false)")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_problem_args(p: argparse.ArgumentParser) -> None:
+    """What search and baseline share: the model, cluster, calibration, training and target."""
     add_model_args(p)
     add_cluster_args(p)
     add_calibration_arg(p)
     add_training_args(p)
     add_target_args(p)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_problem_args(p)
     p.add_argument("--budget-evals", type=positive_int, default=DEFAULT_BUDGET,
                    help=f"plan evaluations of the target's search over all stage counts (default {DEFAULT_BUDGET}; "
                         "the other search of the report gets a quarter)")
@@ -223,7 +228,7 @@ def runnable(found: list, keep: int, target: str = "aceso") -> tuple:
     from ..capabilities import target_key
     from ..preflight import preflight
 
-    who = "the runtime" if target_key(target) == "runtime" else target
+    who = {"runtime": "the runtime", "megatron-lm": "Megatron-LM", "megatron-bridge": "Megatron-Bridge"}[target_key(target)]
     kept, refusal = [], None
     for ev, plan in found:
         if len(kept) == keep:

@@ -88,7 +88,9 @@ def _best_cut(ev: Evaluator, ctx, st, setting, max_spans: int):
         w //= 2
     lo = [max(0, x - w) for x in idx]
     hi = [min(U, x + w) for x in idx]
-    memo = _span_memo(ev)
+    # a span's price depends on the stage's place and shape, its neighbours', the switches, the micro-batch and the
+    # recompute setting, not on the other cuts: kept on the evaluator for every plan the final step polishes
+    memo = ev.span_prices
     stages = []
     for i in range(S):
         A, B, T, AA = [], [], [], []
@@ -113,16 +115,6 @@ def _best_cut(ev: Evaluator, ctx, st, setting, max_spans: int):
         stages.append(Spans(np.array(A, int), np.array(B, int), np.array(T), np.array(AA)))
     _val, bounds = best_partition(U, stages)
     return None if bounds is None else tuple(int(P[x]) for x in bounds)
-
-
-def _span_memo(ev: Evaluator) -> dict:
-    """The cut DP's span prices, kept on the evaluator: the final step polishes many plans of one shape (every
-    best of a stage count), whose windows overlap; a span's price depends on the stage's place and shape, its
-    neighbours', the switches, the micro-batch and the recompute setting, not on the other cuts."""
-    memo = getattr(ev, "_span_prices", None)
-    if memo is None:
-        memo = ev._span_prices = {}
-    return memo
 
 
 def polish_chunks(ev: Evaluator, ctx, e: Evaluation, max_evals: int = 200) -> Evaluation:

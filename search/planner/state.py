@@ -164,6 +164,7 @@ class Evaluator:
         self._stages: dict[tuple, StageEval] = {}
         self._plans: dict[State, Evaluation] = {}
         self.on_plan: Callable[[Evaluation], None] | None = None   # told of every new or re-priced plan, in order
+        self.span_prices: dict = {}     # the cut DP's span prices (polish._best_cut), shared by the plans it polishes
         try:
             params = inspect.signature(cost_model.stage_cost).parameters
         except (TypeError, ValueError):
