@@ -229,12 +229,12 @@ def runnable(found: list, keep: int, target: str = "aceso") -> tuple:
     from ..preflight import preflight
 
     who = {"runtime": "the runtime", "megatron-lm": "Megatron-LM", "megatron-bridge": "Megatron-Bridge"}[target_key(target)]
-    kept, refusal = [], None
+    kept, refusal, unchecked = [], None, False
     for ev, plan in found:
         if len(kept) == keep:
             break
         try:
-            preflight(plan, target=target)
+            unchecked |= not preflight(plan, target=target)
             kept.append((ev, plan))
         except AcesoError as e:
             refusal = refusal or e
@@ -242,6 +242,10 @@ def runnable(found: list, keep: int, target: str = "aceso") -> tuple:
         raise AcesoError(f"the search found no plan {who} runs: {refusal}")
     if refusal is not None:
         print(f"aceso search: note: left out plan(s) {who} would refuse: {refusal}", file=sys.stderr)
+    if unchecked:   # the capability table applied; what needs torch could not be asked here
+        print("aceso search: note: the runtime is not installed here: the plan's layer specs and megatron block were "
+              "not built (aceso validate on a machine with the runtime, or the workers at launch, check them)",
+              file=sys.stderr)
     return kept[0][0], [plan for _, plan in kept]
 
 

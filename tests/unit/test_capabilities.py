@@ -194,3 +194,17 @@ def test_a_cpu_device_is_held_to_what_a_cpu_runs():
     gg = ParallelPlan.model_validate(moe_plan(moe={"grouped_gemm": True}))
     assert "moe.grouped_gemm" in plan_refusal(gg, "aceso", Device(cuda=True, te=False))
     assert plan_refusal(gg, "aceso", "cuda") is None                          # TE unknown here: the GPU's to say
+
+
+def test_the_search_says_what_it_could_not_check_without_the_runtime():
+    """Without torch the search's output check still applies the table (an MoE model's rules) and says that the
+    runtime's own checks (layer specs, megatron block) were not run, instead of skipping them silently."""
+    from tests.unit.test_torch_free import run_blocked
+
+    r = run_blocked("""
+        from search.cli import main
+        assert main(["search", "--model", "qwen3-30b-a3b", "--num-layers", "2", "--cluster", "1x8-h100",
+                     "--global-batch-size", "64", "--budget-evals", "40", "--workers", "1", "--json"]) == 0
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "the runtime is not installed here" in r.stderr, r.stderr
