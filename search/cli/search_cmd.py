@@ -8,8 +8,9 @@ megatron-lm``), priced as that framework runs the exported flags: with bf16 grad
 default, or in bf16 with --grad-reduce-in-bf16 (the export then writes that flag). The plan records the settings it
 was priced under (``settings``; ``plan_settings.py``). Every
 report prints three lines: the best uniform Megatron config, the best Megatron-LM plan and the best heterogeneous
-plan. The budget is counted in plan evaluations (--budget-evals), so the same inputs and --seed give the same plan
-on any machine; --budget-s adds a wall-clock cap (then results may depend on the CPU). Ctrl-C stops the search and
+plan; a line whose target runs no plan of the model says why it is not offered, and a --target that runs none is
+refused before searching (search/capabilities.py). The budget is counted in plan evaluations (--budget-evals), so
+the same inputs and --seed give the same plan on any machine, and more budget never a slower one; --budget-s adds a wall-clock cap (then results may depend on the CPU). Ctrl-C stops the search and
 writes the best plan found so far (SIGTERM too). Exit 2 when nothing fits, with what would make it fit.
 
 Words: a unit is half a transformer layer (its attention or its MLP half; a T5 decoder layer has three), the
