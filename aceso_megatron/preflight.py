@@ -3,9 +3,11 @@
 ``preflight(plan, device, here)``: the model's layer specs and ``megatron`` block built into a stage config the way
 the run builds it (``model.layers.check_model``: providers importable and transformer-engine-free on CPU, layers
 carvable or kept whole, QK norms declared, names and types against ``TransformerConfig``; for a CPU run, one layer
-of a user's layer spec built on the meta device, ``model.build_check``: a module that needs CUDA), then, for a run
-on this machine (``here``), the plan against this machine's environment (``training.engine.check_plan``: cp without
-transformer-engine, tp_comm_overlap, fp16). A plan checked elsewhere (``aceso validate`` of a GPU plan on a
+of a user's layer spec built on the meta device, ``model.build_check``: a module that needs CUDA), einops for
+Megatron FSDP, then, for a run on this machine (``here``), the plan against this machine's environment
+(``training.engine.check_plan``: a recipe's transformer-engine version and tensor cores, userbuffers, fp16). What
+needs no torch (MoE, MLA / MTP, Megatron FSDP, what a CPU cannot run) is the capability table's
+(``search.capabilities``), which ``search.preflight`` applies before this, torch or not. A plan checked elsewhere (``aceso validate`` of a GPU plan on a
 laptop) is not held to this machine's environment. Before any process group exists; one ``AcesoError`` line.
 """
 
@@ -36,15 +38,10 @@ def preflight(plan, device: str, here: bool = False) -> bool:
                 return False
             raise
         check_layers_build(plan.model, device)   # a CPU run: one layer of a user's spec built on the meta device
-        if plan.settings is None or plan.settings.framework == "runtime":
-            from .model.moe import refusal as moe_refusal
+        from .training.fsdp import machine_refusal
 
-            from .training.fsdp import refusal as fsdp_refusal
-
-            if (msg := moe_refusal(None, plan)) is not None:   # what no machine runs yet (the env's part: here)
-                raise AcesoError(msg)
-            if (msg := fsdp_refusal(plan)) is not None:        # Megatron FSDP: one stage, dp x cp >= 2, MoE at tp 1
-                raise AcesoError(msg)
+        if (msg := machine_refusal(plan)) is not None:    # what of Megatron FSDP needs a package (einops)
+            raise AcesoError(msg)
         if here:
             from .model.fast_path import Environment
             from .training.engine import check_plan

@@ -5,7 +5,8 @@ A100s; Korthikanti et al. 2022: selective+SP and full recompute on 8-2240 A100s)
 command line its configuration states (core_v0.16.1 flags), read back by the importer (``read_megatron``), priced
 as Megatron-LM's training script runs it (``RunSettings.megatron_lm``, analytic cost model) and compared with
 ``aceso search``'s best Megatron-LM plan (drop-in, same pricing) and best heterogeneous plan (aceso runtime), each
-from ``plan_all`` with a fixed budget (``--budget-evals``, default 600). The published measured iteration time
+the result of the ``aceso search`` command explain prints for the row (``search/cli/explain_search.py``) with a
+fixed budget (``--budget-evals``, default 600). The published measured iteration time
 (the source's TFLOP/s per GPU and FLOP formula) is shown next to our prediction of the same configuration.
 Assumed where a source is silent: fp16 for "16-bit unspecified", Adam, no overlap flags.
 
@@ -30,9 +31,10 @@ sys.path.insert(0, str(ROOT))
 from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 
 from search.cluster import parse_cluster  # noqa: E402
+from search.costmodel.memory import DEFAULT_HEADROOM  # noqa: E402
 from search.costmodel import make_cost_model  # noqa: E402
 from search.costmodel.types import RunSettings  # noqa: E402
-from search.megatron.compare import search_gain  # noqa: E402
+from search.cli.explain_search import search_lines  # noqa: E402
 from search.megatron.importer import read_megatron  # noqa: E402
 from search.training import TrainingSpec  # noqa: E402
 
@@ -88,7 +90,9 @@ def run_row(row: dict, pr, budget: int) -> dict:
     training = TrainingSpec(global_batch_size=plan.global_batch_size, precision=plan.model.params_dtype)
     cost = make_cost_model(plan.model, cluster, training, settings=RunSettings.megatron_lm(training.precision)) \
         .evaluate(plan)
-    g = search_gain(plan, cost.iteration_ms, "flash", budget_evals=budget)
+    opts = argparse.Namespace(cluster=cluster.label, memory_limit_mb=None, memory_headroom=DEFAULT_HEADROOM,
+                              calibration=None, attention="flash", cost_model="analytic", db=None, framework=None)
+    g = search_lines(plan, cost.iteration_ms, opts, budget)
     measured = row["measured"].get("tflops_per_gpu")
     measured_ms = pr.flops_per_iteration(row) / (measured * 1e12 * n) * 1e3 if measured else None
     out = {"id": row["id"], "gpus": n, "command_line": line, "published_ms": measured_ms,
@@ -96,8 +100,9 @@ def run_row(row: dict, pr, budget: int) -> dict:
            "seconds": None}
     for key in ("megatron", "aceso"):
         line_ = g[key]
-        out[key] = None if line_ is None else {"iteration_ms": line_["iteration_ms"], "speedup": line_["speedup"],
-                                               "plan": _describe(line_["plan"])}
+        out[key] = None if "plan" not in line_ else {"iteration_ms": line_["iteration_ms"],
+                                                     "speedup": line_["speedup"], "plan": _describe(line_["plan"]),
+                                                     "command": line_["command"]}
     out["seconds"] = time.perf_counter() - t0
     return out
 

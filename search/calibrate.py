@@ -51,11 +51,11 @@ class Run:
 def price(run: Run, cluster: ClusterSpec):
     """The run's ``PlanCost`` on ``cluster`` (as ``aceso explain`` prices it)."""
     from .costmodel import RunSettings, make_cost_model
-    from .plan_settings import plan_precision
+    from .plan_settings import plan_precision, plan_sharding
     from .training import TrainingSpec
     p = run.plan
     training = TrainingSpec(global_batch_size=p.global_batch_size, micro_batch_sizes=[p.micro_batch_size],
-                            **plan_precision(p), distributed_optimizer=p.distributed_optimizer,
+                            **plan_precision(p), **plan_sharding(p),
                             attention=run.attention or "auto")
     settings = run.settings or (RunSettings.megatron_lm(training.precision) if run.framework == "megatron-lm"
                                 else RunSettings())

@@ -66,6 +66,12 @@ def plan_precision(plan) -> dict:
     return training_fields((plan.settings or RUNTIME).low_precision, plan.model.params_dtype)
 
 
+def plan_sharding(plan) -> dict:
+    """The ``TrainingSpec`` sharding fields of a plan as it runs: the distributed optimizer, Megatron FSDP (which
+    shards on its own: an FSDP plan with ``--fp8-param-gather`` has no distributed optimizer, and needs none)."""
+    return {"distributed_optimizer": plan.distributed_optimizer, "megatron_fsdp": plan.megatron_fsdp is not None}
+
+
 def settings_from_flags(precision: str, grad_reduce_in_bf16: bool, accumulate_in_fp32: bool,
                         main_grads_bf16: bool = False) -> PlanSettings:
     """Megatron-LM's ``validate_args`` rule for ``accumulate_allreduce_grads_in_fp32`` (module docstring)."""

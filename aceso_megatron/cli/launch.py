@@ -8,7 +8,8 @@
 Everything after `--` goes to `aceso train` (see `aceso train --help`); the options before it may come in any
 order. Before anything starts (also with --dry-run and --slurm), and as one line with exit 2: the train
 arguments are parsed and checked (data prefixes, split, checkpoint to resume), the plan passes the one pre-flight
-(`aceso validate`'s: vocabulary per tp, cp on CPU, layer specs, megatron block), the plan's world size (sum of
+for the aceso runtime (`aceso validate --target aceso`'s: vocabulary per tp, what the device cannot run, layer
+specs, megatron block), the plan's world size (sum of
 stages[].num_gpus) must equal nodes x processes per node, the processes per node must match the plan's cluster,
 and with --cpu the processes must fit in this machine's RAM. --nnodes defaults to the plan's cluster. A worker
 that stops on bad input comes back as its one line and exit 2.
@@ -66,9 +67,10 @@ def run(args: argparse.Namespace) -> int:
     train_args = list(getattr(args, "train_args", None) or []) + plots.train_args(args)
     plan = load_plan(args.plan)
     check_train_args(parse_train_args(args.plan, [*train_args, *(["--cpu"] if args.cpu else [])]), plan)
-    # the one pre-flight (search.preflight) before any process: the plan and its model; each worker repeats it
-    # with this machine's environment (here=True) before its process group
-    preflight(plan, "cpu" if args.cpu else "cuda")
+    # the one pre-flight (search.preflight) before any process, for the aceso runtime whatever the plan was priced
+    # for: the plan, its model and what the device cannot run (--cpu: the capability table's CPU rules, those each
+    # worker applies again before its process group); validate --target aceso answers the same
+    preflight(plan, "cpu" if args.cpu else "cuda", target="aceso")
     if args.slurm is not None and not args.dry_run:
         check_output(args.slurm, "--slurm")
     nnodes = _nnodes(args, plan)

@@ -134,25 +134,20 @@ def choose(env: Environment, model: ModelSpec, tp_comm_overlap: bool = False) ->
 
 
 def refusal(env: Environment, plan: ParallelPlan) -> str | None:
-    """One line naming the stage/field of ``plan`` this environment cannot run, or None."""
+    """One line naming the stage/field of ``plan`` this environment cannot run, or None: the recipe's needs, the
+    capability table's rules for this device (``search.capabilities``: context parallelism and TP overlap need
+    transformer-engine, one TP domain), and a transformer-engine without userbuffers."""
+    from search.capabilities import Device, cp_needs_te
+    from search.runtime_rules import tp_comm_overlap
+
     from .lowprec import refusal as recipe_refusal
 
     if (msg := recipe_refusal(env, plan)) is not None:   # FP8 / FP4: CUDA, transformer-engine, tensor cores
         return msg
-    where = "on CPU" if not env.cuda else "without transformer-engine"
-    for i, st in enumerate(plan.stages):
-        if st.cp > 1 and not env.te:
-            return (f"stages[{i}].cp ({st.cp}): megatron-core runs context parallelism only with "
-                    f"transformer-engine's attention (TEDotProductAttention), not {where}; use cp 1 or run on a "
-                    "GPU with transformer-engine")
-    if plan.tp_comm_overlap:
-        if not env.te or not env.te_userbuffers or _version(env.te_version) < (1, 9):
-            return (f"tp_comm_overlap: transformer-engine's TP communication overlap (userbuffers, TE >= 1.9) "
-                    f"is not available {where if not env.te else '(this transformer-engine lacks it)'}; set "
-                    "tp_comm_overlap false")
-        shapes = {(st.tp, st.cp, plan.micro_batch_per_rank(i)) for i, st in enumerate(plan.stages)}
-        if len(shapes) > 1 or plan.stages[0].tp < 2:
-            return ("tp_comm_overlap: transformer-engine's initialize_ub builds one TP domain for the whole world, "
-                    "so every stage needs the same tp (> 1), cp and per-rank micro-batch (stages differ: "
-                    f"{sorted(shapes)}); set tp_comm_overlap false")
-    return None
+    device = Device(cuda=env.cuda, te=env.te)
+    if (msg := cp_needs_te(plan, device)) is not None:
+        return msg
+    if plan.tp_comm_overlap and env.te and (not env.te_userbuffers or _version(env.te_version) < (1, 9)):
+        return ("tp_comm_overlap: transformer-engine's TP communication overlap (userbuffers, TE >= 1.9) is not "
+                "available (this transformer-engine lacks it); set tp_comm_overlap false")
+    return tp_comm_overlap(plan, device)

@@ -16,11 +16,13 @@ The process groups (EP, ETP, expert-DP, expert TP x EP) are the stage's own (``p
 parameters are reduced over expert-DP (``mark_expert_params``: every routed expert parameter, whatever the ep).
 
 ``refusal(env, plan)`` names what this runtime cannot run yet, one line, before any process group exists (MLA and
-MTP run: ``model.mtp``, ``patches.mla_mtp_tp_group``; ``mla_mtp_refusal`` keeps what of them does not).
+MTP run: ``model.mtp``, ``patches.mla_mtp_tp_group``; ``mla_mtp_refusal`` keeps what of them does not): the rules
+are the capability table's (``search.runtime_rules``, torch-free, so ``aceso validate`` applies the same ones).
 """
 
 from __future__ import annotations
 
+from search import runtime_rules
 from search.moe_plan import MoEPlanSettings, expert_tp
 
 EXPERTS = ".mlp.experts."   # routed experts in canonical names (not ``.mlp.shared_experts.``)
@@ -69,59 +71,21 @@ def mark_expert_params(chunk) -> None:
 
 
 def mla_mtp_refusal(plan) -> str | None:
-    """What of MLA / MTP the runtime does not run (one line), or None: MTP units run unrecomputed (megatron-core's
-    MTP recompute is its whole-block ``full`` only), MLA attention units without ``attn_dropout`` (its core
-    attention has separate key and value widths)."""
-    m = plan.model
-    if m.mtp_num_layers:
-        last = plan.stages[-1]
-        if len(last.chunks) > 1:
-            return (f"mtp_num_layers ({m.mtp_num_layers}) with virtual stages ({len(last.chunks)} chunks on the last "
-                    "stage): the runtime's MTP block is proven without interleaving only; use one chunk per stage")
-        if last.cp > 1:
-            return (f"mtp_num_layers ({m.mtp_num_layers}) with cp {last.cp} on the last stage: the runtime's MTP "
-                    "block is proven without context parallelism only; use cp 1 there")
-    for s, j, ch in plan.chunks_in_order():
-        for k, rc in enumerate(ch.recompute):
-            unit = m.units[ch.start_unit + k]
-            if unit.kind == "mtp" and rc != "none":
-                return (f"stages[{s}] unit {ch.start_unit + k} (mtp): recompute {rc}: the runtime runs the MTP "
-                        "block without recompute; set it none")
-            if unit.kind == "attention" and m.mla is not None and rc == "attn_dropout":
-                return (f"stages[{s}] unit {ch.start_unit + k}: attn_dropout with multi-latent attention: the "
-                        "runtime's recomputed dropout assumes equal key and value widths; use selective or full")
-    return None
+    """What of MLA / MTP the runtime does not run (one line), or None (``search.runtime_rules.mla_mtp``)."""
+    return runtime_rules.mla_mtp(plan, None)
 
 
 def refusal(env, plan) -> str | None:
     """One line naming what of ``plan``'s MoE / MLA / MTP this runtime cannot run (on ``env``; None: what no
-    environment runs), or None."""
+    environment runs), or None: the capability table's runtime rules (``search.runtime_rules``) for this
+    environment."""
     m = plan.model
-    if (msg := mla_mtp_refusal(plan)) is not None:
-        return msg
-    if m.moe is None:
-        return None
-    s = settings(plan)
-    if m.add_bias_linear:
-        return (f"model {m.name}: add_bias_linear with MoE: megatron-core 0.16.1's expert MLP adds its bias in place "
-                "on the output of its TP reduction, which autograd refuses; set add_bias_linear false")
-    if m.moe.moe_router_enable_expert_bias:
-        return ("moe.moe_router_enable_expert_bias: megatron-core 0.16.1 updates the expert bias over the global "
-                "parallel_state groups, which per-stage groups leave unset; set it false")
-    if s.overlap_ep_comm:
-        return ("moe.overlap_ep_comm: the runtime does not run megatron-core's combined 1F1B EP overlap yet; set "
-                "it false")
-    if env is None:
-        return None
-    if s.token_dispatcher == "flex" and not env.cuda:
-        return "moe.token_dispatcher flex: DeepEP/HybridEP need CUDA, not available on CPU; use alltoall or allgather"
-    if not env.cuda and s.token_dispatcher == "alltoall":
-        for i, st in enumerate(plan.stages):
-            if expert_tp(st) > 1:
-                return (f"stages[{i}].etp ({expert_tp(st)}) with the alltoall dispatcher on CPU: megatron-core "
-                        "all-gathers uneven token counts over expert-TP, which gloo cannot; use etp 1 or the "
-                        "allgather dispatcher")
-    if s.grouped_gemm and env.cuda and not env.te:
-        return ("moe.grouped_gemm: megatron-core's grouped experts need transformer-engine, not importable here; "
-                "set grouped_gemm false or install transformer-engine")
-    return None
+    why = (runtime_rules.mla_mtp(plan, None) or runtime_rules.moe_biases(m, None) or runtime_rules.expert_bias(m, None)
+           or runtime_rules.overlap_ep(plan, None))
+    if why is not None or env is None:
+        return why
+    from search.capabilities import Device
+
+    device = Device(cuda=env.cuda, te=env.te)
+    return (runtime_rules.flex_on_cpu(plan, device) or runtime_rules.expert_tp_alltoall_on_cpu(plan, device)
+            or runtime_rules.grouped_gemm_without_te(plan, device))

@@ -13,7 +13,8 @@ sequence-parallel partial gradients are summed over TP on the local shards (``gr
 ``finalize_model_grads`` does.
 
 What is refused, one line before any process group (the first two by the plan itself,
-``search.fsdp.structural_refusal``; the rest by ``refusal``, which the one pre-flight asks):
+``search.fsdp.structural_refusal``; the rest by the capability table's runtime rules,
+``search.runtime_rules.megatron_fsdp``, and einops here, ``refusal``; the one pre-flight asks both):
 - pipeline stages or chunks: megatron-core 0.16.1 cannot build Megatron FSDP's device mesh with pipeline
   parallelism, in Megatron-LM either: ``_get_dp_tp_mesh`` lays ``torch.arange(world_size)`` out as
   ``(dp_cp ep tp)``, which fails (``EinopsError: Shape mismatch``) when the world also spans pipeline stages
@@ -41,30 +42,23 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 
-from search.moe_plan import expert_tp
 
 
 def refusal(plan) -> str | None:
-    """Why the runtime cannot run ``plan``'s Megatron FSDP or activation offload (one line), or None."""
-    if plan.activation_offload is not None:
-        return ("activation_offload: the aceso runtime keeps activations on the device (megatron-core's CPU "
-                "offloading is not built); run the plan with Megatron-LM (aceso export --to megatron-lm) or remove it")
-    if plan.megatron_fsdp is None:
+    """Why the runtime cannot run ``plan``'s Megatron FSDP or activation offload (one line), or None: the
+    capability table's runtime rules (``search.runtime_rules``), then what needs a package here."""
+    from search import runtime_rules
+
+    return (runtime_rules.activation_offload(plan, None) or runtime_rules.megatron_fsdp(plan, None)
+            or machine_refusal(plan))
+
+
+def machine_refusal(plan) -> str | None:
+    """Megatron FSDP on a machine without einops (megatron-core's device mesh needs it), or None."""
+    if plan.megatron_fsdp is None or importlib.util.find_spec("einops") is not None:
         return None
-    # pipeline stages and a one-rank sharding group are no plan at all (search.fsdp.structural_refusal)
-    if plan.megatron_fsdp.data_parallel_sharding_strategy == "no_shard":
-        return ("megatron_fsdp no_shard: megatron-core 0.16.1's optimizer step fails on it (start_param_sync -> "
-                "async_bucket_gather: the weight buffer is None) and it shards nothing; remove megatron_fsdp (DDP)")
-    st = plan.stages[0]
-    etp = expert_tp(st)
-    if plan.model.moe is not None and max(st.tp, etp) > 1:
-        return (f"megatron_fsdp with an MoE model at tp {st.tp} / etp {etp}: the runtime runs Megatron FSDP with "
-                "experts at tp 1 and etp 1 only (the router's and experts' TP flags are not run yet); use tp 1 or "
-                "remove megatron_fsdp")
-    if importlib.util.find_spec("einops") is None:
-        return ("megatron_fsdp: megatron-core's FullyShardedDataParallel needs einops, which is not installed; "
-                "pip install einops")
-    return None
+    return ("megatron_fsdp: megatron-core's FullyShardedDataParallel needs einops, which is not installed; "
+            "pip install einops")
 
 
 CHECKPOINT_REASON = ("megatron-core 0.16.1's Megatron FSDP optimizer gives its state only in the fsdp_dtensor format "

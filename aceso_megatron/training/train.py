@@ -164,7 +164,7 @@ def train_from_args(args: argparse.Namespace) -> int:
     check_args(args, plan, world_size)
     from search.preflight import preflight
 
-    preflight(plan, "cpu" if args.cpu else "cuda", here=True)   # the one pre-flight, before any process group
+    preflight(plan, "cpu" if args.cpu else "cuda", here=True, target="aceso")   # the one pre-flight, before groups
     plots.check_training(args)   # before training: a bad --plot or no matplotlib is exit 2 now, not at the end
     import torch.distributed as dist
 

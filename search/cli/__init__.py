@@ -15,7 +15,9 @@ after a change to setup.py (``pip install -e .``). Until then, and in a planner-
 subcommands say in one line how to install the runtime and exit 2.
 
 Errors: a usage error is one line naming the option and pointing to ``aceso COMMAND --help`` (``AcesoParser``), a
-bad input one line (``AcesoError``), both exit 2. A module may set ``PASSTHROUGH = "name"``: everything after the
+bad input one line (``AcesoError``), both exit 2; so is a pydantic ``ValidationError`` that reaches here (a schema
+refused a value on its way in): one line naming the field (``errors.format_validation_error``), never the library's
+own text. A module may set ``PASSTHROUGH = "name"``: everything after the
 first ``--`` then goes untouched to ``args.name`` (``aceso launch PLAN -- TRAIN_ARGS``), whatever the order of
 the options before it. SIGTERM is handled like Ctrl-C (``KeyboardInterrupt``: the search writes its best plan so
 far), with exit status 143 instead of 130.
@@ -29,9 +31,11 @@ import os
 import signal
 import sys
 
+import pydantic
+
 from .. import __version__
 from ..argparser import AcesoParser  # noqa: F401  (the one constructor; see search/argparser.py)
-from ..errors import AcesoError
+from ..errors import AcesoError, format_validation_error
 
 ENTRY_POINT_GROUP = "aceso.subcommands"
 RUNTIME_INSTALL = 'pip install -e ".[runtime]"'
@@ -171,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     except AcesoError as e:
         print(f"aceso {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
+    except pydantic.ValidationError as e:   # a schema refused a value: one line naming the field, never pydantic's text
+        print(f"aceso {args.command}: error: {format_validation_error(e)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as e:
         print(f"aceso {args.command}: {'terminated' if isinstance(e, Terminated) else 'interrupted'}",
               file=sys.stderr)

@@ -1,6 +1,11 @@
 """Best uniform Megatron configuration (the same pp/tp/cp/dp/SP/VPP/recompute everywhere) under the same cost model.
 
 Example: aceso baseline --model gpt-1.3b --cluster 1x8-h100 --global-batch-size 512 -o baseline.json
+
+--target aceso (default) prices and checks it for the aceso runtime (DDP / the distributed optimizer, activations
+on the GPU); --target megatron-lm / megatron-bridge as that framework runs it, Megatron FSDP and CPU activation
+offload included (--megatron-fsdp on: only FSDP configurations). Each target's limits apply to it only
+(search/capabilities.py).
 """
 
 from __future__ import annotations
@@ -10,15 +15,12 @@ import json
 import sys
 
 from ..errors import AcesoError
-from .common import add_calibration_arg, add_cluster_args, add_model_args, check_output, write_output
-from .search_cmd import add_training_args, setup
+from .common import check_output, write_output
+from .search_cmd import add_problem_args, settings_from_args, setup
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_args(p)
-    add_cluster_args(p)
-    add_calibration_arg(p)
-    add_training_args(p)
+    add_problem_args(p)
     p.add_argument("--json", action="store_true", help="print a machine-readable summary")
     p.add_argument("-o", "--output", default=None, help="write it as a ParallelPlan JSON here; - = stdout")
 
@@ -27,9 +29,9 @@ def run(args: argparse.Namespace) -> int:
     from ..planner.api import plan_baseline
     from ..planner.report import plan_throughput, to_plan
     check_output(args.output)
-    # the plan it writes runs on the aceso runtime (DDP, no offload), in the cost model's training spec too (the
-    # Megatron-LM settings it tries read the offload switch there)
-    model, cluster, training, cm = setup(args, runtime=True)
+    # the plan it writes runs on its target; for the aceso runtime (DDP, no offload) in the cost model's training
+    # spec too (the Megatron-LM settings it tries read the offload switch there)
+    model, cluster, training, cm = setup(args, runtime=args.target == "aceso")
     res = plan_baseline(cm, training)
     if res is None:
         raise AcesoError(f"no uniform configuration exists for {cluster.num_gpus} GPUs with per-rank micro-batch "
@@ -38,10 +40,11 @@ def run(args: argparse.Namespace) -> int:
         from ..planner.report import memory_fix
         raise AcesoError(memory_fix("no uniform configuration fits in memory: the least", max(res.stage_memory_mb),
                                     cm, cluster, training, training.micro_batch_sizes))
-    plan = to_plan(res.evaluation, model, cluster, training, cm)     # the model in the precision it was priced
+    plan = to_plan(res.evaluation, model, cluster, training, cm,
+                   settings_from_args(args, training))     # the model in the precision it was priced
     from ..preflight import preflight
 
-    preflight(plan)     # the one pre-flight: it writes only a plan the runtime runs
+    preflight(plan, target=args.target)     # the one pre-flight: it writes only a plan its target runs
     if args.output:
         write_output(plan.to_json(), args.output)
     f = res.state.features
@@ -52,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
             "micro_batch_per_rank": res.micro_batch_per_rank, "sequence_parallel": res.shape.sp,
             "virtual_stages": res.state.num_chunks, "distributed_optimizer": f.distributed_optimizer,
             "overlap_grad_reduce": f.overlap_grad_reduce, "overlap_param_gather": f.overlap_param_gather,
-            "recompute": res.recompute, "layers_per_chunk": list(res.layers),
+            "megatron_fsdp": f.fsdp or None, "activation_offload_layers": f.offload_layers or None,
+            "target": args.target, "recompute": res.recompute, "layers_per_chunk": list(res.layers),
             "stage_time_ms": [round(t, 3) for t in res.stage_total_ms],
             "stage_memory_mib": [round(m, 1) for m in res.stage_memory_mb], "configs_evaluated": res.evaluated}
     if args.json:
@@ -74,5 +78,8 @@ def run(args: argparse.Namespace) -> int:
               f"{res.iteration_ms:.2f}", f"{info['samples_per_s']:.2f}", f"{info['tokens_per_s_per_gpu']:,.0f}",
               f"{100 * info['mfu']:.1f}%" if "mfu" in info else "-", f"{max(res.stage_memory_mb):.0f}")
     con.print(t)
-    con.print(f"{res.evaluated} uniform configurations priced in full")
+    extra = [x for x in (f"megatron fsdp {f.fsdp}" if f.fsdp else "",
+                         f"activation offload of {f.offload_layers} layers" if f.offload_layers else "") if x]
+    con.print(f"{res.evaluated} uniform configurations priced in full" + (f"; {', '.join(extra)}" if extra else "")
+              + f" (target {args.target})")
     return 0

@@ -40,6 +40,7 @@ from ..throughput import Throughput
 from .common import add_calibration_arg, add_cluster_args, add_megatron_version_arg, calibrated, print_json
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "grad_copy", "reserve")
+SEARCH_BUDGET = 600    # explain's searches: --budget-evals in the commands it prints
 COMM_KINDS = ("tp", "cp", "ep", "p2p", "dp", "edp", "param_gather", "edp_param_gather", "embedding_grads",
               "fsdp_param_gather", "fsdp_grad_reduce", "offload")
 
@@ -52,8 +53,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "not say (default: the cluster's)")
     p.add_argument("--vocab-size", type=int, default=None, help="Megatron-LM: the tokenizer's vocabulary, when the "
                    "command line does not say")
-    p.add_argument("--search-budget-evals", type=int, default=None, help="Megatron-LM: budget of the comparison "
-                   "search (default 600; 0 skips it)")
+    p.add_argument("--search-budget-evals", type=int, default=None, help="Megatron-LM: --budget-evals of the two "
+                   f"searches it compares with (default {SEARCH_BUDGET}; 0 skips them)")
+    p.add_argument("--save-best", default=None, metavar="FILE",
+                   help="Megatron-LM: write the drop-in plan to FILE and the heterogeneous one to FILE.aceso.json "
+                        "(what the printed aceso search commands write with -o)")
     add_megatron_version_arg(p, "the command line was written for")
     p.add_argument("--model", default=None, help="preset or spec file; default: the plan's model")
     p.add_argument("--num-layers", type=positive_int, default=None, help="with --model: override the preset's depth")
@@ -118,12 +122,11 @@ def _resolve(args: argparse.Namespace, plan: ParallelPlan):
         plan = ParallelPlan.model_validate(data)
     except pydantic.ValidationError as e:
         raise AcesoError(f"{args.plan}: " + str(as_aceso_error(e))) from None
-    from ..plan_settings import plan_precision
+    from ..plan_settings import plan_precision, plan_sharding
     precision = {"precision": args.precision} if args.precision else plan_precision(plan)
     attention = args.attention or (plan.predicted.attention if plan.predicted else None) or "auto"
     training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
-                            **precision, distributed_optimizer=plan.distributed_optimizer,
-                            attention=attention)
+                            **precision, **plan_sharding(plan), attention=attention)
     return plan, cluster, training
 
 
@@ -269,8 +272,14 @@ def _megatron_plan(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from .explain_search import check_save_best
+
     plots.target(args.plot, args.plot_format)   # before any work: a bad --plot or no matplotlib is exit 2
     megatron = args.megatron_args is not None or args.megatron_args_file is not None
+    if args.save_best is not None and not megatron:
+        raise AcesoError("--save-best is for --megatron-args / --megatron-args-file (the plans of the searches it "
+                         "compares with); for a plan file use aceso search -o")
+    check_save_best(args.save_best)
     if megatron:
         raw, mnotes = _megatron_plan(args)
     elif args.plan:
@@ -282,30 +291,32 @@ def run(args: argparse.Namespace) -> int:
     out, notes, cluster = (_ref_report if exact else _plan_report)(args, raw)
     out["notes"] = (mnotes if megatron else []) + notes
     out["cluster"] = cluster
-    gain = _search_gain(args, raw, out) if megatron else None
+    gain, saved = _search_lines(args, raw, out) if megatron else (None, None)
     if args.json:
         print_json(out)
     else:
         from ..planner.report import units_text
         _print_table(out, "half layers" if exact else units_text(parse_plan(raw, source=args.plan).model))
         if gain:
-            from ..megatron.compare import gain_lines
-            print("\n".join(gain_lines(gain, parse_plan(raw, source=args.plan))))
+            from .explain_search import text_lines
+            print("\n".join(text_lines(gain, saved)))
     return 0
 
 
-def _search_gain(args: argparse.Namespace, raw: dict, out: dict) -> dict | None:
-    from ..megatron.compare import DEFAULT_BUDGET, search_gain
-    from ..plan_settings import settings_for
-    budget = DEFAULT_BUDGET if args.search_budget_evals is None else args.search_budget_evals
+def _search_lines(args: argparse.Namespace, raw: dict, out: dict) -> tuple[dict | None, list[str] | None]:
+    """The two ``aceso search`` lines (``explain_search``), in ``out["megatron_search"]``; the files written."""
+    from .explain_search import save, search_lines
+    budget = SEARCH_BUDGET if args.search_budget_evals is None else args.search_budget_evals
     if budget < 1:
-        return None
+        return None, None
     plan, _, _ = _resolve(args, parse_plan(raw, source=args.plan))
-    gain = search_gain(plan, out["iteration_time_ms"], args.attention, args.cost_model, args.db, budget,
-                       settings_for(plan, args.framework))
+    gain = search_lines(plan, out["iteration_time_ms"], args, budget, args.save_best)
     out["megatron_search"] = {k: ({kk: vv for kk, vv in v.items() if kk != "plan"} if isinstance(v, dict) else v)
                               for k, v in gain.items()}
-    return gain
+    saved = save(gain, plan, args.save_best) if args.save_best else None
+    if saved:
+        out["megatron_search"]["saved"] = saved
+    return gain, saved
 
 
 def _print_table(r: dict, units: str = "half layers") -> None:

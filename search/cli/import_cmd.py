@@ -110,12 +110,11 @@ def predict(plan, attention: str | None, kind: str = "analytic"):
     """The analytic prediction of an imported plan (with the attention kernel its --transformer-impl runs)."""
     from ..costmodel import make_cost_model
     from ..plan import PlanPrediction
-    from ..plan_settings import plan_precision, run_settings
+    from ..plan_settings import plan_precision, plan_sharding, run_settings
     from ..planner.report import assumed_attention
     from ..training import TrainingSpec
     training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
-                            **plan_precision(plan), distributed_optimizer=plan.distributed_optimizer,
-                            megatron_fsdp=True if plan.megatron_fsdp else None, attention=attention or "auto")
+                            **plan_precision(plan), **plan_sharding(plan), attention=attention or "auto")
     cm = make_cost_model(plan.model, plan.cluster, training, kind,
                          settings=run_settings(plan.settings, training.precision))
     cost = cm.evaluate(plan)

@@ -8,8 +8,9 @@ megatron-lm``), priced as that framework runs the exported flags: with bf16 grad
 default, or in bf16 with --grad-reduce-in-bf16 (the export then writes that flag). The plan records the settings it
 was priced under (``settings``; ``plan_settings.py``). Every
 report prints three lines: the best uniform Megatron config, the best Megatron-LM plan and the best heterogeneous
-plan. The budget is counted in plan evaluations (--budget-evals), so the same inputs and --seed give the same plan
-on any machine; --budget-s adds a wall-clock cap (then results may depend on the CPU). Ctrl-C stops the search and
+plan; a line whose target runs no plan of the model says why it is not offered, and a --target that runs none is
+refused before searching (search/capabilities.py). The budget is counted in plan evaluations (--budget-evals), so
+the same inputs and --seed give the same plan on any machine, and more budget never a slower one; --budget-s adds a wall-clock cap (then results may depend on the CPU). Ctrl-C stops the search and
 writes the best plan found so far (SIGTERM too). Exit 2 when nothing fits, with what would make it fit.
 
 Words: a unit is half a transformer layer (its attention or its MLP half; a T5 decoder layer has three), the
@@ -25,6 +26,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import plots
@@ -108,18 +110,28 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                         "unfused = without it; auto = flash on A100/H100/H200)")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", choices=tuple(SPACE_TARGET), default="aceso",
+                   help="aceso: plans for the aceso runtime (default); megatron-lm / megatron-bridge: only what "
+                        "stock Megatron-LM can run (uniform shapes, layer cuts, Megatron's recompute settings), "
+                        "priced as that framework runs the exported flags (bf16: gradients reduced in fp32); each "
+                        "target's limits apply to it only (search/capabilities.py)")
+    p.add_argument("--grad-reduce-in-bf16", action="store_true",
+                   help="--target megatron-lm/-bridge with bf16: price gradients reduced in bf16; the export then "
+                        "writes Megatron-LM's --grad-reduce-in-bf16 (Bridge: ddp.grad_reduce_in_fp32 false)")
+
+
+def add_problem_args(p: argparse.ArgumentParser) -> None:
+    """What search and baseline share: the model, cluster, calibration, training and target."""
     add_model_args(p)
     add_cluster_args(p)
     add_calibration_arg(p)
     add_training_args(p)
-    p.add_argument("--target", choices=tuple(SPACE_TARGET), default="aceso",
-                   help="aceso: plans for the aceso runtime (default); megatron-lm / megatron-bridge: only what "
-                        "stock Megatron-LM can run (uniform shapes, layer cuts, Megatron's recompute settings), "
-                        "priced as that framework runs the exported flags (bf16: gradients reduced in fp32)")
-    p.add_argument("--grad-reduce-in-bf16", action="store_true",
-                   help="--target megatron-lm/-bridge with bf16: price gradients reduced in bf16; the export then "
-                        "writes Megatron-LM's --grad-reduce-in-bf16 (Bridge: ddp.grad_reduce_in_fp32 false)")
+    add_target_args(p)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_problem_args(p)
     p.add_argument("--budget-evals", type=positive_int, default=DEFAULT_BUDGET,
                    help=f"plan evaluations of the target's search over all stage counts (default {DEFAULT_BUDGET}; "
                         "the other search of the report gets a quarter)")
@@ -202,9 +214,6 @@ def settings_from_args(args, training):
         raise AcesoError("--grad-reduce-in-bf16 is for --target megatron-lm / megatron-bridge with bf16 (the aceso "
                          f"runtime reduces in the parameter dtype; this search is --target {target} --precision "
                          f"{training.precision}); drop it")
-    if target == "aceso" and of_training(training) is not None:
-        from ..preflight import RUNTIME_LOW_PRECISION
-        raise AcesoError(f"--precision {training.precision}: {RUNTIME_LOW_PRECISION}")
     return plan_settings("runtime" if target == "aceso" else target, training.dtype, bf16_reduce,
                          low=of_training(training))
 
@@ -223,69 +232,92 @@ def with_seq_length(model, n: int | None):
         raise AcesoError(f"--seq-length {n}: " + format_validation_error(e)) from None
 
 
-def setup(args, runtime: bool = False):
-    """model, cluster, training, cost model from the shared arguments; says once on stderr which stage shapes
-    the cost model does not cover (aceso-compat: unprofiled (per-GPU batch, tp) files), which plans then skip.
-    ``runtime``: the plan is for the aceso runtime (``api.runtime_training``: no Megatron FSDP or activation
-    offload), in the training spec the cost model carries too."""
+def setup(args, model=None, runtime: bool = False):
+    """model, cluster, training, cost model from the shared arguments (``model``: instead of ``--model``'s, e.g.
+    explain's imported one); refuses a target that runs no plan of the model (``capabilities.model_refusal``); says
+    once on stderr which stage shapes the cost model does not cover (aceso-compat: unprofiled (per-GPU batch, tp)
+    files), which plans then skip. ``runtime``: the plan is for the aceso runtime (``api.runtime_training``: no
+    Megatron FSDP or activation offload), in the training spec the cost model carries too."""
+    from ..capabilities import model_refusal
     from ..planner.api import build_cost_model, describe_dropped, runtime_training, search_space
-    model = with_seq_length(model_from_args(args), args.seq_length)
+    from ..precision import of_training
+    model = with_seq_length(model if model is not None else model_from_args(args), args.seq_length)
     cluster = cluster_from_args(args)
     training = training_from_args(args, model, cluster.gpu)
+    target = getattr(args, "target", "aceso")
+    why = model_refusal(target, model, of_training(training))
+    if why is not None:
+        raise AcesoError(why)
+    if target == "aceso":
+        runtime_training(training)     # Megatron FSDP / activation offload asked for: one line naming the target
     if runtime:
         training = runtime_training(training)
     cm = build_cost_model(model, cluster, training, args.cost_model, args.db, settings_from_args(args, training))
     if args.cost_model != "aceso-compat":     # (compat keeps the reference planner's own limit)
         from ..costmodel.memory import memory_budget_mb
         cm.memory_limit_mb = memory_budget_mb(cm.memory_limit_mb, args.memory_headroom)
-    note = describe_dropped(search_space(cm, training))
+    note = describe_dropped(search_space(cm, training, SPACE_TARGET[target]))
     if note:
         print(f"aceso {getattr(args, 'command', None) or 'search'}: {note}", file=sys.stderr)
     return model, cluster, training, cm
 
 
-def runnable(found: list, keep: int) -> tuple:
-    """The search's output check: of ``(evaluation, plan)`` best first, the first ``keep`` the runtime runs (the one
-    pre-flight, ``search.preflight``); the best of them and their plans. None runs: the first refusal, one line."""
+def runnable(found: list, keep: int, target: str = "aceso") -> tuple:
+    """The search's output check: of ``(evaluation, plan)`` best first, the first ``keep`` that ``target`` runs (the
+    one pre-flight, ``search.preflight``, for that target); the best of them and their plans. None runs: the first
+    refusal, one line."""
+    from ..capabilities import target_key
     from ..preflight import preflight
 
-    kept, refusal = [], None
+    who = {"runtime": "the runtime", "megatron-lm": "Megatron-LM", "megatron-bridge": "Megatron-Bridge"}[target_key(target)]
+    kept, refusal, unchecked = [], None, False
     for ev, plan in found:
         if len(kept) == keep:
             break
         try:
-            preflight(plan)
+            unchecked |= not preflight(plan, target=target)
             kept.append((ev, plan))
         except AcesoError as e:
             refusal = refusal or e
     if not kept:
-        raise AcesoError(f"the search found no plan the runtime runs: {refusal}")
+        raise AcesoError(f"the search found no plan {who} runs: {refusal}")
     if refusal is not None:
-        print(f"aceso search: note: left out plan(s) the runtime would refuse: {refusal}", file=sys.stderr)
+        print(f"aceso search: note: left out plan(s) {who} would refuse: {refusal}", file=sys.stderr)
+    if unchecked:   # the capability table applied; what needs torch could not be asked here
+        print("aceso search: note: the runtime is not installed here: the plan's layer specs and megatron block were "
+              "not built (aceso validate on a machine with the runtime, or the workers at launch, check them)",
+              file=sys.stderr)
     return kept[0][0], [plan for _, plan in kept]
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass
+class Found:
+    """What one ``aceso search`` found: the report's three lines (``plans``), the target's search (``result``), the
+    best plan the target runs (``best``, its evaluation) and the plans ``-o`` writes, best first."""
+
+    plans: object
+    result: object
+    best: object
+    out_plans: list
+    model: object
+    cluster: object
+    training: object
+    cm: object
+
+
+def find(args: argparse.Namespace, model=None, quiet: bool = False) -> Found:
+    """The search of ``aceso search ARGS`` (``args`` as its parser makes them): everything but the outputs.
+    ``explain --megatron-args`` runs this very function on the command line it prints (``model``: the imported
+    model when it is no preset), so its lines are what that command returns."""
     from ..planner import report
     from ..planner.aceso import SearchOptions
     from ..planner.api import plan_all, total_budget
 
-    started = time.perf_counter()
-    if args.budget_evals < 1:
-        raise AcesoError(f"--budget-evals ({args.budget_evals}) must be at least 1")
-    if args.top_k < 1:
-        raise AcesoError(f"--top-k ({args.top_k}) must be at least 1")
-    check_output(args.output)
-    check_output(args.trace, "--trace")
-    plots.target(args.plot, args.plot_format)   # before the search: a bad --plot or no matplotlib is exit 2
-    model, cluster, training, cm = setup(args)
-    if args.target == "megatron-bridge" and model.is_t5:
-        raise AcesoError("--target megatron-bridge: Megatron-Bridge v0.3.1 has no T5 pretraining recipe; use "
-                         "--target megatron-lm (pretrain_t5.py)")
+    model, cluster, training, cm = setup(args, model)
     for note in getattr(getattr(cm, "source", None), "warnings", []):   # what it cannot price (a custom layer)
         print(f"aceso search: note: {note}", file=sys.stderr)
     workers = args.workers or min(os.cpu_count() or 1, 8)
-    with report.progress(total_budget(args.budget_evals), quiet=args.json) as tick:
+    with report.progress(total_budget(args.budget_evals), quiet=quiet or args.json) as tick:
         opts = SearchOptions(budget_evals=args.budget_evals, budget_s=args.budget_s, seed=args.seed,
                              workers=workers, callback=tick)
         plans = plan_all(cm, training, opts, top_k=args.top_k, target=SPACE_TARGET[args.target])
@@ -298,11 +330,37 @@ def run(args: argparse.Namespace) -> int:
         raise AcesoError(report.infeasible_hint(best, cm, cluster, training, plans.space))
     settings = settings_from_args(args, training)
     # the best the search found first; the Megatron-LM-expressible and uniform plans (whole layers, one recompute
-    # setting) after them, for when the runtime refuses every heterogeneous one (e.g. a custom layer that runs whole)
+    # setting) after them, for when the target refuses every heterogeneous one (e.g. a custom layer that runs whole)
     found = [*result.plans, *(plans.megatron.plans if result is not plans.megatron else []),
              *([plans.uniform.evaluation] if plans.uniform is not None else [])]
     best, out_plans = runnable([(e, report.to_plan(e, model, cluster, training, cm, settings)) for e in found
-                                if e.fits], keep=max(1, len([e for e in result.plans if e.fits])))
+                                if e.fits], keep=max(1, len([e for e in result.plans if e.fits])), target=args.target)
+    return Found(plans, result, best, out_plans, model, cluster, training, cm)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """``aceso search ARGV``'s arguments, parsed by its own parser (``explain`` runs the command it prints)."""
+    from ..argparser import AcesoParser
+    parser = AcesoParser(prog="aceso search")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    args.command = "search"
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..planner import report
+
+    started = time.perf_counter()
+    if args.budget_evals < 1:
+        raise AcesoError(f"--budget-evals ({args.budget_evals}) must be at least 1")
+    if args.top_k < 1:
+        raise AcesoError(f"--top-k ({args.top_k}) must be at least 1")
+    check_output(args.output)
+    check_output(args.trace, "--trace")
+    plots.target(args.plot, args.plot_format)   # before the search: a bad --plot or no matplotlib is exit 2
+    f = find(args)
+    plans, result, best, out_plans, cm = f.plans, f.result, f.best, f.out_plans, f.cm
     out = args.output
     files = [(out_plans[0].to_json(), out, "-o")] if out else []   # written as one: a failing --trace writes no plan
     if out and out != "-":

@@ -1,9 +1,12 @@
 """Check a plan file: schema, coverage of the model's units, TP/DP divisibility, fit to a cluster or world size,
 and memory.
 
-The plan passes the one pre-flight the runtime runs before it starts (search/preflight.py): the padded vocabulary
-divides the tp of every stage that shards it, no context parallelism on a CPU cluster, and, with the runtime
-installed, the model's layer specs and megatron block as the runtime builds them.
+The plan passes the one pre-flight of its target (search/preflight.py; --target, default the plan's own
+``settings.framework``, none: the aceso runtime) on its cluster's device: the capability table
+(search/capabilities.py: what that target runs, megatron-core's own rules such as the padded vocabulary dividing
+every tp that shards it, what a CPU cluster cannot run) and, for the aceso runtime with the runtime installed, the
+model's layer specs and megatron block as the runtime builds them. ``--target aceso`` answers exactly what
+``aceso launch`` does on that device (``launch --cpu`` for a CPU cluster) before it starts anything.
 
 With a cluster (--cluster, else the plan's own) the plan must also fit in its memory under the analytic cost model
 (the per-stage peak against the GPU's memory or --memory-limit-mib), under the settings the plan carries
@@ -16,6 +19,9 @@ from __future__ import annotations
 import argparse
 
 from ..argtypes import positive_int
+from ..capabilities import plan_target
+
+TARGETS = {"aceso": "runtime", "megatron-lm": "megatron-lm", "megatron-bridge": "megatron-bridge"}
 from ..costmodel.memory import headroom_verdict
 from ..errors import AcesoError
 from ..plan import check_fits_cluster, check_recompute_applies, load_plan, span_text
@@ -29,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=positive_int, default=None,
                    help="the number of processes it will be launched with")
     p.add_argument("--cluster", default=None, help="check against this cluster (NODESxGPUS-gpu); default: the plan's")
+    p.add_argument("--target", choices=tuple(TARGETS), default=None,
+                   help="who will run it: aceso (the aceso runtime: what aceso launch checks), megatron-lm, "
+                        "megatron-bridge; default: the plan's own settings.framework (none: aceso)")
     add_memory_limit_arg(p)
     add_headroom_arg(p)
     p.add_argument("--attention", choices=("auto", "flash", "unfused"), default=None,
@@ -41,11 +50,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _memory(plan, cluster, attention: str) -> tuple[list[float], float, bool]:
     """Per-stage peak MiB under the analytic model, the limit, and whether it assumed flash attention."""
     from ..costmodel import make_cost_model
-    from ..plan_settings import plan_precision, run_settings
+    from ..plan_settings import plan_precision, plan_sharding, run_settings
     from ..training import TrainingSpec
 
     training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
-                            **plan_precision(plan), distributed_optimizer=plan.distributed_optimizer,
+                            **plan_precision(plan), **plan_sharding(plan),
                             attention=attention)
     cm = make_cost_model(plan.model, cluster, training, settings=run_settings(plan.settings, training.precision))
     flash = bool(getattr(cm.source, "flash", False))
@@ -71,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise AcesoError(f"{args.plan}: {e}") from None
     device = "cpu" if cluster is not None and cluster.gpu.name == "cpu" else "cuda"
+    target = args.target or {v: k for k, v in TARGETS.items()}[plan_target(plan)]
     try:
-        runtime_checked = preflight(plan, device)        # the one pre-flight: will the runtime run it?
+        runtime_checked = preflight(plan, device, target=target)   # the one pre-flight: will the target run it?
     except AcesoError as e:
         raise AcesoError(f"{args.plan}: {e}") from None
     if cluster is not None:
@@ -91,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
         memory = {"stage_memory_mib": [round(m, 1) for m in mem], "memory_limit_mib": round(limit, 1),
                   "memory_headroom": args.memory_headroom,
                   "cost_model": "analytic", "attention": attention}
-    summary = {"valid": True, "model": plan.model.name, "world_size": plan.world_size,
+    summary = {"valid": True, "target": target, "device": device, "model": plan.model.name,
+               "world_size": plan.world_size,
                "num_stages": plan.num_stages, "micro_batch_size": plan.micro_batch_size,
                "global_batch_size": plan.global_batch_size, "cluster": cluster.label if cluster else None,
                "memory_checked": memory is not None, **(memory or {}), "runtime_checked": runtime_checked,
@@ -104,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
     shapes = ", ".join(f"{s.num_gpus}gpu {shape(s)} units " + " ".join(span_text(a, b) for a, b in s.spans)
                        for s in plan.stages)
     print(f"{args.plan}: valid plan for {plan.model.name} on {plan.world_size} GPUs, "
-          f"{plural(plan.num_stages, 'stage')} ({shapes})")
+          f"{plural(plan.num_stages, 'stage')} ({shapes}); target {target}"
+          + (" (what aceso launch runs)" if target == "aceso" else ""))
     if not runtime_checked:
         print("layer specs and megatron block not fully checked: this machine lacks the runtime or transformer-engine "
               "(the workers check them before they start)")

@@ -9,7 +9,8 @@
   (``shell.py`` reads the bash, ``cmdline.py`` the flags, ``model_args.py`` the model), ``build.plan_from_config``.
 - ``layout.py`` and ``recompute.py``: the two non-trivial mappings (layer splits, per-unit recompute); the planner
   uses ``recompute.recompute_of`` / ``unit_choices`` and ``config.Recompute`` too (keep them stable).
-- ``compare.search_gain``: what ``aceso search`` gains over a given configuration (``explain --megatron-args``).
+- what ``aceso search`` gains over a given configuration (``explain --megatron-args``) is the search command's own
+  answer: ``search/cli/explain_search.py`` runs the very command it prints.
 
 - ``versions.py``: the Megatron-LM releases aceso reads and writes (core_v0.16.1 to core_v0.19.0), each a data file
   of its parser's flags, defaults and entry points, plus the rules and renames between them.

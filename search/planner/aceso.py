@@ -16,8 +16,11 @@ fixed evaluation budget, merged in S order so the result never depends on the wo
 
 Then the best plans are polished exactly (``polish``): optimal contiguous cuts for their shapes, chunk-boundary
 hill climbing for interleaved plans, every combination of the plan-level switches, and (MoE) every token
-dispatcher (``dispatchers``: the plan-wide setting, priced on the polished plans). Budget: plan evaluations
-(``Budget``); Ctrl-C returns the best plan so far.
+dispatcher (``dispatchers``: the plan-wide setting, priced on the polished plans): the best few final candidates
+and every plan that was among them at a smaller budget (``candidates_over_time``). Budget: plan evaluations
+(``Budget``); a larger budget retraces a smaller one's steps first, so it polishes every plan a smaller one did and
+more budget never returns a slower plan from one search (docs/search.md "More budget"). Ctrl-C returns the best
+plan so far.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ from .space import Space
 from .state import INF, Budget, BudgetExhausted, Evaluation, Evaluator, State
 
 
+MIN_PER_COUNT = 20      # evaluations every stage count gets, whatever the budget
+
+
 @dataclass
 class SearchOptions:
     budget_evals: int = 3000           # plan evaluations, over all stage counts
@@ -48,7 +54,7 @@ class SearchOptions:
     workers: int = 1
     stage_counts: list[int] | None = None
     seeds: list = field(default_factory=list)   # extra starting states (e.g. the uniform baseline)
-    polish_top: int = 3
+    polish_top: int = 3                # plans that get the exact cuts (at least top_k)
     polish_max_spans: int = 3000
     callback: object = None            # called with the number of evaluations done (may raise KeyboardInterrupt)
 
@@ -87,6 +93,7 @@ class Move:
 class StageCountResult:
     num_stages: int
     best: list[Evaluation] = field(default_factory=list)   # a few best distinct plans
+    top_events: list = field(default_factory=list)  # (charged evaluations, its three best then) at each change
     moves: list[Move] = field(default_factory=list)
     evals: int = 0
     interrupted: bool = False
@@ -176,6 +183,8 @@ class StageCountSearch:
         self.counter = 0
         self._root: tuple[Evaluation, int] | None = None
         self.rng = random.Random(opts.seed * 1_000_003 + S) if opts.seed else None
+        self._top3 = TopThree(self.result.top_events, lambda: self.ev.budget.used if self.ev.budget else 0)
+        self.ev.on_plan = self._top3.see
 
     def _push(self, e: Evaluation) -> None:
         if e.fits and self.best is not None and self.best.fits and e.iteration_ms < 1.2 * self.best.iteration_ms:
@@ -302,6 +311,27 @@ class StageCountSearch:
         self._set_best(new)
 
 
+class TopThree:
+    """A stage count's three best plans as its search goes (``Evaluator.evaluations()[:3]`` at every moment), written
+    to ``events`` as ``(charged evaluations, (best, second, third))`` each time they change."""
+
+    def __init__(self, events: list, used):
+        self.events, self.used = events, used
+        self.latest: dict[State, Evaluation] = {}
+        self.top: tuple = ()
+
+    def see(self, e: Evaluation) -> None:
+        known = e.state in self.latest
+        self.latest[e.state] = e
+        if len(self.top) == 3 and e.rank >= self.top[-1].rank and \
+                not (known and any(x.state == e.state for x in self.top)):
+            return                     # behind the third, and not one of the three re-priced: nothing changes
+        top = tuple(heapq.nsmallest(3, self.latest.values(), key=lambda x: x.rank))
+        if [id(x) for x in top] != [id(x) for x in self.top]:
+            self.top = top
+            self.events.append((self.used(), top))
+
+
 # ----- orchestration ------------------------------------------------------------------------------------------
 _JOB: dict = {}
 
@@ -361,7 +391,7 @@ def search(cm, gbs: int, space: Space, opts: SearchOptions, top_k: int = 1) -> S
     probe = Ctx(space, Evaluator(cm, gbs, None, space.target, space.moe))  # stage counts without a start get no budget
     seeded = {s.num_stages for s in opts.seeds if space.legal(s)}
     counts = [S for S in stage_counts(space, opts) if S in seeded or initial_states(probe, S)] or [1]
-    per = max(opts.budget_evals // len(counts), 20)
+    per = max(opts.budget_evals // len(counts), MIN_PER_COUNT)
     results: list[StageCountResult] = []
     interrupted = False
     done = 0
@@ -399,6 +429,45 @@ def search(cm, gbs: int, space: Space, opts: SearchOptions, top_k: int = 1) -> S
     return _finish(cm, gbs, space, opts, results, top_k, t0, interrupted)
 
 
+def _to_polish(results: list[StageCountResult], cands: list[Evaluation], opts: SearchOptions,
+               top_k: int) -> list[Evaluation]:
+    """The plans the final step polishes: the first ``max(polish_top, top_k)`` final candidates (each stage count's
+    three best, best first), and every plan that was among them at any smaller budget (``candidates_over_time``).
+    A larger budget retraces a smaller one's steps first (the search is deterministic, the budget only stops it),
+    so each smaller budget's candidates can be read off this search's own history; polishing them too means more
+    budget never returns a slower plan. Polishing only the final few lost a plan whose polish was the best when
+    better unpolished plans pushed it out (DeepSeek-V3 FP8 on 32x8-h100, heterogeneous: 31025.6 ms at a
+    300-evaluation budget, 32166.8 ms at 600: the switch and dispatcher polish cut that plan 25%, the others less)."""
+    n = max(opts.polish_top, top_k)
+    out, seen = [], set()
+    for e in cands[:n] + candidates_over_time(results, n):
+        if e.state not in seen:
+            seen.add(e.state)
+            out.append(e)
+    return out
+
+
+def candidates_over_time(results: list[StageCountResult], n: int) -> list[Evaluation]:
+    """Every plan that was among the ``n`` best final candidates of a search stopped at a smaller budget: for each
+    per-count budget ``t`` (``MIN_PER_COUNT`` up to this one) each stage count's three best after ``t`` charged
+    evaluations (``top_events``), merged, the first ``n``."""
+    events = sorted({MIN_PER_COUNT} | {t for r in results for t, _ in r.top_events})
+    current: dict[int, tuple] = {}
+    pending = {r.num_stages: list(r.top_events) for r in results}
+    out, seen = [], set()
+    for t in events:
+        for S, evs in pending.items():
+            while evs and evs[0][0] <= t:
+                current[S] = evs.pop(0)[1]
+        if t < MIN_PER_COUNT:
+            continue
+        for e in sorted((e for top in current.values() for e in top), key=lambda e: e.rank)[:n]:
+            if e.state not in seen:
+                seen.add(e.state)
+                out.append(e)
+    return out
+
+
 def _finish(cm, gbs, space, opts, results, top_k, t0, interrupted) -> SearchResult:
     ev = Evaluator(cm, gbs, None, space.target, space.moe)
     cands = [e for r in results for e in r.best]
@@ -408,13 +477,12 @@ def _finish(cm, gbs, space, opts, results, top_k, t0, interrupted) -> SearchResu
         cands += [ev.evaluate(s, charge=False, exact=True) for s in opts.seeds if space.legal(s)]
     cands.sort(key=lambda e: e.rank)
     polished = 0
-    n = max(opts.polish_top, top_k)
     if not interrupted:
         ctx = Ctx(space, ev)
         disp = Dispatchers(cm, gbs, space.target, space.moe, expressible if space.target == "megatron-lm" else None)
         out = []
         op_level = not has_unit_tables(cm) and space.target != "megatron-lm"   # one setting per plan there
-        for e in cands[:n]:
+        for e in _to_polish(results, cands, opts, top_k):
             fresh = ev.evaluate(e.state, charge=False, exact=True)
             p = fresh
             if p.fits:
@@ -423,7 +491,7 @@ def _finish(cm, gbs, space, opts, results, top_k, t0, interrupted) -> SearchResu
                     p = refine_recompute(ev, p)
             polished += p is not fresh
             out.append(disp.best(p))
-        cands = out + cands[n:]
+        cands = out + cands
         cands.sort(key=lambda e: e.rank)
     seen, plans = set(), []
     for e in cands:

@@ -3,14 +3,15 @@
 ``plan_all`` runs the three searches every report shows, each seeded with the one before so the chain never gets
 worse: the best uniform Megatron configuration (``baseline``), the best plan Megatron-LM can express
 (``--target megatron-lm``: uniform shapes, layer cuts, Megatron's recompute settings; seeded with the uniform
-one), and the best heterogeneous plan for the aceso runtime (seeded with both). The search of ``target`` gets the
-whole evaluation budget, the other one a quarter (``SECONDARY_SHARE``).
+one), and the best heterogeneous plan for the aceso runtime (seeded with both; not run where the runtime runs no
+plan of the model, ``capabilities.model_refusal``: the line says why). The search of ``target`` gets the whole
+evaluation budget, the other one a quarter (``SECONDARY_SHARE``).
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import AcesoError
 from .aceso import SearchOptions, SearchResult, search
@@ -101,6 +102,7 @@ class Plans:
     megatron: SearchResult
     aceso: SearchResult
     space: Space
+    not_offered: dict[str, str] = field(default_factory=dict)   # line -> why its target runs no plan of the model
 
     @property
     def main(self) -> SearchResult:
@@ -150,6 +152,11 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
         o2.budget_s = max(opts.budget_s - mlm.seconds, 0.0)
     if opts.callback is not None:   # one progress count over both searches
         o2.callback = lambda n, done=mlm.evals: opts.callback(done + n)
+    from ..capabilities import model_refusal
+    from ..precision import of_training
+    why = model_refusal("aceso", cm.model, of_training(training))
+    if why is not None:   # the aceso runtime runs no plan of this model: no heterogeneous line (capabilities.py)
+        return Plans(target, base, mlm, SearchResult([], [], 0, 0.0, False, {}), space, {"aceso": why})
     runs = [e for e in mlm.plans[:1] if e.fits and not runs_elsewhere(e.state)]
     # MoE: the lines above as the runtime runs them (FSDP and offload off) are seeds too: a plan the runtime does
     # not run as it is still gives the heterogeneous search its shapes and cuts to start from

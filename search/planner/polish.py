@@ -88,23 +88,30 @@ def _best_cut(ev: Evaluator, ctx, st, setting, max_spans: int):
         w //= 2
     lo = [max(0, x - w) for x in idx]
     hi = [min(U, x + w) for x in idx]
+    # a span's price depends on the stage's place and shape, its neighbours', the switches, the micro-batch and the
+    # recompute setting, not on the other cuts: kept on the evaluator for every plan the final step polishes
+    memo = ev.span_prices
     stages = []
     for i in range(S):
         A, B, T, AA = [], [], [], []
+        here = (S, i, firsts[i], st.shapes[i], st.neighbours(i), st.features, st.mbs, setting)
         for a in range(lo[i], hi[i] + 1):
             if i == 0 and a != 0:
                 continue
             for b in range(max(a + 1, lo[i + 1]), hi[i + 1] + 1):
                 if i == S - 1 and b != U:
                     continue
-                span = ((int(P[a]), int(P[b])),)
-                if setting is None:
-                    c = ev.stage(st, i, firsts[i], spans=span).cost
-                else:
-                    c = ev.stage_with(st, i, firsts[i], codes(setting, ev.cm.model, span), spans=span).cost
-                t = c.time_per_microbatch_ms if c.fits else INF
-                A.append(a), B.append(b), T.append(t)
-                AA.append((M - 1) * t + c.dp_sync_ms + c.optimizer_ms + c.prologue_ms if np.isfinite(t) else INF)
+                ta = memo.get((here, a, b))
+                if ta is None:
+                    span = ((int(P[a]), int(P[b])),)
+                    if setting is None:
+                        c = ev.stage(st, i, firsts[i], spans=span).cost
+                    else:
+                        c = ev.stage_with(st, i, firsts[i], codes(setting, ev.cm.model, span), spans=span).cost
+                    t = c.time_per_microbatch_ms if c.fits else INF
+                    ta = memo[(here, a, b)] = (t, (M - 1) * t + c.dp_sync_ms + c.optimizer_ms + c.prologue_ms
+                                                if np.isfinite(t) else INF)
+                A.append(a), B.append(b), T.append(ta[0]), AA.append(ta[1])
         stages.append(Spans(np.array(A, int), np.array(B, int), np.array(T), np.array(AA)))
     _val, bounds = best_partition(U, stages)
     return None if bounds is None else tuple(int(P[x]) for x in bounds)

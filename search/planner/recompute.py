@@ -19,6 +19,7 @@ The choice is then checked with the cost model's own ``stage_cost`` and the budg
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import math
@@ -544,8 +545,21 @@ def table_kwargs(cm, kw: dict) -> dict:
 
 
 def _unit_table_params(cm) -> frozenset[str]:
+    """The keywords ``cm.unit_table`` takes (its class's method: asked once per class, not once per stage)."""
+    method = getattr(type(cm), "unit_table", None)
+    if method is None or "unit_table" in getattr(cm, "__dict__", {}):
+        return _signature_params(getattr(cm, "unit_table", None))
+    return _class_params(type(cm))
+
+
+@functools.lru_cache(maxsize=None)
+def _class_params(cls) -> frozenset[str]:
+    return _signature_params(cls.unit_table) - {"self"}
+
+
+def _signature_params(fn) -> frozenset[str]:
     try:
-        return frozenset(inspect.signature(cm.unit_table).parameters)
+        return frozenset(inspect.signature(fn).parameters)
     except (AttributeError, TypeError, ValueError):
         return frozenset()
 

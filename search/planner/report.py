@@ -154,7 +154,7 @@ def summary(plan, ev: Evaluation, plans, result, cm, wall_s: float | None = None
            "num_virtual_stages": plan.num_virtual_stages, "stages": stage_rows(ev),
            "search_s": round(result.seconds, 3), **({"wall_s": round(wall_s, 3)} if wall_s is not None else {}),
            "evaluated_plans": result.evals,
-           "interrupted": result.interrupted, "lines": three_lines(plans)}
+           "interrupted": result.interrupted, "lines": three_lines(plans), "not_offered": dict(plans.not_offered)}
     base = plans.uniform
     if base is not None and base.fits:
         out["baseline"] = {"iteration_ms": round(base.iteration_ms, 4), "pp": base.pp, "tp": base.tp,
@@ -194,6 +194,9 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None, wall_s: floa
     lines = three_lines(plans)
     for key, label in LINES:
         x = lines[key]
+        if key in plans.not_offered:
+            con.print(f"{label:<21} not offered: {plans.not_offered[key]}")
+            continue
         if x is None:
             con.print(f"{label:<21} nothing fits")
             continue

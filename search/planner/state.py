@@ -163,6 +163,8 @@ class Evaluator:
         self.cutoff = INF
         self._stages: dict[tuple, StageEval] = {}
         self._plans: dict[State, Evaluation] = {}
+        self.on_plan: Callable[[Evaluation], None] | None = None   # told of every new or re-priced plan, in order
+        self.span_prices: dict = {}     # the cut DP's span prices (polish._best_cut), shared by the plans it polishes
         try:
             params = inspect.signature(cost_model.stage_cost).parameters
         except (TypeError, ValueError):
@@ -248,6 +250,8 @@ class Evaluator:
             firsts = state.first_ranks()
             ev = self.assemble(state, [self.stage(state, i, r) for i, r in enumerate(firsts)], exact)
         self._plans[state] = ev
+        if self.on_plan is not None:
+            self.on_plan(ev)
         return ev
 
     def assemble(self, state: State, stages: list[StageEval], exact: bool = False) -> Evaluation:

@@ -149,3 +149,75 @@ def test_a_gpu_plan_with_a_te_spec_is_not_refused_on_a_machine_without_te(tmp_pa
     assert "not fully checked" in capsys.readouterr().out
     assert main(["validate", str(tmp_path / "p.json"), "--cluster", "1x1-h100", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["runtime_checked"] is False
+
+
+def _moe_model():
+    from search.moe import MoESpec
+    from tests.tiny_models import LLAMA
+    return LLAMA.model_copy(update={"moe": MoESpec(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32)})
+
+
+def _cpu_plans() -> dict:
+    """Plans for ``N`` CPU processes: each is valid as a plan; some the CPU runtime refuses."""
+    from search.cluster import parse_cluster
+    from search.plan import uniform_plan
+    from tests.tiny_models import GPT, LLAMA
+
+    moe = _moe_model()
+
+    def moe_plan(tp, dp, ep, etp, **settings):
+        raw = json.loads(uniform_plan(moe, 1, tp, dp, 2 * dp, 4 * dp, cluster=parse_cluster(f"1x{tp * dp}-cpu"),
+                                      sequence_parallel=tp > 1).to_json())
+        raw["stages"][0].update(ep=ep, etp=etp)
+        raw["moe"] = settings or None
+        return raw
+
+    def dense(model, tp, dp, cp=1, **fields):
+        raw = json.loads(uniform_plan(model, 1, tp, dp, 2 * dp, 4 * dp, cluster=parse_cluster(f"1x{tp * dp * cp}-cpu"),
+                                      cp=cp, sequence_parallel=tp > 1).to_json())
+        raw.update(fields)
+        return raw
+    return {
+        "moe-etp2-alltoall": moe_plan(2, 1, 1, 2),                       # launch's workers refused it 30 s in
+        "moe-etp2-allgather": moe_plan(2, 1, 1, 2, token_dispatcher="allgather"),
+        "moe-ep2-alltoall": moe_plan(1, 2, 2, 1),
+        "moe-flex": moe_plan(1, 2, 2, 1, token_dispatcher="flex"),
+        "moe-ep-overlap": moe_plan(1, 2, 2, 1, overlap_ep_comm=True),
+        "dense-llama-tp2": dense(LLAMA, 2, 1),
+        "dense-gpt-cp2": dense(GPT, 1, 1, cp=2),
+        "dense-tp-comm-overlap": dense(LLAMA, 2, 1, tp_comm_overlap=True),
+        "fsdp-no-shard": dense(LLAMA, 1, 2, distributed_optimizer=False,
+                               megatron_fsdp={"data_parallel_sharding_strategy": "no_shard"}),
+        "fsdp-optim-grads": dense(LLAMA, 1, 2, distributed_optimizer=False,
+                                  megatron_fsdp={"data_parallel_sharding_strategy": "optim_grads"}),
+    }
+
+
+def test_validate_answers_what_launch_and_its_workers_do_on_cpu(tmp_path, capsys):
+    """For each plan: ``aceso validate`` on its CPU cluster, ``aceso launch --cpu --dry-run`` (its pre-flight, no
+    process started) and the check every worker runs before its process group (the one pre-flight on this machine,
+    ``here=True``: ``training.engine.check_plan`` with this CPU's environment) give one verdict. Before, validate and
+    launch passed the expert-tp-2 alltoall plan that every worker then refused."""
+    from search.errors import AcesoError
+    from search.plan import ParallelPlan
+    from search.preflight import preflight
+
+    verdicts = {}
+    for name, raw in _cpu_plans().items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(raw))
+        v = main(["validate", str(path)]) == 0         # a runtime plan: the aceso target
+        v_err = capsys.readouterr().err
+        lch = main(["launch", str(path), "--cpu", "--dry-run", "--", "--mock-data", "--train-iters", "2"]) == 0
+        l_err = capsys.readouterr().err
+        try:
+            preflight(ParallelPlan.model_validate(raw), "cpu", here=True)   # what train.py runs first
+            w, w_err = True, ""
+        except AcesoError as e:
+            w, w_err = False, str(e)
+        assert v == lch == w, (name, v_err, l_err, w_err)
+        if not v:
+            assert v_err.strip().split("error: ", 1)[1].endswith(w_err), (name, v_err, w_err)
+        verdicts[name] = v
+    assert verdicts["moe-etp2-alltoall"] is False and verdicts["moe-etp2-allgather"] is True
+    assert set(verdicts.values()) == {True, False}

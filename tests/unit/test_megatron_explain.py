@@ -3,6 +3,8 @@ Megatron-LM's training script runs it), plus what a short search on the same mod
 
 import json
 
+import pytest
+
 from search.cli import main
 from search.cluster import parse_cluster
 from search.costmodel import make_cost_model
@@ -33,25 +35,30 @@ def test_explain_prices_the_imported_plan_as_megatron_lm_runs_it_and_reports_the
     assert any("ignored 1 flag that does not change the plan: --empty-unused-memory-level" in n for n in out["notes"])
 
 
-def test_the_drop_in_plan_is_expressible_and_priced_as_megatron_lm_runs_it():
+def test_the_drop_in_plan_is_expressible_and_priced_as_megatron_lm_runs_it(tmp_path, capsys):
     from search.megatron import check_expressible
-    from search.megatron.compare import search_gain
-    plan = read_megatron(ARGS, cluster=parse_cluster("1x8-h100")).plan
-    g = search_gain(plan, 1.0, "flash", budget_evals=100)
-    drop_in = g["megatron"]["plan"]
-    assert check_expressible(drop_in) is None
-    cm = make_cost_model(plan.model, plan.cluster, TrainingSpec(global_batch_size=64, precision="fp16"),
+    from search.plan import load_plan
+    best = tmp_path / "best.json"
+    assert main(["explain", "--megatron-args", ARGS, "--cluster", "1x8-h100", "--search-budget-evals", "100",
+                 "--save-best", str(best), "--json"]) == 0
+    g = json.loads(capsys.readouterr().out)["megatron_search"]
+    drop_in = load_plan(str(best))
+    assert check_expressible(drop_in) is None and drop_in.settings.framework == "megatron-lm"
+    cm = make_cost_model(drop_in.model, drop_in.cluster, TrainingSpec(global_batch_size=64, precision="fp16"),
                          settings=RunSettings.megatron_lm("fp16"))
     assert abs(g["megatron"]["iteration_ms"] - cm.evaluate(drop_in).iteration_ms) < 1e-6
 
 
-def test_explain_table_prints_the_three_lines(capsys):
+def test_explain_table_prints_each_line_with_the_command_that_gives_it(capsys):
     assert main(["explain", "--megatron-args", ARGS, "--cluster", "1x8-h100", "--search-budget-evals", "100"]) == 0
     lines = capsys.readouterr().out.splitlines()
     mine = next(i for i, line in enumerate(lines) if line.startswith("your Megatron-LM configuration:"))
     assert lines[mine + 1].startswith("best Megatron-LM plan (drop-in):") and "x faster" in lines[mine + 1]
-    assert lines[mine + 2].startswith("best heterogeneous plan (aceso runtime):")
-    assert "aceso search --model gpt-1.3b --num-layers 4 --cluster 1x8-h100 --global-batch-size 64" in lines[mine + 3]
+    assert lines[mine + 2] == ("  aceso search --model gpt-1.3b --num-layers 4 --cluster 1x8-h100 --global-batch-size "
+                               "64 --target megatron-lm --budget-evals 100 -o plan.json")
+    assert lines[mine + 3].startswith("best heterogeneous plan (aceso runtime):")
+    assert lines[mine + 4] == ("  aceso search --model gpt-1.3b --num-layers 4 --cluster 1x8-h100 --global-batch-size "
+                               "64 --budget-evals 100 -o plan.json")
 
 
 def test_explain_megatron_args_needs_a_cluster_and_no_plan(tmp_path, capsys):
@@ -66,18 +73,70 @@ def test_explain_megatron_args_needs_a_cluster_and_no_plan(tmp_path, capsys):
     assert "megatron_search" not in json.loads(capsys.readouterr().out)
 
 
-def test_the_search_starts_from_the_given_configuration_even_outside_its_default_space():
-    """vpp 3 and a per-rank micro-batch of 16 are outside the default candidates ([1, 2] and [1, 2, 4, 8]); the
-    space is widened to hold them and the configuration is a start, so no line is slower than it (fp16: the two
-    framework pricings agree)."""
-    from search.megatron.compare import search_gain
+def test_the_search_space_holds_the_given_configuration_even_outside_its_defaults(capsys):
+    """A per-rank micro-batch of 16 is outside the default candidates (1 2 4 8): the printed search command widens
+    them (--micro-batch-sizes 1 2 4 8 16), so the uniform baseline (every uniform configuration, vpp 3 and selective
+    recompute among them) holds the configuration and neither line is slower than it (fp16: the two framework
+    pricings agree)."""
     line = ("--num-layers 12 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "
             "--max-position-embeddings 1024 --micro-batch-size 16 --global-batch-size 256 --fp16 "
             "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 3 "
             "--recompute-activations --tokenizer-type NullTokenizer --vocab-size 51199")
-    plan = read_megatron(line, cluster=parse_cluster("1x8-a100")).plan
-    cm = make_cost_model(plan.model, plan.cluster, TrainingSpec(global_batch_size=256, precision="fp16"),
-                         settings=RunSettings.megatron_lm("fp16"))
-    mine = cm.evaluate(plan).iteration_ms
-    g = search_gain(plan, mine, "flash", budget_evals=60)
-    assert g["megatron"]["speedup"] >= 1 - 1e-9 and g["aceso"]["speedup"] >= 1 - 1e-9
+    assert main(["explain", "--megatron-args", line, "--cluster", "1x8-a100", "--search-budget-evals", "60",
+                 "--json"]) == 0
+    g = json.loads(capsys.readouterr().out)["megatron_search"]
+    for key in ("megatron", "aceso"):
+        assert "--micro-batch-sizes 1 2 4 8 16" in g[key]["command"]
+        assert g[key]["speedup"] >= 1 - 1e-9, g[key]
+
+
+CUSTOM = ("--num-layers 2 --hidden-size 1024 --ffn-hidden-size 3584 --num-attention-heads 16 --group-query-attention "
+          "--num-query-groups 4 --seq-length 2048 --max-position-embeddings 2048 --position-embedding-type rope "
+          "--normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear "
+          "--micro-batch-size 1 --global-batch-size 64 --bf16 --tensor-model-parallel-size 2 --sequence-parallel "
+          "--use-distributed-optimizer --tokenizer-type NullTokenizer --vocab-size 32000")
+
+
+def _run_printed(command: str, out, capsys) -> dict:
+    import shlex
+    assert main(shlex.split(command)[1:] + ["-o", str(out)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    return json.loads(out.read_text())
+
+
+def test_each_line_is_what_its_printed_command_returns_and_save_best_writes_it(tmp_path, capsys):
+    """Issue 32: explain said 25920.4 ms for a drop-in plan its suggested search returned at 26375.3 (no memory
+    headroom, runtime pricing, another budget and start). Now each line is the result of the command printed under
+    it, run by the search's own function: the command writes byte for byte the plan --save-best writes (a model
+    that is no preset travels as the spec file --save-best writes and the command names)."""
+    best = tmp_path / "best.json"
+    assert main(["explain", "--megatron-args", CUSTOM, "--cluster", "1x8-h100", "--search-budget-evals", "80",
+                 "--save-best", str(best), "--json"]) == 0
+    g = json.loads(capsys.readouterr().out)["megatron_search"]
+    saved = {"megatron": best, "aceso": tmp_path / "best.aceso.json"}
+    assert sorted(g["saved"]) == sorted(map(str, [*saved.values(), tmp_path / "best.model.json"]))
+    for key in ("megatron", "aceso"):
+        assert f"--model {tmp_path / 'best.model.json'}" in g[key]["command"]
+        plan = _run_printed(g[key]["command"], tmp_path / f"{key}.json", capsys)
+        assert (tmp_path / f"{key}.json").read_bytes() == saved[key].read_bytes()
+        assert plan["predicted"]["iteration_time_ms"] == pytest.approx(g[key]["iteration_ms"], abs=1e-5)   # (the plan rounds it to 1 ns)
+    assert "--target megatron-lm" in g["megatron"]["command"] and "--target" not in g["aceso"]["command"]
+
+
+def test_a_preset_models_command_reproduces_the_line(tmp_path, capsys):
+    assert main(["explain", "--megatron-args", ARGS, "--cluster", "1x8-h100", "--search-budget-evals", "80",
+                 "--json"]) == 0
+    g = json.loads(capsys.readouterr().out)["megatron_search"]
+    for key in ("megatron", "aceso"):
+        assert g[key]["command"].startswith("aceso search --model gpt-1.3b --num-layers 4 ")
+        plan = _run_printed(g[key]["command"], tmp_path / f"{key}.json", capsys)
+        assert plan["predicted"]["iteration_time_ms"] == pytest.approx(g[key]["iteration_ms"], abs=1e-5)   # (the plan rounds it to 1 ns)
+
+
+def test_save_best_is_checked_before_any_work(tmp_path, capsys):
+    assert main(["explain", "--megatron-args", ARGS, "--cluster", "1x8-h100", "--save-best",
+                 str(tmp_path / "no" / "such" / "dir" / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--save-best" in err
+    assert main(["explain", "p.json", "--save-best", str(tmp_path / "x.json")]) == 2
+    assert "--save-best is for --megatron-args" in capsys.readouterr().err

@@ -108,7 +108,8 @@ def test_a_model_too_big_for_the_cluster_says_how_many_gpus_it_needs(capsys):
     need = int(-(-682.64e9 * 16 // (usable * 2**20)))
     assert need == 133
     for cmd in ("baseline", "search"):
-        assert main([cmd, "--model", "deepseek-v3", "--cluster", "1x8-h100", "--global-batch-size", "512"]) == 2
+        assert main([cmd, "--model", "deepseek-v3", "--cluster", "1x8-h100", "--global-batch-size", "512",
+                     "--target", "megatron-lm"]) == 2
         err = capsys.readouterr().err
         assert f"deepseek-v3 does not fit on 8 h100 GPUs (81920 MiB each)" in err, err
         assert f"need at least {need} GPUs: try --cluster 17x8-h100" in err and "--memory-limit-mib" not in err

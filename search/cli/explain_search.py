@@ -1,0 +1,218 @@
+"""``explain --megatron-args``'s search lines: what ``aceso search`` returns on the same model and cluster, each line
+the result of the very command explain prints (issue 32: one search behind both).
+
+``search_argv`` writes the ``aceso search`` command line of a user's configuration: its model (a preset with
+``--num-layers`` / ``--seq-length``, else a spec file), cluster, memory limit and headroom, calibration, global
+batch, precision recipe, attention kernel, gradient-reduction dtype (``--grad-reduce-in-bf16``), cost model, the
+candidates widened to hold the configuration's own per-rank micro-batch, virtual stages and cp, the target and the
+budget. ``search_lines`` parses it with the search's own parser and runs the search's own function
+(``search_cmd.find``): the drop-in line is ``--target megatron-lm`` (``megatron-bridge`` when the configuration is
+priced for it), the heterogeneous line ``--target aceso``. So the number explain prints is the number that command
+prints, the plan ``--save-best`` writes is the plan its ``-o`` writes, and a larger ``--budget-evals`` never
+returns a slower plan. A line is offered only when its target runs the model (``capabilities.model_refusal``: the
+aceso runtime has no low-precision recipes, GPT-OSS softmax offset or MoE expert bias yet); else it says why.
+
+Not carried over (no search flag for them yet): the configuration's MoE settings (dispatcher, overlaps) and its
+exact layer layout; the search explores its own (the uniform baseline covers the even layouts).
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from ..errors import AcesoError
+
+LINES = (("megatron", "best Megatron-LM plan (drop-in)"), ("aceso", "best heterogeneous plan (aceso runtime)"))
+
+
+def drop_in_target(plan, framework: str | None) -> str:
+    """The target of the drop-in line: Megatron-Bridge when the configuration is priced for it, else Megatron-LM."""
+    from ..plan_settings import settings_for
+    return "megatron-bridge" if settings_for(plan, framework).framework == "megatron-bridge" else "megatron-lm"
+
+
+def model_flags(model) -> list[str] | None:
+    """``--model NAME [--num-layers N] [--seq-length S]`` when that preset is ``model``, else None (the command needs
+    the model as a spec file). Not compared: the dtype (the search's ``--precision`` sets it) and the vocabulary
+    padding (Megatron-LM pads to ``--make-vocab-size-divisible-by`` x tp, and the importer records the
+    configuration's tp in it; the search pads for the tp it picks)."""
+    import model_specs
+
+    from ..presets import load_model
+    if model.name not in model_specs.preset_names():
+        return None
+    preset = load_model(model.name)
+    flags = ["--model", model.name]
+    layers = model.num_layers if model.num_layers != preset.num_layers else None
+    if layers is not None:
+        flags += ["--num-layers", str(layers)]
+        preset = load_model(model.name, num_layers=layers)
+    if model.seq_length != preset.seq_length:
+        flags += ["--seq-length", str(model.seq_length)]
+        preset = preset.model_copy(update={"seq_length": model.seq_length})
+    free = {"params_dtype", "make_vocab_size_divisible_by"}
+    same = preset.model_dump(exclude=free) == model.model_dump(exclude=free)
+    return flags if same else None
+
+
+def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.json") -> list[str]:
+    """The ``aceso search`` arguments of ``plan`` (a user's configuration) for ``target`` (see the module
+    docstring); ``args``: explain's (cluster, memory limit, headroom, calibration, attention, cost model,
+    framework); ``model_file``: the spec file standing for a model that is no preset."""
+    from ..costmodel.memory import DEFAULT_HEADROOM
+    from ..plan_settings import plan_precision, settings_for
+    from ..planner.space import virtual_degrees
+    from ..precision import base_dtype
+    from .search_cmd import DEFAULT_CP, LONG_SEQUENCE, SPACE_TARGET
+
+    m = plan.model
+    argv = model_flags(m) or ["--model", model_file]
+    argv += ["--cluster", args.cluster]
+    if args.memory_limit_mb is not None:
+        argv += ["--memory-limit-mib", f"{args.memory_limit_mb:g}"]
+    if args.memory_headroom != DEFAULT_HEADROOM:
+        argv += ["--memory-headroom", f"{args.memory_headroom:g}"]
+    if args.calibration:
+        argv += ["--calibration", args.calibration]
+    argv += ["--global-batch-size", str(plan.global_batch_size)]
+    prec = plan_precision(plan)
+    loaded = m.params_dtype if model_flags(m) is None else _preset_dtype(m.name)
+    if prec["precision"] != loaded:
+        argv += ["--precision", prec["precision"]]
+    if prec.get("fp8_param_gather"):
+        argv += ["--fp8-param-gather"]
+    if prec.get("bf16_layers_start") or prec.get("bf16_layers_end"):
+        argv += ["--bf16-layers", str(prec["bf16_layers_start"]), str(prec["bf16_layers_end"])]
+    mbs = plan.micro_batch_per_rank(0)
+    if mbs not in (1, 2, 4, 8):
+        argv += ["--micro-batch-sizes", *map(str, sorted({1, 2, 4, 8, mbs}))]
+    cp = plan.stages[0].cp
+    cps = [1] if m.seq_length < LONG_SEQUENCE else list(DEFAULT_CP)
+    if cp not in cps:
+        argv += ["--cp", *map(str, sorted({*cps, cp}))]
+    v = plan.num_virtual_stages
+    degrees = virtual_degrees(m, SPACE_TARGET[target])
+    if v not in degrees:
+        argv += ["--vpp", *map(str, sorted({*degrees, v}))]
+    attention = args.attention or "auto"
+    if attention != "auto" and attention != _auto_attention(plan, args):
+        argv += ["--attention", attention]
+    if args.cost_model != "analytic":
+        argv += ["--cost-model", args.cost_model] + (["--db", args.db] if args.db else [])
+    if target != "aceso":
+        argv += ["--target", target]
+        s = settings_for(plan, args.framework)
+        if s.framework != "runtime" and base_dtype(prec["precision"]) == "bf16" and not s.grad_reduce_in_fp32:
+            argv += ["--grad-reduce-in-bf16"]
+    argv += ["--budget-evals", str(budget)]
+    return argv
+
+
+def _preset_dtype(name: str) -> str:
+    from ..presets import load_model
+    return load_model(name).params_dtype
+
+
+def _auto_attention(plan, args) -> str:
+    """What ``--attention auto`` means on the plan's GPUs under the analytic model (flash / unfused)."""
+    from ..costmodel import make_cost_model
+    from ..training import TrainingSpec
+    try:
+        cm = make_cost_model(plan.model, plan.cluster, TrainingSpec(global_batch_size=plan.global_batch_size))
+    except (AcesoError, ValueError):
+        return "auto"
+    return "flash" if getattr(cm.source, "flash", False) else "unfused"
+
+
+def search_lines(plan, config_ms: float, args, budget: int, save_best: str | None = None) -> dict:
+    """``{"config_ms", "budget_evals", "megatron": line, "aceso": line}``; a line is ``{"target", "command",
+    "iteration_ms", "speedup", "plan"}``, or ``{"target", "command", "not_offered": why}`` where its target runs
+    no plan of the model, or ``{"target", "command", "no_plan": why}`` where the search finds none (nothing fits)."""
+    from ..capabilities import model_refusal
+    from .search_cmd import find, parse_args
+
+    low = plan.settings.low_precision if plan.settings is not None else None
+    custom = model_flags(plan.model) is None
+    model_file = _model_file(save_best) if custom and save_best else "SPEC.json"
+    out = {"config_ms": config_ms, "budget_evals": budget}
+    for key, target in (("megatron", drop_in_target(plan, args.framework)), ("aceso", "aceso")):
+        argv = search_argv(plan, args, target, budget, model_file)
+        line = {"target": target, "command": "aceso search " + shlex.join(argv)}
+        out[key] = line
+        why = model_refusal(target, plan.model, low)
+        if why is not None:
+            line["not_offered"] = why
+            continue
+        try:
+            found = find(parse_args(argv), model=plan.model if custom else None, quiet=True)
+        except AcesoError as e:
+            line["no_plan"] = str(e)
+            continue
+        ms = found.best.iteration_ms
+        line.update(iteration_ms=ms, speedup=config_ms / ms, plan=found.out_plans[0])
+    return out
+
+
+def _model_file(save_best: str) -> str:
+    p = Path(save_best)
+    return str(p.with_name(f"{p.stem}.model.json"))
+
+
+def saved_paths(save_best: str) -> dict:
+    """Where ``--save-best FILE`` writes: the drop-in plan to FILE, the heterogeneous one beside it
+    (``FILE.aceso.json``), a model that is no preset as ``FILE.model.json`` (the commands name it)."""
+    p = Path(save_best)
+    return {"megatron": save_best, "aceso": str(p.with_name(f"{p.stem}.aceso{p.suffix or '.json'}")),
+            "model": _model_file(save_best)}
+
+
+def save(lines: dict, plan, save_best: str) -> list[str]:
+    """Write the plans of the offered lines (and a custom model's spec); the paths written."""
+    from ..presets import spec_text
+    from .common import write_outputs
+
+    paths = saved_paths(save_best)
+    files = [(lines[k]["plan"].to_json(), paths[k], "--save-best") for k, _ in LINES if "plan" in lines[k]]
+    if files and model_flags(plan.model) is None:
+        files.append((spec_text(plan.model, "json", title=plan.model.name), paths["model"], "--save-best"))
+    write_outputs(files)
+    return [f[1] for f in files]
+
+
+def check_save_best(save_best: str | None) -> None:
+    """``--save-best`` checked before any work (its three paths)."""
+    if save_best is None:
+        return
+    from .common import check_output
+    if save_best == "-":
+        raise AcesoError("--save-best -: give a file (two plans are written: FILE and FILE.aceso.json)")
+    for path in saved_paths(save_best).values():
+        check_output(path, "--save-best")
+
+
+def verdict(sp: float) -> str:
+    if abs(sp - 1) < 5e-4:
+        return "as fast as yours"
+    return f"{sp:.3f}x faster" if sp > 1 else f"{1 / sp:.3f}x slower (nothing better found in this budget)"
+
+
+def text_lines(g: dict, saved: list[str] | None = None) -> list[str]:
+    """The lines explain prints under its table: the configuration, then each line with the command that gives it."""
+    lines = [f"your Megatron-LM configuration:          {g['config_ms']:10.1f} ms per iteration"]
+    for key, what in LINES:
+        line = g[key]
+        if "not_offered" in line:
+            lines.append(f"{what + ':':40s} not offered: {line['not_offered']}")
+            continue
+        if "no_plan" in line:
+            lines.append(f"{what + ':':40s} none: {line['no_plan']}")
+        else:
+            lines.append(f"{what + ':':40s} {line['iteration_ms']:10.1f} ms per iteration, "
+                         f"{verdict(line['speedup'])}")
+        lines.append(f"  {line['command']} -o plan.json")
+    lines.append(f"  (each command returns exactly that plan; a larger --budget-evals never a slower one; then aceso "
+                 "export plan.json --to megatron-lm, or aceso launch plan.json)")
+    if saved:
+        lines.append("  wrote " + ", ".join(saved))
+    return lines
