@@ -63,7 +63,9 @@ def check_args(args: argparse.Namespace, plan: ParallelPlan, world_size: int) ->
         import torch
 
         if not torch.cuda.is_available():
-            raise AcesoError("no CUDA device found; add --cpu to train on CPU (gloo, fp32)")
+            from ..model.fast_path import no_cuda_message
+
+            raise AcesoError(no_cuda_message(torch))
 
 
 def init_distributed(world_size: int, rank: int, local_rank: int, cpu: bool) -> None:
