@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from search.errors import AcesoError
 
-MARKER = "latest_checkpointed_iteration.txt"
+from .checkpoint_files import MARKER
 
 
 def _iter_dir(root: Path, iteration: int) -> Path:
@@ -225,6 +225,23 @@ def read_extra(root: str, iteration: int, rank: int) -> dict:
 
 
 def load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = True) -> tuple[int, bool] | None:
+    """``_load`` with a failure traced to a damaged file of the checkpoint turned into one line naming it
+    (``checkpoint_files``); any other failure is raised as it is."""
+    try:
+        return _load(root, rt, scheduler, load_optim, load_rng)
+    except (AcesoError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:   # torch DCP's CheckpointException is a BaseException
+        from .checkpoint_files import damage_message, damaged_file, damaged_item
+
+        iteration = latest_iteration(root)
+        folder = _iter_dir(Path(root), iteration)
+        if (found := damaged_file(folder) or damaged_item(folder)) is not None:
+            raise AcesoError(damage_message(root, iteration, found)) from None
+        raise
+
+
+def _load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = True) -> tuple[int, bool] | None:
     """Restore from the latest checkpoint in ``root``: (its iteration, whether it was the same plan), or None.
 
     A checkpoint of the other optimizer kind (distributed or not) loads Adam's state through ``optim_convert``.

@@ -59,6 +59,11 @@ def check_args(args: argparse.Namespace, plan: ParallelPlan, world_size: int) ->
     from ..cli.train import check_train_args   # the torch-free checks `aceso launch` ran before starting us
 
     check_train_args(args, plan)
+    if args.load:   # the torch-free checks passed: the tensor index too, before any process group
+        from .checkpoint_files import damage_message, damaged_index, marked_folder
+
+        if (marked := marked_folder(args.load)) is not None and (found := damaged_index(marked[1])) is not None:
+            raise AcesoError(damage_message(args.load, marked[0], found))
     if not args.cpu:
         import torch
 
