@@ -161,7 +161,16 @@ def _allocate_optimizer_state(optimizer) -> None:
 def save(root: str, iteration: int, rt, scheduler, keep_last: int | None = None, protect: int | None = None) -> Path:
     """Write checkpoint ``iteration`` (collective: every rank calls it); with ``keep_last``, then delete all but
     the newest ``keep_last`` checkpoints except ``protect`` (``rotate``)."""
+    from .signals import held
+
+    with held():   # SIGTERM / SIGINT wait until the checkpoint is complete (signals.held)
+        return _save(root, iteration, rt, scheduler, keep_last, protect)
+
+
+def _save(root: str, iteration: int, rt, scheduler, keep_last: int | None, protect: int | None) -> Path:
     from megatron.core import dist_checkpointing
+
+    from .signals import pause_for_test_signal
 
     root_p = Path(root)
     rank = dist.get_rank()
@@ -169,8 +178,8 @@ def save(root: str, iteration: int, rt, scheduler, keep_last: int | None = None,
     rt.sync_params()  # overlap_param_gather: the last step's all-gather is still pending
     if rank == 0:
         root_p.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        for stale in root_p.glob(".tmp_iter_*"):   # this save's, or what a killed save left: never complete
+            shutil.rmtree(stale)
         tmp.mkdir()
     dist.barrier()
     dist_checkpointing.save(sharded_state_dict(rt), str(tmp))
@@ -179,6 +188,7 @@ def save(root: str, iteration: int, rt, scheduler, keep_last: int | None = None,
              "global_batch_size": rt.plan.global_batch_size, "model": rt.plan.model.model_dump(),
              "distributed_optimizer": rt.plan.distributed_optimizer}
     torch.save(extra, tmp / f"extra_rank_{rank:05d}.pt")
+    pause_for_test_signal(rank)
     dist.barrier()
     final = _iter_dir(root_p, iteration)
     if rank == 0:

@@ -145,6 +145,8 @@ def train(args: argparse.Namespace, plan: ParallelPlan, rank: int) -> dict:
                 break
         if args.save and saved < done:
             log.message(f"saved checkpoint {checkpoint.save(args.save, done, rt, scheduler, **save_kw)}")
+            if args.exit_signal_handler and not stop:   # a signal during the final save: complete, and 143
+                stop = signals.agreed()
     if stop:
         log.message(_stopped(args, stop, done))
     return {**log.summary(), "stopped_by": stop}
@@ -157,6 +159,8 @@ def _same_folder(a: str, b: str) -> bool:
 def _stopped(args: argparse.Namespace, signum: int, iteration: int) -> str:
     """The line a run stopped by a signal ends with: where it stopped and how to go on."""
     head = f"stopped by {signal_name(signum)} after iteration {iteration}/{args.train_iters}"
+    if iteration >= args.train_iters:
+        return head + (f" (the last); saved {args.save}" if args.save else " (the last)")
     if not args.save:
         return f"{head}; nothing saved (no --save): restart with --save FOLDER to keep progress"
     load = "" if args.load and _same_folder(args.load, args.save) else f" with --load {args.save} added"
