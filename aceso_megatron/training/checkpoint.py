@@ -34,7 +34,6 @@ atomically replaces the marker, so the marker never names a partial checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import shutil
@@ -54,7 +53,7 @@ def _iter_dir(root: Path, iteration: int) -> Path:
 
 
 def plan_digest(plan) -> str:
-    return hashlib.sha256(plan.model_dump_json(exclude={"predicted"}).encode()).hexdigest()[:16]
+    return plan.digest()
 
 
 # ----- sharded state ---------------------------------------------------------------------------------------------
