@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--adam-beta2", type=_beta, default=0.95)
     g.add_argument("--init-method-std", type=positive_float, default=None,
                    help="weight init std (default: the model's megatron.init_method_std, else 0.02)")
+    g.add_argument("--calculate-per-token-loss", action="store_true",
+                   help="divide the loss (and MTP's) by the global batch's token count, not each micro-batch's "
+                        "own count (Megatron-LM's flag; the default is its default)")
     g = p.add_argument_group("run")
     g.add_argument("--train-iters", type=positive_int, default=None,
                    help="optimizer steps to train for (required, here or in --config)")

@@ -89,7 +89,8 @@ def _train_config(args: argparse.Namespace):
     from .engine import TrainConfig
 
     wanted = dict(lr=args.lr, weight_decay=args.weight_decay, clip_grad=args.clip_grad, adam_beta1=args.adam_beta1,
-                  adam_beta2=args.adam_beta2, init_method_std=args.init_method_std)
+                  adam_beta2=args.adam_beta2, init_method_std=args.init_method_std,
+                  calculate_per_token_loss=args.calculate_per_token_loss)
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     return TrainConfig(**{k: v for k, v in wanted.items() if k in names})
 

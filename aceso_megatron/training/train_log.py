@@ -45,8 +45,7 @@ def stage_max_memory_mb(rt, device: str) -> list[float]:
 
 def evaluate(rt, global_batches: list[list[dict]]) -> float:
     """Mean per-token loss over ``global_batches``: megatron-core's schedule run forward-only with the runtime's
-    chunks, forward step (``Runtime._forward_step``, whose loss is already divided by the global token count) and
-    communicator (``Runtime.run_schedule``)."""
+    chunks, forward step and communicator (``Runtime.run_schedule``: masked sums over token counts)."""
     total = 0.0
     for m in rt.models:
         m.eval()
