@@ -1,7 +1,7 @@
 """Measurements of an ``aceso train`` run read from its log: the ``--log-file`` JSON lines or the console output
 (what the last rank prints, saved to a file), for ``aceso calibrate --run PLAN LOG``.
 
-Both are written by aceso_megatron/training/train_log.py: first the run's identity (a ``{"kind": "run"}`` record,
+Both are written by the runtime's training log (``train_log.py``): first the run's identity (a ``{"kind": "run"}`` record,
 on the console ``plan DIGEST: MODEL on N GPUs|CPU processes (DEVICE), global batch B, ...``), then every
 ``--log-interval`` steps a ``train`` record / ``iteration`` line with the interval's mean iteration time, TFLOP/s
 per GPU and each stage's max memory. The steady iteration time is the median of the intervals after the first
