@@ -31,8 +31,8 @@ def _zip_damage(data: bytes | Path) -> str | None:
         with zipfile.ZipFile(io.BytesIO(data) if isinstance(data, bytes) else data) as z:
             bad = z.testzip()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError) as e:
-        return f"not a torch.save archive ({type(e).__name__}: {str(e)[:60]})"
-    return f"member {bad} fails its CRC check" if bad is not None else None
+        return f"is not a torch.save archive ({type(e).__name__}: {str(e)[:60]})"
+    return f"has a member ({bad}) that fails its CRC check" if bad is not None else None
 
 
 def damaged_file(folder: Path) -> tuple[Path, str] | None:
@@ -100,7 +100,7 @@ def damaged_item(folder: Path) -> tuple[Path, str] | None:
         data = (folder / name).read_bytes()
         for info in items:
             if (why := _zip_damage(data[info.offset:info.offset + info.length])) is not None:
-                return folder / name, f"item at byte {info.offset}: {why}"
+                return folder / name, f"has a damaged item at byte {info.offset} (it {why})"
     return None
 
 

@@ -48,14 +48,14 @@ def _header(p: Path) -> None:          # the first item's zip header overwritten
 
 
 CASES = {   # id -> (file in iter_0000002, damage, text the line names, found before any process starts)
-    "extra-garbage": ("extra_rank_00000.pt", _garbage, "extra_rank_00000.pt not a torch.save archive", True),
-    "common-cut": ("common.pt", _cut, "common.pt not a torch.save archive", True),
+    "extra-garbage": ("extra_rank_00000.pt", _garbage, "extra_rank_00000.pt is not a torch.save archive", True),
+    "common-cut": ("common.pt", _cut, "common.pt is not a torch.save archive", True),
     "metadata-json": ("metadata.json", _garbage, "metadata.json is not JSON", True),
     "dcp-metadata-missing": (".metadata", Path.unlink, ".metadata is missing", True),
     "folder-missing": ("", shutil.rmtree, "names iteration 2 but", True),
     "dcp-metadata-garbage": (".metadata", _garbage, ".metadata cannot be read", False),
     "distcp-cut": ("__0_0.distcp", _cut, "__0_0.distcp is cut short", False),
-    "distcp-header": ("__0_0.distcp", _header, "__0_0.distcp item at byte 0: ", False),
+    "distcp-header": ("__0_0.distcp", _header, "__0_0.distcp has a damaged item at byte 0 (it ", False),
 }
 
 
