@@ -75,3 +75,21 @@ def test_machine_note_names_the_mismatch_and_is_quiet_when_calibrated(tmp_path):
                                                         memory_reserve_mib=1024.0)})
     calibrated = cpu_plan.model_copy(update={"cluster": apply_calibration(cpu_plan.cluster, calib)})
     assert machine_note(calibrated, "cpu", "cpu.json", None) is None
+
+
+def test_machine_note_on_gpus_compares_the_device_with_the_preset(tmp_path, monkeypatch):
+    """A CUDA run: the device name's preset (``profiler.fingerprint.gpu_preset``) against the plan's GPU."""
+    import torch
+
+    from search.plan import load_plan
+
+    assert main(["search", "--model", str(_spec(tmp_path)), "--cluster", "1x8-h100", "--global-batch-size", "8",
+                 "-o", str(tmp_path / "gpu.json")]) == 0
+    plan = load_plan(tmp_path / "gpu.json")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
+    note = machine_note(plan, "cuda", "gpu.json", "t.jsonl")
+    assert "this run is on NVIDIA A100-SXM4-80GB (a100)" in note and "search a plan for a100" in note, note
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    assert machine_note(plan, "cuda", "gpu.json", "t.jsonl") is None
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA GB200")
+    assert "(gb200)" in machine_note(plan, "cuda", "gpu.json", "t.jsonl")
