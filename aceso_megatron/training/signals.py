@@ -80,8 +80,8 @@ def held():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, _hold) for s in SIGNALS}
     _held.clear()
+    previous = {s: signal.signal(s, _hold) for s in SIGNALS}
     try:
         yield
     finally:

@@ -146,8 +146,8 @@ def train(args: argparse.Namespace, plan: ParallelPlan, rank: int) -> dict:
                 break
         if args.save and saved < done:
             log.message(f"saved checkpoint {checkpoint.save(args.save, done, rt, scheduler, **save_kw)}")
-            if args.exit_signal_handler and not stop:   # a signal during the final save: complete, and 143
-                stop = signals.agreed()
+        if args.exit_signal_handler and not stop:   # a signal after the last step (the final save): done, and 143
+            stop = signals.agreed()
     if stop:
         log.message(_stopped(args, stop, done))
     return {**log.summary(), "stopped_by": stop}
