@@ -60,6 +60,7 @@ from search.cluster import parse_cluster  # noqa: E402
 from search.costmodel import make_cost_model  # noqa: E402
 from search.errors import AcesoError  # noqa: E402
 from search.megatron.config import NO_RECOMPUTE, Recompute  # noqa: E402
+from search.megatron.flops import num_floating_point_operations  # noqa: E402
 from search.megatron.importer import read_megatron  # noqa: E402
 from search.plan import ParallelPlan  # noqa: E402
 from search.plan_settings import plan_precision, run_settings  # noqa: E402
@@ -618,37 +619,9 @@ def load_folding_rows(path: Path = FOLDING) -> list[dict]:
     return json.loads(Path(path).read_text())["rows"]
 
 
-def megatron_moe_flops(m, global_batch_size: int) -> float:
-    """FLOPs of one global batch as Megatron-LM core_v0.16.1 counts them for ``--log-throughput`` (training.py
-    ``num_floating_point_operations`` -> ``transformer_flops``; GQA or MLA attention, dense / MoE layers by the
-    layer pattern, shared experts, MTP layers, logits; causal attention counted half), for ``ModelSpec`` ``m``.
-    The ModelZoo's and the DeepSeek guide's TFLOP/s are this count over the measured step time."""
-    h, s, n, ffe = m.hidden_size, m.seq_length, m.num_attention_heads, 3 if m.gated_mlp else 2
-    mtp = m.mtp_num_layers or 0
-    e = m.moe
-    if e is None:
-        dense, moe_layers, topk, moe_ffn, shared = m.num_layers + mtp, 0, 0, 0, 0
-    else:
-        moe_layers = sum(e.is_moe_layer(i) for i in range(m.num_layers))
-        last_moe = int(e.is_moe_layer(m.num_layers - 1))
-        dense = m.num_layers - moe_layers + (1 - last_moe) * mtp
-        moe_layers += last_moe * mtp
-        topk, moe_ffn = e.moe_router_topk, e.moe_ffn_hidden_size or m.ffn_hidden_size
-        shared = e.moe_shared_expert_intermediate_size or 0
-    if m.mla is not None:
-        a = m.mla
-        qk = a.qk_head_dim + a.qk_pos_emb_head_dim
-        q_term = h * n * qk if a.q_lora_rank is None else a.q_lora_rank * (h + n * qk + 1)
-        attn = 6 * (q_term + a.kv_lora_rank * (h + n * (a.qk_head_dim + a.v_head_dim) + 1)
-                    + h * a.qk_pos_emb_head_dim + n * a.v_head_dim * h + s * n * qk / 2 + s * n * a.v_head_dim / 2)
-    else:
-        q, k = m.head_dim * n, m.head_dim * m.groups
-        attn = 6 * (h * (q + 2 * k) + q * s / 2 * 2 + q * h)
-    per_token = (6 * h * (m.ffn_hidden_size * ffe * dense + moe_ffn * topk * ffe * moe_layers
-                          + shared * ffe * moe_layers)
-                 + attn * (m.num_layers + mtp) + 6 * mtp * (3 * h + 2 * h * h)
-                 + 6 * h * m.padded_vocab_size * (mtp + 1))
-    return global_batch_size * s * per_token
+# Megatron-LM's own FLOP count for --log-throughput (core_v0.16.1 training.py num_floating_point_operations): the
+# ModelZoo's and the DeepSeek guide's TFLOP/s are this count over the measured step time
+megatron_moe_flops = num_floating_point_operations
 
 
 def price_folding_row(row: dict, search_budget_s: float | None = None) -> dict:

@@ -12,10 +12,18 @@ smallest change that explains them (mostly GEMM, where the time is). No factor g
 is the default ``RESERVE_MB`` plus the largest measured-minus-predicted peak of any run (the conservative side:
 the run needed it).
 
-Before pricing, a log is checked against its configuration: the arguments block Megatron-LM prints (model shape,
+Before pricing, a log is checked against its configuration (``check_log``). A Megatron-LM log must say which run
+it is -- the model (the arguments block's ``num_layers``, ``hidden_size``, ``num_attention_heads``,
+``seq_length``, or the logged throughput), the cluster (``world_size``, or the throughput) and the global batch
+size -- else it is refused naming what is missing; then the arguments it prints (model shape, experts, MTP,
 parallel sizes, batch, world size) and the logged global batch size must match the script, and the logged
-throughput must be what Megatron-LM's own ``num_floating_point_operations`` (training.py, core_v0.16.1, dense
-layers) gives for the script's model at the logged time: otherwise it is a log of another model or cluster.
+throughput must be what Megatron-LM's own ``num_floating_point_operations`` (core_v0.16.1: dense, MoE, MLA and
+MTP layers, ``search.megatron.flops``) gives for the script's model at the logged time: otherwise it is a log of
+another model or cluster. An aceso train log names its plan by digest (its run record), which must be the plan's.
+
+The fit's factors stay within the hardware for a datasheet preset; a nominal one (``cluster.NOMINAL_PRESETS``:
+the ``cpu`` preset describes no particular machine) is fitted from 1/10^4 to 10^4 of its numbers (kernels at most
+the whole nominal peak), so a CPU run calibrates it to the machine it ran on.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ PRIOR = 1e-3          # weight of log(factor)^2 against log(pred/meas)^2: a 3% f
 FACTORS = ("gemm", "attention", "intra", "inter")
 STEP = 0.02           # finite-difference step in log(factor)
 BOUND = math.log(4.0)  # factors stay above 1/4 of the defaults, and below the hardware (upper_bounds)
+NOMINAL = 1e4          # a nominal preset's factors: within 10^-4 .. 10^4 (lower_bound, upper_bounds)
 TPUT_TOLERANCE = 0.03  # logged vs recomputed throughput (the log rounds to 0.1 TFLOP/s; vocab padding by tp)
 
 
@@ -46,6 +55,7 @@ class Run:
     framework: str              # "megatron-lm" (a launch script) or "runtime" (an aceso plan)
     measured: MeasuredRun
     settings: object = None     # a RunSettings other than the framework's (the benchmark's 2021/2022 rows)
+    digest: str | None = None   # an aceso plan's ParallelPlan.digest (of the file, before --cluster replaced it)
 
 
 def price(run: Run, cluster: ClusterSpec):
@@ -65,33 +75,60 @@ def price(run: Run, cluster: ClusterSpec):
 
 # ----- is this log the run of this configuration? ------------------------------------------------------------------
 def megatron_flops(plan: ParallelPlan, padded_vocab: int) -> float:
-    """Megatron-LM core_v0.16.1 ``num_floating_point_operations`` of one global batch, dense GPT/Llama layers
-    (training.py ``transformer_flops``: 3 x 2 x (MLP + attention + logits) per token)."""
-    m = plan.model
-    kv = m.kv_channels or m.hidden_size // m.num_attention_heads
-    q, k = kv * m.num_attention_heads, kv * m.groups
-    attn = m.hidden_size * (q + 2 * k) + q * m.seq_length / 2 * 2 + q * m.hidden_size
-    ffn = m.ffn_hidden_size * (3 if m.activation == "swiglu" else 2)
-    per_token = 6 * (m.hidden_size * ffn * m.num_layers + attn * m.num_layers + m.hidden_size * padded_vocab)
-    return plan.global_batch_size * m.seq_length * per_token
+    """Megatron-LM's ``num_floating_point_operations`` of one global batch of ``plan`` (search.megatron.flops)."""
+    from .megatron.flops import num_floating_point_operations
+
+    return num_floating_point_operations(plan.model, plan.global_batch_size, padded_vocab)
+
+
+def _none(value):
+    return value or None     # Megatron-LM prints an unset count as None (no experts, no MTP)
 
 
 ARG_CHECKS = (("num_layers", lambda p, c: p.model.num_layers, "model"),
               ("hidden_size", lambda p, c: p.model.hidden_size, "model"),
               ("num_attention_heads", lambda p, c: p.model.num_attention_heads, "model"),
               ("seq_length", lambda p, c: p.model.seq_length, "model"),
+              ("ffn_hidden_size", lambda p, c: p.model.ffn_hidden_size, "model"),
+              ("num_experts", lambda p, c: _none(p.model.moe and p.model.moe.num_experts), "model"),
+              ("mtp_num_layers", lambda p, c: _none(p.model.mtp_num_layers), "model"),
               ("global_batch_size", lambda p, c: p.global_batch_size, "model"),
               ("tensor_model_parallel_size", lambda p, c: p.stages[0].tp, "cluster"),
               ("pipeline_model_parallel_size", lambda p, c: p.num_stages, "cluster"),
               ("world_size", lambda p, c: c.num_gpus, "cluster"))
+MODEL_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")   # what names the model
+
+
+def identity_gaps(meas: MeasuredRun) -> list[str]:
+    """What a Megatron-LM log lacks to say which run it is (model, cluster, global batch), each with where it would
+    be; empty when it says all three."""
+    gaps, args, tput = [], meas.arguments, meas.tflops_per_gpu is not None
+    missing = [k for k in MODEL_ARGS if k not in args]
+    if missing and not tput:
+        gaps.append(f"model (arguments {', '.join(missing)}, or the throughput per GPU of --log-throughput)")
+    if "world_size" not in args and not tput:
+        gaps.append("cluster (argument world_size, or the throughput per GPU)")
+    if meas.global_batch_size is None and "global_batch_size" not in args:
+        gaps.append("global batch size (the iteration lines' 'global batch size', or argument global_batch_size)")
+    return gaps
 
 
 def check_log(run: Run, cluster: ClusterSpec, padded_vocab: int | None) -> None:
     """AcesoError when the log is not a run of ``run.plan`` on ``cluster`` (module docstring)."""
     meas, plan, src = run.measured, run.plan, run.measured.source
+    if run.framework == "runtime":
+        digest = run.digest or plan.digest()
+        if meas.run is None or meas.run["plan_digest"] != digest:
+            got = meas.run["plan_digest"] if meas.run else "none"
+            raise AcesoError(f"{src}: the log is of plan {got} but {run.label.split(' + ')[0]} is plan {digest}: a "
+                             "log of another plan; give the log of the run of this plan")
+        return
+    if gaps := identity_gaps(meas):
+        raise AcesoError(f"{src}: the log does not say which run it is: no {'; no '.join(gaps)}; give the run's "
+                         "complete stdout (Megatron-LM prints its arguments first)")
     for key, want, what in ARG_CHECKS:
         got = meas.arguments.get(key)
-        if got is not None and got != "None" and got != str(want(plan, cluster)):
+        if got is not None and got != str(want(plan, cluster)):
             raise AcesoError(f"{src}: the log's {key} is {got} but {run.label} has {want(plan, cluster)}: a log of "
                              f"another {what}; give the log of this run")
     if meas.global_batch_size is not None and meas.global_batch_size != plan.global_batch_size:
@@ -99,8 +136,7 @@ def check_log(run: Run, cluster: ClusterSpec, padded_vocab: int | None) -> None:
                          f"{plan.global_batch_size}: a log of another run; give the log of this run")
     if meas.tflops_per_gpu is None or not meas.tflops_at_ms or plan.model.is_t5:
         return
-    flops = megatron_flops(plan, padded_vocab) if padded_vocab else \
-        plan.model.training_flops_per_sample() * plan.global_batch_size
+    flops = megatron_flops(plan, padded_vocab)
     expect = flops / (meas.tflops_at_ms / 1e3) / cluster.num_gpus / 1e12
     if abs(meas.tflops_per_gpu / expect - 1) > TPUT_TOLERANCE and abs(meas.tflops_per_gpu - expect) > 0.1:
         raise AcesoError(f"{src}: the log's throughput ({meas.tflops_per_gpu:.1f} TFLOP/s/GPU at "
@@ -133,20 +169,31 @@ def jacobian(runs: list[Run], x: np.ndarray, r: np.ndarray | None = None, cols=N
 
 def upper_bounds(gpu: str) -> np.ndarray:
     """log of the largest physical factors: kernels at their microbenchmark ceilings (``sustained`` 1), links at
-    the datasheet bandwidth (``LINK_EFFICIENCY`` 1)."""
+    the datasheet bandwidth (``LINK_EFFICIENCY`` 1). A nominal preset has no datasheet: kernels up to the whole
+    nominal peak, links up to 10^4 x."""
+    from .cluster import NOMINAL_PRESETS
     from .costmodel.comm import LINK_EFFICIENCY
     from .costmodel.kernels import ARCH
-    s = ARCH.get(gpu, ARCH["a100"]).sustained
-    return np.log([1 / s, 1 / s, 1 / LINK_EFFICIENCY, 1 / LINK_EFFICIENCY])
+    a = ARCH.get(gpu, ARCH["a100"])
+    if gpu in NOMINAL_PRESETS:
+        return np.log([1 / (a.gemm_max * a.sustained), 1 / ((a.attn_fwd or 1.0) * a.sustained), NOMINAL, NOMINAL])
+    return np.log([1 / a.sustained, 1 / a.sustained, 1 / LINK_EFFICIENCY, 1 / LINK_EFFICIENCY])
 
 
-def _clip(x: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    x = np.clip(x, -BOUND, hi)
+def lower_bound(gpu: str) -> float:
+    """log of the smallest factor: 1/4 of a datasheet preset, 1/10^4 of a nominal one."""
+    from .cluster import NOMINAL_PRESETS
+    return -math.log(NOMINAL) if gpu in NOMINAL_PRESETS else -BOUND
+
+
+def _clip(x: np.ndarray, hi: np.ndarray, lo: float = -BOUND) -> np.ndarray:
+    x = np.clip(x, lo, hi)
     x[1] = min(x[1], hi[1] - x[0])        # attention's factor is relative to the GEMM's
     return x
 
 
-def _bounded_step(x: np.ndarray, r: np.ndarray, jac: np.ndarray, free: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def _bounded_step(x: np.ndarray, r: np.ndarray, jac: np.ndarray, free: np.ndarray, hi: np.ndarray,
+                  lo: float = -BOUND) -> np.ndarray:
     """One regularised Gauss-Newton step within the bounds: a factor the step would push past its bound is pinned
     there (the residuals moved by its linearised effect) and the step re-solved for the others (an active set)."""
     x, r, active = x.copy(), r.copy(), free.copy()
@@ -155,7 +202,7 @@ def _bounded_step(x: np.ndarray, r: np.ndarray, jac: np.ndarray, free: np.ndarra
         step = np.linalg.solve(jf.T @ jf + PRIOR * np.eye(jf.shape[1]), -(jf.T @ r + PRIOR * x[active]))
         trial = x.copy()
         trial[active] += step
-        clipped = _clip(trial.copy(), hi)
+        clipped = _clip(trial.copy(), hi, lo)
         hit = active & ~np.isclose(clipped, trial, rtol=0, atol=1e-12)
         if not hit.any():
             return clipped
@@ -168,7 +215,7 @@ def _bounded_step(x: np.ndarray, r: np.ndarray, jac: np.ndarray, free: np.ndarra
 def fit_factors(runs: list[Run], iterations: int = 6, jac: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
     """log(factor) per ``FACTORS`` and the names of those some run exercised. With ``jac`` (the runs' Jacobian,
     e.g. at the defaults) it stays frozen and each iteration re-prices the runs once (a chord method)."""
-    hi = upper_bounds(runs[0].plan.cluster.gpu.name)
+    hi, lo = upper_bounds(runs[0].plan.cluster.gpu.name), lower_bound(runs[0].plan.cluster.gpu.name)
     x = np.zeros(len(FACTORS))
     frozen = jac is not None
     free = np.ones(len(FACTORS), bool) if jac is None else np.abs(jac).max(axis=0) > 1e-4
@@ -179,7 +226,7 @@ def fit_factors(runs: list[Run], iterations: int = 6, jac: np.ndarray | None = N
             if it == 0:
                 free = np.abs(jac).max(axis=0) > 1e-4
         before = x.copy()
-        x = _bounded_step(x, r, jac, free, hi)
+        x = _bounded_step(x, r, jac, free, hi, lo)
         if np.max(np.abs(x - before)) < 1e-4:
             break
     return x, [FACTORS[j] for j in range(len(FACTORS)) if free[j]]

@@ -117,6 +117,10 @@ GPU_PRESETS: dict[str, GPUSpec] = {
                 peak_tflops_fp32=0.2, hbm_gbps=20),
     )
 }
+# presets whose numbers describe no particular machine: "cpu" is a nominal CPU process (0.2 TFLOP/s, 20 GB/s memory,
+# 5 / 1 GB/s between processes) for CPU test runs; only `aceso calibrate` on a run of this machine makes it real
+# (its factors are fitted without the hardware bounds of a datasheet preset, search/calibrate.py)
+NOMINAL_PRESETS = frozenset({"cpu"})
 GPU_ALIASES = {"v100-32gb": "v100", "a100-80gb": "a100", "h100-sxm": "h100", "a100-40": "a100-40gb",
                "a100-80": "a100", "b200-sxm": "b200", "b300-sxm": "b300"}
 # Rack presets: the GPU and the GPUs one NVLink domain of the rack holds. ``16x4-gb200-nvl72`` is 16 trays of 4 in

@@ -110,6 +110,31 @@ def check_output(dest: str | None, flag: str = "-o") -> None:
                          "choose another path") from None
 
 
+def check_output_folder(path: str | None, flag: str) -> None:
+    """Refuse a folder the run will create or write into (``--save``, ``--tensorboard-dir``) that it cannot: an
+    empty path, a path that is or runs through a file, or a place without write permission; nothing is created."""
+    if path is None:
+        return
+    if not path.strip():
+        raise AcesoError(f"{flag} {path!r}: empty path; give a folder")
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise AcesoError(f"{flag} {path}: not a folder (a file is there); give a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise AcesoError(f"{flag} {path}: the folder is not writable; choose another one")
+        return
+    parent = os.path.normpath(path)
+    while True:                           # the nearest part of the path that exists decides
+        parent = os.path.dirname(parent) or "."
+        if os.path.exists(parent) or parent in (".", os.sep):
+            break
+    if not os.path.isdir(parent):
+        raise AcesoError(f"{flag} {path}: {parent} is a file, not a folder, so nothing can be made under it; give a "
+                         "folder path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise AcesoError(f"{flag} {path}: cannot create it in {parent} (not writable); choose another folder")
+
+
 class _Staged:
     """One output prepared for commit: a written temporary file to rename, or text to write in place."""
 

@@ -16,21 +16,20 @@ Megatron-LM core_v0.16.1 prints (megatron/training/training.py ``training_log``,
 and the ``arguments`` block of ``_print_args`` (arguments.py: ``  name ....... value`` between dashed title lines).
 ``read_megatron_log`` keeps the steady iteration time (the median of the interval lines after the first, which
 pays for warm-up), the logged throughput, global batch size, the max ``max reserved`` over ranks and the printed
-arguments; ``read_train_jsonl`` the same from aceso's own records (``max allocated`` per stage). A log that cannot
-be a completed run is refused in one line: empty, no iteration line, NaN or inf numbers or nan iterations, a CUDA
-out-of-memory error, a line cut off (an iteration line without its closing ``number of nan iterations`` field).
+arguments (aceso train's own logs: ``search.aceso_log``). A log that cannot be a completed run is refused in one
+line: empty, no iteration line, NaN or inf numbers or nan iterations, a zero or negative time, throughput, batch or
+memory, a CUDA out-of-memory error, a line cut off (an iteration line without its closing ``number of nan
+iterations`` field).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
 from dataclasses import dataclass, field
 
 from .errors import AcesoError
-from .units import legacy_keys
 
 _ITER = re.compile(r"^\s*(?:\[[^\]]*\]\s*)?iteration\s+(\d+)/\s*(\d+)\s*\|")
 _MEM = re.compile(r"^\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| allocated: (\S+) \| max allocated: "
@@ -53,6 +52,22 @@ class MeasuredRun:
     memory_kind: str = "max_reserved"
     arguments: dict[str, str] = field(default_factory=dict)
     intervals: int = 0
+    run: dict | None = None                 # aceso train's "run" record: which plan (digest), device
+
+
+def number(text, what: str, source: str, line: int, low: float | None = 0.0, strict: bool = True) -> float:
+    """``text`` (a field of a text log, or a JSON number) as a finite number above ``low`` (at least ``low`` when
+    not ``strict``); anything else is one ``AcesoError`` line naming the field."""
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise AcesoError(f"{source}: line {line}: {what} is {text!r}, not a number; give the run's unedited log")
+    v = _number(str(text), what, source, line) if isinstance(text, str) else float(text)
+    if not math.isfinite(v):
+        raise AcesoError(f"{source}: line {line}: {what} is {text}: the run diverged or its timer failed; "
+                         "calibrate with a run that trained normally")
+    if low is not None and (v <= low if strict else v < low):
+        raise AcesoError(f"{source}: line {line}: {what} is {text}: a run's {what} is {'above' if strict else 'at least'} "
+                         f"{low:g}; give the run's unedited log")
+    return v
 
 
 def _number(text: str, what: str, source: str, line: int) -> float:
@@ -100,7 +115,7 @@ def read_megatron_log(text: str, source: str) -> MeasuredRun:
                 args[m.group(1)] = m.group(2).strip()
             continue
         if m := _MEM.match(line):
-            mem.append(_number(m.group(6), "max reserved", source, n))
+            mem.append(number(m.group(6), "max reserved", source, n, strict=False))
             continue
         if "memory (MB)" in line and line.startswith("[Rank "):
             raise AcesoError(f"{source}: line {n}: the memory report is cut off (no 'max reserved' field); give the "
@@ -116,7 +131,7 @@ def read_megatron_log(text: str, source: str) -> MeasuredRun:
         if "elapsed time per iteration (ms)" not in f:
             raise AcesoError(f"{source}: line {n}: no 'elapsed time per iteration (ms)' field; give Megatron-LM's "
                              "unedited stdout")
-        times.append(_number(f["elapsed time per iteration (ms)"], "elapsed time per iteration", source, n))
+        times.append(number(f["elapsed time per iteration (ms)"], "elapsed time per iteration", source, n))
         if int(_number(f[_LAST_FIELD], _LAST_FIELD, source, n)):
             raise AcesoError(f"{source}: line {n}: the run had NaN iterations (loss or gradients); calibrate with a "
                              "run that trained normally")
@@ -124,9 +139,10 @@ def read_megatron_log(text: str, source: str) -> MeasuredRun:
             if val.lower() in ("nan", "inf", "-inf"):
                 raise AcesoError(f"{source}: line {n}: {key} is {val}; calibrate with a run that trained normally")
         if "global batch size" in f:
-            gbs = int(_number(f["global batch size"], "global batch size", source, n))
+            gbs = int(number(f["global batch size"], "global batch size", source, n))
         if "throughput per GPU (TFLOP/s/GPU)" in f:
-            tput = (_number(f["throughput per GPU (TFLOP/s/GPU)"], "throughput per GPU", source, n), times[-1])
+            tput = (number(f["throughput per GPU (TFLOP/s/GPU)"], "throughput per GPU", source, n, strict=False),
+                    times[-1])
     if not times:
         raise AcesoError(f"{source}: no 'elapsed time per iteration (ms)' line; give the stdout of a Megatron-LM run "
                          "that logged at least one interval (--log-interval)")
@@ -135,46 +151,11 @@ def read_megatron_log(text: str, source: str) -> MeasuredRun:
                        "max_reserved", args, len(times))
 
 
-def read_train_jsonl(text: str, source: str) -> MeasuredRun:
-    """The run's measurements from ``aceso train --log-file`` JSON lines (the runtime's training/train_log.py)."""
-    if not text.strip():
-        raise AcesoError(f"{source}: the log is empty; give the --log-file of a finished aceso train run")
-    times, mem, tput = [], [], None
-    lines = text.splitlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            cut = n == len(lines) and not text.endswith("\n")
-            raise AcesoError(f"{source}: line {n}: " + ("cut off mid-line; give the complete log" if cut
-                                                        else "not a JSON record; give aceso train's --log-file")) \
-                from None
-        if not isinstance(rec, dict):
-            raise AcesoError(f"{source}: line {n}: not a JSON record; give aceso train's --log-file")
-        if rec.get("kind") == "message" and _OOM.search(str(rec.get("text", ""))):
-            raise AcesoError(f"{source}: line {n}: the run ran out of GPU memory; calibrate with runs that completed")
-        if rec.get("kind") != "train":
-            continue
-        for key in ("iteration_time_ms", "loss", "tflops_per_gpu"):
-            v = rec.get(key)
-            if not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise AcesoError(f"{source}: line {n}: {key} is {v}; calibrate with a run that trained normally")
-        times.append(float(rec["iteration_time_ms"]))
-        tput = (float(rec["tflops_per_gpu"]), times[-1])
-        stage_mem = legacy_keys(rec).get("stage_max_memory_mib") or []       # (older logs: *_mb, the same MiB)
-        if any(not isinstance(v, (int, float)) or not math.isfinite(v) for v in stage_mem):
-            raise AcesoError(f"{source}: line {n}: stage_max_memory_mib has a non-number; give the unedited log")
-        mem.extend(float(v) for v in stage_mem)
-    if not times:
-        raise AcesoError(f"{source}: no 'train' record; give the --log-file of an aceso train run that logged at "
-                         "least one interval")
-    steady = times[1:] if len(times) > 1 else times
-    return MeasuredRun(source, statistics.median(steady), None, *tput, max(mem) if mem else None, "max_allocated",
-                       {}, len(times))
-
-
 def read_run_log(text: str, source: str) -> MeasuredRun:
-    """Either kind of log: JSON lines when the first non-blank character opens a JSON object."""
-    return read_train_jsonl(text, source) if text.lstrip().startswith("{") else read_megatron_log(text, source)
+    """Any kind of log: aceso train's JSON lines (the first non-blank character opens a JSON object) or console
+    output (its iteration lines), else Megatron-LM's stdout."""
+    from .aceso_log import is_train_stdout, read_train_jsonl, read_train_stdout
+
+    if text.lstrip().startswith("{"):
+        return read_train_jsonl(text, source)
+    return read_train_stdout(text, source) if is_train_stdout(text) else read_megatron_log(text, source)

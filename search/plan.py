@@ -408,6 +408,12 @@ class ParallelPlan(BaseModel):
         """The units of all the stage's chunks, chunk after chunk."""
         return tuple(u for c in self.stages[stage].chunks for u in self.model.units[c.start_unit:c.end_unit])
 
+    def digest(self) -> str:
+        """16 hex digits of the plan without its prediction: the identity its checkpoints and training logs carry."""
+        import hashlib
+
+        return hashlib.sha256(self.model_dump_json(exclude={"predicted"}).encode()).hexdigest()[:16]
+
     def to_json(self) -> str:
         return self.model_dump_json(indent=2, exclude_none=True) + "\n"
 

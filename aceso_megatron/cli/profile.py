@@ -133,6 +133,29 @@ def _check_ep(args: argparse.Namespace, model: ModelSpec) -> None:
                          "profiler does not measure (nor the profile cost model price); profile --tp 1")
 
 
+def check_device(args: argparse.Namespace, nproc: int) -> None:
+    """A GPU profile (no --cpu) on a machine without CUDA, or with fewer GPUs than processes: one line, before
+    any process starts (``aceso launch`` checks the same)."""
+    if args.cpu:
+        return
+    from launch.commands import count_visible_gpus
+
+    visible = count_visible_gpus()
+    if visible == 0:
+        raise AcesoError("no GPU on this node (CUDA_VISIBLE_DEVICES or nvidia-smi lists none); add --cpu to profile "
+                         "CPU processes (gloo, fp32), or run aceso profile on a GPU node")
+    import torch
+
+    if not torch.cuda.is_available():
+        from ..model.fast_path import no_cuda_message
+
+        raise AcesoError(no_cuda_message(torch))
+    visible = torch.cuda.device_count()
+    if nproc > visible:
+        raise AcesoError(f"this node has {visible} visible GPU(s) but the profile starts {nproc} processes per node "
+                         "(max --tp and --ep, or --nproc); profile smaller degrees here or run on a bigger node")
+
+
 def num_procs(args: argparse.Namespace) -> int:
     if args.nproc:
         return args.nproc
@@ -216,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
 
             check_profiled_model(model, "cpu" if args.cpu else "cuda")
     nproc = num_procs(args)
+    check_device(args, nproc)
     _check_partial(args, model, nproc * args.nnodes)
     cmd = torchrun_command(args, nproc)
     env = dict(os.environ)

@@ -26,7 +26,7 @@ from search.argparser import AcesoParser
 from search.argtypes import nonnegative_float, nonnegative_int, positive_float, positive_int, seed
 from search.errors import AcesoError
 
-CHECKPOINT_MARKER = "latest_checkpointed_iteration.txt"   # as aceso_megatron.training.checkpoint.MARKER (torch-free)
+from ..training.checkpoint_files import MARKER as CHECKPOINT_MARKER   # torch-free
 
 from search import plots
 
@@ -59,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--adam-beta2", type=_beta, default=0.95)
     g.add_argument("--init-method-std", type=positive_float, default=None,
                    help="weight init std (default: the model's megatron.init_method_std, else 0.02)")
+    g.add_argument("--calculate-per-token-loss", action="store_true",
+                   help="divide the loss (and MTP's) by the global batch's token count, not each micro-batch's "
+                        "own count (Megatron-LM's flag; the default is its default)")
     g = p.add_argument_group("run")
     g.add_argument("--train-iters", type=positive_int, default=None,
                    help="optimizer steps to train for (required, here or in --config)")
@@ -161,11 +164,13 @@ def check_train_args(args: argparse.Namespace, plan=None) -> None:
             if plan.model.vocab_size < ids:
                 raise AcesoError(f"the plan's model has vocab_size {plan.model.vocab_size} but tokenizer byte has "
                                  f"{ids} ids; make a plan for a model with vocab_size >= {ids}")
-    for flag, folder in (("--save", args.save), ("--load", args.load), ("--data-cache-path", args.data_cache_path)):
-        if folder is not None and os.path.exists(folder) and not os.path.isdir(folder):
-            raise AcesoError(f"{flag} {folder}: not a folder; give a checkpoint folder")
+    from search.files import check_output, check_output_folder
+
+    if args.load is not None and os.path.exists(args.load) and not os.path.isdir(args.load):
+        raise AcesoError(f"--load {args.load}: not a folder; give a checkpoint folder")
+    for flag, folder in (("--save", args.save), ("--data-cache-path", args.data_cache_path)):
+        check_output_folder(folder, flag)
     if args.log_file is not None:
-        from search.files import check_output
 
         check_output(args.log_file, "--log-file")
     from ..training.writers import check_args as check_writers   # torch-free
@@ -246,6 +251,14 @@ def _check_resume(args: argparse.Namespace) -> None:
         raise AcesoError(f"--load {args.load}: the checkpoint is at iteration {done}, and --train-iters is "
                          f"{args.train_iters}: nothing left to train; raise --train-iters (e.g. --train-iters "
                          f"{done + args.train_iters}) to train on from it")
+    from ..training.checkpoint_files import damage_message, damaged_file   # torch-free
+
+    folder = Path(args.load) / f"iter_{done:07d}"
+    if not folder.is_dir():
+        raise AcesoError(f"--load {args.load}: {CHECKPOINT_MARKER} names iteration {done} but {folder} is missing; "
+                         "restore it, or write the iteration of a checkpoint that is there into the marker")
+    if (found := damaged_file(folder)) is not None:
+        raise AcesoError(damage_message(args.load, done, found))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,9 +3,10 @@ recompute choices, the fast-path choice) to megatron-core's ``TransformerConfig`
 
 A stage's config carries its own ``tensor_model_parallel_size``, ``context_parallel_size`` and
 ``sequence_parallel``; ``pipeline_model_parallel_size`` stays 1 because the runtime places layers itself
-(megatron-core's layer offsets read the global pipeline rank, which a heterogeneous plan does not have). Loss is
-per token (``calculate_per_token_loss``): the loss function divides by the global token count, and DDP then sums
-(not averages) gradients over a stage's DP group, which is what makes stages of different DP agree.
+(megatron-core's layer offsets read the global pipeline rank, which a heterogeneous plan does not have). The loss is
+normalised as megatron-core's schedule does it, by ``calculate_per_token_loss`` (``aceso train
+--calculate-per-token-loss``; ``engine`` has the rest: DDP sums over a stage's DP group and one loss scale makes
+stages of different DP agree).
 
 Interleaved plans: the schedule reads ``virtual_pipeline_model_parallel_size`` and
 ``microbatch_group_size_per_vp_stage`` (= the number of stages, megatron-core's default for a pipeline of that
@@ -58,12 +59,12 @@ def _fusions(extra: dict, cpu: bool, base: dict) -> dict:
 
 def stage_config(model: ModelSpec, tp: int, device: str = "cpu", num_layers: int | None = None, *,
                  cp: int = 1, sequence_parallel: bool = False, fast: FastPath | None = None,
-                 moe: dict | None = None, low=None) -> TransformerConfig:
+                 moe: dict | None = None, low=None, per_token_loss: bool = False) -> TransformerConfig:
     """The TransformerConfig of a stage with tensor-parallel degree ``tp`` (and ``cp``, SP) on ``device``, with
     the fusions of ``fast`` (default: what this machine offers; on CPU fp32 and every fusion off), the stage's MoE
     fields ``moe`` (expert shape, dispatcher: ``model.moe.stage_fields``), the recipe of ``low`` (a
     ``LowPrecision``), plus the ``megatron`` block's fields; an MLA model's is an ``MLATransformerConfig``
-    (``builders.mla_mtp_kwargs``)."""
+    (``builders.mla_mtp_kwargs``). ``per_token_loss``: megatron-core's ``calculate_per_token_loss``."""
     fast = fast or choose(Environment.detect(device), model)
     kw = architecture_kwargs(model, dtype=fast.dtype)
     if num_layers is not None:
@@ -83,7 +84,7 @@ def stage_config(model: ModelSpec, tp: int, device: str = "cpu", num_layers: int
         sequence_parallel=sequence_parallel and tp > 1,
         hidden_dropout=model.hidden_dropout,
         attention_dropout=model.attention_dropout,
-        calculate_per_token_loss=True,
+        calculate_per_token_loss=per_token_loss,
         use_cpu_initialization=device == "cpu",
         pipeline_dtype=kw["params_dtype"],
         **(moe or {}),

@@ -43,6 +43,13 @@ def _version(v: str | None) -> tuple[int, ...]:
     return tuple(int(x) for x in m.group(0).split(".")) if m else ()
 
 
+def no_cuda_message(torch) -> str:
+    """Why a GPU run cannot start on this machine, and the fix (one line)."""
+    why = (f"torch {torch.__version__} is a CPU-only build" if torch.version.cuda is None
+           else f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds no GPU (driver, CUDA_VISIBLE_DEVICES)")
+    return f"no CUDA device: {why}; add --cpu to run CPU processes (gloo, fp32), or run it on a GPU node"
+
+
 @dataclass(frozen=True)
 class Environment:
     """What the running machine offers (``detect()``), or a hand-written one in tests."""
@@ -61,6 +68,11 @@ class Environment:
         if device == "cpu":
             return cls(cuda=False)
         import torch
+
+        if not torch.cuda.is_available():   # a CUDA run asked for on a machine without one: the user's to fix
+            from search.errors import AcesoError
+
+            raise AcesoError(no_cuda_message(torch))
 
         te = None
         userbuffers = False

@@ -16,8 +16,10 @@ stage's (``parallel.grads``, an embedding stage like a tied last stage).
 ``mtp_loss`` follows ``GPTModel._postprocess``: the hidden states after the final norm are the main output and one
 output per MTP layer; layer ``j``'s logits (the shared output layer) against the labels rolled ``j + 1`` to the
 left (the last positions masked, ``roll_tensor``), scaled ``mtp_loss_scaling_factor / mtp_num_layers``, enter the
-backward through ``MTPLossAutoScaler`` -- per token (``calculate_per_token_loss``), divided here by the global
-token count the main loss is divided by. The reported loss stays the main loss, as in stock training.
+backward through ``MTPLossAutoScaler``: divided by the micro-batch's count of rolled mask tokens (megatron-core's
+default), or not (``calculate_per_token_loss``: the gradients are divided by the main loss's global token count
+instead); the schedule sets the scaler's scale (``engine``: the same loss scale as the main loss). The reported
+loss stays the main loss, as in stock training.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def reset_loss_tracker(num_layers: int | None = None) -> None:
         MTPLossLoggingHelper.tracker.clear()
 
 
-def mtp_loss(stage, hidden: torch.Tensor, labels: torch.Tensor, loss_mask, denominator: float) -> torch.Tensor:
+def mtp_loss(stage, hidden: torch.Tensor, labels: torch.Tensor, loss_mask) -> torch.Tensor:
     """The main hidden states of ``hidden`` (main and MTP outputs concatenated on the sequence) with every MTP
     layer's loss attached for the backward (``MTPLossAutoScaler``), as ``GPTModel._postprocess``."""
     from megatron.core.transformer.multi_token_prediction import (
@@ -107,5 +109,6 @@ def mtp_loss(stage, hidden: torch.Tensor, labels: torch.Tensor, loss_mask, denom
             MTPLossLoggingHelper.save_loss_to_tracker(torch.sum(loss) / num_tokens, j, n,
                                                       avg_group=stage.pg_collection.dp_cp)
         scale = cfg.mtp_loss_scaling_factor / n
-        hidden = MTPLossAutoScaler.apply(hidden, scale * loss / denominator)
+        hidden = MTPLossAutoScaler.apply(hidden, scale * loss if cfg.calculate_per_token_loss
+                                         else scale * loss / num_tokens)
     return hidden

@@ -76,14 +76,15 @@ class _Stage(MegatronModule):
     """What GPT and T5 chunks share: unit layers, pipeline input, the output head and the per-token loss."""
 
     def __init__(self, plan: ParallelPlan, stage: int, pg_collection, device: str, chunk: int = 0,
-                 fast: FastPath | None = None):
+                 fast: FastPath | None = None, per_token_loss: bool = False):
         model: ModelSpec = plan.model
         st = plan.stages[stage]
         span = st.chunks[chunk]
         self.fast = fast or choose(Environment.detect(device), model, plan.tp_comm_overlap)
         config = stage_config(model, st.tp, device, cp=st.cp, sequence_parallel=st.sequence_parallel,
                               fast=self.fast, moe=moe.stage_fields(plan, stage, device != "cpu", self.fast.te),
-                              low=plan.settings.low_precision if plan.settings is not None else None)
+                              low=plan.settings.low_precision if plan.settings is not None else None,
+                              per_token_loss=per_token_loss)
         super().__init__(config=config)
         self.model_type = ModelType.encoder_or_decoder
         self.spec = model
@@ -176,8 +177,8 @@ class GPTStage(_Stage):
     """A GPT/Llama pipeline stage; ``forward`` returns the hidden states, or on the last stage the loss [b, s]."""
 
     def __init__(self, plan: ParallelPlan, stage: int, pg_collection, device: str = "cpu", chunk: int = 0,
-                 fast: FastPath | None = None):
-        super().__init__(plan, stage, pg_collection, device, chunk, fast)
+                 fast: FastPath | None = None, per_token_loss: bool = False):
+        super().__init__(plan, stage, pg_collection, device, chunk, fast, per_token_loss)
         model = self.spec
         if self.pre_process or self.mtp is not None:   # MTP embeds the shifted tokens (a copy after stage 0)
             kind = "learned_absolute" if model.position_embedding == "learned" else "none"
@@ -199,9 +200,8 @@ class GPTStage(_Stage):
             return self.embedding.word_embeddings.weight
         return self.output_layer.weight
 
-    def forward(self, input_ids=None, position_ids=None, labels=None, loss_mask=None, mtp_denominator=1.0):
-        """``loss_mask`` and ``mtp_denominator`` (the global token count the main loss is divided by) feed the MTP
-        loss of a chunk with the MTP block (``mtp.mtp_loss``)."""
+    def forward(self, input_ids=None, position_ids=None, labels=None, loss_mask=None):
+        """``loss_mask`` feeds the MTP loss of a chunk with the MTP block (``mtp.mtp_loss``), as ``GPTModel``'s."""
         if self.pre_process:
             hidden = self.embedding(input_ids=input_ids, position_ids=position_ids)
         else:
@@ -218,7 +218,7 @@ class GPTStage(_Stage):
             # (under SP each MTP layer forks the rng tracker itself)
             hidden = self.mtp(input_ids=input_ids, position_ids=position_ids, hidden_states=hidden,
                               attention_mask=None, rotary_pos_emb=rotary, embedding=self.embedding)
-            hidden = mtp.mtp_loss(self, hidden, labels, loss_mask, mtp_denominator)
+            hidden = mtp.mtp_loss(self, hidden, labels, loss_mask)
         logits, _ = self.output_layer(hidden, weight=self.output_weight())
         return self._loss(logits, labels)
 
@@ -236,8 +236,8 @@ class T5Stage(_Stage):
     """
 
     def __init__(self, plan: ParallelPlan, stage: int, pg_collection, device: str = "cpu", chunk: int = 0,
-                 fast: FastPath | None = None):
-        super().__init__(plan, stage, pg_collection, device, chunk, fast)
+                 fast: FastPath | None = None, per_token_loss: bool = False):
+        super().__init__(plan, stage, pg_collection, device, chunk, fast, per_token_loss)
         model = self.spec
         st = plan.stages[stage]
         n_enc = model.num_encoder_units
@@ -298,7 +298,8 @@ class T5Stage(_Stage):
 
 
 def build_stage(plan: ParallelPlan, stage: int, pg_collection, device: str = "cpu", chunk: int = 0,
-                fast: FastPath | None = None) -> _Stage:
-    """Model chunk ``chunk`` of stage ``stage`` (one-chunk plans: the stage's only chunk)."""
+                fast: FastPath | None = None, per_token_loss: bool = False) -> _Stage:
+    """Model chunk ``chunk`` of stage ``stage`` (one-chunk plans: the stage's only chunk); ``per_token_loss``:
+    megatron-core's ``calculate_per_token_loss`` (``engine``)."""
     cls = T5Stage if plan.model.is_t5 else GPTStage
-    return cls(plan, stage, pg_collection, device, chunk, fast)
+    return cls(plan, stage, pg_collection, device, chunk, fast, per_token_loss)

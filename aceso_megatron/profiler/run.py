@@ -42,8 +42,6 @@ def _init(cpu: bool, local_rank: int) -> None:
 
         cpu_mode.apply()
     else:
-        if not torch.cuda.is_available():
-            raise AcesoError("no CUDA device found; add --cpu to profile CPU processes")
         torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl")
 
@@ -203,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             from ..cli.common import model_from_args
             from .units import check_profiled_model
 
-            check_profiled_model(model_from_args(args), "cpu" if args.cpu else "cuda")   # before any group
+            # before any group (on a machine without CUDA: Environment.detect's one line)
+            check_profiled_model(model_from_args(args), "cpu" if args.cpu else "cuda")
             _init(args.cpu, local_rank)
             Worker(args).run()
     except AcesoError as e:

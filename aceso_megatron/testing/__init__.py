@@ -116,17 +116,28 @@ def run_fresh(fn, *args, cwd=None) -> None:
                            f"{p.exitcode}")
 
 
-def make_batches(model, micro_batch_size: int, global_batch_size: int, seed: int = 0) -> list[dict]:
-    """Random token micro-batches: ``{"tokens", "labels"}`` (GPT), ``{"enc_tokens", "dec_tokens", "labels"}`` (T5)."""
+def make_batches(model, micro_batch_size: int, global_batch_size: int, seed: int = 0,
+                 loss_mask: bool = False) -> list[dict]:
+    """Random token micro-batches: ``{"tokens", "labels"}`` (GPT), ``{"enc_tokens", "dec_tokens", "labels"}`` (T5);
+    with ``loss_mask`` also an uneven ``loss_mask`` (each sample keeps its own number of tokens, between a quarter
+    and all of them, with random holes), so per-micro-batch and per-token normalisation differ."""
     g = torch.Generator().manual_seed(seed)
     if model.is_t5:
         enc = torch.randint(0, model.vocab_size, (global_batch_size, model.seq_length), generator=g)
         dec = torch.randint(0, model.vocab_size, (global_batch_size, model.decoder_seq_length + 1), generator=g)
-        return [{"enc_tokens": enc[i:i + micro_batch_size], "dec_tokens": dec[i:i + micro_batch_size, :-1],
-                     "labels": dec[i:i + micro_batch_size, 1:]} for i in range(0, global_batch_size, micro_batch_size)]
-    tok = torch.randint(0, model.vocab_size, (global_batch_size, model.seq_length + 1), generator=g)
-    return [{"tokens": tok[i:i + micro_batch_size, :-1], "labels": tok[i:i + micro_batch_size, 1:]}
-            for i in range(0, global_batch_size, micro_batch_size)]
+        out = [{"enc_tokens": enc[i:i + micro_batch_size], "dec_tokens": dec[i:i + micro_batch_size, :-1],
+                "labels": dec[i:i + micro_batch_size, 1:]} for i in range(0, global_batch_size, micro_batch_size)]
+    else:
+        tok = torch.randint(0, model.vocab_size, (global_batch_size, model.seq_length + 1), generator=g)
+        out = [{"tokens": tok[i:i + micro_batch_size, :-1], "labels": tok[i:i + micro_batch_size, 1:]}
+               for i in range(0, global_batch_size, micro_batch_size)]
+    if loss_mask:
+        s = out[0]["labels"].size(1)
+        keep = torch.randint(s // 4, s + 1, (global_batch_size, 1), generator=g)
+        mask = ((torch.arange(s).unsqueeze(0) < keep) & (torch.rand(global_batch_size, s, generator=g) > 0.2)).float()
+        for j, b in enumerate(out):
+            b["loss_mask"] = mask[j * micro_batch_size:(j + 1) * micro_batch_size]
+    return out
 
 
 def scheduled_steps(rt, scheduler, batches: list[dict], iterations, per_step: int) -> list[float]:
@@ -140,7 +151,7 @@ def scheduled_steps(rt, scheduler, batches: list[dict], iterations, per_step: in
 
 
 def run_plans(rank: int, world_size: int, plans: list[dict], out: str, seed: int, num_steps: int,
-              train_config) -> None:
+              train_config, loss_mask: bool = False) -> None:
     """For each plan: loss and full gradients of step 1, the losses of ``num_steps`` optimizer steps and the full
     weights after them, and evidence of the overlaps the plan asks for (``overlapped_buckets``: DDP buckets whose
     reduction started during the backward of step 2, summed over ranks; ``param_gather_deferred``: after the last
@@ -154,7 +165,7 @@ def run_plans(rank: int, world_size: int, plans: list[dict], out: str, seed: int
     results = []
     for raw in plans:
         rt = build_runtime(raw, rank, world_size, seed=seed, train_config=train_config)
-        batches = make_batches(rt.plan.model, rt.plan.micro_batch_size, rt.plan.global_batch_size, seed)
+        batches = make_batches(rt.plan.model, rt.plan.micro_batch_size, rt.plan.global_batch_size, seed, loss_mask)
         losses = [rt.forward_backward(iter(batches))]
         grads = rt.full_grads()
         if rt.sharded_optimizer:  # megatron-core's clipping inside its distributed optimizer

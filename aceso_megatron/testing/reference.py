@@ -85,11 +85,12 @@ class Reference:
         tc = train_config or TrainConfig()
         self.spec, self.tc = model, tc
         model_parallel_cuda_manual_seed(seed)
+        per_token = tc.calculate_per_token_loss      # megatron-core's own normalisation, either way
         if model.is_t5:
             from megatron.core.models.T5 import T5Model
 
-            config = stage_config(model, 1, num_layers=model.num_decoder_layers)
-            enc_config = stage_config(model, 1, num_layers=model.num_layers)
+            config = stage_config(model, 1, num_layers=model.num_decoder_layers, per_token_loss=per_token)
+            enc_config = stage_config(model, 1, num_layers=model.num_layers, per_token_loss=per_token)
             enc_spec, dec_spec = layer_spec(model, "encoder", te=False), layer_spec(model, "decoder", te=False)
             self.gpt = T5Model(
                 config=config, encoder_config=enc_config, transformer_encoder_layer_spec=enc_spec,
@@ -98,7 +99,7 @@ class Reference:
                 share_embeddings_and_output_weights=model.tied_embeddings,
             )
         else:
-            config = stage_config(model, 1)
+            config = stage_config(model, 1, per_token_loss=per_token)
             spec = _decoder_spec(model, config)
             mtp = None
             if model.mtp_num_layers:   # megatron-core's MTP block after the decoder's last layer spec
@@ -149,12 +150,15 @@ class Reference:
             else:
                 tokens = b["tokens"]
                 pos = torch.arange(tokens.size(1)).unsqueeze(0).expand_as(tokens)
-                out = model(tokens, pos, None, labels=b["labels"])
+                out = model(tokens, pos, None, labels=b["labels"], loss_mask=b.get("loss_mask"))
+            mask = b.get("loss_mask")
 
-            def loss_func(per_token):
-                s = per_token.sum()
-                return s, torch.tensor(per_token.numel(), dtype=torch.int), {"sum": s.detach().clone(),
-                                                                              "n": per_token.numel()}
+            def loss_func(per_token):   # Megatron-LM core_v0.16.1 pretrain_gpt.loss_func
+                losses = per_token.view(-1).float()
+                mask_1d = torch.ones_like(losses) if mask is None else mask.view(-1).float()
+                s = torch.sum(losses * mask_1d)
+                n = mask_1d.sum().clone().detach().to(torch.int)
+                return s, n, {"sum": s.detach().clone(), "n": int(n)}
 
             return out, loss_func
 
@@ -180,31 +184,39 @@ class Reference:
 _STOCK_RUNS: dict[tuple, dict] = {}
 
 
-def stock_run(raw: dict, seed: int, train_config: TrainConfig, steps: int) -> dict:
-    """What the stock single-process model does on plan ``raw``'s model and batches (``make_batches`` with ``seed``):
-    the losses of ``steps`` optimizer steps, the gradients of the first and the parameters after the last.
+def stock_run(raw: dict, seed: int, train_config: TrainConfig, steps: int, loss_mask: bool = False) -> dict:
+    """What the stock single-process model does on plan ``raw``'s model and batches (``make_batches`` with ``seed``
+    and ``loss_mask``): the losses of ``steps`` optimizer steps, the gradients of the first and the parameters after
+    the last.
 
-    It depends on the plan's model, micro-batch and global batch sizes only (not its stages or features: that is
-    the equivalence the tests check), so it is computed once per process for each of those with ``seed``,
-    ``train_config`` and ``steps``; plans sharing them (most plans of a test file) get a copy of that run."""
+    Its micro-batch is Megatron-LM's ``--micro-batch-size``: the samples one rank of the plan's loss stage gets (the
+    pipeline micro-batch / that stage's DP), so each micro-batch is normalised by its own token count as it would
+    be on that rank (``calculate_per_token_loss`` off). It depends on the plan's model, that micro-batch and the
+    global batch only (not its stages or features: that is the equivalence the tests check), so it is computed once
+    per process for each of those with ``seed``, ``train_config`` and ``steps``; plans sharing them (most plans of
+    a test file) get a copy of that run."""
     from search.plan import ParallelPlan
 
     p = ParallelPlan.model_validate(raw)
-    key = (p.model.model_dump_json(), p.micro_batch_size, p.global_batch_size, seed, repr(train_config), steps)
+    per_rank = p.micro_batch_per_rank(p.num_stages - 1)
+    key = (p.model.model_dump_json(), p.micro_batch_size, per_rank, p.global_batch_size, seed, repr(train_config),
+           steps, loss_mask)
     if key not in _STOCK_RUNS:
-        _STOCK_RUNS[key] = _stock_run(p, seed, train_config, steps)
+        _STOCK_RUNS[key] = _stock_run(p, seed, train_config, steps, per_rank, loss_mask)
     got = _STOCK_RUNS[key]
     return {"losses": list(got["losses"]), "grads": {k: v.clone() for k, v in got["grads"].items()},
             "params": {k: v.clone() for k, v in got["params"].items()}}
 
 
-def _stock_run(p, seed: int, train_config: TrainConfig, steps: int) -> dict:
+def _stock_run(p, seed: int, train_config: TrainConfig, steps: int, per_rank: int, loss_mask: bool) -> dict:
     from ..model.mtp import reset_loss_tracker
     from . import make_batches
 
     reset_loss_tracker()      # megatron-core's process-wide MTP loss log, sized by the last MTP model's depth
     ref = Reference(p.model, seed=seed, train_config=train_config)
-    batches = make_batches(p.model, p.micro_batch_size, p.global_batch_size, seed)
+    batches = [{k: v[i:i + per_rank] for k, v in b.items()}      # the plan's micro-batches, rank by rank
+               for b in make_batches(p.model, p.micro_batch_size, p.global_batch_size, seed, loss_mask)
+               for i in range(0, p.micro_batch_size, per_rank)]
     losses = [ref.forward_backward(batches)]
     grads = ref.grads()
     ref.optimizer.step()

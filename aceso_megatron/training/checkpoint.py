@@ -34,7 +34,6 @@ atomically replaces the marker, so the marker never names a partial checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import shutil
@@ -46,7 +45,7 @@ import torch.distributed as dist
 
 from search.errors import AcesoError
 
-MARKER = "latest_checkpointed_iteration.txt"
+from .checkpoint_files import MARKER
 
 
 def _iter_dir(root: Path, iteration: int) -> Path:
@@ -54,7 +53,7 @@ def _iter_dir(root: Path, iteration: int) -> Path:
 
 
 def plan_digest(plan) -> str:
-    return hashlib.sha256(plan.model_dump_json(exclude={"predicted"}).encode()).hexdigest()[:16]
+    return plan.digest()
 
 
 # ----- sharded state ---------------------------------------------------------------------------------------------
@@ -161,7 +160,16 @@ def _allocate_optimizer_state(optimizer) -> None:
 def save(root: str, iteration: int, rt, scheduler, keep_last: int | None = None, protect: int | None = None) -> Path:
     """Write checkpoint ``iteration`` (collective: every rank calls it); with ``keep_last``, then delete all but
     the newest ``keep_last`` checkpoints except ``protect`` (``rotate``)."""
+    from .signals import held
+
+    with held():   # SIGTERM / SIGINT wait until the checkpoint is complete (signals.held)
+        return _save(root, iteration, rt, scheduler, keep_last, protect)
+
+
+def _save(root: str, iteration: int, rt, scheduler, keep_last: int | None, protect: int | None) -> Path:
     from megatron.core import dist_checkpointing
+
+    from .signals import pause_for_test_signal
 
     root_p = Path(root)
     rank = dist.get_rank()
@@ -169,8 +177,8 @@ def save(root: str, iteration: int, rt, scheduler, keep_last: int | None = None,
     rt.sync_params()  # overlap_param_gather: the last step's all-gather is still pending
     if rank == 0:
         root_p.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        for stale in root_p.glob(".tmp_iter_*"):   # this save's, or what a killed save left: never complete
+            shutil.rmtree(stale)
         tmp.mkdir()
     dist.barrier()
     dist_checkpointing.save(sharded_state_dict(rt), str(tmp))
@@ -179,6 +187,7 @@ def save(root: str, iteration: int, rt, scheduler, keep_last: int | None = None,
              "global_batch_size": rt.plan.global_batch_size, "model": rt.plan.model.model_dump(),
              "distributed_optimizer": rt.plan.distributed_optimizer}
     torch.save(extra, tmp / f"extra_rank_{rank:05d}.pt")
+    pause_for_test_signal(rank)
     dist.barrier()
     final = _iter_dir(root_p, iteration)
     if rank == 0:
@@ -225,6 +234,23 @@ def read_extra(root: str, iteration: int, rank: int) -> dict:
 
 
 def load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = True) -> tuple[int, bool] | None:
+    """``_load`` with a failure traced to a damaged file of the checkpoint turned into one line naming it
+    (``checkpoint_files``); any other failure is raised as it is."""
+    try:
+        return _load(root, rt, scheduler, load_optim, load_rng)
+    except (AcesoError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:   # torch DCP's CheckpointException is a BaseException
+        from .checkpoint_files import damage_message, damaged_file, damaged_item
+
+        iteration = latest_iteration(root)
+        folder = _iter_dir(Path(root), iteration)
+        if (found := damaged_file(folder) or damaged_item(folder)) is not None:
+            raise AcesoError(damage_message(root, iteration, found)) from None
+        raise
+
+
+def _load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = True) -> tuple[int, bool] | None:
     """Restore from the latest checkpoint in ``root``: (its iteration, whether it was the same plan), or None.
 
     A checkpoint of the other optimizer kind (distributed or not) loads Adam's state through ``optim_convert``.

@@ -12,13 +12,27 @@ megatron-core's optimizer (distributed when the plan asks) over the chunks, and 
 ``PlanCommunicator`` as its ``p2p_communicator``.
 
 A micro-batch is a dict of full pipeline micro-batch tensors, ``{"tokens": [mb, s], "labels": [mb, s]}`` (T5:
-``{"enc_tokens": [mb, s_enc], "dec_tokens": [mb, s_dec], "labels": [mb, s_dec]}``); every rank is given the same
-ones and takes its DP replica's samples (and, with context parallelism, its CP rank's tokens). The loss is the mean
-per-token loss of the global batch.
+``{"enc_tokens": [mb, s_enc], "dec_tokens": [mb, s_dec], "labels": [mb, s_dec]}``), optionally with a
+``loss_mask``; every rank is given the same ones and takes its DP replica's samples (and, with context
+parallelism, its CP rank's tokens). The reported loss is the mean per-token loss of the global batch (as
+Megatron-LM reports ``lm loss``).
+
+Loss normalisation (``TrainConfig.calculate_per_token_loss``), megatron-core's schedule doing what it does in
+stock training: the loss function returns the rank's masked sum and token count (Megatron-LM's ``pretrain_gpt``
+``loss_func``); by default the schedule divides it by that count and by the number of micro-batches (per
+micro-batch of a rank, Megatron-LM's default), the MTP loss by its own count (``mtp.mtp_loss``) and the MoE aux
+loss by the micro-batches; with ``calculate_per_token_loss`` it divides nothing and stock megatron-core divides
+every gradient by the global batch's token count. Stock DDP then averages over the DP (x CP) group. Here stages
+may differ in DP, so DDP always *sums* (``_summing``) and one loss scale (``config.grad_scale_func``, which the
+schedule applies to the main, MTP and aux losses alike) does the division: 1 / (the stage's DP x CP) by default
+-- the last stage's for the main loss, so every stage's summed gradient is the gradient of the last stage's mean
+of per-rank losses, what stock Megatron-LM computes for a uniform plan -- and 1 / the global token count with
+``calculate_per_token_loss``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -48,6 +62,7 @@ class TrainConfig:
     adam_beta2: float = 0.95
     init_method_std: float | None = None   # None: the model's megatron.init_method_std, else megatron-core's 0.02
     ddp_bucket_size: int | None = None  # parameters per DDP bucket (overlap_grad_reduce); None: megatron-core's
+    calculate_per_token_loss: bool = False  # Megatron-LM's flag: normalise by the global token count (docstring)
 
     def std_for(self, model) -> float:
         """The initialisation std for ``model``."""
@@ -86,7 +101,7 @@ class Runtime:
     fast: FastPath
     device: str = "cpu"
     last_grad_norm: float = field(default=0.0)
-    loss_denominator: float = field(default=0.0)  # tokens that count in this global batch's loss (0: all of them)
+    loss_denominator: float = field(default=0.0)  # tokens that count in this global batch's loss (0: none yet)
     held_bucket_groups: list = field(default_factory=list)  # see parallel.grads.hold_embedding_buckets
     overlapped_buckets: int = 0  # last step: DDP buckets whose reduction started during backward
 
@@ -133,12 +148,9 @@ class Runtime:
         return self.plan.global_batch_size * (m.decoder_seq_length if m.is_t5 else m.seq_length)
 
     def start_global_batch(self, micro_batches) -> Iterator[dict]:
-        """Fix the loss denominator for one global batch and iterate over its micro-batches.
-
-        The loss is per token and normalised globally (stages may differ in DP): divided by the global batch's
-        count of tokens whose ``loss_mask`` is 1 (every token when the batches carry no mask). Every rank gets the
-        full micro-batches, so every rank counts the same number without communication.
-        """
+        """Count the global batch's tokens whose ``loss_mask`` is 1 (every token when the batches carry no mask):
+        the denominator of ``calculate_per_token_loss`` (``loss_scale``). Every rank gets the full micro-batches,
+        so every rank counts the same number without communication (stock megatron-core all-reduces it)."""
         batches = list(micro_batches)
         if batches and "loss_mask" in batches[0]:
             self.loss_denominator = max(1.0, float(sum(float(b["loss_mask"].sum()) for b in batches)))
@@ -152,23 +164,31 @@ class Runtime:
             tokens = raw["tokens"]
             raw = {**raw, "position_ids": torch.arange(tokens.size(1)).unsqueeze(0).expand_as(tokens)}
         batch = {k: self._local(v).to(self.device) for k, v in raw.items()}
-        denom = self.loss_denominator or float(self._global_tokens())
         mask = batch.get("loss_mask")
         if self.plan.model.is_t5:
             out = model(enc_ids=batch["enc_tokens"], dec_ids=batch["dec_tokens"], labels=batch["labels"])
-        else:   # an MTP chunk weighs its MTP loss by the main loss's mask and denominator
-            extra = {"loss_mask": mask, "mtp_denominator": denom} if self.plan.model.mtp_num_layers else {}
+        else:   # an MTP chunk weighs its MTP loss by the main loss's mask
+            extra = {"loss_mask": mask} if self.plan.model.mtp_num_layers else {}
             out = model(input_ids=batch["tokens"], position_ids=batch["position_ids"], labels=batch["labels"],
                         **extra)
 
         def loss_func(per_token: torch.Tensor):
+            """Megatron-LM's ``pretrain_gpt.loss_func``: the masked sum and the token count (the schedule
+            normalises, module docstring), and both for the report."""
             if mask is not None:
                 per_token = per_token * mask.to(per_token.dtype)
-            loss = per_token.sum() / denom
-            count = int(mask.sum()) if mask is not None else per_token.numel()
-            return loss, torch.tensor(count, dtype=torch.int), {"loss": loss.detach().clone()}
+            loss = per_token.float().sum()
+            count = mask.sum().to(torch.int) if mask is not None else torch.tensor(per_token.numel(), dtype=torch.int)
+            return loss, count, {"sum": loss.detach().clone(), "count": int(count)}
 
         return out, loss_func
+
+    def loss_scale(self, t: torch.Tensor) -> torch.Tensor:
+        """``config.grad_scale_func``: what the schedule multiplies every loss of this rank by before the backward
+        (module docstring)."""
+        if self.train_config.calculate_per_token_loss:
+            return t / max(1.0, self.loss_denominator)
+        return t / (self.layout.dp * self.layout.cp)
 
     # -- step -------------------------------------------------------------------------------------------------
     def run_schedule(self, micro_batches, forward_only: bool = False) -> float:
@@ -186,10 +206,11 @@ class Runtime:
             micro_batch_size=self.plan.micro_batch_size // self.layout.dp, p2p_communicator=self.communicator,
             pg_collection=self.groups.pg_collection, forward_only=forward_only,
         )
-        mine = sum(float(d["loss"]) for d in store) if (self.holds_loss and self.layout.tp_rank == 0) else 0.0
+        mine = [sum(float(d["sum"]) for d in store), sum(d["count"] for d in store)] \
+            if (self.holds_loss and self.layout.tp_rank == 0) else [0.0, 0.0]
         total = torch.tensor(mine, dtype=torch.float64, device=self.device)
         dist.all_reduce(total, group=self.groups.world)
-        return float(total)
+        return float(total[0] / total[1].clamp_min(1.0))
 
     def forward_backward(self, batch_iterator: Iterator[dict]) -> float:
         """Forward and backward over the global batch (gradients finalised, no optimizer step); returns loss."""
@@ -323,7 +344,8 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
     # within a stage's TP group, different between stages), the rng tracker's TP state differing by TP rank on top
     model_parallel_cuda_manual_seed(seed + 100 * lay.stage, tp_rank=lay.tp_rank, ep_rank=0, etp_rank=0)
     v = plan.num_virtual_stages
-    chunks = [build_stage(plan, lay.stage, groups.pg_collection, device, j, fast) for j in range(v)]
+    chunks = [build_stage(plan, lay.stage, groups.pg_collection, device, j, fast, tc.calculate_per_token_loss)
+              for j in range(v)]
     std = tc.std_for(plan.model)
     for c in chunks:
         c.config.init_method_std = std
@@ -338,13 +360,14 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
 
         shared_embedding_bucket.apply()
     ddp_config = _ddp_config(plan, fast, tc)
-    if plan.megatron_fsdp is not None:   # one chunk (fsdp.refusal)
-        models = [fsdp.wrap(c, copy.copy(ddp_config), groups, "cpu" if device == "cpu" else f"cuda:{torch.cuda.current_device()}")
-                  for c in chunks]
-    else:
-        models = [DistributedDataParallel(c.config, copy.copy(ddp_config), c, pg_collection=groups.pg_collection,
-                                          disable_bucketing=j > 0)  # as Megatron-LM: buckets for the first chunk
-                  for j, c in enumerate(chunks)]
+    with _summing([c.config for c in chunks]):
+        if plan.megatron_fsdp is not None:   # one chunk (fsdp.refusal)
+            where = "cpu" if device == "cpu" else f"cuda:{torch.cuda.current_device()}"
+            models = [fsdp.wrap(c, copy.copy(ddp_config), groups, where) for c in chunks]
+        else:
+            models = [DistributedDataParallel(c.config, copy.copy(ddp_config), c, pg_collection=groups.pg_collection,
+                                              disable_bucketing=j > 0)  # as Megatron-LM: buckets for the first chunk
+                      for j, c in enumerate(chunks)]
     optimizer = _optimizer(plan, tc, chunks[0].config, models, groups)
     dev = "cpu" if device == "cpu" else torch.device("cuda", torch.cuda.current_device())
     comm = PlanCommunicator(plan, rank, chunks[0].config, dev)
@@ -353,9 +376,25 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
         rt.held_bucket_groups = embedding_bucket_groups(rt)
     config = chunks[0].config
     config.finalize_model_grads_func = finalize_model_grads_fn(rt)
+    config.grad_scale_func = rt.loss_scale
     if plan.overlap_grad_reduce:  # reduce each chunk's buckets during its last micro-batch's backward
         config.no_sync_func = [m.no_sync for m in models] if v > 1 else models[0].no_sync
     return rt
+
+
+@contextlib.contextmanager
+def _summing(configs):
+    """megatron-core's DDP and FSDP pick their gradient scaling from ``calculate_per_token_loss`` when built: build
+    them as for per-token loss (a sum over the DP group, scale 1) and give the configs back the run's setting,
+    which the schedule, the MTP loss and the routers read (module docstring)."""
+    kept = [c.calculate_per_token_loss for c in configs]
+    for c in configs:
+        c.calculate_per_token_loss = True
+    try:
+        yield
+    finally:
+        for c, k in zip(configs, kept):
+            c.calculate_per_token_loss = k
 
 
 def _initialize_userbuffers(plan: ParallelPlan, lay: RankLayout, fast: FastPath) -> None:

@@ -59,11 +59,18 @@ def check_args(args: argparse.Namespace, plan: ParallelPlan, world_size: int) ->
     from ..cli.train import check_train_args   # the torch-free checks `aceso launch` ran before starting us
 
     check_train_args(args, plan)
+    if args.load:   # the torch-free checks passed: the tensor index too, before any process group
+        from .checkpoint_files import damage_message, damaged_index, marked_folder
+
+        if (marked := marked_folder(args.load)) is not None and (found := damaged_index(marked[1])) is not None:
+            raise AcesoError(damage_message(args.load, marked[0], found))
     if not args.cpu:
         import torch
 
         if not torch.cuda.is_available():
-            raise AcesoError("no CUDA device found; add --cpu to train on CPU (gloo, fp32)")
+            from ..model.fast_path import no_cuda_message
+
+            raise AcesoError(no_cuda_message(torch))
 
 
 def init_distributed(world_size: int, rank: int, local_rank: int, cpu: bool) -> None:
@@ -82,7 +89,8 @@ def _train_config(args: argparse.Namespace):
     from .engine import TrainConfig
 
     wanted = dict(lr=args.lr, weight_decay=args.weight_decay, clip_grad=args.clip_grad, adam_beta1=args.adam_beta1,
-                  adam_beta2=args.adam_beta2, init_method_std=args.init_method_std)
+                  adam_beta2=args.adam_beta2, init_method_std=args.init_method_std,
+                  calculate_per_token_loss=args.calculate_per_token_loss)
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     return TrainConfig(**{k: v for k, v in wanted.items() if k in names})
 
@@ -138,6 +146,8 @@ def train(args: argparse.Namespace, plan: ParallelPlan, rank: int) -> dict:
                 break
         if args.save and saved < done:
             log.message(f"saved checkpoint {checkpoint.save(args.save, done, rt, scheduler, **save_kw)}")
+        if args.exit_signal_handler and not stop:   # a signal after the last step (the final save): done, and 143
+            stop = signals.agreed()
     if stop:
         log.message(_stopped(args, stop, done))
     return {**log.summary(), "stopped_by": stop}
@@ -150,6 +160,8 @@ def _same_folder(a: str, b: str) -> bool:
 def _stopped(args: argparse.Namespace, signum: int, iteration: int) -> str:
     """The line a run stopped by a signal ends with: where it stopped and how to go on."""
     head = f"stopped by {signal_name(signum)} after iteration {iteration}/{args.train_iters}"
+    if iteration >= args.train_iters:
+        return head + (f" (the last); saved {args.save}" if args.save else " (the last)")
     if not args.save:
         return f"{head}; nothing saved (no --save): restart with --save FOLDER to keep progress"
     load = "" if args.load and _same_folder(args.load, args.save) else f" with --load {args.save} added"

@@ -8,7 +8,15 @@ counted; MFU on a GPU run, against the plan's GPU preset) and the max memory of 
 ``torch.cuda.max_memory_allocated`` on GPUs, the process's max RSS on CPU).
 
 The summary compares the plan's prediction (``plan.predicted``) with the measurement: the mean iteration time
-of the steps after the first (the first pays for warm-up) and each stage's max memory.
+of the steps after the first (the first pays for warm-up) and each stage's max memory. When the prediction is not
+for this machine it says so (``machine_note``): a plan priced on the nominal ``cpu`` preset (search.cluster
+``NOMINAL_PRESETS``) and not calibrated, a GPU plan run on CPU, or a plan priced for other GPUs than the ones the
+run is on (the device name's preset, ``profiler.fingerprint.gpu_preset``); with the ``aceso calibrate`` command
+that fits the preset to this run.
+
+The first record (``"kind": "run"``, and a console line) says which run the log is of: the plan's digest
+(``ParallelPlan.digest``, what ``aceso calibrate`` checks the log against), model, processes, device, global batch
+and the cluster it was priced for.
 """
 
 from __future__ import annotations
@@ -40,8 +48,7 @@ def stage_max_memory_mb(rt, device: str) -> list[float]:
 
 def evaluate(rt, global_batches: list[list[dict]]) -> float:
     """Mean per-token loss over ``global_batches``: megatron-core's schedule run forward-only with the runtime's
-    chunks, forward step (``Runtime._forward_step``, whose loss is already divided by the global token count) and
-    communicator (``Runtime.run_schedule``)."""
+    chunks, forward step and communicator (``Runtime.run_schedule``: masked sums over token counts)."""
     total = 0.0
     for m in rt.models:
         m.eval()
@@ -67,6 +74,7 @@ class TrainLogger:
         self.peak = cl.gpu.peak_tflops(plan.model.params_dtype) if device == "cuda" and cl is not None else None
         self.window_time, self.window_steps = 0.0, 0
         self.step_times: list[float] = []
+        self._run_record()
 
     # -- output -----------------------------------------------------------------------------------------------
     def _emit(self, record: dict, line: str) -> None:
@@ -82,6 +90,19 @@ class TrainLogger:
         self._emit({"kind": "message", "text": text}, text)
 
     # -- records ----------------------------------------------------------------------------------------------
+    def _run_record(self) -> None:
+        p, c = self.plan, self.plan.cluster
+        name = torch.cuda.get_device_name() if self.device == "cuda" else "cpu"
+        pred = p.predicted.iteration_time_ms if p.predicted else None
+        rec = {"kind": "run", "plan": self.args.plan, "plan_digest": p.digest(), "model": p.model.name,
+               "world_size": p.world_size, "global_batch_size": p.global_batch_size,
+               "tokens_per_sample": self.tokens_per_sample, "device": self.device, "device_name": name,
+               "cluster": c.label if c else None, "predicted_iteration_time_ms": pred}
+        where = f"{p.world_size} {'GPUs' if self.device == 'cuda' else 'CPU processes'} ({name})"
+        priced = f"priced for {c.label}: {pred:.1f} ms/it" if c and pred else "no prediction"
+        self._emit(rec, f" plan {rec['plan_digest']}: {p.model.name} on {where}, global batch "
+                        f"{p.global_batch_size}, {priced}")
+
     def step(self, iteration: int, loss: float, grad_norm: float, lr: float, seconds: float) -> None:
         self.step_times.append(seconds)
         self.window_time += seconds
@@ -125,7 +146,8 @@ class TrainLogger:
                "predicted_iteration_time_ms": pred.iteration_time_ms if pred else None,
                "predicted_stage_memory_mib": pred.stage_memory_mb if pred else None,
                "memory_kind": "cuda_max_allocated" if self.device == "cuda" else "cpu_max_rss",
-               "stage_shapes": [s.shape_text for s in self.plan.stages]}
+               "stage_shapes": [s.shape_text for s in self.plan.stages],
+               "prediction_note": machine_note(self.plan, self.device, self.args.plan, self.args.log_file)}
         self._emit(rec, self._table(rec))
         if self.file:
             self.file.close()
@@ -145,4 +167,35 @@ class TrainLogger:
         lines += [f" {name:<26}{fmt(p):>12}{fmt(m):>12}" for name, p, m in rows]
         if rec["memory_kind"] == "cpu_max_rss":
             lines.append(" (CPU run: measured memory is the process's max RSS, not comparable with a GPU prediction)")
+        if rec.get("prediction_note"):
+            lines.append(f" ({rec['prediction_note']})")
         return "\n".join(lines)
+
+
+def machine_note(plan, device: str, plan_path: str, log_file: str | None) -> str | None:
+    """Why the plan's predicted time is not one for this machine, and what to do; None when it is (module
+    docstring)."""
+    from search.cluster import GPU_PRESETS, NOMINAL_PRESETS
+
+    c = plan.cluster
+    if c is None or plan.predicted is None:
+        return None
+    gpu = c.gpu.name
+    log = log_file or "LOG (this run's output saved to a file)"
+    fit = (f"fit the cost model to this run: aceso calibrate --run {plan_path} {log} -o calib.json, then search "
+           "or explain with --calibration calib.json")
+    if device == "cpu":
+        if gpu not in NOMINAL_PRESETS:
+            return f"predicted for {c.label}, {gpu} GPUs; this run is on CPU processes: the times do not compare"
+        if c.gpu != GPU_PRESETS.get(gpu):
+            return None       # calibrated (search --calibration): priced on what a run of this machine measured
+        return (f"predicted on the {gpu} preset, a nominal CPU ({c.gpu.peak_tflops_fp32:g} TFLOP/s, "
+                f"{c.intra_node_gbps:g} GB/s between processes), not this machine; {fit}")
+    from ..profiler.fingerprint import gpu_preset
+
+    here = torch.cuda.get_device_name()
+    preset = gpu_preset(here)
+    if preset != gpu:
+        return (f"predicted for {c.label}, {gpu} GPUs; this run is on {here} ({preset or 'no GPU preset'}): the "
+                f"times do not compare; search a plan for {preset or 'these GPUs'}, or {fit}")
+    return None

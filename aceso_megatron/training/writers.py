@@ -31,9 +31,11 @@ from search.errors import AcesoError
 
 def check_args(args: argparse.Namespace) -> None:
     """Torch-free checks of the writer flags (``aceso launch`` runs them before any process starts)."""
+    from search.files import check_output_folder
+
+    check_output_folder(getattr(args, "tensorboard_dir", None), "--tensorboard-dir")
+    check_output_folder(getattr(args, "wandb_save_dir", None), "--wandb-save-dir")
     if getattr(args, "tensorboard_dir", None):
-        if os.path.exists(args.tensorboard_dir) and not os.path.isdir(args.tensorboard_dir):
-            raise AcesoError(f"--tensorboard-dir {args.tensorboard_dir}: not a folder; give a folder for event files")
         if importlib.util.find_spec("tensorboard") is None:
             raise AcesoError("--tensorboard-dir needs the tensorboard package: pip install -e \".[tensorboard]\" "
                              "(or pip install tensorboard)")

@@ -52,7 +52,7 @@ def _read_run(config: str, log: str, args: argparse.Namespace):
     label = f"{config} + {log}"
     if plan is not None:
         run = Run(label, plan.model_copy(update={"cluster": cluster}),
-                  plan.predicted.attention if plan.predicted else None, "runtime", measured)
+                  plan.predicted.attention if plan.predicted else None, "runtime", measured, digest=plan.digest())
         padded = None
     else:
         from ..megatron.importer import read_megatron

@@ -1,7 +1,13 @@
 """SIGTERM mid-run through `aceso launch --cpu` (2 gloo processes, a 2-stage pipeline of a tiny GPT): the workers
 finish the step, save a complete checkpoint, say how to resume and the launch exits 143; resuming from it repeats
 the uninterrupted run's later steps bit for bit. The same runs check ``--keep-last`` rotation in a real job: only
-the newest N checkpoints stay, and never the one a run resumed from."""
+the newest N checkpoints stay, and never the one a run resumed from.
+
+SIGTERM *during* a save (``ACESO_TEST_SIGNAL_IN_SAVE``: the ranks wait inside the save, after writing and before
+the rename, until the signal has reached them): the save completes, the marker names a complete checkpoint, no
+``.tmp_iter_*`` folder stays (nor one a killed save left before) and the run exits 143 -- through `aceso launch`
+at an interval save, and through `aceso train` at the final save (it exited 0) and without the signal handler
+(the default action after the save)."""
 
 from __future__ import annotations
 
@@ -10,7 +16,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
+import pytest
+
+from aceso_megatron.training.checkpoint_files import damaged_file, damaged_index
 from search.model import ModelSpec
 from search.plan import ParallelPlan, StageSpec
 from tests.conftest import ROOT
@@ -21,6 +31,8 @@ TINY = ModelSpec(name="tiny-gpt", family="gpt", num_layers=2, hidden_size=32, nu
 TWO = ParallelPlan(model=TINY, micro_batch_size=2, global_batch_size=4, stages=[
     StageSpec(num_gpus=1, tp=1, dp=1, start_unit=0, end_unit=2, recompute=["none"] * 2),
     StageSpec(num_gpus=1, tp=1, dp=1, start_unit=2, end_unit=4, recompute=["none"] * 2)])
+ONE = ParallelPlan(model=TINY, micro_batch_size=2, global_batch_size=4, stages=[
+    StageSpec(num_gpus=1, tp=1, dp=1, start_unit=0, end_unit=4, recompute=["none"] * 4)])
 TRAIN = ["--mock-data", "--train-iters", str(ITERS), "--log-interval", "1", "--lr", "3e-3", "--lr-warmup-iters", "2",
          "--seed", "3"]
 
@@ -84,3 +96,56 @@ def test_sigterm_saves_and_resumes_bit_exact_and_keep_last_rotates(tmp_path):
         assert (cut if it <= stop else resumed)[it] == ref[it], it
     # --keep-last 1 kept the newest and the one this run resumed from
     assert sorted(p.name for p in (d / "ckpt").glob("iter_*")) == [f"iter_{stop:07d}", f"iter_{ITERS:07d}"]
+
+
+def _signal_in_save(argv, d) -> tuple[int, str]:
+    """Run ``argv`` with the save pause on; SIGTERM it once a rank is inside the save; its status and output."""
+    flag = d / "in-save"
+    p = subprocess.Popen(argv, cwd=ROOT, env={**_env(), "ACESO_TEST_SIGNAL_IN_SAVE": str(flag)},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    import threading
+
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(p.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300
+    while not flag.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert flag.exists(), "".join(out)[-3000:]
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=300)
+    reader.join(timeout=30)
+    return p.returncode, "".join(out)
+
+
+def _complete(ckpt, iteration: int) -> None:
+    assert int((ckpt / "latest_checkpointed_iteration.txt").read_text()) == iteration
+    assert sorted(p.name for p in ckpt.iterdir()) == [f"iter_{iteration:07d}", "latest_checkpointed_iteration.txt"]
+    folder = ckpt / f"iter_{iteration:07d}"
+    assert damaged_file(folder) is None and damaged_index(folder) is None
+
+
+def test_sigterm_inside_an_interval_save_through_launch_completes_it_and_exits_143(tmp_path):
+    d = tmp_path
+    (d / "two.json").write_text(TWO.to_json())
+    (d / "ckpt" / ".tmp_iter_0000099").mkdir(parents=True)    # what a save killed earlier left
+    rc, out = _signal_in_save(_launch(d, "--save", str(d / "ckpt"), "--save-interval", "2"), d)
+    assert rc == 143, out[-3000:]
+    _complete(d / "ckpt", 2)
+    assert f"stopped by SIGTERM after iteration 2/{ITERS}; saved {d / 'ckpt'}" in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize("handler", [True, False])
+def test_sigterm_inside_the_final_save_of_aceso_train_completes_it_and_exits_143(tmp_path, handler):
+    """One process, the save at the end of training: it exited 0 (the signal was recorded and never asked for);
+    without the handler, the handler installed before (`aceso`'s: 143) acts once the save is complete."""
+    d = tmp_path
+    (d / "one.json").write_text(ONE.to_json())
+    argv = [sys.executable, "-m", "search", "train", str(d / "one.json"), "--cpu", "--mock-data", "--train-iters",
+            "2", "--save", str(d / "ckpt")] + ([] if handler else ["--no-exit-signal-handler"])
+    rc, out = _signal_in_save(argv, d)
+    assert rc == 143, out[-3000:]          # without the handler: the command's own SIGTERM exit, after the save
+    _complete(d / "ckpt", 2)
+    assert "Traceback" not in out
+    if handler:
+        assert f"stopped by SIGTERM after iteration 2/2 (the last); saved {d / 'ckpt'}" in out, out[-2000:]

@@ -44,6 +44,27 @@ def test_bad_options_exit_2(spec, tmp_path, extra, needle):
     assert not (tmp_path / "db.json").exists()
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine with CUDA profiles GPUs")
+@pytest.mark.parametrize("visible, needle", [
+    ("", "no GPU on this node"),                           # CUDA_VISIBLE_DEVICES empty: found without torch
+    ("0", "no CUDA device: torch"),                         # a GPU named but torch cannot use it (CPU build here)
+])
+def test_no_cuda_without_cpu_is_one_line(spec, tmp_path, visible, needle):
+    """Without --cpu on a machine without CUDA: one line naming --cpu, exit 2, before any worker starts (was 313
+    lines, 8 tracebacks and exit 1 for --tp 1 2 4 8); the worker under torchrun itself says the same line."""
+    import os
+
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible)
+    r = subprocess.run([sys.executable, "-m", "search", "profile", "--model", str(spec), "--tp", "1", "2", "-o",
+                        str(tmp_path / "db.json")], capture_output=True, text=True, timeout=120, env=env)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and needle in lines[0] and "--cpu" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "db.json").exists()
+    from aceso_megatron.profiler.run import main
+
+    assert main(["--model", str(spec), "-o", str(tmp_path / "db.json")]) == 2     # the worker: before any group
+
+
 def test_missing_folder(spec, tmp_path):
     r = _run("--model", spec, "-o", tmp_path / "nope" / "db.json", "--cpu")
     assert r.returncode == 2 and "does not exist" in r.stderr

@@ -91,6 +91,30 @@ def test_exit_signal_records_sigint_instead_of_raising():
     assert signals.exit_code(signal.SIGINT) == 130 and signals.exit_code(signal.SIGTERM) == 143
 
 
+def test_held_signals_reach_the_previous_handler_only_after_the_block():
+    """``signals.held`` (around every checkpoint save): a SIGTERM inside the block changes nothing until it ends,
+    then goes to the handler installed before (the recorder; a plain handler; SIG_IGN drops it)."""
+    with signals.ExitSignal() as s:
+        with signals.held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert s.received == 0              # the save is not cut: nothing acted yet
+        assert s.received == signal.SIGTERM     # ... and the loop sees it after the save
+    got = []
+    before = signal.signal(signal.SIGTERM, lambda n, f: got.append(n))
+    try:
+        with signals.held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert got == []
+        assert got == [signal.SIGTERM]          # once
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with signals.held():
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_cpu_mode_reads_a_shard_views_grad_without_torchs_warning():
     """megatron-core's distributed optimizer sets and reads ``.grad`` on views of its parameters (non-leaf)."""
     import warnings

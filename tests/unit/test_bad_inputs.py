@@ -771,6 +771,14 @@ CASES = [
     C("launch-wandb-name-alone", LAUNCH + " " + TRAIN_OK + " --wandb-exp-name r", "--wandb-exp-name needs"),
     C("launch-tensorboard-file", LAUNCH + " " + TRAIN_OK + " --tensorboard-dir a-file", "--tensorboard-dir a-file: "
       "not a folder"),
+    # an output folder under a regular file (was NotADirectoryError in the workers; issue 32)
+    C("launch-tensorboard-under-file", LAUNCH + " " + TRAIN_OK + " --tensorboard-dir a-file/tb",
+      "--tensorboard-dir a-file/tb: a-file is a file, not a folder"),
+    C("launch-save-under-file", LAUNCH + " " + TRAIN_OK + " --save a-file/ckpt", "--save a-file/ckpt: a-file is a file"),
+    C("launch-data-cache-under-file", LAUNCH + " " + TRAIN_OK + " --data-cache-path a-file/x/y",
+      "--data-cache-path a-file/x/y: a-file is a file"),
+    C("launch-wandb-dir-under-file", LAUNCH + " " + TRAIN_OK + " --wandb-project p --wandb-exp-name r "
+      "--wandb-save-dir a-file/w", "--wandb-save-dir a-file/w: a-file is a file"),
     C("launch-warmup", LAUNCH + " " + TRAIN_OK + " --lr-warmup-iters 2", "--lr-warmup-iters (2) must be below"),
     C("launch-min-lr", LAUNCH + " " + TRAIN_OK + " --min-lr 1 --lr 0.1", "--min-lr (1.0) must not exceed --lr"),
     C("launch-train-option-typo", LAUNCH + " " + TRAIN_OK + " --train-itres 5", "unrecognized arguments: --train-itres"),

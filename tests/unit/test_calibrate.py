@@ -13,7 +13,8 @@ from search.calibration import CalibrationFile, apply_calibration, defaults, loa
 from search.cli import main
 from search.cluster import parse_cluster
 from search.megatron.importer import read_megatron
-from search.megatron_log import read_megatron_log, read_train_jsonl
+from search.aceso_log import read_train_jsonl
+from search.megatron_log import read_megatron_log
 
 CLUSTER = "1x8-h100"
 DEFAULT = defaults("h100", 450.0, 50.0)     # the analytic model's own values (kernels.ARCH, comm, memory)
@@ -87,8 +88,13 @@ def test_the_line_format_is_megatron_lms():
         "max reserved: 4.00")
 
 
+RUN = {"kind": "run", "plan": "plan.json", "plan_digest": "0123456789abcdef", "model": "m", "world_size": 8,
+       "global_batch_size": 64, "tokens_per_sample": 2048, "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3",
+       "cluster": "1x8-h100", "predicted_iteration_time_ms": 500.0}
+
+
 def test_aceso_train_jsonl_reads_back():
-    recs = [{"kind": "message", "text": "hello"}] + [
+    recs = [RUN, {"kind": "message", "text": "hello"}] + [
         {"kind": "train", "iteration": i, "loss": 5.0, "grad_norm": 1.0, "lr": 1e-4, "iteration_time_ms": ms,
          "tokens_per_s": 1.0, "tflops_per_gpu": 100.0, "stage_max_memory_mib": [1000.0, 1200.0 + i]}
         for i, ms in ((5, 900.0), (10, 500.0), (15, 520.0), (20, 510.0))]
@@ -202,7 +208,7 @@ def test_an_aceso_plan_and_its_train_jsonl_calibrate(tmp_path, capsys):
     (tmp_path / "plan.json").write_text(plan.to_json())
     ms = 1.1 * price(Run("", plan, None, "runtime", None), plan.cluster).iteration_ms
     gbs = plan.global_batch_size
-    recs = [{"kind": "train", "iteration": i, "loss": 5.0, "grad_norm": 1.0, "lr": 1e-4, "iteration_time_ms": t,
+    recs = [{**RUN, "plan_digest": plan.digest()}] + [{"kind": "train", "iteration": i, "loss": 5.0, "grad_norm": 1.0, "lr": 1e-4, "iteration_time_ms": t,
              "tokens_per_s": gbs * 2048 / (t / 1e3),
              "tflops_per_gpu": plan.model.training_flops_per_sample() * gbs / (t / 1e3) / plan.world_size / 1e12,
              "stage_max_memory_mb": [20000.0]} for i, t in ((5, 3 * ms), (10, ms), (15, ms))]
@@ -211,11 +217,15 @@ def test_an_aceso_plan_and_its_train_jsonl_calibrate(tmp_path, capsys):
                  str(tmp_path / "c.json"), "--json"]) == 0
     (r,) = json.loads(capsys.readouterr().out)["h100"]
     assert r["error_before"] == pytest.approx(1 / 1.1 - 1, abs=1e-3) and abs(r["error_after"]) < 0.005
-    recs[-1]["tflops_per_gpu"] *= 2          # another model's log
+    recs[0]["plan_digest"] = "fedcba9876543210"          # the log of another plan
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert main(["calibrate", "--run", str(tmp_path / "plan.json"), str(tmp_path / "t.jsonl"), "-o",
                  str(tmp_path / "d.json")]) == 2
-    assert "another model or cluster" in capsys.readouterr().err and not (tmp_path / "d.json").exists()
+    assert "a log of another plan" in capsys.readouterr().err and not (tmp_path / "d.json").exists()
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs[1:]))   # no run record
+    assert main(["calibrate", "--run", str(tmp_path / "plan.json"), str(tmp_path / "t.jsonl"), "-o",
+                 str(tmp_path / "d.json")]) == 2
+    assert "no run record (the plan digest" in capsys.readouterr().err and not (tmp_path / "d.json").exists()
 
 
 def test_every_command_prices_with_the_same_calibrated_cluster(tmp_path, capsys):
@@ -252,3 +262,169 @@ def test_no_factor_goes_beyond_the_hardware(tmp_path):
     assert c.attention_efficiency <= ARCH["h100"].attn_fwd * (1 + 1e-9)
     assert c.intra_node_gbps <= 450.0 * (1 + 1e-9)
     assert c.runs[0].error_after > 0.2              # still predicted slower: the run is beyond this hardware
+
+
+# ----- which run is the log of (issue 32: any log was "fitted" to any script) ----------------------------------
+MOE_ARGS = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --group-query-attention --num-query-groups 4 "
+            "--seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 64 --bf16 "
+            "--swiglu --normalization RMSNorm --position-embedding-type rope --num-experts 8 --moe-router-topk 2 "
+            "--moe-ffn-hidden-size 512 --ffn-hidden-size 3072 --expert-model-parallel-size 2 --vocab-size 32000 "
+            "--transformer-impl transformer_engine --use-distributed-optimizer --disable-bias-linear "
+            "--untie-embeddings-and-output-weights")
+
+
+def moe_flops_by_hand(B=64) -> float:
+    """Megatron-LM core_v0.16.1 transformer_flops for MOE_ARGS, written out: 3 x 2 x per token (2 of 8 SwiGLU
+    experts of width 512 on all 4 layers + GQA attention (16 heads, 4 groups of 64) with the causal half + logits
+    over the padded vocabulary 32000)."""
+    h, s, L, f, V, q, k = 1024, 2048, 4, 512, 32000, 1024, 256
+    per_token = 6 * h * f * 2 * 3 * L + 6 * (h * (q + 2 * k) + q * s + q * h) * L + 6 * h * V
+    return B * s * per_token
+
+
+def test_an_moe_log_is_its_scripts_log(tmp_path, capsys):
+    """A log whose throughput is Megatron-LM's MoE FLOP count (by hand) calibrates its MoE script; the dense count
+    called every MoE log "another model". The arguments block's expert count must match too."""
+    sh = tmp_path / "moe.sh"
+    sh.write_text("#!/bin/bash\ntorchrun --nproc-per-node 8 --nnodes 1 pretrain_gpt.py \\\n    " + MOE_ARGS + "\n")
+    imp = read_megatron(sh.read_text(), str(sh), cluster=parse_cluster(CLUSTER))
+    assert megatron_flops(imp.plan, imp.config.model.padded_vocab_size) == pytest.approx(moe_flops_by_hand(), rel=1e-12)
+    ms = 1.2 * price(Run("", imp.plan, imp.config.attention, "megatron-lm", None), imp.plan.cluster).iteration_ms
+    printed = {"num_layers": 4, "hidden_size": 1024, "num_attention_heads": 16, "seq_length": 2048,
+               "num_experts": 8, "world_size": 8, "global_batch_size": 64}
+    log = tmp_path / "moe.log"
+    log.write_text(megatron_log(ms, moe_flops_by_hand(), 8, 64, printed))
+    assert main(["calibrate", "--run", str(sh), str(log), "--cluster", CLUSTER, "-o", str(tmp_path / "c.json")]) == 0
+    assert abs(load_calibration(str(tmp_path / "c.json")).gpus["h100"].runs[0].error_after) < 0.01
+    capsys.readouterr()
+    _refused(tmp_path, capsys, megatron_log(ms, moe_flops_by_hand(), 8, 64, {**printed, "num_experts": 16}),
+             "the log's num_experts is 16", str(sh))
+    _refused(tmp_path, capsys, megatron_log(ms, moe_flops_by_hand(), 8, 64, {**printed, "num_experts": "None"}),
+             "the log's num_experts is None", str(sh))
+
+
+def _strip_arguments(text: str) -> str:
+    return "\n".join(ln for ln in text.splitlines() if not ln.startswith("  ") and "arguments" not in ln) + "\n"
+
+
+def test_a_log_that_does_not_say_which_run_it_is_is_refused_naming_what_is_missing(tmp_path, capsys):
+    sh, log, pred = write_run(tmp_path)
+    good = open(log).read()
+    # no arguments block and no --log-throughput: nothing ties it to the script's model or cluster
+    bare = re.sub(r" throughput per GPU \(TFLOP/s/GPU\): [0-9.]+ \|", "", _strip_arguments(good))
+    _refused(tmp_path, capsys, bare, "no model (arguments num_layers, hidden_size, num_attention_heads, seq_length, or "
+             "the throughput per GPU of --log-throughput); no cluster (argument world_size", sh)
+    # a 2020-style log: no global batch size anywhere (and no throughput)
+    old = re.sub(r" global batch size: +\d+ \|", "", bare)
+    _refused(tmp_path, capsys, old, "no global batch size", sh)
+    # the throughput alone names model and cluster: accepted
+    assert main(["calibrate", "--run", sh, str(_write(tmp_path, _strip_arguments(good))), "--cluster", CLUSTER,
+                 "-o", str(tmp_path / "ok.json")]) == 0
+    # a BERT-large log (its printed shape) against this GPT script
+    bert = megatron_log(1000.0, 1e15, 8, 64, {"num_layers": 24, "hidden_size": 1024, "num_attention_heads": 16,
+                                              "seq_length": 512, "world_size": 8, "global_batch_size": 64})
+    _refused(tmp_path, capsys, bert, "the log's num_layers is 24 but", sh)
+
+
+def _write(tmp_path, text: str):
+    p = tmp_path / "x.log"
+    p.write_text(text)
+    return p
+
+
+# ----- bad logs of every reader: one line, exit 2, nothing written (a corpus, not a list of known cases) ----------
+def _megatron_variants(good: str) -> list[tuple[str, str, str]]:
+    """(id, log text, text the line names): the good log with one field broken."""
+    it = r"(elapsed time per iteration \(ms\): )[0-9.]+"
+    out = []
+    for bad in ("0.0", "-5.0", "abc", "1e999", ""):
+        out.append((f"time={bad!r}", re.sub(it, rf"\g<1>{bad}", good), "elapsed time per iteration"))
+    for bad in ("0", "-64", "x"):
+        out.append((f"gbs={bad!r}", re.sub(r"(global batch size: +)\d+", rf"\g<1>{bad}", good), "global batch size"))
+    for bad in ("-1.0", "nope"):
+        out.append((f"tput={bad!r}", re.sub(r"(throughput per GPU \(TFLOP/s/GPU\): )[0-9.]+", rf"\g<1>{bad}", good),
+                    "throughput per GPU"))
+    out.append(("reserved=-1", re.sub(r"(max reserved: )[0-9.]+", r"\g<1>-1.00", good), "max reserved"))
+    out.append(("reserved=x", re.sub(r"(max reserved: )[0-9.]+", r"\g<1>lots", good), "max reserved"))
+    out.append(("nan-count=x", good.replace("number of nan iterations:   0", "number of nan iterations: many"),
+                "number of nan iterations"))
+    return out
+
+
+def _jsonl_variants(plan) -> list[tuple[str, str, str]]:
+    gbs = plan.global_batch_size
+    rec = {"kind": "train", "iteration": 5, "loss": 5.0, "grad_norm": 1.0, "lr": 1e-4, "iteration_time_ms": 500.0,
+           "tokens_per_s": 1.0, "tflops_per_gpu": plan.model.training_flops_per_sample() * gbs / 0.5 / 8 / 1e12,
+           "stage_max_memory_mib": [1000.0]}
+    run = {**RUN, "plan_digest": plan.digest()}
+    out = []
+    for key, bads in (("iteration_time_ms", (0, 0.0, -1.0, None, "500", True, [500.0], 1e400)),
+                      ("tflops_per_gpu", (-1.0, None, "x", {})),
+                      ("loss", (None, "nan", float("inf"))),
+                      ("stage_max_memory_mib", (5, "1000", {"0": 1.0}, [1.0, "a"], [-1.0], [None], [True]))):
+        for bad in bads:
+            text = json.dumps(run) + "\n" + json.dumps({**rec, key: bad}) + "\n" + json.dumps({**rec, "iteration": 10}) \
+                + "\n"
+            out.append((f"{key}={bad!r}", text, "stage_max_memory_mib" if key == "stage_max_memory_mib" else key))
+    out.append(("run-digest", json.dumps({**run, "plan_digest": 7}) + "\n" + json.dumps(rec) + "\n", "plan_digest"))
+    out.append(("run-device", json.dumps({**run, "device": "tpu"}) + "\n" + json.dumps(rec) + "\n", "device"))
+    out.append(("list", "[1, 2]\n", "no 'elapsed time per iteration (ms)' line"))
+    out.append(("list-line", json.dumps(run) + "\n[1, 2]\n", "not a JSON record"))
+    return out
+
+
+def _stdout_variants(plan) -> list[tuple[str, str, str]]:
+    head = f" plan {plan.digest()}: m on 8 GPUs (NVIDIA H100 80GB HBM3), global batch 64, priced for 1x8-h100: 1.0 ms/it\n"
+    line = (" iteration {it:>6}/20 | loss 5.000000 | grad norm 1.0000 | lr 1.000e-04 | {ms} ms/it | 1,000 tokens/s | "
+            "{tf} TFLOP/s per GPU | max mem/stage MiB {mem}\n")
+    ok = dict(ms="500.0", tf="100.000", mem="1000")
+    out = []
+    for key, bads in (("ms", ("0.0", "-3.0", "x", "inf")), ("tf", ("-1.000", "y")), ("mem", ("-5", "a / 3"))):
+        for bad in bads:
+            text = head + line.format(it=5, **{**ok, key: bad}) + line.format(it=10, **ok)
+            out.append((f"stdout-{key}={bad!r}", text, {"ms": "ms/it", "tf": "TFLOP/s", "mem": "max mem/stage"}[key]))
+    out.append(("stdout-cut", head + line.format(it=5, **ok)[:60], "cut off"))
+    out.append(("stdout-no-run-line", line.format(it=5, **ok) + line.format(it=10, **ok), "no run record"))
+    return out
+
+
+def test_bad_logs_of_every_reader_are_one_line_exit_2(tmp_path, capsys):
+    """Zero times (a ZeroDivisionError in the fit), a memory field that is no list (TypeError), negative numbers,
+    text, NaN/inf, JSON of the wrong type, a cut line: each refused by its reader in one line naming the field."""
+    sh, log, _ = write_run(tmp_path)
+    plan = imported().plan
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    cases = [(i, t, n, sh) for i, t, n in _megatron_variants(open(log).read())]
+    cases += [(i, t, n, str(tmp_path / "plan.json")) for i, t, n in _jsonl_variants(plan) + _stdout_variants(plan)]
+    assert len(cases) >= 45
+    failures = []
+    for case_id, text, needle, config in cases:
+        bad = tmp_path / "bad.log"
+        bad.write_text(text)
+        out = tmp_path / "calib.json"
+        out.unlink(missing_ok=True)
+        rc = main(["calibrate", "--run", config, str(bad), "--cluster", CLUSTER, "-o", str(out)])
+        err = capsys.readouterr().err
+        if rc != 2 or needle not in err or len(err.strip().splitlines()) != 1 or out.exists():
+            failures.append(f"{case_id}: exit {rc}: {err.strip()[-300:]}")
+    assert not failures, "\n".join(failures)
+
+
+def test_aceso_train_console_output_reads_back(tmp_path):
+    """The lines train_log.py prints (the run line, then one per interval), as a user saves them with tee."""
+    from search.aceso_log import read_train_stdout
+
+    plan = imported().plan
+    text = "".join(t for _, t, _ in _stdout_variants(plan)[:0]) + (
+        f"torchrun ...\n plan {plan.digest()}: m on 2 CPU processes (cpu), global batch 8, priced for 1x2-cpu: "
+        "10.6 ms/it\n"
+        " iteration      5/20 | loss 5.965669 | grad norm 2.0454 | lr 2.714e-03 | 620.3 ms/it | 825 tokens/s | "
+        "0.001 TFLOP/s per process | max mem/stage MiB 456\n"
+        " iteration     10/20 | loss 5.541829 | grad norm 1.7774 | lr 1.735e-03 | 200.2 ms/it | 2,558 tokens/s | "
+        "0.002 TFLOP/s per process | max mem/stage MiB 457 / 460\n"
+        " iteration     15/20 | loss 5.365474 | grad norm 1.1242 | lr 6.183e-04 | 190.0 ms/it | 1,299 tokens/s | "
+        "0.002 TFLOP/s per process | max mem/stage MiB 457\n")
+    run = read_train_stdout(text, "t.log")
+    assert run.iteration_ms == pytest.approx(195.1) and run.intervals == 3
+    assert run.memory_mb is None                   # a CPU run: max RSS is not what the cost model prices
+    assert run.run == {"plan_digest": plan.digest(), "device": "cpu", "device_name": "cpu"}
