@@ -67,8 +67,8 @@ def parse_pattern(pattern: str) -> Pattern:
 
 
 def pipeline_refusal(pattern: Pattern, pp: int, vp: int = 1) -> str | None:
-    """How megatron-core 0.19 places the segments: ``pp x vp`` segments, or one segment split evenly by layer count
-    (no VPP then)."""
+    """How megatron-core 0.17-0.19 places the segments: ``pp x vp`` segments, or one segment split evenly by layer
+    count (no VPP then; ``num_layers_in_first/last_pipeline_stage`` can make the ends uneven, not modelled here)."""
     if len(pattern.segments) > 1:
         if len(pattern.segments) != pp * vp:
             return (f"hybrid pattern has {len(pattern.segments)} pipeline segments; pp x vp = {pp * vp} "
