@@ -8,7 +8,7 @@ setup(
     description="Aceso bottleneck-alleviation planner and runtime plugin for megatron-core",
     python_requires=">=3.11",
     packages=find_packages(include=["search*", "aceso_megatron*", "patches*", "model_specs*", "launch*"]),
-    package_data={"model_specs": ["presets/*.json"], "search": ["megatron/data/*"], "launch": ["*.sh", "*.sbatch"]},
+    package_data={"model_specs": ["presets/*.json", "hybrid/*.json"], "search": ["megatron/data/*"], "launch": ["*.sh", "*.sbatch"]},
     install_requires=["pydantic>=2.6,<3", "numpy>=1.24", "rich>=13", "pyyaml>=6"],
     extras_require={
         # torch is pinned: a CPU wheel of 2.13.0 is on disk; an unpinned torch pulls a multi-GB CUDA build.

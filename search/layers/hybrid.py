@@ -1,0 +1,245 @@
+"""Hybrid models as megatron-core builds them: the layer pattern, an architecture record, and its parameter count.
+
+Pattern syntax (megatron-core 0.19.2 ``models/hybrid/hybrid_layer_allocation.py``; 0.17 on in
+``ssm/mamba_hybrid_layer_allocation.py``): one symbol per decoder layer, ``M`` Mamba-2, ``G`` gated delta net, ``*``
+attention, ``D`` DeepSeek sparse attention, ``+`` MLA (0.19), ``-`` MLP, ``E`` MoE; ``|`` cuts the main pattern into
+pipeline segments (``pp x vp`` of them, segment ``vp_stage * pp + pp_rank`` on each rank); ``/`` starts the MTP
+part, one identical pattern per MTP depth (``"M*M*/*E/*E"``: 4 layers, 2 MTP depths of ``*E``). megatron-core
+0.16.1 knows ``M * - E`` only, without ``|`` or ``/`` (``--hybrid-override-pattern``). ``*`` may not be mixed with
+``D`` or ``+``.
+
+``HybridArch`` is an architecture record in megatron-core's terms (``model_specs/hybrid/*.json``, each field with
+its source); ``counts`` gives its parameters from ``search.layers.mamba`` (Mamba layers), ``search.model`` /
+``search.moe_params`` (attention, MLP, MoE, embeddings) and the LatentMoE projections of megatron-core's
+``MoELayer`` (``moe_latent_size``: the router reads h; ``fc1_latent_proj`` h -> latent before dispatch and
+``fc2_latent_proj`` latent -> h after combine; routed experts map latent -> ffn -> latent; the shared expert stays
+at h). An MTP depth (``MultiTokenPredictionLayer``) is ``enorm``, ``hnorm``, ``eh_proj`` (2h -> h), the layers of
+its pattern and a final norm; with ``mtp_use_repeated_layer`` all depths share one block's weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+
+from .mamba import Mamba2Spec, params as mamba_params
+
+_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+LAYER_SYMBOLS = {"M": "mamba", "G": "gdn", "*": "attention", "D": "ds_attention", "+": "mla", "-": "mlp", "E": "moe"}
+PIPE, MTP = "|", "/"
+SYMBOLS_0_16 = frozenset("M*-E")
+DATA = Path(__file__).resolve().parents[2] / "model_specs" / "hybrid"
+
+
+class Pattern(NamedTuple):
+    segments: tuple[str, ...]     # the main pattern cut at '|' (one segment: no cut)
+    mtp: str | None               # the pattern of one MTP depth
+    mtp_depths: int
+
+    @property
+    def layers(self) -> str:
+        return "".join(self.segments)
+
+
+def parse_pattern(pattern: str) -> Pattern:
+    """A hybrid layer pattern as megatron-core 0.19's ``parse_hybrid_pattern`` reads it (ValueError, one line)."""
+    main, *mtp = pattern.split(MTP)
+    bad = sorted({c for c in main if c not in LAYER_SYMBOLS and c != PIPE})
+    if bad:
+        raise ValueError(f"hybrid pattern: '{bad[0]}' is not a layer symbol (valid: {''.join(LAYER_SYMBOLS)} and "
+                         f"'{PIPE}' between pipeline segments)")
+    if mtp and all(p == "" for p in mtp):
+        mtp = []
+    if mtp:
+        if any(p != mtp[0] for p in mtp):
+            raise ValueError(f"hybrid pattern: every MTP depth must repeat one pattern, got {'/'.join(mtp)}")
+        bad = sorted({c for c in mtp[0] if c not in LAYER_SYMBOLS})
+        if bad:
+            raise ValueError(f"hybrid pattern: '{bad[0]}' is not a layer symbol of an MTP pattern")
+    for part in [main, *mtp[:1]]:
+        if "*" in part and ("D" in part or "+" in part):
+            raise ValueError("hybrid pattern: attention '*' cannot be mixed with DSA 'D' or MLA '+'")
+    segments = tuple(main.split(PIPE)) if main else ("",)
+    return Pattern(segments, mtp[0] if mtp else None, len(mtp))
+
+
+def pipeline_refusal(pattern: Pattern, pp: int, vp: int = 1) -> str | None:
+    """How megatron-core 0.17-0.19 places the segments: ``pp x vp`` segments, or one segment split evenly by layer
+    count (no VPP then; ``num_layers_in_first/last_pipeline_stage`` can make the ends uneven, not modelled here)."""
+    if len(pattern.segments) > 1:
+        if len(pattern.segments) != pp * vp:
+            return (f"hybrid pattern has {len(pattern.segments)} pipeline segments; pp x vp = {pp * vp} "
+                    f"must equal it")
+        return None
+    if vp > 1:
+        return "virtual pipeline stages of a hybrid model need '|' segments in the pattern (megatron-core 0.19)"
+    if len(pattern.layers) % pp:
+        return f"{len(pattern.layers)} layers without '|' cuts must divide evenly over pp ({pp})"
+    return None
+
+
+# ----- architecture record ---------------------------------------------------------------------------------------
+class HybridMoE(BaseModel):
+    model_config = _STRICT
+
+    num_experts: int = Field(gt=1)
+    moe_router_topk: int = Field(gt=0)
+    moe_ffn_hidden_size: int = Field(gt=0)
+    moe_shared_expert_intermediate_size: int | None = Field(None, gt=0)
+    moe_latent_size: int | None = Field(None, gt=0, description="LatentMoE: experts run at this width.")
+    moe_router_score_function: Literal["softmax", "sigmoid"] = "softmax"
+    moe_router_topk_scaling_factor: float | None = None
+    moe_router_enable_expert_bias: bool = False
+    moe_router_load_balancing_type: str = "aux_loss"
+    moe_aux_loss_coeff: float = 0.0
+    moe_router_dtype: str | None = None
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
+
+
+class HybridArch(BaseModel):
+    """A hybrid model in megatron-core ``TransformerConfig`` / ``HybridModel`` terms; ``sources`` names where each
+    field comes from (keys of ``references``)."""
+
+    model_config = _STRICT
+
+    name: str
+    hybrid_layer_pattern: str = Field(description="Main decoder pattern (no '|' cuts: where to cut is a plan's).")
+    mtp_pattern: str | None = Field(None, description="One MTP depth's pattern (megatron-core's text after '/').")
+    mtp_num_layers: int = Field(0, ge=0, description="MTP depths run in training.")
+    mtp_use_repeated_layer: bool = Field(False, description="All MTP depths share one block's weights.")
+    hidden_size: int = Field(gt=0)
+    ffn_hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_query_groups: int = Field(gt=0)
+    kv_channels: int = Field(gt=0)
+    mamba: Mamba2Spec
+    moe: HybridMoE | None = None
+    vocab_size: int = Field(gt=0)
+    make_vocab_size_divisible_by: int = Field(128, gt=0)
+    seq_length: int = Field(gt=0)
+    max_position_embeddings: int = Field(gt=0)
+    normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
+    layernorm_epsilon: float = 1e-5
+    activation: Literal["squared_relu", "swiglu", "gelu"] = "squared_relu"
+    add_bias_linear: bool = False
+    position_embedding_type: Literal["none", "rope", "learned_absolute"] = "none"
+    untie_embeddings_and_output_weights: bool = True
+    sources: dict[str, str] = Field(description="field -> key of references (a dotted name for nested fields).")
+    references: dict[str, str] = Field(description="key -> where: repository, file, revision.")
+    published: dict[str, JsonValue] = Field(description="Published totals to check the counts against.")
+    uncertain: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> "HybridArch":
+        pattern = parse_pattern(self.full_pattern)
+        if PIPE in self.hybrid_layer_pattern:
+            raise ValueError("hybrid_layer_pattern: an architecture has no '|' cuts (they are a plan's)")
+        if ("E" in pattern.layers + (pattern.mtp or "")) != (self.moe is not None):
+            raise ValueError("moe: give it exactly when the pattern has 'E' layers")
+        if (self.mtp_pattern is None) != (self.mtp_num_layers == 0):
+            raise ValueError("mtp_pattern and mtp_num_layers go together")
+        missing = sorted(set(self.sources.values()) - set(self.references))
+        if missing:
+            raise ValueError(f"sources: reference '{missing[0]}' is not in references")
+        return self
+
+    @property
+    def full_pattern(self) -> str:
+        """The unified megatron-core 0.19 pattern (main, then one ``/pattern`` per MTP depth)."""
+        return self.hybrid_layer_pattern + "".join(MTP + self.mtp_pattern for _ in range(self.mtp_num_layers))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.hybrid_layer_pattern)
+
+
+def load(name: str, folder: Path = DATA) -> HybridArch:
+    return HybridArch.model_validate(json.loads((folder / f"{name}.json").read_text()))
+
+
+def available(folder: Path = DATA) -> list[str]:
+    return sorted(p.stem for p in folder.glob("*.json"))
+
+
+# ----- parameter counts ------------------------------------------------------------------------------------------
+def _proxy(a: HybridArch):
+    """A ``ModelSpec`` with the attention, MLP and MoE shapes of ``a`` (squared ReLU counts as the ungated gelu)."""
+    from ..model import ModelSpec
+
+    moe = None
+    if a.moe is not None:
+        moe = {"num_experts": a.moe.num_experts, "moe_router_topk": a.moe.moe_router_topk,
+               "moe_ffn_hidden_size": a.moe.moe_ffn_hidden_size,
+               "moe_shared_expert_intermediate_size": a.moe.moe_shared_expert_intermediate_size}
+    return ModelSpec(name=a.name, family="llama", num_layers=1, hidden_size=a.hidden_size,
+                     num_attention_heads=a.num_attention_heads, num_query_groups=a.num_query_groups,
+                     kv_channels=a.kv_channels, ffn_hidden_size=a.ffn_hidden_size, seq_length=a.seq_length,
+                     vocab_size=a.vocab_size, make_vocab_size_divisible_by=a.make_vocab_size_divisible_by,
+                     activation="swiglu" if a.activation == "swiglu" else "gelu",
+                     normalization="rmsnorm" if a.normalization == "RMSNorm" else "layernorm",
+                     position_embedding="learned" if a.position_embedding_type == "learned_absolute" else "rope",
+                     tied_embeddings=not a.untie_embeddings_and_output_weights, add_bias_linear=a.add_bias_linear,
+                     moe=moe)
+
+
+def _moe_layer(a: HybridArch, m) -> tuple[int, int]:
+    """(total, active) of one MoE layer, its pre-norm included."""
+    from .. import moe_params
+
+    e = a.moe
+    if e.moe_latent_size is None:
+        expert = moe_params.mlp_params(m, e.moe_ffn_hidden_size)
+        latent = 0
+    else:
+        width, up = e.moe_latent_size, e.moe_ffn_hidden_size * (2 if m.gated_mlp else 1)
+        expert = width * up + e.moe_ffn_hidden_size * width + ((up + width) if a.add_bias_linear else 0)
+        latent = 2 * a.hidden_size * width + ((width + a.hidden_size) if a.add_bias_linear else 0)
+    common = moe_params.router_params(m) + moe_params.shared_expert_params(m) + latent + m._norm_params()
+    return common + e.num_experts * expert, common + e.moe_router_topk * expert
+
+
+class HybridCounts(NamedTuple):
+    total: int            # main model + the MTP block(s) stored
+    active: int           # per token (routed experts not taken excluded), embedding and output included, no MTP
+    mtp: int              # inside total
+    by_kind: dict         # layer kind -> parameters of all such layers of the main pattern
+    embedding: int        # input embedding
+    output: int           # final norm + untied output layer
+
+
+def _layer(a: HybridArch, m, symbol: str) -> tuple[int, int]:
+    kind = LAYER_SYMBOLS[symbol]
+    if kind == "mamba":
+        n = mamba_params(a.mamba, a.hidden_size, layernorm=a.normalization == "LayerNorm").total
+        return n, n
+    if kind == "attention":
+        n = m.unit_params("attention")
+        return n, n
+    if kind == "mlp":
+        n = m.unit_params("mlp")
+        return n, n
+    if kind == "moe":
+        return _moe_layer(a, m)
+    raise ValueError(f"hybrid counts: layer kind {kind} ('{symbol}') is not counted yet")
+
+
+def counts(a: HybridArch) -> HybridCounts:
+    m = _proxy(a)
+    by_kind: dict[str, int] = {}
+    total = active = 0
+    for symbol in a.hybrid_layer_pattern:
+        tot, act = _layer(a, m, symbol)
+        by_kind[LAYER_SYMBOLS[symbol]] = by_kind.get(LAYER_SYMBOLS[symbol], 0) + tot
+        total, active = total + tot, active + act
+    mtp = 0
+    if a.mtp_num_layers:
+        own = 3 * m._norm_params() + 2 * a.hidden_size * a.hidden_size
+        block = own + sum(_layer(a, m, s)[0] for s in a.mtp_pattern)
+        mtp = block * (1 if a.mtp_use_repeated_layer else a.mtp_num_layers)
+    embedding, output = m.embedding_params(), m.output_params()
+    return HybridCounts(total + mtp + embedding + output, active + embedding + output, mtp, by_kind, embedding,
+                        output)

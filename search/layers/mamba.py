@@ -1,0 +1,292 @@
+"""Mamba-2 layers (``M`` in megatron-core's hybrid layer pattern) as data and formulas: parameters, FLOPs,
+activation and state memory, and the tensor- and context-parallel rules, as megatron-core builds the layer.
+
+A Mamba layer (``MambaLayer``, megatron-core 0.16.1 and 0.19.2: ``ssm/mamba_layer.py``, ``ssm/mamba_mixer.py``) is
+a pre-norm (``norm``, or the layer norm fused into TE's ``in_proj``), the mixer, and a residual add. The mixer:
+
+- ``in_proj``: ``h -> [z, x, B, C, dt]`` of widths ``d_inner, d_inner, g N, g N, H`` (no bias: megatron-core asserts
+  ``not bias``), column-parallel: every part is split over TP, so ``H`` and ``g`` must be multiples of ``tp``.
+  ``d_inner = H P`` with ``H = mamba_num_heads`` (None: ``expand h / P``), ``P = mamba_head_dim``,
+  ``g = mamba_num_groups``, ``N = mamba_state_dim``.
+- a depthwise causal ``conv1d`` of width ``d_conv`` over ``[x, B, C]`` (``conv_dim = d_inner + 2 g N`` channels,
+  with bias) and SiLU;
+- the selective state-space scan (SSD) with per-head ``dt_bias``, ``A_log`` and skip ``D`` (``H`` each), gated by
+  ``silu(z)``;
+- a grouped RMSNorm over ``d_inner`` (``g`` groups, weight only) and the row-parallel ``out_proj`` ``d_inner -> h``
+  (no bias).
+
+FLOPs (2 per multiply-add, forward; backward is priced elsewhere as 2x): the projections and the convolution as
+their shapes say; the scan as the SSD algorithm of Dao & Gu 2024 ("Transformers are SSMs", section 6, the block
+decomposition mamba_ssm's kernels implement) over chunks of ``Q = chunk_size``: per chunk and group the ``C B^T``
+product (``Q^2 N``), per chunk and head the masked ``(L o C B^T) X`` product (``Q^2 P``), the chunk's state
+``B^T X`` (``Q N P``), its hand-off to the next chunk (``N P``) and the read-out ``C h`` (``Q N P``): with ``s``
+padded to whole chunks, ``g s Q N + H s Q P + 2 H s N P + H (s / Q) N P`` multiply-adds, the full ``Q x Q`` blocks
+counted as the kernels compute them (the paper's ``O(s N^2)`` for ``N = P = Q``). Element-wise work (softplus and
+exponentials of ``dt A``, the ``D`` skip, the gate, the norm) is reported apart (``elementwise``), as the matmul
+count excludes it. Megatron-LM's ``mamba_layer_flops`` (training.py) instead takes ``d_inner = 2 h`` whatever
+``mamba_num_heads`` is and ``7 s d_inner N`` for the scan.
+
+Activation memory (what backward keeps, training path ``use_mamba_mem_eff_path``): ``in_proj``'s input (``h``, or
+``h / tp`` with sequence parallelism, which re-gathers it in backward), what mamba_ssm's
+``MambaSplitConv1dScanCombinedFn`` saves (the whole ``zxbcdt`` and the un-gated scan output ``out_x``; it recomputes
+the convolution and the scan in backward), the gated norm's input and its per-group ``rstd`` (fp32), and
+``out_proj``'s input. The layer's pre-norm is an ordinary norm and is not counted here. Under context parallelism
+the mixer swaps the sequence split for a head split (all-to-all, ``mamba_context_parallel.py``): each rank scans
+the whole sequence for ``H / (tp cp)`` heads, and ``B, C`` of a group whose heads span several CP ranks are
+repeated on each (``cp > g / tp``).
+
+Checked against megatron-core's own ``MambaLayer`` on CPU (``tests/runtime/test_mamba_layer.py``: parameters per TP
+rank, activation bytes with saved-tensor hooks under ``patches/mamba_cpu.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+FP32 = 4
+
+
+class Mamba2Spec(BaseModel):
+    """A Mamba-2 mixer in megatron-core's terms: ``TransformerConfig``'s ``mamba_*`` fields (Megatron-LM flags with
+    ``-`` for ``_``) and the ``MambaMixer`` arguments its layer specs leave at their defaults."""
+
+    model_config = _STRICT
+
+    mamba_state_dim: int = Field(128, gt=0, le=1 << 12, description="SSM state size N per head (HF ssm_state_size; "
+                                 "megatron-core's default 128).")
+    mamba_head_dim: int = Field(64, gt=0, le=1 << 12, description="Channels per head P (HF mamba_head_dim).")
+    mamba_num_groups: int = Field(8, gt=0, le=1 << 12, description="Groups g sharing B and C (HF n_groups; "
+                                  "megatron-core's default 8).")
+    mamba_num_heads: int | None = Field(None, gt=0, le=1 << 16, description="Heads H (HF mamba_num_heads); None = "
+                                        "expand x hidden_size / mamba_head_dim.")
+    expand: int = Field(2, gt=0, le=64, description="MambaMixer's expand (no flag; used when mamba_num_heads is "
+                        "None).")
+    d_conv: int = Field(4, gt=1, le=64, description="Causal convolution width (MambaMixer d_conv; HF conv_kernel).")
+    chunk_size: int = Field(128, gt=0, le=1 << 14, description="SSD chunk length Q of the scan kernels (MambaMixer "
+                            "chunk_size; HF chunk_size).")
+    use_mamba_mem_eff_path: bool = Field(True, description="The fused conv + scan training kernel (Megatron-LM "
+                                         "--disable-mamba-mem-eff-path turns it off).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Mamba2Spec":
+        if self.mamba_num_heads is not None and self.mamba_num_heads % self.mamba_num_groups:
+            raise ValueError(f"mamba_num_heads ({self.mamba_num_heads}) must be a multiple of mamba_num_groups "
+                             f"({self.mamba_num_groups})")
+        return self
+
+
+class Shape(NamedTuple):
+    """The mixer's sizes for a model width ``hidden``."""
+
+    hidden: int
+    heads: int        # H
+    head_dim: int     # P
+    groups: int       # g
+    state: int        # N
+    d_inner: int      # H P
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.groups * self.state
+
+    @property
+    def in_proj_out(self) -> int:
+        return 2 * self.d_inner + 2 * self.groups * self.state + self.heads
+
+
+def shape(m: Mamba2Spec, hidden: int) -> Shape:
+    """Sizes as ``MambaMixer.__init__`` derives them; ValueError (one line) where megatron-core asserts."""
+    p = m.mamba_head_dim
+    if m.mamba_num_heads is None:
+        d_inner = m.expand * hidden
+        if d_inner % p:
+            raise ValueError(f"mamba: expand x hidden_size ({d_inner}) must be a multiple of mamba_head_dim ({p}); "
+                             "set mamba_num_heads")
+        heads = d_inner // p
+    else:
+        heads = m.mamba_num_heads
+    if heads % m.mamba_num_groups:
+        raise ValueError(f"mamba: heads ({heads}) must be a multiple of mamba_num_groups ({m.mamba_num_groups})")
+    return Shape(hidden, heads, p, m.mamba_num_groups, m.mamba_state_dim, heads * p)
+
+
+# ----- rules (one line each; None: allowed) ---------------------------------------------------------------------
+def tp_refusal(m: Mamba2Spec, hidden: int, tp: int) -> str | None:
+    """megatron-core gives every TP rank whole heads and whole groups (``MambaMixer.__init__``)."""
+    s = shape(m, hidden)
+    if s.heads % tp:
+        return f"mamba heads ({s.heads}) must be a multiple of tensor_model_parallel_size ({tp})"
+    if s.groups % tp:
+        return f"mamba_num_groups ({s.groups}) must be a multiple of tensor_model_parallel_size ({tp})"
+    return None
+
+
+def cp_refusal(m: Mamba2Spec, hidden: int, tp: int, cp: int) -> str | None:
+    """Mamba context parallelism is an all-to-all from a sequence split to a head split
+    (``MambaContextParallel``): whole heads per CP rank, and groups split over or repeated on CP ranks evenly."""
+    why = tp_refusal(m, hidden, tp)
+    if why or cp == 1:
+        return why
+    s = shape(m, hidden)
+    heads, groups = s.heads // tp, s.groups // tp
+    if heads % cp:
+        return (f"mamba heads per TP rank ({heads}) must be a multiple of context_parallel_size ({cp}); "
+                f"cp is at most heads / tp")
+    if groups < cp and cp % groups:
+        return f"context_parallel_size ({cp}) must be a multiple of mamba_num_groups / tp ({groups})"
+    if groups >= cp and groups % cp:
+        return f"mamba_num_groups / tp ({groups}) must be a multiple of context_parallel_size ({cp})"
+    return None
+
+
+def fp8_refusal(m: Mamba2Spec, hidden: int) -> str | None:
+    """FP8 GEMMs want in_proj's output width a multiple of 16 (``MambaMixer.__init__`` asserts it under fp8)."""
+    width = shape(m, hidden).in_proj_out
+    if width % 16:
+        return f"mamba in_proj width 2 d_inner + 2 g N + heads ({width}) must be a multiple of 16 for fp8"
+    return None
+
+
+# ----- parameters ------------------------------------------------------------------------------------------------
+class Params(NamedTuple):
+    """Parameters of one Mamba layer on one TP rank (tp = 1: the whole layer), the pre-norm included."""
+
+    in_proj: int
+    conv1d: int       # weight and bias
+    dt_bias: int
+    A_log: int
+    D: int
+    norm: int         # the mixer's gated RMSNorm
+    out_proj: int
+    pre_norm: int     # the layer's input norm (replicated over TP)
+
+    @property
+    def total(self) -> int:
+        return sum(self)
+
+
+def params(m: Mamba2Spec, hidden: int, tp: int = 1, layernorm: bool = False) -> Params:
+    """``layernorm``: the pre-norm is a LayerNorm (weight and bias) rather than an RMSNorm."""
+    s = shape(m, hidden)
+    why = tp_refusal(m, hidden, tp)
+    if why:
+        raise ValueError(why)
+    heads = s.heads // tp
+    return Params(in_proj=hidden * s.in_proj_out // tp, conv1d=s.conv_dim // tp * (m.d_conv + 1), dt_bias=heads,
+                  A_log=heads, D=heads, norm=s.d_inner // tp, out_proj=s.d_inner // tp * hidden,
+                  pre_norm=hidden * (2 if layernorm else 1))
+
+
+# ----- FLOPs -----------------------------------------------------------------------------------------------------
+class Flops(NamedTuple):
+    """Forward FLOPs of one Mamba layer over one sequence (all TP ranks together)."""
+
+    in_proj: float
+    conv1d: float
+    scan: float           # SSD: C B^T, the masked chunk product, chunk states, state passing, read-out
+    out_proj: float
+    elementwise: float    # not in ``total``: softplus / exp of dt A, dt x, D skip, gate, grouped RMSNorm
+
+    @property
+    def total(self) -> float:
+        return self.in_proj + self.conv1d + self.scan + self.out_proj
+
+
+def scan_macs(m: Mamba2Spec, hidden: int, seq: int) -> float:
+    """Multiply-adds of the SSD scan of one sequence of ``seq`` tokens (padded to whole chunks)."""
+    s = shape(m, hidden)
+    q = m.chunk_size
+    chunks = math.ceil(seq / q)
+    padded = chunks * q
+    cb = s.groups * chunks * q * q * s.state
+    diagonal = s.heads * chunks * q * q * s.head_dim
+    states = s.heads * padded * s.state * s.head_dim
+    passing = s.heads * chunks * s.state * s.head_dim
+    read_out = s.heads * padded * s.state * s.head_dim
+    return float(cb + diagonal + states + passing + read_out)
+
+
+def forward_flops(m: Mamba2Spec, hidden: int, seq: int) -> Flops:
+    """Forward FLOPs of one layer over one sequence of ``seq`` tokens."""
+    s = shape(m, hidden)
+    # element-wise per token: dt (bias, softplus, x A, exp: 4 per head), dt x and D x (2 per channel), gate
+    # y silu(z) (2), RMSNorm (square-add, scale by rstd, by weight: 3) per d_inner channel
+    elementwise = seq * (4 * s.heads + 7 * s.d_inner)
+    return Flops(in_proj=2.0 * seq * hidden * s.in_proj_out, conv1d=2.0 * seq * s.conv_dim * m.d_conv,
+                 scan=2.0 * scan_macs(m, hidden, seq), out_proj=2.0 * seq * s.d_inner * hidden,
+                 elementwise=float(elementwise))
+
+
+# ----- memory ----------------------------------------------------------------------------------------------------
+class ActBytes(NamedTuple):
+    """Bytes one Mamba mixer keeps for backward per token on one rank (``tokens`` = its sequence share)."""
+
+    in_proj_input: float
+    zxbcdt: float          # the fused kernel's saved in_proj output (after the CP all-to-all)
+    scan_out: float        # the kernel's un-gated output out_x
+    norm_input: float      # incl. the norm's fp32 rstd per group
+    out_proj_input: float
+
+    @property
+    def total(self) -> float:
+        return sum(self)
+
+
+def local_groups(m: Mamba2Spec, hidden: int, tp: int, cp: int) -> int:
+    """Groups whose B and C one rank holds after the CP all-to-all, times cp (per token of its sequence share):
+    ``g / tp``, or ``cp`` when groups are repeated over CP ranks (``MambaContextParallel.group_repeat_count``)."""
+    groups = shape(m, hidden).groups // tp
+    return groups if groups >= cp else cp
+
+
+def act_bytes(m: Mamba2Spec, hidden: int, dtype_bytes: int, tp: int = 1, cp: int = 1, sp: bool = False) -> ActBytes:
+    """Per token of this rank's sequence share (``seq / cp``), training path of megatron-core's MambaMixer."""
+    why = cp_refusal(m, hidden, tp, cp)
+    if why:
+        raise ValueError(why)
+    if not m.use_mamba_mem_eff_path:
+        raise ValueError("mamba: activation memory is modelled for use_mamba_mem_eff_path (megatron-core's "
+                         "training path) only")
+    s = shape(m, hidden)
+    b = dtype_bytes
+    inner = s.d_inner // tp
+    zxbcdt = 2 * inner + 2 * s.state * local_groups(m, hidden, tp, cp) + s.heads // tp
+    return ActBytes(in_proj_input=b * hidden / (tp if sp else 1), zxbcdt=b * zxbcdt, scan_out=b * inner,
+                    norm_input=b * inner + FP32 * s.groups // tp, out_proj_input=b * inner)
+
+
+def fixed_act_bytes(m: Mamba2Spec, hidden: int, dtype_bytes: int, tp: int = 1) -> int:
+    """Kept per layer whatever the tokens, fp32 per head: ``A = -exp(A_log)`` (kept by the exp and by the kernel;
+    A_log is an fp32 parameter) and, with 16-bit parameters, the kernel's fp32 copy of ``dt_bias``."""
+    return (2 if dtype_bytes == FP32 else 3) * FP32 * shape(m, hidden).heads // tp
+
+
+def scan_state_bytes(m: Mamba2Spec, hidden: int, seq: int, dtype_bytes: int, tp: int = 1, cp: int = 1) -> int:
+    """Transient bytes of the inter-chunk states one sequence materialises in the scan kernels (forward, and again
+    in backward's recompute): fp32 chunk states and the passed states in the activation dtype (megatron-core
+    0.19's ``mamba_training_ssm_states_dtype`` can change the latter), for this rank's heads."""
+    s = shape(m, hidden)
+    per_chunk = s.heads // (tp * cp) * s.head_dim * s.state
+    return math.ceil(seq / m.chunk_size) * per_chunk * (FP32 + dtype_bytes)
+
+
+def inference_state_bytes(m: Mamba2Spec, hidden: int, dtype_bytes: int, tp: int = 1) -> int:
+    """Recurrent state of one sequence at inference (``mamba_state_shapes_per_request``): the conv window
+    (conv_dim x d_conv) and the SSM state (H x P x N), per TP rank."""
+    s = shape(m, hidden)
+    return (s.conv_dim // tp * m.d_conv + s.heads // tp * s.head_dim * s.state) * dtype_bytes
+
+
+def cp_all_to_all_elems(m: Mamba2Spec, hidden: int, tp: int, cp: int) -> float:
+    """Elements one rank sends per token of its sequence share in one layer's forward CP all-to-alls: before the
+    conv (z, x, B, C (repeated), dt) and after the norm (y); each all-to-all keeps 1/cp of its input local."""
+    if cp == 1:
+        return 0.0
+    s = shape(m, hidden)
+    before = 2 * s.d_inner // tp + 2 * s.state * local_groups(m, hidden, tp, cp) + s.heads // tp
+    after = s.d_inner // tp
+    return (before + after) * (cp - 1) / cp
