@@ -35,7 +35,10 @@ class Imported:
 
 
 def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: int | None = None,
-                  cluster: ClusterSpec | None = None, vocab_size: int | None = None) -> Imported:
+                  cluster: ClusterSpec | None = None, vocab_size: int | None = None,
+                  release: str | None = None) -> Imported:
+    """The plan a Megatron-LM command line runs; ``release``: the software release it runs on (its
+    ``settings.release``, ``search/releases.py``; None: the newest)."""
     try:
         cmd = read_command(text, source)
     except AcesoError as e:
@@ -64,5 +67,5 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
         cfg = config_from_flags(flags, next(iter(sizes.values())), t5, notes, vocab_size)
     except AcesoError as e:
         raise AcesoError(f"{source}: {e}") from None
-    plan = plan_from_config(cfg, cluster=cluster, source=source)
+    plan = plan_from_config(cfg, cluster=cluster, source=source, release=release)
     return Imported(plan, cfg, notes, flags.ignored)
