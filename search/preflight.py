@@ -71,6 +71,13 @@ def planner_checks(plan, device: str) -> None:
                                 plan.num_stages)
         if why:
             raise AcesoError(why)
+    runtime = plan.settings is None or plan.settings.framework == "runtime"
+    if runtime and plan.stack is not None:
+        raise AcesoError("stack: the aceso runtime runs no CUDA graphs, fine-grained offload or cross-entropy "
+                         "fusion yet; run the plan with Megatron-LM (aceso export --to megatron-lm) or remove the field")
+    if runtime and s is not None and s.optimizer != "adam":
+        raise AcesoError(f"settings.optimizer ({s.optimizer}): the aceso runtime runs Adam only; run the plan with "
+                         "Megatron-LM (aceso export --to megatron-lm) or use adam")
     if plan.activation_offload and (plan.settings is None or plan.settings.framework == "runtime"):
         raise AcesoError("activation_offload: the aceso runtime keeps activations on the GPU; run the plan with "
                          "Megatron-LM (aceso export --to megatron-lm) or remove the field")
