@@ -46,7 +46,7 @@ def _memory(plan, cluster, attention: str) -> tuple[list[float], float, bool]:
 
     training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
                             **plan_precision(plan), distributed_optimizer=plan.distributed_optimizer,
-                            attention=attention)
+                            megatron_fsdp=True if plan.megatron_fsdp else None, attention=attention)
     cm = make_cost_model(plan.model, cluster, training, settings=run_settings(plan.settings, training.precision))
     flash = bool(getattr(cm.source, "flash", False))
     check_recompute_applies(plan, flash, f"the analytic model assumes flash attention on {cluster.gpu.name} "
