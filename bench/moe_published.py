@@ -580,6 +580,10 @@ def scan_host(raw: list[dict], hi: float = 1.0) -> list[dict]:
 
 # ----- other published MoE runs: the folding paper, NVIDIA's MoE report, the ModelZoo (issue 22, folding) ----------
 FOLDING = ROOT / "bench" / "data" / "moe_folding_paper.json"
+# The release each system's ModelZoo runs are priced as (release_constants; the rows state none): the ModelZoo's
+# Dockerfiles at e8650517 build transformer-engine from source, H100 at 07afda98 (2.6.0.dev0, 2025-07-16: older
+# than every listed container, so the oldest, 25.09), GB200 / GB300 at 99df8810 (2.12.0.dev0: 26.02 ships 2.12)
+FOLDING_RELEASE = {"H100": "25.09", "GB200": "26.02", "GB300": "26.02"}
 
 
 def load_folding_rows(path: Path = FOLDING) -> list[dict]:
@@ -635,7 +639,7 @@ def price_folding_row(row: dict, search_budget_s: float | None = None) -> dict:
            "missing": row.get("missing") or [], "source": row["source"]["url"]}
     if not row.get("args"):
         return {**out, "status": "not priced: " + (row.get("why_not") or "no arguments")}
-    prep = prepare(dict(row, why_not=row.get("why_not")))
+    prep = prepare(dict(row, why_not=row.get("why_not"), version=FOLDING_RELEASE.get(row.get("system"))))
     if prep["status"] != "ok":
         return {**out, "status": prep["status"]}
     out.update(price_prepared(prep, row["precision"], search_budget_s))
