@@ -9,9 +9,10 @@ flags into the plan's ``settings.low_precision`` -- and priced as ``aceso explai
 (``plan_precision``, ``run_settings``: the row's gradient reduction, bf16 with ``--grad-reduce-in-bf16``).
 Error = predicted / measured - 1 of tokens/s per GPU (positive: the model is too fast).
 
-The one fitted constant per GPU generation is ``kernels.LOWPREC_GEMM_SCALE`` (the achieved low-precision GEMM
-fraction of the bf16 ceiling); ``--fit`` scans it per generation for the lowest mean absolute error on that
-generation's rows and prints it (every other constant is the bf16 calibration's).
+The fitted constant per GPU generation is ``LOWPREC_GEMM_SCALE`` (the achieved low-precision GEMM fraction of the
+bf16 ceiling), per release (``search/costmodel/release_constants.py``: each row priced as its own release, fitted on
+that release's rows by ``python bench/published_runs.py --fit-release``); every other constant is the bf16
+calibration's. bench/bridge_published.py prices these rows again with the MoE rows and the 26.x tables.
 
 Run: ``python bench/lowprec_published.py`` (table, bench/results/lowprec_published.json); ``--fit``.
 """
@@ -27,6 +28,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from search.argparser import AcesoParser  # noqa: E402
 from search.cluster import parse_cluster  # noqa: E402
@@ -86,11 +88,13 @@ def run_args(r: dict) -> tuple[str, str | None]:
     workload_base_configs.py``, ``LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_MX_V1`` in v0.5.1) sets no micro-batch size,
     so it runs ``WorkloadBaseConfig``'s default 1, and GBS 128 / (1 x DP 8) = 16 is the published GA. So the row's
     own GA decides: MBS = GBS / (GA x DP)."""
+    from recipes import own_args
+    base, _ = own_args(r)          # a later release's recipe flags are not what ran (bench/recipes.py)
     ga, dp = r.get("ga"), r.get("dp")
     if not ga or not dp or ga == r.get("ga_implied") or r["gbs"] % (ga * dp):
-        return r["args"], None
+        return base, None
     mbs = r["gbs"] // (ga * dp)
-    args = re.sub(r"--micro-batch-size \d+", f"--micro-batch-size {mbs}", r["args"])
+    args = re.sub(r"--micro-batch-size \d+", f"--micro-batch-size {mbs}", base)
     return args, (f"priced at MBS {mbs} (GBS {r['gbs']} / (GA {ga} x DP {dp})), the recipe's default, not the "
                   f"column's {r['mbs']}")
 
@@ -105,7 +109,7 @@ def row_setup(r: dict) -> dict:
     args, fixed}. bench/megatron_memory.py and bench/fsdp_published.py read the Bridge rows through it."""
     cluster = parse_cluster(r["cluster"])
     args, fixed = run_args(r)
-    plan = read_megatron(args, cluster=cluster, version="core_v0.16.1").plan     # the rows' args: core_v0.16.1 lines
+    plan = read_megatron(args, cluster=cluster, version="core_v0.16.1", release=r["version"]).plan   # core_v0.16.1 lines
     training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
                             **plan_precision(plan), distributed_optimizer=plan.distributed_optimizer,
                             megatron_fsdp=True if plan.megatron_fsdp else None, attention="flash")
@@ -159,28 +163,18 @@ def report() -> dict | None:
     for x in results:
         x["kept_out"] = kept_out(x["id"])
     summary = summarize([x for x in results if not x["kept_out"]])
-    return {"constants": {"LOWPREC_GEMM_SCALE": dict(kernels.LOWPREC_GEMM_SCALE),
+    from search.costmodel.release_constants import value
+    return {"constants": {"LOWPREC_GEMM_SCALE": {v: value("LOWPREC_GEMM_SCALE", v) for v in ("25.09", "25.11")},
                           "RECIPE_GEMM_SCALE": dict(kernels.RECIPE_GEMM_SCALE)},
             "rows": results, "summary": summary, "summary_all_rows": summarize(results),
             "targets": targets(summary), "left_out": left_out}
 
 
-def fit(rows: list[dict]) -> dict[str, float]:
-    """Per generation, the ``LOWPREC_GEMM_SCALE`` in [0.5, 1.2] (step 0.02) with the lowest MAE on its rows (the
-    ``KEPT_OUT`` rows left out)."""
-    best = {}
-    rows = [r for r in rows if not kept_out(r["id"])]
-    for gen in sorted({kernels.GENERATION.get(parse_cluster(r["cluster"]).gpu.name, "") for r in rows}):
-        mine = [r for r in rows if kernels.GENERATION.get(parse_cluster(r["cluster"]).gpu.name, "") == gen]
-        keep = kernels.LOWPREC_GEMM_SCALE[gen]
-        trials = []
-        for s in np.arange(0.50, 1.201, 0.02):
-            kernels.LOWPREC_GEMM_SCALE[gen] = float(s)
-            trials.append((summarize([price_row(r) for r in mine])["mae"], round(float(s), 2)))
-        kernels.LOWPREC_GEMM_SCALE[gen] = keep
-        best[gen] = min(trials)[1]
-        print(f"  {gen}: LOWPREC_GEMM_SCALE {best[gen]:.2f} (MAE {100 * min(trials)[0]:.1f}% on {len(mine)} rows)")
-    return best
+def fit(rows: list[dict]) -> None:
+    """``LOWPREC_GEMM_SCALE`` is per release now (``search/costmodel/release_constants.py``), fitted with the other
+    per-release constants by ``python bench/published_runs.py --fit-release GROUPS`` (bench/release_fit.py)."""
+    print("LOWPREC_GEMM_SCALE is per release: python bench/published_runs.py --fit-release 25.09,25.11,26.02.01,"
+          "26.04.01 (bench/release_fit.py)")
 
 
 def print_table(rep: dict) -> None:
@@ -218,7 +212,7 @@ def print_table(rep: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = AcesoParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fit", action="store_true", help="scan LOWPREC_GEMM_SCALE per GPU generation and print it")
+    ap.add_argument("--fit", action="store_true", help="say where LOWPREC_GEMM_SCALE is fitted now")
     args = ap.parse_args(argv)
     rows, left_out = load_rows()
     if not rows:

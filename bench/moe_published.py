@@ -39,8 +39,11 @@ A row the cost model refuses says so in the table. The search-time line: DeepSee
 the default budget), target 60 s on one core. Run: ``python bench/moe_published.py`` (table and the time line;
 bench/results/moe_published.json); ``--no-search`` prices only; ``--budget-s`` caps each row's searches (3000 evaluations each; the cap is wall-clock, so on a loaded machine it
 binds first: the per-row CPU seconds say how much search each got); ``--json`` writes elsewhere;
-``--breakdown`` adds each priced row's iteration by stage; ``--fit`` refits the MoE time constants on the rows not kept
-out of the fit (``OUT_OF_FIT``: listed under the table with their errors and reasons).
+``--breakdown`` adds each priced row's iteration by stage. Each row is priced as its own release (``release`` = the
+row's container: ``search/costmodel/release_constants.py``), with its own command line's stack flags (CUDA graphs,
+the EP overlap, delayed weight gradients: ``bench/recipes.py`` drops only what megatron-core refuses with the
+row's settings); the constants are fitted per release by ``python bench/published_runs.py --fit-release``
+(bench/release_fit.py, whose ``KEPT_OUT`` lists the rows kept out of the fits with their published evidence).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 from search.cluster import parse_cluster  # noqa: E402
@@ -66,6 +70,7 @@ from search.plan import ParallelPlan  # noqa: E402
 from search.plan_settings import plan_precision, run_settings  # noqa: E402
 from search.presets import load_model  # noqa: E402
 from search.training import TrainingSpec  # noqa: E402
+from recipes import own_args  # noqa: E402
 
 BRIDGE = ROOT.parent / "shared" / "published" / "megatron-bridge-25.09-25.11.json"
 WAITS = "waits for issue 24"
@@ -131,33 +136,14 @@ def recompute_of(f: dict) -> Recompute:
     return NO_RECOMPUTE
 
 
-# Settings a row's own-release recipe sets that its ``args`` leave out (the file's command lines carry no MoE
-# overlap flags), as the Megatron-LM flags Megatron-Bridge's perf scripts turn them into. Only recipes of the row's
-# own release (``recipe.own_release``: the file cites name and commit) count as what ran. Source:
-# NVIDIA-NeMo/Megatron-Bridge 7af9601c9 (v0.2.0, the 25.11 scripts): scripts/performance/configs/qwen3/
-# workload_base_configs.py ``QWEN3_235B_A22B_H100_FP8_CS_BASE_CONFIG`` (``moe_a2a_overlap=True``) and
-# scripts/performance/utils/helpers.py ``set_moe_a2a_overlap_overrides`` (``overlap_moe_expert_parallel_comm``,
-# ``delay_wgrad_compute``; ``moe_shared_expert_overlap`` off: Qwen3 has no shared expert). The other own-release
-# recipes of priced rows add nothing the model prices (CUDA graphs of ``moe_router`` / ``moe_preprocess`` on the
-# Qwen3-30B-A3B B200 / GB200 rows are not modelled; DeepSeek-V3 B200 sets ``moe_a2a_overlap=False``).
-RECIPE_FLAGS = {
-    ("QWEN3_235B_A22B_H100_FP8_CS_BASE_CONFIG", "7af9601c9da746d21481194356295bfe23df3737"):
-        "--overlap-moe-expert-parallel-comm --delay-wgrad-compute",
-}
-
-
-def recipe_flags(row: dict) -> str:
-    """The flags ``RECIPE_FLAGS`` adds to the row's command line ('' for none)."""
-    rec = row.get("recipe") or {}
-    return RECIPE_FLAGS.get((rec.get("name"), rec.get("commit")), "") if rec.get("own_release") else ""
-
-
 def row_import(row: dict, cluster=None):
     """The row's arguments imported (``read_megatron``: the one row -> plan path, ``aceso import --from
-    megatron-lm``), with its own-release recipe's omitted flags (``recipe_flags``): the plan, its Megatron config,
-    notes and ignored flags."""
-    extra = recipe_flags(row)
-    return read_megatron(row["args"] + (" " + extra if extra else ""), cluster=cluster, world_size=row["gpus"],
+    megatron-lm``) as its own release runs them (``release``: the row's container; ``recipes.own_args``: the stack
+    flags of a recipe later than the container are not what ran): the plan, its Megatron config, notes and ignored
+    flags."""
+    from recipes import own_args
+    args, _ = own_args(row)
+    return read_megatron(args, cluster=cluster, world_size=row["gpus"], release=row.get("version"),
                          version="core_v0.16.1")      # the rows' args are core_v0.16.1 lines (published/README.md)
 
 
@@ -212,7 +198,7 @@ def price_row(row: dict, search_budget_s: float | None = None) -> dict:
                      f"gbs{row['gbs']}", "measured_tokens": row["tokens_per_s_per_gpu"],
            "measured_tflops": row["tflops_per_gpu"],
            "recompute": recompute_of(flags(row["args"])).label if row["args"] else None,
-           "recipe_flags": recipe_flags(row) or None,
+           "dropped_flags": own_args(row)[1] or None,
            "dispatch": "padded" if "--moe-pad-expert-input-to-capacity" in (row["args"] or "") else "dropless"}
     prep = prepare(row)
     if prep["status"] != "ok":
@@ -400,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit", action="store_true", help="fit the MoE time constants (moe_cost.py) and stop")
     ap.add_argument("--markdown", action="store_true", help="also print the per-row table of docs/costmodel.md")
     ap.add_argument("--host-scan", action="store_true",
-                    help="print the HOST_FWD_MS each dropless row implies (scan_host) and stop")
+                    help="print the HOST_LAUNCH_MS each dropless row implies (scan_host) and stop")
     ap.add_argument("--json", default=None, help="where to write the results (default bench/results/moe_published.json)")
     args = ap.parse_args(argv)
     path = Path(args.bridge)
@@ -412,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         fit(raw)
         return 0
     if args.host_scan:
-        print("HOST_FWD_MS each dropless row implies (its error 0 at that constant; '-': device time alone is slower):")
+        print("HOST_LAUNCH_MS each dropless row implies (its error 0 at that constant; '-': device time alone is "
+              "slower):")
         scan_host(raw)
         return 0
     rows = [price_row(r, None if args.no_search else args.budget_s) for r in raw]
@@ -449,7 +436,7 @@ BREAKDOWN = ("attention", "experts", "a2a", "router", "shared", "host", "other",
 def breakdown(row: dict) -> dict | None:
     """ms of one iteration on the pipeline's busiest stage by stage of the layer: the MoE unit's parts
     (``moe_cost.moe_parts``: expert GEMMs, exposed all-to-all, router / permute, shared expert and its TP
-    collectives), the host-bound wait (``moe_cost.host_bound``), the attention units, the rest of the stage's compute (embedding, head, dense
+    collectives), the host-bound wait (``moe_cost.host_layers``), the attention units, the rest of the stage's compute (embedding, head, dense
     layers, MTP, recompute), exposed p2p, the per-iteration sync (DP / EDP gradients, step, parameter gather) and
     the bubble (iteration - the stage's busy time). None: the row is not priced."""
     from search.costmodel.analytic import _lp_unit
@@ -468,8 +455,9 @@ def breakdown(row: dict) -> dict | None:
     i = cost.pipeline.bottleneck
     st, sc, m, M = plan.stages[i], cost.stages[i], plan.model, plan.num_micro_batches
     b, cfg = plan.micro_batch_size / st.dp, moe_settings(plan)
-    ov = Features.of_plan(plan).tp_comm_overlap and st.sequence_parallel and st.tp > 1
-    table = cm._prepared(b, st.tp, st.cp, st.sequence_parallel, ov, st.ep, st.etp or 0, cfg).table
+    feats = Features.of_plan(plan)
+    ov = feats.tp_comm_overlap and st.sequence_parallel and st.tp > 1
+    table = cm.unit_table(b, st.tp, st.cp, st.sequence_parallel, ov, st.ep, st.etp or 0, cfg, feats)
     units = [u for a, e in st.spans for u in range(a, e)]
     moe_units = [u for u in units if m.units[u].kind == "moe"]
     att = sum(table.fwd_ms[u] + table.bwd_ms[u] for u in units if m.units[u].kind == "attention") * M
@@ -477,11 +465,11 @@ def breakdown(row: dict) -> dict | None:
     if moe_units:
         parts = moe_parts(cm.source, b, m.seq_length // st.cp, st.tp, st.sequence_parallel, st.ep, st.etp or 0,
                           cfg, ov, _lp_unit(cm.source, m.units[moe_units[0]]))
-        for name in ("experts", "a2a", "router"):
+        for name in ("experts", "router"):
             out[name] = sum(parts[name]) * len(moe_units) * M
         out["shared"] = (sum(parts["shared"]) + sum(parts["tp"])) * len(moe_units) * M
-        priced = sum(sum(parts[n]) for n in ("router", "experts", "a2a", "shared", "tp"))
-        out["host"] = sum(table.fwd_ms[u] + table.bwd_ms[u] - priced for u in moe_units) * M
+        out["a2a"] = sum(table.ep_comm_ms[u] for u in moe_units) * M if table.ep_comm_ms is not None else 0.0
+        out["host"] = sum(table.host_ms[u] for u in moe_units) * M if table.host_ms is not None else 0.0
     out["attention"] = att
     busy = (sc.fwd_ms + sc.bwd_ms + sc.recompute_ms) * M
     out["other"] = busy - sum(out[n] for n in ("attention", "experts", "a2a", "router", "shared", "host"))
@@ -505,24 +493,12 @@ def print_breakdown(rows: list[dict], raw: list[dict]) -> None:
               + "".join(f"{100 * bd[n] / it:8.1f}" for n in BREAKDOWN))
 
 
-# ----- rows kept out of the MoE fit, and the fit (issue 22, moetime; docs/costmodel.md "MoE calibration") ---------
-_H100_30B = "host time inconsistent: the dropless run is 1.99x slower than its drop-and-pad twin of the same " \
-            "command line; the host time per MoE layer forward that would close it (HOST_FWD_MS 21.1 ms) is 3-4x what every other dropless " \
-            "Qwen3 row implies (3.7-6.3 ms: scan_host), and no setting in the file tells it apart (no recipe: " \
-            "the H100 FP8-CS recipes of both releases set vp 12 and moe_a2a_overlap, not the table's vp 24)"
-OUT_OF_FIT = {
-    "25.11/pretrain/qwen3-30b-a3b/h100x16/fp8-cs/gbs512-mbs2-seq4096/tp1pp2cp1vp24ep8fsdp0": _H100_30B,
-}
-OUT_OF_FIT_MODELS = {"gpt-oss-120b": "kernels not priced: attention sinks (--softmax-type learnable: TE 2.9 "
-                                     "disables FlashAttention for it and runs cuDNN's fused attention, cuDNN >= "
-                                     "9.13.1; no benchmark of it in our sources, priced as flash); the four rows "
-                                     "1.13-1.83x slower than priced: 1.9-2.6x the priced attention time on the "
-                                     "GB300, GB200 and H100 rows, 6.8x on B200 (over memory at its ep 8)"}
-
-
+# ----- rows kept out of the fit (bench/release_fit.py KEPT_OUT: one list for every Bridge row) -------------------
 def fit_note(row: dict) -> str | None:
-    """Why a priced row is kept out of the MoE fit (None: it is fitted)."""
-    return OUT_OF_FIT.get(row["id"]) or OUT_OF_FIT_MODELS.get(row["model"])
+    """Why a priced row is kept out of the fits and targets (None: it counts): ``release_fit.kept_out``, each
+    with its published evidence."""
+    from release_fit import kept_out
+    return kept_out(row)
 
 
 def fit_summary(rows: list[dict]) -> dict:
@@ -538,27 +514,16 @@ def print_fit_summary(fs: dict, rows: list[dict] = ()) -> None:
     for r in fs["out_of_fit"]:
         print(f"  {r['error']:+7.1%}  {r['id']}: {r['why']}")
     for r in rows:
-        if r.get("recipe_flags"):
-            print(f"  priced with its own-release recipe's {r['recipe_flags']} (RECIPE_FLAGS): {r['id']}")
+        if r.get("dropped_flags"):
+            print(f"  priced without {' '.join(r['dropped_flags'])}, which megatron-core refuses with the row's "
+                  f"other settings (recipes.own_args): {r['id']}")
 
 
-def fit(raw: list[dict], hosts=(3.5, 4.0, 4.5, 4.75, 5.0, 5.25, 5.5, 6.0), k0s=(4000, 5000, 6000, 6500, 7000, 8000)):
-    """Grid least-MAE fit of ``moe_cost.HOST_FWD_MS`` and ``GROUPED_K0_LP`` on the fitted rows; prints the grid's
-    best and restores the constants."""
-    from search.costmodel import moe_cost as mc
-    keep = (mc.HOST_FWD_MS, mc.GROUPED_K0_LP)
-    rows = [r for r in raw if fit_note({"id": r["id"], "model": r["model"]}) is None]
-    grid = []
-    try:
-        for h in hosts:
-            for k0 in k0s:
-                mc.HOST_FWD_MS, mc.GROUPED_K0_LP = h, k0
-                grid.append((fit_summary([price_row(r) for r in rows])["fit_mae"], h, k0))
-    finally:
-        mc.HOST_FWD_MS, mc.GROUPED_K0_LP = keep
-    grid.sort()
-    for mae, h, k0 in grid[:5]:
-        print(f"HOST_FWD_MS {h:5.2f}  GROUPED_K0_LP {k0:6.0f}: MAE {mae:.1%}")
+def fit(raw: list[dict]) -> None:
+    """The MoE time constants are per release now (``search/costmodel/release_constants.py``): fitted, with the
+    dense low-precision ones, by ``python bench/published_runs.py --fit-release GROUPS`` (bench/release_fit.py)."""
+    print("the MoE time constants are per release: python bench/published_runs.py --fit-release "
+          "25.09,25.11,26.02.01,26.04.01 (bench/release_fit.py)")
 
 
 def print_markdown(rows: list[dict]) -> None:
@@ -571,29 +536,31 @@ def print_markdown(rows: list[dict]) -> None:
             continue
         note = fit_note(r)
         fit_col = f"out: {note.split(':')[0]}" if note else "fit"
-        if r.get("recipe_flags"):
-            fit_col += " (recipe's " + r["recipe_flags"].replace("--", "") + ")"
+        if r.get("dropped_flags"):
+            fit_col += " (without " + " ".join(r["dropped_flags"]).replace("--", "") + ": refused)"
         print(f"| {r['id'].split('/')[0]} {r['model']} | {r['cluster']} | {r['precision']} | {r['config']} | "
               f"{r['dispatch']} | {r['measured_tokens']:.0f} | {r['tokens']:.0f} | "
               f"{r['error']:+.1%} | {fit_col} | {'yes' if r['fits'] else 'no'} ({_gib(r)} GiB) |")
 
 
-def scan_host(raw: list[dict], hi: float = 60.0) -> list[dict]:
-    """Per dropless row (the dispatcher syncs: ``moe_cost.syncs``), the ``HOST_FWD_MS`` that would make its error 0
-    (bisection; None where the device time alone already prices it slower than measured): the host time per MoE
-    layer forward each row implies, to see whether one constant can serve them all. Prints one line per row and
-    restores the constant."""
+def scan_host(raw: list[dict], hi: float = 1.0) -> list[dict]:
+    """Per dropless row (the dispatcher syncs: ``moe_cost.syncs``), the ``HOST_LAUNCH_MS`` of its release
+    (``release_constants``) that would make its error 0 (bisection; None where the device time alone already prices
+    it slower than measured): the host time per kernel launch each row implies (``host.py``), to see whether one
+    constant per release can serve them all. Prints one line per row and restores the constants."""
     from search.costmodel import moe_cost as mc
-    keep, out = mc.HOST_FWD_MS, []
-    try:
-        for row in raw:
-            prep = prepare(row)
-            if prep["status"] != "ok" or not prep["plan"].model.moe or not mc.syncs(prep["plan"].model) \
-                    or not row["tokens_per_s_per_gpu"]:
-                continue
-
+    from search.costmodel import release_constants as rc
+    out = []
+    for row in raw:
+        prep = prepare(row)
+        if prep["status"] != "ok" or not prep["plan"].model.moe or not mc.syncs(prep["plan"].model, prep["plan"].moe) \
+                or not row["tokens_per_s_per_gpu"]:
+            continue
+        group = rc.FITS[rc.fit_of(row["version"])][1]
+        keep = group.get("HOST_LAUNCH_MS")
+        try:
             def err(h: float) -> float:
-                mc.HOST_FWD_MS = h
+                group["HOST_LAUNCH_MS"] = h
                 return price_row(row)["error"]
             e0, implied = err(0.0), None
             if e0 > 0 and err(hi) < 0:
@@ -602,16 +569,23 @@ def scan_host(raw: list[dict], hi: float = 60.0) -> list[dict]:
                     mid = (lo + up) / 2
                     lo, up = (mid, up) if err(mid) > 0 else (lo, mid)
                 implied = lo
-            out.append({"id": row["id"], "error_device_only": e0, "implied_host_fwd_ms": implied})
-            print(f"  {_fmt(implied, '6.2f', '     -')} ms  (device only {e0:+7.1%})  {row['id']}"
-                  + (f"  [{fit_note(row)[:40]}...]" if fit_note(row) else ""))
-    finally:
-        mc.HOST_FWD_MS = keep
+        finally:
+            if keep is None:
+                group.pop("HOST_LAUNCH_MS", None)
+            else:
+                group["HOST_LAUNCH_MS"] = keep
+        out.append({"id": row["id"], "error_device_only": e0, "implied_host_launch_ms": implied})
+        print(f"  {_fmt(implied, '6.3f', '     -')} ms  (device only {e0:+7.1%})  {row['id']}"
+              + (f"  [{fit_note(row)[:40]}...]" if fit_note(row) else ""))
     return out
 
 
 # ----- other published MoE runs: the folding paper, NVIDIA's MoE report, the ModelZoo (issue 22, folding) ----------
 FOLDING = ROOT / "bench" / "data" / "moe_folding_paper.json"
+# The release each system's ModelZoo runs are priced as (release_constants; the rows state none): the ModelZoo's
+# Dockerfiles at e8650517 build transformer-engine from source, H100 at 07afda98 (2.6.0.dev0, 2025-07-16: older
+# than every listed container, so the oldest, 25.09), GB200 / GB300 at 99df8810 (2.12.0.dev0: 26.02 ships 2.12)
+FOLDING_RELEASE = {"H100": "25.09", "GB200": "26.02", "GB300": "26.02"}
 
 
 def load_folding_rows(path: Path = FOLDING) -> list[dict]:
@@ -639,7 +613,7 @@ def price_folding_row(row: dict, search_budget_s: float | None = None) -> dict:
            "missing": row.get("missing") or [], "source": row["source"]["url"]}
     if not row.get("args"):
         return {**out, "status": "not priced: " + (row.get("why_not") or "no arguments")}
-    prep = prepare(dict(row, why_not=row.get("why_not")))
+    prep = prepare(dict(row, why_not=row.get("why_not"), version=FOLDING_RELEASE.get(row.get("system"))))
     if prep["status"] != "ok":
         return {**out, "status": prep["status"]}
     out.update(price_prepared(prep, row["precision"], search_budget_s))

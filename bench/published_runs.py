@@ -324,6 +324,39 @@ def _lowprec():
     return mod
 
 
+def _fit_release(groups: list[str]) -> int:
+    """The per-release and pooled fits of bench/release_fit.py, in order (each group starting from the one before
+    it), printed with their row counts; release_constants.py is not edited (copy the values in by hand)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import release_fit as rf
+    from search.costmodel import release_constants as rcs
+    for g in groups:
+        if g not in rcs.FITS:
+            print(f"--fit-release {g}: not a release group ({', '.join(rcs.FITS)})")
+            return 2
+    vals, counts = rf.fit_pooled()
+    for k, v in vals.items():
+        rcs.POOLED[k] = (v, counts[k])
+    for g in groups:
+        vals, counts = rf.fit(g)
+        rcs.FITS[g][1].clear()
+        rcs.FITS[g][1].update(vals)
+        rcs.FITS[g][2].clear()
+        rcs.FITS[g][2].update(counts)
+        print(f"{g}: {json.dumps(vals)} (rows: {json.dumps(counts)})")
+    vals, counts = rf.fit_pooled()
+    print(f"pooled: {json.dumps(vals)} (rows: {json.dumps(counts)})")
+    return 0
+
+
+def _bridge():
+    """bench/bridge_published.py: every Megatron-Bridge row of both tables as its own release (issue 34)."""
+    spec = importlib.util.spec_from_file_location("bridge_published_bench", ROOT / "bench" / "bridge_published.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def evaluate_all(priced: list[dict], with_v100: bool) -> list[dict]:
     return [evaluate_row(r) for r in priced] + (aceso_v100_rows() if with_v100 else [])
 
@@ -332,11 +365,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = AcesoParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="refit the sustained-efficiency factors both ways (slow)")
     ap.add_argument("--only", default=None, help="price only rows whose id contains this")
+    ap.add_argument("--fit-release", default=None, metavar="GROUPS",
+                    help="fit the per-release constants (bench/release_fit.py) of these release groups (comma "
+                         "separated, in order: 25.09,25.11,26.02.01,26.04.01), and the pooled ones, and print them")
     args = ap.parse_args(argv)
     runs = pr.load_published_runs()
     priced = [r for r in runs if not r["fp8"] and (args.only is None or args.only in r["id"])]
     out_of_scope = [f"{r['id']} (fp8: priced from the Megatron-Bridge table by bench/lowprec_published.py)"
                     for r in runs if r["fp8"]]
+    if args.fit_release:
+        return _fit_release(args.fit_release.split(","))
     if args.fit:
         calib = [r for r in priced if r["set"] == "calibration"]
         by_gpu = {g: [r for r in calib if r["gpu"] == g] for g in cal.FIT_GPUS}
@@ -356,12 +394,16 @@ def main(argv: list[str] | None = None) -> int:
     if low is not None:
         print()
         _lowprec().print_table(low)
+    bridge = _bridge().report() if args.only is None else None   # every Bridge row of both tables (issue 34)
+    if bridge is not None:
+        print()
+        _bridge().print_report(bridge)
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "published_runs.json").write_text(json.dumps(
         {"fits": {name: {"constants": constants[name], "rows": rows, "summary": stats[name]}
-                  for name, rows in fits.items()}, "out_of_scope": out_of_scope, "low_precision": low},
-        indent=2) + "\n")
+                  for name, rows in fits.items()}, "out_of_scope": out_of_scope, "low_precision": low,
+         "bridge": bridge}, indent=2, default=str) + "\n")
     print(f"\nwrote {out / 'published_runs.json'}")
     return 0
 

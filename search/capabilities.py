@@ -149,6 +149,8 @@ TABLE: tuple[Row, ...] = (
     Row("MoE grouped GEMM without transformer-engine", "plan", {RUNTIME: rt.grouped_gemm_without_te}),
     Row("Megatron FSDP", "plan", {RUNTIME: rt.megatron_fsdp}),
     Row("TP communication overlap", "plan", {RUNTIME: rt.tp_comm_overlap}),
+    Row("CUDA graphs, fine-grained offload, fused cross-entropy", "plan", {RUNTIME: rt.stack_features}),
+    Row("optimizers other than Adam (Muon, dist_muon)", "plan", {RUNTIME: rt.optimizer}),
     Row("per-stage shapes, mid-layer cuts, per-unit recompute", "plan", {MEGATRON_LM: one_shape, BRIDGE: one_shape}),
 )
 

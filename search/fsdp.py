@@ -47,6 +47,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from .moe_plan import expert_tp
 
 ShardingStrategy = Literal["no_shard", "optim", "optim_grads", "optim_grads_params"]
+MainDtype = Literal["fp32", "bf16", "fp16"]
+DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 STRATEGIES: tuple[str, ...] = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 MAX_OFFLOAD_LAYERS = 1 << 16
 
@@ -60,6 +62,12 @@ class MegatronFSDP(BaseModel):
         "optim_grads_params", description="What is sharded over each stage's DP x CP group: no_shard (nothing), "
         "optim (fp32 main weights, Adam m and v), optim_grads (+ gradients, reduce-scattered every backward), "
         "optim_grads_params (+ weights, all-gathered per layer in forward and backward).")
+    main_params_dtype: MainDtype | None = Field(None, description="megatron-core 0.19: the dtype of FSDP's main "
+                                                "(optimizer) weights (--megatron-fsdp-main-params-dtype); None: "
+                                                "fp32.")
+    main_grads_dtype: MainDtype | None = Field(None, description="megatron-core 0.19: the dtype of FSDP's main "
+                                               "gradient buffer and its reduce-scatter (--megatron-fsdp-main-grads-"
+                                               "dtype); None (auto): the gradient-reduction dtype.")
 
 
 class ActivationOffload(BaseModel):
@@ -141,7 +149,10 @@ def describe(plan) -> str:
     """``megatron-fsdp optim_grads_params, offload 20 layers`` (empty without either)."""
     parts = []
     if plan.megatron_fsdp is not None:
-        parts.append(f"megatron-fsdp {plan.megatron_fsdp.data_parallel_sharding_strategy}")
+        f = plan.megatron_fsdp
+        dtypes = "".join(f" {k} {v}" for k, v in (("main params", f.main_params_dtype),
+                                                   ("main grads", f.main_grads_dtype)) if v)
+        parts.append(f"megatron-fsdp {f.data_parallel_sharding_strategy}{dtypes}")
     if plan.activation_offload is not None:
         n = plan.activation_offload.num_layers
         parts.append(f"offload {n} layer{'s' if n != 1 else ''}")

@@ -20,7 +20,11 @@ of ``etp`` adjacent ranks, the EP groups are strided by ``etp``, and expert-DP g
 **Plan settings** (``MoEPlanSettings``, the plan's ``moe`` field; None on an MoE model = the defaults): the token
 dispatcher, grouped GEMM, permute fusion and the two communication overlaps megatron-core 0.16.1 has
 (``moe_shared_expert_overlap``: alltoall only; ``overlap_moe_expert_parallel_comm``: ep > 1, alltoall or flex,
-no full recompute, virtual stages when pp > 1).
+no full recompute, virtual stages when pp > 1, a bf16 / fp16 model), the EP overlap's delayed weight gradients
+(``delay_wgrad_compute``: needs the overlap and grouped GEMM), the router's dtype (``moe_router_dtype``) and fused
+kernels (``moe_router_fusion``); and megatron-core 0.19's per-rank capacity (``moe_expert_rank_capacity_factor``:
+the HybridEP backend only) with paged stashing of the routed experts' activations (``moe_paged_stash``: needs the
+capacity). ``search/costmodel/stack_cost.py`` prices each.
 """
 
 from __future__ import annotations
@@ -53,6 +57,18 @@ class MoEPlanSettings(BaseModel):
     overlap_ep_comm: bool = Field(False, description="Dispatch/combine all-to-all overlapped with another "
                                   "micro-batch's compute (overlap_moe_expert_parallel_comm): needs ep > 1, the "
                                   "alltoall or flex dispatcher, no full recompute, virtual stages when pp > 1.")
+    delay_wgrad: bool = Field(False, description="Under overlap_ep_comm, the weight-gradient GEMMs run after the "
+                              "next communication is launched (delay_wgrad_compute); needs overlap_ep_comm.")
+    router_dtype: Literal["fp32", "fp64"] | None = Field(None, description="The router's gating GEMM and scores in "
+                                                         "this dtype (moe_router_dtype); None: the model's.")
+    router_fusion: bool = Field(False, description="The router's score / top-k / aux-loss steps in fused kernels "
+                                "(moe_router_fusion; transformer-engine).")
+    rank_capacity_factor: float | None = Field(None, gt=0, le=1e3, description="megatron-core 0.19: each EP "
+                                               "rank's token budget over the even share (moe_expert_rank_capacity_"
+                                               "factor; flex hybridep only): the dispatch needs no host copy.")
+    paged_stash: bool = Field(False, description="megatron-core 0.19: the routed experts' activations in a paged "
+                              "buffer sized by the average tokens, not the capacity (moe_paged_stash); needs "
+                              "rank_capacity_factor.")
 
 
 def dispatcher_settings(model, dispatcher: str, base: MoEPlanSettings | None = None) -> MoEPlanSettings:
@@ -128,6 +144,9 @@ def check_moe_settings(plan) -> None:
         raise ValueError("moe.flex_backend deepep with the model's moe_pad_expert_input_to_capacity: megatron-core "
                          "0.16.1 pads expert input only with the hybridep backend (TransformerConfig raises); use "
                          "flex_backend hybridep or another dispatcher")
+    msg = settings_refusal(s, plan.model)
+    if msg:
+        raise ValueError(msg)
     if s.shared_expert_overlap:
         if s.token_dispatcher != "alltoall":
             raise ValueError(f"moe.shared_expert_overlap works with the alltoall dispatcher only (it is "
@@ -138,6 +157,26 @@ def check_moe_settings(plan) -> None:
                              any(rc == "full" for st in plan.stages for rc in st.all_recompute))
     if msg:
         raise ValueError(msg)
+
+
+def settings_refusal(s: "MoEPlanSettings", model) -> str | None:
+    """megatron-core's rules on the delayed weight gradients, the per-rank capacity and paged stashing
+    (``TransformerConfig.__post_init__``, 0.16.1 and 0.19), or None."""
+    if s.delay_wgrad and not s.overlap_ep_comm:
+        return ("moe.delay_wgrad needs moe.overlap_ep_comm (megatron-core asserts delay_wgrad_compute only with "
+                "overlap_moe_expert_parallel_comm); turn the overlap on or delay_wgrad off")
+    if s.delay_wgrad and not s.grouped_gemm:
+        return "moe.delay_wgrad needs moe.grouped_gemm (transformer-engine's grouped linear delays it); turn it on"
+    if s.overlap_ep_comm and model.params_dtype == "fp32":
+        return ("moe.overlap_ep_comm needs a bf16 or fp16 model (megatron-core asserts it); use --bf16 or turn the "
+                "overlap off")
+    if s.rank_capacity_factor is not None and (s.token_dispatcher != "flex" or s.flex_backend != "hybridep"):
+        return ("moe.rank_capacity_factor needs the flex dispatcher with the hybridep backend (megatron-core 0.19 "
+                "raises otherwise); set token_dispatcher flex and flex_backend hybridep, or drop it")
+    if s.paged_stash and s.rank_capacity_factor is None:
+        return ("moe.paged_stash needs moe.rank_capacity_factor (megatron-core 0.19: no need to page without a "
+                "capacity); set it or turn paged_stash off")
+    return None
 
 
 def overlap_ep_refusal(s: "MoEPlanSettings", num_stages: int, num_virtual: int, any_ep: bool,

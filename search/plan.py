@@ -38,6 +38,7 @@ from .fsdp import ActivationOffload, MegatronFSDP, check_plan as _check_fsdp_off
 from .model import ModelSpec, Unit
 from .moe_plan import MoEPlanSettings, check_expert_shape, check_moe_settings, expert_shape_text
 from .plan_settings import PlanSettings
+from .stack import StackSettings, refusal as stack_refusal
 from .units import mib_alias
 
 SCHEMA_VERSION = 3
@@ -277,6 +278,8 @@ class ParallelPlan(BaseModel):
     stages: list[StageSpec] = Field(min_length=1, max_length=MAX_UNITS, description="Pipeline stages in order.")
     moe: MoEPlanSettings | None = Field(None, description="MoE models: how the MoE layers run (dispatcher, grouped "
                                         "GEMM, overlaps); None = the defaults (moe_plan.py). Absent on dense models.")
+    stack: StackSettings | None = Field(None, description="Software-stack switches: CUDA graphs, fine-grained "
+                                        "activation offload, the cross-entropy fusion (stack.py); absent: none.")
     predicted: PlanPrediction | None = Field(None, description="Cost-model prediction, if any.")
     settings: PlanSettings | None = Field(None, description="The software settings the prediction was priced "
                                           "under (framework, gradient reduction dtype; absent: the aceso runtime). "
@@ -358,6 +361,8 @@ class ParallelPlan(BaseModel):
                     + (f" (stages[{bad[0]}] has it off)" if bad else " and at least one such stage")
                     + "; turn sequence_parallel on or tp_comm_overlap off")
         check_moe_settings(self)
+        if (why := stack_refusal(self)) is not None:
+            raise ValueError(why)
         if self.cluster is not None:
             check_fits_cluster(self, self.cluster)
         return self

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from .precision import LowPrecision, base_dtype, training_fields
 
 Framework = Literal["runtime", "megatron-lm", "megatron-bridge"]
+Optimizer = Literal["adam", "muon", "dist_muon"]
 FRAMEWORKS: tuple[str, ...] = ("runtime", "megatron-lm", "megatron-bridge")
 
 
@@ -46,6 +47,32 @@ class PlanSettings(BaseModel):
                                       "--grad-reduce-in-bf16; --accumulate-allreduce-grads-in-fp32 for --fp16.")
     low_precision: LowPrecision | None = Field(None, description="The low-precision recipe (FP8 / FP4 linear "
                                                "GEMMs, search/precision.py); None = the parameter dtype throughout.")
+    optimizer: Optimizer = Field("adam", description="The optimizer (Megatron-LM --optimizer): adam, muon (Muon on "
+                                 "the 2-D weights, Adam on the rest) or dist_muon (Muon with its states sharded "
+                                 "layer-wise over DP: LayerWiseDistributedOptimizer).")
+    release: str | None = Field(None, max_length=32, description="The software release the plan was priced for: a "
+                                "NeMo / Megatron-Bridge container (26.04.01) or a megatron-core version "
+                                "(search/releases.py); None = the newest container.")
+
+    @model_serializer(mode="wrap")
+    def _plain_form(self, handler):
+        """Adam is written as before the field existed (no ``optimizer`` key)."""
+        out = handler(self)
+        if isinstance(out, dict) and out.get("optimizer") == "adam":
+            out.pop("optimizer")
+        return out
+
+    @field_validator("release")
+    @classmethod
+    def _known_release(cls, v: str | None) -> str | None:
+        from .errors import AcesoError
+        from .releases import resolve
+        if v is not None:
+            try:
+                resolve(v)
+            except AcesoError as e:
+                raise ValueError(str(e)) from None
+        return v
 
 
 RUNTIME = PlanSettings()
@@ -62,8 +89,11 @@ def plan_settings(framework: str, precision: str, grad_reduce_in_bf16: bool = Fa
 
 
 def plan_precision(plan) -> dict:
-    """The ``TrainingSpec`` precision fields a plan was priced under (its recipe, else its parameter dtype)."""
-    return training_fields((plan.settings or RUNTIME).low_precision, plan.model.params_dtype)
+    """The ``TrainingSpec`` fields of the software a plan was priced under: its recipe (else its parameter dtype)
+    and its optimizer."""
+    s = plan.settings or RUNTIME
+    out = training_fields(s.low_precision, plan.model.params_dtype)
+    return {**out, "optimizer": s.optimizer} if s.optimizer != "adam" else out
 
 
 def plan_sharding(plan) -> dict:
@@ -87,14 +117,18 @@ def settings_for(plan, framework: str | None = None) -> PlanSettings:
     own = plan.settings or RUNTIME
     if framework is None or framework == own.framework:
         return own
-    return plan_settings(framework, plan.model.params_dtype, low=own.low_precision)
+    other = plan_settings(framework, plan.model.params_dtype, low=own.low_precision)
+    return other.model_copy(update={"optimizer": own.optimizer, "release": own.release})
 
 
 def run_settings(settings: PlanSettings | None, precision: str):
-    """The cost model's ``RunSettings`` for these settings (fp32 training: the gradients are fp32 anyway)."""
+    """The cost model's ``RunSettings`` for these settings (fp32 training: the gradients are fp32 anyway; the
+    release resolved by ``releases.resolve``)."""
     from .costmodel.types import RunSettings
+    from .releases import resolve
     s = settings or RUNTIME
-    return RunSettings(grad_reduce_in_fp32=s.grad_reduce_in_fp32 and precision != "fp32")
+    return RunSettings(grad_reduce_in_fp32=s.grad_reduce_in_fp32 and precision != "fp32",
+                       release=resolve(s.release)[0])
 
 
 def describe(settings: PlanSettings | None, precision: str) -> str:
@@ -102,4 +136,18 @@ def describe(settings: PlanSettings | None, precision: str) -> str:
     s = settings or RUNTIME
     dtype = "fp32" if s.grad_reduce_in_fp32 or precision == "fp32" else base_dtype(precision)
     low = f", {s.low_precision.recipe} linear GEMMs" if s.low_precision else ""
-    return f"{s.framework}{low}, gradients reduced in {dtype}"
+    opt = f", {s.optimizer}" if s.optimizer != "adam" else ""
+    return f"{s.framework}{low}{opt}, gradients reduced in {dtype}{release_text(s.release)}"
+
+
+def release_text(release: str | None) -> str:
+    """``, release 26.04.01`` (what a stated release is priced as, and why where it is not its own fit); empty for
+    None."""
+    if not release:
+        return ""
+    from .costmodel.release_constants import note
+    from .releases import resolve
+    name, why = resolve(release)
+    shown = name if name == release else f"{name} (stated: {release})"
+    extra = "; ".join(x for x in (why, note(name)) if x)
+    return f", release {shown}" + (f": {extra}" if extra else "")

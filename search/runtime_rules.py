@@ -152,3 +152,20 @@ def tp_comm_overlap(plan, device) -> str | None:
                 "so every stage needs the same tp (> 1), cp and per-rank micro-batch (stages differ: "
                 f"{sorted(shapes)}); set tp_comm_overlap false")
     return None
+
+
+def stack_features(plan, device) -> str | None:
+    """CUDA graphs, fine-grained activation offload and the fused cross-entropy (``plan.stack``) are Megatron-LM's."""
+    if plan.stack is None:
+        return None
+    return ("stack: the aceso runtime runs no CUDA graphs, fine-grained offload or cross-entropy fusion yet; run the "
+            "plan with Megatron-LM (aceso export --to megatron-lm) or remove the field")
+
+
+def optimizer(plan, device) -> str | None:
+    s = plan.settings
+    if s is None or s.optimizer == "adam":
+        return None
+    return (f"settings.optimizer ({s.optimizer}): the aceso runtime runs Adam only; run the plan with Megatron-LM "
+            "(aceso export --to megatron-lm) or use adam")
+

@@ -43,7 +43,9 @@ class TrainingSpec(BaseModel):
                                    "in bf16 (--first-last-layers-bf16 --num-layers-at-start-in-bf16).")
     bf16_layers_end: int = Field(0, ge=0, le=1 << 16, description="Low precision: last transformer layers kept in "
                                  "bf16 (--num-layers-at-end-in-bf16).")
-    optimizer: Literal["adam"] = Field("adam", description="Optimizer (Adam: fp32 master weights, m and v).")
+    optimizer: Literal["adam", "muon", "dist_muon"] = Field(
+        "adam", description="Optimizer: adam (fp32 master weights, m and v), muon (Muon's momentum on the 2-D "
+        "weights, Adam on the rest) or dist_muon (Muon sharded layer-wise over DP; search/costmodel/optimizers.py).")
     attention: Literal["auto", "flash", "unfused"] = Field(
         "auto", description="Attention kernel the analytic model assumes: flash (transformer-engine's fused attention "
         "in the runtime), unfused (megatron-core's local attention: s^2 activations, no transformer-engine), or auto "

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     # the plan it writes runs on its target; for the aceso runtime (DDP, no offload) in the cost model's training
     # spec too (the Megatron-LM settings it tries read the offload switch there)
     model, cluster, training, cm = setup(args, runtime=args.target == "aceso")
-    res = plan_baseline(cm, training)
+    res = plan_baseline(cm, training, args.target)
     if res is None:
         raise AcesoError(f"no uniform configuration exists for {cluster.num_gpus} GPUs with per-rank micro-batch "
                          f"sizes {args.micro_batch_sizes}; check the cluster and --micro-batch-sizes")

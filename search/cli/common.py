@@ -38,6 +38,29 @@ def add_headroom_arg(p: argparse.ArgumentParser) -> None:
                         "buffers, allocator fragmentation; docs/costmodel.md Memory)")
 
 
+def add_release_arg(p: argparse.ArgumentParser) -> None:
+    """``--release``: the software release priced (``search/releases.py``; default the newest container)."""
+    from ..releases import NAMES, NEWEST
+    p.add_argument("--release", default=None, metavar="RELEASE",
+                   help=f"the NeMo / Megatron-Bridge container ({', '.join(NAMES)}) or megatron-core / Megatron-LM "
+                        f"version (0.16, core_v0.17.0) whose kernels to price (default: the newest, {NEWEST}; "
+                        "docs/costmodel.md, releases)")
+
+
+def release_of(args: argparse.Namespace) -> str | None:
+    """``--release`` checked (one line naming the option on a bad value), or None."""
+    r = getattr(args, "release", None)
+    if r is None:
+        return None
+    from ..errors import AcesoError
+    from ..releases import resolve
+    try:
+        resolve(r)
+    except AcesoError as e:
+        raise AcesoError(f"--{e}") from None
+    return r
+
+
 def add_calibration_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration", default=None, metavar="FILE",
                    help="price on the GPUs and links your own runs measured (a file of `aceso calibrate`)")

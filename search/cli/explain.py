@@ -37,7 +37,8 @@ from ..precision import PRECISIONS
 from ..training import TrainingSpec
 from ..text import shape as stage_shape
 from ..throughput import Throughput
-from .common import add_calibration_arg, add_cluster_args, add_megatron_version_arg, calibrated, print_json
+from .common import (add_calibration_arg, add_cluster_args, add_megatron_version_arg, add_release_arg,
+                     calibrated, print_json, release_of)
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "grad_copy", "reserve")
 SEARCH_BUDGET = 600    # explain's searches: --budget-evals in the commands it prints
@@ -74,6 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="who runs the plan: default the plan's own settings (what it was priced under; none: our "
                         "runtime), with --megatron-args the command line's; another framework: its defaults "
                         "(megatron-lm / megatron-bridge with bf16: gradients reduced in fp32)")
+    add_release_arg(p)
     p.add_argument("--snap", action="store_true", help="reference configs: move boundaries to unit boundaries")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     plots.add_arguments(p, "the pipeline timeline and the memory per stage")
@@ -118,6 +120,9 @@ def _resolve(args: argparse.Namespace, plan: ParallelPlan):
     data["cluster"] = cluster.model_dump()
     if args.global_batch_size is not None:
         data["global_batch_size"] = args.global_batch_size
+    release = release_of(args)
+    if release is not None:          # the release priced: the plan's settings say it (search/releases.py)
+        data["settings"] = {**(data.get("settings") or {}), "release": release}
     try:
         plan = ParallelPlan.model_validate(data)
     except pydantic.ValidationError as e:
@@ -160,7 +165,8 @@ def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_b
             "busy_ms": busy, "bubble_ms": max(0.0, cost.iteration_ms - busy),
             "comm": comm, "comm_exposed_ms": sum(e for e, _ in sc.comm.values()),
             "comm_hidden_ms": sum(h for _, h in sc.comm.values()),
-            "memory_mib": sc.memory_mb, "memory_breakdown_mib": dict(sc.memory_breakdown), "fits": bool(sc.fits)})
+            "memory_mib": sc.memory_mb, "memory_breakdown_mib": dict(sc.memory_breakdown), "fits": bool(sc.fits),
+            "terms_ms": dict(getattr(sc, "terms", {}) or {})})
     return {"model": model, "cost_model": cost.cost_model, "num_micro_batches": num_micro_batches,
             "features": features or {},
             "micro_batch_size": micro_batch_size, "global_batch_size": global_batch_size,
@@ -264,7 +270,7 @@ def _megatron_plan(args: argparse.Namespace):
     text, label = read_megatron_source(args.megatron_args_file, args.megatron_args)
     imp = read_megatron(text, source=label, world_size=args.world_size, vocab_size=args.vocab_size,
                         cluster=parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb),
-                        version=args.megatron_version)
+                        version=args.megatron_version, release=release_of(args))
     args.plan = label
     args.attention = args.attention or imp.config.attention
     notes = ([imp.warning] if imp.warning else []) + imp.notes
@@ -351,6 +357,7 @@ def _print_table(r: dict, units: str = "half layers") -> None:
         con.print("features: " + _features_line(r["features"]))
     con.print(t)
     _print_comm(con, r)
+    _print_terms(con, r)
     con.print(f"iteration {r['iteration_time_ms']:.1f} ms (bubble {r['bubble_ms']:.1f} ms), "
               + Throughput(r["samples_per_s"], r["tokens_per_s_per_gpu"], r["tflops_per_gpu"], r["mfu"]).text())
     if r.get("settings"):
@@ -383,6 +390,18 @@ def _features_line(f: dict) -> str:
                            ("TP comm", "tp_comm_overlap")) if f.get(k)]
     parts.append("overlap: " + (", ".join(over) if over else "none"))
     return "; ".join(parts + ([f["fsdp_offload"]] if f.get("fsdp_offload") else []))
+
+
+def _print_terms(con, r: dict) -> None:
+    """Per stage, the software-stack features' named time terms (``StageCost.terms``: ms per iteration) and memory
+    terms (``stack_cost.STACK_MEMORY`` keys of the memory breakdown), where a stage has any beyond the step."""
+    from ..costmodel.stack_cost import STACK_MEMORY
+    for s in r["stages"]:
+        terms = {k: v for k, v in s.get("terms_ms", {}).items() if v}
+        mem = {k: v for k, v in s["memory_breakdown_mib"].items() if k in STACK_MEMORY and v}
+        if set(terms) - {"optimizer_step"} or mem:
+            con.print(f"stage {s['index']} stack terms: " + ", ".join(
+                [f"{k} {v:.1f} ms" for k, v in terms.items()] + [f"{k} {v / 1024:+.2f} GiB" for k, v in mem.items()]))
 
 
 def _print_comm(con, r: dict) -> None:

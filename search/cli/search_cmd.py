@@ -33,8 +33,8 @@ from .. import plots
 from ..argtypes import positive_float, positive_int, seed
 from ..errors import AcesoError
 from ..precision import PRECISIONS
-from .common import (add_calibration_arg, add_cluster_args, add_model_args, check_output, cluster_from_args,
-                     model_from_args, write_outputs)
+from .common import (add_calibration_arg, add_cluster_args, add_model_args, add_release_arg, check_output,
+                     cluster_from_args, model_from_args, release_of, write_outputs)
 
 DEFAULT_BUDGET = 4000
 LONG_SEQUENCE = 8192          # context parallelism is a candidate by default from this many tokens on
@@ -104,6 +104,7 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                         "--first-last-layers-bf16)")
     p.add_argument("--cost-model", choices=("analytic", "profile", "aceso-compat"), default="analytic",
                    help="analytic (default), profile (--db profile database) or aceso-compat (--db Aceso database)")
+    add_release_arg(p)
     p.add_argument("--db", default=None, help="database for --cost-model profile / aceso-compat")
     p.add_argument("--attention", choices=("auto", "flash", "unfused"), default="auto",
                    help="analytic model: attention kernel the runtime will use (flash = transformer-engine installed; "
@@ -214,8 +215,10 @@ def settings_from_args(args, training):
         raise AcesoError("--grad-reduce-in-bf16 is for --target megatron-lm / megatron-bridge with bf16 (the aceso "
                          f"runtime reduces in the parameter dtype; this search is --target {target} --precision "
                          f"{training.precision}); drop it")
-    return plan_settings("runtime" if target == "aceso" else target, training.dtype, bf16_reduce,
-                         low=of_training(training))
+    out = plan_settings("runtime" if target == "aceso" else target, training.dtype, bf16_reduce,
+                        low=of_training(training))
+    release = release_of(args)
+    return out if release is None else out.model_copy(update={"release": release})
 
 
 def with_seq_length(model, n: int | None):

@@ -61,9 +61,28 @@ from .memory import (LOSS_KEPT_BYTES, MB, attention_act_bytes, embedding_params_
                      unit_params_per_rank)
 from ..moe_plan import MoEPlanSettings
 from .mla_mtp import mla_act_bytes, mla_attention, mla_params_per_rank, mtp_unit
-from .moe_cost import host_bound_layers, imbalance_note, moe_unit
+from .moe_cost import host_layers, imbalance_note, moe_unit
+from .stack_cost import cross_entropy
 from .tpcomm import TPComm, tp_half
 from .types import N_RC, UNAVAILABLE_MS, RunSettings, UnitTable
+
+
+def sink_attention_scale(model: ModelSpec, release: str, gpu: str = "") -> float:
+    """The fused attention's rate with a softmax offset (attention sinks: ``softmax_type`` learnable / off-by-one),
+    relative to the vanilla kernel: transformer-engine (2.9+) disables FlashAttention for any non-vanilla softmax
+    (``dot_product_attention/utils.py`` ``get_attention_backend``) and runs cuDNN's fused attention with the offset
+    (``F16_arbitrary_seqlen``, cuDNN >= 9.13.1), whose rate at these shapes no benchmark in our sources measures:
+    ``release_constants.SINK_ATTN_SCALE``, per GPU generation, fitted on the GPT-OSS rows of every release together
+    (the published models with sinks; too few in any one release). 1 for vanilla softmax."""
+    if model.softmax_type not in ("learnable", "off-by-one"):
+        return 1.0
+    from .release_constants import value
+    return value("SINK_ATTN_SCALE", release).get(GENERATION.get(gpu, ""), 1.0)
+
+
+def _sink(t: float, scale: float) -> float:
+    """A fused-attention kernel's time at ``scale`` of its rate (its launch unscaled)."""
+    return t if scale == 1.0 else (t - LAUNCH_MS) / scale + LAUNCH_MS
 
 
 class UnitCost(NamedTuple):
@@ -82,6 +101,8 @@ class UnitCost(NamedTuple):
     ep_hidden: float = 0.0             # the part hidden (shared-expert overlap, overlap_ep_comm)
     ep_fwd: tuple[float, float] = (0.0, 0.0)   # the forward's (exposed, hidden) share
     rec_up: float = UNAVAILABLE_MS     # mla_up_proj: MLA's Q/K/V up projections + RoPE forward (MLA units only)
+    ep_split: tuple = ()               # moe units: (dispatch, combine, experts' weight-gradient GEMMs) ms, one way
+    wgrad: float = 0.0                 # the unit's weight-gradient GEMMs (inside bwd): what delay_wgrad moves
 
 
 class AnalyticSource:
@@ -117,7 +138,7 @@ class AnalyticSource:
         if lowp.is_low(self.lp):
             peak = cluster.gpu.peak_tflops(lowp.recipe(self.lp).gemm) * 1e9
             self.kern_lp = lowprec_kernels(kernels, cluster.gpu.name, peak, self.hbm, lowp.per_elem(self.lp),
-                                           self.lp)
+                                           self.lp, self.settings.release)
         self.non_tn = GENERATION.get(cluster.gpu.name) == "blackwell"   # FP8 GEMMs in any layout (precision.copies)
         if training.attention == "flash" and not self.kern.has_flash:
             raise AcesoError(f"--attention flash: {cluster.gpu.name} has no flash attention (it needs sm80+, A100 or "
@@ -126,9 +147,22 @@ class AnalyticSource:
         self._sms = ARCH.get(cluster.gpu.name, ARCH["a100"]).sms
         self._tax = overlap_tax(cluster.gpu.name) if self.settings.overlap_tp_dgrad else 0.0
         self._tax_cp = overlap_tax(cluster.gpu.name)
+        self._tax_ep = overlap_tax(cluster.gpu.name)      # the EP overlap's communication kernels take SMs too
+        self._sink_scale = sink_attention_scale(model, self.settings.release, cluster.gpu.name)
         notes = (analytic_note(model),  # a custom layer_spec and megatron fields it does not price
                  imbalance_note(model))  # learned MoE routing priced as even
         self.warnings: list[str] = [n for n in notes if n]
+
+    def kern_wide(self, dtype: str):
+        """The kernel model of GEMMs in fp32 / fp64 (the MoE router's ``moe_router_dtype``): the GPU's fp32 (TF32)
+        peak, 4- or 8-byte elements; fp64 at half the fp32 rate (an assumption: datasheets quote fp64 tensor
+        throughput only for some GPUs)."""
+        key = f"_kern_{dtype}"
+        if not hasattr(self, key):
+            peak = self.cluster.gpu.peak_tflops("fp32") * 1e9 * (0.5 if dtype == "fp64" else 1.0)
+            setattr(self, key, KERNEL_MODELS[self.kernels](self.cluster.gpu.name, peak, self.hbm,
+                                                           4.0 if dtype == "fp32" else 8.0))
+        return getattr(self, key)
 
     # ----- communication ------------------------------------------------------------------------------------------
     def _tp_ar(self, b: float, s: int, t: int) -> float:
@@ -195,16 +229,17 @@ class AnalyticSource:
         outside the band, s x window scores, already causal; the unfused core scores all of s x kv_len and masks."""
         m, dt, k = self.model, self.dt, self.kern
         flops = 4.0 * s * kv_len * b * m.num_attention_heads * m.head_dim / t
+        sink = self._sink_scale
         if self.flash and window is not None and window < kv_len:
             f = 4.0 * s * window * b * m.num_attention_heads * m.head_dim / t
-            fwd = k.flash(f, window, m.head_dim, causal) + (cp - 1) * LAUNCH_MS
-            bwd = k.flash(f, window, m.head_dim, causal, backward=True) + (cp - 1) * LAUNCH_MS
+            fwd = _sink(k.flash(f, window, m.head_dim, causal), sink) + (cp - 1) * LAUNCH_MS
+            bwd = _sink(k.flash(f, window, m.head_dim, causal, backward=True), sink) + (cp - 1) * LAUNCH_MS
             return fwd, bwd, UNAVAILABLE_MS
         if self.flash:
             f = flops * (0.5 if causal else 1.0)
             blk = kv_len / cp          # ring attention: cp blocks of s/cp keys each
-            fwd = k.flash(f, blk, m.head_dim, causal) + (cp - 1) * LAUNCH_MS
-            bwd = k.flash(f, blk, m.head_dim, causal, backward=True) + (cp - 1) * LAUNCH_MS
+            fwd = _sink(k.flash(f, blk, m.head_dim, causal), sink) + (cp - 1) * LAUNCH_MS
+            bwd = _sink(k.flash(f, blk, m.head_dim, causal, backward=True), sink) + (cp - 1) * LAUNCH_MS
             return fwd, bwd, UNAVAILABLE_MS
         heads = b * m.num_attention_heads / t
         elems = m.num_attention_heads * s * kv_len * b / t
@@ -248,8 +283,10 @@ class AnalyticSource:
         lin_f, lin_b = self._linears(gemms, lp)
         fwd = lin_f + k.memory(ew, launches) + core_f + ring_f + tpc.fwd
         bwd = lin_b + k.memory(1.5 * ew, launches) + core_b + ring_b + tpc.bwd
+        wgrad = sum((self.kern_lp if lp else k).gemm_parts(*g)[2] for g in gemms)
         return UnitCost(fwd, bwd, core_f + ring_f, fwd, tpc.fwd + tpc.bwd + ring_f + ring_b, rec_drop,
-                        tpc.hidden, ring_f + ring_b, ring_hf + ring_hb, (tpc.fwd, tpc.hidden_fwd, ring_f, ring_hf))
+                        tpc.hidden, ring_f + ring_b, ring_hf + ring_hb, (tpc.fwd, tpc.hidden_fwd, ring_f, ring_hf),
+                        wgrad=wgrad)
 
     def mlp(self, b: float, s: int, t: int, sp: bool = False, overlap: bool = False, lp: bool = False) -> UnitCost:
         m, dt, k = self.model, self.dt, self.kern
@@ -280,7 +317,8 @@ class AnalyticSource:
         bwd = k.memory(2 * dt * vh + 3 * dt * sbh) + comm_b
         return fwd, bwd
 
-    def head(self, b: float, s: int, t: int, sp: bool = False) -> tuple[float, float]:
+    def head(self, b: float, s: int, t: int, sp: bool = False, ce: str = "") -> tuple[float, float]:
+        """The final norm, logits GEMM and loss; ``ce``: the cross-entropy fusion (``stack_cost.cross_entropy``)."""
         m, dt, k = self.model, self.dt, self.kern
         sbh = s * b * m.hidden_size
         sbv = s * b * m.padded_vocab_size / t
@@ -288,7 +326,7 @@ class AnalyticSource:
         ce_ar = 2 * self.comm.all_reduce(4.0 * s * b, t)
         r = t if sp else 1
         comm_f, comm_b = self._head_comm(logits, b, s, t, sp)
-        ce_f, ce_b = k.ce_bytes
+        ce_f, ce_b = cross_entropy(ce, dt)[:2] if ce else k.ce_bytes
         fwd = k.memory(2 * dt * sbh / r) + k.gemm([logits]) + k.memory((dt + ce_f) * sbv) + ce_ar + comm_f
         bwd = k.memory(3 * dt * sbh) + k.gemm([logits], backward=True) + k.memory((dt + ce_b) * sbv) + comm_b
         return fwd, bwd
@@ -311,14 +349,16 @@ class AnalyticSource:
 
     # ----- the table ---------------------------------------------------------------------------------------------
     def unit_table(self, batch: float, tp: int, cp: int = 1, sp: bool = False,
-                   tp_overlap: bool = False, ep: int = 1, etp: int = 0, moe=None) -> UnitTable:
+                   tp_overlap: bool = False, ep: int = 1, etp: int = 0, moe=None, stack=None) -> UnitTable:
         """``ep``/``etp``/``moe`` (``MoEPlanSettings``; None = the defaults): the expert shape and settings the
-        ``moe`` units run with (``moe_cost.py``)."""
+        ``moe`` units run with (``moe_cost.py``); ``stack``: the plan's ``types.TableStack`` (CUDA-graph scopes,
+        cross-entropy fusion; None: none)."""
         if cp > 1 and not self.flash:
             raise AcesoError(f"context parallelism (cp {cp}) needs transformer-engine's fused attention; the "
                              "unfused (local) attention has none: use --attention flash or cp 1")
         x = (int(ep), int(etp), moe or MoEPlanSettings())
-        return _build_table(self, float(batch), int(tp), int(cp), bool(sp), bool(tp_overlap and sp and tp > 1), x)
+        return _build_table(self, float(batch), int(tp), int(cp), bool(sp), bool(tp_overlap and sp and tp > 1), x,
+                            stack)
 
 
 def _seqs(model: ModelSpec, cp: int = 1) -> tuple[int, int]:
@@ -404,7 +444,7 @@ def _mtp_row(src: AnalyticSource, rows: dict, b: float, s: int, t: int, sp: bool
 
 
 def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = False,
-                 ov: bool = False, x: tuple = (1, 0, None)) -> UnitTable:
+                 ov: bool = False, x: tuple = (1, 0, None), stack=None) -> UnitTable:
     m, dt = src.model, src.dt
     s_enc, s_dec = _seqs(m, cp)
     rows = _unit_rows(src, b, t, cp, sp, ov, x)
@@ -426,14 +466,21 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
         rec[i] = (0.0, cost.rec_sel, cost.rec_full, cost.rec_drop, cost.rec_up)
         act[i] = np.asarray(a) / MB
         peak[i] = np.maximum(act[i, 0] - act[i], 0.0) + transient   # (fused SwiGLU: selective = the unfused row)
-    if m.moe is not None:       # a host-bound MoE layer: max(device, host) (moe_cost.host_bound)
-        host_bound_layers(src, fwd, bwd, rec)
+    if m.moe is not None and x[2].overlap_ep_comm and x[0] > 1:
+        _ep_overlap_layers(src, rows, fwd, bwd, epc, eph, epf, x[2].delay_wgrad)
+    scopes = stack.graphs if stack is not None else frozenset()
+    host = None
+    if m.moe is not None:       # a host-bound MoE layer: max(device, host) (moe_cost.host_layers, host.py)
+        host = host_layers(src, fwd, bwd, rec, x[0], x[2], scopes, lambda u: _lp_unit(src, u))
+    graph = graph_unit_mb(src, b, s_dec, t, sp, x, scopes) if scopes else None
     boundary = np.full(n + 1, dt * s_dec * b * m.hidden_size / MB / r)   # SP: the sequence-sharded activation
     if m.is_t5:  # encoder boundaries carry the encoder activation; decoder ones also carry the encoder output
         boundary[:m.num_encoder_units + 1] = dt * s_enc * b * m.hidden_size / MB / r
         boundary[m.num_encoder_units + 1:] += dt * s_enc * b * m.hidden_size / MB / r
     emb_f, emb_b = src.embedding(b, s_enc, t, sp)
-    head_f, head_b = src.head(b, s_dec, t, sp)
+    ce = stack.ce_fusion if stack is not None else ""
+    head_f, head_b = src.head(b, s_dec, t, sp, ce)
+    kept, transient = (cross_entropy(ce, dt)[2:] if ce else (LOSS_KEPT_BYTES, loss_transient_bytes(1.0, dt)))
     sbv = s_dec * b * m.padded_vocab_size / t
     return UnitTable(
         batch=b, tp=t, fwd_ms=fwd, bwd_ms=bwd, recompute_ms=rec, act_mb=act, peak_mb=peak,
@@ -442,12 +489,56 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
         embed_act_mb=(s_enc * b * m.hidden_size * (1 if m.hidden_dropout > 0 else 0)) / MB / r,
         head_fwd_ms=head_f, head_bwd_ms=head_b, head_params=output_params_per_rank(m, t),
         # final-norm input (SP: sharded) + logits input (dt sbh) and the fp32 softmax kept by the vocab-parallel loss
-        head_act_mb=(dt * s_dec * b * m.hidden_size * (1 + 1 / r) + LOSS_KEPT_BYTES * sbv) / MB,
-        head_peak_mb=loss_transient_bytes(sbv, dt) / MB,
+        head_act_mb=(dt * s_dec * b * m.hidden_size * (1 + 1 / r) + kept * sbv) / MB,
+        head_peak_mb=transient * sbv / MB,
         tp_comm_ms=tpc, tp_hidden_ms=tph, cp_comm_ms=cpc, cp_hidden_ms=cph, comm_fwd_ms=comm_fwd,
         word_embed_params=tied_copy_params_per_rank(m, t),
         encoder_output_mb=dt * s_enc * b * m.hidden_size / MB / r if m.is_t5 else 0.0,
         expert_params=eparams if eparams.any() else None,
         ep_comm_ms=epc if epc.any() or eph.any() else None, ep_hidden_ms=eph if epc.any() or eph.any() else None,
         ep_fwd_ms=epf if epf.any() else None,
+        host_ms=host if host is not None and host.any() else None, graph_mb=graph,
     )
+
+
+def _ep_overlap_layers(src: AnalyticSource, rows: dict, fwd, bwd, epc, eph, epf, delay: bool) -> None:
+    """The EP overlap of each MoE layer (``ep_overlap.py``: its attention and moe units scheduled as megatron-core
+    pairs one micro-batch's forward with another's backward), in place: the moe unit's forward and backward lose
+    the saving, split in proportion to their all-to-all, which moves from exposed to hidden."""
+    from .ep_overlap import LayerTimes, saving_ms
+    units = src.model.units
+    for i, u in enumerate(units):
+        if u.kind != "moe" or i == 0 or units[i - 1].kind != "attention":
+            continue
+        att, moe = rows[_row_key(src, units[i - 1])][0], rows[_row_key(src, u)][0]
+        if not moe.ep_split:
+            continue
+        d, c, m_dw = moe.ep_split
+        a2a_f, a2a_b = epf[i][0], epc[i] - epf[i][0]          # exposed all-to-all, forward / backward
+        if a2a_f + a2a_b <= 0:
+            continue
+        a_dw = att.wgrad if delay else 0.0
+        e_dw = m_dw if delay else 0.0
+        x = LayerTimes(fwd[i - 1], bwd[i - 1] - a_dw, a_dw, fwd[i] - a2a_f, bwd[i] - a2a_b - e_dw, e_dw,
+                       d * a2a_f / (d + c), c * a2a_f / (d + c), d * a2a_b / (d + c), c * a2a_b / (d + c))
+        save = saving_ms(x, src._tax_ep)
+        share_f = a2a_f / (a2a_f + a2a_b)
+        fwd[i] -= save * share_f
+        bwd[i] -= save * (1 - share_f)
+        epc[i] -= save
+        eph[i] += save
+        epf[i] = (a2a_f - save * share_f, epf[i][1] + save * share_f)
+
+
+def graph_unit_mb(src: AnalyticSource, b: float, s: int, t: int, sp: bool, x: tuple, scopes) -> np.ndarray:
+    """MB of CUDA-graph static buffers each unit keeps per micro-batch in flight (``host.graph_buffer_bytes``:
+    the unit's captured parts, ``dt s b h / r`` each)."""
+    from .host import graph_buffer_bytes, part_launches
+    m = src.model
+    r = t if sp else 1
+    n_local = m.moe.num_experts // max(x[0], 1) if m.moe is not None else 0
+    out = np.zeros(m.num_units)
+    for i, u in enumerate(m.units):
+        parts = part_launches(m, u.kind, False, n_local, x[2])
+        out[i] = graph_buffer_bytes(parts, scopes, src.dt, s * b / r, m.hidden_size) / MB
+    return out

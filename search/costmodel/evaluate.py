@@ -56,15 +56,18 @@ from ..training import TrainingSpec
 from ..moe_plan import moe_settings
 from ..throughput import throughput
 from .comm import CommModel, overlap_tax, overlapped
-from .kernels import GENERATION
+from .kernels import ARCH, GENERATION
 from .memory import (FRAGMENTATION, MB, RESERVE_MB, grad_copy_bytes, in_flight_per_chunk,
                      state_bytes_per_param)
 from .moe_cost import flex_buffer_mb
 from .offload import host_link_gbps, kept_mb, offload_ms
+from .stack_cost import stack_terms
+from .optimizers import (MUON_OPT_BYTES, dp_collectives, is_muon, muon_matrices, muon_params, ns_flops,
+                         shards_states, step_ms)
 from .sharding import fsdp_buffer_mb, per_micro_batch, state_divisors
 from .pipeline import interleaved_one_f_one_b, one_f_one_b
 from .types import (ALL_FEATURES, N_RC, RC_CODE, Event, Features, PipelineCost, PlanCost, RunSettings, Shape,
-                    StageCost, UnitTable)
+                    StageCost, TableStack, UnitTable)
 
 OPT_BYTES_PER_PARAM = {"bf16": 28.0, "fp16": 28.0, "fp32": 32.0}
 OPT_MEM_EFFICIENCY = 0.8
@@ -115,6 +118,17 @@ class _Static(NamedTuple):
     micro_batches: int = 1
     off_kept: float = 0.0     # of the offloaded activations, the MB of the layer in flight (``offload.kept_mb``)
     dispatch_mb: float = 0.0  # the flex dispatcher's DeepEP buffer (``moe_cost.flex_buffer_mb``), MoE stages only
+    stack_mb: tuple = ()      # (name, MB) of the stack features' memory terms (``stack_cost.py``)
+    terms: tuple = ()         # (name, ms per iteration) of the features' named time terms (``StageCost.terms``)
+
+
+def table_stack(features: Features | None) -> TableStack | None:
+    """The part of the plan's stack switches a unit table depends on (CUDA-graph scopes, cross-entropy fusion), or
+    None when neither is set (the table of a plan without them)."""
+    st = features.stack if features is not None else None
+    if st is None or (not st.graphs and not st.ce_fusion):
+        return None
+    return TableStack(st.graphs, st.ce_fusion)
 
 
 def _chunk_comm(c: dict, a: int, e: int) -> tuple[float, ...]:
@@ -194,6 +208,15 @@ class CostModel:
         opt_bytes = OPT_BYTES_PER_PARAM[training.dtype] + (2.0 if fp32g and training.dtype != "fp32" else 0)
         self._opt_ms_per_param = getattr(source, "optimizer_ms_per_param", None) or (  # measured, else analytic
             opt_bytes / (cluster.gpu.hbm_gbps * 1e6 * OPT_MEM_EFFICIENCY))
+        self._optimizer = training.optimizer
+        if is_muon(self._optimizer) and self.kind != "analytic":
+            raise AcesoError(f"the {self.kind} cost model prices Adam only; use the analytic model for "
+                             f"--optimizer {self._optimizer}")
+        # Muon's Newton-Schulz GEMMs: bf16 at the GPU's sustained GEMM ceiling (kernels.ARCH)
+        arch = ARCH.get(cluster.gpu.name, ARCH["a100"])
+        self._ns_rate = cluster.gpu.peak_tflops("bf16" if cluster.gpu.peak_tflops_bf16 else "fp16") * 1e9 * \
+            arch.gemm_max * arch.sustained
+        self._muon_memo: dict = {}
         cross = [i for i, u in enumerate(model.units) if u.kind == "cross_attention"]
         self._cross_first = cross[0] if cross else model.num_units
         self._default_features = Features(distributed_optimizer=bool(training.distributed_optimizer))
@@ -205,10 +228,13 @@ class CostModel:
 
     # ----- tables -------------------------------------------------------------------------------------------------
     def _prepared(self, batch: float, tp: int, cp: int = 1, sp: bool = False, ov: bool = False, ep: int = 1,
-                  etp: int = 0, moe=None) -> _Prepared:
-        key = (batch, tp, cp, sp, ov, ep, etp, moe)
+                  etp: int = 0, moe=None, stack=None) -> _Prepared:
+        key = (batch, tp, cp, sp, ov, ep, etp, moe, stack)
         p = self._prep.get(key)
         if p is None:
+            if stack is not None and self.kind != "analytic":
+                raise AcesoError(f"the {self.kind} cost model cannot price the plan's stack switches (CUDA graphs, "
+                                 "the cross-entropy fusion); use the analytic model")
             if batch <= 0 or tp < 1 or cp < 1:
                 raise AcesoError(f"per-rank batch ({batch}), tp ({tp}) and cp ({cp}) must be positive")
             for on, name, what in ((cp > 1, "context_parallel", "context parallelism"),
@@ -216,7 +242,10 @@ class CostModel:
                                    (ov, "tp_comm_overlap", "TP communication overlap")):
                 if on and name not in self.features:
                     raise AcesoError(f"the {self.kind} cost model cannot price {what}; use the analytic model")
-            if self._moe_model:     # the analytic source only (make_cost_model refuses the others)
+            if stack is not None:
+                table = self.source.unit_table(batch, tp, cp=cp, sp=sp, tp_overlap=ov, ep=ep, etp=etp, moe=moe,
+                                               stack=stack)
+            elif self._moe_model:     # the analytic source only (make_cost_model refuses the others)
                 table = self.source.unit_table(batch, tp, cp=cp, sp=sp, tp_overlap=ov, ep=ep, etp=etp, moe=moe)
             elif ov:
                 table = self.source.unit_table(batch, tp, cp=cp, sp=sp, tp_overlap=True)
@@ -228,10 +257,11 @@ class CostModel:
         return p
 
     def unit_table(self, batch: float, tp: int, cp: int = 1, sp: bool = False, tp_overlap: bool = False,
-                   ep: int = 1, etp: int = 0, moe=None) -> UnitTable:
+                   ep: int = 1, etp: int = 0, moe=None, features: Features | None = None) -> UnitTable:
         """The per-unit table ``stage_cost`` prices a stage of this shape with (``ep``/``etp``/``moe``: its expert
-        shape and the plan's MoE settings, as ``stage_cost`` takes them)."""
-        return self._prepared(batch, tp, cp, sp, tp_overlap and sp and tp > 1, ep, etp, moe).table
+        shape and the plan's MoE settings, ``features`` the plan's switches, as ``stage_cost`` takes them)."""
+        return self._prepared(batch, tp, cp, sp, tp_overlap and sp and tp > 1, ep, etp, moe,
+                              table_stack(features)).table
 
     # ----- one stage ----------------------------------------------------------------------------------------------
     def stage_cost(self, stage_index: int, num_stages: int, first_rank: int, start_unit: int, end_unit: int,
@@ -281,10 +311,11 @@ class CostModel:
         for (a, e), n_j in zip(spans, st.in_flight):
             rc = recompute[pos:pos + e - a] if len(spans) > 1 else recompute
             pos += e - a
-            skey = (b, tp, cp, sp, ov, ep, etp, moe, a, e, rc.tobytes())
+            tst = table_stack(features)
+            skey = (b, tp, cp, sp, ov, ep, etp, moe, tst, a, e, rc.tobytes())
             hit = self._span_cache.get(skey)
             if hit is None:
-                hit = _span_sums(self._prepared(b, tp, cp, sp, ov, ep, etp, moe), a, e, rc)
+                hit = _span_sums(self._prepared(b, tp, cp, sp, ov, ep, etp, moe, tst), a, e, rc)
                 if len(self._span_cache) > SPAN_CACHE_SIZE:
                     self._span_cache.clear()
                 self._span_cache[skey] = hit
@@ -309,7 +340,8 @@ class CostModel:
         acts = (act + st.act_extra - st.off_mb - st.off_kept) * (1 + FRAGMENTATION)
         # the offloaded layer still in flight overlaps the last layers' forward, not the loss (``offload.py``)
         in_flight = max(0.0, st.off_kept * (1 + FRAGMENTATION) - rpeak)
-        live = acts + in_flight + rpeak + st.buf + st.fsdp_mb + st.dispatch_mb
+        extra = sum(v for _, v in st.stack_mb)
+        live = acts + in_flight + rpeak + st.buf + st.fsdp_mb + st.dispatch_mb + extra
         over = st.copy_mb - live if st.copy_mb > live else 0.0     # the step's gradient copy beyond the activations
         total = st.w_mb + st.g_mb + st.o_mb + live + over + RESERVE_MB
         mem = {"params": st.w_mb, "grads": st.g_mb, "optimizer": st.o_mb, "activations": acts,
@@ -322,6 +354,8 @@ class CostModel:
             mem["offload_in_flight"] = in_flight
         if st.dispatch_mb:
             mem["dispatch_buffers"] = st.dispatch_mb
+        for name, v in st.stack_mb:
+            mem[name] = mem.get(name, 0.0) + v
         parts = tuple((f, pf, r, bw, pb) for f, bw, r, (pf, pb) in zip(st.chunk_fwd, st.chunk_bwd, chunk_rec,
                                                                        st.chunk_p2p))
         cf = cb = ()
@@ -333,7 +367,7 @@ class CostModel:
                          fits=total <= self.memory_limit_mb, tp_comm_ms=st.tpc, ideal_ms=st.ideal,
                          ep_comm_ms=st.comm.get("ep", (0.0, 0.0))[0] / max(st.micro_batches, 1),
                          chunk_fwd_ms=cf, chunk_bwd_ms=cb, comm=st.comm, prologue_ms=st.prologue, chunk_parts=parts,
-                         chunk_comm=st.chunk_comm)
+                         chunk_comm=st.chunk_comm, terms=dict(st.terms))
 
     def _static(self, stage_index, num_stages, first_rank, spans, me, mbs, prev, next, m, features,
                 moe=None) -> _Static:
@@ -349,7 +383,7 @@ class CostModel:
             raise AcesoError("overlap_param_gather needs distributed_optimizer or megatron_fsdp; set it or turn the "
                              "overlap off")
         ov = features.tp_comm_overlap and sp and tp > 1
-        p = self._prepared(mbs / dp, tp, cp, sp, ov, ep, etp, moe)
+        p = self._prepared(mbs / dp, tp, cp, sp, ov, ep, etp, moe, table_stack(features))
         t, c = p.table, p.cum
         S, v = num_stages, len(spans)
         n = me.num_gpus
@@ -428,27 +462,60 @@ class CostModel:
                                                       first_rank, n, dp * cp, features, M, me)
         off_mb, off_kept, off_comm = self._offload(p, stage_index, chunk_fwd, chunk_bwd, features, M)
         experts = sums["eparams"]
+        mu = self._muon_split(spans, me) if is_muon(self._optimizer) else None
         sync, opt, prologue, dp_comm = self._per_iteration(stage_index, S, first_rank, n, dp * cp, params,
                                                            sum(chunk_fwd), sum(chunk_bwd), t, features, lp_params,
-                                                           experts, me)
+                                                           experts, me, mu)
         comm = {**fsdp_comm, **off_comm, "tp": (M * (sums["tpc"] - sums["cpc"]), M * sums["tph"]),
                 "cp": (M * sums["cpc"], M * sums["cph"]), "ep": (M * sums["epc"], M * sums["eph"]),
                 "p2p": (M * p2p_exposed, M * max(0.0, p2p_total - p2p_exposed)), **dp_comm}
         dpc, edp = dp * cp, me.expert_dp
-        dw, dg, do = state_divisors(features.fsdp, dpc, features.distributed_optimizer)
+        shard = shards_states(self._optimizer, features.distributed_optimizer)
+        dw, dg, do = state_divisors(features.fsdp, dpc, shard)
         # the experts' states shard over the expert-DP group where the dense ones shard over dp x cp
-        ew, eg, eo = state_divisors(features.fsdp, edp, features.distributed_optimizer)
+        ew, eg, eo = state_divisors(features.fsdp, edp, shard)
         dense = params - experts
         lp_w = lp_params * (self._w_lp_fsdp if features.fsdp else self._w_lp)
+        # Muon's parameters keep MUON_OPT_BYTES instead of Adam's (optimizers.py): the difference on their count
+        o_dense = dense * self._opt - (mu[0] * (self._opt - MUON_OPT_BYTES) if mu else 0.0)
+        o_exp = experts * self._opt - (mu[1] * (self._opt - MUON_OPT_BYTES) if mu else 0.0)
         return _Static(sum(chunk_fwd), sum(chunk_bwd), p2p_exposed, sync, opt, sums["tpc"], act, in_fl,
                        (dense * self._w / dw + experts * self._w / ew + lp_w * (dense / dw + experts / ew) /
                         max(params, 1.0)) / MB,
                        (dense * self._g / dg + experts * self._g / eg) / MB,
-                       (dense * self._opt / do + experts * self._opt / eo) / MB,
+                       (o_dense / do + o_exp / eo) / MB,
                        (dense * self._copy / do + experts * self._copy / eo) / MB,
                        buf, head_peak, ideal, tuple(chunk_fwd), tuple(chunk_bwd), tuple(chunk_p2p), prologue,
                        {k: v for k, v in comm.items() if v[0] > 0 or v[1] > 0}, tuple(chunk_comm), off_mb, fsdp_mb,
-                       M, off_kept, self._dispatch_mb(spans, me, moe))
+                       M, off_kept, self._dispatch_mb(spans, me, moe),
+                       *stack_terms(self, p, spans, in_fl, M, features, opt, me, moe, chunk_fwd, chunk_bwd))
+
+    def _muon_split(self, spans, me: Shape) -> tuple[float, float, float, float]:
+        """(dense Muon parameters, expert Muon parameters, their Newton-Schulz FLOPs) of a stage's units per rank
+        (``optimizers.muon_matrices``: the 2-D weights; the embedding and output layer stay Adam)."""
+        key = (spans, me.tp, me.ep, me.etp)
+        hit = self._muon_memo.get(key)
+        if hit is not None:
+            return hit
+        units = self.model.units
+        per_kind = {}
+        dense = expert = ns_d = ns_e = 0.0
+        for a, e in spans:
+            for i in range(a, e):
+                kind = units[i].kind if units[i].kind != "mtp" else "mlp"
+                if kind not in per_kind:
+                    mats = muon_matrices(self.model, kind, me.tp, me.ep, me.etp or me.tp)
+                    n_exp = 1 if kind == "moe" else 0
+                    ex = mats[1:3] if n_exp else []
+                    rest = [mats[0]] + mats[3:] if n_exp else mats
+                    per_kind[kind] = (muon_params(rest), muon_params(ex),
+                                      sum(k * ns_flops(r, c) for r, c, k in rest),
+                                      sum(k * ns_flops(r, c) for r, c, k in ex))
+                d, x, nd, nx = per_kind[kind]
+                dense, expert, ns_d, ns_e = dense + d, expert + x, ns_d + nd, ns_e + nx
+        out = (dense, expert, ns_d, ns_e)
+        self._muon_memo[key] = out
+        return out
 
     def _dispatch_mb(self, spans, me: Shape, moe) -> float:
         """The flex dispatcher's buffer on a stage that holds an MoE layer (``moe_cost.flex_buffer_mb``)."""
@@ -457,14 +524,23 @@ class CostModel:
             return 0.0
         return flex_buffer_mb(self.model, moe, me.ep, me.etp or me.tp, self.model.dtype_bytes)
 
+    def _step(self, adam: float, muon: float, ns: float, shard: int) -> float:
+        """The optimizer step's ms on one rank (``optimizers.step_ms``): Adam's pass over ``adam`` parameters,
+        Muon's over ``muon`` with ``ns`` Newton-Schulz FLOPs, / ``shard``."""
+        if not muon:
+            return adam * self._opt_ms_per_param / shard
+        return step_ms(adam, muon, ns, self._opt_ms_per_param, self.cluster.gpu.hbm_gbps * 1e6 * OPT_MEM_EFFICIENCY,
+                       self._ns_rate, shard)
+
     def _per_iteration(self, stage_index: int, S: int, first_rank: int, n: int, dpc: int, params: float,
                        fwd: float, bwd: float, t: UnitTable, features: Features, lp_params: float = 0.0,
-                       experts: float = 0.0, me: Shape | None = None):
+                       experts: float = 0.0, me: Shape | None = None, muon: tuple | None = None):
         """(exposed DP sync, step, prologue, comm entries) of a stage: gradient reduction, tied-embedding sync,
         optimizer step and the distributed optimizer's parameter all-gather, overlapped as the features say.
         MoE: the ``experts`` parameters (per rank) reduce over the expert-DP group instead (``edp`` ranks strided
         by etp x ep inside the stage, megatron-core's ``expert_data_parallel_group``), behind what is left of the
-        backward after the dense reduction (both queue on the same NICs)."""
+        backward after the dense reduction (both queue on the same NICs). ``muon``: the stage's Muon parameters
+        and Newton-Schulz FLOPs, (dense, expert, dense FLOPs, expert FLOPs) (``optimizers.py``)."""
         cfg = self.settings
         inter, k = self._group_link(first_rank, n // dpc, dpc)
         dist = features.distributed_optimizer
@@ -473,14 +549,19 @@ class CostModel:
             dist = features.fsdp != "no_shard"
             reduce_once = features.fsdp in ("no_shard", "optim")
             gather_after = features.fsdp in ("optim", "optim_grads")
+        gather, shard = dist, dist
+        if is_muon(self._optimizer):          # Muon: all-reduced gradients; dist_muon gathers the parameters
+            dist, gather = dp_collectives(self._optimizer, dist)
+            shard = shards_states(self._optimizer, dist)
         dense = params - experts
-        opt = dense * self._opt_ms_per_param / (dpc if dist else 1)
+        mu = muon or (0.0, 0.0, 0.0, 0.0)
+        opt = self._step(dense - mu[0], mu[0], mu[2], dpc if shard else 1)
         sync = prologue = 0.0
         out = {}
         groups = [("dp", "param_gather", dense, dpc, inter, k)]
         if experts:
             edp, stride = me.expert_dp, me.expert_tp * me.ep
-            opt += experts * self._opt_ms_per_param / (edp if dist else 1)
+            opt += self._step(experts - mu[1], mu[1], mu[3], edp if shard else 1)
             e_inter, ek = self._group_link(first_rank, stride, edp)
             groups.append(("edp", "edp_param_gather", experts, edp, e_inter, ek))
         window, pwindow = bwd, fwd
@@ -503,7 +584,7 @@ class CostModel:
                 exp, hid = single, 0.0
             sync += exp
             out[name] = (exp, hid)
-            if dist and gather_after:
+            if gather and gather_after:
                 ag = self.comm.all_gather(weights, size, g_inter, g_k)
                 if features.overlap_param_gather:
                     pro, hid = overlapped(nb * self.comm.all_gather(weights / nb, size, g_inter, g_k), ag, nb,

@@ -128,9 +128,8 @@ ARCH: dict[str, Arch] = {
 }
 
 
-# Low-precision GEMM efficiency relative to the bf16 ceiling (``gemm_scale``), per GPU generation; fitted
-# (docs/costmodel.md, "Low precision"): Hopper on the H100 FP8-CS rows, Blackwell on the B200/GB200/GB300 rows.
-LOWPREC_GEMM_SCALE = {"hopper": 0.98, "blackwell": 0.86}
+# Low-precision GEMM efficiency relative to the bf16 ceiling (``gemm_scale``), per GPU generation: per release,
+# fitted on each release's published rows (``release_constants.py``; docs/costmodel.md, "Low precision").
 # The block-scaled MXFP8 GEMM's rate relative to the per-tensor-scaled FP8 GEMM of the same shape, fitted on the
 # published runs that ran one configuration in both recipes (Megatron-Bridge 25.11: Llama 3 8B on 8 GB300 / GB200 /
 # B200 and Llama 3.1 405B on 128 B200, MXFP8 3.6-5.6% slower than FP8-CS each): ``bench/lowprec_published.py --fit``.
@@ -250,10 +249,12 @@ KERNEL_MODELS = {"shape": ShapeKernels, "flat": FlatKernels}
 
 
 def lowprec_kernels(kernels: str, gpu: str, peak_flop_per_ms: float, hbm_bytes_per_ms: float, elem_bytes: float,
-                    recipe: str = ""):
+                    recipe: str = "", release: str = ""):
     """The kernel model of the quantized linear GEMMs: the FP8 / FP4 peak, the quantized element size, the
-    generation's ``LOWPREC_GEMM_SCALE`` and the recipe's ``RECIPE_GEMM_SCALE`` (read at call time, so a fit can vary
-    them)."""
+    release's ``LOWPREC_GEMM_SCALE`` of the generation and the recipe's rate (``RECIPE_GEMM_SCALE``; NVFP4: the
+    release's ``NVFP4_GEMM_SCALE``), read at call time from ``release_constants`` (so a fit can vary them)."""
+    from .release_constants import value
     k = KERNEL_MODELS[kernels](gpu, peak_flop_per_ms, hbm_bytes_per_ms, elem_bytes)
-    k.gemm_scale = LOWPREC_GEMM_SCALE.get(GENERATION.get(gpu, ""), 1.0) * RECIPE_GEMM_SCALE.get(recipe, 1.0)
+    rate = value("NVFP4_GEMM_SCALE", release) if recipe == "nvfp4" else RECIPE_GEMM_SCALE.get(recipe, 1.0)
+    k.gemm_scale = value("LOWPREC_GEMM_SCALE", release).get(GENERATION.get(gpu, ""), 1.0) * rate
     return k

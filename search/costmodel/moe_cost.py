@@ -41,11 +41,12 @@ dropped): the busiest EP rank's share over the even one, which the slowest rank 
                               linears (``AnalyticSource._linears``): TE's GroupedLinear runs the recipe's GEMMs,
                               each of inner depth k at (1 + ``GROUPED_K0_LP`` / k) times the tile model (forward k,
                               input gradient n, weight gradient the tokens per expert: ``grouped_gemm_bwd_ms``)
-    host                      ``host_bound_layers`` (on the unit table: it needs the layer's attention unit): the
+    host                      ``host_layers`` (on the unit table: it needs the layer's attention unit): the
                               dispatcher of a dropless layer copies the token counts to the host and waits for
                               them (megatron-core 0.16.1 ``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize``
                               before the EP all-to-all; padded to capacity it does not), so the layer's forward
-                              is max(device, ``HOST_FWD_MS``); unsynchronised, max over forward + backward
+                              is max(device, host); unsynchronised, max over forward + backward; the host time
+                              is the layer's kernel launches not captured by a CUDA graph (``host.py``)
     shared expert             ``SharedExpertMLP`` is a dense MLP over the attention TP group (``pg_collection.tp``):
                               all-gather of the SP input, fc1 (b s, up_s/t, h), act, fc2 (b s, h, f_s/t),
                               reduce-scatter, as ``tpcomm.tp_half``. ``shared_expert_overlap``: it runs on its own
@@ -53,8 +54,9 @@ dropped): the busiest EP rank's share over the even one, which the slowest rank 
     backward                  every GEMM's two gradient GEMMs, element-wise kernels 1.5x their bytes, the same
                               all-to-all / ETP volumes again (dispatch and combine swap)
     overlap_ep_comm           (``overlap_moe_expert_parallel_comm``: one micro-batch's all-to-all behind the other's
-                              compute) exposed = max(0, a2a - the unit's own compute), fwd + bwd together, shared
-                              in proportion
+                              compute) priced on the unit table with the layer's attention unit, as megatron-core
+                              schedules the pair of layers (``ep_overlap.py``; ``delay_wgrad_compute``: the
+                              experts' weight gradients behind the dispatch backward)
 
 Recompute: selective = ``recompute_modules`` ["moe_act"] (the experts' activation re-run: its output, the fc2
 input, is not kept); full re-runs the whole unit (its all-to-alls included).
@@ -71,6 +73,7 @@ from .kernels import GENERATION
 from .moe_primitives import (FLEX_NVL_EFF, FLEX_RDMA_EFF, deepep_buffer_bytes, dispatch_bytes, ep_all_to_all_ms,
                              flex_all_to_all_ms, flex_destinations, flex_token_bytes, grouped_gemm_bwd_ms,
                              grouped_gemm_ms)
+from .release_constants import value
 from .types import UNAVAILABLE_MS
 
 PROBS = 4.0          # fp32 router probabilities (megatron-core keeps routing probs in fp32)
@@ -93,45 +96,52 @@ def bias_fc2_bytes(dt: float) -> tuple[float, float]:
 CLAMP_BYTES = (8.0, 6.0)
 
 
-# Host time of one MoE transformer layer's forward (its attention and moe units) per micro-batch, ms: the CPU's
-# launch of the layer's kernels (router, top-k, aux loss, permute, dispatcher bookkeeping, TE modules), which the
-# device waits on when the dispatcher synchronises (``syncs``). The backward's is taken as hidden (a fitted backward
-# term comes out 0). Fitted on the consistent published MoE rows (``python bench/moe_published.py --fit``;
-# docs/costmodel.md "MoE calibration").
-HOST_FWD_MS = 4.75
 # Quantized (FP8 / MXFP8) grouped GEMMs: each GEMM of inner depth k costs the tile model's time x (1 + K0 / k),
 # a fixed per-tile cost worth K0 of its k loop (TE's GroupedLinear quantizes, scales and, for the weight
-# gradient, transposes each expert's operands on its own). Fitted with HOST_FWD_MS (the same rows); bf16 grouped
-# GEMMs take the tile model as it is (a fitted bf16 K0 gains < 0.3 points of MAE: not kept).
-GROUPED_K0_LP = 6000.0
+# gradient, transposes each expert's operands on its own): ``release_constants.GROUPED_K0_LP``, fitted per release
+# on its published MoE rows; bf16 grouped GEMMs take the tile model as it is (a fitted bf16 K0 gains < 0.3 points
+# of MAE: not kept).
 
 
-def syncs(model) -> bool:
+def syncs(model, settings=None) -> bool:
     """Whether the token dispatcher waits on the device in every forward: megatron-core 0.16.1's dispatchers copy the
     token counts to the host (alltoall: ``_maybe_dtoh_and_synchronize`` before the EP all-to-all; allgather:
     ``.cpu()`` of the local map; flex: the permuted-token count) unless the expert input is padded to capacity
-    (``MoESpec.moe_pad_expert_input_to_capacity``, Megatron-LM ``--moe-pad-expert-input-to-capacity``)."""
+    (``MoESpec.moe_pad_expert_input_to_capacity``, Megatron-LM ``--moe-pad-expert-input-to-capacity``) or, in
+    megatron-core 0.19, HybridEP has a per-rank capacity (``MoEPlanSettings.rank_capacity_factor``: the receive
+    buffer is sized by it, no host copy)."""
+    if settings is not None and settings.rank_capacity_factor is not None:
+        return False
     return not model.moe.moe_pad_expert_input_to_capacity
 
 
-def host_bound(model, g_f: float, g_b: float) -> float:
-    """Extra forward ms of one MoE layer whose device time is ``g_f`` / ``g_b`` when its host time is longer.
-    Synchronised (``syncs``): the CPU waits for the device at every dispatch, so the layer's forward takes
-    max(device, host) by itself: ``max(0, HOST_FWD_MS - g_f)``. Not synchronised: the CPU runs ahead and only a
-    layer whose whole device time is shorter waits: ``max(0, HOST_FWD_MS - g_f - g_b)``."""
-    return max(0.0, HOST_FWD_MS - g_f - (0.0 if syncs(model) else g_b))
-
-
-def host_bound_layers(src, fwd, bwd, rec) -> None:
-    """``host_bound`` added to each moe unit of a unit table (in place; its full recompute re-runs the forward):
-    the layer's device time is its attention unit (the unit before) and the moe unit."""
-    units = src.model.units
+def host_layers(src, fwd, bwd, rec, ep: int, cfg, scopes: frozenset = frozenset(), lp_of=None):
+    """The host-bound wait of each MoE layer (``host.py``), added to its moe unit's forward in place (and to its
+    full recompute, which re-runs the forward); returns the per-unit array of what was added. The layer's device
+    time is its attention unit (the unit before) and the moe unit; its host time the two units' launches not
+    captured by a CUDA graph of ``scopes``, at the release's ``HOST_LAUNCH_MS``."""
+    import numpy as np
+    from .host import exposed_host_ms, host_launches, part_launches
+    from .release_constants import value
+    m = src.model
+    units = m.units
+    out = np.zeros(len(units))
+    launch_ms = value("HOST_LAUNCH_MS", src.settings.release)
+    sync = syncs(m, cfg) and not (cfg is not None and cfg.overlap_ep_comm)
+    n_local = m.moe.num_experts // max(ep, 1)
     for i, u in enumerate(units):
         if u.kind != "moe" or i == 0 or units[i - 1].kind != "attention":
             continue
-        add = host_bound(src.model, fwd[i - 1] + fwd[i], bwd[i - 1] + bwd[i])
+        lp = bool(lp_of(u)) if lp_of else False
+        moe = part_launches(m, "moe", lp, n_local, cfg)
+        parts = {**part_launches(m, "attention", bool(lp_of(units[i - 1])) if lp_of else False, 0), **moe}
+        first = host_launches({"moe_rest": moe["moe_rest"]}, scopes) * launch_ms
+        add = exposed_host_ms(host_launches(parts, scopes) * launch_ms, fwd[i - 1] + fwd[i],
+                              bwd[i - 1] + bwd[i], sync, first, fwd[i])
         fwd[i] += add
         rec[i, 2] += add
+        out[i] = add
+    return out
 
 
 def expert_extra_bytes(model, m: float, n_local: int, etp: int, dt: float, grouped: bool) -> list:
@@ -199,7 +209,7 @@ def _experts(src, m_e: float, n_local: int, etp: int, grouped: bool, backward: b
     up = 2 * f if m.gated_mlp else f       # SwiGLU and GPT-OSS's quick-GEGLU: fc1 is the gate and linear halves
     h = m.hidden_size
     shapes = ((m_e, up / etp, h), (m_e, h, f / etp))
-    k0 = GROUPED_K0_LP if lp and k is not src.kern else 0.0
+    k0 = value("GROUPED_K0_LP", src.settings.release) if lp and k is not src.kern else 0.0
     if grouped:
         if not backward:
             t = sum(grouped_gemm_ms(k, n_local, *sh, k0) for sh in shapes)
@@ -230,7 +240,7 @@ def _dispatch(src, T: float, ep: int, etp: int, cfg) -> tuple[float, float]:
                 comm.reduce_scatter(n * T * h * dt, n, inter, members))
     f = imbalance(m)
     if cfg.token_dispatcher == "flex":
-        return flex_dispatch(src, T, ep, etp, f)
+        return flex_dispatch(src, T, ep, etp, f, cfg.flex_backend)
     g = ep_members(src.cluster, ep, etp)
     tokens = dispatch_bytes(T, e.moe_router_topk, h, dt)
     d = ep_all_to_all_ms(comm, tokens + T * e.moe_router_topk * PROBS, ep, g, f)
@@ -243,7 +253,7 @@ def _dispatch(src, T: float, ep: int, etp: int, cfg) -> tuple[float, float]:
     return d, c
 
 
-def flex_dispatch(src, T: float, ep: int, etp: int, f: float) -> tuple[float, float]:
+def flex_dispatch(src, T: float, ep: int, etp: int, f: float, backend: str = "deepep") -> tuple[float, float]:
     """(dispatch, combine) ms of the flex dispatcher (DeepEP / HybridEP, ``MoEFlexTokenDispatcher``): one fused
     exchange over the etp x ep group (``tp_ep_group``; each token goes to every ETP rank of its experts, so there
     is no separate ETP all-gather / reduce-scatter), sent once per distinct destination rank and, across nodes,
@@ -260,8 +270,11 @@ def flex_dispatch(src, T: float, ep: int, etp: int, f: float) -> tuple[float, fl
                                     e.moe_router_group_topk)
     g = min(n, src.cluster.nvlink_size)
     k = e.moe_router_topk
-    eff = {"nvl_eff": FLEX_NVL_EFF.get(GENERATION.get(src.cluster.gpu.name), LINK_EFFICIENCY),
-           "rdma_eff": FLEX_RDMA_EFF}
+    gen = GENERATION.get(src.cluster.gpu.name)
+    nvl = FLEX_NVL_EFF.get(gen, LINK_EFFICIENCY)
+    if backend == "hybridep" and gen == "blackwell":    # HybridEP's own kernels: their rate per release
+        nvl = value("HYBRIDEP_NVL_EFF", src.settings.release)
+    eff = {"nvl_eff": nvl, "rdma_eff": FLEX_RDMA_EFF}
     d = flex_all_to_all_ms(comm, T, flex_token_bytes(h, dt, k), r_ep * etp, nodes, n, g, f, **eff)
     c = flex_all_to_all_ms(comm, T, flex_token_bytes(h, dt, k, dispatch=False), r_ep * etp, nodes, n, g, f, **eff)
     return d, c
@@ -290,7 +303,7 @@ def moe_parts(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, o
     score / top-k, permute / unpermute), ``experts`` (the grouped GEMMs and the activation), ``a2a`` (exposed
     dispatch / combine), ``shared`` (the shared expert's compute), ``tp`` (its exposed TP collectives); with
     ``hidden`` = the all-to-all hidden behind compute and ``tpc`` the shared expert's ``tpcomm`` result (None
-    without one). The host-bound wait (``host_bound``) is added per layer to the unit table."""
+    without one). The host-bound wait (``host_layers``) is added per layer to the unit table."""
     m, dt, k = src.model, src.dt, src.kern
     e, h = m.moe, m.hidden_size
     if t > 1 and not sp:
@@ -306,15 +319,21 @@ def moe_parts(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, o
     m_e = tokens_per_expert(m, b, s, t, ep, etp) * fi
     # element-wise and router kernels
     ew = 2 * dt * T * h + (3 * dt + 1) * T * h
-    score = T * E * (dt + 3 * PROBS + 1)
+    gate_k, logit_dt, cast = k, dt, 0.0
+    if cfg.router_dtype:              # moe_router_dtype: the gating GEMM and logits in fp32 / fp64 (router_gemm)
+        gate_k, logit_dt = src.kern_wide(cfg.router_dtype), (4.0 if cfg.router_dtype == "fp32" else 8.0)
+        cast = (dt + logit_dt) * T * h     # the input's cast to the router's dtype
+    # score / top-k: read the logits, write and re-read the fp32 scores, write the probs and the map;
+    # moe_router_fusion (TE's fused router kernels): the scores are not written and re-read
+    score = T * E * (logit_dt + (1 if cfg.router_fusion else 3) * PROBS + 1) + cast
     perm = (dt * T * h + T * topk * (dt * h + PROBS)) * (1 if cfg.permute_fusion else 2)
     launches = 2 + (2 if cfg.permute_fusion else 6)
     if cfg.token_dispatcher == "allgather":
         perm += dt * T * etp * ep * h * (1 if cfg.permute_fusion else 2)     # the local mask reads all gathered
     act_b = (3 if m.gated_mlp else 2) * dt * m_e * n_local * f / etp
     ex_extra = expert_extra_bytes(m, m_e * n_local, n_local, etp, dt, cfg.grouped_gemm)
-    router_f = k.gemm([(T, E, h)]) + k.memory(ew + score + perm, launches)
-    router_b = k.gemm([(T, E, h)], backward=True) + k.memory(1.5 * (ew + score + perm), launches)
+    router_f = gate_k.gemm([(T, E, h)]) + k.memory(ew + score + perm, launches)
+    router_b = gate_k.gemm([(T, E, h)], backward=True) + k.memory(1.5 * (ew + score + perm), launches)
     ex_f = _experts(src, m_e, n_local, etp, cfg.grouped_gemm, lp=lp) + k.memory(act_b)
     ex_b = _experts(src, m_e, n_local, etp, cfg.grouped_gemm, backward=True, lp=lp) + k.memory(1.5 * act_b)
     for nbytes, launches, recomputed in ex_extra:
@@ -338,16 +357,24 @@ def moe_parts(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, o
     hid_f = hid_b = 0.0
     if fs and cfg.shared_expert_overlap:     # the shared expert beside the dispatch: max(dispatch, shared)
         hid_f, hid_b = min(d, sh_f), min(c, sh_b)
-    if cfg.overlap_ep_comm and ep > 1:       # behind the other micro-batch's compute of this unit
-        total = a2a_f + a2a_b - hid_f - hid_b
-        exposed = max(0.0, total - (other_f + other_b))
-        share = exposed / total if total > 0 else 0.0
-        hid_f += (a2a_f - hid_f) * (1 - share)
-        hid_b += (a2a_b - hid_b) * (1 - share)
+    # the EP overlap (overlap_ep_comm) needs the layer's attention unit too: ep_overlap.py, on the unit table
     tp_p = (tpc.fwd, tpc.bwd) if tpc else (0.0, 0.0)
+    wgrad = _experts_wgrad(src, m_e, n_local, etp, lp) + (k.gemm_parts(*col)[2] + k.gemm_parts(*row)[2] if fs else 0.0)
     return {"router": (router_f, router_b), "experts": (ex_f, ex_b), "a2a": (a2a_f - hid_f, a2a_b - hid_b),
             "shared": (sh_f, sh_b), "tp": tp_p, "hidden": (hid_f, hid_b), "tpc": tpc,
-            "act_f": act_rec}
+            "act_f": act_rec, "split": (d, c), "wgrad": wgrad}
+
+
+def _experts_wgrad(src, m_e: float, n_local: int, etp: int, lp: bool) -> float:
+    """The local experts' weight-gradient grouped GEMMs (``grouped_gemm_bwd_ms``'s second term): what
+    ``delay_wgrad_compute`` moves behind the dispatch backward (``ep_overlap.py``)."""
+    m = src.model
+    kern = src.kern_lp if lp else src.kern
+    f = m.moe.moe_ffn_hidden_size
+    up = 2 * f if m.gated_mlp else f
+    h = m.hidden_size
+    k0 = value("GROUPED_K0_LP", src.settings.release) if lp and kern is not src.kern else 0.0
+    return sum(grouped_gemm_ms(kern, n_local, k, n, m_e, k0) for n, k in ((up / etp, h), (h, f / etp)))
 
 
 TIME_PARTS = ("router", "experts", "a2a", "shared", "tp")
@@ -364,7 +391,7 @@ def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, ov
     tp_f, tp_b, tp_h, tp_hf = (tpc.fwd, tpc.bwd, tpc.hidden, tpc.hidden_fwd) if tpc else (0.0, 0.0, 0.0, 0.0)
     cost = UnitCost(fwd, bwd, parts["act_f"], fwd, tp_f + tp_b, UNAVAILABLE_MS, tp_h,
                     comm_fwd=(tp_f, tp_hf, 0.0, 0.0), ep_comm=exp_f + exp_b, ep_hidden=hid_f + hid_b,
-                    ep_fwd=(exp_f, hid_f))
+                    ep_fwd=(exp_f, hid_f), ep_split=(*parts["split"], parts["wgrad"]))
     acts = moe_act_bytes(src, b, s, t, ep, etp, cfg, lp)
     return cost, acts, *moe_params_per_rank(src.model, t, ep, etp)
 

@@ -73,6 +73,7 @@ class Features(NamedTuple):
     tp_comm_overlap: bool = False
     fsdp: str = ""              # Megatron FSDP's data_parallel_sharding_strategy ("": DDP; search/fsdp.py)
     offload_layers: int = 0     # transformer layers whose activations are offloaded to the host (0: none)
+    stack: "StackKey" = None    # the plan's stack switches the cost model prices (None: none; ``StackKey``)
 
     @classmethod
     def of_plan(cls, plan) -> "Features":
@@ -80,7 +81,55 @@ class Features(NamedTuple):
         off = getattr(plan, "activation_offload", None)
         return cls(plan.distributed_optimizer, plan.overlap_grad_reduce, plan.overlap_param_gather,
                    plan.tp_comm_overlap, fsdp.data_parallel_sharding_strategy if fsdp else "",
-                   off.num_layers if off else 0)
+                   off.num_layers if off else 0, StackKey.of_plan(plan))
+
+
+class TableStack(NamedTuple):
+    """The stack switches a unit table depends on: the CUDA-graph scopes (host time, static buffers) and the
+    cross-entropy fusion (the loss's kernels)."""
+
+    graphs: frozenset = frozenset()
+    ce_fusion: str = ""
+
+
+class StackKey(NamedTuple):
+    """The plan's stack switches as the cost model keys them (``search/stack.py``, ``search/fsdp.py``; hashable):
+    the CUDA-graph scopes (``stack.CudaGraphs.scopes``), the fine-grained offload's modules and fraction, the
+    cross-entropy fusion, Megatron FSDP's main-params / main-grads dtypes."""
+
+    graphs: frozenset = frozenset()
+    offload_modules: tuple = ()
+    offload_fraction: float = 0.0
+    ce_fusion: str = ""
+    fsdp_main_params: str = ""
+    fsdp_main_grads: str = ""
+    graph_impl: str = ""
+
+    @classmethod
+    def of_plan(cls, plan) -> "StackKey | None":
+        s = getattr(plan, "stack", None)
+        f = getattr(plan, "megatron_fsdp", None)
+        mp = (f.main_params_dtype or "") if f is not None else ""
+        mg = (f.main_grads_dtype or "") if f is not None else ""
+        if (s is None or s.empty) and not mp and not mg:
+            return None
+        cg = s.cuda_graphs if s is not None else None
+        o = s.offload if s is not None else None
+        return cls(frozenset(cg.scopes) if cg else frozenset(), tuple(o.modules) if o else (),
+                   o.fraction if o else 0.0, (s.cross_entropy_fusion or "") if s is not None else "", mp, mg,
+                   cg.impl if cg else "")
+
+    def settings(self):
+        """The plan's ``StackSettings`` of this key (None: no switch), the inverse of ``of_plan``."""
+        from ..stack import GRAPH_SCOPES, CudaGraphs, FineGrainedOffload, StackSettings
+        cg = None
+        if self.graphs:
+            scope = () if "layer" in self.graphs else tuple(x for x in GRAPH_SCOPES if x in self.graphs)
+            cg = CudaGraphs(impl=self.graph_impl or "transformer_engine", scope=scope)
+        off = FineGrainedOffload(modules=self.offload_modules, fraction=self.offload_fraction) \
+            if self.offload_modules else None
+        st = StackSettings(cuda_graphs=cg, offload=off, cross_entropy_fusion=self.ce_fusion or None)
+        return None if st.empty else st
 
 
 class RunSettings(NamedTuple):
@@ -111,6 +160,8 @@ class RunSettings(NamedTuple):
     fused_swiglu         on a GPU, SwiGLU runs megatron-core's jit-fused ``bias_swiglu_impl`` (Megatron-LM's default
                          ``--bias-swiglu-fusion``, NeMo's fast-swiglu, the runtime's fast path on CUDA), which keeps only
                          its 2f-wide input for backward; off (and on the cpu "GPU"): the unfused GLU (``memory.py``)
+    release              the software release priced (a container of ``search/releases.py``; "" = the newest): the
+                         kernel efficiencies fitted per release (``release_constants.py``)
     """
 
     grad_reduce_in_fp32: bool = False
@@ -123,6 +174,7 @@ class RunSettings(NamedTuple):
     multi_nic: bool = True
     batched_p2p: bool = True
     fused_swiglu: bool = True
+    release: str = ""
 
     @classmethod
     def megatron_lm(cls, precision: str) -> "RunSettings":
@@ -179,6 +231,10 @@ class UnitTable:
     ep_comm_ms: np.ndarray | None = None
     ep_hidden_ms: np.ndarray | None = None
     ep_fwd_ms: np.ndarray | None = None
+    # optional detail (stack features, ``stack_cost.py``): the host-bound wait added to each unit's forward
+    # (``host.py``; inside fwd_ms) and the MB of CUDA-graph static buffers each unit keeps per micro-batch in flight
+    host_ms: np.ndarray | None = None
+    graph_mb: np.ndarray | None = None
 
 
 @dataclass
@@ -214,6 +270,9 @@ class StageCost:
     # backward), CP exposed (forward, backward), TP hidden (forward, backward), CP hidden (forward, backward); the
     # exposed parts are inside the chunk's forward / backward times. Empty: not split (timelines keep boxes whole)
     chunk_comm: tuple[tuple[float, ...], ...] = ()
+    # the software-stack features' named time terms, ms per iteration on this stage (``stack_cost.py``: what each
+    # adds to the stage's busy time; negative: what it saves); their memory terms are ``memory_breakdown`` keys
+    terms: dict[str, float] = field(default_factory=dict)
 
     @property
     def time_per_microbatch_ms(self) -> float:

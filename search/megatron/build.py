@@ -22,7 +22,8 @@ from .recompute import unit_choices
 
 
 def plan_from_config(cfg: MegatronConfig, cluster: ClusterSpec | None = None,
-                     predicted: PlanPrediction | None = None, source: str = "megatron-lm arguments") -> ParallelPlan:
+                     predicted: PlanPrediction | None = None, source: str = "megatron-lm arguments",
+                     release: str | None = None) -> ParallelPlan:
     """The plan, validated (a problem becomes one ``AcesoError`` line prefixed with ``source``)."""
     m = cfg.model
     starts = layer_bounds(m)
@@ -50,10 +51,14 @@ def plan_from_config(cfg: MegatronConfig, cluster: ClusterSpec | None = None,
                             overlap_grad_reduce=cfg.overlap_grad_reduce,
                             overlap_param_gather=cfg.overlap_param_gather, tp_comm_overlap=cfg.tp_comm_overlap,
                             stages=stages, predicted=predicted, moe=cfg.moe,
-                            megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy=cfg.fsdp) if cfg.fsdp else None,
+                            megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy=cfg.fsdp,
+                                                       main_params_dtype=cfg.fsdp_dtypes[0],
+                                                       main_grads_dtype=cfg.fsdp_dtypes[1]) if cfg.fsdp else None,
+                            stack=cfg.stack,
                             activation_offload=ActivationOffload(num_layers=cfg.offload_layers)
                             if cfg.offload_layers else None,
                             settings=PlanSettings(framework="megatron-lm", grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
-                                                  low_precision=cfg.low_precision))
+                                                  low_precision=cfg.low_precision, optimizer=cfg.optimizer,
+                                                  release=release))
     except pydantic.ValidationError as e:
         raise AcesoError(f"{source}: " + str(as_aceso_error(e))) from None

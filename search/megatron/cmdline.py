@@ -28,6 +28,7 @@ from .layer_variant_flags import FLAG_KINDS as LAYER_FLAG_KINDS
 from .layout import distribution, layout_chunk_layers
 from .model_args import model_from_flags
 from .moe_flags import moe_plan_fields
+from .stack_flags import FLAG_KINDS as STACK_FLAG_KINDS, stack_fields
 from .shell import placeholder
 from .versions import Release, having, not_a_flag, release
 
@@ -53,13 +54,15 @@ FLAGS: dict[str, str] = {
                         "--moe-shared-expert-intermediate-size", "--moe-router-num-groups", "--moe-router-group-topk",
                         "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
                         "--mtp-num-layers", "--expert-model-parallel-size", "--expert-tensor-parallel-size")},
-    **{f: FLOAT for f in ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor")},
+    **{f: FLOAT for f in ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
+                          "--moe-expert-rank-capacity-factor")},
     **{f: STR for f in ("--position-embedding-type", "--normalization", "--tokenizer-type", "--transformer-impl",
                         "--attention-backend",
                         "--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method",
                         "--main-grads-dtype", "--fp8-format", "--fp8-recipe", "--fp4-format", "--fp4-recipe",
                         "--data-parallel-sharding-strategy", "--ckpt-format", "--moe-layer-freq",
-                        "--moe-router-score-function", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend")},
+                        "--moe-router-score-function", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
+                        "--moe-router-dtype")},
     **{f: BOOL for f in ("--group-query-attention", "--use-rotary-position-embeddings", "--swiglu",
                          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--sequence-parallel",
                          "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
@@ -72,7 +75,9 @@ FLAGS: dict[str, str] = {
                          "--moe-pad-expert-input-to-capacity", "--multi-latent-attention", "--qk-layernorm",
                          "--moe-grouped-gemm", "--moe-permute-fusion",
                          "--moe-shared-expert-overlap", "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep",
-                         "--moe-router-pre-softmax")},    # MoE ones read by moe_flags.py
+                         "--moe-router-pre-softmax", "--delay-wgrad-compute", "--moe-router-fusion",
+                         "--moe-paged-stash")},    # MoE ones read by moe_flags.py
+    **STACK_FLAG_KINDS,         # --cuda-graph-impl, --optimizer, --offload-modules, ... (stack_flags.py)
     **{f: LIST for f in ("--recompute-modules", "--moe-aux-loss-coeff", "--moe-router-load-balancing-type")},
     **LAYER_FLAG_KINDS,         # --window-size, --softmax-type, --quick-geglu, ... (layer_variant_flags)
 }
@@ -132,7 +137,6 @@ REFUSED: dict[str, tuple[object, str]] = {
     "--num-distributed-optimizer-instances": (_above_one, "several distributed-optimizer instances are not "
                                                           "modelled by aceso"),
     "--distribute-saved-activations": (_always, "recompute checkpoints split over TP are not modelled by aceso"),
-    "--fine-grained-activation-offloading": (_always, "activation offloading is not modelled by aceso"),
     "--optimizer-cpu-offload": (_always, "optimizer offloading is not modelled by aceso"),
     "--use-tp-pp-dp-mapping": (_always, "aceso plans order ranks tp-cp-dp-pp (Megatron-LM's default)"),
     "--cp-comm-type": (lambda v: any(x != "p2p" for x in v), "aceso prices ring (p2p) context parallelism only"),
@@ -145,7 +149,6 @@ REFUSED: dict[str, tuple[object, str]] = {
     "--model-parallel-size": (_always, "the old flag; use --tensor-model-parallel-size"),
     "--checkpoint-activations": (_always, "removed in Megatron-LM; use --recompute-activations or "
                                           "--recompute-granularity"),
-    "--optimizer": (lambda v: v != ["adam"], "aceso prices the Adam optimizer's states only"),
 }
 
 
@@ -286,6 +289,7 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
         raise AcesoError(f"--cpu-offloading-num-layers {offload}: give 0 (no offload) or a positive number of layers")
     if f.has("--tp-comm-overlap") and not sp:
         raise AcesoError("--tp-comm-overlap needs --sequence-parallel (Megatron-LM's validate_args asserts it)")
+    stack, optimizer = stack_fields(f, model, dist_opt, bool(fsdp), notes)
     return MegatronConfig(model=model, tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, sequence_parallel=sp, ep=ep, etp=etp,
                           moe=moe, chunk_layers=chunk_layers, recompute=_recompute(f, notes, moe), micro_batch_size=mbs,
                           global_batch_size=gbs, distributed_optimizer=dist_opt, overlap_grad_reduce=ogr,
@@ -295,7 +299,24 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
                               f.has("--accumulate-allreduce-grads-in-fp32"),
                               f.get("--main-grads-dtype") == "bf16").grad_reduce_in_fp32,
                           low_precision=_low_precision(f, model.params_dtype, dist_opt or bool(fsdp)),
-                          fsdp=fsdp, offload_layers=offload)
+                          fsdp=fsdp, offload_layers=offload, stack=stack, optimizer=optimizer,
+                          fsdp_dtypes=_fsdp_dtypes(f, fsdp, model.params_dtype))
+
+
+def _fsdp_dtypes(f: Flags, fsdp: str | None, dtype: str) -> tuple[str | None, str | None]:
+    """Megatron FSDP's main-params / main-grads dtypes (megatron-core 0.19 ``--megatron-fsdp-main-params-dtype``,
+    default fp32, ``auto`` the parameters' dtype; ``--megatron-fsdp-main-grads-dtype``, default ``auto``, the
+    gradient-reduction dtype): None where the flag gives the default."""
+    out = []
+    for flag, auto in (("--megatron-fsdp-main-params-dtype", dtype), ("--megatron-fsdp-main-grads-dtype", None)):
+        v = f.get(flag)
+        if v is not None and v not in ("fp32", "bf16", "fp16", "auto"):
+            raise AcesoError(f"{flag} {v}: choose fp32, bf16, fp16 or auto")
+        if v is not None and fsdp is None:
+            raise AcesoError(f"{flag} without --use-megatron-fsdp does nothing; add it or drop the flag")
+        v = auto if v == "auto" else v
+        out.append(None if v == ("fp32" if auto else None) else v)
+    return out[0], out[1]
 
 
 def _low_precision(f: Flags, dtype: str, sharded: bool) -> LowPrecision | None:

@@ -74,6 +74,9 @@ class MegatronConfig:
     low_precision: LowPrecision | None = None   # FP8 / FP4 recipe (search/precision.py; the plan's settings)
     fsdp: str | None = None             # Megatron FSDP's --data-parallel-sharding-strategy (None: DDP)
     offload_layers: int = 0             # --cpu-offloading-num-layers (0: no activation offload)
+    stack: object = None                # the stack switches (search/stack.py StackSettings; None: none)
+    optimizer: str = "adam"             # --optimizer adam | muon | dist_muon
+    fsdp_dtypes: tuple = (None, None)   # Megatron FSDP's main params / main grads dtypes (0.19; None: default)
     ep: int = 1                         # MoE: --expert-model-parallel-size (every stage)
     etp: int | None = None              # MoE: --expert-tensor-parallel-size (None: not given, = tp)
     moe: MoEPlanSettings | None = None  # MoE: dispatcher, grouped GEMM, overlaps (None: dense)

@@ -65,6 +65,9 @@ def megatron_config(plan: ParallelPlan) -> MegatronConfig:
         grad_reduce_in_fp32=settings_for(plan).grad_reduce_in_fp32, low_precision=settings_for(plan).low_precision,
         fsdp=plan.megatron_fsdp.data_parallel_sharding_strategy if plan.megatron_fsdp else None,
         offload_layers=plan.activation_offload.num_layers if plan.activation_offload else 0,
+        stack=plan.stack, optimizer=settings_for(plan).optimizer,
+        fsdp_dtypes=(plan.megatron_fsdp.main_params_dtype, plan.megatron_fsdp.main_grads_dtype)
+        if plan.megatron_fsdp else (None, None),
         ep=st.ep, etp=st.etp, moe=moe_settings(plan))
 
 

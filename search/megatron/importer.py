@@ -20,7 +20,7 @@ from .cmdline import Flags, config_from_flags, parse_flags
 from .config import MegatronConfig
 from .entry import PRICED, check_unreadable, refuse_entry
 from .shell import read_command
-from .versions import Release, release
+from .versions import Release, release as megatron_release
 
 
 @dataclass
@@ -29,7 +29,7 @@ class Imported:
     config: MegatronConfig
     notes: list[str] = field(default_factory=list)     # what was assumed or approximated
     ignored: list[str] = field(default_factory=list)   # flags that do not change the plan
-    release: Release = field(default_factory=release)  # the Megatron-LM release the flags were read under
+    release: Release = field(default_factory=megatron_release)  # the Megatron-LM release the flags were read under
     flags: Flags | None = None                         # every flag given, priced or not (Flags.get reads any)
 
     @property
@@ -42,8 +42,12 @@ class Imported:
 
 def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: int | None = None,
                   cluster: ClusterSpec | None = None, vocab_size: int | None = None,
-                  version: str | None = None) -> Imported:
-    rel = release(version)
+                  version: str | None = None, release: str | None = None) -> Imported:
+    """The plan a Megatron-LM command line runs. ``version``: the Megatron-LM release whose flags and defaults the
+    line is read under (None: the newest, ``versions.py``); ``release``: the software release (NeMo container) it
+    runs on, whose calibration prices it (its ``settings.release``, ``search/releases.py``; None: the container
+    shipping ``version``'s megatron-core, or the newest)."""
+    rel = megatron_release(version)
     try:
         cmd = read_command(text, source)
     except AcesoError as e:
@@ -79,5 +83,5 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
         raise AcesoError(f"{source}: --transformer-impl transformer_engine (Megatron-LM's default) runs flash "
                          f"attention, which the {cluster.gpu.name} has not (it needs sm80+, an A100 or newer); add "
                          "--transformer-impl local (megatron-core's unfused attention)")
-    plan = plan_from_config(cfg, cluster=cluster, source=source)
+    plan = plan_from_config(cfg, cluster=cluster, source=source, release=release or version)
     return Imported(plan, cfg, notes, flags.ignored, rel, flags)

@@ -42,10 +42,19 @@ MLA_FLAGS = (("q_lora_rank", "--q-lora-rank", None), ("kv_lora_rank", "--kv-lora
              ("qk_head_dim", "--qk-head-dim", 128), ("qk_pos_emb_head_dim", "--qk-pos-emb-head-dim", 64),
              ("v_head_dim", "--v-head-dim", 128))
 # MoEPlanSettings bool field <-> Megatron-LM flag <-> Bridge model field (all off by default in Megatron-LM)
+# Bridge fields of megatron-core 0.19 (not in Megatron-Bridge v0.3.1's TransformerConfig): written only where set
+NEWER_FIELDS = frozenset({"moe_paged_stash"})
 SETTING_FLAGS = (("grouped_gemm", "--moe-grouped-gemm", "moe_grouped_gemm"),
                  ("permute_fusion", "--moe-permute-fusion", "moe_permute_fusion"),
                  ("shared_expert_overlap", "--moe-shared-expert-overlap", "moe_shared_expert_overlap"),
-                 ("overlap_ep_comm", "--overlap-moe-expert-parallel-comm", "overlap_moe_expert_parallel_comm"))
+                 ("overlap_ep_comm", "--overlap-moe-expert-parallel-comm", "overlap_moe_expert_parallel_comm"),
+                 ("delay_wgrad", "--delay-wgrad-compute", "delay_wgrad_compute"),
+                 ("router_fusion", "--moe-router-fusion", "moe_router_fusion"),
+                 ("paged_stash", "--moe-paged-stash", "moe_paged_stash"))     # the last: megatron-core 0.19
+# MoEPlanSettings value field <-> Megatron-LM flag <-> Bridge model field (the capacity: megatron-core 0.19)
+VALUE_FLAGS = (("router_dtype", "--moe-router-dtype", "moe_router_dtype"),
+               ("rank_capacity_factor", "--moe-expert-rank-capacity-factor", "moe_expert_rank_capacity_factor"))
+ROUTER_DTYPES = ("fp32", "fp64")
 MODEL_ONLY = ("--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
               "--moe-layer-freq", "--moe-router-score-function", "--moe-router-num-groups", "--moe-router-group-topk",
               "--moe-router-enable-expert-bias", "--moe-aux-loss-coeff", "--moe-expert-capacity-factor",
@@ -192,6 +201,15 @@ def moe_plan_fields(f, model, notes: list[str]) -> tuple[int, int | None, MoEPla
     settings = {"token_dispatcher": dispatcher, **{name: f.has(flag) for name, flag, _ in SETTING_FLAGS}}
     if dispatcher == "flex":
         settings["flex_backend"] = backend
+    dtype = f.get("--moe-router-dtype")
+    if dtype is not None and dtype not in ROUTER_DTYPES:
+        raise AcesoError(f"--moe-router-dtype {dtype}: use fp32 or fp64 (or leave it out: the model's dtype)")
+    settings["router_dtype"] = dtype
+    settings["rank_capacity_factor"] = f.get("--moe-expert-rank-capacity-factor")
+    from ..moe_plan import settings_refusal
+    why = settings_refusal(MoEPlanSettings(**settings), model)
+    if why:
+        raise AcesoError(f"{why.split(';')[0]} (megatron-core refuses it)".replace("moe.", "", 1))
     if settings["shared_expert_overlap"] and dispatcher != "alltoall":
         raise AcesoError(f"--moe-shared-expert-overlap with the {dispatcher} dispatcher: megatron-core supports it "
                          "with alltoall only")
@@ -259,6 +277,9 @@ def moe_parallel_args(c) -> list[str]:
     if s.token_dispatcher == "flex":
         out += ["--moe-flex-dispatcher-backend", s.flex_backend]
     out += [flag for name, flag, _ in SETTING_FLAGS if getattr(s, name)]
+    for name, flag, _ in VALUE_FLAGS:
+        v = getattr(s, name)
+        out += [flag, f"{v:g}" if isinstance(v, float) else str(v)] if v is not None else []
     return out
 
 
@@ -284,7 +305,9 @@ def moe_bridge_fields(c) -> dict[str, object]:
     out["expert_tensor_parallel_size"] = c.tp if c.etp is None else c.etp
     out["moe_token_dispatcher_type"] = s.token_dispatcher
     out["moe_flex_dispatcher_backend"] = s.flex_backend
-    out.update({field: getattr(s, name) for name, _, field in SETTING_FLAGS})
+    out.update({field: getattr(s, name) for name, _, field in SETTING_FLAGS
+                if getattr(s, name) or field not in NEWER_FIELDS})     # a 0.19 field only where set
+    out.update({field: getattr(s, name) for name, _, field in VALUE_FLAGS if getattr(s, name) is not None})
     return {**out, **(_mla(m) if m.mla is not None else {})}
 
 

@@ -14,6 +14,7 @@ from . import layer_variant_flags
 from .config import MegatronConfig
 from .layout import split_for
 from .moe_flags import moe_args, moe_bridge_fields, moe_parallel_args
+from .stack_flags import stack_args, stack_bridge_fields
 
 # (ours, Megatron-LM, Megatron-Bridge ConfigContainer field, note)
 TABLE: tuple[tuple[str, str, str, str], ...] = (
@@ -89,6 +90,17 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "Megatron-LM asserts the fsdp_dtensor checkpoint format"),
     ("activation_offload.num_layers", "--cpu-offloading-num-layers N", "model.cpu_offloading, "
      "model.cpu_offloading_num_layers", "one stage, no recompute"),
+    ("megatron_fsdp.main_params_dtype, main_grads_dtype", "--megatron-fsdp-main-params-dtype, "
+     "--megatron-fsdp-main-grads-dtype", "ddp.megatron_fsdp_main_params_dtype, ddp.megatron_fsdp_main_grads_dtype",
+     "megatron-core 0.19; when set"),
+    ("stack.cuda_graphs", "--cuda-graph-impl local|transformer_engine --cuda-graph-scope S ...",
+     "model.cuda_graph_impl, model.cuda_graph_scope", "0.17+: --cuda-graph-modules (read)"),
+    ("stack.offload", "--fine-grained-activation-offloading --offload-modules M ... (--activation-offload-fraction)",
+     "model.fine_grained_activation_offloading, model.offload_modules, model.activation_offload_fraction",
+     "the fraction: megatron-core 0.19"),
+    ("stack.cross_entropy_fusion", "--cross-entropy-loss-fusion --cross-entropy-fusion-impl native|te",
+     "model.cross_entropy_loss_fusion, model.cross_entropy_fusion_impl", ""),
+    ("settings.optimizer", "--optimizer adam|muon|dist_muon", "optimizer.optimizer", "adam: not written"),
     # MoE / MLA / MTP (moe_flags.py)
     ("model.moe.num_experts", "--num-experts", "model.num_moe_experts", ""),
     ("model.moe.moe_router_topk, moe_ffn_hidden_size, moe_shared_expert_intermediate_size, "
@@ -116,6 +128,10 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "--moe-grouped-gemm, --moe-permute-fusion, --moe-shared-expert-overlap, --overlap-moe-expert-parallel-comm",
      "model.moe_grouped_gemm, moe_permute_fusion, moe_shared_expert_overlap, overlap_moe_expert_parallel_comm",
      "off by default in Megatron-LM"),
+    ("moe.delay_wgrad, router_fusion, router_dtype", "--delay-wgrad-compute, --moe-router-fusion, --moe-router-dtype",
+     "model.delay_wgrad_compute, moe_router_fusion, moe_router_dtype", "off / the model's dtype by default"),
+    ("moe.rank_capacity_factor, paged_stash", "--moe-expert-rank-capacity-factor, --moe-paged-stash",
+     "model.moe_expert_rank_capacity_factor, moe_paged_stash", "megatron-core 0.19"),
 )
 
 _NORM = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
@@ -200,8 +216,10 @@ def _parallel(c: MegatronConfig) -> list[str]:
         out += [flag] if on else []
     if c.fsdp:
         out += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", c.fsdp, "--ckpt-format", "fsdp_dtensor"]
+        for flag, v in zip(("--megatron-fsdp-main-params-dtype", "--megatron-fsdp-main-grads-dtype"), c.fsdp_dtypes):
+            out += [flag, v] if v else []         # megatron-core 0.19 flags
     out += ["--cpu-offloading-num-layers", str(c.offload_layers)] if c.offload_layers else []
-    return out
+    return out + stack_args(c.stack, c.optimizer)
 
 
 def _recompute(c: MegatronConfig) -> list[str]:
@@ -241,6 +259,7 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
         "recompute_num_layers": rc.num_layers, "recompute_modules": list(rc.modules) if rc.modules else None,
         **layer_variant_flags.bridge(m),
         **moe_bridge_fields(c),
+        **stack_bridge_fields(c.stack),
     }
     if c.offload_layers:
         model.update(cpu_offloading=True, cpu_offloading_num_layers=c.offload_layers)
@@ -250,7 +269,8 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
         "ddp": {"use_distributed_optimizer": c.distributed_optimizer, "overlap_grad_reduce": c.overlap_grad_reduce,
                 "overlap_param_gather": c.overlap_param_gather,
                 "grad_reduce_in_fp32": c.grad_reduce_in_fp32 or c.precision == "fp32"},
-        "optimizer": {"use_distributed_optimizer": c.distributed_optimizer},
+        "optimizer": {"use_distributed_optimizer": c.distributed_optimizer,
+                      **({"optimizer": c.optimizer} if c.optimizer != "adam" else {})},
         # Bridge's own name (v0.3.1: a property that sets megatron-core's sequence_length; v0.6: a field that
         # finalize() copies over sequence_length, so sequence_length alone would be lost there)
         "dataset": {"seq_length": m.seq_length},
@@ -259,6 +279,8 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
     }
     if c.fsdp:   # Bridge's ConfigContainer.validate sets dist.use_megatron_fsdp from it; saving needs the format
         out["ddp"].update(use_megatron_fsdp=True, data_parallel_sharding_strategy=c.fsdp)
+        out["ddp"].update({k: v for k, v in zip(("megatron_fsdp_main_params_dtype", "megatron_fsdp_main_grads_dtype"),
+                                                c.fsdp_dtypes) if v})
         out["checkpoint"] = {"ckpt_format": "fsdp_dtensor"}
     if c.tp_comm_overlap:
         out["comm_overlap"] = {"tp_comm_overlap": True}

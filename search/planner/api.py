@@ -88,9 +88,10 @@ def plan_search(cm, training, opts: SearchOptions, top_k: int = 1, baseline: Bas
     return search(cm, training.global_batch_size, space, opts, top_k), space
 
 
-def plan_baseline(cm, training) -> BaselineResult | None:
+def plan_baseline(cm, training, runs: str = "megatron-lm") -> BaselineResult | None:
+    """The best uniform Megatron-LM configuration; ``runs``: the target that runs it (``best_uniform``)."""
     space = make_space(cm, training, "megatron-lm")
-    return best_uniform(cm, training.global_batch_size, space, cm.model)
+    return best_uniform(cm, training.global_batch_size, space, cm.model, runs)
 
 
 @dataclass

@@ -1,78 +1,140 @@
-"""The token dispatcher, searched (MoE models): alltoall, allgather and, on CUDA clusters, flex.
+"""The plan-wide stack choices, searched: the token dispatcher (MoE models: alltoall, allgather and, on CUDA
+clusters, flex), the EP communication overlap with delayed weight gradients, and (``--target megatron-lm``) the
+CUDA-graph scope.
 
 megatron-core 0.16.1 has one ``moe_token_dispatcher_type`` per model (``TransformerConfig``; Megatron-LM's
-``--moe-token-dispatcher-type``), so the dispatcher is a plan-wide setting (``MoEPlanSettings.token_dispatcher``),
-not a per-stage one. The search runs under the plan's settings (``Space.moe``; None: the defaults, alltoall) and
-this module prices its final plans, and the uniform baseline's best few configurations, under every other
-dispatcher on the same state (shapes, cuts, micro-batch, switches; recompute re-chosen by the evaluator): the
-dispatcher changes the MoE units' dispatch / combine time and buffers, not which states are legal, so pricing the
-finalists under each is what choosing it costs (a few evaluations, not a search per dispatcher). The fastest
-fitting one is kept; ties keep the earlier candidate (the plan's own settings first, then alltoall, allgather,
-flex). flex is priced as DeepEP / HybridEP run it (``moe_cost.flex_dispatch``: a token once per destination
-node across the network, fanned out over NVLink, at the kernels' benchmarked bandwidths, plus its DeepEP buffer),
-so it wins where the EP group spans nodes and loses inside an NVLink domain on Blackwell, where the benchmarked
-HybridEP bandwidth (0.49 of NVLink) is below NCCL's.
+``--moe-token-dispatcher-type``), one ``overlap_moe_expert_parallel_comm`` and one ``cuda_graph_scope``, so these are
+plan-wide settings (``MoEPlanSettings``; ``StackSettings.cuda_graphs``), not per-stage ones. The search runs under
+the plan's settings (``Space.moe``; None: the defaults, alltoall) and this module prices its final plans, and the
+uniform baseline's best few configurations, under every other combination megatron-core runs on the same state
+(shapes, cuts, micro-batch, switches; recompute re-chosen by the evaluator): the choices change the MoE units'
+dispatch / combine time, the overlap, the host-bound wait and buffers, not which states are legal, so pricing the
+finalists under each is what choosing it costs (a few evaluations, not a search per choice). The fastest fitting
+one is kept; ties keep the earlier candidate (the plan's own settings first, then alltoall, allgather, flex with
+DeepEP, flex with HybridEP, each without and then with the overlap). flex is priced as DeepEP / HybridEP run it (``moe_cost.flex_dispatch``), so it
+wins where the EP group spans nodes; the overlap (``costmodel/ep_overlap.py``) wins where the all-to-all is long
+against the layer's compute; a CUDA graph (``costmodel/host.py``) wins where the MoE layers are host-bound.
 
-Candidates (``candidates``): ``--dispatcher`` (``TrainingSpec.token_dispatchers``) keeps the ones it names, the first
-the one the search runs under (``--dispatcher alltoall allgather`` keeps DeepEP and HybridEP out); flex (DeepEP /
-HybridEP) needs CUDA, so not on a ``cpu`` cluster; the overlaps of the
-base settings rule out what megatron-core refuses with them (``moe_plan.check_moe_settings``):
-``shared_expert_overlap`` keeps alltoall, ``overlap_ep_comm`` excludes allgather.
+Candidates (``candidates``, ``graph_candidates``), megatron-core's rules (``moe_plan.check_moe_settings``,
+``stack.refusal``; a variant whose plan the rules refuse is skipped): flex (DeepEP / HybridEP) needs CUDA, so not
+on a ``cpu`` cluster; ``shared_expert_overlap`` keeps alltoall; the EP overlap needs ep > 1, alltoall or flex, no
+full recompute (the evaluator then re-chooses recompute without it) and, with pipeline stages, virtual chunks;
+``delay_wgrad`` comes with the overlap. CUDA graphs (megatron-lm target only: the aceso runtime captures none):
+transformer-engine graphs of ``attn moe_router moe_preprocess`` (Megatron-Bridge's MoE recipes) and of
+``moe_router moe_preprocess``; a dense model's graphs remove no priced host time (``host.py``) and are not offered.
+``--dispatcher`` (``TrainingSpec.token_dispatchers``) keeps the dispatchers it names, the first the one the search
+runs under (``--dispatcher alltoall allgather`` keeps DeepEP and HybridEP out).
 """
 
 from __future__ import annotations
 
-from ..moe_plan import MoEPlanSettings, dispatcher_settings
+import pydantic
+
+from ..costmodel.types import StackKey
+from ..moe_plan import MoEPlanSettings
 from .state import Evaluation, Evaluator
 
 DISPATCHERS = ("alltoall", "allgather", "flex")
+GRAPH_SCOPES = (frozenset({"attn", "moe_router", "moe_preprocess"}), frozenset({"moe_router", "moe_preprocess"}))
 
 
-def candidates(model, cluster, base: MoEPlanSettings | None = None, allowed=None) -> list[MoEPlanSettings]:
+def candidates(model, cluster, base: MoEPlanSettings | None = None, target: str = "aceso",
+               allowed=None) -> list[MoEPlanSettings]:
     """The MoE settings to price a plan of ``model`` on ``cluster`` under: ``base`` (None: the defaults) first,
-    then ``base`` with each other dispatcher megatron-core runs there (and ``allowed`` keeps: --dispatcher); empty
-    for a dense model."""
+    then ``base`` with each other dispatcher megatron-core runs there (and ``allowed`` keeps: --dispatcher), each
+    (``--target megatron-lm``: the aceso runtime runs no EP overlap) also with the EP overlap and delayed weight
+    gradients where ``base`` has no overlap; empty for a dense model."""
     if model.moe is None:
         return []
     base = base or MoEPlanSettings()
     out = [base]
-    for d in DISPATCHERS:
-        if d == base.token_dispatcher or (d == "flex" and cluster.gpu.name == "cpu"):
-            continue
-        if allowed is not None and d not in allowed:
+    for d, backend in _dispatch_options(model):
+        if (d == "flex" and cluster.gpu.name == "cpu") or (allowed is not None and d not in allowed):
             continue
         if (base.shared_expert_overlap and d != "alltoall") or (base.overlap_ep_comm and d == "allgather"):
             continue
-        out.append(dispatcher_settings(model, d, base))
+        same = base.model_copy(update={"token_dispatcher": d, "flex_backend": backend})
+        if (d, backend) != (base.token_dispatcher, base.flex_backend if d == "flex" else "deepep"):
+            out.append(same)
+        if target == "megatron-lm" and not base.overlap_ep_comm and d != "allgather" \
+                and not base.shared_expert_overlap and model.params_dtype != "fp32" and base.grouped_gemm:
+            out.append(same.model_copy(update={"overlap_ep_comm": True, "delay_wgrad": True}))
     return out
 
 
+def _dispatch_options(model) -> list[tuple[str, str]]:
+    """(dispatcher, flex backend) pairs: alltoall, allgather, flex with DeepEP and with HybridEP (megatron-core
+    pads the expert input to capacity with HybridEP only)."""
+    flex = ["hybridep"] if model.moe.moe_pad_expert_input_to_capacity else ["deepep", "hybridep"]
+    return [(d, "deepep") for d in DISPATCHERS if d != "flex"] + [("flex", b) for b in flex]
+
+
+def graph_candidates(model, target: str) -> list[StackKey]:
+    """The CUDA-graph scopes to price an MoE plan under (``--target megatron-lm``; module docstring)."""
+    if model.moe is None or target != "megatron-lm":
+        return []
+    return [StackKey(graphs=g, graph_impl="transformer_engine") for g in GRAPH_SCOPES]
+
+
 class Dispatchers:
-    """Prices states under each candidate dispatcher (one ``Evaluator`` each, so their stage caches are kept)."""
+    """Prices states under each candidate (MoE settings x CUDA-graph scope; one ``Evaluator`` per MoE settings, so
+    their stage caches are kept)."""
 
     def __init__(self, cm, gbs: int, target: str, base: MoEPlanSettings | None = None, accept=None):
         """``accept(evaluator, evaluation)``: an extra check a variant must pass (the megatron-lm target: the
         export's ``expressible``); None: any fitting variant."""
         self.base = base
         self.accept = accept
-        cands = candidates(cm.model, cm.cluster, base, getattr(getattr(cm, "training", None), "token_dispatchers",
-                                                                None))
+        cands = candidates(cm.model, cm.cluster, base, target,
+                           getattr(getattr(cm, "training", None), "token_dispatchers", None))
+        self.cm, self.gbs = cm, gbs
         self.evaluators = [Evaluator(cm, gbs, None, target, s) for s in cands[1:]]
+        self.own = Evaluator(cm, gbs, None, target, cands[0]) if cands else None
+        self.graphs = graph_candidates(cm.model, target)
 
     def best(self, e: Evaluation) -> Evaluation:
-        """``e`` or its state under another dispatcher when that is faster and fits (exact evaluations)."""
+        """``e`` or its state under another candidate when that is faster and fits (exact evaluations)."""
         if not e.fits:
             return e
         best = e
-        for ev in self.evaluators:
-            if ev.moe == (e.moe or self.base or MoEPlanSettings()):
-                continue
-            c = ev.evaluate(e.state, charge=False, exact=True)
-            if c.fits and c.score < best.score and (self.accept is None or self.accept(ev, c)):
-                best = c
+        own = e.moe or self.base or MoEPlanSettings()
+        evs = [ev for ev in self.evaluators if ev.moe != own] + ([self.own] if self.own is not None else [])
+        for ev in evs:
+            for st in self._states(e.state):
+                if ev is self.own and st == e.state:
+                    continue
+                try:
+                    c = ev.evaluate(st, charge=False, exact=True)
+                    ok = c.fits and c.score < best.score and self._valid(c) and \
+                        (self.accept is None or self.accept(ev, c))
+                except (pydantic.ValidationError, ValueError):
+                    continue               # a combination megatron-core refuses (the plan's own rules)
+                if ok:
+                    best = c
         return best
+
+    def _valid(self, c: Evaluation) -> bool:
+        """Whether the variant's plan passes the plan's own rules (megatron-core's: the EP overlap's structure,
+        the CUDA graphs' scopes)."""
+        from .state import to_plan
+        try:
+            to_plan(c, self.cm.model, self.cm.cluster, self.gbs, getattr(self.cm, "kind", "analytic"), predicted=False)
+        except (pydantic.ValidationError, ValueError):
+            return False
+        return True
+
+    def _states(self, st):
+        """``st`` and, with CUDA-graph candidates, ``st`` under each scope (its other switches kept)."""
+        yield st
+        f = st.features
+        if f.offload_layers:              # megatron-core: no CUDA graphs with CPU offloading
+            return
+        for g in self.graphs:
+            sk = (f.stack or StackKey())._replace(graphs=g.graphs, graph_impl=g.graph_impl)
+            if sk != f.stack:
+                yield st._replace(features=f._replace(stack=sk))
 
     @property
     def active(self) -> bool:
-        """Whether there is another dispatcher to try (an MoE model)."""
-        return bool(self.evaluators)
+        """Whether there is another candidate to try (an MoE model)."""
+        return bool(self.evaluators) or bool(self.graphs)

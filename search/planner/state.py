@@ -337,10 +337,15 @@ def to_plan(ev: Evaluation, model, cluster, gbs: int, cost_model_kind: str, pred
                               stage_time_ms=[round(t, 6) for t in ev.stage_total_ms],
                               stage_memory_mb=[round(s.cost.memory_mb, 6) for s in ev.stages], attention=attention)
     f = st.features
+    sk = f.stack
     return ParallelPlan(model=model, cluster=cluster, micro_batch_size=st.mbs, global_batch_size=gbs,
                         distributed_optimizer=f.distributed_optimizer, overlap_grad_reduce=f.overlap_grad_reduce,
                         overlap_param_gather=f.overlap_param_gather, tp_comm_overlap=f.tp_comm_overlap,
-                        megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy=f.fsdp) if f.fsdp else None,
+                        megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy=f.fsdp,
+                                                   main_params_dtype=(sk.fsdp_main_params or None) if sk else None,
+                                                   main_grads_dtype=(sk.fsdp_main_grads or None) if sk else None)
+                        if f.fsdp else None,
+                        stack=sk.settings() if sk is not None else None,
                         activation_offload=ActivationOffload(num_layers=f.offload_layers) if f.offload_layers else None,
                         stages=stages, predicted=pred, moe=ev.moe)
 

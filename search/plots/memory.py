@@ -18,21 +18,28 @@ from ..moe_plan import moe_settings
 from ..plan import RECOMPUTE_CHOICES
 
 MB_PER_GB = 1024.0
-ORDER = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "dispatch_buffers", "reserve")
+ORDER = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "dispatch_buffers",
+         "cuda_graphs", "moe_capacity", "reserve")
 LABELS = {"params": "weights", "grads": "gradients", "optimizer": "optimizer states",
           "activations": "activations", "act_other": "activations: embedding / head",
           "recompute_peak": "peak transient (recompute / loss)", "p2p_buffers": "p2p buffers",
           "reserve": "reserve (CUDA context, workspaces)", "unattributed": "unattributed",
           "grad_copy": "fp32 gradient copy (optimizer step)",
-          "dispatch_buffers": "MoE dispatch buffers (DeepEP / HybridEP)"}
+          "dispatch_buffers": "MoE dispatch buffers (DeepEP / HybridEP)", "cuda_graphs": "CUDA graph static buffers",
+          "moe_capacity": "MoE per-rank capacity / paged stash", "fsdp_main_params": "FSDP main weights (dtype)",
+          "fsdp_main_grads": "FSDP main gradients (dtype)"}
 LABELS.update({f"act_{c}": f"activations, recompute {c}" for c in RECOMPUTE_CHOICES})
 COLORS = {"params": "#4e79a7", "grads": "#a0cbe8", "optimizer": "#d4a6c8", "act_none": "#59a14f",
           "act_selective": "#8cd17d", "act_full": "#b6992d", "act_attn_dropout": "#f1ce63", "activations": "#59a14f",
           "act_other": "#86bcb6", "recompute_peak": "#e15759", "p2p_buffers": "#ff9d9a", "reserve": "#bab0ac",
           "grad_copy": "#9d7660", "unattributed": "#000000", "act_mla_up_proj": "#499894",
-          "dispatch_buffers": "#d37295"}
+          "dispatch_buffers": "#d37295", "cuda_graphs": "#fabfd2", "moe_capacity": "#b07aa1",
+          "fsdp_main_params": "#2f5d8a", "fsdp_main_grads": "#7fa7c9"}
 STACK = ("params", "grads", "optimizer", *(f"act_{c}" for c in RECOMPUTE_CHOICES), "activations", "act_other",
-         "recompute_peak", "p2p_buffers", "dispatch_buffers", "grad_copy", "reserve")   # bottom to top, every bar
+         "recompute_peak", "p2p_buffers", "dispatch_buffers", "cuda_graphs", "moe_capacity", "grad_copy",
+         "reserve")   # bottom to top, every bar
+# a stack feature's negative memory term (``stack_cost.STACK_MEMORY``) and the term it reduces
+NET_OF = {"fine_grained_offload": "activations", "fsdp_main_params": "optimizer", "fsdp_main_grads": "grads"}
 TOLERANCE_MB = 1e-6
 OFF_SCALE = 0.3         # bars below this share of the limit are drawn to their own scale (limit stated in words)
 
@@ -43,6 +50,8 @@ def segments(cm, plan, stage_costs: list[StageCost]) -> list[list[tuple[str, flo
     out = []
     for i, s in enumerate(stage_costs):
         bd = dict(s.memory_breakdown)
+        for k in [k for k, v in bd.items() if v < 0 and k in NET_OF]:    # what a feature takes off the GPU: the
+            bd[NET_OF[k]] = bd.get(NET_OF[k], 0.0) + bd.pop(k)              # term it reduces is drawn net
         keys = [k for k in ORDER if k in bd] + sorted(set(bd) - set(ORDER))
         segs: list[tuple[str, float]] = []
         for k in keys:

@@ -165,8 +165,8 @@ def _cpu_plans() -> dict:
 
     moe = _moe_model()
 
-    def moe_plan(tp, dp, ep, etp, **settings):
-        raw = json.loads(uniform_plan(moe, 1, tp, dp, 2 * dp, 4 * dp, cluster=parse_cluster(f"1x{tp * dp}-cpu"),
+    def moe_plan(tp, dp, ep, etp, model=moe, **settings):
+        raw = json.loads(uniform_plan(model, 1, tp, dp, 2 * dp, 4 * dp, cluster=parse_cluster(f"1x{tp * dp}-cpu"),
                                       sequence_parallel=tp > 1).to_json())
         raw["stages"][0].update(ep=ep, etp=etp)
         raw["moe"] = settings or None
@@ -182,7 +182,9 @@ def _cpu_plans() -> dict:
         "moe-etp2-allgather": moe_plan(2, 1, 1, 2, token_dispatcher="allgather"),
         "moe-ep2-alltoall": moe_plan(1, 2, 2, 1),
         "moe-flex": moe_plan(1, 2, 2, 1, token_dispatcher="flex"),
-        "moe-ep-overlap": moe_plan(1, 2, 2, 1, overlap_ep_comm=True),
+        # the EP overlap needs a bf16 / fp16 model (megatron-core asserts it; the plan schema too)
+        "moe-ep-overlap": moe_plan(1, 2, 2, 1, model=moe.model_copy(update={"params_dtype": "bf16"}),
+                                   overlap_ep_comm=True),
         "dense-llama-tp2": dense(LLAMA, 2, 1),
         "dense-gpt-cp2": dense(GPT, 1, 1, cp=2),
         "dense-tp-comm-overlap": dense(LLAMA, 2, 1, tp_comm_overlap=True),

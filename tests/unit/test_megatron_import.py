@@ -105,9 +105,10 @@ def test_megatron_style_script_with_megatron_defaults():
     kinds = [u.kind for u in plan.model.units[:4]]
     assert plan.stages[0].chunks[0].recompute == ["selective" if k == "attention" else "none" for k in kinds * 3][:6]
     # Megatron-LM flags aceso does not price are listed (data/lr/logging flags are not)
-    assert imp.ignored == ["--cross-entropy-loss-fusion", "--empty-unused-memory-level"]
-    assert imp.warning == ("ignored 2 flags that do not change the plan: --cross-entropy-loss-fusion "
-                           "--empty-unused-memory-level")
+    # (--cross-entropy-loss-fusion is priced: the plan's stack, megatron-core's default impl "native")
+    assert plan.stack is not None and plan.stack.cross_entropy_fusion == "native"
+    assert imp.ignored == ["--empty-unused-memory-level"]
+    assert imp.warning == "ignored 1 flag that does not change the plan: --empty-unused-memory-level"
     # the preset with this architecture names it and supplies the vocabulary GPT2BPETokenizer would set
     assert plan.model.name == "gpt-1.3b" and plan.model.vocab_size == 51200
     assert plan.model.make_vocab_size_divisible_by == 128 * 2         # Megatron-LM pads to 128 x tp

@@ -18,7 +18,8 @@ from search.costmodel import make_cost_model
 from search.costmodel.analytic import AnalyticSource
 from search.costmodel.comm import CommModel
 from search.costmodel.kernels import GPU_EFFICIENCY, LAUNCH_MS
-from search.costmodel.moe_cost import GROUPED_K0_LP, moe_unit
+from search.costmodel.moe_cost import moe_unit
+from search.costmodel.release_constants import value as release_value
 from search.moe_params import counts, mlp_params
 from search.moe_plan import MoEPlanSettings
 from search.model import ModelSpec
@@ -81,7 +82,7 @@ def test_moe_unit_forward_by_hand():
 def test_quantized_experts_run_at_the_fp8_peak_plus_their_input_casts():
     """fp8-delayed on H100 (flat kernels): the grouped GEMMs at the 1979 TFLOP/s FP8 peak, plus one cast per GEMM
     input (forward: x of fc1 (m h) and fc2 (m f); delayed scaling: read dt + write the row- and column-wise fp8
-    copies, dt + 2 bytes per element, one launch); each quantized GEMM x (1 + GROUPED_K0_LP / its inner k)."""
+    copies, dt + 2 bytes per element, one launch); each quantized GEMM x (1 + K0 / its inner k), K0 the release's GROUPED_K0_LP."""
     m = tiny_moe()
     cl = parse_cluster("1x8-h100")
     src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8, precision="fp8-delayed"), CommModel(cl),
@@ -92,7 +93,8 @@ def test_quantized_experts_run_at_the_fp8_peak_plus_their_input_casts():
     flops = 2 * 2 * m_e * f * h                                   # one linear over the 2 local experts
     bf16 = 2 * (flops / (PEAK * e.bmm) + LAUNCH_MS)
     one = flops / (1979e9 * e.bmm) + LAUNCH_MS
-    fp8 = one * (1 + GROUPED_K0_LP / h) + one * (1 + GROUPED_K0_LP / f)     # fc1 inner h, fc2 inner f
+    k0 = release_value("GROUPED_K0_LP", "")                         # the newest release's fit
+    fp8 = one * (1 + k0 / h) + one * (1 + k0 / f)                   # fc1 inner h, fc2 inner f
     casts = sum((dt + 2) * 2 * m_e * n / (HBM * e.mem) + LAUNCH_MS for n in (h, f))
     plain, *_ = moe_unit(src, 1.0, 1024, 1, False, 4, 1, MoEPlanSettings())
     quant, *_ = moe_unit(src, 1.0, 1024, 1, False, 4, 1, MoEPlanSettings(), lp=True)
@@ -273,15 +275,27 @@ def test_moe_needs_sequence_parallel_with_tp():
         moe_unit(src, 1.0, 1024, 2, False, 2, 1, MoEPlanSettings())
 
 
-def test_overlap_ep_comm_hides_the_all_to_all_behind_the_units_compute():
+def test_overlap_ep_comm_hides_what_the_layer_pair_schedule_saves():
+    """overlap_moe_expert_parallel_comm: the unit table's moe unit keeps exposed its all-to-all minus what the
+    layer pair's schedule saves (ep_overlap.py: the attention unit and the moe unit's compute of the other
+    micro-batch, with NCCL's SM tax); the rest is hidden, nothing else moves."""
+    from search.costmodel.ep_overlap import LayerTimes, saving_ms
     m = tiny_moe(num_experts=16)
     cl = parse_cluster("2x8-h100")
     src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8), CommModel(cl))
-    plain, *_ = moe_unit(src, 1.0, 1024, 1, False, 16, 1, MoEPlanSettings())
-    over, *_ = moe_unit(src, 1.0, 1024, 1, False, 16, 1, MoEPlanSettings(overlap_ep_comm=True))
-    compute = plain.fwd + plain.bwd - plain.ep_comm          # no shared expert, tp 1: the rest is compute
-    assert over.ep_comm == pytest.approx(max(0.0, plain.ep_comm - compute), rel=1e-9)
-    assert over.ep_comm + over.ep_hidden == pytest.approx(plain.ep_comm, rel=1e-9)
+    plain = src.unit_table(1.0, 1, ep=16, etp=1, moe=MoEPlanSettings())
+    over = src.unit_table(1.0, 1, ep=16, etp=1, moe=MoEPlanSettings(overlap_ep_comm=True))
+    i = [u.kind for u in m.units].index("moe")
+    unit, *_ = moe_unit(src, 1.0, 1024, 1, False, 16, 1, MoEPlanSettings())
+    d, c, _ = unit.ep_split
+    a_f, a_b = plain.ep_fwd_ms[i][0], plain.ep_comm_ms[i] - plain.ep_fwd_ms[i][0]
+    fwd = plain.fwd_ms - (plain.host_ms if plain.host_ms is not None else 0.0)
+    x = LayerTimes(fwd[i - 1], plain.bwd_ms[i - 1], 0.0, fwd[i] - a_f, plain.bwd_ms[i] - a_b, 0.0,
+                   d * a_f / (d + c), c * a_f / (d + c), d * a_b / (d + c), c * a_b / (d + c))
+    save = saving_ms(x, src._tax_ep)
+    assert save > 0
+    assert over.ep_comm_ms[i] == pytest.approx(plain.ep_comm_ms[i] - save, rel=1e-9)
+    assert over.ep_comm_ms[i] + over.ep_hidden_ms[i] == pytest.approx(plain.ep_comm_ms[i], rel=1e-9)
 
 
 def test_moe_act_bytes_by_hand_as_megatron_core_keeps_them():

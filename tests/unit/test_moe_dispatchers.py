@@ -48,13 +48,14 @@ def _problem(ms, cluster="1x8-h100", target="aceso"):
 
 def test_candidates():
     qwen, h100, cpu = load_model("qwen3-30b-a3b"), parse_cluster("1x8-h100"), parse_cluster("1x4-cpu")
-    names = [s.token_dispatcher for s in candidates(qwen, h100)]
-    assert names == ["alltoall", "allgather", "flex"]
+    names = [(s.token_dispatcher, s.flex_backend) for s in candidates(qwen, h100)]
+    assert names == [("alltoall", "deepep"), ("allgather", "deepep"), ("flex", "deepep"), ("flex", "hybridep")]
     assert [s.token_dispatcher for s in candidates(qwen, cpu)] == ["alltoall", "allgather"]    # DeepEP: CUDA
     shared = MoEPlanSettings(shared_expert_overlap=True)        # megatron-core: alltoall only
     assert candidates(qwen, h100, shared) == [shared]
     ov = MoEPlanSettings(overlap_ep_comm=True, token_dispatcher="flex")    # alltoall or flex
-    assert [s.token_dispatcher for s in candidates(qwen, h100, ov)] == ["flex", "alltoall"]
+    assert [(s.token_dispatcher, s.flex_backend) for s in candidates(qwen, h100, ov)] == [
+        ("flex", "deepep"), ("alltoall", "deepep"), ("flex", "hybridep")]
     assert all(s.overlap_ep_comm for s in candidates(qwen, h100, ov))
     assert candidates(load_model("gpt-1.3b"), h100) == []
     # padded expert input: megatron-core's flex pads with HybridEP only; a HybridEP base keeps deepep off the others
@@ -64,7 +65,7 @@ def test_candidates():
         ("alltoall", "deepep"), ("allgather", "deepep"), ("flex", "hybridep")]
     hyb = MoEPlanSettings(token_dispatcher="flex", flex_backend="hybridep")
     assert [(s.token_dispatcher, s.flex_backend) for s in candidates(qwen, h100, hyb)] == [
-        ("flex", "hybridep"), ("alltoall", "deepep"), ("allgather", "deepep")]
+        ("flex", "hybridep"), ("alltoall", "deepep"), ("allgather", "deepep"), ("flex", "deepep")]
 
 
 @pytest.mark.parametrize("target", ["aceso", "megatron-lm"])

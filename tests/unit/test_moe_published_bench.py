@@ -171,13 +171,14 @@ def test_mla_up_proj_is_what_lets_the_deepseek_gb200_run_fit(mp):
     assert without["args"] != row["args"]
     out0 = mp.price_row(without)
     assert not out0["fits"] and out0["max_memory_gib"] > 186
+
+
 def test_rows_kept_out_of_the_fit_are_what_their_reason_says(mp):
     """The H100 Qwen3-30B-A3B pair: the same model, cluster and shape, one dropless (no capacity factor) and one
     padded to capacity, the dropless one measured about 2x slower; only the dropless one is kept out (with the
-    GPT-OSS rows); the padded twin is fitted."""
+    GPT-OSS rows whose table shape is not the period's recipe's); the padded twin is fitted."""
     rows = {r["id"]: r for r in mp.load_rows(BRIDGE)}
-    (out_id,) = mp.OUT_OF_FIT
-    dropless = rows[out_id]
+    dropless = rows["25.11/pretrain/qwen3-30b-a3b/h100x16/fp8-cs/gbs512-mbs2-seq4096/tp1pp2cp1vp24ep8fsdp0"]
     padded = rows["25.09/pretrain/qwen3-30b-a3b-token_drop1/h100x16/fp8-cs/gbs512-mbs2-seq4096/tp1pp2cp1vp24ep8fsdp0"]
     keys = ("model", "cluster", "tp", "pp", "cp", "ep", "vp", "mbs", "gbs", "seq", "precision")
     assert all(dropless[k] == padded[k] for k in keys)
@@ -190,37 +191,44 @@ def test_rows_kept_out_of_the_fit_are_what_their_reason_says(mp):
                             "tp1pp1cp1vp1ep8fsdp0"]) is None
 
 
-def test_own_release_recipe_adds_its_overlap(mp):
-    """The 25.11 Qwen3-235B H100 row cites its own release's recipe (Megatron-Bridge 7af9601c9,
-    QWEN3_235B_A22B_H100_FP8_CS_BASE_CONFIG: moe_a2a_overlap=True), whose overlap the file's args leave out: it is
-    priced with --overlap-moe-expert-parallel-comm; its 25.09 twin cites a later recipe (own_release False) and gets
-    nothing, nor does a row without a recipe."""
+def test_the_rows_carry_their_recipes_stack_flags(mp):
+    """The tables' args now carry the recipes' stack flags (the file's ``about``): the 25.11 Qwen3-235B H100 row
+    (its own release's recipe, v0.2.0 QWEN3_235B_A22B_H100_FP8_CS_BASE_CONFIG: moe_a2a_overlap=True) imports with
+    the EP overlap and delayed weight gradients from its own command line (the old RECIPE_FLAGS table, which added
+    them, is gone); a row whose CUDA graphs megatron-core refuses with its other settings (the 25.09 Qwen3-30B B200
+    FP8 row: a later recipe's moe_preprocess graphs on its own drop-and-pad alltoall) is priced without them and
+    says so (``recipes.own_args``)."""
     rows = {r["id"]: r for r in mp.load_rows(BRIDGE)}
     r11 = rows["25.11/pretrain/qwen3-235b-a22b/h100x256/fp8-cs/gbs2048-mbs1-seq4096/tp2pp8cp1vp4ep32fsdp0"]
-    r09 = rows["25.09/pretrain/qwen3-235b-a22b-token_drop1/h100x256/fp8-cs/gbs2048-mbs1-seq4096/tp2pp8cp1vp4ep32fsdp0"]
-    assert r11["recipe"]["own_release"] and not r09["recipe"]["own_release"]
-    assert "--overlap-moe-expert-parallel-comm" not in r11["args"]
-    assert "--overlap-moe-expert-parallel-comm" in mp.recipe_flags(r11)
-    assert mp.recipe_flags(r09) == "" and mp.recipe_flags({"recipe": None}) == ""
-    assert mp.row_plan(r11).moe.overlap_ep_comm and not mp.row_plan(r09).moe.overlap_ep_comm
+    assert r11["recipe"]["own_release"]
+    assert "--overlap-moe-expert-parallel-comm" in r11["args"] and "--delay-wgrad-compute" in r11["args"]
+    plan = mp.row_plan(r11)
+    assert plan.moe.overlap_ep_comm and plan.moe.delay_wgrad and plan.settings.release == "25.11"
+    assert not hasattr(mp, "RECIPE_FLAGS")
+    r09 = rows["25.09/pretrain/qwen3-30b-a3b-token_drop1/b200x8/fp8-cs/gbs512-mbs1-seq4096/tp1pp1cp1vp1ep8fsdp0"]
+    assert "--cuda-graph-scope moe_router moe_preprocess" in r09["args"]
+    out = mp.price_row(r09)
+    assert out["status"] == "priced" and out["dropped_flags"] == ["--cuda-graph-impl", "--cuda-graph-scope"]
+    assert mp.row_plan(r09).stack is None
 
 
 def test_host_scan_implies_the_constant_that_zeroes_the_error(mp):
-    """``scan_host``: priced at the HOST_FWD_MS it reports, the row's error is 0 (to the bisection's width); a padded
-    row (no sync) is not scanned."""
-    from search.costmodel import moe_cost as mc
+    """``scan_host``: priced at the HOST_LAUNCH_MS it reports (for the row's release), the row's error is 0 (to the
+    bisection's width); a padded row (no sync) is not scanned."""
+    from search.costmodel import release_constants as rc
     row = _row(mp, "25.11/pretrain/qwen3-235b-a22b/b200x64/mxfp8")
     padded = _row(mp, "25.09/pretrain/qwen3-235b-a22b-token_drop1/b200x64/mxfp8")
     (out,) = mp.scan_host([row, padded])
-    h = out["implied_host_fwd_ms"]
-    assert out["id"] == row["id"] and 0 < h < 60
-    keep = mc.HOST_FWD_MS
+    h = out["implied_host_launch_ms"]
+    assert out["id"] == row["id"] and 0 < h < 1
+    group = rc.FITS[rc.fit_of("25.11")][1]
+    keep = group.get("HOST_LAUNCH_MS")
     try:
-        mc.HOST_FWD_MS = h
+        group["HOST_LAUNCH_MS"] = h
         assert abs(mp.price_row(row)["error"]) < 2e-3
     finally:
-        mc.HOST_FWD_MS = keep
-    assert mc.HOST_FWD_MS == keep
+        group["HOST_LAUNCH_MS"] = keep
+    assert group["HOST_LAUNCH_MS"] == keep
 
 
 def test_breakdown_adds_up_to_the_iteration(mp):

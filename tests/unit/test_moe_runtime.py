@@ -20,6 +20,7 @@ MOE = ModelSpec(name="m", family="llama", num_layers=2, hidden_size=32, num_atte
                 moe=MoESpec(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32))
 MLA = MOE.model_copy(update={"mla": MLASpec(kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=8)})
 MTP = MOE.model_copy(update={"mtp_num_layers": 1})
+BF16 = MOE.model_copy(update={"params_dtype": "bf16"})       # megatron-core runs the EP overlap in bf16 / fp16 only
 CPU = Environment(cuda=False)
 CUDA = Environment(cuda=True, compute_capability=(9, 0))
 CUDA_TE = Environment(cuda=True, te_version="2.1.0", compute_capability=(9, 0))
@@ -60,7 +61,7 @@ def test_local_experts_take_the_stock_models_global_index():
 @pytest.mark.parametrize("make, env, field", [
     (lambda: plan(moe={"token_dispatcher": "flex"}), CPU, "moe.token_dispatcher flex"),
     (lambda: plan(moe={"grouped_gemm": True}), CUDA, "moe.grouped_gemm"),
-    (lambda: plan(moe={"overlap_ep_comm": True}), CUDA_TE, "moe.overlap_ep_comm"),
+    (lambda: plan(BF16, moe={"overlap_ep_comm": True}), CUDA_TE, "moe.overlap_ep_comm"),
     (lambda: plan(ep=1, etp=2), CPU, "stages[0].etp (2) with the alltoall dispatcher"),
     (lambda: plan(MTP, rc=["none"] * 4 + ["full"]), CPU, "unit 4 (mtp): recompute full"),
     (lambda: plan(MLA, rc=["attn_dropout"] + ["none"] * 3), CPU, "attn_dropout with multi-latent attention"),
@@ -93,7 +94,7 @@ def test_validate_refuses_what_no_machine_runs_and_the_search_keeps_the_distribu
     from search.preflight import preflight
     from search.training import TrainingSpec
     with pytest.raises(AcesoError, match="moe.overlap_ep_comm"):
-        preflight(plan(moe={"overlap_ep_comm": True}), "cuda")
+        preflight(plan(BF16, moe={"overlap_ep_comm": True}), "cuda")
     assert preflight(plan(distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True), "cuda")
     tr = TrainingSpec(global_batch_size=8, distributed_optimizer=True, overlap_param_gather=True)
     kept = runtime_training(tr)

@@ -12,7 +12,10 @@ from search.cli import main
 from search.cluster import GPU_PRESETS, parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel.comm import CommModel
-from search.costmodel.kernels import ARCH, LAUNCH_MS, LOWPREC_GEMM_SCALE
+from search.costmodel.kernels import ARCH, LAUNCH_MS
+from search.costmodel.release_constants import value as release_value
+
+LOWPREC_GEMM_SCALE = release_value("LOWPREC_GEMM_SCALE", "")     # the newest release's (release_constants.py)
 from search.errors import AcesoError
 from search.megatron.cmdline import megatron_flags
 from search.megatron.expressible import megatron_config

@@ -1,0 +1,117 @@
+"""The host (CPU) side of a step: kernel launches per unit and micro-batch, what a synchronising MoE dispatcher
+exposes of them, and what a CUDA graph removes (and the memory it pins).
+
+Each unit's forward launches a number of kernels from Python (PyTorch, megatron-core, transformer-engine); the CPU
+needs ``HOST_LAUNCH_MS`` (``release_constants.py``, fitted per release: interpreter, framework and launch time
+per kernel) for each. Launch counts per part of a layer, forward, counted on megatron-core 0.16.1's code paths
+(``LAUNCHES``; ``q`` = 1 where the part's linears run a low-precision recipe, its quantize / amax kernels):
+
+    attn            TE LayerNormLinear (norm, QKV GEMM), fused RoPE (q, k), the fused attention, TE Linear
+                    (proj), bias-dropout-add: 7 (+ 3 q: quantize and amax of the two linears)
+                    MLA: 2 down projections, 2 latent norms, 2 up projections, RoPE, core, proj, bda: 12 (+ 5 q)
+    mlp             TE LayerNormMLP: norm, fc1, activation, fc2, bda: 5 (+ 3 q)
+    moe_router      ``TopKRouter.forward``: gating GEMM (+1 fp32 cast with moe_router_dtype), the forced-balance
+                    random logits (2), score / top-k / scatter / scaling (7; group-limited top-k + 4; expert bias
+                    + 2), the aux-loss scores and loss (11), the expert-bias token count (1); ``moe_router_fusion``:
+                    the score / top-k and aux-loss steps in 4 fused kernels instead of 18
+    moe_preprocess  ``MoEAlltoAllTokenDispatcher.preprocess``: token counts, their all-gather over the TP x EP
+                    group, the split / sum / slice steps and the five host copies: 16 (padded to capacity: 5)
+    moe_rest        permute (fused 2, unfused 6), the dispatch and combine all-to-alls, the chunk sort and unsort,
+                    the activation, unpermute, bias-dropout-add (7), and per local expert the fc1 and fc2 GEMMs of
+                    TE's ``general_grouped_gemm``, each on one of its side streams with an event record and wait
+                    (3 launches a GEMM: ``EXPERT_LAUNCHES`` = 6 per expert; without grouped GEMM one activation per
+                    expert more), + 2 q quantize: 9 + 6 experts (+ 2 q)
+    shared expert   as a dense MLP (5 + 3 q), in ``moe_router``'s graph when captured with it
+
+The backward launches ``BWD_LAUNCHES`` times as many (two gradient GEMMs per GEMM, one kernel per element-wise
+step). What the device sees:
+
+- a dropless MoE layer's dispatcher copies the token counts to the host and waits for them before its EP
+  all-to-all (``moe_cost.syncs``; megatron-core 0.16.1 ``_maybe_dtoh_and_synchronize``; a CUDA graph of
+  ``moe_preprocess`` moves the copy, the wait stays): the CPU then launches the layer's remaining kernels and the
+  next layer's up to its wait while the device idles, so a layer's forward takes max(device, host): exposed
+  ``max(0, H_f - D_f)``;
+- without a synchronisation the CPU runs ahead: exposed only when a layer's host time exceeds its whole device
+  time, ``max(0, H_f + H_b - D_f - D_b)``.
+
+A CUDA graph (``stack.CudaGraphs``) replays its captured part with one launch (``GRAPH_LAUNCH``): the part's
+kernels leave the host time. ``full_iteration`` replays the whole forward and backward: no host time per layer.
+Memory it pins (``graph_buffer_bytes``): each captured part keeps static input and output buffers per layer for
+every micro-batch in flight (TE's ``make_graphed_callables`` / megatron-core's ``CudaGraphManager`` allocate a
+graph's inputs and outputs once and reuse them, so they are not freed between micro-batches): ``dt s b h / r`` per
+buffer, ``GRAPH_BUFFERS`` per captured part (forward input and output, backward output gradient); a
+``full_iteration`` graph pins none beyond its pool of the same activations.
+"""
+
+from __future__ import annotations
+
+from ..stack import GRAPH_SCOPES  # noqa: F401  (the scope names the parts below use)
+
+GRAPH_LAUNCH = 1.0        # kernels the CPU launches to replay one captured part (cudaGraphLaunch)
+GRAPH_BUFFERS = 3         # static buffers a captured part keeps per layer and micro-batch in flight
+EXPERT_LAUNCHES = 6       # per local expert: fc1 and fc2 GEMMs, each with its side stream's event record and wait
+
+
+def part_launches(model, kind: str, quantized: bool, n_local: int, moe_settings=None) -> dict[str, float]:
+    """Forward kernel launches of one unit by part (``attn``, ``mlp``, ``moe_router``, ``moe_preprocess``,
+    ``moe_rest``), module docstring; ``n_local``: the moe unit's local experts."""
+    q = 1 if quantized else 0
+    if kind in ("attention", "cross_attention"):
+        return {"attn": (12 + 5 * q) if model.mla is not None else (7 + 3 * q)}
+    if kind == "mlp":
+        return {"mlp": 5 + 3 * q}
+    if kind != "moe":
+        return {}
+    e, s = model.moe, moe_settings
+    fused = bool(s and s.router_fusion)
+    topk = 7 + (4 if e.moe_router_num_groups else 0) + (2 if e.moe_router_enable_expert_bias else 0)
+    aux = 11 if e.moe_aux_loss_coeff else 0
+    router = (1 + (1 if s and s.router_dtype else 0) + (2 if e.moe_router_force_load_balancing else 0)
+              + (4 if fused else topk + aux) + 1)
+    if e.moe_shared_expert_intermediate_size:
+        router += 5 + 3 * q
+    padded = e.moe_pad_expert_input_to_capacity
+    perm = 2 if (s is None or s.permute_fusion) else 6
+    gemms = EXPERT_LAUNCHES * n_local + (0 if (s is None or s.grouped_gemm) else n_local)
+    return {"moe_router": router, "moe_preprocess": 5 if padded else 16, "moe_rest": perm + 7 + gemms + 2 * q}
+
+
+def captured(part: str, scopes: frozenset[str]) -> bool:
+    """Whether a CUDA graph of ``scopes`` replays ``part`` (whole-layer graphs capture every part;
+    ``moe``: the whole drop-and-pad MoE layer, router and dispatch included)."""
+    if not scopes:
+        return False
+    if "full_iteration" in scopes or "layer" in scopes:
+        return True
+    if part == "moe_rest":
+        return "moe" in scopes
+    if part in ("moe_router", "moe_preprocess"):
+        return part in scopes or "moe" in scopes
+    return part in scopes
+
+
+def host_launches(parts: dict[str, float], scopes: frozenset[str]) -> float:
+    """Forward launches the CPU still makes under ``scopes``: the parts not captured, one launch per captured part."""
+    if "full_iteration" in scopes:
+        return 0.0
+    return sum(GRAPH_LAUNCH if captured(p, scopes) else n for p, n in parts.items())
+
+
+def exposed_host_ms(h_f: float, d_f: float, d_b: float, syncs: bool, h_first: float = 0.0,
+                    d_first: float = 0.0) -> float:
+    """Forward ms the device waits on the CPU in one layer of host forward time ``h_f`` and device times ``d_f`` /
+    ``d_b`` (module docstring); ``h_first`` / ``d_first``: the host and device time of the part launched right after
+    the wait (a synchronising layer's experts and all-to-alls)."""
+    if syncs:
+        return max(0.0, h_first - d_first, h_f - d_f)
+    return max(0.0, h_f - d_f - d_b)
+
+
+def graph_buffer_bytes(parts: dict[str, float], scopes: frozenset[str], dt: float, tokens: float,
+                       hidden: int) -> float:
+    """Bytes of static graph buffers one unit keeps per micro-batch in flight (module docstring): one graph per
+    unit with a captured part (a moe unit's router and preprocessing are one), ``GRAPH_BUFFERS`` tensors of
+    ``dt tokens h`` each."""
+    if not scopes or "full_iteration" in scopes:
+        return 0.0
+    return GRAPH_BUFFERS * dt * tokens * hidden if any(captured(p, scopes) for p in parts) else 0.0

@@ -1,0 +1,124 @@
+"""The stack switches both ways with Megatron-LM (flags) and Megatron-Bridge (``model`` / ``optimizer`` fields):
+CUDA graphs, fine-grained activation offload, the cross-entropy fusion (``search/stack.py``) and the optimizer.
+
+Megatron-LM core_v0.16.1 flags (``arguments.py``; megatron-core ``TransformerConfig`` names): ``--cuda-graph-impl
+none|local|transformer_engine``, ``--cuda-graph-scope S ...`` (0.17+: ``--cuda-graph-modules``, read too),
+``--fine-grained-activation-offloading --offload-modules M ...`` (0.19: ``--activation-offload-fraction F``),
+``--cross-entropy-loss-fusion --cross-entropy-fusion-impl native|te``, ``--optimizer adam|muon|dist_muon``.
+Megatron-LM's checks a plan depends on: muon with ``--use-distributed-optimizer`` (megatron-core 0.16.1
+``get_megatron_muon_optimizer``: "muon with dist optimizer is not supported") or with Megatron FSDP ("Emerging
+optimizer does not support Megatron-FSDP") is refused; the stack rules of ``stack.refusal`` apply to the plan.
+"""
+
+from __future__ import annotations
+
+from ..errors import AcesoError
+from ..stack import GRAPH_SCOPES, OFFLOAD_MODULES, CudaGraphs, FineGrainedOffload, StackSettings
+
+FLAG_KINDS: dict[str, str] = {
+    "--cuda-graph-impl": "str", "--cuda-graph-scope": "list", "--cuda-graph-modules": "list",
+    "--offload-modules": "list", "--activation-offload-fraction": "float", "--cross-entropy-fusion-impl": "str",
+    "--optimizer": "str", "--fine-grained-activation-offloading": "bool", "--cross-entropy-loss-fusion": "bool",
+    "--megatron-fsdp-main-params-dtype": "str", "--megatron-fsdp-main-grads-dtype": "str",
+}
+OPTIMIZERS = ("adam", "muon", "dist_muon")
+
+
+def stack_fields(f, model, distributed_optimizer: bool, fsdp: bool,
+                 notes: list[str]) -> tuple[StackSettings | None, str]:
+    """(the plan's ``StackSettings`` or None, the optimizer) of the stack flags."""
+    optimizer = f.get("--optimizer", "adam")
+    if optimizer not in OPTIMIZERS:
+        raise AcesoError(f"--optimizer {optimizer}: aceso prices {', '.join(OPTIMIZERS)}; use one of them")
+    if optimizer != "adam" and distributed_optimizer:
+        raise AcesoError(f"--optimizer {optimizer} with --use-distributed-optimizer: megatron-core 0.16.1 raises "
+                         "'muon with dist optimizer is not supported'; drop --use-distributed-optimizer "
+                         "(dist_muon shards the states layer-wise)")
+    if optimizer != "adam" and fsdp:
+        raise AcesoError(f"--optimizer {optimizer} with --use-megatron-fsdp: Megatron-LM asserts 'Emerging optimizer "
+                         "does not support Megatron-FSDP'; use adam or drop Megatron FSDP")
+    graphs = _graphs(f, notes)
+    offload = None
+    if f.has("--fine-grained-activation-offloading"):
+        mods = f.get("--offload-modules") or []
+        if not mods:
+            raise AcesoError("--fine-grained-activation-offloading needs --offload-modules (megatron-core asserts "
+                             f"a non-empty list: {', '.join(OFFLOAD_MODULES)})")
+        bad = [m for m in mods if m not in OFFLOAD_MODULES]
+        if bad:
+            raise AcesoError(f"--offload-modules {bad[0]}: not one of {', '.join(OFFLOAD_MODULES)}")
+        frac = f.get("--activation-offload-fraction", 1.0)
+        if not 0.0 <= frac <= 1.0:
+            raise AcesoError(f"--activation-offload-fraction {frac:g}: must be in [0, 1]")
+        offload = FineGrainedOffload(modules=tuple(dict.fromkeys(mods)), fraction=float(frac))
+    elif f.has("--offload-modules") or f.has("--activation-offload-fraction"):
+        notes.append("--offload-modules / --activation-offload-fraction without --fine-grained-activation-offloading "
+                     "do nothing")
+    ce = None
+    if f.has("--cross-entropy-loss-fusion"):
+        ce = f.get("--cross-entropy-fusion-impl", "native")
+        if ce not in ("native", "te"):
+            raise AcesoError(f"--cross-entropy-fusion-impl {ce}: use native or te")
+    stack = StackSettings(cuda_graphs=graphs, offload=offload, cross_entropy_fusion=ce)
+    return (None if stack.empty else stack), optimizer
+
+
+def _graphs(f, notes: list[str]) -> CudaGraphs | None:
+    impl = f.get("--cuda-graph-impl", "none")
+    if impl not in ("none", "local", "transformer_engine", "full_iteration"):
+        raise AcesoError(f"--cuda-graph-impl {impl}: use none, local or transformer_engine")
+    old, new = f.get("--cuda-graph-scope"), f.get("--cuda-graph-modules")
+    if old is not None and new is not None:
+        raise AcesoError("--cuda-graph-scope and --cuda-graph-modules cannot be used together (Megatron-LM asserts "
+                         "it); give one")
+    scope = list(new if new is not None else old or [])
+    if impl == "full_iteration":          # megatron-core 0.17+: its own implementation name
+        impl, scope = "local", ["full_iteration"]
+    if impl == "none":
+        if scope:
+            notes.append(f"--cuda-graph-scope {' '.join(scope)} with --cuda-graph-impl none does nothing")
+        return None
+    if scope == ["full"]:
+        scope = []                        # megatron-core: "full" (deprecated) is the whole layer
+    bad = [x for x in scope if x not in GRAPH_SCOPES]
+    if bad:
+        raise AcesoError(f"--cuda-graph-scope {bad[0]}: not a scope of megatron-core 0.16.1 "
+                         f"({', '.join(GRAPH_SCOPES)}, or full)")
+    if impl == "local" and ({"moe_router", "moe_preprocess"} & set(scope)):
+        scope += [x for x in ("moe_router", "moe_preprocess") if x not in scope]   # local graphs both together
+    return CudaGraphs(impl=impl, scope=tuple(dict.fromkeys(scope)))
+
+
+def stack_args(stack: StackSettings | None, optimizer: str = "adam") -> list[str]:
+    """The Megatron-LM flags of the stack switches and the optimizer (empty for none)."""
+    out = ["--optimizer", optimizer] if optimizer != "adam" else []
+    if stack is None:
+        return out
+    g = stack.cuda_graphs
+    if g is not None:
+        out += ["--cuda-graph-impl", g.impl]
+        out += ["--cuda-graph-scope", *g.scope] if g.scope else []
+    if stack.offload is not None:
+        out += ["--fine-grained-activation-offloading", "--offload-modules", *stack.offload.modules]
+        if stack.offload.fraction < 1.0:
+            out += ["--activation-offload-fraction", f"{stack.offload.fraction:g}"]
+    if stack.cross_entropy_fusion:
+        out += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", stack.cross_entropy_fusion]
+    return out
+
+
+def stack_bridge_fields(stack: StackSettings | None) -> dict[str, object]:
+    """The Bridge ``model`` fields (megatron-core ``TransformerConfig`` names) of the stack switches."""
+    if stack is None:
+        return {}
+    out: dict[str, object] = {}
+    g = stack.cuda_graphs
+    if g is not None:
+        out.update(cuda_graph_impl=g.impl, cuda_graph_scope=list(g.scope) if g.scope else "full")
+    if stack.offload is not None:
+        out.update(fine_grained_activation_offloading=True, offload_modules=list(stack.offload.modules))
+        if stack.offload.fraction < 1.0:
+            out["activation_offload_fraction"] = stack.offload.fraction
+    if stack.cross_entropy_fusion:
+        out.update(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl=stack.cross_entropy_fusion)
+    return out
