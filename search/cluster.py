@@ -33,9 +33,10 @@ FP4 and 180 PFLOP/s bf16 dense per 72 GPUs = 5000 / 15000 / 2500, 20 TB HBM3e at
 8 TB/s, 72 ConnectX-8 800 Gb/s NICs). Their networks: 800 Gb/s = 100 GB/s per GPU.
 
 NVLink domains (``ClusterSpec.nvlink_domain``): GPUs that reach each other over NVLink, a multiple of the GPUs per
-node (default: one node). ``1x64-gb200`` prices a rack as one node of 64; ``16x4-gb200:nvl64`` writes it as 16
-trays of 4 in one NVLink domain of 64 (``:nvlN`` after the string): TP, CP and DP groups inside a domain run at the
-NVLink bandwidth, groups across domains on the network (``comm.py``).
+node (default: one node; GB200 / GB300 trays of 4: their NVL72 rack, ``RACK_DOMAIN``). ``1x64-gb200`` prices a rack
+as one node of 64; ``16x4-gb200:nvl64`` writes it as 16 trays of 4 in one NVLink domain of 64 (``:nvlN`` after the
+string; ``128x4-gb200`` is ``128x4-gb200:nvl72``): TP, CP and DP groups inside a domain run at the NVLink bandwidth,
+groups across domains on the network (``comm.py``).
 """
 
 from __future__ import annotations
@@ -187,6 +188,11 @@ class ClusterSpec(BaseModel):
         return rank // self.nvlink_size
 
 
+# Grace-Blackwell GPUs come in NVL72 racks (GB200 NVL72 / GB300 NVL72 datasheets: 18 compute trays of 4 GPUs, 72 GPUs
+# in one NVLink domain; the presets' aliases gb200-nvl72 / gb300-nvl72): trays written as nodes (``128x4-gb200``, as an
+# MLPerf system file or Slurm counts them) sit in racks of 72 unless ``:nvlN`` says how many a job uses per rack.
+RACK_DOMAIN = {"gb200": 72, "gb300": 72}
+
 _CLUSTER_RE = re.compile(r"^(\d+)x(\d+)-([a-z0-9-]+?)(?::nvl(\d+))?$")
 
 
@@ -205,6 +211,9 @@ def parse_cluster(text: str, memory_limit_mb: float | None = None) -> ClusterSpe
     if nodes < 1 or gpn < 1:
         raise AcesoError(f"cluster '{text}': nodes and gpus per node must be at least 1")
     intra, inter = LINK_PRESETS[gpu]
+    if nvl is None and gpu in RACK_DOMAIN and gpn < RACK_DOMAIN[gpu] and RACK_DOMAIN[gpu] % gpn == 0 \
+            and nodes * gpn > gpn:
+        nvl = RACK_DOMAIN[gpu]       # trays of a Grace-Blackwell rack: one NVLink domain per rack (docstring)
     try:
         return ClusterSpec(num_nodes=nodes, gpus_per_node=gpn, gpu=GPU_PRESETS[gpu], intra_node_gbps=intra,
                            inter_node_gbps=inter, memory_limit_mb=memory_limit_mb, nvlink_domain=nvl)

@@ -161,11 +161,14 @@ def test_blackwell_ultra_presets_and_peaks():
 
 
 def test_nvlink_domain_larger_than_a_node():
-    tray = parse_cluster("32x4-gb200")
+    tray = parse_cluster("32x4-gb200:nvl4")             # trays without a shared NVLink domain: say so
     racks = parse_cluster("32x4-gb200:nvl64")
     assert racks.label == "32x4-gb200:nvl64" and racks.nvlink_size == 64
     assert CommModel(tray).spans_nodes(0, 7) and not CommModel(racks).spans_nodes(0, 63)
     assert CommModel(racks).spans_nodes(0, 64)          # the second rack: the network
+    # Grace-Blackwell trays default to their NVL72 rack (GB200 / GB300 NVL72: 18 trays of 4 in one NVLink domain)
+    assert parse_cluster("32x4-gb200").nvlink_size == 72 and parse_cluster("32x4-gb200").label == "32x4-gb200:nvl72"
+    assert parse_cluster("8x4-gb300").nvlink_size == 72 and parse_cluster("2x8-b200").nvlink_size == 8
     with pytest.raises(AcesoError, match="multiple of gpus_per_node"):
         parse_cluster("4x4-gb200:nvl6")
 
