@@ -28,6 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .data_parallel import DataParallelSettings, run_fields
 from .precision import LowPrecision, base_dtype, training_fields
 
 Framework = Literal["runtime", "megatron-lm", "megatron-bridge"]
@@ -46,6 +47,9 @@ class PlanSettings(BaseModel):
                                       "--grad-reduce-in-bf16; --accumulate-allreduce-grads-in-fp32 for --fp16.")
     low_precision: LowPrecision | None = Field(None, description="The low-precision recipe (FP8 / FP4 linear "
                                                "GEMMs, search/precision.py); None = the parameter dtype throughout.")
+    data_parallel: DataParallelSettings | None = Field(None, description="DDP buckets, the schedule's alignment "
+                                                       "of the DP collectives, rank order and in-network reductions "
+                                                       "(search/data_parallel.py); None = the framework's defaults.")
 
 
 RUNTIME = PlanSettings()
@@ -87,8 +91,11 @@ def settings_for(plan, framework: str | None = None) -> PlanSettings:
 def run_settings(settings: PlanSettings | None, precision: str):
     """The cost model's ``RunSettings`` for these settings (fp32 training: the gradients are fp32 anyway)."""
     from .costmodel.types import RunSettings
+    if isinstance(settings, RunSettings):      # already the cost model's (``RunSettings.megatron_lm``)
+        return settings
     s = settings or RUNTIME
-    return RunSettings(grad_reduce_in_fp32=s.grad_reduce_in_fp32 and precision != "fp32")
+    return RunSettings(grad_reduce_in_fp32=s.grad_reduce_in_fp32 and precision != "fp32",
+                       **run_fields(s.data_parallel, s.framework))
 
 
 def describe(settings: PlanSettings | None, precision: str) -> str:

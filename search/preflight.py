@@ -5,7 +5,8 @@
 one ``AcesoError`` line naming the stage or field, or None. Two parts, one function:
 
 - the planner's checks (here, torch-free): a runtime plan (``settings`` absent or ``runtime``) has no activation
-  offload nor low-precision recipe (``search/fsdp.py``, ``search/precision.py``; Megatron-LM runs them); an FP8
+  offload nor low-precision recipe (``search/fsdp.py``, ``search/precision.py``; Megatron-LM runs them), nor the
+  tp-cp-ep-pp-dp rank order or SHARP (``search/data_parallel.py``); an FP8
   plan's bf16 first / last layers fit megatron-core's bound (``precision.check_bf16_layers``); the padded vocabulary divides every tp that shards it (the first and
   last model chunks' stages, and a T5's decoder embedding), as megatron-core's ``VocabParallelEmbedding`` and
   output layer require; context parallelism on a CPU run (megatron-core runs it only with transformer-engine's
@@ -71,6 +72,11 @@ def planner_checks(plan, device: str) -> None:
                                 plan.num_stages)
         if why:
             raise AcesoError(why)
+    dps = s.data_parallel if s is not None else None
+    if dps is not None and s.framework == "runtime" and (dps.rank_order != "tp-cp-ep-dp-pp" or dps.sharp):
+        raise AcesoError("settings.data_parallel: the aceso runtime builds megatron-core's default rank order "
+                         "(tp-cp-ep-dp-pp) without SHARP groups; run the plan with Megatron-LM (aceso export --to "
+                         "megatron-lm) or remove rank_order / sharp")
     if plan.activation_offload and (plan.settings is None or plan.settings.framework == "runtime"):
         raise AcesoError("activation_offload: the aceso runtime keeps activations on the GPU; run the plan with "
                          "Megatron-LM (aceso export --to megatron-lm) or remove the field")

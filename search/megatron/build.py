@@ -54,6 +54,6 @@ def plan_from_config(cfg: MegatronConfig, cluster: ClusterSpec | None = None,
                             activation_offload=ActivationOffload(num_layers=cfg.offload_layers)
                             if cfg.offload_layers else None,
                             settings=PlanSettings(framework="megatron-lm", grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
-                                                  low_precision=cfg.low_precision))
+                                                  low_precision=cfg.low_precision, data_parallel=cfg.data_parallel))
     except pydantic.ValidationError as e:
         raise AcesoError(f"{source}: " + str(as_aceso_error(e))) from None

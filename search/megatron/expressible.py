@@ -63,7 +63,7 @@ def megatron_config(plan: ParallelPlan) -> MegatronConfig:
         grad_reduce_in_fp32=settings_for(plan).grad_reduce_in_fp32, low_precision=settings_for(plan).low_precision,
         fsdp=plan.megatron_fsdp.data_parallel_sharding_strategy if plan.megatron_fsdp else None,
         offload_layers=plan.activation_offload.num_layers if plan.activation_offload else 0,
-        ep=st.ep, etp=st.etp, moe=moe_settings(plan))
+        ep=st.ep, etp=st.etp, moe=moe_settings(plan), data_parallel=settings_for(plan).data_parallel)
 
 
 def _check_shapes(plan: ParallelPlan) -> None:
