@@ -109,7 +109,7 @@ def row_setup(r: dict) -> dict:
     args, fixed}. bench/megatron_memory.py and bench/fsdp_published.py read the Bridge rows through it."""
     cluster = parse_cluster(r["cluster"])
     args, fixed = run_args(r)
-    plan = read_megatron(args, cluster=cluster, version="core_v0.16.1", release=r["version"]).plan   # core_v0.16.1 lines
+    plan = read_megatron(args, cluster=cluster, version="core_v0.16.1", release=r.get("version")).plan   # core_v0.16.1 lines
     training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
                             **plan_precision(plan), distributed_optimizer=plan.distributed_optimizer,
                             megatron_fsdp=True if plan.megatron_fsdp else None, attention="flash")

@@ -33,8 +33,10 @@ Rows: the ``calibration`` set (DGXC H100, Megatron-LM README H100, SC'21 Table 1
 (kernels.py's values), fit 2 on all of them with the nuisance settings profiled (``calibration.NUISANCE_FIT``);
 the table shows every row under both. The ``check`` set is held out. FP8 rows are priced by
 bench/lowprec_published.py (from the Megatron-Bridge table's own arguments), whose table, statistics and targets
-(issue 24: MAE <= 8%, no row beyond 15%, every run fits; PASS / FAIL) this bench prints after its own; the Llama 3 rows (Meta's own stack, not Megatron) are priced for reference and kept out of the
-statistics. Rows predicted out of memory under their own (fully specified) settings are listed.
+(issue 24: MAE <= 8%, no row beyond 15%, every run fits; PASS / FAIL) this bench prints after its own, and then
+bench/scale_published.py's (NVIDIA's MLPerf Training runs of 8 to 11,616 GPUs, the data-parallel synchronization at
+scale, before and after issue 34); the Llama 3 rows (Meta's own stack, not Megatron) are priced for reference and
+kept out of the statistics. Rows predicted out of memory under their own (fully specified) settings are listed.
 
 Run: ``python bench/published_runs.py`` (table, bench/results/published_runs.json); ``--fit`` refits the
 sustained-efficiency factors both ways (slow: every option of every row per trial) and prints them.
@@ -352,6 +354,16 @@ def _fit_release(groups: list[str]) -> int:
 def _bridge():
     """bench/bridge_published.py: every Megatron-Bridge row of both tables as its own release (issue 34)."""
     spec = importlib.util.spec_from_file_location("bridge_published_bench", ROOT / "bench" / "bridge_published.py")
+    return _module(spec)
+
+
+def _scale():
+    """bench/scale_published.py: the MLPerf Training runs at scale (the data-parallel synchronization)."""
+    spec = importlib.util.spec_from_file_location("scale_published_bench", ROOT / "bench" / "scale_published.py")
+    return _module(spec)
+
+
+def _module(spec):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -398,12 +410,16 @@ def main(argv: list[str] | None = None) -> int:
     if bridge is not None:
         print()
         _bridge().print_report(bridge)
+    scale = _scale().report() if args.only is None else None     # MLPerf Training at scale, its own bench
+    if scale is not None:
+        print()
+        _scale().print_table(scale)
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "published_runs.json").write_text(json.dumps(
         {"fits": {name: {"constants": constants[name], "rows": rows, "summary": stats[name]}
                   for name, rows in fits.items()}, "out_of_scope": out_of_scope, "low_precision": low,
-         "bridge": bridge}, indent=2, default=str) + "\n")
+         "bridge": bridge, "scale": scale}, indent=2, default=str) + "\n")
     print(f"\nwrote {out / 'published_runs.json'}")
     return 0
 

@@ -42,7 +42,9 @@ def own_args(row: dict) -> tuple[str, list[str]]:
     if "--cuda-graph-impl" not in args:
         return args, []
     try:
-        read_megatron(args, world_size=row["gpus"])
+        from search.cluster import parse_cluster
+        gpus = row.get("gpus") or parse_cluster(row["cluster"]).num_gpus
+        read_megatron(args, world_size=gpus, version="core_v0.16.1")      # the rows' args: core_v0.16.1 lines
     except AcesoError as e:
         if "stack.cuda_graphs" in str(e):
             return drop_flags(args, GRAPH_FLAGS)

@@ -151,6 +151,7 @@ TABLE: tuple[Row, ...] = (
     Row("TP communication overlap", "plan", {RUNTIME: rt.tp_comm_overlap}),
     Row("CUDA graphs, fine-grained offload, fused cross-entropy", "plan", {RUNTIME: rt.stack_features}),
     Row("optimizers other than Adam (Muon, dist_muon)", "plan", {RUNTIME: rt.optimizer}),
+    Row("tp-pp-dp rank order, SHARP", "plan", {RUNTIME: rt.data_parallel}),
     Row("per-stage shapes, mid-layer cuts, per-unit recompute", "plan", {MEGATRON_LM: one_shape, BRIDGE: one_shape}),
 )
 

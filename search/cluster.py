@@ -33,11 +33,13 @@ FP4 and 180 PFLOP/s bf16 dense per 72 GPUs = 5000 / 15000 / 2500, 20 TB HBM3e at
 8 TB/s, 72 ConnectX-8 800 Gb/s NICs). Their networks: 800 Gb/s = 100 GB/s per GPU.
 
 NVLink domains (``ClusterSpec.nvlink_domain``): GPUs that reach each other over NVLink, a multiple of the GPUs per
-node (default: one node). ``1x64-gb200`` prices a rack as one node of 64; ``16x4-gb200:nvl64`` writes it as 16
-trays of 4 in one NVLink domain of 64 (``:nvlN`` after the string): TP, CP and DP groups inside a domain run at the
-NVLink bandwidth, groups across domains on the network (``comm.py``). The rack presets ``gb200-nvl72`` /
-``gb300-nvl72`` are a rack: ``16x4-gb200-nvl72`` is ``16x4-gb200:nvl72``, the whole nodes of one 72-GPU rack in one
-domain (``rack_domain``; nodes of 64, as the published ``1x64-gb200`` rows, stay one domain of 64).
+node (default: one node; GB200 / GB300 trays: their NVL72 rack, ``RACK_DOMAIN``). ``1x64-gb200`` prices a rack as one
+node of 64; ``16x4-gb200:nvl64`` writes it as 16 trays of 4 in one NVLink domain of 64 (``:nvlN`` after the string;
+``:nvl4`` isolated trays): TP, CP and DP groups inside a domain run at the NVLink bandwidth, groups across domains on
+the network (``comm.py``). Trays of several nodes are their rack, and so are the rack presets ``gb200-nvl72`` /
+``gb300-nvl72``: ``128x4-gb200``, ``128x4-gb200-nvl72`` and ``128x4-gb200:nvl72`` are one cluster, the whole nodes of
+one 72-GPU rack in one domain (``rack_domain``; nodes of 64, as the published ``1x64-gb200`` rows, stay one domain
+of 64).
 """
 
 from __future__ import annotations
@@ -197,6 +199,11 @@ class ClusterSpec(BaseModel):
         return rank // self.nvlink_size
 
 
+# Grace-Blackwell GPUs come in NVL72 racks (GB200 NVL72 / GB300 NVL72 datasheets: 18 compute trays of 4 GPUs, 72 GPUs
+# in one NVLink domain; the presets' aliases gb200-nvl72 / gb300-nvl72): trays written as nodes (``128x4-gb200``, as an
+# MLPerf system file or Slurm counts them) sit in racks of 72 unless ``:nvlN`` says how many a job uses per rack.
+RACK_DOMAIN = {"gb200": 72, "gb300": 72}
+
 _CLUSTER_RE = re.compile(r"^(\d+)x(\d+)-([a-z0-9-]+?)(?::nvl(\d+))?$")
 
 
@@ -213,6 +220,8 @@ def parse_cluster(text: str, memory_limit_mb: float | None = None) -> ClusterSpe
     if gpu in RACK_PRESETS:
         gpu, rack = RACK_PRESETS[gpu]
         nvl = rack_domain(text, gpn, rack, nvl)
+    elif gpu in RACK_DOMAIN and nvl is None and nodes > 1 and gpn < RACK_DOMAIN[gpu]:
+        nvl = rack_domain(text, gpn, RACK_DOMAIN[gpu], nvl)    # trays of a Grace-Blackwell rack (docstring)
     gpu = GPU_ALIASES.get(gpu, gpu)
     if gpu not in GPU_PRESETS:
         hint = did_you_mean(gpu, [*GPU_PRESETS, *GPU_ALIASES, *RACK_PRESETS], what=f"{nodes}x{gpn}-")

@@ -28,6 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
+from .data_parallel import DataParallelSettings, run_fields
 from .precision import LowPrecision, base_dtype, training_fields
 
 Framework = Literal["runtime", "megatron-lm", "megatron-bridge"]
@@ -53,6 +54,10 @@ class PlanSettings(BaseModel):
     release: str | None = Field(None, max_length=32, description="The software release the plan was priced for: a "
                                 "NeMo / Megatron-Bridge container (26.04.01) or a megatron-core version "
                                 "(search/releases.py); None = the newest container.")
+
+    data_parallel: DataParallelSettings | None = Field(None, description="DDP buckets, the schedule's alignment "
+                                                       "of the DP collectives, rank order and in-network reductions "
+                                                       "(search/data_parallel.py); None = the framework's defaults.")
 
     @model_serializer(mode="wrap")
     def _plain_form(self, handler):
@@ -125,10 +130,12 @@ def run_settings(settings: PlanSettings | None, precision: str):
     """The cost model's ``RunSettings`` for these settings (fp32 training: the gradients are fp32 anyway; the
     release resolved by ``releases.resolve``)."""
     from .costmodel.types import RunSettings
+    if isinstance(settings, RunSettings):      # already the cost model's (``RunSettings.megatron_lm``)
+        return settings
     from .releases import resolve
     s = settings or RUNTIME
     return RunSettings(grad_reduce_in_fp32=s.grad_reduce_in_fp32 and precision != "fp32",
-                       release=resolve(s.release)[0])
+                       release=resolve(s.release)[0], **run_fields(s.data_parallel, s.framework))
 
 
 def describe(settings: PlanSettings | None, precision: str) -> str:

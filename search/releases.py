@@ -94,9 +94,9 @@ def resolve(release: str | None) -> tuple[str, str | None]:
         return text, None
     if re.fullmatch(r"\d\d\.\d\d(\.\d\d)?", text):
         older = [n for n in NAMES if _order(n) <= _order(text)]
-        if not older:
-            raise AcesoError(f"release {text}: older than every container aceso prices; give one of "
-                             f"{', '.join(NAMES)}")
+        if not older:       # older than every container: the nearest is the oldest
+            return NAMES[0], (f"container {text} is older than every container in the release table: priced as "
+                              f"{NAMES[0]}, the oldest")
         return older[-1], f"container {text} is not in the release table: priced as {older[-1]}, the nearest older"
     return for_megatron(text)
 

@@ -169,3 +169,14 @@ def optimizer(plan, device) -> str | None:
     return (f"settings.optimizer ({s.optimizer}): the aceso runtime runs Adam only; run the plan with Megatron-LM "
             "(aceso export --to megatron-lm) or use adam")
 
+
+def data_parallel(plan, device) -> str | None:
+    """The runtime builds megatron-core's default rank order (tp-cp-ep-dp-pp) and no SHARP groups."""
+    s = plan.settings
+    dps = s.data_parallel if s is not None else None
+    if dps is None or (dps.rank_order == "tp-cp-ep-dp-pp" and not dps.sharp):
+        return None
+    return ("settings.data_parallel: the aceso runtime builds megatron-core's default rank order (tp-cp-ep-dp-pp) "
+            "without SHARP groups; run the plan with Megatron-LM (aceso export --to megatron-lm) or remove "
+            "rank_order / sharp")
+

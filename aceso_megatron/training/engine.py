@@ -267,7 +267,9 @@ def _ddp_config(plan: ParallelPlan, fast: FastPath, tc: TrainConfig):
 
     return DistributedDataParallelConfig(
         overlap_grad_reduce=plan.overlap_grad_reduce, overlap_param_gather=plan.overlap_param_gather,
-        use_distributed_optimizer=plan.distributed_optimizer or plan.megatron_fsdp is not None, bucket_size=tc.ddp_bucket_size,
+        use_distributed_optimizer=plan.distributed_optimizer or plan.megatron_fsdp is not None,
+        # the train config's, else the one the plan was priced with (search/data_parallel.py)
+        bucket_size=tc.ddp_bucket_size or run_settings(plan.settings, fast.dtype).ddp_bucket_size,
         # as the plan was priced (search/plan_settings.py: runtime plans reduce in the parameter dtype, megatron-
         # core's DDP default; a Megatron-LM-priced plan as Megatron-LM's flags say)
         grad_reduce_in_fp32=run_settings(plan.settings, fast.dtype).grad_reduce_in_fp32,

@@ -48,7 +48,7 @@ def make_cost_model(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                          "only (its FP8/FP4 GEMMs are not profiled); use --cost-model analytic")
     if kind == "analytic":
         from .analytic import AnalyticSource
-        comm = CommModel(cluster)
+        comm = CommModel(cluster, nvls=bool(settings and settings.nvls), sharp=bool(settings and settings.sharp))
         src = AnalyticSource(model, cluster, training, comm, kernels=kernels, settings=settings)
         return CostModel(model, cluster, training, src, comm, kind, settings=settings)
     if kind == "profile":

@@ -25,16 +25,21 @@ Per iteration (DP group = the stage's dp x cp ranks, strided by tp; on the netwo
                  optimizer states and the step shard over it with the distributed optimizer (``comm`` "edp",
                  "edp_param_gather"; the dispatch / combine all-to-all is ``comm`` "ep")
     DP sync      gradient all-reduce of the stage's per-rank parameters at the gradient width (distributed
-                 optimizer: reduce-scatter of the gradients; the parameter all-gather belongs to the step). With
-                 ``overlap_grad_reduce`` in buckets of ``max(bucket_params, 1M x dp)`` parameters behind the
-                 backward of the last micro-batch (``comm.overlapped``): exposed = the last bucket or what does
-                 not fit behind that backward. The first and last stage add the tied word-embedding gradient
-                 all-reduce between them (pp > 1).
+                 optimizer: reduce-scatter of the gradients; the parameter all-gather belongs to the step), in
+                 megatron-core's buckets (``--ddp-bucket-size``, else max(40M, 1M x dp); only the first chunk of the
+                 first stage is bucketed), launched where megatron-core launches them: bucket hooks during the last
+                 micro-batch's backward, or each chunk after its last backward when the schedule aligns them
+                 (Megatron-LM's default), queued on one stream (``dp_timeline.py``): exposed = what ends after the
+                 stage's last backward. On the group's links: the NVLink domains it spans and the NICs its members
+                 there pool (``RunSettings.rank_order``: megatron-core's default tp-cp-ep-dp-pp or tp-cp-ep-pp-dp),
+                 NCCL's ring latency per domain crossing, NVLS / SHARP where on (``comm.py``). The first and last
+                 stage add the tied word-embedding gradient all-reduce between them (pp > 1).
     step         the optimizer (memory bound: Adam reads fp32 master, m, v and the gradient and writes master, m,
                  v and the weight: ``OPT_BYTES_PER_PARAM`` 28 B for bf16/fp16 (30 with fp32 gradients) /
                  (HBM x ``OPT_MEM_EFFICIENCY``), divided by dp x cp with the distributed optimizer), then the
                  distributed optimizer's parameter all-gather. With ``overlap_param_gather`` the all-gather runs
-                 behind the next iteration's first forward instead: its exposed part delays the stage's first op
+                 before each chunk's forward of the next iteration (``dp_timeline.py``: pre-hooks bucket by bucket,
+                 or the schedule's aligned ``param_sync_func``): its exposed part delays the stage's first op
                  (``StageCost.prologue_ms``).
 Memory per GPU: see ``memory.py``; the step's fp32 gradient copy (``RunSettings.fp32_grad_copy``) lives after the
 activations are freed: states + max(activations + transients, copy). The pipeline time: see ``pipeline.py``.
@@ -43,19 +48,20 @@ activations are freed: states + max(activations + transients, copy). The pipelin
 
 from __future__ import annotations
 
-from math import ceil
 from typing import NamedTuple
 
 import numpy as np
 
 from .. import precision as lowp
 from ..cluster import ClusterSpec
+from ..data_parallel import TP_PP_DP
 from ..errors import AcesoError
 from ..model import ModelSpec
 from ..training import TrainingSpec
 from ..moe_plan import moe_settings
 from ..throughput import throughput
 from .comm import CommModel, overlap_tax, overlapped
+from .dp_timeline import COOLDOWN_MICRO_BATCHES, fifo, gather_jobs as dp_gather_jobs, grad_jobs as dp_grad_jobs
 from .kernels import ARCH, GENERATION
 from .memory import (FRAGMENTATION, MB, RESERVE_MB, grad_copy_bytes, in_flight_per_chunk,
                      state_bytes_per_param)
@@ -395,7 +401,7 @@ class CostModel:
         sums = dict.fromkeys(("tpc", "tph", "cpc", "cph", "epc", "eph", "eparams"), 0.0)
         p2p_total = p2p_exposed = 0.0
         in_fl = in_flight_per_chunk(stage_index, S, v, M)
-        chunk_params, chunk_lp = [], []
+        chunk_params, chunk_lp, chunk_ex = [], [], []
         for j, (a, e) in enumerate(spans):
             act0, params0 = act, params
             k = j * S + stage_index                 # the model chunk
@@ -408,6 +414,7 @@ class CostModel:
             chunk_lp.append(lp_params - lp0)
             for name in sums:
                 sums[name] += c[name][e] - c[name][a]
+            chunk_ex.append(c["eparams"][e] - c["eparams"][a])
             if split:
                 chunk_comm.append(_chunk_comm(c, a, e))
             if first:
@@ -430,13 +437,14 @@ class CostModel:
             p2p = unpaired = 0.0      # unpaired: 1F1B's warm-up/cool-down share of each boundary's transfers
             if not first:   # receive from the previous chunk (stage i - 1, or the last stage when wrapping)
                 ms, mb = self._boundary(p.boundary[a] * dp, prev, me, first_rank - prev.num_gpus,
-                                        first_rank + n - 1, stage_index == 0)
+                                        first_rank + n - 1, stage_index == 0, ((stage_index - 1) % S, stage_index, S))
                 p2p += 2 * ms
                 unpaired += 2 * ms * min(S - stage_index, M) / M
                 buf += mb
             if not last:
                 ms, mb = self._boundary(p.boundary[e] * dp, me, next, first_rank,
-                                        first_rank + n + next.num_gpus - 1, stage_index == S - 1)
+                                        first_rank + n + next.num_gpus - 1, stage_index == S - 1,
+                                        (stage_index, (stage_index + 1) % S, S))
                 p2p += 2 * ms
                 unpaired += 2 * ms * min(S - stage_index - 1, M) / M
                 buf += mb
@@ -464,8 +472,8 @@ class CostModel:
         experts = sums["eparams"]
         mu = self._muon_split(spans, me) if is_muon(self._optimizer) else None
         sync, opt, prologue, dp_comm = self._per_iteration(stage_index, S, first_rank, n, dp * cp, params,
-                                                           sum(chunk_fwd), sum(chunk_bwd), t, features, lp_params,
-                                                           experts, me, mu)
+                                                           chunk_fwd, chunk_bwd, t, features, chunk_params,
+                                                           chunk_lp, chunk_ex, me, M, mu)
         comm = {**fsdp_comm, **off_comm, "tp": (M * (sums["tpc"] - sums["cpc"]), M * sums["tph"]),
                 "cp": (M * sums["cpc"], M * sums["cph"]), "ep": (M * sums["epc"], M * sums["eph"]),
                 "p2p": (M * p2p_exposed, M * max(0.0, p2p_total - p2p_exposed)), **dp_comm}
@@ -533,16 +541,17 @@ class CostModel:
                        self._ns_rate, shard)
 
     def _per_iteration(self, stage_index: int, S: int, first_rank: int, n: int, dpc: int, params: float,
-                       fwd: float, bwd: float, t: UnitTable, features: Features, lp_params: float = 0.0,
-                       experts: float = 0.0, me: Shape | None = None, muon: tuple | None = None):
+                       chunk_fwd: list[float], chunk_bwd: list[float], t: UnitTable, features: Features,
+                       chunk_params: list[float], chunk_lp: list[float], chunk_experts: list[float], me: Shape,
+                       M: int, muon: tuple | None = None):
         """(exposed DP sync, step, prologue, comm entries) of a stage: gradient reduction, tied-embedding sync,
-        optimizer step and the distributed optimizer's parameter all-gather, overlapped as the features say.
-        MoE: the ``experts`` parameters (per rank) reduce over the expert-DP group instead (``edp`` ranks strided
-        by etp x ep inside the stage, megatron-core's ``expert_data_parallel_group``), behind what is left of the
-        backward after the dense reduction (both queue on the same NICs). ``muon``: the stage's Muon parameters
-        and Newton-Schulz FLOPs, (dense, expert, dense FLOPs, expert FLOPs) (``optimizers.py``)."""
+        optimizer step and the distributed optimizer's parameter all-gather, placed on the stage's timeline as
+        megatron-core places them (``dp_timeline.py``: buckets, per-chunk launches, what stays exposed).
+        MoE: the expert parameters (per rank, per chunk ``chunk_experts``) reduce over the expert-DP group instead
+        (``edp`` ranks strided by etp x ep inside the stage, megatron-core's ``expert_data_parallel_group``); both
+        groups queue on one stream (the same NICs). ``muon``: the stage's Muon parameters and Newton-Schulz FLOPs,
+        (dense, expert, dense FLOPs, expert FLOPs) (``optimizers.py``)."""
         cfg = self.settings
-        inter, k = self._group_link(first_rank, n // dpc, dpc)
         dist = features.distributed_optimizer
         reduce_once = gather_after = True     # DDP / the distributed optimizer; FSDP: ``sharding.py``
         if features.fsdp:
@@ -553,60 +562,101 @@ class CostModel:
         if is_muon(self._optimizer):          # Muon: all-reduced gradients; dist_muon gathers the parameters
             dist, gather = dp_collectives(self._optimizer, dist)
             shard = shards_states(self._optimizer, dist)
+        experts = sum(chunk_experts)
         dense = params - experts
         mu = muon or (0.0, 0.0, 0.0, 0.0)
         opt = self._step(dense - mu[0], mu[0], mu[2], dpc if shard else 1)
         sync = prologue = 0.0
         out = {}
-        groups = [("dp", "param_gather", dense, dpc, inter, k)]
+        dense_chunks = [p - e for p, e in zip(chunk_params, chunk_experts)]
+        groups = [("dp", "param_gather", dense_chunks, dpc, self._group_link(self._dp_ranks(stage_index, S,
+                                                                                           first_rank, me)))]
         if experts:
             edp, stride = me.expert_dp, me.expert_tp * me.ep
             opt += self._step(experts - mu[1], mu[1], mu[3], edp if shard else 1)
-            e_inter, ek = self._group_link(first_rank, stride, edp)
-            groups.append(("edp", "edp_param_gather", experts, edp, e_inter, ek))
-        window, pwindow = bwd, fwd
-        for name, pg, nparams, size, g_inter, g_k in groups:
-            if size <= 1 or nparams <= 0:
+            groups.append(("edp", "edp_param_gather", list(chunk_experts), edp,
+                           self._group_link([first_rank + i * stride for i in range(edp)])))
+        # megatron-core: --ddp-bucket-size, else max(40M, 1M x dp) (dp without CP) with overlap_grad_reduce
+        bucket = cfg.ddp_bucket_size or max(cfg.bucket_params, 1_000_000 * me.dp)
+        depth = max(1, min(S, M, COOLDOWN_MICRO_BATCHES))
+        red_fn = self.comm.reduce_scatter if dist else self.comm.all_reduce
+        grad_jobs, gather_jobs = [], []
+        for name, pg, nparams, size, (inter, k, domains) in groups:
+            if size <= 1 or sum(nparams) <= 0:
                 continue
-            red = self.comm.reduce_scatter if dist else self.comm.all_reduce
+
+            def red(b, size=size, inter=inter, k=k, domains=domains):
+                return red_fn(b, size, inter, k, domains, in_network=True)
+
+            def gat(b, size=size, inter=inter, k=k, domains=domains):
+                return self.comm.all_gather(b, size, inter, k, domains, in_network=True)
             # the quantized all-gather (``precision.py``) of the group's share of the low-precision weights
-            lp_share = lp_params * nparams / params if params else 0.0
-            grads, weights = nparams * self._g, nparams * self._w + lp_share * self._ag_lp
-            single = red(grads, size, g_inter, g_k)
-            nb = max(1, ceil(nparams / max(cfg.bucket_params, 1_000_000 * size)))
+            w = [q * self._w + (lp * q / p * self._ag_lp if p else 0.0)
+                 for q, lp, p in zip(nparams, chunk_lp, chunk_params)]
+            single = red(sum(nparams) * self._g)
             if not reduce_once:
-                exp, hid = 0.0, 0.0                            # reduce-scattered every micro-batch instead
+                out[name] = (0.0, 0.0)                         # reduce-scattered every micro-batch instead
             elif features.overlap_grad_reduce:
-                exp, hid = overlapped(nb * red(grads / nb, size, g_inter, g_k), single, nb, window)
-                exp = min(single, exp + self._tax * hid)      # the backward runs slower while it hides
-                window = max(0.0, window - exp - hid)
+                n0 = len(grad_jobs)
+                grad_jobs += dp_grad_jobs(nparams, [q * self._g for q in nparams], chunk_bwd, red, stage_index,
+                                          depth, bucket, cfg.align_grad_reduce)
+                out[name] = (sum(j[1] for j in grad_jobs[n0:]), 0.0)   # its total: split below
             else:
-                exp, hid = single, 0.0
-            sync += exp
-            out[name] = (exp, hid)
+                sync += single
+                out[name] = (single, 0.0)
             if gather and gather_after:
-                ag = self.comm.all_gather(weights, size, g_inter, g_k)
+                ag = gat(sum(w))
                 if features.overlap_param_gather:
-                    pro, hid = overlapped(nb * self.comm.all_gather(weights / nb, size, g_inter, g_k), ag, nb,
-                                          pwindow)
-                    pro = min(ag, pro + self._tax * hid)
-                    pwindow = max(0.0, pwindow - pro - hid)
-                    prologue += pro
-                    out[pg] = (pro, hid)
+                    n0 = len(gather_jobs)
+                    gather_jobs += dp_gather_jobs(nparams, w, chunk_fwd, gat, stage_index, depth, bucket,
+                                                  cfg.align_param_gather)
+                    out[pg] = (sum(j[1] for j in gather_jobs[n0:]), 0.0)
                 else:
                     opt += ag
                     out[pg] = (ag, 0.0)
+        if grad_jobs:          # the backward runs slower while it hides them (``overlap_tax``)
+            exp, hid = fifo(grad_jobs)
+            total = exp + hid
+            exp = min(total, exp + self._tax * hid)
+            sync += exp
+            self._split(out, ("dp", "edp"), exp, total)
+        if gather_jobs:
+            exp, hid = fifo(gather_jobs)
+            total = exp + hid
+            exp = min(total, exp + self._tax * hid)
+            prologue += exp
+            self._split(out, ("param_gather", "edp_param_gather"), exp, total)
         if stage_index in (0, S - 1) and S > 1 and t.word_embed_params:
             emb = self.comm.all_reduce(t.word_embed_params * self._g, 2, self.cluster.num_gpus > self.cluster.nvlink_size)
             sync += emb
             out["embedding_grads"] = (emb, 0.0)
         return sync, opt, prologue, out
 
-    def _group_link(self, first_rank: int, stride: int, size: int) -> tuple[bool, int]:
-        """(on the network, NICs per node) of the group ``first_rank + i * stride`` (i < size): the DP x CP group
-        (stride tp) and MoE's expert-DP group (stride etp x ep)."""
-        inter = size > 1 and self.comm.spans_nodes(first_rank, first_rank + (size - 1) * stride)
-        return inter, self.comm.members_per_node(first_rank, stride, size) if inter and self.settings.multi_nic else 1
+    @staticmethod
+    def _split(out: dict, names: tuple[str, ...], exposed: float, total: float) -> None:
+        """Share ``exposed`` of ``total`` ms among the entries ``names`` of ``out`` (each holding its total)."""
+        for name in names:
+            if name in out and total > 0:
+                mine = out[name][0]
+                out[name] = (exposed * mine / total, mine - exposed * mine / total)
+
+    def _dp_ranks(self, stage: int, S: int, first_rank: int, me: Shape) -> list[int]:
+        """The DP x CP group of the stage's first TP rank, in the plan's rank order (``RunSettings.rank_order``):
+        tp-cp-ep-dp-pp (megatron-core's default): ``first_rank + i tp``; tp-cp-ep-pp-dp
+        (``--use-tp-pp-dp-mapping``, uniform stages): ``stage tp cp + c tp + d tp cp pp``."""
+        if self.settings.rank_order == TP_PP_DP:
+            return [stage * me.tp * me.cp + c * me.tp + d * me.tp * me.cp * S for d in range(me.dp)
+                    for c in range(me.cp)]
+        return [first_rank + i * me.tp for i in range(me.dp * me.cp)]
+
+    def _group_link(self, ranks: list[int]) -> tuple[bool, int, int]:
+        """(on the network, NICs per node, NVLink domains) of a group: the DP x CP group and MoE's expert-DP group
+        (stride etp x ep). One NIC per group without ``RunSettings.multi_nic``."""
+        if len(ranks) <= 1:
+            return False, 1, 1
+        domains, members = self.comm.placement(ranks)
+        inter = domains > 1
+        return inter, members if inter and self.settings.multi_nic else 1, domains
 
     def _fsdp_micro_batches(self, p: _Prepared, spans, chunk_params: list, chunk_lp: list, chunk_fwd: list,
                             chunk_bwd: list, first_rank: int, n: int, dpc: int, features: Features,
@@ -619,10 +669,10 @@ class CostModel:
         collectives leave of the micro-batch (one DP stream)."""
         if not features.fsdp or dpc <= 1:
             return 0.0, {}
-        groups = [(dpc, *self._group_link(first_rank, n // dpc, dpc))]
+        groups = [(dpc, *self._group_link([first_rank + i * (n // dpc) for i in range(dpc)]))]
         edp = me.expert_dp if me is not None else 1
         if edp > 1:
-            groups.append((edp, *self._group_link(first_rank, me.expert_tp * me.ep, edp)))
+            groups.append((edp, *self._group_link([first_rank + i * me.expert_tp * me.ep for i in range(edp)])))
         starts, c = self.model.layer_starts, p.cum["params"]
         ce = p.cum["eparams"]
         gath = red = (0.0, 0.0)
@@ -634,11 +684,12 @@ class CostModel:
             prm = chunk_params[j]      # its layers' and, on the end chunks, the embedding's / output layer's
             ex = float(ce[e] - ce[a])
             fwd, bwd = chunk_fwd[j], chunk_bwd[j]
-            for (size, inter, k), part in zip(groups, (prm - ex, ex)):
+            for (size, inter, k, nd), part in zip(groups, (prm - ex, ex)):
                 if part <= 0 or size <= 1:
                     continue
-                ag = lambda b, size=size, inter=inter, k=k: self.comm.all_gather(b, size, inter, k)       # noqa: E731
-                rs = lambda b, size=size, inter=inter, k=k: self.comm.reduce_scatter(b, size, inter, k)   # noqa: E731
+                link = (size, inter, k, nd)
+                ag = lambda b, link=link: self.comm.all_gather(b, *link)        # noqa: E731
+                rs = lambda b, link=link: self.comm.reduce_scatter(b, *link)    # noqa: E731
                 lp = chunk_lp[j] * part / prm if prm else 0.0
                 nbytes = (part * self._w + lp * self._ag_lp, part * self._g)
                 exp, g, r = per_micro_batch(features.fsdp, size, nbytes, len(layer), fwd, bwd, ag, rs, self._tax,
@@ -680,13 +731,23 @@ class CostModel:
         return ms / n
 
     def _boundary(self, full_mb_per_dp1: float, send: Shape, recv: Shape, lo_rank: int, hi_rank: int,
-                  wrap: bool = False) -> tuple[float, float]:
+                  wrap: bool = False, hop: tuple[int, int, int] | None = None) -> tuple[float, float]:
         """One direction of one boundary: (ms, receive-buffer MB). ``full_mb_per_dp1`` = MB of the micro-batch.
-        ``wrap``: the interleaved schedule's last-stage -> first-stage hop (across nodes on a multi-node cluster)."""
+        ``wrap``: the interleaved schedule's last-stage -> first-stage hop (across nodes on a multi-node cluster).
+        ``hop``: (sending stage, receiving stage, stages) under the tp-cp-ep-pp-dp rank order, where stage k of
+        replica d holds ranks ``t + c tp + k tp cp + d tp cp pp``: on the network if any of its pairs is."""
         x = full_mb_per_dp1
         recv_mb = x / recv.dp
         send_mb = recv.tp * x / (send.tp * send.dp)
-        inter = self.cluster.num_gpus > self.cluster.nvlink_size if wrap else self.comm.spans_nodes(max(lo_rank, 0), hi_rank)
+        if self.settings.rank_order == TP_PP_DP and hop is not None:
+            a, b, S = hop
+            w = recv.tp * recv.cp
+            inter = any(self.cluster.domain_of(r + a * w) != self.cluster.domain_of(r + b * w)
+                        for r in (i + d * w * S for d in range(recv.dp) for i in range(w)))
+        elif wrap:
+            inter = self.cluster.num_gpus > self.cluster.nvlink_size
+        else:
+            inter = self.comm.spans_nodes(max(lo_rank, 0), hi_rank)
         if self.settings.p2p_scatter_gather and send == recv and recv.tp > 1 and not recv.sp:
             return self.comm.p2p(recv_mb / recv.tp * MB, inter) + self.comm.all_gather(recv_mb * MB, recv.tp), recv_mb
         return self.comm.p2p(max(recv_mb, send_mb) * MB, inter), recv_mb
@@ -771,6 +832,9 @@ class CostModel:
         if plan.world_size > self.cluster.num_gpus:
             raise AcesoError(f"the plan uses {plan.world_size} GPUs but the cluster {self.cluster.label} has "
                              f"{self.cluster.num_gpus}; use a plan for this cluster")
+        if self.settings.rank_order == TP_PP_DP and (len({Shape.of(s) for s in plan.stages}) > 1 or self._moe_model):
+            raise AcesoError("rank order tp-cp-ep-pp-dp (--use-tp-pp-dp-mapping): aceso prices it for dense plans "
+                             "whose stages share one shape; drop the flag or use uniform stages")
 
 
 def classify(s: StageCost) -> str:

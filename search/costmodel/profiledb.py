@@ -157,24 +157,28 @@ class FittedComm(CommModel):
                                                          f"p2p {'inter' if c.get('inter') else 'intra'}-node")
                      for c in db.get("p2p", [])}
 
-    def _collective(self, kind: str, nbytes: float, n: int, inter: bool) -> float:
+    def _collective(self, kind: str, nbytes: float, n: int, inter: bool, domains: int | None = None) -> float:
         if n <= 1 or nbytes <= 0:
             return 0.0
         curve = self._coll.get((kind, n, inter))
         if curve is None:
             self._warn(f"{kind} on {n} GPUs {'inter' if inter else 'intra'}-node was not profiled; "
                        "used the analytic ring model")
-            return getattr(super(), kind)(nbytes, n, inter)
+            return getattr(super(), kind)(nbytes, n, inter, domains=domains)
         return curve(nbytes, self._warn)
 
-    def all_reduce(self, nbytes: float, n: int, inter: bool = False, members: int = 1) -> float:
-        return self._collective("all_reduce", nbytes, n, inter)
+    # the measured curves are the algorithm NCCL picked on the profiled machine: ``in_network`` changes nothing
+    def all_reduce(self, nbytes: float, n: int, inter: bool = False, members: int = 1, domains: int | None = None,
+                   in_network: bool = False) -> float:
+        return self._collective("all_reduce", nbytes, n, inter, domains)
 
-    def all_gather(self, nbytes: float, n: int, inter: bool = False, members: int = 1) -> float:
-        return self._collective("all_gather", nbytes, n, inter)
+    def all_gather(self, nbytes: float, n: int, inter: bool = False, members: int = 1, domains: int | None = None,
+                   in_network: bool = False) -> float:
+        return self._collective("all_gather", nbytes, n, inter, domains)
 
-    def reduce_scatter(self, nbytes: float, n: int, inter: bool = False, members: int = 1) -> float:
-        return self._collective("reduce_scatter", nbytes, n, inter)
+    def reduce_scatter(self, nbytes: float, n: int, inter: bool = False, members: int = 1,
+                       domains: int | None = None, in_network: bool = False) -> float:
+        return self._collective("reduce_scatter", nbytes, n, inter, domains)
 
     def p2p(self, nbytes: float, inter: bool = False) -> float:
         curve = self._p2p.get(inter)

@@ -152,14 +152,18 @@ class RunSettings(NamedTuple):
     fp32_grad_copy       the mixed-precision optimizer's fp32 copy of gradients kept in a bf16/fp16 grad buffer
                          (``main_param.grad = main_grad.float()``): 4 B per parameter (/ dp x cp with the distributed
                          optimizer) alive during the step, after the activations are freed
-    bucket_params        DDP bucket size in parameters (megatron-core: max(40M, 1M x dp) with overlap_grad_reduce)
-    multi_nic            a DP group with k ranks per node crosses nodes on k NICs (NCCL channels, one NIC per GPU;
-                         ``comm.py``); off: one NIC per group (v1)
-    batched_p2p          1F1B steady state: megatron-core's ``send_forward_recv_backward`` / ``send_backward_recv_
-                         forward`` run the two opposite transfers of a boundary together (full-duplex links)
-    fused_swiglu         on a GPU, SwiGLU runs megatron-core's jit-fused ``bias_swiglu_impl`` (Megatron-LM's default
-                         ``--bias-swiglu-fusion``, NeMo's fast-swiglu, the runtime's fast path on CUDA), which keeps only
-                         its 2f-wide input for backward; off (and on the cpu "GPU"): the unfused GLU (``memory.py``)
+    bucket_params        the least DDP bucket size in parameters (megatron-core: max(40M, 1M x dp) with
+                         overlap_grad_reduce, when no bucket size is given)
+    ddp_bucket_size      ``--ddp-bucket-size`` (parameters per bucket); None: megatron-core's default above
+    align_grad_reduce    the schedule launches each model chunk's gradient reduction (Megatron-LM's default
+                         ``grad_sync_func``; our runtime does not: bucket hooks, ``dp_timeline.py``)
+    align_param_gather   ``--align-param-gather``: the interleaved schedule gathers chunk j+1's parameters at chunk
+                         j's first forward (otherwise each chunk's first bucket is gathered when first needed)
+    rank_order           megatron-core's rank order: ``tp-cp-ep-dp-pp`` (default) or ``tp-cp-ep-pp-dp``
+                         (``--use-tp-pp-dp-mapping``: pipeline stages side by side, each DP group across the
+                         cluster; uniform stages only)
+    nvls, sharp          NCCL's in-network reductions for the DP collectives (``comm.py``): NVLink SHARP
+                         (``NCCL_NVLS_ENABLE``) inside an NVLink domain, InfiniBand SHARP (``--use-sharp``) across
     release              the software release priced (a container of ``search/releases.py``; "" = the newest): the
                          kernel efficiencies fitted per release (``release_constants.py``)
     """
@@ -175,6 +179,12 @@ class RunSettings(NamedTuple):
     batched_p2p: bool = True
     fused_swiglu: bool = True
     release: str = ""
+    ddp_bucket_size: int | None = None
+    align_grad_reduce: bool = False
+    align_param_gather: bool = False
+    rank_order: str = "tp-cp-ep-dp-pp"
+    nvls: bool = False
+    sharp: bool = False
 
     @classmethod
     def megatron_lm(cls, precision: str) -> "RunSettings":

@@ -59,6 +59,6 @@ def plan_from_config(cfg: MegatronConfig, cluster: ClusterSpec | None = None,
                             if cfg.offload_layers else None,
                             settings=PlanSettings(framework="megatron-lm", grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
                                                   low_precision=cfg.low_precision, optimizer=cfg.optimizer,
-                                                  release=release))
+                                                  release=release, data_parallel=cfg.data_parallel))
     except pydantic.ValidationError as e:
         raise AcesoError(f"{source}: " + str(as_aceso_error(e))) from None

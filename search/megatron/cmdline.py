@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from ..errors import AcesoError
 from ..fsdp import STRATEGIES
+from ..data_parallel import from_flags as dp_from_flags
 from ..plan_settings import settings_from_flags
 from ..precision import REUSE_FLAG, LowPrecision, from_megatron, reuse_grad_buf_check
 from .config import MegatronConfig, Recompute, num_layers
@@ -49,6 +50,7 @@ FLAGS: dict[str, str] = {
                         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
                         "--recompute-num-layers", "--micro-batch-size", "--global-batch-size",
                         "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16", "--cpu-offloading-num-layers",
+                        "--ddp-bucket-size",
                         # MoE / MLA / MTP (moe_flags.py)
                         "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                         "--moe-shared-expert-intermediate-size", "--moe-router-num-groups", "--moe-router-group-topk",
@@ -76,7 +78,9 @@ FLAGS: dict[str, str] = {
                          "--moe-grouped-gemm", "--moe-permute-fusion",
                          "--moe-shared-expert-overlap", "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep",
                          "--moe-router-pre-softmax", "--delay-wgrad-compute", "--moe-router-fusion",
-                         "--moe-paged-stash")},    # MoE ones read by moe_flags.py
+                         "--moe-paged-stash",    # MoE ones read by moe_flags.py
+                         # the DP synchronization (search/data_parallel.py)
+                         "--no-align-grad-reduce", "--no-align-param-gather", "--use-tp-pp-dp-mapping", "--use-sharp")},
     **STACK_FLAG_KINDS,         # --cuda-graph-impl, --optimizer, --offload-modules, ... (stack_flags.py)
     **{f: LIST for f in ("--recompute-modules", "--moe-aux-loss-coeff", "--moe-router-load-balancing-type")},
     **LAYER_FLAG_KINDS,         # --window-size, --softmax-type, --quick-geglu, ... (layer_variant_flags)
@@ -138,7 +142,6 @@ REFUSED: dict[str, tuple[object, str]] = {
                                                           "modelled by aceso"),
     "--distribute-saved-activations": (_always, "recompute checkpoints split over TP are not modelled by aceso"),
     "--optimizer-cpu-offload": (_always, "optimizer offloading is not modelled by aceso"),
-    "--use-tp-pp-dp-mapping": (_always, "aceso plans order ranks tp-cp-dp-pp (Megatron-LM's default)"),
     "--cp-comm-type": (lambda v: any(x != "p2p" for x in v), "aceso prices ring (p2p) context parallelism only"),
     "--hierarchical-context-parallel-sizes": (_always, "hierarchical context parallelism is not modelled"),
     "--hybrid-context-parallel": (_always, "hybrid context parallelism is not modelled by aceso"),
@@ -300,7 +303,8 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
                               f.get("--main-grads-dtype") == "bf16").grad_reduce_in_fp32,
                           low_precision=_low_precision(f, model.params_dtype, dist_opt or bool(fsdp)),
                           fsdp=fsdp, offload_layers=offload, stack=stack, optimizer=optimizer,
-                          fsdp_dtypes=_fsdp_dtypes(f, fsdp, model.params_dtype))
+                          fsdp_dtypes=_fsdp_dtypes(f, fsdp, model.params_dtype),
+                          data_parallel=_data_parallel(f, ogr, fsdp))
 
 
 def _fsdp_dtypes(f: Flags, fsdp: str | None, dtype: str) -> tuple[str | None, str | None]:
@@ -317,6 +321,18 @@ def _fsdp_dtypes(f: Flags, fsdp: str | None, dtype: str) -> tuple[str | None, st
         v = auto if v == "auto" else v
         out.append(None if v == ("fp32" if auto else None) else v)
     return out[0], out[1]
+
+
+def _data_parallel(f: Flags, ogr: bool, fsdp):
+    """The DP synchronization flags (``search/data_parallel.py``), with Megatron-LM's checks."""
+    bucket = f.get("--ddp-bucket-size")
+    if bucket is not None and bucket <= 0:
+        raise AcesoError(f"--ddp-bucket-size {bucket}: give a positive number of parameters per bucket")
+    if fsdp and (f.has("--use-tp-pp-dp-mapping") or f.has("--use-sharp")):
+        raise AcesoError("--use-tp-pp-dp-mapping / --use-sharp with --use-megatron-fsdp: aceso prices them for DDP "
+                         "and the distributed optimizer; drop the flag")
+    return dp_from_flags(bucket if ogr else None, f.has("--no-align-grad-reduce"), f.has("--no-align-param-gather"),
+                         f.has("--use-tp-pp-dp-mapping"), f.has("--use-sharp"))
 
 
 def _low_precision(f: Flags, dtype: str, sharded: bool) -> LowPrecision | None:

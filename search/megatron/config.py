@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ..data_parallel import DataParallelSettings
 from ..errors import AcesoError
 from ..model import ModelSpec
 from ..precision import LowPrecision
@@ -80,6 +81,7 @@ class MegatronConfig:
     ep: int = 1                         # MoE: --expert-model-parallel-size (every stage)
     etp: int | None = None              # MoE: --expert-tensor-parallel-size (None: not given, = tp)
     moe: MoEPlanSettings | None = None  # MoE: dispatcher, grouped GEMM, overlaps (None: dense)
+    data_parallel: DataParallelSettings | None = None   # DP sync flags (search/data_parallel.py; the plan's)
 
     @property
     def world_size(self) -> int:

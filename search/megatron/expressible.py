@@ -68,7 +68,7 @@ def megatron_config(plan: ParallelPlan) -> MegatronConfig:
         stack=plan.stack, optimizer=settings_for(plan).optimizer,
         fsdp_dtypes=(plan.megatron_fsdp.main_params_dtype, plan.megatron_fsdp.main_grads_dtype)
         if plan.megatron_fsdp else (None, None),
-        ep=st.ep, etp=st.etp, moe=moe_settings(plan))
+        ep=st.ep, etp=st.etp, moe=moe_settings(plan), data_parallel=settings_for(plan).data_parallel)
 
 
 def _check_shapes(plan: ParallelPlan) -> None:

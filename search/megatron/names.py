@@ -9,9 +9,10 @@ mapping documented in docs/megatron.md (``mapping_table``); ``megatron_lm_args``
 
 from __future__ import annotations
 
+from ..data_parallel import to_flags as dp_flags
 from ..precision import megatron_flags as precision_flags
 from . import layer_variant_flags
-from .config import MegatronConfig
+from .config import MegatronConfig, NotExpressible
 from .layout import split_for
 from .moe_flags import moe_args, moe_bridge_fields, moe_parallel_args
 from .stack_flags import stack_args, stack_bridge_fields
@@ -55,6 +56,9 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("settings.grad_reduce_in_fp32", "bf16: --grad-reduce-in-bf16 when off; fp16: "
      "--accumulate-allreduce-grads-in-fp32 when on", "ddp.grad_reduce_in_fp32, mixed_precision.grad_reduce_in_fp32",
      "Megatron-LM reduces bf16 gradients in fp32 by default; Bridge copies mixed_precision's over ddp's"),
+    ("settings.data_parallel", "--ddp-bucket-size, --no-align-grad-reduce, --no-align-param-gather, "
+     "--use-tp-pp-dp-mapping, --use-sharp", "ddp.bucket_size, ddp.align_param_gather (the others: refused)",
+     "search/data_parallel.py; nvls is NCCL_NVLS_ENABLE, not a flag"),
     ("settings.low_precision", "--fp8-format --fp8-recipe (or --fp4-format --fp4-recipe), --fp8-param-gather, "
      "--first-last-layers-bf16 --num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16",
      "mixed_precision.fp8, fp8_recipe, fp8_param_gather, fp4, fp4_recipe, first_last_layers_bf16, ...",
@@ -219,6 +223,7 @@ def _parallel(c: MegatronConfig) -> list[str]:
         for flag, v in zip(("--megatron-fsdp-main-params-dtype", "--megatron-fsdp-main-grads-dtype"), c.fsdp_dtypes):
             out += [flag, v] if v else []         # megatron-core 0.19 flags
     out += ["--cpu-offloading-num-layers", str(c.offload_layers)] if c.offload_layers else []
+    out += [x for flag in dp_flags(c.data_parallel) for x in flag.split()]
     return out + stack_args(c.stack, c.optimizer)
 
 
@@ -284,6 +289,21 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
         out["checkpoint"] = {"ckpt_format": "fsdp_dtensor"}
     if c.tp_comm_overlap:
         out["comm_overlap"] = {"tp_comm_overlap": True}
+    out["ddp"].update(bridge_ddp_fields(c.data_parallel))
+    return out
+
+
+def bridge_ddp_fields(d) -> dict[str, object]:
+    """The DP synchronization settings (``search/data_parallel.py``) as Megatron-Bridge v0.3.1 ``ddp`` fields; the
+    ones its config has no field for are refused."""
+    if d is None:
+        return {}
+    if d.rank_order != "tp-cp-ep-dp-pp" or d.sharp or d.align_grad_reduce is False:
+        raise NotExpressible("--use-tp-pp-dp-mapping, --use-sharp and --no-align-grad-reduce have no Megatron-Bridge "
+                             "v0.3.1 config field; export for Megatron-LM (--framework megatron-lm)")
+    out: dict[str, object] = {"bucket_size": d.bucket_size} if d.bucket_size else {}
+    if d.align_param_gather is not None:
+        out["align_param_gather"] = d.align_param_gather
     return out
 
 

@@ -164,11 +164,14 @@ def test_blackwell_ultra_presets_and_peaks():
 
 
 def test_nvlink_domain_larger_than_a_node():
-    tray = parse_cluster("32x4-gb200")
+    tray = parse_cluster("32x4-gb200:nvl4")             # trays without a shared NVLink domain: say so
     racks = parse_cluster("32x4-gb200:nvl64")
     assert racks.label == "32x4-gb200:nvl64" and racks.nvlink_size == 64
     assert CommModel(tray).spans_nodes(0, 7) and not CommModel(racks).spans_nodes(0, 63)
     assert CommModel(racks).spans_nodes(0, 64)          # the second rack: the network
+    # Grace-Blackwell trays default to their NVL72 rack (GB200 / GB300 NVL72: 18 trays of 4 in one NVLink domain)
+    assert parse_cluster("32x4-gb200").nvlink_size == 72 and parse_cluster("32x4-gb200").label == "32x4-gb200:nvl72"
+    assert parse_cluster("8x4-gb300").nvlink_size == 72 and parse_cluster("2x8-b200").nvlink_size == 8
     with pytest.raises(AcesoError, match="an NVLink domain of 6 GPUs cannot hold whole nodes of 4"):
         parse_cluster("4x4-gb200:nvl6")
 
@@ -176,10 +179,11 @@ def test_nvlink_domain_larger_than_a_node():
 @pytest.mark.parametrize("gpu", ["gb200", "gb300"])
 def test_a_rack_preset_is_a_rack(gpu):
     """Issue 32: ``16x4-gb200-nvl72`` priced 4-GPU NVLink domains (the name was only a GPU alias). The rack preset
-    is the explicit ``:nvl72`` spelling: 72 GPUs share NVLink, the 73rd is on the network; nodes of 64 (the
-    published rows' racks) stay one domain of 64, and what a rack cannot hold is one line."""
+    is the explicit ``:nvl72`` spelling, and so are trays of several nodes (issue 34); ``:nvl4`` is isolated trays:
+    72 GPUs share NVLink, the 73rd is on the network; nodes of 64 (the published rows' racks) stay one domain of 64,
+    and what a rack cannot hold is one line."""
     rack = parse_cluster(f"16x4-{gpu}-nvl72")
-    assert rack == parse_cluster(f"16x4-{gpu}:nvl72") != parse_cluster(f"16x4-{gpu}")
+    assert rack == parse_cluster(f"16x4-{gpu}:nvl72") == parse_cluster(f"16x4-{gpu}") != parse_cluster(f"16x4-{gpu}:nvl4")
     assert not CommModel(rack).spans_nodes(0, 63)
     assert CommModel(parse_cluster(f"20x4-{gpu}-nvl72")).spans_nodes(0, 72)
     assert parse_cluster(f"4x64-{gpu}-nvl72") == parse_cluster(f"4x64-{gpu}")

@@ -274,9 +274,11 @@ def test_release_table_resolves_containers_and_megatron_versions():
     name, note = resolve("26.03")
     assert name == "26.02.01" and "nearest older" in note
     from search.errors import AcesoError
-    for bad in ("0.12", "nope", "24.01"):
+    for bad in ("0.12", "nope"):
         with pytest.raises(AcesoError):
             resolve(bad)
+    name, note = resolve("24.01")           # an MLPerf submission's NeMo 24.04: the nearest priced, the oldest
+    assert name == "25.09" and "older than every container" in note
 
 
 def test_release_constants_fall_back_to_the_nearest_older_fit(monkeypatch):

@@ -1,0 +1,90 @@
+"""How a plan's data-parallel synchronization runs (``PlanSettings.data_parallel``): the settings beyond the plan's
+own overlaps that change where the gradient reduce-scatter / all-reduce and the parameter all-gather run, and on
+which links. Each is a Megatron-LM flag (core_v0.16.1 ``arguments.py``), read by the importer, written by the
+exporters, and mapped to the cost model's ``RunSettings`` in one place (``run_fields``):
+
+    bucket_size          ``--ddp-bucket-size``: parameters per DDP bucket (None: megatron-core's default
+                         ``max(40M, 1M x dp)``, ``distributed_data_parallel.py``)
+    align_grad_reduce    ``training.py`` sets ``config.grad_sync_func`` and the interleaved schedule launches each
+                         model chunk's reduction itself, at the same time on every pipeline rank
+                         (``--no-align-grad-reduce`` turns it off)
+    align_param_gather   ``config.param_sync_func``: the interleaved schedule gathers chunk j+1's parameters at chunk
+                         j's first forward (``--no-align-param-gather`` turns it off)
+                         Both None: the framework's default: Megatron-LM core_v0.16.1 on (its flags are the
+                         ``--no-`` ones), Megatron-Bridge v0.3.1 aligns gradients and not parameters (its
+                         ``ddp.align_param_gather`` is megatron-core's default, off), our runtime neither
+                         (its engine sets only ``no_sync_func``: bucket hooks)
+    rank_order           ``--use-tp-pp-dp-mapping``: megatron-core order ``tp-cp-ep-pp-dp`` instead of the default
+                         ``tp-cp-ep-dp-pp``: the pipeline stages of a DP replica sit side by side and every DP group
+                         spans the cluster (NVIDIA's MLPerf runs on GB200 / GB300 racks use it); priced for
+                         uniform plans only and run by Megatron-LM only (the runtime builds the default order)
+    sharp                ``--use-sharp``: megatron-core creates the DP x CP group with ``NCCL_COLLNET_ENABLE=1``
+                         (InfiniBand SHARP in-switch reduction, ``parallel_state.py``)
+    nvls                 NCCL's NVLink SHARP (``NCCL_NVLS_ENABLE``, an environment variable, no Megatron-LM flag:
+                         kept in the plan, not exported); NVIDIA's NeMo executors and MLPerf configs set it to 0
+
+``search/costmodel/dp_timeline.py`` prices the timeline, ``search/costmodel/comm.py`` the algorithms.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RANK_ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")
+TP_PP_DP = RANK_ORDERS[1]
+RankOrder = Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"]
+
+
+class DataParallelSettings(BaseModel):
+    """The data-parallel synchronization a plan runs with beyond its overlaps (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    bucket_size: int | None = Field(None, gt=0, description="--ddp-bucket-size: parameters per DDP bucket; None: "
+                                    "megatron-core's default max(40M, 1M x dp).")
+    align_grad_reduce: bool | None = Field(None, description="The schedule launches each chunk's gradient "
+                                           "reduction (--no-align-grad-reduce: off); None: the framework's default.")
+    align_param_gather: bool | None = Field(None, description="The interleaved schedule gathers chunk j+1's "
+                                            "parameters at chunk j's first forward (--no-align-param-gather: off); "
+                                            "None: the framework's default.")
+    rank_order: RankOrder = Field("tp-cp-ep-dp-pp", description="megatron-core's rank order; tp-cp-ep-pp-dp is "
+                                  "--use-tp-pp-dp-mapping (uniform plans, Megatron-LM only).")
+    sharp: bool = Field(False, description="--use-sharp: InfiniBand SHARP for the DP x CP group.")
+    nvls: bool = Field(False, description="NCCL_NVLS_ENABLE=1: NVLink SHARP for the DP collectives inside an NVLink "
+                       "domain (an environment variable; not exported).")
+
+
+ALIGN_DEFAULTS = {"runtime": (False, False), "megatron-lm": (True, True), "megatron-bridge": (True, False)}
+
+
+def run_fields(dps: DataParallelSettings | None, framework: str) -> dict:
+    """The ``RunSettings`` fields of these settings under ``framework`` (its default alignment when unset)."""
+    d = dps or DataParallelSettings()
+    grad, param = ALIGN_DEFAULTS[framework]
+    return {"ddp_bucket_size": d.bucket_size,
+            "align_grad_reduce": grad if d.align_grad_reduce is None else d.align_grad_reduce,
+            "align_param_gather": param if d.align_param_gather is None else d.align_param_gather,
+            "rank_order": d.rank_order, "sharp": d.sharp, "nvls": d.nvls}
+
+
+def from_flags(bucket_size: int | None, no_align_grad_reduce: bool, no_align_param_gather: bool, tp_pp_dp: bool,
+               sharp: bool) -> DataParallelSettings | None:
+    """The settings of a Megatron-LM command line; None when every flag is at its default."""
+    d = DataParallelSettings(bucket_size=bucket_size, align_grad_reduce=False if no_align_grad_reduce else None,
+                             align_param_gather=False if no_align_param_gather else None,
+                             rank_order=TP_PP_DP if tp_pp_dp else RANK_ORDERS[0], sharp=sharp)
+    return None if d == DataParallelSettings() else d
+
+
+def to_flags(d: DataParallelSettings | None) -> list[str]:
+    """The Megatron-LM flags that say ``d`` (``nvls`` has none: NCCL_NVLS_ENABLE is the environment's)."""
+    if d is None:
+        return []
+    out = [f"--ddp-bucket-size {d.bucket_size}"] if d.bucket_size else []
+    out += ["--no-align-grad-reduce"] if d.align_grad_reduce is False else []
+    out += ["--no-align-param-gather"] if d.align_param_gather is False else []
+    out += ["--use-tp-pp-dp-mapping"] if d.rank_order == TP_PP_DP else []
+    out += ["--use-sharp"] if d.sharp else []
+    return out
