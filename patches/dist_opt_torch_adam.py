@@ -37,7 +37,7 @@ import torch
 from ._base import Swaps, check_version
 
 NAME = "dist_opt_torch_adam"
-TESTED_VERSIONS = ("0.16.1",)
+TESTED_VERSIONS = ("0.16.1", "0.19.2")
 _swaps = Swaps()
 
 

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from ._base import Swaps, check_version
 
 NAME = "mla_mtp_tp_group"
-TESTED_VERSIONS = ("0.16.1",)
+TESTED_VERSIONS = ("0.16.1", "0.19.2")
 _swaps = Swaps()
 # (tp group, the gathers still to come in this call: "q" / "kv", the RoPE key width), set by the wrapped methods
 _CALL: contextvars.ContextVar = contextvars.ContextVar("aceso_mla_mtp_call", default=None)
@@ -128,7 +128,8 @@ def apply() -> None:
                _within(mla.MLASelfAttention.get_query_key_value_tensors, lambda a: a.tp_group, mla_pending))
     _swaps.set(mtp, "gather_from_tensor_model_parallel_region", _gather(mtp.gather_from_tensor_model_parallel_region))
     _swaps.set(mtp, "scatter_to_sequence_parallel_region", _scatter(mtp.scatter_to_sequence_parallel_region))
-    _swaps.set(mtp, "get_transformer_layer_offset", _layer_offset(mtp.get_transformer_layer_offset))
+    if hasattr(mtp, "get_transformer_layer_offset"):   # 0.16.1; 0.19's get_mtp_layer_offset reads the config only
+        _swaps.set(mtp, "get_transformer_layer_offset", _layer_offset(mtp.get_transformer_layer_offset))
     _swaps.set(mtp.MultiTokenPredictionLayer, "_concat_embeddings",
                _within(mtp.MultiTokenPredictionLayer._concat_embeddings, lambda m: m.eh_proj.tp_group,
                        lambda m: ([], 0)))

@@ -36,10 +36,9 @@ UNIT = "mtp"
 def block_spec(model, config, pg_collection, te: bool):
     """The ``MultiTokenPredictionBlockSubmodules`` of ``model``'s MTP layers for a stage with ``config``."""
     from megatron.core.models.backends import LocalSpecProvider
-    from megatron.core.transformer.multi_token_prediction import (
-        MultiTokenPredictionBlockSubmodules,
-        get_mtp_layer_spec_for_backend,
-    )
+    from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionBlockSubmodules
+
+    from patches.compat import mtp_layer_spec
 
     if te:
         from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
@@ -54,7 +53,7 @@ def block_spec(model, config, pg_collection, te: bool):
 
         last = with_sequence_parallel_norms(last)
     last = dataclasses.replace(last, params={**last.params, "pg_collection": pg_collection})
-    spec = get_mtp_layer_spec_for_backend(transformer_layer_spec=last, backend=backend)
+    spec = mtp_layer_spec(last, backend)
     sub = spec.submodules
     norm = sequence_parallel_norm if config.sequence_parallel else (lambda s: s)
     sub = dataclasses.replace(sub, enorm=norm(sub.enorm), hnorm=norm(sub.hnorm), layer_norm=norm(sub.layer_norm),
@@ -76,7 +75,9 @@ def reset_loss_tracker(num_layers: int | None = None) -> None:
     process that builds models of another MTP depth (a test running several plans) logs into a tensor of its size."""
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
-    values = MTPLossLoggingHelper.tracker.get("values")
+    from patches.compat import mtp_tracker_key
+
+    values = MTPLossLoggingHelper.tracker.get(mtp_tracker_key())
     if num_layers is None or values is None or values.numel() != num_layers:
         MTPLossLoggingHelper.tracker.clear()
 
@@ -84,11 +85,9 @@ def reset_loss_tracker(num_layers: int | None = None) -> None:
 def mtp_loss(stage, hidden: torch.Tensor, labels: torch.Tensor, loss_mask, denominator: float) -> torch.Tensor:
     """The main hidden states of ``hidden`` (main and MTP outputs concatenated on the sequence) with every MTP
     layer's loss attached for the backward (``MTPLossAutoScaler``), as ``GPTModel._postprocess``."""
-    from megatron.core.transformer.multi_token_prediction import (
-        MTPLossAutoScaler,
-        MTPLossLoggingHelper,
-        roll_tensor,
-    )
+    from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler, roll_tensor
+
+    from patches.compat import save_mtp_loss
 
     cfg = stage.config
     n = cfg.mtp_num_layers
@@ -104,8 +103,7 @@ def mtp_loss(stage, hidden: torch.Tensor, labels: torch.Tensor, loss_mask, denom
         mask, num_tokens = roll_tensor(mask, shifts=-1, dims=-1, cp_group=cp)
         loss = mask * stage._loss(logits, mtp_labels)
         if stage.training:
-            MTPLossLoggingHelper.save_loss_to_tracker(torch.sum(loss) / num_tokens, j, n,
-                                                      avg_group=stage.pg_collection.dp_cp)
+            save_mtp_loss(torch.sum(loss) / num_tokens, j, n, avg_group=stage.pg_collection.dp_cp)
         scale = cfg.mtp_loss_scaling_factor / n
         hidden = MTPLossAutoScaler.apply(hidden, scale * loss / denominator)
     return hidden
