@@ -11,7 +11,7 @@ Each function names the difference it hides:
   stock specs, ``partial(MoELayer, submodules=...)`` for MoE; a ``ModuleSpec`` of ``MLP`` itself is rewrapped so by
   ``TransformerLayer``, one of a subclass is not (``mlp_on_group`` rewraps it: 0.16-style user specs run on 0.19).
 - ``mtp_layer_spec``: ``get_mtp_layer_spec_for_backend``'s keyword (``transformer_layer_spec`` ->
-  ``mtp_model_layer_spec``).
+  ``mtp_model_layer_spec``); 0.16.1's MTP layer builds its inner layer and ``eh_proj`` without the stage's groups.
 - ``save_mtp_loss`` / ``MTP_TRACKER_KEY``: ``MTPLossLoggingHelper.save_loss_to_tracker`` ->
   ``save_metrics_to_tracker`` (with acceptance counts), its tracker's ``values`` -> ``loss_values``.
 - ``mtp_loss_scale``: 0.19's ``process_mtp_loss`` under ``calculate_per_token_loss`` scales layer ``j``'s masked
@@ -23,6 +23,8 @@ Each function names the difference it hides:
 - ``quiet_cuda_build_notices``: torch's CUDA build (the only cp312 torch on PyPI) on a machine without a GPU logs
   "No CUDA runtime is found, using CUDA_HOME=..." when ``torch.utils.cpp_extension`` is first imported (0.19's
   megatron-core imports it) wherever a CUDA toolkit or ``nvcc`` is found; torch's CPU wheel (0.16.1's stack) does not.
+- ``quiet_ddp_layout_notice``: 0.19's ``DistributedDataParallel`` warns on every rank that it computes the
+  distributed optimizer's buffer layout itself when not given one (``full_param_layout``), which it then does.
 - ``have_hybrid``: ``megatron.core.models.hybrid`` (``HybridModel``, ``HybridStack``; 0.19), which the stage model
   builds its layers on where present.
 
@@ -57,6 +59,29 @@ def quiet_cuda_build_notices() -> None:
     if _NO_CUDA_NOTICE not in logger.filters:
         logger.addFilter(_NO_CUDA_NOTICE)
     warnings.filterwarnings("ignore", message="CUDA initialization", category=UserWarning)
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.start)
+
+
+# 0.19's DDP asks its callers to compute the distributed optimizer's buffer layout themselves and computes the same
+# one when they do not (the runtime lets it: DDP knows its parameters and buckets best)
+_DDP_LAYOUT_NOTICE = ("megatron.core.distributed.distributed_data_parallel",
+                      _DropMessage("DistributedDataParallel: full_param_layout not provided"))
+
+
+def quiet_ddp_layout_notice() -> None:
+    """Drop 0.19 DDP's warning that it computes the distributed optimizer's layout itself (idempotent)."""
+    name, flt = _DDP_LAYOUT_NOTICE
+    logger = logging.getLogger(name)
+    if flt not in logger.filters:
+        logger.addFilter(flt)
 
 
 def version() -> str:
@@ -161,12 +186,20 @@ def mlp_params(mlp) -> dict:
 
 
 # ----- multi-token prediction -------------------------------------------------------------------------------------
-def mtp_layer_spec(layer_spec, backend):
-    """megatron-core's MTP layer spec around the decoder layer spec ``layer_spec``."""
+def mtp_layer_spec(layer_spec, backend, pg_collection):
+    """megatron-core's MTP layer spec around the decoder layer spec ``layer_spec``, built on ``pg_collection``:
+    0.16.1 builds the inner transformer layer without ``pg_collection`` and ``eh_proj`` without ``tp_group`` (bound
+    here); 0.19 passes both itself (binding them too would pass them twice)."""
     from megatron.core.transformer.multi_token_prediction import get_mtp_layer_spec_for_backend
+    from megatron.core.transformer.spec_utils import ModuleSpec
 
-    key = "mtp_model_layer_spec" if at_least("0.19") else "transformer_layer_spec"
-    return get_mtp_layer_spec_for_backend(**{key: layer_spec}, backend=backend)
+    if at_least("0.19"):
+        return get_mtp_layer_spec_for_backend(mtp_model_layer_spec=layer_spec, backend=backend)
+    layer_spec = dataclasses.replace(layer_spec, params={**layer_spec.params, "pg_collection": pg_collection})
+    spec = get_mtp_layer_spec_for_backend(transformer_layer_spec=layer_spec, backend=backend)
+    sub = spec.submodules
+    eh_proj = ModuleSpec(module=sub.eh_proj, params={"tp_group": pg_collection.tp})
+    return dataclasses.replace(spec, submodules=dataclasses.replace(sub, eh_proj=eh_proj))
 
 
 def mtp_tracker_key() -> str:
