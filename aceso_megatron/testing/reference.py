@@ -1,7 +1,7 @@
-"""The single-process reference: a stock megatron-core ``GPTModel`` (or ``T5Model``) built the usual way
-(``parallel_state``, ``get_gpt_layer_local_spec`` or the model's own ``layer_spec``, megatron-core DDP and
-optimizer with its own gradient clipping, the no-pipelining schedule), with the same plan-independent initial
-weights as the runtime.
+"""The single-process reference: a stock megatron-core ``GPTModel`` (or ``T5Model``; on megatron-core 0.19 also
+``HybridModel``, ``hybrid=True``) built the usual way (``parallel_state``, ``get_gpt_layer_local_spec`` or the model's
+own ``layer_spec``, megatron-core DDP and optimizer with its own gradient clipping, the no-pipelining schedule), with
+the same plan-independent initial weights as the runtime.
 
 Tests compare the runtime under any plan with this model; ``bench/runtime_overhead.py`` times it.
 Needs a 1-process ``torch.distributed`` group and ``parallel_state.initialize_model_parallel()``
@@ -58,11 +58,56 @@ def _decoder_spec(model: ModelSpec, config):
     return dataclasses.replace(block, layer_specs=[with_mla_core(s) for s in block.layer_specs])
 
 
+def hybrid_model(model: ModelSpec, config):
+    """Stock ``HybridModel`` (megatron-core 0.19) of a dense GPT / Llama ``model``: its units as the hybrid layer
+    pattern (``*-`` per layer, ``model.hybrid.pattern``), with layers from megatron-core's local GPT layer spec --
+    the attention layer a ``TransformerLayer`` of its input norm, self-attention and residual add, the MLP layer
+    megatron-core's ``MLPLayer`` of its pre-MLP norm, MLP and residual add -- and the local final norm in
+    ``HybridStack``'s ``final_norm`` (which it builds as transformer-engine's ``TENorm`` whatever the spec: no
+    ``HybridModel`` builds without TE otherwise). Returns (module, local name -> canonical GPT name)."""
+    from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
+    from megatron.core.models.hybrid.hybrid_model import HybridModel
+    from megatron.core.ssm.mlp_layer import MLPLayer
+    from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+    from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+
+    from model_specs.builders import final_norm_spec, layer_spec
+
+    from ..model.hybrid import pattern
+
+    text = pattern(model, list(model.units))
+    if text is None or model.moe is not None or model.mla is not None or model.mtp_num_layers or model.layer_spec:
+        raise ValueError(f"{model.name}: the stock HybridModel reference covers dense GPT / Llama models only")
+    full = layer_spec(model, "decoder", te=False).submodules
+    attention = ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(
+        input_layernorm=full.input_layernorm, self_attention=full.self_attention, self_attn_bda=full.self_attn_bda))
+    mlp = ModuleSpec(module=MLPLayer, submodules=TransformerLayerSubmodules(
+        pre_mlp_layernorm=full.pre_mlp_layernorm, mlp=full.mlp, mlp_bda=full.mlp_bda))
+    stack = ModuleSpec(module=HybridStack, params={"post_layer_norm": False},
+                       submodules=HybridStackSubmodules(attention_layer=attention, mlp_layer=mlp))
+    m = HybridModel(config, stack, vocab_size=model.padded_vocab_size, max_sequence_length=model.seq_length,
+                    hybrid_layer_pattern=text, share_embeddings_and_output_weights=model.tied_embeddings,
+                    position_embedding_type="rope" if model.position_embedding == "rope" else "learned_absolute",
+                    rotary_base=int(model.rotary_base), rotary_percent=model.rotary_percent)
+    m.decoder.final_norm = build_module(final_norm_spec(model, te=False), config=config,
+                                        hidden_size=config.hidden_size, eps=config.layernorm_epsilon)
+    m.decoder.post_layer_norm = True
+
+    def canonical(name: str) -> str:
+        if name.startswith("decoder.layers."):
+            idx, rest = name[len("decoder.layers."):].split(".", 1)
+            return f"decoder.layers.{model.units[int(idx)].layer}.{rest}"
+        return name.replace("decoder.final_norm.", "decoder.final_layernorm.")
+
+    return m, {n: canonical(n) for n, _ in m.named_parameters()}
+
+
 class Reference:
-    """Stock GPTModel/T5Model + DDP + megatron-core optimizer, one process."""
+    """Stock GPTModel/T5Model (``hybrid``: HybridModel, megatron-core 0.19) + DDP + megatron-core optimizer, one
+    process. Gradients and parameters are given by canonical (GPTModel) name."""
 
     def __init__(self, model: ModelSpec, seed: int = 1234, train_config: TrainConfig | None = None,
-                 global_batch_size: int = 1):
+                 global_batch_size: int = 1, hybrid: bool = False):
         from megatron.core.distributed import (
             DistributedDataParallel,
             DistributedDataParallelConfig,
@@ -96,6 +141,9 @@ class Reference:
                 max_sequence_length=max(model.seq_length, model.decoder_seq_length),
                 share_embeddings_and_output_weights=model.tied_embeddings,
             )
+        elif hybrid:
+            config = stage_config(model, 1)
+            self.gpt, names = hybrid_model(model, config)
         else:
             config = stage_config(model, 1)
             spec = _decoder_spec(model, config)
@@ -113,7 +161,9 @@ class Reference:
             )
         std = tc.std_for(model)
         config.init_method_std = std
-        names = {n: n for n, _ in self.gpt.named_parameters()}
+        if not hybrid:
+            names = {n: n for n, _ in self.gpt.named_parameters()}
+        self.names = names
         initialize(self.gpt, names, model, seed, 1, 0, std)
         self.model = DistributedDataParallel(
             config, DistributedDataParallelConfig(overlap_grad_reduce=False), self.gpt
@@ -169,16 +219,16 @@ class Reference:
         return loss
 
     def grads(self) -> dict[str, torch.Tensor]:
-        return {n: p.main_grad.detach().clone() for n, p in self.gpt.named_parameters()}
+        return {self.names[n]: p.main_grad.detach().clone() for n, p in self.gpt.named_parameters()}
 
     def params(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone() for n, p in self.gpt.named_parameters()}
+        return {self.names[n]: p.detach().clone() for n, p in self.gpt.named_parameters()}
 
 
 _STOCK_RUNS: dict[tuple, dict] = {}
 
 
-def stock_run(raw: dict, seed: int, train_config: TrainConfig, steps: int) -> dict:
+def stock_run(raw: dict, seed: int, train_config: TrainConfig, steps: int, hybrid: bool = False) -> dict:
     """What the stock single-process model does on plan ``raw``'s model and batches (``make_batches`` with ``seed``):
     the losses of ``steps`` optimizer steps, the gradients of the first and the parameters after the last.
 
@@ -188,20 +238,21 @@ def stock_run(raw: dict, seed: int, train_config: TrainConfig, steps: int) -> di
     from search.plan import ParallelPlan
 
     p = ParallelPlan.model_validate(raw)
-    key = (p.model.model_dump_json(), p.micro_batch_size, p.global_batch_size, seed, repr(train_config), steps)
+    key = (p.model.model_dump_json(), p.micro_batch_size, p.global_batch_size, seed, repr(train_config), steps,
+           hybrid)
     if key not in _STOCK_RUNS:
-        _STOCK_RUNS[key] = _stock_run(p, seed, train_config, steps)
+        _STOCK_RUNS[key] = _stock_run(p, seed, train_config, steps, hybrid)
     got = _STOCK_RUNS[key]
     return {"losses": list(got["losses"]), "grads": {k: v.clone() for k, v in got["grads"].items()},
             "params": {k: v.clone() for k, v in got["params"].items()}}
 
 
-def _stock_run(p, seed: int, train_config: TrainConfig, steps: int) -> dict:
+def _stock_run(p, seed: int, train_config: TrainConfig, steps: int, hybrid: bool = False) -> dict:
     from ..model.mtp import reset_loss_tracker
     from . import make_batches
 
     reset_loss_tracker()      # megatron-core's process-wide MTP loss log, sized by the last MTP model's depth
-    ref = Reference(p.model, seed=seed, train_config=train_config)
+    ref = Reference(p.model, seed=seed, train_config=train_config, hybrid=hybrid)
     batches = make_batches(p.model, p.micro_batch_size, p.global_batch_size, seed)
     losses = [ref.forward_backward(batches)]
     grads = ref.grads()
