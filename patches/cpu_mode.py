@@ -25,7 +25,8 @@ so torch's "not a leaf Tensor" warning is silenced for that read (raised from in
 callers' filters on megatron-core's warnings). The function mode must stay active during backward (recomputed forwards create
 tensors too), so it is entered in ``apply()`` and left in ``revert()``, not scoped to a ``with`` block.
 
-Tested megatron-core versions: 0.16.1 (torch 2.13.0 CPU). Remove when megatron-core supports a CPU device.
+Tested megatron-core versions: 0.16.1 (torch 2.13.0 CPU), 0.19.2 (torch 2.14.1, the CUDA build on CPU). Remove when
+megatron-core supports a CPU device.
 The model side of CPU mode is configuration, not patching: all fusions off, ``use_cpu_initialization=True``,
 fp32 (see ``aceso_megatron.model.config``).
 """

@@ -17,7 +17,8 @@ with ``malloc(): unaligned tcache chunk detected``). Only these two modules see 
 ``torch.cuda.Stream`` stays unpatched (the meta-device build check relies on it failing). The rest of CPU mode
 (``device="cuda"`` factories, ``torch.cuda.synchronize``, the CUDA RNG) is ``patches.cpu_mode``'s.
 
-Tested megatron-core versions: 0.16.1 (torch 2.13.0 CPU; ``FullyShardedDataParallel`` also needs einops).
+Tested megatron-core versions: 0.16.1 (torch 2.13.0 CPU), 0.19.2 (torch 2.14.1; ``FullyShardedDataParallel`` also
+needs einops).
 Applied by ``build_runtime`` for Megatron FSDP plans on CPU. Remove when Megatron FSDP takes a CPU device.
 """
 

@@ -19,8 +19,11 @@ sums the ``k_pos_emb`` columns of the gradient over TP before the split, which i
 computes (``tests/distributed/test_moe_mla_mtp.py`` proves it at tp2 + SP). Outside the wrapped methods, or with
 an explicit group, the mappings behave as upstream.
 
-Applied by ``build_runtime`` for MLA or MTP models. Tested megatron-core versions: 0.16.1 (the call order in
-``get_query_key_value_tensors``: the ``q_compressed`` gather, when ``q_lora_rank`` is set, then ``kv_combined``).
+Applied by ``build_runtime`` for MLA or MTP models. Tested megatron-core versions: 0.16.1, 0.19.2 (the call order in
+``get_query_key_value_tensors``: the ``q_compressed`` gather, when ``q_lora_rank`` is set -- in 0.19 inside
+``_qkv_down_projection``, which it calls -- then ``kv_combined``). 0.19's MTP layer passes its group to both mappings
+and computes its offset from the config alone (``get_mtp_layer_offset``; ``get_transformer_layer_offset`` is gone
+from the module and not swapped): there only the MLA part changes anything.
 Remove when megatron-core passes its ``tp_group`` to these mappings and reduces the RoPE key's gradient.
 """
 
