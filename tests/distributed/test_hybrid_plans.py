@@ -20,9 +20,10 @@ PLANS = {
     3: {
         "gpt 2 stages cut attention|mlp, tp 2 -> 1, mixed recompute": plan(
             GPT4, st(2, 1, 0, 3, ["attn_dropout", "full", "selective"]), st(1, 1, 3, 8)),
-        "llama SP tp2 -> dp2, distributed optimizer, both overlaps": plan(
-            LLAMA4, st(2, 1, 0, 5, ["selective", "none", "full", "none", "selective"], sp=True), st(1, 2, 5, 8),
-            **OVERLAP),
+        "llama SP tp2 -> tp1, cut mlp|attention": plan(
+            LLAMA4, st(2, 1, 0, 4, ["selective", "none", "full", "none"], sp=True), st(1, 1, 4, 8)),
+        "llama dp2 -> dp1, distributed optimizer, both overlaps": plan(
+            LLAMA4, st(1, 2, 0, 5, ["selective", "none", "full", "none", "selective"]), st(1, 1, 5, 8), **OVERLAP),
         "gpt VPP 2, uneven chunks, dp 1 | 2": plan(GPT4, vst(1, 1, (0, 3), (5, 6)), vst(1, 2, (3, 5), (6, 8))),
     },
 }
