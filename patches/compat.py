@@ -12,7 +12,7 @@ Each function names the difference it hides:
   ``TransformerLayer``, one of a subclass is not (``mlp_on_group`` rewraps it: 0.16-style user specs run on 0.19).
 - ``mtp_layer_spec``: ``get_mtp_layer_spec_for_backend``'s keyword (``transformer_layer_spec`` ->
   ``mtp_model_layer_spec``); 0.16.1's MTP layer builds its inner layer and ``eh_proj`` without the stage's groups.
-- ``save_mtp_loss`` / ``MTP_TRACKER_KEY``: ``MTPLossLoggingHelper.save_loss_to_tracker`` ->
+- ``save_mtp_loss`` / ``mtp_tracker_key``: ``MTPLossLoggingHelper.save_loss_to_tracker`` ->
   ``save_metrics_to_tracker`` (with acceptance counts), its tracker's ``values`` -> ``loss_values``.
 - ``mtp_loss_scale``: 0.19's ``process_mtp_loss`` under ``calculate_per_token_loss`` scales layer ``j``'s masked
   loss by (tokens before rolling / tokens after rolling ``j + 1``); 0.16.1's ``_postprocess`` does not.
@@ -43,25 +43,9 @@ import warnings
 SUPPORTED = ("0.16.1", "0.19")   # a release, or a series (0.19.x); patches name the exact versions they were tested on
 
 
-class _NoCudaNotice(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("No CUDA runtime is found")
-
-
-_NO_CUDA_NOTICE = _NoCudaNotice()
-
-
-def quiet_cuda_build_notices() -> None:
-    """Silence what torch's CUDA build says at import on a machine without a GPU (before torch is imported; idempotent):
-    the "No CUDA runtime is found" log line of ``torch.utils.cpp_extension`` and the "CUDA initialization" warning of
-    ``torch.cuda``. Nothing a user can act on, and it would break a one-line error (bad input: one line, exit 2)."""
-    logger = logging.getLogger("torch.utils.cpp_extension")
-    if _NO_CUDA_NOTICE not in logger.filters:
-        logger.addFilter(_NO_CUDA_NOTICE)
-    warnings.filterwarnings("ignore", message="CUDA initialization", category=UserWarning)
-
-
 class _DropMessage(logging.Filter):
+    """Drops a logger's records whose message starts with ``start``."""
+
     def __init__(self, start: str) -> None:
         super().__init__()
         self.start = start
@@ -70,18 +54,29 @@ class _DropMessage(logging.Filter):
         return not record.getMessage().startswith(self.start)
 
 
+def _drop(logger_name: str, flt: _DropMessage) -> None:
+    logger = logging.getLogger(logger_name)   # before the module exists: its logger keeps the filter
+    if flt not in logger.filters:
+        logger.addFilter(flt)
+
+
+_NO_CUDA_NOTICE = _DropMessage("No CUDA runtime is found")
 # 0.19's DDP asks its callers to compute the distributed optimizer's buffer layout themselves and computes the same
 # one when they do not (the runtime lets it: DDP knows its parameters and buckets best)
-_DDP_LAYOUT_NOTICE = ("megatron.core.distributed.distributed_data_parallel",
-                      _DropMessage("DistributedDataParallel: full_param_layout not provided"))
+_DDP_LAYOUT_NOTICE = _DropMessage("DistributedDataParallel: full_param_layout not provided")
+
+
+def quiet_cuda_build_notices() -> None:
+    """Silence what torch's CUDA build says at import on a machine without a GPU (before torch is imported; idempotent):
+    the "No CUDA runtime is found" log line of ``torch.utils.cpp_extension`` and the "CUDA initialization" warning of
+    ``torch.cuda``. Nothing a user can act on, and it would break a one-line error (bad input: one line, exit 2)."""
+    _drop("torch.utils.cpp_extension", _NO_CUDA_NOTICE)
+    warnings.filterwarnings("ignore", message="CUDA initialization", category=UserWarning)
 
 
 def quiet_ddp_layout_notice() -> None:
     """Drop 0.19 DDP's warning that it computes the distributed optimizer's layout itself (idempotent)."""
-    name, flt = _DDP_LAYOUT_NOTICE
-    logger = logging.getLogger(name)
-    if flt not in logger.filters:
-        logger.addFilter(flt)
+    _drop("megatron.core.distributed.distributed_data_parallel", _DDP_LAYOUT_NOTICE)
 
 
 def version() -> str:
@@ -176,13 +171,6 @@ def build_mlp(mlp, config, layer_number: int, pg_collection=None):
 
     kw = {"pg_collection": pg_collection} if pg_collection is not None else {}
     return build_module(mlp, config=config, layer_number=layer_number, **kw)
-
-
-def mlp_params(mlp) -> dict:
-    """The keyword arguments an ``mlp`` slot passes (``ModuleSpec.params`` / the builder's keywords)."""
-    if isinstance(mlp, functools.partial):
-        return {k: v for k, v in mlp.keywords.items() if k != "submodules"}
-    return dict(getattr(mlp, "params", {}) or {})
 
 
 # ----- multi-token prediction -------------------------------------------------------------------------------------

@@ -8,10 +8,10 @@ a logging filter on ``megatron.core.tensor_parallel.random``.
 
 Reason: megatron-core hard-codes CUDA in a few places that CPU training reaches: ``torch.cuda.current_device()``
 as the device of buffers (tensor-parallel layers, DDP buckets), ``device="cuda"`` in the 1F1B schedule's token
-counter and in the causal-mask helper (``transformer/utils.py``), and the CUDA RNG state that activation
-recompute saves and replays, the current stream that 0.19's ``start_grad_sync`` waits on before reducing a
-bucket (a host placeholder: one stream, waits are no-ops), and the MoE alltoall token dispatcher's copy of its split sizes to the host on a
-CUDA side stream (created in its ``__init__``; the copy converts only CUDA tensors to the numpy split sizes
+counter and in the causal-mask helper (``transformer/utils.py``), the CUDA RNG state that activation recompute
+saves and replays, the current stream that 0.19's ``start_grad_sync`` waits on before reducing a bucket (a host
+placeholder: one stream, waits are no-ops), and the MoE alltoall token dispatcher's copy of its split sizes to the
+host on a CUDA side stream (created in its ``__init__``; the copy converts only CUDA tensors to the numpy split sizes
 the all-to-all takes): on CPU the class's stream is a placeholder and the copy is the numpy conversion alone
 (``torch.cuda.Stream`` itself stays unpatched, so the meta-device build check still catches a user's module
 that needs CUDA). Without the RNG mapping, seeding fails and the recompute RNG replay silently does

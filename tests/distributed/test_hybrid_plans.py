@@ -7,12 +7,10 @@ clipping and the weights after them; skipped before 0.19 (no hybrid models)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
-from aceso_megatron.testing import run_plans, spawn
 from patches.compat import have_hybrid
-from tests.distributed.test_modern_plans import GPT4, LLAMA4, OVERLAP, TC, overlap_failures, plan, st, vst
-from tests.distributed.test_plans import SEED, STEPS, compare, reference_process  # noqa: F401 (fixture)
+from tests.distributed.test_modern_plans import GPT4, LLAMA4, OVERLAP, plan, run_and_compare, st, vst
+from tests.distributed.test_plans import reference_process  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(not have_hybrid(), reason="megatron-core without models.hybrid (before 0.19)")
 
@@ -31,9 +29,5 @@ PLANS = {
 
 @pytest.mark.parametrize("world_size", sorted(PLANS))
 def test_plans_match_stock_hybrid_model(world_size, tmp_path, reference_process):  # noqa: F811
-    names, raws = zip(*PLANS[world_size].items())
-    out = tmp_path / "results.pt"
-    spawn(world_size, run_plans, list(raws), str(out), SEED, STEPS, TC)
-    results = torch.load(out)
-    failures = compare(names, raws, results, hybrid=True) + overlap_failures(names, raws, results)
+    failures = run_and_compare(world_size, PLANS[world_size], tmp_path, hybrid=True)
     assert not failures, "\n".join(failures)
