@@ -9,14 +9,14 @@ at offset ``start``: what Megatron-LM writes ``--hybrid-layer-pattern "*-*-|*-*-
 
 ``SYMBOLS`` is the one table from a unit kind to its symbol and its ``HybridStackSubmodules`` slot (a new layer kind,
 e.g. Mamba's ``M``, is one more row). Where megatron-core has the hybrid models (0.19), ``build_stack`` builds the
-chunk's ``HybridStack`` from its pattern: ``HybridStack`` walks the pattern, checks its symbols, numbers its layers
-``start + i + 1`` and asks the symbol's slot for each; every slot here hands over the plan's unit at that place
-(``build_unit_layers``: the unit's own config, recompute and layer spec, its GPT layer number), checking that its
-kind is the symbol's. The chunk runs the units itself (``GPTStage.forward``: RoPE, the recipe's contexts and the
-full recompute per unit, which ``HybridStack.forward`` has no notion of), and has no final norm in the stack (the
-last chunk's norm and output layer are the stage's, as today). Without the hybrid models (0.16.1), and for layers
-that are not one unit each (T5's cross-attention, a user's layer that runs whole), the chunk keeps a plain
-``ModuleList`` of its units.
+chunk's ``HybridStack`` from its pattern (checked by megatron-core's ``validate_segment_layers``): ``HybridStack``
+walks it, numbers its layers ``start + i + 1`` and asks the symbol's slot for each; every slot here hands over the
+plan's unit at that place (``build_unit_layers``: the unit's own config, recompute and layer spec, its GPT layer
+number), checking that its kind is the symbol's. The chunk runs the units itself (``GPTStage.forward``: RoPE, the
+recipe's contexts and the full recompute per unit, which ``HybridStack.forward`` has no notion of), and has no final
+norm in the stack (the last chunk's norm and output layer are the stage's, as today). Without the hybrid models
+(0.16.1), and for layers that are not one unit each (T5's cross-attention, a user's layer that runs whole), the
+chunk keeps a plain ``ModuleList`` of its units.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ def build_stack(model: ModelSpec, units: list[Unit], layers: list, start: int, c
     if not have_hybrid() or text is None or len(layers) != len(units):
         return None
     from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
+    from megatron.core.models.hybrid.hybrid_layer_allocation import validate_segment_layers
     from megatron.core.transformer.spec_utils import ModuleSpec
 
     by_index = {start + i: layer for i, layer in enumerate(layers)}
@@ -84,6 +85,7 @@ def build_stack(model: ModelSpec, units: list[Unit], layers: list, start: int, c
     # the stack only places layers: no quantization contexts of its own around them (each unit enters its recipe's)
     cfg = copy.copy(config)
     cfg.fp8, cfg.fp4 = None, None
-    return HybridStack(cfg, HybridStackSubmodules(**slots), pre_process=True, layer_type_list=list(text),
-                       pp_layer_offset=start, post_layer_norm=False, post_process=False, pg_collection=pg_collection)
+    return HybridStack(cfg, HybridStackSubmodules(**slots), pre_process=True,
+                       layer_type_list=validate_segment_layers(text), pp_layer_offset=start, post_layer_norm=False,
+                       post_process=False, pg_collection=pg_collection)
 
