@@ -80,9 +80,10 @@ def quiet_ddp_layout_notice() -> None:
 
 
 def version() -> str:
-    from megatron.core import package_info
+    """The installed megatron-core release (``patches._base.megatron_version``: without a ``+<git sha>`` suffix)."""
+    from ._base import megatron_version
 
-    return package_info.__version__
+    return megatron_version()
 
 
 def _release(v: str) -> tuple[int, ...]:

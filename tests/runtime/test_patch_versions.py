@@ -52,3 +52,19 @@ def test_the_installed_megatron_core_is_a_supported_release():
     v = megatron_version()
     assert any(v == s or v.startswith(f"{s}.") for s in compat.SUPPORTED), v
     assert compat.have_hybrid() == compat.at_least("0.19")
+
+
+def test_a_source_install_is_its_release(monkeypatch):
+    """megatron-core 0.19's ``__version__`` is "0.19.2+<git sha>" when its folder lies inside a git checkout (a
+    container's source install; a venv made inside this repository, as .ci/py312-env makes one): the same release."""
+    from megatron.core import package_info
+
+    from patches._base import PatchError, check_version
+
+    monkeypatch.delenv("ACESO_ALLOW_UNTESTED_MEGATRON", raising=False)
+    monkeypatch.setattr(package_info, "__version__", "0.19.2+9633c78")
+    check_version("cpu_mode", ("0.16.1", "0.19.2"))
+    assert compat.version() == "0.19.2" and compat.at_least("0.19")
+    monkeypatch.setattr(package_info, "__version__", "0.18.0+9633c78")
+    with pytest.raises(PatchError, match="but 0.18.0 is installed"):
+        check_version("cpu_mode", ("0.16.1", "0.19.2"))
