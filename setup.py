@@ -11,9 +11,17 @@ setup(
     package_data={"model_specs": ["presets/*.json", "hybrid/*.json"], "search": ["megatron/data/*"], "launch": ["*.sh", "*.sbatch"]},
     install_requires=["pydantic>=2.6,<3", "numpy>=1.24", "rich>=13", "pyyaml>=6"],
     extras_require={
-        # torch is pinned: a CPU wheel of 2.13.0 is on disk; an unpinned torch pulls a multi-GB CUDA build.
+        # The runtime runs on megatron-core 0.16.1 and 0.19.x (patches/compat.py). Python 3.11: torch pinned to
+        # 2.13.0 (its CPU wheel is on disk; an unpinned torch pulls a multi-GB CUDA build) and megatron-core 0.16.1
+        # (every later release needs Python >= 3.12). Python 3.12: whatever torch the environment has (an NGC
+        # container's; else PyPI's CUDA build, the only cp312 one), megatron-core 0.16.1 or 0.19.x, so an installed
+        # 0.19 is kept (0.17 and 0.18 are not supported: the patches refuse them).
         # psutil: dist_checkpointing; einops: megatron-core's FullyShardedDataParallel (Megatron FSDP plans)
-        "runtime": ["torch==2.13.0", "megatron-core>=0.16.1,<0.18", "psutil", "einops"],
+        "runtime": ['torch==2.13.0; python_version < "3.12"',
+                    'torch>=2.6; python_version >= "3.12"',
+                    'megatron-core>=0.16.1,<0.17; python_version < "3.12"',
+                    'megatron-core>=0.16.1,!=0.17.*,!=0.18.*,<0.20; python_version >= "3.12"',
+                    "psutil", "einops"],
         # transformer-engine is optional; apex is not on PyPI (see README, "GPU extras").
         "gpu": ["transformer-engine[pytorch]"],
         "test": ["pytest>=8", "pytest-timeout>=2", "tensorboard>=2.14"],   # tensorboard: event files read back

@@ -15,8 +15,9 @@ over N ranks; stock megatron-core builds it the usual way for MoE (``initialize_
 expert_model_parallel_size=N)``, ``get_gpt_decoder_block_spec``, grouped GEMM and permute fusion where TE has
 them, as the plugin's fast paths), its expert weights initialised by their global expert index as the plugin's.
 
-Prints a table and writes ``bench/results/runtime_overhead_pp<pp>_tp<tp>_dp<dp>[_modern][_cuda].json``: median step
-times, their ratio (median over paired steps of stock / plugin; target >= 0.95 on CPU, >= 0.99 on a GPU) and the
+Prints a table and writes ``bench/results/runtime_overhead_pp<pp>_tp<tp>_dp<dp>[_modern][_cuda]_mcore<version>.json``
+(the megatron-core release in the name: run it under each supported stack, e.g. ``.venv312/bin/python`` for 0.19):
+median step times, their ratio (median over paired steps of stock / plugin; target >= 0.95 on CPU, >= 0.99 on a GPU) and the
 losses of every step (must agree).
 
     python bench/runtime_overhead.py [--pp 2] [--tp 1] [--dp 1] [--modern] [--steps 6] [--device cuda]
@@ -260,6 +261,10 @@ def main(argv=None) -> int:
     model = MOE_MODEL if args.ep else MODEL
     if args.ep:
         what += f", MoE {model.moe.num_experts} experts top-{model.moe.moe_router_topk} over ep={args.ep}, alltoall"
+    from patches.compat import version as megatron_version
+
+    versions = f"Python {sys.version.split()[0]}, torch {torch.__version__}, megatron-core {megatron_version()}"
+    print(versions)
     print(f"uniform plan: pp={args.pp} tp={args.tp} dp={args.dp} ({what}) on {args.device}, model {model.name} "
           f"(h={model.hidden_size}, {model.num_layers} layers, seq {model.seq_length}), {NUM_MB} micro-batches of "
           f"{PER_RANK_MB} per rank")
@@ -273,9 +278,11 @@ def main(argv=None) -> int:
               "ep": args.ep, "steps": args.steps, "model": model.model_dump(), "times": res["times"],
               "losses": res["losses"], "passed": ratio >= target,
               "median_plugin_s": t_plugin, "median_stock_s": t_stock, "ratio": ratio, "max_rel_loss_diff": max_diff,
-              "target_ratio": target}
+              "target_ratio": target, "python": sys.version.split()[0], "torch": torch.__version__,
+              "megatron_core": megatron_version()}
     tag = f"pp{args.pp}_tp{args.tp}_dp{args.dp}" + ("_modern" if args.modern else "") + \
-        (f"_ep{args.ep}" if args.ep else "") + ("_cuda" if args.device == "cuda" else "")
+        (f"_ep{args.ep}" if args.ep else "") + ("_cuda" if args.device == "cuda" else "") + \
+        f"_mcore{megatron_version()}"
     path = ROOT / "bench" / "results" / f"runtime_overhead_{tag}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))

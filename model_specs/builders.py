@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from megatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 
+from patches.compat import mlp_class, mlp_on_group
 from search.layer_variants import config_kwargs
 from search.rope_scaling import runtime_kwargs
 from search.model import ModelSpec, UnitKind
@@ -185,10 +186,10 @@ def _takes_tp_group(cls: type) -> bool:
 
 
 def bind_tp_group(spec: ModuleSpec, tp_group) -> ModuleSpec:
-    """The layer spec with ``tp_group`` bound where megatron-core 0.16's ``TransformerLayer`` does not pass it (those
+    """The layer spec with ``tp_group`` bound where megatron-core's ``TransformerLayer`` does not pass it (those
     modules fall back to the global ``parallel_state`` group, which per-stage groups leave unset):
-    ``CrossAttention``'s ``linear_q``/``linear_kv``, and an ``mlp`` that subclasses ``MLP`` (a user's MLP; the layer
-    passes its TP group to ``MLP`` itself only)."""
+    ``CrossAttention``'s ``linear_q``/``linear_kv``, and an ``mlp`` that subclasses ``MLP`` (a user's MLP; 0.16.1's
+    layer passes its TP group to ``MLP`` itself only; ``patches.compat.mlp_on_group``)."""
     from megatron.core.transformer.mlp import MLP
 
     if tp_group is None or not hasattr(spec.submodules, "mlp"):
@@ -201,8 +202,9 @@ def bind_tp_group(spec: ModuleSpec, tp_group) -> ModuleSpec:
                                   linear_kv=functools.partial(sub.linear_kv, tp_group=tp_group))
         changes["cross_attention"] = dataclasses.replace(xa, submodules=sub)
     mlp = spec.submodules.mlp
-    cls = getattr(mlp, "module", None)
-    if (isinstance(mlp, ModuleSpec) and isinstance(cls, type) and issubclass(cls, MLP) and cls is not MLP
-            and cls.__name__ != "TEFusedMLP" and "tp_group" not in mlp.params and _takes_tp_group(cls)):
-        changes["mlp"] = dataclasses.replace(mlp, params={**mlp.params, "tp_group": tp_group})
+    cls = mlp_class(mlp)
+    if (isinstance(cls, type) and issubclass(cls, MLP) and cls is not MLP and cls.__name__ != "TEFusedMLP"
+            and _takes_tp_group(cls)):
+        if (on_group := mlp_on_group(mlp, tp_group)) is not mlp:
+            changes["mlp"] = on_group
     return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, **changes)) if changes else spec

@@ -38,6 +38,7 @@ from megatron.core.transformer.transformer_layer import (
     TransformerLayerSubmodules,
 )
 
+from patches.compat import mlp_class
 from search import megatron_fields
 from search.errors import AcesoError
 
@@ -99,7 +100,7 @@ def _module_of(sub) -> type | None:
 def _refuse_moe(spec: ModuleSpec, path: str) -> None:
     from megatron.core.transformer.moe.moe_layer import MoELayer
 
-    mlp = _module_of(getattr(spec.submodules, "mlp", None))
+    mlp = mlp_class(getattr(spec.submodules, "mlp", None))
     if mlp is not None and issubclass(mlp, MoELayer):
         raise AcesoError(f"layer_spec '{path}': submodule mlp is an MoE layer ({mlp.__name__}); MoE needs expert "
                          "parallelism, which the runtime does not support yet")
@@ -123,10 +124,17 @@ TE_MISSING = "needs transformer-engine, which is not installed here"
 
 
 def _te_hint(e: Exception) -> str:
-    """A provider that fails for want of transformer-engine (megatron-core's TE specs name ``TESpecProvider``,
-    ``TELayerNormColumnParallelLinear``, ... only when TE imports): say so, and what runs instead."""
+    """A provider that fails for want of transformer-engine (megatron-core 0.16.1's TE specs name
+    ``TESpecProvider``, ``TELayerNormColumnParallelLinear``, ... only when TE imports: ``NameError``; 0.19 sets them
+    None: ``TypeError`` calling None inside its ``..._transformer_engine_...`` spec function): say so, and what runs
+    instead."""
+    import traceback
+
     text = f"{type(e).__name__} {e}"
-    if isinstance(e, NameError | ImportError | AttributeError) and ("TE" in text or "transformer_engine" in text):
+    in_te_spec = isinstance(e, TypeError) and "NoneType" in text and any(
+        "transformer_engine" in frame.name for frame in traceback.extract_tb(e.__traceback__))
+    if in_te_spec or (isinstance(e, NameError | ImportError | AttributeError)
+                      and ("TE" in text or "transformer_engine" in text)):
         return (f"; it {TE_MISSING} (and never runs on CPU): use a local "
                 "spec (megatron-core's get_gpt_layer_local_spec) or run on a GPU with transformer-engine")
     return ""

@@ -17,9 +17,12 @@ class PatchError(RuntimeError):
 
 
 def megatron_version() -> str:
+    """The installed megatron-core release, e.g. "0.19.2". Its ``__version__`` carries ``+<git sha>`` (from 0.17 on)
+    when the package's folder is inside any git checkout -- a source install in a container, or a virtual
+    environment made inside a repository -- which is no other release: the local part is dropped."""
     from megatron.core import package_info
 
-    return package_info.__version__
+    return package_info.__version__.split("+", 1)[0]
 
 
 def check_version(patch: str, tested: tuple[str, ...]) -> None:

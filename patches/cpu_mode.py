@@ -1,6 +1,6 @@
 """CPU mode: run stock megatron-core on CPU (gloo, fp32) for tests and laptops.
 
-Target: ``torch.cuda.{current_device, synchronize, get_rng_state, set_rng_state, manual_seed}``,
+Target: ``torch.cuda.{current_device, synchronize, current_stream, get_rng_state, set_rng_state, manual_seed}``,
 ``MoEAlltoAllTokenDispatcher.{cuda_dtoh_stream, _maybe_dtoh_and_synchronize}`` (its host copy of the split
 sizes), megatron-core's ``tensor_parallel.random._get_cuda_rng_state/_set_cuda_rng_state``, and tensor factories called with
 ``device="cuda"`` or an integer device, ``Tensor.cuda()`` and ``Tensor.type()`` (through a ``TorchFunctionMode``);
@@ -8,9 +8,10 @@ a logging filter on ``megatron.core.tensor_parallel.random``.
 
 Reason: megatron-core hard-codes CUDA in a few places that CPU training reaches: ``torch.cuda.current_device()``
 as the device of buffers (tensor-parallel layers, DDP buckets), ``device="cuda"`` in the 1F1B schedule's token
-counter and in the causal-mask helper (``transformer/utils.py``), and the CUDA RNG state that activation
-recompute saves and replays, and the MoE alltoall token dispatcher's copy of its split sizes to the host on a
-CUDA side stream (created in its ``__init__``; the copy converts only CUDA tensors to the numpy split sizes
+counter and in the causal-mask helper (``transformer/utils.py``), the CUDA RNG state that activation recompute
+saves and replays, the current stream that 0.19's ``start_grad_sync`` waits on before reducing a bucket (a host
+placeholder: one stream, waits are no-ops), and the MoE alltoall token dispatcher's copy of its split sizes to the
+host on a CUDA side stream (created in its ``__init__``; the copy converts only CUDA tensors to the numpy split sizes
 the all-to-all takes): on CPU the class's stream is a placeholder and the copy is the numpy conversion alone
 (``torch.cuda.Stream`` itself stays unpatched, so the meta-device build check still catches a user's module
 that needs CUDA). Without the RNG mapping, seeding fails and the recompute RNG replay silently does
@@ -24,7 +25,8 @@ so torch's "not a leaf Tensor" warning is silenced for that read (raised from in
 callers' filters on megatron-core's warnings). The function mode must stay active during backward (recomputed forwards create
 tensors too), so it is entered in ``apply()`` and left in ``revert()``, not scoped to a ``with`` block.
 
-Tested megatron-core versions: 0.16.1 (torch 2.13.0 CPU). Remove when megatron-core supports a CPU device.
+Tested megatron-core versions: 0.16.1 (torch 2.13.0 CPU), 0.19.2 (torch 2.14.1, the CUDA build on CPU). Remove when
+megatron-core supports a CPU device.
 The model side of CPU mode is configuration, not patching: all fusions off, ``use_cpu_initialization=True``,
 fp32 (see ``aceso_megatron.model.config``).
 """
@@ -40,7 +42,7 @@ from torch.overrides import TorchFunctionMode
 from ._base import Swaps, check_version
 
 NAME = "cpu_mode"
-TESTED_VERSIONS = ("0.16.1",)
+TESTED_VERSIONS = ("0.16.1", "0.19.2")
 _swaps = Swaps()
 _mode: _CudaToCpuMode | None = None
 
@@ -105,6 +107,48 @@ def _backward_in_mode(func, args, kwargs):
         ag.has_torch_function = saved
 
 
+class HostEvent:
+    """A CUDA event on the host: work is already in program order."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def record(self, *args) -> None:
+        pass
+
+    def wait(self, *args) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+class HostStream:
+    """The host's one stream: work is already in program order."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def wait_stream(self, *args) -> None:
+        pass
+
+    def wait_event(self, *args) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def record_event(self, *args) -> HostEvent:
+        return HostEvent()
+
+
+def _current_stream(device=None) -> HostStream:
+    return HostStream()
+
+
 class _SameGeneratorFilter(logging.Filter):
     """Drops the rng tracker's warning that a fork changed the CPU RNG: on CPU it is the forked generator."""
 
@@ -148,6 +192,7 @@ def apply() -> None:
 
     _swaps.set(torch.cuda, "current_device", lambda: 0)
     _swaps.set(torch.cuda, "synchronize", lambda *a, **k: None)
+    _swaps.set(torch.cuda, "current_stream", _current_stream)   # 0.19's start_grad_sync waits on it
     _swaps.set(torch.cuda, "get_rng_state", _get_rng_state)
     _swaps.set(torch.cuda, "set_rng_state", _set_rng_state)
     _swaps.set(torch.cuda, "manual_seed", lambda seed: torch.manual_seed(seed))

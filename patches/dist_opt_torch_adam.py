@@ -23,7 +23,7 @@ per-parameter ``step`` tensor in its state. Two things break when such an optimi
    hand it over): the checkpoint's non-sharded state is rank 0's, and every rank's ``ChainedOptimizer`` asserts
    one step over its param groups after loading, so a stand-in 0 would break the other stages' resume.
 
-Tested megatron-core versions: 0.16.1 (torch 2.13.0). Applied by ``build_runtime`` for distributed-optimizer plans
+Tested megatron-core versions: 0.16.1 (torch 2.13.0), 0.19.2 (torch 2.14.1; the same three faults). Applied by ``build_runtime`` for distributed-optimizer plans
 when megatron-core runs torch's Adam (``distrib_optimizer.HAVE_APEX_OR_TE`` false). Remove when megatron-core
 copies only the loaded keys and gives each parameter its own step.
 """
@@ -37,7 +37,7 @@ import torch
 from ._base import Swaps, check_version
 
 NAME = "dist_opt_torch_adam"
-TESTED_VERSIONS = ("0.16.1",)
+TESTED_VERSIONS = ("0.16.1", "0.19.2")
 _swaps = Swaps()
 
 

@@ -17,7 +17,8 @@ with ``malloc(): unaligned tcache chunk detected``). Only these two modules see 
 ``torch.cuda.Stream`` stays unpatched (the meta-device build check relies on it failing). The rest of CPU mode
 (``device="cuda"`` factories, ``torch.cuda.synchronize``, the CUDA RNG) is ``patches.cpu_mode``'s.
 
-Tested megatron-core versions: 0.16.1 (torch 2.13.0 CPU; ``FullyShardedDataParallel`` also needs einops).
+Tested megatron-core versions: 0.16.1 (torch 2.13.0 CPU), 0.19.2 (torch 2.14.1; ``FullyShardedDataParallel`` also
+needs einops).
 Applied by ``build_runtime`` for Megatron FSDP plans on CPU. Remove when Megatron FSDP takes a CPU device.
 """
 
@@ -30,63 +31,28 @@ import torch
 from torch.distributed.distributed_c10d import _IllegalWork
 
 from ._base import Swaps, check_version
+from .cpu_mode import HostEvent, HostStream
 
 NAME = "fsdp_cpu"
-TESTED_VERSIONS = ("0.16.1",)
+TESTED_VERSIONS = ("0.16.1", "0.19.2")
 MODULES = ("megatron.core.distributed.fsdp.src.megatron_fsdp.megatron_fsdp",
            "megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer")
 _swaps = Swaps()
 
 
-class _Event:
-    def __init__(self, *args, **kwargs) -> None:
-        pass
-
-    def record(self, *args) -> None:
-        pass
-
-    def wait(self, *args) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-
-class _Stream:
-    """The host's one stream: work is already in program order."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        pass
-
-    def wait_stream(self, *args) -> None:
-        pass
-
-    def wait_event(self, *args) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-    def record_event(self, *args) -> _Event:
-        return _Event()
-
-
 class _Cuda:
     """``torch.cuda`` with host streams."""
 
-    Stream = _Stream
-    Event = _Event
+    Stream = HostStream
+    Event = HostEvent
 
     @staticmethod
     def stream(s=None):
         return contextlib.nullcontext()
 
     @staticmethod
-    def current_stream(device=None) -> _Stream:
-        return _Stream()
+    def current_stream(device=None) -> HostStream:
+        return HostStream()
 
     def __getattr__(self, name):
         return getattr(torch.cuda, name)

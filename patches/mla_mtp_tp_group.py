@@ -19,8 +19,11 @@ sums the ``k_pos_emb`` columns of the gradient over TP before the split, which i
 computes (``tests/distributed/test_moe_mla_mtp.py`` proves it at tp2 + SP). Outside the wrapped methods, or with
 an explicit group, the mappings behave as upstream.
 
-Applied by ``build_runtime`` for MLA or MTP models. Tested megatron-core versions: 0.16.1 (the call order in
-``get_query_key_value_tensors``: the ``q_compressed`` gather, when ``q_lora_rank`` is set, then ``kv_combined``).
+Applied by ``build_runtime`` for MLA or MTP models. Tested megatron-core versions: 0.16.1, 0.19.2 (the call order in
+``get_query_key_value_tensors``: the ``q_compressed`` gather, when ``q_lora_rank`` is set -- in 0.19 inside
+``_qkv_down_projection``, which it calls -- then ``kv_combined``). 0.19's MTP layer passes its group to both mappings
+and computes its offset from the config alone (``get_mtp_layer_offset``; ``get_transformer_layer_offset`` is gone
+from the module and not swapped): there only the MLA part changes anything.
 Remove when megatron-core passes its ``tp_group`` to these mappings and reduces the RoPE key's gradient.
 """
 
@@ -35,7 +38,7 @@ import torch.distributed as dist
 from ._base import Swaps, check_version
 
 NAME = "mla_mtp_tp_group"
-TESTED_VERSIONS = ("0.16.1",)
+TESTED_VERSIONS = ("0.16.1", "0.19.2")
 _swaps = Swaps()
 # (tp group, the gathers still to come in this call: "q" / "kv", the RoPE key width), set by the wrapped methods
 _CALL: contextvars.ContextVar = contextvars.ContextVar("aceso_mla_mtp_call", default=None)
@@ -128,7 +131,8 @@ def apply() -> None:
                _within(mla.MLASelfAttention.get_query_key_value_tensors, lambda a: a.tp_group, mla_pending))
     _swaps.set(mtp, "gather_from_tensor_model_parallel_region", _gather(mtp.gather_from_tensor_model_parallel_region))
     _swaps.set(mtp, "scatter_to_sequence_parallel_region", _scatter(mtp.scatter_to_sequence_parallel_region))
-    _swaps.set(mtp, "get_transformer_layer_offset", _layer_offset(mtp.get_transformer_layer_offset))
+    if hasattr(mtp, "get_transformer_layer_offset"):   # 0.16.1; 0.19's get_mtp_layer_offset reads the config only
+        _swaps.set(mtp, "get_transformer_layer_offset", _layer_offset(mtp.get_transformer_layer_offset))
     _swaps.set(mtp.MultiTokenPredictionLayer, "_concat_embeddings",
                _within(mtp.MultiTokenPredictionLayer._concat_embeddings, lambda m: m.eh_proj.tp_group,
                        lambda m: ([], 0)))

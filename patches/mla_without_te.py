@@ -11,7 +11,8 @@ says, ``transformer_engine.HAVE_TE``) that check is skipped, as its ``except Imp
 else in the module reads it. Applied by ``build_runtime`` (and the single-process reference) for MLA models when
 transformer-engine is not importable.
 
-Tested megatron-core versions: 0.16.1. Remove when ``multi_latent_attention`` takes ``HAVE_TE`` from the extension.
+Tested megatron-core versions: 0.16.1. Not needed on 0.19 (``multi_latent_attention`` takes ``HAVE_TE`` from the
+extension there: ``needed()`` is False and ``apply()`` does nothing). Remove with 0.16 support.
 """
 
 from __future__ import annotations

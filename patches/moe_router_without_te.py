@@ -9,7 +9,8 @@ router runs in fp64). With the name defined as None the function takes its own t
 forward and backward, which is what the code intends. Applied by ``build_runtime`` (and the single-process
 reference) for MoE models when transformer-engine is not importable.
 
-Tested megatron-core versions: 0.16.1. Remove when ``moe_utils`` sets ``te_general_gemm = None`` itself.
+Tested megatron-core versions: 0.16.1. Not needed on 0.19 (``moe_utils`` sets ``te_general_gemm = None`` itself:
+``needed()`` is False and ``apply()`` does nothing). Remove with 0.16 support.
 """
 
 from __future__ import annotations

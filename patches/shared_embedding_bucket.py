@@ -13,18 +13,23 @@ optimizer. Without the distributed optimizer a buffer has no padding, so the par
 buffer (``param.main_grad`` views are unchanged); only the bucket bookkeeping is rebuilt, with the buffer's own
 ``_new_bucket``. Buffers of the distributed optimizer are left as megatron-core built them.
 
-Tested megatron-core versions: 0.16.1. Applied by ``build_runtime`` when the plan has embedding copies on several
+On 0.19 the layout is computed outside the buffer (``param_layout``; without the distributed optimizer
+``_compute_default_per_buffer_param_layout``, which splits nothing out either) and ``_new_bucket`` takes each
+bucket's parameters with extra main grads; the wrapper is the same.
+
+Tested megatron-core versions: 0.16.1, 0.19.2. Applied by ``build_runtime`` when the plan has embedding copies on several
 stages. Remove when megatron-core splits shared embeddings out whatever the optimizer.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 
 from ._base import Swaps, check_version
 
 NAME = "shared_embedding_bucket"
-TESTED_VERSIONS = ("0.16.1",)
+TESTED_VERSIONS = ("0.16.1", "0.19.2")
 _swaps = Swaps()
 
 
@@ -56,6 +61,10 @@ def split_shared_embedding_buckets(buf) -> None:
     segments = _segments(buf)
     if len(segments) == len(buf.buckets):
         return
+    # 0.19: each bucket also lists its parameters whose main_grad lives outside the buffer (none in fp32 / bf16
+    # training, kept as they were); 0.16.1's _new_bucket has no such argument
+    extra = {p for b in buf.buckets for p in getattr(b, "params_with_extra_main_grads", ())}
+    takes_extra = "bucket_params_with_extra_main_grads" in inspect.signature(buf._new_bucket).parameters
     buf.bucket_indices, buf.buckets, buf.param_to_bucket = [], [], {}
     for i, seg in enumerate(segments):
         lo = buf.param_index_map[seg[0]][0]
@@ -64,8 +73,9 @@ def split_shared_embedding_buckets(buf) -> None:
             start, end, _ = buf.param_index_map[p]
             buf.param_index_map[p] = (start, end, i)
         buf.bucket_indices.append((lo, hi))
+        kw = {"bucket_params_with_extra_main_grads": [p for p in seg if p in extra]} if takes_extra else {}
         buf.buckets.append(buf._new_bucket(bucket_params=seg, start_index=lo, end_index=hi,
-                                           numel_unpadded=hi - lo, bucket_id=i))
+                                           numel_unpadded=hi - lo, bucket_id=i, **kw))
 
 
 def _splitting(original):

@@ -29,6 +29,9 @@ _RECOMPUTE = "the plan's per-unit recompute (stages[].chunks[].recompute)"
 _RUNTIME = "-the runtime sets it"
 _NO_MOE = "-MoE layers and expert parallelism are not supported yet"
 
+# CONTROLLED fields that only older supported megatron-core releases have (removed since: an unknown field there)
+OLDER_RELEASES_ONLY = frozenset({"moe_extended_tp"})   # 0.16.1; gone in 0.19
+
 # megatron-core field -> the spec or plan field that sets it instead ("-reason": nothing does)
 CONTROLLED: dict[str, str] = {
     **{f: f for f in ("hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "ffn_hidden_size",

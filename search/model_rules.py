@@ -7,7 +7,7 @@ hold (the load-balancing type, ``--moe-router-pre-softmax``). Both read one tabl
 core_v0.16.1's ``validate_args`` (megatron/training/arguments.py) for what the model build would refuse, over the
 ``TransformerConfig`` names of the fields (``config_fields``), so a spec file, a preset, an HF config and a command
 line are refused by the same rule; each caller words the fields its way (``spec_name``, or flags).
-tests/runtime/test_model_rules.py builds each refused config with megatron-core (and Megatron-LM's parser) and
+tests/runtime/test_model_rules_megatron.py builds each refused config with megatron-core (and Megatron-LM's parser) and
 shows it refuses it too.
 """
 

@@ -1,7 +1,11 @@
 """Users' own megatron-core layer specs, as a team would write them, for the tests of ``layer_spec`` (torch).
 
 - ``qk_norm_squared_relu``: megatron-core's local GPT layer with QK-layernorm and an MLP whose activation is
-  squared ReLU (a subclass of megatron-core's ``MLP``) with an extra projection before ``linear_fc1``;
+  squared ReLU (a subclass of megatron-core's ``MLP``) with an extra projection before ``linear_fc1``, its ``mlp``
+  slot written as the installed megatron-core's stock spec writes it (``patches.compat.with_mlp_class``); the same
+  layer written for one release: ``qk_norm_squared_relu_v016`` (a ``ModuleSpec`` of the MLP class, megatron-core
+  0.16's style) and ``qk_norm_squared_relu_v019`` (``partial(ProjectedMLP.as_mlp_submodule, submodules=...)``,
+  0.19's);
 - ``t5_encoder`` / ``t5_decoder``: megatron-core's local T5 layers with the squared-ReLU MLP;
 - ``parallel_block``: a GPT-J-style layer (attention and MLP read the same normed input and add to one residual),
   a ``TransformerLayer`` subclass with its own ``forward``: it cannot be split into units and runs whole;
@@ -13,6 +17,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -20,6 +25,8 @@ from megatron.core.models.T5 import t5_spec
 from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_layer import TransformerLayer
+
+from patches.compat import mlp_submodules, with_mlp_class
 
 
 def squared_relu(x: torch.Tensor) -> torch.Tensor:
@@ -47,12 +54,29 @@ class ProjectedMLP(SquaredReLUMLP):
 
 
 def _with_mlp(spec: ModuleSpec, mlp_class: type) -> ModuleSpec:
-    mlp = dataclasses.replace(spec.submodules.mlp, module=mlp_class)
+    mlp = with_mlp_class(spec.submodules.mlp, mlp_class)
     return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, mlp=mlp))
 
 
 def qk_norm_squared_relu() -> ModuleSpec:
     return _with_mlp(get_gpt_layer_local_spec(qk_layernorm=True), ProjectedMLP)
+
+
+def _with_mlp_slot(spec: ModuleSpec, mlp) -> ModuleSpec:
+    return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, mlp=mlp))
+
+
+def qk_norm_squared_relu_v016() -> ModuleSpec:
+    """The layer as a megatron-core 0.16 user wrote it: the MLP slot a ``ModuleSpec`` of the subclass."""
+    spec = get_gpt_layer_local_spec(qk_layernorm=True)
+    return _with_mlp_slot(spec, ModuleSpec(module=ProjectedMLP, submodules=mlp_submodules(spec.submodules.mlp)))
+
+
+def qk_norm_squared_relu_v019() -> ModuleSpec:
+    """The layer as a megatron-core 0.19 user writes it: the MLP slot the subclass's ``as_mlp_submodule`` builder."""
+    spec = get_gpt_layer_local_spec(qk_layernorm=True)
+    return _with_mlp_slot(spec, functools.partial(ProjectedMLP.as_mlp_submodule,
+                                                  submodules=mlp_submodules(spec.submodules.mlp)))
 
 
 def t5_encoder() -> ModuleSpec:
@@ -95,7 +119,7 @@ def raises():
 
 
 def not_a_layer() -> ModuleSpec:
-    return ModuleSpec(module=MLP, submodules=MLPSubmodules())
+    return ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=None, linear_fc2=None))
 
 
 def moe() -> ModuleSpec:

@@ -9,6 +9,9 @@ one imports no torch. Patches raise their own ``patches._base.PatchError``; ``ba
 A worker under ``aceso launch`` reports its bad input with ``report_bad_input``: into the file named by
 ``ACESO_ERROR_FILE`` (the first rank to fail wins), which ``aceso launch`` prints as its own one-line error with
 exit 2 instead of torchrun's failure report; without that variable rank 0 prints it.
+
+Importing this package silences the import-time notices of torch's CUDA build on a CPU machine
+(``patches.compat.quiet_cuda_build_notices``): every runtime subcommand and the pre-flight are reached through it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from patches._base import PatchError
+from patches.compat import quiet_cuda_build_notices
 from search.errors import AcesoError
+
+# before any subcommand imports torch: torch's CUDA build on a CPU machine would print a notice (patches.compat)
+quiet_cuda_build_notices()
 
 
 @contextmanager

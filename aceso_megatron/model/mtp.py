@@ -6,7 +6,8 @@ of the last chunk of the last stage; that chunk builds one ``MultiTokenPredictio
 ``mtp.layers.<j>.*``, as ``GPTModel``'s) from megatron-core's MTP layer spec (``get_mtp_layer_spec_for_backend``)
 around the spec of the last decoder layer (stock ``get_gpt_mtp_block_spec`` takes ``layer_specs[-1]``), with the
 stage's groups bound where megatron-core 0.16.1 builds without them (the transformer layer's ``pg_collection``,
-``eh_proj``'s ``tp_group``; the two mappings it calls without a group: ``patches.mla_mtp_tp_group``), and the
+``eh_proj``'s ``tp_group``: ``patches.compat.mtp_layer_spec``; the two mappings it calls without a group:
+``patches.mla_mtp_tp_group``), and the
 sequence-parallel norms of an SP stage.
 
 The chunk also holds a copy of the embedding (stock: "MTP needs both embedding layer and output layer"; tied: the
@@ -18,15 +19,16 @@ output per MTP layer; layer ``j``'s logits (the shared output layer) against the
 left (the last positions masked, ``roll_tensor``), scaled ``mtp_loss_scaling_factor / mtp_num_layers``, enter the
 backward through ``MTPLossAutoScaler``: divided by the micro-batch's count of rolled mask tokens (megatron-core's
 default), or not (``calculate_per_token_loss``: the gradients are divided by the main loss's global token count
-instead); the schedule sets the scaler's scale (``engine``: the same loss scale as the main loss). The reported
-loss stays the main loss, as in stock training.
+instead, and megatron-core 0.19's ``process_mtp_loss`` weighs layer ``j``'s loss by the micro-batch's tokens before
+rolling over those left after it: ``patches.compat.mtp_loss_scale``, 1 on 0.16.1); the schedule sets the scaler's
+scale (``engine``: the same loss scale as the main loss). The reported loss stays the main loss, as in stock
+training.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import torch
-from megatron.core.transformer.spec_utils import ModuleSpec
 
 from model_specs.builders import bind_tp_group, layer_spec
 
@@ -38,10 +40,9 @@ UNIT = "mtp"
 def block_spec(model, config, pg_collection, te: bool):
     """The ``MultiTokenPredictionBlockSubmodules`` of ``model``'s MTP layers for a stage with ``config``."""
     from megatron.core.models.backends import LocalSpecProvider
-    from megatron.core.transformer.multi_token_prediction import (
-        MultiTokenPredictionBlockSubmodules,
-        get_mtp_layer_spec_for_backend,
-    )
+    from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionBlockSubmodules
+
+    from patches.compat import mtp_layer_spec
 
     if te:
         from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
@@ -55,12 +56,10 @@ def block_spec(model, config, pg_collection, te: bool):
         from .norms import with_sequence_parallel_norms
 
         last = with_sequence_parallel_norms(last)
-    last = dataclasses.replace(last, params={**last.params, "pg_collection": pg_collection})
-    spec = get_mtp_layer_spec_for_backend(transformer_layer_spec=last, backend=backend)
+    spec = mtp_layer_spec(last, backend, pg_collection)   # with the stage's groups where megatron-core omits them
     sub = spec.submodules
     norm = sequence_parallel_norm if config.sequence_parallel else (lambda s: s)
-    sub = dataclasses.replace(sub, enorm=norm(sub.enorm), hnorm=norm(sub.hnorm), layer_norm=norm(sub.layer_norm),
-                              eh_proj=ModuleSpec(module=sub.eh_proj, params={"tp_group": pg_collection.tp}))
+    sub = dataclasses.replace(sub, enorm=norm(sub.enorm), hnorm=norm(sub.hnorm), layer_norm=norm(sub.layer_norm))
     spec = dataclasses.replace(spec, submodules=sub)
     return MultiTokenPredictionBlockSubmodules(layer_specs=[spec] * model.mtp_num_layers)
 
@@ -78,7 +77,9 @@ def reset_loss_tracker(num_layers: int | None = None) -> None:
     process that builds models of another MTP depth (a test running several plans) logs into a tensor of its size."""
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
-    values = MTPLossLoggingHelper.tracker.get("values")
+    from patches.compat import mtp_tracker_key
+
+    values = MTPLossLoggingHelper.tracker.get(mtp_tracker_key())
     if num_layers is None or values is None or values.numel() != num_layers:
         MTPLossLoggingHelper.tracker.clear()
 
@@ -86,11 +87,9 @@ def reset_loss_tracker(num_layers: int | None = None) -> None:
 def mtp_loss(stage, hidden: torch.Tensor, labels: torch.Tensor, loss_mask) -> torch.Tensor:
     """The main hidden states of ``hidden`` (main and MTP outputs concatenated on the sequence) with every MTP
     layer's loss attached for the backward (``MTPLossAutoScaler``), as ``GPTModel._postprocess``."""
-    from megatron.core.transformer.multi_token_prediction import (
-        MTPLossAutoScaler,
-        MTPLossLoggingHelper,
-        roll_tensor,
-    )
+    from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler, roll_tensor
+
+    from patches.compat import mtp_loss_scale, save_mtp_loss
 
     cfg = stage.config
     n = cfg.mtp_num_layers
@@ -98,6 +97,7 @@ def mtp_loss(stage, hidden: torch.Tensor, labels: torch.Tensor, loss_mask) -> to
     hidden, cp = parts[0], stage.pg_collection.cp
     mtp_labels = labels.clone()
     mask = torch.ones_like(mtp_labels) if loss_mask is None else loss_mask
+    original_tokens = mask.sum()   # megatron-core 0.19 weighs layer j by these over the tokens left after rolling
     if stage.training:
         reset_loss_tracker(n)
     for j in range(n):
@@ -106,9 +106,11 @@ def mtp_loss(stage, hidden: torch.Tensor, labels: torch.Tensor, loss_mask) -> to
         mask, num_tokens = roll_tensor(mask, shifts=-1, dims=-1, cp_group=cp)
         loss = mask * stage._loss(logits, mtp_labels)
         if stage.training:
-            MTPLossLoggingHelper.save_loss_to_tracker(torch.sum(loss) / num_tokens, j, n,
-                                                      avg_group=stage.pg_collection.dp_cp)
+            save_mtp_loss(torch.sum(loss) / num_tokens, j, n, avg_group=stage.pg_collection.dp_cp)
         scale = cfg.mtp_loss_scaling_factor / n
-        hidden = MTPLossAutoScaler.apply(hidden, scale * loss if cfg.calculate_per_token_loss
-                                         else scale * loss / num_tokens)
+        if cfg.calculate_per_token_loss:
+            scale = scale * mtp_loss_scale(original_tokens, num_tokens)   # 1 on 0.16.1 (patches.compat)
+            hidden = MTPLossAutoScaler.apply(hidden, scale * loss)
+        else:
+            hidden = MTPLossAutoScaler.apply(hidden, scale * loss / num_tokens)
     return hidden

@@ -48,7 +48,7 @@ from search.model import ModelSpec
 from search.plan import ParallelPlan
 from search.rope_scaling import rotary_kwargs
 
-from . import lowprec, moe, mtp
+from . import hybrid, lowprec, moe, mtp
 from .attention import attention_mismatch, fall_back_with_te
 from .config import stage_config, without_grad_accum_fusion
 from .fast_path import Environment, FastPath, choose
@@ -61,6 +61,7 @@ _TE_NORMS = {"self_attention.linear_qkv.layer_norm_": "input_layernorm.",
              "mlp.linear_fc1.layer_norm_": "pre_mlp_layernorm."}
 
 log = logging.getLogger(__name__)
+_UNIT_PREFIXES = ("units.", "decoder.layers.")   # a chunk's unit layers: a ModuleList, or its HybridStack's
 
 
 def local_layer_name(name: str) -> str:
@@ -105,10 +106,24 @@ class _Stage(MegatronModule):
         units = list(model.units[span.start_unit:span.end_unit])
         n_mtp = sum(u.kind == mtp.UNIT for u in units)   # the MTP units end the last chunk (mtp.block_spec)
         recompute = fall_back_with_te(span.recompute, self.te, stage)[:len(units) - n_mtp]
-        self.units = torch.nn.ModuleList(build_unit_layers(
-            model, units[:len(units) - n_mtp], recompute, config, pg_collection, self.te,
-            transform=with_sequence_parallel_norms if config.sequence_parallel else None))
-        self.mtp = mtp.build_block(model, config, pg_collection, self.te) if n_mtp else None
+        layer_units = units[:len(units) - n_mtp]
+        layers = build_unit_layers(model, layer_units, recompute, config, pg_collection, self.te,
+                                   transform=with_sequence_parallel_norms if config.sequence_parallel else None)
+        # megatron-core 0.19: the units placed by HybridStack from the chunk's layer pattern (model.hybrid);
+        # ``units`` is then its layer list (not registered twice)
+        stack = hybrid.build_stack(model, layer_units, layers, span.start_unit, config, pg_collection)
+        if stack is not None:
+            self.decoder = stack
+            object.__setattr__(self, "units", stack.layers)
+        else:
+            self.units = torch.nn.ModuleList(layers)
+        if n_mtp:   # named as GPTModel's; absent otherwise (megatron-core's schedule walks ``mtp.layers`` if present)
+            self.mtp = mtp.build_block(model, config, pg_collection, self.te)
+
+    @property
+    def mtp_block(self):
+        """The chunk's ``MultiTokenPredictionBlock`` (the ``mtp`` units), or None."""
+        return getattr(self, "mtp", None)
 
     def _embedding(self, max_len: int, kind: str) -> LanguageModelEmbedding:
         return LanguageModelEmbedding(config=self.config, vocab_size=self.spec.padded_vocab_size,
@@ -155,7 +170,7 @@ class _Stage(MegatronModule):
         """Local parameter name -> name in a single-process megatron-core ``GPTModel``/``T5Model``."""
         out = {}
         for name, _ in self.named_parameters():
-            if name.startswith("units."):
+            if name.startswith(_UNIT_PREFIXES):
                 out[name] = self._unit_name(name)
             elif name == "output_layer.weight" and self.share_embeddings_and_output_weights:
                 out[name] = "embedding.word_embeddings.weight"
@@ -167,7 +182,8 @@ class _Stage(MegatronModule):
         return out
 
     def _unit_name(self, name: str) -> str:
-        idx, rest = name[len("units."):].split(".", 1)
+        prefix = next(p for p in _UNIT_PREFIXES if name.startswith(p))
+        idx, rest = name[len(prefix):].split(".", 1)
         unit = self.units[int(idx)].unit
         name = f"{unit.stack}.layers.{unit.layer}.{local_layer_name(rest[len('layer.'):])}"
         return moe.global_expert_name(name, self._ep_rank, self._local_experts) if self._local_experts else name
@@ -180,7 +196,7 @@ class GPTStage(_Stage):
                  fast: FastPath | None = None, per_token_loss: bool = False):
         super().__init__(plan, stage, pg_collection, device, chunk, fast, per_token_loss)
         model = self.spec
-        if self.pre_process or self.mtp is not None:   # MTP embeds the shifted tokens (a copy after stage 0)
+        if self.pre_process or self.mtp_block is not None:   # MTP embeds the shifted tokens (a copy after stage 0)
             kind = "learned_absolute" if model.position_embedding == "learned" else "none"
             self.embedding = self._embedding(model.seq_length, kind)
         self.rotary_pos_emb = None
@@ -214,7 +230,7 @@ class GPTStage(_Stage):
         if not self.post_process:
             return hidden
         hidden = self.final_layernorm(hidden)
-        if self.mtp is not None:
+        if self.mtp_block is not None:
             # (under SP each MTP layer forks the rng tracker itself)
             hidden = self.mtp(input_ids=input_ids, position_ids=position_ids, hidden_states=hidden,
                               attention_mask=None, rotary_pos_emb=rotary, embedding=self.embedding)

@@ -147,6 +147,23 @@ class PlanCommunicator:
             self.send_fwd = [m for m in boundary_messages(plan, s, nxt, seg_out) if m.src == rank]
             self.recv_bwd = [m for m in boundary_messages(plan, nxt, s, seg_out) if m.dst == rank]
 
+    # -- the stage's place (megatron-core 0.19's schedules read it from the communicator) ---------------------------
+    @property
+    def is_pp_first_stage(self) -> bool:
+        return self.pp_group.rank() == 0
+
+    @property
+    def is_pp_last_stage(self) -> bool:
+        return self.pp_group.rank() == self.pp_group.size() - 1
+
+    @property
+    def total_stages(self) -> int:
+        return self.pp_group.size()
+
+    @property
+    def current_stage(self) -> int:
+        return self.pp_group.rank()
+
     # -- primitives -------------------------------------------------------------------------------------------
     def _post_recvs(self, messages, tag):
         bufs, works = [], []

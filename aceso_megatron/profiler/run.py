@@ -16,8 +16,10 @@ import sys
 import time
 import warnings
 
+from patches.compat import quiet_cuda_build_notices
 from search.errors import AcesoError
 
+quiet_cuda_build_notices()   # a worker on CPU with torch's CUDA build: no import-time notice (patches.compat)
 warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
 
 

@@ -1,7 +1,7 @@
-"""The single-process reference: a stock megatron-core ``GPTModel`` (or ``T5Model``) built the usual way
-(``parallel_state``, ``get_gpt_layer_local_spec`` or the model's own ``layer_spec``, megatron-core DDP and
-optimizer with its own gradient clipping, the no-pipelining schedule), with the same plan-independent initial
-weights as the runtime.
+"""The single-process reference: a stock megatron-core ``GPTModel`` (or ``T5Model``; on megatron-core 0.19 also
+``HybridModel``, ``hybrid=True``) built the usual way (``parallel_state``, ``get_gpt_layer_local_spec`` or the model's
+own ``layer_spec``, megatron-core DDP and optimizer with its own gradient clipping, the no-pipelining schedule), with
+the same plan-independent initial weights as the runtime.
 
 Tests compare the runtime under any plan with this model; ``bench/runtime_overhead.py`` times it.
 Needs a 1-process ``torch.distributed`` group and ``parallel_state.initialize_model_parallel()``
@@ -59,11 +59,56 @@ def _decoder_spec(model: ModelSpec, config):
     return dataclasses.replace(block, layer_specs=[with_mla_core(s) for s in block.layer_specs])
 
 
+def hybrid_model(model: ModelSpec, config):
+    """Stock ``HybridModel`` (megatron-core 0.19) of a dense GPT / Llama ``model``: its units as the hybrid layer
+    pattern (``*-`` per layer, ``model.hybrid.pattern``), with layers from megatron-core's local GPT layer spec --
+    the attention layer a ``TransformerLayer`` of its input norm, self-attention and residual add, the MLP layer
+    megatron-core's ``MLPLayer`` of its pre-MLP norm, MLP and residual add -- and the local final norm in
+    ``HybridStack``'s ``final_norm`` (which it builds as transformer-engine's ``TENorm`` whatever the spec: no
+    ``HybridModel`` builds without TE otherwise). Returns (module, local name -> canonical GPT name)."""
+    from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
+    from megatron.core.models.hybrid.hybrid_model import HybridModel
+    from megatron.core.ssm.mlp_layer import MLPLayer
+    from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+    from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+
+    from model_specs.builders import final_norm_spec, layer_spec
+
+    from ..model.hybrid import pattern
+
+    text = pattern(model, list(model.units))
+    if text is None or model.moe is not None or model.mla is not None or model.mtp_num_layers or model.layer_spec:
+        raise ValueError(f"{model.name}: the stock HybridModel reference covers dense GPT / Llama models only")
+    full = layer_spec(model, "decoder", te=False).submodules
+    attention = ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(
+        input_layernorm=full.input_layernorm, self_attention=full.self_attention, self_attn_bda=full.self_attn_bda))
+    mlp = ModuleSpec(module=MLPLayer, submodules=TransformerLayerSubmodules(
+        pre_mlp_layernorm=full.pre_mlp_layernorm, mlp=full.mlp, mlp_bda=full.mlp_bda))
+    stack = ModuleSpec(module=HybridStack, params={"post_layer_norm": False},
+                       submodules=HybridStackSubmodules(attention_layer=attention, mlp_layer=mlp))
+    m = HybridModel(config, stack, vocab_size=model.padded_vocab_size, max_sequence_length=model.seq_length,
+                    hybrid_layer_pattern=text, share_embeddings_and_output_weights=model.tied_embeddings,
+                    position_embedding_type="rope" if model.position_embedding == "rope" else "learned_absolute",
+                    rotary_base=int(model.rotary_base), rotary_percent=model.rotary_percent)
+    m.decoder.final_norm = build_module(final_norm_spec(model, te=False), config=config,
+                                        hidden_size=config.hidden_size, eps=config.layernorm_epsilon)
+    m.decoder.post_layer_norm = True
+
+    def canonical(name: str) -> str:
+        if name.startswith("decoder.layers."):
+            idx, rest = name[len("decoder.layers."):].split(".", 1)
+            return f"decoder.layers.{model.units[int(idx)].layer}.{rest}"
+        return name.replace("decoder.final_norm.", "decoder.final_layernorm.")
+
+    return m, {n: canonical(n) for n, _ in m.named_parameters()}
+
+
 class Reference:
-    """Stock GPTModel/T5Model + DDP + megatron-core optimizer, one process."""
+    """Stock GPTModel/T5Model (``hybrid``: HybridModel, megatron-core 0.19) + DDP + megatron-core optimizer, one
+    process. Gradients and parameters are given by canonical (GPTModel) name."""
 
     def __init__(self, model: ModelSpec, seed: int = 1234, train_config: TrainConfig | None = None,
-                 global_batch_size: int = 1):
+                 global_batch_size: int = 1, hybrid: bool = False):
         from megatron.core.distributed import (
             DistributedDataParallel,
             DistributedDataParallelConfig,
@@ -98,6 +143,9 @@ class Reference:
                 max_sequence_length=max(model.seq_length, model.decoder_seq_length),
                 share_embeddings_and_output_weights=model.tied_embeddings,
             )
+        elif hybrid:
+            config = stage_config(model, 1)
+            self.gpt, names = hybrid_model(model, config)
         else:
             config = stage_config(model, 1, per_token_loss=per_token)
             spec = _decoder_spec(model, config)
@@ -116,7 +164,9 @@ class Reference:
             )
         std = tc.std_for(model)
         config.init_method_std = std
-        names = {n: n for n, _ in self.gpt.named_parameters()}
+        if not hybrid:
+            names = {n: n for n, _ in self.gpt.named_parameters()}
+        self.names = names
         initialize(self.gpt, names, model, seed, 1, 0, std)
         self.model = DistributedDataParallel(
             config, DistributedDataParallelConfig(overlap_grad_reduce=False), self.gpt
@@ -175,19 +225,20 @@ class Reference:
         return loss
 
     def grads(self) -> dict[str, torch.Tensor]:
-        return {n: p.main_grad.detach().clone() for n, p in self.gpt.named_parameters()}
+        return {self.names[n]: p.main_grad.detach().clone() for n, p in self.gpt.named_parameters()}
 
     def params(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone() for n, p in self.gpt.named_parameters()}
+        return {self.names[n]: p.detach().clone() for n, p in self.gpt.named_parameters()}
 
 
 _STOCK_RUNS: dict[tuple, dict] = {}
 
 
-def stock_run(raw: dict, seed: int, train_config: TrainConfig, steps: int, loss_mask: bool = False) -> dict:
+def stock_run(raw: dict, seed: int, train_config: TrainConfig, steps: int, loss_mask: bool = False,
+              hybrid: bool = False) -> dict:
     """What the stock single-process model does on plan ``raw``'s model and batches (``make_batches`` with ``seed``
     and ``loss_mask``): the losses of ``steps`` optimizer steps, the gradients of the first and the parameters after
-    the last.
+    the last. ``hybrid``: the stock model is megatron-core 0.19's ``HybridModel`` (else ``GPTModel`` / ``T5Model``).
 
     Its micro-batch is Megatron-LM's ``--micro-batch-size``: the samples one rank of the plan's loss stage gets (the
     pipeline micro-batch / that stage's DP), so each micro-batch is normalised by its own token count as it would
@@ -200,20 +251,21 @@ def stock_run(raw: dict, seed: int, train_config: TrainConfig, steps: int, loss_
     p = ParallelPlan.model_validate(raw)
     per_rank = p.micro_batch_per_rank(p.num_stages - 1)
     key = (p.model.model_dump_json(), p.micro_batch_size, per_rank, p.global_batch_size, seed, repr(train_config),
-           steps, loss_mask)
+           steps, loss_mask, hybrid)
     if key not in _STOCK_RUNS:
-        _STOCK_RUNS[key] = _stock_run(p, seed, train_config, steps, per_rank, loss_mask)
+        _STOCK_RUNS[key] = _stock_run(p, seed, train_config, steps, per_rank, loss_mask, hybrid)
     got = _STOCK_RUNS[key]
     return {"losses": list(got["losses"]), "grads": {k: v.clone() for k, v in got["grads"].items()},
             "params": {k: v.clone() for k, v in got["params"].items()}}
 
 
-def _stock_run(p, seed: int, train_config: TrainConfig, steps: int, per_rank: int, loss_mask: bool) -> dict:
+def _stock_run(p, seed: int, train_config: TrainConfig, steps: int, per_rank: int, loss_mask: bool,
+               hybrid: bool = False) -> dict:
     from ..model.mtp import reset_loss_tracker
     from . import make_batches
 
     reset_loss_tracker()      # megatron-core's process-wide MTP loss log, sized by the last MTP model's depth
-    ref = Reference(p.model, seed=seed, train_config=train_config)
+    ref = Reference(p.model, seed=seed, train_config=train_config, hybrid=hybrid)
     batches = [{k: v[i:i + per_rank] for k, v in b.items()}      # the plan's micro-batches, rank by rank
                for b in make_batches(p.model, p.micro_batch_size, p.global_batch_size, seed, loss_mask)
                for i in range(0, p.micro_batch_size, per_rank)]

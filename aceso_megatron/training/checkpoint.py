@@ -3,7 +3,7 @@ written under one plan loads under any other.
 
 Layout (the marker file name is Megatron-LM's)::
 
-    SAVE/iter_0000015/            a dist_checkpointing folder (``*.distcp``, metadata.json, common.pt)
+    SAVE/iter_0000015/            a dist_checkpointing folder (``*.distcp``, metadata.json; common.pt before 0.19)
                      /extra_rank_00000.pt ...   per rank: RNG states, LR scheduler, iteration, plan digest
     SAVE/latest_checkpointed_iteration.txt      -> "15"
 

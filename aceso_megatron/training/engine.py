@@ -326,6 +326,8 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
     from megatron.core.distributed import DistributedDataParallel
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
+    from patches.compat import quiet_ddp_layout_notice
+
     from ..model.config import interleaving
     from ..model.init import initialize
     from ..model.layers import check_model
@@ -367,6 +369,7 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
             where = "cpu" if device == "cpu" else f"cuda:{torch.cuda.current_device()}"
             models = [fsdp.wrap(c, copy.copy(ddp_config), groups, where) for c in chunks]
         else:
+            quiet_ddp_layout_notice()
             models = [DistributedDataParallel(c.config, copy.copy(ddp_config), c, pg_collection=groups.pg_collection,
                                               disable_bucketing=j > 0)  # as Megatron-LM: buckets for the first chunk
                       for j, c in enumerate(chunks)]

@@ -39,7 +39,6 @@ buffer (``item_index_map``): a TP-local tensor per local name, as DDP's ``main_g
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 
 
@@ -85,39 +84,14 @@ def ddp_fields(plan) -> dict:
 
 
 def wrap(chunk, ddp_config, groups, device):
-    """``chunk`` in megatron-core's ``FullyShardedDataParallel`` on the stage's groups.
-
-    ``_fix_tensor_parallel_attributes`` (it flags TP-duplicated transformer-engine ``TELinear`` and router weights
-    ``_tp_duplicated``, and expert weights of expert-TP > 1 with their partition dim) reads the TP sizes from the
-    global ``parallel_state`` groups, which the runtime never initialises: it runs with the stage's TP and
-    expert-TP groups put there for the call (``_stage_tp_groups``). Without transformer-engine it cannot run at
-    TP > 1 (``isinstance`` on the ``TELinear`` placeholder raises) and has nothing to flag in a dense model (no
-    ``TELinear``; routers and experts are MoE, refused): skipped."""
-    from megatron.core.distributed.fsdp import mcore_fsdp_adapter
-
-    class StageFSDP(mcore_fsdp_adapter.FullyShardedDataParallel):
-        def _fix_tensor_parallel_attributes(self, module):
-            if not isinstance(mcore_fsdp_adapter.TELinear, type):
-                return
-            with _stage_tp_groups(groups.tp, groups.pg_collection.expt_tp):
-                super()._fix_tensor_parallel_attributes(module)
-
+    """``chunk`` in megatron-core's ``FullyShardedDataParallel`` on the stage's groups (the class as the installed
+    megatron-core needs it for per-stage groups: ``patches.compat.fsdp_class``)."""
     import torch
 
-    return StageFSDP(chunk.config, ddp_config, chunk, device=torch.device(device), pg_collection=groups.pg_collection)
+    from patches.compat import fsdp_class
 
-
-@contextlib.contextmanager
-def _stage_tp_groups(tp, expt_tp):
-    """megatron-core's global TP and expert-TP groups set to the stage's, restored after."""
-    from megatron.core import parallel_state as ps
-
-    saved = ps._TENSOR_MODEL_PARALLEL_GROUP, ps._EXPERT_TENSOR_PARALLEL_GROUP
-    ps._TENSOR_MODEL_PARALLEL_GROUP, ps._EXPERT_TENSOR_PARALLEL_GROUP = tp, expt_tp
-    try:
-        yield
-    finally:
-        ps._TENSOR_MODEL_PARALLEL_GROUP, ps._EXPERT_TENSOR_PARALLEL_GROUP = saved
+    cls = fsdp_class(groups.tp, groups.pg_collection.expt_tp)
+    return cls(chunk.config, ddp_config, chunk, device=torch.device(device), pg_collection=groups.pg_collection)
 
 
 def grad_of(p):

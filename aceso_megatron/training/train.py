@@ -20,6 +20,7 @@ import sys
 import time
 import warnings
 
+from patches.compat import quiet_cuda_build_notices
 from search import plots
 from search.errors import AcesoError
 from search.plan import ParallelPlan, load_plan
@@ -28,6 +29,7 @@ from .schedule import build_scheduler  # noqa: F401  (tests build the run's sche
 from .signals import exit_code
 from .signals import name as signal_name
 
+quiet_cuda_build_notices()   # a worker on CPU with torch's CUDA build: no import-time notice (patches.compat)
 warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
 # third-party deprecations a user cannot act on, printed by every rank otherwise: megatron-core 0.16 calls torch
 # 2.13's renamed collectives (distributed optimizer) and torch DCP's old load_state_dict (dist_checkpointing load)

@@ -31,7 +31,7 @@ SEED, STEPS, TOL, TOL_WEIGHTS = 13, 2, 1e-5, 1e-4
 DEFAULT = TrainConfig(lr=1e-3, clip_grad=0.3)
 PER_TOKEN = TrainConfig(lr=1e-3, clip_grad=0.3, calculate_per_token_loss=True)
 MTP_LLAMA = LLAMA.model_copy(update={"name": "tiny-llama-mtp", "mtp_num_layers": 2})
-GPT_MTP = GPT.model_copy(update={"name": "tiny-gpt-mtp", "mtp_num_layers": 1})
+GPT_MTP = GPT.model_copy(update={"name": "tiny-gpt-mtp", "mtp_num_layers": 1, "position_embedding": "rope"})
 AUX = LLAMA.model_copy(update={"name": "tiny-llama-moe-aux", "moe": MoESpec(
     num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32, moe_aux_loss_coeff=0.01)})
 

@@ -79,13 +79,19 @@ def test_enough_modern_plans():
     assert sum(len(p) for p in PLANS.values()) >= 12
 
 
-@pytest.mark.parametrize("world_size", sorted(PLANS))
-def test_modern_plans_match_single_process(world_size, tmp_path, reference_process):  # noqa: F811
-    names, raws = zip(*PLANS[world_size].items())
+def run_and_compare(world_size: int, plans: dict, tmp_path, hybrid: bool = False) -> list[str]:
+    """Run ``plans`` on ``world_size`` gloo ranks; the failures against the single-process reference (``hybrid``:
+    stock HybridModel) and of the overlaps they ask for."""
+    names, raws = zip(*plans.items())
     out = tmp_path / "results.pt"
     spawn(world_size, run_plans, list(raws), str(out), SEED, STEPS, TC)
     results = torch.load(out)
-    failures = compare(names, raws, results) + overlap_failures(names, raws, results)
+    return compare(names, raws, results, hybrid) + overlap_failures(names, raws, results)
+
+
+@pytest.mark.parametrize("world_size", sorted(PLANS))
+def test_modern_plans_match_single_process(world_size, tmp_path, reference_process):  # noqa: F811
+    failures = run_and_compare(world_size, PLANS[world_size], tmp_path)
     assert not failures, "\n".join(failures)
 
 

@@ -84,11 +84,11 @@ def reference_process():
     init_single_process(free_port())
 
 
-def compare(names, raws, results) -> list[str]:
-    """Failures of each plan's results against the single-process reference."""
+def compare(names, raws, results, hybrid: bool = False) -> list[str]:
+    """Failures of each plan's results against the single-process reference (``hybrid``: stock HybridModel)."""
     failures = []
     for name, raw, got in zip(names, raws, results):
-        want = stock_run(raw, SEED, TC, STEPS)
+        want = stock_run(raw, SEED, TC, STEPS, hybrid=hybrid)
         if not got["grad_norm"] > TC.clip_grad:
             failures.append(f"{name}: clipping inactive (norm {got['grad_norm']})")
         if set(got["params"]) != set(want["params"]):

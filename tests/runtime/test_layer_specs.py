@@ -210,7 +210,8 @@ def test_attn_dropout_needs_dot_product_attention(tmp_path, monkeypatch):
 
 
 # ----- one-stage plans equal the stock model built with the same spec ----------------------------------------------
-def run_both(raw: dict, seed: int = 3):
+def run_both(raw: dict, seed: int = 3, reference_model=None):
+    """The runtime on ``raw`` and the stock model (of ``reference_model``, default the plan's) on the same batches."""
     from aceso_megatron.testing import make_batches
     from aceso_megatron.testing.reference import Reference
     from aceso_megatron.training.engine import TrainConfig, build_runtime
@@ -220,7 +221,7 @@ def run_both(raw: dict, seed: int = 3):
     m = rt.plan.model
     batches = make_batches(m, rt.plan.micro_batch_size, rt.plan.global_batch_size, seed)
     loss, grads = rt.forward_backward(iter(batches)), rt.full_grads()
-    ref = Reference(m, seed=seed, train_config=tc)
+    ref = Reference(reference_model or m, seed=seed, train_config=tc)
     return rt, (loss, grads), (ref.forward_backward(batches), ref.grads())
 
 
@@ -246,6 +247,24 @@ def test_custom_spec_one_stage_equals_stock_model(single_process):
     # the block's init std and the user's activation really are used: the stock model gives another loss
     _, (stock_loss, _), _ = run_both(plan(GPT, (0, 4, ["none"] * 4)))
     assert abs(stock_loss - got[0]) > 1e-3
+
+
+@pytest.mark.parametrize("style", ["v016", "v019"])
+def test_spec_written_for_a_release_equals_stock_model(single_process, style):
+    """The same custom layer written in megatron-core 0.16's style (the MLP slot a ``ModuleSpec`` of the subclass)
+    and in 0.19's (``partial(ProjectedMLP.as_mlp_submodule, submodules=...)``). 0.19-style specs need 0.19; a
+    0.16-style one runs on 0.19 too (its slot becomes the subclass's builder, ``patches.compat.mlp_on_group``),
+    where stock megatron-core cannot build it: the reference there is the 0.19-style spec, the same modules."""
+    from patches.compat import at_least
+
+    if style == "v019" and not at_least("0.19"):
+        pytest.skip("a 0.19-style spec (as_mlp_submodule) needs megatron-core 0.19")
+    model = QK.model_copy(update={"layer_spec": f"tests.custom_specs:qk_norm_squared_relu_{style}"})
+    reference = QK.model_copy(update={"layer_spec": "tests.custom_specs:qk_norm_squared_relu"})
+    rt, got, want = run_both(plan(model, (0, 4, ["none", "selective", "full", "none"])), reference_model=reference)
+    assert_equal(got, want)
+    assert "decoder.layers.1.mlp.linear_in.weight" in got[1]
+    assert all(type(u.layer.mlp).__name__ == "ProjectedMLP" for u in rt.stage_module.units[1::2])
 
 
 def test_selective_recompute_frees_a_custom_activation(single_process):
@@ -278,6 +297,16 @@ def test_t5_custom_specs_one_stage_equal_stock_model(single_process):
 
 
 # ----- the command line ----------------------------------------------------------------------------------------------
+def cuda_home_env(tmp_path) -> dict:
+    """The environment with ``CUDA_HOME`` set to a folder: torch's CUDA build (Python 3.12's, from PyPI) then logs
+    "No CUDA runtime is found, using CUDA_HOME=..." on this GPU-less machine when megatron-core 0.19 imports
+    ``torch.utils.cpp_extension``; the bad input must still be one line (``patches.compat.quiet_cuda_build_notices``)."""
+    import os
+
+    (tmp_path / "cuda").mkdir(exist_ok=True)
+    return {**os.environ, "CUDA_HOME": str(tmp_path / "cuda")}
+
+
 @pytest.mark.parametrize("model, rc, message", [
     (GPT.model_copy(update={"layer_spec": "tests.no_such_module:f"}), ["none"] * 4,
      "no module named tests.no_such_module"),
@@ -288,7 +317,8 @@ def test_t5_custom_specs_one_stage_equal_stock_model(single_process):
 def test_train_exits_2_with_one_line(tmp_path, model, rc, message):
     (tmp_path / "plan.json").write_text(json.dumps(plan(model, (0, 4, rc))))
     r = subprocess.run([sys.executable, "-m", "search", "train", str(tmp_path / "plan.json"), "--cpu",
-                        "--mock-data", "--train-iters", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                        "--mock-data", "--train-iters", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=cuda_home_env(tmp_path))
     assert r.returncode == 2, r.stderr[-2000:]
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("aceso train: error: ") and message in lines[0], r.stderr
@@ -303,7 +333,8 @@ def test_profile_exits_2_with_one_line_before_any_worker(tmp_path, layer_spec, m
     spec = tmp_path / "m.json"
     spec.write_text(json.dumps({**GPT.model_dump(exclude_unset=True), "layer_spec": layer_spec}))
     r = subprocess.run([sys.executable, "-m", "search", "profile", "--model", str(spec), "--cpu", "-o",
-                        str(tmp_path / "db.json"), "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                        str(tmp_path / "db.json"), "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=cuda_home_env(tmp_path))
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.strip().count("\n") == 0 and message in r.stderr, r.stderr   # no torchrun started, no traceback
     assert not list(tmp_path.glob("db.json*"))

@@ -1,6 +1,7 @@
-"""Gradient and optimizer bytes follow megatron-core 0.16.1's DDP buffers and the distributed optimizer's shards.
+"""Gradient and optimizer bytes follow megatron-core's DDP buffers and the distributed optimizer's shards.
 
-References: megatron-core's own ``_ParamAndGradBuffer`` built on the meta device (its layout code runs unchanged;
+References: megatron-core's own ``_ParamAndGradBuffer`` built on the meta device as its DDP builds it
+(``patches.compat.param_and_grad_buffer``) (its layout code runs unchanged;
 only ``torch.cuda.current_device`` is pointed at the meta device) for the buffer sizes, padding and dtypes, and the
 hand-computed bytes per parameter of docs/distrib_optimizer.md (megatron-core: bf16 weights with fp32 gradients
 are 6 + 12/d bytes with the distributed optimizer, 18 without; d = the shard group, dp x cp).
@@ -22,10 +23,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
-from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer  # noqa: E402
 from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402
 
 from aceso_megatron.testing.meta_params import Group, build_chunk, world_of_one  # noqa: E402
+from patches.compat import param_and_grad_buffer  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -40,9 +41,9 @@ def megatron_buffer(params, dpc: int, dist: bool, fp32_grads: bool, bucket_size=
     groups.tp, groups.dp_cp = Group(1), Group(dpc)
     cfg = DistributedDataParallelConfig(use_distributed_optimizer=dist, grad_reduce_in_fp32=fp32_grads)
     with mock.patch("torch.cuda.current_device", return_value="meta"):
-        return _ParamAndGradBuffer(cfg, torch.bfloat16, torch.float32 if fp32_grads else torch.bfloat16, params,
-                                   Group(dpc), bucket_size, {p: str(i) for i, p in enumerate(params)}, 1.0,
-                                   list(range(len(params))), False, groups)
+        return param_and_grad_buffer(cfg, torch.bfloat16, torch.float32 if fp32_grads else torch.bfloat16, params,
+                                     Group(dpc), bucket_size, {p: str(i) for i, p in enumerate(params)}, 1.0,
+                                     list(range(len(params))), False, groups)
 
 
 def _params(numels, shared=()):

@@ -42,8 +42,9 @@ def _spec(h: int, f: int, activation: str) -> ModelSpec:
 def _kept(m: ModelSpec) -> int:
     """Bytes megatron-core's MoELayer keeps after one forward of T tokens (its input and parameters excluded)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-    from megatron.core.transformer.spec_utils import build_module
     from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from patches.compat import build_mlp
 
     from aceso_megatron.profiler.memory import SavedTensors
 
@@ -55,7 +56,7 @@ def _kept(m: ModelSpec) -> int:
                             moe_grouped_gemm=False, moe_token_dispatcher_type="allgather")  # alltoall: a CUDA stream
     spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False).layer_specs[0].submodules.mlp
     torch.manual_seed(0)
-    moe = build_module(spec, config=cfg, layer_number=1)
+    moe = build_mlp(spec, cfg, layer_number=1)
     x = torch.randn(T, 1, m.hidden_size, requires_grad=True)
     with SavedTensors(exclude=[x], params=list(moe.parameters())) as saved:
         out, _ = moe(x)

@@ -1,6 +1,6 @@
 """The model settings megatron-core (and Megatron-LM's validate_args) refuse at model build are refused by aceso
 in one place (``search.model_rules``), for spec files, presets, HF imports and Megatron-LM command lines alike
-(issue 32). The cases are tests/model_rule_cases.py's; tests/runtime/test_model_rules.py shows megatron-core
+(issue 32). The cases are tests/model_rule_cases.py's; tests/runtime/test_model_rules_megatron.py shows megatron-core
 refuses each broken one and builds each fixed one."""
 
 from __future__ import annotations

@@ -1,0 +1,33 @@
+"""Pipelined plans against a single-process stock ``HybridModel`` (megatron-core 0.19): the model as its hybrid layer
+pattern (``*-`` per layer), the plan's stages and chunks slices of that pattern cut anywhere, each chunk's units
+placed by megatron-core's ``HybridStack`` (``aceso_megatron.model.hybrid``). As ``test_plans.py`` and
+``test_modern_plans.py`` against ``GPTModel``: loss and every gradient of step 1, the losses of 3 steps with active
+clipping and the weights after them; skipped before 0.19 (no hybrid models)."""
+
+from __future__ import annotations
+
+import pytest
+
+from patches.compat import have_hybrid
+from tests.distributed.test_modern_plans import GPT4, LLAMA4, OVERLAP, plan, run_and_compare, st, vst
+from tests.distributed.test_plans import reference_process  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.skipif(not have_hybrid(), reason="megatron-core without models.hybrid (before 0.19)")
+
+PLANS = {
+    3: {
+        "gpt 2 stages cut attention|mlp, tp 2 -> 1, mixed recompute": plan(
+            GPT4, st(2, 1, 0, 3, ["attn_dropout", "full", "selective"]), st(1, 1, 3, 8)),
+        "llama SP tp2 -> tp1, cut mlp|attention": plan(
+            LLAMA4, st(2, 1, 0, 4, ["selective", "none", "full", "none"], sp=True), st(1, 1, 4, 8)),
+        "llama dp2 -> dp1, distributed optimizer, both overlaps": plan(
+            LLAMA4, st(1, 2, 0, 5, ["selective", "none", "full", "none", "selective"]), st(1, 1, 5, 8), **OVERLAP),
+        "gpt VPP 2, uneven chunks, dp 1 | 2": plan(GPT4, vst(1, 1, (0, 3), (5, 6)), vst(1, 2, (3, 5), (6, 8))),
+    },
+}
+
+
+@pytest.mark.parametrize("world_size", sorted(PLANS))
+def test_plans_match_stock_hybrid_model(world_size, tmp_path, reference_process):  # noqa: F811
+    failures = run_and_compare(world_size, PLANS[world_size], tmp_path, hybrid=True)
+    assert not failures, "\n".join(failures)
