@@ -26,7 +26,8 @@ from .units import legacy_keys
 
 _RUN = re.compile(r"^ ?plan ([0-9a-f]{16}): (\S+) on (\d+) (GPUs|CPU processes) \((.*)\), global batch (\d+)")
 _STEP = re.compile(r"^ ?iteration\s+(\d+)/\s*(\d+) \| loss (\S+) \| grad norm (\S+) \| lr (\S+) \| (\S+) ms/it \| "
-                   r"(\S+) tokens/s \| (\S+) TFLOP/s per (?:GPU|process) \| max mem/stage MiB (.*)$")
+                   r"(?:\S+ samples/s \| )?(\S+) tokens/s(?: per (?:GPU|process))? \| (\S+) TFLOP/s per (?:GPU|process)"
+                   r"(?: \| MFU \S+)? \| max mem/stage MiB (.*)$")    # samples/s, tokens/s per GPU and MFU: since 2026-12
 _STEP_START = re.compile(r"^ ?iteration\s+\d+/\s*\d+ \| loss ")
 IDENTITY = "run record (the plan digest aceso train writes first)"
 

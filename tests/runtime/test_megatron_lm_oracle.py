@@ -166,7 +166,8 @@ def test_megatron_lm_reads_the_moe_mla_mtp_plans_as_planned(tag):
         assert got["dp"] == c.dp and got["micro_batch_size"] == c.micro_batch_size, name
 
 
-def test_megatron_lm_builds_the_imported_hf_models_fields():
+@pytest.mark.parametrize("tag", TAGS)
+def test_megatron_lm_builds_the_imported_hf_models_fields(tag):
     """The published Hugging Face configs (tests/unit/data/hf) as imported and exported: Megatron-LM's own parser
     and config builder give each the QKV bias, QK norm, norm epsilon, top-k scaling, rotary percent and RoPE scaling
     the config.json has."""
@@ -176,7 +177,7 @@ def test_megatron_lm_builds_the_imported_hf_models_fields():
 
     plans = [uniform_plan(spec(n).model_copy(update={"num_layers": 5}), 1, 1, 8, 8, 64,
                           cluster=parse_cluster("1x8-h100")) for n in IMPORTED]
-    got = {n: g for n, g in zip(IMPORTED, _oracle(plans))}
+    got = {n: g for n, g in zip(IMPORTED, _oracle(plans, tag))}
     for n, g in got.items():
         assert "error" not in g, (n, g)
     arch = {n: g["arch"] for n, g in got.items()}
