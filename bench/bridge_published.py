@@ -11,7 +11,9 @@ published by an older container (``also_published``), the row re-priced as that 
 model, cluster and precision whose flags differ (dispatcher, CUDA graphs, EP overlap, micro-batch, layout, release):
 the measured ratio of their throughput against the predicted one, and what differs. ``features`` lists, per stack
 feature, the pairs where it differs, and for the features no published pair toggles, its effect on a published row
-priced with it and without (a counterfactual, said so).
+priced with it and without (a counterfactual, said so). Each 26.x row beyond 15% that no evidence keeps out is
+printed with what locates its error (``beyond``): its host-bound share, the model's gain from its micro-batch size
+over half of it, and its published pairs read from its side.
 
 Run: ``python bench/published_runs.py`` prints it after the dense tables (bench/results/bridge_published.json);
 ``python bench/bridge_published.py`` alone.
@@ -270,8 +272,9 @@ def print_report(rep: dict) -> None:
         host = "" if b["host_share"] is None else f"; host-bound wait {100 * b['host_share']:.0f}% of its step"
         if b["half_mbs_gain"]:
             host += f"; the model gives micro-batch {b['mbs']} {_pct(b['half_mbs_gain'] - 1)} over {b['mbs'] // 2}"
-        print(f"  beyond 15%, kept in ({_pct(b['error'])}): {b['id']}{host}; its published pairs (this row / the "
-              f"other, measured vs predicted):")
+        print(f"  beyond 15%, kept in ({_pct(b['error'])}): {b['id']}{host}; " + (
+            "its published pairs (this row / the other, measured vs predicted):" if b["pairs"]
+            else "no published pair on its cluster"))
         for q in b["pairs"]:
             diff = ", ".join(f"{k} {a} vs {c}" for k, (a, c) in q["diff"].items())
             print(f"    {q['measured']:.3f} vs {q['predicted']:.3f} ({_pct(q['predicted'] / q['measured'] - 1)}): "

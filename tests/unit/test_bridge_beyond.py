@@ -6,22 +6,18 @@ GB300: 28934 in 25.11 at micro-batch 4, 31744 in 26.04.01 at micro-batch 8, mb-p
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.unit.bench_modules import load
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT.parent / "shared" / "published" / "megatron-bridge-26.02-26.04.json"
 
 
 def _bench():
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("bridge_published_t", ROOT / "bench" / "bridge_published.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("bridge_published", "bridge_published_t")
 
 
 def test_pairs_read_from_the_rows_side():
