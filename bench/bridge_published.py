@@ -11,7 +11,9 @@ published by an older container (``also_published``), the row re-priced as that 
 model, cluster and precision whose flags differ (dispatcher, CUDA graphs, EP overlap, micro-batch, layout, release):
 the measured ratio of their throughput against the predicted one, and what differs. ``features`` lists, per stack
 feature, the pairs where it differs, and for the features no published pair toggles, its effect on a published row
-priced with it and without (a counterfactual, said so).
+priced with it and without (a counterfactual, said so). Each 26.x row beyond 15% that no evidence keeps out is
+printed with what locates its error (``beyond``): its host-bound share, the model's gain from its micro-batch size
+over half of it, and its published pairs read from its side.
 
 Run: ``python bench/published_runs.py`` prints it after the dense tables (bench/results/bridge_published.json);
 ``python bench/bridge_published.py`` alone.
@@ -60,9 +62,10 @@ def report() -> dict:
             key = f"{'26' if new else '25'}_{kind}"
             groups[key] = {"scored": summarize([p for p in sel if not p["kept_out"]]), "all": summarize(sel)}
     targets = _targets(priced, groups)
+    prs = pairs(rows, priced, by_id)
     return {"rows": priced, "summary": groups, "targets": targets,
-            "constants": {g: rcs.table(g) for g in rcs.FITS}, "pairs": pairs(rows, priced, by_id),
-            "features": features(rows, priced)}
+            "constants": {g: rcs.table(g) for g in rcs.FITS}, "pairs": prs,
+            "features": features(rows, priced), "beyond": beyond(priced, prs, by_id)}
 
 
 def _targets(priced: list[dict], g: dict) -> list[str]:
@@ -161,6 +164,44 @@ def pairs(rows: list[dict], priced: list[dict], by_id: dict) -> list[dict]:
     return out
 
 
+def beyond(priced: list[dict], prs: list[dict], by_id: dict) -> list[dict]:
+    """Each 26.x row beyond 15% that no published evidence keeps out, with what locates its error: the share of its
+    predicted step the host-bound term takes (``moe_published.breakdown``: the term that differs most between
+    micro-batch sizes) and every published pair it is in, worst ratio error first. The row stays in the targets."""
+    import moe_published as mp
+    out = []
+    for p in priced:
+        if not (p["version"].startswith("26") and p.get("error") is not None and abs(p["error"]) > TARGETS["max"]
+                and not p["kept_out"]):
+            continue
+        row = by_id[p["id"]]
+        bd = mp.breakdown(row) if p["kind"] == "moe" else None
+        half = None                     # the model's own gain from the row's micro-batch size over half of it
+        if row["mbs"] > 1:
+            args = row["args"].replace(f"--micro-batch-size {row['mbs']}", f"--micro-batch-size {row['mbs'] // 2}")
+            q = rf.price({**row, "args": args, "mbs": row["mbs"] // 2})
+            half = p["predicted"] / q["predicted"] if q.get("predicted") else None
+        out.append({"id": p["id"], "error": p["error"],
+                    "host_share": bd["host"] / bd["iteration_ms"] if bd else None, "mbs": row["mbs"],
+                    "half_mbs_gain": half, "pairs": pairs_of(p["id"], prs)})
+    return out
+
+
+def pairs_of(run: str, prs: list[dict]) -> list[dict]:
+    """The two-run pairs ``run`` is in, each turned to read ``run`` first (its diff and both ratios: ``run``'s
+    throughput over the other's), worst ratio error first."""
+    out = []
+    for q in prs:
+        if q["kind"] != "two runs" or run not in (q["a"], q["b"]):
+            continue
+        first = q["a"] == run
+        out.append({"other": q["b"] if first else q["a"],
+                    "diff": {k: (a, b) if first else (b, a) for k, (a, b) in q["diff"].items()},
+                    "measured": q["measured"] if first else 1 / q["measured"],
+                    "predicted": q["predicted"] if first else 1 / q["predicted"]})
+    return sorted(out, key=lambda q: -abs(q["predicted"] / q["measured"] - 1))
+
+
 FEATURES = ("cuda_graphs", "dispatcher", "ep_overlap", "delay_wgrad", "tp_comm_overlap", "padded", "release",
             "recompute", "mbs", "optimizer", "fsdp")
 # Features no published pair toggles: their effect on a published row, priced with and without (counterfactual)
@@ -227,6 +268,17 @@ def print_report(rep: dict) -> None:
                   f"{100 * sc['max_abs']:.1f}% ({sc['worst']}); all {al['rows']} rows MAE {100 * al['mae']:.1f}%")
     for t in rep["targets"]:
         print(f"  {t}")
+    for b in rep.get("beyond", []):
+        host = "" if b["host_share"] is None else f"; host-bound wait {100 * b['host_share']:.0f}% of its step"
+        if b["half_mbs_gain"]:
+            host += f"; the model gives micro-batch {b['mbs']} {_pct(b['half_mbs_gain'] - 1)} over {b['mbs'] // 2}"
+        print(f"  beyond 15%, kept in ({_pct(b['error'])}): {b['id']}{host}; " + (
+            "its published pairs (this row / the other, measured vs predicted):" if b["pairs"]
+            else "no published pair on its cluster"))
+        for q in b["pairs"]:
+            diff = ", ".join(f"{k} {a} vs {c}" for k, (a, c) in q["diff"].items())
+            print(f"    {q['measured']:.3f} vs {q['predicted']:.3f} ({_pct(q['predicted'] / q['measured'] - 1)}): "
+                  f"{q['other']}: {diff}")
     print("  published pairs (measured / predicted ratio of the first run's throughput to the second's):")
     for q in rep["pairs"]:
         diff = ", ".join(f"{k} {a} vs {b}" for k, (a, b) in q["diff"].items())

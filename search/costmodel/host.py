@@ -23,16 +23,22 @@ per kernel) for each. Launch counts per part of a layer, forward, counted on meg
                     expert more), + 2 q quantize: 9 + 6 experts (+ 2 q)
     shared expert   as a dense MLP (5 + 3 q), in ``moe_router``'s graph when captured with it
 
-The backward launches ``BWD_LAUNCHES`` times as many (two gradient GEMMs per GEMM, one kernel per element-wise
-step). What the device sees:
+The backward's launches (two gradient GEMMs per GEMM, one kernel per element-wise step) are not priced: the
+per-launch time is fitted on the forward's counts alone. Counting them (one more launch per linear and per expert
+GEMM, none for the preprocess; exposed ``max(0, H_b - D_b)`` per layer after a synchronised forward) was tried
+against the published rows: the 26.04.01 MoE rows' MAE went from 6.7% to 7.6% at best over the fit's grid of
+``HOST_LAUNCH_MS`` x ``GROUPED_K0_LP`` (the rows at micro-batch 1 without graphs, DeepSeek-V3 pp 16 and Qwen3-235B
+pp 8, came out 20-28% too slow), and pricing the experts' grouped-GEMM calls at one cuBLAS call per expert
+(transformer-engine ``multi_stream_cublas_gemm``) instead of ``EXPERT_LAUNCHES`` moved it to 7.7% at best: not
+kept (docs/costmodel.md, "The 2026 software stack"). What the device sees:
 
 - a dropless MoE layer's dispatcher copies the token counts to the host and waits for them before its EP
   all-to-all (``moe_cost.syncs``; megatron-core 0.16.1 ``_maybe_dtoh_and_synchronize``; a CUDA graph of
   ``moe_preprocess`` moves the copy, the wait stays): the CPU then launches the layer's remaining kernels and the
   next layer's up to its wait while the device idles, so a layer's forward takes max(device, host): exposed
   ``max(0, H_f - D_f)``;
-- without a synchronisation the CPU runs ahead: exposed only when a layer's host time exceeds its whole device
-  time, ``max(0, H_f + H_b - D_f - D_b)``.
+- without a synchronisation the CPU runs ahead: exposed only when a layer's (forward) host time exceeds its whole
+  device time, ``max(0, H_f - D_f - D_b)``.
 
 A CUDA graph (``stack.CudaGraphs``) replays its captured part with one launch (``GRAPH_LAUNCH``): the part's
 kernels leave the host time. ``full_iteration`` replays the whole forward and backward: no host time per layer.

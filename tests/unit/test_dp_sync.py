@@ -277,13 +277,8 @@ def test_mlperf_rows_state_their_sources_and_numbers():
 
 
 def _bench():
-    import importlib.util
-    import sys
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("scale_published", ROOT / "bench" / "scale_published.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from tests.unit.bench_modules import load
+    return load("scale_published")
 
 
 def test_gb300_405b_nvfp4_run_fits_with_its_bf16_gradient_buffer():

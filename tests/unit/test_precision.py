@@ -335,11 +335,8 @@ def test_every_dense_low_precision_bridge_row_imports_its_recipe():
 
 
 def _lowprec_bench():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("lowprec_published", ROOT / "bench" / "lowprec_published.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    from tests.unit.bench_modules import load
+    return load("lowprec_published")
 
 
 def test_a_row_whose_ga_disagrees_runs_at_the_mbs_its_ga_says():

@@ -1,0 +1,56 @@
+"""The Megatron-Bridge bench's rows beyond 15% (bench/bridge_published.py ``beyond``): each printed with the
+published pairs it is in, read from the row's side, and the model's own micro-batch effect.
+
+References: hand-made pairs for the orientation; the shared table's measured tokens/s (Qwen3-30B-A3B MXFP8 on 8
+GB300: 28934 in 25.11 at micro-batch 4, 31744 in 26.04.01 at micro-batch 8, mb-performance-summary-archive.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.unit.bench_modules import load
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE = ROOT.parent / "shared" / "published" / "megatron-bridge-26.02-26.04.json"
+
+
+def _bench():
+    return load("bridge_published", "bridge_published_t")
+
+
+def test_pairs_read_from_the_rows_side():
+    bp = _bench()
+    prs = [{"kind": "two runs", "a": "x", "b": "y", "diff": {"mbs": (8, 4)}, "measured": 1.25, "predicted": 1.5},
+           {"kind": "two runs", "a": "z", "b": "x", "diff": {"pp": (16, 8)}, "measured": 0.8, "predicted": 0.8},
+           {"kind": "two releases", "a": "x", "b": "x as 26.02", "diff": {"release": ("26.04", "26.02")},
+            "measured": 1.1, "predicted": 1.0},
+           {"kind": "two runs", "a": "y", "b": "z", "diff": {"tp": (1, 2)}, "measured": 1.0, "predicted": 1.0}]
+    got = bp.pairs_of("x", prs)
+    # x first in both two-run pairs, the release pair and the pair without x left out; worst ratio error first:
+    # x / y 1.5 against 1.25 (+20%), x / z 1 / 0.8 = 1.25 against 1.25 (0%)
+    assert [q["other"] for q in got] == ["y", "z"]
+    assert got[0]["diff"] == {"mbs": (8, 4)} and got[0]["measured"] == 1.25 and got[0]["predicted"] == 1.5
+    assert got[1]["diff"] == {"pp": (8, 16)}
+    assert got[1]["measured"] == pytest.approx(1.25) and got[1]["predicted"] == pytest.approx(1.25)
+
+
+@pytest.mark.skipif(not TABLE.exists(), reason="the shared Megatron-Bridge table is not at ../shared/published")
+def test_qwen3_30b_gb300_is_listed_with_its_published_micro_batch_pair():
+    bp = _bench()
+    rf = bp.rf
+    rows = [r for r in rf.load() if r["id"].startswith(("26.04.01/pretrain/qwen3-30b-a3b/gb300x8/",
+                                                          "25.11/pretrain/qwen3-30b-a3b/gb300x8/"))]
+    assert len(rows) == 2
+    priced = [rf.price(r) for r in rows]
+    by_id = {r["id"]: r for r in rows}
+    out = bp.beyond(priced, bp.pairs(rows, priced, by_id), by_id)
+    if not out:
+        pytest.skip("the row is within 15% now")
+    (b,) = out
+    assert b["id"].startswith("26.04.01/") and b["mbs"] == 8
+    (q,) = b["pairs"]
+    assert q["other"].startswith("25.11/") and q["diff"]["mbs"] == (8, 4)
+    assert q["measured"] == pytest.approx(31744 / 28934)          # the table's own numbers
+    assert 0.0 <= b["host_share"] < 1.0 and b["half_mbs_gain"] > 1.0
