@@ -3,10 +3,11 @@
 
 ``dense``: self-attention ``*``, T5's cross-attention, MLP ``-``; ``mla``: multi-latent attention ``+`` (a variant
 of ``*``); ``moe``: the MoE layer's MLP half ``E``; ``mtp``: a multi-token prediction depth (``/``).
-``mamba``: megatron-core's Mamba-2 mixer (``M``, formulas; issue 36 groundwork); ``hybrid``: the layer pattern.
+``mamba``: megatron-core's Mamba-2 layer ``M`` (formulas and its kind; issue 36); ``hybrid``: the layer pattern.
 """
 
 from . import dense, mla, moe, mtp  # noqa: F401  (registration order: a layer's units run in this order)
+from . import mamba  # noqa: F401  (M: only where a hybrid layer pattern writes it)
 from .kind import LayerKind, by_symbol, get, kinds, layer_kinds, register, resolve, symbols, tail_kinds, unregister
 
 __all__ = ["LayerKind", "by_symbol", "get", "kinds", "layer_kinds", "register", "resolve", "symbols", "tail_kinds",

@@ -195,7 +195,13 @@ def by_symbol(symbol: str) -> LayerKind:
 # ----- the model as a sequence of units of kinds ----------------------------------------------------------------
 def layer_kinds(model, stack: str, layer: int) -> tuple[str, ...]:
     """The unit kinds of layer ``layer`` of ``stack``, in execution order: each base kind the layer holds
-    (``in_layer``), or the kind that ``replaces`` it there (``selects``: an MoE layer's ``moe`` for ``mlp``)."""
+    (``in_layer``), or the kind that ``replaces`` it there (``selects``: an MoE layer's ``moe`` for ``mlp``). A model
+    written as a hybrid layer pattern (a ``hybrid_layer_pattern`` attribute, as megatron-core's ``HybridModel`` takes
+    it; ``ModelSpec`` gains the field with issue 36) has one unit per symbol: layer ``layer`` is its symbol's kind."""
+    pattern = getattr(model, "hybrid_layer_pattern", None)
+    if pattern and stack == "decoder":
+        k = by_symbol(pattern[layer])
+        return (k.variant_of or k.name,)
     out = []
     for k in _KINDS.values():
         if k.replaces or k.variant_of or k.role == "layer" or not k.in_layer(model, stack):

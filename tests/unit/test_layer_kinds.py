@@ -12,7 +12,9 @@ import pytest
 from search import layers
 from search.cluster import parse_cluster
 from search.costmodel import LEGACY_V1, make_cost_model
+from search.layers import mamba
 from search.layers.hybrid import parse_pattern
+from search.layers.mamba import Mamba2Spec
 from search.layers.kind import LayerKind, Row, UnitCost
 from search.model import ModelSpec, Unit
 from search.plan import ParallelPlan, StageSpec, recompute_allowed
@@ -154,3 +156,72 @@ def test_a_new_kind_in_one_place(proj_kind):
                         stages=[StageSpec(num_gpus=1, tp=1, dp=1, start_unit=0, end_unit=4, recompute=["none"] * 4)])
     cost = cm.evaluate(plan)
     assert cost.stages[0].fwd_ms == pytest.approx(sum(t.fwd_ms) + t.embed_fwd_ms + t.head_fwd_ms)
+
+
+# ----- Mamba-2 (M): the recipe's proof --------------------------------------------------------------------------
+class HybridSpec(ModelSpec):
+    """A model written as megatron-core's hybrid layer pattern (ModelSpec gains these fields with issue 36)."""
+
+    mamba: Mamba2Spec
+    hybrid_layer_pattern: str
+
+
+def _hybrid(pattern="M-*-"):
+    return HybridSpec(name="h", family="gpt", num_layers=len(pattern), hidden_size=H, num_attention_heads=16,
+                      ffn_hidden_size=4096, seq_length=S, vocab_size=V, params_dtype="fp16", add_bias_linear=False,
+                      normalization="rmsnorm", mamba=Mamba2Spec(mamba_state_dim=64, mamba_head_dim=64,
+                                                                mamba_num_groups=8),
+                      hybrid_layer_pattern=pattern)
+
+
+def test_mamba_scan_matmuls_are_the_ssd_count():
+    """The scan's chunk matmuls hold every multiply-add of ``scan_macs`` but the inter-chunk state passing."""
+    spec, seq = _hybrid().mamba, 1000          # 8 chunks of 128, the last padded
+    chunks, heads = 8, 2 * H // 64
+    macs = sum(b * m * n * k for b, m, n, k in mamba.scan_bmms(spec, H, 1, seq, 1))
+    assert macs == mamba.scan_macs(spec, H, seq) - heads * chunks * 64 * 64
+
+
+def test_a_mamba_unit_priced_by_hand():
+    """Layer ``M`` of ``M-*-`` on a V100 (fp16, b 1, s 512, tp 1) under the v1 roofline: in_proj (h -> 2 d_inner +
+    2 g N + H = 5152) and out_proj (d_inner 2048 -> h) as one GEMM group, the SSD scan as its four chunk matmuls
+    at the batched-GEMM efficiency, the pre-norm / residual and the mixer's element-wise passes memory-bound."""
+    m = _hybrid()
+    assert [u.kind for u in m.units] == ["mamba", "mlp", "attention", "mlp"]
+    assert layers.symbols(m) == "M-*-" and m.layer_starts == [0, 1, 2, 3, 4]
+    c = parse_cluster("1x1-v100")
+    cm = make_cost_model(m, c, TrainingSpec(global_batch_size=4, precision="fp16"), settings=LEGACY_V1,
+                         kernels="flat")
+    t = cm.unit_table(1, 1)
+    peak, hbm, launch = 125e12 / 1e3, 900e9 / 1e3, 0.005
+    gemm = 2.0 * S * (H * 5152 + 2048 * H) / (peak * 0.65) + launch
+    q, chunks, g, heads, n, p = 128, 4, 8, 32, 64, 64
+    bmms = [(chunks * g, q, q, n), (chunks * heads, q, p, q), (chunks * heads, n, p, q), (chunks * heads, q, p, n)]
+    scan = sum(2.0 * b * x * y * z / (peak * 0.28) + launch for b, x, y, z in bmms)
+    scan_b = sum(4.0 * b * x * y * z / (peak * 0.28) + launch for b, x, y, z in bmms)
+    ew = (2 * 2 + 3 * 2 + 1) * S * H                              # pre-norm + bias-dropout-add bytes
+    conv_dim = 2048 + 2 * g * n
+    mix = 2 * S * (2 * conv_dim + 5152 + 4 * 2048)                # conv in/out, scan in/out, gated norm
+    fwd = gemm + (ew / (hbm * 0.8) + launch) + (mix / (hbm * 0.8) + launch) + scan
+    assert t.fwd_ms[0] == pytest.approx(fwd, rel=1e-12)
+    gemm_b = 2.0 * 2.0 * S * (H * 5152 + 2048 * H) / (peak * 0.65) + launch
+    bwd = gemm_b + (1.5 * (ew + mix) / (hbm * 0.8) + launch) + scan_b + (mix / (hbm * 0.8) + launch) + scan
+    assert t.bwd_ms[0] == pytest.approx(bwd, rel=1e-12)
+    # parameters: in_proj, conv1d (weight and bias), dt_bias / A_log / D, gated norm, out_proj, pre-norm
+    assert t.weight_params[0] == H * 5152 + conv_dim * 5 + 3 * heads + 2048 + 2048 * H + H
+    assert m.unit_params("mamba") == t.weight_params[0]
+    # kept for backward: in_proj's input, zxbcdt, the scan output, the norm's input and fp32 rstd, out_proj's input,
+    # the fp32 A and dt_bias per head, the pre-norm's input; full recompute: the layer input
+    keep = S * 2 * (H + 5152 + 2048 + 2048 + 2048) + S * 4 * g + 3 * 4 * heads + 2 * S * H
+    assert t.act_mb[0, 0] * 2**20 == pytest.approx(keep, rel=1e-12)
+    assert t.act_mb[0, 2] * 2**20 == 2 * S * H
+    assert recompute_allowed("mamba", m) == ("none", "full")
+    plan = ParallelPlan(model=m, cluster=c, micro_batch_size=1, global_batch_size=4,
+                        stages=[StageSpec(num_gpus=1, tp=1, dp=1, start_unit=0, end_unit=4,
+                                          recompute=["full", "none", "none", "none"])])
+    cost = cm.evaluate(plan)
+    assert cost.stages[0].recompute_ms == pytest.approx(fwd)
+    with pytest.raises(ValueError, match="recompute\\[0\\] is 'selective'"):
+        ParallelPlan(model=m, cluster=c, micro_batch_size=1, global_batch_size=4,
+                     stages=[StageSpec(num_gpus=1, tp=1, dp=1, start_unit=0, end_unit=4,
+                                       recompute=["selective", "none", "none", "none"])])
