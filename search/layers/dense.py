@@ -106,15 +106,17 @@ ATTENTION = register(LayerKind(
     price=price_attention,
     # a sliding-window layer scores s x min(s, window) keys (layer_variants) and is priced as its own row
     keys=lambda m, u, s, s_enc: layer_variants.window_keys(m, u.layer, s) if u.stack == "decoder" else None,
-    row_variant=_window, recompute=ATTENTION_RECOMPUTE, layer_parts=_ATTENTION_PARTS, hybrid_slot="attention_layer"))
+    row_variant=_window, recompute=ATTENTION_RECOMPUTE, megatron_modules={"selective": "core_attn"},
+    layer_parts=_ATTENTION_PARTS, hybrid_slot="attention_layer"))
 
 CROSS_ATTENTION = register(LayerKind(
     name="cross_attention", symbol=None, role="attention", label="cross-attention", params=cross_attention_params,
     flops=cross_attention_flops, price=price_cross_attention,
     in_layer=lambda m, stack: m.is_t5 and stack == "decoder", keys=lambda m, u, s, s_enc: s_enc,
-    recompute=ATTENTION_RECOMPUTE,
+    recompute=ATTENTION_RECOMPUTE, megatron_modules={"selective": "core_attn"},
     layer_parts=("pre_cross_attn_layernorm", "cross_attention", "cross_attn_bda")))
 
 MLP = register(LayerKind(
     name="mlp", symbol="-", role="mlp", label="MLP", params=mlp_params, flops=mlp_flops, price=price_mlp,
+    # selective re-runs the activation function; Megatron-LM's mlp module re-runs the whole MLP: no entry
     layer_parts=_MLP_PARTS, hybrid_slot="mlp_layer"))

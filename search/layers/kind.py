@@ -32,7 +32,7 @@ module imports the cost-model functions it prices with inside its pricer (the co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, NamedTuple
 
 UNAVAILABLE_MS = 1e9     # recompute time of a choice a unit cannot take: never chosen, never inf arithmetic
@@ -124,6 +124,7 @@ class LayerKind:
     keys: Callable[..., int | None] = lambda m, u, s, s_enc: None   # keys per query of ``u`` (None: its tokens)
     row_variant: Callable[..., bool] = _plain   # (model, unit) -> units of this kind priced apart (sliding window)
     recompute: tuple[str, ...] = ("none", "selective", "full")   # the plan's recompute choices its units take
+    megatron_modules: dict = field(default_factory=dict)   # plan choice -> the --recompute-modules entry giving it
     layer_parts: tuple[str, ...] = ()           # the ``TransformerLayer`` submodules its unit keeps
     hybrid_slot: str | None = None              # its ``HybridStackSubmodules`` field
 

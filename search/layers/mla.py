@@ -21,5 +21,6 @@ MLA = register(LayerKind(
     name="attention", symbol="+", role="attention", label="MLA", params=mla_params,
     flops=lambda m, s, keys=None: mla_flops(m, s), price=price_mla,
     variant_of="attention", applies=lambda m: m.mla is not None, row_variant=ATTENTION.row_variant,
-    recompute=(*ATTENTION.recompute, "mla_up_proj"),     # megatron-core's recompute_modules ["mla_up_proj"]
+    recompute=(*ATTENTION.recompute, "mla_up_proj"),
+    megatron_modules={**ATTENTION.megatron_modules, "mla_up_proj": "mla_up_proj"},
     layer_parts=ATTENTION.layer_parts, hybrid_slot="mla_layer"))

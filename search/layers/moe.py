@@ -22,5 +22,5 @@ MOE = register(LayerKind(
     flops=lambda m, s, keys=None: moe_flops(m, s), price=price_moe,
     replaces="mlp", selects=lambda m, stack, layer: stack == "decoder" and m.moe is not None and
     m.moe.is_moe_layer(layer),
+    megatron_modules={"selective": "moe_act"},      # the experts' activation function
     layer_parts=_MLP_PARTS, hybrid_slot="moe_layer"))     # megatron-core's MoELayer sits at ``mlp``
-# selective recompute of an moe unit is megatron-core's recompute_modules ["moe_act"] (the base kind's choices)
