@@ -104,9 +104,10 @@ def _plain(*_args) -> bool:
     return False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LayerKind:
-    """One kind of unit (module docstring). Functions take the ``ModelSpec`` first."""
+    """One kind of unit (module docstring). Functions take the ``ModelSpec`` first. A record is its own identity
+    (compared and hashed as the object)."""
 
     name: str                                   # ``Unit.kind`` (a variant: the name it prices in place of)
     symbol: str | None                          # megatron-core's hybrid layer symbol (None: it has none)
