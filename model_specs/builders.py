@@ -7,10 +7,11 @@ megatron-core's), and so are the ``megatron`` block's extra fields (``extensions
 Layer specs are megatron-core's own: the local (pure PyTorch) specs when transformer-engine is absent, the TE
 specs when it is importable (never on CPU: callers pass ``te=False``); or the user's, when the model names a
 ``layer_spec`` provider (``model_specs.extensions``: import, checks, carving rules). A *unit* spec (one sub-layer
-unit of ``search.model``) is the full layer spec with the other halves replaced by ``IdentityOp``/``IdentityFuncOp``:
-an attention unit keeps the input norm, the self-attention and its residual add; an MLP unit keeps the pre-MLP
-norm, the MLP and its residual add; a T5 cross-attention unit keeps the pre-cross-attention norm, the
-cross-attention and its residual add. Chaining the units of a layer computes exactly what the full
+unit of ``search.model``) is the full layer spec with the other kinds' submodules replaced by
+``IdentityOp``/``IdentityFuncOp``; what each kind keeps is its registry record's ``layer_parts``
+(``search.layers``): an attention (or MLA) unit keeps the input norm, the self-attention and its residual add; an
+MLP (or MoE: megatron-core's ``MoELayer`` sits at ``mlp``) unit keeps the pre-MLP norm, the MLP and its residual add;
+a T5 cross-attention unit keeps the pre-cross-attention norm, the cross-attention and its residual add. Chaining the units of a layer computes exactly what the full
 ``TransformerLayer`` computes.
 """
 
@@ -28,17 +29,11 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from patches.compat import mlp_class, mlp_on_group
 from search.layer_variants import config_kwargs
 from search.rope_scaling import runtime_kwargs
+from search import layers
 from search.model import ModelSpec, UnitKind
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-# Submodules of a TransformerLayer that belong to each unit kind.
-_UNIT_PARTS: dict[str, tuple[str, ...]] = {
-    "attention": ("input_layernorm", "self_attention", "self_attn_bda"),
-    "cross_attention": ("pre_cross_attn_layernorm", "cross_attention", "cross_attn_bda"),
-    "mlp": ("pre_mlp_layernorm", "mlp", "mlp_bda"),
-}
-_UNIT_PARTS["moe"] = _UNIT_PARTS["mlp"]   # an MoE layer's second unit: megatron-core's MoELayer sits at ``mlp``
 
 
 def have_transformer_engine() -> bool:
@@ -166,14 +161,14 @@ def layer_spec(model: ModelSpec, stack: str, te: bool | None = None, layer: int 
 
 
 def unit_spec(full: ModuleSpec, kind: UnitKind, tp_group=None) -> ModuleSpec:
-    """The layer spec restricted to one unit: the other submodules become identities (``tp_group``: see
-    ``bind_tp_group``)."""
-    keep = _UNIT_PARTS[kind]
+    """The layer spec restricted to one unit: the submodules of the other kinds (``LayerKind.layer_parts``,
+    ``search.layers``) become identities (``tp_group``: see ``bind_tp_group``)."""
+    keep = layers.get(kind).layer_parts
+    if not keep:
+        raise ValueError(f"a {layers.get(kind).text} unit is no part of a TransformerLayer")
     changes = {}
-    for k, parts in _UNIT_PARTS.items():
-        if k == kind:
-            continue
-        for name in parts:
+    for k in layers.kinds():
+        for name in k.layer_parts:
             if name not in keep:
                 changes[name] = IdentityFuncOp if name.endswith("_bda") else IdentityOp
     return bind_tp_group(dataclasses.replace(full, submodules=dataclasses.replace(full.submodules, **changes)),

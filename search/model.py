@@ -1,16 +1,15 @@
 """Model architecture as data (``ModelSpec``) and its sub-layer units.
 
-A transformer layer is two *units*: its attention half (input norm, attention, residual add) and its MLP half
-(norm, MLP, residual add). A T5 decoder layer has three: self-attention, cross-attention, MLP. Units are the
-granularity of stage boundaries and of recompute choices in a ``ParallelPlan``. The embedding belongs to the first
-stage, the final norm, output layer and loss to the last one.
+The model is a sequence of *units*, each of one layer kind (``search.layers``: one record per kind, in
+megatron-core's hybrid vocabulary, docs/layer-kinds.md): a transformer layer is its attention unit (input norm,
+attention, residual add) and its MLP unit (norm, MLP or MoE, residual add); a T5 decoder layer has a cross-attention
+unit between them; an MTP depth is one unit after the decoder. Units are the granularity of stage boundaries and of
+recompute choices in a ``ParallelPlan``. The embedding belongs to the first stage, the final norm, output layer and
+loss to the last one.
 
-Parameter counts follow megatron-core's modules (``GPTModel``/``T5Model`` with the local specs): QKV as one
-linear of ``h x (heads + 2*groups) * kv_channels``, output projection ``heads*kv_channels x h``, an MLP of
-``h x ffn`` (``h x 2*ffn`` for SwiGLU) and ``ffn x h``, biases when ``add_bias_linear`` (the QKV bias alone with
-``megatron.add_qkv_bias``), two norms per layer (and the Q/K norms of ``megatron.qk_layernorm``). What
-one rank of a TP group holds: ``costmodel.memory`` (``*_params_per_rank``).
-FLOPs follow Narayanan et al. (SC'21, appendix): 2 FLOPs per multiply-add, backward = 2x forward.
+Each unit's parameters and FLOPs are its kind's (``search.layers.dense``, ``mla``, ``moe``, ``mtp``); what one rank
+of a TP group holds: ``costmodel.memory`` (``*_params_per_rank``). FLOPs follow Narayanan et al. (SC'21, appendix):
+2 FLOPs per multiply-add, backward = 2x forward.
 
 Extension in megatron-core's format (docs/model-specs.md): ``layer_spec`` names the user's own layer-spec provider
 (an import path, imported only by the runtime and the profiler) and ``megatron`` carries extra ``TransformerConfig``
@@ -28,13 +27,14 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 
 from . import megatron_fields
 from . import layer_variants
+from . import layers
 from . import rope_scaling as _rope_scaling
 from . import model_rules
 from .moe import MAX_MTP, MLASpec, MoESpec, check_model as _check_moe
 from .rope_scaling import RopeScaling
 
 Family = Literal["gpt", "t5", "llama"]
-UnitKind = Literal["attention", "cross_attention", "mlp", "moe", "mtp"]
+UnitKind = str      # a registered layer kind's name (``search.layers``): attention, cross_attention, mlp, moe, mtp
 Stack = Literal["decoder", "encoder"]
 
 # Upper bounds (docs/inputs.md): far above any published model (Llama 3 405B: 126 layers, hidden 16384, ffn 53248,
@@ -49,7 +49,7 @@ MAX_NAME = 200
 
 
 class Unit(NamedTuple):
-    """One sub-layer unit: which stack (GPT/Llama layers are ``decoder``), which layer in it, which half."""
+    """One sub-layer unit: which stack (GPT/Llama layers are ``decoder``), which layer in it, which kind."""
 
     stack: Stack
     layer: int
@@ -230,35 +230,33 @@ class ModelSpec(BaseModel):
     def dtype_bytes(self) -> int:
         return 4 if self.params_dtype == "fp32" else 2
 
+    @property
+    def stacks(self) -> tuple[tuple[Stack, int], ...]:
+        """(stack, layers) in execution order: T5's encoder, then the decoder."""
+        return (("encoder", self.num_layers), ("decoder", self.num_decoder_layers)) if self.is_t5 else \
+            (("decoder", self.num_layers),)
+
     @cached_property
     def units(self) -> tuple[Unit, ...]:
-        """All sub-layer units in execution order (T5: encoder units first). An MoE layer's second unit is ``moe``
-        (router, dispatch, experts, shared expert, combine) instead of ``mlp``; each MTP layer is one ``mtp`` unit
-        after the last decoder layer (layer index ``num_layers + j``)."""
-        if not self.is_t5:
-            moe = self.moe
-            out = [Unit("decoder", i, k) for i in range(self.num_layers)
-                   for k in ("attention", "moe" if moe is not None and moe.is_moe_layer(i) else "mlp")]
-            return tuple(out + [Unit("decoder", self.num_layers + j, "mtp") for j in range(self.mtp_num_layers or 0)])
-        enc = [Unit("encoder", i, k) for i in range(self.num_layers) for k in ("attention", "mlp")]
-        dec = [
-            Unit("decoder", i, k)
-            for i in range(self.num_decoder_layers)
-            for k in ("attention", "cross_attention", "mlp")
-        ]
-        return tuple(enc + dec)
+        """All units in execution order: each layer's kinds (``layers.layer_kinds``: an MoE layer's second unit is
+        ``moe`` instead of ``mlp``; a T5 decoder layer has ``cross_attention``), then the whole-layer kinds after
+        the decoder (``layers.tail_kinds``: each MTP depth one ``mtp`` unit, layer index ``num_layers + j``)."""
+        out = [Unit(stack, i, k) for stack, n in self.stacks for i in range(n)
+               for k in layers.layer_kinds(self, stack, i)]
+        return tuple(out + [Unit("decoder", self.decoder_layers + j, k)
+                            for j, k in enumerate(layers.tail_kinds(self))])
 
     @property
     def layer_starts(self) -> list[int]:
         """Unit index where each layer starts, plus the end (T5: encoder layers, then decoder layers). The MTP units
         count as part of the last decoder layer: they belong to the last model chunk (megatron-core builds the MTP
         block on the last pipeline stage), so a layer-aligned cut never separates them from it."""
-        sizes = [2] * self.num_layers + ([3] * self.num_decoder_layers if self.is_t5 else [])
-        sizes[-1] += self.mtp_num_layers or 0
-        out = [0]
-        for n in sizes:
-            out.append(out[-1] + n)
-        return out
+        out, last = [0], None
+        for i, u in enumerate(self.units):
+            if i and (u.stack, u.layer) != last and layers.get(u.kind).role != "layer":
+                out.append(i)
+            last = (u.stack, u.layer)
+        return out + [len(self.units)]
 
     @property
     def num_units(self) -> int:
@@ -267,7 +265,7 @@ class ModelSpec(BaseModel):
     @property
     def num_encoder_units(self) -> int:
         """T5: units before the first decoder unit (0 for GPT/Llama)."""
-        return 2 * self.num_layers if self.is_t5 else 0
+        return sum(u.stack == "encoder" for u in self.units)
 
     # ----- parameter counts ----------------------------------------------------------------------------------
     def _norm_params(self) -> int:
@@ -280,22 +278,8 @@ class ModelSpec(BaseModel):
         return 2 * self.head_dim * (2 if self.normalization == "layernorm" else 1)
 
     def unit_params(self, kind: UnitKind) -> int:
-        """Parameters of one unit (unsharded), its norm included (MLA / MoE / MTP: ``search.moe_params``)."""
-        if kind in ("moe", "mtp") or (kind == "attention" and self.mla is not None):
-            from .moe_params import unit_params
-            return unit_params(self, kind)
-        h, d = self.hidden_size, self.head_dim
-        q = self.num_attention_heads * d
-        kv = self.groups * d
-        bias = self.add_bias_linear
-        if kind == "attention":
-            return h * (q + 2 * kv) + q * h + (q + 2 * kv if self.qkv_bias else 0) + (h if bias else 0) + \
-                self._norm_params() + self.qk_norm_params() + layer_variants.softmax_offset_params(self)
-        if kind == "cross_attention":  # Q from the decoder, K/V from the encoder output (megatron-core: two linears)
-            return h * q + h * 2 * kv + q * h + (q + 2 * kv + h if bias else 0) + self._norm_params()
-        ffn = self.ffn_hidden_size
-        up = 2 * ffn if self.gated_mlp else ffn
-        return h * up + ffn * h + (up + h if bias else 0) + self._norm_params()
+        """Parameters of one unit (unsharded), its norm included: its kind's count (``search.layers``)."""
+        return layers.resolve(self, kind).params(self)
 
     def embedding_params(self) -> int:
         pos = self.seq_length if self.position_embedding == "learned" else 0
@@ -322,28 +306,12 @@ class ModelSpec(BaseModel):
     # ----- FLOPs -----------------------------------------------------------------------------------------------
     def unit_forward_flops(self, kind: UnitKind, tokens_per_sample: int, kv_len: int | None = None,
                            causal: bool = True) -> float:
-        """Forward FLOPs of one unit per sample: 2 per multiply-add of the linears and of the attention core.
+        """Forward FLOPs of one unit per sample: 2 per multiply-add of the linears and of the attention core
+        (its kind's formula, ``search.layers``); ``kv_len``: keys per query (default: the tokens).
 
         ``causal`` halves nothing here: like Megatron's reported TFLOP/s, the full score matrix is counted.
         """
-        s = tokens_per_sample
-        if kind in ("moe", "mtp") or (kind == "attention" and self.mla is not None):
-            from .moe_flops import unit_forward_flops
-            return unit_forward_flops(self, kind, s)
-        h, d = self.hidden_size, self.head_dim
-        q = self.num_attention_heads * d
-        kv = self.groups * d
-        if kind == "mlp":
-            ffn = self.ffn_hidden_size
-            up = 2 * ffn if self.gated_mlp else ffn
-            return 2.0 * s * (h * up + ffn * h)
-        kv_len = kv_len or s
-        if kind == "attention":
-            linear = 2.0 * s * (h * (q + 2 * kv) + q * h)
-        else:  # cross-attention: Q and output over decoder tokens, K/V over encoder tokens
-            linear = 2.0 * s * (h * q + q * h) + 2.0 * kv_len * h * 2 * kv
-        core = 2.0 * 2.0 * s * kv_len * q  # QK^T and PV
-        return linear + core
+        return layers.resolve(self, kind).flops(self, tokens_per_sample, kv_len)
 
     def forward_flops_per_sample(self) -> float:
         """Forward FLOPs for one sample through the whole model, logits included."""
@@ -351,14 +319,9 @@ class ModelSpec(BaseModel):
         s_dec = self.decoder_seq_length if self.is_t5 else self.seq_length
         total = 0.0
         for u in self.units:
-            if u.stack == "encoder":
-                total += self.unit_forward_flops(u.kind, s_enc)
-            elif u.kind == "cross_attention":
-                total += self.unit_forward_flops(u.kind, s_dec, kv_len=s_enc)
-            elif u.kind == "attention":      # sliding-window layers score s x min(s, window) (layer_variants)
-                total += self.unit_forward_flops(u.kind, s_dec, kv_len=layer_variants.window_keys(self, u.layer, s_dec))
-            else:
-                total += self.unit_forward_flops(u.kind, s_dec)
+            s = s_enc if u.stack == "encoder" else s_dec
+            kind = layers.resolve(self, u.kind)
+            total += kind.flops(self, s, kind.keys(self, u, s, s_enc))
         total += 2.0 * s_dec * self.hidden_size * self.padded_vocab_size
         return total
 

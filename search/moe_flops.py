@@ -45,12 +45,3 @@ def mtp_flops(m, s: int) -> float:
     return (2.0 * s * 2 * h * h + m.unit_forward_flops("attention", s) + m.unit_forward_flops(last, s)
             + 2.0 * s * h * m.padded_vocab_size)
 
-
-def unit_forward_flops(m, kind: str, s: int) -> float:
-    if kind == "attention":
-        return mla_flops(m, s)
-    if kind == "moe":
-        return moe_flops(m, s)
-    if kind == "mtp":
-        return mtp_flops(m, s)
-    raise ValueError(f"moe_flops.unit_forward_flops: unit kind {kind} is not an MoE / MLA / MTP unit")

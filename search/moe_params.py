@@ -125,14 +125,3 @@ def moe_unit_params(m) -> int:
     return (router_params(m) + shared_expert_params(m) + _norm(m, m.hidden_size)
             + m.moe.num_experts * mlp_params(m, m.moe.moe_ffn_hidden_size))
 
-
-def unit_params(m, kind: str) -> int:
-    """``ModelSpec.unit_params`` of the units this module counts: MLA ``attention``, ``moe`` and ``mtp`` (one MTP
-    layer, its inner layer like the last decoder layer)."""
-    if kind == "attention":
-        return mla_params(m)
-    if kind == "moe":
-        return moe_unit_params(m)
-    if kind == "mtp":
-        return mtp_layer_params(m)[0]
-    raise ValueError(f"moe_params.unit_params: unit kind {kind} is not an MoE / MLA / MTP unit")

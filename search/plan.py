@@ -40,12 +40,12 @@ from .moe_plan import MoEPlanSettings, check_expert_shape, check_moe_settings, e
 from .plan_settings import PlanSettings
 from .stack import StackSettings, refusal as stack_refusal
 from .units import mib_alias
+from . import layers
 
 SCHEMA_VERSION = 3
 READS_VERSIONS = (1, 2, 3)  # v1 plans (one span per stage, no SP/CP/overlap) and v2 (no MoE) are converted on read
 Recompute = Literal["none", "selective", "full", "attn_dropout", "mla_up_proj"]
 RECOMPUTE_CHOICES: tuple[Recompute, ...] = ("none", "selective", "full", "attn_dropout", "mla_up_proj")
-ATTENTION_ONLY: frozenset[str] = frozenset({"attn_dropout", "mla_up_proj"})   # choices an MLP unit cannot take
 MLA_ONLY: frozenset[str] = frozenset({"mla_up_proj"})   # choices of an MLA model's attention units only
 _SPAN_KEYS = ("start_unit", "end_unit", "recompute")
 # Upper bounds (docs/inputs.md): the model's and cluster's bounds carried over to the plan's fields
@@ -54,16 +54,12 @@ MAX_DEGREE = 1 << 20            # tp, cp, dp, num_gpus: no more than the GPUs of
 MAX_BATCH = 1 << 24
 
 
-def recompute_allowed(kind: str, mla: bool = False) -> tuple[Recompute, ...]:
-    """The recompute choices a unit of this kind can take (``attn_dropout``: attention units only; ``mla_up_proj``:
-    the attention units of an MLA model (``mla``) only, megatron-core's ``recompute_modules`` ["mla_up_proj"];
-    ``moe``: selective = megatron-core's ``recompute_modules`` ["moe_act"]; ``mtp``: none or full, its inner layer
-    whole)."""
-    if kind == "mtp":
-        return ("none", "full")
-    attention = kind in ("attention", "cross_attention")
-    return tuple(c for c in RECOMPUTE_CHOICES if (attention or c not in ATTENTION_ONLY)
-                 and (c not in MLA_ONLY or (mla and kind == "attention")))
+def recompute_allowed(kind: str, model=None) -> tuple[Recompute, ...]:
+    """The recompute choices a unit of this kind can take in ``model`` (None: the kind's own, no variant): its layer
+    kind's ``recompute`` (``search.layers``; ``attn_dropout``: attention units only; ``mla_up_proj``: the attention
+    units of an MLA model only, megatron-core's ``recompute_modules`` ["mla_up_proj"]; ``moe``: selective =
+    megatron-core's ``recompute_modules`` ["moe_act"]; ``mtp``: none or full, its inner layer whole)."""
+    return (layers.resolve(model, kind) if model is not None else layers.get(kind)).recompute
 
 
 EndOnly = Literal["embedding", "loss"]
@@ -317,13 +313,13 @@ class ParallelPlan(BaseModel):
             if expected > m.num_units:
                 raise ValueError(f"{where}.end_unit ({expected}) is past the model's {m.num_units} units")
             for k, (unit, rc) in enumerate(zip(m.units[ch.start_unit:ch.end_unit], ch.recompute)):
-                if rc in MLA_ONLY and rc not in recompute_allowed(unit.kind, m.mla is not None):
+                if rc in MLA_ONLY and rc not in recompute_allowed(unit.kind, m):
                     what = "the model has no MLA (mla)" if m.mla is None else f"unit {ch.start_unit + k} is {unit.kind}"
                     raise ValueError(
                         f"{where}.recompute[{k}] is {rc!r} but {what}; {rc!r} applies to the attention units of "
                         "an MLA model only: use none, selective or full"
                     )
-                if rc not in recompute_allowed(unit.kind, m.mla is not None):
+                if rc not in recompute_allowed(unit.kind, m):
                     raise ValueError(
                         f"{where}.recompute[{k}] is {rc!r} but unit {ch.start_unit + k} is an MLP unit; "
                         f"{rc!r} applies to attention units only: use none, selective or full"

@@ -33,6 +33,7 @@ from megatron.core.transformer.transformer_config import MLATransformerConfig, T
 
 from model_specs.builders import architecture_kwargs
 from model_specs.extensions import megatron_kwargs
+from search import layers
 from search.errors import AcesoError
 from search.megatron_fields import CPU_OFF
 from search.model import ModelSpec, UnitKind
@@ -127,7 +128,7 @@ def unit_config(base: TransformerConfig, kind: UnitKind, recompute: str) -> Tran
     if recompute != "selective":
         return base
     cfg = copy.copy(base)
-    if kind in ("mlp", "moe"):   # an MoE unit: each expert's activation (SequentialMLP; not megatron's moe_act)
+    if layers.get(kind).role == "mlp":   # an MoE unit: each expert's activation (SequentialMLP; not megatron's moe_act)
         cfg.activation_func = CheckpointedActivation(base.activation_func)
         cfg.bias_activation_fusion = False
     else:

@@ -31,6 +31,7 @@ from model_specs.extensions import (
     check_whole_layers,
     whole_layer_stacks,
 )
+from search import layers
 from search.errors import AcesoError
 from search.layer_variants import refuse_unbuilt
 from search.model import ModelSpec, Unit
@@ -116,7 +117,7 @@ def build_unit_layers(model: ModelSpec, units: list[Unit], recompute: list[str],
             spec = with_recomputed_dropout(spec, unit.kind)
         with init_context(cfg, unit.layer):
             layer = build_module(spec, config=cfg, layer_number=unit.layer + 1, pg_collection=pg_collection)
-        if rc == "selective" and unit.kind in ("mlp", "moe"):
+        if rc == "selective" and layers.get(unit.kind).role == "mlp":
             _recompute_activation(layer, unit)
         out.append(UnitLayer(unit, layer, rc == "full"))
         i += 1

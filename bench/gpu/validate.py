@@ -51,11 +51,11 @@ def plans(model: dict, gbs: int) -> dict[str, dict]:
     from search.plan import RECOMPUTE_CHOICES, recompute_allowed
 
     spec = ModelSpec.model_validate(model)
-    units, mla = spec.units, spec.mla is not None
+    units = spec.units
     out = {}
     for mbs in (1, 2):
         for rc in RECOMPUTE_CHOICES:  # attn_dropout on the attention units, MLP units none
-            per_unit = [rc if rc in recompute_allowed(u.kind, mla) else "none" for u in units]
+            per_unit = [rc if rc in recompute_allowed(u.kind, spec) else "none" for u in units]
             if rc != "none" and rc not in per_unit:
                 continue              # a choice no unit of this model takes (mla_up_proj without MLA)
             out[f"mbs{mbs}-{rc}"] = {"model": model, "micro_batch_size": mbs, "global_batch_size": gbs, "stages": [

@@ -393,15 +393,16 @@ def _features_line(f: dict) -> str:
 
 
 def _print_terms(con, r: dict) -> None:
-    """Per stage, the software-stack features' named time terms (``StageCost.terms``: ms per iteration) and memory
-    terms (``stack_cost.STACK_MEMORY`` keys of the memory breakdown), where a stage has any beyond the step."""
-    from ..costmodel.stack_cost import STACK_MEMORY
+    """Per stage, its named terms beyond the table's columns: the features' time terms (``StageCost.terms``: ms per
+    iteration) and the memory terms of the breakdown other than the states, the activations and the reserve
+    (``StageCost.memory_breakdown``: the recompute peak, p2p / FSDP / dispatch buffers, the gradient copy, the
+    stack features' terms)."""
+    shown = ("params", "grads", "optimizer", "activations", "reserve")
     for s in r["stages"]:
-        terms = {k: v for k, v in s.get("terms_ms", {}).items() if v}
-        mem = {k: v for k, v in s["memory_breakdown_mib"].items() if k in STACK_MEMORY and v}
-        if set(terms) - {"optimizer_step"} or mem:
-            con.print(f"stage {s['index']} stack terms: " + ", ".join(
-                [f"{k} {v:.1f} ms" for k, v in terms.items()] + [f"{k} {v / 1024:+.2f} GiB" for k, v in mem.items()]))
+        terms = [f"{k} {v:.1f} ms" for k, v in s.get("terms_ms", {}).items() if v]
+        mem = [f"{k} {v / 1024:+.2f} GiB" for k, v in s["memory_breakdown_mib"].items() if k not in shown and v]
+        if terms or mem:
+            con.print(f"stage {s['index']} terms: " + ", ".join(terms + mem))
 
 
 def _print_comm(con, r: dict) -> None:

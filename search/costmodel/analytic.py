@@ -35,20 +35,20 @@ quick-GEGLU), tp t, element size dt, r = t with sequence parallelism (else 1):
 Recompute: selective re-runs the attention core and the MLP activation function forward; full re-runs the whole
 unit forward (its TP collectives included). Activations and peaks come from ``memory.py``.
 
-MoE / MLA / MTP models: the ``moe`` unit at the stage's expert shape (``unit_table(..., ep, etp, moe)``) comes
-from ``moe_cost.py``, an MLA ``attention`` unit and the ``mtp`` unit from ``mla_mtp.py`` (their docstrings and
-docs/costmodel.md have every term).
+Each unit is priced by its layer kind (``search.layers``: ``LayerKind.price`` over this source as the pricing
+context, once per distinct row): the dense kinds with the kernels above, the ``moe`` unit at the stage's expert shape
+(``unit_table(..., ep, etp, moe)``) by ``moe_cost.py``, an MLA ``attention`` unit and the ``mtp`` unit by
+``mla_mtp.py`` (their docstrings and docs/costmodel.md have every term).
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import numpy as np
 
 from ..cluster import ClusterSpec
 from ..errors import AcesoError
-from ..layer_variants import is_window_layer, window_keys
+from .. import layers
+from ..layers.kind import PriceArgs, UnitCost
 from ..megatron_fields import analytic_note
 from ..model import ModelSpec
 from ..training import TrainingSpec
@@ -56,12 +56,10 @@ from .comm import CommModel
 from .comm import overlap_tax
 from .. import precision as lowp
 from .kernels import ARCH, GENERATION, KERNEL_MODELS, LAUNCH_MS, lowprec_kernels
-from .memory import (LOSS_KEPT_BYTES, MB, attention_act_bytes, embedding_params_per_rank, has_attention_dropout,
-                     loss_transient_bytes, mlp_act_bytes, output_params_per_rank, tied_copy_params_per_rank,
-                     unit_params_per_rank)
+from .memory import (LOSS_KEPT_BYTES, MB, embedding_params_per_rank, has_attention_dropout, loss_transient_bytes,
+                     output_params_per_rank, tied_copy_params_per_rank)
 from ..moe_plan import MoEPlanSettings
-from .mla_mtp import mla_act_bytes, mla_attention, mla_params_per_rank, mtp_unit
-from .moe_cost import host_layers, imbalance_note, moe_unit
+from .moe_cost import host_layers, imbalance_note
 from .stack_cost import cross_entropy
 from .tpcomm import TPComm, tp_half
 from .types import N_RC, UNAVAILABLE_MS, RunSettings, UnitTable
@@ -83,26 +81,6 @@ def sink_attention_scale(model: ModelSpec, release: str, gpu: str = "") -> float
 def _sink(t: float, scale: float) -> float:
     """A fused-attention kernel's time at ``scale`` of its rate (its launch unscaled)."""
     return t if scale == 1.0 else (t - LAUNCH_MS) / scale + LAUNCH_MS
-
-
-class UnitCost(NamedTuple):
-    fwd: float
-    bwd: float
-    rec_sel: float
-    rec_full: float
-    tp_comm: float       # fwd + bwd exposed TP collective time inside the unit
-    rec_drop: float = UNAVAILABLE_MS   # attn_dropout: the probability dropout + probs x V forward, where it applies
-    tp_hidden: float = 0.0             # TP collective time hidden behind the unit's GEMMs
-    cp_comm: float = 0.0               # exposed ring-attention K/V exchange (fwd + bwd)
-    cp_hidden: float = 0.0
-    # the forward's shares (for timelines): TP exposed (without the ring), TP hidden, CP exposed, CP hidden
-    comm_fwd: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
-    ep_comm: float = 0.0               # exposed expert-parallel dispatch / combine (+ ETP gather) fwd + bwd
-    ep_hidden: float = 0.0             # the part hidden (shared-expert overlap, overlap_ep_comm)
-    ep_fwd: tuple[float, float] = (0.0, 0.0)   # the forward's (exposed, hidden) share
-    rec_up: float = UNAVAILABLE_MS     # mla_up_proj: MLA's Q/K/V up projections + RoPE forward (MLA units only)
-    ep_split: tuple = ()               # moe units: (dispatch, combine, experts' weight-gradient GEMMs) ms, one way
-    wgrad: float = 0.0                 # the unit's weight-gradient GEMMs (inside bwd): what delay_wgrad moves
 
 
 class AnalyticSource:
@@ -373,74 +351,32 @@ def _lp_unit(src: AnalyticSource, u) -> bool:
                                                                   tr.bf16_layers_start, tr.bf16_layers_end)
 
 
-def _lp_saving(m: ModelSpec, kind: str, b: float, s: int, t: int, sp: bool, precision: str, dt: float) -> float:
-    """Activation bytes a quantized unit does not keep: its linear layers' inputs are saved quantized (attention:
-    the QKV input s b h / r and the projection input s b q / t; MLP: the fc1 input s b h / r and the fc2 input
-    s b f / t)."""
-    r = t if sp else 1
-    second = m.num_attention_heads * m.head_dim if kind != "mlp" else m.ffn_hidden_size
-    return lowp.act_saving_bytes(precision, s * b * (m.hidden_size / r + second / t), dt)
-
-
-def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool, ov: bool = False, x: tuple = (1, 0, None)):
-    """Per-unit (UnitCost, act bytes (3,) or (4,), params per rank, expert params per rank) keyed by ``_row_key``
-    (stack, kind, sliding window, quantized): each distinct kind is computed once. ``x``: (ep, etp,
-    MoEPlanSettings) of the moe units."""
-    m, dt = src.model, src.dt
+def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool, ov: bool = False,
+               x: tuple = (1, 0, None)) -> dict:
+    """Each unit's ``layers.Row`` (its kind's pricer: time, bytes kept per recompute choice, parameters per rank),
+    keyed by ``_row_key``: units priced alike are priced once. ``x``: (ep, etp, MoEPlanSettings) of the moe units."""
+    m = src.model
     s_enc, s_dec = _seqs(m, cp)
-    rows = {}
-    kinds = [u for u in m.units if u.kind != "mtp"] + [u for u in m.units if u.kind == "mtp"]   # mtp: from its inner
-    for u in kinds:
-        lp = _lp_unit(src, u)
+    rows: dict = {}
+
+    def row(u) -> layers.kind.Row:
         key = _row_key(src, u)
-        if key in rows:
-            continue
-        s = s_enc if u.stack == "encoder" else s_dec
-        causal = not (m.is_t5 and u.stack == "encoder")
-        if u.kind == "moe":
-            cost, *a, pr, ex = moe_unit(src, b, s, t, sp, *x, overlap=ov, lp=lp)
-            rows[key] = (cost, a[0], pr, ex)
-            continue
-        if u.kind == "mtp":
-            rows[key] = _mtp_row(src, rows, b, s, t, sp, ov, x)
-            continue
-        if u.kind == "attention" and m.mla is not None:
-            rows[key] = (mla_attention(src, b, s, t, cp, sp, ov), mla_act_bytes(src, b, s, t, sp, lp),
-                         mla_params_per_rank(m, t), 0.0)
-            continue
-        if u.kind == "mlp":
-            fused = src.settings.fused_swiglu and src.cluster.gpu.name != "cpu"
-            rows[key] = (src.mlp(b, s, t, sp, ov, lp), mlp_act_bytes(m, b, s, t, dt, sp, fused_swiglu=fused))
-        elif u.kind == "cross_attention":
-            rows[key] = (src.attention(b, s, t, kv_len=s_enc, sp=sp, overlap=ov, lp=lp),
-                         attention_act_bytes(m, b, s, t, src.flash, kv_len=s_enc, dt=dt, sp=sp))
-        else:
-            window = window_keys(m, u.layer, s * cp) if key[2] else None
-            cost = src.attention(b, s, t, causal=causal, cp=cp, sp=sp, overlap=ov, window=window, lp=lp)
-            rows[key] = (cost, attention_act_bytes(m, b, s, t, src.flash, dt=dt, sp=sp))
-        if lp:     # every row but full recompute (which keeps only the unit input) keeps quantized linear inputs
-            save = _lp_saving(m, u.kind, b, s, t, sp, src.lp, dt)
-            a = rows[key][1]
-            rows[key] = (rows[key][0], tuple(x if j == 2 else x - save for j, x in enumerate(a)))
-        rows[key] = (*rows[key], unit_params_per_rank(m, u.kind, t), 0.0)
+        if key not in rows:
+            s = s_enc if u.stack == "encoder" else s_dec
+            args = PriceArgs(b, s, s_enc, t, cp, sp, ov, _lp_unit(src, u), *x, row)
+            rows[key] = layers.resolve(m, u.kind).price(src, u, args)
+        return rows[key]
+
+    for u in m.units:
+        row(u)
     return rows
 
 
 def _row_key(src: AnalyticSource, u) -> tuple:
-    """Units priced alike: (stack, kind, sliding window, low precision): a windowed self-attention layer and a layer
-    kept in bf16 under a low-precision recipe are their own rows."""
+    """Units priced alike: (stack, kind, the kind's row variant (a sliding-window layer), low precision): a
+    windowed self-attention layer and a layer kept in bf16 under a low-precision recipe are their own rows."""
     m = src.model
-    return (u.stack, u.kind, u.kind == "attention" and u.stack == "decoder" and is_window_layer(m, u.layer),
-            _lp_unit(src, u))
-
-
-def _mtp_row(src: AnalyticSource, rows: dict, b: float, s: int, t: int, sp: bool, ov: bool, x: tuple):
-    """The mtp unit from its inner layer (like the last decoder layer: its attention and mlp / moe rows)."""
-    m = src.model
-    last = {u.kind: u for u in m.units if u.stack == "decoder" and u.layer == m.num_layers - 1}
-    inner = "moe" if "moe" in last else "mlp"
-    att, ffn = rows[_row_key(src, last["attention"])], rows[_row_key(src, last[inner])]
-    return mtp_unit(src, b, s, t, sp, att[0], att[1], ffn[0], ffn[1], att[2], (ffn[2], ffn[3]))
+    return u.stack, u.kind, layers.resolve(m, u.kind).row_variant(m, u), _lp_unit(src, u)
 
 
 def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = False,
@@ -455,10 +391,9 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
     rec, act, peak = np.zeros((n, N_RC)), np.zeros((n, N_RC)), np.zeros((n, N_RC))
     params, eparams, epc, eph, epf = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros((n, 2))
     for i, u in enumerate(m.units):
-        cost, a, params[i], eparams[i] = rows[_row_key(src, u)]
+        cost, a, params[i], eparams[i], transient = rows[_row_key(src, u)]
         epc[i], eph[i], epf[i] = cost.ep_comm, cost.ep_hidden, cost.ep_fwd
-        transient = a[3] / MB if u.kind in ("moe", "mtp") else 0.0   # the dispatch buffers
-        a = a[:3] if u.kind in ("moe", "mtp") else a
+        transient /= MB                          # what the unit needs while it runs (MoE: the dispatch buffers)
         a = (*a, *([a[0]] * (N_RC - len(a))))    # choices a unit cannot take (attn_dropout, mla_up_proj): its none row
         fwd[i], bwd[i], tpc[i] = cost.fwd, cost.bwd, cost.tp_comm
         tph[i], cpc[i], cph[i] = cost.tp_hidden, cost.cp_comm, cost.cp_hidden
@@ -510,7 +445,7 @@ def _ep_overlap_layers(src: AnalyticSource, rows: dict, fwd, bwd, epc, eph, epf,
     for i, u in enumerate(units):
         if u.kind != "moe" or i == 0 or units[i - 1].kind != "attention":
             continue
-        att, moe = rows[_row_key(src, units[i - 1])][0], rows[_row_key(src, u)][0]
+        att, moe = rows[_row_key(src, units[i - 1])].cost, rows[_row_key(src, u)].cost
         if not moe.ep_split:
             continue
         d, c, m_dw = moe.ep_split

@@ -96,36 +96,36 @@ class _Prepared(NamedTuple):
 
 
 class _Static(NamedTuple):
-    """The recompute-independent terms of one stage (memoised by ``CostModel.stage_cost``)."""
+    """The recompute-independent terms of one stage (memoised by ``CostModel.stage_cost``): its times, and its
+    memory as named terms (``StageCost.memory_breakdown`` keys) that ``_assemble`` adds to the activations."""
 
+    # ----- time, ms ----------------------------------------------------------------------------------------------
     fwd: float
     bwd: float
     p2p: float                # exposed, per micro-batch
     sync: float
     opt: float
     tpc: float
-    act_extra: float          # embedding / head / encoder-output MB, already times their chunks' in-flight counts
-    in_flight: tuple[int, ...]   # micro-batches in flight per chunk at the stage's peak
-    w_mb: float
-    g_mb: float
-    o_mb: float
-    copy_mb: float
-    buf: float
-    head_peak: float
     ideal: float
+    prologue: float
     chunk_fwd: tuple[float, ...]
     chunk_bwd: tuple[float, ...]
     chunk_p2p: tuple[tuple[float, float], ...]   # exposed (forward, backward) p2p per chunk op
-    prologue: float
-    comm: dict
-    chunk_comm: tuple[tuple[float, ...], ...] = ()   # ``StageCost.chunk_comm``
-    off_mb: float = 0.0       # activation MB the offload moves to the host (recompute none), per micro-batch
-    fsdp_mb: float = 0.0      # Megatron FSDP's whole-layer buffers in flight
-    micro_batches: int = 1
-    off_kept: float = 0.0     # of the offloaded activations, the MB of the layer in flight (``offload.kept_mb``)
-    dispatch_mb: float = 0.0  # the flex dispatcher's DeepEP buffer (``moe_cost.flex_buffer_mb``), MoE stages only
-    stack_mb: tuple = ()      # (name, MB) of the stack features' memory terms (``stack_cost.py``)
-    terms: tuple = ()         # (name, ms per iteration) of the features' named time terms (``StageCost.terms``)
+    comm: dict                # ``StageCost.comm``
+    chunk_comm: tuple[tuple[float, ...], ...]    # ``StageCost.chunk_comm``
+    terms: tuple              # (name, ms per iteration) of the features' named time terms (``StageCost.terms``)
+    in_flight: tuple[int, ...]   # micro-batches in flight per chunk at the stage's peak
+    micro_batches: int
+    # ----- memory, MB: named terms -------------------------------------------------------------------------------
+    states: tuple             # (params | grads | optimizer, MB): the model states
+    buffers: tuple            # (p2p_buffers | fsdp_buffers | dispatch_buffers, MB): held while the stage runs
+    stack_mb: tuple           # (name, MB) of the stack features' memory terms (``stack_cost.py``)
+    # ... and the terms that combine with the activations (``_assemble``)
+    act_extra: float          # embedding / head / encoder-output MB, already times their chunks' in-flight counts
+    head_peak: float          # the loss's transient peak
+    copy_mb: float            # the optimizer step's gradient copy (lives after the activations are freed)
+    off_mb: float             # activation MB the offload moves to the host (recompute none), per micro-batch
+    off_kept: float           # of the offloaded activations, the MB of the layer in flight (``offload.kept_mb``)
 
 
 def table_stack(features: Features | None) -> TableStack | None:
@@ -346,20 +346,24 @@ class CostModel:
         acts = (act + st.act_extra - st.off_mb - st.off_kept) * (1 + FRAGMENTATION)
         # the offloaded layer still in flight overlaps the last layers' forward, not the loss (``offload.py``)
         in_flight = max(0.0, st.off_kept * (1 + FRAGMENTATION) - rpeak)
-        extra = sum(v for _, v in st.stack_mb)
-        live = acts + in_flight + rpeak + st.buf + st.fsdp_mb + st.dispatch_mb + extra
+        live = acts + in_flight + rpeak
+        for _, v in st.buffers:
+            live += v
+        live += sum(v for _, v in st.stack_mb)
         over = st.copy_mb - live if st.copy_mb > live else 0.0     # the step's gradient copy beyond the activations
-        total = st.w_mb + st.g_mb + st.o_mb + live + over + RESERVE_MB
-        mem = {"params": st.w_mb, "grads": st.g_mb, "optimizer": st.o_mb, "activations": acts,
-               "recompute_peak": rpeak, "p2p_buffers": st.buf, "reserve": RESERVE_MB}
+        total = 0.0
+        for _, v in st.states:
+            total += v
+        total = total + live + over + RESERVE_MB
+        (p2p_name, buf), *buffers = st.buffers
+        mem = {**dict(st.states), "activations": acts, "recompute_peak": rpeak, p2p_name: buf, "reserve": RESERVE_MB}
         if st.copy_mb:
             mem["grad_copy"] = over
-        if st.fsdp_mb:
-            mem["fsdp_buffers"] = st.fsdp_mb
-        if st.off_kept:
-            mem["offload_in_flight"] = in_flight
-        if st.dispatch_mb:
-            mem["dispatch_buffers"] = st.dispatch_mb
+        for name, v in buffers:       # a buffer a stage does not hold is no term (offload's in flight: after FSDP's)
+            if v:
+                mem[name] = v
+            if name == "fsdp_buffers" and st.off_kept:
+                mem["offload_in_flight"] = in_flight
         for name, v in st.stack_mb:
             mem[name] = mem.get(name, 0.0) + v
         parts = tuple((f, pf, r, bw, pb) for f, bw, r, (pf, pb) in zip(st.chunk_fwd, st.chunk_bwd, chunk_rec,
@@ -487,16 +491,20 @@ class CostModel:
         # Muon's parameters keep MUON_OPT_BYTES instead of Adam's (optimizers.py): the difference on their count
         o_dense = dense * self._opt - (mu[0] * (self._opt - MUON_OPT_BYTES) if mu else 0.0)
         o_exp = experts * self._opt - (mu[1] * (self._opt - MUON_OPT_BYTES) if mu else 0.0)
-        return _Static(sum(chunk_fwd), sum(chunk_bwd), p2p_exposed, sync, opt, sums["tpc"], act, in_fl,
-                       (dense * self._w / dw + experts * self._w / ew + lp_w * (dense / dw + experts / ew) /
-                        max(params, 1.0)) / MB,
-                       (dense * self._g / dg + experts * self._g / eg) / MB,
-                       (o_dense / do + o_exp / eo) / MB,
-                       (dense * self._copy / do + experts * self._copy / eo) / MB,
-                       buf, head_peak, ideal, tuple(chunk_fwd), tuple(chunk_bwd), tuple(chunk_p2p), prologue,
-                       {k: v for k, v in comm.items() if v[0] > 0 or v[1] > 0}, tuple(chunk_comm), off_mb, fsdp_mb,
-                       M, off_kept, self._dispatch_mb(spans, me, moe),
-                       *stack_terms(self, p, spans, in_fl, M, features, opt, me, moe, chunk_fwd, chunk_bwd))
+        states = (("params", (dense * self._w / dw + experts * self._w / ew + lp_w * (dense / dw + experts / ew) /
+                              max(params, 1.0)) / MB),
+                  ("grads", (dense * self._g / dg + experts * self._g / eg) / MB),
+                  ("optimizer", (o_dense / do + o_exp / eo) / MB))
+        buffers = (("p2p_buffers", buf), ("fsdp_buffers", fsdp_mb),
+                   ("dispatch_buffers", self._dispatch_mb(spans, me, moe)))
+        stack_mb, terms = stack_terms(self, p, spans, in_fl, M, features, opt, me, moe, chunk_fwd, chunk_bwd)
+        return _Static(
+            fwd=sum(chunk_fwd), bwd=sum(chunk_bwd), p2p=p2p_exposed, sync=sync, opt=opt, tpc=sums["tpc"], ideal=ideal,
+            prologue=prologue, chunk_fwd=tuple(chunk_fwd), chunk_bwd=tuple(chunk_bwd), chunk_p2p=tuple(chunk_p2p),
+            comm={k: v for k, v in comm.items() if v[0] > 0 or v[1] > 0}, chunk_comm=tuple(chunk_comm), terms=terms,
+            in_flight=in_fl, micro_batches=M, states=states, buffers=buffers, stack_mb=stack_mb, act_extra=act,
+            head_peak=head_peak, copy_mb=(dense * self._copy / do + experts * self._copy / eo) / MB, off_mb=off_mb,
+            off_kept=off_kept)
 
     def _muon_split(self, spans, me: Shape) -> tuple[float, float, float, float]:
         """(dense Muon parameters, expert Muon parameters, their Newton-Schulz FLOPs) of a stage's units per rank

@@ -31,6 +31,7 @@ kept: 2 dt b s h / r).
 from __future__ import annotations
 
 from .. import precision as lowp
+from ..layers.kind import UnitCost
 from ..moe_params import _norm, mla_params
 from .memory import LOSS_KEPT_BYTES, _has_hidden_dropout
 
@@ -43,7 +44,6 @@ def mla_scale(m) -> float:
 
 def mla_attention(src, b: float, s: int, t: int, cp: int = 1, sp: bool = False, overlap: bool = False):
     """UnitCost of one MLA attention unit."""
-    from .analytic import UnitCost
     m, dt, k = src.model, src.dt, src.kern
     a, h, n = m.mla, m.hidden_size, m.num_attention_heads
     qk, dv = a.qk_head_dim + a.qk_pos_emb_head_dim, a.v_head_dim
@@ -127,7 +127,6 @@ def mtp_unit(src, b: float, s: int, t: int, sp: bool, att, att_act, inner, inner
              inner_params: tuple[float, float]):
     """(UnitCost, act bytes (none, selective, full), params, expert params) of one MTP unit, from its inner
     layer's two priced units (``att``, ``inner``: UnitCost; ``*_act``: their byte tuples)."""
-    from .analytic import UnitCost
     m, dt, k = src.model, src.dt, src.kern
     h = m.hidden_size
     r = t if sp else 1

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 from .. import precision as lowp
 from ..errors import AcesoError
+from ..layers.kind import UnitCost
 from ..moe_params import _norm, mlp_params, router_params, shared_expert_params
 from .memory import _has_hidden_dropout
 from .comm import LINK_EFFICIENCY
@@ -383,7 +384,6 @@ TIME_PARTS = ("router", "experts", "a2a", "shared", "tp")
 def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, overlap: bool = False,
              lp: bool = False):
     """(UnitCost, act bytes (none, selective, full), params per rank, expert params per rank) of one moe unit."""
-    from .analytic import UnitCost
     parts = moe_parts(src, b, s, t, sp, ep, etp, cfg, overlap, lp)
     fwd = sum(parts[n][0] for n in TIME_PARTS)
     bwd = sum(parts[n][1] for n in TIME_PARTS)

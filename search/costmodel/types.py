@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..layers.kind import UNAVAILABLE_MS  # noqa: F401  (a choice a unit cannot take: the kinds set it)
 from ..plan import RECOMPUTE_CHOICES
 
 RC: tuple[str, ...] = RECOMPUTE_CHOICES
@@ -21,7 +22,6 @@ RC_CODE = {name: i for i, name in enumerate(RC)}
 N_RC = len(RC)
 ATTN_DROPOUT = RC_CODE["attn_dropout"]
 MLA_UP_PROJ = RC_CODE["mla_up_proj"]
-UNAVAILABLE_MS = 1e9     # recompute time of a choice a unit cannot take: never chosen, never inf arithmetic
 
 
 # What a cost model can price beyond a v1 plan (``CostModel.features``); the search explores only these.

@@ -1,4 +1,14 @@
-"""Layer kinds as data and formulas, one module per kind (issue 36 groundwork; the registry of issue 35 plugs them in).
+"""Layer kinds: the registry (``kind``) and one module per kind, in megatron-core's hybrid vocabulary
+(docs/layer-kinds.md). Importing the package registers the built-in kinds, in the order a layer runs them.
 
-``mamba``: megatron-core's Mamba-2 mixer (``M`` in a hybrid layer pattern).
+``dense``: self-attention ``*``, T5's cross-attention, MLP ``-``; ``mla``: multi-latent attention ``+`` (a variant
+of ``*``); ``moe``: the MoE layer's MLP half ``E``; ``mtp``: a multi-token prediction depth (``/``).
+``mamba``: megatron-core's Mamba-2 layer ``M`` (formulas and its kind; issue 36); ``hybrid``: the layer pattern.
 """
+
+from . import dense, mla, moe, mtp  # noqa: F401  (registration order: a layer's units run in this order)
+from . import mamba  # noqa: F401  (M: only where a hybrid layer pattern writes it)
+from .kind import LayerKind, by_symbol, get, kinds, layer_kinds, register, resolve, symbols, tail_kinds, unregister
+
+__all__ = ["LayerKind", "by_symbol", "get", "kinds", "layer_kinds", "register", "resolve", "symbols", "tail_kinds",
+           "unregister"]

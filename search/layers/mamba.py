@@ -35,8 +35,10 @@ the mixer swaps the sequence split for a head split (all-to-all, ``mamba_context
 the whole sequence for ``H / (tp cp)`` heads, and ``B, C`` of a group whose heads span several CP ranks are
 repeated on each (``cp > g / tp``).
 
-Checked against megatron-core's own ``MambaLayer`` on CPU (``tests/runtime/test_mamba_layer.py``: parameters per TP
-rank, activation bytes with saved-tensor hooks under ``patches/mamba_cpu.py``).
+The layer kind ``M`` (``MAMBA``, at the end: search.layers.kind, docs/layer-kinds.md) prices a Mamba layer from these
+formulas (``price_layer``). Checked against megatron-core's own ``MambaLayer`` on CPU
+(``tests/runtime/test_mamba_layer.py``: parameters per TP rank, activation bytes with saved-tensor hooks under
+``patches/mamba_cpu.py``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ import math
 from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..errors import AcesoError
+from .kind import UNAVAILABLE_MS, LayerKind, Row, UnitCost, register
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 FP32 = 4
@@ -290,3 +295,80 @@ def cp_all_to_all_elems(m: Mamba2Spec, hidden: int, tp: int, cp: int) -> float:
     before = 2 * s.d_inner // tp + 2 * s.state * local_groups(m, hidden, tp, cp) + s.heads // tp
     after = s.d_inner // tp
     return (before + after) * (cp - 1) / cp
+
+
+# ----- the layer kind ``M`` (search.layers.kind; docs/layer-kinds.md) ---------------------------------------------
+def _spec(model) -> Mamba2Spec:
+    spec = getattr(model, "mamba", None)
+    if spec is None:
+        raise ValueError(f"model {model.name}: a Mamba layer needs the model's mamba block (Mamba2Spec)")
+    return spec
+
+
+def layer_params(model) -> int:
+    """One Mamba layer, unsharded, its pre-norm included."""
+    return params(_spec(model), model.hidden_size, 1, model.normalization == "layernorm").total
+
+
+def layer_flops(model, seq: int, keys: int | None = None) -> float:
+    return forward_flops(_spec(model), model.hidden_size, seq).total
+
+
+def scan_bmms(m: Mamba2Spec, hidden: int, b: float, seq: int, tp: int) -> list[tuple[float, int, int, int]]:
+    """The SSD scan of ``b`` sequences of ``seq`` tokens on one TP rank as the batched matmuls of its chunks
+    (``scan_macs``; the inter-chunk state passing, ``H (s / Q) N P``, is left out): (batch, m, n, k) each."""
+    s = shape(m, hidden)
+    q = m.chunk_size
+    n = b * math.ceil(seq / q)
+    heads = n * s.heads / tp
+    return [(n * s.groups / tp, q, q, s.state),    # C B^T per chunk and group
+            (heads, q, s.head_dim, q),             # (L o C B^T) X per chunk and head
+            (heads, s.state, s.head_dim, q),       # the chunk state B^T X
+            (heads, q, s.head_dim, s.state)]       # the read-out C h
+
+
+def mixer_bytes(m: Mamba2Spec, hidden: int, tokens: float, dtype_bytes: float, tp: int) -> float:
+    """Element-wise bytes of the mixer's forward on one TP rank: the depthwise conv1d (read and write its
+    ``conv_dim`` channels), the scan's inputs and output (``in_proj``'s output read, ``d_inner`` written) and the
+    gated RMSNorm (``y`` and ``z`` read, ``d_inner`` written)."""
+    s = shape(m, hidden)
+    return dtype_bytes * tokens * (2 * s.conv_dim + s.in_proj_out + s.d_inner + 3 * s.d_inner) / tp
+
+
+def price_layer(src, u, a):
+    """One Mamba layer on one rank, per micro-batch (a first analytic model, before issue 36's calibration on the
+    Nemotron rows): ``in_proj`` / ``out_proj`` as a column- / row-parallel pair of GEMMs with their TP collectives
+    (as an MLP's), the scan as its chunk matmuls at the kernel model's batched-GEMM rate (``scan_bmms``), the pre-norm
+    and residual add and the mixer's element-wise passes (``mixer_bytes``) as memory-bound kernels. Backward: the
+    GEMMs' and matmuls' gradients, 1.5x the element-wise bytes, and the fused training path's re-run of the conv and
+    the scan (``use_mamba_mem_eff_path``). Bytes kept: ``act_bytes`` per token and ``fixed_act_bytes``, plus the
+    pre-norm's input; full recompute keeps the layer input. Context parallelism (the head-split all-to-all) is not
+    priced yet."""
+    model, k, dt = src.model, src.kern, src.dt
+    if a.cp > 1:
+        raise AcesoError(f"context parallelism (cp {a.cp}) of Mamba layers is not priced yet; use cp 1")
+    spec, h, t = _spec(model), model.hidden_size, a.t
+    sh = shape(spec, h)
+    sb, r = a.s * a.b, (t if a.sp else 1)
+    gemms = [(sb, sh.in_proj_out / t, h), (sb, h, sh.d_inner / t)]
+    tpc = src._half(gemms[0], gemms[-1], a.b, a.s, t, a.sp, a.overlap, a.lp)
+    lin_f, lin_b = src._linears(gemms, a.lp)
+    bmms = scan_bmms(spec, h, a.b, a.s, t)
+    scan_f = sum(k.bmm(*x) for x in bmms)
+    scan_b = sum(k.bmm(*x, backward=True) for x in bmms)
+    ew = (2 * dt * sb * h + (3 * dt + 1) * sb * h) / r          # pre-norm + bias-dropout-add, as a dense unit's
+    mix = mixer_bytes(spec, h, sb, dt, t)
+    fwd = lin_f + k.memory(ew, 2) + k.memory(mix, 3) + scan_f + tpc.fwd
+    bwd = lin_b + k.memory(1.5 * (ew + mix), 3) + scan_b + k.memory(mix, 3) + scan_f + tpc.bwd
+    cost = UnitCost(fwd, bwd, UNAVAILABLE_MS, fwd, tpc.fwd + tpc.bwd, UNAVAILABLE_MS, tpc.hidden,
+                    comm_fwd=(tpc.fwd, tpc.hidden_fwd, 0.0, 0.0))
+    keep = sb * act_bytes(spec, h, int(dt), t, 1, a.sp).total + fixed_act_bytes(spec, h, int(dt), t) + dt * sb * h / r
+    full = dt * sb * h / r
+    return Row(cost, (keep, keep, full), params(spec, h, t, model.normalization == "layernorm").total)
+
+
+MAMBA = register(LayerKind(
+    name="mamba", symbol="M", role="attention", label="Mamba-2", params=layer_params, flops=layer_flops,
+    price=price_layer, in_layer=lambda m, stack: False,      # only where a hybrid pattern writes M
+    recompute=("none", "full"),     # no --recompute-modules entry covers a Mamba mixer (megatron-core 0.19)
+    hybrid_slot="mamba_layer"))

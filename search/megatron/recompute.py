@@ -35,11 +35,13 @@ prediction is an upper bound by ``s * b * h`` elements per fully recomputed laye
 
 from __future__ import annotations
 
+from ..layers import resolve
 from ..model import ModelSpec
 from ..plan import ParallelPlan
 from .config import NO_RECOMPUTE, NotExpressible, Recompute, layer_bounds, layer_name
 
 CORE_ATTN = ("core_attn",)
+MODULE_ORDER = ("core_attn", "moe_act", "mla_up_proj")    # the order an exported --recompute-modules lists them
 
 
 def blocks_of(model: ModelSpec, start: int, end: int) -> list[tuple[str, list[tuple[int, int]]]]:
@@ -62,7 +64,7 @@ def blocks_of(model: ModelSpec, start: int, end: int) -> list[tuple[str, list[tu
 
 def _layer_kind(model: ModelSpec, choices: list[str], lo: int, modules: tuple[str, ...]) -> str | None:
     kinds = [model.units[lo + i].kind for i in range(len(choices))]
-    if modules and choices == [_selective(k, modules, model.mla is not None) for k in kinds]:
+    if modules and choices == [_selective(model, k, modules) for k in kinds]:
         return "selective"
     if all(c == "none" for c in choices):
         return "none"
@@ -71,27 +73,27 @@ def _layer_kind(model: ModelSpec, choices: list[str], lo: int, modules: tuple[st
     return None
 
 
-def _selective(kind: str, modules: tuple[str, ...] = CORE_ATTN, mla: bool = False) -> str:
-    """A unit's choice under ``--recompute-modules MODULES``: core_attn re-runs the attention core of attention
-    units, moe_act the experts' activation function of moe units (the plan's ``selective`` on them), mla_up_proj
-    the Q/K/V up projections of an MLA model's attention units (the plan's ``mla_up_proj``; with core_attn too,
-    still ``mla_up_proj``: a unit takes one choice, the importer notes it); MLP units and the MTP unit are not
-    recomputed (a plan's MTP unit takes none or full)."""
-    if mla and kind == "attention" and "mla_up_proj" in modules:
-        return "mla_up_proj"
-    on = ("core_attn" in modules and kind in ("attention", "cross_attention")) or ("moe_act" in modules and
-                                                                                  kind == "moe")
-    return "selective" if on else "none"
+def _selective(model: ModelSpec, kind: str, modules: tuple[str, ...] = CORE_ATTN) -> str:
+    """A unit's choice under ``--recompute-modules MODULES``: the plan choice whose module its layer kind lists
+    (``LayerKind.megatron_modules``: core_attn re-runs the attention core of attention units, moe_act the experts'
+    activation function of moe units (the plan's ``selective`` on them), mla_up_proj the Q/K/V up projections of an
+    MLA model's attention units (the plan's ``mla_up_proj``; with core_attn too, still ``mla_up_proj``: a unit takes
+    one choice, the importer notes it); MLP units and the MTP unit are not recomputed (a plan's MTP unit takes none
+    or full)."""
+    given = resolve(model, kind).megatron_modules
+    for choice in ("mla_up_proj", "selective"):
+        if given.get(choice) in modules:
+            return choice
+    return "none"
 
 
 def plan_modules(plan: ParallelPlan) -> tuple[str, ...]:
-    """The selective modules the plan's choices name: core_attn for selective attention units, moe_act for
-    selective moe units, mla_up_proj for mla_up_proj units."""
-    picked = {(plan.model.units[ch.start_unit + k].kind, rc) for _, _, ch in plan.chunks_in_order()
-              for k, rc in enumerate(ch.recompute) if rc in ("selective", "mla_up_proj")}
-    kinds = {kind for kind, rc in picked if rc == "selective"}
-    return tuple(x for x, on in (("core_attn", kinds & {"attention", "cross_attention"}), ("moe_act", "moe" in kinds),
-                                 ("mla_up_proj", any(rc == "mla_up_proj" for _, rc in picked))) if on)
+    """The selective modules the plan's choices name: each unit's choice's module (``LayerKind.megatron_modules``:
+    core_attn for selective attention units, moe_act for selective moe units, mla_up_proj for mla_up_proj units)."""
+    m = plan.model
+    named = {resolve(m, m.units[ch.start_unit + k].kind).megatron_modules.get(rc)
+             for _, _, ch in plan.chunks_in_order() for k, rc in enumerate(ch.recompute)}
+    return tuple(x for x in MODULE_ORDER if x in named)
 
 
 def mtp_choice(rc: Recompute) -> str:
@@ -110,7 +112,7 @@ def _check_units(plan: ParallelPlan) -> None:
                     f"{plan.chunk_where(s, j)}.recompute[{k}] is attn_dropout: Megatron-LM has no dropout-only "
                     "recompute (its selective recompute re-runs the whole attention core, --recompute-modules "
                     "core_attn)")
-            if rc == "selective" and unit.kind in ("mlp", "mtp"):
+            if rc == "selective" and "selective" not in resolve(plan.model, unit.kind).megatron_modules:
                 raise NotExpressible(
                     f"{plan.chunk_where(s, j)}.recompute[{k}] is selective on an MLP unit: Megatron-LM's selective "
                     "recompute covers the attention core only (--recompute-modules core_attn; its mlp module "
@@ -206,7 +208,7 @@ def unit_choices(rc: Recompute, model: ModelSpec, start: int, end: int) -> list[
         for i, (a, b) in enumerate(layers):
             for u in range(a, b):
                 if rc.granularity == "selective":
-                    out.append(_selective(model.units[u].kind, rc.modules, model.mla is not None))
+                    out.append(_selective(model, model.units[u].kind, rc.modules))
                 elif rc.granularity == "full" and (rc.method == "uniform" or i < (rc.num_layers or 0)):
                     out.append("full")
                 else:

@@ -578,6 +578,5 @@ def has_unit_tables(cm) -> bool:
 def allowed_codes(model, start: int, end: int, no_full: bool = False) -> list[tuple[int, ...]]:
     """Per unit of ``[start, end)``: the recompute codes it can take (``search.plan.recompute_allowed``; ``no_full``:
     without full, as under the MoE EP overlap)."""
-    mla = model.mla is not None
-    return [tuple(RC_CODE[c] for c in recompute_allowed(u.kind, mla) if not (no_full and c == "full"))
+    return [tuple(RC_CODE[c] for c in recompute_allowed(u.kind, model) if not (no_full and c == "full"))
             for u in model.units[start:end]]

@@ -57,6 +57,23 @@ def test_overrides_and_table(plan_file, capsys):
     assert "iteration" in text and "samples/s" in text and "MFU" in text
 
 
+def test_text_shows_each_stages_named_terms(plan_file, capsys):
+    """Each stage's memory terms beyond the table's columns (states, activations, reserve) and its time terms are
+    printed by name with the cost model's values."""
+    path, plan = plan_file
+    cost = make_cost_model(plan.model, plan.cluster, TrainingSpec(global_batch_size=64, precision="fp16")
+                           ).evaluate(plan)
+    assert main(["explain", str(path)]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if " terms: " in ln]
+    assert len(lines) == 2
+    for i, (line, sc) in enumerate(zip(lines, cost.stages)):
+        mem = sc.memory_breakdown
+        assert line.startswith(f"stage {i} terms: optimizer_step {sc.terms['optimizer_step']:.1f} ms")
+        assert f"recompute_peak {mem['recompute_peak'] / 1024:+.2f} GiB" in line
+        assert f"p2p_buffers {mem['p2p_buffers'] / 1024:+.2f} GiB" in line
+        assert "params" not in line and "reserve" not in line and "activations" not in line
+
+
 def test_bad_plans_exit_2(tmp_path, plan_file, capsys):
     path, plan = plan_file
     bad = tmp_path / "bad.json"

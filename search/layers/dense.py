@@ -1,0 +1,122 @@
+"""The dense transformer's kinds: self-attention ``*`` and MLP ``-`` (GPT, Llama, T5) and T5's cross-attention.
+
+Parameter counts follow megatron-core's modules (``GPTModel`` / ``T5Model`` with the local specs): QKV as one linear
+of ``h x (heads + 2 groups) kv_channels``, output projection ``heads kv_channels x h``, an MLP of ``h x ffn``
+(``h x 2 ffn`` gated) and ``ffn x h``, biases when ``add_bias_linear`` (the QKV bias alone with
+``megatron.add_qkv_bias``), one norm per unit (and the Q/K norms of ``megatron.qk_layernorm``). FLOPs follow
+Narayanan et al. (SC'21, appendix): 2 per multiply-add, the full score matrix counted. Their time and bytes are the
+analytic cost model's (``costmodel.analytic.AnalyticSource.attention`` / ``mlp``, ``costmodel.memory``).
+"""
+
+from __future__ import annotations
+
+from .. import layer_variants
+from .. import precision as lowp
+from .kind import LayerKind, Row, register
+
+_ATTENTION_PARTS = ("input_layernorm", "self_attention", "self_attn_bda")
+_MLP_PARTS = ("pre_mlp_layernorm", "mlp", "mlp_bda")
+# selective: the core (or the unfused softmax); attn_dropout: the probability dropout and probs x V only
+ATTENTION_RECOMPUTE = ("none", "selective", "full", "attn_dropout")
+
+
+def _qkv(m) -> tuple[int, int, int]:
+    return m.hidden_size, m.num_attention_heads * m.head_dim, m.groups * m.head_dim
+
+
+def attention_params(m) -> int:
+    h, q, kv = _qkv(m)
+    return h * (q + 2 * kv) + q * h + (q + 2 * kv if m.qkv_bias else 0) + (h if m.add_bias_linear else 0) + \
+        m._norm_params() + m.qk_norm_params() + layer_variants.softmax_offset_params(m)
+
+
+def cross_attention_params(m) -> int:
+    """Q from the decoder, K/V from the encoder output (megatron-core: two linears)."""
+    h, q, kv = _qkv(m)
+    return h * q + h * 2 * kv + q * h + (q + 2 * kv + h if m.add_bias_linear else 0) + m._norm_params()
+
+
+def mlp_params(m) -> int:
+    h, ffn = m.hidden_size, m.ffn_hidden_size
+    up = 2 * ffn if m.gated_mlp else ffn
+    return h * up + ffn * h + (up + h if m.add_bias_linear else 0) + m._norm_params()
+
+
+def attention_flops(m, s: int, keys: int | None = None) -> float:
+    h, q, kv = _qkv(m)
+    keys = keys or s
+    return 2.0 * s * (h * (q + 2 * kv) + q * h) + 2.0 * 2.0 * s * keys * q     # linears, QK^T and PV
+
+
+def cross_attention_flops(m, s: int, keys: int | None = None) -> float:
+    """Q and the output over the decoder's ``s`` tokens, K/V over the encoder's ``keys``."""
+    h, q, kv = _qkv(m)
+    keys = keys or s
+    return 2.0 * s * (h * q + q * h) + 2.0 * keys * h * 2 * kv + 2.0 * 2.0 * s * keys * q
+
+
+def mlp_flops(m, s: int, keys: int | None = None) -> float:
+    ffn = m.ffn_hidden_size
+    return 2.0 * s * (m.hidden_size * (2 * ffn if m.gated_mlp else ffn) + ffn * m.hidden_size)
+
+
+def _quantized(src, act: tuple, second: int, a) -> tuple:
+    """Activation bytes of a quantized unit: its linear layers' inputs are kept quantized (the first linear's
+    input ``s b h / r`` and the second's ``s b second / t``); full recompute keeps only the unit input."""
+    if not a.lp:
+        return act
+    r = a.t if a.sp else 1
+    save = lowp.act_saving_bytes(src.lp, a.s * a.b * (src.model.hidden_size / r + second / a.t), src.dt)
+    return tuple(x if j == 2 else x - save for j, x in enumerate(act))
+
+
+def _window(m, u) -> bool:
+    return u.stack == "decoder" and layer_variants.is_window_layer(m, u.layer)
+
+
+def price_attention(src, u, a) -> Row:
+    from ..costmodel.memory import attention_act_bytes, unit_params_per_rank
+    m = src.model
+    window = layer_variants.window_keys(m, u.layer, a.s * a.cp) if _window(m, u) else None
+    cost = src.attention(a.b, a.s, a.t, causal=not (m.is_t5 and u.stack == "encoder"), cp=a.cp, sp=a.sp,
+                         overlap=a.overlap, window=window, lp=a.lp)
+    act = attention_act_bytes(m, a.b, a.s, a.t, src.flash, dt=src.dt, sp=a.sp)
+    return Row(cost, _quantized(src, act, _qkv(m)[1], a), unit_params_per_rank(m, "attention", a.t))
+
+
+def price_cross_attention(src, u, a) -> Row:
+    from ..costmodel.memory import attention_act_bytes, unit_params_per_rank
+    m = src.model
+    cost = src.attention(a.b, a.s, a.t, kv_len=a.s_enc, sp=a.sp, overlap=a.overlap, lp=a.lp)
+    act = attention_act_bytes(m, a.b, a.s, a.t, src.flash, kv_len=a.s_enc, dt=src.dt, sp=a.sp)
+    return Row(cost, _quantized(src, act, _qkv(m)[1], a), unit_params_per_rank(m, "cross_attention", a.t))
+
+
+def price_mlp(src, u, a) -> Row:
+    from ..costmodel.memory import mlp_act_bytes, unit_params_per_rank
+    m = src.model
+    fused = src.settings.fused_swiglu and src.cluster.gpu.name != "cpu"
+    act = mlp_act_bytes(m, a.b, a.s, a.t, src.dt, a.sp, fused_swiglu=fused)
+    return Row(src.mlp(a.b, a.s, a.t, a.sp, a.overlap, a.lp), _quantized(src, act, m.ffn_hidden_size, a),
+               unit_params_per_rank(m, "mlp", a.t))
+
+
+ATTENTION = register(LayerKind(
+    name="attention", symbol="*", role="attention", params=attention_params, flops=attention_flops,
+    price=price_attention,
+    # a sliding-window layer scores s x min(s, window) keys (layer_variants) and is priced as its own row
+    keys=lambda m, u, s, s_enc: layer_variants.window_keys(m, u.layer, s) if u.stack == "decoder" else None,
+    row_variant=_window, recompute=ATTENTION_RECOMPUTE, megatron_modules={"selective": "core_attn"},
+    layer_parts=_ATTENTION_PARTS, hybrid_slot="attention_layer"))
+
+CROSS_ATTENTION = register(LayerKind(
+    name="cross_attention", symbol=None, role="attention", label="cross-attention", params=cross_attention_params,
+    flops=cross_attention_flops, price=price_cross_attention,
+    in_layer=lambda m, stack: m.is_t5 and stack == "decoder", keys=lambda m, u, s, s_enc: s_enc,
+    recompute=ATTENTION_RECOMPUTE, megatron_modules={"selective": "core_attn"},
+    layer_parts=("pre_cross_attn_layernorm", "cross_attention", "cross_attn_bda")))
+
+MLP = register(LayerKind(
+    name="mlp", symbol="-", role="mlp", label="MLP", params=mlp_params, flops=mlp_flops, price=price_mlp,
+    # selective re-runs the activation function; Megatron-LM's mlp module re-runs the whole MLP: no entry
+    layer_parts=_MLP_PARTS, hybrid_slot="mlp_layer"))

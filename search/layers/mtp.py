@@ -1,0 +1,28 @@
+"""A multi-token prediction depth (DeepSeek-V3; megatron-core's ``MultiTokenPredictionLayer``): ``enorm``,
+``hnorm``, ``eh_proj`` (2h -> h), one decoder layer like the model's last, its final norm, output layer and loss.
+A whole-layer unit after the decoder's last layer, one per ``mtp_num_layers``; in a hybrid pattern each depth is
+``/`` and its inner layer's symbols. Counts: ``search.moe_params.mtp_layer_params``; FLOPs:
+``search.moe_flops.mtp_flops``; time and bytes: ``costmodel.mla_mtp.mtp_unit`` from its inner layer's rows."""
+
+from __future__ import annotations
+
+from ..moe_flops import mtp_flops
+from ..moe_params import mtp_layer_params
+from .kind import LayerKind, Row, register
+
+
+def price_mtp(src, u, a) -> Row:
+    from ..costmodel.mla_mtp import mtp_unit
+    m = src.model
+    last = [v for v in m.units if v.stack == "decoder" and v.layer == m.num_layers - 1]
+    att, ffn = a.row(last[0]), a.row(last[-1])
+    cost, act, params, experts = mtp_unit(src, a.b, a.s, a.t, a.sp, att.cost, att.act, ffn.cost,
+                                          (*ffn.act, ffn.transient), att.params, (ffn.params, ffn.expert_params))
+    return Row(cost, act[:3], params, experts, transient=act[3])
+
+
+MTP = register(LayerKind(
+    name="mtp", symbol=None, role="layer", label="MTP", params=lambda m: mtp_layer_params(m)[0],
+    flops=lambda m, s, keys=None: mtp_flops(m, s), price=price_mtp, repeat=lambda m: m.mtp_num_layers or 0,
+    recompute=("none", "full"),           # its inner layer whole
+    hybrid_slot="mtp_block_spec"))
