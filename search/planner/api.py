@@ -22,20 +22,6 @@ from .state import State
 SECONDARY_SHARE = 0.25
 
 
-def build_cost_model(model, cluster, training, kind: str = "analytic", db=None, settings=None):
-    """``settings``: the plan's ``PlanSettings`` (``plan_settings.py``; None: the runtime); aceso-compat prices
-    the reference's way whatever they are."""
-    if kind == "aceso-compat":
-        try:
-            from ..compat.costmodel import make_compat_cost_model
-        except ImportError:
-            raise AcesoError("--cost-model aceso-compat is not available in this version") from None
-        return make_compat_cost_model(model, cluster, training, db)
-    from ..costmodel import make_cost_model
-    from ..plan_settings import run_settings
-    return make_cost_model(model, cluster, training, kind, db=db, settings=run_settings(settings, training.precision))
-
-
 def make_space(cm, training, target: str = "aceso", moe=None) -> Space:
     """The search space for this cost model and training spec: what the model prices (``cm.features``) and the
     (per-rank batch, tp) pairs it covers (``cm.available_shapes()`` where it has one, e.g. aceso-compat's profiled
