@@ -97,12 +97,17 @@ class Plans:
 
 
 def runtime_training(training, strict: bool = True):
-    """The training spec for a runtime search: Megatron FSDP and CPU activation offload off (the aceso runtime runs
-    DDP / the distributed optimizer and keeps activations on the GPU); ``strict``: refuse them asked for."""
-    for name, flag in (("megatron_fsdp", "--megatron-fsdp"), ("activation_offload", "--activation-offload")):
+    """The training spec for a runtime search: Megatron FSDP and CPU activation offload off (the heterogeneous
+    search prices DDP / the distributed optimizer; the aceso runtime keeps activations on the GPU); ``strict``:
+    refuse them asked for."""
+    from ..runtime_rules import RUNTIME_NO_OFFLOAD
+    why = {"megatron_fsdp": ("--megatron-fsdp", "the heterogeneous search prices DDP and the distributed optimizer "
+                             "only (the aceso runtime runs a Megatron FSDP plan given to it: aceso validate says "
+                             "which)"),
+           "activation_offload": ("--activation-offload", RUNTIME_NO_OFFLOAD)}
+    for name, (flag, reason) in why.items():
         if strict and getattr(training, name):
-            raise AcesoError(f"{flag} on: Megatron-LM runs it, the aceso runtime does not; search with --target "
-                             "megatron-lm, or turn it off")
+            raise AcesoError(f"{flag} on: {reason}; search with --target megatron-lm, or turn it off")
     return training.model_copy(update={"megatron_fsdp": False, "activation_offload": False})
 
 

@@ -266,8 +266,11 @@ def test_baseline_takes_fsdp_where_memory_binds_and_offload_over_nvlink_c2c():
 
 def test_runtime_search_refuses_what_the_runtime_does_not_run():
     from search.planner.api import runtime_training
-    with pytest.raises(AcesoError, match="--megatron-fsdp on: Megatron-LM runs it"):
+    with pytest.raises(AcesoError, match="--megatron-fsdp on: the heterogeneous search prices DDP and the "
+                                         "distributed optimizer only .the aceso runtime runs a Megatron FSDP plan"):
         runtime_training(TrainingSpec(global_batch_size=8, megatron_fsdp=True))
+    with pytest.raises(AcesoError, match="--activation-offload on: the aceso runtime keeps activations on the GPU"):
+        runtime_training(TrainingSpec(global_batch_size=8, activation_offload=True))
     t = runtime_training(TrainingSpec(global_batch_size=8))
     assert t.megatron_fsdp is False and t.activation_offload is False
 
