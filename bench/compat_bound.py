@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from search.cluster import parse_cluster
 from search.costmodel.types import RC
-from search.planner.api import build_cost_model
+from search.pricing import cost_model
 from search.planner.recompute import allowed_codes, count_assignments
 from search.presets import load_model
 from search.training import TrainingSpec
@@ -54,8 +54,8 @@ def main() -> int:
         print(f"no reference database at {DB}")
         return 1
     model = load_model("gpt-1.3b")
-    cm = build_cost_model(model, parse_cluster("1x4-v100", memory_limit_mb=12000),
-                          TrainingSpec(global_batch_size=GBS, precision="fp16"), "aceso-compat", str(DB))
+    cm = cost_model(model, parse_cluster("1x4-v100", memory_limit_mb=12000),
+                    TrainingSpec(global_batch_size=GBS, precision="fp16"), None, "aceso-compat", str(DB))
     U, M = model.num_units, GBS
     t0 = time.process_time()
     memo: dict = {}

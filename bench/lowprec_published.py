@@ -6,7 +6,7 @@ B200, GB200, GB300). Left out and listed: MoE rows (bench/moe_published.py price
 priced here with their FSDP flags (bench/fsdp_published.py shows their memory lines). Each row is imported from its own Megatron-LM arguments (``args``) with
 ``read_megatron`` -- the one row -> plan path (``aceso import --from megatron-lm``), which reads the precision
 flags into the plan's ``settings.low_precision`` -- and priced as ``aceso explain`` prices an imported plan
-(``plan_precision``, ``run_settings``: the row's gradient reduction, bf16 with ``--grad-reduce-in-bf16``).
+(``precision_of``, ``run_settings``: the row's gradient reduction, bf16 with ``--grad-reduce-in-bf16``).
 Error = predicted / measured - 1 of tokens/s per GPU (positive: the model is too fast).
 
 The fitted constant per GPU generation is ``LOWPREC_GEMM_SCALE`` (the achieved low-precision GEMM fraction of the
@@ -35,7 +35,8 @@ from search.cluster import parse_cluster  # noqa: E402
 from search.costmodel import make_cost_model  # noqa: E402
 from search.costmodel import kernels  # noqa: E402
 from search.megatron.importer import read_megatron  # noqa: E402
-from search.plan_settings import plan_precision, run_settings  # noqa: E402
+from search.plan_settings import run_settings  # noqa: E402
+from search.pricing import precision_of  # noqa: E402
 from search.training import TrainingSpec  # noqa: E402
 
 BRIDGE = ROOT.parent / "shared" / "published" / "megatron-bridge-25.09-25.11.json"
@@ -105,13 +106,13 @@ def _mbs(args: str) -> int:
 
 def row_setup(r: dict) -> dict:
     """The row imported from the arguments it ran (``run_args``) and the training and run settings ``aceso explain``
-    prices the imported plan under (``plan_precision``, ``run_settings``): {plan, cluster, training, settings,
+    prices the imported plan under (``precision_of``, ``run_settings``): {plan, cluster, training, settings,
     args, fixed}. bench/megatron_memory.py and bench/fsdp_published.py read the Bridge rows through it."""
     cluster = parse_cluster(r["cluster"])
     args, fixed = run_args(r)
     plan = read_megatron(args, cluster=cluster, version="core_v0.16.1", release=r.get("version")).plan   # core_v0.16.1 lines
     training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
-                            **plan_precision(plan), distributed_optimizer=plan.distributed_optimizer,
+                            **precision_of(plan), distributed_optimizer=plan.distributed_optimizer,
                             megatron_fsdp=True if plan.megatron_fsdp else None, attention="flash")
     return {"plan": plan, "cluster": cluster, "training": training, "args": args, "fixed": fixed,
             "settings": run_settings(plan.settings, training.precision)}

@@ -3,7 +3,7 @@
 Each fully specified published run of ``bench/data/published_runs.json`` (SC'21 Table 1: GPT 1.7B-1T on 32-3072
 A100s; Korthikanti et al. 2022: selective+SP and full recompute on 8-2240 A100s) is written as the Megatron-LM
 command line its configuration states (core_v0.16.1 flags), read back by the importer (``read_megatron``), priced
-as Megatron-LM's training script runs it (``RunSettings.megatron_lm``, analytic cost model) and compared with
+as Megatron-LM's training script runs it (``plan_settings.target_settings``, analytic cost model) and compared with
 ``aceso search``'s best Megatron-LM plan (drop-in, same pricing) and best heterogeneous plan (aceso runtime), each
 the result of the ``aceso search`` command explain prints for the row (``search/cli/explain_search.py``) with a
 fixed budget (``--budget-evals``, default 600). The published measured iteration time
@@ -32,8 +32,8 @@ from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-l
 
 from search.cluster import parse_cluster  # noqa: E402
 from search.costmodel.memory import DEFAULT_HEADROOM  # noqa: E402
-from search.costmodel import make_cost_model  # noqa: E402
-from search.costmodel.types import RunSettings  # noqa: E402
+from search.plan_settings import target_settings  # noqa: E402
+from search.pricing import cost_model  # noqa: E402
 from search.cli.explain_search import search_lines  # noqa: E402
 from search.megatron.importer import read_megatron  # noqa: E402
 from search.training import TrainingSpec  # noqa: E402
@@ -88,7 +88,7 @@ def run_row(row: dict, pr, budget: int) -> dict:
     imp = read_megatron(line, cluster=cluster, version="core_v0.16.1")      # command_line writes core_v0.16.1 flags
     plan = imp.plan
     training = TrainingSpec(global_batch_size=plan.global_batch_size, precision=plan.model.params_dtype)
-    cost = make_cost_model(plan.model, cluster, training, settings=RunSettings.megatron_lm(training.precision)) \
+    cost = cost_model(plan.model, cluster, training, target_settings("megatron-lm", precision=training.precision)) \
         .evaluate(plan)
     opts = argparse.Namespace(cluster=cluster.label, memory_limit_mb=None, memory_headroom=DEFAULT_HEADROOM,
                               calibration=None, attention="flash", cost_model="analytic", db=None, framework=None)

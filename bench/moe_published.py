@@ -12,7 +12,7 @@ Every MoE row of ../shared/published/megatron-bridge-25.09-25.11.json (Megatron-
 - cluster: the row's ``cluster`` string (GB200/GB300: NVL72 racks of 64 used GPUs); a GPU we have no preset for is
   "waits for issue 24" with the parser's reason; a precision ``TrainingSpec`` refuses likewise
   (``precision_support``), so the rows price once the recipes exist, with no list here to update;
-- priced as ``aceso explain`` prices an imported plan: ``plan_precision`` (the recipe, ``--fp8-param-gather``) and
+- priced as ``aceso explain`` prices an imported plan: ``precision_of`` (the recipe, ``--fp8-param-gather``) and
   ``run_settings`` (gradients reduced in bf16 with ``--grad-reduce-in-bf16``, Megatron-LM's rule);
 - predicted tokens/s/GPU = ``gbs x seq / iteration / GPUs``; TFLOP/s/GPU by the row's own FLOP count (the
   published TFLOP/s scaled by predicted / measured tokens, so both columns share one error); error = predicted /
@@ -67,7 +67,8 @@ from search.megatron.config import NO_RECOMPUTE, Recompute  # noqa: E402
 from search.megatron.flops import num_floating_point_operations  # noqa: E402
 from search.megatron.importer import read_megatron  # noqa: E402
 from search.plan import ParallelPlan  # noqa: E402
-from search.plan_settings import plan_precision, run_settings  # noqa: E402
+from search.plan_settings import run_settings  # noqa: E402
+from search.pricing import precision_of  # noqa: E402
 from search.presets import load_model  # noqa: E402
 from search.training import TrainingSpec  # noqa: E402
 from recipes import own_args  # noqa: E402
@@ -183,7 +184,7 @@ def prepare(row: dict) -> dict:
     if plan is None:
         return {"status": built}
     training = TrainingSpec(global_batch_size=plan.global_batch_size,
-                            micro_batch_sizes=sorted({1, 2, 4, 8, row["mbs"]}), **plan_precision(plan),
+                            micro_batch_sizes=sorted({1, 2, 4, 8, row["mbs"]}), **precision_of(plan),
                             distributed_optimizer=plan.distributed_optimizer, attention="flash",
                             tp_comm_overlap=plan.tp_comm_overlap,   # the search keeps the row's --tp-comm-overlap
                             virtual_stages=None)      # every degree Megatron-LM accepts (the rows use up to 24)

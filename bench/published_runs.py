@@ -61,6 +61,7 @@ from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-l
 
 from search.cluster import parse_cluster  # noqa: E402
 from search.costmodel import RunSettings, make_cost_model  # noqa: E402
+from search.plan_settings import run_settings, target_settings  # noqa: E402
 from search.model import ModelSpec  # noqa: E402
 from search.plan import uniform_plan  # noqa: E402
 from search.training import TrainingSpec  # noqa: E402
@@ -137,7 +138,7 @@ def settings_of(row: dict, precision: str) -> RunSettings:
         return RunSettings(grad_reduce_in_fp32=precision == "bf16", p2p_scatter_gather=True)
     if e == "nemo":   # NeMo's distributed Adam reduces gradients in its grad_sync_dtype: bf16 in every recipe
         return RunSettings(grad_reduce_in_fp32=False)
-    return RunSettings.megatron_lm(precision)
+    return run_settings(target_settings("megatron-lm", precision=precision), precision)
 
 
 def features_of(row: dict, defaults: dict) -> dict:

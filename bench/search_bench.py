@@ -53,7 +53,9 @@ from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-l
 from search.cli.search_cmd import DEFAULT_VIRTUAL
 from search.cluster import parse_cluster
 from search.planner.aceso import SearchOptions, search
-from search.planner.api import build_cost_model, plan_all, plan_baseline, plan_search
+from search.planner.api import plan_all, plan_baseline, plan_search
+from search.plan_settings import target_settings
+from search.pricing import cost_model
 from search.planner.report import describe
 from search.planner.state import to_plan
 from search.presets import load_model
@@ -226,7 +228,7 @@ def section_published_plans(args):
         cl = parse_cluster(f"{gpus // 8}x8-h100")
         tr = TrainingSpec(global_batch_size=gbs, precision="bf16", micro_batch_sizes=[1, 2, 4, 8],
                           virtual_stages=None, context_parallel_sizes=sorted({1, cp}))
-        cm = build_cost_model(model, cl, tr)
+        cm = cost_model(model, cl, tr)
         pub = published_plan(cm, tr, row, model)
         plans, wall, cpu = timed(lambda: plan_all(cm, tr, SearchOptions(budget_evals=BUDGET, workers=1)))
         out = {"row": pid, "gpus": gpus, "source": src, "quote": quote,
@@ -249,7 +251,7 @@ def section_published(args):
         model = row_model(row)
         cl = parse_cluster(f"{row['num_gpus'] // 8}x8-{row['gpu']}")
         tr = row_training(row, model)
-        cm = build_cost_model(model, cl, tr)
+        cm = cost_model(model, cl, tr)
         pub = published_plan(cm, tr, row, model)
         plans, wall, cpu = timed(lambda: plan_all(cm, tr, SearchOptions(budget_evals=BUDGET, workers=1)))
         out = {"row": row["id"], "gpus": row["num_gpus"],
@@ -281,7 +283,7 @@ def run_case(model_name, cluster, gbs, kind="analytic", db=None, limit=None, num
     model = load_model(model_name, num_layers=num_layers)
     cl = parse_cluster(cluster, memory_limit_mb=limit)
     tr = TrainingSpec(global_batch_size=gbs, precision=model.params_dtype, virtual_stages=VIRTUAL)
-    cm = build_cost_model(model, cl, tr, kind, db)
+    cm = cost_model(model, cl, tr, None, kind, db)
     plans, wall, cpu = timed(lambda: plan_all(cm, tr, SearchOptions(budget_evals=BUDGET, workers=1)))
     best = plans.aceso.plans[0]
     out = {"model": model_name + (f" L{num_layers}" if num_layers else ""), "cluster": cluster, "gbs": gbs,
@@ -300,7 +302,7 @@ def section_compat(args):
         model = load_model(name)
         cl = parse_cluster("1x4-v100", memory_limit_mb=12000)
         tr = TrainingSpec(global_batch_size=512, precision=model.params_dtype)
-        cm = build_cost_model(model, cl, tr, "aceso-compat", str(DB / "miniset"))
+        cm = cost_model(model, cl, tr, None, "aceso-compat", str(DB / "miniset"))
 
         def go():
             base = plan_baseline(cm, tr)
@@ -333,7 +335,7 @@ def section_compat_full(args):
         model = load_model(name)
         cl = parse_cluster(cluster, memory_limit_mb=limit)
         tr = TrainingSpec(global_batch_size=gbs, precision=model.params_dtype, virtual_stages=VIRTUAL)
-        cm = build_cost_model(model, cl, tr, "aceso-compat", args.full_db)
+        cm = cost_model(model, cl, tr, None, "aceso-compat", args.full_db)
         plans, wall, cpu = timed(lambda: plan_all(cm, tr, SearchOptions(budget_evals=BUDGET, workers=1)))
         db = AcesoDB(args.full_db, model.aceso_db_key)
         scored = {k: evaluate_ref_config(plan_to_ref(to_plan(r.plans[0], model, cl, gbs, "aceso-compat")), db)
@@ -366,13 +368,12 @@ MOE_TIME = [(m, c, 4096, t) for m in ("deepseek-v3", "deepseek-v3-no-mtp") for c
 
 
 def section_moe_time(args):
-    from search.plan_settings import plan_settings
     rows = []
     for name, cluster, gbs, target in MOE_TIME:
         model, cl = load_model(name), parse_cluster(cluster)
         tr = TrainingSpec(global_batch_size=gbs, precision=model.params_dtype, virtual_stages=VIRTUAL)
         framework = "runtime" if target == "aceso" else target     # how the target runs the plan
-        cm = build_cost_model(model, cl, tr, settings=plan_settings(framework, tr.dtype))
+        cm = cost_model(model, cl, tr, target_settings(framework, precision=tr.dtype))
         plans, wall, cpu = timed(lambda: plan_all(cm, tr, SearchOptions(budget_evals=BUDGET, workers=1),
                                                   target=target))
         best = plans.main.plans[0] if plans.main.plans else None
@@ -423,7 +424,7 @@ def section_determinism(args):
     tr = TrainingSpec(global_batch_size=512, precision=model.params_dtype, virtual_stages=VIRTUAL)
     texts = []
     for workers in (1, 2):
-        cm = build_cost_model(model, cl, tr)
+        cm = cost_model(model, cl, tr)
         plans = plan_all(cm, tr, SearchOptions(budget_evals=1000, workers=workers))
         texts.append(to_plan(plans.aceso.plans[0], model, cl, 512, "analytic").to_json())
     return [{"case": "gpt-1.3b 2x8-h100, 1 vs 2 workers", "identical": texts[0] == texts[1]}]

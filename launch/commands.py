@@ -105,15 +105,13 @@ def check_plan_fits(plan: ParallelPlan, spec: LaunchSpec, visible_gpus: int | No
 
 
 def plan_cpu_memory_mb(plan: ParallelPlan) -> list[float]:
-    """Per stage: the analytic memory of one rank in an fp32 CPU run (no GPU reserve), MiB."""
+    """Per stage: the analytic memory of one rank in an fp32 CPU run (no GPU reserve), MiB: the one price
+    (``search.pricing``) as the aceso runtime runs the plan on a CPU cluster."""
     from search.cluster import parse_cluster
-    from search.costmodel import make_cost_model
-    from search.training import TrainingSpec
+    from search.pricing import price
 
-    cluster = parse_cluster(f"1x{plan.world_size}-cpu")
-    training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[1], precision="fp32",
-                            distributed_optimizer=plan.distributed_optimizer, attention="unfused")
-    cost = make_cost_model(plan.model, cluster, training).evaluate(plan.model_copy(update={"cluster": None}))
+    cost = price(plan, "runtime", cluster=parse_cluster(f"1x{plan.world_size}-cpu"), precision="fp32",
+                 attention="unfused")
     return [s.memory_mb - s.memory_breakdown.get("reserve", 0.0) for s in cost.stages]
 
 

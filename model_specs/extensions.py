@@ -102,8 +102,9 @@ def _refuse_moe(spec: ModuleSpec, path: str) -> None:
 
     mlp = mlp_class(getattr(spec.submodules, "mlp", None))
     if mlp is not None and issubclass(mlp, MoELayer):
-        raise AcesoError(f"layer_spec '{path}': submodule mlp is an MoE layer ({mlp.__name__}); MoE needs expert "
-                         "parallelism, which the runtime does not support yet")
+        raise AcesoError(f"layer_spec '{path}': submodule mlp is an MoE layer ({mlp.__name__}); aceso prices and "
+                         "builds MoE layers from the model's moe field (with expert parallelism from the plan's "
+                         "stages[].ep); describe the experts there and keep the layer_spec's mlp dense")
 
 
 # ----- carving --------------------------------------------------------------------------------------------------

@@ -59,18 +59,10 @@ class Run:
 
 
 def price(run: Run, cluster: ClusterSpec):
-    """The run's ``PlanCost`` on ``cluster`` (as ``aceso explain`` prices it)."""
-    from .costmodel import RunSettings, make_cost_model
-    from .plan_settings import plan_precision, plan_sharding
-    from .training import TrainingSpec
-    p = run.plan
-    training = TrainingSpec(global_batch_size=p.global_batch_size, micro_batch_sizes=[p.micro_batch_size],
-                            **plan_precision(p), **plan_sharding(p),
-                            attention=run.attention or "auto")
-    settings = run.settings or (RunSettings.megatron_lm(training.precision) if run.framework == "megatron-lm"
-                                else RunSettings())
-    return make_cost_model(p.model, cluster, training, settings=settings).evaluate(
-        p.model_copy(update={"cluster": cluster}))
+    """The run's ``PlanCost`` on ``cluster``: the one price (``search.pricing``, as ``aceso explain`` prices it) as
+    the run's framework runs the plan."""
+    from .pricing import price as price_plan
+    return price_plan(run.plan, run.framework, cluster=cluster, attention=run.attention or "auto", run=run.settings)
 
 
 # ----- is this log the run of this configuration? ------------------------------------------------------------------

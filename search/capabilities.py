@@ -28,11 +28,10 @@ from dataclasses import dataclass, field
 
 from . import runtime_rules as rt
 from .layer_variants import offset_blocks_cp
-from .plan_settings import FRAMEWORKS
+from .plan_settings import FRAMEWORKS, TARGET_NAMES
 from .precision import check_bf16_layers
 
 RUNTIME, MEGATRON_LM, BRIDGE = FRAMEWORKS
-TARGET_NAMES = {"aceso": RUNTIME, RUNTIME: RUNTIME, MEGATRON_LM: MEGATRON_LM, BRIDGE: BRIDGE}   # --target -> row key
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ def _every(rule: Rule) -> dict[str, Rule]:
 
 # ----- rules every target shares (megatron-core's own) ------------------------------------------------------------
 def bf16_layers(plan, device) -> str | None:
-    low = plan.settings.low_precision if plan.settings is not None else None
+    low = plan.settings.low_precision
     if low is None:
         return None
     return check_bf16_layers(low.recipe, low.bf16_layers_start, low.bf16_layers_end, plan.model.num_layers,
@@ -162,8 +161,8 @@ def target_key(target: str) -> str:
 
 
 def plan_target(plan) -> str:
-    """The target a plan was made for: its settings' framework (no settings: the runtime)."""
-    return plan.settings.framework if plan.settings is not None else RUNTIME
+    """The target a plan was made for: its settings' framework."""
+    return plan.settings.framework
 
 
 def model_refusal(target: str, model, low=None) -> str | None:
@@ -179,7 +178,7 @@ def plan_refusal(plan, target: str | None = None, device: Device | str = "cuda")
     """Why ``target`` (default: the plan's own) does not run ``plan`` on ``device``, one line; or None."""
     key = target_key(target) if target is not None else plan_target(plan)
     device = Device.of(device) if isinstance(device, str) else device
-    low = plan.settings.low_precision if plan.settings is not None else None
+    low = plan.settings.low_precision
     for row in TABLE:
         rule = row.refuse.get(key)
         if rule is None:

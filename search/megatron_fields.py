@@ -27,7 +27,6 @@ from pathlib import Path
 _PLAN = "the plan's stages"
 _RECOMPUTE = "the plan's per-unit recompute (stages[].chunks[].recompute)"
 _RUNTIME = "-the runtime sets it"
-_NO_MOE = "-MoE layers and expert parallelism are not supported yet"
 
 # CONTROLLED fields that only older supported megatron-core releases have (removed since: an unknown field there)
 OLDER_RELEASES_ONLY = frozenset({"moe_extended_tp"})   # 0.16.1; gone in 0.19
@@ -44,14 +43,15 @@ CONTROLLED: dict[str, str] = {
     "context_parallel_size": "the plan's stages[].cp",
     "hierarchical_context_parallel_sizes": "the plan's stages[].cp",
     "sequence_parallel": "the plan's stages[].sequence_parallel",
-    "tp_comm_overlap": "the plan's tp_comm_overlap",
+    "tp_comm_overlap": "the plan's settings.tp_comm_overlap",
     **{f: _PLAN for f in ("pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
                           "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                           "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
                           "account_for_loss_in_pipeline_split")},
     **{f: _RECOMPUTE for f in ("recompute_granularity", "recompute_method", "recompute_num_layers",
                                "recompute_modules", "distribute_saved_activations")},
-    **{f: _NO_MOE for f in ("expert_model_parallel_size", "expert_tensor_parallel_size", "moe_extended_tp")},
+    "expert_model_parallel_size": "the plan's stages[].ep",
+    **{f: "the plan's stages[].etp" for f in ("expert_tensor_parallel_size", "moe_extended_tp")},
     "num_moe_experts": "moe.num_experts",
     **{f: f"moe.{f}" for f in ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
                                "moe_layer_freq", "moe_router_score_function", "moe_router_num_groups",

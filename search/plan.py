@@ -1,4 +1,4 @@
-"""``ParallelPlan``: the contract between the search and the runtime (schema version 3).
+"""``ParallelPlan``: the contract between the search and the runtime (schema version 4).
 
 A plan is an ordered list of pipeline stages (pipeline ranks). Stage ``s`` owns a contiguous block of
 ``tp * cp * dp`` ranks (stages in order); inside a stage ranks are ordered as in Megatron (``tp-cp-dp``): TP groups
@@ -10,15 +10,18 @@ contiguous span ``[start_unit, end_unit)`` with one recompute choice per unit; s
 
 ``micro_batch_size`` is the pipeline micro-batch: a stage with DP ``d`` runs ``micro_batch_size / d`` samples per
 rank (Megatron-LM's per-rank ``--micro-batch-size``), so stages of different DP exchange the same micro-batch.
-Per stage: ``cp`` (context parallelism) and ``sequence_parallel``; per plan: ``distributed_optimizer``,
-``overlap_grad_reduce``, ``overlap_param_gather``, ``tp_comm_overlap``, ``megatron_fsdp`` and
-``activation_offload`` (``fsdp.py``: absent in older plans, which read unchanged); ``settings`` (``plan_settings.py``): the
-framework and gradient-reduction dtype the prediction was priced under. Version 3 adds MoE (``moe_plan.py``): per
-stage an expert shape ``ep`` / ``etp`` folded over the same GPUs, per plan the ``moe`` settings (dispatcher, grouped
-GEMM, overlaps).
+Per stage: ``cp`` (context parallelism), ``sequence_parallel`` and, for MoE, an expert shape ``ep`` / ``etp``
+folded over the same GPUs (``moe_plan.py``). Every plan-wide switch is in the one ``settings`` record
+(``plan_settings.PlanSettings``): who runs the plan and its release, the precision recipe, the optimizer, the
+gradient reduction dtype, ``distributed_optimizer``, ``overlap_grad_reduce``, ``overlap_param_gather``,
+``tp_comm_overlap``, ``megatron_fsdp`` and ``activation_offload`` (``fsdp.py``), the MoE ``moe`` settings and the
+``stack`` switches; the plan reads them back as properties (``plan.distributed_optimizer``). The prediction was
+priced under them (``search/pricing.py``).
 
-Version 1 and 2 plans (dense; v1: one span per stage, none of the v2 features) are read and converted
-(``READS_VERSIONS``); a stage
+Version 4 moved the switches into ``settings`` (version 3 kept them at the top level, version 3 added MoE). Version
+1, 2 and 3 plans (v1: one span per stage, none of the v2 features; v2: dense) are read and converted
+(``READS_VERSIONS``), and so is a dict without ``schema_version`` (a v3 plan; ``ParallelPlan(distributed_optimizer=
+True, ...)`` too); a v4 plan with a switch at the top level is one line naming where it moved. A stage
 may still be written in the v1 form (``start_unit``/``end_unit``/``recompute``), which means one chunk.
 The committed JSON Schema ``docs/plan.schema.json`` is generated from these classes (``python -m search.plan``).
 """
@@ -37,13 +40,14 @@ from .errors import AcesoError, as_aceso_error, read_json
 from .fsdp import ActivationOffload, MegatronFSDP, check_plan as _check_fsdp_offload
 from .model import ModelSpec, Unit
 from .moe_plan import MoEPlanSettings, check_expert_shape, check_moe_settings, expert_shape_text
-from .plan_settings import PlanSettings
+from .plan_settings import LEGACY_KEYS, PlanSettings
 from .stack import StackSettings, refusal as stack_refusal
 from .units import mib_alias
 from . import layers
 
-SCHEMA_VERSION = 3
-READS_VERSIONS = (1, 2, 3)  # v1 plans (one span per stage, no SP/CP/overlap) and v2 (no MoE) are converted on read
+SCHEMA_VERSION = 4
+READS_VERSIONS = (1, 2, 3, 4)  # v1 (one span per stage, no SP/CP/overlap), v2 (no MoE), v3 (switches at the top
+#                                level) are converted on read
 Recompute = Literal["none", "selective", "full", "attn_dropout", "mla_up_proj"]
 RECOMPUTE_CHOICES: tuple[Recompute, ...] = ("none", "selective", "full", "attn_dropout", "mla_up_proj")
 MLA_ONLY: frozenset[str] = frozenset({"mla_up_proj"})   # choices of an MLA model's attention units only
@@ -247,7 +251,7 @@ class ParallelPlan(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    schema_version: Literal[3] = Field(SCHEMA_VERSION, description="Plan format version (v1 and v2 plans are "
+    schema_version: Literal[4] = Field(SCHEMA_VERSION, description="Plan format version (v1 to v3 plans are "
                                        "converted on read).")
     model: ModelSpec = Field(description="The model the plan is for.")
     cluster: ClusterSpec | None = Field(None, description="The cluster the plan was made for, if known.")
@@ -256,38 +260,81 @@ class ParallelPlan(BaseModel):
                                   "stage i runs micro_batch_size / dp_i samples per rank (Megatron's per-rank "
                                   "--micro-batch-size).")
     global_batch_size: int = Field(gt=0, le=MAX_BATCH, description="Samples per optimizer step.")
-    distributed_optimizer: bool = Field(False, description="Optimizer states (and the fp32 master weights) sharded "
-                                        "over each stage's DP (x CP) group; gradients reduce-scattered, parameters "
-                                        "all-gathered (megatron-core use_distributed_optimizer).")
-    overlap_grad_reduce: bool = Field(False, description="DP gradient reduction in buckets overlapped with the "
-                                      "backward pass (megatron-core DDP overlap_grad_reduce).")
-    overlap_param_gather: bool = Field(False, description="Distributed optimizer only: the parameter all-gather "
-                                       "overlapped with the next forward pass (overlap_param_gather).")
-    tp_comm_overlap: bool = Field(False, description="Transformer-engine's TP communication / GEMM overlap "
-                                  "(GPU with transformer-engine only; needs sequence_parallel on every tp > 1 "
-                                  "stage).")
-    megatron_fsdp: MegatronFSDP | None = Field(None, description="Megatron FSDP instead of DDP, with its sharding "
-                                               "strategy (search/fsdp.py); absent: DDP / the distributed optimizer.")
-    activation_offload: ActivationOffload | None = Field(None, description="CPU activation offload of the first "
-                                                         "layers (search/fsdp.py); absent: activations stay on "
-                                                         "the GPU.")
     stages: list[StageSpec] = Field(min_length=1, max_length=MAX_UNITS, description="Pipeline stages in order.")
-    moe: MoEPlanSettings | None = Field(None, description="MoE models: how the MoE layers run (dispatcher, grouped "
-                                        "GEMM, overlaps); None = the defaults (moe_plan.py). Absent on dense models.")
-    stack: StackSettings | None = Field(None, description="Software-stack switches: CUDA graphs, fine-grained "
-                                        "activation offload, the cross-entropy fusion (stack.py); absent: none.")
     predicted: PlanPrediction | None = Field(None, description="Cost-model prediction, if any.")
-    settings: PlanSettings | None = Field(None, description="The software settings the prediction was priced "
-                                          "under (framework, gradient reduction dtype; absent: the aceso runtime). "
-                                          "aceso export writes the flags that run them.")
+    settings: PlanSettings = Field(default_factory=PlanSettings, description="What the plan runs with beyond its "
+                                   "stages, every plan-wide switch once (plan_settings.py): who runs it, the release, "
+                                   "precision recipe, optimizer, gradient reduction, distributed optimizer, overlaps, "
+                                   "Megatron FSDP, offload, MoE and stack settings. The prediction was priced under "
+                                   "them; aceso export writes the flags that run them.")
 
     @model_validator(mode="before")
     @classmethod
     def _from_v1(cls, data):
-        """A v1 / v2 plan is the same plan with every later feature off (v1: the v2 features; v2: MoE): convert it."""
-        if isinstance(data, dict) and data.get("schema_version") in (1, 2):
-            data = {**data, "schema_version": SCHEMA_VERSION}
+        """A v1 / v2 / v3 plan is the same plan with every later feature off (v1: the v2 features; v2: MoE) and its
+        plan-wide switches at the top level (``LEGACY_KEYS``; a dict without a schema_version too): they move into
+        ``settings``."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("schema_version", 3) not in (1, 2, 3):
+            top = [k for k in LEGACY_KEYS if k in data]
+            if top:
+                raise ValueError(f"{top[0]}: a plan-wide switch, kept in settings since schema version "
+                                 f"{SCHEMA_VERSION}; move it to settings.{top[0]}")
+            return data
+        data = {**data, "schema_version": SCHEMA_VERSION}
+        moved = {k: data.pop(k) for k in LEGACY_KEYS if k in data}
+        if moved:
+            own = data.get("settings")
+            own = own.model_dump(exclude_unset=True) if isinstance(own, PlanSettings) else dict(own or {})
+            twice = sorted(set(moved) & set(own))
+            if twice:
+                raise ValueError(f"{twice[0]} is given twice, at the plan's top level (schema version 3) and in "
+                                 f"settings; keep settings.{twice[0]}")
+            data["settings"] = {**own, **moved}
         return data
+
+    def model_copy(self, *, update=None, deep: bool = False):
+        """``model_copy`` that also takes the switches by their plan-level names (``LEGACY_KEYS``, read through the
+        properties below) into ``settings``, so an update never sets an attribute nothing reads."""
+        moved = {k: update[k] for k in LEGACY_KEYS if update and k in update}
+        if moved:
+            update = {k: v for k, v in update.items() if k not in moved}
+            update["settings"] = update.get("settings", self.settings).model_copy(update=moved)
+        return super().model_copy(update=update, deep=deep)
+
+    # ----- the plan-wide switches, read from ``settings`` (their one place) ---------------------------------------
+    @property
+    def distributed_optimizer(self) -> bool:
+        return self.settings.distributed_optimizer
+
+    @property
+    def overlap_grad_reduce(self) -> bool:
+        return self.settings.overlap_grad_reduce
+
+    @property
+    def overlap_param_gather(self) -> bool:
+        return self.settings.overlap_param_gather
+
+    @property
+    def tp_comm_overlap(self) -> bool:
+        return self.settings.tp_comm_overlap
+
+    @property
+    def megatron_fsdp(self) -> MegatronFSDP | None:
+        return self.settings.megatron_fsdp
+
+    @property
+    def activation_offload(self) -> ActivationOffload | None:
+        return self.settings.activation_offload
+
+    @property
+    def moe(self) -> MoEPlanSettings | None:
+        return self.settings.moe
+
+    @property
+    def stack(self) -> StackSettings | None:
+        return self.settings.stack
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelPlan":
@@ -598,10 +645,10 @@ def even_split(num_items: int, num_parts: int) -> list[int]:
 def uniform_plan(model: ModelSpec, num_stages: int, tp: int, dp: int, micro_batch_size: int,
                  global_batch_size: int, recompute: Recompute = "none",
                  cluster: ClusterSpec | None = None, cp: int = 1, sequence_parallel: bool = False,
-                 num_virtual_stages: int = 1, **features: bool) -> ParallelPlan:
+                 num_virtual_stages: int = 1, **features) -> ParallelPlan:
     """A Megatron-style plan: every stage tp x cp x dp, whole layers split as evenly as possible over the
-    ``num_stages * num_virtual_stages`` model chunks; ``features``: the plan-level switches
-    (``distributed_optimizer``, ``overlap_grad_reduce``, ``overlap_param_gather``, ``tp_comm_overlap``).
+    ``num_stages * num_virtual_stages`` model chunks; ``features``: ``PlanSettings`` fields (``distributed_optimizer``,
+    ``overlap_grad_reduce``, ``overlap_param_gather``, ``tp_comm_overlap``, ...).
 
     Units are grouped per layer (2 units; T5 decoder layers 3), so chunk boundaries fall between layers.
     """
@@ -619,4 +666,4 @@ def uniform_plan(model: ModelSpec, num_stages: int, tp: int, dp: int, micro_batc
                                 for lo, hi in spans[s::num_stages]])
               for s in range(num_stages)]
     return ParallelPlan(model=model, cluster=cluster, micro_batch_size=micro_batch_size,
-                        global_batch_size=global_batch_size, stages=stages, **features)
+                        global_batch_size=global_batch_size, stages=stages, settings=PlanSettings(**features))

@@ -20,6 +20,7 @@ from .moe_plan import MoEPlanSettings, expert_tp
 RUNTIME_LOW_PRECISION = ("the aceso runtime does not run low-precision recipes yet (its transformer-engine path "
                          "has not run on a GPU: tests/gpu/test_lowprec_gpu.py); search with --target megatron-lm "
                          "or megatron-bridge and export the plan")
+RUNTIME_NO_OFFLOAD = "the aceso runtime keeps activations on the GPU (megatron-core's CPU offloading is not built)"
 
 
 # ----- model scope: (model, low) ----------------------------------------------------------------------------------
@@ -59,8 +60,8 @@ def expert_bias(model, low) -> str | None:
 def activation_offload(plan, device) -> str | None:
     if plan.activation_offload is None:
         return None
-    return ("activation_offload: the aceso runtime keeps activations on the GPU (megatron-core's CPU offloading is "
-            "not built); run the plan with Megatron-LM (aceso export --to megatron-lm) or remove the field")
+    return (f"activation_offload: {RUNTIME_NO_OFFLOAD}; run the plan with Megatron-LM (aceso export --to "
+            "megatron-lm) or remove the field")
 
 
 def megatron_fsdp(plan, device) -> str | None:

@@ -16,6 +16,7 @@ from search.megatron.layout import distribution
 from search.model import ModelSpec
 from search.moe_plan import MoEPlanSettings
 from search.presets import load_model
+from tests.megatron_plans import config_fields
 
 DSV3, DSV3N = load_model("deepseek-v3"), load_model("deepseek-v3-no-mtp")
 QWEN30, QWEN235, MIXTRAL = load_model("qwen3-30b-a3b"), load_model("qwen3-235b-a22b"), load_model("mixtral-8x7b")
@@ -87,7 +88,7 @@ def moe_case_config(name: str) -> MegatronConfig:
     extra = dict(extra)
     return MegatronConfig(model=model, tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, sequence_parallel=extra.pop("sp", False),
                           chunk_layers=chunks, recompute=rc, micro_batch_size=mbs, global_batch_size=gbs, ep=ep,
-                          etp=etp, moe=moe, **extra)
+                          etp=etp, **config_fields(extra, moe=moe))
 
 
 def moe_case_plan(name: str):

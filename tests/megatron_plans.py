@@ -10,6 +10,7 @@ from __future__ import annotations
 from search.cluster import parse_cluster
 from search.megatron.build import plan_from_config
 from search.megatron.config import MegatronConfig, Recompute
+from search.plan_settings import PlanSettings
 from search.presets import load_model
 from tests.tiny_models import GPT as TINY_GPT
 from tests.tiny_models import LLAMA as TINY_LLAMA
@@ -74,7 +75,15 @@ def case_config(name: str) -> MegatronConfig:
     model, chunks, pp, vpp, tp, cp, dp, rc, mbs, gbs, extra = CASES[name]
     extra = dict(extra)
     return MegatronConfig(model=model, tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, sequence_parallel=extra.pop("sp", False),
-                          chunk_layers=chunks, recompute=rc, micro_batch_size=mbs, global_batch_size=gbs, **extra)
+                          chunk_layers=chunks, recompute=rc, micro_batch_size=mbs, global_batch_size=gbs,
+                          **config_fields(extra))
+
+
+def config_fields(extra: dict, **settings) -> dict:
+    """``MegatronConfig`` keywords from a case's extras: its plan-wide switches (``PlanSettings`` fields) in the
+    one ``settings`` record, the rest as they are."""
+    switches = {k: extra.pop(k) for k in list(extra) if k in PlanSettings.model_fields}
+    return {**extra, "settings": PlanSettings(framework="megatron-lm", **switches, **settings)}
 
 
 def case_plan(name: str, with_cluster: bool = True):

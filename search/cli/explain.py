@@ -98,7 +98,7 @@ def _read_plan(args: argparse.Namespace, raw: object) -> tuple[ParallelPlan, lis
 
 
 def _resolve(args: argparse.Namespace, plan: ParallelPlan):
-    """(plan, cluster, training) with the command-line overrides applied and checked."""
+    """(plan, cluster, attention) with the command-line overrides applied and checked."""
     from ..cluster import parse_cluster
     from ..presets import load_model
     data = plan.model_dump(exclude={"predicted"})
@@ -127,12 +127,8 @@ def _resolve(args: argparse.Namespace, plan: ParallelPlan):
         plan = ParallelPlan.model_validate(data)
     except pydantic.ValidationError as e:
         raise AcesoError(f"{args.plan}: " + str(as_aceso_error(e))) from None
-    from ..plan_settings import plan_precision, plan_sharding
-    precision = {"precision": args.precision} if args.precision else plan_precision(plan)
     attention = args.attention or (plan.predicted.attention if plan.predicted else None) or "auto"
-    training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
-                            **precision, **plan_sharding(plan), attention=attention)
-    return plan, cluster, training
+    return plan, cluster, attention
 
 
 def _with_limit(cluster, memory_limit_mb: float):
@@ -180,19 +176,18 @@ def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_b
 
 def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str], str]:
     """Our plan (or a reference config converted to one) under any cost model."""
-    from ..costmodel import make_cost_model
-    from ..plan_settings import describe, run_settings, settings_for
+    from ..plan_settings import describe
+    from ..pricing import plan_cost_model
     plan, notes = _read_plan(args, raw)
-    plan, cluster, training = _resolve(args, plan)
-    extra, priced = {}, None
+    plan, cluster, attention = _resolve(args, plan)
+    cm, plan, spec = plan_cost_model(plan, args.framework, cluster=cluster, kind=args.cost_model, db=args.db,
+                                     attention=attention, precision=args.precision)
+    priced = None
     if args.cost_model != "aceso-compat":
-        spec = settings_for(plan, args.framework)
-        extra["settings"] = run_settings(spec, training.precision)
-        priced = {**spec.model_dump(), "text": describe(spec, training.precision)}
-    cm = make_cost_model(plan.model, cluster, training, kind=args.cost_model, db=args.db, **extra)
+        priced = {**spec.model_dump(), "text": describe(spec, cm.training.precision)}
     flash = getattr(getattr(cm, "source", None), "flash", None)
     check_recompute_applies(plan, flash, f"the analytic model assumes flash attention on {cluster.gpu.name} "
-                                         f"(--attention {training.attention})")
+                                         f"(--attention {attention})")
     cost = cm.evaluate(plan)
     shapes = [_stage_shape(st) for st in plan.stages]
     out = report(cost, shapes, plan.model.name, plan.micro_batch_size, plan.global_batch_size,

@@ -28,8 +28,9 @@ LINES = (("megatron", "best Megatron-LM plan (drop-in)"), ("aceso", "best hetero
 
 def drop_in_target(plan, framework: str | None) -> str:
     """The target of the drop-in line: Megatron-Bridge when the configuration is priced for it, else Megatron-LM."""
-    from ..plan_settings import settings_for
-    return "megatron-bridge" if settings_for(plan, framework).framework == "megatron-bridge" else "megatron-lm"
+    from ..plan_settings import target_settings
+    settings = target_settings(framework, plan.settings, plan.model.params_dtype)
+    return "megatron-bridge" if settings.framework == "megatron-bridge" else "megatron-lm"
 
 
 def model_flags(model) -> list[str] | None:
@@ -61,9 +62,9 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
     docstring); ``args``: explain's (cluster, memory limit, headroom, calibration, attention, cost model,
     framework); ``model_file``: the spec file standing for a model that is no preset."""
     from ..costmodel.memory import DEFAULT_HEADROOM
-    from ..plan_settings import plan_precision, settings_for
+    from ..plan_settings import target_settings
     from ..planner.space import virtual_degrees
-    from ..precision import base_dtype
+    from ..precision import base_dtype, training_fields
     from .search_cmd import DEFAULT_CP, LONG_SEQUENCE, SPACE_TARGET
 
     m = plan.model
@@ -76,7 +77,7 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
     if args.calibration:
         argv += ["--calibration", args.calibration]
     argv += ["--global-batch-size", str(plan.global_batch_size)]
-    prec = plan_precision(plan)
+    prec = training_fields(plan.settings.low_precision, m.params_dtype)
     loaded = m.params_dtype if model_flags(m) is None else _preset_dtype(m.name)
     if prec["precision"] != loaded:
         argv += ["--precision", prec["precision"]]
@@ -102,7 +103,7 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
         argv += ["--cost-model", args.cost_model] + (["--db", args.db] if args.db else [])
     if target != "aceso":
         argv += ["--target", target]
-        s = settings_for(plan, args.framework)
+        s = target_settings(args.framework, plan.settings, m.params_dtype)
         if s.framework != "runtime" and base_dtype(prec["precision"]) == "bf16" and not s.grad_reduce_in_fp32:
             argv += ["--grad-reduce-in-bf16"]
     argv += ["--budget-evals", str(budget)]
@@ -116,10 +117,10 @@ def _preset_dtype(name: str) -> str:
 
 def _auto_attention(plan, args) -> str:
     """What ``--attention auto`` means on the plan's GPUs under the analytic model (flash / unfused)."""
-    from ..costmodel import make_cost_model
+    from ..pricing import cost_model
     from ..training import TrainingSpec
     try:
-        cm = make_cost_model(plan.model, plan.cluster, TrainingSpec(global_batch_size=plan.global_batch_size))
+        cm = cost_model(plan.model, plan.cluster, TrainingSpec(global_batch_size=plan.global_batch_size))
     except (AcesoError, ValueError):
         return "auto"
     return "flash" if getattr(cm.source, "flash", False) else "unfused"
@@ -132,7 +133,7 @@ def search_lines(plan, config_ms: float, args, budget: int, save_best: str | Non
     from ..capabilities import model_refusal
     from .search_cmd import find, parse_args
 
-    low = plan.settings.low_precision if plan.settings is not None else None
+    low = plan.settings.low_precision
     custom = model_flags(plan.model) is None
     model_file = _model_file(save_best) if custom and save_best else "SPEC.json"
     out = {"config_ms": config_ms, "budget_evals": budget}

@@ -107,16 +107,12 @@ def _run_megatron(args: argparse.Namespace) -> int:
 
 
 def predict(plan, attention: str | None, kind: str = "analytic"):
-    """The analytic prediction of an imported plan (with the attention kernel its --transformer-impl runs)."""
-    from ..costmodel import make_cost_model
+    """The analytic prediction of an imported plan (with the attention kernel its --transformer-impl runs): the one
+    price (``search.pricing``) under its own settings."""
     from ..plan import PlanPrediction
-    from ..plan_settings import plan_precision, plan_sharding, run_settings
     from ..planner.report import assumed_attention
-    from ..training import TrainingSpec
-    training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
-                            **plan_precision(plan), **plan_sharding(plan), attention=attention or "auto")
-    cm = make_cost_model(plan.model, plan.cluster, training, kind,
-                         settings=run_settings(plan.settings, training.precision))
+    from ..pricing import plan_cost_model
+    cm, plan, _ = plan_cost_model(plan, kind=kind, attention=attention or "auto")
     cost = cm.evaluate(plan)
     return PlanPrediction(cost_model=kind, iteration_time_ms=cost.iteration_ms, samples_per_s=cost.samples_per_s,
                           stage_time_ms=cost.pipeline.stage_total_ms, stage_memory_mb=[s.memory_mb for s in cost.stages],

@@ -206,8 +206,9 @@ def _unique(values):
 
 
 def settings_from_args(args, training):
-    """The ``PlanSettings`` the search prices under: the target framework's default, ``--grad-reduce-in-bf16``."""
-    from ..plan_settings import plan_settings
+    """The ``PlanSettings`` the search prices under: how the target (``--target``, ``--release``) runs a plan of the
+    training spec's recipe (``plan_settings.target_settings``), ``--grad-reduce-in-bf16``."""
+    from ..plan_settings import PlanSettings, Target, target_settings
     from ..precision import of_training
     target = getattr(args, "target", "aceso")
     bf16_reduce = getattr(args, "grad_reduce_in_bf16", False)
@@ -215,10 +216,8 @@ def settings_from_args(args, training):
         raise AcesoError("--grad-reduce-in-bf16 is for --target megatron-lm / megatron-bridge with bf16 (the aceso "
                          f"runtime reduces in the parameter dtype; this search is --target {target} --precision "
                          f"{training.precision}); drop it")
-    out = plan_settings("runtime" if target == "aceso" else target, training.dtype, bf16_reduce,
-                        low=of_training(training))
-    release = release_of(args)
-    return out if release is None else out.model_copy(update={"release": release})
+    return target_settings(Target.of(target, release_of(args)), PlanSettings(low_precision=of_training(training)),
+                           training.dtype, bf16_reduce)
 
 
 def with_seq_length(model, n: int | None):
@@ -242,7 +241,8 @@ def setup(args, model=None, runtime: bool = False):
     files), which plans then skip. ``runtime``: the plan is for the aceso runtime (``api.runtime_training``: no
     Megatron FSDP or activation offload), in the training spec the cost model carries too."""
     from ..capabilities import model_refusal
-    from ..planner.api import build_cost_model, describe_dropped, runtime_training, search_space
+    from ..planner.api import describe_dropped, runtime_training, search_space
+    from ..pricing import cost_model
     from ..precision import of_training
     model = with_seq_length(model if model is not None else model_from_args(args), args.seq_length)
     cluster = cluster_from_args(args)
@@ -255,7 +255,7 @@ def setup(args, model=None, runtime: bool = False):
         runtime_training(training)     # Megatron FSDP / activation offload asked for: one line naming the target
     if runtime:
         training = runtime_training(training)
-    cm = build_cost_model(model, cluster, training, args.cost_model, args.db, settings_from_args(args, training))
+    cm = cost_model(model, cluster, training, settings_from_args(args, training), args.cost_model, args.db)
     if args.cost_model != "aceso-compat":     # (compat keeps the reference planner's own limit)
         from ..costmodel.memory import memory_budget_mb
         cm.memory_limit_mb = memory_budget_mb(cm.memory_limit_mb, args.memory_headroom)

@@ -48,19 +48,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _memory(plan, cluster, attention: str) -> tuple[list[float], float, bool]:
-    """Per-stage peak MiB under the analytic model, the limit, and whether it assumed flash attention."""
-    from ..costmodel import make_cost_model
-    from ..plan_settings import plan_precision, plan_sharding, run_settings
-    from ..training import TrainingSpec
+    """Per-stage peak MiB under the analytic model (the one price, ``search.pricing``), the limit, and whether it
+    assumed flash attention."""
+    from ..pricing import plan_cost_model
 
-    training = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],
-                            **plan_precision(plan), **plan_sharding(plan),
-                            attention=attention)
-    cm = make_cost_model(plan.model, cluster, training, settings=run_settings(plan.settings, training.precision))
+    cm, priced, _ = plan_cost_model(plan, cluster=cluster, attention=attention)
     flash = bool(getattr(cm.source, "flash", False))
     check_recompute_applies(plan, flash, f"the analytic model assumes flash attention on {cluster.gpu.name} "
                                          f"(--attention {attention})")
-    cost = cm.evaluate(plan.model_copy(update={"cluster": cluster}))
+    cost = cm.evaluate(priced)
     return [s.memory_mb for s in cost.stages], cost.memory_limit_mb, flash
 
 

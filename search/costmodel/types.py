@@ -65,23 +65,41 @@ class Shape(NamedTuple):
 
 
 class Features(NamedTuple):
-    """Plan-wide switches that change costs (the ``ParallelPlan`` fields of the same names)."""
+    """The cost model's hashable view of the plan's switches (``PlanSettings``, ``plan_settings.py``): what the
+    search varies per state and the stage cost reads. ``of_settings`` derives it, ``switches`` gives the
+    ``PlanSettings`` fields back (the search's plans)."""
 
     distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
-    fsdp: str = ""              # Megatron FSDP's data_parallel_sharding_strategy ("": DDP; search/fsdp.py)
-    offload_layers: int = 0     # transformer layers whose activations are offloaded to the host (0: none)
-    stack: "StackKey" = None    # the plan's stack switches the cost model prices (None: none; ``StackKey``)
+    fsdp: str = ""              # settings.megatron_fsdp's data_parallel_sharding_strategy ("": DDP; search/fsdp.py)
+    offload_layers: int = 0     # settings.activation_offload's transformer layers (0: none)
+    stack: "StackKey" = None    # settings.stack and Megatron FSDP's main dtypes as priced (None: none; ``StackKey``)
+
+    @classmethod
+    def of_settings(cls, s) -> "Features":
+        """The view of a ``PlanSettings``."""
+        fsdp, off = s.megatron_fsdp, s.activation_offload
+        return cls(s.distributed_optimizer, s.overlap_grad_reduce, s.overlap_param_gather, s.tp_comm_overlap,
+                   fsdp.data_parallel_sharding_strategy if fsdp else "", off.num_layers if off else 0,
+                   StackKey.of_settings(s))
 
     @classmethod
     def of_plan(cls, plan) -> "Features":
-        fsdp = getattr(plan, "megatron_fsdp", None)
-        off = getattr(plan, "activation_offload", None)
-        return cls(plan.distributed_optimizer, plan.overlap_grad_reduce, plan.overlap_param_gather,
-                   plan.tp_comm_overlap, fsdp.data_parallel_sharding_strategy if fsdp else "",
-                   off.num_layers if off else 0, StackKey.of_plan(plan))
+        return cls.of_settings(plan.settings)
+
+    def switches(self) -> dict:
+        """The ``PlanSettings`` fields of this view (the inverse of ``of_settings``)."""
+        from ..fsdp import ActivationOffload, MegatronFSDP
+        sk = self.stack
+        fsdp = MegatronFSDP(data_parallel_sharding_strategy=self.fsdp,
+                            main_params_dtype=(sk.fsdp_main_params or None) if sk else None,
+                            main_grads_dtype=(sk.fsdp_main_grads or None) if sk else None) if self.fsdp else None
+        return {"distributed_optimizer": self.distributed_optimizer, "overlap_grad_reduce": self.overlap_grad_reduce,
+                "overlap_param_gather": self.overlap_param_gather, "tp_comm_overlap": self.tp_comm_overlap,
+                "megatron_fsdp": fsdp, "stack": sk.settings() if sk is not None else None,
+                "activation_offload": ActivationOffload(num_layers=self.offload_layers) if self.offload_layers else None}
 
 
 class TableStack(NamedTuple):
@@ -106,9 +124,8 @@ class StackKey(NamedTuple):
     graph_impl: str = ""
 
     @classmethod
-    def of_plan(cls, plan) -> "StackKey | None":
-        s = getattr(plan, "stack", None)
-        f = getattr(plan, "megatron_fsdp", None)
+    def of_settings(cls, settings) -> "StackKey | None":
+        s, f = settings.stack, settings.megatron_fsdp
         mp = (f.main_params_dtype or "") if f is not None else ""
         mg = (f.main_grads_dtype or "") if f is not None else ""
         if (s is None or s.empty) and not mp and not mg:
@@ -120,7 +137,7 @@ class StackKey(NamedTuple):
                    cg.impl if cg else "")
 
     def settings(self):
-        """The plan's ``StackSettings`` of this key (None: no switch), the inverse of ``of_plan``."""
+        """The plan's ``StackSettings`` of this key (None: no switch), the inverse of ``of_settings``."""
         from ..stack import GRAPH_SCOPES, CudaGraphs, FineGrainedOffload, StackSettings
         cg = None
         if self.graphs:
@@ -133,9 +150,10 @@ class StackKey(NamedTuple):
 
 
 class RunSettings(NamedTuple):
-    """How the framework runs a plan beyond what the plan says: the defaults are our runtime on megatron-core 0.16
-    (and any recent megatron-core / Megatron-LM); ``megatron_lm`` is Megatron-LM's training script; ``LEGACY_V1``
-    turns every refinement added with plan v2 off (the v1 model, for regression tests).
+    """The cost model's view of how a framework runs a plan beyond what the plan says, derived from the plan's settings
+    in one place (``plan_settings.run_settings``); the defaults are our runtime on megatron-core 0.16 (and any recent
+    megatron-core / Megatron-LM); ``LEGACY_V1`` turns every refinement added with plan v2 off (the v1 model, for
+    regression tests).
 
     grad_reduce_in_fp32  gradient buffer and DP reduction in fp32 (4 B per parameter instead of the parameter dtype;
                          Megatron-LM's arguments.py forces it for bf16; megatron-core's DDP default is off)
@@ -185,13 +203,6 @@ class RunSettings(NamedTuple):
     rank_order: str = "tp-cp-ep-dp-pp"
     nvls: bool = False
     sharp: bool = False
-
-    @classmethod
-    def megatron_lm(cls, precision: str) -> "RunSettings":
-        """Megatron-LM's ``pretrain_gpt.py`` with no extra flag (bf16 forces fp32 gradient accumulation): the one
-        mapping of ``plan_settings`` (``run_settings(plan_settings("megatron-lm", precision), precision)``)."""
-        from ..plan_settings import plan_settings, run_settings
-        return run_settings(plan_settings("megatron-lm", precision), precision)
 
 
 LEGACY_V1 = RunSettings(overlap_tp_dgrad=False, overlap_p2p_comm=False, optimizer_barrier=False,

@@ -64,13 +64,14 @@ def overrides(c: MegatronConfig) -> tuple[str, dict[str, object]]:
     out: dict[str, object] = dict(bridge_fields(c))
     if recipe == "gpt3_175b_pretrain_config":
         # its comm_overlap section: TP overlap on with a userbuffer config for one shape; embedding wgrad deferral
-        out["comm_overlap"] = {"tp_comm_overlap": c.tp_comm_overlap, "tp_comm_overlap_cfg": None,
+        out["comm_overlap"] = {"tp_comm_overlap": c.settings.tp_comm_overlap, "tp_comm_overlap_cfg": None,
                                "defer_embedding_wgrad_compute": c.pp > 1}
     elif recipe == "deepseek_v3_pretrain_config":
         # its CommOverlapConfig(tp_comm_overlap=False) also holds the EP overlap, which Bridge copies to the model
-        out["comm_overlap"] = {"tp_comm_overlap": c.tp_comm_overlap, "overlap_moe_expert_parallel_comm":
-                               bool(c.moe and c.moe.overlap_ep_comm)}
-    elif c.tp_comm_overlap:
+        moe = c.settings.moe
+        out["comm_overlap"] = {"tp_comm_overlap": c.settings.tp_comm_overlap, "overlap_moe_expert_parallel_comm":
+                               bool(moe and moe.overlap_ep_comm)}
+    elif c.settings.tp_comm_overlap:
         raise AcesoError("--to megatron-bridge: tp_comm_overlap needs a comm_overlap section, which the Llama "
                          "recipes of v0.3.1 do not have; set cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap="
                          "True) in Python, or export --to megatron-lm")
@@ -87,8 +88,8 @@ _NAME_DEFAULT = {"bf16": ("bf16_mixed", True), "fp16": ("fp16_mixed", False)}   
 def _mixed_precision(c: MegatronConfig, held_as: str) -> object:
     """The ``mixed_precision`` override (``_KEEP``: none). Bridge's ``mixed_precision.setup`` copies its
     ``grad_reduce_in_fp32`` over ``ddp.grad_reduce_in_fp32``, so it must say the plan's gradient dtype too."""
-    fp32 = c.grad_reduce_in_fp32 or c.precision == "fp32"
-    if c.low_precision is not None:
+    fp32 = c.settings.grad_reduce_in_fp32 or c.precision == "fp32"
+    if c.settings.low_precision is not None:
         return _low_precision_object(c, fp32, held_as)
     if held_as == "object":     # merged field by field into the recipe's MixedPrecisionConfig
         if c.precision == "bf16":
@@ -110,7 +111,8 @@ def _low_precision_object(c: MegatronConfig, fp32: bool, held_as: str) -> dict:
     """A low-precision plan's ``mixed_precision``: Bridge's ``MixedPrecisionConfig`` fields of the recipe
     (``fp8``/``fp8_recipe`` or ``fp4``/``fp4_recipe``, ``fp8_param_gather``, the bf16 first/last layers), which
     ``mixed_precision.setup`` copies onto the model and DDP configs."""
-    low, r = c.low_precision, recipe(c.low_precision.recipe)
+    low = c.settings.low_precision
+    r = recipe(low.recipe)
     fmt, name = r.flags[1], r.flags[3]
     out: dict[str, object] = {"grad_reduce_in_fp32": fp32}
     if r.gemm == "fp8":

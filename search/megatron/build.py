@@ -14,9 +14,7 @@ import pydantic
 
 from ..cluster import ClusterSpec
 from ..errors import AcesoError, as_aceso_error
-from ..fsdp import ActivationOffload, MegatronFSDP
 from ..plan import ChunkSpec, ParallelPlan, PlanPrediction, StageSpec
-from ..plan_settings import PlanSettings
 from .config import MegatronConfig, layer_bounds
 from .recompute import unit_choices
 
@@ -47,18 +45,7 @@ def plan_from_config(cfg: MegatronConfig, cluster: ClusterSpec | None = None,
                                 sequence_parallel=cfg.sequence_parallel, ep=cfg.ep, etp=cfg.etp, chunks=chunks))
     try:
         return ParallelPlan(model=m, cluster=cluster, micro_batch_size=cfg.micro_batch_size * cfg.dp,
-                            global_batch_size=cfg.global_batch_size, distributed_optimizer=cfg.distributed_optimizer,
-                            overlap_grad_reduce=cfg.overlap_grad_reduce,
-                            overlap_param_gather=cfg.overlap_param_gather, tp_comm_overlap=cfg.tp_comm_overlap,
-                            stages=stages, predicted=predicted, moe=cfg.moe,
-                            megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy=cfg.fsdp,
-                                                       main_params_dtype=cfg.fsdp_dtypes[0],
-                                                       main_grads_dtype=cfg.fsdp_dtypes[1]) if cfg.fsdp else None,
-                            stack=cfg.stack,
-                            activation_offload=ActivationOffload(num_layers=cfg.offload_layers)
-                            if cfg.offload_layers else None,
-                            settings=PlanSettings(framework="megatron-lm", grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
-                                                  low_precision=cfg.low_precision, optimizer=cfg.optimizer,
-                                                  release=release, data_parallel=cfg.data_parallel))
+                            global_batch_size=cfg.global_batch_size, stages=stages, predicted=predicted,
+                            settings=cfg.settings.model_copy(update={"framework": "megatron-lm", "release": release}))
     except pydantic.ValidationError as e:
         raise AcesoError(f"{source}: " + str(as_aceso_error(e))) from None

@@ -20,9 +20,9 @@ import functools
 from dataclasses import dataclass, field
 
 from ..errors import AcesoError
-from ..fsdp import STRATEGIES
 from ..data_parallel import from_flags as dp_from_flags
-from ..plan_settings import settings_from_flags
+from ..fsdp import STRATEGIES, ActivationOffload, MegatronFSDP
+from ..plan_settings import PlanSettings, grad_reduce_from_flags
 from ..precision import REUSE_FLAG, LowPrecision, from_megatron, reuse_grad_buf_check
 from .config import MegatronConfig, Recompute, num_layers
 from .layer_variant_flags import FLAG_KINDS as LAYER_FLAG_KINDS
@@ -293,18 +293,21 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
     if f.has("--tp-comm-overlap") and not sp:
         raise AcesoError("--tp-comm-overlap needs --sequence-parallel (Megatron-LM's validate_args asserts it)")
     stack, optimizer = stack_fields(f, model, dist_opt, bool(fsdp), notes)
+    main_params, main_grads = _fsdp_dtypes(f, fsdp, model.params_dtype)
+    settings = PlanSettings(
+        framework="megatron-lm", distributed_optimizer=dist_opt, overlap_grad_reduce=ogr, overlap_param_gather=opg,
+        tp_comm_overlap=f.has("--tp-comm-overlap"), moe=moe,
+        grad_reduce_in_fp32=grad_reduce_from_flags(model.params_dtype, f.has("--grad-reduce-in-bf16"),
+                                                   f.has("--accumulate-allreduce-grads-in-fp32"),
+                                                   f.get("--main-grads-dtype") == "bf16"),
+        low_precision=_low_precision(f, model.params_dtype, dist_opt or bool(fsdp)),
+        megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy=fsdp, main_params_dtype=main_params,
+                                   main_grads_dtype=main_grads) if fsdp else None,
+        activation_offload=ActivationOffload(num_layers=offload) if offload else None, stack=stack,
+        optimizer=optimizer, data_parallel=_data_parallel(f, ogr, fsdp))
     return MegatronConfig(model=model, tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, sequence_parallel=sp, ep=ep, etp=etp,
-                          moe=moe, chunk_layers=chunk_layers, recompute=_recompute(f, notes, moe), micro_batch_size=mbs,
-                          global_batch_size=gbs, distributed_optimizer=dist_opt, overlap_grad_reduce=ogr,
-                          overlap_param_gather=opg, tp_comm_overlap=f.has("--tp-comm-overlap"), attention=attention,
-                          grad_reduce_in_fp32=settings_from_flags(
-                              model.params_dtype, f.has("--grad-reduce-in-bf16"),
-                              f.has("--accumulate-allreduce-grads-in-fp32"),
-                              f.get("--main-grads-dtype") == "bf16").grad_reduce_in_fp32,
-                          low_precision=_low_precision(f, model.params_dtype, dist_opt or bool(fsdp)),
-                          fsdp=fsdp, offload_layers=offload, stack=stack, optimizer=optimizer,
-                          fsdp_dtypes=_fsdp_dtypes(f, fsdp, model.params_dtype),
-                          data_parallel=_data_parallel(f, ogr, fsdp))
+                          chunk_layers=chunk_layers, recompute=_recompute(f, notes, moe), micro_batch_size=mbs,
+                          global_batch_size=gbs, attention=attention, settings=settings)
 
 
 def _fsdp_dtypes(f: Flags, fsdp: str | None, dtype: str) -> tuple[str | None, str | None]:

@@ -3,8 +3,10 @@
 Megatron-LM runs one shape on every pipeline rank (tp, cp, dp, sequence parallelism), spreads whole layers over
 the ``pp * vpp`` model chunks (``chunk_layers``, model order: chunk ``k`` is virtual stage ``k // pp`` of pipeline
 rank ``k % pp``, as ``ParallelPlan.chunks_in_order``) and applies one recompute setting to every transformer block
-(``Recompute``). MoE: one expert shape ``ep`` / ``etp`` for every stage and
-the plan's ``moe`` settings; the MTP block runs in the last model chunk. ``micro_batch_size`` here is Megatron-LM's
+(``Recompute``). MoE: one expert shape ``ep`` / ``etp`` for every stage; the MTP block runs in the last model
+chunk. Everything plan-wide (the distributed optimizer, overlaps, Megatron FSDP, offload, the precision recipe,
+the optimizer, the MoE and stack settings, the DP flags) is the plan's one ``settings`` record
+(``search/plan_settings.py``). ``micro_batch_size`` here is Megatron-LM's
 per-rank ``--micro-batch-size``: the plan's pipeline
 micro-batch divided by dp. ``vocab_divisor`` is ``--make-vocab-size-divisible-by``: Megatron-LM pads the vocabulary
 to a multiple of it times tp, so ``ModelSpec.make_vocab_size_divisible_by = vocab_divisor * tp``.
@@ -12,14 +14,12 @@ to a multiple of it times tp, so ``ModelSpec.make_vocab_size_divisible_by = voca
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-from ..data_parallel import DataParallelSettings
 from ..errors import AcesoError
 from ..model import ModelSpec
-from ..precision import LowPrecision
-from ..moe_plan import MoEPlanSettings
+from ..plan_settings import PlanSettings
 
 Granularity = Literal["full", "selective"]
 
@@ -66,22 +66,10 @@ class MegatronConfig:
     recompute: Recompute
     micro_batch_size: int               # per rank (Megatron-LM's --micro-batch-size)
     global_batch_size: int
-    distributed_optimizer: bool = False
-    overlap_grad_reduce: bool = False
-    overlap_param_gather: bool = False
-    tp_comm_overlap: bool = False
     attention: Literal["flash", "unfused"] | None = None   # transformer_engine / local
-    grad_reduce_in_fp32: bool = False   # DDP gradient buffer / reduction in fp32 (the plan's settings)
-    low_precision: LowPrecision | None = None   # FP8 / FP4 recipe (search/precision.py; the plan's settings)
-    fsdp: str | None = None             # Megatron FSDP's --data-parallel-sharding-strategy (None: DDP)
-    offload_layers: int = 0             # --cpu-offloading-num-layers (0: no activation offload)
-    stack: object = None                # the stack switches (search/stack.py StackSettings; None: none)
-    optimizer: str = "adam"             # --optimizer adam | muon | dist_muon
-    fsdp_dtypes: tuple = (None, None)   # Megatron FSDP's main params / main grads dtypes (0.19; None: default)
     ep: int = 1                         # MoE: --expert-model-parallel-size (every stage)
     etp: int | None = None              # MoE: --expert-tensor-parallel-size (None: not given, = tp)
-    moe: MoEPlanSettings | None = None  # MoE: dispatcher, grouped GEMM, overlaps (None: dense)
-    data_parallel: DataParallelSettings | None = None   # DP sync flags (search/data_parallel.py; the plan's)
+    settings: PlanSettings = field(default_factory=lambda: PlanSettings(framework="megatron-lm"))   # the plan's
 
     @property
     def world_size(self) -> int:
@@ -90,6 +78,12 @@ class MegatronConfig:
     @property
     def precision(self) -> str:
         return self.model.params_dtype
+
+    @property
+    def fsdp(self) -> str | None:
+        """``--data-parallel-sharding-strategy`` of the plan's Megatron FSDP (None: DDP)."""
+        f = self.settings.megatron_fsdp
+        return f.data_parallel_sharding_strategy if f is not None else None
 
     @property
     def transformer_impl(self) -> str:

@@ -21,7 +21,6 @@ Layer counts per stage are always expressible (``--pipeline-model-parallel-layou
 from __future__ import annotations
 
 from ..plan import ParallelPlan
-from ..plan_settings import settings_for
 from ..moe_plan import expert_tp, moe_settings
 from . import arch_flags
 from .config import HINT, MegatronConfig, NotExpressible, layer_bounds, layer_name, num_layers
@@ -59,16 +58,8 @@ def megatron_config(plan: ParallelPlan) -> MegatronConfig:
     return MegatronConfig(
         model=plan.model, tp=st.tp, pp=plan.num_stages, cp=st.cp, dp=st.dp, vpp=plan.num_virtual_stages,
         sequence_parallel=st.sequence_parallel, chunk_layers=chunk_layers, recompute=rc,
-        micro_batch_size=plan.micro_batch_per_rank(0), global_batch_size=plan.global_batch_size,
-        distributed_optimizer=plan.distributed_optimizer, overlap_grad_reduce=plan.overlap_grad_reduce,
-        overlap_param_gather=plan.overlap_param_gather, tp_comm_overlap=plan.tp_comm_overlap, attention=attention,
-        grad_reduce_in_fp32=settings_for(plan).grad_reduce_in_fp32, low_precision=settings_for(plan).low_precision,
-        fsdp=plan.megatron_fsdp.data_parallel_sharding_strategy if plan.megatron_fsdp else None,
-        offload_layers=plan.activation_offload.num_layers if plan.activation_offload else 0,
-        stack=plan.stack, optimizer=settings_for(plan).optimizer,
-        fsdp_dtypes=(plan.megatron_fsdp.main_params_dtype, plan.megatron_fsdp.main_grads_dtype)
-        if plan.megatron_fsdp else (None, None),
-        ep=st.ep, etp=st.etp, moe=moe_settings(plan), data_parallel=settings_for(plan).data_parallel)
+        micro_batch_size=plan.micro_batch_per_rank(0), global_batch_size=plan.global_batch_size, attention=attention,
+        ep=st.ep, etp=st.etp, settings=plan.settings.model_copy(update={"moe": moe_settings(plan)}))
 
 
 def _check_shapes(plan: ParallelPlan) -> None:

@@ -270,7 +270,7 @@ def moe_parallel_args(c) -> list[str]:
     """The expert shape and the MoE run settings as Megatron-LM flags (empty for a dense model)."""
     if c.model.moe is None:
         return []
-    s = c.moe or MoEPlanSettings()
+    s = c.settings.moe or MoEPlanSettings()
     out = ["--expert-model-parallel-size", str(c.ep)]
     out += ["--expert-tensor-parallel-size", str(c.etp)] if c.etp is not None else []
     out += ["--moe-token-dispatcher-type", s.token_dispatcher]
@@ -292,7 +292,7 @@ def moe_bridge_fields(c) -> dict[str, object]:
                               "mtp_num_layers": m.mtp_num_layers, "multi_latent_attention": m.mla is not None}
     if m.moe is None:
         return {**out, "num_moe_experts": None, **(_mla(m) if m.mla is not None else {})}
-    moe, s = m.moe, c.moe or MoEPlanSettings()
+    moe, s = m.moe, c.settings.moe or MoEPlanSettings()
     out["num_moe_experts"] = moe.num_experts
     out.update({name: getattr(moe, name) for name, _ in MOE_FLAGS[1:] + MOE_BOOLS})
     out["moe_layer_freq"] = moe.moe_layer_freq if isinstance(moe.moe_layer_freq, int) and not \

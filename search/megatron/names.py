@@ -83,26 +83,26 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("micro_batch_size", "--micro-batch-size (= micro_batch_size / dp)", "train.micro_batch_size (= micro_batch_size / dp)",
      "per rank in Megatron"),
     ("global_batch_size", "--global-batch-size", "train.global_batch_size", ""),
-    ("distributed_optimizer", "--use-distributed-optimizer",
+    ("settings.distributed_optimizer", "--use-distributed-optimizer",
      "ddp.use_distributed_optimizer, optimizer.use_distributed_optimizer", ""),
-    ("overlap_grad_reduce", "--overlap-grad-reduce", "ddp.overlap_grad_reduce", ""),
-    ("overlap_param_gather", "--overlap-param-gather", "ddp.overlap_param_gather", "needs overlap_grad_reduce"),
-    ("tp_comm_overlap", "--tp-comm-overlap", "comm_overlap.tp_comm_overlap", "transformer-engine"),
-    ("megatron_fsdp.data_parallel_sharding_strategy", "--use-megatron-fsdp --data-parallel-sharding-strategy S "
+    ("settings.overlap_grad_reduce", "--overlap-grad-reduce", "ddp.overlap_grad_reduce", ""),
+    ("settings.overlap_param_gather", "--overlap-param-gather", "ddp.overlap_param_gather", "needs overlap_grad_reduce"),
+    ("settings.tp_comm_overlap", "--tp-comm-overlap", "comm_overlap.tp_comm_overlap", "transformer-engine"),
+    ("settings.megatron_fsdp.data_parallel_sharding_strategy", "--use-megatron-fsdp --data-parallel-sharding-strategy S "
      "--ckpt-format fsdp_dtensor", "ddp.use_megatron_fsdp, ddp.data_parallel_sharding_strategy, "
      "checkpoint.ckpt_format",
      "Megatron-LM asserts the fsdp_dtensor checkpoint format"),
-    ("activation_offload.num_layers", "--cpu-offloading-num-layers N", "model.cpu_offloading, "
+    ("settings.activation_offload.num_layers", "--cpu-offloading-num-layers N", "model.cpu_offloading, "
      "model.cpu_offloading_num_layers", "one stage, no recompute"),
-    ("megatron_fsdp.main_params_dtype, main_grads_dtype", "--megatron-fsdp-main-params-dtype, "
+    ("settings.megatron_fsdp.main_params_dtype, main_grads_dtype", "--megatron-fsdp-main-params-dtype, "
      "--megatron-fsdp-main-grads-dtype", "ddp.megatron_fsdp_main_params_dtype, ddp.megatron_fsdp_main_grads_dtype",
      "megatron-core 0.19; when set"),
-    ("stack.cuda_graphs", "--cuda-graph-impl local|transformer_engine --cuda-graph-scope S ...",
+    ("settings.stack.cuda_graphs", "--cuda-graph-impl local|transformer_engine --cuda-graph-scope S ...",
      "model.cuda_graph_impl, model.cuda_graph_scope", "0.17+: --cuda-graph-modules (read)"),
-    ("stack.offload", "--fine-grained-activation-offloading --offload-modules M ... (--activation-offload-fraction)",
+    ("settings.stack.offload", "--fine-grained-activation-offloading --offload-modules M ... (--activation-offload-fraction)",
      "model.fine_grained_activation_offloading, model.offload_modules, model.activation_offload_fraction",
      "the fraction: megatron-core 0.19"),
-    ("stack.cross_entropy_fusion", "--cross-entropy-loss-fusion --cross-entropy-fusion-impl native|te",
+    ("settings.stack.cross_entropy_fusion", "--cross-entropy-loss-fusion --cross-entropy-fusion-impl native|te",
      "model.cross_entropy_loss_fusion, model.cross_entropy_fusion_impl", ""),
     ("settings.optimizer", "--optimizer adam|muon|dist_muon", "optimizer.optimizer", "adam: not written"),
     # MoE / MLA / MTP (moe_flags.py)
@@ -125,16 +125,16 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("model.megatron.qk_layernorm", "--qk-layernorm", "model.qk_layernorm", ""),
     ("stages[].ep, stages[].etp", "--expert-model-parallel-size, --expert-tensor-parallel-size (when set)",
      "model.expert_model_parallel_size, model.expert_tensor_parallel_size", "one expert folding for all stages"),
-    ("moe.token_dispatcher", "--moe-token-dispatcher-type", "model.moe_token_dispatcher_type", ""),
-    ("moe.flex_backend", "--moe-flex-dispatcher-backend (flex only)", "model.moe_flex_dispatcher_backend",
+    ("settings.moe.token_dispatcher", "--moe-token-dispatcher-type", "model.moe_token_dispatcher_type", ""),
+    ("settings.moe.flex_backend", "--moe-flex-dispatcher-backend (flex only)", "model.moe_flex_dispatcher_backend",
      "deepep (Megatron-LM's default) or hybridep"),
-    ("moe.grouped_gemm, permute_fusion, shared_expert_overlap, overlap_ep_comm",
+    ("settings.moe.grouped_gemm, permute_fusion, shared_expert_overlap, overlap_ep_comm",
      "--moe-grouped-gemm, --moe-permute-fusion, --moe-shared-expert-overlap, --overlap-moe-expert-parallel-comm",
      "model.moe_grouped_gemm, moe_permute_fusion, moe_shared_expert_overlap, overlap_moe_expert_parallel_comm",
      "off by default in Megatron-LM"),
-    ("moe.delay_wgrad, router_fusion, router_dtype", "--delay-wgrad-compute, --moe-router-fusion, --moe-router-dtype",
+    ("settings.moe.delay_wgrad, router_fusion, router_dtype", "--delay-wgrad-compute, --moe-router-fusion, --moe-router-dtype",
      "model.delay_wgrad_compute, moe_router_fusion, moe_router_dtype", "off / the model's dtype by default"),
-    ("moe.rank_capacity_factor, paged_stash", "--moe-expert-rank-capacity-factor, --moe-paged-stash",
+    ("settings.moe.rank_capacity_factor, paged_stash", "--moe-expert-rank-capacity-factor, --moe-paged-stash",
      "model.moe_expert_rank_capacity_factor, moe_paged_stash", "megatron-core 0.19"),
 )
 
@@ -177,7 +177,7 @@ def megatron_lm_args(c: MegatronConfig) -> dict[str, list[str]]:
 
 def low_precision_args(c: MegatronConfig) -> list[str]:
     """The recipe's flags (``search/precision.py``)."""
-    low = c.low_precision
+    low = c.settings.low_precision
     if low is None:
         return []
     return precision_flags(low.recipe, low.param_gather, low.bf16_layers_start, low.bf16_layers_end,
@@ -188,9 +188,9 @@ def grad_reduce_args(c: MegatronConfig) -> list[str]:
     """The flag that makes Megatron-LM reduce gradients in the plan's dtype (``plan_settings.py`` has its rule):
     bf16 reduces in fp32 unless ``--grad-reduce-in-bf16``; fp16 in fp16 unless
     ``--accumulate-allreduce-grads-in-fp32``; fp32 gradients are fp32 either way."""
-    if c.precision == "bf16" and not c.grad_reduce_in_fp32:
+    if c.precision == "bf16" and not c.settings.grad_reduce_in_fp32:
         return ["--grad-reduce-in-bf16"]
-    if c.precision == "fp16" and c.grad_reduce_in_fp32:
+    if c.precision == "fp16" and c.settings.grad_reduce_in_fp32:
         return ["--accumulate-allreduce-grads-in-fp32"]
     return []
 
@@ -214,17 +214,21 @@ def _parallel(c: MegatronConfig) -> list[str]:
         out += ["--num-virtual-stages-per-pipeline-rank", str(c.vpp)] if c.vpp > 1 else []
         out += ["--decoder-first-pipeline-num-layers", str(split.first)] if split.first is not None else []
         out += ["--decoder-last-pipeline-num-layers", str(split.last)] if split.last is not None else []
-    for on, flag in ((c.distributed_optimizer, "--use-distributed-optimizer"),
-                     (c.overlap_grad_reduce, "--overlap-grad-reduce"),
-                     (c.overlap_param_gather, "--overlap-param-gather"), (c.tp_comm_overlap, "--tp-comm-overlap")):
+    s = c.settings
+    for on, flag in ((s.distributed_optimizer, "--use-distributed-optimizer"),
+                     (s.overlap_grad_reduce, "--overlap-grad-reduce"),
+                     (s.overlap_param_gather, "--overlap-param-gather"), (s.tp_comm_overlap, "--tp-comm-overlap")):
         out += [flag] if on else []
-    if c.fsdp:
-        out += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", c.fsdp, "--ckpt-format", "fsdp_dtensor"]
-        for flag, v in zip(("--megatron-fsdp-main-params-dtype", "--megatron-fsdp-main-grads-dtype"), c.fsdp_dtypes):
+    if (f := s.megatron_fsdp) is not None:
+        out += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", f.data_parallel_sharding_strategy,
+                "--ckpt-format", "fsdp_dtensor"]
+        for flag, v in (("--megatron-fsdp-main-params-dtype", f.main_params_dtype),
+                        ("--megatron-fsdp-main-grads-dtype", f.main_grads_dtype)):
             out += [flag, v] if v else []         # megatron-core 0.19 flags
-    out += ["--cpu-offloading-num-layers", str(c.offload_layers)] if c.offload_layers else []
-    out += [x for flag in dp_flags(c.data_parallel) for x in flag.split()]
-    return out + stack_args(c.stack, c.optimizer)
+    off = s.activation_offload
+    out += ["--cpu-offloading-num-layers", str(off.num_layers)] if off is not None else []
+    out += [x for flag in dp_flags(s.data_parallel) for x in flag.split()]
+    return out + stack_args(s.stack, s.optimizer)
 
 
 def _recompute(c: MegatronConfig) -> list[str]:
@@ -243,7 +247,7 @@ def _num(x: float) -> str:
 
 def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
     """Megatron-Bridge ``ConfigContainer`` overrides by section (``model``, ``train``, ``ddp``, ...)."""
-    m = c.model
+    m, s = c.model, c.settings
     split = split_for(c.chunk_layers, c.pp, c.vpp, m.mtp_num_layers or 0)
     rc = c.recompute
     model = {
@@ -264,32 +268,33 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
         "recompute_num_layers": rc.num_layers, "recompute_modules": list(rc.modules) if rc.modules else None,
         **layer_variant_flags.bridge(m),
         **moe_bridge_fields(c),
-        **stack_bridge_fields(c.stack),
+        **stack_bridge_fields(s.stack),
     }
-    if c.offload_layers:
-        model.update(cpu_offloading=True, cpu_offloading_num_layers=c.offload_layers)
+    if s.activation_offload is not None:
+        model.update(cpu_offloading=True, cpu_offloading_num_layers=s.activation_offload.num_layers)
     out: dict[str, dict[str, object]] = {
         "model": model,
         "train": {"micro_batch_size": c.micro_batch_size, "global_batch_size": c.global_batch_size},
-        "ddp": {"use_distributed_optimizer": c.distributed_optimizer, "overlap_grad_reduce": c.overlap_grad_reduce,
-                "overlap_param_gather": c.overlap_param_gather,
-                "grad_reduce_in_fp32": c.grad_reduce_in_fp32 or c.precision == "fp32"},
-        "optimizer": {"use_distributed_optimizer": c.distributed_optimizer,
-                      **({"optimizer": c.optimizer} if c.optimizer != "adam" else {})},
+        "ddp": {"use_distributed_optimizer": s.distributed_optimizer, "overlap_grad_reduce": s.overlap_grad_reduce,
+                "overlap_param_gather": s.overlap_param_gather,
+                "grad_reduce_in_fp32": s.grad_reduce_in_fp32 or c.precision == "fp32"},
+        "optimizer": {"use_distributed_optimizer": s.distributed_optimizer,
+                      **({"optimizer": s.optimizer} if s.optimizer != "adam" else {})},
         # Bridge's own name (v0.3.1: a property that sets megatron-core's sequence_length; v0.6: a field that
         # finalize() copies over sequence_length, so sequence_length alone would be lost there)
         "dataset": {"seq_length": m.seq_length},
         # megatron-core's NullTokenizer (Bridge v0.3.1's default, legacy_tokenizer false) adds the EOD token
         "tokenizer": {"tokenizer_type": "NullTokenizer", "vocab_size": m.vocab_size - 1},
     }
-    if c.fsdp:   # Bridge's ConfigContainer.validate sets dist.use_megatron_fsdp from it; saving needs the format
-        out["ddp"].update(use_megatron_fsdp=True, data_parallel_sharding_strategy=c.fsdp)
-        out["ddp"].update({k: v for k, v in zip(("megatron_fsdp_main_params_dtype", "megatron_fsdp_main_grads_dtype"),
-                                                c.fsdp_dtypes) if v})
+    if (f := s.megatron_fsdp) is not None:   # Bridge's ConfigContainer.validate sets dist.use_megatron_fsdp from
+        #                                        it; saving needs the format
+        out["ddp"].update(use_megatron_fsdp=True, data_parallel_sharding_strategy=f.data_parallel_sharding_strategy)
+        out["ddp"].update({k: v for k, v in (("megatron_fsdp_main_params_dtype", f.main_params_dtype),
+                                             ("megatron_fsdp_main_grads_dtype", f.main_grads_dtype)) if v})
         out["checkpoint"] = {"ckpt_format": "fsdp_dtensor"}
-    if c.tp_comm_overlap:
+    if s.tp_comm_overlap:
         out["comm_overlap"] = {"tp_comm_overlap": True}
-    out["ddp"].update(bridge_ddp_fields(c.data_parallel))
+    out["ddp"].update(bridge_ddp_fields(s.data_parallel))
     return out
 
 

@@ -33,8 +33,8 @@ GROUPS = ("model", "parallel", "recompute", "batch", "precision")
 
 def as_run(c: MegatronConfig, rel: Release) -> MegatronConfig:
     """``c`` as ``rel`` runs it: from 0.18 Megatron FSDP turns the distributed optimizer on (validate_args)."""
-    if c.fsdp and rel.rule("fsdp_forces_distributed_optimizer") and not c.distributed_optimizer:
-        return dataclasses.replace(c, distributed_optimizer=True)
+    if c.fsdp and rel.rule("fsdp_forces_distributed_optimizer") and not c.settings.distributed_optimizer:
+        return dataclasses.replace(c, settings=c.settings.model_copy(update={"distributed_optimizer": True}))
     return c
 
 

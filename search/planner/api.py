@@ -22,20 +22,6 @@ from .state import State
 SECONDARY_SHARE = 0.25
 
 
-def build_cost_model(model, cluster, training, kind: str = "analytic", db=None, settings=None):
-    """``settings``: the plan's ``PlanSettings`` (``plan_settings.py``; None: the runtime); aceso-compat prices
-    the reference's way whatever they are."""
-    if kind == "aceso-compat":
-        try:
-            from ..compat.costmodel import make_compat_cost_model
-        except ImportError:
-            raise AcesoError("--cost-model aceso-compat is not available in this version") from None
-        return make_compat_cost_model(model, cluster, training, db)
-    from ..costmodel import make_cost_model
-    from ..plan_settings import run_settings
-    return make_cost_model(model, cluster, training, kind, db=db, settings=run_settings(settings, training.precision))
-
-
 def make_space(cm, training, target: str = "aceso", moe=None) -> Space:
     """The search space for this cost model and training spec: what the model prices (``cm.features``) and the
     (per-rank batch, tp) pairs it covers (``cm.available_shapes()`` where it has one, e.g. aceso-compat's profiled
@@ -111,12 +97,17 @@ class Plans:
 
 
 def runtime_training(training, strict: bool = True):
-    """The training spec for a runtime search: Megatron FSDP and CPU activation offload off (the aceso runtime runs
-    DDP / the distributed optimizer and keeps activations on the GPU); ``strict``: refuse them asked for."""
-    for name, flag in (("megatron_fsdp", "--megatron-fsdp"), ("activation_offload", "--activation-offload")):
+    """The training spec for a runtime search: Megatron FSDP and CPU activation offload off (the heterogeneous
+    search prices DDP / the distributed optimizer; the aceso runtime keeps activations on the GPU); ``strict``:
+    refuse them asked for."""
+    from ..runtime_rules import RUNTIME_NO_OFFLOAD
+    why = {"megatron_fsdp": ("--megatron-fsdp", "the heterogeneous search prices DDP and the distributed optimizer "
+                             "only (the aceso runtime runs a Megatron FSDP plan given to it: aceso validate says "
+                             "which)"),
+           "activation_offload": ("--activation-offload", RUNTIME_NO_OFFLOAD)}
+    for name, (flag, reason) in why.items():
         if strict and getattr(training, name):
-            raise AcesoError(f"{flag} on: Megatron-LM runs it, the aceso runtime does not; search with --target "
-                             "megatron-lm, or turn it off")
+            raise AcesoError(f"{flag} on: {reason}; search with --target megatron-lm, or turn it off")
     return training.model_copy(update={"megatron_fsdp": False, "activation_offload": False})
 
 

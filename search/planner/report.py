@@ -49,9 +49,8 @@ def to_plan(ev: Evaluation, model, cluster, training, cm, settings=None):
     model has the precision it was priced in (``--precision``), so explain and export run that one."""
     if model.params_dtype != training.dtype:
         model = model.model_copy(update={"params_dtype": training.dtype})
-    plan = _to_plan(ev, model, cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
-                    attention=assumed_attention(cm))
-    return plan if settings is None else plan.model_copy(update={"settings": settings})
+    return _to_plan(ev, model, cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
+                    attention=assumed_attention(cm), settings=settings)
 
 
 def assumed_attention(cm) -> str | None:

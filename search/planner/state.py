@@ -30,9 +30,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ..costmodel.types import RC, RC_CODE, Features, Shape, StageCost
-from ..fsdp import ActivationOffload, MegatronFSDP
 from ..errors import AcesoError
 from ..plan import ChunkSpec, ParallelPlan, PlanPrediction, StageSpec
+from ..plan_settings import PlanSettings
 from .recompute import optimize_stage
 from .space import Space  # noqa: F401 - re-exported (the space lived here before)
 
@@ -317,8 +317,10 @@ def lower_bound(costs: list[StageCost], M: int) -> tuple[float, list[float], lis
 
 
 def to_plan(ev: Evaluation, model, cluster, gbs: int, cost_model_kind: str, predicted: bool = True,
-            attention: str | None = None) -> ParallelPlan:
-    """Build the validated ``ParallelPlan`` of an (exact) evaluation, recompute from the stage results."""
+            attention: str | None = None, settings: PlanSettings | None = None) -> ParallelPlan:
+    """Build the validated ``ParallelPlan`` of an (exact) evaluation, recompute from the stage results;
+    ``settings``: what the search priced under (framework, release, recipe, ...; None: the runtime's), with the
+    state's switches and MoE settings."""
     st = ev.state
     stages = []
     for i, s in enumerate(st.shapes):
@@ -336,18 +338,9 @@ def to_plan(ev: Evaluation, model, cluster, gbs: int, cost_model_kind: str, pred
                               samples_per_s=round(gbs / it * 1000, 6),
                               stage_time_ms=[round(t, 6) for t in ev.stage_total_ms],
                               stage_memory_mb=[round(s.cost.memory_mb, 6) for s in ev.stages], attention=attention)
-    f = st.features
-    sk = f.stack
-    return ParallelPlan(model=model, cluster=cluster, micro_batch_size=st.mbs, global_batch_size=gbs,
-                        distributed_optimizer=f.distributed_optimizer, overlap_grad_reduce=f.overlap_grad_reduce,
-                        overlap_param_gather=f.overlap_param_gather, tp_comm_overlap=f.tp_comm_overlap,
-                        megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy=f.fsdp,
-                                                   main_params_dtype=(sk.fsdp_main_params or None) if sk else None,
-                                                   main_grads_dtype=(sk.fsdp_main_grads or None) if sk else None)
-                        if f.fsdp else None,
-                        stack=sk.settings() if sk is not None else None,
-                        activation_offload=ActivationOffload(num_layers=f.offload_layers) if f.offload_layers else None,
-                        stages=stages, predicted=pred, moe=ev.moe)
+    base = settings if settings is not None else PlanSettings()
+    return ParallelPlan(model=model, cluster=cluster, micro_batch_size=st.mbs, global_batch_size=gbs, stages=stages,
+                        predicted=pred, settings=base.model_copy(update={**st.features.switches(), "moe": ev.moe}))
 
 
 def from_plan(plan: ParallelPlan) -> tuple[State, list[np.ndarray]]:

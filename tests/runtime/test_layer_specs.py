@@ -113,7 +113,8 @@ def test_fusions_stay_off_on_cpu_and_pass_through_on_gpu():
                                       "megatron-core ModuleSpec"),
     ("tests.custom_specs:raises", "layer_spec 'tests.custom_specs:raises' raised RuntimeError: no spec for you"),
     ("tests.custom_specs:not_a_layer", "builds MLP, not a transformer layer"),
-    ("tests.custom_specs:moe", "submodule mlp is an MoE layer (MoELayer); MoE needs expert parallelism"),
+    ("tests.custom_specs:moe", "submodule mlp is an MoE layer (MoELayer); aceso prices and builds MoE layers from "
+                              "the model's moe field"),
     ("tests.custom_specs:squared_relu", "layer_spec 'tests.custom_specs:squared_relu' raised TypeError"),
 ])
 def test_provider_faults_are_one_line(path, message):

@@ -61,7 +61,7 @@ def _config(c, model_fields: dict) -> TransformerConfig:
     fields = {k: v for k, v in model_fields.items() if k in TC_FIELDS}
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[c.precision]
     return TransformerConfig(**fields, bf16=c.precision == "bf16", fp16=c.precision == "fp16", params_dtype=dtype,
-                             pipeline_dtype=dtype, tp_comm_overlap=c.tp_comm_overlap)
+                             pipeline_dtype=dtype, tp_comm_overlap=c.settings.tp_comm_overlap)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

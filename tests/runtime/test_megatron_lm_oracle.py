@@ -123,7 +123,7 @@ def test_megatron_lm_parses_validates_and_builds_the_plans_layers(tag):
 def _expected_moe(c) -> dict:
     """What megatron-core's config must hold for the MoE plan's MegatronConfig (our fields, its names)."""
     from search.megatron.moe_flags import freq_list
-    m, moe, s = c.model, c.model.moe, c.moe
+    m, moe, s = c.model, c.model.moe, c.settings.moe
     mla = m.mla.model_dump() if m.mla else dict.fromkeys(("q_lora_rank", "kv_lora_rank", "qk_head_dim",
                                                            "qk_pos_emb_head_dim", "v_head_dim"))
     freq = moe.moe_layer_freq if isinstance(moe.moe_layer_freq, int) and not moe.first_k_dense_layers \

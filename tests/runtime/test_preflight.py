@@ -171,13 +171,13 @@ def _cpu_plans() -> dict:
         raw = json.loads(uniform_plan(model, 1, tp, dp, 2 * dp, 4 * dp, cluster=parse_cluster(f"1x{tp * dp}-cpu"),
                                       sequence_parallel=tp > 1).to_json())
         raw["stages"][0].update(ep=ep, etp=etp)
-        raw["moe"] = settings or None
+        raw["settings"]["moe"] = settings or None
         return raw
 
     def dense(model, tp, dp, cp=1, **fields):
         raw = json.loads(uniform_plan(model, 1, tp, dp, 2 * dp, 4 * dp, cluster=parse_cluster(f"1x{tp * dp * cp}-cpu"),
                                       cp=cp, sequence_parallel=tp > 1).to_json())
-        raw.update(fields)
+        raw["settings"].update(fields)
         return raw
     return {
         "moe-etp2-alltoall": moe_plan(2, 1, 1, 2),                       # launch's workers refused it 30 s in

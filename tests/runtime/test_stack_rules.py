@@ -63,10 +63,11 @@ def _we_refuse(scope, impl, spec, settings, recompute, offload) -> bool:
     stack = StackSettings(cuda_graphs=CudaGraphs(impl=impl, scope=tuple(scope))) if scope is not None else None
     plan = uniform_plan(m, 1, 1, 4, 4, 8, recompute=recompute, cluster=cl)
     data = plan.model_dump()
-    data["moe"] = MoEPlanSettings(**settings).model_dump()
-    data["stack"] = stack.model_dump() if stack is not None else None
+    s = data["settings"]
+    s["moe"] = MoEPlanSettings(**settings).model_dump()
+    s["stack"] = stack.model_dump() if stack is not None else None
     if offload:
-        data["activation_offload"] = ActivationOffload(num_layers=1).model_dump()
+        s["activation_offload"] = ActivationOffload(num_layers=1).model_dump()
     try:
         type(plan).model_validate(data)
     except pydantic.ValidationError:

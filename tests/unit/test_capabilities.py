@@ -177,7 +177,7 @@ def test_megatron_fsdp_on_is_searched_for_megatron_lm(command, tmp_path, capsys)
     rc, _, err = _run(argv + (["--budget-evals", "60", "--workers", "1"] if command == "search" else []), capsys)
     assert rc == 0, err
     plan = json.loads(out.read_text())
-    assert plan["megatron_fsdp"]["data_parallel_sharding_strategy"] in ("optim_grads", "optim_grads_params")
+    assert plan["settings"]["megatron_fsdp"]["data_parallel_sharding_strategy"] in ("optim_grads", "optim_grads_params")
     assert plan["settings"]["framework"] == "megatron-lm" and len(plan["stages"]) == 1
     rc, _, err = _run([command, "--model", "llama3-8b", "--num-layers", "4", "--cluster", "1x8-h100",
                        "--global-batch-size", "64", "--megatron-fsdp", "on"], capsys)

@@ -22,8 +22,9 @@ from search.costmodel.kernels import ARCH, LAUNCH_MS, MEM_EFF, ShapeKernels
 from search.costmodel.memory import MB
 from search.costmodel.pipeline import interleaved_one_f_one_b, one_f_one_b
 from search.costmodel.types import Features
+from search.plan_settings import run_settings, target_settings
 from search.model import ModelSpec
-from search.plan import parse_plan, uniform_plan
+from search.plan import SCHEMA_VERSION, parse_plan, uniform_plan
 from search.presets import load_model
 from search.training import TrainingSpec
 from tests.unit.search_helpers import simulate_1f1b
@@ -100,7 +101,7 @@ def test_v1_plans_give_the_v1_numbers(name):
     exact 1F1B schedule of those numbers (v1's closed form was a lower bound for unequal stages)."""
     case = _golden_cases()[name]
     plan = _v1_plan(case)
-    assert plan.schema_version == 3 and plan.num_virtual_stages == 1 and not plan.tp_comm_overlap
+    assert plan.schema_version == SCHEMA_VERSION and plan.num_virtual_stages == 1 and not plan.tp_comm_overlap
     tr = dict(case["training"])
     if tr.get("distributed_optimizer"):      # v1 read it from the training spec; a v2 plan states it
         plan = plan.model_copy(update={"distributed_optimizer": True})
@@ -444,7 +445,7 @@ def test_fp32_gradients_follow_megatrons_table():
     c = parse_cluster("1x8-h100")
     rc = np.zeros(m.num_units, np.int8)
     feats = Features(distributed_optimizer=True)
-    cm = _cm(m, c, settings=RunSettings.megatron_lm("bf16"))
+    cm = _cm(m, c, settings=run_settings(target_settings("megatron-lm", precision="bf16"), "bf16"))
     st = cm.stage_cost(0, 1, 0, 0, m.num_units, 1, 8, rc, 8, features=feats)
     b = st.memory_breakdown
     params = b["params"] / 2

@@ -21,7 +21,7 @@ from search.megatron.importer import read_megatron
 from search.megatron.names import bridge_fields
 from search.megatron.script import argv
 from search.plan import parse_plan, uniform_plan
-from search.plan_settings import plan_settings
+from search.plan_settings import target_settings
 from search.presets import load_model
 from search.training import TrainingSpec
 
@@ -37,7 +37,12 @@ def _plan(strategy=None, offload=0, recompute="none", pp=1, **kw):
     if offload:
         feats["activation_offload"] = ActivationOffload(num_layers=offload)
     p = uniform_plan(MODEL, pp, 1, 8 // pp, 8 // pp, 64, recompute, CLUSTER, **feats)
-    return p.model_copy(update={"settings": plan_settings("megatron-lm", "bf16", grad_reduce_in_bf16=True)})
+    return p.model_copy(update={"settings": target_settings("megatron-lm", p.settings, "bf16", grad_reduce_in_bf16=True)})
+
+
+def _on_runtime(p):
+    """``p`` as the aceso runtime runs it (its switches under the runtime's defaults)."""
+    return p.model_copy(update={"settings": target_settings("runtime", p.settings)})
 
 
 def _cm():
@@ -60,16 +65,26 @@ def test_plans_without_the_fields_read_and_the_fields_round_trip():
     (1, dict(recompute="full"), "does not work with activation recompute"),
 ])
 def test_offload_rules_are_one_line(n, kw, needle):
-    raw = json.loads(_plan(distributed_optimizer=True, **kw).to_json()) | {"activation_offload": {"num_layers": n}}
+    raw = json.loads(_plan(distributed_optimizer=True, **kw).to_json())
+    raw["settings"]["activation_offload"] = {"num_layers": n}
     with pytest.raises(AcesoError) as e:
         parse_plan(raw)
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
 def test_bad_strategy_names_the_field():
-    raw = json.loads(_plan(distributed_optimizer=True).to_json()) | {"megatron_fsdp": {"data_parallel_sharding_strategy": "zero3"}}
+    raw = json.loads(_plan(distributed_optimizer=True).to_json())
+    raw["settings"]["megatron_fsdp"] = {"data_parallel_sharding_strategy": "zero3"}
     with pytest.raises(AcesoError, match="data_parallel_sharding_strategy"):
         parse_plan(raw)
+
+
+def test_a_v4_plan_with_a_switch_at_the_top_level_says_where_it_moved():
+    raw = json.loads(_plan(distributed_optimizer=True).to_json()) | {"activation_offload": {"num_layers": 1}}
+    with pytest.raises(AcesoError) as e:
+        parse_plan(raw)
+    assert "activation_offload: a plan-wide switch, kept in settings since schema version 4; move it to " \
+           "settings.activation_offload" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_overlap_param_gather_is_allowed_with_fsdp_alone():
@@ -227,10 +242,11 @@ def test_bridge_fields():
 
 # ----- search and baseline ------------------------------------------------------------------------------------
 def _baseline(cluster, **kw):
-    from search.planner.api import build_cost_model, plan_baseline
+    from search.planner.api import plan_baseline
+    from search.pricing import cost_model
     model = load_model("llama3-8b")
     training = TrainingSpec(global_batch_size=128, **kw)
-    cm = build_cost_model(model, parse_cluster(cluster), training, settings=RunSettings.megatron_lm("bf16"))
+    cm = cost_model(model, parse_cluster(cluster), training, target_settings("megatron-lm", precision="bf16"))
     return plan_baseline(cm, training)
 
 
@@ -250,8 +266,11 @@ def test_baseline_takes_fsdp_where_memory_binds_and_offload_over_nvlink_c2c():
 
 def test_runtime_search_refuses_what_the_runtime_does_not_run():
     from search.planner.api import runtime_training
-    with pytest.raises(AcesoError, match="--megatron-fsdp on: Megatron-LM runs it"):
+    with pytest.raises(AcesoError, match="--megatron-fsdp on: the heterogeneous search prices DDP and the "
+                                         "distributed optimizer only .the aceso runtime runs a Megatron FSDP plan"):
         runtime_training(TrainingSpec(global_batch_size=8, megatron_fsdp=True))
+    with pytest.raises(AcesoError, match="--activation-offload on: the aceso runtime keeps activations on the GPU"):
+        runtime_training(TrainingSpec(global_batch_size=8, activation_offload=True))
     t = runtime_training(TrainingSpec(global_batch_size=8))
     assert t.megatron_fsdp is False and t.activation_offload is False
 
@@ -262,11 +281,11 @@ def test_preflight_leaves_fsdp_to_the_runtime_and_refuses_offload_on_it():
     from search.preflight import planner_checks
     plan = _plan("optim_grads_params")
     planner_checks(plan, "cuda")                       # a Megatron-LM plan: its export runs it
-    planner_checks(plan.model_copy(update={"settings": None}), "cuda")
+    planner_checks(_on_runtime(plan), "cuda")
     off = _plan(offload=2, distributed_optimizer=True)
     planner_checks(off, "cuda")
     with pytest.raises(AcesoError, match="activation_offload: the aceso runtime keeps activations on the GPU"):
-        planner_checks(off.model_copy(update={"settings": None}), "cuda")
+        planner_checks(_on_runtime(off), "cuda")
 
 
 def test_moe_fsdp_gathers_experts_over_expert_dp():

@@ -76,7 +76,7 @@ def test_explain_and_validate_of_an_fsdp_fp8_param_gather_plan(tmp_path, capsys)
                  "--megatron-fsdp", "on", "--budget-evals", "60", "--workers", "1", "-o", str(p)]) == 0
     capsys.readouterr()
     plan = json.loads(p.read_text())
-    assert plan["megatron_fsdp"] and not plan["distributed_optimizer"]
+    assert plan["settings"]["megatron_fsdp"] and not plan["settings"]["distributed_optimizer"]
     assert plan["settings"]["low_precision"]["param_gather"] is True
     assert main(["explain", str(p), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)["iteration_time_ms"]

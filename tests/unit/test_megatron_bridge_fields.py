@@ -32,7 +32,7 @@ def test_reference_list_names_the_release_and_holds_the_known_fields():
 def test_every_exported_field_is_a_bridge_field(name):
     if name.endswith("-gpt"):                     # tp_comm_overlap goes through the GPT recipe's comm_overlap
         c = case_config("gpt-cp2-sp-distopt")
-        c = c.__class__(**{**c.__dict__, "tp_comm_overlap": True})
+        c = c.__class__(**{**c.__dict__, "settings": c.settings.model_copy(update={"tp_comm_overlap": True})})
     else:
         c = case_config(name)
     recipe, ov = overrides(c)

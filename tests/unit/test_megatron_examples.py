@@ -71,7 +71,7 @@ def test_llama3_fp8_script_keeps_its_appends():
     assert cmd.argv[cmd.argv.index("--vocab-size") + 1] == "128256"
     assert cmd.argv[cmd.argv.index("--split") + 1] == "'99,1,0'"     # bash keeps the inner quotes literal
     imp = read_megatron(text.replace('DTYPE="fp8"', 'DTYPE="bf16"'), source="bf16.sh", version=BASE)
-    c = imp.config
+    c = imp.config.settings
     assert (c.distributed_optimizer, c.overlap_grad_reduce, c.overlap_param_gather) == (True, True, True)
     assert imp.plan.model.vocab_size == 128256 + 1                   # NullTokenizer adds EOD
     assert imp.plan.model.position_embedding == "rope" and imp.plan.model.num_query_groups == 8

@@ -7,8 +7,8 @@ import pytest
 
 from search.cli import main
 from search.cluster import parse_cluster
-from search.costmodel import make_cost_model
-from search.costmodel.types import RunSettings
+from search.plan_settings import target_settings
+from search.pricing import cost_model
 from search.megatron.importer import read_megatron
 from search.training import TrainingSpec
 
@@ -24,7 +24,7 @@ def test_explain_prices_the_imported_plan_as_megatron_lm_runs_it_and_reports_the
     plan = read_megatron(ARGS, cluster=parse_cluster("1x8-h100")).plan
     assert (plan.stages[0].tp, plan.stages[0].dp, plan.model.name) == (4, 2, "gpt-1.3b")
     training = TrainingSpec(global_batch_size=64, precision="fp16")
-    cm = make_cost_model(plan.model, plan.cluster, training, settings=RunSettings.megatron_lm("fp16"))
+    cm = cost_model(plan.model, plan.cluster, training, target_settings("megatron-lm", precision="fp16"))
     assert abs(out["iteration_time_ms"] - cm.evaluate(plan).iteration_ms) < 1e-6
     gain = out["megatron_search"]
     assert gain["config_ms"] == out["iteration_time_ms"] and gain["budget_evals"] == 150
@@ -44,8 +44,8 @@ def test_the_drop_in_plan_is_expressible_and_priced_as_megatron_lm_runs_it(tmp_p
     g = json.loads(capsys.readouterr().out)["megatron_search"]
     drop_in = load_plan(str(best))
     assert check_expressible(drop_in) is None and drop_in.settings.framework == "megatron-lm"
-    cm = make_cost_model(drop_in.model, drop_in.cluster, TrainingSpec(global_batch_size=64, precision="fp16"),
-                         settings=RunSettings.megatron_lm("fp16"))
+    cm = cost_model(drop_in.model, drop_in.cluster, TrainingSpec(global_batch_size=64, precision="fp16"),
+                    target_settings("megatron-lm", precision="fp16"))
     assert abs(g["megatron"]["iteration_ms"] - cm.evaluate(drop_in).iteration_ms) < 1e-6
 
 

@@ -9,6 +9,7 @@ from search.megatron.build import plan_from_config
 from search.megatron.config import MegatronConfig, Recompute
 from search.plan import ParallelPlan, uniform_plan
 from search.presets import load_model
+from tests.megatron_plans import config_fields
 
 GPT = load_model("gpt-1.3b", num_layers=8)
 T5 = load_model("t5-770m", num_layers=2)
@@ -18,7 +19,7 @@ FULL1, SEL = Recompute("full", "uniform", 1), Recompute("selective", modules=("c
 def cfg(model=GPT, chunk_layers=(4, 4), pp=2, vpp=1, tp=2, dp=2, rc=Recompute(), **kw) -> MegatronConfig:
     return MegatronConfig(model=model, tp=tp, pp=pp, cp=1, dp=dp, vpp=vpp, sequence_parallel=kw.pop("sp", False),
                           chunk_layers=chunk_layers, recompute=rc, micro_batch_size=kw.pop("mbs", 2),
-                          global_batch_size=kw.pop("gbs", 64), **kw)
+                          global_batch_size=kw.pop("gbs", 64), **config_fields(kw))
 
 
 def edited(plan: ParallelPlan, fn) -> ParallelPlan:
@@ -97,7 +98,7 @@ BAD = {
     "block counts differ": (edited(BASE, lambda d: (_set_rc(0, ["full"] * 2 + ["none"] * 6)(d),
                                                     _set_rc(1, ["full"] * 4 + ["none"] * 4)(d))),
                             "stages[1] recomputes its first 2 layers fully but stages[0] its first 1 of 4"),
-    "param gather alone": (edited(BASE, lambda d: d.update(distributed_optimizer=True, overlap_param_gather=True)),
+    "param gather alone": (edited(BASE, lambda d: d["settings"].update(distributed_optimizer=True, overlap_param_gather=True)),
                            "overlap_param_gather is on but overlap_grad_reduce is off"),
     "t5 pipeline": (uniform_plan(T5, 2, 1, 2, 2, 8), "stages: 2 pipeline stages, but Megatron-LM's pretrain_t5.py"),
     "t5 depths": (uniform_plan(T5.model_copy(update={"num_decoder_layers": 1}), 1, 1, 2, 2, 8),

@@ -16,7 +16,7 @@ def _same(a, b, name):
     """``b`` (imported) is ``a`` as the newest Megatron-LM runs it: with Megatron FSDP the distributed optimizer."""
     da, db = a.model_dump(exclude={"predicted"}), b.model_dump(exclude={"predicted"})
     if a.megatron_fsdp and release().rule("fsdp_forces_distributed_optimizer"):
-        da["distributed_optimizer"] = True
+        da["settings"]["distributed_optimizer"] = True
     if name in PRESET_NAMED:                      # the name is not part of a command line
         assert db["model"].pop("name") == "custom"
         da["model"].pop("name")

@@ -38,7 +38,7 @@ MLA_FIELDS = {"q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim
 def test_at_least_15_moe_plans_cover_the_forms():
     cases = [moe_case_config(n) for n in MOE_CASES]
     assert len(cases) >= 15
-    assert {c.moe.token_dispatcher for c in cases} == {"alltoall", "allgather", "flex"}
+    assert {c.settings.moe.token_dispatcher for c in cases} == {"alltoall", "allgather", "flex"}
     assert {(c.ep, c.etp) for c in cases} >= {(8, 1), (4, 2), (2, None), (1, None)}
     assert any(c.model.mtp_num_layers for c in cases) and any(c.model.mla for c in cases)
     lines = [args_line(c) for c in cases]

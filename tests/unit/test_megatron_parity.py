@@ -14,7 +14,8 @@ import yaml
 from search.cli import main
 from search.megatron.importer import read_megatron
 from search.plan import load_plan
-from search.plan_settings import PlanSettings, run_settings, settings_for
+from search.plan import ParallelPlan
+from search.plan_settings import PlanSettings, run_settings, target_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("megatron_parity", ROOT / "bench" / "megatron_parity.py")
@@ -48,9 +49,13 @@ def test_import_mirrors_megatron_lm_gradient_reduction_rule(flags, fp32):
 
 def test_plans_without_settings_are_runtime_plans_and_fp32_training_ignores_the_flag():
     plan = read_megatron(BASE + "--bf16", world_size=1).plan
-    old = plan.model_copy(update={"settings": None})
-    assert settings_for(old) == PlanSettings() and settings_for(old, "megatron-lm").grad_reduce_in_fp32
-    assert settings_for(plan) is plan.settings and settings_for(plan, "runtime") == PlanSettings()
+    raw = plan.model_dump(exclude={"settings"})
+    raw["schema_version"] = 3                          # a v3 plan without settings (written before the field)
+    old = ParallelPlan.model_validate(raw)
+    assert old.settings == PlanSettings() and target_settings("megatron-lm", old.settings, "bf16").grad_reduce_in_fp32
+    assert target_settings(None, plan.settings) is plan.settings
+    assert target_settings("megatron-lm", plan.settings) is plan.settings
+    assert target_settings("runtime", plan.settings, "bf16") == PlanSettings()
     assert not run_settings(PlanSettings(grad_reduce_in_fp32=True), "fp32").grad_reduce_in_fp32
 
 
@@ -66,13 +71,19 @@ def _args(tmp_path, capsys, path, to="megatron-lm"):
     return shlex.split(capsys.readouterr().out)
 
 
+def _who(path) -> tuple[str, bool]:
+    """Who runs the searched plan and its gradient reduction dtype (its other settings are the searched switches)."""
+    s = load_plan(path).settings
+    return s.framework, s.grad_reduce_in_fp32
+
+
 def test_target_megatron_lm_prices_fp32_reduction_by_default_and_the_export_says_what_was_priced(tmp_path, capsys):
     dflt = _search(tmp_path, capsys, "--target", "megatron-lm")
     bf16 = _search(tmp_path, capsys, "--target", "megatron-lm", "--grad-reduce-in-bf16", name="b.json")
     aceso = _search(tmp_path, capsys, name="a.json")
-    assert load_plan(dflt).settings == PlanSettings(framework="megatron-lm", grad_reduce_in_fp32=True)
-    assert load_plan(bf16).settings == PlanSettings(framework="megatron-lm", grad_reduce_in_fp32=False)
-    assert load_plan(aceso).settings == PlanSettings()
+    assert _who(dflt) == ("megatron-lm", True)
+    assert _who(bf16) == ("megatron-lm", False)
+    assert _who(aceso) == ("runtime", False)
     assert "--grad-reduce-in-bf16" not in _args(tmp_path, capsys, dflt)
     assert "--grad-reduce-in-bf16" in _args(tmp_path, capsys, bf16)
     assert "--grad-reduce-in-bf16" in _args(tmp_path, capsys, aceso)     # priced with bf16 reduction: says so
@@ -83,7 +94,7 @@ def test_target_megatron_lm_prices_fp32_reduction_by_default_and_the_export_says
 def test_bridge_target_writes_the_gradient_dtype_bridge_then_runs(tmp_path, capsys):
     for extra, want in (((), True), (("--grad-reduce-in-bf16",), False)):
         path = _search(tmp_path, capsys, "--target", "megatron-bridge", *extra)
-        assert load_plan(path).settings == PlanSettings(framework="megatron-bridge", grad_reduce_in_fp32=want)
+        assert _who(path) == ("megatron-bridge", want)
         assert main(["export", str(path), "--to", "megatron-bridge"]) == 0
         y = yaml.safe_load(capsys.readouterr().out)
         assert y["ddp"]["grad_reduce_in_fp32"] is want

@@ -69,7 +69,7 @@ torchrun --nproc_per_node $GPUS_PER_NODE --nnodes $NNODES pretrain_gpt.py \\
 def test_appends_inside_an_if_are_followed_and_fp8_is_read_for_fp8():
     assert read_megatron(FP8, source="fp8.sh").plan.settings.low_precision.recipe == "fp8-delayed"
     imp = read_megatron(FP8.replace('DTYPE="fp8"', 'DTYPE="bf16"'), source="bf16.sh")
-    c = imp.config
+    c = imp.config.settings
     assert (c.distributed_optimizer, c.overlap_grad_reduce, c.overlap_param_gather) == (True, True, True)
     assert imp.plan.model.vocab_size == 32000         # NullTokenizer from Megatron-LM 0.18: the EOD token is one of them
     assert imp.plan.world_size == 8 and imp.plan.stages[0].tp == 2 and imp.plan.model.num_query_groups == 2

@@ -186,10 +186,10 @@ def test_search_export_import_gives_the_same_model_and_price_under_every_release
         got = load_plan(back)
         assert got.model == plan.model, kind
         want = plan.model_dump(exclude={"predicted"})
-        if plan.model.moe is not None and want["moe"] is None:     # None: the defaults (search/plan.py)
-            want["moe"] = MoEPlanSettings().model_dump()
+        if plan.model.moe is not None and want["settings"]["moe"] is None:     # None: the defaults (moe_plan.py)
+            want["settings"]["moe"] = MoEPlanSettings().model_dump()
         if plan.megatron_fsdp and rel.rule("fsdp_forces_distributed_optimizer"):
-            want["distributed_optimizer"] = True            # what 0.18+ runs; no price of its own under FSDP
+            want["settings"]["distributed_optimizer"] = True            # what 0.18+ runs; no price of its own under FSDP
         assert got.model_dump(exclude={"predicted"}) == want, kind
         p, q = plan.predicted, got.predicted
         assert q.iteration_time_ms == pytest.approx(p.iteration_time_ms, rel=1e-9, abs=1e-6), kind

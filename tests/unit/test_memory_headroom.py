@@ -12,7 +12,8 @@ import pytest
 
 from search.cli import main
 from search.cluster import parse_cluster
-from search.costmodel import RunSettings, make_cost_model
+from search.costmodel import make_cost_model
+from search.plan_settings import run_settings, target_settings
 from search.costmodel.memory import DEFAULT_HEADROOM, MB, headroom_verdict, memory_budget_mb
 from search.model import ModelSpec
 from search.plan import uniform_plan
@@ -89,7 +90,7 @@ def test_weights_and_optimizer_equal_megatron_lm_formula_where_it_is_exact(dist,
                         cluster=parse_cluster(f"1x{dp}-h100"), distributed_optimizer=dist)
     cm = make_cost_model(LLAMA, plan.cluster, TrainingSpec(global_batch_size=8 * dp, micro_batch_sizes=[dp],
                                                            precision="bf16"),
-                         settings=RunSettings.megatron_lm("bf16"))
+                         settings=run_settings(target_settings("megatron-lm", precision="bf16"), "bf16"))
     b = cm.evaluate(plan).stages[0].memory_breakdown
     ours = (b["params"] + b["grads"] + b["optimizer"]) * MB
     theirs = _theory()(LLAMA, 1, 1, dp, None, 1, 8, dist, False, "none")["weight_optimizer_gb"] * 2 ** 30

@@ -58,8 +58,8 @@ def test_extension_fields_are_data():
     ({"megatron": {"activation_func": "relu"}}, "or an MLP with its own activation in your layer_spec"),
     ({"megatron": {"num_moe_experts": 8}}, "megatron.num_moe_experts: set by aceso, not by the megatron block; use "
                                            "moe.num_experts"),
-    ({"megatron": {"expert_model_parallel_size": 2}}, "megatron.expert_model_parallel_size: MoE layers and expert "
-                                                      "parallelism are not supported yet; remove it"),
+    ({"megatron": {"expert_model_parallel_size": 2}}, "megatron.expert_model_parallel_size: set by aceso, not by "
+                                                      "the megatron block; use the plan's stages[].ep"),
     ({"megatron": {"rotary_percent": 0.5}}, "a GPTModel argument, not a TransformerConfig field; set the spec's "
                                             "rotary_percent field instead"),
 ])

@@ -8,7 +8,7 @@ import pytest
 
 from search.errors import AcesoError
 from search.moe_plan import MoEPlanSettings, expert_dp, expert_tp
-from search.plan import parse_plan
+from search.plan import SCHEMA_VERSION, parse_plan
 from search.presets import load_model
 
 
@@ -39,7 +39,7 @@ def test_expert_shape_folds_over_the_stage():
     assert (expert_tp(s1), s1.ep, expert_dp(s1)) == (1, 2, 2)   # etp None = the stage's tp
     assert s0.shape_text == "tp2 dp4 sp ep4 etp1"
     back = parse_plan(json.loads(plan.to_json()))
-    assert back == plan and back.schema_version == 3
+    assert back == plan and back.schema_version == SCHEMA_VERSION
 
 
 def test_dense_stages_are_written_without_expert_keys():
@@ -48,8 +48,8 @@ def test_dense_stages_are_written_without_expert_keys():
     plan = parse_plan(dict(schema_version=2, model=m.model_dump(), micro_batch_size=2, global_batch_size=8,
                            stages=[stage((0, n), dp=2)]))
     raw = json.loads(plan.to_json())
-    assert plan.schema_version == 3 and "ep" not in raw["stages"][0] and "etp" not in raw["stages"][0]
-    assert "moe" not in raw
+    assert plan.schema_version == SCHEMA_VERSION and "ep" not in raw["stages"][0] and "etp" not in raw["stages"][0]
+    assert "moe" not in raw and "moe" not in raw["settings"]
 
 
 @pytest.mark.parametrize("stages,extra,needle", [

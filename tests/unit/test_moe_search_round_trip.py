@@ -19,9 +19,10 @@ from search.megatron.importer import read_megatron
 from search.megatron.layout import distribution, layout_chunk_layers
 from search.megatron.script import args_line
 from search.moe_plan import expert_tp, moe_settings
-from search.plan_settings import plan_settings
+from search.plan_settings import target_settings
 from search.planner.aceso import SearchOptions
-from search.planner.api import build_cost_model, plan_search
+from search.planner.api import plan_search
+from search.pricing import cost_model
 from search.planner.report import to_plan
 from search.presets import load_model
 from search.training import TrainingSpec
@@ -55,8 +56,8 @@ def _searched(name):
     model, cl = load_model(preset, num_layers=layers), parse_cluster(cluster)
     tr = TrainingSpec(global_batch_size=gbs, micro_batch_sizes=[1, 2], virtual_stages=[1, 2],
                       precision=model.params_dtype, **extra)
-    settings = plan_settings("runtime" if target == "aceso" else target, tr.dtype)
-    cm = build_cost_model(model, cl, tr, settings=settings)
+    settings = target_settings(target, precision=tr.dtype)
+    cm = cost_model(model, cl, tr, settings)
     res, _ = plan_search(cm, tr, SearchOptions(budget_evals=BUDGET, polish_top=1), target=target)
     best = res.plans[0]
     assert best.fits, f"{name}: nothing fits"

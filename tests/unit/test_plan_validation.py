@@ -7,7 +7,7 @@ import pytest
 from search.cli import main
 from search.cluster import parse_cluster
 from search.errors import AcesoError
-from search.plan import ParallelPlan, even_split, load_plan, parse_plan, plan_json_schema, uniform_plan
+from search.plan import SCHEMA_VERSION, ParallelPlan, even_split, load_plan, parse_plan, plan_json_schema, uniform_plan
 from search.presets import load_model
 from tests.conftest import ROOT
 
@@ -105,7 +105,7 @@ BAD_PLANS = [
     (_set(("micro_batch_size",), 2), "dp (4) must divide micro_batch_size"),
     (_set(("global_batch_size",), 66), "global_batch_size (66)"),
     (_set(("global_batch_size",), -1), "global_batch_size"),
-    (_set(("schema_version",), 4), "schema_version"),
+    (_set(("schema_version",), SCHEMA_VERSION + 1), "schema_version"),
     (_set(("extra_field",), 1), "extra_field"),
     (_set(("stages", 0, "pp"), 2), "stages[0].pp"),
     (_del(("stages", 0, "tp")), "stages[0].tp"),
@@ -228,7 +228,7 @@ def test_v1_plan_loads_as_v2_with_features_off():
     d = good_plan()
     d["schema_version"] = 1
     plan = parse_plan(d)
-    assert plan.schema_version == 3 and plan.num_virtual_stages == 1
+    assert plan.schema_version == SCHEMA_VERSION and plan.num_virtual_stages == 1
     assert [s.cp for s in plan.stages] == [1, 1, 1] and not any(s.sequence_parallel for s in plan.stages)
     assert not (plan.overlap_grad_reduce or plan.overlap_param_gather or plan.tp_comm_overlap)
     assert [s.start_unit for s in plan.stages] == [0, 17, 36] and plan.stages[1].recompute == ["selective"] * 19

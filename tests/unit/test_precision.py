@@ -254,7 +254,7 @@ def test_search_export_and_explain_carry_the_recipe(tmp_path, capsys):
     saved = json.loads(plan.read_text())
     # the FP8 parameter all-gather shards over the distributed optimizer or Megatron FSDP (validate_args)
     assert saved["settings"]["low_precision"]["recipe"] == "fp8-tensorwise"
-    assert saved["distributed_optimizer"] or saved.get("megatron_fsdp")
+    assert saved["settings"]["distributed_optimizer"] or saved["settings"].get("megatron_fsdp")
     capsys.readouterr()
     assert main(["export", str(plan), "--to", "megatron-lm"]) == 0
     script = capsys.readouterr().out
@@ -273,7 +273,7 @@ def test_search_export_and_explain_carry_the_recipe(tmp_path, capsys):
                     if ln.split("=")[0] in ("MODEL_ARGS", "PARALLEL_ARGS", "BATCH_ARGS", "PRECISION_ARGS"))
     imp = read_megatron(args + " --tokenizer-type NullTokenizer --vocab-size 128255",
                         cluster=parse_cluster("1x8-h100"))
-    assert imp.plan.settings.low_precision == megatron_config(_plan_of(saved)).low_precision
+    assert imp.plan.settings.low_precision == megatron_config(_plan_of(saved)).settings.low_precision
     got = predict(imp.plan, "flash").iteration_time_ms
     assert got == pytest.approx(saved["predicted"]["iteration_time_ms"], rel=1e-6)
 
@@ -517,11 +517,12 @@ def test_reuse_grad_buf_has_no_price_of_its_own():
     """core_v0.16.1 builds the shared param / grad buffer for any MXFP8 parameters under the distributed optimizer
     (param_and_grad_buffer.py, "For MXFP8 param: Create a shared buffer for param AG and grad RS"): the flag changes
     which copy the parameters are read back from, not the bytes held or moved."""
-    from search.plan_settings import plan_precision, run_settings
+    from search.plan_settings import run_settings
+    from search.pricing import precision_of
     costs = []
     for extra in ("", lowp.REUSE_FLAG):
         plan = read_megatron(MX + extra, world_size=8, cluster=parse_cluster("1x8-b200")).plan
-        tr = TrainingSpec(global_batch_size=8, micro_batch_sizes=[1], **plan_precision(plan),
+        tr = TrainingSpec(global_batch_size=8, micro_batch_sizes=[1], **precision_of(plan),
                           distributed_optimizer=True, attention="flash")
         c = make_cost_model(plan.model, parse_cluster("1x8-b200"), tr,
                             settings=run_settings(plan.settings, tr.precision)).evaluate(plan)

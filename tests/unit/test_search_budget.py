@@ -18,7 +18,8 @@ from search.cli import main
 from search.cluster import parse_cluster
 from search.planner import aceso
 from search.planner.aceso import SearchOptions
-from search.planner.api import build_cost_model, plan_baseline, plan_search, runtime_training
+from search.planner.api import plan_baseline, plan_search, runtime_training
+from search.pricing import cost_model
 from search.presets import load_model
 from search.training import TrainingSpec
 
@@ -30,7 +31,7 @@ def _sweep(name, layers, cluster, gbs, target, budgets=BUDGETS) -> list[float]:
     tr = TrainingSpec(global_batch_size=gbs, precision=m.params_dtype)
     if target == "aceso":
         tr = runtime_training(tr)
-    cm = build_cost_model(m, parse_cluster(cluster), tr)
+    cm = cost_model(m, parse_cluster(cluster), tr)
     base = plan_baseline(cm, tr)
     out = []
     for b in budgets:

@@ -6,7 +6,8 @@ import pytest
 
 from search.cluster import parse_cluster
 from search.planner.aceso import SearchOptions
-from search.planner.api import build_cost_model, plan_all
+from search.planner.api import plan_all
+from search.pricing import cost_model
 from search.planner.state import to_plan
 from search.planner import megatron_lm
 from search.presets import load_model
@@ -18,7 +19,7 @@ def test_compat_lines_never_get_worse(reference_db, target):
     model = load_model("gpt-1.3b", num_layers=8)
     cl = parse_cluster("1x4-v100", memory_limit_mb=6000)
     tr = TrainingSpec(global_batch_size=64, precision=model.params_dtype, virtual_stages=[1])
-    cm = build_cost_model(model, cl, tr, "aceso-compat", str(reference_db / "miniset"))
+    cm = cost_model(model, cl, tr, None, "aceso-compat", str(reference_db / "miniset"))
     plans = plan_all(cm, tr, SearchOptions(budget_evals=300), target=target)
     assert plans.uniform is not None and plans.uniform.fits
     mlm, het = plans.megatron.plans[0], plans.aceso.plans[0]
