@@ -323,7 +323,8 @@ def find(args: argparse.Namespace, model=None, quiet: bool = False) -> Found:
     with report.progress(total_budget(args.budget_evals), quiet=quiet or args.json) as tick:
         opts = SearchOptions(budget_evals=args.budget_evals, budget_s=args.budget_s, seed=args.seed,
                              workers=workers, callback=tick)
-        plans = plan_all(cm, training, opts, top_k=args.top_k, target=SPACE_TARGET[args.target])
+        plans = plan_all(cm, training, opts, top_k=args.top_k, target=SPACE_TARGET[args.target],
+                         release=getattr(args, "release", None))
     result = plans.main
     best = result.plans[0] if result.plans else None
     if best is None and args.budget_s is not None and plans.uniform is not None:

@@ -1,0 +1,50 @@
+"""The search's ``Megatron-LM |-pattern`` line (search/planner/hybrid_cuts.py): the cut descent against a brute force
+over every unit cut, never slower than its seeds, a plan the export writes, and not offered (one line) where the
+release's Megatron-LM has no '|' cuts."""
+
+from search.cli import main
+from search.megatron.versions import release
+from search.presets import load_model
+
+
+def _evaluator(model, cluster="1x2-h100", gbs=16):
+    from search.cluster import parse_cluster
+    from search.costmodel import make_cost_model
+    from search.planner.state import Evaluator
+    from search.training import TrainingSpec
+    cm = make_cost_model(model, parse_cluster(cluster), TrainingSpec(global_batch_size=gbs))
+    return Evaluator(cm, gbs, None, "megatron-lm")
+
+
+def test_refine_finds_the_brute_force_best_cut_of_two_stages():
+    """pp 2, 5 layers (no even split by layers): the descent from the layer cuts lands on the fastest of every
+    unit cut, priced one by one (the reference), and never on a slower plan than its seeds."""
+    from search.planner.hybrid_cuts import price, refine
+    from search.planner.megatron_lm import NONE_SETTING
+    from search.planner.state import State
+    from search.costmodel.types import Shape
+    model = load_model("llama3-8b", num_layers=5)
+    ev = _evaluator(model)
+    shape = Shape(tp=1, cp=1, dp=1, sp=False)
+    seeds = [price(ev, State(1, (shape, shape), (0, cut, 10)), NONE_SETTING) for cut in (4, 6)]
+    best, why = refine(ev, seeds, release())
+    assert why is None
+    brute = min((price(ev, State(1, (shape, shape), (0, cut, 10)), s) for cut in range(1, 10)
+                 for s in (NONE_SETTING,)), key=lambda e: e.iteration_ms)
+    assert best.iteration_ms <= brute.iteration_ms + 1e-9
+    assert best.iteration_ms <= min(s.iteration_ms for s in seeds)
+
+
+def test_the_search_line_is_a_plan_the_export_writes(tmp_path, capsys):
+    import json
+    args = ["search", "--model", "llama3-8b", "--num-layers", "5", "--cluster", "1x4-h100", "--global-batch-size",
+            "16", "--budget-evals", "200", "--pp", "2", "--json"]
+    assert main(args) == 0
+    lines = json.loads(capsys.readouterr().out)["lines"]
+    pat, mlm = lines["megatron_lm_pattern"], lines["megatron_lm"]
+    assert pat["iteration_ms"] <= mlm["iteration_ms"]
+    flat = pat["hybrid_layer_pattern"].replace("|", "")
+    assert flat == "*-" * 5
+    assert main([*args[:-1], "--release", "26.02"]) == 0
+    out = capsys.readouterr().out
+    assert "Megatron-LM |-pattern not offered: Megatron-LM core_v0.16.1 has no '|'" in out.replace("\n", " ")
