@@ -46,13 +46,13 @@ def price(ev, state: State, setting: Recompute) -> Evaluation:
     return e
 
 
-def _moves(state: State, slow: int, last_cut: int):
-    """States with one chunk bound of stage ``slow`` moved one unit into it (its chunks lose a unit to a
+def _moves(state: State, slow: int, last_cut: int, unit: int = 1):
+    """States with one chunk bound of stage ``slow`` moved ``unit`` units into it (its chunks lose them to a
     neighbour); no chunk left empty, the MTP units kept in the last chunk (bounds up to ``last_cut``)."""
     S, b = state.num_stages, list(state.bounds)
     for j in range(state.num_chunks):
         k = j * S + slow                                   # chunk k spans bounds[k], bounds[k + 1]
-        for pos, step in ((k, 1), (k + 1, -1)):
+        for pos, step in ((k, unit), (k + 1, -unit)):
             if pos in (0, len(b) - 1):
                 continue
             nb = b[:]
@@ -61,8 +61,9 @@ def _moves(state: State, slow: int, last_cut: int):
                 yield state._replace(bounds=tuple(nb))
 
 
-def descend(ev, start: State, setting: Recompute) -> Evaluation:
-    """Bottleneck descent on the cuts: move a unit off the slowest stage while the iteration gets faster."""
+def descend(ev, start: State, setting: Recompute, unit: int = 1) -> Evaluation:
+    """Bottleneck descent on the cuts: move a unit off the slowest stage while the iteration gets faster (``unit``
+    2: whole GPT layers, the layer-count split's own descent, for comparison)."""
     from ..megatron.config import layer_bounds
     last_cut = layer_bounds(ev.cm.model)[-1]
     best = price(ev, start, setting)
@@ -71,7 +72,7 @@ def descend(ev, start: State, setting: Recompute) -> Evaluation:
             return best
         better = []
         for slow in np.argsort([-s.cost.time_per_microbatch_ms for s in best.stages], kind="stable"):
-            cands = [price(ev, s, setting) for s in _moves(best.state, int(slow), last_cut)]
+            cands = [price(ev, s, setting) for s in _moves(best.state, int(slow), last_cut, unit)]
             better = [c for c in cands if c.fits and c.iteration_ms < best.iteration_ms - 1e-9]
             if better:
                 break
@@ -96,9 +97,12 @@ def settings_for(model, seed: Recompute, rel) -> list[Recompute]:
 
 def refine(ev, seeds: list[Evaluation], rel) -> tuple[Evaluation | None, str | None]:
     """(the best hybrid-pattern plan from ``seeds``, None) or (None, why the line is not offered). ``ev``: a
-    ``megatron-lm`` Evaluator; ``rel``: the Megatron-LM release (``versions.Release``)."""
+    ``megatron-lm`` Evaluator (each seed is priced under its own MoE settings, the dispatcher it was chosen with);
+    ``rel``: the Megatron-LM release (``versions.Release``)."""
+    from .state import Evaluator
     why = model_refusal(ev.cm.model, rel) if rel is not None else "the release's Megatron-LM has no hybrid pattern"
-    if why is None and ev.moe is not None and not ev.moe.grouped_gemm:
+    moes = [s.moe for s in seeds if s is not None and s.moe is not None] + ([ev.moe] if ev.moe else [])
+    if why is None and any(not m.grouped_gemm for m in moes):
         why = "HybridModel's MoE layers are grouped-GEMM experts, and the search prices them off"
     if why:
         return None, why
@@ -106,8 +110,9 @@ def refine(ev, seeds: list[Evaluation], rel) -> tuple[Evaluation | None, str | N
     for seed in seeds:
         if seed is None or not seed.fits or seed.state.features.offload_layers:
             continue      # CPU activation offload: priced for GPTModel's layers only
+        sev = ev if seed.moe == ev.moe else Evaluator(ev.cm, ev.gbs, None, "megatron-lm", seed.moe)
         for setting in settings_for(ev.cm.model, hybrid_setting(seed.setting), rel):
-            e = descend(ev, seed.state, setting)
+            e = descend(sev, seed.state, setting)
             if e.fits and (best is None or (e.iteration_ms, e.state) < (best.iteration_ms, best.state)):
                 best = e
     return best, None

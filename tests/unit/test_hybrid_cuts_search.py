@@ -48,3 +48,22 @@ def test_the_search_line_is_a_plan_the_export_writes(tmp_path, capsys):
     assert main([*args[:-1], "--release", "26.02"]) == 0
     out = capsys.readouterr().out
     assert "Megatron-LM |-pattern not offered: Megatron-LM core_v0.16.1 has no '|'" in out.replace("\n", " ")
+
+
+def test_a_seed_is_refined_under_its_own_moe_settings():
+    """An MoE seed priced with another dispatcher than the evaluator's (the search picks one per plan): the
+    refinement prices it as it was, so it is never slower than the seed."""
+    from search.costmodel.types import Shape
+    from search.moe_plan import MoEPlanSettings
+    from search.planner.hybrid_cuts import refine
+    from search.planner.megatron_lm import best_setting
+    from search.planner.state import Evaluator, State
+    model = load_model("mixtral-8x7b", num_layers=3)
+    base = _evaluator(model, "1x4-h100")
+    other = Evaluator(base.cm, base.gbs, None, "megatron-lm", MoEPlanSettings(token_dispatcher="allgather"))
+    shape = Shape(tp=1, dp=2, ep=2)
+    seed = best_setting(other, State(2, (shape, shape), (0, 4, 6)), exact=True)
+    assert seed.fits
+    best, _ = refine(base, [seed], release())
+    assert best.iteration_ms <= seed.iteration_ms + 1e-9
+    assert best.moe == seed.moe
