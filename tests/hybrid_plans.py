@@ -9,6 +9,8 @@ it).
 from __future__ import annotations
 
 from search.plan import ChunkSpec, ParallelPlan, StageSpec
+from search.plan_settings import PlanSettings
+from search.precision import LowPrecision
 from search.presets import load_model
 
 LLAMA4 = load_model("llama3-8b", num_layers=4)
@@ -43,4 +45,7 @@ CASES = {
     "llama-pp3-full": (cut_plan(LLAMA4, [0, 3, 5, 8], 3, tp=2, rc="full"), "*-*|-*|-*-", "0.18"),
     "llama-pp2-block3": (cut_plan(LLAMA4, [0, 5, 8], 2, rc=first_full(3)), "*-*-*|-*-", "0.18"),
     "moe-mtp-pp2": (cut_plan(MIXED4, [0, 3, 9], 2, dp=2, gbs=32), "*-*|E*E*E/*E", "0.17"),
+    # FP8 with the first and last GPT layer in bf16: the first / last 2 hybrid layers
+    "llama-fp8-bf16-ends": (cut_plan(LLAMA4, [0, 5, 8], 2, settings=PlanSettings(low_precision=LowPrecision(
+        recipe="fp8-tensorwise", bf16_layers_start=1, bf16_layers_end=1))), "*-*-*|-*-", "0.17"),
 }

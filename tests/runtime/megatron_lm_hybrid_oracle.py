@@ -75,8 +75,16 @@ def run(line: str, world: int) -> dict:
             "moe": [cfg.num_moe_experts, cfg.moe_router_topk, cfg.expert_model_parallel_size],
             "position_embedding_type": args.position_embedding_type, "rotary_base": args.rotary_base,
             "vocab": [tokenizer.vocab_size, args.padded_vocab_size], "spec_defined": _spec_defined(args.spec),
-            "bf16_layers": [cfg.num_layers_at_start_in_bf16, cfg.num_layers_at_end_in_bf16]
-            if getattr(cfg, "first_last_layers_bf16", False) else None}
+            "bf16_layers": _bf16_layers(cfg, args.num_layers)}
+
+
+def _bf16_layers(cfg, num_layers: int):
+    """The hybrid layers megatron-core keeps in bf16 under an FP8 / FP4 recipe (``fp8_utils.is_first_last_bf16_layer``
+    on the global layer index HybridStack passes), or None."""
+    if not getattr(cfg, "first_last_layers_bf16", False):
+        return None
+    from megatron.core.fp8_utils import is_first_last_bf16_layer
+    return [i for i in range(num_layers) if is_first_last_bf16_layer(cfg, i)]
 
 
 if __name__ == "__main__":

@@ -58,6 +58,11 @@ def test_megatron_lm_builds_the_plans_chunks_from_the_pattern(tag):
         assert g["gated"] == (m.activation == "swiglu") and g["num_query_groups"] == m.groups
         if m.moe is not None:
             assert g["moe"][:2] == [m.moe.num_experts, m.moe.moe_router_topk]
+        low = plan.settings.low_precision if plan.settings else None
+        if low is not None:           # the units of the plan's first / last GPT layers kept in bf16
+            n = g["num_layers"]
+            assert g["bf16_layers"] == list(range(2 * low.bf16_layers_start)) + \
+                list(range(n - 2 * low.bf16_layers_end, n))
 
 
 def test_megatron_lm_0_16_has_no_pattern_flag():

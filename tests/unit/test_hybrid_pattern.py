@@ -51,6 +51,11 @@ def test_entry_and_spec_per_release():
         assert f'"$MEGATRON_LM/{script}"' in write_script(plan, form, "p.json")
 
 
+def test_bf16_layers_count_hybrid_layers():
+    f = _flags(args_line(hybrid_form(CASES["llama-fp8-bf16-ends"][0])))
+    assert f["--num-layers-at-start-in-bf16"] == ["2"] and f["--num-layers-at-end-in-bf16"] == ["2"]
+
+
 def test_recompute_is_over_hybrid_layers():
     """block N checkpoints a chunk's first N hybrid layers (units), uniform 1 every one, selective by kind."""
     assert _flags(args_line(hybrid_form(CASES["llama-pp2-block3"][0])))["--recompute-num-layers"] == ["3"]
