@@ -371,6 +371,9 @@ def run(args: argparse.Namespace) -> int:
         p = Path(out)
         files += [(extra.to_json(), str(p.with_name(f"{p.stem}.top{k}{p.suffix}")), "-o")
                   for k, extra in enumerate(out_plans[1:], start=2)]
+        if plans.pattern is not None and plans.pattern.fits:    # the |-pattern line: aceso export --hybrid-pattern
+            pattern = report.to_plan(plans.pattern, f.model, f.cluster, f.training, cm, out_plans[0].settings)
+            files.append((pattern.to_json(), str(p.with_name(f"{p.stem}.pattern{p.suffix}")), "-o"))
     if args.trace:
         files.append((json.dumps([m.as_dict() for m in result.moves], indent=2) + "\n", args.trace, "--trace"))
     write_outputs(files)

@@ -2,6 +2,8 @@
 over every unit cut, never slower than its seeds, a plan the export writes, and not offered (one line) where the
 release's Megatron-LM has no '|' cuts."""
 
+import pytest
+
 from search.cli import main
 from search.megatron.versions import release
 from search.presets import load_model
@@ -37,15 +39,21 @@ def test_refine_finds_the_brute_force_best_cut_of_two_stages():
 
 def test_the_search_line_is_a_plan_the_export_writes(tmp_path, capsys):
     import json
+    from search.megatron.hybrid_pattern import hybrid_form
+    from search.plan import load_plan
     args = ["search", "--model", "llama3-8b", "--num-layers", "5", "--cluster", "1x4-h100", "--global-batch-size",
-            "16", "--budget-evals", "200", "--pp", "2", "--json"]
+            "16", "--budget-evals", "200", "--pp", "2", "--json", "--target", "megatron-lm",
+            "-o", str(tmp_path / "plan.json")]
     assert main(args) == 0
     lines = json.loads(capsys.readouterr().out)["lines"]
     pat, mlm = lines["megatron_lm_pattern"], lines["megatron_lm"]
     assert pat["iteration_ms"] <= mlm["iteration_ms"]
     flat = pat["hybrid_layer_pattern"].replace("|", "")
     assert flat == "*-" * 5
-    assert main([*args[:-1], "--release", "26.02"]) == 0
+    written = load_plan(tmp_path / "plan.pattern.json")        # -o writes the line's plan beside the target's
+    assert hybrid_form(written).pattern == pat["hybrid_layer_pattern"]
+    assert written.predicted.iteration_time_ms == pytest.approx(pat["iteration_ms"], abs=1e-3)
+    assert main([*args[:args.index("--json")], "--release", "26.02"]) == 0
     out = capsys.readouterr().out
     assert "Megatron-LM |-pattern not offered: Megatron-LM core_v0.16.1 has no '|'" in out.replace("\n", " ")
 
