@@ -9,7 +9,6 @@ and its tokenizer, then asks the checkout's own ``select_pipeline_segment`` (``m
 CPU stubs are those of megatron_lm_oracle.py (imported); the process groups are stand-ins answering rank and size.
 """
 
-import json
 import os
 import shlex
 import sys
@@ -88,10 +87,4 @@ def _bf16_layers(cfg, num_layers: int):
 
 
 if __name__ == "__main__":
-    out = []
-    for case in json.load(sys.stdin):
-        try:
-            out.append(run(case["line"], case["world"]))
-        except (AssertionError, ValueError, SystemExit) as e:
-            out.append({"error": f"{type(e).__name__}: {e}"})
-    sys.stdout.write("\n" + json.dumps(out) + "\n")
+    base.serve(run)
