@@ -21,7 +21,6 @@ are predicted by the analytic cost model (no GPU measurement here).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 from search.cluster import parse_cluster  # noqa: E402
 from search.costmodel.types import Features, Shape  # noqa: E402
 from search.megatron.versions import release  # noqa: E402
@@ -147,7 +147,7 @@ def _table(title: str, rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = AcesoParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="one config and two searches")
     args = p.parse_args(argv)
     t0 = time.time()
