@@ -3,8 +3,10 @@
 ``plan_all`` runs the three searches every report shows, each seeded with the one before so the chain never gets
 worse: the best uniform Megatron configuration (``baseline``), the best plan Megatron-LM can express
 (``--target megatron-lm``: uniform shapes, layer cuts, Megatron's recompute settings; seeded with the uniform
-one), and the best heterogeneous plan for the aceso runtime (seeded with both; not run where the runtime runs no
-plan of the model, ``capabilities.model_refusal``: the line says why). The search of ``target`` gets the whole
+one), the Megatron-LM plans' cuts moved to any unit as Megatron-LM's hybrid layer pattern runs them
+(``hybrid_cuts.py``), and the best heterogeneous plan for the aceso runtime (seeded with the uniform and
+Megatron-LM plans, never slower than those or the pattern's; not run where the runtime runs no plan of the model,
+``capabilities.model_refusal``: the line says why). The search of ``target`` gets the whole
 evaluation budget, the other one a quarter (``SECONDARY_SHARE``).
 """
 
@@ -166,7 +168,8 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
     if why is not None:   # the aceso runtime runs no plan of this model: no heterogeneous line (capabilities.py)
         return Plans(target, base, mlm, SearchResult([], [], 0, 0.0, False, {}), space,
                      {"aceso": why, **lines["not_offered"]}, pattern)
-    runs = [e for e in mlm.plans[:1] if e.fits and not runs_elsewhere(e.state)]
+    # the Megatron-LM plan and its |-pattern form (one shape, unit cuts) also run on the aceso runtime
+    runs = [e for e in mlm.plans[:1] + [pattern] if e is not None and e.fits and not runs_elsewhere(e.state)]
     # MoE: the lines above as the runtime runs them (FSDP and offload off) are seeds too: a plan the runtime does
     # not run as it is still gives the heterogeneous search its shapes and cuts to start from
     moved = [runtime_state(e.state) for e in [fitting] + mlm.plans[:1]
@@ -175,7 +178,7 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
                               fitting if fitting is not None and not runs_elsewhere(fitting.state) else None, "aceso",
                               [e.state for e in runs] + moved)
     if runs:
-        _never_worse(het, runs[0])
+        _never_worse(het, min(runs, key=lambda e: e.score))
     return Plans(target, base, mlm, het, aspace if target == "aceso" else space, **lines)
 
 

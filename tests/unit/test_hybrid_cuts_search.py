@@ -75,3 +75,14 @@ def test_a_seed_is_refined_under_its_own_moe_settings():
     best, _ = refine(base, [seed], release())
     assert best.iteration_ms <= seed.iteration_ms + 1e-9
     assert best.moe == seed.moe
+
+
+def test_the_heterogeneous_line_is_never_slower_than_the_pattern_line(capsys):
+    """A |-pattern plan (one shape, unit cuts, per-unit recompute) runs on the aceso runtime too: line 4 is never
+    slower than line 3 (here the pattern cuts beat every layer cut and the heterogeneous search alone)."""
+    import json
+    assert main(["search", "--model", "llama3-70b", "--num-layers", "40", "--cluster", "4x8-h100",
+                 "--global-batch-size", "64", "--budget-evals", "200", "--workers", "1", "--json"]) == 0
+    lines = json.loads(capsys.readouterr().out)["lines"]
+    assert lines["megatron_lm_pattern"]["iteration_ms"] < lines["megatron_lm"]["iteration_ms"]
+    assert lines["aceso"]["iteration_ms"] <= lines["megatron_lm_pattern"]["iteration_ms"]
