@@ -31,6 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="megatron-lm (a launch script, the default), megatron-bridge (recipe overrides YAML) or "
                         "aceso-legacy (the Aceso reference's op-level config JSON)")
     add_megatron_version_arg(p, "to write for (--to megatron-lm)")
+    p.add_argument("--hybrid-pattern", action="store_true",
+                   help="megatron-lm: write the plan as a hybrid-pattern run (pretrain_hybrid.py "
+                        "--hybrid-layer-pattern '*-*-|*-...', Megatron-LM 0.17 or newer), whose '|' cuts stages "
+                        "anywhere, also inside a layer; HybridModel checkpoints (docs/megatron.md)")
     p.add_argument("--args-only", action="store_true",
                    help="megatron-lm: only the arguments, one shell-quoted line; megatron-bridge: the CLI overrides")
     p.add_argument("-o", "--output", default="-", help="file to write, or - for stdout")
@@ -53,23 +57,58 @@ def run(args: argparse.Namespace) -> int:
         from ..compat.mapping import plan_to_ref
         write_output(plan_to_ref(plan).to_json(), args.output)
         return 0
-    from ..megatron import megatron_config
     from ..megatron.script import args_line, write_script
     from ..megatron.versions import release
     if args.megatron_version is not None and args.to != "megatron-lm":
         raise AcesoError(f"--megatron-version is for --to megatron-lm; --to {args.to} writes for "
                          + ("Megatron-Bridge v0.3.1" if args.to == "megatron-bridge" else "the Aceso reference"))
     rel = release(args.megatron_version)
-    cfg = megatron_config(plan)          # NotExpressible: exit 2, one line, nothing written
     source = Path(args.plan).name
+    if args.hybrid_pattern:
+        return _hybrid(args, plan, rel, source)
+    cfg = _gpt_config(plan, rel)         # NotExpressible: exit 2, one line, nothing written
     if args.to == "megatron-lm":
         text = args_line(cfg, rel) if args.args_only else write_script(plan, cfg, source, rel)
     else:
         from ..megatron.bridge import cli_overrides, write_yaml
         text = cli_overrides(cfg) if args.args_only else write_yaml(plan, cfg, source)
     write_output(text, args.output)
-    if args.to == "megatron-lm" and not args.args_only and args.output not in (None, "-") \
-            and os.path.isfile(args.output):
-        mode = os.stat(args.output).st_mode
-        os.chmod(args.output, mode | (mode & 0o444) >> 2)     # executable wherever readable
+    if args.to == "megatron-lm" and not args.args_only:
+        _executable(args.output)
+    return 0
+
+
+def _executable(path) -> None:
+    """A written launch script becomes executable wherever it is readable."""
+    if path not in (None, "-") and os.path.isfile(path):
+        mode = os.stat(path).st_mode
+        os.chmod(path, mode | (mode & 0o444) >> 2)
+
+
+def _gpt_config(plan, rel):
+    """``megatron_config``; a plan cut inside a layer that a hybrid pattern runs says so in its refusal."""
+    from ..megatron import NotExpressible, megatron_config
+    from ..megatron.hybrid_pattern import hybrid_form
+    try:
+        return megatron_config(plan)
+    except NotExpressible as e:
+        if "places whole layers" not in str(e):
+            raise
+        try:
+            hybrid_form(plan, rel)
+        except NotExpressible:
+            raise e from None
+        raise NotExpressible(f"{e}; or export it with --hybrid-pattern (pretrain_hybrid.py '|' cuts, {rel.label}; "
+                             "HybridModel checkpoints)") from None
+
+
+def _hybrid(args, plan, rel, source) -> int:
+    from ..megatron.hybrid_pattern import args_line, hybrid_form, write_script
+    if args.to != "megatron-lm":
+        raise AcesoError(f"--hybrid-pattern is for --to megatron-lm (pretrain_hybrid.py); --to {args.to} has no "
+                         "hybrid-pattern form here")
+    form = hybrid_form(plan, rel)        # NotExpressible: exit 2, one line naming the release, nothing written
+    write_output(args_line(form) if args.args_only else write_script(plan, form, source), args.output)
+    if not args.args_only:
+        _executable(args.output)
     return 0

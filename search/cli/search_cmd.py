@@ -323,7 +323,8 @@ def find(args: argparse.Namespace, model=None, quiet: bool = False) -> Found:
     with report.progress(total_budget(args.budget_evals), quiet=quiet or args.json) as tick:
         opts = SearchOptions(budget_evals=args.budget_evals, budget_s=args.budget_s, seed=args.seed,
                              workers=workers, callback=tick)
-        plans = plan_all(cm, training, opts, top_k=args.top_k, target=SPACE_TARGET[args.target])
+        plans = plan_all(cm, training, opts, top_k=args.top_k, target=SPACE_TARGET[args.target],
+                         release=getattr(args, "release", None))
     result = plans.main
     best = result.plans[0] if result.plans else None
     if best is None and args.budget_s is not None and plans.uniform is not None:
@@ -370,6 +371,9 @@ def run(args: argparse.Namespace) -> int:
         p = Path(out)
         files += [(extra.to_json(), str(p.with_name(f"{p.stem}.top{k}{p.suffix}")), "-o")
                   for k, extra in enumerate(out_plans[1:], start=2)]
+        if plans.pattern is not None and plans.pattern.fits:    # the |-pattern line: aceso export --hybrid-pattern
+            pattern = report.to_plan(plans.pattern, f.model, f.cluster, f.training, cm, out_plans[0].settings)
+            files.append((pattern.to_json(), str(p.with_name(f"{p.stem}.pattern{p.suffix}")), "-o"))
     if args.trace:
         files.append((json.dumps([m.as_dict() for m in result.moves], indent=2) + "\n", args.trace, "--trace"))
     write_outputs(files)

@@ -12,6 +12,9 @@
 - what ``aceso search`` gains over a given configuration (``explain --megatron-args``) is the search command's own
   answer: ``search/cli/explain_search.py`` runs the very command it prints.
 
+- ``hybrid_pattern.py``: a GPT / MoE plan as a hybrid-pattern run (``pretrain_hybrid.py --hybrid-layer-pattern
+  "*-*-|*-..."``, 0.17 on), whose ``|`` cuts stages at any unit; ``aceso export --hybrid-pattern`` writes it, the
+  import reads it back.
 - ``versions.py``: the Megatron-LM releases aceso reads and writes (core_v0.16.1 to core_v0.19.0), each a data file
   of its parser's flags, defaults and entry points, plus the rules and renames between them.
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from ..plan import ParallelPlan
 from ..moe_plan import expert_tp, moe_settings
 from . import arch_flags
-from .config import HINT, MegatronConfig, NotExpressible, layer_bounds, layer_name, num_layers
+from .config import HINT, MegatronConfig, NotExpressible, Recompute, layer_bounds, layer_name, num_layers
 from .recompute import recompute_of
 
 SHAPE_FIELDS = ("tp", "cp", "dp", "sequence_parallel")
@@ -39,14 +39,17 @@ def check_expressible(plan: ParallelPlan) -> str | None:
     return None
 
 
-def megatron_config(plan: ParallelPlan) -> MegatronConfig:
-    """The plan in Megatron-LM's terms; ``NotExpressible`` (an ``AcesoError``, exit 2) when it has none."""
+def megatron_config(plan: ParallelPlan, chunk_layers: tuple[int, ...] | None = None,
+                    recompute: Recompute | None = None) -> MegatronConfig:
+    """The plan in Megatron-LM's terms; ``NotExpressible`` (an ``AcesoError``, exit 2) when it has none.
+    ``chunk_layers`` / ``recompute``: the split and setting of another layer form, already checked (the hybrid
+    pattern's, ``hybrid_pattern.py``), instead of whole GPT layers'."""
     try:
         _check_shapes(plan)
         _check_folding(plan)
         _check_t5(plan)
-        chunk_layers = _chunk_layers(plan)
-        rc = recompute_of(plan)
+        chunk_layers = _chunk_layers(plan) if chunk_layers is None else chunk_layers
+        rc = recompute_of(plan) if recompute is None else recompute
         _check_features(plan)
         if "moe_act" in rc.modules and not moe_settings(plan).grouped_gemm:
             raise NotExpressible("selective recompute of moe units (--recompute-modules moe_act) with grouped_gemm "

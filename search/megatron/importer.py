@@ -9,6 +9,7 @@ parser's flags and defaults and its rules.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ..cluster import ClusterSpec
@@ -19,6 +20,8 @@ from .build import plan_from_config
 from .cmdline import Flags, config_from_flags, parse_flags
 from .config import MegatronConfig
 from .entry import PRICED, check_unreadable, refuse_entry
+from .hybrid_pattern import ENTRIES, FLAG, read_argv, unit_choices as hybrid_choices, unit_spans
+from .recompute import unit_choices
 from .shell import read_command
 from .versions import Release, release as megatron_release
 
@@ -52,7 +55,9 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
         cmd = read_command(text, source)
     except AcesoError as e:
         check_unreadable(text, source, e)
-    if cmd.script and cmd.script not in PRICED:
+    # a GPT model as a hybrid pattern: pretrain_hybrid.py / pretrain_mamba.py, or a bare line with the pattern
+    hybrid = cmd.script in ENTRIES or (not cmd.script and any(w.split("=")[0] == FLAG for w in cmd.argv))
+    if cmd.script and cmd.script not in PRICED and not hybrid:
         refuse_entry(cmd.script, source)
     if not cmd.script and not cmd.argv and not cmd.assigned:
         raise AcesoError(f"{source}: empty (no command, no arguments); give the launch script that runs "
@@ -62,7 +67,8 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
                          f"{', ...' if len(set(cmd.assigned)) > 4 else ''}); give the script that runs "
                          "pretrain_gpt.py or pretrain_t5.py")
     try:
-        flags = parse_flags(cmd.argv, rel)
+        read = read_argv(cmd.argv, rel) if hybrid else None
+        flags = parse_flags(read.argv if read else cmd.argv, rel)
     except AcesoError as e:
         raise AcesoError(f"{source}: {e}") from None
     sizes = {k: v for k, v in (("the launcher's", cmd.world_size), ("--world-size", world_size),
@@ -75,13 +81,22 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
     script = cmd.script or ""
     t5 = "t5" in script if script else (flags.has("--encoder-num-layers") or flags.has("--decoder-seq-length"))
     notes: list[str] = list(cmd.notes)
+    world = next(iter(sizes.values()))
     try:
-        cfg = config_from_flags(flags, next(iter(sizes.values())), t5, notes, vocab_size)
+        if read and world % read.pp:
+            raise AcesoError(f"the world size ({world}) is not a multiple of --pipeline-model-parallel-size "
+                             f"({read.pp})")
+        cfg = config_from_flags(flags, world // read.pp if read else world, t5, notes, vocab_size)
     except AcesoError as e:
         raise AcesoError(f"{source}: {e}") from None
+    spans = None
+    if read:          # the GPT form on one rank, spread over the pattern's pipeline ranks and chunks
+        cfg = dataclasses.replace(cfg, pp=read.pp, vpp=len(read.counts) // read.pp, chunk_layers=read.counts)
+        spans = unit_spans(cfg.model, read.counts)
     if cluster is not None and cfg.attention == "flash" and not has_flash(cluster.gpu.name):
         raise AcesoError(f"{source}: --transformer-impl transformer_engine (Megatron-LM's default) runs flash "
                          f"attention, which the {cluster.gpu.name} has not (it needs sm80+, an A100 or newer); add "
                          "--transformer-impl local (megatron-core's unfused attention)")
-    plan = plan_from_config(cfg, cluster=cluster, source=source, release=release or version)
+    plan = plan_from_config(cfg, cluster=cluster, source=source, release=release or version, spans=spans,
+                            choices=hybrid_choices if read else unit_choices)
     return Imported(plan, cfg, notes, flags.ignored, rel, flags)

@@ -120,12 +120,15 @@ def _array(name: str, items: list[str]) -> str:
     return f"{name}=({' ' + shlex.join(items) if items else ''} )"
 
 
-def write_script(plan: ParallelPlan, c: MegatronConfig, source: str, rel: Release | None = None) -> str:
+def write_script(plan: ParallelPlan, c: MegatronConfig, source: str, rel: Release | None = None,
+                 groups: dict[str, list[str]] | None = None, entry: str | None = None, notes: list[str] = ()) -> str:
+    """``groups`` / ``entry`` / ``notes``: another form's arguments, entry point and header lines (the hybrid
+    pattern's, ``hybrid_pattern.py``)."""
     rel = rel or release()
-    groups = arg_groups(c, rel)
+    groups = groups or arg_groups(c, rel)
     cl = plan.cluster
     gpn, nodes = (cl.gpus_per_node, cl.num_nodes) if cl else (c.world_size, 1)
-    out = ["#!/usr/bin/env bash"] + [f"# {line}" for line in header(plan, c, source, rel)] + [
+    out = ["#!/usr/bin/env bash"] + [f"# {line}" for line in header(plan, c, source, rel) + list(notes)] + [
         "# Fill in TOKENIZER_ARGS, DATA_ARGS and TRAINING_ARGS (or set them in the environment); more Megatron-LM",
         "# arguments pass through \"$@\". Several nodes: run it on each with NODE_RANK and MASTER_ADDR set.",
         "set -euo pipefail", "",
@@ -150,7 +153,7 @@ def write_script(plan: ParallelPlan, c: MegatronConfig, source: str, rel: Releas
             f"TRAINING_ARGS=(${{TRAINING_ARGS:-{TRAINING_PLACEHOLDER}}})", "",
             'torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" \\',
             '    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\',
-            f'    "$MEGATRON_LM/{entry_script(c, rel)}" \\',
+            f'    "$MEGATRON_LM/{entry or entry_script(c, rel)}" \\',
             "    " + " ".join(f'"${{{g.upper()}_ARGS[@]}}"' for g in GROUPS) + " \\",
             '    "${TOKENIZER_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAINING_ARGS[@]}" "$@"', ""]
     return "\n".join(out)

@@ -3,8 +3,10 @@
 ``plan_all`` runs the three searches every report shows, each seeded with the one before so the chain never gets
 worse: the best uniform Megatron configuration (``baseline``), the best plan Megatron-LM can express
 (``--target megatron-lm``: uniform shapes, layer cuts, Megatron's recompute settings; seeded with the uniform
-one), and the best heterogeneous plan for the aceso runtime (seeded with both; not run where the runtime runs no
-plan of the model, ``capabilities.model_refusal``: the line says why). The search of ``target`` gets the whole
+one), the Megatron-LM plans' cuts moved to any unit as Megatron-LM's hybrid layer pattern runs them
+(``hybrid_cuts.py``), and the best heterogeneous plan for the aceso runtime (seeded with the uniform and
+Megatron-LM plans, never slower than those or the pattern's; not run where the runtime runs no plan of the model,
+``capabilities.model_refusal``: the line says why). The search of ``target`` gets the whole
 evaluation budget, the other one a quarter (``SECONDARY_SHARE``).
 """
 
@@ -90,6 +92,7 @@ class Plans:
     aceso: SearchResult
     space: Space
     not_offered: dict[str, str] = field(default_factory=dict)   # line -> why its target runs no plan of the model
+    pattern: object = None      # the Megatron-LM plans cut at any unit, as a hybrid pattern (hybrid_cuts.py)
 
     @property
     def main(self) -> SearchResult:
@@ -124,8 +127,11 @@ def runtime_state(state):
                                               overlap_param_gather=f.overlap_param_gather and f.distributed_optimizer))
 
 
-def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "aceso") -> Plans:
-    """Uniform baseline, then the Megatron-LM search, then the heterogeneous search (see the module docstring)."""
+def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "aceso",
+             release: str | None = None) -> Plans:
+    """Uniform baseline, then the Megatron-LM search, then the heterogeneous search (see the module docstring);
+    the Megatron-LM line's cuts also at any unit as a hybrid pattern (``hybrid_cuts.py``; ``release``: the
+    ``--release`` whose Megatron-LM runs it, None: the newest)."""
     if target != "megatron-lm":
         training = runtime_training(training)
     base = plan_baseline(cm, training)
@@ -136,8 +142,11 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
     mlm, space = plan_search(cm, training, o1, top_k if target == "megatron-lm" else 1, fitting, "megatron-lm")
     if fitting is not None:   # the uniform configuration is a Megatron-LM plan: line 2 never slower than line 1
         _never_worse(mlm, fitting.evaluation)
+    pattern, why = _pattern_line(cm, training, space, [fitting.evaluation if fitting else None] + mlm.plans[:1],
+                                 release)
+    lines = {"pattern": pattern, "not_offered": {"megatron_lm_pattern": why} if why else {}}
     if mlm.interrupted:   # Ctrl-C: no second search; the Megatron-LM plan also runs on the aceso runtime
-        return Plans(target, base, mlm, mlm, space)
+        return Plans(target, base, mlm, mlm, space, **lines)
     o2 = copy.copy(opts)
     o2.budget_evals = opts.budget_evals if target == "aceso" else share
     if opts.budget_s is not None:   # one wall-clock cap for both searches
@@ -148,8 +157,10 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
     from ..precision import of_training
     why = model_refusal("aceso", cm.model, of_training(training))
     if why is not None:   # the aceso runtime runs no plan of this model: no heterogeneous line (capabilities.py)
-        return Plans(target, base, mlm, SearchResult([], [], 0, 0.0, False, {}), space, {"aceso": why})
-    runs = [e for e in mlm.plans[:1] if e.fits and not runs_elsewhere(e.state)]
+        return Plans(target, base, mlm, SearchResult([], [], 0, 0.0, False, {}), space,
+                     {"aceso": why, **lines["not_offered"]}, pattern)
+    # the Megatron-LM plan and its |-pattern form (one shape, unit cuts) also run on the aceso runtime
+    runs = [e for e in mlm.plans[:1] + [pattern] if e is not None and e.fits and not runs_elsewhere(e.state)]
     # MoE: the lines above as the runtime runs them (FSDP and offload off) are seeds too: a plan the runtime does
     # not run as it is still gives the heterogeneous search its shapes and cuts to start from
     moved = [runtime_state(e.state) for e in [fitting] + mlm.plans[:1]
@@ -158,8 +169,20 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
                               fitting if fitting is not None and not runs_elsewhere(fitting.state) else None, "aceso",
                               [e.state for e in runs] + moved)
     if runs:
-        _never_worse(het, runs[0])
-    return Plans(target, base, mlm, het, aspace if target == "aceso" else space)
+        _never_worse(het, min(runs, key=lambda e: e.score))
+    return Plans(target, base, mlm, het, aspace if target == "aceso" else space, **lines)
+
+
+def _pattern_line(cm, training, space, seeds, release):
+    """(the hybrid-pattern plan, None) or (None, why it is not offered): ``hybrid_cuts.refine`` of the uniform and
+    Megatron-LM plans under the release's Megatron-LM."""
+    from ..megatron.hybrid_pattern import release_for
+    from .hybrid_cuts import refine
+    from .state import Evaluator
+    rel, why = release_for(release)
+    if rel is None:
+        return None, why
+    return refine(Evaluator(cm, training.global_batch_size, None, "megatron-lm", space.moe), seeds, rel)
 
 
 def total_budget(budget_evals: int) -> int:

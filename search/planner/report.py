@@ -1,11 +1,13 @@
-"""What ``aceso search`` / ``aceso baseline`` print: progress bar, per-stage table, the three report lines,
+"""What ``aceso search`` / ``aceso baseline`` print: progress bar, per-stage table, the report lines,
 infeasibility hints.
 
-Every search report ends with three lines, each with its predicted time and speedup over the first:
+Every search report ends with four lines, each with its predicted time and speedup over the first:
 
     uniform Megatron-LM   the best uniform configuration (``baseline``): what a tuned Megatron-LM user runs
     Megatron-LM plan      the best plan stock Megatron-LM can run (``--target megatron-lm``: uneven layers,
                           virtual stages, Megatron's recompute settings; ``aceso export --to megatron-lm``)
+    Megatron-LM |-pattern the Megatron-LM plans with stage cuts at any unit, as Megatron-LM 0.17+ runs a GPT model
+                          as a hybrid layer pattern (``hybrid_cuts.py``; ``aceso export --hybrid-pattern``)
     heterogeneous plan    the best plan on the aceso runtime (per-stage shapes, unit cuts, per-unit recompute)
 """
 
@@ -22,7 +24,7 @@ from .state import Evaluation
 from .state import to_plan as _to_plan
 
 LINES = (("uniform", "uniform Megatron-LM"), ("megatron_lm", "Megatron-LM plan"),
-         ("aceso", "heterogeneous plan"))
+         ("megatron_lm_pattern", "Megatron-LM |-pattern"), ("aceso", "heterogeneous plan"))
 
 
 @contextlib.contextmanager
@@ -134,13 +136,32 @@ def line(ev: Evaluation | None, base_ms: float | None) -> dict | None:
     return out
 
 
-def three_lines(plans) -> dict:
-    """The report's three lines (``api.Plans``) as dicts (None where nothing fits)."""
+def three_lines(plans, model) -> dict:
+    """The report's lines (``api.Plans``) as dicts (None where nothing fits)."""
     base = plans.uniform.evaluation if plans.uniform is not None and plans.uniform.fits else None
     base_ms = base.iteration_ms if base is not None else None
     return {"uniform": line(base, base_ms),
             "megatron_lm": line(plans.megatron.plans[0] if plans.megatron.plans else None, base_ms),
+            "megatron_lm_pattern": pattern_line(plans.pattern, plans.megatron.plans[0] if plans.megatron.plans
+                                                else None, base_ms, model),
             "aceso": line(plans.aceso.plans[0] if plans.aceso.plans else None, base_ms)}
+
+
+def pattern_line(ev: Evaluation | None, mlm: Evaluation | None, base_ms: float | None, model) -> dict | None:
+    """The ``|``-pattern line (``hybrid_cuts.py``): ``line`` with the hybrid layers per stage, its gain over the
+    Megatron-LM plan and the ``--hybrid-layer-pattern`` Megatron-LM runs."""
+    out = line(ev, base_ms)
+    if out is None:
+        return None
+    from ..megatron.hybrid_pattern import MTP, PIPE, mtp_pattern, unit_pattern
+    st = ev.state
+    out["plan"] += ", hybrid layers per stage " + " ".join(
+        str(sum(len(unit_pattern(model, a, b)) for a, b in st.spans(i))) for i in range(st.num_stages))
+    if mlm is not None and mlm.fits:
+        out["vs_megatron_lm"] = round(mlm.iteration_ms / ev.iteration_ms, 4)
+    out["hybrid_layer_pattern"] = PIPE.join(unit_pattern(model, a, b) for a, b in zip(st.bounds, st.bounds[1:])) \
+        + "".join(MTP + mtp_pattern(model) for _ in range(model.mtp_num_layers or 0))
+    return out
 
 
 def summary(plan, ev: Evaluation, plans, result, cm, wall_s: float | None = None) -> dict:
@@ -153,7 +174,8 @@ def summary(plan, ev: Evaluation, plans, result, cm, wall_s: float | None = None
            "num_virtual_stages": plan.num_virtual_stages, "stages": stage_rows(ev),
            "search_s": round(result.seconds, 3), **({"wall_s": round(wall_s, 3)} if wall_s is not None else {}),
            "evaluated_plans": result.evals,
-           "interrupted": result.interrupted, "lines": three_lines(plans), "not_offered": dict(plans.not_offered)}
+           "interrupted": result.interrupted, "lines": three_lines(plans, plan.model),
+           "not_offered": dict(plans.not_offered)}
     base = plans.uniform
     if base is not None and base.fits:
         out["baseline"] = {"iteration_ms": round(base.iteration_ms, 4), "pp": base.pp, "tp": base.tp,
@@ -190,7 +212,7 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None, wall_s: floa
                                 (f"offload {f.offload_layers} layers", f.offload_layers)) if on]
     con.print(f"virtual stages {ev.state.num_chunks}; " + (", ".join(switches) if switches else "no switches on"))
     con.print(f"predicted iteration {ev.iteration_ms:.2f} ms, {plan_throughput(plan, ev.iteration_ms, cm).text()}")
-    lines = three_lines(plans)
+    lines = three_lines(plans, plan.model)
     for key, label in LINES:
         x = lines[key]
         if key in plans.not_offered:

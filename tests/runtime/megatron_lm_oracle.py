@@ -138,11 +138,17 @@ def _mtp_chunk(cfg, pp, vpp):
     return pp * (vpp or 1) - 1            # get_mtp_num_layers_to_build: the last pipeline stage's last chunk
 
 
-if __name__ == "__main__":
+def serve(run_case) -> None:
+    """Answer the cases on stdin with ``run_case(line, world)`` each (an error as ``{"error": ...}``), one JSON
+    list on the last line of stdout."""
     out = []
     for case in json.load(sys.stdin):
         try:
-            out.append(run(case["line"], case["world"]))
+            out.append(run_case(case["line"], case["world"]))
         except (AssertionError, ValueError, SystemExit) as e:
             out.append({"error": f"{type(e).__name__}: {e}"})
     sys.stdout.write("\n" + json.dumps(out) + "\n")
+
+
+if __name__ == "__main__":
+    serve(run)

@@ -263,20 +263,40 @@ def searched(tmp_path_factory):
     return out
 
 
+def _plans(searched, pattern: bool):
+    """The target's plans, or the |-pattern line's (``PLAN.pattern.json``, written beside them)."""
+    return [(a, p) for a, p in searched if (".pattern." in p.name) == pattern]
+
+
+def test_round_trip_of_the_searches_pattern_plans(searched, tmp_path, capsys):
+    """The |-pattern line's plans as hybrid-pattern arguments and back: the same plan, priced the same (the
+    import re-prices what the line predicted)."""
+    pats = _plans(searched, True)
+    assert pats
+    for args, path in pats:
+        _through_megatron_lm(args, path, tmp_path, "--hybrid-pattern")
+
+
+def _through_megatron_lm(args, path, tmp_path, *export: str):
+    """The plan at ``path`` exported as arguments and imported back: the same plan, priced the same."""
+    plan = load_plan(path)
+    args_txt, back = tmp_path / "args.txt", tmp_path / "back.json"
+    assert main(["export", str(path), *export, "--args-only", "-o", str(args_txt)]) == 0
+    cl = plan.cluster
+    assert main(["import", str(args_txt), "--from", "megatron-lm", "--cluster", cl.label, "--memory-limit-mb",
+                 str(cl.memory_limit_mb), "-o", str(back)]) == 0
+    got = load_plan(back)
+    _same(plan, got, "search")
+    assert got.predicted.iteration_time_ms == pytest.approx(plan.predicted.iteration_time_ms, abs=1e-5), args
+    return plan
+
+
 def test_round_trip_of_plans_from_target_megatron_lm_searches(searched, tmp_path, capsys):
     from search.megatron import megatron_config
     from search.megatron.layout import split_for
     seen = set()
-    for args, path in searched:
-        plan = load_plan(path)
-        args_txt, back = tmp_path / "args.txt", tmp_path / "back.json"
-        assert main(["export", str(path), "--to", "megatron-lm", "--args-only", "-o", str(args_txt)]) == 0
-        cl = plan.cluster
-        assert main(["import", str(args_txt), "--from", "megatron-lm", "--cluster", cl.label, "--memory-limit-mb",
-                     str(cl.memory_limit_mb), "-o", str(back)]) == 0
-        got = load_plan(back)
-        _same(plan, got, "search")
-        assert got.predicted.iteration_time_ms == pytest.approx(plan.predicted.iteration_time_ms, abs=1e-5), args
+    for args, path in _plans(searched, False):
+        plan = _through_megatron_lm(args, path, tmp_path, "--to", "megatron-lm")
         c = megatron_config(plan)
         split = split_for(c.chunk_layers, c.pp, c.vpp)
         seen |= {f"pp{c.pp}", plan.model.family, c.recompute.granularity or "none", c.recompute.method or "",

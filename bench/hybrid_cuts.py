@@ -1,0 +1,171 @@
+"""What Megatron-LM's hybrid-pattern cuts buy a GPT / MoE model: the ``|``-pattern line vs the even split and the
+layer-count uneven split (predicted, analytic cost model; issue 36).
+
+Megatron-LM 0.17 on runs a GPT model as ``pretrain_hybrid.py --hybrid-layer-pattern "*-*-|*-..."`` whose ``|``
+cuts stages at any unit, inside a layer too (search/megatron/hybrid_pattern.py). Two sections:
+
+1. config: a fixed configuration (its tp, pp, cp, vpp, micro-batch, switches; the recompute setting at its best
+   for the even split) and three splits of its layers: even (``--num-layers`` over pp x vpp, what the
+   configuration runs as published), the layer-count uneven split (whole layers moved off the slowest stage while
+   the iteration gets faster: ``--decoder-first/last-pipeline-num-layers`` / ``--pipeline-model-parallel-layout``)
+   and the ``|`` pattern (units moved, from both), each re-priced at every recompute setting the hybrid form has.
+   Llama 3 70B at Megatron-Bridge's TP4 PP8 VP5 on 64 H100s (bench/search_bench.py's published plan) and the
+   best uniform configuration of each searched case.
+2. search: ``aceso search``'s lines (planner/api.plan_all): uniform Megatron-LM (the even split), Megatron-LM plan
+   (layer cuts, any split) and Megatron-LM |-pattern, on Llama 3 70B, GPT-3 175B, Mixtral 8x22B and Qwen2 57B-A14B
+   on two clusters each.
+
+Run: ``python bench/hybrid_cuts.py [--quick]``; prints the tables and writes bench/results/hybrid_cuts.json. Gains
+are predicted by the analytic cost model (no GPU measurement here).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+from search.cluster import parse_cluster  # noqa: E402
+from search.costmodel.types import Features, Shape  # noqa: E402
+from search.megatron.versions import release  # noqa: E402
+from search.planner.aceso import SearchOptions  # noqa: E402
+from search.planner.api import build_cost_model, plan_all  # noqa: E402
+from search.planner.hybrid_cuts import descend, hybrid_setting, price, refine, settings_for  # noqa: E402
+from search.planner.megatron_lm import best_setting  # noqa: E402
+from search.planner.report import describe  # noqa: E402
+from search.planner.state import Evaluator, State  # noqa: E402
+from search.plan import even_split  # noqa: E402
+from search.presets import load_model  # noqa: E402
+from search.training import TrainingSpec  # noqa: E402
+
+REL = release()          # the newest Megatron-LM (core_v0.19.0): every recompute setting over hybrid layers
+BUDGET = 1500
+# id, preset, cluster, global batch, (tp, pp, cp, vpp, per-rank micro-batch) or None (the search's uniform one)
+CONFIGS = [("llama3-70b bridge tp4 pp8 vp5", "llama3-70b", "8x8-h100", 128, (4, 8, 1, 5, 1))]
+SEARCHES = [("llama3-70b", "8x8-h100", 128), ("llama3-70b", "16x8-h100", 512),
+            ("gpt-175b", "16x8-h100", 1536), ("gpt-175b", "8x8-a100", 256),
+            ("mixtral-8x22b", "8x8-h100", 256), ("mixtral-8x22b", "16x8-h100", 512),
+            ("qwen2-57b-a14b", "4x8-h100", 256), ("qwen2-57b-a14b", "8x8-h100", 512)]
+QUICK = {("llama3-70b", "8x8-h100", 128), ("qwen2-57b-a14b", "4x8-h100", 256)}
+
+
+def _training(gbs: int) -> TrainingSpec:
+    return TrainingSpec(global_batch_size=gbs, precision="bf16", micro_batch_sizes=[1, 2, 4], virtual_stages=None)
+
+
+def _ms(e) -> float | None:
+    return round(e.iteration_ms, 2) if e is not None and e.fits else None
+
+
+def _gain(a, b) -> float | None:
+    return round(a / b, 4) if a and b else None
+
+
+def three_splits(ev: Evaluator, state: State) -> dict:
+    """Even, layer-count uneven and |-pattern splits of one configuration (``state``: its even layer split)."""
+    even = best_setting(ev, state, exact=True)
+    if not even.fits:
+        return {"even_ms": None}
+    settings = settings_for(ev.cm.model, hybrid_setting(even.setting), REL)
+    t0 = time.process_time()
+    layers = min((descend(ev, state, s, unit=2) for s in settings), key=lambda e: (not e.fits, e.iteration_ms))
+    pattern, _ = refine(ev, [even, layers], REL)
+    return {"even_ms": _ms(even), "layers_ms": _ms(layers), "pattern_ms": _ms(pattern),
+            "pattern_vs_even": _gain(_ms(even), _ms(pattern)), "pattern_vs_layers": _gain(_ms(layers), _ms(pattern)),
+            "layers_vs_even": _gain(_ms(even), _ms(layers)), "even_plan": describe(even),
+            "hybrid_layers_per_chunk": [b - a for a, b in zip(pattern.state.bounds, pattern.state.bounds[1:])]
+            if pattern is not None else None, "refine_cpu_s": round(time.process_time() - t0, 2)}
+
+
+def even_state(model, tp, pp, cp, vpp, mbs_rank, gpus, feats: Features) -> State:
+    dp = gpus // (tp * pp * cp)
+    layers = even_split(len(model.layer_starts) - 1, pp * vpp)
+    starts, bounds, i = model.layer_starts, [0], 0
+    for n in layers:
+        i += n
+        bounds.append(starts[i])
+    bounds[-1] = model.num_units
+    shape = Shape(tp=tp, dp=dp, cp=cp, sp=tp > 1)
+    return State(mbs_rank * dp, (shape,) * pp, tuple(bounds), feats)
+
+
+def section_config(quick: bool) -> list[dict]:
+    rows = []
+    for cid, preset, cluster, gbs, (tp, pp, cp, vpp, mbs) in CONFIGS:
+        model, cl = load_model(preset), parse_cluster(cluster)
+        cm = build_cost_model(model, cl, _training(gbs))
+        ev = Evaluator(cm, gbs, None, "megatron-lm")
+        feats = Features(distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True)
+        rows.append({"case": cid, "cluster": cluster, "gbs": gbs,
+                     **three_splits(ev, even_state(model, tp, pp, cp, vpp, mbs, cl.num_gpus, feats))})
+    return rows
+
+
+def section_search(quick: bool) -> list[dict]:
+    rows = []
+    for preset, cluster, gbs in SEARCHES:
+        if quick and (preset, cluster, gbs) not in QUICK:
+            continue
+        model, tr = load_model(preset), _training(gbs)
+        cm = build_cost_model(model, parse_cluster(cluster), tr)
+        t0 = time.process_time()
+        plans = plan_all(cm, tr, SearchOptions(budget_evals=BUDGET, workers=1))
+        cpu = time.process_time() - t0
+        uni = plans.uniform.evaluation if plans.uniform is not None else None
+        mlm = plans.megatron.plans[0] if plans.megatron.plans else None
+        row = {"case": f"{preset} {cluster} gbs {gbs}", "even_ms": _ms(uni), "layers_ms": _ms(mlm),
+               "pattern_ms": _ms(plans.pattern), "pattern_vs_even": _gain(_ms(uni), _ms(plans.pattern)),
+               "pattern_vs_layers": _gain(_ms(mlm), _ms(plans.pattern)), "layers_vs_even": _gain(_ms(uni), _ms(mlm)),
+               "even_plan": describe(uni) if uni is not None and uni.fits else None,
+               "pattern_plan": describe(plans.pattern) if plans.pattern is not None else None,
+               "not_offered": plans.not_offered.get("megatron_lm_pattern"), "search_cpu_s": round(cpu, 1)}
+        if uni is not None and uni.fits:      # the uniform configuration alone, its cuts only
+            row["config"] = three_splits(Evaluator(cm, gbs, None, "megatron-lm", uni.moe), uni.state)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def _table(title: str, rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=title)
+    for col in ("case", "even ms", "layer cuts ms", "|-pattern ms", "|-pattern / even", "|-pattern / layer cuts",
+                "layer cuts / even", "plan (even)"):
+        t.add_column(col, justify="left" if col.startswith(("case", "plan")) else "right")
+    fmt = lambda x, d=1: "-" if x is None else f"{x:.{d}f}"      # noqa: E731
+    for r in rows:
+        t.add_row(r["case"], fmt(r.get("even_ms")), fmt(r.get("layers_ms")), fmt(r.get("pattern_ms")),
+                  fmt(r.get("pattern_vs_even"), 4), fmt(r.get("pattern_vs_layers"), 4), fmt(r.get("layers_vs_even"), 4),
+                  r.get("even_plan") or r.get("not_offered") or "")
+    Console(width=200).print(t)
+
+
+def main(argv=None) -> int:
+    p = AcesoParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="one config and two searches")
+    args = p.parse_args(argv)
+    t0 = time.time()
+    config = section_config(args.quick)
+    search = section_search(args.quick)
+    _table("1. fixed configuration: even / layer-count / |-pattern splits (predicted, analytic)", config)
+    _table("2. aceso search lines: uniform (even) / Megatron-LM plan (layer cuts) / Megatron-LM |-pattern",
+           search)
+    _table("2b. each search's uniform configuration, its cuts only", [{"case": r["case"], **r["config"]}
+                                                                        for r in search if "config" in r])
+    out = {"release": REL.tag, "budget_evals": BUDGET, "config": config, "search": search,
+           "wall_s": round(time.time() - t0, 1)}
+    res = ROOT / "bench" / "results"
+    res.mkdir(parents=True, exist_ok=True)
+    (res / "hybrid_cuts.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {res / 'hybrid_cuts.json'} ({out['wall_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Plans cut at any unit (inside layers too) with one stage shape: what a Megatron-LM hybrid-pattern run
+(``search/megatron/hybrid_pattern.py``) runs. Used by the unit tests and the Megatron-LM parser checks.
+
+Each case: (model, chunk bounds in units (model order), pp, tp, dp, recompute per unit (one choice, or per chunk),
+per-rank micro-batch, global batch, the pattern a reader writes by hand from the bounds, the first release with
+it).
+"""
+
+from __future__ import annotations
+
+from search.plan import ChunkSpec, ParallelPlan, StageSpec
+from search.plan_settings import PlanSettings
+from search.precision import LowPrecision
+from search.presets import load_model
+
+LLAMA4 = load_model("llama3-8b", num_layers=4)
+MIXTRAL4 = load_model("mixtral-8x7b", num_layers=4)
+# a DeepSeek-style first dense layer and an MTP layer on an MoE model (no Q/K norms: HybridModel has none)
+MIXED4 = MIXTRAL4.model_copy(update={"name": "custom", "aceso_db_key": None, "mtp_num_layers": 1,
+                                     "moe": MIXTRAL4.moe.model_copy(update={"first_k_dense_layers": 1})})
+
+
+def cut_plan(model, bounds, pp: int, tp: int = 1, dp: int = 1, rc="none", mbs: int = 1, gbs: int = 16,
+             **plan_fields) -> ParallelPlan:
+    """Chunk k spans units ``bounds[k]`` to ``bounds[k + 1]`` on stage ``k % pp``; ``rc``: every unit's choice, or
+    a function of (start, end) giving the chunk's choices."""
+    stages = []
+    for s in range(pp):
+        chunks = [ChunkSpec(start_unit=a, end_unit=b, recompute=rc(a, b) if callable(rc) else [rc] * (b - a))
+                  for a, b in zip(bounds[s:-1:pp], bounds[s + 1::pp])]
+        stages.append(StageSpec(num_gpus=tp * dp, tp=tp, cp=1, dp=dp, sequence_parallel=False, chunks=chunks))
+    return ParallelPlan(model=model, micro_batch_size=mbs * dp, global_batch_size=gbs, stages=stages, **plan_fields)
+
+
+def first_full(n: int):
+    """The first ``n`` units of every chunk fully recomputed (``--recompute-method block`` over hybrid layers)."""
+    return lambda a, b: ["full" if i < n else "none" for i in range(b - a)]
+
+
+# id -> (plan, the pattern by hand, the oldest release that runs it)
+CASES = {
+    "llama-pp3-mid-layer": (cut_plan(LLAMA4, [0, 3, 5, 8], 3, tp=2), "*-*|-*|-*-", "0.17"),
+    "llama-pp2-vpp2-selective": (cut_plan(LLAMA4, [0, 1, 4, 5, 8], 2, dp=2, rc=lambda a, b: [
+        "selective" if u % 2 == 0 else "none" for u in range(a, b)]), "*|-*-|*|-*-", "0.17"),
+    "llama-pp3-full": (cut_plan(LLAMA4, [0, 3, 5, 8], 3, tp=2, rc="full"), "*-*|-*|-*-", "0.18"),
+    "llama-pp2-block3": (cut_plan(LLAMA4, [0, 5, 8], 2, rc=first_full(3)), "*-*-*|-*-", "0.18"),
+    "moe-mtp-pp2": (cut_plan(MIXED4, [0, 3, 9], 2, dp=2, gbs=32), "*-*|E*E*E/*E", "0.17"),
+    # FP8 with the first and last GPT layer in bf16: the first / last 2 hybrid layers
+    "llama-fp8-bf16-ends": (cut_plan(LLAMA4, [0, 5, 8], 2, settings=PlanSettings(low_precision=LowPrecision(
+        recipe="fp8-tensorwise", bf16_layers_start=1, bf16_layers_end=1))), "*-*-*|-*-", "0.17"),
+}

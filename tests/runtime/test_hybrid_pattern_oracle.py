@@ -1,0 +1,73 @@
+"""Each Megatron-LM release with hybrid-pattern cuts (core_v0.17.1 to core_v0.19.0) parses and validates every
+exported ``--hybrid-layer-pattern`` command line as its ``pretrain_hybrid.py`` / ``pretrain_mamba.py`` would, and
+its own megatron-core builds on each (virtual stage, pipeline rank) exactly the plan's chunk: the layer offset and
+the hybrid layers (``select_pipeline_segment``), the MTP depths, the recompute setting, dp, the vocabulary, and a
+``--spec`` that the checkout defines; core_v0.16.1's parser has no such flag (the export refuses it).
+
+Checkouts as for test_megatron_lm_oracle.py (``ACESO_MEGATRON_LM`` with ``{tag}``); Python 3.12 for 0.17 on.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from search.megatron.hybrid_pattern import args_line, hybrid_form, mtp_pattern, unit_pattern
+from search.megatron.versions import release
+from tests.hybrid_plans import CASES
+from tests.runtime.test_megatron_lm_oracle import _checkout
+
+
+def _oracle(tag: str, lines: list[str], worlds: list[int]) -> list[dict]:
+    root = _checkout(tag)
+    cases = [{"line": line, "world": w} for line, w in zip(lines, worlds)]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, str(Path(__file__).with_name("megatron_lm_hybrid_oracle.py"))],
+                       input=json.dumps(cases), capture_output=True, text=True, env=env, timeout=1200)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("tag", ["core_v0.17.1", "core_v0.18.2", "core_v0.19.0"])
+def test_megatron_lm_builds_the_plans_chunks_from_the_pattern(tag):
+    rel = release(tag)
+    names = [n for n, (_, _, since) in CASES.items() if rel.version >= release(since).version]
+    plans = [CASES[n][0] for n in names]
+    forms = [hybrid_form(p, rel) for p in plans]
+    got = _oracle(tag, [args_line(f) for f in forms], [p.world_size for p in plans])
+    for name, plan, form, g in zip(names, plans, forms, got):
+        assert "error" not in g, (name, g)
+        m = plan.model
+        want = [[ch.start_unit, unit_pattern(m, ch.start_unit, ch.end_unit)] for _, _, ch in plan.chunks_in_order()]
+        assert g["chunks"] == want, name
+        assert g["num_layers"] == sum(len(p) for _, p in want)
+        assert g["vpp"] == (plan.num_virtual_stages if plan.num_virtual_stages > 1 else None)
+        assert g["dp"] == plan.stages[0].dp and g["tp"] == plan.stages[0].tp
+        assert g["micro_batch_size"] == plan.micro_batch_per_rank(0)
+        depths = m.mtp_num_layers or 0
+        assert g["mtp"] == [mtp_pattern(m), depths, depths or None]
+        rc = form.config.recompute
+        assert g["recompute"][:3] == [rc.granularity, rc.method, rc.num_layers], name
+        if rc.granularity == "selective":
+            assert g["recompute"][3] == list(rc.modules)
+        assert g["vocab"][1] == m.padded_vocab_size
+        assert g["spec_defined"], name
+        assert g["gated"] == (m.activation == "swiglu") and g["num_query_groups"] == m.groups
+        if m.moe is not None:
+            assert g["moe"][:2] == [m.moe.num_experts, m.moe.moe_router_topk]
+        low = plan.settings.low_precision if plan.settings else None
+        if low is not None:           # the units of the plan's first / last GPT layers kept in bf16
+            n = g["num_layers"]
+            assert g["bf16_layers"] == list(range(2 * low.bf16_layers_start)) + \
+                list(range(n - 2 * low.bf16_layers_end, n))
+
+
+def test_megatron_lm_0_16_has_no_pattern_flag():
+    """What the export refuses: core_v0.16.1's parser exits on --hybrid-layer-pattern."""
+    plan = CASES["llama-pp3-mid-layer"][0]
+    (got,) = _oracle("core_v0.16.1", [args_line(hybrid_form(plan, release("0.17")))], [plan.world_size])
+    assert got == {"error": "SystemExit: 2"}            # argparse: unrecognized arguments
+    assert not release("0.16").has("--hybrid-layer-pattern")
