@@ -48,6 +48,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from .. import layers
 from ..model import ModelSpec, Unit
 from ..plan import ParallelPlan
 from .config import NO_RECOMPUTE, MegatronConfig, NotExpressible, Recompute, layer_bounds
@@ -57,7 +58,6 @@ from .versions import Release, release
 SINCE = (0, 17)                      # --hybrid-layer-pattern with '|' and '/'
 FULL_RECOMPUTE_SINCE = (0, 18)       # HybridStack's checkpointed_forward
 MLA_SINCE = (0, 19)                  # the '+' symbol
-SYMBOLS = {"attention": "*", "mla_attention": "+", "mlp": "-", "moe": "E"}
 PIPE, MTP = "|", "/"
 FLAG = "--hybrid-layer-pattern"
 # flags of the GPT form that the pattern replaces (Megatron-LM asserts the split flags away with pipes)
@@ -99,10 +99,10 @@ def release_for(name: str | None) -> tuple[Release | None, str | None]:
 
 
 def unit_symbol(model: ModelSpec, unit: Unit) -> str | None:
-    """The hybrid layer symbol of a unit (None: no hybrid layer is, e.g. T5's cross-attention or an MTP unit)."""
-    if unit.kind == "attention":
-        return SYMBOLS["mla_attention" if model.mla is not None else "attention"]
-    return SYMBOLS.get(unit.kind)
+    """The hybrid layer symbol of a unit, its layer kind's (``search.layers``: ``+`` for an MLA model's attention);
+    None where no hybrid layer is (T5's cross-attention, an MTP unit)."""
+    kind = layers.resolve(model, unit.kind)
+    return kind.symbol if kind.role != "layer" else None
 
 
 def unit_pattern(model: ModelSpec, start: int, end: int) -> str:
@@ -138,6 +138,9 @@ def model_refusal(model: ModelSpec, rel: Release) -> str | None:
                 "(hybrid_builder: rotary_base and rotary_percent only)")
     if model.mla is not None and rel.version < MLA_SINCE:
         return f"model.mla: the MLA layer '+' came with core_v0.19 ({rel.label} has none): give --megatron-version 0.19"
+    if getattr(model, "mamba", None) is not None:
+        return ("model.mamba: the GPT form's flags carry no Mamba-2 fields yet; export a hybrid Mamba model's "
+                "plan with --to megatron-lm once its flags are written (issue 36)")
     if any(unit_symbol(model, u) is None for u in model.units if u.kind != "mtp"):
         return "model: a unit that is no hybrid layer"
     return None
@@ -166,7 +169,7 @@ def unit_choices(rc: Recompute, model: ModelSpec, start: int, end: int) -> list[
     for i, u in enumerate(range(start, min(end, end_layers))):
         kind = model.units[u].kind
         if rc.granularity == "selective":
-            out.append(_selective(kind, rc.modules, model.mla is not None))
+            out.append(_selective(model, kind, rc.modules))
         elif rc.granularity == "full" and (rc.method == "uniform" or i < (rc.num_layers or 0)):
             out.append("full")
         else:
