@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 import torch
 import torch.distributed as dist
 
-from search.throughput import throughput
+from search.throughput import throughput, tokens_per_sample
 
 
 def max_memory_mb(device: str) -> float:
@@ -96,7 +96,7 @@ class TrainLogger:
         pred = p.predicted.iteration_time_ms if p.predicted else None
         rec = {"kind": "run", "plan": self.args.plan, "plan_digest": p.digest(), "model": p.model.name,
                "world_size": p.world_size, "global_batch_size": p.global_batch_size,
-               "tokens_per_sample": self.tokens_per_sample, "device": self.device, "device_name": name,
+               "tokens_per_sample": tokens_per_sample(p.model), "device": self.device, "device_name": name,
                "cluster": c.label if c else None, "predicted_iteration_time_ms": pred}
         where = f"{p.world_size} {'GPUs' if self.device == 'cuda' else 'CPU processes'} ({name})"
         priced = f"priced for {c.label}: {pred:.1f} ms/it" if c and pred else "no prediction"
