@@ -25,9 +25,11 @@ from .megatron_log import _OOM, MeasuredRun, number
 from .units import legacy_keys
 
 _RUN = re.compile(r"^ ?plan ([0-9a-f]{16}): (\S+) on (\d+) (GPUs|CPU processes) \((.*)\), global batch (\d+)")
+# the iteration line as train_log prints it (samples/s, tokens/s per GPU or process, MFU on a GPU) or as it was
+# before tokens/s per GPU and MFU (``N tokens/s | ...``)
 _STEP = re.compile(r"^ ?iteration\s+(\d+)/\s*(\d+) \| loss (\S+) \| grad norm (\S+) \| lr (\S+) \| (\S+) ms/it \| "
                    r"(?:\S+ samples/s \| )?(\S+) tokens/s(?: per (?:GPU|process))? \| (\S+) TFLOP/s per (?:GPU|process)"
-                   r"(?: \| MFU \S+)? \| max mem/stage MiB (.*)$")    # samples/s, tokens/s per GPU and MFU: since 2026-12
+                   r"(?: \| MFU \S+%)? \| max mem/stage MiB (.*)$")
 _STEP_START = re.compile(r"^ ?iteration\s+\d+/\s*\d+ \| loss ")
 IDENTITY = "run record (the plan digest aceso train writes first)"
 

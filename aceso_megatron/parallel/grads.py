@@ -1,7 +1,7 @@
 """Gradient finalisation and clipping for a heterogeneous plan.
 
 - Data parallelism: megatron-core DDP per model chunk on the stage's DP (x CP) group. DDP *sums* gradients (built
-  with scaling 1, ``engine._summing``) and the schedule's loss scale normalises (``Runtime.loss_scale``): a stage
+  with scaling 1, ``build_steps._summing``) and the schedule's loss scale normalises (``Runtime.loss_scale``): a stage
   with DP ``d`` then holds exactly the gradient of the loss, whatever the DP of other stages. With ``overlap_grad_reduce`` DDP's bucket hooks start each bucket's reduction during the last
   micro-batch's backward.
 - Embedding copies on several stages (tied output layer on the last stage; T5's decoder-input embedding on the

@@ -3,13 +3,18 @@
     runtime = build_runtime(plan, rank, world_size, seed=1234)      # after torch.distributed.init_process_group
     loss = runtime.train_step(iter(micro_batches))                  # one optimizer step over the global batch
 
-Order (``build_runtime``): validate the plan, refuse what this environment cannot run and check its model
-(``model.layers.check_model``: layer specs, megatron block) -- all before any process group exists --, CPU shims
-if on CPU, the fast paths (``model.fast_path``), process groups (``layout.build_groups``), the rank's model chunks (``stage_model``; ``v`` of them for an interleaved plan), plan-independent weights (``init``),
-one megatron-core DDP per chunk on the stage's DP (x CP) group -- bucketed and overlapped when the plan asks --,
-megatron-core's optimizer (distributed when the plan asks) over the chunks, and the schedule megatron-core's
-``get_forward_backward_func`` picks for the pipeline (no pipelining, 1F1B, interleaved 1F1B) with
-``PlanCommunicator`` as its ``p2p_communicator``.
+Order (``build_runtime``): ordered steps, each a function of ``build_steps`` with one responsibility that logs one
+line on rank 0 (``aceso train`` prints them as ``[build] <step>: ...``, docs/runtime.md "Build steps"):
+``check`` (the plan valid for the world size, refused here if this environment cannot run it: ``check_plan``),
+``patches`` (what the plan needs of ``patches/``), ``fast paths`` (layer specs, dtype, fusions; the model's layer
+specs and megatron block checked: ``model.layers.check_model``) -- all before any process group exists --,
+``precision`` (parameter and gradient-reduction dtypes, the low-precision recipe), ``groups``
+(``layout.build_groups``), ``chunks`` (the rank's model chunks, ``stage_model``; ``v`` of them for an interleaved
+plan, with plan-independent weights, ``init``), ``wrap`` (one megatron-core DDP per chunk on the stage's DP (x CP)
+group -- bucketed and overlapped when the plan asks -- or Megatron FSDP), ``optimizer`` (megatron-core's,
+distributed when the plan asks) and ``schedule`` (what the schedule megatron-core's ``get_forward_backward_func``
+picks for the pipeline -- no pipelining, 1F1B, interleaved 1F1B -- calls: ``PlanCommunicator`` as its
+``p2p_communicator``, the gradient finalisation, the loss scale).
 
 A micro-batch is a dict of full pipeline micro-batch tensors, ``{"tokens": [mb, s], "labels": [mb, s]}`` (T5:
 ``{"enc_tokens": [mb, s_enc], "dec_tokens": [mb, s_dec], "labels": [mb, s_dec]}``), optionally with a
@@ -32,8 +37,6 @@ of per-rank losses, what stock Megatron-LM computes for a uniform plan -- and 1 
 
 from __future__ import annotations
 
-import contextlib
-import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -44,11 +47,13 @@ from search.errors import AcesoError
 from search.plan import ParallelPlan, parse_plan
 from search.plan_settings import run_settings
 
-from ..model.fast_path import Environment, FastPath, choose, refusal
+from ..model.fast_path import Environment, FastPath, refusal
 from ..model.moe import refusal as moe_refusal
-from ..parallel.layout import Groups, RankLayout, build_groups, sample_range
+from ..parallel.layout import Groups, RankLayout, sample_range
 from ..parallel.shards import cp_token_index
 from . import fsdp
+from .build_steps import (Precision, apply_patches, build_chunks, build_optimizer, build_process_groups,
+                          checked_text, choose_fast_paths, choose_precision, connect_schedule, log_step, wrap_chunks)
 
 
 @dataclass
@@ -262,7 +267,7 @@ class Runtime:
         return full_tensors(self, "param")
 
 
-def _ddp_config(plan: ParallelPlan, fast: FastPath, tc: TrainConfig):
+def _ddp_config(plan: ParallelPlan, fast: FastPath, precision: Precision, tc: TrainConfig):
     from megatron.core.distributed import DistributedDataParallelConfig
 
     return DistributedDataParallelConfig(
@@ -272,140 +277,28 @@ def _ddp_config(plan: ParallelPlan, fast: FastPath, tc: TrainConfig):
         bucket_size=tc.ddp_bucket_size or run_settings(plan.settings, fast.dtype).ddp_bucket_size,
         # as the plan was priced (search/plan_settings.py: runtime plans reduce in the parameter dtype, megatron-
         # core's DDP default; a Megatron-LM-priced plan as Megatron-LM's flags say)
-        grad_reduce_in_fp32=run_settings(plan.settings, fast.dtype).grad_reduce_in_fp32,
+        grad_reduce_in_fp32=precision.grad_reduce_in_fp32,
         **fsdp.ddp_fields(plan),
     )
-
-
-def _optimizer(plan: ParallelPlan, tc: TrainConfig, config, models, groups: Groups):
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-    dist_opt = plan.distributed_optimizer or plan.megatron_fsdp is not None
-    opt_config = OptimizerConfig(  # distributed optimizer: megatron-core clips (norm over the world of shards)
-        optimizer="adam", lr=tc.lr, weight_decay=tc.weight_decay, adam_beta1=tc.adam_beta1,
-        adam_beta2=tc.adam_beta2, clip_grad=tc.clip_grad if dist_opt else 0.0,
-        params_dtype=config.params_dtype, bf16=config.bf16, fp16=config.fp16,
-        use_distributed_optimizer=dist_opt, overlap_param_gather=plan.overlap_param_gather,
-    )
-    return get_megatron_optimizer(opt_config, models, use_gloo_process_groups=False,
-                                  pg_collection=groups.pg_collection)
 
 
 def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: int = 1234, device: str = "cpu",
                   train_config: TrainConfig | None = None, fast: FastPath | None = None) -> Runtime:
     """Everything rank ``rank`` needs to train ``plan``; ``torch.distributed`` must be initialised. ``fast``: the
-    fast paths to use instead of what this machine offers (``fast_path.choose``), e.g. unfused on a GPU."""
+    fast paths to use instead of what this machine offers (``fast_path.choose``), e.g. unfused on a GPU. The steps
+    in order, each logging one line on rank 0 (``build_steps``)."""
     env = Environment.detect(device)
     plan = check_plan(plan, world_size, env)
     tc = train_config or TrainConfig()
     if not dist.is_initialized():
         raise AcesoError("torch.distributed is not initialised; call init_process_group before build_runtime")
-    if device == "cpu":
-        from patches import cpu_mode
-
-        cpu_mode.apply()
-    if plan.model.moe is not None:
-        from patches import moe_router_without_te
-
-        moe_router_without_te.apply()
-    if plan.model.mla is not None or plan.model.mtp_num_layers:
-        from patches import mla_mtp_tp_group, mla_without_te   # MLA / MTP mappings on the stage's TP group
-
-        mla_mtp_tp_group.apply()
-        mla_without_te.apply()
-    if plan.megatron_fsdp is not None and device == "cpu":
-        from patches import fsdp_cpu
-
-        fsdp_cpu.apply()
-    if plan.distributed_optimizer or plan.megatron_fsdp is not None:
-        from patches import dist_opt_torch_adam
-
-        if dist_opt_torch_adam.needed():
-            dist_opt_torch_adam.apply()
-    from megatron.core import parallel_state
-    from megatron.core.distributed import DistributedDataParallel
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-
-    from patches.compat import quiet_ddp_layout_notice
-
-    from ..model.config import interleaving
-    from ..model.init import initialize
-    from ..model.layers import check_model
-    from ..model.moe import mark_expert_params
-    from ..model.stage_model import build_stage
-    from ..parallel.grads import embedding_bucket_groups, finalize_model_grads_fn, mark_embedding_copies
-    from ..parallel.p2p import PlanCommunicator
-
-    fast = fast or choose(env, plan.model, plan.tp_comm_overlap)
-    check_model(plan, device, fast)   # the model's layer specs and megatron block, before any process group
-    if parallel_state._GLOBAL_MEMORY_BUFFER is None:  # scratch buffer of the attention core (no groups)
-        parallel_state._set_global_memory_buffer()
-    groups = build_groups(plan, rank)
-    lay = groups.layout
-    if fast.config["tp_comm_overlap"]:
-        _initialize_userbuffers(plan, lay, fast)
-    # dropout RNG seeded as Megatron-LM does: seed + 100 * stage for the default generator (hidden dropout: equal
-    # within a stage's TP group, different between stages), the rng tracker's TP state differing by TP rank on top
-    model_parallel_cuda_manual_seed(seed + 100 * lay.stage, tp_rank=lay.tp_rank, ep_rank=0, etp_rank=0)
-    v = plan.num_virtual_stages
-    chunks = [build_stage(plan, lay.stage, groups.pg_collection, device, j, fast, tc.calculate_per_token_loss)
-              for j in range(v)]
-    std = tc.std_for(plan.model)
-    for c in chunks:
-        c.config.init_method_std = std
-        initialize(c, c.canonical_names(), plan.model, seed, lay.tp, lay.tp_rank, std, (lay.etp, lay.etp_rank))
-        mark_expert_params(c)
-        if device != "cpu":
-            c.cuda(torch.cuda.current_device())
-    interleaving(chunks[0].config, plan.num_stages, v)
-    mark_embedding_copies(chunks, plan)
-    if groups.embedding is not None and not plan.distributed_optimizer:
-        from patches import shared_embedding_bucket  # each embedding copy in a bucket of its own
-
-        shared_embedding_bucket.apply()
-    ddp_config = _ddp_config(plan, fast, tc)
-    with _summing([c.config for c in chunks]):
-        if plan.megatron_fsdp is not None:   # one chunk (fsdp.refusal)
-            where = "cpu" if device == "cpu" else f"cuda:{torch.cuda.current_device()}"
-            models = [fsdp.wrap(c, copy.copy(ddp_config), groups, where) for c in chunks]
-        else:
-            quiet_ddp_layout_notice()
-            models = [DistributedDataParallel(c.config, copy.copy(ddp_config), c, pg_collection=groups.pg_collection,
-                                              disable_bucketing=j > 0)  # as Megatron-LM: buckets for the first chunk
-                      for j, c in enumerate(chunks)]
-    optimizer = _optimizer(plan, tc, chunks[0].config, models, groups)
+    log_step("check", checked_text(plan, device))
+    apply_patches(plan, device)
+    fast = choose_fast_paths(plan, env, device, fast)
+    precision = choose_precision(plan, fast)
+    groups = build_process_groups(plan, rank, fast)
+    chunks = build_chunks(plan, groups, device, fast, tc, seed)
+    models = wrap_chunks(plan, chunks, groups, device, _ddp_config(plan, fast, precision, tc))
+    optimizer = build_optimizer(plan, tc, chunks[0].config, models, groups)
     dev = "cpu" if device == "cpu" else torch.device("cuda", torch.cuda.current_device())
-    comm = PlanCommunicator(plan, rank, chunks[0].config, dev)
-    rt = Runtime(plan, lay, groups, chunks, models, optimizer, comm, tc, fast, dev)
-    if plan.overlap_grad_reduce and groups.embedding is not None:
-        rt.held_bucket_groups = embedding_bucket_groups(rt)
-    config = chunks[0].config
-    config.finalize_model_grads_func = finalize_model_grads_fn(rt)
-    config.grad_scale_func = rt.loss_scale
-    if plan.overlap_grad_reduce:  # reduce each chunk's buckets during its last micro-batch's backward
-        config.no_sync_func = [m.no_sync for m in models] if v > 1 else models[0].no_sync
-    return rt
-
-
-@contextlib.contextmanager
-def _summing(configs):
-    """megatron-core's DDP and FSDP pick their gradient scaling from ``calculate_per_token_loss`` when built: build
-    them as for per-token loss (a sum over the DP group, scale 1) and give the configs back the run's setting,
-    which the schedule, the MTP loss and the routers read (module docstring)."""
-    kept = [c.calculate_per_token_loss for c in configs]
-    for c in configs:
-        c.calculate_per_token_loss = True
-    try:
-        yield
-    finally:
-        for c, k in zip(configs, kept):
-            c.calculate_per_token_loss = k
-
-
-def _initialize_userbuffers(plan: ParallelPlan, lay: RankLayout, fast: FastPath) -> None:
-    """transformer-engine's TP-overlap buffers (Megatron-LM's ``_initialize_tp_communicators``): one shape for the
-    world, ``[seq * per-rank micro-batch / cp, hidden]`` (``fast_path.refusal`` checked that every stage agrees)."""
-    from transformer_engine.pytorch import module as te_module
-
-    shape = [plan.model.seq_length * plan.micro_batch_per_rank(lay.stage) // lay.cp, plan.model.hidden_size]
-    te_module.base.initialize_ub(shape=shape, tp_size=lay.tp, use_fp8=False, ub_cfgs={}, bootstrap_backend="nccl")
+    return connect_schedule(Runtime(plan, groups.layout, groups, chunks, models, optimizer, None, tc, fast, dev))

@@ -3,10 +3,11 @@
 
 Per process: check the plan against the launch and its model (``model.layers.check_model``: the layer specs and
 the megatron block), before any process group exists; start the process group,
-build this rank's stage with the runtime plugin (``engine.build_runtime``: stage model, DDP on the stage's DP
-group, megatron-core Adam), put megatron-core's ``OptimizerParamScheduler`` on its optimizer, build the datasets
-(``data``), resume from ``--load`` and run the steps. Logging, evaluation and the predicted-vs-measured summary
-are in ``train_log`` (TensorBoard and W&B in ``writers``); checkpoints in ``checkpoint``, the schedule's resume
+build this rank's stage with the runtime plugin (``engine.build_runtime``: its steps -- patches, fast paths,
+precision, groups, chunks, DDP on the stage's DP group, megatron-core Adam, schedule -- each printed in one line by
+rank 0, ``build_steps``), put megatron-core's ``OptimizerParamScheduler`` on its optimizer, build the datasets
+(``data``), resume from ``--load`` (the last build step, ``load_checkpoint``) and run the steps. Logging,
+evaluation and the predicted-vs-measured summary are in ``train_log`` (TensorBoard and W&B in ``writers``); checkpoints in ``checkpoint``, the schedule's resume
 policy in ``schedule``, the stop on SIGTERM/SIGINT in ``signals`` (all in ``aceso_megatron.training``).
 """
 
@@ -101,12 +102,14 @@ def train(args: argparse.Namespace, plan: ParallelPlan, rank: int) -> dict:
     """The training loop of this rank; returns the summary (on every rank) and ``stopped_by``: the signal that
     ended it early (``signals``), else 0."""
     from . import checkpoint
+    from .build_steps import show_build_steps
     from .data import BatchSource, DataConfig, batch_keys, build_datasets, num_samples_needed
     from .engine import build_runtime
     from .signals import ExitSignal
     from .train_log import TrainLogger, evaluate
 
     device = "cpu" if args.cpu else "cuda"
+    show_build_steps()   # the build's steps, one line each from rank 0 (engine.build_runtime), then `checkpoint`
     rt = build_runtime(plan, rank, plan.world_size, seed=args.seed, device=device, train_config=_train_config(args))
     scheduler = build_scheduler(args, rt.optimizer)
     data_cfg = DataConfig(data_path=args.data_path, split=args.split, mock=args.mock_data,
@@ -117,10 +120,7 @@ def train(args: argparse.Namespace, plan: ParallelPlan, rank: int) -> dict:
     keys = batch_keys(plan.model)
     train_src = BatchSource(train_ds, plan.global_batch_size, plan.micro_batch_size, keys)
     valid_src = BatchSource(valid_ds, plan.global_batch_size, plan.micro_batch_size, keys) if evals else None
-    start, loaded = 0, None
-    if args.load:
-        loaded = checkpoint.load(args.load, rt, scheduler, load_optim=not args.no_load_optim,
-                                 load_rng=not args.no_load_rng)
+    start, loaded = 0, load_checkpoint(args, rt, scheduler)
     log = TrainLogger(args, plan, rt, device)
     if loaded:
         start = loaded[0]
@@ -153,6 +153,27 @@ def train(args: argparse.Namespace, plan: ParallelPlan, rank: int) -> dict:
     if stop:
         log.message(_stopped(args, stop, done))
     return {**log.summary(), "stopped_by": stop}
+
+
+def load_checkpoint(args: argparse.Namespace, rt, scheduler):
+    """The last build step: ``--load``'s checkpoint into the runtime and the scheduler (``checkpoint.load``: the
+    iteration and whether it was written under this plan), or None without ``--load``; one line on rank 0."""
+    from . import checkpoint
+    from .build_steps import log_step
+
+    if not args.load:
+        log_step("checkpoint", "none loaded (no --load): initialised weights, Adam's moments at zero")
+        return None
+    loaded = checkpoint.load(args.load, rt, scheduler, load_optim=not args.no_load_optim,
+                             load_rng=not args.no_load_rng)
+    if not loaded:
+        log_step("checkpoint", f"none in {args.load}: initialised weights, Adam's moments at zero")
+        return loaded
+    parts = ["weights"] + ([] if args.no_load_optim else ["optimizer"]) + ["scheduler"]
+    parts += [] if args.no_load_rng or not loaded[1] else ["RNG states"]
+    how = "" if loaded[1] else ", re-sharded from another plan"
+    log_step("checkpoint", f"{', '.join(parts)} loaded from {args.load} at iteration {loaded[0]}{how}")
+    return loaded
 
 
 def _same_folder(a: str, b: str) -> bool:

@@ -16,14 +16,17 @@ from patches import compat
 from patches._base import megatron_version
 from tests.conftest import ROOT
 
-MODULES = sorted(m.name for m in pkgutil.iter_modules(patches.__path__) if not m.name.startswith("_") and m.name != "compat")  # _x: helpers of patches
+# patches only: not the shared helpers (_base), the compatibility module or a patch's private part (_mamba_ref:
+# mamba_cpu's reference kernels, listed in its row)
+MODULES = sorted(m.name for m in pkgutil.iter_modules(patches.__path__)
+                 if not m.name.startswith("_") and m.name != "compat")
 
 
 def _table_versions() -> dict[str, set[str]]:
     """patch name -> the versions its docs/patches.md row lists as tested."""
     out = {}
     for line in (ROOT / "docs" / "patches.md").read_text().splitlines():
-        m = re.match(r"\| `patches/(\w+)\.py`", line)
+        m = re.match(r"\| `patches/(\w+)\.py`[^|]* \|", line)   # a row may name its private part after it
         if m:
             tested = line.rstrip("|").split("|")[-2]
             out[m.group(1)] = set(re.findall(r"\b0\.\d+\.\d+\b", tested))

@@ -428,3 +428,22 @@ def test_aceso_train_console_output_reads_back(tmp_path):
     assert run.iteration_ms == pytest.approx(195.1) and run.intervals == 3
     assert run.memory_mb is None                   # a CPU run: max RSS is not what the cost model prices
     assert run.run == {"plan_digest": plan.digest(), "device": "cpu", "device_name": "cpu"}
+
+
+def test_aceso_train_console_output_of_today_reads_back():
+    """The iteration line as train_log.py prints it since tokens/s per GPU and MFU (samples/s, tokens/s per GPU or
+    process, MFU on a GPU run), after the runtime's ``[build]`` lines: it was refused as "cut off or edited"."""
+    from search.aceso_log import read_train_stdout
+
+    plan = imported().plan
+    text = (" [build] check: m, 1 stage(s) on 8 cuda process(es), ...\n [build] groups: pp 1 stage(s), tp 8, dp 1\n"
+            f" plan {plan.digest()}: m on 8 GPUs (NVIDIA H100 80GB HBM3), global batch 8, no prediction\n"
+            " iteration     10/30 | loss 5.965669 | grad norm 2.0454 | lr 2.714e-03 | 620.3 ms/it | 12.90 samples/s | "
+            "26,419 tokens/s per GPU | 401.250 TFLOP/s per GPU | MFU 40.6% | max mem/stage MiB 61234\n"
+            " iteration     20/30 | loss 5.541829 | grad norm 1.7774 | lr 1.735e-03 | 600.0 ms/it | 13.33 samples/s | "
+            "27,306 tokens/s per GPU | 414.800 TFLOP/s per GPU | MFU 41.9% | max mem/stage MiB 61240\n"
+            " iteration     30/30 | loss 5.365474 | grad norm 1.1242 | lr 6.183e-04 | 590.0 ms/it | 13.56 samples/s | "
+            "27,769 tokens/s per process | 421.830 TFLOP/s per GPU | MFU 42.7% | max mem/stage MiB 61236\n")
+    run = read_train_stdout(text, "t.log")
+    assert run.iteration_ms == pytest.approx(595.0) and run.intervals == 3     # the median after the first
+    assert run.memory_mb == pytest.approx(61240) and run.run["device"] == "cuda"
