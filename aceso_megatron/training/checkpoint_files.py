@@ -2,7 +2,8 @@
 line naming it and ``--load`` (exit 2), not a traceback from deep inside torch on every rank.
 
 A checkpoint folder (``checkpoint.py``) holds ``metadata.json`` (dist_checkpointing's backend, JSON),
-``common.pt`` and ``extra_rank_NNNNN.pt`` (``torch.save``: zip archives), torch DCP's ``.metadata`` (a pickle
+``common.pt`` (megatron-core 0.16.1; 0.19 keeps the common state as a ``common_state`` item of the torch_dist files
+and writes none: ``dist_checkpointing.serialization.load_common_state_dict``) and ``extra_rank_NNNNN.pt`` (``torch.save``: zip archives), torch DCP's ``.metadata`` (a pickle
 of where every tensor lies) and the ``__R_I.distcp`` files (``torch.save`` archives one after another, at the
 offsets ``.metadata`` records).
 
@@ -39,7 +40,7 @@ def damaged_file(folder: Path) -> tuple[Path, str] | None:
     """The first file of checkpoint ``folder`` that cannot be read back, and why; None when all can (torch-free;
     the ``.distcp`` tensor files are not opened)."""
     meta = folder / "metadata.json"
-    for required in (meta, folder / "common.pt", folder / ".metadata"):
+    for required in (meta, folder / ".metadata"):
         if not required.is_file():
             return required, "is missing"
     try:
@@ -50,7 +51,8 @@ def damaged_file(folder: Path) -> tuple[Path, str] | None:
     extras = sorted(folder.glob("extra_rank_*.pt"))
     if not extras:
         return folder / "extra_rank_00000.pt", "is missing"
-    for f in [folder / "common.pt", *extras]:
+    common = [folder / "common.pt"] if (folder / "common.pt").is_file() else []    # else in .metadata (0.19)
+    for f in [*common, *extras]:
         if (why := _zip_damage(f)) is not None:
             return f, why
     return None
@@ -63,9 +65,12 @@ def _storage(folder: Path):
     from torch.distributed.checkpoint import FileSystemReader
 
     try:
-        return FileSystemReader(str(folder)).read_metadata().storage_data
+        meta = FileSystemReader(str(folder)).read_metadata()
     except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ValueError, TypeError, RuntimeError) as e:
         return folder / ".metadata", f"cannot be read ({type(e).__name__})"
+    if not (folder / "common.pt").is_file() and not any(k.startswith("common_state") for k in meta.state_dict_metadata):
+        return folder / "common.pt", "is missing (and .metadata records no common_state item)"
+    return meta.storage_data
 
 
 def _items_by_file(storage) -> dict[str, list]:

@@ -50,6 +50,7 @@ def _header(p: Path) -> None:          # the first item's zip header overwritten
 CASES = {   # id -> (file in iter_0000002, damage, text the line names, found before any process starts)
     "extra-garbage": ("extra_rank_00000.pt", _garbage, "extra_rank_00000.pt is not a torch.save archive", True),
     "common-cut": ("common.pt", _cut, "common.pt is not a torch.save archive", True),
+    "common-missing": ("common.pt", Path.unlink, "common.pt is missing (and .metadata records no common_state", False),
     "metadata-json": ("metadata.json", _garbage, "metadata.json is not JSON", True),
     "dcp-metadata-missing": (".metadata", Path.unlink, ".metadata is missing", True),
     "folder-missing": ("", shutil.rmtree, "names iteration 2 but", True),
@@ -71,6 +72,8 @@ def test_a_damaged_checkpoint_file_is_one_line_naming_it(case, saved, tmp_path, 
     name, damage, needle, early = CASES[case]
     d = tmp_path / "ckpt"
     shutil.copytree(ckpt, d)
+    if name and not (d / "iter_0000002" / name).exists():      # megatron-core 0.19: the common state in .metadata
+        pytest.skip(f"this megatron-core writes no {name}")
     damage(d / "iter_0000002" / name if name else d / "iter_0000002")
     capfd.readouterr()
     argv = ["--mock-data", "--train-iters", "4", "--lr-decay-iters", "8", "--load", str(d)]
