@@ -64,7 +64,7 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
     from ..plan_settings import plan_precision, settings_for
     from ..planner.space import virtual_degrees
     from ..precision import base_dtype
-    from .search_cmd import DEFAULT_CP, LONG_SEQUENCE, SPACE_TARGET
+    from .search_cmd import DEFAULT_CP, LONG_SEQUENCE, SPACE_TARGET, target_precision
 
     m = plan.model
     argv = model_flags(m) or ["--model", model_file]
@@ -78,7 +78,7 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
     argv += ["--global-batch-size", str(plan.global_batch_size)]
     prec = plan_precision(plan)
     loaded = m.params_dtype if model_flags(m) is None else _preset_dtype(m.name)
-    if prec["precision"] != loaded:
+    if prec["precision"] != target_precision(loaded, plan.cluster.gpu, target)[0]:   # what the search defaults to
         argv += ["--precision", prec["precision"]]
     if prec.get("fp8_param_gather"):
         argv += ["--fp8-param-gather"]
@@ -140,7 +140,7 @@ def search_lines(plan, config_ms: float, args, budget: int, save_best: str | Non
         argv = search_argv(plan, args, target, budget, model_file)
         line = {"target": target, "command": "aceso search " + shlex.join(argv)}
         out[key] = line
-        why = model_refusal(target, plan.model, low)
+        why = model_refusal(target, plan.model, low, plan.model.params_dtype, plan.cluster.gpu)
         if why is not None:
             line["not_offered"] = why
             continue

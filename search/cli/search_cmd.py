@@ -149,17 +149,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", default=None, help="write the best plan (ParallelPlan JSON) here; - = stdout")
 
 
-def default_precision(args, model, gpu) -> str:
-    """``--precision``, else the model's params_dtype; a bf16 model on a GPU without bf16 (V100) plans in fp16,
-    with a note (an explicit ``--precision bf16`` there is refused by ``precision.check``)."""
-    if args.precision:
-        return args.precision
+def target_precision(dtype: str, gpu, target: str = "aceso") -> tuple[str, str | None]:
+    """The precision a search without ``--precision`` plans a ``dtype`` model in on ``gpu`` for ``target``, and
+    why it is not ``dtype`` (None when it is): a bf16 model on a GPU without bf16 (V100) plans in fp16; an fp16
+    model (the GPT presets, Aceso's V100 dtype) for the aceso runtime plans in bf16 where the GPU has it, since the
+    runtime has no fp16 loss scaling (the capability table's precision row)."""
+    from ..capabilities import precision_refusal
     from ..precision import plain_dtype
-    if model.params_dtype == "bf16" and plain_dtype(gpu) != "bf16":
-        print(f"aceso {getattr(args, 'command', None) or 'search'}: note: {model.name} is a bf16 model and the "
-              f"{gpu.name} has no bf16: planning fp16 (--precision sets it)", file=sys.stderr)
-        return plain_dtype(gpu)
-    return model.params_dtype
+    if dtype == "bf16" and plain_dtype(gpu) != "bf16":
+        return plain_dtype(gpu), f"the {gpu.name} has no bf16"
+    if precision_refusal(target, dtype, gpu) is not None:
+        return "bf16", f"the aceso runtime trains in bf16 on the {gpu.name} (no fp16 loss scaling yet)"
+    return dtype, None
+
+
+def default_precision(args, model, gpu) -> str:
+    """``--precision``, else the model's params_dtype as the target trains it on ``gpu`` (``target_precision``; an
+    explicit ``--precision bf16`` on a V100 is refused by ``precision.check``)."""
+    return args.precision or target_precision(model.params_dtype, gpu, getattr(args, "target", "aceso"))[0]
+
+
+def precision_note(args, model, gpu) -> str | None:
+    """The note saying why the search plans in another dtype than the model's (``target_precision``), or None."""
+    if args.precision:
+        return None
+    dtype, why = target_precision(model.params_dtype, gpu, getattr(args, "target", "aceso"))
+    if why is None:
+        return None
+    article = "an" if model.params_dtype.startswith("f") else "a"
+    return f"{model.name} is {article} {model.params_dtype} model and {why}: planning {dtype} (--precision sets it)"
 
 
 def training_from_args(args, model, gpu=None):
@@ -248,7 +266,7 @@ def setup(args, model=None, runtime: bool = False):
     cluster = cluster_from_args(args)
     training = training_from_args(args, model, cluster.gpu)
     target = getattr(args, "target", "aceso")
-    why = model_refusal(target, model, of_training(training))
+    why = model_refusal(target, model, of_training(training), training.dtype, cluster.gpu)
     if why is not None:
         raise AcesoError(why)
     if target == "aceso":
@@ -259,9 +277,10 @@ def setup(args, model=None, runtime: bool = False):
     if args.cost_model != "aceso-compat":     # (compat keeps the reference planner's own limit)
         from ..costmodel.memory import memory_budget_mb
         cm.memory_limit_mb = memory_budget_mb(cm.memory_limit_mb, args.memory_headroom)
-    note = describe_dropped(search_space(cm, training, SPACE_TARGET[target]))
-    if note:
-        print(f"aceso {getattr(args, 'command', None) or 'search'}: {note}", file=sys.stderr)
+    for note in (describe_dropped(search_space(cm, training, SPACE_TARGET[target])),
+                 (f"note: {n}" if (n := precision_note(args, model, cluster.gpu)) else None)):
+        if note:
+            print(f"aceso {getattr(args, 'command', None) or 'search'}: {note}", file=sys.stderr)
     return model, cluster, training, cm
 
 
