@@ -12,8 +12,15 @@ prints, the plan ``--save-best`` writes is the plan its ``-o`` writes, and a lar
 returns a slower plan. A line is offered only when its target runs the model (``capabilities.model_refusal``: the
 aceso runtime has no low-precision recipes, GPT-OSS softmax offset or MoE expert bias yet); else it says why.
 
-Not carried over (no search flag for them yet): the configuration's MoE settings (dispatcher, overlaps) and its
-exact layer layout; the search explores its own (the uniform baseline covers the even layouts).
+An MoE configuration's settings are kept (``moe_flags``): its token dispatcher is the first of ``--dispatcher``
+(the search runs under it; the others are priced on its finalists), its router dtype ``--moe-router-dtype``; its
+expert shape is a candidate where it is etp 1 or the stage's tp, and its routing (forced balance, capacity,
+padding: the model's ``moe`` fields) travels in the spec file the command names.
+
+Not carried over (no search flag for them yet): an expert tp other than 1 or the stage's tp, the kernel and
+overlap switches the search chooses itself (grouped GEMM, permute / router fusion, the EP and shared-expert
+overlaps), megatron-core 0.19's per-rank capacity, and the exact layer layout; the search explores its own (the
+uniform baseline covers the even layouts).
 """
 
 from __future__ import annotations
@@ -95,6 +102,7 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
     degrees = virtual_degrees(m, SPACE_TARGET[target])
     if v not in degrees:
         argv += ["--vpp", *map(str, sorted({*degrees, v}))]
+    argv += moe_flags(plan)
     attention = args.attention or "auto"
     if attention != "auto" and attention != _auto_attention(plan, args):
         argv += ["--attention", attention]
@@ -107,6 +115,25 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
             argv += ["--grad-reduce-in-bf16"]
     argv += ["--budget-evals", str(budget)]
     return argv
+
+
+def moe_flags(plan) -> list[str]:
+    """The search flags that keep an MoE configuration's own settings in the search: its token dispatcher first in
+    ``--dispatcher`` (the one the search runs under, so the uniform baseline holds the configuration; the others
+    after it, priced on the finalists) and its router dtype (``--moe-router-dtype``: numerics, which the search
+    does not choose). Its expert shapes (ep, etp 1 or tp) and routing (the model's ``moe`` fields, in the spec the
+    command names) are in the search already."""
+    if plan.model.moe is None or plan.moe is None:
+        return []
+    from ..planner.dispatchers import DISPATCHERS
+    own = plan.moe.token_dispatcher
+    out = []
+    if own != DISPATCHERS[0]:
+        gpu = plan.cluster.gpu.name != "cpu"
+        out += ["--dispatcher", own, *[d for d in DISPATCHERS if d != own and (gpu or d != "flex")]]
+    if plan.moe.router_dtype:
+        out += ["--moe-router-dtype", plan.moe.router_dtype]
+    return out
 
 
 def _preset_dtype(name: str) -> str:

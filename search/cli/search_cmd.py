@@ -80,6 +80,9 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                      help="token dispatchers the plan may use, the first searched under (default: alltoall, then "
                           "allgather and, on GPUs, flex = DeepEP / HybridEP); --dispatcher alltoall allgather keeps "
                           "DeepEP and HybridEP out")
+    moe.add_argument("--moe-router-dtype", choices=("fp32", "fp64"), default=None,
+                     help="the router's gating GEMM and scores in this dtype in every plan (Megatron-LM "
+                          "--moe-router-dtype: numerics, not searched; default the model's dtype)")
     p.add_argument("--distributed-optimizer", choices=tuple(SWITCH), default="auto",
                    help="shard optimizer states over DP: auto (searched, default), on, off")
     p.add_argument("--overlap", choices=tuple(SWITCH), default="auto",
@@ -213,6 +216,7 @@ def training_from_args(args, model, gpu=None):
                             max_expert_parallel=args.max_expert_parallel,
                             expert_tensor_parallel_sizes=args.expert_tensor_parallel_sizes,
                             token_dispatchers=_unique(args.token_dispatchers),
+                            moe_router_dtype=args.moe_router_dtype,
                             activation_offload=SWITCH[args.activation_offload])
     except pydantic.ValidationError as e:
         raise AcesoError(format_validation_error(e)) from None
