@@ -178,7 +178,28 @@ def search_lines(plan, config_ms: float, args, budget: int, save_best: str | Non
             continue
         ms = found.best.iteration_ms
         line.update(iteration_ms=ms, speedup=config_ms / ms, plan=found.out_plans[0])
+    behind = behind_drop_in(out["megatron"], out["aceso"])
+    if behind is not None:
+        out["aceso"]["slower_than_drop_in"] = behind
     return out
+
+
+def behind_drop_in(drop_in: dict, het: dict) -> str | None:
+    """Why the heterogeneous line is slower than the drop-in line (None when it is not): what of the drop-in plan
+    the aceso runtime does not run (the capability table's first refusal), else that the drop-in plan runs there
+    too (the heterogeneous command's own Megatron-LM sub-search gets a quarter of the budget and prices as the
+    runtime runs, so it can miss it)."""
+    if "iteration_ms" not in drop_in or "iteration_ms" not in het or het["iteration_ms"] <= drop_in["iteration_ms"]:
+        return None
+    from ..capabilities import RUNTIME
+    from ..preflight import planner_checks, target_device
+    plan = drop_in["plan"]
+    try:
+        planner_checks(plan, target_device(plan), RUNTIME)
+    except AcesoError as e:
+        return f"the drop-in plan is the faster: the aceso runtime does not run it ({e})"
+    return ("the drop-in plan is the faster, and the aceso runtime runs it too (aceso launch it); this command's "
+            "Megatron-LM sub-search, a quarter of the budget, did not reach it")
 
 
 def _model_file(save_best: str) -> str:
@@ -237,6 +258,8 @@ def text_lines(g: dict, saved: list[str] | None = None) -> list[str]:
         else:
             lines.append(f"{what + ':':40s} {line['iteration_ms']:10.1f} ms per iteration, "
                          f"{verdict(line['speedup'])}")
+            if "slower_than_drop_in" in line:
+                lines.append(f"  ({line['slower_than_drop_in']})")
         lines.append(f"  {line['command']} -o plan.json")
     lines.append(f"  (each command returns exactly that plan; a larger --budget-evals never a slower one; then aceso "
                  "export plan.json --to megatron-lm, or aceso launch plan.json)")

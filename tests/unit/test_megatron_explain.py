@@ -171,6 +171,9 @@ def test_an_moe_configurations_settings_travel_in_the_printed_command(tmp_path, 
         plan = _run_printed(g[key]["command"], tmp_path / f"{key}.json", capsys)
         assert (tmp_path / f"{key}.json").read_bytes() == saved[key].read_bytes()
         assert plan["moe"]["router_dtype"] == "fp32"
+    # a host-bound MoE model: the drop-in plan's EP overlap and CUDA graphs make it the faster; the line says why
+    assert g["aceso"]["iteration_ms"] > g["megatron"]["iteration_ms"]
+    assert "the aceso runtime does not run it (moe.overlap_ep_comm" in g["aceso"]["slower_than_drop_in"]
     assert main(["search", "--model", "gpt-1.3b", "--num-layers", "2", "--cluster", "1x8-h100", "--global-batch-size",
                  "16", "--moe-router-dtype", "fp32", "--budget-evals", "5", "-o", str(tmp_path / "d.json")]) == 2
     err = capsys.readouterr().err
