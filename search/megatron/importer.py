@@ -18,7 +18,7 @@ from ..plan import ParallelPlan
 from .build import plan_from_config
 from .cmdline import Flags, config_from_flags, parse_flags
 from .config import MegatronConfig
-from .entry import PRICED, check_unreadable, refuse_entry
+from .entry import PRICED, EntryRefusal, check_unreadable, refuse_entry
 from .shell import read_command
 from .versions import Release, release as megatron_release
 
@@ -50,10 +50,12 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
     rel = megatron_release(version)
     try:
         cmd = read_command(text, source)
+    except EntryRefusal:
+        raise
     except AcesoError as e:
         check_unreadable(text, source, e)
     if cmd.script and cmd.script not in PRICED:
-        refuse_entry(cmd.script, source)
+        refuse_entry(cmd.path or cmd.script, source)
     if not cmd.script and not cmd.argv and not cmd.assigned:
         raise AcesoError(f"{source}: empty (no command, no arguments); give the launch script that runs "
                          "pretrain_gpt.py or pretrain_t5.py, or its arguments")

@@ -61,8 +61,9 @@ def test_explain_table_prints_each_line_with_the_command_that_gives_it(capsys):
                  "--search-budget-evals", "100"]) == 0
     lines = capsys.readouterr().out.splitlines()
     het = next(i for i, line in enumerate(lines) if line.startswith("best heterogeneous plan (aceso runtime):"))
+    # (no --precision: bf16 is the runtime's default for the fp16 preset)
     assert lines[het + 1] == ("  aceso search --model gpt-1.3b --num-layers 4 --cluster 1x8-h100 --global-batch-size "
-                              "64 --budget-evals 100 -o plan.json")     # (the runtime's default for the fp16 preset: bf16)
+                              "64 --budget-evals 100 -o plan.json")
 
 
 def test_explain_megatron_args_needs_a_cluster_and_no_plan(tmp_path, capsys):
