@@ -177,10 +177,15 @@ def stack_features(plan, device) -> str | None:
 
 def optimizer(plan, device) -> str | None:
     s = plan.settings
-    if s is None or s.optimizer == "adam":
+    return None if s is None else optimizer_refusal(s.optimizer)
+
+
+def optimizer_refusal(name: str, what: str = "settings.optimizer") -> str | None:
+    """The optimizer ``name`` (a plan's ``settings.optimizer``, a search's ``--optimizer``): Adam only."""
+    if name == "adam":
         return None
-    return (f"settings.optimizer ({s.optimizer}): the aceso runtime runs Adam only; run the plan with Megatron-LM "
-            "(aceso export --to megatron-lm) or use adam")
+    return (f"{what} ({name}): the aceso runtime runs Adam only; run the plan with Megatron-LM (search with --target "
+            "megatron-lm, aceso export --to megatron-lm) or use adam")
 
 
 def data_parallel(plan, device) -> str | None:

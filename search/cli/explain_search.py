@@ -87,6 +87,8 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
     loaded = m.params_dtype if model_flags(m) is None else _preset_dtype(m.name)
     if prec["precision"] != target_precision(loaded, plan.cluster.gpu, target)[0]:   # what the search defaults to
         argv += ["--precision", prec["precision"]]
+    if prec.get("optimizer"):                       # (Adam: the search's default, not in plan_precision)
+        argv += ["--optimizer", prec["optimizer"]]
     if prec.get("fp8_param_gather"):
         argv += ["--fp8-param-gather"]
     if prec.get("bf16_layers_start") or prec.get("bf16_layers_end"):
@@ -157,6 +159,7 @@ def search_lines(plan, config_ms: float, args, budget: int, save_best: str | Non
     "iteration_ms", "speedup", "plan"}``, or ``{"target", "command", "not_offered": why}`` where its target runs
     no plan of the model, or ``{"target", "command", "no_plan": why}`` where the search finds none (nothing fits)."""
     from ..capabilities import model_refusal
+    from ..plan_settings import plan_precision
     from .search_cmd import find, parse_args
 
     low = plan.settings.low_precision if plan.settings is not None else None
@@ -167,7 +170,8 @@ def search_lines(plan, config_ms: float, args, budget: int, save_best: str | Non
         argv = search_argv(plan, args, target, budget, model_file)
         line = {"target": target, "command": "aceso search " + shlex.join(argv)}
         out[key] = line
-        why = model_refusal(target, plan.model, low, plan.model.params_dtype, plan.cluster.gpu)
+        why = model_refusal(target, plan.model, low, plan.model.params_dtype, plan.cluster.gpu,
+                            plan_precision(plan).get("optimizer", "adam"))
         if why is not None:
             line["not_offered"] = why
             continue

@@ -105,6 +105,9 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bf16-layers", type=int, nargs=2, metavar=("START", "END"), default=(0, 0),
                    help="low precision: the first START and last END transformer layers in bf16 (Megatron-LM "
                         "--first-last-layers-bf16)")
+    p.add_argument("--optimizer", choices=("adam", "muon", "dist_muon"), default="adam",
+                   help="the optimizer the plan runs, priced as itself (Megatron-LM --optimizer; muon / dist_muon: "
+                        "--target megatron-lm, the aceso runtime runs Adam only)")
     p.add_argument("--cost-model", choices=("analytic", "profile", "aceso-compat"), default="analytic",
                    help="analytic (default), profile (--db profile database) or aceso-compat (--db Aceso database)")
     add_release_arg(p)
@@ -192,6 +195,14 @@ def training_from_args(args, model, gpu=None):
         raise AcesoError(f"--global-batch-size ({args.global_batch_size}) must be at least 1")
     dist = SWITCH[args.distributed_optimizer]
     overlap = SWITCH[args.overlap]
+    fsdp = SWITCH[args.megatron_fsdp]
+    if args.optimizer != "adam":    # megatron-core's rules (search/megatron/stack_flags.py reads them from flags)
+        for on, flag, why in ((dist, "--distributed-optimizer on", "'muon with dist optimizer is not supported'"),
+                              (fsdp, "--megatron-fsdp on", "'Emerging optimizer does not support Megatron-FSDP'")):
+            if on:
+                raise AcesoError(f"--optimizer {args.optimizer} with {flag}: megatron-core refuses it ({why}); "
+                                 f"drop {flag} (dist_muon shards the states layer-wise)")
+        dist, fsdp = False, False
     cps = args.context_parallel_sizes or ([1] if model.seq_length < LONG_SEQUENCE else DEFAULT_CP)
     tps = args.tp
     if args.max_tp is not None:
@@ -208,15 +219,16 @@ def training_from_args(args, model, gpu=None):
                             sequence_parallel=SWITCH[args.sequence_parallel],
                             distributed_optimizer=True if args.fp8_param_gather and dist is None else dist,
                             overlap_grad_reduce=overlap,
-                            overlap_param_gather=overlap and dist if overlap else overlap,
+                            overlap_param_gather=(overlap and dist if overlap else overlap) if dist is not False
+                            else False,
                             tp_comm_overlap=args.tp_comm_overlap, context_parallel_sizes=cps,
                             virtual_stages=args.virtual_stages, tensor_parallel_sizes=tps,
-                            pipeline_parallel_sizes=args.pp, megatron_fsdp=SWITCH[args.megatron_fsdp],
+                            pipeline_parallel_sizes=args.pp, megatron_fsdp=fsdp,
                             expert_parallel_sizes=args.expert_parallel_sizes,
                             max_expert_parallel=args.max_expert_parallel,
                             expert_tensor_parallel_sizes=args.expert_tensor_parallel_sizes,
                             token_dispatchers=_unique(args.token_dispatchers),
-                            moe_router_dtype=args.moe_router_dtype,
+                            moe_router_dtype=args.moe_router_dtype, optimizer=args.optimizer,
                             activation_offload=SWITCH[args.activation_offload])
     except pydantic.ValidationError as e:
         raise AcesoError(format_validation_error(e)) from None
@@ -239,6 +251,8 @@ def settings_from_args(args, training):
                          f"{training.precision}); drop it")
     out = plan_settings("runtime" if target == "aceso" else target, training.dtype, bf16_reduce,
                         low=of_training(training))
+    if training.optimizer != "adam":     # (Adam is the settings' default)
+        out = out.model_copy(update={"optimizer": training.optimizer})
     release = release_of(args)
     return out if release is None else out.model_copy(update={"release": release})
 
@@ -270,7 +284,7 @@ def setup(args, model=None, runtime: bool = False):
     cluster = cluster_from_args(args)
     training = training_from_args(args, model, cluster.gpu)
     target = getattr(args, "target", "aceso")
-    why = model_refusal(target, model, of_training(training), training.dtype, cluster.gpu)
+    why = model_refusal(target, model, of_training(training), training.dtype, cluster.gpu, training.optimizer)
     if why is not None:
         raise AcesoError(why)
     if target == "aceso":

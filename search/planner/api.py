@@ -188,7 +188,7 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
         o2.callback = lambda n, done=mlm.evals: opts.callback(done + n)
     from ..capabilities import model_refusal
     from ..precision import of_training
-    why = model_refusal("aceso", cm.model, of_training(training), training.dtype, cm.cluster.gpu)
+    why = model_refusal("aceso", cm.model, of_training(training), training.dtype, cm.cluster.gpu, training.optimizer)
     if why is not None:   # the aceso runtime runs no plan of this model: no heterogeneous line (capabilities.py)
         return Plans(target, base, mlm, SearchResult([], [], 0, 0.0, False, {}), space, {"aceso": why})
     runs = [e for e in mlm.plans[:1] if e.fits and not runs_elsewhere(e)]

@@ -180,3 +180,35 @@ def test_an_moe_configurations_settings_travel_in_the_printed_command(tmp_path, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--moe-router-dtype: gpt-1.3b is a dense model" in err
     assert not (tmp_path / "d.json").exists()
+
+
+def test_a_muon_script_is_searched_and_priced_with_muon(tmp_path, capsys):
+    """Issue 32: explain priced a script's --optimizer muon but its search lines (and the plans they wrote) with
+    Adam, the search's only optimizer; the drop-in plan then exported without --optimizer muon. Now the command
+    carries --optimizer (the search prices it: costmodel/optimizers.py, hand-computed in test_stack_features.py),
+    the drop-in plan records it and is priced by the plan evaluator as Muon, not Adam, and the aceso runtime's line
+    is not offered (it runs Adam only); a --target aceso search with Muon is refused in one line."""
+    from search.plan import load_plan
+    best = tmp_path / "best.json"
+    muon = CUSTOM.replace("--use-distributed-optimizer ", "") + " --optimizer muon"   # (megatron-core: not both)
+    assert main(["explain", "--megatron-args", muon, "--cluster", "1x8-h100",
+                 "--search-budget-evals", "40", "--save-best", str(best), "--json"]) == 0
+    g = json.loads(capsys.readouterr().out)["megatron_search"]
+    assert "--optimizer muon --target megatron-lm" in g["megatron"]["command"]
+    assert "the aceso runtime runs Adam only" in g["aceso"]["not_offered"]
+    plan = _run_printed(g["megatron"]["command"], tmp_path / "m.json", capsys)
+    assert (tmp_path / "m.json").read_bytes() == best.read_bytes() and plan["settings"]["optimizer"] == "muon"
+    assert not plan.get("distributed_optimizer") and not plan.get("overlap_param_gather")   # Muon: neither
+    p = load_plan(str(best))
+
+    def priced(optimizer):
+        tr = TrainingSpec(global_batch_size=64, precision="bf16", optimizer=optimizer,
+                          distributed_optimizer=p.distributed_optimizer)
+        return make_cost_model(p.model, p.cluster, tr, settings=RunSettings.megatron_lm("bf16")).evaluate(p)
+    assert g["megatron"]["iteration_ms"] == pytest.approx(priced("muon").iteration_ms, rel=1e-9)
+    assert priced("adam").stages[0].memory_breakdown["optimizer"] != priced("muon").stages[0].memory_breakdown[
+        "optimizer"]
+    assert main(["search", "--model", str(tmp_path / "best.model.json"), "--cluster", "1x8-h100",
+                 "--global-batch-size", "64", "--optimizer", "muon", "--budget-evals", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--optimizer (muon): the aceso runtime runs Adam only" in err
