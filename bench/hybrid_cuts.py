@@ -34,7 +34,8 @@ from search.cluster import parse_cluster  # noqa: E402
 from search.costmodel.types import Features, Shape  # noqa: E402
 from search.megatron.versions import release  # noqa: E402
 from search.planner.aceso import SearchOptions  # noqa: E402
-from search.planner.api import build_cost_model, plan_all  # noqa: E402
+from search.planner.api import plan_all  # noqa: E402
+from search.pricing import cost_model  # noqa: E402
 from search.planner.hybrid_cuts import descend, hybrid_setting, price, refine, settings_for  # noqa: E402
 from search.planner.megatron_lm import best_setting  # noqa: E402
 from search.planner.report import describe  # noqa: E402
@@ -98,7 +99,7 @@ def section_config(quick: bool) -> list[dict]:
     rows = []
     for cid, preset, cluster, gbs, (tp, pp, cp, vpp, mbs) in CONFIGS:
         model, cl = load_model(preset), parse_cluster(cluster)
-        cm = build_cost_model(model, cl, _training(gbs))
+        cm = cost_model(model, cl, _training(gbs))
         ev = Evaluator(cm, gbs, None, "megatron-lm")
         feats = Features(distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True)
         rows.append({"case": cid, "cluster": cluster, "gbs": gbs,
@@ -112,7 +113,7 @@ def section_search(quick: bool) -> list[dict]:
         if quick and (preset, cluster, gbs) not in QUICK:
             continue
         model, tr = load_model(preset), _training(gbs)
-        cm = build_cost_model(model, parse_cluster(cluster), tr)
+        cm = cost_model(model, parse_cluster(cluster), tr)
         t0 = time.process_time()
         plans = plan_all(cm, tr, SearchOptions(budget_evals=BUDGET, workers=1))
         cpu = time.process_time() - t0

@@ -87,14 +87,12 @@ def moe_kwargs(model: ModelSpec) -> dict:
     """The MoE architecture as ``TransformerConfig`` fields (empty for a dense model): experts, router, which layers
     are MoE (always as megatron-core's 0/1 list: ``first_k_dense_layers`` folded in), the pre-softmax router
     megatron-core requires for top-1 softmax routing. No aux loss at coefficient 0 (load balancing type "none").
-    ``search.model_rules.moe_config`` is the one translation (the model check reads it too), less padding to
-    capacity, which the runtime has never passed (its dispatcher runs unpadded); ``moe_router_force_load_balancing``
-    (benchmark routing) is not passed: the runtime trains learned routing (random logits would make training
-    irreproducible); the expert shape and dispatcher are per stage (``aceso_megatron.model.config``)."""
+    ``search.model_rules.moe_config`` is the one translation (the model check and the export read it too): padding
+    to capacity and forced balance (benchmark routing: megatron-core's random router logits) are passed as the spec
+    says, as Megatron-LM passes its flags; the expert shape, dispatcher and router dtype are per stage / per plan
+    (``aceso_megatron.model.moe.stage_fields``)."""
     from search.model_rules import moe_config
-    cfg = moe_config(model)
-    cfg.pop("moe_pad_expert_input_to_capacity", None)
-    return cfg
+    return moe_config(model)
 
 
 def _te(te: bool | None) -> bool:

@@ -8,10 +8,12 @@ does not name runs the feature. A target's limits apply to that target only: the
 GPT-OSS softmax offset, no MoE expert bias) never stop a ``--target megatron-lm`` search, and Megatron-LM's one
 shape never stops the heterogeneous one.
 
-Two scopes:
+Three scopes:
 
 - ``model``: the model and the low-precision recipe decide, before any search (``model_refusal``): ``search`` and
   ``baseline`` refuse that target in one line, and ``explain`` offers no line for it;
+- ``precision``: the training dtype on the plan's GPU decides, as early (``model_refusal`` with ``dtype`` and
+  ``gpu``; a plan's own dtype and GPU in ``plan_refusal``);
 - ``plan``: the plan and the device it runs on decide (``plan_refusal``, which also asks the model rows): the one
   pre-flight (``search.preflight``: validate, the search's output check, launch) asks them.
 
@@ -53,7 +55,7 @@ Rule = Callable[..., "str | None"]
 @dataclass(frozen=True)
 class Row:
     feature: str
-    scope: str                                          # "model" | "plan"
+    scope: str                                          # "model" | "precision" | "plan"
     refuse: dict[str, Rule] = field(default_factory=dict)   # target -> rule; a target not named runs the feature
 
 
@@ -137,6 +139,7 @@ TABLE: tuple[Row, ...] = (
     Row("MoE router expert bias", "model", {RUNTIME: rt.expert_bias}),
     Row("T5 (encoder-decoder)", "model", {BRIDGE: t5_on_bridge}),
     Row("bf16 first / last layers of an FP8 recipe", "plan", _every(bf16_layers)),
+    Row("fp16 on a GPU with bf16 (loss scaling)", "precision", {RUNTIME: rt.fp16_on_gpu}),
     Row("CPU activation offload", "plan", {RUNTIME: rt.activation_offload}),
     Row("vocabulary sharded over tp", "plan", _every(padded_vocab)),
     Row("softmax offset under context parallelism", "plan", _every(softmax_offset_cp)),
@@ -165,11 +168,25 @@ def plan_target(plan) -> str:
     return plan.settings.framework
 
 
-def model_refusal(target: str, model, low=None) -> str | None:
-    """Why ``target`` runs no plan of ``model`` (with the low-precision recipe ``low``), one line; or None."""
+def model_refusal(target: str, model, low=None, dtype: str | None = None, gpu=None,
+                  optimizer: str = "adam") -> str | None:
+    """Why ``target`` runs no plan of ``model`` (with the low-precision recipe ``low``; trained in ``dtype`` on
+    ``gpu``, the cluster's, when given; with ``optimizer``, the optimizer row's rule), one line; or None."""
     key = target_key(target)
     for row in TABLE:
         if row.scope == "model" and key in row.refuse and (why := row.refuse[key](model, low)) is not None:
+            return why
+    if key == RUNTIME and (why := rt.optimizer_refusal(optimizer, "--optimizer")) is not None:
+        return why
+    return precision_refusal(target, dtype, gpu) if dtype is not None else None
+
+
+def precision_refusal(target: str, dtype: str, gpu) -> str | None:
+    """Why ``target`` does not train in ``dtype`` on ``gpu`` (a ``GPUSpec``; None or the cpu preset: a CPU), one
+    line; or None."""
+    key = target_key(target)
+    for row in TABLE:
+        if row.scope == "precision" and key in row.refuse and (why := row.refuse[key](dtype, gpu)) is not None:
             return why
     return None
 
@@ -183,7 +200,10 @@ def plan_refusal(plan, target: str | None = None, device: Device | str = "cuda")
         rule = row.refuse.get(key)
         if rule is None:
             continue
-        why = rule(plan.model, low) if row.scope == "model" else rule(plan, device)
+        if row.scope == "precision":
+            why = rule(plan.model.params_dtype, plan.cluster.gpu if device.cuda and plan.cluster is not None else None)
+        else:
+            why = rule(plan.model, low) if row.scope == "model" else rule(plan, device)
         if why is not None:
             return why
     return None

@@ -120,6 +120,7 @@ def moe_config(model) -> dict:
         "moe_router_load_balancing_type": "aux_loss" if moe.moe_aux_loss_coeff > 0 else "none",
         "moe_expert_capacity_factor": moe.moe_expert_capacity_factor,
         "moe_pad_expert_input_to_capacity": moe.moe_pad_expert_input_to_capacity,
+        "moe_router_force_load_balancing": moe.moe_router_force_load_balancing,
     }
 
 

@@ -8,8 +8,9 @@ and the alltoall dispatcher was valid, and ``aceso launch --cpu`` refused it in 
 now asks these same functions; what only torch, megatron-core or the running machine can tell (layer specs, the
 transformer-engine version, einops) stays there.
 
-A rule takes ``(model, low)`` (``model`` scope: the model and the low-precision recipe decide, before any search)
-or ``(plan, device)`` (``plan`` scope; ``device``: ``capabilities.Device``, with ``te`` None where unknown) and
+A rule takes ``(model, low)`` (``model`` scope: the model and the low-precision recipe decide, before any search),
+``(dtype, gpu)`` (``precision`` scope: the training dtype on the plan's GPU, also before any search) or ``(plan,
+device)`` (``plan`` scope; ``device``: ``capabilities.Device``, with ``te`` None where unknown) and
 returns one line naming the field and the fix, or None.
 """
 
@@ -54,6 +55,18 @@ def expert_bias(model, low) -> str | None:
     return ("moe.moe_router_enable_expert_bias: megatron-core 0.16.1 updates the expert bias over the global "
             "parallel_state groups, which per-stage groups leave unset; set it false, or search with --target "
             "megatron-lm")
+
+
+# ----- precision scope: (dtype, gpu) -------------------------------------------------------------------------------
+def fp16_on_gpu(dtype: str, gpu) -> str | None:
+    """fp16 trains with loss scaling, which the runtime does not run yet (``training.engine.check_plan`` refuses it
+    on the GPUs at launch; a CPU runs an fp16 plan in fp32). Refused where the GPU trains in bf16 (``gpu``: the
+    plan's GPU, None on a CPU); a V100 has no bf16, and its fp16 plans (the Aceso reference's) stay, refused by the
+    runtime on the machine."""
+    if dtype != "fp16" or gpu is None or gpu.name == "cpu" or not gpu.peak_tflops("bf16"):
+        return None
+    return ("precision fp16: the aceso runtime has no fp16 loss scaling yet; train in bf16 (aceso search "
+            "--precision bf16), or search with --target megatron-lm (Megatron-LM scales fp16 losses)")
 
 
 # ----- plan scope: (plan, device) ---------------------------------------------------------------------------------
@@ -165,10 +178,15 @@ def stack_features(plan, device) -> str | None:
 
 def optimizer(plan, device) -> str | None:
     s = plan.settings
-    if s is None or s.optimizer == "adam":
+    return None if s is None else optimizer_refusal(s.optimizer)
+
+
+def optimizer_refusal(name: str, what: str = "settings.optimizer") -> str | None:
+    """The optimizer ``name`` (a plan's ``settings.optimizer``, a search's ``--optimizer``): Adam only."""
+    if name == "adam":
         return None
-    return (f"settings.optimizer ({s.optimizer}): the aceso runtime runs Adam only; run the plan with Megatron-LM "
-            "(aceso export --to megatron-lm) or use adam")
+    return (f"{what} ({name}): the aceso runtime runs Adam only; run the plan with Megatron-LM (search with --target "
+            "megatron-lm, aceso export --to megatron-lm) or use adam")
 
 
 def data_parallel(plan, device) -> str | None:

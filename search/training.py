@@ -91,6 +91,9 @@ class TrainingSpec(BaseModel):
     token_dispatchers: list[Literal["alltoall", "allgather", "flex"]] | None = Field(
         None, min_length=1, max_length=3, description="Token dispatchers the search may use, the first the one it "
         "searches under (None: alltoall, then allgather and, on GPUs, flex: DeepEP / HybridEP).")
+    moe_router_dtype: Literal["fp32", "fp64"] | None = Field(
+        None, description="The MoE router's dtype every plan runs (moe_router_dtype, Megatron-LM --moe-router-dtype; "
+        "numerics, not searched; None: the model's).")
 
     @property
     def dtype(self) -> str:

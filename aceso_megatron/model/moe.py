@@ -11,6 +11,10 @@ token dispatcher, and the fast paths ``fast_fields`` picks from the environment 
 | ``grouped_gemm`` | off (``SequentialMLP``: one GEMM per local expert) | TE's grouped experts; refused without TE |
 | ``permute_fusion`` | off | TE's fused permute (TE importable) |
 | ``shared_expert_overlap`` | off (CUDA streams) | as the plan says (alltoall only) |
+| ``router_fusion`` | off | TE's fused router kernels (TE importable) |
+
+The router dtype (``moe_router_dtype``) and the flex backend are the plan's everywhere; the model's routing
+(capacity factor, padding to capacity, forced balance) comes with the architecture (``builders.moe_kwargs``).
 
 The process groups (EP, ETP, expert-DP, expert TP x EP) are the stage's own (``parallel.layout``); expert
 parameters are reduced over expert-DP (``mark_expert_params``: every routed expert parameter, whatever the ep).
@@ -36,6 +40,7 @@ def fast_fields(cuda: bool, te: bool, s: MoEPlanSettings) -> dict:
     """The MoE fast paths (``TransformerConfig`` fields) for an environment; see the module table."""
     return {"moe_grouped_gemm": cuda and te and s.grouped_gemm,
             "moe_permute_fusion": cuda and te and s.permute_fusion,
+            "moe_router_fusion": cuda and te and s.router_fusion,
             "moe_shared_expert_overlap": cuda and s.shared_expert_overlap}
 
 
@@ -45,7 +50,8 @@ def stage_fields(plan, stage: int, cuda: bool, te: bool) -> dict:
         return {}
     st, s = plan.stages[stage], settings(plan)
     return {"expert_model_parallel_size": st.ep, "expert_tensor_parallel_size": expert_tp(st),
-            "moe_token_dispatcher_type": s.token_dispatcher, **fast_fields(cuda, te, s)}
+            "moe_token_dispatcher_type": s.token_dispatcher, "moe_flex_dispatcher_backend": s.flex_backend,
+            "moe_router_dtype": s.router_dtype, **fast_fields(cuda, te, s)}
 
 
 def is_expert(canonical: str) -> bool:

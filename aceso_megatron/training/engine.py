@@ -88,8 +88,8 @@ def check_plan(plan: ParallelPlan | dict, world_size: int, env: Environment | No
         if (msg := refusal(env, plan)) is not None:
             raise AcesoError(msg)
         if env.cuda and plan.model.params_dtype == "fp16":
-            raise AcesoError(f"model.params_dtype fp16: the runtime has no fp16 loss scaling yet; use bf16 "
-                             f"(model {plan.model.name})")
+            raise AcesoError(f"model.params_dtype fp16: the runtime has no fp16 loss scaling yet; use bf16 (an A100 "
+                             f"or newer; a V100 has none: fp32) (model {plan.model.name})")
     return plan
 
 

@@ -12,8 +12,15 @@ prints, the plan ``--save-best`` writes is the plan its ``-o`` writes, and a lar
 returns a slower plan. A line is offered only when its target runs the model (``capabilities.model_refusal``: the
 aceso runtime has no low-precision recipes, GPT-OSS softmax offset or MoE expert bias yet); else it says why.
 
-Not carried over (no search flag for them yet): the configuration's MoE settings (dispatcher, overlaps) and its
-exact layer layout; the search explores its own (the uniform baseline covers the even layouts).
+An MoE configuration's settings are kept (``moe_flags``): its token dispatcher is the first of ``--dispatcher``
+(the search runs under it; the others are priced on its finalists), its router dtype ``--moe-router-dtype``; its
+expert shape is a candidate where it is etp 1 or the stage's tp, and its routing (forced balance, capacity,
+padding: the model's ``moe`` fields) travels in the spec file the command names.
+
+Not carried over (no search flag for them yet): an expert tp other than 1 or the stage's tp, the kernel and
+overlap switches the search chooses itself (grouped GEMM, permute / router fusion, the EP and shared-expert
+overlaps), megatron-core 0.19's per-rank capacity, and the exact layer layout; the search explores its own (the
+uniform baseline covers the even layouts).
 """
 
 from __future__ import annotations
@@ -65,7 +72,7 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
     from ..plan_settings import target_settings
     from ..planner.space import virtual_degrees
     from ..precision import base_dtype, training_fields
-    from .search_cmd import DEFAULT_CP, LONG_SEQUENCE, SPACE_TARGET
+    from .search_cmd import DEFAULT_CP, LONG_SEQUENCE, SPACE_TARGET, target_precision
 
     m = plan.model
     argv = model_flags(m) or ["--model", model_file]
@@ -79,8 +86,10 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
     argv += ["--global-batch-size", str(plan.global_batch_size)]
     prec = training_fields(plan.settings.low_precision, m.params_dtype)
     loaded = m.params_dtype if model_flags(m) is None else _preset_dtype(m.name)
-    if prec["precision"] != loaded:
+    if prec["precision"] != target_precision(loaded, plan.cluster.gpu, target)[0]:   # what the search defaults to
         argv += ["--precision", prec["precision"]]
+    if plan.settings.optimizer != "adam":           # (Adam: the search's default)
+        argv += ["--optimizer", plan.settings.optimizer]
     if prec.get("fp8_param_gather"):
         argv += ["--fp8-param-gather"]
     if prec.get("bf16_layers_start") or prec.get("bf16_layers_end"):
@@ -96,6 +105,7 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
     degrees = virtual_degrees(m, SPACE_TARGET[target])
     if v not in degrees:
         argv += ["--vpp", *map(str, sorted({*degrees, v}))]
+    argv += moe_flags(plan)
     attention = args.attention or "auto"
     if attention != "auto" and attention != _auto_attention(plan, args):
         argv += ["--attention", attention]
@@ -108,6 +118,25 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
             argv += ["--grad-reduce-in-bf16"]
     argv += ["--budget-evals", str(budget)]
     return argv
+
+
+def moe_flags(plan) -> list[str]:
+    """The search flags that keep an MoE configuration's own settings in the search: its token dispatcher first in
+    ``--dispatcher`` (the one the search runs under, so the uniform baseline holds the configuration; the others
+    after it, priced on the finalists) and its router dtype (``--moe-router-dtype``: numerics, which the search
+    does not choose). Its expert shapes (ep, etp 1 or tp) and routing (the model's ``moe`` fields, in the spec the
+    command names) are in the search already."""
+    if plan.model.moe is None or plan.moe is None:
+        return []
+    from ..planner.dispatchers import DISPATCHERS
+    own = plan.moe.token_dispatcher
+    out = []
+    if own != DISPATCHERS[0]:
+        gpu = plan.cluster.gpu.name != "cpu"
+        out += ["--dispatcher", own, *[d for d in DISPATCHERS if d != own and (gpu or d != "flex")]]
+    if plan.moe.router_dtype:
+        out += ["--moe-router-dtype", plan.moe.router_dtype]
+    return out
 
 
 def _preset_dtype(name: str) -> str:
@@ -141,7 +170,8 @@ def search_lines(plan, config_ms: float, args, budget: int, save_best: str | Non
         argv = search_argv(plan, args, target, budget, model_file)
         line = {"target": target, "command": "aceso search " + shlex.join(argv)}
         out[key] = line
-        why = model_refusal(target, plan.model, low)
+        why = model_refusal(target, plan.model, low, plan.model.params_dtype, plan.cluster.gpu,
+                            plan.settings.optimizer)
         if why is not None:
             line["not_offered"] = why
             continue
@@ -152,7 +182,28 @@ def search_lines(plan, config_ms: float, args, budget: int, save_best: str | Non
             continue
         ms = found.best.iteration_ms
         line.update(iteration_ms=ms, speedup=config_ms / ms, plan=found.out_plans[0])
+    behind = behind_drop_in(out["megatron"], out["aceso"])
+    if behind is not None:
+        out["aceso"]["slower_than_drop_in"] = behind
     return out
+
+
+def behind_drop_in(drop_in: dict, het: dict) -> str | None:
+    """Why the heterogeneous line is slower than the drop-in line (None when it is not): what of the drop-in plan
+    the aceso runtime does not run (the capability table's first refusal), else that the drop-in plan runs there
+    too (the heterogeneous command's own Megatron-LM sub-search gets a quarter of the budget and prices as the
+    runtime runs, so it can miss it)."""
+    if "iteration_ms" not in drop_in or "iteration_ms" not in het or het["iteration_ms"] <= drop_in["iteration_ms"]:
+        return None
+    from ..capabilities import RUNTIME
+    from ..preflight import planner_checks, target_device
+    plan = drop_in["plan"]
+    try:
+        planner_checks(plan, target_device(plan), RUNTIME)
+    except AcesoError as e:
+        return f"the drop-in plan is the faster: the aceso runtime does not run it ({e})"
+    return ("the drop-in plan is the faster, and the aceso runtime runs it too (aceso launch it); this command's "
+            "Megatron-LM sub-search, a quarter of the budget, did not reach it")
 
 
 def _model_file(save_best: str) -> str:
@@ -211,6 +262,8 @@ def text_lines(g: dict, saved: list[str] | None = None) -> list[str]:
         else:
             lines.append(f"{what + ':':40s} {line['iteration_ms']:10.1f} ms per iteration, "
                          f"{verdict(line['speedup'])}")
+            if "slower_than_drop_in" in line:
+                lines.append(f"  ({line['slower_than_drop_in']})")
         lines.append(f"  {line['command']} -o plan.json")
     lines.append(f"  (each command returns exactly that plan; a larger --budget-evals never a slower one; then aceso "
                  "export plan.json --to megatron-lm, or aceso launch plan.json)")

@@ -80,6 +80,9 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                      help="token dispatchers the plan may use, the first searched under (default: alltoall, then "
                           "allgather and, on GPUs, flex = DeepEP / HybridEP); --dispatcher alltoall allgather keeps "
                           "DeepEP and HybridEP out")
+    moe.add_argument("--moe-router-dtype", choices=("fp32", "fp64"), default=None,
+                     help="the router's gating GEMM and scores in this dtype in every plan (Megatron-LM "
+                          "--moe-router-dtype: numerics, not searched; default the model's dtype)")
     p.add_argument("--distributed-optimizer", choices=tuple(SWITCH), default="auto",
                    help="shard optimizer states over DP: auto (searched, default), on, off")
     p.add_argument("--overlap", choices=tuple(SWITCH), default="auto",
@@ -102,6 +105,9 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bf16-layers", type=int, nargs=2, metavar=("START", "END"), default=(0, 0),
                    help="low precision: the first START and last END transformer layers in bf16 (Megatron-LM "
                         "--first-last-layers-bf16)")
+    p.add_argument("--optimizer", choices=("adam", "muon", "dist_muon"), default="adam",
+                   help="the optimizer the plan runs, priced as itself (Megatron-LM --optimizer; muon / dist_muon: "
+                        "--target megatron-lm, the aceso runtime runs Adam only)")
     p.add_argument("--cost-model", choices=("analytic", "profile", "aceso-compat"), default="analytic",
                    help="analytic (default), profile (--db profile database) or aceso-compat (--db Aceso database)")
     add_release_arg(p)
@@ -149,17 +155,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", default=None, help="write the best plan (ParallelPlan JSON) here; - = stdout")
 
 
-def default_precision(args, model, gpu) -> str:
-    """``--precision``, else the model's params_dtype; a bf16 model on a GPU without bf16 (V100) plans in fp16,
-    with a note (an explicit ``--precision bf16`` there is refused by ``precision.check``)."""
-    if args.precision:
-        return args.precision
+def target_precision(dtype: str, gpu, target: str = "aceso") -> tuple[str, str | None]:
+    """The precision a search without ``--precision`` plans a ``dtype`` model in on ``gpu`` for ``target``, and
+    why it is not ``dtype`` (None when it is): a bf16 model on a GPU without bf16 (V100) plans in fp16; an fp16
+    model (the GPT presets, Aceso's V100 dtype) for the aceso runtime plans in bf16 where the GPU has it, since the
+    runtime has no fp16 loss scaling (the capability table's precision row)."""
+    from ..capabilities import precision_refusal
     from ..precision import plain_dtype
-    if model.params_dtype == "bf16" and plain_dtype(gpu) != "bf16":
-        print(f"aceso {getattr(args, 'command', None) or 'search'}: note: {model.name} is a bf16 model and the "
-              f"{gpu.name} has no bf16: planning fp16 (--precision sets it)", file=sys.stderr)
-        return plain_dtype(gpu)
-    return model.params_dtype
+    if dtype == "bf16" and plain_dtype(gpu) != "bf16":
+        return plain_dtype(gpu), f"the {gpu.name} has no bf16"
+    if precision_refusal(target, dtype, gpu) is not None:
+        return "bf16", f"the aceso runtime trains in bf16 on the {gpu.name} (no fp16 loss scaling yet)"
+    return dtype, None
+
+
+def default_precision(args, model, gpu) -> str:
+    """``--precision``, else the model's params_dtype as the target trains it on ``gpu`` (``target_precision``; an
+    explicit ``--precision bf16`` on a V100 is refused by ``precision.check``)."""
+    return args.precision or target_precision(model.params_dtype, gpu, getattr(args, "target", "aceso"))[0]
+
+
+def precision_note(args, model, gpu) -> str | None:
+    """The note saying why the search plans in another dtype than the model's (``target_precision``), or None."""
+    if args.precision:
+        return None
+    dtype, why = target_precision(model.params_dtype, gpu, getattr(args, "target", "aceso"))
+    if why is None:
+        return None
+    article = "an" if model.params_dtype.startswith("f") else "a"
+    return f"{model.name} is {article} {model.params_dtype} model and {why}: planning {dtype} (--precision sets it)"
 
 
 def training_from_args(args, model, gpu=None):
@@ -171,6 +195,14 @@ def training_from_args(args, model, gpu=None):
         raise AcesoError(f"--global-batch-size ({args.global_batch_size}) must be at least 1")
     dist = SWITCH[args.distributed_optimizer]
     overlap = SWITCH[args.overlap]
+    fsdp = SWITCH[args.megatron_fsdp]
+    if args.optimizer != "adam":    # megatron-core's rules (search/megatron/stack_flags.py reads them from flags)
+        for on, flag, why in ((dist, "--distributed-optimizer on", "'muon with dist optimizer is not supported'"),
+                              (fsdp, "--megatron-fsdp on", "'Emerging optimizer does not support Megatron-FSDP'")):
+            if on:
+                raise AcesoError(f"--optimizer {args.optimizer} with {flag}: megatron-core refuses it ({why}); "
+                                 f"drop {flag} (dist_muon shards the states layer-wise)")
+        dist, fsdp = False, False
     cps = args.context_parallel_sizes or ([1] if model.seq_length < LONG_SEQUENCE else DEFAULT_CP)
     tps = args.tp
     if args.max_tp is not None:
@@ -187,14 +219,16 @@ def training_from_args(args, model, gpu=None):
                             sequence_parallel=SWITCH[args.sequence_parallel],
                             distributed_optimizer=True if args.fp8_param_gather and dist is None else dist,
                             overlap_grad_reduce=overlap,
-                            overlap_param_gather=overlap and dist if overlap else overlap,
+                            overlap_param_gather=(overlap and dist if overlap else overlap) if dist is not False
+                            else False,
                             tp_comm_overlap=args.tp_comm_overlap, context_parallel_sizes=cps,
                             virtual_stages=args.virtual_stages, tensor_parallel_sizes=tps,
-                            pipeline_parallel_sizes=args.pp, megatron_fsdp=SWITCH[args.megatron_fsdp],
+                            pipeline_parallel_sizes=args.pp, megatron_fsdp=fsdp,
                             expert_parallel_sizes=args.expert_parallel_sizes,
                             max_expert_parallel=args.max_expert_parallel,
                             expert_tensor_parallel_sizes=args.expert_tensor_parallel_sizes,
                             token_dispatchers=_unique(args.token_dispatchers),
+                            moe_router_dtype=args.moe_router_dtype, optimizer=args.optimizer,
                             activation_offload=SWITCH[args.activation_offload])
     except pydantic.ValidationError as e:
         raise AcesoError(format_validation_error(e)) from None
@@ -216,7 +250,8 @@ def settings_from_args(args, training):
         raise AcesoError("--grad-reduce-in-bf16 is for --target megatron-lm / megatron-bridge with bf16 (the aceso "
                          f"runtime reduces in the parameter dtype; this search is --target {target} --precision "
                          f"{training.precision}); drop it")
-    return target_settings(Target.of(target, release_of(args)), PlanSettings(low_precision=of_training(training)),
+    return target_settings(Target.of(target, release_of(args)),
+                           PlanSettings(low_precision=of_training(training), optimizer=training.optimizer),
                            training.dtype, bf16_reduce)
 
 
@@ -248,7 +283,7 @@ def setup(args, model=None, runtime: bool = False):
     cluster = cluster_from_args(args)
     training = training_from_args(args, model, cluster.gpu)
     target = getattr(args, "target", "aceso")
-    why = model_refusal(target, model, of_training(training))
+    why = model_refusal(target, model, of_training(training), training.dtype, cluster.gpu, training.optimizer)
     if why is not None:
         raise AcesoError(why)
     if target == "aceso":
@@ -259,9 +294,10 @@ def setup(args, model=None, runtime: bool = False):
     if args.cost_model != "aceso-compat":     # (compat keeps the reference planner's own limit)
         from ..costmodel.memory import memory_budget_mb
         cm.memory_limit_mb = memory_budget_mb(cm.memory_limit_mb, args.memory_headroom)
-    note = describe_dropped(search_space(cm, training, SPACE_TARGET[target]))
-    if note:
-        print(f"aceso {getattr(args, 'command', None) or 'search'}: {note}", file=sys.stderr)
+    for note in (describe_dropped(search_space(cm, training, SPACE_TARGET[target])),
+                 (f"note: {n}" if (n := precision_note(args, model, cluster.gpu)) else None)):
+        if note:
+            print(f"aceso {getattr(args, 'command', None) or 'search'}: {note}", file=sys.stderr)
     return model, cluster, training, cm
 
 

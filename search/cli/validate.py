@@ -78,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     device = "cpu" if cluster is not None and cluster.gpu.name == "cpu" else "cuda"
     target = args.target or {v: k for k, v in TARGETS.items()}[plan_target(plan)]
     try:
-        runtime_checked = preflight(plan, device, target=target)   # the one pre-flight: will the target run it?
+        # the one pre-flight: will the target run it, on the cluster checked (--cluster's GPU, e.g. fp16 on a V100)?
+        on = plan if cluster is None or cluster == plan.cluster else plan.model_copy(update={"cluster": cluster})
+        runtime_checked = preflight(on, device, target=target)
     except AcesoError as e:
         raise AcesoError(f"{args.plan}: {e}") from None
     if cluster is not None:

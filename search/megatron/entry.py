@@ -13,13 +13,23 @@ from ..errors import AcesoError
 
 PRICED = ("pretrain_gpt.py", "pretrain_t5.py")
 
+
+class EntryRefusal(AcesoError):
+    """The script runs something aceso does not price (said in one line): final, not a reading failure."""
+
 # (pattern on the script's path, what it is)
 _KINDS = (
     (r"pretrain_bert\.py$", "BERT pretraining (pretrain_bert.py), which aceso does not price"),
     (r"pretrain_(mamba|hybrid)\.py$", "a hybrid Mamba model, which aceso does not price"),
-    (r"pretrain_(vlm|ict|retro|vision\w*|mimo)\.py$|multimodal/train\.py$|mimo/train\.py$",
+    (r"mimo/\w+\.py$|pretrain_mimo\.py$",
+     "a MIMO multimodal model (megatron-core's MimoModel: modality encoders around a language model), which aceso "
+     "does not price; price its language model's run as pretrain_gpt.py arguments"),
+    (r"pretrain_vlm\.py$", "a vision-language model (pretrain_vlm.py: a vision encoder and projector before the "
+                            "language model), which aceso does not price; price its language model's run as "
+                            "pretrain_gpt.py arguments"),
+    (r"pretrain_(ict|retro|vision\w*)\.py$|multimodal/train\.py$",
      "a multimodal / vision-language model, which aceso does not price"),
-    (r"text_generation|inference|generate\w*\.py$|_cli\.py$",
+    (r"text_generation|inference|generate\w*\.py$|_cli\.py$|(^|/)(static|dynamic)_\w*\.py$",
      "inference / text generation, not training; aceso plans training runs"),
     (r"preprocess\w*\.py$|data_processing", "data preprocessing, not training"),
     (r"post_training|modelopt|(convert\w*|export|quantize|prune|mmlu|validate|offline_feature_extract|"
@@ -39,7 +49,7 @@ def what_it_runs(script: str) -> str:
 
 
 def refuse_entry(script: str, source: str):
-    raise AcesoError(f"{source}: runs {script}: {what_it_runs(script)}")
+    raise EntryRefusal(f"{source}: runs {script}: {what_it_runs(script)}")
 
 
 # commands a launch script runs around its launcher that change nothing aceso reads
@@ -48,6 +58,8 @@ _HARMLESS = frozenset({"echo", "printf", "set", "cd", "pushd", "popd", "mkdir", 
                        "cat", "tee", "true", "false", ":"})
 _LAUNCHERS = ("torchrun", "python", "python3", "deepspeed", "accelerate")
 _RUNNERS = ("bash", "sh", "zsh", "source", ".", "sbatch", "srun", "exec", "nohup")
+# launcher modules (``python -m torch.distributed.launch x.py``): what they run is the next script, not them
+_LAUNCH_MODULES = ("torch.distributed.launch", "torch.distributed.run")
 
 
 def check_no_entry(commands: list[tuple[list[str], int]], source: str) -> None:
@@ -59,15 +71,15 @@ def check_no_entry(commands: list[tuple[list[str], int]], source: str) -> None:
         prog = argv[0].rsplit("/", 1)[-1]
         module = _module(argv) if prog.startswith(_LAUNCHERS) else None
         if module:
-            raise AcesoError(f"{source}: line {line}: runs {module} ({prog} -m {module}): "
+            raise EntryRefusal(f"{source}: line {line}: runs {module} ({prog} -m {module}): "
                              f"{what_it_runs(module.replace('.', '/') + '.py')}")
         script = _script_run(argv) if prog in _RUNNERS or prog.startswith(_LAUNCHERS) else \
             (argv[0] if argv[0].endswith(".sh") else None)
         if script:
-            raise AcesoError(f"{source}: line {line}: runs another script, {script}: aceso reads one launch script "
+            raise EntryRefusal(f"{source}: line {line}: runs another script, {script}: aceso reads one launch script "
                              "without running it; give the script that runs pretrain_gpt.py or pretrain_t5.py (or "
                              "its arguments)")
-        raise AcesoError(f"{source}: line {line}: runs {prog}, and no command runs Megatron-LM's pretrain_gpt.py or "
+        raise EntryRefusal(f"{source}: line {line}: runs {prog}, and no command runs Megatron-LM's pretrain_gpt.py or "
                          "pretrain_t5.py; give that launch script (or its arguments)")
 
 
@@ -87,22 +99,31 @@ def _script_run(argv: list[str]) -> str | None:
 
 
 def _module(argv: list[str]) -> str | None:
-    """The module a launcher runs with ``-m MODULE`` / ``--module MODULE``."""
+    """The module a launcher runs with ``-m MODULE`` / ``--module MODULE`` (after a launcher module such as
+    ``python -m torch.distributed.run ... -m MODULE``, the one it launches)."""
+    found = None
     for i, w in enumerate(argv[1:-1], start=1):
         if w in ("-m", "--module"):
-            return argv[i + 1]
-        if w.startswith("-m") and len(w) > 2 and not w.startswith("--"):
-            return w[2:]
-    return None
+            found = argv[i + 1]
+        elif w.startswith("-m") and len(w) > 2 and not w.startswith("--"):
+            found = w[2:]
+        if found is not None and found not in _LAUNCH_MODULES:
+            return found
+    return found
 
 
 def script_names(text: str) -> list[str]:
-    """Every ``*.py`` path the text names (comments excluded), in order."""
+    """Every ``*.py`` path the text names (comments excluded), in order, and every module a launcher runs with
+    ``-m`` (``python -m a.b``, ``torchrun ... -m a.b`` as ``a/b.py``; the launcher modules themselves left out)."""
     out = []
     for line in text.splitlines():
         line = re.sub(r"(^|\s)#.*$", "", line)
-        out += re.findall(r"[\w./${}-]*\.py\b", line)
-        out += [m + ".py" for m in re.findall(r"python3?\s+-u?m\s+([\w.${}]+)", line)]   # python -m a.b
+        found = [(m.start(), m.group()) for m in re.finditer(r"[\w./${}-]*\.py\b", line)]
+        if re.search(r"(^|[\s/\"'=])(python3?|torchrun|deepspeed)\b", line):
+            found += [(m.start(1), m.group(1).replace(".", "/") + ".py")
+                      for m in re.finditer(r"(?:^|\s)(?:-u?m|--module)\s+([\w.${}]+)", line)
+                      if m.group(1) not in _LAUNCH_MODULES]
+        out += [name for _, name in sorted(found)]
     return out
 
 

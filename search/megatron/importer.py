@@ -19,7 +19,7 @@ from ..plan import ParallelPlan
 from .build import plan_from_config
 from .cmdline import Flags, config_from_flags, parse_flags
 from .config import MegatronConfig
-from .entry import PRICED, check_unreadable, refuse_entry
+from .entry import PRICED, EntryRefusal, check_unreadable, refuse_entry
 from .hybrid_pattern import ENTRIES, FLAG, read_argv, unit_choices as hybrid_choices, unit_spans
 from .recompute import unit_choices
 from .shell import read_command
@@ -53,12 +53,14 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
     rel = megatron_release(version)
     try:
         cmd = read_command(text, source)
+    except EntryRefusal:
+        raise
     except AcesoError as e:
         check_unreadable(text, source, e)
     # a GPT model as a hybrid pattern: pretrain_hybrid.py / pretrain_mamba.py, or a bare line with the pattern
     hybrid = cmd.script in ENTRIES or (not cmd.script and any(w.split("=")[0] == FLAG for w in cmd.argv))
     if cmd.script and cmd.script not in PRICED and not hybrid:
-        refuse_entry(cmd.script, source)
+        refuse_entry(cmd.path or cmd.script, source)
     if not cmd.script and not cmd.argv and not cmd.assigned:
         raise AcesoError(f"{source}: empty (no command, no arguments); give the launch script that runs "
                          "pretrain_gpt.py or pretrain_t5.py, or its arguments")

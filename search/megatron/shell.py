@@ -42,6 +42,7 @@ _SEPARATORS = ("\n", ";", "&", ";;", "(", ")")
 class Command:
     argv: list[str]                       # the entry script's arguments
     script: str | None = None             # e.g. pretrain_gpt.py
+    path: str | None = None               # the entry as the file names it, e.g. examples/mimo/train.py
     world_size: int | None = None
     notes: list[str] = field(default_factory=list)
     assigned: list[str] = field(default_factory=list)   # variables the file sets
@@ -500,7 +501,7 @@ def read_command(text: str, source: str = "arguments") -> Command:
                         "priced once")
     command, _ = chosen[-1]
     k = max(i for i, w in enumerate(command) if w.endswith(".py") and (not priced or w.rsplit("/", 1)[-1] in PRICED))
-    return Command(argv=command[k + 1:], script=command[k].rsplit("/", 1)[-1],
+    return Command(argv=command[k + 1:], script=command[k].rsplit("/", 1)[-1], path=command[k],
                    world_size=_world_size(command[:k]), notes=sh.notes, assigned=sh.assigned)
 
 

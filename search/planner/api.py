@@ -114,16 +114,49 @@ def runtime_training(training, strict: bool = True):
     return training.model_copy(update={"megatron_fsdp": False, "activation_offload": False})
 
 
-def runs_elsewhere(state) -> bool:
-    """A state the aceso runtime does not run (Megatron FSDP, activation offload): not a seed of its search."""
-    return bool(state.features.fsdp or state.features.offload_layers)
+def runtime_lacks(e) -> list[str]:
+    """What of an evaluation's plan the aceso runtime does not run (empty: it runs it as it is): Megatron FSDP,
+    activation offload, the stack switches (CUDA graphs, fine-grained offload, the cross-entropy fusion), the MoE
+    EP overlap (search/runtime_rules.py refuses each in a plan)."""
+    f, sk = e.state.features, e.state.features.stack
+    out = [name for name, on in (("Megatron FSDP", f.fsdp), ("CPU activation offload", f.offload_layers),
+                                 ("CUDA graphs", sk is not None and sk.graphs),
+                                 ("fine-grained activation offload", sk is not None and sk.offload_modules),
+                                 ("the cross-entropy fusion", sk is not None and sk.ce_fusion),
+                                 ("the EP overlap", getattr(e.moe, "overlap_ep_comm", False))) if on]
+    return out or (["its stack settings"] if sk is not None else [])
+
+
+def runs_elsewhere(e) -> bool:
+    """An evaluation whose plan the aceso runtime does not run as it is (``runtime_lacks``): not a seed of its
+    search as it is, and never its line."""
+    return bool(runtime_lacks(e))
+
+
+def slower_note(plans) -> str | None:
+    """Why the heterogeneous line is slower than the Megatron-LM line (None when it is not): the Megatron-LM plan
+    uses what the aceso runtime does not run; the heterogeneous search started from it as the runtime runs it."""
+    het, mlm = (p.plans[0] if p.plans and p.plans[0].fits else None for p in (plans.aceso, plans.megatron))
+    if het is None or mlm is None or het.iteration_ms <= mlm.iteration_ms or plans.aceso is plans.megatron:
+        return None
+    lacks = runtime_lacks(mlm)
+    why = f"it uses {_and(lacks)}, which the aceso runtime does not run" if lacks else \
+        "the aceso runtime prices it slower"
+    return (f"the heterogeneous plan is slower than the Megatron-LM plan ({het.iteration_ms:.2f} vs "
+            f"{mlm.iteration_ms:.2f} ms): {why}; run the Megatron-LM plan with Megatron-LM (--target megatron-lm, "
+            "aceso export)")
+
+
+def _and(words: list[str]) -> str:
+    return " and ".join(words) if len(words) < 3 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def runtime_state(state):
-    """``state`` with the switches the aceso runtime runs (``runs_elsewhere``): Megatron FSDP and activation
-    offload off (the parameter gather with them unless the distributed optimizer runs it)."""
+    """``state`` with the switches the aceso runtime runs (``runs_elsewhere``): Megatron FSDP, activation offload
+    and the stack switches off (the parameter gather with them unless the distributed optimizer runs it); the EP
+    overlap is the MoE settings', which the heterogeneous search prices without."""
     f = state.features
-    return state._replace(features=f._replace(fsdp="", offload_layers=0,
+    return state._replace(features=f._replace(fsdp="", offload_layers=0, stack=None,
                                               overlap_param_gather=f.overlap_param_gather and f.distributed_optimizer))
 
 
@@ -155,21 +188,25 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
         o2.callback = lambda n, done=mlm.evals: opts.callback(done + n)
     from ..capabilities import model_refusal
     from ..precision import of_training
-    why = model_refusal("aceso", cm.model, of_training(training))
+    why = model_refusal("aceso", cm.model, of_training(training), training.dtype, cm.cluster.gpu, training.optimizer)
     if why is not None:   # the aceso runtime runs no plan of this model: no heterogeneous line (capabilities.py)
         return Plans(target, base, mlm, SearchResult([], [], 0, 0.0, False, {}), space,
                      {"aceso": why, **lines["not_offered"]}, pattern)
     # the Megatron-LM plan and its |-pattern form (one shape, unit cuts) also run on the aceso runtime
-    runs = [e for e in mlm.plans[:1] + [pattern] if e is not None and e.fits and not runs_elsewhere(e.state)]
-    # MoE: the lines above as the runtime runs them (FSDP and offload off) are seeds too: a plan the runtime does
-    # not run as it is still gives the heterogeneous search its shapes and cuts to start from
-    moved = [runtime_state(e.state) for e in [fitting] + mlm.plans[:1]
-             if cm.model.moe is not None and e is not None and e.fits and runs_elsewhere(e.state)]
+    runs = [e for e in mlm.plans[:1] + [pattern] if e is not None and e.fits and not runs_elsewhere(e)]
+    # the lines above as the runtime runs them (FSDP, offload, the stack switches and the EP overlap off) are seeds
+    # too: a plan the runtime does not run as it is still gives the heterogeneous search its shapes and cuts
+    moved = [runtime_state(e.state) for e in [fitting and fitting.evaluation] + mlm.plans[:1]
+             if e is not None and e.fits and runs_elsewhere(e)]
     het, aspace = plan_search(cm, runtime_training(training, strict=False), o2, top_k if target == "aceso" else 1,
-                              fitting if fitting is not None and not runs_elsewhere(fitting.state) else None, "aceso",
+                              fitting if fitting is not None and not runs_elsewhere(fitting.evaluation) else None,
+                              "aceso",
                               [e.state for e in runs] + moved)
-    if runs:
-        _never_worse(het, min(runs, key=lambda e: e.score))
+    # the heterogeneous line is never slower than the Megatron-LM line (or its |-pattern form) as the runtime runs it
+    from .state import Evaluator
+    ev = Evaluator(cm, training.global_batch_size, None, "aceso", aspace.moe)
+    for e in runs + [ev.evaluate(s, charge=False, exact=True) for s in moved if aspace.legal(s)]:
+        _never_worse(het, e)
     return Plans(target, base, mlm, het, aspace if target == "aceso" else space, **lines)
 
 

@@ -176,6 +176,9 @@ def summary(plan, ev: Evaluation, plans, result, cm, wall_s: float | None = None
            "evaluated_plans": result.evals,
            "interrupted": result.interrupted, "lines": three_lines(plans, plan.model),
            "not_offered": dict(plans.not_offered)}
+    from .api import slower_note
+    if (note := slower_note(plans)) is not None:
+        out["aceso_slower"] = note
     base = plans.uniform
     if base is not None and base.fits:
         out["baseline"] = {"iteration_ms": round(base.iteration_ms, 4), "pp": base.pp, "tp": base.tp,
@@ -223,6 +226,9 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None, wall_s: floa
             continue
         sp = f"{x['speedup']:.3f}x" if "speedup" in x else "-"
         con.print(f"{label:<21} {x['iteration_ms']:>12.2f} ms  {sp:>7}   {x['plan']}")
+    from .api import slower_note
+    if (note := slower_note(plans)) is not None:
+        con.print(f"note: {note}")
     wall = f" ({wall_s:.1f} s wall in all, with the uniform and Megatron-LM lines)" if wall_s is not None else ""
     con.print(f"search {result.seconds:.2f} s{wall}, {result.evals} plans evaluated (units: "
               f"{units_text(plan.model)}; mbs/rank: Megatron's --micro-batch-size)")

@@ -42,7 +42,7 @@ from ..costmodel.types import Features, Shape
 from ..errors import AcesoError
 from ..fsdp import one_rank_group, pipeline_refusal
 from ..layer_variants import offset_blocks_cp
-from ..moe_plan import dispatcher_settings, overlap_ep_refusal
+from ..moe_plan import MoEPlanSettings, dispatcher_settings, overlap_ep_refusal
 from ..training import MAX_VIRTUAL
 from . import constraints
 from .experts import ExpertSpace
@@ -193,8 +193,10 @@ class Space:
         sps = _switch(training, "sequence_parallel", priced, "sequence-parallel")
         if training.tp_comm_overlap:
             sps = (True,)       # TE's TP overlap needs sequence parallelism on every tp > 1 stage
-        if moe is None and model.moe is not None and training.token_dispatchers:
-            moe = dispatcher_settings(model, training.token_dispatchers[0])   # --dispatcher: the first
+        if moe is None and model.moe is not None and (training.token_dispatchers or training.moe_router_dtype):
+            # --dispatcher: the first; --moe-router-dtype: every plan's
+            moe = dispatcher_settings(model, (training.token_dispatchers or ["alltoall"])[0],
+                                      MoEPlanSettings(router_dtype=training.moe_router_dtype))
         experts = ExpertSpace.of(model, expert_shapes, getattr(moe, "token_dispatcher", "alltoall"),
                                  **constraints.expert_limits(model, cluster, training, tps))
         if experts is not None and True in sps:

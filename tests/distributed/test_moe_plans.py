@@ -146,3 +146,17 @@ def _gap(router, hidden: torch.Tensor) -> float:
     logits = (hidden.reshape(-1, hidden.size(-1)) @ router.weight.t()).detach()
     top = logits.topk(router.topk + 1, dim=-1).values
     return float((top[:, -2] - top[:, -1]).min())
+
+
+# issue 32: padding the expert input to capacity (megatron-core's drop-and-pad alltoall) ran unpadded in the runtime;
+# a capacity that drops nothing (4 experts, top 2, factor 2: every expert's capacity is a rank's tokens, the most
+# it can receive; megatron-core's padded permute needs a capacity of at most the tokens) pads with zeros
+PADDED_MOE = MOE.model_copy(update={"moe_expert_capacity_factor": 2.0, "moe_pad_expert_input_to_capacity": True})
+PADDED = plan(LLAMA_MOE.model_copy(update={"name": "tiny-llama-moe-padded", "moe": PADDED_MOE}), st(1, 2, 0, 4, ep=2))
+
+
+def test_a_plan_padding_the_expert_input_matches_single_process(tmp_path, reference_process):  # noqa: F811
+    out = tmp_path / "results.pt"
+    spawn(2, run_plans, [PADDED], str(out), SEED, STEPS, TC)
+    failures = compare(["padded to capacity, EP 2, alltoall"], [PADDED], torch.load(out))
+    assert not failures, "\n".join(failures)

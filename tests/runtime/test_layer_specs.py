@@ -175,7 +175,7 @@ def test_carving_rule():
 ])
 def test_whole_layer_plans_are_refused_before_any_group(monkeypatch, single_process, spans, message):
     from aceso_megatron.model.layers import check_model
-    from aceso_megatron.training import engine
+    from aceso_megatron.training import build_steps, engine
 
     raw = plan(PARALLEL, *spans)
     with pytest.raises(AcesoError) as e:
@@ -185,7 +185,7 @@ def test_whole_layer_plans_are_refused_before_any_group(monkeypatch, single_proc
         def no_groups(*a, **k):
             raise AssertionError("process groups were built")
 
-        monkeypatch.setattr(engine, "build_groups", no_groups)
+        monkeypatch.setattr(build_steps, "build_groups", no_groups)   # the groups step's call
         with pytest.raises(AcesoError, match="runs whole"):
             engine.build_runtime(raw, 0, 1)
 

@@ -225,3 +225,28 @@ def test_validate_answers_what_launch_and_its_workers_do_on_cpu(tmp_path, capsys
         verdicts[name] = v
     assert verdicts["moe-etp2-alltoall"] is False and verdicts["moe-etp2-allgather"] is True
     assert set(verdicts.values()) == {True, False}
+
+
+def test_the_fp16_row_refuses_what_the_runtime_engine_refuses():
+    """Issue 32: the capability table's fp16 row (torch-free: validate, the search's output check, launch) against
+    the runtime's own check on the GPUs (``training.engine.check_plan``): the same verdict for an fp16 plan on
+    every GPU with bf16; a CPU runs fp16 plans (as fp32), and Megatron-LM runs them (it scales fp16 losses)."""
+    from aceso_megatron.model.fast_path import Environment
+    from aceso_megatron.training.engine import check_plan
+    from search.capabilities import Device, plan_refusal
+    from search.cluster import parse_cluster
+    from search.errors import AcesoError
+    from search.plan import ParallelPlan
+
+    for gpu in ("a100", "h100", "b200", "gb200"):
+        fp16 = {**plan(GPT.model_copy(update={"params_dtype": "fp16"}), (0, 4, ["none"] * 4)),
+                "cluster": parse_cluster(f"1x1-{gpu}").model_dump()}
+        with pytest.raises(AcesoError, match="model.params_dtype fp16: the runtime has no fp16 loss scaling"):
+            check_plan(fp16, 1, Environment(cuda=True))
+        p = ParallelPlan.model_validate(fp16)
+        assert "the aceso runtime has no fp16 loss scaling yet" in plan_refusal(p, "aceso", Device.of("cuda"))
+        assert plan_refusal(p, "aceso", Device.of("cpu")) is None and check_plan(fp16, 1, Environment(cuda=False))
+        assert plan_refusal(p, "megatron-lm", Device.of("cuda")) is None
+        bf16 = {**fp16, "model": GPT.model_copy(update={"params_dtype": "bf16"}).model_dump()}
+        check_plan(bf16, 1, Environment(cuda=True))
+        assert plan_refusal(ParallelPlan.model_validate(bf16), "aceso", Device.of("cuda")) is None

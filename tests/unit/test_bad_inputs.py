@@ -49,8 +49,10 @@ def _preflight_plan(tp=1, cp=1, dp=2, **model) -> dict:
                                    cp=cp).to_json())
 
 
-def _gpu_plan() -> dict:
-    return json.loads(uniform_plan(load_model("gpt-1.3b"), 1, 1, 8, 8, 64, cluster=parse_cluster("1x8-h100")).to_json())
+def _gpu_plan(dtype: str = "bf16") -> dict:
+    """gpt-1.3b on 8 H100s in bf16 (the aceso runtime trains fp16 nowhere but a V100: runtime_rules.fp16_on_gpu)."""
+    model = load_model("gpt-1.3b").model_copy(update={"params_dtype": dtype})
+    return json.loads(uniform_plan(model, 1, 1, 8, 8, 64, cluster=parse_cluster("1x8-h100")).to_json())
 
 
 def _dropout_plan() -> dict:
@@ -84,6 +86,7 @@ BASE: dict[str, object] = {}   # file name -> JSON-able content (built once, laz
 def base_files() -> dict[str, object]:
     if not BASE:
         BASE.update({"spec.json": TINY, "plan.json": _tiny_plan(), "gpu-plan.json": _gpu_plan(),
+                     "fp16-gpu-plan.json": _gpu_plan("fp16"),
                      "dropout-plan.json": _dropout_plan(), "hf.json": GPT2, "llama.json": LLAMA,
                      "db.json": _profile_db(), "ref.json": _ref_config(),
                      "corpus.jsonl": '{"text": "a small corpus"}\n' * 20,
@@ -479,7 +482,7 @@ CASES = [
     C("validate-world-size", "validate plan.json --world-size 3", "needs 2 processes"),
     C("validate-other-cluster", "validate plan.json --cluster 1x4-cpu", "stages use 2 GPUs but the cluster 1x4-cpu"),
     C("validate-memory", "validate gpu-plan.json --memory-limit-mb 1000", "stages[0] needs"),
-    C("validate-memory-attention", "validate gpu-plan.json --cluster 1x8-v100 --attention flash",
+    C("validate-memory-attention", "validate fp16-gpu-plan.json --cluster 1x8-v100 --attention flash",
       "v100 has no flash attention"),
     C("explain-spec", "explain spec.json", "a model spec, not a plan"),
     C("explain-hf-config", "explain hf.json", "hf.json"),
@@ -688,7 +691,7 @@ CASES = [
       "--megatron-version is for --to megatron-lm"),
     C("import-mlm-bert", "import bert.sh --from megatron-lm", "bert.sh: runs pretrain_bert.py: BERT pretraining",
       **{"bert.sh": "torchrun --nproc_per_node 8 pretrain_bert.py " + _MLM + "\n"}),
-    C("import-mlm-inference", "import gen.sh --from megatron-lm", "runs run_text_generation_server.py: "
+    C("import-mlm-inference", "import gen.sh --from megatron-lm", "runs tools/run_text_generation_server.py: "
       "inference / text generation, not training", **{"gen.sh": "torchrun --nproc_per_node 8 "
                                                                   "tools/run_text_generation_server.py --tp 8\n"}),
     C("import-mlm-loop", "import loop.sh --from megatron-lm", "loop.sh: line 1: a 'for' loop that sets variables or runs the command",

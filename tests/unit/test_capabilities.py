@@ -47,7 +47,7 @@ def _run(argv, capsys) -> tuple[int, str, str]:
 
 def test_every_row_names_only_known_targets_and_scopes():
     for row in TABLE:
-        assert row.scope in ("model", "plan") and set(row.refuse) <= set(FRAMEWORKS), row
+        assert row.scope in ("model", "precision", "plan") and set(row.refuse) <= set(FRAMEWORKS), row
     assert len({row.feature for row in TABLE}) == len(TABLE)
 
 
@@ -208,3 +208,32 @@ def test_the_search_says_what_it_could_not_check_without_the_runtime():
     """)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "the runtime is not installed here" in r.stderr, r.stderr
+
+
+def test_the_readme_search_plans_what_the_runtime_runs_on_its_gpus(tmp_path, capsys):
+    """Issue 32: the README's first command returned an fp16 plan (the GPT presets' dtype) for the aceso runtime on
+    H100s, whose engine refuses fp16 on a GPU (no loss scaling: ``training.engine.check_plan``), and validate and
+    launch --dry-run called it valid. The search plans such a model in bf16 for the runtime, with a note; fp16
+    plans are refused by the table on a GPU with bf16, as the runtime refuses them; Megatron-LM (which scales fp16
+    losses) keeps fp16, its report's heterogeneous line is not offered; a V100 keeps fp16 (Aceso's dtype)."""
+    small = ["--model", "gpt-1.3b", "--num-layers", "2", "--global-batch-size", "16", "--budget-evals", "50"]
+    plan = tmp_path / "plan.json"
+    rc, out, err = _run(["search", *small, "--cluster", "1x8-h100", "--json", "-o", str(plan)], capsys)
+    assert rc == 0 and "gpt-1.3b is an fp16 model and the aceso runtime trains in bf16 on the h100" in err, err
+    assert json.loads(plan.read_text())["model"]["params_dtype"] == "bf16"
+    assert _run(["validate", str(plan), "--target", "aceso"], capsys)[0] == 0
+    mlm = tmp_path / "mlm.json"
+    rc, out, err = _run(["search", *small, "--cluster", "1x8-h100", "--target", "megatron-lm", "--json", "-o",
+                         str(mlm)], capsys)
+    assert rc == 0 and json.loads(mlm.read_text())["model"]["params_dtype"] == "fp16"
+    assert "precision fp16: the aceso runtime has no fp16 loss scaling" in json.loads(out)["not_offered"]["aceso"]
+    rc, out, err = _run(["validate", str(mlm), "--target", "aceso"], capsys)
+    assert rc == 2 and "precision fp16: the aceso runtime has no fp16 loss scaling yet" in err
+    assert _run(["validate", str(mlm)], capsys)[0] == 0          # its own target, Megatron-LM, runs it
+    rc, out, err = _run(["search", *small, "--cluster", "1x8-h100", "--precision", "fp16", "-o", str(tmp_path / "x")],
+                        capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
+    v100 = tmp_path / "v100.json"
+    rc, out, err = _run(["search", *small, "--cluster", "1x8-v100", "--json", "-o", str(v100)], capsys)
+    assert rc == 0 and json.loads(v100.read_text())["model"]["params_dtype"] == "fp16" and "note" not in err
+

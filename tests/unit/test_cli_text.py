@@ -29,7 +29,8 @@ def test_help_summaries_are_whole_first_paragraphs(capsys, monkeypatch):
 
 
 def test_validate_names_cp_and_counts_stages(tmp_path, capsys):
-    plan = uniform_plan(load_model("gpt-1.3b"), 1, 2, 2, 16, 64, cluster=parse_cluster("2x8-h100"), cp=4)
+    model = load_model("gpt-1.3b").model_copy(update={"params_dtype": "bf16"})   # (the runtime: no fp16 on H100s)
+    plan = uniform_plan(model, 1, 2, 2, 16, 64, cluster=parse_cluster("2x8-h100"), cp=4)
     assert [(s.tp, s.cp, s.dp) for s in plan.stages] == [(2, 4, 2)]
     (tmp_path / "p.json").write_text(plan.to_json())
     assert main(["validate", str(tmp_path / "p.json")]) == 0

@@ -26,7 +26,8 @@ from search.presets import load_model
 from search.training import TrainingSpec
 from tests.unit.test_plan_validation import validate_refuses
 
-MODEL = load_model("gpt-350m")          # 24 layers, 48 units
+# 24 layers, 48 units; bf16: the runtime trains no fp16 on H100s (runtime_rules.fp16_on_gpu)
+MODEL = load_model("gpt-350m").model_copy(update={"params_dtype": "bf16"})
 N = MODEL.num_units
 
 

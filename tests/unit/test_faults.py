@@ -27,7 +27,7 @@ from search.cli import main
 from tests.conftest import ROOT
 
 GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 64, "vocab_size": 512}
-SEARCH = ["search", "--model", "gpt-1.3b", "--cluster", "1x8-h100", "--global-batch-size", "512"]
+SEARCH = ["search", "--model", "gpt-1.3b", "--cluster", "1x8-h100", "--global-batch-size", "512", "--precision", "bf16"]
 LONG_SEARCH = ["search", "--model", "gpt-13b", "--cluster", "4x8-h100", "--global-batch-size", "1024",
                "--budget-evals", "2000000", "--workers", "2"]
 

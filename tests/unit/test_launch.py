@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 from tests.unit.test_torch_free import run_blocked
 
 TINY = ModelSpec(name="tiny", family="gpt", num_layers=4, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128,
-                 seq_length=32, vocab_size=512)
+                 seq_length=32, vocab_size=512, params_dtype="bf16")   # (no fp16 on H100s: runtime_rules.fp16_on_gpu)
 
 
 def write_plan(tmp_path, plan: ParallelPlan, name: str = "plan.json") -> str:

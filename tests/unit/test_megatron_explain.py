@@ -28,8 +28,8 @@ def test_explain_prices_the_imported_plan_as_megatron_lm_runs_it_and_reports_the
     assert abs(out["iteration_time_ms"] - cm.evaluate(plan).iteration_ms) < 1e-6
     gain = out["megatron_search"]
     assert gain["config_ms"] == out["iteration_time_ms"] and gain["budget_evals"] == 150
-    for key in ("megatron", "aceso"):
-        assert abs(gain[key]["speedup"] - gain["config_ms"] / gain[key]["iteration_ms"]) < 1e-9
+    assert abs(gain["megatron"]["speedup"] - gain["config_ms"] / gain["megatron"]["iteration_ms"]) < 1e-9
+    assert "no fp16 loss scaling" in gain["aceso"]["not_offered"]      # an fp16 script: the runtime trains bf16
     # tp 4 with full recompute on 8 H100s for a 4-layer 1.3B model is far from the best Megatron-LM configuration
     assert gain["megatron"]["speedup"] > 1.2
     assert any("ignored 1 flag that does not change the plan: --empty-unused-memory-level" in n for n in out["notes"])
@@ -56,9 +56,14 @@ def test_explain_table_prints_each_line_with_the_command_that_gives_it(capsys):
     assert lines[mine + 1].startswith("best Megatron-LM plan (drop-in):") and "x faster" in lines[mine + 1]
     assert lines[mine + 2] == ("  aceso search --model gpt-1.3b --num-layers 4 --cluster 1x8-h100 --global-batch-size "
                                "64 --target megatron-lm --budget-evals 100 -o plan.json")
-    assert lines[mine + 3].startswith("best heterogeneous plan (aceso runtime):")
-    assert lines[mine + 4] == ("  aceso search --model gpt-1.3b --num-layers 4 --cluster 1x8-h100 --global-batch-size "
-                               "64 --budget-evals 100 -o plan.json")
+    assert lines[mine + 3].startswith("best heterogeneous plan (aceso runtime): not offered: precision fp16")
+    assert main(["explain", "--megatron-args", ARGS.replace("--fp16", "--bf16"), "--cluster", "1x8-h100",
+                 "--search-budget-evals", "100"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    het = next(i for i, line in enumerate(lines) if line.startswith("best heterogeneous plan (aceso runtime):"))
+    # (no --precision: bf16 is the runtime's default for the fp16 preset)
+    assert lines[het + 1] == ("  aceso search --model gpt-1.3b --num-layers 4 --cluster 1x8-h100 --global-batch-size "
+                              "64 --budget-evals 100 -o plan.json")
 
 
 def test_explain_megatron_args_needs_a_cluster_and_no_plan(tmp_path, capsys):
@@ -85,9 +90,9 @@ def test_the_search_space_holds_the_given_configuration_even_outside_its_default
     assert main(["explain", "--megatron-args", line, "--cluster", "1x8-a100", "--search-budget-evals", "60",
                  "--json"]) == 0
     g = json.loads(capsys.readouterr().out)["megatron_search"]
-    for key in ("megatron", "aceso"):
-        assert "--micro-batch-sizes 1 2 4 8 16" in g[key]["command"]
-        assert g[key]["speedup"] >= 1 - 1e-9, g[key]
+    assert "--micro-batch-sizes 1 2 4 8 16" in g["megatron"]["command"]
+    assert g["megatron"]["speedup"] >= 1 - 1e-9, g["megatron"]
+    assert "not_offered" in g["aceso"]          # fp16 on an A100: the runtime has no fp16 loss scaling
 
 
 CUSTOM = ("--num-layers 2 --hidden-size 1024 --ffn-hidden-size 3584 --num-attention-heads 16 --group-query-attention "
@@ -127,7 +132,8 @@ def test_a_preset_models_command_reproduces_the_line(tmp_path, capsys):
     assert main(["explain", "--megatron-args", ARGS, "--cluster", "1x8-h100", "--search-budget-evals", "80",
                  "--json"]) == 0
     g = json.loads(capsys.readouterr().out)["megatron_search"]
-    for key in ("megatron", "aceso"):
+    assert "not_offered" in g["aceso"]          # fp16 on an H100: the runtime has no fp16 loss scaling
+    for key in ("megatron",):
         assert g[key]["command"].startswith("aceso search --model gpt-1.3b --num-layers 4 ")
         plan = _run_printed(g[key]["command"], tmp_path / f"{key}.json", capsys)
         assert plan["predicted"]["iteration_time_ms"] == pytest.approx(g[key]["iteration_ms"], abs=1e-5)   # (the plan rounds it to 1 ns)
@@ -140,3 +146,70 @@ def test_save_best_is_checked_before_any_work(tmp_path, capsys):
     assert err.count("\n") == 1 and "--save-best" in err
     assert main(["explain", "p.json", "--save-best", str(tmp_path / "x.json")]) == 2
     assert "--save-best is for --megatron-args" in capsys.readouterr().err
+
+
+MOE = ("--num-layers 2 --hidden-size 512 --num-attention-heads 8 --ffn-hidden-size 1024 --seq-length 1024 "
+       "--max-position-embeddings 1024 --position-embedding-type rope --normalization RMSNorm --swiglu "
+       "--untie-embeddings-and-output-weights --disable-bias-linear --num-experts 8 --moe-router-topk 2 "
+       "--moe-ffn-hidden-size 256 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather "
+       "--moe-router-dtype fp32 --moe-grouped-gemm --tensor-model-parallel-size 2 --sequence-parallel "
+       "--micro-batch-size 1 --global-batch-size 16 --bf16 --tokenizer-type NullTokenizer --vocab-size 31999")
+
+
+def test_an_moe_configurations_settings_travel_in_the_printed_command(tmp_path, capsys):
+    """Issue 32: the command explain printed for an MoE script searched under the alltoall dispatcher and the
+    model's router dtype, whatever the script ran: its plans dropped the script's fp32 router (numerics) and its
+    uniform baseline did not hold the configuration. Now the script's dispatcher is the first of --dispatcher (the
+    one the search runs under) and its router dtype is --moe-router-dtype; running the printed command gives byte
+    for byte the plan --save-best wrote, with the script's router dtype."""
+    best = tmp_path / "best.json"
+    assert main(["explain", "--megatron-args", MOE, "--cluster", "1x8-h100", "--search-budget-evals", "40",
+                 "--save-best", str(best), "--json"]) == 0
+    g = json.loads(capsys.readouterr().out)["megatron_search"]
+    saved = {"megatron": best, "aceso": tmp_path / "best.aceso.json"}
+    for key in ("megatron", "aceso"):
+        assert "--dispatcher allgather alltoall flex --moe-router-dtype fp32" in g[key]["command"]
+        plan = _run_printed(g[key]["command"], tmp_path / f"{key}.json", capsys)
+        assert (tmp_path / f"{key}.json").read_bytes() == saved[key].read_bytes()
+        assert plan["settings"]["moe"]["router_dtype"] == "fp32"
+    # a host-bound MoE model: the drop-in plan's EP overlap and CUDA graphs make it the faster; the line says why
+    assert g["aceso"]["iteration_ms"] > g["megatron"]["iteration_ms"]
+    assert "the aceso runtime does not run it (moe.overlap_ep_comm" in g["aceso"]["slower_than_drop_in"]
+    assert main(["search", "--model", "gpt-1.3b", "--num-layers", "2", "--cluster", "1x8-h100", "--global-batch-size",
+                 "16", "--moe-router-dtype", "fp32", "--budget-evals", "5", "-o", str(tmp_path / "d.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--moe-router-dtype: gpt-1.3b is a dense model" in err
+    assert not (tmp_path / "d.json").exists()
+
+
+def test_a_muon_script_is_searched_and_priced_with_muon(tmp_path, capsys):
+    """Issue 32: explain priced a script's --optimizer muon but its search lines (and the plans they wrote) with
+    Adam, the search's only optimizer; the drop-in plan then exported without --optimizer muon. Now the command
+    carries --optimizer (the search prices it: costmodel/optimizers.py, hand-computed in test_stack_features.py),
+    the drop-in plan records it and is priced by the plan evaluator as Muon, not Adam, and the aceso runtime's line
+    is not offered (it runs Adam only); a --target aceso search with Muon is refused in one line."""
+    from search.plan import load_plan
+    best = tmp_path / "best.json"
+    muon = CUSTOM.replace("--use-distributed-optimizer ", "") + " --optimizer muon"   # (megatron-core: not both)
+    assert main(["explain", "--megatron-args", muon, "--cluster", "1x8-h100",
+                 "--search-budget-evals", "40", "--save-best", str(best), "--json"]) == 0
+    g = json.loads(capsys.readouterr().out)["megatron_search"]
+    assert "--optimizer muon --target megatron-lm" in g["megatron"]["command"]
+    assert "the aceso runtime runs Adam only" in g["aceso"]["not_offered"]
+    plan = _run_printed(g["megatron"]["command"], tmp_path / "m.json", capsys)
+    assert (tmp_path / "m.json").read_bytes() == best.read_bytes() and plan["settings"]["optimizer"] == "muon"
+    assert not plan["settings"].get("distributed_optimizer") and not plan["settings"].get("overlap_param_gather")
+    p = load_plan(str(best))
+
+    def priced(optimizer):
+        tr = TrainingSpec(global_batch_size=64, precision="bf16", optimizer=optimizer,
+                          distributed_optimizer=p.distributed_optimizer)
+        settings = p.settings.model_copy(update={"optimizer": optimizer})
+        return cost_model(p.model, p.cluster, tr, settings).evaluate(p)
+    assert g["megatron"]["iteration_ms"] == pytest.approx(priced("muon").iteration_ms, rel=1e-9)
+    assert priced("adam").stages[0].memory_breakdown["optimizer"] != priced("muon").stages[0].memory_breakdown[
+        "optimizer"]
+    assert main(["search", "--model", str(tmp_path / "best.model.json"), "--cluster", "1x8-h100",
+                 "--global-batch-size", "64", "--optimizer", "muon", "--budget-evals", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--optimizer (muon): the aceso runtime runs Adam only" in err

@@ -97,7 +97,21 @@ def test_no_position_embedding_beside_rope_is_rope_and_moe_with_tp_needs_sequenc
     ("torchrun --nproc_per_node 8 pretrain_bert.py --num-layers 24 --hidden-size 1024 --num-attention-heads 16",
      "runs pretrain_bert.py: BERT pretraining"),
     ("torchrun --nproc_per_node 1 tools/run_text_generation_server.py --num-layers 24 --hidden-size 1024",
-     "runs run_text_generation_server.py: inference / text generation, not training"),
+     "runs tools/run_text_generation_server.py: inference / text generation, not training"),
+    # issue 32: the entry was cut to its file name, so examples/mimo/train.py read as "train.py: not a Megatron-LM
+    # pretraining entry point"; a placeholder the file cannot parse hid the inference module a launcher runs
+    ("torchrun --nproc_per_node 8 examples/mimo/train.py --num-layers 2 --hidden-size 64",
+     "runs examples/mimo/train.py: a MIMO multimodal model (megatron-core's MimoModel"),
+    ("torchrun --nproc_per_node 8 pretrain_vlm.py --num-layers 2 --hidden-size 64",
+     "runs pretrain_vlm.py: a vision-language model (pretrain_vlm.py"),
+    ("CHECKPOINT=<Path to the checkpoint>\ntorchrun $DISTRIBUTED_ARGS -m examples.inference.gpt.gpt_static_inference "
+     "--load ${CHECKPOINT}", "runs examples/inference/gpt/gpt_static_inference.py: inference / text generation"),
+    ("VOCAB=<Path to vocab.json>\npython -m torch.distributed.launch $DISTRIBUTED_ARGS "
+     "tools/run_text_generation_server.py --num-layers 24",
+     "runs tools/run_text_generation_server.py: inference / text generation"),
+    ("python -m torch.distributed.run --nproc-per-node 8 -m examples.inference.gpt.gpt_dynamic_inference --bf16",
+     "line 2: runs examples.inference.gpt.gpt_dynamic_inference (python -m examples.inference.gpt.gpt_dynamic_"
+     "inference): inference / text generation"),
 ])
 def test_an_entry_point_that_is_not_pretraining_is_refused_as_what_it_is(command, reason):
     with pytest.raises(AcesoError) as e:

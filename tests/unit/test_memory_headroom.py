@@ -34,10 +34,11 @@ def test_budget_and_verdict_by_hand():
 
 def _plan_between(tmp_path):
     """A plan whose peak fits a memory limit but not the default headroom of it, as a file."""
-    plan = uniform_plan(load_model("gpt-1.3b"), num_stages=2, tp=2, dp=2, micro_batch_size=4, global_batch_size=64,
+    model = load_model("gpt-1.3b").model_copy(update={"params_dtype": "bf16"})   # (the runtime: no fp16 on H100s)
+    plan = uniform_plan(model, num_stages=2, tp=2, dp=2, micro_batch_size=4, global_batch_size=64,
                         cluster=parse_cluster("1x8-h100"))
     cm = make_cost_model(plan.model, plan.cluster, TrainingSpec(global_batch_size=64, micro_batch_sizes=[4],
-                                                                precision="fp16"))
+                                                                precision="bf16"))
     peak = cm.evaluate(plan).max_memory_mb
     path = tmp_path / "p.json"
     path.write_text(plan.to_json())

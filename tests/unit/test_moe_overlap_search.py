@@ -87,3 +87,44 @@ def test_a_stage_that_fits_nowhere_reports_its_least_memory_without_full():
     assert c.memory_mb <= min(none.memory_mb, sel.memory_mb) + 1e-6
     rc_free, _ = optimize_stage(cm, 0, 1, 0, 0, n, 1, 8, 8, **kw)
     assert RC_CODE["full"] in set(rc_free.tolist())
+
+
+SMALL_MOE = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --ffn-hidden-size 2048 --seq-length 1024 "
+             "--max-position-embeddings 1024 --position-embedding-type rope --normalization RMSNorm --swiglu "
+             "--untie-embeddings-and-output-weights --disable-bias-linear --num-experts 8 --moe-router-topk 2 "
+             "--moe-ffn-hidden-size 512 --micro-batch-size 1 --global-batch-size 16 --bf16 "
+             "--tokenizer-type NullTokenizer --vocab-size 31999")
+
+
+def test_the_heterogeneous_line_is_the_plan_the_runtime_runs_and_starts_from_the_megatron_line(tmp_path, capsys):
+    """Issue 32: a host-bound MoE model's Megatron-LM plan uses CUDA graphs and the EP overlap, which the aceso
+    runtime does not run. The report's heterogeneous line took that plan (6.05 ms) while -o wrote another (13.39 ms:
+    the runtime refused the first); the heterogeneous search never started from it as the runtime runs it. Now
+    the line is the plan -o writes, no slower than the Megatron-LM plan priced (by the plan evaluator) without
+    what the runtime does not run, and the report says why it is slower than the Megatron-LM line."""
+    import json
+
+    from search.cli import main
+    from search.cli.search_cmd import find, parse_args
+    from search.megatron.importer import read_megatron
+    from search.plan_settings import RUNTIME
+    from search.planner.report import to_plan as report_plan
+    from search.presets import spec_text
+
+    model = read_megatron(SMALL_MOE, cluster=parse_cluster("1x8-h100")).plan.model
+    spec = tmp_path / "m.json"
+    spec.write_text(spec_text(model, "json", title=model.name))
+    argv = ["--model", str(spec), "--cluster", "1x8-h100", "--global-batch-size", "16", "--budget-evals", "60"]
+    assert main(["search", *argv, "--json", "-o", str(tmp_path / "p.json")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    written = json.loads((tmp_path / "p.json").read_text())["predicted"]["iteration_time_ms"]
+    het, mlm = out["lines"]["aceso"]["iteration_ms"], out["lines"]["megatron_lm"]["iteration_ms"]
+    assert het == pytest.approx(written, abs=1e-3)
+    assert het > mlm and "CUDA graphs" in out["aceso_slower"] and "EP overlap" in out["aceso_slower"]
+    # the Megatron-LM line's plan without CUDA graphs and the EP overlap, priced as the runtime runs it
+    f = find(parse_args(argv), quiet=True)
+    e = f.plans.megatron.plans[0]
+    plan = report_plan(e, f.model, f.cluster, f.training, f.cm, RUNTIME)
+    plan = plan.model_copy(update={"stack": None, "moe": plan.moe.model_copy(update={"overlap_ep_comm": False,
+                                                                                   "delay_wgrad": False})})
+    assert het <= f.cm.evaluate(plan).iteration_ms + 1e-9

@@ -36,18 +36,19 @@ def plan(model=MOE, tp=2, dp=1, ep=2, etp=1, moe=None, rc=None, **features):
 def test_stage_fields_carry_the_stage_expert_shape_and_dispatcher():
     got = stage_fields(plan(moe={"token_dispatcher": "allgather"}), 0, cuda=False, te=False)
     assert got == {"expert_model_parallel_size": 2, "expert_tensor_parallel_size": 1,
-                   "moe_token_dispatcher_type": "allgather", "moe_grouped_gemm": False, "moe_permute_fusion": False,
-                   "moe_shared_expert_overlap": False}
+                   "moe_token_dispatcher_type": "allgather", "moe_flex_dispatcher_backend": "deepep",
+                   "moe_router_dtype": None, "moe_grouped_gemm": False, "moe_permute_fusion": False,
+                   "moe_router_fusion": False, "moe_shared_expert_overlap": False}
     assert stage_fields(plan(ep=1, etp=None), 0, False, False)["expert_tensor_parallel_size"] == 2   # None = tp
     dense = MOE.model_copy(update={"moe": None})
     assert stage_fields(plan(dense, ep=1, etp=None), 0, False, False) == {}
 
 
 def test_fast_paths_follow_the_environment():
-    s = MoEPlanSettings(shared_expert_overlap=True)
+    s = MoEPlanSettings(shared_expert_overlap=True, router_fusion=True)
     assert not any(fast_fields(False, False, s).values())                # CPU: SequentialMLP, no streams
     assert fast_fields(True, True, s) == {"moe_grouped_gemm": True, "moe_permute_fusion": True,
-                                          "moe_shared_expert_overlap": True}
+                                          "moe_router_fusion": True, "moe_shared_expert_overlap": True}
     assert fast_fields(True, False, s)["moe_permute_fusion"] is False   # TE's fused permute
 
 

@@ -14,7 +14,7 @@ from tests.conftest import ROOT
 
 def good_plan() -> dict:
     """GPT-350M on 1x8: 3 heterogeneous stages (2 GPUs tp2, 4 GPUs dp4, 2 GPUs tp1 dp2), cut mid-layer."""
-    m = load_model("gpt-350m")
+    m = load_model("gpt-350m").model_copy(update={"params_dtype": "bf16"})   # (the runtime: no fp16 on H100s)
     stages = [
         dict(num_gpus=2, tp=2, dp=1, start_unit=0, end_unit=17, recompute=["full"] * 17),
         dict(num_gpus=4, tp=1, dp=4, start_unit=17, end_unit=36, recompute=["selective"] * 19),

@@ -106,6 +106,7 @@ def test_three_lines_and_the_megatron_target(tmp_path, capsys):
     from search.presets import load_model
     limit = memory_between(load_model("gpt-13b", num_layers=6), "4x1-h100", 64, 0.3)
     BIG = ["--model", "gpt-13b", "--num-layers", "6", "--cluster", "4x1-h100", "--memory-limit-mb", f"{limit:.0f}",
+           "--precision", "bf16",   # the fp16 preset: the runtime (the heterogeneous line) trains bf16 on an H100
            "--global-batch-size", "64", "--micro-batch-sizes", "1", "2", "--budget-evals", "300"]
     het, mlm = tmp_path / "het.json", tmp_path / "mlm.json"
     assert main(["search", *BIG, "--json", "-o", str(het)]) == 0

@@ -14,7 +14,8 @@ from search.presets import load_model
 
 
 def _plan(tmp_path, limit=None):
-    plan = uniform_plan(load_model("gpt-1.3b"), 1, 1, 8, 8, 64, cluster=parse_cluster("1x8-h100", limit))
+    model = load_model("gpt-1.3b").model_copy(update={"params_dtype": "bf16"})   # (the runtime: no fp16 on H100s)
+    plan = uniform_plan(model, 1, 1, 8, 8, 64, cluster=parse_cluster("1x8-h100", limit))
     plan = plan.model_copy(update={"predicted": PlanPrediction(cost_model="analytic", iteration_time_ms=10.0,
                                                                 samples_per_s=6400.0, stage_time_ms=[10.0],
                                                                 stage_memory_mb=[30000.0])})
