@@ -25,7 +25,7 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
-from .mamba import Mamba2Spec, params as mamba_params
+from .mamba import Mamba2Spec, params as mamba_params, shape as mamba_shape
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 LAYER_SYMBOLS = {"M": "mamba", "G": "gdn", "*": "attention", "D": "ds_attention", "+": "mla", "-": "mlp", "E": "moe"}
@@ -79,6 +79,66 @@ def pipeline_refusal(pattern: Pattern, pp: int, vp: int = 1) -> str | None:
     if len(pattern.layers) % pp:
         return f"{len(pattern.layers)} layers without '|' cuts must divide evenly over pp ({pp})"
     return None
+
+
+# ----- a ModelSpec written as a pattern --------------------------------------------------------------------------
+def check_model(model) -> None:
+    """The rules megatron-core 0.19 / Megatron-LM apply to a hybrid model, for ``ModelSpec.hybrid_layer_pattern``
+    and ``ModelSpec.mamba`` (ValueError, one line naming the field and the fix). Megatron-LM derives ``--num-layers``
+    from the main pattern (``get_hybrid_total_layer_count``: its symbols without '|') and ``--mtp-num-layers`` from
+    the depths after '/' (training/arguments.py, ``validate_args``); '|' cuts are a plan's, not the model's."""
+    from . import kind as _kinds
+
+    pattern = model.hybrid_layer_pattern
+    if pattern is None:
+        if model.mamba is not None:
+            raise ValueError("mamba: a Mamba-2 block needs hybrid_layer_pattern (its 'M' layers); add the pattern or "
+                             "remove mamba")
+        return
+    if model.is_t5:
+        raise ValueError("hybrid_layer_pattern is for gpt/llama decoders (megatron-core's HybridModel), not t5; "
+                         "remove it")
+    if PIPE in pattern:
+        raise ValueError("hybrid_layer_pattern: '|' stage cuts are the plan's, not the model's; remove them")
+    p = parse_pattern(pattern)
+    if not p.layers:
+        raise ValueError("hybrid_layer_pattern: the main pattern (before '/') has no layer; give one symbol per layer")
+    for c in p.layers + (p.mtp or ""):
+        try:
+            _kinds.by_symbol(c)
+        except ValueError:
+            raise ValueError(f"hybrid_layer_pattern: '{c}' ({LAYER_SYMBOLS[c]}) layers are not supported by aceso yet; "
+                             f"use {''.join(k.symbol for k in _kinds.kinds() if k.symbol)}") from None
+    if len(p.layers) != model.num_layers:
+        raise ValueError(f"num_layers ({model.num_layers}) must equal the layers of hybrid_layer_pattern "
+                         f"({len(p.layers)} before '/'; Megatron-LM derives --num-layers from the pattern)")
+    if p.mtp_depths != (model.mtp_num_layers or 0):
+        raise ValueError(f"mtp_num_layers ({model.mtp_num_layers}) must equal the MTP depths of hybrid_layer_pattern "
+                         f"({p.mtp_depths}: one '/' and its symbols per depth; Megatron-LM infers "
+                         "--mtp-num-layers from them)")
+    if p.mtp is not None:
+        roles = [_kinds.by_symbol(c).role for c in p.mtp]
+        if roles != ["attention", "mlp"]:
+            raise ValueError(f"hybrid_layer_pattern: an MTP depth is priced as one attention and one MLP or MoE layer "
+                             f"('*E', '*-'); '{p.mtp}' is not supported yet")
+    used = p.layers + (p.mtp or "")
+    for symbol, field, have in (("M", "mamba", model.mamba), ("E", "moe", model.moe), ("+", "mla", model.mla)):
+        if (symbol in used) != (have is not None):
+            raise ValueError(f"{field}: give it exactly when hybrid_layer_pattern has '{symbol}' layers "
+                             f"({'add' if have is None else 'remove'} it)")
+    if model.mla is None and "*" not in used and "+" not in used:
+        pass        # an attention-free hybrid (pure Mamba) is allowed, as megatron-core builds it
+    if model.moe is not None and (model.moe.moe_layer_freq != 1 or model.moe.first_k_dense_layers):
+        raise ValueError("moe.moe_layer_freq / moe.first_k_dense_layers: in a hybrid model the pattern's 'E' says "
+                         "which layers are MoE; remove them")
+    if model.mamba is not None:
+        mamba_shape(model.mamba, model.hidden_size)      # MambaMixer's own shape assertions
+
+
+def mtp_layer(model) -> str | None:
+    """The pattern of one MTP depth of ``model`` (None: no MTP, or not a hybrid model)."""
+    pattern = model.hybrid_layer_pattern
+    return parse_pattern(pattern).mtp if pattern else None
 
 
 # ----- architecture record ---------------------------------------------------------------------------------------

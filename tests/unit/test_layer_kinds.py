@@ -159,15 +159,8 @@ def test_a_new_kind_in_one_place(proj_kind):
 
 
 # ----- Mamba-2 (M): the recipe's proof --------------------------------------------------------------------------
-class HybridSpec(ModelSpec):
-    """A model written as megatron-core's hybrid layer pattern (ModelSpec gains these fields with issue 36)."""
-
-    mamba: Mamba2Spec
-    hybrid_layer_pattern: str
-
-
 def _hybrid(pattern="M-*-"):
-    return HybridSpec(name="h", family="gpt", num_layers=len(pattern), hidden_size=H, num_attention_heads=16,
+    return ModelSpec(name="h", family="gpt", num_layers=len(pattern), hidden_size=H, num_attention_heads=16,
                       ffn_hidden_size=4096, seq_length=S, vocab_size=V, params_dtype="fp16", add_bias_linear=False,
                       normalization="rmsnorm", mamba=Mamba2Spec(mamba_state_dim=64, mamba_head_dim=64,
                                                                 mamba_num_groups=8),

@@ -1,0 +1,102 @@
+"""Hybrid models as ``ModelSpec``: ``hybrid_layer_pattern`` and the ``mamba`` block, checked by the rules
+megatron-core 0.19 / Megatron-LM apply (training/arguments.py ``validate_args``: --num-layers is the main pattern's
+length, --mtp-num-layers its '/' depths; ``MambaMixer``: whole heads and groups per TP rank; ``MambaContextParallel``:
+whole heads per CP rank), and plans of models without them digested as before the fields existed."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from search import layers
+from search.cluster import parse_cluster
+from search.layers.mamba import Mamba2Spec
+from search.model import ModelSpec
+from search.plan import uniform_plan
+from search.presets import load_model
+
+MAMBA = {"mamba_state_dim": 64, "mamba_head_dim": 64, "mamba_num_groups": 8}       # H = 2 x 1024 / 64 = 32 heads
+MOE = {"num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 512}
+
+
+def _model(pattern="MEM*E", **kw):
+    main = pattern.split("/")[0]
+    base = dict(name="h", family="gpt", num_layers=len(main), hidden_size=1024, num_attention_heads=16,
+                ffn_hidden_size=4096, seq_length=1024, vocab_size=32000, params_dtype="bf16", add_bias_linear=False,
+                normalization="rmsnorm", position_embedding="rope", hybrid_layer_pattern=pattern,
+                mamba=Mamba2Spec(**MAMBA) if "M" in pattern else None, moe=MOE if "E" in pattern else None)
+    return ModelSpec(**{**base, **kw})
+
+
+def test_one_unit_per_symbol_and_mtp_depths_after_the_decoder():
+    m = _model("MEM*E/*E/*E", mtp_num_layers=2)
+    assert [u.kind for u in m.units] == ["mamba", "moe", "mamba", "attention", "moe", "mtp", "mtp"]
+    assert m.layer_starts == [0, 1, 2, 3, 4, 7]          # the MTP depths ride with the last layer
+    assert layers.symbols(m) == "MEM*E/*E/*E"            # written back as megatron-core's unified pattern
+    # an MTP depth: enorm, hnorm (h each), eh_proj 2h -> h, its attention and MoE layer, its final norm (h)
+    h = 1024
+    mtp = 3 * h + 2 * h * h + m.unit_params("attention") + m.unit_params("moe")
+    assert m.unit_params("mtp") == mtp
+    body = 2 * m.unit_params("mamba") + 2 * m.unit_params("moe") + m.unit_params("attention")
+    assert m.num_parameters == m.embedding_params() + body + 2 * mtp + m.output_params()
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(num_layers=4), r"num_layers \(4\) must equal the layers of hybrid_layer_pattern \(5"),
+    (dict(hybrid_layer_pattern="ME|M*E"), r"'\|' stage cuts are the plan's"),
+    (dict(hybrid_layer_pattern="MEM*E/*E", mtp_num_layers=2), r"mtp_num_layers \(2\) must equal the MTP depths"),
+    (dict(mtp_num_layers=1), r"mtp_num_layers \(1\) must equal the MTP depths of hybrid_layer_pattern \(0"),
+    (dict(hybrid_layer_pattern="MEM*E/M*", mtp_num_layers=1), r"MTP depth is priced as one attention and one MLP"),
+    (dict(mamba=None), r"mamba: give it exactly when hybrid_layer_pattern has 'M'"),
+    (dict(moe=None), r"moe: give it exactly when hybrid_layer_pattern has 'E'"),
+    (dict(hybrid_layer_pattern="GEG*E"), r"'G' \(gdn\) layers are not supported by aceso yet"),
+    (dict(hybrid_layer_pattern="MEMXE"), r"'X' is not a layer symbol"),
+    (dict(hybrid_layer_pattern=None), r"mamba: a Mamba-2 block needs hybrid_layer_pattern"),
+    (dict(moe={**MOE, "moe_layer_freq": 2}), r"the pattern's 'E' says which layers are MoE"),
+    (dict(mamba=Mamba2Spec(**{**MAMBA, "mamba_head_dim": 48})), r"expand x hidden_size \(2048\) must be a multiple"),
+])
+def test_refused_as_megatron_refuses(kw, match):
+    with pytest.raises(ValidationError, match=match) as e:
+        _model(**kw)
+    assert len(e.value.errors()) == 1 and "\n" not in e.value.errors()[0]["msg"]
+
+
+def test_spec_file_refusal_is_one_line(tmp_path):
+    """A spec file with a wrong layer count: one line naming both fields (the CLI prints it and exits 2)."""
+    import json
+    from search.errors import AcesoError
+
+    spec = _model().model_dump(mode="json")
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps({**spec, "num_layers": 7}))
+    with pytest.raises(AcesoError) as e:
+        load_model(str(path))
+    assert "\n" not in str(e.value) and "num_layers (7)" in str(e.value) and "hybrid_layer_pattern" in str(e.value)
+
+
+@pytest.mark.parametrize("tp, cp, match", [
+    (16, 1, r"mamba_num_groups \(8\) must be a multiple of tensor_model_parallel_size \(16\)"),
+    (8, 8, r"mamba heads per TP rank \(4\) must be a multiple of context_parallel_size \(8\)"),
+])
+def test_plan_stage_obeys_mamba_tp_and_cp(tp, cp, match):
+    """megatron-core's MambaMixer gives each TP rank whole heads and groups (32 heads, 8 groups here); its CP
+    all-to-all whole heads per CP rank. Attention (16 heads) and the MLP would take tp 16."""
+    m = _model("M-*-")
+    with pytest.raises(ValidationError, match=match):
+        uniform_plan(m, 1, tp, 1, 1, 8, cluster=parse_cluster(f"{tp * cp // 8}x8-h100"), cp=cp)
+    uniform_plan(m, 1, 8, 1, 1, 8, cluster=parse_cluster("1x8-h100"))      # tp 8: 4 heads and 1 group per rank
+
+
+@pytest.mark.parametrize("name, tp, stages, digest", [
+    # digests computed by main at 932b3f8, before ModelSpec had the hybrid fields
+    ("gpt-1.3b", 2, 2, "39a9f90049d2ef26"),
+    ("llama3-8b", 4, 2, "a0136d4066d187d0"),
+    ("deepseek-v3", 4, 4, "7603c2f0231f4c7b"),
+    ("qwen3-30b-a3b", 2, 1, "0ab3afd4dc150c4f"),
+])
+def test_existing_plans_keep_their_digest(name, tp, stages, digest):
+    m = load_model(name)
+    assert "hybrid_layer_pattern" not in m.model_dump() and "mamba" not in m.model_dump()
+    p = uniform_plan(m, stages, tp, 1, 1, 8, cluster=parse_cluster(f"1x{tp * stages}-h100"),
+                     sequence_parallel=m.moe is not None)
+    assert p.digest() == digest
