@@ -84,11 +84,12 @@ class ModelSpec(BaseModel):
     vocab_size: int = Field(gt=0, le=MAX_VOCAB, description="Tokenizer vocabulary size.")
     make_vocab_size_divisible_by: int = Field(128, gt=0, le=1 << 16,
                                               description="Megatron pads the vocabulary to a multiple of this.")
-    activation: Literal["gelu", "swiglu", "quick_geglu"] = Field(
-        "gelu", description="MLP activation: gelu, swiglu or quick_geglu (gated quick-GELU, GPT-OSS); the gated ones "
-        "double the first linear.")
+    activation: Literal["gelu", "swiglu", "quick_geglu", "squared_relu"] = Field(
+        "gelu", description="MLP activation: gelu, swiglu, quick_geglu (gated quick-GELU, GPT-OSS) or squared_relu "
+        "(Nemotron-H / Nemotron-3, not gated); the gated ones double the first linear.")
     normalization: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="Norm layers.")
-    position_embedding: Literal["learned", "rope"] = Field("learned", description="Absolute learned or rotary.")
+    position_embedding: Literal["learned", "rope", "none"] = Field(
+        "learned", description="Absolute learned, rotary, or none (NoPE: Nemotron-H / Nemotron-3).")
     rotary_base: float = Field(10000.0, gt=0, le=1e12, description="RoPE base (rope only).")
     tied_embeddings: bool = Field(True, description="Output layer shares the input word embedding.")
     add_bias_linear: bool = Field(True, description="Linear layers carry biases.")

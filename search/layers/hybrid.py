@@ -221,6 +221,44 @@ def load(name: str, folder: Path = DATA) -> HybridArch:
     return HybridArch.model_validate(json.loads((folder / f"{name}.json").read_text()))
 
 
+_MOE_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+               "moe_router_score_function", "moe_router_enable_expert_bias", "moe_aux_loss_coeff",
+               "moe_router_num_groups", "moe_router_group_topk")
+PRESET_NOTE = ("made from model_specs/hybrid/{name}.json (each field's source there) by "
+               "search.layers.hybrid.model_spec_data")
+
+
+def model_spec_data(a: HybridArch) -> dict:
+    """``a`` as a ``ModelSpec`` mapping (a preset, ``model_specs/presets/{name}.json``): the pattern with its MTP
+    depths, the Mamba-2 block and the MoE fields ``MoESpec`` holds; what the spec leaves out and why: the router's
+    top-k scaling factor, fp32 dtype and seq_aux_loss type (no effect on the cost model: the load-balancing
+    loss is priced as aux_loss from its coefficient); the 26.x containers' values are in the arch record. LatentMoE
+    (``moe_latent_size``) is not modelled yet: ValueError, one line."""
+    if a.moe is not None and a.moe.moe_latent_size is not None:
+        raise ValueError(f"{a.name}: moe_latent_size ({a.moe.moe_latent_size}): LatentMoE experts are not modelled "
+                         "by ModelSpec yet")
+    if a.mtp_num_layers and a.mtp_use_repeated_layer and a.mtp_num_layers > 1:
+        raise ValueError(f"{a.name}: mtp_use_repeated_layer (one MTP block shared by {a.mtp_num_layers} depths) is "
+                         "not modelled by ModelSpec yet")
+    out = {"name": a.name, "family": "gpt", "num_layers": a.num_layers, "hidden_size": a.hidden_size,
+           "num_attention_heads": a.num_attention_heads, "num_query_groups": a.num_query_groups,
+           "kv_channels": a.kv_channels, "ffn_hidden_size": a.ffn_hidden_size, "seq_length": a.seq_length,
+           "vocab_size": a.vocab_size, "make_vocab_size_divisible_by": a.make_vocab_size_divisible_by,
+           "activation": a.activation, "normalization": a.normalization.lower(),
+           "position_embedding": {"learned_absolute": "learned"}.get(a.position_embedding_type,
+                                                                       a.position_embedding_type),
+           "tied_embeddings": not a.untie_embeddings_and_output_weights, "add_bias_linear": a.add_bias_linear,
+           "params_dtype": "bf16", "nominal_params_b": a.published["total_params"] / 1e9,
+           "megatron": {"layernorm_epsilon": a.layernorm_epsilon}}
+    if a.moe is not None:
+        out["moe"] = {k: getattr(a.moe, k) for k in _MOE_FIELDS if getattr(a.moe, k) is not None}
+    if a.mtp_num_layers:
+        out["mtp_num_layers"] = a.mtp_num_layers
+    out["hybrid_layer_pattern"] = a.full_pattern
+    out["mamba"] = a.mamba.model_dump()
+    return out
+
+
 def available(folder: Path = DATA) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.json"))
 

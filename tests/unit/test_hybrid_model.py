@@ -5,6 +5,8 @@ whole heads per CP rank), and plans of models without them digested as before th
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -100,3 +102,67 @@ def test_existing_plans_keep_their_digest(name, tp, stages, digest):
     p = uniform_plan(m, stages, tp, 1, 1, 8, cluster=parse_cluster(f"1x{tp * stages}-h100"),
                      sequence_parallel=m.moe is not None)
     assert p.digest() == digest
+
+
+# ----- presets (model_specs/presets/nemotron-*.json, made from model_specs/hybrid/*.json) -------------------------
+PRESETS = ("nemotron-3-nano", "nemotron-h-8b", "nemotron-h-56b")
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_is_its_sourced_architecture(name):
+    """The preset is the arch record (each field's source there) as a ModelSpec, and counts what the record's own
+    module-by-module count (search.layers.hybrid.counts, checked against the published sizes) counts."""
+    from model_specs import preset_data
+    from search.layers import hybrid
+
+    arch = hybrid.load(name)
+    assert preset_data(name) == json.loads(json.dumps(hybrid.model_spec_data(arch)))
+    m = load_model(name)
+    assert layers.symbols(m) == arch.full_pattern and m.num_layers == len(arch.hybrid_layer_pattern)
+    assert m.num_parameters == hybrid.counts(arch).total
+
+
+def test_latent_moe_architecture_is_refused_in_one_line():
+    from search.layers import hybrid
+
+    with pytest.raises(ValueError, match=r"^nemotron-3-super: moe_latent_size \(1024\): LatentMoE") as e:
+        hybrid.model_spec_data(hybrid.load("nemotron-3-super"))
+    assert "\n" not in str(e.value)
+
+
+def test_search_space_offers_the_tp_mamba_splits():
+    """Attention (16 heads, 16 groups) and the MLP split over tp 8; Mamba's 2 groups only over tp 1 and 2."""
+    from search.planner.space import Space
+    from search.training import TrainingSpec
+
+    m = _model("M-*-", mamba=Mamba2Spec(**{**MAMBA, "mamba_num_groups": 2}))
+    space = Space.of(m, parse_cluster("1x8-h100"), TrainingSpec(global_batch_size=8))
+    assert sorted(space.tps) == [1, 2]
+    assert set(space.cps) == {1}
+
+
+def test_search_plans_nemotron_h_with_cuts_at_any_layer():
+    """A 2-stage search on Nemotron-H 8B: every stage's tp splits Mamba's 128 heads and 8 groups, and the cut can
+    fall at any layer of the pattern (here not at a multiple of the 2-unit attention + MLP layer)."""
+    from search.costmodel import make_cost_model
+    from search.layers.mamba import tp_refusal
+    from search.planner.aceso import SearchOptions, search
+    from search.planner.space import Space
+    from search.training import TrainingSpec
+
+    m, cl = load_model("nemotron-h-8b"), parse_cluster("1x8-h100")
+    tr = TrainingSpec(global_batch_size=64)
+    space = Space.of(m, cl, tr)
+    cm = make_cost_model(m, cl, tr)
+    res = search(cm, 64, space, SearchOptions(budget_evals=200, stage_counts=[2], polish_top=1))
+    e = res.plans[0]
+    assert e.fits
+    for shape in e.state.shapes:
+        assert tp_refusal(m.mamba, m.hidden_size, shape.tp) is None
+    # a cut after unit 3 (M-M | -M...) is a plan megatron-core's '|' pattern can run: it validates and prices
+    from search.plan import ChunkSpec, ParallelPlan, StageSpec
+
+    stages = [StageSpec(num_gpus=4, tp=1, dp=4, chunks=[ChunkSpec(start_unit=a, end_unit=b, recompute=[rc] * (b - a))])
+              for a, b, rc in ((0, 3, "none"), (3, 52, "full"))]
+    cost = cm.evaluate(ParallelPlan(model=m, cluster=cl, micro_batch_size=4, global_batch_size=64, stages=stages))
+    assert cost.stages[0].fwd_ms < cost.stages[1].fwd_ms
