@@ -34,9 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from model_specs import preset_names  # noqa: E402
 from search.cluster import parse_cluster  # noqa: E402
 from search.costmodel import make_cost_model  # noqa: E402
 from search.errors import AcesoError  # noqa: E402
+from search.layers import hybrid  # noqa: E402
 from search.megatron.importer import read_megatron  # noqa: E402
 from search.plan import ChunkSpec, ParallelPlan  # noqa: E402
 from search.plan_settings import plan_precision, run_settings  # noqa: E402
@@ -136,6 +138,8 @@ def row_flags(row: dict, m) -> tuple[list[str], list[str]]:
 
 def row_plan(row: dict) -> tuple[ParallelPlan, list[str]]:
     """The row's run as a plan of the hybrid preset (module docstring); AcesoError / ValueError: why not."""
+    if row["model"] not in preset_names():      # the record's own refusal (Super, Ultra: LatentMoE)
+        hybrid.model_spec_data(hybrid.load(row["model"]))
     m = load_model(row["model"])
     cluster = parse_cluster(row["cluster"])
     flags, notes = row_flags(row, m)
@@ -143,6 +147,9 @@ def row_plan(row: dict) -> tuple[ParallelPlan, list[str]]:
                         version="core_v0.16.1")
     twin = imp.plan
     st = twin.stages[0]
+    if m.moe is not None:          # the run's routing (--moe-router-force-load-balancing), read on the twin
+        m = m.model_copy(update={"moe": {**m.moe.model_dump(), "moe_router_force_load_balancing":
+                                         twin.model.moe.moe_router_force_load_balancing}})
     by_kind = {}
     for u, rc in zip(twin.model.units[st.chunks[0].start_unit:], st.chunks[0].recompute):
         by_kind.setdefault(u.kind, rc)
@@ -180,6 +187,37 @@ def price_row(row: dict) -> dict:
             "_training": training}
 
 
+def search_row(x: dict, evals: int) -> dict:
+    """The search on the row's model, cluster, batch and software (its precision recipe, MoE settings), from the
+    uniform baseline as ``aceso search`` starts, against the published plan under the same cost model. Target: the
+    aceso runtime, or Megatron-LM where the runtime cannot run the row (a low-precision recipe, the expert bias:
+    search.runtime_rules)."""
+    from search.planner.aceso import SearchOptions, search
+    from search.planner.api import make_space, runtime_training
+    from search.planner.baseline import best_uniform
+    from search.runtime_rules import expert_bias
+
+    plan, cm, training = x["_plan"], x["_cm"], x["_training"]
+    target = "megatron-lm" if training.precision != "bf16" or expert_bias(plan.model, None) else "aceso"
+    if target == "aceso":
+        training = runtime_training(training, strict=False)
+    c0 = time.process_time()
+    try:
+        space = make_space(cm, training, target, moe=plan.moe)
+        base = best_uniform(cm, training.global_batch_size, space, cm.model)
+        seeds = [base.state] if base is not None and base.fits else []
+        res = search(cm, training.global_batch_size, space, SearchOptions(budget_evals=evals, seeds=seeds))
+    except AcesoError as e:
+        return {"search_target": target, "search_status": "not searched: " + str(e).splitlines()[0]}
+    best = res.plans[0] if res.plans else None
+    if best is None or not best.fits:
+        return {"search_target": target, "search_status": "nothing fits", "search_s": time.process_time() - c0}
+    shapes = " | ".join(f"tp{s.tp} dp{s.dp} ep{s.ep}" for s in best.state.shapes)
+    return {"search_target": target, "search_status": "searched", "search_ms": best.iteration_ms,
+            "speedup": x["iteration_ms"] / best.iteration_ms, "search_s": time.process_time() - c0,
+            "search_shape": f"pp{best.state.num_stages} v{best.state.num_chunks} mbs{best.state.mbs} {shapes}"}
+
+
 def summarize(rows: list[dict]) -> dict:
     errs = [abs(r["error"]) for r in rows if r["status"] == "priced"]
     sp = [r["speedup"] for r in rows if r.get("speedup")]
@@ -189,11 +227,31 @@ def summarize(rows: list[dict]) -> dict:
             "min_speedup": min(sp, default=None)}
 
 
+def fit(grid=None) -> list[tuple[float, float, float]]:
+    """``search.layers.mamba.SSD_KERNEL_TIME`` scanned over ``grid`` on every priced row: (value, MAE, max |error|)
+    each. A fit never edits the source: the value is written into mamba.py by hand."""
+    from search.layers import mamba
+    rows, old, out = load(), mamba.SSD_KERNEL_TIME, []
+    try:
+        for v in grid or [1 + 0.25 * i for i in range(25)]:
+            mamba.SSD_KERNEL_TIME = v
+            errs = [abs(x["error"]) for x in map(price_row, rows) if x["status"] == "priced"]
+            out.append((v, statistics.fmean(errs), max(errs)))
+    finally:
+        mamba.SSD_KERNEL_TIME = old
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--search-evals", type=int, default=1500, help="search budget per row (0: no search)")
+    ap.add_argument("--fit", action="store_true", help="scan mamba.SSD_KERNEL_TIME and print the MAE of each value")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
+    if args.fit:
+        for v, mae, worst in fit():
+            print(f"SSD_KERNEL_TIME {v:5.2f}: MAE {mae:6.1%}, max |error| {worst:6.1%}")
+        return 0
     rows = [price_row(r) for r in load()]
     print(f"{'row':<78} {'measured':>9} {'predicted':>9} {'error':>7} {'mem GiB':>12}  status")
     for r in rows:
@@ -203,9 +261,25 @@ def main(argv: list[str] | None = None) -> int:
         mem = f"{r['memory_gib']:.1f}/{r['limit_gib']:.0f}"
         print(f"{r['id']:<78} {r['measured']:>9.0f} {r['predicted']:>9.0f} {r['error']:>+7.1%} {mem:>12}  "
               f"{'fits' if r['fits'] else 'OUT OF MEMORY'}")
+    if args.search_evals:
+        print(f"\nthe search ({args.search_evals} evaluations from the uniform baseline) vs the published plan, "
+              "both under this cost model:")
+        for r in rows:
+            if r["status"] != "priced":
+                continue
+            r.update(search_row(r, args.search_evals))
+            if r["search_status"] != "searched":
+                print(f"{r['id']:<78} {r['search_target']:>12}  {r['search_status']}")
+                continue
+            print(f"{r['id']:<78} {r['search_target']:>12}  {r['speedup']:.3f}x  {r['search_shape']}  "
+                  f"({r['search_s']:.0f} s)")
     s = summarize(rows)
     print(f"\npriced {s['priced']}/{s['rows']} rows: MAE {s['mae']:.1%}, max |error| {s['max_abs']:.1%}, "
           f"all fit: {s['all_fit']} (targets: MAE <= {TARGETS['mae']:.0%}, none beyond {TARGETS['max']:.0%})")
+    if s["searched"]:
+        print(f"searched {s['searched']} rows: median speedup {s['median_speedup']:.3f}x, lowest "
+              f"{s['min_speedup']:.3f}x (targets: median >= {TARGETS['median_speedup']}x, none below "
+              f"{TARGETS['min_speedup']}x)")
     for r in rows:
         for k in ("_plan", "_cm", "_training"):
             r.pop(k, None)

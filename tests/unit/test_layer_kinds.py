@@ -195,10 +195,12 @@ def test_a_mamba_unit_priced_by_hand():
     ew = (2 * 2 + 3 * 2 + 1) * S * H                              # pre-norm + bias-dropout-add bytes
     conv_dim = 2048 + 2 * g * n
     mix = 2 * S * (2 * conv_dim + 5152 + 4 * 2048)                # conv in/out, scan in/out, gated norm
-    fwd = gemm + (ew / (hbm * 0.8) + launch) + (mix / (hbm * 0.8) + launch) + scan
+    ssd = mamba.SSD_KERNEL_TIME              # mamba_ssm's mixer kernels over the kernel model (fitted, bench)
+    ssd_f = ssd * ((mix / (hbm * 0.8) + launch) + scan)
+    fwd = gemm + (ew / (hbm * 0.8) + launch) + ssd_f
     assert t.fwd_ms[0] == pytest.approx(fwd, rel=1e-12)
     gemm_b = 2.0 * 2.0 * S * (H * 5152 + 2048 * H) / (peak * 0.65) + launch
-    bwd = gemm_b + (1.5 * (ew + mix) / (hbm * 0.8) + launch) + scan_b + (mix / (hbm * 0.8) + launch) + scan
+    bwd = gemm_b + (1.5 * ew / (hbm * 0.8) + launch) + ssd * ((1.5 * mix / (hbm * 0.8) + launch) + scan_b) + ssd_f
     assert t.bwd_ms[0] == pytest.approx(bwd, rel=1e-12)
     # parameters: in_proj, conv1d (weight and bias), dt_bias / A_log / D, gated norm, out_proj, pre-norm
     assert t.weight_params[0] == H * 5152 + conv_dim * 5 + 3 * heads + 2048 + 2048 * H + H
