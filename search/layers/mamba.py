@@ -345,14 +345,14 @@ SSD_KERNEL_TIME = 3.25
 
 
 def price_layer(src, u, a):
-    """One Mamba layer on one rank, per micro-batch (a first analytic model, before issue 36's calibration on the
-    Nemotron rows): ``in_proj`` / ``out_proj`` as a column- / row-parallel pair of GEMMs with their TP collectives
-    (as an MLP's), the scan as its chunk matmuls at the kernel model's batched-GEMM rate (``scan_bmms``), the pre-norm
-    and residual add and the mixer's element-wise passes (``mixer_bytes``) as memory-bound kernels. Backward: the
-    GEMMs' and matmuls' gradients, 1.5x the element-wise bytes, and the fused training path's re-run of the conv and
-    the scan (``use_mamba_mem_eff_path``). Bytes kept: ``act_bytes`` per token and ``fixed_act_bytes``, plus the
-    pre-norm's input; full recompute keeps the layer input. Context parallelism (the head-split all-to-all) is not
-    priced yet."""
+    """One Mamba layer on one rank, per micro-batch: ``in_proj`` / ``out_proj`` as a column- / row-parallel pair of
+    GEMMs with their TP collectives (as an MLP's), the pre-norm and residual add memory-bound, and the mixer's kernels
+    (the scan as its chunk matmuls at the kernel model's batched-GEMM rate, ``scan_bmms``; the element-wise passes,
+    ``mixer_bytes``, memory-bound) times ``SSD_KERNEL_TIME``, calibrated on the published Nemotron rows
+    (docs/costmodel.md, "Mamba-2 and hybrid models"). Backward: the GEMMs' and matmuls' gradients, 1.5x the
+    element-wise bytes, and the fused training path's re-run of the conv and the scan (``use_mamba_mem_eff_path``).
+    Bytes kept: ``act_bytes`` per token and ``fixed_act_bytes``, plus the pre-norm's input; full recompute keeps the
+    layer input. Context parallelism (the head-split all-to-all) is not priced yet."""
     model, k, dt = src.model, src.kern, src.dt
     if a.cp > 1:
         raise AcesoError(f"context parallelism (cp {a.cp}) of Mamba layers is not priced yet; use cp 1")
