@@ -135,6 +135,18 @@ def check_model(model) -> None:
         mamba_shape(model.mamba, model.hidden_size)      # MambaMixer's own shape assertions
 
 
+def export_refusal(model, target: str) -> str | None:
+    """Why the export cannot write ``model`` for ``target`` (None: it can): a model with Mamba-2 layers needs
+    Megatron-LM's ``pretrain_hybrid.py`` / ``pretrain_mamba.py`` with ``--hybrid-layer-pattern`` (or Bridge's
+    Nemotron-H provider), which the export does not write yet; its GPT flags would build another model."""
+    if model.mamba is None:
+        return None
+    return (f"--to {target}: model {model.name} has Mamba-2 layers (hybrid_layer_pattern); the export writes "
+            "pretrain_gpt.py flags, which would build a GPT model without them, and does not write "
+            "pretrain_hybrid.py --hybrid-layer-pattern lines yet; run the plan's settings with your Megatron-LM "
+            "hybrid script")
+
+
 def mtp_layer(model) -> str | None:
     """The pattern of one MTP depth of ``model`` (None: no MTP, or not a hybrid model)."""
     pattern = model.hybrid_layer_pattern

@@ -166,3 +166,18 @@ def test_search_plans_nemotron_h_with_cuts_at_any_layer():
               for a, b, rc in ((0, 3, "none"), (3, 52, "full"))]
     cost = cm.evaluate(ParallelPlan(model=m, cluster=cl, micro_batch_size=4, global_batch_size=64, stages=stages))
     assert cost.stages[0].fwd_ms < cost.stages[1].fwd_ms
+
+
+def test_export_refuses_a_mamba_model_in_one_line(tmp_path, capsys):
+    """A hybrid plan exported as pretrain_gpt.py flags would build a GPT model without its Mamba layers."""
+    from search.cli import main
+
+    m = load_model("nemotron-h-8b")
+    plan = tmp_path / "plan.json"
+    plan.write_text(uniform_plan(m, 1, 1, 8, 8, 64, cluster=parse_cluster("1x8-h100")).to_json())
+    for target in ("megatron-lm", "megatron-bridge"):
+        out = tmp_path / f"{target}.out"
+        assert main(["export", str(plan), "--to", target, "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "has Mamba-2 layers (hybrid_layer_pattern)" in err and err.count("\n") == 1
+        assert not out.exists()
