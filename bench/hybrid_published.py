@@ -24,7 +24,6 @@ bench/results/hybrid_published.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -35,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from model_specs import preset_names  # noqa: E402
+from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 from search.cluster import parse_cluster  # noqa: E402
 from search.costmodel import make_cost_model  # noqa: E402
 from search.errors import AcesoError  # noqa: E402
@@ -243,7 +243,7 @@ def fit(grid=None) -> list[tuple[float, float, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = AcesoParser(description=__doc__.splitlines()[0])
     ap.add_argument("--search-evals", type=int, default=1500, help="search budget per row (0: no search)")
     ap.add_argument("--fit", action="store_true", help="scan mamba.SSD_KERNEL_TIME and print the MAE of each value")
     args = ap.parse_args(argv)
