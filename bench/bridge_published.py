@@ -3,7 +3,8 @@ release, the per-release constants, the targets of issue 34, and the published p
 
 Rows: ``bench/release_fit.py`` (MoE rows through bench/moe_published.py's row path, dense low-precision rows through
 bench/lowprec_published.py's; each imported from its own Megatron-LM arguments with ``release`` = its container);
-Nemotron-3 (hybrid Mamba) rows have no arguments and are listed, not priced (the hybrid-model issue). Rows kept out
+Nemotron-3 (hybrid Mamba) rows have no Megatron-LM GPT arguments: Nano's are priced by bench/hybrid_published.py's
+reader (kind ``hybrid``, outside the moe / dense groups), Super's (LatentMoE, not modelled) are listed. Rows kept out
 of the fits and the targets carry their published evidence (``release_fit.kept_out``); every row is printed.
 
 Pairs (``pairs``): (1) two releases of one configuration: a row of one container and the same table configuration

@@ -3,7 +3,8 @@ both shared tables priced as its own release, and the fit of each release's cons
 
 Rows: the MoE rows (``bench/moe_published.py``'s row path) and the dense low-precision rows
 (``bench/lowprec_published.py``'s) of ``../shared/published/megatron-bridge-25.09-25.11.json`` and
-``-26.02-26.04.json``; Nemotron-3 (hybrid Mamba) rows have no arguments and are listed as such. Each row is
+``-26.02-26.04.json``; Nemotron-3 (hybrid Mamba) rows have no Megatron-LM GPT arguments: bench/hybrid_published.py's
+reader prices them (kind ``hybrid``, never in a fit) where the presets hold the model (Nano; Super is listed). Each row is
 imported from its own arguments with ``release`` = its container, so it is priced with its release's constants.
 Rows kept out of a fit (``KEPT_OUT``) each carry their published evidence; every row is still priced and reported.
 
@@ -108,6 +109,28 @@ def _benches():
 MP, LP = None, None
 
 
+HP = None
+
+
+def _hybrid(row: dict) -> dict | None:
+    """A Nemotron (hybrid Mamba) row, which has no Megatron-LM GPT line, priced by bench/hybrid_published.py's row
+    reader (its settings, each sourced, in bench/data/nemotron3_published.json), kind ``hybrid``; None: not one of
+    its rows, or a model the presets cannot hold yet (Nemotron-3 Super: LatentMoE), listed as before."""
+    global HP
+    if HP is None:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("hybrid_published_release_fit",
+                                                      ROOT / "bench" / "hybrid_published.py")
+        HP = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(HP)
+    r = next((r for r in HP.load() if r["id"] == row["id"]), None)      # as the release and measurement asked
+    x = HP.price_row({**r, "version": row["version"], "measured": row["tokens_per_s_per_gpu"]}) if r else None
+    if x is None or x["status"] != "priced":
+        return None
+    return {"kind": "hybrid", "status": "priced", "predicted": x["predicted"], "error": x["error"], "fits": x["fits"],
+            "memory_gib": x["memory_gib"], "limit_gib": x["limit_gib"]}
+
+
 def price(row: dict) -> dict:
     """The row priced as its own release: {id, version, model, cluster, precision, kind, measured, predicted,
     error, fits, memory_gib, limit_gib, status}."""
@@ -118,6 +141,9 @@ def price(row: dict) -> dict:
             "precision": row["precision"], "kind": "moe" if row["moe"] else "dense",
             "measured": row["tokens_per_s_per_gpu"], "kept_out": kept_out(row)}
     if not row.get("args"):
+        hybrid = _hybrid(row)
+        if hybrid is not None:
+            return {**base, **hybrid}
         return {**base, "status": "no arguments: " + (row.get("why_not") or "")}
     if row["moe"]:
         x = MP.price_row(row)

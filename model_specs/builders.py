@@ -23,6 +23,7 @@ import inspect
 
 import torch
 import torch.nn.functional as F
+from megatron.core.activations import squared_relu
 from megatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 
@@ -56,7 +57,8 @@ def architecture_kwargs(model: ModelSpec, dtype: str | None = None) -> dict:
         "ffn_hidden_size": model.ffn_hidden_size,
         "normalization": "RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm",
         "gated_linear_unit": model.activation == "swiglu",
-        "activation_func": F.silu if model.activation == "swiglu" else F.gelu,
+        "activation_func": F.silu if model.activation == "swiglu" else
+        (squared_relu if model.activation == "squared_relu" else F.gelu),
         "add_bias_linear": model.add_bias_linear,
         "params_dtype": dt,
         "fp16": dt == torch.float16,

@@ -23,13 +23,15 @@ import re
 from functools import cached_property
 from typing import Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_serializer, model_validator
 
 from . import megatron_fields
 from . import layer_variants
 from . import layers
 from . import rope_scaling as _rope_scaling
 from . import model_rules
+from .layers import hybrid as _hybrid
+from .layers.mamba import Mamba2Spec
 from .moe import MAX_MTP, MLASpec, MoESpec, check_model as _check_moe
 from .rope_scaling import RopeScaling
 
@@ -56,6 +58,7 @@ class Unit(NamedTuple):
     kind: UnitKind
 
 
+HYBRID_FIELDS = ("hybrid_layer_pattern", "mamba")   # left out of a dump when None (``ModelSpec._dump``)
 _PROVIDER = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")   # package.module:attr
 
 
@@ -81,11 +84,12 @@ class ModelSpec(BaseModel):
     vocab_size: int = Field(gt=0, le=MAX_VOCAB, description="Tokenizer vocabulary size.")
     make_vocab_size_divisible_by: int = Field(128, gt=0, le=1 << 16,
                                               description="Megatron pads the vocabulary to a multiple of this.")
-    activation: Literal["gelu", "swiglu", "quick_geglu"] = Field(
-        "gelu", description="MLP activation: gelu, swiglu or quick_geglu (gated quick-GELU, GPT-OSS); the gated ones "
-        "double the first linear.")
+    activation: Literal["gelu", "swiglu", "quick_geglu", "squared_relu"] = Field(
+        "gelu", description="MLP activation: gelu, swiglu, quick_geglu (gated quick-GELU, GPT-OSS) or squared_relu "
+        "(Nemotron-H / Nemotron-3, not gated); the gated ones double the first linear.")
     normalization: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="Norm layers.")
-    position_embedding: Literal["learned", "rope"] = Field("learned", description="Absolute learned or rotary.")
+    position_embedding: Literal["learned", "rope", "none"] = Field(
+        "learned", description="Absolute learned, rotary, or none (NoPE: Nemotron-H / Nemotron-3).")
     rotary_base: float = Field(10000.0, gt=0, le=1e12, description="RoPE base (rope only).")
     tied_embeddings: bool = Field(True, description="Output layer shares the input word embedding.")
     add_bias_linear: bool = Field(True, description="Linear layers carry biases.")
@@ -134,6 +138,25 @@ class ModelSpec(BaseModel):
     activation_func_clamp_value: float | None = Field(None, gt=0, le=1e6, description="quick_geglu: clamp of "
                                                       "linear_fc1's output (GPT-OSS: 7.0); None = none.")
 
+    # ----- hybrid models (megatron-core's HybridModel; search.layers.hybrid.check_model, docs/model-specs.md) -----
+    hybrid_layer_pattern: str | None = Field(
+        None, max_length=2 * MAX_LAYERS, description="The decoder as megatron-core's hybrid layer pattern, one symbol "
+        "per layer (M Mamba-2, * attention, + MLA, - MLP, E MoE; Megatron-LM --hybrid-layer-pattern), then '/' and "
+        "one MTP depth's symbols per depth; no '|' (where to cut is the plan's). Its main part has num_layers "
+        "symbols. None = a GPT / Llama / T5 model of attention + MLP layers.")
+    mamba: Mamba2Spec | None = Field(None, description="The Mamba-2 mixer of the pattern's M layers "
+                                     "(search.layers.mamba.Mamba2Spec); exactly when the pattern has M.")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """Without the hybrid fields when they are unset: a model without them dumps (and a plan digests) as
+        before they existed."""
+        out = handler(self)
+        for name in HYBRID_FIELDS:
+            if isinstance(out, dict) and out.get(name, 0) is None:
+                del out[name]
+        return out
+
     @field_validator("layer_spec")
     @classmethod
     def _provider_paths(cls, v):
@@ -178,6 +201,7 @@ class ModelSpec(BaseModel):
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_query_groups "
                 f"({self.groups})"
             )
+        _hybrid.check_model(self)
         _check_moe(self)
         layer_variants.check(self)
         _rope_scaling.check(self)
@@ -298,6 +322,9 @@ class ModelSpec(BaseModel):
 
     @property
     def num_parameters(self) -> int:
+        if self.hybrid_layer_pattern:     # one unit per layer of the pattern, each its kind's count
+            return self.embedding_params() + sum(self.unit_params(u.kind) for u in self.units) + \
+                self.output_params()
         if self.moe or self.mla or self.mtp_num_layers:
             from .moe_params import counts
             return counts(self).total

@@ -132,7 +132,8 @@ def config_fields(model) -> dict:
             "num_query_groups": model.num_query_groups, "multi_latent_attention": model.mla is not None,
             "group_query_attention": model.num_query_groups not in (None, model.num_attention_heads),
             "mtp_num_layers": model.mtp_num_layers,
-            "position_embedding_type": "rope" if model.position_embedding == "rope" else "learned_absolute",
+            "position_embedding_type": {"rope": "rope", "none": "none"}.get(model.position_embedding,
+                                                                            "learned_absolute"),
             **moe_config(model)}
 
 

@@ -40,8 +40,9 @@ def moe_flops(m, s: int) -> float:
 
 
 def mtp_flops(m, s: int) -> float:
-    last = "moe" if m.moe is not None and m.moe.is_moe_layer(m.num_layers - 1) else "mlp"
+    from .layers.kind import mtp_inner_kinds
+    att, last = mtp_inner_kinds(m)
     h = m.hidden_size
-    return (2.0 * s * 2 * h * h + m.unit_forward_flops("attention", s) + m.unit_forward_flops(last, s)
+    return (2.0 * s * 2 * h * h + m.unit_forward_flops(att, s) + m.unit_forward_flops(last, s)
             + 2.0 * s * h * m.padded_vocab_size)
 

@@ -95,8 +95,13 @@ def layer_mlp_params(m, layer: int) -> tuple[int, int]:
 def mtp_layer_params(m) -> tuple[int, int]:
     """(total, active) of one MTP layer: enorm, hnorm, eh_proj (no bias), a layer like the last decoder layer,
     its final norm."""
-    att = attention_params(m)
-    tot, act = layer_mlp_params(m, m.num_layers - 1)
+    from .layers.kind import mtp_inner_kinds
+    a, f = mtp_inner_kinds(m)
+    att = attention_params(m) if a == "attention" else m.unit_params(a)
+    if m.hybrid_layer_pattern and f != "moe":      # a hybrid's MTP depth names its MLP half ('*-')
+        tot = act = m.unit_params(f)
+    else:
+        tot, act = layer_mlp_params(m, m.num_layers - 1)
     own = 3 * _norm(m, m.hidden_size) + 2 * m.hidden_size * m.hidden_size
     return own + att + tot, own + att + act
 

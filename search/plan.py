@@ -515,6 +515,11 @@ def _check_stage_shape(m: ModelSpec, i: int, st: StageSpec) -> None:
         if value % st.tp:
             raise ValueError(f"stages[{i}].tp ({st.tp}) must divide {name} ({value}); use a tp that divides it")
     seqs = [("seq_length", m.seq_length)] + ([("decoder_seq_length", m.decoder_seq_length)] if m.is_t5 else [])
+    if m.mamba is not None:          # whole Mamba heads and groups per TP (and CP) rank (search.layers.mamba)
+        from .layers.mamba import cp_refusal
+        why = cp_refusal(m.mamba, m.hidden_size, st.tp, st.cp)
+        if why:
+            raise ValueError(f"stages[{i}] (tp {st.tp}, cp {st.cp}): {why}")
     if st.cp > 1:
         if m.is_t5:
             raise ValueError(f"stages[{i}].cp ({st.cp}): megatron-core's T5Model has no context parallelism; "

@@ -46,6 +46,10 @@ def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     from ..moe import refuse_unpriced
     refuse_unpriced(plan.model)     # exported flags would run a model nobody priced (docs/moe.md)
+    from ..layers.hybrid import export_refusal
+    why = export_refusal(plan.model, args.to)
+    if why:
+        raise AcesoError(why)
     if args.calibration and plan.cluster is not None:     # the header's prediction on the calibrated cluster
         from .import_cmd import predict
         plan = plan.model_copy(update={"cluster": calibrated(args, plan.cluster)})

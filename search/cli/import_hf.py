@@ -9,6 +9,8 @@ kimi_k2, glm4_moe, gpt_oss): num_hidden_layers, hidden_size, num_attention_heads
 head_dim, intermediate_size, vocab_size, tie_word_embeddings; swiglu, rmsnorm, rope; biases, QK norms, RoPE
 base and scaling, sliding windows and the norm epsilon as search.hf_arch reads them. Gemma and Llama 4 are refused
 with the field megatron-core 0.16.1 cannot build.
+Nemotron-H / Nemotron-3 (nemotron_h): the hybrid layer pattern, the Mamba-2 mixer and the experts as
+search.hf_hybrid reads them (LatentMoE refused).
 T5 (t5, mt5): num_layers, num_decoder_layers, d_model, num_heads, d_kv, d_ff, vocab_size, as Megatron-LM's T5
 (pretrain_t5.py: learned positions, LayerNorm, biases); the sequence lengths are not in a T5 config:
 --seq-length (encoder, default 512) and --decoder-seq-length (default 128).
@@ -29,6 +31,7 @@ from ..argtypes import positive_int
 from ..errors import AcesoError, format_validation_error, read_json
 from ..hf_arch import NORM_EPSILON, llama_style, refuse_type
 from ..hf_config import HFConfig
+from ..hf_hybrid import nemotron_h_fields
 from ..hf_moe import MLA_TYPES, MOE_TYPES, moe_fields
 from ..model import ModelSpec
 from .common import check_output, write_output
@@ -166,9 +169,13 @@ def hf_to_spec(cfg: dict, source: str = "config.json", name: str | None = None, 
         data = _llama(c, mtype, dtype, seq_length, notes)
     elif mtype in ("t5", "mt5"):
         data = _t5(c, dtype, seq_length, decoder_seq_length, notes)
+    elif mtype == "nemotron_h":
+        data = {**nemotron_h_fields(c, _seq(c, ("max_position_embeddings",), seq_length, notes)),
+                "params_dtype": dtype}
     else:
         raise AcesoError(
-            f"{source}: model_type '{mtype}' is not supported; supported: gpt2, {', '.join(LLAMA_TYPES)}, t5, mt5")
+            f"{source}: model_type '{mtype}' is not supported; supported: gpt2, {', '.join(LLAMA_TYPES)}, t5, mt5, "
+            "nemotron_h")
     c.check_all_read(f"model_type {mtype}")
     data["name"] = str(name)[:200]
     try:

@@ -25,7 +25,7 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
-from .mamba import Mamba2Spec, params as mamba_params
+from .mamba import Mamba2Spec, params as mamba_params, shape as mamba_shape
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 LAYER_SYMBOLS = {"M": "mamba", "G": "gdn", "*": "attention", "D": "ds_attention", "+": "mla", "-": "mlp", "E": "moe"}
@@ -79,6 +79,78 @@ def pipeline_refusal(pattern: Pattern, pp: int, vp: int = 1) -> str | None:
     if len(pattern.layers) % pp:
         return f"{len(pattern.layers)} layers without '|' cuts must divide evenly over pp ({pp})"
     return None
+
+
+# ----- a ModelSpec written as a pattern --------------------------------------------------------------------------
+def check_model(model) -> None:
+    """The rules megatron-core 0.19 / Megatron-LM apply to a hybrid model, for ``ModelSpec.hybrid_layer_pattern``
+    and ``ModelSpec.mamba`` (ValueError, one line naming the field and the fix). Megatron-LM derives ``--num-layers``
+    from the main pattern (``get_hybrid_total_layer_count``: its symbols without '|') and ``--mtp-num-layers`` from
+    the depths after '/' (training/arguments.py, ``validate_args``); '|' cuts are a plan's, not the model's."""
+    from . import kind as _kinds
+
+    pattern = model.hybrid_layer_pattern
+    if pattern is None:
+        if model.mamba is not None:
+            raise ValueError("mamba: a Mamba-2 block needs hybrid_layer_pattern (its 'M' layers); add the pattern or "
+                             "remove mamba")
+        return
+    if model.is_t5:
+        raise ValueError("hybrid_layer_pattern is for gpt/llama decoders (megatron-core's HybridModel), not t5; "
+                         "remove it")
+    if PIPE in pattern:
+        raise ValueError("hybrid_layer_pattern: '|' stage cuts are the plan's, not the model's; remove them")
+    p = parse_pattern(pattern)
+    if not p.layers:
+        raise ValueError("hybrid_layer_pattern: the main pattern (before '/') has no layer; give one symbol per layer")
+    for c in p.layers + (p.mtp or ""):
+        try:
+            _kinds.by_symbol(c)
+        except ValueError:
+            raise ValueError(f"hybrid_layer_pattern: '{c}' ({LAYER_SYMBOLS[c]}) layers are not supported by aceso yet; "
+                             f"use {''.join(k.symbol for k in _kinds.kinds() if k.symbol)}") from None
+    if len(p.layers) != model.num_layers:
+        raise ValueError(f"num_layers ({model.num_layers}) must equal the layers of hybrid_layer_pattern "
+                         f"({len(p.layers)} before '/'; Megatron-LM derives --num-layers from the pattern)")
+    if p.mtp_depths != (model.mtp_num_layers or 0):
+        raise ValueError(f"mtp_num_layers ({model.mtp_num_layers}) must equal the MTP depths of hybrid_layer_pattern "
+                         f"({p.mtp_depths}: one '/' and its symbols per depth; Megatron-LM infers "
+                         "--mtp-num-layers from them)")
+    if p.mtp is not None:
+        roles = [_kinds.by_symbol(c).role for c in p.mtp]
+        if roles != ["attention", "mlp"]:
+            raise ValueError(f"hybrid_layer_pattern: an MTP depth is priced as one attention and one MLP or MoE layer "
+                             f"('*E', '*-'); '{p.mtp}' is not supported yet")
+    used = p.layers + (p.mtp or "")
+    for symbol, field, have in (("M", "mamba", model.mamba), ("E", "moe", model.moe), ("+", "mla", model.mla)):
+        if (symbol in used) != (have is not None):
+            raise ValueError(f"{field}: give it exactly when hybrid_layer_pattern has '{symbol}' layers "
+                             f"({'add' if have is None else 'remove'} it)")
+    if model.mla is None and "*" not in used and "+" not in used:
+        pass        # an attention-free hybrid (pure Mamba) is allowed, as megatron-core builds it
+    if model.moe is not None and (model.moe.moe_layer_freq != 1 or model.moe.first_k_dense_layers):
+        raise ValueError("moe.moe_layer_freq / moe.first_k_dense_layers: in a hybrid model the pattern's 'E' says "
+                         "which layers are MoE; remove them")
+    if model.mamba is not None:
+        mamba_shape(model.mamba, model.hidden_size)      # MambaMixer's own shape assertions
+
+
+def export_refusal(model, target: str) -> str | None:
+    """Why the export cannot write ``model`` for ``target`` (None: it can): a model with Mamba-2 layers needs
+    Megatron-LM's ``pretrain_hybrid.py`` / ``pretrain_mamba.py`` with ``--hybrid-layer-pattern`` (or Bridge's
+    Nemotron-H provider), which the export does not write yet; its GPT flags would build another model."""
+    if model.mamba is None:
+        return None
+    return (f"--to {target}: model {model.name} has Mamba-2 layers (hybrid_layer_pattern); the export writes "
+            "pretrain_gpt.py flags, which would build a GPT model without them, and does not write "
+            "pretrain_hybrid.py --hybrid-layer-pattern lines yet; run the plan's settings with your Megatron-LM "
+            "hybrid script")
+
+
+def mtp_layer(model) -> str | None:
+    """The pattern of one MTP depth of ``model`` (None: no MTP, or not a hybrid model)."""
+    pattern = model.hybrid_layer_pattern
+    return parse_pattern(pattern).mtp if pattern else None
 
 
 # ----- architecture record ---------------------------------------------------------------------------------------
@@ -159,6 +231,44 @@ class HybridArch(BaseModel):
 
 def load(name: str, folder: Path = DATA) -> HybridArch:
     return HybridArch.model_validate(json.loads((folder / f"{name}.json").read_text()))
+
+
+_MOE_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+               "moe_router_score_function", "moe_router_enable_expert_bias", "moe_aux_loss_coeff",
+               "moe_router_num_groups", "moe_router_group_topk")
+PRESET_NOTE = ("made from model_specs/hybrid/{name}.json (each field's source there) by "
+               "search.layers.hybrid.model_spec_data")
+
+
+def model_spec_data(a: HybridArch) -> dict:
+    """``a`` as a ``ModelSpec`` mapping (a preset, ``model_specs/presets/{name}.json``): the pattern with its MTP
+    depths, the Mamba-2 block and the MoE fields ``MoESpec`` holds; what the spec leaves out and why: the router's
+    top-k scaling factor, fp32 dtype and seq_aux_loss type (no effect on the cost model: the load-balancing
+    loss is priced as aux_loss from its coefficient); the 26.x containers' values are in the arch record. LatentMoE
+    (``moe_latent_size``) is not modelled yet: ValueError, one line."""
+    if a.moe is not None and a.moe.moe_latent_size is not None:
+        raise ValueError(f"{a.name}: moe_latent_size ({a.moe.moe_latent_size}): LatentMoE experts are not modelled "
+                         "by ModelSpec yet")
+    if a.mtp_num_layers and a.mtp_use_repeated_layer and a.mtp_num_layers > 1:
+        raise ValueError(f"{a.name}: mtp_use_repeated_layer (one MTP block shared by {a.mtp_num_layers} depths) is "
+                         "not modelled by ModelSpec yet")
+    out = {"name": a.name, "family": "gpt", "num_layers": a.num_layers, "hidden_size": a.hidden_size,
+           "num_attention_heads": a.num_attention_heads, "num_query_groups": a.num_query_groups,
+           "kv_channels": a.kv_channels, "ffn_hidden_size": a.ffn_hidden_size, "seq_length": a.seq_length,
+           "vocab_size": a.vocab_size, "make_vocab_size_divisible_by": a.make_vocab_size_divisible_by,
+           "activation": a.activation, "normalization": a.normalization.lower(),
+           "position_embedding": {"learned_absolute": "learned"}.get(a.position_embedding_type,
+                                                                       a.position_embedding_type),
+           "tied_embeddings": not a.untie_embeddings_and_output_weights, "add_bias_linear": a.add_bias_linear,
+           "params_dtype": "bf16", "nominal_params_b": a.published["total_params"] / 1e9,
+           "megatron": {"layernorm_epsilon": a.layernorm_epsilon}}
+    if a.moe is not None:
+        out["moe"] = {k: getattr(a.moe, k) for k in _MOE_FIELDS if getattr(a.moe, k) is not None}
+    if a.mtp_num_layers:
+        out["mtp_num_layers"] = a.mtp_num_layers
+    out["hybrid_layer_pattern"] = a.full_pattern
+    out["mamba"] = a.mamba.model_dump()
+    return out
 
 
 def available(folder: Path = DATA) -> list[str]:

@@ -219,11 +219,24 @@ def tail_kinds(model) -> tuple[str, ...]:
                  for _ in range(k.repeat(model)))
 
 
+def mtp_inner_kinds(model) -> tuple[str, str]:
+    """The unit kinds of one MTP depth's inner layer: its symbols after '/' in a hybrid pattern (``*E``: attention,
+    moe; ``search.layers.hybrid.check_model`` allows an attention-role and an MLP-role symbol), else the last decoder
+    layer's (megatron-core's GPT MTP repeats the last layer's spec)."""
+    pattern = getattr(model, "hybrid_layer_pattern", None)
+    if pattern and "/" in pattern:
+        inner = pattern.split("/")[1]
+        return tuple((by_symbol(c).variant_of or by_symbol(c).name) for c in inner)
+    last = layer_kinds(model, "decoder", model.num_layers - 1)
+    return last[0], last[-1]
+
+
 def symbols(model) -> str:
     """The decoder as megatron-core's hybrid layer pattern (``--hybrid-layer-pattern``): one symbol per unit (the
     variant's where one applies: ``+`` for an MLA model's attention), then ``/`` and the last layer's pattern per
-    tail unit (an MTP depth). A kind without a symbol (T5's cross-attention) cannot be written: ValueError."""
-    main, tail, last = [], 0, None
+    tail unit (an MTP depth: ``mtp_inner_kinds``). A kind without a symbol (T5's cross-attention) cannot be
+    written: ValueError."""
+    main, tail = [], 0
     for u in model.units:
         if u.stack != "decoder":
             continue
@@ -234,7 +247,5 @@ def symbols(model) -> str:
         if k.symbol is None:
             raise ValueError(f"{k.text} has no hybrid layer symbol; megatron-core's hybrid models cannot hold it")
         main.append(k.symbol)
-        last = u.layer
-    inner = "".join(resolve(model, u.kind).symbol for u in model.units
-                    if u.stack == "decoder" and u.layer == last and resolve(model, u.kind).role != "layer")
+    inner = "".join(resolve(model, k).symbol for k in mtp_inner_kinds(model)) if tail else ""
     return "".join(main) + ("/" + inner) * tail

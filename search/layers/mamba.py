@@ -335,15 +335,24 @@ def mixer_bytes(m: Mamba2Spec, hidden: int, tokens: float, dtype_bytes: float, t
     return dtype_bytes * tokens * (2 * s.conv_dim + s.in_proj_out + s.d_inner + 3 * s.d_inner) / tp
 
 
+# The time of mamba_ssm's mixer kernels (causal_conv1d, the SSD chunk-scan Triton kernels, the gated RMSNorm) over
+# what the kernel model gives their matmuls and memory passes: fitted on the published runs of two hybrid models on
+# three GPU generations (bench/hybrid_published.py --fit: Nemotron-3 Nano on GB300 / GB200 / B300 / B200 / H100 and
+# Nemotron-H 56B on H100 x32 to x2048, 12 rows; docs/costmodel.md, "Mamba-2"). The SSD kernels are launch- and
+# latency-bound small matmuls (Q x Q blocks of 128, head dim 64: tile-ai/tilelang benchmark/mamba2/README.md measures
+# the best tuned chunk-scan kernel at 14% of an H800's bf16 peak) and the backward runs about ten of them.
+SSD_KERNEL_TIME = 3.25
+
+
 def price_layer(src, u, a):
-    """One Mamba layer on one rank, per micro-batch (a first analytic model, before issue 36's calibration on the
-    Nemotron rows): ``in_proj`` / ``out_proj`` as a column- / row-parallel pair of GEMMs with their TP collectives
-    (as an MLP's), the scan as its chunk matmuls at the kernel model's batched-GEMM rate (``scan_bmms``), the pre-norm
-    and residual add and the mixer's element-wise passes (``mixer_bytes``) as memory-bound kernels. Backward: the
-    GEMMs' and matmuls' gradients, 1.5x the element-wise bytes, and the fused training path's re-run of the conv and
-    the scan (``use_mamba_mem_eff_path``). Bytes kept: ``act_bytes`` per token and ``fixed_act_bytes``, plus the
-    pre-norm's input; full recompute keeps the layer input. Context parallelism (the head-split all-to-all) is not
-    priced yet."""
+    """One Mamba layer on one rank, per micro-batch: ``in_proj`` / ``out_proj`` as a column- / row-parallel pair of
+    GEMMs with their TP collectives (as an MLP's), the pre-norm and residual add memory-bound, and the mixer's kernels
+    (the scan as its chunk matmuls at the kernel model's batched-GEMM rate, ``scan_bmms``; the element-wise passes,
+    ``mixer_bytes``, memory-bound) times ``SSD_KERNEL_TIME``, calibrated on the published Nemotron rows
+    (docs/costmodel.md, "Mamba-2 and hybrid models"). Backward: the GEMMs' and matmuls' gradients, 1.5x the
+    element-wise bytes, and the fused training path's re-run of the conv and the scan (``use_mamba_mem_eff_path``).
+    Bytes kept: ``act_bytes`` per token and ``fixed_act_bytes``, plus the pre-norm's input; full recompute keeps the
+    layer input. Context parallelism (the head-split all-to-all) is not priced yet."""
     model, k, dt = src.model, src.kern, src.dt
     if a.cp > 1:
         raise AcesoError(f"context parallelism (cp {a.cp}) of Mamba layers is not priced yet; use cp 1")
@@ -358,8 +367,10 @@ def price_layer(src, u, a):
     scan_b = sum(k.bmm(*x, backward=True) for x in bmms)
     ew = (2 * dt * sb * h + (3 * dt + 1) * sb * h) / r          # pre-norm + bias-dropout-add, as a dense unit's
     mix = mixer_bytes(spec, h, sb, dt, t)
-    fwd = lin_f + k.memory(ew, 2) + k.memory(mix, 3) + scan_f + tpc.fwd
-    bwd = lin_b + k.memory(1.5 * (ew + mix), 3) + scan_b + k.memory(mix, 3) + scan_f + tpc.bwd
+    ssd_f = SSD_KERNEL_TIME * (k.memory(mix, 3) + scan_f)                  # mamba_ssm's conv1d / scan / gated norm
+    ssd_b = SSD_KERNEL_TIME * (k.memory(1.5 * mix, 3) + scan_b) + ssd_f     # their backward and the fused re-run
+    fwd = lin_f + k.memory(ew, 2) + ssd_f + tpc.fwd
+    bwd = lin_b + k.memory(1.5 * ew, 3) + ssd_b + tpc.bwd
     cost = UnitCost(fwd, bwd, UNAVAILABLE_MS, fwd, tpc.fwd + tpc.bwd, UNAVAILABLE_MS, tpc.hidden,
                     comm_fwd=(tpc.fwd, tpc.hidden_fwd, 0.0, 0.0))
     keep = sb * act_bytes(spec, h, int(dt), t, 1, a.sp).total + fixed_act_bytes(spec, h, int(dt), t) + dt * sb * h / r

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from ..moe_flops import mtp_flops
 from ..moe_params import mtp_layer_params
-from .kind import LayerKind, Row, register
+from .kind import LayerKind, Row, mtp_inner_kinds, register
 
 
 def price_mtp(src, u, a) -> Row:
     from ..costmodel.mla_mtp import mtp_unit
     m = src.model
-    last = [v for v in m.units if v.stack == "decoder" and v.layer == m.num_layers - 1]
-    att, ffn = a.row(last[0]), a.row(last[-1])
+    att, ffn = (a.row(type(u)("decoder", m.num_layers - 1, k)) for k in mtp_inner_kinds(m))
     cost, act, params, experts = mtp_unit(src, a.b, a.s, a.t, a.sp, att.cost, att.act, ffn.cost,
                                           (*ffn.act, ffn.transient), att.params, (ffn.params, ffn.expert_params))
     return Row(cost, act[:3], params, experts, transient=act[3])

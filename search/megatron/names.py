@@ -139,7 +139,7 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
 )
 
 _NORM = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
-_POS = {"learned": "learned_absolute", "rope": "rope"}
+_POS = {"learned": "learned_absolute", "rope": "rope", "none": "none"}
 _PRECISION = {"bf16": "--bf16", "fp16": "--fp16", "fp32": None}
 
 
@@ -163,7 +163,8 @@ def megatron_lm_args(c: MegatronConfig) -> dict[str, list[str]]:
     if m.position_embedding == "rope":
         model += ["--rotary-base", str(int(m.rotary_base))]
     model += ["--normalization", _NORM[m.normalization]]
-    model += ["--swiglu"] if m.activation == "swiglu" else []
+    model += ["--swiglu"] if m.activation == "swiglu" else (["--squared-relu"] if m.activation == "squared_relu"
+                                                             else [])
     model += layer_variant_flags.write(m)          # --quick-geglu, --window-size, --softmax-type, ...
     model += [] if m.tied_embeddings else ["--untie-embeddings-and-output-weights"]
     model += [] if m.add_bias_linear else ["--disable-bias-linear"]

@@ -42,6 +42,7 @@ from ..costmodel.types import Features, Shape
 from ..errors import AcesoError
 from ..fsdp import one_rank_group, pipeline_refusal
 from ..layer_variants import offset_blocks_cp
+from ..layers import mamba
 from ..moe_plan import MoEPlanSettings, dispatcher_settings, overlap_ep_refusal
 from ..training import MAX_VIRTUAL
 from . import constraints
@@ -166,7 +167,8 @@ class Space:
         priced = frozenset(priced)
         tps, t = [], 1
         while t <= cluster.nvlink_size:
-            if all(v % t == 0 for v in (model.num_attention_heads, model.groups, model.ffn_hidden_size)):
+            if all(v % t == 0 for v in (model.num_attention_heads, model.groups, model.ffn_hidden_size)) and \
+                    (model.mamba is None or mamba.tp_refusal(model.mamba, model.hidden_size, t) is None):
                 tps.append(t)
             t *= 2
         tps = list(constraints.tensor_sizes(model, cluster, training, tps))
@@ -176,6 +178,8 @@ class Space:
                           "context-parallel-sizes")
         if model.is_t5 and cps != (1,):
             cps = (1,)          # megatron-core's T5Model has no context parallelism
+        if model.mamba is not None:
+            cps = (1,)          # Mamba's CP (the head-split all-to-all) is not priced yet (search.layers.mamba)
         if offset_blocks_cp(model):
             cps = (1,)          # a softmax offset runs under cp only over a2a, which is not priced (layer_variants)
         legal_cps = tuple(c for c in cps if c == 1 or model.seq_length % (2 * c) == 0)

@@ -250,7 +250,7 @@ CASES = [
       **{"s.json": edit("spec.json", attention_dropout=1.0)}),
     C("spec-family", SEARCH.replace("spec.json", "s.json"), "family: Input should be 'gpt', 't5' or 'llama'",
       **{"s.json": edit("spec.json", family="bert")}),
-    C("spec-activation", SEARCH.replace("spec.json", "s.json"), "activation: Input should be 'gelu', 'swiglu' or 'quick_geglu'",
+    C("spec-activation", SEARCH.replace("spec.json", "s.json"), "activation: Input should be 'gelu', 'swiglu', 'quick_geglu' or 'squared_relu'",
       **{"s.json": edit("spec.json", activation="relu")}),
     C("spec-heads-divide", SEARCH.replace("spec.json", "s.json"), "must be a multiple of num_attention_heads",
       **{"s.json": edit("spec.json", num_attention_heads=3)}),

@@ -159,15 +159,8 @@ def test_a_new_kind_in_one_place(proj_kind):
 
 
 # ----- Mamba-2 (M): the recipe's proof --------------------------------------------------------------------------
-class HybridSpec(ModelSpec):
-    """A model written as megatron-core's hybrid layer pattern (ModelSpec gains these fields with issue 36)."""
-
-    mamba: Mamba2Spec
-    hybrid_layer_pattern: str
-
-
 def _hybrid(pattern="M-*-"):
-    return HybridSpec(name="h", family="gpt", num_layers=len(pattern), hidden_size=H, num_attention_heads=16,
+    return ModelSpec(name="h", family="gpt", num_layers=len(pattern), hidden_size=H, num_attention_heads=16,
                       ffn_hidden_size=4096, seq_length=S, vocab_size=V, params_dtype="fp16", add_bias_linear=False,
                       normalization="rmsnorm", mamba=Mamba2Spec(mamba_state_dim=64, mamba_head_dim=64,
                                                                 mamba_num_groups=8),
@@ -202,10 +195,12 @@ def test_a_mamba_unit_priced_by_hand():
     ew = (2 * 2 + 3 * 2 + 1) * S * H                              # pre-norm + bias-dropout-add bytes
     conv_dim = 2048 + 2 * g * n
     mix = 2 * S * (2 * conv_dim + 5152 + 4 * 2048)                # conv in/out, scan in/out, gated norm
-    fwd = gemm + (ew / (hbm * 0.8) + launch) + (mix / (hbm * 0.8) + launch) + scan
+    ssd = mamba.SSD_KERNEL_TIME              # mamba_ssm's mixer kernels over the kernel model (fitted, bench)
+    ssd_f = ssd * ((mix / (hbm * 0.8) + launch) + scan)
+    fwd = gemm + (ew / (hbm * 0.8) + launch) + ssd_f
     assert t.fwd_ms[0] == pytest.approx(fwd, rel=1e-12)
     gemm_b = 2.0 * 2.0 * S * (H * 5152 + 2048 * H) / (peak * 0.65) + launch
-    bwd = gemm_b + (1.5 * (ew + mix) / (hbm * 0.8) + launch) + scan_b + (mix / (hbm * 0.8) + launch) + scan
+    bwd = gemm_b + (1.5 * ew / (hbm * 0.8) + launch) + ssd * ((1.5 * mix / (hbm * 0.8) + launch) + scan_b) + ssd_f
     assert t.bwd_ms[0] == pytest.approx(bwd, rel=1e-12)
     # parameters: in_proj, conv1d (weight and bias), dt_bias / A_log / D, gated norm, out_proj, pre-norm
     assert t.weight_params[0] == H * 5152 + conv_dim * 5 + 3 * heads + 2048 + 2048 * H + H

@@ -1,0 +1,73 @@
+"""`aceso import-hf` of a Nemotron-H / Nemotron-3 config.json (transformers' NemotronHConfig field names): the
+imported spec is the preset built from the Megatron-LM / Megatron-Bridge sources (model_specs/hybrid/*.json), and
+what aceso cannot hold is refused in one line naming the field, nothing written."""
+
+import json
+
+import pytest
+
+from search.cli import main
+from search.presets import load_model
+
+# nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16's config.json fields (the values model_specs/hybrid/nemotron-3-nano.json
+# cites from Megatron-Bridge's NemotronH bridge test fixture and the model card)
+NANO = {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "torch_dtype": "bfloat16",
+        "vocab_size": 131072, "hidden_size": 2688, "num_hidden_layers": 52,
+        "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+        "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128, "max_position_embeddings": 262144,
+        "intermediate_size": 1856, "mlp_hidden_act": "relu2", "mamba_num_heads": 64, "mamba_head_dim": 64,
+        "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4, "expand": 2, "chunk_size": 128,
+        "use_conv_bias": True, "mamba_hidden_act": "silu", "n_routed_experts": 128, "n_shared_experts": 1,
+        "moe_intermediate_size": 1856, "moe_shared_expert_intermediate_size": 3712, "num_experts_per_tok": 6,
+        "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
+        "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False, "use_bias": False, "mlp_bias": False,
+        "attention_bias": False, "residual_in_fp32": False, "rescale_prenorm_residual": True,
+        "time_step_min": 0.001, "time_step_max": 0.1, "time_step_floor": 1e-4, "use_mamba_kernels": True}
+_BLOCK = {"M": "mamba", "*": "attention", "-": "mlp"}     # the older layers_block_type spelling
+H8B = {"model_type": "nemotron_h", "torch_dtype": "bfloat16", "vocab_size": 131072, "hidden_size": 4096,
+       "layers_block_type": [_BLOCK[c] for c in "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"],
+       "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 8192,
+       "intermediate_size": 21504, "mlp_hidden_act": "relu2", "mamba_num_heads": 128, "mamba_head_dim": 64,
+       "ssm_state_size": 128, "mamba_n_groups": 8, "mamba_d_conv": 4, "expand": 2, "mamba_chunk_size": 128,
+       "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False}
+
+
+def convert(tmp_path, cfg, *extra):
+    src = tmp_path / "hf" / "config.json"
+    src.parent.mkdir(exist_ok=True)
+    src.write_text(json.dumps(cfg))
+    out = tmp_path / "spec.json"
+    assert main(["import-hf", str(src), "-o", str(out), "--seq-length", "8192", *extra]) == 0
+    return load_model(str(out))
+
+
+def test_nano_config_is_the_preset(tmp_path):
+    m, p = convert(tmp_path, NANO), load_model("nemotron-3-nano")
+    # a config.json carries no training coefficient: the aux-loss coefficient (1e-4) is the recipe's
+    want = p.model_copy(update={"name": m.name, "nominal_params_b": None,
+                                "moe": {**p.moe.model_dump(), "moe_aux_loss_coeff": 0.0}})
+    assert m == want
+    assert m.num_parameters == p.num_parameters
+
+
+def test_nemotron_h_8b_config_with_the_list_spelling_is_the_preset(tmp_path):
+    m, p = convert(tmp_path, H8B), load_model("nemotron-h-8b")
+    assert m == p.model_copy(update={"name": m.name, "nominal_params_b": None})
+
+
+@pytest.mark.parametrize("cfg, needle", [
+    ({**NANO, "moe_latent_size": 1024}, "moe_latent_size 1024: LatentMoE experts"),
+    ({**NANO, "mlp_hidden_act": "silu"}, 'mlp_hidden_act "silu": megatron-core\'s Nemotron MLP is squared ReLU'),
+    ({**NANO, "num_hidden_layers": 50}, "num_hidden_layers 50: the layer pattern has 52 layers"),
+    ({**NANO, "hybrid_override_pattern": "MGM*E" * 10}, "hybrid_override_pattern is"),
+    ({**NANO, "n_groups": 3}, "mamba_num_heads (64) must be a multiple of mamba_num_groups (3)"),
+    ({**NANO, "mamba_new_field": 1}, "mamba_new_field"),
+])
+def test_refused_in_one_line(tmp_path, capsys, cfg, needle):
+    src = tmp_path / "config.json"
+    src.write_text(json.dumps(cfg))
+    out = tmp_path / "spec.json"
+    assert main(["import-hf", str(src), "-o", str(out), "--seq-length", "8192"]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1, err
+    assert not out.exists()
