@@ -313,6 +313,10 @@ def build_runtime(plan: ParallelPlan | dict, rank: int, world_size: int, seed: i
 
         mla_mtp_tp_group.apply()
         mla_without_te.apply()
+    if plan.model.mamba is not None:
+        from patches import mamba_cpu   # megatron-core's MambaMixer on torch kernels where mamba-ssm is missing
+
+        mamba_cpu.apply()
     if plan.megatron_fsdp is not None and device == "cpu":
         from patches import fsdp_cpu
 
