@@ -152,11 +152,31 @@ def build_unit_layers(model: ModelSpec, units: list[Unit], recompute: list[str],
     return out
 
 
+def hybrid_refusal(model: ModelSpec) -> str | None:
+    """Why this megatron-core cannot run ``model``'s hybrid layer pattern (None: it can): the runtime places a hybrid
+    model's layers with megatron-core 0.19's ``HybridStack`` and proves it against stock ``HybridModel``, neither of
+    which 0.16.1 has; a Mamba layer without mamba-ssm needs ``patches.mamba_cpu``'s packages."""
+    from patches import mamba_cpu
+    from patches.compat import have_hybrid
+
+    if model.hybrid_layer_pattern is None:
+        return None
+    if not have_hybrid():
+        import megatron.core
+
+        return (f"hybrid_layer_pattern: the aceso runtime runs hybrid models on megatron-core >= 0.19 (HybridModel); "
+                f"this is {megatron.core.__version__}: use the Python 3.12 stack (README), or export the plan with "
+                "aceso export --to megatron-lm")
+    return mamba_cpu.refusal() if model.mamba is not None else None
+
+
 def check_model(plan, device: str = "cpu", fast=None) -> None:
     """Every fault of the model and its fit with the plan, as one ``AcesoError``, before any process group exists;
     the config is built with the fast paths ``fast`` the run will use (default: what this machine offers)."""
     model = plan.model
     refuse_unbuilt(model)      # sliding window, softmax offset, quick-GEGLU: not built by the runtime yet
+    if (msg := hybrid_refusal(model)) is not None:
+        raise AcesoError(msg)
     try:
         stage_config(model, 1, device, fast=fast)
     except AcesoError:
