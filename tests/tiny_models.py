@@ -17,3 +17,6 @@ HYBRID = ModelSpec.model_validate({**LLAMA.model_dump(),
     "name": "tiny-hybrid", "num_layers": 6, "hybrid_layer_pattern": "M*EM-E",
     "mamba": {"mamba_state_dim": 8, "mamba_head_dim": 8, "mamba_num_groups": 2, "chunk_size": 8},
     "moe": {"num_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 32}})
+# the same layers and one MTP depth of attention + MoE (HybridModel's '/' part; the last main layer an MLP)
+HYBRID_MTP = ModelSpec.model_validate({**HYBRID.model_dump(), "name": "tiny-hybrid-mtp",
+                                       "hybrid_layer_pattern": "M*EME-/*E", "mtp_num_layers": 1})

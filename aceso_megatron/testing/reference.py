@@ -84,9 +84,10 @@ def hybrid_model(model: ModelSpec, config):
     from ..model.hybrid import pattern
 
     text = model.hybrid_layer_pattern or pattern(model, list(model.units))
-    if text is None or model.mla is not None or model.mtp_num_layers or model.layer_spec:
-        raise ValueError(f"{model.name}: the stock HybridModel reference covers GPT / Llama hybrids without MLA, "
-                         "MTP or a layer spec only")
+    if text is None or model.mla is not None or model.layer_spec or (model.mtp_num_layers and
+                                                                      not model.hybrid_layer_pattern):
+        raise ValueError(f"{model.name}: the stock HybridModel reference covers GPT / Llama hybrids without MLA or a "
+                         "layer spec only (MTP: as the pattern's '/' part)")
     full = gpt_layer_spec(model, te=False).submodules        # a dense layer (MoE: layer None picks no experts)
     attention = ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(
         input_layernorm=full.input_layernorm, self_attention=full.self_attention, self_attn_bda=full.self_attn_bda))
@@ -108,6 +109,8 @@ def hybrid_model(model: ModelSpec, config):
             "chunk_size": model.mamba.chunk_size, "d_conv": model.mamba.d_conv, "expand": model.mamba.expand})
         slots["mamba_layer"] = dataclasses.replace(local, submodules=dataclasses.replace(
             local.submodules, norm=final_norm_spec(model, te=False), mixer=mixer))
+    if "/" in text:    # HybridModel's MTP block (its stock spec with the local norms and eh_proj)
+        slots["mtp_block_spec"] = _local_mtp_block_spec(final_norm_spec(model, te=False))
     stack = ModuleSpec(module=HybridStack, params={"post_layer_norm": False},
                        submodules=HybridStackSubmodules(**slots))
     m = HybridModel(config, stack, vocab_size=model.padded_vocab_size, max_sequence_length=model.seq_length,
@@ -119,12 +122,34 @@ def hybrid_model(model: ModelSpec, config):
     m.decoder.post_layer_norm = True
 
     def canonical(name: str) -> str:
+        if name.startswith("mtp.layers.") and ".mtp_model_layer.layers." in name:   # GPTModel's one inner layer
+            head, rest = name.split(".mtp_model_layer.layers.", 1)
+            return f"{head}.mtp_model_layer.{rest.split('.', 1)[1]}"
         if name.startswith("decoder.layers."):
             idx, rest = name[len("decoder.layers."):].split(".", 1)
             return f"decoder.layers.{model.units[int(idx)].layer}.{rest}"
         return name.replace("decoder.final_norm.", "decoder.final_layernorm.")
 
     return m, {n: canonical(n) for n, _ in m.named_parameters()}
+
+
+def _local_mtp_block_spec(norm):
+    """megatron-core 0.19's ``hybrid_layer_specs._hybrid_mtp_block_spec`` without transformer-engine: the MTP layer's
+    ``enorm`` / ``hnorm`` / final ``layer_norm`` the local norm, ``eh_proj`` a column-parallel linear, its inner
+    layers built by ``HybridStack`` from the pattern's '/' part."""
+    from megatron.core.tensor_parallel import ColumnParallelLinear
+    from megatron.core.transformer.multi_token_prediction import (
+        MultiTokenPredictionBlock,
+        MultiTokenPredictionBlockSubmodules,
+        MultiTokenPredictionLayer,
+        MultiTokenPredictionLayerSubmodules,
+    )
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    layer = ModuleSpec(module=MultiTokenPredictionLayer, submodules=MultiTokenPredictionLayerSubmodules(
+        enorm=norm, hnorm=norm, eh_proj=ColumnParallelLinear, mtp_model_layer=None, layer_norm=norm))
+    return ModuleSpec(module=MultiTokenPredictionBlock,
+                      submodules=MultiTokenPredictionBlockSubmodules(layer_specs=[layer]))
 
 
 class Reference:

@@ -14,7 +14,7 @@ import pytest
 from patches.compat import have_hybrid
 from tests.distributed.test_modern_plans import GPT4, LLAMA4, OVERLAP, plan, run_and_compare, st, vst
 from tests.distributed.test_plans import reference_process  # noqa: F401 (fixture)
-from tests.tiny_models import HYBRID
+from tests.tiny_models import HYBRID, HYBRID_MTP
 
 # experts at etp 1 (gloo cannot all-gather uneven token counts over expert-TP), unfused as on CPU
 MOE = {"moe": {"token_dispatcher": "alltoall", "grouped_gemm": False, "permute_fusion": False}}
@@ -34,6 +34,9 @@ PLANS = {
         "llama dp2 -> dp1, distributed optimizer, both overlaps": plan(
             LLAMA4, st(1, 2, 0, 5, ["selective", "none", "full", "none", "selective"]), st(1, 1, 5, 8), **OVERLAP),
         "gpt VPP 2, uneven chunks, dp 1 | 2": plan(GPT4, vst(1, 1, (0, 3), (5, 6)), vst(1, 2, (3, 5), (6, 8))),
+        "hybrid M*EME-/*E, MTP on the last stage, cut M*E | ME- + MTP, dp 1 | 2": plan(
+            HYBRID_MTP, st(1, 1, 0, 3, ["full", "none", "selective"]), st(1, 2, 3, 7, ["none", "full", "none", "none"]),
+            **MOE),
     },
     4: {   # HYBRID is M*EM-E: Mamba heads 8 and groups 2 split over tp 2; MoE + tp needs SP (megatron-core)
         "hybrid M*EM-E on one stage, SP tp2 x dp2, mixed recompute": plan(
