@@ -7,10 +7,6 @@ SP tp 2 | tp 1, with 2 GPUs tp 1 | tp 1, on one GPU one stage."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -20,6 +16,7 @@ if not torch.cuda.is_available():
 from patches.compat import have_hybrid  # noqa: E402
 from search.model import ModelSpec  # noqa: E402
 from search.plan import ParallelPlan  # noqa: E402
+from tests.gpu.test_cuda_train import _train  # noqa: E402  (aceso train on CUDA or CPU, the losses)
 
 if not have_hybrid():
     pytest.skip("megatron-core without models.hybrid (before 0.19): hybrid plans are refused there",
@@ -48,18 +45,6 @@ def _plan(num_gpus: int) -> ParallelPlan:
     return ParallelPlan.model_validate({
         "model": MODEL.model_dump(), "micro_batch_size": 2, "global_batch_size": 8, "stages": stages,
         "moe": {"token_dispatcher": "alltoall", "grouped_gemm": False, "permute_fusion": False}})
-
-
-def _train(tmp_path, plan: ParallelPlan, cpu: bool) -> list[float]:
-    plan_file = tmp_path / "plan.json"
-    plan_file.write_text(plan.to_json())
-    log = tmp_path / ("cpu.jsonl" if cpu else "gpu.jsonl")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.world_size}",
-           "-m", "aceso_megatron.training.train", str(plan_file), "--mock-data", "--train-iters", "10",
-           "--log-interval", "1", "--lr", "3e-3", "--log-file", str(log)] + (["--cpu"] if cpu else [])
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return [rec["loss"] for rec in map(json.loads, log.read_text().splitlines()) if rec.get("kind") == "train"]
 
 
 def test_hybrid_training_on_cuda_learns_and_matches_cpu(tmp_path):
