@@ -45,6 +45,8 @@ PLANS = {
         "hybrid cut M*EM | -E, SP tp2 | tp1 dp2": plan(
             HYBRID, ep1(st(2, 1, 0, 4, ["none", "full", "none", "full"], sp=True)),
             st(1, 2, 4, 6, ["selective", "none"]), **MOE),
+        "hybrid VPP 2, uneven chunks M* | EM | - | E, dp 2 | dp 2": plan(
+            HYBRID, vst(1, 2, (0, 2, ["full", "none"]), (4, 5)), vst(1, 2, (2, 4), (5, 6, ["full"])), **MOE),
     },
 }
 
