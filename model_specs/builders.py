@@ -31,6 +31,7 @@ from patches.compat import mlp_class, mlp_on_group
 from search.layer_variants import config_kwargs
 from search.rope_scaling import runtime_kwargs
 from search import layers
+from search.layers.hybrid import mtp_layer
 from search.model import ModelSpec, UnitKind
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -66,7 +67,41 @@ def architecture_kwargs(model: ModelSpec, dtype: str | None = None) -> dict:
         **config_kwargs(model),      # sliding window (search.layer_variants); the other GPT-OSS fields are refused
         **moe_kwargs(model),
         **mla_mtp_kwargs(model),
+        **mamba_kwargs(model),
     }
+
+
+def mamba_kwargs(model: ModelSpec) -> dict:
+    """A hybrid model's Mamba-2 mixer as ``TransformerConfig``'s ``mamba_*`` fields (empty without one); the
+    mixer's own arguments (``chunk_size``, ``d_conv``, ``expand``) are its spec's params (``mamba_layer_spec``)."""
+    m = model.mamba
+    if m is None:
+        return {}
+    return {"mamba_state_dim": m.mamba_state_dim, "mamba_head_dim": m.mamba_head_dim,
+            "mamba_num_groups": m.mamba_num_groups, "mamba_num_heads": m.mamba_num_heads,
+            "use_mamba_mem_eff_path": m.use_mamba_mem_eff_path}
+
+
+def mamba_layer_spec(model: ModelSpec, te: bool | None = None) -> ModuleSpec:
+    """megatron-core's ``MambaLayer`` (an ``M`` layer of the hybrid pattern): its pre-norm, ``MambaMixer`` with a
+    column-parallel ``in_proj`` and a row-parallel ``out_proj``, and the residual add. The norm is a module of its
+    own (the final norm's class) on either path, as in megatron-core's local Mamba spec, so TE and local runs keep
+    the same parameter names (``norm.weight``; TE's stock spec fuses it into ``in_proj``)."""
+    from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+    from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules
+    from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules
+
+    if _te(te):
+        from megatron.core.extensions.transformer_engine import TEColumnParallelLinear as column
+        from megatron.core.extensions.transformer_engine import TERowParallelLinear as row
+    else:
+        from megatron.core.tensor_parallel import ColumnParallelLinear as column
+        from megatron.core.tensor_parallel import RowParallelLinear as row
+    m = model.mamba
+    mixer = ModuleSpec(module=MambaMixer, submodules=MambaMixerSubmodules(in_proj=column, out_proj=row),
+                       params={"chunk_size": m.chunk_size, "d_conv": m.d_conv, "expand": m.expand})
+    return ModuleSpec(module=MambaLayer, submodules=MambaLayerSubmodules(
+        norm=final_norm_spec(model, te), mixer=mixer, mamba_bda=get_bias_dropout_add))
 
 
 def mla_mtp_kwargs(model: ModelSpec) -> dict:
@@ -108,7 +143,7 @@ def gpt_layer_spec(model: ModelSpec, te: bool | None = None, layer: int | None =
     experts, else ``SequentialMLP``) where ``model.moe`` makes it one, as ``get_gpt_decoder_layer_specs`` picks."""
     from megatron.core.models.gpt import gpt_layer_specs as g
 
-    experts = model.moe.num_experts if (model.moe and layer is not None and model.moe.is_moe_layer(layer)) else None
+    experts = model.moe.num_experts if (model.moe and layer is not None and _is_moe_layer(model, layer)) else None
     norm = "RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm"
     # MLA: megatron-core's MLASelfAttention, its latent q/kv norms with qk_layernorm (as get_gpt_decoder_block_spec)
     mla = {"multi_latent_attention": True, "qk_layernorm": bool((model.megatron or {}).get("qk_layernorm"))} \
@@ -123,6 +158,15 @@ def gpt_layer_spec(model: ModelSpec, te: bool | None = None, layer: int | None =
 
         spec = with_mla_core(spec)
     return spec
+
+
+def _is_moe_layer(model: ModelSpec, layer: int) -> bool:
+    """Decoder layer ``layer`` is an MoE layer: its pattern symbol ``E`` in a hybrid model (one kind per layer; an
+    MTP depth's layer: its pattern's ``E``), else ``moe_layer_freq`` / ``first_k_dense_layers``."""
+    if model.hybrid_layer_pattern is None:
+        return model.moe.is_moe_layer(layer)
+    return any(u.kind == "moe" for u in model.units if u.layer == layer) or (
+        layer >= model.num_layers and "E" in (mtp_layer(model) or ""))
 
 
 def t5_layer_specs(model: ModelSpec, te: bool | None = None) -> tuple[ModuleSpec, ModuleSpec]:

@@ -11,3 +11,12 @@ LLAMA = ModelSpec(name="tiny-llama", family="llama", num_layers=2, hidden_size=3
 T5 = ModelSpec(name="tiny-t5", family="t5", num_layers=2, num_decoder_layers=2, hidden_size=32,
                num_attention_heads=4, ffn_hidden_size=64, seq_length=16, decoder_seq_length=8, vocab_size=128,
                params_dtype="fp32")  # units 0-3 encoder (attention, mlp), 4-9 decoder (attention, cross, mlp)
+# a hybrid decoder (megatron-core 0.19's HybridModel): Mamba-2 (8 heads of 8, 2 groups, 2 SSD chunks of 8), attention,
+# MoE and MLP layers as one pattern; tp 2 splits the Mamba heads and groups
+HYBRID = ModelSpec.model_validate({**LLAMA.model_dump(),
+    "name": "tiny-hybrid", "num_layers": 6, "hybrid_layer_pattern": "M*EM-E",
+    "mamba": {"mamba_state_dim": 8, "mamba_head_dim": 8, "mamba_num_groups": 2, "chunk_size": 8},
+    "moe": {"num_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 32}})
+# the same layers and one MTP depth of attention + MoE (HybridModel's '/' part; the last main layer an MLP)
+HYBRID_MTP = ModelSpec.model_validate({**HYBRID.model_dump(), "name": "tiny-hybrid-mtp",
+                                       "hybrid_layer_pattern": "M*EME-/*E", "mtp_num_layers": 1})

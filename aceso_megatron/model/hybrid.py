@@ -39,6 +39,7 @@ SYMBOLS: dict[str, LayerKind] = {
     "mla_attention": LayerKind("+", "mla_layer"),
     "mlp": LayerKind("-", "mlp_layer"),
     "moe": LayerKind("E", "moe_layer"),
+    "mamba": LayerKind("M", "mamba_layer"),
 }
 
 

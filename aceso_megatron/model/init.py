@@ -9,8 +9,9 @@ embeddings N(0, embedding_init_method_std) when the model's ``megatron`` block s
 A TP rank then takes its shard. The same seed therefore gives the same full model under any plan.
 
 Sharding follows megatron-core's parameter attributes (``tensor_model_parallel``, ``partition_dim``): contiguous
-blocks along the partition dim, except the SwiGLU ``linear_fc1`` whose full weight is ``[gate; up]`` and whose
-shard ``t`` is ``[gate_t; up_t]``.
+blocks along the partition dim, except packed parameters whose parts are each split over TP: the SwiGLU
+``linear_fc1`` (full weight ``[gate; up]``, shard ``t`` ``[gate_t; up_t]``) and those megatron-core marks with
+``partition_sizes`` (its local part sizes: Mamba's ``in_proj`` ``[z, x, B, C, dt]`` and ``conv1d`` ``[x, B, C]``).
 """
 
 from __future__ import annotations
@@ -51,14 +52,24 @@ def full_value(name: str, shape: list[int], model: ModelSpec, seed: int, std: fl
     return torch.randn(shape, generator=gen) * std
 
 
+def _local_parts(param: torch.Tensor, name: str, model: ModelSpec) -> list[int] | None:
+    """The sizes of the parts of a packed TP shard along its partition dim (None: one part)."""
+    sizes = getattr(param, "partition_sizes", None)
+    if sizes is not None:
+        return list(sizes)
+    if _is_glu_fc1(name, model):
+        return [param.shape[param.partition_dim] // 2] * 2
+    return None
+
+
 def shard(full: torch.Tensor, param: torch.Tensor, name: str, model: ModelSpec, tp: int, tp_rank: int) -> torch.Tensor:
     """The TP shard ``tp_rank`` of ``full`` for ``param``."""
     if not getattr(param, "tensor_model_parallel", False) or tp == 1:
         return full
     dim = param.partition_dim
-    if _is_glu_fc1(name, model):
-        gate, up = full.chunk(2, dim=dim)
-        return torch.cat([gate.chunk(tp, dim=dim)[tp_rank], up.chunk(tp, dim=dim)[tp_rank]], dim=dim)
+    if parts := _local_parts(param, name, model):
+        return torch.cat([p.chunk(tp, dim=dim)[tp_rank] for p in full.split([n * tp for n in parts], dim=dim)],
+                         dim=dim)
     return full.chunk(tp, dim=dim)[tp_rank]
 
 
@@ -68,9 +79,9 @@ def unshard(shards: list[torch.Tensor], param: torch.Tensor, name: str, model: M
     if not getattr(param, "tensor_model_parallel", False) or tp == 1:
         return shards[0]
     dim = param.partition_dim
-    if _is_glu_fc1(name, model):
-        gates, ups = zip(*(s.chunk(2, dim=dim) for s in shards))
-        return torch.cat(list(gates) + list(ups), dim=dim)
+    if parts := _local_parts(param, name, model):
+        split = [s.split(parts, dim=dim) for s in shards]
+        return torch.cat([s[k] for k in range(len(parts)) for s in split], dim=dim)
     return torch.cat(shards, dim=dim)
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from megatron.core.transformer.spec_utils import build_module
 
-from model_specs.builders import bind_tp_group, layer_spec, unit_spec
+from model_specs.builders import bind_tp_group, layer_spec, mamba_layer_spec, unit_spec
 from model_specs.extensions import (
     check_attn_dropout,
     check_qk_layernorm,
@@ -61,6 +61,30 @@ class UnitLayer(torch.nn.Module):
             return out
 
         return run_unit(run, self.full_recompute, hidden, context)
+
+
+class MambaUnitLayer(UnitLayer):
+    """A Mamba unit: megatron-core's whole ``MambaLayer`` (pre-norm, mixer, residual add), which takes the hidden
+    states only and returns them (no bias pair); ``full`` recompute as any unit."""
+
+    def forward(self, hidden, rotary_pos_emb=None, attention_mask=None, context=None, context_mask=None):
+        def run(h, _ctx):
+            with layer_context(self.layer.config, self.unit.layer):
+                return self.layer(h)
+
+        return run_unit(run, self.full_recompute, hidden, context)
+
+
+def _mamba_layer(model: ModelSpec, unit: Unit, rc: str, config, pg_collection, te: bool, transform) -> UnitLayer:
+    """A Mamba unit's layer (``builders.mamba_layer_spec``): none or full recompute (its kind's choices)."""
+    with init_context(config, unit.layer):
+        layer = build_module(transform(mamba_layer_spec(model, te)), config=config, layer_number=unit.layer + 1,
+                             pg_collection=pg_collection)
+    return MambaUnitLayer(unit, layer, rc == "full")
+
+
+# units that are a whole megatron-core layer of their own kind (not a part of a ``TransformerLayer``)
+_OWN_LAYERS = {"mamba": _mamba_layer}
 
 
 def _expert_mlps(moe_layer) -> list:
@@ -102,6 +126,10 @@ def build_unit_layers(model: ModelSpec, units: list[Unit], recompute: list[str],
     i = 0
     while i < len(units):
         unit, rc = units[i], recompute[i]
+        if unit.kind in _OWN_LAYERS:
+            out.append(_OWN_LAYERS[unit.kind](model, unit, rc, config, pg_collection, te, transform))
+            i += 1
+            continue
         full = layer_spec(model, unit.stack, te, unit.layer, bool(getattr(config, "moe_grouped_gemm", False)))
         if unit.stack in whole:   # the layer's units are consecutive here (check_model)
             n = sum(1 for u in units[i:] if (u.stack, u.layer) == (unit.stack, unit.layer))
@@ -124,11 +152,31 @@ def build_unit_layers(model: ModelSpec, units: list[Unit], recompute: list[str],
     return out
 
 
+def hybrid_refusal(model: ModelSpec) -> str | None:
+    """Why this megatron-core cannot run ``model``'s hybrid layer pattern (None: it can): the runtime places a hybrid
+    model's layers with megatron-core 0.19's ``HybridStack`` and proves it against stock ``HybridModel``, neither of
+    which 0.16.1 has; a Mamba layer without mamba-ssm needs ``patches.mamba_cpu``'s packages."""
+    from patches import mamba_cpu
+    from patches.compat import have_hybrid
+
+    if model.hybrid_layer_pattern is None:
+        return None
+    if not have_hybrid():
+        import megatron.core
+
+        return (f"hybrid_layer_pattern: the aceso runtime runs hybrid models on megatron-core >= 0.19 (HybridModel); "
+                f"this is {megatron.core.__version__}: use the Python 3.12 stack (README), or export the plan with "
+                "aceso export --to megatron-lm")
+    return mamba_cpu.refusal() if model.mamba is not None else None
+
+
 def check_model(plan, device: str = "cpu", fast=None) -> None:
     """Every fault of the model and its fit with the plan, as one ``AcesoError``, before any process group exists;
     the config is built with the fast paths ``fast`` the run will use (default: what this machine offers)."""
     model = plan.model
     refuse_unbuilt(model)      # sliding window, softmax offset, quick-GEGLU: not built by the runtime yet
+    if (msg := hybrid_refusal(model)) is not None:
+        raise AcesoError(msg)
     try:
         stage_config(model, 1, device, fast=fast)
     except AcesoError:

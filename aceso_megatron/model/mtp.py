@@ -50,7 +50,10 @@ def block_spec(model, config, pg_collection, te: bool):
         backend = TESpecProvider()
     else:
         backend = LocalSpecProvider()
-    last = layer_spec(model, "decoder", te, model.num_layers - 1, bool(getattr(config, "moe_grouped_gemm", False)))
+    # the MTP depth's inner layer: GPTModel's last decoder layer; a hybrid model's '/' pattern (its attention and MLP
+    # or MoE layer, '*-' / '*E': one TransformerLayer computes what HybridModel's inner HybridStack of the two does)
+    layer = model.num_layers if model.hybrid_layer_pattern else model.num_layers - 1
+    last = layer_spec(model, "decoder", te, layer, bool(getattr(config, "moe_grouped_gemm", False)))
     last = bind_tp_group(last, pg_collection.tp)
     if config.sequence_parallel:
         from .norms import with_sequence_parallel_norms

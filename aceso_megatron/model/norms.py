@@ -24,7 +24,7 @@ import dataclasses
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-_LAYER_NORMS = ("input_layernorm", "pre_cross_attn_layernorm", "pre_mlp_layernorm")
+_LAYER_NORMS = ("input_layernorm", "pre_cross_attn_layernorm", "pre_mlp_layernorm", "norm")   # norm: MambaLayer's
 _ATTENTIONS = ("self_attention", "cross_attention")
 _QK_NORMS = ("q_layernorm", "k_layernorm")
 _MLA_NORMS = ("q_layernorm", "kv_layernorm")

@@ -60,32 +60,59 @@ def _decoder_spec(model: ModelSpec, config):
 
 
 def hybrid_model(model: ModelSpec, config):
-    """Stock ``HybridModel`` (megatron-core 0.19) of a dense GPT / Llama ``model``: its units as the hybrid layer
-    pattern (``*-`` per layer, ``model.hybrid.pattern``), with layers from megatron-core's local GPT layer spec --
-    the attention layer a ``TransformerLayer`` of its input norm, self-attention and residual add, the MLP layer
-    megatron-core's ``MLPLayer`` of its pre-MLP norm, MLP and residual add -- and the local final norm in
+    """Stock ``HybridModel`` (megatron-core 0.19) of ``model``: its hybrid layer pattern (``model.hybrid_layer_pattern``,
+    or a dense GPT / Llama model's units as ``*-`` per layer), with megatron-core's local layers -- the attention
+    layer a ``TransformerLayer`` of its input norm, self-attention and residual add, the MLP layer ``MLPLayer`` of
+    its pre-MLP norm, MLP and residual add (both from the local GPT layer spec), the MoE layer
+    ``MoETransformerLayer`` of its pre-MLP norm, the local GPT spec's ``MoELayer`` (``SequentialMLP`` experts) and
+    residual add, the Mamba layer megatron-core's local Mamba layer (``get_mamba_stack_modelopt_spec``: ``MambaLayer``
+    with ``MambaMixer``, column- / row-parallel projections; its norm the local norm) -- and the local final norm in
     ``HybridStack``'s ``final_norm`` (which it builds as transformer-engine's ``TENorm`` whatever the spec: no
     ``HybridModel`` builds without TE otherwise). Returns (module, local name -> canonical GPT name)."""
     from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
     from megatron.core.models.hybrid.hybrid_model import HybridModel
     from megatron.core.ssm.mlp_layer import MLPLayer
     from megatron.core.transformer.spec_utils import ModuleSpec, build_module
-    from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+    from megatron.core.transformer.transformer_layer import (
+        MoETransformerLayer,
+        TransformerLayer,
+        TransformerLayerSubmodules,
+    )
 
-    from model_specs.builders import final_norm_spec, layer_spec
+    from model_specs.builders import final_norm_spec, gpt_layer_spec
 
     from ..model.hybrid import pattern
 
-    text = pattern(model, list(model.units))
-    if text is None or model.moe is not None or model.mla is not None or model.mtp_num_layers or model.layer_spec:
-        raise ValueError(f"{model.name}: the stock HybridModel reference covers dense GPT / Llama models only")
-    full = layer_spec(model, "decoder", te=False).submodules
+    text = model.hybrid_layer_pattern or pattern(model, list(model.units))
+    if text is None or model.mla is not None or model.layer_spec or (model.mtp_num_layers and
+                                                                      not model.hybrid_layer_pattern):
+        raise ValueError(f"{model.name}: the stock HybridModel reference covers GPT / Llama hybrids without MLA or a "
+                         "layer spec only (MTP: as the pattern's '/' part)")
+    full = gpt_layer_spec(model, te=False).submodules        # a dense layer (MoE: layer None picks no experts)
     attention = ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(
         input_layernorm=full.input_layernorm, self_attention=full.self_attention, self_attn_bda=full.self_attn_bda))
     mlp = ModuleSpec(module=MLPLayer, submodules=TransformerLayerSubmodules(
         pre_mlp_layernorm=full.pre_mlp_layernorm, mlp=full.mlp, mlp_bda=full.mlp_bda))
+    slots = {"attention_layer": attention, "mlp_layer": mlp}
+    if "E" in text:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        norm = "RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm"
+        experts = get_gpt_layer_local_spec(num_experts=model.moe.num_experts, normalization=norm).submodules
+        slots["moe_layer"] = ModuleSpec(module=MoETransformerLayer, submodules=TransformerLayerSubmodules(
+            pre_mlp_layernorm=experts.pre_mlp_layernorm, mlp=experts.mlp, mlp_bda=experts.mlp_bda))
+    if "M" in text:
+        from megatron.core.post_training.modelopt.mamba.model_specs import get_mamba_stack_modelopt_spec
+
+        local = get_mamba_stack_modelopt_spec().submodules.mamba_layer
+        mixer = dataclasses.replace(local.submodules.mixer, params={
+            "chunk_size": model.mamba.chunk_size, "d_conv": model.mamba.d_conv, "expand": model.mamba.expand})
+        slots["mamba_layer"] = dataclasses.replace(local, submodules=dataclasses.replace(
+            local.submodules, norm=final_norm_spec(model, te=False), mixer=mixer))
+    if "/" in text:    # HybridModel's MTP block (its stock spec with the local norms and eh_proj)
+        slots["mtp_block_spec"] = _local_mtp_block_spec(final_norm_spec(model, te=False))
     stack = ModuleSpec(module=HybridStack, params={"post_layer_norm": False},
-                       submodules=HybridStackSubmodules(attention_layer=attention, mlp_layer=mlp))
+                       submodules=HybridStackSubmodules(**slots))
     m = HybridModel(config, stack, vocab_size=model.padded_vocab_size, max_sequence_length=model.seq_length,
                     hybrid_layer_pattern=text, share_embeddings_and_output_weights=model.tied_embeddings,
                     position_embedding_type="rope" if model.position_embedding == "rope" else "learned_absolute",
@@ -95,12 +122,34 @@ def hybrid_model(model: ModelSpec, config):
     m.decoder.post_layer_norm = True
 
     def canonical(name: str) -> str:
+        if name.startswith("mtp.layers.") and ".mtp_model_layer.layers." in name:   # GPTModel's one inner layer
+            head, rest = name.split(".mtp_model_layer.layers.", 1)
+            return f"{head}.mtp_model_layer.{rest.split('.', 1)[1]}"
         if name.startswith("decoder.layers."):
             idx, rest = name[len("decoder.layers."):].split(".", 1)
             return f"decoder.layers.{model.units[int(idx)].layer}.{rest}"
         return name.replace("decoder.final_norm.", "decoder.final_layernorm.")
 
     return m, {n: canonical(n) for n, _ in m.named_parameters()}
+
+
+def _local_mtp_block_spec(norm):
+    """megatron-core 0.19's ``hybrid_layer_specs._hybrid_mtp_block_spec`` without transformer-engine: the MTP layer's
+    ``enorm`` / ``hnorm`` / final ``layer_norm`` the local norm, ``eh_proj`` a column-parallel linear, its inner
+    layers built by ``HybridStack`` from the pattern's '/' part."""
+    from megatron.core.tensor_parallel import ColumnParallelLinear
+    from megatron.core.transformer.multi_token_prediction import (
+        MultiTokenPredictionBlock,
+        MultiTokenPredictionBlockSubmodules,
+        MultiTokenPredictionLayer,
+        MultiTokenPredictionLayerSubmodules,
+    )
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    layer = ModuleSpec(module=MultiTokenPredictionLayer, submodules=MultiTokenPredictionLayerSubmodules(
+        enorm=norm, hnorm=norm, eh_proj=ColumnParallelLinear, mtp_model_layer=None, layer_norm=norm))
+    return ModuleSpec(module=MultiTokenPredictionBlock,
+                      submodules=MultiTokenPredictionBlockSubmodules(layer_specs=[layer]))
 
 
 class Reference:
@@ -127,6 +176,10 @@ class Reference:
             from patches import mla_without_te
 
             mla_without_te.apply()
+        if model.mamba is not None:
+            from patches import mamba_cpu     # megatron-core's MambaMixer on reference kernels without mamba-ssm
+
+            mamba_cpu.apply()
         tc = train_config or TrainConfig()
         self.spec, self.tc = model, tc
         model_parallel_cuda_manual_seed(seed)

@@ -11,7 +11,8 @@ Sharded state: every rank describes its parameters as ``ShardedTensor``s under t
 (``GPTStage.canonical_names``: the names in a single-process megatron-core model) with their TP offsets, and replica
 ids that make exactly one rank write each piece (TP-replicated parameters: TP rank 0; DP replicas: DP rank 0; copies
 on several stages, such as a tied output embedding: the first stage, see ``model_sharded_state_dict``). SwiGLU
-``linear_fc1`` uses megatron-core's ``apply_swiglu_sharded_factory`` (its shard ``t`` is ``[gate_t; up_t]``). The
+``linear_fc1`` uses megatron-core's ``apply_swiglu_sharded_factory`` (its shard ``t`` is ``[gate_t; up_t]``), Mamba's
+packed ``in_proj`` / ``conv1d`` one sharded tensor per part (``_packed_parts``). The
 optimizer's state comes from megatron-core's own ``optimizer.sharded_state_dict(model_sharded_state_dict)``, which
 keys Adam's moments by the same parameters. Each stage therefore saves its own shards, and
 ``dist_checkpointing.load`` re-shards them for whatever plan loads them. We build the sharded dict ourselves because
@@ -106,8 +107,20 @@ def model_sharded_state_dict(rt) -> dict:
             sh = replace(sh, axis_fragmentations=None)
         elif rt.plan.model.activation == "swiglu" and ".linear_fc1." in canon and split:
             sh = apply_swiglu_sharded_factory(sh, ())
+        elif split and getattr(p, "partition_sizes", None) is not None:
+            sh = _packed_parts(sh, list(p.partition_sizes), p.partition_dim)
         out[local] = sh
     return out
+
+
+def _packed_parts(sh, sizes: list[int], dim: int):
+    """A packed TP parameter (megatron-core's ``partition_sizes``: Mamba's ``in_proj`` [z, x, B, C, dt] and
+    ``conv1d`` [x, B, C]) saved as one sharded tensor per part (``KEY.part<i>``), each split over TP, as
+    ``MambaMixer.sharded_state_dict`` saves them (megatron-core's ``_split_tensor_factory``): a contiguous TP offset
+    would put another plan's parts in the wrong rows."""
+    from megatron.core.ssm.utils import _split_tensor_factory
+
+    return _split_tensor_factory(sh, sizes, [f"part{i}" for i in range(len(sizes))], dim)
 
 
 # the distributed optimizer's checkpoint format: the one megatron-core re-shards across any TP/DP/PP (its

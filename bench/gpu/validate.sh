@@ -7,7 +7,9 @@
 #     fused checkpoint resumed unfused, context parallel vs data parallel (2 GPUs + TE), CUDA training vs CPU,
 #     an FP8 (Blackwell: MXFP8) plan's 3 steps against bf16, bf16 first/last layers (TE; test_lowprec_gpu.py),
 #     MoE grouped experts (TEGroupedMLP) and, with DeepEP, the flex dispatcher against SequentialMLP, an MLA + MoE
-#     model on TE's linears (test_moe_gpu.py) (tests/gpu);
+#     model on TE's linears (test_moe_gpu.py), a hybrid Mamba-2 / attention / MoE / MLP plan (megatron-core >= 0.19:
+#     one stage, or the pattern cut inside at tp 1 | tp 1 on 2 GPUs, SP tp 2 | tp 1 on 3) against CPU
+#     (test_hybrid_gpu.py) (tests/gpu);
 #  3. runtime overhead on the GPU (target ratio stock/plugin >= 0.99): a 1-GPU uniform plan; with >= 2 GPUs also
 #     the sequence-parallel + distributed-optimizer-overlap plan (tp 2, and dp 2 with >= 4 GPUs); the MoE plan
 #     (--ep: experts over EP 2 with >= 2 GPUs, the MoE model at ep 1 on one GPU).

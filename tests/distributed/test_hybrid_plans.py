@@ -1,8 +1,11 @@
 """Pipelined plans against a single-process stock ``HybridModel`` (megatron-core 0.19): the model as its hybrid layer
-pattern (``*-`` per layer), the plan's stages and chunks slices of that pattern cut anywhere, each chunk's units
-placed by megatron-core's ``HybridStack`` (``aceso_megatron.model.hybrid``). As ``test_plans.py`` and
-``test_modern_plans.py`` against ``GPTModel``: loss and every gradient of step 1, the losses of 3 steps with active
-clipping and the weights after them; skipped before 0.19 (no hybrid models)."""
+pattern (a dense model's units as ``*-`` per layer; a hybrid model's own pattern, ``tests.tiny_models.HYBRID``:
+Mamba-2 ``M``, attention ``*``, MoE ``E`` and MLP ``-`` layers), the plan's stages and chunks slices of that pattern
+cut anywhere, each chunk's units placed by megatron-core's ``HybridStack`` (``aceso_megatron.model.hybrid``), Mamba
+layers megatron-core's ``MambaLayer`` on CPU kernels (``patches.mamba_cpu``, applied by the runtime and the
+reference alike). As ``test_plans.py`` and ``test_modern_plans.py`` against ``GPTModel``: loss and every gradient of
+step 1, the losses of 3 steps with active clipping and the weights after them; skipped before 0.19 (no hybrid
+models)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,14 @@ import pytest
 from patches.compat import have_hybrid
 from tests.distributed.test_modern_plans import GPT4, LLAMA4, OVERLAP, plan, run_and_compare, st, vst
 from tests.distributed.test_plans import reference_process  # noqa: F401 (fixture)
+from tests.tiny_models import HYBRID, HYBRID_MTP
+
+# experts at etp 1 (gloo cannot all-gather uneven token counts over expert-TP), unfused as on CPU
+MOE = {"moe": {"token_dispatcher": "alltoall", "grouped_gemm": False, "permute_fusion": False}}
+
+
+def ep1(stage: dict) -> dict:
+    return {**stage, "etp": 1}
 
 pytestmark = pytest.mark.skipif(not have_hybrid(), reason="megatron-core without models.hybrid (before 0.19)")
 
@@ -23,6 +34,19 @@ PLANS = {
         "llama dp2 -> dp1, distributed optimizer, both overlaps": plan(
             LLAMA4, st(1, 2, 0, 5, ["selective", "none", "full", "none", "selective"]), st(1, 1, 5, 8), **OVERLAP),
         "gpt VPP 2, uneven chunks, dp 1 | 2": plan(GPT4, vst(1, 1, (0, 3), (5, 6)), vst(1, 2, (3, 5), (6, 8))),
+        "hybrid M*EME-/*E, MTP on the last stage, cut M*E | ME- + MTP, dp 1 | 2": plan(
+            HYBRID_MTP, st(1, 1, 0, 3, ["full", "none", "selective"]), st(1, 2, 3, 7, ["none", "full", "none", "none"]),
+            **MOE),
+    },
+    4: {   # HYBRID is M*EM-E: Mamba heads 8 and groups 2 split over tp 2; MoE + tp needs SP (megatron-core)
+        "hybrid M*EM-E on one stage, SP tp2 x dp2, mixed recompute": plan(
+            HYBRID, ep1(st(2, 2, 0, 6, ["full", "attn_dropout", "selective", "none", "selective", "full"], sp=True)),
+            **MOE),
+        "hybrid cut M*EM | -E, SP tp2 | tp1 dp2": plan(
+            HYBRID, ep1(st(2, 1, 0, 4, ["none", "full", "none", "full"], sp=True)),
+            st(1, 2, 4, 6, ["selective", "none"]), **MOE),
+        "hybrid VPP 2, uneven chunks M* | EM | - | E, dp 2 | dp 2": plan(
+            HYBRID, vst(1, 2, (0, 2, ["full", "none"]), (4, 5)), vst(1, 2, (2, 4), (5, 6, ["full"])), **MOE),
     },
 }
 

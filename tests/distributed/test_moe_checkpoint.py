@@ -67,27 +67,32 @@ def _resume(rank, world_size, ckpt, raw) -> dict:
     got = {"loaded": checkpoint.load(ckpt, rt, sch), "params": rt.full_params()}
     if rt.plan.distributed_optimizer:
         got["state"] = full_optimizer_state(rt)
-    batches = make_batches(MODEL, 4, 8 * ITERS, SEED)
+    batches = make_batches(rt.plan.model, 4, 8 * ITERS, SEED)
     got["losses"] = scheduled_steps(rt, sch, batches, range(SAVE_AT, ITERS), 2)
     return got
 
 
-def run(rank: int, world_size: int, ckpt: str, out: str) -> None:
+def run(rank: int, world_size: int, ckpt: str, out: str, saved: dict = SAVED, resumed: dict = RESUMED,
+        single: dict = SINGLE) -> None:
+    """Train ``saved`` (world size > 1), save at step ``SAVE_AT`` and resume under each of ``resumed``; in one
+    process resume under ``single``. Rank 0 writes what each run holds to ``out``."""
     from aceso_megatron.parallel.gather import full_optimizer_state
     from aceso_megatron.training import checkpoint
 
     res = {}
     if world_size > 1:
-        batches = make_batches(MODEL, 4, 8 * ITERS, SEED)
-        rt, sch = _fresh(SAVED, rank, world_size)
+        rt, sch = _fresh(saved, rank, world_size)
+        batches = make_batches(rt.plan.model, 4, 8 * ITERS, SEED)
         scheduled_steps(rt, sch, batches, range(SAVE_AT), 2)
         checkpoint.save(ckpt, SAVE_AT, rt, sch)
-        res["saved"] = {"params": rt.full_params(), "state": full_optimizer_state(rt)}
+        res["saved"] = {"params": rt.full_params()}
+        if rt.plan.distributed_optimizer:
+            res["saved"]["state"] = full_optimizer_state(rt)
         res["saved"]["losses"] = scheduled_steps(rt, sch, batches, range(SAVE_AT, ITERS), 2)
-        for name, raw in RESUMED.items():
+        for name, raw in resumed.items():
             res[name] = _resume(rank, world_size, ckpt, raw)
     else:
-        res["single"] = _resume(rank, world_size, ckpt, SINGLE)
+        res["single"] = _resume(rank, world_size, ckpt, single)
     if rank == 0:
         torch.save(res, out)
 
@@ -105,12 +110,18 @@ def _mismatches(name, got, want) -> list[str]:
     return bad
 
 
-def test_moe_checkpoints_resume_across_expert_shapes(tmp_path):
+def save_and_resume(tmp_path, saved: dict, resumed: dict, single: dict) -> dict:
+    """``run`` on 4 gloo ranks, then in one process: what each run holds, by name ("saved", "single", ``resumed``'s)."""
     ckpt, out = str(tmp_path / "ckpt"), tmp_path / "res.pt"
-    spawn(4, run, ckpt, str(out))
+    spawn(4, run, ckpt, str(out), saved, resumed, single)
     res = torch.load(out)
-    spawn(1, run, ckpt, str(tmp_path / "single.pt"))
+    spawn(1, run, ckpt, str(tmp_path / "single.pt"), saved, resumed, single)
     res.update(torch.load(tmp_path / "single.pt"))
+    return res
+
+
+def test_moe_checkpoints_resume_across_expert_shapes(tmp_path):
+    res = save_and_resume(tmp_path, SAVED, RESUMED, SINGLE)
     want = res["saved"]
     assert any(".mlp.experts.local_experts.3." in k for k in want["params"])   # all 4 experts, global names
     assert max(float(v.abs().max()) for k, v in want["state"]["exp_avg"].items() if ".experts." in k) > 0

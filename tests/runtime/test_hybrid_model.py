@@ -48,7 +48,7 @@ def test_pattern_symbols_are_megatron_cores():
     assert {k.slot for k in SYMBOLS.values()} <= slots
     assert {(k.symbol, k.slot) for k in SYMBOLS.values()} == {
         (Symbols.ATTENTION, "attention_layer"), (Symbols.MLA, "mla_layer"), (Symbols.MLP, "mlp_layer"),
-        (Symbols.MOE, "moe_layer")}
+        (Symbols.MOE, "moe_layer"), (Symbols.MAMBA, "mamba_layer")}
 
 
 def test_a_chunk_is_a_hybrid_stack_where_megatron_core_has_one(single_process):

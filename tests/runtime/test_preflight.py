@@ -250,3 +250,24 @@ def test_the_fp16_row_refuses_what_the_runtime_engine_refuses():
         bf16 = {**fp16, "model": GPT.model_copy(update={"params_dtype": "bf16"}).model_dump()}
         check_plan(bf16, 1, Environment(cuda=True))
         assert plan_refusal(ParallelPlan.model_validate(bf16), "aceso", Device.of("cuda")) is None
+
+
+def test_hybrid_plans_need_megatron_core_019(tmp_path, capsys):
+    """A hybrid model (Mamba-2, attention, MoE, MLP) passes the pre-flight where megatron-core has ``HybridModel``
+    (0.19: the runtime runs it, tests/distributed/test_hybrid_plans.py) and is refused in one line, exit 2, before
+    any process group where it has not (0.16.1)."""
+    from patches.compat import have_hybrid
+    from tests.tiny_models import HYBRID
+
+    p = tmp_path / "p.json"
+    raw = plan(HYBRID, (0, HYBRID.num_units, ["none"] * HYBRID.num_units))
+    p.write_text(json.dumps({**raw, "moe": {"token_dispatcher": "alltoall", "grouped_gemm": False,
+                                            "permute_fusion": False}}))
+    rc = main(["validate", str(p), "--cluster", "1x1-cpu"])
+    err = capsys.readouterr().err
+    if have_hybrid():
+        assert rc == 0, err
+    else:
+        assert rc == 2 and len(err.strip().splitlines()) == 1, err
+        assert "hybrid_layer_pattern: the aceso runtime runs hybrid models on megatron-core >= 0.19" in err
+        assert "Traceback" not in err
