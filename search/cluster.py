@@ -231,6 +231,15 @@ def gpu_record(name: str, field: str = "gpu") -> GPURecord:
     return r
 
 
+def gpu_for_device(device_name: str) -> str | None:
+    """The GPU record whose ``device_pattern`` matches torch's device name (first in the records' order), or None
+    (the profiler's fingerprint; a GH200's "NVIDIA GH200 480GB" is no H200)."""
+    for r in GPU_RECORDS.values():
+        if r.device_pattern and re.search(r.device_pattern, device_name, re.IGNORECASE):
+            return r.name
+    return None
+
+
 for _r in json.loads(GPU_DATA.read_text()):
     add_gpu(GPURecord.model_validate(_r))
 

@@ -10,15 +10,7 @@ from importlib import metadata
 
 import torch
 
-def gpu_preset(device_name: str) -> str | None:
-    """The GPU record (search/data/gpus.json, ``device_pattern``; first match in the records' order) of torch's
-    device name, or None."""
-    from search.cluster import GPU_RECORDS
-    for r in GPU_RECORDS.values():
-        if r.device_pattern and re.search(r.device_pattern, device_name, re.IGNORECASE):
-            return r.name
-    return None
-
+from search.cluster import gpu_for_device as gpu_preset  # noqa: F401  (the device name's GPU record)
 
 def _version(dist_name: str) -> str | None:
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from search.cli import main
-from search.cluster import GPU_PRESETS, ClusterSpec, GPUSpec, gpu_record, parse_cluster
+from search.cluster import GPU_PRESETS, ClusterSpec, GPUSpec, gpu_for_device, gpu_record, load_gpu_file, parse_cluster
 from search.costmodel import make_cost_model
 from search.errors import AcesoError
 from search.training import TrainingSpec
@@ -112,3 +112,15 @@ def test_bad_gpu_file(tmp_path, capsys, edit, expect):
     line = _one_line(err)
     assert rc == 2 and str(f) in line and expect in line, line
     assert not (tmp_path / "p.json").exists()
+
+
+def test_device_names_match_their_record():
+    """torch.cuda.get_device_name() strings (nvidia-smi names) to records; a GH200 superchip was taken for an H200
+    (the old pattern "H200" matched "GH200"): no record until one is added, then that one."""
+    names = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200", "NVIDIA A100-SXM4-40GB": "a100-40gb",
+             "NVIDIA A100-SXM4-80GB": "a100", "Tesla V100-SXM2-32GB": "v100", "NVIDIA B200": "b200",
+             "NVIDIA GB200": "gb200", "NVIDIA GB300": "gb300", "NVIDIA L4": None}
+    assert {n: gpu_for_device(n) for n in names} == names
+    assert gpu_for_device("NVIDIA GH200 480GB") in (None, "gh200-custom")
+    load_gpu_file(GH200)
+    assert gpu_for_device("NVIDIA GH200 480GB") == "gh200-custom"
