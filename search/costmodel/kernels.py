@@ -100,7 +100,7 @@ class Arch(NamedTuple):
 # on the same tensor cores at the same clocks; an assumption, no GB200 attention measurement in our sources).
 # The numbers live in the GPU records (search/data/gpus.json, ``kernels``): gb200's gemm_max 0.7288 = 1822 / 2500,
 # its attn_fwd / attn_bwd 0.558 / 0.466 x GB200_TC (GB200_TC = 0.7288 / 0.776); b300 / gb300's attention
-# ULTRA_ATTN = min(2 x 0.466, 0.776) (below); sustained 0.83 (SUSTAINED_HOPPER: h100, h200, b200, gb200, b300,
+# ULTRA_ATTN = min(2 x 0.466, 0.776) = 0.776 (next paragraph); sustained 0.83 (SUSTAINED_HOPPER: h100, h200, b200, gb200, b300,
 # gb300) and 0.82 (SUSTAINED_AMPERE: a100, a100-40gb).
 # Blackwell Ultra doubles the SFU's exponentials (10.7 vs 5 TeraExp/s per GPU: NVIDIA's B300/GB300 specifications,
 # "2x attention-layer acceleration"), the softmax bound of fused attention; with it removed the attention core is
