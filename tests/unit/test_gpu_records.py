@@ -76,6 +76,10 @@ def test_gpu_file_plans_end_to_end(tmp_path, capsys):
     assert (c["intra_node_gbps"], c["inter_node_gbps"]) == (rec["nvlink_gbps"], rec["network_gbps"])
     assert max(plan["predicted"]["stage_memory_mib"]) <= rec["memory_gib"] * 1024
 
+    rc, out, err = _run(capsys, "clusters", "--gpu-file", str(GH200), "--json")
+    assert rc == 0 and {"gpu": "gh200-custom", "hbm_gbps": rec["hbm_gbps"]}.items() <= next(
+        r for r in json.loads(out) if r["gpu"] == "gh200-custom").items()
+
     rc, out, err = _run(capsys, "explain", "--gpu-file", str(GH200), str(plan_file), "--json")
     assert rc == 0, err
     got = json.loads(out)
