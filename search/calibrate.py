@@ -165,8 +165,8 @@ def upper_bounds(gpu: str) -> np.ndarray:
     nominal peak, links up to 10^4 x."""
     from .cluster import NOMINAL_PRESETS
     from .costmodel.comm import LINK_EFFICIENCY
-    from .costmodel.kernels import ARCH
-    a = ARCH.get(gpu, ARCH["a100"])
+    from .costmodel.kernels import arch
+    a = arch(gpu)
     if gpu in NOMINAL_PRESETS:
         return np.log([1 / (a.gemm_max * a.sustained), 1 / ((a.attn_fwd or 1.0) * a.sustained), NOMINAL, NOMINAL])
     return np.log([1 / a.sustained, 1 / a.sustained, 1 / LINK_EFFICIENCY, 1 / LINK_EFFICIENCY])

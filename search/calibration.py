@@ -91,9 +91,9 @@ def load_calibration(path: str) -> CalibrationFile:
 def defaults(gpu: str, intra_gbps: float, inter_gbps: float) -> dict[str, float]:
     """The analytic model's own values of the file's fields for ``gpu`` (links: the cluster's datasheet numbers)."""
     from .costmodel.comm import LINK_EFFICIENCY
-    from .costmodel.kernels import ARCH
+    from .costmodel.kernels import arch
     from .costmodel.memory import RESERVE_MB
-    a = ARCH.get(gpu, ARCH["a100"])
+    a = arch(gpu)
     return {"gemm_efficiency": a.gemm_max * a.sustained, "attention_efficiency": (a.attn_fwd or 1.0) * a.sustained,
             "intra_node_gbps": intra_gbps * LINK_EFFICIENCY, "inter_node_gbps": inter_gbps * LINK_EFFICIENCY,
             "memory_reserve_mib": RESERVE_MB}

@@ -1,5 +1,9 @@
 """Cluster description (``ClusterSpec``) and GPU presets with datasheet numbers.
 
+Each GPU is one record of ``data/gpus.json`` (``GPURecord``: peaks, memory, links, host link, NVLink rack, kernel
+constants; docs/gpus.md); ``--gpu-file`` adds one (``load_gpu_file``); an unknown name is refused (``gpu_record``).
+The sources of the shipped records' numbers, in detail:
+
 String form ``NxG-gpu``: ``1x8-h100`` is one node of 8 H100s, ``4x8-v100`` four nodes of 8 V100s.
 
 Datasheet sources (dense, no sparsity): V100-SXM2-32GB 125 TFLOP/s fp16 tensor, 900 GB/s HBM2, NVLink2 300 GB/s
@@ -44,11 +48,13 @@ of 64).
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .units import GIB, gib_from_legacy_gb, mib_alias
+from .units import gib_from_legacy_gb, mib_alias
 
 from .errors import AcesoError, did_you_mean
 
@@ -94,48 +100,148 @@ class GPUSpec(BaseModel):
         return self.peak_tflops_fp16 if dtype == "fp16" else self.peak_tflops_fp32
 
 
-GPU_PRESETS: dict[str, GPUSpec] = {
-    g.name: g
-    for g in (
-        GPUSpec(name="v100", memory_gib=32.0, peak_tflops_fp16=125, peak_tflops_bf16=None,
-                peak_tflops_fp32=15.7, hbm_gbps=900),
-        GPUSpec(name="a100-40gb", memory_gib=40.0, peak_tflops_fp16=312, peak_tflops_bf16=312,
-                peak_tflops_fp32=156, hbm_gbps=1555),
-        GPUSpec(name="a100", memory_gib=80.0, peak_tflops_fp16=312, peak_tflops_bf16=312,
-                peak_tflops_fp32=156, hbm_gbps=2039),
-        GPUSpec(name="h100", memory_gib=80.0, peak_tflops_fp16=989, peak_tflops_bf16=989,
-                peak_tflops_fp32=495, hbm_gbps=3350, peak_tflops_fp8=1979),
-        GPUSpec(name="h200", memory_gib=139.0, peak_tflops_fp16=989, peak_tflops_bf16=989,
-                peak_tflops_fp32=495, hbm_gbps=4800, peak_tflops_fp8=1979),
-        GPUSpec(name="b200", memory_gib=180.0, peak_tflops_fp16=2250, peak_tflops_bf16=2250,
-                peak_tflops_fp32=1125, hbm_gbps=8000, peak_tflops_fp8=4500, peak_tflops_fp4=9000),
-        GPUSpec(name="b300", memory_gib=288e9 / GIB, peak_tflops_fp16=2250, peak_tflops_bf16=2250,
-                peak_tflops_fp32=1125, hbm_gbps=8000, peak_tflops_fp8=4500, peak_tflops_fp4=13125),
-        GPUSpec(name="gb300", memory_gib=278.0, peak_tflops_fp16=2500, peak_tflops_bf16=2500,
-                peak_tflops_fp32=1250, hbm_gbps=8000, peak_tflops_fp8=5000, peak_tflops_fp4=15000),
-        GPUSpec(name="gb200", memory_gib=186.0, peak_tflops_fp16=2500, peak_tflops_bf16=2500,
-                peak_tflops_fp32=1250, hbm_gbps=8000, peak_tflops_fp8=5000, peak_tflops_fp4=10000),
-        GPUSpec(name="cpu", memory_gib=16e9 / GIB, peak_tflops_fp16=0.2, peak_tflops_bf16=0.2,
-                peak_tflops_fp32=0.2, hbm_gbps=20),
-    )
-}
+class KernelConstants(BaseModel):
+    """The shape kernel model's constants of one GPU (``costmodel/kernels.py``: ``Arch``, sources in its docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sms: int = Field(gt=0, le=100000, description="Streaming multiprocessors (datasheet).")
+    gemm_tile: tuple[int, int] = Field(description="cuBLAS output tile (rows, cols) on this architecture.")
+    gemm_max: float = Field(gt=0, le=1, description="Maximum achievable matmul FLOPS / dense bf16 peak (MAMF).")
+    attn_fwd: float = Field(ge=0, le=1, description="Fused attention forward fraction of peak (0: no flash).")
+    attn_bwd: float = Field(ge=0, le=1, description="Fused attention backward fraction of peak.")
+    sustained: float = Field(1.0, gt=0, le=1, description="Fraction of the ceilings a training step sustains.")
+
+
+class FlatEfficiency(BaseModel):
+    """The v1 flat kernel model's efficiencies (``kernels.Efficiency``); only ``kernels="flat"`` reads them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gemm: float = Field(gt=0, le=1)
+    bmm: float = Field(gt=0, le=1)
+    flash_fwd: float = Field(ge=0, le=1)
+    flash_bwd: float = Field(ge=0, le=1)
+    mem: float = Field(gt=0, le=1)
+
+
+class GPURecord(BaseModel):
+    """One GPU as data: its datasheet numbers, links and kernel constants (``search/data/gpus.json``; a user's
+    ``--gpu-file``, docs/gpus.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,63}$", description="Short lower-case name, e.g. h100.")
+    aliases: list[str] = Field(default_factory=list, description="Other names of the same GPU.")
+    source: str = Field(min_length=1, description="Where the numbers come from (datasheet, measurement).")
+    memory_gib: float = Field(gt=0, le=MAX_MEMORY_GIB)
+    peak_tflops_fp16: float = Field(gt=0, le=MAX_TFLOPS)
+    peak_tflops_bf16: float | None = Field(None, gt=0, le=MAX_TFLOPS)
+    peak_tflops_fp32: float = Field(gt=0, le=MAX_TFLOPS)
+    peak_tflops_fp8: float | None = Field(None, gt=0, le=MAX_TFLOPS)
+    peak_tflops_fp4: float | None = Field(None, gt=0, le=MAX_TFLOPS)
+    hbm_gbps: float = Field(gt=0, le=MAX_GBPS)
+    nvlink_gbps: float = Field(gt=0, le=MAX_GBPS, description="GPU-to-GPU in a node, GB/s per GPU per direction.")
+    network_gbps: float = Field(gt=0, le=MAX_GBPS, description="Across nodes, GB/s per GPU per direction.")
+    host_link_gbps: float = Field(gt=0, le=MAX_GBPS, description="GPU <-> host memory (PCIe or NVLink-C2C), GB/s "
+                                  "per direction (activation offload, costmodel/offload.py).")
+    nvlink_domain: int | None = Field(None, gt=0, le=MAX_GPUS, description="GPUs of one NVLink rack (NVL72: 72); "
+                                      "None = one node. Adds the rack preset NAME-nvlN.")
+    generation: str | None = Field(None, description="hopper / blackwell: the generation whose fitted "
+                                   "low-precision and NVLS constants apply; None = none.")
+    nominal: bool = Field(False, description="Numbers of no particular machine (the cpu preset).")
+    device_pattern: str | None = Field(None, description="Regex of torch's device name (the profiler's fingerprint).")
+    kernels: KernelConstants
+    flat_efficiency: FlatEfficiency | None = None
+
+    def spec(self) -> GPUSpec:
+        return GPUSpec(**self.model_dump(include=set(GPUSpec.model_fields) - {"attention_scale"}))
+
+
+GPU_RECORDS: dict[str, GPURecord] = {}
+GPU_PRESETS: dict[str, GPUSpec] = {}
 # presets whose numbers describe no particular machine: "cpu" is a nominal CPU process (0.2 TFLOP/s, 20 GB/s memory,
 # 5 / 1 GB/s between processes) for CPU test runs; only `aceso calibrate` on a run of this machine makes it real
 # (its factors are fitted without the hardware bounds of a datasheet preset, search/calibrate.py)
-NOMINAL_PRESETS = frozenset({"cpu"})
-GPU_ALIASES = {"v100-32gb": "v100", "a100-80gb": "a100", "h100-sxm": "h100", "a100-40": "a100-40gb",
-               "a100-80": "a100", "b200-sxm": "b200", "b300-sxm": "b300"}
+NOMINAL_PRESETS: set[str] = set()
+GPU_ALIASES: dict[str, str] = {}
 # Rack presets: the GPU and the GPUs one NVLink domain of the rack holds. ``16x4-gb200-nvl72`` is 16 trays of 4 in
 # one NVL72 rack (``rack_domain``: as many whole nodes as the rack holds); ``1x64-gb200-nvl72`` is the 64 GPUs the
 # published recipes use of one rack, priced as ``1x64-gb200``.
-RACK_PRESETS: dict[str, tuple[str, int]] = {"gb200-nvl72": ("gb200", 72), "gb300-nvl72": ("gb300", 72)}
+RACK_PRESETS: dict[str, tuple[str, int]] = {}
 # (intra-node GB/s per GPU per direction, inter-node GB/s per GPU)
-LINK_PRESETS: dict[str, tuple[float, float]] = {
-    "v100": (150.0, 12.5), "a100-40gb": (300.0, 25.0), "a100": (300.0, 25.0),
-    "h100": (450.0, 50.0), "h200": (450.0, 50.0), "b200": (900.0, 50.0), "gb200": (900.0, 50.0),
-    "b300": (900.0, 100.0), "gb300": (900.0, 100.0),
-    "cpu": (5.0, 1.0),
-}
+LINK_PRESETS: dict[str, tuple[float, float]] = {}
+# Grace-Blackwell GPUs come in NVL72 racks (GB200 NVL72 / GB300 NVL72 datasheets: 18 compute trays of 4 GPUs, 72 GPUs
+# in one NVLink domain; the presets' aliases gb200-nvl72 / gb300-nvl72): trays written as nodes (``128x4-gb200``, as an
+# MLPerf system file or Slurm counts them) sit in racks of 72 unless ``:nvlN`` says how many a job uses per rack.
+RACK_DOMAIN: dict[str, int] = {}
+_ON_ADD: list = []          # tables built from the records elsewhere (costmodel/kernels.py): called per added GPU
+GPU_DATA = Path(__file__).parent / "data" / "gpus.json"
+
+
+def add_gpu(record: GPURecord) -> None:
+    """Registers ``record``: every GPU table (presets, links, racks, kernel constants) reads it."""
+    if GPU_RECORDS.get(record.name) == record:
+        return                                    # the same file given again (one process, several commands)
+    taken = {*GPU_PRESETS, *GPU_ALIASES, *RACK_PRESETS}
+    names = [record.name, *record.aliases] + ([f"{record.name}-nvl{record.nvlink_domain}"]
+                                              if record.nvlink_domain else [])
+    clash = [n for n in names if n in taken]
+    if clash:
+        raise AcesoError(f"gpu '{clash[0]}': already a known GPU name; give the record another name")
+    GPU_RECORDS[record.name] = record
+    GPU_PRESETS[record.name] = record.spec()
+    LINK_PRESETS[record.name] = (record.nvlink_gbps, record.network_gbps)
+    GPU_ALIASES.update({a: record.name for a in record.aliases})
+    if record.nominal:
+        NOMINAL_PRESETS.add(record.name)
+    if record.nvlink_domain:
+        RACK_DOMAIN[record.name] = record.nvlink_domain
+        RACK_PRESETS[names[-1]] = (record.name, record.nvlink_domain)
+    for f in _ON_ADD:
+        f(record)
+
+
+def load_gpu_file(path: str | Path, option: str = "--gpu-file") -> list[str]:
+    """Adds the GPU record(s) of a JSON file (one object or a list of them); returns their names."""
+    from .errors import format_validation_error
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise AcesoError(f"{option} {path}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        records = [GPURecord.model_validate(r) for r in (raw if isinstance(raw, list) else [raw])]
+    except ValueError as e:   # pydantic ValidationError is a ValueError
+        raise AcesoError(f"{option} {path}: " + format_validation_error(e)) from None
+    try:
+        for r in records:
+            add_gpu(r)
+    except AcesoError as e:
+        raise AcesoError(f"{option} {path}: {e}") from None
+    return [r.name for r in records]
+
+
+def gpu_record(name: str, field: str = "gpu") -> GPURecord:
+    """The record of GPU ``name``; an unknown name is refused (never priced as another GPU)."""
+    r = GPU_RECORDS.get(GPU_ALIASES.get(name, name))
+    if r is None:
+        hint = did_you_mean(name, [*GPU_PRESETS, *GPU_ALIASES]) or ";"
+        raise AcesoError(f"{field} '{name}': unknown GPU{hint} known: {', '.join(GPU_PRESETS)} (add one with "
+                         "--gpu-file FILE, docs/gpus.md)")
+    return r
+
+
+def gpu_for_device(device_name: str) -> str | None:
+    """The GPU record whose ``device_pattern`` matches torch's device name (first in the records' order), or None
+    (the profiler's fingerprint; a GH200's "NVIDIA GH200 480GB" is no H200)."""
+    for r in GPU_RECORDS.values():
+        if r.device_pattern and re.search(r.device_pattern, device_name, re.IGNORECASE):
+            return r.name
+    return None
+
+
+for _r in json.loads(GPU_DATA.read_text()):
+    add_gpu(GPURecord.model_validate(_r))
 
 
 class ClusterSpec(BaseModel):
@@ -198,11 +304,6 @@ class ClusterSpec(BaseModel):
         """The NVLink domain of ``rank``."""
         return rank // self.nvlink_size
 
-
-# Grace-Blackwell GPUs come in NVL72 racks (GB200 NVL72 / GB300 NVL72 datasheets: 18 compute trays of 4 GPUs, 72 GPUs
-# in one NVLink domain; the presets' aliases gb200-nvl72 / gb300-nvl72): trays written as nodes (``128x4-gb200``, as an
-# MLPerf system file or Slurm counts them) sit in racks of 72 unless ``:nvlN`` says how many a job uses per rack.
-RACK_DOMAIN = {"gb200": 72, "gb300": 72}
 
 _CLUSTER_RE = re.compile(r"^(\d+)x(\d+)-([a-z0-9-]+?)(?::nvl(\d+))?$")
 

@@ -10,17 +10,7 @@ from importlib import metadata
 
 import torch
 
-# device-name pattern -> GPU preset of search/cluster.py (first match wins)
-_PRESETS = ((r"GB300", "gb300"), (r"B300", "b300"), (r"GB200", "gb200"), (r"B200", "b200"), (r"H200", "h200"),
-            (r"H100", "h100"), (r"A100.*40\s*GB", "a100-40gb"), (r"A100", "a100"), (r"V100", "v100"))
-
-
-def gpu_preset(device_name: str) -> str | None:
-    for pat, name in _PRESETS:
-        if re.search(pat, device_name, re.IGNORECASE):
-            return name
-    return None
-
+from search.cluster import gpu_for_device as gpu_preset  # noqa: F401  (the device name's GPU record)
 
 def _version(dist_name: str) -> str | None:
     try:

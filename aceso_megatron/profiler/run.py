@@ -152,8 +152,9 @@ class Worker:
         hw = hardware(self.device, self.per_node, self.world // self.per_node)
         gpu = "cpu" if self.device == "cpu" else (self.args.gpu or gpu_preset(hw["device_name"]))
         if gpu is None:
-            raise AcesoError(f"GPU '{hw['device_name']}' matches no preset (v100, a100-40gb, a100, h100, h200); "
-                             "name it with --gpu")
+            from search.cluster import GPU_PRESETS
+            raise AcesoError(f"GPU '{hw['device_name']}' matches no GPU record ({', '.join(GPU_PRESETS)}); name "
+                             "it with --gpu (a new GPU: a record file, docs/gpus.md)")
         dtype = "fp32" if self.device == "cpu" else self.model.params_dtype
         w = ProfileDBWriter(self.model, gpu=gpu, dtype=dtype, hardware=hw)
         out = db_path(self.args.output)

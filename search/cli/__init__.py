@@ -35,6 +35,7 @@ import pydantic
 
 from .. import __version__
 from ..argparser import AcesoParser  # noqa: F401  (the one constructor; see search/argparser.py)
+from ..cluster import load_gpu_file
 from ..errors import AcesoError, format_validation_error
 
 ENTRY_POINT_GROUP = "aceso.subcommands"
@@ -170,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     _terminated[0] = False
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:
+        for f in getattr(args, "gpu_file", None) or ():   # before any --cluster or plan names the GPU
+            load_gpu_file(f)
         rc = int(args._run(args) or 0)
         return 143 if rc == 130 and _terminated[0] else rc
     except AcesoError as e:

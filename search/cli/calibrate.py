@@ -19,13 +19,14 @@ import sys
 from ..argtypes import positive_int
 from ..errors import AcesoError
 from ..files import read_text
-from .common import add_megatron_version_arg, check_output, print_json, write_output
+from .common import add_gpu_file_arg, add_megatron_version_arg, check_output, print_json, write_output
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run", nargs=2, action="append", metavar=("CONFIG", "LOG"), required=True,
                    help="a Megatron-LM launch script (or an aceso plan JSON) and its log; repeat for more runs")
     p.add_argument("--cluster", default=None, help="NODESxGPUS-gpu the Megatron-LM runs ran on (a plan: its own)")
+    add_gpu_file_arg(p)
     p.add_argument("--vocab-size", type=positive_int, default=None,
                    help="Megatron-LM: the tokenizer's vocabulary, when the script does not say")
     add_megatron_version_arg(p, "the scripts were written for")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 
 from ..cluster import GPU_ALIASES, GPU_PRESETS, LINK_PRESETS, RACK_PRESETS
-from .common import print_json, print_rows
+from .common import add_gpu_file_arg, print_json, print_rows
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_gpu_file_arg(p)
 
 
 def run(args: argparse.Namespace) -> int:

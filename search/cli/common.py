@@ -21,8 +21,15 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 def add_cluster_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--cluster", required=required, help="NODESxGPUS-gpu, e.g. 1x8-h100 (see `aceso clusters`)")
+    add_gpu_file_arg(p)
     add_memory_limit_arg(p)
     add_headroom_arg(p)
+
+
+def add_gpu_file_arg(p: argparse.ArgumentParser) -> None:
+    """``--gpu-file FILE`` (repeatable): GPU records added to the presets before the command runs (docs/gpus.md)."""
+    p.add_argument("--gpu-file", action="append", default=None, metavar="FILE",
+                   help="a GPU record (JSON, docs/gpus.md) whose name --cluster and plans may use; repeatable")
 
 
 def add_memory_limit_arg(p: argparse.ArgumentParser, help: str = "per-GPU memory budget in MiB (2^20 bytes)") -> None:

@@ -25,7 +25,7 @@ import sys
 
 from ..errors import AcesoError
 from ..files import read_text
-from .common import add_megatron_version_arg, add_memory_limit_arg, check_output, write_output
+from .common import add_gpu_file_arg, add_megatron_version_arg, add_memory_limit_arg, check_output, write_output
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", default="-", help="plan file to write, or - for stdout")
     p.add_argument("--cluster", default=None, help="record this cluster in the plan (NODESxGPUS-gpu)")
     add_memory_limit_arg(p, help="with --cluster: per-GPU memory budget in MiB")
+    add_gpu_file_arg(p)
     g = p.add_argument_group("--from megatron-lm")
     g.add_argument("--args", default=None, help="the Megatron-LM arguments as one string (instead of FILE)")
     g.add_argument("--world-size", type=int, default=None, help="GPUs of the run, when the command line has no "

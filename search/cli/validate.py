@@ -27,7 +27,8 @@ from ..errors import AcesoError
 from ..plan import check_fits_cluster, check_recompute_applies, load_plan, span_text
 from ..preflight import preflight
 from ..text import plural, shape
-from .common import add_calibration_arg, add_headroom_arg, add_memory_limit_arg, calibrated, print_json
+from .common import (add_calibration_arg, add_gpu_file_arg, add_headroom_arg, add_memory_limit_arg, calibrated,
+                     print_json)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,6 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="who will run it: aceso (the aceso runtime: what aceso launch checks), megatron-lm, "
                         "megatron-bridge; default: the plan's own settings.framework (none: aceso)")
     add_memory_limit_arg(p)
+    add_gpu_file_arg(p)
     add_headroom_arg(p)
     p.add_argument("--attention", choices=("auto", "flash", "unfused"), default=None,
                    help="attention kernel for the memory check (default: what the plan's prediction assumed, "

@@ -55,7 +55,7 @@ from ..training import TrainingSpec
 from .comm import CommModel
 from .comm import overlap_tax
 from .. import precision as lowp
-from .kernels import ARCH, GENERATION, KERNEL_MODELS, LAUNCH_MS, lowprec_kernels
+from .kernels import GENERATION, arch, KERNEL_MODELS, LAUNCH_MS, lowprec_kernels
 from .memory import (LOSS_KEPT_BYTES, MB, embedding_params_per_rank, has_attention_dropout, loss_transient_bytes,
                      output_params_per_rank, tied_copy_params_per_rank)
 from ..moe_plan import MoEPlanSettings
@@ -122,7 +122,7 @@ class AnalyticSource:
             raise AcesoError(f"--attention flash: {cluster.gpu.name} has no flash attention (it needs sm80+, A100 or "
                              "newer); use --attention auto or unfused")
         self.flash = self.kern.has_flash if training.attention == "auto" else training.attention == "flash"
-        self._sms = ARCH.get(cluster.gpu.name, ARCH["a100"]).sms
+        self._sms = arch(cluster.gpu.name).sms
         self._tax = overlap_tax(cluster.gpu.name) if self.settings.overlap_tp_dgrad else 0.0
         self._tax_cp = overlap_tax(cluster.gpu.name)
         self._tax_ep = overlap_tax(cluster.gpu.name)      # the EP overlap's communication kernels take SMs too

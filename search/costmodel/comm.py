@@ -180,9 +180,8 @@ class CommModel:
 
 def overlap_tax(gpu: str) -> float:
     """Fraction of the GPU's SMs an NCCL collective takes from the compute it overlaps."""
-    from .kernels import ARCH
-    arch = ARCH.get(gpu)
-    return NCCL_CTAS / arch.sms if arch else 0.0
+    from .kernels import arch
+    return NCCL_CTAS / arch(gpu).sms
 
 
 def overlapped(t_bucketed: float, t_single: float, num_buckets: int, window: float) -> tuple[float, float]:

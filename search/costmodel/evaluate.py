@@ -62,7 +62,7 @@ from ..moe_plan import moe_settings
 from ..throughput import throughput
 from .comm import CommModel, overlap_tax, overlapped
 from .dp_timeline import COOLDOWN_MICRO_BATCHES, fifo, gather_jobs as dp_gather_jobs, grad_jobs as dp_grad_jobs
-from .kernels import ARCH, GENERATION
+from .kernels import GENERATION, arch
 from .memory import (FRAGMENTATION, MB, RESERVE_MB, grad_copy_bytes, in_flight_per_chunk,
                      state_bytes_per_param)
 from .moe_cost import flex_buffer_mb
@@ -219,9 +219,9 @@ class CostModel:
             raise AcesoError(f"the {self.kind} cost model prices Adam only; use the analytic model for "
                              f"--optimizer {self._optimizer}")
         # Muon's Newton-Schulz GEMMs: bf16 at the GPU's sustained GEMM ceiling (kernels.ARCH)
-        arch = ARCH.get(cluster.gpu.name, ARCH["a100"])
+        a = arch(cluster.gpu.name)
         self._ns_rate = cluster.gpu.peak_tflops("bf16" if cluster.gpu.peak_tflops_bf16 else "fp16") * 1e9 * \
-            arch.gemm_max * arch.sustained
+            a.gemm_max * a.sustained
         self._muon_memo: dict = {}
         cross = [i for i, u in enumerate(model.units) if u.kind == "cross_attention"]
         self._cross_first = cross[0] if cross else model.num_units

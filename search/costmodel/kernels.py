@@ -46,6 +46,9 @@ from __future__ import annotations
 from math import ceil
 from typing import NamedTuple
 
+from ..cluster import _ON_ADD, GPU_RECORDS, gpu_record
+from ..errors import AcesoError
+
 LAUNCH_MS = 0.005        # launch + tail of one CUDA kernel (~5 us; the v1 constant)
 MEM_EFF = 0.80           # achieved / datasheet HBM bandwidth of element-wise kernels (Aceso V100 profile: softmax
                          # and dropout at 700-890 of 900 GB/s)
@@ -65,18 +68,8 @@ class Efficiency(NamedTuple):
     mem: float         # element-wise kernels, fraction of HBM bandwidth
 
 
-GPU_EFFICIENCY: dict[str, Efficiency] = {
-    "v100": Efficiency(0.65, 0.28, 0.0, 0.0, 0.80),
-    "a100-40gb": Efficiency(0.75, 0.45, 0.60, 0.45, 0.80),
-    "a100": Efficiency(0.75, 0.45, 0.60, 0.45, 0.80),
-    "h100": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
-    "h200": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
-    "b200": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
-    "gb200": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
-    "b300": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
-    "gb300": Efficiency(0.70, 0.40, 0.55, 0.42, 0.80),
-    "cpu": Efficiency(0.5, 0.5, 0.0, 0.0, 0.5),
-}
+# built from the GPU records (search/data/gpus.json, ``flat_efficiency``) at the end of this table block
+GPU_EFFICIENCY: dict[str, Efficiency] = {}
 
 
 class Arch(NamedTuple):
@@ -105,27 +98,15 @@ class Arch(NamedTuple):
 # comparison table", GB200 SXM rows added 2025-09-17, commit 68cd2e5). Its gemm_max is its own MAMF fraction; its
 # fused-attention fractions are B200's scaled by the same ratio (GB200_TC = 0.729 / 0.776: the attention core runs
 # on the same tensor cores at the same clocks; an assumption, no GB200 attention measurement in our sources).
-GB200_MAMF = 1822.0 / 2500.0
-GB200_TC = GB200_MAMF / 0.776
-SUSTAINED_HOPPER = 0.83
-SUSTAINED_AMPERE = 0.82
+# The numbers live in the GPU records (search/data/gpus.json, ``kernels``): gb200's gemm_max 0.7288 = 1822 / 2500,
+# its attn_fwd / attn_bwd 0.558 / 0.466 x GB200_TC (GB200_TC = 0.7288 / 0.776); b300 / gb300's attention
+# ULTRA_ATTN = min(2 x 0.466, 0.776) = 0.776 (next paragraph); sustained 0.83 (SUSTAINED_HOPPER: h100, h200, b200, gb200, b300,
+# gb300) and 0.82 (SUSTAINED_AMPERE: a100, a100-40gb).
 # Blackwell Ultra doubles the SFU's exponentials (10.7 vs 5 TeraExp/s per GPU: NVIDIA's B300/GB300 specifications,
 # "2x attention-layer acceleration"), the softmax bound of fused attention; with it removed the attention core is
 # taken to run at the GEMM ceiling (min(2 x the B200 fractions 0.558 / 0.466, MAMF 0.776)): an assumption, no
 # measurement in our sources (docs/costmodel.md).
-ULTRA_ATTN = min(2 * 0.466, 0.776)
-ARCH: dict[str, Arch] = {
-    "v100": Arch(80, (256, 128), 0.70, 0.0, 0.0, 1.0),
-    "a100-40gb": Arch(108, (256, 128), 0.859, 0.71, 0.535, SUSTAINED_AMPERE),
-    "a100": Arch(108, (256, 128), 0.859, 0.71, 0.535, SUSTAINED_AMPERE),
-    "h100": Arch(132, (128, 256), 0.803, 0.558, 0.466, SUSTAINED_HOPPER),
-    "h200": Arch(132, (128, 256), 0.803, 0.558, 0.466, SUSTAINED_HOPPER),
-    "b200": Arch(148, (128, 256), 0.776, 0.558, 0.466, SUSTAINED_HOPPER),
-    "gb200": Arch(148, (128, 256), GB200_MAMF, 0.558 * GB200_TC, 0.466 * GB200_TC, SUSTAINED_HOPPER),
-    "b300": Arch(160, (128, 256), 0.776, ULTRA_ATTN, ULTRA_ATTN, SUSTAINED_HOPPER),
-    "gb300": Arch(160, (128, 256), 0.776, ULTRA_ATTN, ULTRA_ATTN, SUSTAINED_HOPPER),
-    "cpu": Arch(8, (64, 64), 0.5, 0.0, 0.0, 1.0),
-}
+ARCH: dict[str, Arch] = {}
 
 
 # Low-precision GEMM efficiency relative to the bf16 ceiling (``gemm_scale``), per GPU generation: per release,
@@ -134,13 +115,43 @@ ARCH: dict[str, Arch] = {
 # published runs that ran one configuration in both recipes (Megatron-Bridge 25.11: Llama 3 8B on 8 GB300 / GB200 /
 # B200 and Llama 3.1 405B on 128 B200, MXFP8 3.6-5.6% slower than FP8-CS each): ``bench/lowprec_published.py --fit``.
 RECIPE_GEMM_SCALE = {"mxfp8": 0.91}
-GENERATION = {"h100": "hopper", "h200": "hopper", "b200": "blackwell", "gb200": "blackwell", "b300": "blackwell",
-              "gb300": "blackwell"}
+GENERATION: dict[str, str] = {}     # gpu -> "hopper" / "blackwell" (the record's ``generation``)
+
+
+def _add(record) -> None:
+    """The kernel tables' rows of one GPU record (``cluster.add_gpu``)."""
+    k = record.kernels
+    ARCH[record.name] = Arch(k.sms, tuple(k.gemm_tile), k.gemm_max, k.attn_fwd, k.attn_bwd, k.sustained)
+    if record.flat_efficiency is not None:
+        GPU_EFFICIENCY[record.name] = Efficiency(**record.flat_efficiency.model_dump())
+    if record.generation:
+        GENERATION[record.name] = record.generation
+
+
+for _r in GPU_RECORDS.values():
+    _add(_r)
+_ON_ADD.append(_add)
+SUSTAINED_HOPPER = ARCH["h100"].sustained     # the fitted factors (bench/published_runs.py --fit), as the records hold
+SUSTAINED_AMPERE = ARCH["a100"].sustained
+
+
+def arch(gpu: str) -> Arch:
+    """The shape model's constants of ``gpu``; an unknown GPU is refused (``cluster.gpu_record``)."""
+    return ARCH[gpu] if gpu in ARCH else ARCH[gpu_record(gpu).name]
+
+
+def flat_efficiency(gpu: str) -> Efficiency:
+    """The v1 flat model's efficiencies of ``gpu``; refused where the record has none."""
+    name = gpu if gpu in GPU_EFFICIENCY else gpu_record(gpu).name
+    if name not in GPU_EFFICIENCY:
+        raise AcesoError(f"gpu '{gpu}': its record has no flat_efficiency; price it with the shape kernel model "
+                         "(the default) or add flat_efficiency to its record")
+    return GPU_EFFICIENCY[name]
 
 
 def has_flash(gpu: str) -> bool:
     """Whether ``gpu`` runs flash attention (sm80+: A100 and newer); ``ShapeKernels.has_flash``."""
-    return ARCH.get(gpu, ARCH["a100"]).attn_fwd > 0
+    return arch(gpu).attn_fwd > 0
 
 
 class FlatKernels:
@@ -152,7 +163,7 @@ class FlatKernels:
     ce_bytes = (24.0, 8.0)      # v1: cross-entropy bytes per logit beyond the dt read, forward / backward
 
     def __init__(self, gpu: str, peak_flop_per_ms: float, hbm_bytes_per_ms: float, dt: float):
-        self.eff = GPU_EFFICIENCY.get(gpu, GPU_EFFICIENCY["a100"])
+        self.eff = flat_efficiency(gpu)
         self.peak, self.hbm, self.dt = peak_flop_per_ms, hbm_bytes_per_ms, dt
         self.has_flash = self.eff.flash_fwd > 0
 
@@ -193,7 +204,7 @@ class ShapeKernels:
     ce_bytes = (36.0, 12.0)
 
     def __init__(self, gpu: str, peak_flop_per_ms: float, hbm_bytes_per_ms: float, dt: float):
-        self.arch = ARCH.get(gpu, ARCH["a100"])
+        self.arch = arch(gpu)
         self.peak, self.hbm, self.dt = peak_flop_per_ms, hbm_bytes_per_ms, dt
         self.has_flash = self.arch.attn_fwd > 0
         self._cache: dict[tuple, float] = {}

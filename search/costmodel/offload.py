@@ -18,28 +18,25 @@ direction and ``t_f`` / ``t_b`` the forward / backward of one layer (the stage's
 
 The copies run on the copy engines, not the SMs: no overlap tax. ``StageCost.comm["offload"]`` reports them.
 
-Host link per GPU and direction (``HOST_LINK_GBPS``), datasheets: H100 SXM and H200 "PCIe Gen5: 128 GB/s"
-(bidirectional, x16: 64 GB/s per direction; NVIDIA H100 / H200 Tensor Core GPU datasheets); DGX/HGX B200, B300:
-PCIe Gen5 x16 to the host, 64 GB/s per direction; GB200 / GB300 NVL72: NVLink-C2C between the Grace CPU and each
-Blackwell GPU, "900 GB/s" bidirectional (NVIDIA GB200 NVL72 datasheet; Grace Hopper / Blackwell superchip
-briefs), 450 GB/s per direction; A100 SXM4 PCIe Gen4 x16 (64 GB/s bidirectional: 32); V100 SXM2 PCIe Gen3 x16 (32:
-16). ``HOST_LINK_EFFICIENCY``: pinned ``cudaMemcpyAsync`` reaches about 80% of the PCIe line rate (CUDA samples'
-bandwidthTest: 50-55 GB/s on Gen5 x16); an uncalibrated assumption for NVLink-C2C too.
+Host link per GPU and direction (the GPU record's ``host_link_gbps``, search/data/gpus.json), datasheets: H100 SXM
+and H200 "PCIe Gen5: 128 GB/s" (bidirectional, x16: 64 GB/s per direction; NVIDIA H100 / H200 Tensor Core GPU
+datasheets); DGX/HGX B200, B300: PCIe Gen5 x16 to the host, 64 GB/s per direction; GB200 / GB300 NVL72: NVLink-C2C
+between the Grace CPU and each Blackwell GPU, "900 GB/s" bidirectional (NVIDIA GB200 NVL72 datasheet; Grace Hopper /
+Blackwell superchip briefs), 450 GB/s per direction; A100 SXM4 PCIe Gen4 x16 (64 GB/s bidirectional: 32); V100 SXM2
+PCIe Gen3 x16 (32: 16). ``HOST_LINK_EFFICIENCY``: pinned ``cudaMemcpyAsync`` reaches about 80% of the PCIe line rate
+(CUDA samples' bandwidthTest: 50-55 GB/s on Gen5 x16); an uncalibrated assumption for NVLink-C2C too.
 """
 
 from __future__ import annotations
 
-HOST_LINK_GBPS: dict[str, float] = {
-    "v100": 16.0, "a100-40gb": 32.0, "a100": 32.0, "h100": 64.0, "h200": 64.0, "b200": 64.0, "b300": 64.0,
-    "gb200": 450.0, "gb300": 450.0, "cpu": 5.0,
-}
-DEFAULT_HOST_LINK_GBPS = 64.0    # an unknown GPU: PCIe Gen5 x16
+from ..cluster import gpu_record
+
 HOST_LINK_EFFICIENCY = 0.8
 
 
 def host_link_gbps(gpu: str) -> float:
     """Achievable host <-> GPU bandwidth per direction, GB/s."""
-    return HOST_LINK_GBPS.get(gpu, DEFAULT_HOST_LINK_GBPS) * HOST_LINK_EFFICIENCY
+    return gpu_record(gpu).host_link_gbps * HOST_LINK_EFFICIENCY
 
 
 def offload_ms(layer_mb: float, num_layers: int, t_layer: float, gbps: float) -> tuple[float, float]:
