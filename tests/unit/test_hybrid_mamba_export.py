@@ -4,8 +4,6 @@ VPP and uneven stages, what no flag sets refused in one line, the plain (pretrai
 target pointing to --hybrid-pattern, and the import of the written script giving back the preset and the plan.
 Megatron-LM's own parser and TransformerConfig read the same lines in tests/runtime/test_hybrid_pattern_oracle.py."""
 
-import shlex
-
 import pytest
 
 from search.cli import main
@@ -15,17 +13,7 @@ from search.megatron.importer import read_megatron
 from search.megatron.versions import release
 from search.presets import load_model
 from tests.hybrid_plans import MAMBA8, cut_plan
-
-
-def _flags(line: str) -> dict:
-    out, key = {}, None
-    for w in shlex.split(line):
-        if w.startswith("--"):
-            key = w
-            out[key] = []
-        else:
-            out[key].append(w)
-    return out
+from tests.unit.test_hybrid_pattern import _flags
 
 
 def _nano_plan():
