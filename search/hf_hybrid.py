@@ -16,6 +16,7 @@ not used: they do not change the trained architecture or its cost.
 from __future__ import annotations
 
 from .errors import AcesoError
+from .hf_arch import NORM_EPSILON
 
 _BLOCKS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-", "moe": "E"}
 _IGNORED = ("time_step_min", "time_step_max", "time_step_limit", "time_step_floor", "mamba_dt_min", "mamba_dt_max",
@@ -63,7 +64,7 @@ def nemotron_h_fields(c, seq_length: int) -> dict:
                 ffn_hidden_size=c.int("intermediate_size"), seq_length=seq_length, vocab_size=c.int("vocab_size"),
                 activation="squared_relu", normalization="rmsnorm", position_embedding="none",
                 tied_embeddings=c.bool("tie_word_embeddings", False), add_bias_linear=False,
-                megatron={"layernorm_epsilon": c.float("layer_norm_epsilon", "rms_norm_eps", default=1e-5)})
+                megatron=_epsilon(c.float("layer_norm_epsilon", "rms_norm_eps", default=NORM_EPSILON)))
     data["mamba"] = {"mamba_state_dim": c.int("ssm_state_size"), "mamba_head_dim": c.int("mamba_head_dim"),
                      "mamba_num_groups": c.int("n_groups", "mamba_n_groups"),
                      "mamba_num_heads": c.int("mamba_num_heads"), "expand": c.int("expand", "mamba_expand", default=2),
@@ -91,3 +92,8 @@ def nemotron_h_fields(c, seq_length: int) -> dict:
     if mtp_depths:
         data["mtp_num_layers"] = mtp_depths
     return data
+
+
+def _epsilon(eps: float) -> dict | None:
+    """``megatron.layernorm_epsilon`` when not megatron-core's default (as ``hf_arch`` and a command line's import)."""
+    return {"layernorm_epsilon": eps} if eps != NORM_EPSILON else None

@@ -20,15 +20,28 @@ MIXED4 = MIXTRAL4.model_copy(update={"name": "custom", "aceso_db_key": None, "mt
                                      "moe": MIXTRAL4.moe.model_copy(update={"first_k_dense_layers": 1})})
 
 
+
+def _hybrid(preset: str, pattern: str):
+    """A preset hybrid model at the depth of ``pattern`` (its Mamba-2 mixer, widths and MoE)."""
+    d = load_model(preset).model_dump()
+    return type(load_model(preset)).model_validate({**d, "name": "custom", "aceso_db_key": None,
+                                                    "nominal_params_b": None, "hybrid_layer_pattern": pattern,
+                                                    "num_layers": len(pattern)})
+
+
+MAMBA8 = _hybrid("nemotron-h-8b", "M-M*-M-M")               # Nemotron-H's Mamba-2 / MLP / attention layers
+NANO8 = _hybrid("nemotron-3-nano", "MEM*EMEM")              # Nemotron-3 Nano's Mamba-2 / MoE / attention layers
+
+
 def cut_plan(model, bounds, pp: int, tp: int = 1, dp: int = 1, rc="none", mbs: int = 1, gbs: int = 16,
-             **plan_fields) -> ParallelPlan:
+             sp: bool = False, **plan_fields) -> ParallelPlan:
     """Chunk k spans units ``bounds[k]`` to ``bounds[k + 1]`` on stage ``k % pp``; ``rc``: every unit's choice, or
     a function of (start, end) giving the chunk's choices."""
     stages = []
     for s in range(pp):
         chunks = [ChunkSpec(start_unit=a, end_unit=b, recompute=rc(a, b) if callable(rc) else [rc] * (b - a))
                   for a, b in zip(bounds[s:-1:pp], bounds[s + 1::pp])]
-        stages.append(StageSpec(num_gpus=tp * dp, tp=tp, cp=1, dp=dp, sequence_parallel=False, chunks=chunks))
+        stages.append(StageSpec(num_gpus=tp * dp, tp=tp, cp=1, dp=dp, sequence_parallel=sp, chunks=chunks))
     return ParallelPlan(model=model, micro_batch_size=mbs * dp, global_batch_size=gbs, stages=stages, **plan_fields)
 
 
@@ -48,4 +61,7 @@ CASES = {
     # FP8 with the first and last GPT layer in bf16: the first / last 2 hybrid layers
     "llama-fp8-bf16-ends": (cut_plan(LLAMA4, [0, 5, 8], 2, settings=PlanSettings(low_precision=LowPrecision(
         recipe="fp8-tensorwise", bf16_layers_start=1, bf16_layers_end=1))), "*-*-*|-*-", "0.17"),
+    # hybrid models with Mamba-2 layers: VPP and an uneven cut, MoE with tp 2 and sequence parallelism
+    "mamba-pp2-vpp2": (cut_plan(MAMBA8, [0, 1, 4, 5, 8], 2, tp=2), "M|-M*|-|M-M", "0.17"),
+    "nano-moe-pp2-tp2": (cut_plan(NANO8, [0, 3, 8], 2, tp=2, dp=2, sp=True, gbs=32), "MEM|*EMEM", "0.17"),
 }

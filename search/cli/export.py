@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from ..moe import refuse_unpriced
     refuse_unpriced(plan.model)     # exported flags would run a model nobody priced (docs/moe.md)
     from ..layers.hybrid import export_refusal
-    why = export_refusal(plan.model, args.to)
+    why = export_refusal(plan.model, args.to, args.hybrid_pattern)
     if why:
         raise AcesoError(why)
     if args.calibration and plan.cluster is not None:     # the header's prediction on the calibrated cluster

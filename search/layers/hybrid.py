@@ -135,16 +135,19 @@ def check_model(model) -> None:
         mamba_shape(model.mamba, model.hidden_size)      # MambaMixer's own shape assertions
 
 
-def export_refusal(model, target: str) -> str | None:
-    """Why the export cannot write ``model`` for ``target`` (None: it can): a model with Mamba-2 layers needs
-    Megatron-LM's ``pretrain_hybrid.py`` / ``pretrain_mamba.py`` with ``--hybrid-layer-pattern`` (or Bridge's
-    Nemotron-H provider), which the export does not write yet; its GPT flags would build another model."""
-    if model.mamba is None:
+def export_refusal(model, target: str, hybrid_pattern: bool = False) -> str | None:
+    """Why the export cannot write ``model`` for ``target`` (None: it can): a model with Mamba-2 layers runs as
+    Megatron-LM's ``pretrain_hybrid.py`` / ``pretrain_mamba.py`` with ``--hybrid-layer-pattern`` (``--hybrid-pattern``,
+    ``search/megatron/hybrid_pattern.py``); its ``pretrain_gpt.py`` flags would build a GPT model without them, and
+    Bridge's Nemotron-H provider is not written."""
+    if model.mamba is None or (hybrid_pattern and target == "megatron-lm"):
         return None
-    return (f"--to {target}: model {model.name} has Mamba-2 layers (hybrid_layer_pattern); the export writes "
-            "pretrain_gpt.py flags, which would build a GPT model without them, and does not write "
-            "pretrain_hybrid.py --hybrid-layer-pattern lines yet; run the plan's settings with your Megatron-LM "
-            "hybrid script")
+    if target == "megatron-lm":
+        return (f"--to megatron-lm: model {model.name} has Mamba-2 layers (hybrid_layer_pattern), which "
+                "pretrain_gpt.py flags would build without; export it with --hybrid-pattern (pretrain_hybrid.py "
+                "--hybrid-layer-pattern with '|' stage cuts)")
+    return (f"--to {target}: model {model.name} has Mamba-2 layers (hybrid_layer_pattern); aceso writes no "
+            "Megatron-Bridge Nemotron-H recipe yet; export it with --to megatron-lm --hybrid-pattern")
 
 
 def mtp_layer(model) -> str | None:
@@ -260,8 +263,10 @@ def model_spec_data(a: HybridArch) -> dict:
            "position_embedding": {"learned_absolute": "learned"}.get(a.position_embedding_type,
                                                                        a.position_embedding_type),
            "tied_embeddings": not a.untie_embeddings_and_output_weights, "add_bias_linear": a.add_bias_linear,
-           "params_dtype": "bf16", "nominal_params_b": a.published["total_params"] / 1e9,
-           "megatron": {"layernorm_epsilon": a.layernorm_epsilon}}
+           "params_dtype": "bf16", "nominal_params_b": a.published["total_params"] / 1e9}
+    from ..megatron.arch_flags import NORM_EPSILON
+    if a.layernorm_epsilon != NORM_EPSILON:      # megatron-core's default is left out, as a command line's import does
+        out["megatron"] = {"layernorm_epsilon": a.layernorm_epsilon}
     if a.moe is not None:
         out["moe"] = {k: getattr(a.moe, k) for k in _MOE_FIELDS if getattr(a.moe, k) is not None}
     if a.mtp_num_layers:

@@ -31,9 +31,16 @@ FOLDING = "Megatron-LM has one expert folding for all stages; use the plugin run
 
 
 def check_expressible(plan: ParallelPlan) -> str | None:
-    """``None`` if Megatron-LM can run ``plan`` exactly, else one line: stage, field, and the way out."""
+    """``None`` if Megatron-LM can run ``plan`` exactly, else one line: stage, field, and the way out. A model with
+    Mamba-2 layers runs only as a hybrid-pattern run (``aceso export --hybrid-pattern``, ``hybrid_pattern.py``),
+    whose ``|`` segments carry its VPP and uneven cuts (megatron-core splits a pattern without them evenly and
+    runs no VPP: ``search.layers.hybrid.pipeline_refusal``)."""
     try:
-        megatron_config(plan)
+        if plan.model.mamba is not None:
+            from .hybrid_pattern import hybrid_form
+            hybrid_form(plan)
+        else:
+            megatron_config(plan)
     except NotExpressible as e:
         return str(e)
     return None
@@ -44,6 +51,10 @@ def megatron_config(plan: ParallelPlan, chunk_layers: tuple[int, ...] | None = N
     """The plan in Megatron-LM's terms; ``NotExpressible`` (an ``AcesoError``, exit 2) when it has none.
     ``chunk_layers`` / ``recompute``: the split and setting of another layer form, already checked (the hybrid
     pattern's, ``hybrid_pattern.py``), instead of whole GPT layers'."""
+    if plan.model.mamba is not None and chunk_layers is None:
+        raise NotExpressible(f"model.mamba: {plan.model.name} has Mamba-2 layers, which pretrain_gpt.py does not "
+                             "build; export the plan with --hybrid-pattern (pretrain_hybrid.py --hybrid-layer-pattern "
+                             "with '|' stage cuts)")
     try:
         _check_shapes(plan)
         _check_folding(plan)

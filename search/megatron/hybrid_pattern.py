@@ -49,6 +49,7 @@ import shlex
 from dataclasses import dataclass
 
 from .. import layers
+from ..layers.mamba import Mamba2Spec, shape as mamba_shape
 from ..model import ModelSpec, Unit
 from ..plan import ParallelPlan
 from .config import NO_RECOMPUTE, MegatronConfig, NotExpressible, Recompute, layer_bounds
@@ -138,12 +139,45 @@ def model_refusal(model: ModelSpec, rel: Release) -> str | None:
                 "(hybrid_builder: rotary_base and rotary_percent only)")
     if model.mla is not None and rel.version < MLA_SINCE:
         return f"model.mla: the MLA layer '+' came with core_v0.19 ({rel.label} has none): give --megatron-version 0.19"
-    if getattr(model, "mamba", None) is not None:
-        return ("model.mamba: the GPT form's flags carry no Mamba-2 fields yet; export a hybrid Mamba model's "
-                "plan with --to megatron-lm once its flags are written (issue 36)")
+    if model.mamba is not None and mamba_refusal(model.mamba):
+        return mamba_refusal(model.mamba)
     if any(unit_symbol(model, u) is None for u in model.units if u.kind != "mtp"):
         return "model: a unit that is no hybrid layer"
     return None
+
+
+# ----- Mamba-2 layers: TransformerConfig's mamba_* fields as Megatron-LM flags ------------------------------------
+# MambaMixer arguments no flag sets (the stack specs build the mixer with its defaults): (field, default)
+MAMBA_FIXED = (("d_conv", 4), ("chunk_size", 128))
+MAMBA_FLAGS = ("--mamba-state-dim", "--mamba-head-dim", "--mamba-num-groups", "--mamba-num-heads",
+               "--disable-mamba-mem-eff-path")
+
+
+def mamba_refusal(m: Mamba2Spec) -> str | None:
+    """What of a Mamba-2 mixer Megatron-LM's flags cannot set (one line), or None. ``expand`` needs none: the
+    export writes the heads (``--mamba-num-heads``)."""
+    for field, default in MAMBA_FIXED:
+        if getattr(m, field) != default:
+            return (f"model.mamba.{field} {getattr(m, field)}: Megatron-LM has no flag for MambaMixer's {field} (its "
+                    f"hybrid stack spec builds {default}); use {default}")
+    return None
+
+
+def mamba_args(model: ModelSpec) -> list[str]:
+    """The Mamba-2 flags (``TransformerConfig.mamba_*``, 0.17-0.19), the heads written out as ``MambaMixer``
+    derives them."""
+    sh = mamba_shape(model.mamba, model.hidden_size)
+    return ["--mamba-state-dim", str(sh.state), "--mamba-head-dim", str(sh.head_dim), "--mamba-num-groups",
+            str(sh.groups), "--mamba-num-heads", str(sh.heads)] + \
+        ([] if model.mamba.use_mamba_mem_eff_path else ["--disable-mamba-mem-eff-path"])
+
+
+def mamba_of(f) -> Mamba2Spec:
+    """The Mamba-2 mixer a command line's flags build (``Flags`` of the release)."""
+    heads = f.get("--mamba-num-heads")
+    return Mamba2Spec(mamba_state_dim=f.value("--mamba-state-dim"), mamba_head_dim=f.value("--mamba-head-dim"),
+                      mamba_num_groups=f.value("--mamba-num-groups"), mamba_num_heads=heads,
+                      use_mamba_mem_eff_path=not f.has("--disable-mamba-mem-eff-path"))
 
 
 def plan_refusal(plan: ParallelPlan, rel: Release) -> str | None:
@@ -264,11 +298,13 @@ def arg_groups(form: HybridForm) -> dict[str, list[str]]:
     c, rel = form.config, form.rel
     groups = gpt_groups(dataclasses.replace(c, chunk_layers=(1,) * len(c.chunk_layers), recompute=NO_RECOMPUTE), rel)
     num_layers = len(form.pattern.split(MTP)[0].replace(PIPE, ""))
+    m = c.model
     groups["model"] = ["--num-layers", str(num_layers), FLAG, form.pattern, "--spec", *entry(rel)[1],
-                       *_without(groups["model"], SPLIT_FLAGS)]
+                       *_without(groups["model"], SPLIT_FLAGS), *(mamba_args(m) if m.mamba is not None else [])]
     groups["parallel"] = _without(groups["parallel"], SPLIT_FLAGS)
     groups["recompute"] = _recompute(c)
-    groups["precision"] = _doubled(groups["precision"])
+    # a hybrid model's layers are hybrid layers already; a GPT model's bf16 layer counts are doubled
+    groups["precision"] = groups["precision"] if m.hybrid_layer_pattern else _doubled(groups["precision"])
     return groups
 
 
@@ -281,6 +317,9 @@ def args_line(form: HybridForm) -> str:
 
 def header_notes(form: HybridForm) -> list[str]:
     segs = form.segments
+    if form.config.model.hybrid_layer_pattern:     # a hybrid model: its own pattern, its own checkpoints
+        return [f"hybrid model ({entry(form.rel)[0]}, megatron-core HybridModel): '|' cuts {len(segs)} segments "
+                "(pp x vpp), hybrid layers per segment: " + " ".join(str(len(s)) for s in segs)]
     return [f"hybrid-pattern run ({entry(form.rel)[0]}, megatron-core HybridModel): each GPT layer is an attention "
             f"layer and an MLP layer ({''.join(dict.fromkeys(form.pattern.replace(PIPE, '').replace(MTP, '')))}); "
             f"'|' cuts {len(segs)} segments (pp x vpp), hybrid layers per segment: "
@@ -308,7 +347,7 @@ def gpt_layers(pattern: str) -> tuple[list[str], str | None, int]:
     flat = main.replace(PIPE, "")
     if not flat or len(flat) % 2 or any(not _LAYER.fullmatch(flat[i:i + 2]) for i in range(0, len(flat), 2)):
         raise NotExpressible(f"{FLAG} {pattern!r}: not a GPT model's layers (attention '*' / '+' then MLP '-' or "
-                             "MoE 'E', repeated); a Mamba or other hybrid model, which aceso does not price")
+                             "MoE 'E', repeated) nor a Mamba-2 hybrid's ('M' layers); aceso prices no other hybrid layers")
     if any(p != mtp[0] for p in mtp) or (mtp and not _LAYER.fullmatch(mtp[0])):
         raise NotExpressible(f"{FLAG} {pattern!r}: every MTP depth must be one GPT layer's pattern")
     if len(set(s for i in range(0, len(flat), 2) for s in flat[i])) > 1:
@@ -334,6 +373,7 @@ class ReadPattern:
     argv: list[str]
     pp: int
     counts: tuple[int, ...]
+    model_fields: dict | None = None    # a hybrid model's: its pattern, Mamba-2 mixer and what GPT flags miss
 
 
 def _split_eq(argv: list[str]) -> list[str]:
@@ -375,6 +415,8 @@ def read_argv(argv: list[str], rel: Release) -> ReadPattern:
     pattern = f.get(FLAG)
     if pattern is None:
         raise NotExpressible(f"{entry(rel)[0]} without {FLAG}: give the model's pattern")
+    if "M" in pattern.split(MTP)[0]:
+        return _read_hybrid_model(argv, f, pattern)
     segments, mtp, depths = gpt_layers(pattern)
     flat = "".join(segments)
     for flag in PIPED_OUT:
@@ -398,6 +440,44 @@ def read_argv(argv: list[str], rel: Release) -> ReadPattern:
             raise NotExpressible(f"{flag} {n}: an odd count of hybrid layers splits a GPT layer's precision")
         out += [flag, str(n // 2)] if n is not None else []
     return ReadPattern(out, pp, counts)
+
+
+def _read_hybrid_model(argv: list[str], f, pattern: str) -> ReadPattern:
+    """A hybrid model's command line (Mamba-2 ``M`` layers): its GPT flags on one rank with ``--num-layers`` the
+    pattern's layers, and the model fields GPT flags do not carry (``model_fields``)."""
+    from ..layers.hybrid import parse_pattern
+    try:
+        p = parse_pattern(pattern)
+    except ValueError as e:
+        raise NotExpressible(f"{FLAG}: {e}") from None
+    for flag in PIPED_OUT:
+        if f.has(flag) and len(p.segments) > 1:
+            raise NotExpressible(f"{flag} with '|' in {FLAG}: Megatron-LM asserts it away (the pattern's '|' "
+                                 "segments give the pipeline layout)")
+    pp = f.get("--pipeline-model-parallel-size", 1)
+    counts = _counts(f, list(p.segments), pp)
+    pos = f.value("--position-embedding-type")
+    out = _without(argv, ("--spec", FLAG, "--num-layers", "--mtp-num-layers", *FIRST_LAST, *MAMBA_FLAGS,
+                          "--pipeline-model-parallel-size", "--squared-relu", "--position-embedding-type"))
+    out += ["--num-layers", str(len(p.layers)), "--pipeline-model-parallel-size", "1"]
+    out += ["--mtp-num-layers", str(p.mtp_depths)] if p.mtp_depths else []
+    out += ["--position-embedding-type", pos] if pos != "none" else []
+    try:
+        mamba = mamba_of(f)
+    except ValueError as e:
+        raise NotExpressible(f"--mamba-*: {str(e).splitlines()[-1].strip()}") from None
+    fields = {"hybrid_layer_pattern": pattern.replace(PIPE, ""), "mamba": mamba}
+    fields.update({"activation": "squared_relu"} if f.has("--squared-relu") else {})
+    fields.update({"position_embedding": "none"} if pos == "none" else {})
+    return ReadPattern(out, pp, counts, fields)
+
+
+def hybrid_model(model: ModelSpec, fields: dict, notes: list[str]) -> ModelSpec:
+    """The GPT flags' model with a hybrid command line's ``model_fields``, named after the preset it is (or
+    ``custom``)."""
+    from .model_args import _named
+    spec = {**model.model_dump(), "name": "custom", "aceso_db_key": None, "nominal_params_b": None, **fields}
+    return _named(spec, notes)
 
 
 def unit_spans(model: ModelSpec, counts: tuple[int, ...]) -> list[tuple[int, int]]:

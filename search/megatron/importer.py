@@ -20,7 +20,7 @@ from .build import plan_from_config
 from .cmdline import Flags, config_from_flags, parse_flags
 from .config import MegatronConfig
 from .entry import PRICED, EntryRefusal, check_unreadable, refuse_entry
-from .hybrid_pattern import ENTRIES, FLAG, read_argv, unit_choices as hybrid_choices, unit_spans
+from .hybrid_pattern import ENTRIES, FLAG, hybrid_model, read_argv, unit_choices as hybrid_choices, unit_spans
 from .recompute import unit_choices
 from .shell import read_command
 from .versions import Release, release as megatron_release
@@ -89,6 +89,8 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
             raise AcesoError(f"the world size ({world}) is not a multiple of --pipeline-model-parallel-size "
                              f"({read.pp})")
         cfg = config_from_flags(flags, world // read.pp if read else world, t5, notes, vocab_size)
+        if read and read.model_fields:       # a hybrid model: its pattern and Mamba-2 mixer
+            cfg = dataclasses.replace(cfg, model=hybrid_model(cfg.model, read.model_fields, notes))
     except AcesoError as e:
         raise AcesoError(f"{source}: {e}") from None
     spans = None

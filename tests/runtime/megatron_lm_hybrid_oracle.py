@@ -74,7 +74,15 @@ def run(line: str, world: int) -> dict:
             "moe": [cfg.num_moe_experts, cfg.moe_router_topk, cfg.expert_model_parallel_size],
             "position_embedding_type": args.position_embedding_type, "rotary_base": args.rotary_base,
             "vocab": [tokenizer.vocab_size, args.padded_vocab_size], "spec_defined": _spec_defined(args.spec),
-            "bf16_layers": _bf16_layers(cfg, args.num_layers)}
+            "bf16_layers": _bf16_layers(cfg, args.num_layers), "mamba": _mamba(cfg),
+            "activation": getattr(cfg.activation_func, "__name__", None)}
+
+
+def _mamba(cfg):
+    """The Mamba-2 shape megatron-core's ``MambaMixer`` takes from the config: state, head dim, groups, heads (its
+    own ``nheads`` rule: ``mamba_num_heads`` or ``expand * hidden / head_dim``, expand 2), the mem-eff path."""
+    heads = cfg.mamba_num_heads or 2 * cfg.hidden_size // cfg.mamba_head_dim
+    return [cfg.mamba_state_dim, cfg.mamba_head_dim, cfg.mamba_num_groups, heads, cfg.use_mamba_mem_eff_path]
 
 
 def _bf16_layers(cfg, num_layers: int):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from search.layers.mamba import shape as mamba_shape
 from search.megatron.hybrid_pattern import args_line, hybrid_form, mtp_pattern, unit_pattern
 from search.megatron.versions import release
 from tests.hybrid_plans import CASES
@@ -56,6 +57,10 @@ def test_megatron_lm_builds_the_plans_chunks_from_the_pattern(tag):
         assert g["vocab"][1] == m.padded_vocab_size
         assert g["spec_defined"], name
         assert g["gated"] == (m.activation == "swiglu") and g["num_query_groups"] == m.groups
+        if m.mamba is not None:       # a hybrid model: the Mamba-2 shape, squared ReLU, no position embedding
+            sh = mamba_shape(m.mamba, m.hidden_size)
+            assert g["mamba"] == [sh.state, sh.head_dim, sh.groups, sh.heads, m.mamba.use_mamba_mem_eff_path]
+            assert g["activation"] == "squared_relu" and g["position_embedding_type"] == "none"
         if m.moe is not None:
             assert g["moe"][:2] == [m.moe.num_experts, m.moe.moe_router_topk]
         low = plan.settings.low_precision if plan.settings else None
