@@ -52,13 +52,15 @@ def full_value(name: str, shape: list[int], model: ModelSpec, seed: int, std: fl
     return torch.randn(shape, generator=gen) * std
 
 
-def _local_parts(param: torch.Tensor, name: str, model: ModelSpec) -> list[int] | None:
-    """The sizes of the parts of a packed TP shard along its partition dim (None: one part)."""
+def _local_parts(param: torch.Tensor, name: str, model: ModelSpec, local: int) -> list[int] | None:
+    """The sizes of the parts of a packed TP shard of ``local`` rows along its partition dim (None: one part):
+    megatron-core's ``partition_sizes``, or the SwiGLU halves (of the shard itself: under Megatron FSDP the
+    parameter is not the TP shard)."""
     sizes = getattr(param, "partition_sizes", None)
     if sizes is not None:
         return list(sizes)
     if _is_glu_fc1(name, model):
-        return [param.shape[param.partition_dim] // 2] * 2
+        return [local // 2] * 2
     return None
 
 
@@ -67,7 +69,7 @@ def shard(full: torch.Tensor, param: torch.Tensor, name: str, model: ModelSpec, 
     if not getattr(param, "tensor_model_parallel", False) or tp == 1:
         return full
     dim = param.partition_dim
-    if parts := _local_parts(param, name, model):
+    if parts := _local_parts(param, name, model, full.shape[dim] // tp):
         return torch.cat([p.chunk(tp, dim=dim)[tp_rank] for p in full.split([n * tp for n in parts], dim=dim)],
                          dim=dim)
     return full.chunk(tp, dim=dim)[tp_rank]
@@ -79,7 +81,7 @@ def unshard(shards: list[torch.Tensor], param: torch.Tensor, name: str, model: M
     if not getattr(param, "tensor_model_parallel", False) or tp == 1:
         return shards[0]
     dim = param.partition_dim
-    if parts := _local_parts(param, name, model):
+    if parts := _local_parts(param, name, model, shards[0].shape[dim]):
         split = [s.split(parts, dim=dim) for s in shards]
         return torch.cat([s[k] for k in range(len(parts)) for s in split], dim=dim)
     return torch.cat(shards, dim=dim)
