@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy
@@ -250,7 +251,9 @@ def load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = Tru
     """``_load`` with a failure traced to a damaged file of the checkpoint turned into one line naming it
     (``checkpoint_files``); any other failure is raised as it is."""
     try:
-        return _load(root, rt, scheduler, load_optim, load_rng)
+        with warnings.catch_warnings():   # 0.19 reads the common state through torch DCP with no process group
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+            return _load(root, rt, scheduler, load_optim, load_rng)
     except (AcesoError, KeyboardInterrupt, SystemExit):
         raise
     except BaseException:   # torch DCP's CheckpointException is a BaseException
