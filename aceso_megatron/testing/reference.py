@@ -51,7 +51,9 @@ def _decoder_spec(model: ModelSpec, config):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     norm = "RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm"
-    block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=norm)
+    # pp_rank 0: the reference is one stage (megatron-core 0.19 asks parallel_state otherwise, whose groups may be a
+    # former test's, destroyed since)
+    block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=norm, pp_rank=0)
     if model.mla is None:
         return block
     from model_specs.mla_core import with_mla_core   # the local MLA core as the runtime builds it
