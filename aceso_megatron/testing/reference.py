@@ -35,10 +35,23 @@ def init_single_process(port: int) -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ["MASTER_PORT"] = str(port)
         dist.init_process_group("gloo", rank=0, world_size=1)
+    if parallel_state.model_parallel_is_initialized() and not _groups_live(parallel_state):
+        parallel_state.destroy_model_parallel()   # an earlier run's groups, whose process group is destroyed since
     if not parallel_state.model_parallel_is_initialized():
         if parallel_state._GLOBAL_MEMORY_BUFFER is not None:  # made by a runtime built earlier in this process
             parallel_state.destroy_global_memory_buffer()
         parallel_state.initialize_model_parallel()
+
+
+def _groups_live(parallel_state) -> bool:
+    """Whether ``parallel_state``'s groups belong to the current process group (a run that destroyed its process
+    group without ``destroy_model_parallel`` leaves groups torch no longer knows)."""
+    try:
+        dist.get_rank(parallel_state.get_pipeline_model_parallel_group())
+        dist.get_rank(parallel_state.get_tensor_model_parallel_group())
+    except (ValueError, RuntimeError, AssertionError):
+        return False
+    return True
 
 
 def _decoder_spec(model: ModelSpec, config):
