@@ -115,6 +115,12 @@ def row_flags(row: dict, m) -> tuple[list[str], list[str]]:
     f += _FP[p["recipe"]]
     f += ["--fp8-param-gather"] if p.get("fp8_param_gather") else []
     f += ["--reuse-grad-buf-for-mxfp8-param-ag"] if p.get("reuse_grad_buf_for_mxfp8_param_ag") else []
+    if p.get("first_last_layers_bf16"):          # Super's NVFP4 recipe: its last 14 layers in bf16
+        f += ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16", str(p.get("num_layers_at_start_in_bf16", 0)),
+              "--num-layers-at-end-in-bf16", str(p.get("num_layers_at_end_in_bf16", 0))]
+    if p.get("per_module"):
+        notes.append("per-module precision (" + ", ".join(f"{k}: {v}" for k, v in p["per_module"].items()) +
+                     ") not held by a plan: those linears priced in the recipe's precision")
     f += ["--use-distributed-optimizer"] if s["distributed_optimizer"] else []
     f += ["--overlap-grad-reduce"] if s["overlap_grad_reduce"] else []
     f += ["--overlap-param-gather"] if s["overlap_param_gather"] else []
