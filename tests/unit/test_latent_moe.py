@@ -142,3 +142,22 @@ def test_repeated_mtp_depths_cost_compute_and_activations_per_depth():
 def test_repeated_mtp_needs_mtp_layers():
     with pytest.raises(ValueError, match="mtp_use_repeated_layer needs mtp_num_layers"):
         _model(mtp_use_repeated_layer=True)
+
+
+@pytest.mark.parametrize("update, needle", [({}, "moe.moe_latent_size (256): the aceso runtime does not build"),
+                                            ({"moe": {"num_experts": E, "moe_router_topk": K,
+                                                      "moe_ffn_hidden_size": F}, "mtp_num_layers": 2,
+                                              "mtp_use_repeated_layer": True}, "mtp_use_repeated_layer: the aceso")])
+def test_the_runtime_refuses_them_before_any_process_group(tmp_path, capsys, update, needle):
+    """The one pre-flight (capability table, runtime column): ``aceso validate`` of a runtime plan exits 2 with one
+    line naming the field and the fix; Megatron-LM runs both."""
+    from search.capabilities import model_refusal
+    from search.cli import main
+
+    m = _model().model_copy(update=update)
+    assert needle in model_refusal("aceso", m) and model_refusal("megatron-lm", m) is None
+    path = tmp_path / "plan.json"
+    path.write_text(uniform_plan(m, 1, 1, 1, 1, 8, cluster=parse_cluster("1x1-h100")).to_json())
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1, err
