@@ -111,6 +111,8 @@ def row_flags(row: dict, m) -> tuple[list[str], list[str]]:
             f += ["--moe-flex-dispatcher-backend", mo["flex_backend"]]
         f += ["--moe-router-force-load-balancing"] if mo["router_force_load_balancing"] else []
         f += ["--moe-shared-expert-overlap"] if mo["shared_expert_overlap"] else []
+        if row["model"].startswith("nemotron-3"):   # recipe-nano / recipe-super (v0.4.1): fused weighted squared ReLU
+            f += ["--use-fused-weighted-squared-relu"]
     f += [] if p.get("grad_reduce_in_fp32", True) else ["--grad-reduce-in-bf16"]
     f += _FP[p["recipe"]]
     f += ["--fp8-param-gather"] if p.get("fp8_param_gather") else []

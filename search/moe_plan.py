@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 Dispatcher = Literal["alltoall", "allgather", "flex"]
 FlexBackend = Literal["deepep", "hybridep"]
@@ -69,6 +69,18 @@ class MoEPlanSettings(BaseModel):
     paged_stash: bool = Field(False, description="megatron-core 0.19: the routed experts' activations in a paged "
                               "buffer sized by the average tokens, not the capacity (moe_paged_stash); needs "
                               "rank_capacity_factor.")
+    fused_weighted_squared_relu: bool = Field(
+        False, description="Squared-ReLU experts: the probs-weighted activation in one fused function "
+        "(use_fused_weighted_squared_relu; Megatron-Bridge's Nemotron-3 recipes): it keeps its input and the probs, "
+        "not the activation output the unfused multiply saves.")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """Without ``fused_weighted_squared_relu`` when off: plans without it dump (and digest) as before."""
+        out = handler(self)
+        if isinstance(out, dict) and out.get("fused_weighted_squared_relu") is False:
+            del out["fused_weighted_squared_relu"]
+        return out
 
 
 def dispatcher_settings(model, dispatcher: str, base: MoEPlanSettings | None = None) -> MoEPlanSettings:

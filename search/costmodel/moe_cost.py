@@ -417,7 +417,8 @@ def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg,
     probs are applied inside the experts' activation, ``TEGroupedMLP.bias_act_func`` / ``weighted_bias_swiglu_impl``
     and ``weighted_bias_quick_geglu_impl``, which save their input and the probs), its output = the fc2 input
     (dt m f / etp; unfused, the probs multiply saves its other operand: gelu, which has no fused weighted kernel,
-    its activation output, dt m f / etp; gated on the cpu "GPU" the gate's activation output, the (x_linear +
+    its activation output, dt m f / etp, unless ``fused_weighted_squared_relu`` with grouped GEMM on a GPU:
+    ``TEGroupedMLP``'s fused squared ReLU saves its input and the probs only; gated on the cpu "GPU" the gate's activation output, the (x_linear +
     offset) copy the gate multiply keeps and the gated product, 3 dt m f / etp: tests/runtime/test_moe_act_memory.py
     measures megatron-core's layer), and the shared
     expert's activation input and fc2 input (dt b s (up_s + f_s) / t; its fc1 input is the norm output, in SP
@@ -442,6 +443,9 @@ def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg,
     # the unfused activation (gelu always: TEGroupedMLP fuses only the gated ones) keeps what its probs multiply
     # saves, the activation output; gated also the gate's activation output and the (x_linear + offset) copy
     extra = fc2_in if not m.gated_mlp else (3 * fc2_in if not fused else 0.0)
+    if m.activation == "squared_relu" and cfg.fused_weighted_squared_relu and cfg.grouped_gemm and \
+            src.cluster.gpu.name != "cpu":
+        extra = 0.0         # TEGroupedMLP's weighted_squared_relu_impl saves its input and the probs only
     experts = dt * tok * w + dt * tok * up / etp + PROBS * tok + fc2_in + extra
     latent = dt * T * e.moe_latent_size if e.moe_latent_size else 0.0     # fc2_latent_proj's input
     fs = e.moe_shared_expert_intermediate_size or 0

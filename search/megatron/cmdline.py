@@ -79,7 +79,8 @@ FLAGS: dict[str, str] = {
                          "--moe-grouped-gemm", "--moe-permute-fusion",
                          "--moe-shared-expert-overlap", "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep",
                          "--moe-router-pre-softmax", "--delay-wgrad-compute", "--moe-router-fusion",
-                         "--moe-paged-stash", "--mtp-use-repeated-layer",    # MoE ones read by moe_flags.py
+                         "--moe-paged-stash", "--mtp-use-repeated-layer", "--use-fused-weighted-squared-relu",
+                         # (MoE ones read by moe_flags.py)
                          # the DP synchronization (search/data_parallel.py)
                          "--no-align-grad-reduce", "--no-align-param-gather", "--use-tp-pp-dp-mapping", "--use-sharp")},
     **STACK_FLAG_KINDS,         # --cuda-graph-impl, --optimizer, --offload-modules, ... (stack_flags.py)

@@ -44,14 +44,16 @@ MLA_FLAGS = (("q_lora_rank", "--q-lora-rank", None), ("kv_lora_rank", "--kv-lora
              ("v_head_dim", "--v-head-dim", 128))
 # MoEPlanSettings bool field <-> Megatron-LM flag <-> Bridge model field (all off by default in Megatron-LM)
 # Bridge fields of megatron-core 0.19 (not in Megatron-Bridge v0.3.1's TransformerConfig): written only where set
-NEWER_FIELDS = frozenset({"moe_paged_stash"})
+NEWER_FIELDS = frozenset({"moe_paged_stash", "use_fused_weighted_squared_relu"})   # (the second: only where set)
 SETTING_FLAGS = (("grouped_gemm", "--moe-grouped-gemm", "moe_grouped_gemm"),
                  ("permute_fusion", "--moe-permute-fusion", "moe_permute_fusion"),
                  ("shared_expert_overlap", "--moe-shared-expert-overlap", "moe_shared_expert_overlap"),
                  ("overlap_ep_comm", "--overlap-moe-expert-parallel-comm", "overlap_moe_expert_parallel_comm"),
                  ("delay_wgrad", "--delay-wgrad-compute", "delay_wgrad_compute"),
                  ("router_fusion", "--moe-router-fusion", "moe_router_fusion"),
-                 ("paged_stash", "--moe-paged-stash", "moe_paged_stash"))     # the last: megatron-core 0.19
+                 ("paged_stash", "--moe-paged-stash", "moe_paged_stash"),     # megatron-core 0.19
+                 ("fused_weighted_squared_relu", "--use-fused-weighted-squared-relu",
+                  "use_fused_weighted_squared_relu"))
 # MoEPlanSettings value field <-> Megatron-LM flag <-> Bridge model field (the capacity: megatron-core 0.19)
 VALUE_FLAGS = (("router_dtype", "--moe-router-dtype", "moe_router_dtype"),
                ("rank_capacity_factor", "--moe-expert-rank-capacity-factor", "moe_expert_rank_capacity_factor"))

@@ -161,3 +161,33 @@ def test_the_runtime_refuses_them_before_any_process_group(tmp_path, capsys, upd
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1, err
+
+
+def test_fused_weighted_squared_relu_keeps_no_activation_output():
+    """Squared-ReLU experts (Nemotron-3): unfused, the probs multiply keeps the activation output (dt m f per local
+    expert's m tokens, beside the fc2 input); TEGroupedMLP's weighted_squared_relu_impl keeps its input and the
+    probs only (megatron-core 0.16.1 / 0.19 experts.py). m = T k = 2048 token copies over the rank's experts."""
+    m = _model(None, activation="squared_relu")
+    src = _src(m)
+    plain = moe_unit(src, 1.0, T, 1, False, 4, 1, MoEPlanSettings())[1]
+    fused = moe_unit(src, 1.0, T, 1, False, 4, 1, MoEPlanSettings(fused_weighted_squared_relu=True))[1]
+    assert plain[0] - fused[0] == pytest.approx(DT * T * K * F)
+    assert plain[1] == pytest.approx(fused[1])             # moe_act frees both anyway
+    assert "fused_weighted_squared_relu" not in MoEPlanSettings().model_dump()
+
+
+def test_fused_weighted_squared_relu_flag_both_ways():
+    """--use-fused-weighted-squared-relu (every supported Megatron-LM release) and the runtime's stage config."""
+    from aceso_megatron.model.moe import stage_fields
+    from search.megatron import megatron_config
+    from search.megatron.importer import read_megatron
+    from search.megatron.script import args_line
+
+    m = _model(None, activation="squared_relu")
+    p = uniform_plan(m, 1, 1, 4, 4, 8, cluster=parse_cluster("1x4-h100"),
+                     moe=MoEPlanSettings(fused_weighted_squared_relu=True))
+    p = p.model_copy(update={"stages": [p.stages[0].model_copy(update={"ep": 4})]})
+    line = args_line(megatron_config(p))
+    assert "--use-fused-weighted-squared-relu" in line
+    assert read_megatron(line, world_size=4).plan.moe.fused_weighted_squared_relu
+    assert stage_fields(p, 0, cuda=False, te=False)["use_fused_weighted_squared_relu"] is True
