@@ -33,6 +33,7 @@ from . import model_rules
 from .layers import hybrid as _hybrid
 from .layers.mamba import Mamba2Spec
 from .moe import MAX_MTP, MLASpec, MoESpec, check_model as _check_moe
+from .moe_plan import drop_defaults
 from .rope_scaling import RopeScaling
 
 Family = Literal["gpt", "t5", "llama"]
@@ -159,10 +160,7 @@ class ModelSpec(BaseModel):
         for name in HYBRID_FIELDS:
             if isinstance(out, dict) and out.get(name, 0) is None:
                 del out[name]
-        for name in OFF_FIELDS:
-            if isinstance(out, dict) and out.get(name) is False:
-                del out[name]
-        return out
+        return drop_defaults(out, {name: False for name in OFF_FIELDS})
 
     @field_validator("layer_spec")
     @classmethod

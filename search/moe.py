@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from .errors import AcesoError
+from .moe_plan import drop_defaults
 
 MAX_EXPERTS = 1 << 14
 MAX_MTP = 64
@@ -77,10 +78,7 @@ class MoESpec(BaseModel):
     @model_serializer(mode="wrap")
     def _dump(self, handler):
         """Without ``moe_latent_size`` when unset: a model without LatentMoE dumps (and a plan digests) as before."""
-        out = handler(self)
-        if isinstance(out, dict) and out.get("moe_latent_size", 0) is None:
-            del out["moe_latent_size"]
-        return out
+        return drop_defaults(handler(self), {"moe_latent_size": None})
 
     @field_validator("moe_expert_capacity_factor", mode="before")
     @classmethod

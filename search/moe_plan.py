@@ -34,6 +34,17 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 Dispatcher = Literal["alltoall", "allgather", "flex"]
+
+
+def drop_defaults(out, defaults: dict):
+    """A model's dump without the fields at their ``defaults`` (fields added later: older dumps and plan digests stay
+    as they were)."""
+    if isinstance(out, dict):
+        for name, value in defaults.items():
+            if name in out and out[name] is value:
+                del out[name]
+    return out
+
 FlexBackend = Literal["deepep", "hybridep"]
 
 
@@ -77,10 +88,7 @@ class MoEPlanSettings(BaseModel):
     @model_serializer(mode="wrap")
     def _dump(self, handler):
         """Without ``fused_weighted_squared_relu`` when off: plans without it dump (and digest) as before."""
-        out = handler(self)
-        if isinstance(out, dict) and out.get("fused_weighted_squared_relu") is False:
-            del out["fused_weighted_squared_relu"]
-        return out
+        return drop_defaults(handler(self), {"fused_weighted_squared_relu": False})
 
 
 def dispatcher_settings(model, dispatcher: str, base: MoEPlanSettings | None = None) -> MoEPlanSettings:
