@@ -111,10 +111,18 @@ def row_flags(row: dict, m) -> tuple[list[str], list[str]]:
             f += ["--moe-flex-dispatcher-backend", mo["flex_backend"]]
         f += ["--moe-router-force-load-balancing"] if mo["router_force_load_balancing"] else []
         f += ["--moe-shared-expert-overlap"] if mo["shared_expert_overlap"] else []
+        if row["model"].startswith("nemotron-3"):   # recipe-nano / recipe-super (v0.4.1): fused weighted squared ReLU
+            f += ["--use-fused-weighted-squared-relu"]
     f += [] if p.get("grad_reduce_in_fp32", True) else ["--grad-reduce-in-bf16"]
     f += _FP[p["recipe"]]
     f += ["--fp8-param-gather"] if p.get("fp8_param_gather") else []
     f += ["--reuse-grad-buf-for-mxfp8-param-ag"] if p.get("reuse_grad_buf_for_mxfp8_param_ag") else []
+    if p.get("first_last_layers_bf16"):          # Super's NVFP4 recipe: its last 14 layers in bf16
+        f += ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16", str(p.get("num_layers_at_start_in_bf16", 0)),
+              "--num-layers-at-end-in-bf16", str(p.get("num_layers_at_end_in_bf16", 0))]
+    if p.get("per_module"):
+        notes.append("per-module precision (" + ", ".join(f"{k}: {v}" for k, v in p["per_module"].items()) +
+                     ") not held by a plan: those linears priced in the recipe's precision")
     f += ["--use-distributed-optimizer"] if s["distributed_optimizer"] else []
     f += ["--overlap-grad-reduce"] if s["overlap_grad_reduce"] else []
     f += ["--overlap-param-gather"] if s["overlap_param_gather"] else []

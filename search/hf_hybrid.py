@@ -5,10 +5,12 @@ as ``hybrid_override_pattern`` (``M`` Mamba-2, ``*`` attention, ``-`` MLP, ``E``
 (linear_attention / full_attention / mlp / moe, and the older mamba / attention names), the Mamba-2 mixer
 (``ssm_state_size``, ``mamba_num_heads``, ``mamba_head_dim``, ``n_groups``, ``conv_kernel``, ``expand``,
 ``chunk_size``, with the ``mamba_*`` spellings of older configs), squared-ReLU MLPs and experts (``relu2``), RMSNorm,
-no position embedding, the sigmoid router with its score-correction bias, and MTP depths
-(``num_nextn_predict_layers`` of ``mtp_layers_block_type``). What megatron-core's ``HybridModel`` cannot build or
+no position embedding, the sigmoid router with its score-correction bias, LatentMoE (``moe_latent_size``: Nemotron-3
+Super, Ultra) and MTP depths (``num_nextn_predict_layers`` of ``mtp_hybrid_override_pattern`` /
+``mtp_layers_block_type``: the MTP blocks the checkpoint stores, one each; Megatron-Bridge's Super recipe runs its one
+block at 2 depths with ``mtp_use_repeated_layer``, a training choice the preset nemotron-3-super holds). What megatron-core's ``HybridModel`` cannot build or
 aceso does not model is refused in one line naming the field: biases, another MLP or Mamba activation, a sliding
-window, LatentMoE (``moe_latent_size``), more than one shared expert. Initialisation and inference fields
+window, more than one shared expert. Initialisation and inference fields
 (``time_step_*``, ``rescale_prenorm_residual``, ``use_mamba_kernels``, ``mamba_ssm_cache_dtype``, ...) are read and
 not used: they do not change the trained architecture or its cost.
 """
@@ -56,7 +58,6 @@ def nemotron_h_fields(c, seq_length: int) -> dict:
     c.expect("mlp_hidden_act", lambda v: v == "relu2", "megatron-core's Nemotron MLP is squared ReLU (relu2)")
     c.expect("mamba_hidden_act", lambda v: v == "silu", "megatron-core's Mamba mixer uses silu")
     c.expect("sliding_window", lambda v: False, "sliding-window attention in a hybrid model is not modelled")
-    c.expect("moe_latent_size", lambda v: False, "LatentMoE experts (Nemotron-3 Super, Ultra) are not modelled yet")
     c.ignore(*_IGNORED)
     heads = c.int("num_attention_heads")
     data = dict(family="gpt", num_layers=layers, hidden_size=c.int("hidden_size"), num_attention_heads=heads,
@@ -85,8 +86,11 @@ def nemotron_h_fields(c, seq_length: int) -> dict:
                        "moe_router_group_topk": c.int("topk_group", default=1)}
         if shared:
             data["moe"]["moe_shared_expert_intermediate_size"] = c.int("moe_shared_expert_intermediate_size")
+        latent = c.int("moe_latent_size", required=False)
+        if latent is not None:
+            data["moe"]["moe_latent_size"] = latent
     else:
-        c.ignore("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
+        c.ignore("n_routed_experts", "moe_latent_size", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
                  "moe_shared_expert_intermediate_size", "n_group", "topk_group")
     data["hybrid_layer_pattern"] = pattern + ("/" + mtp) * mtp_depths
     if mtp_depths:

@@ -59,6 +59,8 @@ CONTROLLED: dict[str, str] = {
                                "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
                                "moe_router_force_load_balancing")},
     "mtp_num_layers": "mtp_num_layers",
+    "use_fused_weighted_squared_relu": "the plan's moe.fused_weighted_squared_relu",
+    "moe_latent_size": "moe.moe_latent_size",
     **{f: f for f in ("window_size", "window_attn_skip_freq", "softmax_type", "glu_linear_offset",
                       "activation_func_clamp_value")},       # spec fields (search.layer_variants)
     "init_method": "init_method_std (the runtime draws every weight from it)",

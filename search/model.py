@@ -33,6 +33,7 @@ from . import model_rules
 from .layers import hybrid as _hybrid
 from .layers.mamba import Mamba2Spec
 from .moe import MAX_MTP, MLASpec, MoESpec, check_model as _check_moe
+from .moe_plan import drop_defaults
 from .rope_scaling import RopeScaling
 
 Family = Literal["gpt", "t5", "llama"]
@@ -59,6 +60,7 @@ class Unit(NamedTuple):
 
 
 HYBRID_FIELDS = ("hybrid_layer_pattern", "mamba")   # left out of a dump when None (``ModelSpec._dump``)
+OFF_FIELDS = ("mtp_use_repeated_layer",)            # left out of a dump when False
 _PROVIDER = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")   # package.module:attr
 
 
@@ -123,6 +125,9 @@ class ModelSpec(BaseModel):
                                 "attention.")
     mtp_num_layers: int | None = Field(None, gt=0, le=MAX_MTP, description="Multi-token prediction layers after "
                                        "the decoder (DeepSeek-V3: 1); None = none.")
+    mtp_use_repeated_layer: bool = Field(False, description="All MTP depths run one shared MTP layer (megatron-core "
+                                         "0.19 mtp_use_repeated_layer, Nemotron-3 Super / Ultra): its weights once, "
+                                         "its compute and activations per depth.")
 
     # ----- sliding window, softmax offset, clamped GEGLU (search.layer_variants; GPT-OSS) -----
     window_size: list[int] | None = Field(None, description="Sliding-window attention [left, right] (megatron-core "
@@ -155,7 +160,7 @@ class ModelSpec(BaseModel):
         for name in HYBRID_FIELDS:
             if isinstance(out, dict) and out.get(name, 0) is None:
                 del out[name]
-        return out
+        return drop_defaults(out, {name: False for name in OFF_FIELDS})
 
     @field_validator("layer_spec")
     @classmethod
@@ -201,6 +206,9 @@ class ModelSpec(BaseModel):
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_query_groups "
                 f"({self.groups})"
             )
+        if self.mtp_use_repeated_layer and not self.mtp_num_layers:
+            raise ValueError("mtp_use_repeated_layer needs mtp_num_layers (the depths that share the layer); set it "
+                             "or remove mtp_use_repeated_layer")
         _hybrid.check_model(self)
         _check_moe(self)
         layer_variants.check(self)
@@ -323,8 +331,8 @@ class ModelSpec(BaseModel):
     @property
     def num_parameters(self) -> int:
         if self.hybrid_layer_pattern:     # one unit per layer of the pattern, each its kind's count
-            return self.embedding_params() + sum(self.unit_params(u.kind) for u in self.units) + \
-                self.output_params()
+            return self.embedding_params() + sum(self.unit_params(u.kind) for u in self.units
+                                                 if not layers.mtp.shares_weights(self, u)) + self.output_params()
         if self.moe or self.mla or self.mtp_num_layers:
             from .moe_params import counts
             return counts(self).total

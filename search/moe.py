@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from .errors import AcesoError
+from .moe_plan import drop_defaults
 
 MAX_EXPERTS = 1 << 14
 MAX_MTP = 64
@@ -63,11 +64,21 @@ class MoESpec(BaseModel):
         False, description="Benchmark only: the router ignores its scores and spreads tokens evenly over the "
         "experts (Megatron-LM --moe-router-force-load-balancing, as NVIDIA's published throughput runs); a model "
         "trained so learns nothing useful. False (default): learned routing, priced at moe_imbalance_factor.")
+    moe_latent_size: int | None = Field(
+        None, gt=0, le=1 << 20, description="LatentMoE (megatron-core 0.19 moe_latent_size, Nemotron-3 Super / "
+        "Ultra): fc1_latent_proj maps h to this width before the dispatch, the routed experts run at it "
+        "(latent -> moe_ffn_hidden_size -> latent) and fc2_latent_proj maps back after the combine; the router and "
+        "the shared expert stay at h. None = experts at h.")
     moe_imbalance_factor: float = Field(
         1.0, ge=1, le=1024, description="Learned routing: the busiest EP rank's routed tokens over the even "
         "share, which the slowest EP rank (and every all-to-all) waits on; the cost model multiplies that rank's "
         "expert GEMMs and dispatch / combine by it (capped by moe_expert_capacity_factor). 1 = as even as forced "
         "balance (docs/moe.md, 'Routing and load balance').")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """Without ``moe_latent_size`` when unset: a model without LatentMoE dumps (and a plan digests) as before."""
+        return drop_defaults(handler(self), {"moe_latent_size": None})
 
     @field_validator("moe_expert_capacity_factor", mode="before")
     @classmethod

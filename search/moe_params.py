@@ -4,9 +4,13 @@ Per decoder layer (``get_gpt_decoder_block_spec`` with local modules): the input
 QKV, or MLA's down/up projections with its q/kv latent norms), the pre-MLP norm and then either the dense MLP
 (``ffn_hidden_size``) or the MoE block: router weight ``num_experts x h`` (+ bias with ``add_bias_linear``; the
 DeepSeek expert bias is a buffer, not a parameter), ``num_experts`` expert MLPs of ``moe_ffn_hidden_size`` and the
-shared expert of ``moe_shared_expert_intermediate_size``. An MTP layer (``MultiTokenPredictionLayer``) adds two
+shared expert of ``moe_shared_expert_intermediate_size``; LatentMoE (``moe_latent_size`` l, megatron-core 0.19
+``MoELayer``): ``fc1_latent_proj`` h -> l and ``fc2_latent_proj`` l -> h (TE linears, duplicated over TP) and
+routed experts of l -> f -> l (``expert_width``). An MTP layer (``MultiTokenPredictionLayer``) adds two
 norms (``enorm``, ``hnorm``), the ``eh_proj`` linear ``2h -> h``, one transformer layer like the last decoder layer
-and its final norm; it shares the embedding and output layer with the main model.
+and its final norm; it shares the embedding and output layer with the main model. With ``mtp_use_repeated_layer``
+(megatron-core 0.19 ``MultiTokenPredictionBlock``) one MTP layer is built and run at every depth: its parameters
+count once.
 
 *Active* parameters are the ones a token runs through (how DeepSeek, Qwen and Mistral quote "activated"): every
 parameter except the ``num_experts - moe_router_topk`` routed experts a token skips in each MoE layer; embedding
@@ -72,6 +76,29 @@ def mlp_params(m, ffn: int) -> int:
     return _linear(m, m.hidden_size, up) + _linear(m, ffn, m.hidden_size)
 
 
+def expert_width(m) -> int:
+    """The width a routed expert reads and writes and the token dispatcher moves: ``moe_latent_size`` (LatentMoE)
+    or h."""
+    return m.moe.moe_latent_size or m.hidden_size
+
+
+def expert_params(m) -> int:
+    """One routed expert: fc1 (w -> f, or 2f gated) and fc2 (f -> w) at ``expert_width`` w."""
+    f, w = m.moe.moe_ffn_hidden_size, expert_width(m)
+    return _linear(m, w, 2 * f if m.gated_mlp else f) + _linear(m, f, w)
+
+
+def latent_proj_params(m) -> int:
+    """LatentMoE's ``fc1_latent_proj`` (h -> l) and ``fc2_latent_proj`` (l -> h) of one MoE layer (0 without)."""
+    l = m.moe.moe_latent_size
+    return _linear(m, m.hidden_size, l) + _linear(m, l, m.hidden_size) if l else 0
+
+
+def mtp_stored_depths(m) -> int:
+    """MTP layers whose weights exist: one with ``mtp_use_repeated_layer``, else one per depth."""
+    return min(m.mtp_num_layers or 0, 1) if m.mtp_use_repeated_layer else (m.mtp_num_layers or 0)
+
+
 def router_params(m) -> int:
     return m.moe.num_experts * m.hidden_size + (m.moe.num_experts if m.add_bias_linear else 0)
 
@@ -87,8 +114,8 @@ def layer_mlp_params(m, layer: int) -> tuple[int, int]:
     if m.moe is None or not m.moe.is_moe_layer(layer):
         n = mlp_params(m, m.ffn_hidden_size) + norm
         return n, n
-    e = mlp_params(m, m.moe.moe_ffn_hidden_size)
-    common = router_params(m) + shared_expert_params(m) + norm
+    e = expert_params(m)
+    common = router_params(m) + shared_expert_params(m) + latent_proj_params(m) + norm
     return common + m.moe.num_experts * e, common + m.moe.moe_router_topk * e
 
 
@@ -116,17 +143,17 @@ def counts(m) -> MoECounts:
     mtp = 0
     if m.mtp_num_layers:
         tot, act = mtp_layer_params(m)
-        mtp = m.mtp_num_layers * tot
-        total, active = total + mtp, active + m.mtp_num_layers * act
+        mtp = mtp_stored_depths(m) * tot
+        total, active = total + mtp, active + mtp_stored_depths(m) * act
     if m.moe is None:
         return MoECounts(total, active, mtp, 0, 0, 0)
-    return MoECounts(total, active, mtp, m.moe.num_experts * mlp_params(m, m.moe.moe_ffn_hidden_size),
+    return MoECounts(total, active, mtp, m.moe.num_experts * expert_params(m),
                      router_params(m), shared_expert_params(m))
 
 
 def moe_unit_params(m) -> int:
     """All parameters of one ``moe`` unit (an MoE layer's MLP half): pre-MLP norm, router, routed and shared
-    experts."""
-    return (router_params(m) + shared_expert_params(m) + _norm(m, m.hidden_size)
-            + m.moe.num_experts * mlp_params(m, m.moe.moe_ffn_hidden_size))
+    experts, LatentMoE's projections."""
+    return (router_params(m) + shared_expert_params(m) + latent_proj_params(m) + _norm(m, m.hidden_size)
+            + m.moe.num_experts * expert_params(m))
 

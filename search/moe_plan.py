@@ -31,9 +31,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 Dispatcher = Literal["alltoall", "allgather", "flex"]
+
+
+def drop_defaults(out, defaults: dict):
+    """A model's dump without the fields at their ``defaults`` (fields added later: older dumps and plan digests stay
+    as they were)."""
+    if isinstance(out, dict):
+        for name, value in defaults.items():
+            if name in out and out[name] is value:
+                del out[name]
+    return out
+
 FlexBackend = Literal["deepep", "hybridep"]
 
 
@@ -69,6 +80,15 @@ class MoEPlanSettings(BaseModel):
     paged_stash: bool = Field(False, description="megatron-core 0.19: the routed experts' activations in a paged "
                               "buffer sized by the average tokens, not the capacity (moe_paged_stash); needs "
                               "rank_capacity_factor.")
+    fused_weighted_squared_relu: bool = Field(
+        False, description="Squared-ReLU experts: the probs-weighted activation in one fused function "
+        "(use_fused_weighted_squared_relu; Megatron-Bridge's Nemotron-3 recipes): it keeps its input and the probs, "
+        "not the activation output the unfused multiply saves.")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """Without ``fused_weighted_squared_relu`` when off: plans without it dump (and digest) as before."""
+        return drop_defaults(handler(self), {"fused_weighted_squared_relu": False})
 
 
 def dispatcher_settings(model, dispatcher: str, base: MoEPlanSettings | None = None) -> MoEPlanSettings:

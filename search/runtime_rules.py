@@ -42,6 +42,22 @@ def unbuilt_layers(model, low) -> str | None:
             "megatron-lm")
 
 
+def latent_moe(model, low) -> str | None:
+    if model.moe is None or not model.moe.moe_latent_size:
+        return None
+    return (f"moe.moe_latent_size ({model.moe.moe_latent_size}): the aceso runtime does not build LatentMoE's latent "
+            "projections (megatron-core 0.19 builds them as transformer-engine linears only: MoELayer asserts "
+            "HAVE_TE); search with --target megatron-lm and export the plan (--moe-latent-size)")
+
+
+def shared_mtp_layer(model, low) -> str | None:
+    if not model.mtp_use_repeated_layer:
+        return None
+    return ("mtp_use_repeated_layer: the aceso runtime builds one MTP layer per depth (megatron-core 0.16.1 has no "
+            "shared MTP layer; 0.19's is not built by the runtime yet); set it false, or search with --target "
+            "megatron-lm and export the plan (--mtp-use-repeated-layer, Megatron-LM core_v0.17 on)")
+
+
 def moe_biases(model, low) -> str | None:
     if model.moe is None or not model.add_bias_linear:
         return None

@@ -13,7 +13,8 @@ token dispatcher, and the fast paths ``fast_fields`` picks from the environment 
 | ``shared_expert_overlap`` | off (CUDA streams) | as the plan says (alltoall only) |
 | ``router_fusion`` | off | TE's fused router kernels (TE importable) |
 
-The router dtype (``moe_router_dtype``) and the flex backend are the plan's everywhere; the model's routing
+The router dtype (``moe_router_dtype``), the flex backend and squared ReLU's fused weighted activation
+(``use_fused_weighted_squared_relu``, torch code: CPU too) are the plan's everywhere; the model's routing
 (capacity factor, padding to capacity, forced balance) comes with the architecture (``builders.moe_kwargs``).
 
 The process groups (EP, ETP, expert-DP, expert TP x EP) are the stage's own (``parallel.layout``); expert
@@ -51,7 +52,8 @@ def stage_fields(plan, stage: int, cuda: bool, te: bool) -> dict:
     st, s = plan.stages[stage], settings(plan)
     return {"expert_model_parallel_size": st.ep, "expert_tensor_parallel_size": expert_tp(st),
             "moe_token_dispatcher_type": s.token_dispatcher, "moe_flex_dispatcher_backend": s.flex_backend,
-            "moe_router_dtype": s.router_dtype, **fast_fields(cuda, te, s)}
+            "moe_router_dtype": s.router_dtype, **fast_fields(cuda, te, s),
+            **({"use_fused_weighted_squared_relu": True} if s.fused_weighted_squared_relu else {})}
 
 
 def is_expert(canonical: str) -> bool:

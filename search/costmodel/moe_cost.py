@@ -58,6 +58,13 @@ dropped): the busiest EP rank's share over the even one, which the slowest rank 
                               schedules the pair of layers (``ep_overlap.py``; ``delay_wgrad_compute``: the
                               experts' weight gradients behind the dispatch backward)
 
+LatentMoE (``moe_latent_size`` l, megatron-core 0.19 ``MoELayer``): ``fc1_latent_proj`` (T, l, h) after the router
+and ``fc2_latent_proj`` (T, h, l) after the combine, TE linears duplicated over TP on the layer's T tokens (the
+``latent`` part; quantized under a low-precision recipe as the dense linears); everything between them runs at
+``w = l`` instead of h: permute / unpermute, dispatch / combine (the dispatchers size their buffers by
+``moe_latent_size``: megatron-core 0.19 token_dispatcher.py), the ETP gather, the experts' fc1 (m_e, up, w) and fc2
+(m_e, w, f), the bias add, the kept fc1 inputs and the transient buffers; fc2_latent_proj keeps its input, dt T l.
+
 Recompute: selective = ``recompute_modules`` ["moe_act"] (the experts' activation re-run: its output, the fc2
 input, is not kept); full re-runs the whole unit (its all-to-alls included).
 """
@@ -67,7 +74,7 @@ from __future__ import annotations
 from .. import precision as lowp
 from ..errors import AcesoError
 from ..layers.kind import UnitCost
-from ..moe_params import _norm, mlp_params, router_params, shared_expert_params
+from ..moe_params import _norm, expert_params, expert_width, latent_proj_params, router_params, shared_expert_params
 from .memory import _has_hidden_dropout
 from .comm import LINK_EFFICIENCY
 from .kernels import GENERATION
@@ -161,7 +168,8 @@ def expert_extra_bytes(model, m: float, n_local: int, etp: int, dt: float, group
     out = []
     if model.add_bias_linear and grouped:
         fb, bb = bias_fc2_bytes(dt)
-        out.append(((fb * m * model.hidden_size, bb * m * model.hidden_size), (2 * n_local + 2, 6 * n_local + 2),
+        w = expert_width(model)
+        out.append(((fb * m * w, bb * m * w), (2 * n_local + 2, 6 * n_local + 2),
                     False))
     if model.activation == "quick_geglu" and model.activation_func_clamp_value is not None:
         f = model.moe.moe_ffn_hidden_size / etp
@@ -208,7 +216,7 @@ def _experts(src, m_e: float, n_local: int, etp: int, grouped: bool, backward: b
     k = src.kern_lp if lp else src.kern
     f = m.moe.moe_ffn_hidden_size
     up = 2 * f if m.gated_mlp else f       # SwiGLU and GPT-OSS's quick-GEGLU: fc1 is the gate and linear halves
-    h = m.hidden_size
+    h = expert_width(m)
     shapes = ((m_e, up / etp, h), (m_e, h, f / etp))
     k0 = value("GROUPED_K0_LP", src.settings.release) if lp and k is not src.kern else 0.0
     if grouped:
@@ -229,7 +237,7 @@ def _experts(src, m_e: float, n_local: int, etp: int, grouped: bool, backward: b
 def _dispatch(src, T: float, ep: int, etp: int, cfg) -> tuple[float, float]:
     """(dispatch, combine) ms of one direction (forward; the backward moves the same volumes)."""
     m, comm, dt = src.model, src.comm, src.dt
-    e, h = m.moe, m.hidden_size
+    e, h = m.moe, expert_width(m)
     gpn = src.cluster.nvlink_size
     if cfg.token_dispatcher == "allgather":
         n = etp * ep
@@ -261,7 +269,7 @@ def flex_dispatch(src, T: float, ep: int, etp: int, f: float, backend: str = "de
     once per distinct destination node, fanned out over NVLink there (``moe_primitives.flex_all_to_all_ms``).
     Group members per node ``min(etp ep, nvlink_size)`` (ETP innermost, EP strided by etp: ``ep_members``)."""
     m, comm, dt = src.model, src.comm, src.dt
-    e, h = m.moe, m.hidden_size
+    e, h = m.moe, expert_width(m)
     etp = max(etp, 1)
     n = etp * ep
     if n <= 1:
@@ -293,7 +301,7 @@ def flex_buffer_mb(model, moe_settings, ep: int, etp: int, dt: float) -> float:
     n = max(etp, 1) * ep
     if n <= 1:
         return 0.0
-    nvl, rdma = deepep_buffer_bytes(n, int(model.hidden_size * max(dt, 2)))
+    nvl, rdma = deepep_buffer_bytes(n, int(expert_width(model) * max(dt, 2)))
     return (nvl + rdma) / 2 ** 20
 
 
@@ -301,7 +309,7 @@ def moe_parts(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, o
               lp: bool = False) -> dict:
     """The moe unit's time by stage, each a (forward, backward) ms pair of one micro-batch (``moe_unit`` sums
     them; ``bench/moe_published.py --breakdown`` prints them): ``router`` (router GEMM, norm, bias-dropout-add,
-    score / top-k, permute / unpermute), ``experts`` (the grouped GEMMs and the activation), ``a2a`` (exposed
+    score / top-k, permute / unpermute), ``latent`` (LatentMoE's two projections), ``experts`` (the grouped GEMMs and the activation), ``a2a`` (exposed
     dispatch / combine), ``shared`` (the shared expert's compute), ``tp`` (its exposed TP collectives); with
     ``hidden`` = the all-to-all hidden behind compute and ``tpc`` the shared expert's ``tpcomm`` result (None
     without one). The host-bound wait (``host_layers``) is added per layer to the unit table."""
@@ -314,7 +322,7 @@ def moe_parts(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, o
     E, topk = e.num_experts, e.moe_router_topk
     if E % ep:
         raise AcesoError(f"ep ({ep}) must divide num_experts ({E}); use an ep that divides it")
-    f, fi = e.moe_ffn_hidden_size, imbalance(m)
+    f, fi, w = e.moe_ffn_hidden_size, imbalance(m), expert_width(m)
     T = b * s / t
     n_local = E // ep
     m_e = tokens_per_expert(m, b, s, t, ep, etp) * fi
@@ -327,10 +335,10 @@ def moe_parts(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, o
     # score / top-k: read the logits, write and re-read the fp32 scores, write the probs and the map;
     # moe_router_fusion (TE's fused router kernels): the scores are not written and re-read
     score = T * E * (logit_dt + (1 if cfg.router_fusion else 3) * PROBS + 1) + cast
-    perm = (dt * T * h + T * topk * (dt * h + PROBS)) * (1 if cfg.permute_fusion else 2)
+    perm = (dt * T * w + T * topk * (dt * w + PROBS)) * (1 if cfg.permute_fusion else 2)
     launches = 2 + (2 if cfg.permute_fusion else 6)
     if cfg.token_dispatcher == "allgather":
-        perm += dt * T * etp * ep * h * (1 if cfg.permute_fusion else 2)     # the local mask reads all gathered
+        perm += dt * T * etp * ep * w * (1 if cfg.permute_fusion else 2)     # the local mask reads all gathered
     act_b = (3 if m.gated_mlp else 2) * dt * m_e * n_local * f / etp
     ex_extra = expert_extra_bytes(m, m_e * n_local, n_local, etp, dt, cfg.grouped_gemm)
     router_f = gate_k.gemm([(T, E, h)]) + k.memory(ew + score + perm, launches)
@@ -341,7 +349,8 @@ def moe_parts(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, o
         ex_f += k.memory(nbytes[0], launches[0])
         ex_b += k.memory(nbytes[1], launches[1])
     act_rec = k.memory(act_b) + sum(k.memory(nb[0], ln[0]) for nb, ln, rec in ex_extra if rec)
-    other_f, other_b = router_f + ex_f, router_b + ex_b
+    lat = ((T, e.moe_latent_size, h), (T, h, e.moe_latent_size)) if e.moe_latent_size else ()
+    lat_f, lat_b = src._linears(list(lat), lp) if lat else (0.0, 0.0)
     # the shared expert: a dense MLP half over the attention TP group
     sh_f = sh_b = 0.0
     tpc = None
@@ -361,7 +370,7 @@ def moe_parts(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, o
     # the EP overlap (overlap_ep_comm) needs the layer's attention unit too: ep_overlap.py, on the unit table
     tp_p = (tpc.fwd, tpc.bwd) if tpc else (0.0, 0.0)
     wgrad = _experts_wgrad(src, m_e, n_local, etp, lp) + (k.gemm_parts(*col)[2] + k.gemm_parts(*row)[2] if fs else 0.0)
-    return {"router": (router_f, router_b), "experts": (ex_f, ex_b), "a2a": (a2a_f - hid_f, a2a_b - hid_b),
+    return {"router": (router_f, router_b), "latent": (lat_f, lat_b), "experts": (ex_f, ex_b), "a2a": (a2a_f - hid_f, a2a_b - hid_b),
             "shared": (sh_f, sh_b), "tp": tp_p, "hidden": (hid_f, hid_b), "tpc": tpc,
             "act_f": act_rec, "split": (d, c), "wgrad": wgrad}
 
@@ -373,12 +382,12 @@ def _experts_wgrad(src, m_e: float, n_local: int, etp: int, lp: bool) -> float:
     kern = src.kern_lp if lp else src.kern
     f = m.moe.moe_ffn_hidden_size
     up = 2 * f if m.gated_mlp else f
-    h = m.hidden_size
+    h = expert_width(m)
     k0 = value("GROUPED_K0_LP", src.settings.release) if lp and kern is not src.kern else 0.0
     return sum(grouped_gemm_ms(kern, n_local, k, n, m_e, k0) for n, k in ((up / etp, h), (h, f / etp)))
 
 
-TIME_PARTS = ("router", "experts", "a2a", "shared", "tp")
+TIME_PARTS = ("router", "latent", "experts", "a2a", "shared", "tp")
 
 
 def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, overlap: bool = False,
@@ -408,7 +417,8 @@ def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg,
     probs are applied inside the experts' activation, ``TEGroupedMLP.bias_act_func`` / ``weighted_bias_swiglu_impl``
     and ``weighted_bias_quick_geglu_impl``, which save their input and the probs), its output = the fc2 input
     (dt m f / etp; unfused, the probs multiply saves its other operand: gelu, which has no fused weighted kernel,
-    its activation output, dt m f / etp; gated on the cpu "GPU" the gate's activation output, the (x_linear +
+    its activation output, dt m f / etp, unless ``fused_weighted_squared_relu`` with grouped GEMM on a GPU:
+    ``TEGroupedMLP``'s fused squared ReLU saves its input and the probs only; gated on the cpu "GPU" the gate's activation output, the (x_linear +
     offset) copy the gate multiply keeps and the gated product, 3 dt m f / etp: tests/runtime/test_moe_act_memory.py
     measures megatron-core's layer), and the shared
     expert's activation input and fc2 input (dt b s (up_s + f_s) / t; its fc1 input is the norm output, in SP
@@ -420,7 +430,7 @@ def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg,
     (``precision.act_saving_bytes``), as the dense linears' inputs are.
     """
     m, dt = src.model, src.dt
-    e, h = m.moe, m.hidden_size
+    e, h, w = m.moe, m.hidden_size, expert_width(m)
     etp = etp or t
     T = b * s / t
     topk, f = e.moe_router_topk, e.moe_ffn_hidden_size
@@ -433,25 +443,30 @@ def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg,
     # the unfused activation (gelu always: TEGroupedMLP fuses only the gated ones) keeps what its probs multiply
     # saves, the activation output; gated also the gate's activation output and the (x_linear + offset) copy
     extra = fc2_in if not m.gated_mlp else (3 * fc2_in if not fused else 0.0)
-    experts = dt * tok * h + dt * tok * up / etp + PROBS * tok + fc2_in + extra
+    if m.activation == "squared_relu" and cfg.fused_weighted_squared_relu and cfg.grouped_gemm and \
+            src.cluster.gpu.name != "cpu":
+        extra = 0.0         # TEGroupedMLP's weighted_squared_relu_impl saves its input and the probs only
+    experts = dt * tok * w + dt * tok * up / etp + PROBS * tok + fc2_in + extra
+    latent = dt * T * e.moe_latent_size if e.moe_latent_size else 0.0     # fc2_latent_proj's input
     fs = e.moe_shared_expert_intermediate_size or 0
     ups = 2 * fs if m.gated_mlp else fs
     shared = dt * s * b * (ups + fs) / t
-    none = base + experts + shared
-    transient = dt * T * topk * h * (2 if etp > 1 else 1)
+    none = base + experts + shared + latent
+    transient = dt * T * topk * w * (2 if etp > 1 else 1)
     sel = none - fc2_in - extra
     if lp:
-        none -= lowp.act_saving_bytes(src.lp, tok * h + tok * f / etp, dt)
-        sel -= lowp.act_saving_bytes(src.lp, tok * h, dt)
+        none -= lowp.act_saving_bytes(src.lp, tok * w + tok * f / etp, dt)
+        sel -= lowp.act_saving_bytes(src.lp, tok * w, dt)
     return none, sel, dt * T * h, transient
 
 
 def moe_params_per_rank(model, t: int, ep: int, etp: int) -> tuple[float, float]:
     """(all, expert) parameters of one moe unit on one rank: the norm and router whole (replicated over TP, their
     gradients reduced like the norms'), the shared expert split over the TP group, and E / ep routed experts each
-    split over etp."""
+    split over etp; LatentMoE's projections whole (TE ``parallel_mode="duplicated"``)."""
     etp = etp or t
     e = model.moe
-    expert = e.num_experts // ep * mlp_params(model, e.moe_ffn_hidden_size) / etp
-    dense = _norm(model, model.hidden_size) + router_params(model) + shared_expert_params(model) / t
+    expert = e.num_experts // ep * expert_params(model) / etp
+    dense = (_norm(model, model.hidden_size) + router_params(model) + latent_proj_params(model)
+             + shared_expert_params(model) / t)
     return dense + expert, expert

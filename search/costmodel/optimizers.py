@@ -86,8 +86,10 @@ def muon_matrices(model, kind: str, tp: int, ep: int = 1, etp: int = 0) -> list[
         return [(up * f / t, h, 1), (h, f / t, 1)]
     if kind == "moe":
         e = model.moe
-        f, n_local = e.moe_ffn_hidden_size, e.num_experts / ep
-        out = [(e.num_experts, h, 1), (up * f / etp, h, n_local), (h, f / etp, n_local)]
+        f, n_local, w = e.moe_ffn_hidden_size, e.num_experts / ep, e.moe_latent_size or h
+        out = [(e.num_experts, h, 1), (up * f / etp, w, n_local), (w, f / etp, n_local)]
+        if e.moe_latent_size:          # LatentMoE's fc1 / fc2 latent projections, whole on every rank
+            out += [(w, h, 1), (h, w, 1)]
         fs = e.moe_shared_expert_intermediate_size
         if fs:
             out += [(up * fs / t, h, 1), (h, fs / t, 1)]

@@ -63,8 +63,8 @@ def offload_input_bytes(model, kind: str, module: str, b: float, s: float, t: in
     """Bytes of the input one offloaded module saves for backward, per unit and micro-batch (megatron-core's
     ``offload_modules``): attn_norm / mlp_norm: the residual stream (``dt s b h / r``); qkv_linear: the norm output
     (the same); core_attn: Q, K and V (``dt s b (q + 2 kv) / t``); attn_proj: the core's output (``dt s b q / t``);
-    expert_fc1: the dispatched tokens (``dt m h``); moe_act: the fc1 output (``dt m up / etp``), ``m`` the tokens at
-    the rank's experts."""
+    expert_fc1: the dispatched tokens (``dt m h``; LatentMoE: ``dt m l``); moe_act: the fc1 output (``dt m up /
+    etp``), ``m`` the tokens at the rank's experts."""
     r = t if sp else 1
     h = model.hidden_size
     if kind == "attention":
@@ -78,7 +78,7 @@ def offload_input_bytes(model, kind: str, module: str, b: float, s: float, t: in
         etp = etp or t
         m = etp * (b * s / t) * e.moe_router_topk
         up = (2 if model.gated_mlp else 1) * e.moe_ffn_hidden_size
-        return dt * m * (h if module == "expert_fc1" else up / etp)
+        return dt * m * ((e.moe_latent_size or h) if module == "expert_fc1" else up / etp)
     return 0.0
 
 

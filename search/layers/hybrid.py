@@ -237,7 +237,7 @@ def load(name: str, folder: Path = DATA) -> HybridArch:
 
 
 _MOE_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
-               "moe_router_score_function", "moe_router_enable_expert_bias", "moe_aux_loss_coeff",
+               "moe_latent_size", "moe_router_score_function", "moe_router_enable_expert_bias", "moe_aux_loss_coeff",
                "moe_router_num_groups", "moe_router_group_topk")
 PRESET_NOTE = ("made from model_specs/hybrid/{name}.json (each field's source there) by "
                "search.layers.hybrid.model_spec_data")
@@ -247,14 +247,7 @@ def model_spec_data(a: HybridArch) -> dict:
     """``a`` as a ``ModelSpec`` mapping (a preset, ``model_specs/presets/{name}.json``): the pattern with its MTP
     depths, the Mamba-2 block and the MoE fields ``MoESpec`` holds; what the spec leaves out and why: the router's
     top-k scaling factor, fp32 dtype and seq_aux_loss type (no effect on the cost model: the load-balancing
-    loss is priced as aux_loss from its coefficient); the 26.x containers' values are in the arch record. LatentMoE
-    (``moe_latent_size``) is not modelled yet: ValueError, one line."""
-    if a.moe is not None and a.moe.moe_latent_size is not None:
-        raise ValueError(f"{a.name}: moe_latent_size ({a.moe.moe_latent_size}): LatentMoE experts are not modelled "
-                         "by ModelSpec yet")
-    if a.mtp_num_layers and a.mtp_use_repeated_layer and a.mtp_num_layers > 1:
-        raise ValueError(f"{a.name}: mtp_use_repeated_layer (one MTP block shared by {a.mtp_num_layers} depths) is "
-                         "not modelled by ModelSpec yet")
+    loss is priced as aux_loss from its coefficient); the 26.x containers' values are in the arch record."""
     out = {"name": a.name, "family": "gpt", "num_layers": a.num_layers, "hidden_size": a.hidden_size,
            "num_attention_heads": a.num_attention_heads, "num_query_groups": a.num_query_groups,
            "kv_channels": a.kv_channels, "ffn_hidden_size": a.ffn_hidden_size, "seq_length": a.seq_length,
@@ -271,6 +264,8 @@ def model_spec_data(a: HybridArch) -> dict:
         out["moe"] = {k: getattr(a.moe, k) for k in _MOE_FIELDS if getattr(a.moe, k) is not None}
     if a.mtp_num_layers:
         out["mtp_num_layers"] = a.mtp_num_layers
+        if a.mtp_use_repeated_layer:
+            out["mtp_use_repeated_layer"] = True
     out["hybrid_layer_pattern"] = a.full_pattern
     out["mamba"] = a.mamba.model_dump()
     return out
@@ -289,7 +284,8 @@ def _proxy(a: HybridArch):
     if a.moe is not None:
         moe = {"num_experts": a.moe.num_experts, "moe_router_topk": a.moe.moe_router_topk,
                "moe_ffn_hidden_size": a.moe.moe_ffn_hidden_size,
-               "moe_shared_expert_intermediate_size": a.moe.moe_shared_expert_intermediate_size}
+               "moe_shared_expert_intermediate_size": a.moe.moe_shared_expert_intermediate_size,
+               "moe_latent_size": a.moe.moe_latent_size}
     return ModelSpec(name=a.name, family="llama", num_layers=1, hidden_size=a.hidden_size,
                      num_attention_heads=a.num_attention_heads, num_query_groups=a.num_query_groups,
                      kv_channels=a.kv_channels, ffn_hidden_size=a.ffn_hidden_size, seq_length=a.seq_length,
@@ -299,22 +295,6 @@ def _proxy(a: HybridArch):
                      position_embedding="learned" if a.position_embedding_type == "learned_absolute" else "rope",
                      tied_embeddings=not a.untie_embeddings_and_output_weights, add_bias_linear=a.add_bias_linear,
                      moe=moe)
-
-
-def _moe_layer(a: HybridArch, m) -> tuple[int, int]:
-    """(total, active) of one MoE layer, its pre-norm included."""
-    from .. import moe_params
-
-    e = a.moe
-    if e.moe_latent_size is None:
-        expert = moe_params.mlp_params(m, e.moe_ffn_hidden_size)
-        latent = 0
-    else:
-        width, up = e.moe_latent_size, e.moe_ffn_hidden_size * (2 if m.gated_mlp else 1)
-        expert = width * up + e.moe_ffn_hidden_size * width + ((up + width) if a.add_bias_linear else 0)
-        latent = 2 * a.hidden_size * width + ((width + a.hidden_size) if a.add_bias_linear else 0)
-    common = moe_params.router_params(m) + moe_params.shared_expert_params(m) + latent + m._norm_params()
-    return common + e.num_experts * expert, common + e.moe_router_topk * expert
 
 
 class HybridCounts(NamedTuple):
@@ -338,7 +318,8 @@ def _layer(a: HybridArch, m, symbol: str) -> tuple[int, int]:
         n = m.unit_params("mlp")
         return n, n
     if kind == "moe":
-        return _moe_layer(a, m)
+        from ..moe_params import layer_mlp_params
+        return layer_mlp_params(m, 0)
     raise ValueError(f"hybrid counts: layer kind {kind} ('{symbol}') is not counted yet")
 
 

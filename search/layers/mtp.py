@@ -2,7 +2,11 @@
 ``hnorm``, ``eh_proj`` (2h -> h), one decoder layer like the model's last, its final norm, output layer and loss.
 A whole-layer unit after the decoder's last layer, one per ``mtp_num_layers``; in a hybrid pattern each depth is
 ``/`` and its inner layer's symbols. Counts: ``search.moe_params.mtp_layer_params``; FLOPs:
-``search.moe_flops.mtp_flops``; time and bytes: ``costmodel.mla_mtp.mtp_unit`` from its inner layer's rows."""
+``search.moe_flops.mtp_flops``; time and bytes: ``costmodel.mla_mtp.mtp_unit`` from its inner layer's rows.
+
+``mtp_use_repeated_layer`` (megatron-core 0.19 ``MultiTokenPredictionBlock``: one layer built, run at every depth):
+the depths after the first are their own row (``shares_weights``) with the same time and activations and no
+parameters of their own, so weights, gradients and optimizer state count once and compute per depth."""
 
 from __future__ import annotations
 
@@ -11,12 +15,19 @@ from ..moe_params import mtp_layer_params
 from .kind import LayerKind, Row, mtp_inner_kinds, register
 
 
+def shares_weights(m, u) -> bool:
+    """Whether unit ``u`` is an MTP depth after the first of a model whose depths share one layer's weights."""
+    return u.kind == "mtp" and bool(m.mtp_use_repeated_layer) and u.layer > m.decoder_layers
+
+
 def price_mtp(src, u, a) -> Row:
     from ..costmodel.mla_mtp import mtp_unit
     m = src.model
     att, ffn = (a.row(type(u)("decoder", m.num_layers - 1, k)) for k in mtp_inner_kinds(m))
     cost, act, params, experts = mtp_unit(src, a.b, a.s, a.t, a.sp, att.cost, att.act, ffn.cost,
                                           (*ffn.act, ffn.transient), att.params, (ffn.params, ffn.expert_params))
+    if shares_weights(m, u):
+        params = experts = 0.0
     return Row(cost, act[:3], params, experts, transient=act[3])
 
 
@@ -24,4 +35,5 @@ MTP = register(LayerKind(
     name="mtp", symbol=None, role="layer", label="MTP", params=lambda m: mtp_layer_params(m)[0],
     flops=lambda m, s, keys=None: mtp_flops(m, s), price=price_mtp, repeat=lambda m: m.mtp_num_layers or 0,
     recompute=("none", "full"),           # its inner layer whole
+    row_variant=shares_weights,
     hybrid_slot="mtp_block_spec"))

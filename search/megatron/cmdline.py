@@ -55,7 +55,8 @@ FLAGS: dict[str, str] = {
                         "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                         "--moe-shared-expert-intermediate-size", "--moe-router-num-groups", "--moe-router-group-topk",
                         "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
-                        "--mtp-num-layers", "--expert-model-parallel-size", "--expert-tensor-parallel-size")},
+                        "--mtp-num-layers", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+                        "--moe-latent-size")},
     **{f: FLOAT for f in ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
                           "--moe-expert-rank-capacity-factor")},
     **{f: STR for f in ("--position-embedding-type", "--normalization", "--tokenizer-type", "--transformer-impl",
@@ -78,7 +79,8 @@ FLAGS: dict[str, str] = {
                          "--moe-grouped-gemm", "--moe-permute-fusion",
                          "--moe-shared-expert-overlap", "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep",
                          "--moe-router-pre-softmax", "--delay-wgrad-compute", "--moe-router-fusion",
-                         "--moe-paged-stash",    # MoE ones read by moe_flags.py
+                         "--moe-paged-stash", "--mtp-use-repeated-layer", "--use-fused-weighted-squared-relu",
+                         # (MoE ones read by moe_flags.py)
                          # the DP synchronization (search/data_parallel.py)
                          "--no-align-grad-reduce", "--no-align-param-gather", "--use-tp-pp-dp-mapping", "--use-sharp")},
     **STACK_FLAG_KINDS,         # --cuda-graph-impl, --optimizer, --offload-modules, ... (stack_flags.py)

@@ -113,9 +113,13 @@ def unit_pattern(model: ModelSpec, start: int, end: int) -> str:
 
 
 def mtp_pattern(model: ModelSpec) -> str | None:
-    """One MTP depth's pattern: the GPT MTP layer is a transformer layer of the last decoder layer's kind."""
+    """One MTP depth's pattern: the GPT MTP layer is a transformer layer of the last decoder layer's kind; a hybrid
+    model's is its pattern's."""
     if not model.mtp_num_layers:
         return None
+    if model.hybrid_layer_pattern:      # a hybrid model names its MTP depth's layers ('/*E': Nemotron-3 Super)
+        from ..layers.hybrid import mtp_layer
+        return mtp_layer(model)
     starts = layer_bounds(model)
     return unit_pattern(model, starts[-2], starts[-1])
 
@@ -461,7 +465,10 @@ def _read_hybrid_model(argv: list[str], f, pattern: str) -> ReadPattern:
                           "--pipeline-model-parallel-size", "--squared-relu", "--position-embedding-type"))
     out += ["--num-layers", str(len(p.layers)), "--pipeline-model-parallel-size", "1"]
     out += ["--mtp-num-layers", str(p.mtp_depths)] if p.mtp_depths else []
-    out += ["--position-embedding-type", pos] if pos != "none" else []
+    if pos != "none":
+        out += ["--position-embedding-type", pos]
+    elif p.mtp_depths:      # the GPT twin's MTP needs rope or none: rope here, 'none' is the model field below
+        out += ["--position-embedding-type", "rope"]
     try:
         mamba = mamba_of(f)
     except ValueError as e:

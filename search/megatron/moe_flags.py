@@ -34,7 +34,8 @@ MOE_FLAGS = (("num_experts", "--num-experts"), ("moe_router_topk", "--moe-router
              ("moe_shared_expert_intermediate_size", "--moe-shared-expert-intermediate-size"),
              ("moe_router_score_function", "--moe-router-score-function"),
              ("moe_router_num_groups", "--moe-router-num-groups"), ("moe_router_group_topk", "--moe-router-group-topk"),
-             ("moe_expert_capacity_factor", "--moe-expert-capacity-factor"))
+             ("moe_expert_capacity_factor", "--moe-expert-capacity-factor"),
+             ("moe_latent_size", "--moe-latent-size"))      # LatentMoE (Nemotron-3 Super, Ultra)
 MOE_BOOLS = (("moe_router_enable_expert_bias", "--moe-router-enable-expert-bias"),
              ("moe_pad_expert_input_to_capacity", "--moe-pad-expert-input-to-capacity"),
              ("moe_router_force_load_balancing", "--moe-router-force-load-balancing"))
@@ -43,14 +44,16 @@ MLA_FLAGS = (("q_lora_rank", "--q-lora-rank", None), ("kv_lora_rank", "--kv-lora
              ("v_head_dim", "--v-head-dim", 128))
 # MoEPlanSettings bool field <-> Megatron-LM flag <-> Bridge model field (all off by default in Megatron-LM)
 # Bridge fields of megatron-core 0.19 (not in Megatron-Bridge v0.3.1's TransformerConfig): written only where set
-NEWER_FIELDS = frozenset({"moe_paged_stash"})
+NEWER_FIELDS = frozenset({"moe_paged_stash", "use_fused_weighted_squared_relu"})   # (the second: only where set)
 SETTING_FLAGS = (("grouped_gemm", "--moe-grouped-gemm", "moe_grouped_gemm"),
                  ("permute_fusion", "--moe-permute-fusion", "moe_permute_fusion"),
                  ("shared_expert_overlap", "--moe-shared-expert-overlap", "moe_shared_expert_overlap"),
                  ("overlap_ep_comm", "--overlap-moe-expert-parallel-comm", "overlap_moe_expert_parallel_comm"),
                  ("delay_wgrad", "--delay-wgrad-compute", "delay_wgrad_compute"),
                  ("router_fusion", "--moe-router-fusion", "moe_router_fusion"),
-                 ("paged_stash", "--moe-paged-stash", "moe_paged_stash"))     # the last: megatron-core 0.19
+                 ("paged_stash", "--moe-paged-stash", "moe_paged_stash"),     # megatron-core 0.19
+                 ("fused_weighted_squared_relu", "--use-fused-weighted-squared-relu",
+                  "use_fused_weighted_squared_relu"))
 # MoEPlanSettings value field <-> Megatron-LM flag <-> Bridge model field (the capacity: megatron-core 0.19)
 VALUE_FLAGS = (("router_dtype", "--moe-router-dtype", "moe_router_dtype"),
                ("rank_capacity_factor", "--moe-expert-rank-capacity-factor", "moe_expert_rank_capacity_factor"))
@@ -161,6 +164,10 @@ def moe_model_fields(f, num_layers: int, ffn: int, pos: str, notes: list[str]) -
     mtp = f.get("--mtp-num-layers")
     if mtp:
         out["mtp_num_layers"] = mtp
+        if f.has("--mtp-use-repeated-layer"):
+            out["mtp_use_repeated_layer"] = True
+    elif f.has("--mtp-use-repeated-layer"):
+        notes.append("--mtp-use-repeated-layer without --mtp-num-layers: Megatron-LM builds no MTP layer")
     if f.has("--qk-layernorm"):
         out["megatron"] = {"qk_layernorm": True}
     return out
@@ -249,6 +256,7 @@ def moe_args(m) -> list[str]:
                 out += [flag, str(v)]
     if m.mtp_num_layers:
         out += ["--mtp-num-layers", str(m.mtp_num_layers)]
+        out += ["--mtp-use-repeated-layer"] if m.mtp_use_repeated_layer else []     # Megatron-LM 0.17 on
     return out
 
 
@@ -290,11 +298,14 @@ def moe_bridge_fields(c) -> dict[str, object]:
         return {}                                   # a dense model: as before (the recipe is a dense one)
     out: dict[str, object] = {"qk_layernorm": bool((m.megatron or {}).get("qk_layernorm")),
                               "mtp_num_layers": m.mtp_num_layers, "multi_latent_attention": m.mla is not None}
+    if m.mtp_use_repeated_layer:                    # a megatron-core 0.19 field: only where set
+        out["mtp_use_repeated_layer"] = True
     if m.moe is None:
         return {**out, "num_moe_experts": None, **(_mla(m) if m.mla is not None else {})}
     moe, s = m.moe, c.settings.moe or MoEPlanSettings()
     out["num_moe_experts"] = moe.num_experts
-    out.update({name: getattr(moe, name) for name, _ in MOE_FLAGS[1:] + MOE_BOOLS})
+    out.update({name: getattr(moe, name) for name, _ in MOE_FLAGS[1:] + MOE_BOOLS
+                if name != "moe_latent_size" or moe.moe_latent_size})      # LatentMoE only where set
     out["moe_layer_freq"] = moe.moe_layer_freq if isinstance(moe.moe_layer_freq, int) and not \
         moe.first_k_dense_layers else freq_list(moe, m.num_layers)
     out["moe_router_load_balancing_type"] = "aux_loss" if moe.moe_aux_loss_coeff else "none"

@@ -122,6 +122,10 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "--v-head-dim", "model.multi_latent_attention, model.(the same names)", "recipe: deepseek_v3_pretrain_config"),
     ("model.mtp_num_layers", "--mtp-num-layers (a layout: m before L)", "model.mtp_num_layers",
      "the MTP block in the last model chunk"),
+    ("model.mtp_use_repeated_layer", "--mtp-use-repeated-layer (core_v0.17 on; core_v0.16.1: refused)",
+     "model.mtp_use_repeated_layer (where set)", "one MTP layer run at every depth"),
+    ("model.moe.moe_latent_size", "--moe-latent-size", "model.moe_latent_size (where set)",
+     "LatentMoE (Nemotron-3 Super, Ultra)"),
     ("model.megatron.qk_layernorm", "--qk-layernorm", "model.qk_layernorm", ""),
     ("stages[].ep, stages[].etp", "--expert-model-parallel-size, --expert-tensor-parallel-size (when set)",
      "model.expert_model_parallel_size, model.expert_tensor_parallel_size", "one expert folding for all stages"),
@@ -136,6 +140,8 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "model.delay_wgrad_compute, moe_router_fusion, moe_router_dtype", "off / the model's dtype by default"),
     ("settings.moe.rank_capacity_factor, paged_stash", "--moe-expert-rank-capacity-factor, --moe-paged-stash",
      "model.moe_expert_rank_capacity_factor, moe_paged_stash", "megatron-core 0.19"),
+    ("settings.moe.fused_weighted_squared_relu", "--use-fused-weighted-squared-relu",
+     "model.use_fused_weighted_squared_relu (where set)", "squared-ReLU experts' fused weighted activation"),
 )
 
 _NORM = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}

@@ -18,7 +18,8 @@ import pytest
 from search.layers.mamba import shape as mamba_shape
 from search.megatron.hybrid_pattern import args_line, hybrid_form, mtp_pattern, unit_pattern
 from search.megatron.versions import release
-from tests.hybrid_plans import CASES
+from search.presets import load_model
+from tests.hybrid_plans import CASES, cut_plan
 from tests.runtime.test_megatron_lm_oracle import _checkout
 
 
@@ -76,3 +77,16 @@ def test_megatron_lm_0_16_has_no_pattern_flag():
     (got,) = _oracle("core_v0.16.1", [args_line(hybrid_form(plan, release("0.17")))], [plan.world_size])
     assert got == {"error": "SystemExit: 2"}            # argparse: unrecognized arguments
     assert not release("0.16").has("--hybrid-layer-pattern")
+
+
+@pytest.mark.parametrize("tag", ["core_v0.17.1", "core_v0.18.2", "core_v0.19.0"])
+def test_latent_moe_and_the_shared_mtp_layer_reach_the_config(tag):
+    """Nemotron-3 Super's LatentMoE and its one MTP layer run at 2 depths (8 of its layers, cut mid-pattern):
+    --moe-latent-size and --mtp-use-repeated-layer as each release's parser and TransformerConfig read them."""
+    rel = release(tag)
+    m = load_model("nemotron-3-super").model_copy(update={"hybrid_layer_pattern": "MEM*EMEM/*E/*E", "num_layers": 8})
+    plan = cut_plan(m, [0, 3, m.num_units], 2, tp=2, sp=True, gbs=16)
+    (g,) = _oracle(tag, [args_line(hybrid_form(plan, rel))], [plan.world_size])
+    assert "error" not in g, g
+    assert g["latent"] == 1024 and g["mtp_repeated"] is True
+    assert g["mtp"] == ["*E", 2, 2] and g["moe"][:2] == [512, 22]

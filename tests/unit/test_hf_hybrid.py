@@ -55,8 +55,33 @@ def test_nemotron_h_8b_config_with_the_list_spelling_is_the_preset(tmp_path):
     assert m == p.model_copy(update={"name": m.name, "nominal_params_b": None})
 
 
+# nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16's config.json fields (model_specs/hybrid/nemotron-3-super.json's
+# sources: the Megatron-LM release test and Megatron-Bridge's NemotronH bridge tests: moe_latent_size 1024,
+# num_nextn_predict_layers 1, mtp_hybrid_override_pattern '*E')
+SUPER = {**NANO, "hidden_size": 4096, "num_hidden_layers": 88,
+         "hybrid_override_pattern": load_model("nemotron-3-super").hybrid_layer_pattern.split("/")[0],
+         "intermediate_size": 2688, "mamba_num_heads": 128, "n_routed_experts": 512, "num_experts_per_tok": 22,
+         "moe_intermediate_size": 2688, "moe_shared_expert_intermediate_size": 5376, "moe_latent_size": 1024,
+         "routed_scaling_factor": 5.0, "num_nextn_predict_layers": 1, "mtp_hybrid_override_pattern": "*E"}
+
+
+def test_super_config_is_the_preset_with_its_one_stored_mtp_block(tmp_path):
+    """The checkpoint's architecture: LatentMoE at 1024 and one MTP block; the preset is the recipe's run of that
+    block at 2 depths (mtp_use_repeated_layer), so both count the same parameters: the checkpoint's 123,611,033,088
+    elements less its 41 x 512 router-bias buffers."""
+    m, p = convert(tmp_path, SUPER), load_model("nemotron-3-super")
+    assert m.moe.moe_latent_size == 1024 and m.mtp_num_layers == 1 and not m.mtp_use_repeated_layer
+    want = p.model_copy(update={"name": m.name, "nominal_params_b": None, "mtp_num_layers": 1,
+                                "mtp_use_repeated_layer": False, "hybrid_layer_pattern": SUPER[
+                                    "hybrid_override_pattern"] + "/*E",
+                                "moe": {**p.moe.model_dump(), "moe_aux_loss_coeff": 0.0,      # (the recipe's)
+                                        "moe_router_num_groups": 1, "moe_router_group_topk": 1}})  # one group
+    assert m == want
+    assert m.num_parameters == p.num_parameters == 123_611_033_088 - 41 * 512
+
+
 @pytest.mark.parametrize("cfg, needle", [
-    ({**NANO, "moe_latent_size": 1024}, "moe_latent_size 1024: LatentMoE experts"),
+    ({**NANO, "moe_latent_size": 0}, "moe_latent_size"),
     ({**NANO, "mlp_hidden_act": "silu"}, 'mlp_hidden_act "silu": megatron-core\'s Nemotron MLP is squared ReLU'),
     ({**NANO, "num_hidden_layers": 50}, "num_hidden_layers 50: the layer pattern has 52 layers"),
     ({**NANO, "hybrid_override_pattern": "MGM*E" * 10}, "hybrid_override_pattern is"),

@@ -92,3 +92,33 @@ def test_the_written_script_imports_as_the_preset_and_the_plan(name, version):
     assert imp.plan.stages == plan.stages and imp.plan.global_batch_size == plan.global_batch_size
     assert imp.ignored == []
     assert args_line(hybrid_form(imp.plan, release(version))) == args_line(form)
+
+
+@pytest.mark.parametrize("name", ["nemotron-3-super", "nemotron-3-ultra"])
+@pytest.mark.parametrize("version", ["0.17", "0.19"])
+def test_latent_moe_and_the_shared_mtp_layer_round_trip(name, version):
+    """--moe-latent-size and (Super) --mtp-use-repeated-layer with the pattern's '/*E' depths are written and read
+    back as the preset (each release's parser reads them in tests/runtime/test_hybrid_pattern_oracle.py)."""
+    m = load_model(name)
+    plan = cut_plan(m, [0, 5, 30, m.num_units], 3, tp=2, sp=True, gbs=12)
+    form = hybrid_form(plan, release(version))
+    f = _flags(args_line(form))
+    assert f["--moe-latent-size"] == [str(m.moe.moe_latent_size)]
+    assert ("--mtp-use-repeated-layer" in f) == m.mtp_use_repeated_layer
+    imp = read_megatron(write_script(plan, form, "p.json"), version=version)
+    assert imp.plan.model == m and imp.plan.stages == plan.stages and imp.ignored == []
+
+
+def test_the_shared_mtp_layer_is_refused_for_a_release_without_it():
+    """core_v0.16.1's parser has no --mtp-use-repeated-layer (0.17 added it): one line naming the flag and the
+    releases that have it."""
+    from search.errors import AcesoError
+    from search.megatron.script import arg_groups
+    m = load_model("deepseek-v3").model_copy(update={"num_layers": 8, "mtp_use_repeated_layer": True,
+                                                     "mtp_num_layers": 2})
+    plan = cut_plan(m, [0, m.num_units], 1, sp=False, gbs=8)
+    with pytest.raises(AcesoError) as e:
+        arg_groups(megatron_config(plan), release("0.16"))
+    msg = str(e.value)
+    assert msg.startswith("--mtp-use-repeated-layer: not a flag of") and "core_v0.17.1" in msg and "\n" not in msg
+    assert arg_groups(megatron_config(plan), release("0.17"))

@@ -1,6 +1,6 @@
 """bench/hybrid_published.py's row reader: a published Nemotron run becomes the plan of the hybrid preset its
 settings describe (checked against the settings the row states, each sourced in bench/data/nemotron3_published.json),
-and a row the presets cannot hold says why."""
+Nemotron-3 Super's LatentMoE and shared-MTP rows included."""
 
 from __future__ import annotations
 
@@ -33,9 +33,20 @@ def test_nano_h100_row_is_the_plan_its_settings_say():
     assert x["status"] == "priced" and x["fits"]
 
 
-def test_latent_moe_rows_say_why():
-    x = hp.price_row(_row("26.04.01/pretrain/nemotron-3-super/gb300x64/mxfp8"))
-    assert x["status"].startswith("not priced: nemotron-3-super: moe_latent_size (1024): LatentMoE")
+def test_super_nvfp4_row_is_the_plan_its_settings_say():
+    """Nemotron-3 Super (LatentMoE, one MTP layer run at 2 depths) at its published gb200 NVFP4 shape: tp 2 with
+    SP, ep 64, its last 14 layers in bf16 (the recipe's first_last_layers_bf16), what the plan cannot hold noted."""
+    row = _row("26.04.01/pretrain/nemotron-3-super/gb200x64/nvfp4")
+    s, p = row["settings"], row["settings"]["precision"]
+    plan, notes = hp.row_plan(row)
+    st, m = plan.stages[0], plan.model
+    assert m.moe.moe_latent_size == 1024 and m.mtp_num_layers == 2 and m.mtp_use_repeated_layer
+    assert (st.tp, st.dp, st.ep, st.sequence_parallel) == (s["tp"], s["dp"], s["ep"], s["sequence_parallel"])
+    assert plan.settings.low_precision.recipe == "nvfp4"
+    assert plan.settings.low_precision.bf16_layers_end == p["num_layers_at_end_in_bf16"] == 14
+    assert any(n.startswith("per-module precision") for n in notes)
+    x = hp.price_row(row)
+    assert x["status"] == "priced" and x["fits"]
 
 
 @pytest.mark.parametrize("prefix", ["26.04.01/pretrain/nemotron-3-nano/gb300x8", "dgxc-v25.05.05/pretrain/nemotron-h-56b/h100x32/"])
