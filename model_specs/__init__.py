@@ -1,6 +1,6 @@
 """Model architectures: presets as data files (``presets/*.json``), torch-free.
 
-``model_specs.builders`` (torch, megatron-core) turns a ``search.model.ModelSpec`` into megatron-core
+``model_specs.builders`` (torch, megatron-core) turns a ``search.spec.model.ModelSpec`` into megatron-core
 ``TransformerConfig``/``ModuleSpec`` objects, and ``model_specs.extensions`` imports and checks a user's own
 ``layer_spec`` and ``megatron`` block; importing this package imports neither.
 """

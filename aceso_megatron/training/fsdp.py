@@ -1,4 +1,4 @@
-"""Megatron FSDP plans (``plan.megatron_fsdp``, ``search/fsdp.py``) on megatron-core's own
+"""Megatron FSDP plans (``plan.megatron_fsdp``, ``search/settings/fsdp.py``) on megatron-core's own
 ``FullyShardedDataParallel`` (``distributed/fsdp/mcore_fsdp_adapter.py``), as Megatron-LM's ``--use-megatron-fsdp
 --data-parallel-sharding-strategy S`` runs them.
 
@@ -13,8 +13,8 @@ sequence-parallel partial gradients are summed over TP on the local shards (``gr
 ``finalize_model_grads`` does.
 
 What is refused, one line before any process group (the first two by the plan itself,
-``search.fsdp.structural_refusal``; the rest by the capability table's runtime rules,
-``search.runtime_rules.megatron_fsdp``, and einops here, ``refusal``; the one pre-flight asks both):
+``search.settings.fsdp.structural_refusal``; the rest by the capability table's runtime rules,
+``search.targets.runtime_rules.megatron_fsdp``, and einops here, ``refusal``; the one pre-flight asks both):
 - pipeline stages or chunks: megatron-core 0.16.1 cannot build Megatron FSDP's device mesh with pipeline
   parallelism, in Megatron-LM either: ``_get_dp_tp_mesh`` lays ``torch.arange(world_size)`` out as
   ``(dp_cp ep tp)``, which fails (``EinopsError: Shape mismatch``) when the world also spans pipeline stages
@@ -45,8 +45,8 @@ import importlib.util
 
 def refusal(plan) -> str | None:
     """Why the runtime cannot run ``plan``'s Megatron FSDP or activation offload (one line), or None: the
-    capability table's runtime rules (``search.runtime_rules``), then what needs a package here."""
-    from search import runtime_rules
+    capability table's runtime rules (``search.targets.runtime_rules``), then what needs a package here."""
+    from search.targets import runtime_rules
 
     return (runtime_rules.activation_offload(plan, None) or runtime_rules.megatron_fsdp(plan, None)
             or machine_refusal(plan))

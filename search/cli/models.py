@@ -7,10 +7,10 @@ import argparse
 
 import model_specs
 
-from ..argtypes import positive_int
-from ..errors import AcesoError
-from ..moe_params import counts
-from ..presets import load_model, spec_text
+from search.io.argtypes import positive_int
+from search.io.errors import AcesoError
+from search.layers.moe_params import counts
+from search.spec.presets import load_model, spec_text
 from .common import print_json, print_rows, write_output
 
 

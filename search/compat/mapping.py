@@ -18,11 +18,11 @@ import pydantic
 
 import model_specs
 
-from ..cluster import ClusterSpec
-from ..errors import AcesoError, as_aceso_error
-from ..model import ModelSpec
-from ..plan import RECOMPUTE_CHOICES, ParallelPlan, StageSpec
-from ..presets import load_model
+from search.spec.cluster import ClusterSpec
+from search.io.errors import AcesoError, as_aceso_error
+from search.spec.model import ModelSpec
+from search.spec.plan import RECOMPUTE_CHOICES, ParallelPlan, StageSpec
+from search.spec.presets import load_model
 from .ops import OpLayout, layout_for_model
 from .refconfig import RefConfig, parse_ref_config
 

@@ -14,10 +14,10 @@ import pydantic
 
 import model_specs
 
-from ..errors import AcesoError, format_validation_error
-from ..megatron_fields import NO_COST
-from ..model import ModelSpec
-from ..presets import load_model
+from search.io.errors import AcesoError, format_validation_error
+from search.spec.megatron_fields import NO_COST
+from search.spec.model import ModelSpec
+from search.spec.presets import load_model
 from . import layer_variant_flags
 from .moe_flags import moe_model_fields
 

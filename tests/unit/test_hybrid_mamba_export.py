@@ -11,7 +11,7 @@ from search.megatron import NotExpressible, check_expressible, megatron_config
 from search.megatron.hybrid_pattern import args_line, hybrid_form, write_script
 from search.megatron.importer import read_megatron
 from search.megatron.versions import release
-from search.presets import load_model
+from search.spec.presets import load_model
 from tests.hybrid_plans import MAMBA8, cut_plan
 from tests.unit.test_hybrid_pattern import _flags
 
