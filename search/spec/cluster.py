@@ -176,7 +176,7 @@ LINK_PRESETS: dict[str, tuple[float, float]] = {}
 # MLPerf system file or Slurm counts them) sit in racks of 72 unless ``:nvlN`` says how many a job uses per rack.
 RACK_DOMAIN: dict[str, int] = {}
 _ON_ADD: list = []          # tables built from the records elsewhere (costmodel/kernels.py): called per added GPU
-GPU_DATA = Path(__file__).parent / "data" / "gpus.json"
+GPU_DATA = Path(__file__).resolve().parents[1] / "data" / "gpus.json"
 
 
 def add_gpu(record: GPURecord) -> None:

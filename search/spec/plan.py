@@ -636,7 +636,7 @@ def plan_json_schema() -> str:
 
 
 if __name__ == "__main__":  # regenerate docs/plan.schema.json
-    out = Path(__file__).resolve().parent.parent / "docs" / "plan.schema.json"
+    out = Path(__file__).resolve().parents[2] / "docs" / "plan.schema.json"
     out.write_text(plan_json_schema())
     print(f"wrote {out}")
 
