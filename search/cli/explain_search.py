@@ -45,10 +45,10 @@ def model_flags(model) -> list[str] | None:
     the model as a spec file). Not compared: the dtype (the search's ``--precision`` sets it) and the vocabulary
     padding (Megatron-LM pads to ``--make-vocab-size-divisible-by`` x tp, and the importer records the
     configuration's tp in it; the search pads for the tp it picks)."""
-    import model_specs
+    from model_specs import presets as model_presets
 
     from search.spec.presets import load_model
-    if model.name not in model_specs.preset_names():
+    if model.name not in model_presets.preset_names():
         return None
     preset = load_model(model.name)
     flags = ["--model", model.name]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pydantic
 
-import model_specs
+from model_specs import presets as model_presets
 
 from search.spec.cluster import ClusterSpec
 from search.io.errors import AcesoError, as_aceso_error
@@ -77,8 +77,8 @@ def plan_to_ref(plan: ParallelPlan) -> RefConfig:
 
 def model_for_key(key: str, num_layers: int) -> ModelSpec:
     """The preset whose ``aceso_db_key`` is ``key``, at ``num_layers``."""
-    for preset in model_specs.preset_names():
-        data = model_specs.preset_data(preset)
+    for preset in model_presets.preset_names():
+        data = model_presets.preset_data(preset)
         if data.get("aceso_db_key") == key:
             layers = data["num_layers"]
             return load_model(preset, num_layers=None if num_layers == layers else num_layers)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pydantic
 
-import model_specs
+from model_specs import presets as model_presets
 
 from search.io.errors import AcesoError, format_validation_error
 from search.spec.megatron_fields import NO_COST
@@ -114,7 +114,7 @@ def _named(spec: dict, notes: list[str]) -> ModelSpec:
     query groups compare by value (``kv_channels`` None and ``hidden / heads`` are the same model)."""
     vocab_known = spec["vocab_size"] is not None
     mine = _validated({**spec, "vocab_size": spec["vocab_size"] or 1})
-    for name in model_specs.preset_names():
+    for name in model_presets.preset_names():
         preset = load_model(name)
         if preset.is_t5 != mine.is_t5 or (preset.moe is None) != (mine.moe is None):
             continue

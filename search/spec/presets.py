@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pydantic
 
-import model_specs
+from model_specs import presets as model_presets
 
 from search.io.errors import AcesoError, did_you_mean, format_validation_error
 from search.spec.model import MAX_LAYERS, ModelSpec
@@ -105,21 +105,21 @@ def _read_spec_file(path: Path) -> dict:
 def load_model(name_or_path: str, num_layers: int | None = None) -> ModelSpec:
     """A preset by name, or a spec file; ``num_layers`` overrides the depth (T5: encoder and decoder)."""
     path = Path(name_or_path)
-    if name_or_path in model_specs.preset_names():
-        data, source = model_specs.preset_data(name_or_path), f"model {name_or_path}"
+    if name_or_path in model_presets.preset_names():
+        data, source = model_presets.preset_data(name_or_path), f"model {name_or_path}"
     elif path.suffix in (".json", ".yaml", ".yml") and path.is_file():
         data, source = _read_spec_file(path), str(path)
     elif path.suffix in (".json", ".yaml", ".yml"):
         what = "is a folder" if path.is_dir() else "no such spec file"
         raise AcesoError(f"model '{name_or_path}': {what}; give a .json/.yaml spec file or a preset (`aceso models`)")
     else:
-        hint = did_you_mean(name_or_path, model_specs.preset_names())
+        hint = did_you_mean(name_or_path, model_presets.preset_names())
         if hint:
             raise AcesoError(f"model '{name_or_path}': not a preset or a spec file{hint} (`aceso models` lists "
                              "the presets)")
         raise AcesoError(
             f"model '{name_or_path}': not a preset or a spec file; choose one of "
-            f"{', '.join(model_specs.preset_names())} or give a .json/.yaml spec"
+            f"{', '.join(model_presets.preset_names())} or give a .json/.yaml spec"
         )
     if num_layers is not None:
         if not 1 <= num_layers <= MAX_LAYERS:
