@@ -27,6 +27,7 @@ from search.targets.capabilities import RUNTIME, Device, plan_refusal, plan_targ
 from search.io.errors import AcesoError
 from search.targets.runtime_rules import RUNTIME_LOW_PRECISION  # noqa: F401  (re-exported: the search's refusal names it)
 
+RUNTIME_PACKAGES = ("torch", "megatron")   # what the runtime needs installed beyond the planner
 RUNTIME_ENTRY = "train"      # the aceso.subcommands entry point whose module carries ``preflight``
 
 
@@ -45,8 +46,6 @@ def preflight(plan, device: str | None = None, here: bool = False, target: str |
     check = runtime_preflight()
     if check is None:
         return False
-    from search.cli import RUNTIME_PACKAGES
-
     try:
         return check(plan, device, here=here) is not False
     except ModuleNotFoundError as e:     # the runtime's package is here but torch or megatron-core is not
