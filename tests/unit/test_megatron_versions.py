@@ -204,7 +204,7 @@ def test_exported_script_reads_back_without_extra_flags_for_a_model_no_preset_ha
     from search.spec.presets import load_model
     model = load_model("llama3-8b", num_layers=4).model_copy(update={"name": "custom", "aceso_db_key": None,
                                                                      "vocab_size": 100000})
-    plan = uniform_plan(model, 1, 2, 4, 4, 64, cluster=__import__("search.spec.cluster").cluster.parse_cluster("1x8-h100"))
+    plan = uniform_plan(model, 1, 2, 4, 4, 64, cluster=__import__("search.spec.cluster").spec.cluster.parse_cluster("1x8-h100"))
     src, script, back = tmp_path / "p.json", tmp_path / "run.sh", tmp_path / "back.json"
     src.write_text(plan.to_json())
     assert main(["export", str(src), "-o", str(script)]) == 0
