@@ -8,7 +8,7 @@ setup(
     description="Aceso bottleneck-alleviation planner and runtime plugin for megatron-core",
     python_requires=">=3.11",
     packages=find_packages(include=["search*", "aceso_megatron*", "patches*", "model_specs*", "launch*"]),
-    package_data={"model_specs": ["presets/*.json", "hybrid/*.json"], "search": ["megatron/data/*", "data/*.json"], "launch": ["*.sh", "*.sbatch"]},
+    package_data={"model_specs": ["presets/*.json", "hybrid/*.json"], "model_specs.presets": ["*.json"], "search": ["megatron/data/*", "data/*.json"], "launch": ["*.sh", "*.sbatch"]},
     install_requires=["pydantic>=2.6,<3", "numpy>=1.24", "rich>=13", "pyyaml>=6"],
     extras_require={
         # The runtime runs on megatron-core 0.16.1 and 0.19.x (patches/compat.py). Python 3.11: torch pinned to

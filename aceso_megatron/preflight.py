@@ -1,4 +1,4 @@
-"""The runtime's half of the one pre-flight (``search.preflight``): what only torch and megatron-core can answer.
+"""The runtime's half of the one pre-flight (``search.targets.preflight``): what only torch and megatron-core can answer.
 
 ``preflight(plan, device, here)``: the model's layer specs and ``megatron`` block built into a stage config the way
 the run builds it (``model.layers.check_model``: providers importable and transformer-engine-free on CPU, layers
@@ -7,7 +7,7 @@ of a user's layer spec built on the meta device, ``model.build_check``: a module
 Megatron FSDP, then, for a run on this machine (``here``), the plan against this machine's environment
 (``training.engine.check_plan``: a recipe's transformer-engine version and tensor cores, userbuffers, fp16). What
 needs no torch (MoE, MLA / MTP, Megatron FSDP, what a CPU cannot run) is the capability table's
-(``search.capabilities``), which ``search.preflight`` applies before this, torch or not. A plan checked elsewhere (``aceso validate`` of a GPU plan on a
+(``search.targets.capabilities``), which ``search.targets.preflight`` applies before this, torch or not. A plan checked elsewhere (``aceso validate`` of a GPU plan on a
 laptop) is not held to this machine's environment. Before any process group exists; one ``AcesoError`` line.
 """
 
@@ -19,7 +19,7 @@ def preflight(plan, device: str, here: bool = False) -> bool:
     spec checked on a machine without transformer-engine: the workers on the GPUs check it)."""
     import warnings
 
-    from search.errors import AcesoError
+    from search.io.errors import AcesoError
 
     from .cli import bad_input_from_patches
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import release_fit as rf  # noqa: E402
 
 from search.costmodel import release_constants as rcs  # noqa: E402
-from search.releases import NAMES  # noqa: E402
+from search.settings.releases import NAMES  # noqa: E402
 
 TARGETS = {"moe_26": 0.08, "dense_26": 0.06, "max": 0.15}
 # Issue 34's "today" for the 25.x rows, and the same benches at 9ebe16b (before this work) on the table as it is now
@@ -102,7 +102,7 @@ def _targets(priced: list[dict], g: dict) -> list[str]:
 # ----- pairs ------------------------------------------------------------------------------------------------------
 def signature(row: dict) -> dict:
     """What a row's flags set that the pairs compare (the imported plan's stack switches and shape)."""
-    from search.cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from search.megatron.importer import read_megatron
     from recipes import own_args
     args, _ = own_args(row)

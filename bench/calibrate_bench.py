@@ -5,8 +5,8 @@ stages and recompute stated: nothing to tune) is written as its plan exactly as 
 it (same model, features, era's ``RunSettings`` and attention), and its measured throughput becomes a Megatron-LM
 stdout log through the format strings of Megatron-LM core_v0.16.1 (``tests/unit/megatron_log_format.py``): the
 iteration time ``flops(row formula) / (measured TFLOP/s x GPUs)``, the throughput line from Megatron-LM's own
-FLOP formula. The log is read back with ``search.megatron_log.read_megatron_log`` and checked against the plan
-(``search.calibrate.check_log``) like any user log.
+FLOP formula. The log is read back with ``search.calibration.megatron_log.read_megatron_log`` and checked against the plan
+(``search.calibration.calibrate.check_log``) like any user log.
 
 Per row: the error of the default model ("before"), and the error after calibrating on every *other* row of the
 same GPU ("leave-one-out", the figure a user gets for a configuration they did not run). The LOO fits use the
@@ -32,10 +32,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests" / "unit")]
 import published_runs as B  # noqa: E402
 from megatron_log_format import megatron_log  # noqa: E402
 
-from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
-from search.calibrate import Run, calibrate_gpu, check_log, jacobian, megatron_flops, residual  # noqa: E402
-from search.calibration import CalibrationFile  # noqa: E402
-from search.megatron_log import read_megatron_log  # noqa: E402
+from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+from search.calibration.calibrate import Run, calibrate_gpu, check_log, jacobian, megatron_flops, residual  # noqa: E402
+from search.calibration.calibration import CalibrationFile  # noqa: E402
+from search.calibration.megatron_log import read_megatron_log  # noqa: E402
 
 try:        # bench/calibration.py's definition where it exists (the calib branch): one truth for "fully specified"
     from calibration import fully_specified  # noqa: E402

@@ -25,12 +25,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel.types import RC
-from search.pricing import cost_model
+from search.costmodel.pricing import cost_model
 from search.planner.recompute import allowed_codes, count_assignments
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 DB = ROOT.parent / "shared" / "aceso-reference-db" / "miniset"
 REFERENCE_MS = 58760.92

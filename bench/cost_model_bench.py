@@ -33,11 +33,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search.cluster import parse_cluster  # noqa: E402
+from search.spec.cluster import parse_cluster  # noqa: E402
 from search.costmodel import make_cost_model  # noqa: E402
-from search.plan import RECOMPUTE_CHOICES, ParallelPlan, StageSpec, uniform_plan  # noqa: E402
-from search.presets import load_model  # noqa: E402
-from search.training import TrainingSpec  # noqa: E402
+from search.spec.plan import RECOMPUTE_CHOICES, ParallelPlan, StageSpec, uniform_plan  # noqa: E402
+from search.spec.presets import load_model  # noqa: E402
+from search.spec.training import TrainingSpec  # noqa: E402
 
 MEASURED_MEMORY_MB = {"gpt_1_3B_4gpus_reference_search": 10692.0, "t5_770M_4gpus_reference_search": 10470.0}
 REF = ROOT.parent / "shared" / "aceso-reference-db" / "configs"

@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from search.argparser import AcesoParser  # noqa: E402
+from search.io.argparser import AcesoParser  # noqa: E402
 HF = ROOT / "tests" / "unit" / "data" / "hf"
 
 TOUR = [

@@ -29,20 +29,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
-from search.cluster import parse_cluster  # noqa: E402
+from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+from search.spec.cluster import parse_cluster  # noqa: E402
 from search.costmodel.types import Features, Shape  # noqa: E402
 from search.megatron.versions import release  # noqa: E402
 from search.planner.aceso import SearchOptions  # noqa: E402
 from search.planner.api import plan_all  # noqa: E402
-from search.pricing import cost_model  # noqa: E402
+from search.costmodel.pricing import cost_model  # noqa: E402
 from search.planner.hybrid_cuts import descend, hybrid_setting, price, refine, settings_for  # noqa: E402
 from search.planner.megatron_lm import best_setting  # noqa: E402
 from search.planner.report import describe  # noqa: E402
 from search.planner.state import Evaluator, State  # noqa: E402
-from search.plan import even_split  # noqa: E402
-from search.presets import load_model  # noqa: E402
-from search.training import TrainingSpec  # noqa: E402
+from search.spec.plan import even_split  # noqa: E402
+from search.spec.presets import load_model  # noqa: E402
+from search.spec.training import TrainingSpec  # noqa: E402
 
 REL = release()          # the newest Megatron-LM (core_v0.19.0): every recompute setting over hybrid layers
 BUDGET = 1500

@@ -34,15 +34,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from model_specs import preset_names  # noqa: E402
-from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
-from search.cluster import parse_cluster  # noqa: E402
-from search.errors import AcesoError  # noqa: E402
+from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+from search.spec.cluster import parse_cluster  # noqa: E402
+from search.io.errors import AcesoError  # noqa: E402
 from search.layers import hybrid  # noqa: E402
 from search.megatron.importer import read_megatron  # noqa: E402
-from search.plan import ChunkSpec, ParallelPlan  # noqa: E402
-from search.pricing import cost_model, precision_of  # noqa: E402
-from search.training import TrainingSpec  # noqa: E402
-from search.presets import load_model  # noqa: E402
+from search.spec.plan import ChunkSpec, ParallelPlan  # noqa: E402
+from search.costmodel.pricing import cost_model, precision_of  # noqa: E402
+from search.spec.training import TrainingSpec  # noqa: E402
+from search.spec.presets import load_model  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "nemotron3_published.json"
 OUT = ROOT / "bench" / "results" / "hybrid_published.json"
@@ -198,11 +198,11 @@ def search_row(x: dict, evals: int) -> dict:
     """The search on the row's model, cluster, batch and software (its precision recipe, MoE settings), from the
     uniform baseline as ``aceso search`` starts, against the published plan under the same cost model. Target: the
     aceso runtime, or Megatron-LM where the runtime cannot run the row (a low-precision recipe, the expert bias:
-    search.runtime_rules)."""
+    search.targets.runtime_rules)."""
     from search.planner.aceso import SearchOptions, search
     from search.planner.api import make_space, runtime_training
     from search.planner.baseline import best_uniform
-    from search.runtime_rules import expert_bias
+    from search.targets.runtime_rules import expert_bias
 
     plan, cm, training = x["_plan"], x["_cm"], x["_training"]
     target = "megatron-lm" if training.precision != "bf16" or expert_bias(plan.model, None) else "aceso"

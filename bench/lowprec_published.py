@@ -30,14 +30,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from search.argparser import AcesoParser  # noqa: E402
-from search.cluster import parse_cluster  # noqa: E402
+from search.io.argparser import AcesoParser  # noqa: E402
+from search.spec.cluster import parse_cluster  # noqa: E402
 from search.costmodel import make_cost_model  # noqa: E402
 from search.costmodel import kernels  # noqa: E402
 from search.megatron.importer import read_megatron  # noqa: E402
-from search.plan_settings import run_settings  # noqa: E402
-from search.pricing import precision_of  # noqa: E402
-from search.training import TrainingSpec  # noqa: E402
+from search.settings.plan_settings import run_settings  # noqa: E402
+from search.costmodel.pricing import precision_of  # noqa: E402
+from search.spec.training import TrainingSpec  # noqa: E402
 
 BRIDGE = ROOT.parent / "shared" / "published" / "megatron-bridge-25.09-25.11.json"
 DENSE = ("llama3-8b", "llama3-70b", "llama3.1-405b")

@@ -28,15 +28,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 
-from search.cluster import parse_cluster  # noqa: E402
+from search.spec.cluster import parse_cluster  # noqa: E402
 from search.costmodel.memory import DEFAULT_HEADROOM  # noqa: E402
-from search.plan_settings import target_settings  # noqa: E402
-from search.pricing import cost_model  # noqa: E402
+from search.settings.plan_settings import target_settings  # noqa: E402
+from search.costmodel.pricing import cost_model  # noqa: E402
 from search.cli.explain_search import search_lines  # noqa: E402
 from search.megatron.importer import read_megatron  # noqa: E402
-from search.training import TrainingSpec  # noqa: E402
+from search.spec.training import TrainingSpec  # noqa: E402
 
 QUICK = ("sc21-a100-gpt-1.7b", "sc21-a100-gpt-39b", "korthikanti-a100-gpt-22b-selective-sp",
          "korthikanti-a100-gpt-175b-full-recompute")

@@ -33,13 +33,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
-from search.cluster import parse_cluster  # noqa: E402
+from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+from search.spec.cluster import parse_cluster  # noqa: E402
 from search.costmodel import make_cost_model  # noqa: E402
 from search.costmodel.memory import MB, ddp_buffer_numel  # noqa: E402
-from search.fsdp import shards  # noqa: E402
-from search.plan import uniform_plan  # noqa: E402
-from search.training import TrainingSpec  # noqa: E402
+from search.settings.fsdp import shards  # noqa: E402
+from search.spec.plan import uniform_plan  # noqa: E402
+from search.spec.training import TrainingSpec  # noqa: E402
 
 RUNS = ROOT / "bench" / "data" / "published_runs.json"
 BRIDGE = ROOT.parent / "shared" / "published" / "megatron-bridge-25.09-25.11.json"

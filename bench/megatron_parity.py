@@ -29,9 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 from search.cli import main as aceso  # noqa: E402
-from search.plan import load_plan  # noqa: E402
+from search.spec.plan import load_plan  # noqa: E402
 
 TOLERANCE = 1e-3
 BUDGET = 200

@@ -107,7 +107,7 @@ def dump_parser(root: str) -> dict:
     from megatron.training.arguments import add_megatron_arguments
     if not os.path.abspath(megatron.core.__file__).startswith(os.path.abspath(root)):
         raise SystemExit(f"megatron.core came from {megatron.core.__file__}, not the checkout {root}")
-    from search.argparser import AcesoParser      # no abbreviations, as Megatron-LM's own parser
+    from search.io.argparser import AcesoParser      # no abbreviations, as Megatron-LM's own parser
     parser = add_megatron_arguments(AcesoParser())
     flags = {}
     for a in parser._actions:
@@ -237,7 +237,7 @@ def bridge_fields(root: str) -> tuple[dict[str, list[str]], dict[str, list[str]]
 
 
 def main(argv=None) -> int:
-    from search.argparser import AcesoParser     # no abbreviations, one-line errors, as Megatron-LM's own
+    from search.io.argparser import AcesoParser     # no abbreviations, one-line errors, as Megatron-LM's own
     ap = AcesoParser(description=__doc__.split("\n")[0])
     ap.add_argument("--megatron-lm", action="append", default=[],
                     help="a Megatron-LM checkout at a release tag (repeatable)")

@@ -26,7 +26,7 @@ published plan (``planner.aceso.search``; never slower under our own model unles
 space, which the table says), and unseeded (the uniform baseline and the search's own initial plans, as ``aceso
 search`` starts: the honest measure of the search; how many rows reach 1.0x). The target is ``aceso`` (per-stage
 shapes) for bf16 rows and ``megatron-lm`` for low-precision ones (the aceso runtime runs no FP8/FP4 recipe yet:
-``search.preflight.RUNTIME_LOW_PRECISION``). A published run over the GPU under our model is no fitting plan, so a
+``search.targets.preflight.RUNTIME_LOW_PRECISION``). A published run over the GPU under our model is no fitting plan, so a
 search below 1.0x there is the price of fitting (marked in the table).
 
 Then the "folding paper" group (``run_folding``): bench/data/moe_folding_paper.json's rows, the MoE parallel
@@ -59,18 +59,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
-from search.cluster import parse_cluster  # noqa: E402
+from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+from search.spec.cluster import parse_cluster  # noqa: E402
 from search.costmodel import make_cost_model  # noqa: E402
-from search.errors import AcesoError  # noqa: E402
+from search.io.errors import AcesoError  # noqa: E402
 from search.megatron.config import NO_RECOMPUTE, Recompute  # noqa: E402
 from search.megatron.flops import num_floating_point_operations  # noqa: E402
 from search.megatron.importer import read_megatron  # noqa: E402
-from search.plan import ParallelPlan  # noqa: E402
-from search.plan_settings import run_settings  # noqa: E402
-from search.pricing import precision_of  # noqa: E402
-from search.presets import load_model  # noqa: E402
-from search.training import TrainingSpec  # noqa: E402
+from search.spec.plan import ParallelPlan  # noqa: E402
+from search.settings.plan_settings import run_settings  # noqa: E402
+from search.costmodel.pricing import precision_of  # noqa: E402
+from search.spec.presets import load_model  # noqa: E402
+from search.spec.training import TrainingSpec  # noqa: E402
 from recipes import own_args  # noqa: E402
 
 BRIDGE = ROOT.parent / "shared" / "published" / "megatron-bridge-25.09-25.11.json"
@@ -86,7 +86,7 @@ def load_rows(path: Path = BRIDGE) -> list[dict]:
 def precision_name(label: str) -> str:
     """Our recipe name of a Bridge precision label (the low-precision branch's ``LABELS`` where it exists)."""
     try:
-        from search.precision import LABELS
+        from search.settings.precision import LABELS
     except ImportError:
         LABELS = {}
     return LABELS.get(label, label)
@@ -105,7 +105,7 @@ def precision_support(label: str) -> str | None:
 def search_target(label: str) -> str:
     """``megatron-lm`` for a low-precision recipe (the runtime runs none yet), else ``aceso``."""
     try:
-        from search.precision import is_low
+        from search.settings.precision import is_low
         return "megatron-lm" if is_low(precision_name(label)) else "aceso"
     except (ImportError, KeyError):
         return "aceso"
@@ -443,7 +443,7 @@ def breakdown(row: dict) -> dict | None:
     from search.costmodel.analytic import _lp_unit
     from search.costmodel.moe_cost import moe_parts
     from search.costmodel.types import Features
-    from search.moe_plan import moe_settings
+    from search.settings.moe_plan import moe_settings
     prep = prepare(row)
     if prep["status"] != "ok":
         return None

@@ -25,16 +25,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 
 from search.cli.explain import report
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
-from search.plan import uniform_plan
+from search.spec.plan import uniform_plan
 from search.plots import Target, pyplot, timeline
 from search.plots import explain as explain_figure
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 CASES = [  # name, model, cluster, stages, tp, dp, micro-batch, global batch, recompute, virtual stages
     ("gpt-1.3b 2 stages x 16", "gpt-1.3b", "1x8-h100", 2, 2, 2, 4, 64, "selective", 1),

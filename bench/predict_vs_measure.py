@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 
 MODEL = {"name": "bench-gpt", "family": "gpt", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
          "ffn_hidden_size": 1024, "seq_length": 128, "vocab_size": 2048, "params_dtype": "fp32"}
@@ -116,10 +116,10 @@ def measure(rank: int, world: int, raws: list[dict], steps: int, skip: int, roun
 
 # ----- prediction ----------------------------------------------------------------------------------------------
 def predict(raw: dict, db: str, nproc: int) -> dict:
-    from search.cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from search.costmodel import make_cost_model
-    from search.plan import parse_plan
-    from search.training import TrainingSpec
+    from search.spec.plan import parse_plan
+    from search.spec.training import TrainingSpec
 
     plan = parse_plan(raw, world_size=nproc)
     tr = TrainingSpec(global_batch_size=plan.global_batch_size, micro_batch_sizes=[plan.micro_batch_size],

@@ -1,7 +1,7 @@
 """Published Megatron runs against the analytic cost model: throughput per GPU and memory, row by row.
 
 Each run of ``bench/data/published_runs.json`` (sources and fields: bench/data/README.md) is written as a uniform
-plan (``search.plan.uniform_plan``: every stage tp x cp x dp, layers split evenly over pp x vpp model chunks) with
+plan (``search.spec.plan.uniform_plan``: every stage tp x cp x dp, layers split evenly over pp x vpp model chunks) with
 exactly the features the source states, priced with ``make_cost_model(..., kind="analytic")``, and its predicted
 iteration time converted into the source's own metric with the source's own FLOP formula
 (``flops_per_iteration``). Error = predicted / measured - 1 of that metric (positive: the model is too fast).
@@ -57,14 +57,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 
-from search.cluster import parse_cluster  # noqa: E402
+from search.spec.cluster import parse_cluster  # noqa: E402
 from search.costmodel import RunSettings, make_cost_model  # noqa: E402
-from search.plan_settings import run_settings, target_settings  # noqa: E402
-from search.model import ModelSpec  # noqa: E402
-from search.plan import uniform_plan  # noqa: E402
-from search.training import TrainingSpec  # noqa: E402
+from search.settings.plan_settings import run_settings, target_settings  # noqa: E402
+from search.spec.model import ModelSpec  # noqa: E402
+from search.spec.plan import uniform_plan  # noqa: E402
+from search.spec.training import TrainingSpec  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 import calibration as cal  # noqa: E402

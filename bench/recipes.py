@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from search.errors import AcesoError  # noqa: E402
+from search.io.errors import AcesoError  # noqa: E402
 
 GRAPH_FLAGS = ("--cuda-graph-impl", "--cuda-graph-scope")
 
@@ -42,7 +42,7 @@ def own_args(row: dict) -> tuple[str, list[str]]:
     if "--cuda-graph-impl" not in args:
         return args, []
     try:
-        from search.cluster import parse_cluster
+        from search.spec.cluster import parse_cluster
         gpus = row.get("gpus") or parse_cluster(row["cluster"]).num_gpus
         read_megatron(args, world_size=gpus, version="core_v0.16.1")      # the rows' args: core_v0.16.1 lines
     except AcesoError as e:

@@ -69,7 +69,7 @@ KEPT_OUT.update({
         "this row's 8359 (+3.9%), while the model, for which this run is all-to-all-bound over the network (ep 64 on "
         "8 nodes), prices B300's 800 Gb/s ConnectX-8 at twice B200's 400 Gb/s: the measurement shows the B300 "
         "system's network did not deliver that for this all-to-all, which is the network model's question "
-        "(search/cluster.py presets, the dp-scale work); the B200 twin is priced within 10%"),
+        "(search/spec/cluster.py presets, the dp-scale work); the B200 twin is priced within 10%"),
     "26.02.01/pretrain/qwen3-30b-a3b/h100x16/fp8-cs/gbs1024-mbs1-seq4096/tp1pp2cp1vp12ep8fsdp0 as 26.02": (
         "the table publishes this configuration at 5112 tok/s/GPU in 26.02 and 9058 in 26.02.01 (1.77x), and the two "
         "containers ship the same megatron-core 0.16.0 and transformer-engine 2.12 (only Megatron-Bridge 0.3.0 -> "
@@ -198,7 +198,7 @@ POOLED_GRID = {
 
 def applies(name: str, rows: list[dict]) -> list[dict]:
     """The rows a constant prices (the fit scans it on these only: the others do not move)."""
-    from search.cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from search.costmodel.kernels import GENERATION
 
     def gen(r):

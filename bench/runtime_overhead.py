@@ -40,12 +40,12 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 
 from aceso_megatron.testing import make_batches, spawn
 from aceso_megatron.training.engine import TrainConfig
-from search.model import ModelSpec
-from search.moe import MoESpec
+from search.spec.model import ModelSpec
+from search.layers.moe_spec import MoESpec
 
 MODEL = ModelSpec(name="bench-gpt", family="gpt", num_layers=4, hidden_size=256, num_attention_heads=8,
                   ffn_hidden_size=1024, seq_length=128, vocab_size=1024, params_dtype="fp32")

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from search.argparser import AcesoParser  # noqa: E402
+from search.io.argparser import AcesoParser  # noqa: E402
 from search.costmodel import make_cost_model  # noqa: E402
 
 import lowprec_published as lp  # noqa: E402
@@ -167,7 +167,7 @@ def shape_of(row: dict) -> tuple[int, int, int, int, int]:
 
 def release_of(row: dict) -> str | None:
     """The NeMo container the submission ran (its system file's framework, "NVIDIA NeMo Framework Release 25.09"),
-    the release its kernels are priced as (``search/releases.py``: an unlisted one the nearest, said in its note)."""
+    the release its kernels are priced as (``search/settings/releases.py``: an unlisted one the nearest, said in its note)."""
     m = re.search(r"(\d\d\.\d\d(?:\.\d\d)?)", row["system"].get("framework", ""))
     return m.group(1) if m else None
 

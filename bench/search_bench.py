@@ -48,18 +48,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 
 from search.cli.search_cmd import DEFAULT_VIRTUAL
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.planner.aceso import SearchOptions, search
 from search.planner.api import plan_all, plan_baseline, plan_search
-from search.plan_settings import target_settings
-from search.pricing import cost_model
+from search.settings.plan_settings import target_settings
+from search.costmodel.pricing import cost_model
 from search.planner.report import describe
 from search.planner.state import to_plan
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 DB = ROOT.parent / "shared" / "aceso-reference-db"
 BUDGET = 4000
@@ -111,7 +111,7 @@ def _published_runs():
 
 def row_model(row):
     """The row's model as a ``ModelSpec`` (GPT; what the source leaves unknown: Megatron-LM's GPT defaults)."""
-    from search.model import ModelSpec
+    from search.spec.model import ModelSpec
     m, prec = row["model"], row["precision"]
     dtype = prec if prec in ("bf16", "fp16") else ("fp16" if row["gpu"] in ("v100", "a100") else "bf16")
     return ModelSpec(name=row["id"], family="gpt", num_layers=m["num_layers"], hidden_size=m["hidden_size"],

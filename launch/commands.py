@@ -3,7 +3,7 @@
 Torch-free on purpose: ``aceso launch`` checks a plan against the machine and prints or writes commands before
 any process (or process group) exists. One process per GPU: ``python -m torch.distributed.run`` with
 ``--nproc-per-node`` GPUs per node runs ``python -m aceso_megatron.training.train PLAN TRAIN_ARGS`` in each. Ranks are
-numbered node by node, which is the order a plan's stages own them (``search.plan``), so a stage's TP group
+numbered node by node, which is the order a plan's stages own them (``search.spec.plan``), so a stage's TP group
 must not straddle two nodes.
 
 Multi-node under SLURM: one ``srun`` task per node starts torchrun there; the rendezvous comes from the SLURM
@@ -30,8 +30,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from search.errors import AcesoError
-from search.plan import ParallelPlan
+from search.io.errors import AcesoError
+from search.spec.plan import ParallelPlan
 
 # max RSS of one `aceso train --cpu` process of a 64-wide 4-layer GPT (tests/distributed/test_train_gpt.py size):
 # 443 MiB measured with torch 2.13 + megatron-core 0.16.1, almost all of it the libraries themselves
@@ -106,9 +106,9 @@ def check_plan_fits(plan: ParallelPlan, spec: LaunchSpec, visible_gpus: int | No
 
 def plan_cpu_memory_mb(plan: ParallelPlan) -> list[float]:
     """Per stage: the analytic memory of one rank in an fp32 CPU run (no GPU reserve), MiB: the one price
-    (``search.pricing``) as the aceso runtime runs the plan on a CPU cluster."""
-    from search.cluster import parse_cluster
-    from search.pricing import price
+    (``search.costmodel.pricing``) as the aceso runtime runs the plan on a CPU cluster."""
+    from search.spec.cluster import parse_cluster
+    from search.costmodel.pricing import price
 
     cost = price(plan, "runtime", cluster=parse_cluster(f"1x{plan.world_size}-cpu"), precision="fp32",
                  attention="unfused")

@@ -7,7 +7,7 @@ megatron-core's), and so are the ``megatron`` block's extra fields (``extensions
 Layer specs are megatron-core's own: the local (pure PyTorch) specs when transformer-engine is absent, the TE
 specs when it is importable (never on CPU: callers pass ``te=False``); or the user's, when the model names a
 ``layer_spec`` provider (``model_specs.extensions``: import, checks, carving rules). A *unit* spec (one sub-layer
-unit of ``search.model``) is the full layer spec with the other kinds' submodules replaced by
+unit of ``search.spec.model``) is the full layer spec with the other kinds' submodules replaced by
 ``IdentityOp``/``IdentityFuncOp``; what each kind keeps is its registry record's ``layer_parts``
 (``search.layers``): an attention (or MLA) unit keeps the input norm, the self-attention and its residual add; an
 MLP (or MoE: megatron-core's ``MoELayer`` sits at ``mlp``) unit keeps the pre-MLP norm, the MLP and its residual add;
@@ -28,11 +28,11 @@ from megatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from patches.compat import mlp_class, mlp_on_group
-from search.layer_variants import config_kwargs
-from search.rope_scaling import runtime_kwargs
+from search.layers.layer_variants import config_kwargs
+from search.spec.rope_scaling import runtime_kwargs
 from search import layers
 from search.layers.hybrid import mtp_layer
-from search.model import ModelSpec, UnitKind
+from search.spec.model import ModelSpec, UnitKind
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -64,7 +64,7 @@ def architecture_kwargs(model: ModelSpec, dtype: str | None = None) -> dict:
         "params_dtype": dt,
         "fp16": dt == torch.float16,
         "bf16": dt == torch.bfloat16,
-        **config_kwargs(model),      # sliding window (search.layer_variants); the other GPT-OSS fields are refused
+        **config_kwargs(model),      # sliding window (search.layers.layer_variants); the other GPT-OSS fields are refused
         **moe_kwargs(model),
         **mla_mtp_kwargs(model),
         **mamba_kwargs(model),
@@ -107,7 +107,7 @@ def mamba_layer_spec(model: ModelSpec, te: bool | None = None) -> ModuleSpec:
 def mla_mtp_kwargs(model: ModelSpec) -> dict:
     """Multi-latent attention (megatron-core's ``MLATransformerConfig`` fields; RoPE on the ``qk_pos_emb_head_dim``
     part at the model's ``rotary_base``: ``rope_type`` "rope", or "yarn" with its ``rotary_scaling_factor`` & co.
-    when the spec's ``rope_scaling`` is YaRN, ``search.rope_scaling``) and the MTP depth (empty for a model with
+    when the spec's ``rope_scaling`` is YaRN, ``search.spec.rope_scaling``) and the MTP depth (empty for a model with
     neither)."""
     out = {"mtp_num_layers": model.mtp_num_layers} if model.mtp_num_layers else {}
     mla = model.mla
@@ -124,11 +124,11 @@ def moe_kwargs(model: ModelSpec) -> dict:
     """The MoE architecture as ``TransformerConfig`` fields (empty for a dense model): experts, router, which layers
     are MoE (always as megatron-core's 0/1 list: ``first_k_dense_layers`` folded in), the pre-softmax router
     megatron-core requires for top-1 softmax routing. No aux loss at coefficient 0 (load balancing type "none").
-    ``search.model_rules.moe_config`` is the one translation (the model check and the export read it too): padding
+    ``search.spec.model_rules.moe_config`` is the one translation (the model check and the export read it too): padding
     to capacity and forced balance (benchmark routing: megatron-core's random router logits) are passed as the spec
     says, as Megatron-LM passes its flags; the expert shape, dispatcher and router dtype are per stage / per plan
     (``aceso_megatron.model.moe.stage_fields``)."""
-    from search.model_rules import moe_config
+    from search.spec.model_rules import moe_config
     return moe_config(model)
 
 

@@ -14,7 +14,7 @@ one recompute choice, ``none`` or ``full`` (``check_whole_layers``). An MoE ``ml
 parallelism yet), and so are QK norms without ``megatron.qk_layernorm`` (``check_qk_layernorm``).
 
 ``megatron_kwargs(model)``: the ``megatron`` block checked against the imported ``TransformerConfig`` (names as in
-``search.megatron_fields``, and types: JSON lists become tuples where the field is a tuple, enum members are given
+``search.spec.megatron_fields``, and types: JSON lists become tuples where the field is a tuple, enum members are given
 by name; callables, dtypes and other objects cannot come from a spec file).
 """
 
@@ -39,8 +39,8 @@ from megatron.core.transformer.transformer_layer import (
 )
 
 from patches.compat import mlp_class
-from search import megatron_fields
-from search.errors import AcesoError
+from search.spec import megatron_fields
+from search.io.errors import AcesoError
 
 _OWN_METHODS = ("forward", "_forward_attention", "_forward_pre_mlp_layernorm", "_forward_mlp", "_forward_post_mlp")
 

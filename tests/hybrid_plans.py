@@ -8,10 +8,10 @@ it).
 
 from __future__ import annotations
 
-from search.plan import ChunkSpec, ParallelPlan, StageSpec
-from search.plan_settings import PlanSettings
-from search.precision import LowPrecision
-from search.presets import load_model
+from search.spec.plan import ChunkSpec, ParallelPlan, StageSpec
+from search.settings.plan_settings import PlanSettings
+from search.settings.precision import LowPrecision
+from search.spec.presets import load_model
 
 LLAMA4 = load_model("llama3-8b", num_layers=4)
 MIXTRAL4 = load_model("mixtral-8x7b", num_layers=4)

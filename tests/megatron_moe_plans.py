@@ -9,13 +9,13 @@ Built from ``MegatronConfig`` (Megatron-LM's terms), as tests/megatron_plans.py.
 
 from __future__ import annotations
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.megatron.build import plan_from_config
 from search.megatron.config import MegatronConfig, Recompute
 from search.megatron.layout import distribution
-from search.model import ModelSpec
-from search.moe_plan import MoEPlanSettings
-from search.presets import load_model
+from search.spec.model import ModelSpec
+from search.settings.moe_plan import MoEPlanSettings
+from search.spec.presets import load_model
 from tests.megatron_plans import config_fields
 
 DSV3, DSV3N = load_model("deepseek-v3"), load_model("deepseek-v3-no-mtp")

@@ -7,18 +7,18 @@ Built from ``MegatronConfig`` (Megatron-LM's own terms), so each case says which
 
 from __future__ import annotations
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.megatron.build import plan_from_config
 from search.megatron.config import MegatronConfig, Recompute
-from search.plan_settings import PlanSettings
-from search.presets import load_model
+from search.settings.plan_settings import PlanSettings
+from search.spec.presets import load_model
 from tests.tiny_models import GPT as TINY_GPT
 from tests.tiny_models import LLAMA as TINY_LLAMA
 
 GPT8, GPT12 = load_model("gpt-1.3b", num_layers=8), load_model("gpt-1.3b", num_layers=12)
 LLAMA8, LLAMA12 = load_model("llama3-8b", num_layers=8), load_model("llama3-8b", num_layers=12)
 T5 = load_model("t5-770m", num_layers=4)
-# GPT-OSS's layer fields on a dense model (search.layer_variants): sliding window on every 2nd layer, learnable
+# GPT-OSS's layer fields on a dense model (search.layers.layer_variants): sliding window on every 2nd layer, learnable
 # softmax offset, clamped quick-GEGLU with offset, biases, head_dim 64 != hidden / heads
 OSS8 = LLAMA8.model_copy(update={"name": "custom", "aceso_db_key": None, "activation": "quick_geglu",
                                  "glu_linear_offset": 1.0, "activation_func_clamp_value": 7.0,

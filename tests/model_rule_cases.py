@@ -1,4 +1,4 @@
-"""Model settings megatron-core 0.16.1 refuses when it builds the model (``search.model_rules``), as
+"""Model settings megatron-core 0.16.1 refuses when it builds the model (``search.spec.model_rules``), as
 ``TransformerConfig`` keyword arguments: per rule the settings that break it and the same settings fixed. The unit
 test (tests/unit/test_model_rules.py) checks aceso refuses the first and accepts the second; the runtime test
 (tests/runtime/test_model_rules_megatron.py) builds both with megatron-core itself. ``MEGATRON_LM`` are the rules of

@@ -1,6 +1,6 @@
 """Tiny model specs shared by the runtime and distributed tests (fp32, a few layers, seconds on CPU)."""
 
-from search.model import ModelSpec
+from search.spec.model import ModelSpec
 
 GPT = ModelSpec(name="tiny-gpt", family="gpt", num_layers=2, hidden_size=32, num_attention_heads=4,
                 ffn_hidden_size=64, seq_length=16, vocab_size=128, params_dtype="fp32")

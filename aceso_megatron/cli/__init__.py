@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 from patches._base import PatchError
 from patches.compat import quiet_cuda_build_notices
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 
 # before any subcommand imports torch: torch's CUDA build on a CPU machine would print a notice (patches.compat)
 quiet_cuda_build_notices()

@@ -1,6 +1,6 @@
 """Argument and output helpers of the runtime's subcommands, with the same options and behaviour as the planner's
 (``search/cli/common.py``): ``aceso profile --model`` reads like ``aceso search --model``, and ``-o``/``--slurm``
-files are written by ``search.files`` (checked first, atomic, devices and FIFOs in place). Kept here so that
+files are written by ``search.io.files`` (checked first, atomic, devices and FIFOs in place). Kept here so that
 ``aceso_megatron`` never imports the planner's CLI layer.
 """
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 
-from search.argtypes import positive_int
-from search.files import check_output, write_output  # noqa: F401  (re-exported for the subcommands)
-from search.model import ModelSpec
-from search.presets import load_model
+from search.io.argtypes import positive_int
+from search.io.files import check_output, write_output  # noqa: F401  (re-exported for the subcommands)
+from search.spec.model import ModelSpec
+from search.spec.presets import load_model
 
 
 def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:

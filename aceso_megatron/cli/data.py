@@ -15,7 +15,7 @@ import json
 import os
 import warnings
 
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> None:
     """The arguments, before torch or megatron-core is imported (one line, exit 2)."""
-    from search.files import check_output
+    from search.io.files import check_output
 
     from .train import _check_tokenizer
 

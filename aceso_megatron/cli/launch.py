@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 
 from search import plots
-from search.argtypes import nonnegative_int, port, positive_int
-from search.plan import load_plan
-from search.preflight import preflight
+from search.io.argtypes import nonnegative_int, port, positive_int
+from search.spec.plan import load_plan
+from search.targets.preflight import preflight
 
 from .common import check_output, write_output
 
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     train_args = list(getattr(args, "train_args", None) or []) + plots.train_args(args)
     plan = load_plan(args.plan)
     check_train_args(parse_train_args(args.plan, [*train_args, *(["--cpu"] if args.cpu else [])]), plan)
-    # the one pre-flight (search.preflight) before any process, for the aceso runtime whatever the plan was priced
+    # the one pre-flight (search.targets.preflight) before any process, for the aceso runtime whatever the plan was priced
     # for: the plan, its model and what the device cannot run (--cpu: the capability table's CPU rules, those each
     # worker applies again before its process group); validate --target aceso answers the same
     preflight(plan, "cpu" if args.cpu else "cuda", target="aceso")

@@ -17,9 +17,9 @@ import os
 import sys
 from pathlib import Path
 
-from search.argtypes import port, seed
-from search.errors import AcesoError
-from search.model import ModelSpec
+from search.io.argtypes import port, seed
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
 
 from .common import add_model_args, check_output, model_from_args
 

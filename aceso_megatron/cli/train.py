@@ -22,9 +22,9 @@ import math
 import os
 from pathlib import Path
 
-from search.argparser import AcesoParser
-from search.argtypes import nonnegative_float, nonnegative_int, positive_float, positive_int, seed
-from search.errors import AcesoError
+from search.io.argparser import AcesoParser
+from search.io.argtypes import nonnegative_float, nonnegative_int, positive_float, positive_int, seed
+from search.io.errors import AcesoError
 
 from ..training.checkpoint_files import MARKER as CHECKPOINT_MARKER   # torch-free
 
@@ -95,7 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def preflight(plan, device: str, here: bool = False) -> bool:
-    """The runtime's checks of ``search.preflight`` (found through this entry point); imports torch only here.
+    """The runtime's checks of ``search.targets.preflight`` (found through this entry point); imports torch only here.
     False: it could not tell here (see ``aceso_megatron.preflight``)."""
     from ..preflight import preflight as runtime_preflight
 
@@ -164,7 +164,7 @@ def check_train_args(args: argparse.Namespace, plan=None) -> None:
             if plan.model.vocab_size < ids:
                 raise AcesoError(f"the plan's model has vocab_size {plan.model.vocab_size} but tokenizer byte has "
                                  f"{ids} ids; make a plan for a model with vocab_size >= {ids}")
-    from search.files import check_output, check_output_folder
+    from search.io.files import check_output, check_output_folder
 
     if args.load is not None and os.path.exists(args.load) and not os.path.isdir(args.load):
         raise AcesoError(f"--load {args.load}: not a folder; give a checkpoint folder")
@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
     from ..training.train import train_from_args  # torch only when the command runs
     from . import bad_input_from_patches
 
-    from search.plan import load_plan
+    from search.spec.plan import load_plan
 
     check_train_args(args, load_plan(args.plan))
     with bad_input_from_patches():

@@ -33,7 +33,7 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from search.model import UnitKind
+from search.spec.model import UnitKind
 
 _ATTENTION = {"attention": "self_attention", "cross_attention": "cross_attention"}
 log = logging.getLogger(__name__)

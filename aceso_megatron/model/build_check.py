@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from search.errors import AcesoError
-from search.model import ModelSpec
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
 
 
 def check_layers_build(model: ModelSpec, device: str) -> None:

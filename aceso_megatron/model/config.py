@@ -17,7 +17,7 @@ on a unit's selective recompute (see ``aceso_megatron.model.recompute``).
 
 The model's ``megatron`` block (extra ``TransformerConfig`` fields, ``model_specs.extensions.megatron_kwargs``) is
 passed unchanged; it may turn the kernel fusions on, except on CPU, where the CUDA-only fusions
-(``search.megatron_fields.CPU_OFF``) stay off whatever it says (logged once). Fields the runtime sets itself are
+(``search.spec.megatron_fields.CPU_OFF``) stay off whatever it says (logged once). Fields the runtime sets itself are
 refused in the block, so they never collide here.
 
 Low precision (``low``: the plan's ``settings.low_precision``): the recipe's fields as Megatron-LM sets them from
@@ -34,9 +34,9 @@ from megatron.core.transformer.transformer_config import MLATransformerConfig, T
 from model_specs.builders import architecture_kwargs
 from model_specs.extensions import megatron_kwargs
 from search import layers
-from search.errors import AcesoError
-from search.megatron_fields import CPU_OFF
-from search.model import ModelSpec, UnitKind
+from search.io.errors import AcesoError
+from search.spec.megatron_fields import CPU_OFF
+from search.spec.model import ModelSpec, UnitKind
 
 from .fast_path import Environment, FastPath, choose
 from .lowprec import config_fields

@@ -30,8 +30,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from search.model import ModelSpec
-from search.plan import ParallelPlan
+from search.spec.model import ModelSpec
+from search.spec.plan import ParallelPlan
 
 APEX_SOFTMAX = ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda", "scaled_softmax_cuda")
 APEX_GRAD_ACCUM = "fused_weight_gradient_mlp_cuda"
@@ -70,7 +70,7 @@ class Environment:
         import torch
 
         if not torch.cuda.is_available():   # a CUDA run asked for on a machine without one: the user's to fix
-            from search.errors import AcesoError
+            from search.io.errors import AcesoError
 
             raise AcesoError(no_cuda_message(torch))
 
@@ -147,10 +147,10 @@ def choose(env: Environment, model: ModelSpec, tp_comm_overlap: bool = False) ->
 
 def refusal(env: Environment, plan: ParallelPlan) -> str | None:
     """One line naming the stage/field of ``plan`` this environment cannot run, or None: the recipe's needs, the
-    capability table's rules for this device (``search.capabilities``: context parallelism and TP overlap need
+    capability table's rules for this device (``search.targets.capabilities``: context parallelism and TP overlap need
     transformer-engine, one TP domain), and a transformer-engine without userbuffers."""
-    from search.capabilities import Device, cp_needs_te
-    from search.runtime_rules import tp_comm_overlap
+    from search.targets.capabilities import Device, cp_needs_te
+    from search.targets.runtime_rules import tp_comm_overlap
 
     from .lowprec import refusal as recipe_refusal
 

@@ -25,7 +25,7 @@ import copy
 from dataclasses import dataclass
 
 from patches.compat import have_hybrid
-from search.model import ModelSpec, Unit
+from search.spec.model import ModelSpec, Unit
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from search.model import ModelSpec
+from search.spec.model import ModelSpec
 
 
 def _is_glu_fc1(name: str, model: ModelSpec) -> bool:

@@ -32,9 +32,9 @@ from model_specs.extensions import (
     whole_layer_stacks,
 )
 from search import layers
-from search.errors import AcesoError
-from search.layer_variants import refuse_unbuilt
-from search.model import ModelSpec, Unit
+from search.io.errors import AcesoError
+from search.layers.layer_variants import refuse_unbuilt
+from search.spec.model import ModelSpec, Unit
 
 from .attention import with_recomputed_dropout
 from .config import stage_config, unit_config

@@ -1,8 +1,8 @@
-"""A plan's low-precision recipe (``settings.low_precision``, ``search/precision.py``) in megatron-core's terms: the
+"""A plan's low-precision recipe (``settings.low_precision``, ``search/settings/precision.py``) in megatron-core's terms: the
 ``TransformerConfig`` fields, the per-layer FP8 / FP4 contexts, and what an environment cannot run.
 
 ``config_fields(low)``: the fields Megatron-LM core_v0.16.1's ``core_transformer_config_from_args`` sets from the
-flags our export writes (``search.precision.megatron_flags``: ``--fp8-format F --fp8-recipe R``,
+flags our export writes (``search.settings.precision.megatron_flags``: ``--fp8-format F --fp8-recipe R``,
 ``--fp4-format e2m1 --fp4-recipe nvfp4``, ``--fp8-param-gather`` / ``--fp4-param-gather``,
 ``--first-last-layers-bf16 --num-layers-at-start-in-bf16 N --num-layers-at-end-in-bf16 M``): each flag is a
 ``TransformerConfig`` field of the same name (``--fp8-format`` -> ``fp8``, ``--fp4-format`` -> ``fp4``; the
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack, nullcontext
 
-from search.precision import megatron_flags, recipe
+from search.settings.precision import megatron_flags, recipe
 
 # what each exported flag sets (core_v0.16.1: the TransformerConfig field of that argparse dest)
 _FLAG_FIELDS = {"--fp8-format": "fp8", "--fp8-recipe": "fp8_recipe", "--fp8-param-gather": "fp8_param",

@@ -22,13 +22,13 @@ parameters are reduced over expert-DP (``mark_expert_params``: every routed expe
 
 ``refusal(env, plan)`` names what this runtime cannot run yet, one line, before any process group exists (MLA and
 MTP run: ``model.mtp``, ``patches.mla_mtp_tp_group``; ``mla_mtp_refusal`` keeps what of them does not): the rules
-are the capability table's (``search.runtime_rules``, torch-free, so ``aceso validate`` applies the same ones).
+are the capability table's (``search.targets.runtime_rules``, torch-free, so ``aceso validate`` applies the same ones).
 """
 
 from __future__ import annotations
 
-from search import runtime_rules
-from search.moe_plan import MoEPlanSettings, expert_tp
+from search.targets import runtime_rules
+from search.settings.moe_plan import MoEPlanSettings, expert_tp
 
 EXPERTS = ".mlp.experts."   # routed experts in canonical names (not ``.mlp.shared_experts.``)
 
@@ -79,20 +79,20 @@ def mark_expert_params(chunk) -> None:
 
 
 def mla_mtp_refusal(plan) -> str | None:
-    """What of MLA / MTP the runtime does not run (one line), or None (``search.runtime_rules.mla_mtp``)."""
+    """What of MLA / MTP the runtime does not run (one line), or None (``search.targets.runtime_rules.mla_mtp``)."""
     return runtime_rules.mla_mtp(plan, None)
 
 
 def refusal(env, plan) -> str | None:
     """One line naming what of ``plan``'s MoE / MLA / MTP this runtime cannot run (on ``env``; None: what no
-    environment runs), or None: the capability table's runtime rules (``search.runtime_rules``) for this
+    environment runs), or None: the capability table's runtime rules (``search.targets.runtime_rules``) for this
     environment."""
     m = plan.model
     why = (runtime_rules.mla_mtp(plan, None) or runtime_rules.moe_biases(m, None) or runtime_rules.expert_bias(m, None)
            or runtime_rules.overlap_ep(plan, None))
     if why is not None or env is None:
         return why
-    from search.capabilities import Device
+    from search.targets.capabilities import Device
 
     device = Device(cuda=env.cuda, te=env.te)
     return (runtime_rules.flex_on_cpu(plan, device) or runtime_rules.expert_tp_alltoall_on_cpu(plan, device)

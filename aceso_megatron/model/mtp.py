@@ -1,7 +1,7 @@
 """Multi-token prediction on the last stage: megatron-core's ``MultiTokenPredictionBlock`` and its loss, as stock
 ``GPTModel`` builds and computes them.
 
-The plan's ``mtp`` units (``search.model``: one per MTP layer, after the last decoder layer) are the last units
+The plan's ``mtp`` units (``search.spec.model``: one per MTP layer, after the last decoder layer) are the last units
 of the last chunk of the last stage; that chunk builds one ``MultiTokenPredictionBlock`` of them (canonical names
 ``mtp.layers.<j>.*``, as ``GPTModel``'s) from megatron-core's MTP layer spec (``get_mtp_layer_spec_for_backend``)
 around the spec of the last decoder layer (stock ``get_gpt_mtp_block_spec`` takes ``layer_specs[-1]``), with the

@@ -1,7 +1,7 @@
 """Per-unit activation recompute, on megatron-core's own checkpointing (``tensor_parallel.checkpoint``, which
 saves and replays the RNG state; on CPU through ``patches.cpu_mode``).
 
-The four choices of ``search.plan.Recompute`` for one unit:
+The four choices of ``search.spec.plan.Recompute`` for one unit:
 - ``none``: keep every activation.
 - ``selective``: attention units recompute the attention core (megatron-core's ``recompute_modules=["core_attn"]``,
   set in the unit's config by ``aceso_megatron.model.config.unit_config``); MLP units recompute the activation function

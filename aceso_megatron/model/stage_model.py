@@ -44,9 +44,9 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import build_module
 
 from model_specs.builders import final_norm_spec
-from search.model import ModelSpec
-from search.plan import ParallelPlan
-from search.rope_scaling import rotary_kwargs
+from search.spec.model import ModelSpec
+from search.spec.plan import ParallelPlan
+from search.spec.rope_scaling import rotary_kwargs
 
 from . import hybrid, lowprec, moe, mtp
 from .attention import attention_mismatch, fall_back_with_te

@@ -5,7 +5,7 @@ A parameter's full value is its TP shards put together (``init.gather_full``) on
 stage (a routed expert's: its expert-TP shards on expert-DP replica 0 of its EP rank). Its gradient is its ``main_grad`` after the step's finalisation -- except with the distributed optimizer,
 where each DP (x CP) rank holds the reduced gradient of its shard of every DDP bucket only: the shards are put
 together first (``reduced_grads``); with Megatron FSDP, gradients and weights from its buffers
-(``training.fsdp.local_full``). Adam's state (``full_optimizer_state``) likewise: the distributed optimizer's
+(``local_full``). Adam's state (``full_optimizer_state``) likewise: the distributed optimizer's
 flat DP shards put together, then the TP shards.
 """
 
@@ -35,13 +35,33 @@ def reduced_grads(rt) -> dict:
     return out
 
 
+def local_full(rt, which: str) -> dict:
+    """``which`` = "grad" or "param": local name -> its DP-complete (TP-local) tensor (collective over DP x CP)."""
+    out = {}
+    for i, m in enumerate(rt.models):
+        fsdp = m.module
+        names = {p: n for n, p in fsdp.raw_param.items()}
+        for group in fsdp.param_and_grad_buffer.parameter_groups:
+            buf = group.main_grad_buffer if which == "grad" else group.model_weight_buffer
+            if buf is None:
+                continue
+            # each rank's (virtual) shard is what it reduced / updated: summed over DP x CP into the whole bucket
+            sh, whole = buf.shard_bucket_index, buf.bucket_index
+            data = torch.zeros(whole.global_data_index + whole.size, dtype=buf.data.dtype)
+            lo = sh.global_data_index
+            data[lo:lo + sh.size] = buf.data[sh.local_data_index:sh.local_data_index + sh.size].cpu()
+            dist.all_reduce(data, group=buf.data_parallel_group)
+            for k, p in enumerate(buf.params):
+                ix = buf.item_index_map[k]
+                out[f"chunks.{i}.{names[p]}"] = data[ix.global_data_index:ix.global_data_index + ix.size].view(p.shape)
+    return out
+
+
 def full_tensors(rt, which: str) -> dict[str, torch.Tensor]:
     """``which`` = "param" or "grad": every full-model tensor on every rank (collective)."""
     params = dict(rt.named_parameters())
     names = rt.canonical_names()
     if rt.plan.megatron_fsdp is not None:   # Megatron FSDP: its buffers put together over DP x CP
-        from ..training.fsdp import local_full
-
         local = local_full(rt, which)
     elif which == "grad" and rt.plan.distributed_optimizer:
         reduced = reduced_grads(rt)

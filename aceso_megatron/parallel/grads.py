@@ -31,7 +31,15 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..model.init import gather_full, shard
 from ..model.moe import is_expert
-from ..training.fsdp import grad_of
+
+
+def grad_of(p):
+    """The gradient the runtime finalises in place: DDP's ``main_grad``; a Megatron FSDP parameter's (after
+    ``finish_grad_sync``, a DTensor of the distributed optimizer) its local shard, a view of FSDP's gradient buffer
+    (None when this rank holds none of it), as megatron-core's ``_allreduce_non_tensor_model_parallel_grads``."""
+    if getattr(p, "__fsdp_param__", False):
+        return p.grad._local_tensor.data if p.grad is not None else None
+    return p.main_grad.data
 
 
 def finalize_model_grads_fn(runtime):
@@ -138,7 +146,7 @@ def allreduce_tp_partial_grads(runtime) -> None:
             if (cfg.sequence_parallel and getattr(p, "sequence_parallel", False)) or \
                     (cfg.qk_layernorm and not cfg.multi_latent_attention   # MLA's: on whole latents (SP: flagged)
                      and ("q_layernorm" in name or "k_layernorm" in name)):
-                if (g := grad_of(p)) is not None:   # Megatron FSDP: the local shard (training.fsdp)
+                if (g := grad_of(p)) is not None:   # Megatron FSDP: the local shard (grad_of)
                     grads.append(g)
     if grads:
         flat = _flatten_dense_tensors(grads)

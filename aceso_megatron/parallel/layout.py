@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from megatron.core.process_groups_config import ProcessGroupCollection
 
-from search.moe_plan import expert_tp
-from search.plan import ParallelPlan
+from search.settings.moe_plan import expert_tp
+from search.spec.plan import ParallelPlan
 
 
 @dataclass(frozen=True)

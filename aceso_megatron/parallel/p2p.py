@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from search.plan import ParallelPlan
+from search.spec.plan import ParallelPlan
 
 from .layout import RankLayout, StagePosition, stage_rank
 from .shards import Holding, boundary_segments, holding

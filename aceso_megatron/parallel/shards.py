@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from search.plan import ParallelPlan
+from search.spec.plan import ParallelPlan
 
 from .layout import RankLayout, sample_range
 

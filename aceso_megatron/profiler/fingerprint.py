@@ -10,7 +10,7 @@ from importlib import metadata
 
 import torch
 
-from search.cluster import gpu_for_device as gpu_preset  # noqa: F401  (the device name's GPU record)
+from search.spec.cluster import gpu_for_device as gpu_preset  # noqa: F401  (the device name's GPU record)
 
 def _version(dist_name: str) -> str | None:
     try:

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from search.model import ModelSpec
-from search.moe_plan import MoEPlanSettings
+from search.spec.model import ModelSpec
+from search.settings.moe_plan import MoEPlanSettings
 
 # what the probe plan runs: megatron-core's default dispatcher; grouped GEMM / permute fusion wherever the device
 # has them (model.moe.fast_fields turns them off on CPU)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from search.model import ModelSpec
+from search.spec.model import ModelSpec
 
 from .timing import repeat
 from .units import one_layer

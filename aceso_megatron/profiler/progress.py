@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 
 
 def partial_path(db_path: str | Path) -> Path:

@@ -17,7 +17,7 @@ import time
 import warnings
 
 from patches.compat import quiet_cuda_build_notices
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 
 quiet_cuda_build_notices()   # a worker on CPU with torch's CUDA build: no import-time notice (patches.compat)
 warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
@@ -152,7 +152,7 @@ class Worker:
         hw = hardware(self.device, self.per_node, self.world // self.per_node)
         gpu = "cpu" if self.device == "cpu" else (self.args.gpu or gpu_preset(hw["device_name"]))
         if gpu is None:
-            from search.cluster import GPU_PRESETS
+            from search.spec.cluster import GPU_PRESETS
             raise AcesoError(f"GPU '{hw['device_name']}' matches no GPU record ({', '.join(GPU_PRESETS)}); name "
                              "it with --gpu (a new GPU: a record file, docs/gpus.md)")
         dtype = "fp32" if self.device == "cpu" else self.model.params_dtype
@@ -182,7 +182,7 @@ class Worker:
 
 def worker_parser():
     """The worker's parser: ``aceso profile``'s arguments, built by the one constructor (no abbreviations)."""
-    from search.argparser import AcesoParser
+    from search.io.argparser import AcesoParser
 
     from ..cli.profile import add_arguments
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from search.costmodel.profiledb import ProfileDBWriter
-from search.model import ModelSpec
+from search.spec.model import ModelSpec
 
 from .comm_plan import KINDS, group_key, group_plan, message_sizes
 

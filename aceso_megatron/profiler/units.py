@@ -15,7 +15,7 @@ lockstep: all ranks meet at a barrier before every repeat, so every repeat runs 
 processes, as in a real run where they all compute at once (a tp-1 group alone would drift out of step). Per unit and per-rank batch:
 - ``fwd_us``, ``bwd_us``: medians with recompute none (the unit's TP collectives included);
 - ``recompute_us[c]``: ``(fwd + bwd)`` under choice c minus under none (clipped at 0); lists indexed by the
-  unit kind's choices in ``search.plan.RECOMPUTE_CHOICES`` order (``recompute_allowed``: 4 for attention and
+  unit kind's choices in ``search.spec.plan.RECOMPUTE_CHOICES`` order (``recompute_allowed``: 4 for attention and
   cross-attention, 3 for MLP);
 - ``act_bytes[c]``: bytes kept for backward (``memory.py``); ``weight_bytes``: the unit's parameters per rank;
 - on GPU: ``peak_bytes[c]``, the backward's transient peak under c above the one under none, and
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from search.errors import AcesoError
-from search.model import ModelSpec
-from search.plan import MLA_ONLY, RECOMPUTE_CHOICES, parse_plan, recompute_allowed
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
+from search.spec.plan import MLA_ONLY, RECOMPUTE_CHOICES, parse_plan, recompute_allowed
 
 from . import memory
 from .timing import repeat

@@ -23,7 +23,7 @@ import torch
 from model_specs.builders import architecture_kwargs, bind_tp_group, t5_layer_specs
 from model_specs.extensions import megatron_kwargs
 from search.megatron.layout import format_layout
-from search.model import ModelSpec
+from search.spec.model import ModelSpec
 
 
 class Group:

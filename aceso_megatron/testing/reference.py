@@ -16,8 +16,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from search.model import ModelSpec
-from search.rope_scaling import rotary_kwargs
+from search.spec.model import ModelSpec
+from search.spec.rope_scaling import rotary_kwargs
 
 from ..model.config import stage_config
 from ..model.init import initialize
@@ -314,7 +314,7 @@ def stock_run(raw: dict, seed: int, train_config: TrainConfig, steps: int, loss_
     global batch only (not its stages or features: that is the equivalence the tests check), so it is computed once
     per process for each of those with ``seed``, ``train_config`` and ``steps``; plans sharing them (most plans of
     a test file) get a copy of that run."""
-    from search.plan import ParallelPlan
+    from search.spec.plan import ParallelPlan
 
     p = ParallelPlan.model_validate(raw)
     per_rank = p.micro_batch_per_rank(p.num_stages - 1)

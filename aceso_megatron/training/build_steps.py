@@ -8,7 +8,7 @@ user sees it in the log (``aceso train`` prints the lines: ``show_build_steps``)
     ...
 
 A feature that is off is a step that says so ("patches: none", "overlapped: nothing"), not an ``if`` inside
-another step. What the run refuses is the one pre-flight's (``search.preflight``, ``aceso_megatron.preflight``,
+another step. What the run refuses is the one pre-flight's (``search.targets.preflight``, ``aceso_megatron.preflight``,
 ``engine.check_plan``), never a step's.
 """
 
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from search.plan import ParallelPlan
-from search.plan_settings import run_settings
+from search.spec.plan import ParallelPlan
+from search.settings.plan_settings import run_settings
 
 from ..model.fast_path import Environment, FastPath, choose
 from ..parallel.layout import Groups, RankLayout, build_groups, embedding_stages
@@ -115,7 +115,7 @@ def choose_fast_paths(plan: ParallelPlan, env: Environment, device: str, fast: F
 @dataclass(frozen=True)
 class Precision:
     """The run's dtypes: the chunks' parameters (the fast path's), the DP gradient reduction (as the plan was
-    priced: ``search.plan_settings.run_settings``) and the low-precision recipe of the linear layers, if any."""
+    priced: ``search.settings.plan_settings.run_settings``) and the low-precision recipe of the linear layers, if any."""
 
     params: str                 # fp32 | bf16 | fp16
     grad_reduce_in_fp32: bool

@@ -45,7 +45,7 @@ import numpy
 import torch
 import torch.distributed as dist
 
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 
 from .checkpoint_files import MARKER
 
@@ -353,7 +353,7 @@ def _arch(model, fields) -> dict:
 
 def model_mismatch(saved: dict | None, rt, ckpt_dir: Path) -> str | None:
     """Why the checkpoint does not hold the plan's model (the first differing field), or None."""
-    from search.model import ModelSpec
+    from search.spec.model import ModelSpec
 
     want = rt.plan.model
     if saved is not None:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy
 
-from search.errors import AcesoError
-from search.model import ModelSpec
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
 
 from .tokenizer import load_tokenizer
 

@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from search.errors import AcesoError
-from search.plan import ParallelPlan, parse_plan
-from search.plan_settings import run_settings
+from search.io.errors import AcesoError
+from search.spec.plan import ParallelPlan, parse_plan
+from search.settings.plan_settings import run_settings
 
 from ..model.fast_path import Environment, FastPath, refusal
 from ..model.moe import refusal as moe_refusal
@@ -273,9 +273,9 @@ def _ddp_config(plan: ParallelPlan, fast: FastPath, precision: Precision, tc: Tr
     return DistributedDataParallelConfig(
         overlap_grad_reduce=plan.overlap_grad_reduce, overlap_param_gather=plan.overlap_param_gather,
         use_distributed_optimizer=plan.distributed_optimizer or plan.megatron_fsdp is not None,
-        # the train config's, else the one the plan was priced with (search/data_parallel.py)
+        # the train config's, else the one the plan was priced with (search/settings/data_parallel.py)
         bucket_size=tc.ddp_bucket_size or run_settings(plan.settings, fast.dtype).ddp_bucket_size,
-        # as the plan was priced (search/plan_settings.py: runtime plans reduce in the parameter dtype, megatron-
+        # as the plan was priced (search/settings/plan_settings.py: runtime plans reduce in the parameter dtype, megatron-
         # core's DDP default; a Megatron-LM-priced plan as Megatron-LM's flags say)
         grad_reduce_in_fp32=precision.grad_reduce_in_fp32,
         **fsdp.ddp_fields(plan),

@@ -1,4 +1,4 @@
-"""Megatron FSDP plans (``plan.megatron_fsdp``, ``search/fsdp.py``) on megatron-core's own
+"""Megatron FSDP plans (``plan.megatron_fsdp``, ``search/settings/fsdp.py``) on megatron-core's own
 ``FullyShardedDataParallel`` (``distributed/fsdp/mcore_fsdp_adapter.py``), as Megatron-LM's ``--use-megatron-fsdp
 --data-parallel-sharding-strategy S`` runs them.
 
@@ -9,12 +9,12 @@ experts' FSDP buffers sharded over expert-DP on megatron-core's expert device me
 its forward and backward), megatron-core's distributed optimizer over its shards (``get_megatron_optimizer`` takes
 the FSDP branch), megatron-core's clipping. On CPU with ``patches.fsdp_cpu`` (host streams). TP: each TP rank's
 FSDP shards its own TP-local weights over DP x CP (the buffers of a stage's TP ranks have one layout), so the
-sequence-parallel partial gradients are summed over TP on the local shards (``grad_of``), as megatron-core's
-``finalize_model_grads`` does.
+sequence-parallel partial gradients are summed over TP on the local shards (``parallel.grads.grad_of``), as
+megatron-core's ``finalize_model_grads`` does.
 
 What is refused, one line before any process group (the first two by the plan itself,
-``search.fsdp.structural_refusal``; the rest by the capability table's runtime rules,
-``search.runtime_rules.megatron_fsdp``, and einops here, ``refusal``; the one pre-flight asks both):
+``search.settings.fsdp.structural_refusal``; the rest by the capability table's runtime rules,
+``search.targets.runtime_rules.megatron_fsdp``, and einops here, ``refusal``; the one pre-flight asks both):
 - pipeline stages or chunks: megatron-core 0.16.1 cannot build Megatron FSDP's device mesh with pipeline
   parallelism, in Megatron-LM either: ``_get_dp_tp_mesh`` lays ``torch.arange(world_size)`` out as
   ``(dp_cp ep tp)``, which fails (``EinopsError: Shape mismatch``) when the world also spans pipeline stages
@@ -31,10 +31,10 @@ What is refused, one line before any process group (the first two by the plan it
 
 Torch-free at import (the pre-flight and the argument check read it).
 
-Full tensors (tests): ``local_full`` puts each parameter group's gradient buffer (after the reduction) or weight
-buffer (after the optimizer step) together from every DP x CP rank's shard -- the part it reduced or updated; an
-unsharded buffer (``optim``) holds the rest unreduced -- and cuts each parameter out of it at its place in the
-buffer (``item_index_map``): a TP-local tensor per local name, as DDP's ``main_grad``.
+Full tensors (tests): ``parallel.gather.local_full`` puts each parameter group's gradient buffer (after the
+reduction) or weight buffer (after the optimizer step) together from every DP x CP rank's shard -- the part it
+reduced or updated; an unsharded buffer (``optim``) holds the rest unreduced -- and cuts each parameter out of it
+at its place in the buffer (``item_index_map``): a TP-local tensor per local name, as DDP's ``main_grad``.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ import importlib.util
 
 def refusal(plan) -> str | None:
     """Why the runtime cannot run ``plan``'s Megatron FSDP or activation offload (one line), or None: the
-    capability table's runtime rules (``search.runtime_rules``), then what needs a package here."""
-    from search import runtime_rules
+    capability table's runtime rules (``search.targets.runtime_rules``), then what needs a package here."""
+    from search.targets import runtime_rules
 
     return (runtime_rules.activation_offload(plan, None) or runtime_rules.megatron_fsdp(plan, None)
             or machine_refusal(plan))
@@ -92,37 +92,3 @@ def wrap(chunk, ddp_config, groups, device):
 
     cls = fsdp_class(groups.tp, groups.pg_collection.expt_tp)
     return cls(chunk.config, ddp_config, chunk, device=torch.device(device), pg_collection=groups.pg_collection)
-
-
-def grad_of(p):
-    """The gradient the runtime finalises in place: DDP's ``main_grad``; a Megatron FSDP parameter's (after
-    ``finish_grad_sync``, a DTensor of the distributed optimizer) its local shard, a view of FSDP's gradient buffer
-    (None when this rank holds none of it), as megatron-core's ``_allreduce_non_tensor_model_parallel_grads``."""
-    if getattr(p, "__fsdp_param__", False):
-        return p.grad._local_tensor.data if p.grad is not None else None
-    return p.main_grad.data
-
-
-def local_full(rt, which: str) -> dict:
-    """``which`` = "grad" or "param": local name -> its DP-complete (TP-local) tensor (collective over DP x CP)."""
-    import torch
-    import torch.distributed as dist
-
-    out = {}
-    for i, m in enumerate(rt.models):
-        fsdp = m.module
-        names = {p: n for n, p in fsdp.raw_param.items()}
-        for group in fsdp.param_and_grad_buffer.parameter_groups:
-            buf = group.main_grad_buffer if which == "grad" else group.model_weight_buffer
-            if buf is None:
-                continue
-            # each rank's (virtual) shard is what it reduced / updated: summed over DP x CP into the whole bucket
-            sh, whole = buf.shard_bucket_index, buf.bucket_index
-            data = torch.zeros(whole.global_data_index + whole.size, dtype=buf.data.dtype)
-            lo = sh.global_data_index
-            data[lo:lo + sh.size] = buf.data[sh.local_data_index:sh.local_data_index + sh.size].cpu()
-            dist.all_reduce(data, group=buf.data_parallel_group)
-            for k, p in enumerate(buf.params):
-                ix = buf.item_index_map[k]
-                out[f"chunks.{i}.{names[p]}"] = data[ix.global_data_index:ix.global_data_index + ix.size].view(p.shape)
-    return out

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 
 # the master-weight prefixes of the two kinds (the plain fp32 optimizer has none: the model key itself)
 _MASTER = ("optimizer.state.param.", "optimizer.state.fp32_param.")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 
 NUM_SENTINELS = 100
 _SPECIALS = ("eod", "pad", "bos", "eos", "cls", "sep", "mask")

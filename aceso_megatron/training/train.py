@@ -23,8 +23,8 @@ import warnings
 
 from patches.compat import quiet_cuda_build_notices
 from search import plots
-from search.errors import AcesoError
-from search.plan import ParallelPlan, load_plan
+from search.io.errors import AcesoError
+from search.spec.plan import ParallelPlan, load_plan
 
 from .schedule import build_scheduler  # noqa: F401  (tests build the run's scheduler from here)
 from .signals import exit_code
@@ -197,7 +197,7 @@ def train_from_args(args: argparse.Namespace) -> int:
     world_size, rank, local_rank = _launch_env()
     plan = load_plan(args.plan)
     check_args(args, plan, world_size)
-    from search.preflight import preflight
+    from search.targets.preflight import preflight
 
     preflight(plan, "cpu" if args.cpu else "cuda", here=True, target="aceso")   # the one pre-flight, before groups
     plots.check_training(args)   # before training: a bad --plot or no matplotlib is exit 2 now, not at the end

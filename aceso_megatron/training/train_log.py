@@ -2,14 +2,14 @@
 
 Every ``--log-interval`` steps the last stage's last rank prints (and appends to ``--log-file`` as one JSON line):
 the step's loss, the gradient norm before clipping, the learning rate the step used, the mean iteration time over
-the interval, samples/s, tokens/s per GPU and model TFLOP/s per GPU (``search.throughput``, the function every
+the interval, samples/s, tokens/s per GPU and model TFLOP/s per GPU (``search.costmodel.throughput``, the function every
 report uses: ``ModelSpec.training_flops_per_sample`` x global batch / time / GPUs, model FLOPs, recompute not
 counted; MFU on a GPU run, against the plan's GPU preset) and the max memory of each stage (the max over its ranks:
 ``torch.cuda.max_memory_allocated`` on GPUs, the process's max RSS on CPU).
 
 The summary compares the plan's prediction (``plan.predicted``) with the measurement: the mean iteration time
 of the steps after the first (the first pays for warm-up) and each stage's max memory. When the prediction is not
-for this machine it says so (``machine_note``): a plan priced on the nominal ``cpu`` preset (search.cluster
+for this machine it says so (``machine_note``): a plan priced on the nominal ``cpu`` preset (search.spec.cluster
 ``NOMINAL_PRESETS``) and not calibrated, a GPU plan run on CPU, or a plan priced for other GPUs than the ones the
 run is on (the device name's preset, ``profiler.fingerprint.gpu_preset``); with the ``aceso calibrate`` command
 that fits the preset to this run.
@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 import torch
 import torch.distributed as dist
 
-from search.throughput import throughput, tokens_per_sample
+from search.costmodel.throughput import throughput, tokens_per_sample
 
 
 def max_memory_mb(device: str) -> float:
@@ -175,7 +175,7 @@ class TrainLogger:
 def machine_note(plan, device: str, plan_path: str, log_file: str | None) -> str | None:
     """Why the plan's predicted time is not one for this machine, and what to do; None when it is (module
     docstring)."""
-    from search.cluster import GPU_PRESETS, NOMINAL_PRESETS
+    from search.spec.cluster import GPU_PRESETS, NOMINAL_PRESETS
 
     c = plan.cluster
     if c is None or plan.predicted is None:

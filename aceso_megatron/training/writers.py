@@ -26,12 +26,12 @@ import argparse
 import importlib.util
 import os
 
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 
 
 def check_args(args: argparse.Namespace) -> None:
     """Torch-free checks of the writer flags (``aceso launch`` runs them before any process starts)."""
-    from search.files import check_output_folder
+    from search.io.files import check_output_folder
 
     check_output_folder(getattr(args, "tensorboard_dir", None), "--tensorboard-dir")
     check_output_folder(getattr(args, "wandb_save_dir", None), "--wandb-save-dir")

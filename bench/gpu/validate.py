@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from search.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
+from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 
 TINY = {"name": "tiny-gpt", "family": "gpt", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
         "ffn_hidden_size": 256, "seq_length": 32, "vocab_size": 256, "params_dtype": "fp32"}
@@ -38,7 +38,7 @@ TIME_TARGET, MEMORY_TARGET = 0.03, 0.05
 def model_spec(tiny: bool) -> dict:
     if tiny:
         return dict(TINY)
-    from search.presets import load_model
+    from search.spec.presets import load_model
 
     spec = load_model("gpt-1.3b").model_dump()
     spec.update(name="gpt-1.3b-bf16", params_dtype="bf16")
@@ -46,9 +46,9 @@ def model_spec(tiny: bool) -> dict:
 
 
 def plans(model: dict, gbs: int) -> dict[str, dict]:
-    from search.model import ModelSpec
+    from search.spec.model import ModelSpec
 
-    from search.plan import RECOMPUTE_CHOICES, recompute_allowed
+    from search.spec.plan import RECOMPUTE_CHOICES, recompute_allowed
 
     spec = ModelSpec.model_validate(model)
     units = spec.units
@@ -64,10 +64,10 @@ def plans(model: dict, gbs: int) -> dict[str, dict]:
 
 
 def predict(raw: dict, db: Path, gpu: str) -> dict:
-    from search.cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from search.costmodel import make_cost_model
-    from search.plan import parse_plan
-    from search.training import TrainingSpec
+    from search.spec.plan import parse_plan
+    from search.spec.training import TrainingSpec
 
     plan = parse_plan(raw, world_size=1)
     dtype = json.loads(db.read_text())["dtype"]

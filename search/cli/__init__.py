@@ -34,13 +34,13 @@ import sys
 import pydantic
 
 from .. import __version__
-from ..argparser import AcesoParser  # noqa: F401  (the one constructor; see search/argparser.py)
-from ..cluster import load_gpu_file
-from ..errors import AcesoError, format_validation_error
+from search.io.argparser import AcesoParser  # noqa: F401  (the one constructor; see search/io/argparser.py)
+from search.spec.cluster import load_gpu_file
+from search.io.errors import AcesoError, format_validation_error
+from search.targets.preflight import RUNTIME_PACKAGES  # a runtime subcommand that misses these: install hint, exit 2
 
 ENTRY_POINT_GROUP = "aceso.subcommands"
 RUNTIME_INSTALL = 'pip install -e ".[runtime]"'
-RUNTIME_PACKAGES = ("torch", "megatron")   # a runtime subcommand that misses these: install hint, exit 2
 
 # subcommand -> module under search.cli
 PLANNER_SUBCOMMANDS: dict[str, str] = {

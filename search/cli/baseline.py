@@ -5,7 +5,7 @@ Example: aceso baseline --model gpt-1.3b --cluster 1x8-h100 --global-batch-size 
 --target aceso (default) prices and checks it for the aceso runtime (DDP / the distributed optimizer, activations
 on the GPU); --target megatron-lm / megatron-bridge as that framework runs it, Megatron FSDP and CPU activation
 offload included (--megatron-fsdp on: only FSDP configurations). Each target's limits apply to it only
-(search/capabilities.py).
+(search/targets/capabilities.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from ..errors import AcesoError
+from search.io.errors import AcesoError
 from .common import check_output, write_output
 from .search_cmd import add_problem_args, settings_from_args, setup
 
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
                                     cm, cluster, training, training.micro_batch_sizes))
     plan = to_plan(res.evaluation, model, cluster, training, cm,
                    settings_from_args(args, training))     # the model in the precision it was priced
-    from ..preflight import preflight
+    from search.targets.preflight import preflight
 
     preflight(plan, target=args.target)     # the one pre-flight: it writes only a plan its target runs
     if args.output:

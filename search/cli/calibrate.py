@@ -16,9 +16,9 @@ import argparse
 import os
 import sys
 
-from ..argtypes import positive_int
-from ..errors import AcesoError
-from ..files import read_text
+from search.io.argtypes import positive_int
+from search.io.errors import AcesoError
+from search.io.files import read_text
 from .common import add_gpu_file_arg, add_megatron_version_arg, check_output, print_json, write_output
 
 
@@ -35,14 +35,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _read_run(config: str, log: str, args: argparse.Namespace):
-    from ..calibrate import Run, check_log
-    from ..cluster import parse_cluster
-    from ..megatron_log import read_run_log
+    from search.calibration.calibrate import Run, check_log
+    from search.spec.cluster import parse_cluster
+    from search.calibration.megatron_log import read_run_log
     text = read_text(config, label=config, missing="no such launch script or plan")
     cluster = parse_cluster(args.cluster) if args.cluster else None
     plan = None
     if text.lstrip().startswith("{"):
-        from ..plan import load_plan
+        from search.spec.plan import load_plan
         plan = load_plan(config)
         cluster = cluster or plan.cluster
         if cluster is None:
@@ -69,7 +69,7 @@ def _read_run(config: str, log: str, args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..calibrate import calibrate
+    from search.calibration.calibrate import calibrate
     check_output(args.output)
     runs = [_read_run(c, log, args) for c, log in args.run]
     file = calibrate(runs)

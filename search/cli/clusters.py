@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cluster import GPU_ALIASES, GPU_PRESETS, LINK_PRESETS, RACK_PRESETS
+from search.spec.cluster import GPU_ALIASES, GPU_PRESETS, LINK_PRESETS, RACK_PRESETS
 from .common import add_gpu_file_arg, print_json, print_rows
 
 

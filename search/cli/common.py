@@ -1,4 +1,4 @@
-"""Argument helpers shared by subcommands: model/cluster/training options and output writing (``search.files``:
+"""Argument helpers shared by subcommands: model/cluster/training options and output writing (``search.io.files``:
 checked before the work, atomic for regular files, in place for devices and FIFOs, one line on failure)."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import argparse
 import json
 import sys
 
-from ..argtypes import headroom, positive_float, positive_int
-from ..cluster import ClusterSpec, parse_cluster
-from ..files import check_output, write_output, write_outputs  # noqa: F401  (re-exported for the subcommands)
-from ..model import ModelSpec
-from ..presets import load_model
+from search.io.argtypes import headroom, positive_float, positive_int
+from search.spec.cluster import ClusterSpec, parse_cluster
+from search.io.files import check_output, write_output, write_outputs  # noqa: F401  (re-exported for the subcommands)
+from search.spec.model import ModelSpec
+from search.spec.presets import load_model
 
 
 def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -46,8 +46,8 @@ def add_headroom_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_release_arg(p: argparse.ArgumentParser) -> None:
-    """``--release``: the software release priced (``search/releases.py``; default the newest container)."""
-    from ..releases import NAMES, NEWEST
+    """``--release``: the software release priced (``search/settings/releases.py``; default the newest container)."""
+    from search.settings.releases import NAMES, NEWEST
     p.add_argument("--release", default=None, metavar="RELEASE",
                    help=f"the NeMo / Megatron-Bridge container ({', '.join(NAMES)}) or megatron-core / Megatron-LM "
                         f"version (0.16, core_v0.17.0) whose kernels to price (default: the newest, {NEWEST}; "
@@ -59,8 +59,8 @@ def release_of(args: argparse.Namespace) -> str | None:
     r = getattr(args, "release", None)
     if r is None:
         return None
-    from ..errors import AcesoError
-    from ..releases import resolve
+    from search.io.errors import AcesoError
+    from search.settings.releases import resolve
     try:
         resolve(r)
     except AcesoError as e:
@@ -74,11 +74,11 @@ def add_calibration_arg(p: argparse.ArgumentParser) -> None:
 
 
 def calibrated(args: argparse.Namespace, cluster: ClusterSpec | None) -> ClusterSpec | None:
-    """``cluster`` with ``--calibration FILE`` applied (search.calibration.apply_calibration); as is without one."""
+    """``cluster`` with ``--calibration FILE`` applied (search.calibration.calibration.apply_calibration); as is without one."""
     path = getattr(args, "calibration", None)
     if path is None or cluster is None:
         return cluster
-    from ..calibration import apply_calibration, load_calibration
+    from search.calibration.calibration import apply_calibration, load_calibration
     return apply_calibration(cluster, load_calibration(path))
 
 

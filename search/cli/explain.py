@@ -28,15 +28,15 @@ from pathlib import Path
 import pydantic
 
 from .. import plots
-from ..argtypes import positive_int
-from ..errors import AcesoError, as_aceso_error, read_json
-from ..fsdp import describe as fsdp_describe
-from ..plan import RECOMPUTE_CHOICES, ParallelPlan, check_recompute_applies, parse_plan, span_text
-from ..plan_settings import FRAMEWORKS
-from ..precision import PRECISIONS
-from ..training import TrainingSpec
-from ..text import shape as stage_shape
-from ..throughput import Throughput
+from search.io.argtypes import positive_int
+from search.io.errors import AcesoError, as_aceso_error, read_json
+from search.settings.fsdp import describe as fsdp_describe
+from search.spec.plan import RECOMPUTE_CHOICES, ParallelPlan, check_recompute_applies, parse_plan, span_text
+from search.settings.plan_settings import FRAMEWORKS
+from search.settings.precision import PRECISIONS
+from search.spec.training import TrainingSpec
+from search.io.text import shape as stage_shape
+from search.costmodel.throughput import Throughput
 from .common import (add_calibration_arg, add_cluster_args, add_megatron_version_arg, add_release_arg,
                      calibrated, print_json, release_of)
 
@@ -99,8 +99,8 @@ def _read_plan(args: argparse.Namespace, raw: object) -> tuple[ParallelPlan, lis
 
 def _resolve(args: argparse.Namespace, plan: ParallelPlan):
     """(plan, cluster, attention) with the command-line overrides applied and checked."""
-    from ..cluster import parse_cluster
-    from ..presets import load_model
+    from search.spec.cluster import parse_cluster
+    from search.spec.presets import load_model
     data = plan.model_dump(exclude={"predicted"})
     if args.model:
         model = load_model(args.model, num_layers=args.num_layers)
@@ -121,7 +121,7 @@ def _resolve(args: argparse.Namespace, plan: ParallelPlan):
     if args.global_batch_size is not None:
         data["global_batch_size"] = args.global_batch_size
     release = release_of(args)
-    if release is not None:          # the release priced: the plan's settings say it (search/releases.py)
+    if release is not None:          # the release priced: the plan's settings say it (search/settings/releases.py)
         data["settings"] = {**(data.get("settings") or {}), "release": release}
     try:
         plan = ParallelPlan.model_validate(data)
@@ -132,7 +132,7 @@ def _resolve(args: argparse.Namespace, plan: ParallelPlan):
 
 
 def _with_limit(cluster, memory_limit_mb: float):
-    from ..cluster import ClusterSpec
+    from search.spec.cluster import ClusterSpec
 
     try:
         return ClusterSpec.model_validate({**cluster.model_dump(), "memory_limit_mib": memory_limit_mb})
@@ -176,8 +176,8 @@ def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_b
 
 def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str], str]:
     """Our plan (or a reference config converted to one) under any cost model."""
-    from ..plan_settings import describe
-    from ..pricing import plan_cost_model
+    from search.settings.plan_settings import describe
+    from search.costmodel.pricing import plan_cost_model
     plan, notes = _read_plan(args, raw)
     plan, cluster, attention = _resolve(args, plan)
     cm, plan, spec = plan_cost_model(plan, args.framework, cluster=cluster, kind=args.cost_model, db=args.db,
@@ -230,7 +230,7 @@ def _stage_shape(st) -> dict:
 
 def _ref_report(args: argparse.Namespace, raw: dict) -> tuple[dict, list[str], str]:
     """A reference config under aceso-compat, op by op (no conversion to units): the reference's own numbers."""
-    from ..cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from ..compat.costmodel import make_compat_cost_model
     from ..compat.mapping import model_for_key
     from ..compat.refconfig import parse_ref_config
@@ -255,7 +255,7 @@ def _megatron_plan(args: argparse.Namespace):
     """The plan a Megatron-LM command line runs (--megatron-args / --megatron-args-file), as plan JSON."""
     import json
 
-    from ..cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from ..megatron.importer import read_megatron
     from .import_cmd import read_megatron_source
     if args.plan:
@@ -326,7 +326,7 @@ def _print_table(r: dict, units: str = "half layers") -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ..plan import recompute_text
+    from search.spec.plan import recompute_text
     t = Table(title=f"{r['model']} on {r['cluster']} ({r['cost_model']} cost model): {r['num_micro_batches']} "
                     f"pipeline micro-batches of {r['micro_batch_size']}", box=box.SIMPLE_HEAD, padding=(0, 1),
               collapse_padding=True, pad_edge=False, show_edge=False)

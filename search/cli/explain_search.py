@@ -28,14 +28,14 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from ..errors import AcesoError
+from search.io.errors import AcesoError
 
 LINES = (("megatron", "best Megatron-LM plan (drop-in)"), ("aceso", "best heterogeneous plan (aceso runtime)"))
 
 
 def drop_in_target(plan, framework: str | None) -> str:
     """The target of the drop-in line: Megatron-Bridge when the configuration is priced for it, else Megatron-LM."""
-    from ..plan_settings import target_settings
+    from search.settings.plan_settings import target_settings
     settings = target_settings(framework, plan.settings, plan.model.params_dtype)
     return "megatron-bridge" if settings.framework == "megatron-bridge" else "megatron-lm"
 
@@ -45,10 +45,10 @@ def model_flags(model) -> list[str] | None:
     the model as a spec file). Not compared: the dtype (the search's ``--precision`` sets it) and the vocabulary
     padding (Megatron-LM pads to ``--make-vocab-size-divisible-by`` x tp, and the importer records the
     configuration's tp in it; the search pads for the tp it picks)."""
-    import model_specs
+    from model_specs import presets as model_presets
 
-    from ..presets import load_model
-    if model.name not in model_specs.preset_names():
+    from search.spec.presets import load_model
+    if model.name not in model_presets.preset_names():
         return None
     preset = load_model(model.name)
     flags = ["--model", model.name]
@@ -69,9 +69,9 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
     docstring); ``args``: explain's (cluster, memory limit, headroom, calibration, attention, cost model,
     framework); ``model_file``: the spec file standing for a model that is no preset."""
     from ..costmodel.memory import DEFAULT_HEADROOM
-    from ..plan_settings import target_settings
+    from search.settings.plan_settings import target_settings
     from ..planner.space import virtual_degrees
-    from ..precision import base_dtype, training_fields
+    from search.settings.precision import base_dtype, training_fields
     from .search_cmd import DEFAULT_CP, LONG_SEQUENCE, SPACE_TARGET, target_precision
 
     m = plan.model
@@ -140,14 +140,14 @@ def moe_flags(plan) -> list[str]:
 
 
 def _preset_dtype(name: str) -> str:
-    from ..presets import load_model
+    from search.spec.presets import load_model
     return load_model(name).params_dtype
 
 
 def _auto_attention(plan, args) -> str:
     """What ``--attention auto`` means on the plan's GPUs under the analytic model (flash / unfused)."""
-    from ..pricing import cost_model
-    from ..training import TrainingSpec
+    from search.costmodel.pricing import cost_model
+    from search.spec.training import TrainingSpec
     try:
         cm = cost_model(plan.model, plan.cluster, TrainingSpec(global_batch_size=plan.global_batch_size))
     except (AcesoError, ValueError):
@@ -159,7 +159,7 @@ def search_lines(plan, config_ms: float, args, budget: int, save_best: str | Non
     """``{"config_ms", "budget_evals", "megatron": line, "aceso": line}``; a line is ``{"target", "command",
     "iteration_ms", "speedup", "plan"}``, or ``{"target", "command", "not_offered": why}`` where its target runs
     no plan of the model, or ``{"target", "command", "no_plan": why}`` where the search finds none (nothing fits)."""
-    from ..capabilities import model_refusal
+    from search.targets.capabilities import model_refusal
     from .search_cmd import find, parse_args
 
     low = plan.settings.low_precision
@@ -195,8 +195,8 @@ def behind_drop_in(drop_in: dict, het: dict) -> str | None:
     runtime runs, so it can miss it)."""
     if "iteration_ms" not in drop_in or "iteration_ms" not in het or het["iteration_ms"] <= drop_in["iteration_ms"]:
         return None
-    from ..capabilities import RUNTIME
-    from ..preflight import planner_checks, target_device
+    from search.targets.capabilities import RUNTIME
+    from search.targets.preflight import planner_checks, target_device
     plan = drop_in["plan"]
     try:
         planner_checks(plan, target_device(plan), RUNTIME)
@@ -221,7 +221,7 @@ def saved_paths(save_best: str) -> dict:
 
 def save(lines: dict, plan, save_best: str) -> list[str]:
     """Write the plans of the offered lines (and a custom model's spec); the paths written."""
-    from ..presets import spec_text
+    from search.spec.presets import spec_text
     from .common import write_outputs
 
     paths = saved_paths(save_best)

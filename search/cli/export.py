@@ -18,8 +18,8 @@ import argparse
 import os
 from pathlib import Path
 
-from ..errors import AcesoError
-from ..plan import load_plan
+from search.io.errors import AcesoError
+from search.spec.plan import load_plan
 from .common import add_calibration_arg, add_megatron_version_arg, calibrated, check_output, write_output
 
 TARGETS = ("megatron-lm", "megatron-bridge", "aceso-legacy")
@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     check_output(args.output)
     plan = load_plan(args.plan)
-    from ..moe import refuse_unpriced
+    from search.layers.moe_spec import refuse_unpriced
     refuse_unpriced(plan.model)     # exported flags would run a model nobody priced (docs/moe.md)
     from ..layers.hybrid import export_refusal
     why = export_refusal(plan.model, args.to, args.hybrid_pattern)

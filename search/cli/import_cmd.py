@@ -23,8 +23,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import AcesoError
-from ..files import read_text
+from search.io.errors import AcesoError
+from search.io.files import read_text
 from .common import add_gpu_file_arg, add_megatron_version_arg, add_memory_limit_arg, check_output, write_output
 
 
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.output)   # before any work, whichever the source
     if args.source == "megatron-lm":
         return _run_megatron(args)
-    from ..cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from ..compat.mapping import ref_to_plan
     from ..compat.refconfig import load_ref_config
 
@@ -90,7 +90,7 @@ def read_megatron_source(path: str | None, text: str | None) -> tuple[str, str]:
 
 
 def _run_megatron(args: argparse.Namespace) -> int:
-    from ..cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from ..megatron.importer import read_megatron
     text, label = read_megatron_source(args.config, args.args)
     cluster = parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb) if args.cluster else None
@@ -109,10 +109,10 @@ def _run_megatron(args: argparse.Namespace) -> int:
 
 def predict(plan, attention: str | None, kind: str = "analytic"):
     """The analytic prediction of an imported plan (with the attention kernel its --transformer-impl runs): the one
-    price (``search.pricing``) under its own settings."""
-    from ..plan import PlanPrediction
+    price (``search.costmodel.pricing``) under its own settings."""
+    from search.spec.plan import PlanPrediction
     from ..planner.report import assumed_attention
-    from ..pricing import plan_cost_model
+    from search.costmodel.pricing import plan_cost_model
     cm, plan, _ = plan_cost_model(plan, kind=kind, attention=attention or "auto")
     cost = cm.evaluate(plan)
     return PlanPrediction(cost_model=kind, iteration_time_ms=cost.iteration_ms, samples_per_s=cost.samples_per_s,
@@ -121,11 +121,11 @@ def predict(plan, attention: str | None, kind: str = "analytic"):
 
 
 def _predict(plan, cfg, db_dir: str, cluster, changed: bool):
-    from ..cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from ..compat.costmodel import make_compat_cost_model
     from ..compat.evaluate import evaluate_ref_config
-    from ..plan import PlanPrediction
-    from ..training import TrainingSpec
+    from search.spec.plan import PlanPrediction
+    from search.spec.training import TrainingSpec
 
     cluster = cluster or parse_cluster(f"1x{plan.world_size}-v100")
     cm = make_compat_cost_model(plan.model, cluster, TrainingSpec(global_batch_size=plan.global_batch_size,

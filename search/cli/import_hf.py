@@ -1,16 +1,16 @@
 """Turn a Hugging Face config.json (GPT-2, Llama-style, T5 types) into a model spec file.
 
 Reads the file only: no download, no transformers import. Every field of the config is kept, or the import stops
-naming it (``search.hf_config``: a field aceso does not know may change the architecture):
+naming it (``search.spec.hf_config``: a field aceso does not know may change the architecture):
 GPT-2 (``model_type`` gpt2): n_layer, n_embd, n_head, n_inner (default 4h), n_positions, vocab_size; gelu,
 layernorm, learned positions, tied embeddings, biases.
-Llama-style (llama, mistral, qwen2; with experts/MLA/MTP, search.hf_moe: mixtral, qwen3, qwen3_moe, deepseek_v3,
+Llama-style (llama, mistral, qwen2; with experts/MLA/MTP, search.spec.hf_moe: mixtral, qwen3, qwen3_moe, deepseek_v3,
 kimi_k2, glm4_moe, gpt_oss): num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads,
 head_dim, intermediate_size, vocab_size, tie_word_embeddings; swiglu, rmsnorm, rope; biases, QK norms, RoPE
-base and scaling, sliding windows and the norm epsilon as search.hf_arch reads them. Gemma and Llama 4 are refused
+base and scaling, sliding windows and the norm epsilon as search.spec.hf_arch reads them. Gemma and Llama 4 are refused
 with the field megatron-core 0.16.1 cannot build.
 Nemotron-H / Nemotron-3 (nemotron_h): the hybrid layer pattern, the Mamba-2 mixer and the experts as
-search.hf_hybrid reads them (LatentMoE refused).
+search.spec.hf_hybrid reads them (LatentMoE refused).
 T5 (t5, mt5): num_layers, num_decoder_layers, d_model, num_heads, d_kv, d_ff, vocab_size, as Megatron-LM's T5
 (pretrain_t5.py: learned positions, LayerNorm, biases); the sequence lengths are not in a T5 config:
 --seq-length (encoder, default 512) and --decoder-seq-length (default 128).
@@ -27,13 +27,13 @@ from pathlib import Path
 
 import pydantic
 
-from ..argtypes import positive_int
-from ..errors import AcesoError, format_validation_error, read_json
-from ..hf_arch import NORM_EPSILON, llama_style, refuse_type
-from ..hf_config import HFConfig
-from ..hf_hybrid import nemotron_h_fields
-from ..hf_moe import MLA_TYPES, MOE_TYPES, moe_fields
-from ..model import ModelSpec
+from search.io.argtypes import positive_int
+from search.io.errors import AcesoError, format_validation_error, read_json
+from search.spec.hf_arch import NORM_EPSILON, llama_style, refuse_type
+from search.spec.hf_config import HFConfig
+from search.spec.hf_hybrid import nemotron_h_fields
+from search.spec.hf_moe import MLA_TYPES, MOE_TYPES, moe_fields
+from search.spec.model import ModelSpec
 from .common import check_output, write_output
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -121,7 +121,7 @@ def _llama(c: HFConfig, mtype: str, dtype: str, seq: int | None, notes: list[str
         attention_dropout=c.float("attention_dropout", default=0.0),
         hidden_dropout=c.float("hidden_dropout", default=0.0))
     data.update(llama_style(c, mtype, layers, mtype in MLA_TYPES))   # biases, QK norms, RoPE, windows, epsilon
-    moe = moe_fields(c, mtype, layers)                                 # experts, MLA, MTP (search.hf_moe)
+    moe = moe_fields(c, mtype, layers)                                 # experts, MLA, MTP (search.spec.hf_moe)
     block = {**(data.get("megatron") or {}), **(moe.pop("megatron", None) or {})}
     return {**data, **moe, "megatron": block or None}
 

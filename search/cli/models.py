@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-import model_specs
+from model_specs import presets as model_presets
 
-from ..argtypes import positive_int
-from ..errors import AcesoError
-from ..moe_params import counts
-from ..presets import load_model, spec_text
+from search.io.argtypes import positive_int
+from search.io.errors import AcesoError
+from search.layers.moe_params import counts
+from search.spec.presets import load_model, spec_text
 from .common import print_json, print_rows, write_output
 
 
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         write_output(spec_text(model, fmt, title=args.show), args.output)
         return 0
     rows = []
-    models = [load_model(n) for n in model_specs.preset_names()]
+    models = [load_model(n) for n in model_presets.preset_names()]
     order = {"gpt": 0, "llama": 1, "t5": 2}
     for m in sorted(models, key=lambda m: (order[m.family], m.num_parameters)):
         name = m.name

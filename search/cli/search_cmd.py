@@ -9,7 +9,7 @@ default, or in bf16 with --grad-reduce-in-bf16 (the export then writes that flag
 was priced under (``settings``; ``plan_settings.py``). Every
 report prints three lines: the best uniform Megatron config, the best Megatron-LM plan and the best heterogeneous
 plan; a line whose target runs no plan of the model says why it is not offered, and a --target that runs none is
-refused before searching (search/capabilities.py). The budget is counted in plan evaluations (--budget-evals), so
+refused before searching (search/targets/capabilities.py). The budget is counted in plan evaluations (--budget-evals), so
 the same inputs and --seed give the same plan on any machine, and more budget never a slower one; --budget-s adds a wall-clock cap (then results may depend on the CPU). Ctrl-C stops the search and
 writes the best plan found so far (SIGTERM too). Exit 2 when nothing fits, with what would make it fit.
 
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import plots
-from ..argtypes import positive_float, positive_int, seed
-from ..errors import AcesoError
-from ..precision import PRECISIONS
+from search.io.argtypes import positive_float, positive_int, seed
+from search.io.errors import AcesoError
+from search.settings.precision import PRECISIONS
 from .common import (add_calibration_arg, add_cluster_args, add_model_args, add_release_arg, check_output,
                      cluster_from_args, model_from_args, release_of, write_outputs)
 
@@ -98,7 +98,7 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                    help="transformer-engine's TP communication overlap (needs sequence parallelism; off by default)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="training precision (default: the model's params_dtype); fp8-* / mxfp8 / nvfp4: the linear "
-                        "layers' GEMMs in FP8 / FP4 (search/precision.py), the rest bf16")
+                        "layers' GEMMs in FP8 / FP4 (search/settings/precision.py), the rest bf16")
     p.add_argument("--fp8-param-gather", action="store_true",
                    help="low precision: parameters kept quantized, all-gathered quantized (Megatron-LM "
                         "--fp8-param-gather; needs the distributed optimizer)")
@@ -122,7 +122,7 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
                    help="aceso: plans for the aceso runtime (default); megatron-lm / megatron-bridge: only what "
                         "stock Megatron-LM can run (uniform shapes, layer cuts, Megatron's recompute settings), "
                         "priced as that framework runs the exported flags (bf16: gradients reduced in fp32); each "
-                        "target's limits apply to it only (search/capabilities.py)")
+                        "target's limits apply to it only (search/targets/capabilities.py)")
     p.add_argument("--grad-reduce-in-bf16", action="store_true",
                    help="--target megatron-lm/-bridge with bf16: price gradients reduced in bf16; the export then "
                         "writes Megatron-LM's --grad-reduce-in-bf16 (Bridge: ddp.grad_reduce_in_fp32 false)")
@@ -160,8 +160,8 @@ def target_precision(dtype: str, gpu, target: str = "aceso") -> tuple[str, str |
     why it is not ``dtype`` (None when it is): a bf16 model on a GPU without bf16 (V100) plans in fp16; an fp16
     model (the GPT presets, Aceso's V100 dtype) for the aceso runtime plans in bf16 where the GPU has it, since the
     runtime has no fp16 loss scaling (the capability table's precision row)."""
-    from ..capabilities import precision_refusal
-    from ..precision import plain_dtype
+    from search.targets.capabilities import precision_refusal
+    from search.settings.precision import plain_dtype
     if dtype == "bf16" and plain_dtype(gpu) != "bf16":
         return plain_dtype(gpu), f"the {gpu.name} has no bf16"
     if precision_refusal(target, dtype, gpu) is not None:
@@ -189,8 +189,8 @@ def precision_note(args, model, gpu) -> str | None:
 def training_from_args(args, model, gpu=None):
     import pydantic
 
-    from ..errors import format_validation_error
-    from ..training import TrainingSpec
+    from search.io.errors import format_validation_error
+    from search.spec.training import TrainingSpec
     if args.global_batch_size < 1:
         raise AcesoError(f"--global-batch-size ({args.global_batch_size}) must be at least 1")
     dist = SWITCH[args.distributed_optimizer]
@@ -242,8 +242,8 @@ def _unique(values):
 def settings_from_args(args, training):
     """The ``PlanSettings`` the search prices under: how the target (``--target``, ``--release``) runs a plan of the
     training spec's recipe (``plan_settings.target_settings``), ``--grad-reduce-in-bf16``."""
-    from ..plan_settings import PlanSettings, Target, target_settings
-    from ..precision import of_training
+    from search.settings.plan_settings import PlanSettings, Target, target_settings
+    from search.settings.precision import of_training
     target = getattr(args, "target", "aceso")
     bf16_reduce = getattr(args, "grad_reduce_in_bf16", False)
     if bf16_reduce and (target == "aceso" or training.dtype != "bf16"):
@@ -261,8 +261,8 @@ def with_seq_length(model, n: int | None):
         return model
     import pydantic
 
-    from ..errors import format_validation_error
-    from ..model import ModelSpec
+    from search.io.errors import format_validation_error
+    from search.spec.model import ModelSpec
     try:
         return ModelSpec.model_validate({**model.model_dump(), "seq_length": n})
     except pydantic.ValidationError as e:
@@ -275,10 +275,10 @@ def setup(args, model=None, runtime: bool = False):
     once on stderr which stage shapes the cost model does not cover (aceso-compat: unprofiled (per-GPU batch, tp)
     files), which plans then skip. ``runtime``: the plan is for the aceso runtime (``api.runtime_training``: no
     Megatron FSDP or activation offload), in the training spec the cost model carries too."""
-    from ..capabilities import model_refusal
+    from search.targets.capabilities import model_refusal
     from ..planner.api import describe_dropped, runtime_training, search_space
-    from ..pricing import cost_model
-    from ..precision import of_training
+    from search.costmodel.pricing import cost_model
+    from search.settings.precision import of_training
     model = with_seq_length(model if model is not None else model_from_args(args), args.seq_length)
     cluster = cluster_from_args(args)
     training = training_from_args(args, model, cluster.gpu)
@@ -303,10 +303,10 @@ def setup(args, model=None, runtime: bool = False):
 
 def runnable(found: list, keep: int, target: str = "aceso") -> tuple:
     """The search's output check: of ``(evaluation, plan)`` best first, the first ``keep`` that ``target`` runs (the
-    one pre-flight, ``search.preflight``, for that target); the best of them and their plans. None runs: the first
+    one pre-flight, ``search.targets.preflight``, for that target); the best of them and their plans. None runs: the first
     refusal, one line."""
-    from ..capabilities import target_key
-    from ..preflight import preflight
+    from search.targets.capabilities import target_key
+    from search.targets.preflight import preflight
 
     who = {"runtime": "the runtime", "megatron-lm": "Megatron-LM", "megatron-bridge": "Megatron-Bridge"}[target_key(target)]
     kept, refusal, unchecked = [], None, False
@@ -380,7 +380,7 @@ def find(args: argparse.Namespace, model=None, quiet: bool = False) -> Found:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """``aceso search ARGV``'s arguments, parsed by its own parser (``explain`` runs the command it prints)."""
-    from ..argparser import AcesoParser
+    from search.io.argparser import AcesoParser
     parser = AcesoParser(prog="aceso search")
     add_arguments(parser)
     args = parser.parse_args(argv)

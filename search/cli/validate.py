@@ -1,9 +1,9 @@
 """Check a plan file: schema, coverage of the model's units, TP/DP divisibility, fit to a cluster or world size,
 and memory.
 
-The plan passes the one pre-flight of its target (search/preflight.py; --target, default the plan's own
+The plan passes the one pre-flight of its target (search/targets/preflight.py; --target, default the plan's own
 ``settings.framework``, none: the aceso runtime) on its cluster's device: the capability table
-(search/capabilities.py: what that target runs, megatron-core's own rules such as the padded vocabulary dividing
+(search/targets/capabilities.py: what that target runs, megatron-core's own rules such as the padded vocabulary dividing
 every tp that shards it, what a CPU cluster cannot run) and, for the aceso runtime with the runtime installed, the
 model's layer specs and megatron block as the runtime builds them. ``--target aceso`` answers exactly what
 ``aceso launch`` does on that device (``launch --cpu`` for a CPU cluster) before it starts anything.
@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import argparse
 
-from ..argtypes import positive_int
-from ..capabilities import plan_target
+from search.io.argtypes import positive_int
+from search.targets.capabilities import plan_target
 
 TARGETS = {"aceso": "runtime", "megatron-lm": "megatron-lm", "megatron-bridge": "megatron-bridge"}
 from ..costmodel.memory import headroom_verdict
-from ..errors import AcesoError
-from ..plan import check_fits_cluster, check_recompute_applies, load_plan, span_text
-from ..preflight import preflight
-from ..text import plural, shape
+from search.io.errors import AcesoError
+from search.spec.plan import check_fits_cluster, check_recompute_applies, load_plan, span_text
+from search.targets.preflight import preflight
+from search.io.text import plural, shape
 from .common import (add_calibration_arg, add_gpu_file_arg, add_headroom_arg, add_memory_limit_arg, calibrated,
                      print_json)
 
@@ -50,9 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _memory(plan, cluster, attention: str) -> tuple[list[float], float, bool]:
-    """Per-stage peak MiB under the analytic model (the one price, ``search.pricing``), the limit, and whether it
+    """Per-stage peak MiB under the analytic model (the one price, ``search.costmodel.pricing``), the limit, and whether it
     assumed flash attention."""
-    from ..pricing import plan_cost_model
+    from search.costmodel.pricing import plan_cost_model
 
     cm, priced, _ = plan_cost_model(plan, cluster=cluster, attention=attention)
     flash = bool(getattr(cm.source, "flash", False))
@@ -63,7 +63,7 @@ def _memory(plan, cluster, attention: str) -> tuple[list[float], float, bool]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
 
     plan = load_plan(args.plan, world_size=args.world_size)
     check_recompute_applies(plan)

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cluster import ClusterSpec
+from search.spec.cluster import ClusterSpec
 from ..costmodel.types import RC_CODE, PipelineCost, PlanCost, StageCost
-from ..errors import AcesoError
-from ..model import ModelSpec
-from ..plan import ParallelPlan
-from ..training import TrainingSpec
-from ..throughput import tokens_per_sample
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
+from search.spec.plan import ParallelPlan
+from search.spec.training import TrainingSpec
+from search.costmodel.throughput import tokens_per_sample
 from .db import IN, OUT, RB, RF, AcesoDB, A, B, F, W
 from .evaluate import evaluate_ref_config
 from .formulas import combine_memory, memory_fixed_terms, p2p_us, pipeline_1f1b, recompute_terms, shared_space_factors

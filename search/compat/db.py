@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import AcesoError
+from search.io.errors import AcesoError
 
 # Column order of the op CSVs after op_name; the index of each metric in an op row.
 METRICS = ("fwd_us", "bwd_us", "in_mb", "out_mb", "weights_mb", "act_mb", "fwd_res_mb", "bwd_res_mb")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import AcesoError
+from search.io.errors import AcesoError
 from .db import IN, OUT, RB, RF, AcesoDB, A, B, F, W
 from .formulas import p2p_us, pipeline_1f1b, shared_space_factors, stage_memory
 from .ops import OpLayout, build_layout

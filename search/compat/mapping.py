@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import pydantic
 
-import model_specs
+from model_specs import presets as model_presets
 
-from ..cluster import ClusterSpec
-from ..errors import AcesoError, as_aceso_error
-from ..model import ModelSpec
-from ..plan import RECOMPUTE_CHOICES, ParallelPlan, StageSpec
-from ..presets import load_model
+from search.spec.cluster import ClusterSpec
+from search.io.errors import AcesoError, as_aceso_error
+from search.spec.model import ModelSpec
+from search.spec.plan import RECOMPUTE_CHOICES, ParallelPlan, StageSpec
+from search.spec.presets import load_model
 from .ops import OpLayout, layout_for_model
 from .refconfig import RefConfig, parse_ref_config
 
@@ -77,8 +77,8 @@ def plan_to_ref(plan: ParallelPlan) -> RefConfig:
 
 def model_for_key(key: str, num_layers: int) -> ModelSpec:
     """The preset whose ``aceso_db_key`` is ``key``, at ``num_layers``."""
-    for preset in model_specs.preset_names():
-        data = model_specs.preset_data(preset)
+    for preset in model_presets.preset_names():
+        data = model_presets.preset_data(preset)
         if data.get("aceso_db_key") == key:
             layers = data["num_layers"]
             return load_model(preset, num_layers=None if num_layers == layers else num_layers)

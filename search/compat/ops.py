@@ -30,7 +30,7 @@ from functools import cached_property
 import numpy as np
 
 from ..costmodel.types import ATTN_DROPOUT, N_RC
-from ..errors import AcesoError
+from search.io.errors import AcesoError
 
 GPT_LAYER_OPS = 13
 T5_ENC_LAYER_OPS = 13

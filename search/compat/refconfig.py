@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import AcesoError, read_json
+from search.io.errors import AcesoError, read_json
 
 PER_OP = ("model_parallel_size_of_each_op", "data_parallel_size_of_each_op", "recompute_ops", "algo_of_each_op")
 PER_STAGE = ("num_gpus", "checkpoint_activations", "resharding_stages", "num_ops_in_each_stage")

@@ -9,19 +9,19 @@ evaluate.py (stages, DP and optimizer), timeline.py (finer event kinds); MoE / M
 mla_mtp.py over moe_primitives.py (analytic; the profile kind prices MoE units from the database's moe rows,
 profiledb_moe.py, and refuses MLA / MTP; aceso-compat refuses all three with one line).
 ``settings`` (``types.RunSettings``) says how the framework runs a plan (default: our runtime on megatron-core;
-``plan_settings.run_settings`` derives it from a plan's settings, ``search/pricing.py`` prices a plan with it);
+``plan_settings.run_settings`` derives it from a plan's settings, ``search/costmodel/pricing.py`` prices a plan with it);
 ``kernels`` picks the analytic kernel
 model (``shape``, default; ``flat``: the v1 per-GPU constants).
 """
 
 from __future__ import annotations
 
-from ..cluster import ClusterSpec
-from ..errors import AcesoError
-from ..model import ModelSpec
-from ..precision import check as check_precision
-from ..precision import is_low
-from ..training import TrainingSpec
+from search.spec.cluster import ClusterSpec
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
+from search.settings.precision import check as check_precision
+from search.settings.precision import is_low
+from search.spec.training import TrainingSpec
 from .comm import CommModel
 from .evaluate import CostModel
 from .types import LEGACY_V1, RC, RC_CODE, PipelineCost, PlanCost, RunSettings, StageCost, UnitTable
@@ -32,7 +32,7 @@ KINDS = ("analytic", "profile", "aceso-compat")
 def make_cost_model(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, kind: str = "analytic",
                     db=None, *, settings: RunSettings | None = None, kernels: str = "shape"):
     """A cost model of ``kind``; ``db`` is the profile database folder/file (profile, aceso-compat)."""
-    from ..moe import refuse_unpriced
+    from search.layers.moe_spec import refuse_unpriced
     if kind not in KINDS:
         raise AcesoError(f"cost model '{kind}': choose one of {', '.join(KINDS)}")
     if kind == "aceso-compat":  # MoE / MLA / MTP: the analytic model prices them (moe_cost.py, mla_mtp.py)
@@ -40,7 +40,7 @@ def make_cost_model(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     if kind == "profile" and (model.mla is not None or model.mtp_num_layers):   # MoE: the database's moe rows
         refuse_unpriced(model.model_copy(update={"moe": None}), "the profile cost model does not price them "
                         "(the profiler measures MoE layers, not MLA or MTP); use --cost-model analytic")
-    refuse_unpriced(model)      # what the analytic model does not price either (search.moe.unpriced_features)
+    refuse_unpriced(model)      # what the analytic model does not price either (search.layers.moe_spec.unpriced_features)
     why = check_precision(training.precision, cluster.gpu)    # every kind: bf16 on a V100 is no fp16 run
     if why:
         raise AcesoError(why)

@@ -45,20 +45,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cluster import ClusterSpec
-from ..errors import AcesoError
+from search.spec.cluster import ClusterSpec
+from search.io.errors import AcesoError
 from .. import layers
 from ..layers.kind import PriceArgs, UnitCost
-from ..megatron_fields import analytic_note
-from ..model import ModelSpec
-from ..training import TrainingSpec
+from search.spec.megatron_fields import analytic_note
+from search.spec.model import ModelSpec
+from search.spec.training import TrainingSpec
 from .comm import CommModel
 from .comm import overlap_tax
-from .. import precision as lowp
+from search.settings import precision as lowp
 from .kernels import GENERATION, arch, KERNEL_MODELS, LAUNCH_MS, lowprec_kernels
 from .memory import (LOSS_KEPT_BYTES, MB, embedding_params_per_rank, has_attention_dropout, loss_transient_bytes,
                      output_params_per_rank, tied_copy_params_per_rank)
-from ..moe_plan import MoEPlanSettings
+from search.settings.moe_plan import MoEPlanSettings
 from .moe_cost import host_layers, imbalance_note
 from .stack_cost import cross_entropy
 from .tpcomm import TPComm, tp_half
@@ -109,9 +109,9 @@ class AnalyticSource:
         self.peak = cluster.gpu.peak_tflops(training.dtype) * 1e9   # FLOP per ms
         self.hbm = cluster.gpu.hbm_gbps * 1e6                           # bytes per ms
         self.kern = KERNEL_MODELS[kernels](cluster.gpu.name, self.peak, self.hbm, self.dt)
-        self.kern.attn_scale = cluster.gpu.attention_scale or 1.0     # aceso calibrate (search/calibration.py)
+        self.kern.attn_scale = cluster.gpu.attention_scale or 1.0     # aceso calibrate (search/calibration/calibration.py)
         self.kernels = kernels
-        self.lp = training.precision          # the recipe (search/precision.py); bf16/fp16/fp32: no quantization
+        self.lp = training.precision          # the recipe (search/settings/precision.py); bf16/fp16/fp32: no quantization
         self.kern_lp = self.kern
         if lowp.is_low(self.lp):
             peak = cluster.gpu.peak_tflops(lowp.recipe(self.lp).gemm) * 1e9

@@ -53,7 +53,7 @@ NVIDIA's own stacks run with NVLS off (NeMo's executors and the MLPerf Training 
 
 from __future__ import annotations
 
-from ..cluster import ClusterSpec
+from search.spec.cluster import ClusterSpec
 
 LINK_EFFICIENCY = 0.8          # achieved bus bandwidth / datasheet unidirectional bandwidth (nccl-tests)
 NCCL_CTAS = 16                 # thread blocks (one SM each) an NCCL collective occupies (one per channel)

@@ -52,14 +52,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import precision as lowp
-from ..cluster import ClusterSpec
-from ..data_parallel import TP_PP_DP
-from ..errors import AcesoError
-from ..model import ModelSpec
-from ..training import TrainingSpec
-from ..moe_plan import moe_settings
-from ..throughput import throughput
+from search.settings import precision as lowp
+from search.spec.cluster import ClusterSpec
+from search.settings.data_parallel import TP_PP_DP
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
+from search.spec.training import TrainingSpec
+from search.settings.moe_plan import moe_settings
+from search.costmodel.throughput import throughput
 from .comm import CommModel, overlap_tax, overlapped
 from .dp_timeline import COOLDOWN_MICRO_BATCHES, fifo, gather_jobs as dp_gather_jobs, grad_jobs as dp_grad_jobs
 from .kernels import GENERATION, arch
@@ -202,7 +202,7 @@ class CostModel:
         fp32g = self.settings.grad_reduce_in_fp32
         self._w, self._g, self._opt = state_bytes_per_param(training.dtype, False, 1, fp32g)
         self._copy = grad_copy_bytes(training.dtype, fp32g) if self.settings.fp32_grad_copy else 0.0
-        # low precision (search/precision.py): quantized weight caches per linear parameter, quantized all-gather
+        # low precision (search/settings/precision.py): quantized weight caches per linear parameter, quantized all-gather
         non_tn = GENERATION.get(cluster.gpu.name) == "blackwell"     # no transposed FP8 copy (precision.copies)
         self._w_lp = lowp.weight_bytes_per_param(training.precision, training.fp8_param_gather, non_tn)
         self._ag_lp = lowp.gather_bytes_per_param(training.precision, training.fp8_param_gather, self._w) - self._w
@@ -333,7 +333,7 @@ class CostModel:
         if pos != len(recompute) and len(spans) > 1:
             raise ValueError(f"recompute has {len(recompute)} codes for the {pos} units of the stage's chunks")
         out = self._assemble(st, rec, act, rpeak, chunk_rec)
-        if features.offload_layers and recompute.any():     # megatron-core refuses it (search/fsdp.py): never fits
+        if features.offload_layers and recompute.any():     # megatron-core refuses it (search/settings/fsdp.py): never fits
             out.fits = False
         if len(self._result_cache) > SPAN_CACHE_SIZE:
             self._result_cache.clear()

@@ -51,7 +51,7 @@ buffer, ``GRAPH_BUFFERS`` per captured part (forward input and output, backward 
 
 from __future__ import annotations
 
-from ..stack import GRAPH_SCOPES  # noqa: F401  (the scope names the parts below use)
+from search.settings.stack import GRAPH_SCOPES  # noqa: F401  (the scope names the parts below use)
 
 GRAPH_LAUNCH = 1.0        # kernels the CPU launches to replay one captured part (cudaGraphLaunch)
 GRAPH_BUFFERS = 3         # static buffers a captured part keeps per layer and micro-batch in flight

@@ -28,7 +28,7 @@ Two models behind one interface (``gemm``, ``bmm``, ``flash``, ``memory``, all i
   the v1 constants 0.60 / 0.45 (E = 0.71 / 0.535). B200: no measurement in our sources; the H100 fractions.
 - Batched attention GEMMs (unfused attention): the GEMM model per matrix, ``batch`` of them in one launch.
 - Memory-bound kernels: ``bytes / (hbm MEM_EFF) + LAUNCH_MS`` each.
-- Low-precision GEMMs (``search/precision.py``: the linear layers under an FP8 / FP4 recipe): the same shape model
+- Low-precision GEMMs (``search/settings/precision.py``: the linear layers under an FP8 / FP4 recipe): the same shape model
   at the GPU's FP8 / FP4 dense peak with the quantized element size, times ``gemm_scale``: the achieved fraction of
   the bf16 microbenchmark ceiling that an FP8 GEMM of a training step reaches (``LOWPREC_GEMM_SCALE``, one per GPU
   generation, fitted on the published FP8 / MXFP8 Megatron-Bridge runs: ``python bench/lowprec_published.py
@@ -46,8 +46,8 @@ from __future__ import annotations
 from math import ceil
 from typing import NamedTuple
 
-from ..cluster import _ON_ADD, GPU_RECORDS, gpu_record
-from ..errors import AcesoError
+from search.spec.cluster import _ON_ADD, GPU_RECORDS, gpu_record
+from search.io.errors import AcesoError
 
 LAUNCH_MS = 0.005        # launch + tail of one CUDA kernel (~5 us; the v1 constant)
 MEM_EFF = 0.80           # achieved / datasheet HBM bandwidth of element-wise kernels (Aceso V100 profile: softmax

@@ -48,9 +48,9 @@ from __future__ import annotations
 
 import math
 
-from ..model import ModelSpec
+from search.spec.model import ModelSpec
 
-MB = float(2**20)              # one MiB (the one memory unit: search/units.py); the name predates it
+MB = float(2**20)              # one MiB (the one memory unit: search/io/units.py); the name predates it
 # Share of the GPU's memory a plan must leave free (``--memory-headroom``; search, validate and explain, through
 # ``memory_budget_mb`` / ``headroom_verdict``): what the per-category estimate does not see -- NCCL's communicator
 # buffers (NCCL_BUFFSIZE, 4 MiB by default, per channel and peer, for each of a rank's TP/DP/PP/CP/embedding

@@ -30,9 +30,9 @@ kept: 2 dt b s h / r).
 
 from __future__ import annotations
 
-from .. import precision as lowp
+from search.settings import precision as lowp
 from ..layers.kind import UnitCost
-from ..moe_params import _norm, mla_params
+from search.layers.moe_params import _norm, mla_params
 from .memory import LOSS_KEPT_BYTES, _has_hidden_dropout
 
 

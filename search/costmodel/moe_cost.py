@@ -1,7 +1,7 @@
 """Analytic time, activations and per-rank parameters of the ``moe`` unit (megatron-core 0.16.1 ``MoELayer``).
 
 One MoE layer's MLP half on one rank, per micro-batch, at per-rank batch b, s tokens (the sequence / cp), tp t,
-sequence parallelism (required with t > 1: ``search/moe_plan.py``), expert shape ep x etp, h hidden, E experts,
+sequence parallelism (required with t > 1: ``search/settings/moe_plan.py``), expert shape ep x etp, h hidden, E experts,
 top-k k, expert width f (up = 2f for the gated SwiGLU and quick-GEGLU), element size dt. Tokens entering the layer
 per rank ``T = b s / t`` (SP shards the sequence over the TP group; ``MoELayer.forward`` takes the SP shard as it is).
 ``f_i`` = ``moe_imbalance_factor`` (1 when force-balanced; capped by ``moe_expert_capacity_factor`` when tokens are
@@ -71,10 +71,12 @@ input, is not kept); full re-runs the whole unit (its all-to-alls included).
 
 from __future__ import annotations
 
-from .. import precision as lowp
-from ..errors import AcesoError
+from search.settings import precision as lowp
+from search.io.errors import AcesoError
 from ..layers.kind import UnitCost
-from ..moe_params import _norm, expert_params, expert_width, latent_proj_params, router_params, shared_expert_params
+from search.layers.moe_params import (
+    _norm, expert_params, expert_width, latent_proj_params, router_params, shared_expert_params,
+)
 from .memory import _has_hidden_dropout
 from .comm import LINK_EFFICIENCY
 from .kernels import GENERATION

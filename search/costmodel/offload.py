@@ -1,4 +1,4 @@
-"""CPU activation offload in the cost model (megatron-core ``cpu_offloading``; ``search/fsdp.py`` has its rules).
+"""CPU activation offload in the cost model (megatron-core ``cpu_offloading``; ``search/settings/fsdp.py`` has its rules).
 
 transformer-engine's ``get_cpu_offload_context`` (megatron-core 0.16.1 ``TransformerBlock``) copies each offloaded
 layer's saved activations to pinned host memory after the layer's forward (device to host) and back before its
@@ -29,7 +29,7 @@ PCIe Gen3 x16 (32: 16). ``HOST_LINK_EFFICIENCY``: pinned ``cudaMemcpyAsync`` rea
 
 from __future__ import annotations
 
-from ..cluster import gpu_record
+from search.spec.cluster import gpu_record
 
 HOST_LINK_EFFICIENCY = 0.8
 

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cluster import ClusterSpec
-from ..errors import AcesoError, read_json
-from ..model import ModelSpec
-from ..training import TrainingSpec
+from search.spec.cluster import ClusterSpec
+from search.io.errors import AcesoError, read_json
+from search.spec.model import ModelSpec
+from search.spec.training import TrainingSpec
 from .comm import CommModel
 from .memory import MB, loss_transient_bytes, tied_copy_params_per_rank
 from .profiledb_moe import check_kernels, ep_comm_us, missing, plan_shape, row_shape

@@ -118,7 +118,7 @@ class ProfileDBFile(_Strict):
 
 def check_profile_db(raw: dict) -> str | None:
     """None if ``raw`` is a well-formed profile database, else one line naming the first bad field."""
-    from ..errors import _loc_to_path, format_validation_error
+    from search.io.errors import _loc_to_path, format_validation_error
 
     try:
         ProfileDBFile.model_validate(raw)

@@ -18,7 +18,7 @@ all-to-alls move the same volumes); reported in ``StageCost.ep_comm_ms``, alread
 
 from __future__ import annotations
 
-from ..errors import AcesoError
+from search.io.errors import AcesoError
 
 Shape = tuple   # () for a non-moe row, else (ep, etp, dispatcher)
 
@@ -32,7 +32,7 @@ def row_shape(entry: dict) -> Shape:
 
 def plan_shape(model, tp: int, ep: int, etp: int, moe) -> Shape:
     """The expert key a stage's moe units run at; refuses the settings no moe row measures (one line)."""
-    from ..moe_plan import MoEPlanSettings
+    from search.settings.moe_plan import MoEPlanSettings
 
     s = moe or MoEPlanSettings()
     if s.overlap_ep_comm:
@@ -58,7 +58,7 @@ def missing(path: str, seq: int, tp: int, shape: Shape, measured: list[tuple[int
 
 def check_kernels(path: str, entry: dict, moe) -> None:
     """A plan that turns off a fast path the moe rows ran with would run other kernels than were measured."""
-    from ..moe_plan import MoEPlanSettings
+    from search.settings.moe_plan import MoEPlanSettings
 
     s = moe or MoEPlanSettings()
     for field in ("grouped_gemm", "permute_fusion"):

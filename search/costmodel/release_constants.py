@@ -2,7 +2,7 @@
 
 The same configuration got faster from container to container with the same flags (transformer-engine's grouped
 and low-precision GEMMs, megatron-core's host path), so the efficiencies of those kernels are keyed on the release
-the user states (``search/releases.py``: a container or a megatron-core version; default the newest). Releases that
+the user states (``search/settings/releases.py``: a container or a megatron-core version; default the newest). Releases that
 ship the same megatron-core and transformer-engine share one fit (26.02 / 26.02.01; 26.04 / 26.04.01: the point
 releases change only Megatron-Bridge's recipes). Each entry says on how many published rows it was fitted
 (``python bench/published_runs.py --fit-release``, least MAE on the release's rows not kept out; the bf16 dense
@@ -30,7 +30,7 @@ GPT-OSS rows over three releases) or ``BASE`` (its source in ``VALUE_SOURCES``);
 
 from __future__ import annotations
 
-from ..releases import BY_NAME, NEWEST, _order  # noqa: F401  (_order: bench/release_fit.py)
+from search.settings.releases import BY_NAME, NEWEST, _order  # noqa: F401  (_order: bench/release_fit.py)
 
 # One fit per group of releases that ship the same megatron-core and transformer-engine: (the containers it covers,
 # {constant: value fitted on the group's rows}, {constant: the published rows it was fitted on}). A constant a group

@@ -34,7 +34,7 @@ parameter all-gather); ``optim_grads`` gathers the updated weights after the ste
 
 from __future__ import annotations
 
-from ..fsdp import shards
+from search.settings.fsdp import shards
 from .comm import overlapped
 
 IN_FLIGHT_LAYERS = 2    # layers whose whole weights / gradients FSDP holds at once (one computing, one prefetched)

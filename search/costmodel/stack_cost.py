@@ -33,7 +33,7 @@ Hand-computed: tests/unit/test_stack_features.py.
 
 from __future__ import annotations
 
-from ..fsdp import DTYPE_BYTES, shards
+from search.settings.fsdp import DTYPE_BYTES, shards
 from .memory import MB
 from .offload import host_link_gbps
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..layers.kind import UNAVAILABLE_MS  # noqa: F401  (a choice a unit cannot take: the kinds set it)
-from ..plan import RECOMPUTE_CHOICES
+from search.spec.plan import RECOMPUTE_CHOICES
 
 RC: tuple[str, ...] = RECOMPUTE_CHOICES
 RC_CODE = {name: i for i, name in enumerate(RC)}
@@ -32,7 +32,7 @@ ALL_FEATURES = frozenset({"sequence_parallel", "context_parallel", "interleaved"
 
 class Shape(NamedTuple):
     """A stage's parallel shape: ``tp * cp * dp`` GPUs, sequence parallelism on or off, and (MoE models) the expert
-    shape folded over the same GPUs: ``ep`` and ``etp`` (0 = the stage's tp; ``search/moe_plan.py``)."""
+    shape folded over the same GPUs: ``ep`` and ``etp`` (0 = the stage's tp; ``search/settings/moe_plan.py``)."""
 
     tp: int
     dp: int
@@ -73,7 +73,7 @@ class Features(NamedTuple):
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
-    fsdp: str = ""              # settings.megatron_fsdp's data_parallel_sharding_strategy ("": DDP; search/fsdp.py)
+    fsdp: str = ""              # settings.megatron_fsdp's data_parallel_sharding_strategy ("": DDP; search/settings/fsdp.py)
     offload_layers: int = 0     # settings.activation_offload's transformer layers (0: none)
     stack: "StackKey" = None    # settings.stack and Megatron FSDP's main dtypes as priced (None: none; ``StackKey``)
 
@@ -91,7 +91,7 @@ class Features(NamedTuple):
 
     def switches(self) -> dict:
         """The ``PlanSettings`` fields of this view (the inverse of ``of_settings``)."""
-        from ..fsdp import ActivationOffload, MegatronFSDP
+        from search.settings.fsdp import ActivationOffload, MegatronFSDP
         sk = self.stack
         fsdp = MegatronFSDP(data_parallel_sharding_strategy=self.fsdp,
                             main_params_dtype=(sk.fsdp_main_params or None) if sk else None,
@@ -111,7 +111,7 @@ class TableStack(NamedTuple):
 
 
 class StackKey(NamedTuple):
-    """The plan's stack switches as the cost model keys them (``search/stack.py``, ``search/fsdp.py``; hashable):
+    """The plan's stack switches as the cost model keys them (``search/settings/stack.py``, ``search/settings/fsdp.py``; hashable):
     the CUDA-graph scopes (``stack.CudaGraphs.scopes``), the fine-grained offload's modules and fraction, the
     cross-entropy fusion, Megatron FSDP's main-params / main-grads dtypes."""
 
@@ -138,7 +138,7 @@ class StackKey(NamedTuple):
 
     def settings(self):
         """The plan's ``StackSettings`` of this key (None: no switch), the inverse of ``of_settings``."""
-        from ..stack import GRAPH_SCOPES, CudaGraphs, FineGrainedOffload, StackSettings
+        from search.settings.stack import GRAPH_SCOPES, CudaGraphs, FineGrainedOffload, StackSettings
         cg = None
         if self.graphs:
             scope = () if "layer" in self.graphs else tuple(x for x in GRAPH_SCOPES if x in self.graphs)
@@ -182,7 +182,7 @@ class RunSettings(NamedTuple):
                          cluster; uniform stages only)
     nvls, sharp          NCCL's in-network reductions for the DP collectives (``comm.py``): NVLink SHARP
                          (``NCCL_NVLS_ENABLE``) inside an NVLink domain, InfiniBand SHARP (``--use-sharp``) across
-    release              the software release priced (a container of ``search/releases.py``; "" = the newest): the
+    release              the software release priced (a container of ``search/settings/releases.py``; "" = the newest): the
                          kernel efficiencies fitted per release (``release_constants.py``)
     """
 
@@ -351,4 +351,4 @@ class PlanCost:
     mfu: float = 0.0
     cost_model: str = "analytic"
     warnings: list[str] = field(default_factory=list)
-    tokens_per_s_per_gpu: float = 0.0     # search.throughput: global batch x tokens per sample / time / GPUs
+    tokens_per_s_per_gpu: float = 0.0     # search.costmodel.throughput: global batch x tokens per sample / time / GPUs

@@ -10,8 +10,8 @@ analytic cost model's (``costmodel.analytic.AnalyticSource.attention`` / ``mlp``
 
 from __future__ import annotations
 
-from .. import layer_variants
-from .. import precision as lowp
+from search.layers import layer_variants
+from search.settings import precision as lowp
 from .kind import LayerKind, Row, register
 
 _ATTENTION_PARTS = ("input_layernorm", "self_attention", "self_attn_bda")

@@ -9,8 +9,8 @@ part, one identical pattern per MTP depth (``"M*M*/*E/*E"``: 4 layers, 2 MTP dep
 ``D`` or ``+``.
 
 ``HybridArch`` is an architecture record in megatron-core's terms (``model_specs/hybrid/*.json``, each field with
-its source); ``counts`` gives its parameters from ``search.layers.mamba`` (Mamba layers), ``search.model`` /
-``search.moe_params`` (attention, MLP, MoE, embeddings) and the LatentMoE projections of megatron-core's
+its source); ``counts`` gives its parameters from ``search.layers.mamba`` (Mamba layers), ``search.spec.model`` /
+``search.layers.moe_params`` (attention, MLP, MoE, embeddings) and the LatentMoE projections of megatron-core's
 ``MoELayer`` (``moe_latent_size``: the router reads h; ``fc1_latent_proj`` h -> latent before dispatch and
 ``fc2_latent_proj`` latent -> h after combine; routed experts map latent -> ffn -> latent; the shared expert stays
 at h). An MTP depth (``MultiTokenPredictionLayer``) is ``enorm``, ``hnorm``, ``eh_proj`` (2h -> h), the layers of
@@ -278,7 +278,7 @@ def available(folder: Path = DATA) -> list[str]:
 # ----- parameter counts ------------------------------------------------------------------------------------------
 def _proxy(a: HybridArch):
     """A ``ModelSpec`` with the attention, MLP and MoE shapes of ``a`` (squared ReLU counts as the ungated gelu)."""
-    from ..model import ModelSpec
+    from search.spec.model import ModelSpec
 
     moe = None
     if a.moe is not None:
@@ -318,7 +318,7 @@ def _layer(a: HybridArch, m, symbol: str) -> tuple[int, int]:
         n = m.unit_params("mlp")
         return n, n
     if kind == "moe":
-        from ..moe_params import layer_mlp_params
+        from search.layers.moe_params import layer_mlp_params
         return layer_mlp_params(m, 0)
     raise ValueError(f"hybrid counts: layer kind {kind} ('{symbol}') is not counted yet")
 

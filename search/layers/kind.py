@@ -1,6 +1,6 @@
 """The layer-kind record and its registry: one ``LayerKind`` per kind of unit, in megatron-core's hybrid vocabulary.
 
-A model is a sequence of units (``search.model.ModelSpec.units``), each of one kind; a kind is what the planner,
+A model is a sequence of units (``search.spec.model.ModelSpec.units``), each of one kind; a kind is what the planner,
 the cost model and the runtime need to know about it, in one record (``LayerKind``):
 
 - **where it sits**: its megatron-core hybrid layer symbol (``hybrid_layer_allocation.Symbols``: ``*`` attention,
@@ -62,7 +62,7 @@ class UnitCost(NamedTuple):
 
 class Row(NamedTuple):
     """What a pricer returns for one unit: its time, the bytes it keeps for backward per recompute choice (in
-    ``search.plan.RECOMPUTE_CHOICES`` order; a shorter tuple: the choices after it keep ``none``'s), its parameters
+    ``search.spec.plan.RECOMPUTE_CHOICES`` order; a shorter tuple: the choices after it keep ``none``'s), its parameters
     per rank (of which routed experts), and the transient bytes it needs while it runs (MoE's dispatch buffers)."""
 
     cost: UnitCost

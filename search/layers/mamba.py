@@ -48,7 +48,7 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..errors import AcesoError
+from search.io.errors import AcesoError
 from .kind import UNAVAILABLE_MS, LayerKind, Row, UnitCost, register
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)

@@ -1,12 +1,12 @@
 """Multi-latent attention (DeepSeek-V2/V3), ``+``: a variant of ``*`` for models with ``ModelSpec.mla``; its units
 keep the name ``attention`` (plans, recompute choices and the runtime's ``self_attention`` slot are the same).
-Counts: ``search.moe_params.mla_params``; FLOPs: ``search.moe_flops.mla_flops``; time and bytes:
+Counts: ``search.layers.moe_params.mla_params``; FLOPs: ``search.layers.moe_flops.mla_flops``; time and bytes:
 ``costmodel.mla_mtp``."""
 
 from __future__ import annotations
 
-from ..moe_flops import mla_flops
-from ..moe_params import mla_params
+from search.layers.moe_flops import mla_flops
+from search.layers.moe_params import mla_params
 from .dense import ATTENTION
 from .kind import LayerKind, Row, register
 

@@ -1,12 +1,12 @@
 """The MoE layer's MLP half, ``E``: router, token dispatch, routed experts (at the stage's expert shape ep / etp),
 shared expert, combine. It replaces ``-`` in the decoder layers ``MoESpec.is_moe_layer`` names (``moe_layer_freq``).
-Counts: ``search.moe_params``; FLOPs: ``search.moe_flops``; time and bytes: ``costmodel.moe_cost`` (its docstring
+Counts: ``search.layers.moe_params``; FLOPs: ``search.layers.moe_flops``; time and bytes: ``costmodel.moe_cost`` (its docstring
 and docs/moe.md have every term)."""
 
 from __future__ import annotations
 
-from ..moe_flops import moe_flops
-from ..moe_params import moe_unit_params
+from search.layers.moe_flops import moe_flops
+from search.layers.moe_params import moe_unit_params
 from .dense import _MLP_PARTS
 from .kind import LayerKind, Row, register
 

@@ -1,8 +1,8 @@
 """A multi-token prediction depth (DeepSeek-V3; megatron-core's ``MultiTokenPredictionLayer``): ``enorm``,
 ``hnorm``, ``eh_proj`` (2h -> h), one decoder layer like the model's last, its final norm, output layer and loss.
 A whole-layer unit after the decoder's last layer, one per ``mtp_num_layers``; in a hybrid pattern each depth is
-``/`` and its inner layer's symbols. Counts: ``search.moe_params.mtp_layer_params``; FLOPs:
-``search.moe_flops.mtp_flops``; time and bytes: ``costmodel.mla_mtp.mtp_unit`` from its inner layer's rows.
+``/`` and its inner layer's symbols. Counts: ``search.layers.moe_params.mtp_layer_params``; FLOPs:
+``search.layers.moe_flops.mtp_flops``; time and bytes: ``costmodel.mla_mtp.mtp_unit`` from its inner layer's rows.
 
 ``mtp_use_repeated_layer`` (megatron-core 0.19 ``MultiTokenPredictionBlock``: one layer built, run at every depth):
 the depths after the first are their own row (``shares_weights``) with the same time and activations and no
@@ -10,8 +10,8 @@ parameters of their own, so weights, gradients and optimizer state count once an
 
 from __future__ import annotations
 
-from ..moe_flops import mtp_flops
-from ..moe_params import mtp_layer_params
+from search.layers.moe_flops import mtp_flops
+from search.layers.moe_params import mtp_layer_params
 from .kind import LayerKind, Row, mtp_inner_kinds, register
 
 

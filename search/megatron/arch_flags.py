@@ -1,6 +1,6 @@
 """Architecture fields a converted model carries beyond the base flags, as Megatron-LM core_v0.16.1 flags (both ways)
 and Megatron-Bridge ``model`` fields: the QKV bias, the norm epsilon and the top-k scaling factor of the ``megatron``
-block, ``rotary_percent`` and ``rope_scaling`` (``search.rope_scaling``).
+block, ``rotary_percent`` and ``rope_scaling`` (``search.spec.rope_scaling``).
 
 Megatron-LM (``megatron/training/arguments.py``): ``--add-qkv-bias`` (``TransformerConfig.add_qkv_bias``; implied by
 the linear biases: ``validate_args`` sets it unless ``--disable-bias-linear``), ``--norm-epsilon`` (``layernorm_epsilon``,
@@ -13,8 +13,8 @@ default 1e-5), ``--moe-router-topk-scaling-factor``, ``--rotary-percent`` (defau
 
 from __future__ import annotations
 
-from .. import rope_scaling as rs
-from ..errors import AcesoError
+from search.spec import rope_scaling as rs
+from search.io.errors import AcesoError
 
 FLAG_KINDS: dict[str, str] = {"--add-qkv-bias": "bool", "--norm-epsilon": "float",
                               "--moe-router-topk-scaling-factor": "float", "--rotary-percent": "float",

@@ -22,9 +22,9 @@ import json
 import re
 import shlex
 
-from ..errors import AcesoError
-from ..plan import ParallelPlan
-from ..precision import recipe
+from search.io.errors import AcesoError
+from search.spec.plan import ParallelPlan
+from search.settings.precision import recipe
 from .config import MegatronConfig
 from .names import bridge_fields
 from .versions import release

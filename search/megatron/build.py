@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pydantic
 
-from ..cluster import ClusterSpec
-from ..errors import AcesoError, as_aceso_error
-from ..plan import ChunkSpec, ParallelPlan, PlanPrediction, StageSpec
+from search.spec.cluster import ClusterSpec
+from search.io.errors import AcesoError, as_aceso_error
+from search.spec.plan import ChunkSpec, ParallelPlan, PlanPrediction, StageSpec
 from .config import MegatronConfig, layer_bounds
 from .recompute import unit_choices
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from ..errors import AcesoError
-from ..data_parallel import from_flags as dp_from_flags
-from ..fsdp import STRATEGIES, ActivationOffload, MegatronFSDP
-from ..plan_settings import PlanSettings, grad_reduce_from_flags
-from ..precision import REUSE_FLAG, LowPrecision, from_megatron, reuse_grad_buf_check
+from search.io.errors import AcesoError
+from search.settings.data_parallel import from_flags as dp_from_flags
+from search.settings.fsdp import STRATEGIES, ActivationOffload, MegatronFSDP
+from search.settings.plan_settings import PlanSettings, grad_reduce_from_flags
+from search.settings.precision import REUSE_FLAG, LowPrecision, from_megatron, reuse_grad_buf_check
 from .config import MegatronConfig, Recompute, num_layers
 from .layer_variant_flags import FLAG_KINDS as LAYER_FLAG_KINDS
 from .layout import distribution, layout_chunk_layers
@@ -81,7 +81,7 @@ FLAGS: dict[str, str] = {
                          "--moe-router-pre-softmax", "--delay-wgrad-compute", "--moe-router-fusion",
                          "--moe-paged-stash", "--mtp-use-repeated-layer", "--use-fused-weighted-squared-relu",
                          # (MoE ones read by moe_flags.py)
-                         # the DP synchronization (search/data_parallel.py)
+                         # the DP synchronization (search/settings/data_parallel.py)
                          "--no-align-grad-reduce", "--no-align-param-gather", "--use-tp-pp-dp-mapping", "--use-sharp")},
     **STACK_FLAG_KINDS,         # --cuda-graph-impl, --optimizer, --offload-modules, ... (stack_flags.py)
     **{f: LIST for f in ("--recompute-modules", "--moe-aux-loss-coeff", "--moe-router-load-balancing-type")},
@@ -329,7 +329,7 @@ def _fsdp_dtypes(f: Flags, fsdp: str | None, dtype: str) -> tuple[str | None, st
 
 
 def _data_parallel(f: Flags, ogr: bool, fsdp):
-    """The DP synchronization flags (``search/data_parallel.py``), with Megatron-LM's checks."""
+    """The DP synchronization flags (``search/settings/data_parallel.py``), with Megatron-LM's checks."""
     bucket = f.get("--ddp-bucket-size")
     if bucket is not None and bucket <= 0:
         raise AcesoError(f"--ddp-bucket-size {bucket}: give a positive number of parameters per bucket")
@@ -341,7 +341,7 @@ def _data_parallel(f: Flags, ogr: bool, fsdp):
 
 
 def _low_precision(f: Flags, dtype: str, sharded: bool) -> LowPrecision | None:
-    """The recipe of ``--fp8-format/--fp8-recipe`` / ``--fp4-format/--fp4-recipe`` (search/precision.py), with
+    """The recipe of ``--fp8-format/--fp8-recipe`` / ``--fp4-format/--fp4-recipe`` (search/settings/precision.py), with
     ``--fp8-param-gather`` and the bf16 first/last layers (megatron-core's defaults: 1 and 1 when only
     ``--first-last-layers-bf16`` is given)."""
     try:
@@ -375,7 +375,7 @@ def _low_precision(f: Flags, dtype: str, sharded: bool) -> LowPrecision | None:
 
 def _fsdp(f: Flags, notes: list[str]) -> str | None:
     """Megatron FSDP's sharding strategy (not given: the release's default, ``no_shard`` before 0.18,
-    ``optim_grads_params`` from 0.18), or None (DDP); Megatron-LM's checks (``search/fsdp.py``)."""
+    ``optim_grads_params`` from 0.18), or None (DDP); Megatron-LM's checks (``search/settings/fsdp.py``)."""
     strategy = f.value("--data-parallel-sharding-strategy")
     if strategy not in STRATEGIES:
         raise AcesoError(f"--data-parallel-sharding-strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")

@@ -6,7 +6,7 @@ rank ``k % pp``, as ``ParallelPlan.chunks_in_order``) and applies one recompute 
 (``Recompute``). MoE: one expert shape ``ep`` / ``etp`` for every stage; the MTP block runs in the last model
 chunk. Everything plan-wide (the distributed optimizer, overlaps, Megatron FSDP, offload, the precision recipe,
 the optimizer, the MoE and stack settings, the DP flags) is the plan's one ``settings`` record
-(``search/plan_settings.py``). ``micro_batch_size`` here is Megatron-LM's
+(``search/settings/plan_settings.py``). ``micro_batch_size`` here is Megatron-LM's
 per-rank ``--micro-batch-size``: the plan's pipeline
 micro-batch divided by dp. ``vocab_divisor`` is ``--make-vocab-size-divisible-by``: Megatron-LM pads the vocabulary
 to a multiple of it times tp, so ``ModelSpec.make_vocab_size_divisible_by = vocab_divisor * tp``.
@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..errors import AcesoError
-from ..model import ModelSpec
-from ..plan_settings import PlanSettings
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
+from search.settings.plan_settings import PlanSettings
 
 Granularity = Literal["full", "selective"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import AcesoError
+from search.io.errors import AcesoError
 
 PRICED = ("pretrain_gpt.py", "pretrain_t5.py")
 

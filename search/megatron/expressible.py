@@ -20,8 +20,8 @@ Layer counts per stage are always expressible (``--pipeline-model-parallel-layou
 
 from __future__ import annotations
 
-from ..plan import ParallelPlan
-from ..moe_plan import expert_tp, moe_settings
+from search.spec.plan import ParallelPlan
+from search.settings.moe_plan import expert_tp, moe_settings
 from . import arch_flags
 from .config import HINT, MegatronConfig, NotExpressible, Recompute, layer_bounds, layer_name, num_layers
 from .recompute import recompute_of

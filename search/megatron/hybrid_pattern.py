@@ -50,8 +50,8 @@ from dataclasses import dataclass
 
 from .. import layers
 from ..layers.mamba import Mamba2Spec, shape as mamba_shape
-from ..model import ModelSpec, Unit
-from ..plan import ParallelPlan
+from search.spec.model import ModelSpec, Unit
+from search.spec.plan import ParallelPlan
 from .config import NO_RECOMPUTE, MegatronConfig, NotExpressible, Recompute, layer_bounds
 from .recompute import _check_units, _selective, mtp_choice, plan_modules
 from .versions import Release, release
@@ -84,8 +84,8 @@ def release_refusal(rel: Release) -> str | None:
 def release_for(name: str | None) -> tuple[Release | None, str | None]:
     """(the Megatron-LM release of a ``--release``, None) or (None, why it runs no hybrid pattern): a container runs
     the megatron-core it ships, a version names itself, None is the newest."""
-    from ..releases import BY_NAME, resolve
-    from ..errors import AcesoError
+    from search.settings.releases import BY_NAME, resolve
+    from search.io.errors import AcesoError
     if name is None:
         return release(), None
     text = name.strip()

@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ..cluster import ClusterSpec
+from search.spec.cluster import ClusterSpec
 from ..costmodel.kernels import has_flash
-from ..errors import AcesoError
-from ..plan import ParallelPlan
+from search.io.errors import AcesoError
+from search.spec.plan import ParallelPlan
 from .build import plan_from_config
 from .cmdline import Flags, config_from_flags, parse_flags
 from .config import MegatronConfig
@@ -48,7 +48,7 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
                   version: str | None = None, release: str | None = None) -> Imported:
     """The plan a Megatron-LM command line runs. ``version``: the Megatron-LM release whose flags and defaults the
     line is read under (None: the newest, ``versions.py``); ``release``: the software release (NeMo container) it
-    runs on, whose calibration prices it (its ``settings.release``, ``search/releases.py``; None: the container
+    runs on, whose calibration prices it (its ``settings.release``, ``search/settings/releases.py``; None: the container
     shipping ``version``'s megatron-core, or the newest)."""
     rel = megatron_release(version)
     try:

@@ -1,4 +1,4 @@
-"""GPT-OSS's layer fields (``search.layer_variants``) as Megatron-LM core_v0.16.1 flags, both ways, and as
+"""GPT-OSS's layer fields (``search.layers.layer_variants``) as Megatron-LM core_v0.16.1 flags, both ways, and as
 Megatron-Bridge ``model`` fields.
 
 Megatron-LM (``megatron/training/arguments.py``): ``--window-size L,R`` (``tuple_type``: "128,0" or "(128,0)"),
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ast
 
-from ..errors import AcesoError
+from search.io.errors import AcesoError
 from . import arch_flags
 
 # flag -> value kind (search.megatron.cmdline's FLAGS kinds)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import AcesoError
+from search.io.errors import AcesoError
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import pydantic
 
-import model_specs
+from model_specs import presets as model_presets
 
-from ..errors import AcesoError, format_validation_error
-from ..megatron_fields import NO_COST
-from ..model import ModelSpec
-from ..presets import load_model
+from search.io.errors import AcesoError, format_validation_error
+from search.spec.megatron_fields import NO_COST
+from search.spec.model import ModelSpec
+from search.spec.presets import load_model
 from . import layer_variant_flags
 from .moe_flags import moe_model_fields
 
@@ -114,7 +114,7 @@ def _named(spec: dict, notes: list[str]) -> ModelSpec:
     query groups compare by value (``kv_channels`` None and ``hidden / heads`` are the same model)."""
     vocab_known = spec["vocab_size"] is not None
     mine = _validated({**spec, "vocab_size": spec["vocab_size"] or 1})
-    for name in model_specs.preset_names():
+    for name in model_presets.preset_names():
         preset = load_model(name)
         if preset.is_t5 != mine.is_t5 or (preset.moe is None) != (mine.moe is None):
             continue

@@ -21,9 +21,9 @@ from __future__ import annotations
 import ast
 import re
 
-from .. import model_rules
-from ..errors import AcesoError
-from ..moe_plan import MoEPlanSettings
+from search.spec import model_rules
+from search.io.errors import AcesoError
+from search.settings.moe_plan import MoEPlanSettings
 
 DISPATCHERS = ("allgather", "alltoall", "flex")
 LB_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
@@ -174,7 +174,7 @@ def moe_model_fields(f, num_layers: int, ffn: int, pos: str, notes: list[str]) -
 
 
 def _rule_fields(f, moe: dict | None, pos: str) -> dict:
-    """What ``search.model_rules`` reads, from the flags: the MoE fields as read, and what a spec cannot hold (the
+    """What ``search.spec.model_rules`` reads, from the flags: the MoE fields as read, and what a spec cannot hold (the
     load-balancing types, --moe-router-pre-softmax, --group-query-attention, --rotary-interleaved)."""
     return {**({"num_moe_experts": moe["num_experts"], **{k: v for k, v in moe.items() if k != "num_experts"},
                 "moe_router_pre_softmax": f.has("--moe-router-pre-softmax"),
@@ -213,7 +213,7 @@ def moe_plan_fields(f, model, notes: list[str]) -> tuple[int, int | None, MoEPla
         raise AcesoError(f"--moe-router-dtype {dtype}: use fp32 or fp64 (or leave it out: the model's dtype)")
     settings["router_dtype"] = dtype
     settings["rank_capacity_factor"] = f.get("--moe-expert-rank-capacity-factor")
-    from ..moe_plan import settings_refusal
+    from search.settings.moe_plan import settings_refusal
     why = settings_refusal(MoEPlanSettings(**settings), model)
     if why:
         raise AcesoError(f"{why.split(';')[0]} (megatron-core refuses it)".replace("moe.", "", 1))

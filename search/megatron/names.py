@@ -9,8 +9,8 @@ mapping documented in docs/megatron.md (``mapping_table``); ``megatron_lm_args``
 
 from __future__ import annotations
 
-from ..data_parallel import to_flags as dp_flags
-from ..precision import megatron_flags as precision_flags
+from search.settings.data_parallel import to_flags as dp_flags
+from search.settings.precision import megatron_flags as precision_flags
 from . import layer_variant_flags
 from .config import MegatronConfig, NotExpressible
 from .layout import split_for
@@ -58,11 +58,11 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "Megatron-LM reduces bf16 gradients in fp32 by default; Bridge copies mixed_precision's over ddp's"),
     ("settings.data_parallel", "--ddp-bucket-size, --no-align-grad-reduce, --no-align-param-gather, "
      "--use-tp-pp-dp-mapping, --use-sharp", "ddp.bucket_size, ddp.align_param_gather (the others: refused)",
-     "search/data_parallel.py; nvls is NCCL_NVLS_ENABLE, not a flag"),
+     "search/settings/data_parallel.py; nvls is NCCL_NVLS_ENABLE, not a flag"),
     ("settings.low_precision", "--fp8-format --fp8-recipe (or --fp4-format --fp4-recipe), --fp8-param-gather, "
      "--first-last-layers-bf16 --num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16",
      "mixed_precision.fp8, fp8_recipe, fp8_param_gather, fp4, fp4_recipe, first_last_layers_bf16, ...",
-     "the recipes of search/precision.py; with --bf16"),
+     "the recipes of search/settings/precision.py; with --bf16"),
     ("predicted.attention", "--transformer-impl transformer_engine (flash) or local (unfused)",
      "model.transformer_impl", ""),
     ("stages[].tp", "--tensor-model-parallel-size", "model.tensor_model_parallel_size", "one for all stages"),
@@ -183,7 +183,7 @@ def megatron_lm_args(c: MegatronConfig) -> dict[str, list[str]]:
 
 
 def low_precision_args(c: MegatronConfig) -> list[str]:
-    """The recipe's flags (``search/precision.py``)."""
+    """The recipe's flags (``search/settings/precision.py``)."""
     low = c.settings.low_precision
     if low is None:
         return []
@@ -306,7 +306,7 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
 
 
 def bridge_ddp_fields(d) -> dict[str, object]:
-    """The DP synchronization settings (``search/data_parallel.py``) as Megatron-Bridge v0.3.1 ``ddp`` fields; the
+    """The DP synchronization settings (``search/settings/data_parallel.py``) as Megatron-Bridge v0.3.1 ``ddp`` fields; the
     ones its config has no field for are refused."""
     if d is None:
         return {}

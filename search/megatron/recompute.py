@@ -6,7 +6,7 @@ every layer (self- and cross-attention) in backward; ``--recompute-granularity f
 ``--recompute-method uniform --recompute-num-layers 1`` every layer, ``block N`` the first ``N`` layers of each
 transformer block (one block per model chunk; a T5 model has an encoder and a decoder block) and none of the rest.
 
-In plan terms (one choice per unit, ``search.plan.RECOMPUTE_CHOICES``) a layer is then one of
+In plan terms (one choice per unit, ``search.spec.plan.RECOMPUTE_CHOICES``) a layer is then one of
 
 =============  =========================================================  =========================================
 layer          plan units                                                 Megatron-LM
@@ -36,8 +36,8 @@ prediction is an upper bound by ``s * b * h`` elements per fully recomputed laye
 from __future__ import annotations
 
 from ..layers import resolve
-from ..model import ModelSpec
-from ..plan import ParallelPlan
+from search.spec.model import ModelSpec
+from search.spec.plan import ParallelPlan
 from .config import NO_RECOMPUTE, NotExpressible, Recompute, layer_bounds, layer_name
 
 CORE_ATTN = ("core_attn",)

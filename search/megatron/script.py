@@ -17,13 +17,13 @@ import dataclasses
 import shlex
 
 from .. import __version__
-from ..errors import AcesoError
-from ..plan import ParallelPlan
+from search.io.errors import AcesoError
+from search.spec.plan import ParallelPlan
 from .config import MegatronConfig
 from .versions import Release, having, release
-from ..fsdp import describe as fsdp_describe
-from ..plan_settings import describe
-from ..throughput import throughput
+from search.settings.fsdp import describe as fsdp_describe
+from search.settings.plan_settings import describe
+from search.costmodel.throughput import throughput
 from .names import grad_reduce_args, megatron_lm_args, tokenizer_args
 
 TRAINING_PLACEHOLDER = ("--train-iters 100 --lr 1.0e-4 --min-lr 1.0e-5 --lr-decay-style cosine --lr-warmup-iters 10 "

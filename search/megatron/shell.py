@@ -26,7 +26,7 @@ import operator
 import re
 from dataclasses import dataclass, field
 
-from ..errors import AcesoError
+from search.io.errors import AcesoError
 from .shell_lex import Lexer, Op, Word
 
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?=)(.*)$", re.S)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import AcesoError
+from search.io.errors import AcesoError
 
 _NAME_EQ = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\+?=$")
 _OPS = ("&&", "||", ";;", ";", "|", "&", "(", ")", "\n")

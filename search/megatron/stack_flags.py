@@ -1,5 +1,5 @@
 """The stack switches both ways with Megatron-LM (flags) and Megatron-Bridge (``model`` / ``optimizer`` fields):
-CUDA graphs, fine-grained activation offload, the cross-entropy fusion (``search/stack.py``) and the optimizer.
+CUDA graphs, fine-grained activation offload, the cross-entropy fusion (``search/settings/stack.py``) and the optimizer.
 
 Megatron-LM core_v0.16.1 flags (``arguments.py``; megatron-core ``TransformerConfig`` names): ``--cuda-graph-impl
 none|local|transformer_engine``, ``--cuda-graph-scope S ...`` (0.17+: ``--cuda-graph-modules``, read too),
@@ -12,8 +12,8 @@ optimizer does not support Megatron-FSDP") is refused; the stack rules of ``stac
 
 from __future__ import annotations
 
-from ..errors import AcesoError
-from ..stack import GRAPH_SCOPES, OFFLOAD_MODULES, CudaGraphs, FineGrainedOffload, StackSettings
+from search.io.errors import AcesoError
+from search.settings.stack import GRAPH_SCOPES, OFFLOAD_MODULES, CudaGraphs, FineGrainedOffload, StackSettings
 
 FLAG_KINDS: dict[str, str] = {
     "--cuda-graph-impl": "str", "--cuda-graph-scope": "list", "--cuda-graph-modules": "list",

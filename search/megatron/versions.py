@@ -21,7 +21,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from ..errors import AcesoError
+from search.io.errors import AcesoError
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 

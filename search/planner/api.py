@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from ..errors import AcesoError
+from search.io.errors import AcesoError
 from .aceso import SearchOptions, SearchResult, search
 from .baseline import BaselineResult, best_uniform
 from .space import Space
@@ -103,7 +103,7 @@ def runtime_training(training, strict: bool = True):
     """The training spec for a runtime search: Megatron FSDP and CPU activation offload off (the heterogeneous
     search prices DDP / the distributed optimizer; the aceso runtime keeps activations on the GPU); ``strict``:
     refuse them asked for."""
-    from ..runtime_rules import RUNTIME_NO_OFFLOAD
+    from search.targets.runtime_rules import RUNTIME_NO_OFFLOAD
     why = {"megatron_fsdp": ("--megatron-fsdp", "the heterogeneous search prices DDP and the distributed optimizer "
                              "only (the aceso runtime runs a Megatron FSDP plan given to it: aceso validate says "
                              "which)"),
@@ -117,7 +117,7 @@ def runtime_training(training, strict: bool = True):
 def runtime_lacks(e) -> list[str]:
     """What of an evaluation's plan the aceso runtime does not run (empty: it runs it as it is): Megatron FSDP,
     activation offload, the stack switches (CUDA graphs, fine-grained offload, the cross-entropy fusion), the MoE
-    EP overlap (search/runtime_rules.py refuses each in a plan)."""
+    EP overlap (search/targets/runtime_rules.py refuses each in a plan)."""
     f, sk = e.state.features, e.state.features.stack
     out = [name for name, on in (("Megatron FSDP", f.fsdp), ("CPU activation offload", f.offload_layers),
                                  ("CUDA graphs", sk is not None and sk.graphs),
@@ -186,8 +186,8 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
         o2.budget_s = max(opts.budget_s - mlm.seconds, 0.0)
     if opts.callback is not None:   # one progress count over both searches
         o2.callback = lambda n, done=mlm.evals: opts.callback(done + n)
-    from ..capabilities import model_refusal
-    from ..precision import of_training
+    from search.targets.capabilities import model_refusal
+    from search.settings.precision import of_training
     why = model_refusal("aceso", cm.model, of_training(training), training.dtype, cm.cluster.gpu, training.optimizer)
     if why is not None:   # the aceso runtime runs no plan of this model: no heterogeneous line (capabilities.py)
         return Plans(target, base, mlm, SearchResult([], [], 0, 0.0, False, {}), space,

@@ -5,7 +5,7 @@ Megatron-LM search and the heterogeneous search all build their ``Space`` from t
 
 from __future__ import annotations
 
-from ..errors import AcesoError
+from search.io.errors import AcesoError
 
 
 def _nums(values) -> str:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import pydantic
 
 from ..costmodel.types import StackKey
-from ..moe_plan import MoEPlanSettings
+from search.settings.moe_plan import MoEPlanSettings
 from .state import Evaluation, Evaluator
 
 DISPATCHERS = ("alltoall", "allgather", "flex")

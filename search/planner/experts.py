@@ -1,6 +1,6 @@
 """The expert shapes a stage of an MoE model may take (MoE parallel folding), for the search and the baseline.
 
-A stage of ``tp x cp x dp`` GPUs folds its experts as ``etp x ep x edp`` over the same GPUs (``search/moe_plan.py``
+A stage of ``tp x cp x dp`` GPUs folds its experts as ``etp x ep x edp`` over the same GPUs (``search/settings/moe_plan.py``
 has megatron-core 0.16.1's rules; this module enumerates what they allow). Candidates, kept few on purpose:
 
 * ``etp`` in {1, tp}: megatron-core's default is the attention tp (``expert_tensor_parallel_size`` unset), the

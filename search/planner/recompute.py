@@ -29,7 +29,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..costmodel.types import ATTN_DROPOUT, MLA_UP_PROJ, N_RC, RC, RC_CODE, UNAVAILABLE_MS
-from ..plan import recompute_allowed
+from search.spec.plan import recompute_allowed
 
 CAP = 256
 COUNT_CAP = 4000      # most assignments ``refine_by_counts`` evaluates for one stage
@@ -576,7 +576,7 @@ def has_unit_tables(cm) -> bool:
 
 
 def allowed_codes(model, start: int, end: int, no_full: bool = False) -> list[tuple[int, ...]]:
-    """Per unit of ``[start, end)``: the recompute codes it can take (``search.plan.recompute_allowed``; ``no_full``:
+    """Per unit of ``[start, end)``: the recompute codes it can take (``search.spec.plan.recompute_allowed``; ``no_full``:
     without full, as under the MoE EP overlap)."""
     return [tuple(RC_CODE[c] for c in recompute_allowed(u.kind, model) if not (no_full and c == "full"))
             for u in model.units[start:end]]

@@ -17,9 +17,9 @@ import contextlib
 import sys
 
 from ..costmodel.types import RC
-from ..plan import span_text
-from ..text import shape
-from ..throughput import Throughput, throughput
+from search.spec.plan import span_text
+from search.io.text import shape
+from search.costmodel.throughput import Throughput, throughput
 from .state import Evaluation
 from .state import to_plan as _to_plan
 
@@ -62,7 +62,7 @@ def assumed_attention(cm) -> str | None:
 
 
 def _rc_text(rc) -> str:
-    from ..plan import recompute_text
+    from search.spec.plan import recompute_text
     return recompute_text({RC[c]: int((rc == c).sum()) for c in range(len(RC))})
 
 
@@ -235,7 +235,7 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None, wall_s: floa
 
 
 def plan_throughput(plan, iteration_ms: float, cm) -> Throughput:
-    """``search.throughput`` of ``plan`` at ``iteration_ms`` on its GPUs (MFU at the cost model's training dtype)."""
+    """``search.costmodel.throughput`` of ``plan`` at ``iteration_ms`` on its GPUs (MFU at the cost model's training dtype)."""
     training = getattr(cm, "training", None)
     peak = cm.cluster.gpu.peak_tflops(training.dtype) if training is not None and plan.cluster else None
     return throughput(plan.model, plan.global_batch_size, iteration_ms, plan.world_size, peak)
@@ -260,7 +260,7 @@ def min_gpus(model, training, usable_mb: float) -> int:
     import math
 
     from ..costmodel.memory import MB, state_bytes_per_param
-    from ..precision import base_dtype
+    from search.settings.precision import base_dtype
     w, g, o = state_bytes_per_param(base_dtype(training.precision), False, 1)
     w = 1.0 if getattr(training, "fp8_param_gather", False) else w
     return max(1, math.ceil(model.num_parameters * (w + g + o) / (usable_mb * MB)))

@@ -39,12 +39,12 @@ import itertools
 from dataclasses import dataclass
 
 from ..costmodel.types import Features, Shape
-from ..errors import AcesoError
-from ..fsdp import one_rank_group, pipeline_refusal
-from ..layer_variants import offset_blocks_cp
+from search.io.errors import AcesoError
+from search.settings.fsdp import one_rank_group, pipeline_refusal
+from search.layers.layer_variants import offset_blocks_cp
 from ..layers import mamba
-from ..moe_plan import MoEPlanSettings, dispatcher_settings, overlap_ep_refusal
-from ..training import MAX_VIRTUAL
+from search.settings.moe_plan import MoEPlanSettings, dispatcher_settings, overlap_ep_refusal
+from search.spec.training import MAX_VIRTUAL
 from . import constraints
 from .experts import ExpertSpace
 
@@ -378,7 +378,7 @@ class Space:
         if st.features.fsdp and (pipeline_refusal(S, v) is not None or any(
                 one_rank_group(st.features.fsdp, s.dp, s.cp, s.num_gpus, s.etp or s.tp, s.ep, self.experts is not None)
                 for s in st.shapes)):
-            return False            # what megatron-core cannot run under Megatron FSDP (search.fsdp)
+            return False            # what megatron-core cannot run under Megatron FSDP (search.settings.fsdp)
         if self.moe is not None and overlap_ep_refusal(self.moe, S, v, any(s.ep > 1 for s in st.shapes)):
             return False            # the MoE EP overlap's structure (moe_plan; the recompute search avoids full)
         for i, (a, b) in enumerate(zip(st.bounds[:-1], st.bounds[1:])):

@@ -30,9 +30,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ..costmodel.types import RC, RC_CODE, Features, Shape, StageCost
-from ..errors import AcesoError
-from ..plan import ChunkSpec, ParallelPlan, PlanPrediction, StageSpec
-from ..plan_settings import PlanSettings
+from search.io.errors import AcesoError
+from search.spec.plan import ChunkSpec, ParallelPlan, PlanPrediction, StageSpec
+from search.settings.plan_settings import PlanSettings
 from .recompute import optimize_stage
 from .space import Space  # noqa: F401 - re-exported (the space lived here before)
 

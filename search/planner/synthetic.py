@@ -20,8 +20,8 @@ from functools import lru_cache
 import numpy as np
 
 from ..costmodel.types import ATTN_DROPOUT, MLA_UP_PROJ, UNAVAILABLE_MS, PipelineCost, PlanCost, StageCost, UnitTable
-from ..model import ModelSpec
-from ..plan import ParallelPlan
+from search.spec.model import ModelSpec
+from search.spec.plan import ParallelPlan
 
 
 class SyntheticCostModel:
@@ -126,9 +126,9 @@ class SyntheticCostModel:
 def tiny_problem(seed: int, gbs: int = 32):
     """A random tiny problem for optimality checks: (cost model, space, gbs) with <= 4 GPUs, <= 4 layers (8 units),
     2 micro-batch sizes and a random memory limit (so recompute and memory-driven moves matter)."""
-    from ..cluster import parse_cluster
-    from ..presets import load_model
-    from ..training import TrainingSpec
+    from search.spec.cluster import parse_cluster
+    from search.spec.presets import load_model
+    from search.spec.training import TrainingSpec
     from .space import Space
     rng = np.random.default_rng(seed)
     layers = int(rng.integers(1, 5))

@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import AcesoError
+from search.io.errors import AcesoError
 
 FORMATS = ("png", "svg", "pdf")
 DPI = 100
@@ -51,12 +51,12 @@ def add_arguments(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def target(path: str | None, fmt: str | None = None, option: str = "--plot", matplotlib: bool = True) -> Target | None:
-    """The checked output of ``--plot`` (None when not asked for): a file that can be written (``search.files``), a
+    """The checked output of ``--plot`` (None when not asked for): a file that can be written (``search.io.files``), a
     known format, and (``matplotlib``) matplotlib importable. Raises ``AcesoError`` (one line, exit 2) otherwise;
     call it before any long work."""
     if path is None:
         return None
-    from ..files import check_output
+    from search.io.files import check_output
     if not path.strip() or path == "-":
         raise AcesoError(f"{option} {path!r}: give an image file name (e.g. {option} out.png); a picture cannot go "
                          "to stdout")
@@ -85,8 +85,8 @@ def pyplot():
 
 def save(fig, out: Target, option: str = "--plot") -> None:
     """Write ``fig`` to ``out`` and close it: a regular file through a temporary file beside it and a rename (the
-    replaced file's permissions kept), a device or FIFO in place (``search.files``' rules)."""
-    from ..files import _in_place
+    replaced file's permissions kept), a device or FIFO in place (``search.io.files``' rules)."""
+    from search.io.files import _in_place
     plt = pyplot()
     dest = str(out.path)
     kw = {"format": out.fmt, "dpi": DPI, "metadata": _metadata(out.fmt)}

@@ -10,8 +10,8 @@ from __future__ import annotations
 import textwrap
 
 from . import DPI, Target, save
-from ..plan import span_text
-from ..text import shape as stage_shape
+from search.spec.plan import span_text
+from search.io.text import shape as stage_shape
 from . import memory as memory_panel
 from . import timeline as timeline_panel
 

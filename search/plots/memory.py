@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from ..costmodel.memory import FRAGMENTATION, in_flight_per_chunk
 from ..costmodel.types import RC_CODE, StageCost
-from ..moe_plan import moe_settings
-from ..plan import RECOMPUTE_CHOICES
+from search.settings.moe_plan import moe_settings
+from search.spec.plan import RECOMPUTE_CHOICES
 
 MB_PER_GB = 1024.0
 ORDER = ("params", "grads", "optimizer", "activations", "recompute_peak", "p2p_buffers", "dispatch_buffers",

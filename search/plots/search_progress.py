@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..units import legacy_keys
+from search.io.units import legacy_keys
 from . import DPI, FALLBACK, Target, save
 
 WIDTH_IN, HEIGHT_IN = 14.0, 7.5

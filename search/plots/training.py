@@ -18,8 +18,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import AcesoError
-from ..units import legacy_keys
+from search.io.errors import AcesoError
+from search.io.units import legacy_keys
 from . import DPI, Target, save
 
 WIDTH_IN, HEIGHT_IN = 14.0, 5.2

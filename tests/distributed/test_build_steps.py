@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 import re
 
-from search.model import ModelSpec
-from search.plan import ParallelPlan, StageSpec
+from search.spec.model import ModelSpec
+from search.spec.plan import ParallelPlan, StageSpec
 
 # the build order (docs/runtime.md "Build steps"), written out here rather than read from the code under test
 ORDER = ["check", "patches", "fast paths", "precision", "groups", "chunks", "wrap", "optimizer", "schedule",
@@ -30,7 +30,7 @@ def _train(rank: int, world_size: int, argv: list[str]) -> None:
     """One rank of ``aceso train ARGV`` after its process group exists (``train.train``: what the command runs)."""
     from aceso_megatron.cli.train import train_parser
     from aceso_megatron.training.train import train
-    from search.plan import load_plan
+    from search.spec.plan import load_plan
 
     args = train_parser().parse_args(argv)
     train(args, load_plan(args.plan), rank)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from aceso_megatron.testing import run_plans, spawn
-from search.plan import parse_plan
+from search.spec.plan import parse_plan
 from tests.distributed.test_modern_plans import GPT4, LLAMA4, TC, plan
 from tests.distributed.test_moe_mla_mtp import DEEPSEEK
 from tests.distributed.test_moe_plans import LLAMA_MOE

@@ -50,7 +50,7 @@ PLANS = {
 }
 CONTROL = PLANS["llama optim_grads (ZeRO-2) dp2, 2 micro-batches"]
 # TP inside FSDP (4 gloo ranks): each TP rank's FSDP shards its TP-local weights over DP; with SP the norms' partial
-# gradients are summed over TP on the local shards (training.fsdp.grad_of)
+# gradients are summed over TP on the local shards (parallel.grads.grad_of)
 TP_PLANS = {
     "llama tp2 x dp2 optim_grads_params (ZeRO-3)": plan(LLAMA, "optim_grads_params", tp=2),
     "llama tp2 + SP x dp2 optim_grads_params, recompute": plan(

@@ -81,7 +81,7 @@ def grads_at_dp1(rank, world_size, out) -> None:
     from tests.distributed.test_fsdp_plans import plan
     from tests.tiny_models import LLAMA
 
-    import search.fsdp as plan_rules
+    import search.settings.fsdp as plan_rules
 
     right, rule = fsdp.refusal, plan_rules.structural_refusal
     fsdp.refusal = lambda p: None   # the runtime's entry refusal lifted: what megatron-core does at DP 1

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from search.cluster import parse_cluster
-from search.errors import AcesoError
-from search.model import ModelSpec
-from search.plan import uniform_plan
+from search.spec.cluster import parse_cluster
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
+from search.spec.plan import uniform_plan
 from tests.conftest import ROOT
 
 TINY = ModelSpec(name="tiny", family="gpt", num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,

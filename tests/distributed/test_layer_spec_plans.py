@@ -16,7 +16,7 @@ import torch
 from aceso_megatron.testing import make_batches, spawn
 from aceso_megatron.testing.reference import stock_run
 from aceso_megatron.training.engine import TrainConfig
-from search.plan import ParallelPlan
+from search.spec.plan import ParallelPlan
 from tests.tiny_models import GPT, T5
 
 SEED, STEPS, WORLD = 5, 3, 3

@@ -23,7 +23,7 @@ import torch
 from aceso_megatron.testing import run_plans, spawn
 from aceso_megatron.testing.reference import stock_run
 from aceso_megatron.training.engine import TrainConfig
-from search.moe import MoESpec
+from search.layers.moe_spec import MoESpec
 from tests.distributed.test_plans import reference_process  # noqa: F401 (fixture)
 from tests.tiny_models import GPT, LLAMA
 

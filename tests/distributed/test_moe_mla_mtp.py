@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from aceso_megatron.testing import run_plans, spawn
-from search.moe import MLASpec, MoESpec
+from search.layers.moe_spec import MLASpec, MoESpec
 from tests.distributed.test_plans import SEED, STEPS, TC, compare, reference_process  # noqa: F401 (fixture)
 from tests.tiny_models import GPT, LLAMA
 
@@ -31,7 +31,7 @@ DEEPSEEK = LLAMA.model_copy(update={
     "name": "tiny-deepseek", "num_layers": 3, "mla": MLA, "num_query_groups": None, "mtp_num_layers": 1, "megatron": {"qk_layernorm": True},
     "moe": MoESpec(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32, first_k_dense_layers=1,
                    moe_shared_expert_intermediate_size=16)})
-# rope: Megatron-LM's validate_args refuses MTP with learned absolute positions (search.model_rules)
+# rope: Megatron-LM's validate_args refuses MTP with learned absolute positions (search.spec.model_rules)
 GPT_MTP = GPT.model_copy(update={"name": "tiny-gpt-mtp", "mtp_num_layers": 1, "position_embedding": "rope"})
 
 

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from aceso_megatron.testing import run_plans, spawn
-from search.moe import MoESpec
+from search.layers.moe_spec import MoESpec
 from tests.distributed.test_plans import SEED, STEPS, TC, compare, reference_process  # noqa: F401 (fixture)
 from tests.tiny_models import GPT, LLAMA
 
@@ -128,7 +128,7 @@ def router_gaps(raw) -> list[float]:
     reference at its initial weights; asserts that a router ran."""
     from aceso_megatron.testing import make_batches
     from aceso_megatron.testing.reference import Reference
-    from search.plan import ParallelPlan
+    from search.spec.plan import ParallelPlan
 
     p = ParallelPlan.model_validate(raw)
     ref = Reference(p.model, seed=SEED, train_config=TC)

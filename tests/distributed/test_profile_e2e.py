@@ -62,10 +62,10 @@ def test_profile_database(profiled):
 
 
 def test_cost_model_reads_it(profiled):
-    from search.cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from search.costmodel import make_cost_model
-    from search.presets import load_model
-    from search.training import TrainingSpec
+    from search.spec.presets import load_model
+    from search.spec.training import TrainingSpec
 
     spec, db, _ = profiled
     d = json.loads(db.read_text())

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 from tests.distributed.test_profile_e2e import aceso
 
 H, F, FS, E = 32, 32, 16, 4
@@ -59,10 +59,10 @@ def test_moe_rows(profiled):
 
 
 def _cost_model(spec, db):
-    from search.cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from search.costmodel import make_cost_model
-    from search.presets import load_model
-    from search.training import TrainingSpec
+    from search.spec.presets import load_model
+    from search.spec.training import TrainingSpec
 
     model = load_model(str(spec))
     tr = TrainingSpec(global_batch_size=8, micro_batch_sizes=[1, 2], precision="fp32")
@@ -92,7 +92,7 @@ def test_the_cost_model_prices_the_measured_rows(profiled):
 
 
 def test_an_moe_plan_is_priced_and_an_unprofiled_shape_refused(profiled):
-    from search.plan import parse_plan
+    from search.spec.plan import parse_plan
 
     spec, db = profiled
     model, cm = _cost_model(spec, db)

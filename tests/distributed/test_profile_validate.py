@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from search.plan import RECOMPUTE_CHOICES, parse_plan
+from search.spec.plan import RECOMPUTE_CHOICES, parse_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu" / "validate.sh"

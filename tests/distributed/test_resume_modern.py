@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from aceso_megatron.testing import make_batches, scheduled_steps, spawn
 from aceso_megatron.training.engine import TrainConfig
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 from tests.tiny_models import GPT, T5
 
 SEED, ITERS, SAVE_AT = 5, 4, 2

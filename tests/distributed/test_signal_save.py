@@ -21,8 +21,8 @@ import time
 import pytest
 
 from aceso_megatron.training.checkpoint_files import damaged_file, damaged_index
-from search.model import ModelSpec
-from search.plan import ParallelPlan, StageSpec
+from search.spec.model import ModelSpec
+from search.spec.plan import ParallelPlan, StageSpec
 from tests.conftest import ROOT
 
 ITERS = 8

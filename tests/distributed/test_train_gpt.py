@@ -19,8 +19,8 @@ import pytest
 from aceso_megatron.testing import run_fresh
 from aceso_megatron.training.train import main as train_main
 from search.cli import main
-from search.model import ModelSpec
-from search.plan import ParallelPlan, StageSpec
+from search.spec.model import ModelSpec
+from search.spec.plan import ParallelPlan, StageSpec
 from tests.conftest import ROOT
 
 ITERS = 30
@@ -212,7 +212,7 @@ def test_resume_with_another_global_batch_is_refused(work):
     from types import SimpleNamespace
 
     from aceso_megatron.training import checkpoint
-    from search.errors import AcesoError
+    from search.io.errors import AcesoError
 
     other = ONE.model_copy(update={"global_batch_size": 16})
     with pytest.raises(AcesoError, match="global_batch_size 8"):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from search.model import ModelSpec
-from search.plan import ParallelPlan, StageSpec
+from search.spec.model import ModelSpec
+from search.spec.plan import ParallelPlan, StageSpec
 from tests.distributed.test_train_gpt import (TRAIN, assert_matches_single_process, assert_resume_repeats_steps,
                                                loss_drop, prepare_and_train)
 

@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA (the GPU tier runs on a machine with an NVIDIA GPU)", allow_module_level=True)
 
-from search.model import ModelSpec  # noqa: E402
-from search.plan import ParallelPlan, StageSpec  # noqa: E402
+from search.spec.model import ModelSpec  # noqa: E402
+from search.spec.plan import ParallelPlan, StageSpec  # noqa: E402
 
 MODEL = ModelSpec(name="tiny-gpt", family="gpt", num_layers=2, hidden_size=64, num_attention_heads=4,
                   ffn_hidden_size=256, seq_length=64, vocab_size=512, params_dtype="fp32")

@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA (the GPU tier runs on a machine with an NVIDIA GPU)", allow_module_level=True)
 
 from aceso_megatron.testing import make_batches, spawn  # noqa: E402
-from search.model import ModelSpec  # noqa: E402
+from search.spec.model import ModelSpec  # noqa: E402
 
 STEPS, SEED = 5, 21
 MODEL = ModelSpec(name="gpu-gpt", family="gpt", num_layers=2, hidden_size=256, num_attention_heads=8,

@@ -14,8 +14,8 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA (the GPU tier runs on a machine with an NVIDIA GPU)", allow_module_level=True)
 
 from patches.compat import have_hybrid  # noqa: E402
-from search.model import ModelSpec  # noqa: E402
-from search.plan import ParallelPlan  # noqa: E402
+from search.spec.model import ModelSpec  # noqa: E402
+from search.spec.plan import ParallelPlan  # noqa: E402
 from tests.gpu.test_cuda_train import check_learns_and_matches_cpu  # noqa: E402
 
 if not have_hybrid():

@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("transformer_engine")
 
 from aceso_megatron.testing import make_batches, spawn  # noqa: E402
-from search.model import ModelSpec  # noqa: E402
+from search.spec.model import ModelSpec  # noqa: E402
 
 STEPS, SEED = 3, 5
 MODEL = ModelSpec(name="gpu-llama-lowprec", family="llama", num_layers=4, hidden_size=256, num_attention_heads=8,

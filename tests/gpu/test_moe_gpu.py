@@ -24,8 +24,8 @@ if importlib.util.find_spec("transformer_engine") is None:
     pytest.skip("the MoE fast paths need transformer-engine (pip install -e '.[gpu]')", allow_module_level=True)
 
 from aceso_megatron.testing import make_batches, spawn  # noqa: E402
-from search.model import ModelSpec  # noqa: E402
-from search.moe import MLASpec, MoESpec  # noqa: E402
+from search.spec.model import ModelSpec  # noqa: E402
+from search.layers.moe_spec import MLASpec, MoESpec  # noqa: E402
 
 STEPS, SEED, MB, GBS = 5, 23, 2, 8
 LLAMA = dict(family="llama", num_layers=2, hidden_size=256, num_attention_heads=8, ffn_hidden_size=512,

@@ -12,7 +12,7 @@ import pytest
 
 from aceso_megatron.testing import run_fresh
 from aceso_megatron.training.train_log import machine_note
-from search.calibration import load_calibration
+from search.calibration.calibration import load_calibration
 from search.cli import main
 from tests.tiny_models import GPT
 
@@ -58,8 +58,8 @@ def _spec(tmp_path):
 def test_machine_note_names_the_mismatch_and_is_quiet_when_calibrated(tmp_path):
     import shutil
 
-    from search.calibration import CalibrationFile, GPUCalibration, apply_calibration
-    from search.plan import load_plan
+    from search.calibration.calibration import CalibrationFile, GPUCalibration, apply_calibration
+    from search.spec.plan import load_plan
 
     assert main(["search", "--model", str(_spec(tmp_path)), "--cluster", "1x8-h100", "--global-batch-size", "8",
                  "-o", str(tmp_path / "gpu.json")]) == 0
@@ -81,7 +81,7 @@ def test_machine_note_on_gpus_compares_the_device_with_the_preset(tmp_path, monk
     """A CUDA run: the device name's preset (``profiler.fingerprint.gpu_preset``) against the plan's GPU."""
     import torch
 
-    from search.plan import load_plan
+    from search.spec.plan import load_plan
 
     assert main(["search", "--model", str(_spec(tmp_path)), "--cluster", "1x8-h100", "--global-batch-size", "8",
                  "-o", str(tmp_path / "gpu.json")]) == 0

@@ -15,8 +15,8 @@ import pytest
 from aceso_megatron.testing import run_fresh
 from aceso_megatron.training.checkpoint_files import damaged_file, damaged_index, damaged_item
 from search.cli import main
-from search.cluster import parse_cluster
-from search.plan import uniform_plan
+from search.spec.cluster import parse_cluster
+from search.spec.plan import uniform_plan
 from tests.tiny_models import GPT
 
 TRAIN = ["--cpu", "--mock-data", "--log-interval", "1", "--seed", "3", "--lr-decay-iters", "8"]

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from aceso_megatron.training.checkpoint import model_mismatch
-from search.moe import MLASpec, MoESpec
+from search.layers.moe_spec import MLASpec, MoESpec
 from tests.tiny_models import LLAMA
 
 MOE = LLAMA.model_copy(update={"name": "m", "moe": MoESpec(num_experts=4, moe_router_topk=2,
@@ -37,7 +37,7 @@ def test_another_expert_shape_is_refused_naming_the_field(planned, field):
 
 
 def test_an_mla_plan_is_refused_on_a_checkpoint_without_mla():
-    mha = MOE.model_copy(update={"num_query_groups": None})     # MLA has no query groups (search.model_rules)
+    mha = MOE.model_copy(update={"num_query_groups": None})     # MLA has no query groups (search.spec.model_rules)
     planned = mha.model_copy(update={"mla": MLASpec(kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4,
                                                     v_head_dim=8)})
     msg = _mismatch(mha, planned)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 from tests.distributed.test_fsdp_plans import plan
 from tests.tiny_models import LLAMA
 
@@ -70,17 +70,17 @@ def test_what_runs_passes_the_entry(raw, world):
 
 
 def test_the_one_preflight_answers_as_the_entry_does():
-    """validate, the search's output check and launch share ``search.preflight.preflight``: it passes the FSDP plans
+    """validate, the search's output check and launch share ``search.targets.preflight.preflight``: it passes the FSDP plans
     the runtime runs (one stage, tp 1 or tp 2 + SP); 2 stages, which megatron-core cannot build in any framework,
-    are no plan (``search.fsdp.structural_refusal``, the same line as the entry's)."""
+    are no plan (``search.settings.fsdp.structural_refusal``, the same line as the entry's)."""
     pytest.importorskip("einops")
-    from search.plan import ParallelPlan
-    from search.preflight import preflight
+    from search.spec.plan import ParallelPlan
+    from search.targets.preflight import preflight
 
     assert preflight(ParallelPlan.model_validate(plan(LLAMA, "optim_grads_params")), "cpu") is True
     assert preflight(ParallelPlan.model_validate(plan(LLAMA, "optim_grads", tp=2, sp=True)), "cpu") is True
     with pytest.raises(ValueError, match="megatron_fsdp with 2 pipeline stages"):   # megatron-core's limit: the plan
-        ParallelPlan.model_validate(_two_stages(plan(LLAMA, "optim_grads")))         # itself (search.fsdp)
+        ParallelPlan.model_validate(_two_stages(plan(LLAMA, "optim_grads")))         # itself (search.settings.fsdp)
 
 
 @pytest.mark.parametrize("flags, needle", [(["--save", "ckpt"], "--save with megatron_fsdp"),
@@ -90,7 +90,7 @@ def test_checkpoints_of_fsdp_plans_refused_before_training(tmp_path, flags, need
     FSDP optimizer's state has only megatron-core's fsdp_dtensor format (the reason is measured on stock
     megatron-core in tests/distributed/test_fsdp_plans.py)."""
     from aceso_megatron.cli.train import check_train_args, parse_train_args
-    from search.plan import ParallelPlan
+    from search.spec.plan import ParallelPlan
 
     fsdp = ParallelPlan.model_validate(plan(LLAMA, "optim_grads_params"))
     flags = [flags[0], str(tmp_path / flags[1])]

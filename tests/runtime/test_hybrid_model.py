@@ -25,7 +25,7 @@ def single_process():
 
 def test_units_are_hybrid_layer_symbols():
     from aceso_megatron.model.hybrid import pattern
-    from search.moe import MoESpec
+    from search.layers.moe_spec import MoESpec
 
     assert pattern(GPT, list(GPT.units)) == "*-*-"
     assert pattern(LLAMA, list(LLAMA.units)[1:3]) == "-*"

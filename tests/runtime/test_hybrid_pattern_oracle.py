@@ -18,7 +18,7 @@ import pytest
 from search.layers.mamba import shape as mamba_shape
 from search.megatron.hybrid_pattern import args_line, hybrid_form, mtp_pattern, unit_pattern
 from search.megatron.versions import release
-from search.presets import load_model
+from search.spec.presets import load_model
 from tests.hybrid_plans import CASES, cut_plan
 from tests.runtime.test_megatron_lm_oracle import _checkout
 

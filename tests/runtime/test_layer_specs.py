@@ -13,9 +13,9 @@ import sys
 import pytest
 import torch
 
-from search.errors import AcesoError
-from search.megatron_fields import transformer_config_fields
-from search.plan import ParallelPlan
+from search.io.errors import AcesoError
+from search.spec.megatron_fields import transformer_config_fields
+from search.spec.plan import ParallelPlan
 from tests.conftest import ROOT
 from tests.tiny_models import GPT, T5
 

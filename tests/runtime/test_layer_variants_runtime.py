@@ -1,4 +1,4 @@
-"""The runtime and GPT-OSS's layer fields (search.layer_variants): a sliding-window plan trains exactly as stock
+"""The runtime and GPT-OSS's layer fields (search.layers.layer_variants): a sliding-window plan trains exactly as stock
 megatron-core built with the same window (the window reaches every unit's config, each layer keeps its global
 layer number, so the right layers are windowed), the window changes the loss (it is applied), and the fields the
 runtime does not build yet are refused in one line."""
@@ -6,8 +6,8 @@ runtime does not build yet are refused in one line."""
 import pytest
 import torch
 
-from search.errors import AcesoError
-from search.model import ModelSpec
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
 
 LLAMA = ModelSpec(name="tiny-swa", family="llama", num_layers=3, hidden_size=32, num_attention_heads=4,
                   num_query_groups=2, ffn_hidden_size=64, seq_length=16, vocab_size=128, params_dtype="fp32",

@@ -16,8 +16,8 @@ import torch
 from aceso_megatron.parallel.layout import RankLayout, embedding_stages, sample_range
 from aceso_megatron.parallel.p2p import boundary_messages, message_numel, pack, unpack
 from aceso_megatron.parallel.shards import boundary_segments, cp_token_index, holding
-from search.model import ModelSpec
-from search.plan import ParallelPlan
+from search.spec.model import ModelSpec
+from search.spec.plan import ParallelPlan
 from tests.tiny_models import T5
 
 GPT = ModelSpec(name="g", family="gpt", num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,

@@ -17,10 +17,10 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from search.errors import AcesoError
-from search.plan import parse_plan, uniform_plan
-from search.plan_settings import PlanSettings
-from search.precision import LowPrecision, bf16_layer
+from search.io.errors import AcesoError
+from search.spec.plan import parse_plan, uniform_plan
+from search.settings.plan_settings import PlanSettings
+from search.settings.precision import LowPrecision, bf16_layer
 from tests.tiny_models import LLAMA
 
 MODEL = LLAMA.model_copy(update={"name": "tiny-llama-8", "num_layers": 8})

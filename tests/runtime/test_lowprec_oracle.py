@@ -5,10 +5,10 @@ exported for it sets exactly the recipe fields the runtime builds its stage conf
 
 import pytest
 
-from search.plan import uniform_plan
-from search.plan_settings import PlanSettings
-from search.precision import LowPrecision
-from search.presets import load_model
+from search.spec.plan import uniform_plan
+from search.settings.plan_settings import PlanSettings
+from search.settings.precision import LowPrecision
+from search.spec.presets import load_model
 from tests.runtime.test_megatron_lm_oracle import TAGS, _oracle
 
 LOWS = [LowPrecision(recipe="fp8-delayed"), LowPrecision(recipe="fp8-tensorwise", bf16_layers_start=1,

@@ -16,7 +16,7 @@ from megatron.core.transformer.transformer_block import get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 from search.megatron import megatron_config
 from search.megatron.layout import distribution, format_layout, layout_chunk_layers
 from search.megatron.names import bridge_fields

@@ -54,9 +54,9 @@ def _oracle(plans, tag: str, lines=None) -> list[dict]:
 def test_megatron_lm_takes_the_fsdp_and_offload_flags(tag):
     """Megatron FSDP (each strategy) and CPU activation offload as exported: parsed, validated (fsdp_dtensor,
     CUDA_DEVICE_MAX_CONNECTIONS unset) and in megatron-core's TransformerConfig (offload: one stage, no recompute)."""
-    from search.fsdp import ActivationOffload, MegatronFSDP
-    from search.plan import uniform_plan
-    from search.presets import load_model
+    from search.settings.fsdp import ActivationOffload, MegatronFSDP
+    from search.spec.plan import uniform_plan
+    from search.spec.presets import load_model
     model = load_model("llama3-8b", num_layers=4)
     plans = [uniform_plan(model, 1, 2, 4, 4, 16, "none", overlap_grad_reduce=True, overlap_param_gather=s != "no_shard",
                           megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy=s),
@@ -75,10 +75,10 @@ def test_the_releases_rules_are_what_its_validate_args_and_tokenizer_do(tag):
     the release's parser default, the distributed optimizer what validate_args leaves (RULES
     fsdp_forces_distributed_optimizer), as the importer reads them; NullTokenizer's vocabulary (RULES
     null_tokenizer_counts_eod) is the plan's on every exported line."""
-    from search.fsdp import MegatronFSDP
+    from search.settings.fsdp import MegatronFSDP
     from search.megatron.importer import read_megatron
-    from search.plan import uniform_plan
-    from search.presets import load_model
+    from search.spec.plan import uniform_plan
+    from search.spec.presets import load_model
     rel = release(tag)
     plan = uniform_plan(load_model("llama3-8b", num_layers=4), 1, 1, 8, 8, 16, "none", overlap_grad_reduce=True,
                         megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy="optim"))
@@ -110,7 +110,7 @@ def test_megatron_lm_parses_validates_and_builds_the_plans_layers(tag):
         assert got["recompute"] == [rc.granularity, rc.method, rc.num_layers,
                                     list(rc.modules) if rc.granularity == "selective" else None], name
         assert got["sequence_parallel"] == c.sequence_parallel, name
-        m = plan.model                            # GPT-OSS's layer fields (search.layer_variants) as megatron-core's
+        m = plan.model                            # GPT-OSS's layer fields (search.layers.layer_variants) as megatron-core's
         assert got["kv_channels"] == m.head_dim, name
         assert got["layer_variants"] == {
             "window_size": m.window_size, "window_attn_skip_freq": m.window_attn_skip_freq,
@@ -171,8 +171,8 @@ def test_megatron_lm_builds_the_imported_hf_models_fields(tag):
     """The published Hugging Face configs (tests/unit/data/hf) as imported and exported: Megatron-LM's own parser
     and config builder give each the QKV bias, QK norm, norm epsilon, top-k scaling, rotary percent and RoPE scaling
     the config.json has."""
-    from search.cluster import parse_cluster
-    from search.plan import uniform_plan
+    from search.spec.cluster import parse_cluster
+    from search.spec.plan import uniform_plan
     from tests.unit.test_hf_real_configs import IMPORTED, spec
 
     plans = [uniform_plan(spec(n).model_copy(update={"num_layers": 5}), 1, 1, 8, 8, 64,

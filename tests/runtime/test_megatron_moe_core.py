@@ -12,7 +12,7 @@ import pytest
 from megatron.core.transformer.enums import LayerType
 from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
 from megatron.core.transformer.transformer_config import MLATransformerConfig
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 from search.megatron.bridge import overrides
 from search.megatron.layout import layout_chunk_layers
 from tests.megatron_moe_plans import MOE_CASES, moe_case_config

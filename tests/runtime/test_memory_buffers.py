@@ -16,7 +16,7 @@ from unittest import mock
 import pytest
 
 from search.costmodel.memory import ddp_buffer_numel, state_bytes_per_param
-from search.model import ModelSpec
+from search.spec.model import ModelSpec
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
 torch = pytest.importorskip("torch")

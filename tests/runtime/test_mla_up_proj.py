@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from search.model import ModelSpec
+from search.spec.model import ModelSpec
 
 S, B = 32, 2
 MLA = {"q_lora_rank": 32, "kv_lora_rank": 16, "qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 12}
@@ -87,10 +87,10 @@ def test_mla_up_proj_frees_q_k_v_with_equal_loss_and_gradients(single_process):
     freed = kept - kept_up
     assert MODEL.num_layers * QKV * 4 <= freed <= MODEL.num_layers * (QKV * 4 + ROPE_TABLES)   # fp32: by hand
     # the cost model frees the same per MLA attention unit
-    from search.cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from search.costmodel.analytic import AnalyticSource
     from search.costmodel.comm import CommModel
-    from search.training import TrainingSpec
+    from search.spec.training import TrainingSpec
 
     cl = parse_cluster("1x1-cpu")
     src = AnalyticSource(MODEL, cl, TrainingSpec(global_batch_size=B, precision="fp32"), CommModel(cl))

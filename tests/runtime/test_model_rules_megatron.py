@@ -1,4 +1,4 @@
-"""megatron-core 0.16.1 itself refuses every model setting ``search.model_rules`` refuses (its TransformerConfig /
+"""megatron-core 0.16.1 itself refuses every model setting ``search.spec.model_rules`` refuses (its TransformerConfig /
 MLATransformerConfig raise on the broken settings of tests/model_rule_cases.py and build the fixed ones), and
 Megatron-LM core_v0.16.1's ``validate_args`` refuses the command lines of its two rules (needs a checkout:
 ``ACESO_MEGATRON_LM``, as test_megatron_lm_oracle.py). MLA with query groups: megatron-core builds that config
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from megatron.core.transformer import transformer_config as tc
-from search import model_rules
+from search.spec import model_rules
 from tests.model_rule_cases import CORE, MEGATRON_LM
 
 

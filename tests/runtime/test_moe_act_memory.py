@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from search.model import ModelSpec
+from search.spec.model import ModelSpec
 
 T, H, E, K, FFN = 64, 32, 4, 2, 24
 
@@ -67,12 +67,12 @@ def _kept(m: ModelSpec) -> int:
 
 
 def _model(m: ModelSpec) -> float:
-    from search.cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from search.costmodel.analytic import AnalyticSource
     from search.costmodel.comm import CommModel
     from search.costmodel.moe_cost import moe_act_bytes
-    from search.moe_plan import MoEPlanSettings
-    from search.training import TrainingSpec
+    from search.settings.moe_plan import MoEPlanSettings
+    from search.spec.training import TrainingSpec
 
     cl = parse_cluster("1x1-cpu")
     src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=1, precision="fp32"), CommModel(cl), kernels="flat")

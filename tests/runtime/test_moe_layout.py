@@ -8,8 +8,8 @@ import pytest
 from megatron.core.parallel_state import RankGenerator
 
 from aceso_megatron.parallel.layout import RankLayout
-from search.moe import MoESpec
-from search.plan import ParallelPlan
+from search.layers.moe_spec import MoESpec
+from search.spec.plan import ParallelPlan
 from tests.tiny_models import LLAMA
 
 MOE = LLAMA.model_copy(update={"name": "m", "num_layers": 4, "num_query_groups": 4, "moe": MoESpec(num_experts=8, moe_router_topk=2,

@@ -1,10 +1,10 @@
-"""Our MoE / MLA / MTP parameter counts (search.moe_params) equal what megatron-core 0.16.1 allocates: tiny models
+"""Our MoE / MLA / MTP parameter counts (search.layers.moe_params) equal what megatron-core 0.16.1 allocates: tiny models
 with every structural feature of the presets (GQA, q/k norms, biases, dense-first and every-N-th MoE layers,
 shared experts, MLA with and without the query down-projection, an MTP layer, GPT-OSS's learnable softmax offset,
 quick-GEGLU and kv_channels != hidden / heads) built as ``GPTModel`` with megatron-core's local block spec
 (``get_gpt_decoder_block_spec``, SequentialMLP experts) on CPU in one process; the count is the sum of the model's
 parameter numels. Then every MoE preset at full width on the meta device, and which layers megatron-core builds
-with a sliding window against ``search.layer_variants``.
+with a sliding window against ``search.layers.layer_variants``.
 
 The ModelSpec -> TransformerConfig translation below is this test's own, written from megatron-core's field names
 (the runtime builds MoE stages: docs/runtime.md)."""
@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from search.model import ModelSpec
-from search.moe_params import counts
+from search.spec.model import ModelSpec
+from search.layers.moe_params import counts
 
 BASE = {"num_layers": 3, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 96, "seq_length": 32,
         "vocab_size": 250, "params_dtype": "fp32"}
@@ -33,7 +33,7 @@ CASES = {
                               "moe_router_group_topk": 1, "moe_router_enable_expert_bias": True}},
     "mla-no-q-lora-listed": {**LLAMA, "mla": {**MLA, "q_lora_rank": None}, "moe": {**MOE, "moe_layer_freq": [1, 0, 1]}},
     # GPT-OSS: head_dim != hidden / heads, biases on attention, router and experts, learnable softmax offset,
-    # quick-GEGLU with offset and clamp, sliding window on every 2nd layer (search.layer_variants)
+    # quick-GEGLU with offset and clamp, sliding window on every 2nd layer (search.layers.layer_variants)
     "gpt-oss-like": {**LLAMA, "add_bias_linear": True, "num_query_groups": 2, "kv_channels": 8,
                      "activation": "quick_geglu", "glu_linear_offset": 1.0, "activation_func_clamp_value": 7.0,
                      "softmax_type": "learnable", "window_size": [7, 0], "window_attn_skip_freq": 2, "moe": MOE},
@@ -138,7 +138,7 @@ PRESET_DEPTH = {"mixtral-8x7b": 1, "mixtral-8x22b": 1, "qwen3-30b-a3b": 1, "qwen
 
 @pytest.mark.parametrize("name", sorted(PRESET_DEPTH))
 def test_preset_count_equals_megatron_core_at_full_width(single_process, name, monkeypatch):
-    from search.presets import load_model
+    from search.spec.presets import load_model
 
     m = load_model(name, num_layers=PRESET_DEPTH[name])
     with torch.device("meta"):
@@ -148,7 +148,7 @@ def test_preset_count_equals_megatron_core_at_full_width(single_process, name, m
 @pytest.mark.parametrize("freq", [None, 2, 3, [0, 1, 1, 0, 1]])
 def test_window_layers_are_megatron_cores(single_process, freq, monkeypatch):
     """The layers ``layer_variants.is_window_layer`` windows are the ones megatron-core builds with a window."""
-    from search.layer_variants import is_window_layer
+    from search.layers.layer_variants import is_window_layer
 
     spec = {**CASES["gpt-oss-like"], "num_layers": 5, "window_attn_skip_freq": freq}
     m = ModelSpec.model_validate({"name": "w", **spec})

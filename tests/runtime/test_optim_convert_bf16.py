@@ -92,7 +92,7 @@ def test_a_checkpoint_without_adam_state_is_refused_in_one_line(single_process, 
     """A plain optimizer that never stepped saves no moments: converting them is refused on one line naming the
     missing tensor, and the weights alone still load."""
     from aceso_megatron.training import checkpoint
-    from search.errors import AcesoError
+    from search.io.errors import AcesoError
 
     rt, sch = _runtime(False)
     checkpoint.save(str(tmp_path), 0, rt, sch)

@@ -14,12 +14,12 @@ import warnings
 
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel.memory import MB
 from search.costmodel.types import Features
-from search.model import ModelSpec
-from search.training import TrainingSpec
+from search.spec.model import ModelSpec
+from search.spec.training import TrainingSpec
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
 pytest.importorskip("megatron.core")

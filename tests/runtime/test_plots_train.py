@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from search.plan import uniform_plan
+from search.spec.plan import uniform_plan
 from search.plots import DPI
 from search.plots import training as training_figure
 from tests.conftest import ROOT

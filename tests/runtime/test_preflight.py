@@ -1,4 +1,4 @@
-"""The one pre-flight (``search.preflight``) against the runtime it speaks for (issue 25): what ``aceso validate``
+"""The one pre-flight (``search.targets.preflight``) against the runtime it speaks for (issue 25): what ``aceso validate``
 accepts, the CPU runtime runs, and what it refuses, the runtime would have failed on late.
 
 The cases that need megatron-core (custom layers cut mid-layer or with split recompute, wrong-typed ``megatron``
@@ -98,7 +98,7 @@ def _runs(raw: dict) -> tuple[bool, str]:
         rt = build_runtime(raw, 0, 1, seed=1) if len(raw["stages"]) == 1 else None
         if rt is None:     # two stages need two processes; the runtime's own pre-process checks decide
             from aceso_megatron.model.layers import check_model
-            from search.plan import ParallelPlan
+            from search.spec.plan import ParallelPlan
 
             check_model(ParallelPlan.model_validate(raw), "cpu")
             return True, ""
@@ -127,8 +127,8 @@ def test_the_search_emits_only_plans_the_runtime_runs(capsys):
     recompute on units of a layer that runs whole is left out for the next best (issue 25's 13B parallel-attention
     case), and with nothing runnable the search is one line naming why."""
     from search.cli.search_cmd import runnable
-    from search.errors import AcesoError
-    from search.plan import ParallelPlan
+    from search.io.errors import AcesoError
+    from search.spec.plan import ParallelPlan
 
     bad = ParallelPlan.model_validate(plan(PARALLEL, (0, 4, ["selective", "selective", "none", "none"])))
     good = ParallelPlan.model_validate(plan(PARALLEL, (0, 4, ["full", "full", "none", "none"])))
@@ -154,15 +154,15 @@ def test_a_gpu_plan_with_a_te_spec_is_not_refused_on_a_machine_without_te(tmp_pa
 
 
 def _moe_model():
-    from search.moe import MoESpec
+    from search.layers.moe_spec import MoESpec
     from tests.tiny_models import LLAMA
     return LLAMA.model_copy(update={"moe": MoESpec(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32)})
 
 
 def _cpu_plans() -> dict:
     """Plans for ``N`` CPU processes: each is valid as a plan; some the CPU runtime refuses."""
-    from search.cluster import parse_cluster
-    from search.plan import uniform_plan
+    from search.spec.cluster import parse_cluster
+    from search.spec.plan import uniform_plan
     from tests.tiny_models import GPT, LLAMA
 
     moe = _moe_model()
@@ -202,9 +202,9 @@ def test_validate_answers_what_launch_and_its_workers_do_on_cpu(tmp_path, capsys
     process started) and the check every worker runs before its process group (the one pre-flight on this machine,
     ``here=True``: ``training.engine.check_plan`` with this CPU's environment) give one verdict. Before, validate and
     launch passed the expert-tp-2 alltoall plan that every worker then refused."""
-    from search.errors import AcesoError
-    from search.plan import ParallelPlan
-    from search.preflight import preflight
+    from search.io.errors import AcesoError
+    from search.spec.plan import ParallelPlan
+    from search.targets.preflight import preflight
 
     verdicts = {}
     for name, raw in _cpu_plans().items():
@@ -233,10 +233,10 @@ def test_the_fp16_row_refuses_what_the_runtime_engine_refuses():
     every GPU with bf16; a CPU runs fp16 plans (as fp32), and Megatron-LM runs them (it scales fp16 losses)."""
     from aceso_megatron.model.fast_path import Environment
     from aceso_megatron.training.engine import check_plan
-    from search.capabilities import Device, plan_refusal
-    from search.cluster import parse_cluster
-    from search.errors import AcesoError
-    from search.plan import ParallelPlan
+    from search.targets.capabilities import Device, plan_refusal
+    from search.spec.cluster import parse_cluster
+    from search.io.errors import AcesoError
+    from search.spec.plan import ParallelPlan
 
     for gpu in ("a100", "h100", "b200", "gb200"):
         fp16 = {**plan(GPT.model_copy(update={"params_dtype": "fp16"}), (0, 4, ["none"] * 4)),

@@ -45,7 +45,7 @@ def test_gpt_units_bytes(world1):
             # full recompute keeps only the unit's input: s*b*h fp32 values
             assert r["act_bytes"][2] == 4 * s * b * h
             assert r["act_bytes"][0] >= r["act_bytes"][1] >= r["act_bytes"][2]
-            # parameters of the unit (search.model's count; fp32)
+            # parameters of the unit (search.spec.model's count; fp32)
             assert r["weight_bytes"] == 4 * GPT.unit_params(kind)
             assert r["fwd_us"] > 0 and r["bwd_us"] > 0 and r["recompute_us"][0] == 0.0
     # selective attention drops the attention core's s^2 tensors: at least the softmax output (a*s*s*b values;
@@ -127,10 +127,10 @@ def test_live_saved_peak():
 def test_assemble_reads_back(tmp_path):
     """Results by key -> the cost model's database -> the cost model's unit table, numbers unchanged."""
     from aceso_megatron.profiler.tasks import Task, assemble, comm_tasks, unit_tasks
-    from search.cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from search.costmodel import make_cost_model
     from search.costmodel.profiledb import ProfileDBWriter
-    from search.training import TrainingSpec
+    from search.spec.training import TrainingSpec
 
     tasks = unit_tasks(GPT, [1], [1, 2]) + comm_tasks(2, 2, 1024, 4096)
     done = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from search.model import ModelSpec
+from search.spec.model import ModelSpec
 
 S, B, H, FFN = 16, 2, 32, 128
 GPT = ModelSpec(name="t", family="gpt", num_layers=1, hidden_size=H, num_attention_heads=4, ffn_hidden_size=FFN,

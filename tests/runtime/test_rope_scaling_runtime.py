@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from search.model import ModelSpec
+from search.spec.model import ModelSpec
 
 BASE = dict(name="tiny-llama31", family="llama", num_layers=2, hidden_size=64, num_attention_heads=4,
             num_query_groups=2, ffn_hidden_size=128, seq_length=32, vocab_size=128, params_dtype="fp32",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from search.errors import AcesoError
-from search.model import ModelSpec
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
 
 GPT = ModelSpec(name="tiny-gpt", family="gpt", num_layers=2, hidden_size=32, num_attention_heads=4,
                 ffn_hidden_size=64, seq_length=16, vocab_size=128, params_dtype="fp32")
@@ -131,7 +131,7 @@ def test_attn_dropout_core_and_te_fallback(single_process, caplog):
 def test_attention_mismatch_between_plan_and_run(assumed, te, device, warns):
     """A plan costed with flash attention run without transformer-engine keeps s^2 activations: a warning."""
     from aceso_megatron.model.attention import attention_mismatch
-    from search.plan import parse_plan
+    from search.spec.plan import parse_plan
 
     raw = plan(GPT, st(1, 1, 0, 4))
     raw["predicted"] = {"cost_model": "analytic", "iteration_time_ms": 1.0, "samples_per_s": 1.0,

@@ -1,4 +1,4 @@
-"""The plan's stack rules (``search.stack.refusal``, ``moe_plan.settings_refusal``) against megatron-core 0.16.1's
+"""The plan's stack rules (``search.settings.stack.refusal``, ``moe_plan.settings_refusal``) against megatron-core 0.16.1's
 own ``TransformerConfig``: a combination of CUDA-graph scopes, MoE settings, recompute and CPU offload is refused by
 the plan exactly when megatron-core refuses it."""
 
@@ -8,11 +8,11 @@ import pydantic
 import pytest
 import torch
 
-from search.cluster import parse_cluster
-from search.fsdp import ActivationOffload
-from search.moe_plan import MoEPlanSettings
-from search.plan import uniform_plan
-from search.stack import CudaGraphs, StackSettings
+from search.spec.cluster import parse_cluster
+from search.settings.fsdp import ActivationOffload
+from search.settings.moe_plan import MoEPlanSettings
+from search.spec.plan import uniform_plan
+from search.settings.stack import CudaGraphs, StackSettings
 from tests.unit.test_moe_cost import tiny_moe
 
 CASES = {   # name: (graph scope or None, impl, MoE spec fields, MoEPlanSettings fields, recompute, cpu offload)

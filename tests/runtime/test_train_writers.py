@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from search.model import ModelSpec
-from search.plan import ParallelPlan, StageSpec
+from search.spec.model import ModelSpec
+from search.spec.plan import ParallelPlan, StageSpec
 from tests.conftest import ROOT
 
 TINY = ModelSpec(name="tiny-gpt", family="gpt", num_layers=2, hidden_size=32, num_attention_heads=4,

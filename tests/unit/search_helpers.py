@@ -1,10 +1,10 @@
 """Helpers shared by the search and cost-model tests: memory limits derived from the cost model itself, so that a
 test keeps exercising memory pressure when the cost model's numbers change; an independent 1F1B simulation."""
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
-from search.plan import uniform_plan
-from search.training import TrainingSpec
+from search.spec.plan import uniform_plan
+from search.spec.training import TrainingSpec
 
 
 def memory_between(model, cluster, gbs, f):

@@ -9,18 +9,18 @@ import json
 import numpy as np
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.compat import load_ref_config
 from search.compat.costmodel import make_compat_cost_model
 from search.compat.mapping import ref_to_plan
 from search.costmodel import make_cost_model
 from search.costmodel.types import ATTN_DROPOUT, RC_CODE, UNAVAILABLE_MS
-from search.errors import AcesoError
-from search.model import ModelSpec
-from search.plan import parse_plan
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
+from search.spec.plan import parse_plan
 from search.planner.recompute import allowed_codes, refine_by_counts
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 MB = 2.0**20
 GPT = ModelSpec(name="tiny", family="gpt", num_layers=2, hidden_size=1024, num_attention_heads=16,

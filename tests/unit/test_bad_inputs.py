@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from search.cli import main
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.compat.mapping import plan_to_ref
 from search.costmodel.profiledb import ProfileDBWriter
-from search.model import ModelSpec
-from search.plan import uniform_plan
-from search.presets import load_model
+from search.spec.model import ModelSpec
+from search.spec.plan import uniform_plan
+from search.spec.presets import load_model
 
 TINY = {"name": "tiny-gpt", "family": "gpt", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
         "ffn_hidden_size": 256, "seq_length": 64, "vocab_size": 512, "params_dtype": "fp32"}
@@ -273,7 +273,7 @@ CASES = [
       **{"s.yaml": "".join(f"{k}: {v!r}\n" if k == "num_layers" else f"{k}: {v}\n"
                            for k, v in {**TINY, "num_layers": "4"}.items())}),
 
-    # ----- MoE / MLA / MTP (search.moe): spec errors name the field; the profile-db model refuses them ---------
+    # ----- MoE / MLA / MTP (search.layers.moe_spec): spec errors name the field; the profile-db model refuses them ---------
     C("spec-moe-topk-above-experts", SEARCH.replace("spec.json", "s.json"), "moe_router_topk (9) must be at most",
       **{"s.json": {**TINY, "moe": {**MOE, "moe_router_topk": 9}}}),
     C("spec-moe-unknown-field", SEARCH.replace("spec.json", "s.json"), "moe.num_expert: unknown field",
@@ -306,7 +306,7 @@ CASES = [
     C("baseline-dense-ep", "baseline --model spec.json --cluster 1x2-cpu --global-batch-size 8 --ep 2",
       "--ep: tiny-gpt is a dense model (no experts); drop --ep"),
     C("search-moe-ep-zero", SEARCH + " --ep 0", "--ep: 0 must be at least 1"),
-    # issue 32: what megatron-core (or Megatron-LM's validate_args) refuses at model build (search/model_rules.py)
+    # issue 32: what megatron-core (or Megatron-LM's validate_args) refuses at model build (search/spec/model_rules.py)
     C("spec-moe-expert-bias-softmax", SEARCH.replace("spec.json", "s.json"),
       "moe.moe_router_enable_expert_bias (aux-loss-free routing) needs moe.moe_router_score_function sigmoid",
       **{"s.json": {**TINY, "moe": {**MOE, "moe_router_enable_expert_bias": True}}}),
@@ -499,7 +499,7 @@ CASES = [
     C("launch-bad-plan", LAUNCH + " " + TRAIN_OK, "micro_batch_size: Input should be a valid integer",
       **{"plan.json": edit("plan.json", micro_batch_size="2")}),
     C("train-bad-plan", "train p.json --train-iters 2 --mock-data", "p.json: no such plan file"),
-    # ----- the one pre-flight (search/preflight.py): what the runtime would refuse late is refused here -------------
+    # ----- the one pre-flight (search/targets/preflight.py): what the runtime would refuse late is refused here -------------
     C("validate-vocab-per-tp", "validate v.json", "stages[0].tp (2): the padded vocabulary (511",
       **{"v.json": _preflight_plan(tp=2, dp=1, vocab_size=511, make_vocab_size_divisible_by=1)}),
     C("launch-vocab-per-tp", LAUNCH + " " + TRAIN_OK, "the padded vocabulary (511",

@@ -8,13 +8,15 @@ import numpy as np
 import pytest
 
 from megatron_log_format import iteration_line, megatron_log, memory_line
-from search.calibrate import Run, calibrate, megatron_flops, price
-from search.calibration import CalibrationFile, apply_calibration, defaults, load_calibration, scaled_cluster
+from search.calibration.calibrate import Run, calibrate, megatron_flops, price
+from search.calibration.calibration import (
+    CalibrationFile, apply_calibration, defaults, load_calibration, scaled_cluster,
+)
 from search.cli import main
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.megatron.importer import read_megatron
-from search.aceso_log import read_train_jsonl
-from search.megatron_log import read_megatron_log
+from search.calibration.aceso_log import read_train_jsonl
+from search.calibration.megatron_log import read_megatron_log
 
 CLUSTER = "1x8-h100"
 DEFAULT = defaults("h100", 450.0, 50.0)     # the analytic model's own values (kernels.ARCH, comm, memory)
@@ -412,7 +414,7 @@ def test_bad_logs_of_every_reader_are_one_line_exit_2(tmp_path, capsys):
 
 def test_aceso_train_console_output_reads_back(tmp_path):
     """The lines train_log.py prints (the run line, then one per interval), as a user saves them with tee."""
-    from search.aceso_log import read_train_stdout
+    from search.calibration.aceso_log import read_train_stdout
 
     plan = imported().plan
     text = "".join(t for _, t, _ in _stdout_variants(plan)[:0]) + (
@@ -433,7 +435,7 @@ def test_aceso_train_console_output_reads_back(tmp_path):
 def test_aceso_train_console_output_of_today_reads_back():
     """The iteration line as train_log.py prints it since tokens/s per GPU and MFU (samples/s, tokens/s per GPU or
     process, MFU on a GPU run), after the runtime's ``[build]`` lines: it was refused as "cut off or edited"."""
-    from search.aceso_log import read_train_stdout
+    from search.calibration.aceso_log import read_train_stdout
 
     plan = imported().plan
     text = (" [build] check: m, 1 stage(s) on 8 cuda process(es), ...\n [build] groups: pp 1 stage(s), tp 8, dp 1\n"

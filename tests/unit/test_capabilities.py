@@ -1,4 +1,4 @@
-"""One capability table (``search/capabilities.py``): a line is offered only for a target that runs it, and each
+"""One capability table (``search/targets/capabilities.py``): a line is offered only for a target that runs it, and each
 target's limits apply to that target only (issue 32, item 4); the one pre-flight applies the table torch-free, on
 the plan's device, so validate refuses what launch refuses (item "validate accepts what launch refuses")."""
 
@@ -9,15 +9,15 @@ import re
 
 import pytest
 
-from search.capabilities import TABLE, Device, markdown, model_refusal, plan_refusal
+from search.targets.capabilities import TABLE, Device, markdown, model_refusal, plan_refusal
 from search.cli import main
-from search.cluster import parse_cluster
-from search.model import ModelSpec
-from search.moe import MoESpec
-from search.plan import ParallelPlan, uniform_plan
-from search.plan_settings import FRAMEWORKS, PlanSettings
-from search.precision import LowPrecision
-from search.presets import load_model
+from search.spec.cluster import parse_cluster
+from search.spec.model import ModelSpec
+from search.layers.moe_spec import MoESpec
+from search.spec.plan import ParallelPlan, uniform_plan
+from search.settings.plan_settings import FRAMEWORKS, PlanSettings
+from search.settings.precision import LowPrecision
+from search.spec.presets import load_model
 from tests.conftest import ROOT
 
 MOE = ModelSpec(name="tiny-moe", family="llama", num_layers=2, hidden_size=32, num_attention_heads=4,
@@ -128,9 +128,9 @@ def test_the_table_applies_without_torch():
     raw = json.dumps(moe_plan(moe={"token_dispatcher": "flex"}))
     r = run_blocked(f"""
         import json
-        from search.errors import AcesoError
-        from search.plan import ParallelPlan
-        from search.preflight import preflight
+        from search.io.errors import AcesoError
+        from search.spec.plan import ParallelPlan
+        from search.targets.preflight import preflight
         plan = ParallelPlan.model_validate(json.loads({raw!r}))
         try:
             preflight(plan, "cpu")

@@ -10,9 +10,9 @@ import re
 import time
 
 from search.cli import PLANNER_SUBCOMMANDS, main, summary
-from search.cluster import parse_cluster
-from search.plan import uniform_plan
-from search.presets import load_model
+from search.spec.cluster import parse_cluster
+from search.spec.plan import uniform_plan
+from search.spec.presets import load_model
 
 ELLIPSIS = "\u2026"
 

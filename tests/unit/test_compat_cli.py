@@ -9,9 +9,9 @@ import pytest
 
 from search.cli import main
 from search.compat import AcesoDB
-from search.errors import AcesoError
-from search.plan import ParallelPlan, StageSpec
-from search.presets import load_model
+from search.io.errors import AcesoError
+from search.spec.plan import ParallelPlan, StageSpec
+from search.spec.presets import load_model
 
 
 def _run(capsys, *argv):

@@ -9,15 +9,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.compat import AcesoDB, evaluate_ref_config
 from search.compat.costmodel import make_compat_cost_model
 from search.compat.mapping import plan_to_ref
 from search.costmodel.types import PlanCost, StageCost
-from search.errors import AcesoError
-from search.plan import ParallelPlan, StageSpec, recompute_allowed
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.io.errors import AcesoError
+from search.spec.plan import ParallelPlan, StageSpec, recompute_allowed
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 TRAINING = TrainingSpec(global_batch_size=64)
 

@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 
 from search.cli import main
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.compat import AcesoDB
 from search.compat import db as compat_db
 from search.compat.costmodel import make_compat_cost_model
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 from search.planner.api import dropped_shapes, plan_baseline, search_space
 from search.planner.baseline import best_uniform
 from search.costmodel.types import Shape
 from search.planner.space import Space
 from search.planner.state import State
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 SEARCH = ("--cluster", "1x4-v100", "--memory-limit-mb", "12000", "--global-batch-size", "64",
           "--cost-model", "aceso-compat", "--budget-evals", "150", "--workers", "1")

@@ -10,9 +10,9 @@ import pytest
 
 from search.compat import load_ref_config, parse_ref_config
 from search.compat.mapping import plan_to_ref, ref_to_plan
-from search.errors import AcesoError
-from search.plan import ParallelPlan, StageSpec, recompute_allowed
-from search.presets import load_model
+from search.io.errors import AcesoError
+from search.spec.plan import ParallelPlan, StageSpec, recompute_allowed
+from search.spec.presets import load_model
 
 
 def _plan(model, stages, mbs=2, gbs=16):

@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import LEGACY_V1, RC_CODE, make_cost_model
-from search.errors import AcesoError
-from search.model import ModelSpec
-from search.plan import ParallelPlan, StageSpec
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
+from search.spec.plan import ParallelPlan, StageSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 MB = 2.0**20
 TINY = ModelSpec(name="tiny", family="gpt", num_layers=1, hidden_size=1024, num_attention_heads=16,

@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel.profiledb import ProfileDBWriter, fit_alpha_beta
-from search.errors import AcesoError
-from search.model import ModelSpec
-from search.plan import ParallelPlan, StageSpec
-from search.training import TrainingSpec
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
+from search.spec.plan import ParallelPlan, StageSpec
+from search.spec.training import TrainingSpec
 
 MODEL = ModelSpec(name="tiny", family="gpt", num_layers=2, hidden_size=1024, num_attention_heads=16,
                   ffn_hidden_size=4096, seq_length=512, vocab_size=1024, params_dtype="fp16")

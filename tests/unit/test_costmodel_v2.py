@@ -15,18 +15,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import LEGACY_V1, RunSettings, make_cost_model
 from search.costmodel.comm import ALPHA_INTER_MS, ALPHA_INTRA_MS, LINK_EFFICIENCY, NCCL_CTAS, overlapped
 from search.costmodel.kernels import ARCH, LAUNCH_MS, MEM_EFF, ShapeKernels
 from search.costmodel.memory import MB
 from search.costmodel.pipeline import interleaved_one_f_one_b, one_f_one_b
 from search.costmodel.types import Features
-from search.plan_settings import run_settings, target_settings
-from search.model import ModelSpec
-from search.plan import SCHEMA_VERSION, parse_plan, uniform_plan
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.settings.plan_settings import run_settings, target_settings
+from search.spec.model import ModelSpec
+from search.spec.plan import SCHEMA_VERSION, parse_plan, uniform_plan
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 from tests.unit.search_helpers import simulate_1f1b
 
 GOLDEN = Path(__file__).parent / "data" / "costmodel_v1_golden.json"
@@ -476,7 +476,7 @@ def test_presets_b200_gb200():
 
 
 def test_sources_refuse_what_they_cannot_price(tmp_path):
-    from search.errors import AcesoError
+    from search.io.errors import AcesoError
     m = load_model("gpt-1.3b")
     c = parse_cluster("1x8-h100")
     cm = _cm(m, c, kernels="flat")

@@ -10,7 +10,7 @@ import types
 import pytest
 
 from aceso_megatron.training.tokenizer import NUM_SENTINELS, ByteTokenizer, HFTokenizer, load_tokenizer
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 from tests.unit.test_torch_free import run_blocked
 
 

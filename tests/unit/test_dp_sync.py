@@ -1,7 +1,7 @@
 """The data-parallel synchronization at scale (issue 34): the collectives' algorithm model (search/costmodel/comm.py),
 where megatron-core runs the DP collectives (search/costmodel/dp_timeline.py), the settings that move them
-(search/data_parallel.py: bucket size, alignment, rank order, SHARP / NVLS) and the Grace-Blackwell racks' NVLink
-domain (search/cluster.py).
+(search/settings/data_parallel.py: bucket size, alignment, rank order, SHARP / NVLS) and the Grace-Blackwell racks' NVLink
+domain (search/spec/cluster.py).
 
 Every expected number is computed here from the formula in the module docstrings (NCCL's tuning model,
 megatron-core's schedules), with the datasheet constants (H100: NVLink 450 GB/s and a 50 GB/s NIC per GPU, GB200:
@@ -16,21 +16,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import RunSettings, make_cost_model
 from search.costmodel.comm import CommModel
 from search.costmodel.dp_timeline import fifo, gather_jobs, grad_jobs
 from search.costmodel.types import Features
-from search.data_parallel import DataParallelSettings, from_flags, run_fields, to_flags
-from search.errors import AcesoError
+from search.settings.data_parallel import DataParallelSettings, from_flags, run_fields, to_flags
+from search.io.errors import AcesoError
 from search.megatron.importer import read_megatron
 from search.megatron.names import bridge_ddp_fields
 from search.megatron.script import argv
 from search.megatron.expressible import megatron_config
-from search.plan import uniform_plan
-from search.plan_settings import run_settings
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.plan import uniform_plan
+from search.settings.plan_settings import run_settings
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 NVLINK_H100 = 450e6 * 0.8       # bytes per ms
 NIC = 50e6 * 0.8
@@ -226,8 +226,8 @@ def test_bad_bucket_size_is_one_line(capsys, tmp_path):
 
 
 def test_runtime_refuses_the_rank_order_it_does_not_build():
-    from search.preflight import planner_checks
-    from search.plan_settings import PlanSettings
+    from search.targets.preflight import planner_checks
+    from search.settings.plan_settings import PlanSettings
     m, cl, plan = _plan("2x8-h100", 2, 2, 4)
     bad = plan.model_copy(update={"settings": PlanSettings(data_parallel=DataParallelSettings(
         rank_order="tp-cp-ep-pp-dp"))})

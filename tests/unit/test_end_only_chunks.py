@@ -14,16 +14,16 @@ import json
 import pytest
 
 from search.cli import main
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 from search.megatron import megatron_config
 from search.megatron.importer import read_megatron
 from search.megatron.layout import distribution, format_layout, layout_chunk_layers, split_for
 from search.megatron.names import megatron_lm_args
-from search.plan import parse_plan, uniform_plan
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.plan import parse_plan, uniform_plan
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 from tests.unit.test_plan_validation import validate_refuses
 
 # 24 layers, 48 units; bf16: the runtime trains no fp16 on H100s (runtime_rules.fp16_on_gpu)

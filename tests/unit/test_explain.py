@@ -7,11 +7,11 @@ import json
 import pytest
 
 from search.cli import main
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
-from search.plan import ParallelPlan, StageSpec
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.plan import ParallelPlan, StageSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 
 @pytest.fixture
@@ -127,7 +127,7 @@ def test_reference_configs_are_explained_exactly_under_compat(reference_db, caps
 def test_v2_features_and_exposed_hidden_comm(tmp_path, capsys):
     """An interleaved SP plan with every overlap: the report names the features and, per stage, each
     communication kind's exposed and hidden ms, which add up to the stage's comm totals."""
-    from search.plan import uniform_plan
+    from search.spec.plan import uniform_plan
     m = load_model("llama3-8b")
     c = parse_cluster("2x8-h100")
     plan = uniform_plan(m, 2, 4, 2, 4, 64, cluster=c, sequence_parallel=True, num_virtual_stages=2,

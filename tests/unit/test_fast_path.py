@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from aceso_megatron.model.fast_path import APEX_GRAD_ACCUM, APEX_SOFTMAX, OFF, Environment, choose, refusal
-from search.model import ModelSpec
-from search.plan import ParallelPlan
+from search.spec.model import ModelSpec
+from search.spec.plan import ParallelPlan
 
 GPT = ModelSpec(name="g", family="gpt", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=256,
                 seq_length=32, vocab_size=256, params_dtype="bf16")  # GELU with biases, learned positions

@@ -13,16 +13,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel.analytic import AnalyticSource
 from search.costmodel.comm import CommModel
 from search.costmodel.moe_cost import moe_unit
 from search.costmodel.moe_primitives import (deepep_buffer_bytes, flex_all_to_all_ms, flex_destinations,
                                              flex_token_bytes, hit_probability)
-from search.model import ModelSpec
-from search.moe_plan import MoEPlanSettings
-from search.training import TrainingSpec
+from search.spec.model import ModelSpec
+from search.settings.moe_plan import MoEPlanSettings
+from search.spec.training import TrainingSpec
 
 
 def _prod(a: int, b: int, n: int) -> float:

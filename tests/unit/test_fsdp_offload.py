@@ -1,4 +1,4 @@
-"""Megatron FSDP and CPU activation offload: the schema fields and their rules (search/fsdp.py), each cost formula
+"""Megatron FSDP and CPU activation offload: the schema fields and their rules (search/settings/fsdp.py), each cost formula
 against a hand-computed case (costmodel/sharding.py, costmodel/offload.py), and the Megatron-LM / Bridge flags both
 ways (every exported flag in core_v0.16.1's list; export -> import gives the same plan at the same price)."""
 
@@ -7,23 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel.memory import MB
 from search.costmodel.offload import HOST_LINK_EFFICIENCY, host_link_gbps, offload_ms
 from search.costmodel.sharding import IN_FLIGHT_LAYERS, fsdp_buffer_mb, per_micro_batch, state_divisors
 from search.costmodel.types import RunSettings
-from search.errors import AcesoError
-from search.fsdp import ActivationOffload, MegatronFSDP, shards
+from search.io.errors import AcesoError
+from search.settings.fsdp import ActivationOffload, MegatronFSDP, shards
 from search.megatron import megatron_config
 from search.megatron.cmdline import megatron_flags
 from search.megatron.importer import read_megatron
 from search.megatron.names import bridge_fields
 from search.megatron.script import argv
-from search.plan import parse_plan, uniform_plan
-from search.plan_settings import target_settings
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.plan import parse_plan, uniform_plan
+from search.settings.plan_settings import target_settings
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 MODEL = load_model("llama3-8b", num_layers=4)
 CLUSTER = parse_cluster("1x8-h100")
@@ -243,7 +243,7 @@ def test_bridge_fields():
 # ----- search and baseline ------------------------------------------------------------------------------------
 def _baseline(cluster, **kw):
     from search.planner.api import plan_baseline
-    from search.pricing import cost_model
+    from search.costmodel.pricing import cost_model
     model = load_model("llama3-8b")
     training = TrainingSpec(global_batch_size=128, **kw)
     cm = cost_model(model, parse_cluster(cluster), training, target_settings("megatron-lm", precision="bf16"))
@@ -278,7 +278,7 @@ def test_runtime_search_refuses_what_the_runtime_does_not_run():
 def test_preflight_leaves_fsdp_to_the_runtime_and_refuses_offload_on_it():
     """Megatron FSDP: the runtime runs some plans (one stage, dense, dp x cp >= 2: its own check,
     tests/runtime/test_fsdp_refusals.py), so the torch-free part passes them on; activation offload it never runs."""
-    from search.preflight import planner_checks
+    from search.targets.preflight import planner_checks
     plan = _plan("optim_grads_params")
     planner_checks(plan, "cuda")                       # a Megatron-LM plan: its export runs it
     planner_checks(_on_runtime(plan), "cuda")

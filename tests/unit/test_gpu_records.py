@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from search.cli import main
-from search.cluster import GPU_PRESETS, ClusterSpec, GPUSpec, gpu_for_device, gpu_record, load_gpu_file, parse_cluster
+from search.spec.cluster import GPU_PRESETS, ClusterSpec, GPUSpec, gpu_for_device, gpu_record, load_gpu_file, parse_cluster
 from search.costmodel import make_cost_model
-from search.errors import AcesoError
-from search.training import TrainingSpec
-from search.presets import load_model
+from search.io.errors import AcesoError
+from search.spec.training import TrainingSpec
+from search.spec.presets import load_model
 
 GH200 = Path(__file__).parent / "data" / "gh200.json"
 

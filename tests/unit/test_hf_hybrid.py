@@ -7,7 +7,7 @@ import json
 import pytest
 
 from search.cli import main
-from search.presets import load_model
+from search.spec.presets import load_model
 
 # nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16's config.json fields (the values model_specs/hybrid/nemotron-3-nano.json
 # cites from Megatron-Bridge's NemotronH bridge test fixture and the model card)

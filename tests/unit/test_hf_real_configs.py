@@ -13,9 +13,9 @@ import pytest
 
 from search.cli import main
 from search.cli.import_hf import hf_to_spec
-from search.errors import AcesoError
-from search.moe_params import counts
-from search.presets import load_model
+from search.io.errors import AcesoError
+from search.layers.moe_params import counts
+from search.spec.presets import load_model
 
 DATA = Path(__file__).parent / "data" / "hf"
 IMPORTED = ("llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3", "glm-4.5")
@@ -227,11 +227,11 @@ def test_transformers5_rope_parameters():
 @pytest.mark.parametrize("name", IMPORTED)
 def test_megatron_lm_export_reads_back_the_same_model(name):
     """Every kept field is in the exported Megatron-LM flags: importing them gives the spec back (the name aside)."""
-    from search.cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from search.megatron import megatron_config
     from search.megatron.importer import read_megatron
     from search.megatron.script import args_line
-    from search.plan import uniform_plan
+    from search.spec.plan import uniform_plan
 
     m = spec(name).model_copy(update={"num_layers": 4 if name not in ("deepseek-v3", "glm-4.5") else 5})
     if m.moe is not None and isinstance(m.moe.moe_layer_freq, list):
@@ -248,10 +248,10 @@ def test_megatron_lm_export_reads_back_the_same_model(name):
 
 
 def test_bridge_export_carries_the_fields():
-    from search.cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from search.megatron import megatron_config
     from search.megatron.names import bridge_fields
-    from search.plan import uniform_plan
+    from search.spec.plan import uniform_plan
 
     fields = {}
     for name in ("llama-3.1-8b", "qwen2.5-7b", "glm-4.5", "deepseek-v3"):
@@ -286,7 +286,7 @@ def test_mla_yarn_fields_in_the_megatron_block_point_to_rope_scaling():
     pipeline_dtype?'): the message names the spec field that carries them."""
     import pydantic
 
-    from search.model import ModelSpec
+    from search.spec.model import ModelSpec
 
     ds = load_model("deepseek-v3")
     with pytest.raises(pydantic.ValidationError, match="megatron.rope_type: an MLATransformerConfig field; set the "

@@ -6,14 +6,14 @@ import pytest
 
 from search.cli import main
 from search.megatron.versions import release
-from search.presets import load_model
+from search.spec.presets import load_model
 
 
 def _evaluator(model, cluster="1x2-h100", gbs=16):
-    from search.cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from search.costmodel import make_cost_model
     from search.planner.state import Evaluator
-    from search.training import TrainingSpec
+    from search.spec.training import TrainingSpec
     cm = make_cost_model(model, parse_cluster(cluster), TrainingSpec(global_batch_size=gbs))
     return Evaluator(cm, gbs, None, "megatron-lm")
 
@@ -40,7 +40,7 @@ def test_refine_finds_the_brute_force_best_cut_of_two_stages():
 def test_the_search_line_is_a_plan_the_export_writes(tmp_path, capsys):
     import json
     from search.megatron.hybrid_pattern import hybrid_form
-    from search.plan import load_plan
+    from search.spec.plan import load_plan
     args = ["search", "--model", "llama3-8b", "--num-layers", "5", "--cluster", "1x4-h100", "--global-batch-size",
             "16", "--budget-evals", "200", "--pp", "2", "--json", "--target", "megatron-lm",
             "-o", str(tmp_path / "plan.json")]
@@ -62,7 +62,7 @@ def test_a_seed_is_refined_under_its_own_moe_settings():
     """An MoE seed priced with another dispatcher than the evaluator's (the search picks one per plan): the
     refinement prices it as it was, so it is never slower than the seed."""
     from search.costmodel.types import Shape
-    from search.moe_plan import MoEPlanSettings
+    from search.settings.moe_plan import MoEPlanSettings
     from search.planner.hybrid_cuts import refine
     from search.planner.megatron_lm import best_setting
     from search.planner.state import Evaluator, State

@@ -11,7 +11,7 @@ from search.megatron import NotExpressible, check_expressible, megatron_config
 from search.megatron.hybrid_pattern import args_line, hybrid_form, write_script
 from search.megatron.importer import read_megatron
 from search.megatron.versions import release
-from search.presets import load_model
+from search.spec.presets import load_model
 from tests.hybrid_plans import MAMBA8, cut_plan
 from tests.unit.test_hybrid_pattern import _flags
 
@@ -112,7 +112,7 @@ def test_latent_moe_and_the_shared_mtp_layer_round_trip(name, version):
 def test_the_shared_mtp_layer_is_refused_for_a_release_without_it():
     """core_v0.16.1's parser has no --mtp-use-repeated-layer (0.17 added it): one line naming the flag and the
     releases that have it."""
-    from search.errors import AcesoError
+    from search.io.errors import AcesoError
     from search.megatron.script import arg_groups
     m = load_model("deepseek-v3").model_copy(update={"num_layers": 8, "mtp_use_repeated_layer": True,
                                                      "mtp_num_layers": 2})

@@ -11,11 +11,11 @@ import pytest
 from pydantic import ValidationError
 
 from search import layers
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.layers.mamba import Mamba2Spec
-from search.model import ModelSpec
-from search.plan import uniform_plan
-from search.presets import load_model
+from search.spec.model import ModelSpec
+from search.spec.plan import uniform_plan
+from search.spec.presets import load_model
 
 MAMBA = {"mamba_state_dim": 64, "mamba_head_dim": 64, "mamba_num_groups": 8}       # H = 2 x 1024 / 64 = 32 heads
 MOE = {"num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 512}
@@ -66,7 +66,7 @@ def test_refused_as_megatron_refuses(kw, match):
 def test_spec_file_refusal_is_one_line(tmp_path):
     """A spec file with a wrong layer count: one line naming both fields (the CLI prints it and exits 2)."""
     import json
-    from search.errors import AcesoError
+    from search.io.errors import AcesoError
 
     spec = _model().model_dump(mode="json")
     path = tmp_path / "h.json"
@@ -126,7 +126,7 @@ def test_preset_is_its_sourced_architecture(name):
 def test_search_space_offers_the_tp_mamba_splits():
     """Attention (16 heads, 16 groups) and the MLP split over tp 8; Mamba's 2 groups only over tp 1 and 2."""
     from search.planner.space import Space
-    from search.training import TrainingSpec
+    from search.spec.training import TrainingSpec
 
     m = _model("M-*-", mamba=Mamba2Spec(**{**MAMBA, "mamba_num_groups": 2}))
     space = Space.of(m, parse_cluster("1x8-h100"), TrainingSpec(global_batch_size=8))
@@ -141,7 +141,7 @@ def test_search_plans_nemotron_h_with_cuts_at_any_layer():
     from search.layers.mamba import tp_refusal
     from search.planner.aceso import SearchOptions, search
     from search.planner.space import Space
-    from search.training import TrainingSpec
+    from search.spec.training import TrainingSpec
 
     m, cl = load_model("nemotron-h-8b"), parse_cluster("1x8-h100")
     tr = TrainingSpec(global_batch_size=64)
@@ -153,7 +153,7 @@ def test_search_plans_nemotron_h_with_cuts_at_any_layer():
     for shape in e.state.shapes:
         assert tp_refusal(m.mamba, m.hidden_size, shape.tp) is None
     # a cut after unit 3 (M-M | -M...) is a plan megatron-core's '|' pattern can run: it validates and prices
-    from search.plan import ChunkSpec, ParallelPlan, StageSpec
+    from search.spec.plan import ChunkSpec, ParallelPlan, StageSpec
 
     stages = [StageSpec(num_gpus=4, tp=1, dp=4, chunks=[ChunkSpec(start_unit=a, end_unit=b, recompute=[rc] * (b - a))])
               for a, b, rc in ((0, 3, "none"), (3, 52, "full"))]

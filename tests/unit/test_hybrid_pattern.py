@@ -12,7 +12,7 @@ from search.megatron import NotExpressible
 from search.megatron.hybrid_pattern import args_line, hybrid_form, write_script
 from search.megatron.importer import read_megatron
 from search.megatron.versions import release
-from search.presets import load_model
+from search.spec.presets import load_model
 from tests.hybrid_plans import CASES, LLAMA4, cut_plan, first_full
 
 

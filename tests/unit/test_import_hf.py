@@ -5,7 +5,7 @@ import json
 import pytest
 
 from search.cli import main
-from search.presets import load_model
+from search.spec.presets import load_model
 
 GPT2 = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024, "n_ctx": 1024,
         "vocab_size": 50257, "n_inner": None, "activation_function": "gelu_new"}

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel.analytic import AnalyticSource
 from search.costmodel.comm import CommModel
 from search.costmodel.kernels import GPU_EFFICIENCY, LAUNCH_MS
 from search.costmodel.moe_cost import moe_unit
 from search.costmodel.optimizers import muon_matrices
-from search.moe_plan import MoEPlanSettings
-from search.model import ModelSpec
-from search.plan import uniform_plan
-from search.training import TrainingSpec
+from search.settings.moe_plan import MoEPlanSettings
+from search.spec.model import ModelSpec
+from search.spec.plan import uniform_plan
+from search.spec.training import TrainingSpec
 
 PEAK, HBM, NVLINK = 989e9, 3350e6, 450e6 * 0.8
 T, H, L, E, K, F, DT = 1024, 1024, 256, 8, 2, 512, 2       # tokens, hidden, latent, experts, top-k, expert ffn, bf16
@@ -151,7 +151,7 @@ def test_repeated_mtp_needs_mtp_layers():
 def test_the_runtime_refuses_them_before_any_process_group(tmp_path, capsys, update, needle):
     """The one pre-flight (capability table, runtime column): ``aceso validate`` of a runtime plan exits 2 with one
     line naming the field and the fix; Megatron-LM runs both."""
-    from search.capabilities import model_refusal
+    from search.targets.capabilities import model_refusal
     from search.cli import main
 
     m = _model().model_copy(update=update)

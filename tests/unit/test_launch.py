@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from search.cli import main
-from search.cluster import parse_cluster
-from search.model import ModelSpec
-from search.plan import ParallelPlan, StageSpec, uniform_plan
+from search.spec.cluster import parse_cluster
+from search.spec.model import ModelSpec
+from search.spec.plan import ParallelPlan, StageSpec, uniform_plan
 from tests.conftest import ROOT
 from tests.unit.test_torch_free import run_blocked
 

@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 
 from search import layers
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import LEGACY_V1, make_cost_model
 from search.layers import mamba
 from search.layers.hybrid import parse_pattern
 from search.layers.mamba import Mamba2Spec
 from search.layers.kind import LayerKind, Row, UnitCost
-from search.model import ModelSpec, Unit
-from search.plan import ParallelPlan, StageSpec, recompute_allowed
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.model import ModelSpec, Unit
+from search.spec.plan import ParallelPlan, StageSpec, recompute_allowed
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 
 def _megatron_source(*candidates: str) -> str | None:

@@ -1,4 +1,4 @@
-"""GPT-OSS's layer fields (search.layer_variants): parameter counts against OpenAI's published sizes and a layer
+"""GPT-OSS's layer fields (search.layers.layer_variants): parameter counts against OpenAI's published sizes and a layer
 written out by hand, the windowed layers against megatron-core's rule, sliding-window FLOPs in ModelSpec and in the
 analytic flash core by hand, the HF import, and the one-line refusals.
 
@@ -11,15 +11,15 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from search import layer_variants as lv
+from search.layers import layer_variants as lv
 from search.cli.import_hf import hf_to_spec
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel.kernels import GPU_EFFICIENCY
-from search.model import ModelSpec
-from search.moe_params import counts, layer_mlp_params
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.model import ModelSpec
+from search.layers.moe_params import counts, layer_mlp_params
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 from tests.unit.test_moe import plain_rope
 
 HF = json.loads((Path(__file__).parent / "data" / "hf_moe_configs.json").read_text())
@@ -184,7 +184,7 @@ def test_skip_freq_flag_patterns(text, want):
 
 @pytest.mark.parametrize("text", ["[2,0]", "__import__('os')", "[1]*10**9", "[1]*100000000", "x"])
 def test_skip_freq_flag_refused_in_one_line(text):
-    from search.errors import AcesoError
+    from search.io.errors import AcesoError
     from search.megatron.layer_variant_flags import _pattern
     with pytest.raises(AcesoError, match="--window-attn-skip-freq"):
         _pattern(text)
@@ -194,10 +194,10 @@ def test_softmax_offset_keeps_cp_at_one():
     """transformer-engine runs a softmax offset under context parallelism only over a2a (not priced): the search
     space has cp 1 only, and a plan with cp 2 is refused by the one pre-flight in one line, for every target (for
     the aceso runtime the model itself is refused first: it does not build the softmax offset yet)."""
-    from search.errors import AcesoError
-    from search.plan import uniform_plan
+    from search.io.errors import AcesoError
+    from search.spec.plan import uniform_plan
     from search.planner.space import Space
-    from search.preflight import planner_checks
+    from search.targets.preflight import planner_checks
 
     m = ModelSpec(**{**DENSE, "seq_length": 32768}, softmax_type="learnable")
     c = parse_cluster("1x8-h100")

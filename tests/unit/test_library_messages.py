@@ -41,7 +41,7 @@ def test_a_schema_refusal_reaching_any_entry_point_is_one_line(name, monkeypatch
         pytest.skip(f"{name}: the runtime is not installed here")
 
     def refuse(args):
-        from search.training import TrainingSpec
+        from search.spec.training import TrainingSpec
         TrainingSpec(global_batch_size=0)
     monkeypatch.setattr(mod, "run", refuse)
     assert main([name, *MINIMAL[name]]) == 2
@@ -52,7 +52,7 @@ def test_a_schema_refusal_reaching_any_entry_point_is_one_line(name, monkeypatch
 def test_the_walk_covers_every_subcommand():
     assert set(MINIMAL) == set(PLANNER_SUBCOMMANDS) | set(RUNTIME_SUBCOMMANDS)
     with pytest.raises(pydantic.ValidationError):
-        from search.training import TrainingSpec
+        from search.spec.training import TrainingSpec
         TrainingSpec(global_batch_size=0)
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from aceso_megatron.model.fast_path import Environment, refusal
 from aceso_megatron.model.lowprec import config_fields
-from search.plan import ParallelPlan
-from search.plan_settings import PlanSettings
-from search.precision import LowPrecision
+from search.spec.plan import ParallelPlan
+from search.settings.plan_settings import PlanSettings
+from search.settings.precision import LowPrecision
 from tests.unit.test_fast_path import GPT, stage
 
 # Megatron-LM's values of the recipe fields the export never writes (transformer_config.py dataclass defaults)

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from search.cli import main
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 from search.megatron.importer import read_megatron
 from search.megatron.shell import read_command
 from search.megatron.versions import tags

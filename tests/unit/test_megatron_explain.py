@@ -6,11 +6,11 @@ import json
 import pytest
 
 from search.cli import main
-from search.cluster import parse_cluster
-from search.plan_settings import target_settings
-from search.pricing import cost_model
+from search.spec.cluster import parse_cluster
+from search.settings.plan_settings import target_settings
+from search.costmodel.pricing import cost_model
 from search.megatron.importer import read_megatron
-from search.training import TrainingSpec
+from search.spec.training import TrainingSpec
 
 ARGS = ("--num-layers 4 --hidden-size 2048 --num-attention-heads 32 --seq-length 2048 --max-position-embeddings 2048 "
         "--micro-batch-size 1 --global-batch-size 64 --fp16 --tensor-model-parallel-size 4 "
@@ -37,7 +37,7 @@ def test_explain_prices_the_imported_plan_as_megatron_lm_runs_it_and_reports_the
 
 def test_the_drop_in_plan_is_expressible_and_priced_as_megatron_lm_runs_it(tmp_path, capsys):
     from search.megatron import check_expressible
-    from search.plan import load_plan
+    from search.spec.plan import load_plan
     best = tmp_path / "best.json"
     assert main(["explain", "--megatron-args", ARGS, "--cluster", "1x8-h100", "--search-budget-evals", "100",
                  "--save-best", str(best), "--json"]) == 0
@@ -188,7 +188,7 @@ def test_a_muon_script_is_searched_and_priced_with_muon(tmp_path, capsys):
     carries --optimizer (the search prices it: costmodel/optimizers.py, hand-computed in test_stack_features.py),
     the drop-in plan records it and is priced by the plan evaluator as Muon, not Adam, and the aceso runtime's line
     is not offered (it runs Adam only); a --target aceso search with Muon is refused in one line."""
-    from search.plan import load_plan
+    from search.spec.plan import load_plan
     best = tmp_path / "best.json"
     muon = CUSTOM.replace("--use-distributed-optimizer ", "") + " --optimizer muon"   # (megatron-core: not both)
     assert main(["explain", "--megatron-args", muon, "--cluster", "1x8-h100",

@@ -13,11 +13,11 @@ import yaml
 from search.cli import main
 from search.megatron import megatron_config
 from search.megatron.names import TABLE, mapping_table
-from search.plan_settings import PlanSettings
+from search.settings.plan_settings import PlanSettings
 from search.megatron.script import argv
 from search.megatron.versions import release
-from search.plan import ParallelPlan, load_plan, uniform_plan
-from search.presets import load_model
+from search.spec.plan import ParallelPlan, load_plan, uniform_plan
+from search.spec.presets import load_model
 from tests.conftest import ROOT
 from tests.megatron_plans import CASES, case_config, case_plan
 
@@ -217,8 +217,8 @@ def test_export_writes_megatron_lm_by_default_and_the_legacy_format_when_asked(t
 def test_fsdp_export_leaves_max_connections_unset_and_says_the_checkpoint_format(version, tmp_path, capsys):
     """Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1 with Megatron FSDP (tp 2 on H100 would set it
     otherwise); the header says its checkpoints are fsdp_dtensor only; from 0.18 the distributed optimizer runs."""
-    from search.cluster import parse_cluster
-    from search.fsdp import MegatronFSDP
+    from search.spec.cluster import parse_cluster
+    from search.settings.fsdp import MegatronFSDP
     plan = uniform_plan(load_model("gpt-1.3b", num_layers=4), 1, 2, 4, 4, 64, cluster=parse_cluster("1x8-h100"),
                         overlap_grad_reduce=True, megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy="optim"))
     text = _export(tmp_path, capsys, plan, "--megatron-version", version)
@@ -233,7 +233,7 @@ def test_fsdp_export_leaves_max_connections_unset_and_says_the_checkpoint_format
 @pytest.mark.parametrize("gpu,tp,cp,expect", [("h100", 2, 1, True), ("a100", 1, 2, True), ("h100", 1, 1, False),
                                               ("b200", 2, 1, False), ("gb200", 4, 1, False)])
 def test_max_connections_only_with_tp_or_cp_before_blackwell(gpu, tp, cp, expect, tmp_path, capsys):
-    from search.cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     plan = uniform_plan(load_model("gpt-1.3b", num_layers=4), 1, tp, 8 // (tp * cp), 8 // (tp * cp), 64, cp=cp,
                         cluster=parse_cluster(f"1x8-{gpu}"))
     text = _export(tmp_path, capsys, plan, "--to", "megatron-lm")

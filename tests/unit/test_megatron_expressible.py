@@ -7,8 +7,8 @@ import pytest
 from search.megatron import check_expressible, megatron_config
 from search.megatron.build import plan_from_config
 from search.megatron.config import MegatronConfig, Recompute
-from search.plan import ParallelPlan, uniform_plan
-from search.presets import load_model
+from search.spec.plan import ParallelPlan, uniform_plan
+from search.spec.presets import load_model
 from tests.megatron_plans import config_fields
 
 GPT = load_model("gpt-1.3b", num_layers=8)

@@ -6,7 +6,7 @@ import pytest
 from search.cli import main
 from search.megatron.importer import read_megatron
 from search.megatron.versions import release
-from search.plan import load_plan
+from search.spec.plan import load_plan
 from tests.megatron_plans import CASES, case_plan
 
 PRESET_NAMED = {"tiny-gpt-pp2", "tiny-llama-gqa-selective"}    # custom models: Megatron-LM has no model name

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 from search.megatron import check_expressible, megatron_config
 from search.megatron.bridge import overrides, recipe_for
 from search.megatron.cmdline import megatron_flags
@@ -25,8 +25,8 @@ from search.megatron.layout import Split, distribution, format_layout, layout_ch
 from search.megatron.moe_flags import layer_freq
 from search.megatron.names import megatron_lm_args
 from search.megatron.script import args_line
-from search.plan import ParallelPlan
-from search.presets import load_model
+from search.spec.plan import ParallelPlan
+from search.spec.presets import load_model
 from tests.megatron_moe_plans import MOE_CASES, moe_case_config, moe_case_plan
 
 PUBLISHED = Path(__file__).resolve().parents[3] / "shared" / "published" / "megatron-bridge-25.09-25.11.json"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 from search.megatron.importer import read_megatron
 
 FP8 = """#!/bin/bash

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 from search.megatron.shell import read_command
 from tests.unit.megatron_examples import example_text
 

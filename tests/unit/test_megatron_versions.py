@@ -10,13 +10,13 @@ import shlex
 import pytest
 
 from search.cli import main
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 from search.megatron import megatron_config
 from search.megatron.importer import read_megatron
 from search.megatron.script import argv
-from search.moe_plan import MoEPlanSettings
+from search.settings.moe_plan import MoEPlanSettings
 from search.megatron.versions import RENAMED, RULES, having, newest, release, releases, tags
-from search.plan import load_plan
+from search.spec.plan import load_plan
 from tests.megatron_moe_plans import MOE_CASES, moe_case_plan
 from tests.megatron_plans import CASES, case_plan
 
@@ -86,7 +86,7 @@ def test_rules_and_renames_agree_with_the_data():
 def test_fsdp_without_a_strategy_is_what_the_release_runs(version, fsdp):
     """--use-megatron-fsdp without --data-parallel-sharding-strategy: the release's default, and from 0.18 the
     distributed optimizer; priced exactly as the command line that says both."""
-    from search.cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from search.cli.import_cmd import predict
     line = _MLM + "--use-megatron-fsdp --ckpt-format fsdp_dtensor --bf16"
     cluster = parse_cluster("1x8-h100")
@@ -156,7 +156,7 @@ SEARCHES = {
 
 def _searched(d, tag: str) -> dict:
     """The SEARCHES, each priced for the software release of Megatron-LM ``tag`` (``--release``: what the import
-    of a script read under ``--megatron-version tag`` prices it as, search/releases.py)."""
+    of a script read under ``--megatron-version tag`` prices it as, search/settings/releases.py)."""
     out = {}
     for kind, args in SEARCHES.items():
         path = d / f"{kind}.json"
@@ -200,11 +200,11 @@ def test_exported_script_reads_back_without_extra_flags_for_a_model_no_preset_ha
     """A custom Llama-3-shaped model (no preset to fall back on for its vocabulary): the exported script's
     NullTokenizer gives the vocabulary back (before, bash's ${TOKENIZER_ARGS:-...} was read as one word and the
     import exited 2 asking for --vocab-size)."""
-    from search.plan import uniform_plan
-    from search.presets import load_model
+    from search.spec.plan import uniform_plan
+    from search.spec.presets import load_model
     model = load_model("llama3-8b", num_layers=4).model_copy(update={"name": "custom", "aceso_db_key": None,
                                                                      "vocab_size": 100000})
-    plan = uniform_plan(model, 1, 2, 4, 4, 64, cluster=__import__("search.cluster").cluster.parse_cluster("1x8-h100"))
+    plan = uniform_plan(model, 1, 2, 4, 4, 64, cluster=__import__("search.spec.cluster").spec.cluster.parse_cluster("1x8-h100"))
     src, script, back = tmp_path / "p.json", tmp_path / "run.sh", tmp_path / "back.json"
     src.write_text(plan.to_json())
     assert main(["export", str(src), "-o", str(script)]) == 0

@@ -11,14 +11,14 @@ import json
 import pytest
 
 from search.cli import main
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
-from search.plan_settings import run_settings, target_settings
+from search.settings.plan_settings import run_settings, target_settings
 from search.costmodel.memory import DEFAULT_HEADROOM, MB, headroom_verdict, memory_budget_mb
-from search.model import ModelSpec
-from search.plan import uniform_plan
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.model import ModelSpec
+from search.spec.plan import uniform_plan
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 from tests.conftest import ROOT
 
 

@@ -10,12 +10,12 @@ import itertools
 import numpy as np
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel.types import MLA_UP_PROJ, RC_CODE
-from search.model import ModelSpec
+from search.spec.model import ModelSpec
 from search.planner.recompute import allowed_codes, optimize_stage
-from search.training import TrainingSpec
+from search.spec.training import TrainingSpec
 
 MLA_MODEL = ModelSpec(name="mla-dense", family="llama", num_layers=2, hidden_size=2048, num_attention_heads=32,
                       ffn_hidden_size=5632, seq_length=4096, vocab_size=32000, activation="swiglu",

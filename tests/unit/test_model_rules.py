@@ -1,5 +1,5 @@
 """The model settings megatron-core (and Megatron-LM's validate_args) refuse at model build are refused by aceso
-in one place (``search.model_rules``), for spec files, presets, HF imports and Megatron-LM command lines alike
+in one place (``search.spec.model_rules``), for spec files, presets, HF imports and Megatron-LM command lines alike
 (issue 32). The cases are tests/model_rule_cases.py's; tests/runtime/test_model_rules_megatron.py shows megatron-core
 refuses each broken one and builds each fixed one."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from search import model_rules
-from search.errors import AcesoError
+from search.spec import model_rules
+from search.io.errors import AcesoError
 from search.megatron.importer import read_megatron
-from search.model import ModelSpec
-from search.presets import load_model
+from search.spec.model import ModelSpec
+from search.spec.presets import load_model
 from tests.model_rule_cases import CORE, MEGATRON_LM
 
 

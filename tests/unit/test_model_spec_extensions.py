@@ -10,16 +10,16 @@ import pytest
 import yaml
 
 import model_specs
-from search import megatron_fields
+from search.spec import megatron_fields
 from search.cli import main
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel.profiledb import ProfileDBWriter
-from search.errors import AcesoError
-from search.model import ModelSpec
-from search.plan import ParallelPlan, StageSpec
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
+from search.spec.plan import ParallelPlan, StageSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 from tests.tiny_models import GPT, T5
 from tests.unit.test_torch_free import run_blocked
 

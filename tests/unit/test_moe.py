@@ -1,4 +1,4 @@
-"""MoE / MLA / MTP model specs (search.moe, search.moe_params, search.hf_moe): counts against hand-computed formulas
+"""MoE / MLA / MTP model specs (search.layers.moe_spec, search.layers.moe_params, search.spec.hf_moe): counts against hand-computed formulas
 and the published totals, the HF import against the presets, the refusal where pricing starts.
 
 megatron-core's own modules count the same models in tests/runtime/test_moe_params.py."""
@@ -11,13 +11,13 @@ import pytest
 
 import model_specs
 from search.cli.import_hf import hf_to_spec
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
-from search.errors import AcesoError
-from search.model import ModelSpec
-from search.moe_params import counts
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
+from search.layers.moe_params import counts
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 HF = json.loads((Path(__file__).parent / "data" / "hf_moe_configs.json").read_text())
 
@@ -65,7 +65,7 @@ def test_mixtral_by_hand():
 
 def test_deepseek_layer_by_hand():
     """One MLA layer and one MoE block of DeepSeek-V3, the formulas written out (no biases, RMSNorm)."""
-    from search.moe_params import layer_mlp_params, mla_params
+    from search.layers.moe_params import layer_mlp_params, mla_params
     m = load_model("deepseek-v3")
     h, n, ql, kvl, d, r, v = 7168, 128, 1536, 512, 128, 64, 128
     mla = h * ql + ql + ql * n * (d + r) + h * (kvl + r) + kvl + kvl * n * (d + v) + n * v * h + h

@@ -13,18 +13,18 @@ import json
 import numpy as np
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel.analytic import AnalyticSource
 from search.costmodel.comm import CommModel
 from search.costmodel.kernels import GPU_EFFICIENCY, LAUNCH_MS
 from search.costmodel.moe_cost import moe_unit
 from search.costmodel.release_constants import value as release_value
-from search.moe_params import counts, mlp_params
-from search.moe_plan import MoEPlanSettings
-from search.model import ModelSpec
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.layers.moe_params import counts, mlp_params
+from search.settings.moe_plan import MoEPlanSettings
+from search.spec.model import ModelSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 MB = 2.0 ** 20
 PEAK = 989e9            # FLOP per ms, bf16
@@ -228,7 +228,7 @@ def test_gpt_oss_moe_flops_count_the_gated_fc1_by_hand():
 
 def test_qwen3_plan_through_explain_prints_the_all_to_all(tmp_path, capsys):
     from search.cli import main
-    from search.plan import ChunkSpec, ParallelPlan, StageSpec
+    from search.spec.plan import ChunkSpec, ParallelPlan, StageSpec
     m = load_model("qwen3-30b-a3b")
     half = m.layer_starts[24]
     stages = [StageSpec(num_gpus=8, tp=1, dp=8, ep=8, chunks=[ChunkSpec(start_unit=a, end_unit=b,
@@ -268,7 +268,7 @@ def test_etp_gather_and_allgather_dispatcher_by_hand():
 
 
 def test_moe_needs_sequence_parallel_with_tp():
-    from search.errors import AcesoError
+    from search.io.errors import AcesoError
     m = tiny_moe()
     cl = parse_cluster("1x8-h100")
     src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8), CommModel(cl))

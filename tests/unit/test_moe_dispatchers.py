@@ -7,9 +7,9 @@ right choice is known by hand."""
 
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel.types import ALL_FEATURES
-from search.moe_plan import MoEPlanSettings, moe_settings
+from search.settings.moe_plan import MoEPlanSettings, moe_settings
 from search.planner.aceso import SearchOptions, search
 from search.planner.baseline import best_uniform
 from search.planner.dispatchers import Dispatchers, candidates
@@ -17,8 +17,8 @@ from search.planner.report import describe, units_text
 from search.planner.space import Space
 from search.planner.state import to_plan
 from search.planner.synthetic import SyntheticCostModel
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 
 class DispatchCost(SyntheticCostModel):

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from search.moe_params import counts
-from search.presets import load_model
+from search.layers.moe_params import counts
+from search.spec.presets import load_model
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "data" / "moe_folding_paper.json"

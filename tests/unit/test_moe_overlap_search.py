@@ -9,16 +9,16 @@ validator itself: every plan the search returns must build a ``ParallelPlan``.""
 import numpy as np
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel.types import RC_CODE, Shape
-from search.moe_plan import MoEPlanSettings
+from search.settings.moe_plan import MoEPlanSettings
 from search.planner.aceso import SearchOptions, search
 from search.planner.api import make_space
 from search.planner.baseline import best_uniform
 from search.planner.state import Evaluator, State, to_plan
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 OVERLAP = MoEPlanSettings(overlap_ep_comm=True)
 
@@ -107,9 +107,9 @@ def test_the_heterogeneous_line_is_the_plan_the_runtime_runs_and_starts_from_the
     from search.cli import main
     from search.cli.search_cmd import find, parse_args
     from search.megatron.importer import read_megatron
-    from search.plan_settings import RUNTIME
+    from search.settings.plan_settings import RUNTIME
     from search.planner.report import to_plan as report_plan
-    from search.presets import spec_text
+    from search.spec.presets import spec_text
 
     model = read_megatron(SMALL_MOE, cluster=parse_cluster("1x8-h100")).plan.model
     spec = tmp_path / "m.json"

@@ -1,4 +1,4 @@
-"""Plan contract v3 (search/moe_plan.py): each stage's expert shape (etp x ep x edp folded over the stage's
+"""Plan contract v3 (search/settings/moe_plan.py): each stage's expert shape (etp x ep x edp folded over the stage's
 tp x cp x dp GPUs) and the plan's MoE settings, checked against megatron-core 0.16.1's rules with one line each;
 dense plans are written as before."""
 
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from search.errors import AcesoError
-from search.moe_plan import MoEPlanSettings, expert_dp, expert_tp
-from search.plan import SCHEMA_VERSION, parse_plan
-from search.presets import load_model
+from search.io.errors import AcesoError
+from search.settings.moe_plan import MoEPlanSettings, expert_dp, expert_tp
+from search.spec.plan import SCHEMA_VERSION, parse_plan
+from search.spec.presets import load_model
 
 
 def moe_model(**moe):

@@ -4,7 +4,7 @@ GEMM on an H100 (989 TFLOP/s bf16, 3.35 TB/s HBM, 132 SMs, 128x256 tiles, MAMF 0
 
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel.comm import CommModel
 from search.costmodel.kernels import ShapeKernels
 from search.costmodel.moe_primitives import (dispatch_bytes, ep_all_to_all_ms, ep_group_all_to_all_ms,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from search.errors import AcesoError
-from search.training import TrainingSpec
+from search.io.errors import AcesoError
+from search.spec.training import TrainingSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 BRIDGE = ROOT.parent / "shared" / "published" / "megatron-bridge-25.09-25.11.json"
@@ -118,7 +118,7 @@ def test_precision_and_gpu_look_ups_follow_the_code(mp):
     assert mp.precision_support("bf16") is None
     gb300 = _row(mp, "25.11/pretrain/qwen3-235b-a22b/gb300x256/bf16")
     status = mp.prepare(gb300)["status"]
-    from search.cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     try:
         parse_cluster("4x64-gb300")
         assert not status.startswith(mp.WAITS)
@@ -140,7 +140,7 @@ def test_low_precision_rows_search_what_megatron_lm_runs(mp):
     megatron-lm target, since the aceso runtime runs no FP8 recipe yet."""
     assert mp.search_target("bf16") == "aceso"
     try:
-        from search.precision import is_low
+        from search.settings.precision import is_low
     except ImportError:
         assert mp.search_target("fp8-cs") == "aceso"
     else:
@@ -244,7 +244,7 @@ def test_rack_presets_price_the_published_gb_rows_as_their_cluster_strings(mp):
     """Issue 32: ``gb200-nvl72`` / ``gb300-nvl72`` now make the rack one NVLink domain (``16x4-gb200-nvl72`` is
     ``16x4-gb200:nvl72``). The published rows write racks as nodes of 64 (``1x64-gb300``, ``4x64-gb200``) or one
     node of 8: spelled with the rack preset, every GB200 / GB300 MoE row prices exactly as its own string."""
-    from search.cluster import parse_cluster
+    from search.spec.cluster import parse_cluster
     from search.costmodel import make_cost_model
 
     priced = 0

@@ -9,10 +9,10 @@ import pytest
 
 from aceso_megatron.model.fast_path import Environment
 from aceso_megatron.model.moe import fast_fields, global_expert_name, is_expert, refusal, stage_fields
-from search.model import ModelSpec
-from search.moe import MLASpec, MoESpec
-from search.moe_plan import MoEPlanSettings
-from search.plan import ParallelPlan
+from search.spec.model import ModelSpec
+from search.layers.moe_spec import MLASpec, MoESpec
+from search.settings.moe_plan import MoEPlanSettings
+from search.spec.plan import ParallelPlan
 
 MOE = ModelSpec(name="m", family="llama", num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
                 seq_length=16, vocab_size=128, activation="swiglu", normalization="rmsnorm",
@@ -90,10 +90,10 @@ def test_validate_refuses_what_no_machine_runs_and_the_search_keeps_the_distribu
     """The one pre-flight (validate, the search's output check, launch) refuses an MoE runtime plan that no
     machine runs (``overlap_ep_comm``), not only in the workers; the distributed optimizer with MoE runs
     (tests/distributed/test_moe_optim.py), so validate passes it and a runtime search keeps it as asked."""
-    from search.errors import AcesoError
+    from search.io.errors import AcesoError
     from search.planner.api import runtime_training
-    from search.preflight import preflight
-    from search.training import TrainingSpec
+    from search.targets.preflight import preflight
+    from search.spec.training import TrainingSpec
     with pytest.raises(AcesoError, match="moe.overlap_ep_comm"):
         preflight(plan(BF16, moe={"overlap_ep_comm": True}), "cuda")
     assert preflight(plan(distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True), "cuda")

@@ -1,15 +1,15 @@
 """The search over expert shapes (issue 22 part 4): the candidates are exactly what megatron-core's folding rules
-(search/moe_plan.py) admit at etp 1 or tp, SP is forced on at tp > 1, the expert moves keep each stage's GPUs and
+(search/settings/moe_plan.py) admit at etp 1 or tp, SP is forced on at tp > 1, the expert moves keep each stage's GPUs and
 the megatron-lm target's one folding, the evaluator hands ep/etp to a cost model that prices them, and a search on
 a cost model where ep trades memory for time finds the hand-computed best ep."""
 
 import numpy as np
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel.types import ALL_FEATURES, Shape
-from search.moe_plan import check_expert_shape
-from search.plan import ChunkSpec, StageSpec
+from search.settings.moe_plan import check_expert_shape
+from search.spec.plan import ChunkSpec, StageSpec
 from search.planner.aceso import SearchOptions, search
 from search.planner.baseline import best_uniform
 from search.planner.experts import ExpertSpace
@@ -18,8 +18,8 @@ from search.planner.primitives import APPLY, Ctx, balanced_bounds
 from search.planner.space import Space
 from search.planner.state import Evaluator, State, to_plan
 from search.planner.synthetic import SyntheticCostModel
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 
 def _stage(s: Shape, etp) -> StageSpec:
@@ -239,7 +239,7 @@ def test_expert_primitives_are_the_expert_moves():
 
 def test_moe_settings_reach_the_cost_model_and_the_plan():
     """The space's MoE settings go to a cost model whose stage_cost takes ``moe``, and into the plan written."""
-    from search.moe_plan import MoEPlanSettings
+    from search.settings.moe_plan import MoEPlanSettings
 
     class SettingsCost(ExpertCost):
         def stage_cost(self, *a, moe=None, **kw):
@@ -260,7 +260,7 @@ def test_moe_settings_reach_the_cost_model_and_the_plan():
 def test_a_plan_spelling_etp_equal_to_tp_is_inside_the_space(etp):
     """A published run's ``--expert-tensor-parallel-size 1`` at tp 1 (megatron-core: etp None means tp, so etp 1 is
     the same folding) reads back as the state the search writes (code 0), so it is a legal seed."""
-    from search.plan import parse_plan
+    from search.spec.plan import parse_plan
     from search.planner.state import from_plan
     model, cl, tr, space = _space(cluster="1x8-h100", gbs=64)
     raw = {"model": model.model_dump(), "micro_batch_size": 8, "global_batch_size": 64,

@@ -11,21 +11,21 @@ from __future__ import annotations
 import pytest
 
 from search.cli.import_cmd import predict
-from search.cluster import parse_cluster
-from search.errors import AcesoError
+from search.spec.cluster import parse_cluster
+from search.io.errors import AcesoError
 from search.megatron import check_expressible, megatron_config
 from search.megatron.bridge import overrides
 from search.megatron.importer import read_megatron
 from search.megatron.layout import distribution, layout_chunk_layers
 from search.megatron.script import args_line
-from search.moe_plan import expert_tp, moe_settings
-from search.plan_settings import target_settings
+from search.settings.moe_plan import expert_tp, moe_settings
+from search.settings.plan_settings import target_settings
 from search.planner.aceso import SearchOptions
 from search.planner.api import plan_search
-from search.pricing import cost_model
+from search.costmodel.pricing import cost_model
 from search.planner.report import to_plan
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 # id -> (preset, layers, cluster, global batch, target, extra TrainingSpec fields)
 CASES = {

@@ -5,14 +5,14 @@ layer itself: tests/unit/test_stack_features.py)."""
 
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel.analytic import AnalyticSource
 from search.costmodel.comm import CommModel
 from search.costmodel.kernels import ShapeKernels
 from search.costmodel.moe_cost import moe_unit, syncs
 from search.costmodel.moe_primitives import grouped_gemm_bwd_ms, grouped_gemm_ms
-from search.moe_plan import MoEPlanSettings
-from search.training import TrainingSpec
+from search.settings.moe_plan import MoEPlanSettings
+from search.spec.training import TrainingSpec
 from tests.unit.test_moe_cost import tiny_moe
 
 
@@ -49,7 +49,7 @@ def test_dropless_dispatch_synchronises_padded_does_not():
 
 def _gpt_oss_like(**kw):
     """tiny_moe's shape with GPT-OSS's expert kernels: quick-GEGLU (gated: fc1 is h -> 2f), linear biases, the clamp."""
-    from search.model import ModelSpec
+    from search.spec.model import ModelSpec
     base = tiny_moe().model_dump()
     base.update(name="tiny-gpt-oss", activation="quick_geglu", add_bias_linear=True, glu_linear_offset=1.0,
                 activation_func_clamp_value=7.0)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from search.argparser import AcesoParser
+from search.io.argparser import AcesoParser
 from search.cli import PLANNER_SUBCOMMANDS, RUNTIME_SUBCOMMANDS, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,8 +97,8 @@ SEARCH = ["search", "--model", "gpt-1.3b", "--cluster", "1x8-h100", "--global-ba
 ])
 def test_abbreviations_fail_with_one_line_naming_the_option(argv, named, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    from search.plan import uniform_plan
-    from search.presets import load_model
+    from search.spec.plan import uniform_plan
+    from search.spec.presets import load_model
 
     (tmp_path / "plan.json").write_text(uniform_plan(load_model("gpt-1.3b"), 1, 1, 1, 1, 8).to_json())
     assert main(argv) == 2

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from search.cli import main
-from search.cluster import parse_cluster
-from search.errors import AcesoError
-from search.plan import SCHEMA_VERSION, ParallelPlan, even_split, load_plan, parse_plan, plan_json_schema, uniform_plan
-from search.presets import load_model
+from search.spec.cluster import parse_cluster
+from search.io.errors import AcesoError
+from search.spec.plan import SCHEMA_VERSION, ParallelPlan, even_split, load_plan, parse_plan, plan_json_schema, uniform_plan
+from search.spec.presets import load_model
 from tests.conftest import ROOT
 
 
@@ -194,7 +194,7 @@ def test_uniform_plan_and_even_split():
 
 def test_committed_json_schema_is_current():
     committed = (ROOT / "docs" / "plan.schema.json").read_text()
-    assert committed == plan_json_schema(), "docs/plan.schema.json is stale: run `python -m search.plan`"
+    assert committed == plan_json_schema(), "docs/plan.schema.json is stale: run `python -m search.spec.plan`"
     assert ParallelPlan.model_json_schema()["additionalProperties"] is False
 
 

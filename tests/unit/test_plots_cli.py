@@ -12,8 +12,8 @@ import textwrap
 import pytest
 
 from search.cli import main
-from search.cluster import parse_cluster
-from search.plan import uniform_plan
+from search.spec.cluster import parse_cluster
+from search.spec.plan import uniform_plan
 from search.plots import DPI
 from search.plots import explain as explain_figure
 from search.plots import search_progress, training
@@ -74,7 +74,7 @@ def test_explain_writes_png_svg_pdf_of_the_expected_size(plan_files, tmp_path, c
 def test_explain_plots_a_big_pipeline_legibly_sized(tmp_path, capsys):
     """64 stages x 500 micro-batches: the timeline shows MAX_ROWS stages, so the figure stays a fixed size."""
     pytest.importorskip("matplotlib")
-    from search.presets import load_model
+    from search.spec.presets import load_model
     plan = uniform_plan(load_model("gpt-175b"), 64, 8, 1, 1, 500, recompute="full",
                         cluster=parse_cluster("64x8-h100"))
     (tmp_path / "big.json").write_text(plan.to_json())
@@ -209,7 +209,7 @@ def test_the_overlap_check_finds_overlapping_text():
 
 
 def _interleaved_8_stage_plan():
-    from search.presets import load_model
+    from search.spec.presets import load_model
     return uniform_plan(load_model("gpt-6.7b"), 8, 1, 1, 1, 48, cluster=parse_cluster("1x8-h100"),
                         num_virtual_stages=4, recompute="selective")
 
@@ -220,7 +220,7 @@ def test_pictures_have_no_overlapping_labels(plan_files, tmp_path, monkeypatch, 
     pytest.importorskip("matplotlib")
     from tests.unit.plot_layout import capture
     found = capture(monkeypatch)
-    from search.presets import load_model
+    from search.spec.presets import load_model
     (tmp_path / "i8.json").write_text(_interleaved_8_stage_plan().to_json())
     big = uniform_plan(load_model("gpt-175b"), 64, 8, 1, 1, 64, recompute="full", cluster=parse_cluster("64x8-h100"))
     (tmp_path / "big.json").write_text(big.to_json())

@@ -11,14 +11,14 @@ import json
 import numpy as np
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel.types import Event, StageCost
-from search.errors import AcesoError
-from search.plan import ParallelPlan, StageSpec, uniform_plan
+from search.io.errors import AcesoError
+from search.spec.plan import ParallelPlan, StageSpec, uniform_plan
 from search.plots import memory, search_progress, timeline, training
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 GPT = load_model("gpt-1.3b")
 A100 = parse_cluster("1x8-a100")
@@ -294,8 +294,8 @@ def test_bad_logs_are_one_line(tmp_path, text, words):
 def test_moe_flex_plan_memory_bar_names_the_dispatch_buffers():
     """A flex-dispatcher MoE stage's memory bar has the DeepEP buffer as its own labelled segment (moe_cost's
     ``dispatch_buffers``), between the p2p buffers and the reserve, and the segments add up to the stage's peak."""
-    from search.moe_plan import MoEPlanSettings
-    from search.plan import ChunkSpec
+    from search.settings.moe_plan import MoEPlanSettings
+    from search.spec.plan import ChunkSpec
 
     m = load_model("qwen3-30b-a3b", num_layers=2)
     st = StageSpec(num_gpus=16, tp=1, dp=16, ep=16, chunks=[ChunkSpec(start_unit=0, end_unit=m.num_units,

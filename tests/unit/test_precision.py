@@ -1,4 +1,4 @@
-"""Low precision (search/precision.py): the recipes' cast and memory bytes, the quantized GEMM time, FP8/FP4 peaks
+"""Low precision (search/settings/precision.py): the recipes' cast and memory bytes, the quantized GEMM time, FP8/FP4 peaks
 and presets, NVLink domains, the refusals, and the Megatron-LM flags (import, export, core_v0.16.1's flag list)
 against hand-computed cases."""
 
@@ -7,23 +7,23 @@ from math import ceil
 
 import pytest
 
-from search import precision as lowp
+from search.settings import precision as lowp
 from search.cli import main
-from search.cluster import GPU_PRESETS, parse_cluster
+from search.spec.cluster import GPU_PRESETS, parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel.comm import CommModel
 from search.costmodel.kernels import ARCH, LAUNCH_MS
 from search.costmodel.release_constants import value as release_value
 
 LOWPREC_GEMM_SCALE = release_value("LOWPREC_GEMM_SCALE", "")     # the newest release's (release_constants.py)
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 from search.megatron.cmdline import megatron_flags
 from search.megatron.expressible import megatron_config
 from search.megatron.importer import read_megatron
 from search.megatron.names import megatron_lm_args
-from search.plan import uniform_plan
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.plan import uniform_plan
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 from tests.conftest import ROOT
 
 BRIDGE = ROOT.parent / "shared" / "published" / "megatron-bridge-25.09-25.11.json"
@@ -279,7 +279,7 @@ def test_search_export_and_explain_carry_the_recipe(tmp_path, capsys):
 
 
 def _plan_of(data):
-    from search.plan import ParallelPlan
+    from search.spec.plan import ParallelPlan
     return ParallelPlan.model_validate(data)
 
 
@@ -306,8 +306,8 @@ def test_the_runtime_target_refuses_low_precision(tmp_path, capsys):
                "--precision", "fp8-tensorwise", "-o", str(tmp_path / "p.json")])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "does not run low-precision recipes" in err
-    from search.plan_settings import PlanSettings
-    from search.preflight import planner_checks
+    from search.settings.plan_settings import PlanSettings
+    from search.targets.preflight import planner_checks
     m = load_model("llama3-8b", num_layers=4)
     plan = uniform_plan(m, 1, 1, 8, 8, 16, cluster=parse_cluster("1x8-h100")).model_copy(
         update={"settings": PlanSettings(low_precision=lowp.LowPrecision(recipe="fp8-tensorwise"))})
@@ -414,8 +414,8 @@ def _mcore_accepts(recipe: str, start: int, end: int, num_layers: int, pp: int) 
     ("mxfp8", 3, 3, 2),               # 8 // 2 = 4: accepted
     ("nvfp4", 3, 1, 4)])              # megatron-core bounds only FP8 recipes: accepted
 def test_bf16_layer_counts_follow_megatron_core(recipe, start, end, pp):
-    from search.plan_settings import PlanSettings
-    from search.preflight import planner_checks
+    from search.settings.plan_settings import PlanSettings
+    from search.targets.preflight import planner_checks
     m = load_model("llama3-8b", num_layers=8)
     low = lowp.LowPrecision(recipe=recipe, bf16_layers_start=start, bf16_layers_end=end)
     plan = uniform_plan(m, pp, 1, 8 // pp, 8 // pp, 16, cluster=parse_cluster("1x8-b200")).model_copy(
@@ -517,8 +517,8 @@ def test_reuse_grad_buf_has_no_price_of_its_own():
     """core_v0.16.1 builds the shared param / grad buffer for any MXFP8 parameters under the distributed optimizer
     (param_and_grad_buffer.py, "For MXFP8 param: Create a shared buffer for param AG and grad RS"): the flag changes
     which copy the parameters are read back from, not the bytes held or moved."""
-    from search.plan_settings import run_settings
-    from search.pricing import precision_of
+    from search.settings.plan_settings import run_settings
+    from search.costmodel.pricing import precision_of
     costs = []
     for extra in ("", lowp.REUSE_FLAG):
         plan = read_megatron(MX + extra, world_size=8, cluster=parse_cluster("1x8-b200")).plan

@@ -5,9 +5,9 @@ import json
 import pytest
 
 import model_specs
-from search.errors import AcesoError
-from search.model import ModelSpec
-from search.presets import load_model
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
+from search.spec.presets import load_model
 
 # The Aceso preset called "6B" (h 1024, ffn 32768, 64 heads x 128) has 5.67B parameters by its own settings:
 # the name rounds up. Every other preset is within 5% of its name.

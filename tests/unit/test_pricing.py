@@ -1,17 +1,17 @@
-"""One price of a plan (``search/pricing.py``): import, explain, validate, calibrate, export and the search report
+"""One price of a plan (``search/costmodel/pricing.py``): import, explain, validate, calibrate, export and the search report
 the same numbers for the same plan under the settings its flags run, to the last digit."""
 
 import json
 
 import pytest
 
-from search.calibrate import Run, price as calibrate_price
+from search.calibration.calibrate import Run, price as calibrate_price
 from search.cli import main
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel.memory import MB
 from search.megatron.importer import read_megatron
-from search.plan import load_plan
-from search.pricing import price
+from search.spec.plan import load_plan
+from search.costmodel.pricing import price
 
 CLUSTER = "1x8-h100"
 ARGS = ("--num-layers 4 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "

@@ -8,14 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel.profiledb import ProfileDBWriter
-from search.errors import AcesoError
-from search.model import ModelSpec
-from search.moe import MLASpec, MoESpec
-from search.moe_plan import MoEPlanSettings
-from search.training import TrainingSpec
+from search.io.errors import AcesoError
+from search.spec.model import ModelSpec
+from search.layers.moe_spec import MLASpec, MoESpec
+from search.settings.moe_plan import MoEPlanSettings
+from search.spec.training import TrainingSpec
 
 MODEL = ModelSpec(name="tiny-moe", family="llama", num_layers=2, hidden_size=32, num_attention_heads=4,
                   num_query_groups=2, ffn_hidden_size=48, seq_length=16, vocab_size=128, activation="swiglu",
@@ -95,7 +95,7 @@ def test_a_one_stage_plan_sums_the_measured_rows(db):
 
 
 def test_evaluate_prices_an_moe_plan(db):
-    from search.plan import parse_plan
+    from search.spec.plan import parse_plan
 
     raw = {"model": MODEL.model_dump(), "micro_batch_size": 2, "global_batch_size": 8,
            "stages": [{"num_gpus": 2, "tp": 1, "dp": 2, "ep": 2, "start_unit": 0, "end_unit": 4,
@@ -162,7 +162,7 @@ def test_bad_moe_row_is_refused_naming_the_field(tmp_path):
 
 
 def test_mla_and_mtp_stay_refused(db):
-    mla = MODEL.model_copy(update={"num_query_groups": None,     # MLA has no query groups (search.model_rules)
+    mla = MODEL.model_copy(update={"num_query_groups": None,     # MLA has no query groups (search.spec.model_rules)
                                    "mla": MLASpec(kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4,
                                                   v_head_dim=8)})
     with pytest.raises(AcesoError, match="multi-latent attention: the profile cost model does not price them"):

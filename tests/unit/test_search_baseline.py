@@ -1,18 +1,18 @@
 """The uniform baseline against an independent enumeration of Megatron-LM configurations, built as ParallelPlans
-(``search.plan.uniform_plan``) and priced by the cost model's own ``evaluate``."""
+(``search.spec.plan.uniform_plan``) and priced by the cost model's own ``evaluate``."""
 
 import itertools
 
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
-from search.plan import ChunkSpec, ParallelPlan, StageSpec, uniform_plan
+from search.spec.plan import ChunkSpec, ParallelPlan, StageSpec, uniform_plan
 from search.planner import megatron_lm
 from search.planner.api import make_space
 from search.planner.baseline import baseline_plan, best_uniform, layer_splits
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 GBS = 64
 BATCHES = (8, 16)          # per-rank candidates large enough that the tighter limits need recompute

@@ -15,13 +15,13 @@ import json
 import pytest
 
 from search.cli import main
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.planner import aceso
 from search.planner.aceso import SearchOptions
 from search.planner.api import plan_baseline, plan_search, runtime_training
-from search.pricing import cost_model
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.costmodel.pricing import cost_model
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 BUDGETS = (200, 400, 600)
 

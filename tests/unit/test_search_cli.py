@@ -7,7 +7,7 @@ import json
 import pytest
 
 from search.cli import main
-from search.plan import load_plan
+from search.spec.plan import load_plan
 from search.planner import megatron_lm
 from search.planner.aceso import SearchOptions, search
 from search.planner.synthetic import tiny_problem
@@ -25,7 +25,7 @@ def test_two_runs_write_identical_bytes_whatever_the_workers(tmp_path):
 
 def test_written_plan_validates_fits_and_matches_the_cost_model(tmp_path, capsys):
     from search.costmodel import make_cost_model
-    from search.training import TrainingSpec
+    from search.spec.training import TrainingSpec
     out, trace = tmp_path / "plan.json", tmp_path / "trace.json"
     assert main(["search", *ARGS, "--top-k", "2", "--trace", str(trace), "--json", "-o", str(out)]) == 0
     summary = json.loads(capsys.readouterr().out)
@@ -103,7 +103,7 @@ def test_three_lines_and_the_megatron_target(tmp_path, capsys):
     # GPT-13B layers on one-GPU nodes, memory a third of the way from the least any plan needs to what pure DP
     # needs: the plans pipeline and recompute, and the three lines differ
     from tests.unit.search_helpers import memory_between
-    from search.presets import load_model
+    from search.spec.presets import load_model
     limit = memory_between(load_model("gpt-13b", num_layers=6), "4x1-h100", 64, 0.3)
     BIG = ["--model", "gpt-13b", "--num-layers", "6", "--cluster", "4x1-h100", "--memory-limit-mb", f"{limit:.0f}",
            "--precision", "bf16",   # the fp16 preset: the runtime (the heterogeneous line) trains bf16 on an H100
@@ -163,7 +163,7 @@ def test_compat_model_refuses_what_it_cannot_price(tmp_path, capsys, reference_d
 def test_tokens_per_gpu_beside_samples_and_mfu_in_every_report(tmp_path, capsys):
     """Issue 32: tokens/s per GPU (the unit of NVIDIA's tables) next to samples/s and MFU in search, baseline,
     explain and the export header, each global batch x sequence / iteration / GPUs (gpt-1.3b: 2048 tokens, 4 GPUs)
-    from the one function (search.throughput), so the four agree on one plan."""
+    from the one function (search.costmodel.throughput), so the four agree on one plan."""
     out = tmp_path / "p.json"
     assert main(["search", *ARGS, "--json", "-o", str(out)]) == 0
     s = json.loads(capsys.readouterr().out)

@@ -1,16 +1,16 @@
 """Every VPP degree Megatron-LM accepts is in the default space, and the candidate constraints (--tp, --pp, --vpp,
 --max-tp, --seq-length) are honoured by all three report lines (uniform, Megatron-LM, heterogeneous)."""
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
-from search.model import ModelSpec
+from search.spec.model import ModelSpec
 from search.planner.aceso import SearchOptions
 from search.planner.api import make_space, plan_all
 from search.planner.baseline import uniform_states
 from search.planner.primitives import vpp_steps
 from search.planner.space import virtual_degrees
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 # Nemotron-4 340B's shape at 96 layers (the published plan: pp 8, 12 virtual stages of one layer)
 DEEP = {"name": "deep-96", "family": "gpt", "num_layers": 96, "hidden_size": 1024, "num_attention_heads": 8,
@@ -49,7 +49,7 @@ def test_cli_seq_length_and_max_tp(tmp_path):
     import json
 
     from search.cli import main
-    from search.plan import load_plan
+    from search.spec.plan import load_plan
     out = tmp_path / "p.json"
     assert main(["search", "--model", "gpt-1.3b", "--num-layers", "4", "--cluster", "1x8-h100",
                  "--global-batch-size", "32", "--budget-evals", "100", "--workers", "1", "--seq-length", "1024",

@@ -4,14 +4,14 @@ plan's one setting (the refined plan is no longer expressible and used to be dro
 
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.planner.aceso import SearchOptions
 from search.planner.api import plan_all
-from search.pricing import cost_model
+from search.costmodel.pricing import cost_model
 from search.planner.state import to_plan
 from search.planner import megatron_lm
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 
 @pytest.mark.parametrize("target", ["aceso", "megatron-lm"])

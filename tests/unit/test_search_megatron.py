@@ -4,16 +4,16 @@ restricted search against exhaustive enumeration, and the three report lines (un
 import numpy as np
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
-from search.plan import ChunkSpec, StageSpec, uniform_plan
+from search.spec.plan import ChunkSpec, StageSpec, uniform_plan
 from search.planner import megatron_lm
 from search.planner.aceso import SearchOptions, search
 from search.planner.api import make_space, plan_all
 from search.planner.exhaustive import exhaustive_best
 from search.planner.state import to_plan
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 from tests.unit.search_helpers import memory_between as _limit
 
 

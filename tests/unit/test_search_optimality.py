@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.planner.aceso import SearchOptions, search
 from search.planner.exhaustive import exhaustive_best
 from search.planner.space import Space
 from search.planner.synthetic import tiny_problem
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 
 @pytest.mark.parametrize("seed", range(24))

@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel.types import Features, Shape
 from search.planner import megatron_lm
@@ -16,8 +16,8 @@ from search.planner.api import make_space
 from search.planner.bottleneck import PRIMITIVES
 from search.planner.primitives import APPLY, Ctx, balanced_bounds
 from search.planner.state import Evaluator, State, to_plan
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 GBS = 64
 

@@ -5,12 +5,12 @@ import itertools
 import numpy as np
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel.types import N_RC, UNAVAILABLE_MS
 from search.planner.recompute import allowed_codes, optimize_stage, solve
 from search.planner.synthetic import SyntheticCostModel
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 
 def _brute(rt, act, peak, k, budget):

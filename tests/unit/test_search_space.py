@@ -3,15 +3,15 @@ splits, plan-level switches from the training spec and the cost model, and the l
 
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel.types import ALL_FEATURES, Features, Shape
-from search.errors import AcesoError
-from search.plan import uniform_plan
+from search.io.errors import AcesoError
+from search.spec.plan import uniform_plan
 from search.planner.space import Space
 from search.planner.state import State
-from search.presets import load_model
-from search.training import TrainingSpec
+from search.spec.presets import load_model
+from search.spec.training import TrainingSpec
 
 
 def _space(model="gpt-1.3b", cluster="1x8-h100", gbs=512, priced=ALL_FEATURES, target="aceso", layers=None,

@@ -5,7 +5,7 @@ stash, Megatron FSDP's main dtypes; and the release table."""
 
 import pytest
 
-from search.cluster import parse_cluster
+from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
 from search.costmodel import release_constants as rcs
 from search.costmodel.analytic import AnalyticSource
@@ -16,10 +16,10 @@ from search.costmodel.host import (EXPERT_LAUNCHES, GRAPH_BUFFERS, exposed_host_
 from search.costmodel.memory import MB
 from search.costmodel.optimizers import MUON_BYTES, muon_matrices, ns_flops
 from search.costmodel.types import Features, StackKey
-from search.moe_plan import MoEPlanSettings
-from search.plan import uniform_plan
-from search.releases import for_megatron, resolve
-from search.training import TrainingSpec
+from search.settings.moe_plan import MoEPlanSettings
+from search.spec.plan import uniform_plan
+from search.settings.releases import for_megatron, resolve
+from search.spec.training import TrainingSpec
 from tests.unit.test_moe_cost import tiny_moe
 
 
@@ -143,7 +143,7 @@ def test_newton_schulz_flops_by_hand():
 
 def test_muon_matrices_of_a_gqa_attention_by_hand():
     """QKV split into q, k, v (muon_split_qkv): q (heads x d / tp, h), k and v (groups x d / tp, h); proj (h, q / tp)."""
-    from search.model import ModelSpec
+    from search.spec.model import ModelSpec
     m = ModelSpec(name="g", family="llama", num_layers=2, hidden_size=1024, num_attention_heads=16,
                   num_query_groups=4, ffn_hidden_size=2048, seq_length=1024, vocab_size=32000, activation="swiglu",
                   normalization="rmsnorm", position_embedding="rope", add_bias_linear=False, tied_embeddings=False)
@@ -273,7 +273,7 @@ def test_release_table_resolves_containers_and_megatron_versions():
     assert rel == "26.04.01" and "0.19.2" in note
     name, note = resolve("26.03")
     assert name == "26.02.01" and "nearest older" in note
-    from search.errors import AcesoError
+    from search.io.errors import AcesoError
     for bad in ("0.12", "nope"):
         with pytest.raises(AcesoError):
             resolve(bad)
@@ -302,7 +302,7 @@ def test_megatron_lm_search_takes_cuda_graphs_where_the_moe_layers_are_host_boun
     from search.planner.dispatchers import Dispatchers, graph_candidates
     from search.planner.state import Evaluator, State, to_plan
     from search.costmodel.types import Shape
-    from search.presets import load_model
+    from search.spec.presets import load_model
     from search.megatron.expressible import megatron_config
     from search.megatron.names import megatron_lm_args
     m = load_model("qwen3-30b-a3b", num_layers=4)
@@ -371,7 +371,7 @@ def test_stack_flags_import_and_export_round_trip():
     ("--overlap-moe-expert-parallel-comm --delay-wgrad-compute", "--delay-wgrad-compute"),
 ])
 def test_stack_flags_megatron_refuses_are_one_line_errors(edit, needle):
-    from search.errors import AcesoError
+    from search.io.errors import AcesoError
     from search.megatron.importer import read_megatron
     line = STACK_LINE.replace(edit, needle)
     with pytest.raises(AcesoError) as e:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from aceso_megatron.cli.train import check_train_args, parse_train_args
-from search.errors import AcesoError
+from search.io.errors import AcesoError
 
 
 def _cfg(tmp_path, text: str) -> str:

@@ -8,9 +8,9 @@ import json
 import re
 
 from search.cli import main
-from search.cluster import parse_cluster
-from search.plan import PlanPrediction, load_plan, uniform_plan
-from search.presets import load_model
+from search.spec.cluster import parse_cluster
+from search.spec.plan import PlanPrediction, load_plan, uniform_plan
+from search.spec.presets import load_model
 
 
 def _plan(tmp_path, limit=None):

@@ -1,0 +1,157 @@
+"""The MoE / MLA / MTP part of a Hugging Face config.json, as ``ModelSpec`` fields (``search.layers.moe_spec``).
+
+Read by ``search.cli.import_hf`` for the Llama-style types that carry experts or latent attention (the attention,
+norms and RoPE are ``search.spec.hf_arch``'s):
+mixtral (num_local_experts, num_experts_per_tok, intermediate_size = each expert's width, router_aux_loss_coef;
+router_jitter_noise must be 0); qwen3_moe (num_experts, num_experts_per_tok, moe_intermediate_size,
+decoder_sparse_step with HF's rule "layer i is MoE when (i + 1) % step == 0", mlp_only_layers, router_aux_loss_coef);
+deepseek_v3 and kimi_k2 (n_routed_experts, n_shared_experts x moe_intermediate_size, first_k_dense_replace,
+moe_layer_freq, n_group / topk_group, scoring_func softmax | sigmoid, topk_method greedy | noaux_tc (= the expert
+score bias), aux_loss_alpha, routed_scaling_factor as megatron.moe_router_topk_scaling_factor, q_lora_rank,
+kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, num_nextn_predict_layers; seq_aux, the
+sequence-level form of the aux loss, is priced as the aux loss); glm4_moe (GLM-4.5: n_routed_experts,
+n_shared_experts, moe_intermediate_size, first_k_dense_replace, n_group / topk_group, its sigmoid router with the
+score-correction bias, routed_scaling_factor, num_nextn_predict_layers); gpt_oss (num_local_experts,
+num_experts_per_tok, intermediate_size = each expert's width, head_dim, attention_bias = all linear biases;
+layer_types as window_attn_skip_freq (sliding = windowed, default alternate), the attention sinks as softmax_type
+learnable, quick_geglu with glu_linear_offset 1 and swiglu_limit as activation_func_clamp_value;
+router_aux_loss_coef is not taken: Megatron-LM's GPT-OSS flags train without the aux loss,
+--moe-router-load-balancing-type none).
+
+Routing: every type here renormalizes the top-k weights (HF ``norm_topk_prob`` true, megatron-core's softmax over the
+top-k and normalized sigmoid); ``norm_topk_prob`` false, an unknown ``scoring_func`` or ``topk_method`` and
+DeepSeek-V2's group_limited_greedy (its group score is the group's best, megatron-core's the sum of its top
+scores) are refused with one line. Routing is learned and dropless (megatron-core's defaults; force-balanced
+routing is a benchmark setting a spec turns on with ``moe_router_force_load_balancing``).
+"""
+
+from __future__ import annotations
+
+from search.spec.hf_arch import layer_types, skip_freq
+
+MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v3", "kimi_k2", "glm4_moe", "gpt_oss")
+MLA_TYPES = ("deepseek_v3", "kimi_k2")
+
+
+def _normalized_topk(c, default: bool) -> None:
+    if not c.bool("norm_topk_prob", default):
+        raise c.refuse("norm_topk_prob", "HF keeps the router's top-k weights unnormalized; aceso's import reads "
+                       "routers that renormalize them (megatron-core's default) only",
+                       shown=None if c.has("norm_topk_prob") else f"(absent: the model's default {str(default).lower()})")
+
+
+def _topk_scaling(c) -> dict:
+    factor = c.float("routed_scaling_factor", default=1.0)
+    if not factor > 0:
+        raise c.bad("routed_scaling_factor", factor, "a positive number")
+    return {} if factor == 1.0 else {"moe_router_topk_scaling_factor": factor}
+
+
+def _mixtral(c) -> dict:
+    c.expect("router_jitter_noise", lambda v: v == 0, "noise on the router's input is not in megatron-core 0.16.1's "
+             "router")
+    return {"moe": {"num_experts": c.int("num_local_experts"), "moe_router_topk": c.int("num_experts_per_tok"),
+                    "moe_ffn_hidden_size": c.int("intermediate_size"),
+                    "moe_aux_loss_coeff": c.float("router_aux_loss_coef", default=0.0)}}
+
+
+def _qwen3(c, layers: int) -> dict:
+    if c.raw("num_experts") is None:
+        return {}                         # dense Qwen3
+    step = c.int("decoder_sparse_step", default=1)
+    dense = c.raw("mlp_only_layers", [])
+    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers
+                                              for i in dense):
+        raise c.bad("mlp_only_layers", dense, f"a list of layer numbers in [0, {layers})")
+    _normalized_topk(c, False)            # Qwen3MoeConfig's default is false
+    pattern = [int(i not in dense and (i + 1) % step == 0) for i in range(layers)]
+    if not any(pattern):                  # every layer dense: HF builds a dense model
+        c.ignore("num_experts", "num_experts_per_tok", "moe_intermediate_size", "router_aux_loss_coef")
+        return {}
+    return {"moe": {"num_experts": c.int("num_experts"), "moe_router_topk": c.int("num_experts_per_tok"),
+                    "moe_ffn_hidden_size": c.int("moe_intermediate_size"),
+                    "moe_layer_freq": 1 if all(pattern) else pattern,
+                    "moe_aux_loss_coeff": c.float("router_aux_loss_coef", default=0.0)}}
+
+
+def _shared_and_dense(c) -> dict:
+    """Routed experts, the shared expert(s) and the first dense layers (DeepSeek-V3, Kimi-K2, GLM-4.5)."""
+    ffn = c.int("moe_intermediate_size")
+    shared = c.int("n_shared_experts", default=0, required=False, minimum=0)
+    return {"num_experts": c.int("n_routed_experts"), "moe_router_topk": c.int("num_experts_per_tok"),
+            "moe_ffn_hidden_size": ffn, "moe_shared_expert_intermediate_size": shared * ffn or None,
+            "first_k_dense_layers": c.int("first_k_dense_replace", default=0, required=False, minimum=0)}
+
+
+def _groups(c, limited: bool) -> dict:
+    groups = c.int("n_group", default=1)
+    topk = c.int("topk_group", default=1)
+    if not limited or groups == 1:
+        return {}
+    return {"moe_router_num_groups": groups, "moe_router_group_topk": topk}
+
+
+def _mtp(c) -> int | None:
+    return c.int("num_nextn_predict_layers", default=0, required=False, minimum=0) or None
+
+
+def _deepseek(c) -> dict:
+    # transformers' DeepseekV3 router is sigmoid with the score-correction bias (noaux_tc): the defaults when absent
+    score = c.choice("scoring_func", ("softmax", "sigmoid"), "sigmoid")
+    method = c.choice("topk_method", ("greedy", "group_limited_greedy", "noaux_tc"), "noaux_tc")
+    if method == "group_limited_greedy":
+        raise c.refuse("topk_method", "DeepSeek-V2's group score is the group's best expert, megatron-core's "
+                       "group-limited routing sums the group's top scores")
+    _normalized_topk(c, True)
+    c.ignore("seq_aux")                   # the sequence-level aux loss, priced as the aux loss
+    moe = {**_shared_and_dense(c), "moe_layer_freq": c.int("moe_layer_freq", default=1),
+           "moe_router_score_function": score, **_groups(c, method == "noaux_tc"),
+           "moe_router_enable_expert_bias": method == "noaux_tc",
+           "moe_aux_loss_coeff": c.float("aux_loss_alpha", default=0.0)}
+    mla = {"q_lora_rank": c.int("q_lora_rank", required=False), "kv_lora_rank": c.int("kv_lora_rank"),
+           "qk_head_dim": c.int("qk_nope_head_dim"), "qk_pos_emb_head_dim": c.int("qk_rope_head_dim"),
+           "v_head_dim": c.int("v_head_dim")}
+    return {"moe": moe, "mla": {k: v for k, v in mla.items() if v is not None}, "mtp_num_layers": _mtp(c),
+            "kv_channels": mla["v_head_dim"], "megatron": _topk_scaling(c)}
+
+
+def _glm4_moe(c) -> dict:
+    """GLM-4.5's router (``Glm4MoeTopkRouter``): sigmoid scores, the score-correction bias in the top-k choice,
+    group-limited when n_group > 1, renormalized and scaled by routed_scaling_factor."""
+    c.choice("topk_method", ("noaux_tc",), "noaux_tc")
+    c.ignore("moe_router_dtype")          # the router's compute dtype (numerics, not the architecture)
+    _normalized_topk(c, True)
+    moe = {**_shared_and_dense(c), "moe_router_score_function": "sigmoid", **_groups(c, True),
+           "moe_router_enable_expert_bias": True,
+           "moe_aux_loss_coeff": c.float("router_aux_loss_coef", default=0.0)}
+    return {"moe": moe, "mtp_num_layers": _mtp(c), "megatron": _topk_scaling(c)}
+
+
+def _gpt_oss(c, layers: int) -> dict:
+    window = c.int("sliding_window", default=128)
+    c.ignore("router_aux_loss_coef", "initial_context_length")   # see the module docstring; YaRN's original length
+    types = layer_types(c, layers, ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)])
+    return {"moe": {"num_experts": c.int("num_local_experts"),
+                    "moe_router_topk": c.int("num_experts_per_tok", "experts_per_token"),
+                    "moe_ffn_hidden_size": c.int("intermediate_size")},
+            "activation": "quick_geglu", "glu_linear_offset": 1.0,
+            "activation_func_clamp_value": c.float("swiglu_limit", default=7.0),
+            "softmax_type": "learnable",
+            **({"window_size": [window - 1, 0], "window_attn_skip_freq": skip_freq(types)}
+               if "sliding_attention" in types else {})}
+
+
+def moe_fields(c, mtype: str, layers: int) -> dict:
+    """The spec fields ``mtype``'s experts, latent attention and MTP set (``c``: a ``search.spec.hf_config.HFConfig``);
+    a ``megatron`` entry holds the block fields to merge."""
+    if mtype == "mixtral":
+        return _mixtral(c)
+    if mtype in ("qwen3", "qwen3_moe"):
+        return _qwen3(c, layers)
+    if mtype in MLA_TYPES:
+        return _deepseek(c)
+    if mtype == "glm4_moe":
+        return _glm4_moe(c)
+    if mtype == "gpt_oss":
+        return _gpt_oss(c, layers)
+    return {}
