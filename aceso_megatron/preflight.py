@@ -50,6 +50,27 @@ def preflight(plan, device: str, here: bool = False) -> bool:
     return True
 
 
+def refusal(env, plan) -> str | None:
+    """Why this runtime does not run ``plan`` on a machine of environment ``env`` (``model.fast_path.Environment``;
+    None: what no machine runs), one line, or None. Torch-free: the runtime's entry check (``training.engine
+    .check_plan``, before any process group). The capability table's runtime rules on this device
+    (``search.capabilities.plan_refusal``, the same lines validate, the search's output check and launch give;
+    its ``built`` rows, which ``build_runtime`` runs for the GPU tests, skipped), then what only the machine tells:
+    a recipe's transformer-engine version and tensor cores, userbuffers (``fast_path.refusal``), einops for Megatron
+    FSDP, and fp16 on any GPU (no loss scaling; the table refuses it on the plan's GPU where that has bf16)."""
+    from search.capabilities import RUNTIME, Device, plan_refusal
+    from search.runtime_rules import fp16_loss_scaling
+
+    device = Device(cuda=True, te=None) if env is None else Device(cuda=env.cuda, te=env.te)
+    if (why := plan_refusal(plan, RUNTIME, device, entry=True)) is not None or env is None:
+        return why
+    from .model.fast_path import refusal as machine_refusal
+    from .training.fsdp import machine_refusal as fsdp_machine_refusal
+
+    return (machine_refusal(env, plan) or fsdp_machine_refusal(plan)
+            or (fp16_loss_scaling(plan.model.params_dtype) if env.cuda else None))
+
+
 def _has_cuda() -> bool:
     """A GPU plan checked on a machine without one (``aceso validate`` on a laptop) builds its configs as CPU ones:
     the layer specs and megatron block are checked all the same; the GPU's environment is the worker's to check."""

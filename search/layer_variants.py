@@ -114,8 +114,7 @@ def refuse_unbuilt(model) -> None:
     """The runtime's check (its ``check_model``: train, profile, pre-flight): a model with a
     field it does not build is refused (``AcesoError``) rather than trained without it."""
     from .errors import AcesoError
+    from .runtime_rules import unbuilt_layers
 
-    fields = unbuilt_fields(model)
-    if fields:
-        raise AcesoError(f"model {model.name}: {', '.join(fields)}: the runtime does not build these GPT-OSS layer "
-                         "fields yet (search, explain and export price and write them); remove them to run here")
+    if (why := unbuilt_layers(model, None)) is not None:     # the capability table's line (runtime_rules)
+        raise AcesoError(why)

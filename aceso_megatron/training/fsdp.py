@@ -14,7 +14,7 @@ sequence-parallel partial gradients are summed over TP on the local shards (``gr
 
 What is refused, one line before any process group (the first two by the plan itself,
 ``search.fsdp.structural_refusal``; the rest by the capability table's runtime rules,
-``search.runtime_rules.megatron_fsdp``, and einops here, ``refusal``; the one pre-flight asks both):
+``search.runtime_rules.megatron_fsdp``, and einops here, ``machine_refusal``; the one pre-flight asks both):
 - pipeline stages or chunks: megatron-core 0.16.1 cannot build Megatron FSDP's device mesh with pipeline
   parallelism, in Megatron-LM either: ``_get_dp_tp_mesh`` lays ``torch.arange(world_size)`` out as
   ``(dp_cp ep tp)``, which fails (``EinopsError: Shape mismatch``) when the world also spans pipeline stages
@@ -41,15 +41,6 @@ from __future__ import annotations
 
 import importlib.util
 
-
-
-def refusal(plan) -> str | None:
-    """Why the runtime cannot run ``plan``'s Megatron FSDP or activation offload (one line), or None: the
-    capability table's runtime rules (``search.runtime_rules``), then what needs a package here."""
-    from search import runtime_rules
-
-    return (runtime_rules.activation_offload(plan, None) or runtime_rules.megatron_fsdp(plan, None)
-            or machine_refusal(plan))
 
 
 def machine_refusal(plan) -> str | None:
