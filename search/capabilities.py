@@ -195,7 +195,7 @@ def precision_refusal(target: str, dtype: str, gpu) -> str | None:
 
 def plan_refusal(plan, target: str | None = None, device: Device | str = "cuda", entry: bool = False) -> str | None:
     """Why ``target`` (default: the plan's own) does not run ``plan`` on ``device``, one line; or None. ``entry``:
-    the runtime's own entry check (``aceso_megatron.preflight.refusal``), which builds the ``built`` rows."""
+    the runtime's own entry check (its pre-flight half's ``refusal``), which builds the ``built`` rows."""
     key = target_key(target) if target is not None else plan_target(plan)
     device = Device.of(device) if isinstance(device, str) else device
     low = plan.settings.low_precision

@@ -14,7 +14,7 @@ device)`` (``plan`` scope; ``device``: ``capabilities.Device``, with ``te`` None
 returns one line naming the field and the fix, or None. A line starts with the plan field a user edits, as plan
 schema v4 names it (``settings.X`` for a plan-wide switch, ``model.X``, ``stages[i].X``;
 tests/unit/test_runtime_rules_fields.py resolves each against the schema). Each line is written here only: the
-runtime's own entry check (``aceso_megatron.preflight.refusal``) asks these functions, and what only the running
+runtime's own entry check (its pre-flight half's ``refusal``) asks these functions, and what only the running
 machine can tell builds its line from the pieces here (``fp16_loss_scaling``, ``TP_OVERLAP_UNAVAILABLE``).
 """
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..moe_flops import mtp_flops
 from ..moe_params import mtp_layer_params
+from .dense import mlp_muon
 from .kind import LayerKind, Row, mtp_inner_kinds, register
 
 
@@ -24,4 +25,5 @@ MTP = register(LayerKind(
     name="mtp", symbol=None, role="layer", label="MTP", params=lambda m: mtp_layer_params(m)[0],
     flops=lambda m, s, keys=None: mtp_flops(m, s), price=price_mtp, repeat=lambda m: m.mtp_num_layers or 0,
     recompute=("none", "full"),           # its inner layer whole
-    hybrid_slot="mtp_block_spec"))
+    hybrid_slot="mtp_block_spec",
+    muon_shapes=mlp_muon))                # Muon's step counts an MTP depth as one MLP's weights (as it did)
