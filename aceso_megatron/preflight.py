@@ -13,6 +13,8 @@ laptop) is not held to this machine's environment. Before any process group exis
 
 from __future__ import annotations
 
+import importlib.util
+
 
 def preflight(plan, device: str, here: bool = False) -> bool:
     """Refuse what the runtime would not run; returns False when it could not tell (a GPU plan's transformer-engine
@@ -38,16 +40,43 @@ def preflight(plan, device: str, here: bool = False) -> bool:
                 return False
             raise
         check_layers_build(plan.model, device)   # a CPU run: one layer of a user's spec built on the meta device
-        from .training.fsdp import machine_refusal
 
-        if (msg := machine_refusal(plan)) is not None:    # what of Megatron FSDP needs a package (einops)
+        if (msg := fsdp_machine_refusal(plan)) is not None:    # what of Megatron FSDP needs a package (einops)
             raise AcesoError(msg)
         if here:
             from .model.fast_path import Environment
-            from .training.engine import check_plan
 
-            check_plan(plan, plan.world_size, Environment.detect(device))
+            if (msg := refusal(Environment.detect(device), plan)) is not None:   # the runtime entry's check
+                raise AcesoError(msg)
     return True
+
+
+def refusal(env, plan) -> str | None:
+    """Why this runtime does not run ``plan`` on a machine of environment ``env`` (``model.fast_path.Environment``;
+    None: what no machine runs), one line, or None. Torch-free: the runtime's entry check (``training.engine
+    .check_plan``, before any process group). The capability table's runtime rules on this device
+    (``search.targets.capabilities.plan_refusal``, the same lines validate, the search's output check and launch give;
+    its ``built`` rows, which ``build_runtime`` runs for the GPU tests, skipped), then what only the machine tells:
+    a recipe's transformer-engine version and tensor cores, userbuffers (``fast_path.refusal``), einops for Megatron
+    FSDP, and fp16 on any GPU (no loss scaling; the table refuses it on the plan's GPU where that has bf16)."""
+    from search.targets.capabilities import RUNTIME, Device, plan_refusal
+    from search.targets.runtime_rules import fp16_loss_scaling
+
+    device = Device(cuda=True, te=None) if env is None else Device(cuda=env.cuda, te=env.te)
+    if (why := plan_refusal(plan, RUNTIME, device, entry=True)) is not None or env is None:
+        return why
+    from .model.fast_path import refusal as machine_refusal
+
+    return (machine_refusal(env, plan) or fsdp_machine_refusal(plan)
+            or (fp16_loss_scaling(plan.model.params_dtype) if env.cuda else None))
+
+
+def fsdp_machine_refusal(plan) -> str | None:
+    """Megatron FSDP on a machine without einops (megatron-core's device mesh needs it), or None."""
+    if plan.megatron_fsdp is None or importlib.util.find_spec("einops") is not None:
+        return None
+    return ("megatron_fsdp: megatron-core's FullyShardedDataParallel needs einops, which is not installed; "
+            "pip install einops")
 
 
 def _has_cuda() -> bool:

@@ -146,20 +146,16 @@ def choose(env: Environment, model: ModelSpec, tp_comm_overlap: bool = False) ->
 
 
 def refusal(env: Environment, plan: ParallelPlan) -> str | None:
-    """One line naming the stage/field of ``plan`` this environment cannot run, or None: the recipe's needs, the
-    capability table's rules for this device (``search.targets.capabilities``: context parallelism and TP overlap need
-    transformer-engine, one TP domain), and a transformer-engine without userbuffers."""
-    from search.targets.capabilities import Device, cp_needs_te
-    from search.targets.runtime_rules import tp_comm_overlap
+    """One line naming what of ``plan`` this machine's software cannot run, or None: the recipe's needs (CUDA,
+    transformer-engine's version, tensor cores) and a transformer-engine without userbuffers. What the capability
+    table decides from the device alone (context parallelism and TP overlap need transformer-engine, one TP domain)
+    is asked before this (``aceso_megatron.preflight.refusal``)."""
+    from search.targets.runtime_rules import TP_OVERLAP_UNAVAILABLE
 
     from .lowprec import refusal as recipe_refusal
 
     if (msg := recipe_refusal(env, plan)) is not None:   # FP8 / FP4: CUDA, transformer-engine, tensor cores
         return msg
-    device = Device(cuda=env.cuda, te=env.te)
-    if (msg := cp_needs_te(plan, device)) is not None:
-        return msg
     if plan.tp_comm_overlap and env.te and (not env.te_userbuffers or _version(env.te_version) < (1, 9)):
-        return ("tp_comm_overlap: transformer-engine's TP communication overlap (userbuffers, TE >= 1.9) is not "
-                "available (this transformer-engine lacks it); set tp_comm_overlap false")
-    return tp_comm_overlap(plan, device)
+        return f"{TP_OVERLAP_UNAVAILABLE} (this transformer-engine lacks it); set it false"
+    return None

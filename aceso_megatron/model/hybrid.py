@@ -7,8 +7,8 @@ unit, ``+`` an MLA attention unit. So a GPT / Llama model is the pattern ``*-`` 
 ``+-`` / ``+E`` with MLA), and a chunk holding units ``[start, end)`` is that slice of the pattern, its first layer
 at offset ``start``: what Megatron-LM writes ``--hybrid-layer-pattern "*-*-|*-*-"`` for, with any cut.
 
-``SYMBOLS`` is the one table from a unit kind to its symbol and its ``HybridStackSubmodules`` slot (a new layer kind,
-e.g. Mamba's ``M``, is one more row). Where megatron-core has the hybrid models (0.19), ``build_stack`` builds the
+A unit's symbol and its ``HybridStackSubmodules`` slot are its layer kind's (``search.layers``: ``symbol``,
+``hybrid_slot``; a new layer kind, e.g. Mamba's ``M``, brings both in its own record). Where megatron-core has the hybrid models (0.19), ``build_stack`` builds the
 chunk's ``HybridStack`` from its pattern (checked by megatron-core's ``validate_segment_layers``): ``HybridStack``
 walks it, numbers its layers ``start + i + 1`` and asks the symbol's slot for each; every slot here hands over the
 plan's unit at that place (``build_unit_layers``: the unit's own config, recompute and layer spec, its GPT layer
@@ -22,51 +22,43 @@ chunk keeps a plain ``ModuleList`` of its units.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 from patches.compat import have_hybrid
+from search.layers import LayerKind, kinds, resolve
 from search.spec.model import ModelSpec, Unit
 
 
-@dataclass(frozen=True)
-class LayerKind:
-    symbol: str       # megatron-core's hybrid layer symbol (hybrid_layer_allocation.Symbols)
-    slot: str         # the HybridStackSubmodules field that builds it
+def hybrid_layers() -> tuple[LayerKind, ...]:
+    """The registered kinds megatron-core's ``HybridStack`` builds as layers of their own: a symbol and a slot."""
+    return tuple(k for k in kinds() if k.symbol is not None and k.hybrid_slot is not None)
 
 
-SYMBOLS: dict[str, LayerKind] = {
-    "attention": LayerKind("*", "attention_layer"),
-    "mla_attention": LayerKind("+", "mla_layer"),
-    "mlp": LayerKind("-", "mlp_layer"),
-    "moe": LayerKind("E", "moe_layer"),
-    "mamba": LayerKind("M", "mamba_layer"),
-}
-
-
-def kind_of(model: ModelSpec, unit: Unit) -> str | None:
-    """The ``SYMBOLS`` key of ``unit``, or None for a unit no hybrid layer is (T5's cross-attention, MTP)."""
-    if unit.kind == "attention":
-        return "mla_attention" if model.mla is not None else "attention"
-    return unit.kind if unit.kind in SYMBOLS else None
+def kind_of(model: ModelSpec, unit: Unit) -> LayerKind | None:
+    """The layer kind of ``unit`` (MLA's for an MLA model's attention), or None for a unit no hybrid layer is (T5's
+    cross-attention, MTP)."""
+    k = resolve(model, unit.kind)
+    return k if k in hybrid_layers() else None
 
 
 def pattern(model: ModelSpec, units: list[Unit]) -> str | None:
     """The hybrid layer pattern of ``units`` (``*-*-`` for two GPT layers), or None if one of them is no hybrid
     layer."""
-    kinds = [kind_of(model, u) for u in units]
-    if model.is_t5 or None in kinds:
+    found = [kind_of(model, u) for u in units]
+    if model.is_t5 or None in found:
         return None
-    return "".join(SYMBOLS[k].symbol for k in kinds)
+    return "".join(k.symbol for k in found)
 
 
 class _PlannedLayer:
     """A ``HybridStack`` slot that hands over the plan's unit at the layer's place (``layer_number - 1`` is its
     global unit index), after checking that the unit is of the slot's kind."""
 
-    def __new__(cls, *, layers: dict, kind: str, model: ModelSpec, layer_number: int, **_ignored):
+    def __new__(cls, *, layers: dict, slot: str, model: ModelSpec, layer_number: int, **_ignored):
         layer = layers[layer_number - 1]
-        if kind_of(model, layer.unit) != kind:
-            raise ValueError(f"hybrid pattern: unit {layer_number - 1} is a {layer.unit.kind} unit, not {kind}")
+        k = kind_of(model, layer.unit)
+        if k is None or k.hybrid_slot != slot:
+            raise ValueError(f"hybrid pattern: unit {layer_number - 1} is a {layer.unit.kind} unit, not one of "
+                             f"{slot}")
         return layer
 
 
@@ -81,8 +73,9 @@ def build_stack(model: ModelSpec, units: list[Unit], layers: list, start: int, c
     from megatron.core.transformer.spec_utils import ModuleSpec
 
     by_index = {start + i: layer for i, layer in enumerate(layers)}
-    slots = {k.slot: ModuleSpec(module=_PlannedLayer, params={"layers": by_index, "kind": name, "model": model})
-             for name, k in SYMBOLS.items()}
+    slots = {k.hybrid_slot: ModuleSpec(module=_PlannedLayer, params={"layers": by_index, "slot": k.hybrid_slot,
+                                                                     "model": model})
+             for k in hybrid_layers()}
     # the stack only places layers: no quantization contexts of its own around them (each unit enters its recipe's)
     cfg = copy.copy(config)
     cfg.fp8, cfg.fp4 = None, None

@@ -33,8 +33,8 @@ from model_specs.extensions import (
 )
 from search import layers
 from search.io.errors import AcesoError
-from search.layers.layer_variants import refuse_unbuilt
 from search.spec.model import ModelSpec, Unit
+from search.targets.runtime_rules import unbuilt_layers
 
 from .attention import with_recomputed_dropout
 from .config import stage_config, unit_config
@@ -189,3 +189,10 @@ def check_model(plan, device: str = "cpu", fast=None) -> None:
     check_whole_layers(plan)   # imports the providers (their faults are AcesoErrors too)
     check_qk_layernorm(model)
     check_attn_dropout(plan)
+
+
+def refuse_unbuilt(model) -> None:
+    """The runtime's check (its ``check_model``: train, profile, pre-flight): a model with a
+    field it does not build is refused (``AcesoError``) rather than trained without it."""
+    if (why := unbuilt_layers(model, None)) is not None:     # the capability table's line (runtime_rules)
+        raise AcesoError(why)

@@ -20,14 +20,12 @@ The router dtype (``moe_router_dtype``), the flex backend and squared ReLU's fus
 The process groups (EP, ETP, expert-DP, expert TP x EP) are the stage's own (``parallel.layout``); expert
 parameters are reduced over expert-DP (``mark_expert_params``: every routed expert parameter, whatever the ep).
 
-``refusal(env, plan)`` names what this runtime cannot run yet, one line, before any process group exists (MLA and
-MTP run: ``model.mtp``, ``patches.mla_mtp_tp_group``; ``mla_mtp_refusal`` keeps what of them does not): the rules
-are the capability table's (``search.targets.runtime_rules``, torch-free, so ``aceso validate`` applies the same ones).
+What of MoE / MLA / MTP this runtime cannot run yet is the capability table's (``search.targets.runtime_rules``), asked
+by the one pre-flight and the runtime's entry check (``aceso_megatron.preflight.refusal``).
 """
 
 from __future__ import annotations
 
-from search.targets import runtime_rules
 from search.settings.moe_plan import MoEPlanSettings, expert_tp
 
 EXPERTS = ".mlp.experts."   # routed experts in canonical names (not ``.mlp.shared_experts.``)
@@ -77,23 +75,3 @@ def mark_expert_params(chunk) -> None:
         if is_expert(canon):
             chunk.get_parameter(name).allreduce = False
 
-
-def mla_mtp_refusal(plan) -> str | None:
-    """What of MLA / MTP the runtime does not run (one line), or None (``search.targets.runtime_rules.mla_mtp``)."""
-    return runtime_rules.mla_mtp(plan, None)
-
-
-def refusal(env, plan) -> str | None:
-    """One line naming what of ``plan``'s MoE / MLA / MTP this runtime cannot run (on ``env``; None: what no
-    environment runs), or None: the capability table's runtime rules (``search.targets.runtime_rules``) for this
-    environment."""
-    m = plan.model
-    why = (runtime_rules.mla_mtp(plan, None) or runtime_rules.moe_biases(m, None) or runtime_rules.expert_bias(m, None)
-           or runtime_rules.overlap_ep(plan, None))
-    if why is not None or env is None:
-        return why
-    from search.targets.capabilities import Device
-
-    device = Device(cuda=env.cuda, te=env.te)
-    return (runtime_rules.flex_on_cpu(plan, device) or runtime_rules.expert_tp_alltoall_on_cpu(plan, device)
-            or runtime_rules.grouped_gemm_without_te(plan, device))

@@ -81,7 +81,7 @@ def check_profiled_model(model: ModelSpec, device: str) -> None:
     probe = probe_plan(model, 1, 1, "none")
     if model.moe is not None or model.mla is not None or model.mtp_num_layers:   # what the runtime cannot build
         from ..model.fast_path import Environment
-        from ..model.moe import refusal
+        from ..preflight import refusal
 
         if (msg := refusal(Environment.detect(device), probe)) is not None:
             raise AcesoError(msg)

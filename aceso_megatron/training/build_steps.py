@@ -206,7 +206,7 @@ def wrap_chunks(plan: ParallelPlan, chunks: list, groups: Groups, device: str, d
     from patches.compat import quiet_ddp_layout_notice
 
     with _summing([c.config for c in chunks]):
-        if plan.megatron_fsdp is not None:   # one chunk (fsdp.refusal)
+        if plan.megatron_fsdp is not None:   # one chunk (search.settings.fsdp.structural_refusal)
             where = "cpu" if device == "cpu" else f"cuda:{torch.cuda.current_device()}"
             models = [fsdp.wrap(c, copy.copy(ddp_config), groups, where) for c in chunks]
         else:

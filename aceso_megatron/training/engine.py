@@ -47,10 +47,10 @@ from search.io.errors import AcesoError
 from search.spec.plan import ParallelPlan, parse_plan
 from search.settings.plan_settings import run_settings
 
-from ..model.fast_path import Environment, FastPath, refusal
-from ..model.moe import refusal as moe_refusal
+from ..model.fast_path import Environment, FastPath
 from ..parallel.layout import Groups, RankLayout, sample_range
 from ..parallel.shards import cp_token_index
+from ..preflight import refusal
 from . import fsdp
 from .build_steps import (Precision, apply_patches, build_chunks, build_optimizer, build_process_groups,
                           checked_text, choose_fast_paths, choose_precision, connect_schedule, log_step, wrap_chunks)
@@ -77,19 +77,12 @@ class TrainConfig:
 
 
 def check_plan(plan: ParallelPlan | dict, world_size: int, env: Environment | None = None) -> ParallelPlan:
-    """Validate ``plan`` for ``world_size`` processes and refuse what ``env`` cannot run; one ``AcesoError``
-    line naming the stage and field."""
+    """Validate ``plan`` for ``world_size`` processes and refuse what ``env`` cannot run (None: what no environment
+    runs), the one pre-flight's answer (``aceso_megatron.preflight.refusal``); one ``AcesoError`` line naming the
+    stage and field."""
     plan = parse_plan(plan if isinstance(plan, dict) else plan.model_dump(), world_size=world_size)
-    if (msg := moe_refusal(env, plan)) is not None:   # never an MoE/MLA/MTP model built as if it were dense
+    if (msg := refusal(env, plan)) is not None:
         raise AcesoError(msg)
-    if (msg := fsdp.refusal(plan)) is not None:       # never a Megatron FSDP plan run as DDP
-        raise AcesoError(msg)
-    if env is not None:
-        if (msg := refusal(env, plan)) is not None:
-            raise AcesoError(msg)
-        if env.cuda and plan.model.params_dtype == "fp16":
-            raise AcesoError(f"model.params_dtype fp16: the runtime has no fp16 loss scaling yet; use bf16 (an A100 "
-                             f"or newer; a V100 has none: fp32) (model {plan.model.name})")
     return plan
 
 

@@ -14,7 +14,8 @@ megatron-core's ``finalize_model_grads`` does.
 
 What is refused, one line before any process group (the first two by the plan itself,
 ``search.settings.fsdp.structural_refusal``; the rest by the capability table's runtime rules,
-``search.targets.runtime_rules.megatron_fsdp``, and einops here, ``refusal``; the one pre-flight asks both):
+``search.targets.runtime_rules.megatron_fsdp``, and einops, ``aceso_megatron.preflight.fsdp_machine_refusal``; the
+one pre-flight asks both):
 - pipeline stages or chunks: megatron-core 0.16.1 cannot build Megatron FSDP's device mesh with pipeline
   parallelism, in Megatron-LM either: ``_get_dp_tp_mesh`` lays ``torch.arange(world_size)`` out as
   ``(dp_cp ep tp)``, which fails (``EinopsError: Shape mismatch``) when the world also spans pipeline stages
@@ -38,27 +39,6 @@ at its place in the buffer (``item_index_map``): a TP-local tensor per local nam
 """
 
 from __future__ import annotations
-
-import importlib.util
-
-
-
-def refusal(plan) -> str | None:
-    """Why the runtime cannot run ``plan``'s Megatron FSDP or activation offload (one line), or None: the
-    capability table's runtime rules (``search.targets.runtime_rules``), then what needs a package here."""
-    from search.targets import runtime_rules
-
-    return (runtime_rules.activation_offload(plan, None) or runtime_rules.megatron_fsdp(plan, None)
-            or machine_refusal(plan))
-
-
-def machine_refusal(plan) -> str | None:
-    """Megatron FSDP on a machine without einops (megatron-core's device mesh needs it), or None."""
-    if plan.megatron_fsdp is None or importlib.util.find_spec("einops") is not None:
-        return None
-    return ("megatron_fsdp: megatron-core's FullyShardedDataParallel needs einops, which is not installed; "
-            "pip install einops")
-
 
 CHECKPOINT_REASON = ("megatron-core 0.16.1's Megatron FSDP optimizer gives its state only in the fsdp_dtensor format "
                      "(DistributedOptimizer.sharded_state_dict: 'sharding_type fully_reshardable is not supported "

@@ -323,9 +323,9 @@ def runnable(found: list, keep: int, target: str = "aceso") -> tuple:
     if refusal is not None:
         print(f"aceso search: note: left out plan(s) {who} would refuse: {refusal}", file=sys.stderr)
     if unchecked:   # the capability table applied; what needs torch could not be asked here
-        print("aceso search: note: the runtime is not installed here: the plan's layer specs and megatron block were "
-              "not built (aceso validate on a machine with the runtime, or the workers at launch, check them)",
-              file=sys.stderr)
+        print("aceso search: note: the pre-flight ran the capability table's rules only: the runtime is not installed "
+              "here, so the plan's layer specs and megatron block were not built (aceso validate on a machine with "
+              "the runtime, or the workers at launch, check them)", file=sys.stderr)
     return kept[0][0], [plan for _, plan in kept]
 
 

@@ -118,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
           f"{plural(plan.num_stages, 'stage')} ({shapes}); target {target}"
           + (" (what aceso launch runs)" if target == "aceso" else ""))
     if not runtime_checked:
-        print("layer specs and megatron block not fully checked: this machine lacks the runtime or transformer-engine "
-              "(the workers check them before they start)")
+        print("pre-flight: the capability table's rules ran; layer specs and megatron block not fully checked: this "
+              "machine lacks the runtime or transformer-engine (the workers check them before they start)")
     if memory is None:
         print("memory not checked: the plan names no cluster; give --cluster NODESxGPUS-gpu to check it")
     else:

@@ -48,7 +48,7 @@ import numpy as np
 from search.spec.cluster import ClusterSpec
 from search.io.errors import AcesoError
 from .. import layers
-from ..layers.kind import PriceArgs, UnitCost
+from ..layers.kind import PriceArgs, UnitCost, ep_overlap_pairs
 from search.spec.megatron_fields import analytic_note
 from search.spec.model import ModelSpec
 from search.spec.training import TrainingSpec
@@ -442,9 +442,8 @@ def _ep_overlap_layers(src: AnalyticSource, rows: dict, fwd, bwd, epc, eph, epf,
     the saving, split in proportion to their all-to-all, which moves from exposed to hidden."""
     from .ep_overlap import LayerTimes, saving_ms
     units = src.model.units
-    for i, u in enumerate(units):
-        if u.kind != "moe" or i == 0 or units[i - 1].kind != "attention":
-            continue
+    for i in ep_overlap_pairs(src.model):
+        u = units[i]
         att, moe = rows[_row_key(src, units[i - 1])].cost, rows[_row_key(src, u)].cost
         if not moe.ep_split:
             continue

@@ -58,6 +58,7 @@ from search.settings.data_parallel import TP_PP_DP
 from search.io.errors import AcesoError
 from search.spec.model import ModelSpec
 from search.spec.training import TrainingSpec
+from ..layers import resolve
 from search.settings.moe_plan import moe_settings
 from search.costmodel.throughput import throughput
 from .comm import CommModel, overlap_tax, overlapped
@@ -518,12 +519,12 @@ class CostModel:
         dense = expert = ns_d = ns_e = 0.0
         for a, e in spans:
             for i in range(a, e):
-                kind = units[i].kind if units[i].kind != "mtp" else "mlp"
+                kind = units[i].kind
                 if kind not in per_kind:
                     mats = muon_matrices(self.model, kind, me.tp, me.ep, me.etp or me.tp)
-                    n_exp = 1 if kind == "moe" else 0
-                    ex = mats[1:3] if n_exp else []
-                    rest = [mats[0]] + mats[3:] if n_exp else mats
+                    experts = resolve(self.model, kind).routed_experts    # their shards second and third
+                    ex = mats[1:3] if experts else []
+                    rest = [mats[0]] + mats[3:] if experts else mats
                     per_kind[kind] = (muon_params(rest), muon_params(ex),
                                       sum(k * ns_flops(r, c) for r, c, k in rest),
                                       sum(k * ns_flops(r, c) for r, c, k in ex))

@@ -51,6 +51,7 @@ buffer, ``GRAPH_BUFFERS`` per captured part (forward input and output, backward 
 
 from __future__ import annotations
 
+from ..layers import resolve
 from search.settings.stack import GRAPH_SCOPES  # noqa: F401  (the scope names the parts below use)
 
 GRAPH_LAUNCH = 1.0        # kernels the CPU launches to replay one captured part (cudaGraphLaunch)
@@ -60,14 +61,26 @@ EXPERT_LAUNCHES = 6       # per local expert: fc1 and fc2 GEMMs, each with its s
 
 def part_launches(model, kind: str, quantized: bool, n_local: int, moe_settings=None) -> dict[str, float]:
     """Forward kernel launches of one unit by part (``attn``, ``mlp``, ``moe_router``, ``moe_preprocess``,
-    ``moe_rest``), module docstring; ``n_local``: the moe unit's local experts."""
+    ``moe_rest``), module docstring; ``n_local``: the moe unit's local experts. The unit's layer kind says which of
+    the functions below counts it (``search.layers``: ``launches``; none: no launches counted)."""
+    launches = resolve(model, kind).launches
+    return launches(model, quantized, n_local, moe_settings) if launches is not None else {}
+
+
+def attention_launches(model, quantized: bool, n_local: int = 0, moe_settings=None) -> dict[str, float]:
+    return {"attn": 7 + 3 * (1 if quantized else 0)}
+
+
+def mla_launches(model, quantized: bool, n_local: int = 0, moe_settings=None) -> dict[str, float]:
+    return {"attn": 12 + 5 * (1 if quantized else 0)}
+
+
+def mlp_launches(model, quantized: bool, n_local: int = 0, moe_settings=None) -> dict[str, float]:
+    return {"mlp": 5 + 3 * (1 if quantized else 0)}
+
+
+def moe_launches(model, quantized: bool, n_local: int, moe_settings=None) -> dict[str, float]:
     q = 1 if quantized else 0
-    if kind in ("attention", "cross_attention"):
-        return {"attn": (12 + 5 * q) if model.mla is not None else (7 + 3 * q)}
-    if kind == "mlp":
-        return {"mlp": 5 + 3 * q}
-    if kind != "moe":
-        return {}
     e, s = model.moe, moe_settings
     fused = bool(s and s.router_fusion)
     topk = 7 + (4 if e.moe_router_num_groups else 0) + (2 if e.moe_router_enable_expert_bias else 0)

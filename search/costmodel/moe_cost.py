@@ -73,9 +73,9 @@ from __future__ import annotations
 
 from search.settings import precision as lowp
 from search.io.errors import AcesoError
-from ..layers.kind import UnitCost
+from ..layers.kind import UnitCost, ep_overlap_pairs
 from search.layers.moe_params import (
-    _norm, expert_params, expert_width, latent_proj_params, router_params, shared_expert_params,
+    _norm, expert_params, expert_width, latent_proj_params, mlp_params, router_params, shared_expert_params,
 )
 from .memory import _has_hidden_dropout
 from .comm import LINK_EFFICIENCY
@@ -139,12 +139,11 @@ def host_layers(src, fwd, bwd, rec, ep: int, cfg, scopes: frozenset = frozenset(
     launch_ms = value("HOST_LAUNCH_MS", src.settings.release)
     sync = syncs(m, cfg) and not (cfg is not None and cfg.overlap_ep_comm)
     n_local = m.moe.num_experts // max(ep, 1)
-    for i, u in enumerate(units):
-        if u.kind != "moe" or i == 0 or units[i - 1].kind != "attention":
-            continue
+    for i in ep_overlap_pairs(m):
+        u = units[i]
         lp = bool(lp_of(u)) if lp_of else False
-        moe = part_launches(m, "moe", lp, n_local, cfg)
-        parts = {**part_launches(m, "attention", bool(lp_of(units[i - 1])) if lp_of else False, 0), **moe}
+        moe = part_launches(m, u.kind, lp, n_local, cfg)
+        parts = {**part_launches(m, units[i - 1].kind, bool(lp_of(units[i - 1])) if lp_of else False, 0), **moe}
         first = host_launches({"moe_rest": moe["moe_rest"]}, scopes) * launch_ms
         add = exposed_host_ms(host_launches(parts, scopes) * launch_ms, fwd[i - 1] + fwd[i],
                               bwd[i - 1] + bwd[i], sync, first, fwd[i])

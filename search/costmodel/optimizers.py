@@ -28,6 +28,8 @@ Hand-computed: tests/unit/test_stack_features.py.
 
 from __future__ import annotations
 
+from ..layers import resolve
+
 NS_STEPS = 5                 # megatron-core OptimizerConfig.muon_num_ns_steps
 MUON_BYTES = 22.0            # per Muon parameter per step: read grad (4) + momentum (4) + main (4), write momentum (4)
 #                              + main (4) + the bf16 weight (2)
@@ -62,39 +64,13 @@ def ns_flops(m: float, n: float) -> float:
 
 
 def muon_matrices(model, kind: str, tp: int, ep: int = 1, etp: int = 0) -> list[tuple[float, float, float]]:
-    """The 2-D weight shards one rank's unit of ``kind`` holds, as ``(rows, cols, count)`` (module docstring):
-    attention QKV (split into q, k, v per query group) and projection, the MLP's fc1 / fc2, an MoE unit's router,
-    its local experts' fc1 / fc2 (over etp) and shared expert; MLA's down, up and output projections. Whatever Muon
-    updates beyond these (nothing in these models) is left out."""
-    h, t = model.hidden_size, tp
-    etp = etp or tp
-    up = 2 if model.gated_mlp else 1
-    if kind in ("attention", "cross_attention"):
-        if model.mla is not None:
-            a, n = model.mla, model.num_attention_heads
-            qk = a.qk_head_dim + a.qk_pos_emb_head_dim
-            down = [(h, a.q_lora_rank, 1)] if a.q_lora_rank else []
-            q_up = [(a.q_lora_rank or h, n * qk / t, 1)]
-            return down + q_up + [(h, a.kv_lora_rank + a.qk_pos_emb_head_dim, 1),
-                                  (a.kv_lora_rank, n * (a.qk_head_dim + a.v_head_dim) / t, 1),
-                                  (n * a.v_head_dim / t, h, 1)]
-        d, g = model.head_dim, model.groups
-        q = model.num_attention_heads * d
-        return [(q / t, h, 1), (g * d / t, h, 2), (h, q / t, 1)]
-    if kind == "mlp":
-        f = model.ffn_hidden_size
-        return [(up * f / t, h, 1), (h, f / t, 1)]
-    if kind == "moe":
-        e = model.moe
-        f, n_local, w = e.moe_ffn_hidden_size, e.num_experts / ep, e.moe_latent_size or h
-        out = [(e.num_experts, h, 1), (up * f / etp, w, n_local), (w, f / etp, n_local)]
-        if e.moe_latent_size:          # LatentMoE's fc1 / fc2 latent projections, whole on every rank
-            out += [(w, h, 1), (h, w, 1)]
-        fs = e.moe_shared_expert_intermediate_size
-        if fs:
-            out += [(up * fs / t, h, 1), (h, fs / t, 1)]
-        return out
-    return []
+    """The 2-D weight shards one rank's unit of ``kind`` holds, as ``(rows, cols, count)`` (module docstring): its
+    layer kind's ``muon_shapes`` (``search/layers/``: attention QKV, split into q, k, v per query group, and
+    projection; the MLP's fc1 / fc2; an MoE unit's router, its local experts' fc1 / fc2 over etp, second and
+    third, and shared expert; MLA's down, up and output projections). Whatever Muon updates beyond these (nothing
+    in these models) is left out."""
+    shapes = resolve(model, kind).muon_shapes
+    return shapes(model, tp, ep, etp or tp) if shapes is not None else []
 
 
 def muon_params(mats: list[tuple[float, float, float]]) -> float:

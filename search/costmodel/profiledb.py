@@ -28,6 +28,7 @@ import numpy as np
 
 from search.spec.cluster import ClusterSpec
 from search.io.errors import AcesoError, read_json
+from ..layers import kinds, resolve
 from search.spec.model import ModelSpec
 from search.spec.training import TrainingSpec
 from .comm import CommModel
@@ -194,11 +195,18 @@ _LOOKED_UP = ("fwd_us", "bwd_us", "recompute_us", "act_bytes", "peak_bytes", "ep
 
 
 def _choices_measured(part: str, kind: str) -> tuple[int, ...]:
-    """Valid lengths of an entry's per-choice lists: embedding/head 1; units 3 (none, selective, full), attention
-    units also 4 (+ attn_dropout, newer profiles)."""
+    """Valid lengths of an entry's per-choice lists: embedding/head 1; units 3 (none, selective, full), the units
+    whose kind takes attn_dropout (attention) also 4 (+ attn_dropout, newer profiles)."""
     if part != "units":
         return (1,)
-    return (3,) if kind in ("mlp", "moe") else (3, 4)
+    k = _kind(kind)
+    return (3, 4) if k is None or "attn_dropout" in k.recompute else (3,)
+
+
+def _kind(name: str):
+    """The registered layer kind of a database row's ``kind``, None for a kind not registered (its rows are read
+    and never looked up: no unit of the model has it)."""
+    return next((k for k in kinds() if k.name == name and k.variant_of is None), None)
 
 
 class ProfileSource:
@@ -241,7 +249,7 @@ class ProfileSource:
                     raise AcesoError(f"--db {db['_path']}: corrupt profile database, {part}[{i}] lacks "
                                      f"{', '.join(miss) or 'a valid act_bytes'}; re-run the profiler")
                 key = (part, e.get("stack", "decoder"), kind, int(e["seq"]), int(e["tp"]), row_shape(e))
-                if kind == "moe":
+                if part == "units" and getattr(_kind(kind), "routed_experts", False):
                     e = {**e, "ep_comm_us": ep_comm_us(e)}
                 groups.setdefault(key, []).append(e)
         for key, v in groups.items():
@@ -308,7 +316,7 @@ class ProfileSource:
         for i, u in enumerate(m.units):
             key = (u.stack, u.kind)
             if key not in rows:
-                x = shape if u.kind == "moe" else ()
+                x = shape if resolve(m, u.kind).routed_experts else ()
                 rows[key] = self._lookup("units", u.stack, u.kind, s_enc if u.stack == "encoder" else s_dec,
                                          batch, tp, x)
                 if x:

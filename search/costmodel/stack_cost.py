@@ -34,6 +34,7 @@ Hand-computed: tests/unit/test_stack_features.py.
 from __future__ import annotations
 
 from search.settings.fsdp import DTYPE_BYTES, shards
+from ..layers import resolve
 from .memory import MB
 from .offload import host_link_gbps
 
@@ -61,25 +62,12 @@ def cross_entropy(ce: str, dt: float) -> tuple[float, float, float, float]:
 def offload_input_bytes(model, kind: str, module: str, b: float, s: float, t: int, sp: bool, dt: float,
                         ep: int = 1, etp: int = 0) -> float:
     """Bytes of the input one offloaded module saves for backward, per unit and micro-batch (megatron-core's
-    ``offload_modules``): attn_norm / mlp_norm: the residual stream (``dt s b h / r``); qkv_linear: the norm output
-    (the same); core_attn: Q, K and V (``dt s b (q + 2 kv) / t``); attn_proj: the core's output (``dt s b q / t``);
-    expert_fc1: the dispatched tokens (``dt m h``; LatentMoE: ``dt m l``); moe_act: the fc1 output (``dt m up /
-    etp``), ``m`` the tokens at the rank's experts."""
-    r = t if sp else 1
-    h = model.hidden_size
-    if kind == "attention":
-        q, kv = model.num_attention_heads * model.head_dim, model.groups * model.head_dim
-        return {"attn_norm": dt * s * b * h / r, "qkv_linear": dt * s * b * h / r,
-                "core_attn": dt * s * b * (q + 2 * kv) / t, "attn_proj": dt * s * b * q / t}.get(module, 0.0)
-    if kind in ("mlp", "moe") and module == "mlp_norm":
-        return dt * s * b * h / r
-    if kind == "moe" and module in ("expert_fc1", "moe_act"):
-        e = model.moe
-        etp = etp or t
-        m = etp * (b * s / t) * e.moe_router_topk
-        up = (2 if model.gated_mlp else 1) * e.moe_ffn_hidden_size
-        return dt * m * ((e.moe_latent_size or h) if module == "expert_fc1" else up / etp)
-    return 0.0
+    ``offload_modules``), its layer kind's ``offload_inputs`` (``search/layers/``): attn_norm / mlp_norm: the
+    residual stream (``dt s b h / r``); qkv_linear: the norm output (the same); core_attn: Q, K and V
+    (``dt s b (q + 2 kv) / t``); attn_proj: the core's output (``dt s b q / t``); expert_fc1: the dispatched tokens
+    (``dt m h``); moe_act: the fc1 output (``dt m up / etp``), ``m`` the tokens at the rank's experts."""
+    inputs = resolve(model, kind).offload_inputs
+    return inputs(model, module, b, s, t, sp, dt, ep, etp) if inputs is not None else 0.0
 
 
 def stack_terms(cm, p, spans, in_fl, M: int, features, opt_ms: float, me, moe, chunk_fwd: list, chunk_bwd: list):
@@ -158,7 +146,8 @@ def _capacity_mb(cm, p, spans, in_fl, me, moe) -> float:
     c = moe.rank_capacity_factor
     per_layer = sum(offload_input_bytes(m, "moe", mod, b, s, me.tp, me.sp, dt, me.ep, me.etp)
                     for mod in ("expert_fc1", "moe_act"))
-    n = sum(sum(1 for u in range(a, e) if m.units[u].kind == "moe") * f for (a, e), f in zip(spans, in_fl))
+    n = sum(sum(1 for u in range(a, e) if resolve(m, m.units[u].kind).routed_experts) * f
+            for (a, e), f in zip(spans, in_fl))
     if moe.paged_stash:
         return (PAGED_STASH_FACTOR - 1.0) * per_layer * n / MB + (c - 1.0) * per_layer / MB   # one layer's buffer
     return (c - 1.0) * per_layer * n / MB

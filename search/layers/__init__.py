@@ -8,7 +8,8 @@ of ``*``); ``moe``: the MoE layer's MLP half ``E``; ``mtp``: a multi-token predi
 
 from . import dense, mla, moe, mtp  # noqa: F401  (registration order: a layer's units run in this order)
 from . import mamba  # noqa: F401  (M: only where a hybrid layer pattern writes it)
-from .kind import LayerKind, by_symbol, get, kinds, layer_kinds, register, resolve, symbols, tail_kinds, unregister
+from .kind import (LayerKind, by_symbol, ep_overlap_pairs, get, kinds, layer_kinds, register, resolve, symbols,
+                   tail_kinds, unregister)
 
-__all__ = ["LayerKind", "by_symbol", "get", "kinds", "layer_kinds", "register", "resolve", "symbols", "tail_kinds",
-           "unregister"]
+__all__ = ["LayerKind", "by_symbol", "ep_overlap_pairs", "get", "kinds", "layer_kinds", "register", "resolve",
+           "symbols", "tail_kinds", "unregister"]

@@ -101,22 +101,65 @@ def price_mlp(src, u, a) -> Row:
                unit_params_per_rank(m, "mlp", a.t))
 
 
+# ----- what the cost model's other terms read of the units (costmodel.host, optimizers, stack_cost) -------------
+def attention_launches(m, quantized: bool, n_local: int, moe=None) -> dict:
+    from ..costmodel.host import attention_launches
+    return attention_launches(m, quantized)
+
+
+def mlp_launches(m, quantized: bool, n_local: int, moe=None) -> dict:
+    from ..costmodel.host import mlp_launches
+    return mlp_launches(m, quantized)
+
+
+def attention_muon(m, t: int, ep: int = 1, etp: int = 0) -> list:
+    """QKV (split into q, k, v per query group) and the output projection (``costmodel.optimizers``)."""
+    h, d, g = m.hidden_size, m.head_dim, m.groups
+    q = m.num_attention_heads * d
+    return [(q / t, h, 1), (g * d / t, h, 2), (h, q / t, 1)]
+
+
+def mlp_muon(m, t: int, ep: int = 1, etp: int = 0) -> list:
+    """fc1 (both gates when gated) and fc2."""
+    h, f, up = m.hidden_size, m.ffn_hidden_size, 2 if m.gated_mlp else 1
+    return [(up * f / t, h, 1), (h, f / t, 1)]
+
+
+def attention_offload(m, module: str, b: float, s: float, t: int, sp: bool, dt: float, ep: int = 1,
+                      etp: int = 0) -> float:
+    """attn_norm / qkv_linear: the residual stream / the norm output (``dt s b h / r``); core_attn: Q, K and V
+    (``dt s b (q + 2 kv) / t``); attn_proj: the core's output (``dt s b q / t``) (``costmodel.stack_cost``)."""
+    r, h = (t if sp else 1), m.hidden_size
+    q, kv = m.num_attention_heads * m.head_dim, m.groups * m.head_dim
+    return {"attn_norm": dt * s * b * h / r, "qkv_linear": dt * s * b * h / r,
+            "core_attn": dt * s * b * (q + 2 * kv) / t, "attn_proj": dt * s * b * q / t}.get(module, 0.0)
+
+
+def mlp_offload(m, module: str, b: float, s: float, t: int, sp: bool, dt: float, ep: int = 1,
+                etp: int = 0) -> float:
+    """mlp_norm: the residual stream (``dt s b h / r``)."""
+    return dt * s * b * m.hidden_size / (t if sp else 1) if module == "mlp_norm" else 0.0
+
+
 ATTENTION = register(LayerKind(
     name="attention", symbol="*", role="attention", params=attention_params, flops=attention_flops,
     price=price_attention,
     # a sliding-window layer scores s x min(s, window) keys (layer_variants) and is priced as its own row
     keys=lambda m, u, s, s_enc: layer_variants.window_keys(m, u.layer, s) if u.stack == "decoder" else None,
     row_variant=_window, recompute=ATTENTION_RECOMPUTE, megatron_modules={"selective": "core_attn"},
-    layer_parts=_ATTENTION_PARTS, hybrid_slot="attention_layer"))
+    layer_parts=_ATTENTION_PARTS, hybrid_slot="attention_layer", ep_overlap_partner=True,
+    launches=attention_launches, muon_shapes=attention_muon, offload_inputs=attention_offload))
 
 CROSS_ATTENTION = register(LayerKind(
     name="cross_attention", symbol=None, role="attention", label="cross-attention", params=cross_attention_params,
     flops=cross_attention_flops, price=price_cross_attention,
     in_layer=lambda m, stack: m.is_t5 and stack == "decoder", keys=lambda m, u, s, s_enc: s_enc,
     recompute=ATTENTION_RECOMPUTE, megatron_modules={"selective": "core_attn"},
-    layer_parts=("pre_cross_attn_layernorm", "cross_attention", "cross_attn_bda")))
+    layer_parts=("pre_cross_attn_layernorm", "cross_attention", "cross_attn_bda"),
+    launches=attention_launches, muon_shapes=attention_muon))
 
 MLP = register(LayerKind(
     name="mlp", symbol="-", role="mlp", label="MLP", params=mlp_params, flops=mlp_flops, price=price_mlp,
     # selective re-runs the activation function; Megatron-LM's mlp module re-runs the whole MLP: no entry
-    layer_parts=_MLP_PARTS, hybrid_slot="mlp_layer"))
+    layer_parts=_MLP_PARTS, hybrid_slot="mlp_layer", launches=mlp_launches, muon_shapes=mlp_muon,
+    offload_inputs=mlp_offload))

@@ -25,13 +25,26 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
+from . import kind as _kinds
 from .mamba import Mamba2Spec, params as mamba_params, shape as mamba_shape
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-LAYER_SYMBOLS = {"M": "mamba", "G": "gdn", "*": "attention", "D": "ds_attention", "+": "mla", "-": "mlp", "E": "moe"}
+# megatron-core 0.19's layer symbols (hybrid_layer_allocation.Symbols), in its order; what each is, is its registered
+# layer kind's (search.layers), and for the two aceso has no kind for yet, here
+MEGATRON_SYMBOLS = "MG*D+-E"
+UNREGISTERED = {"G": "gdn", "D": "ds_attention"}
 PIPE, MTP = "|", "/"
 SYMBOLS_0_16 = frozenset("M*-E")
 DATA = Path(__file__).resolve().parents[2] / "model_specs" / "hybrid"
+
+
+def symbol_name(symbol: str) -> str:
+    """What megatron-core's layer symbol ``symbol`` is: its registered kind's name (a variant's label: ``mla``),
+    else the name of a megatron-core layer aceso has no kind for (``gdn``, ``ds_attention``)."""
+    if symbol in UNREGISTERED:
+        return UNREGISTERED[symbol]
+    k = _kinds.by_symbol(symbol)
+    return k.name if k.variant_of is None else k.text.lower()
 
 
 class Pattern(NamedTuple):
@@ -47,16 +60,16 @@ class Pattern(NamedTuple):
 def parse_pattern(pattern: str) -> Pattern:
     """A hybrid layer pattern as megatron-core 0.19's ``parse_hybrid_pattern`` reads it (ValueError, one line)."""
     main, *mtp = pattern.split(MTP)
-    bad = sorted({c for c in main if c not in LAYER_SYMBOLS and c != PIPE})
+    bad = sorted({c for c in main if c not in MEGATRON_SYMBOLS and c != PIPE})
     if bad:
-        raise ValueError(f"hybrid pattern: '{bad[0]}' is not a layer symbol (valid: {''.join(LAYER_SYMBOLS)} and "
+        raise ValueError(f"hybrid pattern: '{bad[0]}' is not a layer symbol (valid: {MEGATRON_SYMBOLS} and "
                          f"'{PIPE}' between pipeline segments)")
     if mtp and all(p == "" for p in mtp):
         mtp = []
     if mtp:
         if any(p != mtp[0] for p in mtp):
             raise ValueError(f"hybrid pattern: every MTP depth must repeat one pattern, got {'/'.join(mtp)}")
-        bad = sorted({c for c in mtp[0] if c not in LAYER_SYMBOLS})
+        bad = sorted({c for c in mtp[0] if c not in MEGATRON_SYMBOLS})
         if bad:
             raise ValueError(f"hybrid pattern: '{bad[0]}' is not a layer symbol of an MTP pattern")
     for part in [main, *mtp[:1]]:
@@ -87,7 +100,6 @@ def check_model(model) -> None:
     and ``ModelSpec.mamba`` (ValueError, one line naming the field and the fix). Megatron-LM derives ``--num-layers``
     from the main pattern (``get_hybrid_total_layer_count``: its symbols without '|') and ``--mtp-num-layers`` from
     the depths after '/' (training/arguments.py, ``validate_args``); '|' cuts are a plan's, not the model's."""
-    from . import kind as _kinds
 
     pattern = model.hybrid_layer_pattern
     if pattern is None:
@@ -107,7 +119,7 @@ def check_model(model) -> None:
         try:
             _kinds.by_symbol(c)
         except ValueError:
-            raise ValueError(f"hybrid_layer_pattern: '{c}' ({LAYER_SYMBOLS[c]}) layers are not supported by aceso yet; "
+            raise ValueError(f"hybrid_layer_pattern: '{c}' ({symbol_name(c)}) layers are not supported by aceso yet; "
                              f"use {''.join(k.symbol for k in _kinds.kinds() if k.symbol)}") from None
     if len(p.layers) != model.num_layers:
         raise ValueError(f"num_layers ({model.num_layers}) must equal the layers of hybrid_layer_pattern "
@@ -307,7 +319,7 @@ class HybridCounts(NamedTuple):
 
 
 def _layer(a: HybridArch, m, symbol: str) -> tuple[int, int]:
-    kind = LAYER_SYMBOLS[symbol]
+    kind = symbol_name(symbol)
     if kind == "mamba":
         n = mamba_params(a.mamba, a.hidden_size, layernorm=a.normalization == "LayerNorm").total
         return n, n
@@ -329,7 +341,7 @@ def counts(a: HybridArch) -> HybridCounts:
     total = active = 0
     for symbol in a.hybrid_layer_pattern:
         tot, act = _layer(a, m, symbol)
-        by_kind[LAYER_SYMBOLS[symbol]] = by_kind.get(LAYER_SYMBOLS[symbol], 0) + tot
+        by_kind[symbol_name(symbol)] = by_kind.get(symbol_name(symbol), 0) + tot
         total, active = total + tot, active + act
     mtp = 0
     if a.mtp_num_layers:

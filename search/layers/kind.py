@@ -14,7 +14,12 @@ the cost model and the runtime need to know about it, in one record (``LayerKind
   recompute choice, its parameters per rank and its transient bytes, written against the pricing context below;
   ``row_variant``: units of the kind priced apart (a sliding-window layer);
 - **how it is built**: the ``TransformerLayer`` submodules its unit keeps (``model_specs.builders.unit_spec``) and
-  its ``HybridStackSubmodules`` slot.
+  its ``HybridStackSubmodules`` slot;
+- **what the cost model's other terms read of it**: whether its units hold routed experts (``routed_experts``: the
+  stage's expert shape, EP dispatch, expert parameters) or are the unit megatron-core's EP overlap pairs with the
+  routed-experts unit after it (``ep_overlap_partner``, ``ep_overlap_pairs``); its forward kernel launches by part
+  (``launches``, ``costmodel.host``), the 2-D weight shards Muon updates (``muon_shapes``, ``costmodel.optimizers``)
+  and the input bytes of each module the fine-grained offload moves (``offload_inputs``, ``costmodel.stack_cost``).
 
 ``register`` adds a kind (``search/layers/__init__.py`` registers the built-in ones in the order a layer runs them,
 a test can register its own); ``get``, ``resolve`` (with the variant that applies), ``by_symbol`` and ``kinds`` read
@@ -128,6 +133,12 @@ class LayerKind:
     megatron_modules: dict = field(default_factory=dict)   # plan choice -> the --recompute-modules entry giving it
     layer_parts: tuple[str, ...] = ()           # the ``TransformerLayer`` submodules its unit keeps
     hybrid_slot: str | None = None              # its ``HybridStackSubmodules`` field
+    routed_experts: bool = False                # its units hold routed experts (expert shape, EP dispatch)
+    ep_overlap_partner: bool = False            # megatron-core's EP overlap pairs it with a routed-experts unit after it
+    launches: Callable[..., dict] | None = None           # (model, quantized, n_local, moe) -> launches by part
+    muon_shapes: Callable[..., list] | None = None        # (model, tp, ep, etp) -> [(rows, cols, count)] (routed
+    #                                                       experts' shards second and third, as ``muon_matrices``)
+    offload_inputs: Callable[..., float] | None = None    # (model, module, b, s, t, sp, dt, ep, etp) -> bytes
 
     @property
     def text(self) -> str:
@@ -211,6 +222,14 @@ def layer_kinds(model, stack: str, layer: int) -> tuple[str, ...]:
         sub = next((r for r in _KINDS.values() if r.replaces == k.name and r.selects(model, stack, layer)), None)
         out.append((sub or k).name)
     return tuple(out)
+
+
+def ep_overlap_pairs(model) -> tuple[int, ...]:
+    """The units megatron-core's EP overlap schedules with the unit before them: each routed-experts unit (MoE)
+    whose previous unit is its layer's ``ep_overlap_partner`` (self-attention, MLA)."""
+    units = model.units
+    return tuple(i for i in range(1, len(units)) if resolve(model, units[i].kind).routed_experts
+                 and resolve(model, units[i - 1].kind).ep_overlap_partner)
 
 
 def tail_kinds(model) -> tuple[str, ...]:

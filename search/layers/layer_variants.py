@@ -108,14 +108,3 @@ def unbuilt_fields(model) -> list[str]:
     know it) and the quick-GEGLU MLP (the resharding knows SwiGLU's gated fc1 only)."""
     out = [f for f in FIELDS if f not in RUNTIME_BUILT and getattr(model, f) not in (None, "vanilla")]
     return (["activation quick_geglu"] if model.activation == "quick_geglu" else []) + out
-
-
-def refuse_unbuilt(model) -> None:
-    """The runtime's check (its ``check_model``: train, profile, pre-flight): a model with a
-    field it does not build is refused (``AcesoError``) rather than trained without it."""
-    from search.io.errors import AcesoError
-
-    fields = unbuilt_fields(model)
-    if fields:
-        raise AcesoError(f"model {model.name}: {', '.join(fields)}: the runtime does not build these GPT-OSS layer "
-                         "fields yet (search, explain and export price and write them); remove them to run here")

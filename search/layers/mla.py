@@ -17,10 +17,27 @@ def price_mla(src, u, a) -> Row:
                mla_params_per_rank(src.model, a.t))
 
 
+def mla_launches(m, quantized: bool, n_local: int, moe=None) -> dict:
+    from ..costmodel.host import mla_launches
+    return mla_launches(m, quantized)
+
+
+def mla_muon(m, t: int, ep: int = 1, etp: int = 0) -> list:
+    """The Q down projection (with ``q_lora_rank``), Q up, KV down, KV up and output projections
+    (``costmodel.optimizers``)."""
+    h, a, n = m.hidden_size, m.mla, m.num_attention_heads
+    qk = a.qk_head_dim + a.qk_pos_emb_head_dim
+    down = [(h, a.q_lora_rank, 1)] if a.q_lora_rank else []
+    q_up = [(a.q_lora_rank or h, n * qk / t, 1)]
+    return down + q_up + [(h, a.kv_lora_rank + a.qk_pos_emb_head_dim, 1),
+                          (a.kv_lora_rank, n * (a.qk_head_dim + a.v_head_dim) / t, 1), (n * a.v_head_dim / t, h, 1)]
+
+
 MLA = register(LayerKind(
     name="attention", symbol="+", role="attention", label="MLA", params=mla_params,
     flops=lambda m, s, keys=None: mla_flops(m, s), price=price_mla,
     variant_of="attention", applies=lambda m: m.mla is not None, row_variant=ATTENTION.row_variant,
     recompute=(*ATTENTION.recompute, "mla_up_proj"),
     megatron_modules={**ATTENTION.megatron_modules, "mla_up_proj": "mla_up_proj"},
-    layer_parts=ATTENTION.layer_parts, hybrid_slot="mla_layer"))
+    layer_parts=ATTENTION.layer_parts, hybrid_slot="mla_layer", ep_overlap_partner=True, launches=mla_launches,
+    muon_shapes=mla_muon, offload_inputs=ATTENTION.offload_inputs))

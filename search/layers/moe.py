@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from search.layers.moe_flops import moe_flops
 from search.layers.moe_params import moe_unit_params
-from .dense import _MLP_PARTS
+from .dense import _MLP_PARTS, mlp_offload
 from .kind import LayerKind, Row, register
 
 
@@ -17,10 +17,45 @@ def price_moe(src, u, a) -> Row:
     return Row(cost, act[:3], params, experts, transient=act[3])    # transient: the dispatch buffers
 
 
+def moe_launches(m, quantized: bool, n_local: int, moe=None) -> dict:
+    from ..costmodel.host import moe_launches
+    return moe_launches(m, quantized, n_local, moe)
+
+
+def moe_muon(m, t: int, ep: int = 1, etp: int = 0) -> list:
+    """The router, the local experts' fc1 / fc2 (over etp; second and third; LatentMoE: at the latent width, and
+    its fc1 / fc2 latent projections whole on every rank) and the shared expert (``costmodel.optimizers``)."""
+    h, e, up = m.hidden_size, m.moe, 2 if m.gated_mlp else 1
+    etp = etp or t
+    f, n_local, w = e.moe_ffn_hidden_size, e.num_experts / ep, e.moe_latent_size or h
+    out = [(e.num_experts, h, 1), (up * f / etp, w, n_local), (w, f / etp, n_local)]
+    if e.moe_latent_size:
+        out += [(w, h, 1), (h, w, 1)]
+    fs = e.moe_shared_expert_intermediate_size
+    if fs:
+        out += [(up * fs / t, h, 1), (h, fs / t, 1)]
+    return out
+
+
+def moe_offload(m, module: str, b: float, s: float, t: int, sp: bool, dt: float, ep: int = 1,
+                etp: int = 0) -> float:
+    """mlp_norm: the residual stream; expert_fc1: the dispatched tokens (``dt n h``; LatentMoE: ``dt n l``); moe_act:
+    the fc1 output
+    (``dt n up / etp``), ``n`` the tokens at the rank's experts (``costmodel.stack_cost``)."""
+    if module not in ("expert_fc1", "moe_act"):
+        return mlp_offload(m, module, b, s, t, sp, dt)
+    e = m.moe
+    etp = etp or t
+    n = etp * (b * s / t) * e.moe_router_topk
+    up = (2 if m.gated_mlp else 1) * e.moe_ffn_hidden_size
+    return dt * n * ((e.moe_latent_size or m.hidden_size) if module == "expert_fc1" else up / etp)
+
+
 MOE = register(LayerKind(
     name="moe", symbol="E", role="mlp", label="MoE", params=moe_unit_params,
     flops=lambda m, s, keys=None: moe_flops(m, s), price=price_moe,
     replaces="mlp", selects=lambda m, stack, layer: stack == "decoder" and m.moe is not None and
     m.moe.is_moe_layer(layer),
     megatron_modules={"selective": "moe_act"},      # the experts' activation function
-    layer_parts=_MLP_PARTS, hybrid_slot="moe_layer"))     # megatron-core's MoELayer sits at ``mlp``
+    layer_parts=_MLP_PARTS, hybrid_slot="moe_layer",      # megatron-core's MoELayer sits at ``mlp``
+    routed_experts=True, launches=moe_launches, muon_shapes=moe_muon, offload_inputs=moe_offload))

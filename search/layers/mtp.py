@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from search.layers.moe_flops import mtp_flops
 from search.layers.moe_params import mtp_layer_params
+from .dense import mlp_muon
 from .kind import LayerKind, Row, mtp_inner_kinds, register
 
 
@@ -36,4 +37,5 @@ MTP = register(LayerKind(
     flops=lambda m, s, keys=None: mtp_flops(m, s), price=price_mtp, repeat=lambda m: m.mtp_num_layers or 0,
     recompute=("none", "full"),           # its inner layer whole
     row_variant=shares_weights,
-    hybrid_slot="mtp_block_spec"))
+    hybrid_slot="mtp_block_spec",
+    muon_shapes=mlp_muon))                # Muon's step counts an MTP depth as one MLP's weights (as it did)

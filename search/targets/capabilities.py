@@ -57,6 +57,8 @@ class Row:
     feature: str
     scope: str                                          # "model" | "precision" | "plan"
     refuse: dict[str, Rule] = field(default_factory=dict)   # target -> rule; a target not named runs the feature
+    built: bool = False       # the runtime builds it when asked directly (``build_runtime``: its GPU tests), only
+                              # the pre-flight does not offer it yet; the runtime's entry check skips the row
 
 
 def _every(rule: Rule) -> dict[str, Rule]:
@@ -133,7 +135,7 @@ def t5_on_bridge(model, low) -> str | None:
 
 
 TABLE: tuple[Row, ...] = (
-    Row("low-precision recipe (FP8 / FP4 linear GEMMs)", "model", {RUNTIME: rt.low_precision}),
+    Row("low-precision recipe (FP8 / FP4 linear GEMMs)", "model", {RUNTIME: rt.low_precision}, built=True),
     Row("GPT-OSS layer fields (softmax offset, quick GEGLU)", "model", {RUNTIME: rt.unbuilt_layers}),
     Row("LatentMoE (moe_latent_size)", "model", {RUNTIME: rt.latent_moe}),
     Row("one MTP layer shared by every depth (mtp_use_repeated_layer)", "model", {RUNTIME: rt.shared_mtp_layer}),
@@ -193,14 +195,15 @@ def precision_refusal(target: str, dtype: str, gpu) -> str | None:
     return None
 
 
-def plan_refusal(plan, target: str | None = None, device: Device | str = "cuda") -> str | None:
-    """Why ``target`` (default: the plan's own) does not run ``plan`` on ``device``, one line; or None."""
+def plan_refusal(plan, target: str | None = None, device: Device | str = "cuda", entry: bool = False) -> str | None:
+    """Why ``target`` (default: the plan's own) does not run ``plan`` on ``device``, one line; or None. ``entry``:
+    the runtime's own entry check (its pre-flight half's ``refusal``), which builds the ``built`` rows."""
     key = target_key(target) if target is not None else plan_target(plan)
     device = Device.of(device) if isinstance(device, str) else device
     low = plan.settings.low_precision
     for row in TABLE:
         rule = row.refuse.get(key)
-        if rule is None:
+        if rule is None or (entry and row.built):
             continue
         if row.scope == "precision":
             why = rule(plan.model.params_dtype, plan.cluster.gpu if device.cuda and plan.cluster is not None else None)

@@ -1,7 +1,7 @@
 """What the aceso runtime does not run, decided torch-free from the model, the plan and the device: the runtime
 column of the capability table (``search/targets/capabilities.py``).
 
-These rules lived in the runtime (its ``model.moe.refusal``, ``training.fsdp.refusal``,
+These rules lived in the runtime (its former ``model.moe.refusal``, ``training.fsdp.refusal``,
 ``model.fast_path.refusal``), so a planner without torch (or with torch absent at the search's output check)
 skipped them and ``aceso validate`` of a CPU plan skipped those that depend on the device: a plan with expert tp 2
 and the alltoall dispatcher was valid, and ``aceso launch --cpu`` refused it in its workers 30 s later. The runtime
@@ -11,7 +11,11 @@ transformer-engine version, einops) stays there.
 A rule takes ``(model, low)`` (``model`` scope: the model and the low-precision recipe decide, before any search),
 ``(dtype, gpu)`` (``precision`` scope: the training dtype on the plan's GPU, also before any search) or ``(plan,
 device)`` (``plan`` scope; ``device``: ``capabilities.Device``, with ``te`` None where unknown) and
-returns one line naming the field and the fix, or None.
+returns one line naming the field and the fix, or None. A line starts with the plan field a user edits, as plan
+schema v4 names it (``settings.X`` for a plan-wide switch, ``model.X``, ``stages[i].X``;
+tests/unit/test_runtime_rules_fields.py resolves each against the schema). Each line is written here only: the
+runtime's own entry check (its pre-flight half's ``refusal``) asks these functions, and what only the running
+machine can tell builds its line from the pieces here (``fp16_loss_scaling``, ``TP_OVERLAP_UNAVAILABLE``).
 """
 
 from __future__ import annotations
@@ -22,13 +26,15 @@ RUNTIME_LOW_PRECISION = ("the aceso runtime does not run low-precision recipes y
                          "has not run on a GPU: tests/gpu/test_lowprec_gpu.py); search with --target megatron-lm "
                          "or megatron-bridge and export the plan")
 RUNTIME_NO_OFFLOAD = "the aceso runtime keeps activations on the GPU (megatron-core's CPU offloading is not built)"
+TP_OVERLAP_UNAVAILABLE = ("settings.tp_comm_overlap: transformer-engine's TP communication overlap (userbuffers, "
+                          "TE >= 1.9) is not available")
 
 
 # ----- model scope: (model, low) ----------------------------------------------------------------------------------
 def low_precision(model, low) -> str | None:
     if low is None:
         return None
-    return f"--precision {low.recipe} (a plan's settings.low_precision): {RUNTIME_LOW_PRECISION}"
+    return f"settings.low_precision ({low.recipe}; aceso search --precision {low.recipe}): {RUNTIME_LOW_PRECISION}"
 
 
 def unbuilt_layers(model, low) -> str | None:
@@ -37,15 +43,15 @@ def unbuilt_layers(model, low) -> str | None:
     fields = unbuilt_fields(model)
     if not fields:
         return None
-    return (f"model {model.name}: {', '.join(fields)}: the runtime does not build these GPT-OSS layer fields yet "
-            "(search, explain and export price and write them); remove them to run here, or search with --target "
-            "megatron-lm")
+    return (f"{', '.join('model.' + f for f in fields)}: the runtime does not build these GPT-OSS layer fields yet "
+            f"(model {model.name}; search, explain and export price and write them); remove them to run here, or "
+            "search with --target megatron-lm")
 
 
 def latent_moe(model, low) -> str | None:
     if model.moe is None or not model.moe.moe_latent_size:
         return None
-    return (f"moe.moe_latent_size ({model.moe.moe_latent_size}): the aceso runtime does not build LatentMoE's latent "
+    return (f"model.moe.moe_latent_size ({model.moe.moe_latent_size}): the aceso runtime does not build LatentMoE's latent "
             "projections (megatron-core 0.19 builds them as transformer-engine linears only: MoELayer asserts "
             "HAVE_TE); search with --target megatron-lm and export the plan (--moe-latent-size)")
 
@@ -53,7 +59,7 @@ def latent_moe(model, low) -> str | None:
 def shared_mtp_layer(model, low) -> str | None:
     if not model.mtp_use_repeated_layer:
         return None
-    return ("mtp_use_repeated_layer: the aceso runtime builds one MTP layer per depth (megatron-core 0.16.1 has no "
+    return ("model.mtp_use_repeated_layer: the aceso runtime builds one MTP layer per depth (megatron-core 0.16.1 has no "
             "shared MTP layer; 0.19's is not built by the runtime yet); set it false, or search with --target "
             "megatron-lm and export the plan (--mtp-use-repeated-layer, Megatron-LM core_v0.17 on)")
 
@@ -61,35 +67,43 @@ def shared_mtp_layer(model, low) -> str | None:
 def moe_biases(model, low) -> str | None:
     if model.moe is None or not model.add_bias_linear:
         return None
-    return (f"model {model.name}: add_bias_linear with MoE: megatron-core 0.16.1's expert MLP adds its bias in place "
-            "on the output of its TP reduction, which autograd refuses; set add_bias_linear false")
+    return (f"model.add_bias_linear with MoE (model {model.name}): megatron-core 0.16.1's expert MLP adds its bias in "
+            "place on the output of its TP reduction, which autograd refuses; set model.add_bias_linear false")
 
 
 def expert_bias(model, low) -> str | None:
     if model.moe is None or not model.moe.moe_router_enable_expert_bias:
         return None
-    return ("moe.moe_router_enable_expert_bias: megatron-core 0.16.1 updates the expert bias over the global "
+    return ("model.moe.moe_router_enable_expert_bias: megatron-core 0.16.1 updates the expert bias over the global "
             "parallel_state groups, which per-stage groups leave unset; set it false, or search with --target "
             "megatron-lm")
 
 
 # ----- precision scope: (dtype, gpu) -------------------------------------------------------------------------------
 def fp16_on_gpu(dtype: str, gpu) -> str | None:
-    """fp16 trains with loss scaling, which the runtime does not run yet (``training.engine.check_plan`` refuses it
-    on the GPUs at launch; a CPU runs an fp16 plan in fp32). Refused where the GPU trains in bf16 (``gpu``: the
-    plan's GPU, None on a CPU); a V100 has no bf16, and its fp16 plans (the Aceso reference's) stay, refused by the
-    runtime on the machine."""
-    if dtype != "fp16" or gpu is None or gpu.name == "cpu" or not gpu.peak_tflops("bf16"):
+    """fp16 trains with loss scaling, which the runtime does not run yet (its entry check refuses it on any GPU at
+    launch: ``fp16_loss_scaling``; a CPU runs an fp16 plan in fp32). Refused where the GPU trains in bf16 (``gpu``:
+    the plan's GPU, None on a CPU); a V100 has no bf16, and its fp16 plans (the Aceso reference's) stay, refused by
+    the runtime on the machine."""
+    if gpu is None or gpu.name == "cpu" or not gpu.peak_tflops("bf16"):
         return None
-    return ("precision fp16: the aceso runtime has no fp16 loss scaling yet; train in bf16 (aceso search "
-            "--precision bf16), or search with --target megatron-lm (Megatron-LM scales fp16 losses)")
+    return fp16_loss_scaling(dtype)
+
+
+def fp16_loss_scaling(dtype: str) -> str | None:
+    """A plan trained in fp16 on a GPU (the runtime's entry check asks it on the machine; ``fp16_on_gpu``)."""
+    if dtype != "fp16":
+        return None
+    return ("model.params_dtype fp16 (aceso search --precision fp16): the aceso runtime has no fp16 loss scaling "
+            "yet; train in bf16 (--precision bf16; a V100 has none: fp32), or search with --target megatron-lm "
+            "(Megatron-LM scales fp16 losses)")
 
 
 # ----- plan scope: (plan, device) ---------------------------------------------------------------------------------
 def activation_offload(plan, device) -> str | None:
     if plan.activation_offload is None:
         return None
-    return (f"activation_offload: {RUNTIME_NO_OFFLOAD}; run the plan with Megatron-LM (aceso export --to "
+    return (f"settings.activation_offload: {RUNTIME_NO_OFFLOAD}; run the plan with Megatron-LM (aceso export --to "
             "megatron-lm) or remove the field")
 
 
@@ -99,21 +113,23 @@ def megatron_fsdp(plan, device) -> str | None:
     if plan.megatron_fsdp is None:
         return None
     if plan.megatron_fsdp.data_parallel_sharding_strategy == "no_shard":
-        return ("megatron_fsdp no_shard: megatron-core 0.16.1's optimizer step fails on it (start_param_sync -> "
-                "async_bucket_gather: the weight buffer is None) and it shards nothing; remove megatron_fsdp (DDP)")
+        return ("settings.megatron_fsdp no_shard: megatron-core 0.16.1's optimizer step fails on it (start_param_sync -> "
+                "async_bucket_gather: the weight buffer is None) and it shards nothing; remove settings.megatron_fsdp "
+                "(DDP)")
     st = plan.stages[0]
     etp = expert_tp(st)
     if plan.model.moe is not None and max(st.tp, etp) > 1:
-        return (f"megatron_fsdp with an MoE model at tp {st.tp} / etp {etp}: the runtime runs Megatron FSDP with "
-                "experts at tp 1 and etp 1 only (the router's and experts' TP flags are not run yet); use tp 1 or "
-                "remove megatron_fsdp")
+        return (f"settings.megatron_fsdp with an MoE model at tp {st.tp} / etp {etp}: the runtime runs Megatron "
+                "FSDP with experts at tp 1 and etp 1 only (the router's and experts' TP flags are not run yet); use "
+                "stages[0].tp 1 or remove settings.megatron_fsdp")
     return None
 
 
 def overlap_ep(plan, device) -> str | None:
     if plan.model.moe is None or not (plan.moe or MoEPlanSettings()).overlap_ep_comm:
         return None
-    return "moe.overlap_ep_comm: the runtime does not run megatron-core's combined 1F1B EP overlap yet; set it false"
+    return ("settings.moe.overlap_ep_comm: the runtime does not run megatron-core's combined 1F1B EP overlap yet; "
+            "set it false")
 
 
 def mla_mtp(plan, device) -> str | None:
@@ -122,29 +138,32 @@ def mla_mtp(plan, device) -> str | None:
     and value widths), the MTP block without interleaving or context parallelism (not proven)."""
     m = plan.model
     if m.mtp_num_layers:
-        last = plan.stages[-1]
+        last, i = plan.stages[-1], len(plan.stages) - 1
         if len(last.chunks) > 1:
-            return (f"mtp_num_layers ({m.mtp_num_layers}) with virtual stages ({len(last.chunks)} chunks on the last "
-                    "stage): the runtime's MTP block is proven without interleaving only; use one chunk per stage")
+            return (f"stages[{i}].chunks ({len(last.chunks)} virtual stages on the last stage) with model.mtp_num_layers "
+                    f"({m.mtp_num_layers}): the runtime's MTP block is proven without interleaving only; use one "
+                    "chunk per stage")
         if last.cp > 1:
-            return (f"mtp_num_layers ({m.mtp_num_layers}) with cp {last.cp} on the last stage: the runtime's MTP "
-                    "block is proven without context parallelism only; use cp 1 there")
-    for s, _j, ch in plan.chunks_in_order():
+            return (f"stages[{i}].cp ({last.cp}) with model.mtp_num_layers ({m.mtp_num_layers}) on the last stage: the "
+                    "runtime's MTP block is proven without context parallelism only; use cp 1 there")
+    for s, j, ch in plan.chunks_in_order():
         for k, rc in enumerate(ch.recompute):
             unit = m.units[ch.start_unit + k]
             if unit.kind == "mtp" and rc != "none":
-                return (f"stages[{s}] unit {ch.start_unit + k} (mtp): recompute {rc}: the runtime runs the MTP "
-                        "block without recompute; set it none")
+                return (f"stages[{s}].chunks[{j}].recompute[{k}] (unit {ch.start_unit + k} (mtp): recompute {rc}): "
+                        "the runtime runs the MTP block without recompute; set it none")
             if unit.kind == "attention" and m.mla is not None and rc == "attn_dropout":
-                return (f"stages[{s}] unit {ch.start_unit + k}: attn_dropout with multi-latent attention: the "
-                        "runtime's recomputed dropout assumes equal key and value widths; use selective or full")
+                return (f"stages[{s}].chunks[{j}].recompute[{k}] (unit {ch.start_unit + k}): attn_dropout with "
+                        "multi-latent attention: the runtime's recomputed dropout assumes equal key and value widths; "
+                        "use selective or full")
     return None
 
 
 def flex_on_cpu(plan, device) -> str | None:
     if plan.model.moe is None or device.cuda or (plan.moe or MoEPlanSettings()).token_dispatcher != "flex":
         return None
-    return "moe.token_dispatcher flex: DeepEP/HybridEP need CUDA, not available on CPU; use alltoall or allgather"
+    return ("settings.moe.token_dispatcher flex: DeepEP/HybridEP need CUDA, not available on CPU; use alltoall or "
+            "allgather")
 
 
 def expert_tp_alltoall_on_cpu(plan, device) -> str | None:
@@ -152,9 +171,9 @@ def expert_tp_alltoall_on_cpu(plan, device) -> str | None:
         return None
     for i, st in enumerate(plan.stages):
         if expert_tp(st) > 1:
-            return (f"stages[{i}].etp ({expert_tp(st)}) with the alltoall dispatcher on CPU: megatron-core "
-                    "all-gathers uneven token counts over expert-TP, which gloo cannot; use etp 1 or the "
-                    "allgather dispatcher")
+            return (f"stages[{i}].etp ({expert_tp(st)}) with the alltoall dispatcher on CPU "
+                    "(settings.moe.token_dispatcher): megatron-core all-gathers uneven token counts over expert-TP, "
+                    "which gloo cannot; use etp 1 or the allgather dispatcher")
     return None
 
 
@@ -163,7 +182,7 @@ def grouped_gemm_without_te(plan, device) -> str | None:
         return None
     if not (plan.moe or MoEPlanSettings()).grouped_gemm:
         return None
-    return ("moe.grouped_gemm: megatron-core's grouped experts need transformer-engine, not importable here; "
+    return ("settings.moe.grouped_gemm: megatron-core's grouped experts need transformer-engine, not importable here; "
             "set grouped_gemm false or install transformer-engine")
 
 
@@ -174,13 +193,12 @@ def tp_comm_overlap(plan, device) -> str | None:
         return None
     if device.te is False:
         where = "on CPU" if not device.cuda else "without transformer-engine"
-        return (f"tp_comm_overlap: transformer-engine's TP communication overlap (userbuffers, TE >= 1.9) is not "
-                f"available {where}; set tp_comm_overlap false")
+        return f"{TP_OVERLAP_UNAVAILABLE} {where}; set it false"
     shapes = {(st.tp, st.cp, plan.micro_batch_per_rank(i)) for i, st in enumerate(plan.stages)}
     if len(shapes) > 1 or plan.stages[0].tp < 2:
-        return ("tp_comm_overlap: transformer-engine's initialize_ub builds one TP domain for the whole world, "
-                "so every stage needs the same tp (> 1), cp and per-rank micro-batch (stages differ: "
-                f"{sorted(shapes)}); set tp_comm_overlap false")
+        return ("settings.tp_comm_overlap: transformer-engine's initialize_ub builds one TP domain for the whole "
+                "world, so every stage needs the same tp (> 1), cp and per-rank micro-batch (stages differ: "
+                f"{sorted(shapes)}); set it false")
     return None
 
 
@@ -188,7 +206,7 @@ def stack_features(plan, device) -> str | None:
     """CUDA graphs, fine-grained activation offload and the fused cross-entropy (``plan.stack``) are Megatron-LM's."""
     if plan.stack is None:
         return None
-    return ("stack: the aceso runtime runs no CUDA graphs, fine-grained offload or cross-entropy fusion yet; run the "
+    return ("settings.stack: the aceso runtime runs no CUDA graphs, fine-grained offload or cross-entropy fusion yet; run the "
             "plan with Megatron-LM (aceso export --to megatron-lm) or remove the field")
 
 
@@ -213,5 +231,5 @@ def data_parallel(plan, device) -> str | None:
         return None
     return ("settings.data_parallel: the aceso runtime builds megatron-core's default rank order (tp-cp-ep-dp-pp) "
             "without SHARP groups; run the plan with Megatron-LM (aceso export --to megatron-lm) or remove "
-            "rank_order / sharp")
+            "settings.data_parallel.rank_order / sharp")
 

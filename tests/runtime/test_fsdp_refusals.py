@@ -1,5 +1,5 @@
 """What the runtime does not run of Megatron FSDP and activation offload is refused at its entry, one line, before
-any process group (``training.engine.check_plan`` -> ``training.fsdp.refusal``); before this a Megatron-LM plan
+any process group (``training.engine.check_plan`` -> ``aceso_megatron.preflight.refusal``); before this a Megatron-LM plan
 with those fields ran as plain DDP."""
 
 from __future__ import annotations

@@ -41,12 +41,12 @@ def test_pattern_symbols_are_megatron_cores():
     from megatron.core.models.hybrid.hybrid_block import HybridStackSubmodules
     from megatron.core.models.hybrid.hybrid_layer_allocation import Symbols
 
-    from aceso_megatron.model.hybrid import SYMBOLS
+    from aceso_megatron.model.hybrid import hybrid_layers
 
     slots = {f for f in HybridStackSubmodules.__dataclass_fields__}
-    assert {k.symbol for k in SYMBOLS.values()} <= Symbols.VALID_LAYERS
-    assert {k.slot for k in SYMBOLS.values()} <= slots
-    assert {(k.symbol, k.slot) for k in SYMBOLS.values()} == {
+    assert {k.symbol for k in hybrid_layers()} <= Symbols.VALID_LAYERS
+    assert {k.hybrid_slot for k in hybrid_layers()} <= slots
+    assert {(k.symbol, k.hybrid_slot) for k in hybrid_layers()} == {
         (Symbols.ATTENTION, "attention_layer"), (Symbols.MLA, "mla_layer"), (Symbols.MLP, "mlp_layer"),
         (Symbols.MOE, "moe_layer"), (Symbols.MAMBA, "mamba_layer")}
 

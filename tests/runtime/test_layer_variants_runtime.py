@@ -53,6 +53,6 @@ def test_runtime_refuses_the_layer_fields_it_does_not_build():
     from aceso_megatron.model.layers import check_model
     from tests.megatron_plans import case_plan
 
-    with pytest.raises(AcesoError, match="quick_geglu, softmax_type, glu_linear_offset, activation_func_clamp_value: "
-                                         "the runtime does not build"):
+    with pytest.raises(AcesoError, match="quick_geglu, model.softmax_type, model.glu_linear_offset, "
+                                         "model.activation_func_clamp_value: the runtime does not build"):
         check_model(case_plan("oss-pp2-window-selective", with_cluster=False))

@@ -227,6 +227,41 @@ def test_validate_answers_what_launch_and_its_workers_do_on_cpu(tmp_path, capsys
     assert set(verdicts.values()) == {True, False}
 
 
+def test_the_runtime_entry_gives_the_pre_flights_line(tmp_path, capsys):
+    """Issue 35: the runtime's entry check (``training.engine.check_plan``, which ``build_runtime`` runs before any
+    group) asks the one pre-flight: for each CPU plan it refuses exactly what ``aceso validate`` and ``aceso launch
+    --cpu`` refuse, with the same line, written once (``search.targets.runtime_rules``). Before, it had its own copies and
+    passed a plan whose settings the runtime does not run (Muon, SHARP, the 2026 stack), training it without them."""
+    from aceso_megatron.model.fast_path import Environment
+    from aceso_megatron.training.engine import check_plan
+    from search.io.errors import AcesoError
+
+    plans = dict(_cpu_plans())
+    base = plans["dense-llama-tp2"]
+    for name, field in (("muon", {"optimizer": "muon"}), ("sharp", {"data_parallel": {"sharp": True}}),
+                        ("stack", {"stack": {"cross_entropy_fusion": "te"}}),
+                        ("offload", {"activation_offload": {"num_layers": 1}})):
+        plans[name] = {**base, "settings": {**base["settings"], **field}}
+    for name, raw in plans.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(raw))
+        ok_v = main(["validate", str(path)]) == 0
+        v_err = capsys.readouterr().err.strip()
+        ok_l = main(["launch", str(path), "--cpu", "--dry-run", "--", "--mock-data", "--train-iters", "2"]) == 0
+        l_err = capsys.readouterr().err.strip()
+        try:
+            check_plan(raw, sum(st["num_gpus"] for st in raw["stages"]), Environment.detect("cpu"))
+            ok_e, e_line = True, ""
+        except AcesoError as e:
+            ok_e, e_line = False, str(e)
+        assert ok_v == ok_l == ok_e, (name, v_err, l_err, e_line)
+        if not ok_e:
+            assert v_err.endswith(e_line) and l_err.endswith(e_line) and "\n" not in e_line, (name, v_err, e_line)
+    for name in ("muon", "sharp", "stack", "offload", "moe-etp2-alltoall"):
+        with pytest.raises(AcesoError):
+            check_plan(plans[name], 2, Environment.detect("cpu"))
+
+
 def test_the_fp16_row_refuses_what_the_runtime_engine_refuses():
     """Issue 32: the capability table's fp16 row (torch-free: validate, the search's output check, launch) against
     the runtime's own check on the GPUs (``training.engine.check_plan``): the same verdict for an fp16 plan on
@@ -241,7 +276,7 @@ def test_the_fp16_row_refuses_what_the_runtime_engine_refuses():
     for gpu in ("a100", "h100", "b200", "gb200"):
         fp16 = {**plan(GPT.model_copy(update={"params_dtype": "fp16"}), (0, 4, ["none"] * 4)),
                 "cluster": parse_cluster(f"1x1-{gpu}").model_dump()}
-        with pytest.raises(AcesoError, match="model.params_dtype fp16: the runtime has no fp16 loss scaling"):
+        with pytest.raises(AcesoError, match=r"model.params_dtype fp16 \(aceso search --precision fp16\): the aceso runtime has no fp16 loss scaling"):
             check_plan(fp16, 1, Environment(cuda=True))
         p = ParallelPlan.model_validate(fp16)
         assert "the aceso runtime has no fp16 loss scaling yet" in plan_refusal(p, "aceso", Device.of("cuda"))

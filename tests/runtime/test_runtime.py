@@ -319,6 +319,6 @@ def test_fp16_on_a_gpu_is_refused_before_any_group():
     from aceso_megatron.training.engine import check_plan
 
     raw = plan(GPT.model_copy(update={"params_dtype": "fp16"}), st(1, 1, 0, 4))
-    with pytest.raises(AcesoError, match="model.params_dtype fp16: the runtime has no fp16 loss scaling yet"):
+    with pytest.raises(AcesoError, match=r"model.params_dtype fp16 \(aceso search --precision fp16\): the aceso runtime has no fp16 loss scaling yet"):
         check_plan(raw, 1, Environment(cuda=True, compute_capability=(9, 0)))
     assert check_plan(raw, 1, Environment(cuda=False)).model.params_dtype == "fp16"  # CPU runs fp32

@@ -91,7 +91,7 @@ def test_explain_offers_no_line_its_target_cannot_run(capsys):
     rc, out, _ = _run(["explain", "--megatron-args", FP8_ARGS, "--cluster", "1x8-h100", "--search-budget-evals",
                        "60"], capsys)
     line = next(ln for ln in out.splitlines() if ln.startswith("best heterogeneous plan (aceso runtime):"))
-    assert "not offered: --precision fp8-tensorwise" in line
+    assert "not offered: settings.low_precision (fp8-tensorwise; aceso search --precision fp8-tensorwise)" in line
 
 
 def test_the_search_report_says_why_a_line_is_not_offered(capsys):
@@ -99,7 +99,7 @@ def test_the_search_report_says_why_a_line_is_not_offered(capsys):
                          "--global-batch-size", "64", "--precision", "fp8-tensorwise", "--target", "megatron-lm",
                          "--budget-evals", "60", "--workers", "1"], capsys)
     assert rc == 0, err
-    assert re.search(r"^heterogeneous plan +not offered: --precision fp8-tensorwise", out, re.M), out
+    assert re.search(r"^heterogeneous plan +not offered: settings.low_precision \(fp8-tensorwise", out, re.M), out
     rc, out, _ = _run(["search", "--model", "llama3-8b", "--num-layers", "2", "--cluster", "1x8-h100",
                        "--global-batch-size", "64", "--precision", "fp8-tensorwise", "--target", "megatron-lm",
                        "--budget-evals", "60", "--workers", "1", "--json"], capsys)
@@ -138,7 +138,7 @@ def test_the_table_applies_without_torch():
             print("refused:", e)
     """)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "refused: moe.token_dispatcher flex: DeepEP/HybridEP need CUDA" in r.stdout, r.stdout
+    assert "refused: settings.moe.token_dispatcher flex: DeepEP/HybridEP need CUDA" in r.stdout, r.stdout
 
 
 def test_each_target_is_held_to_its_own_rules():
@@ -226,9 +226,9 @@ def test_the_readme_search_plans_what_the_runtime_runs_on_its_gpus(tmp_path, cap
     rc, out, err = _run(["search", *small, "--cluster", "1x8-h100", "--target", "megatron-lm", "--json", "-o",
                          str(mlm)], capsys)
     assert rc == 0 and json.loads(mlm.read_text())["model"]["params_dtype"] == "fp16"
-    assert "precision fp16: the aceso runtime has no fp16 loss scaling" in json.loads(out)["not_offered"]["aceso"]
+    assert "model.params_dtype fp16 (aceso search --precision fp16): the aceso runtime has no fp16 loss scaling" in json.loads(out)["not_offered"]["aceso"]
     rc, out, err = _run(["validate", str(mlm), "--target", "aceso"], capsys)
-    assert rc == 2 and "precision fp16: the aceso runtime has no fp16 loss scaling yet" in err
+    assert rc == 2 and "model.params_dtype fp16 (aceso search --precision fp16): the aceso runtime has no fp16 loss scaling yet" in err
     assert _run(["validate", str(mlm)], capsys)[0] == 0          # its own target, Megatron-LM, runs it
     rc, out, err = _run(["search", *small, "--cluster", "1x8-h100", "--precision", "fp16", "-o", str(tmp_path / "x")],
                         capsys)

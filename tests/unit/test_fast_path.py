@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from aceso_megatron.model.fast_path import APEX_GRAD_ACCUM, APEX_SOFTMAX, OFF, Environment, choose, refusal
+from aceso_megatron.model.fast_path import APEX_GRAD_ACCUM, APEX_SOFTMAX, OFF, Environment, choose
+from aceso_megatron.preflight import refusal
 from search.spec.model import ModelSpec
 from search.spec.plan import ParallelPlan
 
@@ -90,7 +91,7 @@ def test_context_parallel_needs_transformer_engine():
 def test_tp_comm_overlap_needs_te_userbuffers_and_one_tp_domain():
     uniform = plan(stage(2, 1, 0, 2), stage(2, 1, 2, 4), tp_comm_overlap=True)
     assert refusal(CUDA_TE, uniform) is None
-    assert "tp_comm_overlap" in refusal(CPU, uniform) and "set tp_comm_overlap false" in refusal(CUDA, uniform)
+    assert "tp_comm_overlap" in refusal(CPU, uniform) and "settings.tp_comm_overlap" in refusal(CUDA, uniform)
     assert "lacks it" in refusal(Environment(cuda=True, te_version="1.8", te_userbuffers=True), uniform)
     mixed = plan(stage(2, 1, 0, 2), stage(2, 2, 2, 4), tp_comm_overlap=True)  # per-rank micro-batch 4 vs 2
     assert "every stage needs the same tp (> 1), cp and per-rank micro-batch" in refusal(CUDA_TE, mixed)

@@ -220,3 +220,34 @@ def test_a_mamba_unit_priced_by_hand():
         ParallelPlan(model=m, cluster=c, micro_batch_size=1, global_batch_size=4,
                      stages=[StageSpec(num_gpus=1, tp=1, dp=1, start_unit=0, end_unit=4,
                                        recompute=["selective", "none", "none", "none"])])
+
+
+def test_a_new_kinds_other_cost_terms_come_from_its_record():
+    """Issue 35: what the host-launch, Muon and fine-grained-offload terms and the EP overlap read of a unit is its
+    kind's record (``launches``, ``muon_shapes``, ``offload_inputs``, ``routed_experts``, ``ep_overlap_partner``),
+    not a chain of kind names in each cost module: a kind registered in the test alone is counted by all four
+    (before, each returned nothing for a kind it did not name). Hand-computed: one h x h/t shard, its input
+    ``dt s b h``, three launches, and the unit after each attention unit paired for the EP overlap."""
+    from dataclasses import replace
+
+    from search.costmodel.host import part_launches
+    from search.costmodel.optimizers import muon_matrices
+    from search.costmodel.stack_cost import offload_input_bytes
+
+    kind = replace(PROJ, routed_experts=True, launches=lambda m, q, n, s: {"mlp": 3.0 + q},
+                   muon_shapes=lambda m, t, ep, etp: [(m.hidden_size / t, m.hidden_size, 1)],
+                   offload_inputs=lambda m, mod, b, s, t, sp, dt, ep, etp: dt * s * b * m.hidden_size
+                   if mod == "mlp_norm" else 0.0)
+    layers.register(kind)
+    try:
+        m = ModelSpec(name="p", family="gpt", num_layers=2, hidden_size=H, num_attention_heads=16,
+                      ffn_hidden_size=4096, seq_length=S, vocab_size=V, params_dtype="fp16", add_bias_linear=False,
+                      normalization="rmsnorm")
+        assert part_launches(m, "proj", True, 0) == {"mlp": 4.0}
+        assert part_launches(m, "attention", False, 0) == {"attn": 7}        # the built-in kinds' own records
+        assert muon_matrices(m, "proj", 2) == [(H / 2, H, 1)]
+        assert offload_input_bytes(m, "proj", "mlp_norm", 2, S, 1, False, 2.0) == 2.0 * S * 2 * H
+        assert offload_input_bytes(m, "proj", "core_attn", 2, S, 1, False, 2.0) == 0.0
+        assert layers.ep_overlap_pairs(m) == (3,)        # unit 3 (proj) after unit 2 (attention)
+    finally:
+        layers.unregister(kind)

@@ -56,7 +56,7 @@ def test_explain_table_prints_each_line_with_the_command_that_gives_it(capsys):
     assert lines[mine + 1].startswith("best Megatron-LM plan (drop-in):") and "x faster" in lines[mine + 1]
     assert lines[mine + 2] == ("  aceso search --model gpt-1.3b --num-layers 4 --cluster 1x8-h100 --global-batch-size "
                                "64 --target megatron-lm --budget-evals 100 -o plan.json")
-    assert lines[mine + 3].startswith("best heterogeneous plan (aceso runtime): not offered: precision fp16")
+    assert lines[mine + 3].startswith("best heterogeneous plan (aceso runtime): not offered: model.params_dtype fp16")
     assert main(["explain", "--megatron-args", ARGS.replace("--fp16", "--bf16"), "--cluster", "1x8-h100",
                  "--search-budget-evals", "100"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -174,7 +174,7 @@ def test_an_moe_configurations_settings_travel_in_the_printed_command(tmp_path, 
         assert plan["settings"]["moe"]["router_dtype"] == "fp32"
     # a host-bound MoE model: the drop-in plan's EP overlap and CUDA graphs make it the faster; the line says why
     assert g["aceso"]["iteration_ms"] > g["megatron"]["iteration_ms"]
-    assert "the aceso runtime does not run it (moe.overlap_ep_comm" in g["aceso"]["slower_than_drop_in"]
+    assert "the aceso runtime does not run it (settings.moe.overlap_ep_comm" in g["aceso"]["slower_than_drop_in"]
     assert main(["search", "--model", "gpt-1.3b", "--num-layers", "2", "--cluster", "1x8-h100", "--global-batch-size",
                  "16", "--moe-router-dtype", "fp32", "--budget-evals", "5", "-o", str(tmp_path / "d.json")]) == 2
     err = capsys.readouterr().err

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from aceso_megatron.model.fast_path import Environment
-from aceso_megatron.model.moe import fast_fields, global_expert_name, is_expert, refusal, stage_fields
+from aceso_megatron.model.moe import fast_fields, global_expert_name, is_expert, stage_fields
+from aceso_megatron.preflight import refusal
 from search.spec.model import ModelSpec
 from search.layers.moe_spec import MLASpec, MoESpec
 from search.settings.moe_plan import MoEPlanSettings
@@ -108,12 +109,12 @@ def test_mtp_with_context_parallelism_or_virtual_stages_is_refused():
     cp2 = ParallelPlan.model_validate({"model": MTP.model_dump(), "micro_batch_size": 2, "global_batch_size": 2,
                                        "stages": [{"num_gpus": 2, "tp": 1, "dp": 1, "cp": 2, "ep": 2, "etp": 1,
                                                    "start_unit": 0, "end_unit": n, "recompute": ["none"] * n}]})
-    msg = refusal(CPU, cp2)
-    assert msg is not None and "cp 2 on the last stage" in msg and "use cp 1" in msg, msg
+    msg = refusal(CUDA_TE, cp2)       # on CPU the table refuses cp 2 first (no transformer-engine)
+    assert msg is not None and "stages[0].cp (2) with model.mtp_num_layers" in msg and "use cp 1" in msg, msg
     def st(*spans):
         return {"num_gpus": 2, "tp": 1, "dp": 2, "ep": 2, "etp": 1,
                 "chunks": [{"start_unit": a, "end_unit": b, "recompute": ["none"] * (b - a)} for a, b in spans]}
     vpp = ParallelPlan.model_validate({"model": MTP.model_dump(), "micro_batch_size": 2, "global_batch_size": 8,
                                        "stages": [st((0, 1), (2, 3)), st((1, 2), (3, n))]})
     msg = refusal(CPU, vpp)
-    assert msg is not None and "virtual stages (2 chunks" in msg and "one chunk per stage" in msg, msg
+    assert msg is not None and "stages[1].chunks (2 virtual stages" in msg and "one chunk per stage" in msg, msg
