@@ -138,16 +138,16 @@ def check_model(model) -> None:
 def export_refusal(model, target: str, hybrid_pattern: bool = False) -> str | None:
     """Why the export cannot write ``model`` for ``target`` (None: it can): a model with Mamba-2 layers runs as
     Megatron-LM's ``pretrain_hybrid.py`` / ``pretrain_mamba.py`` with ``--hybrid-layer-pattern`` (``--hybrid-pattern``,
-    ``search/megatron/hybrid_pattern.py``); its ``pretrain_gpt.py`` flags would build a GPT model without them, and
-    Bridge's Nemotron-H provider is not written."""
-    if model.mamba is None or (hybrid_pattern and target == "megatron-lm"):
+    ``search/megatron/hybrid_pattern.py``), or as a Megatron-Bridge Nemotron-H recipe (``bridge_hybrid.py``); its
+    ``pretrain_gpt.py`` flags would build a GPT model without them."""
+    if model.mamba is None or (hybrid_pattern and target == "megatron-lm") or target == "megatron-bridge":
         return None
     if target == "megatron-lm":
         return (f"--to megatron-lm: model {model.name} has Mamba-2 layers (hybrid_layer_pattern), which "
                 "pretrain_gpt.py flags would build without; export it with --hybrid-pattern (pretrain_hybrid.py "
                 "--hybrid-layer-pattern with '|' stage cuts)")
-    return (f"--to {target}: model {model.name} has Mamba-2 layers (hybrid_layer_pattern); aceso writes no "
-            "Megatron-Bridge Nemotron-H recipe yet; export it with --to megatron-lm --hybrid-pattern")
+    return (f"--to {target}: model {model.name} has Mamba-2 layers (hybrid_layer_pattern); export it with --to "
+            "megatron-lm --hybrid-pattern or --to megatron-bridge")
 
 
 def mtp_layer(model) -> str | None:
