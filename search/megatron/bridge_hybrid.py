@@ -85,8 +85,8 @@ def hybrid_config(plan: ParallelPlan) -> MegatronConfig:
         even = len(plan.model.hybrid_layer_pattern.split("/")[0]) / c.pp
         raise NotExpressible(f"--to megatron-bridge: stage layers {'/'.join(map(str, c.chunk_layers))}: "
                              f"{BRIDGE}'s MambaStack splits evenly ({even:g} hybrid layers a stage) or with other "
-                             "first / last stages only; search with --target megatron-bridge for such a split, or "
-                             "export this one with --to megatron-lm --hybrid-pattern ('|' cuts)")
+                             "first / last stages only; give the plan such a split, or export this one with --to "
+                             "megatron-lm --hybrid-pattern ('|' cuts)")
     return c
 
 
