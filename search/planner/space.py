@@ -188,6 +188,8 @@ class Space:
                           "context-parallel-sizes")
         if model.is_t5 and cps != (1,):
             cps = (1,)          # megatron-core's T5Model has no context parallelism
+        if model.mamba is not None and target == "aceso":
+            cps = (1,)          # the runtime does not run Mamba-2 CP yet (runtime_rules.mamba_cp); Megatron-LM does
         if offset_blocks_cp(model):
             cps = (1,)          # a softmax offset runs under cp only over a2a, which is not priced (layer_variants)
         legal_cps = tuple(c for c in cps if c == 1 or model.seq_length % (2 * c) == 0)

@@ -58,13 +58,29 @@ def test_a_cp_group_across_nodes_pays_the_network():
 def test_the_search_uses_cp_on_a_hybrid_model_only_where_megatron_core_allows_it():
     """Nemotron-H 8B: 128 heads, 8 groups; tp 2 leaves 64 heads a rank, so cp 128 is refused (cp_refusal: whole
     heads per CP rank) while tp 1 takes it (128 heads; each of the 8 groups repeated on 16 CP ranks), and cp 2 is
-    searched with either."""
+    searched with either (--target megatron-lm: Megatron-LM runs Mamba CP; the aceso runtime does not yet, so its
+    search keeps cp 1 and its pre-flight refuses such a plan in one line)."""
     from search.costmodel.types import Shape
     from search.planner.space import Space
     m = load_model("nemotron-h-8b")
     tr = TrainingSpec(global_batch_size=32, context_parallel_sizes=[1, 2, 128])
-    sp = Space.of(m, parse_cluster("16x8-h100"), tr, priced=frozenset({"context_parallel"}))
+    sp = Space.of(m, parse_cluster("16x8-h100"), tr, priced=frozenset({"context_parallel"}), target="megatron-lm")
     assert sp.cps == (1, 2, 128) and 2 in sp.tps
     assert sp.shape_ok(Shape(2, 1, 2, False)) and sp.shape_ok(Shape(1, 1, 128, False))
     assert not sp.shape_ok(Shape(2, 1, 128, False))
     assert sp.bad_tp_cp == {(t, 128) for t in sp.tps if t > 1}
+    assert Space.of(m, parse_cluster("16x8-h100"), tr, priced=frozenset({"context_parallel"})).cps == (1,)
+
+
+def test_the_runtime_preflight_refuses_mamba_cp_in_one_line():
+    from search.errors import AcesoError
+    from search.preflight import planner_checks
+    from tests.hybrid_plans import cut_plan
+    m = load_model("nemotron-h-8b")
+    plan = cut_plan(m, [0, 26, 52], 2, tp=2, gbs=8)
+    stages = [st.model_copy(update={"cp": 2, "num_gpus": 4}) for st in plan.stages]
+    plan = plan.model_copy(update={"stages": stages})
+    with pytest.raises(AcesoError) as e:
+        planner_checks(plan, "cuda", "runtime")
+    assert str(e.value).startswith("stages[0].cp (2): the aceso runtime does not run Mamba-2") and "\n" not in str(e.value)
+    planner_checks(plan, "cuda", "megatron-lm")        # Megatron-LM runs it
