@@ -67,15 +67,18 @@ def parse_pattern(pattern: str) -> Pattern:
 
 
 def pipeline_refusal(pattern: Pattern, pp: int, vp: int = 1) -> str | None:
-    """How megatron-core 0.17-0.19 places the segments: ``pp x vp`` segments, or one segment split evenly by layer
-    count (no VPP then; ``num_layers_in_first/last_pipeline_stage`` can make the ends uneven, not modelled here)."""
+    """How megatron-core 0.17-0.19 places the segments (``select_pipeline_segment``): with ``|``, segment
+    ``vp_stage * pp + pp_rank`` on each rank's virtual stage, so VPP runs with ``pp x vp`` segments; without, one
+    pattern split evenly by layer count over pp and no VPP (it raises for a ``vp_stage``);
+    ``num_layers_in_first/last_pipeline_stage`` can make the ends uneven there, not modelled here."""
     if len(pattern.segments) > 1:
         if len(pattern.segments) != pp * vp:
             return (f"hybrid pattern has {len(pattern.segments)} pipeline segments; pp x vp = {pp * vp} "
                     f"must equal it")
         return None
     if vp > 1:
-        return "virtual pipeline stages of a hybrid model need '|' segments in the pattern (megatron-core 0.19)"
+        return ("virtual pipeline stages of a hybrid model need '|' segments in the pattern (megatron-core 0.17-0.19 "
+                "select_pipeline_segment places segment vp_stage x pp + pp_rank, and raises without '|')")
     if len(pattern.layers) % pp:
         return f"{len(pattern.layers)} layers without '|' cuts must divide evenly over pp ({pp})"
     return None

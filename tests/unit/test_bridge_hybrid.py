@@ -122,3 +122,25 @@ def test_a_field_aceso_does_not_write_back_is_refused(tmp_path, capsys):
     assert err.count("\n") == 1 and "model.masked_softmax_fusion" in err and not out.exists()
     with pytest.raises(NotExpressible, match="no torchrun line"):
         read_overrides("model:\n  hybrid_override_pattern: M-\n", "x.yaml")
+
+
+def test_the_export_headers_name_the_hybrid_layer_mix():
+    """Not 'GPT': Nemotron-3 Nano is 23 Mamba-2 + 23 MoE + 6 attention layers (NVIDIA's model card, issue 36);
+    Nemotron-H 8B 24 Mamba-2 + 24 MLP + 4 attention (its provider's pattern above)."""
+    from search.megatron.hybrid_pattern import hybrid_form, write_script
+    for name, mix in (("nano-even-tp2", "hybrid 23 Mamba-2 + 23 MoE + 6 attention, 52 layers"),
+                      ("8b-even", "hybrid 24 Mamba-2 + 24 MLP + 4 attention, 52 layers")):
+        plan = _plans()[name]
+        recipe, c, ov = overrides(plan)
+        for text in (write_yaml(plan, c, "p.json", (recipe, ov)), write_script(plan, hybrid_form(plan), "p.json")):
+            line = next(x for x in text.splitlines() if x.startswith("# model:"))
+            assert mix in line and "GPT" not in line, line
+
+
+def test_a_hybrid_models_moe_layers_are_its_patterns_e_layers():
+    """megatron-core's moe_layer_freq of a hybrid model as the runtime and the rules get it: the pattern's 'E'
+    layers (23 of Nano's 52), not every layer."""
+    from search.model_rules import moe_config
+    nano = load_model("nemotron-3-nano")
+    assert moe_config(nano)["moe_layer_freq"] == [int(c == "E") for c in NANO[0]]
+    assert sum(moe_config(nano)["moe_layer_freq"]) == 23
