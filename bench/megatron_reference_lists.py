@@ -12,7 +12,8 @@
   sections the Bridge export writes, read with ``ast`` from ``src/megatron/bridge`` and its megatron-core base
   classes (``3rdparty/Megatron-LM``, the core_v0.16.1 commit), following dataclass inheritance; the properties with
   a setter (``settable``: a YAML override sets them through ``setattr``); and the ``mixed_precision`` recipe names
-  (``@register`` functions of ``training/mixed_precision.py``).
+  (``@register`` functions of ``training/mixed_precision.py``), the model section of the Nemotron-H recipes
+  (``hybrid_model``: ``NemotronHModelProvider``) and the pretraining recipe functions (``pretrain_recipes``).
 
     python bench/megatron_reference_lists.py --megatron-lm /path/core_v0.19.0 [--tag core_v0.19.0] \\
         [--python /path/venv/bin/python] --bridge /path/Megatron-Bridge
@@ -53,6 +54,8 @@ SECTIONS = {
     "mixed_precision": "megatron/bridge/training/mixed_precision.py:MixedPrecisionConfig",
     "model": "megatron/bridge/models/gpt_provider.py:GPTModelProvider",
     "checkpoint": "megatron/bridge/training/config.py:CheckpointConfig",
+    # the model section of the Nemotron-H / Nemotron-3 recipes (search/megatron/bridge_hybrid.py)
+    "hybrid_model": "megatron/bridge/models/nemotronh/nemotron_h_provider.py:NemotronHModelProvider",
 }
 
 
@@ -219,7 +222,8 @@ class _Classes:
 
 
 def bridge_fields(root: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """(fields by section + the mixed-precision recipe names, settable properties by section)."""
+    """(fields by section + the mixed-precision recipe names + the pretraining recipe functions, settable
+    properties by section)."""
     classes = _Classes([os.path.join(root, "src"), os.path.join(root, "3rdparty", "Megatron-LM")])
     out, settable = {}, {}
     for section, where in SECTIONS.items():
@@ -233,6 +237,10 @@ def bridge_fields(root: str) -> tuple[dict[str, list[str]], dict[str, list[str]]
     tree = ast.parse(open(os.path.join(root, "src", "megatron", "bridge", "training", "mixed_precision.py")).read())
     out["mixed_precision_recipes"] = sorted(n.name for n in tree.body if isinstance(n, ast.FunctionDef)
                                             and any(getattr(d, "id", None) == "register" for d in n.decorator_list))
+    recipes = os.path.join(root, "src", "megatron", "bridge", "recipes")
+    out["pretrain_recipes"] = sorted({n.name for d, _, files in os.walk(recipes) for f in files if f.endswith(".py")
+                                      for n in ast.parse(open(os.path.join(d, f)).read()).body
+                                      if isinstance(n, ast.FunctionDef) and n.name.endswith("_pretrain_config")})
     return out, settable
 
 

@@ -39,7 +39,10 @@ from .timing import repeat
 
 def one_layer(model: ModelSpec) -> ModelSpec:
     """The model with one layer (T5: one encoder and one decoder layer); an MoE model with dense layers too gets
-    two, a dense one and an MoE one (``moe.probe_model``)."""
+    two, a dense one and an MoE one (``moe.probe_model``); a hybrid model one layer of each kind of its pattern, in
+    the order they first appear (``M*-`` for Nemotron-H), each a unit (``hybrid_probe``)."""
+    if model.hybrid_layer_pattern:
+        return hybrid_probe(model)
     if model.moe is not None:
         from .moe import probe_model
 
@@ -48,6 +51,16 @@ def one_layer(model: ModelSpec) -> ModelSpec:
     if model.is_t5:
         upd["num_decoder_layers"] = 1
     return ModelSpec.model_validate({**model.model_dump(), **upd})
+
+
+def hybrid_probe(model: ModelSpec) -> ModelSpec:
+    """A hybrid model cut to one layer per symbol of its main pattern (MTP left out: its block is priced from its
+    inner layers' units); an MoE hybrid keeps its ``E`` layer (``moe.probe_model`` is for GPT layers)."""
+    from search.layers.hybrid import parse_pattern
+
+    pattern = "".join(dict.fromkeys(parse_pattern(model.hybrid_layer_pattern).layers))
+    return ModelSpec.model_validate({**model.model_dump(), "num_layers": len(pattern), "hybrid_layer_pattern": pattern,
+                                     "mtp_num_layers": None})
 
 
 def probe_plan(model: ModelSpec, tp: int, world: int, rc: str, ep: int = 1):
@@ -124,6 +137,10 @@ class TPBench:
             from patches import moe_router_without_te
 
             moe_router_without_te.apply()
+        if model.mamba is not None:   # megatron-core's MambaMixer on torch kernels where mamba-ssm is absent, as the
+            from patches import mamba_cpu     # runtime applies it (training.build_steps._patches_for)
+
+            mamba_cpu.apply()         # a no-op where mamba-ssm is installed
         self.groups = build_groups(plans["none"], rank)
         lay = self.groups.layout
         model_parallel_cuda_manual_seed(seed, tp_rank=lay.tp_rank, ep_rank=lay.ep_rank, etp_rank=lay.etp_rank)

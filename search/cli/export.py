@@ -70,6 +70,13 @@ def run(args: argparse.Namespace) -> int:
     source = Path(args.plan).name
     if args.hybrid_pattern:
         return _hybrid(args, plan, rel, source)
+    if args.to == "megatron-bridge" and plan.model.mamba is not None:
+        from ..megatron.bridge import cli_overrides, write_yaml
+        from ..megatron.bridge_hybrid import overrides
+        recipe, cfg, ov = overrides(plan)        # NotExpressible: exit 2, one line, nothing written
+        text = cli_overrides(cfg, (recipe, ov)) if args.args_only else write_yaml(plan, cfg, source, (recipe, ov))
+        write_output(text, args.output)
+        return 0
     cfg = _gpt_config(plan, rel)         # NotExpressible: exit 2, one line, nothing written
     if args.to == "megatron-lm":
         text = args_line(cfg, rel) if args.args_only else write_script(plan, cfg, source, rel)

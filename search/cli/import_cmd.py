@@ -1,4 +1,4 @@
-"""Make a plan from another format: `aceso import FILE [--from aceso-legacy|megatron-lm] -o plan.json`.
+"""Make a plan from another format: `aceso import FILE [--from aceso-legacy|megatron-lm|megatron-bridge] -o plan.json`.
 
 --from megatron-lm: FILE is a Megatron-LM launch script or argument file (- = stdin; or --args "..."); the plan
 is what Megatron-LM runs with those flags, read under the release --megatron-version names (its flags, defaults and
@@ -8,6 +8,10 @@ prediction. The plan's ``settings`` are Megatron-LM's gradient-reduction dtype f
 --grad-reduce-in-bf16), and the prediction is priced under them. Flags aceso does not model (MoE, FP8, MLA, FSDP,
 ...) are refused with one line; data, schedule, logging and checkpoint flags are accepted, any other unknown flag is listed in one warning; assumptions (the
 vocabulary, approximations) are notes on stderr. See docs/megatron.md.
+
+--from megatron-bridge: FILE is the Megatron-Bridge v0.3.1 recipe overrides YAML `aceso export --to megatron-bridge`
+writes for a hybrid (Nemotron-H / Nemotron-3) model; the world size comes from its torchrun comment or --world-size.
+A field whose value the plan read from it would not export back is refused with one line (search/megatron/bridge_hybrid.py).
 
 --from aceso-legacy (default): FILE is an Aceso reference op-level config. Stage boundaries must fall on unit
 boundaries (else an error naming the stage; `--snap` moves each to the nearest unit boundary). Each stage needs
@@ -31,7 +35,8 @@ from .common import add_gpu_file_arg, add_megatron_version_arg, add_memory_limit
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", default=None,
                    help="aceso-legacy: reference config JSON; megatron-lm: launch script or argument file (- = stdin)")
-    p.add_argument("--from", dest="source", default="aceso-legacy", choices=("aceso-legacy", "megatron-lm"),
+    p.add_argument("--from", dest="source", default="aceso-legacy",
+                   choices=("aceso-legacy", "megatron-lm", "megatron-bridge"),
                    help="input format (default aceso-legacy)")
     p.add_argument("-o", "--output", default="-", help="plan file to write, or - for stdout")
     p.add_argument("--cluster", default=None, help="record this cluster in the plan (NODESxGPUS-gpu)")
@@ -52,10 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.source != "megatron-lm" and not args.config:
+    if args.source == "aceso-legacy" and not args.config:
         raise AcesoError("give the reference config JSON file")
     check_output(args.output)   # before any work, whichever the source
-    if args.source == "megatron-lm":
+    if args.source in ("megatron-lm", "megatron-bridge"):
         return _run_megatron(args)
     from search.spec.cluster import parse_cluster
     from ..compat.mapping import ref_to_plan
@@ -94,8 +99,12 @@ def _run_megatron(args: argparse.Namespace) -> int:
     from ..megatron.importer import read_megatron
     text, label = read_megatron_source(args.config, args.args)
     cluster = parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb) if args.cluster else None
-    imp = read_megatron(text, source=label, world_size=args.world_size, cluster=cluster, vocab_size=args.vocab_size,
-                        version=args.megatron_version)
+    if args.source == "megatron-bridge":     # a hybrid model's recipe overrides (search/megatron/bridge_hybrid.py)
+        from ..megatron.bridge_hybrid import read_overrides
+        imp = read_overrides(text, label, world_size=args.world_size, cluster=cluster)
+    else:
+        imp = read_megatron(text, source=label, world_size=args.world_size, cluster=cluster,
+                            vocab_size=args.vocab_size, version=args.megatron_version)
     plan = imp.plan
     if cluster is not None:
         plan = plan.model_copy(update={"predicted": predict(plan, imp.config.attention)})

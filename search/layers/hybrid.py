@@ -80,15 +80,18 @@ def parse_pattern(pattern: str) -> Pattern:
 
 
 def pipeline_refusal(pattern: Pattern, pp: int, vp: int = 1) -> str | None:
-    """How megatron-core 0.17-0.19 places the segments: ``pp x vp`` segments, or one segment split evenly by layer
-    count (no VPP then; ``num_layers_in_first/last_pipeline_stage`` can make the ends uneven, not modelled here)."""
+    """How megatron-core 0.17-0.19 places the segments (``select_pipeline_segment``): with ``|``, segment
+    ``vp_stage * pp + pp_rank`` on each rank's virtual stage, so VPP runs with ``pp x vp`` segments; without, one
+    pattern split evenly by layer count over pp and no VPP (it raises for a ``vp_stage``);
+    ``num_layers_in_first/last_pipeline_stage`` can make the ends uneven there, not modelled here."""
     if len(pattern.segments) > 1:
         if len(pattern.segments) != pp * vp:
             return (f"hybrid pattern has {len(pattern.segments)} pipeline segments; pp x vp = {pp * vp} "
                     f"must equal it")
         return None
     if vp > 1:
-        return "virtual pipeline stages of a hybrid model need '|' segments in the pattern (megatron-core 0.19)"
+        return ("virtual pipeline stages of a hybrid model need '|' segments in the pattern (megatron-core 0.17-0.19 "
+                "select_pipeline_segment places segment vp_stage x pp + pp_rank, and raises without '|')")
     if len(pattern.layers) % pp:
         return f"{len(pattern.layers)} layers without '|' cuts must divide evenly over pp ({pp})"
     return None
@@ -150,16 +153,16 @@ def check_model(model) -> None:
 def export_refusal(model, target: str, hybrid_pattern: bool = False) -> str | None:
     """Why the export cannot write ``model`` for ``target`` (None: it can): a model with Mamba-2 layers runs as
     Megatron-LM's ``pretrain_hybrid.py`` / ``pretrain_mamba.py`` with ``--hybrid-layer-pattern`` (``--hybrid-pattern``,
-    ``search/megatron/hybrid_pattern.py``); its ``pretrain_gpt.py`` flags would build a GPT model without them, and
-    Bridge's Nemotron-H provider is not written."""
-    if model.mamba is None or (hybrid_pattern and target == "megatron-lm"):
+    ``search/megatron/hybrid_pattern.py``), or as a Megatron-Bridge Nemotron-H recipe (``bridge_hybrid.py``); its
+    ``pretrain_gpt.py`` flags would build a GPT model without them."""
+    if model.mamba is None or (hybrid_pattern and target == "megatron-lm") or target == "megatron-bridge":
         return None
     if target == "megatron-lm":
         return (f"--to megatron-lm: model {model.name} has Mamba-2 layers (hybrid_layer_pattern), which "
                 "pretrain_gpt.py flags would build without; export it with --hybrid-pattern (pretrain_hybrid.py "
                 "--hybrid-layer-pattern with '|' stage cuts)")
-    return (f"--to {target}: model {model.name} has Mamba-2 layers (hybrid_layer_pattern); aceso writes no "
-            "Megatron-Bridge Nemotron-H recipe yet; export it with --to megatron-lm --hybrid-pattern")
+    return (f"--to {target}: model {model.name} has Mamba-2 layers (hybrid_layer_pattern); export it with --to "
+            "megatron-lm --hybrid-pattern or --to megatron-bridge")
 
 
 def mtp_layer(model) -> str | None:

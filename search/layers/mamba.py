@@ -48,7 +48,6 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from search.io.errors import AcesoError
 from .kind import UNAVAILABLE_MS, LayerKind, Row, UnitCost, register
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
@@ -286,15 +285,32 @@ def inference_state_bytes(m: Mamba2Spec, hidden: int, dtype_bytes: int, tp: int 
     return (s.conv_dim // tp * m.d_conv + s.heads // tp * s.head_dim * s.state) * dtype_bytes
 
 
+def cp_all_to_all_widths(m: Mamba2Spec, hidden: int, tp: int, cp: int) -> tuple[int, ...]:
+    """Per token of this rank's sequence share, the width of each forward CP all-to-all's input on the training path
+    (``MambaContextParallel.pre_conv_ssm``: z, x, B, C (B and C repeated over ``group_repeat_count`` ranks), dt; then
+    ``post_conv_ssm``: y); empty without CP. Backward runs the reverse all-to-alls of the same sizes."""
+    if cp == 1:
+        return ()
+    s = shape(m, hidden)
+    bc = s.state * local_groups(m, hidden, tp, cp)
+    return (s.d_inner // tp, s.d_inner // tp, bc, bc, s.heads // tp, s.d_inner // tp)
+
+
 def cp_all_to_all_elems(m: Mamba2Spec, hidden: int, tp: int, cp: int) -> float:
     """Elements one rank sends per token of its sequence share in one layer's forward CP all-to-alls: before the
     conv (z, x, B, C (repeated), dt) and after the norm (y); each all-to-all keeps 1/cp of its input local."""
-    if cp == 1:
-        return 0.0
-    s = shape(m, hidden)
-    before = 2 * s.d_inner // tp + 2 * s.state * local_groups(m, hidden, tp, cp) + s.heads // tp
-    after = s.d_inner // tp
-    return (before + after) * (cp - 1) / cp
+    return sum(cp_all_to_all_widths(m, hidden, tp, cp)) * (cp - 1) / cp
+
+
+def cp_all_to_all_ms(src, m: Mamba2Spec, hidden: int, tokens: float, tp: int, cp: int) -> float:
+    """One direction's CP all-to-alls of one Mamba layer (``tokens``: this rank's ``b s / cp``): each an all-to-all
+    over the CP group (ranks ``tp`` apart, megatron-core's tp-cp-ep-dp-pp order) of ``tokens x width`` elements,
+    ``(cp - 1) / cp`` of them leaving the rank, priced as the EP dispatch's all-to-all
+    (``moe_primitives.ep_all_to_all_ms``: latency + the slower of the NVLink and the network share)."""
+    from ..costmodel.moe_primitives import ep_all_to_all_ms
+    members = src.comm.members_per_node(0, tp, cp)
+    return sum(ep_all_to_all_ms(src.comm, src.dt * tokens * w, cp, members)
+               for w in cp_all_to_all_widths(m, hidden, tp, cp))
 
 
 # ----- the layer kind ``M`` (search.layers.kind; docs/layer-kinds.md) ---------------------------------------------
@@ -352,10 +368,10 @@ def price_layer(src, u, a):
     (docs/costmodel.md, "Mamba-2 and hybrid models"). Backward: the GEMMs' and matmuls' gradients, 1.5x the
     element-wise bytes, and the fused training path's re-run of the conv and the scan (``use_mamba_mem_eff_path``).
     Bytes kept: ``act_bytes`` per token and ``fixed_act_bytes``, plus the pre-norm's input; full recompute keeps the
-    layer input. Context parallelism (the head-split all-to-all) is not priced yet."""
+    layer input. Context parallelism (``a.s`` is ``seq / cp``): the mixer's all-to-alls (``cp_all_to_all_ms``) forward
+    and, reversed, backward, exposed (the conv and scan wait for them); each rank then scans the whole sequence for
+    ``H / (tp cp)`` heads, the same matmul work as ``seq / cp`` tokens of ``H / tp`` heads (``scan_bmms``)."""
     model, k, dt = src.model, src.kern, src.dt
-    if a.cp > 1:
-        raise AcesoError(f"context parallelism (cp {a.cp}) of Mamba layers is not priced yet; use cp 1")
     spec, h, t = _spec(model), model.hidden_size, a.t
     sh = shape(spec, h)
     sb, r = a.s * a.b, (t if a.sp else 1)
@@ -369,11 +385,12 @@ def price_layer(src, u, a):
     mix = mixer_bytes(spec, h, sb, dt, t)
     ssd_f = SSD_KERNEL_TIME * (k.memory(mix, 3) + scan_f)                  # mamba_ssm's conv1d / scan / gated norm
     ssd_b = SSD_KERNEL_TIME * (k.memory(1.5 * mix, 3) + scan_b) + ssd_f     # their backward and the fused re-run
-    fwd = lin_f + k.memory(ew, 2) + ssd_f + tpc.fwd
-    bwd = lin_b + k.memory(1.5 * ew, 3) + ssd_b + tpc.bwd
-    cost = UnitCost(fwd, bwd, UNAVAILABLE_MS, fwd, tpc.fwd + tpc.bwd, UNAVAILABLE_MS, tpc.hidden,
-                    comm_fwd=(tpc.fwd, tpc.hidden_fwd, 0.0, 0.0))
-    keep = sb * act_bytes(spec, h, int(dt), t, 1, a.sp).total + fixed_act_bytes(spec, h, int(dt), t) + dt * sb * h / r
+    a2a = cp_all_to_all_ms(src, spec, h, sb, t, a.cp)
+    fwd = lin_f + k.memory(ew, 2) + ssd_f + tpc.fwd + a2a
+    bwd = lin_b + k.memory(1.5 * ew, 3) + ssd_b + tpc.bwd + a2a
+    cost = UnitCost(fwd, bwd, UNAVAILABLE_MS, fwd, tpc.fwd + tpc.bwd, UNAVAILABLE_MS, tpc.hidden, cp_comm=2 * a2a,
+                    comm_fwd=(tpc.fwd, tpc.hidden_fwd, a2a, 0.0))
+    keep = sb * act_bytes(spec, h, int(dt), t, a.cp, a.sp).total + fixed_act_bytes(spec, h, int(dt), t) + dt * sb * h / r
     full = dt * sb * h / r
     return Row(cost, (keep, keep, full), params(spec, h, t, model.normalization == "layernorm").total)
 

@@ -158,17 +158,18 @@ def _items(ov: dict[str, object]):
             yield f"{section}.{k}", v
 
 
-def cli_overrides(c: MegatronConfig) -> str:
-    """``--recipe NAME section.field=value ...`` for ``scripts/training/run_recipe.py``, shell-quoted, one line."""
-    recipe, ov = overrides(c)
+def cli_overrides(c: MegatronConfig, made: tuple[str, dict] | None = None) -> str:
+    """``--recipe NAME section.field=value ...`` for ``scripts/training/run_recipe.py``, shell-quoted, one line;
+    ``made``: ``(recipe, overrides)`` made elsewhere (a hybrid model's, ``bridge_hybrid.py``)."""
+    recipe, ov = made or overrides(c)
     return shlex.join(["--recipe", recipe] + [f"{'++' if k in FORCE_ADD else ''}{k}={_value(v)}"
                                               for k, v in _items(ov)]) + "\n"
 
 
-def write_yaml(plan: ParallelPlan, c: MegatronConfig, source: str) -> str:
+def write_yaml(plan: ParallelPlan, c: MegatronConfig, source: str, made: tuple[str, dict] | None = None) -> str:
     from .. import __version__
     from .script import header
-    recipe, ov = overrides(c)
+    recipe, ov = made or overrides(c)
     gpn, nodes = (plan.cluster.gpus_per_node, plan.cluster.num_nodes) if plan.cluster else (c.world_size, 1)
     intro = f"Megatron-Bridge overrides written by aceso {__version__} from {source}."
     lines = [f"# {h}" for h in [intro] + header(plan, c, source, release("0.16"))[2:]] + [

@@ -75,10 +75,21 @@ def needs_max_connections(plan: ParallelPlan, c: MegatronConfig) -> bool:
     return (c.tp > 1 or c.cp > 1) and not gpu.startswith(("b", "gb")) and not c.fsdp
 
 
+def hybrid_mix(m) -> str:
+    """A hybrid model's layers by kind, ``23 Mamba-2 + 23 MoE + 6 attention`` (its main pattern, MTP aside)."""
+    from ..layers.hybrid import UNREGISTERED, parse_pattern
+    from ..layers.kind import by_symbol
+
+    main = parse_pattern(m.hybrid_layer_pattern).layers
+    return " + ".join(f"{main.count(c)} {UNREGISTERED[c] if c in UNREGISTERED else by_symbol(c).text}"
+                      for c in dict.fromkeys(main))
+
+
 def header(plan: ParallelPlan, c: MegatronConfig, source: str, rel: Release) -> list[str]:
     m = plan.model
     cl = plan.cluster
     what = (f"{m.family.upper()}, {m.num_layers}+{m.num_decoder_layers} layers" if m.is_t5
+            else f"hybrid {hybrid_mix(m)}, {m.num_layers} layers" if m.hybrid_layer_pattern
             else f"{m.family.upper() if m.family == 'gpt' else 'Llama'}, {m.num_layers} layers")
     lines = [
         f"Megatron-LM launch script written by aceso {__version__} from {source}.",

@@ -129,6 +129,14 @@ def _candidates(values, priced: bool, name: str, label: str) -> tuple[int, ...]:
     return (1,)
 
 
+def _bad_tp_cp(model, tps, cps) -> frozenset[tuple[int, int]]:
+    """The (tp, cp) pairs whose Mamba-2 layers megatron-core's ``MambaContextParallel`` refuses (none without Mamba)."""
+    if model.mamba is None:
+        return frozenset()
+    return frozenset((t, c) for t in tps for c in cps
+                     if mamba.cp_refusal(model.mamba, model.hidden_size, t, c) is not None)
+
+
 @dataclass(frozen=True)
 class Space:
     """What shapes, micro-batches, chunkings and features the cluster, model, training spec and cost model allow."""
@@ -155,6 +163,8 @@ class Space:
     moe: object = None                  # MoE models: the MoEPlanSettings every state runs with (None: defaults)
     empty_ends: tuple[bool, bool] = (False, False)   # model chunk 0 may hold only the embedding / the last only
     #                                                  the loss (ChunkSpec.holds_only: GPT-style models, no MTP)
+    bad_tp_cp: frozenset[tuple[int, int]] = frozenset()   # (tp, cp) a model's layers refuse (Mamba-2 heads and
+    #                                                  groups per TP and CP rank: search.layers.mamba.cp_refusal)
 
     @classmethod
     def of(cls, model, cluster, training, micro_batch_sizes=None, priced=frozenset(), target: str = "aceso",
@@ -178,8 +188,8 @@ class Space:
                           "context-parallel-sizes")
         if model.is_t5 and cps != (1,):
             cps = (1,)          # megatron-core's T5Model has no context parallelism
-        if model.mamba is not None:
-            cps = (1,)          # Mamba's CP (the head-split all-to-all) is not priced yet (search.layers.mamba)
+        if model.mamba is not None and target == "aceso":
+            cps = (1,)          # the runtime does not run Mamba-2 CP yet (runtime_rules.mamba_cp); Megatron-LM does
         if offset_blocks_cp(model):
             cps = (1,)          # a softmax offset runs under cp only over a2a, which is not priced (layer_variants)
         legal_cps = tuple(c for c in cps if c == 1 or model.seq_length % (2 * c) == 0)
@@ -218,7 +228,8 @@ class Space:
                    None if allowed is None else frozenset(allowed), 1 if target == "megatron-lm" and model.is_t5 else 0,
                    constraints.pipeline_sizes(model, cluster, training),
                    MAX_CHUNKS if training.virtual_stages is None else 0, experts, moe if experts else None,
-                   empty_ends=(not model.is_t5, not model.is_t5 and not model.mtp_num_layers))
+                   empty_ends=(not model.is_t5, not model.is_t5 and not model.mtp_num_layers),
+                   bad_tp_cp=_bad_tp_cp(model, tps, cps))
 
     @functools.cached_property
     def v_set(self) -> frozenset[int]:
@@ -276,7 +287,7 @@ class Space:
         return old if old in opts else opts[0]
 
     def shape_ok(self, s: Shape) -> bool:
-        if s.tp not in self.tps or s.cp not in self.cps or s.dp < 1:
+        if s.tp not in self.tps or s.cp not in self.cps or s.dp < 1 or (s.tp, s.cp) in self.bad_tp_cp:
             return False
         if self.experts is None:
             if s.ep != 1 or s.etp:

@@ -110,7 +110,7 @@ def moe_config(model) -> dict:
         "moe_router_topk": moe.moe_router_topk,
         "moe_ffn_hidden_size": moe.moe_ffn_hidden_size,
         "moe_shared_expert_intermediate_size": moe.moe_shared_expert_intermediate_size,
-        "moe_layer_freq": [int(moe.is_moe_layer(i)) for i in range(model.num_layers)],
+        "moe_layer_freq": _moe_layers(model),
         "moe_router_score_function": moe.moe_router_score_function,
         "moe_router_num_groups": moe.moe_router_num_groups,
         "moe_router_group_topk": moe.moe_router_group_topk,
@@ -122,6 +122,15 @@ def moe_config(model) -> dict:
         "moe_pad_expert_input_to_capacity": moe.moe_pad_expert_input_to_capacity,
         "moe_router_force_load_balancing": moe.moe_router_force_load_balancing,
     }
+
+
+def _moe_layers(model) -> list[int]:
+    """Which decoder layers are MoE, megatron-core's 0/1 list: a hybrid model's ``E`` layers of its main pattern
+    (``hybrid_layer_pattern`` says which layers are MoE, ``moe_layer_freq`` may not), else ``MoESpec``'s."""
+    if model.hybrid_layer_pattern:
+        from search.layers.hybrid import parse_pattern
+        return [int(c == "E") for c in parse_pattern(model.hybrid_layer_pattern).layers]
+    return [int(model.moe.is_moe_layer(i)) for i in range(model.num_layers)]
 
 
 def config_fields(model) -> dict:

@@ -159,6 +159,18 @@ def mla_mtp(plan, device) -> str | None:
     return None
 
 
+def mamba_cp(plan, device) -> str | None:
+    """Mamba-2 layers under context parallelism: megatron-core's ``MambaContextParallel`` on the runtime's per-stage
+    groups has not been run against stock megatron-core (docs/runtime.md); Megatron-LM runs it."""
+    if plan.model.mamba is None:
+        return None
+    for i, st in enumerate(plan.stages):
+        if st.cp > 1:
+            return (f"stages[{i}].cp ({st.cp}): the aceso runtime does not run Mamba-2 layers under context "
+                    "parallelism yet; use cp 1, or search with --target megatron-lm and export the plan")
+    return None
+
+
 def flex_on_cpu(plan, device) -> str | None:
     if plan.model.moe is None or device.cuda or (plan.moe or MoEPlanSettings()).token_dispatcher != "flex":
         return None

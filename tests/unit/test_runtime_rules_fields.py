@@ -28,7 +28,7 @@ from search.layers.moe_spec import MLASpec, MoESpec
 from search.spec.plan import ParallelPlan, uniform_plan
 from search.settings.precision import LowPrecision
 from tests.conftest import ROOT
-from tests.tiny_models import LLAMA
+from tests.tiny_models import HYBRID, LLAMA
 
 MOE = LLAMA.model_copy(update={"name": "tiny-moe", "moe": MoESpec(num_experts=4, moe_router_topk=2,
                                                                   moe_ffn_hidden_size=32)})
@@ -71,6 +71,7 @@ CASES = {
     "unbuilt_layers": (rt.unbuilt_layers, (OSS, None)),
     "latent_moe": (rt.latent_moe, (MOE.model_copy(update={"moe": MOE.moe.model_copy(update={"moe_latent_size": 64})}),
                                    None)),
+    "mamba_cp": (rt.mamba_cp, (plan(HYBRID, stage={"cp": 2, "num_gpus": 2}), CUDA_TE)),
     "shared_mtp_layer": (rt.shared_mtp_layer, (MTP.model_copy(update={"mtp_use_repeated_layer": True}), None)),
     "moe_biases": (rt.moe_biases, (MOE.model_copy(update={"add_bias_linear": True}), None)),
     "expert_bias": (rt.expert_bias, (MOE.model_copy(update={"moe": MOE.moe.model_copy(update={

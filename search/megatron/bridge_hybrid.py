@@ -1,0 +1,246 @@
+"""A hybrid Mamba model's plan (Nemotron-H, Nemotron-3) as Megatron-Bridge v0.3.1 recipe overrides, and back.
+
+Bridge v0.3.1 builds these models from ``MambaModelProvider`` subclasses (``models/nemotronh/nemotron_h_provider.py``:
+``NemotronHModelProvider4B`` / ``8B`` / ``47B`` / ``56B``, ``Nemotron3NanoProvider``) in the recipes of
+``recipes/nemotronh/`` (``nemotronh.py``: ``nemotronh_{4b,8b,47b,56b}_pretrain_config``; ``nemotron_3_nano.py``:
+``nemotron_3_nano_pretrain_config``), on megatron-core 0.16.1 (its ``3rdparty/Megatron-LM``). There:
+
+- the pattern is ``hybrid_override_pattern`` (symbols ``M * - E``): no ``|`` stage cuts and no ``/`` MTP part (the
+  provider has no MTP field); ``num_layers`` is the pattern's length;
+- ``MambaStack._select_layers_for_pipeline_parallel`` places the layers evenly over pp, or with
+  ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage`` and the rest evenly, and asserts
+  no virtual pipeline (``MambaModelProvider.provide`` asserts it too); a plan split otherwise is refused in one line
+  (its '|' cuts run in Megatron-LM: ``--to megatron-lm --hybrid-pattern``; Bridge v0.6.0 on megatron-core 0.19
+  reads ``hybrid_layer_pattern`` with '|', not written here yet);
+- ``MambaStack`` checkpoints no layer: full recompute is refused; selective modules act inside the attention and
+  MoE layers as in GPTModel;
+- the activation is the provider's ``squared_relu`` callable (a YAML cannot set one): other activations are refused;
+  the Mamba-2 mixer is ``mamba_state_dim``, ``mamba_head_dim``, ``mamba_num_groups``, ``mamba_num_heads`` and
+  ``use_mamba_mem_eff_path`` (``d_conv`` 4 and ``chunk_size`` 128 are the stack spec's, as in Megatron-LM);
+- the recipes hold ``mixed_precision`` as a name (``bf16_mixed``) and a ``comm_overlap`` section with
+  ``tp_comm_overlap=True``, which every export overrides with the plan's (and the nano recipe's
+  ``delay_wgrad_compute`` / ``overlap_moe_expert_parallel_comm``, which Bridge copies onto the model).
+
+Every other field is ``names.bridge_fields`` of the plan's Megatron form (``hybrid_pattern.hybrid_form``), as for
+GPT models. ``read_overrides`` reads such a YAML back as the equivalent ``pretrain_mamba.py`` command line of
+Megatron-LM core_v0.17 (the first release with ``--hybrid-layer-pattern``; its NullTokenizer counts the vocabulary
+as Bridge v0.3.1's megatron-core does) and refuses any field whose value the plan read from it would not write back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+
+from search.spec.plan import ParallelPlan
+from .config import MegatronConfig, NotExpressible
+
+BRIDGE = "Megatron-Bridge v0.3.1"
+BRIDGE_CORE = "0.16"                 # the megatron-core release Bridge v0.3.1 runs (search/settings/releases.py)
+SYMBOLS = frozenset("M*-E")          # megatron-core 0.16.1 Symbols
+# preset -> recipe (recipes/nemotronh of v0.3.1); other hybrid models: the nano recipe with MoE, else the 8B one
+RECIPES = {"nemotron-h-4b": "nemotronh_4b_pretrain_config", "nemotron-h-8b": "nemotronh_8b_pretrain_config",
+           "nemotron-h-47b": "nemotronh_47b_pretrain_config", "nemotron-h-56b": "nemotronh_56b_pretrain_config",
+           "nemotron-3-nano": "nemotron_3_nano_pretrain_config"}
+MOE_RECIPE, DENSE_RECIPE = "nemotron_3_nano_pretrain_config", "nemotronh_8b_pretrain_config"
+MAMBA_FIELDS = ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads")
+
+
+def recipe_for(model) -> str:
+    return RECIPES.get(model.name) or (MOE_RECIPE if model.moe is not None else DENSE_RECIPE)
+
+
+def _refusal(plan: ParallelPlan) -> str | None:
+    m = plan.model
+    if m.activation != "squared_relu":
+        return (f"model.activation {m.activation}: the Nemotron-H providers' activation_func is squared_relu (a "
+                "Python callable a YAML cannot set)")
+    bad = sorted(set(m.hybrid_layer_pattern.split("/")[0]) - SYMBOLS)
+    if bad:
+        return f"hybrid_layer_pattern: '{bad[0]}' layers are newer than megatron-core 0.16.1's MambaModel (M * - E)"
+    if m.mtp_num_layers:
+        return "mtp_num_layers: MambaModelProvider of v0.3.1 has no MTP (megatron-core 0.16.1's MambaModel none)"
+    if any(len(st.chunks) > 1 for st in plan.stages):
+        return ("virtual pipeline stages: MambaModelProvider of v0.3.1 asserts none (megatron-core 0.16.1's "
+                "MambaStack places no virtual stages)")
+    return None
+
+
+def hybrid_config(plan: ParallelPlan) -> MegatronConfig:
+    """The plan's Megatron form as Bridge v0.3.1 runs it, or ``NotExpressible`` (one line)."""
+    from .hybrid_pattern import hybrid_form
+    from .layout import split_for
+    why = _refusal(plan)
+    if why:
+        raise NotExpressible(f"--to megatron-bridge: {why}; export it with --to megatron-lm --hybrid-pattern")
+    form = hybrid_form(plan)             # the model and plan rules of a hybrid run (Megatron-LM's own refusals)
+    c = form.config
+    if c.recompute.granularity == "full":
+        raise NotExpressible("--to megatron-bridge: recompute full: megatron-core 0.16.1's MambaStack (Bridge "
+                             "v0.3.1) checkpoints no layer; use selective recompute or export it with --to "
+                             "megatron-lm --hybrid-pattern (core_v0.18 on)")
+    if split_for(c.chunk_layers, c.pp, 1).layout is not None:
+        even = len(plan.model.hybrid_layer_pattern.split("/")[0]) / c.pp
+        raise NotExpressible(f"--to megatron-bridge: stage layers {'/'.join(map(str, c.chunk_layers))}: "
+                             f"{BRIDGE}'s MambaStack splits evenly ({even:g} hybrid layers a stage) or with other "
+                             "first / last stages only; give the plan such a split, or export this one with --to "
+                             "megatron-lm --hybrid-pattern ('|' cuts)")
+    return c
+
+
+def overrides(plan: ParallelPlan) -> tuple[str, MegatronConfig, dict[str, object]]:
+    """``(recipe, config, {section: {field: value}})`` of a hybrid model's plan."""
+    from ..layers.mamba import shape
+    from .names import bridge_fields
+    c = hybrid_config(plan)
+    m = c.model
+    out = bridge_fields(c)
+    model = out["model"]
+    for k in ("mtp_num_layers", "multi_latent_attention", "moe_layer_freq", "pipeline_model_parallel_layout"):
+        model.pop(k, None)               # not MambaModelProvider fields, or the pattern's
+    sh = shape(m.mamba, m.hidden_size)
+    model.update(hybrid_override_pattern=m.hybrid_layer_pattern, mamba_state_dim=sh.state,
+                 mamba_head_dim=sh.head_dim, mamba_num_groups=sh.groups, mamba_num_heads=sh.heads,
+                 use_mamba_mem_eff_path=m.mamba.use_mamba_mem_eff_path)
+    ov = {"tp_comm_overlap": c.settings.tp_comm_overlap}
+    if m.moe is not None:
+        ov.update(delay_wgrad_compute=model.get("delay_wgrad_compute", False),
+                  overlap_moe_expert_parallel_comm=model.get("overlap_moe_expert_parallel_comm", False))
+    out["comm_overlap"] = ov
+    from .bridge import _KEEP, _mixed_precision
+    mp = _mixed_precision(c, "name")     # the nemotronh recipes hold it as a name
+    if mp is not _KEEP:
+        out["mixed_precision"] = mp
+    return recipe_for(m), c, out
+
+
+# ----- reading the overrides back --------------------------------------------------------------------------------
+READ_RELEASE = "0.17"
+# Bridge field -> Megatron-LM flag where the name is not the field's with '-' (None: read from elsewhere / dropped)
+FLAGS = {"model.num_moe_experts": "--num-experts", "model.hybrid_override_pattern": "--hybrid-layer-pattern",
+         "model.num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
+         "model.num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers",
+         "model.vocab_size": None, "model.virtual_pipeline_model_parallel_size": None,
+         "tokenizer.vocab_size": "--vocab-size", "dataset.seq_length": None, "optimizer.use_distributed_optimizer": None,
+         "comm_overlap.delay_wgrad_compute": None, "comm_overlap.overlap_moe_expert_parallel_comm": None,
+         "comm_overlap.tp_comm_overlap": "--tp-comm-overlap"}
+# bool fields whose flag says the opposite
+NEGATED = {"model.share_embeddings_and_output_weights": "--untie-embeddings-and-output-weights",
+           "model.add_bias_linear": "--disable-bias-linear", "ddp.grad_reduce_in_fp32": "--grad-reduce-in-bf16",
+           "model.use_mamba_mem_eff_path": "--disable-mamba-mem-eff-path"}
+SECTIONS = ("model", "train", "ddp", "optimizer", "dataset", "tokenizer", "comm_overlap")
+
+
+def _scalar(text: str) -> object:
+    t = text.strip()
+    if t in ("null", "true", "false"):
+        return {"null": None, "true": True, "false": False}[t]
+    if t.startswith("["):
+        inner = t[1:-1].strip()
+        return [_scalar(x) for x in inner.split(",")] if inner else []
+    if t.startswith('"'):
+        return json.loads(t)
+    for kind in (int, float):
+        try:
+            return kind(t)
+        except ValueError:
+            pass
+    return t
+
+
+def parse_yaml(text: str, source: str) -> tuple[dict[str, dict[str, object]], int | None]:
+    """The ``section: {field: value}`` overrides of a YAML ``write_yaml`` writes, and the world size of its
+    ``torchrun`` line (None if absent); a line of another shape is ``NotExpressible`` naming it."""
+    out: dict[str, dict[str, object]] = {}
+    section, world = None, None
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.startswith("#"):
+            g = re.search(r"--nproc-per-node (\d+) --nnodes (\d+)", line)
+            world = int(g[1]) * int(g[2]) if g else world
+            continue
+        if not line.strip():
+            continue
+        key, sep, value = line.strip().partition(":")
+        if not sep:
+            raise NotExpressible(f"{source}:{n}: not a 'field: value' line")
+        if not line.startswith(" "):
+            section = key
+            if value.strip():
+                out[section] = _scalar(value)     # a whole section (mixed_precision: a recipe name)
+            else:
+                out[section] = {}
+            continue
+        if section is None or not isinstance(out[section], dict):
+            raise NotExpressible(f"{source}:{n}: a field outside a section")
+        out[section][key] = _scalar(value)
+    return out, world
+
+
+def to_argv(ov: dict[str, dict[str, object]]) -> list[str]:
+    """The Megatron-LM (core_v0.17 ``pretrain_mamba.py``) flags of the overrides."""
+    argv = ["--tokenizer-type", "NullTokenizer", "--squared-relu"]
+    argv += _precision(ov.get("mixed_precision", "bf16_mixed"))
+    for section in SECTIONS:
+        for field, v in (ov.get(section) or {}).items():
+            key = f"{section}.{field}"
+            if key == "tokenizer.tokenizer_type":
+                continue
+            if key in NEGATED:
+                argv += [] if v else [NEGATED[key]]
+                continue
+            flag = FLAGS.get(key, "--" + field.replace("_", "-"))
+            if flag is None or v is None or v is False:
+                continue
+            if key == "model.num_query_groups" and v != ov["model"].get("num_attention_heads"):
+                argv.append("--group-query-attention")
+            if key == "model.expert_tensor_parallel_size" and v == ov["model"].get("tensor_model_parallel_size"):
+                continue                  # the default (None: tp) as the Megatron-LM export leaves it
+            if key == "model.make_vocab_size_divisible_by":     # Megatron-LM's flag is a multiple per tp rank
+                v = v // ov["model"].get("tensor_model_parallel_size", 1)
+            if key == "model.seq_length":
+                argv += ["--max-position-embeddings", str(v)]
+            argv += [flag] if v is True else [flag, *(map(str, v) if isinstance(v, list) else [str(v)])]
+    return argv
+
+
+def _precision(mp: object) -> list[str]:
+    """``--bf16`` / ``--fp16`` / nothing (fp32) of the ``mixed_precision`` override (``bridge._mixed_precision``
+    writes: a recipe name, a ``MixedPrecisionConfig`` object, or null); the low-precision recipes are refused."""
+    if mp is None:
+        return []
+    if isinstance(mp, str) and mp in ("bf16_mixed", "fp16_mixed"):
+        return ["--" + mp[:4]]
+    if isinstance(mp, dict) and not {"fp8", "fp4"} & set(mp):
+        return ["--bf16"] if mp.get("bf16") else ["--fp16"] if mp.get("fp16") else []
+    raise NotExpressible(f"mixed_precision: {mp!r} is not read back by aceso (bf16 or fp16 recipes, an object "
+                         "without fp8 / fp4, or null); import the Megatron-LM script instead")
+
+
+def read_overrides(text: str, source: str, world_size: int | None = None, cluster=None):
+    """The ``Imported`` plan of a YAML of hybrid overrides: the plan Megatron-LM's reader makes of their command
+    line (``settings``: Megatron-Bridge on megatron-core 0.16), checked field by field against what that plan
+    exports."""
+    from .importer import read_megatron
+    ov, world = parse_yaml(text, source)
+    if "hybrid_override_pattern" not in (ov.get("model") or {}):
+        raise NotExpressible(f"{source}: no model.hybrid_override_pattern; aceso reads back the overrides of hybrid "
+                             "(Nemotron-H / Nemotron-3) recipes only")
+    world = world_size or world
+    if world is None:
+        raise NotExpressible(f"{source}: no torchrun line with the world size; give --world-size")
+    imp = read_megatron(shlex.join(to_argv(ov)), source, world_size=world, cluster=cluster, version=READ_RELEASE)
+    settings = imp.plan.settings.model_copy(update={"framework": "megatron-bridge", "release": BRIDGE_CORE})
+    imp = dataclasses.replace(imp, plan=imp.plan.model_copy(update={"settings": settings}))
+    _, _, back = overrides(imp.plan)
+    for section, fields in ov.items():
+        if section == "mixed_precision":
+            continue                      # read as --bf16 / --fp16 above
+        for field, v in (fields.items() if isinstance(fields, dict) else [(None, fields)]):
+            have = back.get(section)
+            w = have if field is None else (have or {}).get(field, "(not written)")
+            if w != v:
+                raise NotExpressible(f"{section}.{field}: {v!r} is not what the plan read from it runs ({w!r}); "
+                                     "aceso reads back the overrides it writes")
+    return imp

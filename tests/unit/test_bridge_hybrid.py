@@ -1,0 +1,146 @@
+"""A hybrid Mamba model's plan (Nemotron-H, Nemotron-3) as Megatron-Bridge v0.3.1 recipe overrides and back
+(search/megatron/bridge_hybrid.py): every field is one of Bridge v0.3.1's NemotronHModelProvider / ConfigContainer
+fields (search/megatron/data/bridge_fields_v0.3.1.json, read from Bridge's source), the values are the providers'
+(hand-copied below from Bridge v0.3.1 models/nemotronh/nemotron_h_provider.py), the splits megatron-core 0.16.1's
+MambaStack cannot place are refused in one line, and the YAML imports back as the plan."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from search.cli import main
+from search.megatron import NotExpressible
+from search.megatron.bridge import write_yaml
+from search.megatron.bridge_hybrid import overrides, read_overrides
+from search.spec.presets import load_model
+from tests.hybrid_plans import cut_plan
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "search", "megatron", "data", "bridge_fields_v0.3.1.json")
+REF = json.load(open(DATA))
+# Bridge v0.3.1 NemotronHModelProvider8B: pattern, 4096 hidden, state 128, 128 heads; the base class: 8 groups,
+# head dim 64
+H8B = ("M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-", 128, 64, 8, 128)
+# Nemotron3NanoProvider: pattern, state 128, head dim 64, (base) 8 groups, 64 heads
+NANO = ("MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", 128, 64, 8, 64)
+
+
+def _selective(m):
+    return lambda a, b: ["selective" if m.hybrid_layer_pattern[u] == "*" else "none" for u in range(a, b)]
+
+
+def _plans():
+    h8, nano = load_model("nemotron-h-8b"), load_model("nemotron-3-nano")
+    return {"8b-even": cut_plan(h8, [0, 26, 52], 2, tp=2, dp=2, sp=True, gbs=32),
+            "8b-first-last-selective": cut_plan(h8, [0, 20, 36, 52], 3, tp=2, rc=_selective(h8), gbs=12),
+            "nano-even-tp2": cut_plan(nano, [0, 52], 1, tp=2, dp=4, sp=True, gbs=32),
+            "nano-first": cut_plan(nano, [0, 10, 31, 52], 3, tp=2, dp=1, sp=True, gbs=12)}
+
+
+@pytest.mark.parametrize("name", list(_plans()))
+def test_every_field_is_a_nemotronh_recipe_field_with_the_providers_values(name):
+    plan = _plans()[name]
+    recipe, c, ov = overrides(plan)
+    assert recipe in REF["fields"]["pretrain_recipes"]
+    assert recipe == ("nemotronh_8b_pretrain_config" if name.startswith("8b") else "nemotron_3_nano_pretrain_config")
+    for section, fields in ov.items():
+        if "_target_" in fields:        # a config object (the recipe's name replaced)
+            fields = {k: v for k, v in fields.items() if k not in ("_target_", "_call_")}
+        known = REF["fields"]["hybrid_model" if section == "model" else section]
+        assert not set(fields) - set(known) - set(REF["settable"].get(section, [])), section
+    m = ov["model"]
+    pattern, state, head_dim, groups, heads = H8B if name.startswith("8b") else NANO
+    assert (m["hybrid_override_pattern"], m["mamba_state_dim"], m["mamba_head_dim"], m["mamba_num_groups"],
+            m["mamba_num_heads"]) == (pattern, state, head_dim, groups, heads)
+    assert m["num_layers"] == len(pattern) == 52
+    assert "pipeline_model_parallel_layout" not in m and "moe_layer_freq" not in m and "mtp_num_layers" not in m
+    # the recipes' CommOverlapConfig(tp_comm_overlap=True) is overridden with the plan's
+    assert ov["comm_overlap"]["tp_comm_overlap"] is False
+
+
+def test_first_and_last_stages_are_megatron_core_0_16_s_uneven_split():
+    """MambaStack of 0.16.1: first / last stage counts and the rest evenly; 20 | 16 | 16 hybrid layers."""
+    _, _, ov = overrides(_plans()["8b-first-last-selective"])
+    m = ov["model"]
+    assert (m["num_layers_in_first_pipeline_stage"], m["num_layers_in_last_pipeline_stage"]) == (20, None)
+    assert m["recompute_granularity"] == "selective" and m["recompute_modules"] == ["core_attn"]
+    _, _, ov = overrides(_plans()["nano-first"])
+    assert (ov["model"]["num_layers_in_first_pipeline_stage"], ov["model"]["num_layers_in_last_pipeline_stage"]) \
+        == (10, None)     # 10 | 21 | 21
+
+
+def _refused(plan, tmp_path, capsys, *words):
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    out = tmp_path / "o.yaml"
+    assert main(["export", str(path), "--to", "megatron-bridge", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and not out.exists() and "Traceback" not in err
+    for w in words:
+        assert w in err, err
+
+
+def test_what_megatron_core_0_16_cannot_place_is_refused_in_one_line(tmp_path, capsys):
+    h8 = load_model("nemotron-h-8b")
+    _refused(cut_plan(h8, [0, 10, 30, 40, 52], 4), tmp_path, capsys, "10/20/10/12", "evenly", "--hybrid-pattern")
+    _refused(cut_plan(h8, [0, 13, 26, 39, 52], 2), tmp_path, capsys, "virtual pipeline", "--hybrid-pattern")
+    _refused(cut_plan(h8, [0, 26, 52], 2, rc="full"), tmp_path, capsys, "recompute full", "MambaStack")
+    d = h8.model_dump()
+    mtp = type(h8).model_validate({**d, "name": "custom", "aceso_db_key": None, "nominal_params_b": None,
+                                   "hybrid_layer_pattern": d["hybrid_layer_pattern"] + "/*-", "mtp_num_layers": 1})
+    _refused(cut_plan(mtp, [0, 26, 53], 2), tmp_path, capsys, "mtp_num_layers", "no MTP")
+
+
+@pytest.mark.parametrize("name", list(_plans()))
+def test_the_written_yaml_imports_back_as_the_plan(name, tmp_path, capsys):
+    plan = _plans()[name]
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    yaml, back = tmp_path / "o.yaml", tmp_path / "back.json"
+    assert main(["export", str(path), "--to", "megatron-bridge", "-o", str(yaml)]) == 0
+    assert main(["import", str(yaml), "--from", "megatron-bridge", "-o", str(back)]) == 0
+    from search.spec.plan import load_plan
+    got = load_plan(str(back))
+    assert got.model == plan.model and got.stages == plan.stages
+    assert (got.micro_batch_size, got.global_batch_size) == (plan.micro_batch_size, plan.global_batch_size)
+    assert got.settings.framework == "megatron-bridge"
+    _, _, ov = overrides(got)
+    assert ov == overrides(plan)[2]
+
+
+def test_a_field_aceso_does_not_write_back_is_refused(tmp_path, capsys):
+    plan = _plans()["nano-even-tp2"]
+    recipe, c, ov = overrides(plan)
+    text = write_yaml(plan, c, "p.json", (recipe, ov)).replace("  mamba_num_groups: 8\n", "  mamba_num_groups: 8\n"
+                                                               "  masked_softmax_fusion: false\n")
+    (tmp_path / "o.yaml").write_text(text)
+    out = tmp_path / "back.json"
+    assert main(["import", str(tmp_path / "o.yaml"), "--from", "megatron-bridge", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model.masked_softmax_fusion" in err and not out.exists()
+    with pytest.raises(NotExpressible, match="no torchrun line"):
+        read_overrides("model:\n  hybrid_override_pattern: M-\n", "x.yaml")
+
+
+def test_the_export_headers_name_the_hybrid_layer_mix():
+    """Not 'GPT': Nemotron-3 Nano is 23 Mamba-2 + 23 MoE + 6 attention layers (NVIDIA's model card, issue 36);
+    Nemotron-H 8B 24 Mamba-2 + 24 MLP + 4 attention (its provider's pattern above)."""
+    from search.megatron.hybrid_pattern import hybrid_form, write_script
+    for name, mix in (("nano-even-tp2", "hybrid 23 Mamba-2 + 23 MoE + 6 attention, 52 layers"),
+                      ("8b-even", "hybrid 24 Mamba-2 + 24 MLP + 4 attention, 52 layers")):
+        plan = _plans()[name]
+        recipe, c, ov = overrides(plan)
+        for text in (write_yaml(plan, c, "p.json", (recipe, ov)), write_script(plan, hybrid_form(plan), "p.json")):
+            line = next(x for x in text.splitlines() if x.startswith("# model:"))
+            assert mix in line and "GPT" not in line, line
+
+
+def test_a_hybrid_models_moe_layers_are_its_patterns_e_layers():
+    """megatron-core's moe_layer_freq of a hybrid model as the runtime and the rules get it: the pattern's 'E'
+    layers (23 of Nano's 52), not every layer."""
+    from search.spec.model_rules import moe_config
+    nano = load_model("nemotron-3-nano")
+    assert moe_config(nano)["moe_layer_freq"] == [int(c == "E") for c in NANO[0]]
+    assert sum(moe_config(nano)["moe_layer_freq"]) == 23
