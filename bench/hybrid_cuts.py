@@ -13,10 +13,15 @@ cuts stages at any unit, inside a layer too (search/megatron/hybrid_pattern.py).
    best uniform configuration of each searched case.
 2. search: ``aceso search``'s lines (planner/api.plan_all): uniform Megatron-LM (the even split), Megatron-LM plan
    (layer cuts, any split) and Megatron-LM |-pattern, on Llama 3 70B, GPT-3 175B, Mixtral 8x22B and Qwen2 57B-A14B
-   on two clusters each.
+   on two clusters each, and the hybrid presets (Nemotron-3 Nano, Nemotron-H 8B / 56B), or any preset and cluster
+   given with ``--case PRESET:CLUSTER:GBS``. A hybrid model's layers are its units, so its Megatron-LM line cuts at
+   any unit already (as a ``|`` pattern: megatron-core splits a pattern without ``|`` evenly) and its |-pattern line
+   can only equal it; section 2b (the uniform configuration's even split vs its ``|`` cuts) is what cuts buy it. A
+   plan on one pipeline stage has nothing to cut: its |-pattern line is the Megatron-LM line and is left out (one
+   note).
 
-Run: ``python bench/hybrid_cuts.py [--quick]``; prints the tables and writes bench/results/hybrid_cuts.json. Gains
-are predicted by the analytic cost model (no GPU measurement here).
+Run: ``python bench/hybrid_cuts.py [--quick] [--case PRESET:CLUSTER:GBS ...]``; prints the tables and writes
+bench/results/hybrid_cuts.json. Gains are predicted by the analytic cost model (no GPU measurement here).
 """
 
 from __future__ import annotations
@@ -51,8 +56,11 @@ CONFIGS = [("llama3-70b bridge tp4 pp8 vp5", "llama3-70b", "8x8-h100", 128, (4, 
 SEARCHES = [("llama3-70b", "8x8-h100", 128), ("llama3-70b", "16x8-h100", 512),
             ("gpt-175b", "16x8-h100", 1536), ("gpt-175b", "8x8-a100", 256),
             ("mixtral-8x22b", "8x8-h100", 256), ("mixtral-8x22b", "16x8-h100", 512),
-            ("qwen2-57b-a14b", "4x8-h100", 256), ("qwen2-57b-a14b", "8x8-h100", 512)]
-QUICK = {("llama3-70b", "8x8-h100", 128), ("qwen2-57b-a14b", "4x8-h100", 256)}
+            ("qwen2-57b-a14b", "4x8-h100", 256), ("qwen2-57b-a14b", "8x8-h100", 512),
+            ("nemotron-3-nano", "4x8-h100", 512), ("nemotron-h-8b", "2x8-h100", 256),
+            ("nemotron-h-56b", "8x8-h100", 192)]
+QUICK = {("llama3-70b", "8x8-h100", 128), ("qwen2-57b-a14b", "4x8-h100", 256), ("nemotron-3-nano", "4x8-h100", 512)}
+ONE_STAGE = "pp 1: nothing to cut (the |-pattern line is the Megatron-LM line)"
 
 
 def _training(gbs: int) -> TrainingSpec:
@@ -72,9 +80,12 @@ def three_splits(ev: Evaluator, state: State) -> dict:
     even = best_setting(ev, state, exact=True)
     if not even.fits:
         return {"even_ms": None}
+    if state.num_stages == 1:
+        return {"even_ms": _ms(even), "even_plan": describe(even), "pattern_note": ONE_STAGE}
     settings = settings_for(ev.cm.model, hybrid_setting(even.setting), REL)
     t0 = time.process_time()
-    layers = min((descend(ev, state, s, unit=2) for s in settings), key=lambda e: (not e.fits, e.iteration_ms))
+    unit = 1 if ev.cm.model.hybrid_layer_pattern else 2      # units per layer: a hybrid model's layer is one
+    layers = min((descend(ev, state, s, unit=unit) for s in settings), key=lambda e: (not e.fits, e.iteration_ms))
     pattern, _ = refine(ev, [even, layers], REL)
     return {"even_ms": _ms(even), "layers_ms": _ms(layers), "pattern_ms": _ms(pattern),
             "pattern_vs_even": _gain(_ms(even), _ms(pattern)), "pattern_vs_layers": _gain(_ms(layers), _ms(pattern)),
@@ -107,11 +118,9 @@ def section_config(quick: bool) -> list[dict]:
     return rows
 
 
-def section_search(quick: bool) -> list[dict]:
+def section_search(quick: bool, cases=()) -> list[dict]:
     rows = []
-    for preset, cluster, gbs in SEARCHES:
-        if quick and (preset, cluster, gbs) not in QUICK:
-            continue
+    for preset, cluster, gbs in [c for c in SEARCHES if not quick or c in QUICK] + list(cases):
         model, tr = load_model(preset), _training(gbs)
         cm = cost_model(model, parse_cluster(cluster), tr)
         t0 = time.process_time()
@@ -125,6 +134,8 @@ def section_search(quick: bool) -> list[dict]:
                "even_plan": describe(uni) if uni is not None and uni.fits else None,
                "pattern_plan": describe(plans.pattern) if plans.pattern is not None else None,
                "not_offered": plans.not_offered.get("megatron_lm_pattern"), "search_cpu_s": round(cpu, 1)}
+        if plans.pattern is not None and plans.pattern.state.num_stages == 1:
+            row.update(pattern_ms=None, pattern_vs_even=None, pattern_vs_layers=None, pattern_note=ONE_STAGE)
         if uni is not None and uni.fits:      # the uniform configuration alone, its cuts only
             row["config"] = three_splits(Evaluator(cm, gbs, None, "megatron-lm", uni.moe), uni.state)
         rows.append(row)
@@ -143,17 +154,35 @@ def _table(title: str, rows: list[dict]) -> None:
     for r in rows:
         t.add_row(r["case"], fmt(r.get("even_ms")), fmt(r.get("layers_ms")), fmt(r.get("pattern_ms")),
                   fmt(r.get("pattern_vs_even"), 4), fmt(r.get("pattern_vs_layers"), 4), fmt(r.get("layers_vs_even"), 4),
-                  r.get("even_plan") or r.get("not_offered") or "")
+                  "; ".join(x for x in (r.get("even_plan"), r.get("not_offered"), r.get("pattern_note")) if x))
     Console(width=200).print(t)
+
+
+def _case(text: str) -> tuple[str, str, int]:
+    """``--case PRESET:CLUSTER:GBS``, each part checked (the preset, the cluster string, a positive batch)."""
+    import argparse
+    from search.io.errors import AcesoError
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[2].isdigit() or int(parts[2]) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give PRESET:CLUSTER:GBS, e.g. nemotron-h-8b:2x8-h100:256")
+    try:
+        load_model(parts[0])
+        parse_cluster(parts[1])
+    except (AcesoError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {str(e).splitlines()[0]}") from None
+    return parts[0], parts[1], int(parts[2])
 
 
 def main(argv=None) -> int:
     p = AcesoParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="one config and two searches")
+    p.add_argument("--quick", action="store_true", help="one config and three searches")
+    p.add_argument("--case", action="append", default=[], type=_case, metavar="PRESET:CLUSTER:GBS",
+                   help="also search this preset on this cluster at this global batch (repeatable; e.g. "
+                        "nemotron-3-super:8x8-gb200:512)")
     args = p.parse_args(argv)
     t0 = time.time()
     config = section_config(args.quick)
-    search = section_search(args.quick)
+    search = section_search(args.quick, args.case)
     _table("1. fixed configuration: even / layer-count / |-pattern splits (predicted, analytic)", config)
     _table("2. aceso search lines: uniform (even) / Megatron-LM plan (layer cuts) / Megatron-LM |-pattern",
            search)

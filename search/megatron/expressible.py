@@ -36,8 +36,8 @@ def check_expressible(plan: ParallelPlan) -> str | None:
     whose ``|`` segments carry its VPP and uneven cuts (megatron-core splits a pattern without them evenly and
     runs no VPP: ``search.layers.hybrid.pipeline_refusal``)."""
     try:
-        if plan.model.mamba is not None:
-            from .hybrid_pattern import hybrid_form
+        from .hybrid_pattern import hybrid_form, runs_as_pattern
+        if runs_as_pattern(plan.model):
             hybrid_form(plan)
         else:
             megatron_config(plan)

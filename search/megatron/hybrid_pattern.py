@@ -193,8 +193,18 @@ def plan_refusal(plan: ParallelPlan, rel: Release) -> str | None:
         return ("moe.grouped_gemm is off: HybridModel's MoE layers are grouped-GEMM experts (hybrid_stack_spec: "
                 "get_moe_module_spec(moe_grouped_gemm=True)); turn it on")
     if plan.activation_offload is not None:
-        return "activation_offload: aceso prices CPU activation offload for GPTModel's layers only; turn it off"
+        return OFFLOAD_REFUSAL
     return None
+
+
+OFFLOAD_REFUSAL = "activation_offload: aceso prices CPU activation offload for GPTModel's layers only; turn it off"
+
+
+def runs_as_pattern(model: ModelSpec) -> bool:
+    """Whether Megatron-LM runs ``model`` only as a hybrid-pattern run (a model with Mamba-2 layers:
+    ``check_expressible``), so that what the pattern form refuses (``plan_refusal``: CPU activation offload) is no
+    Megatron-LM plan of it."""
+    return model.mamba is not None
 
 
 # ----- recompute over hybrid layers (one unit each) -------------------------------------------------------------

@@ -206,8 +206,9 @@ class StageCountSearch:
     def run(self) -> StageCountResult:
         try:
             init = initial_states(self.ctx, self.S)
-            init += [s for s in self.opts.seeds if s.num_stages == self.S and s not in init
-                     and self.ctx.space.legal(s)]
+            sp = self.ctx.space
+            init += [s for s in map(sp.start_of, self.opts.seeds) if s.num_stages == self.S and s not in init
+                     and sp.legal(s)]
             starts = []
             for s in init:   # the best start so far is the cutoff: the others need an exact pipeline only if better
                 e = self._evaluate(s)
@@ -389,7 +390,7 @@ def search(cm, gbs: int, space: Space, opts: SearchOptions, top_k: int = 1) -> S
     """Run the whole search; returns the best plans found (possibly none fits: check ``plans[0].fits``)."""
     t0 = time.monotonic()
     probe = Ctx(space, Evaluator(cm, gbs, None, space.target, space.moe))  # stage counts without a start get no budget
-    seeded = {s.num_stages for s in opts.seeds if space.legal(s)}
+    seeded = {s.num_stages for s in opts.seeds if space.legal(space.start_of(s))}
     counts = [S for S in stage_counts(space, opts) if S in seeded or initial_states(probe, S)] or [1]
     per = max(opts.budget_evals // len(counts), MIN_PER_COUNT)
     results: list[StageCountResult] = []
@@ -471,18 +472,22 @@ def candidates_over_time(results: list[StageCountResult], n: int) -> list[Evalua
 def _finish(cm, gbs, space, opts, results, top_k, t0, interrupted) -> SearchResult:
     ev = Evaluator(cm, gbs, None, space.target, space.moe)
     cands = [e for r in results for e in r.best]
-    # stage counts that never ran (Ctrl-C, or a --budget-s cap spent on the stage counts before): at least the seeds
-    # (the uniform baseline, a published plan), so the search is never worse than them
-    if (interrupted or opts.budget_s is not None) and opts.seeds:
-        cands += [ev.evaluate(s, charge=False, exact=True) for s in opts.seeds if space.legal(s)]
+    # the seeds as given (the uniform baseline, a published plan) are always final candidates: the best seen is
+    # kept even where a stage count's three best are plans the target's final check refuses, or stage counts never
+    # ran (Ctrl-C, a --budget-s cap), so the search is never worse than a seed in its space
+    seeded = [ev.evaluate(s, charge=False, exact=True) for s in opts.seeds if space.legal(space.start_of(s))]
+    cands += seeded
     cands.sort(key=lambda e: e.rank)
     polished = 0
     if not interrupted:
         ctx = Ctx(space, ev)
-        disp = Dispatchers(cm, gbs, space.target, space.moe, expressible if space.target == "megatron-lm" else None)
+        disp = Dispatchers(cm, gbs, space.target, space.moe, expressible if space.target == "megatron-lm" else None,
+                           stacks=[s.features.stack for s in opts.seeds if s.features.stack is not None])
         out = []
         op_level = not has_unit_tables(cm) and space.target != "megatron-lm"   # one setting per plan there
-        for e in _to_polish(results, cands, opts, top_k):
+        todo = _to_polish(results, cands, opts, top_k)
+        todo += [e for e in seeded if e.state not in {x.state for x in todo}]
+        for e in todo:
             fresh = ev.evaluate(e.state, charge=False, exact=True)
             p = fresh
             if p.fits:

@@ -80,9 +80,10 @@ class Dispatchers:
     """Prices states under each candidate (MoE settings x CUDA-graph scope; one ``Evaluator`` per MoE settings, so
     their stage caches are kept)."""
 
-    def __init__(self, cm, gbs: int, target: str, base: MoEPlanSettings | None = None, accept=None):
+    def __init__(self, cm, gbs: int, target: str, base: MoEPlanSettings | None = None, accept=None, stacks=()):
         """``accept(evaluator, evaluation)``: an extra check a variant must pass (the megatron-lm target: the
-        export's ``expressible``); None: any fitting variant."""
+        export's ``expressible``); None: any fitting variant. ``stacks``: the seeds' own stack switches
+        (``StackKey``: a published plan's CUDA graphs), also priced on every plan (the megatron-lm target)."""
         self.base = base
         self.accept = accept
         cands = candidates(cm.model, cm.cluster, base, target,
@@ -91,6 +92,7 @@ class Dispatchers:
         self.evaluators = [Evaluator(cm, gbs, None, target, s) for s in cands[1:]]
         self.own = Evaluator(cm, gbs, None, target, cands[0]) if cands else None
         self.graphs = graph_candidates(cm.model, target)
+        self.stacks = list(dict.fromkeys(stacks)) if target == "megatron-lm" else []
 
     def best(self, e: Evaluation) -> Evaluation:
         """``e`` or its state under another candidate when that is faster and fits (exact evaluations)."""
@@ -133,8 +135,11 @@ class Dispatchers:
             sk = (f.stack or StackKey())._replace(graphs=g.graphs, graph_impl=g.graph_impl)
             if sk != f.stack:
                 yield st._replace(features=f._replace(stack=sk))
+        for sk in self.stacks:
+            if sk != f.stack:
+                yield st._replace(features=f._replace(stack=sk))
 
     @property
     def active(self) -> bool:
         """Whether there is another candidate to try (an MoE model)."""
-        return bool(self.evaluators) or bool(self.graphs)
+        return bool(self.evaluators) or bool(self.graphs) or bool(self.stacks)

@@ -184,10 +184,12 @@ def _best(ev, state, cands, off, exact: bool):
 def offloaded(ev, state, spans, firsts):
     """``(state, stages)`` with the fewest offloaded layers that make a one-stage state fit without recompute
     (megatron-core's CPU offloading: one stage, no recompute, fewer layers than the model's; bisection: memory
-    falls with the layers offloaded), or None (not allowed, not one stage, or even the most do not fit)."""
+    falls with the layers offloaded), or None (not allowed, not one stage, or even the most do not fit; a model
+    Megatron-LM runs only as a hybrid pattern, which the export writes without offload: ``runs_as_pattern``)."""
+    from ..megatron.hybrid_pattern import runs_as_pattern
     cm, model = ev.cm, ev.cm.model
     if state.num_stages > 1 or len(spans[0]) > 1 or "activation_offload" not in getattr(cm, "features", ()) \
-            or cm.training.activation_offload is False:
+            or cm.training.activation_offload is False or runs_as_pattern(model):
         return None
     rc = codes(NONE_SETTING, model, spans[0])
 

@@ -374,42 +374,61 @@ class Space:
         return st if f.tp_comm_overlap == want else st._replace(features=f._replace(tp_comm_overlap=want))
 
     def legal(self, st) -> bool:
+        return self.refusal(st) is None
+
+    def start_of(self, st):
+        """A seed's starting state (``SearchOptions.seeds``): itself, or on ``--target megatron-lm`` without its
+        stack switches (CUDA graphs, fine-grained offload, the cross-entropy fusion), which no move changes: the
+        final step prices the seed as given and its stack on the final plans (``dispatchers.py``)."""
+        if self.target == "megatron-lm" and st.features.stack is not None:
+            return st._replace(features=st.features._replace(stack=None))
+        return st
+
+    def refusal(self, st) -> str | None:
+        """Why ``st`` is outside the space (a few words), or None when it is a legal state."""
         S, nb = len(st.shapes), len(st.bounds)
         if S == 0 or (nb - 1) % S or (nb - 1) // S not in self.v_set or (self.max_stages and S > self.max_stages):
-            return False
+            return "its stage or chunk count"
         if self.pps is not None and S not in self.pps:
-            return False
+            return f"pp {S} (--pp)"
         v = (nb - 1) // S
         if v > 1 and self.max_chunks and nb - 1 > self.max_chunks:
-            return False
-        if sum(s.num_gpus for s in st.shapes) != self.num_gpus or st.features not in self.features:
-            return False
+            return f"{nb - 1} model chunks (at most {self.max_chunks})"
+        if sum(s.num_gpus for s in st.shapes) != self.num_gpus:
+            return "its GPU count"
+        if st.features not in self.features:
+            return "its plan-level switches"
         if st.bounds[0] != 0 or st.bounds[-1] != self.num_units:
-            return False
+            return "its unit bounds"
         if st.features.fsdp and (pipeline_refusal(S, v) is not None or any(
                 one_rank_group(st.features.fsdp, s.dp, s.cp, s.num_gpus, s.etp or s.tp, s.ep, self.experts is not None)
                 for s in st.shapes)):
-            return False            # what megatron-core cannot run under Megatron FSDP (search.settings.fsdp)
+            return "Megatron FSDP's rules"     # what megatron-core cannot run under Megatron FSDP (search.settings.fsdp)
         if self.moe is not None and overlap_ep_refusal(self.moe, S, v, any(s.ep > 1 for s in st.shapes)):
-            return False            # the MoE EP overlap's structure (moe_plan; the recompute search avoids full)
+            return "the EP overlap's structure"    # moe_plan; the recompute search avoids full
         for i, (a, b) in enumerate(zip(st.bounds[:-1], st.bounds[1:])):
             if b < a or (b == a and not ((i == 0 and self.empty_ends[0]) or (i == nb - 2 and self.empty_ends[1]))):
-                return False
-        if not all(self.shape_ok(s) for s in st.shapes) or not self.mbs_ok(st.shapes, st.mbs):
-            return False
+                return "an empty model chunk"
+        bad = next((s for s in st.shapes if not self.shape_ok(s)), None)
+        if bad is not None:
+            return f"stage shape tp {bad.tp} cp {bad.cp} dp {bad.dp} sp {bad.sp} ep {bad.ep}"
+        if not self.mbs_ok(st.shapes, st.mbs):
+            return f"micro-batch {st.mbs} (per-rank candidates {list(self.batches)})"
         if v > 1 and (S < 2 or (self.gbs and (self.gbs // st.mbs) % S)):
-            return False
+            return "interleaving with these stages and micro-batches"
         if self.uniform_cp and len({s.cp for s in st.shapes}) > 1:
-            return False
+            return "different cp per stage"
         if self.target == "megatron-lm":
-            if len(set(st.shapes)) > 1 or not set(st.bounds) <= set(self.layer_starts):
-                return False
+            if len(set(st.shapes)) > 1:
+                return "different stage shapes (Megatron-LM runs one)"
+            if not set(st.bounds) <= set(self.layer_starts):
+                return "a cut inside a layer"
         gpn, first = self.gpus_per_node, 0
         for s in st.shapes:
             if not (first % s.tp == 0 and gpn % s.tp == 0):
                 for j in range(s.cp * s.dp):
                     lo = first + j * s.tp
                     if lo // gpn != (lo + s.tp - 1) // gpn:
-                        return False
+                        return "a TP group across nodes"
             first += s.num_gpus
-        return True
+        return None
