@@ -8,8 +8,8 @@ reader prices them (kind ``hybrid``, never in a fit) where the presets hold the 
 imported from its own arguments with ``release`` = its container, so it is priced with its release's constants.
 Rows kept out of a fit (``KEPT_OUT``) each carry their published evidence; every row is still priced and reported.
 
-``fit(group)`` is a coordinate descent of least mean absolute error over the group's rows that are not kept out:
-each constant in ``GRID`` order scanned on its grid with the others fixed, twice; a constant is fitted only where
+``fit(group)`` is a coordinate descent of least ``objective`` (the mean absolute error plus ``BEYOND_WEIGHT`` x the
+mean excess of |error| over 15%: issue 34's two targets) over the group's rows that are not kept out: each constant in ``GRID`` order scanned on its grid with the others fixed, twice; a constant is fitted only where
 the group has at least ``MIN_ROWS`` rows it prices (NVFP4 rows, HybridEP on Blackwell, attention sinks,
 low-precision GEMMs of a GPU generation), else it keeps the nearest release's value (``release_constants``). ``python
 bench/published_runs.py --fit-release GROUP`` runs it and prints the values with their row counts; the values are
@@ -18,6 +18,7 @@ then written into ``release_constants.FITS`` by hand (a fit never edits the sour
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import sys
@@ -171,9 +172,24 @@ def as_release(row: dict, old: dict) -> dict:
             "tokens_per_s_per_gpu": old["tokens_per_s_per_gpu"], "also_published": []}
 
 
+BEYOND = 0.15         # issue 34's bound on every row's |error| (bench/bridge_published.TARGETS["max"])
+BEYOND_WEIGHT = 3.0   # the fit's price of one point of |error| beyond BEYOND, in points of MAE (``objective``)
+
+
+def objective(errors: list[float]) -> float:
+    """What the fit minimizes over a constant's rows: the mean |error| plus ``BEYOND_WEIGHT`` x the mean excess of
+    |error| over ``BEYOND`` (issue 34 asks both: the MAE and no row beyond 15%). Least MAE alone traded a few rows
+    past 15% for a tenth of a point of MAE (26.04.01: MAE 6.7% with the Qwen3-30B micro-batch-8 rows at +20/+19%
+    and DeepSeek-V3 pp 16 at -15%, against 6.9% with none beyond)."""
+    errs = [abs(e) for e in errors]
+    if not errs:
+        return 0.0
+    return statistics.fmean(errs) + BEYOND_WEIGHT * statistics.fmean(max(0.0, e - BEYOND) for e in errs)
+
+
 def _mae(rows: list[dict]) -> float:
-    errs = [abs(p["error"]) for p in map(price, rows) if p["status"] == "priced" and p.get("error") is not None]
-    return statistics.fmean(errs) if errs else 0.0
+    """``objective`` of the rows' errors, each priced as its own release (the name is the fit's history)."""
+    return objective([p["error"] for p in map(price, rows) if p["status"] == "priced" and p.get("error") is not None])
 
 
 MIN_ROWS = 4      # a constant is fitted on at least this many of the group's rows, else taken from the nearest fit
@@ -183,11 +199,20 @@ FIT_FROM = {"HYBRIDEP_NVL_EFF": "26.04"}
 
 GRID = {
     "HOST_LAUNCH_MS": [0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.06, 0.08],
-    "GROUPED_K0_LP": [0.0, 250.0, 500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0, 6000.0, 8000.0],
+    "GROUPED_K0_LP": [0.0, 250.0, 500.0, 750.0, 1000.0, 1250.0, 1500.0, 2000.0, 3000.0, 4000.0, 6000.0, 8000.0],
     "LOWPREC_GEMM_SCALE.hopper": [round(0.6 + 0.04 * i, 2) for i in range(16)],
     "LOWPREC_GEMM_SCALE.blackwell": [round(0.6 + 0.04 * i, 2) for i in range(16)],
     "NVFP4_GEMM_SCALE": [round(0.4 + 0.05 * i, 2) for i in range(17)],
     "HYBRIDEP_NVL_EFF": [0.35, 0.45, 0.49, 0.55, 0.65, 0.75, 0.85, 0.95],
+}
+# The MoE constants that price the same rows and trade against each other (the host-bound wait, the quantized
+# grouped GEMM's per-tile cost, HybridEP's rate): scanned together on this grid, every MoE row of the group at once,
+# before the coordinate descent of the others; one at a time, the descent stopped where one constant's rows alone
+# asked (26.04.01: at four rows beyond 15%, where the joint scan finds none)
+JOINT_GRID = {
+    "HOST_LAUNCH_MS": [0.03, 0.035, 0.04, 0.045, 0.05],
+    "GROUPED_K0_LP": [0.0, 500.0, 1000.0, 1250.0, 1500.0, 2000.0, 3000.0, 6000.0],
+    "HYBRIDEP_NVL_EFF": [0.45, 0.5, 0.55, 0.6],
 }
 # Fitted on every release's rows together (``release_constants.POOLED``): too few rows in any one release
 POOLED_GRID = {
@@ -232,7 +257,7 @@ def _set(consts: dict, name: str, v) -> None:
 
 
 def fit_pooled(verbose: bool = True) -> tuple[dict, dict]:
-    """``POOLED_GRID``'s constants on every release's rows not kept out (least MAE, one pass each); restores
+    """``POOLED_GRID``'s constants on every release's rows not kept out (least ``objective``, one pass each); restores
     ``release_constants.POOLED``."""
     rows = [r for g in rc.FITS for r in rows_of(g, load()) if not kept_out(r)]
     keep = json.loads(json.dumps(rc.POOLED))
@@ -272,12 +297,32 @@ def fit(group: str, passes: int = 2, verbose: bool = True) -> tuple[dict, dict]:
         if head not in consts:
             consts[head] = json.loads(json.dumps(rc.value(head, group)))
     counts = {}
+
+    def fitted(name):
+        head = name.split(".")[0]
+        return len(applies(name, all_rows)) >= MIN_ROWS and not (
+            head in FIT_FROM and rc._order(group) < rc._order(FIT_FROM[head]))
     try:
+        joint = [n for n in JOINT_GRID if fitted(n)]
+        if joint:                # the MoE constants together (``JOINT_GRID``), on every MoE row of the group
+            mine = [r for r in all_rows if any(r in applies(n, all_rows) for n in joint)]
+            best = None
+            for vals in itertools.product(*(JOINT_GRID[n] for n in joint)):
+                for n, v in zip(joint, vals):
+                    _set(consts, n, v)
+                m = _mae(mine)
+                if best is None or m < best[0] - 1e-9:
+                    best = (m, vals)
+            for n, v in zip(joint, best[1]):
+                _set(consts, n, v)
+                counts[n] = len(applies(n, all_rows))
+            if verbose:
+                print(f"  {group} {', '.join(f'{n} = {v}' for n, v in zip(joint, best[1]))} (jointly; objective "
+                      f"{100 * best[0]:.1f}% on the {len(mine)} MoE rows, of {len(all_rows)})", flush=True)
         for _ in range(passes):
             for name, grid in GRID.items():
                 mine = applies(name, all_rows)
-                head = name.split(".")[0]
-                if len(mine) < MIN_ROWS or (head in FIT_FROM and rc._order(group) < rc._order(FIT_FROM[head])):
+                if name in JOINT_GRID or not fitted(name):
                     continue
                 counts[name] = len(mine)
                 best = None
@@ -288,7 +333,7 @@ def fit(group: str, passes: int = 2, verbose: bool = True) -> tuple[dict, dict]:
                         best = (m, v)
                 _set(consts, name, best[1])
                 if verbose:
-                    print(f"  {group} {name} = {best[1]} (MAE {100 * best[0]:.1f}% on the "
+                    print(f"  {group} {name} = {best[1]} (objective {100 * best[0]:.1f}% on the "
                           f"{len(mine)} rows it prices, of {len(all_rows)})", flush=True)
         out = {}
         for c in counts:                         # only what was fitted (a per-generation one: its fitted keys)

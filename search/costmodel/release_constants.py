@@ -5,7 +5,8 @@ and low-precision GEMMs, megatron-core's host path), so the efficiencies of thos
 the user states (``search/settings/releases.py``: a container or a megatron-core version; default the newest). Releases that
 ship the same megatron-core and transformer-engine share one fit (26.02 / 26.02.01; 26.04 / 26.04.01: the point
 releases change only Megatron-Bridge's recipes). Each entry says on how many published rows it was fitted
-(``python bench/published_runs.py --fit-release``, least MAE on the release's rows not kept out; the bf16 dense
+(``python bench/published_runs.py --fit-release``, least ``release_fit.objective`` on the release's rows not kept out:
+the MAE plus 3x the mean excess beyond 15%, the MoE constants jointly; the bf16 dense
 constants, ``kernels.SUSTAINED_*``, are fitted once on the dense BF16 calibration and are not per release):
 
     HOST_LAUNCH_MS      host time of one kernel launch of a layer's forward (``host.py``)
@@ -40,16 +41,19 @@ FITS: dict[str, tuple[tuple[str, ...], dict, dict]] = {
     "25.09": (("25.09",), {"HOST_LAUNCH_MS": 0.03, "GROUPED_K0_LP": 6000.0,
                            "LOWPREC_GEMM_SCALE": {"blackwell": 0.84}},
               {"HOST_LAUNCH_MS": 13, "GROUPED_K0_LP": 13, "LOWPREC_GEMM_SCALE.blackwell": 9}),
-    "25.11": (("25.11",), {"HOST_LAUNCH_MS": 0.05, "GROUPED_K0_LP": 2000.0,
+    "25.11": (("25.11",), {"HOST_LAUNCH_MS": 0.05, "GROUPED_K0_LP": 1500.0,
                            "LOWPREC_GEMM_SCALE": {"blackwell": 0.88}},
               {"HOST_LAUNCH_MS": 14, "GROUPED_K0_LP": 9, "LOWPREC_GEMM_SCALE.blackwell": 15}),
+    # 26.02.01: release_fit.fit's joint scan gives 0.045 / 1250, carried by the 26.04.01 configurations the table
+    # also publishes as 26.02 (most of its 34 MoE rows); it puts two of the group's own rows past 15% (Qwen3-30B
+    # B200 micro-batch 1 +19.8%, H100 +15.9%): the least-MAE values of before are kept until the fit weighs them
     "26.02.01": (("26.02", "26.02.01"), {"HOST_LAUNCH_MS": 0.05, "GROUPED_K0_LP": 0.0,
                                          "LOWPREC_GEMM_SCALE": {"blackwell": 0.92},
                                          "NVFP4_GEMM_SCALE": 0.65},
                  {"HOST_LAUNCH_MS": 34, "GROUPED_K0_LP": 25, "LOWPREC_GEMM_SCALE.blackwell": 20, "NVFP4_GEMM_SCALE": 6}),
-    "26.04.01": (("26.04", "26.04.01"), {"HOST_LAUNCH_MS": 0.05, "GROUPED_K0_LP": 0.0,
+    "26.04.01": (("26.04", "26.04.01"), {"HOST_LAUNCH_MS": 0.045, "GROUPED_K0_LP": 1000.0,
                                          "LOWPREC_GEMM_SCALE": {"blackwell": 0.96},
-                                         "NVFP4_GEMM_SCALE": 0.7, "HYBRIDEP_NVL_EFF": 0.55},
+                                         "NVFP4_GEMM_SCALE": 0.7, "HYBRIDEP_NVL_EFF": 0.5},
                  {"HOST_LAUNCH_MS": 39, "GROUPED_K0_LP": 29, "LOWPREC_GEMM_SCALE.blackwell": 24, "NVFP4_GEMM_SCALE": 8, "HYBRIDEP_NVL_EFF": 27}),
 }
 # Constants fitted on every release's rows together (too few rows in any one release), with their row counts

@@ -44,10 +44,11 @@ def test_qwen3_30b_gb300_is_listed_with_its_published_micro_batch_pair():
                                                           "25.11/pretrain/qwen3-30b-a3b/gb300x8/"))]
     assert len(rows) == 2
     priced = [rf.price(r) for r in rows]
+    for p in priced:          # the 26.04.01 row taken as beyond 15% (+20%, as before the joint fit of issue 34),
+        if p["id"].startswith("26.04.01/"):     # whatever the constants give it now: what ``beyond`` prints is tested
+            p["error"] = 0.20
     by_id = {r["id"]: r for r in rows}
     out = bp.beyond(priced, bp.pairs(rows, priced, by_id), by_id)
-    if not out:
-        pytest.skip("the row is within 15% now")
     (b,) = out
     assert b["id"].startswith("26.04.01/") and b["mbs"] == 8
     (q,) = b["pairs"]
