@@ -126,8 +126,9 @@ def syncs(model, settings=None) -> bool:
 def host_layers(src, fwd, bwd, rec, ep: int, cfg, scopes: frozenset = frozenset(), lp_of=None):
     """The host-bound wait of each MoE layer (``host.py``), added to its moe unit's forward in place (and to its
     full recompute, which re-runs the forward); returns the per-unit array of what was added. The layer's device
-    time is its attention unit (the unit before) and the moe unit; its host time the two units' launches not
-    captured by a CUDA graph of ``scopes``, at the release's ``HOST_LAUNCH_MS``."""
+    time is the unit before (its attention unit, or in a hybrid pattern its Mamba unit: ``ME``) and the moe unit;
+    its host time the two units' launches not captured by a CUDA graph of ``scopes``, at the release's
+    ``HOST_LAUNCH_MS``."""
     import numpy as np
     from .host import exposed_host_ms, host_launches, part_launches
     from .release_constants import value
@@ -138,11 +139,12 @@ def host_layers(src, fwd, bwd, rec, ep: int, cfg, scopes: frozenset = frozenset(
     sync = syncs(m, cfg) and not (cfg is not None and cfg.overlap_ep_comm)
     n_local = m.moe.num_experts // max(ep, 1)
     for i, u in enumerate(units):
-        if u.kind != "moe" or i == 0 or units[i - 1].kind != "attention":
+        if u.kind != "moe" or i == 0 or units[i - 1].kind not in ("attention", "mamba"):
             continue
         lp = bool(lp_of(u)) if lp_of else False
         moe = part_launches(m, "moe", lp, n_local, cfg)
-        parts = {**part_launches(m, "attention", bool(lp_of(units[i - 1])) if lp_of else False, 0), **moe}
+        prev = part_launches(m, units[i - 1].kind, bool(lp_of(units[i - 1])) if lp_of else False, 0)
+        parts = {**prev, **moe}
         first = host_launches({"moe_rest": moe["moe_rest"]}, scopes) * launch_ms
         add = exposed_host_ms(host_launches(parts, scopes) * launch_ms, fwd[i - 1] + fwd[i],
                               bwd[i - 1] + bwd[i], sync, first, fwd[i])
