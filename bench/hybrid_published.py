@@ -132,7 +132,8 @@ def row_flags(row: dict, m) -> tuple[list[str], list[str]]:
         scope = [x for x in g["scope"] if x != "mamba"]
         if "mamba" in g["scope"]:
             notes.append("CUDA-graph scope mamba dropped (the importer reads megatron-core 0.16.1's scopes)")
-        f += ["--cuda-graph-impl", g["impl"]] + (["--cuda-graph-scope", *scope] if scope else [])
+        if scope or not g["scope"]:      # a scope of mamba alone: nothing left to graph (no scope: whole layers)
+            f += ["--cuda-graph-impl", g["impl"]] + (["--cuda-graph-scope", *scope] if scope else [])
     rc = s["recompute"]
     if rc["granularity"]:
         f += ["--recompute-granularity", rc["granularity"]]

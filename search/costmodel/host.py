@@ -10,6 +10,13 @@ per kernel) for each. Launch counts per part of a layer, forward, counted on meg
                     (proj), bias-dropout-add: 7 (+ 3 q: quantize and amax of the two linears)
                     MLA: 2 down projections, 2 latent norms, 2 up projections, RoPE, core, proj, bda: 12 (+ 5 q)
     mlp             TE LayerNormMLP: norm, fc1, activation, fc2, bda: 5 (+ 3 q)
+    mamba           megatron-core 0.19 ``MambaMixer`` training path (``use_mem_eff_path``): TE LayerNormColumn-
+                    ParallelLinear in_proj (norm, GEMM: 2), the two ``rearrange(...).contiguous()`` copies (2),
+                    ``A = -exp(A_log.float())`` (3), ``D.float()`` (1), mamba-ssm's ``mamba_split_conv1d_scan_
+                    combined`` (causal conv1d, the SSD's chunk cumsum, chunk state, state passing, chunk bmm, chunk
+                    scan, the gated RMSNorm: 7), out_proj (1), bias-dropout-add (1): 17 (+ 3 q, as attn's two
+                    linears); megatron-core 0.19's CUDA-graph scope ``mamba`` is not a plan scope (``stack.py``),
+                    so a Mamba layer is priced uncaptured
     moe_router      ``TopKRouter.forward``: gating GEMM (+1 fp32 cast with moe_router_dtype), the forced-balance
                     random logits (2), score / top-k / scatter / scaling (7; group-limited top-k + 4; expert bias
                     + 2), the aux-loss scores and loss (11), the expert-bias token count (1); ``moe_router_fusion``:
@@ -33,10 +40,12 @@ pp 8, came out 20-28% too slow), and pricing the experts' grouped-GEMM calls at 
 kept (docs/costmodel.md, "The 2026 software stack"). What the device sees:
 
 - a dropless MoE layer's dispatcher copies the token counts to the host and waits for them before its EP
-  all-to-all (``moe_cost.syncs``; megatron-core 0.16.1 ``_maybe_dtoh_and_synchronize``; a CUDA graph of
-  ``moe_preprocess`` moves the copy, the wait stays): the CPU then launches the layer's remaining kernels and the
-  next layer's up to its wait while the device idles, so a layer's forward takes max(device, host): exposed
-  ``max(0, H_f - D_f)``;
+  all-to-all (``moe_cost.syncs``; megatron-core 0.16.1 ``_maybe_dtoh_and_synchronize``; 0.19's HybridEP without
+  a per-rank capacity "sizes buffers dynamically (CPU sync in dispatch)", token_dispatcher.py ``_HybridEPManager``;
+  a CUDA graph of ``moe_preprocess`` moves the copy, the wait stays): the CPU then launches the layer's remaining
+  kernels and the next layer's up to its wait while the device idles, so a layer's forward takes max(device,
+  host): exposed ``max(0, H_f - D_f)``. A layer is the moe unit and the unit before it: the attention unit, or
+  in a hybrid pattern the Mamba unit (``ME``: every MoE layer of Nemotron-3 but those after an attention one);
 - without a synchronisation the CPU runs ahead: exposed only when a layer's (forward) host time exceeds its whole
   device time, ``max(0, H_f - D_f - D_b)``.
 
@@ -87,6 +96,10 @@ def mla_launches(model, quantized: bool, n_local: int = 0, moe_settings=None) ->
 
 def mlp_launches(model, quantized: bool, n_local: int = 0, moe_settings=None) -> dict[str, float]:
     return {"mlp": 5 + 3 * (1 if quantized else 0)}
+
+
+def mamba_launches(model, quantized: bool, n_local: int = 0, moe_settings=None) -> dict[str, float]:
+    return {"mamba": 17 + 3 * (1 if quantized else 0)}
 
 
 def moe_launches(model, quantized: bool, n_local: int, moe_settings=None) -> dict[str, float]:

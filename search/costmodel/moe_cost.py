@@ -73,7 +73,7 @@ from __future__ import annotations
 
 from search.settings import precision as lowp
 from search.io.errors import AcesoError
-from ..layers.kind import UnitCost, ep_overlap_pairs
+from ..layers.kind import UnitCost, resolve
 from search.layers.moe_params import (
     _norm, expert_params, expert_width, latent_proj_params, mlp_params, router_params, shared_expert_params,
 )
@@ -125,11 +125,20 @@ def syncs(model, settings=None) -> bool:
     return not model.moe.moe_pad_expert_input_to_capacity
 
 
+def host_wait_pairs(model) -> tuple[int, ...]:
+    """The units whose layer waits on the host (``host_layers``): each routed-experts unit (MoE) whose previous unit
+    is its layer's mixer (a kind of role ``attention``: self-attention, MLA, or in a hybrid pattern Mamba-2, ``ME``)."""
+    units = model.units
+    return tuple(i for i in range(1, len(units)) if resolve(model, units[i].kind).routed_experts
+                 and resolve(model, units[i - 1].kind).role == "attention")
+
+
 def host_layers(src, fwd, bwd, rec, ep: int, cfg, scopes: frozenset = frozenset(), lp_of=None):
     """The host-bound wait of each MoE layer (``host.py``), added to its moe unit's forward in place (and to its
     full recompute, which re-runs the forward); returns the per-unit array of what was added. The layer's device
-    time is its attention unit (the unit before) and the moe unit; its host time the two units' launches not
-    captured by a CUDA graph of ``scopes``, at the release's ``HOST_LAUNCH_MS``."""
+    time is the unit before (its attention unit, or in a hybrid pattern its Mamba unit: ``ME``) and the moe unit;
+    its host time the two units' launches not captured by a CUDA graph of ``scopes``, at the release's
+    ``HOST_LAUNCH_MS``."""
     import numpy as np
     from .host import exposed_host_ms, host_launches, part_launches
     from .release_constants import value
@@ -139,11 +148,12 @@ def host_layers(src, fwd, bwd, rec, ep: int, cfg, scopes: frozenset = frozenset(
     launch_ms = value("HOST_LAUNCH_MS", src.settings.release)
     sync = syncs(m, cfg) and not (cfg is not None and cfg.overlap_ep_comm)
     n_local = m.moe.num_experts // max(ep, 1)
-    for i in ep_overlap_pairs(m):
+    for i in host_wait_pairs(m):
         u = units[i]
         lp = bool(lp_of(u)) if lp_of else False
         moe = part_launches(m, u.kind, lp, n_local, cfg)
-        parts = {**part_launches(m, units[i - 1].kind, bool(lp_of(units[i - 1])) if lp_of else False, 0), **moe}
+        prev = part_launches(m, units[i - 1].kind, bool(lp_of(units[i - 1])) if lp_of else False, 0)
+        parts = {**prev, **moe}
         first = host_launches({"moe_rest": moe["moe_rest"]}, scopes) * launch_ms
         add = exposed_host_ms(host_launches(parts, scopes) * launch_ms, fwd[i - 1] + fwd[i],
                               bwd[i - 1] + bwd[i], sync, first, fwd[i])

@@ -395,8 +395,13 @@ def price_layer(src, u, a):
     return Row(cost, (keep, keep, full), params(spec, h, t, model.normalization == "layernorm").total)
 
 
+def mamba_launches(m, quantized: bool, n_local: int, moe=None) -> dict:
+    from ..costmodel.host import mamba_launches
+    return mamba_launches(m, quantized)
+
+
 MAMBA = register(LayerKind(
     name="mamba", symbol="M", role="attention", label="Mamba-2", params=layer_params, flops=layer_flops,
     price=price_layer, in_layer=lambda m, stack: False,      # only where a hybrid pattern writes M
     recompute=("none", "full"),     # no --recompute-modules entry covers a Mamba mixer (megatron-core 0.19)
-    hybrid_slot="mamba_layer"))
+    hybrid_slot="mamba_layer", launches=mamba_launches))

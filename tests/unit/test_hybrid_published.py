@@ -31,6 +31,9 @@ def test_nano_h100_row_is_the_plan_its_settings_say():
     assert kinds["mamba"] == "none" and kinds["attention"] != "none" and kinds["moe"] != "none"
     x = hp.price_row(row)
     assert x["status"] == "priced" and x["fits"]
+    # the recipe graphs the Mamba layers only (cuda_graph_scope [mamba]), a scope no plan holds: nothing is graphed
+    # (it was read as --cuda-graph-impl with no scope, megatron-core's whole layers, MoE and attention included)
+    assert s["cuda_graphs"]["scope"] == ["mamba"] and (plan.settings.stack is None or plan.settings.stack.cuda_graphs is None)
 
 
 def test_super_nvfp4_row_is_the_plan_its_settings_say():

@@ -90,6 +90,26 @@ def test_unit_table_host_wait_by_hand():
         assert t.recompute_ms[i, 2] == pytest.approx(t.fwd_ms[i], rel=1e-9)   # full recompute re-waits
 
 
+def test_hybrid_moe_layer_after_mamba_waits_on_the_host_by_hand():
+    """A hybrid pattern's MoE layer after a Mamba one (``ME``, 32 of Nemotron-3 Super's 40) syncs like any dropless
+    layer, so it is host-bound the same way: the Mamba unit's 17 launches (bf16; megatron-core 0.19 MambaMixer, 20
+    quantized) + the router's 9 (learned routing, no aux loss) + the preprocess's 16 + the rest's 9 + 6 x 2 local
+    experts = 63, against the Mamba and moe units' device forward, or the rest's 21 against the moe unit's."""
+    from tests.unit.test_hybrid_model_spec import _model
+    m = _model("ME", hidden_size=256, num_attention_heads=4, ffn_hidden_size=512, seq_length=256,
+               moe={"num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 64})
+    assert part_launches(m, "mamba", False, 0) == {"mamba": 17}
+    assert part_launches(m, "mamba", True, 0) == {"mamba": 20}
+    launch = rcs.value("HOST_LAUNCH_MS", "")
+    _, t = _table(m)
+    assert [u.kind for u in m.units] == ["mamba", "moe"]
+    dev_moe = t.fwd_ms[1] - t.host_ms[1]
+    want = max((17 + 9 + 16 + 21) * launch - (t.fwd_ms[0] + dev_moe), 21 * launch - dev_moe)
+    assert want > 0                                         # the case under test
+    assert t.host_ms[1] == pytest.approx(want, rel=1e-9)
+    assert t.fwd_ms[1] == pytest.approx(dev_moe + want, rel=1e-9)
+
+
 def test_graph_buffers_by_hand():
     """GRAPH_BUFFERS tensors of dt s b h per captured unit and micro-batch in flight: 2 layers, attention and moe
     captured, 1 stage (one micro-batch in flight), b 1 s 1024 h 1024 bf16."""
