@@ -64,7 +64,9 @@ def block_spec(model, config, pg_collection, te: bool):
     norm = sequence_parallel_norm if config.sequence_parallel else (lambda s: s)
     sub = dataclasses.replace(sub, enorm=norm(sub.enorm), hnorm=norm(sub.hnorm), layer_norm=norm(sub.layer_norm))
     spec = dataclasses.replace(spec, submodules=sub)
-    return MultiTokenPredictionBlockSubmodules(layer_specs=[spec] * model.mtp_num_layers)
+    # shared (``mtp_use_repeated_layer``, in the config): one layer, run at every depth, as get_gpt_mtp_block_spec
+    return MultiTokenPredictionBlockSubmodules(layer_specs=[spec] * (1 if model.mtp_use_repeated_layer
+                                                                     else model.mtp_num_layers))
 
 
 def build_block(model, config, pg_collection, te: bool):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from aceso_megatron.testing import run_plans, spawn
+from patches.compat import at_least
 from search.layers.moe_spec import MLASpec, MoESpec
 from tests.distributed.test_plans import SEED, STEPS, TC, compare, reference_process  # noqa: F401 (fixture)
 from tests.tiny_models import GPT, LLAMA
@@ -55,6 +56,10 @@ PLANS = {
         DEEPSEEK, st(1, 1, 0, 2), st(2, 1, 2, 7, ep=2, sp=True)),
     "gpt tied, MTP on the last stage (tp2)": plan(GPT_MTP, st(1, 1, 0, 2), st(2, 1, 2, 5)),
 }
+if at_least("0.17"):   # megatron-core's shared MTP layer (mtp_use_repeated_layer): one layer run at both depths
+    PLANS["2 MTP depths of one shared layer on the last stage (pp2, tp2 + SP there)"] = plan(
+        MTP_LLAMA.model_copy(update={"name": "tiny-llama-shared-mtp", "mtp_use_repeated_layer": True}),
+        st(1, 1, 0, 2), st(2, 1, 2, 6, sp=True))
 
 
 # the control: the MLA tp2 + SP plan with megatron-core's plain gather of kv_combined (the RoPE key's gradient of
