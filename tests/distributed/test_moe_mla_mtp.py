@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from aceso_megatron.testing import run_plans, spawn
+from aceso_megatron.testing.reference import stock_run
 from patches.compat import at_least
 from search.layers.moe_spec import MLASpec, MoESpec
 from tests.distributed.test_plans import SEED, STEPS, TC, compare, reference_process  # noqa: F401 (fixture)
@@ -89,6 +90,10 @@ def test_mla_mtp_plans_match_single_process(tmp_path, reference_process):  # noq
     spawn(3, plans_then_control, list(raws), str(out), str(control), SEED, STEPS, TC)
     failures = compare(names, raws, torch.load(out))
     assert not failures, "\n".join(failures)
+    for raw in raws:   # stock GPTModel holds one MTP layer for shared depths (so the runtime, equal to it, does too)
+        if raw["model"].get("mtp_use_repeated_layer"):
+            layers = {k.split(".")[2] for k in stock_run(raw, SEED, TC, STEPS)["params"] if k.startswith("mtp.layers.")}
+            assert layers == {"0"}, layers
     wrong = compare(["control"], [CONTROL], torch.load(control))
     assert any("linear_kv_down_proj" in f and " grad " in f for f in wrong), wrong
 
