@@ -27,6 +27,8 @@ Each function names the difference it hides:
   distributed optimizer's buffer layout itself when not given one (``full_param_layout``), which it then does.
 - ``have_hybrid``: ``megatron.core.models.hybrid`` (``HybridModel``, ``HybridStack``; 0.19), which the stage model
   builds its layers on where present.
+- ``reset_moe_metrics``: megatron-core's process-wide MoE aux-loss log, sized by the first MoE model's layers (and
+  MTP depths) that logs into it: 0.19 ``moe_logging``'s ``MoEMetricsTracker``, 0.16.1 ``moe_utils``' dict.
 - ``shared_mtp_refusal``: ``TransformerConfig.mtp_use_repeated_layer`` (one MTP layer run at every depth; 0.17 on),
   which 0.16.1 has not.
 
@@ -99,6 +101,19 @@ def at_least(v: str) -> bool:
 
 def have_hybrid() -> bool:
     return importlib.util.find_spec("megatron.core.models.hybrid") is not None
+
+
+def reset_moe_metrics() -> None:
+    """Drop megatron-core's MoE aux-loss log (module docstring), so a process that builds MoE models of other
+    depths (a test running several plans) logs into a log of the model's size."""
+    if importlib.util.find_spec("megatron.core.transformer.moe.moe_logging") is not None:
+        from megatron.core.transformer.moe.moe_logging import set_moe_metrics_tracker
+
+        set_moe_metrics_tracker(None)
+    else:
+        from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+        get_moe_layer_wise_logging_tracker().clear()
 
 
 def shared_mtp_refusal(model) -> str | None:
