@@ -107,9 +107,11 @@ def mamba_layer_spec(model: ModelSpec, te: bool | None = None) -> ModuleSpec:
 def mla_mtp_kwargs(model: ModelSpec) -> dict:
     """Multi-latent attention (megatron-core's ``MLATransformerConfig`` fields; RoPE on the ``qk_pos_emb_head_dim``
     part at the model's ``rotary_base``: ``rope_type`` "rope", or "yarn" with its ``rotary_scaling_factor`` & co.
-    when the spec's ``rope_scaling`` is YaRN, ``search.spec.rope_scaling``) and the MTP depth (empty for a model with
-    neither)."""
+    when the spec's ``rope_scaling`` is YaRN, ``search.spec.rope_scaling``) and the MTP depth, with
+    ``mtp_use_repeated_layer`` where its depths share one layer (empty for a model with neither)."""
     out = {"mtp_num_layers": model.mtp_num_layers} if model.mtp_num_layers else {}
+    if model.mtp_use_repeated_layer:      # megatron-core 0.17 on (0.16.1: refused, patches.compat.shared_mtp_refusal)
+        out["mtp_use_repeated_layer"] = True
     mla = model.mla
     if mla is None:
         return out

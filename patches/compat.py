@@ -27,6 +27,10 @@ Each function names the difference it hides:
   distributed optimizer's buffer layout itself when not given one (``full_param_layout``), which it then does.
 - ``have_hybrid``: ``megatron.core.models.hybrid`` (``HybridModel``, ``HybridStack``; 0.19), which the stage model
   builds its layers on where present.
+- ``reset_moe_metrics``: megatron-core's process-wide MoE aux-loss log, sized by the first MoE model's layers (and
+  MTP depths) that logs into it: 0.19 ``moe_logging``'s ``MoEMetricsTracker``, 0.16.1 ``moe_utils``' dict.
+- ``shared_mtp_refusal``: ``TransformerConfig.mtp_use_repeated_layer`` (one MTP layer run at every depth; 0.17 on),
+  which 0.16.1 has not.
 
 Torch and megatron-core are imported on first use, so importing this module imports neither.
 """
@@ -97,6 +101,28 @@ def at_least(v: str) -> bool:
 
 def have_hybrid() -> bool:
     return importlib.util.find_spec("megatron.core.models.hybrid") is not None
+
+
+def reset_moe_metrics() -> None:
+    """Drop megatron-core's MoE aux-loss log (module docstring), so a process that builds MoE models of other
+    depths (a test running several plans) logs into a log of the model's size."""
+    if importlib.util.find_spec("megatron.core.transformer.moe.moe_logging") is not None:
+        from megatron.core.transformer.moe.moe_logging import set_moe_metrics_tracker
+
+        set_moe_metrics_tracker(None)
+    else:
+        from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+        get_moe_layer_wise_logging_tracker().clear()
+
+
+def shared_mtp_refusal(model) -> str | None:
+    """Why this megatron-core cannot build ``model``'s shared MTP layer (``mtp_use_repeated_layer``: 0.17 on), one
+    line; or None."""
+    if not getattr(model, "mtp_use_repeated_layer", False) or at_least("0.17"):
+        return None
+    return (f"model.mtp_use_repeated_layer: megatron-core {version()} has no shared MTP layer (0.17 on): use the "
+            "Python 3.12 stack (README), set it false, or export the plan (aceso export --to megatron-lm)")
 
 
 # ----- a TransformerLayer's mlp slot ------------------------------------------------------------------------------

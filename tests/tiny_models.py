@@ -20,3 +20,7 @@ HYBRID = ModelSpec.model_validate({**LLAMA.model_dump(),
 # the same layers and one MTP depth of attention + MoE (HybridModel's '/' part; the last main layer an MLP)
 HYBRID_MTP = ModelSpec.model_validate({**HYBRID.model_dump(), "name": "tiny-hybrid-mtp",
                                        "hybrid_layer_pattern": "M*EME-/*E", "mtp_num_layers": 1})
+# two MTP depths running one shared layer (megatron-core 0.19 mtp_use_repeated_layer, Nemotron-3 Super's recipe)
+HYBRID_SHARED_MTP = ModelSpec.model_validate({**HYBRID.model_dump(), "name": "tiny-hybrid-shared-mtp",
+                                              "hybrid_layer_pattern": "M*EME-/*E/*E", "mtp_num_layers": 2,
+                                              "mtp_use_repeated_layer": True})

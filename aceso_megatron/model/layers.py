@@ -31,6 +31,7 @@ from model_specs.extensions import (
     check_whole_layers,
     whole_layer_stacks,
 )
+from patches.compat import shared_mtp_refusal
 from search import layers
 from search.io.errors import AcesoError
 from search.spec.model import ModelSpec, Unit
@@ -175,7 +176,7 @@ def check_model(plan, device: str = "cpu", fast=None) -> None:
     the config is built with the fast paths ``fast`` the run will use (default: what this machine offers)."""
     model = plan.model
     refuse_unbuilt(model)      # sliding window, softmax offset, quick-GEGLU: not built by the runtime yet
-    if (msg := hybrid_refusal(model)) is not None:
+    if (msg := hybrid_refusal(model) or shared_mtp_refusal(model)) is not None:
         raise AcesoError(msg)
     try:
         stage_config(model, 1, device, fast=fast)

@@ -8,7 +8,9 @@ around the spec of the last decoder layer (stock ``get_gpt_mtp_block_spec`` take
 stage's groups bound where megatron-core 0.16.1 builds without them (the transformer layer's ``pg_collection``,
 ``eh_proj``'s ``tp_group``: ``patches.compat.mtp_layer_spec``; the two mappings it calls without a group:
 ``patches.mla_mtp_tp_group``), and the
-sequence-parallel norms of an SP stage.
+sequence-parallel norms of an SP stage. With ``mtp_use_repeated_layer`` (megatron-core 0.17 on; the stage's config
+carries it) the block is built of one layer spec, as stock ``get_gpt_mtp_block_spec``: one layer (``mtp.layers.0``)
+run at every depth, the plan's later ``mtp`` units without weights of their own.
 
 The chunk also holds a copy of the embedding (stock: "MTP needs both embedding layer and output layer"; tied: the
 output layer uses it, as ``shared_embedding_or_output_weight``), whose gradients are summed with the first
@@ -64,7 +66,9 @@ def block_spec(model, config, pg_collection, te: bool):
     norm = sequence_parallel_norm if config.sequence_parallel else (lambda s: s)
     sub = dataclasses.replace(sub, enorm=norm(sub.enorm), hnorm=norm(sub.hnorm), layer_norm=norm(sub.layer_norm))
     spec = dataclasses.replace(spec, submodules=sub)
-    return MultiTokenPredictionBlockSubmodules(layer_specs=[spec] * model.mtp_num_layers)
+    # shared (``mtp_use_repeated_layer``, in the config): one layer, run at every depth, as get_gpt_mtp_block_spec
+    return MultiTokenPredictionBlockSubmodules(layer_specs=[spec] * (1 if model.mtp_use_repeated_layer
+                                                                     else model.mtp_num_layers))
 
 
 def build_block(model, config, pg_collection, te: bool):

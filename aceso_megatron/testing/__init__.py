@@ -162,8 +162,11 @@ def run_plans(rank: int, world_size: int, plans: list[dict], out: str, seed: int
     from ..parallel.grads import clip_grad_norm
     from ..training.engine import build_runtime
 
+    from patches.compat import reset_moe_metrics
+
     results = []
     for raw in plans:
+        reset_moe_metrics()    # megatron-core's MoE aux-loss log, sized by the first MoE model's layers + MTP depths
         rt = build_runtime(raw, rank, world_size, seed=seed, train_config=train_config)
         batches = make_batches(rt.plan.model, rt.plan.micro_batch_size, rt.plan.global_batch_size, seed, loss_mask)
         losses = [rt.forward_backward(iter(batches))]

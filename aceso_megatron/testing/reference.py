@@ -332,7 +332,10 @@ def _stock_run(p, seed: int, train_config: TrainConfig, steps: int, per_rank: in
     from ..model.mtp import reset_loss_tracker
     from . import make_batches
 
+    from patches.compat import reset_moe_metrics
+
     reset_loss_tracker()      # megatron-core's process-wide MTP loss log, sized by the last MTP model's depth
+    reset_moe_metrics()       # and its MoE aux-loss log, sized by the first MoE model's layers + MTP depths
     ref = Reference(p.model, seed=seed, train_config=train_config, hybrid=hybrid)
     batches = [{k: v[i:i + per_rank] for k, v in b.items()}      # the plan's micro-batches, rank by rank
                for b in make_batches(p.model, p.micro_batch_size, p.global_batch_size, seed, loss_mask)

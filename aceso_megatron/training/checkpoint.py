@@ -342,6 +342,7 @@ def _arch(model, fields) -> dict:
     """``fields`` of ``model`` by name, and its MoE / MLA / MTP shape (``moe.num_experts``, ``mla``, ...)."""
     out = {f: getattr(model, f) for f in fields}
     out["mtp_num_layers"] = model.mtp_num_layers or 0       # None and 0: no MTP block
+    out["mtp_use_repeated_layer"] = model.mtp_use_repeated_layer   # one MTP layer's weights, or one per depth
     out["moe"] = model.moe is not None
     for f in _MOE_FIELDS:
         out[f"moe.{f}"] = getattr(model.moe, f) if model.moe is not None else None

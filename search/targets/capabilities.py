@@ -138,7 +138,6 @@ TABLE: tuple[Row, ...] = (
     Row("low-precision recipe (FP8 / FP4 linear GEMMs)", "model", {RUNTIME: rt.low_precision}, built=True),
     Row("GPT-OSS layer fields (softmax offset, quick GEGLU)", "model", {RUNTIME: rt.unbuilt_layers}),
     Row("LatentMoE (moe_latent_size)", "model", {RUNTIME: rt.latent_moe}),
-    Row("one MTP layer shared by every depth (mtp_use_repeated_layer)", "model", {RUNTIME: rt.shared_mtp_layer}),
     Row("MoE with linear biases", "model", {RUNTIME: rt.moe_biases}),
     Row("MoE router expert bias", "model", {RUNTIME: rt.expert_bias}),
     Row("T5 (encoder-decoder)", "model", {BRIDGE: t5_on_bridge}),

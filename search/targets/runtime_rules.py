@@ -56,14 +56,6 @@ def latent_moe(model, low) -> str | None:
             "HAVE_TE); search with --target megatron-lm and export the plan (--moe-latent-size)")
 
 
-def shared_mtp_layer(model, low) -> str | None:
-    if not model.mtp_use_repeated_layer:
-        return None
-    return ("model.mtp_use_repeated_layer: the aceso runtime builds one MTP layer per depth (megatron-core 0.16.1 has no "
-            "shared MTP layer; 0.19's is not built by the runtime yet); set it false, or search with --target "
-            "megatron-lm and export the plan (--mtp-use-repeated-layer, Megatron-LM core_v0.17 on)")
-
-
 def moe_biases(model, low) -> str | None:
     if model.moe is None or not model.add_bias_linear:
         return None

@@ -6,7 +6,9 @@ and checks with these plans.
 Saved: one stage of 4 gloo ranks, SP tp2 x dp2 (Mamba's heads and groups, the attention heads and the experts split
 over TP). Resumed under: the pattern cut ``M*E | M-E`` at tp1 x dp2 per stage (Mamba's packed ``in_proj`` and
 ``conv1d`` re-sharded part by part: a contiguous re-shard mixes their z / x / B / C / dt rows), and in one process,
-the stock single-process layout (tp = dp = 1: each parameter under its stock ``HybridModel`` name and shape).
+the stock single-process layout (tp = dp = 1: each parameter under its stock ``HybridModel`` name and shape). The
+same for ``HYBRID_SHARED_MTP`` (two MTP depths of one shared layer, ``mtp_use_repeated_layer``), cut ``M*E | ME-``
+with the MTP block on the second stage.
 """
 
 from __future__ import annotations
@@ -15,11 +17,9 @@ import pytest
 
 from patches.compat import have_hybrid
 from tests.distributed.test_moe_checkpoint import _mismatches, save_and_resume
-from tests.tiny_models import HYBRID as MODEL
+from tests.tiny_models import HYBRID, HYBRID_SHARED_MTP
 
 pytestmark = pytest.mark.skipif(not have_hybrid(), reason="megatron-core without models.hybrid (before 0.19)")
-
-N = MODEL.num_units
 
 
 def st(tp, dp, lo, hi):
@@ -27,19 +27,29 @@ def st(tp, dp, lo, hi):
             "end_unit": hi, "recompute": ["none"] * (hi - lo)}
 
 
-def plan(*stages):
-    return {"model": MODEL.model_dump(), "micro_batch_size": 4, "global_batch_size": 8, "stages": list(stages),
+def plan(model, *stages):
+    return {"model": model.model_dump(), "micro_batch_size": 4, "global_batch_size": 8, "stages": list(stages),
             "moe": {"token_dispatcher": "allgather", "grouped_gemm": False, "permute_fusion": False}}
 
 
-SAVED = plan(st(2, 2, 0, N))
-RESUMED = {"SP tp2 x dp2 -> cut M*E | M-E, tp1 x dp2 each": plan(st(1, 2, 0, 3), st(1, 2, 3, N))}
-SINGLE = plan(st(1, 1, 0, N))
+def plans(model, cut: str):
+    """Saved on one SP tp2 x dp2 stage; resumed cut after 3 units at tp1 x dp2 each, and single-process."""
+    n = model.num_units
+    return (plan(model, st(2, 2, 0, n)), {f"SP tp2 x dp2 -> cut {cut}, tp1 x dp2 each": plan(
+        model, st(1, 2, 0, 3), st(1, 2, 3, n))}, plan(model, st(1, 1, 0, n)))
 
 
-def test_hybrid_checkpoint_resumes_under_other_plans(tmp_path):
-    res = save_and_resume(tmp_path, SAVED, RESUMED, SINGLE)
+# HYBRID_SHARED_MTP: M*EME-/*E/*E, 2 MTP depths of one shared layer (mtp.layers.0.*, saved at tp2, resumed at tp1)
+CASES = {"hybrid": (HYBRID, "M*E | M-E", "mixer.in_proj.weight"),
+         "shared MTP": (HYBRID_SHARED_MTP, "M*E | ME- + MTP", "mtp.layers.0.eh_proj.weight")}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hybrid_checkpoint_resumes_under_other_plans(tmp_path, case):
+    model, cut, needle = CASES[case]
+    saved, resumed, single = plans(model, cut)
+    res = save_and_resume(tmp_path, saved, resumed, single)
     want = res["saved"]
-    assert any(k.endswith("mixer.in_proj.weight") for k in want["params"])
-    failures = [f for name in [*RESUMED, "single"] for f in _mismatches(name, res[name], want)]
+    assert any(k.endswith(needle) for k in want["params"])
+    failures = [f for name in [*resumed, "single"] for f in _mismatches(name, res[name], want)]
     assert not failures, "\n".join(failures)

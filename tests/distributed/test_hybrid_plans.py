@@ -5,7 +5,8 @@ cut anywhere, each chunk's units placed by megatron-core's ``HybridStack`` (``ac
 layers megatron-core's ``MambaLayer`` on CPU kernels (``patches.mamba_cpu``, applied by the runtime and the
 reference alike). As ``test_plans.py`` and ``test_modern_plans.py`` against ``GPTModel``: loss and every gradient of
 step 1, the losses of 3 steps with active clipping and the weights after them; skipped before 0.19 (no hybrid
-models)."""
+models). The shared MTP layer (``mtp_use_repeated_layer``: one ``MultiTokenPredictionBlock`` layer whose weights
+both depths run) on one stage and cut across two, against ``HybridModel`` with the same flag."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from patches.compat import have_hybrid
 from tests.distributed.test_modern_plans import GPT4, LLAMA4, OVERLAP, plan, run_and_compare, st, vst
 from tests.distributed.test_plans import reference_process  # noqa: F401 (fixture)
-from tests.tiny_models import HYBRID, HYBRID_MTP
+from tests.tiny_models import HYBRID, HYBRID_MTP, HYBRID_SHARED_MTP
 
 # experts at etp 1 (gloo cannot all-gather uneven token counts over expert-TP), unfused as on CPU
 MOE = {"moe": {"token_dispatcher": "alltoall", "grouped_gemm": False, "permute_fusion": False}}
@@ -55,3 +56,26 @@ PLANS = {
 def test_plans_match_stock_hybrid_model(world_size, tmp_path, reference_process):  # noqa: F811
     failures = run_and_compare(world_size, PLANS[world_size], tmp_path, hybrid=True)
     assert not failures, "\n".join(failures)
+
+
+# M*EME-/*E/*E: 2 MTP depths of one shared layer (its weights mtp.layers.0.*, as HybridModel's), its MoE at tp 2 + SP
+SHARED_MTP = {
+    "hybrid shared MTP at 2 depths on one stage, SP tp2 x dp2": plan(
+        HYBRID_SHARED_MTP, ep1(st(2, 2, 0, 8, ["full", "none", "selective", "none", "full", "none", "none", "none"],
+                                  sp=True)), **MOE),
+    "hybrid shared MTP at 2 depths, cut M*E | ME- + MTP, SP tp2 | tp1 dp2": plan(
+        HYBRID_SHARED_MTP, ep1(st(2, 1, 0, 3, ["none", "full", "none"], sp=True)),
+        st(1, 2, 3, 8, ["full", "none", "selective", "none", "none"]), **MOE),
+}
+
+
+def test_shared_mtp_layer_matches_stock_hybrid_model(tmp_path, reference_process):  # noqa: F811
+    """The plans equal stock HybridModel, which holds one MTP layer's weights for the two depths (so the runtime,
+    whose parameter set equals it, does too)."""
+    from aceso_megatron.testing.reference import stock_run
+    from tests.distributed.test_plans import SEED, STEPS, TC
+
+    failures = run_and_compare(4, SHARED_MTP, tmp_path, hybrid=True)
+    assert not failures, "\n".join(failures)
+    names = stock_run(next(iter(SHARED_MTP.values())), SEED, TC, STEPS, hybrid=True)["params"]
+    assert any(k.startswith("mtp.layers.0.") for k in names) and not any(k.startswith("mtp.layers.1.") for k in names)

@@ -11,7 +11,8 @@ masks (each sample keeps its own number of tokens): gloo plans (3 ranks) against
   the runtime did not divide at all: its gradient was the global token count times too large).
 
 Plans: dense GPT with DP changing across the pipeline (1 -> 2 and 2 -> 1), two MTP layers on a DP-2 last stage,
-a tied GPT with an MTP layer on a TP-2 last stage, and an MoE model with an aux loss on three stages. Each: loss
+a tied GPT with an MTP layer on a TP-2 last stage, an MoE model with an aux loss on three stages, and (megatron-core
+0.17 on) that MoE model with 2 MTP depths running one shared layer on the last stage. Each: loss
 and every gradient after one step (relative 1e-5), the losses of 2 clipped optimizer steps and the weights. The
 reference's two settings differ by far more than the tolerance on every plan (the comparison can fail).
 """
@@ -23,6 +24,7 @@ import torch
 from aceso_megatron.testing import run_plans, spawn
 from aceso_megatron.testing.reference import stock_run
 from aceso_megatron.training.engine import TrainConfig
+from patches.compat import at_least
 from search.layers.moe_spec import MoESpec
 from tests.distributed.test_plans import reference_process  # noqa: F401 (fixture)
 from tests.tiny_models import GPT, LLAMA
@@ -54,6 +56,13 @@ PLANS = {
     "gpt tied, MTP on a tp2 last stage": plan(GPT_MTP, st(1, 1, 0, 2), st(2, 1, 2, 5)),
     "llama MoE with aux loss, 3 stages": plan(AUX, st(1, 1, 0, 1), st(1, 1, 1, 3), st(1, 1, 3, 4)),
 }
+# one MTP layer run at both depths (mtp_use_repeated_layer, megatron-core 0.17 on), its MoE aux loss divided by the
+# depths (stock router); DP stays 1: an aux loss balances the tokens of its micro-batch, so a stage of another DP
+# (another micro-batch) balances other token sets than any one stock run does
+if at_least("0.17"):
+    PLANS["llama MoE aux loss, 2 depths of one shared MTP layer, 3 stages"] = plan(
+        AUX.model_copy(update={"name": "tiny-llama-moe-shared-mtp", "mtp_num_layers": 2,
+                               "mtp_use_repeated_layer": True}), st(1, 1, 0, 1), st(1, 1, 1, 3), st(1, 1, 3, 6))
 
 
 def both(rank, world_size, raws, out_default, out_per_token, seed, steps) -> None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 
 from aceso_megatron.testing import run_plans, spawn
+from aceso_megatron.testing.reference import stock_run
+from patches.compat import at_least
 from search.layers.moe_spec import MLASpec, MoESpec
 from tests.distributed.test_plans import SEED, STEPS, TC, compare, reference_process  # noqa: F401 (fixture)
 from tests.tiny_models import GPT, LLAMA
@@ -55,6 +57,10 @@ PLANS = {
         DEEPSEEK, st(1, 1, 0, 2), st(2, 1, 2, 7, ep=2, sp=True)),
     "gpt tied, MTP on the last stage (tp2)": plan(GPT_MTP, st(1, 1, 0, 2), st(2, 1, 2, 5)),
 }
+if at_least("0.17"):   # megatron-core's shared MTP layer (mtp_use_repeated_layer): one layer run at both depths
+    PLANS["2 MTP depths of one shared layer on the last stage (pp2, tp2 + SP there)"] = plan(
+        MTP_LLAMA.model_copy(update={"name": "tiny-llama-shared-mtp", "mtp_use_repeated_layer": True}),
+        st(1, 1, 0, 2), st(2, 1, 2, 6, sp=True))
 
 
 # the control: the MLA tp2 + SP plan with megatron-core's plain gather of kv_combined (the RoPE key's gradient of
@@ -84,6 +90,10 @@ def test_mla_mtp_plans_match_single_process(tmp_path, reference_process):  # noq
     spawn(3, plans_then_control, list(raws), str(out), str(control), SEED, STEPS, TC)
     failures = compare(names, raws, torch.load(out))
     assert not failures, "\n".join(failures)
+    for raw in raws:   # stock GPTModel holds one MTP layer for shared depths (so the runtime, equal to it, does too)
+        if raw["model"].get("mtp_use_repeated_layer"):
+            layers = {k.split(".")[2] for k in stock_run(raw, SEED, TC, STEPS)["params"] if k.startswith("mtp.layers.")}
+            assert layers == {"0"}, layers
     wrong = compare(["control"], [CONTROL], torch.load(control))
     assert any("linear_kv_down_proj" in f and " grad " in f for f in wrong), wrong
 

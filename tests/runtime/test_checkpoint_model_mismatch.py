@@ -1,5 +1,5 @@
 """A checkpoint of another MoE / MLA / MTP shape is refused by ``model_mismatch`` in one line naming the field (the
-expert count, an expert width, the layer pattern, MLA's ranks, the MTP depth), before any tensor is read; what
+expert count, an expert width, the layer pattern, MLA's ranks, the MTP depth, a shared MTP layer), before any tensor is read; what
 does not shape a parameter (the router's top-k, the aux-loss coefficient) is no mismatch."""
 
 from __future__ import annotations
@@ -47,3 +47,14 @@ def test_an_mla_plan_is_refused_on_a_checkpoint_without_mla():
 def test_router_settings_are_no_mismatch():
     assert _mismatch(MOE, _moe(moe_router_topk=1, moe_aux_loss_coeff=0.01)) is None
     assert _mismatch(MOE, MOE) is None
+
+
+def test_a_shared_mtp_layer_and_one_per_depth_are_refused_as_each_other():
+    """Two MTP depths of one shared layer (``mtp.layers.0`` only) and of two layers hold other parameters: either
+    checkpoint is refused for the other's plan, naming ``mtp_use_repeated_layer``."""
+    per_depth = MOE.model_copy(update={"mtp_num_layers": 2})
+    shared = per_depth.model_copy(update={"mtp_use_repeated_layer": True})
+    for saved, planned, was in ((per_depth, shared, False), (shared, per_depth, True)):
+        msg = _mismatch(saved, planned)
+        assert msg is not None and f"mtp_use_repeated_layer is {was}" in msg and "\n" not in msg, msg
+    assert _mismatch(shared, shared) is None

@@ -306,3 +306,22 @@ def test_hybrid_plans_need_megatron_core_019(tmp_path, capsys):
         assert rc == 2 and len(err.strip().splitlines()) == 1, err
         assert "hybrid_layer_pattern: the aceso runtime runs hybrid models on megatron-core >= 0.19" in err
         assert "Traceback" not in err
+
+
+def test_the_shared_mtp_layer_needs_megatron_core_017(tmp_path, capsys):
+    """Two MTP depths of one shared layer (``mtp_use_repeated_layer``) pass the pre-flight where megatron-core has
+    the flag (0.19: the runtime builds it, tests/distributed/test_moe_mla_mtp.py) and are refused in one line naming
+    the version, exit 2, before any process group where it has not (0.16.1)."""
+    from patches.compat import at_least, version
+    from tests.tiny_models import LLAMA
+
+    m = LLAMA.model_copy(update={"mtp_num_layers": 2, "mtp_use_repeated_layer": True})
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(plan(m, (0, m.num_units, ["none"] * m.num_units))))
+    rc = main(["validate", str(p), "--cluster", "1x1-cpu"])
+    err = capsys.readouterr().err
+    if at_least("0.17"):
+        assert rc == 0, err
+    else:
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert f"model.mtp_use_repeated_layer: megatron-core {version()} has no shared MTP layer" in err, err

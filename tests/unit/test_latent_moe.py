@@ -144,13 +144,11 @@ def test_repeated_mtp_needs_mtp_layers():
         _model(mtp_use_repeated_layer=True)
 
 
-@pytest.mark.parametrize("update, needle", [({}, "moe.moe_latent_size (256): the aceso runtime does not build"),
-                                            ({"moe": {"num_experts": E, "moe_router_topk": K,
-                                                      "moe_ffn_hidden_size": F}, "mtp_num_layers": 2,
-                                              "mtp_use_repeated_layer": True}, "mtp_use_repeated_layer: the aceso")])
+@pytest.mark.parametrize("update, needle", [({}, "moe.moe_latent_size (256): the aceso runtime does not build")])
 def test_the_runtime_refuses_them_before_any_process_group(tmp_path, capsys, update, needle):
     """The one pre-flight (capability table, runtime column): ``aceso validate`` of a runtime plan exits 2 with one
-    line naming the field and the fix; Megatron-LM runs both."""
+    line naming the field and the fix; Megatron-LM runs it. (The shared MTP layer the runtime builds on megatron-core
+    0.19; 0.16.1's refusal is the runtime's own: tests/runtime/test_preflight.py.)"""
     from search.targets.capabilities import model_refusal
     from search.cli import main
 
@@ -161,6 +159,16 @@ def test_the_runtime_refuses_them_before_any_process_group(tmp_path, capsys, upd
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1, err
+
+
+def test_the_planner_offers_the_shared_mtp_layer_to_the_runtime():
+    """The runtime builds megatron-core 0.19's shared MTP layer (tests/distributed/test_hybrid_plans.py): no target's
+    model row refuses it."""
+    from search.targets.capabilities import model_refusal
+
+    m = _model().model_copy(update={"moe": {"num_experts": E, "moe_router_topk": K, "moe_ffn_hidden_size": F},
+                                    "mtp_num_layers": 2, "mtp_use_repeated_layer": True})
+    assert model_refusal("aceso", m) is None and model_refusal("megatron-lm", m) is None
 
 
 def test_fused_weighted_squared_relu_keeps_no_activation_output():

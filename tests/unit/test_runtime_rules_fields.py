@@ -72,7 +72,6 @@ CASES = {
     "latent_moe": (rt.latent_moe, (MOE.model_copy(update={"moe": MOE.moe.model_copy(update={"moe_latent_size": 64})}),
                                    None)),
     "mamba_cp": (rt.mamba_cp, (plan(HYBRID, stage={"cp": 2, "num_gpus": 2}), CUDA_TE)),
-    "shared_mtp_layer": (rt.shared_mtp_layer, (MTP.model_copy(update={"mtp_use_repeated_layer": True}), None)),
     "moe_biases": (rt.moe_biases, (MOE.model_copy(update={"add_bias_linear": True}), None)),
     "expert_bias": (rt.expert_bias, (MOE.model_copy(update={"moe": MOE.moe.model_copy(update={
         "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True})}), None)),
