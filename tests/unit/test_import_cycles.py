@@ -49,8 +49,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("aceso_megatron", "aceso_megatron.cli"):
         "the runtime pre-flight (aceso_megatron/preflight.py) turns patch refusals into bad input with the "
         "CLI's bad_input_from_patches",
-    ("aceso_megatron.model", "aceso_megatron.testing"):
-        "model/build_check.py builds a user's layer on the meta device with testing.meta_params' groups",
     ("aceso_megatron.profiler", "aceso_megatron.cli"):
         "the profiler's worker parser reuses `aceso profile`'s add_arguments",
     ("aceso_megatron.training", "aceso_megatron.cli"):
