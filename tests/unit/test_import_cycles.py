@@ -53,8 +53,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "the profiler's worker parser reuses `aceso profile`'s add_arguments",
     ("aceso_megatron.training", "aceso_megatron.cli"):
         "the training worker re-runs `aceso train`'s torch-free argument checks (cli.train.check_train_args)",
-    ("aceso_megatron.training", "aceso_megatron.profiler"):
-        "the training log names the GPU preset a run matches (profiler.fingerprint.gpu_preset)",
 }
 
 
