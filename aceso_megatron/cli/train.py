@@ -263,7 +263,7 @@ def _check_resume(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..training.train import train_from_args  # torch only when the command runs
-    from . import bad_input_from_patches
+    from ..errors import bad_input_from_patches
 
     from search.spec.plan import load_plan
 

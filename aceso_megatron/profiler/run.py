@@ -192,7 +192,7 @@ def worker_parser():
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..cli import bad_input_from_patches
+    from ..errors import bad_input_from_patches
     args = worker_parser().parse_args(argv)
     _world, rank, local_rank, _ = _env()
     if "TORCHELASTIC_RUN_ID" in os.environ:

@@ -215,7 +215,7 @@ def train_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..cli import bad_input_from_patches
+    from ..errors import bad_input_from_patches
     from ..cli.train import train_parser
 
     parser = train_parser("python -m aceso_megatron.training.train", description=__doc__)
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         with bad_input_from_patches():
             return train_from_args(args)
     except AcesoError as e:
-        from ..cli import report_bad_input
+        from ..errors import report_bad_input
 
         report_bad_input(e, "aceso train", rank=_launch_env()[1])   # one line for the whole job
         return e.exit_code

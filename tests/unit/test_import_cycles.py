@@ -46,9 +46,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("search.costmodel", "search.calibration"):
         "pricing.price(plan, target, calibration) applies a calibration file; calibrate prices runs with it",
     # runtime
-    ("aceso_megatron", "aceso_megatron.cli"):
-        "the runtime pre-flight (aceso_megatron/preflight.py) turns patch refusals into bad input with the "
-        "CLI's bad_input_from_patches",
     ("aceso_megatron.profiler", "aceso_megatron.cli"):
         "the profiler's worker parser reuses `aceso profile`'s add_arguments",
     ("aceso_megatron.training", "aceso_megatron.cli"):
