@@ -34,10 +34,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("search.layers", "search.costmodel"):
         "each layer kind's pricer (time, memory per unit) calls the cost model's formulas; "
         "they move into the kinds' modules with the pricing-by-named-terms work",
-    ("search.layers", "search.spec"):
-        "layers/hybrid.py builds a proxy ModelSpec for the hybrid presets' parameter counts",
-    ("search.layers", "search.megatron"):
-        "layers/hybrid.py reads megatron-core's default layernorm epsilon from megatron/arch_flags.py",
     ("search.costmodel", "search.compat"):
         "make_cost_model builds the Aceso-compatible model, which is built on the cost model's types",
     ("search.costmodel", "search.calibration"):
