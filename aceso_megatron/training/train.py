@@ -59,7 +59,7 @@ def check_args(args: argparse.Namespace, plan: ParallelPlan, world_size: int) ->
             f"{args.plan}: the plan needs {plan.world_size} processes (sum of stages[].num_gpus) but this launch "
             f"has {world_size}; {how}"
         )
-    from ..cli.train import check_train_args   # the torch-free checks `aceso launch` ran before starting us
+    from .args import check_train_args   # the torch-free checks `aceso launch` ran before starting us
 
     check_train_args(args, plan)
     if args.load:   # the torch-free checks passed: the tensor index too, before any process group
@@ -216,7 +216,7 @@ def train_from_args(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from ..errors import bad_input_from_patches
-    from ..cli.train import train_parser
+    from .args import train_parser
 
     parser = train_parser("python -m aceso_megatron.training.train", description=__doc__)
     try:

@@ -41,8 +41,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # runtime
     ("aceso_megatron.profiler", "aceso_megatron.cli"):
         "the profiler's worker parser reuses `aceso profile`'s add_arguments",
-    ("aceso_megatron.training", "aceso_megatron.cli"):
-        "the training worker re-runs `aceso train`'s torch-free argument checks (cli.train.check_train_args)",
 }
 
 
