@@ -38,9 +38,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "make_cost_model builds the Aceso-compatible model, which is built on the cost model's types",
     ("search.costmodel", "search.calibration"):
         "pricing.price(plan, target, calibration) applies a calibration file; calibrate prices runs with it",
-    # runtime
-    ("aceso_megatron.profiler", "aceso_megatron.cli"):
-        "the profiler's worker parser reuses `aceso profile`'s add_arguments",
 }
 
 
