@@ -23,7 +23,7 @@ def preflight(plan, device: str, here: bool = False) -> bool:
 
     from search.io.errors import AcesoError
 
-    from .cli import bad_input_from_patches
+    from .errors import bad_input_from_patches
 
     with bad_input_from_patches(), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)   # megatron-core's import-time "X is not installed" notes

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from model_specs import preset_names  # noqa: E402
 from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 from search.spec.cluster import parse_cluster  # noqa: E402
+from search.spec.hybrid_arch import model_spec_data  # noqa: E402
 from search.io.errors import AcesoError  # noqa: E402
 from search.layers import hybrid  # noqa: E402
 from search.megatron.importer import read_megatron  # noqa: E402
@@ -147,7 +148,7 @@ def row_flags(row: dict, m) -> tuple[list[str], list[str]]:
 def row_plan(row: dict) -> tuple[ParallelPlan, list[str]]:
     """The row's run as a plan of the hybrid preset (module docstring); AcesoError / ValueError: why not."""
     if row["model"] not in preset_names():      # the record's own refusal (Super, Ultra: LatentMoE)
-        hybrid.model_spec_data(hybrid.load(row["model"]))
+        model_spec_data(hybrid.load(row["model"]))
     m = load_model(row["model"])
     cluster = parse_cluster(row["cluster"])
     flags, notes = row_flags(row, m)

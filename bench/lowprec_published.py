@@ -35,7 +35,7 @@ from search.spec.cluster import parse_cluster  # noqa: E402
 from search.costmodel import make_cost_model  # noqa: E402
 from search.costmodel import kernels  # noqa: E402
 from search.megatron.importer import read_megatron  # noqa: E402
-from search.settings.plan_settings import run_settings  # noqa: E402
+from search.costmodel.pricing import run_settings  # noqa: E402
 from search.costmodel.pricing import precision_of  # noqa: E402
 from search.spec.training import TrainingSpec  # noqa: E402
 

@@ -67,7 +67,7 @@ from search.megatron.config import NO_RECOMPUTE, Recompute  # noqa: E402
 from search.megatron.flops import num_floating_point_operations  # noqa: E402
 from search.megatron.importer import read_megatron  # noqa: E402
 from search.spec.plan import ParallelPlan  # noqa: E402
-from search.settings.plan_settings import run_settings  # noqa: E402
+from search.costmodel.pricing import run_settings  # noqa: E402
 from search.costmodel.pricing import precision_of  # noqa: E402
 from search.spec.presets import load_model  # noqa: E402
 from search.spec.training import TrainingSpec  # noqa: E402

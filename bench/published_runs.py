@@ -61,7 +61,8 @@ from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, on
 
 from search.spec.cluster import parse_cluster  # noqa: E402
 from search.costmodel import RunSettings, make_cost_model  # noqa: E402
-from search.settings.plan_settings import run_settings, target_settings  # noqa: E402
+from search.costmodel.pricing import run_settings  # noqa: E402
+from search.settings.plan_settings import target_settings  # noqa: E402
 from search.spec.model import ModelSpec  # noqa: E402
 from search.spec.plan import uniform_plan  # noqa: E402
 from search.spec.training import TrainingSpec  # noqa: E402

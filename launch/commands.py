@@ -247,7 +247,7 @@ def die_with_parent() -> None:
 def run_torchrun(cmd: list[str], extra_pythonpath: str | None = None, error_env: str = "ACESO_ERROR_FILE",
                  env: dict | None = None) -> int:
     """Run torchrun in the foreground and return its exit status; a worker's bad input (written to the file named
-    by ``$error_env``, see ``aceso_megatron.cli.report_bad_input``) is raised as one ``AcesoError`` line, and
+    by ``$error_env``, see ``aceso_megatron.errors.report_bad_input``) is raised as one ``AcesoError`` line, and
     torchrun's failure report that follows it is dropped. SIGTERM or Ctrl-C stops torchrun, which stops its
     workers, before the exception goes on. ``env``: the environment (default: ours)."""
     env = dict(os.environ if env is None else env)

@@ -34,7 +34,7 @@ def check(args: argparse.Namespace) -> None:
     """The arguments, before torch or megatron-core is imported (one line, exit 2)."""
     from search.io.files import check_output
 
-    from .train import _check_tokenizer
+    from ..training.args import _check_tokenizer
 
     if not os.path.exists(args.input):
         raise AcesoError(f"{args.input}: no such input file; give a .jsonl file with one JSON object per line")

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
                                  count_visible_gpus, resolve_nproc, run_torchrun, shell_line, slurm_script,
                                  torchrun_command)
 
-    from .train import check_train_args, parse_train_args
+    from ..training.args import check_train_args, parse_train_args
 
     train_args = list(getattr(args, "train_args", None) or []) + plots.train_args(args)
     plan = load_plan(args.plan)

@@ -4,7 +4,7 @@ A user's layer spec may hold a module that needs CUDA (it creates a ``torch.cuda
 ``torch.cuda.current_device()`` in its constructor): on a CPU run it used to fail in every worker, after the process
 group existed. ``check_layers_build(model, device)`` builds the first layer of each stack (GPT's decoder; T5's
 encoder and decoder) the way the run builds it (``build_unit_layers``, the stage config of a tp-1 stage), on the meta
-device (shapes only, no memory) with groups that only report a size (``testing.meta_params.Group``: construction
+device (shapes only, no memory) with groups that only report a size (``model.meta_groups``: construction
 never communicates), and turns what the build raises into one ``AcesoError`` line naming the provider. Stock
 megatron-core specs are not rebuilt: only a model with a ``layer_spec`` can bring such a module.
 """
@@ -22,9 +22,9 @@ def check_layers_build(model: ModelSpec, device: str) -> None:
     GPUs the workers build it on their own device)."""
     if device != "cpu" or not model.layer_spec:
         return
-    from ..testing.meta_params import meta_groups
     from .config import stage_config
     from .layers import build_unit_layers
+    from .meta_groups import meta_groups
 
     config = stage_config(model, 1, device)
     for stack in dict.fromkeys(u.stack for u in model.units):

@@ -58,8 +58,7 @@ def _broadcast(obj):
 
 class Worker:
     def __init__(self, args: argparse.Namespace):
-        from ..cli.common import model_from_args
-        from ..cli.profile import header, settings
+        from .args import header, model_from_args, settings
 
         self.args = args
         self.model = model_from_args(args)
@@ -79,7 +78,7 @@ class Worker:
 
     def _open_partial(self):
         """Rank 0's partial file and the finished keys (broadcast; an error is raised on every rank)."""
-        from ..cli.profile import db_path
+        from .args import db_path
         from .progress import PartialFile, partial_path
 
         part, msg = None, None
@@ -145,7 +144,7 @@ class Worker:
     def _write(self, part, tasks, seconds: float) -> None:
         from search.costmodel.profiledb import ProfileDBWriter, model_fingerprint
 
-        from ..cli.profile import db_path
+        from .args import db_path
         from .fingerprint import gpu_preset, hardware
         from .tasks import assemble
 
@@ -184,7 +183,7 @@ def worker_parser():
     """The worker's parser: ``aceso profile``'s arguments, built by the one constructor (no abbreviations)."""
     from search.io.argparser import AcesoParser
 
-    from ..cli.profile import add_arguments
+    from .args import add_arguments
 
     parser = AcesoParser(prog="python -m aceso_megatron.profiler")
     add_arguments(parser)
@@ -192,7 +191,7 @@ def worker_parser():
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..cli import bad_input_from_patches
+    from ..errors import bad_input_from_patches
     args = worker_parser().parse_args(argv)
     _world, rank, local_rank, _ = _env()
     if "TORCHELASTIC_RUN_ID" in os.environ:
@@ -201,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         die_with_parent()   # a SIGKILLed torchrun cannot stop its workers
     try:
         with bad_input_from_patches():
-            from ..cli.common import model_from_args
+            from .args import model_from_args
             from .units import check_profiled_model
 
             # before any group (on a machine without CUDA: Environment.detect's one line)

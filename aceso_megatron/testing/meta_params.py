@@ -5,7 +5,7 @@ own ``GPTModel`` / ``T5Model`` (local layer specs) under ``torch.device("meta")`
 initialisation -- with ``pre_process`` on the first model chunk, ``post_process`` on the last, the
 ``pipeline_model_parallel_layout`` of the chunks (uneven and interleaved layouts) and ``vp_stage`` per chunk, and
 sums the parameters it allocates per rank (one TP rank; all TP ranks are alike). Process groups only report a size
-and this rank's index (``Group``): construction never communicates; the embedding group is left out, so the tied
+and this rank's index (``model.meta_groups.Group``): construction never communicates; the embedding group is left out, so the tied
 copy's start-up all-reduce is skipped (it allocates nothing). DP and CP are not built: neither changes what a rank
 allocates (CP touches only the attention core, which holds no parameters; megatron-core's local spec refuses CP).
 
@@ -25,18 +25,7 @@ from model_specs.extensions import megatron_kwargs
 from search.megatron.layout import format_layout
 from search.spec.model import ModelSpec
 
-
-class Group:
-    """A process group as megatron-core's constructors read it: a size and this rank's index, nothing else."""
-
-    def __init__(self, size: int, rank: int = 0):
-        self._size, self._rank = size, rank
-
-    def size(self) -> int:
-        return self._size
-
-    def rank(self) -> int:
-        return self._rank
+from ..model.meta_groups import meta_groups
 
 
 @contextlib.contextmanager
@@ -50,16 +39,6 @@ def world_of_one():
         yield
     finally:
         torch.distributed.destroy_process_group()
-
-
-def meta_groups(tp: int, pp: int, pp_rank: int):
-    """The groups of one rank of a tp x pp layout, for a build that never communicates (DP, CP of 1)."""
-    from megatron.core.process_groups_config import ProcessGroupCollection
-
-    g = ProcessGroupCollection()
-    g.tp, g.pp, g.cp, g.dp = Group(tp), Group(pp, pp_rank), Group(1), Group(1)
-    g.tp_cp, g.dp_cp, g.embd, g.pos_embd, g.hcp = Group(tp), Group(1), None, None, None
-    return g
 
 
 def _config(model: ModelSpec, tp: int, pp: int, chunks: tuple[int, ...]):

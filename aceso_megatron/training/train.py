@@ -59,7 +59,7 @@ def check_args(args: argparse.Namespace, plan: ParallelPlan, world_size: int) ->
             f"{args.plan}: the plan needs {plan.world_size} processes (sum of stages[].num_gpus) but this launch "
             f"has {world_size}; {how}"
         )
-    from ..cli.train import check_train_args   # the torch-free checks `aceso launch` ran before starting us
+    from .args import check_train_args   # the torch-free checks `aceso launch` ran before starting us
 
     check_train_args(args, plan)
     if args.load:   # the torch-free checks passed: the tensor index too, before any process group
@@ -215,8 +215,8 @@ def train_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..cli import bad_input_from_patches
-    from ..cli.train import train_parser
+    from ..errors import bad_input_from_patches
+    from .args import train_parser
 
     parser = train_parser("python -m aceso_megatron.training.train", description=__doc__)
     try:
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         with bad_input_from_patches():
             return train_from_args(args)
     except AcesoError as e:
-        from ..cli import report_bad_input
+        from ..errors import report_bad_input
 
         report_bad_input(e, "aceso train", rank=_launch_env()[1])   # one line for the whole job
         return e.exit_code

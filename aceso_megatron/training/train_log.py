@@ -11,7 +11,7 @@ The summary compares the plan's prediction (``plan.predicted``) with the measure
 of the steps after the first (the first pays for warm-up) and each stage's max memory. When the prediction is not
 for this machine it says so (``machine_note``): a plan priced on the nominal ``cpu`` preset (search.spec.cluster
 ``NOMINAL_PRESETS``) and not calibrated, a GPU plan run on CPU, or a plan priced for other GPUs than the ones the
-run is on (the device name's preset, ``profiler.fingerprint.gpu_preset``); with the ``aceso calibrate`` command
+run is on (the device name's preset, ``search.spec.cluster.gpu_for_device``); with the ``aceso calibrate`` command
 that fits the preset to this run.
 
 The first record (``"kind": "run"``, and a console line) says which run the log is of: the plan's digest
@@ -175,7 +175,7 @@ class TrainLogger:
 def machine_note(plan, device: str, plan_path: str, log_file: str | None) -> str | None:
     """Why the plan's predicted time is not one for this machine, and what to do; None when it is (module
     docstring)."""
-    from search.spec.cluster import GPU_PRESETS, NOMINAL_PRESETS
+    from search.spec.cluster import GPU_PRESETS, NOMINAL_PRESETS, gpu_for_device
 
     c = plan.cluster
     if c is None or plan.predicted is None:
@@ -191,10 +191,8 @@ def machine_note(plan, device: str, plan_path: str, log_file: str | None) -> str
             return None       # calibrated (search --calibration): priced on what a run of this machine measured
         return (f"predicted on the {gpu} preset, a nominal CPU ({c.gpu.peak_tflops_fp32:g} TFLOP/s, "
                 f"{c.intra_node_gbps:g} GB/s between processes), not this machine; {fit}")
-    from ..profiler.fingerprint import gpu_preset
-
     here = torch.cuda.get_device_name()
-    preset = gpu_preset(here)
+    preset = gpu_for_device(here)
     if preset != gpu:
         return (f"predicted for {c.label}, {gpu} GPUs; this run is on {here} ({preset or 'no GPU preset'}): the "
                 f"times do not compare; search a plan for {preset or 'these GPUs'}, or {fit}")

@@ -176,7 +176,7 @@ def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_b
 
 def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str], str]:
     """Our plan (or a reference config converted to one) under any cost model."""
-    from search.settings.plan_settings import describe
+    from search.costmodel.pricing import describe
     from search.costmodel.pricing import plan_cost_model
     plan, notes = _read_plan(args, raw)
     plan, cluster, attention = _resolve(args, plan)

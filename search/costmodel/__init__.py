@@ -9,7 +9,7 @@ evaluate.py (stages, DP and optimizer), timeline.py (finer event kinds); MoE / M
 mla_mtp.py over moe_primitives.py (analytic; the profile kind prices MoE units from the database's moe rows,
 profiledb_moe.py, and refuses MLA / MTP; aceso-compat refuses all three with one line).
 ``settings`` (``types.RunSettings``) says how the framework runs a plan (default: our runtime on megatron-core;
-``plan_settings.run_settings`` derives it from a plan's settings, ``search/costmodel/pricing.py`` prices a plan with it);
+``pricing.run_settings`` derives it from a plan's settings, ``search/costmodel/pricing.py`` prices a plan with it);
 ``kernels`` picks the analytic kernel
 model (``shape``, default; ``flat``: the v1 per-GPU constants).
 """

@@ -6,7 +6,7 @@ prediction of an imported command line), ``export`` (the header's prediction on 
 agree on a plan to the last digit (tests/unit/test_pricing.py). Three inputs, each from one place:
 
 - the plan's settings as ``target`` runs them (``plan_settings.target_settings``: its own settings, or the same
-  switches under another framework's defaults), and the cost model's view of them (``plan_settings.run_settings``);
+  switches under another framework's defaults), and the cost model's view of them (``run_settings``, here; ``describe`` says it in one line);
 - the training spec a plan is priced with (``training_of``: its batch, precision recipe, optimizer and sharding,
   the attention kernel its prediction assumed);
 - the cluster (the plan's, or the one given) with a calibration file applied (``calibration.apply_calibration``).
@@ -17,10 +17,42 @@ under); ``price`` evaluates the plan with it.
 
 from __future__ import annotations
 
+from search.costmodel.release_constants import note
+from search.costmodel.types import RunSettings
 from search.io.errors import AcesoError
-from search.settings.plan_settings import PlanSettings, Target, run_settings, target_settings
-from search.settings.precision import training_fields
+from search.settings.data_parallel import run_fields
+from search.settings.plan_settings import RUNTIME, PlanSettings, Target, target_settings
+from search.settings.precision import base_dtype, training_fields
+from search.settings.releases import resolve
 from search.spec.training import TrainingSpec
+
+
+def run_settings(settings: PlanSettings | None, precision: str):
+    """The cost model's ``RunSettings`` for these settings (fp32 training: the gradients are fp32 anyway; the
+    release resolved by ``releases.resolve``)."""
+    s = settings or RUNTIME
+    return RunSettings(grad_reduce_in_fp32=s.grad_reduce_in_fp32 and precision != "fp32",
+                       release=resolve(s.release)[0], **run_fields(s.data_parallel, s.framework))
+
+
+def describe(settings: PlanSettings | None, precision: str) -> str:
+    """One line for reports and export headers."""
+    s = settings or RUNTIME
+    dtype = "fp32" if s.grad_reduce_in_fp32 or precision == "fp32" else base_dtype(precision)
+    low = f", {s.low_precision.recipe} linear GEMMs" if s.low_precision else ""
+    opt = f", {s.optimizer}" if s.optimizer != "adam" else ""
+    return f"{s.framework}{low}{opt}, gradients reduced in {dtype}{release_text(s.release)}"
+
+
+def release_text(release: str | None) -> str:
+    """``, release 26.04.01`` (what a stated release is priced as, and why where it is not its own fit); empty for
+    None."""
+    if not release:
+        return ""
+    name, why = resolve(release)
+    shown = name if name == release else f"{name} (stated: {release})"
+    extra = "; ".join(x for x in (why, note(name)) if x)
+    return f", release {shown}" + (f": {extra}" if extra else "")
 
 
 def precision_of(plan, precision: str | None = None) -> dict:

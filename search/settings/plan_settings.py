@@ -23,14 +23,14 @@ Megatron-LM core_v0.16.1 (``megatron/training/arguments.py``, ``validate_args``)
 ``mixed_precision.grad_reduce_in_fp32`` over ``ddp.grad_reduce_in_fp32`` (``bf16_mixed``: True); aceso's export
 writes both (``megatron/bridge.py``). The runtime keeps megatron-core's DDP default (off), and
 the runtime's engine (its ``_ddp_config``) builds its DDP from the plan's own settings through
-``run_settings``, so a plan runs in the runtime as it was priced (a Megatron-LM-priced plan launched through the
+``costmodel.pricing.run_settings``, so a plan runs in the runtime as it was priced (a Megatron-LM-priced plan launched through the
 runtime reduces as its flags would).
 
 ``target_settings(target, settings, precision)`` is the one mapping of a target (``Target``: a framework and the
 release it runs) to how it runs a plan: the plan's own settings when they are that target's, else the same
 switches under the target's defaults (what it does with no extra flag but ``--grad-reduce-in-bf16``);
-``run_settings(settings, precision)`` is the one place the cost model's view (``RunSettings``) is derived from
-them. ``search/costmodel/pricing.py`` prices a plan with both.
+``search/costmodel/pricing.py`` derives the cost model's view of them (``run_settings(settings, precision)``, the
+one place) and prices a plan with both.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from search.settings.data_parallel import DataParallelSettings, run_fields
+from search.settings.data_parallel import DataParallelSettings
 from search.settings.fsdp import ActivationOffload, MegatronFSDP
 from search.settings.moe_plan import MoEPlanSettings
 from search.settings.precision import LowPrecision, base_dtype
@@ -160,35 +160,3 @@ def grad_reduce_from_flags(precision: str, grad_reduce_in_bf16: bool, accumulate
     if precision == "bf16":
         return not grad_reduce_in_bf16 and (accumulate_in_fp32 or not main_grads_bf16)
     return accumulate_in_fp32
-
-
-def run_settings(settings: PlanSettings | None, precision: str):
-    """The cost model's ``RunSettings`` for these settings (fp32 training: the gradients are fp32 anyway; the
-    release resolved by ``releases.resolve``)."""
-    from search.costmodel.types import RunSettings
-    from search.settings.releases import resolve
-    s = settings or RUNTIME
-    return RunSettings(grad_reduce_in_fp32=s.grad_reduce_in_fp32 and precision != "fp32",
-                       release=resolve(s.release)[0], **run_fields(s.data_parallel, s.framework))
-
-
-def describe(settings: PlanSettings | None, precision: str) -> str:
-    """One line for reports and export headers."""
-    s = settings or RUNTIME
-    dtype = "fp32" if s.grad_reduce_in_fp32 or precision == "fp32" else base_dtype(precision)
-    low = f", {s.low_precision.recipe} linear GEMMs" if s.low_precision else ""
-    opt = f", {s.optimizer}" if s.optimizer != "adam" else ""
-    return f"{s.framework}{low}{opt}, gradients reduced in {dtype}{release_text(s.release)}"
-
-
-def release_text(release: str | None) -> str:
-    """``, release 26.04.01`` (what a stated release is priced as, and why where it is not its own fit); empty for
-    None."""
-    if not release:
-        return ""
-    from search.costmodel.release_constants import note
-    from search.settings.releases import resolve
-    name, why = resolve(release)
-    shown = name if name == release else f"{name} (stated: {release})"
-    extra = "; ".join(x for x in (why, note(name)) if x)
-    return f", release {shown}" + (f": {extra}" if extra else "")

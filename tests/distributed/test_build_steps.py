@@ -28,7 +28,7 @@ def two_stage(distributed_optimizer: bool) -> ParallelPlan:
 
 def _train(rank: int, world_size: int, argv: list[str]) -> None:
     """One rank of ``aceso train ARGV`` after its process group exists (``train.train``: what the command runs)."""
-    from aceso_megatron.cli.train import train_parser
+    from aceso_megatron.training.args import train_parser
     from aceso_megatron.training.train import train
     from search.spec.plan import load_plan
 

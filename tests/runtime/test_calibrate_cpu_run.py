@@ -78,7 +78,7 @@ def test_machine_note_names_the_mismatch_and_is_quiet_when_calibrated(tmp_path):
 
 
 def test_machine_note_on_gpus_compares_the_device_with_the_preset(tmp_path, monkeypatch):
-    """A CUDA run: the device name's preset (``profiler.fingerprint.gpu_preset``) against the plan's GPU."""
+    """A CUDA run: the device name's preset (``search.spec.cluster.gpu_for_device``) against the plan's GPU."""
     import torch
 
     from search.spec.plan import load_plan

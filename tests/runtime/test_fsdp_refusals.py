@@ -89,7 +89,7 @@ def test_checkpoints_of_fsdp_plans_refused_before_training(tmp_path, flags, need
     """``aceso train`` (and ``aceso launch``, before any process) refuses to checkpoint a Megatron FSDP plan: the
     FSDP optimizer's state has only megatron-core's fsdp_dtensor format (the reason is measured on stock
     megatron-core in tests/distributed/test_fsdp_plans.py)."""
-    from aceso_megatron.cli.train import check_train_args, parse_train_args
+    from aceso_megatron.training.args import check_train_args, parse_train_args
     from search.spec.plan import ParallelPlan
 
     fsdp = ParallelPlan.model_validate(plan(LLAMA, "optim_grads_params"))

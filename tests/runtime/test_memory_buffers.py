@@ -25,7 +25,8 @@ pytest.importorskip("megatron.core")
 from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
 from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402
 
-from aceso_megatron.testing.meta_params import Group, build_chunk, world_of_one  # noqa: E402
+from aceso_megatron.model.meta_groups import Group  # noqa: E402
+from aceso_megatron.testing.meta_params import build_chunk, world_of_one  # noqa: E402
 from patches.compat import param_and_grad_buffer  # noqa: E402
 
 

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from aceso_megatron.cli.profile import header, torchrun_command
+from aceso_megatron.cli.profile import torchrun_command
+from aceso_megatron.profiler.args import header
 from search.cli import build_parser
 
 TINY = {"name": "tiny-gpt", "family": "gpt", "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
@@ -88,7 +89,7 @@ def test_torchrun_command(spec, tmp_path):
     assert worker[worker.index("--tp") + 1:worker.index("--tp") + 3] == ["1", "2"]
     assert "--cpu" in worker and "--nproc" not in worker     # torchrun would take --nproc for itself
     # the worker parses the same options back into the same run header
-    from aceso_megatron.cli.common import model_from_args
+    from aceso_megatron.profiler.args import model_from_args
 
     wargs = build_parser().parse_args(["profile", *worker])
     assert header(wargs, model_from_args(wargs), 2) == header(args, model_from_args(args), 2)

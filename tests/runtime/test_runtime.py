@@ -81,7 +81,7 @@ def test_patch_refuses_untested_version(monkeypatch):
 
 
 def test_runtime_cli_reports_a_refused_patch_as_bad_input(monkeypatch):
-    from aceso_megatron.cli import bad_input_from_patches
+    from aceso_megatron.errors import bad_input_from_patches
     from patches import _base
 
     monkeypatch.setattr(_base, "megatron_version", lambda: "0.0.1")

@@ -22,7 +22,8 @@ from search.costmodel.kernels import ARCH, LAUNCH_MS, MEM_EFF, ShapeKernels
 from search.costmodel.memory import MB
 from search.costmodel.pipeline import interleaved_one_f_one_b, one_f_one_b
 from search.costmodel.types import Features
-from search.settings.plan_settings import run_settings, target_settings
+from search.costmodel.pricing import run_settings
+from search.settings.plan_settings import target_settings
 from search.spec.model import ModelSpec
 from search.spec.plan import SCHEMA_VERSION, parse_plan, uniform_plan
 from search.spec.presets import load_model

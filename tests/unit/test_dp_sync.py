@@ -28,7 +28,7 @@ from search.megatron.names import bridge_ddp_fields
 from search.megatron.script import argv
 from search.megatron.expressible import megatron_config
 from search.spec.plan import uniform_plan
-from search.settings.plan_settings import run_settings
+from search.costmodel.pricing import run_settings
 from search.spec.presets import load_model
 from search.spec.training import TrainingSpec
 

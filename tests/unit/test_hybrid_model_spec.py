@@ -112,15 +112,16 @@ PRESETS = ("nemotron-3-nano", "nemotron-3-super", "nemotron-3-ultra", "nemotron-
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_is_its_sourced_architecture(name):
     """The preset is the arch record (each field's source there) as a ModelSpec, and counts what the record's own
-    module-by-module count (search.layers.hybrid.counts, checked against the published sizes) counts."""
+    module-by-module count (search.spec.hybrid_arch.counts, checked against the published sizes) counts."""
     from model_specs import preset_data
     from search.layers import hybrid
+    from search.spec.hybrid_arch import counts, model_spec_data
 
     arch = hybrid.load(name)
-    assert preset_data(name) == json.loads(json.dumps(hybrid.model_spec_data(arch)))
+    assert preset_data(name) == json.loads(json.dumps(model_spec_data(arch)))
     m = load_model(name)
     assert layers.symbols(m) == arch.full_pattern and m.num_layers == len(arch.hybrid_layer_pattern)
-    assert m.num_parameters == hybrid.counts(arch).total
+    assert m.num_parameters == counts(arch).total
 
 
 def test_search_space_offers_the_tp_mamba_splits():

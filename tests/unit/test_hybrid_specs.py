@@ -1,4 +1,5 @@
-"""The hybrid architectures of ``model_specs/hybrid`` (Nemotron-3 and Nemotron-H) and ``search.layers.hybrid``: every
+"""The hybrid architectures of ``model_specs/hybrid`` (Nemotron-3 and Nemotron-H), ``search.layers.hybrid`` and
+``search.spec.hybrid_arch``: every
 field sourced, the layer mix NVIDIA publishes, the parameter counts against the published totals (Nemotron-3
 Super to the element against its released checkpoint), and megatron-core's pattern syntax."""
 
@@ -6,7 +7,8 @@ import pytest
 from pydantic import ValidationError
 
 from search.layers import hybrid
-from search.layers.hybrid import HybridArch, counts, load, parse_pattern, pipeline_refusal
+from search.layers.hybrid import HybridArch, load, parse_pattern, pipeline_refusal
+from search.spec.hybrid_arch import counts
 
 NAMES = ["nemotron-3-nano", "nemotron-3-super", "nemotron-3-ultra", "nemotron-h-56b", "nemotron-h-8b"]
 

@@ -15,7 +15,8 @@ from search.cli import main
 from search.megatron.importer import read_megatron
 from search.spec.plan import load_plan
 from search.spec.plan import ParallelPlan
-from search.settings.plan_settings import PlanSettings, run_settings, target_settings
+from search.costmodel.pricing import run_settings
+from search.settings.plan_settings import PlanSettings, target_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("megatron_parity", ROOT / "bench" / "megatron_parity.py")

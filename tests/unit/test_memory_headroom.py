@@ -13,7 +13,8 @@ import pytest
 from search.cli import main
 from search.spec.cluster import parse_cluster
 from search.costmodel import make_cost_model
-from search.settings.plan_settings import run_settings, target_settings
+from search.costmodel.pricing import run_settings
+from search.settings.plan_settings import target_settings
 from search.costmodel.memory import DEFAULT_HEADROOM, MB, headroom_verdict, memory_budget_mb
 from search.spec.model import ModelSpec
 from search.spec.plan import uniform_plan

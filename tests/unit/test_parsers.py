@@ -26,7 +26,7 @@ def _walk(parser: argparse.ArgumentParser, name: str):
 
 
 def _all_parsers():
-    from aceso_megatron.cli.train import train_parser
+    from aceso_megatron.training.args import train_parser
     from aceso_megatron.profiler.run import worker_parser
 
     yield from _walk(build_parser(), "aceso")

@@ -517,7 +517,7 @@ def test_reuse_grad_buf_has_no_price_of_its_own():
     """core_v0.16.1 builds the shared param / grad buffer for any MXFP8 parameters under the distributed optimizer
     (param_and_grad_buffer.py, "For MXFP8 param: Create a shared buffer for param AG and grad RS"): the flag changes
     which copy the parameters are read back from, not the bytes held or moved."""
-    from search.settings.plan_settings import run_settings
+    from search.costmodel.pricing import run_settings
     from search.costmodel.pricing import precision_of
     costs = []
     for extra in ("", lowp.REUSE_FLAG):

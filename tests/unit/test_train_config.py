@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from aceso_megatron.cli.train import check_train_args, parse_train_args
+from aceso_megatron.training.args import check_train_args, parse_train_args
 from search.io.errors import AcesoError
 
 
