@@ -56,6 +56,7 @@ from .comm import CommModel
 from .comm import overlap_tax
 from search.settings import precision as lowp
 from .kernels import GENERATION, arch, KERNEL_MODELS, LAUNCH_MS, lowprec_kernels
+from . import memory, mla_mtp, moe_cost, moe_primitives
 from .memory import (LOSS_KEPT_BYTES, MB, embedding_params_per_rank, has_attention_dropout, loss_transient_bytes,
                      output_params_per_rank, tied_copy_params_per_rank)
 from search.settings.moe_plan import MoEPlanSettings
@@ -92,6 +93,18 @@ class AnalyticSource:
 
     name = "analytic"
     features = ("sequence_parallel", "context_parallel", "tp_comm_overlap")
+
+    # The cost model's formulas the layer kinds price with (``search.layers.kind``, "The pricing context"): a kind
+    # reads them here and imports nothing of the cost model, which imports the kinds.
+    attention_act_bytes = staticmethod(memory.attention_act_bytes)
+    mlp_act_bytes = staticmethod(memory.mlp_act_bytes)
+    unit_params_per_rank = staticmethod(memory.unit_params_per_rank)
+    mla_params_per_rank = staticmethod(mla_mtp.mla_params_per_rank)
+    ep_all_to_all_ms = staticmethod(moe_primitives.ep_all_to_all_ms)
+    mla_attention = mla_mtp.mla_attention       # (src, ...): bound, called as src.mla_attention(...)
+    mla_act_bytes = mla_mtp.mla_act_bytes
+    mtp_unit = mla_mtp.mtp_unit
+    moe_unit = moe_cost.moe_unit
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, comm: CommModel,
                  kernels: str = "shape", settings: RunSettings | None = None):

@@ -4,7 +4,8 @@ exposes of them, and what a CUDA graph removes (and the memory it pins).
 Each unit's forward launches a number of kernels from Python (PyTorch, megatron-core, transformer-engine); the CPU
 needs ``HOST_LAUNCH_MS`` (``release_constants.py``, fitted per release: interpreter, framework and launch time
 per kernel) for each. Launch counts per part of a layer, forward, counted on megatron-core 0.16.1's code paths
-(``LAUNCHES``; ``q`` = 1 where the part's linears run a low-precision recipe, its quantize / amax kernels):
+(each layer kind's ``launches``, in its module in ``search/layers/``; ``q`` = 1 where the part's linears run a
+low-precision recipe, its quantize / amax kernels):
 
     attn            TE LayerNormLinear (norm, QKV GEMM), fused RoPE (q, k), the fused attention, TE Linear
                     (proj), bias-dropout-add: 7 (+ 3 q: quantize and amax of the two linears)
@@ -25,7 +26,7 @@ per kernel) for each. Launch counts per part of a layer, forward, counted on meg
                     group, the split / sum / slice steps and the five host copies: 16 (padded to capacity: 5)
     moe_rest        permute (fused 2, unfused 6), the dispatch and combine all-to-alls, the chunk sort and unsort,
                     the activation, unpermute, bias-dropout-add (7), and per local expert the fc1 and fc2 GEMMs of
-                    TE's ``general_grouped_gemm`` (``EXPERT_LAUNCHES`` = 6 per expert: a fitted per-expert host cost,
+                    TE's ``general_grouped_gemm`` (``search.layers.moe.EXPERT_LAUNCHES`` = 6 per expert: a fitted per-expert host cost,
                     not a count; its comment has TE's own count; without grouped GEMM one activation per expert
                     more), + 2 q quantize: 9 + 6 experts (+ 2 q)
     shared expert   as a dense MLP (5 + 3 q), in ``moe_router``'s graph when captured with it
@@ -67,55 +68,14 @@ from search.settings.stack import GRAPH_SCOPES  # noqa: F401  (the scope names t
 # static buffers (no copy where the input is the buffer) and calls ``fwd_graph.replay()``: one cudaGraphLaunch.
 GRAPH_LAUNCH = 1.0
 GRAPH_BUFFERS = 3         # static buffers a captured part keeps per layer and micro-batch in flight
-# Host cost of each local expert, in launches at HOST_LAUNCH_MS. Not a count of launches: transformer-engine's
-# grouped GEMM (``multi_stream_cublas_gemm``, transformer-engine common/gemm) issues one cuBLAS GEMM per expert
-# from C++ on ``num_streams`` = 4 side streams, with one event record and 4 waits before and 4 records and waits
-# after, per call (fc1, fc2): 2 GEMM calls per expert and 26 stream calls per layer, each far cheaper than a Python
-# op. Priced so (2 per expert), the 26.x MoE rows fit worse at every HOST_LAUNCH_MS of 0.05-0.12 (MAE 9.0% at best
-# against 6.6%; the Qwen3-30B micro-batch-1 B200 row, whose exposed host time is mostly these, +42%): the rows ask
-# for ~0.3 ms of host time per local expert and layer, which 6 launches at 0.05 ms give. Kept as 6, a fitted
-# per-expert host cost (docs/costmodel.md, "The 2026 software stack"); what it is made of is open.
-EXPERT_LAUNCHES = 6
 
 
 def part_launches(model, kind: str, quantized: bool, n_local: int, moe_settings=None) -> dict[str, float]:
     """Forward kernel launches of one unit by part (``attn``, ``mlp``, ``moe_router``, ``moe_preprocess``,
-    ``moe_rest``), module docstring; ``n_local``: the moe unit's local experts. The unit's layer kind says which of
-    the functions below counts it (``search.layers``: ``launches``; none: no launches counted)."""
+    ``moe_rest``), module docstring; ``n_local``: the moe unit's local experts. The unit's layer kind counts
+    them (``search.layers``: ``launches``, the kind's module; none: no launches counted)."""
     launches = resolve(model, kind).launches
     return launches(model, quantized, n_local, moe_settings) if launches is not None else {}
-
-
-def attention_launches(model, quantized: bool, n_local: int = 0, moe_settings=None) -> dict[str, float]:
-    return {"attn": 7 + 3 * (1 if quantized else 0)}
-
-
-def mla_launches(model, quantized: bool, n_local: int = 0, moe_settings=None) -> dict[str, float]:
-    return {"attn": 12 + 5 * (1 if quantized else 0)}
-
-
-def mlp_launches(model, quantized: bool, n_local: int = 0, moe_settings=None) -> dict[str, float]:
-    return {"mlp": 5 + 3 * (1 if quantized else 0)}
-
-
-def mamba_launches(model, quantized: bool, n_local: int = 0, moe_settings=None) -> dict[str, float]:
-    return {"mamba": 17 + 3 * (1 if quantized else 0)}
-
-
-def moe_launches(model, quantized: bool, n_local: int, moe_settings=None) -> dict[str, float]:
-    q = 1 if quantized else 0
-    e, s = model.moe, moe_settings
-    fused = bool(s and s.router_fusion)
-    topk = 7 + (4 if e.moe_router_num_groups else 0) + (2 if e.moe_router_enable_expert_bias else 0)
-    aux = 11 if e.moe_aux_loss_coeff else 0
-    router = (1 + (1 if s and s.router_dtype else 0) + (2 if e.moe_router_force_load_balancing else 0)
-              + (4 if fused else topk + aux) + 1)
-    if e.moe_shared_expert_intermediate_size:
-        router += 5 + 3 * q
-    padded = e.moe_pad_expert_input_to_capacity
-    perm = 2 if (s is None or s.permute_fusion) else 6
-    gemms = EXPERT_LAUNCHES * n_local + (0 if (s is None or s.grouped_gemm) else n_local)
-    return {"moe_router": router, "moe_preprocess": 5 if padded else 16, "moe_rest": perm + 7 + gemms + 2 * q}
 
 
 def captured(part: str, scopes: frozenset[str]) -> bool:

@@ -75,41 +75,39 @@ def _window(m, u) -> bool:
 
 
 def price_attention(src, u, a) -> Row:
-    from ..costmodel.memory import attention_act_bytes, unit_params_per_rank
     m = src.model
     window = layer_variants.window_keys(m, u.layer, a.s * a.cp) if _window(m, u) else None
     cost = src.attention(a.b, a.s, a.t, causal=not (m.is_t5 and u.stack == "encoder"), cp=a.cp, sp=a.sp,
                          overlap=a.overlap, window=window, lp=a.lp)
-    act = attention_act_bytes(m, a.b, a.s, a.t, src.flash, dt=src.dt, sp=a.sp)
-    return Row(cost, _quantized(src, act, _qkv(m)[1], a), unit_params_per_rank(m, "attention", a.t))
+    act = src.attention_act_bytes(m, a.b, a.s, a.t, src.flash, dt=src.dt, sp=a.sp)
+    return Row(cost, _quantized(src, act, _qkv(m)[1], a), src.unit_params_per_rank(m, "attention", a.t))
 
 
 def price_cross_attention(src, u, a) -> Row:
-    from ..costmodel.memory import attention_act_bytes, unit_params_per_rank
     m = src.model
     cost = src.attention(a.b, a.s, a.t, kv_len=a.s_enc, sp=a.sp, overlap=a.overlap, lp=a.lp)
-    act = attention_act_bytes(m, a.b, a.s, a.t, src.flash, kv_len=a.s_enc, dt=src.dt, sp=a.sp)
-    return Row(cost, _quantized(src, act, _qkv(m)[1], a), unit_params_per_rank(m, "cross_attention", a.t))
+    act = src.attention_act_bytes(m, a.b, a.s, a.t, src.flash, kv_len=a.s_enc, dt=src.dt, sp=a.sp)
+    return Row(cost, _quantized(src, act, _qkv(m)[1], a), src.unit_params_per_rank(m, "cross_attention", a.t))
 
 
 def price_mlp(src, u, a) -> Row:
-    from ..costmodel.memory import mlp_act_bytes, unit_params_per_rank
     m = src.model
     fused = src.settings.fused_swiglu and src.cluster.gpu.name != "cpu"
-    act = mlp_act_bytes(m, a.b, a.s, a.t, src.dt, a.sp, fused_swiglu=fused)
+    act = src.mlp_act_bytes(m, a.b, a.s, a.t, src.dt, a.sp, fused_swiglu=fused)
     return Row(src.mlp(a.b, a.s, a.t, a.sp, a.overlap, a.lp), _quantized(src, act, m.ffn_hidden_size, a),
-               unit_params_per_rank(m, "mlp", a.t))
+               src.unit_params_per_rank(m, "mlp", a.t))
 
 
 # ----- what the cost model's other terms read of the units (costmodel.host, optimizers, stack_cost) -------------
-def attention_launches(m, quantized: bool, n_local: int, moe=None) -> dict:
-    from ..costmodel.host import attention_launches
-    return attention_launches(m, quantized)
+def attention_launches(m, quantized: bool, n_local: int = 0, moe=None) -> dict:
+    """TE LayerNormLinear (norm, QKV GEMM), fused RoPE (q, k), the fused attention, TE Linear (proj),
+    bias-dropout-add: 7, + 3 quantized (``costmodel.host`` has the counting)."""
+    return {"attn": 7 + 3 * (1 if quantized else 0)}
 
 
-def mlp_launches(m, quantized: bool, n_local: int, moe=None) -> dict:
-    from ..costmodel.host import mlp_launches
-    return mlp_launches(m, quantized)
+def mlp_launches(m, quantized: bool, n_local: int = 0, moe=None) -> dict:
+    """TE LayerNormMLP: norm, fc1, activation, fc2, bias-dropout-add: 5, + 3 quantized."""
+    return {"mlp": 5 + 3 * (1 if quantized else 0)}
 
 
 def attention_muon(m, t: int, ep: int = 1, etp: int = 0) -> list:

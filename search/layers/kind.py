@@ -31,8 +31,10 @@ bytes), ``kern`` / ``kern_lp`` (the kernel models, bf16 and the low-precision re
 ``bmm``, ``flash``, ``memory``), ``kern_wide(dtype)``, ``comm`` (the collectives), ``cluster``, ``settings``
 (``RunSettings``), ``flash``, ``lp`` (the recipe), and the shared pieces ``attention`` / ``mlp`` (the dense units),
 ``_half`` (a unit's TP collectives), ``_linears`` (its GEMMs, quantized or not), ``_cp_ring_parts`` (ring
-attention's K/V exchange) and ``head`` (final norm, logits, loss). The registry imports nothing of search's; a kind
-module imports the cost-model functions it prices with inside its pricer (the cost model imports the registry).
+attention's K/V exchange) and ``head`` (final norm, logits, loss), and the cost model's formulas the built-in kinds
+share: ``attention_act_bytes``, ``mlp_act_bytes``, ``unit_params_per_rank``, ``ep_all_to_all_ms``, ``mla_attention``,
+``mla_act_bytes``, ``mla_params_per_rank``, ``mtp_unit`` and ``moe_unit``. The registry imports nothing of search's;
+no kind module imports the cost model (which imports the registry): a pricer reads it through the context.
 """
 
 from __future__ import annotations

@@ -307,9 +307,8 @@ def cp_all_to_all_ms(src, m: Mamba2Spec, hidden: int, tokens: float, tp: int, cp
     over the CP group (ranks ``tp`` apart, megatron-core's tp-cp-ep-dp-pp order) of ``tokens x width`` elements,
     ``(cp - 1) / cp`` of them leaving the rank, priced as the EP dispatch's all-to-all
     (``moe_primitives.ep_all_to_all_ms``: latency + the slower of the NVLink and the network share)."""
-    from ..costmodel.moe_primitives import ep_all_to_all_ms
     members = src.comm.members_per_node(0, tp, cp)
-    return sum(ep_all_to_all_ms(src.comm, src.dt * tokens * w, cp, members)
+    return sum(src.ep_all_to_all_ms(src.comm, src.dt * tokens * w, cp, members)
                for w in cp_all_to_all_widths(m, hidden, tp, cp))
 
 
@@ -395,9 +394,9 @@ def price_layer(src, u, a):
     return Row(cost, (keep, keep, full), params(spec, h, t, model.normalization == "layernorm").total)
 
 
-def mamba_launches(m, quantized: bool, n_local: int, moe=None) -> dict:
-    from ..costmodel.host import mamba_launches
-    return mamba_launches(m, quantized)
+def mamba_launches(m, quantized: bool, n_local: int = 0, moe=None) -> dict:
+    """megatron-core 0.19 ``MambaMixer``'s training path: 17, + 3 quantized (``costmodel.host`` lists them)."""
+    return {"mamba": 17 + 3 * (1 if quantized else 0)}
 
 
 MAMBA = register(LayerKind(

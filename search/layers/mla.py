@@ -12,14 +12,14 @@ from .kind import LayerKind, Row, register
 
 
 def price_mla(src, u, a) -> Row:
-    from ..costmodel.mla_mtp import mla_act_bytes, mla_attention, mla_params_per_rank
-    return Row(mla_attention(src, a.b, a.s, a.t, a.cp, a.sp, a.overlap), mla_act_bytes(src, a.b, a.s, a.t, a.sp, a.lp),
-               mla_params_per_rank(src.model, a.t))
+    return Row(src.mla_attention(a.b, a.s, a.t, a.cp, a.sp, a.overlap), src.mla_act_bytes(a.b, a.s, a.t, a.sp, a.lp),
+               src.mla_params_per_rank(src.model, a.t))
 
 
-def mla_launches(m, quantized: bool, n_local: int, moe=None) -> dict:
-    from ..costmodel.host import mla_launches
-    return mla_launches(m, quantized)
+def mla_launches(m, quantized: bool, n_local: int = 0, moe=None) -> dict:
+    """2 down projections, 2 latent norms, 2 up projections, RoPE, core, proj, bias-dropout-add: 12, + 5
+    quantized (``costmodel.host`` has the counting)."""
+    return {"attn": 12 + 5 * (1 if quantized else 0)}
 
 
 def mla_muon(m, t: int, ep: int = 1, etp: int = 0) -> list:

@@ -10,16 +10,38 @@ from search.layers.moe_params import moe_unit_params
 from .dense import _MLP_PARTS, mlp_offload
 from .kind import LayerKind, Row, register
 
+# Host cost of each local expert, in launches at HOST_LAUNCH_MS. Not a count of launches: transformer-engine's
+# grouped GEMM (``multi_stream_cublas_gemm``, transformer-engine common/gemm) issues one cuBLAS GEMM per expert
+# from C++ on ``num_streams`` = 4 side streams, with one event record and 4 waits before and 4 records and waits
+# after, per call (fc1, fc2): 2 GEMM calls per expert and 26 stream calls per layer, each far cheaper than a Python
+# op. Priced so (2 per expert), the 26.x MoE rows fit worse at every HOST_LAUNCH_MS of 0.05-0.12 (MAE 9.0% at best
+# against 6.6%; the Qwen3-30B micro-batch-1 B200 row, whose exposed host time is mostly these, +42%): the rows ask
+# for ~0.3 ms of host time per local expert and layer, which 6 launches at 0.05 ms give. Kept as 6, a fitted
+# per-expert host cost (docs/costmodel.md, "The 2026 software stack"); what it is made of is open.
+EXPERT_LAUNCHES = 6
+
 
 def price_moe(src, u, a) -> Row:
-    from ..costmodel.moe_cost import moe_unit
-    cost, act, params, experts = moe_unit(src, a.b, a.s, a.t, a.sp, a.ep, a.etp, a.moe, overlap=a.overlap, lp=a.lp)
+    cost, act, params, experts = src.moe_unit(a.b, a.s, a.t, a.sp, a.ep, a.etp, a.moe, overlap=a.overlap, lp=a.lp)
     return Row(cost, act[:3], params, experts, transient=act[3])    # transient: the dispatch buffers
 
 
 def moe_launches(m, quantized: bool, n_local: int, moe=None) -> dict:
-    from ..costmodel.host import moe_launches
-    return moe_launches(m, quantized, n_local, moe)
+    """Router, dispatcher preprocessing and the rest (permute, all-to-alls, experts' grouped GEMMs, unpermute) by
+    part, ``moe`` the plan's ``MoEPlanSettings`` (``costmodel.host`` has the counting)."""
+    q = 1 if quantized else 0
+    e, s = m.moe, moe
+    fused = bool(s and s.router_fusion)
+    topk = 7 + (4 if e.moe_router_num_groups else 0) + (2 if e.moe_router_enable_expert_bias else 0)
+    aux = 11 if e.moe_aux_loss_coeff else 0
+    router = (1 + (1 if s and s.router_dtype else 0) + (2 if e.moe_router_force_load_balancing else 0)
+              + (4 if fused else topk + aux) + 1)
+    if e.moe_shared_expert_intermediate_size:
+        router += 5 + 3 * q
+    padded = e.moe_pad_expert_input_to_capacity
+    perm = 2 if (s is None or s.permute_fusion) else 6
+    gemms = EXPERT_LAUNCHES * n_local + (0 if (s is None or s.grouped_gemm) else n_local)
+    return {"moe_router": router, "moe_preprocess": 5 if padded else 16, "moe_rest": perm + 7 + gemms + 2 * q}
 
 
 def moe_muon(m, t: int, ep: int = 1, etp: int = 0) -> list:

@@ -22,11 +22,10 @@ def shares_weights(m, u) -> bool:
 
 
 def price_mtp(src, u, a) -> Row:
-    from ..costmodel.mla_mtp import mtp_unit
     m = src.model
     att, ffn = (a.row(type(u)("decoder", m.num_layers - 1, k)) for k in mtp_inner_kinds(m))
-    cost, act, params, experts = mtp_unit(src, a.b, a.s, a.t, a.sp, att.cost, att.act, ffn.cost,
-                                          (*ffn.act, ffn.transient), att.params, (ffn.params, ffn.expert_params))
+    cost, act, params, experts = src.mtp_unit(a.b, a.s, a.t, a.sp, att.cost, att.act, ffn.cost,
+                                      (*ffn.act, ffn.transient), att.params, (ffn.params, ffn.expert_params))
     if shares_weights(m, u):
         params = experts = 0.0
     return Row(cost, act[:3], params, experts, transient=act[3])

@@ -11,9 +11,9 @@ from search.costmodel import release_constants as rcs
 from search.costmodel.analytic import AnalyticSource
 from search.costmodel.comm import CommModel
 from search.costmodel.ep_overlap import LayerTimes, layer_pair_ms, saving_ms
-from search.costmodel.host import (EXPERT_LAUNCHES, GRAPH_BUFFERS, exposed_host_ms, host_launches,
-                                   part_launches)
+from search.costmodel.host import GRAPH_BUFFERS, exposed_host_ms, host_launches, part_launches
 from search.costmodel.memory import MB
+from search.layers.moe import EXPERT_LAUNCHES
 from search.costmodel.optimizers import MUON_BYTES, muon_matrices, ns_flops
 from search.costmodel.types import Features, StackKey
 from search.settings.moe_plan import MoEPlanSettings
