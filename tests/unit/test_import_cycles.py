@@ -35,10 +35,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("search.layers", "search.costmodel"):
         "each layer kind's pricer (time, memory per unit) calls the cost model's formulas; "
         "they move into the kinds' modules with the pricing-by-named-terms work",
-    ("search.costmodel", "search.compat"):
-        "make_cost_model builds the Aceso-compatible model, which is built on the cost model's types",
-    ("search.costmodel", "search.calibration"):
-        "pricing.price(plan, target, calibration) applies a calibration file; calibrate prices runs with it",
 }
 
 
