@@ -34,7 +34,7 @@ from megatron_log_format import megatron_log  # noqa: E402
 
 from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 from search.calibration.calibrate import Run, calibrate_gpu, check_log, jacobian, megatron_flops, residual  # noqa: E402
-from search.calibration.calibration import CalibrationFile  # noqa: E402
+from search.costmodel.calibration import CalibrationFile  # noqa: E402
 from search.calibration.megatron_log import read_megatron_log  # noqa: E402
 
 try:        # bench/calibration.py's definition where it exists (the calib branch): one truth for "fully specified"

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from search.spec.cluster import parse_cluster
 from search.costmodel.types import RC
-from search.costmodel.pricing import cost_model
+from search.pricing import cost_model
 from search.planner.recompute import allowed_codes, count_assignments
 from search.spec.presets import load_model
 from search.spec.training import TrainingSpec

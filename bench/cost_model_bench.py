@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from search.spec.cluster import parse_cluster  # noqa: E402
-from search.costmodel import make_cost_model  # noqa: E402
+from search.pricing import make_cost_model  # noqa: E402
 from search.spec.plan import RECOMPUTE_CHOICES, ParallelPlan, StageSpec, uniform_plan  # noqa: E402
 from search.spec.presets import load_model  # noqa: E402
 from search.spec.training import TrainingSpec  # noqa: E402

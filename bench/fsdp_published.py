@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search.costmodel import make_cost_model  # noqa: E402
+from search.pricing import make_cost_model  # noqa: E402
 from search.costmodel.memory import DEFAULT_HEADROOM, memory_budget_mb  # noqa: E402
 
 BRIDGE = ROOT.parent / "shared" / "published" / "megatron-bridge-25.09-25.11.json"

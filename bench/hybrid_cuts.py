@@ -40,7 +40,7 @@ from search.costmodel.types import Features, Shape  # noqa: E402
 from search.megatron.versions import release  # noqa: E402
 from search.planner.aceso import SearchOptions  # noqa: E402
 from search.planner.api import plan_all  # noqa: E402
-from search.costmodel.pricing import cost_model  # noqa: E402
+from search.pricing import cost_model  # noqa: E402
 from search.planner.hybrid_cuts import descend, hybrid_setting, price, refine, settings_for  # noqa: E402
 from search.planner.megatron_lm import best_setting  # noqa: E402
 from search.planner.report import describe  # noqa: E402

@@ -41,7 +41,8 @@ from search.io.errors import AcesoError  # noqa: E402
 from search.layers import hybrid  # noqa: E402
 from search.megatron.importer import read_megatron  # noqa: E402
 from search.spec.plan import ChunkSpec, ParallelPlan  # noqa: E402
-from search.costmodel.pricing import cost_model, precision_of  # noqa: E402
+from search.costmodel.plan_view import precision_of  # noqa: E402
+from search.pricing import cost_model  # noqa: E402
 from search.spec.training import TrainingSpec  # noqa: E402
 from search.spec.presets import load_model  # noqa: E402
 

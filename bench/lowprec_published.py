@@ -32,11 +32,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from search.io.argparser import AcesoParser  # noqa: E402
 from search.spec.cluster import parse_cluster  # noqa: E402
-from search.costmodel import make_cost_model  # noqa: E402
+from search.pricing import make_cost_model  # noqa: E402
 from search.costmodel import kernels  # noqa: E402
 from search.megatron.importer import read_megatron  # noqa: E402
-from search.costmodel.pricing import run_settings  # noqa: E402
-from search.costmodel.pricing import precision_of  # noqa: E402
+from search.costmodel.plan_view import run_settings  # noqa: E402
+from search.costmodel.plan_view import precision_of  # noqa: E402
 from search.spec.training import TrainingSpec  # noqa: E402
 
 BRIDGE = ROOT.parent / "shared" / "published" / "megatron-bridge-25.09-25.11.json"

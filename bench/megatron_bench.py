@@ -33,7 +33,7 @@ from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, on
 from search.spec.cluster import parse_cluster  # noqa: E402
 from search.costmodel.memory import DEFAULT_HEADROOM  # noqa: E402
 from search.settings.plan_settings import target_settings  # noqa: E402
-from search.costmodel.pricing import cost_model  # noqa: E402
+from search.pricing import cost_model  # noqa: E402
 from search.cli.explain_search import search_lines  # noqa: E402
 from search.megatron.importer import read_megatron  # noqa: E402
 from search.spec.training import TrainingSpec  # noqa: E402

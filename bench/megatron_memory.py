@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 from search.spec.cluster import parse_cluster  # noqa: E402
-from search.costmodel import make_cost_model  # noqa: E402
+from search.pricing import make_cost_model  # noqa: E402
 from search.costmodel.memory import MB, ddp_buffer_numel  # noqa: E402
 from search.settings.fsdp import shards  # noqa: E402
 from search.spec.plan import uniform_plan  # noqa: E402

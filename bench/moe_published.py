@@ -61,14 +61,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 from search.spec.cluster import parse_cluster  # noqa: E402
-from search.costmodel import make_cost_model  # noqa: E402
+from search.pricing import make_cost_model  # noqa: E402
 from search.io.errors import AcesoError  # noqa: E402
 from search.megatron.config import NO_RECOMPUTE, Recompute  # noqa: E402
 from search.megatron.flops import num_floating_point_operations  # noqa: E402
 from search.megatron.importer import read_megatron  # noqa: E402
 from search.spec.plan import ParallelPlan  # noqa: E402
-from search.costmodel.pricing import run_settings  # noqa: E402
-from search.costmodel.pricing import precision_of  # noqa: E402
+from search.costmodel.plan_view import run_settings  # noqa: E402
+from search.costmodel.plan_view import precision_of  # noqa: E402
 from search.spec.presets import load_model  # noqa: E402
 from search.spec.training import TrainingSpec  # noqa: E402
 from recipes import own_args  # noqa: E402

@@ -29,7 +29,7 @@ from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, on
 
 from search.cli.explain import report
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.spec.plan import uniform_plan
 from search.plots import Target, pyplot, timeline
 from search.plots import explain as explain_figure

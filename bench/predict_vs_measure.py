@@ -117,7 +117,7 @@ def measure(rank: int, world: int, raws: list[dict], steps: int, skip: int, roun
 # ----- prediction ----------------------------------------------------------------------------------------------
 def predict(raw: dict, db: str, nproc: int) -> dict:
     from search.spec.cluster import parse_cluster
-    from search.costmodel import make_cost_model
+    from search.pricing import make_cost_model
     from search.spec.plan import parse_plan
     from search.spec.training import TrainingSpec
 

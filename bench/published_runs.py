@@ -60,8 +60,9 @@ sys.path.insert(0, str(ROOT))
 from search.io.argparser import AcesoParser  # noqa: E402  (no abbreviations, one-line errors)
 
 from search.spec.cluster import parse_cluster  # noqa: E402
-from search.costmodel import RunSettings, make_cost_model  # noqa: E402
-from search.costmodel.pricing import run_settings  # noqa: E402
+from search.costmodel import RunSettings  # noqa: E402
+from search.pricing import make_cost_model  # noqa: E402
+from search.costmodel.plan_view import run_settings  # noqa: E402
 from search.settings.plan_settings import target_settings  # noqa: E402
 from search.spec.model import ModelSpec  # noqa: E402
 from search.spec.plan import uniform_plan  # noqa: E402

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from search.io.argparser import AcesoParser  # noqa: E402
-from search.costmodel import make_cost_model  # noqa: E402
+from search.pricing import make_cost_model  # noqa: E402
 
 import lowprec_published as lp  # noqa: E402
 

@@ -55,7 +55,7 @@ from search.spec.cluster import parse_cluster
 from search.planner.aceso import SearchOptions, search
 from search.planner.api import plan_all, plan_baseline, plan_search
 from search.settings.plan_settings import target_settings
-from search.costmodel.pricing import cost_model
+from search.pricing import cost_model
 from search.planner.report import describe
 from search.planner.state import to_plan
 from search.spec.presets import load_model

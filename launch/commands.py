@@ -106,9 +106,9 @@ def check_plan_fits(plan: ParallelPlan, spec: LaunchSpec, visible_gpus: int | No
 
 def plan_cpu_memory_mb(plan: ParallelPlan) -> list[float]:
     """Per stage: the analytic memory of one rank in an fp32 CPU run (no GPU reserve), MiB: the one price
-    (``search.costmodel.pricing``) as the aceso runtime runs the plan on a CPU cluster."""
+    (``search.pricing``) as the aceso runtime runs the plan on a CPU cluster."""
     from search.spec.cluster import parse_cluster
-    from search.costmodel.pricing import price
+    from search.pricing import price
 
     cost = price(plan, "runtime", cluster=parse_cluster(f"1x{plan.world_size}-cpu"), precision="fp32",
                  attention="unfused")

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from search.spec.plan import ParallelPlan
-from search.costmodel.pricing import run_settings
+from search.costmodel.plan_view import run_settings
 
 from ..model.fast_path import Environment, FastPath, choose
 from ..parallel.layout import Groups, RankLayout, build_groups, embedding_stages
@@ -115,7 +115,7 @@ def choose_fast_paths(plan: ParallelPlan, env: Environment, device: str, fast: F
 @dataclass(frozen=True)
 class Precision:
     """The run's dtypes: the chunks' parameters (the fast path's), the DP gradient reduction (as the plan was
-    priced: ``search.costmodel.pricing.run_settings``) and the low-precision recipe of the linear layers, if any."""
+    priced: ``search.costmodel.plan_view.run_settings``) and the low-precision recipe of the linear layers, if any."""
 
     params: str                 # fp32 | bf16 | fp16
     grad_reduce_in_fp32: bool

@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from search.io.errors import AcesoError
 from search.spec.plan import ParallelPlan, parse_plan
-from search.costmodel.pricing import run_settings
+from search.costmodel.plan_view import run_settings
 
 from ..model.fast_path import Environment, FastPath
 from ..parallel.layout import Groups, RankLayout, sample_range

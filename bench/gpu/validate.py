@@ -65,7 +65,7 @@ def plans(model: dict, gbs: int) -> dict[str, dict]:
 
 def predict(raw: dict, db: Path, gpu: str) -> dict:
     from search.spec.cluster import parse_cluster
-    from search.costmodel import make_cost_model
+    from search.pricing import make_cost_model
     from search.spec.plan import parse_plan
     from search.spec.training import TrainingSpec
 

@@ -3,7 +3,7 @@
 A run is a configuration (a Megatron-LM launch script, read as ``aceso import --from megatron-lm`` reads it, or an
 aceso plan) plus its log (``search.calibration.megatron_log``). Each run is priced exactly as ``aceso explain`` prices it
 (``price``: the plan's training spec; Megatron-LM's ``RunSettings`` for a script, the runtime's for a plan) on a
-cluster whose fields ``search.calibration.calibration.scaled_cluster`` scales by four factors: GEMM peak, fused attention,
+cluster whose fields ``search.costmodel.calibration.scaled_cluster`` scales by four factors: GEMM peak, fused attention,
 intra-node and inter-node bandwidth. The fit minimises ``sum_i log(pred_i / meas_i)^2 + PRIOR sum_j log(f_j)^2``
 by damped Gauss-Newton with a finite-difference Jacobian: a factor no run exercises (the network, for one-node
 runs) has a zero column and keeps its default, and with fewer runs than factors the small prior picks the
@@ -33,12 +33,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from search.calibration.calibration import (
+from search.costmodel.calibration import (
     CalibrationFile, GPUCalibration, RunResidual, apply_calibration, defaults, scaled_cluster,
 )
 from search.spec.cluster import ClusterSpec
 from search.io.errors import AcesoError
 from search.calibration.megatron_log import MeasuredRun
+from search.megatron.flops import num_floating_point_operations
+from search.pricing import price as price_plan
 from search.spec.plan import ParallelPlan
 
 PRIOR = 1e-3          # weight of log(factor)^2 against log(pred/meas)^2: a 3% factor change costs a 0.1% residual
@@ -61,17 +63,14 @@ class Run:
 
 
 def price(run: Run, cluster: ClusterSpec):
-    """The run's ``PlanCost`` on ``cluster``: the one price (``search.costmodel.pricing``, as ``aceso explain`` prices it) as
+    """The run's ``PlanCost`` on ``cluster``: the one price (``search.pricing``, as ``aceso explain`` prices it) as
     the run's framework runs the plan."""
-    from search.costmodel.pricing import price as price_plan
     return price_plan(run.plan, run.framework, cluster=cluster, attention=run.attention or "auto", run=run.settings)
 
 
 # ----- is this log the run of this configuration? ------------------------------------------------------------------
 def megatron_flops(plan: ParallelPlan, padded_vocab: int) -> float:
     """Megatron-LM's ``num_floating_point_operations`` of one global batch of ``plan`` (search.megatron.flops)."""
-    from search.megatron.flops import num_floating_point_operations
-
     return num_floating_point_operations(plan.model, plan.global_batch_size, padded_vocab)
 
 

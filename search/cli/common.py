@@ -74,11 +74,11 @@ def add_calibration_arg(p: argparse.ArgumentParser) -> None:
 
 
 def calibrated(args: argparse.Namespace, cluster: ClusterSpec | None) -> ClusterSpec | None:
-    """``cluster`` with ``--calibration FILE`` applied (search.calibration.calibration.apply_calibration); as is without one."""
+    """``cluster`` with ``--calibration FILE`` applied (search.costmodel.calibration.apply_calibration); as is without one."""
     path = getattr(args, "calibration", None)
     if path is None or cluster is None:
         return cluster
-    from search.calibration.calibration import apply_calibration, load_calibration
+    from search.costmodel.calibration import apply_calibration, load_calibration
     return apply_calibration(cluster, load_calibration(path))
 
 

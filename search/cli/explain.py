@@ -176,8 +176,8 @@ def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_b
 
 def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str], str]:
     """Our plan (or a reference config converted to one) under any cost model."""
-    from search.costmodel.pricing import describe
-    from search.costmodel.pricing import plan_cost_model
+    from search.costmodel.plan_view import describe
+    from search.pricing import plan_cost_model
     plan, notes = _read_plan(args, raw)
     plan, cluster, attention = _resolve(args, plan)
     cm, plan, spec = plan_cost_model(plan, args.framework, cluster=cluster, kind=args.cost_model, db=args.db,

@@ -146,7 +146,7 @@ def _preset_dtype(name: str) -> str:
 
 def _auto_attention(plan, args) -> str:
     """What ``--attention auto`` means on the plan's GPUs under the analytic model (flash / unfused)."""
-    from search.costmodel.pricing import cost_model
+    from search.pricing import cost_model
     from search.spec.training import TrainingSpec
     try:
         cm = cost_model(plan.model, plan.cluster, TrainingSpec(global_batch_size=plan.global_batch_size))

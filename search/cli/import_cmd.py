@@ -118,10 +118,10 @@ def _run_megatron(args: argparse.Namespace) -> int:
 
 def predict(plan, attention: str | None, kind: str = "analytic"):
     """The analytic prediction of an imported plan (with the attention kernel its --transformer-impl runs): the one
-    price (``search.costmodel.pricing``) under its own settings."""
+    price (``search.pricing``) under its own settings."""
     from search.spec.plan import PlanPrediction
     from ..planner.report import assumed_attention
-    from search.costmodel.pricing import plan_cost_model
+    from search.pricing import plan_cost_model
     cm, plan, _ = plan_cost_model(plan, kind=kind, attention=attention or "auto")
     cost = cm.evaluate(plan)
     return PlanPrediction(cost_model=kind, iteration_time_ms=cost.iteration_ms, samples_per_s=cost.samples_per_s,

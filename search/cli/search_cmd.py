@@ -277,7 +277,7 @@ def setup(args, model=None, runtime: bool = False):
     Megatron FSDP or activation offload), in the training spec the cost model carries too."""
     from search.targets.capabilities import model_refusal
     from ..planner.api import describe_dropped, runtime_training, search_space
-    from search.costmodel.pricing import cost_model
+    from search.pricing import cost_model
     from search.settings.precision import of_training
     model = with_seq_length(model if model is not None else model_from_args(args), args.seq_length)
     cluster = cluster_from_args(args)

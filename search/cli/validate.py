@@ -50,9 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _memory(plan, cluster, attention: str) -> tuple[list[float], float, bool]:
-    """Per-stage peak MiB under the analytic model (the one price, ``search.costmodel.pricing``), the limit, and whether it
+    """Per-stage peak MiB under the analytic model (the one price, ``search.pricing``), the limit, and whether it
     assumed flash attention."""
-    from search.costmodel.pricing import plan_cost_model
+    from search.pricing import plan_cost_model
 
     cm, priced, _ = plan_cost_model(plan, cluster=cluster, attention=attention)
     flash = bool(getattr(cm.source, "flash", False))

@@ -122,7 +122,7 @@ class AnalyticSource:
         self.peak = cluster.gpu.peak_tflops(training.dtype) * 1e9   # FLOP per ms
         self.hbm = cluster.gpu.hbm_gbps * 1e6                           # bytes per ms
         self.kern = KERNEL_MODELS[kernels](cluster.gpu.name, self.peak, self.hbm, self.dt)
-        self.kern.attn_scale = cluster.gpu.attention_scale or 1.0     # aceso calibrate (search/calibration/calibration.py)
+        self.kern.attn_scale = cluster.gpu.attention_scale or 1.0     # aceso calibrate (search/costmodel/calibration.py)
         self.kernels = kernels
         self.lp = training.precision          # the recipe (search/settings/precision.py); bf16/fp16/fp32: no quantization
         self.kern_lp = self.kern

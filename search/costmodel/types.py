@@ -151,7 +151,7 @@ class StackKey(NamedTuple):
 
 class RunSettings(NamedTuple):
     """The cost model's view of how a framework runs a plan beyond what the plan says, derived from the plan's settings
-    in one place (``pricing.run_settings``); the defaults are our runtime on megatron-core 0.16 (and any recent
+    in one place (``plan_view.run_settings``); the defaults are our runtime on megatron-core 0.16 (and any recent
     megatron-core / Megatron-LM); ``LEGACY_V1`` turns every refinement added with plan v2 off (the v1 model, for
     regression tests).
 

@@ -22,7 +22,7 @@ from search.spec.plan import ParallelPlan
 from .config import MegatronConfig
 from .versions import Release, having, release
 from search.settings.fsdp import describe as fsdp_describe
-from search.costmodel.pricing import describe
+from search.costmodel.plan_view import describe
 from search.costmodel.throughput import throughput
 from .names import grad_reduce_args, megatron_lm_args, tokenizer_args
 

@@ -23,13 +23,13 @@ Megatron-LM core_v0.16.1 (``megatron/training/arguments.py``, ``validate_args``)
 ``mixed_precision.grad_reduce_in_fp32`` over ``ddp.grad_reduce_in_fp32`` (``bf16_mixed``: True); aceso's export
 writes both (``megatron/bridge.py``). The runtime keeps megatron-core's DDP default (off), and
 the runtime's engine (its ``_ddp_config``) builds its DDP from the plan's own settings through
-``costmodel.pricing.run_settings``, so a plan runs in the runtime as it was priced (a Megatron-LM-priced plan launched through the
+``costmodel.plan_view.run_settings``, so a plan runs in the runtime as it was priced (a Megatron-LM-priced plan launched through the
 runtime reduces as its flags would).
 
 ``target_settings(target, settings, precision)`` is the one mapping of a target (``Target``: a framework and the
 release it runs) to how it runs a plan: the plan's own settings when they are that target's, else the same
 switches under the target's defaults (what it does with no extra flag but ``--grad-reduce-in-bf16``);
-``search/costmodel/pricing.py`` derives the cost model's view of them (``run_settings(settings, precision)``, the
+``search/costmodel/plan_view.py`` derives the cost model's view of them (``run_settings(settings, precision)``, the
 one place) and prices a plan with both.
 """
 

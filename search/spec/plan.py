@@ -16,7 +16,7 @@ folded over the same GPUs (``moe_plan.py``). Every plan-wide switch is in the on
 gradient reduction dtype, ``distributed_optimizer``, ``overlap_grad_reduce``, ``overlap_param_gather``,
 ``tp_comm_overlap``, ``megatron_fsdp`` and ``activation_offload`` (``fsdp.py``), the MoE ``moe`` settings and the
 ``stack`` switches; the plan reads them back as properties (``plan.distributed_optimizer``). The prediction was
-priced under them (``search/costmodel/pricing.py``).
+priced under them (``search/pricing/``).
 
 Version 4 moved the switches into ``settings`` (version 3 kept them at the top level, version 3 added MoE). Version
 1, 2 and 3 plans (v1: one span per stage, none of the v2 features; v2: dense) are read and converted

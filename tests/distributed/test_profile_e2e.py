@@ -63,7 +63,7 @@ def test_profile_database(profiled):
 
 def test_cost_model_reads_it(profiled):
     from search.spec.cluster import parse_cluster
-    from search.costmodel import make_cost_model
+    from search.pricing import make_cost_model
     from search.spec.presets import load_model
     from search.spec.training import TrainingSpec
 

@@ -60,7 +60,7 @@ def test_moe_rows(profiled):
 
 def _cost_model(spec, db):
     from search.spec.cluster import parse_cluster
-    from search.costmodel import make_cost_model
+    from search.pricing import make_cost_model
     from search.spec.presets import load_model
     from search.spec.training import TrainingSpec
 

@@ -12,7 +12,7 @@ import pytest
 
 from aceso_megatron.testing import run_fresh
 from aceso_megatron.training.train_log import machine_note
-from search.calibration.calibration import load_calibration
+from search.costmodel.calibration import load_calibration
 from search.cli import main
 from tests.tiny_models import GPT
 
@@ -58,7 +58,7 @@ def _spec(tmp_path):
 def test_machine_note_names_the_mismatch_and_is_quiet_when_calibrated(tmp_path):
     import shutil
 
-    from search.calibration.calibration import CalibrationFile, GPUCalibration, apply_calibration
+    from search.costmodel.calibration import CalibrationFile, GPUCalibration, apply_calibration
     from search.spec.plan import load_plan
 
     assert main(["search", "--model", str(_spec(tmp_path)), "--cluster", "1x8-h100", "--global-batch-size", "8",

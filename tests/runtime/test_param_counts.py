@@ -15,7 +15,7 @@ import warnings
 import pytest
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.costmodel.memory import MB
 from search.costmodel.types import Features
 from search.spec.model import ModelSpec

@@ -128,7 +128,7 @@ def test_assemble_reads_back(tmp_path):
     """Results by key -> the cost model's database -> the cost model's unit table, numbers unchanged."""
     from aceso_megatron.profiler.tasks import Task, assemble, comm_tasks, unit_tasks
     from search.spec.cluster import parse_cluster
-    from search.costmodel import make_cost_model
+    from search.pricing import make_cost_model
     from search.costmodel.profiledb import ProfileDBWriter
     from search.spec.training import TrainingSpec
 

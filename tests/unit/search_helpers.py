@@ -2,7 +2,7 @@
 test keeps exercising memory pressure when the cost model's numbers change; an independent 1F1B simulation."""
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.spec.plan import uniform_plan
 from search.spec.training import TrainingSpec
 

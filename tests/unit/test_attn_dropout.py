@@ -13,7 +13,7 @@ from search.spec.cluster import parse_cluster
 from search.compat import load_ref_config
 from search.compat.costmodel import make_compat_cost_model
 from search.compat.mapping import ref_to_plan
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.costmodel.types import ATTN_DROPOUT, RC_CODE, UNAVAILABLE_MS
 from search.io.errors import AcesoError
 from search.spec.model import ModelSpec

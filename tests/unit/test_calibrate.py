@@ -9,7 +9,7 @@ import pytest
 
 from megatron_log_format import iteration_line, megatron_log, memory_line
 from search.calibration.calibrate import Run, calibrate, megatron_flops, price
-from search.calibration.calibration import (
+from search.costmodel.calibration import (
     CalibrationFile, apply_calibration, defaults, load_calibration, scaled_cluster,
 )
 from search.cli import main

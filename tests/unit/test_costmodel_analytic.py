@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import LEGACY_V1, RC_CODE, make_cost_model
+from search.costmodel import LEGACY_V1, RC_CODE
+from search.pricing import make_cost_model
 from search.io.errors import AcesoError
 from search.spec.model import ModelSpec
 from search.spec.plan import ParallelPlan, StageSpec

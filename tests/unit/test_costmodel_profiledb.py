@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.costmodel.profiledb import ProfileDBWriter, fit_alpha_beta
 from search.io.errors import AcesoError
 from search.spec.model import ModelSpec

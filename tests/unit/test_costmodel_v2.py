@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import LEGACY_V1, RunSettings, make_cost_model
+from search.costmodel import LEGACY_V1, RunSettings
+from search.pricing import make_cost_model
 from search.costmodel.comm import ALPHA_INTER_MS, ALPHA_INTRA_MS, LINK_EFFICIENCY, NCCL_CTAS, overlapped
 from search.costmodel.kernels import ARCH, LAUNCH_MS, MEM_EFF, ShapeKernels
 from search.costmodel.memory import MB
 from search.costmodel.pipeline import interleaved_one_f_one_b, one_f_one_b
 from search.costmodel.types import Features
-from search.costmodel.pricing import run_settings
+from search.costmodel.plan_view import run_settings
 from search.settings.plan_settings import target_settings
 from search.spec.model import ModelSpec
 from search.spec.plan import SCHEMA_VERSION, parse_plan, uniform_plan

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import RunSettings, make_cost_model
+from search.costmodel import RunSettings
+from search.pricing import make_cost_model
 from search.costmodel.comm import CommModel
 from search.costmodel.dp_timeline import fifo, gather_jobs, grad_jobs
 from search.costmodel.types import Features
@@ -28,7 +29,7 @@ from search.megatron.names import bridge_ddp_fields
 from search.megatron.script import argv
 from search.megatron.expressible import megatron_config
 from search.spec.plan import uniform_plan
-from search.costmodel.pricing import run_settings
+from search.costmodel.plan_view import run_settings
 from search.spec.presets import load_model
 from search.spec.training import TrainingSpec
 

@@ -15,7 +15,7 @@ import pytest
 
 from search.cli import main
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.io.errors import AcesoError
 from search.megatron import megatron_config
 from search.megatron.importer import read_megatron

@@ -8,7 +8,7 @@ import pytest
 
 from search.cli import main
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.spec.plan import ParallelPlan, StageSpec
 from search.spec.presets import load_model
 from search.spec.training import TrainingSpec

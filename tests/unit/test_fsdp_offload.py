@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.costmodel.memory import MB
 from search.costmodel.offload import HOST_LINK_EFFICIENCY, host_link_gbps, offload_ms
 from search.costmodel.sharding import IN_FLIGHT_LAYERS, fsdp_buffer_mb, per_micro_batch, state_divisors
@@ -243,7 +243,7 @@ def test_bridge_fields():
 # ----- search and baseline ------------------------------------------------------------------------------------
 def _baseline(cluster, **kw):
     from search.planner.api import plan_baseline
-    from search.costmodel.pricing import cost_model
+    from search.pricing import cost_model
     model = load_model("llama3-8b")
     training = TrainingSpec(global_batch_size=128, **kw)
     cm = cost_model(model, parse_cluster(cluster), training, target_settings("megatron-lm", precision="bf16"))

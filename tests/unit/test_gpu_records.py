@@ -13,7 +13,7 @@ import pytest
 
 from search.cli import main
 from search.spec.cluster import GPU_PRESETS, ClusterSpec, GPUSpec, gpu_for_device, gpu_record, load_gpu_file, parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.io.errors import AcesoError
 from search.spec.training import TrainingSpec
 from search.spec.presets import load_model

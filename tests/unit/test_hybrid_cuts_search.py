@@ -11,7 +11,7 @@ from search.spec.presets import load_model
 
 def _evaluator(model, cluster="1x2-h100", gbs=16):
     from search.spec.cluster import parse_cluster
-    from search.costmodel import make_cost_model
+    from search.pricing import make_cost_model
     from search.planner.state import Evaluator
     from search.spec.training import TrainingSpec
     cm = make_cost_model(model, parse_cluster(cluster), TrainingSpec(global_batch_size=gbs))

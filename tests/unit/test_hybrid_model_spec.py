@@ -138,7 +138,7 @@ def test_search_space_offers_the_tp_mamba_splits():
 def test_search_plans_nemotron_h_with_cuts_at_any_layer():
     """A 2-stage search on Nemotron-H 8B: every stage's tp splits Mamba's 128 heads and 8 groups, and the cut can
     fall at any layer of the pattern (here not at a multiple of the 2-unit attention + MLP layer)."""
-    from search.costmodel import make_cost_model
+    from search.pricing import make_cost_model
     from search.layers.mamba import tp_refusal
     from search.planner.aceso import SearchOptions, search
     from search.planner.space import Space

@@ -1,6 +1,6 @@
 """The search on a hybrid model keeps the best plan it sees (issue 32 item 3, issue 36): seeded with a published
 plan it never returns a slower one, at any budget, and more budget never returns a slower plan. The reference is
-independent of the search: ``search.costmodel.pricing.price`` of the seed's plan and of the returned plan.
+independent of the search: ``search.pricing.price`` of the seed's plan and of the returned plan.
 
 The row: Nemotron-3 Nano on 8 GB200 (Megatron-Bridge 26.04.01, MXFP8, tp1 ep8 mbs2, CUDA graphs of attn /
 moe_router / moe_preprocess), read by bench/hybrid_published.py. Before, the Megatron-LM search of this model priced
@@ -16,7 +16,7 @@ from search.megatron import check_expressible
 from search.planner.aceso import SearchOptions, search
 from search.planner.api import make_space
 from search.planner.state import Evaluator, from_plan, to_plan
-from search.costmodel.pricing import price
+from search.pricing import price
 
 hp = load("hybrid_published")
 BUDGETS = (150, 500, 1500)

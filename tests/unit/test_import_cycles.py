@@ -14,9 +14,8 @@ with a literal name: a string hides the dependency from a reader, not from this 
 An import names the module it loads: ``from P import x`` is ``P.x`` when that is a module, else ``P``;
 ``import a.b.c`` is the longest prefix that is a module. Implicit imports of parent packages do not count.
 
-Module-level imports must form no cycle. Function-level imports must form none either, except along the arcs of
-``ALLOWED``: each names an arc whose function-level imports still close a cycle, and why it is not broken yet. The list
-only shrinks: an entry whose arc no longer exists, or no longer closes a cycle, fails ``test_allow_list_is_current``.
+Module-level imports must form no cycle, and function-level imports none either (the allow-list the layout work
+started with, 11 arcs, is gone: each was broken at its root).
 """
 
 from __future__ import annotations
@@ -28,16 +27,6 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 PACKAGES = ("search", "aceso_megatron", "patches", "model_specs", "launch")
-
-# (from package, to package) -> why its function-level imports are still there. Shrink it; never grow it.
-ALLOWED: dict[tuple[str, str], str] = {
-    # planner
-    ("search.costmodel", "search.compat"):
-        "make_cost_model builds the Aceso-compatible model, which is built on the cost model's types",
-    ("search.costmodel", "search.calibration"):
-        "pricing.price(plan, target, calibration) applies a calibration file; calibrate prices runs with it",
-}
-
 
 def modules(root: Path = ROOT) -> dict[str, tuple[Path, bool]]:
     """Dotted module name -> (file, is a package's __init__)."""
@@ -167,26 +156,8 @@ def test_no_package_cycle_at_module_level():
 
 def test_no_package_cycle_with_function_imports():
     edges = package_edges()
-    kept = {k: v for k, v in edges.items() if k not in ALLOWED or any(not e[3] for e in v)}
-    comps = cycles(kept)
-    assert not comps, "package import cycles (imports inside functions counted):\n" + report(comps, kept)
-
-
-def test_allow_list_is_current():
-    """Every allowed arc still exists, only inside functions, and still closes a cycle: else drop it from ALLOWED."""
-    edges = package_edges()
-    for arc, why in ALLOWED.items():
-        assert why and arc in edges, f"{arc} no longer imported: remove it from ALLOWED"
-        assert all(e[3] for e in edges[arc]), f"{arc} has module-level imports: a cycle no allow-list may hide"
-        others = {k: v for k, v in edges.items() if k != arc}
-        reach, todo = {arc[1]}, [arc[1]]
-        while todo:
-            v = todo.pop()
-            for a, b in others:
-                if a == v and b not in reach:
-                    reach.add(b)
-                    todo.append(b)
-        assert arc[0] in reach, f"{arc} no longer closes a cycle: remove it from ALLOWED"
+    comps = cycles(edges)
+    assert not comps, "package import cycles (imports inside functions counted):\n" + report(comps, edges)
 
 
 def test_the_check_sees_cycles(tmp_path):

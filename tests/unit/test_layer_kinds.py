@@ -11,7 +11,8 @@ import pytest
 
 from search import layers
 from search.spec.cluster import parse_cluster
-from search.costmodel import LEGACY_V1, make_cost_model
+from search.costmodel import LEGACY_V1
+from search.pricing import make_cost_model
 from search.layers import mamba
 from search.layers.hybrid import parse_pattern
 from search.layers.mamba import Mamba2Spec

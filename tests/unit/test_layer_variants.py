@@ -14,7 +14,7 @@ import pytest
 from search.layers import layer_variants as lv
 from search.cli.import_hf import hf_to_spec
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.costmodel.kernels import GPU_EFFICIENCY
 from search.spec.model import ModelSpec
 from search.layers.moe_params import counts, layer_mlp_params

@@ -8,7 +8,7 @@ import pytest
 from search.cli import main
 from search.spec.cluster import parse_cluster
 from search.settings.plan_settings import target_settings
-from search.costmodel.pricing import cost_model
+from search.pricing import cost_model
 from search.megatron.importer import read_megatron
 from search.spec.training import TrainingSpec
 

@@ -15,7 +15,7 @@ from search.cli import main
 from search.megatron.importer import read_megatron
 from search.spec.plan import load_plan
 from search.spec.plan import ParallelPlan
-from search.costmodel.pricing import run_settings
+from search.costmodel.plan_view import run_settings
 from search.settings.plan_settings import PlanSettings, target_settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ import pytest
 
 from search.cli import main
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
-from search.costmodel.pricing import run_settings
+from search.pricing import make_cost_model
+from search.costmodel.plan_view import run_settings
 from search.settings.plan_settings import target_settings
 from search.costmodel.memory import DEFAULT_HEADROOM, MB, headroom_verdict, memory_budget_mb
 from search.spec.model import ModelSpec

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.costmodel.types import MLA_UP_PROJ, RC_CODE
 from search.spec.model import ModelSpec
 from search.planner.recompute import allowed_codes, optimize_stage

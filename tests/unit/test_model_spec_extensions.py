@@ -13,7 +13,7 @@ import model_specs
 from search.spec import megatron_fields
 from search.cli import main
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.costmodel.profiledb import ProfileDBWriter
 from search.io.errors import AcesoError
 from search.spec.model import ModelSpec

@@ -12,7 +12,7 @@ import pytest
 import model_specs
 from search.cli.import_hf import hf_to_spec
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.io.errors import AcesoError
 from search.spec.model import ModelSpec
 from search.layers.moe_params import counts

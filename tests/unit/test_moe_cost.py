@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.costmodel.analytic import AnalyticSource
 from search.costmodel.comm import CommModel
 from search.costmodel.kernels import GPU_EFFICIENCY, LAUNCH_MS

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.costmodel.types import RC_CODE, Shape
 from search.settings.moe_plan import MoEPlanSettings
 from search.planner.aceso import SearchOptions, search

@@ -245,7 +245,7 @@ def test_rack_presets_price_the_published_gb_rows_as_their_cluster_strings(mp):
     ``16x4-gb200:nvl72``). The published rows write racks as nodes of 64 (``1x64-gb300``, ``4x64-gb200``) or one
     node of 8: spelled with the rack preset, every GB200 / GB300 MoE row prices exactly as its own string."""
     from search.spec.cluster import parse_cluster
-    from search.costmodel import make_cost_model
+    from search.pricing import make_cost_model
 
     priced = 0
     for path in (BRIDGE, BRIDGE.with_name("megatron-bridge-26.02-26.04.json")):

@@ -22,7 +22,7 @@ from search.settings.moe_plan import expert_tp, moe_settings
 from search.settings.plan_settings import target_settings
 from search.planner.aceso import SearchOptions
 from search.planner.api import plan_search
-from search.costmodel.pricing import cost_model
+from search.pricing import cost_model
 from search.planner.report import to_plan
 from search.spec.presets import load_model
 from search.spec.training import TrainingSpec

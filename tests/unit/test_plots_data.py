@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.costmodel.types import Event, StageCost
 from search.io.errors import AcesoError
 from search.spec.plan import ParallelPlan, StageSpec, uniform_plan

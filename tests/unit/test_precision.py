@@ -10,7 +10,7 @@ import pytest
 from search.settings import precision as lowp
 from search.cli import main
 from search.spec.cluster import GPU_PRESETS, parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.costmodel.comm import CommModel
 from search.costmodel.kernels import ARCH, LAUNCH_MS
 from search.costmodel.release_constants import value as release_value
@@ -517,8 +517,8 @@ def test_reuse_grad_buf_has_no_price_of_its_own():
     """core_v0.16.1 builds the shared param / grad buffer for any MXFP8 parameters under the distributed optimizer
     (param_and_grad_buffer.py, "For MXFP8 param: Create a shared buffer for param AG and grad RS"): the flag changes
     which copy the parameters are read back from, not the bytes held or moved."""
-    from search.costmodel.pricing import run_settings
-    from search.costmodel.pricing import precision_of
+    from search.costmodel.plan_view import run_settings
+    from search.costmodel.plan_view import precision_of
     costs = []
     for extra in ("", lowp.REUSE_FLAG):
         plan = read_megatron(MX + extra, world_size=8, cluster=parse_cluster("1x8-b200")).plan

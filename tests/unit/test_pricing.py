@@ -1,4 +1,4 @@
-"""One price of a plan (``search/costmodel/pricing.py``): import, explain, validate, calibrate, export and the search report
+"""One price of a plan (``search/pricing/plan_price.py``): import, explain, validate, calibrate, export and the search report
 the same numbers for the same plan under the settings its flags run, to the last digit."""
 
 import json
@@ -11,7 +11,7 @@ from search.spec.cluster import parse_cluster
 from search.costmodel.memory import MB
 from search.megatron.importer import read_megatron
 from search.spec.plan import load_plan
-from search.costmodel.pricing import price
+from search.pricing import price
 
 CLUSTER = "1x8-h100"
 ARGS = ("--num-layers 4 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.spec.plan import parse_plan
 from search.planner.aceso import SearchOptions
 from search.planner.api import make_space, plan_all

@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.spec.plan import ChunkSpec, ParallelPlan, StageSpec, uniform_plan
 from search.planner import megatron_lm
 from search.planner.api import make_space

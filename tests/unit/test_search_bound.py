@@ -6,7 +6,7 @@ import random
 import pytest
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.costmodel.types import StageCost
 from search.planner.state import lower_bound
 from search.spec.presets import load_model

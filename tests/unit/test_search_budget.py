@@ -19,7 +19,7 @@ from search.spec.cluster import parse_cluster
 from search.planner import aceso
 from search.planner.aceso import SearchOptions
 from search.planner.api import plan_baseline, plan_search, runtime_training
-from search.costmodel.pricing import cost_model
+from search.pricing import cost_model
 from search.spec.presets import load_model
 from search.spec.training import TrainingSpec
 

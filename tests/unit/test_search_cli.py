@@ -24,7 +24,7 @@ def test_two_runs_write_identical_bytes_whatever_the_workers(tmp_path):
 
 
 def test_written_plan_validates_fits_and_matches_the_cost_model(tmp_path, capsys):
-    from search.costmodel import make_cost_model
+    from search.pricing import make_cost_model
     from search.spec.training import TrainingSpec
     out, trace = tmp_path / "plan.json", tmp_path / "trace.json"
     assert main(["search", *ARGS, "--top-k", "2", "--trace", str(trace), "--json", "-o", str(out)]) == 0

@@ -2,7 +2,7 @@
 --max-tp, --seq-length) are honoured by all three report lines (uniform, Megatron-LM, heterogeneous)."""
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.spec.model import ModelSpec
 from search.planner.aceso import SearchOptions
 from search.planner.api import make_space, plan_all

@@ -7,7 +7,7 @@ import pytest
 from search.spec.cluster import parse_cluster
 from search.planner.aceso import SearchOptions
 from search.planner.api import plan_all
-from search.costmodel.pricing import cost_model
+from search.pricing import cost_model
 from search.planner.state import to_plan
 from search.planner import megatron_lm
 from search.spec.presets import load_model

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.spec.plan import ChunkSpec, StageSpec, uniform_plan
 from search.planner import megatron_lm
 from search.planner.aceso import SearchOptions, search

@@ -27,7 +27,7 @@ def test_search_equals_exhaustive_on_tiny_synthetic_problems(seed):
 
 @pytest.mark.parametrize("layers,gpus,limit", [(2, 2, 30000), (2, 4, 24000), (1, 4, 20000), (3, 2, 40000)])
 def test_search_equals_exhaustive_with_analytic_model(layers, gpus, limit):
-    from search.costmodel import make_cost_model
+    from search.pricing import make_cost_model
     model = load_model("gpt-1.3b", num_layers=layers)
     cluster = parse_cluster(f"1x{gpus}-h100", memory_limit_mb=limit)
     training = TrainingSpec(global_batch_size=64, micro_batch_sizes=[4, 8])

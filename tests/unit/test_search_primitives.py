@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.costmodel.types import Features, Shape
 from search.planner import megatron_lm
 from search.planner.aceso import initial_states

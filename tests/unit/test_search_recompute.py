@@ -71,7 +71,7 @@ def test_optimize_stage_matches_brute_force_on_cost_model(seed):
 
 
 def test_optimize_stage_with_analytic_model_fits_and_beats_uniform_choices():
-    from search.costmodel import make_cost_model
+    from search.pricing import make_cost_model
     model = load_model("gpt-1.3b", num_layers=4)
     cluster = parse_cluster("1x1-h100", memory_limit_mb=26000)
     cm = make_cost_model(model, cluster, TrainingSpec(global_batch_size=64))
@@ -98,7 +98,7 @@ def test_optimize_stage_on_an_moe_stage_at_tp_2_fits(frac):
     priced at its own expert shape and is never slower than recomputing every unit fully. (Brute force over every
     assignment can be faster at these shapes, dense SP stages too: the knapsack's additive memory is an
     approximation, docs/search.md.)"""
-    from search.costmodel import make_cost_model
+    from search.pricing import make_cost_model
     model = load_model("qwen3-30b-a3b", num_layers=2)
     n, tr, kw = model.num_units, TrainingSpec(global_batch_size=64), {"sp": True, "ep": 4, "etp": 1}
     full = make_cost_model(model, parse_cluster("1x8-h100"), tr)
@@ -158,7 +158,7 @@ def test_probing_path_fits_and_local_search_never_hurts(seed):
 def test_optimize_interleaved_stage_matches_brute_force(frac):
     # an interleaved stage weighs each chunk's activations by its own in-flight count (3 and 2 micro-batches here):
     # the exact solver against every assignment of its 4 units, priced by the analytic model itself
-    from search.costmodel import make_cost_model
+    from search.pricing import make_cost_model
     from search.costmodel.memory import in_flight_per_chunk
     from search.costmodel.types import Shape
     model = load_model("gpt-1.3b", num_layers=4)

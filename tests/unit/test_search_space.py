@@ -4,7 +4,7 @@ splits, plan-level switches from the training spec and the cost model, and the l
 import pytest
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.costmodel.types import ALL_FEATURES, Features, Shape
 from search.io.errors import AcesoError
 from search.spec.plan import uniform_plan

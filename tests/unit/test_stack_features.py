@@ -6,7 +6,7 @@ stash, Megatron FSDP's main dtypes; and the release table."""
 import pytest
 
 from search.spec.cluster import parse_cluster
-from search.costmodel import make_cost_model
+from search.pricing import make_cost_model
 from search.costmodel import release_constants as rcs
 from search.costmodel.analytic import AnalyticSource
 from search.costmodel.comm import CommModel

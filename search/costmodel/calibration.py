@@ -27,6 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from search.spec.cluster import ClusterSpec
 from search.io.errors import AcesoError, format_validation_error, read_json
+from .comm import LINK_EFFICIENCY
+from .kernels import arch
+from .memory import RESERVE_MB
 
 SCHEMA_VERSION = 1
 
@@ -90,9 +93,6 @@ def load_calibration(path: str) -> CalibrationFile:
 # ----- defaults of the analytic model, in the file's absolute terms -----------------------------------------------
 def defaults(gpu: str, intra_gbps: float, inter_gbps: float) -> dict[str, float]:
     """The analytic model's own values of the file's fields for ``gpu`` (links: the cluster's datasheet numbers)."""
-    from search.costmodel.comm import LINK_EFFICIENCY
-    from search.costmodel.kernels import arch
-    from search.costmodel.memory import RESERVE_MB
     a = arch(gpu)
     return {"gemm_efficiency": a.gemm_max * a.sustained, "attention_efficiency": (a.attn_fwd or 1.0) * a.sustained,
             "intra_node_gbps": intra_gbps * LINK_EFFICIENCY, "inter_node_gbps": inter_gbps * LINK_EFFICIENCY,
