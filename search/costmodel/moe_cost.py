@@ -73,7 +73,7 @@ from __future__ import annotations
 
 from search.settings import precision as lowp
 from search.io.errors import AcesoError
-from ..layers.kind import UnitCost, resolve
+from ..layers.kind import UnitCost, routed_after
 from search.layers.moe_params import (
     _norm, expert_params, expert_width, latent_proj_params, mlp_params, router_params, shared_expert_params,
 )
@@ -128,9 +128,7 @@ def syncs(model, settings=None) -> bool:
 def host_wait_pairs(model) -> tuple[int, ...]:
     """The units whose layer waits on the host (``host_layers``): each routed-experts unit (MoE) whose previous unit
     is its layer's mixer (a kind of role ``attention``: self-attention, MLA, or in a hybrid pattern Mamba-2, ``ME``)."""
-    units = model.units
-    return tuple(i for i in range(1, len(units)) if resolve(model, units[i].kind).routed_experts
-                 and resolve(model, units[i - 1].kind).role == "attention")
+    return routed_after(model, lambda k: k.role == "attention")
 
 
 def host_layers(src, fwd, bwd, rec, ep: int, cfg, scopes: frozenset = frozenset(), lp_of=None):

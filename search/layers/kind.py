@@ -226,12 +226,17 @@ def layer_kinds(model, stack: str, layer: int) -> tuple[str, ...]:
     return tuple(out)
 
 
+def routed_after(model, partner) -> tuple[int, ...]:
+    """The routed-experts units (MoE) whose previous unit's kind record satisfies ``partner``."""
+    units = model.units
+    return tuple(i for i in range(1, len(units)) if resolve(model, units[i].kind).routed_experts
+                 and partner(resolve(model, units[i - 1].kind)))
+
+
 def ep_overlap_pairs(model) -> tuple[int, ...]:
     """The units megatron-core's EP overlap schedules with the unit before them: each routed-experts unit (MoE)
     whose previous unit is its layer's ``ep_overlap_partner`` (self-attention, MLA)."""
-    units = model.units
-    return tuple(i for i in range(1, len(units)) if resolve(model, units[i].kind).routed_experts
-                 and resolve(model, units[i - 1].kind).ep_overlap_partner)
+    return routed_after(model, lambda k: k.ep_overlap_partner)
 
 
 def tail_kinds(model) -> tuple[str, ...]:
