@@ -66,7 +66,14 @@ def run(args: argparse.Namespace) -> int:
     from ..compat.mapping import ref_to_plan
     from ..compat.refconfig import load_ref_config
 
-    cfg = load_ref_config(args.config)
+    try:
+        cfg = load_ref_config(args.config)
+    except AcesoError as e:
+        if "not valid JSON" not in str(e):
+            raise
+        raise AcesoError(f"{e}; a Megatron-LM launch script or argument file: add --from megatron-lm (a Megatron-"
+                         "Bridge overrides file: --from megatron-bridge; the default, --from aceso-legacy, reads "
+                         "the Aceso reference's config JSON)") from None
     cluster = parse_cluster(args.cluster, memory_limit_mb=args.memory_limit_mb) if args.cluster else None
     plan, notes = ref_to_plan(cfg, snap=args.snap, cluster=cluster, src=args.config)
     if args.db:

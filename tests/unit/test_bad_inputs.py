@@ -602,6 +602,9 @@ CASES = [
     C("ref-via-explain", "explain r.json --cost-model aceso-compat --db nope", "recompute_ops is missing",
       **{"r.json": edit("ref.json", recompute_ops=DELETE)}),
     C("import-cluster-typo", "import ref.json --cluster 1x4-h1000", "unknown gpu 'h1000'"),
+    C("import-script-without-from", "import run.sh", "run.sh: not valid JSON (Expecting value: line 1 column 1 "
+      "(char 0)); a Megatron-LM launch script or argument file: add --from megatron-lm",
+      **{"run.sh": "#!/bin/bash\ntorchrun pretrain_gpt.py --num-layers 2\n"}),
 
     # ----- outputs: checked before the work, named as given ---------------------------------------------------
     C("out-folder", SEARCH + " -o data", "-o data: is a folder"),
