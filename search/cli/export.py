@@ -34,7 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hybrid-pattern", action="store_true",
                    help="megatron-lm: write the plan as a hybrid-pattern run (pretrain_hybrid.py "
                         "--hybrid-layer-pattern '*-*-|*-...', Megatron-LM 0.17 or newer), whose '|' cuts stages "
-                        "anywhere, also inside a layer; HybridModel checkpoints (docs/megatron.md)")
+                        "anywhere, also inside a layer; HybridModel checkpoints (docs/megatron.md); a model with "
+                        "Mamba-2 layers is always written so")
     p.add_argument("--args-only", action="store_true",
                    help="megatron-lm: only the arguments, one shell-quoted line; megatron-bridge: the CLI overrides")
     p.add_argument("-o", "--output", default="-", help="file to write, or - for stdout")
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from search.layers.moe_spec import refuse_unpriced
     refuse_unpriced(plan.model)     # exported flags would run a model nobody priced (docs/moe.md)
     from ..layers.hybrid import export_refusal
-    why = export_refusal(plan.model, args.to, args.hybrid_pattern)
+    why = export_refusal(plan.model, args.to)
     if why:
         raise AcesoError(why)
     if args.calibration and plan.cluster is not None:     # the header's prediction on the calibrated cluster
@@ -68,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
                          + ("Megatron-Bridge v0.3.1" if args.to == "megatron-bridge" else "the Aceso reference"))
     rel = release(args.megatron_version)
     source = Path(args.plan).name
-    if args.hybrid_pattern:
-        return _hybrid(args, plan, rel, source)
+    if args.hybrid_pattern or (args.to == "megatron-lm" and plan.model.mamba is not None):
+        return _hybrid(args, plan, rel, source)     # a Mamba model's only Megatron-LM form: pretrain_hybrid.py
     if args.to == "megatron-bridge" and plan.model.mamba is not None:
         from ..megatron.bridge import cli_overrides, write_yaml
         from ..megatron.bridge_hybrid import overrides

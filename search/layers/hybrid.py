@@ -150,19 +150,15 @@ def check_model(model) -> None:
         mamba_shape(model.mamba, model.hidden_size)      # MambaMixer's own shape assertions
 
 
-def export_refusal(model, target: str, hybrid_pattern: bool = False) -> str | None:
+def export_refusal(model, target: str) -> str | None:
     """Why the export cannot write ``model`` for ``target`` (None: it can): a model with Mamba-2 layers runs as
-    Megatron-LM's ``pretrain_hybrid.py`` / ``pretrain_mamba.py`` with ``--hybrid-layer-pattern`` (``--hybrid-pattern``,
-    ``search/megatron/hybrid_pattern.py``), or as a Megatron-Bridge Nemotron-H recipe (``bridge_hybrid.py``); its
-    ``pretrain_gpt.py`` flags would build a GPT model without them."""
-    if model.mamba is None or (hybrid_pattern and target == "megatron-lm") or target == "megatron-bridge":
+    Megatron-LM's ``pretrain_hybrid.py`` with ``--hybrid-layer-pattern`` (the Megatron-LM export's only form for it,
+    ``search/megatron/hybrid_pattern.py``), or as a Megatron-Bridge Nemotron-H recipe (``bridge_hybrid.py``); the
+    Aceso reference's op-level config has no Mamba-2 op."""
+    if model.mamba is None or target in ("megatron-lm", "megatron-bridge"):
         return None
-    if target == "megatron-lm":
-        return (f"--to megatron-lm: model {model.name} has Mamba-2 layers (hybrid_layer_pattern), which "
-                "pretrain_gpt.py flags would build without; export it with --hybrid-pattern (pretrain_hybrid.py "
-                "--hybrid-layer-pattern with '|' stage cuts)")
     return (f"--to {target}: model {model.name} has Mamba-2 layers (hybrid_layer_pattern); export it with --to "
-            "megatron-lm --hybrid-pattern or --to megatron-bridge")
+            "megatron-lm (pretrain_hybrid.py) or --to megatron-bridge")
 
 
 def mtp_layer(model) -> str | None:

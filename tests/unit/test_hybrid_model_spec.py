@@ -162,18 +162,27 @@ def test_search_plans_nemotron_h_with_cuts_at_any_layer():
     assert cost.stages[0].fwd_ms < cost.stages[1].fwd_ms
 
 
-def test_export_refuses_a_mamba_model_in_one_line(tmp_path, capsys):
-    """A hybrid plan exported as pretrain_gpt.py flags would build a GPT model without its Mamba layers."""
+def test_export_writes_a_mamba_model_as_its_hybrid_pattern_run(tmp_path, capsys):
+    """A hybrid plan has one Megatron-LM form, pretrain_hybrid.py with its layer pattern: the plain export writes
+    it (pretrain_gpt.py flags would build a GPT model without the Mamba layers), identical to --hybrid-pattern's;
+    the Aceso reference's config has no Mamba op and refuses in one line."""
     from search.cli import main
 
     m = load_model("nemotron-h-8b")
     plan = tmp_path / "plan.json"
     plan.write_text(uniform_plan(m, 1, 1, 8, 8, 64, cluster=parse_cluster("1x8-h100")).to_json())
-    out = tmp_path / "megatron-lm.out"
-    assert main(["export", str(plan), "--to", "megatron-lm", "-o", str(out)]) == 2
+    out, flagged = tmp_path / "megatron-lm.sh", tmp_path / "flagged.sh"
+    assert main(["export", str(plan), "--to", "megatron-lm", "-o", str(out)]) == 0
+    assert main(["export", str(plan), "--to", "megatron-lm", "--hybrid-pattern", "-o", str(flagged)]) == 0
+    text = out.read_text()
+    assert "pretrain_hybrid.py" in text and "pretrain_gpt.py" not in text
+    assert m.hybrid_layer_pattern in text
+    assert text == flagged.read_text()
+    legacy = tmp_path / "legacy.json"
+    assert main(["export", str(plan), "--to", "aceso-legacy", "-o", str(legacy)]) == 2
     err = capsys.readouterr().err
     assert "has Mamba-2 layers (hybrid_layer_pattern)" in err and err.count("\n") == 1
-    assert not out.exists()
+    assert not legacy.exists()
     # Megatron-Bridge builds it from its Nemotron-H recipe (tests/unit/test_bridge_hybrid.py)
     out = tmp_path / "megatron-bridge.out"
     assert main(["export", str(plan), "--to", "megatron-bridge", "-o", str(out)]) == 0
