@@ -32,7 +32,7 @@ _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=Fal
 # megatron-core 0.19's layer symbols (hybrid_layer_allocation.Symbols), in its order; what each is, is its registered
 # layer kind's (search.layers), and for the two aceso has no kind for yet, here
 MEGATRON_SYMBOLS = "MG*D+-E"
-UNREGISTERED = {"G": "gdn", "D": "ds_attention"}
+UNREGISTERED = {"D": "ds_attention"}
 PIPE, MTP = "|", "/"
 SYMBOLS_0_16 = frozenset("M*-E")
 DATA = Path(__file__).resolve().parents[2] / "model_specs" / "hybrid"
@@ -40,7 +40,7 @@ DATA = Path(__file__).resolve().parents[2] / "model_specs" / "hybrid"
 
 def symbol_name(symbol: str) -> str:
     """What megatron-core's layer symbol ``symbol`` is: its registered kind's name (a variant's label: ``mla``),
-    else the name of a megatron-core layer aceso has no kind for (``gdn``, ``ds_attention``)."""
+    else the name of a megatron-core layer aceso has no kind for (``ds_attention``)."""
     if symbol in UNREGISTERED:
         return UNREGISTERED[symbol]
     k = _kinds.by_symbol(symbol)
@@ -106,9 +106,10 @@ def check_model(model) -> None:
 
     pattern = model.hybrid_layer_pattern
     if pattern is None:
-        if model.mamba is not None:
-            raise ValueError("mamba: a Mamba-2 block needs hybrid_layer_pattern (its 'M' layers); add the pattern or "
-                             "remove mamba")
+        for k in _kinds.kinds():         # a kind only a pattern writes (Mamba-2, GDN) needs the pattern
+            if k.block and not (k.replaces or k.variant_of) and getattr(model, k.block) is not None:
+                raise ValueError(f"{k.block}: a {k.text} block needs hybrid_layer_pattern (its '{k.symbol}' layers); "
+                                 f"add the pattern or remove {k.block}")
         return
     if model.is_t5:
         raise ValueError("hybrid_layer_pattern is for gpt/llama decoders (megatron-core's HybridModel), not t5; "
@@ -137,9 +138,12 @@ def check_model(model) -> None:
             raise ValueError(f"hybrid_layer_pattern: an MTP depth is priced as one attention and one MLP or MoE layer "
                              f"('*E', '*-'); '{p.mtp}' is not supported yet")
     used = p.layers + (p.mtp or "")
-    for symbol, field, have in (("M", "mamba", model.mamba), ("E", "moe", model.moe), ("+", "mla", model.mla)):
-        if (symbol in used) != (have is not None):
-            raise ValueError(f"{field}: give it exactly when hybrid_layer_pattern has '{symbol}' layers "
+    for k in _kinds.kinds():
+        if k.block is None or k.symbol is None:
+            continue
+        have = getattr(model, k.block)
+        if (k.symbol in used) != (have is not None):
+            raise ValueError(f"{k.block}: give it exactly when hybrid_layer_pattern has '{k.symbol}' layers "
                              f"({'add' if have is None else 'remove'} it)")
     if model.mla is None and "*" not in used and "+" not in used:
         pass        # an attention-free hybrid (pure Mamba) is allowed, as megatron-core builds it
@@ -155,14 +159,19 @@ def export_refusal(model, target: str, hybrid_pattern: bool = False) -> str | No
     Megatron-LM's ``pretrain_hybrid.py`` / ``pretrain_mamba.py`` with ``--hybrid-layer-pattern`` (``--hybrid-pattern``,
     ``search/megatron/hybrid_pattern.py``), or as a Megatron-Bridge Nemotron-H recipe (``bridge_hybrid.py``); its
     ``pretrain_gpt.py`` flags would build a GPT model without them."""
-    if model.mamba is None or (hybrid_pattern and target == "megatron-lm") or target == "megatron-bridge":
+    what = "Mamba-2" if model.mamba is not None else "GDN" if model.gdn is not None else None
+    if what is None or (hybrid_pattern and target == "megatron-lm") or (target == "megatron-bridge" and
+                                                                        model.gdn is None):
         return None
+    if target == "megatron-bridge":
+        return (f"--to megatron-bridge: model {model.name} has GDN layers, which aceso's Megatron-Bridge hybrid "
+                "recipe does not write; export it with --to megatron-lm --hybrid-pattern")
     if target == "megatron-lm":
-        return (f"--to megatron-lm: model {model.name} has Mamba-2 layers (hybrid_layer_pattern), which "
+        return (f"--to megatron-lm: model {model.name} has {what} layers (hybrid_layer_pattern), which "
                 "pretrain_gpt.py flags would build without; export it with --hybrid-pattern (pretrain_hybrid.py "
                 "--hybrid-layer-pattern with '|' stage cuts)")
-    return (f"--to {target}: model {model.name} has Mamba-2 layers (hybrid_layer_pattern); export it with --to "
-            "megatron-lm --hybrid-pattern or --to megatron-bridge")
+    return (f"--to {target}: model {model.name} has {what} layers (hybrid_layer_pattern); export it with --to "
+            "megatron-lm --hybrid-pattern" + (" or --to megatron-bridge" if model.gdn is None else ""))
 
 
 def mtp_layer(model) -> str | None:

@@ -307,9 +307,14 @@ def cp_all_to_all_ms(src, m: Mamba2Spec, hidden: int, tokens: float, tp: int, cp
     over the CP group (ranks ``tp`` apart, megatron-core's tp-cp-ep-dp-pp order) of ``tokens x width`` elements,
     ``(cp - 1) / cp`` of them leaving the rank, priced as the EP dispatch's all-to-all
     (``moe_primitives.ep_all_to_all_ms``: latency + the slower of the NVLink and the network share)."""
+    return all_to_all_ms(src, cp_all_to_all_widths(m, hidden, tp, cp), tokens, tp, cp)
+
+
+def all_to_all_ms(src, widths, tokens: float, tp: int, cp: int) -> float:
+    """CP all-to-alls of ``tokens x width`` elements each (``widths``), as ``cp_all_to_all_ms`` prices them (a
+    head-split mixer's: Mamba-2, GDN)."""
     members = src.comm.members_per_node(0, tp, cp)
-    return sum(src.ep_all_to_all_ms(src.comm, src.dt * tokens * w, cp, members)
-               for w in cp_all_to_all_widths(m, hidden, tp, cp))
+    return sum(src.ep_all_to_all_ms(src.comm, src.dt * tokens * w, cp, members) for w in widths)
 
 
 # ----- the layer kind ``M`` (search.layers.kind; docs/layer-kinds.md) ---------------------------------------------
@@ -403,4 +408,5 @@ MAMBA = register(LayerKind(
     name="mamba", symbol="M", role="attention", label="Mamba-2", params=layer_params, flops=layer_flops,
     price=price_layer, in_layer=lambda m, stack: False,      # only where a hybrid pattern writes M
     recompute=("none", "full"),     # no --recompute-modules entry covers a Mamba mixer (megatron-core 0.19)
-    hybrid_slot="mamba_layer", launches=mamba_launches))
+    hybrid_slot="mamba_layer", launches=mamba_launches, block="mamba",
+    shape_refusal=lambda model, tp, cp: cp_refusal(_spec(model), model.hidden_size, tp, cp)))
