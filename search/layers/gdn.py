@@ -249,7 +249,7 @@ def scan_bmms(g: GDNSpec, b: float, seq: int, tp: int, chunk: int = CHUNK) -> li
     c, dk, dv = chunk, g.linear_key_head_dim, g.linear_value_head_dim
     heads = b * math.ceil(seq / c) * g.linear_num_value_heads / tp
     return [(heads, c, c, dk),            # beta K K^T
-            (heads, c, c, max(1, c // 3)),    # the triangular inverse
+            (heads / 3, c, c, c),         # the triangular inverse (C^3 / 3 per chunk and head)
             (heads, c, dk + dv, c),       # W, U
             (heads, c, dv, dk),           # W S
             (heads, dk, dv, c),           # K^T V_new
