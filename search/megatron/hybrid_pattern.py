@@ -378,7 +378,7 @@ def gpt_layers(pattern: str) -> tuple[list[str], str | None, int]:
     flat = main.replace(PIPE, "")
     if not flat or len(flat) % 2 or any(not _LAYER.fullmatch(flat[i:i + 2]) for i in range(0, len(flat), 2)):
         raise NotExpressible(f"{FLAG} {pattern!r}: not a GPT model's layers (attention '*' / '+' then MLP '-' or "
-                             "MoE 'E', repeated) nor a Mamba-2 hybrid's ('M' layers); aceso prices no other hybrid layers")
+                             "MoE 'E', repeated) nor a Mamba-2 or GDN hybrid's ('M', 'G' layers); aceso prices no other hybrid layers")
     if any(p != mtp[0] for p in mtp) or (mtp and not _LAYER.fullmatch(mtp[0])):
         raise NotExpressible(f"{FLAG} {pattern!r}: every MTP depth must be one GPT layer's pattern")
     if len(set(s for i in range(0, len(flat), 2) for s in flat[i])) > 1:
