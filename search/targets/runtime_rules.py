@@ -45,7 +45,7 @@ def gdn_layers(model, low) -> str | None:
         return None
     return ("model.gdn: the aceso runtime does not build Gated DeltaNet ('G') layers (megatron-core 0.19's "
             "GatedDeltaNet needs fla, flash-linear-attention, and CUDA); search with --target megatron-lm and "
-            "export with --megatron-version 0.19")
+            "export with --hybrid-pattern")
 
 
 def unbuilt_layers(model, low) -> str | None:
