@@ -51,8 +51,8 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .kind import UNAVAILABLE_MS, LayerKind, Row, UnitCost, register
-from .mamba import FP32, SSD_KERNEL_TIME, all_to_all_ms
+from .kind import LayerKind, Row, register
+from .mamba import FP32, mixer_cost
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 CHUNK = 64          # fla chunk_gated_delta_rule's chunk length BT (ops/gated_delta_rule/chunk.py)
@@ -265,31 +265,18 @@ def mixer_bytes(g: GDNSpec, tokens: float, dtype_bytes: float, tp: int) -> float
 
 
 def price_layer(src, u, a):
-    """One GDN layer on one rank, per micro-batch, priced as Mamba-2's (``mamba.price_layer``): the projections as a
+    """One GDN layer on one rank, per micro-batch, priced as Mamba-2's (``mamba.mixer_cost``): the projections as a
     column- / row-parallel GEMM pair with their TP collectives, the pre-norm and residual add memory-bound, and the
     mixer's kernels (the rule as its chunk matmuls at the batched-GEMM rate, ``scan_bmms``; the element-wise passes
     memory-bound) times ``SSD_KERNEL_TIME``, Mamba-2's Triton chunk-kernel factor (no published GDN run to fit one
     of its own: docs/costmodel.md). Backward: the gradients, 1.5x the element-wise bytes, and fla's recompute of
     ``W, U`` and the states (the forward's rule once more). Context parallelism: the two all-to-alls forward and
     backward, exposed. Bytes kept: ``act_bytes``; full recompute keeps the layer input."""
-    model, k, dt = src.model, src.kern, src.dt
+    model, dt = src.model, src.dt
     spec, h, t = _spec(model), model.hidden_size, a.t
     sb, r = a.s * a.b, (t if a.sp else 1)
-    gemms = [(sb, spec.in_proj_out / t, h), (sb, h, spec.v / t)]
-    tpc = src._half(gemms[0], gemms[-1], a.b, a.s, t, a.sp, a.overlap, a.lp)
-    lin_f, lin_b = src._linears(gemms, a.lp)
-    bmms = scan_bmms(spec, a.b, a.s, t)
-    scan_f = sum(k.bmm(*x) for x in bmms)
-    scan_b = sum(k.bmm(*x, backward=True) for x in bmms)
-    ew = (2 * dt * sb * h + (3 * dt + 1) * sb * h) / r
-    mix = mixer_bytes(spec, sb, dt, t)
-    rule_f = SSD_KERNEL_TIME * (k.memory(mix, 3) + scan_f)
-    rule_b = SSD_KERNEL_TIME * (k.memory(1.5 * mix, 3) + scan_b) + rule_f
-    a2a = all_to_all_ms(src, cp_all_to_all_widths(spec, t, a.cp), sb, t, a.cp)
-    fwd = lin_f + k.memory(ew, 2) + rule_f + tpc.fwd + a2a
-    bwd = lin_b + k.memory(1.5 * ew, 3) + rule_b + tpc.bwd + a2a
-    cost = UnitCost(fwd, bwd, UNAVAILABLE_MS, fwd, tpc.fwd + tpc.bwd, UNAVAILABLE_MS, tpc.hidden, cp_comm=2 * a2a,
-                    comm_fwd=(tpc.fwd, tpc.hidden_fwd, a2a, 0.0))
+    cost = mixer_cost(src, a, spec.in_proj_out, spec.v, scan_bmms(spec, a.b, a.s, t), mixer_bytes(spec, sb, dt, t),
+                      cp_all_to_all_widths(spec, t, a.cp))
     keep = sb * act_bytes(spec, h, int(dt), t, a.cp, a.sp).total
     full = dt * sb * h / r
     return Row(cost, (keep, keep, full), params(spec, h, t, model.normalization == "layernorm").total)
