@@ -31,6 +31,10 @@ def _hybrid(preset: str, pattern: str):
 
 MAMBA8 = _hybrid("nemotron-h-8b", "M-M*-M-M")               # Nemotron-H's Mamba-2 / MLP / attention layers
 NANO8 = _hybrid("nemotron-3-nano", "MEM*EMEM")              # Nemotron-3 Nano's Mamba-2 / MoE / attention layers
+# Gated DeltaNet layers (megatron-core's 'G') in Nemotron-H 8B's widths, Qwen3-Next's GDN heads (16 key / 32 value
+# heads of 128, conv 4: its config.json) but a key head dim of 64, so the export writes a non-default value
+GDN8 = type(MAMBA8).model_validate({**MAMBA8.model_dump(), "mamba": None, "hybrid_layer_pattern": "G-G*-G-G",
+                                   "gdn": {"linear_key_head_dim": 64}})
 
 
 def cut_plan(model, bounds, pp: int, tp: int = 1, dp: int = 1, rc="none", mbs: int = 1, gbs: int = 16,
@@ -64,4 +68,6 @@ CASES = {
     # hybrid models with Mamba-2 layers: VPP and an uneven cut, MoE with tp 2 and sequence parallelism
     "mamba-pp2-vpp2": (cut_plan(MAMBA8, [0, 1, 4, 5, 8], 2, tp=2), "M|-M*|-|M-M", "0.17"),
     "nano-moe-pp2-tp2": (cut_plan(NANO8, [0, 3, 8], 2, tp=2, dp=2, sp=True, gbs=32), "MEM|*EMEM", "0.17"),
+    # GDN layers: core_v0.17's hybrid stack has the 'G' slot (gdn_layer) and the linear_* fields
+    "gdn-pp2-vpp2": (cut_plan(GDN8, [0, 1, 4, 5, 8], 2, tp=2), "G|-G*|-|G-G", "0.17"),
 }

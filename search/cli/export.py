@@ -69,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
                          + ("Megatron-Bridge v0.3.1" if args.to == "megatron-bridge" else "the Aceso reference"))
     rel = release(args.megatron_version)
     source = Path(args.plan).name
-    if args.hybrid_pattern or (args.to == "megatron-lm" and plan.model.mamba is not None):
-        return _hybrid(args, plan, rel, source)     # a Mamba model's only Megatron-LM form: pretrain_hybrid.py
+    from ..megatron.hybrid_pattern import runs_as_pattern
+    if args.hybrid_pattern or (args.to == "megatron-lm" and runs_as_pattern(plan.model)):
+        return _hybrid(args, plan, rel, source)     # a Mamba / GDN model's only Megatron-LM form: pretrain_hybrid.py
     if args.to == "megatron-bridge" and plan.model.mamba is not None:
         from ..megatron.bridge import cli_overrides, write_yaml
         from ..megatron.bridge_hybrid import overrides

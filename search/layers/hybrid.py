@@ -32,7 +32,7 @@ _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=Fal
 # megatron-core 0.19's layer symbols (hybrid_layer_allocation.Symbols), in its order; what each is, is its registered
 # layer kind's (search.layers), and for the two aceso has no kind for yet, here
 MEGATRON_SYMBOLS = "MG*D+-E"
-UNREGISTERED = {"G": "gdn", "D": "ds_attention"}
+UNREGISTERED = {"D": "ds_attention"}
 PIPE, MTP = "|", "/"
 SYMBOLS_0_16 = frozenset("M*-E")
 DATA = Path(__file__).resolve().parents[2] / "model_specs" / "hybrid"
@@ -40,7 +40,7 @@ DATA = Path(__file__).resolve().parents[2] / "model_specs" / "hybrid"
 
 def symbol_name(symbol: str) -> str:
     """What megatron-core's layer symbol ``symbol`` is: its registered kind's name (a variant's label: ``mla``),
-    else the name of a megatron-core layer aceso has no kind for (``gdn``, ``ds_attention``)."""
+    else the name of a megatron-core layer aceso has no kind for (``ds_attention``)."""
     if symbol in UNREGISTERED:
         return UNREGISTERED[symbol]
     k = _kinds.by_symbol(symbol)
@@ -106,9 +106,10 @@ def check_model(model) -> None:
 
     pattern = model.hybrid_layer_pattern
     if pattern is None:
-        if model.mamba is not None:
-            raise ValueError("mamba: a Mamba-2 block needs hybrid_layer_pattern (its 'M' layers); add the pattern or "
-                             "remove mamba")
+        for k in _kinds.kinds():         # a kind only a pattern writes (Mamba-2, GDN) needs the pattern
+            if k.block and not (k.replaces or k.variant_of) and getattr(model, k.block) is not None:
+                raise ValueError(f"{k.block}: a {k.text} block needs hybrid_layer_pattern (its '{k.symbol}' layers); "
+                                 f"add the pattern or remove {k.block}")
         return
     if model.is_t5:
         raise ValueError("hybrid_layer_pattern is for gpt/llama decoders (megatron-core's HybridModel), not t5; "
@@ -137,9 +138,12 @@ def check_model(model) -> None:
             raise ValueError(f"hybrid_layer_pattern: an MTP depth is priced as one attention and one MLP or MoE layer "
                              f"('*E', '*-'); '{p.mtp}' is not supported yet")
     used = p.layers + (p.mtp or "")
-    for symbol, field, have in (("M", "mamba", model.mamba), ("E", "moe", model.moe), ("+", "mla", model.mla)):
-        if (symbol in used) != (have is not None):
-            raise ValueError(f"{field}: give it exactly when hybrid_layer_pattern has '{symbol}' layers "
+    for k in _kinds.kinds():
+        if k.block is None or k.symbol is None:
+            continue
+        have = getattr(model, k.block)
+        if (k.symbol in used) != (have is not None):
+            raise ValueError(f"{k.block}: give it exactly when hybrid_layer_pattern has '{k.symbol}' layers "
                              f"({'add' if have is None else 'remove'} it)")
     if model.mla is None and "*" not in used and "+" not in used:
         pass        # an attention-free hybrid (pure Mamba) is allowed, as megatron-core builds it
@@ -153,12 +157,16 @@ def check_model(model) -> None:
 def export_refusal(model, target: str) -> str | None:
     """Why the export cannot write ``model`` for ``target`` (None: it can): a model with Mamba-2 layers runs as
     Megatron-LM's ``pretrain_hybrid.py`` with ``--hybrid-layer-pattern`` (the Megatron-LM export's only form for it,
-    ``search/megatron/hybrid_pattern.py``), or as a Megatron-Bridge Nemotron-H recipe (``bridge_hybrid.py``); the
-    Aceso reference's op-level config has no Mamba-2 op."""
-    if model.mamba is None or target in ("megatron-lm", "megatron-bridge"):
+    ``search/megatron/hybrid_pattern.py``), or as a Megatron-Bridge Nemotron-H recipe (``bridge_hybrid.py``, Mamba-2
+    only); the Aceso reference's op-level config has neither."""
+    what = "Mamba-2" if model.mamba is not None else "GDN" if model.gdn is not None else None
+    if what is None or target == "megatron-lm" or (target == "megatron-bridge" and model.gdn is None):
         return None
-    return (f"--to {target}: model {model.name} has Mamba-2 layers (hybrid_layer_pattern); export it with --to "
-            "megatron-lm (pretrain_hybrid.py) or --to megatron-bridge")
+    if target == "megatron-bridge":
+        return (f"--to megatron-bridge: model {model.name} has GDN layers, which aceso's Megatron-Bridge hybrid "
+                "recipe does not write; export it with --to megatron-lm (pretrain_hybrid.py)")
+    return (f"--to {target}: model {model.name} has {what} layers (hybrid_layer_pattern); export it with --to "
+            "megatron-lm (pretrain_hybrid.py)" + (" or --to megatron-bridge" if model.gdn is None else ""))
 
 
 def mtp_layer(model) -> str | None:

@@ -141,6 +141,10 @@ class LayerKind:
     muon_shapes: Callable[..., list] | None = None        # (model, tp, ep, etp) -> [(rows, cols, count)] (routed
     #                                                       experts' shards second and third, as ``muon_matrices``)
     offload_inputs: Callable[..., float] | None = None    # (model, module, b, s, t, sp, dt, ep, etp) -> bytes
+    block: str | None = None                    # the ``ModelSpec`` field holding its spec, given exactly when a
+    #                                             hybrid pattern writes its symbol (``hybrid.check_model``)
+    shape_refusal: Callable[..., str | None] | None = None   # (model, tp, cp) -> why megatron-core refuses that
+    #                                             shape for its layers (one line), None: allowed
 
     @property
     def text(self) -> str:
@@ -275,3 +279,15 @@ def symbols(model) -> str:
         main.append(k.symbol)
     inner = "".join(resolve(model, k).symbol for k in mtp_inner_kinds(model)) if tail else ""
     return "".join(main) + ("/" + inner) * tail
+
+
+def shape_refusal(model, tp: int, cp: int = 1) -> str | None:
+    """Why megatron-core refuses ``tp`` / ``cp`` for a layer kind of ``model``'s hybrid pattern (each kind's
+    ``shape_refusal``: Mamba-2's and GDN's heads per rank), None: every kind allows it."""
+    pattern = getattr(model, "hybrid_layer_pattern", None) or ""
+    for k in _KINDS.values():
+        if k.symbol and k.symbol in pattern and k.shape_refusal is not None:
+            why = k.shape_refusal(model, tp, cp)
+            if why:
+                return why
+    return None

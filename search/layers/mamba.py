@@ -307,9 +307,14 @@ def cp_all_to_all_ms(src, m: Mamba2Spec, hidden: int, tokens: float, tp: int, cp
     over the CP group (ranks ``tp`` apart, megatron-core's tp-cp-ep-dp-pp order) of ``tokens x width`` elements,
     ``(cp - 1) / cp`` of them leaving the rank, priced as the EP dispatch's all-to-all
     (``moe_primitives.ep_all_to_all_ms``: latency + the slower of the NVLink and the network share)."""
+    return all_to_all_ms(src, cp_all_to_all_widths(m, hidden, tp, cp), tokens, tp, cp)
+
+
+def all_to_all_ms(src, widths, tokens: float, tp: int, cp: int) -> float:
+    """CP all-to-alls of ``tokens x width`` elements each (``widths``), as ``cp_all_to_all_ms`` prices them (a
+    head-split mixer's: Mamba-2, GDN)."""
     members = src.comm.members_per_node(0, tp, cp)
-    return sum(src.ep_all_to_all_ms(src.comm, src.dt * tokens * w, cp, members)
-               for w in cp_all_to_all_widths(m, hidden, tp, cp))
+    return sum(src.ep_all_to_all_ms(src.comm, src.dt * tokens * w, cp, members) for w in widths)
 
 
 # ----- the layer kind ``M`` (search.layers.kind; docs/layer-kinds.md) ---------------------------------------------
@@ -370,28 +375,38 @@ def price_layer(src, u, a):
     layer input. Context parallelism (``a.s`` is ``seq / cp``): the mixer's all-to-alls (``cp_all_to_all_ms``) forward
     and, reversed, backward, exposed (the conv and scan wait for them); each rank then scans the whole sequence for
     ``H / (tp cp)`` heads, the same matmul work as ``seq / cp`` tokens of ``H / tp`` heads (``scan_bmms``)."""
-    model, k, dt = src.model, src.kern, src.dt
+    model, dt = src.model, src.dt
     spec, h, t = _spec(model), model.hidden_size, a.t
     sh = shape(spec, h)
     sb, r = a.s * a.b, (t if a.sp else 1)
-    gemms = [(sb, sh.in_proj_out / t, h), (sb, h, sh.d_inner / t)]
-    tpc = src._half(gemms[0], gemms[-1], a.b, a.s, t, a.sp, a.overlap, a.lp)
-    lin_f, lin_b = src._linears(gemms, a.lp)
-    bmms = scan_bmms(spec, h, a.b, a.s, t)
-    scan_f = sum(k.bmm(*x) for x in bmms)
-    scan_b = sum(k.bmm(*x, backward=True) for x in bmms)
-    ew = (2 * dt * sb * h + (3 * dt + 1) * sb * h) / r          # pre-norm + bias-dropout-add, as a dense unit's
-    mix = mixer_bytes(spec, h, sb, dt, t)
-    ssd_f = SSD_KERNEL_TIME * (k.memory(mix, 3) + scan_f)                  # mamba_ssm's conv1d / scan / gated norm
-    ssd_b = SSD_KERNEL_TIME * (k.memory(1.5 * mix, 3) + scan_b) + ssd_f     # their backward and the fused re-run
-    a2a = cp_all_to_all_ms(src, spec, h, sb, t, a.cp)
-    fwd = lin_f + k.memory(ew, 2) + ssd_f + tpc.fwd + a2a
-    bwd = lin_b + k.memory(1.5 * ew, 3) + ssd_b + tpc.bwd + a2a
-    cost = UnitCost(fwd, bwd, UNAVAILABLE_MS, fwd, tpc.fwd + tpc.bwd, UNAVAILABLE_MS, tpc.hidden, cp_comm=2 * a2a,
-                    comm_fwd=(tpc.fwd, tpc.hidden_fwd, a2a, 0.0))
+    cost = mixer_cost(src, a, sh.in_proj_out, sh.d_inner, scan_bmms(spec, h, a.b, a.s, t),
+                      mixer_bytes(spec, h, sb, dt, t), cp_all_to_all_widths(spec, h, t, a.cp))
     keep = sb * act_bytes(spec, h, int(dt), t, a.cp, a.sp).total + fixed_act_bytes(spec, h, int(dt), t) + dt * sb * h / r
     full = dt * sb * h / r
     return Row(cost, (keep, keep, full), params(spec, h, t, model.normalization == "layernorm").total)
+
+
+def mixer_cost(src, a, in_width: int, out_width: int, bmms: list, mix: float, a2a_widths) -> UnitCost:
+    """The time of a head-split token mixer's layer (Mamba-2, GDN) on one rank: ``in_proj`` (h -> ``in_width``) and
+    ``out_proj`` (``out_width`` -> h) as a column- / row-parallel GEMM pair with their TP collectives, the pre-norm
+    and residual add memory-bound (as a dense unit's), the mixer's kernels (``bmms`` at the batched-GEMM rate, ``mix``
+    element-wise bytes memory-bound) times ``SSD_KERNEL_TIME``, backward with 1.5x the bytes and the kernels'
+    forward once more (the fused path's re-run), and the CP all-to-alls of ``a2a_widths`` each way, exposed."""
+    k, dt, h, t = src.kern, src.dt, src.model.hidden_size, a.t
+    sb, r = a.s * a.b, (t if a.sp else 1)
+    gemms = [(sb, in_width / t, h), (sb, h, out_width / t)]
+    tpc = src._half(gemms[0], gemms[-1], a.b, a.s, t, a.sp, a.overlap, a.lp)
+    lin_f, lin_b = src._linears(gemms, a.lp)
+    scan_f = sum(k.bmm(*x) for x in bmms)
+    scan_b = sum(k.bmm(*x, backward=True) for x in bmms)
+    ew = (2 * dt * sb * h + (3 * dt + 1) * sb * h) / r          # pre-norm + bias-dropout-add, as a dense unit's
+    ssd_f = SSD_KERNEL_TIME * (k.memory(mix, 3) + scan_f)                  # conv1d / scan / gated norm kernels
+    ssd_b = SSD_KERNEL_TIME * (k.memory(1.5 * mix, 3) + scan_b) + ssd_f     # their backward and the fused re-run
+    a2a = all_to_all_ms(src, a2a_widths, sb, t, a.cp)
+    fwd = lin_f + k.memory(ew, 2) + ssd_f + tpc.fwd + a2a
+    bwd = lin_b + k.memory(1.5 * ew, 3) + ssd_b + tpc.bwd + a2a
+    return UnitCost(fwd, bwd, UNAVAILABLE_MS, fwd, tpc.fwd + tpc.bwd, UNAVAILABLE_MS, tpc.hidden, cp_comm=2 * a2a,
+                    comm_fwd=(tpc.fwd, tpc.hidden_fwd, a2a, 0.0))
 
 
 def mamba_launches(m, quantized: bool, n_local: int = 0, moe=None) -> dict:
@@ -403,4 +418,5 @@ MAMBA = register(LayerKind(
     name="mamba", symbol="M", role="attention", label="Mamba-2", params=layer_params, flops=layer_flops,
     price=price_layer, in_layer=lambda m, stack: False,      # only where a hybrid pattern writes M
     recompute=("none", "full"),     # no --recompute-modules entry covers a Mamba mixer (megatron-core 0.19)
-    hybrid_slot="mamba_layer", launches=mamba_launches))
+    hybrid_slot="mamba_layer", launches=mamba_launches, block="mamba",
+    shape_refusal=lambda model, tp, cp: cp_refusal(_spec(model), model.hidden_size, tp, cp)))

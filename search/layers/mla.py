@@ -40,4 +40,4 @@ MLA = register(LayerKind(
     recompute=(*ATTENTION.recompute, "mla_up_proj"),
     megatron_modules={**ATTENTION.megatron_modules, "mla_up_proj": "mla_up_proj"},
     layer_parts=ATTENTION.layer_parts, hybrid_slot="mla_layer", ep_overlap_partner=True, launches=mla_launches,
-    muon_shapes=mla_muon, offload_inputs=ATTENTION.offload_inputs))
+    muon_shapes=mla_muon, offload_inputs=ATTENTION.offload_inputs, block="mla"))

@@ -80,4 +80,5 @@ MOE = register(LayerKind(
     m.moe.is_moe_layer(layer),
     megatron_modules={"selective": "moe_act"},      # the experts' activation function
     layer_parts=_MLP_PARTS, hybrid_slot="moe_layer",      # megatron-core's MoELayer sits at ``mlp``
-    routed_experts=True, launches=moe_launches, muon_shapes=moe_muon, offload_inputs=moe_offload))
+    routed_experts=True, launches=moe_launches, muon_shapes=moe_muon, offload_inputs=moe_offload,
+    block="moe"))

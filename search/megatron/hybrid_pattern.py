@@ -49,6 +49,7 @@ import shlex
 from dataclasses import dataclass
 
 from .. import layers
+from ..layers.gdn import GDNSpec
 from ..layers.mamba import Mamba2Spec, shape as mamba_shape
 from search.spec.model import ModelSpec, Unit
 from search.spec.plan import ParallelPlan
@@ -184,6 +185,21 @@ def mamba_of(f) -> Mamba2Spec:
                       use_mamba_mem_eff_path=not f.has("--disable-mamba-mem-eff-path"))
 
 
+# ----- Gated DeltaNet layers: TransformerConfig's linear_* fields, one flag each (GDNSpec's fields are their names) --
+GDN_FLAGS = tuple("--" + name.replace("_", "-") for name in GDNSpec.model_fields)
+
+
+def gdn_args(model: ModelSpec) -> list[str]:
+    """The GDN flags (``--linear-key-head-dim`` ... ``--linear-conv-kernel-dim``; every release's parser has them,
+    core_v0.17's hybrid stack builds ``G`` layers from them)."""
+    return [w for flag, name in zip(GDN_FLAGS, GDNSpec.model_fields) for w in (flag, str(getattr(model.gdn, name)))]
+
+
+def gdn_of(f) -> GDNSpec:
+    """The GDN mixer a command line's flags build (a flag left out: the parser's default, megatron-core's)."""
+    return GDNSpec(**{name: f.value(flag) for flag, name in zip(GDN_FLAGS, GDNSpec.model_fields)})
+
+
 def plan_refusal(plan: ParallelPlan, rel: Release) -> str | None:
     """``model_refusal`` and what the plan runs that the hybrid form does not (one line), or None."""
     why = model_refusal(plan.model, rel)
@@ -201,10 +217,10 @@ OFFLOAD_REFUSAL = "activation_offload: aceso prices CPU activation offload for G
 
 
 def runs_as_pattern(model: ModelSpec) -> bool:
-    """Whether Megatron-LM runs ``model`` only as a hybrid-pattern run (a model with Mamba-2 layers:
+    """Whether Megatron-LM runs ``model`` only as a hybrid-pattern run (a model with Mamba-2 or GDN layers:
     ``check_expressible``), so that what the pattern form refuses (``plan_refusal``: CPU activation offload) is no
     Megatron-LM plan of it."""
-    return model.mamba is not None
+    return model.mamba is not None or model.gdn is not None
 
 
 # ----- recompute over hybrid layers (one unit each) -------------------------------------------------------------
@@ -314,7 +330,8 @@ def arg_groups(form: HybridForm) -> dict[str, list[str]]:
     num_layers = len(form.pattern.split(MTP)[0].replace(PIPE, ""))
     m = c.model
     groups["model"] = ["--num-layers", str(num_layers), FLAG, form.pattern, "--spec", *entry(rel)[1],
-                       *_without(groups["model"], SPLIT_FLAGS), *(mamba_args(m) if m.mamba is not None else [])]
+                       *_without(groups["model"], SPLIT_FLAGS), *(mamba_args(m) if m.mamba is not None else []),
+                       *(gdn_args(m) if m.gdn is not None else [])]
     groups["parallel"] = _without(groups["parallel"], SPLIT_FLAGS)
     groups["recompute"] = _recompute(c)
     # a hybrid model's layers are hybrid layers already; a GPT model's bf16 layer counts are doubled
@@ -361,7 +378,7 @@ def gpt_layers(pattern: str) -> tuple[list[str], str | None, int]:
     flat = main.replace(PIPE, "")
     if not flat or len(flat) % 2 or any(not _LAYER.fullmatch(flat[i:i + 2]) for i in range(0, len(flat), 2)):
         raise NotExpressible(f"{FLAG} {pattern!r}: not a GPT model's layers (attention '*' / '+' then MLP '-' or "
-                             "MoE 'E', repeated) nor a Mamba-2 hybrid's ('M' layers); aceso prices no other hybrid layers")
+                             "MoE 'E', repeated) nor a Mamba-2 or GDN hybrid's ('M', 'G' layers); aceso prices no other hybrid layers")
     if any(p != mtp[0] for p in mtp) or (mtp and not _LAYER.fullmatch(mtp[0])):
         raise NotExpressible(f"{FLAG} {pattern!r}: every MTP depth must be one GPT layer's pattern")
     if len(set(s for i in range(0, len(flat), 2) for s in flat[i])) > 1:
@@ -429,7 +446,7 @@ def read_argv(argv: list[str], rel: Release) -> ReadPattern:
     pattern = f.get(FLAG)
     if pattern is None:
         raise NotExpressible(f"{entry(rel)[0]} without {FLAG}: give the model's pattern")
-    if "M" in pattern.split(MTP)[0]:
+    if {"M", "G"} & set(pattern.split(MTP)[0]):
         return _read_hybrid_model(argv, f, pattern)
     segments, mtp, depths = gpt_layers(pattern)
     flat = "".join(segments)
@@ -457,7 +474,7 @@ def read_argv(argv: list[str], rel: Release) -> ReadPattern:
 
 
 def _read_hybrid_model(argv: list[str], f, pattern: str) -> ReadPattern:
-    """A hybrid model's command line (Mamba-2 ``M`` layers): its GPT flags on one rank with ``--num-layers`` the
+    """A hybrid model's command line (Mamba-2 ``M`` or GDN ``G`` layers): its GPT flags on one rank with ``--num-layers`` the
     pattern's layers, and the model fields GPT flags do not carry (``model_fields``)."""
     from ..layers.hybrid import parse_pattern
     try:
@@ -471,7 +488,7 @@ def _read_hybrid_model(argv: list[str], f, pattern: str) -> ReadPattern:
     pp = f.get("--pipeline-model-parallel-size", 1)
     counts = _counts(f, list(p.segments), pp)
     pos = f.value("--position-embedding-type")
-    out = _without(argv, ("--spec", FLAG, "--num-layers", "--mtp-num-layers", *FIRST_LAST, *MAMBA_FLAGS,
+    out = _without(argv, ("--spec", FLAG, "--num-layers", "--mtp-num-layers", *FIRST_LAST, *MAMBA_FLAGS, *GDN_FLAGS,
                           "--pipeline-model-parallel-size", "--squared-relu", "--position-embedding-type"))
     out += ["--num-layers", str(len(p.layers)), "--pipeline-model-parallel-size", "1"]
     out += ["--mtp-num-layers", str(p.mtp_depths)] if p.mtp_depths else []
@@ -479,11 +496,13 @@ def _read_hybrid_model(argv: list[str], f, pattern: str) -> ReadPattern:
         out += ["--position-embedding-type", pos]
     elif p.mtp_depths:      # the GPT twin's MTP needs rope or none: rope here, 'none' is the model field below
         out += ["--position-embedding-type", "rope"]
-    try:
-        mamba = mamba_of(f)
-    except ValueError as e:
-        raise NotExpressible(f"--mamba-*: {str(e).splitlines()[-1].strip()}") from None
-    fields = {"hybrid_layer_pattern": pattern.replace(PIPE, ""), "mamba": mamba}
+    fields = {"hybrid_layer_pattern": pattern.replace(PIPE, "")}
+    for symbol, name, read in (("M", "mamba", mamba_of), ("G", "gdn", gdn_of)):
+        if symbol in p.layers + (p.mtp or ""):
+            try:
+                fields[name] = read(f)
+            except ValueError as e:
+                raise NotExpressible(f"--{name}-*: {str(e).splitlines()[-1].strip()}") from None
     fields.update({"activation": "squared_relu"} if f.has("--squared-relu") else {})
     fields.update({"position_embedding": "none"} if pos == "none" else {})
     return ReadPattern(out, pp, counts, fields)

@@ -42,7 +42,7 @@ from ..costmodel.types import Features, Shape
 from search.io.errors import AcesoError
 from search.settings.fsdp import one_rank_group, pipeline_refusal
 from search.layers.layer_variants import offset_blocks_cp
-from ..layers import mamba
+from ..layers.kind import shape_refusal
 from search.settings.moe_plan import MoEPlanSettings, dispatcher_settings, overlap_ep_refusal
 from search.spec.training import MAX_VIRTUAL
 from . import constraints
@@ -130,11 +130,9 @@ def _candidates(values, priced: bool, name: str, label: str) -> tuple[int, ...]:
 
 
 def _bad_tp_cp(model, tps, cps) -> frozenset[tuple[int, int]]:
-    """The (tp, cp) pairs whose Mamba-2 layers megatron-core's ``MambaContextParallel`` refuses (none without Mamba)."""
-    if model.mamba is None:
-        return frozenset()
-    return frozenset((t, c) for t in tps for c in cps
-                     if mamba.cp_refusal(model.mamba, model.hidden_size, t, c) is not None)
+    """The (tp, cp) pairs a layer kind of the model refuses (``layers.kind.shape_refusal``: Mamba-2's
+    ``MambaContextParallel``, GDN's heads per rank; none without such layers)."""
+    return frozenset((t, c) for t in tps for c in cps if shape_refusal(model, t, c) is not None)
 
 
 @dataclass(frozen=True)
@@ -178,7 +176,7 @@ class Space:
         tps, t = [], 1
         while t <= cluster.nvlink_size:
             if all(v % t == 0 for v in (model.num_attention_heads, model.groups, model.ffn_hidden_size)) and \
-                    (model.mamba is None or mamba.tp_refusal(model.mamba, model.hidden_size, t) is None):
+                    shape_refusal(model, t) is None:
                 tps.append(t)
             t *= 2
         tps = list(constraints.tensor_sizes(model, cluster, training, tps))

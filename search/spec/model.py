@@ -31,6 +31,7 @@ from search import layers
 from search.spec import rope_scaling as _rope_scaling
 from search.spec import model_rules
 from search.layers import hybrid as _hybrid
+from search.layers.gdn import GDNSpec
 from search.layers.mamba import Mamba2Spec
 from search.layers.moe_spec import MAX_MTP, MLASpec, MoESpec, check_model as _check_moe
 from search.settings.moe_plan import drop_defaults
@@ -59,7 +60,7 @@ class Unit(NamedTuple):
     kind: UnitKind
 
 
-HYBRID_FIELDS = ("hybrid_layer_pattern", "mamba")   # left out of a dump when None (``ModelSpec._dump``)
+HYBRID_FIELDS = ("hybrid_layer_pattern", "mamba", "gdn")   # left out of a dump when None (``ModelSpec._dump``)
 OFF_FIELDS = ("mtp_use_repeated_layer",)            # left out of a dump when False
 _PROVIDER = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")   # package.module:attr
 
@@ -146,11 +147,14 @@ class ModelSpec(BaseModel):
     # ----- hybrid models (megatron-core's HybridModel; search.layers.hybrid.check_model, docs/model-specs.md) -----
     hybrid_layer_pattern: str | None = Field(
         None, max_length=2 * MAX_LAYERS, description="The decoder as megatron-core's hybrid layer pattern, one symbol "
-        "per layer (M Mamba-2, * attention, + MLA, - MLP, E MoE; Megatron-LM --hybrid-layer-pattern), then '/' and "
+        "per layer (M Mamba-2, G Gated DeltaNet, * attention, + MLA, - MLP, E MoE; Megatron-LM --hybrid-layer-pattern), then '/' and "
         "one MTP depth's symbols per depth; no '|' (where to cut is the plan's). Its main part has num_layers "
         "symbols. None = a GPT / Llama / T5 model of attention + MLP layers.")
     mamba: Mamba2Spec | None = Field(None, description="The Mamba-2 mixer of the pattern's M layers "
                                      "(search.layers.mamba.Mamba2Spec); exactly when the pattern has M.")
+    gdn: GDNSpec | None = Field(None, description="The Gated DeltaNet mixer of the pattern's G layers "
+                                "(search.layers.gdn.GDNSpec, megatron-core 0.19's linear_* fields); exactly when "
+                                "the pattern has G.")
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):

@@ -515,9 +515,9 @@ def _check_stage_shape(m: ModelSpec, i: int, st: StageSpec) -> None:
         if value % st.tp:
             raise ValueError(f"stages[{i}].tp ({st.tp}) must divide {name} ({value}); use a tp that divides it")
     seqs = [("seq_length", m.seq_length)] + ([("decoder_seq_length", m.decoder_seq_length)] if m.is_t5 else [])
-    if m.mamba is not None:          # whole Mamba heads and groups per TP (and CP) rank (search.layers.mamba)
-        from search.layers.mamba import cp_refusal
-        why = cp_refusal(m.mamba, m.hidden_size, st.tp, st.cp)
+    if m.hybrid_layer_pattern:       # whole heads (and Mamba groups) per TP and CP rank: each kind's rule
+        from search.layers.kind import shape_refusal
+        why = shape_refusal(m, st.tp, st.cp)
         if why:
             raise ValueError(f"stages[{i}] (tp {st.tp}, cp {st.cp}): {why}")
     if st.cp > 1:

@@ -148,6 +148,7 @@ TABLE: tuple[Row, ...] = (
     Row("softmax offset under context parallelism", "plan", _every(softmax_offset_cp)),
     Row("context parallelism without transformer-engine", "plan", _every(cp_needs_te)),
     Row("MLA / MTP layouts", "plan", {RUNTIME: rt.mla_mtp}),
+    Row("Gated DeltaNet layers (fla kernels)", "model", {RUNTIME: rt.gdn_layers}),
     Row("Mamba-2 layers under context parallelism", "plan", {RUNTIME: rt.mamba_cp}),
     Row("MoE EP communication overlap", "plan", {RUNTIME: rt.overlap_ep}),
     Row("MoE flex dispatcher on CPU", "plan", {RUNTIME: rt.flex_on_cpu}),

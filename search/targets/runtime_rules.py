@@ -37,6 +37,17 @@ def low_precision(model, low) -> str | None:
     return f"settings.low_precision ({low.recipe}; aceso search --precision {low.recipe}): {RUNTIME_LOW_PRECISION}"
 
 
+def gdn_layers(model, low) -> str | None:
+    """megatron-core 0.19's ``GatedDeltaNet`` (``ssm/gated_delta_net/common.py``) raises ImportError without fla
+    (flash-linear-attention's Triton kernels: ``causal_conv1d``, ``l2norm``, ``chunk_gated_delta_rule``) and builds
+    its conv on ``torch.cuda.current_device()``; the runtime has no CPU reference for it and no GPU proof."""
+    if getattr(model, "gdn", None) is None:
+        return None
+    return ("model.gdn: the aceso runtime does not build Gated DeltaNet ('G') layers (megatron-core 0.19's "
+            "GatedDeltaNet needs fla, flash-linear-attention, and CUDA); search with --target megatron-lm and "
+            "export with --hybrid-pattern")
+
+
 def unbuilt_layers(model, low) -> str | None:
     from search.layers.layer_variants import unbuilt_fields
 

@@ -75,6 +75,8 @@ def run(line: str, world: int) -> dict:
             "position_embedding_type": args.position_embedding_type, "rotary_base": args.rotary_base,
             "vocab": [tokenizer.vocab_size, args.padded_vocab_size], "spec_defined": _spec_defined(args.spec),
             "bf16_layers": _bf16_layers(cfg, args.num_layers), "mamba": _mamba(cfg),
+            "gdn": [cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_num_key_heads,
+                    cfg.linear_num_value_heads, cfg.linear_conv_kernel_dim],
             "activation": getattr(cfg.activation_func, "__name__", None),
             "latent": getattr(cfg, "moe_latent_size", None),
             "mtp_repeated": getattr(cfg, "mtp_use_repeated_layer", None)}

@@ -58,6 +58,8 @@ def test_megatron_lm_builds_the_plans_chunks_from_the_pattern(tag):
         assert g["vocab"][1] == m.padded_vocab_size
         assert g["spec_defined"], name
         assert g["gated"] == (m.activation == "swiglu") and g["num_query_groups"] == m.groups
+        if m.gdn is not None:         # the GDN mixer's TransformerConfig fields (search.layers.gdn.GDNSpec)
+            assert g["gdn"] == [getattr(m.gdn, f) for f in type(m.gdn).model_fields], name
         if m.mamba is not None:       # a hybrid model: the Mamba-2 shape, squared ReLU, no position embedding
             sh = mamba_shape(m.mamba, m.hidden_size)
             assert g["mamba"] == [sh.state, sh.head_dim, sh.groups, sh.heads, m.mamba.use_mamba_mem_eff_path]

@@ -51,7 +51,7 @@ def test_one_unit_per_symbol_and_mtp_depths_after_the_decoder():
     (dict(hybrid_layer_pattern="MEM*E/M*", mtp_num_layers=1), r"MTP depth is priced as one attention and one MLP"),
     (dict(mamba=None), r"mamba: give it exactly when hybrid_layer_pattern has 'M'"),
     (dict(moe=None), r"moe: give it exactly when hybrid_layer_pattern has 'E'"),
-    (dict(hybrid_layer_pattern="GEG*E"), r"'G' \(gdn\) layers are not supported by aceso yet"),
+    (dict(hybrid_layer_pattern="DED-E"), r"'D' \(ds_attention\) layers are not supported by aceso yet"),
     (dict(hybrid_layer_pattern="MEMXE"), r"'X' is not a layer symbol"),
     (dict(hybrid_layer_pattern=None), r"mamba: a Mamba-2 block needs hybrid_layer_pattern"),
     (dict(moe={**MOE, "moe_layer_freq": 2}), r"the pattern's 'E' says which layers are MoE"),

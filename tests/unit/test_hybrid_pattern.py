@@ -136,7 +136,7 @@ def test_import_places_a_pipe_free_pattern_as_megatron_core_does():
 
 
 @pytest.mark.parametrize("pattern, pp, expect", [
-    ("G*-G*-", 1, "not a GPT model's layers"),
+    ("D-D-", 1, "not a GPT model's layers"),     # DeepSeek sparse attention: no layer kind
     ("M*-M*-", 1, r"mamba: heads \(2\) must be a multiple of mamba_num_groups \(8\)"),   # --mamba-* defaults
     ("*-|*-|*-", 2, "not a multiple of --pipeline-model-parallel-size"),
     ("*-*E", 1, "'E' layers go with --num-experts"),
