@@ -115,9 +115,16 @@ def _gpt_config(plan, rel):
 
 def _hybrid(args, plan, rel, source) -> int:
     from ..megatron.hybrid_pattern import args_line, hybrid_form, write_script
+    if args.to == "megatron-bridge" and plan.model.mamba is not None:     # Bridge v0.6.0's '|' cuts
+        from ..megatron.bridge import cli_overrides, write_yaml
+        from ..megatron.bridge_hybrid import PIPES, PIPES_CORE, overrides
+        recipe, cfg, ov = overrides(plan, pipes=True)     # NotExpressible: exit 2, one line, nothing written
+        write_output(cli_overrides(cfg, (recipe, ov)) if args.args_only
+                     else write_yaml(plan, cfg, source, (recipe, ov), (PIPES, PIPES_CORE)), args.output)
+        return 0
     if args.to != "megatron-lm":
-        raise AcesoError(f"--hybrid-pattern is for --to megatron-lm (pretrain_hybrid.py); --to {args.to} has no "
-                         "hybrid-pattern form here")
+        raise AcesoError(f"--hybrid-pattern is for --to megatron-lm (pretrain_hybrid.py) and, for a hybrid model, "
+                         f"--to megatron-bridge (v0.6.0); --to {args.to} has no hybrid-pattern form here")
     form = hybrid_form(plan, rel)        # NotExpressible: exit 2, one line naming the release, nothing written
     write_output(args_line(form) if args.args_only else write_script(plan, form, source), args.output)
     if not args.args_only:
