@@ -6,7 +6,8 @@ TRAINING_ARGS placeholders) for the Megatron-LM release --megatron-version names
 names, its entry points (pretrain_t5.py is examples/t5/pretrain_t5.py from 0.18) and its rules (Megatron FSDP runs
 the distributed optimizer from 0.18); the header names the release. --args-only prints just the arguments on one
 line. megatron-bridge: Megatron-Bridge v0.3.1 recipe overrides as a
-YAML file; --args-only prints them as run_recipe.py CLI overrides. A plan stock Megatron-LM cannot run (tp or dp
+YAML file (a hybrid model with --hybrid-pattern: Bridge v0.6.0's, '|' stage cuts); --args-only prints them as
+run_recipe.py CLI overrides. A plan stock Megatron-LM cannot run (tp or dp
 differing between stages, a stage cut inside a layer, per-unit recompute Megatron-LM has no setting for) is refused
 with exit 2 and one line; search with --target megatron-lm for one it can. aceso-legacy: the Aceso reference's
 op-level config JSON (each unit's ops at the stage's tp/dp; see docs/compat.md). See docs/megatron.md.
@@ -34,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hybrid-pattern", action="store_true",
                    help="megatron-lm: write the plan as a hybrid-pattern run (pretrain_hybrid.py "
                         "--hybrid-layer-pattern '*-*-|*-...', Megatron-LM 0.17 or newer), whose '|' cuts stages "
-                        "anywhere, also inside a layer; HybridModel checkpoints (docs/megatron.md)")
+                        "anywhere, also inside a layer; HybridModel checkpoints (docs/megatron.md); "
+                        "megatron-bridge, a hybrid model: Bridge v0.6.0 overrides with hybrid_layer_pattern's '|' cuts")
     p.add_argument("--args-only", action="store_true",
                    help="megatron-lm: only the arguments, one shell-quoted line; megatron-bridge: the CLI overrides")
     p.add_argument("-o", "--output", default="-", help="file to write, or - for stdout")
@@ -65,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     from ..megatron.versions import release
     if args.megatron_version is not None and args.to != "megatron-lm":
         raise AcesoError(f"--megatron-version is for --to megatron-lm; --to {args.to} writes for "
-                         + ("Megatron-Bridge v0.3.1" if args.to == "megatron-bridge" else "the Aceso reference"))
+                         + ("Megatron-Bridge v0.3.1 (v0.6.0 with --hybrid-pattern)" if args.to == "megatron-bridge"
+                            else "the Aceso reference"))
     rel = release(args.megatron_version)
     source = Path(args.plan).name
     if args.hybrid_pattern:
