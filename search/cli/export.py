@@ -6,7 +6,8 @@ TRAINING_ARGS placeholders) for the Megatron-LM release --megatron-version names
 names, its entry points (pretrain_t5.py is examples/t5/pretrain_t5.py from 0.18) and its rules (Megatron FSDP runs
 the distributed optimizer from 0.18); the header names the release. --args-only prints just the arguments on one
 line. megatron-bridge: Megatron-Bridge v0.3.1 recipe overrides as a
-YAML file; --args-only prints them as run_recipe.py CLI overrides. A plan stock Megatron-LM cannot run (tp or dp
+YAML file (a hybrid model with --hybrid-pattern: Bridge v0.6.0's, '|' stage cuts); --args-only prints them as
+run_recipe.py CLI overrides. A plan stock Megatron-LM cannot run (tp or dp
 differing between stages, a stage cut inside a layer, per-unit recompute Megatron-LM has no setting for) is refused
 with exit 2 and one line; search with --target megatron-lm for one it can. aceso-legacy: the Aceso reference's
 op-level config JSON (each unit's ops at the stage's tp/dp; see docs/compat.md). See docs/megatron.md.
@@ -35,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="megatron-lm: write the plan as a hybrid-pattern run (pretrain_hybrid.py "
                         "--hybrid-layer-pattern '*-*-|*-...', Megatron-LM 0.17 or newer), whose '|' cuts stages "
                         "anywhere, also inside a layer; HybridModel checkpoints (docs/megatron.md); a model with "
-                        "Mamba-2 layers is always written so")
+                        "Mamba-2 or GDN layers is always written so; megatron-bridge, a hybrid model: Bridge v0.6.0 "
+                        "overrides with hybrid_layer_pattern's '|' cuts")
     p.add_argument("--args-only", action="store_true",
                    help="megatron-lm: only the arguments, one shell-quoted line; megatron-bridge: the CLI overrides")
     p.add_argument("-o", "--output", default="-", help="file to write, or - for stdout")
@@ -66,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     from ..megatron.versions import release
     if args.megatron_version is not None and args.to != "megatron-lm":
         raise AcesoError(f"--megatron-version is for --to megatron-lm; --to {args.to} writes for "
-                         + ("Megatron-Bridge v0.3.1" if args.to == "megatron-bridge" else "the Aceso reference"))
+                         + ("Megatron-Bridge v0.3.1 (v0.6.0 with --hybrid-pattern)" if args.to == "megatron-bridge"
+                            else "the Aceso reference"))
     rel = release(args.megatron_version)
     source = Path(args.plan).name
     from ..megatron.hybrid_pattern import runs_as_pattern
@@ -117,9 +120,16 @@ def _gpt_config(plan, rel):
 
 def _hybrid(args, plan, rel, source) -> int:
     from ..megatron.hybrid_pattern import args_line, hybrid_form, write_script
+    if args.to == "megatron-bridge" and plan.model.mamba is not None:     # Bridge v0.6.0's '|' cuts
+        from ..megatron.bridge import cli_overrides, write_yaml
+        from ..megatron.bridge_hybrid import PIPES, PIPES_CORE, overrides
+        recipe, cfg, ov = overrides(plan, pipes=True)     # NotExpressible: exit 2, one line, nothing written
+        write_output(cli_overrides(cfg, (recipe, ov)) if args.args_only
+                     else write_yaml(plan, cfg, source, (recipe, ov), (PIPES, PIPES_CORE)), args.output)
+        return 0
     if args.to != "megatron-lm":
-        raise AcesoError(f"--hybrid-pattern is for --to megatron-lm (pretrain_hybrid.py); --to {args.to} has no "
-                         "hybrid-pattern form here")
+        raise AcesoError(f"--hybrid-pattern is for --to megatron-lm (pretrain_hybrid.py) and, for a hybrid model, "
+                         f"--to megatron-bridge (v0.6.0); --to {args.to} has no hybrid-pattern form here")
     form = hybrid_form(plan, rel)        # NotExpressible: exit 2, one line naming the release, nothing written
     write_output(args_line(form) if args.args_only else write_script(plan, form, source), args.output)
     if not args.args_only:

@@ -14,13 +14,13 @@ default 1e-5), ``--moe-router-topk-scaling-factor``, ``--rotary-percent`` (defau
 from __future__ import annotations
 
 from search.spec import rope_scaling as rs
+from search.spec.hf_arch import NORM_EPSILON   # megatron-core TransformerConfig.layernorm_epsilon (--norm-epsilon)
 from search.io.errors import AcesoError
 
 FLAG_KINDS: dict[str, str] = {"--add-qkv-bias": "bool", "--norm-epsilon": "float",
                               "--moe-router-topk-scaling-factor": "float", "--rotary-percent": "float",
                               "--use-rope-scaling": "bool", "--rope-scaling-factor": "float", "--rope-type": "str",
                               "--rotary-scaling-factor": "float", "--mscale": "float", "--mscale-all-dim": "float"}
-NORM_EPSILON = 1e-5          # Megatron-LM's --norm-epsilon and TransformerConfig.layernorm_epsilon default
 # megatron block field -> Megatron-LM flag (a value flag; add_qkv_bias is a switch)
 BLOCK_FLAGS = {"layernorm_epsilon": "--norm-epsilon", "moe_router_topk_scaling_factor": "--moe-router-topk-scaling-factor"}
 

@@ -87,7 +87,9 @@ _NAME_DEFAULT = {"bf16": ("bf16_mixed", True), "fp16": ("fp16_mixed", False)}   
 
 def _mixed_precision(c: MegatronConfig, held_as: str) -> object:
     """The ``mixed_precision`` override (``_KEEP``: none). Bridge's ``mixed_precision.setup`` copies its
-    ``grad_reduce_in_fp32`` over ``ddp.grad_reduce_in_fp32``, so it must say the plan's gradient dtype too."""
+    ``grad_reduce_in_fp32`` over ``ddp.grad_reduce_in_fp32``, so it must say the plan's gradient dtype too.
+    ``held_as`` ``"whole"``: a whole ``MixedPrecisionConfig`` object whatever the recipe holds (a name or an
+    object: Bridge v0.6.0's Nemotron recipes differ per GPU)."""
     fp32 = c.settings.grad_reduce_in_fp32 or c.precision == "fp32"
     if c.settings.low_precision is not None:
         return _low_precision_object(c, fp32, held_as)
@@ -100,7 +102,7 @@ def _mixed_precision(c: MegatronConfig, held_as: str) -> object:
     if c.precision == "fp32":
         return None             # no mixed precision: ddp.grad_reduce_in_fp32 stands as written
     name, default = _NAME_DEFAULT[c.precision]
-    if fp32 == default:
+    if fp32 == default and held_as == "name":
         return _KEEP if c.precision == "bf16" else name
     dt = {"_target_": _DTYPES[c.precision], "_call_": False}    # the recipe's name replaced by a config object
     return {"_target_": "megatron.bridge.training.mixed_precision.MixedPrecisionConfig", c.precision: True,
@@ -166,14 +168,16 @@ def cli_overrides(c: MegatronConfig, made: tuple[str, dict] | None = None) -> st
                                               for k, v in _items(ov)]) + "\n"
 
 
-def write_yaml(plan: ParallelPlan, c: MegatronConfig, source: str, made: tuple[str, dict] | None = None) -> str:
+def write_yaml(plan: ParallelPlan, c: MegatronConfig, source: str, made: tuple[str, dict] | None = None,
+               bridge: tuple[str, str] = ("Megatron-Bridge v0.3.1", "0.16")) -> str:
+    """The overrides as a YAML file; ``bridge``: (the Bridge release, the megatron-core it runs) they are for."""
     from .. import __version__
     from .script import header
     recipe, ov = made or overrides(c)
     gpn, nodes = (plan.cluster.gpus_per_node, plan.cluster.num_nodes) if plan.cluster else (c.world_size, 1)
     intro = f"Megatron-Bridge overrides written by aceso {__version__} from {source}."
-    lines = [f"# {h}" for h in [intro] + header(plan, c, source, release("0.16"))[2:]] + [
-        f"# Megatron-Bridge v0.3.1 overrides (ConfigContainer structure) for the recipe "
+    lines = [f"# {h}" for h in [intro] + header(plan, c, source, release(bridge[1]))[2:]] + [
+        f"# {bridge[0]} overrides (ConfigContainer structure) for the recipe "
         f"megatron.bridge.recipes.{recipe}.",
         "# Python: cfg = process_config_with_overrides(" + recipe + "(), config_filepath=\"THIS.yaml\")",
         f"# CLI: torchrun --nproc-per-node {gpn} --nnodes {nodes} scripts/training/run_recipe.py "

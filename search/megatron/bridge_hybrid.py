@@ -10,8 +10,8 @@ Bridge v0.3.1 builds these models from ``MambaModelProvider`` subclasses (``mode
 - ``MambaStack._select_layers_for_pipeline_parallel`` places the layers evenly over pp, or with
   ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage`` and the rest evenly, and asserts
   no virtual pipeline (``MambaModelProvider.provide`` asserts it too); a plan split otherwise is refused in one line
-  (its '|' cuts run in Megatron-LM: ``--to megatron-lm --hybrid-pattern``; Bridge v0.6.0 on megatron-core 0.19
-  reads ``hybrid_layer_pattern`` with '|', not written here yet);
+  naming v0.3.1 (its '|' cuts run in Megatron-LM, ``--to megatron-lm --hybrid-pattern``, and in Bridge v0.6.0,
+  ``--to megatron-bridge --hybrid-pattern``, below);
 - ``MambaStack`` checkpoints no layer: full recompute is refused; selective modules act inside the attention and
   MoE layers as in GPTModel;
 - the activation is the provider's ``squared_relu`` callable (a YAML cannot set one): other activations are refused;
@@ -20,6 +20,17 @@ Bridge v0.3.1 builds these models from ``MambaModelProvider`` subclasses (``mode
 - the recipes hold ``mixed_precision`` as a name (``bf16_mixed``) and a ``comm_overlap`` section with
   ``tp_comm_overlap=True``, which every export overrides with the plan's (and the nano recipe's
   ``delay_wgrad_compute`` / ``overlap_moe_expert_parallel_comm``, which Bridge copies onto the model).
+
+Bridge v0.6.0 (``--hybrid-pattern``; ``PIPES``): ``models/hybrid/hybrid_provider.py`` ``HybridModelProvider``
+passes ``hybrid_layer_pattern`` as it is to megatron-core's ``HybridModel`` (its 3rdparty pin cd4afff, the 0.19
+line), whose ``select_pipeline_segment`` gives pipeline rank ``r`` the ``r``-th '|' segment, so any uneven split
+(cuts at any layer of the pattern) runs; ``finalize`` derives ``num_layers`` without the '|'
+(``get_hybrid_total_layer_count``) and ``provide`` still asserts no virtual pipeline. The form is Megatron-LM
+core_v0.19's hybrid pattern (``hybrid_pattern.hybrid_form``: full recompute checkpoints hybrid layers there); the
+first / last stage fields are left out (megatron-core asserts them away with pipes) and ``mixed_precision`` is a
+whole ``MixedPrecisionConfig`` object (v0.6.0's recipes hold a name or an object, per GPU). MTP (v0.6.0's
+``mtp_hybrid_override_pattern``) is not written here: refused in one line. v0.4.x / v0.5.x (``MambaModelProvider``
+on megatron-core 0.17 / 0.18) are not written (their provider's '|' handling is not checked here).
 
 Every other field is ``names.bridge_fields`` of the plan's Megatron form (``hybrid_pattern.hybrid_form``), as for
 GPT models. ``read_overrides`` reads such a YAML back as the equivalent ``pretrain_mamba.py`` command line of
@@ -38,6 +49,8 @@ from search.spec.plan import ParallelPlan
 from .config import MegatronConfig, NotExpressible
 
 BRIDGE = "Megatron-Bridge v0.3.1"
+PIPES = "Megatron-Bridge v0.6.0"     # the first Bridge read here whose provider passes '|' cuts to HybridModel
+PIPES_CORE = "0.19"                  # the Megatron-LM rules (and reader) of its megatron-core
 BRIDGE_CORE = "0.16"                 # the megatron-core release Bridge v0.3.1 runs (search/settings/releases.py)
 SYMBOLS = frozenset("M*-E")          # megatron-core 0.16.1 Symbols
 # preset -> recipe (recipes/nemotronh of v0.3.1); other hybrid models: the nano recipe with MoE, else the 8B one
@@ -52,31 +65,39 @@ def recipe_for(model) -> str:
     return RECIPES.get(model.name) or (MOE_RECIPE if model.moe is not None else DENSE_RECIPE)
 
 
-def _refusal(plan: ParallelPlan) -> str | None:
+def _refusal(plan: ParallelPlan, pipes: bool = False) -> str | None:
     m = plan.model
+    bridge = PIPES if pipes else BRIDGE
     if m.activation != "squared_relu":
         return (f"model.activation {m.activation}: the Nemotron-H providers' activation_func is squared_relu (a "
                 "Python callable a YAML cannot set)")
     bad = sorted(set(m.hybrid_layer_pattern.split("/")[0]) - SYMBOLS)
-    if bad:
+    if bad and not pipes:
         return f"hybrid_layer_pattern: '{bad[0]}' layers are newer than megatron-core 0.16.1's MambaModel (M * - E)"
     if m.mtp_num_layers:
-        return "mtp_num_layers: MambaModelProvider of v0.3.1 has no MTP (megatron-core 0.16.1's MambaModel none)"
+        return ("mtp_num_layers: aceso writes no mtp_hybrid_override_pattern for HybridModelProvider of v0.6.0"
+                if pipes else "mtp_num_layers: MambaModelProvider of v0.3.1 has no MTP (megatron-core 0.16.1's "
+                "MambaModel none)")
     if any(len(st.chunks) > 1 for st in plan.stages):
-        return ("virtual pipeline stages: MambaModelProvider of v0.3.1 asserts none (megatron-core 0.16.1's "
-                "MambaStack places no virtual stages)")
+        return (f"virtual pipeline stages: the hybrid model provider of {bridge} asserts none"
+                + ("" if pipes else " (megatron-core 0.16.1's MambaStack places no virtual stages)"))
     return None
 
 
-def hybrid_config(plan: ParallelPlan) -> MegatronConfig:
-    """The plan's Megatron form as Bridge v0.3.1 runs it, or ``NotExpressible`` (one line)."""
+def hybrid_config(plan: ParallelPlan, pipes: bool = False):
+    """The plan's Megatron form as Bridge v0.3.1 runs it (``pipes``: Bridge v0.6.0 with '|' cuts), or
+    ``NotExpressible`` (one line): ``(config, pattern)``."""
     from .hybrid_pattern import hybrid_form
     from .layout import split_for
-    why = _refusal(plan)
+    from .versions import release
+    why = _refusal(plan, pipes)
     if why:
         raise NotExpressible(f"--to megatron-bridge: {why}; export it with --to megatron-lm --hybrid-pattern")
-    form = hybrid_form(plan)             # the model and plan rules of a hybrid run (Megatron-LM's own refusals)
+    # the model and plan rules of a hybrid run (Megatron-LM's own refusals)
+    form = hybrid_form(plan, release(PIPES_CORE)) if pipes else hybrid_form(plan)
     c = form.config
+    if pipes:
+        return c, form.pattern
     if c.recompute.granularity == "full":
         raise NotExpressible("--to megatron-bridge: recompute full: megatron-core 0.16.1's MambaStack (Bridge "
                              "v0.3.1) checkpoints no layer; use selective recompute or export it with --to "
@@ -85,23 +106,30 @@ def hybrid_config(plan: ParallelPlan) -> MegatronConfig:
         even = len(plan.model.hybrid_layer_pattern.split("/")[0]) / c.pp
         raise NotExpressible(f"--to megatron-bridge: stage layers {'/'.join(map(str, c.chunk_layers))}: "
                              f"{BRIDGE}'s MambaStack splits evenly ({even:g} hybrid layers a stage) or with other "
-                             "first / last stages only; give the plan such a split, or export this one with --to "
-                             "megatron-lm --hybrid-pattern ('|' cuts)")
-    return c
+                             f"first / last stages only; give the plan such a split, or export this one with "
+                             f"--hybrid-pattern ('|' cuts: {PIPES}, or --to megatron-lm)")
+    return c, plan.model.hybrid_layer_pattern
 
 
-def overrides(plan: ParallelPlan) -> tuple[str, MegatronConfig, dict[str, object]]:
-    """``(recipe, config, {section: {field: value}})`` of a hybrid model's plan."""
+def overrides(plan: ParallelPlan, pipes: bool = False) -> tuple[str, MegatronConfig, dict[str, object]]:
+    """``(recipe, config, {section: {field: value}})`` of a hybrid model's plan (``pipes``: Bridge v0.6.0's
+    ``hybrid_layer_pattern`` with the plan's '|' cuts)."""
     from ..layers.mamba import shape
     from .names import bridge_fields
-    c = hybrid_config(plan)
+    c, pattern = hybrid_config(plan, pipes)
     m = c.model
     out = bridge_fields(c)
     model = out["model"]
     for k in ("mtp_num_layers", "multi_latent_attention", "moe_layer_freq", "pipeline_model_parallel_layout"):
         model.pop(k, None)               # not MambaModelProvider fields, or the pattern's
     sh = shape(m.mamba, m.hidden_size)
-    model.update(hybrid_override_pattern=m.hybrid_layer_pattern, mamba_state_dim=sh.state,
+    if pipes:                            # megatron-core asserts the split fields away with pipes
+        for k in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
+            model.pop(k, None)
+        from .names import tokenizer_args
+        from .versions import release     # 0.19's NullTokenizer counts its EOD token (0.16.1's adds it)
+        out["tokenizer"]["vocab_size"] = int(tokenizer_args(c, release(PIPES_CORE))[-1])
+    model.update({"hybrid_layer_pattern" if pipes else "hybrid_override_pattern": pattern}, mamba_state_dim=sh.state,
                  mamba_head_dim=sh.head_dim, mamba_num_groups=sh.groups, mamba_num_heads=sh.heads,
                  use_mamba_mem_eff_path=m.mamba.use_mamba_mem_eff_path)
     ov = {"tp_comm_overlap": c.settings.tp_comm_overlap}
@@ -110,7 +138,7 @@ def overrides(plan: ParallelPlan) -> tuple[str, MegatronConfig, dict[str, object
                   overlap_moe_expert_parallel_comm=model.get("overlap_moe_expert_parallel_comm", False))
     out["comm_overlap"] = ov
     from .bridge import _KEEP, _mixed_precision
-    mp = _mixed_precision(c, "name")     # the nemotronh recipes hold it as a name
+    mp = _mixed_precision(c, "whole" if pipes else "name")     # v0.3.1's nemotronh recipes hold it as a name
     if mp is not _KEEP:
         out["mixed_precision"] = mp
     return recipe_for(m), c, out
@@ -120,6 +148,7 @@ def overrides(plan: ParallelPlan) -> tuple[str, MegatronConfig, dict[str, object
 READ_RELEASE = "0.17"
 # Bridge field -> Megatron-LM flag where the name is not the field's with '-' (None: read from elsewhere / dropped)
 FLAGS = {"model.num_moe_experts": "--num-experts", "model.hybrid_override_pattern": "--hybrid-layer-pattern",
+         "model.hybrid_layer_pattern": "--hybrid-layer-pattern",
          "model.num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
          "model.num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers",
          "model.vocab_size": None, "model.virtual_pipeline_model_parallel_size": None,
@@ -220,20 +249,23 @@ def _precision(mp: object) -> list[str]:
 
 def read_overrides(text: str, source: str, world_size: int | None = None, cluster=None):
     """The ``Imported`` plan of a YAML of hybrid overrides: the plan Megatron-LM's reader makes of their command
-    line (``settings``: Megatron-Bridge on megatron-core 0.16), checked field by field against what that plan
-    exports."""
+    line (``settings``: Megatron-Bridge on megatron-core 0.16; a v0.6.0 ``hybrid_layer_pattern`` with '|' cuts:
+    Megatron-LM core_v0.19's reader, megatron-core 0.19), checked field by field against what that plan exports."""
     from .importer import read_megatron
     ov, world = parse_yaml(text, source)
-    if "hybrid_override_pattern" not in (ov.get("model") or {}):
+    pipes = "hybrid_layer_pattern" in (ov.get("model") or {})
+    if not pipes and "hybrid_override_pattern" not in (ov.get("model") or {}):
         raise NotExpressible(f"{source}: no model.hybrid_override_pattern; aceso reads back the overrides of hybrid "
                              "(Nemotron-H / Nemotron-3) recipes only")
     world = world_size or world
     if world is None:
         raise NotExpressible(f"{source}: no torchrun line with the world size; give --world-size")
-    imp = read_megatron(shlex.join(to_argv(ov)), source, world_size=world, cluster=cluster, version=READ_RELEASE)
-    settings = imp.plan.settings.model_copy(update={"framework": "megatron-bridge", "release": BRIDGE_CORE})
+    imp = read_megatron(shlex.join(to_argv(ov)), source, world_size=world, cluster=cluster,
+                        version=PIPES_CORE if pipes else READ_RELEASE)
+    settings = imp.plan.settings.model_copy(update={"framework": "megatron-bridge",
+                                                    "release": PIPES_CORE if pipes else BRIDGE_CORE})
     imp = dataclasses.replace(imp, plan=imp.plan.model_copy(update={"settings": settings}))
-    _, _, back = overrides(imp.plan)
+    _, _, back = overrides(imp.plan, pipes)
     for section, fields in ov.items():
         if section == "mixed_precision":
             continue                      # read as --bf16 / --fp16 above

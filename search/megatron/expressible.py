@@ -51,7 +51,8 @@ def megatron_config(plan: ParallelPlan, chunk_layers: tuple[int, ...] | None = N
     """The plan in Megatron-LM's terms; ``NotExpressible`` (an ``AcesoError``, exit 2) when it has none.
     ``chunk_layers`` / ``recompute``: the split and setting of another layer form, already checked (the hybrid
     pattern's, ``hybrid_pattern.py``), instead of whole GPT layers'."""
-    if plan.model.mamba is not None and chunk_layers is None:
+    from .hybrid_pattern import runs_as_pattern
+    if runs_as_pattern(plan.model) and chunk_layers is None:
         raise NotExpressible(f"model.mamba: {plan.model.name} has Mamba-2 layers, which pretrain_gpt.py does not "
                              "build; export the plan with --hybrid-pattern (pretrain_hybrid.py --hybrid-layer-pattern "
                              "with '|' stage cuts)")

@@ -16,14 +16,23 @@ Megatron-LM core_v0.16.1, megatron/training/training.py ``num_floating_point_ope
     logits    h V (mtp + 1)       (V: the padded vocabulary)
 
 Only ``--swiglu`` counts the gated MLP as 3 GEMMs (Megatron-LM's rule: ``--quick-geglu`` counts 2).
+
+LatentMoE (``--moe-latent-size`` l): core_v0.16.1's ``transformer_flops`` counts the routed experts at the hidden
+width as above (only its ``hybrid_flops`` knows l); from core_v0.17 (0.17.1, 0.18.2, 0.19.0 alike) it counts them
+at the latent width plus the latent up / down projections: ``h (moe_ffn x topk x e x l / h + 2 l)`` per MoE layer
+(``release``, default 0.16).
 """
 
 from __future__ import annotations
 
+LATENT_SINCE = (0, 17)      # transformer_flops counts --moe-latent-size
 
-def num_floating_point_operations(m, batch_size: int, padded_vocab: int | None = None) -> float:
+
+def num_floating_point_operations(m, batch_size: int, padded_vocab: int | None = None,
+                                  release: tuple[int, int] = (0, 16)) -> float:
     """Megatron-LM core_v0.16.1's ``num_floating_point_operations(args, batch_size)`` for ``ModelSpec`` ``m``
-    (``padded_vocab``: Megatron-LM's padded vocabulary, default ``m.padded_vocab_size``)."""
+    (``padded_vocab``: Megatron-LM's padded vocabulary, default ``m.padded_vocab_size``; ``release``: the
+    Megatron-LM (major, minor) whose count, 0.17 on: LatentMoE's latent width)."""
     h, s, n = m.hidden_size, m.seq_length, m.num_attention_heads
     ffe = 3 if m.activation == "swiglu" else 2
     mtp = m.mtp_num_layers or 0
@@ -37,6 +46,9 @@ def num_floating_point_operations(m, batch_size: int, padded_vocab: int | None =
         moe_layers += last_moe * mtp
         topk, moe_ffn = e.moe_router_topk, e.moe_ffn_hidden_size or m.ffn_hidden_size
         shared = e.moe_shared_expert_intermediate_size or 0
+    routed = moe_ffn * topk * ffe
+    if e is not None and e.moe_latent_size and release >= LATENT_SINCE:
+        routed = routed * e.moe_latent_size / h + 2 * e.moe_latent_size
     if m.mla is not None:
         a = m.mla
         qk = a.qk_head_dim + a.qk_pos_emb_head_dim
@@ -47,7 +59,7 @@ def num_floating_point_operations(m, batch_size: int, padded_vocab: int | None =
         q, k = m.head_dim * n, m.head_dim * m.groups
         attn = 6 * (h * (q + 2 * k) + q * s / 2 * 2 + q * h)
     vocab = padded_vocab or m.padded_vocab_size
-    per_token = (6 * h * (m.ffn_hidden_size * ffe * dense + moe_ffn * topk * ffe * moe_layers
+    per_token = (6 * h * (m.ffn_hidden_size * ffe * dense + routed * moe_layers
                           + shared * ffe * moe_layers)
                  + attn * (m.num_layers + mtp) + 6 * mtp * (3 * h + 2 * h * h)
                  + 6 * h * vocab * (mtp + 1))

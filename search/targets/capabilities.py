@@ -134,6 +134,18 @@ def t5_on_bridge(model, low) -> str | None:
             "(pretrain_t5.py)")
 
 
+def hybrid_on_bridge(plan, device) -> str | None:
+    """A hybrid (Mamba-2) model's plan on Megatron-Bridge: '|' stage cuts at any layer from v0.6.0
+    (``HybridModelProvider`` passes ``hybrid_layer_pattern`` to megatron-core's ``HybridModel``; v0.3.1's
+    ``hybrid_override_pattern`` splits evenly or by first / last stage only: ``bridge_hybrid.py``); what v0.6.0's
+    provider does not run either (virtual pipeline stages, MTP as aceso writes it, another activation) is refused."""
+    if plan.model.mamba is None:
+        return None
+    from search.megatron.bridge_hybrid import PIPES, _refusal
+    why = _refusal(plan, pipes=True)
+    return f"--target megatron-bridge ({PIPES}): {why}" if why else None
+
+
 TABLE: tuple[Row, ...] = (
     Row("low-precision recipe (FP8 / FP4 linear GEMMs)", "model", {RUNTIME: rt.low_precision}, built=True),
     Row("GPT-OSS layer fields (softmax offset, quick GEGLU)", "model", {RUNTIME: rt.unbuilt_layers}),
@@ -160,6 +172,7 @@ TABLE: tuple[Row, ...] = (
     Row("optimizers other than Adam (Muon, dist_muon)", "plan", {RUNTIME: rt.optimizer}),
     Row("tp-pp-dp rank order, SHARP", "plan", {RUNTIME: rt.data_parallel}),
     Row("per-stage shapes, mid-layer cuts, per-unit recompute", "plan", {MEGATRON_LM: one_shape, BRIDGE: one_shape}),
+    Row("hybrid stage cuts at any layer (Bridge from v0.6.0)", "plan", {BRIDGE: hybrid_on_bridge}),
 )
 
 

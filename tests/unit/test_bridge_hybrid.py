@@ -144,3 +144,56 @@ def test_a_hybrid_models_moe_layers_are_its_patterns_e_layers():
     nano = load_model("nemotron-3-nano")
     assert moe_config(nano)["moe_layer_freq"] == [int(c == "E") for c in NANO[0]]
     assert sum(moe_config(nano)["moe_layer_freq"]) == 23
+
+
+# ----- Bridge v0.6.0: hybrid_layer_pattern with '|' cuts (HybridModelProvider -> megatron-core HybridModel) -------
+def _cli_pipes(plan, tmp_path, *extra):
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    out = tmp_path / "o.yaml"
+    rc = main(["export", str(path), "--to", "megatron-bridge", "--hybrid-pattern", "-o", str(out), *extra])
+    return rc, out
+
+
+def test_an_uneven_hybrid_split_exports_as_bridge_0_6_s_pipe_cuts_and_imports_back(tmp_path, capsys):
+    """10 | 20 | 10 | 12 hybrid layers: v0.3.1 refuses it (above); v0.6.0's HybridModel gives pipeline rank r the
+    r-th '|' segment (megatron-core 0.19 ``select_pipeline_segment``), so the pattern is the preset's, cut at the
+    plan's stage bounds, and ``num_layers`` counts the layers without the pipes (``get_hybrid_total_layer_count``)."""
+    nano = load_model("nemotron-3-nano")
+    plan = cut_plan(nano, [0, 10, 30, 40, 52], 4, tp=2, sp=True, gbs=16)
+    rc, yaml = _cli_pipes(plan, tmp_path)
+    assert rc == 0, capsys.readouterr().err
+    text = yaml.read_text()
+    assert "Megatron-Bridge v0.6.0 overrides" in text
+    p = NANO[0]
+    want = "|".join([p[0:10], p[10:30], p[30:40], p[40:52]])
+    assert f"  hybrid_layer_pattern: {json.dumps(want)}\n" in text
+    ov = overrides(plan, pipes=True)[2]
+    m = ov["model"]
+    assert m["num_layers"] == 52 and "hybrid_override_pattern" not in m
+    assert "num_layers_in_first_pipeline_stage" not in m and "num_layers_in_last_pipeline_stage" not in m
+    # megatron-core 0.19's NullTokenizer counts its EOD token (0.16.1's adds one: V - 1 for v0.3.1)
+    assert ov["tokenizer"]["vocab_size"] == nano.vocab_size
+    assert ov["mixed_precision"]["bf16"] is True and ov["mixed_precision"]["grad_reduce_in_fp32"] is False
+    back = tmp_path / "back.json"
+    assert main(["import", str(yaml), "--from", "megatron-bridge", "-o", str(back)]) == 0
+    from search.spec.plan import load_plan
+    got = load_plan(str(back))
+    assert got.model == plan.model and got.stages == plan.stages
+    assert (got.settings.framework, got.settings.release) == ("megatron-bridge", "0.19")
+    assert overrides(got, pipes=True)[2] == ov
+
+
+def test_what_bridge_0_6_does_not_run_is_refused_naming_it(tmp_path, capsys):
+    from search.targets.capabilities import plan_refusal
+    h8 = load_model("nemotron-h-8b")
+    vpp = cut_plan(h8, [0, 13, 26, 39, 52], 2)
+    rc, out = _cli_pipes(vpp, tmp_path)
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "v0.6.0" in err and "virtual pipeline" in err and not out.exists()
+    assert "v0.6.0" in plan_refusal(vpp, "megatron-bridge")
+    uneven = cut_plan(h8, [0, 10, 30, 40, 52], 4)
+    assert plan_refusal(uneven, "megatron-bridge") is None      # the capability row: v0.6.0 runs the cuts
+    llama = load_model("llama3-8b")
+    rc, out = _cli_pipes(cut_plan(llama, [0, llama.num_units], 1), tmp_path)   # no Mamba: not a Bridge form
+    assert rc == 2 and "--hybrid-pattern" in capsys.readouterr().err and not out.exists()
