@@ -127,6 +127,22 @@ def one_shape(plan, device) -> str | None:
     return check_expressible(plan)
 
 
+def bridge_hybrid_layout(plan, device) -> str | None:
+    """What ``aceso export --to megatron-bridge`` writes of a hybrid model's plan: the Bridge export's own check
+    (``megatron.bridge_hybrid.hybrid_config``: its MambaStack's split, no virtual pipeline, no full recompute, no
+    MTP), so the search for this target returns only plans that export (and follows the export when it learns
+    more, e.g. '|' cuts of a newer Bridge)."""
+    if not plan.model.hybrid_layer_pattern:
+        return None
+    from search.megatron.bridge_hybrid import hybrid_config
+    from search.megatron.config import NotExpressible
+    try:
+        hybrid_config(plan)
+    except NotExpressible as e:
+        return str(e)
+    return None
+
+
 def t5_on_bridge(model, low) -> str | None:
     if not model.is_t5:
         return None
@@ -159,6 +175,7 @@ TABLE: tuple[Row, ...] = (
     Row("optimizers other than Adam (Muon, dist_muon)", "plan", {RUNTIME: rt.optimizer}),
     Row("tp-pp-dp rank order, SHARP", "plan", {RUNTIME: rt.data_parallel}),
     Row("per-stage shapes, mid-layer cuts, per-unit recompute", "plan", {MEGATRON_LM: one_shape, BRIDGE: one_shape}),
+    Row("hybrid layouts (VPP, uneven or '|' splits, full recompute, MTP)", "plan", {BRIDGE: bridge_hybrid_layout}),
 )
 
 
