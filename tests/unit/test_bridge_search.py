@@ -48,6 +48,7 @@ def test_a_bridge_search_returns_only_plans_the_bridge_export_writes(tmp_path, c
         assert hybrid_config(plan) is not None and plan_refusal(plan, "megatron-bridge") is None
     else:
         assert rc == 2 and err.count("\n") == 1 and not out.exists(), err
+        assert "no plan megatron-bridge runs fits" in err and "recompute full" in err, err
 
 
 def test_a_bridge_search_plan_exports(tmp_path, capsys):
