@@ -41,7 +41,8 @@ LONG_SEQUENCE = 8192          # context parallelism is a candidate by default fr
 DEFAULT_CP = [1, 2, 4, 8]
 DEFAULT_VIRTUAL = None        # model chunks per stage: every degree Megatron-LM accepts (space.virtual_degrees)
 SWITCH = {"auto": None, "on": True, "off": False}
-SPACE_TARGET = {"aceso": "aceso", "megatron-lm": "megatron-lm", "megatron-bridge": "megatron-lm"}  # --target -> space
+# --target -> space (megatron-bridge: the Megatron-LM space, each plan also passing Bridge's capability rules)
+SPACE_TARGET = {"aceso": "aceso", "megatron-lm": "megatron-lm", "megatron-bridge": "megatron-bridge"}
 
 
 def add_training_args(p: argparse.ArgumentParser) -> None:

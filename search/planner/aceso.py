@@ -172,7 +172,7 @@ class StageCountSearch:
     """The Aceso loop for one number of stages."""
 
     def __init__(self, cm, gbs: int, space: Space, S: int, budget: Budget, opts: SearchOptions):
-        self.ev = Evaluator(cm, gbs, budget, space.target, space.moe)
+        self.ev = Evaluator(cm, gbs, budget, space.evaluator_target, space.moe)
         self.ctx = Ctx(space, self.ev)
         self.S, self.opts, self.limit = S, opts, self.ev.limit
         self.result = StageCountResult(S)
@@ -389,7 +389,7 @@ class SearchResult:
 def search(cm, gbs: int, space: Space, opts: SearchOptions, top_k: int = 1) -> SearchResult:
     """Run the whole search; returns the best plans found (possibly none fits: check ``plans[0].fits``)."""
     t0 = time.monotonic()
-    probe = Ctx(space, Evaluator(cm, gbs, None, space.target, space.moe))  # stage counts without a start get no budget
+    probe = Ctx(space, Evaluator(cm, gbs, None, space.evaluator_target, space.moe))  # stage counts without a start get no budget
     seeded = {s.num_stages for s in opts.seeds if space.legal(space.start_of(s))}
     counts = [S for S in stage_counts(space, opts) if S in seeded or initial_states(probe, S)] or [1]
     per = max(opts.budget_evals // len(counts), MIN_PER_COUNT)
@@ -470,7 +470,7 @@ def candidates_over_time(results: list[StageCountResult], n: int) -> list[Evalua
 
 
 def _finish(cm, gbs, space, opts, results, top_k, t0, interrupted) -> SearchResult:
-    ev = Evaluator(cm, gbs, None, space.target, space.moe)
+    ev = Evaluator(cm, gbs, None, space.evaluator_target, space.moe)
     cands = [e for r in results for e in r.best]
     # the seeds as given (the uniform baseline, a published plan) are always final candidates: the best seen is
     # kept even where a stage count's three best are plans the target's final check refuses, or stage counts never
@@ -481,7 +481,8 @@ def _finish(cm, gbs, space, opts, results, top_k, t0, interrupted) -> SearchResu
     polished = 0
     if not interrupted:
         ctx = Ctx(space, ev)
-        disp = Dispatchers(cm, gbs, space.target, space.moe, expressible if space.target == "megatron-lm" else None,
+        accept = (lambda _ev, c: expressible(ev, c)) if space.target == "megatron-lm" else None   # ev: runs_on
+        disp = Dispatchers(cm, gbs, space.target, space.moe, accept,
                            stacks=[s.features.stack for s in opts.seeds if s.features.stack is not None])
         out = []
         op_level = not has_unit_tables(cm) and space.target != "megatron-lm"   # one setting per plan there

@@ -76,9 +76,10 @@ def plan_search(cm, training, opts: SearchOptions, top_k: int = 1, baseline: Bas
     return search(cm, training.global_batch_size, space, opts, top_k), space
 
 
-def plan_baseline(cm, training, runs: str = "megatron-lm") -> BaselineResult | None:
-    """The best uniform Megatron-LM configuration; ``runs``: the target that runs it (``best_uniform``)."""
-    space = make_space(cm, training, "megatron-lm")
+def plan_baseline(cm, training, runs: str = "megatron-lm", space_target: str = "megatron-lm") -> BaselineResult | None:
+    """The best uniform Megatron-LM configuration; ``runs``: the target that runs it (``best_uniform``);
+    ``space_target``: ``megatron-bridge`` keeps to what Megatron-Bridge also runs."""
+    space = make_space(cm, training, space_target)
     return best_uniform(cm, training.global_batch_size, space, cm.model, runs)
 
 
@@ -165,14 +166,16 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
     """Uniform baseline, then the Megatron-LM search, then the heterogeneous search (see the module docstring);
     the Megatron-LM line's cuts also at any unit as a hybrid pattern (``hybrid_cuts.py``; ``release``: the
     ``--release`` whose Megatron-LM runs it, None: the newest)."""
+    mlm_space = target if target == "megatron-bridge" else "megatron-lm"   # Bridge: the Megatron-LM space, its rules
+    target = "megatron-lm" if target == "megatron-bridge" else target
     if target != "megatron-lm":
         training = runtime_training(training)
-    base = plan_baseline(cm, training)
+    base = plan_baseline(cm, training, space_target=mlm_space)
     fitting = base if base is not None and base.fits else None
     share = max(int(opts.budget_evals * SECONDARY_SHARE), 1)
     o1 = copy.copy(opts)
     o1.budget_evals = opts.budget_evals if target == "megatron-lm" else share
-    mlm, space = plan_search(cm, training, o1, top_k if target == "megatron-lm" else 1, fitting, "megatron-lm")
+    mlm, space = plan_search(cm, training, o1, top_k if target == "megatron-lm" else 1, fitting, mlm_space)
     if fitting is not None:   # the uniform configuration is a Megatron-LM plan: line 2 never slower than line 1
         _never_worse(mlm, fitting.evaluation)
     pattern, why = _pattern_line(cm, training, space, [fitting.evaluation if fitting else None] + mlm.plans[:1],

@@ -193,7 +193,7 @@ def best_uniform(cm, gbs: int, space: Space, model, runs: str = "megatron-lm") -
     """Best fitting uniform configuration, or the one with the least memory when none fits (iteration inf).
     ``runs``: who runs it (``aceso``: the aceso runtime, whose stack choices the MoE refinement keeps to)."""
     mspace = space if space.target == "megatron-lm" else replace(space, target="megatron-lm")
-    ev = Evaluator(cm, gbs, None, "megatron-lm", mspace.moe)
+    ev = Evaluator(cm, gbs, None, mspace.evaluator_target, mspace.moe)
     cands, least = [], None
     for st, layers in uniform_states(mspace, model):
         lb, mem = _bound(ev, st)
@@ -219,7 +219,7 @@ def best_uniform(cm, gbs: int, space: Space, model, runs: str = "megatron-lm") -
         st, layers = (least[1], least[2]) if least is not None else (cands[0][1], cands[0][2])
         return BaselineResult(ev.evaluate(st, charge=False, exact=True), layers, n)
     done.sort(key=lambda x: (x[0].score, x[0].state))
-    disp = Dispatchers(cm, gbs, runs, mspace.moe, expressible)
+    disp = Dispatchers(cm, gbs, runs, mspace.moe, lambda _ev, c: expressible(ev, c))
     refined = []        # MoE: the refined configurations, for the dispatcher choice below
     for e, layers in done[:REFINE_TOP]:    # every combination of the plan-level switches on the best few
         for st in _variants(mspace, e.state):

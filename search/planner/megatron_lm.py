@@ -130,7 +130,7 @@ def best_setting(ev, state, exact: bool = False):
         return all(s.cost.fits for s in stages)
     none = priced(NONE_SETTING)
     if fits(none):
-        return _evaluation(ev, state, none, NONE_SETTING, exact)
+        return _accepted(ev, _evaluation(ev, state, none, NONE_SETTING, exact))
     off = offloaded(ev, state, spans, firsts)
     cands = []
     if not ev.no_full:      # full recompute (and its blocks) is refused under the MoE EP overlap
@@ -146,7 +146,7 @@ def best_setting(ev, state, exact: bool = False):
     if ev.no_full:
         if not cands and not off:
             return _evaluation(ev, state, none, NONE_SETTING, exact)
-        return _best(ev, state, cands, off, exact)
+        return _accepted(ev, _best(ev, state, cands, off, exact))
     need = 1
     for i in range(S):  # each stage's smallest block N, by bisection
         lo, hi = need, max(chunk_layers(model, spans[i]))
@@ -162,7 +162,16 @@ def best_setting(ev, state, exact: bool = False):
     blk = priced(block(need))
     if fits(blk):
         cands.append((block(need), blk))
-    return _best(ev, state, cands, off, exact)
+    return _accepted(ev, _best(ev, state, cands, off, exact))
+
+
+def _accepted(ev, e):
+    """``e``, or ``e`` as not fitting where the search's target does not run it (``ev.runs_on`` other than
+    Megatron-LM: its capability rules, e.g. Bridge's hybrid split), so the search moves away from it."""
+    if e is None or not e.fits or ev.runs_on == "megatron-lm" or expressible(ev, e):
+        return e
+    e.fits, e.iteration_ms = False, float("inf")
+    return e
 
 
 def _best(ev, state, cands, off, exact: bool):
@@ -171,14 +180,17 @@ def _best(ev, state, cands, off, exact: bool):
     M = ev.gbs // state.mbs
     cands = [(s, stages, state) for s, stages in cands] + ([(NONE_SETTING, off[1], off[0])] if off else [])
     bounds = [lower_bound([x.cost for x in stages], M)[0] for _, stages, _ in cands]
-    best = None
+    best = refused = None
     for lb, (s, stages, st) in sorted(zip(bounds, cands), key=lambda c: (c[0], c[1][0].label)):
         if best is not None and lb >= best.iteration_ms:
             continue
         e = _evaluation(ev, st, stages, s, exact)
+        if ev.runs_on != "megatron-lm" and e.fits and not expressible(ev, e):
+            refused = refused or e      # a setting the target refuses (Bridge's MambaStack: no full recompute)
+            continue
         if best is None or (e.score, e.setting.label) < (best.score, best.setting.label):
             best = e
-    return best
+    return best or refused
 
 
 def offloaded(ev, state, spans, firsts):
@@ -228,8 +240,14 @@ def problem(plan) -> str | None:
 
 
 def expressible(ev, e) -> bool:
-    """Whether an evaluation's plan passes ``check_expressible`` (``ev``: the Evaluator that priced it)."""
+    """Whether an evaluation's plan passes ``check_expressible`` (``ev``: the Evaluator that priced it); for a
+    search whose plans Megatron-Bridge runs (``ev.runs_on``), the capability table's rules for that target
+    (``capabilities.plan_refusal``: the Bridge export's own checks)."""
     from .state import to_plan
     cm = ev.cm
     plan = to_plan(e, cm.model, cm.cluster, ev.gbs, getattr(cm, "kind", "analytic"), predicted=False)
-    return check_expressible(plan) is None
+    runs_on = getattr(ev, "runs_on", "megatron-lm")
+    if runs_on == "megatron-lm":
+        return check_expressible(plan) is None
+    from search.targets.capabilities import plan_refusal
+    return plan_refusal(plan, runs_on) is None

@@ -248,8 +248,20 @@ def infeasible_hint(best: Evaluation | None, cm, cluster, training, space) -> st
                 f"sizes {list(space.batches)}; check --micro-batch-sizes and the cluster")
     if best.max_memory_mb == float("inf"):
         return "no plan fits in memory: no plan could be priced"
+    if space.runs_on and best.max_memory_mb <= cm.memory_limit_mb:   # it fits, but its target does not run it
+        return _target_refuses(best, cm, training, space.runs_on)
     return memory_fix("no plan fits in memory: the best plan found", best.max_memory_mb, cm, cluster, training,
                       space.batches)
+
+
+def _target_refuses(best: Evaluation, cm, training, runs_on: str) -> str:
+    """One line: the plans that fit are ones ``runs_on`` refuses (its capability rules), the best one's reason."""
+    from search.targets.capabilities import plan_refusal
+    from .state import to_plan
+    plan = to_plan(best, cm.model, cm.cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
+                   predicted=False)
+    return (f"no plan {runs_on} runs fits in memory: the best plan found that fits is one it refuses "
+            f"({plan_refusal(plan, runs_on)}); search with --target megatron-lm, or give more GPUs")
 
 
 def min_gpus(model, training, usable_mb: float) -> int:

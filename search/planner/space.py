@@ -115,7 +115,7 @@ def virtual_degrees(model, target: str) -> tuple[int, ...]:
     layers per rank. So every v from 1 up to one layer per chunk on two stages (aceso target: one unit), at most
     ``MAX_VIRTUAL``; ``Space.legal`` keeps S v chunks within the layers (units) of the state and, for these default
     degrees, within ``MAX_CHUNKS`` (bounded search time; no degree is excluded for models up to 128 layers)."""
-    top = len(model.layer_starts) - 1 if target == "megatron-lm" else model.num_units
+    top = len(model.layer_starts) - 1 if target in ("megatron-lm", "megatron-bridge") else model.num_units
     return tuple(range(1, max(min(top // 2, MAX_VIRTUAL, MAX_CHUNKS // 2), 1) + 1))
 
 
@@ -163,6 +163,7 @@ class Space:
     #                                                  the loss (ChunkSpec.holds_only: GPT-style models, no MTP)
     bad_tp_cp: frozenset[tuple[int, int]] = frozenset()   # (tp, cp) a model's layers refuse (Mamba-2 heads and
     #                                                  groups per TP and CP rank: search.layers.mamba.cp_refusal)
+    runs_on: str = ""                   # megatron-bridge: a Megatron-LM space whose plans Bridge must also run
 
     @classmethod
     def of(cls, model, cluster, training, micro_batch_sizes=None, priced=frozenset(), target: str = "aceso",
@@ -170,8 +171,9 @@ class Space:
         """``priced``: what the cost model prices beyond a v1 plan (``CostModel.features``; empty for compat);
         ``moe``: the MoE settings every state runs with (``MoEPlanSettings``; None: the defaults);
         ``expert_shapes``: the (tp, ep, etp, dispatcher) the cost model prices (``ExpertSpace.of``; None: all)."""
-        if target not in TARGETS:
-            raise AcesoError(f"--target {target}: choose one of {', '.join(TARGETS)}")
+        if target not in TARGETS + ("megatron-bridge",):
+            raise AcesoError(f"--target {target}: choose one of {', '.join(TARGETS)}, megatron-bridge")
+        runs_on, target = ("megatron-bridge", "megatron-lm") if target == "megatron-bridge" else ("", target)
         priced = frozenset(priced)
         tps, t = [], 1
         while t <= cluster.nvlink_size:
@@ -227,7 +229,12 @@ class Space:
                    constraints.pipeline_sizes(model, cluster, training),
                    MAX_CHUNKS if training.virtual_stages is None else 0, experts, moe if experts else None,
                    empty_ends=(not model.is_t5, not model.is_t5 and not model.mtp_num_layers),
-                   bad_tp_cp=_bad_tp_cp(model, tps, cps))
+                   bad_tp_cp=_bad_tp_cp(model, tps, cps), runs_on=runs_on)
+
+    @property
+    def evaluator_target(self) -> str:
+        """The ``Evaluator`` target of this space's plans: ``megatron-bridge`` for a Bridge search, else its own."""
+        return self.runs_on or self.target
 
     @functools.cached_property
     def v_set(self) -> frozenset[int]:

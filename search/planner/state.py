@@ -158,7 +158,9 @@ class Evaluator:
         self.moe = moe      # MoE models: the plan's MoEPlanSettings, passed to a cost model that takes them
         self.gbs = global_batch_size
         self.budget = budget
-        self.target = target
+        # megatron-bridge: the Megatron-LM search, its plans also passing Bridge's capability rules (runs_on)
+        self.runs_on = target if target != "aceso" else "megatron-lm"
+        self.target = "megatron-lm" if target == "megatron-bridge" else target
         self.limit = float(cost_model.memory_limit_mb)
         self.cutoff = INF
         self._stages: dict[tuple, StageEval] = {}

@@ -127,23 +127,38 @@ def one_shape(plan, device) -> str | None:
     return check_expressible(plan)
 
 
+def bridge_hybrid_layout(plan, device) -> str | None:
+    """What ``aceso export --to megatron-bridge`` writes of a hybrid model's plan, the export's own checks
+    (``megatron.bridge_hybrid.hybrid_config``): Bridge v0.3.1's MambaStack split, else v0.6.0's '|' cuts at any
+    layer (``HybridModelProvider`` passes ``hybrid_layer_pattern`` to megatron-core's ``HybridModel``); what neither
+    runs (virtual pipeline stages, full recompute, MTP as aceso writes it, another activation, GDN layers) is
+    refused, so the search for this target returns only plans that export."""
+    from search.layers.hybrid import export_refusal
+    from search.megatron.hybrid_pattern import runs_as_pattern
+    if not runs_as_pattern(plan.model):
+        return None
+    why = export_refusal(plan.model, "megatron-bridge")
+    if why:
+        return why
+    from search.megatron.bridge_hybrid import hybrid_config
+    from search.megatron.config import NotExpressible
+    try:
+        hybrid_config(plan)
+        return None
+    except NotExpressible:
+        pass
+    try:
+        hybrid_config(plan, pipes=True)
+    except NotExpressible as e:
+        return str(e)
+    return None
+
+
 def t5_on_bridge(model, low) -> str | None:
     if not model.is_t5:
         return None
     return ("--target megatron-bridge: Megatron-Bridge v0.3.1 has no T5 pretraining recipe; use --target megatron-lm "
             "(pretrain_t5.py)")
-
-
-def hybrid_on_bridge(plan, device) -> str | None:
-    """A hybrid (Mamba-2) model's plan on Megatron-Bridge: '|' stage cuts at any layer from v0.6.0
-    (``HybridModelProvider`` passes ``hybrid_layer_pattern`` to megatron-core's ``HybridModel``; v0.3.1's
-    ``hybrid_override_pattern`` splits evenly or by first / last stage only: ``bridge_hybrid.py``); what v0.6.0's
-    provider does not run either (virtual pipeline stages, MTP as aceso writes it, another activation) is refused."""
-    if plan.model.mamba is None:
-        return None
-    from search.megatron.bridge_hybrid import PIPES, _refusal
-    why = _refusal(plan, pipes=True)
-    return f"--target megatron-bridge ({PIPES}): {why}" if why else None
 
 
 TABLE: tuple[Row, ...] = (
@@ -172,7 +187,8 @@ TABLE: tuple[Row, ...] = (
     Row("optimizers other than Adam (Muon, dist_muon)", "plan", {RUNTIME: rt.optimizer}),
     Row("tp-pp-dp rank order, SHARP", "plan", {RUNTIME: rt.data_parallel}),
     Row("per-stage shapes, mid-layer cuts, per-unit recompute", "plan", {MEGATRON_LM: one_shape, BRIDGE: one_shape}),
-    Row("hybrid stage cuts at any layer (Bridge from v0.6.0)", "plan", {BRIDGE: hybrid_on_bridge}),
+    Row("hybrid layouts on Bridge (v0.3.1's even split; '|' cuts from v0.6.0; no VPP, full recompute, MTP)", "plan",
+        {BRIDGE: bridge_hybrid_layout}),
 )
 
 

@@ -84,9 +84,12 @@ def _refused(plan, tmp_path, capsys, *words):
 
 def test_what_megatron_core_0_16_cannot_place_is_refused_in_one_line(tmp_path, capsys):
     h8 = load_model("nemotron-h-8b")
-    _refused(cut_plan(h8, [0, 10, 30, 40, 52], 4), tmp_path, capsys, "10/20/10/12", "evenly", "--hybrid-pattern")
+    uneven = tmp_path / "uneven.json"          # v0.3.1 splits evenly: written for v0.6.0's '|' cuts, said so
+    uneven.write_text(cut_plan(h8, [0, 10, 30, 40, 52], 4).to_json())
+    assert main(["export", str(uneven), "--to", "megatron-bridge", "-o", str(tmp_path / "u.yaml")]) == 0
+    assert "written for Megatron-Bridge v0.6.0" in capsys.readouterr().err
+    assert "hybrid_layer_pattern" in (tmp_path / "u.yaml").read_text()
     _refused(cut_plan(h8, [0, 13, 26, 39, 52], 2), tmp_path, capsys, "virtual pipeline", "--hybrid-pattern")
-    _refused(cut_plan(h8, [0, 26, 52], 2, rc="full"), tmp_path, capsys, "recompute full", "MambaStack")
     d = h8.model_dump()
     mtp = type(h8).model_validate({**d, "name": "custom", "aceso_db_key": None, "nominal_params_b": None,
                                    "hybrid_layer_pattern": d["hybrid_layer_pattern"] + "/*-", "mtp_num_layers": 1})

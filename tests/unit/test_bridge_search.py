@@ -1,0 +1,69 @@
+"""``aceso search --target megatron-bridge`` on a hybrid model searches what Megatron-Bridge runs (the capability
+table's Bridge rules, search/targets/capabilities.py ``bridge_hybrid_layout``: the Bridge export's own check), so it
+never returns a plan ``aceso export --to megatron-bridge`` refuses. Before, it searched the Megatron-LM space and
+returned, e.g., a full-recompute Nemotron-H 56B plan that Bridge v0.3.1's MambaStack cannot run."""
+
+from __future__ import annotations
+
+from search.cli import main
+from search.megatron.bridge_hybrid import hybrid_config
+from search.megatron import NotExpressible
+from search.spec.plan import ParallelPlan
+from search.spec.presets import load_model
+from search.targets.capabilities import plan_refusal
+from tests.hybrid_plans import cut_plan
+
+
+def test_the_capability_table_says_what_the_bridge_export_refuses():
+    """The table's Bridge rule is the export's own check: Bridge v0.3.1's MambaStack split, else v0.6.0's '|' cuts
+    (the export writes those when v0.3.1 cannot split the plan); what neither runs is refused with v0.6.0's words."""
+    h8 = load_model("nemotron-h-8b")
+    for plan, words in ((cut_plan(h8, [0, 13, 26, 39, 52], 2), "virtual pipeline"),):
+        why = plan_refusal(plan, "megatron-bridge")
+        assert why is not None and words in why, why
+        for pipes in (False, True):
+            try:
+                hybrid_config(plan, pipes=pipes)
+                raise AssertionError("the export writes a plan the table refuses")
+            except NotExpressible as e:
+                if pipes:
+                    assert str(e) == why
+        assert plan_refusal(plan, "megatron-lm") is None     # Megatron-LM runs each ('|' cuts, VPP, full)
+    # v0.3.1 splits evenly and checkpoints no Mamba layer; v0.6.0 (megatron-core 0.19) cuts with '|' and recomputes
+    for plan in (cut_plan(h8, [0, 10, 30, 40, 52], 4), cut_plan(h8, [0, 26, 52], 2, rc="full")):
+        assert plan_refusal(plan, "megatron-bridge") is None and hybrid_config(plan, pipes=True) is not None
+    assert plan_refusal(cut_plan(h8, [0, 26, 52], 2, tp=2, dp=2, sp=True, gbs=32), "megatron-bridge") is None
+
+
+def _search(tmp_path, capsys, *argv):
+    out = tmp_path / "p.json"
+    rc = main(["search", *argv, "--target", "megatron-bridge", "--workers", "1", "-o", str(out)])
+    _, err = capsys.readouterr()
+    return rc, err, out
+
+
+def test_a_bridge_search_returns_only_plans_the_bridge_export_writes(tmp_path, capsys):
+    """Nemotron-H 56B on 16 H100s, global batch 32: the Megatron-LM space's best is pp 2 with full recompute (the
+    old Bridge search returned it and the export refused it: Bridge v0.3.1's MambaStack checkpoints no layer). Now
+    every plan it writes exports (v0.6.0's form where v0.3.1 cannot run it), or it says in one line that Bridge
+    runs none that fits."""
+    rc, err, out = _search(tmp_path, capsys, "--model", "nemotron-h-56b", "--cluster", "2x8-h100",
+                           "--global-batch-size", "32", "--budget-evals", "200")
+    if rc == 0:
+        plan = ParallelPlan.model_validate_json(out.read_text())
+        assert plan_refusal(plan, "megatron-bridge") is None
+        y = tmp_path / "b.yaml"
+        assert main(["export", str(out), "--to", "megatron-bridge", "-o", str(y)]) == 0, capsys.readouterr().err
+        assert "pattern" in y.read_text()
+    else:
+        assert rc == 2 and err.count("\n") == 1 and not out.exists(), err
+        assert "no plan megatron-bridge runs fits" in err, err
+
+
+def test_a_bridge_search_plan_exports(tmp_path, capsys):
+    rc, err, out = _search(tmp_path, capsys, "--model", "nemotron-h-8b", "--cluster", "1x8-h100",
+                           "--global-batch-size", "16", "--budget-evals", "60")
+    assert rc == 0, err
+    y = tmp_path / "b.yaml"
+    assert main(["export", str(out), "--to", "megatron-bridge", "-o", str(y)]) == 0
+    assert "hybrid_override_pattern" in y.read_text()
