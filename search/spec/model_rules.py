@@ -148,8 +148,7 @@ def config_fields(model) -> dict:
 
 SPEC_NAMES = {"num_moe_experts": "moe.num_experts", "multi_latent_attention": "mla",
               "group_query_attention": "num_query_groups",
-              "position_embedding_type": "position_embedding", "moe_router_load_balancing_type":
-              "moe.moe_aux_loss_coeff", "moe_router_pre_softmax": "a pre-softmax router"}
+              "position_embedding_type": "position_embedding", "moe_router_pre_softmax": "a pre-softmax router"}
 
 
 def spec_name(field: str) -> str:

@@ -93,6 +93,13 @@ def test_a_default_type_dumps_as_before_and_sinkhorn_refuses_a_coefficient():
         _moe(moe_router_load_balancing_type="sinkhorn", moe_aux_loss_coeff=0.01)
 
 
+def test_sinkhorn_with_a_capacity_names_the_spec_field():
+    """megatron-core's TransformerConfig refuses a capacity factor with sinkhorn (transformer_config.py:1105-1128);
+    the spec now says the type, so the refusal names its field."""
+    with pytest.raises(ValueError, match=r"not moe\.moe_router_load_balancing_type sinkhorn"):
+        _moe(moe_router_load_balancing_type="sinkhorn", moe_expert_capacity_factor=1.0)
+
+
 # ----- Megatron-LM both ways --------------------------------------------------------------------------------------
 @pytest.mark.skipif(not PUBLISHED.is_file(), reason="../shared/published (the shared reference data) is absent")
 def test_the_published_deepseek_line_keeps_its_seq_aux_loss():
