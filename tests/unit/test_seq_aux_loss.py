@@ -113,6 +113,17 @@ def test_the_published_deepseek_line_keeps_its_seq_aux_loss():
     assert float(_flag(line, "--moe-aux-loss-coeff")[0]) == 1e-4
 
 
+@pytest.mark.skipif(not PUBLISHED.is_file(), reason="../shared/published (the shared reference data) is absent")
+def test_the_type_is_the_runs_not_the_architectures():
+    """The same line with aux_loss is still DeepSeek-V3's architecture (the preset's name), run with aux_loss: the
+    type is a run setting, as the coefficient (search/megatron/model_args.py ``_MOE_RUN``)."""
+    row = _published_dsv3()
+    imp = read_megatron(row["args"].replace("seq_aux_loss", "aux_loss"), world_size=row["gpus"],
+                        version="core_v0.16.1")
+    assert imp.plan.model.name.startswith("deepseek-v3")
+    assert imp.plan.model.moe.moe_router_load_balancing_type == "aux_loss"
+
+
 @pytest.mark.parametrize("types, coeffs, want", [
     (["seq_aux_loss"], ["1e-3"], ("seq_aux_loss", 1e-3)),
     (["global_aux_loss"], ["1e-3"], ("global_aux_loss", 1e-3)),
