@@ -20,8 +20,10 @@ low-precision recipe, its quantize / amax kernels):
                     so a Mamba layer is priced uncaptured
     moe_router      ``TopKRouter.forward``: gating GEMM (+1 fp32 cast with moe_router_dtype), the forced-balance
                     random logits (2), score / top-k / scatter / scaling (7; group-limited top-k + 4; expert bias
-                    + 2), the aux-loss scores and loss (11), the expert-bias token count (1); ``moe_router_fusion``:
-                    the score / top-k and aux-loss steps in 4 fused kernels instead of 18
+                    + 2), the aux-loss scores and loss (11; ``seq_aux_loss``: + 1, its division by the micro-batch
+                    size: the per-sequence reshapes are views, router.py ``_apply_seq_aux_loss``), the expert-bias
+                    token count (1); ``moe_router_fusion``: the score / top-k and aux-loss steps in 4 fused kernels
+                    instead of 18 (the seq_aux_loss division stays outside them)
     moe_preprocess  ``MoEAlltoAllTokenDispatcher.preprocess``: token counts, their all-gather over the TP x EP
                     group, the split / sum / slice steps and the five host copies: 16 (padded to capacity: 5)
     moe_rest        permute (fused 2, unfused 6), the dispatch and combine all-to-alls, the chunk sort and unsort,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from search.layers.moe_flops import moe_flops
 from search.layers.moe_params import moe_unit_params
+from search.layers.moe_spec import AUX_LOSS_TYPES
 from .dense import _MLP_PARTS, mlp_offload
 from .kind import LayerKind, Row, register
 
@@ -33,9 +34,10 @@ def moe_launches(m, quantized: bool, n_local: int, moe=None) -> dict:
     e, s = m.moe, moe
     fused = bool(s and s.router_fusion)
     topk = 7 + (4 if e.moe_router_num_groups else 0) + (2 if e.moe_router_enable_expert_bias else 0)
-    aux = 11 if e.moe_aux_loss_coeff else 0
+    lb = e.lb_type
+    aux = 11 if lb in AUX_LOSS_TYPES else 0
     router = (1 + (1 if s and s.router_dtype else 0) + (2 if e.moe_router_force_load_balancing else 0)
-              + (4 if fused else topk + aux) + 1)
+              + (4 if fused else topk + aux) + (1 if lb == "seq_aux_loss" else 0) + 1)
     if e.moe_shared_expert_intermediate_size:
         router += 5 + 3 * q
     padded = e.moe_pad_expert_input_to_capacity

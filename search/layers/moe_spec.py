@@ -21,6 +21,10 @@ from search.io.errors import AcesoError
 from search.settings.moe_plan import drop_defaults
 
 MAX_EXPERTS = 1 << 14
+# megatron-core's load-balancing types (TransformerConfig moe_router_load_balancing_type); the three aux losses
+# take moe_aux_loss_coeff, sinkhorn refuses one (router.py ``sinkhorn_load_balancing``'s assert)
+LB_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
+AUX_LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss")
 MAX_MTP = 64
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
@@ -53,6 +57,11 @@ class MoESpec(BaseModel):
     moe_router_enable_expert_bias: bool = Field(False, description="Aux-loss-free balancing: a per-expert score "
                                                 "bias (a buffer, not a parameter; DeepSeek-V3).")
     moe_aux_loss_coeff: float = Field(0.0, ge=0, le=1, description="Load-balancing auxiliary loss coefficient.")
+    moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"] = \
+        Field("aux_loss", description="megatron-core's moe_router_load_balancing_type (Megatron-LM "
+              "--moe-router-load-balancing-type; default aux_loss, as both): aux_loss over the micro-batch, "
+              "seq_aux_loss per sequence (DeepSeek-V3), global_aux_loss over the global batch, sinkhorn routing "
+              "(needs coefficient 0), none. An aux-loss type at coefficient 0 runs as none (``lb_type``).")
     moe_expert_capacity_factor: float | None = Field(
         None, gt=0, le=1024, description="Token dropping: each expert takes at most this factor times its even "
         "share of tokens; None = dropless (megatron-core's default; a negative factor, as megatron-core reads "
@@ -77,8 +86,12 @@ class MoESpec(BaseModel):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):
-        """Without ``moe_latent_size`` when unset: a model without LatentMoE dumps (and a plan digests) as before."""
-        return drop_defaults(handler(self), {"moe_latent_size": None})
+        """Without ``moe_latent_size`` when unset and the load-balancing type at its default: such a model dumps (and a
+        plan digests) as before."""
+        out = drop_defaults(handler(self), {"moe_latent_size": None})
+        if isinstance(out, dict) and out.get("moe_router_load_balancing_type") == "aux_loss":
+            del out["moe_router_load_balancing_type"]       # the default: older dumps and digests stay as they were
+        return out
 
     @field_validator("moe_expert_capacity_factor", mode="before")
     @classmethod
@@ -98,10 +111,20 @@ class MoESpec(BaseModel):
                              "dense layers as 0s")
         if (self.moe_router_num_groups is None) != (self.moe_router_group_topk is None):
             raise ValueError("moe_router_num_groups and moe_router_group_topk go together; set both or neither")
+        if self.moe_router_load_balancing_type == "sinkhorn" and self.moe_aux_loss_coeff:
+            raise ValueError(f"moe_router_load_balancing_type sinkhorn takes no aux loss (megatron-core asserts "
+                             f"it); set moe_aux_loss_coeff 0, not {self.moe_aux_loss_coeff:g}")
         if self.moe_router_force_load_balancing and self.moe_imbalance_factor != 1.0:
             raise ValueError("moe_imbalance_factor needs moe_router_force_load_balancing false; set it false or "
                              "remove the factor")
         return self
+
+    @property
+    def lb_type(self) -> str:
+        """The load balancing megatron-core runs: the type, but ``none`` for an aux-loss type at coefficient 0
+        (megatron-core then computes no aux loss; the runtime and the exports write ``none``)."""
+        t = self.moe_router_load_balancing_type
+        return "none" if t in AUX_LOSS_TYPES and not self.moe_aux_loss_coeff else t
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` (0-based) is an MoE layer."""

@@ -24,10 +24,10 @@ from .moe_flags import moe_model_fields
 # fields that name a preset's architecture (everything but labels, precision, dropout rates and padding)
 _LABELS = {"name", "family", "aceso_db_key", "nominal_params_b", "params_dtype", "attention_dropout",
            "hidden_dropout", "make_vocab_size_divisible_by"}
-# MoESpec fields a run sets (loss coefficient, token dropping, the load-balance assumption): a command line with
-# other values is still the preset's architecture (the model keeps the command line's values, the preset's name)
-_MOE_RUN = {"moe_aux_loss_coeff", "moe_expert_capacity_factor", "moe_router_force_load_balancing",
-            "moe_imbalance_factor", "moe_pad_expert_input_to_capacity"}
+# MoESpec fields a run sets (loss type and coefficient, token dropping, the load-balance assumption): a command line
+# with other values is still the preset's architecture (the model keeps the command line's values, the preset's name)
+_MOE_RUN = {"moe_aux_loss_coeff", "moe_router_load_balancing_type", "moe_expert_capacity_factor",
+            "moe_router_force_load_balancing", "moe_imbalance_factor", "moe_pad_expert_input_to_capacity"}
 
 
 def model_from_flags(f, tp: int, t5: bool, notes: list[str], vocab_size: int | None = None):

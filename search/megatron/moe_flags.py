@@ -11,8 +11,8 @@ dispatcher, grouped GEMM and permute fusion off, ``--kv-lora-rank`` 32, ``--qk-h
 ``--moe-layer-freq`` is an int N or Megatron-LM's list expression (``"[0]*3+[1]*58"``, evaluated on the characters
 ``_eval_pattern`` allows); a list of the form "the first k dense, then every N-th" becomes ``moe_layer_freq N`` with
 ``first_k_dense_layers k`` (the presets' form), any other list stays a list. Aux losses: the plan keeps one
-coefficient (``moe_aux_loss_coeff``); ``--moe-router-load-balancing-type none`` is coefficient 0, the other aux-loss
-kinds are priced as ``aux_loss`` (a note). What the plan cannot say (the flex backend, router dtype / pre-softmax /
+coefficient (``moe_aux_loss_coeff``) and one type (``moe_router_load_balancing_type``); ``none`` is coefficient 0,
+several aux-loss types with coefficients are one ``aux_loss`` of their sum (a note). What the plan cannot say (the flex backend, router dtype / pre-softmax /
 scaling, YaRN) is listed in the importer's one warning, as every unpriced flag.
 """
 
@@ -23,10 +23,10 @@ import re
 
 from search.spec import model_rules
 from search.io.errors import AcesoError
+from search.layers.moe_spec import AUX_LOSS_TYPES, LB_TYPES
 from search.settings.moe_plan import MoEPlanSettings
 
 DISPATCHERS = ("allgather", "alltoall", "flex")
-LB_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
 
 # ModelSpec.moe field <-> Megatron-LM flag (Bridge: the same TransformerConfig name, num_experts: num_moe_experts)
 MOE_FLAGS = (("num_experts", "--num-experts"), ("moe_router_topk", "--moe-router-topk"),
@@ -112,7 +112,9 @@ def _compact(pattern: list[int]) -> dict:
     return {"moe_layer_freq": pattern}
 
 
-def _aux_loss(f, notes: list[str]) -> float:
+def _aux_loss(f, notes: list[str]) -> dict:
+    """``--moe-router-load-balancing-type`` and ``--moe-aux-loss-coeff`` as ``moe_router_load_balancing_type`` and
+    ``moe_aux_loss_coeff`` (megatron-core takes one coefficient per type in a list)."""
     types = f.get("--moe-router-load-balancing-type") or ["aux_loss"]
     coeffs = f.get("--moe-aux-loss-coeff") or ["0.0"]
     bad = [t for t in types if t not in LB_TYPES]
@@ -126,12 +128,22 @@ def _aux_loss(f, notes: list[str]) -> float:
         raise AcesoError(f"--moe-aux-loss-coeff gives {len(values)} values for {len(types)} load-balancing types; "
                          "give one per type")
     values = values * len(types) if len(values) == 1 else values
-    total = sum(v for t, v in zip(types, values) if t not in ("none", "sinkhorn"))
-    other = sorted({t for t, v in zip(types, values) if t not in ("aux_loss", "none") and v})
-    if other or "sinkhorn" in types:
+    used = {t: v for t, v in zip(types, values) if t in AUX_LOSS_TYPES and v}
+    total = sum(used.values())
+    if len(used) == 1:
+        return {"moe_router_load_balancing_type": next(iter(used)), "moe_aux_loss_coeff": total}
+    if len(used) > 1:
         notes.append(f"--moe-router-load-balancing-type {' '.join(types)}: priced as one aux_loss of coefficient "
                      f"{total:g}")
-    return total
+        return {"moe_router_load_balancing_type": "aux_loss", "moe_aux_loss_coeff": total}
+    if "sinkhorn" in types:
+        if values[types.index("sinkhorn")]:
+            raise AcesoError("--moe-router-load-balancing-type sinkhorn with --moe-aux-loss-coeff: megatron-core "
+                             "asserts sinkhorn routing takes no aux loss; drop the coefficient")
+        notes.append("--moe-router-load-balancing-type sinkhorn: priced as top-k routing (its Sinkhorn iterations "
+                     "are not priced)")
+        return {"moe_router_load_balancing_type": "sinkhorn", "moe_aux_loss_coeff": 0.0}
+    return {"moe_aux_loss_coeff": 0.0}     # no aux loss: runs as none whatever the type (MoESpec.lb_type)
 
 
 def moe_model_fields(f, num_layers: int, ffn: int, pos: str, notes: list[str]) -> dict:
@@ -147,7 +159,7 @@ def moe_model_fields(f, num_layers: int, ffn: int, pos: str, notes: list[str]) -
         for name, flag in MOE_BOOLS:
             moe[name] = f.has(flag)
         moe.update(layer_freq(f.get("--moe-layer-freq", "1"), num_layers))
-        moe["moe_aux_loss_coeff"] = _aux_loss(f, notes)
+        moe.update(_aux_loss(f, notes))
         out["moe"] = moe
     else:
         given = [x for x in MODEL_ONLY if f.has(x)]
@@ -246,8 +258,8 @@ def moe_args(m) -> list[str]:
         if moe.moe_router_topk == 1 and moe.moe_router_score_function == "softmax":
             out.append("--moe-router-pre-softmax")      # megatron-core requires it for top-1 (same cost)
         out += ["--moe-layer-freq", _freq_of(m)]
-        out += (["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", repr(moe.moe_aux_loss_coeff)]
-                if moe.moe_aux_loss_coeff else ["--moe-router-load-balancing-type", "none"])
+        out += ["--moe-router-load-balancing-type", moe.lb_type]
+        out += ["--moe-aux-loss-coeff", repr(moe.moe_aux_loss_coeff)] if moe.lb_type in AUX_LOSS_TYPES else []
     if m.mla is not None:
         out.append("--multi-latent-attention")
         for name, flag, _ in MLA_FLAGS:
@@ -308,7 +320,7 @@ def moe_bridge_fields(c) -> dict[str, object]:
                 if name != "moe_latent_size" or moe.moe_latent_size})      # LatentMoE only where set
     out["moe_layer_freq"] = moe.moe_layer_freq if isinstance(moe.moe_layer_freq, int) and not \
         moe.first_k_dense_layers else freq_list(moe, m.num_layers)
-    out["moe_router_load_balancing_type"] = "aux_loss" if moe.moe_aux_loss_coeff else "none"
+    out["moe_router_load_balancing_type"] = moe.lb_type
     if moe.moe_router_topk == 1 and moe.moe_router_score_function == "softmax":
         out["moe_router_pre_softmax"] = True        # megatron-core requires it for top-1; else the recipe's
     out["moe_aux_loss_coeff"] = moe.moe_aux_loss_coeff

@@ -116,8 +116,10 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "model.(the same name)", "off by default"),
     ("model.moe.moe_layer_freq, first_k_dense_layers", "--moe-layer-freq N or '[0]*k+[1]*n'",
      "model.moe_layer_freq (N or a 0/1 list)", "first k dense: a list"),
-    ("model.moe.moe_aux_loss_coeff", "--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff C (0: none)",
-     "model.moe_router_load_balancing_type, model.moe_aux_loss_coeff", "other aux-loss types priced as aux_loss"),
+    ("model.moe.moe_router_load_balancing_type, moe_aux_loss_coeff",
+     "--moe-router-load-balancing-type T --moe-aux-loss-coeff C (coefficient 0: none)",
+     "model.moe_router_load_balancing_type, model.moe_aux_loss_coeff",
+     "several types with coefficients: one aux_loss of their sum"),
     ("model.mla.*", "--multi-latent-attention --q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim "
      "--v-head-dim", "model.multi_latent_attention, model.(the same names)", "recipe: deepseek_v3_pretrain_config"),
     ("model.mtp_num_layers", "--mtp-num-layers (a layout: m before L)", "model.mtp_num_layers",

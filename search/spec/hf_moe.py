@@ -8,8 +8,8 @@ decoder_sparse_step with HF's rule "layer i is MoE when (i + 1) % step == 0", ml
 deepseek_v3 and kimi_k2 (n_routed_experts, n_shared_experts x moe_intermediate_size, first_k_dense_replace,
 moe_layer_freq, n_group / topk_group, scoring_func softmax | sigmoid, topk_method greedy | noaux_tc (= the expert
 score bias), aux_loss_alpha, routed_scaling_factor as megatron.moe_router_topk_scaling_factor, q_lora_rank,
-kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, num_nextn_predict_layers; seq_aux, the
-sequence-level form of the aux loss, is priced as the aux loss); glm4_moe (GLM-4.5: n_routed_experts,
+kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, num_nextn_predict_layers; seq_aux true,
+the sequence-wise balance loss, as moe_router_load_balancing_type seq_aux_loss); glm4_moe (GLM-4.5: n_routed_experts,
 n_shared_experts, moe_intermediate_size, first_k_dense_replace, n_group / topk_group, its sigmoid router with the
 score-correction bias, routed_scaling_factor, num_nextn_predict_layers); gpt_oss (num_local_experts,
 num_experts_per_tok, intermediate_size = each expert's width, head_dim, attention_bias = all linear biases;
@@ -103,11 +103,13 @@ def _deepseek(c) -> dict:
         raise c.refuse("topk_method", "DeepSeek-V2's group score is the group's best expert, megatron-core's "
                        "group-limited routing sums the group's top scores")
     _normalized_topk(c, True)
-    c.ignore("seq_aux")                   # the sequence-level aux loss, priced as the aux loss
     moe = {**_shared_and_dense(c), "moe_layer_freq": c.int("moe_layer_freq", default=1),
            "moe_router_score_function": score, **_groups(c, method == "noaux_tc"),
            "moe_router_enable_expert_bias": method == "noaux_tc",
-           "moe_aux_loss_coeff": c.float("aux_loss_alpha", default=0.0)}
+           "moe_aux_loss_coeff": c.float("aux_loss_alpha", default=0.0),
+           # transformers' DeepseekV3 config: seq_aux true = the sequence-wise balance loss (megatron-core's
+           # seq_aux_loss, which Megatron-Bridge's DeepSeek providers set); false = the batch-wise aux_loss
+           "moe_router_load_balancing_type": "seq_aux_loss" if c.bool("seq_aux", False) else "aux_loss"}
     mla = {"q_lora_rank": c.int("q_lora_rank", required=False), "kv_lora_rank": c.int("kv_lora_rank"),
            "qk_head_dim": c.int("qk_nope_head_dim"), "qk_pos_emb_head_dim": c.int("qk_rope_head_dim"),
            "v_head_dim": c.int("v_head_dim")}

@@ -15,7 +15,7 @@ from search.spec.model import ModelSpec
 
 _MOE_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
                "moe_latent_size", "moe_router_score_function", "moe_router_enable_expert_bias", "moe_aux_loss_coeff",
-               "moe_router_num_groups", "moe_router_group_topk")
+               "moe_router_load_balancing_type", "moe_router_num_groups", "moe_router_group_topk")
 PRESET_NOTE = ("made from model_specs/hybrid/{name}.json (each field's source there) by "
                "search.spec.hybrid_arch.model_spec_data")
 
@@ -23,8 +23,7 @@ PRESET_NOTE = ("made from model_specs/hybrid/{name}.json (each field's source th
 def model_spec_data(a: HybridArch) -> dict:
     """``a`` as a ``ModelSpec`` mapping (a preset, ``model_specs/presets/{name}.json``): the pattern with its MTP
     depths, the Mamba-2 block and the MoE fields ``MoESpec`` holds; what the spec leaves out and why: the router's
-    top-k scaling factor, fp32 dtype and seq_aux_loss type (no effect on the cost model: the load-balancing
-    loss is priced as aux_loss from its coefficient); the 26.x containers' values are in the arch record."""
+    top-k scaling factor and fp32 dtype; the 26.x containers' values are in the arch record."""
     out = {"name": a.name, "family": "gpt", "num_layers": a.num_layers, "hidden_size": a.hidden_size,
            "num_attention_heads": a.num_attention_heads, "num_query_groups": a.num_query_groups,
            "kv_channels": a.kv_channels, "ffn_hidden_size": a.ffn_hidden_size, "seq_length": a.seq_length,

@@ -100,8 +100,8 @@ def _placeholders(text: str) -> list[str]:
 
 def moe_config(model) -> dict:
     """The MoE ``TransformerConfig`` fields of ``model`` (empty for a dense model), as the runtime builds them
-    (``model_specs.builders.moe_kwargs``) and the export writes them: the load-balancing type from the aux-loss
-    coefficient, the pre-softmax top-1 router megatron-core requires (same cost)."""
+    (``model_specs.builders.moe_kwargs``) and the export writes them: the load-balancing type (``none`` for an
+    aux-loss type at coefficient 0), the pre-softmax top-1 router megatron-core requires (same cost)."""
     moe = model.moe
     if moe is None:
         return {}
@@ -117,7 +117,7 @@ def moe_config(model) -> dict:
         "moe_router_enable_expert_bias": moe.moe_router_enable_expert_bias,
         "moe_router_pre_softmax": moe.moe_router_topk == 1 and moe.moe_router_score_function == "softmax",
         "moe_aux_loss_coeff": moe.moe_aux_loss_coeff,
-        "moe_router_load_balancing_type": "aux_loss" if moe.moe_aux_loss_coeff > 0 else "none",
+        "moe_router_load_balancing_type": moe.lb_type,
         "moe_expert_capacity_factor": moe.moe_expert_capacity_factor,
         "moe_pad_expert_input_to_capacity": moe.moe_pad_expert_input_to_capacity,
         "moe_router_force_load_balancing": moe.moe_router_force_load_balancing,
@@ -148,8 +148,7 @@ def config_fields(model) -> dict:
 
 SPEC_NAMES = {"num_moe_experts": "moe.num_experts", "multi_latent_attention": "mla",
               "group_query_attention": "num_query_groups",
-              "position_embedding_type": "position_embedding", "moe_router_load_balancing_type":
-              "moe.moe_aux_loss_coeff", "moe_router_pre_softmax": "a pre-softmax router"}
+              "position_embedding_type": "position_embedding", "moe_router_pre_softmax": "a pre-softmax router"}
 
 
 def spec_name(field: str) -> str:

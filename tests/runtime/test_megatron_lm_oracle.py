@@ -135,7 +135,9 @@ def _expected_moe(c) -> dict:
             "moe_router_num_groups": moe.moe_router_num_groups, "moe_router_group_topk": moe.moe_router_group_topk,
             "moe_router_enable_expert_bias": moe.moe_router_enable_expert_bias,
             "moe_aux_loss_coeff": moe.moe_aux_loss_coeff,
-            "moe_router_load_balancing_type": "aux_loss" if moe.moe_aux_loss_coeff else "none",
+            # the exported --moe-router-load-balancing-type: the type, none for an aux-loss type at coefficient 0
+            "moe_router_load_balancing_type": moe.moe_router_load_balancing_type
+            if moe.moe_aux_loss_coeff or moe.moe_router_load_balancing_type == "sinkhorn" else "none",
             "moe_expert_capacity_factor": moe.moe_expert_capacity_factor,
             "moe_router_force_load_balancing": moe.moe_router_force_load_balancing,
             "expert_model_parallel_size": c.ep, "expert_tensor_parallel_size": c.etp or c.tp,

@@ -62,3 +62,15 @@ def test_the_runtime_config_equals_megatron_lms_own():
         assert "error" not in got, (name, got)
         cfg = _runtime_config(plan)
         assert {f: getattr(cfg, f) for f in FIELDS} == {f: got["moe"][f] for f in FIELDS}, name
+
+
+@pytest.mark.parametrize("lb", ["seq_aux_loss", "global_aux_loss"])
+def test_the_load_balancing_type_reaches_the_config(lb):
+    """DeepSeek-V3's seq_aux_loss (and global_aux_loss) run as the plan says: the runtime built aux_loss from the
+    coefficient alone, whatever the type; megatron-core's own TransformerConfig (built by stage_config) takes it."""
+    plan = moe_case_plan("tiny-list-shared-overlap")
+    moe = plan.model.moe.model_copy(update={"moe_router_load_balancing_type": lb})
+    plan = plan.model_copy(update={"model": plan.model.model_copy(update={"moe": moe})})
+    cfg = _runtime_config(plan)
+    assert (cfg.moe_router_load_balancing_type, cfg.moe_aux_loss_coeff) == (lb, 0.01)
+    assert cfg.moe_router_load_balancing_type == _expected_moe(megatron_config(plan))["moe_router_load_balancing_type"]

@@ -43,9 +43,11 @@ def convert(tmp_path, cfg, *extra):
 
 def test_nano_config_is_the_preset(tmp_path):
     m, p = convert(tmp_path, NANO), load_model("nemotron-3-nano")
-    # a config.json carries no training coefficient: the aux-loss coefficient (1e-4) is the recipe's
+    # a config.json carries no training coefficient: the aux-loss coefficient (1e-4) and type (seq_aux_loss) are the
+    # recipe's
     want = p.model_copy(update={"name": m.name, "nominal_params_b": None,
-                                "moe": {**p.moe.model_dump(), "moe_aux_loss_coeff": 0.0}})
+                                "moe": {**p.moe.model_dump(), "moe_aux_loss_coeff": 0.0,
+                                        "moe_router_load_balancing_type": "aux_loss"}})
     assert m == want
     assert m.num_parameters == p.num_parameters
 
@@ -75,6 +77,7 @@ def test_super_config_is_the_preset_with_its_one_stored_mtp_block(tmp_path):
                                 "mtp_use_repeated_layer": False, "hybrid_layer_pattern": SUPER[
                                     "hybrid_override_pattern"] + "/*E",
                                 "moe": {**p.moe.model_dump(), "moe_aux_loss_coeff": 0.0,      # (the recipe's)
+                                        "moe_router_load_balancing_type": "aux_loss",        # (the recipe's)
                                         "moe_router_num_groups": 1, "moe_router_group_topk": 1}})  # one group
     assert m == want
     assert m.num_parameters == p.num_parameters == 123_611_033_088 - 41 * 512

@@ -149,14 +149,15 @@ def test_low_precision_rows_search_what_megatron_lm_runs(mp):
 
 def test_over_memory_rows_print_their_memory_terms(mp, capsys):
     """A priced row reports its fullest stage's terms, which add up to its peak; a run over the GPU prints them
-    with what the importer approximated (the DeepSeek-V3 GB200 bf16 run: its seq_aux_loss balancing)."""
+    with what the importer approximated (the DeepSeek-V3 GB200 bf16 run: nothing since its seq_aux_loss balancing is
+    a model field, moe_router_load_balancing_type)."""
     row = _row(mp, "25.11/pretrain/deepseek-v3-mtp0/gb200x256/bf16")
     out = mp.price_row(row)
     assert out["status"] == "priced"
     assert sum(out["memory_gib"].values()) == pytest.approx(out["max_memory_gib"], rel=1e-9)
     mp.print_memory([{**out, "fits": False}])
     text = capsys.readouterr().out
-    assert row["id"] in text and "activations" in text and "seq_aux_loss" in text
+    assert row["id"] in text and "activations" in text and "priced as one aux_loss" not in text
 
 
 def test_mla_up_proj_is_what_lets_the_deepseek_gb200_run_fit(mp):
