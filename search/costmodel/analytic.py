@@ -15,6 +15,8 @@ quick-GEGLU), tp t, element size dt, r = t with sequence parallelism (else 1):
                    fc2 GEMM (sb, h, f/t) | bias-dropout-add
     backward:      each GEMM's input- and weight-gradient GEMMs; flash backward 2.5x the forward FLOPs (5
                    matmuls to 2, Dao 2023, FlashAttention-2, section 3.2); element-wise kernels 1.5x their bytes.
+    tp above the query groups (``search.spec.query_groups``): the QKV output all-gathered over TP forward and
+                   reduce-scattered backward (s b (q + 2kv) dt, exposed); RoPE and K/V of one group per rank.
     TP collectives per half (``tpcomm.py``): no SP one all-reduce forward and one backward (Shoeybi et al. 2019,
                    fig. 3); SP an all-gather + reduce-scatter forward and two all-gathers + a reduce-scatter
                    backward (Korthikanti et al. 2023, 4.2.2); what megatron-core (async input-gradient
@@ -51,6 +53,7 @@ from .. import layers
 from ..layers.kind import PriceArgs, UnitCost, ep_overlap_pairs
 from search.spec.megatron_fields import analytic_note
 from search.spec.model import ModelSpec
+from search.spec.query_groups import gathers_qkv, groups_per_rank
 from search.spec.training import TrainingSpec
 from .comm import CommModel
 from .comm import overlap_tax
@@ -202,7 +205,7 @@ class AnalyticSource:
             return 0.0, 0.0, 0.0, 0.0
         m = self.model
         if chunk is None:
-            chunk = 2 * self.dt * s * b * m.groups * m.head_dim / t      # K and V of this rank's s/cp tokens
+            chunk = 2 * self.dt * s * b * groups_per_rank(m.groups, t) * m.head_dim   # this rank's K and V
         inter = t * cp > self.cluster.nvlink_size
         step_f = self.comm.p2p(chunk, inter)
         step_b = self.comm.p2p(2 * chunk, inter)
@@ -259,8 +262,8 @@ class AnalyticSource:
         sbh = s * b * h
         ew = (2 * dt * sbh + (3 * dt + 1) * sbh) / (t if sp else 1)   # norm + bias-dropout-add
         launches = 2
-        if m.position_embedding == "rope" and not cross:
-            ew += 2 * dt * s * b * (q + kv) / t
+        if m.position_embedding == "rope" and not cross:     # the rank's query heads and K/V group(s)
+            ew += 2 * dt * s * b * (q / t + groups_per_rank(m.groups, t) * m.head_dim)
             launches = 3
         if cross:   # Q from the decoder tokens, K/V from the encoder's: two GEMMs; K/V shapes per encoder token
             gemms = [(s * b, q / t, h), (kv_len * b, 2 * kv / t, h), (s * b, h, q / t)]
@@ -271,13 +274,24 @@ class AnalyticSource:
         ring_f, ring_b, ring_hf, ring_hb = (self._cp_ring_parts(b, s, t, cp, core_f, core_b) if not cross
                                             else (0.0, 0.0, 0.0, 0.0))
         tpc = self._half(gemms[0], gemms[-1], b, s, t, sp, overlap, lp)
+        gf, gb = (0.0, 0.0) if cross else self._qkv_gather(b, s, t)
         lin_f, lin_b = self._linears(gemms, lp)
-        fwd = lin_f + k.memory(ew, launches) + core_f + ring_f + tpc.fwd
-        bwd = lin_b + k.memory(1.5 * ew, launches) + core_b + ring_b + tpc.bwd
+        fwd = lin_f + k.memory(ew, launches) + core_f + ring_f + tpc.fwd + gf
+        bwd = lin_b + k.memory(1.5 * ew, launches) + core_b + ring_b + tpc.bwd + gb
         wgrad = sum((self.kern_lp if lp else k).gemm_parts(*g)[2] for g in gemms)
-        return UnitCost(fwd, bwd, core_f + ring_f, fwd, tpc.fwd + tpc.bwd + ring_f + ring_b, rec_drop,
-                        tpc.hidden, ring_f + ring_b, ring_hf + ring_hb, (tpc.fwd, tpc.hidden_fwd, ring_f, ring_hf),
-                        wgrad=wgrad)
+        return UnitCost(fwd, bwd, core_f + ring_f, fwd, tpc.fwd + tpc.bwd + gf + gb + ring_f + ring_b, rec_drop,
+                        tpc.hidden, ring_f + ring_b, ring_hf + ring_hb,
+                        (tpc.fwd + gf, tpc.hidden_fwd, ring_f, ring_hf), wgrad=wgrad)
+
+    def _qkv_gather(self, b: float, s: int, t: int) -> tuple[float, float]:
+        """(fwd, bwd) ms of the QKV output's TP all-gather (backward: reduce-scatter) megatron-core runs when tp
+        exceeds the query groups (``query_groups``): the whole ``s b (q + 2 kv)`` output, sequence parallel or not
+        (the GEMM's input is already gathered along the sequence), exposed (nothing overlaps it)."""
+        m = self.model
+        if not gathers_qkv(m.groups, t):
+            return 0.0, 0.0
+        x = self.dt * s * b * (m.num_attention_heads + 2 * m.groups) * m.head_dim
+        return self.comm.all_gather(x, t), self.comm.reduce_scatter(x, t)
 
     def mlp(self, b: float, s: int, t: int, sp: bool = False, overlap: bool = False, lp: bool = False) -> UnitCost:
         m, dt, k = self.model, self.dt, self.kern

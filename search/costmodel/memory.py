@@ -12,6 +12,7 @@ precision, ``sbh (10 + 24/t + 5as/(ht))`` under tensor parallelism t without seq
 
     attention unit: 2sbh (norm input) + 2sbh (QKV input) + sbh (dropout mask)   [replicated]
                     + 2sb(q + 2kv)/t (Q, K, V) + 2sbq/t (projection input)      [split]
+                      (tp above the query groups: K and V of the rank's one group, 2sb(q/t + 2 head_dim))
                     + a s^2 b / t (4 + 1 + dt) -- unfused attention only (``unfused_core_bytes``): Korthikanti
                       count 5 (a 2-byte softmax output, the dropout mask, the dropout output); megatron-core's
                       softmax runs in fp32 (``attention_softmax_in_fp32``) and, unfused (the runtime keeps
@@ -49,6 +50,7 @@ from __future__ import annotations
 import math
 
 from search.spec.model import ModelSpec
+from search.spec.query_groups import groups_per_rank
 
 MB = float(2**20)              # one MiB (the one memory unit: search/io/units.py); the name predates it
 # Share of the GPU's memory a plan must leave free (``--memory-headroom``; search, validate and explain, through
@@ -199,13 +201,13 @@ def attention_act_bytes(model: ModelSpec, b: float, s: int, t: int, flash: bool,
     """
     h = model.hidden_size
     q = model.num_attention_heads * model.head_dim
-    kv = model.groups * model.head_dim
+    kv_rank = groups_per_rank(model.groups, t) * model.head_dim   # groups / tp, one group when tp exceeds them
     a = model.num_attention_heads
     kv_len = kv_len or s
     r = t if sp else 1     # sequence parallelism splits what TP replicates
     mask = 1.0 * s * b * h if _has_hidden_dropout(model) else 0.0
     replicated = (2 * dt * s * b * h + mask) / r
-    split = dt * b * (s * q + 2 * kv_len * kv) / t + dt * s * b * q / t
+    split = dt * b * (s * q / t + 2 * kv_len * kv_rank) + dt * s * b * q / t
     dropped = 0.0   # the probability dropout's mask and output
     if flash:
         core = 4.0 * a * s * b / t

@@ -13,7 +13,8 @@ def _nums(values) -> str:
 
 
 def tensor_sizes(model, cluster, training, usable: list[int]) -> tuple[int, ...]:
-    """The usable tp degrees (powers of two dividing heads, query groups and FFN, within a node) kept by
+    """The usable tp degrees (powers of two dividing heads and FFN, dividing the query groups or a multiple of them
+    as megatron-core allows (``search.spec.query_groups``), within a node) kept by
     ``training.tensor_parallel_sizes``; AcesoError naming the first one that is not usable."""
     want = training.tensor_parallel_sizes
     if want is None:
@@ -21,8 +22,9 @@ def tensor_sizes(model, cluster, training, usable: list[int]) -> tuple[int, ...]
     bad = [t for t in sorted(set(want)) if t not in usable]
     if bad:
         raise AcesoError(f"--tp {bad[0]}: not a usable tensor-parallel size for {model.name} on {cluster.label} "
-                         f"(a power of two dividing the {model.num_attention_heads} heads, {model.groups} query "
-                         f"groups and FFN {model.ffn_hidden_size}, at most an NVLink domain of {cluster.nvlink_size}); "
+                         f"(a power of two dividing the {model.num_attention_heads} heads and FFN "
+                         f"{model.ffn_hidden_size}, dividing or a multiple of the {model.groups} query groups, at "
+                         f"most an NVLink domain of {cluster.nvlink_size}); "
                          f"choose from {_nums(usable)}")
     return tuple(t for t in usable if t in want)
 

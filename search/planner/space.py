@@ -45,6 +45,7 @@ from search.layers.layer_variants import offset_blocks_cp
 from ..layers.kind import shape_refusal
 from search.settings.moe_plan import MoEPlanSettings, dispatcher_settings, overlap_ep_refusal
 from search.spec.training import MAX_VIRTUAL
+from search.spec import query_groups
 from . import constraints
 from .experts import ExpertSpace
 
@@ -177,8 +178,8 @@ class Space:
         priced = frozenset(priced)
         tps, t = [], 1
         while t <= cluster.nvlink_size:
-            if all(v % t == 0 for v in (model.num_attention_heads, model.groups, model.ffn_hidden_size)) and \
-                    shape_refusal(model, t) is None:
+            if query_groups.tp_refusal(model.num_attention_heads, model.groups, model.ffn_hidden_size, t) is None \
+                    and shape_refusal(model, t) is None:
                 tps.append(t)
             t *= 2
         tps = list(constraints.tensor_sizes(model, cluster, training, tps))

@@ -39,6 +39,7 @@ from search.spec.cluster import ClusterSpec
 from search.io.errors import AcesoError, as_aceso_error, read_json
 from search.settings.fsdp import ActivationOffload, MegatronFSDP, check_plan as _check_fsdp_offload
 from search.spec.model import ModelSpec, Unit
+from search.spec import query_groups
 from search.settings.moe_plan import MoEPlanSettings, check_expert_shape, check_moe_settings, expert_shape_text
 from search.settings.plan_settings import LEGACY_KEYS, PlanSettings
 from search.settings.stack import StackSettings, refusal as stack_refusal
@@ -509,11 +510,11 @@ def _check_mtp_in_last_chunk(plan: "ParallelPlan") -> None:
 
 
 def _check_stage_shape(m: ModelSpec, i: int, st: StageSpec) -> None:
-    """TP must split heads, query groups and FFN; SP and CP must split the sequence(s)."""
-    for name, value in (("num_attention_heads", m.num_attention_heads),
-                        ("num_query_groups", m.groups), ("ffn_hidden_size", m.ffn_hidden_size)):
-        if value % st.tp:
-            raise ValueError(f"stages[{i}].tp ({st.tp}) must divide {name} ({value}); use a tp that divides it")
+    """TP must split heads and FFN and divide or be a multiple of the query groups (megatron-core's rule,
+    ``query_groups``); SP and CP must split the sequence(s)."""
+    why = query_groups.tp_refusal(m.num_attention_heads, m.groups, m.ffn_hidden_size, st.tp)
+    if why:
+        raise ValueError(f"stages[{i}].{why}")
     seqs = [("seq_length", m.seq_length)] + ([("decoder_seq_length", m.decoder_seq_length)] if m.is_t5 else [])
     if m.hybrid_layer_pattern:       # whole heads (and Mamba groups) per TP and CP rank: each kind's rule
         from search.layers.kind import shape_refusal

@@ -75,7 +75,7 @@ def test_train_console_shows_the_build_steps_in_order_from_rank_0(tmp_path, capf
                                                         f"{tmp_path / 'ckpt'} at iteration 1")
 
 
-PATCHES = ("cpu_mode", "moe_router_without_te", "mla_mtp_tp_group", "mla_without_te", "fsdp_cpu",
+PATCHES = ("cpu_mode", "moe_router_without_te", "mla_mtp_tp_group", "mla_without_te", "qkv_gather_tp_group", "fsdp_cpu",
            "dist_opt_torch_adam", "shared_embedding_bucket")
 
 

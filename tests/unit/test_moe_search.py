@@ -120,7 +120,7 @@ def _start(space, ctx, S=2):
 
 @pytest.mark.parametrize("target", ["aceso", "megatron-lm"])
 def test_expert_moves_keep_gpus_and_fold_alike_on_megatron_lm(target):
-    model, cm, space, ev, ctx = _ctx(target)
+    model, cm, space, ev, ctx = _ctx(target, tensor_parallel_sizes=[1, 2, 4])   # (tp 8 above qwen3's 4 groups: legal)
     st = _start(space, ctx)
     e = ev.evaluate(st)
     made = {}
@@ -133,11 +133,11 @@ def test_expert_moves_keep_gpus_and_fold_alike_on_megatron_lm(target):
             else:
                 assert new.shapes[1] == st.shapes[1]
             made[name] = new.shapes[0]
-    s = st.shapes[0]                        # 8 GPUs at the largest tp (4: qwen3 has 4 query groups), etp 1, ep 8
+    s = st.shapes[0]                        # 8 GPUs at the largest tp allowed (--tp 1 2 4), etp 1, ep 8
     assert (s.tp, s.dp, s.ep, s.etp) == (4, 2, 8, 1)
     assert made["dec_ep"] == s._replace(ep=4) and "inc_ep" not in made      # ep 8 is every GPU already
     assert made["etp_tp"] == s._replace(ep=2, etp=0)        # etp 4 leaves 8 / 4 = 2 ranks for ep
-    assert "tp_to_ep" not in made and "ep_to_tp" not in made    # ep 16 > 8 GPUs; tp 8 > the 4 query groups
+    assert "tp_to_ep" not in made and "ep_to_tp" not in made    # ep 16 > 8 GPUs; tp 8 not in --tp
     low = st._replace(mbs=4, shapes=(s._replace(ep=2),) * 2)     # per-rank 2, and 1 at dp 4 (a one-stage move
     assert space.legal(low)                                         # keeps the pipeline micro-batch)
     traded = APPLY["tp_to_ep"](ctx, ev.evaluate(low), 0)
@@ -228,7 +228,7 @@ def test_reports_show_the_expert_shape():
     from search.planner.report import describe, stage_rows
     model, cm, space, ev, ctx = _ctx()
     e = ev.evaluate(_start(space, ctx), exact=True)
-    assert "2x(tp4 dp2 sp ep8 etp1)" in describe(e)
+    assert "2x(tp8 dp1 sp ep8 etp1)" in describe(e)       # tp 8 above qwen3's 4 query groups: the largest
     assert [(r["ep"], r["etp"]) for r in stage_rows(e)] == [(8, 1), (8, 1)]
 
 
