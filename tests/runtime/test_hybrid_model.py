@@ -48,7 +48,7 @@ def test_pattern_symbols_are_megatron_cores():
     assert {k.hybrid_slot for k in hybrid_layers()} <= slots
     assert {(k.symbol, k.hybrid_slot) for k in hybrid_layers()} == {
         (Symbols.ATTENTION, "attention_layer"), (Symbols.MLA, "mla_layer"), (Symbols.MLP, "mlp_layer"),
-        (Symbols.MOE, "moe_layer"), (Symbols.MAMBA, "mamba_layer")}
+        (Symbols.MOE, "moe_layer"), (Symbols.MAMBA, "mamba_layer"), (Symbols.GDN, "gdn_layer")}
 
 
 def test_a_chunk_is_a_hybrid_stack_where_megatron_core_has_one(single_process):
