@@ -77,19 +77,13 @@ def run(args: argparse.Namespace) -> int:
     if args.hybrid_pattern or (args.to == "megatron-lm" and runs_as_pattern(plan.model)):
         return _hybrid(args, plan, rel, source)     # a Mamba / GDN model's only Megatron-LM form: pretrain_hybrid.py
     if args.to == "megatron-bridge" and plan.model.mamba is not None:
-        from ..megatron import NotExpressible
         from ..megatron.bridge import cli_overrides, write_yaml
-        from ..megatron.bridge_hybrid import PIPES, overrides
-        try:
-            recipe, cfg, ov = overrides(plan)
-        except NotExpressible as e:          # v0.3.1 cannot split it: Bridge v0.6.0's '|' cuts, when they can
-            try:
-                overrides(plan, pipes=True)
-            except NotExpressible:
-                raise e from None            # exit 2, one line, nothing written
+        from ..megatron.bridge_hybrid import PIPES, needs_pipes, overrides
+        if needs_pipes(plan):                # NotExpressible: exit 2, one line, nothing written
             print(f"aceso export: note: written for {PIPES} ('|' stage cuts): Bridge v0.3.1's MambaStack cannot "
                   "split this plan", file=sys.stderr)
             return _hybrid(args, plan, rel, source)
+        recipe, cfg, ov = overrides(plan)
         text = cli_overrides(cfg, (recipe, ov)) if args.args_only else write_yaml(plan, cfg, source, (recipe, ov))
         write_output(text, args.output)
         return 0

@@ -111,6 +111,21 @@ def hybrid_config(plan: ParallelPlan, pipes: bool = False):
     return c, plan.model.hybrid_layer_pattern
 
 
+def needs_pipes(plan: ParallelPlan) -> bool:
+    """Which Bridge form the export writes: False, Bridge v0.3.1's MambaStack split; True, only v0.6.0's '|' cuts
+    run the plan (an uneven split, full recompute); ``NotExpressible`` in v0.3.1's words when neither does. The
+    one order of the forms, for the export and the Bridge target's capability row."""
+    try:
+        hybrid_config(plan)
+        return False
+    except NotExpressible as e:
+        try:
+            hybrid_config(plan, pipes=True)
+        except NotExpressible:
+            raise e from None
+        return True
+
+
 def overrides(plan: ParallelPlan, pipes: bool = False) -> tuple[str, MegatronConfig, dict[str, object]]:
     """``(recipe, config, {section: {field: value}})`` of a hybrid model's plan (``pipes``: Bridge v0.6.0's
     ``hybrid_layer_pattern`` with the plan's '|' cuts)."""

@@ -140,17 +140,15 @@ def bridge_hybrid_layout(plan, device) -> str | None:
     why = export_refusal(plan.model, "megatron-bridge")
     if why:
         return why
-    from search.megatron.bridge_hybrid import hybrid_config
+    from search.megatron.bridge_hybrid import hybrid_config, needs_pipes
     from search.megatron.config import NotExpressible
     try:
-        hybrid_config(plan)
-        return None
+        needs_pipes(plan)
     except NotExpressible:
-        pass
-    try:
-        hybrid_config(plan, pipes=True)
-    except NotExpressible as e:
-        return str(e)
+        try:
+            hybrid_config(plan, pipes=True)      # neither form runs it: say what the newest Bridge refuses
+        except NotExpressible as e:
+            return str(e)
     return None
 
 
