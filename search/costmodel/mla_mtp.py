@@ -21,17 +21,17 @@ heads n, dq = qk_head_dim, dr = qk_pos_emb_head_dim, dv = v_head_dim, ql = q_lor
                        core's share as the dense unit does
 
 **MTP** (``MultiTokenPredictionLayer``, one unit per MTP layer, on the last stage): the enorm / hnorm of the
-hidden states and of the shifted tokens' embedding, ``eh_proj`` (b s, h / t, 2h) column-parallel (priced as a TP
-half with the h-wide output projection of the inner layer), one transformer layer like the last decoder layer
-(its attention unit and its mlp / moe unit, priced by their own formulas), and its own final norm, logits and loss
-(``AnalyticSource.head``: the output layer is the main model's). Recompute none or full (the unit's two inputs
-kept: 2 dt b s h / r).
+hidden states and of the shifted tokens' embedding, ``eh_proj`` (b s, h / t, 2h) column-parallel with its own TP
+collectives (``eh_proj_tp``), one transformer layer like the last decoder layer (its attention unit and its mlp /
+moe unit, priced by their own formulas), and its own final norm, logits and loss (``AnalyticSource.head``: the
+output layer is the main model's). Recompute none or full (the unit's two inputs kept: 2 dt b s h / r).
 """
 
 from __future__ import annotations
 
 from search.settings import precision as lowp
 from ..layers.kind import UnitCost
+from .tpcomm import TPComm
 from search.layers.moe_params import _norm, mla_params
 from .memory import LOSS_KEPT_BYTES, _has_hidden_dropout
 
@@ -133,7 +133,7 @@ def mtp_unit(src, b: float, s: int, t: int, sp: bool, att, att_act, inner, inner
     sb = s * b
     eh = (sb, h / t, 2 * h)
     norms = 3 * 2 * dt * sb * h / r + dt * sb * h / r      # enorm, hnorm, final norm + the shifted embedding
-    tpc = src._half(eh, (sb, h, h / t), b, s, t, sp, False)
+    tpc = eh_proj_tp(src, b, s, t, sp)
     head_f, head_b = src.head(b, s, t, sp)
     fwd = att.fwd + inner.fwd + k.gemm([eh]) + k.memory(norms, 4) + tpc.fwd + head_f
     bwd = att.bwd + inner.bwd + k.gemm([eh], backward=True) + k.memory(1.5 * norms, 4) + tpc.bwd + head_b
@@ -149,3 +149,43 @@ def mtp_unit(src, b: float, s: int, t: int, sp: bool, att, att_act, inner, inner
     return cost, (none, none, 2 * dt * sb * h / r, transient), params, inner_params[1]
 
 
+def eh_proj_tp(src, b: float, s: int, t: int, sp: bool) -> TPComm:
+    """The TP collectives of one MTP layer's ``eh_proj`` per micro-batch, as megatron-core 0.19.2 runs it
+    (transformer/multi_token_prediction.py ``MultiTokenPredictionLayer._concat_embeddings``): a column-parallel
+    linear 2h -> h / t (``gather_output=False``) on the concatenated [embedding, hidden] input, then
+    ``gather_from_tensor_model_parallel_region`` (an all-gather along the hidden dimension: every rank gets the
+    whole h) and, with SP, ``scatter_to_sequence_parallel_region`` (a local slice of the sequence, no
+    communication). Not the attention / MLP half's pattern: no reduce-scatter forward, and the gathered input is
+    2h wide. With X = dt b s h (the full activation):
+
+        SP     forward   all-gather of the 2h-wide SP input (2X), the hidden all-gather (X)
+               backward  the slice's gradient all-gathered along the sequence (X), the column linear's input
+                         re-gathered for its weight gradient (2X) and its input gradient reduce-scattered (2X)
+        no SP  forward   the hidden all-gather (X)
+               backward  the column linear's input-gradient all-reduce (2X)
+
+    The two hidden-dimension / slice collectives are megatron-core's own autograd functions, blocking. The column
+    linear's backward ones overlap as a TP half's do (``tpcomm``: ``dgrad``, megatron-core's / TE's async re-gather
+    behind the input-gradient GEMM and reduce-scatter / all-reduce behind the weight-gradient GEMM, exposing
+    ``max(0, c - g)`` plus the overlap tax; ``none``: exposed; TE's userbuffers (``mtp_eh_proj``) are priced as
+    ``dgrad``). Gathers in the activation dtype: the MTP layers of the published recipes run in bf16."""
+    if t <= 1:
+        return TPComm(0.0, 0.0, 0.0)
+    h, comm = src.model.hidden_size, src.comm
+    x = src.dt * s * b * h
+    mode = src._tp_mode(sp, False)
+    _, c_d, c_w = src.kern.gemm_parts(s * b, h / t, 2 * h)
+    hidden_ag = comm.all_gather(x, t)
+    if sp:
+        fwd = comm.all_gather(2 * x, t) + hidden_ag
+        overlapped = ((comm.all_gather(2 * x, t), c_d), (comm.reduce_scatter(2 * x, t), c_w))
+        bwd = hidden_ag
+    else:
+        fwd = hidden_ag
+        overlapped = ((comm.all_reduce(2 * x, t), c_w),)
+        bwd = 0.0
+    if mode == "none":
+        return TPComm(fwd, bwd + sum(c for c, _ in overlapped), 0.0)
+    hid = sum(min(c, g) for c, g in overlapped)
+    bwd += sum(max(0.0, c - g) for c, g in overlapped) + src._tax * hid
+    return TPComm(fwd, bwd, hid)
