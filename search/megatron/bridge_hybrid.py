@@ -21,15 +21,20 @@ Bridge v0.3.1 builds these models from ``MambaModelProvider`` subclasses (``mode
   ``tp_comm_overlap=True``, which every export overrides with the plan's (and the nano recipe's
   ``delay_wgrad_compute`` / ``overlap_moe_expert_parallel_comm``, which Bridge copies onto the model).
 
-Bridge v0.6.0 (``--hybrid-pattern``; ``PIPES``): ``models/hybrid/hybrid_provider.py`` ``HybridModelProvider``
+Bridge v0.6.0 (tag 51885cf13; ``PIPES``): ``models/hybrid/hybrid_provider.py`` ``HybridModelProvider``
 passes ``hybrid_layer_pattern`` as it is to megatron-core's ``HybridModel`` (its 3rdparty pin cd4afff, the 0.19
 line), whose ``select_pipeline_segment`` gives pipeline rank ``r`` the ``r``-th '|' segment, so any uneven split
 (cuts at any layer of the pattern) runs; ``finalize`` derives ``num_layers`` without the '|'
 (``get_hybrid_total_layer_count``) and ``provide`` still asserts no virtual pipeline. The form is Megatron-LM
 core_v0.19's hybrid pattern (``hybrid_pattern.hybrid_form``: full recompute checkpoints hybrid layers there); the
 first / last stage fields are left out (megatron-core asserts them away with pipes) and ``mixed_precision`` is a
-whole ``MixedPrecisionConfig`` object (v0.6.0's recipes hold a name or an object, per GPU). MTP (v0.6.0's
-``mtp_hybrid_override_pattern``) is not written here: refused in one line. v0.4.x / v0.5.x (``MambaModelProvider``
+whole ``MixedPrecisionConfig`` object (v0.6.0's recipes hold a name or an object, per GPU). MTP: the provider's
+``mtp_num_layers``, ``mtp_hybrid_override_pattern`` (one depth's pattern), ``mtp_use_repeated_layer`` and
+``keep_mtp_spec_in_bf16`` (false: aceso prices MTP in the plan's precision), as v0.6.0's Nemotron recipes set them;
+``finalize`` appends '/' and the MTP pattern once per depth (``max(1, mtp_num_layers)`` with the shared layer), the
+Megatron-LM form's pattern again (``_with_mtp``, ``finalized_pattern``). Where v0.3.1 cannot run a plan (an uneven
+split, full recompute, MTP) the export writes v0.6.0's form (``needs_pipes``); a model no form runs
+(``model_refusal``) is refused before any search by the capability table. v0.4.x / v0.5.x (``MambaModelProvider``
 on megatron-core 0.17 / 0.18) are not written (their provider's '|' handling is not checked here).
 
 Every other field is ``names.bridge_fields`` of the plan's Megatron form (``hybrid_pattern.hybrid_form``), as for
