@@ -21,9 +21,9 @@ Bridge v0.3.1 builds these models from ``MambaModelProvider`` subclasses (``mode
   ``tp_comm_overlap=True``, which every export overrides with the plan's (and the nano recipe's
   ``delay_wgrad_compute`` / ``overlap_moe_expert_parallel_comm``, which Bridge copies onto the model).
 
-Bridge v0.6.0 (tag 51885cf13; ``PIPES``): ``models/hybrid/hybrid_provider.py`` ``HybridModelProvider``
-passes ``hybrid_layer_pattern`` as it is to megatron-core's ``HybridModel`` (its 3rdparty pin cd4afff, the 0.19
-line), whose ``select_pipeline_segment`` gives pipeline rank ``r`` the ``r``-th '|' segment, so any uneven split
+Bridge v0.6.0 (tag commit 51885cf13; ``--hybrid-pattern``; ``PIPES``): ``models/hybrid/hybrid_provider.py``
+``HybridModelProvider`` passes ``hybrid_layer_pattern`` as it is to megatron-core's ``HybridModel`` (its 3rdparty
+pin cd4afff, the 0.19 line), whose ``select_pipeline_segment`` gives pipeline rank ``r`` the ``r``-th '|' segment, so any uneven split
 (cuts at any layer of the pattern) runs; ``finalize`` derives ``num_layers`` without the '|'
 (``get_hybrid_total_layer_count``) and ``provide`` still asserts no virtual pipeline. The form is Megatron-LM
 core_v0.19's hybrid pattern (``hybrid_pattern.hybrid_form``: full recompute checkpoints hybrid layers there); the
