@@ -79,9 +79,10 @@ def run(args: argparse.Namespace) -> int:
     if args.to == "megatron-bridge" and plan.model.mamba is not None:
         from ..megatron.bridge import cli_overrides, write_yaml
         from ..megatron.bridge_hybrid import PIPES, needs_pipes, overrides
-        if needs_pipes(plan):                # NotExpressible: exit 2, one line, nothing written
-            print(f"aceso export: note: written for {PIPES} ('|' stage cuts): Bridge v0.3.1's MambaStack cannot "
-                  "split this plan", file=sys.stderr)
+        gap = needs_pipes(plan)              # NotExpressible: exit 2, one line, nothing written
+        if gap:
+            print(f"aceso export: note: written for {PIPES} (HybridModelProvider): Bridge v0.3.1 does not run this "
+                  f"plan ({gap})", file=sys.stderr)
             return _hybrid(args, plan, rel, source)
         recipe, cfg, ov = overrides(plan)
         text = cli_overrides(cfg, (recipe, ov)) if args.args_only else write_yaml(plan, cfg, source, (recipe, ov))

@@ -21,15 +21,20 @@ Bridge v0.3.1 builds these models from ``MambaModelProvider`` subclasses (``mode
   ``tp_comm_overlap=True``, which every export overrides with the plan's (and the nano recipe's
   ``delay_wgrad_compute`` / ``overlap_moe_expert_parallel_comm``, which Bridge copies onto the model).
 
-Bridge v0.6.0 (``--hybrid-pattern``; ``PIPES``): ``models/hybrid/hybrid_provider.py`` ``HybridModelProvider``
-passes ``hybrid_layer_pattern`` as it is to megatron-core's ``HybridModel`` (its 3rdparty pin cd4afff, the 0.19
-line), whose ``select_pipeline_segment`` gives pipeline rank ``r`` the ``r``-th '|' segment, so any uneven split
+Bridge v0.6.0 (tag commit 51885cf13; ``--hybrid-pattern``; ``PIPES``): ``models/hybrid/hybrid_provider.py``
+``HybridModelProvider`` passes ``hybrid_layer_pattern`` as it is to megatron-core's ``HybridModel`` (its 3rdparty
+pin cd4afff, the 0.19 line), whose ``select_pipeline_segment`` gives pipeline rank ``r`` the ``r``-th '|' segment, so any uneven split
 (cuts at any layer of the pattern) runs; ``finalize`` derives ``num_layers`` without the '|'
 (``get_hybrid_total_layer_count``) and ``provide`` still asserts no virtual pipeline. The form is Megatron-LM
 core_v0.19's hybrid pattern (``hybrid_pattern.hybrid_form``: full recompute checkpoints hybrid layers there); the
 first / last stage fields are left out (megatron-core asserts them away with pipes) and ``mixed_precision`` is a
-whole ``MixedPrecisionConfig`` object (v0.6.0's recipes hold a name or an object, per GPU). MTP (v0.6.0's
-``mtp_hybrid_override_pattern``) is not written here: refused in one line. v0.4.x / v0.5.x (``MambaModelProvider``
+whole ``MixedPrecisionConfig`` object (v0.6.0's recipes hold a name or an object, per GPU). MTP: the provider's
+``mtp_num_layers``, ``mtp_hybrid_override_pattern`` (one depth's pattern), ``mtp_use_repeated_layer`` and
+``keep_mtp_spec_in_bf16`` (false: aceso prices MTP in the plan's precision), as v0.6.0's Nemotron recipes set them;
+``finalize`` appends '/' and the MTP pattern once per depth (``max(1, mtp_num_layers)`` with the shared layer), the
+Megatron-LM form's pattern again (``_with_mtp``, ``finalized_pattern``). Where v0.3.1 cannot run a plan (an uneven
+split, full recompute, MTP) the export writes v0.6.0's form (``needs_pipes``); a model no form runs
+(``model_refusal``) is refused before any search by the capability table. v0.4.x / v0.5.x (``MambaModelProvider``
 on megatron-core 0.17 / 0.18) are not written (their provider's '|' handling is not checked here).
 
 Every other field is ``names.bridge_fields`` of the plan's Megatron form (``hybrid_pattern.hybrid_form``), as for
@@ -65,22 +70,48 @@ def recipe_for(model) -> str:
     return RECIPES.get(model.name) or (MOE_RECIPE if model.moe is not None else DENSE_RECIPE)
 
 
-def _refusal(plan: ParallelPlan, pipes: bool = False) -> str | None:
-    m = plan.model
-    bridge = PIPES if pipes else BRIDGE
-    if m.activation != "squared_relu":
-        return (f"model.activation {m.activation}: the Nemotron-H providers' activation_func is squared_relu (a "
+def model_refusal(model) -> str | None:
+    """Why no Bridge form runs any plan of the hybrid ``model`` (the field and why, one clause; the export and the
+    capability table's model row add their target and fix), or None: GDN layers (not written here), an activation
+    other than the providers' squared ReLU, and what megatron-core 0.19's ``HybridModel`` (v0.6.0's) does not build
+    (``hybrid_pattern.model_refusal``: Q/K norms, RoPE scaling, a Mamba-2 mixer its flags cannot set)."""
+    from .hybrid_pattern import model_refusal as pattern_refusal
+    from .versions import release
+    if model.gdn is not None:
+        return f"model {model.name} has GDN layers ('G'), which aceso's Bridge hybrid overrides do not write"
+    if model.activation != "squared_relu":
+        return (f"model.activation {model.activation}: the Nemotron-H providers' activation_func is squared_relu (a "
                 "Python callable a YAML cannot set)")
+    return pattern_refusal(model, release(PIPES_CORE))
+
+
+def _refusal(plan: ParallelPlan, pipes: bool = False) -> str | None:
+    """What neither form runs (``model_refusal``, virtual stages), as ``bridge`` words it."""
+    why = model_refusal(plan.model)
+    if why:
+        return why
+    if any(len(st.chunks) > 1 for st in plan.stages):
+        return (f"virtual pipeline stages: the hybrid model provider of {PIPES if pipes else BRIDGE} asserts none"
+                + ("" if pipes else " (megatron-core 0.16.1's MambaStack places no virtual stages)"))
+    return None
+
+
+def _v031_gap(plan: ParallelPlan, c: MegatronConfig) -> str | None:
+    """What Bridge v0.3.1 (megatron-core 0.16.1's ``MambaModel``) does not run of a plan v0.6.0 runs, one clause;
+    or None."""
+    from .layout import split_for
+    m = plan.model
     bad = sorted(set(m.hybrid_layer_pattern.split("/")[0]) - SYMBOLS)
-    if bad and not pipes:
+    if bad:
         return f"hybrid_layer_pattern: '{bad[0]}' layers are newer than megatron-core 0.16.1's MambaModel (M * - E)"
     if m.mtp_num_layers:
-        return ("mtp_num_layers: aceso writes no mtp_hybrid_override_pattern for HybridModelProvider of v0.6.0"
-                if pipes else "mtp_num_layers: MambaModelProvider of v0.3.1 has no MTP (megatron-core 0.16.1's "
-                "MambaModel none)")
-    if any(len(st.chunks) > 1 for st in plan.stages):
-        return (f"virtual pipeline stages: the hybrid model provider of {bridge} asserts none"
-                + ("" if pipes else " (megatron-core 0.16.1's MambaStack places no virtual stages)"))
+        return "mtp_num_layers: MambaModelProvider of v0.3.1 has no MTP (megatron-core 0.16.1's MambaModel none)"
+    if c.recompute.granularity == "full":
+        return "recompute full: megatron-core 0.16.1's MambaStack (Bridge v0.3.1) checkpoints no layer"
+    if split_for(c.chunk_layers, c.pp, 1).layout is not None:
+        even = len(m.hybrid_layer_pattern.split("/")[0]) / c.pp
+        return (f"stage layers {'/'.join(map(str, c.chunk_layers))}: {BRIDGE}'s MambaStack splits evenly "
+                f"({even:g} hybrid layers a stage) or with other first / last stages only")
     return None
 
 
@@ -88,42 +119,28 @@ def hybrid_config(plan: ParallelPlan, pipes: bool = False):
     """The plan's Megatron form as Bridge v0.3.1 runs it (``pipes``: Bridge v0.6.0 with '|' cuts), or
     ``NotExpressible`` (one line): ``(config, pattern)``."""
     from .hybrid_pattern import hybrid_form
-    from .layout import split_for
     from .versions import release
     why = _refusal(plan, pipes)
     if why:
         raise NotExpressible(f"--to megatron-bridge: {why}; export it with --to megatron-lm --hybrid-pattern")
     # the model and plan rules of a hybrid run (Megatron-LM's own refusals)
-    form = hybrid_form(plan, release(PIPES_CORE)) if pipes else hybrid_form(plan)
-    c = form.config
+    form = hybrid_form(plan, release(PIPES_CORE))
     if pipes:
-        return c, form.pattern
-    if c.recompute.granularity == "full":
-        raise NotExpressible("--to megatron-bridge: recompute full: megatron-core 0.16.1's MambaStack (Bridge "
-                             "v0.3.1) checkpoints no layer; use selective recompute or export it with --to "
-                             "megatron-lm --hybrid-pattern (core_v0.18 on)")
-    if split_for(c.chunk_layers, c.pp, 1).layout is not None:
-        even = len(plan.model.hybrid_layer_pattern.split("/")[0]) / c.pp
-        raise NotExpressible(f"--to megatron-bridge: stage layers {'/'.join(map(str, c.chunk_layers))}: "
-                             f"{BRIDGE}'s MambaStack splits evenly ({even:g} hybrid layers a stage) or with other "
-                             f"first / last stages only; give the plan such a split, or export this one with "
-                             f"--hybrid-pattern ('|' cuts: {PIPES}, or --to megatron-lm)")
-    return c, plan.model.hybrid_layer_pattern
+        return form.config, form.pattern
+    gap = _v031_gap(plan, form.config)
+    if gap:
+        raise NotExpressible(f"--to megatron-bridge: {gap}; {PIPES} runs it: export it with --hybrid-pattern, or "
+                             "--to megatron-lm --hybrid-pattern")
+    return form.config, plan.model.hybrid_layer_pattern
 
 
-def needs_pipes(plan: ParallelPlan) -> bool:
-    """Which Bridge form the export writes: False, Bridge v0.3.1's MambaStack split; True, only v0.6.0's '|' cuts
-    run the plan (an uneven split, full recompute); ``NotExpressible`` in v0.3.1's words when neither does. The
-    one order of the forms, for the export and the Bridge target's capability row."""
-    try:
-        hybrid_config(plan)
-        return False
-    except NotExpressible as e:
-        try:
-            hybrid_config(plan, pipes=True)
-        except NotExpressible:
-            raise e from None
-        return True
+def needs_pipes(plan: ParallelPlan) -> str | None:
+    """Which Bridge form the export writes: None, Bridge v0.3.1's MambaStack split; else what v0.3.1 does not run
+    of the plan (an uneven split, full recompute, MTP: one clause, the export's note), which only v0.6.0's
+    ``HybridModelProvider`` runs; ``NotExpressible`` in v0.6.0's words when neither runs it. The one order of the
+    forms, for the export and the Bridge target's capability row."""
+    c, _ = hybrid_config(plan, pipes=True)
+    return _v031_gap(plan, c)
 
 
 def overrides(plan: ParallelPlan, pipes: bool = False) -> tuple[str, MegatronConfig, dict[str, object]]:
@@ -135,8 +152,9 @@ def overrides(plan: ParallelPlan, pipes: bool = False) -> tuple[str, MegatronCon
     m = c.model
     out = bridge_fields(c)
     model = out["model"]
-    for k in ("mtp_num_layers", "multi_latent_attention", "moe_layer_freq", "pipeline_model_parallel_layout"):
-        model.pop(k, None)               # not MambaModelProvider fields, or the pattern's
+    for k in ("mtp_num_layers", "mtp_use_repeated_layer", "multi_latent_attention", "moe_layer_freq",
+              "pipeline_model_parallel_layout"):
+        model.pop(k, None)               # not MambaModelProvider fields, or the pattern's (MTP: below)
     sh = shape(m.mamba, m.hidden_size)
     if pipes:                            # megatron-core asserts the split fields away with pipes
         for k in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
@@ -144,6 +162,8 @@ def overrides(plan: ParallelPlan, pipes: bool = False) -> tuple[str, MegatronCon
         from .names import tokenizer_args
         from .versions import release     # 0.19's NullTokenizer counts its EOD token (0.16.1's adds it)
         out["tokenizer"]["vocab_size"] = int(tokenizer_args(c, release(PIPES_CORE))[-1])
+    if pipes:
+        pattern = _with_mtp(model, pattern, m)
     model.update({"hybrid_layer_pattern" if pipes else "hybrid_override_pattern": pattern}, mamba_state_dim=sh.state,
                  mamba_head_dim=sh.head_dim, mamba_num_groups=sh.groups, mamba_num_heads=sh.heads,
                  use_mamba_mem_eff_path=m.mamba.use_mamba_mem_eff_path)
@@ -159,6 +179,38 @@ def overrides(plan: ParallelPlan, pipes: bool = False) -> tuple[str, MegatronCon
     return recipe_for(m), c, out
 
 
+# v0.6.0 HybridModelProvider's MTP fields (models/hybrid/hybrid_provider.py; mtp_use_repeated_layer is megatron-core's)
+MTP_FIELDS = ("mtp_num_layers", "mtp_hybrid_override_pattern", "mtp_use_repeated_layer", "keep_mtp_spec_in_bf16")
+
+
+def _with_mtp(model: dict, pattern: str, m) -> str:
+    """The main pattern (with its '|' cuts) of the Megatron-LM form's ``pattern``, and a model with MTP's fields
+    added to ``model`` as Bridge v0.6.0's Nemotron recipes write them (``nemotron_3_5_lightning_pretrain_config``:
+    ``mtp_num_layers``, ``mtp_hybrid_override_pattern`` one depth's pattern, ``mtp_use_repeated_layer``):
+    ``HybridModelProvider.finalize`` appends ``'/' + mtp_hybrid_override_pattern`` once per depth
+    (``max(1, mtp_num_layers)`` with the repeated layer), which is the Megatron-LM form's pattern again.
+    ``keep_mtp_spec_in_bf16`` is written false: aceso prices the MTP layers in the plan's precision (the Super
+    recipe keeps them in bf16)."""
+    main, *depths = pattern.split("/")
+    if not m.mtp_num_layers:
+        return main
+    assert len(depths) == m.mtp_num_layers and len(set(depths)) == 1, pattern
+    model.update(dict(zip(MTP_FIELDS, (m.mtp_num_layers, depths[0], bool(m.mtp_use_repeated_layer), False))))
+    return main
+
+
+def finalized_pattern(model: dict) -> str | None:
+    """``hybrid_layer_pattern`` as v0.6.0's ``HybridModelProvider.finalize`` makes it of the ``model`` overrides: the
+    main pattern (before any '/') and ``mtp_hybrid_override_pattern`` once per MTP depth (``max(1,
+    mtp_num_layers)`` with ``mtp_use_repeated_layer``); the pattern as written without an MTP pattern."""
+    pattern, mtp = model.get("hybrid_layer_pattern"), model.get("mtp_hybrid_override_pattern")
+    if pattern is None or not mtp:
+        return pattern
+    n = model.get("mtp_num_layers") or 0
+    copies = max(1, n) if model.get("mtp_use_repeated_layer") else n
+    return "/".join([pattern.split("/")[0]] + [mtp] * copies)
+
+
 # ----- reading the overrides back --------------------------------------------------------------------------------
 READ_RELEASE = "0.17"
 # Bridge field -> Megatron-LM flag where the name is not the field's with '-' (None: read from elsewhere / dropped)
@@ -169,7 +221,8 @@ FLAGS = {"model.num_moe_experts": "--num-experts", "model.hybrid_override_patter
          "model.vocab_size": None, "model.virtual_pipeline_model_parallel_size": None,
          "tokenizer.vocab_size": "--vocab-size", "dataset.seq_length": None, "optimizer.use_distributed_optimizer": None,
          "comm_overlap.delay_wgrad_compute": None, "comm_overlap.overlap_moe_expert_parallel_comm": None,
-         "comm_overlap.tp_comm_overlap": "--tp-comm-overlap"}
+         "comm_overlap.tp_comm_overlap": "--tp-comm-overlap",
+         "model.mtp_hybrid_override_pattern": None, "model.keep_mtp_spec_in_bf16": None}   # in the pattern; priced
 # bool fields whose flag says the opposite
 NEGATED = {"model.share_embeddings_and_output_weights": "--untie-embeddings-and-output-weights",
            "model.add_bias_linear": "--disable-bias-linear", "ddp.grad_reduce_in_fp32": "--grad-reduce-in-bf16",
@@ -184,6 +237,9 @@ def _scalar(text: str) -> object:
     if t.startswith("["):
         inner = t[1:-1].strip()
         return [_scalar(x) for x in inner.split(",")] if inner else []
+    if t.startswith("{"):                  # a flow mapping (a dtype object of mixed_precision)
+        inner = t[1:-1].strip()
+        return {k.strip(): _scalar(v) for k, _, v in (x.partition(":") for x in inner.split(","))} if inner else {}
     if t.startswith('"'):
         return json.loads(t)
     for kind in (int, float):
@@ -250,16 +306,28 @@ def to_argv(ov: dict[str, dict[str, object]]) -> list[str]:
 
 
 def _precision(mp: object) -> list[str]:
-    """``--bf16`` / ``--fp16`` / nothing (fp32) of the ``mixed_precision`` override (``bridge._mixed_precision``
-    writes: a recipe name, a ``MixedPrecisionConfig`` object, or null); the low-precision recipes are refused."""
+    """The Megatron-LM precision flags of the ``mixed_precision`` override (``bridge._mixed_precision`` writes: a
+    recipe name, a ``MixedPrecisionConfig`` object, or null): ``--bf16`` / ``--fp16`` / nothing (fp32), and a
+    low-precision object's recipe (``fp8`` / ``fp8_recipe`` or ``fp4`` / ``fp4_recipe``, the param gather, the
+    bf16 first / last layers: ``bridge._low_precision_object``'s fields) as ``precision.megatron_flags``."""
     if mp is None:
         return []
     if isinstance(mp, str) and mp in ("bf16_mixed", "fp16_mixed"):
         return ["--" + mp[:4]]
+    if isinstance(mp, dict) and {"fp8", "fp4"} & set(mp) and mp.get("bf16"):
+        from search.settings.precision import from_megatron, megatron_flags
+        try:
+            name = from_megatron(mp.get("fp8"), mp.get("fp8_recipe"), mp.get("fp4"), mp.get("fp4_recipe"))
+        except ValueError as e:
+            raise NotExpressible(f"mixed_precision: {e}") from None
+        layers = (mp.get("num_layers_at_start_in_bf16") or 0, mp.get("num_layers_at_end_in_bf16") or 0) \
+            if mp.get("first_last_layers_bf16") else (0, 0)
+        return ["--bf16", *megatron_flags(name, bool(mp.get("fp8_param_gather")), *layers,
+                                          bool(mp.get("reuse_grad_buf_for_mxfp8_param_ag")))]
     if isinstance(mp, dict) and not {"fp8", "fp4"} & set(mp):
         return ["--bf16"] if mp.get("bf16") else ["--fp16"] if mp.get("fp16") else []
-    raise NotExpressible(f"mixed_precision: {mp!r} is not read back by aceso (bf16 or fp16 recipes, an object "
-                         "without fp8 / fp4, or null); import the Megatron-LM script instead")
+    raise NotExpressible(f"mixed_precision: {mp!r} is not read back by aceso (bf16 or fp16 recipes, a "
+                         "MixedPrecisionConfig object, or null); import the Megatron-LM script instead")
 
 
 def read_overrides(text: str, source: str, world_size: int | None = None, cluster=None):
@@ -275,15 +343,15 @@ def read_overrides(text: str, source: str, world_size: int | None = None, cluste
     world = world_size or world
     if world is None:
         raise NotExpressible(f"{source}: no torchrun line with the world size; give --world-size")
-    imp = read_megatron(shlex.join(to_argv(ov)), source, world_size=world, cluster=cluster,
+    model = ov.get("model") or {}
+    unified = {**ov, "model": {**model, "hybrid_layer_pattern": finalized_pattern(model)}} if pipes else ov
+    imp = read_megatron(shlex.join(to_argv(unified)), source, world_size=world, cluster=cluster,
                         version=PIPES_CORE if pipes else READ_RELEASE)
     settings = imp.plan.settings.model_copy(update={"framework": "megatron-bridge",
                                                     "release": PIPES_CORE if pipes else BRIDGE_CORE})
     imp = dataclasses.replace(imp, plan=imp.plan.model_copy(update={"settings": settings}))
     _, _, back = overrides(imp.plan, pipes)
     for section, fields in ov.items():
-        if section == "mixed_precision":
-            continue                      # read as --bf16 / --fp16 above
         for field, v in (fields.items() if isinstance(fields, dict) else [(None, fields)]):
             have = back.get(section)
             w = have if field is None else (have or {}).get(field, "(not written)")

@@ -127,28 +127,33 @@ def one_shape(plan, device) -> str | None:
     return check_expressible(plan)
 
 
+def bridge_hybrid_model(model, low) -> str | None:
+    """A hybrid model no Bridge form runs at all (``megatron.bridge_hybrid.model_refusal``: GDN layers, another
+    activation than the providers' squared ReLU, what megatron-core 0.19's HybridModel does not build): refused
+    before any search."""
+    from search.megatron.hybrid_pattern import runs_as_pattern
+    if not runs_as_pattern(model):
+        return None
+    from search.megatron.bridge_hybrid import model_refusal as bridge_refusal
+    why = bridge_refusal(model)
+    return (f"--target megatron-bridge: {why}; search with --target megatron-lm (pretrain_hybrid.py "
+            "--hybrid-layer-pattern)") if why else None
+
+
 def bridge_hybrid_layout(plan, device) -> str | None:
     """What ``aceso export --to megatron-bridge`` writes of a hybrid model's plan, the export's own checks
-    (``megatron.bridge_hybrid.hybrid_config``): Bridge v0.3.1's MambaStack split, else v0.6.0's '|' cuts at any
-    layer (``HybridModelProvider`` passes ``hybrid_layer_pattern`` to megatron-core's ``HybridModel``); what neither
-    runs (virtual pipeline stages, full recompute, MTP as aceso writes it, another activation, GDN layers) is
-    refused, so the search for this target returns only plans that export."""
-    from search.layers.hybrid import export_refusal
+    (``megatron.bridge_hybrid.needs_pipes``): Bridge v0.3.1's MambaStack split, else v0.6.0's
+    ``HybridModelProvider`` ('|' cuts at any layer, full recompute, MTP); what neither runs (virtual pipeline
+    stages) is refused in v0.6.0's words, so the search for this target returns only plans that export."""
     from search.megatron.hybrid_pattern import runs_as_pattern
     if not runs_as_pattern(plan.model):
         return None
-    why = export_refusal(plan.model, "megatron-bridge")
-    if why:
-        return why
-    from search.megatron.bridge_hybrid import hybrid_config, needs_pipes
+    from search.megatron.bridge_hybrid import needs_pipes
     from search.megatron.config import NotExpressible
     try:
         needs_pipes(plan)
-    except NotExpressible:
-        try:
-            hybrid_config(plan, pipes=True)      # neither form runs it: say what the newest Bridge refuses
-        except NotExpressible as e:
-            return str(e)
+    except NotExpressible as e:
+        return str(e)
     return None
 
 
@@ -166,6 +171,7 @@ TABLE: tuple[Row, ...] = (
     Row("MoE with linear biases", "model", {RUNTIME: rt.moe_biases}),
     Row("MoE router expert bias", "model", {RUNTIME: rt.expert_bias}),
     Row("T5 (encoder-decoder)", "model", {BRIDGE: t5_on_bridge}),
+    Row("hybrid models on Bridge (Mamba-2, squared ReLU; no GDN)", "model", {BRIDGE: bridge_hybrid_model}),
     Row("bf16 first / last layers of an FP8 recipe", "plan", _every(bf16_layers)),
     Row("fp16 on a GPU with bf16 (loss scaling)", "precision", {RUNTIME: rt.fp16_on_gpu}),
     Row("CPU activation offload", "plan", {RUNTIME: rt.activation_offload}),
@@ -185,7 +191,7 @@ TABLE: tuple[Row, ...] = (
     Row("optimizers other than Adam (Muon, dist_muon)", "plan", {RUNTIME: rt.optimizer}),
     Row("tp-pp-dp rank order, SHARP", "plan", {RUNTIME: rt.data_parallel}),
     Row("per-stage shapes, mid-layer cuts, per-unit recompute", "plan", {MEGATRON_LM: one_shape, BRIDGE: one_shape}),
-    Row("hybrid layouts on Bridge (v0.3.1's even split; '|' cuts from v0.6.0; no VPP, full recompute, MTP)", "plan",
+    Row("hybrid layouts on Bridge (v0.3.1's even split; '|' cuts, full recompute, MTP from v0.6.0; no VPP)", "plan",
         {BRIDGE: bridge_hybrid_layout}),
 )
 

@@ -14,7 +14,7 @@ import pytest
 from search.cli import main
 from search.megatron import NotExpressible
 from search.megatron.bridge import write_yaml
-from search.megatron.bridge_hybrid import overrides, read_overrides
+from search.megatron.bridge_hybrid import hybrid_config, overrides, read_overrides
 from search.spec.presets import load_model
 from tests.hybrid_plans import cut_plan
 
@@ -90,10 +90,18 @@ def test_what_megatron_core_0_16_cannot_place_is_refused_in_one_line(tmp_path, c
     assert "written for Megatron-Bridge v0.6.0" in capsys.readouterr().err
     assert "hybrid_layer_pattern" in (tmp_path / "u.yaml").read_text()
     _refused(cut_plan(h8, [0, 13, 26, 39, 52], 2), tmp_path, capsys, "virtual pipeline", "--hybrid-pattern")
+    # MTP: v0.3.1's MambaModelProvider has none; written for v0.6.0's HybridModelProvider, the note says why
     d = h8.model_dump()
     mtp = type(h8).model_validate({**d, "name": "custom", "aceso_db_key": None, "nominal_params_b": None,
                                    "hybrid_layer_pattern": d["hybrid_layer_pattern"] + "/*-", "mtp_num_layers": 1})
-    _refused(cut_plan(mtp, [0, 26, 53], 2), tmp_path, capsys, "mtp_num_layers", "no MTP")
+    with pytest.raises(NotExpressible, match="mtp_num_layers: MambaModelProvider of v0.3.1 has no MTP"):
+        hybrid_config(cut_plan(mtp, [0, 26, 53], 2))
+    path = tmp_path / "mtp.json"
+    path.write_text(cut_plan(mtp, [0, 26, 53], 2).to_json())
+    assert main(["export", str(path), "--to", "megatron-bridge", "-o", str(tmp_path / "m.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "written for Megatron-Bridge v0.6.0" in err and "no MTP" in err, err
+    assert "  mtp_hybrid_override_pattern: \"*-\"\n" in (tmp_path / "m.yaml").read_text()
 
 
 @pytest.mark.parametrize("name", list(_plans()))
@@ -200,3 +208,101 @@ def test_what_bridge_0_6_does_not_run_is_refused_naming_it(tmp_path, capsys):
     llama = load_model("llama3-8b")
     rc, out = _cli_pipes(cut_plan(llama, [0, llama.num_units], 1), tmp_path)   # no Mamba: not a Bridge form
     assert rc == 2 and "--hybrid-pattern" in capsys.readouterr().err and not out.exists()
+
+
+# ----- Bridge v0.6.0: a hybrid model with MTP (Nemotron-3 Super) --------------------------------------------------
+# Megatron-Bridge v0.6.0 (tag v0.6.0, commit 51885cf132b2814188b6855c25a8588254274c2a),
+# src/megatron/bridge/models/hybrid/hybrid_provider.py, HybridModelProvider (lines 162-165):
+#     # MTP
+#     mtp_num_layers: int | None = 0
+#     mtp_hybrid_override_pattern: str | None = None
+#     keep_mtp_spec_in_bf16: bool = False
+# (mtp_use_repeated_layer is megatron-core 0.19's TransformerConfig field), and its finalize (lines 196-209):
+#     if self.hybrid_layer_pattern is not None and self.mtp_hybrid_override_pattern:
+#         sep = Symbols.MTP_SEPARATOR
+#         main_pattern = self.hybrid_layer_pattern.split(sep)[0]
+#         if self.mtp_use_repeated_layer:
+#             num_pattern_copies = max(1, self.mtp_num_layers or 0)
+#         else:
+#             num_pattern_copies = self.mtp_num_layers or 0
+#         self.hybrid_layer_pattern = (
+#             main_pattern + sep + sep.join([self.mtp_hybrid_override_pattern] * num_pattern_copies))
+# then num_layers must equal get_hybrid_total_layer_count(pattern): the main pattern's symbols without '|'.
+# Its Nemotron recipes set MTP so: recipes/nemotronh/h100/nemotron_3_nano.py, nemotron_3_5_lightning_pretrain_config
+# (lines 256-269), the Nano recipe (the one aceso overrides) plus mtp_num_layers = 2, mtp_hybrid_override_pattern =
+# "*E", mtp_use_repeated_layer = True.
+PROVIDER_MTP_FIELDS = {"mtp_num_layers", "mtp_hybrid_override_pattern", "keep_mtp_spec_in_bf16",
+                       "mtp_use_repeated_layer"}
+
+
+def _bridge_finalize(model: dict) -> str:
+    """HybridModelProvider.finalize's pattern, transcribed from the lines quoted above."""
+    pattern = model["hybrid_layer_pattern"]
+    if pattern is not None and model.get("mtp_hybrid_override_pattern"):
+        main = pattern.split("/")[0]
+        n = model.get("mtp_num_layers") or 0
+        copies = max(1, n) if model.get("mtp_use_repeated_layer") else n
+        pattern = main + "/" + "/".join([model["mtp_hybrid_override_pattern"]] * copies)
+    return pattern
+
+
+def _megatron_lm_pattern(plan) -> str:
+    """The Megatron-LM export's --hybrid-layer-pattern of the plan (the reference MTP form)."""
+    import shlex
+    from search.megatron.hybrid_pattern import args_line, hybrid_form
+    words = shlex.split(args_line(hybrid_form(plan)))
+    return words[words.index("--hybrid-layer-pattern") + 1]
+
+
+def _super(repeated: bool = True):
+    sup = load_model("nemotron-3-super")
+    return sup if repeated else sup.model_copy(update={"name": "custom", "aceso_db_key": None,
+                                                       "mtp_use_repeated_layer": False})
+
+
+@pytest.mark.parametrize("repeated", [True, False])
+def test_an_mtp_hybrid_is_written_as_hybrid_model_providers_mtp_fields(repeated):
+    """Nemotron-3 Super (88 layers, 2 MTP depths of '*E', one shared layer: its preset) cut 40 | 48 + MTP: Bridge
+    v0.6.0's finalize of the written fields gives the Megatron-LM export's pattern, MTP part included, so Bridge
+    builds the model aceso priced (its depths, their pattern, the shared layer or not; the MTP in the plan's
+    precision)."""
+    sup = _super(repeated)
+    plan = cut_plan(sup, [0, 40, sup.num_units], 2, gbs=16)
+    recipe, _, ov = overrides(plan, pipes=True)
+    m = ov["model"]
+    assert recipe == "nemotron_3_nano_pretrain_config"
+    assert {k: m[k] for k in PROVIDER_MTP_FIELDS} == {"mtp_num_layers": 2, "mtp_hybrid_override_pattern": "*E",
+                                                      "mtp_use_repeated_layer": repeated,
+                                                      "keep_mtp_spec_in_bf16": False}
+    want = _megatron_lm_pattern(plan)
+    assert want.endswith("/*E/*E") and want.count("|") == 1
+    assert _bridge_finalize(m) == want
+    assert m["num_layers"] == len(want.split("/")[0].replace("|", "")) == 88
+    assert "/" not in m["hybrid_layer_pattern"]
+
+
+def test_an_mtp_hybrids_yaml_imports_back_as_the_plan(tmp_path, capsys):
+    """The Super plan (mxfp8, as NVIDIA ran it) exported for v0.6.0 and read back: the same model (MTP depths,
+    pattern, shared layer), stages and precision recipe, and the plan read back writes the same overrides."""
+    from search.settings.precision import LowPrecision
+    from search.spec.plan import load_plan
+    sup = _super()
+    plan = cut_plan(sup, [0, 40, sup.num_units], 2, gbs=16).model_copy(deep=True)
+    plan.settings = plan.settings.model_copy(update={"low_precision": LowPrecision(recipe="mxfp8")})
+    plan = type(plan).model_validate(plan.model_dump())
+    path, yaml, back = tmp_path / "plan.json", tmp_path / "o.yaml", tmp_path / "back.json"
+    path.write_text(plan.to_json())
+    assert main(["export", str(path), "--to", "megatron-bridge", "-o", str(yaml)]) == 0
+    assert "MTP" in capsys.readouterr().err
+    assert main(["import", str(yaml), "--from", "megatron-bridge", "-o", str(back)]) == 0, capsys.readouterr().err
+    got = load_plan(str(back))
+    assert got.model == plan.model and got.stages == plan.stages
+    assert got.model.mtp_num_layers == 2 and got.model.mtp_use_repeated_layer
+    assert got.settings.low_precision == plan.settings.low_precision
+    assert overrides(got, pipes=True)[2] == overrides(plan, pipes=True)[2]
+    # a field aceso does not write back is refused: MTP kept in bf16 is not what aceso priced
+    text = yaml.read_text().replace("keep_mtp_spec_in_bf16: false", "keep_mtp_spec_in_bf16: true")
+    yaml.write_text(text)
+    assert main(["import", str(yaml), "--from", "megatron-bridge", "-o", str(tmp_path / "b2.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model.keep_mtp_spec_in_bf16" in err and not (tmp_path / "b2.json").exists()

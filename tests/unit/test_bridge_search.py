@@ -67,3 +67,42 @@ def test_a_bridge_search_plan_exports(tmp_path, capsys):
     y = tmp_path / "b.yaml"
     assert main(["export", str(out), "--to", "megatron-bridge", "-o", str(y)]) == 0
     assert "hybrid_override_pattern" in y.read_text()
+
+
+def test_the_published_nemotron_3_super_bridge_run_is_searched_and_exported(tmp_path, capsys):
+    """Issue 36: NVIDIA ran Nemotron-3 Super (MTP: 2 depths of one shared '*E' layer) with Megatron-Bridge 26.04.01
+    on 64 GB300s, GBS 512, MXFP8, tp 1 pp 1 ep 64 mbs 1 (../shared/published/megatron-bridge-26.02-26.04.json,
+    9344 tokens/s/GPU). The Bridge search refused every plan (aceso wrote no MTP for Bridge); now it returns one
+    that fits, the capability table's Bridge row runs it, and it exports as v0.6.0 overrides with the MTP fields."""
+    from search.spec.plan import load_plan
+    rc, err, out = _search(tmp_path, capsys, "--model", "nemotron-3-super", "--cluster", "1x64-gb300",
+                           "--global-batch-size", "512", "--precision", "mxfp8", "--budget-evals", "40")
+    assert rc == 0, err
+    plan = load_plan(str(out))
+    assert max(plan.predicted.stage_memory_mb) <= plan.cluster.gpu.memory_gib * 1024
+    assert plan_refusal(plan, "megatron-bridge") is None
+    y = tmp_path / "b.yaml"
+    assert main(["export", str(out), "--to", "megatron-bridge", "-o", str(y)]) == 0
+    text = y.read_text()
+    assert "Megatron-Bridge v0.6.0 overrides" in text and "  mtp_num_layers: 2\n" in text
+    assert "  mtp_use_repeated_layer: true\n" in text and "  fp8_recipe: mxfp8\n" in text
+
+
+def test_a_hybrid_model_no_bridge_form_runs_is_refused_before_searching(tmp_path, capsys, monkeypatch):
+    """A GDN hybrid (Nemotron-H widths, 'G' layers): no Bridge form aceso writes runs it, so the Bridge search is
+    refused in one line before any cost model is built (the capability table's model row), not after a search."""
+    import search.pricing
+    from search.targets.capabilities import model_refusal
+    from tests.hybrid_plans import GDN8
+
+    def searched(*a, **k):
+        raise AssertionError("the search started")
+    monkeypatch.setattr(search.pricing, "cost_model", searched)
+    spec = tmp_path / "gdn.json"
+    spec.write_text(GDN8.model_dump_json())
+    rc, err, out = _search(tmp_path, capsys, "--model", str(spec), "--cluster", "1x8-h100",
+                           "--global-batch-size", "16")
+    assert rc == 2 and err.count("\n") == 1 and not out.exists(), err
+    assert "--target megatron-bridge" in err and "GDN" in err and "--target megatron-lm" in err
+    assert model_refusal("megatron-bridge", GDN8) in err
+    assert model_refusal("megatron-lm", GDN8) is None
