@@ -10,7 +10,7 @@ Rows kept out of a fit (``KEPT_OUT``) each carry their published evidence; every
 
 ``fit(group)`` is a coordinate descent of least ``objective`` (the mean absolute error plus ``BEYOND_WEIGHT`` x the
 mean excess of |error| over 15%: issue 34's two targets) over the group's rows that are not kept out: each constant in ``GRID`` order scanned on its grid with the others fixed, twice; a constant is fitted only where
-the group has at least ``MIN_ROWS`` rows it prices (NVFP4 rows, HybridEP on Blackwell, attention sinks,
+the group has at least ``MIN_ROWS`` rows it prices (NVFP4 rows, attention sinks,
 low-precision GEMMs of a GPU generation), else it keeps the nearest release's value (``release_constants``). ``python
 bench/published_runs.py --fit-release GROUP`` runs it and prints the values with their row counts; the values are
 then written into ``release_constants.FITS`` by hand (a fit never edits the source).
@@ -193,9 +193,8 @@ def _mae(rows: list[dict]) -> float:
 
 
 MIN_ROWS = 4      # a constant is fitted on at least this many of the group's rows, else taken from the nearest fit
-# Constants fitted only from a release on: HybridEP's rate is its own benchmark's (16 SMs) until megatron-core 0.17
-# gives it DeepEP's default SM count (0.17+ ``moe_flex_dispatcher_num_sms`` None: "the default from DeepEP")
-FIT_FROM = {"HYBRIDEP_NVL_EFF": "26.04"}
+# HybridEP's NVLink rate is not fitted: its own benchmark at the SM count of the release (16 SMs through megatron-core
+# 0.16, HybridEP's default 32 from 0.17: ``release_constants.SOURCED``)
 
 GRID = {
     "HOST_LAUNCH_MS": [0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.06, 0.08],
@@ -203,16 +202,14 @@ GRID = {
     "LOWPREC_GEMM_SCALE.hopper": [round(0.6 + 0.04 * i, 2) for i in range(16)],
     "LOWPREC_GEMM_SCALE.blackwell": [round(0.6 + 0.04 * i, 2) for i in range(16)],
     "NVFP4_GEMM_SCALE": [round(0.4 + 0.05 * i, 2) for i in range(17)],
-    "HYBRIDEP_NVL_EFF": [0.35, 0.45, 0.49, 0.55, 0.65, 0.75, 0.85, 0.95],
 }
 # The MoE constants that price the same rows and trade against each other (the host-bound wait, the quantized
-# grouped GEMM's per-tile cost, HybridEP's rate): scanned together on this grid, every MoE row of the group at once,
+# grouped GEMM's per-tile cost): scanned together on this grid, every MoE row of the group at once,
 # before the coordinate descent of the others; one at a time, the descent stopped where one constant's rows alone
 # asked (26.04.01: at four rows beyond 15%, where the joint scan finds none)
 JOINT_GRID = {
     "HOST_LAUNCH_MS": [0.03, 0.035, 0.04, 0.045, 0.05],
     "GROUPED_K0_LP": [0.0, 500.0, 1000.0, 1250.0, 1500.0, 2000.0, 3000.0, 6000.0],
-    "HYBRIDEP_NVL_EFF": [0.45, 0.5, 0.55, 0.6],
 }
 # Fitted on every release's rows together (``release_constants.POOLED``): too few rows in any one release
 POOLED_GRID = {
@@ -236,8 +233,6 @@ def applies(name: str, rows: list[dict]) -> list[dict]:
         return [r for r in rows if not r["moe"] and r["precision"] != "bf16" and gen(r) == name.split(".")[1]]
     if name == "NVFP4_GEMM_SCALE":
         return [r for r in rows if r["precision"] == "nvfp4"]
-    if name == "HYBRIDEP_NVL_EFF":
-        return [r for r in rows if "hybridep" in (r["args"] or "") and gen(r) == "blackwell"]
     if name.startswith("SINK_ATTN_SCALE."):
         return [r for r in rows if "--softmax-type learnable" in (r["args"] or "") and gen(r) == name.split(".")[1]]
     return rows
@@ -299,9 +294,7 @@ def fit(group: str, passes: int = 2, verbose: bool = True) -> tuple[dict, dict]:
     counts = {}
 
     def fitted(name):
-        head = name.split(".")[0]
-        return len(applies(name, all_rows)) >= MIN_ROWS and not (
-            head in FIT_FROM and rc._order(group) < rc._order(FIT_FROM[head]))
+        return len(applies(name, all_rows)) >= MIN_ROWS
     try:
         joint = [n for n in JOINT_GRID if fitted(n)]
         if joint:                # the MoE constants together (``JOINT_GRID``), on every MoE row of the group

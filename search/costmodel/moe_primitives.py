@@ -69,6 +69,15 @@ from .comm import ALPHA_INTER_MS, ALPHA_INTRA_MS, LINK_EFFICIENCY, CommModel
 # Other generations (no benchmark in the sources): the link model's LINK_EFFICIENCY.
 FLEX_NVL_EFF = {"hopper": 0.67, "blackwell": 0.49}
 FLEX_RDMA_EFF = 0.87
+# HybridEP at its own default SM count, 32 (deepseek-ai/DeepEP hybrid-ep ``HybridEPBuffer.__init__``:
+# ``num_sms_dispatch_api = num_sms_combine_api = 32``), which megatron-core 0.17+ leaves it (``moe_flex_dispatcher_num_sms``
+# None: "each backend uses its own default"; 0.16 passed ``moe_hybridep_num_sms`` = 16) and Megatron-Bridge's performance
+# recipes set (``_benchmark_common``: ``moe_hybridep_num_sms = 32``). Its GB200 NVL72 benchmark at 32 SMs, BF16, Torch
+# API, 8 / 16 / 24 / 32 / 36 ranks (docs/README_Hybrid-EP.md): dispatch 545.71 / 523.48 / 507.32 / 484.22 / 479.02,
+# combine 568.94 / 521.55 / 483.76 / 464.54 / 447.89 GB/s, x (n - 1) / n over 900 GB/s: median 0.53 (0.48-0.55)
+HYBRIDEP_32SM_NVL = {8: (545.71, 568.94), 16: (523.48, 521.55), 24: (507.32, 483.76), 32: (484.22, 464.54),
+                     36: (479.02, 447.89)}
+HYBRIDEP_32SM_NVL_EFF = 0.53
 
 
 def dispatch_bytes(tokens: float, topk: int, hidden: int, dt: float) -> float:

@@ -18,8 +18,8 @@ constants, ``kernels.SUSTAINED_*``, are fitted once on the dense BF16 calibratio
     NVFP4_GEMM_SCALE    the NVFP4 GEMM's rate relative to the per-tensor FP8 GEMM of the same shape (the MXFP8 one
                         is ``kernels.RECIPE_GEMM_SCALE``, fitted on 25.11's four pairs)
     HYBRIDEP_NVL_EFF    HybridEP's achieved fraction of NVLink on Blackwell (``moe_cost.flex_dispatch``; its SM count
-                        and kernels change with the release: megatron-core 0.16 runs it on 16 SMs, 0.17+ on DeepEP's
-                        default)
+                        changes with the release: megatron-core 0.16 runs it on 16 SMs, 0.17+ on HybridEP's own default,
+                        32): not fitted, its benchmark at the release's SM count (``SOURCED``)
     SINK_ATTN_SCALE     the fused attention's rate with a softmax offset (attention sinks) relative to the vanilla
                         kernel, per GPU generation (``analytic.sink_attention_scale``: cuDNN's sink kernels, which no
                         benchmark in our sources measures)
@@ -32,6 +32,7 @@ GPT-OSS rows over three releases) or ``BASE`` (its source in ``VALUE_SOURCES``);
 from __future__ import annotations
 
 from search.settings.releases import BY_NAME, NEWEST, _order  # noqa: F401  (_order: bench/release_fit.py)
+from .moe_primitives import HYBRIDEP_32SM_NVL_EFF
 
 # One fit per group of releases that ship the same megatron-core and transformer-engine: (the containers it covers,
 # {constant: value fitted on the group's rows}, {constant: the published rows it was fitted on}). A constant a group
@@ -53,9 +54,12 @@ FITS: dict[str, tuple[tuple[str, ...], dict, dict]] = {
                  {"HOST_LAUNCH_MS": 34, "GROUPED_K0_LP": 25, "LOWPREC_GEMM_SCALE.blackwell": 20, "NVFP4_GEMM_SCALE": 6}),
     "26.04.01": (("26.04", "26.04.01"), {"HOST_LAUNCH_MS": 0.045, "GROUPED_K0_LP": 1000.0,
                                          "LOWPREC_GEMM_SCALE": {"blackwell": 0.96},
-                                         "NVFP4_GEMM_SCALE": 0.7, "HYBRIDEP_NVL_EFF": 0.5},
-                 {"HOST_LAUNCH_MS": 39, "GROUPED_K0_LP": 29, "LOWPREC_GEMM_SCALE.blackwell": 24, "NVFP4_GEMM_SCALE": 8, "HYBRIDEP_NVL_EFF": 27}),
+                                         "NVFP4_GEMM_SCALE": 0.7, "HYBRIDEP_NVL_EFF": HYBRIDEP_32SM_NVL_EFF},
+                 {"HOST_LAUNCH_MS": 39, "GROUPED_K0_LP": 29, "LOWPREC_GEMM_SCALE.blackwell": 24, "NVFP4_GEMM_SCALE": 8}),
 }
+# Values of a group taken from a source, not fitted (``table`` names the source instead of a row count)
+SOURCED = {"26.04.01": {"HYBRIDEP_NVL_EFF": "HybridEP's GB200 NVL72 benchmark at its default 32 SMs, which megatron-core "
+                                            "0.17+ runs it on (moe_primitives.HYBRIDEP_32SM_NVL_EFF)"}}
 # Constants fitted on every release's rows together (too few rows in any one release), with their row counts
 POOLED: dict[str, tuple[dict, dict]] = {
     "SINK_ATTN_SCALE": ({"hopper": 0.85, "blackwell": 0.16}, {"hopper": 4, "blackwell": 17}),
@@ -144,6 +148,8 @@ def table(release: str) -> list[tuple[str, object, str]]:
                 out.append((label, v, f"fitted on {n} rows of every release together"))
             elif src is None:
                 out.append((label, v, VALUE_SOURCES.get(name, "base")))
+            elif label in SOURCED.get(src, {}):
+                out.append((label, v, SOURCED[src][label] + ("" if src == fit_of(release) else f" ({src}'s)")))
             elif src == fit_of(release):
                 out.append((label, v, f"fitted on {FITS[src][2].get(label, '?')} rows of {src}"))
             else:

@@ -163,3 +163,32 @@ def test_flex_buffer_in_stage_memory():
     nvl, rdma = deepep_buffer_bytes(32, 8192)
     assert flex.memory_breakdown["dispatch_buffers"] == pytest.approx((nvl + rdma) / 2 ** 20, rel=1e-12)
     assert "dispatch_buffers" not in base.memory_breakdown
+
+
+def test_hybridep_rate_from_0_17_is_its_benchmark_at_its_default_32_sms():
+    """megatron-core 0.17+ (26.04 / 26.04.01) runs HybridEP at its own default of 32 SMs: its NVLink rate is the
+    GB200 benchmark at 32 SMs (BF16, Torch API, dispatch and combine at 8-36 ranks, each x (n - 1) / n over 900 GB/s;
+    e.g. 32 ranks' dispatch 484.22 x 31 / 32 / 900 = 0.5212), median 0.53, not a fit; through 0.16 (16 SMs) 0.49.
+    A HybridEP exchange on GB200 NVL72 (EP 32 in the rack) then costs 0.49 / 0.53 of 26.02.01's in its bandwidth term."""
+    import statistics
+    from search.costmodel import release_constants as rcs
+    from search.costmodel.moe_primitives import FLEX_NVL_EFF, HYBRIDEP_32SM_NVL, HYBRIDEP_32SM_NVL_EFF
+    assert HYBRIDEP_32SM_NVL[32][0] * 31 / 32 / 900 == pytest.approx(0.5212, abs=1e-4)
+    effs = [bw * (n - 1) / n / 900 for n, pair in HYBRIDEP_32SM_NVL.items() for bw in pair]
+    assert round(statistics.median(effs), 2) == HYBRIDEP_32SM_NVL_EFF == 0.53
+    assert rcs.value("HYBRIDEP_NVL_EFF", "26.04") == rcs.value("HYBRIDEP_NVL_EFF", "26.04.01") == 0.53
+    assert rcs.value("HYBRIDEP_NVL_EFF", "26.02.01") == FLEX_NVL_EFF["blackwell"] == 0.49
+    row = next(r for r in rcs.table("26.04.01") if r[0] == "HYBRIDEP_NVL_EFF")
+    assert row[1] == 0.53 and "32 SMs" in row[2] and "fitted" not in row[2]
+    # the exchange, by hand: EP 32 of one NVL72 rack (no RDMA), T = 4096 tokens, R distinct ranks of 32
+    from search.costmodel.types import RunSettings
+    m = _qwen_like()
+    cl = parse_cluster("1x72-gb200")
+    R = 32 * (1 - _prod(124, 128, 8))
+    for release, eff in (("26.04", 0.53), ("26.02.01", 0.49)):
+        src = AnalyticSource(m, cl, TrainingSpec(global_batch_size=8), CommModel(cl),
+                             settings=RunSettings(release=release))
+        want = sum(0.003 + 4096 * R * 31 / 32 * b / (900e6 * eff) for b in (8272, 8192))
+        flex, *_ = moe_unit(src, 1.0, 4096, 1, False, 32, 1,
+                            MoEPlanSettings(token_dispatcher="flex", flex_backend="hybridep"))
+        assert flex.ep_comm == pytest.approx(2 * want, rel=1e-9)

@@ -42,7 +42,7 @@ def test_no_errors_cost_nothing():
 
 
 def test_the_moe_constants_are_fitted_jointly_at_the_grid_point_of_least_objective(monkeypatch):
-    """``fit``'s joint scan (``JOINT_GRID``) on synthetic rows whose error is a known function of the three MoE
+    """``fit``'s joint scan (``JOINT_GRID``) on synthetic rows whose error is a known function of the two MoE
     constants: it returns the grid point a brute force over the grid finds (the one where every row's error is 0), and
     leaves the release's values as they were."""
     import itertools
@@ -51,14 +51,13 @@ def test_the_moe_constants_are_fitted_jointly_at_the_grid_point_of_least_objecti
     rows = [{"id": f"26.04.01/pretrain/synthetic/{i}", "version": "26.04.01", "args": "--moe-flex-dispatcher-backend "
              "hybridep", "moe": True, "precision": "mxfp8", "cluster": "1x8-gb200", "model": "m",
              "tokens_per_s_per_gpu": 1.0} for i in range(6)]
-    # row i's error: a linear mix of the constants' offsets from (0.04, 1250, 0.5), with weights that make the
+    # row i's error: a linear mix of the constants' offsets from (0.04, 1250), with weights that make the
     # host time and the grouped-GEMM cost trade against each other (rows 0-1 see only their sum)
-    w = [(8.0, 0.0001, 0.0), (8.0, 0.0001, 0.0), (-6.0, 0.0, 0.3), (0.0, -0.0002, 0.4), (5.0, 0.0, -0.5),
-         (0.0, 0.00015, 0.2)]
+    w = [(8.0, 0.0001), (8.0, 0.0001), (-6.0, 0.0), (0.0, -0.0002), (5.0, 0.0), (0.0, 0.00015)]
 
     def price(row):
         c = rc.FITS["26.04.01"][1]
-        x = (c["HOST_LAUNCH_MS"] - 0.04, c["GROUPED_K0_LP"] - 1250.0, c["HYBRIDEP_NVL_EFF"] - 0.5)
+        x = (c["HOST_LAUNCH_MS"] - 0.04, c["GROUPED_K0_LP"] - 1250.0)
         a = w[int(row["id"].rsplit("/", 1)[1])]
         return {"status": "priced", "error": sum(p * q for p, q in zip(a, x))}
     monkeypatch.setattr(rf, "load", lambda files=rf.FILES: rows)
@@ -68,9 +67,10 @@ def test_the_moe_constants_are_fitted_jointly_at_the_grid_point_of_least_objecti
     assert rc.FITS["26.04.01"][1] == keep                       # the fit restores the release's values
     names = list(rf.JOINT_GRID)
     brute = min(itertools.product(*rf.JOINT_GRID.values()),
-                key=lambda v: rf.objective([sum(p * (x - x0) for p, x, x0 in zip(a, v, (0.04, 1250.0, 0.5)))
+                key=lambda v: rf.objective([sum(p * (x - x0) for p, x, x0 in zip(a, v, (0.04, 1250.0)))
                                             for a in w]))
-    assert tuple(got[n] for n in names) == brute == (0.04, 1250.0, 0.5)
+    assert tuple(got[n] for n in names) == brute == (0.04, 1250.0)
+    assert "HYBRIDEP_NVL_EFF" not in got          # HybridEP's rate is its benchmark's (release_constants.SOURCED)
     assert counts == {n: 6 for n in names}
 
 
