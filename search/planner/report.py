@@ -100,7 +100,8 @@ def describe(ev: Evaluation) -> str:
     for text, n in runs:
         shapes.append(f"{n}x({text})" if n > 1 else f"({text})")
     f = st.features
-    parts = [f"pp {st.num_stages}", " ".join(shapes), f"micro-batch {st.mbs}"]
+    per_rank = "/".join(str(n) for n in dict.fromkeys(st.mbs // s.dp for s in st.shapes))
+    parts = [f"pp {st.num_stages}", " ".join(shapes), f"micro-batch {st.mbs} ({per_rank} per rank)"]
     parts += [f"vpp {st.num_chunks}"] if st.num_chunks > 1 else []
     parts += ["dist-opt"] if f.distributed_optimizer else []
     parts += ["overlap"] if f.overlap_grad_reduce or f.overlap_param_gather else []

@@ -229,6 +229,8 @@ def test_reports_show_the_expert_shape():
     model, cm, space, ev, ctx = _ctx()
     e = ev.evaluate(_start(space, ctx), exact=True)
     assert "2x(tp8 dp1 sp ep8 etp1)" in describe(e)       # tp 8 above qwen3's 4 query groups: the largest
+    # the pipeline micro-batch and what Megatron-LM's --micro-batch-size is (dp 1 here: the same number)
+    assert f"micro-batch {e.state.mbs} ({e.state.mbs} per rank)" in describe(e)
     assert [(r["ep"], r["etp"]) for r in stage_rows(e)] == [(8, 1), (8, 1)]
 
 
@@ -294,3 +296,16 @@ def test_ep_max_ep_and_etp_narrow_every_expert_shape_the_search_and_baseline_con
         for shapes in (res.plans[0].state.shapes, base.state.shapes):
             assert all(ok(x) for x in shapes), (kw, shapes)
         assert all(ok(x._replace(ep=ep, etp=c)) for x in space.stage_shapes(8) for ep, c in space.experts.options(x))
+
+
+def test_report_line_gives_the_per_rank_micro_batch():
+    """The report's micro-batch is the pipeline micro-batch; a Megatron user reads --micro-batch-size, the per-rank
+    share: 64 / dp 64 = 1 (and per stage where dp differs: 8 / 8 = 1, 8 / 2 = 4)."""
+    from types import SimpleNamespace as NS
+    from search.planner.report import describe
+    off = NS(distributed_optimizer=False, overlap_grad_reduce=False, overlap_param_gather=False,
+             tp_comm_overlap=False, fsdp=0, offload_layers=0)
+    one = NS(shapes=(Shape(1, 64),), mbs=64, num_stages=1, num_chunks=1, features=off)
+    assert "micro-batch 64 (1 per rank)" in describe(NS(state=one, moe=None, setting=None))
+    two = NS(shapes=(Shape(1, 8), Shape(4, 2)), mbs=8, num_stages=2, num_chunks=1, features=off)
+    assert "micro-batch 8 (1/4 per rank)" in describe(NS(state=two, moe=None, setting=None))
