@@ -244,11 +244,58 @@ def search_row(x: dict, evals: int) -> dict:
     if best is None or not best.fits:
         return {"search_target": target, "search_status": "nothing fits", "search_s": time.process_time() - c0,
                 "published": inside}
-    shapes = " | ".join(f"tp{s.tp} cp{s.cp} dp{s.dp} ep{s.ep}" for s in best.state.shapes)
+    found = to_plan(best, cm.model, cm.cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
+                    predicted=False, settings=plan.settings)
     return {"search_target": target, "search_status": "searched", "search_ms": best.iteration_ms,
             "speedup": x["iteration_ms"] / best.iteration_ms, "search_s": time.process_time() - c0,
-            "search_shape": f"pp{best.state.num_stages} v{best.state.num_chunks} mbs{best.state.mbs} {shapes}",
-            "published": inside}
+            "search_shape": plan_shape(found), "published": inside, "_found": found}
+
+
+def plan_shape(plan: ParallelPlan) -> str:
+    """A plan's parallel shape as a Megatron-LM user reads it: ``--micro-batch-size`` is per data-parallel rank
+    (the plan's ``micro_batch_size`` is the pipeline micro-batch, all dp ranks together: ``mbs 4 x 16
+    micro-batches`` at gbs 512 and dp 8 is the plan's 32), then each stage's tp / cp / dp / ep, the recompute
+    modules and the MoE / stack switches that differ from the defaults."""
+    st, s = plan.stages, plan.settings
+    per_rank = plan.micro_batch_size // st[0].dp
+    shapes = " | ".join(dict.fromkeys(f"tp{x.tp} cp{x.cp} dp{x.dp}" + (f" ep{x.ep}" if plan.model.moe else "")
+                                      for x in st))
+    v = len(st[0].chunks)
+    rc = sorted({r for x in st for r in x.all_recompute} - {"none"})
+    extra = [f"recompute {'/'.join(rc)}"] if rc else []
+    if s.moe is not None:
+        extra.append(s.moe.token_dispatcher + (f"-{s.moe.flex_backend}" if s.moe.token_dispatcher == "flex" else "")
+                     + (" +ep-overlap" if s.moe.overlap_ep_comm else ""))
+    graphs = getattr(s.stack, "cuda_graphs", None) if s.stack is not None else None
+    extra += [f"graphs {' '.join(sorted(graphs.scope)) or 'layers'}"] if graphs else []
+    return (f"pp{len(st)} v{v} mbs {per_rank} x {plan.global_batch_size // plan.micro_batch_size} micro-batches "
+            f"{shapes}" + (f" ({', '.join(extra)})" if extra else ""))
+
+
+def breakdown(cm, plan: ParallelPlan) -> dict:
+    """Where a plan's iteration goes (ms per iteration, on its busiest stage): ``compute`` (forward and backward,
+    the host-bound launch time the MoE units expose included), ``comm`` (exposed communication by kind: tp, cp, ep,
+    p2p, dp, param_gather), ``recompute``, ``optimizer`` and ``bubble`` (the iteration less the busy time), and the
+    stage's memory (GiB) by term."""
+    cost = cm.evaluate(plan)
+    b = cost.pipeline.bottleneck
+    s, m = cost.stages[b], plan.global_batch_size // plan.micro_batch_size
+    busy = cost.pipeline.stage_busy_ms[b] if cost.pipeline.stage_busy_ms else cost.pipeline.stage_total_ms[b]
+    comm = {k: v[0] for k, v in s.comm.items() if v[0] > 0.005}
+    rec = s.recompute_ms * m
+    return {"iteration": cost.iteration_ms, "compute": busy - sum(comm.values()) - rec - s.optimizer_ms,
+            "comm": comm, "recompute": rec, "optimizer": s.optimizer_ms, "bubble": cost.iteration_ms - busy,
+            "memory": {k: v / 1024 for k, v in s.memory_breakdown.items() if v > 1}, "memory_gib": s.memory_mb / 1024,
+            "limit_gib": cost.memory_limit_mb / 1024}
+
+
+def breakdown_lines(name: str, d: dict) -> list[str]:
+    comm = ", ".join(f"{k} {v:.0f}" for k, v in sorted(d["comm"].items(), key=lambda kv: -kv[1])) or "none"
+    mem = ", ".join(f"{k} {v:.1f}" for k, v in sorted(d["memory"].items(), key=lambda kv: -kv[1]))
+    return [f"  {name:<9} {d['iteration']:9.0f} ms = compute {d['compute']:.0f} + exposed comm "
+            f"{sum(d['comm'].values()):.0f} ({comm}) + recompute {d['recompute']:.0f} + optimizer "
+            f"{d['optimizer']:.0f} + bubble {d['bubble']:.0f}",
+            f"  {'':<9} memory {d['memory_gib']:.1f}/{d['limit_gib']:.0f} GiB: {mem}"]
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -279,13 +326,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = AcesoParser(description=__doc__.splitlines()[0])
     ap.add_argument("--search-evals", type=int, default=1500, help="search budget per row (0: no search)")
     ap.add_argument("--fit", action="store_true", help="scan mamba.SSD_KERNEL_TIME and print the MAE of each value")
+    ap.add_argument("--rows", nargs="+", metavar="TEXT", help="only the rows whose id contains one of these "
+                    "(e.g. nano/gb300 nemotron-h-56b/h100x32); the summary then covers those rows only")
+    ap.add_argument("--breakdown", action="store_true", help="print where the published and the found plan's "
+                    "iteration goes (compute, exposed communication, recompute, optimizer, bubble) and their memory")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     if args.fit:
         for v, mae, worst in fit():
             print(f"SSD_KERNEL_TIME {v:5.2f}: MAE {mae:6.1%}, max |error| {worst:6.1%}")
         return 0
-    rows = [price_row(r) for r in load()]
+    rows = [price_row(r) for r in load() if not args.rows or any(t in r["id"] for t in args.rows)]
+    if not rows:
+        print(f"--rows {' '.join(args.rows)}: no row id contains any of these; see the ids in {DATA.name}",
+              file=sys.stderr)
+        return 2
     print(f"{'row':<78} {'measured':>9} {'predicted':>9} {'error':>7} {'mem GiB':>12}  status")
     for r in rows:
         if r["status"] != "priced":
@@ -307,6 +362,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['id']:<78} {r['search_target']:>12}  {r['speedup']:.3f}x  {r['search_shape']}  "
                   f"({r['search_s']:.0f} s)" + ("" if r["published"] == "in the space" else
                                                 f"  published plan {r['published']}"))
+            if args.breakdown:
+                print(f"  published {plan_shape(r['_plan'])}")
+                for line in (breakdown_lines("published", breakdown(r["_cm"], r["_plan"])) +
+                             breakdown_lines("found", breakdown(r["_cm"], r["_found"]))):
+                    print(line)
     s = summarize(rows)
     print(f"\npriced {s['priced']}/{s['rows']} rows: MAE {s['mae']:.1%}, max |error| {s['max_abs']:.1%}, "
           f"all fit: {s['all_fit']} (targets: MAE <= {TARGETS['mae']:.0%}, none beyond {TARGETS['max']:.0%})")
@@ -315,8 +375,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['min_speedup']:.3f}x (targets: median >= {TARGETS['median_speedup']}x, none below "
               f"{TARGETS['min_speedup']}x)")
     for r in rows:
-        for k in ("_plan", "_cm", "_training"):
+        for k in ("_plan", "_cm", "_training", "_found"):
             r.pop(k, None)
+    if args.rows:     # a part of the table: the full run's file stays as it is
+        print(f"--rows: {OUT} not written ({time.monotonic() - t0:.0f} s)")
+        return 0
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({"rows": rows, "summary": s, "targets": TARGETS,
                                "seconds": time.monotonic() - t0}, indent=2, default=str) + "\n")
