@@ -205,7 +205,8 @@ def search_row(x: dict, evals: int) -> dict:
     (``published``: in the space, or why not). Target: the aceso runtime, or Megatron-LM where the runtime cannot run
     the row (a low-precision recipe, the expert bias: search.targets.runtime_rules). The reported plan is
     the best of the search's five that the one pre-flight (search.targets.preflight) says its target runs."""
-    from search.planner.aceso import SearchOptions, search
+    from search.planner.aceso import SearchOptions
+    from search.planner.settle import settle
     from search.planner.api import make_space, runtime_state, runtime_training
     from search.planner.baseline import best_uniform
     from search.planner.state import from_plan
@@ -218,8 +219,11 @@ def search_row(x: dict, evals: int) -> dict:
     target = "megatron-lm" if training.precision != "bf16" or expert_bias(plan.model, None) else "aceso"
     if target == "aceso":
         training = runtime_training(training, strict=False)
-    # cp 1 only: with ``aceso search``'s default degrees (1 2 4 8 from 8192 tokens on) the search picks cp 1 on every
-    # row and, its 1500 evaluations spread wider, loses two Nemotron-H 56B rows (h100x64 1.075x -> 1.056x)
+    # cp 1 first, then ``aceso search``'s default CP degrees (1 2 4 8 from 8192 tokens on) from its best plan
+    # (search.planner.settle): searched from scratch, the wider space spread the 1500 evaluations thinner and lost two
+    # Nemotron-H 56B rows (h100x64 1.075x -> 1.056x)
+    from search.cli.search_cmd import DEFAULT_CP
+    wider = training.model_copy(update={"context_parallel_sizes": list(DEFAULT_CP)})
     c0 = time.process_time()
     try:
         space = make_space(cm, training, target, moe=plan.moe)
@@ -228,7 +232,8 @@ def search_row(x: dict, evals: int) -> dict:
         published = runtime_state(published) if target == "aceso" else published
         why = space.refusal(space.start_of(published))
         seeds = ([base.state] if base is not None and base.fits else []) + ([published] if why is None else [])
-        res = search(cm, training.global_batch_size, space, SearchOptions(budget_evals=evals, seeds=seeds), top_k=5)
+        res, rounds = settle(cm, training, target, SearchOptions(budget_evals=evals, seeds=seeds), top_k=5,
+                             moe=plan.moe, wider=wider, make_space=make_space)
     except AcesoError as e:
         return {"search_target": target, "search_status": "not searched: " + str(e).splitlines()[0]}
     inside = "in the space" if why is None else "not in the space: " + why
@@ -248,7 +253,7 @@ def search_row(x: dict, evals: int) -> dict:
                     predicted=False, settings=plan.settings)
     return {"search_target": target, "search_status": "searched", "search_ms": best.iteration_ms,
             "speedup": x["iteration_ms"] / best.iteration_ms, "search_s": time.process_time() - c0,
-            "search_shape": plan_shape(found), "published": inside, "_found": found}
+            "search_shape": plan_shape(found), "published": inside, "search_rounds": rounds, "_found": found}
 
 
 def plan_shape(plan: ParallelPlan) -> str:
@@ -363,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({r['search_s']:.0f} s)" + ("" if r["published"] == "in the space" else
                                                 f"  published plan {r['published']}"))
             if args.breakdown:
+                print("  rounds: " + "; ".join(r["search_rounds"]))
                 print(f"  published {plan_shape(r['_plan'])}")
                 for line in (breakdown_lines("published", breakdown(r["_cm"], r["_plan"])) +
                              breakdown_lines("found", breakdown(r["_cm"], r["_found"]))):
