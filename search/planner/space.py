@@ -379,6 +379,15 @@ class Space:
         want = self.features[0].tp_comm_overlap and any(s.tp > 1 for s in st.shapes)
         return st if f.tp_comm_overlap == want else st._replace(features=f._replace(tp_comm_overlap=want))
 
+    def _tp_overlap_dropped(self, st) -> bool:
+        """Whether ``st`` differs from an allowed switch combination only by the TP overlap, off because no stage
+        has tp > 1 (``normalize``): Megatron-LM turns sequence parallelism off at tp 1 and asserts
+        ``--tp-comm-overlap`` only with it (``validate_args``), so a tp-1 plan of a ``--tp-comm-overlap`` run drops
+        the flag; without this, every tp-1 plan was outside such a space."""
+        f = st.features
+        return f.tp_comm_overlap != self.features[0].tp_comm_overlap and self.normalize(st) == st and \
+            f._replace(tp_comm_overlap=self.features[0].tp_comm_overlap) in self.features
+
     def legal(self, st) -> bool:
         return self.refusal(st) is None
 
@@ -402,7 +411,7 @@ class Space:
             return f"{nb - 1} model chunks (at most {self.max_chunks})"
         if sum(s.num_gpus for s in st.shapes) != self.num_gpus:
             return "its GPU count"
-        if st.features not in self.features:
+        if st.features not in self.features and not self._tp_overlap_dropped(st):
             return "its plan-level switches"
         if st.bounds[0] != 0 or st.bounds[-1] != self.num_units:
             return "its unit bounds"
