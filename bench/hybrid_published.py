@@ -277,19 +277,24 @@ def plan_shape(plan: ParallelPlan) -> str:
             f"{shapes}" + (f" ({', '.join(extra)})" if extra else ""))
 
 
+IN_MICRO_BATCHES = ("tp", "cp", "ep", "fsdp_param_gather", "fsdp_grad_reduce")   # exposed inside fwd / bwd
+
+
 def breakdown(cm, plan: ParallelPlan) -> dict:
-    """Where a plan's iteration goes (ms per iteration, on its busiest stage): ``compute`` (forward and backward,
-    the host-bound launch time the MoE units expose included), ``comm`` (exposed communication by kind: tp, cp, ep,
-    p2p, dp, param_gather), ``recompute``, ``optimizer`` and ``bubble`` (the iteration less the busy time), and the
-    stage's memory (GiB) by term."""
+    """Where a plan's iteration goes (ms per iteration, on its busiest stage): ``compute`` (the micro-batches'
+    forward and backward less their exposed TP / CP / EP / FSDP time; the host-bound launch time the MoE units expose
+    included), ``comm`` (exposed communication by kind: tp, cp, ep, p2p, dp, param_gather, ...), ``recompute``,
+    ``optimizer`` (the rest of the stage's busy time: the step, without the exposed parameter gather it holds) and
+    ``bubble`` (the iteration less the busy time), and the stage's memory (GiB) by term."""
     cost = cm.evaluate(plan)
     b = cost.pipeline.bottleneck
     s, m = cost.stages[b], plan.global_batch_size // plan.micro_batch_size
     busy = cost.pipeline.stage_busy_ms[b] if cost.pipeline.stage_busy_ms else cost.pipeline.stage_total_ms[b]
     comm = {k: v[0] for k, v in s.comm.items() if v[0] > 0.005}
+    compute = m * (s.fwd_ms + s.bwd_ms) - sum(v for k, v in comm.items() if k in IN_MICRO_BATCHES)
     rec = s.recompute_ms * m
-    return {"iteration": cost.iteration_ms, "compute": busy - sum(comm.values()) - rec - s.optimizer_ms,
-            "comm": comm, "recompute": rec, "optimizer": s.optimizer_ms, "bubble": cost.iteration_ms - busy,
+    return {"iteration": cost.iteration_ms, "compute": compute, "comm": comm, "recompute": rec,
+            "optimizer": busy - compute - sum(comm.values()) - rec, "bubble": cost.iteration_ms - busy,
             "memory": {k: v / 1024 for k, v in s.memory_breakdown.items() if v > 1}, "memory_gib": s.memory_mb / 1024,
             "limit_gib": cost.memory_limit_mb / 1024}
 
