@@ -43,6 +43,7 @@ from search.io.errors import AcesoError
 from search.settings.fsdp import one_rank_group, pipeline_refusal
 from search.layers.layer_variants import offset_blocks_cp
 from ..layers.kind import shape_refusal
+from ..megatron.hybrid_pattern import runs_as_pattern
 from search.settings.moe_plan import MoEPlanSettings, dispatcher_settings, overlap_ep_refusal
 from search.spec.training import MAX_VIRTUAL
 from search.spec import query_groups
@@ -118,6 +119,14 @@ def virtual_degrees(model, target: str) -> tuple[int, ...]:
     degrees, within ``MAX_CHUNKS`` (bounded search time; no degree is excluded for models up to 128 layers)."""
     top = len(model.layer_starts) - 1 if target in ("megatron-lm", "megatron-bridge") else model.num_units
     return tuple(range(1, max(min(top // 2, MAX_VIRTUAL, MAX_CHUNKS // 2), 1) + 1))
+
+
+def bridge_one_chunk(model) -> bool:
+    """Whether Megatron-Bridge runs the model's plans on one model chunk per stage only: a model it runs as a hybrid
+    pattern (``bridge_hybrid``: v0.3.1's ``MambaModelProvider`` and v0.6.0's ``HybridModelProvider`` both assert no
+    virtual pipeline; ``capabilities.bridge_hybrid_layout`` refuses every such plan), so the Bridge space offers
+    no interleaving there instead of pricing states the final check then drops."""
+    return runs_as_pattern(model)
 
 
 def _candidates(values, priced: bool, name: str, label: str) -> tuple[int, ...]:
@@ -205,6 +214,12 @@ class Space:
             constraints.check_virtual(model, training.virtual_stages)
         if model.is_t5:
             vs = (1,)           # the interleaved schedule does not run encoder-decoder models
+        if runs_on == "megatron-bridge" and bridge_one_chunk(model):
+            if 1 not in vs:
+                raise AcesoError(f"--virtual-stages {' '.join(map(str, vs))}: Megatron-Bridge's hybrid model "
+                                 "providers assert no virtual pipeline; use --virtual-stages 1, or --target "
+                                 "megatron-lm")
+            vs = (1,)           # both Bridge hybrid providers assert no virtual pipeline (the capability table's row)
         sps = _switch(training, "sequence_parallel", priced, "sequence-parallel")
         if training.tp_comm_overlap:
             sps = (True,)       # TE's TP overlap needs sequence parallelism on every tp > 1 stage
