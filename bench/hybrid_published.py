@@ -18,8 +18,11 @@ the CUDA-graph scope ``mamba`` (megatron-core 0.19 graphs the Mamba layer; the i
 scopes), TE's cross-entropy fusion, the router's fp32 dtype (no cost term). Rows the presets cannot hold are listed
 with why (Nemotron-3 Super: LatentMoE).
 
-Run: ``python bench/hybrid_published.py [--search-evals N]`` prints the table and writes
-bench/results/hybrid_published.json.
+Run: ``python bench/hybrid_published.py [--search-evals N] [--rows TEXT...] [--breakdown]`` prints the table and
+writes bench/results/hybrid_published.json (not with ``--rows``, which runs the rows whose id contains a TEXT);
+``--breakdown`` prints where the published and the found plan's iteration goes. The search of each row is
+``search.planner.settle``: cp 1 under the published MoE settings, again under the setting its final step chose,
+then the CP degrees, each from the best plan so far.
 """
 
 from __future__ import annotations
