@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 
 from .aceso import SearchOptions, SearchResult, search
+from .api import make_space as _make_space
 from .state import Evaluation
 
 MAX_ROUNDS = 2      # searches under a newly chosen MoE setting (each seeded with the one before)
@@ -31,8 +32,7 @@ def settle(cm, training, target: str, opts: SearchOptions, top_k: int = 1, moe=N
     """(the merged result, one line per round: what it searched and its best time). ``training``: the spec of the
     first search; ``wider``: a training spec whose space is searched last, from the best plan (None: none);
     ``moe``: the first search's MoE settings (None: the defaults); ``make_space``: ``api.make_space``."""
-    if make_space is None:
-        from .api import make_space
+    make_space = make_space or _make_space
     gbs = training.global_batch_size
     space = make_space(cm, training, target, moe=moe)
     res = search(cm, gbs, space, opts, top_k)
