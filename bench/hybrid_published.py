@@ -18,8 +18,11 @@ the CUDA-graph scope ``mamba`` (megatron-core 0.19 graphs the Mamba layer; the i
 scopes), TE's cross-entropy fusion, the router's fp32 dtype (no cost term). Rows the presets cannot hold are listed
 with why (Nemotron-3 Super: LatentMoE).
 
-Run: ``python bench/hybrid_published.py [--search-evals N]`` prints the table and writes
-bench/results/hybrid_published.json.
+Run: ``python bench/hybrid_published.py [--search-evals N] [--rows TEXT...] [--breakdown]`` prints the table and
+writes bench/results/hybrid_published.json (not with ``--rows``, which runs the rows whose id contains a TEXT);
+``--breakdown`` prints where the published and the found plan's iteration goes. The search of each row is
+``search.planner.settle``: cp 1 under the published MoE settings, again under the setting its final step chose,
+then the CP degrees, each from the best plan so far.
 """
 
 from __future__ import annotations
@@ -205,7 +208,8 @@ def search_row(x: dict, evals: int) -> dict:
     (``published``: in the space, or why not). Target: the aceso runtime, or Megatron-LM where the runtime cannot run
     the row (a low-precision recipe, the expert bias: search.targets.runtime_rules). The reported plan is
     the best of the search's five that the one pre-flight (search.targets.preflight) says its target runs."""
-    from search.planner.aceso import SearchOptions, search
+    from search.planner.aceso import SearchOptions
+    from search.planner.settle import settle
     from search.planner.api import make_space, runtime_state, runtime_training
     from search.planner.baseline import best_uniform
     from search.planner.state import from_plan
@@ -218,8 +222,11 @@ def search_row(x: dict, evals: int) -> dict:
     target = "megatron-lm" if training.precision != "bf16" or expert_bias(plan.model, None) else "aceso"
     if target == "aceso":
         training = runtime_training(training, strict=False)
-    # cp 1 only: with ``aceso search``'s default degrees (1 2 4 8 from 8192 tokens on) the search picks cp 1 on every
-    # row and, its 1500 evaluations spread wider, loses two Nemotron-H 56B rows (h100x64 1.075x -> 1.056x)
+    # cp 1 first, then ``aceso search``'s default CP degrees (1 2 4 8 from 8192 tokens on) from its best plan
+    # (search.planner.settle): searched from scratch, the wider space spread the 1500 evaluations thinner and lost two
+    # Nemotron-H 56B rows (h100x64 1.075x -> 1.056x)
+    from search.cli.search_cmd import DEFAULT_CP
+    wider = training.model_copy(update={"context_parallel_sizes": list(DEFAULT_CP)})
     c0 = time.process_time()
     try:
         space = make_space(cm, training, target, moe=plan.moe)
@@ -228,7 +235,8 @@ def search_row(x: dict, evals: int) -> dict:
         published = runtime_state(published) if target == "aceso" else published
         why = space.refusal(space.start_of(published))
         seeds = ([base.state] if base is not None and base.fits else []) + ([published] if why is None else [])
-        res = search(cm, training.global_batch_size, space, SearchOptions(budget_evals=evals, seeds=seeds), top_k=5)
+        res, rounds = settle(cm, training, target, SearchOptions(budget_evals=evals, seeds=seeds), top_k=5,
+                             moe=plan.moe, wider=wider, make_space=make_space)
     except AcesoError as e:
         return {"search_target": target, "search_status": "not searched: " + str(e).splitlines()[0]}
     inside = "in the space" if why is None else "not in the space: " + why
@@ -244,11 +252,63 @@ def search_row(x: dict, evals: int) -> dict:
     if best is None or not best.fits:
         return {"search_target": target, "search_status": "nothing fits", "search_s": time.process_time() - c0,
                 "published": inside}
-    shapes = " | ".join(f"tp{s.tp} cp{s.cp} dp{s.dp} ep{s.ep}" for s in best.state.shapes)
+    found = to_plan(best, cm.model, cm.cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
+                    predicted=False, settings=plan.settings)
     return {"search_target": target, "search_status": "searched", "search_ms": best.iteration_ms,
             "speedup": x["iteration_ms"] / best.iteration_ms, "search_s": time.process_time() - c0,
-            "search_shape": f"pp{best.state.num_stages} v{best.state.num_chunks} mbs{best.state.mbs} {shapes}",
-            "published": inside}
+            "search_shape": plan_shape(found), "published": inside, "search_rounds": rounds, "_found": found}
+
+
+def plan_shape(plan: ParallelPlan) -> str:
+    """A plan's parallel shape as a Megatron-LM user reads it: ``--micro-batch-size`` is per data-parallel rank
+    (the plan's ``micro_batch_size`` is the pipeline micro-batch, all dp ranks together: ``mbs 4 x 16
+    micro-batches`` at gbs 512 and dp 8 is the plan's 32), then each stage's tp / cp / dp / ep, the recompute
+    modules and the MoE / stack switches that differ from the defaults."""
+    st, s = plan.stages, plan.settings
+    per_rank = plan.micro_batch_size // st[0].dp
+    shapes = " | ".join(dict.fromkeys(f"tp{x.tp} cp{x.cp} dp{x.dp}" + (f" ep{x.ep}" if plan.model.moe else "")
+                                      for x in st))
+    v = len(st[0].chunks)
+    rc = sorted({r for x in st for r in x.all_recompute} - {"none"})
+    extra = [f"recompute {'/'.join(rc)}"] if rc else []
+    if s.moe is not None:
+        extra.append(s.moe.token_dispatcher + (f"-{s.moe.flex_backend}" if s.moe.token_dispatcher == "flex" else "")
+                     + (" +ep-overlap" if s.moe.overlap_ep_comm else ""))
+    graphs = getattr(s.stack, "cuda_graphs", None) if s.stack is not None else None
+    extra += [f"graphs {' '.join(sorted(graphs.scope)) or 'layers'}"] if graphs else []
+    return (f"pp{len(st)} v{v} mbs {per_rank} x {plan.global_batch_size // plan.micro_batch_size} micro-batches "
+            f"{shapes}" + (f" ({', '.join(extra)})" if extra else ""))
+
+
+IN_MICRO_BATCHES = ("tp", "cp", "ep", "fsdp_param_gather", "fsdp_grad_reduce")   # exposed inside fwd / bwd
+
+
+def breakdown(cm, plan: ParallelPlan) -> dict:
+    """Where a plan's iteration goes (ms per iteration, on its busiest stage): ``compute`` (the micro-batches'
+    forward and backward less their exposed TP / CP / EP / FSDP time; the host-bound launch time the MoE units expose
+    included), ``comm`` (exposed communication by kind: tp, cp, ep, p2p, dp, param_gather, ...), ``recompute``,
+    ``optimizer`` (the rest of the stage's busy time: the step, without the exposed parameter gather it holds) and
+    ``bubble`` (the iteration less the busy time), and the stage's memory (GiB) by term."""
+    cost = cm.evaluate(plan)
+    b = cost.pipeline.bottleneck
+    s, m = cost.stages[b], plan.global_batch_size // plan.micro_batch_size
+    busy = cost.pipeline.stage_busy_ms[b] if cost.pipeline.stage_busy_ms else cost.pipeline.stage_total_ms[b]
+    comm = {k: v[0] for k, v in s.comm.items() if v[0] > 0.005}
+    compute = m * (s.fwd_ms + s.bwd_ms) - sum(v for k, v in comm.items() if k in IN_MICRO_BATCHES)
+    rec = s.recompute_ms * m
+    return {"iteration": cost.iteration_ms, "compute": compute, "comm": comm, "recompute": rec,
+            "optimizer": busy - compute - sum(comm.values()) - rec, "bubble": cost.iteration_ms - busy,
+            "memory": {k: v / 1024 for k, v in s.memory_breakdown.items() if v > 1}, "memory_gib": s.memory_mb / 1024,
+            "limit_gib": cost.memory_limit_mb / 1024}
+
+
+def breakdown_lines(name: str, d: dict) -> list[str]:
+    comm = ", ".join(f"{k} {v:.0f}" for k, v in sorted(d["comm"].items(), key=lambda kv: -kv[1])) or "none"
+    mem = ", ".join(f"{k} {v:.1f}" for k, v in sorted(d["memory"].items(), key=lambda kv: -kv[1]))
+    return [f"  {name:<9} {d['iteration']:9.0f} ms = compute {d['compute']:.0f} + exposed comm "
+            f"{sum(d['comm'].values()):.0f} ({comm}) + recompute {d['recompute']:.0f} + optimizer "
+            f"{d['optimizer']:.0f} + bubble {d['bubble']:.0f}",
+            f"  {'':<9} memory {d['memory_gib']:.1f}/{d['limit_gib']:.0f} GiB: {mem}"]
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -279,13 +339,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = AcesoParser(description=__doc__.splitlines()[0])
     ap.add_argument("--search-evals", type=int, default=1500, help="search budget per row (0: no search)")
     ap.add_argument("--fit", action="store_true", help="scan mamba.SSD_KERNEL_TIME and print the MAE of each value")
+    ap.add_argument("--rows", nargs="+", metavar="TEXT", help="only the rows whose id contains one of these "
+                    "(e.g. nano/gb300 nemotron-h-56b/h100x32); the summary then covers those rows only")
+    ap.add_argument("--breakdown", action="store_true", help="print where the published and the found plan's "
+                    "iteration goes (compute, exposed communication, recompute, optimizer, bubble) and their memory")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     if args.fit:
         for v, mae, worst in fit():
             print(f"SSD_KERNEL_TIME {v:5.2f}: MAE {mae:6.1%}, max |error| {worst:6.1%}")
         return 0
-    rows = [price_row(r) for r in load()]
+    rows = [price_row(r) for r in load() if not args.rows or any(t in r["id"] for t in args.rows)]
+    if not rows:
+        print(f"--rows {' '.join(args.rows)}: no row id contains any of these; see the ids in {DATA.name}",
+              file=sys.stderr)
+        return 2
     print(f"{'row':<78} {'measured':>9} {'predicted':>9} {'error':>7} {'mem GiB':>12}  status")
     for r in rows:
         if r["status"] != "priced":
@@ -307,6 +375,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['id']:<78} {r['search_target']:>12}  {r['speedup']:.3f}x  {r['search_shape']}  "
                   f"({r['search_s']:.0f} s)" + ("" if r["published"] == "in the space" else
                                                 f"  published plan {r['published']}"))
+            if args.breakdown:
+                print("  rounds: " + "; ".join(r["search_rounds"]))
+                print(f"  published {plan_shape(r['_plan'])}")
+                for line in (breakdown_lines("published", breakdown(r["_cm"], r["_plan"])) +
+                             breakdown_lines("found", breakdown(r["_cm"], r["_found"]))):
+                    print(line)
     s = summarize(rows)
     print(f"\npriced {s['priced']}/{s['rows']} rows: MAE {s['mae']:.1%}, max |error| {s['max_abs']:.1%}, "
           f"all fit: {s['all_fit']} (targets: MAE <= {TARGETS['mae']:.0%}, none beyond {TARGETS['max']:.0%})")
@@ -315,8 +389,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['min_speedup']:.3f}x (targets: median >= {TARGETS['median_speedup']}x, none below "
               f"{TARGETS['min_speedup']}x)")
     for r in rows:
-        for k in ("_plan", "_cm", "_training"):
+        for k in ("_plan", "_cm", "_training", "_found"):
             r.pop(k, None)
+    if args.rows:     # a part of the table: the full run's file stays as it is
+        print(f"--rows: {OUT} not written ({time.monotonic() - t0:.0f} s)")
+        return 0
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({"rows": rows, "summary": s, "targets": TARGETS,
                                "seconds": time.monotonic() - t0}, indent=2, default=str) + "\n")

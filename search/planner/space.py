@@ -43,6 +43,7 @@ from search.io.errors import AcesoError
 from search.settings.fsdp import one_rank_group, pipeline_refusal
 from search.layers.layer_variants import offset_blocks_cp
 from ..layers.kind import shape_refusal
+from ..megatron.hybrid_pattern import runs_as_pattern
 from search.settings.moe_plan import MoEPlanSettings, dispatcher_settings, overlap_ep_refusal
 from search.spec.training import MAX_VIRTUAL
 from search.spec import query_groups
@@ -118,6 +119,14 @@ def virtual_degrees(model, target: str) -> tuple[int, ...]:
     degrees, within ``MAX_CHUNKS`` (bounded search time; no degree is excluded for models up to 128 layers)."""
     top = len(model.layer_starts) - 1 if target in ("megatron-lm", "megatron-bridge") else model.num_units
     return tuple(range(1, max(min(top // 2, MAX_VIRTUAL, MAX_CHUNKS // 2), 1) + 1))
+
+
+def bridge_one_chunk(model) -> bool:
+    """Whether Megatron-Bridge runs the model's plans on one model chunk per stage only: a model it runs as a hybrid
+    pattern (``bridge_hybrid``: v0.3.1's ``MambaModelProvider`` and v0.6.0's ``HybridModelProvider`` both assert no
+    virtual pipeline; ``capabilities.bridge_hybrid_layout`` refuses every such plan), so the Bridge space offers
+    no interleaving there instead of pricing states the final check then drops."""
+    return runs_as_pattern(model)
 
 
 def _candidates(values, priced: bool, name: str, label: str) -> tuple[int, ...]:
@@ -205,6 +214,12 @@ class Space:
             constraints.check_virtual(model, training.virtual_stages)
         if model.is_t5:
             vs = (1,)           # the interleaved schedule does not run encoder-decoder models
+        if runs_on == "megatron-bridge" and bridge_one_chunk(model):
+            if 1 not in vs:
+                raise AcesoError(f"--virtual-stages {' '.join(map(str, vs))}: Megatron-Bridge's hybrid model "
+                                 "providers assert no virtual pipeline; use --virtual-stages 1, or --target "
+                                 "megatron-lm")
+            vs = (1,)           # both Bridge hybrid providers assert no virtual pipeline (the capability table's row)
         sps = _switch(training, "sequence_parallel", priced, "sequence-parallel")
         if training.tp_comm_overlap:
             sps = (True,)       # TE's TP overlap needs sequence parallelism on every tp > 1 stage
@@ -379,6 +394,15 @@ class Space:
         want = self.features[0].tp_comm_overlap and any(s.tp > 1 for s in st.shapes)
         return st if f.tp_comm_overlap == want else st._replace(features=f._replace(tp_comm_overlap=want))
 
+    def _tp_overlap_dropped(self, st) -> bool:
+        """Whether ``st`` differs from an allowed switch combination only by the TP overlap, off because no stage
+        has tp > 1 (``normalize``): Megatron-LM turns sequence parallelism off at tp 1 and asserts
+        ``--tp-comm-overlap`` only with it (``validate_args``), so a tp-1 plan of a ``--tp-comm-overlap`` run drops
+        the flag; without this, every tp-1 plan was outside such a space."""
+        f = st.features
+        return f.tp_comm_overlap != self.features[0].tp_comm_overlap and self.normalize(st) == st and \
+            f._replace(tp_comm_overlap=self.features[0].tp_comm_overlap) in self.features
+
     def legal(self, st) -> bool:
         return self.refusal(st) is None
 
@@ -402,7 +426,7 @@ class Space:
             return f"{nb - 1} model chunks (at most {self.max_chunks})"
         if sum(s.num_gpus for s in st.shapes) != self.num_gpus:
             return "its GPU count"
-        if st.features not in self.features:
+        if st.features not in self.features and not self._tp_overlap_dropped(st):
             return "its plan-level switches"
         if st.bounds[0] != 0 or st.bounds[-1] != self.num_units:
             return "its unit bounds"

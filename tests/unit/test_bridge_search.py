@@ -106,3 +106,26 @@ def test_a_hybrid_model_no_bridge_form_runs_is_refused_before_searching(tmp_path
     assert "--target megatron-bridge" in err and "GDN" in err and "--target megatron-lm" in err
     assert model_refusal("megatron-bridge", GDN8) in err
     assert model_refusal("megatron-lm", GDN8) is None
+
+
+def test_the_bridge_space_offers_no_virtual_stages_on_a_hybrid_model(tmp_path, capsys):
+    """Both Bridge hybrid providers assert no virtual pipeline (the capability table refuses every v > 1 plan), so
+    the Bridge space offers v 1 only instead of pricing interleaved states its final check drops; the Megatron-LM
+    space keeps them ('|' cuts run VPP there). An explicit --virtual-stages 2 is one line, exit 2."""
+    from search.planner.space import Space
+    from search.spec.cluster import parse_cluster
+    from search.spec.training import TrainingSpec
+    from search.costmodel.types import ALL_FEATURES
+    h56 = load_model("nemotron-h-56b")
+    tr = TrainingSpec(global_batch_size=32)
+    bridge = Space.of(h56, parse_cluster("2x8-h100"), tr, priced=ALL_FEATURES, target="megatron-bridge")
+    mlm = Space.of(h56, parse_cluster("2x8-h100"), tr, priced=ALL_FEATURES, target="megatron-lm")
+    assert bridge.vs == (1,) and max(mlm.vs) > 1
+    v2 = cut_plan(load_model("nemotron-h-8b"), [0, 13, 26, 39, 52], 2)     # the table's own refusal of v 2
+    assert "virtual pipeline" in plan_refusal(v2, "megatron-bridge")
+    gpt = Space.of(load_model("gpt-1.3b"), parse_cluster("1x8-h100"), tr, priced=ALL_FEATURES,
+                   target="megatron-bridge")
+    assert max(gpt.vs) > 1                                                  # a GPT model keeps its VPP degrees
+    rc, err, out = _search(tmp_path, capsys, "--model", "nemotron-h-8b", "--cluster", "1x8-h100",
+                           "--global-batch-size", "16", "--virtual-stages", "2")
+    assert rc == 2 and err.count("\n") == 1 and "--virtual-stages 2" in err and not out.exists(), err

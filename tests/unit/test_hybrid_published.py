@@ -58,3 +58,31 @@ def test_rows_price_at_their_published_shape(prefix):
     x = hp.price_row(row)
     tokens = row["settings"]["gbs"] * 8192 / (x["iteration_ms"] / 1000) / row["gpus"]
     assert x["predicted"] == pytest.approx(tokens) and x["error"] == pytest.approx(tokens / row["measured"] - 1)
+
+
+def test_plan_shape_prints_the_per_rank_micro_batch_and_the_micro_batch_count():
+    """The plan's micro_batch_size is the pipeline micro-batch over all dp ranks (Nano gb300: --micro-batch-size 4
+    at dp 8 is the plan's 32); the bench printed it as 'mbs32', which reads as Megatron-LM's --micro-batch-size.
+    Reference: the row's own settings (mbs 4, gbs 512, dp 8: 512 / (4 x 8) = 16 micro-batches)."""
+    row = _row("26.04.01/pretrain/nemotron-3-nano/gb300x8/mxfp8")
+    s = row["settings"]
+    plan, _ = hp.row_plan(row)
+    assert plan.micro_batch_size == 32
+    text = hp.plan_shape(plan)
+    assert text.startswith(f"pp1 v1 mbs {s['mbs']} x {s['gbs'] // (s['mbs'] * s['dp'])} micro-batches tp1 cp1 dp8 ep8")
+    assert "flex-hybridep" in text and "graphs attn moe_preprocess moe_router" in text
+    # the 56B row at gbs 96 on 32 GPUs (tp 8, dp 4): mbs 1 x 24
+    h = hp.row_plan(_row("dgxc-v25.05.05/pretrain/nemotron-h-56b/h100x32/"))[0]
+    assert hp.plan_shape(h) == "pp1 v1 mbs 1 x 24 micro-batches tp8 cp1 dp4"
+
+
+def test_breakdown_of_a_one_stage_plan():
+    """One stage: no bubble; the compute is the micro-batches' forward and backward less their exposed TP time."""
+    row = _row("dgxc-v25.05.05/pretrain/nemotron-h-56b/h100x32/")
+    x = hp.price_row(row)
+    d = hp.breakdown(x["_cm"], x["_plan"])
+    st = x["_cm"].evaluate(x["_plan"]).stages[0]
+    assert d["iteration"] == pytest.approx(x["iteration_ms"]) and d["bubble"] == pytest.approx(0, abs=1e-6)
+    assert d["compute"] == pytest.approx(24 * (st.fwd_ms + st.bwd_ms) - d["comm"]["tp"], rel=1e-3)
+    assert d["comm"]["tp"] > 0 and d["recompute"] == 0                # tp 8, no recompute
+    assert d["memory_gib"] == pytest.approx(x["memory_gib"])

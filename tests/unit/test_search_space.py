@@ -110,3 +110,19 @@ def test_cost_model_coverage_filters_shapes():
     assert space.legal_mbs((Shape(1, 1), Shape(2, 1))) == [1]             # m = 2 would run per-rank 2 at tp 2
     assert space.candidate_shapes() - space.allowed == {(b, t) for b in (1, 2, 4, 8) for t in (1, 2, 4)} - \
         {(1, 1), (2, 1), (1, 2)}
+
+
+def test_tp1_plans_of_a_tp_comm_overlap_run_are_in_the_space():
+    """--tp-comm-overlap asks for TE's TP overlap on every tp > 1 stage; Megatron-LM turns sequence parallelism
+    off at tp 1 and asserts the overlap only with it (validate_args), so a tp-1 plan runs without the flag:
+    ``normalize`` turns it off there, and the space keeps that plan (it refused every tp-1 plan of such a run)."""
+    for target in ("aceso", "megatron-lm"):
+        model, space = _space(tp_comm_overlap=True, target=target)
+        assert all(f.tp_comm_overlap for f in space.features)
+        starts = model.layer_starts
+        tp1 = space.normalize(State(8, (Shape(1, 4), Shape(1, 4)), (0, starts[12], starts[-1]), space.features[0]))
+        assert not tp1.features.tp_comm_overlap and space.legal(tp1), space.refusal(tp1)
+        # the flag stays what the run asked for where a stage has tp > 1
+        tp2 = space.normalize(State(8, (Shape(2, 2, 1, True),) * 2, tp1.bounds, space.features[0]))
+        assert tp2.features.tp_comm_overlap and space.legal(tp2)
+        assert not space.legal(tp2._replace(features=tp1.features))

@@ -1,0 +1,95 @@
+"""The search again under what its final step chose, and in a wider space, each started from the plan before.
+
+The search explores shapes, cuts and micro-batches under one plan-wide MoE setting (``Space.moe``: the dispatcher,
+the EP overlap) and only its final step prices the finalists under the other settings (``dispatchers.py``). A
+shape that wins only under another setting is then never reached: on Nemotron-3 Nano (gb300x8, MXFP8) the search
+under the published flex / HybridEP dispatcher picks ep 4, the final step turns the EP overlap on, and under the
+overlap ep 2 is 4% faster again (1.085x -> 1.127x over the published plan), a shape the search never priced with
+it. ``settle`` runs the search once more in the space of the chosen setting, seeded with the best plan, while the
+setting changes (at most ``MAX_ROUNDS`` times).
+
+A wider space (``wider``: e.g. the context-parallel degrees) searched from scratch spreads the same budget over
+more states and can end slower than the narrow space (the hybrid bench lost two Nemotron-H 56B rows that way);
+``settle`` searches it last, seeded with the narrow space's best plan, so it is never slower than that plan.
+
+Each round's plans are merged, best first (``Evaluation.rank``; one entry per state and MoE setting), so the result
+is never slower than the first search's.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from .aceso import SearchOptions, SearchResult, search
+from .api import make_space as _make_space
+from .state import Evaluation
+
+MAX_ROUNDS = 2      # searches under a newly chosen MoE setting (each seeded with the one before)
+
+
+def settle(cm, training, target: str, opts: SearchOptions, top_k: int = 1, moe=None, wider=None,
+           make_space=None) -> tuple[SearchResult, list[str]]:
+    """(the merged result, one line per round: what it searched and its best time). ``training``: the spec of the
+    first search; ``wider``: a training spec whose space is searched last, from the best plan (None: none);
+    ``moe``: the first search's MoE settings (None: the defaults); ``make_space``: ``api.make_space``."""
+    make_space = make_space or _make_space
+    gbs = training.global_batch_size
+    space = make_space(cm, training, target, moe=moe)
+    res = search(cm, gbs, space, opts, top_k)
+    log = [f"search: {_best_text(res)}"]
+    plans = list(res.plans)
+    for _ in range(MAX_ROUNDS):
+        best = _best(plans)
+        if best is None or best.moe is None or best.moe == space.moe:
+            break
+        space = make_space(cm, training, target, moe=best.moe)
+        r = search(cm, gbs, space, _seeded(opts, best), top_k)
+        plans = _merge(plans, r.plans)
+        res = _sum(res, r)
+        log.append(f"again under {_moe_text(best.moe)} from the best plan: {_best_text(r)}")
+    if wider is not None:
+        best = _best(plans)
+        space = make_space(cm, wider, target, moe=best.moe if best is not None else moe)
+        r = search(cm, gbs, space, _seeded(opts, best), top_k)
+        plans = _merge(plans, r.plans)
+        res = _sum(res, r)
+        log.append(f"the wider space from the best plan: {_best_text(r)}")
+    res.plans = plans[:max(top_k, 1)]
+    return res, log
+
+
+def _best(plans: list[Evaluation]) -> Evaluation | None:
+    return next((e for e in plans if e.fits), None)
+
+
+def _seeded(opts: SearchOptions, best: Evaluation | None) -> SearchOptions:
+    o = copy.copy(opts)
+    o.seeds = ([best.state] if best is not None else []) + list(opts.seeds)
+    return o
+
+
+def _merge(a: list[Evaluation], b: list[Evaluation]) -> list[Evaluation]:
+    seen, out = set(), []
+    for e in sorted(a + b, key=lambda e: e.rank):
+        key = (e.state, e.moe)
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out
+
+
+def _sum(a: SearchResult, b: SearchResult) -> SearchResult:
+    return SearchResult(a.plans, a.moves + b.moves, a.evals + b.evals, a.seconds + b.seconds,
+                        a.interrupted or b.interrupted, {**a.per_count, **{k: min(v, a.per_count.get(k, v))
+                                                                         for k, v in b.per_count.items()}},
+                        a.polished + b.polished)
+
+
+def _moe_text(m) -> str:
+    d = m.token_dispatcher + (f" ({m.flex_backend})" if m.token_dispatcher == "flex" else "")
+    return d + (", EP overlap" if m.overlap_ep_comm else "")
+
+
+def _best_text(r: SearchResult) -> str:
+    e = _best(r.plans)
+    return "nothing fits" if e is None else f"{e.iteration_ms:.1f} ms"
