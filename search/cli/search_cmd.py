@@ -10,7 +10,7 @@ was priced under (``settings``; ``plan_settings.py``). Every
 report prints three lines: the best uniform Megatron config, the best Megatron-LM plan and the best heterogeneous
 plan; a line whose target runs no plan of the model says why it is not offered, and a --target that runs none is
 refused before searching (search/targets/capabilities.py). The budget is counted in plan evaluations (--budget-evals), so
-the same inputs and --seed give the same plan on any machine, and more budget never a slower one; --budget-s adds a wall-clock cap (then results may depend on the CPU). Ctrl-C stops the search and
+the same inputs and --seed give the same plan on any machine, and more budget never a slower one from a search round (an MoE search whose final step picks another dispatcher or EP overlap searches again under it, seeded with its best plan, up to 2 more rounds: docs/search.md); --budget-s adds a wall-clock cap (then results may depend on the CPU). Ctrl-C stops the search and
 writes the best plan found so far (SIGTERM too). Exit 2 when nothing fits, with what would make it fit.
 
 Words: a unit is half a transformer layer (its attention or its MLP half; a T5 decoder layer has three), the

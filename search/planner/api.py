@@ -68,12 +68,14 @@ def describe_dropped(space: Space) -> str | None:
 
 def plan_search(cm, training, opts: SearchOptions, top_k: int = 1, baseline: BaselineResult | None = None,
                 target: str = "aceso", seeds: list[State] | None = None) -> tuple[SearchResult, Space]:
-    """One search, started also from the uniform baseline (so it never returns a worse plan than it)."""
+    """One search, started also from the uniform baseline (so it never returns a worse plan than it), settled: run
+    again under the MoE setting its final step chose, seeded with its best plan (``settle.py``)."""
+    from .settle import settle
     space = make_space(cm, training, target)
     opts = copy.copy(opts)
     opts.seeds = list(opts.seeds) + ([baseline.state] if baseline is not None and baseline.fits else []) + \
         list(seeds or [])
-    return search(cm, training.global_batch_size, space, opts, top_k), space
+    return settle(cm, training, target, opts, top_k)[0], space
 
 
 def plan_baseline(cm, training, runs: str = "megatron-lm", space_target: str = "megatron-lm") -> BaselineResult | None:
