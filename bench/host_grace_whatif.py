@@ -6,7 +6,7 @@ Each configuration is (``EXPERT_LAUNCHES`` E, a factor G on ``HOST_LAUNCH_MS`` f
 release group's ``HOST_LAUNCH_MS`` H). A row on a Grace host (GB200 / GB300 NVL72: ``GRACE``) is priced with its
 group's H x G, any other with H; nothing else changes (the other per-release constants stay as fitted; dense rows
 have no host term). ``CONFIGS`` holds the H that least ``release_fit.objective`` gives on each group's MoE fit rows
-at that E and G (``--fit E,G`` scans it: about 2 minutes on one free core).
+at that E and G (``--fit E,G`` scans it: a few minutes; ``--fit 6,1.25`` gives G 1.25's row of ``CONFIGS``).
 
 Run: ``python bench/host_grace_whatif.py`` prints the gates and the per-row table (markdown) and writes
 bench/results/host_grace_whatif.json.
