@@ -124,6 +124,10 @@ def hybrid_model(model: ModelSpec, config):
             "chunk_size": model.mamba.chunk_size, "d_conv": model.mamba.d_conv, "expand": model.mamba.expand})
         slots["mamba_layer"] = dataclasses.replace(local, submodules=dataclasses.replace(
             local.submodules, norm=final_norm_spec(model, te=False), mixer=mixer))
+    if "G" in text:    # megatron-core's GDN layer (hybrid_layer_specs.gdn_layer) with the local linears and norms
+        from model_specs.builders import gdn_layer_spec
+
+        slots["gdn_layer"] = gdn_layer_spec(model, te=False)
     if "/" in text:    # HybridModel's MTP block (its stock spec with the local norms and eh_proj)
         slots["mtp_block_spec"] = _local_mtp_block_spec(final_norm_spec(model, te=False))
     stack = ModuleSpec(module=HybridStack, params={"post_layer_norm": False},
@@ -195,6 +199,10 @@ class Reference:
             from patches import mamba_cpu     # megatron-core's MambaMixer on reference kernels without mamba-ssm
 
             mamba_cpu.apply()
+        if model.gdn is not None:
+            from patches import gdn_cpu       # megatron-core's GatedDeltaNet on reference kernels without fla
+
+            gdn_cpu.apply()
         tc = train_config or TrainConfig()
         self.spec, self.tc = model, tc
         model_parallel_cuda_manual_seed(seed)
