@@ -26,10 +26,9 @@ Remove when megatron-core has a torch fallback for fla's kernels.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import logging
 
-from ._base import PatchError, Swaps, check_version
+from ._base import Swaps, may_apply, module_exists as _has
 
 NAME = "gdn_cpu"
 TESTED_VERSIONS = ("0.19.2",)
@@ -37,13 +36,6 @@ _PACKAGE = "megatron.core.ssm.gated_delta_net"
 _COMPILED = ("_prepare_input_for_gated_delta_rule", "_compute_g_and_beta", "_apply_gated_norm")
 _swaps = Swaps()
 log = logging.getLogger(__name__)
-
-
-def _has(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def needed() -> bool:
@@ -80,12 +72,8 @@ def is_applied() -> bool:
 
 def apply() -> None:
     """Route ``GatedDeltaNet`` to the reference kernels when fla is absent (idempotent)."""
-    if _swaps.active:
+    if not may_apply(NAME, TESTED_VERSIONS, _swaps, refusal):
         return
-    why = refusal()
-    if why:
-        raise PatchError(why)
-    check_version(NAME, TESTED_VERSIONS)
     common, gdn = _modules()
     if getattr(common, "HAVE_FLA", False):
         return   # fla is installed: its kernels run

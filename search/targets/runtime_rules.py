@@ -151,16 +151,19 @@ def mla_mtp(plan, device) -> str | None:
     return None
 
 
+def _cp_refusal(plan, layers: str) -> str | None:
+    """The first stage with cp > 1, refused for ``layers`` (mamba_cp, gdn_cp)."""
+    for i, st in enumerate(plan.stages):
+        if st.cp > 1:
+            return (f"stages[{i}].cp ({st.cp}): the aceso runtime does not run {layers} under context "
+                    "parallelism yet; use cp 1, or search with --target megatron-lm and export the plan")
+    return None
+
+
 def mamba_cp(plan, device) -> str | None:
     """Mamba-2 layers under context parallelism: megatron-core's ``MambaContextParallel`` on the runtime's per-stage
     groups has not been run against stock megatron-core (docs/runtime.md); Megatron-LM runs it."""
-    if plan.model.mamba is None:
-        return None
-    for i, st in enumerate(plan.stages):
-        if st.cp > 1:
-            return (f"stages[{i}].cp ({st.cp}): the aceso runtime does not run Mamba-2 layers under context "
-                    "parallelism yet; use cp 1, or search with --target megatron-lm and export the plan")
-    return None
+    return None if plan.model.mamba is None else _cp_refusal(plan, "Mamba-2 layers")
 
 
 def gdn_cp(plan, device) -> str | None:
@@ -168,13 +171,7 @@ def gdn_cp(plan, device) -> str | None:
     on the runtime's per-stage groups have not been run against stock megatron-core (docs/runtime.md); Megatron-LM
     runs them. Without CP the runtime builds GDN layers: fla's kernels where it is installed, on CPU the torch
     reference kernels of ``patches/gdn_cpu.py`` (proven equal to stock ``HybridModel``)."""
-    if getattr(plan.model, "gdn", None) is None:
-        return None
-    for i, st in enumerate(plan.stages):
-        if st.cp > 1:
-            return (f"stages[{i}].cp ({st.cp}): the aceso runtime does not run Gated DeltaNet layers under context "
-                    "parallelism yet; use cp 1, or search with --target megatron-lm and export the plan")
-    return None
+    return None if getattr(plan.model, "gdn", None) is None else _cp_refusal(plan, "Gated DeltaNet layers")
 
 
 def flex_on_cpu(plan, device) -> str | None:
