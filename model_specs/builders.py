@@ -68,6 +68,7 @@ def architecture_kwargs(model: ModelSpec, dtype: str | None = None) -> dict:
         **moe_kwargs(model),
         **mla_mtp_kwargs(model),
         **mamba_kwargs(model),
+        **gdn_kwargs(model),
     }
 
 
@@ -102,6 +103,34 @@ def mamba_layer_spec(model: ModelSpec, te: bool | None = None) -> ModuleSpec:
                        params={"chunk_size": m.chunk_size, "d_conv": m.d_conv, "expand": m.expand})
     return ModuleSpec(module=MambaLayer, submodules=MambaLayerSubmodules(
         norm=final_norm_spec(model, te), mixer=mixer, mamba_bda=get_bias_dropout_add))
+
+
+def gdn_kwargs(model: ModelSpec) -> dict:
+    """A hybrid model's Gated DeltaNet mixer as ``TransformerConfig``'s ``linear_*`` fields (empty without one:
+    ``search.layers.gdn.GDNSpec``'s fields are their names)."""
+    return {} if model.gdn is None else model.gdn.model_dump()
+
+
+def gdn_layer_spec(model: ModelSpec, te: bool | None = None) -> ModuleSpec:
+    """megatron-core's GDN layer (a ``G`` layer of the hybrid pattern, ``hybrid_layer_specs.gdn_layer``): a
+    ``TransformerLayer`` of the pre-norm, ``GatedDeltaNet`` (column-parallel ``in_proj``, its per-head output norm,
+    row-parallel ``out_proj``) and the residual add. The pre-norm is a module of its own (``input_layernorm``, the
+    final norm's class) on either path, as ``mamba_layer_spec``'s (TE's stock spec fuses it into ``in_proj``)."""
+    from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+    from megatron.core.ssm.gated_delta_net import GatedDeltaNet, GatedDeltaNetSubmodules
+    from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+
+    if _te(te):
+        from megatron.core.extensions.transformer_engine import TEColumnParallelLinear as column
+        from megatron.core.extensions.transformer_engine import TERowParallelLinear as row
+    else:
+        from megatron.core.tensor_parallel import ColumnParallelLinear as column
+        from megatron.core.tensor_parallel import RowParallelLinear as row
+    norm = final_norm_spec(model, te)
+    mixer = ModuleSpec(module=GatedDeltaNet, submodules=GatedDeltaNetSubmodules(in_proj=column, out_norm=norm,
+                                                                                out_proj=row))
+    return ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(
+        input_layernorm=norm, self_attention=mixer, self_attn_bda=get_bias_dropout_add))
 
 
 def mla_mtp_kwargs(model: ModelSpec) -> dict:

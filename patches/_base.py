@@ -6,6 +6,7 @@ untested megatron-core release is refused with one clear line instead of failing
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
@@ -25,6 +26,14 @@ def megatron_version() -> str:
     return package_info.__version__.split("+", 1)[0]
 
 
+def module_exists(module: str) -> bool:
+    """Whether ``module`` can be imported (its parents are imported to find it; nothing else is)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def check_version(patch: str, tested: tuple[str, ...]) -> None:
     """Refuse to patch a megatron-core version the patch was not tested on (override with the env variable)."""
     version = megatron_version()
@@ -34,6 +43,18 @@ def check_version(patch: str, tested: tuple[str, ...]) -> None:
         f"patch {patch} was tested on megatron-core {', '.join(tested)} but {version} is installed; "
         f"install a tested version or set {ALLOW_UNTESTED_ENV}=1 to try anyway"
     )
+
+
+def may_apply(patch: str, tested: tuple[str, ...], swaps: "Swaps", refusal) -> bool:
+    """The start of a kernel patch's ``apply()``: False when it is applied already; ``PatchError`` with
+    ``refusal()``'s line, or for an untested megatron-core; True: go on."""
+    if swaps.active:
+        return False
+    why = refusal()
+    if why:
+        raise PatchError(why)
+    check_version(patch, tested)
+    return True
 
 
 class Swaps:

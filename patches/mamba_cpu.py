@@ -23,12 +23,12 @@ Remove when megatron-core has a torch fallback for its Mamba kernels.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import logging
 import sys
 import types
 
-from ._base import PatchError, Swaps, check_version
+from ._base import Swaps, may_apply, module_exists as _has
 
 NAME = "mamba_cpu"
 TESTED_VERSIONS = ("0.16.1", "0.19.2")
@@ -38,13 +38,6 @@ _swaps = Swaps()
 _stubbed: list[str] = []
 _added: list[tuple] = []
 log = logging.getLogger(__name__)
-
-
-def _has(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def refusal() -> str | None:
@@ -95,12 +88,8 @@ def is_applied() -> bool:
 
 def apply() -> None:
     """Route ``MambaMixer`` to the reference kernels when mamba_ssm is absent (idempotent)."""
-    if _swaps.active:
+    if not may_apply(NAME, TESTED_VERSIONS, _swaps, refusal):
         return
-    why = refusal()
-    if why:
-        raise PatchError(why)
-    check_version(NAME, TESTED_VERSIONS)
     _stub_tensor_ops()
     mixer = importlib.import_module(_MIXER)
     if getattr(mixer, "HAVE_MAMBA_SSM", False) and not _is_mock(mixer.RMSNormGated):

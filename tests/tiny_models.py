@@ -24,3 +24,9 @@ HYBRID_MTP = ModelSpec.model_validate({**HYBRID.model_dump(), "name": "tiny-hybr
 HYBRID_SHARED_MTP = ModelSpec.model_validate({**HYBRID.model_dump(), "name": "tiny-hybrid-shared-mtp",
                                               "hybrid_layer_pattern": "M*EME-/*E/*E", "mtp_num_layers": 2,
                                               "mtp_use_repeated_layer": True})
+# Gated DeltaNet ('G', megatron-core 0.19's GatedDeltaNet: 2 key heads of 8, 4 value heads of 6, conv 4) with attention,
+# MoE and MLP layers; tp 2 splits both head counts
+HYBRID_GDN = ModelSpec.model_validate({**HYBRID.model_dump(), "name": "tiny-hybrid-gdn", "mamba": None,
+                                       "hybrid_layer_pattern": "G*EG-E",
+                                       "gdn": {"linear_key_head_dim": 8, "linear_value_head_dim": 6,
+                                               "linear_num_key_heads": 2, "linear_num_value_heads": 4}})

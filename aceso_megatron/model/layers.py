@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from megatron.core.transformer.spec_utils import build_module
 
-from model_specs.builders import bind_tp_group, layer_spec, mamba_layer_spec, unit_spec
+from model_specs.builders import bind_tp_group, gdn_layer_spec, layer_spec, mamba_layer_spec, unit_spec
 from model_specs.extensions import (
     check_attn_dropout,
     check_qk_layernorm,
@@ -84,8 +84,22 @@ def _mamba_layer(model: ModelSpec, unit: Unit, rc: str, config, pg_collection, t
     return MambaUnitLayer(unit, layer, rc == "full")
 
 
+def _gdn_layer(model: ModelSpec, unit: Unit, rc: str, config, pg_collection, te: bool, transform) -> UnitLayer:
+    """A GDN unit's layer (``builders.gdn_layer_spec``, a ``TransformerLayer`` run as an attention unit): none or
+    full recompute. Its packed TP shards are marked with their parts, as megatron-core marks Mamba's
+    (``partition_sizes``, ``model.init``): ``in_proj``'s ``[q, k, v, z, beta, alpha]`` and ``conv1d``'s ``[q, k,
+    v]``, each split over TP (``GatedDeltaNet.sharded_state_dict`` splits them the same way)."""
+    with init_context(config, unit.layer):
+        layer = build_module(transform(gdn_layer_spec(model, te)), config=config, layer_number=unit.layer + 1,
+                             pg_collection=pg_collection)
+    mixer = layer.self_attention
+    mixer.in_proj.weight.partition_sizes = list(mixer.in_proj_split_sections)
+    mixer.conv1d.weight.partition_sizes = [mixer.qk_dim_local_tp, mixer.qk_dim_local_tp, mixer.v_dim_local_tp]
+    return UnitLayer(unit, layer, rc == "full")
+
+
 # units that are a whole megatron-core layer of their own kind (not a part of a ``TransformerLayer``)
-_OWN_LAYERS = {"mamba": _mamba_layer}
+_OWN_LAYERS = {"mamba": _mamba_layer, "gdn": _gdn_layer}
 
 
 def _expert_mlps(moe_layer) -> list:
@@ -156,8 +170,9 @@ def build_unit_layers(model: ModelSpec, units: list[Unit], recompute: list[str],
 def hybrid_refusal(model: ModelSpec) -> str | None:
     """Why this megatron-core cannot run ``model``'s hybrid layer pattern (None: it can): the runtime places a hybrid
     model's layers with megatron-core 0.19's ``HybridStack`` and proves it against stock ``HybridModel``, neither of
-    which 0.16.1 has; a Mamba layer without mamba-ssm needs ``patches.mamba_cpu``'s packages."""
-    from patches import mamba_cpu
+    which 0.16.1 has; a Mamba layer without mamba-ssm needs ``patches.mamba_cpu``'s packages, a GDN layer a
+    megatron-core that has one (``patches.gdn_cpu``)."""
+    from patches import gdn_cpu, mamba_cpu
     from patches.compat import have_hybrid
 
     if model.hybrid_layer_pattern is None:
@@ -168,7 +183,8 @@ def hybrid_refusal(model: ModelSpec) -> str | None:
         return (f"hybrid_layer_pattern: the aceso runtime runs hybrid models on megatron-core >= 0.19 (HybridModel); "
                 f"this is {megatron.core.__version__}: use the Python 3.12 stack (README), or export the plan with "
                 "aceso export --to megatron-lm")
-    return mamba_cpu.refusal() if model.mamba is not None else None
+    return ((mamba_cpu.refusal() if model.mamba is not None else None)
+            or (gdn_cpu.refusal() if model.gdn is not None else None))
 
 
 def check_model(plan, device: str = "cpu", fast=None) -> None:

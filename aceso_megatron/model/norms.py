@@ -13,7 +13,9 @@ Query/key norms (``qk_layernorm``) of a sequence-parallel stage run after the QK
 sequence, on the rank's own heads: their gradients are partial per TP rank because of the heads, not the tokens,
 and are summed over the TP group by their names (``qk_layernorm``), with or without SP. ``WrappedTorchNorm`` refuses
 them under ``config.sequence_parallel`` all the same; ``with_sequence_parallel_norms`` swaps them for the same torch
-norm built with the flag off (``QKNormUnderSP``, parameters not flagged: nothing to sum twice).
+norm built with the flag off (``QKNormUnderSP``, parameters not flagged: nothing to sum twice). So does a GDN
+layer's ``out_norm`` (``GatedDeltaNet``'s norm over each value head's ``d_v`` channels, on the whole sequence of
+the rank's heads: summed over TP by its name, ``parallel.grads``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
 _LAYER_NORMS = ("input_layernorm", "pre_cross_attn_layernorm", "pre_mlp_layernorm", "norm")   # norm: MambaLayer's
 _ATTENTIONS = ("self_attention", "cross_attention")
-_QK_NORMS = ("q_layernorm", "k_layernorm")
+_QK_NORMS = ("q_layernorm", "k_layernorm", "out_norm")    # out_norm: GatedDeltaNet's per-head output norm
 _MLA_NORMS = ("q_layernorm", "kv_layernorm")
 
 

@@ -10,8 +10,8 @@
   With ``overlap_grad_reduce`` the DDP buckets holding a copy are held back until then
   (``hold_embedding_buckets``).
 - Sequence parallelism: norm weights and row-parallel biases see only the rank's ``s/tp`` tokens; their
-  gradients (flagged ``sequence_parallel``, as megatron-core flags them) and the QK-layernorm weights (each TP
-  rank normalising its own heads) are summed over the TP group after the DP reduction, as megatron-core's ``finalize_model_grads`` does (``allreduce_tp_partial_grads``).
+  gradients (flagged ``sequence_parallel``, as megatron-core flags them) and the QK-layernorm weights and GDN's
+  ``out_norm`` weight (each TP rank normalising its own heads; with or without SP) are summed over the TP group after the DP reduction, as megatron-core's ``finalize_model_grads`` does (``allreduce_tp_partial_grads``).
 - MoE: routed expert parameters are reduced by DDP over the stage's expert-DP group (``model.moe``); the router
   weight is flagged ``sequence_parallel`` by megatron-core and summed over TP with the others below.
 - Clipping: the global norm counts every parameter once (DP replica 0 and CP rank 0 of each stage;
@@ -133,7 +133,9 @@ def hold_embedding_buckets(bucket_groups) -> None:
 def allreduce_tp_partial_grads(runtime) -> None:
     """Sum over the TP group the gradients that TP ranks hold in part: parameters flagged ``sequence_parallel``
     on a sequence-parallel chunk, and q/k layer norms (``qk_layernorm``), as megatron-core's
-    ``_allreduce_non_tensor_model_parallel_grads`` -- except routed experts' biases, which megatron-core flags too
+    ``_allreduce_non_tensor_model_parallel_grads``, and a GDN layer's ``out_norm`` (one ``d_v`` weight shared by the
+    value heads, replicated over TP: each rank normalises its own heads; megatron-core sums it only under SP, where
+    TE's norm flags it, so its TP replicas drift apart without SP) -- except routed experts' biases, which megatron-core flags too
     but whose gradient the token dispatcher already brought whole to their EP rank."""
     if runtime.layout.tp == 1:
         return
@@ -145,7 +147,7 @@ def allreduce_tp_partial_grads(runtime) -> None:
                 continue
             if (cfg.sequence_parallel and getattr(p, "sequence_parallel", False)) or \
                     (cfg.qk_layernorm and not cfg.multi_latent_attention   # MLA's: on whole latents (SP: flagged)
-                     and ("q_layernorm" in name or "k_layernorm" in name)):
+                     and ("q_layernorm" in name or "k_layernorm" in name)) or ".self_attention.out_norm." in name:
                 if (g := grad_of(p)) is not None:   # Megatron FSDP: the local shard (grad_of)
                     grads.append(g)
     if grads:

@@ -141,6 +141,10 @@ class TPBench:
             from patches import mamba_cpu     # runtime applies it (training.build_steps._patches_for)
 
             mamba_cpu.apply()         # a no-op where mamba-ssm is installed
+        if model.gdn is not None:     # GatedDeltaNet on torch kernels where fla is absent (the runtime's gdn_cpu)
+            from patches import gdn_cpu
+
+            gdn_cpu.apply()           # a no-op where fla is installed
         self.groups = build_groups(plans["none"], rank)
         lay = self.groups.layout
         model_parallel_cuda_manual_seed(seed, tp_rank=lay.tp_rank, ep_rank=lay.ep_rank, etp_rank=lay.etp_rank)

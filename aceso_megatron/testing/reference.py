@@ -81,7 +81,9 @@ def hybrid_model(model: ModelSpec, config):
     its pre-MLP norm, MLP and residual add (both from the local GPT layer spec), the MoE layer
     ``MoETransformerLayer`` of its pre-MLP norm, the local GPT spec's ``MoELayer`` (``SequentialMLP`` experts) and
     residual add, the Mamba layer megatron-core's local Mamba layer (``get_mamba_stack_modelopt_spec``: ``MambaLayer``
-    with ``MambaMixer``, column- / row-parallel projections; its norm the local norm) -- and the local final norm in
+    with ``MambaMixer``, column- / row-parallel projections; its norm the local norm), the GDN layer megatron-core's
+    local one (the same spec's ``gdn_layer``: ``TransformerLayer`` with ``GatedDeltaNet``, its two norms the local
+    norm) -- and the local final norm in
     ``HybridStack``'s ``final_norm`` (which it builds as transformer-engine's ``TENorm`` whatever the spec: no
     ``HybridModel`` builds without TE otherwise). Returns (module, local name -> canonical GPT name)."""
     from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
@@ -124,6 +126,14 @@ def hybrid_model(model: ModelSpec, config):
             "chunk_size": model.mamba.chunk_size, "d_conv": model.mamba.d_conv, "expand": model.mamba.expand})
         slots["mamba_layer"] = dataclasses.replace(local, submodules=dataclasses.replace(
             local.submodules, norm=final_norm_spec(model, te=False), mixer=mixer))
+    if "G" in text:    # megatron-core's own local GDN layer (the modelopt hybrid spec), its norms the local norm
+        from megatron.core.post_training.modelopt.hybrid.model_specs import get_hybrid_stack_modelopt_spec
+
+        local = get_hybrid_stack_modelopt_spec(local_core_attention=True).submodules.gdn_layer
+        norm, mixer = final_norm_spec(model, te=False), local.submodules.self_attention
+        slots["gdn_layer"] = dataclasses.replace(local, submodules=dataclasses.replace(
+            local.submodules, input_layernorm=norm, self_attention=dataclasses.replace(
+                mixer, submodules=dataclasses.replace(mixer.submodules, out_norm=norm))))
     if "/" in text:    # HybridModel's MTP block (its stock spec with the local norms and eh_proj)
         slots["mtp_block_spec"] = _local_mtp_block_spec(final_norm_spec(model, te=False))
     stack = ModuleSpec(module=HybridStack, params={"post_layer_norm": False},
@@ -195,6 +205,10 @@ class Reference:
             from patches import mamba_cpu     # megatron-core's MambaMixer on reference kernels without mamba-ssm
 
             mamba_cpu.apply()
+        if model.gdn is not None:
+            from patches import gdn_cpu       # megatron-core's GatedDeltaNet on reference kernels without fla
+
+            gdn_cpu.apply()
         tc = train_config or TrainConfig()
         self.spec, self.tc = model, tc
         model_parallel_cuda_manual_seed(seed)

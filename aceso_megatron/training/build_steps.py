@@ -79,6 +79,7 @@ def _patches_for(plan: ParallelPlan, device: str) -> list[str]:
         ("mla_without_te", m.mla is not None or bool(m.mtp_num_layers)),
         ("qkv_gather_tp_group", m.mla is None and any(st.tp > m.groups for st in plan.stages)),   # tp > groups
         ("mamba_cpu", m.mamba is not None),     # megatron-core's MambaMixer on torch kernels without mamba-ssm
+        ("gdn_cpu", m.gdn is not None),         # megatron-core's GatedDeltaNet on torch kernels without fla
         ("fsdp_cpu", plan.megatron_fsdp is not None and device == "cpu"),
         ("dist_opt_torch_adam", plan.distributed_optimizer or plan.megatron_fsdp is not None),
         # each embedding copy in a DDP bucket of its own (a no-op on a rank whose buffers hold no copy)

@@ -40,8 +40,8 @@ output, ``tensor_a2a_hp2cp`` on the norm's output), so each rank runs the whole 
 
 megatron-core 0.19 asserts (``TransformerConfig.__post_init__``): ``linear_num_value_heads`` a multiple of
 ``linear_num_key_heads``, and both multiples of ``tp x cp``; fp8 wants ``in_proj``'s width a multiple of 16.
-``GatedDeltaNet.__init__`` raises ImportError without fla (``flash-linear-attention``) and builds its conv on
-``torch.cuda.current_device()``: search.targets.runtime_rules.gdn_runtime refuses it on the aceso runtime.
+``GatedDeltaNet.__init__`` raises ImportError without fla (``flash-linear-attention``): on CPU the aceso runtime
+runs it on ``patches/gdn_cpu.py``'s torch kernels, and refuses it under cp (``runtime_rules.gdn_cp``).
 """
 
 from __future__ import annotations

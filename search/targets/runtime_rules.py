@@ -37,17 +37,6 @@ def low_precision(model, low) -> str | None:
     return f"settings.low_precision ({low.recipe}; aceso search --precision {low.recipe}): {RUNTIME_LOW_PRECISION}"
 
 
-def gdn_layers(model, low) -> str | None:
-    """megatron-core 0.19's ``GatedDeltaNet`` (``ssm/gated_delta_net/common.py``) raises ImportError without fla
-    (flash-linear-attention's Triton kernels: ``causal_conv1d``, ``l2norm``, ``chunk_gated_delta_rule``) and builds
-    its conv on ``torch.cuda.current_device()``; the runtime has no CPU reference for it and no GPU proof."""
-    if getattr(model, "gdn", None) is None:
-        return None
-    return ("model.gdn: the aceso runtime does not build Gated DeltaNet ('G') layers (megatron-core 0.19's "
-            "GatedDeltaNet needs fla, flash-linear-attention, and CUDA); search with --target megatron-lm and "
-            "export with --hybrid-pattern")
-
-
 def unbuilt_layers(model, low) -> str | None:
     from search.layers.layer_variants import unbuilt_fields
 
@@ -162,16 +151,27 @@ def mla_mtp(plan, device) -> str | None:
     return None
 
 
+def _cp_refusal(plan, layers: str) -> str | None:
+    """The first stage with cp > 1, refused for ``layers`` (mamba_cp, gdn_cp)."""
+    for i, st in enumerate(plan.stages):
+        if st.cp > 1:
+            return (f"stages[{i}].cp ({st.cp}): the aceso runtime does not run {layers} under context "
+                    "parallelism yet; use cp 1, or search with --target megatron-lm and export the plan")
+    return None
+
+
 def mamba_cp(plan, device) -> str | None:
     """Mamba-2 layers under context parallelism: megatron-core's ``MambaContextParallel`` on the runtime's per-stage
     groups has not been run against stock megatron-core (docs/runtime.md); Megatron-LM runs it."""
-    if plan.model.mamba is None:
-        return None
-    for i, st in enumerate(plan.stages):
-        if st.cp > 1:
-            return (f"stages[{i}].cp ({st.cp}): the aceso runtime does not run Mamba-2 layers under context "
-                    "parallelism yet; use cp 1, or search with --target megatron-lm and export the plan")
-    return None
+    return None if plan.model.mamba is None else _cp_refusal(plan, "Mamba-2 layers")
+
+
+def gdn_cp(plan, device) -> str | None:
+    """Gated DeltaNet layers under context parallelism: ``GatedDeltaNet``'s own all-to-alls (``tensor_a2a_cp2hp``)
+    on the runtime's per-stage groups have not been run against stock megatron-core (docs/runtime.md); Megatron-LM
+    runs them. Without CP the runtime builds GDN layers: fla's kernels where it is installed, on CPU the torch
+    reference kernels of ``patches/gdn_cpu.py`` (proven equal to stock ``HybridModel``)."""
+    return None if getattr(plan.model, "gdn", None) is None else _cp_refusal(plan, "Gated DeltaNet layers")
 
 
 def flex_on_cpu(plan, device) -> str | None:

@@ -8,7 +8,9 @@ over TP). Resumed under: the pattern cut ``M*E | M-E`` at tp1 x dp2 per stage (M
 ``conv1d`` re-sharded part by part: a contiguous re-shard mixes their z / x / B / C / dt rows), and in one process,
 the stock single-process layout (tp = dp = 1: each parameter under its stock ``HybridModel`` name and shape). The
 same for ``HYBRID_SHARED_MTP`` (two MTP depths of one shared layer, ``mtp_use_repeated_layer``), cut ``M*E | ME-``
-with the MTP block on the second stage.
+with the MTP block on the second stage. And for ``HYBRID_GDN`` (Gated DeltaNet layers on ``patches.gdn_cpu``), cut
+``G*E | G-E``: GDN's packed ``in_proj`` (q / k / v / z / beta / alpha) and ``conv1d`` (q / k / v) re-sharded part by
+part, as Mamba's.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 
 from patches.compat import have_hybrid
 from tests.distributed.test_moe_checkpoint import _mismatches, save_and_resume
-from tests.tiny_models import HYBRID, HYBRID_SHARED_MTP
+from tests.tiny_models import HYBRID, HYBRID_GDN, HYBRID_SHARED_MTP
 
 pytestmark = pytest.mark.skipif(not have_hybrid(), reason="megatron-core without models.hybrid (before 0.19)")
 
@@ -41,7 +43,8 @@ def plans(model, cut: str):
 
 # HYBRID_SHARED_MTP: M*EME-/*E/*E, 2 MTP depths of one shared layer (mtp.layers.0.*, saved at tp2, resumed at tp1)
 CASES = {"hybrid": (HYBRID, "M*E | M-E", "mixer.in_proj.weight"),
-         "shared MTP": (HYBRID_SHARED_MTP, "M*E | ME- + MTP", "mtp.layers.0.eh_proj.weight")}
+         "shared MTP": (HYBRID_SHARED_MTP, "M*E | ME- + MTP", "mtp.layers.0.eh_proj.weight"),
+         "gdn": (HYBRID_GDN, "G*E | G-E", "self_attention.in_proj.weight")}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

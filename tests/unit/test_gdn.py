@@ -1,5 +1,5 @@
 """Gated DeltaNet layers ('G', search/layers/gdn.py): FLOPs and memory by hand, the kind in a hybrid model and a
-plan, the Megatron-LM export and import of its linear_* flags, and the runtime's one-line refusal. megatron-core's
+plan, the Megatron-LM export and import of its linear_* flags, and the runtime's one-line refusal of it under CP. megatron-core's
 own layer (parameters, tp / cp asserts) is the reference in tests/runtime/test_gdn_layer.py, Megatron-LM's parsers
 (core_v0.17.1 to core_v0.19.0) in tests/runtime/test_hybrid_pattern_oracle.py (case gdn-pp2-vpp2)."""
 
@@ -116,7 +116,15 @@ def test_megatron_lm_0_16_refuses_in_one_line():
     assert "core_v0.16.1" in str(e.value) and "\n" not in str(e.value)
 
 
-def test_the_runtime_refuses_gdn_before_any_process_group():
-    why = model_refusal("aceso", GDN8)
-    assert why.startswith("model.gdn: the aceso runtime does not build Gated DeltaNet") and "\n" not in why
-    assert model_refusal("megatron-lm", GDN8) is None
+def test_the_runtime_builds_gdn_but_refuses_it_under_cp_in_one_line():
+    """GDN layers run on the aceso runtime (fla, or on CPU patches/gdn_cpu.py: tests/distributed/
+    test_hybrid_gdn_plans.py); context parallelism over them is refused in one line, before any process group."""
+    from search.targets.capabilities import plan_refusal
+
+    assert model_refusal("aceso", GDN8) is None and model_refusal("megatron-lm", GDN8) is None
+    plan = cut_plan(GDN8, [0, 3, 8], 2)
+    assert plan_refusal(plan, "aceso", "cpu") is None
+    raw = plan.model_dump()
+    raw["stages"][1].update(cp=2, num_gpus=2)
+    why = plan_refusal(ParallelPlan.model_validate(raw), "aceso", "cuda")
+    assert why.startswith("stages[1].cp (2): the aceso runtime does not run Gated DeltaNet") and "\n" not in why

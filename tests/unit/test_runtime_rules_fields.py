@@ -69,11 +69,12 @@ OSS = LLAMA.model_copy(update={"softmax_type": "learnable"})
 CASES = {
     "low_precision": (rt.low_precision, (LLAMA, LOW)),
     "unbuilt_layers": (rt.unbuilt_layers, (OSS, None)),
-    "gdn_layers": (rt.gdn_layers, (ModelSpec.model_validate({**HYBRID.model_dump(), "mamba": None, "gdn": {
-        "linear_num_key_heads": 2, "linear_num_value_heads": 4}, "hybrid_layer_pattern": "G*EG-E"}), None)),
     "latent_moe": (rt.latent_moe, (MOE.model_copy(update={"moe": MOE.moe.model_copy(update={"moe_latent_size": 64})}),
                                    None)),
     "mamba_cp": (rt.mamba_cp, (plan(HYBRID, stage={"cp": 2, "num_gpus": 2}), CUDA_TE)),
+    "gdn_cp": (rt.gdn_cp, (plan(ModelSpec.model_validate({**HYBRID.model_dump(), "mamba": None, "gdn": {
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4}, "hybrid_layer_pattern": "G*EG-E"}),
+        stage={"cp": 2, "num_gpus": 2}), CUDA_TE)),
     "moe_biases": (rt.moe_biases, (MOE.model_copy(update={"add_bias_linear": True}), None)),
     "expert_bias": (rt.expert_bias, (MOE.model_copy(update={"moe": MOE.moe.model_copy(update={
         "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True})}), None)),
