@@ -196,7 +196,7 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None, wall_s: floa
     from rich.table import Table
     con = Console(file=file or sys.stdout, width=140)
     t = Table(title=f"{plan.model.name} on {plan.cluster.label if plan.cluster else f'{plan.world_size} GPUs'} "
-                    f"({getattr(cm, 'kind', 'analytic')}, target {plans.target}), pipeline micro-batch "
+                    f"({getattr(cm, 'kind', 'analytic')}, target {plans.space.evaluator_target}), pipeline micro-batch "
                     f"{plan.micro_batch_size}, global batch {plan.global_batch_size}")
     for col in ("stage", "GPUs", "tp", "cp", "dp", "sp", "mbs/rank", "units", "recompute", "total ms",
                 "ms/micro-batch", "memory MiB"):

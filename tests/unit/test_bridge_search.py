@@ -61,9 +61,12 @@ def test_a_bridge_search_returns_only_plans_the_bridge_export_writes(tmp_path, c
 
 
 def test_a_bridge_search_plan_exports(tmp_path, capsys):
-    rc, err, out = _search(tmp_path, capsys, "--model", "nemotron-h-8b", "--cluster", "1x8-h100",
-                           "--global-batch-size", "16", "--budget-evals", "60")
+    out = tmp_path / "p.json"
+    rc = main(["search", "--model", "nemotron-h-8b", "--cluster", "1x8-h100", "--global-batch-size", "16",
+               "--budget-evals", "60", "--target", "megatron-bridge", "--workers", "1", "-o", str(out)])
+    stdout, err = capsys.readouterr()
     assert rc == 0, err
+    assert "(analytic, target megatron-bridge)" in stdout      # the table names the target asked for
     y = tmp_path / "b.yaml"
     assert main(["export", str(out), "--to", "megatron-bridge", "-o", str(y)]) == 0
     assert "hybrid_override_pattern" in y.read_text()
