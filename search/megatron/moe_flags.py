@@ -324,6 +324,9 @@ def moe_bridge_fields(c) -> dict[str, object]:
     if moe.moe_router_topk == 1 and moe.moe_router_score_function == "softmax":
         out["moe_router_pre_softmax"] = True        # megatron-core requires it for top-1; else the recipe's
     out["moe_aux_loss_coeff"] = moe.moe_aux_loss_coeff
+    # always written (null: no scaling), so the recipe's own factor (Nemotron-3 Nano's and DeepSeek-V3's 2.5, Kimi-K2's
+    # 2.827) never stands in for the model's (HF routed_scaling_factor: the megatron block's)
+    out["moe_router_topk_scaling_factor"] = (m.megatron or {}).get("moe_router_topk_scaling_factor")
     out["expert_model_parallel_size"] = c.ep
     out["expert_tensor_parallel_size"] = c.tp if c.etp is None else c.etp
     out["moe_token_dispatcher_type"] = s.token_dispatcher

@@ -5,7 +5,8 @@ as ``hybrid_override_pattern`` (``M`` Mamba-2, ``*`` attention, ``-`` MLP, ``E``
 (linear_attention / full_attention / mlp / moe, and the older mamba / attention names), the Mamba-2 mixer
 (``ssm_state_size``, ``mamba_num_heads``, ``mamba_head_dim``, ``n_groups``, ``conv_kernel``, ``expand``,
 ``chunk_size``, with the ``mamba_*`` spellings of older configs), squared-ReLU MLPs and experts (``relu2``), RMSNorm,
-no position embedding, the sigmoid router with its score-correction bias, LatentMoE (``moe_latent_size``: Nemotron-3
+no position embedding, the sigmoid router with its score-correction bias and top-k scaling factor
+(``routed_scaling_factor``: ``megatron.moe_router_topk_scaling_factor``), LatentMoE (``moe_latent_size``: Nemotron-3
 Super, Ultra) and MTP depths (``num_nextn_predict_layers`` of ``mtp_hybrid_override_pattern`` /
 ``mtp_layers_block_type``: the MTP blocks the checkpoint stores, one each; Megatron-Bridge's Super recipe runs its one
 block at 2 depths with ``mtp_use_repeated_layer``, a training choice the preset nemotron-3-super holds). What megatron-core's ``HybridModel`` cannot build or
@@ -19,12 +20,13 @@ from __future__ import annotations
 
 from search.io.errors import AcesoError
 from search.spec.hf_arch import NORM_EPSILON
+from search.spec.hf_moe import topk_scaling
 
 _BLOCKS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-", "moe": "E"}
 _IGNORED = ("time_step_min", "time_step_max", "time_step_limit", "time_step_floor", "mamba_dt_min", "mamba_dt_max",
             "mamba_dt_limit", "mamba_dt_init_floor", "rescale_prenorm_residual", "residual_in_fp32",
-            "use_mamba_kernels", "mamba_ssm_cache_dtype", "num_logits_to_keep", "routed_scaling_factor",
-            "norm_topk_prob", "moe_shared_expert_overlap", "hidden_dropout", "attention_dropout")
+            "use_mamba_kernels", "mamba_ssm_cache_dtype", "num_logits_to_keep", "norm_topk_prob",
+            "moe_shared_expert_overlap", "hidden_dropout", "attention_dropout")
 
 
 def _pattern(c, key_str: str, key_list: str, required: bool = True) -> str | None:
@@ -89,9 +91,11 @@ def nemotron_h_fields(c, seq_length: int) -> dict:
         latent = c.int("moe_latent_size", required=False)
         if latent is not None:
             data["moe"]["moe_latent_size"] = latent
+        if scaling := topk_scaling(c):          # routed_scaling_factor (numerics only: scales the expert weights)
+            data["megatron"] = {**(data["megatron"] or {}), **scaling}
     else:
         c.ignore("n_routed_experts", "moe_latent_size", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
-                 "moe_shared_expert_intermediate_size", "n_group", "topk_group")
+                 "moe_shared_expert_intermediate_size", "n_group", "topk_group", "routed_scaling_factor")
     data["hybrid_layer_pattern"] = pattern + ("/" + mtp) * mtp_depths
     if mtp_depths:
         data["mtp_num_layers"] = mtp_depths

@@ -40,7 +40,7 @@ def _normalized_topk(c, default: bool) -> None:
                        shown=None if c.has("norm_topk_prob") else f"(absent: the model's default {str(default).lower()})")
 
 
-def _topk_scaling(c) -> dict:
+def topk_scaling(c) -> dict:
     factor = c.float("routed_scaling_factor", default=1.0)
     if not factor > 0:
         raise c.bad("routed_scaling_factor", factor, "a positive number")
@@ -114,7 +114,7 @@ def _deepseek(c) -> dict:
            "qk_head_dim": c.int("qk_nope_head_dim"), "qk_pos_emb_head_dim": c.int("qk_rope_head_dim"),
            "v_head_dim": c.int("v_head_dim")}
     return {"moe": moe, "mla": {k: v for k, v in mla.items() if v is not None}, "mtp_num_layers": _mtp(c),
-            "kv_channels": mla["v_head_dim"], "megatron": _topk_scaling(c)}
+            "kv_channels": mla["v_head_dim"], "megatron": topk_scaling(c)}
 
 
 def _glm4_moe(c) -> dict:
@@ -126,7 +126,7 @@ def _glm4_moe(c) -> dict:
     moe = {**_shared_and_dense(c), "moe_router_score_function": "sigmoid", **_groups(c, True),
            "moe_router_enable_expert_bias": True,
            "moe_aux_loss_coeff": c.float("router_aux_loss_coef", default=0.0)}
-    return {"moe": moe, "mtp_num_layers": _mtp(c), "megatron": _topk_scaling(c)}
+    return {"moe": moe, "mtp_num_layers": _mtp(c), "megatron": topk_scaling(c)}
 
 
 def _gpt_oss(c, layers: int) -> dict:

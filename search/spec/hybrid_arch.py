@@ -22,8 +22,9 @@ PRESET_NOTE = ("made from model_specs/hybrid/{name}.json (each field's source th
 
 def model_spec_data(a: HybridArch) -> dict:
     """``a`` as a ``ModelSpec`` mapping (a preset, ``model_specs/presets/{name}.json``): the pattern with its MTP
-    depths, the Mamba-2 block and the MoE fields ``MoESpec`` holds; what the spec leaves out and why: the router's
-    top-k scaling factor and fp32 dtype; the 26.x containers' values are in the arch record."""
+    depths, the Mamba-2 block, the MoE fields ``MoESpec`` holds and the router's top-k scaling factor as the
+    ``megatron`` block's ``moe_router_topk_scaling_factor`` (numerics only: it scales the routed experts' weights,
+    HF's ``routed_scaling_factor``). Left out: the router's fp32 dtype (the 26.x containers' value is in the record)."""
     out = {"name": a.name, "family": "gpt", "num_layers": a.num_layers, "hidden_size": a.hidden_size,
            "num_attention_heads": a.num_attention_heads, "num_query_groups": a.num_query_groups,
            "kv_channels": a.kv_channels, "ffn_hidden_size": a.ffn_hidden_size, "seq_length": a.seq_length,
@@ -33,8 +34,12 @@ def model_spec_data(a: HybridArch) -> dict:
                                                                        a.position_embedding_type),
            "tied_embeddings": not a.untie_embeddings_and_output_weights, "add_bias_linear": a.add_bias_linear,
            "params_dtype": "bf16", "nominal_params_b": a.published["total_params"] / 1e9}
-    if a.layernorm_epsilon != NORM_EPSILON:      # megatron-core's default is left out, as a command line's import does
-        out["megatron"] = {"layernorm_epsilon": a.layernorm_epsilon}
+    block = {"layernorm_epsilon": a.layernorm_epsilon} if a.layernorm_epsilon != NORM_EPSILON else {}
+    #                                             megatron-core's default is left out, as a command line's import does
+    if a.moe is not None and a.moe.moe_router_topk_scaling_factor not in (None, 1.0):
+        block["moe_router_topk_scaling_factor"] = a.moe.moe_router_topk_scaling_factor
+    if block:
+        out["megatron"] = block
     if a.moe is not None:
         out["moe"] = {k: getattr(a.moe, k) for k in _MOE_FIELDS if getattr(a.moe, k) is not None}
     if a.mtp_num_layers:

@@ -79,7 +79,8 @@ def run(line: str, world: int) -> dict:
                     cfg.linear_num_value_heads, cfg.linear_conv_kernel_dim],
             "activation": getattr(cfg.activation_func, "__name__", None),
             "latent": getattr(cfg, "moe_latent_size", None),
-            "mtp_repeated": getattr(cfg, "mtp_use_repeated_layer", None)}
+            "mtp_repeated": getattr(cfg, "mtp_use_repeated_layer", None),
+            "topk_scaling": cfg.moe_router_topk_scaling_factor}
 
 
 def _mamba(cfg):

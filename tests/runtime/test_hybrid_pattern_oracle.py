@@ -84,11 +84,13 @@ def test_megatron_lm_0_16_has_no_pattern_flag():
 @pytest.mark.parametrize("tag", ["core_v0.17.1", "core_v0.18.2", "core_v0.19.0"])
 def test_latent_moe_and_the_shared_mtp_layer_reach_the_config(tag):
     """Nemotron-3 Super's LatentMoE and its one MTP layer run at 2 depths (8 of its layers, cut mid-pattern):
-    --moe-latent-size and --mtp-use-repeated-layer as each release's parser and TransformerConfig read them."""
+    --moe-latent-size, --mtp-use-repeated-layer and its --moe-router-topk-scaling-factor as each release's parser
+    and TransformerConfig read them."""
     rel = release(tag)
     m = load_model("nemotron-3-super").model_copy(update={"hybrid_layer_pattern": "MEM*EMEM/*E/*E", "num_layers": 8})
     plan = cut_plan(m, [0, 3, m.num_units], 2, tp=2, sp=True, gbs=16)
     (g,) = _oracle(tag, [args_line(hybrid_form(plan, rel))], [plan.world_size])
     assert "error" not in g, g
     assert g["latent"] == 1024 and g["mtp_repeated"] is True
+    assert g["topk_scaling"] == 5.0          # Super's HF routed_scaling_factor (tests/unit/test_topk_scaling.py)
     assert g["mtp"] == ["*E", 2, 2] and g["moe"][:2] == [512, 22]

@@ -74,3 +74,11 @@ def test_the_load_balancing_type_reaches_the_config(lb):
     cfg = _runtime_config(plan)
     assert (cfg.moe_router_load_balancing_type, cfg.moe_aux_loss_coeff) == (lb, 0.01)
     assert cfg.moe_router_load_balancing_type == _expected_moe(megatron_config(plan))["moe_router_load_balancing_type"]
+
+
+@pytest.mark.parametrize("name, factor", [("nemotron-3-nano", 2.5), ("kimi-k2", 2.827), ("qwen3-30b-a3b", None)])
+def test_the_router_topk_scaling_factor_reaches_the_config(name, factor):
+    """The preset's factor (its HF config.json's routed_scaling_factor, tests/unit/test_topk_scaling.py) is the
+    stage config's, as Megatron-LM's --moe-router-topk-scaling-factor sets it (None: megatron-core scales nothing)."""
+    from search.spec.presets import load_model
+    assert stage_config(load_model(name), 1, "cpu", 1).moe_router_topk_scaling_factor == factor

@@ -233,9 +233,13 @@ def test_published_moe_rows_import_with_their_shape_and_our_preset(row):
     b.pop("make_vocab_size_divisible_by")
     moe_a, moe_b = a.pop("moe"), b.pop("moe")
     # the numerics the command line states and the preset leaves at megatron-core's defaults are the command line's
-    # (search.megatron.arch_flags): its norm epsilon, top-k scaling and YaRN; the rest is the preset's architecture
+    # (search.megatron.arch_flags): its norm epsilon and YaRN; the rest is the preset's architecture, the router's
+    # top-k scaling factor included (NVIDIA's run states the preset's HF routed_scaling_factor, 1.0 when absent)
     flags = shlex.split(args)
-    stated = {"layernorm_epsilon": "--norm-epsilon", "moe_router_topk_scaling_factor": "--moe-router-topk-scaling-factor"}
+    run_factor = float(flags[flags.index("--moe-router-topk-scaling-factor") + 1]) \
+        if "--moe-router-topk-scaling-factor" in flags else 1.0
+    assert (b.get("megatron") or {}).get("moe_router_topk_scaling_factor", 1.0) == run_factor, name
+    stated = {"layernorm_epsilon": "--norm-epsilon"}
     for field, flag in stated.items():
         if flag in flags and float(flags[flags.index(flag) + 1]) != {"layernorm_epsilon": 1e-5}.get(field):
             assert a["megatron"].pop(field) == float(flags[flags.index(flag) + 1])
