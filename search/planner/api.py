@@ -75,7 +75,7 @@ def plan_search(cm, training, opts: SearchOptions, top_k: int = 1, baseline: Bas
     opts = copy.copy(opts)
     opts.seeds = list(opts.seeds) + ([baseline.state] if baseline is not None and baseline.fits else []) + \
         list(seeds or [])
-    return settle(cm, training, target, opts, top_k)[0], space
+    return settle(cm, training, target, opts, top_k, space=space)[0], space
 
 
 def plan_baseline(cm, training, runs: str = "megatron-lm", space_target: str = "megatron-lm") -> BaselineResult | None:

@@ -28,13 +28,14 @@ MAX_ROUNDS = 2      # searches under a newly chosen MoE setting (each seeded wit
 
 
 def settle(cm, training, target: str, opts: SearchOptions, top_k: int = 1, moe=None, wider=None,
-           make_space=None) -> tuple[SearchResult, list[str]]:
+           make_space=None, space=None) -> tuple[SearchResult, list[str]]:
     """(the merged result, one line per round: what it searched and its best time). ``training``: the spec of the
     first search; ``wider``: a training spec whose space is searched last, from the best plan (None: none);
-    ``moe``: the first search's MoE settings (None: the defaults); ``make_space``: ``api.make_space``."""
+    ``moe``: the first search's MoE settings (None: the defaults); ``make_space``: ``api.make_space``; ``space``:
+    the first search's space where the caller has built it (None: built here)."""
     make_space = make_space or _make_space
     gbs = training.global_batch_size
-    space = make_space(cm, training, target, moe=moe)
+    space = space if space is not None else make_space(cm, training, target, moe=moe)
     res = search(cm, gbs, space, opts, top_k)
     log = [f"search: {_best_text(res)}"]
     plans = list(res.plans)
