@@ -184,7 +184,8 @@ def price(row: dict, cluster: str, drop: tuple[str, ...] = ()) -> dict:
                  for s in cost.stages)
     return {"cluster": su["cluster"].label, "predicted_s": cost.iteration_ms / 1e3, "dp_exposed_s": dp_exp / 1e3,
             "memory_gib": cost.max_memory_mb / 1024, "memory_limit_gib": cost.memory_limit_mb / 1024,
-            "fits": cost.fits, "precision": su["training"].precision}
+            "fits": cost.fits, "precision": su["training"].precision,
+            "fwd_ms": cost.stages[0].fwd_ms if len(cost.stages) == 1 else None}
 
 
 def predictions(rows: list[dict]) -> dict:
@@ -227,6 +228,24 @@ def price_row(row: dict, before: dict | None = None) -> dict:
             "memory_gib": now["memory_gib"], "memory_limit_gib": now["memory_limit_gib"], "fits": now["fits"]}
 
 
+def forward_row(row: dict) -> dict | None:
+    """A one-stage row's forward-only step (``measured.validation_step_s``: the submission's validation steps, the same
+    full-iteration graph without the backward, the optimizer step, the DP collectives or TP overlap) beside the
+    priced forward of its micro-batches as it runs there (without ``--tp-comm-overlap``), and what each step has
+    beyond three forwards: measured ``step - 3 x forward-only``, priced ``step - 3 x forward`` (the backward beyond
+    twice the forward, exposed DP sync, the optimizer step, per-step host time)."""
+    n, tp, pp, cp, dp = shape_of(row)
+    fwd_meas = row["measured"].get("validation_step_s")
+    if pp != 1 or not fwd_meas:
+        return None
+    micro = row["log"]["global_batch_size"] // (dp * int(row["env"]["MICRO_BATCH_SIZE"]))
+    fwd = price(row, cluster_of(row), drop=("tp-comm-overlap",))["fwd_ms"] * micro / 1e3
+    step, meas = price(row, cluster_of(row))["predicted_s"], row["measured"]["step_s"]
+    return {"id": row["id"], "measured_step_s": meas, "measured_forward_s": fwd_meas, "predicted_forward_s": fwd,
+            "forward_error": fwd / fwd_meas - 1, "measured_beyond_3f_s": meas - 3 * fwd_meas,
+            "predicted_beyond_3f_s": step - 3 * fwd}
+
+
 def summarize(results: list[dict], key: str = "error") -> dict:
     rows = [x for x in results if x.get(key) is not None]
     errs = np.array([abs(x[key]) for x in rows])
@@ -244,7 +263,8 @@ def report() -> dict | None:
     before = json.loads(BEFORE.read_text())["predictions"] if BEFORE.exists() else None
     results = sorted((price_row(r, before) for r in rows), key=lambda x: (x["gpus"], x["id"]))
     scale = [x for x in results if x["gpus"] >= SCALE_GPUS]
-    return {"rows": results,
+    fwd = [f for f in (forward_row(r) for r in sorted(rows, key=lambda r: (shape_of(r)[0], r["id"]))) if f]
+    return {"rows": results, "forward_only": fwd,
             "summary": {name: {k: summarize(sel, k) for k in ("before_error", "error", "before_written_error",
                                                               "written_error")}
                         for name, sel in (("scale", scale), ("all", results))}}
@@ -269,6 +289,16 @@ def print_table(rep: dict) -> None:
         if x["before_dropped"]:
             print(f"  before: {x['id']} priced without {', '.join('--' + d for d in x['before_dropped'])} "
                   "(9ebe16b refuses it)")
+    if rep.get("forward_only"):
+        print("  forward only (one-stage runs): the validation step (same graph: no backward, optimizer step, DP "
+              "collectives or TP overlap) vs the priced forward without TP overlap; beyond 3 forwards = step - 3 x "
+              "forward, measured vs priced (bench/data/mlperf_extract.py: measured.validation_step_s)")
+        print(f"    {'run':47}{'step meas s':>12}{'fwd meas s':>12}{'fwd pred s':>12}{'fwd err':>9}"
+              f"{'beyond 3F meas s':>18}{'pred s':>9}")
+        for f in rep["forward_only"]:
+            print(f"    {f['id'][:47]:47}{f['measured_step_s']:>12.4f}{f['measured_forward_s']:>12.4f}"
+                  f"{f['predicted_forward_s']:>12.4f}{100 * f['forward_error']:>+8.1f}%"
+                  f"{f['measured_beyond_3f_s']:>18.4f}{f['predicted_beyond_3f_s']:>9.4f}")
     for name, label in (("scale", "runs of 512 GPUs and more"), ("all", "all runs")):
         for key, what in (("before_error", "before"), ("error", "now"), ("before_written_error", "before, as written"),
                           ("written_error", "now, as written")):

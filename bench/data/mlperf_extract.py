@@ -25,6 +25,13 @@ Measured step time (``measured.step_s``), exactly as the logs give it:
 of a block: v5.1 logs ``step`` at both ends, v5.0 the cumulative ``samples_count`` at the block's start and at the
 next ``eval_start``, v4.x ``epoch_count`` tokens). It is a few percent above the logged median where the first step
 after each evaluation is slow (e.g. v5.1 405B on 5,120 GB200: 11.6 s for the first step, 2.2 s after).
+``measured.validation_step_s`` (v5.0, v5.1): the median logged ``validation_step_time``, the same callback's wall
+time between two consecutive ``on_validation_batch_end`` calls: one forward-only step over a global batch (v5.1
+Llama 3.1 8B: its ``samples_count`` grows by the training global batch per step), under the same full-iteration
+CUDA graph (megatron-core ``FullCudaGraphWrapper`` captures a 'validation' graph too) but without the backward, the
+optimizer step and the data-parallel collectives, and without TP communication overlap (``NVTE_TP_OVERLAP_TRAINING_
+ONLY=1``). The first of each evaluation is left out (it times from the last training step: 0.185 s against 0.021 s
+after, v5.1 8B on 512 GB300); ``validation_samples`` counts the rest.
 
 Run: ``python bench/data/mlperf_extract.py [MIRROR_ROOT]`` (default ``/work/.mirror``: the folders
 ``mlcommons+training_results_v<round>/repo``, bare git clones, as the project's ``fetch`` tool writes them).
@@ -85,6 +92,19 @@ def read_log(text: str) -> list[dict]:
     return [json.loads(m.group(1)) for m in map(MLLOG.search, text.splitlines()) if m]
 
 
+def validation_times(events: list[dict]) -> list[float]:
+    """Logged validation_step_time values, each evaluation's first left out (module docstring)."""
+    out, first = [], True
+    for e in events:
+        if e["key"] == "eval_start":
+            first = True
+        elif e["key"] == "tracked_stats" and isinstance(e["value"], dict) and "validation_step_time" in e["value"]:
+            if not first:
+                out.append(e["value"]["validation_step_time"])
+            first = False
+    return out
+
+
 def step_times(events: list[dict]) -> tuple[list[float], list[float], dict]:
     """(logged train_step_time values but the first, block-based step times but the first block, log constants)."""
     const = {e["key"]: e["value"] for e in events if e["key"] in ("global_batch_size", "gradient_accumulation_steps",
@@ -120,9 +140,11 @@ def row_of(repo: Path, rnd: str, commit: str, sub: str, bench: str) -> dict | No
     config = re.search(r"source (config_[A-Za-z0-9_x]+\.sh)", git(repo, "show", f"HEAD:{readme}")).group(1)
     env, config_paths = sourced_env(repo, impl, config)
     results = sorted(f for f in ls(repo, f"NVIDIA/results/{sub}/{bench}") if re.search(r"result_\d+\.txt$", f))
-    logged, blocks, consts = [], [], []
+    logged, blocks, consts, valid = [], [], [], []
     for f in results:
-        lg, bl, const = step_times(read_log(git(repo, "show", f"HEAD:{f}")))
+        events = read_log(git(repo, "show", f"HEAD:{f}"))
+        lg, bl, const = step_times(events)
+        valid += validation_times(events)
         logged += lg
         blocks += bl
         consts.append(const)
@@ -152,6 +174,8 @@ def row_of(repo: Path, rnd: str, commit: str, sub: str, bench: str) -> dict | No
                      "method": "median logged train_step_time" if logged else "median block time / block steps",
                      "samples": len(logged) if logged else len(blocks),
                      "block_step_s": statistics.median(blocks) if blocks else None,
+                     "validation_step_s": statistics.median(valid) if valid else None,
+                     "validation_samples": len(valid),
                      "files": len(results)},
         "checks": checks,
     }

@@ -267,6 +267,8 @@ def test_mlperf_rows_state_their_sources_and_numbers():
         assert src["config"].startswith("NVIDIA/benchmarks/") and src["results"] and src["system"]
         m = r["measured"]
         assert m["step_s"] > 0 and m["samples"] > 10
+        if r["round"] in ("v5.0", "v5.1"):     # the forward-only (validation) step the same logs time
+            assert 0 < m["validation_step_s"] < m["step_s"] / 2 and m["validation_samples"] > 10, r["id"]
         env, log = r["env"], r["log"]
         n = int(r["system"]["number_of_nodes"]) * int(r["system"]["accelerators_per_node"])
         mp = int(env["TENSOR_MODEL_PARALLEL"]) * int(env["PIPELINE_MODEL_PARALLEL"]) * int(env.get("CONTEXT_PARALLEL", 1))
@@ -299,3 +301,39 @@ def test_gb300_405b_nvfp4_run_fits_with_its_bf16_gradient_buffer():
     params = stage.memory_breakdown["grads"] * 2 ** 20 / 4                # the fp32 buffer's parameters
     assert params == pytest.approx(25.5e9, rel=0.01)
     assert fp32.max_memory_mb - bf16["memory_gib"] * 1024 == pytest.approx(2 * params / 2 ** 20, rel=0.03)
+
+
+def test_validation_step_times_leave_out_each_evaluations_first():
+    """bench/data/mlperf_extract.py: the forward-only step (logged validation_step_time) leaves out each evaluation's
+    first value (timed from the last training step) and ignores the training steps' entries."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("mlperf_extract", ROOT / "bench" / "data" / "mlperf_extract.py")
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+
+    def stat(**value):
+        return {"key": "tracked_stats", "value": value, "metadata": {"step": 1}}
+    events = [stat(train_step_time=0.085), {"key": "eval_start", "value": None, "metadata": {}},
+              stat(validation_step_time=0.185), stat(validation_step_time=0.021), stat(validation_step_time=0.020),
+              {"key": "eval_stop", "value": None, "metadata": {}}, stat(train_step_time=0.086),
+              {"key": "eval_start", "value": None, "metadata": {}}, stat(validation_step_time=0.190),
+              stat(validation_step_time=0.022)]
+    assert ex.validation_times(events) == [0.021, 0.020, 0.022]
+
+
+def test_forward_only_rows_split_the_step_at_three_forwards():
+    """The bench's forward-only table: one-stage rows only; the measured part beyond three forwards is the logged step
+    less three validation steps, the priced one the priced step less three forwards priced without TP overlap (the
+    validation graph runs without it, NVTE_TP_OVERLAP_TRAINING_ONLY=1)."""
+    sp = _bench()
+    rows = {r["id"]: r for r in sp.load_rows()}
+    assert sp.forward_row(rows["v5.1/theia_ngpu512_ngc25.09_nemo/llama31_405b"]) is None      # pp 8
+    row = rows["v5.1/theia_ngpu512_ngc25.09_nemo/llama31_8b"]
+    f = sp.forward_row(row)
+    m = row["measured"]
+    assert 0 < m["validation_step_s"] < m["step_s"] / 3 and m["validation_samples"] > 100
+    assert f["measured_beyond_3f_s"] == pytest.approx(m["step_s"] - 3 * m["validation_step_s"], rel=1e-12)
+    no_overlap = sp.price(row, sp.cluster_of(row), drop=("tp-comm-overlap",))
+    assert f["predicted_forward_s"] == pytest.approx(no_overlap["fwd_ms"] / 1e3, rel=1e-12)    # gbs 64 = dp 64 x mbs 1
+    assert f["predicted_beyond_3f_s"] == pytest.approx(sp.price(row, sp.cluster_of(row))["predicted_s"]
+                                                       - 3 * f["predicted_forward_s"], rel=1e-12)
