@@ -56,8 +56,8 @@ The host time per launch is the host CPU's single-thread work (Python, the frame
 scales with the host's clock: ``launch_ms`` = ``HOST_LAUNCH_MS`` x ``HOST_REF_GHZ`` / the GPU record's
 ``host_cpu_ghz`` (the single-core boost clock of its DGX system's x86 CPU: DGX H100 / H200 Xeon Platinum 8480C 3.8
 GHz, DGX B200 Xeon Platinum 8570 4.0, DGX B300 Xeon 6776P 4.6 with Priority Core Turbo, which Intel introduced for
-this serial work of feeding the GPUs). ``HOST_REF_GHZ`` is DGX B200's 4.0 GHz, the x86 host with the most fitted MoE rows:
-not a fitted constant. Grace hosts (GB200 / GB300) and GPUs without a record value take ``HOST_LAUNCH_MS`` as
+this serial work of feeding the GPUs). ``HOST_REF_GHZ`` is DGX B200's 4.0 GHz, the x86 host with the most fitted
+MoE rows: not a fitted constant. Grace hosts (GB200 / GB300) and GPUs without a record value take ``HOST_LAUNCH_MS`` as
 fitted: an Arm core's clock says nothing of its time per launch against an x86 one (a factor for Grace, fitted on
 the rows, was tried and not kept: docs/costmodel.md, "Host time on Grace: tried, not kept").
 
