@@ -52,6 +52,15 @@ kept (docs/costmodel.md, "The 2026 software stack"). What the device sees:
 - without a synchronisation the CPU runs ahead: exposed only when a layer's (forward) host time exceeds its whole
   device time, ``max(0, H_f - D_f - D_b)``.
 
+The host time per launch is the host CPU's single-thread work (Python, the framework, the driver call), so it
+scales with the host's clock: ``launch_ms`` = ``HOST_LAUNCH_MS`` x ``HOST_REF_GHZ`` / the GPU record's
+``host_cpu_ghz`` (the single-core boost clock of its DGX system's x86 CPU: DGX H100 / H200 Xeon Platinum 8480C 3.8
+GHz, DGX B200 Xeon Platinum 8570 4.0, DGX B300 Xeon 6776P 4.6 with Priority Core Turbo, which Intel introduced for
+this serial work of feeding the GPUs). ``HOST_REF_GHZ`` is DGX B200's 4.0 GHz, the x86 host with the most fitted
+MoE rows: not a fitted constant. Grace hosts (GB200 / GB300) and GPUs without a record value take ``HOST_LAUNCH_MS`` as
+fitted: an Arm core's clock says nothing of its time per launch against an x86 one (a factor for Grace, fitted on
+the rows, was tried and not kept: docs/costmodel.md, "Host time on Grace: tried, not kept").
+
 A CUDA graph (``stack.CudaGraphs``) replays its captured part with one launch (``GRAPH_LAUNCH``): the part's
 kernels leave the host time. ``full_iteration`` replays the whole forward and backward: no host time per layer.
 Memory it pins (``graph_buffer_bytes``): each captured part keeps static input and output buffers per layer for
@@ -63,13 +72,25 @@ buffer, ``GRAPH_BUFFERS`` per captured part (forward input and output, backward 
 
 from __future__ import annotations
 
-from ..layers import resolve
 from search.settings.stack import GRAPH_SCOPES  # noqa: F401  (the scope names the parts below use)
+from search.spec.cluster import gpu_record
+from ..layers import resolve
+from .release_constants import value
 
 # One replay of a captured part: transformer-engine's ``make_graphed_callables`` forward copies its inputs into the
 # static buffers (no copy where the input is the buffer) and calls ``fwd_graph.replay()``: one cudaGraphLaunch.
 GRAPH_LAUNCH = 1.0
 GRAPH_BUFFERS = 3         # static buffers a captured part keeps per layer and micro-batch in flight
+# The x86 host clock at which ``HOST_LAUNCH_MS`` is the time per launch (module docstring): DGX B200's Xeon Platinum
+# 8570, 4 GHz max boost (DGX B200 user guide). A reference, not a fitted constant.
+HOST_REF_GHZ = 4.0
+
+
+def launch_ms(gpu: str, release: str | None) -> float:
+    """Host ms per kernel launch of ``release`` on the host of GPU ``gpu``'s system: the release's fitted
+    ``HOST_LAUNCH_MS`` x ``HOST_REF_GHZ`` / the record's ``host_cpu_ghz`` (as fitted where the record has none)."""
+    ghz = gpu_record(gpu).host_cpu_ghz
+    return value("HOST_LAUNCH_MS", release) * (HOST_REF_GHZ / ghz if ghz else 1.0)
 
 
 def part_launches(model, kind: str, quantized: bool, n_local: int, moe_settings=None) -> dict[str, float]:

@@ -136,14 +136,13 @@ def host_layers(src, fwd, bwd, rec, ep: int, cfg, scopes: frozenset = frozenset(
     full recompute, which re-runs the forward); returns the per-unit array of what was added. The layer's device
     time is the unit before (its attention unit, or in a hybrid pattern its Mamba unit: ``ME``) and the moe unit;
     its host time the two units' launches not captured by a CUDA graph of ``scopes``, at the release's
-    ``HOST_LAUNCH_MS``."""
+    ``HOST_LAUNCH_MS`` on the cluster's host (``host.launch_ms``)."""
     import numpy as np
-    from .host import exposed_host_ms, host_launches, part_launches
-    from .release_constants import value
+    from .host import exposed_host_ms, host_launches, launch_ms as host_launch_ms, part_launches
     m = src.model
     units = m.units
     out = np.zeros(len(units))
-    launch_ms = value("HOST_LAUNCH_MS", src.settings.release)
+    launch_ms = host_launch_ms(src.cluster.gpu.name, src.settings.release)
     sync = syncs(m, cfg) and not (cfg is not None and cfg.overlap_ep_comm)
     n_local = m.moe.num_experts // max(ep, 1)
     for i in host_wait_pairs(m):

@@ -145,6 +145,10 @@ class GPURecord(BaseModel):
     network_gbps: float = Field(gt=0, le=MAX_GBPS, description="Across nodes, GB/s per GPU per direction.")
     host_link_gbps: float = Field(gt=0, le=MAX_GBPS, description="GPU <-> host memory (PCIe or NVLink-C2C), GB/s "
                                   "per direction (activation offload, costmodel/offload.py).")
+    host_cpu_ghz: float | None = Field(None, gt=0, le=10, description="Single-core boost clock of the x86 host CPU "
+                                       "of the GPU's DGX system, GHz: the host time per kernel launch scales with "
+                                       "it (costmodel/host.py); None = an Arm (Grace) or unknown host: the fitted "
+                                       "per-launch time as it is.")
     nvlink_domain: int | None = Field(None, gt=0, le=MAX_GPUS, description="GPUs of one NVLink rack (NVL72: 72); "
                                       "None = one node. Adds the rack preset NAME-nvlN.")
     generation: str | None = Field(None, description="hopper / blackwell: the generation whose fitted "

@@ -127,4 +127,4 @@ def test_the_heterogeneous_line_is_the_plan_the_runtime_runs_and_starts_from_the
     plan = report_plan(e, f.model, f.cluster, f.training, f.cm, RUNTIME)
     plan = plan.model_copy(update={"stack": None, "moe": plan.moe.model_copy(update={"overlap_ep_comm": False,
                                                                                    "delay_wgrad": False})})
-    assert het <= f.cm.evaluate(plan).iteration_ms + 1e-9
+    assert het <= f.cm.evaluate(plan).iteration_ms + 5e-5          # the report rounds its lines to 4 decimals

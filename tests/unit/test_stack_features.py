@@ -69,19 +69,44 @@ def _table(m, moe=None, graphs=frozenset(), cl="1x8-h100", release="", b=1.0, ep
     return src, src.unit_table(b, 1, ep=ep, etp=1, moe=moe or MoEPlanSettings(), stack=stack)
 
 
-def test_unit_table_host_wait_by_hand():
-    """A tiny dropless layer is host-bound: the moe unit's forward is its kernels plus launches x HOST_LAUNCH_MS
-    minus the layer's device forward (7 + 11 + 16 + 21 = 55 launches), or the experts' 21 launches minus the moe
-    unit's device forward where that is more; graphs of moe_router + moe_preprocess leave 7 + 1 + 1 + 21
-    (force-balanced routing, as the published rows run)."""
+# The host CPU's single-core boost clock of each GPU's DGX system (datasheets; docs/costmodel.md): the host time per
+# launch is HOST_LAUNCH_MS at DGX B200's 4.0 GHz, scaled by 4.0 / the host's clock; Grace hosts as fitted.
+DGX_HOST_GHZ = {"h100": 3.8, "h200": 3.8, "b200": 4.0, "b300": 4.6, "gb200": None, "gb300": None}
+
+
+def _launch_by_hand(gpu: str, release: str = "") -> float:
+    ghz = DGX_HOST_GHZ[gpu]
+    return rcs.value("HOST_LAUNCH_MS", release) * (4.0 / ghz if ghz else 1.0)
+
+
+def test_host_launch_time_follows_the_host_clock_by_hand():
+    """DGX H100 / H200: Xeon Platinum 8480C, 3.8 GHz max boost; DGX B200: Xeon Platinum 8570, 4.0; DGX B300: Xeon
+    6776P, 4.6 (Priority Core Turbo); GB200 / GB300: Grace, no x86 clock: the fitted time per launch. 26.04.01's
+    HOST_LAUNCH_MS is 0.045 ms: 0.045 x 4 / 4.6 = 0.03913 ms on a DGX B300, 0.04737 on a DGX H100."""
+    from search.costmodel.host import launch_ms
+    from search.spec.cluster import gpu_record
+    for gpu, ghz in DGX_HOST_GHZ.items():
+        assert gpu_record(gpu).host_cpu_ghz == ghz
+        assert launch_ms(gpu, "26.04.01") == pytest.approx(_launch_by_hand(gpu, "26.04.01"), rel=1e-12)
+    assert launch_ms("b300", "26.04.01") == pytest.approx(0.045 * 4 / 4.6, rel=1e-12)
+    assert launch_ms("h100", "26.04.01") == pytest.approx(0.045 * 4 / 3.8, rel=1e-12)
+    assert launch_ms("gb200", "26.04.01") == launch_ms("b200", "26.04.01") == pytest.approx(0.045, rel=1e-12)
+
+
+@pytest.mark.parametrize("cl", ["1x8-h100", "1x8-b300", "1x8-gb200"])
+def test_unit_table_host_wait_by_hand(cl):
+    """A tiny dropless layer is host-bound: the moe unit's forward is its kernels plus launches x the host's time
+    per launch (HOST_LAUNCH_MS at the DGX host's clock) minus the layer's device forward (7 + 11 + 16 + 21 = 55
+    launches), or the experts' 21 launches minus the moe unit's device forward where that is more; graphs of
+    moe_router + moe_preprocess leave 7 + 1 + 1 + 21 (force-balanced routing, as the published rows run)."""
     m = tiny_moe(moe_router_force_load_balancing=True)
-    launch = rcs.value("HOST_LAUNCH_MS", "")
-    src0, bare = _table(m)
+    launch = _launch_by_hand(cl.split("-")[1])
+    src0, bare = _table(m, cl=cl)
     i = [u.kind for u in m.units].index("moe")
     dev = bare.fwd_ms[i - 1] + bare.fwd_ms[i] - bare.host_ms[i]
     dev_moe = bare.fwd_ms[i] - bare.host_ms[i]
     for graphs, launches in ((frozenset(), 55), (frozenset({"moe_router", "moe_preprocess"}), 30)):
-        _, t = _table(m, graphs=graphs)
+        _, t = _table(m, graphs=graphs, cl=cl)
         host = launches * launch
         want = max(host - dev, 21 * launch - dev_moe)
         assert want > 0                                     # the case under test
@@ -100,7 +125,7 @@ def test_hybrid_moe_layer_after_mamba_waits_on_the_host_by_hand():
                moe={"num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 64})
     assert part_launches(m, "mamba", False, 0) == {"mamba": 17}
     assert part_launches(m, "mamba", True, 0) == {"mamba": 20}
-    launch = rcs.value("HOST_LAUNCH_MS", "")
+    launch = _launch_by_hand("h100")                        # _table's cluster: 1x8-h100
     _, t = _table(m)
     assert [u.kind for u in m.units] == ["mamba", "moe"]
     dev_moe = t.fwd_ms[1] - t.host_ms[1]
