@@ -102,6 +102,9 @@ def bridge(m) -> dict:
     """Megatron-Bridge ``model`` fields (``TransformerConfig`` / ``GPTModelProvider`` names) of the same fields."""
     block = m.megatron or {}
     out: dict = {k: block[k] for k in ("add_qkv_bias", *BLOCK_FLAGS) if k in block}
+    # the norm epsilon always: a recipe of another model sets its own (the Qwen3 recipe, which runs every GPT MoE
+    # model without MLA, 1e-6; Mixtral's and GPT-OSS's configs say 1e-5)
+    out["layernorm_epsilon"] = block.get("layernorm_epsilon", NORM_EPSILON)
     if m.rotary_percent != 1.0:
         out["rotary_percent"] = m.rotary_percent
     r = m.rope_scaling

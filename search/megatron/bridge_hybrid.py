@@ -225,7 +225,7 @@ FLAGS = {"model.num_moe_experts": "--num-experts", "model.hybrid_override_patter
          "model.num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
          "model.num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers",
          "model.vocab_size": None, "model.virtual_pipeline_model_parallel_size": None,
-         "tokenizer.vocab_size": "--vocab-size", "dataset.seq_length": None, "optimizer.use_distributed_optimizer": None,
+         "tokenizer.vocab_size": "--vocab-size", "model.layernorm_epsilon": "--norm-epsilon", "dataset.seq_length": None, "optimizer.use_distributed_optimizer": None,
          "comm_overlap.delay_wgrad_compute": None, "comm_overlap.overlap_moe_expert_parallel_comm": None,
          "comm_overlap.tp_comm_overlap": "--tp-comm-overlap",
          "model.mtp_hybrid_override_pattern": None, "model.keep_mtp_spec_in_bf16": None}   # in the pattern; priced

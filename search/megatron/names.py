@@ -134,9 +134,9 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "the model's, never the recipe's (the Nemotron-3 Nano recipe that runs Super sets 2.5, Super's is 5.0)"),
     ("model.megatron.layernorm_epsilon, init_method_std, mtp_loss_scaling_factor",
      "--norm-epsilon, --init-method-std, --mtp-loss-scaling-factor (when set)",
-     "model.layernorm_epsilon, init_method_std, mtp_loss_scaling_factor (when set)",
-     "the model's config.json (rms_norm_eps 1e-6: DeepSeek-V3, Kimi-K2, Qwen); Super's 0.014 / 0.3 over the Nano "
-     "recipe's 0.0173 / 0.1"),
+     "model.layernorm_epsilon (always), init_method_std, mtp_loss_scaling_factor (when set)",
+     "the model's config.json (rms_norm_eps 1e-6: DeepSeek-V3, Kimi-K2, Qwen; Mixtral's 1e-5 over the Qwen3 "
+     "recipe's 1e-6); Super's 0.014 / 0.3 over the Nano recipe's 0.0173 / 0.1"),
     ("stages[].ep, stages[].etp", "--expert-model-parallel-size, --expert-tensor-parallel-size (when set)",
      "model.expert_model_parallel_size, model.expert_tensor_parallel_size", "one expert folding for all stages"),
     ("settings.moe.token_dispatcher", "--moe-token-dispatcher-type", "model.moe_token_dispatcher_type", ""),

@@ -96,3 +96,27 @@ def test_the_router_dtype_is_the_plans_not_the_recipes():
     not run unpriced; NVIDIA's runs (fp32) are the plan's fp32."""
     assert _applied(_super_plan(None))["moe_router_dtype"] is None
     assert _applied(_super_plan("fp32"))["moe_router_dtype"] == "fp32"
+
+
+# ----- GPT models: the Qwen3 recipe runs every MoE model without MLA (search/megatron/bridge.py recipe_for) ---------
+# Megatron-Bridge's Qwen3MoEModelProvider (removed in 4da8a6d93; its parent: layernorm_epsilon 1e-6), and v0.6.0's
+# recipe builds Qwen3-30B-A3B from its config.json (rms_norm_eps 1e-6): the recipe's epsilon is 1e-6
+QWEN3_RECIPE_EPSILON = 1e-6
+
+
+@pytest.mark.parametrize("name, hf", [("mixtral-8x7b", "mixtral-8x7b"), ("qwen3-30b-a3b", "qwen3-30b-a3b")])
+def test_the_norm_epsilon_is_the_models_config_over_the_qwen3_recipe(name, hf):
+    """Mixtral-8x7B's config.json says rms_norm_eps 1e-5: under the Qwen3 recipe the YAML must state it."""
+    import json
+    from pathlib import Path
+
+    from search.megatron import megatron_config
+    from search.megatron.bridge import overrides as gpt_overrides
+    from search.spec.cluster import parse_cluster
+    from search.spec.plan import uniform_plan
+    cfg = json.loads((Path(__file__).parent / "data" / "hf" / hf / "config.json").read_text())
+    m = load_model(name).model_copy(update={"num_layers": 8})
+    plan = uniform_plan(m, 2, 2, 1, 1, 8, cluster=parse_cluster("1x4-h100"), sequence_parallel=True)
+    recipe, ov = gpt_overrides(megatron_config(plan))
+    assert recipe == "qwen3_30b_a3b_pretrain_config"
+    assert {"layernorm_epsilon": QWEN3_RECIPE_EPSILON, **ov["model"]}["layernorm_epsilon"] == cfg["rms_norm_eps"]
