@@ -25,37 +25,29 @@ from search.spec.presets import load_model
 from tests.hybrid_plans import cut_plan
 
 NANO_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
-NANO_RECIPE = {
-    "hybrid_layer_pattern": NANO_PATTERN, "num_layers": 52, "hidden_size": 2688, "mamba_num_heads": 64,
-    "kv_channels": 128, "mamba_state_dim": 128, "ffn_hidden_size": 1856, "num_attention_heads": 32,
-    "mamba_head_dim": 64, "seq_length": 8192, "num_query_groups": 2, "num_moe_experts": 128,
-    "moe_ffn_hidden_size": 1856, "moe_shared_expert_intermediate_size": 3712, "moe_router_topk": 6,
-    "moe_router_topk_scaling_factor": 2.5, "moe_router_num_groups": 1, "moe_router_group_topk": 1,
-    "mamba_num_groups": 8, "make_vocab_size_divisible_by": 128, "moe_aux_loss_coeff": 0.0001,
-    "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
-    "moe_router_load_balancing_type": "seq_aux_loss", "moe_router_dtype": "fp32",
-    "init_method_std": 0.0173,                                  # cfg.model.init_method_std = 0.0173
-    # HybridModelProvider / TransformerConfig defaults the recipe leaves
-    "mtp_num_layers": 0, "mtp_hybrid_override_pattern": None, "mtp_use_repeated_layer": False,
-    "mtp_loss_scaling_factor": 0.1, "layernorm_epsilon": 1e-5, "moe_latent_size": None,
-    "share_embeddings_and_output_weights": False, "add_bias_linear": False, "position_embedding_type": "none",
-    "normalization": "RMSNorm", "hidden_dropout": 0.0, "attention_dropout": 0.0,
-}
 SUPER_PATTERN = ("MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEM*EMEMEMEME")
-SUPER = {
-    "hybrid_layer_pattern": SUPER_PATTERN + "/*E/*E", "num_layers": 88, "hidden_size": 4096, "mamba_num_heads": 128,
-    "kv_channels": 128, "mamba_state_dim": 128, "ffn_hidden_size": 2688, "num_attention_heads": 32,
-    "mamba_head_dim": 64, "seq_length": 8192, "num_query_groups": 2, "num_moe_experts": 512,
-    "moe_ffn_hidden_size": 2688, "moe_shared_expert_intermediate_size": 5376, "moe_router_topk": 22,
-    "moe_router_topk_scaling_factor": 5.0, "moe_router_num_groups": 1, "moe_router_group_topk": 1,
-    "mamba_num_groups": 8, "make_vocab_size_divisible_by": 128, "moe_aux_loss_coeff": 0.0001,
-    "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
-    "moe_router_load_balancing_type": "seq_aux_loss", "moe_router_dtype": "fp32", "init_method_std": 0.014,
-    "mtp_num_layers": 2, "mtp_hybrid_override_pattern": "*E", "mtp_use_repeated_layer": True,
-    "mtp_loss_scaling_factor": 0.3, "layernorm_epsilon": 1e-5, "moe_latent_size": 1024,
-    "share_embeddings_and_output_weights": False, "add_bias_linear": False, "position_embedding_type": "none",
-    "normalization": "RMSNorm", "hidden_dropout": 0.0, "attention_dropout": 0.0,
+# field: (the Nano recipe's value, Super's value)
+FIELDS = {
+    "hybrid_layer_pattern": (NANO_PATTERN, SUPER_PATTERN + "/*E/*E"), "num_layers": (52, 88),
+    "hidden_size": (2688, 4096), "mamba_num_heads": (64, 128), "kv_channels": (128, 128),
+    "mamba_state_dim": (128, 128), "ffn_hidden_size": (1856, 2688), "num_attention_heads": (32, 32),
+    "mamba_head_dim": (64, 64), "seq_length": (8192, 8192), "num_query_groups": (2, 2),
+    "num_moe_experts": (128, 512), "moe_ffn_hidden_size": (1856, 2688),
+    "moe_shared_expert_intermediate_size": (3712, 5376), "moe_router_topk": (6, 22),
+    "moe_router_topk_scaling_factor": (2.5, 5.0), "moe_router_num_groups": (1, 1), "moe_router_group_topk": (1, 1),
+    "mamba_num_groups": (8, 8), "make_vocab_size_divisible_by": (128, 128), "moe_aux_loss_coeff": (0.0001, 0.0001),
+    "moe_router_score_function": ("sigmoid", "sigmoid"), "moe_router_enable_expert_bias": (True, True),
+    "moe_router_load_balancing_type": ("seq_aux_loss", "seq_aux_loss"), "moe_router_dtype": ("fp32", "fp32"),
+    "init_method_std": (0.0173, 0.014),                         # Nano: cfg.model.init_method_std = 0.0173
+    # HybridModelProvider / TransformerConfig defaults the recipe leaves
+    "mtp_num_layers": (0, 2), "mtp_hybrid_override_pattern": (None, "*E"), "mtp_use_repeated_layer": (False, True),
+    "mtp_loss_scaling_factor": (0.1, 0.3), "layernorm_epsilon": (1e-5, 1e-5), "moe_latent_size": (None, 1024),
+    "share_embeddings_and_output_weights": (False, False), "add_bias_linear": (False, False),
+    "position_embedding_type": ("none", "none"), "normalization": ("RMSNorm", "RMSNorm"),
+    "hidden_dropout": (0.0, 0.0), "attention_dropout": (0.0, 0.0),
 }
+NANO_RECIPE = {k: v[0] for k, v in FIELDS.items()}
+SUPER = {k: v[1] for k, v in FIELDS.items()}
 # megatron-core routes without groups when moe_router_num_groups is None or 1 (TopKRouter: group-limited only with
 # more than one group), so the YAML's null is the recipe's 1
 NO_GROUPS = {"moe_router_num_groups", "moe_router_group_topk"}
