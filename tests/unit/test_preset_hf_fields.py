@@ -21,7 +21,10 @@ DATA = Path(__file__).parent / "data"
 # whole config.json (tests/unit/data/hf/NAME/config.json) -> the presets of that model (and what a preset changes:
 # deepseek-v3-no-mtp is the same model without its MTP layer)
 WHOLE = {"deepseek-v3": {"deepseek-v3": {}, "deepseek-v3-no-mtp": {"num_nextn_predict_layers": 0}},
-         "qwen3-30b-a3b": {"qwen3-30b-a3b": {}}, "mixtral-8x7b": {"mixtral-8x7b": {}}}
+         "qwen3-30b-a3b": {"qwen3-30b-a3b": {}}, "mixtral-8x7b": {"mixtral-8x7b": {}},
+         # meta-llama/Meta-Llama-3-8B's config.json is Llama-3.1-8B's without 3.1's llama3 RoPE scaling and with an
+         # 8192-token context (the same rope_theta 500000 and rms_norm_eps 1e-5)
+         "llama-3.1-8b": {"llama3-8b": {"rope_scaling": None, "max_position_embeddings": 8192}}}
 TRANSCRIBED = json.loads((DATA / "hf_moe_configs.json").read_text())
 # what a preset holds on purpose that its config does not say (documented in model_specs/presets/SOURCES-moe.md)
 NOT_THE_CONFIGS = {
