@@ -222,6 +222,9 @@ class HybridArch(BaseModel):
     add_bias_linear: bool = False
     position_embedding_type: Literal["none", "rope", "learned_absolute"] = "none"
     untie_embeddings_and_output_weights: bool = True
+    init_method_std: float | None = Field(None, gt=0, description="The weights' init std (None: megatron-core's 0.02).")
+    mtp_loss_scaling_factor: float | None = Field(None, gt=0, description="The MTP losses' weight (None: "
+                                                  "megatron-core's 0.1).")
     sources: dict[str, str] = Field(description="field -> key of references (a dotted name for nested fields).")
     references: dict[str, str] = Field(description="key -> where: repository, file, revision.")
     published: dict[str, JsonValue] = Field(description="Published totals to check the counts against.")

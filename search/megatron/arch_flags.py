@@ -1,10 +1,11 @@
 """Architecture fields a converted model carries beyond the base flags, as Megatron-LM core_v0.16.1 flags (both ways)
-and Megatron-Bridge ``model`` fields: the QKV bias, the norm epsilon and the top-k scaling factor of the ``megatron``
-block, ``rotary_percent`` and ``rope_scaling`` (``search.spec.rope_scaling``).
+and Megatron-Bridge ``model`` fields: the QKV bias, the norm epsilon, the top-k scaling factor, the init std and the
+MTP loss weight of the ``megatron`` block, ``rotary_percent`` and ``rope_scaling`` (``search.spec.rope_scaling``).
 
 Megatron-LM (``megatron/training/arguments.py``): ``--add-qkv-bias`` (``TransformerConfig.add_qkv_bias``; implied by
 the linear biases: ``validate_args`` sets it unless ``--disable-bias-linear``), ``--norm-epsilon`` (``layernorm_epsilon``,
-default 1e-5), ``--moe-router-topk-scaling-factor``, ``--rotary-percent`` (default 1.0), ``--use-rope-scaling``
+default 1e-5), ``--moe-router-topk-scaling-factor``, ``--init-method-std`` (0.02), ``--mtp-loss-scaling-factor``
+(0.1), ``--rotary-percent`` (default 1.0), ``--use-rope-scaling``
 ``--rope-scaling-factor`` (default 8.0; standard attention only), and for multi-latent attention ``--rope-type``
 (None: ``MLATransformerConfig``'s yarn), ``--rotary-scaling-factor`` (1.0), ``--mscale`` (1.0), ``--mscale-all-dim``
 (0.0); YaRN at factor 1 is plain RoPE (``yarn_get_mscale`` is 1 and both frequency sets are equal). Hooked in through
@@ -20,9 +21,15 @@ from search.io.errors import AcesoError
 FLAG_KINDS: dict[str, str] = {"--add-qkv-bias": "bool", "--norm-epsilon": "float",
                               "--moe-router-topk-scaling-factor": "float", "--rotary-percent": "float",
                               "--use-rope-scaling": "bool", "--rope-scaling-factor": "float", "--rope-type": "str",
-                              "--rotary-scaling-factor": "float", "--mscale": "float", "--mscale-all-dim": "float"}
+                              "--rotary-scaling-factor": "float", "--mscale": "float", "--mscale-all-dim": "float",
+                              "--init-method-std": "float", "--mtp-loss-scaling-factor": "float"}
 # megatron block field -> Megatron-LM flag (a value flag; add_qkv_bias is a switch)
-BLOCK_FLAGS = {"layernorm_epsilon": "--norm-epsilon", "moe_router_topk_scaling_factor": "--moe-router-topk-scaling-factor"}
+BLOCK_FLAGS = {"layernorm_epsilon": "--norm-epsilon", "moe_router_topk_scaling_factor": "--moe-router-topk-scaling-factor",
+               "init_method_std": "--init-method-std", "mtp_loss_scaling_factor": "--mtp-loss-scaling-factor"}
+# the block fields read back only where a command line states another value than Megatron-LM's default (a model at
+# the default carries none, as for the norm epsilon): the weights' init std and the MTP loss weight (Nemotron-3
+# Super's 0.014 and 0.3, which Megatron-Bridge's Nano recipe, its export's recipe, would otherwise set to its own)
+STATED = {"init_method_std": 0.02, "mtp_loss_scaling_factor": 0.1}
 
 
 def read(f) -> dict:
@@ -37,6 +44,9 @@ def read(f) -> dict:
         block["layernorm_epsilon"] = eps
     if f.has("--moe-router-topk-scaling-factor") and f.has("--num-experts"):
         block["moe_router_topk_scaling_factor"] = _positive(f, "--moe-router-topk-scaling-factor")
+    for field, default in STATED.items():
+        if f.get(BLOCK_FLAGS[field], default) != default:
+            block[field] = _positive(f, BLOCK_FLAGS[field])
     out: dict = {"megatron": block} if block else {}
     percent = f.get("--rotary-percent", 1.0)
     if not 0 < percent <= 1:
@@ -92,6 +102,9 @@ def bridge(m) -> dict:
     """Megatron-Bridge ``model`` fields (``TransformerConfig`` / ``GPTModelProvider`` names) of the same fields."""
     block = m.megatron or {}
     out: dict = {k: block[k] for k in ("add_qkv_bias", *BLOCK_FLAGS) if k in block}
+    # the norm epsilon always: a recipe of another model sets its own (the Qwen3 recipe, which runs every GPT MoE
+    # model without MLA, 1e-6; Mixtral's and GPT-OSS's configs say 1e-5)
+    out["layernorm_epsilon"] = block.get("layernorm_epsilon", NORM_EPSILON)
     if m.rotary_percent != 1.0:
         out["rotary_percent"] = m.rotary_percent
     r = m.rope_scaling

@@ -37,6 +37,12 @@ split, full recompute, MTP) the export writes v0.6.0's form (``needs_pipes``); a
 (``model_refusal``) is refused before any search by the capability table. v0.4.x / v0.5.x (``MambaModelProvider``
 on megatron-core 0.17 / 0.18) are not written (their provider's '|' handling is not checked here).
 
+A model without a recipe of its own runs from another's (``recipe_for``: Nemotron-3 Super and Ultra from the Nano
+recipe), so the YAML states every field of that recipe where the model differs: the architecture, MoE and MTP fields,
+the router's top-k scaling factor and dtype (always), and the ``megatron`` block's norm epsilon, init std and MTP loss
+weight where the model has them (Super: 0.014 and 0.3 over the Nano recipe's 0.0173 and megatron-core's 0.1;
+``tests/unit/test_bridge_nano_recipe_leaks.py`` quotes v0.6.0's Nano recipe field by field).
+
 Every other field is ``names.bridge_fields`` of the plan's Megatron form (``hybrid_pattern.hybrid_form``), as for
 GPT models. ``read_overrides`` reads such a YAML back as the equivalent ``pretrain_mamba.py`` command line of
 Megatron-LM core_v0.17 (the first release with ``--hybrid-layer-pattern``; its NullTokenizer counts the vocabulary
@@ -219,7 +225,7 @@ FLAGS = {"model.num_moe_experts": "--num-experts", "model.hybrid_override_patter
          "model.num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
          "model.num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers",
          "model.vocab_size": None, "model.virtual_pipeline_model_parallel_size": None,
-         "tokenizer.vocab_size": "--vocab-size", "dataset.seq_length": None, "optimizer.use_distributed_optimizer": None,
+         "tokenizer.vocab_size": "--vocab-size", "model.layernorm_epsilon": "--norm-epsilon", "dataset.seq_length": None, "optimizer.use_distributed_optimizer": None,
          "comm_overlap.delay_wgrad_compute": None, "comm_overlap.overlap_moe_expert_parallel_comm": None,
          "comm_overlap.tp_comm_overlap": "--tp-comm-overlap",
          "model.mtp_hybrid_override_pattern": None, "model.keep_mtp_spec_in_bf16": None}   # in the pattern; priced

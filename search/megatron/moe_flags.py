@@ -333,7 +333,10 @@ def moe_bridge_fields(c) -> dict[str, object]:
     out["moe_flex_dispatcher_backend"] = s.flex_backend
     out.update({field: getattr(s, name) for name, _, field in SETTING_FLAGS
                 if getattr(s, name) or field not in NEWER_FIELDS})     # a 0.19 field only where set
-    out.update({field: getattr(s, name) for name, _, field in VALUE_FLAGS if getattr(s, name) is not None})
+    # the router's dtype always (null: the model's dtype, as priced), so a recipe's own (every Nemotron-3, DeepSeek
+    # and Qwen3 recipe sets fp32) never stands in for the plan's; the rank capacity (megatron-core 0.19) where set
+    out.update({field: getattr(s, name) for name, _, field in VALUE_FLAGS
+                if getattr(s, name) is not None or name == "router_dtype"})
     return {**out, **(_mla(m) if m.mla is not None else {})}
 
 

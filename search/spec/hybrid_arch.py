@@ -24,7 +24,7 @@ def model_spec_data(a: HybridArch) -> dict:
     """``a`` as a ``ModelSpec`` mapping (a preset, ``model_specs/presets/{name}.json``): the pattern with its MTP
     depths, the Mamba-2 block, the MoE fields ``MoESpec`` holds and the router's top-k scaling factor as the
     ``megatron`` block's ``moe_router_topk_scaling_factor`` (numerics only: it scales the routed experts' weights,
-    HF's ``routed_scaling_factor``). Left out: the router's fp32 dtype (the 26.x containers' value is in the record)."""
+    HF's ``routed_scaling_factor``), with the init std and the MTP loss weight where the record states them. Left out: the router's fp32 dtype (the 26.x containers' value is in the record)."""
     out = {"name": a.name, "family": "gpt", "num_layers": a.num_layers, "hidden_size": a.hidden_size,
            "num_attention_heads": a.num_attention_heads, "num_query_groups": a.num_query_groups,
            "kv_channels": a.kv_channels, "ffn_hidden_size": a.ffn_hidden_size, "seq_length": a.seq_length,
@@ -38,6 +38,7 @@ def model_spec_data(a: HybridArch) -> dict:
     #                                             megatron-core's default is left out, as a command line's import does
     if a.moe is not None and a.moe.moe_router_topk_scaling_factor not in (None, 1.0):
         block["moe_router_topk_scaling_factor"] = a.moe.moe_router_topk_scaling_factor
+    block.update({k: getattr(a, k) for k in ("init_method_std", "mtp_loss_scaling_factor") if getattr(a, k) is not None})
     if block:
         out["megatron"] = block
     if a.moe is not None:

@@ -88,7 +88,7 @@ MLA_ROPE = ("rope_type", "rotary_scaling_factor", "original_max_position_embeddi
 # fields that change neither time nor memory: the analytic model prices them exactly by ignoring them
 NO_COST = frozenset({"init_method_std", "embedding_init_method_std", "layernorm_epsilon",
                      "layernorm_zero_centered_gamma", "softmax_scale", "rotary_interleaved",
-                     "apply_query_key_layer_scaling", "moe_router_topk_scaling_factor"})
+                     "apply_query_key_layer_scaling", "moe_router_topk_scaling_factor", "mtp_loss_scaling_factor"})
 # fields the analytic model prices where they act: the QKV bias in the parameter counts (ModelSpec.unit_params; its
 # add runs inside the projection, as add_bias_linear's does)
 PRICED = frozenset({"add_qkv_bias"})

@@ -80,7 +80,8 @@ def run(line: str, world: int) -> dict:
             "activation": getattr(cfg.activation_func, "__name__", None),
             "latent": getattr(cfg, "moe_latent_size", None),
             "mtp_repeated": getattr(cfg, "mtp_use_repeated_layer", None),
-            "topk_scaling": cfg.moe_router_topk_scaling_factor}
+            "topk_scaling": cfg.moe_router_topk_scaling_factor,
+            "init_std": cfg.init_method_std, "mtp_loss": cfg.mtp_loss_scaling_factor}
 
 
 def _mamba(cfg):

@@ -93,4 +93,7 @@ def test_latent_moe_and_the_shared_mtp_layer_reach_the_config(tag):
     assert "error" not in g, g
     assert g["latent"] == 1024 and g["mtp_repeated"] is True
     assert g["topk_scaling"] == 5.0          # Super's HF routed_scaling_factor (tests/unit/test_topk_scaling.py)
+    # Megatron-LM's Super release test: --init-method-std 0.014 --mtp-loss-scaling-factor 0.3
+    # (tests/unit/test_bridge_nano_recipe_leaks.py)
+    assert (g["init_std"], g["mtp_loss"]) == (0.014, 0.3)
     assert g["mtp"] == ["*E", 2, 2] and g["moe"][:2] == [512, 22]

@@ -166,6 +166,12 @@ def test_megatron_lm_reads_the_moe_mla_mtp_plans_as_planned(tag):
                                     list(rc.modules) if rc.granularity == "selective" else None], name
         assert got["mtp_chunk"] == (len(c.chunk_layers) - 1 if c.model.mtp_num_layers else None), name
         assert got["dp"] == c.dp and got["micro_batch_size"] == c.micro_batch_size, name
+        # the preset's norm epsilon and YaRN (its config.json's: tests/unit/test_preset_hf_fields.py) as Megatron-LM's
+        # parser and config builder read the exported line
+        a, rs = got["arch"], c.model.rope_scaling
+        assert a["layernorm_epsilon"] == (c.model.megatron or {}).get("layernorm_epsilon", 1e-5), name
+        if rs is not None and rs.type == "yarn":
+            assert (a["rotary_scaling_factor"], a["mscale_all_dim"]) == (rs.factor, rs.yarn("mscale_all_dim")), name
 
 
 @pytest.mark.parametrize("tag", TAGS)

@@ -78,7 +78,10 @@ def test_super_config_is_the_preset_with_its_one_stored_mtp_block(tmp_path):
                                     "hybrid_override_pattern"] + "/*E",
                                 "moe": {**p.moe.model_dump(), "moe_aux_loss_coeff": 0.0,      # (the recipe's)
                                         "moe_router_load_balancing_type": "aux_loss",        # (the recipe's)
-                                        "moe_router_num_groups": 1, "moe_router_group_topk": 1}})  # one group
+                                        "moe_router_num_groups": 1, "moe_router_group_topk": 1},  # one group
+                                # the init std and the MTP loss weight are the training run's (Megatron-LM's release
+                                # test), which an import of the config does not read
+                                "megatron": {"moe_router_topk_scaling_factor": 5.0}})
     assert m == want
     assert m.num_parameters == p.num_parameters == 123_611_033_088 - 41 * 512
 

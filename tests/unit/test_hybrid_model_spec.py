@@ -102,9 +102,11 @@ def test_existing_plans_keep_their_digest(name, tp, stages, digest):
     if m.moe is not None and m.moe.moe_router_load_balancing_type != "aux_loss":    # the preset's later seq_aux_loss:
         # a model at the default type (aux_loss) dumps without the field, so it keeps its digest
         m = m.model_copy(update={"moe": m.moe.model_copy(update={"moe_router_load_balancing_type": "aux_loss"})})
-    if "moe_router_topk_scaling_factor" in (m.megatron or {}):     # the preset's later routed_scaling_factor
-        block = {k: v for k, v in m.megatron.items() if k != "moe_router_topk_scaling_factor"}
+    later = ("moe_router_topk_scaling_factor", "layernorm_epsilon")    # the preset's later routed_scaling_factor
+    if set(later) & set(m.megatron or {}):                              # and its config's rms_norm_eps
+        block = {k: v for k, v in m.megatron.items() if k not in later}
         m = m.model_copy(update={"megatron": block or None})
+    m = m.model_copy(update={"rope_scaling": None})                     # the preset's later YaRN (DeepSeek-V3)
     assert "hybrid_layer_pattern" not in m.model_dump() and "mamba" not in m.model_dump()
     p = uniform_plan(m, stages, tp, 1, 1, 8, cluster=parse_cluster(f"1x{tp * stages}-h100"),
                      sequence_parallel=m.moe is not None)

@@ -32,7 +32,10 @@ from tests.megatron_moe_plans import MOE_CASES, moe_case_config, moe_case_plan
 PUBLISHED = Path(__file__).resolve().parents[3] / "shared" / "published" / "megatron-bridge-25.09-25.11.json"
 BRIDGE = json.loads((Path(__file__).resolve().parents[2] / "search" / "megatron" / "data" /
                      "bridge_fields_v0.3.1.json").read_text())["fields"]
-MLA_FIELDS = {"q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"}
+MLA_FIELDS = {"q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+              # MLATransformerConfig's YaRN (DeepSeek-V3's and Kimi-K2's rope_scaling)
+              "rope_type", "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+              "mscale_all_dim"}
 
 
 def test_at_least_15_moe_plans_cover_the_forms():
@@ -189,6 +192,11 @@ _FP8 = re.compile(r"--fp8-format \S+|--fp8-recipe \S+|--fp8-param-gather|--reuse
 # the only difference between a published architecture and our preset: DeepSeek-V3's aux-loss coefficient (Bridge:
 # 1e-4, the Megatron-LM DeepSeek example; our preset: 1e-3 as HF's aux_loss_alpha). A run setting, not architecture.
 _DIFFERS = {"deepseek-v3": {"moe_aux_loss_coeff": (1e-4, 1e-3)}, "deepseek-v3-no-mtp": {"moe_aux_loss_coeff": (1e-4, 1e-3)}}
+# numerics a row's args leave at megatron-core's defaults where the model's config.json states otherwise (the preset
+# follows the config): DeepSeek-V3's and Kimi-K2's args give no --norm-epsilon (config: 1e-6); the 25.x DeepSeek-V3
+# rows no YaRN flags
+_UNSTATED = {"deepseek-v3": {"layernorm_epsilon", "rope_scaling"}, "deepseek-v3-no-mtp": {"layernorm_epsilon", "rope_scaling"},
+             "kimi-k2": {"layernorm_epsilon", "rope_scaling"}}
 # rows a plan cannot hold, with why
 _REFUSED = {"ep > gpus per stage": "etp (1) x ep (64) must divide the stage's num_gpus (32)",
             "graph of a padded alltoall preprocess": "stack.cuda_graphs.scope moe_preprocess with the alltoall "
@@ -232,22 +240,23 @@ def test_published_moe_rows_import_with_their_shape_and_our_preset(row):
     assert a.pop("make_vocab_size_divisible_by") == 128 * row["tp"]        # Megatron-LM pads to 128 x tp
     b.pop("make_vocab_size_divisible_by")
     moe_a, moe_b = a.pop("moe"), b.pop("moe")
-    # the numerics the command line states and the preset leaves at megatron-core's defaults are the command line's
-    # (search.megatron.arch_flags): its norm epsilon and YaRN; the rest is the preset's architecture, the router's
-    # top-k scaling factor included (NVIDIA's run states the preset's HF routed_scaling_factor, 1.0 when absent)
+    # the numerics: where the command line states the norm epsilon or YaRN it is the preset's (each model's HF
+    # config.json, tests/unit/test_preset_hf_fields.py); where it leaves them out the row runs megatron-core's
+    # defaults (1e-5, plain RoPE), named in _UNSTATED; the router's top-k scaling factor is always the preset's
+    # (NVIDIA's run states the preset's HF routed_scaling_factor, 1.0 when absent)
     flags = shlex.split(args)
     run_factor = float(flags[flags.index("--moe-router-topk-scaling-factor") + 1]) \
         if "--moe-router-topk-scaling-factor" in flags else 1.0
     assert (b.get("megatron") or {}).get("moe_router_topk_scaling_factor", 1.0) == run_factor, name
-    stated = {"layernorm_epsilon": "--norm-epsilon"}
-    for field, flag in stated.items():
-        if flag in flags and float(flags[flags.index(flag) + 1]) != {"layernorm_epsilon": 1e-5}.get(field):
-            assert a["megatron"].pop(field) == float(flags[flags.index(flag) + 1])
-    if "--rotary-scaling-factor" in flags:
-        assert a.pop("rope_scaling") == {"type": "yarn", "factor": float(flags[flags.index("--rotary-scaling-factor") + 1]),
-                                         "original_max_position_embeddings": None, "beta_fast": None, "beta_slow": None,
-                                         "mscale": None, "mscale_all_dim": 1.0}
-        b.pop("rope_scaling")
+    block_a, block_b = dict(a.pop("megatron") or {}), dict(b.pop("megatron") or {})
+    eps_a, eps_b = block_a.pop("layernorm_epsilon", 1e-5), block_b.pop("layernorm_epsilon", 1e-5)
+    rope_a, rope_b = a.pop("rope_scaling"), b.pop("rope_scaling")
+    unstated = {"layernorm_epsilon": (eps_a, eps_b)} if "--norm-epsilon" not in flags and eps_a != eps_b else {}
+    if "--rotary-scaling-factor" not in flags and rope_a != rope_b:
+        unstated["rope_scaling"] = (rope_a, rope_b)
+    assert (eps_a == eps_b or "layernorm_epsilon" in unstated) and (rope_a == rope_b or "rope_scaling" in unstated)
+    assert set(unstated) <= _UNSTATED.get(name, set()), (name, unstated)
+    assert block_a == block_b
     assert a == b
     diff = {k: (moe_a[k], moe_b[k]) for k in moe_a if moe_a[k] != moe_b[k]}
     if "--moe-router-force-load-balancing" in args:                      # benchmark routing: kept, as they say

@@ -47,7 +47,8 @@ def test_a_spec_names_its_own_fields_and_a_negative_capacity_is_dropless():
     spec = ModelSpec.model_validate({**base, "moe": {**base["moe"], "moe_expert_capacity_factor": -1}})
     assert spec.moe.moe_expert_capacity_factor is None      # megatron-core: a negative factor is None, dropless
     ds = load_model("deepseek-v3").model_dump()
-    for bad, needle in (({"position_embedding": "learned"}, "mtp_num_layers with learned absolute positions"),
+    for bad, needle in (({"position_embedding": "learned", "rope_scaling": None},
+                         "mtp_num_layers with learned absolute positions"),
                         ({"num_query_groups": 8}, "mla and num_query_groups")):
         with pytest.raises(ValueError, match=needle):
             ModelSpec.model_validate({**ds, **bad})

@@ -125,8 +125,8 @@ def test_show_prints_every_preset_as_a_spec_file_that_loads_back(tmp_path, capsy
     assert load_model(write(tmp_path, "m.yaml", text)) == load_model(name)
     assert "# Model width h." in text and "# layer_spec: " in text
     assert "# megatron:" in text or "\nmegatron:\n  qk_layernorm: true" in text or \
-        "\nmegatron:\n  layernorm_epsilon: 1.0e-05" in text or "\nmegatron:\n  moe_router_topk_scaling_factor: " \
-        in text      # the MoE presets set q/k norms, Nemotron-H its eps, Nemotron-3 its top-k scaling factor
+        "\nmegatron:\n  layernorm_epsilon: 1.0e-0" in text or "\nmegatron:\n  moe_router_topk_scaling_factor: " \
+        in text      # the MoE presets set q/k norms, Nemotron-H and Qwen2-57B their eps, Nemotron-3 its top-k scaling
     assert main(["models", "--show", name, "--json", "-o", str(tmp_path / "m.json")]) == 0
     assert load_model(str(tmp_path / "m.json")) == load_model(name)
 
