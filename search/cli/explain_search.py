@@ -134,8 +134,7 @@ def moe_flags(plan) -> list[str]:
     if own != DISPATCHERS[0]:
         gpu = plan.cluster.gpu.name != "cpu"
         out += ["--dispatcher", own, *[d for d in DISPATCHERS if d != own and (gpu or d != "flex")]]
-    if plan.moe.router_dtype:
-        out += ["--moe-router-dtype", plan.moe.router_dtype]
+    out += ["--moe-router-dtype", plan.moe.router_dtype or "model"]
     return out
 
 

@@ -81,9 +81,10 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                      help="token dispatchers the plan may use, the first searched under (default: alltoall, then "
                           "allgather and, on GPUs, flex = DeepEP / HybridEP); --dispatcher alltoall allgather keeps "
                           "DeepEP and HybridEP out")
-    moe.add_argument("--moe-router-dtype", choices=("fp32", "fp64"), default=None,
+    moe.add_argument("--moe-router-dtype", choices=("fp32", "fp64", "model"), default=None,
                      help="the router's gating GEMM and scores in this dtype in every plan (Megatron-LM "
-                          "--moe-router-dtype: numerics, not searched; default the model's dtype)")
+                          "--moe-router-dtype: numerics, not searched; default fp32, as every Megatron-Bridge MoE "
+                          "recipe and NVIDIA's published MoE runs; model: the model's dtype, Megatron-LM's default)")
     p.add_argument("--distributed-optimizer", choices=tuple(SWITCH), default="auto",
                    help="shard optimizer states over DP: auto (searched, default), on, off")
     p.add_argument("--overlap", choices=tuple(SWITCH), default="auto",
@@ -229,10 +230,20 @@ def training_from_args(args, model, gpu=None):
                             max_expert_parallel=args.max_expert_parallel,
                             expert_tensor_parallel_sizes=args.expert_tensor_parallel_sizes,
                             token_dispatchers=_unique(args.token_dispatchers),
-                            moe_router_dtype=args.moe_router_dtype, optimizer=args.optimizer,
+                            moe_router_dtype=router_dtype(args.moe_router_dtype, model), optimizer=args.optimizer,
                             activation_offload=SWITCH[args.activation_offload])
     except pydantic.ValidationError as e:
         raise AcesoError(format_validation_error(e)) from None
+
+
+def router_dtype(asked: str | None, model) -> str | None:
+    """The router dtype every plan of an MoE model runs (``--moe-router-dtype``): fp32 unless asked otherwise (every
+    Megatron-Bridge MoE recipe sets ``moe_router_dtype`` fp32, and so do NVIDIA's published MoE runs,
+    ../shared/published/); ``model``: the model's dtype (None: Megatron-LM's default). A dense model has no router:
+    none by default, and a dtype asked for is passed on for the training spec to refuse."""
+    if asked == "model" or (asked is None and model.moe is None):
+        return None
+    return asked or "fp32"
 
 
 def _unique(values):

@@ -148,7 +148,8 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "off by default in Megatron-LM"),
     ("settings.moe.delay_wgrad, router_fusion, router_dtype", "--delay-wgrad-compute, --moe-router-fusion, --moe-router-dtype",
      "model.delay_wgrad_compute, moe_router_fusion, moe_router_dtype (always; null: the model's dtype)",
-     "off / the model's dtype by default (NVIDIA's MoE runs: fp32; the recipes' fp32 never stands in for the plan's)"),
+     "off / fp32 from `aceso search` (NVIDIA's MoE runs and Bridge's MoE recipes; `--moe-router-dtype model`: the "
+     "model's dtype, Megatron-LM's default); the recipes' fp32 never stands in for the plan's"),
     ("settings.moe.rank_capacity_factor, paged_stash", "--moe-expert-rank-capacity-factor, --moe-paged-stash",
      "model.moe_expert_rank_capacity_factor, moe_paged_stash", "megatron-core 0.19"),
     ("settings.moe.fused_weighted_squared_relu", "--use-fused-weighted-squared-relu",

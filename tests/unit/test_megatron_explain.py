@@ -213,3 +213,42 @@ def test_a_muon_script_is_searched_and_priced_with_muon(tmp_path, capsys):
                  "--global-batch-size", "64", "--optimizer", "muon", "--budget-evals", "5"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--optimizer (muon): the aceso runtime runs Adam only" in err
+
+
+def _published_router_dtypes() -> set:
+    """The --moe-router-dtype of every MoE run NVIDIA published with its arguments (../shared/published/)."""
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[3] / "shared" / "published"
+    if not root.is_dir():
+        pytest.skip(f"the published runs are not at {root}")
+    seen = set()
+    for f in sorted(root.glob("megatron-bridge-*.json")):
+        d = json.loads(f.read_text())
+        for r in d["rows"] if isinstance(d, dict) else d:
+            a = r.get("args")
+            if r.get("moe") and a:
+                t = (" ".join(a) if isinstance(a, list) else a).split()
+                seen.add(t[t.index("--moe-router-dtype") + 1] if "--moe-router-dtype" in t else None)
+    return seen
+
+
+def test_an_moe_search_routes_in_fp32_as_nvidias_runs_unless_asked(tmp_path, capsys):
+    """Every published MoE run routes in fp32 (and so does every Megatron-Bridge MoE recipe), while Megatron-LM's own
+    default is the model's dtype: `aceso search` of an MoE model plans fp32 and its export says so; `--moe-router-dtype
+    model` plans the model's dtype (no flag), a dense model gets no router dtype."""
+    assert _published_router_dtypes() == {"fp32"}
+    common = ["--cluster", "1x8-h100", "--global-batch-size", "16", "--budget-evals", "5"]
+    for asked, want in ((None, "fp32"), ("model", None), ("fp64", "fp64")):
+        out = tmp_path / f"{asked}.json"
+        argv = ["search", "--model", "qwen3-30b-a3b", "--num-layers", "2", *common, "-o", str(out)]
+        argv += ["--moe-router-dtype", asked] if asked else []
+        assert main(argv) == 0, capsys.readouterr().err
+        plan = json.loads(out.read_text())
+        assert (plan["settings"]["moe"] or {}).get("router_dtype") == want
+        assert main(["export", str(out), "--to", "megatron-lm", "-o", str(tmp_path / f"{asked}.sh")]) == 0
+        script = (tmp_path / f"{asked}.sh").read_text()
+        assert (f"--moe-router-dtype {want}" in script) == (want is not None)
+        assert ("--moe-router-dtype" in script) == (want is not None)
+    dense = tmp_path / "dense.json"
+    assert main(["search", "--model", "gpt-1.3b", "--num-layers", "2", *common, "-o", str(dense)]) == 0
+    assert json.loads(dense.read_text())["settings"].get("moe") is None
