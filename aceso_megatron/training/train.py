@@ -6,7 +6,8 @@ the megatron block), before any process group exists; start the process group,
 build this rank's stage with the runtime plugin (``engine.build_runtime``: its steps -- patches, fast paths,
 precision, groups, chunks, DDP on the stage's DP group, megatron-core Adam, schedule -- each printed in one line by
 rank 0, ``build_steps``), put megatron-core's ``OptimizerParamScheduler`` on its optimizer, build the datasets
-(``data``), resume from ``--load`` (the last build step, ``load_checkpoint``) and run the steps. Logging,
+(``data``), resume from ``--load`` (the last build step, ``load_checkpoint``), run the steps, and tear down in
+order (``teardown``: hooks, model, buffers and optimizer released, then the process groups destroyed). Logging,
 evaluation and the predicted-vs-measured summary are in ``train_log`` (TensorBoard and W&B in ``writers``); checkpoints in ``checkpoint``, the schedule's resume
 policy in ``schedule``, the stop on SIGTERM/SIGINT in ``signals`` (all in ``aceso_megatron.training``).
 """
