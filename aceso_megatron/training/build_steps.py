@@ -203,9 +203,9 @@ def wrap_chunks(plan: ParallelPlan, chunks: list, groups: Groups, device: str, d
     """Each chunk in megatron-core's DDP on the stage's DP (x CP) group -- bucketed and overlapped as the plan asks,
     buckets for the first chunk only, as Megatron-LM -- or, for a Megatron FSDP plan (one chunk), in megatron-core's
     ``FullyShardedDataParallel``; built summing (``_summing``: the loss scale divides)."""
-    from megatron.core.distributed import DistributedDataParallel
-
     from patches.compat import quiet_ddp_layout_notice
+
+    from .teardown import ReleasableDDP   # megatron-core's DDP, its gradient hooks removable at the end (teardown)
 
     with _summing([c.config for c in chunks]):
         if plan.megatron_fsdp is not None:   # one chunk (search.settings.fsdp.structural_refusal)
@@ -213,8 +213,8 @@ def wrap_chunks(plan: ParallelPlan, chunks: list, groups: Groups, device: str, d
             models = [fsdp.wrap(c, copy.copy(ddp_config), groups, where) for c in chunks]
         else:
             quiet_ddp_layout_notice()
-            models = [DistributedDataParallel(c.config, copy.copy(ddp_config), c, pg_collection=groups.pg_collection,
-                                              disable_bucketing=j > 0)  # as Megatron-LM: buckets for the first chunk
+            models = [ReleasableDDP(c.config, copy.copy(ddp_config), c, pg_collection=groups.pg_collection,
+                                     disable_bucketing=j > 0)  # as Megatron-LM: buckets for the first chunk
                       for j, c in enumerate(chunks)]
     if plan.megatron_fsdp is not None:
         how = f"Megatron FSDP ({plan.megatron_fsdp.data_parallel_sharding_strategy})"

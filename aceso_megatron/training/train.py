@@ -6,7 +6,8 @@ the megatron block), before any process group exists; start the process group,
 build this rank's stage with the runtime plugin (``engine.build_runtime``: its steps -- patches, fast paths,
 precision, groups, chunks, DDP on the stage's DP group, megatron-core Adam, schedule -- each printed in one line by
 rank 0, ``build_steps``), put megatron-core's ``OptimizerParamScheduler`` on its optimizer, build the datasets
-(``data``), resume from ``--load`` (the last build step, ``load_checkpoint``) and run the steps. Logging,
+(``data``), resume from ``--load`` (the last build step, ``load_checkpoint``), run the steps, and tear down in
+order (``teardown``: hooks, model, buffers and optimizer released, then the process groups destroyed). Logging,
 evaluation and the predicted-vs-measured summary are in ``train_log`` (TensorBoard and W&B in ``writers``); checkpoints in ``checkpoint``, the schedule's resume
 policy in ``schedule``, the stop on SIGTERM/SIGINT in ``signals`` (all in ``aceso_megatron.training``).
 """
@@ -101,16 +102,26 @@ def _train_config(args: argparse.Namespace):
 def train(args: argparse.Namespace, plan: ParallelPlan, rank: int) -> dict:
     """The training loop of this rank; returns the summary (on every rank) and ``stopped_by``: the signal that
     ended it early (``signals``), else 0."""
-    from . import checkpoint
     from .build_steps import show_build_steps
-    from .data import BatchSource, DataConfig, batch_keys, build_datasets, num_samples_needed
     from .engine import build_runtime
-    from .signals import ExitSignal
-    from .train_log import TrainLogger, evaluate
+    from .teardown import release
 
     device = "cpu" if args.cpu else "cuda"
     show_build_steps()   # the build's steps, one line each from rank 0 (engine.build_runtime), then `checkpoint`
     rt = build_runtime(plan, rank, plan.world_size, seed=args.seed, device=device, train_config=_train_config(args))
+    try:
+        return _steps(args, plan, rt, device)
+    finally:
+        release(rt)   # hooks, model, buffers and optimizer dropped however the run ends (teardown)
+
+
+def _steps(args: argparse.Namespace, plan: ParallelPlan, rt, device: str) -> dict:
+    """``train``'s data, resume and steps on the built runtime ``rt``."""
+    from . import checkpoint
+    from .data import BatchSource, DataConfig, batch_keys, build_datasets, num_samples_needed
+    from .signals import ExitSignal
+    from .train_log import TrainLogger, evaluate
+
     scheduler = build_scheduler(args, rt.optimizer)
     data_cfg = DataConfig(data_path=args.data_path, split=args.split, mock=args.mock_data,
                           tokenizer=args.tokenizer, seed=args.seed, cache_dir=args.data_cache_path)
@@ -201,14 +212,13 @@ def train_from_args(args: argparse.Namespace) -> int:
 
     preflight(plan, "cpu" if args.cpu else "cuda", here=True, target="aceso")   # the one pre-flight, before groups
     plots.check_training(args)   # before training: a bad --plot or no matplotlib is exit 2 now, not at the end
-    import torch.distributed as dist
+    from .teardown import destroy_groups
 
     init_distributed(world_size, rank, local_rank, args.cpu)
     try:
         stop = train(args, plan, rank)["stopped_by"]
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        destroy_groups()   # after train released the runtime: megatron-core's groups, then torch's (teardown)
     if getattr(args, "plot", None) and rank == world_size - 1:   # the rank that wrote the log
         plots.draw_training(args.log_file, args.plot, args.plot_format)
     return exit_code(stop) if stop else 0

@@ -41,7 +41,7 @@ output, ``tensor_a2a_hp2cp`` on the norm's output), so each rank runs the whole 
 megatron-core 0.19 asserts (``TransformerConfig.__post_init__``): ``linear_num_value_heads`` a multiple of
 ``linear_num_key_heads``, and both multiples of ``tp x cp``; fp8 wants ``in_proj``'s width a multiple of 16.
 ``GatedDeltaNet.__init__`` raises ImportError without fla (``flash-linear-attention``): on CPU the aceso runtime
-runs it on ``patches/gdn_cpu.py``'s torch kernels, and refuses it under cp (``runtime_rules.gdn_cp``).
+runs it on ``patches/gdn_cpu.py``'s torch kernels, and refuses it under cp (the kind's ``no_runtime_cp``).
 """
 
 from __future__ import annotations
@@ -296,4 +296,7 @@ GDN = register(LayerKind(
     price=price_layer, in_layer=lambda m, stack: False,      # only where a hybrid pattern writes G
     recompute=("none", "full"),     # gdn_norm_out (megatron-core 0.19) recomputes the output norm only: not a plan choice
     hybrid_slot="gdn_layer", launches=gdn_launches, block="gdn",
-    shape_refusal=lambda model, tp, cp: shape_refusal(_spec(model), tp, cp)))
+    shape_refusal=lambda model, tp, cp: shape_refusal(_spec(model), tp, cp),
+    # GatedDeltaNet's own all-to-alls (tensor_a2a_cp2hp) on the runtime's per-stage groups are not run against stock
+    # megatron-core
+    no_runtime_cp="Gated DeltaNet layers"))

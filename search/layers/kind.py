@@ -15,6 +15,8 @@ the cost model and the runtime need to know about it, in one record (``LayerKind
   ``row_variant``: units of the kind priced apart (a sliding-window layer);
 - **how it is built**: the ``TransformerLayer`` submodules its unit keeps (``model_specs.builders.unit_spec``) and
   its ``HybridStackSubmodules`` slot;
+- **what the aceso runtime runs of it**: ``no_runtime_cp``, its units not under context parallelism yet (the
+  runtime's refusal and the aceso search's cp 1 read it: ``search.targets.runtime_rules.layers_cp``);
 - **what the cost model's other terms read of it**: whether its units hold routed experts (``routed_experts``: the
   stage's expert shape, EP dispatch, expert parameters) or are the unit megatron-core's EP overlap pairs with the
   routed-experts unit after it (``ep_overlap_partner``, ``ep_overlap_pairs``); its forward kernel launches by part
@@ -145,6 +147,9 @@ class LayerKind:
     #                                             hybrid pattern writes its symbol (``hybrid.check_model``)
     shape_refusal: Callable[..., str | None] | None = None   # (model, tp, cp) -> why megatron-core refuses that
     #                                             shape for its layers (one line), None: allowed
+    no_runtime_cp: str | None = None            # the aceso runtime does not run its units under context
+    #                                             parallelism: their name in its refusal ("Mamba-2 layers"); the
+    #                                             aceso search keeps cp 1 (``runtime_rules.layers_cp``). None: it runs
 
     @property
     def text(self) -> str:
@@ -279,6 +284,17 @@ def symbols(model) -> str:
         main.append(k.symbol)
     inner = "".join(resolve(model, k).symbol for k in mtp_inner_kinds(model)) if tail else ""
     return "".join(main) + ("/" + inner) * tail
+
+
+def without_runtime_cp(model) -> tuple[LayerKind, ...]:
+    """The kinds of ``model``'s units the aceso runtime does not run under context parallelism (``no_runtime_cp``:
+    Mamba-2, GDN), in unit order: its refusal (``search.targets.runtime_rules.layers_cp``) and the aceso search's
+    cp 1 (``search.planner.space``) read them."""
+    found: dict[str, LayerKind] = {}
+    for u in model.units:
+        if (k := resolve(model, u.kind)).no_runtime_cp:
+            found.setdefault(k.name, k)
+    return tuple(found.values())
 
 
 def shape_refusal(model, tp: int, cp: int = 1) -> str | None:

@@ -419,4 +419,6 @@ MAMBA = register(LayerKind(
     price=price_layer, in_layer=lambda m, stack: False,      # only where a hybrid pattern writes M
     recompute=("none", "full"),     # no --recompute-modules entry covers a Mamba mixer (megatron-core 0.19)
     hybrid_slot="mamba_layer", launches=mamba_launches, block="mamba",
-    shape_refusal=lambda model, tp, cp: cp_refusal(_spec(model), model.hidden_size, tp, cp)))
+    shape_refusal=lambda model, tp, cp: cp_refusal(_spec(model), model.hidden_size, tp, cp),
+    # megatron-core's MambaContextParallel on the runtime's per-stage groups is not run against stock megatron-core
+    no_runtime_cp="Mamba-2 layers"))

@@ -42,7 +42,7 @@ from ..costmodel.types import Features, Shape
 from search.io.errors import AcesoError
 from search.settings.fsdp import one_rank_group, pipeline_refusal
 from search.layers.layer_variants import offset_blocks_cp
-from ..layers.kind import shape_refusal
+from ..layers.kind import shape_refusal, without_runtime_cp
 from ..megatron.hybrid_pattern import runs_as_pattern
 from search.settings.moe_plan import MoEPlanSettings, dispatcher_settings, overlap_ep_refusal
 from search.spec.training import MAX_VIRTUAL
@@ -198,8 +198,8 @@ class Space:
                           "context-parallel-sizes")
         if model.is_t5 and cps != (1,):
             cps = (1,)          # megatron-core's T5Model has no context parallelism
-        if model.mamba is not None and target == "aceso":
-            cps = (1,)          # the runtime does not run Mamba-2 CP yet (runtime_rules.mamba_cp); Megatron-LM does
+        if target == "aceso" and without_runtime_cp(model):
+            cps = (1,)          # a layer kind the runtime does not run under CP yet (Mamba-2, GDN); Megatron-LM does
         if offset_blocks_cp(model):
             cps = (1,)          # a softmax offset runs under cp only over a2a, which is not priced (layer_variants)
         legal_cps = tuple(c for c in cps if c == 1 or model.seq_length % (2 * c) == 0)

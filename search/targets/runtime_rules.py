@@ -20,6 +20,7 @@ machine can tell builds its line from the pieces here (``fp16_loss_scaling``, ``
 
 from __future__ import annotations
 
+from search.layers.kind import without_runtime_cp
 from search.settings.moe_plan import MoEPlanSettings, expert_tp
 
 RUNTIME_LOW_PRECISION = ("the aceso runtime does not run low-precision recipes yet (its transformer-engine path "
@@ -151,27 +152,19 @@ def mla_mtp(plan, device) -> str | None:
     return None
 
 
-def _cp_refusal(plan, layers: str) -> str | None:
-    """The first stage with cp > 1, refused for ``layers`` (mamba_cp, gdn_cp)."""
+def layers_cp(plan, device) -> str | None:
+    """Layers under context parallelism that the runtime does not run (a kind's ``no_runtime_cp``): Mamba-2's
+    ``MambaContextParallel`` and GDN's own all-to-alls (``tensor_a2a_cp2hp``) on the runtime's per-stage groups have
+    not been run against stock megatron-core (docs/runtime.md); Megatron-LM runs them. Without CP the runtime builds
+    both (on CPU on ``patches/mamba_cpu.py``'s and ``patches/gdn_cpu.py``'s torch kernels)."""
+    kinds = without_runtime_cp(plan.model)
+    if not kinds:
+        return None
     for i, st in enumerate(plan.stages):
         if st.cp > 1:
-            return (f"stages[{i}].cp ({st.cp}): the aceso runtime does not run {layers} under context "
+            return (f"stages[{i}].cp ({st.cp}): the aceso runtime does not run {kinds[0].no_runtime_cp} under context "
                     "parallelism yet; use cp 1, or search with --target megatron-lm and export the plan")
     return None
-
-
-def mamba_cp(plan, device) -> str | None:
-    """Mamba-2 layers under context parallelism: megatron-core's ``MambaContextParallel`` on the runtime's per-stage
-    groups has not been run against stock megatron-core (docs/runtime.md); Megatron-LM runs it."""
-    return None if plan.model.mamba is None else _cp_refusal(plan, "Mamba-2 layers")
-
-
-def gdn_cp(plan, device) -> str | None:
-    """Gated DeltaNet layers under context parallelism: ``GatedDeltaNet``'s own all-to-alls (``tensor_a2a_cp2hp``)
-    on the runtime's per-stage groups have not been run against stock megatron-core (docs/runtime.md); Megatron-LM
-    runs them. Without CP the runtime builds GDN layers: fla's kernels where it is installed, on CPU the torch
-    reference kernels of ``patches/gdn_cpu.py`` (proven equal to stock ``HybridModel``)."""
-    return None if getattr(plan.model, "gdn", None) is None else _cp_refusal(plan, "Gated DeltaNet layers")
 
 
 def flex_on_cpu(plan, device) -> str | None:

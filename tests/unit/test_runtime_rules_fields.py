@@ -71,8 +71,8 @@ CASES = {
     "unbuilt_layers": (rt.unbuilt_layers, (OSS, None)),
     "latent_moe": (rt.latent_moe, (MOE.model_copy(update={"moe": MOE.moe.model_copy(update={"moe_latent_size": 64})}),
                                    None)),
-    "mamba_cp": (rt.mamba_cp, (plan(HYBRID, stage={"cp": 2, "num_gpus": 2}), CUDA_TE)),
-    "gdn_cp": (rt.gdn_cp, (plan(ModelSpec.model_validate({**HYBRID.model_dump(), "mamba": None, "gdn": {
+    "layers_cp mamba": (rt.layers_cp, (plan(HYBRID, stage={"cp": 2, "num_gpus": 2}), CUDA_TE)),
+    "layers_cp gdn": (rt.layers_cp, (plan(ModelSpec.model_validate({**HYBRID.model_dump(), "mamba": None, "gdn": {
         "linear_num_key_heads": 2, "linear_num_value_heads": 4}, "hybrid_layer_pattern": "G*EG-E"}),
         stage={"cp": 2, "num_gpus": 2}), CUDA_TE)),
     "moe_biases": (rt.moe_biases, (MOE.model_copy(update={"add_bias_linear": True}), None)),
