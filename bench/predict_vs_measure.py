@@ -82,6 +82,7 @@ def measure(rank: int, world: int, raws: list[dict], steps: int, skip: int, roun
     import torch.distributed as dist
 
     from aceso_megatron.training.engine import build_runtime
+    from aceso_megatron.training.teardown import release
     from aceso_megatron.profiler.memory import LiveSaved
     from aceso_megatron.testing import make_batches
 
@@ -107,7 +108,7 @@ def measure(rank: int, world: int, raws: list[dict], steps: int, skip: int, roun
             mine[rt.layout.stage, 1] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)
             mem[k] = mine
-            del rt
+            release(rt)   # before the next plan's build: its hooks, model, buffers and optimizer (teardown)
     if rank == 0:
         res = [{"iteration_ms": 1e3 * statistics.median(t), "times_ms": [1e3 * x for x in t],
                 "stage_memory_mb": m[:, 0].tolist(), "stage_rss_mb": m[:, 1].tolist()} for t, m in zip(times, mem)]

@@ -203,6 +203,7 @@ def worker(rank: int, world: int, pp: int, tp: int, dp: int, modern: bool, steps
 
     from aceso_megatron.model.fast_path import Environment, choose
     from aceso_megatron.training.engine import build_runtime
+    from aceso_megatron.training.teardown import release
 
     model = MOE_MODEL if ep else MODEL
     model = model if device == "cpu" else model.model_copy(update={"params_dtype": "bf16"})
@@ -228,6 +229,7 @@ def worker(rank: int, world: int, pp: int, tp: int, dp: int, modern: bool, steps
             dist.barrier()
             times[side].append(time.perf_counter() - t)
             losses[side].append(loss)
+    release(rt)   # the plugin's hooks, model, buffers and optimizer (teardown); spawn then destroys the groups
     if rank == 0:
         torch.save({"times": times, "losses": losses}, out)
 

@@ -219,5 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch.distributed as dist
 
         if dist.is_initialized():
-            dist.destroy_process_group()
+            from ..training.teardown import destroy_groups
+
+            destroy_groups()   # megatron-core's groups, then torch's, while the interpreter is whole (teardown)
     return 0

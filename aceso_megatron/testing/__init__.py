@@ -5,8 +5,10 @@ initialise a gloo group and call ``fn(rank, world_size, *args)`` (nanotron's ide
 ranks, as a function). The ranks are forked from one forkserver per test session that imported torch,
 megatron-core and the runtime once (``PRELOAD``), so a rank does not pay that import (~5 s CPU) again; like
 "spawn", each rank starts from a clean interpreter state (nothing the parent patched or initialised), with the
-parent's environment and working directory as they are at the call. ``run_plans`` is the worker the
-distributed tests use: several plans per process group, so building and tearing down groups is paid once.
+parent's environment and working directory as they are at the call; a rank ends as ``aceso train`` does
+(``training.teardown.destroy_groups``: megatron-core's groups, then torch's). ``run_plans`` is the worker the
+distributed tests use: several plans per process group, so building and tearing down groups is paid once; each
+plan's runtime is released (``teardown.release``) before the next is built.
 The single-process stock reference the runtime is tested against is ``testing.reference``.
 """
 
@@ -83,7 +85,9 @@ def _entry(rank: int, world_size: int, port: int, fn, args, backend: str = "gloo
     try:
         fn(rank, world_size, *args)
     finally:
-        dist.destroy_process_group()
+        from ..training.teardown import destroy_groups
+
+        destroy_groups()   # megatron-core's groups, then torch's, as aceso train ends (training/teardown.py)
 
 
 def spawn(world_size: int, fn, *args, backend: str = "gloo") -> None:
@@ -161,6 +165,7 @@ def run_plans(rank: int, world_size: int, plans: list[dict], out: str, seed: int
     """
     from ..parallel.grads import clip_grad_norm
     from ..training.engine import build_runtime
+    from ..training.teardown import release
 
     from patches.compat import reset_moe_metrics
 
@@ -186,6 +191,7 @@ def run_plans(rank: int, world_size: int, plans: list[dict], out: str, seed: int
         dist.all_reduce(counts)
         results.append({"losses": losses, "grads": grads, "grad_norm": float(norm), "params": rt.full_params(),
                         "overlapped_buckets": int(counts[0]), "param_gather_deferred": int(counts[1]) > 0})
+        release(rt)   # before the next plan's build: its hooks, model, buffers and optimizer (teardown)
         dist.barrier()
     if rank == 0:
         torch.save(results, Path(out))

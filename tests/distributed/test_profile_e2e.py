@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -13,27 +14,44 @@ from pathlib import Path
 
 import pytest
 
+from tests.distributed.test_teardown_launch import SITECUSTOMIZE
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"name": "tiny-gpt", "family": "gpt", "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
         "ffn_hidden_size": 64, "seq_length": 16, "vocab_size": 128, "params_dtype": "fp32"}
 
 
-def aceso(*argv, timeout=300):
+def aceso(*argv, timeout=300, env=None):
     return subprocess.run([sys.executable, "-m", "search", *map(str, argv)], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, check=False)
+                          timeout=timeout, cwd=ROOT, check=False, env=env)
 
 
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
+    """The profile run, its ranks' stderr kept (``profile.stderr``) with what each had left for interpreter
+    finalization at its last ``atexit`` call (test_teardown_launch's ``sitecustomize`` on the ranks' path)."""
     d = tmp_path_factory.mktemp("profile")
     spec = d / "tiny.json"
     spec.write_text(json.dumps(TINY))
+    (d / "site").mkdir()
+    (d / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(d / "site"), str(ROOT)]))
     t0 = time.time()
     r = aceso("profile", "--model", spec, "--tp", "1", "2", "--micro-batch-sizes", "1", "2", "-o", d / "db.json",
-              "--cpu", "--warmup", "1", "--repeats", "5", "--max-bytes", 65536)
+              "--cpu", "--warmup", "1", "--repeats", "5", "--max-bytes", 65536, env=env)
     seconds = time.time() - t0
     assert r.returncode == 0, r.stderr[-3000:]
+    (d / "profile.stderr").write_text(r.stderr)
     return spec, d / "db.json", seconds
+
+
+def test_profile_ranks_leave_nothing_for_finalization(profiled):
+    """Each worker released the runtime of its optimizer probe and destroyed megatron-core's and torch's groups
+    (``training/teardown.py``) before exit: no DDP or optimizer left at its last ``atexit`` call, no abort."""
+    err = profiled[1].with_name("profile.stderr").read_text()
+    left = sorted(line for line in err.splitlines() if "left for finalization" in line)
+    assert left == ["rank 0 left for finalization: 0", "rank 1 left for finalization: 0"], err[-5000:]
+    assert "terminate called" not in err, err[-5000:]
 
 
 def test_profile_database(profiled):
