@@ -264,8 +264,10 @@ def text_lines(g: dict, saved: list[str] | None = None) -> list[str]:
             if "slower_than_drop_in" in line:
                 lines.append(f"  ({line['slower_than_drop_in']})")
         lines.append(f"  {line['command']} -o plan.json")
-    lines.append(f"  (each command returns exactly that plan; a larger --budget-evals never a slower one; then aceso "
-                 "export plan.json --to megatron-lm, or aceso launch plan.json)")
+    then = [f"aceso export plan.json --to {g['megatron']['target']}"] if "plan" in g["megatron"] else []
+    then += ["aceso launch plan.json (the heterogeneous plan)"] if "plan" in g["aceso"] else []
+    lines.append("  (each command returns exactly that plan; a larger --budget-evals never a slower one"
+                 + (f"; then {', or '.join(then)})" if then else ")"))
     if saved:
         lines.append("  wrote " + ", ".join(saved))
     return lines

@@ -5,8 +5,9 @@ is what Megatron-LM runs with those flags, read under the release --megatron-ver
 rules; default the newest; a flag that release does not have is refused naming the closest one). The world size comes from the script's torchrun
 (--nproc-per-node x --nnodes), --world-size or --cluster; with --cluster the plan also carries the analytic
 prediction. The plan's ``settings`` are Megatron-LM's gradient-reduction dtype for those flags (bf16: fp32 unless
---grad-reduce-in-bf16), and the prediction is priced under them. Flags aceso does not model (MoE, FP8, MLA, FSDP,
-...) are refused with one line; data, schedule, logging and checkpoint flags are accepted, any other unknown flag is listed in one warning; assumptions (the
+--grad-reduce-in-bf16), and the prediction is priced under them. MoE, MLA, MTP, FP8 / FP4 recipes, Megatron FSDP
+and the software-stack flags are read and priced; flags aceso does not model (torch FSDP2, FP8 attention, a
+batch-size ramp-up, ...: docs/megatron.md) are refused with one line; data, schedule, logging and checkpoint flags are accepted, any other unknown flag is listed in one warning; assumptions (the
 vocabulary, approximations) are notes on stderr. See docs/megatron.md.
 
 --from megatron-bridge: FILE is the Megatron-Bridge v0.3.1 recipe overrides YAML `aceso export --to megatron-bridge`

@@ -140,10 +140,12 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..planner.aceso import MIN_PER_COUNT
     add_problem_args(p)
     p.add_argument("--budget-evals", type=positive_int, default=DEFAULT_BUDGET,
                    help=f"plan evaluations of the target's search over all stage counts (default {DEFAULT_BUDGET}; "
-                        "the other search of the report gets a quarter)")
+                        f"at least {MIN_PER_COUNT} per stage count, so a small budget evaluates more; the other "
+                        "search of the report gets a quarter)")
     p.add_argument("--budget-s", type=positive_float, default=None, help="optional wall-clock cap, seconds")
     p.add_argument("--top-k", type=positive_int, default=1,
                    help="also write the k-1 next best plans (PLAN.top2.json ...)")

@@ -9,7 +9,7 @@ mapping documented in docs/megatron.md (``mapping_table``); ``megatron_lm_args``
 
 from __future__ import annotations
 
-from search.settings.data_parallel import to_flags as dp_flags
+from search.settings.data_parallel import for_target, to_flags as dp_flags
 from search.settings.precision import megatron_flags as precision_flags
 from . import layer_variant_flags
 from .config import MegatronConfig, NotExpressible
@@ -246,7 +246,7 @@ def _parallel(c: MegatronConfig) -> list[str]:
             out += [flag, v] if v else []         # megatron-core 0.19 flags
     off = s.activation_offload
     out += ["--cpu-offloading-num-layers", str(off.num_layers)] if off is not None else []
-    out += [x for flag in dp_flags(s.data_parallel) for x in flag.split()]
+    out += [x for flag in dp_flags(_dp_written(c, "megatron-lm")) for x in flag.split()]
     return out + stack_args(s.stack, s.optimizer)
 
 
@@ -313,8 +313,18 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
         out["checkpoint"] = {"ckpt_format": "fsdp_dtensor"}
     if s.tp_comm_overlap:
         out["comm_overlap"] = {"tp_comm_overlap": True}
-    out["ddp"].update(bridge_ddp_fields(s.data_parallel))
+    out["ddp"].update(bridge_ddp_fields(_dp_written(c, "megatron-bridge")))
     return out
+
+
+def _dp_written(c: MegatronConfig, target: str):
+    """The plan's DP settings with the alignment it was priced with, as ``target``'s flags must say it
+    (``data_parallel.for_target``; Megatron FSDP has no DDP schedule hooks). Bridge v0.3.1 always aligns the
+    gradient reduction (no field), so a runtime plan's unaligned one is left as it was, not refused."""
+    s = c.settings
+    ddp = s.megatron_fsdp is None
+    grad = ddp and s.overlap_grad_reduce and (c.pp > 1 or c.vpp > 1) and target != "megatron-bridge"
+    return for_target(s.data_parallel, s.framework, target, grad, ddp and s.overlap_param_gather and c.vpp > 1)
 
 
 def bridge_ddp_fields(d) -> dict[str, object]:

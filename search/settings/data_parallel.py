@@ -69,6 +69,23 @@ def run_fields(dps: DataParallelSettings | None, framework: str) -> dict:
             "rank_order": d.rank_order, "sharp": d.sharp, "nvls": d.nvls}
 
 
+def for_target(dps: DataParallelSettings | None, framework: str, target: str, grad_used: bool,
+               param_used: bool) -> DataParallelSettings | None:
+    """``dps`` as an export for ``target`` must say it so that ``target`` runs the alignment ``framework`` priced:
+    an alignment left to ``framework``'s default is written out where ``target``'s default differs and the
+    schedule uses it (``grad_used``: the gradient reduction overlapped on pp > 1 or interleaved; ``param_used``:
+    the parameter all-gather overlapped and interleaved; ``dp_timeline.py``). None when all is the default."""
+    d = dps or DataParallelSettings()
+    (fg, fp), (tg, tp) = ALIGN_DEFAULTS[framework], ALIGN_DEFAULTS[target]
+    update = {}
+    if d.align_grad_reduce is None and grad_used and fg != tg:
+        update["align_grad_reduce"] = fg
+    if d.align_param_gather is None and param_used and fp != tp:
+        update["align_param_gather"] = fp
+    d = d.model_copy(update=update)
+    return None if d == DataParallelSettings() else d
+
+
 def from_flags(bucket_size: int | None, no_align_grad_reduce: bool, no_align_param_gather: bool, tp_pp_dp: bool,
                sharp: bool) -> DataParallelSettings | None:
     """The settings of a Megatron-LM command line; None when every flag is at its default."""

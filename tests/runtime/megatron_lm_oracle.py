@@ -88,6 +88,7 @@ def run(line: str, world: int) -> dict:
                                "activation": cfg.activation_func.__name__, "gated": cfg.gated_linear_unit},
             "fsdp": [args.use_megatron_fsdp, args.data_parallel_sharding_strategy, args.ckpt_format],
             "distributed_optimizer": args.use_distributed_optimizer,
+            "align": [args.align_grad_reduce, args.align_param_gather],
             "vocab": [tokenizer.vocab_size, args.padded_vocab_size],
             "offload": [cfg.cpu_offloading, cfg.cpu_offloading_num_layers],
             "moe": {k: _plain(getattr(cfg, k, None)) for k in MOE_FIELDS},

@@ -201,3 +201,20 @@ def test_megatron_lm_builds_the_imported_hf_models_fields(tag):
     ds = arch["deepseek-v3"]       # DeepSeek-V3's config.json: yarn, factor 40, 4096, beta 32 / 1, mscale 1 / 1
     assert (ds["rope_type"], ds["rotary_scaling_factor"], ds["original_max_position_embeddings"], ds["beta_fast"],
             ds["beta_slow"], ds["mscale"], ds["mscale_all_dim"]) == ("yarn", 40.0, 4096, 32, 1, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_megatron_lm_runs_the_alignment_each_plan_was_priced_with(tag):
+    """A runtime plan (bucket hooks: neither aligned), a Bridge plan (v0.3.1: gradients aligned, parameters not) and
+    a Megatron-LM plan, interleaved with both DP overlaps, exported for Megatron-LM: its parser leaves
+    ``align_grad_reduce`` / ``align_param_gather`` as the plan's price assumed (``run_settings``)."""
+    from search.costmodel.plan_view import run_settings
+    from search.spec.plan import uniform_plan
+    from search.spec.presets import load_model
+    base = uniform_plan(load_model("llama3-8b", num_layers=4), 2, 1, 4, 4, 16, "none", num_virtual_stages=2,
+                        distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True)
+    plans = [base.model_copy(update={"settings": base.settings.model_copy(update={"framework": f})})
+             for f in ("runtime", "megatron-bridge", "megatron-lm")]
+    for plan, got in zip(plans, _oracle(plans, tag)):
+        rs = run_settings(plan.settings, "bf16")
+        assert got["align"] == [rs.align_grad_reduce, rs.align_param_gather], plan.settings.framework

@@ -337,3 +337,35 @@ def test_forward_only_rows_split_the_step_at_three_forwards():
     assert f["predicted_forward_s"] == pytest.approx(no_overlap["fwd_ms"] / 1e3, rel=1e-12)    # gbs 64 = dp 64 x mbs 1
     assert f["predicted_beyond_3f_s"] == pytest.approx(sp.price(row, sp.cluster_of(row))["predicted_s"]
                                                        - 3 * f["predicted_forward_s"], rel=1e-12)
+
+
+@pytest.mark.parametrize("framework,written", [("runtime", ["--no-align-grad-reduce", "--no-align-param-gather"]),
+                                               ("megatron-bridge", ["--no-align-param-gather"]),
+                                               ("megatron-lm", [])])
+def test_the_megatron_lm_export_runs_the_alignment_the_plan_was_priced_with(framework, written):
+    """A plan priced under another framework's alignment (the runtime: neither, Bridge v0.3.1: the gradients only)
+    exported for Megatron-LM (whose parser aligns both unless --no-align-*): the script says what the plan was
+    priced with, so the script read back by Megatron-LM's rules prices as the plan (its header) does. Before, a
+    Bridge plan of llama3-70b on 1x64-gb200 (vpp 20) said 8456.6 ms in its script's header and 8441.1 ms in
+    explain of that script."""
+    from search.pricing import price
+    cluster = parse_cluster("4x8-h100")
+    mlm = read_megatron(ARGS, cluster=cluster).plan
+    plan = mlm.model_copy(update={"settings": mlm.settings.model_copy(update={"framework": framework})})
+    line = " ".join(argv(megatron_config(plan)))
+    assert [f for f in line.split() if f.startswith("--no-align")] == written
+    back = read_megatron(line, cluster=cluster).plan
+    assert back.settings.framework == "megatron-lm"
+    assert price(back).iteration_ms == pytest.approx(price(plan).iteration_ms, rel=1e-9)
+
+
+def test_the_bridge_export_runs_megatron_lms_parameter_gather_alignment():
+    """A Megatron-LM plan (vpp 2, the parameter all-gather overlapped: Megatron-LM aligns it) exported for
+    Megatron-Bridge v0.3.1, whose DDP config leaves align_param_gather off: the YAML turns it on; a pp-1 plan,
+    where the alignment does nothing, writes nothing."""
+    from search.megatron.names import bridge_fields
+    mlm = read_megatron(ARGS, cluster=parse_cluster("4x8-h100")).plan
+    assert bridge_fields(megatron_config(mlm))["ddp"]["align_param_gather"] is True
+    flat = read_megatron(ARGS.replace("--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2",
+                                      "--pipeline-model-parallel-size 1"), cluster=parse_cluster("4x8-h100")).plan
+    assert "align_param_gather" not in bridge_fields(megatron_config(flat))["ddp"]

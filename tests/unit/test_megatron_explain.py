@@ -66,6 +66,30 @@ def test_explain_table_prints_each_line_with_the_command_that_gives_it(capsys):
                               "64 --budget-evals 100 -o plan.json")
 
 
+def test_the_advice_under_the_lines_names_only_what_runs_the_offered_plans(tmp_path, capsys):
+    """Under the lines explain says what to do with the plans: export the drop-in plan for its target, launch the
+    heterogeneous one. It said "or aceso launch plan.json" also where no heterogeneous plan was offered (an fp16
+    script; FP8 / MXFP8 ones), and `aceso launch` of the drop-in plan is refused there (the runtime's own check)."""
+    best = tmp_path / "best.json"
+    assert main(["explain", "--megatron-args", ARGS, "--cluster", "1x8-h100", "--search-budget-evals", "100",
+                 "--save-best", str(best)]) == 0
+    out = capsys.readouterr().out
+    advice = next(line for line in out.splitlines() if line.startswith("  (each command returns"))
+    assert "aceso export plan.json --to megatron-lm" in advice and "aceso launch" not in advice
+    from search.io.errors import AcesoError
+    from search.spec.plan import load_plan
+    from search.targets.capabilities import RUNTIME
+    from search.targets.preflight import planner_checks, target_device
+    drop_in = load_plan(str(best))
+    with pytest.raises(AcesoError, match="fp16"):     # the pre-flight aceso launch runs: the runtime refuses it
+        planner_checks(drop_in, target_device(drop_in), RUNTIME)
+    assert main(["explain", "--megatron-args", ARGS.replace("--fp16", "--bf16"), "--cluster", "1x8-h100",
+                 "--search-budget-evals", "100"]) == 0
+    advice = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  (each command returns"))
+    assert advice.endswith("then aceso export plan.json --to megatron-lm, or aceso launch plan.json (the "
+                           "heterogeneous plan))")
+
+
 def test_explain_megatron_args_needs_a_cluster_and_no_plan(tmp_path, capsys):
     assert main(["explain", "--megatron-args", ARGS]) == 2
     assert "needs --cluster" in capsys.readouterr().err

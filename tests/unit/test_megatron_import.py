@@ -306,3 +306,24 @@ def test_round_trip_of_plans_from_target_megatron_lm_searches(searched, tmp_path
     assert len(searched) >= 20
     assert {"pp1", "pp2", "pp4", "gpt", "llama", "t5", "none", "selective", "full", "block", "vpp", "sp",
             "cp", "layout", "first", "flash", "unfused"} <= seen, seen
+
+
+def test_import_help_names_as_refused_only_what_the_importer_refuses():
+    """`aceso import --help` once said MoE, FP8, MLA and FSDP flags were refused; the importer reads and prices
+    each of them. The help's refused list must name none of those, and what it names is refused."""
+    import re
+    from search.cli.import_cmd import __doc__ as doc
+    from search.io.errors import AcesoError
+    base = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 "
+            "--max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 64 --vocab-size 32000 --bf16 ")
+    read = {"MoE": "--num-experts 8 --moe-router-topk 2", "FP8": "--fp8-format hybrid --fp8-recipe tensorwise",
+            "MLA": "--multi-latent-attention --kv-lora-rank 64 --qk-head-dim 64 --qk-pos-emb-head-dim 32 --v-head-dim 64",
+            "FSDP": "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --ckpt-format fsdp_dtensor"}
+    for flags in read.values():
+        read_megatron(base + flags, world_size=8)
+    refused = " ".join(doc.split()).split("refused with one line")[0].rsplit("flags aceso does not model", 1)[1]
+    items = [x.strip() for x in re.search(r"\(([^)]*)\)", refused).group(1).split(",")]
+    assert not set(items) & set(read), items
+    for flags in ("--use-torch-fsdp2", "--fp8-format hybrid --fp8-dot-product-attention", "--rampup-batch-size 16 16 100"):
+        with pytest.raises(AcesoError):
+            read_megatron(base + flags, world_size=8)

@@ -183,3 +183,18 @@ def test_tokens_per_gpu_beside_samples_and_mfu_in_every_report(tmp_path, capsys)
     assert "tokens/s per GPU" in capsys.readouterr().out
     assert main(["export", str(out), "--to", "megatron-lm", "-o", "-"]) == 0
     assert f"{s['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU" in capsys.readouterr().out
+
+
+def test_budget_help_says_the_per_stage_count_minimum_a_small_budget_evaluates(capsys):
+    """`--budget-evals 1` evaluated 160 plans on a 4-layer model (8 stage counts x the planner's 20 per count) while
+    the help said the budget is the plan evaluations over all stage counts; the help now names the minimum."""
+    import re
+    from search.cli import main
+    from search.planner.aceso import MIN_PER_COUNT
+    assert main(["search", "--model", "gpt-1.3b", "--num-layers", "4", "--cluster", "1x8-h100",
+                 "--global-batch-size", "16", "--budget-evals", "1", "--workers", "1", "--json"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)["evaluated_plans"]
+    assert evaluated >= MIN_PER_COUNT > 1
+    assert main(["search", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert re.search(rf"at least {MIN_PER_COUNT} per stage count", text), text
