@@ -306,3 +306,23 @@ def test_an_mtp_hybrids_yaml_imports_back_as_the_plan(tmp_path, capsys):
     assert main(["import", str(yaml), "--from", "megatron-bridge", "-o", str(tmp_path / "b2.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "model.keep_mtp_spec_in_bf16" in err and not (tmp_path / "b2.json").exists()
+
+
+def test_a_megatron_fsdp_hybrids_yaml_imports_back(tmp_path, capsys):
+    """The export writes Megatron FSDP's `checkpoint.ckpt_format: fsdp_dtensor` (Megatron-LM asserts that format
+    under FSDP); the import read no `checkpoint` section and refused its own YAML ("add --ckpt-format
+    fsdp_dtensor"). Now the YAML reads back as the plan, FSDP included."""
+    nano = load_model("nemotron-3-nano")
+    plan = cut_plan(nano, [0, 52], 1, tp=1, dp=8, sp=False, gbs=32)
+    data = plan.model_dump(exclude={"predicted"})
+    data["settings"]["megatron_fsdp"] = {"data_parallel_sharding_strategy": "optim_grads_params"}
+    plan = type(plan).model_validate(data)
+    path, yaml, back = tmp_path / "plan.json", tmp_path / "o.yaml", tmp_path / "back.json"
+    path.write_text(plan.to_json())
+    assert main(["export", str(path), "--to", "megatron-bridge", "-o", str(yaml)]) == 0
+    assert "ckpt_format: fsdp_dtensor" in yaml.read_text()
+    assert main(["import", str(yaml), "--from", "megatron-bridge", "-o", str(back)]) == 0, capsys.readouterr().err
+    from search.spec.plan import load_plan
+    got = load_plan(str(back))
+    assert got.model == plan.model and got.stages == plan.stages
+    assert got.settings.megatron_fsdp == plan.settings.megatron_fsdp
