@@ -20,7 +20,8 @@ padding: the model's ``moe`` fields) travels in the spec file the command names.
 Not carried over (no search flag for them yet): an expert tp other than 1 or the stage's tp, the kernel and
 overlap switches the search chooses itself (grouped GEMM, permute / router fusion, the EP and shared-expert
 overlaps), megatron-core 0.19's per-rank capacity, and the exact layer layout; the search explores its own (the
-uniform baseline covers the even layouts).
+uniform baseline covers the even layouts). Nor is ``--tp-comm-overlap``: the printed search prices its plans without
+TP overlap (adding the flag searches under it, every tp > 1 plan with sequence parallelism).
 """
 
 from __future__ import annotations

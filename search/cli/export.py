@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         text = cli_overrides(cfg, (recipe, ov)) if args.args_only else write_yaml(plan, cfg, source, (recipe, ov))
         write_output(text, args.output)
         return 0
-    cfg = _gpt_config(plan, rel)         # NotExpressible: exit 2, one line, nothing written
+    cfg = _gpt_config(plan, rel, args.to)    # NotExpressible: exit 2, one line, nothing written
     if args.to == "megatron-lm":
         text = args_line(cfg, rel) if args.args_only else write_script(plan, cfg, source, rel)
     else:
@@ -107,8 +107,9 @@ def _executable(path) -> None:
         os.chmod(path, mode | (mode & 0o444) >> 2)
 
 
-def _gpt_config(plan, rel):
-    """``megatron_config``; a plan cut inside a layer that a hybrid pattern runs says so in its refusal."""
+def _gpt_config(plan, rel, to: str):
+    """``megatron_config``; a plan cut inside a layer that a hybrid pattern runs says so in its refusal (for
+    ``--to megatron-bridge``: Megatron-LM's form, since Bridge runs a GPT model's pattern in no form)."""
     from ..megatron import NotExpressible, megatron_config
     from ..megatron.hybrid_pattern import hybrid_form
     try:
@@ -120,7 +121,8 @@ def _gpt_config(plan, rel):
             hybrid_form(plan, rel)
         except NotExpressible:
             raise e from None
-        raise NotExpressible(f"{e}; or export it with --hybrid-pattern (pretrain_hybrid.py '|' cuts, {rel.label}; "
+        how = "--hybrid-pattern" if to == "megatron-lm" else "--to megatron-lm --hybrid-pattern"
+        raise NotExpressible(f"{e}; or export it with {how} (pretrain_hybrid.py '|' cuts, {rel.label}; "
                              "HybridModel checkpoints)") from None
 
 

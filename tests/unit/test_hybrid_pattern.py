@@ -108,6 +108,14 @@ def test_gpt_export_of_a_mid_layer_cut_names_the_hybrid_form(tmp_path, capsys):
     assert "between its attention and mlp units" in err and "--hybrid-pattern" in err
     assert main(["export", str(path), "--hybrid-pattern", "-o", str(tmp_path / "run.sh")]) == 0
     assert "--hybrid-layer-pattern '*-*|-*|-*-'" in (tmp_path / "run.sh").read_text()
+    # --to megatron-bridge: Bridge runs a GPT model's pattern in no form (--hybrid-pattern there is refused for a
+    # model without Mamba layers), so the refusal names Megatron-LM's form, which then exports
+    out = tmp_path / "o.yaml"
+    assert main(["export", str(path), "--to", "megatron-bridge", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "or export it with --to megatron-lm --hybrid-pattern" in err and err.count("\n") == 1 and not out.exists()
+    assert main(["export", str(path), "--to", "megatron-bridge", "--hybrid-pattern", "-o", str(out)]) == 2
+    assert main(["export", str(path), "--to", "megatron-lm", "--hybrid-pattern", "-o", str(tmp_path / "b.sh")]) == 0
 
 
 @pytest.mark.parametrize("name", CASES)
