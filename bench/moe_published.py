@@ -39,7 +39,9 @@ A row the cost model refuses says so in the table. The search-time line: DeepSee
 the default budget), target 60 s on one core. Run: ``python bench/moe_published.py`` (table and the time line;
 bench/results/moe_published.json); ``--no-search`` prices only; ``--budget-s`` caps each row's searches (3000 evaluations each; the cap is wall-clock, so on a loaded machine it
 binds first: the per-row CPU seconds say how much search each got); ``--json`` writes elsewhere;
-``--breakdown`` adds each priced row's iteration by stage. Each row is priced as its own release (``release`` = the
+``--breakdown`` adds each priced row's iteration by stage; ``--walk TO FROM`` decomposes a published pair (rows of
+either shared table): row FROM priced, then moved to TO's release and flags one setting at a time, each step's
+breakdown in ms (docs/costmodel.md, "The Qwen3-30B GB300 pair, term by term"). Each row is priced as its own release (``release`` = the
 row's container: ``search/costmodel/release_constants.py``), with its own command line's stack flags (CUDA graphs,
 the EP overlap, delayed weight gradients: ``bench/recipes.py`` drops only what megatron-core refuses with the
 row's settings); the constants are fitted per release by ``python bench/published_runs.py --fit-release``
@@ -389,11 +391,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-scan", action="store_true",
                     help="print the HOST_LAUNCH_MS each dropless row implies (scan_host) and stop")
     ap.add_argument("--json", default=None, help="where to write the results (default bench/results/moe_published.json)")
+    ap.add_argument("--walk", nargs=2, metavar=("TO", "FROM"), default=None,
+                    help="decompose a published pair: price row FROM, then move it to row TO's release and flags one "
+                         "setting at a time, with the breakdown of each step (row ids of either shared table), and stop")
     args = ap.parse_args(argv)
     path = Path(args.bridge)
     if not path.is_file():
         print(f"--bridge {path}: no such file (../shared/published/ beside the worktree); give the file")
         return 2
+    if args.walk:
+        by_id = {r["id"]: r for f in (path, NEWER) if f.is_file() for r in load_rows(f)}
+        missing = [i for i in args.walk if i not in by_id]
+        if missing:
+            print(f"--walk: no row {missing[0]!r} in {path.name} or {NEWER.name}; give two row ids as the bench prints them")
+            return 2
+        try:
+            print_walk(by_id[args.walk[0]], by_id[args.walk[1]])
+        except ValueError as e:
+            print(f"--walk: {e}")
+            return 2
+        return 0
     raw = [r for r in load_rows(path) if args.only is None or args.only in r["id"]]
     if args.fit:
         fit(raw)
@@ -492,6 +509,74 @@ def print_breakdown(rows: list[dict], raw: list[dict]) -> None:
         it = bd["iteration_ms"]
         print(f"{r['model']:16}{r['cluster']:11}{r['precision'][:8]:9}{src['mbs']:>4}{r['error']:+7.1%}{it:9.0f}"
               + "".join(f"{100 * bd[n] / it:8.1f}" for n in BREAKDOWN))
+
+
+# ----- --walk: a published pair decomposed one setting at a time (issue 34) ----------------------------------------
+# Flags that are one setting together (a dispatcher and its flex backend, a graph implementation and its scope)
+WALK_GROUPS = {"--moe-token-dispatcher-type": "dispatcher", "--moe-flex-dispatcher-backend": "dispatcher",
+               "--cuda-graph-impl": "cuda_graphs", "--cuda-graph-scope": "cuda_graphs",
+               **dict.fromkeys(("--pipeline-model-parallel-size", "--pipeline-model-parallel-layout",
+                                "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+                                "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"), "layout"),
+               "--seq-length": "sequence", "--max-position-embeddings": "sequence"}
+NEWER = ROOT.parent / "shared" / "published" / "megatron-bridge-26.02-26.04.json"
+
+
+def walk(a: dict, b: dict) -> list[tuple[str, dict]]:
+    """Row ``b`` moved to row ``a`` one setting at a time: (what changed, the row) per step, ``b`` first, then its
+    release set to ``a``'s, then each flag (``WALK_GROUPS``: flags that are one setting) that differs, in ``b``'s
+    order then ``a``'s; the last step has ``a``'s release and flags. The two rows must be one model on one cluster
+    at one global batch (what a published pair of the same configuration holds fixed)."""
+    key = ("model", "cluster", "gpus", "gbs")
+    if any(a[k] != b[k] for k in key):
+        raise ValueError("a walk needs two rows of one model, cluster, GPU count and global batch: "
+                         + ", ".join(f"{k} {b[k]} vs {a[k]}" for k in key if a[k] != b[k]))
+    fa, fb = flags(a["args"]), flags(b["args"])
+    diff = [k for k in [*fb, *(k for k in fa if k not in fb)] if fa.get(k) != fb.get(k)]
+    groups = list(dict.fromkeys(WALK_GROUPS.get(k, k) for k in diff))
+    cur, cf = dict(b), dict(fb)
+    steps = [(f"{b['version']} as published", cur)]
+    if a["version"] != b["version"]:
+        cur = {**cur, "version": a["version"]}
+        steps.append((f"release {b['version']} -> {a['version']}", cur))
+    for g in groups:
+        keys = [k for k in diff if WALK_GROUPS.get(k, k) == g]
+        was = " ".join(" ".join(fb.get(k, [])) for k in keys).strip() or ("on" if all(k in fb for k in keys) else "off")
+        now = " ".join(" ".join(fa.get(k, [])) for k in keys).strip() or ("on" if all(k in fa for k in keys) else "off")
+        for k in keys:
+            if k in fa:
+                cf[k] = fa[k]
+            else:
+                cf.pop(k, None)
+        cur = {**cur, "args": " ".join(shlex.join([k, *v]) for k, v in cf.items())}
+        if "--micro-batch-size" in keys:
+            cur["mbs"] = a["mbs"]
+        if "--seq-length" in keys:
+            cur["seq"] = a["seq"]
+        steps.append((f"{g.lstrip('-')} {was} -> {now}", cur))
+    return steps
+
+
+def print_walk(a: dict, b: dict) -> list[dict]:
+    """The walk from ``b`` to ``a`` (``walk``): per step the priced iteration (ms), its tokens/s per GPU and the
+    busiest stage's breakdown in ms (``breakdown``), then each term's change over the walk; returns the steps."""
+    out = []
+    print(f"walk: {b['id']} (measured {b['tokens_per_s_per_gpu']} tok/s/GPU) -> {a['id']} (measured "
+          f"{a['tokens_per_s_per_gpu']}): measured ratio {a['tokens_per_s_per_gpu'] / b['tokens_per_s_per_gpu']:.3f}")
+    print(f"  {'step':58}{'iter ms':>9}{'tok/s':>7}" + "".join(f"{n[:7]:>8}" for n in BREAKDOWN))
+    for label, row in walk(a, b):
+        bd = breakdown(row)
+        if bd is None:
+            print(f"  {label[:58]:58}  not priced: {price_row(row)['status']}")
+            continue
+        tok = row["gbs"] * row["seq"] / (bd["iteration_ms"] / 1000) / row["gpus"]
+        out.append({"step": label, "tokens": tok, **bd})
+        print(f"  {label[:58]:58}{bd['iteration_ms']:9.0f}{tok:7.0f}" + "".join(f"{bd[n]:8.0f}" for n in BREAKDOWN))
+    if len(out) > 1 and out[-1]["step"] == label:
+        print(f"  {'change over the walk (ms)':58}{out[-1]['iteration_ms'] - out[0]['iteration_ms']:+9.0f}{'':7}"
+              + "".join(f"{out[-1][n] - out[0][n]:+8.0f}" for n in BREAKDOWN))
+        print(f"  predicted ratio {out[-1]['tokens'] / out[0]['tokens']:.3f}")
+    return out
 
 
 # ----- rows kept out of the fit (bench/release_fit.py KEPT_OUT: one list for every Bridge row) -------------------

@@ -263,3 +263,35 @@ def test_rack_presets_price_the_published_gb_rows_as_their_cluster_strings(mp):
             assert ms[0] == ms[1], row["id"]
             priced += 1
     assert priced >= 10, priced
+
+
+def test_walk_goes_from_one_published_row_to_the_other_one_setting_at_a_time(mp):
+    """--walk (issue 34's pair decomposition): 25.11's Qwen3-30B GB300 row (mbs 4, alltoall, no graphs) moved to
+    26.04.01's (mbs 8, HybridEP, TE graphs of the router and preprocess). The first step prices as the 25.11 row and
+    the last as the 26.04.01 row, each by ``price_row`` of the published row itself; the steps between are the
+    release, then one setting each (a dispatcher with its backend, a graph implementation with its scope), in the
+    order the flags appear; a pair of two clusters is refused."""
+    newer = mp.NEWER
+    if not newer.is_file():
+        pytest.skip("../shared/published/megatron-bridge-26.02-26.04.json absent")
+    b = _row(mp, "25.11/pretrain/qwen3-30b-a3b/gb300x8/mxfp8")
+    a = [r for r in mp.load_rows(newer) if r["id"].startswith("26.04.01/pretrain/qwen3-30b-a3b/gb300x8/mxfp8")][0]
+    steps = mp.walk(a, b)
+    assert [s[0] for s in steps] == [
+        "25.11 as published", "release 25.11 -> 26.04.01", "dispatcher alltoall -> flex hybridep",
+        "micro-batch-size 4 -> 8", "cuda_graphs off -> transformer_engine moe_router moe_preprocess"]
+    first, last = (mp.breakdown(s[1])["iteration_ms"] for s in (steps[0], steps[-1]))
+    assert first == pytest.approx(mp.price_row(b)["iteration_ms"], rel=1e-9)
+    assert last == pytest.approx(mp.price_row(a)["iteration_ms"], rel=1e-9)
+    assert mp.flags(steps[-1][1]["args"]) == mp.flags(a["args"]) and steps[-1][1]["mbs"] == 8
+    other = _row(mp, "25.11/pretrain/qwen3-30b-a3b/gb200x8/mxfp8")
+    with pytest.raises(ValueError, match="cluster 1x8-gb200 vs 1x8-gb300"):
+        mp.walk(a, other)
+
+
+def test_walk_of_an_unknown_row_is_one_line_and_exit_2(mp, capsys, tmp_path):
+    """--walk with a row id neither shared table has: one line naming it, exit 2, nothing written."""
+    rc = mp.main(["--walk", "26.04.01/no-such-row", "25.11/no-such-row", "--json", str(tmp_path / "x.json")])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 2 and len(out) == 1 and "no row '26.04.01/no-such-row'" in out[0]
+    assert not (tmp_path / "x.json").exists()
