@@ -71,8 +71,10 @@ def prepare_and_train(d, one: ParallelPlan, three: ParallelPlan, prepare_args: l
     """`aceso data prepare`, then a single-process run of ``one``, a 4-process `aceso launch --cpu` of ``three``
     saving at step 15, and a 4-process run resumed from a copy of the step-15 checkpoint."""
     docs = make_corpus(d / "corpus.jsonl")
-    run([sys.executable, "-m", "search", "data", "prepare", str(d / "corpus.jsonl"), "--tokenizer", "byte",
-         "-o", str(d / "corpus"), "--json-key", "body", *prepare_args])
+    # `aceso data prepare`'s main in a fresh process from the preloaded server (its megatron-core import paid once;
+    # the `python -m search` entry of the command runs as written in tests/distributed/test_readme.py)
+    run_fresh(main, ["data", "prepare", str(d / "corpus.jsonl"), "--tokenizer", "byte", "-o", str(d / "corpus"),
+                     "--json-key", "body", *prepare_args], cwd=ROOT)
     (d / "one.json").write_text(one.to_json())
     (d / "three.json").write_text(three.to_json())
     args = ["--data-path", str(d / "corpus"), "--data-cache-path", str(d / "cache"), *train_args]

@@ -55,18 +55,25 @@ def _spec(tmp_path):
     return p
 
 
-def test_machine_note_names_the_mismatch_and_is_quiet_when_calibrated(tmp_path):
+@pytest.fixture(scope="module")
+def gpu_plan_file(tmp_path_factory):
+    """The tiny GPT's plan searched for 1x8-h100 (read, never changed, by both machine-note tests: one search)."""
+    tmp_path = tmp_path_factory.mktemp("gpu-plan")
+    assert main(["search", "--model", str(_spec(tmp_path)), "--cluster", "1x8-h100", "--global-batch-size", "8",
+                 "-o", str(tmp_path / "gpu.json")]) == 0
+    return tmp_path / "gpu.json"
+
+
+def test_machine_note_names_the_mismatch_and_is_quiet_when_calibrated(tmp_path, gpu_plan_file):
     import shutil
 
     from search.costmodel.calibration import CalibrationFile, GPUCalibration, apply_calibration
     from search.spec.plan import load_plan
 
-    assert main(["search", "--model", str(_spec(tmp_path)), "--cluster", "1x8-h100", "--global-batch-size", "8",
-                 "-o", str(tmp_path / "gpu.json")]) == 0
-    gpu_plan = load_plan(tmp_path / "gpu.json")
+    gpu_plan = load_plan(gpu_plan_file)
     note = machine_note(gpu_plan, "cpu", "gpu.json", None)
     assert note.startswith("predicted for 1x8-h100, h100 GPUs; this run is on CPU processes")
-    shutil.copy(tmp_path / "gpu.json", tmp_path / "cpu.json")
+    shutil.copy(gpu_plan_file, tmp_path / "cpu.json")
     assert main(["search", "--model", str(_spec(tmp_path)), "--cluster", "1x2-cpu", "--global-batch-size", "8",
                  "--precision", "fp32", "-o", str(tmp_path / "cpu.json")]) == 0
     cpu_plan = load_plan(tmp_path / "cpu.json")
@@ -77,15 +84,13 @@ def test_machine_note_names_the_mismatch_and_is_quiet_when_calibrated(tmp_path):
     assert machine_note(calibrated, "cpu", "cpu.json", None) is None
 
 
-def test_machine_note_on_gpus_compares_the_device_with_the_preset(tmp_path, monkeypatch):
+def test_machine_note_on_gpus_compares_the_device_with_the_preset(gpu_plan_file, monkeypatch):
     """A CUDA run: the device name's preset (``search.spec.cluster.gpu_for_device``) against the plan's GPU."""
     import torch
 
     from search.spec.plan import load_plan
 
-    assert main(["search", "--model", str(_spec(tmp_path)), "--cluster", "1x8-h100", "--global-batch-size", "8",
-                 "-o", str(tmp_path / "gpu.json")]) == 0
-    plan = load_plan(tmp_path / "gpu.json")
+    plan = load_plan(gpu_plan_file)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
     note = machine_note(plan, "cuda", "gpu.json", "t.jsonl")
     assert "this run is on NVIDIA A100-SXM4-80GB (a100)" in note and "search a plan for a100" in note, note

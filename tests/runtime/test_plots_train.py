@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from aceso_megatron.testing import run_fresh
+from search.cli import main
 from search.spec.plan import uniform_plan
 from search.plots import DPI
 from search.plots import training as training_figure
@@ -24,10 +26,10 @@ def test_train_plot_draws_the_log_at_the_end(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
                OMP_NUM_THREADS="1")
     log, png = tmp_path / "train.jsonl", tmp_path / "train.png"
-    r = subprocess.run([sys.executable, "-m", "search", "train", str(tmp_path / "plan.json"), "--cpu", "--mock-data",
-                        "--train-iters", "3", "--log-interval", "1", "--log-file", str(log), "--plot", str(png)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    # `aceso train`'s main in a fresh process from the preloaded server (no second torch and megatron-core import;
+    # one torch thread as OMP_NUM_THREADS=1 gave): raises if it exits non-zero
+    run_fresh(main, ["train", str(tmp_path / "plan.json"), "--cpu", "--mock-data", "--train-iters", "3",
+                     "--log-interval", "1", "--log-file", str(log), "--plot", str(png)], cwd=ROOT)
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", data[16:24]) == (round(training_figure.WIDTH_IN * DPI),

@@ -33,23 +33,38 @@ def finish(): _w("finish")
 NAMES = {"lm loss": "loss", "learning-rate": "lr", "grad-norm": "grad_norm"}
 
 
-def test_tensorboard_and_wandb_scalars_match_the_json_log(tmp_path):
-    tensorboard = pytest.importorskip("tensorboard")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One ``aceso train`` run with --tensorboard-dir, --wandb-project and --log-file, read by both tests (one
+    torch and megatron-core start instead of two): (its folder, the time it started, the finished process).
+    Without tensorboard the run writes no event files (that test skips) and the log is still checked."""
+    tmp_path = tmp_path_factory.mktemp("writers")
+    try:
+        import tensorboard
+    except ImportError:
+        tensorboard = None
     (tmp_path / "fake").mkdir()
     (tmp_path / "fake" / "wandb.py").write_text(FAKE_WANDB)
     (tmp_path / "one.json").write_text(ONE.to_json())
-    path = [str(tmp_path / "fake"), str(ROOT), os.path.dirname(os.path.dirname(tensorboard.__file__)),
+    path = [str(tmp_path / "fake"), str(ROOT), tensorboard and os.path.dirname(os.path.dirname(tensorboard.__file__)),
             os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p), OMP_NUM_THREADS="1",
                FAKE_WANDB_LOG=str(tmp_path / "wandb.jsonl"))
     before = datetime.now(timezone.utc)
     r = subprocess.run([sys.executable, "-m", "aceso_megatron.training.train", str(tmp_path / "one.json"), "--cpu",
                         "--mock-data", "--train-iters", "4", "--log-interval", "2", "--eval-interval", "4",
-                        "--eval-iters", "1", "--log-file", str(tmp_path / "log.jsonl"), "--tensorboard-dir",
-                        str(tmp_path / "tb"), "--wandb-project", "p", "--wandb-exp-name", "run1", "--save",
-                        str(tmp_path / "ckpt")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+                        "--eval-iters", "1", "--log-file", str(tmp_path / "log.jsonl"), "--wandb-project", "p",
+                        "--wandb-exp-name", "run1", "--save", str(tmp_path / "ckpt")]
+                       + (["--tensorboard-dir", str(tmp_path / "tb")] if tensorboard else []),
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    return tmp_path, before, r
+
+
+def test_tensorboard_and_wandb_scalars_match_the_json_log(run):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tmp_path, before, r = run
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     rows = [json.loads(line) for line in open(tmp_path / "log.jsonl")]
     for row in rows:   # wall-clock time, UTC, within the run
@@ -78,16 +93,11 @@ def test_tensorboard_and_wandb_scalars_match_the_json_log(tmp_path):
     assert calls[-1] == {"call": "finish"}
 
 
-def test_the_log_has_tokens_per_gpu_as_every_report_computes_it(tmp_path):
+def test_the_log_has_tokens_per_gpu_as_every_report_computes_it(run):
     """Issue 32: tokens/s per GPU (NVIDIA's tables) beside samples/s in the training log, from the same function as
-    search / explain / baseline: global batch x sequence / iteration time / GPUs, checked by hand on each record."""
-    (tmp_path / "one.json").write_text(ONE.to_json())
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-               OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-m", "aceso_megatron.training.train", str(tmp_path / "one.json"), "--cpu",
-                        "--mock-data", "--train-iters", "2", "--log-interval", "1", "--log-file",
-                        str(tmp_path / "log.jsonl")], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=600)
+    search / explain / baseline: global batch x sequence / iteration time / GPUs, checked by hand on each record
+    (the writers' run: its two logged iterations; the writers only add outputs, the log's records are the same)."""
+    tmp_path, _, r = run
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     train = [row for row in map(json.loads, open(tmp_path / "log.jsonl")) if row["kind"] == "train"]
     assert len(train) == 2

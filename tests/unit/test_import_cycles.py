@@ -24,6 +24,8 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 PACKAGES = ("search", "aceso_megatron", "patches", "model_specs", "launch")
@@ -148,14 +150,20 @@ def module_level(edges):
     return {k: [e for e in v if not e[3]] for k, v in edges.items() if any(not e[3] for e in v)}
 
 
-def test_no_package_cycle_at_module_level():
-    edges = module_level(package_edges())
+@pytest.fixture(scope="module")
+def repo_edges():
+    """The checkout's package edges, walked once for both cycle tests (neither changes them)."""
+    return package_edges()
+
+
+def test_no_package_cycle_at_module_level(repo_edges):
+    edges = module_level(repo_edges)
     comps = cycles(edges)
     assert not comps, "package import cycles (module-level imports):\n" + report(comps, edges)
 
 
-def test_no_package_cycle_with_function_imports():
-    edges = package_edges()
+def test_no_package_cycle_with_function_imports(repo_edges):
+    edges = repo_edges
     comps = cycles(edges)
     assert not comps, "package import cycles (imports inside functions counted):\n" + report(comps, edges)
 
