@@ -20,7 +20,9 @@ with why (Nemotron-3 Super: LatentMoE).
 
 Run: ``python bench/hybrid_published.py [--search-evals N] [--rows TEXT...] [--breakdown]`` prints the table and
 writes bench/results/hybrid_published.json (not with ``--rows``, which runs the rows whose id contains a TEXT);
-``--breakdown`` prints where the published and the found plan's iteration goes. The search of each row is
+``--breakdown`` prints where the published and the found plan's iteration goes; ``--exhaustive`` also prints, per
+searched row, the fastest plan of the whole Megatron-LM space the search searches (``exhaustive_row``: minutes per
+row; use it with ``--rows``). The search of each row is
 ``search.planner.settle``: cp 1 under the published MoE settings, again under the setting its final step chose,
 then the CP degrees, each from the best plan so far.
 """
@@ -259,6 +261,42 @@ def search_row(x: dict, evals: int) -> dict:
             "search_shape": plan_shape(found), "published": inside, "search_rounds": rounds, "_found": found}
 
 
+def exhaustive_row(x: dict) -> dict:
+    """The search's space enumerated (``search.planner.exhaustive.megatron_lm_bound``): every pp, stage shape (tp,
+    cp, sp, ep, etp), micro-batch, VPP degree and plan-level switch combination, under every MoE setting the search's
+    final step prices (``dispatchers.candidates``) and every CUDA-graph scope it tries (``graph_candidates`` and the
+    published plan's), the cuts balanced by cost and refined as the search refines its final plans; the CP degrees
+    of the search's wider space included. The row's target must be megatron-lm (the search's own for every row
+    today)."""
+    from search.cli.search_cmd import DEFAULT_CP
+    from search.planner.api import make_space
+    from search.planner.dispatchers import candidates, graph_candidates
+    from search.planner.exhaustive import megatron_lm_bound
+    from search.planner.state import from_plan, to_plan
+
+    plan, cm, training = x["_plan"], x["_cm"], x["_training"]
+    if x.get("search_target") != "megatron-lm":
+        return {"exhaustive_status": "not enumerated: the row's target is not megatron-lm"}
+    wider = training.model_copy(update={"context_parallel_sizes": list(DEFAULT_CP)})
+    c0 = time.process_time()
+    spaces = []
+    for m in candidates(cm.model, cm.cluster, plan.moe, "megatron-lm") or [plan.moe]:
+        try:
+            spaces.append(make_space(cm, wider, "megatron-lm", moe=m))
+        except AcesoError:
+            continue
+    own = from_plan(plan)[0].features.stack
+    stacks = list(dict.fromkeys([None] + graph_candidates(cm.model, "megatron-lm") + ([own] if own else [])))
+    best, n = megatron_lm_bound(cm, training.global_batch_size, spaces, stacks)
+    if best is None:
+        return {"exhaustive_status": "nothing fits", "exhaustive_states": n}
+    found = to_plan(best, cm.model, cm.cluster, training.global_batch_size, getattr(cm, "kind", "analytic"),
+                    predicted=False, settings=plan.settings)
+    return {"exhaustive_status": "enumerated", "exhaustive_ms": best.iteration_ms,
+            "exhaustive_speedup": x["iteration_ms"] / best.iteration_ms, "exhaustive_states": n,
+            "exhaustive_s": time.process_time() - c0, "exhaustive_shape": plan_shape(found)}
+
+
 def plan_shape(plan: ParallelPlan) -> str:
     """A plan's parallel shape as a Megatron-LM user reads it: ``--micro-batch-size`` is per data-parallel rank
     (the plan's ``micro_batch_size`` is the pipeline micro-batch, all dp ranks together: ``mbs 4 x 16
@@ -343,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
                     "(e.g. nano/gb300 nemotron-h-56b/h100x32); the summary then covers those rows only")
     ap.add_argument("--breakdown", action="store_true", help="print where the published and the found plan's "
                     "iteration goes (compute, exposed communication, recompute, optimizer, bubble) and their memory")
+    ap.add_argument("--exhaustive", action="store_true", help="also enumerate each searched row's whole "
+                    "Megatron-LM space and print its fastest plan next to the search's (minutes per row: use --rows)")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     if args.fit:
@@ -375,6 +415,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['id']:<78} {r['search_target']:>12}  {r['speedup']:.3f}x  {r['search_shape']}  "
                   f"({r['search_s']:.0f} s)" + ("" if r["published"] == "in the space" else
                                                 f"  published plan {r['published']}"))
+            if args.exhaustive:
+                r.update(exhaustive_row(r))
+                if r["exhaustive_status"] != "enumerated":
+                    print(f"  exhaustive: {r['exhaustive_status']}")
+                else:
+                    print(f"  exhaustive: {r['exhaustive_speedup']:.3f}x  {r['exhaustive_shape']}  "
+                          f"({r['exhaustive_states']} states, {r['exhaustive_s']:.0f} s; the search "
+                          f"{r['search_ms'] / r['exhaustive_ms']:.4f}x its time)")
             if args.breakdown:
                 print("  rounds: " + "; ".join(r["search_rounds"]))
                 print(f"  published {plan_shape(r['_plan'])}")
