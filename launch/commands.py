@@ -90,7 +90,7 @@ def check_plan_fits(plan: ParallelPlan, spec: LaunchSpec, visible_gpus: int | No
         )
     for i, st in enumerate(plan.stages):
         first = plan.first_rank(i)
-        for j in range(st.dp):
+        for j in range(st.cp * st.dp):      # ranks go tp-cp-dp: every (cp, dp) index has its own TP group
             lo, hi = first + j * st.tp, first + (j + 1) * st.tp - 1
             if lo // spec.nproc_per_node != hi // spec.nproc_per_node:
                 raise AcesoError(

@@ -82,3 +82,18 @@ def test_slurm_script_exports_max_connections_for_tp_before_blackwell(capsys, tm
                              capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}).stdout.strip()
         assert got == "1"
         assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+def test_tp_group_of_a_context_parallel_stage_across_nodes_is_refused(capsys, tmp_path):
+    # ranks inside a stage go tp-cp-dp (aceso_megatron/parallel/layout.py: first + t + tp * (c + cp * j)); stage 1
+    # (tp 2, cp 2) holds ranks 1-4: TP groups {1, 2} and {3, 4}, and {3, 4} straddles nodes of 4 (it was not checked:
+    # only the dp groups of the first cp index were)
+    from search.spec.plan import ParallelPlan, StageSpec
+    st = [StageSpec(num_gpus=1, tp=1, dp=1, start_unit=0, end_unit=2, recompute=["none"] * 2),
+          StageSpec(num_gpus=4, tp=2, cp=2, dp=1, start_unit=2, end_unit=6, recompute=["none"] * 4),
+          StageSpec(num_gpus=3, tp=1, dp=3, start_unit=6, end_unit=8, recompute=["none"] * 2)]
+    path = tmp_path / "cp.json"
+    path.write_text(ParallelPlan(model=TINY, micro_batch_size=3, global_batch_size=6, stages=st).to_json())
+    rc, _, err = launch(capsys, str(path), "--nnodes", "2", "--nproc-per-node", "4", "--dry-run", *MOCK)
+    assert rc == 2 and "ranks 3..4" in err and "two nodes" in err
+    assert launch(capsys, str(path), "--nnodes", "1", "--nproc-per-node", "8", "--dry-run", *MOCK)[0] == 0
