@@ -90,7 +90,7 @@ def check_plan_fits(plan: ParallelPlan, spec: LaunchSpec, visible_gpus: int | No
         )
     for i, st in enumerate(plan.stages):
         first = plan.first_rank(i)
-        for j in range(st.dp):
+        for j in range(st.cp * st.dp):      # ranks go tp-cp-dp: every (cp, dp) index has its own TP group
             lo, hi = first + j * st.tp, first + (j + 1) * st.tp - 1
             if lo // spec.nproc_per_node != hi // spec.nproc_per_node:
                 raise AcesoError(
@@ -171,6 +171,23 @@ def count_visible_gpus() -> int | None:
     return len([ln for ln in out.stdout.splitlines() if ln.startswith("GPU ")]) if out.returncode == 0 else 0
 
 
+def launch_env(plan: ParallelPlan, cpu: bool) -> dict[str, tuple[str, str]]:
+    """What megatron-core needs in the workers' environment for this plan: name -> (value, why).
+
+    ``CUDA_DEVICE_MAX_CONNECTIONS=1`` when a stage has tp or cp > 1 on a GPU before Blackwell: megatron-core's
+    tensor-parallel linears launch their async all-gather / reduce-scatter / all-reduce before the backward GEMMs
+    and rely on one hardware queue to keep that order (``tensor_parallel/layers.py``; it warns without it, and
+    Megatron-LM's ``validate_args`` asserts it), which is the overlap the cost model prices. Never with Megatron
+    FSDP, which needs more than one connection. The rule of ``search.megatron.script.needs_max_connections``, for
+    a plan's stages."""
+    gpu = plan.cluster.gpu.name if plan.cluster else ""
+    model_parallel = any(st.tp > 1 or st.cp > 1 for st in plan.stages)
+    if cpu or not model_parallel or gpu.startswith(("b", "gb")) or plan.megatron_fsdp is not None:
+        return {}
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": ("1", "tp/cp > 1 before Blackwell: megatron-core's TP communication "
+                                                 "overlap relies on it")}
+
+
 def train_argv(spec: LaunchSpec) -> list[str]:
     """``-m aceso_megatron.training.train PLAN ARGS`` (``--cpu`` added for CPU launches)."""
     args = list(spec.train_args)
@@ -200,8 +217,11 @@ SLURM_PLACEHOLDERS = (
 )
 
 
-def slurm_script(spec: LaunchSpec, job_name: str = "aceso-train") -> str:
-    """A SLURM batch script: one srun task per node, each starting torchrun with the SLURM rendezvous."""
+def slurm_script(spec: LaunchSpec, job_name: str = "aceso-train",
+                 env: dict[str, tuple[str, str]] | None = None) -> str:
+    """A SLURM batch script: one srun task per node, each starting torchrun with the SLURM rendezvous; ``env``
+    (``launch_env``) exported unless the job's environment sets it."""
+    exports = "".join(f"export {k}=${{{k}:-{v}}}   # {why}\n" for k, (v, why) in (env or {}).items())
     gpus = "" if spec.cpu else f"#SBATCH --gpus-per-node={spec.nproc_per_node}\n"
     inner = (
         f'exec {shlex.quote(spec.python)} -m torch.distributed.run --nnodes "$SLURM_NNODES" '
@@ -222,6 +242,7 @@ def slurm_script(spec: LaunchSpec, job_name: str = "aceso-train") -> str:
         "set -euo pipefail\n"
         'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
         f"export MASTER_PORT=${{MASTER_PORT:-{spec.master_port or DEFAULT_PORT}}}\n"
+        f"{exports}"
         f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c '{inner}' torchrun {args}\n"
     )
 

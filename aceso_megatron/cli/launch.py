@@ -18,6 +18,7 @@ that stops on bad input comes back as its one line and exit 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -52,15 +53,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _nnodes(args: argparse.Namespace, plan) -> int:
     if args.nnodes is not None:
         return args.nnodes
-    if plan.cluster is not None and not args.cpu and args.nproc_per_node is None:
+    if plan.cluster is not None and not args.cpu:   # also with --nproc-per-node (it is checked against the cluster)
         return plan.cluster.num_nodes
     return 1
 
 
 def run(args: argparse.Namespace) -> int:
     from launch.commands import (LaunchSpec, available_ram_mb, check_cpu_memory, check_plan_fits,
-                                 count_visible_gpus, resolve_nproc, run_torchrun, shell_line, slurm_script,
-                                 torchrun_command)
+                                 count_visible_gpus, launch_env, resolve_nproc, run_torchrun, shell_line,
+                                 slurm_script, torchrun_command)
 
     from ..training.args import check_train_args, parse_train_args
 
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     check_plan_fits(plan, spec, visible_gpus=count_visible_gpus() if starts_here and not args.cpu else None)
     note = check_cpu_memory(plan, spec, available_ram_mb()) if args.cpu and args.slurm is None else None
     if args.slurm is not None:
-        text = slurm_script(spec)
+        text = slurm_script(spec, env=launch_env(plan, args.cpu))
         if args.dry_run or args.slurm == "-":
             sys.stdout.write(text)
         else:
@@ -92,11 +93,17 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if note:
         print(f"aceso launch: note: {note}", file=sys.stderr)
+    env = launch_env(plan, args.cpu)
+    for name, (value, why) in env.items():
+        print(f"aceso launch: with {name}={value} in the workers' environment ({why})", file=sys.stderr)
     cmd = torchrun_command(spec)
     print(shell_line(cmd), flush=True)
     if args.dry_run:
         return 0
-    return run_torchrun(cmd, extra_pythonpath=_checkout_root())  # a worker's bad input: AcesoError, exit 2
+    work_env = dict(os.environ)
+    for name, (value, _) in env.items():
+        work_env.setdefault(name, value)   # a value the user set wins
+    return run_torchrun(cmd, extra_pythonpath=_checkout_root(), env=work_env)  # a worker's bad input: exit 2
 
 
 def _checkout_root() -> str | None:

@@ -101,6 +101,7 @@ def _resolve(args: argparse.Namespace, plan: ParallelPlan):
     """(plan, cluster, attention) with the command-line overrides applied and checked."""
     from search.spec.cluster import parse_cluster
     from search.spec.presets import load_model
+    recorded = plan.predicted       # the prediction is re-made here; its attention kernel is the default one
     data = plan.model_dump(exclude={"predicted"})
     if args.model:
         model = load_model(args.model, num_layers=args.num_layers)
@@ -127,7 +128,7 @@ def _resolve(args: argparse.Namespace, plan: ParallelPlan):
         plan = ParallelPlan.model_validate(data)
     except pydantic.ValidationError as e:
         raise AcesoError(f"{args.plan}: " + str(as_aceso_error(e))) from None
-    attention = args.attention or (plan.predicted.attention if plan.predicted else None) or "auto"
+    attention = args.attention or (recorded.attention if recorded else None) or "auto"
     return plan, cluster, attention
 
 
@@ -179,6 +180,7 @@ def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str]
     from search.costmodel.plan_view import describe
     from search.pricing import plan_cost_model
     plan, notes = _read_plan(args, raw)
+    notes = notes + _other_cost_model(plan, args.cost_model)
     plan, cluster, attention = _resolve(args, plan)
     cm, plan, spec = plan_cost_model(plan, args.framework, cluster=cluster, kind=args.cost_model, db=args.db,
                                      attention=attention, precision=args.precision)
@@ -198,6 +200,18 @@ def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str]
         _headroom(out, args.memory_headroom)
     plots.draw_explain(args, cm, cost, dict(out, cluster=cluster.label), plan)
     return out, notes, cluster.label
+
+
+def _other_cost_model(plan: ParallelPlan, kind: str) -> list[str]:
+    """A note when the plan's recorded prediction came from another cost model than this price (a plan searched
+    with --cost-model profile, explained without it, gets the analytic model's numbers)."""
+    pred = plan.predicted
+    if pred is None or not pred.cost_model or pred.cost_model == kind:
+        return []
+    db = " --db DB" if pred.cost_model in ("profile", "aceso-compat") else ""
+    return [f"the plan was predicted with the {pred.cost_model} cost model ({pred.iteration_time_ms:.2f} ms per "
+            f"iteration); this is the {kind} model's price: give --cost-model {pred.cost_model}{db} to explain that "
+            "prediction"]
 
 
 def _headroom(out: dict, headroom: float) -> None:

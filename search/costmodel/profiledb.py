@@ -20,14 +20,13 @@ depth); the GPU check compares the GPU preset name. Mismatches are refused with 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from search.spec.cluster import ClusterSpec
 from search.io.errors import AcesoError, read_json
+from search.io.files import write_output
 from ..layers import kinds, resolve
 from search.spec.model import ModelSpec
 from search.spec.training import TrainingSpec
@@ -392,13 +391,6 @@ class ProfileDBWriter:
         p = Path(path)
         if p.is_dir():
             p = p / DB_FILE
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.data, f, indent=1)
-            os.replace(tmp, p)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        # the one writer: atomic, and with the permissions every other output gets (umask; a replaced file's own)
+        write_output(json.dumps(self.data, indent=1), str(p))
         return p

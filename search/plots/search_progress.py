@@ -155,7 +155,7 @@ def _finish_progress(ax_t, ax_m, ticks, xname: str, mem: str, limit_mb: float, a
         ax.set_axisbelow(True)
     ax_t.tick_params(labelbottom=False)
     sec = ax_t.secondary_xaxis("top")
-    every = -(-len(ticks) // MAX_LABELS)       # many stage counts: label every k-th segment
+    every = max(1, -(-len(ticks) // MAX_LABELS))   # many stage counts: label every k-th segment (none: no moves)
     shown = ticks[::every]
     sec.set_xticks([x for x, _ in shown], [f"S={S}" if k == 0 else str(S) for k, (_, S) in enumerate(shown)],
                    fontsize=7.5)

@@ -62,8 +62,13 @@ def nemotron_h_fields(c, seq_length: int) -> dict:
     c.expect("sliding_window", lambda v: False, "sliding-window attention in a hybrid model is not modelled")
     c.ignore(*_IGNORED)
     heads = c.int("num_attention_heads")
+    # transformers' NemotronHConfig says head_dim; the remote-code one of the published Nemotron-H checkpoints
+    # (nvidia/Nemotron-H-8B-Base-8K) says attention_head_dim
+    head_dim = c.int("head_dim", "attention_head_dim")
+    if c.raw("attention_head_dim") not in (None, head_dim):
+        raise c.refuse("attention_head_dim", f"head_dim is {head_dim}; the two spellings of the head size must agree")
     data = dict(family="gpt", num_layers=layers, hidden_size=c.int("hidden_size"), num_attention_heads=heads,
-                num_query_groups=c.int("num_key_value_heads", default=heads), kv_channels=c.int("head_dim"),
+                num_query_groups=c.int("num_key_value_heads", default=heads), kv_channels=head_dim,
                 ffn_hidden_size=c.int("intermediate_size"), seq_length=seq_length, vocab_size=c.int("vocab_size"),
                 activation="squared_relu", normalization="rmsnorm", position_embedding="none",
                 tied_embeddings=c.bool("tie_word_embeddings", False), add_bias_linear=False,
