@@ -15,7 +15,8 @@ plan's parallel shape, precision recipe, distributed optimizer and overlaps, dis
 the plan then holds the hybrid model, one chunk over its units, each unit's recompute its kind's in the twin (a
 Mamba unit: none; no ``--recompute-modules`` entry covers a Mamba mixer). What the reader drops, per row in ``notes``:
 the CUDA-graph scope ``mamba`` (megatron-core 0.19 graphs the Mamba layer; the importer reads megatron-core 0.16.1's
-scopes), TE's cross-entropy fusion, the router's fp32 dtype (no cost term). Rows the presets cannot hold are listed
+scopes), the router's fp32 dtype (no cost term). TE's cross-entropy fusion is read (``--cross-entropy-loss-fusion
+--cross-entropy-fusion-impl te``, priced by ``search.costmodel.stack_cost.cross_entropy``). Rows the presets cannot hold are listed
 with why (Nemotron-3 Super: LatentMoE).
 
 Run: ``python bench/hybrid_published.py [--search-evals N] [--rows TEXT...] [--breakdown]`` prints the table and
@@ -141,6 +142,8 @@ def row_flags(row: dict, m) -> tuple[list[str], list[str]]:
             notes.append("CUDA-graph scope mamba dropped (the importer reads megatron-core 0.16.1's scopes)")
         if scope or not g["scope"]:      # a scope of mamba alone: nothing left to graph (no scope: whole layers)
             f += ["--cuda-graph-impl", g["impl"]] + (["--cuda-graph-scope", *scope] if scope else [])
+    if s.get("cross_entropy_fusion_impl"):       # the loss's fusion (search.costmodel.stack_cost.cross_entropy)
+        f += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", s["cross_entropy_fusion_impl"]]
     rc = s["recompute"]
     if rc["granularity"]:
         f += ["--recompute-granularity", rc["granularity"]]

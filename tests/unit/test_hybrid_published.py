@@ -36,6 +36,17 @@ def test_nano_h100_row_is_the_plan_its_settings_say():
     assert s["cuda_graphs"]["scope"] == ["mamba"] and (plan.settings.stack is None or plan.settings.stack.cuda_graphs is None)
 
 
+@pytest.mark.parametrize("prefix", ["26.04.01/pretrain/nemotron-3-nano/h100x16/fp8-cs",
+                                    "dgxc-v25.05.05/pretrain/nemotron-h-56b/h100x32"])
+def test_the_loss_fusion_the_run_used_is_priced(prefix):
+    """Every published row ran TE's cross-entropy fusion (``cross_entropy_fusion_impl: te``, sourced per row): the
+    plan holds it, so its loss is priced as fused (it was dropped, and each row priced the unfused loss)."""
+    row = _row(prefix)
+    assert row["settings"]["cross_entropy_fusion_impl"] == "te"
+    plan, _notes = hp.row_plan(row)
+    assert plan.settings.stack is not None and plan.settings.stack.cross_entropy_fusion == "te"
+
+
 def test_super_nvfp4_row_is_the_plan_its_settings_say():
     """Nemotron-3 Super (LatentMoE, one MTP layer run at 2 depths) at its published gb200 NVFP4 shape: tp 2 with
     SP, ep 64, its last 14 layers in bf16 (the recipe's first_last_layers_bf16), what the plan cannot hold noted."""

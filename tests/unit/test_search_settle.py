@@ -4,7 +4,8 @@ that wins only under the overlap was never priced. The reference is independent 
 and per-rank micro-batch of the one-stage tp-1 dp-8 plan (the shape both searches end on) priced under the setting
 the search chose, by brute force.
 
-The row: Nemotron-3 Nano on 8 GB300 (Megatron-Bridge 26.04.01, MXFP8, tp1 ep8 mbs4, flex / HybridEP)."""
+The row: Nemotron-3 Nano on 8 GB300 (Megatron-Bridge 26.04.01, MXFP8, tp1 ep8 mbs4, flex / HybridEP), without its
+cross-entropy fusion."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ BUDGET = 300
 @pytest.fixture(scope="module")
 def row():
     r = next(r for r in hp.load() if r["id"].startswith("26.04.01/pretrain/nemotron-3-nano/gb300x8/mxfp8"))
+    # without the run's TE cross-entropy fusion: the loss then weighs enough that one search stops short of the
+    # overlap's shape (with it, the single search happens to land within 0.2% of it)
+    r = {**r, "settings": {k: v for k, v in r["settings"].items() if k != "cross_entropy_fusion_impl"}}
     x = hp.price_row(r)
     assert x["status"] == "priced"
     return x["_plan"], x["_cm"], x["_training"]
