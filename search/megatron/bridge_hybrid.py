@@ -102,16 +102,32 @@ def _refusal(plan: ParallelPlan, pipes: bool = False) -> str | None:
     return None
 
 
-def _v031_gap(plan: ParallelPlan, c: MegatronConfig) -> str | None:
-    """What Bridge v0.3.1 (megatron-core 0.16.1's ``MambaModel``) does not run of a plan v0.6.0 runs, one clause;
-    or None."""
-    from .layout import split_for
-    m = plan.model
+def _model_gap(m) -> str | None:
+    """What Bridge v0.3.1 does not run of any plan of the hybrid model ``m`` (its layers, MTP), one clause; or None."""
     bad = sorted(set(m.hybrid_layer_pattern.split("/")[0]) - SYMBOLS)
     if bad:
         return f"hybrid_layer_pattern: '{bad[0]}' layers are newer than megatron-core 0.16.1's MambaModel (M * - E)"
     if m.mtp_num_layers:
         return "mtp_num_layers: MambaModelProvider of v0.3.1 has no MTP (megatron-core 0.16.1's MambaModel none)"
+    return None
+
+
+def model_core(model) -> str:
+    """The megatron-core release a Bridge export of ``model``'s plans runs, as far as the model decides it: v0.6.0's
+    (``PIPES_CORE``) for a hybrid model Bridge v0.3.1 cannot build (``_model_gap``), else v0.3.1's
+    (``BRIDGE_CORE``: GPT, MoE and MLA models, and hybrid models whose plans v0.3.1 splits)."""
+    from .hybrid_pattern import runs_as_pattern
+    return PIPES_CORE if runs_as_pattern(model) and _model_gap(model) else BRIDGE_CORE
+
+
+def _v031_gap(plan: ParallelPlan, c: MegatronConfig) -> str | None:
+    """What Bridge v0.3.1 (megatron-core 0.16.1's ``MambaModel``) does not run of a plan v0.6.0 runs, one clause;
+    or None."""
+    from .layout import split_for
+    m = plan.model
+    gap = _model_gap(m)
+    if gap:
+        return gap
     if c.recompute.granularity == "full":
         return "recompute full: megatron-core 0.16.1's MambaStack (Bridge v0.3.1) checkpoints no layer"
     if split_for(c.chunk_layers, c.pp, 1).layout is not None:

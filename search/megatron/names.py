@@ -327,6 +327,14 @@ def _dp_written(c: MegatronConfig, target: str):
     return for_target(s.data_parallel, s.framework, target, grad, ddp and s.overlap_param_gather and c.vpp > 1)
 
 
+def written_settings(c: MegatronConfig, target: str, core: str):
+    """The settings ``target``'s run of the exported flags has (what its import reads back): ``target``'s framework,
+    the megatron-core release ``core`` the flags are written for, and the DP alignment as written
+    (``_dp_written``; the rest ``target``'s default: Bridge aligns the gradient reduction always)."""
+    return c.settings.model_copy(update={"framework": target, "release": core,
+                                         "data_parallel": _dp_written(c, target)})
+
+
 def bridge_ddp_fields(d) -> dict[str, object]:
     """The DP synchronization settings (``search/settings/data_parallel.py``) as Megatron-Bridge v0.3.1 ``ddp`` fields; the
     ones its config has no field for are refused."""

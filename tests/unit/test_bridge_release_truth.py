@@ -1,0 +1,97 @@
+"""One price per Bridge plan: the release a ``--target megatron-bridge`` search prices is the one the exported YAML
+runs, so the search, the YAML's header, ``explain`` and the YAML's import agree.
+
+Which release that is: ``aceso export --to megatron-bridge`` writes Megatron-Bridge v0.3.1 overrides, and v0.3.1
+runs megatron-core 0.16 (its 3rdparty/Megatron-LM is core_v0.16.1; NeMo container 26.02.01 ships Bridge 0.3.1 with
+megatron-core 0.16.0, Megatron-Bridge docs/releases/software-versions.md). Before, the search priced the newest
+container (26.04.01) and the import the YAML's 0.16: Nemotron-3 Nano on 1x8-gb200 with FSDP, 15573.7 ms in the
+search and the header, 15658.9 ms on import. A runtime plan's YAML: Bridge v0.3.1 aligns the gradient reduction
+always (no field turns it off), so its header prices that alignment, not the runtime's."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from search.cli import main
+from search.settings.releases import BY_NAME, resolve
+from search.spec.presets import load_model
+from tests.hybrid_plans import cut_plan
+
+
+def _run(capsys, *argv) -> str:
+    rc = main(list(argv))
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    return err
+
+
+def _header_ms(text: str) -> str:
+    return re.search(r"^# predicted .*?: ([\d.]+) ms per iteration", text, re.M).group(1)
+
+
+@pytest.mark.parametrize("model, cluster", [("nemotron-h-8b", "1x8-h100"),          # dense hybrid
+                                            ("nemotron-3-nano", "1x8-gb200")])      # hybrid MoE
+def test_search_export_import_price_one_release(tmp_path, capsys, model, cluster):
+    plan, yaml, back = tmp_path / "p.json", tmp_path / "b.yaml", tmp_path / "back.json"
+    _run(capsys, "search", "--model", model, "--cluster", cluster, "--global-batch-size", "64", "--target",
+         "megatron-bridge", "--budget-evals", "40", "--workers", "1", "-o", str(plan))
+    searched = json.loads(plan.read_text())
+    # the container that ships Bridge v0.3.1 is the one priced
+    assert BY_NAME[resolve(searched["settings"]["release"])[0]].bridge == "0.3.1"
+    _run(capsys, "export", str(plan), "--to", "megatron-bridge", "-o", str(yaml))
+    text = yaml.read_text()
+    assert "Megatron-Bridge v0.3.1 overrides" in text and "release 26.02.01" in text
+    _run(capsys, "import", str(yaml), "--from", "megatron-bridge", "--cluster", cluster, "-o", str(back))
+    imported = json.loads(back.read_text())
+    assert resolve(imported["settings"]["release"]) == resolve(searched["settings"]["release"])
+    ms = "%.1f" % searched["predicted"]["iteration_time_ms"]
+    assert _header_ms(text) == ms == "%.1f" % imported["predicted"]["iteration_time_ms"]
+    explained = _run(capsys, "explain", str(plan)) + capsys.readouterr().out
+    main(["explain", str(plan)])
+    out = capsys.readouterr().out
+    assert f"iteration {ms} ms" in out, out
+
+
+def test_a_release_the_yaml_does_not_run_is_refused(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    rc = main(["search", "--model", "nemotron-h-8b", "--cluster", "1x8-h100", "--global-batch-size", "64",
+               "--target", "megatron-bridge", "--release", "26.04.01", "--budget-evals", "40", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists() and err.count("\n") == 1, err
+    assert "--release 26.04.01 with --target megatron-bridge" in err and "megatron-core 0.16" in err, err
+
+
+def test_a_model_only_bridge_v060_builds_prices_its_release():
+    """Super has MTP, which v0.3.1's MambaModelProvider has not: its only Bridge form is v0.6.0's (megatron-core
+    0.19), so its Bridge search prices 0.19, the release that YAML's import states."""
+    from search.megatron.bridge_hybrid import BRIDGE_CORE, PIPES_CORE, model_core
+    assert model_core(load_model("nemotron-3-super")) == PIPES_CORE == "0.19"
+    assert model_core(load_model("nemotron-3-nano")) == BRIDGE_CORE == "0.16"
+    assert model_core(load_model("llama3-8b")) == BRIDGE_CORE
+
+
+def test_a_runtime_plans_yaml_prices_the_alignment_bridge_runs(tmp_path, capsys):
+    """A runtime plan (pp 2, overlapped gradient reduction, unaligned as the runtime runs it) exported as a Bridge
+    YAML: Bridge v0.3.1 aligns the gradient reduction always, so the header prices the aligned run at the YAML's
+    release, which is what the YAML's import prices; the runtime's own price is another number."""
+    from search.pricing import price
+    from search.settings.plan_settings import PlanSettings
+    from search.spec.cluster import parse_cluster
+    from search.cli.import_cmd import predict
+    h8 = load_model("nemotron-h-8b")
+    plan = cut_plan(h8, [0, 26, 52], 2, dp=4, gbs=64, cluster=parse_cluster("1x8-h100"),
+                    settings=PlanSettings(overlap_grad_reduce=True, distributed_optimizer=True))
+    plan = plan.model_copy(update={"predicted": predict(plan, None)})
+    path, yaml, back = tmp_path / "rt.json", tmp_path / "rt.yaml", tmp_path / "back.json"
+    path.write_text(plan.to_json())
+    err = _run(capsys, "export", str(path), "--to", "megatron-bridge", "-o", str(yaml))
+    assert "the header prices the plan as this file runs" in err, err
+    aligned = plan.model_copy(update={"settings": plan.settings.model_copy(
+        update={"framework": "megatron-bridge", "release": "0.16"})})       # Bridge's default: grad aligned
+    assert _header_ms(yaml.read_text()) == "%.1f" % price(aligned).iteration_ms
+    assert _header_ms(yaml.read_text()) != "%.1f" % plan.predicted.iteration_time_ms
+    _run(capsys, "import", str(yaml), "--from", "megatron-bridge", "--cluster", "1x8-h100", "-o", str(back))
+    assert _header_ms(yaml.read_text()) == "%.1f" % json.loads(back.read_text())["predicted"]["iteration_time_ms"]
