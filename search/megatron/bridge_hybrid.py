@@ -248,8 +248,9 @@ FLAGS = {"model.num_moe_experts": "--num-experts", "model.hybrid_override_patter
 # bool fields whose flag says the opposite
 NEGATED = {"model.share_embeddings_and_output_weights": "--untie-embeddings-and-output-weights",
            "model.add_bias_linear": "--disable-bias-linear", "ddp.grad_reduce_in_fp32": "--grad-reduce-in-bf16",
-           "model.use_mamba_mem_eff_path": "--disable-mamba-mem-eff-path"}
-SECTIONS = ("model", "train", "ddp", "optimizer", "dataset", "tokenizer", "checkpoint", "comm_overlap")
+           "model.use_mamba_mem_eff_path": "--disable-mamba-mem-eff-path",
+           "dist.align_grad_reduce": "--no-align-grad-reduce"}
+SECTIONS = ("model", "train", "ddp", "dist", "optimizer", "dataset", "tokenizer", "checkpoint", "comm_overlap")
 
 
 def _scalar(text: str) -> object:

@@ -49,7 +49,6 @@ def test_search_export_import_price_one_release(tmp_path, capsys, model, cluster
     assert resolve(imported["settings"]["release"]) == resolve(searched["settings"]["release"])
     ms = "%.1f" % searched["predicted"]["iteration_time_ms"]
     assert _header_ms(text) == ms == "%.1f" % imported["predicted"]["iteration_time_ms"]
-    explained = _run(capsys, "explain", str(plan)) + capsys.readouterr().out
     main(["explain", str(plan)])
     out = capsys.readouterr().out
     assert f"iteration {ms} ms" in out, out
@@ -73,25 +72,48 @@ def test_a_model_only_bridge_v060_builds_prices_its_release():
     assert model_core(load_model("llama3-8b")) == BRIDGE_CORE
 
 
-def test_a_runtime_plans_yaml_prices_the_alignment_bridge_runs(tmp_path, capsys):
-    """A runtime plan (pp 2, overlapped gradient reduction, unaligned as the runtime runs it) exported as a Bridge
-    YAML: Bridge v0.3.1 aligns the gradient reduction always, so the header prices the aligned run at the YAML's
-    release, which is what the YAML's import prices; the runtime's own price is another number."""
-    from search.pricing import price
+def _runtime_plan(model, bounds, pp, dp, gbs, cluster):
+    """A runtime plan (overlapped gradient reduction, unaligned: the runtime's bucket hooks) with its prediction."""
+    from search.cli.import_cmd import predict
     from search.settings.plan_settings import PlanSettings
     from search.spec.cluster import parse_cluster
-    from search.cli.import_cmd import predict
-    h8 = load_model("nemotron-h-8b")
-    plan = cut_plan(h8, [0, 26, 52], 2, dp=4, gbs=64, cluster=parse_cluster("1x8-h100"),
+    plan = cut_plan(load_model(model), bounds, pp, dp=dp, gbs=gbs, cluster=parse_cluster(cluster),
                     settings=PlanSettings(overlap_grad_reduce=True, distributed_optimizer=True))
-    plan = plan.model_copy(update={"predicted": predict(plan, None)})
+    return plan.model_copy(update={"predicted": predict(plan, None)})
+
+
+def test_a_runtime_plans_yaml_runs_the_alignment_it_was_priced_with(tmp_path, capsys):
+    """Bridge v0.3.1 aligns the gradient reduction by default (``DistributedInitConfig.align_grad_reduce = True``;
+    ``setup.py`` sets ``grad_sync_func`` only when it is on), and that field turns it off. A runtime plan's YAML
+    (pp 2 x VPP 2, where the alignment changes the exposed reduction: dp_timeline.py) writes
+    ``dist.align_grad_reduce: false``, so Bridge runs the plan's unaligned reduction and the header is the plan's
+    own price; before, the YAML left Bridge's aligned one, which prices differently."""
+    from search.megatron import megatron_config
+    from search.megatron.names import bridge_fields
+    from search.pricing import price
+    plan = _runtime_plan("llama3-8b", [0, 16, 32, 48, 64], 2, 4, 64, "1x8-h100")
+    assert bridge_fields(megatron_config(plan))["dist"] == {"align_grad_reduce": False}
+    aligned = plan.model_copy(update={"settings": plan.settings.model_copy(
+        update={"framework": "megatron-bridge", "release": "0.16"})})    # what the YAML ran before
+    ms = "%.1f" % price(plan.model_copy(update={"settings": plan.settings.model_copy(update={"release": "0.16"})}
+                                        )).iteration_ms
+    assert "%.1f" % price(aligned).iteration_ms != ms                   # the alignment matters for this plan
+    path, yaml = tmp_path / "rt.json", tmp_path / "rt.yaml"
+    path.write_text(plan.to_json())
+    _run(capsys, "export", str(path), "--to", "megatron-bridge", "-o", str(yaml))
+    assert "dist:\n  align_grad_reduce: false" in yaml.read_text()
+    assert _header_ms(yaml.read_text()) == ms
+
+
+def test_a_runtime_hybrid_plans_yaml_imports_at_its_header_price(tmp_path, capsys):
+    """A runtime Nemotron-H plan at pp 2 exported as a Bridge YAML and imported: the import reads
+    ``dist.align_grad_reduce: false`` back (Megatron-LM's --no-align-grad-reduce) and prices the header's number."""
+    plan = _runtime_plan("nemotron-h-8b", [0, 26, 52], 2, 4, 64, "1x8-h100")
     path, yaml, back = tmp_path / "rt.json", tmp_path / "rt.yaml", tmp_path / "back.json"
     path.write_text(plan.to_json())
-    err = _run(capsys, "export", str(path), "--to", "megatron-bridge", "-o", str(yaml))
-    assert "the header prices the plan as this file runs" in err, err
-    aligned = plan.model_copy(update={"settings": plan.settings.model_copy(
-        update={"framework": "megatron-bridge", "release": "0.16"})})       # Bridge's default: grad aligned
-    assert _header_ms(yaml.read_text()) == "%.1f" % price(aligned).iteration_ms
-    assert _header_ms(yaml.read_text()) != "%.1f" % plan.predicted.iteration_time_ms
+    _run(capsys, "export", str(path), "--to", "megatron-bridge", "-o", str(yaml))
+    assert "align_grad_reduce: false" in yaml.read_text()
     _run(capsys, "import", str(yaml), "--from", "megatron-bridge", "--cluster", "1x8-h100", "-o", str(back))
-    assert _header_ms(yaml.read_text()) == "%.1f" % json.loads(back.read_text())["predicted"]["iteration_time_ms"]
+    imported = json.loads(back.read_text())
+    assert imported["settings"]["data_parallel"]["align_grad_reduce"] is False
+    assert _header_ms(yaml.read_text()) == "%.1f" % imported["predicted"]["iteration_time_ms"]
