@@ -30,7 +30,10 @@ core_v0.19's hybrid pattern (``hybrid_pattern.hybrid_form``: full recompute chec
 first / last stage fields are left out (megatron-core asserts them away with pipes) and ``mixed_precision`` is a
 whole ``MixedPrecisionConfig`` object (v0.6.0's recipes hold a name or an object, per GPU). MTP: the provider's
 ``mtp_num_layers``, ``mtp_hybrid_override_pattern`` (one depth's pattern), ``mtp_use_repeated_layer`` and
-``keep_mtp_spec_in_bf16`` (false: aceso prices MTP in the plan's precision), as v0.6.0's Nemotron recipes set them;
+``keep_mtp_spec_in_bf16`` (false: aceso prices MTP in the plan's precision; v0.6.0's recipes set true, but at
+that tag nothing reads the field: ``HybridModelProvider`` declares it, and neither Bridge, its megatron-core pin nor
+Megatron-LM core_v0.16.1 to core_v0.19.0 uses it, so either value runs MTP in the plan's precision), as v0.6.0's
+Nemotron recipes set the others;
 ``finalize`` appends '/' and the MTP pattern once per depth (``max(1, mtp_num_layers)`` with the shared layer), the
 Megatron-LM form's pattern again (``_with_mtp``, ``finalized_pattern``). Where v0.3.1 cannot run a plan (an uneven
 split, full recompute, MTP) the export writes v0.6.0's form (``needs_pipes``); a model no form runs
