@@ -177,7 +177,7 @@ def write_yaml(plan: ParallelPlan, c: MegatronConfig, source: str, made: tuple[s
     gpn, nodes = (plan.cluster.gpus_per_node, plan.cluster.num_nodes) if plan.cluster else (c.world_size, 1)
     intro = f"Megatron-Bridge overrides written by aceso {__version__} from {source}."
     lines = [f"# {h}" for h in [intro] + header(plan, c, source, release(bridge[1]))[2:]] + [
-        f"# {bridge[0]} overrides (ConfigContainer structure) for the recipe "
+        f"# {bridge[0]} overrides (ConfigContainer structure; it runs megatron-core {bridge[1]}) for the recipe "
         f"megatron.bridge.recipes.{recipe}.",
         "# Python: cfg = process_config_with_overrides(" + recipe + "(), config_filepath=\"THIS.yaml\")",
         f"# CLI: torchrun --nproc-per-node {gpn} --nnodes {nodes} scripts/training/run_recipe.py "
