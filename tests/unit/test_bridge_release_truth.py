@@ -117,3 +117,15 @@ def test_a_runtime_hybrid_plans_yaml_imports_at_its_header_price(tmp_path, capsy
     imported = json.loads(back.read_text())
     assert imported["settings"]["data_parallel"]["align_grad_reduce"] is False
     assert _header_ms(yaml.read_text()) == "%.1f" % imported["predicted"]["iteration_time_ms"]
+
+
+def test_explain_as_bridge_prices_the_release_bridge_runs(tmp_path, capsys):
+    """``explain PLAN --framework megatron-bridge`` of a runtime plan prices Bridge at the release its YAML runs
+    (26.02.01 for Nemotron-H 8B), as ``search --target megatron-bridge`` does; ``--release`` still names another."""
+    plan = _runtime_plan("nemotron-h-8b", [0, 26, 52], 2, 4, 64, "1x8-h100")
+    path = tmp_path / "rt.json"
+    path.write_text(plan.to_json())
+    for extra, want in (([], "release 26.02.01"), (["--release", "26.04.01"], "release 26.04.01")):
+        assert main(["explain", str(path), "--framework", "megatron-bridge", *extra]) == 0
+        out = capsys.readouterr().out
+        assert re.search(r"priced as megatron-bridge, .*" + re.escape(want), out), out
