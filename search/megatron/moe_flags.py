@@ -244,14 +244,6 @@ def freq_list(moe, num_layers: int) -> list[int]:
     return [int(moe.is_moe_layer(i)) for i in range(num_layers)]
 
 
-def pre_softmax_runs(moe) -> bool:
-    """Whether the model's router runs megatron-core's ``moe_router_pre_softmax``: the spec's (a softmax router that
-    does not renormalize its top-k weights), and always for a top-1 softmax router, which megatron-core requires
-    it for (a softmax over one score is 1; same cost)."""
-    softmax = moe.moe_router_score_function == "softmax"
-    return softmax and (moe.moe_router_pre_softmax or moe.moe_router_topk == 1)
-
-
 def pre_softmax_read(flag: bool, moe: dict) -> bool:
     """The spec's ``moe_router_pre_softmax`` of ``--moe-router-pre-softmax``: only where it changes the model (a
     softmax router above top-1; a sigmoid router ignores it, top-1 softmax needs it: the export writes it there)."""
@@ -270,7 +262,7 @@ def moe_args(m) -> list[str]:
             if v is not None:
                 out += [flag, str(v)]
         out += [flag for name, flag in MOE_BOOLS if getattr(moe, name)]
-        if pre_softmax_runs(moe):
+        if model_rules.pre_softmax(moe):
             out.append("--moe-router-pre-softmax")
         out += ["--moe-layer-freq", _freq_of(m)]
         out += ["--moe-router-load-balancing-type", moe.lb_type]
@@ -337,7 +329,7 @@ def moe_bridge_fields(c) -> dict[str, object]:
         moe.first_k_dense_layers else freq_list(moe, m.num_layers)
     out["moe_router_load_balancing_type"] = moe.lb_type
     # always written: a recipe's own (DeepSeek-V3's true) never stands in for the model's
-    out["moe_router_pre_softmax"] = pre_softmax_runs(moe)
+    out["moe_router_pre_softmax"] = model_rules.pre_softmax(moe)
     out["moe_aux_loss_coeff"] = moe.moe_aux_loss_coeff
     # always written (null: no scaling), so the recipe's own factor (Nemotron-3 Nano's and DeepSeek-V3's 2.5, Kimi-K2's
     # 2.827) never stands in for the model's (HF routed_scaling_factor: the megatron block's)

@@ -114,6 +114,8 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("model.moe.moe_router_enable_expert_bias, moe_router_force_load_balancing, moe_pad_expert_input_to_capacity",
      "--moe-router-enable-expert-bias, --moe-router-force-load-balancing, --moe-pad-expert-input-to-capacity",
      "model.(the same name)", "off by default"),
+    ("model.moe.moe_router_pre_softmax", "--moe-router-pre-softmax", "model.moe_router_pre_softmax",
+     "softmax routers (top-1: always); read only where it changes the model; Bridge: always written"),
     ("model.moe.moe_layer_freq, first_k_dense_layers", "--moe-layer-freq N or '[0]*k+[1]*n'",
      "model.moe_layer_freq (N or a 0/1 list)", "first k dense: a list"),
     ("model.moe.moe_router_load_balancing_type, moe_aux_loss_coeff",
