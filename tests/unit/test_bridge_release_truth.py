@@ -129,3 +129,21 @@ def test_explain_as_bridge_prices_the_release_bridge_runs(tmp_path, capsys):
         assert main(["explain", str(path), "--framework", "megatron-bridge", *extra]) == 0
         out = capsys.readouterr().out
         assert re.search(r"priced as megatron-bridge, .*" + re.escape(want), out), out
+
+
+def test_a_bridge_plans_megatron_lm_script_prices_the_release_it_is_written_for(tmp_path, capsys):
+    """The Bridge plan (release 0.16) exported as a Megatron-LM script for the newest release: its header prices
+    that release, as ``explain`` of the script does; for ``--megatron-version 0.16`` the header is the plan's price."""
+    plan, script = tmp_path / "p.json", tmp_path / "run.sh"
+    _run(capsys, "search", "--model", "qwen3-30b-a3b", "--num-layers", "4", "--cluster", "1x8-gb200",
+         "--global-batch-size", "64", "--target", "megatron-bridge", "--budget-evals", "40", "--workers", "1",
+         "-o", str(plan))
+    searched = "%.1f" % json.loads(plan.read_text())["predicted"]["iteration_time_ms"]
+    for version in ([], ["--megatron-version", "0.16"]):
+        _run(capsys, "export", str(plan), "--to", "megatron-lm", *version, "-o", str(script))
+        assert main(["explain", "--megatron-args-file", str(script), "--cluster", "1x8-gb200", *version,
+                     "--search-budget-evals", "0", "--json"]) == 0
+        explained = "%.1f" % json.loads(capsys.readouterr().out)["iteration_time_ms"]
+        assert _header_ms(script.read_text()) == explained
+        if version:
+            assert explained == searched
