@@ -91,9 +91,9 @@ class MoESpec(BaseModel):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):
-        """Without ``moe_latent_size`` when unset and the load-balancing type at its default: such a model dumps (and a
-        plan digests) as before."""
-        out = drop_defaults(handler(self), {"moe_latent_size": None})
+        """Without ``moe_latent_size`` when unset, ``moe_router_pre_softmax`` when off and the load-balancing type at
+        its default: such a model dumps (and a plan digests) as before."""
+        out = drop_defaults(handler(self), {"moe_latent_size": None, "moe_router_pre_softmax": False})
         if isinstance(out, dict) and out.get("moe_router_load_balancing_type") == "aux_loss":
             del out["moe_router_load_balancing_type"]       # the default: older dumps and digests stay as they were
         return out
