@@ -114,9 +114,11 @@ def run_case(problem: str, target: str, work: Path, budget: int = BUDGET) -> dic
     _run(["search", *args, *TARGETS[target], "--budget-evals", str(budget), "--workers", "1", "--json",
           "-o", str(plan_json)])
     plan = load_plan(plan_json)
-    _run(["export", str(plan_json), "--to", "megatron-lm", "-o", str(script)])
+    # the Megatron-LM of the release the plan was priced at (a Bridge plan: v0.3.1's megatron-core 0.16)
+    ver = ["--megatron-version", plan.settings.release] if plan.settings.release else []
+    _run(["export", str(plan_json), "--to", "megatron-lm", *ver, "-o", str(script)])
     cl = plan.cluster
-    where = ["--cluster", cl.label, "--memory-limit-mib", repr(cl.memory_limit_mb)]
+    where = ["--cluster", cl.label, "--memory-limit-mib", repr(cl.memory_limit_mb), *ver]
     ex = json.loads(_run(["explain", "--megatron-args-file", str(script), *where, "--search-budget-evals", "0",
                           "--json"]))
     _run(["import", str(script), "--from", "megatron-lm", *where, "-o", str(back)])

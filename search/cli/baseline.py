@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         raise AcesoError(memory_fix("no uniform configuration fits in memory: the least", max(res.stage_memory_mb),
                                     cm, cluster, training, training.micro_batch_sizes))
     plan = to_plan(res.evaluation, model, cluster, training, cm,
-                   settings_from_args(args, training))     # the model in the precision it was priced
+                   settings_from_args(args, training, model))     # the model in the precision it was priced
     from search.targets.preflight import preflight
 
     preflight(plan, target=args.target)     # the one pre-flight: it writes only a plan its target runs

@@ -175,6 +175,17 @@ def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_b
             "warnings": list(cost.warnings), "stages": stages}
 
 
+def _target(args: argparse.Namespace, plan):
+    """``--framework``; megatron-bridge over a plan of another framework with no ``--release``: at the release the
+    Bridge export runs (``bridge_hybrid.model_core``), as ``search --target megatron-bridge`` prices it."""
+    if args.framework != "megatron-bridge" or release_of(args) is not None \
+            or plan.settings.framework == "megatron-bridge":
+        return args.framework
+    from search.settings.plan_settings import Target
+    from ..megatron.bridge_hybrid import model_core
+    return Target("megatron-bridge", model_core(plan.model))
+
+
 def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str], str]:
     """Our plan (or a reference config converted to one) under any cost model."""
     from search.costmodel.plan_view import describe
@@ -182,7 +193,7 @@ def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str]
     plan, notes = _read_plan(args, raw)
     notes = notes + _other_cost_model(plan, args.cost_model)
     plan, cluster, attention = _resolve(args, plan)
-    cm, plan, spec = plan_cost_model(plan, args.framework, cluster=cluster, kind=args.cost_model, db=args.db,
+    cm, plan, spec = plan_cost_model(plan, _target(args, plan), cluster=cluster, kind=args.cost_model, db=args.db,
                                      attention=attention, precision=args.precision)
     priced = None
     if args.cost_model != "aceso-compat":

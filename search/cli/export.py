@@ -78,26 +78,55 @@ def run(args: argparse.Namespace) -> int:
         return _hybrid(args, plan, rel, source)     # a Mamba / GDN model's only Megatron-LM form: pretrain_hybrid.py
     if args.to == "megatron-bridge" and plan.model.mamba is not None:
         from ..megatron.bridge import cli_overrides, write_yaml
-        from ..megatron.bridge_hybrid import PIPES, needs_pipes, overrides
+        from ..megatron.bridge_hybrid import BRIDGE_CORE, PIPES, needs_pipes, overrides
         gap = needs_pipes(plan)              # NotExpressible: exit 2, one line, nothing written
         if gap:
             print(f"aceso export: note: written for {PIPES} (HybridModelProvider): Bridge v0.3.1 does not run this "
                   f"plan ({gap})", file=sys.stderr)
             return _hybrid(args, plan, rel, source)
         recipe, cfg, ov = overrides(plan)
-        text = cli_overrides(cfg, (recipe, ov)) if args.args_only else write_yaml(plan, cfg, source, (recipe, ov))
+        text = cli_overrides(cfg, (recipe, ov)) if args.args_only else write_yaml(
+            as_written(plan, cfg, "megatron-bridge", BRIDGE_CORE), cfg, source, (recipe, ov))
         write_output(text, args.output)
         return 0
     cfg = _gpt_config(plan, rel, args.to)    # NotExpressible: exit 2, one line, nothing written
     if args.to == "megatron-lm":
-        text = args_line(cfg, rel) if args.args_only else write_script(plan, cfg, source, rel)
+        text = args_line(cfg, rel) if args.args_only else write_script(
+            as_written(plan, cfg, "megatron-lm", rel.series), cfg, source, rel)
     else:
         from ..megatron.bridge import cli_overrides, write_yaml
-        text = cli_overrides(cfg) if args.args_only else write_yaml(plan, cfg, source)
+        from ..megatron.bridge_hybrid import BRIDGE_CORE
+        text = cli_overrides(cfg) if args.args_only else write_yaml(
+            as_written(plan, cfg, "megatron-bridge", BRIDGE_CORE), cfg, source)
     write_output(text, args.output)
     if args.to == "megatron-lm" and not args.args_only:
         _executable(args.output)
     return 0
+
+
+def as_written(plan, cfg, target: str, core: str):
+    """``plan`` priced as ``target`` runs its exported file (``names.written_settings``: that framework, the
+    megatron-core ``core`` the file is written for, the DP alignment as written), so that the file's header says
+    what its import and ``explain`` price: re-priced, with a note on stderr, where that differs from the plan's own
+    pricing (a runtime plan's alignment, which Bridge v0.3.1 cannot turn off; another release than the plan's)."""
+    from search.costmodel.plan_view import describe, run_settings
+    from ..megatron.names import written_settings
+    # Megatron-LM: the flags already say the plan's alignment (names._dp_written); only the release can differ
+    settings = plan.settings.model_copy(update={"release": core}) if target == "megatron-lm" \
+        else written_settings(cfg, target, core)
+    dtype, was = plan.model.params_dtype, plan.predicted
+    same = run_settings(settings, dtype) == run_settings(plan.settings, dtype)
+    if same:
+        return plan
+    out = plan.model_copy(update={"settings": settings})
+    if was is None:
+        return out
+    from .import_cmd import predict
+    out = out.model_copy(update={"predicted": predict(out, was.attention)})
+    print(f"aceso export: note: the header prices the plan as this file runs ({describe(settings, dtype)}): "
+          f"{out.predicted.iteration_time_ms:.1f} ms per iteration; the plan says {was.iteration_time_ms:.1f} ms, "
+          f"priced as {describe(plan.settings, dtype)}", file=sys.stderr)
+    return out
 
 
 def _executable(path) -> None:
@@ -133,13 +162,15 @@ def _hybrid(args, plan, rel, source) -> int:
         from ..megatron.bridge_hybrid import PIPES, PIPES_CORE, overrides
         recipe, cfg, ov = overrides(plan, pipes=True)     # NotExpressible: exit 2, one line, nothing written
         write_output(cli_overrides(cfg, (recipe, ov)) if args.args_only
-                     else write_yaml(plan, cfg, source, (recipe, ov), (PIPES, PIPES_CORE)), args.output)
+                     else write_yaml(as_written(plan, cfg, "megatron-bridge", PIPES_CORE), cfg, source, (recipe, ov),
+                                     (PIPES, PIPES_CORE)), args.output)
         return 0
     if args.to != "megatron-lm":
         raise AcesoError(f"--hybrid-pattern is for --to megatron-lm (pretrain_hybrid.py) and, for a hybrid model, "
                          f"--to megatron-bridge (v0.6.0); --to {args.to} has no hybrid-pattern form here")
     form = hybrid_form(plan, rel)        # NotExpressible: exit 2, one line naming the release, nothing written
-    write_output(args_line(form) if args.args_only else write_script(plan, form, source), args.output)
+    write_output(args_line(form) if args.args_only
+                 else write_script(as_written(plan, form.config, "megatron-lm", rel.series), form, source), args.output)
     if not args.args_only:
         _executable(args.output)
     return 0

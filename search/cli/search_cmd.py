@@ -253,9 +253,10 @@ def _unique(values):
     return None if values is None else list(dict.fromkeys(values))
 
 
-def settings_from_args(args, training):
-    """The ``PlanSettings`` the search prices under: how the target (``--target``, ``--release``) runs a plan of the
-    training spec's recipe (``plan_settings.target_settings``), ``--grad-reduce-in-bf16``."""
+def settings_from_args(args, training, model):
+    """The ``PlanSettings`` the search prices under: how the target (``--target``, ``--release``: for
+    megatron-bridge, the release its export runs, ``bridge_release``) runs a plan of the training spec's recipe
+    (``plan_settings.target_settings``), ``--grad-reduce-in-bf16``."""
     from search.settings.plan_settings import PlanSettings, Target, target_settings
     from search.settings.precision import of_training
     target = getattr(args, "target", "aceso")
@@ -264,9 +265,27 @@ def settings_from_args(args, training):
         raise AcesoError("--grad-reduce-in-bf16 is for --target megatron-lm / megatron-bridge with bf16 (the aceso "
                          f"runtime reduces in the parameter dtype; this search is --target {target} --precision "
                          f"{training.precision}); drop it")
-    return target_settings(Target.of(target, release_of(args)),
+    rel = bridge_release(args, model) if target == "megatron-bridge" else release_of(args)
+    return target_settings(Target.of(target, rel),
                            PlanSettings(low_precision=of_training(training), optimizer=training.optimizer),
                            training.dtype, bf16_reduce)
+
+
+def bridge_release(args, model) -> str:
+    """The release a ``--target megatron-bridge`` search prices: the megatron-core of the Megatron-Bridge that
+    ``aceso export --to megatron-bridge`` writes for (v0.3.1: 0.16, container 26.02.01; a hybrid model only v0.6.0
+    builds: 0.19; ``bridge_hybrid.model_core``), which its import prices too. A ``--release`` of another container
+    would price what the YAML does not run: refused, naming the one it runs."""
+    from search.settings.releases import resolve
+    from ..megatron.bridge_hybrid import BRIDGE, PIPES, PIPES_CORE, model_core
+    core = model_core(model)
+    given = release_of(args)
+    if given is not None and resolve(given)[0] != resolve(core)[0]:
+        bridge = PIPES if core == PIPES_CORE else BRIDGE
+        raise AcesoError(f"--release {given} with --target megatron-bridge: aceso exports {bridge} overrides, which "
+                         f"run megatron-core {core} (priced as {resolve(core)[0]}); drop --release, or search with "
+                         f"--target megatron-lm --release {given}")
+    return core
 
 
 def with_seq_length(model, n: int | None):
@@ -304,7 +323,7 @@ def setup(args, model=None, runtime: bool = False):
         runtime_training(training)     # Megatron FSDP / activation offload asked for: one line naming the target
     if runtime:
         training = runtime_training(training)
-    cm = cost_model(model, cluster, training, settings_from_args(args, training), args.cost_model, args.db)
+    cm = cost_model(model, cluster, training, settings_from_args(args, training, model), args.cost_model, args.db)
     if args.cost_model != "aceso-compat":     # (compat keeps the reference planner's own limit)
         from ..costmodel.memory import memory_budget_mb
         cm.memory_limit_mb = memory_budget_mb(cm.memory_limit_mb, args.memory_headroom)
@@ -382,7 +401,7 @@ def find(args: argparse.Namespace, model=None, quiet: bool = False) -> Found:
                          "drop it (--budget-evals alone bounds the search)")
     if best is None or not best.fits:
         raise AcesoError(report.infeasible_hint(best, cm, cluster, training, plans.space))
-    settings = settings_from_args(args, training)
+    settings = settings_from_args(args, training, model)
     # the best the search found first; the Megatron-LM-expressible and uniform plans (whole layers, one recompute
     # setting) after them, for when the target refuses every heterogeneous one (e.g. a custom layer that runs whole)
     found = [*result.plans, *(plans.megatron.plans if result is not plans.megatron else []),

@@ -56,6 +56,11 @@ class MoESpec(BaseModel):
                                               "groups each token may pick experts from.")
     moe_router_enable_expert_bias: bool = Field(False, description="Aux-loss-free balancing: a per-expert score "
                                                 "bias (a buffer, not a parameter; DeepSeek-V3).")
+    moe_router_pre_softmax: bool = Field(False, description="A softmax router's softmax over all experts' scores "
+                                         "before the top-k, so the top-k weights are not renormalized (HF "
+                                         "norm_topk_prob false; megatron-core's moe_router_pre_softmax). Numerics "
+                                         "only; a sigmoid router ignores it, and a top-1 softmax router needs it "
+                                         "(the exports write it there).")
     moe_aux_loss_coeff: float = Field(0.0, ge=0, le=1, description="Load-balancing auxiliary loss coefficient.")
     moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"] = \
         Field("aux_loss", description="megatron-core's moe_router_load_balancing_type (Megatron-LM "
@@ -86,9 +91,9 @@ class MoESpec(BaseModel):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):
-        """Without ``moe_latent_size`` when unset and the load-balancing type at its default: such a model dumps (and a
-        plan digests) as before."""
-        out = drop_defaults(handler(self), {"moe_latent_size": None})
+        """Without ``moe_latent_size`` when unset, ``moe_router_pre_softmax`` when off and the load-balancing type at
+        its default: such a model dumps (and a plan digests) as before."""
+        out = drop_defaults(handler(self), {"moe_latent_size": None, "moe_router_pre_softmax": False})
         if isinstance(out, dict) and out.get("moe_router_load_balancing_type") == "aux_loss":
             del out["moe_router_load_balancing_type"]       # the default: older dumps and digests stay as they were
         return out

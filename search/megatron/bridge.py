@@ -7,8 +7,8 @@ what the plan does not set (optimizer, scheduler, data, logging): every model, p
 of the plan is overridden (head width and query groups by value, so a recipe's own defaults cannot leak in). The activation function is a Python callable a YAML cannot set, so the recipe is chosen
 by it: SwiGLU models start from a Llama recipe, GELU models from ``gpt3_175b_pretrain_config``; SwiGLU MoE models
 from ``qwen3_30b_a3b_pretrain_config`` and MLA models from ``deepseek_v3_pretrain_config`` (whose provider has the
-MLA fields); their router settings the plan does not hold (pre-softmax, top-k scaling, router dtype) stay the
-recipe's. T5: Bridge v0.3.1
+MLA fields); the router's pre-softmax, top-k scaling and dtype are always written (the model's and the plan's), so
+the recipe's never stand in. T5: Bridge v0.3.1
 has no T5 pretraining recipe (refused). bf16 is the recipes' default precision (no override); fp16 / fp32 set the
 recipe's ``mixed_precision``, which the Llama recipes hold as a name and the GPT recipe as a config object.
 Gradient reduction: ``ddp.grad_reduce_in_fp32`` is the plan's (``settings``), and ``mixed_precision`` says the same
@@ -177,7 +177,7 @@ def write_yaml(plan: ParallelPlan, c: MegatronConfig, source: str, made: tuple[s
     gpn, nodes = (plan.cluster.gpus_per_node, plan.cluster.num_nodes) if plan.cluster else (c.world_size, 1)
     intro = f"Megatron-Bridge overrides written by aceso {__version__} from {source}."
     lines = [f"# {h}" for h in [intro] + header(plan, c, source, release(bridge[1]))[2:]] + [
-        f"# {bridge[0]} overrides (ConfigContainer structure) for the recipe "
+        f"# {bridge[0]} overrides (ConfigContainer structure; it runs megatron-core {bridge[1]}) for the recipe "
         f"megatron.bridge.recipes.{recipe}.",
         "# Python: cfg = process_config_with_overrides(" + recipe + "(), config_filepath=\"THIS.yaml\")",
         f"# CLI: torchrun --nproc-per-node {gpn} --nnodes {nodes} scripts/training/run_recipe.py "

@@ -30,7 +30,10 @@ core_v0.19's hybrid pattern (``hybrid_pattern.hybrid_form``: full recompute chec
 first / last stage fields are left out (megatron-core asserts them away with pipes) and ``mixed_precision`` is a
 whole ``MixedPrecisionConfig`` object (v0.6.0's recipes hold a name or an object, per GPU). MTP: the provider's
 ``mtp_num_layers``, ``mtp_hybrid_override_pattern`` (one depth's pattern), ``mtp_use_repeated_layer`` and
-``keep_mtp_spec_in_bf16`` (false: aceso prices MTP in the plan's precision), as v0.6.0's Nemotron recipes set them;
+``keep_mtp_spec_in_bf16`` (false: aceso prices MTP in the plan's precision; v0.6.0's recipes set true, but at
+that tag nothing reads the field: ``HybridModelProvider`` declares it, and neither Bridge, its megatron-core pin nor
+Megatron-LM core_v0.16.1 to core_v0.19.0 uses it, so either value runs MTP in the plan's precision), as v0.6.0's
+Nemotron recipes set the others;
 ``finalize`` appends '/' and the MTP pattern once per depth (``max(1, mtp_num_layers)`` with the shared layer), the
 Megatron-LM form's pattern again (``_with_mtp``, ``finalized_pattern``). Where v0.3.1 cannot run a plan (an uneven
 split, full recompute, MTP) the export writes v0.6.0's form (``needs_pipes``); a model no form runs
@@ -102,16 +105,32 @@ def _refusal(plan: ParallelPlan, pipes: bool = False) -> str | None:
     return None
 
 
-def _v031_gap(plan: ParallelPlan, c: MegatronConfig) -> str | None:
-    """What Bridge v0.3.1 (megatron-core 0.16.1's ``MambaModel``) does not run of a plan v0.6.0 runs, one clause;
-    or None."""
-    from .layout import split_for
-    m = plan.model
+def _model_gap(m) -> str | None:
+    """What Bridge v0.3.1 does not run of any plan of the hybrid model ``m`` (its layers, MTP), one clause; or None."""
     bad = sorted(set(m.hybrid_layer_pattern.split("/")[0]) - SYMBOLS)
     if bad:
         return f"hybrid_layer_pattern: '{bad[0]}' layers are newer than megatron-core 0.16.1's MambaModel (M * - E)"
     if m.mtp_num_layers:
         return "mtp_num_layers: MambaModelProvider of v0.3.1 has no MTP (megatron-core 0.16.1's MambaModel none)"
+    return None
+
+
+def model_core(model) -> str:
+    """The megatron-core release a Bridge export of ``model``'s plans runs, as far as the model decides it: v0.6.0's
+    (``PIPES_CORE``) for a hybrid model Bridge v0.3.1 cannot build (``_model_gap``), else v0.3.1's
+    (``BRIDGE_CORE``: GPT, MoE and MLA models, and hybrid models whose plans v0.3.1 splits)."""
+    from .hybrid_pattern import runs_as_pattern
+    return PIPES_CORE if runs_as_pattern(model) and _model_gap(model) else BRIDGE_CORE
+
+
+def _v031_gap(plan: ParallelPlan, c: MegatronConfig) -> str | None:
+    """What Bridge v0.3.1 (megatron-core 0.16.1's ``MambaModel``) does not run of a plan v0.6.0 runs, one clause;
+    or None."""
+    from .layout import split_for
+    m = plan.model
+    gap = _model_gap(m)
+    if gap:
+        return gap
     if c.recompute.granularity == "full":
         return "recompute full: megatron-core 0.16.1's MambaStack (Bridge v0.3.1) checkpoints no layer"
     if split_for(c.chunk_layers, c.pp, 1).layout is not None:
@@ -232,8 +251,9 @@ FLAGS = {"model.num_moe_experts": "--num-experts", "model.hybrid_override_patter
 # bool fields whose flag says the opposite
 NEGATED = {"model.share_embeddings_and_output_weights": "--untie-embeddings-and-output-weights",
            "model.add_bias_linear": "--disable-bias-linear", "ddp.grad_reduce_in_fp32": "--grad-reduce-in-bf16",
-           "model.use_mamba_mem_eff_path": "--disable-mamba-mem-eff-path"}
-SECTIONS = ("model", "train", "ddp", "optimizer", "dataset", "tokenizer", "checkpoint", "comm_overlap")
+           "model.use_mamba_mem_eff_path": "--disable-mamba-mem-eff-path",
+           "dist.align_grad_reduce": "--no-align-grad-reduce"}
+SECTIONS = ("model", "train", "ddp", "dist", "optimizer", "dataset", "tokenizer", "checkpoint", "comm_overlap")
 
 
 def _scalar(text: str) -> object:

@@ -12,7 +12,7 @@ dispatcher, grouped GEMM and permute fusion off, ``--kv-lora-rank`` 32, ``--qk-h
 ``_eval_pattern`` allows); a list of the form "the first k dense, then every N-th" becomes ``moe_layer_freq N`` with
 ``first_k_dense_layers k`` (the presets' form), any other list stays a list. Aux losses: the plan keeps one
 coefficient (``moe_aux_loss_coeff``) and one type (``moe_router_load_balancing_type``); ``none`` is coefficient 0,
-several aux-loss types with coefficients are one ``aux_loss`` of their sum (a note). What the plan cannot say (the flex backend, router dtype / pre-softmax /
+several aux-loss types with coefficients are one ``aux_loss`` of their sum (a note). What the plan cannot say (the flex backend, router dtype /
 scaling, YaRN) is listed in the importer's one warning, as every unpriced flag.
 """
 
@@ -158,6 +158,7 @@ def moe_model_fields(f, num_layers: int, ffn: int, pos: str, notes: list[str]) -
                 moe[name] = f.get(flag)
         for name, flag in MOE_BOOLS:
             moe[name] = f.has(flag)
+        moe["moe_router_pre_softmax"] = pre_softmax_read(f.has("--moe-router-pre-softmax"), moe)
         moe.update(layer_freq(f.get("--moe-layer-freq", "1"), num_layers))
         moe.update(_aux_loss(f, notes))
         out["moe"] = moe
@@ -243,6 +244,12 @@ def freq_list(moe, num_layers: int) -> list[int]:
     return [int(moe.is_moe_layer(i)) for i in range(num_layers)]
 
 
+def pre_softmax_read(flag: bool, moe: dict) -> bool:
+    """The spec's ``moe_router_pre_softmax`` of ``--moe-router-pre-softmax``: only where it changes the model (a
+    softmax router above top-1; a sigmoid router ignores it, top-1 softmax needs it: the export writes it there)."""
+    return flag and moe.get("moe_router_score_function", "softmax") == "softmax" and moe["moe_router_topk"] > 1
+
+
 def moe_args(m) -> list[str]:
     """The Megatron-LM model flags of the MoE / MLA / MTP / q-k norm fields."""
     out: list[str] = []
@@ -255,8 +262,8 @@ def moe_args(m) -> list[str]:
             if v is not None:
                 out += [flag, str(v)]
         out += [flag for name, flag in MOE_BOOLS if getattr(moe, name)]
-        if moe.moe_router_topk == 1 and moe.moe_router_score_function == "softmax":
-            out.append("--moe-router-pre-softmax")      # megatron-core requires it for top-1 (same cost)
+        if model_rules.pre_softmax(moe):
+            out.append("--moe-router-pre-softmax")
         out += ["--moe-layer-freq", _freq_of(m)]
         out += ["--moe-router-load-balancing-type", moe.lb_type]
         out += ["--moe-aux-loss-coeff", repr(moe.moe_aux_loss_coeff)] if moe.lb_type in AUX_LOSS_TYPES else []
@@ -321,8 +328,8 @@ def moe_bridge_fields(c) -> dict[str, object]:
     out["moe_layer_freq"] = moe.moe_layer_freq if isinstance(moe.moe_layer_freq, int) and not \
         moe.first_k_dense_layers else freq_list(moe, m.num_layers)
     out["moe_router_load_balancing_type"] = moe.lb_type
-    if moe.moe_router_topk == 1 and moe.moe_router_score_function == "softmax":
-        out["moe_router_pre_softmax"] = True        # megatron-core requires it for top-1; else the recipe's
+    # always written: a recipe's own (DeepSeek-V3's true) never stands in for the model's
+    out["moe_router_pre_softmax"] = model_rules.pre_softmax(moe)
     out["moe_aux_loss_coeff"] = moe.moe_aux_loss_coeff
     # always written (null: no scaling), so the recipe's own factor (Nemotron-3 Nano's and DeepSeek-V3's 2.5, Kimi-K2's
     # 2.827) never stands in for the model's (HF routed_scaling_factor: the megatron block's)

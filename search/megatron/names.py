@@ -57,7 +57,7 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "--accumulate-allreduce-grads-in-fp32 when on", "ddp.grad_reduce_in_fp32, mixed_precision.grad_reduce_in_fp32",
      "Megatron-LM reduces bf16 gradients in fp32 by default; Bridge copies mixed_precision's over ddp's"),
     ("settings.data_parallel", "--ddp-bucket-size, --no-align-grad-reduce, --no-align-param-gather, "
-     "--use-tp-pp-dp-mapping, --use-sharp", "ddp.bucket_size, ddp.align_param_gather (the others: refused)",
+     "--use-tp-pp-dp-mapping, --use-sharp", "ddp.bucket_size, dist.align_grad_reduce, ddp.align_param_gather (the others: refused)",
      "search/settings/data_parallel.py; nvls is NCCL_NVLS_ENABLE, not a flag"),
     ("settings.low_precision", "--fp8-format --fp8-recipe (or --fp4-format --fp4-recipe), --fp8-param-gather, "
      "--first-last-layers-bf16 --num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16",
@@ -114,6 +114,8 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("model.moe.moe_router_enable_expert_bias, moe_router_force_load_balancing, moe_pad_expert_input_to_capacity",
      "--moe-router-enable-expert-bias, --moe-router-force-load-balancing, --moe-pad-expert-input-to-capacity",
      "model.(the same name)", "off by default"),
+    ("model.moe.moe_router_pre_softmax", "--moe-router-pre-softmax", "model.moe_router_pre_softmax",
+     "softmax routers (top-1: always); read only where it changes the model; Bridge: always written"),
     ("model.moe.moe_layer_freq, first_k_dense_layers", "--moe-layer-freq N or '[0]*k+[1]*n'",
      "model.moe_layer_freq (N or a 0/1 list)", "first k dense: a list"),
     ("model.moe.moe_router_load_balancing_type, moe_aux_loss_coeff",
@@ -313,28 +315,41 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
         out["checkpoint"] = {"ckpt_format": "fsdp_dtensor"}
     if s.tp_comm_overlap:
         out["comm_overlap"] = {"tp_comm_overlap": True}
-    out["ddp"].update(bridge_ddp_fields(_dp_written(c, "megatron-bridge")))
+    written = _dp_written(c, "megatron-bridge")
+    out["ddp"].update(bridge_ddp_fields(written))
+    if written is not None and written.align_grad_reduce is not None:
+        # DistributedInitConfig.align_grad_reduce (default True): setup.py sets grad_sync_func only when on
+        out["dist"] = {"align_grad_reduce": written.align_grad_reduce}
     return out
 
 
 def _dp_written(c: MegatronConfig, target: str):
     """The plan's DP settings with the alignment it was priced with, as ``target``'s flags must say it
-    (``data_parallel.for_target``; Megatron FSDP has no DDP schedule hooks). Bridge v0.3.1 always aligns the
-    gradient reduction (no field), so a runtime plan's unaligned one is left as it was, not refused."""
+    (``data_parallel.for_target``; Megatron FSDP has no DDP schedule hooks). Bridge v0.3.1 holds the gradient
+    alignment as ``dist.align_grad_reduce`` (``DistributedInitConfig``, default on), the parameter one as
+    ``ddp.align_param_gather`` (default off)."""
     s = c.settings
     ddp = s.megatron_fsdp is None
-    grad = ddp and s.overlap_grad_reduce and (c.pp > 1 or c.vpp > 1) and target != "megatron-bridge"
+    grad = ddp and s.overlap_grad_reduce and (c.pp > 1 or c.vpp > 1)
     return for_target(s.data_parallel, s.framework, target, grad, ddp and s.overlap_param_gather and c.vpp > 1)
 
 
+def written_settings(c: MegatronConfig, target: str, core: str):
+    """The settings ``target``'s run of the exported flags has (what its import reads back): ``target``'s framework,
+    the megatron-core release ``core`` the flags are written for, and the DP alignment as written
+    (``_dp_written``; the rest ``target``'s default)."""
+    return c.settings.model_copy(update={"framework": target, "release": core,
+                                         "data_parallel": _dp_written(c, target)})
+
+
 def bridge_ddp_fields(d) -> dict[str, object]:
-    """The DP synchronization settings (``search/settings/data_parallel.py``) as Megatron-Bridge v0.3.1 ``ddp`` fields; the
-    ones its config has no field for are refused."""
+    """The DP synchronization settings (``search/settings/data_parallel.py``) as Megatron-Bridge v0.3.1 ``ddp`` fields
+    (the gradient alignment is ``dist``'s, ``bridge_fields``); the ones its config has no field for are refused."""
     if d is None:
         return {}
-    if d.rank_order != "tp-cp-ep-dp-pp" or d.sharp or d.align_grad_reduce is False:
-        raise NotExpressible("--use-tp-pp-dp-mapping, --use-sharp and --no-align-grad-reduce have no Megatron-Bridge "
-                             "v0.3.1 config field; export for Megatron-LM (--framework megatron-lm)")
+    if d.rank_order != "tp-cp-ep-dp-pp" or d.sharp:
+        raise NotExpressible("--use-tp-pp-dp-mapping and --use-sharp have no Megatron-Bridge v0.3.1 config field; "
+                             "export for Megatron-LM (--framework megatron-lm)")
     out: dict[str, object] = {"bucket_size": d.bucket_size} if d.bucket_size else {}
     if d.align_param_gather is not None:
         out["align_param_gather"] = d.align_param_gather

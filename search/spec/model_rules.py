@@ -98,10 +98,18 @@ def _placeholders(text: str) -> list[str]:
     return [f for _, f, _, _ in string.Formatter().parse(text) if f]
 
 
+def pre_softmax(moe) -> bool:
+    """Whether the router runs megatron-core's ``moe_router_pre_softmax``: the spec's (a softmax router that does
+    not renormalize its top-k weights), and always for top-1 softmax routing, which megatron-core requires it for (a
+    softmax over one score is 1; same cost). A sigmoid router ignores it (``topk_routing_with_score_function``)."""
+    softmax = moe.moe_router_score_function == "softmax"
+    return softmax and (moe.moe_router_pre_softmax or moe.moe_router_topk == 1)
+
+
 def moe_config(model) -> dict:
     """The MoE ``TransformerConfig`` fields of ``model`` (empty for a dense model), as the runtime builds them
     (``model_specs.builders.moe_kwargs``) and the export writes them: the load-balancing type (``none`` for an
-    aux-loss type at coefficient 0), the pre-softmax top-1 router megatron-core requires (same cost)."""
+    aux-loss type at coefficient 0), the pre-softmax router (``pre_softmax``)."""
     moe = model.moe
     if moe is None:
         return {}
@@ -115,7 +123,7 @@ def moe_config(model) -> dict:
         "moe_router_num_groups": moe.moe_router_num_groups,
         "moe_router_group_topk": moe.moe_router_group_topk,
         "moe_router_enable_expert_bias": moe.moe_router_enable_expert_bias,
-        "moe_router_pre_softmax": moe.moe_router_topk == 1 and moe.moe_router_score_function == "softmax",
+        "moe_router_pre_softmax": pre_softmax(moe),
         "moe_aux_loss_coeff": moe.moe_aux_loss_coeff,
         "moe_router_load_balancing_type": moe.lb_type,
         "moe_expert_capacity_factor": moe.moe_expert_capacity_factor,

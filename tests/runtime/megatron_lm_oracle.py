@@ -102,7 +102,7 @@ def run(line: str, world: int) -> dict:
 # the GPTModel arguments pretrain_gpt.py passes from args (rotary_percent, rope_scaling, rope_scaling_factor)
 ARCH_FIELDS = ("add_bias_linear", "add_qkv_bias", "qk_layernorm", "layernorm_epsilon", "moe_router_topk_scaling_factor",
                "rope_type", "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
-               "mscale", "mscale_all_dim")
+               "mscale", "mscale_all_dim", "init_method_std", "moe_router_pre_softmax")
 ARCH_ARGS = ("rotary_percent", "rotary_base", "use_rope_scaling", "rope_scaling_factor")
 
 

@@ -97,3 +97,21 @@ def test_latent_moe_and_the_shared_mtp_layer_reach_the_config(tag):
     # (tests/unit/test_bridge_nano_recipe_leaks.py)
     assert (g["init_std"], g["mtp_loss"]) == (0.014, 0.3)
     assert g["mtp"] == ["*E", 2, 2] and g["moe"][:2] == [512, 22]
+
+
+@pytest.mark.parametrize("tag", ["core_v0.17.1", "core_v0.19.0"])
+def test_the_nemotron_presets_init_std_reaches_the_config(tag):
+    """Nano 0.0173, Ultra 0.0099, Nemotron-H 56B 0.0099 (Megatron-LM's ModelOpt example scripts;
+    tests/unit/test_nemotron_init_std.py) as each release's parser and TransformerConfig read the exported line."""
+    rel = release(tag)
+    lines, worlds, want = [], [], []
+    for name, std, pattern in (("nemotron-3-nano", 0.0173, "MEM*EM"), ("nemotron-3-ultra", 0.0099, "MEM*EM"),
+                               ("nemotron-h-56b", 0.0099, "M-M*-M")):
+        m = load_model(name).model_copy(update={"hybrid_layer_pattern": pattern, "num_layers": 6})
+        plan = cut_plan(m, [0, 3, m.num_units], 2, gbs=16)
+        lines.append(args_line(hybrid_form(plan, rel)))
+        worlds.append(plan.world_size)
+        want.append(std)
+    for g, std in zip(_oracle(tag, lines, worlds), want):
+        assert "error" not in g, g
+        assert g["init_std"] == std

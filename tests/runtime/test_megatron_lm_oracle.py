@@ -218,3 +218,22 @@ def test_megatron_lm_runs_the_alignment_each_plan_was_priced_with(tag):
     for plan, got in zip(plans, _oracle(plans, tag)):
         rs = run_settings(plan.settings, "bf16")
         assert got["align"] == [rs.align_grad_reduce, rs.align_param_gather], plan.settings.framework
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_megatron_lm_reads_the_router_and_init_std_as_exported(tag):
+    """The softmax router each preset has (Qwen2-57B-A14B pre-softmax: its config.json's norm_topk_prob false;
+    Qwen3 and Mixtral not; DeepSeek-V3's sigmoid router not written) and a stated init std, as Megatron-LM's parser
+    and config builder read the exported line (tests/unit/test_router_pre_softmax.py, test_nemotron_init_std.py)."""
+    from search.spec.plan import uniform_plan
+    from search.spec.presets import load_model
+    want = {"qwen2-57b-a14b": True, "qwen3-30b-a3b": False, "mixtral-8x7b": False, "deepseek-v3": False}
+    plans = []
+    for name in want:
+        m = load_model(name, num_layers=4)
+        m = m.model_copy(update={"megatron": {**(m.megatron or {}), "init_method_std": 0.0173}})
+        plans.append(uniform_plan(m, 1, 1, 8, 8, 64))
+    for name, got in zip(want, _oracle(plans, tag)):
+        assert "error" not in got, (name, got)
+        assert got["arch"]["moe_router_pre_softmax"] is want[name], name
+        assert got["arch"]["init_method_std"] == 0.0173, name

@@ -1,0 +1,149 @@
+"""One price per Bridge plan: the release a ``--target megatron-bridge`` search prices is the one the exported YAML
+runs, so the search, the YAML's header, ``explain`` and the YAML's import agree.
+
+Which release that is: ``aceso export --to megatron-bridge`` writes Megatron-Bridge v0.3.1 overrides, and v0.3.1
+runs megatron-core 0.16 (its 3rdparty/Megatron-LM is core_v0.16.1; NeMo container 26.02.01 ships Bridge 0.3.1 with
+megatron-core 0.16.0, Megatron-Bridge docs/releases/software-versions.md). Before, the search priced the newest
+container (26.04.01) and the import the YAML's 0.16: Nemotron-3 Nano on 1x8-gb200 with FSDP, 15573.7 ms in the
+search and the header, 15658.9 ms on import. A runtime plan's YAML: Bridge v0.3.1 aligns the gradient reduction
+always (no field turns it off), so its header prices that alignment, not the runtime's."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from search.cli import main
+from search.settings.releases import BY_NAME, resolve
+from search.spec.presets import load_model
+from tests.hybrid_plans import cut_plan
+
+
+def _run(capsys, *argv) -> str:
+    rc = main(list(argv))
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    return err
+
+
+def _header_ms(text: str) -> str:
+    return re.search(r"^# predicted .*?: ([\d.]+) ms per iteration", text, re.M).group(1)
+
+
+@pytest.mark.parametrize("model, cluster", [("nemotron-h-8b", "1x8-h100"),          # dense hybrid
+                                            ("nemotron-3-nano", "1x8-gb200")])      # hybrid MoE
+def test_search_export_import_price_one_release(tmp_path, capsys, model, cluster):
+    plan, yaml, back = tmp_path / "p.json", tmp_path / "b.yaml", tmp_path / "back.json"
+    _run(capsys, "search", "--model", model, "--cluster", cluster, "--global-batch-size", "64", "--target",
+         "megatron-bridge", "--budget-evals", "40", "--workers", "1", "-o", str(plan))
+    searched = json.loads(plan.read_text())
+    # the container that ships Bridge v0.3.1 is the one priced
+    assert BY_NAME[resolve(searched["settings"]["release"])[0]].bridge == "0.3.1"
+    _run(capsys, "export", str(plan), "--to", "megatron-bridge", "-o", str(yaml))
+    text = yaml.read_text()
+    assert "Megatron-Bridge v0.3.1 overrides" in text and "release 26.02.01" in text
+    _run(capsys, "import", str(yaml), "--from", "megatron-bridge", "--cluster", cluster, "-o", str(back))
+    imported = json.loads(back.read_text())
+    assert resolve(imported["settings"]["release"]) == resolve(searched["settings"]["release"])
+    ms = "%.1f" % searched["predicted"]["iteration_time_ms"]
+    assert _header_ms(text) == ms == "%.1f" % imported["predicted"]["iteration_time_ms"]
+    main(["explain", str(plan)])
+    out = capsys.readouterr().out
+    assert f"iteration {ms} ms" in out, out
+
+
+def test_a_release_the_yaml_does_not_run_is_refused(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    rc = main(["search", "--model", "nemotron-h-8b", "--cluster", "1x8-h100", "--global-batch-size", "64",
+               "--target", "megatron-bridge", "--release", "26.04.01", "--budget-evals", "40", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists() and err.count("\n") == 1, err
+    assert "--release 26.04.01 with --target megatron-bridge" in err and "megatron-core 0.16" in err, err
+
+
+def test_a_model_only_bridge_v060_builds_prices_its_release():
+    """Super has MTP, which v0.3.1's MambaModelProvider has not: its only Bridge form is v0.6.0's (megatron-core
+    0.19), so its Bridge search prices 0.19, the release that YAML's import states."""
+    from search.megatron.bridge_hybrid import BRIDGE_CORE, PIPES_CORE, model_core
+    assert model_core(load_model("nemotron-3-super")) == PIPES_CORE == "0.19"
+    assert model_core(load_model("nemotron-3-nano")) == BRIDGE_CORE == "0.16"
+    assert model_core(load_model("llama3-8b")) == BRIDGE_CORE
+
+
+def _runtime_plan(model, bounds, pp, dp, gbs, cluster):
+    """A runtime plan (overlapped gradient reduction, unaligned: the runtime's bucket hooks) with its prediction."""
+    from search.cli.import_cmd import predict
+    from search.settings.plan_settings import PlanSettings
+    from search.spec.cluster import parse_cluster
+    plan = cut_plan(load_model(model), bounds, pp, dp=dp, gbs=gbs, cluster=parse_cluster(cluster),
+                    settings=PlanSettings(overlap_grad_reduce=True, distributed_optimizer=True))
+    return plan.model_copy(update={"predicted": predict(plan, None)})
+
+
+def test_a_runtime_plans_yaml_runs_the_alignment_it_was_priced_with(tmp_path, capsys):
+    """Bridge v0.3.1 aligns the gradient reduction by default (``DistributedInitConfig.align_grad_reduce = True``;
+    ``setup.py`` sets ``grad_sync_func`` only when it is on), and that field turns it off. A runtime plan's YAML
+    (pp 2 x VPP 2, where the alignment changes the exposed reduction: dp_timeline.py) writes
+    ``dist.align_grad_reduce: false``, so Bridge runs the plan's unaligned reduction and the header is the plan's
+    own price; before, the YAML left Bridge's aligned one, which prices differently."""
+    from search.megatron import megatron_config
+    from search.megatron.names import bridge_fields
+    from search.pricing import price
+    plan = _runtime_plan("llama3-8b", [0, 16, 32, 48, 64], 2, 4, 64, "1x8-h100")
+    assert bridge_fields(megatron_config(plan))["dist"] == {"align_grad_reduce": False}
+    aligned = plan.model_copy(update={"settings": plan.settings.model_copy(
+        update={"framework": "megatron-bridge", "release": "0.16"})})    # what the YAML ran before
+    ms = "%.1f" % price(plan.model_copy(update={"settings": plan.settings.model_copy(update={"release": "0.16"})}
+                                        )).iteration_ms
+    assert "%.1f" % price(aligned).iteration_ms != ms                   # the alignment matters for this plan
+    path, yaml = tmp_path / "rt.json", tmp_path / "rt.yaml"
+    path.write_text(plan.to_json())
+    _run(capsys, "export", str(path), "--to", "megatron-bridge", "-o", str(yaml))
+    assert "dist:\n  align_grad_reduce: false" in yaml.read_text()
+    assert _header_ms(yaml.read_text()) == ms
+
+
+def test_a_runtime_hybrid_plans_yaml_imports_at_its_header_price(tmp_path, capsys):
+    """A runtime Nemotron-H plan at pp 2 exported as a Bridge YAML and imported: the import reads
+    ``dist.align_grad_reduce: false`` back (Megatron-LM's --no-align-grad-reduce) and prices the header's number."""
+    plan = _runtime_plan("nemotron-h-8b", [0, 26, 52], 2, 4, 64, "1x8-h100")
+    path, yaml, back = tmp_path / "rt.json", tmp_path / "rt.yaml", tmp_path / "back.json"
+    path.write_text(plan.to_json())
+    _run(capsys, "export", str(path), "--to", "megatron-bridge", "-o", str(yaml))
+    assert "align_grad_reduce: false" in yaml.read_text()
+    _run(capsys, "import", str(yaml), "--from", "megatron-bridge", "--cluster", "1x8-h100", "-o", str(back))
+    imported = json.loads(back.read_text())
+    assert imported["settings"]["data_parallel"]["align_grad_reduce"] is False
+    assert _header_ms(yaml.read_text()) == "%.1f" % imported["predicted"]["iteration_time_ms"]
+
+
+def test_explain_as_bridge_prices_the_release_bridge_runs(tmp_path, capsys):
+    """``explain PLAN --framework megatron-bridge`` of a runtime plan prices Bridge at the release its YAML runs
+    (26.02.01 for Nemotron-H 8B), as ``search --target megatron-bridge`` does; ``--release`` still names another."""
+    plan = _runtime_plan("nemotron-h-8b", [0, 26, 52], 2, 4, 64, "1x8-h100")
+    path = tmp_path / "rt.json"
+    path.write_text(plan.to_json())
+    for extra, want in (([], "release 26.02.01"), (["--release", "26.04.01"], "release 26.04.01")):
+        assert main(["explain", str(path), "--framework", "megatron-bridge", *extra]) == 0
+        out = capsys.readouterr().out
+        assert re.search(r"priced as megatron-bridge, .*" + re.escape(want), out), out
+
+
+def test_a_bridge_plans_megatron_lm_script_prices_the_release_it_is_written_for(tmp_path, capsys):
+    """The Bridge plan (release 0.16) exported as a Megatron-LM script for the newest release: its header prices
+    that release, as ``explain`` of the script does; for ``--megatron-version 0.16`` the header is the plan's price."""
+    plan, script = tmp_path / "p.json", tmp_path / "run.sh"
+    _run(capsys, "search", "--model", "qwen3-30b-a3b", "--num-layers", "4", "--cluster", "1x8-gb200",
+         "--global-batch-size", "64", "--target", "megatron-bridge", "--budget-evals", "40", "--workers", "1",
+         "-o", str(plan))
+    searched = "%.1f" % json.loads(plan.read_text())["predicted"]["iteration_time_ms"]
+    for version in ([], ["--megatron-version", "0.16"]):
+        _run(capsys, "export", str(plan), "--to", "megatron-lm", *version, "-o", str(script))
+        assert main(["explain", "--megatron-args-file", str(script), "--cluster", "1x8-gb200", *version,
+                     "--search-budget-evals", "0", "--json"]) == 0
+        explained = "%.1f" % json.loads(capsys.readouterr().out)["iteration_time_ms"]
+        assert _header_ms(script.read_text()) == explained
+        if version:
+            assert explained == searched
