@@ -47,8 +47,10 @@ def test_the_checkouts_example_scripts_say_the_same():
     conf = Path(root) / "examples/post_training/modelopt/conf/nvidia"
     if not root or not conf.is_dir():
         pytest.skip("set ACESO_MEGATRON_LM to a Megatron-LM checkout ({tag} for each release)")
-    for name, (script, _) in EXAMPLES.items():
-        stated = re.findall(r"--init-method-std (\S+)", (conf / script).read_text())
+    present = {name: conf / script for name, (script, _) in EXAMPLES.items() if (conf / script).is_file()}
+    assert "nemotron-3-nano" in present          # every release of 0.16.1-0.19.0 has Nano's (Super's and Ultra's: later)
+    for name, path in present.items():
+        stated = re.findall(r"--init-method-std (\S+)", path.read_text())
         assert _exported(name) == (float(stated[0]) if stated else 0.02), name
 
 
