@@ -178,11 +178,11 @@ def launch_env(plan: ParallelPlan, cpu: bool) -> dict[str, tuple[str, str]]:
     tensor-parallel linears launch their async all-gather / reduce-scatter / all-reduce before the backward GEMMs
     and rely on one hardware queue to keep that order (``tensor_parallel/layers.py``; it warns without it, and
     Megatron-LM's ``validate_args`` asserts it), which is the overlap the cost model prices. Never with Megatron
-    FSDP, which needs more than one connection. The rule of ``search.megatron.script.needs_max_connections``, for
-    a plan's stages."""
-    gpu = plan.cluster.gpu.name if plan.cluster else ""
+    FSDP, which needs more than one connection. The export's rule (``search.megatron.script.max_connections_rule``),
+    over the plan's stages."""
+    from search.megatron.script import max_connections_rule
     model_parallel = any(st.tp > 1 or st.cp > 1 for st in plan.stages)
-    if cpu or not model_parallel or gpu.startswith(("b", "gb")) or plan.megatron_fsdp is not None:
+    if cpu or not max_connections_rule(plan, model_parallel, plan.megatron_fsdp is not None):
         return {}
     return {"CUDA_DEVICE_MAX_CONNECTIONS": ("1", "tp/cp > 1 before Blackwell: megatron-core's TP communication "
                                                  "overlap relies on it")}

@@ -69,10 +69,16 @@ def entry_script(c: MegatronConfig, rel: Release | None = None) -> str:
 
 
 def needs_max_connections(plan: ParallelPlan, c: MegatronConfig) -> bool:
-    """tp or cp > 1 on a GPU before Blackwell (an unknown GPU counts as one); never with Megatron FSDP, which
-    asserts the opposite (``validate_args``: it only warns about tp/cp then)."""
+    """``max_connections_rule`` of the exported flags."""
+    return max_connections_rule(plan, c.tp > 1 or c.cp > 1, bool(c.fsdp))
+
+
+def max_connections_rule(plan: ParallelPlan, model_parallel: bool, fsdp: bool) -> bool:
+    """``CUDA_DEVICE_MAX_CONNECTIONS=1``: tp or cp > 1 (``model_parallel``) on a GPU before Blackwell (an unknown
+    GPU counts as one); never with Megatron FSDP, which asserts the opposite (``validate_args``: it only warns about
+    tp/cp then). The export's script and ``aceso launch`` (``launch.commands.launch_env``) both ask it."""
     gpu = plan.cluster.gpu.name if plan.cluster else ""
-    return (c.tp > 1 or c.cp > 1) and not gpu.startswith(("b", "gb")) and not c.fsdp
+    return model_parallel and not gpu.startswith(("b", "gb")) and not fsdp
 
 
 def hybrid_mix(m) -> str:
