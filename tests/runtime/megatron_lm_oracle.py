@@ -106,6 +106,8 @@ def _yarn(args, cfg):
     factor (``_yarn_get_concentration_factor_from_config``)."""
     if args.position_embedding_type != "yarn" or args.multi_latent_attention:
         return None
+    if not hasattr(cfg, "yarn_rotary_scaling_factor"):       # before core_v0.19.0: GPTModel would raise
+        return {"missing": True}
     from megatron.core.models.common.embeddings import yarn_rotary_pos_embedding as Y
     names = ("rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
              "mscale_all_dim", "correction_range_round_to_int")
