@@ -50,8 +50,8 @@ YARN_STANDARD_SINCE = (0, 19)     # the first Megatron-LM release that sets GPTM
 # Llama, GPT or Qwen3-MoE) builds a provider with no yarn_* fields (search/megatron/data/bridge_fields_v0.3.1.json),
 # so no override sets them; Bridge's own GPT-OSS providers declare them, but aceso does not write their recipe
 BRIDGE_REFUSAL = ("model.rope_scaling (type yarn, standard attention): the Megatron-Bridge v0.3.1 recipes aceso "
-                  "writes have no yarn_* model fields, so Bridge would train plain RoPE; export --to megatron-lm "
-                  "(--megatron-version 0.19)")
+                  "writes have no yarn_* model fields, so Bridge would train plain RoPE; use --target / --to "
+                  "megatron-lm (Megatron-LM core_v0.19.0)")
 
 
 class RopeScaling(BaseModel):
