@@ -55,8 +55,8 @@ def model_from_flags(f, tp: int, t5: bool, notes: list[str], vocab_size: int | N
     if f.has("--no-position-embedding") and pos != "rope":
         raise AcesoError(f"--no-position-embedding with --position-embedding-type {pos}: {f.release.label} "
                          "raises (deprecated, use --position-embedding-type); with rope it runs RoPE")
-    if pos not in ("learned_absolute", "rope"):
-        raise AcesoError(f"--position-embedding-type {pos}: aceso models learned_absolute and rope only")
+    if pos not in ("learned_absolute", "rope", "yarn"):
+        raise AcesoError(f"--position-embedding-type {pos}: aceso models learned_absolute, rope and yarn only")
     norm = f.value("--normalization")
     if norm not in ("LayerNorm", "RMSNorm"):
         raise AcesoError(f"--normalization {norm}: aceso models LayerNorm and RMSNorm only")
@@ -73,7 +73,7 @@ def model_from_flags(f, tp: int, t5: bool, notes: list[str], vocab_size: int | N
         "ffn_hidden_size": ffn, "seq_length": seq,
         "decoder_seq_length": need("--decoder-seq-length") if t5 else None,
         "activation": "swiglu" if swiglu else "gelu", "normalization": norm.lower(),
-        "position_embedding": "rope" if pos == "rope" else "learned",
+        "position_embedding": "rope" if pos in ("rope", "yarn") else "learned",   # yarn: arch_flags' rope_scaling
         "rotary_base": float(f.value("--rotary-base")),
         "tied_embeddings": not f.has("--untie-embeddings-and-output-weights"),
         "add_bias_linear": not f.has("--disable-bias-linear"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from search.settings.data_parallel import for_target, to_flags as dp_flags
 from search.settings.precision import megatron_flags as precision_flags
+from search.spec.rope_scaling import yarn_on_standard_attention
 from . import layer_variant_flags
 from .config import MegatronConfig, NotExpressible
 from .layout import split_for
@@ -179,7 +180,7 @@ def megatron_lm_args(c: MegatronConfig) -> dict[str, list[str]]:
                   "--max-position-embeddings", str(max(m.seq_length, m.decoder_seq_length))]
     else:
         model += ["--seq-length", str(m.seq_length), "--max-position-embeddings", str(m.seq_length)]
-    model += ["--position-embedding-type", _POS[m.position_embedding]]
+    model += ["--position-embedding-type", "yarn" if yarn_on_standard_attention(m) else _POS[m.position_embedding]]
     if m.position_embedding == "rope":
         model += ["--rotary-base", str(int(m.rotary_base))]
     model += ["--normalization", _NORM[m.normalization]]

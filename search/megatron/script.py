@@ -19,6 +19,7 @@ import shlex
 from .. import __version__
 from search.io.errors import AcesoError
 from search.spec.plan import ParallelPlan
+from .arch_flags import release_refusal
 from .config import MegatronConfig
 from .versions import Release, having, release
 from search.settings.fsdp import describe as fsdp_describe
@@ -42,6 +43,9 @@ def arg_groups(c: MegatronConfig, rel: Release | None = None) -> dict[str, list[
     """``megatron_lm_args`` for ``rel`` (default the newest): its rules applied, its flag names; a flag the
     release does not have is refused (one line)."""
     rel = rel or release()
+    why = release_refusal(c.model, rel)          # YaRN on standard attention: core_v0.19.0 on
+    if why:
+        raise AcesoError(why)
     groups = megatron_lm_args(as_run(c, rel))
     out = {}
     for g, words in groups.items():

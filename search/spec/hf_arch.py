@@ -12,7 +12,10 @@ Each field is kept (and then priced and exported), or refused naming it:
   ``rotary_percent``, ``rms_norm_eps`` ``megatron.layernorm_epsilon`` (when not megatron-core's 1e-5),
   ``rope_theta`` ``rotary_base``;
 - ``rope_scaling`` (or transformers 5's ``rope_parameters``): llama3 with megatron-core's fixed band (low 1, high 4,
-  original 8192) and yarn on multi-latent attention (``search.spec.rope_scaling``); any other type or band is refused;
+  original 8192) and yarn (``search.spec.rope_scaling``: MLA's ``rope_type`` yarn, or standard attention's
+  ``position_embedding_type`` yarn, GPT-OSS's, with ``truncate`` false as ``correction_range_round_to_int`` false);
+  any other type or band is refused, and so is a YaRN megatron-core would compute otherwise than transformers'
+  ``_compute_yarn_parameters`` (partial rotary; MLA with truncate false or mscale_all_dim without mscale);
 - sliding windows: ``layer_types`` when given, else each family's rule (Mistral / Mixtral: ``sliding_window`` on
   every layer; Qwen2 / Qwen3: with ``use_sliding_window``, the layers from ``max_window_layers`` on; GPT-OSS:
   alternate layers); a window of ``w`` keys (HF counts the query itself) is ``window_size`` ``[w - 1, 0]``.
@@ -94,8 +97,8 @@ def rope(c, mla: bool) -> tuple[float, dict | None]:
     kind = sub.str("rope_type") or sub.str("type") or "default"
     if kind not in _ROPE_TYPES:
         raise sub.refuse("rope_type" if "rope_type" in scaling else "type",
-                         "megatron-core 0.16.1 scales RoPE as Llama 3.1 does (llama3) or with YaRN on multi-latent "
-                         f"attention (yarn), not {kind}; the model is not supported")
+                         "megatron-core scales RoPE as Llama 3.1 does (llama3) or with YaRN (yarn), not "
+                         f"{kind}; the model is not supported")
     if kind == "default":
         sub.check_all_read("default RoPE")
         return base, None
@@ -113,16 +116,39 @@ def rope(c, mla: bool) -> tuple[float, dict | None]:
                            "attention only", shown="(type llama3)")
         sub.check_all_read("llama3 RoPE scaling")
         return base, {"type": "llama3", "factor": factor}
-    if not mla:
-        raise c.refuse(key, "YaRN on standard attention: megatron-core 0.16.1 runs YaRN with multi-latent attention "
-                       "only (Megatron-LM asserts rope_type rope), so Megatron-LM would train another model; "
-                       f"delete {key} from a copy of the config to plan plain RoPE", shown="(type yarn)")
-    fields = {"original_max_position_embeddings": sub.int("original_max_position_embeddings", default=4096)}
-    fields.update({k: sub.float(k, default=YARN_DEFAULTS[k]) for k in ("beta_fast", "beta_slow", "mscale",
-                                                                         "mscale_all_dim")})
-    sub.expect("truncate", lambda v: v is True, "megatron-core's YaRN rounds the correction range (truncate true)")
+    return base, _yarn(c, sub, key, factor, mla)
+
+
+def _yarn(c, sub, key: str, factor: float, mla: bool) -> dict:
+    """HF's YaRN (transformers ``_compute_yarn_parameters``) as megatron-core's: the correction range from
+    ``original_max_position_embeddings`` (else the config's ``max_position_embeddings``), ``beta_fast`` / ``beta_slow``
+    (32 / 1 where unset or 0), rounded unless ``truncate`` is false; the attention factor
+    ``get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)`` when both are set (non-zero), else
+    ``get_mscale(factor)``, which is megatron-core's with mscale 1 and mscale_all_dim 0."""
+    default_len = c.int("max_position_embeddings", required=False) or YARN_DEFAULTS["original_max_position_embeddings"]
+    fields = {"original_max_position_embeddings": sub.int("original_max_position_embeddings", default=default_len)}
+    fields.update({k: sub.float(k, default=YARN_DEFAULTS[k]) or YARN_DEFAULTS[k] for k in ("beta_fast", "beta_slow")})
+    mscale, all_dim = sub.float("mscale", default=0.0), sub.float("mscale_all_dim", default=0.0)
+    if mscale and all_dim:
+        fields.update(mscale=mscale, mscale_all_dim=all_dim)
+    elif mla and all_dim:       # MLA's softmax scale reads mscale_all_dim, HF's attention factor then ignores it
+        raise sub.refuse("mscale_all_dim", "without mscale, HF's YaRN attention factor is get_mscale(factor) while "
+                         "multi-latent attention's softmax scale uses mscale_all_dim; megatron-core takes both from "
+                         "the same two fields; the model is not expressible", shown=f"({all_dim:g}, no mscale)")
+    else:                       # HF: get_mscale(factor) = megatron-core's defaults (mscale 1, mscale_all_dim 0)
+        fields.update(mscale=YARN_DEFAULTS["mscale"], mscale_all_dim=YARN_DEFAULTS["mscale_all_dim"])
+    truncate = sub.bool("truncate", True)
+    if mla and not truncate:
+        raise sub.refuse("truncate", "multi-latent attention's YarnRotaryEmbedding always rounds the correction "
+                         "range (truncate true); the model is not expressible")
+    if not truncate:
+        fields["correction_range_round_to_int"] = False
+    partial = c.float("partial_rotary_factor", default=1.0)
+    if not mla and partial != 1.0:
+        raise c.refuse("partial_rotary_factor", f"with {key} yarn: megatron-core's YarnRotaryEmbedding scales every "
+                       "head dimension (it ignores rotary_percent); the model is not expressible")
     sub.check_all_read("YaRN RoPE scaling")
-    return base, yarn(factor, **fields)
+    return yarn(factor, **fields)
 
 
 def window(c, mtype: str, layers: int) -> dict:

@@ -157,6 +157,11 @@ def bridge_hybrid_layout(plan, device) -> str | None:
     return None
 
 
+def yarn_on_bridge(model, low) -> str | None:
+    from search.spec.rope_scaling import BRIDGE_REFUSAL, yarn_on_standard_attention
+    return f"--target megatron-bridge: {BRIDGE_REFUSAL}" if yarn_on_standard_attention(model) else None
+
+
 def t5_on_bridge(model, low) -> str | None:
     if not model.is_t5:
         return None
@@ -170,6 +175,8 @@ TABLE: tuple[Row, ...] = (
     Row("LatentMoE (moe_latent_size)", "model", {RUNTIME: rt.latent_moe}),
     Row("MoE with linear biases", "model", {RUNTIME: rt.moe_biases}),
     Row("MoE router expert bias", "model", {RUNTIME: rt.expert_bias}),
+    Row("YaRN on standard attention (GPT-OSS's rope scaling)", "model",
+        {RUNTIME: rt.yarn_standard_attention, BRIDGE: yarn_on_bridge}),
     Row("T5 (encoder-decoder)", "model", {BRIDGE: t5_on_bridge}),
     Row("hybrid models on Bridge (Mamba-2, squared ReLU; no GDN)", "model", {BRIDGE: bridge_hybrid_model}),
     Row("bf16 first / last layers of an FP8 recipe", "plan", _every(bf16_layers)),

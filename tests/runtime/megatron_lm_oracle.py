@@ -95,7 +95,31 @@ def run(line: str, world: int) -> dict:
             "recipe": {k: _plain(getattr(cfg, k, None)) for k in RECIPE_FIELDS},
             "mtp_chunk": _mtp_chunk(cfg, pp, vpp),
             "arch": {**{k: _plain(getattr(cfg, k, None)) for k in ARCH_FIELDS},
-                     **{k: _plain(getattr(args, k)) for k in ARCH_ARGS}}}
+                     **{k: _plain(getattr(args, k)) for k in ARCH_ARGS}},
+            "yarn": _yarn(args, cfg)}
+
+
+def _yarn(args, cfg):
+    """``--position-embedding-type yarn`` on standard attention (None otherwise): the config's ``yarn_*``
+    attributes, and what megatron-core's ``YarnRotaryEmbedding`` built as ``GPTModel`` builds it computes on CPU
+    (the inverse frequencies, position 1's angles, and its cos/sin scale), with the attention's concentration
+    factor (``_yarn_get_concentration_factor_from_config``)."""
+    if args.position_embedding_type != "yarn" or args.multi_latent_attention:
+        return None
+    if not hasattr(cfg, "yarn_rotary_scaling_factor"):       # before core_v0.19.0: GPTModel would raise
+        return {"missing": True}
+    from megatron.core.models.common.embeddings import yarn_rotary_pos_embedding as Y
+    names = ("rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+             "mscale_all_dim", "correction_range_round_to_int")
+    attrs = {n: getattr(cfg, "yarn_" + n) for n in names}
+    torch.cuda.current_device = lambda: "cpu"          # get_emb moves its tables to the current device
+    rot = Y.YarnRotaryEmbedding(kv_channels=cfg.kv_channels, rotary_percent=args.rotary_percent,
+                                rotary_base=args.rotary_base, scaling_factor=attrs["rotary_scaling_factor"],
+                                **{n: attrs[n] for n in names[1:]}, use_cpu_initialization=True)
+    emb, mscale = rot.get_emb(2)
+    return {"attrs": attrs, "apply_rope_fusion": cfg.apply_rope_fusion,
+            "inv_freq": emb[1, 0, 0, : emb.shape[-1] // 2].tolist(), "mscale": float(mscale),
+            "concentration": float(Y._yarn_get_concentration_factor_from_config(cfg))}
 
 
 # what a converted model's attention, norms and RoPE build with: TransformerConfig / MLATransformerConfig fields and

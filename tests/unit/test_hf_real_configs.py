@@ -185,7 +185,7 @@ def _edit(name: str, path: str, value):
     ("deepseek-v3", "topk_method", "noaux_tc2", "topk_method 'noaux_tc2' is not one"),
     ("deepseek-v3", "topk_method", "group_limited_greedy", "topk_method \"group_limited_greedy\": DeepSeek-V2's"),
     ("deepseek-v3", "norm_topk_prob", False, "norm_topk_prob false: HF keeps the router's top-k weights unnormalized"),
-    ("deepseek-v3", "rope_scaling.type", "dynamic", "rope_scaling.type \"dynamic\": megatron-core 0.16.1 scales"),
+    ("deepseek-v3", "rope_scaling.type", "dynamic", "rope_scaling.type \"dynamic\": megatron-core scales"),
     ("llama-3.1-8b", "rope_scaling.high_freq_factor", 2.0, "rope_scaling.high_freq_factor 2.0: megatron-core"),
     ("llama-3.1-8b", "rope_scaling.attention_factor", 1.0, "rope_scaling.attention_factor: a field aceso's import "
                                                            "does not know for llama3 RoPE scaling"),
@@ -205,13 +205,15 @@ def test_unknown_values_are_refused_naming_the_field(name, path, value, needle):
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
-def test_yarn_on_standard_attention_is_refused():
-    """GPT-OSS's YaRN: megatron-core 0.16.1 runs YaRN on multi-latent attention only (Megatron-LM asserts rope_type
-    rope for the others), so the import stops instead of converting a model Megatron-LM would train differently."""
+def test_yarn_on_standard_attention_is_kept():
+    """YaRN on standard attention (Qwen3's long-context recipe) is megatron-core's position_embedding_type yarn:
+    kept with the config's original length; Megatron-LM core_v0.19.0 builds it
+    (tests/unit/test_yarn_standard_attention.py)."""
     cfg = {**config("qwen3-8b"), "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
                                                  "original_max_position_embeddings": 32768}}
-    with pytest.raises(AcesoError, match=r"rope_scaling \(type yarn\): YaRN on standard attention"):
-        spec("qwen3-8b", cfg)
+    m = spec("qwen3-8b", cfg)
+    assert m.rope_scaling.model_dump(exclude_none=True) == {"type": "yarn", "factor": 4.0,
+                                                           "original_max_position_embeddings": 32768}
 
 
 def test_transformers5_rope_parameters():

@@ -188,7 +188,7 @@ def test_account_for_embedding_and_loss_split():
     ("--overlap-param-gather", "needs --use-distributed-optimizer (or --use-megatron-fsdp) and --overlap-grad-reduce"),
     ("--tp-comm-overlap --tensor-model-parallel-size 2", "needs --sequence-parallel"),
     ("--bf16 --fp16", "--bf16 and --fp16 together"),
-    ("--position-embedding-type relative", "learned_absolute and rope only"),
+    ("--position-embedding-type relative", "learned_absolute, rope and yarn only"),
     ("--num-layers $LAYERS", "$LAYERS, which the file does not set"),
 ])
 def test_command_lines_aceso_cannot_honour_exit_2_with_one_line(extra, needle, tmp_path, capsys):

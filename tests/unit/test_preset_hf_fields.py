@@ -28,7 +28,8 @@ WHOLE = {"deepseek-v3": {"deepseek-v3": {}, "deepseek-v3-no-mtp": {"num_nextn_pr
 TRANSCRIBED = json.loads((DATA / "hf_moe_configs.json").read_text())
 # what a preset holds on purpose that its config does not say (documented in model_specs/presets/SOURCES-moe.md)
 NOT_THE_CONFIGS = {
-    # GPT-OSS: plain RoPE as Megatron-LM's GPT-OSS and the published rows run it (megatron-core runs YaRN with MLA only)
+    # GPT-OSS: plain RoPE as the published Megatron-LM rows run it (the import keeps the config's YaRN, which
+    # Megatron-LM builds from core_v0.19.0 on: tests/unit/test_yarn_standard_attention.py)
     "gpt-oss-120b": {"drop": ("rope_scaling",)}, "gpt-oss-20b": {"drop": ("rope_scaling",)},
     # Kimi-K2's YaRN beta_fast 1.0: no Megatron-LM release has a flag for it (--beta-fast), so the preset keeps
     # megatron-core's 32.0, which every Megatron-LM run of it uses
