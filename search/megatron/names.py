@@ -9,6 +9,7 @@ mapping documented in docs/megatron.md (``mapping_table``); ``megatron_lm_args``
 
 from __future__ import annotations
 
+from search.costmodel.plan_view import run_settings
 from search.settings.data_parallel import for_target, to_flags as dp_flags
 from search.settings.precision import megatron_flags as precision_flags
 from . import layer_variant_flags
@@ -72,6 +73,9 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("stages[].sequence_parallel", "--sequence-parallel", "model.sequence_parallel", ""),
     ("stages[].chunks (count)", "--num-virtual-stages-per-pipeline-rank", "model.virtual_pipeline_model_parallel_size",
      "or the layout's stage count"),
+    ("stages[].chunks > 1: p2p overlap", "(Megatron-LM's default with virtual stages)",
+     "model.overlap_p2p_comm, model.batch_p2p_comm", "as priced (async p2p); Bridge's recipes without a "
+     "comm_overlap section (llama3_8b, qwen3) run it off"),
     ("stages[].chunks (layers)", "none (even), --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers, "
      "or --pipeline-model-parallel-layout", "model.num_layers_in_first_pipeline_stage / "
      "model.num_layers_in_last_pipeline_stage, or model.pipeline_model_parallel_layout", "the simplest form that gives "
@@ -291,6 +295,7 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
         **moe_bridge_fields(c),
         **stack_bridge_fields(s.stack),
     }
+    model.update(_p2p_fields(c))
     if s.activation_offload is not None:
         model.update(cpu_offloading=True, cpu_offloading_num_layers=s.activation_offload.num_layers)
     out: dict[str, dict[str, object]] = {
@@ -321,6 +326,20 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
         # DistributedInitConfig.align_grad_reduce (default True): setup.py sets grad_sync_func only when on
         out["dist"] = {"align_grad_reduce": written.align_grad_reduce}
     return out
+
+
+def _p2p_fields(c: MegatronConfig) -> dict[str, bool]:
+    """The interleaved schedule's p2p as priced (``RunSettings.overlap_p2p_comm``: async behind the next chunk, so
+    not batched; megatron-core raises on both), stated for a plan with virtual stages. Megatron-LM turns it on with
+    virtual stages; Bridge v0.3.1 does so only in ``CommOverlapConfig`` (comm_overlap.py:443-452), and a recipe
+    without that section (``llama3_8b``, ``qwen3_30b_a3b``) runs megatron-core's ``ModelParallelConfig`` defaults
+    (off, batched). A section's own rule gives the same values, and Bridge writes them onto the model after the
+    YAML, so the fields agree with every recipe. Without virtual stages the defaults are what is priced
+    (1F1B's sends batched with receives): nothing written."""
+    if c.vpp == 1:
+        return {}
+    overlap = run_settings(c.settings, c.precision).overlap_p2p_comm
+    return {"overlap_p2p_comm": overlap, "batch_p2p_comm": not overlap}
 
 
 def _dp_written(c: MegatronConfig, target: str):
