@@ -64,10 +64,11 @@ def test_a_release_the_yaml_does_not_run_is_refused(tmp_path, capsys):
 
 
 def test_a_model_only_bridge_v060_builds_prices_its_release():
-    """Super has MTP, which v0.3.1's MambaModelProvider has not: its only Bridge form is v0.6.0's (megatron-core
-    0.19), so its Bridge search prices 0.19, the release that YAML's import states."""
+    """Super and Ultra have MTP, which v0.3.1's MambaModelProvider has not: their only Bridge form is v0.6.0's
+    (megatron-core 0.19), so their Bridge search prices 0.19, the release that YAML's import states."""
     from search.megatron.bridge_hybrid import BRIDGE_CORE, PIPES_CORE, model_core
     assert model_core(load_model("nemotron-3-super")) == PIPES_CORE == "0.19"
+    assert model_core(load_model("nemotron-3-ultra")) == PIPES_CORE     # its MTP (v0.6.0's Ultra recipe: 2 depths)
     assert model_core(load_model("nemotron-3-nano")) == BRIDGE_CORE == "0.16"
     assert model_core(load_model("llama3-8b")) == BRIDGE_CORE
 
