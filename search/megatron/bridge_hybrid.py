@@ -123,6 +123,20 @@ def model_core(model) -> str:
     return PIPES_CORE if runs_as_pattern(model) and _model_gap(model) else BRIDGE_CORE
 
 
+def plan_core(plan: ParallelPlan) -> str:
+    """The megatron-core release the Bridge export of ``plan`` runs: v0.6.0's (``PIPES_CORE``) where only its form
+    runs the plan (``needs_pipes``: an uneven split, full recompute, MTP), else ``model_core``'s. A plan no form
+    runs (the export refuses it) is the model's. The one answer for the search's candidates, the export's header,
+    the YAML's import and ``explain --framework megatron-bridge``."""
+    from .hybrid_pattern import runs_as_pattern
+    if not runs_as_pattern(plan.model) or model_core(plan.model) == PIPES_CORE:
+        return model_core(plan.model)
+    try:
+        return PIPES_CORE if needs_pipes(plan) else BRIDGE_CORE
+    except NotExpressible:
+        return BRIDGE_CORE
+
+
 def _v031_gap(plan: ParallelPlan, c: MegatronConfig) -> str | None:
     """What Bridge v0.3.1 (megatron-core 0.16.1's ``MambaModel``) does not run of a plan v0.6.0 runs, one clause;
     or None."""
