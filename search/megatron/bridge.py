@@ -26,7 +26,7 @@ from search.io.errors import AcesoError
 from search.spec.plan import ParallelPlan
 from search.settings.precision import recipe
 from .config import MegatronConfig
-from .names import bridge_fields
+from .names import bridge_fields, comm_overlap_dp_fields
 from .versions import release
 
 # fields Bridge v0.3.1 holds as a property with a setter, not a dataclass field (data/bridge_fields_v0.3.1.json
@@ -79,6 +79,9 @@ def overrides(c: MegatronConfig) -> tuple[str, dict[str, object]]:
         raise AcesoError(f"--to megatron-bridge: tp_comm_overlap needs a comm_overlap section, which v0.3.1's "
                          f"{recipe} does not have; set cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=True) "
                          "in Python, or export --to megatron-lm")
+    if "comm_overlap" in out:       # its DP defaults would replace the plan's (names.comm_overlap_dp_fields)
+        from .bridge_hybrid import BRIDGE_CORE
+        out["comm_overlap"].update(comm_overlap_dp_fields(c, BRIDGE_CORE))
     mp = _mixed_precision(c, RECIPES[recipe])
     if mp is not _KEEP:
         out["mixed_precision"] = mp

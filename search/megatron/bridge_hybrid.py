@@ -210,6 +210,8 @@ def overrides(plan: ParallelPlan, pipes: bool = False) -> tuple[str, MegatronCon
     if m.moe is not None:
         ov.update(delay_wgrad_compute=model.get("delay_wgrad_compute", False),
                   overlap_moe_expert_parallel_comm=model.get("overlap_moe_expert_parallel_comm", False))
+    from .names import comm_overlap_dp_fields     # the section's DP defaults would replace the plan's
+    ov.update(comm_overlap_dp_fields(c, PIPES_CORE if pipes else BRIDGE_CORE))
     out["comm_overlap"] = ov
     from .bridge import _KEEP, _mixed_precision
     mp = _mixed_precision(c, "whole" if pipes else "name")     # v0.3.1's nemotronh recipes hold it as a name
@@ -261,6 +263,9 @@ FLAGS = {"model.num_moe_experts": "--num-experts", "model.hybrid_override_patter
          "tokenizer.vocab_size": "--vocab-size", "model.layernorm_epsilon": "--norm-epsilon", "dataset.seq_length": None, "optimizer.use_distributed_optimizer": None,
          "comm_overlap.delay_wgrad_compute": None, "comm_overlap.overlap_moe_expert_parallel_comm": None,
          "comm_overlap.tp_comm_overlap": "--tp-comm-overlap",
+         # the DP overlaps the section states (names.comm_overlap_dp_fields): read from ddp, checked by the round trip
+         "comm_overlap.overlap_grad_reduce": None, "comm_overlap.overlap_param_gather": None,
+         "comm_overlap.align_param_gather": None, "comm_overlap.bucket_size": None,
          "model.mtp_hybrid_override_pattern": None, "model.keep_mtp_spec_in_bf16": None}   # in the pattern; priced
 # bool fields whose flag says the opposite
 NEGATED = {"model.share_embeddings_and_output_weights": "--untie-embeddings-and-output-weights",

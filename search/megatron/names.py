@@ -342,6 +342,20 @@ def _p2p_fields(c: MegatronConfig) -> dict[str, bool]:
     return {"overlap_p2p_comm": overlap, "batch_p2p_comm": not overlap}
 
 
+def comm_overlap_dp_fields(c: MegatronConfig, core: str) -> dict[str, object]:
+    """The DP overlaps a Bridge ``comm_overlap`` section must state so that the run is the one priced (the YAML's
+    header: ``written_settings`` at megatron-core ``core``). With the distributed optimizer and dp > 1, Bridge
+    v0.3.1's ``CommOverlapConfig._get_optimizer_overlap_cfgs`` (comm_overlap.py:527-548) writes its own onto the
+    DDP config after the YAML (overlap_grad_reduce / overlap_param_gather on, bucket_size 128M, align_param_gather
+    on with virtual stages) except where the section states one: the plan's overlaps, its alignment as priced and
+    the bucket size priced (megatron-core's default ``max(40M, 1M x dp)`` unless the plan sets one)."""
+    rs = run_settings(written_settings(c, "megatron-bridge", core), c.precision)
+    s = c.settings
+    return {"overlap_grad_reduce": s.overlap_grad_reduce, "overlap_param_gather": s.overlap_param_gather,
+            "align_param_gather": rs.align_param_gather,
+            "bucket_size": rs.ddp_bucket_size or max(rs.bucket_params, 1_000_000 * c.dp)}
+
+
 def _dp_written(c: MegatronConfig, target: str):
     """The plan's DP settings with the alignment it was priced with, as ``target``'s flags must say it
     (``data_parallel.for_target``; Megatron FSDP has no DDP schedule hooks). Bridge v0.3.1 holds the gradient

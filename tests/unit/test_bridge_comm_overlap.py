@@ -99,7 +99,8 @@ def test_tp_overlap_on_a_llama_recipe_with_a_section_is_written():
     assert c.settings.tp_comm_overlap
     for name in ("llama2-7b", "llama3-70b"):
         recipe, ov = overrides(_with_model(c, name))
-        assert ov["comm_overlap"] == {"tp_comm_overlap": True, "tp_comm_overlap_cfg": None}, recipe
+        assert {k: ov["comm_overlap"][k] for k in ("tp_comm_overlap", "tp_comm_overlap_cfg")} == \
+            {"tp_comm_overlap": True, "tp_comm_overlap_cfg": None}, recipe
         assert bridge_runs(recipe, ov)["tp_comm_overlap"] is True
     from search.io.errors import AcesoError
     with pytest.raises(AcesoError, match="llama3_8b_pretrain_config does not have"):
@@ -128,3 +129,67 @@ def test_search_header_and_explain_agree_on_an_interleaved_bridge_plan(tmp_path,
     capsys.readouterr()
     assert main(["explain", str(plan), "--framework", "megatron-bridge"]) == 0
     assert f"iteration {ms} ms" in capsys.readouterr().out
+
+
+# megatron-core 0.16.1's DistributedDataParallelConfig defaults (distributed_data_parallel_config.py) and
+# DistributedDataParallel's bucket size when none is given (distributed_data_parallel.py: max(40M, 1M x the DP group))
+DDP_DEFAULTS = {"overlap_grad_reduce": False, "overlap_param_gather": False, "align_param_gather": False,
+                "bucket_size": None}
+
+
+def bridge_ddp(recipe: str, ov: dict, dp: int) -> dict:
+    """The DDP overlap fields after Bridge v0.3.1 / v0.6.0 merges the YAML over ``recipe``: the YAML's ``ddp``
+    (the recipes' own ddp fields are all in it), then, with a comm_overlap section, the distributed optimizer and
+    dp > 1, ``_get_optimizer_overlap_cfgs`` (comm_overlap.py:527-548): both overlaps on, bucket 128 Mi, the
+    parameter all-gather aligned with virtual stages, each replaced by what the section states."""
+    ddp = {**DDP_DEFAULTS, **{k: v for k, v in ov["ddp"].items() if k in DDP_DEFAULTS}}
+    if SECTIONS.get(recipe, {"hybrid": True}) is None or not ov["ddp"]["use_distributed_optimizer"] or dp == 1:
+        return ddp
+    vpp = ov["model"].get("virtual_pipeline_model_parallel_size") or 1
+    rule = {"bucket_size": 128 * 1024 * 1024, "overlap_grad_reduce": True, "overlap_param_gather": True,
+            "align_param_gather": ov["model"]["pipeline_model_parallel_size"] > 1 and vpp > 1}
+    user = {**(SECTIONS.get(recipe) or {}), **ov.get("comm_overlap", {})}
+    return {**ddp, **rule, **{k: v for k, v in user.items() if k in rule and v is not None}}
+
+
+@pytest.mark.parametrize("model", [None, "llama3-70b", "llama2-7b"])
+@pytest.mark.parametrize("name", ["gpt-pp4-vpp2-sp", "llama-pp4-vpp2-first-last", "tiny-llama-gqa-selective",
+                                  "gpt-cp2-sp-distopt", "llama-pp2-layout-embedding-only"])
+def test_a_comm_overlap_section_keeps_the_dp_overlaps_priced(name, model):
+    """The GPT, llama2_7b and llama3_70b recipes (and every Nemotron-H one) have a comm_overlap section, whose DP
+    defaults Bridge writes over the YAML's ddp fields with the distributed optimizer: the section states the plan's
+    overlaps, the alignment and the bucket size priced (the export header's settings, names.written_settings)."""
+    from search.megatron.bridge_hybrid import BRIDGE_CORE
+    from search.megatron.names import written_settings
+    c = case_config(name)
+    if model is not None:
+        if c.model.activation != "swiglu":
+            pytest.skip("a GELU model runs from the GPT recipe")
+        c = _with_model(c, model)
+    for dist_opt, overlap in ((True, True), (True, False), (False, False)):
+        c2 = dataclasses.replace(c, settings=c.settings.model_copy(update={
+            "distributed_optimizer": dist_opt, "overlap_grad_reduce": overlap, "overlap_param_gather": overlap}))
+        recipe, ov = overrides(c2)
+        runs = bridge_ddp(recipe, ov, c2.dp)
+        priced = run_settings(written_settings(c2, "megatron-bridge", BRIDGE_CORE), c2.precision)
+        assert (runs["overlap_grad_reduce"], runs["overlap_param_gather"]) == (overlap, overlap), (recipe, runs)
+        assert runs["align_param_gather"] == priced.align_param_gather, (recipe, runs)
+        if overlap and c2.dp > 1:    # without the overlap megatron-core keeps one bucket whatever is given
+            assert runs["bucket_size"] in (None, max(priced.bucket_params, 1_000_000 * c2.dp)), (recipe, runs)
+            if SECTIONS[recipe] is not None:
+                assert runs["bucket_size"] == max(priced.bucket_params, 1_000_000 * c2.dp)
+
+
+def test_a_hybrid_recipes_section_states_the_dp_overlaps():
+    """Nemotron-H recipes hold a comm_overlap section (v0.3.1 nemotronh.py; v0.6.0's too): the YAML of a plan
+    without overlapped gradient reduction runs without it."""
+    from search.megatron.bridge_hybrid import overrides as hybrid_overrides
+    from search.settings.plan_settings import PlanSettings
+    from tests.hybrid_plans import MAMBA8, cut_plan
+    plan = cut_plan(MAMBA8, [0, MAMBA8.num_units], 1, dp=4, gbs=16,
+                    settings=PlanSettings(framework="megatron-bridge", release="0.16", distributed_optimizer=True))
+    assert not plan.settings.overlap_grad_reduce
+    recipe, c, ov = hybrid_overrides(plan)
+    runs = bridge_ddp(recipe, ov, 4)
+    assert (runs["overlap_grad_reduce"], runs["overlap_param_gather"], runs["align_param_gather"]) == \
+        (False, False, False)
