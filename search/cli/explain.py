@@ -177,13 +177,13 @@ def report(cost, shapes: list[dict], model: str, micro_batch_size: int, global_b
 
 def _target(args: argparse.Namespace, plan):
     """``--framework``; megatron-bridge over a plan of another framework with no ``--release``: at the release the
-    Bridge export runs (``bridge_hybrid.model_core``), as ``search --target megatron-bridge`` prices it."""
+    Bridge export of the plan runs (``bridge_hybrid.plan_core``), as ``search --target megatron-bridge`` prices it."""
     if args.framework != "megatron-bridge" or release_of(args) is not None \
             or plan.settings.framework == "megatron-bridge":
         return args.framework
     from search.settings.plan_settings import Target
-    from ..megatron.bridge_hybrid import model_core
-    return Target("megatron-bridge", model_core(plan.model))
+    from ..megatron.bridge_hybrid import plan_core
+    return Target("megatron-bridge", plan_core(plan))
 
 
 def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str], str]:

@@ -274,7 +274,8 @@ def settings_from_args(args, training, model):
 def bridge_release(args, model) -> str:
     """The release a ``--target megatron-bridge`` search prices: the megatron-core of the Megatron-Bridge that
     ``aceso export --to megatron-bridge`` writes for (v0.3.1: 0.16, container 26.02.01; a hybrid model only v0.6.0
-    builds: 0.19; ``bridge_hybrid.model_core``), which its import prices too. A ``--release`` of another container
+    builds: 0.19; ``bridge_hybrid.model_core``), which its import prices too; a candidate whose form is v0.6.0's is
+    priced at 0.19 by the search itself (``planner/bridge_release.py``). A ``--release`` of another container
     would price what the YAML does not run: refused, naming the one it runs."""
     from search.settings.releases import resolve
     from ..megatron.bridge_hybrid import BRIDGE, PIPES, PIPES_CORE, model_core
@@ -441,7 +442,9 @@ def run(args: argparse.Namespace) -> int:
         files += [(extra.to_json(), str(p.with_name(f"{p.stem}.top{k}{p.suffix}")), "-o")
                   for k, extra in enumerate(out_plans[1:], start=2)]
         if plans.pattern is not None and plans.pattern.fits:    # the |-pattern line: aceso export --hybrid-pattern
-            pattern = report.to_plan(plans.pattern, f.model, f.cluster, f.training, cm, out_plans[0].settings)
+            searched = settings_from_args(args, f.training, f.model).release     # its release (not a Bridge form's)
+            pattern = report.to_plan(plans.pattern, f.model, f.cluster, f.training, cm,
+                                     out_plans[0].settings.model_copy(update={"release": searched}))
             files.append((pattern.to_json(), str(p.with_name(f"{p.stem}.pattern{p.suffix}")), "-o"))
     if args.trace:
         files.append((json.dumps([m.as_dict() for m in result.moves], indent=2) + "\n", args.trace, "--trace"))

@@ -26,7 +26,7 @@ from search.io.errors import AcesoError
 from search.spec.plan import ParallelPlan
 from search.settings.precision import recipe
 from .config import MegatronConfig
-from .names import bridge_fields
+from .names import bridge_fields, comm_overlap_dp_fields
 from .versions import release
 
 # fields Bridge v0.3.1 holds as a property with a setter, not a dataclass field (data/bridge_fields_v0.3.1.json
@@ -37,8 +37,12 @@ FORCE_ADD = ("dataset.seq_length",)
 RECIPES = {"llama3_8b_pretrain_config": "name", "llama3_70b_pretrain_config": "name",
            "llama2_7b_pretrain_config": "name", "gpt3_175b_pretrain_config": "object",
            "qwen3_30b_a3b_pretrain_config": "name", "deepseek_v3_pretrain_config": "object"}
-# recipes with a comm_overlap section (CommOverlapConfig) in v0.3.1
-_COMM_OVERLAP = ("gpt3_175b_pretrain_config", "deepseek_v3_pretrain_config")
+# recipes with a comm_overlap section (CommOverlapConfig) in v0.3.1 whose TP overlap the YAML states (the plan's;
+# the userbuffer config None: transformer-engine's default, since a recipe's is for one shape): the GPT recipe's
+# (tp_comm_overlap on), llama2_7b's (off: recipes/llama/llama2.py:118) and llama3_70b's (on, with a userbuffer
+# config for h8192 tp4: recipes/llama/llama3.py:737); llama3_8b and qwen3_30b_a3b have none (common.py:
+# comm_overlap=None), deepseek_v3's also holds the EP overlap (below)
+_TP_OVERLAP_SECTION = ("gpt3_175b_pretrain_config", "llama2_7b_pretrain_config", "llama3_70b_pretrain_config")
 _DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
 
 
@@ -62,19 +66,22 @@ def overrides(c: MegatronConfig) -> tuple[str, dict[str, object]]:
     """``(recipe, {section: {field: value} or a value for the whole section})``."""
     recipe = recipe_for(c)
     out: dict[str, object] = dict(bridge_fields(c))
-    if recipe == "gpt3_175b_pretrain_config":
-        # its comm_overlap section: TP overlap on with a userbuffer config for one shape; embedding wgrad deferral
-        out["comm_overlap"] = {"tp_comm_overlap": c.settings.tp_comm_overlap, "tp_comm_overlap_cfg": None,
-                               "defer_embedding_wgrad_compute": c.pp > 1}
+    if recipe in _TP_OVERLAP_SECTION:
+        out["comm_overlap"] = {"tp_comm_overlap": c.settings.tp_comm_overlap, "tp_comm_overlap_cfg": None}
+        if recipe == "gpt3_175b_pretrain_config":     # its embedding wgrad deferral
+            out["comm_overlap"]["defer_embedding_wgrad_compute"] = c.pp > 1
     elif recipe == "deepseek_v3_pretrain_config":
         # its CommOverlapConfig(tp_comm_overlap=False) also holds the EP overlap, which Bridge copies to the model
         moe = c.settings.moe
         out["comm_overlap"] = {"tp_comm_overlap": c.settings.tp_comm_overlap, "overlap_moe_expert_parallel_comm":
                                bool(moe and moe.overlap_ep_comm)}
     elif c.settings.tp_comm_overlap:
-        raise AcesoError("--to megatron-bridge: tp_comm_overlap needs a comm_overlap section, which the Llama "
-                         "recipes of v0.3.1 do not have; set cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap="
-                         "True) in Python, or export --to megatron-lm")
+        raise AcesoError(f"--to megatron-bridge: tp_comm_overlap needs a comm_overlap section, which v0.3.1's "
+                         f"{recipe} does not have; set cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=True) "
+                         "in Python, or export --to megatron-lm")
+    if "comm_overlap" in out:       # its DP defaults would replace the plan's (names.comm_overlap_dp_fields)
+        from .bridge_hybrid import BRIDGE_CORE
+        out["comm_overlap"].update(comm_overlap_dp_fields(c, BRIDGE_CORE))
     mp = _mixed_precision(c, RECIPES[recipe])
     if mp is not _KEEP:
         out["mixed_precision"] = mp

@@ -123,6 +123,20 @@ def model_core(model) -> str:
     return PIPES_CORE if runs_as_pattern(model) and _model_gap(model) else BRIDGE_CORE
 
 
+def plan_core(plan: ParallelPlan) -> str:
+    """The megatron-core release the Bridge export of ``plan`` runs: v0.6.0's (``PIPES_CORE``) where only its form
+    runs the plan (``needs_pipes``: an uneven split, full recompute, MTP), else ``model_core``'s. A plan no form
+    runs (the export refuses it) is the model's. The one answer for the search's candidates, the export's header,
+    the YAML's import and ``explain --framework megatron-bridge``."""
+    from .hybrid_pattern import runs_as_pattern
+    if not runs_as_pattern(plan.model) or model_core(plan.model) == PIPES_CORE:
+        return model_core(plan.model)
+    try:
+        return PIPES_CORE if needs_pipes(plan) else BRIDGE_CORE
+    except NotExpressible:
+        return BRIDGE_CORE
+
+
 def _v031_gap(plan: ParallelPlan, c: MegatronConfig) -> str | None:
     """What Bridge v0.3.1 (megatron-core 0.16.1's ``MambaModel``) does not run of a plan v0.6.0 runs, one clause;
     or None."""
@@ -196,6 +210,8 @@ def overrides(plan: ParallelPlan, pipes: bool = False) -> tuple[str, MegatronCon
     if m.moe is not None:
         ov.update(delay_wgrad_compute=model.get("delay_wgrad_compute", False),
                   overlap_moe_expert_parallel_comm=model.get("overlap_moe_expert_parallel_comm", False))
+    from .names import comm_overlap_dp_fields     # the section's DP defaults would replace the plan's
+    ov.update(comm_overlap_dp_fields(c, PIPES_CORE if pipes else BRIDGE_CORE))
     out["comm_overlap"] = ov
     from .bridge import _KEEP, _mixed_precision
     mp = _mixed_precision(c, "whole" if pipes else "name")     # v0.3.1's nemotronh recipes hold it as a name
@@ -247,6 +263,9 @@ FLAGS = {"model.num_moe_experts": "--num-experts", "model.hybrid_override_patter
          "tokenizer.vocab_size": "--vocab-size", "model.layernorm_epsilon": "--norm-epsilon", "dataset.seq_length": None, "optimizer.use_distributed_optimizer": None,
          "comm_overlap.delay_wgrad_compute": None, "comm_overlap.overlap_moe_expert_parallel_comm": None,
          "comm_overlap.tp_comm_overlap": "--tp-comm-overlap",
+         # the DP overlaps the section states (names.comm_overlap_dp_fields): read from ddp, checked by the round trip
+         "comm_overlap.overlap_grad_reduce": None, "comm_overlap.overlap_param_gather": None,
+         "comm_overlap.align_param_gather": None, "comm_overlap.bucket_size": None,
          "model.mtp_hybrid_override_pattern": None, "model.keep_mtp_spec_in_bf16": None}   # in the pattern; priced
 # bool fields whose flag says the opposite
 NEGATED = {"model.share_embeddings_and_output_weights": "--untie-embeddings-and-output-weights",

@@ -9,6 +9,7 @@ mapping documented in docs/megatron.md (``mapping_table``); ``megatron_lm_args``
 
 from __future__ import annotations
 
+from search.costmodel.plan_view import run_settings
 from search.settings.data_parallel import for_target, to_flags as dp_flags
 from search.settings.precision import megatron_flags as precision_flags
 from search.spec.rope_scaling import yarn_on_standard_attention
@@ -73,6 +74,9 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("stages[].sequence_parallel", "--sequence-parallel", "model.sequence_parallel", ""),
     ("stages[].chunks (count)", "--num-virtual-stages-per-pipeline-rank", "model.virtual_pipeline_model_parallel_size",
      "or the layout's stage count"),
+    ("stages[].chunks > 1: p2p overlap", "(Megatron-LM's default with virtual stages)",
+     "model.overlap_p2p_comm, model.batch_p2p_comm", "as priced (async p2p); Bridge's recipes without a "
+     "comm_overlap section (llama3_8b, qwen3) run it off"),
     ("stages[].chunks (layers)", "none (even), --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers, "
      "or --pipeline-model-parallel-layout", "model.num_layers_in_first_pipeline_stage / "
      "model.num_layers_in_last_pipeline_stage, or model.pipeline_model_parallel_layout", "the simplest form that gives "
@@ -292,6 +296,7 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
         **moe_bridge_fields(c),
         **stack_bridge_fields(s.stack),
     }
+    model.update(_p2p_fields(c))
     if s.activation_offload is not None:
         model.update(cpu_offloading=True, cpu_offloading_num_layers=s.activation_offload.num_layers)
     out: dict[str, dict[str, object]] = {
@@ -322,6 +327,34 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
         # DistributedInitConfig.align_grad_reduce (default True): setup.py sets grad_sync_func only when on
         out["dist"] = {"align_grad_reduce": written.align_grad_reduce}
     return out
+
+
+def _p2p_fields(c: MegatronConfig) -> dict[str, bool]:
+    """The interleaved schedule's p2p as priced (``RunSettings.overlap_p2p_comm``: async behind the next chunk, so
+    not batched; megatron-core raises on both), stated for a plan with virtual stages. Megatron-LM turns it on with
+    virtual stages; Bridge v0.3.1 does so only in ``CommOverlapConfig`` (comm_overlap.py:443-452), and a recipe
+    without that section (``llama3_8b``, ``qwen3_30b_a3b``) runs megatron-core's ``ModelParallelConfig`` defaults
+    (off, batched). A section's own rule gives the same values, and Bridge writes them onto the model after the
+    YAML, so the fields agree with every recipe. Without virtual stages the defaults are what is priced
+    (1F1B's sends batched with receives): nothing written."""
+    if c.vpp == 1:
+        return {}
+    overlap = run_settings(c.settings, c.precision).overlap_p2p_comm
+    return {"overlap_p2p_comm": overlap, "batch_p2p_comm": not overlap}
+
+
+def comm_overlap_dp_fields(c: MegatronConfig, core: str) -> dict[str, object]:
+    """The DP overlaps a Bridge ``comm_overlap`` section must state so that the run is the one priced (the YAML's
+    header: ``written_settings`` at megatron-core ``core``). With the distributed optimizer and dp > 1, Bridge
+    v0.3.1's ``CommOverlapConfig._get_optimizer_overlap_cfgs`` (comm_overlap.py:527-548) writes its own onto the
+    DDP config after the YAML (overlap_grad_reduce / overlap_param_gather on, bucket_size 128M, align_param_gather
+    on with virtual stages) except where the section states one: the plan's overlaps, its alignment as priced and
+    the bucket size priced (megatron-core's default ``max(40M, 1M x dp)`` unless the plan sets one)."""
+    rs = run_settings(written_settings(c, "megatron-bridge", core), c.precision)
+    s = c.settings
+    return {"overlap_grad_reduce": s.overlap_grad_reduce, "overlap_param_gather": s.overlap_param_gather,
+            "align_param_gather": rs.align_param_gather,
+            "bucket_size": rs.ddp_bucket_size or max(rs.bucket_params, 1_000_000 * c.dp)}
 
 
 def _dp_written(c: MegatronConfig, target: str):

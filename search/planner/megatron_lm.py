@@ -221,9 +221,12 @@ def offloaded(ev, state, spans, firsts):
 
 
 def _evaluation(ev, state, stages, setting: Recompute, exact: bool):
+    """The plan of ``state`` with these stages and ``setting``, priced at the release its target runs it
+    (``bridge_release``: a Bridge search's candidate in v0.6.0's form)."""
+    from .bridge_release import priced_as_exported
     e = ev.assemble(state, stages, exact)
     e.setting = setting
-    return e
+    return priced_as_exported(ev, e, exact)
 
 
 def setting_of(plan) -> Recompute | None:

@@ -103,6 +103,7 @@ class Evaluation:
     bubble_ms: float = 0.0
     setting: object = None          # megatron-lm target: the plan's recompute setting (megatron_lm.Setting)
     moe: object = None              # MoE models: the MoEPlanSettings it was priced under (None: the defaults)
+    release: str | None = None      # the release it was priced at where not its cost model's (bridge_release.py)
 
     @property
     def score(self) -> tuple[int, float]:
@@ -179,6 +180,9 @@ class Evaluator:
         self.takes_moe = "moe" in params and not v1     # takes the MoE settings (dispatcher, overlaps)
         # megatron-core refuses full recompute under the EP overlap (moe_plan.overlap_ep_refusal): no stage takes it
         self.no_full = bool(getattr(moe, "overlap_ep_comm", False))
+        # megatron-bridge: the Evaluator at the release of Bridge v0.6.0's form, made on first use (None: not yet;
+        # False: none), for the candidates only that form runs (bridge_release.py)
+        self.pipes = None
 
     # ----- one stage ----------------------------------------------------------------------------------------------
     def stage_args(self, st: State, i: int, first_rank: int, shape: Shape | None = None,
@@ -341,6 +345,8 @@ def to_plan(ev: Evaluation, model, cluster, gbs: int, cost_model_kind: str, pred
                               stage_time_ms=[round(t, 6) for t in ev.stage_total_ms],
                               stage_memory_mb=[round(s.cost.memory_mb, 6) for s in ev.stages], attention=attention)
     base = settings if settings is not None else PlanSettings()
+    if ev.release is not None:      # priced at another release than the search's (bridge_release.py)
+        base = base.model_copy(update={"release": ev.release})
     return ParallelPlan(model=model, cluster=cluster, micro_batch_size=st.mbs, global_batch_size=gbs, stages=stages,
                         predicted=pred, settings=base.model_copy(update={**st.features.switches(), "moe": ev.moe}))
 

@@ -105,7 +105,7 @@ def test_the_nemotron_presets_init_std_reaches_the_config(tag):
     tests/unit/test_nemotron_init_std.py) as each release's parser and TransformerConfig read the exported line."""
     rel = release(tag)
     lines, worlds, want = [], [], []
-    for name, std, pattern in (("nemotron-3-nano", 0.0173, "MEM*EM"), ("nemotron-3-ultra", 0.0099, "MEM*EM"),
+    for name, std, pattern in (("nemotron-3-nano", 0.0173, "MEM*EM"), ("nemotron-3-ultra", 0.0099, "MEM*EM/*E/*E"),
                                ("nemotron-h-56b", 0.0099, "M-M*-M")):
         m = load_model(name).model_copy(update={"hybrid_layer_pattern": pattern, "num_layers": 6})
         plan = cut_plan(m, [0, 3, m.num_units], 2, gbs=16)

@@ -64,10 +64,11 @@ def test_a_release_the_yaml_does_not_run_is_refused(tmp_path, capsys):
 
 
 def test_a_model_only_bridge_v060_builds_prices_its_release():
-    """Super has MTP, which v0.3.1's MambaModelProvider has not: its only Bridge form is v0.6.0's (megatron-core
-    0.19), so its Bridge search prices 0.19, the release that YAML's import states."""
+    """Super and Ultra have MTP, which v0.3.1's MambaModelProvider has not: their only Bridge form is v0.6.0's
+    (megatron-core 0.19), so their Bridge search prices 0.19, the release that YAML's import states."""
     from search.megatron.bridge_hybrid import BRIDGE_CORE, PIPES_CORE, model_core
     assert model_core(load_model("nemotron-3-super")) == PIPES_CORE == "0.19"
+    assert model_core(load_model("nemotron-3-ultra")) == PIPES_CORE     # its MTP (v0.6.0's Ultra recipe: 2 depths)
     assert model_core(load_model("nemotron-3-nano")) == BRIDGE_CORE == "0.16"
     assert model_core(load_model("llama3-8b")) == BRIDGE_CORE
 
@@ -147,3 +148,33 @@ def test_a_bridge_plans_megatron_lm_script_prices_the_release_it_is_written_for(
         assert _header_ms(script.read_text()) == explained
         if version:
             assert explained == searched
+
+
+def test_a_plan_only_bridge_v060s_form_runs_is_searched_at_its_release(tmp_path, capsys):
+    """Nemotron-H 8B (Bridge v0.3.1 builds it) on 2 H100s, global batch 32: the best plan recomputes layers fully
+    (--recompute-method block), which v0.3.1's MambaStack does not (it checkpoints no layer), so the export writes v0.6.0's form, which
+    runs megatron-core 0.19. The search prices that candidate at 0.19 (before: at 26.02.01, while the header, the
+    import and explain priced 0.19), and the plan states that release."""
+    from search.megatron.bridge_hybrid import PIPES_CORE
+    plan, yaml, back, mlm = (tmp_path / n for n in ("p.json", "b.yaml", "back.json", "mlm.json"))
+    common = ["--model", "nemotron-h-8b", "--cluster", "1x2-h100", "--global-batch-size", "32", "--budget-evals", "60",
+              "--workers", "1"]
+    _run(capsys, "search", *common, "--target", "megatron-bridge", "-o", str(plan))
+    searched = json.loads(plan.read_text())
+    assert "full" in {r for st in searched["stages"] for c in st["chunks"] for r in c["recompute"]}
+    assert searched["settings"]["release"] == PIPES_CORE
+    ms = "%.1f" % searched["predicted"]["iteration_time_ms"]
+    err = _run(capsys, "export", str(plan), "--to", "megatron-bridge", "-o", str(yaml))
+    text = yaml.read_text()
+    assert "Megatron-Bridge v0.6.0 overrides" in text and "the header prices" not in err, err
+    assert _header_ms(text) == ms
+    _run(capsys, "import", str(yaml), "--from", "megatron-bridge", "--cluster", "1x2-h100", "-o", str(back))
+    imported = json.loads(back.read_text())
+    assert imported["settings"]["release"] == PIPES_CORE and "%.1f" % imported["predicted"]["iteration_time_ms"] == ms
+    main(["explain", str(plan)])
+    assert f"iteration {ms} ms" in capsys.readouterr().out
+    # the Megatron-LM search's plan of the same model, explained as Bridge runs it: the release of its Bridge form
+    _run(capsys, "search", *common, "--target", "megatron-lm", "-o", str(mlm))
+    assert json.loads(mlm.read_text())["stages"] == searched["stages"]
+    main(["explain", str(mlm), "--framework", "megatron-bridge"])
+    assert f"iteration {ms} ms" in capsys.readouterr().out

@@ -56,8 +56,23 @@ def test_super_counts_its_released_checkpoint_to_the_element():
 @pytest.mark.parametrize("name,rel", [("nemotron-3-nano", 0.001), ("nemotron-3-ultra", 0.002),
                                       ("nemotron-h-8b", 0.02), ("nemotron-h-56b", 0.01)])
 def test_totals_against_published(name, rel):
+    """The names' totals count the main model: Super's "120B" is its main 120.67B (123.6B with the MTP block its
+    checkpoint stores), and Ultra's "550B" its main 549.3B (560.5B with its '*E' MTP block)."""
     a = load(name)
-    assert abs(counts(a).total / a.published["total_params"] - 1) < rel
+    c = counts(a)
+    assert abs((c.total - c.mtp) / a.published["total_params"] - 1) < rel
+
+
+def test_ultra_has_bridge_v060s_mtp():
+    """Megatron-Bridge v0.6.0's Ultra recipes (recipes/nemotronh/h100/nemotron_3_ultra.py) set mtp_num_layers 2,
+    mtp_use_repeated_layer True and mtp_loss_scaling_factor 0.3; the block is stored once, as Super's: one
+    attention and one MoE layer of the main pattern, the enorm / hnorm / eh_proj fusion and a final norm."""
+    a = load("nemotron-3-ultra")
+    assert (a.mtp_num_layers, a.mtp_use_repeated_layer, a.mtp_loss_scaling_factor) == (2, True, 0.3)
+    assert a.full_pattern.endswith("E/*E/*E")
+    c = counts(a)
+    h = 8192
+    assert c.mtp == h * 3 + 2 * h * h + c.by_kind["attention"] // 12 + c.by_kind["moe"] // 48
 
 
 def test_nano_active_as_its_report_counts():

@@ -169,8 +169,11 @@ def test_bridge_yaml_sets_every_plan_field_on_the_gelu_or_llama_recipe(tmp_path,
     assert y["ddp"]["grad_reduce_in_fp32"] is True and "mixed_precision" not in y   # bf16_mixed: the default
     gpt = yaml.safe_load(_export(tmp_path, capsys, case_plan("gpt-pp2-selective"), "--to", "megatron-bridge"))
     assert gpt["mixed_precision"]["fp16"] is True and gpt["mixed_precision"]["params_dtype"] == "torch.float16"
+    # the section's DP defaults (Bridge's _get_optimizer_overlap_cfgs) stated as the plan's (test_bridge_comm_overlap)
     assert gpt["comm_overlap"] == {"tp_comm_overlap": False, "tp_comm_overlap_cfg": None,
-                                   "defer_embedding_wgrad_compute": True}
+                                   "defer_embedding_wgrad_compute": True, "overlap_grad_reduce": False,
+                                   "overlap_param_gather": False, "align_param_gather": False,
+                                   "bucket_size": 40_000_000}
 
 
 def test_bridge_cli_overrides_are_one_line_of_hydra_assignments(tmp_path, capsys):
