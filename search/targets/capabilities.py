@@ -169,7 +169,6 @@ TABLE: tuple[Row, ...] = (
     Row("GPT-OSS layer fields (softmax offset, quick GEGLU)", "model", {RUNTIME: rt.unbuilt_layers}),
     Row("LatentMoE (moe_latent_size)", "model", {RUNTIME: rt.latent_moe}),
     Row("MoE with linear biases", "model", {RUNTIME: rt.moe_biases}),
-    Row("MoE router expert bias", "model", {RUNTIME: rt.expert_bias}),
     Row("T5 (encoder-decoder)", "model", {BRIDGE: t5_on_bridge}),
     Row("hybrid models on Bridge (Mamba-2, squared ReLU; no GDN)", "model", {BRIDGE: bridge_hybrid_model}),
     Row("bf16 first / last layers of an FP8 recipe", "plan", _every(bf16_layers)),

@@ -64,14 +64,6 @@ def moe_biases(model, low) -> str | None:
             "place on the output of its TP reduction, which autograd refuses; set model.add_bias_linear false")
 
 
-def expert_bias(model, low) -> str | None:
-    if model.moe is None or not model.moe.moe_router_enable_expert_bias:
-        return None
-    return ("model.moe.moe_router_enable_expert_bias: megatron-core 0.16.1 updates the expert bias over the global "
-            "parallel_state groups, which per-stage groups leave unset; set it false, or search with --target "
-            "megatron-lm")
-
-
 # ----- precision scope: (dtype, gpu) -------------------------------------------------------------------------------
 def fp16_on_gpu(dtype: str, gpu) -> str | None:
     """fp16 trains with loss scaling, which the runtime does not run yet (its entry check refuses it on any GPU at
