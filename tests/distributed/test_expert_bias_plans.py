@@ -12,6 +12,8 @@ replica its samples). The control counts the tokens over the stage's DP group on
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -54,14 +56,11 @@ def _over_dp(runtime, model_chunks) -> None:
 
 
 def plans_then_control(rank, world_size, raws, out, control_out, seed, steps, tc) -> None:
-    run_plans(rank, world_size, raws, out, seed, steps, tc)
     from aceso_megatron.parallel import grads
 
-    right, grads.finish_router_batch = grads.finish_router_batch, _over_dp
-    try:
+    run_plans(rank, world_size, raws, out, seed, steps, tc)
+    with mock.patch.object(grads, "finish_router_batch", _over_dp):
         run_plans(rank, world_size, [CONTROL], control_out, seed, steps, tc)
-    finally:
-        grads.finish_router_batch = right
     dist.barrier()
 
 
