@@ -211,20 +211,20 @@ def search_row(x: dict, evals: int) -> dict:
     runtime's form, ``runtime_state``), against the published plan under the same cost model: the search keeps the
     best plan it sees, so it is never slower than the published plan where that plan is in its space
     (``published``: in the space, or why not). Target: the aceso runtime, or Megatron-LM where the runtime cannot run
-    the row (a low-precision recipe, the expert bias: search.targets.runtime_rules). The reported plan is
+    the row (a low-precision recipe, a model it does not build: search.targets.capabilities). The reported plan is
     the best of the search's five that the one pre-flight (search.targets.preflight) says its target runs."""
     from search.planner.aceso import SearchOptions
     from search.planner.settle import settle
     from search.planner.api import make_space, runtime_state, runtime_training
     from search.planner.baseline import best_uniform
     from search.planner.state import from_plan
-    from search.targets.runtime_rules import expert_bias
+    from search.targets.capabilities import model_refusal
 
     from search.planner.state import to_plan
     from search.targets.preflight import preflight
 
     plan, cm, training = x["_plan"], x["_cm"], x["_training"]
-    target = "megatron-lm" if training.precision != "bf16" or expert_bias(plan.model, None) else "aceso"
+    target = "megatron-lm" if training.precision != "bf16" or model_refusal("aceso", plan.model) else "aceso"
     if target == "aceso":
         training = runtime_training(training, strict=False)
     # cp 1 first, then ``aceso search``'s default CP degrees (1 2 4 8 from 8192 tokens on) from its best plan

@@ -29,6 +29,8 @@ Each function names the difference it hides:
   builds its layers on where present.
 - ``reset_moe_metrics``: megatron-core's process-wide MoE aux-loss log, sized by the first MoE model's layers (and
   MTP depths) that logs into it: 0.19 ``moe_logging``'s ``MoEMetricsTracker``, 0.16.1 ``moe_utils``' dict.
+- ``update_router_expert_bias``: ``_update_router_expert_bias``'s group: 0.19 takes ``tp_dp_cp_group``, 0.16.1
+  reads the global ``parallel_state`` TP x DP x CP group (the stage's set there for the call).
 - ``shared_mtp_refusal``: ``TransformerConfig.mtp_use_repeated_layer`` (one MTP layer run at every depth; 0.17 on),
   which 0.16.1 has not.
 
@@ -40,7 +42,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import importlib.util
+import inspect
 import logging
 import warnings
 
@@ -285,20 +289,38 @@ def fsdp_class(tp_group, expt_tp_group) -> type:
         def _fix_tensor_parallel_attributes(self, module):
             if not isinstance(getattr(a, "TELinear", None), type):
                 return
-            with _global_tp_groups(tp_group, expt_tp_group):
+            with _global_groups(_TENSOR_MODEL_PARALLEL_GROUP=tp_group, _EXPERT_TENSOR_PARALLEL_GROUP=expt_tp_group):
                 super()._fix_tensor_parallel_attributes(module)
 
     return StageFSDP
 
 
 @contextlib.contextmanager
-def _global_tp_groups(tp, expt_tp):
-    """megatron-core's global TP and expert-TP groups set to a stage's, restored after."""
+def _global_groups(**groups):
+    """megatron-core's global ``parallel_state`` groups named (``_TENSOR_MODEL_PARALLEL_GROUP=...``) set to a
+    stage's for the call, restored after."""
     from megatron.core import parallel_state as ps
 
-    saved = ps._TENSOR_MODEL_PARALLEL_GROUP, ps._EXPERT_TENSOR_PARALLEL_GROUP
-    ps._TENSOR_MODEL_PARALLEL_GROUP, ps._EXPERT_TENSOR_PARALLEL_GROUP = tp, expt_tp
+    saved = {name: getattr(ps, name) for name in groups}
+    for name, group in groups.items():
+        setattr(ps, name, group)
     try:
         yield
     finally:
-        ps._TENSOR_MODEL_PARALLEL_GROUP, ps._EXPERT_TENSOR_PARALLEL_GROUP = saved
+        for name, group in saved.items():
+            setattr(ps, name, group)
+
+
+# ----- the router's expert bias -----------------------------------------------------------------------------------
+def update_router_expert_bias(model_chunks, config, tp_dp_cp_group) -> None:
+    """megatron-core's end-of-batch expert-bias step (``finalize_model_grads._update_router_expert_bias``: the
+    routers' ``local_tokens_per_expert`` all-reduced, each bias moved by ``moe_router_bias_update_rate`` towards
+    balance) with the tokens counted over ``tp_dp_cp_group``. 0.19 takes the group; 0.16.1's
+    ``get_updated_expert_bias`` reads the global TP x DP x CP group, which the runtime never initialises: the
+    stage's is set there for the call."""
+    fmg = importlib.import_module("megatron.core.distributed.finalize_model_grads")   # the module, not the function
+    if "tp_dp_cp_group" in inspect.signature(fmg._update_router_expert_bias).parameters:
+        fmg._update_router_expert_bias(model_chunks, config, tp_dp_cp_group=tp_dp_cp_group)
+        return
+    with _global_groups(_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP=tp_dp_cp_group):
+        fmg._update_router_expert_bias(model_chunks, config)

@@ -78,6 +78,27 @@ def full_tensors(rt, which: str) -> dict[str, torch.Tensor]:
     return out
 
 
+def expert_biases(modules, names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The routers' expert biases among ``modules`` (``(name, module)`` pairs), by canonical name: the router
+    weight's (``names``: local parameter name -> canonical) with ``expert_bias`` for ``weight``."""
+    return {names[f"{n}.weight"].removesuffix("weight") + "expert_bias": m.expert_bias.detach().cpu().clone()
+            for n, m in modules if getattr(m, "expert_bias", None) is not None}
+
+
+def all_expert_biases(rt) -> dict[str, list[torch.Tensor]]:
+    """Every router's expert bias (a buffer, which each rank of its stage updates itself), by canonical name: every
+    rank's copy, to check them against one reference and against each other (collective)."""
+    mine = expert_biases(((f"chunks.{i}.{n}", m) for i, c in enumerate(rt.chunks) for n, m in c.named_modules()),
+                         rt.canonical_names())
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
+    out: dict[str, list[torch.Tensor]] = {}
+    for part in parts:
+        for k, v in part.items():
+            out.setdefault(k, []).append(v)
+    return out
+
+
 def _gathered_here(rt, local: dict) -> dict[str, torch.Tensor]:
     """Local name -> tensor (this rank's shards) to canonical name -> full tensor, for the tensors this rank
     reports: dense ones on TP rank 0 of DP replica 0 (CP rank 0), each EP rank's experts gathered over expert-TP

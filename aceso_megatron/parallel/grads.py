@@ -13,7 +13,9 @@
   gradients (flagged ``sequence_parallel``, as megatron-core flags them) and the QK-layernorm weights and GDN's
   ``out_norm`` weight (each TP rank normalising its own heads; with or without SP) are summed over the TP group after the DP reduction, as megatron-core's ``finalize_model_grads`` does (``allreduce_tp_partial_grads``).
 - MoE: routed expert parameters are reduced by DDP over the stage's expert-DP group (``model.moe``); the router
-  weight is flagged ``sequence_parallel`` by megatron-core and summed over TP with the others below.
+  weight is flagged ``sequence_parallel`` by megatron-core and summed over TP with the others below. Then the
+  routers' batch ends as in megatron-core (``finish_router_batch``): the expert bias is updated from the tokens
+  counted over the stage's TP x DP x CP group, and the per-batch counters are reset.
 - Clipping: the global norm counts every parameter once (DP replica 0 and CP rank 0 of each stage;
   TP-replicated parameters on TP rank 0 only; copies of the first stage's embedding not at all), summed over the
   world, then megatron-core's rule ``coeff = max_norm / (norm + 1e-6)``, applied when below 1. With the
@@ -53,8 +55,26 @@ def finalize_model_grads_fn(runtime):
         for chunk in model_chunks:
             chunk.finish_grad_sync(force_all_reduce=force_all_reduce)
         allreduce_tp_partial_grads(runtime)
+        if runtime.plan.model.moe is not None:
+            finish_router_batch(runtime, model_chunks)
 
     return finalize
+
+
+def finish_router_batch(runtime, model_chunks) -> None:
+    """megatron-core's end-of-batch router step (``finalize_model_grads``, after the gradient reductions): with
+    ``moe_router_enable_expert_bias`` each router's expert bias moves towards balance by the tokens its experts got
+    in the global batch, counted over the stage's TP x DP x CP group (``pg_collection.tp_dp_cp``: the ranks that
+    route this stage's tokens, which megatron-core's global group is for a uniform plan); then the per-batch
+    counters are reset (``reset_model_temporary_tensors``: the tokens per expert, the global aux loss's tracker)."""
+    from megatron.core.distributed.finalize_model_grads import reset_model_temporary_tensors
+
+    from patches.compat import update_router_expert_bias
+
+    config = model_chunks[0].config
+    if config.moe_router_enable_expert_bias:
+        update_router_expert_bias(model_chunks, config, runtime.groups.pg_collection.tp_dp_cp)
+    reset_model_temporary_tensors(config, model_chunks)
 
 
 def shared_names(plan) -> dict[str, tuple[int, int]]:

@@ -161,8 +161,10 @@ def run_plans(rank: int, world_size: int, plans: list[dict], out: str, seed: int
     reduction started during the backward of step 2, summed over ranks; ``param_gather_deferred``: after the last
     step no parameter all-gather had started yet).
 
-    Rank 0 writes ``[{"losses": [...], "grads": {...}, "grad_norm": float, "params": {...}, ...}, ...]`` to ``out``.
+    Rank 0 writes ``[{"losses": [...], "grads": {...}, "grad_norm": float, "params": {...}, ...}, ...]`` to ``out``,
+    with every rank's copy of each router's expert bias after the last step (``"expert_bias"``).
     """
+    from ..parallel.gather import all_expert_biases
     from ..parallel.grads import clip_grad_norm
     from ..training.engine import build_runtime
     from ..training.teardown import release
@@ -190,7 +192,8 @@ def run_plans(rank: int, world_size: int, plans: list[dict], out: str, seed: int
         counts = torch.tensor([overlapped, int(deferred)], dtype=torch.int64)
         dist.all_reduce(counts)
         results.append({"losses": losses, "grads": grads, "grad_norm": float(norm), "params": rt.full_params(),
-                        "overlapped_buckets": int(counts[0]), "param_gather_deferred": int(counts[1]) > 0})
+                        "overlapped_buckets": int(counts[0]), "param_gather_deferred": int(counts[1]) > 0,
+                        "expert_bias": all_expert_biases(rt)})
         release(rt)   # before the next plan's build: its hooks, model, buffers and optimizer (teardown)
         dist.barrier()
     if rank == 0:

@@ -312,6 +312,11 @@ class Reference:
     def params(self) -> dict[str, torch.Tensor]:
         return {self.names[n]: p.detach().clone() for n, p in self.gpt.named_parameters()}
 
+    def expert_biases(self) -> dict[str, torch.Tensor]:
+        from ..parallel.gather import expert_biases
+
+        return expert_biases(self.gpt.named_modules(), self.names)
+
 
 _STOCK_RUNS: dict[tuple, dict] = {}
 
@@ -320,7 +325,7 @@ def stock_run(raw: dict, seed: int, train_config: TrainConfig, steps: int, loss_
               hybrid: bool = False) -> dict:
     """What the stock single-process model does on plan ``raw``'s model and batches (``make_batches`` with ``seed``
     and ``loss_mask``): the losses of ``steps`` optimizer steps, the gradients of the first and the parameters after
-    the last. ``hybrid``: the stock model is megatron-core 0.19's ``HybridModel`` (else ``GPTModel`` / ``T5Model``).
+    the last, and the routers' expert biases after the last. ``hybrid``: the stock model is megatron-core 0.19's ``HybridModel`` (else ``GPTModel`` / ``T5Model``).
 
     Its micro-batch is Megatron-LM's ``--micro-batch-size``: the samples one rank of the plan's loss stage gets (the
     pipeline micro-batch / that stage's DP), so each micro-batch is normalised by its own token count as it would
@@ -338,7 +343,8 @@ def stock_run(raw: dict, seed: int, train_config: TrainConfig, steps: int, loss_
         _STOCK_RUNS[key] = _stock_run(p, seed, train_config, steps, per_rank, loss_mask, hybrid)
     got = _STOCK_RUNS[key]
     return {"losses": list(got["losses"]), "grads": {k: v.clone() for k, v in got["grads"].items()},
-            "params": {k: v.clone() for k, v in got["params"].items()}}
+            "params": {k: v.clone() for k, v in got["params"].items()},
+            "expert_bias": {k: v.clone() for k, v in got["expert_bias"].items()}}
 
 
 def _stock_run(p, seed: int, train_config: TrainConfig, steps: int, per_rank: int, loss_mask: bool,
@@ -358,4 +364,4 @@ def _stock_run(p, seed: int, train_config: TrainConfig, steps: int, per_rank: in
     grads = ref.grads()
     ref.optimizer.step()
     losses += [ref.train_step(batches) for _ in range(steps - 1)]
-    return {"losses": losses, "grads": grads, "params": ref.params()}
+    return {"losses": losses, "grads": grads, "params": ref.params(), "expert_bias": ref.expert_biases()}

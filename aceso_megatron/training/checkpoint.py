@@ -76,7 +76,8 @@ def _owners(rt) -> tuple[dict[str, int], set[str]]:
 
 def model_sharded_state_dict(rt) -> dict:
     """Local name -> ShardedTensor (or SwiGLU factory) of this rank's parameters, keyed by canonical name, with
-    the Parameter itself as ``data`` (megatron-core's optimizer maps its state to parameters by identity).
+    the Parameter itself as ``data`` (megatron-core's optimizer maps its state to parameters by identity); and of
+    the routers' expert biases (``router.expert_bias``, replicated over the stage like the router's weight).
 
     A parameter held by several stages (copies kept equal by the runtime) is written by the first of them; the
     others are replicas (replica id ``(1, ...)``) that only load. Their TP may differ, and dist_checkpointing's
@@ -111,7 +112,18 @@ def model_sharded_state_dict(rt) -> dict:
         elif split and getattr(p, "partition_sizes", None) is not None:
             sh = _packed_parts(sh, list(p.partition_sizes), p.partition_dim)
         out[local] = sh
+    for local, buf in _expert_biases(rt):   # the router's state (moe_router_enable_expert_bias), as a replica
+        canon = names[local.removesuffix("expert_bias") + "weight"].removesuffix("weight") + "expert_bias"
+        out[local] = ShardedTensor.from_rank_offsets(canon, buf, replica_id=(0, lay.tp_rank,
+                                                                             lay.dp_rank * lay.cp + lay.cp_rank))
     return out
+
+
+def _expert_biases(rt) -> list[tuple[str, torch.Tensor]]:
+    """``(local name, buffer)`` of every router's expert bias: a persistent buffer, which megatron-core's router
+    saves with its weight (``moe_router_enable_expert_bias``), the same on every rank of its stage."""
+    return [(f"chunks.{i}.{n}.expert_bias", m.expert_bias) for i, c in enumerate(rt.chunks)
+            for n, m in c.named_modules() if getattr(m, "expert_bias", None) is not None]
 
 
 def _packed_parts(sh, sizes: list[int], dim: int):
@@ -306,7 +318,7 @@ def _load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = Tr
         request = {"model": model_sharded_state_dict(rt)}
     state = dist_checkpointing.load(request, str(ckpt_dir))
     with torch.no_grad():
-        for local, p in rt.named_parameters():
+        for local, p in [*rt.named_parameters(), *_expert_biases(rt)]:
             value = state["model"][local]
             if value is not p:
                 p.copy_(value)
@@ -332,9 +344,10 @@ _ARCH_FIELDS = ("family", "num_layers", "num_decoder_layers", "hidden_size", "nu
                 "activation", "normalization", "position_embedding", "rotary_base", "tied_embeddings",
                 "add_bias_linear")
 _LEARNED_FIELDS = ("seq_length", "decoder_seq_length")
-# MoE / MLA / MTP fields that shape the parameters (the router's top-k, coefficients and balancing do not)
+# MoE / MLA / MTP fields that shape the parameters (the router's top-k, coefficients and balancing do not) or
+# the saved state (the routers' expert biases)
 _MOE_FIELDS = ("num_experts", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_layer_freq",
-               "first_k_dense_layers")
+               "first_k_dense_layers", "moe_router_enable_expert_bias")
 _MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 
 

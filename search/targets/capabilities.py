@@ -174,7 +174,6 @@ TABLE: tuple[Row, ...] = (
     Row("GPT-OSS layer fields (softmax offset, quick GEGLU)", "model", {RUNTIME: rt.unbuilt_layers}),
     Row("LatentMoE (moe_latent_size)", "model", {RUNTIME: rt.latent_moe}),
     Row("MoE with linear biases", "model", {RUNTIME: rt.moe_biases}),
-    Row("MoE router expert bias", "model", {RUNTIME: rt.expert_bias}),
     Row("YaRN on standard attention (GPT-OSS's rope scaling)", "model",
         {RUNTIME: rt.yarn_standard_attention, BRIDGE: yarn_on_bridge}),
     Row("T5 (encoder-decoder)", "model", {BRIDGE: t5_on_bridge}),

@@ -64,14 +64,6 @@ def moe_biases(model, low) -> str | None:
             "place on the output of its TP reduction, which autograd refuses; set model.add_bias_linear false")
 
 
-def expert_bias(model, low) -> str | None:
-    if model.moe is None or not model.moe.moe_router_enable_expert_bias:
-        return None
-    return ("model.moe.moe_router_enable_expert_bias: megatron-core 0.16.1 updates the expert bias over the global "
-            "parallel_state groups, which per-stage groups leave unset; set it false, or search with --target "
-            "megatron-lm")
-
-
 def yarn_standard_attention(model, low) -> str | None:
     from search.spec.rope_scaling import yarn_on_standard_attention
     if not yarn_on_standard_attention(model):

@@ -102,7 +102,17 @@ def compare(names, raws, results, hybrid: bool = False) -> list[str]:
         for i, (a, b) in enumerate(zip(got["losses"], want["losses"])):
             if abs(a - b) > TOL * abs(b):
                 failures.append(f"{name}: loss of step {i + 1} {a} != {b}")
+        failures += [f"{name}: {f}" for f in expert_bias_failures(got["expert_bias"], want["expert_bias"])]
     return failures
+
+
+def expert_bias_failures(got: dict, want: dict) -> list[str]:
+    """Each router's expert bias (moe_router_enable_expert_bias): every rank's copy equal to the stock model's (a
+    sum of +-moe_router_bias_update_rate steps: exact)."""
+    if set(got) != set(want):
+        return [f"expert biases of {sorted(set(got) ^ set(want))} on one side only"]
+    return [f"expert bias {k} copy {i}: {c.tolist()} != {want[k].tolist()}"
+            for k, copies in got.items() for i, c in enumerate(copies) if not torch.equal(c, want[k])]
 
 
 @pytest.mark.parametrize("world_size", sorted(PLANS))

@@ -67,9 +67,6 @@ def test_local_experts_take_the_stock_models_global_index():
     (lambda: plan(ep=1, etp=2), CPU, "stages[0].etp (2) with the alltoall dispatcher"),
     (lambda: plan(MTP, rc=["none"] * 4 + ["full"]), CPU, "unit 4 (mtp): recompute full"),
     (lambda: plan(MLA, rc=["attn_dropout"] + ["none"] * 3), CPU, "attn_dropout with multi-latent attention"),
-    (lambda: plan(MOE.model_copy(update={"moe": MOE.moe.model_copy(update={
-        "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True})})), CPU,
-     "moe.moe_router_enable_expert_bias"),
 ])
 def test_refusals_name_the_field_and_the_fix(make, env, field):
     msg = refusal(env, make())
@@ -85,6 +82,9 @@ def test_runnable_plans_are_not_refused():
     assert refusal(CPU, plan(MTP)) is None and refusal(CPU, plan(MLA, rc=["selective", "full"] * 2)) is None
     dense_mla_mtp = MLA.model_copy(update={"moe": None, "mtp_num_layers": 2})   # MLA / MTP without MoE run too
     assert refusal(CPU, plan(dense_mla_mtp, ep=1, etp=None)) is None
+    # aux-loss-free routing: the runtime updates the expert bias over each stage's own groups (was refused)
+    assert refusal(CPU, plan(MOE.model_copy(update={"moe": MOE.moe.model_copy(update={
+        "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True})}))) is None
 
 
 def test_validate_refuses_what_no_machine_runs_and_the_search_keeps_the_distributed_optimizer():

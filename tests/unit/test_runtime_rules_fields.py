@@ -78,8 +78,6 @@ CASES = {
     "moe_biases": (rt.moe_biases, (MOE.model_copy(update={"add_bias_linear": True}), None)),
     "yarn_standard_attention": (rt.yarn_standard_attention, (ModelSpec.model_validate(
         {**LLAMA.model_dump(), "rope_scaling": {"type": "yarn", "factor": 4.0}}), None)),
-    "expert_bias": (rt.expert_bias, (MOE.model_copy(update={"moe": MOE.moe.model_copy(update={
-        "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True})}), None)),
     "fp16_on_gpu": (rt.fp16_on_gpu, ("fp16", H100)),
     "fp16_loss_scaling": (rt.fp16_loss_scaling, ("fp16",)),
     "activation_offload": (rt.activation_offload, (plan(settings={"activation_offload": {"num_layers": 1}}), CUDA)),
