@@ -47,7 +47,10 @@ _DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.flo
 
 
 def recipe_for(c: MegatronConfig) -> str:
-    m = c.model
+    return _recipe_of(c.model)
+
+
+def _recipe_of(m) -> str:
     if m.is_t5:
         raise AcesoError("--to megatron-bridge: Megatron-Bridge v0.3.1 has no T5 pretraining recipe; use "
                          "--to megatron-lm (pretrain_t5.py)")
@@ -60,6 +63,52 @@ def recipe_for(c: MegatronConfig) -> str:
     if m.name.startswith("llama3-70b"):
         return "llama3_70b_pretrain_config"
     return "llama2_7b_pretrain_config" if m.name.startswith("llama2") else "llama3_8b_pretrain_config"
+
+
+# recipe -> its loss fusion's impl: every recipe the export writes sets ``cross_entropy_loss_fusion = True`` (as do
+# the providers' defaults: v0.3.1 gpt_provider.py:185, mamba_provider.py:117; v0.6.0 gpt_provider.py:204,
+# hybrid_provider.py:147) with this ``cross_entropy_fusion_impl``, the same at v0.3.1 and v0.6.0 (whose names are
+# aliases of the *_h100_bf16 recipes): v0.3.1 recipes/llama/llama3.py:269-270 / 702-703, llama2.py:77-78,
+# gpt/gpt3_175b.py:80-81, qwen/qwen3_moe.py:79-80, deepseek/deepseek_v3.py:134-135, nemotronh/nemotronh.py:89-90 /
+# 190-191 / 293-294 / 396-397, nemotronh/nemotron_3_nano.py:89-90; v0.6.0 recipes/llama/h100/llama3.py:279-280 /
+# 761-762, llama/h100/llama2.py:78-79, gpt/h100/gpt3_175b.py:91-92, qwen/h100/qwen3_moe.py:88-89,
+# deepseek/h100/deepseek_v3.py:173-174, nemotronh/h100/nemotronh.py:124-125 / 261-262 / 402-403 / 544-545,
+# nemotronh/h100/nemotron_3_nano.py:166-167. te is transformer-engine's parallel_cross_entropy (TE 2.2+; the
+# containers Bridge runs in ship 2.7 to 2.14, search/settings/releases.py).
+RECIPE_CE_FUSION = {"llama3_8b_pretrain_config": "te", "llama3_70b_pretrain_config": "te",
+                    "llama2_7b_pretrain_config": "native", "gpt3_175b_pretrain_config": "native",
+                    "qwen3_30b_a3b_pretrain_config": "te", "deepseek_v3_pretrain_config": "te",
+                    "nemotronh_4b_pretrain_config": "native", "nemotronh_8b_pretrain_config": "native",
+                    "nemotronh_47b_pretrain_config": "native", "nemotronh_56b_pretrain_config": "native",
+                    "nemotron_3_nano_pretrain_config": "native"}
+
+
+def recipe_ce_fusion(model) -> str | None:
+    """The ``cross_entropy_fusion_impl`` (the loss fused) of the recipe ``aceso export --to megatron-bridge`` writes
+    ``model``'s YAML for, which a Bridge user keeps: what a Bridge-target plan is priced with (None: a T5 model,
+    which no Bridge recipe runs)."""
+    if model.is_t5:
+        return None
+    if model.mamba is not None:
+        from .bridge_hybrid import recipe_for as hybrid_recipe
+        return RECIPE_CE_FUSION[hybrid_recipe(model)]
+    return RECIPE_CE_FUSION[_recipe_of(model)]
+
+
+def with_recipe_loss(settings, own, model):
+    """``settings`` (how Megatron-Bridge runs a plan whose own settings are ``own``: ``target_settings``) with the
+    recipe's loss fusion (``recipe_ce_fusion``) where the plan is another framework's and states none: Bridge's
+    default, as a Bridge-target search prices it. A Bridge plan's own settings are what its YAML states (a loss
+    fusion or ``cross_entropy_loss_fusion: false``): kept."""
+    if settings.framework != "megatron-bridge" or own.framework == "megatron-bridge" or \
+            (settings.stack is not None and settings.stack.cross_entropy_fusion):
+        return settings
+    ce = recipe_ce_fusion(model)
+    if ce is None:
+        return settings
+    from search.settings.stack import StackSettings
+    stack = (settings.stack or StackSettings()).model_copy(update={"cross_entropy_fusion": ce})
+    return settings.model_copy(update={"stack": stack})
 
 
 def overrides(c: MegatronConfig) -> tuple[str, dict[str, object]]:

@@ -108,7 +108,8 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "model.fine_grained_activation_offloading, model.offload_modules, model.activation_offload_fraction",
      "the fraction: megatron-core 0.19"),
     ("settings.stack.cross_entropy_fusion", "--cross-entropy-loss-fusion --cross-entropy-fusion-impl native|te",
-     "model.cross_entropy_loss_fusion, model.cross_entropy_fusion_impl", ""),
+     "model.cross_entropy_loss_fusion, model.cross_entropy_fusion_impl",
+     "Bridge: always stated (false when off); a Bridge search prices its recipe's"),
     ("settings.optimizer", "--optimizer adam|muon|dist_muon", "optimizer.optimizer", "adam: not written"),
     # MoE / MLA / MTP (moe_flags.py)
     ("model.moe.num_experts", "--num-experts", "model.num_moe_experts", ""),

@@ -108,10 +108,12 @@ def stack_args(stack: StackSettings | None, optimizer: str = "adam") -> list[str
 
 
 def stack_bridge_fields(stack: StackSettings | None) -> dict[str, object]:
-    """The Bridge ``model`` fields (megatron-core ``TransformerConfig`` names) of the stack switches."""
+    """The Bridge ``model`` fields (megatron-core ``TransformerConfig`` names) of the stack switches. The loss fusion
+    is always stated: every Bridge recipe sets it on (``bridge.recipe_ce_fusion``), so a plan without it says
+    ``cross_entropy_loss_fusion: false`` (else the recipe's fused loss would run, not the priced one)."""
+    out: dict[str, object] = {"cross_entropy_loss_fusion": False}
     if stack is None:
-        return {}
-    out: dict[str, object] = {}
+        return out
     g = stack.cuda_graphs
     if g is not None:
         out.update(cuda_graph_impl=g.impl, cuda_graph_scope=list(g.scope) if g.scope else "full")

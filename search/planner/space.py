@@ -80,6 +80,16 @@ def feature_combos(training, priced: frozenset) -> tuple[Features, ...]:
     return tuple(out)
 
 
+def bridge_features(model, features: tuple[Features, ...]) -> tuple[Features, ...]:
+    """A Bridge search's combinations with its recipe's loss fusion (``bridge.recipe_ce_fusion``): every recipe
+    ``aceso export --to megatron-bridge`` writes runs the fused loss, and a Bridge user keeps it, so every state is
+    priced with it and its plan records it (``settings.stack.cross_entropy_fusion``, which the YAML states)."""
+    from ..costmodel.types import StackKey
+    from ..megatron.bridge import recipe_ce_fusion
+    ce = recipe_ce_fusion(model)
+    return tuple(f._replace(stack=StackKey(ce_fusion=ce)) for f in features) if ce else features
+
+
 SEARCHED_FSDP = ("optim_grads_params", "optim_grads")   # what saves memory beyond the distributed optimizer
 
 
@@ -239,6 +249,8 @@ class Space:
                 raise AcesoError("--target megatron-lm: Megatron-LM overlaps the parameter all-gather only with "
                                  "the gradient reduction; do not turn --overlap off")
         features = with_fsdp(training, priced, features, target)
+        if runs_on == "megatron-bridge" and priced:
+            features = bridge_features(model, features)
         return cls(cluster.num_gpus, cluster.gpus_per_node, tuple(tps), batches, model.num_units, gbs, cps, sps,
                    vs, features, bool(training.uniform_cp), target, cut_points(model), seqs,
                    None if allowed is None else frozenset(allowed), 1 if target == "megatron-lm" and model.is_t5 else 0,
@@ -410,8 +422,9 @@ class Space:
         """A seed's starting state (``SearchOptions.seeds``): itself, or on ``--target megatron-lm`` without its
         stack switches (CUDA graphs, fine-grained offload, the cross-entropy fusion), which no move changes: the
         final step prices the seed as given and its stack on the final plans (``dispatchers.py``)."""
-        if self.target == "megatron-lm" and st.features.stack is not None:
-            return st._replace(features=st.features._replace(stack=None))
+        own = self.features[0].stack      # a Bridge search's: the recipe's loss fusion (bridge_features)
+        if self.target == "megatron-lm" and st.features.stack != own:
+            return st._replace(features=st.features._replace(stack=own))
         return st
 
     def refusal(self, st) -> str | None:

@@ -23,6 +23,7 @@ from search.compat.costmodel import make_compat_cost_model
 from search.costmodel.calibration import apply_calibration, load_calibration
 from search.costmodel.plan_view import run_settings, training_of
 from search.io.errors import AcesoError
+from search.megatron.bridge import with_recipe_loss
 from search.settings.plan_settings import PlanSettings, Target, target_settings
 from search.spec.training import TrainingSpec
 from .models import make_cost_model
@@ -57,8 +58,11 @@ def plan_cost_model(plan, target: "str | Target | None" = None, calibration=None
     model)."""
     cl = priced_cluster(plan, cluster, calibration)
     training = training_of(plan, attention, precision)
-    settings = target_settings(target, plan.settings, plan.model.params_dtype)
+    settings = with_recipe_loss(target_settings(target, plan.settings, plan.model.params_dtype), plan.settings,
+                                plan.model)
     cm = cost_model(plan.model, cl, training, settings, kind, db, run)
+    if settings.stack != plan.settings.stack:       # the Bridge recipe's loss fusion (a stage's cost reads the plan's)
+        plan = plan.model_copy(update={"settings": plan.settings.model_copy(update={"stack": settings.stack})})
     return cm, plan if cl is plan.cluster else plan.model_copy(update={"cluster": cl}), settings
 
 
