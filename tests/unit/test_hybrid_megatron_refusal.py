@@ -1,6 +1,6 @@
 """A hybrid model Megatron-LM cannot build (a Mamba-2 ``chunk_size`` other than 128: core_v0.19's ``arguments.py``
 has no flag for it and ``MambaMixer`` defaults to 128) gets no Megatron-LM line: before, ``aceso search`` printed
-a "uniform Megatron-LM" and a "Megatron-LM plan" line (41.96 ms, pp 2) that ``--target megatron-lm`` itself then
+a "uniform Megatron-LM" and a "Megatron-LM plan" line (41.96 ms, pp 2, on 1x2-cpu) that ``--target megatron-lm`` itself then
 refused ("the search found no plan Megatron-LM runs"), and measured the heterogeneous plan's speedup (1.768x)
 against it; ``aceso baseline`` called that pp 2 configuration the best uniform one although pp 1 x dp 2 (23.74 ms)
 is uniform too and faster. docs/search.md: a target that runs no plan of the model is refused before any search
@@ -19,7 +19,7 @@ SPEC = {"name": "tiny-hyb", "family": "gpt", "num_layers": 8, "hidden_size": 64,
         "hybrid_layer_pattern": "M*-MM-M-",
         "mamba": {"mamba_state_dim": 16, "mamba_head_dim": 16, "mamba_num_groups": 2, "mamba_num_heads": 8,
                   "expand": 2, "d_conv": 4, "chunk_size": 16}}
-PROBLEM = ["--cluster", "1x2-cpu", "--global-batch-size", "8", "--precision", "fp32"]
+PROBLEM = ["--cluster", "1x2-h100", "--global-batch-size", "8", "--precision", "fp32"]
 
 
 @pytest.fixture
