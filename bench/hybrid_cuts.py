@@ -82,7 +82,7 @@ def three_splits(ev: Evaluator, state: State) -> dict:
         return {"even_ms": None}
     if state.num_stages == 1:
         return {"even_ms": _ms(even), "even_plan": describe(even), "pattern_note": ONE_STAGE}
-    settings = settings_for(ev.cm.model, hybrid_setting(even.setting), REL)
+    settings = settings_for(ev.cm.model, hybrid_setting(even.setting, ev.cm.model), REL)
     t0 = time.process_time()
     unit = 1 if ev.cm.model.hybrid_layer_pattern else 2      # units per layer: a hybrid model's layer is one
     layers = min((descend(ev, state, s, unit=unit) for s in settings), key=lambda e: (not e.fits, e.iteration_ms))

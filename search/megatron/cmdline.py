@@ -128,12 +128,17 @@ def _num(v) -> float:
         return 1.0
 
 
+OLD_HYBRID = ("aceso reads hybrid (Mamba) runs of Megatron-LM core_v0.17 on (--hybrid-layer-pattern, "
+              "pretrain_hybrid.py), not core_v0.16.1's MambaModel: read the script with --megatron-version 0.17 or "
+              "newer")
+
 # flag -> (refused when, why)
 REFUSED: dict[str, tuple[object, str]] = {
     "--fp8-dot-product-attention": (_always, "FP8 attention is not modelled (the attention core prices bf16)"),
     "--fp8-multi-head-attention": (_always, "FP8 attention is not modelled (the attention core prices bf16)"),
-    "--hybrid-override-pattern": (_always, "hybrid (Mamba) models are not modelled by aceso"),
-    "--is-hybrid-model": (_always, "hybrid (Mamba) models are not modelled by aceso"),
+    # (from core_v0.17 both are read as --hybrid-layer-pattern: hybrid_pattern.current_spelling)
+    "--hybrid-override-pattern": (_always, OLD_HYBRID),
+    "--is-hybrid-model": (_always, OLD_HYBRID),
     "--heterogeneous-layers-config-path": (_always, "heterogeneous layer configs are not modelled by aceso"),
     "--heterogeneous-layers-config-encoded-json": (_always, "heterogeneous layer configs are not modelled by aceso"),
     "--yaml-cfg": (_always, "a YAML config replaces the command line; give the flags instead"),
@@ -230,7 +235,8 @@ def parse_flags(argv: list[str], rel: Release | None = None) -> Flags:
         if name in REFUSED:
             when, why = REFUSED[name]
             if when(vals):
-                raise AcesoError(f"{' '.join([name, *vals])}: {why}; remove it to price the rest")
+                raise AcesoError(f"{' '.join([name, *vals])}: {why}" +
+                                 ("" if why == OLD_HYBRID else "; remove it to price the rest"))
             continue
         if name not in FLAGS:
             if name not in QUIET and not name.startswith(QUIET_PREFIXES):

@@ -1,5 +1,6 @@
 """The entry point of a launch script: aceso prices what ``pretrain_gpt.py`` and ``pretrain_t5.py`` (core_v0.16.1)
-run; any other Megatron-LM program is refused with what it is, in one line.
+run, and ``pretrain_hybrid.py`` / ``pretrain_mamba.py`` hybrid-pattern runs (core_v0.17 on, ``hybrid_pattern.py``);
+any other Megatron-LM program is refused with what it is, in one line.
 
 ``script_names`` finds the ``.py`` files a script names anywhere (also inside a loop or an ``if`` it cannot read),
 so a script is refused for what it runs before it is refused for how it is written.
@@ -12,6 +13,7 @@ import re
 from search.io.errors import AcesoError
 
 PRICED = ("pretrain_gpt.py", "pretrain_t5.py")
+HYBRID_ENTRIES = ("pretrain_hybrid.py", "pretrain_mamba.py")   # read as hybrid-pattern runs (hybrid_pattern.py)
 
 
 class EntryRefusal(AcesoError):
@@ -20,7 +22,6 @@ class EntryRefusal(AcesoError):
 # (pattern on the script's path, what it is)
 _KINDS = (
     (r"pretrain_bert\.py$", "BERT pretraining (pretrain_bert.py), which aceso does not price"),
-    (r"pretrain_(mamba|hybrid)\.py$", "a hybrid Mamba model, which aceso does not price"),
     (r"mimo/\w+\.py$|pretrain_mimo\.py$",
      "a MIMO multimodal model (megatron-core's MimoModel: modality encoders around a language model), which aceso "
      "does not price; price its language model's run as pretrain_gpt.py arguments"),
@@ -128,8 +129,9 @@ def script_names(text: str) -> list[str]:
 
 
 def check_unreadable(text: str, source: str, err: AcesoError):
-    """A script aceso cannot read: refuse it for what it runs when that is not a priced entry point."""
+    """A script aceso cannot read: refuse it for what it runs when that is not an entry point aceso reads (the
+    priced ones and the hybrid-pattern ones); else the reading failure."""
     names = script_names(text)
-    if names and not any(n.rsplit("/", 1)[-1] in PRICED for n in names):
+    if names and not any(n.rsplit("/", 1)[-1] in PRICED + HYBRID_ENTRIES for n in names):
         refuse_entry(names[-1], source)
     raise err

@@ -55,6 +55,7 @@ from search.spec.model import ModelSpec, Unit
 from search.spec.plan import ParallelPlan
 from .config import NO_RECOMPUTE, MegatronConfig, NotExpressible, Recompute, layer_bounds
 from .recompute import _check_units, _selective, mtp_choice, plan_modules
+from .entry import HYBRID_ENTRIES
 from .versions import Release, release
 
 SINCE = (0, 17)                      # --hybrid-layer-pattern with '|' and '/'
@@ -387,7 +388,7 @@ def gpt_layers(pattern: str) -> tuple[list[str], str | None, int]:
 
 
 # ----- importing a hybrid-pattern script --------------------------------------------------------------------------
-ENTRIES = ("pretrain_hybrid.py", "pretrain_mamba.py")
+ENTRIES = HYBRID_ENTRIES
 PIPED_OUT = ("--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage",
              "--pipeline-model-parallel-layout", "--account-for-embedding-in-pipeline-split",
              "--account-for-loss-in-pipeline-split")
@@ -405,6 +406,24 @@ class ReadPattern:
     pp: int
     counts: tuple[int, ...]
     model_fields: dict | None = None    # a hybrid model's: its pattern, Mamba-2 mixer and what GPT flags miss
+
+
+OLD_FLAG = "--hybrid-override-pattern"     # deprecated spelling (core_v0.17 on: kept, copied into FLAG)
+HYBRID_SWITCH = "--is-hybrid-model"        # parsed, read by nothing from core_v0.17 (is_hybrid_model: a pattern)
+
+
+def current_spelling(argv: list[str], rel: Release) -> list[str]:
+    """``argv`` as ``validate_args`` of ``rel`` reads its pattern: from core_v0.17 a deprecated
+    ``--hybrid-override-pattern`` is copied into ``--hybrid-layer-pattern`` (both given: it asserts), and
+    ``--is-hybrid-model`` changes nothing (``is_hybrid_model(args)`` is ``hybrid_layer_pattern is not None``), as in
+    NVIDIA's own Nemotron scripts. Before core_v0.17 the line is left as it is (refused, one line)."""
+    if not rel.has(FLAG) or not any(w.split("=")[0] in (OLD_FLAG, HYBRID_SWITCH) for w in argv):
+        return argv
+    words = _split_eq(argv)
+    if OLD_FLAG in words and FLAG in words:
+        raise NotExpressible(f"{OLD_FLAG} and {FLAG} cannot both be specified ({rel.label}'s validate_args "
+                             f"asserts it); give {FLAG}")
+    return [FLAG if w == OLD_FLAG else w for w in words if w != HYBRID_SWITCH]
 
 
 def _split_eq(argv: list[str]) -> list[str]:

@@ -20,7 +20,7 @@ from .build import plan_from_config
 from .cmdline import Flags, config_from_flags, parse_flags
 from .config import MegatronConfig
 from .entry import PRICED, EntryRefusal, check_unreadable, refuse_entry
-from .hybrid_pattern import ENTRIES, FLAG, hybrid_model, read_argv, unit_choices as hybrid_choices, unit_spans
+from .hybrid_pattern import ENTRIES, FLAG, current_spelling, hybrid_model, read_argv, unit_choices as hybrid_choices, unit_spans
 from .recompute import unit_choices
 from .shell import read_command
 from .versions import Release, release as megatron_release
@@ -57,6 +57,10 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
         raise
     except AcesoError as e:
         check_unreadable(text, source, e)
+    try:
+        cmd = dataclasses.replace(cmd, argv=current_spelling(cmd.argv, rel))
+    except AcesoError as e:
+        raise AcesoError(f"{source}: {e}") from None
     # a GPT model as a hybrid pattern: pretrain_hybrid.py / pretrain_mamba.py, or a bare line with the pattern
     hybrid = cmd.script in ENTRIES or (not cmd.script and any(w.split("=")[0] == FLAG for w in cmd.argv))
     if cmd.script and cmd.script not in PRICED and not hybrid:

@@ -2,7 +2,9 @@
 for one Megatron-LM release (``versions.Release``).
 
 The script sets what megatron-core needs in the environment (``CUDA_DEVICE_MAX_CONNECTIONS=1`` with tp or cp > 1
-before Blackwell: ``validate_args`` asserts it; never with Megatron FSDP, which asserts the opposite), launches
+before Blackwell: ``validate_args`` asserts it; never with Megatron FSDP, which asserts the opposite;
+``NVTE_CPU_OFFLOAD_V1=1`` with fine-grained activation offload, which ``validate_args`` asserts from
+transformer-engine 2.10, core_v0.16.1 on), launches
 ``torchrun`` with the plan's world size and runs the release's ``pretrain_gpt.py`` (GPT, Llama) or
 ``pretrain_t5.py`` (``examples/t5/`` from 0.18) with the model, parallel, recompute, batch and precision arguments
 in bash arrays, written by the names the release has (``Release.flag_name``) and as the release runs them (from
@@ -156,6 +158,9 @@ def write_script(plan: ParallelPlan, c: MegatronConfig, source: str, rel: Releas
         "MEGATRON_LM=${MEGATRON_LM:-.}   # the Megatron-LM checkout"]
     if needs_max_connections(plan, c):
         out.append("export CUDA_DEVICE_MAX_CONNECTIONS=1   # tp/cp > 1 before Blackwell (validate_args asserts it)")
+    if plan.settings.stack is not None and plan.settings.stack.offload is not None:
+        out.append("export NVTE_CPU_OFFLOAD_V1=1   # fine-grained activation offload with transformer-engine >= 2.10 "
+                   "(validate_args asserts it)")
     out += [f"GPUS_PER_NODE={gpn}", f"NNODES={nodes}", "NODE_RANK=${NODE_RANK:-0}",
             "MASTER_ADDR=${MASTER_ADDR:-localhost}", "MASTER_PORT=${MASTER_PORT:-6000}", ""]
     out += [_array(f"{g.upper()}_ARGS", groups[g]) for g in GROUPS]

@@ -22,6 +22,8 @@ FLAG_KINDS: dict[str, str] = {
     "--megatron-fsdp-main-params-dtype": "str", "--megatron-fsdp-main-grads-dtype": "str",
 }
 OPTIMIZERS = ("adam", "muon", "dist_muon")
+# megatron-core's CUDA-graph scopes that are no plan scope (``stack.GRAPH_SCOPES``): read, then refused by name
+UNPRICED_SCOPES = {"mamba": "megatron-core's CUDA graphs of the Mamba layers (CudaGraphScope.mamba, 0.16.1 on)"}
 
 
 def stack_fields(f, model, distributed_optimizer: bool, fsdp: bool,
@@ -72,6 +74,7 @@ def _graphs(f, notes: list[str]) -> CudaGraphs | None:
         raise AcesoError("--cuda-graph-scope and --cuda-graph-modules cannot be used together (Megatron-LM asserts "
                          "it); give one")
     scope = list(new if new is not None else old or [])
+    flag = "--cuda-graph-modules" if new is not None else "--cuda-graph-scope"
     if impl == "full_iteration":          # megatron-core 0.17+: its own implementation name
         impl, scope = "local", ["full_iteration"]
     if impl == "none":
@@ -81,9 +84,12 @@ def _graphs(f, notes: list[str]) -> CudaGraphs | None:
     if scope == ["full"]:
         scope = []                        # megatron-core: "full" (deprecated) is the whole layer
     bad = [x for x in scope if x not in GRAPH_SCOPES]
+    if bad and bad[0] in UNPRICED_SCOPES:
+        raise AcesoError(f"{flag} {bad[0]}: {UNPRICED_SCOPES[bad[0]]}, which aceso does not price yet (it prices "
+                         f"{', '.join(GRAPH_SCOPES)}); drop {bad[0]} to price the rest")
     if bad:
-        raise AcesoError(f"--cuda-graph-scope {bad[0]}: not a scope of megatron-core 0.16.1 "
-                         f"({', '.join(GRAPH_SCOPES)}, or full)")
+        raise AcesoError(f"{flag} {bad[0]}: not a scope of megatron-core ({', '.join(GRAPH_SCOPES)}, "
+                         f"{', '.join(UNPRICED_SCOPES)}, or full)")
     if impl == "local" and ({"moe_router", "moe_preprocess"} & set(scope)):
         scope += [x for x in ("moe_router", "moe_preprocess") if x not in scope]   # local graphs both together
     return CudaGraphs(impl=impl, scope=tuple(dict.fromkeys(scope)))

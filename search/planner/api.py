@@ -172,6 +172,14 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
     target = "megatron-lm" if target == "megatron-bridge" else target
     if target != "megatron-lm":
         training = runtime_training(training)
+    from search.targets.capabilities import model_refusal
+    from search.settings.precision import of_training
+    if (why := model_refusal(mlm_space, cm.model, of_training(training))) is not None:
+        # Megatron-LM runs no plan of the model (setup refuses it as the target): its three lines are not offered
+        # and the heterogeneous search runs alone, with the whole budget (no uniform plan priced as Megatron-LM's)
+        het, aspace = plan_search(cm, runtime_training(training, strict=False), opts, top_k, None, "aceso")
+        return Plans(target, None, SearchResult([], [], 0, 0.0, False, {}), het, aspace,
+                     dict.fromkeys(("uniform", "megatron_lm", "megatron_lm_pattern"), why))
     base = plan_baseline(cm, training, space_target=mlm_space)
     fitting = base if base is not None and base.fits else None
     share = max(int(opts.budget_evals * SECONDARY_SHARE), 1)
@@ -191,8 +199,6 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
         o2.budget_s = max(opts.budget_s - mlm.seconds, 0.0)
     if opts.callback is not None:   # one progress count over both searches
         o2.callback = lambda n, done=mlm.evals: opts.callback(done + n)
-    from search.targets.capabilities import model_refusal
-    from search.settings.precision import of_training
     why = model_refusal("aceso", cm.model, of_training(training), training.dtype, cm.cluster.gpu, training.optimizer)
     if why is not None:   # the aceso runtime runs no plan of this model: no heterogeneous line (capabilities.py)
         return Plans(target, base, mlm, SearchResult([], [], 0, 0.0, False, {}), space,

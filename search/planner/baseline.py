@@ -202,9 +202,9 @@ def best_uniform(cm, gbs: int, space: Space, model, runs: str = "megatron-lm") -
         elif least is None or mem < least[0]:
             least = (mem, st, layers)
     cands.sort(key=lambda c: (c[0], c[1]))
-    best, best_layers, n, done = None, None, 0, []
+    best, best_layers, n, done, unexpressed = None, None, 0, [], None
     for lb, st, layers in cands:
-        if best is not None and lb >= best.iteration_ms:
+        if (best or unexpressed) is not None and lb >= (best or unexpressed[0]).iteration_ms:
             break
         e = ev.evaluate(st, charge=False)
         n += 1
@@ -213,7 +213,11 @@ def best_uniform(cm, gbs: int, space: Space, model, runs: str = "megatron-lm") -
             if best is None or e.score < best.score:
                 best, best_layers = e, layers
                 ev.cutoff = e.iteration_ms
-    if best is None:
+        elif best is None and e.fits and e.exact and (unexpressed is None or e.score < unexpressed[0].score):
+            unexpressed = (e, layers)     # Megatron-LM runs none of the model's plans (the caller refused that
+    if best is None:                      # target before): the best that fits, for the aceso runtime
+        if unexpressed is not None:
+            return BaselineResult(ev.evaluate(unexpressed[0].state, charge=False, exact=True), unexpressed[1], n)
         if least is None and not cands:
             return None
         st, layers = (least[1], least[2]) if least is not None else (cands[0][1], cands[0][2])

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..costmodel.types import RC_CODE
-from ..megatron.config import Recompute
+from ..megatron.config import Recompute, layer_bounds, num_layers
 from ..megatron.hybrid_pattern import FULL_RECOMPUTE_SINCE, model_refusal, unit_choices
 from .megatron_lm import FULL_SETTING, NONE_SETTING, selective_settings
 from .state import Evaluation, State
@@ -24,12 +24,14 @@ from .state import Evaluation, State
 MAX_STEPS = 400          # accepted moves per start and setting (each moves one unit)
 
 
-def hybrid_setting(setting: Recompute | None, layer_aligned: bool = True) -> Recompute:
-    """A GPT-form setting over whole layers as the same per-unit choices over hybrid layers."""
+def hybrid_setting(setting: Recompute | None, model) -> Recompute:
+    """A Megatron-LM setting over whole layers as the same per-unit choices over hybrid layers: ``block N`` of a GPT
+    model's layers (two units each) is ``block 2N``; a hybrid model's layers are its units already (``block N``)."""
     if setting is None:
         return NONE_SETTING
-    if setting.granularity == "full" and setting.method == "block" and layer_aligned:
-        return Recompute("full", "block", 2 * setting.num_layers)
+    if setting.granularity == "full" and setting.method == "block":
+        bounds = layer_bounds(model)
+        return Recompute("full", "block", (bounds[-1] - bounds[0]) // num_layers(model) * setting.num_layers)
     return setting
 
 
@@ -64,7 +66,6 @@ def _moves(state: State, slow: int, last_cut: int, unit: int = 1):
 def descend(ev, start: State, setting: Recompute, unit: int = 1) -> Evaluation:
     """Bottleneck descent on the cuts: move a unit off the slowest stage while the iteration gets faster (``unit``
     2: whole GPT layers, the layer-count split's own descent, for comparison)."""
-    from ..megatron.config import layer_bounds
     last_cut = layer_bounds(ev.cm.model)[-1]
     best = price(ev, start, setting)
     for _ in range(MAX_STEPS):
@@ -111,7 +112,7 @@ def refine(ev, seeds: list[Evaluation], rel) -> tuple[Evaluation | None, str | N
         if seed is None or not seed.fits or seed.state.features.offload_layers:
             continue      # CPU activation offload: priced for GPTModel's layers only
         sev = ev if seed.moe == ev.moe else Evaluator(ev.cm, ev.gbs, None, "megatron-lm", seed.moe)
-        for setting in settings_for(ev.cm.model, hybrid_setting(seed.setting), rel):
+        for setting in settings_for(ev.cm.model, hybrid_setting(seed.setting, ev.cm.model), rel):
             e = descend(sev, seed.state, setting)
             if e.fits and (best is None or (e.iteration_ms, e.state) < (best.iteration_ms, best.state)):
                 best = e

@@ -127,6 +127,18 @@ def one_shape(plan, device) -> str | None:
     return check_expressible(plan)
 
 
+def megatron_lm_hybrid_model(model, low) -> str | None:
+    """A hybrid model (Mamba-2 / GDN layers) runs in Megatron-LM only as a hybrid-pattern run
+    (``pretrain_hybrid.py``): what the newest release's ``HybridModel`` does not build
+    (``megatron.hybrid_pattern.model_refusal``: a Mamba-2 mixer field no flag sets, a custom layer spec, ...) is
+    refused before any search, so no report line prices a plan Megatron-LM cannot run."""
+    from search.megatron.hybrid_pattern import model_refusal as pattern_refusal, release_for, runs_as_pattern
+    if not runs_as_pattern(model):
+        return None
+    why = pattern_refusal(model, release_for(None)[0])
+    return f"--target megatron-lm: {why}" if why else None
+
+
 def bridge_hybrid_model(model, low) -> str | None:
     """A hybrid model no Bridge form runs at all (``megatron.bridge_hybrid.model_refusal``: GDN layers, another
     activation than the providers' squared ReLU, what megatron-core 0.19's HybridModel does not build): refused
@@ -136,8 +148,11 @@ def bridge_hybrid_model(model, low) -> str | None:
         return None
     from search.megatron.bridge_hybrid import model_refusal as bridge_refusal
     why = bridge_refusal(model)
-    return (f"--target megatron-bridge: {why}; search with --target megatron-lm (pretrain_hybrid.py "
-            "--hybrid-layer-pattern)") if why else None
+    if why is None:
+        return None
+    way_out = "" if megatron_lm_hybrid_model(model, low) else \
+        "; search with --target megatron-lm (pretrain_hybrid.py --hybrid-layer-pattern)"
+    return f"--target megatron-bridge: {why}{way_out}"
 
 
 def bridge_hybrid_layout(plan, device) -> str | None:
@@ -177,6 +192,8 @@ TABLE: tuple[Row, ...] = (
     Row("YaRN on standard attention (GPT-OSS's rope scaling)", "model",
         {RUNTIME: rt.yarn_standard_attention, BRIDGE: yarn_on_bridge}),
     Row("T5 (encoder-decoder)", "model", {BRIDGE: t5_on_bridge}),
+    Row("hybrid models in Megatron-LM (what pretrain_hybrid.py builds)", "model",
+        {MEGATRON_LM: megatron_lm_hybrid_model}),
     Row("hybrid models on Bridge (Mamba-2, squared ReLU; no GDN)", "model", {BRIDGE: bridge_hybrid_model}),
     Row("bf16 first / last layers of an FP8 recipe", "plan", _every(bf16_layers)),
     Row("fp16 on a GPU with bf16 (loss scaling)", "precision", {RUNTIME: rt.fp16_on_gpu}),

@@ -17,7 +17,8 @@ the stage or field, or None. Two parts, one function:
   with one recompute none/full), the ``megatron`` block against the installed ``TransformerConfig`` (names and
   types), and, for a run on this machine (``here=True``: ``launch --cpu``, train), the machine's environment. They
   run only for what they can refuse: a plan whose model has a ``layer_spec``, a ``megatron`` block or MoE / MLA /
-  MTP, a Megatron FSDP plan, or a run here. Without the runtime installed they are skipped, and
+  MTP, a Megatron FSDP plan, a hybrid model's plan for a CPU cluster (it runs on this machine's megatron-core,
+  which runs hybrid models from 0.19: ``hybrid_refusal``), or a run here. Without the runtime installed they are skipped, and
   ``runtime_checked`` says so; the table's rules are not.
 """
 
@@ -41,7 +42,9 @@ def preflight(plan, device: str | None = None, here: bool = False, target: str |
     if key != RUNTIME:
         return True          # Megatron-LM / Bridge: the table is all there is to ask
     m = plan.model
-    if not (here or m.layer_spec or m.megatron or m.moe or m.mla or m.mtp_num_layers or plan.megatron_fsdp):
+    hybrid_here = m.hybrid_layer_pattern is not None and device == "cpu"   # a CPU plan runs this megatron-core
+    if not (here or hybrid_here or m.layer_spec or m.megatron or m.moe or m.mla or m.mtp_num_layers
+            or plan.megatron_fsdp):
         return True          # nothing the runtime checks beyond the table
     check = runtime_preflight()
     if check is None:
