@@ -111,9 +111,11 @@ def as_written(plan, cfg, target: str, core: str):
     pricing (a runtime plan's alignment, which Bridge v0.3.1 cannot turn off; another release than the plan's)."""
     from search.costmodel.plan_view import describe, run_settings
     from ..megatron.names import written_settings
+    from ..megatron.script import written_settings as script_settings
+    from ..megatron.versions import release
     # Megatron-LM: the flags already say the plan's alignment (names._dp_written); only the release can differ
-    settings = plan.settings.model_copy(update={"release": core}) if target == "megatron-lm" \
-        else written_settings(cfg, target, core)
+    settings = script_settings(plan.settings.model_copy(update={"release": core}), release(core)) \
+        if target == "megatron-lm" else written_settings(cfg, target, core)
     dtype, was = plan.model.params_dtype, plan.predicted
     same = run_settings(settings, dtype) == run_settings(plan.settings, dtype)
     if same:

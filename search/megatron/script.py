@@ -35,10 +35,23 @@ GROUPS = ("model", "parallel", "recompute", "batch", "precision")
 
 
 def as_run(c: MegatronConfig, rel: Release) -> MegatronConfig:
-    """``c`` as ``rel`` runs it: from 0.18 Megatron FSDP turns the distributed optimizer on (validate_args)."""
-    if c.fsdp and rel.rule("fsdp_forces_distributed_optimizer") and not c.settings.distributed_optimizer:
-        return dataclasses.replace(c, settings=c.settings.model_copy(update={"distributed_optimizer": True}))
-    return c
+    """``c`` as ``rel`` runs it: from 0.18 Megatron FSDP turns the distributed optimizer on (validate_args), and
+    the loss fusion is written as ``written_settings`` says."""
+    settings = written_settings(c.settings, rel)
+    if c.fsdp and rel.rule("fsdp_forces_distributed_optimizer") and not settings.distributed_optimizer:
+        settings = settings.model_copy(update={"distributed_optimizer": True})
+    return c if settings is c.settings else dataclasses.replace(c, settings=settings)
+
+
+def written_settings(settings, rel: Release):
+    """The plan's ``settings`` as the script for ``rel`` writes them: from 0.18 Megatron-LM refuses transformer-engine's
+    cross-entropy fusion (``versions.RULES`` te_cross_entropy_refused), so a plan with it (a Bridge recipe's, an
+    imported 0.16 / 0.17 line's) is written with megatron-core's native fusion, which ``aceso export``'s header then
+    prices (``cli.export.as_written``)."""
+    stack = settings.stack
+    if stack is None or stack.cross_entropy_fusion != "te" or not rel.rule("te_cross_entropy_refused"):
+        return settings
+    return settings.model_copy(update={"stack": stack.model_copy(update={"cross_entropy_fusion": "native"})})
 
 
 def arg_groups(c: MegatronConfig, rel: Release | None = None) -> dict[str, list[str]]:

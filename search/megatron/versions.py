@@ -34,6 +34,10 @@ RULES: dict[str, tuple[tuple[int, int], str]] = {
     # token after them), from 0.18 --vocab-size (the EOD token its last id)
     "null_tokenizer_counts_eod": (
         (0, 18), "NullTokenizer's vocabulary is --vocab-size, its EOD token included (before: --vocab-size + 1)"),
+    # core_v0.18.2 arguments.py:1529, core_v0.19.0 arguments.py:1643: validate_args asserts it off
+    "te_cross_entropy_refused": (
+        (0, 18), "--cross-entropy-fusion-impl te is refused ('Transformer Engine cross entropy loss fusion is disabled "
+                 "due to stability issues. Use --cross-entropy-fusion-impl native')"),
 }
 
 # deprecated or removed flag -> its replacement (the releases that have each are in the data)

@@ -95,6 +95,26 @@ def test_the_releases_rules_are_what_its_validate_args_and_tokenizer_do(tag):
 
 
 @pytest.mark.parametrize("tag", TAGS)
+def test_a_te_loss_fusion_plan_is_written_as_the_release_validates_it(tag):
+    """A plan with transformer-engine's cross-entropy fusion (a Bridge recipe's) exports a line the release's
+    validate_args takes: te up to core_v0.17.1, native from core_v0.18.2 (RULES te_cross_entropy_refused), and the
+    raw te line is refused by exactly the releases the rule names."""
+    from search.settings.stack import StackSettings
+    from search.spec.plan import uniform_plan
+    from search.spec.presets import load_model
+    rel = release(tag)
+    plan = uniform_plan(load_model("llama3-8b", num_layers=4), 1, 1, 8, 8, 16, "none",
+                        stack=StackSettings(cross_entropy_fusion="te"))
+    line = args_line(megatron_config(plan), rel)
+    impl = "native" if rel.rule("te_cross_entropy_refused") else "te"
+    assert f"--cross-entropy-fusion-impl {impl}" in line
+    raw = line.replace("--cross-entropy-fusion-impl native", "--cross-entropy-fusion-impl te")
+    written, te = _oracle([plan, plan], tag, [line, raw])
+    assert "error" not in written, written
+    assert ("error" in te) == rel.rule("te_cross_entropy_refused"), te
+
+
+@pytest.mark.parametrize("tag", TAGS)
 def test_megatron_lm_parses_validates_and_builds_the_plans_layers(tag):
     plans = {n: case_plan(n) for n in sorted(CASES)}
     for (name, plan), got in zip(plans.items(), _oracle(plans, tag)):

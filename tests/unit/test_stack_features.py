@@ -390,6 +390,7 @@ def test_stack_flags_import_and_export_round_trip():
     from search.megatron.expressible import megatron_config
     from search.megatron.importer import read_megatron
     from search.megatron.script import args_line
+    from search.megatron.versions import release
     plan = read_megatron(STACK_LINE, world_size=8, release="26.04.01").plan
     assert plan.stack.cuda_graphs.impl == "transformer_engine"
     assert plan.stack.cuda_graphs.scope == ("attn", "moe_router", "moe_preprocess")
@@ -398,13 +399,15 @@ def test_stack_flags_import_and_export_round_trip():
     assert plan.moe.overlap_ep_comm and plan.moe.delay_wgrad and plan.moe.router_fusion
     assert plan.moe.router_dtype == "fp32"
     assert plan.settings.optimizer == "dist_muon" and plan.settings.release == "26.04.01"
-    line = args_line(megatron_config(plan))
+    # written for core_v0.17.1, the newest Megatron-LM that runs --cross-entropy-fusion-impl te (0.18+ refuse it and
+    # get native: tests/unit/test_te_loss_fusion_export.py)
+    line = args_line(megatron_config(plan), release("0.17"))
     flags = {t for t in line.split() if t.startswith("--")}
     assert flags - megatron_flags() == set()
     for f in ("--cuda-graph-impl", "--delay-wgrad-compute", "--moe-router-dtype", "--moe-router-fusion",
               "--fine-grained-activation-offloading", "--cross-entropy-fusion-impl", "--optimizer"):
         assert f in flags
-    back = read_megatron(line, world_size=8, release="26.04.01").plan
+    back = read_megatron(line, world_size=8, release="26.04.01", version="0.17").plan
     assert back.model_dump(exclude={"predicted"}) == plan.model_dump(exclude={"predicted"})
 
 
