@@ -453,6 +453,7 @@ def run(args: argparse.Namespace) -> int:
     plots.draw_search(args, result, plans.uniform, out_plans[0], mlm.iteration_ms if mlm is not None else None)
     wall_s = time.perf_counter() - started
     summary = report.summary(out_plans[0], best, plans, result, cm, wall_s=wall_s)
+    summary["target"] = getattr(args, "target", "aceso")    # the user's (the planner searches Bridge as Megatron-LM)
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n") if out != "-" else None
     else:
