@@ -56,8 +56,8 @@ def _megatron_flops_fn():
 
 def _args(**kw):
     base = dict(is_hybrid_model=False, hybrid_override_pattern=None, hybrid_layer_pattern=None,
-                group_query_attention=True, multi_latent_attention=False, num_experts=None, moe_layer_freq=1, mtp_num_layers=None,
-                moe_ffn_hidden_size=None, moe_shared_expert_intermediate_size=None, swiglu=True,
+                group_query_attention=True, multi_latent_attention=False, num_experts=None, moe_layer_freq=1,
+                mtp_num_layers=None, moe_ffn_hidden_size=None, moe_shared_expert_intermediate_size=None, swiglu=True,
                 attention_output_gate=False, experimental_attention_variant=None, moe_latent_size=None)
     return SimpleNamespace(**{**base, **kw})
 
