@@ -104,15 +104,17 @@ class Dispatchers:
     """Prices states under each candidate (MoE settings x CUDA-graph scope; one ``Evaluator`` per MoE settings, so
     their stage caches are kept)."""
 
-    def __init__(self, cm, gbs: int, target: str, base: MoEPlanSettings | None = None, accept=None, stacks=()):
+    def __init__(self, cm, gbs: int, target: str, base: MoEPlanSettings | None = None, accept=None, stacks=(),
+                 shared_overlap: bool = True):
         """``accept(evaluator, evaluation)``: an extra check a variant must pass (the megatron-lm target: the
         export's ``expressible``); None: any fitting variant. ``stacks``: the seeds' own stack switches
-        (``StackKey``: a published plan's CUDA graphs), also priced on every plan (the megatron-lm target)."""
+        (``StackKey``: a published plan's CUDA graphs), also priced on every plan (the megatron-lm target).
+        ``shared_overlap`` False: no shared-expert overlap candidates (``settle``'s other overlap)."""
         self.base = base
         self.accept = accept
         cands = candidates(cm.model, cm.cluster, base, target,
                            getattr(getattr(cm, "training", None), "token_dispatchers", None),
-                           shared_overlap_options(cm, target))
+                           shared_overlap_options(cm, target) if shared_overlap else ())
         self.cm, self.gbs = cm, gbs
         self.evaluators = [Evaluator(cm, gbs, None, target, s) for s in cands[1:]]
         self.own = Evaluator(cm, gbs, None, target, cands[0]) if cands else None

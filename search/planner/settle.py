@@ -6,7 +6,11 @@ shape that wins only under another setting is then never reached: on Nemotron-3 
 under the published flex / HybridEP dispatcher picks ep 4, the final step turns the EP overlap on, and under the
 overlap ep 2 is 4% faster again (1.085x -> 1.127x over the published plan), a shape the search never priced with
 it. ``settle`` runs the search once more in the space of the chosen setting, seeded with the best plan, while the
-setting changes (at most ``MAX_ROUNDS`` times).
+setting changes (at most ``MAX_ROUNDS`` times). The shared-expert overlap and the EP overlap exclude each other
+(megatron-core asserts it), so where the chosen setting has the shared-expert overlap, the search also settles
+under the best setting without it (the best plan re-priced under the other candidates, ``other_overlap``): on the
+same Nano row alltoall with the shared-expert overlap wins the final step at ep 4 by 0.1%, and only a search under
+the EP overlap reaches its ep 2.
 
 A wider space (``wider``: e.g. the context-parallel degrees) searched from scratch spreads the same budget over
 more states and can end slower than the narrow space (the hybrid bench lost two Nemotron-H 56B rows that way);
@@ -48,6 +52,15 @@ def settle(cm, training, target: str, opts: SearchOptions, top_k: int = 1, moe=N
         plans = _merge(plans, r.plans)
         res = _sum(res, r)
         log.append(f"again under {_moe_text(best.moe)} from the best plan: {_best_text(r)}")
+    best = _best(plans)
+    other = other_overlap(cm, gbs, space, best) if best is not None else None
+    if other is not None:
+        space = make_space(cm, training, target, moe=other)
+        r = search(cm, gbs, space, _seeded(opts, best), top_k)
+        plans = _merge(plans, r.plans)
+        res = _sum(res, r)
+        log.append(f"again under {_moe_text(other)} (without the shared-expert overlap) from the best plan: "
+                   f"{_best_text(r)}")
     if wider is not None:
         best = _best(plans)
         space = make_space(cm, wider, target, moe=best.moe if best is not None else moe)
@@ -57,6 +70,25 @@ def settle(cm, training, target: str, opts: SearchOptions, top_k: int = 1, moe=N
         log.append(f"the wider space from the best plan: {_best_text(r)}")
     res.plans = plans[:max(top_k, 1)]
     return res, log
+
+
+def other_overlap(cm, gbs: int, space, best: Evaluation):
+    """The MoE setting to settle under besides ``best``'s shared-expert overlap: ``best``'s state re-priced under
+    the candidates without it (``Dispatchers``, the EP overlap among them); None where ``best`` has no shared-expert
+    overlap or nothing without it fits."""
+    from .dispatchers import Dispatchers
+    from .megatron_lm import expressible
+    from .state import Evaluator
+    if best.moe is None or not best.moe.shared_expert_overlap:
+        return None
+    base = best.moe.model_copy(update={"shared_expert_overlap": False})
+    ev = Evaluator(cm, gbs, None, space.evaluator_target, base)
+    accept = (lambda _ev, c: expressible(ev, c)) if space.target == "megatron-lm" else None
+    e = ev.evaluate(best.state, charge=False, exact=True)
+    if not e.fits:
+        return None
+    alt = Dispatchers(cm, gbs, space.target, base, accept, shared_overlap=False).best(e)
+    return alt.moe or base
 
 
 def _best(plans: list[Evaluation]) -> Evaluation | None:
@@ -88,7 +120,8 @@ def _sum(a: SearchResult, b: SearchResult) -> SearchResult:
 
 def _moe_text(m) -> str:
     d = m.token_dispatcher + (f" ({m.flex_backend})" if m.token_dispatcher == "flex" else "")
-    return d + (", EP overlap" if m.overlap_ep_comm else "")
+    return d + (", EP overlap" if m.overlap_ep_comm else "") + (", shared-expert overlap" if m.shared_expert_overlap
+                                                                 else "")
 
 
 def _best_text(r: SearchResult) -> str:
