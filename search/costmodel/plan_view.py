@@ -15,7 +15,7 @@ from search.costmodel.types import RunSettings
 from search.settings.data_parallel import run_fields
 from search.settings.plan_settings import RUNTIME, PlanSettings
 from search.settings.precision import base_dtype, training_fields
-from search.settings.releases import megatron_core, resolve
+from search.settings.releases import resolve
 from search.spec.training import TrainingSpec
 
 
@@ -24,8 +24,7 @@ def run_settings(settings: PlanSettings | None, precision: str):
     release resolved by ``releases.resolve``)."""
     s = settings or RUNTIME
     return RunSettings(grad_reduce_in_fp32=s.grad_reduce_in_fp32 and precision != "fp32",
-                       release=resolve(s.release)[0], megatron_core=megatron_core(s.release),
-                       **run_fields(s.data_parallel, s.framework))
+                       release=resolve(s.release)[0], **run_fields(s.data_parallel, s.framework))
 
 
 def describe(settings: PlanSettings | None, precision: str) -> str:

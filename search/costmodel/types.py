@@ -184,8 +184,6 @@ class RunSettings(NamedTuple):
                          (``NCCL_NVLS_ENABLE``) inside an NVLink domain, InfiniBand SHARP (``--use-sharp``) across
     release              the software release priced (a container of ``search/settings/releases.py``; "" = the newest): the
                          kernel efficiencies fitted per release (``release_constants.py``)
-    megatron_core        (major, minor) of the megatron-core the stated release runs (``releases.megatron_core``: a
-                         stated 0.19 is priced as the newest container but keeps 0.19's rules); None: the release's
     """
 
     grad_reduce_in_fp32: bool = False
@@ -205,7 +203,6 @@ class RunSettings(NamedTuple):
     rank_order: str = "tp-cp-ep-dp-pp"
     nvls: bool = False
     sharp: bool = False
-    megatron_core: tuple[int, int] | None = None
 
 
 LEGACY_V1 = RunSettings(overlap_tp_dgrad=False, overlap_p2p_comm=False, optimizer_barrier=False,

@@ -80,10 +80,11 @@ def shared_overlap_options(cm, target: str) -> tuple[str, ...]:
 
 
 def core_of(cm) -> tuple[int, int]:
-    """(major, minor) of the megatron-core ``cm`` prices (``RunSettings.megatron_core``; else its release's)."""
+    """(major, minor) of the megatron-core ``cm`` prices: the stated release's (``pricing.cost_model`` sets
+    ``cm.megatron_core``), else its ``RunSettings.release``'s."""
     from search.settings.releases import megatron_core
-    settings = getattr(cm, "settings", None)
-    return getattr(settings, "megatron_core", None) or megatron_core(getattr(settings, "release", None) or None)
+    return getattr(cm, "megatron_core", None) or \
+        megatron_core(getattr(getattr(cm, "settings", None), "release", None) or None)
 
 
 def _dispatch_options(model) -> list[tuple[str, str]]:
