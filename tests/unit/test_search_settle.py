@@ -5,7 +5,7 @@ and per-rank micro-batch of the one-stage tp-1 dp-8 plan (the shape both searche
 the search chose, by brute force.
 
 The shared-expert overlap, which excludes the EP overlap, wins the single search's final step by 0.1% at ep 8; the
-settled search also settles under the best setting without it (``settle.other_overlap``).
+settled search runs its rounds again without it (``SearchOptions.shared_overlap``).
 
 The row: Nemotron-3 Nano on 8 GB300 (Megatron-Bridge 26.04.01, MXFP8, tp1 ep8 mbs4, flex / HybridEP), without its
 cross-entropy fusion."""
@@ -60,7 +60,8 @@ def test_settled_search_reaches_the_shape_the_chosen_setting_favours(row):
     # the single search's final step chooses the shared-expert overlap (alltoall, ep 8), which excludes the EP
     # overlap; settling also under the best setting without it reaches the EP overlap's shape
     assert once.moe.shared_expert_overlap and best.moe.overlap_ep_comm and not best.moe.shared_expert_overlap
-    assert len(log) == 3 and "shared-expert overlap" in log[1] and "EP overlap (without the shared" in log[2]
+    assert len(log) == 4 and "shared-expert overlap" in log[1]
+    assert log[2].startswith("without the shared-expert overlap, search") and "EP overlap" in log[3]
     ref = _brute(cm, tr, make_space(cm, tr, "megatron-lm", moe=best.moe), best.moe,
                  best.state.features._replace(stack=None))
     assert best.iteration_ms <= ref * (1 + 1e-9)                      # at least the brute-force best of that shape
