@@ -208,6 +208,18 @@ def torchrun_command(spec: LaunchSpec) -> list[str]:
     return cmd + train_argv(spec)
 
 
+def check_slurm_options(slurm: str | None, given: dict[str, object]) -> None:
+    """``--slurm``: the script's rendezvous is SLURM's (``MASTER_ADDR`` = the job's first host, node rank =
+    ``$SLURM_NODEID``), so a ``--master-addr`` or ``--node-rank`` given with it would be ignored: refused instead."""
+    if slurm is None:
+        return
+    for flag, value in given.items():
+        if value is not None:
+            raise AcesoError(f"{flag} {value}: with --slurm, SLURM decides it (the script's MASTER_ADDR is the job's "
+                             f"first host, its node rank $SLURM_NODEID); drop {flag}, or run `aceso launch` without "
+                             "--slurm on each node")
+
+
 # site settings every cluster wants: disabled (##) until filled in, so the script also runs on the site's defaults
 SLURM_PLACEHOLDERS = (
     "# Your site's settings: fill these in and remove one # to enable each (sbatch uses its defaults meanwhile)\n"

@@ -36,10 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="plan file (from `aceso search`)")
     p.add_argument("--nnodes", type=positive_int, default=None,
                    help="number of nodes (default: the plan's cluster; 1 with --cpu or without a cluster)")
-    p.add_argument("--node-rank", type=nonnegative_int, default=0, help="this node's rank (default 0)")
+    p.add_argument("--node-rank", type=nonnegative_int, default=None,
+                   help="this node's rank (default 0; with --slurm, SLURM's $SLURM_NODEID)")
     p.add_argument("--nproc-per-node", type=positive_int, default=None,
                    help="processes (GPUs) per node; default: the plan's cluster, else world size / nodes")
-    p.add_argument("--master-addr", default=None, help="rendezvous host (multi-node)")
+    p.add_argument("--master-addr", default=None,
+                   help="rendezvous host (multi-node; with --slurm, the job's first host)")
     p.add_argument("--master-port", type=port, default=None, help="rendezvous port (default 29500)")
     p.add_argument("--slurm", metavar="FILE", default=None, help="write a SLURM batch script to FILE (- = stdout)")
     p.add_argument("--cpu", action="store_true", help="CPU processes on gloo (tests, laptops); passes --cpu to train")
@@ -60,11 +62,12 @@ def _nnodes(args: argparse.Namespace, plan) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from launch.commands import (LaunchSpec, available_ram_mb, check_cpu_memory, check_plan_fits,
-                                 count_visible_gpus, launch_env, resolve_nproc, run_torchrun, shell_line,
+                                 check_slurm_options, count_visible_gpus, launch_env, resolve_nproc, run_torchrun, shell_line,
                                  slurm_script, torchrun_command)
 
     from ..training.args import check_train_args, parse_train_args
 
+    check_slurm_options(args.slurm, {"--master-addr": args.master_addr, "--node-rank": args.node_rank})
     train_args = list(getattr(args, "train_args", None) or []) + plots.train_args(args)
     plan = load_plan(args.plan)
     check_train_args(parse_train_args(args.plan, [*train_args, *(["--cpu"] if args.cpu else [])]), plan)
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.slurm, "--slurm")
     nnodes = _nnodes(args, plan)
     nproc = resolve_nproc(plan, nnodes, args.nproc_per_node, args.cpu)
-    spec = LaunchSpec(plan_path=args.plan, nnodes=nnodes, node_rank=args.node_rank, nproc_per_node=nproc,
+    spec = LaunchSpec(plan_path=args.plan, nnodes=nnodes, node_rank=args.node_rank or 0, nproc_per_node=nproc,
                       master_addr=args.master_addr, master_port=args.master_port, cpu=args.cpu,
                       python=args.python, train_args=train_args)
     starts_here = not args.dry_run and args.slurm is None

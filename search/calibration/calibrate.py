@@ -225,11 +225,23 @@ def fit_factors(runs: list[Run], iterations: int = 6, jac: np.ndarray | None = N
     return x, [FACTORS[j] for j in range(len(FACTORS)) if free[j]]
 
 
+def at_bounds(x: np.ndarray, gpu: str) -> list[str]:
+    """The factors at a bound of the fit (``upper_bounds``, ``lower_bound``; attention's upper bound is relative
+    to the GEMM's, ``_clip``): a factor the runs exercised that stops there is pinned, not determined."""
+    hi, lo = upper_bounds(gpu), lower_bound(gpu)
+    top = hi.copy()
+    top[1] = min(hi[1], hi[1] - x[0])
+    near = lambda a, b: math.isclose(a, b, rel_tol=0, abs_tol=1e-9)   # noqa: E731
+    return [FACTORS[j] for j in range(len(FACTORS)) if near(x[j], top[j]) or near(x[j], lo)]
+
+
 def calibrate_gpu(runs: list[Run], jac: np.ndarray | None = None, iterations: int = 6) -> GPUCalibration:
     """One GPU type's calibration from its runs, with each run's residuals before and after."""
-    x, fitted = fit_factors(runs, iterations, jac)
+    x, exercised = fit_factors(runs, iterations, jac)
     gemm, attn, intra, inter = np.exp(x)
     base = runs[0].plan.cluster
+    pinned = [f for f in at_bounds(x, base.gpu.name) if f in exercised]
+    fitted = [f for f in exercised if f not in pinned]
     d = defaults(base.gpu.name, base.intra_node_gbps, base.inter_node_gbps)
     over = []
     for r in runs:
@@ -239,9 +251,9 @@ def calibrate_gpu(runs: list[Run], jac: np.ndarray | None = None, iterations: in
     calib = GPUCalibration(
         gemm_efficiency=min(1.0, d["gemm_efficiency"] * gemm),
         attention_efficiency=min(1.0, d["attention_efficiency"] * gemm * attn),
-        intra_node_gbps=d["intra_node_gbps"] * intra if "intra" in fitted else None,
-        inter_node_gbps=d["inter_node_gbps"] * inter if "inter" in fitted else None,
-        memory_reserve_mib=round(reserve, 1), fitted=fitted + (["memory_reserve"] if over else []))
+        intra_node_gbps=d["intra_node_gbps"] * intra if "intra" in exercised else None,
+        inter_node_gbps=d["inter_node_gbps"] * inter if "inter" in exercised else None,
+        memory_reserve_mib=round(reserve, 1), fitted=fitted + (["memory_reserve"] if over else []), pinned=pinned)
     file = CalibrationFile(gpus={base.gpu.name: calib})
     calib.runs = [residual(r, file) for r in runs]
     return calib

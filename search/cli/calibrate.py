@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
                                                            ("inter-node", c.inter_node_gbps)) if v)
         print(f"{gpu}: GEMM {c.gemm_efficiency:.3f}, attention {c.attention_efficiency:.3f} of peak"
               f"{', ' + links if links else ''}, memory reserve {c.memory_reserve_mib:.0f} MiB "
-              f"(fitted: {', '.join(c.fitted) or 'nothing'})", file=out)
+              f"(fitted: {', '.join(c.fitted) or 'nothing'}"
+              f"{'; pinned at its bound: ' + ', '.join(c.pinned) if c.pinned else ''})", file=out)
         print(f"  {'run':50}{'measured ms':>12}{'before':>9}{'after':>9}{'mem MiB':>9}{'pred':>9}", file=out)
         for r in c.runs:
             mem = f"{r.measured_memory_mb:>9.0f}{r.predicted_memory_after_mb:>9.0f}" if r.measured_memory_mb \

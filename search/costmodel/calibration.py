@@ -65,6 +65,9 @@ class GPUCalibration(BaseModel):
     inter_node_gbps: float | None = Field(None, gt=0, le=1e6, description="Achieved network bandwidth per GPU.")
     memory_reserve_mib: float = Field(ge=0, le=1e6, description="Per-GPU memory beyond the modelled parts, MiB (2^20 bytes).")
     fitted: list[str] = Field(default_factory=list, description="The parameters the runs determined.")
+    pinned: list[str] = Field(default_factory=list, description="The factors the runs exercised that the fit left "
+                              "at a bound (the hardware's: a link's datasheet, a kernel's ceiling; or 1/4 of the "
+                              "default): the runs would move them beyond it, so their values are the bound's.")
     runs: list[RunResidual] = Field(default_factory=list)
 
 

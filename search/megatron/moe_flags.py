@@ -230,9 +230,11 @@ def moe_plan_fields(f, model, notes: list[str]) -> tuple[int, int | None, MoEPla
     why = settings_refusal(MoEPlanSettings(**settings), model)
     if why:
         raise AcesoError(f"{why.split(';')[0]} (megatron-core refuses it)".replace("moe.", "", 1))
-    if settings["shared_expert_overlap"] and dispatcher != "alltoall":
-        raise AcesoError(f"--moe-shared-expert-overlap with the {dispatcher} dispatcher: megatron-core supports it "
-                         "with alltoall only")
+    from search.settings.moe_plan import shared_overlap_dispatchers
+    ok = shared_overlap_dispatchers(f.release.version)      # the release the line is read under
+    if settings["shared_expert_overlap"] and dispatcher not in ok:
+        raise AcesoError(f"--moe-shared-expert-overlap with the {dispatcher} dispatcher: megatron-core "
+                         f"{f.release.series} supports it with {' or '.join(ok)} only")
     return ep, etp, MoEPlanSettings(**settings)
 
 

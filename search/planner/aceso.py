@@ -57,6 +57,7 @@ class SearchOptions:
     polish_top: int = 3                # plans that get the exact cuts (at least top_k)
     polish_max_spans: int = 3000
     callback: object = None            # called with the number of evaluations done (may raise KeyboardInterrupt)
+    shared_overlap: bool = True        # the final step may choose the shared-expert overlap (settle.py: False)
 
 
 @dataclass
@@ -483,7 +484,8 @@ def _finish(cm, gbs, space, opts, results, top_k, t0, interrupted) -> SearchResu
         ctx = Ctx(space, ev)
         accept = (lambda _ev, c: expressible(ev, c)) if space.target == "megatron-lm" else None   # ev: runs_on
         disp = Dispatchers(cm, gbs, space.target, space.moe, accept,
-                           stacks=[s.features.stack for s in opts.seeds if s.features.stack is not None])
+                           stacks=[s.features.stack for s in opts.seeds if s.features.stack is not None],
+                           shared_overlap=opts.shared_overlap)
         out = []
         op_level = not has_unit_tables(cm) and space.target != "megatron-lm"   # one setting per plan there
         todo = _to_polish(results, cands, opts, top_k)

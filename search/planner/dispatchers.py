@@ -11,15 +11,17 @@ uniform baseline's best few configurations, under every other combination megatr
 dispatch / combine time, the overlap, the host-bound wait and buffers, not which states are legal, so pricing the
 finalists under each is what choosing it costs (a few evaluations, not a search per choice). The fastest fitting
 one is kept; ties keep the earlier candidate (the plan's own settings first, then alltoall, allgather, flex with
-DeepEP, flex with HybridEP, each without and then with the overlap). flex is priced as DeepEP / HybridEP run it (``moe_cost.flex_dispatch``), so it
-wins where the EP group spans nodes; the overlap (``costmodel/ep_overlap.py``) wins where the all-to-all is long
-against the layer's compute; a CUDA graph (``costmodel/host.py``) wins where the MoE layers are host-bound.
+DeepEP, flex with HybridEP, each without, with the EP overlap, then with the shared-expert overlap). flex is priced
+as DeepEP / HybridEP run it (``moe_cost.flex_dispatch``), so it wins where the EP group spans nodes; the overlap
+(``costmodel/ep_overlap.py``) wins where the all-to-all is long against the layer's compute; a CUDA graph (``costmodel/host.py``) wins where the MoE layers are host-bound.
 
 Candidates (``candidates``, ``graph_candidates``), megatron-core's rules (``moe_plan.check_moe_settings``,
 ``stack.refusal``; a variant whose plan the rules refuse is skipped): flex (DeepEP / HybridEP) needs CUDA, so not
-on a ``cpu`` cluster; ``shared_expert_overlap`` keeps alltoall; the EP overlap needs ep > 1, alltoall or flex, no
-full recompute (the evaluator then re-chooses recompute without it) and, with pipeline stages, virtual chunks;
-``delay_wgrad`` comes with the overlap. CUDA graphs (megatron-lm target only: the aceso runtime captures none):
+on a ``cpu`` cluster; ``shared_expert_overlap`` (a model with a shared expert: the shared expert beside the
+dispatch, ``moe_cost.py``) runs with alltoall, and from megatron-core 0.18 with flex
+(``moe_plan.shared_overlap_dispatchers``, by the priced release), not with the EP overlap, and is offered on GPUs
+under the analytic model; the EP overlap needs ep > 1, alltoall or flex, no full recompute (the evaluator then
+re-chooses recompute without it) and, with pipeline stages, virtual chunks; ``delay_wgrad`` comes with the overlap. CUDA graphs (megatron-lm target only: the aceso runtime captures none):
 transformer-engine graphs of ``attn moe_router moe_preprocess`` (Megatron-Bridge's MoE recipes) and of
 ``moe_router moe_preprocess``; a dense model's graphs remove no priced host time (``host.py``) and are not offered.
 ``--dispatcher`` (``TrainingSpec.token_dispatchers``) keeps the dispatchers it names, the first the one the search
@@ -39,19 +41,22 @@ GRAPH_SCOPES = (frozenset({"attn", "moe_router", "moe_preprocess"}), frozenset({
 
 
 def candidates(model, cluster, base: MoEPlanSettings | None = None, target: str = "aceso",
-               allowed=None) -> list[MoEPlanSettings]:
+               allowed=None, shared_overlap: tuple[str, ...] = ()) -> list[MoEPlanSettings]:
     """The MoE settings to price a plan of ``model`` on ``cluster`` under: ``base`` (None: the defaults) first,
     then ``base`` with each other dispatcher megatron-core runs there (and ``allowed`` keeps: --dispatcher), each
     (``--target megatron-lm``: the aceso runtime runs no EP overlap) also with the EP overlap and delayed weight
-    gradients where ``base`` has no overlap; empty for a dense model."""
+    gradients where ``base`` has no overlap, and (a model with a shared expert, ``shared_overlap``: the dispatchers
+    the release runs it with, ``moe_plan.shared_overlap_dispatchers``) with the shared-expert overlap where ``base``
+    has neither overlap; empty for a dense model."""
     if model.moe is None:
         return []
     base = base or MoEPlanSettings()
     out = [base]
+    shared = bool(model.moe.moe_shared_expert_intermediate_size) and not base.overlap_ep_comm
     for d, backend in _dispatch_options(model):
         if (d == "flex" and cluster.gpu.name == "cpu") or (allowed is not None and d not in allowed):
             continue
-        if (base.shared_expert_overlap and d != "alltoall") or (base.overlap_ep_comm and d == "allgather"):
+        if (base.shared_expert_overlap and d not in shared_overlap) or (base.overlap_ep_comm and d == "allgather"):
             continue
         same = base.model_copy(update={"token_dispatcher": d, "flex_backend": backend})
         if (d, backend) != (base.token_dispatcher, base.flex_backend if d == "flex" else "deepep"):
@@ -59,7 +64,27 @@ def candidates(model, cluster, base: MoEPlanSettings | None = None, target: str 
         if target == "megatron-lm" and not base.overlap_ep_comm and d != "allgather" \
                 and not base.shared_expert_overlap and model.params_dtype != "fp32" and base.grouped_gemm:
             out.append(same.model_copy(update={"overlap_ep_comm": True, "delay_wgrad": True}))
+        if shared and not base.shared_expert_overlap and d in shared_overlap:
+            out.append(same.model_copy(update={"shared_expert_overlap": True}))
     return out
+
+
+def shared_overlap_options(cm, target: str) -> tuple[str, ...]:
+    """The dispatchers to offer the shared-expert overlap with: those the priced release's megatron-core runs it
+    with (``moe_plan.shared_overlap_dispatchers``), where it runs and is priced: the analytic model (the profiler
+    measures the shared expert without it), a GPU (the aceso runtime turns it off on CPU: CUDA streams)."""
+    from search.settings.moe_plan import shared_overlap_dispatchers
+    if getattr(cm, "kind", "analytic") != "analytic" or cm.cluster.gpu.name == "cpu":
+        return ()
+    return shared_overlap_dispatchers(core_of(cm))
+
+
+def core_of(cm) -> tuple[int, int]:
+    """(major, minor) of the megatron-core ``cm`` prices: the stated release's (``pricing.cost_model`` sets
+    ``cm.megatron_core``), else its ``RunSettings.release``'s."""
+    from search.settings.releases import megatron_core
+    return getattr(cm, "megatron_core", None) or \
+        megatron_core(getattr(getattr(cm, "settings", None), "release", None) or None)
 
 
 def _dispatch_options(model) -> list[tuple[str, str]]:
@@ -80,14 +105,17 @@ class Dispatchers:
     """Prices states under each candidate (MoE settings x CUDA-graph scope; one ``Evaluator`` per MoE settings, so
     their stage caches are kept)."""
 
-    def __init__(self, cm, gbs: int, target: str, base: MoEPlanSettings | None = None, accept=None, stacks=()):
+    def __init__(self, cm, gbs: int, target: str, base: MoEPlanSettings | None = None, accept=None, stacks=(),
+                 shared_overlap: bool = True):
         """``accept(evaluator, evaluation)``: an extra check a variant must pass (the megatron-lm target: the
         export's ``expressible``); None: any fitting variant. ``stacks``: the seeds' own stack switches
-        (``StackKey``: a published plan's CUDA graphs), also priced on every plan (the megatron-lm target)."""
+        (``StackKey``: a published plan's CUDA graphs), also priced on every plan (the megatron-lm target).
+        ``shared_overlap`` False: no shared-expert overlap candidates (``settle``'s other overlap)."""
         self.base = base
         self.accept = accept
         cands = candidates(cm.model, cm.cluster, base, target,
-                           getattr(getattr(cm, "training", None), "token_dispatchers", None))
+                           getattr(getattr(cm, "training", None), "token_dispatchers", None),
+                           shared_overlap_options(cm, target) if shared_overlap else ())
         self.cm, self.gbs = cm, gbs
         self.evaluators = [Evaluator(cm, gbs, None, target, s) for s in cands[1:]]
         self.own = Evaluator(cm, gbs, None, target, cands[0]) if cands else None
@@ -118,9 +146,13 @@ class Dispatchers:
     def _valid(self, c: Evaluation) -> bool:
         """Whether the variant's plan passes the plan's own rules (megatron-core's: the EP overlap's structure,
         the CUDA graphs' scopes)."""
+        from search.settings.plan_settings import PlanSettings
+
         from .state import to_plan
+        release = PlanSettings(release="%d.%d" % core_of(self.cm))     # megatron-core's rules of the priced release
         try:
-            to_plan(c, self.cm.model, self.cm.cluster, self.gbs, getattr(self.cm, "kind", "analytic"), predicted=False)
+            to_plan(c, self.cm.model, self.cm.cluster, self.gbs, getattr(self.cm, "kind", "analytic"), predicted=False,
+                    settings=release)
         except (pydantic.ValidationError, ValueError):
             return False
         return True

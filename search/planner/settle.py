@@ -6,7 +6,11 @@ shape that wins only under another setting is then never reached: on Nemotron-3 
 under the published flex / HybridEP dispatcher picks ep 4, the final step turns the EP overlap on, and under the
 overlap ep 2 is 4% faster again (1.085x -> 1.127x over the published plan), a shape the search never priced with
 it. ``settle`` runs the search once more in the space of the chosen setting, seeded with the best plan, while the
-setting changes (at most ``MAX_ROUNDS`` times).
+setting changes (at most ``MAX_ROUNDS`` times). The shared-expert overlap and the EP overlap exclude each other
+(megatron-core asserts it), so where the chosen setting has the shared-expert overlap, the same rounds run again
+with no shared-expert overlap candidate (``SearchOptions.shared_overlap``), and the plans of both are merged: on the
+same Nano row alltoall with the shared-expert overlap wins the first final step at ep 8 by 0.1%, and only the
+rounds without it reach the EP overlap's ep 2.
 
 A wider space (``wider``: e.g. the context-parallel degrees) searched from scratch spreads the same budget over
 more states and can end slower than the narrow space (the hybrid bench lost two Nemotron-H 56B rows that way);
@@ -35,7 +39,30 @@ def settle(cm, training, target: str, opts: SearchOptions, top_k: int = 1, moe=N
     the first search's space where the caller has built it (None: built here)."""
     make_space = make_space or _make_space
     gbs = training.global_batch_size
-    space = space if space is not None else make_space(cm, training, target, moe=moe)
+    first = space if space is not None else make_space(cm, training, target, moe=moe)
+    plans, res, log = _rounds(cm, training, target, opts, top_k, first, make_space)
+    best = _best(plans)
+    if best is not None and best.moe is not None and best.moe.shared_expert_overlap:
+        # the two overlaps exclude each other: the same rounds without the shared-expert overlap (the EP overlap's)
+        o = copy.copy(opts)
+        o.shared_overlap = False
+        p2, r2, log2 = _rounds(cm, training, target, o, top_k, first, make_space)
+        plans, res = _merge(plans, p2), _sum(res, r2)
+        log += [f"without the shared-expert overlap, {line}" for line in log2]
+    if wider is not None:
+        best = _best(plans)
+        space = make_space(cm, wider, target, moe=best.moe if best is not None else moe)
+        r = search(cm, gbs, space, _seeded(opts, best), top_k)
+        plans = _merge(plans, r.plans)
+        res = _sum(res, r)
+        log.append(f"the wider space from the best plan: {_best_text(r)}")
+    res.plans = plans[:max(top_k, 1)]
+    return res, log
+
+
+def _rounds(cm, training, target: str, opts: SearchOptions, top_k: int, space, make_space):
+    """The search, then again under its final step's choice while that changes: (plans, result, log lines)."""
+    gbs = training.global_batch_size
     res = search(cm, gbs, space, opts, top_k)
     log = [f"search: {_best_text(res)}"]
     plans = list(res.plans)
@@ -48,15 +75,7 @@ def settle(cm, training, target: str, opts: SearchOptions, top_k: int = 1, moe=N
         plans = _merge(plans, r.plans)
         res = _sum(res, r)
         log.append(f"again under {_moe_text(best.moe)} from the best plan: {_best_text(r)}")
-    if wider is not None:
-        best = _best(plans)
-        space = make_space(cm, wider, target, moe=best.moe if best is not None else moe)
-        r = search(cm, gbs, space, _seeded(opts, best), top_k)
-        plans = _merge(plans, r.plans)
-        res = _sum(res, r)
-        log.append(f"the wider space from the best plan: {_best_text(r)}")
-    res.plans = plans[:max(top_k, 1)]
-    return res, log
+    return plans, res, log
 
 
 def _best(plans: list[Evaluation]) -> Evaluation | None:
@@ -88,7 +107,8 @@ def _sum(a: SearchResult, b: SearchResult) -> SearchResult:
 
 def _moe_text(m) -> str:
     d = m.token_dispatcher + (f" ({m.flex_backend})" if m.token_dispatcher == "flex" else "")
-    return d + (", EP overlap" if m.overlap_ep_comm else "")
+    return d + (", EP overlap" if m.overlap_ep_comm else "") + (", shared-expert overlap" if m.shared_expert_overlap
+                                                                 else "")
 
 
 def _best_text(r: SearchResult) -> str:

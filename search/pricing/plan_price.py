@@ -25,6 +25,7 @@ from search.costmodel.plan_view import run_settings, training_of
 from search.io.errors import AcesoError
 from search.megatron.bridge import with_recipe_loss
 from search.settings.plan_settings import PlanSettings, Target, target_settings
+from search.settings.releases import megatron_core
 from search.spec.training import TrainingSpec
 from .models import make_cost_model
 
@@ -36,8 +37,11 @@ def cost_model(model, cluster, training: TrainingSpec, settings: PlanSettings | 
     aceso-compat prices the reference's way whatever the settings are."""
     if kind == "aceso-compat":
         return make_compat_cost_model(model, cluster, training, db)
-    return make_cost_model(model, cluster, training, kind, db=db,
-                           settings=run if run is not None else run_settings(settings, training.precision))
+    cm = make_cost_model(model, cluster, training, kind, db=db,
+                         settings=run if run is not None else run_settings(settings, training.precision))
+    if settings is not None:        # megatron-core's rules of the stated release (a 0.19 is priced as the newest
+        cm.megatron_core = megatron_core(settings.release)    # container, but runs 0.19's; planner.dispatchers)
+    return cm
 
 
 def priced_cluster(plan, cluster=None, calibration=None):

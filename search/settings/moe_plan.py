@@ -64,7 +64,8 @@ class MoEPlanSettings(BaseModel):
     permute_fusion: bool = Field(True, description="Fused token permute/unpermute kernels (moe_permute_fusion; "
                                  "transformer-engine on GPU).")
     shared_expert_overlap: bool = Field(False, description="The shared expert runs concurrently with the dispatch "
-                                        "(moe_shared_expert_overlap; alltoall dispatcher only).")
+                                        "(moe_shared_expert_overlap; alltoall, and flex from megatron-core 0.18: "
+                                        "shared_overlap_dispatchers).")
     overlap_ep_comm: bool = Field(False, description="Dispatch/combine all-to-all overlapped with another "
                                   "micro-batch's compute (overlap_moe_expert_parallel_comm): needs ep > 1, the "
                                   "alltoall or flex dispatcher, no full recompute, virtual stages when pp > 1.")
@@ -168,15 +169,42 @@ def check_moe_settings(plan) -> None:
     if msg:
         raise ValueError(msg)
     if s.shared_expert_overlap:
-        if s.token_dispatcher != "alltoall":
-            raise ValueError(f"moe.shared_expert_overlap works with the alltoall dispatcher only (it is "
-                             f"{s.token_dispatcher}); set token_dispatcher alltoall or turn the overlap off")
+        from search.settings.releases import megatron_core
+        msg = shared_overlap_refusal(s, megatron_core(plan.settings.release))
+        if msg:
+            raise ValueError(msg)
         if not plan.model.moe.moe_shared_expert_intermediate_size:
             raise ValueError("moe.shared_expert_overlap: the model has no shared expert; turn the overlap off")
     msg = overlap_ep_refusal(s, plan.num_stages, plan.num_virtual_stages, any(st.ep > 1 for st in plan.stages),
                              any(rc == "full" for st in plan.stages for rc in st.all_recompute))
     if msg:
         raise ValueError(msg)
+
+
+# megatron-core version -> the dispatchers moe_shared_expert_overlap runs with (TransformerConfig.__post_init__:
+# "only works with alltoall token dispatcher" through core_v0.17.1, "alltoall or flex" from core_v0.18.0)
+SHARED_OVERLAP_DISPATCHERS = {(0, 0): ("alltoall",), (0, 18): ("alltoall", "flex")}
+
+
+def shared_overlap_dispatchers(core: tuple[int, int]) -> tuple[str, ...]:
+    """The dispatchers megatron-core ``core`` (major, minor) runs the shared-expert overlap with."""
+    return SHARED_OVERLAP_DISPATCHERS[max(v for v in SHARED_OVERLAP_DISPATCHERS if v <= core)]
+
+
+def shared_overlap_refusal(s: "MoEPlanSettings", core: tuple[int, int]) -> str | None:
+    """Why megatron-core ``core`` refuses ``moe_shared_expert_overlap`` with these settings (its dispatcher; the EP
+    overlap, which asserts it off in 0.16.1 and 0.19), or None."""
+    if not s.shared_expert_overlap:
+        return None
+    ok = shared_overlap_dispatchers(core)
+    if s.token_dispatcher not in ok:
+        return (f"moe.shared_expert_overlap works with the {' or '.join(ok)} dispatcher in megatron-core "
+                f"{core[0]}.{core[1]} (it is {s.token_dispatcher}); set token_dispatcher {ok[0]} or turn the "
+                "overlap off" + ("" if "flex" in ok else " (0.18+ also runs it with flex)"))
+    if s.overlap_ep_comm:
+        return ("moe.shared_expert_overlap with moe.overlap_ep_comm: megatron-core asserts the shared-expert "
+                "overlap off under the EP overlap; turn one off")
+    return None
 
 
 def settings_refusal(s: "MoEPlanSettings", model) -> str | None:

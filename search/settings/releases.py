@@ -105,3 +105,13 @@ def at_or_before(name: str, candidates) -> str | None:
     """The newest of ``candidates`` (container names) not newer than ``name``, or None."""
     older = [c for c in candidates if _order(c) <= _order(name)]
     return max(older, key=_order) if older else None
+
+
+def megatron_core(release: str | None) -> tuple[int, int]:
+    """(major, minor) of the megatron-core a stated release runs, for megatron-core's version rules: a container's
+    (its row above, a point release its base's), a megatron-core / Megatron-LM version itself (``0.19``,
+    ``core_v0.19.0``), None the newest container's."""
+    name = NEWEST if release is None else release.strip()
+    if re.fullmatch(r"\d\d\.\d\d(\.\d\d)?", name):          # a container, listed or not (its nearest older)
+        return _minor(BY_NAME[resolve(name)[0]].megatron_core)
+    return _minor(name) or _minor(BY_NAME[resolve(name)[0]].megatron_core)

@@ -18,10 +18,13 @@ learnable, quick_geglu with glu_linear_offset 1 and swiglu_limit as activation_f
 router_aux_loss_coef is not taken: Megatron-LM's GPT-OSS flags train without the aux loss,
 --moe-router-load-balancing-type none).
 
-Routing: every type here renormalizes the top-k weights (HF ``norm_topk_prob`` true, megatron-core's softmax over the
-top-k and normalized sigmoid); ``norm_topk_prob`` false, an unknown ``scoring_func`` or ``topk_method`` and
-DeepSeek-V2's group_limited_greedy (its group score is the group's best, megatron-core's the sum of its top
-scores) are refused with one line. Routing is learned and dropless (megatron-core's defaults; force-balanced
+Routing: HF ``norm_topk_prob`` true renormalizes the top-k weights (megatron-core's default: a softmax over the
+top-k, a normalized sigmoid); false on a softmax router (softmax over all experts, then the top-k: Qwen3-MoE, whose
+default is false, and DeepSeek's softmax scoring) is megatron-core's ``moe_router_pre_softmax``; false on a sigmoid
+router (megatron-core renormalizes its top-k), an unknown ``scoring_func`` or ``topk_method`` and DeepSeek-V2's
+group_limited_greedy (its group score is the group's best, megatron-core's the sum of its top scores) are refused
+with one line. Mixtral and GPT-OSS have no such key (softmax over the top-k logits: megatron-core's default).
+Routing is learned and dropless (megatron-core's defaults; force-balanced
 routing is a benchmark setting a spec turns on with ``moe_router_force_load_balancing``).
 """
 
@@ -33,11 +36,19 @@ MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v3", "kimi_k2", "glm4_mo
 MLA_TYPES = ("deepseek_v3", "kimi_k2")
 
 
-def _normalized_topk(c, default: bool) -> None:
-    if not c.bool("norm_topk_prob", default):
-        raise c.refuse("norm_topk_prob", "HF keeps the router's top-k weights unnormalized; aceso's import reads "
-                       "routers that renormalize them (megatron-core's default) only",
-                       shown=None if c.has("norm_topk_prob") else f"(absent: the model's default {str(default).lower()})")
+def _router(c, default: bool, score: str = "softmax") -> dict:
+    """The router's top-k weights: HF ``norm_topk_prob`` true renormalizes them (megatron-core's default router);
+    false keeps them as they are, which a softmax router (softmax over all experts, then the top-k: HF Qwen3-MoE,
+    DeepSeek's softmax scoring) runs as megatron-core's ``moe_router_pre_softmax``. megatron-core's sigmoid router
+    renormalizes above top-1 whatever ``moe_router_pre_softmax`` says (``topk_routing_with_score_function``), so a
+    sigmoid router that does not is refused. ``default``: the model type's default when the key is absent."""
+    if c.bool("norm_topk_prob", default):
+        return {}
+    if score == "softmax":
+        return {"moe_router_pre_softmax": True}
+    raise c.refuse("norm_topk_prob", "HF keeps the sigmoid router's top-k weights unnormalized; megatron-core's "
+                   "sigmoid router renormalizes them (set norm_topk_prob true)",
+                   shown=None if c.has("norm_topk_prob") else f"(absent: the model's default {str(default).lower()})")
 
 
 def topk_scaling(c) -> dict:
@@ -63,7 +74,7 @@ def _qwen3(c, layers: int) -> dict:
     if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers
                                               for i in dense):
         raise c.bad("mlp_only_layers", dense, f"a list of layer numbers in [0, {layers})")
-    _normalized_topk(c, False)            # Qwen3MoeConfig's default is false
+    router = _router(c, False)            # Qwen3MoeConfig's default is false
     pattern = [int(i not in dense and (i + 1) % step == 0) for i in range(layers)]
     if not any(pattern):                  # every layer dense: HF builds a dense model
         c.ignore("num_experts", "num_experts_per_tok", "moe_intermediate_size", "router_aux_loss_coef")
@@ -71,7 +82,7 @@ def _qwen3(c, layers: int) -> dict:
     return {"moe": {"num_experts": c.int("num_experts"), "moe_router_topk": c.int("num_experts_per_tok"),
                     "moe_ffn_hidden_size": c.int("moe_intermediate_size"),
                     "moe_layer_freq": 1 if all(pattern) else pattern,
-                    "moe_aux_loss_coeff": c.float("router_aux_loss_coef", default=0.0)}}
+                    "moe_aux_loss_coeff": c.float("router_aux_loss_coef", default=0.0), **router}}
 
 
 def _shared_and_dense(c) -> dict:
@@ -102,9 +113,8 @@ def _deepseek(c) -> dict:
     if method == "group_limited_greedy":
         raise c.refuse("topk_method", "DeepSeek-V2's group score is the group's best expert, megatron-core's "
                        "group-limited routing sums the group's top scores")
-    _normalized_topk(c, True)
     moe = {**_shared_and_dense(c), "moe_layer_freq": c.int("moe_layer_freq", default=1),
-           "moe_router_score_function": score, **_groups(c, method == "noaux_tc"),
+           "moe_router_score_function": score, **_router(c, True, score), **_groups(c, method == "noaux_tc"),
            "moe_router_enable_expert_bias": method == "noaux_tc",
            "moe_aux_loss_coeff": c.float("aux_loss_alpha", default=0.0),
            # transformers' DeepseekV3 config: seq_aux true = the sequence-wise balance loss (megatron-core's
@@ -122,8 +132,8 @@ def _glm4_moe(c) -> dict:
     group-limited when n_group > 1, renormalized and scaled by routed_scaling_factor."""
     c.choice("topk_method", ("noaux_tc",), "noaux_tc")
     c.ignore("moe_router_dtype")          # the router's compute dtype (numerics, not the architecture)
-    _normalized_topk(c, True)
-    moe = {**_shared_and_dense(c), "moe_router_score_function": "sigmoid", **_groups(c, True),
+    moe = {**_shared_and_dense(c), "moe_router_score_function": "sigmoid", **_router(c, True, "sigmoid"),
+           **_groups(c, True),
            "moe_router_enable_expert_bias": True,
            "moe_aux_loss_coeff": c.float("router_aux_loss_coef", default=0.0)}
     return {"moe": moe, "mtp_num_layers": _mtp(c), "megatron": topk_scaling(c)}

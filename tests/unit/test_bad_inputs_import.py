@@ -129,8 +129,8 @@ CASES = [
     *hf("mlp-only-out-of-range", {**Q3MOE, "mlp_only_layers": [99]}, "mlp_only_layers is [99]; it must be a list of "
         "layer numbers in [0, 48)"),
     *hf("mlp-only-strings", {**Q3MOE, "mlp_only_layers": ["a"]}, 'mlp_only_layers is ["a"]'),
-    *hf("norm-topk-absent", {k: v for k, v in Q3MOE.items() if k != "norm_topk_prob"}, "norm_topk_prob (absent: the "
-        "model's default false)"),
+    *hf("norm-topk-sigmoid", {**DSV3, "norm_topk_prob": False},
+        "norm_topk_prob false: HF keeps the sigmoid router's top-k weights unnormalized"),
     # ----- the options ----------------------------------------------------------------------------------------------
     *hf("seq-zero", QWEN, "--seq-length: 0 must be at least 1", "--seq-length", "0"),
     *hf("seq-negative", QWEN, "--seq-length: -5 must be at least 1", "--seq-length", "-5"),

@@ -2,6 +2,7 @@
 back, fitted, written as a calibration file that every command applies the same way, and bad logs are refused."""
 
 import json
+import math
 import re
 
 import numpy as np
@@ -264,6 +265,28 @@ def test_no_factor_goes_beyond_the_hardware(tmp_path):
     assert c.attention_efficiency <= ARCH["h100"].attn_fwd * (1 + 1e-9)
     assert c.intra_node_gbps <= 450.0 * (1 + 1e-9)
     assert c.runs[0].error_after > 0.2              # still predicted slower: the run is beyond this hardware
+
+
+def test_a_factor_left_at_its_bound_is_pinned_not_fitted(tmp_path, capsys):
+    """A run twice as fast as the defaults: GEMM, attention and NVLink all stop at their hardware bounds (the
+    kernels' ceilings, the datasheet's 450 GB/s), so the runs did not determine them: the file and the summary say
+    they are pinned there. Before, all three were listed as fitted."""
+    from search.calibration.calibrate import upper_bounds
+    sh, log, pred = write_run(tmp_path, factor=0.5)
+    out = tmp_path / "calib.json"
+    assert main(["calibrate", "--run", sh, log, "--cluster", CLUSTER, "-o", str(out)]) == 0
+    summary = capsys.readouterr().out.splitlines()[0]
+    c = load_calibration(str(out)).gpus["h100"]
+    assert c.intra_node_gbps == pytest.approx(DEFAULT["intra_node_gbps"] * math.exp(upper_bounds("h100")[2]))
+    assert c.intra_node_gbps == pytest.approx(450.0)                 # H100 SXM's NVLink per direction, the datasheet
+    assert c.pinned == ["gemm", "attention", "intra"] and "intra" not in c.fitted
+    assert summary.endswith("(fitted: memory_reserve; pinned at its bound: gemm, attention, intra)"), summary
+    # a slower run moves every factor inside its bounds: all fitted, none pinned
+    sh, log, _ = write_run(tmp_path, factor=1.25, name="slow")
+    assert main(["calibrate", "--run", sh, log, "--cluster", CLUSTER, "-o", str(out)]) == 0
+    c = load_calibration(str(out)).gpus["h100"]
+    assert c.pinned == [] and c.fitted[:3] == ["gemm", "attention", "intra"]
+    assert "pinned" not in capsys.readouterr().out
 
 
 # ----- which run is the log of (issue 32: any log was "fitted" to any script) ----------------------------------

@@ -184,7 +184,9 @@ def _edit(name: str, path: str, value):
                                                     "(softmax, sigmoid)"),
     ("deepseek-v3", "topk_method", "noaux_tc2", "topk_method 'noaux_tc2' is not one"),
     ("deepseek-v3", "topk_method", "group_limited_greedy", "topk_method \"group_limited_greedy\": DeepSeek-V2's"),
-    ("deepseek-v3", "norm_topk_prob", False, "norm_topk_prob false: HF keeps the router's top-k weights unnormalized"),
+    ("deepseek-v3", "norm_topk_prob", False, "norm_topk_prob false: HF keeps the sigmoid router's top-k weights "
+                                             "unnormalized; megatron-core's sigmoid router renormalizes them"),
+    ("glm-4.5", "norm_topk_prob", False, "norm_topk_prob false: HF keeps the sigmoid router's top-k weights"),
     ("deepseek-v3", "rope_scaling.type", "dynamic", "rope_scaling.type \"dynamic\": megatron-core scales"),
     ("llama-3.1-8b", "rope_scaling.high_freq_factor", 2.0, "rope_scaling.high_freq_factor 2.0: megatron-core"),
     ("llama-3.1-8b", "rope_scaling.attention_factor", 1.0, "rope_scaling.attention_factor: a field aceso's import "
@@ -193,7 +195,6 @@ def _edit(name: str, path: str, value):
     ("llama-3.1-8b", "hidden_act", "gelu", "hidden_act \"gelu\": aceso's import reads the SwiGLU MLP"),
     ("llama-3.1-8b", "some_new_field", 1, "some_new_field: a field aceso's import does not know for model_type llama"),
     ("qwen2.5-7b", "use_mrope", True, "use_mrope true: multimodal RoPE"),
-    ("qwen3-30b-a3b", "norm_topk_prob", None, "norm_topk_prob (absent: the model's default false)"),
     ("mixtral-8x7b", "router_jitter_noise", 0.1, "router_jitter_noise 0.1: noise on the router's input"),
     ("glm-4.5", "topk_method", "greedy", "topk_method 'greedy' is not one aceso's import knows (noaux_tc)"),
     ("glm-4.5", "partial_rotary_factor", 1.5, "partial_rotary_factor is 1.5; it must be a fraction in (0, 1]"),

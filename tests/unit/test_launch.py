@@ -153,3 +153,16 @@ def test_launch_is_torch_free_and_wrapper_calls_it(plan8):
     assert w.returncode == 0, w.stderr
     assert "--nproc-per-node 8" in w.stdout
     assert subprocess.run(["bash", "-n", str(ROOT / "launch" / "slurm.sbatch")]).returncode == 0
+
+
+@pytest.mark.parametrize("flag, value", [("--master-addr", "node7"), ("--node-rank", "0"), ("--node-rank", "3")])
+def test_slurm_refuses_the_rendezvous_slurm_decides(capsys, tmp_path, plan32, flag, value):
+    """The --slurm script takes MASTER_ADDR from the job's first host and the node rank from $SLURM_NODEID (docs/
+    train.md), so --master-addr / --node-rank given with it were silently dropped: refused, nothing written."""
+    dest = tmp_path / "job.sbatch"
+    rc, out, err = launch(capsys, plan32, "--slurm", str(dest), flag, value, *MOCK)
+    assert rc == 2 and out == "" and not dest.exists()
+    assert err.count("\n") == 1 and f"{flag} {value}: with --slurm, SLURM decides it" in err and f"drop {flag}" in err
+    # without --slurm they name this node and the rendezvous; --master-port stays the script's default port
+    rc, out, err = launch(capsys, plan32, "--slurm", "-", "--master-port", "6001", *MOCK)
+    assert rc == 0 and "MASTER_PORT=${MASTER_PORT:-6001}" in out

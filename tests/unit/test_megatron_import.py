@@ -151,6 +151,25 @@ def test_uniform_groups_of_several_layers_are_priced_as_every_layer_with_a_note(
     assert any("groups of 2 layers" in n for n in imp.notes)
 
 
+@pytest.mark.parametrize("version, ok", [("core_v0.16.1", False), ("core_v0.17.1", False), ("core_v0.18.2", True),
+                                         ("core_v0.19.0", True)])
+def test_shared_expert_overlap_with_flex_is_read_per_release(version, ok):
+    """megatron-core's TransformerConfig runs --moe-shared-expert-overlap with alltoall through 0.17 and with
+    alltoall or flex from 0.18 (each checkout's transformer_config.py): a flex line reads under the releases that
+    run it, into a plan priced for that release, and is refused in one line under the others."""
+    from search.io.errors import AcesoError
+    line = BASE + ("--num-experts 8 --moe-shared-expert-intermediate-size 256 --moe-token-dispatcher-type flex "
+                   "--moe-shared-expert-overlap")
+    if not ok:
+        with pytest.raises(AcesoError, match=f"megatron-core {release(version).series} supports it with alltoall "
+                                             "only"):
+            read_megatron(line, world_size=4, version=version)
+        return
+    plan = read_megatron(line, world_size=4, version=version).plan
+    assert (plan.moe.token_dispatcher, plan.moe.shared_expert_overlap, plan.settings.release) == ("flex", True,
+                                                                                                   version)
+
+
 def test_account_for_embedding_and_loss_split():
     # (4 layers + embedding + loss) / pp 3 = 2 per rank; the first rank's embedding and the last's loss count as one
     imp = _read("--pipeline-model-parallel-size 3 --account-for-embedding-in-pipeline-split "
@@ -170,7 +189,8 @@ def test_account_for_embedding_and_loss_split():
     ("--num-experts 6 --expert-model-parallel-size 4", "stages[0].ep (4) must divide num_experts (6)"),
     ("--expert-model-parallel-size 2", "--expert-model-parallel-size 2 without --num-experts"),
     ("--num-experts 8 --moe-layer-freq '[1]*3'", "the pattern has 3 entries but --num-layers is 4"),
-    ("--num-experts 8 --moe-token-dispatcher-type flex --moe-shared-expert-overlap", "alltoall only"),
+    ("--num-experts 8 --moe-shared-expert-intermediate-size 256 --moe-token-dispatcher-type allgather "
+     "--moe-shared-expert-overlap", "supports it with alltoall or flex only"),
     ("--multi-latent-attention --group-query-attention", "mutually exclusive"),
     ("--mtp-num-layers 1 --position-embedding-type rope --pipeline-model-parallel-size 2 "
      "--pipeline-model-parallel-layout 'Et*2|t*2L'",

@@ -114,3 +114,55 @@ def test_the_dispatcher_option_keeps_the_plan_to_the_named_ones():
         base = best_uniform(cm, 32, Space.of(model, cl, tr, priced=ALL_FEATURES, target="megatron-lm"), model)
         assert cm.asked == set(named)
         assert res.plans[0].moe.token_dispatcher == want == base.evaluation.moe.token_dispatcher
+
+
+# ----- the shared-expert overlap (megatron-core's moe_shared_expert_overlap) ------------------------------------------
+def test_shared_expert_overlap_candidates():
+    """Offered beside each dispatcher the release runs it with (``moe_plan.shared_overlap_dispatchers``: alltoall;
+    flex too from megatron-core 0.18), on a model with a shared expert, never with the EP overlap."""
+    qwen2, h100 = load_model("qwen2-57b-a14b"), parse_cluster("1x8-h100")
+
+    def offered(base=None, shared=()):
+        return [(s.token_dispatcher, s.flex_backend) for s in candidates(qwen2, h100, base, "megatron-lm",
+                                                                         shared_overlap=shared)
+                if s.shared_expert_overlap]
+
+    assert offered() == []
+    assert offered(shared=("alltoall",)) == [("alltoall", "deepep")]
+    assert offered(shared=("alltoall", "flex")) == [("alltoall", "deepep"), ("flex", "deepep"), ("flex", "hybridep")]
+    assert offered(MoEPlanSettings(overlap_ep_comm=True), ("alltoall", "flex")) == []
+    no_shared = load_model("qwen3-30b-a3b")
+    assert not any(s.shared_expert_overlap for s in candidates(no_shared, h100, shared_overlap=("alltoall", "flex")))
+
+
+@pytest.mark.parametrize("release, dispatcher", [(None, "alltoall"), ("0.19", "flex")])
+def test_the_search_chooses_the_shared_expert_overlap_where_it_is_faster(release, dispatcher, tmp_path, capsys):
+    """Qwen2-57B-A14B (a 20480-wide shared expert) at ep 8: the analytic model prices the shared expert beside the
+    dispatch (``moe_cost``: the pair costs max(dispatch, shared expert) each way), so the search keeps the overlap,
+    with alltoall on the newest container (megatron-core 0.17 runs it with alltoall only) and with flex on 0.19.
+    The plan it writes is the fastest of the four variants the one price gives, and its export writes the flag.
+    Before, the overlap was only kept from a seed, never searched."""
+    import json
+
+    from search.cli import main
+    from search.pricing import price
+    from search.spec.plan import parse_plan
+    out = tmp_path / "plan.json"
+    argv = ["search", "--model", "qwen2-57b-a14b", "--num-layers", "4", "--cluster", "1x8-h100", "--global-batch-size",
+            "64", "--ep", "8", "--budget-evals", "30", "-o", str(out)] + (["--release", release] if release else [])
+    assert main(argv) == 0, capsys.readouterr().err
+    raw = json.loads(out.read_text())
+    moe = raw["settings"]["moe"]
+    assert (moe["token_dispatcher"], moe["shared_expert_overlap"]) == (dispatcher, True)
+    ms = {}
+    for d in ("alltoall", "flex"):
+        for on in (False, True):
+            if on and d == "flex" and release is None:
+                continue            # megatron-core 0.17: refused (test_moe_plan)
+            q = json.loads(out.read_text())
+            q["settings"]["moe"].update(token_dispatcher=d, shared_expert_overlap=on)
+            ms[d, on] = price(parse_plan(q)).iteration_ms
+    assert min(ms, key=ms.get) == (dispatcher, True)
+    assert ms[dispatcher, True] == pytest.approx(raw["predicted"]["iteration_time_ms"], rel=1e-6)
+    assert main(["export", str(out), "--to", "megatron-lm", "-o", str(tmp_path / "run.sh")]) == 0
+    assert "--moe-shared-expert-overlap" in (tmp_path / "run.sh").read_text().split()

@@ -1,6 +1,6 @@
 """bench/moe_published.py's "folding paper" group (bench/data/moe_folding_paper.json): the FLOP count that turns a
-predicted iteration into TFLOP/s is Megatron-LM core_v0.16.1's own ``num_floating_point_operations`` (read from the
-checkout ``ACESO_MEGATRON_LM`` names and run on hand-written arguments of the published configs); every row either
+predicted iteration into TFLOP/s is Megatron-LM's own ``num_floating_point_operations`` (read from the checkout
+``ACESO_MEGATRON_LM`` names, core_v0.16.1 to core_v0.19.0, and run on hand-written arguments of the published configs); every row either
 carries the Megatron-LM arguments it ran or says what is missing; the arguments import to the settings the row
 states; the qwen2-57b-a14b preset against its published size."""
 
@@ -28,24 +28,36 @@ def mp():
     return mod
 
 
+def _top_level(path: Path, name: str) -> ast.FunctionDef | None:
+    return next((n for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef) and n.name == name),
+                None)
+
+
 def _megatron_flops_fn():
-    """Megatron-LM's ``num_floating_point_operations``, its source taken from training.py and run alone (the
-    linear-attention helper it calls is only reached for gated-DeltaNet models, none here)."""
+    """Megatron-LM's ``num_floating_point_operations``, its source taken from training.py and run alone, with the
+    helper it calls at module level taken from the same checkout: ``is_hybrid_model`` (core_v0.17+,
+    ``megatron/training/utils``; 0.16.1 reads ``args.is_hybrid_model``). The linear-attention helper it calls is only
+    reached for gated-DeltaNet models, none here; the hybrid branch's imports are inside the function (not reached)."""
     root = os.environ.get("ACESO_MEGATRON_LM")
-    path = Path(root or "/nonexistent") / "megatron" / "training" / "training.py"
+    training = Path(root or "/nonexistent") / "megatron" / "training"
+    path = training / "training.py"
     if not path.is_file():
-        pytest.skip("ACESO_MEGATRON_LM (a Megatron-LM core_v0.16.1 checkout) not set")
-    tree = ast.parse(path.read_text())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "num_floating_point_operations")
+        pytest.skip("ACESO_MEGATRON_LM (a Megatron-LM checkout, core_v0.16.1 or later) not set")
+    body = [_top_level(path, "num_floating_point_operations")]
+    for f in [training / "utils.py", *sorted((training / "utils").glob("*.py"))]:
+        helper = _top_level(f, "is_hybrid_model") if f.is_file() else None
+        if helper is not None:
+            body.append(helper)
+            break
     ns = {"is_linear_attention_variant": lambda v: v is not None}
-    exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), ns)
+    exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), ns)
     return ns["num_floating_point_operations"]
 
 
 def _args(**kw):
-    base = dict(is_hybrid_model=False, hybrid_override_pattern=None, group_query_attention=True,
-                multi_latent_attention=False, num_experts=None, moe_layer_freq=1, mtp_num_layers=None,
-                moe_ffn_hidden_size=None, moe_shared_expert_intermediate_size=None, swiglu=True,
+    base = dict(is_hybrid_model=False, hybrid_override_pattern=None, hybrid_layer_pattern=None,
+                group_query_attention=True, multi_latent_attention=False, num_experts=None, moe_layer_freq=1,
+                mtp_num_layers=None, moe_ffn_hidden_size=None, moe_shared_expert_intermediate_size=None, swiglu=True,
                 attention_output_gate=False, experimental_attention_variant=None, moe_latent_size=None)
     return SimpleNamespace(**{**base, **kw})
 

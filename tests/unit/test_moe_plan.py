@@ -57,7 +57,7 @@ def test_dense_stages_are_written_without_expert_keys():
     ([stage((0, 8), dp=8, ep=8, etp=2)], {}, "etp (2) x ep (8) must divide"),
     ([stage((0, 8), dp=16, ep=16)], {}, "stages[0].ep (16) must divide num_experts (8)"),
     ([stage((0, 8), dp=8, ep=2)], {"moe": {"token_dispatcher": "allgather", "shared_expert_overlap": True}},
-     "alltoall dispatcher only"),
+     "works with the alltoall dispatcher in megatron-core 0.17 (it is allgather)"),
     ([stage((0, 8), dp=8, ep=1)], {"moe": {"overlap_ep_comm": True}}, "needs ep > 1"),
     ([stage((0, 8), dp=8, ep=2)], {"moe": {"overlap_ep_comm": True, "token_dispatcher": "allgather"}},
      "alltoall or flex"),
@@ -100,3 +100,30 @@ def test_settings_default():
     s = MoEPlanSettings()
     assert (s.token_dispatcher, s.grouped_gemm, s.shared_expert_overlap, s.overlap_ep_comm) == \
         ("alltoall", True, False, False)
+
+
+@pytest.mark.parametrize("release, flex_ok", [(None, False), ("26.02.01", False), ("26.04.01", False),
+                                              ("core_v0.17.1", False), ("0.18", True), ("0.19", True),
+                                              ("core_v0.19.0", True)])
+def test_shared_expert_overlap_with_flex_follows_the_release(release, flex_ok):
+    """megatron-core's ``TransformerConfig.__post_init__``: core_v0.16.1 and core_v0.17.1 raise
+    "moe_shared_expert_overlap only works with alltoall token dispatcher", core_v0.18.2 and core_v0.19.0 take
+    alltoall or flex (the checkouts' transformer_config.py). A container runs the megatron-core it ships (26.04.01:
+    0.17.0; None: the newest container). Before, flex was refused whatever the release."""
+    m = moe_model(moe_shared_expert_intermediate_size=1024)
+    st = [stage((0, 8), dp=8, ep=2)]
+    flex = {"token_dispatcher": "flex", "shared_expert_overlap": True}
+    raw = plan_dict(m, st, settings={"release": release, "moe": flex})
+    if flex_ok:
+        assert parse_plan(raw).moe.shared_expert_overlap
+    else:
+        with pytest.raises(AcesoError, match="works with the alltoall dispatcher in megatron-core 0.1[67]"):
+            parse_plan(raw)
+    # alltoall runs it everywhere; allgather nowhere; never beside the EP overlap
+    assert parse_plan(plan_dict(m, st, settings={"release": release, "moe": {**flex, "token_dispatcher":
+                                                                              "alltoall"}})).moe.shared_expert_overlap
+    for bad, needle in (({"token_dispatcher": "allgather"}, "(it is allgather)"),
+                        ({"overlap_ep_comm": True, "token_dispatcher": "alltoall"}, "with moe.overlap_ep_comm")):
+        with pytest.raises(AcesoError) as e:
+            parse_plan(plan_dict(m, st, settings={"release": release, "moe": {**flex, **bad}}))
+        assert needle in str(e.value) and "\n" not in str(e.value)

@@ -77,3 +77,47 @@ def test_compares_best_plan_keeps_the_router(tmp_path, capsys):
     assert json.loads(best.read_text())["model"]["moe"]["moe_router_pre_softmax"] is True
     assert main(["export", str(best), "-o", str(script)]) == 0, capsys.readouterr().err
     assert PRE in script.read_text()
+
+
+# ----- the HF import: norm_topk_prob false is the pre-softmax router -------------------------------------------------
+def _hf(name: str, **edit):
+    from pathlib import Path
+
+    from search.cli.import_hf import hf_to_spec
+
+    cfg = json.loads((Path(__file__).parent / "data" / "hf" / name / "config.json").read_text())
+    cfg = {k: v for k, v in {**cfg, **edit}.items() if v is not None}
+    return hf_to_spec(cfg, source=name)
+
+
+@pytest.mark.parametrize("norm, pre", [(True, False), (False, True), (None, True)])
+def test_qwen3_moe_norm_topk_prob_is_the_router(norm, pre):
+    """HF Qwen3-MoE's router: softmax over all experts, top-k, renormalized only when ``norm_topk_prob`` (default
+    false in Qwen3MoeConfig). Without renormalization it is Qwen2-57B-A14B's router, the preset's pre-softmax one
+    (its config.json: norm_topk_prob false); megatron-core's ``use_pre_softmax`` runs the same sum (checked on numbers
+    in tests/runtime/test_router_pre_softmax_numerics.py). Before, false and absent were refused."""
+    moe = _hf("qwen3-30b-a3b", norm_topk_prob=norm).moe
+    assert moe.moe_router_pre_softmax is pre
+    assert moe.moe_router_pre_softmax is (load_model("qwen2-57b-a14b").moe.moe_router_pre_softmax if pre else False)
+
+
+def test_imported_pre_softmax_router_round_trips_through_the_export():
+    m = _hf("qwen3-30b-a3b", norm_topk_prob=False).model_copy(update={"num_layers": 4})
+    line = args_line(megatron_config(uniform_plan(m, 1, 1, 8, 8, 64)), release())
+    assert PRE in line.split()
+    assert read_megatron(line, "run.sh", world_size=8).plan.model.moe.moe_router_pre_softmax is True
+    assert overrides(megatron_config(uniform_plan(m, 1, 1, 8, 8, 64)))[1]["model"]["moe_router_pre_softmax"] is True
+
+
+def test_deepseek_softmax_scoring_without_renormalization_is_pre_softmax():
+    """DeepSeek's softmax scoring (``scoring_func: softmax``, greedy top-k): softmax over all, top-k, renormalized
+    only when ``norm_topk_prob``; the sigmoid router (the model's own) without it is refused: megatron-core
+    renormalizes a sigmoid top-k above top-1 whatever ``moe_router_pre_softmax`` says."""
+    soft = dict(scoring_func="softmax", topk_method="greedy")
+    assert _hf("deepseek-v3", norm_topk_prob=False, **soft).moe.moe_router_pre_softmax is True
+    assert _hf("deepseek-v3", norm_topk_prob=True, **soft).moe.moe_router_pre_softmax is False
+    from search.io.errors import AcesoError
+    with pytest.raises(AcesoError, match="norm_topk_prob false: HF keeps the sigmoid router's top-k weights "
+                                         "unnormalized; megatron-core's sigmoid router renormalizes them"):
+        _hf("deepseek-v3", norm_topk_prob=False)
+

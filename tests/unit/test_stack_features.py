@@ -425,3 +425,49 @@ def test_stack_flags_megatron_refuses_are_one_line_errors(edit, needle):
     with pytest.raises(AcesoError) as e:
         read_megatron(line, world_size=8)
     assert "\n" not in str(e.value)
+
+
+# ----- whole-layer CUDA graphs on dropless MoE -----------------------------------------------------------------------
+def _graphed(scope, moe_spec=None, moe=None, impl="transformer_engine"):
+    import pydantic
+
+    from search.settings.stack import CudaGraphs, StackSettings
+    plan = uniform_plan(tiny_moe(**(moe_spec or {})), 1, 1, 4, 4, 8, cluster=parse_cluster("1x4-h100"))
+    data = plan.model_dump()
+    data["settings"]["stack"] = StackSettings(cuda_graphs=CudaGraphs(impl=impl, scope=tuple(scope))).model_dump()
+    data["settings"]["moe"] = (moe or MoEPlanSettings()).model_dump()
+    try:
+        type(plan).model_validate(data)
+    except pydantic.ValidationError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("impl", ["transformer_engine", "local"])
+def test_whole_layer_graphs_on_dropless_moe_are_refused(impl):
+    """An empty scope graphs whole layers (megatron-core 0.16.1 / 0.19 ``_layer_is_graphable``: every layer;
+    ``MoETransformerLayer``: one manager for the layer). A dropless MoE layer's dispatcher copies its token counts to
+    the host and waits for them inside the layer (``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize``:
+    ``d2h_event.synchronize()``, skipped only with ``drop_and_pad``), which a stream capture cannot hold. Before,
+    only an explicit ``moe`` scope was refused on dropless MoE."""
+    why = _graphed((), impl=impl)
+    assert why is not None and "stack.cuda_graphs.scope empty (whole layers) on dropless MoE" in why
+    assert "use scope moe_router moe_preprocess (with attn) or pad the expert input" in why
+    # what megatron-core captures: drop-and-pad layers whole, dropless ones up to the dispatch
+    padded = {"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True}
+    assert _graphed((), padded, impl=impl) is None
+    assert _graphed(("attn", "moe_router", "moe_preprocess"), impl=impl) is None
+    # 0.19's per-rank capacity bounds HybridEP's buffers: no host sync (``_HybridEPManager.num_permuted_tokens``)
+    bounded = MoEPlanSettings(token_dispatcher="flex", flex_backend="hybridep", rank_capacity_factor=1.5)
+    assert _graphed((), moe=bounded, impl=impl) is None
+
+
+def test_whole_layer_graph_flags_on_dropless_moe_are_one_line_at_import():
+    from search.io.errors import AcesoError
+    from search.megatron.importer import read_megatron
+    line = STACK_LINE.replace("--cuda-graph-scope attn moe_router moe_preprocess ", "") \
+        .replace("--overlap-moe-expert-parallel-comm --delay-wgrad-compute ", "")
+    assert "--cuda-graph-impl transformer_engine" in line and "--cuda-graph-scope" not in line
+    with pytest.raises(AcesoError, match="whole layers") as e:
+        read_megatron(line, world_size=8)
+    assert "\n" not in str(e.value)
