@@ -10,7 +10,7 @@ token dispatcher, and the fast paths ``fast_fields`` picks from the environment 
 |---|---|---|
 | ``grouped_gemm`` | off (``SequentialMLP``: one GEMM per local expert) | TE's grouped experts; refused without TE |
 | ``permute_fusion`` | off | TE's fused permute (TE importable) |
-| ``shared_expert_overlap`` | off (CUDA streams) | as the plan says (alltoall only) |
+| ``shared_expert_overlap`` | off (CUDA streams) | as the plan says (alltoall; flex too on megatron-core 0.18+) |
 | ``router_fusion`` | off | TE's fused router kernels (TE importable) |
 
 The router dtype (``moe_router_dtype``), the flex backend and squared ReLU's fused weighted activation

@@ -200,7 +200,9 @@ def shared_overlap_refusal(s: "MoEPlanSettings", core: tuple[int, int]) -> str |
     if s.token_dispatcher not in ok:
         return (f"moe.shared_expert_overlap works with the {' or '.join(ok)} dispatcher in megatron-core "
                 f"{core[0]}.{core[1]} (it is {s.token_dispatcher}); set token_dispatcher {ok[0]} or turn the "
-                "overlap off" + ("" if "flex" in ok else " (0.18+ also runs it with flex)"))
+                "overlap off" + ("" if "flex" in ok else " (megatron-core 0.18+ also runs it with flex: state "
+                                                           "that release, --megatron-version 0.19 or settings.release "
+                                                           "0.19)"))
     if s.overlap_ep_comm:
         return ("moe.shared_expert_overlap with moe.overlap_ep_comm: megatron-core asserts the shared-expert "
                 "overlap off under the EP overlap; turn one off")

@@ -127,3 +127,21 @@ def test_shared_expert_overlap_with_flex_follows_the_release(release, flex_ok):
         with pytest.raises(AcesoError) as e:
             parse_plan(plan_dict(m, st, settings={"release": release, "moe": {**flex, **bad}}))
         assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_flex_shared_overlap_refused_at_an_older_core_names_the_release_to_state(capsys):
+    """A Megatron-LM line with the shared-expert overlap on flex, read without --megatron-version, is priced as the
+    newest container (megatron-core 0.17: alltoall only, TransformerConfig of core_v0.17.1); the refusal says how to
+    state a release that runs it, and that release then prices it."""
+    from search.cli import main
+    line = ("--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
+            "--micro-batch-size 1 --global-batch-size 8 --num-experts 8 --moe-router-topk 2 "
+            "--moe-shared-expert-intermediate-size 512 --moe-shared-expert-overlap --moe-token-dispatcher-type flex "
+            "--moe-flex-dispatcher-backend deepep --expert-model-parallel-size 2 --bf16 --swiglu --ffn-hidden-size 1024 "
+            "--moe-ffn-hidden-size 256 --moe-grouped-gemm")
+    base = ["explain", "--megatron-args", line, "--vocab-size", "32000", "--cluster", "1x8-h100",
+            "--search-budget-evals", "0"]
+    assert main(base) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "moe.shared_expert_overlap" in err[0] and "--megatron-version 0.19" in err[0]
+    assert main(base + ["--megatron-version", "0.19"]) == 0
