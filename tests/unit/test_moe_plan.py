@@ -137,8 +137,8 @@ def test_a_flex_shared_overlap_refused_at_an_older_core_names_the_release_to_sta
     line = ("--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
             "--micro-batch-size 1 --global-batch-size 8 --num-experts 8 --moe-router-topk 2 "
             "--moe-shared-expert-intermediate-size 512 --moe-shared-expert-overlap --moe-token-dispatcher-type flex "
-            "--moe-flex-dispatcher-backend deepep --expert-model-parallel-size 2 --bf16 --swiglu --ffn-hidden-size 1024 "
-            "--moe-ffn-hidden-size 256 --moe-grouped-gemm")
+            "--moe-flex-dispatcher-backend deepep --expert-model-parallel-size 2 --bf16 --swiglu "
+            "--ffn-hidden-size 1024 --moe-ffn-hidden-size 256 --moe-grouped-gemm")
     base = ["explain", "--megatron-args", line, "--vocab-size", "32000", "--cluster", "1x8-h100",
             "--search-budget-evals", "0"]
     assert main(base) == 2
