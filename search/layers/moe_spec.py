@@ -56,6 +56,10 @@ class MoESpec(BaseModel):
                                               "groups each token may pick experts from.")
     moe_router_enable_expert_bias: bool = Field(False, description="Aux-loss-free balancing: a per-expert score "
                                                 "bias (a buffer, not a parameter; DeepSeek-V3).")
+    moe_router_bias_update_rate: float = Field(1e-3, ge=0, description="How far each step moves an expert's bias "
+                                               "towards balance (megatron-core's moe_router_bias_update_rate, "
+                                               "Megatron-LM --moe-router-bias-update-rate; default 1e-3). Numerics "
+                                               "only; read with moe_router_enable_expert_bias.")
     moe_router_pre_softmax: bool = Field(False, description="A softmax router's softmax over all experts' scores "
                                          "before the top-k, so the top-k weights are not renormalized (HF "
                                          "norm_topk_prob false; megatron-core's moe_router_pre_softmax). Numerics "
@@ -91,9 +95,10 @@ class MoESpec(BaseModel):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):
-        """Without ``moe_latent_size`` when unset, ``moe_router_pre_softmax`` when off and the load-balancing type at
-        its default: such a model dumps (and a plan digests) as before."""
-        out = drop_defaults(handler(self), {"moe_latent_size": None, "moe_router_pre_softmax": False})
+        """Without ``moe_latent_size`` when unset, ``moe_router_pre_softmax`` when off, the bias update rate and the
+        load-balancing type at their defaults: such a model dumps (and a plan digests) as before."""
+        out = drop_defaults(handler(self), {"moe_latent_size": None, "moe_router_pre_softmax": False,
+                                                "moe_router_bias_update_rate": 1e-3})
         if isinstance(out, dict) and out.get("moe_router_load_balancing_type") == "aux_loss":
             del out["moe_router_load_balancing_type"]       # the default: older dumps and digests stay as they were
         return out

@@ -58,7 +58,7 @@ FLAGS: dict[str, str] = {
                         "--mtp-num-layers", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
                         "--moe-latent-size")},
     **{f: FLOAT for f in ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
-                          "--moe-expert-rank-capacity-factor")},
+                          "--moe-expert-rank-capacity-factor", "--moe-router-bias-update-rate")},
     **{f: STR for f in ("--position-embedding-type", "--normalization", "--tokenizer-type", "--transformer-impl",
                         "--attention-backend",
                         "--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method",

@@ -58,6 +58,7 @@ SETTING_FLAGS = (("grouped_gemm", "--moe-grouped-gemm", "moe_grouped_gemm"),
 VALUE_FLAGS = (("router_dtype", "--moe-router-dtype", "moe_router_dtype"),
                ("rank_capacity_factor", "--moe-expert-rank-capacity-factor", "moe_expert_rank_capacity_factor"))
 ROUTER_DTYPES = ("fp32", "fp64")
+BIAS_UPDATE_RATE = 1e-3         # --moe-router-bias-update-rate's default (megatron-core's, every release)
 MODEL_ONLY = ("--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
               "--moe-layer-freq", "--moe-router-score-function", "--moe-router-num-groups", "--moe-router-group-topk",
               "--moe-router-enable-expert-bias", "--moe-aux-loss-coeff", "--moe-expert-capacity-factor",
@@ -159,6 +160,8 @@ def moe_model_fields(f, num_layers: int, ffn: int, pos: str, notes: list[str]) -
         for name, flag in MOE_BOOLS:
             moe[name] = f.has(flag)
         moe["moe_router_pre_softmax"] = pre_softmax_read(f.has("--moe-router-pre-softmax"), moe)
+        if f.has("--moe-router-bias-update-rate"):
+            moe["moe_router_bias_update_rate"] = f.get("--moe-router-bias-update-rate")
         moe.update(layer_freq(f.get("--moe-layer-freq", "1"), num_layers))
         moe.update(_aux_loss(f, notes))
         out["moe"] = moe
@@ -264,6 +267,8 @@ def moe_args(m) -> list[str]:
             if v is not None:
                 out += [flag, str(v)]
         out += [flag for name, flag in MOE_BOOLS if getattr(moe, name)]
+        if moe.moe_router_bias_update_rate != BIAS_UPDATE_RATE:     # Megatron-LM's default otherwise
+            out += ["--moe-router-bias-update-rate", repr(moe.moe_router_bias_update_rate)]
         if model_rules.pre_softmax(moe):
             out.append("--moe-router-pre-softmax")
         out += ["--moe-layer-freq", _freq_of(m)]
@@ -332,6 +337,7 @@ def moe_bridge_fields(c) -> dict[str, object]:
     out["moe_router_load_balancing_type"] = moe.lb_type
     # always written: a recipe's own (DeepSeek-V3's true) never stands in for the model's
     out["moe_router_pre_softmax"] = model_rules.pre_softmax(moe)
+    out["moe_router_bias_update_rate"] = moe.moe_router_bias_update_rate    # a recipe's own never stands in
     out["moe_aux_loss_coeff"] = moe.moe_aux_loss_coeff
     # always written (null: no scaling), so the recipe's own factor (Nemotron-3 Nano's and DeepSeek-V3's 2.5, Kimi-K2's
     # 2.827) never stands in for the model's (HF routed_scaling_factor: the megatron block's)

@@ -41,7 +41,8 @@ def drop_defaults(out, defaults: dict):
     as they were)."""
     if isinstance(out, dict):
         for name, value in defaults.items():
-            if name in out and out[name] is value:
+            if name in out and (out[name] is value or isinstance(value, float) and type(out[name]) is float
+                                and out[name] == value):        # a float by value; None / bools by identity
                 del out[name]
     return out
 

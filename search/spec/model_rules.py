@@ -123,6 +123,7 @@ def moe_config(model) -> dict:
         "moe_router_num_groups": moe.moe_router_num_groups,
         "moe_router_group_topk": moe.moe_router_group_topk,
         "moe_router_enable_expert_bias": moe.moe_router_enable_expert_bias,
+        "moe_router_bias_update_rate": moe.moe_router_bias_update_rate,
         "moe_router_pre_softmax": pre_softmax(moe),
         "moe_aux_loss_coeff": moe.moe_aux_loss_coeff,
         "moe_router_load_balancing_type": moe.lb_type,
