@@ -78,18 +78,31 @@ def full_tensors(rt, which: str) -> dict[str, torch.Tensor]:
     return out
 
 
+def expert_bias_buffers(rt) -> list[tuple[str, torch.Tensor]]:
+    """``(local name, buffer)`` of every router's expert bias (``moe_router_enable_expert_bias``): a persistent
+    buffer, which megatron-core's router saves with its weight, the same on every rank of its stage."""
+    return [(f"chunks.{i}.{n}.expert_bias", m.expert_bias) for i, c in enumerate(rt.chunks)
+            for n, m in c.named_modules() if getattr(m, "expert_bias", None) is not None]
+
+
+def expert_bias_name(names: dict[str, str], local: str) -> str:
+    """The canonical name of the expert bias ``local`` (``...router.expert_bias``): its router weight's (``names``:
+    local parameter name -> canonical) with ``expert_bias`` for ``weight``."""
+    return names[local.removesuffix("expert_bias") + "weight"].removesuffix("weight") + "expert_bias"
+
+
 def expert_biases(modules, names: dict[str, str]) -> dict[str, torch.Tensor]:
-    """The routers' expert biases among ``modules`` (``(name, module)`` pairs), by canonical name: the router
-    weight's (``names``: local parameter name -> canonical) with ``expert_bias`` for ``weight``."""
-    return {names[f"{n}.weight"].removesuffix("weight") + "expert_bias": m.expert_bias.detach().cpu().clone()
+    """The routers' expert biases among ``modules`` (``(name, module)`` pairs), by canonical name
+    (``expert_bias_name``)."""
+    return {expert_bias_name(names, f"{n}.expert_bias"): m.expert_bias.detach().cpu().clone()
             for n, m in modules if getattr(m, "expert_bias", None) is not None}
 
 
 def all_expert_biases(rt) -> dict[str, list[torch.Tensor]]:
     """Every router's expert bias (a buffer, which each rank of its stage updates itself), by canonical name: every
     rank's copy, to check them against one reference and against each other (collective)."""
-    mine = expert_biases(((f"chunks.{i}.{n}", m) for i, c in enumerate(rt.chunks) for n, m in c.named_modules()),
-                         rt.canonical_names())
+    names = rt.canonical_names()
+    mine = {expert_bias_name(names, local): b.detach().cpu().clone() for local, b in expert_bias_buffers(rt)}
     parts = [None] * dist.get_world_size()
     dist.all_gather_object(parts, mine)
     out: dict[str, list[torch.Tensor]] = {}

@@ -47,6 +47,7 @@ import torch.distributed as dist
 
 from search.io.errors import AcesoError
 
+from ..parallel.gather import expert_bias_buffers, expert_bias_name
 from .checkpoint_files import MARKER
 
 
@@ -112,18 +113,10 @@ def model_sharded_state_dict(rt) -> dict:
         elif split and getattr(p, "partition_sizes", None) is not None:
             sh = _packed_parts(sh, list(p.partition_sizes), p.partition_dim)
         out[local] = sh
-    for local, buf in _expert_biases(rt):   # the router's state (moe_router_enable_expert_bias), as a replica
-        canon = names[local.removesuffix("expert_bias") + "weight"].removesuffix("weight") + "expert_bias"
-        out[local] = ShardedTensor.from_rank_offsets(canon, buf, replica_id=(0, lay.tp_rank,
-                                                                             lay.dp_rank * lay.cp + lay.cp_rank))
+    for local, buf in expert_bias_buffers(rt):   # the router's state (moe_router_enable_expert_bias), a replica
+        replica = (0, lay.tp_rank, lay.dp_rank * lay.cp + lay.cp_rank)
+        out[local] = ShardedTensor.from_rank_offsets(expert_bias_name(names, local), buf, replica_id=replica)
     return out
-
-
-def _expert_biases(rt) -> list[tuple[str, torch.Tensor]]:
-    """``(local name, buffer)`` of every router's expert bias: a persistent buffer, which megatron-core's router
-    saves with its weight (``moe_router_enable_expert_bias``), the same on every rank of its stage."""
-    return [(f"chunks.{i}.{n}.expert_bias", m.expert_bias) for i, c in enumerate(rt.chunks)
-            for n, m in c.named_modules() if getattr(m, "expert_bias", None) is not None]
 
 
 def _packed_parts(sh, sizes: list[int], dim: int):
@@ -318,7 +311,7 @@ def _load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = Tr
         request = {"model": model_sharded_state_dict(rt)}
     state = dist_checkpointing.load(request, str(ckpt_dir))
     with torch.no_grad():
-        for local, p in [*rt.named_parameters(), *_expert_biases(rt)]:
+        for local, p in [*rt.named_parameters(), *expert_bias_buffers(rt)]:
             value = state["model"][local]
             if value is not p:
                 p.copy_(value)
