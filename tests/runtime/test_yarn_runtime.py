@@ -1,8 +1,8 @@
 """YaRN on standard attention (GPT-OSS's ``rope_scaling``) in the runtime: a one-stage plan trains exactly as stock
 megatron-core's single-process ``GPTModel(position_embedding_type="yarn")`` with the ``yarn_*`` config attributes
 (loss and every gradient); the runtime's frequencies and attention factor are transformers' ``_compute_yarn_parameters``
-(``hf_yarn``, tests/runtime/test_yarn_oracle.py); and the same test fails with YaRN off in the runtime (plain RoPE
-against the stock YaRN model). Multi-stage plans: tests/distributed/test_yarn_plans.py.
+(``hf_yarn``, tests/runtime/test_yarn_oracle.py); with an MTP depth too; and the same test fails with YaRN off in
+the runtime (plain RoPE against the stock YaRN model). Multi-stage plans: tests/distributed/test_yarn_plans.py.
 
 The tiny model keeps GPT-OSS's YaRN (factor 32, beta 32 / 1, no rounding: ``truncate`` false) with a pretraining
 context of 64 and base 10000 so that the ramp and the scaled frequencies fall inside its 8 rotary pairs and move
@@ -22,6 +22,9 @@ from tests.tiny_models import LLAMA
 YARN = yarn(32.0, original_max_position_embeddings=64, correction_range_round_to_int=False)
 MODEL = ModelSpec.model_validate({**LLAMA.model_dump(), "name": "tiny-llama-yarn", "hidden_size": 64,
                                   "ffn_hidden_size": 96, "rope_scaling": YARN})
+# one MTP depth: the chunk passes the same YaRN table to the MTP layer, as GPTModel does (Megatron-LM's validate_args
+# refuses MTP with YaRN; megatron-core builds it)
+MTP = ModelSpec.model_validate({**MODEL.model_dump(), "name": "tiny-llama-yarn-mtp", "mtp_num_layers": 1})
 
 
 def hf_config(model: ModelSpec) -> dict:
@@ -33,9 +36,10 @@ def hf_config(model: ModelSpec) -> dict:
 
 
 def _plan(model):
+    recompute = ["selective", "none", "full", "none"] + ["none"] * (model.num_units - 4)
     return {"model": model.model_dump(), "micro_batch_size": 2, "global_batch_size": 4,
             "stages": [{"num_gpus": 1, "tp": 1, "dp": 1, "start_unit": 0, "end_unit": model.num_units,
-                        "recompute": ["selective", "none", "full", "none"]}]}
+                        "recompute": recompute}]}
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +50,16 @@ def single_process():
     init_single_process(free_port())
 
 
-def _runtime_against_stock(model):
-    """The runtime's loss and gradients under the one-stage plan, and stock ``GPTModel``'s for ``MODEL``."""
+def _runtime_against_stock(model, stock=MODEL):
+    """The runtime's loss and gradients for ``model`` under the one-stage plan, and stock ``GPTModel``'s for
+    ``stock``."""
     from aceso_megatron.testing import make_batches
     from aceso_megatron.testing.reference import Reference
     from aceso_megatron.training.engine import build_runtime
 
-    batches = make_batches(MODEL, 2, 4, seed=3)
+    batches = make_batches(stock, 2, 4, seed=3)
     rt = build_runtime(_plan(model), 0, 1, seed=7)
-    ref = Reference(MODEL, seed=7)
+    ref = Reference(stock, seed=7)
     return rt, ref, rt.forward_backward(iter(batches)), ref.forward_backward(batches)
 
 
@@ -86,6 +91,12 @@ def test_yarn_trains_as_stock_megatron_core(single_process):
         assert _yarn_get_concentration_factor_from_config(a.config) == pytest.approx(factor, rel=1e-12)
     plain = 1.0 / MODEL.rotary_base ** (torch.arange(0, MODEL.head_dim, 2, dtype=torch.float64) / MODEL.head_dim)
     assert not torch.allclose(torch.tensor(inv, dtype=torch.float64), plain, rtol=1e-3)   # the scaling moves them
+
+
+def test_yarn_with_mtp_trains_as_stock_megatron_core(single_process):
+    rt, ref, loss, want = _runtime_against_stock(MTP, MTP)
+    assert not mismatches(rt, ref, loss, want)
+    assert any(k.startswith("mtp.layers.0.") for k in rt.full_grads())
 
 
 def test_control_plain_rope_in_the_runtime_fails(single_process):
