@@ -20,6 +20,11 @@ passed unchanged; it may turn the kernel fusions on, except on CPU, where the CU
 (``search.spec.megatron_fields.CPU_OFF``) stay off whatever it says (logged once). Fields the runtime sets itself are
 refused in the block, so they never collide here.
 
+YaRN on standard attention (GPT-OSS's rope scaling): the ``yarn_*`` attributes ``GPTModel(position_embedding_type=
+"yarn")`` and every attention read from the config (no ``TransformerConfig`` field holds them; Megatron-LM core_v0.19.0
+sets them the same way, ``argument_utils._apply_yarn_config_from_args``), on the config itself so that the shallow
+copies of ``unit_config`` keep them (``aceso_megatron.model.rotary``).
+
 Low precision (``low``: the plan's ``settings.low_precision``): the recipe's fields as Megatron-LM sets them from
 the exported flags (``lowprec.config_fields``); a megatron block that sets one of them too is refused (one truth).
 """
@@ -37,6 +42,7 @@ from search import layers
 from search.io.errors import AcesoError
 from search.spec.megatron_fields import CPU_OFF
 from search.spec.model import ModelSpec, UnitKind
+from search.spec.rope_scaling import yarn_config, yarn_on_standard_attention
 
 from .fast_path import Environment, FastPath, choose
 from .lowprec import config_fields
@@ -76,7 +82,7 @@ def stage_config(model: ModelSpec, tp: int, device: str = "cpu", num_layers: int
         raise AcesoError(f"megatron.{clash[0]}: the plan's settings.low_precision ({low.recipe}) sets it; remove it "
                          "from the model's megatron block")
     cls = MLATransformerConfig if model.mla is not None else TransformerConfig   # MLA: its own config class
-    return cls(
+    cfg = cls(
         **kw,
         **_fusions(extra, device == "cpu", fast.config),
         tensor_model_parallel_size=tp,
@@ -92,6 +98,10 @@ def stage_config(model: ModelSpec, tp: int, device: str = "cpu", num_layers: int
         **recipe,
         **extra,
     )
+    if yarn_on_standard_attention(model):   # no TransformerConfig field: attributes, as Megatron-LM sets them
+        for name, value in yarn_config(model).items():
+            setattr(cfg, name, value)
+    return cfg
 
 
 def interleaving(config: TransformerConfig, num_stages: int, num_chunks: int) -> None:

@@ -12,7 +12,7 @@ refuses such a plan before any process group exists).
 | ``bias_activation_fusion`` | CUDA, and SwiGLU or GELU with biases | megatron-core's jit-fused bias-GELU/SwiGLU (fused bias-GELU asserts ``add_bias_linear``) |
 | ``bias_dropout_fusion`` | CUDA | jit-fused bias + dropout + residual add |
 | ``masked_softmax_fusion`` | CUDA and (TE specs, or apex's ``scaled_masked_softmax_cuda``) | local attention imports the apex kernel at the first call |
-| ``apply_rope_fusion`` | CUDA, RoPE, TE >= 1.4 | TE's fused RoPE |
+| ``apply_rope_fusion`` | CUDA, RoPE (not YaRN), TE >= 1.4 | TE's fused RoPE; YaRN's cos / sin scale is unfused only (megatron-core falls back with a warning per call; Megatron-LM turns the fusion off for ``--position-embedding-type yarn``) |
 | ``gradient_accumulation_fusion`` | CUDA and (TE specs or apex's ``fused_weight_gradient_mlp_cuda``) | wgrad GEMM accumulates into ``main_grad``; local linears need the apex kernel, so the output layer (a local ``ColumnParallelLinear``) gets it only with apex (``output_layer_grad_accum_fusion``) |
 | low-precision recipe (``settings.low_precision``) | CUDA, TE (>= the recipe's version), the recipe's tensor cores | ``model.lowprec``: megatron-core's fp8 / fp4 config fields and per-layer contexts; refused otherwise |
 | ``tp_comm_overlap`` | the plan asks, CUDA, TE >= 1.9 with userbuffers | TE's ``initialize_ub`` builds one TP domain per block of ``tp`` ranks of the world: every stage needs the same tp, cp and per-rank micro-batch |
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from search.spec.model import ModelSpec
 from search.spec.plan import ParallelPlan
+from search.spec.rope_scaling import yarn_on_standard_attention
 
 APEX_SOFTMAX = ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda", "scaled_softmax_cuda")
 APEX_GRAD_ACCUM = "fused_weight_gradient_mlp_cuda"
@@ -131,7 +132,8 @@ def choose(env: Environment, model: ModelSpec, tp_comm_overlap: bool = False) ->
     cfg["bias_activation_fusion"] = m.activation == "swiglu" or m.add_bias_linear
     cfg["bias_dropout_fusion"] = True
     cfg["masked_softmax_fusion"] = env.te or apex_softmax
-    cfg["apply_rope_fusion"] = m.position_embedding == "rope" and _version(env.te_version) >= (1, 4)
+    cfg["apply_rope_fusion"] = (m.position_embedding == "rope" and not yarn_on_standard_attention(m)
+                                and _version(env.te_version) >= (1, 4))
     cfg["gradient_accumulation_fusion"] = env.te or apex_accum
     cfg["tp_comm_overlap"] = tp_comm_overlap and env.te_userbuffers
     if not env.te:

@@ -8,9 +8,10 @@ attention), with the unit's config (its stage's tp, its selective recompute) and
 that cannot be carved runs whole (``aceso_megatron.model.layers``).
 The first chunk of the first stage adds megatron-core's ``LanguageModelEmbedding``; the last chunk of the last
 stage the final norm, the output layer (``ColumnParallelLinear``, vocab-sharded) and the per-token loss. RoPE
-(no parameters) is on every chunk. Either of those two chunks may hold no unit (the plan's ``holds_only``,
-Megatron-LM's ``E|...`` / ``...|L``): the unit list is then empty and the chunk runs only the embedding, or only
-the final norm, output layer and loss, as a ``GPTModel`` chunk with a zero-layer ``TransformerBlock`` does.
+(no parameters; plain, Llama 3.x-scaled or YaRN: ``rotary``) is on every chunk. Either of those two chunks may
+hold no unit (the plan's ``holds_only``, Megatron-LM's ``E|...`` / ``...|L``): the unit list is then empty and the
+chunk runs only the embedding, or only the final norm, output layer and loss, as a ``GPTModel`` chunk with a
+zero-layer ``TransformerBlock`` does.
 
 Sequence parallelism (a stage's ``sequence_parallel``): the config flag does the rest in megatron-core's modules
 (the embedding scatters the sequence, column-parallel linears all-gather it, row-parallel ones reduce-scatter,
@@ -38,7 +39,6 @@ from megatron.core import tensor_parallel
 from megatron.core.models.common.embeddings.language_model_embedding import (
     LanguageModelEmbedding,
 )
-from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import build_module
@@ -46,9 +46,8 @@ from megatron.core.transformer.spec_utils import build_module
 from model_specs.builders import final_norm_spec
 from search.spec.model import ModelSpec
 from search.spec.plan import ParallelPlan
-from search.spec.rope_scaling import rotary_kwargs
 
-from . import hybrid, lowprec, moe, mtp
+from . import hybrid, lowprec, moe, mtp, rotary
 from .attention import attention_mismatch, fall_back_with_te
 from .config import stage_config, without_grad_accum_fusion
 from .fast_path import Environment, FastPath, choose
@@ -199,17 +198,15 @@ class GPTStage(_Stage):
         if self.pre_process or self.mtp_block is not None:   # MTP embeds the shifted tokens (a copy after stage 0)
             kind = "learned_absolute" if model.position_embedding == "learned" else "none"
             self.embedding = self._embedding(model.seq_length, kind)
-        self.rotary_pos_emb = None
-        if model.position_embedding == "rope" and model.mla is None:   # MLA applies its own RoPE
-            self.rotary_pos_emb = RotaryEmbedding(
-                kv_channels=self.config.kv_channels, rotary_percent=model.rotary_percent,
-                rotary_interleaved=self.config.rotary_interleaved, rotary_base=model.rotary_base,
-                use_cpu_initialization=self.config.use_cpu_initialization, cp_group=pg_collection.cp,
-                **rotary_kwargs(model),        # Llama 3.x RoPE scaling, as GPTModel(rope_scaling=...) passes it
-            )
+        # plain, Llama 3.x-scaled or YaRN RoPE as GPTModel builds it (None: learned positions, MLA's own RoPE)
+        self.rotary_pos_emb = rotary.build(model, self.config, pg_collection.cp)
         if self.post_process:
             self.final_layernorm = self._norm()
             self.output_layer = self._output_layer(hasattr(self, "embedding"), bias=False)
+
+    def rotary_table(self, seq_len: int) -> torch.Tensor | None:
+        """RoPE's angle table for ``seq_len`` positions, as the units take it (None without RoPE)."""
+        return rotary.table(self.rotary_pos_emb, seq_len)
 
     def output_weight(self) -> torch.Tensor:
         if hasattr(self, "embedding") and self.share_embeddings_and_output_weights:
@@ -223,7 +220,7 @@ class GPTStage(_Stage):
         else:
             hidden = self.input_tensor
         # the full sequence: attention sees it whole (SP all-gathers it; RoPE slices its CP share itself)
-        rotary = self.rotary_pos_emb(self.spec.seq_length) if self.rotary_pos_emb is not None else None
+        rotary = self.rotary_table(self.spec.seq_length)
         with self.units_context():
             for unit in self.units:
                 hidden = unit(hidden, rotary_pos_emb=rotary)

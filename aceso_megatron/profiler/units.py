@@ -165,8 +165,7 @@ class TPBench:
         x = self._randn(s, b, h)
         st = self.stages["none"]
         if not m.is_t5:
-            rot = st.rotary_pos_emb(s) if st.rotary_pos_emb is not None else None
-            return x, {"rotary_pos_emb": rot}, []
+            return x, {"rotary_pos_emb": st.rotary_table(s)}, []
         dev = self.s.device
         if stack == "encoder":
             return x, {"attention_mask": torch.zeros(1, 1, s, s, dtype=torch.bool, device=dev)}, []

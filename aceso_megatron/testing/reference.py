@@ -20,6 +20,7 @@ from search.spec.model import ModelSpec
 from search.spec.rope_scaling import rotary_kwargs
 
 from ..model.config import stage_config
+from ..model.rotary import position_embedding_type
 from ..model.init import initialize
 from ..training.engine import TrainConfig
 
@@ -140,7 +141,7 @@ def hybrid_model(model: ModelSpec, config):
                        submodules=HybridStackSubmodules(**slots))
     m = HybridModel(config, stack, vocab_size=model.padded_vocab_size, max_sequence_length=model.seq_length,
                     hybrid_layer_pattern=text, share_embeddings_and_output_weights=model.tied_embeddings,
-                    position_embedding_type="rope" if model.position_embedding == "rope" else "learned_absolute",
+                    position_embedding_type=position_embedding_type(model),
                     rotary_base=int(model.rotary_base), rotary_percent=model.rotary_percent)
     m.decoder.final_norm = build_module(final_norm_spec(model, te=False), config=config,
                                         hidden_size=config.hidden_size, eps=config.layernorm_epsilon)
@@ -240,7 +241,7 @@ class Reference:
                 config=config, transformer_layer_spec=spec, mtp_block_spec=mtp,
                 vocab_size=model.padded_vocab_size, max_sequence_length=model.seq_length,
                 share_embeddings_and_output_weights=model.tied_embeddings,
-                position_embedding_type="rope" if model.position_embedding == "rope" else "learned_absolute",
+                position_embedding_type=position_embedding_type(model),
                 rotary_base=int(model.rotary_base), rotary_percent=model.rotary_percent,
                 **rotary_kwargs(model),
             )

@@ -173,6 +173,11 @@ def bridge_hybrid_layout(plan, device) -> str | None:
 
 
 def yarn_on_bridge(model, low) -> str | None:
+    """YaRN on standard attention: refused for Megatron-Bridge v0.3.1's recipes only. The aceso runtime builds it on
+    every stage as stock ``GPTModel(position_embedding_type="yarn")`` does, with the ``yarn_*`` config attributes
+    (docs/runtime.md, "RoPE scaling"; megatron-core 0.16.1 to 0.19.x all have that branch; equal to the stock model:
+    tests/runtime/test_yarn_runtime.py, tests/distributed/test_yarn_plans.py). Megatron-LM runs it from core_v0.19.0
+    on, the release being the export's choice: its one line is the export's (``rope_scaling.megatron_lm_refusal``)."""
     from search.spec.rope_scaling import BRIDGE_REFUSAL, yarn_on_standard_attention
     return f"--target megatron-bridge: {BRIDGE_REFUSAL}" if yarn_on_standard_attention(model) else None
 
@@ -189,8 +194,7 @@ TABLE: tuple[Row, ...] = (
     Row("GPT-OSS layer fields (softmax offset, quick GEGLU)", "model", {RUNTIME: rt.unbuilt_layers}),
     Row("LatentMoE (moe_latent_size)", "model", {RUNTIME: rt.latent_moe}),
     Row("MoE with linear biases", "model", {RUNTIME: rt.moe_biases}),
-    Row("YaRN on standard attention (GPT-OSS's rope scaling)", "model",
-        {RUNTIME: rt.yarn_standard_attention, BRIDGE: yarn_on_bridge}),
+    Row("YaRN on standard attention (GPT-OSS's rope scaling)", "model", {BRIDGE: yarn_on_bridge}),
     Row("T5 (encoder-decoder)", "model", {BRIDGE: t5_on_bridge}),
     Row("hybrid models in Megatron-LM (what pretrain_hybrid.py builds)", "model",
         {MEGATRON_LM: megatron_lm_hybrid_model}),

@@ -64,15 +64,6 @@ def moe_biases(model, low) -> str | None:
             "place on the output of its TP reduction, which autograd refuses; set model.add_bias_linear false")
 
 
-def yarn_standard_attention(model, low) -> str | None:
-    from search.spec.rope_scaling import yarn_on_standard_attention
-    if not yarn_on_standard_attention(model):
-        return None
-    return ("model.rope_scaling (type yarn, standard attention): the aceso runtime builds GPTModel with plain or "
-            "llama3-scaled RoPE only (not megatron-core's position_embedding_type yarn); search with --target "
-            "megatron-lm and export with --megatron-version 0.19")
-
-
 # ----- precision scope: (dtype, gpu) -------------------------------------------------------------------------------
 def fp16_on_gpu(dtype: str, gpu) -> str | None:
     """fp16 trains with loss scaling, which the runtime does not run yet (its entry check refuses it on any GPU at

@@ -49,6 +49,10 @@ def test_cuda_with_transformer_engine():
     assert c["gradient_accumulation_fusion"] and not fp.output_layer_grad_accum_fusion  # local output layer: apex
     assert not c["apply_rope_fusion"]  # learned positions
     assert choose(CUDA_TE, LLAMA).config["apply_rope_fusion"]  # RoPE and TE >= 1.4
+    # YaRN: off, as Megatron-LM's validate_args turns it off for --position-embedding-type yarn (megatron-core's
+    # apply_rotary_pos_emb runs a cos / sin scale unfused only)
+    yarn = LLAMA.model_copy(update={"rope_scaling": {"type": "yarn", "factor": 32.0}})
+    assert not choose(CUDA_TE, ModelSpec.model_validate(yarn.model_dump())).config["apply_rope_fusion"]
     assert not c["tp_comm_overlap"] and choose(CUDA_TE, GPT, tp_comm_overlap=True).config["tp_comm_overlap"]
     assert not c["persist_layer_norm"] and not c["cross_entropy_loss_fusion"]
 

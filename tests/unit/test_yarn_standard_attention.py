@@ -1,7 +1,7 @@
 """YaRN on standard attention (GPT-OSS's ``rope_scaling``): the Hugging Face import keeps it as the config describes
 it, Megatron-LM core_v0.19.0 gets it as ``--position-embedding-type yarn`` with its yarn flags and its script reads
-them back, the releases that cannot build it (core_v0.16.1 to core_v0.18.2), Megatron-Bridge v0.3.1's recipes and the
-aceso runtime refuse it in one line, and it costs what plain RoPE costs.
+them back, the releases that cannot build it (core_v0.16.1 to core_v0.18.2) and Megatron-Bridge v0.3.1's recipes refuse
+it in one line, the aceso runtime runs it, and it costs what plain RoPE costs.
 
 References: openai/gpt-oss-20b's published config.json (tests/unit/data/hf/gpt-oss-20b, SOURCES.md there);
 transformers' ``_compute_yarn_parameters`` (what each config key means: ``truncate``, ``mscale`` without
@@ -164,16 +164,17 @@ def test_mtp_with_yarn_is_refused_as_validate_args_asserts():
 
 
 # ----- Bridge, the runtime, the price --------------------------------------------------------------------------------
-def test_bridge_and_the_runtime_refuse_it_before_any_search(tmp_path, capsys):
+def test_bridge_refuses_it_before_any_search_and_the_runtime_runs_it(tmp_path, capsys):
+    """The aceso runtime builds it as stock GPTModel does (tests/runtime/test_yarn_runtime.py,
+    tests/distributed/test_yarn_plans.py): no line for it; before, a Llama with YaRN was refused here."""
     m = gpt_oss()
     assert "no yarn_* model fields" in model_refusal("megatron-bridge", m)
     assert model_refusal("megatron-lm", m) is None
-    llama = load_model("llama3-8b").model_dump()      # the runtime refuses GPT-OSS's layers first: a Llama with YaRN
+    llama = load_model("llama3-8b").model_dump()      # the runtime refuses GPT-OSS's layers: a Llama with YaRN
     llama = type(m).model_validate({**llama, "name": "custom", "aceso_db_key": None,
                                     "rope_scaling": {"type": "yarn", "factor": 4.0}})
-    assert model_refusal("aceso", llama).startswith("model.rope_scaling (type yarn, standard attention): the aceso "
-                                                    "runtime builds GPTModel with plain or llama3-scaled RoPE only")
-    assert model_refusal("aceso", llama.model_copy(update={"rope_scaling": None})) is None
+    assert model_refusal("aceso", llama) is None
+    assert "does not build these GPT-OSS layer fields" in model_refusal("aceso", m)
     plain = m.model_copy(update={"rope_scaling": None})
     assert model_refusal("megatron-bridge", plain) is None
     path = tmp_path / "plan.json"
