@@ -173,8 +173,9 @@ def bridge_hybrid_layout(plan, device) -> str | None:
 
 
 def yarn_on_bridge(model, low) -> str | None:
-    from search.spec.rope_scaling import BRIDGE_REFUSAL, yarn_on_standard_attention
-    return f"--target megatron-bridge: {BRIDGE_REFUSAL}" if yarn_on_standard_attention(model) else None
+    from search.megatron.bridge import yarn_refusal
+    why = yarn_refusal(model)
+    return f"--target megatron-bridge: {why}" if why is not None else None
 
 
 def t5_on_bridge(model, low) -> str | None:
