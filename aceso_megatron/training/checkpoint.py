@@ -340,7 +340,7 @@ _LEARNED_FIELDS = ("seq_length", "decoder_seq_length")
 # MoE / MLA / MTP fields that shape the parameters (the router's top-k, coefficients and balancing do not) or
 # the saved state (the routers' expert biases)
 _MOE_FIELDS = ("num_experts", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_layer_freq",
-               "first_k_dense_layers", "moe_router_enable_expert_bias")
+               "first_k_dense_layers", "moe_router_enable_expert_bias", "moe_shared_expert_gate")
 _MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 
 

@@ -30,6 +30,7 @@ import shlex
 from pathlib import Path
 
 from search.io.errors import AcesoError
+from search.planner.api import FRAMEWORK_NAMES
 
 LINES = (("megatron", "best Megatron-LM plan (drop-in)"), ("aceso", "best heterogeneous plan (aceso runtime)"))
 
@@ -254,6 +255,7 @@ def text_lines(g: dict, saved: list[str] | None = None) -> list[str]:
     lines = [f"your Megatron-LM configuration:          {g['config_ms']:10.1f} ms per iteration"]
     for key, what in LINES:
         line = g[key]
+        what = what.replace("Megatron-LM", FRAMEWORK_NAMES.get(line["target"], "Megatron-LM"))   # Bridge drop-in
         if "not_offered" in line:
             lines.append(f"{what + ':':40s} not offered: {line['not_offered']}")
             continue

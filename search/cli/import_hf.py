@@ -4,8 +4,8 @@ Reads the file only: no download, no transformers import. Every field of the con
 naming it (``search.spec.hf_config``: a field aceso does not know may change the architecture):
 GPT-2 (``model_type`` gpt2): n_layer, n_embd, n_head, n_inner (default 4h), n_positions, vocab_size; gelu,
 layernorm, learned positions, tied embeddings, biases.
-Llama-style (llama, mistral, qwen2; with experts/MLA/MTP, search.spec.hf_moe: mixtral, qwen3, qwen3_moe, deepseek_v3,
-kimi_k2, glm4_moe, gpt_oss): num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads,
+Llama-style (llama, mistral, qwen2; with experts/MLA/MTP, search.spec.hf_moe: mixtral, qwen2_moe, qwen3, qwen3_moe,
+deepseek_v3, kimi_k2, glm4_moe, gpt_oss): num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads,
 head_dim, intermediate_size, vocab_size, tie_word_embeddings; swiglu, rmsnorm, rope; biases, QK norms, RoPE
 base and scaling, sliding windows and the norm epsilon as search.spec.hf_arch reads them. Gemma and Llama 4 are refused
 with the field megatron-core 0.16.1 cannot build.

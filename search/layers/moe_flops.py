@@ -9,7 +9,8 @@ Per sample of ``s`` tokens (h hidden, n heads, E experts, k top-k, f expert widt
                     core 2 s^2 n (dq + dr) (Q K^T) + 2 s^2 n dv (P V): the full score matrix, as the dense units
                     (dq = qk_head_dim, dr = qk_pos_emb_head_dim, dv = v_head_dim;
                     megatron-core ``MLASelfAttention``)
-    moe             router 2s h E + k x 2s (w up + f w) + shared expert 2s (h up_s + f_s h), w = h; LatentMoE
+    moe             router 2s h E + k x 2s (w up + f w) + shared expert 2s (h up_s + f_s h) (+ its sigmoid gate
+                    2s h, ``moe_shared_expert_gate``), w = h; LatentMoE
                     (``moe_latent_size`` l): w = l and the two latent projections 2 x 2s h l
     mtp             eh_proj 2s (2h) h + the attention unit + the last layer's mlp / moe unit + its own logits
                     2 s h V (the output layer shared with the main model; megatron-core
@@ -38,6 +39,7 @@ def mla_flops(m, s: int) -> float:
 def moe_flops(m, s: int) -> float:
     e = m.moe
     shared = _mlp(m, s, e.moe_shared_expert_intermediate_size) if e.moe_shared_expert_intermediate_size else 0.0
+    shared += 2.0 * s * m.hidden_size if e.moe_shared_expert_gate else 0.0     # its gate: one h -> 1 linear
     latent = 2 * 2.0 * s * m.hidden_size * e.moe_latent_size if e.moe_latent_size else 0.0
     return (2.0 * s * m.hidden_size * e.num_experts + latent + shared
             + e.moe_router_topk * _mlp(m, s, e.moe_ffn_hidden_size, e.moe_latent_size))

@@ -4,7 +4,8 @@ Per decoder layer (``get_gpt_decoder_block_spec`` with local modules): the input
 QKV, or MLA's down/up projections with its q/kv latent norms), the pre-MLP norm and then either the dense MLP
 (``ffn_hidden_size``) or the MoE block: router weight ``num_experts x h`` (+ bias with ``add_bias_linear``; the
 DeepSeek expert bias is a buffer, not a parameter), ``num_experts`` expert MLPs of ``moe_ffn_hidden_size`` and the
-shared expert of ``moe_shared_expert_intermediate_size``; LatentMoE (``moe_latent_size`` l, megatron-core 0.19
+shared expert of ``moe_shared_expert_intermediate_size`` (with ``moe_shared_expert_gate`` its 1 x h gate weight);
+LatentMoE (``moe_latent_size`` l, megatron-core 0.19
 ``MoELayer``): ``fc1_latent_proj`` h -> l and ``fc2_latent_proj`` l -> h (TE linears, duplicated over TP) and
 routed experts of l -> f -> l (``expert_width``). An MTP layer (``MultiTokenPredictionLayer``) adds two
 norms (``enorm``, ``hnorm``), the ``eh_proj`` linear ``2h -> h``, one transformer layer like the last decoder layer
@@ -104,8 +105,9 @@ def router_params(m) -> int:
 
 
 def shared_expert_params(m) -> int:
+    """The shared expert's MLP and its sigmoid gate (1 x h: megatron-core's ``SharedExpertMLP.gate_weight``)."""
     size = m.moe.moe_shared_expert_intermediate_size
-    return mlp_params(m, size) if size else 0
+    return mlp_params(m, size) + (m.hidden_size if m.moe.moe_shared_expert_gate else 0) if size else 0
 
 
 def layer_mlp_params(m, layer: int) -> tuple[int, int]:

@@ -43,6 +43,11 @@ class MoESpec(BaseModel):
     moe_shared_expert_intermediate_size: int | None = Field(
         None, gt=0, le=1 << 22, description="Inner width of the shared expert(s) every token also runs, all shared "
         "experts together (DeepSeek: n_shared_experts x moe_intermediate_size); None = no shared expert.")
+    moe_shared_expert_gate: bool = Field(
+        False, description="The shared expert's output scaled by a learned sigmoid gate, sigmoid(x w) with w a "
+        "1 x hidden_size weight per MoE layer (HF Qwen2-MoE's shared_expert_gate; megatron-core's "
+        "moe_shared_expert_gate, Megatron-LM --moe-shared-expert-gate, every release from 0.16.1). Needs "
+        "moe_shared_expert_intermediate_size.")
     moe_layer_freq: int | list[Literal[0, 1]] = Field(
         1, description="Which layers are MoE: N = every N-th layer (layer i when i % N == 0), or one 0/1 per "
         "layer (1 = MoE), as Megatron-LM's --moe-layer-freq.")
@@ -95,10 +100,11 @@ class MoESpec(BaseModel):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):
-        """Without ``moe_latent_size`` when unset, ``moe_router_pre_softmax`` when off, the bias update rate and the
-        load-balancing type at their defaults: such a model dumps (and a plan digests) as before."""
+        """Without ``moe_latent_size`` when unset, ``moe_router_pre_softmax`` and ``moe_shared_expert_gate`` when off,
+        the bias update rate and the load-balancing type at their defaults: such a model dumps (and a plan digests)
+        as before."""
         out = drop_defaults(handler(self), {"moe_latent_size": None, "moe_router_pre_softmax": False,
-                                                "moe_router_bias_update_rate": 1e-3})
+                                                "moe_router_bias_update_rate": 1e-3, "moe_shared_expert_gate": False})
         if isinstance(out, dict) and out.get("moe_router_load_balancing_type") == "aux_loss":
             del out["moe_router_load_balancing_type"]       # the default: older dumps and digests stay as they were
         return out
@@ -119,6 +125,9 @@ class MoESpec(BaseModel):
         if isinstance(self.moe_layer_freq, list) and self.first_k_dense_layers:
             raise ValueError("first_k_dense_layers works with an integer moe_layer_freq; with a 0/1 list write the "
                              "dense layers as 0s")
+        if self.moe_shared_expert_gate and not self.moe_shared_expert_intermediate_size:
+            raise ValueError("moe_shared_expert_gate gates the shared expert; set moe_shared_expert_intermediate_size "
+                             "or remove the gate (megatron-core ignores a gate without a shared expert)")
         if (self.moe_router_num_groups is None) != (self.moe_router_group_topk is None):
             raise ValueError("moe_router_num_groups and moe_router_group_topk go together; set both or neither")
         if self.moe_router_load_balancing_type == "sinkhorn" and self.moe_aux_loss_coeff:

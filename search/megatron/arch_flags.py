@@ -148,8 +148,11 @@ def bridge(m) -> dict:
         out.update(rope_scaling=True, rope_scaling_factor=r.factor)
     elif r is not None and m.mla is not None:
         out.update({k: v for k, v in rs.runtime_kwargs(m).items()})
-    elif r is not None:
-        raise AcesoError(rs.BRIDGE_REFUSAL)
+    elif r is not None:             # YaRN on standard attention: the GPT-OSS recipes' provider runs it
+        from .bridge import yarn_refusal
+        if (why := yarn_refusal(m)) is not None:
+            raise AcesoError(why)
+        out.update(position_embedding_type="yarn", **rs.yarn_config(m))
     return out
 
 

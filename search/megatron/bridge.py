@@ -6,9 +6,10 @@ its structure: a YAML file (``process_config_with_overrides(cfg, config_filepath
 what the plan does not set (optimizer, scheduler, data, logging): every model, parallel, recompute and batch field
 of the plan is overridden (head width and query groups by value, so a recipe's own defaults cannot leak in). The activation function is a Python callable a YAML cannot set, so the recipe is chosen
 by it: SwiGLU models start from a Llama recipe, GELU models from ``gpt3_175b_pretrain_config``; SwiGLU MoE models
-from ``qwen3_30b_a3b_pretrain_config`` and MLA models from ``deepseek_v3_pretrain_config`` (whose provider has the
-MLA fields); the router's pre-softmax, top-k scaling and dtype are always written (the model's and the plan's), so
-the recipe's never stand in. T5: Bridge v0.3.1
+from ``qwen3_30b_a3b_pretrain_config``, MLA models from ``deepseek_v3_pretrain_config`` (whose provider has the
+MLA fields) and quick-GEGLU (GPT-OSS) models from a GPT-OSS recipe (whose provider runs YaRN on standard attention:
+``GPT_OSS_RECIPES``); the router's pre-softmax, top-k scaling and dtype are always written (the model's and the
+plan's), so the recipe's never stand in. T5: Bridge v0.3.1
 has no T5 pretraining recipe (refused). bf16 is the recipes' default precision (no override); fp16 / fp32 set the
 recipe's ``mixed_precision``, which the Llama recipes hold as a name and the GPT recipe as a config object.
 Gradient reduction: ``ddp.grad_reduce_in_fp32`` is the plan's (``settings``), and ``mixed_precision`` says the same
@@ -36,7 +37,21 @@ FORCE_ADD = ("dataset.seq_length",)
 # recipe -> how it holds mixed_precision ("name": a recipe name string; "object": a MixedPrecisionConfig)
 RECIPES = {"llama3_8b_pretrain_config": "name", "llama3_70b_pretrain_config": "name",
            "llama2_7b_pretrain_config": "name", "gpt3_175b_pretrain_config": "object",
-           "qwen3_30b_a3b_pretrain_config": "name", "deepseek_v3_pretrain_config": "object"}
+           "qwen3_30b_a3b_pretrain_config": "name", "deepseek_v3_pretrain_config": "object",
+           # recipes/gpt_oss/gpt_oss.py: _pretrain_common's "bf16_mixed" (recipes/common.py:124), no comm_overlap
+           "gpt_oss_20b_pretrain_config": "name", "gpt_oss_120b_pretrain_config": "name"}
+# The GPT-OSS recipes (v0.3.1 recipes/gpt_oss/gpt_oss.py:25, 144) build their provider from the HF config
+# (AutoBridge ... to_megatron_provider): activation_func quick_gelu (gpt_oss_bridge.py:89, a callable no YAML sets)
+# and YaRN as transformers runs it: position_embedding_type yarn and the yarn_* attributes set on the provider
+# (conversion/model_bridge.py:387-396 from rope_scaling, 449-459 setattr; gpt_oss_bridge.py:101-105: factor 32,
+# original 4096, beta 32 / 1, round_to_int false; yarn_mscale / yarn_mscale_all_dim None, which megatron-core's
+# _yarn_get_concentration_factor reads as 0.1 ln(factor) + 1, transformers' attention factor). A YAML override of a
+# yarn_* attribute applies there (omegaconf_utils._apply_overrides sets what hasattr finds) and is skipped with a
+# warning on any other recipe's provider, so only these recipes run a model's YaRN on standard attention.
+GPT_OSS_RECIPES = ("gpt_oss_20b_pretrain_config", "gpt_oss_120b_pretrain_config")
+# what the GPT-OSS providers set that a quick-GEGLU model without it must override (megatron-core's defaults)
+_GPT_OSS_LAYER_DEFAULTS = {"window_size": None, "window_attn_skip_freq": None, "softmax_type": "vanilla",
+                           "glu_linear_offset": 0.0, "activation_func_clamp_value": None}
 # recipes with a comm_overlap section (CommOverlapConfig) in v0.3.1 whose TP overlap the YAML states (the plan's;
 # the userbuffer config None: transformer-engine's default, since a recipe's is for one shape): the GPT recipe's
 # (tp_comm_overlap on), llama2_7b's (off: recipes/llama/llama2.py:118) and llama3_70b's (on, with a userbuffer
@@ -56,6 +71,8 @@ def _recipe_of(m) -> str:
                          "--to megatron-lm (pretrain_t5.py)")
     if m.activation == "gelu":
         return "gpt3_175b_pretrain_config"
+    if m.activation == "quick_geglu":     # GPT-OSS's activation: only its recipes' provider has it
+        return "gpt_oss_120b_pretrain_config" if m.name.startswith("gpt-oss-120b") else "gpt_oss_20b_pretrain_config"
     if m.mla is not None:           # its model is an MLAModelProvider (MLATransformerConfig + GPTModelProvider)
         return "deepseek_v3_pretrain_config"
     if m.moe is not None:
@@ -73,9 +90,11 @@ def _recipe_of(m) -> str:
 # 190-191 / 293-294 / 396-397, nemotronh/nemotron_3_nano.py:89-90; v0.6.0 recipes/llama/h100/llama3.py:279-280 /
 # 761-762, llama/h100/llama2.py:78-79, gpt/h100/gpt3_175b.py:91-92, qwen/h100/qwen3_moe.py:88-89,
 # deepseek/h100/deepseek_v3.py:173-174, nemotronh/h100/nemotronh.py:124-125 / 261-262 / 402-403 / 544-545,
-# nemotronh/h100/nemotron_3_nano.py:166-167. te is transformer-engine's parallel_cross_entropy (TE 2.2+; the
+# nemotronh/h100/nemotron_3_nano.py:166-167; gpt_oss/gpt_oss.py:94-95 / 212-213 (v0.6.0 gpt_oss/h100/gpt_oss.py:109,
+# 233). te is transformer-engine's parallel_cross_entropy (TE 2.2+; the
 # containers Bridge runs in ship 2.7 to 2.14, search/settings/releases.py).
-RECIPE_CE_FUSION = {"llama3_8b_pretrain_config": "te", "llama3_70b_pretrain_config": "te",
+RECIPE_CE_FUSION = {"gpt_oss_20b_pretrain_config": "native", "gpt_oss_120b_pretrain_config": "native",
+                    "llama3_8b_pretrain_config": "te", "llama3_70b_pretrain_config": "te",
                     "llama2_7b_pretrain_config": "native", "gpt3_175b_pretrain_config": "native",
                     "qwen3_30b_a3b_pretrain_config": "te", "deepseek_v3_pretrain_config": "te",
                     "nemotronh_4b_pretrain_config": "native", "nemotronh_8b_pretrain_config": "native",
@@ -111,10 +130,23 @@ def with_recipe_loss(settings, own, model):
     return settings.model_copy(update={"stack": stack})
 
 
+def yarn_refusal(model) -> str | None:
+    """Why the Bridge recipe ``model`` is written for would not run its YaRN on standard attention (None: it does,
+    or the model has none): only the GPT-OSS recipes' provider holds the yarn_* attributes (``GPT_OSS_RECIPES``)."""
+    from search.spec.rope_scaling import BRIDGE_REFUSAL, yarn_on_standard_attention
+    if not yarn_on_standard_attention(model) or model.is_t5 or _recipe_of(model) in GPT_OSS_RECIPES:
+        return None
+    return BRIDGE_REFUSAL
+
+
 def overrides(c: MegatronConfig) -> tuple[str, dict[str, object]]:
     """``(recipe, {section: {field: value} or a value for the whole section})``."""
     recipe = recipe_for(c)
     out: dict[str, object] = dict(bridge_fields(c))
+    if recipe in GPT_OSS_RECIPES:       # the recipe's GPT-OSS layer never stands in for the model's
+        model = out["model"]
+        model.update({k: v for k, v in _GPT_OSS_LAYER_DEFAULTS.items() if k not in model})
+        model.setdefault("num_moe_experts", None)
     if recipe in _TP_OVERLAP_SECTION:
         out["comm_overlap"] = {"tp_comm_overlap": c.settings.tp_comm_overlap, "tp_comm_overlap_cfg": None}
         if recipe == "gpt3_175b_pretrain_config":     # its embedding wgrad deferral

@@ -61,6 +61,9 @@ _LAUNCHERS = ("torchrun", "python", "python3", "deepspeed", "accelerate")
 _RUNNERS = ("bash", "sh", "zsh", "source", ".", "sbatch", "srun", "exec", "nohup")
 # launcher modules (``python -m torch.distributed.launch x.py``): what they run is the next script, not them
 _LAUNCH_MODULES = ("torch.distributed.launch", "torch.distributed.run")
+# environment runners that run a command in a project environment: ``uv run [OPTIONS] python ...`` (Megatron-LM
+# core_v0.19.0's examples/mimo/scripts/run_hetero_nemotron_20l_mock_train.sh); the launcher after them is the command
+_ENV_RUNNERS = {"uv": "run"}
 
 
 def check_no_entry(commands: list[tuple[list[str], int]], source: str) -> None:
@@ -69,6 +72,7 @@ def check_no_entry(commands: list[tuple[list[str], int]], source: str) -> None:
     for argv, line in commands:
         if not argv or argv[0].startswith("-") or harmless(argv) or re.match(r"<(unset|cmd|expr):", argv[0]):
             continue
+        argv = _unwrap(argv)
         prog = argv[0].rsplit("/", 1)[-1]
         module = _module(argv) if prog.startswith(_LAUNCHERS) else None
         if module:
@@ -82,6 +86,16 @@ def check_no_entry(commands: list[tuple[list[str], int]], source: str) -> None:
                              "its arguments)")
         raise EntryRefusal(f"{source}: line {line}: runs {prog}, and no command runs Megatron-LM's pretrain_gpt.py or "
                          "pretrain_t5.py; give that launch script (or its arguments)")
+
+
+def _unwrap(argv: list[str]) -> list[str]:
+    """The launcher command an environment runner runs (``uv run --extra ssm python -m ...`` -> ``python -m ...``),
+    else ``argv``."""
+    if len(argv) > 2 and _ENV_RUNNERS.get(argv[0].rsplit("/", 1)[-1]) == argv[1]:
+        for i, w in enumerate(argv[2:], start=2):
+            if w.rsplit("/", 1)[-1].startswith(_LAUNCHERS):
+                return argv[i:]
+    return argv
 
 
 def harmless(argv: list[str]) -> bool:
@@ -115,9 +129,10 @@ def _module(argv: list[str]) -> str | None:
 
 def script_names(text: str) -> list[str]:
     """Every ``*.py`` path the text names (comments excluded), in order, and every module a launcher runs with
-    ``-m`` (``python -m a.b``, ``torchrun ... -m a.b`` as ``a/b.py``; the launcher modules themselves left out)."""
+    ``-m`` (``python -m a.b``, ``torchrun ... -m a.b`` as ``a/b.py``, also with the ``-m`` on a continuation line; the
+    launcher modules themselves left out)."""
     out = []
-    for line in text.splitlines():
+    for line in re.sub(r"\\\n", " ", text).splitlines():      # a command continued over lines is one line
         line = re.sub(r"(^|\s)#.*$", "", line)
         found = [(m.start(), m.group()) for m in re.finditer(r"[\w./${}-]*\.py\b", line)]
         if re.search(r"(^|[\s/\"'=])(python3?|torchrun|deepspeed)\b", line):

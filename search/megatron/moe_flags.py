@@ -38,7 +38,8 @@ MOE_FLAGS = (("num_experts", "--num-experts"), ("moe_router_topk", "--moe-router
              ("moe_latent_size", "--moe-latent-size"))      # LatentMoE (Nemotron-3 Super, Ultra)
 MOE_BOOLS = (("moe_router_enable_expert_bias", "--moe-router-enable-expert-bias"),
              ("moe_pad_expert_input_to_capacity", "--moe-pad-expert-input-to-capacity"),
-             ("moe_router_force_load_balancing", "--moe-router-force-load-balancing"))
+             ("moe_router_force_load_balancing", "--moe-router-force-load-balancing"),
+             ("moe_shared_expert_gate", "--moe-shared-expert-gate"))    # read with a shared expert only
 MLA_FLAGS = (("q_lora_rank", "--q-lora-rank", None), ("kv_lora_rank", "--kv-lora-rank", 32),
              ("qk_head_dim", "--qk-head-dim", 128), ("qk_pos_emb_head_dim", "--qk-pos-emb-head-dim", 64),
              ("v_head_dim", "--v-head-dim", 128))
@@ -63,7 +64,7 @@ MODEL_ONLY = ("--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert
               "--moe-layer-freq", "--moe-router-score-function", "--moe-router-num-groups", "--moe-router-group-topk",
               "--moe-router-enable-expert-bias", "--moe-aux-loss-coeff", "--moe-expert-capacity-factor",
               "--moe-pad-expert-input-to-capacity", "--moe-router-force-load-balancing",
-              "--moe-router-load-balancing-type")
+              "--moe-router-load-balancing-type", "--moe-shared-expert-gate")
 
 
 # ----- import -------------------------------------------------------------------------------------------------
@@ -159,6 +160,10 @@ def moe_model_fields(f, num_layers: int, ffn: int, pos: str, notes: list[str]) -
                 moe[name] = f.get(flag)
         for name, flag in MOE_BOOLS:
             moe[name] = f.has(flag)
+        if moe["moe_shared_expert_gate"] and not moe.get("moe_shared_expert_intermediate_size"):
+            moe["moe_shared_expert_gate"] = False       # megatron-core builds the gate in the shared expert only
+            notes.append("--moe-shared-expert-gate without --moe-shared-expert-intermediate-size: megatron-core "
+                         "builds no gate")
         moe["moe_router_pre_softmax"] = pre_softmax_read(f.has("--moe-router-pre-softmax"), moe)
         if f.has("--moe-router-bias-update-rate"):
             moe["moe_router_bias_update_rate"] = f.get("--moe-router-bias-update-rate")

@@ -120,6 +120,8 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("model.moe.moe_router_enable_expert_bias, moe_router_force_load_balancing, moe_pad_expert_input_to_capacity",
      "--moe-router-enable-expert-bias, --moe-router-force-load-balancing, --moe-pad-expert-input-to-capacity",
      "model.(the same name)", "off by default"),
+    ("model.moe.moe_shared_expert_gate", "--moe-shared-expert-gate", "model.moe_shared_expert_gate",
+     "with a shared expert only (HF Qwen2-MoE's shared_expert_gate); Bridge: always written"),
     ("model.moe.moe_router_pre_softmax", "--moe-router-pre-softmax", "model.moe_router_pre_softmax",
      "softmax routers (top-1: always); read only where it changes the model; Bridge: always written"),
     ("model.moe.moe_layer_freq, first_k_dense_layers", "--moe-layer-freq N or '[0]*k+[1]*n'",

@@ -101,6 +101,12 @@ class Plans:
     def main(self) -> SearchResult:
         return self.megatron if self.target == "megatron-lm" else self.aceso
 
+    @property
+    def drop_in(self) -> str:
+        """The framework the uniform and Megatron-LM lines run on: ``megatron-bridge`` for a Bridge search (the
+        Megatron-LM space, each plan passing Bridge's rules and priced as Bridge runs it), else ``megatron-lm``."""
+        return "megatron-bridge" if self.space.evaluator_target == "megatron-bridge" else "megatron-lm"
+
 
 def runtime_training(training, strict: bool = True):
     """The training spec for a runtime search: Megatron FSDP and CPU activation offload off (the heterogeneous
@@ -136,18 +142,25 @@ def runs_elsewhere(e) -> bool:
     return bool(runtime_lacks(e))
 
 
+FRAMEWORK_NAMES = {"megatron-lm": "Megatron-LM", "megatron-bridge": "Megatron-Bridge"}
+# how to get and run the drop-in line's plan: a Bridge search writes it already (-o), an aceso search names the target
+_RUN_DROP_IN = {"megatron-lm": "--target megatron-lm, aceso export",
+                "megatron-bridge": "the plan this search writes, aceso export --to megatron-bridge"}
+
+
 def slower_note(plans) -> str | None:
     """Why the heterogeneous line is slower than the Megatron-LM line (None when it is not): the Megatron-LM plan
-    uses what the aceso runtime does not run; the heterogeneous search started from it as the runtime runs it."""
+    uses what the aceso runtime does not run; the heterogeneous search started from it as the runtime runs it.
+    Worded for the framework that line runs on (``Plans.drop_in``: Megatron-Bridge for a Bridge search)."""
     het, mlm = (p.plans[0] if p.plans and p.plans[0].fits else None for p in (plans.aceso, plans.megatron))
     if het is None or mlm is None or het.iteration_ms <= mlm.iteration_ms or plans.aceso is plans.megatron:
         return None
     lacks = runtime_lacks(mlm)
     why = f"it uses {_and(lacks)}, which the aceso runtime does not run" if lacks else \
         "the aceso runtime prices it slower"
-    return (f"the heterogeneous plan is slower than the Megatron-LM plan ({het.iteration_ms:.2f} vs "
-            f"{mlm.iteration_ms:.2f} ms): {why}; run the Megatron-LM plan with Megatron-LM (--target megatron-lm, "
-            "aceso export)")
+    name = FRAMEWORK_NAMES[plans.drop_in]
+    return (f"the heterogeneous plan is slower than the {name} plan ({het.iteration_ms:.2f} vs "
+            f"{mlm.iteration_ms:.2f} ms): {why}; run the {name} plan with {name} ({_RUN_DROP_IN[plans.drop_in]})")
 
 
 def _and(words: list[str]) -> str:

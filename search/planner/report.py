@@ -217,20 +217,25 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None, wall_s: floa
     con.print(f"virtual stages {ev.state.num_chunks}; " + (", ".join(switches) if switches else "no switches on"))
     con.print(f"predicted iteration {ev.iteration_ms:.2f} ms, {plan_throughput(plan, ev.iteration_ms, cm).text()}")
     lines = three_lines(plans, plan.model)
-    for key, label in LINES:
+    from .api import FRAMEWORK_NAMES
+    drop_in = FRAMEWORK_NAMES[plans.drop_in]      # a Bridge search's uniform and plan lines are Bridge's
+    labels = {key: label if key == "megatron_lm_pattern" else label.replace("Megatron-LM", drop_in)
+              for key, label in LINES}
+    width = max(21, *map(len, labels.values()))
+    for key, label in labels.items():
         x = lines[key]
         if key in plans.not_offered:
-            con.print(f"{label:<21} not offered: {plans.not_offered[key]}")
+            con.print(f"{label:<{width}} not offered: {plans.not_offered[key]}")
             continue
         if x is None:
-            con.print(f"{label:<21} nothing fits")
+            con.print(f"{label:<{width}} nothing fits")
             continue
         sp = f"{x['speedup']:.3f}x" if "speedup" in x else "-"
-        con.print(f"{label:<21} {x['iteration_ms']:>12.2f} ms  {sp:>7}   {x['plan']}")
+        con.print(f"{label:<{width}} {x['iteration_ms']:>12.2f} ms  {sp:>7}   {x['plan']}")
     from .api import slower_note
     if (note := slower_note(plans)) is not None:
         con.print(f"note: {note}")
-    wall = f" ({wall_s:.1f} s wall in all, with the uniform and Megatron-LM lines)" if wall_s is not None else ""
+    wall = f" ({wall_s:.1f} s wall in all, with the uniform and {drop_in} lines)" if wall_s is not None else ""
     con.print(f"search {result.seconds:.2f} s{wall}, {result.evals} plans evaluated (units: "
               f"{units_text(plan.model)}; mbs/rank: Megatron's --micro-batch-size)")
 

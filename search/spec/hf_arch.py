@@ -4,9 +4,10 @@ are ``search.spec.hf_moe``'s).
 
 Each field is kept (and then priced and exported), or refused naming it:
 
-- biases: what HF's ``attention_bias`` covers depends on the model (``BIAS``): q/k/v only (Qwen2 always, GLM-4.5)
-  is megatron-core's ``add_qkv_bias`` (``megatron.add_qkv_bias``); every linear (GPT-OSS; Llama with ``mlp_bias``
-  too) is ``add_bias_linear``; q/k/v and the output projection but no MLP bias has no megatron-core setting;
+- biases: what HF's ``attention_bias`` covers depends on the model (``BIAS``): q/k/v only (Qwen2 always, Qwen2-MoE's
+  ``qkv_bias`` (default true), GLM-4.5) is megatron-core's ``add_qkv_bias`` (``megatron.add_qkv_bias``); every
+  linear (GPT-OSS; Llama with ``mlp_bias`` too) is ``add_bias_linear``; q/k/v and the output projection but no MLP
+  bias has no megatron-core setting;
 - QK norms: Qwen3's per-head RMSNorm and GLM-4.5's ``use_qk_norm`` are ``megatron.qk_layernorm``;
 - ``head_dim`` is ``kv_channels`` (Qwen3-30B-A3B: 128 with hidden 2048 / 32 heads), ``partial_rotary_factor``
   ``rotary_percent``, ``rms_norm_eps`` ``megatron.layernorm_epsilon`` (when not megatron-core's 1e-5),
@@ -18,7 +19,9 @@ Each field is kept (and then priced and exported), or refused naming it:
   ``_compute_yarn_parameters`` (partial rotary; MLA with truncate false or mscale_all_dim without mscale);
 - sliding windows: ``layer_types`` when given, else each family's rule (Mistral / Mixtral: ``sliding_window`` on
   every layer; Qwen2 / Qwen3: with ``use_sliding_window``, the layers from ``max_window_layers`` on; GPT-OSS:
-  alternate layers); a window of ``w`` keys (HF counts the query itself) is ``window_size`` ``[w - 1, 0]``.
+  alternate layers; Qwen2-MoE: ``layer_types`` only, its ``use_sliding_window`` refused: transformers' releases
+  differ on which layers slide); a window of ``w`` keys (HF counts the query itself) is ``window_size``
+  ``[w - 1, 0]``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ NORM_EPSILON = 1e-5                    # megatron-core TransformerConfig.layerno
 BIAS = {"llama": "qkvo", "qwen3": "qkvo", "qwen3_moe": "qkvo", "deepseek_v3": "mla", "kimi_k2": "mla",
         "glm4_moe": "qkv", "gpt_oss": "all"}
 QKV_BIAS_ALWAYS = ("qwen2",)           # Qwen2's q/k/v projections carry a bias, no config key
+QKV_BIAS_KEY = ("qwen2_moe",)          # Qwen2-MoE's: qkv_bias (Qwen2MoeConfig, default true; older configs lack it)
 QK_NORM_ALWAYS = ("qwen3", "qwen3_moe")
 WINDOW_EVERY_LAYER = ("mistral", "mixtral")
 WINDOW_FROM_LAYER = ("qwen2", "qwen3", "qwen3_moe")     # use_sliding_window + max_window_layers
@@ -47,7 +51,7 @@ def llama_style(c, mtype: str, layers: int, mla: bool) -> dict:
              "an MLP bias without the attention's has no megatron-core setting (add_bias_linear biases every linear)")
     out: dict = {"add_bias_linear": False}
     block: dict = {}
-    if mtype in QKV_BIAS_ALWAYS:
+    if mtype in QKV_BIAS_ALWAYS or (mtype in QKV_BIAS_KEY and c.bool("qkv_bias", True)):
         block["add_qkv_bias"] = True
     if c.bool("attention_bias", False):
         kind = BIAS.get(mtype)
@@ -155,7 +159,13 @@ def window(c, mtype: str, layers: int) -> dict:
     """``window_size`` / ``window_attn_skip_freq`` of the layers HF gives a sliding window (none: ``{}``)."""
     types = layer_types(c, layers, default=None)
     size = c.int("sliding_window", required=False) if mtype in WINDOW_FROM_LAYER + WINDOW_EVERY_LAYER else None
-    if mtype in WINDOW_FROM_LAYER:
+    if mtype == "qwen2_moe":
+        c.int("sliding_window", required=False)
+        c.int("max_window_layers", required=False, minimum=0)
+        if types is None and c.bool("use_sliding_window", False):
+            raise c.refuse("use_sliding_window", "transformers' releases slide different Qwen2-MoE layers (the newest: "
+                           "even layers below max_window_layers); give layer_types")
+    elif mtype in WINDOW_FROM_LAYER:
         use = c.bool("use_sliding_window", False)
         first = c.int("max_window_layers", default=layers, required=False, minimum=0)
         if types is None and use and size is not None:

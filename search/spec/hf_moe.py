@@ -5,6 +5,9 @@ norms and RoPE are ``search.spec.hf_arch``'s):
 mixtral (num_local_experts, num_experts_per_tok, intermediate_size = each expert's width, router_aux_loss_coef;
 router_jitter_noise must be 0); qwen3_moe (num_experts, num_experts_per_tok, moe_intermediate_size,
 decoder_sparse_step with HF's rule "layer i is MoE when (i + 1) % step == 0", mlp_only_layers, router_aux_loss_coef);
+qwen2_moe (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B: qwen3_moe's fields, and every MoE layer's shared expert of
+shared_expert_intermediate_size with its sigmoid gate shared_expert_gate as moe_shared_expert_gate; router_aux_loss_coef
+default 0.001 and norm_topk_prob default false, as Qwen2MoeConfig);
 deepseek_v3 and kimi_k2 (n_routed_experts, n_shared_experts x moe_intermediate_size, first_k_dense_replace,
 moe_layer_freq, n_group / topk_group, scoring_func softmax | sigmoid, topk_method greedy | noaux_tc (= the expert
 score bias), aux_loss_alpha, routed_scaling_factor as megatron.moe_router_topk_scaling_factor, q_lora_rank,
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 from search.spec.hf_arch import layer_types, skip_freq
 
-MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v3", "kimi_k2", "glm4_moe", "gpt_oss")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3", "kimi_k2", "glm4_moe", "gpt_oss")
 MLA_TYPES = ("deepseek_v3", "kimi_k2")
 
 
@@ -66,7 +69,7 @@ def _mixtral(c) -> dict:
                     "moe_aux_loss_coeff": c.float("router_aux_loss_coef", default=0.0)}}
 
 
-def _qwen3(c, layers: int) -> dict:
+def _qwen3(c, layers: int, aux_default: float = 0.0) -> dict:
     if c.raw("num_experts") is None:
         return {}                         # dense Qwen3
     step = c.int("decoder_sparse_step", default=1)
@@ -77,12 +80,26 @@ def _qwen3(c, layers: int) -> dict:
     router = _router(c, False)            # Qwen3MoeConfig's default is false
     pattern = [int(i not in dense and (i + 1) % step == 0) for i in range(layers)]
     if not any(pattern):                  # every layer dense: HF builds a dense model
-        c.ignore("num_experts", "num_experts_per_tok", "moe_intermediate_size", "router_aux_loss_coef")
+        c.ignore("num_experts", "num_experts_per_tok", "moe_intermediate_size", "router_aux_loss_coef",
+                 "shared_expert_intermediate_size")
         return {}
     return {"moe": {"num_experts": c.int("num_experts"), "moe_router_topk": c.int("num_experts_per_tok"),
                     "moe_ffn_hidden_size": c.int("moe_intermediate_size"),
                     "moe_layer_freq": 1 if all(pattern) else pattern,
-                    "moe_aux_loss_coeff": c.float("router_aux_loss_coef", default=0.0), **router}}
+                    "moe_aux_loss_coeff": c.float("router_aux_loss_coef", default=aux_default), **router}}
+
+
+def _qwen2_moe(c, layers: int) -> dict:
+    """Qwen2-MoE (``Qwen2MoeSparseMoeBlock``): Qwen3-MoE's routed experts and layer rule, and in every MoE layer a
+    shared expert (an MLP of ``shared_expert_intermediate_size``) scaled by ``sigmoid(shared_expert_gate(x))``, a
+    ``hidden -> 1`` linear without bias: megatron-core's ``moe_shared_expert_gate`` (``SharedExpertMLP``:
+    ``output * sigmoid(linear(x, gate_weight))``, gate_weight 1 x h)."""
+    c.int("num_experts")                            # required: an absent key is Qwen2MoeConfig's 60, not dense
+    out = _qwen3(c, layers, aux_default=0.001)      # Qwen2MoeConfig's router_aux_loss_coef default
+    if out:
+        out["moe"].update(moe_shared_expert_intermediate_size=c.int("shared_expert_intermediate_size"),
+                          moe_shared_expert_gate=True)
+    return out
 
 
 def _shared_and_dense(c) -> dict:
@@ -160,6 +177,8 @@ def moe_fields(c, mtype: str, layers: int) -> dict:
         return _mixtral(c)
     if mtype in ("qwen3", "qwen3_moe"):
         return _qwen3(c, layers)
+    if mtype == "qwen2_moe":
+        return _qwen2_moe(c, layers)
     if mtype in MLA_TYPES:
         return _deepseek(c)
     if mtype == "glm4_moe":

@@ -57,7 +57,7 @@ CONTROLLED: dict[str, str] = {
                                "moe_layer_freq", "moe_router_score_function", "moe_router_num_groups",
                                "moe_router_group_topk", "moe_router_enable_expert_bias", "moe_aux_loss_coeff",
                                "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
-                               "moe_router_force_load_balancing")},
+                               "moe_router_force_load_balancing", "moe_shared_expert_gate")},
     "mtp_num_layers": "mtp_num_layers",
     "use_fused_weighted_squared_relu": "the plan's moe.fused_weighted_squared_relu",
     "moe_latent_size": "moe.moe_latent_size",

@@ -118,6 +118,7 @@ def moe_config(model) -> dict:
         "moe_router_topk": moe.moe_router_topk,
         "moe_ffn_hidden_size": moe.moe_ffn_hidden_size,
         "moe_shared_expert_intermediate_size": moe.moe_shared_expert_intermediate_size,
+        "moe_shared_expert_gate": moe.moe_shared_expert_gate,
         "moe_layer_freq": _moe_layers(model),
         "moe_router_score_function": moe.moe_router_score_function,
         "moe_router_num_groups": moe.moe_router_num_groups,

@@ -46,12 +46,14 @@ YARN_DEFAULTS = {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "b
 YARN_FIELDS = ("original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
 NO_MLA_FLAG = ("original_max_position_embeddings", "beta_fast", "beta_slow")   # no Megatron-LM flag sets MLA's
 YARN_STANDARD_SINCE = (0, 19)     # the first Megatron-LM release that sets GPTModel's yarn_* config attributes
-# Megatron-Bridge v0.3.1: the recipe aceso writes for a standard-attention model (search.megatron.bridge.recipe_for:
-# Llama, GPT or Qwen3-MoE) builds a provider with no yarn_* fields (search/megatron/data/bridge_fields_v0.3.1.json),
-# so no override sets them; Bridge's own GPT-OSS providers declare them, but aceso does not write their recipe
-BRIDGE_REFUSAL = ("model.rope_scaling (type yarn, standard attention): the Megatron-Bridge v0.3.1 recipes aceso "
-                  "writes have no yarn_* model fields, so Bridge would train plain RoPE; use --target / --to "
-                  "megatron-lm (Megatron-LM core_v0.19.0)")
+# Megatron-Bridge v0.3.1: the Llama, GPT and Qwen3-MoE recipes aceso writes for a standard-attention model other than
+# GPT-OSS's quick GEGLU (search.megatron.bridge.recipe_for) build a provider with no yarn_* attributes
+# (search/megatron/data/bridge_fields_v0.3.1.json), so Bridge skips such overrides; the GPT-OSS recipes' provider
+# has them and runs the model's YaRN (search.megatron.bridge.yarn_refusal)
+BRIDGE_REFUSAL = ("model.rope_scaling (type yarn, standard attention): the Megatron-Bridge v0.3.1 recipe aceso "
+                  "writes for this model (Llama, GPT or Qwen3-MoE; only the GPT-OSS recipes' provider holds the yarn_* "
+                  "fields) would skip them and train plain RoPE; use --target / --to megatron-lm (Megatron-LM "
+                  "core_v0.19.0) or --target aceso (the aceso runtime)")
 
 
 class RopeScaling(BaseModel):

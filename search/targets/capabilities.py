@@ -173,13 +173,14 @@ def bridge_hybrid_layout(plan, device) -> str | None:
 
 
 def yarn_on_bridge(model, low) -> str | None:
-    """YaRN on standard attention: refused for Megatron-Bridge v0.3.1's recipes only. The aceso runtime builds it on
-    every stage as stock ``GPTModel(position_embedding_type="yarn")`` does, with the ``yarn_*`` config attributes
-    (docs/runtime.md, "RoPE scaling"; megatron-core 0.16.1 to 0.19.x all have that branch; equal to the stock model:
-    tests/runtime/test_yarn_runtime.py, tests/distributed/test_yarn_plans.py). Megatron-LM runs it from core_v0.19.0
-    on, the release being the export's choice: its one line is the export's (``rope_scaling.megatron_lm_refusal``)."""
-    from search.spec.rope_scaling import BRIDGE_REFUSAL, yarn_on_standard_attention
-    return f"--target megatron-bridge: {BRIDGE_REFUSAL}" if yarn_on_standard_attention(model) else None
+    """YaRN on standard attention for Megatron-Bridge: the GPT-OSS recipes' provider holds the ``yarn_*`` fields,
+    the other recipes are refused (``bridge.yarn_refusal``). The aceso runtime builds it on every stage as stock
+    ``GPTModel(position_embedding_type="yarn")`` does (docs/runtime.md, "RoPE scaling"; tests/runtime/
+    test_yarn_runtime.py, tests/distributed/test_yarn_plans.py). Megatron-LM runs it from core_v0.19.0 on, the
+    release being the export's choice: its one line is the export's (``rope_scaling.megatron_lm_refusal``)."""
+    from search.megatron.bridge import yarn_refusal
+    why = yarn_refusal(model)
+    return f"--target megatron-bridge: {why}" if why is not None else None
 
 
 def t5_on_bridge(model, low) -> str | None:

@@ -31,6 +31,9 @@ CASES = {
                       "moe": {**MOE, "moe_shared_expert_intermediate_size": 48, "first_k_dense_layers": 1,
                               "moe_router_score_function": "sigmoid", "moe_router_num_groups": 2,
                               "moe_router_group_topk": 1, "moe_router_enable_expert_bias": True}},
+    # Qwen2-MoE: q/k/v biases, a shared expert scaled by its sigmoid gate (one 1 x h weight per MoE layer)
+    "qwen2-moe-like": {**LLAMA, "megatron": {"add_qkv_bias": True},
+                       "moe": {**MOE, "moe_shared_expert_intermediate_size": 48, "moe_shared_expert_gate": True}},
     "mla-no-q-lora-listed": {**LLAMA, "mla": {**MLA, "q_lora_rank": None}, "moe": {**MOE, "moe_layer_freq": [1, 0, 1]}},
     # GPT-OSS: head_dim != hidden / heads, biases on attention, router and experts, learnable softmax offset,
     # quick-GEGLU with offset and clamp, sliding window on every 2nd layer (search.layers.layer_variants)
@@ -70,6 +73,7 @@ def _config(m: ModelSpec):
         kw.update(num_moe_experts=e.num_experts, moe_router_topk=e.moe_router_topk,
                   moe_ffn_hidden_size=e.moe_ffn_hidden_size,
                   moe_shared_expert_intermediate_size=e.moe_shared_expert_intermediate_size,
+                  moe_shared_expert_gate=e.moe_shared_expert_gate,
                   moe_layer_freq=e.moe_layer_freq if isinstance(e.moe_layer_freq, list) or not e.first_k_dense_layers
                   else [int(e.is_moe_layer(i)) for i in range(m.num_layers)],
                   moe_router_score_function=e.moe_router_score_function, moe_router_num_groups=e.moe_router_num_groups,

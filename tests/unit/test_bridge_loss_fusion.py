@@ -12,7 +12,8 @@ qwen/qwen3_moe.py:79-80, deepseek/deepseek_v3.py:134-135, nemotronh/nemotronh.py
 396-397, nemotronh/nemotron_3_nano.py:89-90; v0.6.0 (the names alias the ``*_h100_bf16`` recipes)
 recipes/llama/h100/llama3.py:279-280 / 761-762, llama/h100/llama2.py:78-79, gpt/h100/gpt3_175b.py:91-92,
 qwen/h100/qwen3_moe.py:88-89, deepseek/h100/deepseek_v3.py:173-174, nemotronh/h100/nemotronh.py:124-125 /
-261-262 / 402-403 / 544-545, nemotronh/h100/nemotron_3_nano.py:166-167."""
+261-262 / 402-403 / 544-545, nemotronh/h100/nemotron_3_nano.py:166-167; GPT-OSS: v0.3.1
+recipes/gpt_oss/gpt_oss.py:94-95 (20B) / 212-213 (120B), v0.6.0 recipes/gpt_oss/h100/gpt_oss.py:109 / 233."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ RECIPES = {"llama3_8b_pretrain_config": ("te", "te"), "llama3_70b_pretrain_confi
            "nemotronh_4b_pretrain_config": ("native", "native"), "nemotronh_8b_pretrain_config": ("native", "native"),
            "nemotronh_47b_pretrain_config": ("native", "native"),
            "nemotronh_56b_pretrain_config": ("native", "native"),
-           "nemotron_3_nano_pretrain_config": ("native", "native")}
+           "nemotron_3_nano_pretrain_config": ("native", "native"),
+           "gpt_oss_20b_pretrain_config": ("native", "native"), "gpt_oss_120b_pretrain_config": ("native", "native")}
 
 
 def _run(capsys, *argv) -> str:
@@ -58,7 +60,8 @@ def test_the_recipes_fusion_is_the_tags():
 
 
 @pytest.mark.parametrize("model, impl", [("llama3-8b", "te"), ("llama2-7b", "native"), ("gpt-1.3b", "native"),
-                                         ("nemotron-h-8b", "native"), ("nemotron-3-nano", "native")])
+                                         ("nemotron-h-8b", "native"), ("nemotron-3-nano", "native"),
+                                         ("gpt-oss-20b", "native")])
 def test_each_model_takes_its_exported_recipes_fusion(model, impl):
     """The impl follows the recipe the export writes the model's YAML for (``recipe_for``)."""
     from search.megatron.bridge import recipe_ce_fusion

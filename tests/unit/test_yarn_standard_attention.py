@@ -164,25 +164,28 @@ def test_mtp_with_yarn_is_refused_as_validate_args_asserts():
 
 
 # ----- Bridge, the runtime, the price --------------------------------------------------------------------------------
-def test_bridge_refuses_it_before_any_search_and_the_runtime_runs_it(tmp_path, capsys):
-    """The aceso runtime builds it as stock GPTModel does (tests/runtime/test_yarn_runtime.py,
-    tests/distributed/test_yarn_plans.py): no line for it; before, a Llama with YaRN was refused here."""
+def test_bridge_runs_gpt_oss_yarn_and_refuses_the_others_before_any_search(tmp_path, capsys):
+    """GPT-OSS's YaRN is exported for Bridge's GPT-OSS recipe, whose provider holds the yarn_* fields
+    (tests/unit/test_bridge_gpt_oss_yarn.py); a Llama with YaRN (the Llama recipe's provider has none) is refused for
+    Bridge; the aceso runtime builds it (tests/runtime/test_yarn_runtime.py)."""
     m = gpt_oss()
-    assert "no yarn_* model fields" in model_refusal("megatron-bridge", m)
-    assert model_refusal("megatron-lm", m) is None
-    llama = load_model("llama3-8b").model_dump()      # the runtime refuses GPT-OSS's layers: a Llama with YaRN
+    assert model_refusal("megatron-bridge", m) is None and model_refusal("megatron-lm", m) is None
+    llama = load_model("llama3-8b").model_dump()      # the runtime refuses GPT-OSS's layers first: a Llama with YaRN
     llama = type(m).model_validate({**llama, "name": "custom", "aceso_db_key": None,
                                     "rope_scaling": {"type": "yarn", "factor": 4.0}})
-    assert model_refusal("aceso", llama) is None
+    assert model_refusal("aceso", llama) is None       # the runtime builds it (tests/runtime/test_yarn_runtime.py)
     assert "does not build these GPT-OSS layer fields" in model_refusal("aceso", m)
-    plain = m.model_copy(update={"rope_scaling": None})
-    assert model_refusal("megatron-bridge", plain) is None
-    path = tmp_path / "plan.json"
-    path.write_text(small_plan(m).to_json())
-    out = tmp_path / "b.yaml"
-    assert main(["export", str(path), "--to", "megatron-bridge", "-o", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and not out.exists() and "no yarn_* model fields" in err
+    assert "only the GPT-OSS recipes' provider holds the yarn_* fields" in model_refusal("megatron-bridge", llama)
+    assert model_refusal("megatron-bridge", llama.model_copy(update={"rope_scaling": None})) is None
+    for model, code in ((m, 0), (llama.model_copy(update={"num_layers": 4}), 2)):
+        path, out = tmp_path / f"plan{code}.json", tmp_path / f"b{code}.yaml"
+        path.write_text(small_plan(model).to_json())
+        assert main(["export", str(path), "--to", "megatron-bridge", "-o", str(out)]) == code
+        err = capsys.readouterr().err
+        if code == 0:
+            assert "position_embedding_type: yarn" in out.read_text()
+        else:
+            assert err.count("\n") == 1 and not out.exists() and "yarn_* fields" in err
 
 
 def test_yarn_costs_what_rope_costs():
