@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,17 @@ def pytest_collection_modifyitems(config, items):
         parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
         if parts and parts[0] in TIERS:
             item.add_marker(getattr(pytest.mark, parts[0]))
+
+
+def pytest_collection_finish(session):
+    """One torch thread in this process and in the processes the tests start (``OMP_NUM_THREADS=1``, as the ranks
+    of ``testing.spawn`` and ``aceso launch`` already run). The tests' models are tiny: two OpenMP threads per op
+    only spin-wait for each other (on 2 shared cores test_plans.py's 2-rank stock references took 10 s of CPU on
+    two threads, 0.75 s on one). A user's own OMP_NUM_THREADS is kept. Set after collection, so the in-process
+    numpy of the torch-free tests is left as it was."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")
