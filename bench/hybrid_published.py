@@ -13,9 +13,9 @@ the model's GPT twin (its attention and MoE / MLP shapes, one attention + MLP la
 the one Megatron-LM importer (``search.megatron.read_megatron``, ``release`` = the row's container), which gives the
 plan's parallel shape, precision recipe, distributed optimizer and overlaps, dispatcher, CUDA graphs and recompute;
 the plan then holds the hybrid model, one chunk over its units, each unit's recompute its kind's in the twin (a
-Mamba unit: none; no ``--recompute-modules`` entry covers a Mamba mixer). What the reader drops, per row in ``notes``:
-the CUDA-graph scope ``mamba`` (megatron-core 0.19 graphs the Mamba layer; the importer reads megatron-core 0.16.1's
-scopes), the router's fp32 dtype (no cost term). TE's cross-entropy fusion is read (``--cross-entropy-loss-fusion
+Mamba unit: none; no ``--recompute-modules`` entry covers a Mamba mixer); the CUDA-graph scope ``mamba`` is read and
+priced as itself (``search/settings/stack.py``). What the reader drops, per row in ``notes``: the router's fp32
+dtype (no cost term). TE's cross-entropy fusion is read (``--cross-entropy-loss-fusion
 --cross-entropy-fusion-impl te``, priced by ``search.costmodel.stack_cost.cross_entropy``). Rows the presets cannot hold are listed
 with why (Nemotron-3 Super: LatentMoE).
 
@@ -137,11 +137,7 @@ def row_flags(row: dict, m) -> tuple[list[str], list[str]]:
     f += ["--tp-comm-overlap"] if s["tp_comm_overlap"] and s["tp"] > 1 else []
     g = s.get("cuda_graphs") or {}
     if g.get("impl") not in (None, "none"):
-        scope = [x for x in g["scope"] if x != "mamba"]
-        if "mamba" in g["scope"]:
-            notes.append("CUDA-graph scope mamba dropped (the importer reads megatron-core 0.16.1's scopes)")
-        if scope or not g["scope"]:      # a scope of mamba alone: nothing left to graph (no scope: whole layers)
-            f += ["--cuda-graph-impl", g["impl"]] + (["--cuda-graph-scope", *scope] if scope else [])
+        f += ["--cuda-graph-impl", g["impl"]] + (["--cuda-graph-scope", *g["scope"]] if g["scope"] else [])
     if s.get("cross_entropy_fusion_impl"):       # the loss's fusion (search.costmodel.stack_cost.cross_entropy)
         f += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", s["cross_entropy_fusion_impl"]]
     rc = s["recompute"]

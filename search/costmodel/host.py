@@ -16,8 +16,8 @@ low-precision recipe, its quantize / amax kernels):
                     ``A = -exp(A_log.float())`` (3), ``D.float()`` (1), mamba-ssm's ``mamba_split_conv1d_scan_
                     combined`` (causal conv1d, the SSD's chunk cumsum, chunk state, state passing, chunk bmm, chunk
                     scan, the gated RMSNorm: 7), out_proj (1), bias-dropout-add (1): 17 (+ 3 q, as attn's two
-                    linears); megatron-core 0.19's CUDA-graph scope ``mamba`` is not a plan scope (``stack.py``),
-                    so a Mamba layer is priced uncaptured
+                    linears); the CUDA-graph scope ``mamba`` (``stack.py``: megatron-core captures the whole
+                    ``MambaLayer``) replays them as one
     moe_router      ``TopKRouter.forward``: gating GEMM (+1 fp32 cast with moe_router_dtype), the forced-balance
                     random logits (2), score / top-k / scatter / scaling (7; group-limited top-k + 4; expert bias
                     + 2), the aux-loss scores and loss (11; ``seq_aux_loss``: + 1, its division by the micro-batch

@@ -103,7 +103,7 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "--megatron-fsdp-main-grads-dtype", "ddp.megatron_fsdp_main_params_dtype, ddp.megatron_fsdp_main_grads_dtype",
      "megatron-core 0.19; when set"),
     ("settings.stack.cuda_graphs", "--cuda-graph-impl local|transformer_engine --cuda-graph-scope S ...",
-     "model.cuda_graph_impl, model.cuda_graph_scope", "0.17+: --cuda-graph-modules (read)"),
+     "model.cuda_graph_impl, model.cuda_graph_scope", "0.18+: --cuda-graph-modules (read)"),
     ("settings.stack.offload", "--fine-grained-activation-offloading --offload-modules M ... (--activation-offload-fraction)",
      "model.fine_grained_activation_offloading, model.offload_modules, model.activation_offload_fraction",
      "the fraction: megatron-core 0.19"),

@@ -2,7 +2,8 @@
 CUDA graphs, fine-grained activation offload, the cross-entropy fusion (``search/settings/stack.py``) and the optimizer.
 
 Megatron-LM core_v0.16.1 flags (``arguments.py``; megatron-core ``TransformerConfig`` names): ``--cuda-graph-impl
-none|local|transformer_engine``, ``--cuda-graph-scope S ...`` (0.17+: ``--cuda-graph-modules``, read too),
+none|local|transformer_engine``, ``--cuda-graph-scope S ...`` (0.18+: ``--cuda-graph-modules``, read too; the export
+writes the target release's name, ``versions.RENAMED``; ``mamba`` in both: ``stack.py``),
 ``--fine-grained-activation-offloading --offload-modules M ...`` (0.19: ``--activation-offload-fraction F``),
 ``--cross-entropy-loss-fusion --cross-entropy-fusion-impl native|te``, ``--optimizer adam|muon|dist_muon``.
 Megatron-LM's checks a plan depends on: muon with ``--use-distributed-optimizer`` (megatron-core 0.16.1
@@ -22,8 +23,6 @@ FLAG_KINDS: dict[str, str] = {
     "--megatron-fsdp-main-params-dtype": "str", "--megatron-fsdp-main-grads-dtype": "str",
 }
 OPTIMIZERS = ("adam", "muon", "dist_muon")
-# megatron-core's CUDA-graph scopes that are no plan scope (``stack.GRAPH_SCOPES``): read, then refused by name
-UNPRICED_SCOPES = {"mamba": "megatron-core's CUDA graphs of the Mamba layers (CudaGraphScope.mamba, 0.16.1 on)"}
 
 
 def stack_fields(f, model, distributed_optimizer: bool, fsdp: bool,
@@ -84,12 +83,8 @@ def _graphs(f, notes: list[str]) -> CudaGraphs | None:
     if scope == ["full"]:
         scope = []                        # megatron-core: "full" (deprecated) is the whole layer
     bad = [x for x in scope if x not in GRAPH_SCOPES]
-    if bad and bad[0] in UNPRICED_SCOPES:
-        raise AcesoError(f"{flag} {bad[0]}: {UNPRICED_SCOPES[bad[0]]}, which aceso does not price yet (it prices "
-                         f"{', '.join(GRAPH_SCOPES)}); drop {bad[0]} to price the rest")
     if bad:
-        raise AcesoError(f"{flag} {bad[0]}: not a scope of megatron-core ({', '.join(GRAPH_SCOPES)}, "
-                         f"{', '.join(UNPRICED_SCOPES)}, or full)")
+        raise AcesoError(f"{flag} {bad[0]}: not a scope of megatron-core ({', '.join(GRAPH_SCOPES)}, or full)")
     if impl == "local" and ({"moe_router", "moe_preprocess"} & set(scope)):
         scope += [x for x in ("moe_router", "moe_preprocess") if x not in scope]   # local graphs both together
     return CudaGraphs(impl=impl, scope=tuple(dict.fromkeys(scope)))

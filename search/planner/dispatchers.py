@@ -23,7 +23,9 @@ dispatch, ``moe_cost.py``) runs with alltoall, and from megatron-core 0.18 with 
 under the analytic model; the EP overlap needs ep > 1, alltoall or flex, no full recompute (the evaluator then
 re-chooses recompute without it) and, with pipeline stages, virtual chunks; ``delay_wgrad`` comes with the overlap. CUDA graphs (megatron-lm target only: the aceso runtime captures none):
 transformer-engine graphs of ``attn moe_router moe_preprocess`` (Megatron-Bridge's MoE recipes) and of
-``moe_router moe_preprocess``; a dense model's graphs remove no priced host time (``host.py``) and are not offered.
+``moe_router moe_preprocess``, on a hybrid model with Mamba layers each also with ``mamba`` (the Nemotron-3 recipes'
+``attn mamba moe_router moe_preprocess``: the Mamba layer before an MoE one is in its host-bound wait); a dense
+model's graphs remove no priced host time (``host.py``) and are not offered.
 ``--dispatcher`` (``TrainingSpec.token_dispatchers``) keeps the dispatchers it names, the first the one the search
 runs under (``--dispatcher alltoall allgather`` keeps DeepEP and HybridEP out).
 """
@@ -98,7 +100,9 @@ def graph_candidates(model, target: str) -> list[StackKey]:
     """The CUDA-graph scopes to price an MoE plan under (``--target megatron-lm``; module docstring)."""
     if model.moe is None or target != "megatron-lm":
         return []
-    return [StackKey(graphs=g, graph_impl="transformer_engine") for g in GRAPH_SCOPES]
+    mamba = any(u.kind == "mamba" for u in model.units)
+    scopes = list(GRAPH_SCOPES) + ([g | {"mamba"} for g in GRAPH_SCOPES] if mamba else [])
+    return [StackKey(graphs=g, graph_impl="transformer_engine") for g in scopes]
 
 
 class Dispatchers:

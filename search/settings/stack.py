@@ -8,12 +8,12 @@ overlap, delayed weight gradients, the router's dtype and fusion, paged stashing
 (``moe_plan.py``); the optimizer and the software release are ``PlanSettings`` fields (``plan_settings.py``).
 
 **CUDA graphs** (``--cuda-graph-impl local|transformer_engine --cuda-graph-scope S ...``; megatron-core 0.16.1
-``TransformerConfig.cuda_graph_impl`` / ``cuda_graph_scope``; 0.17+ call the scope ``cuda_graph_modules``): the
+``TransformerConfig.cuda_graph_impl`` / ``cuda_graph_scope``; 0.18+ call the scope ``cuda_graph_modules``): the
 scopes ``attn`` (``TransformerLayer._forward_attention``), ``mlp`` (a dense layer's MLP), ``moe`` (a whole
 drop-and-pad MoE layer's MLP), ``moe_router`` (up to the router, with the shared expert when not overlapped),
-``moe_preprocess`` (the dispatcher's preprocessing, with ``moe_router``); an empty scope list is the whole layer;
-``full_iteration`` (``local`` only) the whole forward-backward. The rules (``refusal``), one line each, are those
-of ``TransformerConfig.__post_init__`` (0.16.1):
+``moe_preprocess`` (the dispatcher's preprocessing, with ``moe_router``), ``mamba`` (a hybrid model's whole Mamba
+layer, below); an empty scope list is the whole layer; ``full_iteration`` (``local`` only) the whole
+forward-backward. The rules (``refusal``), one line each, are those of ``TransformerConfig.__post_init__`` (0.16.1):
 - ``full_iteration`` only with ``local``;
 - whole layers (the empty scope) not on dropless MoE: megatron-core's config accepts it (0.16.1 and 0.19), but the
   capture breaks: the dispatcher copies the token counts to the host and waits for them inside the layer
@@ -26,6 +26,21 @@ of ``TransformerConfig.__post_init__`` (0.16.1):
 - not with CPU activation offload (``cpu_offloading``);
 - full recompute only with ``full_iteration``;
 - with the EP overlap (``overlap_moe_expert_parallel_comm``) only ``transformer_engine``, without ``moe`` / ``mlp``.
+
+``mamba`` (megatron-core 0.16.1 ``CudaGraphScope.mamba``, transformer/enums.py:79; 0.17.1 enums.py:70; 0.18 and
+0.19.2 ``CudaGraphModule.mamba``, enums.py:73, read from ``--cuda-graph-modules``, ``--cuda-graph-scope`` kept
+deprecated) captures the whole ``MambaLayer``: ``transformer_engine`` graphs each layer that
+``_layer_is_graphable`` (0.16.1 transformer/cuda_graphs.py:1645; 0.19.2 cuda_graphs.py:2063) finds a
+``MambaLayer`` with ``mamba`` in the scope, ``local`` gives it a ``CudaGraphManager``
+(``MambaLayer.create_mcore_cudagraph_manager``, 0.16.1 ssm/mamba_layer.py:93, 0.19.2 mamba_layer.py:110; also with
+the empty scope), so its forward (``MambaLayer.forward``, 0.16.1 mamba_layer.py:100-146: the norm, the mixer's
+in_proj, conv, SSD scan, gated norm and out_proj, the bias-dropout-add) and backward replay as one graph. The graph
+keeps the layer's static input, output and output-gradient buffers per micro-batch in flight, as every per-layer
+graph (``costmodel/host.py``). It combines with every other scope; ``__post_init__`` (0.16.1
+transformer_config.py:1716-1830, 0.19.2 :2460-2575) has no rule of its own for it: those above on every graph
+apply (not with CPU offloading, full recompute only under ``full_iteration``), and on a model without Mamba layers
+it captures nothing (accepted, priced as nothing). Megatron-Bridge's Nemotron-3 recipes pass it (``attn mamba
+moe_router moe_preprocess``; the Nano H100 recipe ``mamba`` alone).
 
 **Fine-grained activation offload** (``--fine-grained-activation-offloading --offload-modules M ...``; 0.19
 ``--activation-offload-fraction F``): the inputs of the named modules go to host memory after their forward and
@@ -43,8 +58,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-GraphScope = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration"]
-GRAPH_SCOPES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")
+GraphScope = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba", "full_iteration"]
+GRAPH_SCOPES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba", "full_iteration")
 OffloadModule = Literal["attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"]
 OFFLOAD_MODULES: tuple[str, ...] = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
                                     "moe_act")
@@ -60,7 +75,8 @@ class CudaGraphs(BaseModel):
                                                          "the whole iteration) or transformer_engine (TE's "
                                                          "make_graphed_callables, per layer).")
     scope: tuple[GraphScope, ...] = Field((), description="What is captured: attn, mlp, moe, moe_router, "
-                                          "moe_preprocess per layer, or full_iteration; empty: whole layers.")
+                                          "moe_preprocess, mamba per layer, or full_iteration; empty: whole "
+                                          "layers.")
 
     @field_validator("scope", mode="before")
     @classmethod
@@ -69,7 +85,7 @@ class CudaGraphs(BaseModel):
 
     @property
     def scopes(self) -> frozenset[str]:
-        """The captured parts; whole layers (an empty scope) are attn + mlp + moe."""
+        """The captured parts; whole layers (an empty scope) are every part (``host.captured``: ``layer``)."""
         return frozenset(self.scope) if self.scope else frozenset({"attn", "mlp", "moe", "layer"})
 
     @property

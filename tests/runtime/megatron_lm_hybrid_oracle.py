@@ -81,7 +81,9 @@ def run(line: str, world: int) -> dict:
             "latent": getattr(cfg, "moe_latent_size", None),
             "mtp_repeated": getattr(cfg, "mtp_use_repeated_layer", None),
             "topk_scaling": cfg.moe_router_topk_scaling_factor,
-            "init_std": cfg.init_method_std, "mtp_loss": cfg.mtp_loss_scaling_factor}
+            "init_std": cfg.init_method_std, "mtp_loss": cfg.mtp_loss_scaling_factor,
+            "cuda_graphs": [cfg.cuda_graph_impl, [x.name for x in getattr(cfg, "cuda_graph_modules", None)
+                                                  or getattr(cfg, "cuda_graph_scope", None) or []]]}
 
 
 def _mamba(cfg):

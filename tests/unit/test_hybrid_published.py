@@ -31,9 +31,11 @@ def test_nano_h100_row_is_the_plan_its_settings_say():
     assert kinds["mamba"] == "none" and kinds["attention"] != "none" and kinds["moe"] != "none"
     x = hp.price_row(row)
     assert x["status"] == "priced" and x["fits"]
-    # the recipe graphs the Mamba layers only (cuda_graph_scope [mamba]), a scope no plan holds: nothing is graphed
-    # (it was read as --cuda-graph-impl with no scope, megatron-core's whole layers, MoE and attention included)
-    assert s["cuda_graphs"]["scope"] == ["mamba"] and (plan.settings.stack is None or plan.settings.stack.cuda_graphs is None)
+    # the recipe graphs the Mamba layers only (cuda_graph_scope [mamba]): the plan graphs them, not whole layers
+    # (before, the scope was dropped and nothing was graphed)
+    g = plan.settings.stack.cuda_graphs
+    assert s["cuda_graphs"]["scope"] == ["mamba"] and g.scope == ("mamba",) and g.impl == s["cuda_graphs"]["impl"]
+    assert not any("mamba" in n for n in _notes)
 
 
 @pytest.mark.parametrize("prefix", ["26.04.01/pretrain/nemotron-3-nano/h100x16/fp8-cs",
@@ -81,7 +83,7 @@ def test_plan_shape_prints_the_per_rank_micro_batch_and_the_micro_batch_count():
     assert plan.micro_batch_size == 32
     text = hp.plan_shape(plan)
     assert text.startswith(f"pp1 v1 mbs {s['mbs']} x {s['gbs'] // (s['mbs'] * s['dp'])} micro-batches tp1 cp1 dp8 ep8")
-    assert "flex-hybridep" in text and "graphs attn moe_preprocess moe_router" in text
+    assert "flex-hybridep" in text and "graphs attn mamba moe_preprocess moe_router" in text   # the row's scope
     # the 56B row at gbs 96 on 32 GPUs (tp 8, dp 4): mbs 1 x 24
     h = hp.row_plan(_row("dgxc-v25.05.05/pretrain/nemotron-h-56b/h100x32/"))[0]
     assert hp.plan_shape(h) == "pp1 v1 mbs 1 x 24 micro-batches tp8 cp1 dp4"
