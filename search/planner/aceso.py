@@ -485,7 +485,7 @@ def _finish(cm, gbs, space, opts, results, top_k, t0, interrupted) -> SearchResu
         accept = (lambda _ev, c: expressible(ev, c)) if space.target == "megatron-lm" else None   # ev: runs_on
         disp = Dispatchers(cm, gbs, space.target, space.moe, accept,
                            stacks=[s.features.stack for s in opts.seeds if s.features.stack is not None],
-                           shared_overlap=opts.shared_overlap, loss_fusion=True)
+                           shared_overlap=opts.shared_overlap)
         out = []
         op_level = not has_unit_tables(cm) and space.target != "megatron-lm"   # one setting per plan there
         todo = _to_polish(results, cands, opts, top_k)

@@ -1,6 +1,6 @@
 """The plan-wide stack choices, searched: the token dispatcher (MoE models: alltoall, allgather and, on CUDA
 clusters, flex), the EP communication overlap with delayed weight gradients, and (``--target megatron-lm``) the
-CUDA-graph scope and the cross-entropy fusion.
+CUDA-graph scope.
 
 megatron-core 0.16.1 has one ``moe_token_dispatcher_type`` per model (``TransformerConfig``; Megatron-LM's
 ``--moe-token-dispatcher-type``), one ``overlap_moe_expert_parallel_comm`` and one ``cuda_graph_scope``, so these are
@@ -25,9 +25,7 @@ re-chooses recompute without it) and, with pipeline stages, virtual chunks; ``de
 transformer-engine graphs of ``attn moe_router moe_preprocess`` (Megatron-Bridge's MoE recipes) and of
 ``moe_router moe_preprocess``, and on drop-and-pad MoE megatron-core's ``full_iteration`` graph (``local``; the
 export writes ``--no-check-for-nan-in-loss-and-grad`` with it, as validate_args asserts); a dense model's graphs
-remove no priced host time (``host.py``) and are not offered. The loss fusion (the search's final step, every model:
-``loss_fusion_candidate``): each variant without one is also priced with megatron-core's ``native`` fusion
-(``stack_cost.cross_entropy``: fewer bytes and launches than the unfused loss, the same memory).
+remove no priced host time (``host.py``) and are not offered.
 ``--dispatcher`` (``TrainingSpec.token_dispatchers``) keeps the dispatchers it names, the first the one the search
 runs under (``--dispatcher alltoall allgather`` keeps DeepEP and HybridEP out).
 """
@@ -99,20 +97,6 @@ def _dispatch_options(model) -> list[tuple[str, str]]:
     return [(d, "deepep") for d in DISPATCHERS if d != "flex"] + [("flex", b) for b in flex]
 
 
-def loss_fusion_candidate(cm, target: str) -> str | None:
-    """The cross-entropy fusion the final step prices a plan without one under (``--target megatron-lm``, the
-    analytic model, which prices it: ``stack_cost.cross_entropy``): megatron-core's own ``native`` fusion
-    (``fusions/fused_cross_entropy.py``), which every model's loss runs (``LanguageModule.
-    compute_language_model_loss``: GPT, Mamba / hybrid, T5) and every Megatron-LM release from 0.16 to 0.19 accepts
-    (``--cross-entropy-loss-fusion --cross-entropy-fusion-impl native``; only ``--deterministic-mode`` refuses it,
-    which no plan sets). Not ``te``: Megatron-LM 0.18+ refuses it (``versions.RULES`` te_cross_entropy_refused), so
-    a plan searched under an older release's price would export, for the newest, as another plan; a seed's own
-    ``te`` stack (a published plan's) is still priced (``Dispatchers.stacks``). None: no candidate."""
-    if target != "megatron-lm" or getattr(cm, "kind", "analytic") != "analytic":
-        return None
-    return "native"
-
-
 def graph_candidates(model, target: str) -> list[StackKey]:
     """The CUDA-graph scopes to price an MoE plan under (``--target megatron-lm``; module docstring): the
     transformer-engine scopes and, on drop-and-pad MoE, ``full_iteration`` (``local``): megatron-core captures the
@@ -130,13 +114,11 @@ class Dispatchers:
     their stage caches are kept)."""
 
     def __init__(self, cm, gbs: int, target: str, base: MoEPlanSettings | None = None, accept=None, stacks=(),
-                 shared_overlap: bool = True, loss_fusion: bool = False):
+                 shared_overlap: bool = True):
         """``accept(evaluator, evaluation)``: an extra check a variant must pass (the megatron-lm target: the
         export's ``expressible``); None: any fitting variant. ``stacks``: the seeds' own stack switches
         (``StackKey``: a published plan's CUDA graphs), also priced on every plan (the megatron-lm target).
-        ``shared_overlap`` False: no shared-expert overlap candidates (``settle``'s other overlap).
-        ``loss_fusion``: also price every variant without a loss fusion under ``loss_fusion_candidate``'s (the
-        search's final step; the uniform baseline keeps the loss as the user's line runs it)."""
+        ``shared_overlap`` False: no shared-expert overlap candidates (``settle``'s other overlap)."""
         self.base = base
         self.accept = accept
         cands = candidates(cm.model, cm.cluster, base, target,
@@ -144,8 +126,7 @@ class Dispatchers:
                            shared_overlap_options(cm, target) if shared_overlap else ())
         self.cm, self.gbs = cm, gbs
         self.evaluators = [Evaluator(cm, gbs, None, target, s) for s in cands[1:]]
-        self.ce = loss_fusion_candidate(cm, target) if loss_fusion else None
-        self.own = Evaluator(cm, gbs, None, target, cands[0] if cands else base) if cands or self.ce else None
+        self.own = Evaluator(cm, gbs, None, target, cands[0]) if cands else None
         self.graphs = graph_candidates(cm.model, target)
         self.stacks = list(dict.fromkeys(stacks)) if target == "megatron-lm" else []
 
@@ -185,20 +166,20 @@ class Dispatchers:
         return True
 
     def _states(self, st):
-        """``st`` and, with CUDA-graph candidates, ``st`` under each scope (its other switches kept), and each of
-        those without a loss fusion under the candidate fusion (``loss_fusion_candidate``)."""
+        """``st`` and, with CUDA-graph candidates, ``st`` under each scope (its other switches kept)."""
+        yield st
         f = st.features
-        stacks = [f.stack]
-        if not f.offload_layers:          # megatron-core: no CUDA graphs with CPU offloading
-            stacks += [(f.stack or StackKey())._replace(graphs=g.graphs, graph_impl=g.graph_impl)
-                       for g in self.graphs] + self.stacks
-        if self.ce:
-            stacks += [(sk or StackKey())._replace(ce_fusion=self.ce) for sk in stacks
-                       if sk is None or not sk.ce_fusion]
-        for sk in dict.fromkeys(stacks):
-            yield st if sk == f.stack else st._replace(features=f._replace(stack=sk))
+        if f.offload_layers:              # megatron-core: no CUDA graphs with CPU offloading
+            return
+        for g in self.graphs:
+            sk = (f.stack or StackKey())._replace(graphs=g.graphs, graph_impl=g.graph_impl)
+            if sk != f.stack:
+                yield st._replace(features=f._replace(stack=sk))
+        for sk in self.stacks:
+            if sk != f.stack:
+                yield st._replace(features=f._replace(stack=sk))
 
     @property
     def active(self) -> bool:
-        """Whether there is another candidate to try (an MoE model, a loss fusion)."""
-        return bool(self.evaluators) or bool(self.graphs) or bool(self.stacks) or bool(self.ce)
+        """Whether there is another candidate to try (an MoE model)."""
+        return bool(self.evaluators) or bool(self.graphs) or bool(self.stacks)
