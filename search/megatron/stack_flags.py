@@ -99,6 +99,9 @@ def stack_args(stack: StackSettings | None, optimizer: str = "adam") -> list[str
     if g is not None:
         out += ["--cuda-graph-impl", g.impl]
         out += ["--cuda-graph-scope", *g.scope] if g.scope else []
+        # validate_args asserts the NaN check off under a full_iteration graph (core_v0.16.1 arguments.py:725,
+        # core_v0.19.0 :1195); the import reads the flag quietly (cmdline.QUIET)
+        out += ["--no-check-for-nan-in-loss-and-grad"] if "full_iteration" in g.scope else []
     if stack.offload is not None:
         out += ["--fine-grained-activation-offloading", "--offload-modules", *stack.offload.modules]
         if stack.offload.fraction < 1.0:

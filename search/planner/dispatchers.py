@@ -24,8 +24,10 @@ under the analytic model; the EP overlap needs ep > 1, alltoall or flex, no full
 re-chooses recompute without it) and, with pipeline stages, virtual chunks; ``delay_wgrad`` comes with the overlap. CUDA graphs (megatron-lm target only: the aceso runtime captures none):
 transformer-engine graphs of ``attn moe_router moe_preprocess`` (Megatron-Bridge's MoE recipes) and of
 ``moe_router moe_preprocess``, on a hybrid model with Mamba layers each also with ``mamba`` (the Nemotron-3 recipes'
-``attn mamba moe_router moe_preprocess``: the Mamba layer before an MoE one is in its host-bound wait); a dense
-model's graphs remove no priced host time (``host.py``) and are not offered.
+``attn mamba moe_router moe_preprocess``: the Mamba layer before an MoE one is in its host-bound wait), and on
+drop-and-pad MoE megatron-core's ``full_iteration`` graph (``local``; the export writes
+``--no-check-for-nan-in-loss-and-grad`` with it, as validate_args asserts); a dense model's graphs remove no priced
+host time (``host.py``) and are not offered.
 ``--dispatcher`` (``TrainingSpec.token_dispatchers``) keeps the dispatchers it names, the first the one the search
 runs under (``--dispatcher alltoall allgather`` keeps DeepEP and HybridEP out).
 """
@@ -40,6 +42,7 @@ from .state import Evaluation, Evaluator
 
 DISPATCHERS = ("alltoall", "allgather", "flex")
 GRAPH_SCOPES = (frozenset({"attn", "moe_router", "moe_preprocess"}), frozenset({"moe_router", "moe_preprocess"}))
+FULL_ITERATION = frozenset({"full_iteration"})     # megatron-core's own capture of the whole forward-backward
 
 
 def candidates(model, cluster, base: MoEPlanSettings | None = None, target: str = "aceso",
@@ -97,12 +100,17 @@ def _dispatch_options(model) -> list[tuple[str, str]]:
 
 
 def graph_candidates(model, target: str) -> list[StackKey]:
-    """The CUDA-graph scopes to price an MoE plan under (``--target megatron-lm``; module docstring)."""
+    """The CUDA-graph scopes to price an MoE plan under (``--target megatron-lm``; module docstring): the
+    transformer-engine scopes and, on drop-and-pad MoE, ``full_iteration`` (``local``): megatron-core captures the
+    whole iteration only where the MoE layers do not synchronise with the host (``stack.refusal``; 0.19's per-rank
+    capacity, the other such case, is the user's MoE setting, not searched)."""
     if model.moe is None or target != "megatron-lm":
         return []
     mamba = any(u.kind == "mamba" for u in model.units)
     scopes = list(GRAPH_SCOPES) + ([g | {"mamba"} for g in GRAPH_SCOPES] if mamba else [])
-    return [StackKey(graphs=g, graph_impl="transformer_engine") for g in scopes]
+    padded = model.moe.moe_expert_capacity_factor is not None and model.moe.moe_pad_expert_input_to_capacity
+    return [StackKey(graphs=g, graph_impl="transformer_engine") for g in scopes] + \
+        ([StackKey(graphs=FULL_ITERATION, graph_impl="local")] if padded else [])
 
 
 class Dispatchers:

@@ -15,10 +15,12 @@ drop-and-pad MoE layer's MLP), ``moe_router`` (up to the router, with the shared
 layer, below); an empty scope list is the whole layer; ``full_iteration`` (``local`` only) the whole
 forward-backward. The rules (``refusal``), one line each, are those of ``TransformerConfig.__post_init__`` (0.16.1):
 - ``full_iteration`` only with ``local``;
-- whole layers (the empty scope) not on dropless MoE: megatron-core's config accepts it (0.16.1 and 0.19), but the
-  capture breaks: the dispatcher copies the token counts to the host and waits for them inside the layer
-  (``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize``; HybridEP sizes its buffers with a host sync unless
-  0.19's per-rank capacity bounds them, ``moe.rank_capacity_factor``, which is allowed);
+- whole layers (the empty scope) and ``full_iteration`` not on dropless MoE: megatron-core's config accepts both
+  (0.16.1 and 0.19), but the capture breaks: the dispatcher copies the token counts to the host and waits for them
+  inside the layer (``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize``: ``d2h_event.synchronize()``; the
+  grouped experts' ``tokens_per_expert.tolist()``; HybridEP sizes its buffers with a host sync unless 0.19's
+  per-rank capacity bounds them, ``moe.rank_capacity_factor``, which is allowed); drop-and-pad counts are host
+  tensors (``torch.full`` on the CPU), so padded MoE is captured whole;
 - not ``moe`` with ``moe_router``; ``moe_preprocess`` needs ``moe_router``; ``moe`` / ``moe_router`` only on MoE
   models; ``mlp`` needs a dense layer; ``moe`` needs drop-and-pad (capacity factor and padding);
   ``moe_preprocess`` not with the alltoall dispatcher and a capacity factor (its preprocessing then copies to the
@@ -162,10 +164,12 @@ def refusal(plan) -> str | None:
             if "moe" in sc and not padded:
                 return ("stack.cuda_graphs.scope moe needs drop-and-pad MoE (a capacity factor and "
                         "moe_pad_expert_input_to_capacity); use moe_router or pad the expert input")
-            if not sc and not padded and (moe is None or moe.rank_capacity_factor is None):
-                return ("stack.cuda_graphs.scope empty (whole layers) on dropless MoE: the dispatcher copies the "
-                        "token counts to the host and synchronizes inside the layer, which a CUDA graph cannot "
-                        "capture; use scope moe_router moe_preprocess (with attn) or pad the expert input")
+            whole = not sc or "full_iteration" in sc
+            if whole and not padded and (moe is None or moe.rank_capacity_factor is None):
+                what = "full_iteration (the whole iteration)" if sc else "empty (whole layers)"
+                return (f"stack.cuda_graphs.scope {what} on dropless MoE: the dispatcher copies the token counts to "
+                        "the host and synchronizes inside the layer, which a CUDA graph cannot capture; use scope "
+                        "moe_router moe_preprocess (with attn) or pad the expert input")
             dispatcher = moe.token_dispatcher if moe is not None else "alltoall"
             if "moe_preprocess" in sc and dispatcher == "alltoall" and m.moe.moe_expert_capacity_factor is not None:
                 return ("stack.cuda_graphs.scope moe_preprocess with the alltoall dispatcher and a capacity factor: "
