@@ -65,7 +65,7 @@ def moe_biases(model, low) -> str | None:
 
 
 def t5_rope(model, low) -> str | None:
-    """The runtime's T5 stages (``aceso_megatron.model.stage_model.T5Stage``) build learned absolute position
+    """The runtime's T5 stages (its stage model's ``T5Stage``) build learned absolute position
     embeddings only; stock ``T5Model(position_embedding_type="rope")`` (megatron-core 0.16.1 to 0.19.2, Megatron-LM
     pretrain_t5.py's --position-embedding-type) has none and rotates encoder and decoder self-attention instead."""
     if not model.is_t5 or model.position_embedding != "rope":
