@@ -330,12 +330,13 @@ def _load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = Tr
     return iteration, same_plan
 
 
-# fields of ModelSpec that change the parameters (not dtype, dropout or names); sequence lengths only with learned
-# position embeddings (a RoPE model has no per-position parameter)
+# fields of ModelSpec that change the parameters (not dtype, dropout or names) or what they were trained for (RoPE's
+# base and scaling: weights trained under YaRN's frequencies are another function under plain RoPE's); sequence
+# lengths only with learned position embeddings (a RoPE model has no per-position parameter)
 _ARCH_FIELDS = ("family", "num_layers", "num_decoder_layers", "hidden_size", "num_attention_heads",
                 "num_query_groups", "kv_channels", "ffn_hidden_size", "vocab_size", "make_vocab_size_divisible_by",
-                "activation", "normalization", "position_embedding", "rotary_base", "tied_embeddings",
-                "add_bias_linear")
+                "activation", "normalization", "position_embedding", "rotary_base", "rope_scaling",
+                "tied_embeddings", "add_bias_linear")
 _LEARNED_FIELDS = ("seq_length", "decoder_seq_length")
 # MoE / MLA / MTP fields that shape the parameters (the router's top-k, coefficients and balancing do not) or
 # the saved state (the routers' expert biases)
@@ -347,6 +348,8 @@ _MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_di
 def _arch(model, fields) -> dict:
     """``fields`` of ``model`` by name, and its MoE / MLA / MTP shape (``moe.num_experts``, ``mla``, ...)."""
     out = {f: getattr(model, f) for f in fields}
+    if out.get("rope_scaling") is not None:     # its set fields, shown as data in the refusal
+        out["rope_scaling"] = out["rope_scaling"].model_dump(exclude_none=True)
     out["mtp_num_layers"] = model.mtp_num_layers or 0       # None and 0: no MTP block
     out["mtp_use_repeated_layer"] = model.mtp_use_repeated_layer   # one MTP layer's weights, or one per depth
     out["moe"] = model.moe is not None

@@ -150,7 +150,9 @@ def three_lines(plans, model) -> dict:
 
 def pattern_line(ev: Evaluation | None, mlm: Evaluation | None, base_ms: float | None, model) -> dict | None:
     """The ``|``-pattern line (``hybrid_cuts.py``): ``line`` with the hybrid layers per stage, its gain over the
-    Megatron-LM plan and the ``--hybrid-layer-pattern`` Megatron-LM runs."""
+    Megatron-LM plan, the framework it is priced for (Megatron-LM, also in a Megatron-Bridge search: an alternative
+    to the Bridge lines, ``aceso export --to megatron-lm --hybrid-pattern``) and the ``--hybrid-layer-pattern``
+    Megatron-LM runs."""
     out = line(ev, base_ms)
     if out is None:
         return None
@@ -160,6 +162,7 @@ def pattern_line(ev: Evaluation | None, mlm: Evaluation | None, base_ms: float |
         str(sum(len(unit_pattern(model, a, b)) for a, b in st.spans(i))) for i in range(st.num_stages))
     if mlm is not None and mlm.fits:
         out["vs_megatron_lm"] = round(mlm.iteration_ms / ev.iteration_ms, 4)
+    out["framework"] = "megatron-lm"     # priced as Megatron-LM runs it, also in a Megatron-Bridge search
     out["hybrid_layer_pattern"] = PIPE.join(unit_pattern(model, a, b) for a, b in zip(st.bounds, st.bounds[1:])) \
         + "".join(MTP + mtp_pattern(model) for _ in range(model.mtp_num_layers or 0))
     return out
@@ -221,6 +224,8 @@ def print_table(plan, ev: Evaluation, plans, result, cm, file=None, wall_s: floa
     drop_in = FRAMEWORK_NAMES[plans.drop_in]      # a Bridge search's uniform and plan lines are Bridge's
     labels = {key: label if key == "megatron_lm_pattern" else label.replace("Megatron-LM", drop_in)
               for key, label in LINES}
+    if drop_in != "Megatron-LM":  # the |-pattern line is priced as Megatron-LM runs it, whatever the search's target
+        labels["megatron_lm_pattern"] = "Megatron-LM alternative |-pattern"
     width = max(21, *map(len, labels.values()))
     for key, label in labels.items():
         x = lines[key]

@@ -2,9 +2,10 @@
 
 Read by ``search.cli.import_hf`` for the Llama-style types that carry experts or latent attention (the attention,
 norms and RoPE are ``search.spec.hf_arch``'s):
-mixtral (num_local_experts, num_experts_per_tok, intermediate_size = each expert's width, router_aux_loss_coef;
-router_jitter_noise must be 0); qwen3_moe (num_experts, num_experts_per_tok, moe_intermediate_size,
-decoder_sparse_step with HF's rule "layer i is MoE when (i + 1) % step == 0", mlp_only_layers, router_aux_loss_coef);
+mixtral (num_local_experts, num_experts_per_tok, intermediate_size = each expert's width, router_aux_loss_coef
+(default 0.001, ``HF_AUX_LOSS_COEF``); router_jitter_noise must be 0); qwen3_moe (num_experts, num_experts_per_tok,
+moe_intermediate_size, decoder_sparse_step with HF's rule "layer i is MoE when (i + 1) % step == 0", mlp_only_layers,
+router_aux_loss_coef default 0.001);
 qwen2_moe (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B: qwen3_moe's fields, and every MoE layer's shared expert of
 shared_expert_intermediate_size with its sigmoid gate shared_expert_gate as moe_shared_expert_gate; router_aux_loss_coef
 default 0.001 and norm_topk_prob default false, as Qwen2MoeConfig);
@@ -54,6 +55,12 @@ def _router(c, default: bool, score: str = "softmax") -> dict:
                    shown=None if c.has("norm_topk_prob") else f"(absent: the model's default {str(default).lower()})")
 
 
+# transformers' MixtralConfig, Qwen2MoeConfig and Qwen3MoeConfig: router_aux_loss_coef = 0.001 when the key is absent
+# (configuration_mixtral.py / configuration_qwen2_moe.py / configuration_qwen3_moe.py). Glm4MoeConfig and
+# DeepseekV3Config have no such key (their aux loss is not trained by transformers): 0.0 there.
+HF_AUX_LOSS_COEF = 0.001
+
+
 def topk_scaling(c) -> dict:
     factor = c.float("routed_scaling_factor", default=1.0)
     if not factor > 0:
@@ -66,10 +73,10 @@ def _mixtral(c) -> dict:
              "router")
     return {"moe": {"num_experts": c.int("num_local_experts"), "moe_router_topk": c.int("num_experts_per_tok"),
                     "moe_ffn_hidden_size": c.int("intermediate_size"),
-                    "moe_aux_loss_coeff": c.float("router_aux_loss_coef", default=0.0)}}
+                    "moe_aux_loss_coeff": c.float("router_aux_loss_coef", default=HF_AUX_LOSS_COEF)}}
 
 
-def _qwen3(c, layers: int, aux_default: float = 0.0) -> dict:
+def _qwen3(c, layers: int) -> dict:
     if c.raw("num_experts") is None:
         return {}                         # dense Qwen3
     step = c.int("decoder_sparse_step", default=1)
@@ -86,7 +93,7 @@ def _qwen3(c, layers: int, aux_default: float = 0.0) -> dict:
     return {"moe": {"num_experts": c.int("num_experts"), "moe_router_topk": c.int("num_experts_per_tok"),
                     "moe_ffn_hidden_size": c.int("moe_intermediate_size"),
                     "moe_layer_freq": 1 if all(pattern) else pattern,
-                    "moe_aux_loss_coeff": c.float("router_aux_loss_coef", default=aux_default), **router}}
+                    "moe_aux_loss_coeff": c.float("router_aux_loss_coef", default=HF_AUX_LOSS_COEF), **router}}
 
 
 def _qwen2_moe(c, layers: int) -> dict:
@@ -95,7 +102,7 @@ def _qwen2_moe(c, layers: int) -> dict:
     ``hidden -> 1`` linear without bias: megatron-core's ``moe_shared_expert_gate`` (``SharedExpertMLP``:
     ``output * sigmoid(linear(x, gate_weight))``, gate_weight 1 x h)."""
     c.int("num_experts")                            # required: an absent key is Qwen2MoeConfig's 60, not dense
-    out = _qwen3(c, layers, aux_default=0.001)      # Qwen2MoeConfig's router_aux_loss_coef default
+    out = _qwen3(c, layers)
     if out:
         out["moe"].update(moe_shared_expert_intermediate_size=c.int("shared_expert_intermediate_size"),
                           moe_shared_expert_gate=True)

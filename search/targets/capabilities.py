@@ -197,6 +197,7 @@ TABLE: tuple[Row, ...] = (
     Row("MoE with linear biases", "model", {RUNTIME: rt.moe_biases}),
     Row("YaRN on standard attention (GPT-OSS's rope scaling)", "model", {BRIDGE: yarn_on_bridge}),
     Row("T5 (encoder-decoder)", "model", {BRIDGE: t5_on_bridge}),
+    Row("T5 with RoPE (position_embedding rope)", "model", {RUNTIME: rt.t5_rope}),
     Row("hybrid models in Megatron-LM (what pretrain_hybrid.py builds)", "model",
         {MEGATRON_LM: megatron_lm_hybrid_model}),
     Row("hybrid models on Bridge (Mamba-2, squared ReLU; no GDN)", "model", {BRIDGE: bridge_hybrid_model}),

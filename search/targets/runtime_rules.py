@@ -64,6 +64,17 @@ def moe_biases(model, low) -> str | None:
             "place on the output of its TP reduction, which autograd refuses; set model.add_bias_linear false")
 
 
+def t5_rope(model, low) -> str | None:
+    """The runtime's T5 stages (its stage model's ``T5Stage``) build learned absolute position
+    embeddings only; stock ``T5Model(position_embedding_type="rope")`` (megatron-core 0.16.1 to 0.19.2, Megatron-LM
+    pretrain_t5.py's --position-embedding-type) has none and rotates encoder and decoder self-attention instead."""
+    if not model.is_t5 or model.position_embedding != "rope":
+        return None
+    return (f"model.position_embedding rope with T5 (model {model.name}): the aceso runtime's T5 stages build learned "
+            "position embeddings only; set model.position_embedding learned, or search with --target megatron-lm "
+            "(pretrain_t5.py builds T5Model's RoPE)")
+
+
 # ----- precision scope: (dtype, gpu) -------------------------------------------------------------------------------
 def fp16_on_gpu(dtype: str, gpu) -> str | None:
     """fp16 trains with loss scaling, which the runtime does not run yet (its entry check refuses it on any GPU at

@@ -10,6 +10,7 @@ import pytest
 
 from aceso_megatron.training.checkpoint import model_mismatch
 from search.layers.moe_spec import MLASpec, MoESpec
+from search.spec.rope_scaling import RopeScaling
 from tests.tiny_models import LLAMA
 
 MOE = LLAMA.model_copy(update={"name": "m", "moe": MoESpec(num_experts=4, moe_router_topk=2,
@@ -58,3 +59,15 @@ def test_a_shared_mtp_layer_and_one_per_depth_are_refused_as_each_other():
         msg = _mismatch(saved, planned)
         assert msg is not None and f"mtp_use_repeated_layer is {was}" in msg and "\n" not in msg, msg
     assert _mismatch(shared, shared) is None
+
+
+def test_a_yarn_checkpoint_and_a_plain_rope_plan_are_refused_as_each_other():
+    """Weights trained under YaRN's frequencies (``rope_scaling``) are another function under plain RoPE's (and under
+    another factor): either way round the resume is refused in one line naming ``rope_scaling``."""
+    yarn = LLAMA.model_copy(update={"rope_scaling": RopeScaling(type="yarn", factor=4.0)})
+    for saved, planned, was in ((yarn, LLAMA, "{'type': 'yarn', 'factor': 4.0}"), (LLAMA, yarn, "None")):
+        msg = _mismatch(saved, planned)
+        assert msg is not None and f"rope_scaling is {was}" in msg and "\n" not in msg, msg
+    other = LLAMA.model_copy(update={"rope_scaling": RopeScaling(type="yarn", factor=8.0)})
+    assert "rope_scaling is" in (_mismatch(yarn, other) or "")
+    assert _mismatch(yarn, yarn) is None

@@ -295,3 +295,11 @@ def test_mla_yarn_fields_in_the_megatron_block_point_to_rope_scaling():
     with pytest.raises(pydantic.ValidationError, match="megatron.rope_type: an MLATransformerConfig field; set the "
                                                        "spec's rope_scaling"):
         ModelSpec.model_validate({**ds.model_dump(), "megatron": {"rope_type": "yarn"}})
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "mixtral-8x7b"])
+def test_an_absent_router_aux_loss_coef_is_transformers_default(name):
+    """transformers' Qwen3MoeConfig and MixtralConfig default ``router_aux_loss_coef`` to 0.001 (as Qwen2MoeConfig):
+    a config without the key trains with that coefficient, not without the aux loss (aceso read 0.0 before)."""
+    cfg = {k: v for k, v in config(name).items() if k != "router_aux_loss_coef"}
+    assert spec(name, cfg).moe.moe_aux_loss_coeff == 0.001

@@ -28,7 +28,7 @@ from search.layers.moe_spec import MLASpec, MoESpec
 from search.spec.plan import ParallelPlan, uniform_plan
 from search.settings.precision import LowPrecision
 from tests.conftest import ROOT
-from tests.tiny_models import HYBRID, LLAMA
+from tests.tiny_models import HYBRID, LLAMA, T5
 
 MOE = LLAMA.model_copy(update={"name": "tiny-moe", "moe": MoESpec(num_experts=4, moe_router_topk=2,
                                                                   moe_ffn_hidden_size=32)})
@@ -75,6 +75,7 @@ CASES = {
     "layers_cp gdn": (rt.layers_cp, (plan(ModelSpec.model_validate({**HYBRID.model_dump(), "mamba": None, "gdn": {
         "linear_num_key_heads": 2, "linear_num_value_heads": 4}, "hybrid_layer_pattern": "G*EG-E"}),
         stage={"cp": 2, "num_gpus": 2}), CUDA_TE)),
+    "t5_rope": (rt.t5_rope, (T5.model_copy(update={"position_embedding": "rope"}), None)),
     "moe_biases": (rt.moe_biases, (MOE.model_copy(update={"add_bias_linear": True}), None)),
     "fp16_on_gpu": (rt.fp16_on_gpu, ("fp16", H100)),
     "fp16_loss_scaling": (rt.fp16_loss_scaling, ("fp16",)),
