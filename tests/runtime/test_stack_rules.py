@@ -22,7 +22,9 @@ CASES = {   # name: (graph scope or None, impl, MoE spec fields, MoEPlanSettings
     "moe and moe_router": (["moe", "moe_router"], "transformer_engine", {}, {}, "none", False),
     "preprocess alone": (["moe_preprocess"], "transformer_engine", {}, {}, "none", False),
     "te full_iteration": (["full_iteration"], "transformer_engine", {}, {}, "none", False),
-    "local full_iteration": (["full_iteration"], "local", {}, {}, "none", False),
+    "local full_iteration, padded": (["full_iteration"], "local",
+                                     {"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True},
+                                     {}, "none", False),
     "moe, dropless": (["moe"], "transformer_engine", {}, {}, "none", False),
     "moe, padded": (["moe"], "transformer_engine",
                     {"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True}, {}, "none", False),
@@ -79,3 +81,20 @@ def _we_refuse(scope, impl, spec, settings, recompute, offload) -> bool:
 def test_the_plan_refuses_what_megatron_core_refuses(name):
     case = CASES[name]
     assert _we_refuse(*case) == _megatron_core_refuses(*case), name
+
+
+# Graphs megatron-core's config accepts but whose capture breaks on dropless MoE: the dispatcher and the grouped
+# experts synchronize with the host inside the layer (search/settings/stack.py); the plan refuses them, its own rule
+BEYOND_CONFIG = {
+    "local full_iteration, dropless": (["full_iteration"], "local", {}, {}, "none", False),
+    "whole layers, dropless": ([], "transformer_engine", {}, {}, "none", False),
+}
+
+
+@pytest.mark.parametrize("name", list(BEYOND_CONFIG))
+def test_the_plan_refuses_graphs_whose_capture_breaks_on_dropless_moe(name):
+    case = BEYOND_CONFIG[name]
+    assert not _megatron_core_refuses(*case), name       # the config accepts it: the refusal is aceso's own
+    assert _we_refuse(*case), name
+    padded = {"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True}
+    assert not _we_refuse(case[0], case[1], padded, *case[3:]), name      # drop-and-pad counts live on the host
