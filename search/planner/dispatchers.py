@@ -38,6 +38,7 @@ import pydantic
 
 from ..costmodel.types import StackKey
 from search.settings.moe_plan import MoEPlanSettings
+from search.settings.stack import drop_and_pad
 from .state import Evaluation, Evaluator
 
 DISPATCHERS = ("alltoall", "allgather", "flex")
@@ -108,9 +109,8 @@ def graph_candidates(model, target: str) -> list[StackKey]:
         return []
     mamba = any(u.kind == "mamba" for u in model.units)
     scopes = list(GRAPH_SCOPES) + ([g | {"mamba"} for g in GRAPH_SCOPES] if mamba else [])
-    padded = model.moe.moe_expert_capacity_factor is not None and model.moe.moe_pad_expert_input_to_capacity
     return [StackKey(graphs=g, graph_impl="transformer_engine") for g in scopes] + \
-        ([StackKey(graphs=FULL_ITERATION, graph_impl="local")] if padded else [])
+        ([StackKey(graphs=FULL_ITERATION, graph_impl="local")] if drop_and_pad(model.moe) else [])
 
 
 class Dispatchers:

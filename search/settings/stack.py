@@ -137,6 +137,12 @@ def graph_scopes(plan) -> frozenset[str]:
     return s.cuda_graphs.scopes if s is not None and s.cuda_graphs is not None else frozenset()
 
 
+def drop_and_pad(moe_spec) -> bool:
+    """Whether an MoE spec drops and pads (a capacity factor and ``moe_pad_expert_input_to_capacity``): its token
+    counts are host tensors, so the ``moe`` scope and whole-layer / ``full_iteration`` graphs capture it."""
+    return moe_spec.moe_expert_capacity_factor is not None and moe_spec.moe_pad_expert_input_to_capacity
+
+
 def refusal(plan) -> str | None:
     """What of the plan's stack switches megatron-core 0.16.1 refuses (one line: the field and the fix), or None."""
     s = plan.stack
@@ -160,7 +166,7 @@ def refusal(plan) -> str | None:
             if "mlp" in sc and not any(not m.moe.is_moe_layer(i) for i in range(m.num_layers)):
                 return ("stack.cuda_graphs.scope mlp: every layer is an MoE layer (mlp graphs capture dense "
                         "layers; megatron-core asserts one exists); remove mlp")
-            padded = m.moe.moe_expert_capacity_factor is not None and m.moe.moe_pad_expert_input_to_capacity
+            padded = drop_and_pad(m.moe)
             if "moe" in sc and not padded:
                 return ("stack.cuda_graphs.scope moe needs drop-and-pad MoE (a capacity factor and "
                         "moe_pad_expert_input_to_capacity); use moe_router or pad the expert input")
