@@ -11,14 +11,13 @@ the gated fc1 as SwiGLU's ``[gate_t; up_t]``)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 
 from aceso_megatron.testing import make_batches, run_plans, scheduled_steps, spawn
-from aceso_megatron.training.engine import TrainConfig
 from tests.distributed.test_modern_plans import TC, plan, st
 from tests.distributed.test_plans import SEED, STEPS, compare, reference_process  # noqa: F401 (fixture)
+from tests.distributed.test_resume_modern import ITERS, SAVE_AT, SCHEDULE
+from tests.distributed.test_resume_modern import TC as CKPT_TC
 from tests.runtime.test_gpt_oss_runtime import OFF_BY_ONE, OSS
 
 OSS4 = OSS.model_copy(update={"name": "tiny-gpt-oss-4", "num_layers": 4})
@@ -43,34 +42,36 @@ def test_gpt_oss_across_stages_matches_single_process(tmp_path, reference_proces
     assert any("linear_fc1.weight" in f for f in failures), failures
 
 
-ITERS, SAVE_AT = 4, 2
-CKPT_TC = TrainConfig(lr=1e-3, clip_grad=0.3)
-SCHEDULE = SimpleNamespace(lr=1e-3, min_lr=1e-4, lr_warmup_iters=1, lr_decay_iters=None, train_iters=ITERS,
-                           lr_decay_style="cosine", weight_decay=0.01)
 TP2 = plan(OSS4, st(2, 1, 0, 3), st(1, 2, 3, 8))
 TP1 = plan(OSS4, st(1, 2, 0, 5), st(1, 2, 5, 8))
 
 
-def _resume(rank: int, world_size: int, ckpt: str, out: str) -> None:
-    from aceso_megatron.training import checkpoint
+def _fresh(raw, rank: int, world_size: int):
+    """A runtime of ``raw`` with its learning-rate scheduler."""
     from aceso_megatron.training.engine import build_runtime
     from aceso_megatron.training.train import build_scheduler
 
+    rt = build_runtime(raw, rank, world_size, seed=SEED, train_config=CKPT_TC)
+    return rt, build_scheduler(SCHEDULE, rt.optimizer)
+
+
+def _offsets(rt) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in rt.full_params().items() if k.endswith("softmax_offset")}
+
+
+def _resume(rank: int, world_size: int, ckpt: str, out: str) -> None:
+    from aceso_megatron.training import checkpoint
+
     batches = make_batches(OSS4, 2, 4 * ITERS, SEED)
-
-    def fresh(raw):
-        rt = build_runtime(raw, rank, world_size, seed=SEED, train_config=CKPT_TC)
-        return rt, build_scheduler(SCHEDULE, rt.optimizer)
-
     res = {}
-    rt, sch = fresh(TP2)
+    rt, sch = _fresh(TP2, rank, world_size)
     scheduled_steps(rt, sch, batches, range(SAVE_AT), 2)
     checkpoint.save(ckpt, SAVE_AT, rt, sch)
-    res["saved"] = {k: v for k, v in rt.full_params().items() if k.endswith("softmax_offset")}
+    res["saved"] = _offsets(rt)
     res["tp2"] = scheduled_steps(rt, sch, batches, range(SAVE_AT, ITERS), 2)
-    rt, sch = fresh(TP1)
+    rt, sch = _fresh(TP1, rank, world_size)
     res["loaded_at"] = checkpoint.load(ckpt, rt, sch)
-    res["loaded"] = {k: v for k, v in rt.full_params().items() if k.endswith("softmax_offset")}
+    res["loaded"] = _offsets(rt)
     res["tp1"] = scheduled_steps(rt, sch, batches, range(SAVE_AT, ITERS), 2)
     if rank == 0:
         torch.save(res, out)

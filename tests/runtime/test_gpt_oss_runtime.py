@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from search.spec.model import ModelSpec
+from tests.runtime.test_yarn_runtime import _plan, mismatches, runtime_against_stock
 from tests.tiny_models import LLAMA
 
 OSS = ModelSpec.model_validate({**LLAMA.model_dump(), "name": "tiny-gpt-oss", "hidden_size": 64,
@@ -29,44 +30,12 @@ OSS_MOE = ModelSpec.model_validate({**OSS.model_dump(), "name": "tiny-gpt-oss-mo
                                     "moe": {"num_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 32}})
 
 
-def _plan(model):
-    recompute = ["selective", "none", "full", "selective"] + ["none"] * (model.num_units - 4)
-    return {"model": model.model_dump(), "micro_batch_size": 2, "global_batch_size": 4,
-            "stages": [{"num_gpus": 1, "tp": 1, "dp": 1, "start_unit": 0, "end_unit": model.num_units,
-                        "recompute": recompute}]}
-
-
 @pytest.fixture(scope="module")
 def single_process():
     from aceso_megatron.testing import free_port
     from aceso_megatron.testing.reference import init_single_process
 
     init_single_process(free_port())
-
-
-def runtime_against_stock(model, stock):
-    """The runtime's loss and gradients for ``model`` under the one-stage plan, and stock ``GPTModel``'s for
-    ``stock``."""
-    from aceso_megatron.testing import make_batches
-    from aceso_megatron.testing.reference import Reference
-    from aceso_megatron.training.engine import build_runtime
-
-    batches = make_batches(stock, 2, 4, seed=3)
-    rt = build_runtime(_plan(model), 0, 1, seed=7)
-    ref = Reference(stock, seed=7)
-    return rt, ref, rt.forward_backward(iter(batches)), ref.forward_backward(batches)
-
-
-def mismatches(rt, ref, loss: float, want: float) -> list[str]:
-    """What differs from the stock model beyond the usual tolerances (loss rel 1e-6, gradients rtol 1e-5)."""
-    out = [] if loss == pytest.approx(want, rel=1e-6) else [f"loss {loss} != {want}"]
-    want_g, got_g = ref.grads(), rt.full_grads()
-    if set(got_g) != set(want_g):
-        return out + [f"parameter sets differ: {sorted(set(got_g) ^ set(want_g))}"]
-    return out + [f"gradient {k}: " + (f"shape {tuple(got_g[k].shape)}" if got_g[k].shape != g.shape else
-                                       f"rel err {float((got_g[k] - g).norm() / g.norm()):.1e}")
-                  for k, g in want_g.items()
-                  if got_g[k].shape != g.shape or not torch.allclose(got_g[k], g, rtol=1e-5, atol=1e-7)]
 
 
 OFFSET = "decoder.layers.{}.self_attention.core_attention.softmax_offset"
