@@ -1,6 +1,6 @@
 """``ModelSpec`` -> megatron-core ``TransformerConfig`` keyword arguments and layer ``ModuleSpec``s (torch).
 
-Architecture only: sizes, norm, activation, biases, position embedding, sliding window. Parallel degrees and
+Architecture only: sizes, norm, activation, biases, position embedding, GPT-OSS's layer fields. Parallel degrees and
 recompute are added per stage by ``aceso_megatron.model.config`` (the one place that translates our short names to
 megatron-core's), and so are the ``megatron`` block's extra fields (``extensions.megatron_kwargs``).
 
@@ -24,6 +24,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 from megatron.core.activations import squared_relu
+from megatron.core.fusions.fused_bias_geglu import quick_gelu
 from megatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 
@@ -35,6 +36,10 @@ from search.layers.hybrid import mtp_layer
 from search.spec.model import ModelSpec, UnitKind
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# the MLP activation as megatron-core's activation_func (gated: ``ModelSpec.gated_mlp``); Megatron-LM's --swiglu,
+# --squared-relu, --quick-geglu (core_v0.16.1 arguments.py: fused_bias_geglu.quick_gelu with gated_linear_unit,
+# the function MLP compares its activation_func with)
+_ACTIVATIONS = {"swiglu": F.silu, "squared_relu": squared_relu, "quick_geglu": quick_gelu}
 
 
 
@@ -57,14 +62,13 @@ def architecture_kwargs(model: ModelSpec, dtype: str | None = None) -> dict:
         "kv_channels": model.head_dim,
         "ffn_hidden_size": model.ffn_hidden_size,
         "normalization": "RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm",
-        "gated_linear_unit": model.activation == "swiglu",
-        "activation_func": F.silu if model.activation == "swiglu" else
-        (squared_relu if model.activation == "squared_relu" else F.gelu),
+        "gated_linear_unit": model.gated_mlp,        # swiglu, quick_geglu
+        "activation_func": _ACTIVATIONS.get(model.activation, F.gelu),
         "add_bias_linear": model.add_bias_linear,
         "params_dtype": dt,
         "fp16": dt == torch.float16,
         "bf16": dt == torch.bfloat16,
-        **config_kwargs(model),      # sliding window (search.layers.layer_variants); the other GPT-OSS fields are refused
+        **config_kwargs(model),      # GPT-OSS's window, softmax offset, GEGLU offset / clamp (search.layers.layer_variants)
         **moe_kwargs(model),
         **mla_mtp_kwargs(model),
         **mamba_kwargs(model),

@@ -7,7 +7,8 @@ sizes), megatron-core's ``tensor_parallel.random._get_cuda_rng_state/_set_cuda_r
 a logging filter on ``megatron.core.tensor_parallel.random``.
 
 Reason: megatron-core hard-codes CUDA in a few places that CPU training reaches: ``torch.cuda.current_device()``
-as the device of buffers (tensor-parallel layers, DDP buckets), ``device="cuda"`` in the 1F1B schedule's token
+as the device of buffers (tensor-parallel layers, DDP buckets, ``DotProductAttention``'s ``softmax_offset`` of
+GPT-OSS's attention sinks), ``device="cuda"`` in the 1F1B schedule's token
 counter and in the causal-mask helper (``transformer/utils.py``), the CUDA RNG state that activation recompute
 saves and replays, the current stream that 0.19's ``start_grad_sync`` waits on before reducing a bucket (a host
 placeholder: one stream, waits are no-ops), and the MoE alltoall token dispatcher's copy of its split sizes to the

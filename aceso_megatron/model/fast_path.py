@@ -9,7 +9,7 @@ refuses such a plan before any process group exists).
 |---|---|---|
 | transformer-engine layer specs | CUDA and TE importable | fused LayerNorm+GEMM, TE/flash attention, TP-overlap GEMMs |
 | dtype | CUDA: the model's (bf16 presets); bf16 needs compute capability >= 8.0, else fp32 | CPU: fp32 |
-| ``bias_activation_fusion`` | CUDA, and SwiGLU or GELU with biases | megatron-core's jit-fused bias-GELU/SwiGLU (fused bias-GELU asserts ``add_bias_linear``) |
+| ``bias_activation_fusion`` | CUDA, and SwiGLU or GELU with biases; quick GEGLU where every MLP is a routed expert | megatron-core's jit-fused bias-GELU/SwiGLU (fused bias-GELU asserts ``add_bias_linear``); its quick-GEGLU kernel is the weighted one only (experts: ``per_token_scale``), a dense or shared-expert MLP raises "Only support fusion of gelu and swiglu" (``MLP.forward``, 0.16.1 and 0.19.2) |
 | ``bias_dropout_fusion`` | CUDA | jit-fused bias + dropout + residual add |
 | ``masked_softmax_fusion`` | CUDA and (TE specs, or apex's ``scaled_masked_softmax_cuda``) | local attention imports the apex kernel at the first call |
 | ``apply_rope_fusion`` | CUDA, RoPE (not YaRN), TE >= 1.4 | TE's fused RoPE; YaRN's cos / sin scale is unfused only (megatron-core falls back with a warning per call; Megatron-LM turns the fusion off for ``--position-embedding-type yarn``) |
@@ -42,6 +42,15 @@ def _version(v: str | None) -> tuple[int, ...]:
     """``"1.13.0.dev0+abc"`` -> ``(1, 13, 0)``: the leading dotted numbers."""
     m = re.match(r"\d+(?:\.\d+)*", v or "")
     return tuple(int(x) for x in m.group(0).split(".")) if m else ()
+
+
+def _bias_activation_fusion(m: ModelSpec) -> bool:
+    """Whether megatron-core's fused bias-activation kernels run ``m``'s MLPs (module table)."""
+    if m.activation == "quick_geglu":
+        moe = m.moe
+        return (moe is not None and not moe.moe_shared_expert_intermediate_size
+                and all(moe.is_moe_layer(i) for i in range(m.num_layers)))
+    return m.activation == "swiglu" or m.add_bias_linear
 
 
 def no_cuda_message(torch) -> str:
@@ -129,7 +138,7 @@ def choose(env: Environment, model: ModelSpec, tp_comm_overlap: bool = False) ->
     apex_softmax = all(k in env.apex_kernels for k in APEX_SOFTMAX)
     apex_accum = APEX_GRAD_ACCUM in env.apex_kernels
     cfg = dict(OFF)
-    cfg["bias_activation_fusion"] = m.activation == "swiglu" or m.add_bias_linear
+    cfg["bias_activation_fusion"] = _bias_activation_fusion(m)
     cfg["bias_dropout_fusion"] = True
     cfg["masked_softmax_fusion"] = env.te or apex_softmax
     cfg["apply_rope_fusion"] = (m.position_embedding == "rope" and not yarn_on_standard_attention(m)

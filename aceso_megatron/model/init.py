@@ -9,8 +9,8 @@ embeddings N(0, embedding_init_method_std) when the model's ``megatron`` block s
 A TP rank then takes its shard. The same seed therefore gives the same full model under any plan.
 
 Sharding follows megatron-core's parameter attributes (``tensor_model_parallel``, ``partition_dim``): contiguous
-blocks along the partition dim, except packed parameters whose parts are each split over TP: the SwiGLU
-``linear_fc1`` (full weight ``[gate; up]``, shard ``t`` ``[gate_t; up_t]``) and those megatron-core marks with
+blocks along the partition dim, except packed parameters whose parts are each split over TP: a gated MLP's
+``linear_fc1`` (SwiGLU, quick GEGLU; full weight ``[gate; up]``, shard ``t`` ``[gate_t; up_t]``) and those megatron-core marks with
 ``partition_sizes`` (its local part sizes: Mamba's ``in_proj`` ``[z, x, B, C, dt]`` and ``conv1d`` ``[x, B, C]``).
 """
 
@@ -26,7 +26,8 @@ from search.spec.model import ModelSpec
 
 
 def _is_glu_fc1(name: str, model: ModelSpec) -> bool:
-    return model.activation == "swiglu" and ".linear_fc1." in name
+    """A gated MLP's ``linear_fc1`` (SwiGLU, quick GEGLU: megatron-core's ``gated_linear_unit``), full ``[gate; up]``."""
+    return model.gated_mlp and ".linear_fc1." in name
 
 
 def full_shape(param: torch.Tensor, tp: int) -> list[int]:

@@ -35,7 +35,6 @@ from patches.compat import shared_mtp_refusal
 from search import layers
 from search.io.errors import AcesoError
 from search.spec.model import ModelSpec, Unit
-from search.targets.runtime_rules import unbuilt_layers
 
 from .attention import with_recomputed_dropout
 from .config import stage_config, unit_config
@@ -191,7 +190,6 @@ def check_model(plan, device: str = "cpu", fast=None) -> None:
     """Every fault of the model and its fit with the plan, as one ``AcesoError``, before any process group exists;
     the config is built with the fast paths ``fast`` the run will use (default: what this machine offers)."""
     model = plan.model
-    refuse_unbuilt(model)      # sliding window, softmax offset, quick-GEGLU: not built by the runtime yet
     if (msg := hybrid_refusal(model) or shared_mtp_refusal(model)) is not None:
         raise AcesoError(msg)
     try:
@@ -206,10 +204,3 @@ def check_model(plan, device: str = "cpu", fast=None) -> None:
     check_whole_layers(plan)   # imports the providers (their faults are AcesoErrors too)
     check_qk_layernorm(model)
     check_attn_dropout(plan)
-
-
-def refuse_unbuilt(model) -> None:
-    """The runtime's check (its ``check_model``: train, profile, pre-flight): a model with a
-    field it does not build is refused (``AcesoError``) rather than trained without it."""
-    if (why := unbuilt_layers(model, None)) is not None:     # the capability table's line (runtime_rules)
-        raise AcesoError(why)

@@ -47,7 +47,7 @@ from model_specs.builders import final_norm_spec
 from search.spec.model import ModelSpec
 from search.spec.plan import ParallelPlan
 
-from . import hybrid, lowprec, moe, mtp, rotary
+from . import hybrid, lowprec, moe, mtp, rotary, softmax_offset
 from .attention import attention_mismatch, fall_back_with_te
 from .config import stage_config, without_grad_accum_fusion
 from .fast_path import Environment, FastPath, choose
@@ -315,4 +315,6 @@ def build_stage(plan: ParallelPlan, stage: int, pg_collection, device: str = "cp
     """Model chunk ``chunk`` of stage ``stage`` (one-chunk plans: the stage's only chunk); ``per_token_loss``:
     megatron-core's ``calculate_per_token_loss`` (``engine``)."""
     cls = T5Stage if plan.model.is_t5 else GPTStage
-    return cls(plan, stage, pg_collection, device, chunk, fast, per_token_loss)
+    built = cls(plan, stage, pg_collection, device, chunk, fast, per_token_loss)
+    softmax_offset.mark_tp_split(built)   # GPT-OSS's attention sinks: split over TP like the query heads
+    return built

@@ -10,8 +10,10 @@ Layout (the marker file name is Megatron-LM's)::
 Sharded state: every rank describes its parameters as ``ShardedTensor``s under their canonical names
 (``GPTStage.canonical_names``: the names in a single-process megatron-core model) with their TP offsets, and replica
 ids that make exactly one rank write each piece (TP-replicated parameters: TP rank 0; DP replicas: DP rank 0; copies
-on several stages, such as a tied output embedding: the first stage, see ``model_sharded_state_dict``). SwiGLU
-``linear_fc1`` uses megatron-core's ``apply_swiglu_sharded_factory`` (its shard ``t`` is ``[gate_t; up_t]``), Mamba's
+on several stages, such as a tied output embedding: the first stage, see ``model_sharded_state_dict``). A gated
+``linear_fc1`` (SwiGLU, quick GEGLU: ``MLP.sharded_state_dict`` keys it on ``gated_linear_unit``) uses megatron-core's
+``apply_swiglu_sharded_factory`` (its shard ``t`` is ``[gate_t; up_t]``), GPT-OSS's learnable softmax offset its TP
+offset along the heads (``model.softmax_offset``), Mamba's
 packed ``in_proj`` / ``conv1d`` one sharded tensor per part (``_packed_parts``). The
 optimizer's state comes from megatron-core's own ``optimizer.sharded_state_dict(model_sharded_state_dict)``, which
 keys Adam's moments by the same parameters. Each stage therefore saves its own shards, and
@@ -108,7 +110,7 @@ def model_sharded_state_dict(rt) -> dict:
         sh = ShardedTensor.from_rank_offsets(canon, p, *offsets, replica_id=replica)
         if canon in shared:
             sh = replace(sh, axis_fragmentations=None)
-        elif rt.plan.model.activation == "swiglu" and ".linear_fc1." in canon and split:
+        elif rt.plan.model.gated_mlp and ".linear_fc1." in canon and split:   # SwiGLU, quick GEGLU
             sh = apply_swiglu_sharded_factory(sh, ())
         elif split and getattr(p, "partition_sizes", None) is not None:
             sh = _packed_parts(sh, list(p.partition_sizes), p.partition_dim)

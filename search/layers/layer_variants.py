@@ -91,20 +91,15 @@ def softmax_offset_params(model) -> int:
 
 
 FIELDS = ("window_size", "window_attn_skip_freq", "softmax_type", "glu_linear_offset", "activation_func_clamp_value")
-RUNTIME_BUILT = ("window_size", "window_attn_skip_freq")
 
 
 def config_kwargs(model) -> dict:
-    """The ``TransformerConfig`` fields the runtime passes for the sliding window (``model_specs.builders``)."""
+    """The ``TransformerConfig`` fields of GPT-OSS's layer (``model_specs.builders``): the sliding window, the
+    softmax type and the quick-GEGLU offset and clamp, each only where the model sets it (megatron-core's defaults
+    otherwise: vanilla softmax, offset 0.0, no clamp). The activation itself (``quick_gelu``, gated) is
+    ``builders.architecture_kwargs``'s."""
     out = {"window_size": tuple(model.window_size)} if model.window_size is not None else {}
-    if model.window_attn_skip_freq is not None:
-        out["window_attn_skip_freq"] = model.window_attn_skip_freq
+    for f in FIELDS[1:]:
+        if getattr(model, f) is not None:
+            out[f] = getattr(model, f)
     return out
-
-
-def unbuilt_fields(model) -> list[str]:
-    """The layer-variant fields ``model`` sets that the runtime does not build yet (quick_geglu as ``activation``):
-    the softmax offset (megatron-core 0.16.1 allocates it on the CUDA device; the checkpoint's TP resharding does not
-    know it) and the quick-GEGLU MLP (the resharding knows SwiGLU's gated fc1 only)."""
-    out = [f for f in FIELDS if f not in RUNTIME_BUILT and getattr(model, f) not in (None, "vanilla")]
-    return (["activation quick_geglu"] if model.activation == "quick_geglu" else []) + out

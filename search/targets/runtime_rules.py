@@ -38,17 +38,6 @@ def low_precision(model, low) -> str | None:
     return f"settings.low_precision ({low.recipe}; aceso search --precision {low.recipe}): {RUNTIME_LOW_PRECISION}"
 
 
-def unbuilt_layers(model, low) -> str | None:
-    from search.layers.layer_variants import unbuilt_fields
-
-    fields = unbuilt_fields(model)
-    if not fields:
-        return None
-    return (f"{', '.join('model.' + f for f in fields)}: the runtime does not build these GPT-OSS layer fields yet "
-            f"(model {model.name}; search, explain and export price and write them); remove them to run here, or "
-            "search with --target megatron-lm")
-
-
 def latent_moe(model, low) -> str | None:
     if model.moe is None or not model.moe.moe_latent_size:
         return None
@@ -61,7 +50,8 @@ def moe_biases(model, low) -> str | None:
     if model.moe is None or not model.add_bias_linear:
         return None
     return (f"model.add_bias_linear with MoE (model {model.name}): megatron-core 0.16.1's expert MLP adds its bias in "
-            "place on the output of its TP reduction, which autograd refuses; set model.add_bias_linear false")
+            "place on the output of its TP reduction, which autograd refuses; set model.add_bias_linear false, or search "
+            "with --target megatron-lm (GPT-OSS's biased experts)")
 
 
 def t5_rope(model, low) -> str | None:

@@ -1,12 +1,11 @@
 """The runtime and GPT-OSS's layer fields (search.layers.layer_variants): a sliding-window plan trains exactly as stock
 megatron-core built with the same window (the window reaches every unit's config, each layer keeps its global
-layer number, so the right layers are windowed), the window changes the loss (it is applied), and the fields the
-runtime does not build yet are refused in one line."""
+layer number, so the right layers are windowed) and the window changes the loss (it is applied). The softmax offset
+and the clamped quick GEGLU: tests/runtime/test_gpt_oss_runtime.py."""
 
 import pytest
 import torch
 
-from search.io.errors import AcesoError
 from search.spec.model import ModelSpec
 
 LLAMA = ModelSpec(name="tiny-swa", family="llama", num_layers=3, hidden_size=32, num_attention_heads=4,
@@ -47,12 +46,3 @@ def test_sliding_window_plan_equals_stock_model(single_process):
     full.forward_backward(batches)
     qkv = "decoder.layers.0.self_attention.linear_qkv.weight"        # a windowed layer's gradient moves
     assert not torch.allclose(full.grads()[qkv], want[qkv], rtol=1e-2, atol=0), qkv
-
-
-def test_runtime_refuses_the_layer_fields_it_does_not_build():
-    from aceso_megatron.model.layers import check_model
-    from tests.megatron_plans import case_plan
-
-    with pytest.raises(AcesoError, match="quick_geglu, model.softmax_type, model.glu_linear_offset, "
-                                         "model.activation_func_clamp_value: the runtime does not build"):
-        check_model(case_plan("oss-pp2-window-selective", with_cluster=False))

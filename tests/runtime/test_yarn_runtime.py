@@ -36,7 +36,7 @@ def hf_config(model: ModelSpec) -> dict:
 
 
 def _plan(model):
-    recompute = ["selective", "none", "full", "none"] + ["none"] * (model.num_units - 4)
+    recompute = ["selective", "none", "full", "selective"] + ["none"] * (model.num_units - 4)
     return {"model": model.model_dump(), "micro_batch_size": 2, "global_batch_size": 4,
             "stages": [{"num_gpus": 1, "tp": 1, "dp": 1, "start_unit": 0, "end_unit": model.num_units,
                         "recompute": recompute}]}
@@ -50,7 +50,7 @@ def single_process():
     init_single_process(free_port())
 
 
-def _runtime_against_stock(model, stock=MODEL):
+def runtime_against_stock(model, stock=MODEL):
     """The runtime's loss and gradients for ``model`` under the one-stage plan, and stock ``GPTModel``'s for
     ``stock``."""
     from aceso_megatron.testing import make_batches
@@ -68,9 +68,11 @@ def mismatches(rt, ref, loss: float, want: float) -> list[str]:
     out = [] if loss == pytest.approx(want, rel=1e-6) else [f"loss {loss} != {want}"]
     want_g, got_g = ref.grads(), rt.full_grads()
     if set(got_g) != set(want_g):
-        return out + ["parameter sets differ"]
-    return out + [f"gradient {k}: rel err {float((got_g[k] - g).norm() / g.norm()):.1e}" for k, g in want_g.items()
-                  if not torch.allclose(got_g[k], g, rtol=1e-5, atol=1e-7)]
+        return out + [f"parameter sets differ: {sorted(set(got_g) ^ set(want_g))}"]
+    return out + [f"gradient {k}: " + (f"shape {tuple(got_g[k].shape)}" if got_g[k].shape != g.shape else
+                                       f"rel err {float((got_g[k] - g).norm() / g.norm()):.1e}")
+                  for k, g in want_g.items()
+                  if got_g[k].shape != g.shape or not torch.allclose(got_g[k], g, rtol=1e-5, atol=1e-7)]
 
 
 def test_yarn_trains_as_stock_megatron_core(single_process):
@@ -79,7 +81,7 @@ def test_yarn_trains_as_stock_megatron_core(single_process):
     )
     from megatron.core.transformer.attention import Attention
 
-    rt, ref, loss, want = _runtime_against_stock(MODEL)
+    rt, ref, loss, want = runtime_against_stock(MODEL)
     assert not mismatches(rt, ref, loss, want)
     inv, factor = hf_yarn(hf_config(MODEL))
     emb = rt.stage_module.rotary_table(2)
@@ -94,7 +96,7 @@ def test_yarn_trains_as_stock_megatron_core(single_process):
 
 
 def test_yarn_with_mtp_trains_as_stock_megatron_core(single_process):
-    rt, ref, loss, want = _runtime_against_stock(MTP, MTP)
+    rt, ref, loss, want = runtime_against_stock(MTP, MTP)
     assert not mismatches(rt, ref, loss, want)
     assert any(k.startswith("mtp.layers.0.") for k in rt.full_grads())
 
@@ -102,6 +104,6 @@ def test_yarn_with_mtp_trains_as_stock_megatron_core(single_process):
 def test_control_plain_rope_in_the_runtime_fails(single_process):
     """The same comparison with the runtime training the model without its YaRN: the loss and the attention
     weights' gradients differ."""
-    rt, ref, loss, want = _runtime_against_stock(MODEL.model_copy(update={"rope_scaling": None}))
+    rt, ref, loss, want = runtime_against_stock(MODEL.model_copy(update={"rope_scaling": None}))
     failures = mismatches(rt, ref, loss, want)
     assert failures[0].startswith("loss") and any("linear_qkv.weight" in f for f in failures), failures

@@ -56,8 +56,8 @@ def test_the_docs_show_the_table():
 
 
 def test_a_target_megatron_lm_search_is_not_held_to_the_runtime(tmp_path, capsys):
-    """GPT-OSS's softmax offset and quick GEGLU: the aceso runtime does not build them, Megatron-LM does. Before, a
-    --target megatron-lm search asked the runtime's pre-flight and exited 2 naming the runtime."""
+    """GPT-OSS's biased experts: the aceso runtime does not train them (runtime_rules.moe_biases), Megatron-LM does.
+    Before, a --target megatron-lm search asked the runtime's pre-flight and exited 2 naming the runtime."""
     out = tmp_path / "p.json"
     rc, _, err = _run(["search", "--model", "gpt-oss-20b", "--num-layers", "2", "--cluster", "1x8-h100",
                        "--global-batch-size", "64", "--target", "megatron-lm", "--budget-evals", "60",
@@ -66,7 +66,7 @@ def test_a_target_megatron_lm_search_is_not_held_to_the_runtime(tmp_path, capsys
     assert json.loads(out.read_text())["settings"]["framework"] == "megatron-lm"
     rc, _, err = _run(["search", "--model", "gpt-oss-20b", "--num-layers", "2", "--cluster", "1x8-h100",
                        "--global-batch-size", "64", "--budget-evals", "60", "--workers", "1"], capsys)
-    assert rc == 2 and err.count("\n") == 1 and "softmax_type" in err and "--target megatron-lm" in err, err
+    assert rc == 2 and err.count("\n") == 1 and "add_bias_linear with MoE" in err and "--target megatron-lm" in err, err
 
 
 def test_a_runtime_limit_refuses_the_model_before_any_search():
@@ -146,7 +146,7 @@ def test_the_table_applies_without_torch():
 def test_each_target_is_held_to_its_own_rules():
     gpt_oss = load_model("gpt-oss-20b", num_layers=2)
     plan = uniform_plan(gpt_oss, 1, 1, 8, 8, 64, cluster=parse_cluster("1x8-h100"))
-    assert "softmax_type" in plan_refusal(plan, "aceso", Device.of("cuda"))
+    assert "add_bias_linear with MoE" in plan_refusal(plan, "aceso", Device.of("cuda"))
     assert plan_refusal(plan, "megatron-lm", Device.of("cuda")) is None
     mlm = plan.model_copy(update={"settings": PlanSettings(framework="megatron-lm")})
     assert plan_refusal(mlm, None, "cuda") is None                 # the plan's own target
@@ -166,7 +166,7 @@ def test_validate_checks_the_target_asked_for(tmp_path, capsys):
     rc, out, err = _run(["validate", str(p)], capsys)
     assert rc == 0 and "target megatron-lm" in out, err
     rc, _, err = _run(["validate", str(p), "--target", "aceso"], capsys)
-    assert rc == 2 and "softmax_type" in err, err
+    assert rc == 2 and "add_bias_linear with MoE" in err, err
 
 
 @pytest.mark.parametrize("command", ["search", "baseline"])

@@ -193,7 +193,7 @@ def test_skip_freq_flag_refused_in_one_line(text):
 def test_softmax_offset_keeps_cp_at_one():
     """transformer-engine runs a softmax offset under context parallelism only over a2a (not priced): the search
     space has cp 1 only, and a plan with cp 2 is refused by the one pre-flight in one line, for every target (for
-    the aceso runtime the model itself is refused first: it does not build the softmax offset yet)."""
+    the aceso runtime too, which builds the offset: tests/runtime/test_gpt_oss_runtime.py)."""
     from search.io.errors import AcesoError
     from search.spec.plan import uniform_plan
     from search.planner.space import Space
@@ -205,8 +205,8 @@ def test_softmax_offset_keeps_cp_at_one():
     priced = frozenset({"context_parallel"})
     assert Space.of(m, c, training, priced=priced).cps == (1,)
     assert Space.of(m.model_copy(update={"softmax_type": None}), c, training, priced=priced).cps == (1, 2, 4)
-    with pytest.raises(AcesoError, match=r"stages\[0\].cp \(2\): transformer-engine runs softmax_type learnable"):
-        planner_checks(uniform_plan(m, 1, 1, 4, 4, 8, cluster=c, cp=2), "cuda", "megatron-lm")
-    with pytest.raises(AcesoError, match="softmax_type: the runtime does not build these GPT-OSS layer fields"):
-        planner_checks(uniform_plan(m, 1, 1, 4, 4, 8, cluster=c, cp=2), "cuda")
+    for target in ("megatron-lm", "aceso"):
+        with pytest.raises(AcesoError, match=r"stages\[0\].cp \(2\): transformer-engine runs softmax_type learnable"):
+            planner_checks(uniform_plan(m, 1, 1, 4, 4, 8, cluster=c, cp=2), "cuda", target)
+    planner_checks(uniform_plan(m, 1, 2, 4, 4, 16, cluster=c), "cuda")    # cp 1: the runtime runs it
     planner_checks(uniform_plan(m.model_copy(update={"softmax_type": None}), 1, 1, 4, 4, 8, cluster=c, cp=2), "cuda")

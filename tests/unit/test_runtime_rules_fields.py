@@ -63,12 +63,10 @@ def _recompute(model, k, choice):
 
 LOW = LowPrecision(recipe="fp8-tensorwise")
 H100 = parse_cluster("1x1-h100").gpu
-OSS = LLAMA.model_copy(update={"softmax_type": "learnable"})
 
 # rule -> its arguments (a refused case each)
 CASES = {
     "low_precision": (rt.low_precision, (LLAMA, LOW)),
-    "unbuilt_layers": (rt.unbuilt_layers, (OSS, None)),
     "latent_moe": (rt.latent_moe, (MOE.model_copy(update={"moe": MOE.moe.model_copy(update={"moe_latent_size": 64})}),
                                    None)),
     "layers_cp mamba": (rt.layers_cp, (plan(HYBRID, stage={"cp": 2, "num_gpus": 2}), CUDA_TE)),
