@@ -330,14 +330,15 @@ def _load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = Tr
     return iteration, same_plan
 
 
-# fields of ModelSpec that change the parameters (not dtype, dropout or names) or what they were trained for (RoPE's
-# base and scaling: weights trained under YaRN's frequencies are another function under plain RoPE's); sequence
-# lengths only with learned position embeddings (a RoPE model has no per-position parameter)
+# fields of ModelSpec that change the parameters (not dtype, dropout or names) or what they were trained for; sequence
+# lengths only with learned position embeddings (a RoPE model has no per-position parameter); with RoPE its base,
+# rotated fraction and scaling (megatron-core RotaryEmbedding's rotary_base, rotary_percent, rope_scaling: weights
+# trained under one set of frequencies, or rotating a part of each head, are another function under another's)
 _ARCH_FIELDS = ("family", "num_layers", "num_decoder_layers", "hidden_size", "num_attention_heads",
                 "num_query_groups", "kv_channels", "ffn_hidden_size", "vocab_size", "make_vocab_size_divisible_by",
-                "activation", "normalization", "position_embedding", "rotary_base", "rope_scaling",
-                "tied_embeddings", "add_bias_linear")
+                "activation", "normalization", "position_embedding", "tied_embeddings", "add_bias_linear")
 _LEARNED_FIELDS = ("seq_length", "decoder_seq_length")
+_ROPE_FIELDS = ("rotary_base", "rotary_percent", "rope_scaling")
 # MoE / MLA / MTP fields that shape the parameters (the router's top-k, coefficients and balancing do not) or
 # the saved state (the routers' expert biases)
 _MOE_FIELDS = ("num_experts", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_layer_freq",
@@ -368,7 +369,7 @@ def model_mismatch(saved: dict | None, rt, ckpt_dir: Path) -> str | None:
     want = rt.plan.model
     if saved is not None:
         have = ModelSpec.model_validate(saved)
-        fields = _ARCH_FIELDS + (_LEARNED_FIELDS if want.position_embedding == "learned" else ())
+        fields = _ARCH_FIELDS + {"learned": _LEARNED_FIELDS, "rope": _ROPE_FIELDS}.get(want.position_embedding, ())
         got, need = _arch(have, fields), _arch(want, fields)
         for f in need:
             a, b = got[f], need[f]

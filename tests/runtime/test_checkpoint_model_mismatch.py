@@ -71,3 +71,22 @@ def test_a_yarn_checkpoint_and_a_plain_rope_plan_are_refused_as_each_other():
     other = LLAMA.model_copy(update={"rope_scaling": RopeScaling(type="yarn", factor=8.0)})
     assert "rope_scaling is" in (_mismatch(yarn, other) or "")
     assert _mismatch(yarn, yarn) is None
+
+
+@pytest.mark.parametrize("field, saved_value, planned_value", [("rotary_base", 10000.0, 500000.0),
+                                                               ("rotary_percent", 1.0, 0.5)])
+def test_another_rotary_base_or_fraction_is_refused_naming_the_field(field, saved_value, planned_value):
+    """megatron-core's RotaryEmbedding rotates ``rotary_percent`` of each head at frequencies ``rotary_base**(-2i/d)``:
+    weights trained under one are another function under the other, and no parameter shape tells them apart (the
+    resume loaded them silently). Either way round the resume is refused in one line naming the field."""
+    a, b = (LLAMA.model_copy(update={field: v}) for v in (saved_value, planned_value))
+    for saved, planned, was in ((a, b, saved_value), (b, a, planned_value)):
+        msg = _mismatch(saved, planned)
+        assert msg is not None and f"{field} is {was!r} in the checkpoint" in msg and "\n" not in msg, msg
+    assert _mismatch(a, a) is None
+
+
+def test_rope_fields_of_a_learned_position_model_are_no_mismatch():
+    """A learned-position model rotates nothing: its (unused) rotary_base is no mismatch."""
+    learned = LLAMA.model_copy(update={"position_embedding": "learned"})
+    assert _mismatch(learned, learned.model_copy(update={"rotary_base": 500000.0})) is None
