@@ -90,3 +90,24 @@ def test_rope_fields_of_a_learned_position_model_are_no_mismatch():
     """A learned-position model rotates nothing: its (unused) rotary_base is no mismatch."""
     learned = LLAMA.model_copy(update={"position_embedding": "learned"})
     assert _mismatch(learned, learned.model_copy(update={"rotary_base": 500000.0})) is None
+
+
+@pytest.mark.parametrize("update, field", [
+    ({"megatron": {"add_qkv_bias": True}}, "megatron.add_qkv_bias is False"),
+    ({"megatron": {"qk_layernorm": True}}, "megatron.qk_layernorm is False"),
+])
+def test_parameters_the_megatron_block_adds_are_compared(update, field):
+    """megatron-core builds q/k/v biases (``add_qkv_bias``) and Q/K norms (``qk_layernorm``) from these entries:
+    a checkpoint without them resumed under a plan with them (or the other way round: the saved biases / norms
+    silently dropped) is refused in one line; an entry that adds no parameter (the norm epsilon) is no mismatch."""
+    msg = _mismatch(LLAMA, LLAMA.model_copy(update=update))
+    assert msg is not None and field in msg and "\n" not in msg, msg
+    assert _mismatch(LLAMA, LLAMA.model_copy(update={"megatron": {"layernorm_epsilon": 1e-6}})) is None
+
+
+def test_another_hybrid_layer_pattern_is_refused():
+    """The pattern decides which layer (Mamba-2, attention, MoE, MLP) holds which parameters."""
+    from tests.tiny_models import HYBRID
+    other = HYBRID.model_copy(update={"hybrid_layer_pattern": "M*EE-M"})
+    msg = _mismatch(HYBRID, other)
+    assert msg is not None and "hybrid_layer_pattern is 'M*EM-E'" in msg and "\n" not in msg, msg
