@@ -332,14 +332,18 @@ def _load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = Tr
     return iteration, same_plan
 
 
-# fields of ModelSpec that change the parameters (not dtype, dropout or names) or what they were trained for (RoPE's
-# base and scaling: weights trained under YaRN's frequencies are another function under plain RoPE's); sequence
-# lengths only with learned position embeddings (a RoPE model has no per-position parameter)
+# fields of ModelSpec that change the parameters (not dtype, dropout or names) or what they were trained for; sequence
+# lengths only with learned position embeddings (a RoPE model has no per-position parameter); with RoPE its base,
+# rotated fraction and scaling (megatron-core RotaryEmbedding's rotary_base, rotary_percent, rope_scaling: weights
+# trained under one set of frequencies, or rotating a part of each head, are another function under another's)
 _ARCH_FIELDS = ("family", "num_layers", "num_decoder_layers", "hidden_size", "num_attention_heads",
                 "num_query_groups", "kv_channels", "ffn_hidden_size", "vocab_size", "make_vocab_size_divisible_by",
-                "activation", "normalization", "position_embedding", "rotary_base", "rope_scaling",
-                "tied_embeddings", "add_bias_linear")
+                "activation", "normalization", "position_embedding", "tied_embeddings", "add_bias_linear",
+                "hybrid_layer_pattern")
+# megatron block entries that add parameters (TransformerConfig.add_qkv_bias: q/k/v biases; qk_layernorm: Q/K norms)
+_MEGATRON_FIELDS = ("add_qkv_bias", "qk_layernorm")
 _LEARNED_FIELDS = ("seq_length", "decoder_seq_length")
+_ROPE_FIELDS = ("rotary_base", "rotary_percent", "rope_scaling")
 # MoE / MLA / MTP fields that shape the parameters (the router's top-k, coefficients and balancing do not) or
 # the saved state (the routers' expert biases)
 _MOE_FIELDS = ("num_experts", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_layer_freq",
@@ -348,10 +352,13 @@ _MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_di
 
 
 def _arch(model, fields) -> dict:
-    """``fields`` of ``model`` by name, and its MoE / MLA / MTP shape (``moe.num_experts``, ``mla``, ...)."""
+    """``fields`` of ``model`` by name, its parameter-adding ``megatron`` entries, and its MoE / MLA / MTP shape
+    (``moe.num_experts``, ``mla``, ...)."""
     out = {f: getattr(model, f) for f in fields}
     if out.get("rope_scaling") is not None:     # its set fields, shown as data in the refusal
         out["rope_scaling"] = out["rope_scaling"].model_dump(exclude_none=True)
+    for f in _MEGATRON_FIELDS:
+        out[f"megatron.{f}"] = bool((model.megatron or {}).get(f, False))
     out["mtp_num_layers"] = model.mtp_num_layers or 0       # None and 0: no MTP block
     out["mtp_use_repeated_layer"] = model.mtp_use_repeated_layer   # one MTP layer's weights, or one per depth
     out["moe"] = model.moe is not None
@@ -370,7 +377,7 @@ def model_mismatch(saved: dict | None, rt, ckpt_dir: Path) -> str | None:
     want = rt.plan.model
     if saved is not None:
         have = ModelSpec.model_validate(saved)
-        fields = _ARCH_FIELDS + (_LEARNED_FIELDS if want.position_embedding == "learned" else ())
+        fields = _ARCH_FIELDS + {"learned": _LEARNED_FIELDS, "rope": _ROPE_FIELDS}.get(want.position_embedding, ())
         got, need = _arch(have, fields), _arch(want, fields)
         for f in need:
             a, b = got[f], need[f]

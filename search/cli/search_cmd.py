@@ -442,9 +442,10 @@ def run(args: argparse.Namespace) -> int:
         files += [(extra.to_json(), str(p.with_name(f"{p.stem}.top{k}{p.suffix}")), "-o")
                   for k, extra in enumerate(out_plans[1:], start=2)]
         if plans.pattern is not None and plans.pattern.fits:    # the |-pattern line: aceso export --hybrid-pattern
-            searched = settings_from_args(args, f.training, f.model).release     # its release (not a Bridge form's)
-            pattern = report.to_plan(plans.pattern, f.model, f.cluster, f.training, cm,
-                                     out_plans[0].settings.model_copy(update={"release": searched}))
+            # a Megatron-LM plan, also in a Bridge search (its report line: "Megatron-LM alternative"), at the
+            # --release whose Megatron-LM ran the pattern's checks (None: the newest; api._pattern_line)
+            pattern = report.to_plan(plans.pattern, f.model, f.cluster, f.training, cm, out_plans[0].settings
+                                     .model_copy(update={"framework": "megatron-lm", "release": release_of(args)}))
             files.append((pattern.to_json(), str(p.with_name(f"{p.stem}.pattern{p.suffix}")), "-o"))
     if args.trace:
         files.append((json.dumps([m.as_dict() for m in result.moves], indent=2) + "\n", args.trace, "--trace"))

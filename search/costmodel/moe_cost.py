@@ -75,7 +75,8 @@ from search.settings import precision as lowp
 from search.io.errors import AcesoError
 from ..layers.kind import UnitCost, routed_after
 from search.layers.moe_params import (
-    _norm, expert_params, expert_width, latent_proj_params, mlp_params, router_params, shared_expert_params,
+    _norm, expert_params, expert_width, latent_proj_params, mlp_params, router_params, shared_expert_gate_params,
+    shared_expert_params,
 )
 from .memory import _has_hidden_dropout
 from .comm import LINK_EFFICIENCY
@@ -470,11 +471,13 @@ def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg,
 
 def moe_params_per_rank(model, t: int, ep: int, etp: int) -> tuple[float, float]:
     """(all, expert) parameters of one moe unit on one rank: the norm and router whole (replicated over TP, their
-    gradients reduced like the norms'), the shared expert split over the TP group, and E / ep routed experts each
-    split over etp; LatentMoE's projections whole (TE ``parallel_mode="duplicated"``)."""
+    gradients reduced like the norms'), the shared expert's MLP split over the TP group and its sigmoid gate whole
+    (``SharedExpertMLP.gate_weight``, (1, h) on every TP rank), and E / ep routed experts each split over etp;
+    LatentMoE's projections whole (TE ``parallel_mode="duplicated"``)."""
     etp = etp or t
     e = model.moe
     expert = e.num_experts // ep * expert_params(model) / etp
+    gate = shared_expert_gate_params(model)
     dense = (_norm(model, model.hidden_size) + router_params(model) + latent_proj_params(model)
-             + shared_expert_params(model) / t)
+             + (shared_expert_params(model) - gate) / t + gate)
     return dense + expert, expert

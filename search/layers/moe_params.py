@@ -105,9 +105,16 @@ def router_params(m) -> int:
 
 
 def shared_expert_params(m) -> int:
-    """The shared expert's MLP and its sigmoid gate (1 x h: megatron-core's ``SharedExpertMLP.gate_weight``)."""
+    """The shared expert's MLP and its sigmoid gate (``shared_expert_gate_params``)."""
     size = m.moe.moe_shared_expert_intermediate_size
-    return mlp_params(m, size) + (m.hidden_size if m.moe.moe_shared_expert_gate else 0) if size else 0
+    return mlp_params(m, size) + shared_expert_gate_params(m) if size else 0
+
+
+def shared_expert_gate_params(m) -> int:
+    """The shared expert's sigmoid gate: megatron-core's ``SharedExpertMLP.gate_weight``, a plain (1, h) parameter
+    whole on every TP rank (0.16.1 to 0.19.2; 0 without the gate or the shared expert)."""
+    e = m.moe
+    return m.hidden_size if e.moe_shared_expert_gate and e.moe_shared_expert_intermediate_size else 0
 
 
 def layer_mlp_params(m, layer: int) -> tuple[int, int]:

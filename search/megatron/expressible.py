@@ -10,7 +10,8 @@ A plan is expressible when
 - every (virtual) stage boundary falls between two layers (not between the attention and MLP halves);
 - its recompute choices are one of Megatron-LM's settings (``recompute.py`` has the table);
 - T5: one pipeline stage and as many decoder as encoder layers (``pretrain_t5.py`` at core_v0.16.1 raises for
-  pipeline parallelism and builds ``--num-layers`` decoder layers);
+  pipeline parallelism and builds ``--num-layers`` decoder layers), and with RoPE the default base and no scaling
+  (``t5_rope_refusal``: ``T5Model`` takes neither);
 - ``overlap_param_gather`` comes with ``overlap_grad_reduce`` (``validate_args`` asserts it);
 - the padded vocabulary is one Megatron-LM pads to (a multiple of ``--make-vocab-size-divisible-by`` x tp), the
   RoPE base an integer (``--rotary-base`` is an int), the RoPE scaling one its flags carry (``arch_flags``), and
@@ -56,6 +57,8 @@ def megatron_config(plan: ParallelPlan, chunk_layers: tuple[int, ...] | None = N
         raise NotExpressible(f"model.mamba: {plan.model.name} has Mamba-2 layers, which pretrain_gpt.py does not "
                              "build; export the plan with --hybrid-pattern (pretrain_hybrid.py --hybrid-layer-pattern "
                              "with '|' stage cuts)")
+    if (why := t5_rope_refusal(plan.model)) is not None:
+        raise NotExpressible(why)          # the model's own field: no other plan shape or target helps
     try:
         _check_shapes(plan)
         _check_folding(plan)
@@ -110,6 +113,27 @@ def _check_t5(plan: ParallelPlan) -> None:
         raise NotExpressible(f"model.num_decoder_layers ({m.num_decoder_layers}) differs from num_layers "
                              f"({m.num_layers}): Megatron-LM's pretrain_t5.py builds --num-layers decoder layers, as "
                              "many as encoder layers")
+
+
+T5_ROTARY_BASE = 10000.0      # megatron-core RotaryEmbedding's default rotary_base (0.16.1 to 0.19.2)
+
+
+def t5_rope_refusal(model) -> str | None:
+    """Why Megatron-LM would train another T5 than ``model`` (None: it trains this one). ``pretrain_t5.py``
+    (core_v0.16.1 to core_v0.19.0, ``examples/t5/`` from 0.18) builds ``T5Model(..., position_embedding_type=,
+    rotary_percent=)``, and ``T5Model.__init__`` (megatron-core 0.16.1 to 0.19.2) takes no rotary base and no RoPE
+    scaling: its ``RotaryEmbedding`` runs the default base 10000, unscaled, whatever --rotary-base, --use-rope-scaling
+    or --position-embedding-type yarn say (rotary_percent it passes on)."""
+    if not model.is_t5 or model.position_embedding != "rope":
+        return None
+    if model.rope_scaling is not None:
+        return (f"model.rope_scaling ({model.rope_scaling.type}) with T5: Megatron-LM's pretrain_t5.py builds T5Model, "
+                "which takes no RoPE scaling (it would train unscaled RoPE); remove model.rope_scaling")
+    if model.rotary_base != T5_ROTARY_BASE:
+        return (f"model.rotary_base ({model.rotary_base:g}) with T5: Megatron-LM's pretrain_t5.py builds T5Model, "
+                f"whose RoPE runs the default base {T5_ROTARY_BASE:g} and ignores --rotary-base; set model.rotary_base "
+                f"{T5_ROTARY_BASE:g}")
+    return None
 
 
 def _chunk_layers(plan: ParallelPlan) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ from search.spec.megatron_fields import NO_COST
 from search.spec.model import ModelSpec
 from search.spec.presets import load_model
 from . import layer_variant_flags
+from .expressible import T5_ROTARY_BASE
 from .moe_flags import moe_model_fields
 
 # fields that name a preset's architecture (everything but labels, precision, dropout rates and padding)
@@ -81,6 +82,8 @@ def model_from_flags(f, tp: int, t5: bool, notes: list[str], vocab_size: int | N
         "params_dtype": "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32",
     }
     spec.update(layer_variant_flags.read(f))       # --window-size, --softmax-type, --quick-geglu, ...
+    if t5:
+        _t5_rope(spec, pos, f, notes)
     if spec["activation"] == "quick_geglu" and norm == "RMSNorm":
         spec["family"] = "llama"
     moe = moe_model_fields(f, num_layers, ffn, spec["position_embedding"], notes)
@@ -92,6 +95,24 @@ def model_from_flags(f, tp: int, t5: bool, notes: list[str], vocab_size: int | N
     if backend not in ("auto", "flash", "fused", "unfused", "local"):
         raise AcesoError(f"--attention-backend {backend}: use auto, flash, fused, unfused or local")
     return model, ("unfused" if impl == "local" or backend in ("unfused", "local") else "flash")
+
+
+def _t5_rope(spec: dict, pos: str, f, notes: list[str]) -> None:
+    """The RoPE pretrain_t5.py trains: ``T5Model`` (megatron-core 0.16.1 to 0.19.2) takes --rotary-percent but no
+    rotary base and no scaling (``expressible.t5_rope_refusal``), and builds rotary embeddings for ``rope`` only."""
+    if pos == "yarn":
+        raise AcesoError(f"--position-embedding-type yarn with pretrain_t5.py: {f.release.label}'s T5Model builds "
+                         "rotary embeddings for rope only (with yarn it trains without positions); use rope")
+    if spec["position_embedding"] != "rope":
+        return
+    if spec.get("rope_scaling") is not None:
+        notes.append(f"--use-rope-scaling is not used by pretrain_t5.py ({f.release.tag}): T5Model takes no RoPE "
+                     "scaling; the plan models the plain RoPE it trains")
+        spec["rope_scaling"] = None
+    if spec["rotary_base"] != T5_ROTARY_BASE:
+        notes.append(f"--rotary-base {spec['rotary_base']:g} is not used by pretrain_t5.py ({f.release.tag}): "
+                     f"T5Model's RoPE runs base {T5_ROTARY_BASE:g}; the plan models that")
+        spec["rotary_base"] = T5_ROTARY_BASE
 
 
 def _vocab(f, tp: int, given: int | None) -> dict:

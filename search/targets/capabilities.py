@@ -183,6 +183,14 @@ def yarn_on_bridge(model, low) -> str | None:
     return f"--target megatron-bridge: {why}" if why is not None else None
 
 
+def t5_rope_on_megatron_lm(model, low) -> str | None:
+    """A T5 whose RoPE base or scaling ``pretrain_t5.py`` does not pass on (``megatron.expressible.t5_rope_refusal``):
+    refused before any search, as the export refuses it."""
+    from search.megatron.expressible import t5_rope_refusal
+    why = t5_rope_refusal(model)
+    return f"--target megatron-lm: {why}" if why is not None else None
+
+
 def t5_on_bridge(model, low) -> str | None:
     if not model.is_t5:
         return None
@@ -197,6 +205,8 @@ TABLE: tuple[Row, ...] = (
     Row("YaRN on standard attention (GPT-OSS's rope scaling)", "model", {BRIDGE: yarn_on_bridge}),
     Row("T5 (encoder-decoder)", "model", {BRIDGE: t5_on_bridge}),
     Row("T5 with RoPE (position_embedding rope)", "model", {RUNTIME: rt.t5_rope}),
+    Row("T5 with a RoPE base other than 10000 or RoPE scaling (T5Model takes neither)", "model",
+        {RUNTIME: rt.t5_rope, MEGATRON_LM: t5_rope_on_megatron_lm, BRIDGE: t5_on_bridge}),
     Row("hybrid models in Megatron-LM (what pretrain_hybrid.py builds)", "model",
         {MEGATRON_LM: megatron_lm_hybrid_model}),
     Row("hybrid models on Bridge (Mamba-2, squared ReLU; no GDN)", "model", {BRIDGE: bridge_hybrid_model}),

@@ -126,7 +126,7 @@ def _yarn(args, cfg):
 # the GPTModel arguments pretrain_gpt.py passes from args (rotary_percent, rope_scaling, rope_scaling_factor)
 ARCH_FIELDS = ("add_bias_linear", "add_qkv_bias", "qk_layernorm", "layernorm_epsilon", "moe_router_topk_scaling_factor",
                "rope_type", "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
-               "mscale", "mscale_all_dim", "init_method_std", "moe_router_pre_softmax")
+               "mscale", "mscale_all_dim", "init_method_std", "moe_router_pre_softmax", "moe_shared_expert_gate")
 ARCH_ARGS = ("rotary_percent", "rotary_base", "use_rope_scaling", "rope_scaling_factor")
 
 

@@ -71,3 +71,43 @@ def test_a_yarn_checkpoint_and_a_plain_rope_plan_are_refused_as_each_other():
     other = LLAMA.model_copy(update={"rope_scaling": RopeScaling(type="yarn", factor=8.0)})
     assert "rope_scaling is" in (_mismatch(yarn, other) or "")
     assert _mismatch(yarn, yarn) is None
+
+
+@pytest.mark.parametrize("field, saved_value, planned_value", [("rotary_base", 10000.0, 500000.0),
+                                                               ("rotary_percent", 1.0, 0.5)])
+def test_another_rotary_base_or_fraction_is_refused_naming_the_field(field, saved_value, planned_value):
+    """megatron-core's RotaryEmbedding rotates ``rotary_percent`` of each head at frequencies ``rotary_base**(-2i/d)``:
+    weights trained under one are another function under the other, and no parameter shape tells them apart (the
+    resume loaded them silently). Either way round the resume is refused in one line naming the field."""
+    a, b = (LLAMA.model_copy(update={field: v}) for v in (saved_value, planned_value))
+    for saved, planned, was in ((a, b, saved_value), (b, a, planned_value)):
+        msg = _mismatch(saved, planned)
+        assert msg is not None and f"{field} is {was!r} in the checkpoint" in msg and "\n" not in msg, msg
+    assert _mismatch(a, a) is None
+
+
+def test_rope_fields_of_a_learned_position_model_are_no_mismatch():
+    """A learned-position model rotates nothing: its (unused) rotary_base is no mismatch."""
+    learned = LLAMA.model_copy(update={"position_embedding": "learned"})
+    assert _mismatch(learned, learned.model_copy(update={"rotary_base": 500000.0})) is None
+
+
+@pytest.mark.parametrize("update, field", [
+    ({"megatron": {"add_qkv_bias": True}}, "megatron.add_qkv_bias is False"),
+    ({"megatron": {"qk_layernorm": True}}, "megatron.qk_layernorm is False"),
+])
+def test_parameters_the_megatron_block_adds_are_compared(update, field):
+    """megatron-core builds q/k/v biases (``add_qkv_bias``) and Q/K norms (``qk_layernorm``) from these entries:
+    a checkpoint without them resumed under a plan with them (or the other way round: the saved biases / norms
+    silently dropped) is refused in one line; an entry that adds no parameter (the norm epsilon) is no mismatch."""
+    msg = _mismatch(LLAMA, LLAMA.model_copy(update=update))
+    assert msg is not None and field in msg and "\n" not in msg, msg
+    assert _mismatch(LLAMA, LLAMA.model_copy(update={"megatron": {"layernorm_epsilon": 1e-6}})) is None
+
+
+def test_another_hybrid_layer_pattern_is_refused():
+    """The pattern decides which layer (Mamba-2, attention, MoE, MLP) holds which parameters."""
+    from tests.tiny_models import HYBRID
+    other = HYBRID.model_copy(update={"hybrid_layer_pattern": "M*EE-M"})
+    msg = _mismatch(HYBRID, other)
+    assert msg is not None and "hybrid_layer_pattern is 'M*EM-E'" in msg and "\n" not in msg, msg

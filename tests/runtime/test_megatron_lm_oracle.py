@@ -257,3 +257,5 @@ def test_megatron_lm_reads_the_router_and_init_std_as_exported(tag):
         assert "error" not in got, (name, got)
         assert got["arch"]["moe_router_pre_softmax"] is want[name], name
         assert got["arch"]["init_method_std"] == 0.0173, name
+        qwen2 = name == "qwen2-57b-a14b"      # q/k/v biases and the shared expert's sigmoid gate: its config.json's
+        assert (got["arch"]["add_qkv_bias"], got["arch"]["moe_shared_expert_gate"]) == (qwen2, qwen2), name

@@ -34,3 +34,16 @@ def test_a_bridge_search_labels_the_pattern_line_megatron_lm(tmp_path, capsys):
 def test_a_megatron_lm_search_keeps_its_label(tmp_path, capsys):
     assert _search(tmp_path, "megatron-lm") == 0
     assert any(line.startswith("Megatron-LM |-pattern ") for line in capsys.readouterr().out.splitlines())
+
+
+def test_a_bridge_search_writes_the_pattern_file_as_the_megatron_lm_plan_it_is(tmp_path, capsys):
+    """``-o plan.json`` writes the |-pattern line beside the plan as ``plan.pattern.json``: in a Bridge search its
+    settings said framework megatron-bridge at Bridge's megatron-core (0.16, which runs no hybrid pattern: Megatron-LM
+    builds one from core_v0.17), while its line is the Megatron-LM alternative; now it names Megatron-LM and the
+    release a Megatron-LM search states (None: the newest), and the Bridge plan beside it keeps Bridge's."""
+    out = tmp_path / "plan.json"
+    assert _search(tmp_path, "megatron-bridge", "-o", str(out)) == 0
+    capsys.readouterr()
+    plan, pattern = (json.loads(p.read_text())["settings"] for p in (out, tmp_path / "plan.pattern.json"))
+    assert (plan["framework"], plan["release"]) == ("megatron-bridge", "0.16")
+    assert (pattern["framework"], pattern.get("release")) == ("megatron-lm", None)

@@ -133,9 +133,9 @@ def test_a_gate_without_a_shared_expert():
 
 def test_a_model_without_the_gate_dumps_as_before():
     from search.spec.presets import load_model
-    m = load_model("qwen2-57b-a14b")
-    assert "moe_shared_expert_gate" not in m.model_dump()["moe"]
-    gated = m.moe.model_copy(update={"moe_shared_expert_gate": True})
-    assert gated.model_dump()["moe_shared_expert_gate"] is True
-    assert counts(m.model_copy(update={"moe": gated})).total - counts(m).total == m.num_layers * m.hidden_size
+    m = load_model("qwen2-57b-a14b")                  # gated, as its config.json
+    assert m.model_dump()["moe"]["moe_shared_expert_gate"] is True
+    plain = m.moe.model_copy(update={"moe_shared_expert_gate": False})
+    assert "moe_shared_expert_gate" not in plain.model_dump()
+    assert counts(m).total - counts(m.model_copy(update={"moe": plain})).total == m.num_layers * m.hidden_size
 

@@ -126,8 +126,9 @@ def test_show_prints_every_preset_as_a_spec_file_that_loads_back(tmp_path, capsy
     assert "# Model width h." in text and "# layer_spec: " in text
     assert "# megatron:" in text or "\nmegatron:\n  qk_layernorm: true" in text or \
         "\nmegatron:\n  layernorm_epsilon: 1.0e-0" in text or "\nmegatron:\n  moe_router_topk_scaling_factor: " \
-        in text or "\nmegatron:\n  init_method_std: " in text
-    # the MoE presets set q/k norms, Nemotron-H and Qwen2-57B their eps, Nemotron-3 its top-k scaling, 56B its init std
+        in text or "\nmegatron:\n  init_method_std: " in text or "\nmegatron:\n  add_qkv_bias: true" in text
+    # the MoE presets set q/k norms, Nemotron-H its eps, Qwen2-57B its q/k/v biases, Nemotron-3 its top-k scaling,
+    # 56B its init std
     assert main(["models", "--show", name, "--json", "-o", str(tmp_path / "m.json")]) == 0
     assert load_model(str(tmp_path / "m.json")) == load_model(name)
 

@@ -22,6 +22,7 @@ DATA = Path(__file__).parent / "data"
 # deepseek-v3-no-mtp is the same model without its MTP layer)
 WHOLE = {"deepseek-v3": {"deepseek-v3": {}, "deepseek-v3-no-mtp": {"num_nextn_predict_layers": 0}},
          "qwen3-30b-a3b": {"qwen3-30b-a3b": {}}, "mixtral-8x7b": {"mixtral-8x7b": {}},
+         "qwen2-57b-a14b": {"qwen2-57b-a14b": {}},
          # meta-llama/Meta-Llama-3-8B's config.json is Llama-3.1-8B's without 3.1's llama3 RoPE scaling and with an
          # 8192-token context (the same rope_theta 500000 and rms_norm_eps 1e-5)
          "llama-3.1-8b": {"llama3-8b": {"rope_scaling": None, "max_position_embeddings": 8192}}}
