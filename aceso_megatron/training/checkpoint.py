@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from search.io.errors import AcesoError
+from search.layers.layer_variants import FIELDS as LAYER_VARIANT_FIELDS
 
 from ..parallel.gather import expert_bias_buffers, expert_bias_name
 from .checkpoint_files import MARKER
@@ -339,7 +340,9 @@ def _load(root: str, rt, scheduler, load_optim: bool = True, load_rng: bool = Tr
 _ARCH_FIELDS = ("family", "num_layers", "num_decoder_layers", "hidden_size", "num_attention_heads",
                 "num_query_groups", "kv_channels", "ffn_hidden_size", "vocab_size", "make_vocab_size_divisible_by",
                 "activation", "normalization", "position_embedding", "tied_embeddings", "add_bias_linear",
-                "hybrid_layer_pattern")
+                "hybrid_layer_pattern") + LAYER_VARIANT_FIELDS
+# (LAYER_VARIANT_FIELDS: GPT-OSS's sliding window and its period, the softmax offset, quick GEGLU's offset and clamp:
+# the learnable offset is a parameter, and weights trained under one window / clamp are another function under another)
 # megatron block entries that add parameters (TransformerConfig.add_qkv_bias: q/k/v biases; qk_layernorm: Q/K norms)
 _MEGATRON_FIELDS = ("add_qkv_bias", "qk_layernorm")
 _LEARNED_FIELDS = ("seq_length", "decoder_seq_length")

@@ -111,3 +111,30 @@ def test_another_hybrid_layer_pattern_is_refused():
     other = HYBRID.model_copy(update={"hybrid_layer_pattern": "M*EE-M"})
     msg = _mismatch(HYBRID, other)
     assert msg is not None and "hybrid_layer_pattern is 'M*EM-E'" in msg and "\n" not in msg, msg
+
+
+GEGLU = LLAMA.model_copy(update={"activation": "quick_geglu"})
+
+
+@pytest.mark.parametrize("base, update, field", [
+    (LLAMA, {"softmax_type": "learnable"}, "softmax_type is None"),
+    (LLAMA, {"window_size": [127, 0]}, "window_size is None"),
+    (LLAMA.model_copy(update={"window_size": [127, 0]}), {"window_attn_skip_freq": 2}, "window_attn_skip_freq is None"),
+    (LLAMA, {"activation": "quick_geglu"}, "activation is 'swiglu'"),
+    (GEGLU, {"glu_linear_offset": 1.0}, "glu_linear_offset is None"),
+    (GEGLU, {"activation_func_clamp_value": 7.0}, "activation_func_clamp_value is None"),
+])
+def test_gpt_oss_layer_fields_are_compared(base, update, field):
+    """GPT-OSS's layer fields, which the runtime builds (its learnable softmax offset is a parameter per head; a
+    window, its period, an offset or a clamp makes the same weights another function): a checkpoint without them
+    resumed under a plan with them is refused in one line naming the field, and the other way round."""
+    other = base.model_copy(update=update)
+    msg = _mismatch(base, other)
+    assert msg is not None and field in msg and "\n" not in msg, msg
+    assert _mismatch(other, base) is not None and _mismatch(other, other) is None
+
+
+def test_a_learnable_and_an_off_by_one_softmax_are_refused_as_each_other():
+    a, b = (LLAMA.model_copy(update={"softmax_type": t}) for t in ("learnable", "off-by-one"))
+    msg = _mismatch(a, b)
+    assert msg is not None and "softmax_type is 'learnable' in the checkpoint" in msg, msg
