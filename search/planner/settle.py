@@ -113,7 +113,8 @@ def _graph_rounds(cm, training, target: str, opts: SearchOptions, top_k: int, ex
     """The search again under the stack switches (CUDA-graph scopes) the best plan prices best under, its own and
     the runner-up (``Dispatchers.ranked_stacks``; at most ``MAX_GRAPH_ROUNDS``, ``explored`` left out: the stack
     the searches ran under), each in the space of that stack and the best plan's MoE setting, seeded with the best
-    plan and each round's first plans (``tops``): (plans, result); ``log`` gets one line per round."""
+    plan and each round's first plans (``tops``): (plans, result; only plans faster than the best before are
+    merged); ``log`` gets one line per round."""
     best = _best(plans)
     if best is None:
         return plans, res
@@ -127,7 +128,8 @@ def _graph_rounds(cm, training, target: str, opts: SearchOptions, top_k: int, ex
         space = dataclasses.replace(space, features=tuple(f if f.offload_layers else f._replace(stack=sk)
                                                           for f in space.features))
         r = search(cm, training.global_batch_size, space, o, top_k)
-        plans, res = _merge(plans, r.plans), _sum(res, r)
+        # only what beats the plans so far: at a tie the plan keeps no switch it does not need (its own graphs)
+        plans, res = _merge(plans, [e for e in r.plans if e.score < best.score]), _sum(res, r)
         log.append(f"again under graphs {' '.join(sorted(sk.graphs)) or 'none'} from the best plans: "
                    f"{_best_text(r)}")
     return plans, res
