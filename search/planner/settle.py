@@ -54,9 +54,10 @@ def settle(cm, training, target: str, opts: SearchOptions, top_k: int = 1, moe=N
     make_space = make_space or _make_space
     gbs = training.global_batch_size
     first = space if space is not None else make_space(cm, training, target, moe=moe)
-    # each round's first plans (SEED_PLANS): the graph rounds' seeds, where there are stacks to try (else None)
+    # each round's first plans (SEED_PLANS): the graph rounds' seeds, where there are graph scopes to try (else
+    # None: a dense model's search without a seed's graphs runs as before, the loss fusion alone is no round)
     tops = [] if target == "megatron-lm" and (graph_candidates(cm.model, target) or any(
-        s.features.stack is not None for s in opts.seeds)) else None
+        s.features.stack is not None and s.features.stack.graphs for s in opts.seeds)) else None
     plans, res, log = _rounds(cm, training, target, opts, top_k, first, make_space, tops)
     best = _best(plans)
     if best is not None and best.moe is not None and best.moe.shared_expert_overlap:
@@ -120,7 +121,8 @@ def _graph_rounds(cm, training, target: str, opts: SearchOptions, top_k: int, ex
         return plans, res
     disp = Dispatchers(cm, training.global_batch_size, target, best.moe, _accept(target),
                        stacks=[s.features.stack for s in opts.seeds if s.features.stack is not None])
-    stacks = [sk for sk in disp.ranked_stacks(best) if sk != explored][:MAX_GRAPH_ROUNDS]
+    stacks = [sk for sk in disp.ranked_stacks(best) if sk != explored and sk is not None and sk.graphs]
+    stacks = stacks[:MAX_GRAPH_ROUNDS]
     o = copy.copy(opts)
     o.seeds = list(dict.fromkeys([best.state] + tops + list(opts.seeds)))
     for sk in stacks:
