@@ -128,7 +128,7 @@ class Dispatchers:
         cands = candidates(cm.model, cm.cluster, base, target,
                            getattr(getattr(cm, "training", None), "token_dispatchers", None),
                            shared_overlap_options(cm, target) if shared_overlap else ())
-        self.cm, self.gbs = cm, gbs
+        self.cm, self.gbs, self.target = cm, gbs, target
         self.evaluators = [Evaluator(cm, gbs, None, target, s) for s in cands[1:]]
         self.own = Evaluator(cm, gbs, None, target, cands[0]) if cands else None
         self.graphs = graph_candidates(cm.model, target)
@@ -154,6 +154,24 @@ class Dispatchers:
                 if ok:
                     best = c
         return best
+
+    def ranked_stacks(self, e: Evaluation) -> list:
+        """The stack switches (``StackKey``: the CUDA-graph scopes) ``e``'s state fits and passes the rules under,
+        under ``e``'s own MoE setting, fastest first (``settle``'s rounds under the runner-up scopes)."""
+        if not e.fits:
+            return []
+        ev = self.own if self.own is not None and self.own.moe == e.moe else \
+            Evaluator(self.cm, self.gbs, None, self.target, e.moe)
+        priced = []
+        for st in self._states(e.state):
+            try:
+                c = e if st == e.state else ev.evaluate(st, charge=False, exact=True)
+                ok = c.fits and self._valid(c) and (self.accept is None or self.accept(ev, c))
+            except (pydantic.ValidationError, ValueError):
+                continue
+            if ok:
+                priced.append(c)
+        return list(dict.fromkeys(c.state.features.stack for c in sorted(priced, key=lambda c: c.rank)))
 
     def _valid(self, c: Evaluation) -> bool:
         """Whether the variant's plan passes the plan's own rules (megatron-core's: the EP overlap's structure,

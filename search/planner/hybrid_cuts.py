@@ -114,6 +114,6 @@ def refine(ev, seeds: list[Evaluation], rel) -> tuple[Evaluation | None, str | N
         sev = ev if seed.moe == ev.moe else Evaluator(ev.cm, ev.gbs, None, "megatron-lm", seed.moe)
         for setting in settings_for(ev.cm.model, hybrid_setting(seed.setting, ev.cm.model), rel):
             e = descend(sev, seed.state, setting)
-            if e.fits and (best is None or (e.iteration_ms, e.state) < (best.iteration_ms, best.state)):
+            if e.fits and (best is None or e.rank < best.rank):    # rank: a total order (stack None or not)
                 best = e
     return best, None

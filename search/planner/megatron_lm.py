@@ -133,7 +133,8 @@ def best_setting(ev, state, exact: bool = False):
         return _accepted(ev, _evaluation(ev, state, none, NONE_SETTING, exact))
     off = offloaded(ev, state, spans, firsts)
     cands = []
-    if not ev.no_full:      # full recompute (and its blocks) is refused under the MoE EP overlap
+    no_full = ev.full_refused(state.features)
+    if not no_full:         # full recompute (and its blocks) is refused under the MoE EP overlap and CUDA graphs
         full = priced(FULL_SETTING)
         if not fits(full):  # nothing fits: report the least memory
             return _evaluation(ev, *off, NONE_SETTING, exact) if off else \
@@ -143,7 +144,7 @@ def best_setting(ev, state, exact: bool = False):
         sel = priced(setting)
         if fits(sel):
             cands.append((setting, sel))
-    if ev.no_full:
+    if no_full:
         if not cands and not off:
             return _evaluation(ev, state, none, NONE_SETTING, exact)
         return _accepted(ev, _best(ev, state, cands, off, exact))

@@ -12,6 +12,16 @@ with no shared-expert overlap candidate (``SearchOptions.shared_overlap``), and 
 same Nano row alltoall with the shared-expert overlap wins the first final step at ep 8 by 0.1%, and only the
 rounds without it reach the EP overlap's ep 2.
 
+The stack switches (``--target megatron-lm``: the CUDA-graph scope) are the same kind of choice: the search
+explores without them (``Space.start_of``) and its final step prices each scope on the finalists, so a shape that
+fits only without one scope's buffers is never reached. On Nemotron-3 Nano (gb200x8, 186 GiB, MXFP8) the final
+step keeps mbs 2 / ep 4 (13937.9 ms, 1.126x over the published plan); mbs 4 at ep 2 with Megatron FSDP is 2.8%
+faster under graphs without ``mamba`` (13547.6 ms, 180.0 GiB) and does not fit with the Mamba layers' graphs
+(202.4 GiB). ``settle`` then runs the search under the scopes the best plan prices best under (its own and the
+runner-up, ``Dispatchers.ranked_stacks``; at most ``MAX_GRAPH_ROUNDS``), each with every state carrying that stack
+(plus the seed's loss fusion it kept), seeded with the best plan and each round's first ``SEED_PLANS`` plans: such a
+search explores a few hundred states near them (tests/unit/test_settle_graphs.py).
+
 A wider space (``wider``: e.g. the context-parallel degrees) searched from scratch spreads the same budget over
 more states and can end slower than the narrow space (the hybrid bench lost two Nemotron-H 56B rows that way);
 ``settle`` searches it last, seeded with the narrow space's best plan, so it is never slower than that plan.
@@ -23,12 +33,16 @@ is never slower than the first search's.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 from .aceso import SearchOptions, SearchResult, search
 from .api import make_space as _make_space
+from .dispatchers import Dispatchers, graph_candidates
 from .state import Evaluation
 
 MAX_ROUNDS = 2      # searches under a newly chosen MoE setting (each seeded with the one before)
+MAX_GRAPH_ROUNDS = 2   # searches under the stack switches (CUDA-graph scopes) the best plan prices best under
+SEED_PLANS = 5      # each round's first plans that seed the graph rounds
 
 
 def settle(cm, training, target: str, opts: SearchOptions, top_k: int = 1, moe=None, wider=None,
@@ -40,15 +54,22 @@ def settle(cm, training, target: str, opts: SearchOptions, top_k: int = 1, moe=N
     make_space = make_space or _make_space
     gbs = training.global_batch_size
     first = space if space is not None else make_space(cm, training, target, moe=moe)
-    plans, res, log = _rounds(cm, training, target, opts, top_k, first, make_space)
+    # each round's first plans (SEED_PLANS): the graph rounds' seeds, where there are graph scopes to try (else
+    # None: a dense model's search without a seed's graphs runs as before, the loss fusion alone is no round)
+    tops = [] if target == "megatron-lm" and (graph_candidates(cm.model, target) or any(
+        s.features.stack is not None and s.features.stack.graphs for s in opts.seeds)) else None
+    plans, res, log = _rounds(cm, training, target, opts, top_k, first, make_space, tops)
     best = _best(plans)
     if best is not None and best.moe is not None and best.moe.shared_expert_overlap:
         # the two overlaps exclude each other: the same rounds without the shared-expert overlap (the EP overlap's)
         o = copy.copy(opts)
         o.shared_overlap = False
-        p2, r2, log2 = _rounds(cm, training, target, o, top_k, first, make_space)
+        p2, r2, log2 = _rounds(cm, training, target, o, top_k, first, make_space, tops)
         plans, res = _merge(plans, p2), _sum(res, r2)
         log += [f"without the shared-expert overlap, {line}" for line in log2]
+    if tops is not None:
+        plans, res = _graph_rounds(cm, training, target, opts, top_k, first.features[0].stack, make_space, plans,
+                                   res, log, tops)
     if wider is not None:
         best = _best(plans)
         space = make_space(cm, wider, target, moe=best.moe if best is not None else moe)
@@ -60,10 +81,10 @@ def settle(cm, training, target: str, opts: SearchOptions, top_k: int = 1, moe=N
     return res, log
 
 
-def _rounds(cm, training, target: str, opts: SearchOptions, top_k: int, space, make_space):
+def _rounds(cm, training, target: str, opts: SearchOptions, top_k: int, space, make_space, tops: list | None):
     """The search, then again under its final step's choice while that changes: (plans, result, log lines)."""
     gbs = training.global_batch_size
-    res = search(cm, gbs, space, opts, top_k)
+    res = _search(cm, gbs, space, opts, top_k, tops)
     log = [f"search: {_best_text(res)}"]
     plans = list(res.plans)
     for _ in range(MAX_ROUNDS):
@@ -71,11 +92,55 @@ def _rounds(cm, training, target: str, opts: SearchOptions, top_k: int, space, m
         if best is None or best.moe is None or best.moe == space.moe:
             break
         space = make_space(cm, training, target, moe=best.moe)
-        r = search(cm, gbs, space, _seeded(opts, best), top_k)
+        r = _search(cm, gbs, space, _seeded(opts, best), top_k, tops)
         plans = _merge(plans, r.plans)
         res = _sum(res, r)
         log.append(f"again under {_moe_text(best.moe)} from the best plan: {_best_text(r)}")
     return plans, res, log
+
+
+def _search(cm, gbs: int, space, opts: SearchOptions, top_k: int, tops: list | None) -> SearchResult:
+    """``search``; with ``tops`` (a list), at ``SEED_PLANS`` plans at least (its final step then polishes as many),
+    their fitting states added to it."""
+    if tops is None:
+        return search(cm, gbs, space, opts, top_k)
+    r = search(cm, gbs, space, opts, max(top_k, SEED_PLANS))
+    tops += [e.state for e in r.plans[:SEED_PLANS] if e.fits]
+    return r
+
+
+def _graph_rounds(cm, training, target: str, opts: SearchOptions, top_k: int, explored, make_space, plans, res,
+                  log: list, tops: list):
+    """The search again under the stack switches (CUDA-graph scopes) the best plan prices best under, its own and
+    the runner-up (``Dispatchers.ranked_stacks``; at most ``MAX_GRAPH_ROUNDS``, ``explored`` left out: the stack
+    the searches ran under), each in the space of that stack and the best plan's MoE setting, seeded with the best
+    plan and each round's first plans (``tops``): (plans, result; only plans faster than the best before are
+    merged); ``log`` gets one line per round."""
+    best = _best(plans)
+    if best is None:
+        return plans, res
+    disp = Dispatchers(cm, training.global_batch_size, target, best.moe, _accept(target),
+                       stacks=[s.features.stack for s in opts.seeds if s.features.stack is not None])
+    stacks = [sk for sk in disp.ranked_stacks(best) if sk != explored and sk is not None and sk.graphs]
+    stacks = stacks[:MAX_GRAPH_ROUNDS]
+    o = copy.copy(opts)
+    o.seeds = list(dict.fromkeys([best.state] + tops + list(opts.seeds)))
+    for sk in stacks:
+        space = make_space(cm, training, target, moe=best.moe)
+        space = dataclasses.replace(space, features=tuple(f if f.offload_layers else f._replace(stack=sk)
+                                                          for f in space.features))
+        r = search(cm, training.global_batch_size, space, o, top_k)
+        # only what beats the plans so far: at a tie the plan keeps no switch it does not need (its own graphs)
+        plans, res = _merge(plans, [e for e in r.plans if e.score < best.score]), _sum(res, r)
+        log.append(f"again under graphs {' '.join(sorted(sk.graphs)) or 'none'} from the best plans: "
+                   f"{_best_text(r)}")
+    return plans, res
+
+
+def _accept(target: str):
+    """The final step's extra check of a variant (the megatron-lm target: the export's ``expressible``)."""
+    from .megatron_lm import expressible
+    return (lambda ev, c: expressible(ev, c)) if target == "megatron-lm" else None
 
 
 def _best(plans: list[Evaluation]) -> Evaluation | None:

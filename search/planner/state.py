@@ -213,8 +213,8 @@ class Evaluator:
         if hit is None:
             n = sum(b - a for a, b in (spans or st.spans(i)))
             try:
-                rc, cost = optimize_stage(self.cm, *args, st.mbs, no_full=self.no_full, **kw)
-                hit = StageEval(cost, rc) if cost is not None and not self._refused(rc) else _failed(n)
+                rc, cost = optimize_stage(self.cm, *args, st.mbs, no_full=self.full_refused(st.features), **kw)
+                hit = StageEval(cost, rc) if cost is not None and not self._refused(rc, st.features) else _failed(n)
             except _ERRORS:
                 hit = _failed(n)
             self._stages[key] = hit
@@ -229,16 +229,23 @@ class Evaluator:
         hit = self._stages.get(key)
         if hit is None:
             try:
-                hit = _failed(len(rc)) if self._refused(rc) else \
+                hit = _failed(len(rc)) if self._refused(rc, st.features) else \
                     StageEval(self.cm.stage_cost(*args, rc, st.mbs, **kw), rc)
             except _ERRORS:
                 hit = _failed(len(rc))
             self._stages[key] = hit
         return hit
 
-    def _refused(self, rc) -> bool:
-        """Recompute codes megatron-core would not run with the plan's MoE settings (full under the EP overlap)."""
-        return self.no_full and bool((np.asarray(rc) == RC_CODE["full"]).any())
+    def _refused(self, rc, features=None) -> bool:
+        """Recompute codes megatron-core would not run with the plan's MoE settings and switches (full recompute:
+        ``full_refused``)."""
+        return self.full_refused(features) and bool((np.asarray(rc) == RC_CODE["full"]).any())
+
+    def full_refused(self, features=None) -> bool:
+        """Whether megatron-core refuses full recompute in a state with these switches: under the MoE EP overlap
+        (``moe_plan.overlap_ep_refusal``) or CUDA graphs of any scope but ``full_iteration`` (``stack.refusal``)."""
+        sk = getattr(features, "stack", None)
+        return self.no_full or (sk is not None and bool(sk.graphs) and "full_iteration" not in sk.graphs)
 
     # ----- a plan -------------------------------------------------------------------------------------------------
     def evaluate(self, state: State, charge: bool = True, exact: bool = False) -> Evaluation:

@@ -60,8 +60,9 @@ def test_settled_search_reaches_the_shape_the_chosen_setting_favours(row):
     # the single search's final step chooses the shared-expert overlap (alltoall, ep 8), which excludes the EP
     # overlap; settling also under the best setting without it reaches the EP overlap's shape
     assert once.moe.shared_expert_overlap and best.moe.overlap_ep_comm and not best.moe.shared_expert_overlap
-    assert len(log) == 4 and "shared-expert overlap" in log[1]
+    assert len(log) == 6 and "shared-expert overlap" in log[1]
     assert log[2].startswith("without the shared-expert overlap, search") and "EP overlap" in log[3]
+    assert all(line.startswith("again under graphs") for line in log[4:])     # the best plan's two best scopes
     ref = _brute(cm, tr, make_space(cm, tr, "megatron-lm", moe=best.moe), best.moe,
                  best.state.features._replace(stack=None))
     assert best.iteration_ms <= ref * (1 + 1e-9)                      # at least the brute-force best of that shape
