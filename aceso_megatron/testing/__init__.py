@@ -32,7 +32,7 @@ from ..parallel.distenv import free_port  # noqa: F401  (re-exported for tests)
 # imported once by the forkserver the ranks are forked from (what every rank would otherwise import itself)
 PRELOAD = ["torch", "torch.distributed", "megatron.core", "megatron.core.models.gpt", "megatron.core.models.T5",
            "megatron.core.optimizer", "megatron.core.distributed", "aceso_megatron.training.engine",
-           "aceso_megatron.testing.reference"]
+           "aceso_megatron.testing.reference", "aceso_megatron.testing.frozen"]
 _forkserver_started = False
 
 

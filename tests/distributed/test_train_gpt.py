@@ -16,12 +16,13 @@ import sys
 
 import pytest
 
-from aceso_megatron.testing import run_fresh
+from aceso_megatron.testing import run_fresh, spawn
 from aceso_megatron.training.train import main as train_main
 from search.cli import main
 from search.spec.model import ModelSpec
 from search.spec.plan import ParallelPlan, StageSpec
 from tests.conftest import ROOT
+from tests.distributed.test_build_steps import _train
 
 ITERS = 30
 TINY = ModelSpec(name="tiny-gpt", family="gpt", num_layers=2, hidden_size=64, num_attention_heads=4,
@@ -67,9 +68,11 @@ def make_corpus(path) -> list[str]:
 
 
 def prepare_and_train(d, one: ParallelPlan, three: ParallelPlan, prepare_args: list[str],
-                      train_args: list[str]) -> dict:
+                      train_args: list[str], launch: bool = True) -> dict:
     """`aceso data prepare`, then a single-process run of ``one``, a 4-process `aceso launch --cpu` of ``three``
-    saving at step 15, and a 4-process run resumed from a copy of the step-15 checkpoint."""
+    saving at step 15, and a 4-process run resumed from a copy of the step-15 checkpoint. ``launch=False``: the
+    4-process runs are `aceso train`'s ranks forked from the preloaded server (``testing.spawn``, as
+    test_build_steps.py runs them) instead of `aceso launch` -> torchrun, which this file's GPT runs check."""
     docs = make_corpus(d / "corpus.jsonl")
     # `aceso data prepare`'s main in a fresh process from the preloaded server (its megatron-core import paid once;
     # the `python -m search` entry of the command runs as written in tests/distributed/test_readme.py)
@@ -79,20 +82,24 @@ def prepare_and_train(d, one: ParallelPlan, three: ParallelPlan, prepare_args: l
     (d / "three.json").write_text(three.to_json())
     args = ["--data-path", str(d / "corpus"), "--data-cache-path", str(d / "cache"), *train_args]
     # the one-process runs: `python -m aceso_megatron.training.train`'s main in a fresh process that skips the
-    # torch import (the 4-process runs below go through the real `aceso launch` -> torchrun path)
+    # torch import (with ``launch`` the 4-process runs below go through the real `aceso launch` -> torchrun path)
     run_fresh(train_main, [str(d / "one.json"), "--cpu", *args, "--log-file", str(d / "single.jsonl")], cwd=ROOT)
-    launched = run([sys.executable, "-m", "search", "launch", str(d / "three.json"), "--cpu", "--", *args,
-                    "--save", str(d / "ckpt"), "--save-interval", "15", "--log-file", str(d / "multi.jsonl")])
+
+    def four(*extra: str):
+        if launch:
+            return run([sys.executable, "-m", "search", "launch", str(d / "three.json"), "--cpu", "--", *args, *extra])
+        spawn(4, _train, [str(d / "three.json"), "--cpu", *args, *extra])
+
+    launched = four("--save", str(d / "ckpt"), "--save-interval", "15", "--log-file", str(d / "multi.jsonl"))
     # a run that died after step 15: its folder holds iteration 15 only
     (d / "crashed").mkdir()
     shutil.copytree(d / "ckpt" / "iter_0000015", d / "crashed" / "iter_0000015")
     (d / "crashed" / "latest_checkpointed_iteration.txt").write_text("15\n")
-    run([sys.executable, "-m", "search", "launch", str(d / "three.json"), "--cpu", "--", *args,
-         "--load", str(d / "crashed"), "--log-file", str(d / "resumed.jsonl")])
+    four("--load", str(d / "crashed"), "--log-file", str(d / "resumed.jsonl"))
     # the same checkpoint resumed by one process: dist_checkpointing re-shards it for the other plan
     run_fresh(train_main, [str(d / "one.json"), "--cpu", *args, "--load", str(d / "crashed"), "--log-file",
                            str(d / "resharded.jsonl")], cwd=ROOT)
-    return {"dir": d, "docs": docs, "launch_stdout": launched.stdout}
+    return {"dir": d, "docs": docs, "launch_stdout": launched.stdout if launch else None}
 
 
 def assert_matches_single_process(d, tol: float = 1e-4) -> None:

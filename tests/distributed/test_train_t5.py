@@ -24,7 +24,9 @@ THREE = ParallelPlan(model=TINY_T5, micro_batch_size=2, global_batch_size=8, sta
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    return prepare_and_train(tmp_path_factory.mktemp("train_t5"), ONE, THREE, ["--split-sentences"], TRAIN)
+    # the 4-process runs forked from the preloaded server: `aceso launch` and its torchrun are test_train_gpt.py's
+    return prepare_and_train(tmp_path_factory.mktemp("train_t5"), ONE, THREE, ["--split-sentences"], TRAIN,
+                             launch=False)
 
 
 def test_t5_four_process_plan_matches_single_process_at_every_step(work):
