@@ -16,6 +16,9 @@ A wider space (``wider``: e.g. the context-parallel degrees) searched from scrat
 more states and can end slower than the narrow space (the hybrid bench lost two Nemotron-H 56B rows that way);
 ``settle`` searches it last, seeded with the narrow space's best plan, so it is never slower than that plan.
 
+Where memory binds on the best plan, one more round searches with the fine-grained activation offload on every
+state (``fine_offload.settle_round``).
+
 Each round's plans are merged, best first (``Evaluation.rank``; one entry per state and MoE setting), so the result
 is never slower than the first search's.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import copy
 
+from . import fine_offload
 from .aceso import SearchOptions, SearchResult, search
 from .api import make_space as _make_space
 from .state import Evaluation
@@ -49,6 +53,11 @@ def settle(cm, training, target: str, opts: SearchOptions, top_k: int = 1, moe=N
         p2, r2, log2 = _rounds(cm, training, target, o, top_k, first, make_space)
         plans, res = _merge(plans, p2), _sum(res, r2)
         log += [f"without the shared-expert overlap, {line}" for line in log2]
+    plans, r, line = fine_offload.settle_round(cm, training, target, opts, top_k, plans, make_space, search,
+                                               _seeded, _merge)
+    if r is not None:
+        res = _sum(res, r)
+        log.append(line)
     if wider is not None:
         best = _best(plans)
         space = make_space(cm, wider, target, moe=best.moe if best is not None else moe)
