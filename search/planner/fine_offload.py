@@ -168,7 +168,7 @@ def lighter(cm, gbs: int, space, e, cands, core):
     f = e.state.features
     best = e
     for modules, fraction in [((), 0.0)] + list(cands):
-        sk = f.stack._replace(offload_modules=modules, offload_fraction=fraction)
+        sk = (f.stack or StackKey())._replace(offload_modules=modules, offload_fraction=fraction)
         if sk == f.stack or not graphs_ok(sk, core):
             continue
         stack = None if sk == StackKey() else sk
