@@ -121,18 +121,19 @@ class Dispatchers:
     their stage caches are kept)."""
 
     def __init__(self, cm, gbs: int, target: str, base: MoEPlanSettings | None = None, accept=None, stacks=(),
-                 shared_overlap: bool = True):
+                 shared_overlap: bool = True, offload: bool = True):
         """``accept(evaluator, evaluation)``: an extra check a variant must pass (the megatron-lm target: the
         export's ``expressible``); None: any fitting variant. ``stacks``: the seeds' own stack switches
         (``StackKey``: a published plan's CUDA graphs), also priced on every plan (the megatron-lm target).
-        ``shared_overlap`` False: no shared-expert overlap candidates (``settle``'s other overlap)."""
+        ``shared_overlap`` False: no shared-expert overlap candidates (``settle``'s other overlap). ``offload``
+        False: no fine-grained offload candidates (the uniform baseline: a tuned user's configuration)."""
         self.base = base
         self.accept = accept
         cands = candidates(cm.model, cm.cluster, base, target,
                            getattr(getattr(cm, "training", None), "token_dispatchers", None),
                            shared_overlap_options(cm, target) if shared_overlap else ())
         self.cm, self.gbs = cm, gbs
-        self.offload = fine_offload.candidates(cm, target, base)    # fine-grained offload (fine_offload.py)
+        self.offload = fine_offload.candidates(cm, target, base) if offload else []    # (fine_offload.py)
         self.core = core_of(cm)
         self.evaluators = [Evaluator(cm, gbs, None, target, s) for s in cands[1:]]
         self.own = Evaluator(cm, gbs, None, target, cands[0] if cands else None) if cands or self.offload else None
