@@ -313,6 +313,8 @@ def plan_shape(plan: ParallelPlan) -> str:
                      + (" +ep-overlap" if s.moe.overlap_ep_comm else ""))
     graphs = getattr(s.stack, "cuda_graphs", None) if s.stack is not None else None
     extra += [f"graphs {' '.join(sorted(graphs.scope)) or 'layers'}"] if graphs else []
+    off = getattr(s.stack, "offload", None) if s.stack is not None else None
+    extra += [f"offload {' '.join(off.modules)}" + (f" ({off.fraction:g})" if off.fraction < 1 else "")] if off else []
     return (f"pp{len(st)} v{v} mbs {per_rank} x {plan.global_batch_size // plan.micro_batch_size} micro-batches "
             f"{shapes}" + (f" ({', '.join(extra)})" if extra else ""))
 

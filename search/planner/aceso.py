@@ -58,6 +58,7 @@ class SearchOptions:
     polish_max_spans: int = 3000
     callback: object = None            # called with the number of evaluations done (may raise KeyboardInterrupt)
     shared_overlap: bool = True        # the final step may choose the shared-expert overlap (settle.py: False)
+    offload: bool = True               # the final step may choose the fine-grained offload (settle.py: its own round)
 
 
 @dataclass
@@ -485,7 +486,7 @@ def _finish(cm, gbs, space, opts, results, top_k, t0, interrupted) -> SearchResu
         accept = (lambda _ev, c: expressible(ev, c)) if space.target == "megatron-lm" else None   # ev: runs_on
         disp = Dispatchers(cm, gbs, space.target, space.moe, accept,
                            stacks=[s.features.stack for s in opts.seeds if s.features.stack is not None],
-                           shared_overlap=opts.shared_overlap)
+                           shared_overlap=opts.shared_overlap, offload=opts.offload)
         out = []
         op_level = not has_unit_tables(cm) and space.target != "megatron-lm"   # one setting per plan there
         todo = _to_polish(results, cands, opts, top_k)

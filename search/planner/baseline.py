@@ -223,7 +223,7 @@ def best_uniform(cm, gbs: int, space: Space, model, runs: str = "megatron-lm") -
         st, layers = (least[1], least[2]) if least is not None else (cands[0][1], cands[0][2])
         return BaselineResult(ev.evaluate(st, charge=False, exact=True), layers, n)
     done.sort(key=lambda x: (x[0].score, x[0].state))
-    disp = Dispatchers(cm, gbs, runs, mspace.moe, lambda _ev, c: expressible(ev, c))
+    disp = Dispatchers(cm, gbs, runs, mspace.moe, lambda _ev, c: expressible(ev, c), offload=False)
     refined = []        # MoE: the refined configurations, for the dispatcher choice below
     for e, layers in done[:REFINE_TOP]:    # every combination of the plan-level switches on the best few
         for st in _variants(mspace, e.state):

@@ -28,6 +28,8 @@ transformer-engine graphs of ``attn moe_router moe_preprocess`` (Megatron-Bridge
 drop-and-pad MoE megatron-core's ``full_iteration`` graph (``local``; the export writes
 ``--no-check-for-nan-in-loss-and-grad`` with it, as validate_args asserts); a dense model's graphs remove no priced
 host time (``host.py``) and are not offered.
+Fine-grained activation offload (``fine_offload.py``; the megatron-lm target from megatron-core 0.16) is priced on the
+finalists that recompute, on their own stack and each graph scope's where megatron-core runs the two together.
 ``--dispatcher`` (``TrainingSpec.token_dispatchers``) keeps the dispatchers it names, the first the one the search
 runs under (``--dispatcher alltoall allgather`` keeps DeepEP and HybridEP out).
 """
@@ -39,6 +41,7 @@ import pydantic
 from ..costmodel.types import StackKey
 from search.settings.moe_plan import MoEPlanSettings
 from search.settings.stack import drop_and_pad
+from . import fine_offload
 from .state import Evaluation, Evaluator
 
 DISPATCHERS = ("alltoall", "allgather", "flex")
@@ -118,19 +121,22 @@ class Dispatchers:
     their stage caches are kept)."""
 
     def __init__(self, cm, gbs: int, target: str, base: MoEPlanSettings | None = None, accept=None, stacks=(),
-                 shared_overlap: bool = True):
+                 shared_overlap: bool = True, offload: bool = True):
         """``accept(evaluator, evaluation)``: an extra check a variant must pass (the megatron-lm target: the
         export's ``expressible``); None: any fitting variant. ``stacks``: the seeds' own stack switches
         (``StackKey``: a published plan's CUDA graphs), also priced on every plan (the megatron-lm target).
-        ``shared_overlap`` False: no shared-expert overlap candidates (``settle``'s other overlap)."""
+        ``shared_overlap`` False: no shared-expert overlap candidates (``settle``'s other overlap). ``offload``
+        False: no fine-grained offload candidates (the uniform baseline: a tuned user's configuration)."""
         self.base = base
         self.accept = accept
         cands = candidates(cm.model, cm.cluster, base, target,
                            getattr(getattr(cm, "training", None), "token_dispatchers", None),
                            shared_overlap_options(cm, target) if shared_overlap else ())
         self.cm, self.gbs, self.target = cm, gbs, target
+        self.offload = fine_offload.candidates(cm, target, base) if offload else []    # (fine_offload.py)
+        self.core = core_of(cm)
         self.evaluators = [Evaluator(cm, gbs, None, target, s) for s in cands[1:]]
-        self.own = Evaluator(cm, gbs, None, target, cands[0]) if cands else None
+        self.own = Evaluator(cm, gbs, None, target, cands[0] if cands else None) if cands or self.offload else None
         self.graphs = graph_candidates(cm.model, target)
         self.stacks = list(dict.fromkeys(stacks)) if target == "megatron-lm" else []
 
@@ -141,8 +147,10 @@ class Dispatchers:
         best = e
         own = e.moe or self.base or MoEPlanSettings()
         evs = [ev for ev in self.evaluators if ev.moe != own] + ([self.own] if self.own is not None else [])
+        # the offload only makes room: priced where the plan recomputes (fine_offload.py)
+        room = getattr(e.setting, "granularity", None) is not None
         for ev in evs:
-            for st in self._states(e.state):
+            for st in self._states(e.state, room):
                 if ev is self.own and st == e.state:
                     continue
                 try:
@@ -187,21 +195,27 @@ class Dispatchers:
             return False
         return True
 
-    def _states(self, st):
-        """``st`` and, with CUDA-graph candidates, ``st`` under each scope (its other switches kept)."""
+    def _states(self, st, room: bool = False):
+        """``st`` and, with CUDA-graph candidates, ``st`` under each scope (its other switches kept); ``room``: also
+        under each fine-grained offload candidate (``fine_offload.variants``)."""
         yield st
         f = st.features
         if f.offload_layers:              # megatron-core: no CUDA graphs with CPU offloading
             return
         for g in self.graphs:
             sk = (f.stack or StackKey())._replace(graphs=g.graphs, graph_impl=g.graph_impl)
-            if sk != f.stack:
+            if sk != f.stack and fine_offload.graphs_ok(sk, self.core):
                 yield st._replace(features=f._replace(stack=sk))
         for sk in self.stacks:
             if sk != f.stack:
                 yield st._replace(features=f._replace(stack=sk))
+        if self.offload and room:    # the offload on the state's own stack and on each graph scope's
+            graphed = [(f.stack or StackKey())._replace(graphs=g.graphs, graph_impl=g.graph_impl) for g in self.graphs]
+            for base in [f] + [f._replace(stack=sk) for sk in graphed]:
+                for sk in fine_offload.variants(base, self.offload, self.core):
+                    yield st._replace(features=f._replace(stack=sk))
 
     @property
     def active(self) -> bool:
         """Whether there is another candidate to try (an MoE model)."""
-        return bool(self.evaluators) or bool(self.graphs) or bool(self.stacks)
+        return bool(self.evaluators) or bool(self.graphs) or bool(self.stacks) or bool(self.offload)

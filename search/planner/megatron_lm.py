@@ -22,7 +22,9 @@ Recompute is one setting for the whole plan (``Recompute``):
 block with the smallest N that fits every stage (memory falls and time rises with N, so each stage's smallest N is
 found by bisection and the plan takes the largest). A one-stage state that does not fit without recompute also tries CPU activation offload
 (``offloaded``: the fewest layers that make it fit, by bisection; megatron-core offloads only without recompute
-and pipeline parallelism). Megatron FSDP is a plan-level feature (``space.with_fsdp``).
+and pipeline parallelism). Megatron FSDP is a plan-level feature (``space.with_fsdp``). A state with fine-grained
+activation offload (``fine_offload.py``) takes no full recompute and no selective setting that re-runs a module it
+offloads (``fine_offload.recompute_ok``), and no CPU offloading (megatron-core refuses the two together).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ..costmodel.types import RC_CODE
 from ..megatron import check_expressible
 from ..megatron.config import NO_RECOMPUTE, NotExpressible, Recompute
 from ..megatron.recompute import recompute_of, unit_choices
+from .fine_offload import recompute_ok
 from .state import lower_bound
 
 NONE_SETTING = NO_RECOMPUTE
@@ -133,14 +136,18 @@ def best_setting(ev, state, exact: bool = False):
         return _accepted(ev, _evaluation(ev, state, none, NONE_SETTING, exact))
     off = offloaded(ev, state, spans, firsts)
     cands = []
-    no_full = ev.full_refused(state.features)
-    if not no_full:         # full recompute (and its blocks) is refused under the MoE EP overlap and CUDA graphs
+    # full recompute (and its blocks) is refused under the MoE EP overlap and CUDA graphs (Evaluator.full_refused),
+    # and saves nothing to offload (fine_offload.recompute_ok)
+    no_full = ev.full_refused(state.features) or not recompute_ok(FULL_SETTING, state.features.stack)
+    if not no_full:
         full = priced(FULL_SETTING)
         if not fits(full):  # nothing fits: report the least memory
             return _evaluation(ev, *off, NONE_SETTING, exact) if off else \
                 _evaluation(ev, state, full, FULL_SETTING, exact)
         cands.append((FULL_SETTING, full))
     for setting in selective_settings(model):
+        if not recompute_ok(setting, state.features.stack):
+            continue            # a module both recomputed and offloaded (fine_offload.py)
         sel = priced(setting)
         if fits(sel):
             cands.append((setting, sel))
@@ -202,8 +209,9 @@ def offloaded(ev, state, spans, firsts):
     from ..megatron.hybrid_pattern import runs_as_pattern
     cm, model = ev.cm, ev.cm.model
     if state.num_stages > 1 or len(spans[0]) > 1 or "activation_offload" not in getattr(cm, "features", ()) \
-            or cm.training.activation_offload is False or runs_as_pattern(model):
-        return None
+            or cm.training.activation_offload is False or runs_as_pattern(model) or \
+            (state.features.stack is not None and state.features.stack.offload_modules):
+        return None     # (megatron-core refuses CPU offloading with the fine-grained offload: stack.refusal)
     rc = codes(NONE_SETTING, model, spans[0])
 
     def at(n):

@@ -26,6 +26,9 @@ A wider space (``wider``: e.g. the context-parallel degrees) searched from scrat
 more states and can end slower than the narrow space (the hybrid bench lost two Nemotron-H 56B rows that way);
 ``settle`` searches it last, seeded with the narrow space's best plan, so it is never slower than that plan.
 
+Where memory binds on the best plan, one more round searches with the fine-grained activation offload on every
+state (``fine_offload.settle_round``).
+
 Each round's plans are merged, best first (``Evaluation.rank``; one entry per state and MoE setting), so the result
 is never slower than the first search's.
 """
@@ -35,6 +38,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+from . import fine_offload
 from .aceso import SearchOptions, SearchResult, search
 from .api import make_space as _make_space
 from .dispatchers import Dispatchers, graph_candidates
@@ -53,6 +57,11 @@ def settle(cm, training, target: str, opts: SearchOptions, top_k: int = 1, moe=N
     the first search's space where the caller has built it (None: built here)."""
     make_space = make_space or _make_space
     gbs = training.global_batch_size
+    # the fine-grained offload only makes room: the rounds below run without it (a best plan that offloads would
+    # hide the graph scopes and shapes that fit without, e.g. Nano gb200's), its own round comes last, from their
+    # best plan (fine_offload.settle_round: its search's final step may choose it)
+    with_offload, opts = opts, copy.copy(opts)
+    opts.offload = False
     first = space if space is not None else make_space(cm, training, target, moe=moe)
     # each round's first plans (SEED_PLANS): the graph rounds' seeds, where there are graph scopes to try (else
     # None: a dense model's search without a seed's graphs runs as before, the loss fusion alone is no round)
@@ -70,10 +79,15 @@ def settle(cm, training, target: str, opts: SearchOptions, top_k: int = 1, moe=N
     if tops is not None:
         plans, res = _graph_rounds(cm, training, target, opts, top_k, first.features[0].stack, make_space, plans,
                                    res, log, tops)
+    plans, r, line = fine_offload.settle_round(cm, training, target, with_offload, top_k, plans, make_space, search,
+                                               _seeded, _merge)
+    if r is not None:
+        res = _sum(res, r)
+        log.append(line)
     if wider is not None:
         best = _best(plans)
         space = make_space(cm, wider, target, moe=best.moe if best is not None else moe)
-        r = search(cm, gbs, space, _seeded(opts, best), top_k)
+        r = search(cm, gbs, space, _seeded(with_offload, best), top_k)
         plans = _merge(plans, r.plans)
         res = _sum(res, r)
         log.append(f"the wider space from the best plan: {_best_text(r)}")

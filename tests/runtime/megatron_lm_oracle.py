@@ -91,6 +91,8 @@ def run(line: str, world: int) -> dict:
             "align": [args.align_grad_reduce, args.align_param_gather],
             "vocab": [tokenizer.vocab_size, args.padded_vocab_size],
             "offload": [cfg.cpu_offloading, cfg.cpu_offloading_num_layers],
+            "fine_grained_offload": [cfg.fine_grained_activation_offloading, list(cfg.offload_modules or []),
+                                     getattr(cfg, "activation_offload_fraction", 1.0)],
             "moe": {k: _plain(getattr(cfg, k, None)) for k in MOE_FIELDS},
             "recipe": {k: _plain(getattr(cfg, k, None)) for k in RECIPE_FIELDS},
             "mtp_chunk": _mtp_chunk(cfg, pp, vpp),

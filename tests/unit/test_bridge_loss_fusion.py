@@ -76,23 +76,27 @@ def test_search_export_explain_import_price_the_recipes_fused_loss(tmp_path, cap
     _run(capsys, "search", "--model", model, "--cluster", cluster, "--global-batch-size", "64", "--target",
          "megatron-bridge", "--budget-evals", "40", "--workers", "1", "-o", str(plan_path))
     searched = json.loads(plan_path.read_text())
-    assert searched["settings"]["stack"] == {"cross_entropy_fusion": impl}     # the plan records what it priced
+    # the plan records what it priced (and the fine-grained offload where the search chose it: fine_offload.py)
+    assert searched["settings"]["stack"]["cross_entropy_fusion"] == impl
+    assert set(searched["settings"]["stack"]) <= {"cross_entropy_fusion", "offload"}
     ms = "%.1f" % searched["predicted"]["iteration_time_ms"]
     from search.spec.plan import ParallelPlan
     plan = ParallelPlan.model_validate(searched)
     assert "%.1f" % price(plan).iteration_ms == ms
-    unfused = plan.model_copy(update={"settings": plan.settings.model_copy(update={"stack": None})})
+    rest = plan.settings.stack.model_copy(update={"cross_entropy_fusion": None})
+    unfused = plan.model_copy(update={"settings": plan.settings.model_copy(update={"stack": None if rest.empty
+                                                                                   else rest})})
     assert "%.1f" % price(unfused).iteration_ms != ms                          # the fusion changes the price
     _run(capsys, "export", str(plan_path), "--to", "megatron-bridge", "-o", str(yaml))
     text = yaml.read_text()
-    assert f"  cross_entropy_loss_fusion: true\n  cross_entropy_fusion_impl: {impl}\n" in text, text
+    assert "  cross_entropy_loss_fusion: true\n" in text and f"  cross_entropy_fusion_impl: {impl}\n" in text, text
     assert _header_ms(text) == ms
     assert _explain_ms(capsys, str(plan_path), "--framework", "megatron-bridge") == ms
     assert _explain_ms(capsys, str(plan_path)) == ms
     if hybrid:
         _run(capsys, "import", str(yaml), "--from", "megatron-bridge", "--cluster", cluster, "-o", str(back))
         imported = json.loads(back.read_text())
-        assert imported["settings"]["stack"] == {"cross_entropy_fusion": impl}
+        assert imported["settings"]["stack"] == searched["settings"]["stack"]
         assert "%.1f" % imported["predicted"]["iteration_time_ms"] == ms
 
 

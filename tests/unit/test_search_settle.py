@@ -17,6 +17,7 @@ import pytest
 from bench_modules import load
 from search.costmodel.types import Shape
 from search.planner.aceso import SearchOptions, search
+from search.planner import fine_offload
 from search.planner.api import make_space
 from search.planner.settle import settle
 from search.planner.state import Evaluator, State, from_plan
@@ -50,8 +51,11 @@ def _brute(cm, tr, space, moe, features) -> float:
     return best
 
 
-def test_settled_search_reaches_the_shape_the_chosen_setting_favours(row):
+def test_settled_search_reaches_the_shape_the_chosen_setting_favours(row, monkeypatch):
     plan, cm, tr = row
+    # the MoE settings' rounds alone: without the fine-grained offload candidates (fine_offload.py), which make the
+    # single search's final step 1.2% faster here
+    monkeypatch.setattr(fine_offload, "candidates", lambda *a, **k: [])
     seeds = [from_plan(plan)[0]]
     space = make_space(cm, tr, "megatron-lm", moe=plan.moe)
     once = search(cm, tr.global_batch_size, space, SearchOptions(budget_evals=BUDGET, seeds=seeds)).plans[0]
