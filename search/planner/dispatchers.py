@@ -202,15 +202,14 @@ class Dispatchers:
         f = st.features
         if f.offload_layers:              # megatron-core: no CUDA graphs with CPU offloading
             return
-        for g in self.graphs:
-            sk = (f.stack or StackKey())._replace(graphs=g.graphs, graph_impl=g.graph_impl)
+        graphed = [(f.stack or StackKey())._replace(graphs=g.graphs, graph_impl=g.graph_impl) for g in self.graphs]
+        for sk in graphed:
             if sk != f.stack and fine_offload.graphs_ok(sk, self.core):
                 yield st._replace(features=f._replace(stack=sk))
         for sk in self.stacks:
             if sk != f.stack:
                 yield st._replace(features=f._replace(stack=sk))
         if self.offload and room:    # the offload on the state's own stack and on each graph scope's
-            graphed = [(f.stack or StackKey())._replace(graphs=g.graphs, graph_impl=g.graph_impl) for g in self.graphs]
             for base in [f] + [f._replace(stack=sk) for sk in graphed]:
                 for sk in fine_offload.variants(base, self.offload, self.core):
                     yield st._replace(features=f._replace(stack=sk))

@@ -4,9 +4,10 @@ megatron-core's ``--fine-grained-activation-offloading --offload-modules M ...``
 ``costmodel/stack_cost.py`` and ``costmodel/offload.py``) is one plan-wide setting, so it is chosen as the CUDA-graph
 scopes are (``dispatchers.py``): the final step prices each finalist also under a few offload variants
 (``variants``), the evaluator re-choosing recompute for each (``megatron_lm.best_setting``: an offloaded stage may
-then fit with less or no recompute, which is where it wins), and keeps the fastest fitting one; where that is an
-offloading plan, ``settle_round`` searches again with the offload on every state, from that plan, so that shapes
-which fit only with it (a smaller tp, a larger micro-batch) are reached. The aceso runtime never gets it
+then fit with less or no recompute, which is where it wins), and keeps the fastest fitting one. ``settle`` runs its
+searches without it and then, where memory binds on their best plan (``binds``), ``settle_round`` searches again
+with the offload on every state, from that plan, so that shapes which fit only with it (a smaller tp, a larger
+micro-batch) are reached; that search's final step prices the variants. The aceso runtime never gets it
 (``api.runtime_state`` strips the stack switches; ``runs_elsewhere``).
 
 What is offered, and megatron-core's rules it keeps (``offered``, ``variants``, ``recompute_ok``):

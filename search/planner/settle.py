@@ -26,8 +26,10 @@ A wider space (``wider``: e.g. the context-parallel degrees) searched from scrat
 more states and can end slower than the narrow space (the hybrid bench lost two Nemotron-H 56B rows that way);
 ``settle`` searches it last, seeded with the narrow space's best plan, so it is never slower than that plan.
 
-Where memory binds on the best plan, one more round searches with the fine-grained activation offload on every
-state (``fine_offload.settle_round``).
+The fine-grained activation offload only makes room: the rounds above run without it (``SearchOptions.offload``
+False: a best plan that offloads, and so before megatron-core 0.18 has no graphs, would offer the graph rounds no
+scope), and where memory binds on their best plan one more round searches with it on every state
+(``fine_offload.settle_round``).
 
 Each round's plans are merged, best first (``Evaluation.rank``; one entry per state and MoE setting), so the result
 is never slower than the first search's.
