@@ -137,6 +137,10 @@ class TPBench:
             from patches import moe_router_without_te
 
             moe_router_without_te.apply()
+            if model.add_bias_linear:   # a biased expert's fc2 bias out of place (GPT-OSS)
+                from patches import expert_bias_out_of_place
+
+                expert_bias_out_of_place.apply()
         if model.mamba is not None:   # megatron-core's MambaMixer on torch kernels where mamba-ssm is absent, as the
             from patches import mamba_cpu     # runtime applies it (training.build_steps._patches_for)
 

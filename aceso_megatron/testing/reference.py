@@ -198,6 +198,10 @@ class Reference:
             from patches import moe_router_without_te
 
             moe_router_without_te.apply()
+        if model.moe is not None and model.add_bias_linear:
+            from patches import expert_bias_out_of_place     # the fc2 bias of a SequentialMLP expert, out of place
+
+            expert_bias_out_of_place.apply()
         if model.mla is not None:
             from patches import mla_without_te
 

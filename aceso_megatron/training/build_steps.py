@@ -75,6 +75,7 @@ def _patches_for(plan: ParallelPlan, device: str) -> list[str]:
     return [name for name, wanted in (
         ("cpu_mode", device == "cpu"),
         ("moe_router_without_te", m.moe is not None),
+        ("expert_bias_out_of_place", m.moe is not None and m.add_bias_linear),   # GPT-OSS's biased experts
         ("mla_mtp_tp_group", m.mla is not None or bool(m.mtp_num_layers)),   # MLA / MTP mappings on the stage's TP
         ("mla_without_te", m.mla is not None or bool(m.mtp_num_layers)),
         ("qkv_gather_tp_group", m.mla is None and any(st.tp > m.groups for st in plan.stages)),   # tp > groups

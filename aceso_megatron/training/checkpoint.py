@@ -352,6 +352,8 @@ _ROPE_FIELDS = ("rotary_base", "rotary_percent", "rope_scaling")
 _MOE_FIELDS = ("num_experts", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_layer_freq",
                "first_k_dense_layers", "moe_router_enable_expert_bias", "moe_shared_expert_gate")
 _MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+_GDN_FIELDS = ("linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads",
+               "linear_conv_kernel_dim")
 
 
 def _arch(model, fields) -> dict:
@@ -370,6 +372,24 @@ def _arch(model, fields) -> dict:
     out["mla"] = model.mla is not None
     for f in _MLA_FIELDS:
         out[f"mla.{f}"] = getattr(model.mla, f) if model.mla is not None else None
+    out.update(_mixer_arch(model))
+    return out
+
+
+def _mixer_arch(model) -> dict:
+    """The hybrid mixers' parameter shapes: Mamba-2's as ``MambaMixer`` derives them (``mamba_num_heads`` None is
+    ``expand x hidden / head_dim`` heads, so a checkpoint with the heads written out matches one that derives them),
+    its conv width; Gated DeltaNet's head counts and dims and its conv width. The scan's chunk length and the fused
+    kernel path are no parameter."""
+    from search.layers.mamba import shape
+
+    out = {"mamba": model.mamba is not None, "gdn": model.gdn is not None}
+    m = shape(model.mamba, model.hidden_size) if model.mamba is not None else None
+    for f in ("heads", "head_dim", "groups", "state"):
+        out[f"mamba.{f}"] = getattr(m, f) if m is not None else None
+    out["mamba.d_conv"] = model.mamba.d_conv if model.mamba is not None else None
+    for f in _GDN_FIELDS:
+        out[f"gdn.{f}"] = getattr(model.gdn, f) if model.gdn is not None else None
     return out
 
 

@@ -5,7 +5,7 @@ A target is who runs the plan (``plan_settings.FRAMEWORKS``): ``runtime`` (the a
 ``search --target aceso``, ``aceso launch``), ``megatron-lm`` or ``megatron-bridge``. Each row names a feature and,
 for each target that cannot run it, the rule that says why in one line (the field and the fix); a target the row
 does not name runs the feature. A target's limits apply to that target only: the aceso runtime's (no FP8 yet, no
-LatentMoE, no MoE with linear biases) never stop a ``--target megatron-lm`` search, and Megatron-LM's one
+LatentMoE) never stop a ``--target megatron-lm`` search, and Megatron-LM's one
 shape never stops the heterogeneous one.
 
 Three scopes:
@@ -201,7 +201,6 @@ def t5_on_bridge(model, low) -> str | None:
 TABLE: tuple[Row, ...] = (
     Row("low-precision recipe (FP8 / FP4 linear GEMMs)", "model", {RUNTIME: rt.low_precision}, built=True),
     Row("LatentMoE (moe_latent_size)", "model", {RUNTIME: rt.latent_moe}),
-    Row("MoE with linear biases", "model", {RUNTIME: rt.moe_biases}),
     Row("YaRN on standard attention (GPT-OSS's rope scaling)", "model", {BRIDGE: yarn_on_bridge}),
     Row("T5 (encoder-decoder)", "model", {BRIDGE: t5_on_bridge}),
     Row("T5 with RoPE (position_embedding rope)", "model", {RUNTIME: rt.t5_rope}),

@@ -46,14 +46,6 @@ def latent_moe(model, low) -> str | None:
             "HAVE_TE); search with --target megatron-lm and export the plan (--moe-latent-size)")
 
 
-def moe_biases(model, low) -> str | None:
-    if model.moe is None or not model.add_bias_linear:
-        return None
-    return (f"model.add_bias_linear with MoE (model {model.name}): megatron-core 0.16.1's expert MLP adds its bias in "
-            "place on the output of its TP reduction, which autograd refuses; set model.add_bias_linear false, or search "
-            "with --target megatron-lm (GPT-OSS's biased experts)")
-
-
 def t5_rope(model, low) -> str | None:
     """The runtime's T5 stages (its stage model's ``T5Stage``) build learned absolute position
     embeddings only; stock ``T5Model(position_embedding_type="rope")`` (megatron-core 0.16.1 to 0.19.2, Megatron-LM

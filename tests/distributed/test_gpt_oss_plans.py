@@ -1,7 +1,8 @@
 """GPT-OSS's layer (attention sinks, clamped quick GEGLU with its offset; tests/runtime/test_gpt_oss_runtime.py's tiny
 model, 4 layers) across stages on gloo against a single-process stock megatron-core ``GPTModel``: cut mid-layer into
 tp 2 | tp 1 dp 2 (the tp-2 stage holds 2 of each layer's 4 sinks and half of each gated fc1's gate and linear rows),
-also with sequence parallelism and the distributed optimizer, and with off-by-one sinks; loss and every gradient, 3
+also with sequence parallelism and the distributed optimizer, with off-by-one sinks, and with routed experts and
+their biases (ep 2 on the second stage); loss and every gradient, 3
 clipped optimizer steps and the weights after them, as ``test_plans.py``. The control runs the same plan with the
 clamp off in the runtime, compared with the same stock model: it fails on the loss and fc1's gradients.
 
@@ -18,18 +19,21 @@ from tests.distributed.test_modern_plans import TC, plan, st
 from tests.distributed.test_plans import SEED, STEPS, compare, reference_process  # noqa: F401 (fixture)
 from tests.distributed.test_resume_modern import ITERS, SAVE_AT, SCHEDULE
 from tests.distributed.test_resume_modern import TC as CKPT_TC
-from tests.runtime.test_gpt_oss_runtime import OFF_BY_ONE, OSS
+from tests.runtime.test_gpt_oss_runtime import OFF_BY_ONE, OSS, OSS_MOE
 
 OSS4 = OSS.model_copy(update={"name": "tiny-gpt-oss-4", "num_layers": 4})
+# routed experts with their biases (patches/expert_bias_out_of_place): tp 2 sp (expert tp 1) | tp 1 dp 2 ep 2
+OSS_MOE4 = OSS_MOE.model_copy(update={"name": "tiny-gpt-oss-moe-4", "num_layers": 4})
 CUT = (st(2, 1, 0, 3, ["selective", "none", "full"]), st(1, 2, 3, 8, ["none", "selective", "none", "full", "none"]))
 SP = (st(2, 1, 0, 3, ["none", "selective", "none"], sp=True), st(1, 2, 3, 8))
 
 
 def test_gpt_oss_across_stages_matches_single_process(tmp_path, reference_process):  # noqa: F811
     names = ["learnable tp 2 | tp 1 dp 2", "learnable tp 2 sp | tp 1 dp 2, distributed optimizer",
-             "off-by-one tp 2 | tp 1 dp 2"]
+             "off-by-one tp 2 | tp 1 dp 2", "biased experts tp 2 sp | tp 1 dp 2 ep 2"]
     raws = [plan(OSS4, *CUT), plan(OSS4, *SP, distributed_optimizer=True),
-            plan(OFF_BY_ONE.model_copy(update={"num_layers": 4}), *CUT)]
+            plan(OFF_BY_ONE.model_copy(update={"num_layers": 4}), *CUT),
+            plan(OSS_MOE4, {**SP[0], "etp": 1}, {**SP[1], "ep": 2})]
     control = plan(OSS4.model_copy(update={"activation_func_clamp_value": None}), *CUT)
     out = tmp_path / "results.pt"
     spawn(4, run_plans, [*raws, control], str(out), SEED, STEPS, TC)
@@ -37,6 +41,7 @@ def test_gpt_oss_across_stages_matches_single_process(tmp_path, reference_proces
     failures = compare(names, raws, got)
     assert not failures, "\n".join(failures)
     assert any(k.endswith("core_attention.softmax_offset") for k in got[0]["grads"])
+    assert any(".experts." in k and k.endswith("linear_fc2.bias") for k in got[3]["grads"])   # the experts' biases
     failures = compare(["clamp off in the runtime"], raws[:1], [off])   # against the stock clamped model
     assert any("loss of step 1" in f for f in failures), failures
     assert any("linear_fc1.weight" in f for f in failures), failures

@@ -11,7 +11,7 @@ import pytest
 from aceso_megatron.training.checkpoint import model_mismatch
 from search.layers.moe_spec import MLASpec, MoESpec
 from search.spec.rope_scaling import RopeScaling
-from tests.tiny_models import LLAMA
+from tests.tiny_models import HYBRID, HYBRID_GDN, LLAMA
 
 MOE = LLAMA.model_copy(update={"name": "m", "moe": MoESpec(num_experts=4, moe_router_topk=2,
                                                              moe_ffn_hidden_size=32)})
@@ -138,3 +138,42 @@ def test_a_learnable_and_an_off_by_one_softmax_are_refused_as_each_other():
     a, b = (LLAMA.model_copy(update={"softmax_type": t}) for t in ("learnable", "off-by-one"))
     msg = _mismatch(a, b)
     assert msg is not None and "softmax_type is 'learnable' in the checkpoint" in msg, msg
+
+
+def _mamba(**kw):
+    return HYBRID.model_copy(update={"mamba": HYBRID.mamba.model_copy(update=kw)})
+
+
+def _gdn(**kw):
+    return HYBRID_GDN.model_copy(update={"gdn": HYBRID_GDN.gdn.model_copy(update=kw)})
+
+
+@pytest.mark.parametrize("planned, field", [
+    (_mamba(mamba_num_groups=4), "mamba.groups is 2"),
+    (_mamba(mamba_state_dim=16), "mamba.state is 8"),
+    (_mamba(mamba_head_dim=16), "mamba.heads is 8"),        # 2 x 32 / 8 heads derived in the checkpoint, 4 planned
+    (_mamba(expand=4), "mamba.heads is 8"),
+    (_mamba(d_conv=2), "mamba.d_conv is 4"),
+])
+def test_another_mamba_shape_is_refused_naming_the_field(planned, field):
+    """A Mamba-2 checkpoint of other heads (written or derived: ``expand x hidden / head_dim``), groups, state or conv
+    width holds other ``in_proj`` / ``conv1d`` / ``A_log`` shapes: refused in one line naming the field."""
+    msg = _mismatch(HYBRID, planned)
+    assert msg is not None and field in msg and "\n" not in msg, msg
+
+
+def test_mamba_heads_written_out_or_derived_are_the_same_model():
+    """``mamba_num_heads`` None derives ``expand x hidden / head_dim`` = 2 x 32 / 8 = 8 heads (MambaMixer.__init__):
+    the same heads written out is the same model; the scan's chunk length is no parameter."""
+    assert _mismatch(HYBRID, _mamba(mamba_num_heads=8)) is None
+    assert _mismatch(HYBRID, _mamba(chunk_size=16)) is None
+
+
+@pytest.mark.parametrize("kw, field", [({"linear_num_value_heads": 2 * HYBRID_GDN.gdn.linear_num_value_heads},
+                                        "gdn.linear_num_value_heads"),
+                                       ({"linear_key_head_dim": 4}, "gdn.linear_key_head_dim"),
+                                       ({"linear_conv_kernel_dim": 2}, "gdn.linear_conv_kernel_dim")])
+def test_another_gdn_shape_is_refused_naming_the_field(kw, field):
+    msg = _mismatch(HYBRID_GDN, _gdn(**kw))
+    assert msg is not None and field in msg and "\n" not in msg, msg
+    assert _mismatch(HYBRID_GDN, HYBRID_GDN) is None

@@ -25,8 +25,8 @@ OSS = ModelSpec.model_validate({**LLAMA.model_dump(), "name": "tiny-gpt-oss", "h
                                 "glu_linear_offset": 1.0, "activation_func_clamp_value": 0.1,
                                 "softmax_type": "learnable", "window_size": [3, 0], "window_attn_skip_freq": 2})
 OFF_BY_ONE = OSS.model_copy(update={"name": "tiny-gpt-oss-off-by-one", "softmax_type": "off-by-one"})
-# routed experts with quick GEGLU (no biases: the runtime refuses MoE with biases, runtime_rules.moe_biases)
-OSS_MOE = ModelSpec.model_validate({**OSS.model_dump(), "name": "tiny-gpt-oss-moe", "add_bias_linear": False,
+# routed experts with quick GEGLU and biases, as GPT-OSS's (their fc2 bias out of place: patches/expert_bias_out_of_place)
+OSS_MOE = ModelSpec.model_validate({**OSS.model_dump(), "name": "tiny-gpt-oss-moe",
                                     "moe": {"num_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 32}})
 
 

@@ -96,14 +96,15 @@ def test_torchrun_command(spec, tmp_path):
 
 
 def test_moe_model_the_runtime_refuses_is_refused_before_any_process(tmp_path):
-    """An MoE model with linear biases (megatron-core 0.16.1's expert MLP cannot train it: model.moe.refusal) is
-    one line, exit 2, from the launcher, not a traceback in the workers."""
+    """A LatentMoE model (the runtime does not build its latent projections: runtime_rules.latent_moe) is one line,
+    exit 2, from the launcher, not a traceback in the workers."""
     p = tmp_path / "moe.json"
-    p.write_text(json.dumps({**TINY, "moe": {"num_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 32}}))
+    p.write_text(json.dumps({**TINY, "moe": {"num_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 32,
+                                             "moe_latent_size": 16}}))
     r = _run("--model", p, "--ep", "2", "-o", tmp_path / "db.json", "--cpu")
     assert r.returncode == 2, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "add_bias_linear with MoE" in lines[0], r.stderr
+    assert len(lines) == 1 and "moe.moe_latent_size" in lines[0], r.stderr
     assert not (tmp_path / "db.json").exists()
 
 

@@ -32,6 +32,11 @@ FP8_ARGS = ("--num-layers 2 --hidden-size 4096 --ffn-hidden-size 14336 --num-att
             "--sequence-parallel --use-distributed-optimizer --tokenizer-type NullTokenizer --vocab-size 32000")
 
 
+# GPT-OSS-20B (2 layers) with LatentMoE: the aceso runtime does not build it, Megatron-LM does (runtime_rules.latent_moe)
+_OSS = load_model("gpt-oss-20b", num_layers=2)
+LATENT = _OSS.model_copy(update={"name": "gpt-oss-20b-latent", "moe": _OSS.moe.model_copy(update={"moe_latent_size": 512})})
+
+
 def moe_plan(tp=1, dp=2, ep=2, etp=1, moe=None, cluster="1x2-cpu", model=MOE) -> dict:
     st = {"num_gpus": tp * dp, "tp": tp, "dp": dp, "ep": ep, "etp": etp, "sequence_parallel": tp > 1,
           "start_unit": 0, "end_unit": model.num_units, "recompute": ["none"] * model.num_units}
@@ -56,23 +61,28 @@ def test_the_docs_show_the_table():
 
 
 def test_a_target_megatron_lm_search_is_not_held_to_the_runtime(tmp_path, capsys):
-    """GPT-OSS's biased experts: the aceso runtime does not train them (runtime_rules.moe_biases), Megatron-LM does.
-    Before, a --target megatron-lm search asked the runtime's pre-flight and exited 2 naming the runtime."""
+    """LatentMoE (GPT-OSS-20B's experts behind a 512-wide latent): the aceso runtime does not build it
+    (runtime_rules.latent_moe), Megatron-LM does. Before, a --target megatron-lm search asked the runtime's pre-flight
+    and exited 2 naming the runtime."""
     out = tmp_path / "p.json"
-    rc, _, err = _run(["search", "--model", "gpt-oss-20b", "--num-layers", "2", "--cluster", "1x8-h100",
+    spec = tmp_path / "latent.json"
+    spec.write_text(LATENT.model_dump_json())
+    rc, _, err = _run(["search", "--model", str(spec), "--cluster", "1x8-h100",
                        "--global-batch-size", "64", "--target", "megatron-lm", "--budget-evals", "60",
                        "--workers", "1", "-o", str(out)], capsys)
     assert rc == 0, err
     assert json.loads(out.read_text())["settings"]["framework"] == "megatron-lm"
-    rc, _, err = _run(["search", "--model", "gpt-oss-20b", "--num-layers", "2", "--cluster", "1x8-h100",
+    rc, _, err = _run(["search", "--model", str(spec), "--cluster", "1x8-h100",
                        "--global-batch-size", "64", "--budget-evals", "60", "--workers", "1"], capsys)
-    assert rc == 2 and err.count("\n") == 1 and "add_bias_linear with MoE" in err and "--target megatron-lm" in err, err
+    assert rc == 2 and err.count("\n") == 1 and "moe.moe_latent_size" in err and "--target megatron-lm" in err, err
 
 
 def test_a_runtime_limit_refuses_the_model_before_any_search():
     super_ = load_model("nemotron-3-super")   # LatentMoE
     assert "moe.moe_latent_size" in model_refusal("aceso", super_)
     assert model_refusal("megatron-lm", super_) is None
+    # GPT-OSS's biased experts run on the runtime (patches/expert_bias_out_of_place)
+    assert model_refusal("aceso", load_model("gpt-oss-20b", num_layers=2)) is None
     # aux-loss-free routing runs on the runtime (each stage's own groups: tests/distributed/test_expert_bias_plans.py)
     assert model_refusal("aceso", load_model("deepseek-v3", num_layers=4)) is None
     low = LowPrecision(recipe="fp8-tensorwise")
@@ -144,9 +154,8 @@ def test_the_table_applies_without_torch():
 
 
 def test_each_target_is_held_to_its_own_rules():
-    gpt_oss = load_model("gpt-oss-20b", num_layers=2)
-    plan = uniform_plan(gpt_oss, 1, 1, 8, 8, 64, cluster=parse_cluster("1x8-h100"))
-    assert "add_bias_linear with MoE" in plan_refusal(plan, "aceso", Device.of("cuda"))
+    plan = uniform_plan(LATENT, 1, 1, 8, 8, 64, cluster=parse_cluster("1x8-h100"))
+    assert "moe.moe_latent_size" in plan_refusal(plan, "aceso", Device.of("cuda"))
     assert plan_refusal(plan, "megatron-lm", Device.of("cuda")) is None
     mlm = plan.model_copy(update={"settings": PlanSettings(framework="megatron-lm")})
     assert plan_refusal(mlm, None, "cuda") is None                 # the plan's own target
@@ -160,13 +169,13 @@ def test_each_target_is_held_to_its_own_rules():
 
 
 def test_validate_checks_the_target_asked_for(tmp_path, capsys):
-    plan = uniform_plan(load_model("gpt-oss-20b", num_layers=2), 1, 1, 8, 8, 64, cluster=parse_cluster("1x8-h100"))
+    plan = uniform_plan(LATENT, 1, 1, 8, 8, 64, cluster=parse_cluster("1x8-h100"))
     p = tmp_path / "p.json"
     p.write_text(plan.model_copy(update={"settings": PlanSettings(framework="megatron-lm")}).to_json())
     rc, out, err = _run(["validate", str(p)], capsys)
     assert rc == 0 and "target megatron-lm" in out, err
     rc, _, err = _run(["validate", str(p), "--target", "aceso"], capsys)
-    assert rc == 2 and "add_bias_linear with MoE" in err, err
+    assert rc == 2 and "moe.moe_latent_size" in err, err
 
 
 @pytest.mark.parametrize("command", ["search", "baseline"])

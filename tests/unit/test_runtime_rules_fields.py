@@ -74,7 +74,6 @@ CASES = {
         "linear_num_key_heads": 2, "linear_num_value_heads": 4}, "hybrid_layer_pattern": "G*EG-E"}),
         stage={"cp": 2, "num_gpus": 2}), CUDA_TE)),
     "t5_rope": (rt.t5_rope, (T5.model_copy(update={"position_embedding": "rope"}), None)),
-    "moe_biases": (rt.moe_biases, (MOE.model_copy(update={"add_bias_linear": True}), None)),
     "fp16_on_gpu": (rt.fp16_on_gpu, ("fp16", H100)),
     "fp16_loss_scaling": (rt.fp16_loss_scaling, ("fp16",)),
     "activation_offload": (rt.activation_offload, (plan(settings={"activation_offload": {"num_layers": 1}}), CUDA)),
