@@ -21,12 +21,14 @@ What is offered, and megatron-core's rules it keeps (``offered``, ``variants``, 
   output; ``attn_proj`` only with ``core_attn``, megatron-core raises otherwise) on a model whose layer kinds offload
   them (``offload_inputs`` in ``search/layers/``), the routed experts' (``expert_fc1 moe_act``) on an MoE model
   without paged stashing (``stack.refusal``), and both. Not the norms nor ``qkv_linear``: megatron-core's TE specs
-  fuse the pre-attention and pre-MLP norms into the next linear (``TELayerNormColumnParallelLinear``; the norm is an
-  ``IdentityOp``, whose offload megatron-core skips), while the cost model prices their input as moved;
+  fuse the pre-attention and the dense pre-MLP norms into the next linear (``TELayerNormColumnParallelLinear``; the
+  norm is an ``IdentityOp``, whose offload megatron-core skips: ``stack_cost.moves`` prices them so);
 - recompute (``recompute_ok``): not with full recompute (its checkpointed forward saves no module input to offload:
   the layer keeps only its input), nor ``core_attn`` offloaded with ``core_attn`` recomputed (megatron-core 0.16.1
-  attention.py offloads the core's input only on the path that does not checkpoint it); ``moe_act`` offloaded with
-  ``moe_act`` recomputed is megatron-core's documented combination (experts.py offloads fc1's output either way);
+  attention.py offloads the core's input only on the path that does not checkpoint it): the cost model prices both
+  as moving nothing (``stack_cost.moves``), so the search does not spend evaluations on them; ``moe_act`` offloaded
+  with ``moe_act`` recomputed is megatron-core's documented combination (experts.py offloads fc1's output either
+  way);
 - CPU offloading (``cpu_offloading``): never with it (``stack.refusal``);
 - CUDA graphs: 0.16 and 0.17 state no rule for the two together and NVIDIA documents the combination from 0.18 on
   (core_v0.18.2 transformer_config.py: ``transformer_engine`` or ``full_iteration`` graphs only, never the ``moe``
