@@ -68,7 +68,7 @@ from .memory import (FRAGMENTATION, MB, RESERVE_MB, grad_copy_bytes, in_flight_p
                      state_bytes_per_param)
 from .moe_cost import flex_buffer_mb
 from .offload import host_link_gbps, kept_mb, offload_ms
-from .stack_cost import stack_terms
+from .stack_cost import offload_recompute_key, stack_terms
 from .optimizers import (MUON_OPT_BYTES, dp_collectives, is_muon, muon_matrices, muon_params, ns_flops,
                          shards_states, step_ms)
 from .sharding import fsdp_buffer_mb, per_micro_batch, state_divisors
@@ -297,16 +297,18 @@ class CostModel:
             features = self._default_features
         me = Shape(tp, dp, cp, sp, ep, etp)
         prev, next = Shape.of(prev), Shape.of(next)
+        if type(recompute) is not np.ndarray:
+            recompute = np.asarray(recompute, dtype=np.int8)
+        sk = features.stack     # the fine-grained offload moves less where the recompute checkpoints (stack_cost.py)
+        rc_off = offload_recompute_key(self, sk, spans, recompute) if sk is not None and sk.offload_modules else None
         key = (stage_index, num_stages, first_rank, spans, me, micro_batch_size, prev, next, num_micro_batches,
-               features, moe)
+               features, moe, rc_off)
         st = self._static_cache.get(key)
         if st is None:
             st = self._static(*key)
             if len(self._static_cache) > SPAN_CACHE_SIZE:
                 self._static_cache.clear()
             self._static_cache[key] = st
-        if type(recompute) is not np.ndarray:
-            recompute = np.asarray(recompute, dtype=np.int8)
         rkey = (key, recompute.tobytes())
         hit = self._result_cache.get(rkey)
         if hit is not None:
@@ -381,8 +383,9 @@ class CostModel:
                          chunk_comm=st.chunk_comm, terms=dict(st.terms))
 
     def _static(self, stage_index, num_stages, first_rank, spans, me, mbs, prev, next, m, features,
-                moe=None) -> _Static:
-        """The recompute-independent part of a stage: times per chunk, sync, and the memory terms."""
+                moe=None, rc_off=None) -> _Static:
+        """The recompute-independent part of a stage: times per chunk, sync, and the memory terms (``rc_off``: the
+        recompute codes where they change what the fine-grained offload moves, ``stack_cost``)."""
         tp, dp, cp, sp, ep, etp = me
         for on, name in ((len(spans) > 1, "interleaved"), (features.overlap_grad_reduce, "overlap_grad_reduce"),
                          (features.overlap_param_gather, "overlap_param_gather"),
@@ -498,7 +501,8 @@ class CostModel:
                   ("optimizer", (o_dense / do + o_exp / eo) / MB))
         buffers = (("p2p_buffers", buf), ("fsdp_buffers", fsdp_mb),
                    ("dispatch_buffers", self._dispatch_mb(spans, me, moe)))
-        stack_mb, terms = stack_terms(self, p, spans, in_fl, M, features, opt, me, moe, chunk_fwd, chunk_bwd)
+        stack_mb, terms = stack_terms(self, p, spans, in_fl, M, features, opt, me, moe, chunk_fwd, chunk_bwd,
+                                      rc_off)
         return _Static(
             fwd=sum(chunk_fwd), bwd=sum(chunk_bwd), p2p=p2p_exposed, sync=sync, opt=opt, tpc=sums["tpc"], ideal=ideal,
             prologue=prologue, chunk_fwd=tuple(chunk_fwd), chunk_bwd=tuple(chunk_bwd), chunk_p2p=tuple(chunk_p2p),

@@ -15,7 +15,14 @@ Terms computed here (``stack_terms``):
                          after its forward on a side stream and comes back before its backward, behind the layer's
                          compute (as ``offload.py``): exposed ``max(0, bytes / H - t_layer)`` each way, per layer and
                          micro-batch, for the ``fraction`` of layers offloaded (the earliest groups first:
-                         ``activation_offload_fraction``)
+                         ``activation_offload_fraction``). Only what megatron-core moves (``moves``, core_v0.16.1 to
+                         core_v0.19.0 alike): nothing of a unit under full recompute (the checkpointed forward runs
+                         without grad and saves no module input; megatron-core's config does not refuse it, its
+                         feature guide pairs the offload with fine-grained recompute only), not ``core_attn`` where
+                         the unit's recompute checkpoints the core attention (``Attention.forward`` offloads its
+                         input only on the path that does not), not a norm transformer-engine's spec fuses into the
+                         next linear (``LayerKind.te_fused_norm``: the layer's norm is an ``IdentityOp``, which
+                         ``TransformerLayer`` does not offload; the local spec's separate norm is moved)
     fine_grained_offload (MB, negative) the activations those copies take off the GPU: per offloaded layer and
                          micro-batch in flight, its offloaded modules' inputs (``OFFLOAD_INPUT``), but the layer whose
                          copy is in flight
@@ -33,10 +40,13 @@ Hand-computed: tests/unit/test_stack_features.py.
 
 from __future__ import annotations
 
+import numpy as np
+
 from search.settings.fsdp import DTYPE_BYTES, shards
 from ..layers import resolve
 from .memory import MB
 from .offload import host_link_gbps
+from .types import RC, RC_CODE
 
 PAGED_STASH_FACTOR = 1.10        # megatron-core 0.19 moe_paged_stash_buffer_size_factor_cuda default
 # the memory_breakdown keys the features add (module docstring)
@@ -70,9 +80,40 @@ def offload_input_bytes(model, kind: str, module: str, b: float, s: float, t: in
     return inputs(model, module, b, s, t, sp, dt, ep, etp) if inputs is not None else 0.0
 
 
-def stack_terms(cm, p, spans, in_fl, M: int, features, opt_ms: float, me, moe, chunk_fwd: list, chunk_bwd: list):
+def moves(kind, module: str, te: bool, recompute: str) -> bool:
+    """Whether megatron-core offloads ``module``'s input on a unit of layer kind ``kind`` (a ``LayerKind``) under
+    the unit's ``recompute`` choice, ``te``: transformer-engine's layer spec (module docstring)."""
+    if recompute == "full":
+        return False
+    if te and module == kind.te_fused_norm:
+        return False
+    return not (module == "core_attn" and kind.megatron_modules.get(recompute) == "core_attn")
+
+
+def offload_recompute_key(cm, sk, spans, recompute: np.ndarray) -> bytes | None:
+    """The stage's recompute codes where they change what the offload in ``sk`` moves (a unit under full
+    recompute, or one that checkpoints the core attention with ``core_attn`` offloaded), else None: the stage's
+    recompute-independent terms are then keyed by them (``CostModel.stage_cost``)."""
+    if (recompute == RC_CODE["full"]).any():
+        return recompute.tobytes()
+    if "core_attn" in sk.offload_modules:
+        mask = getattr(cm, "_core_attn_checkpointed", None)
+        if mask is None:        # (U, N_RC): the unit's choice checkpoints the core attention
+            m = cm.model
+            mask = np.array([[resolve(m, u.kind).megatron_modules.get(r) == "core_attn" for r in RC]
+                             for u in m.units], dtype=bool)
+            cm._core_attn_checkpointed = mask
+        units = np.concatenate([np.arange(a, e) for a, e in spans])
+        if mask[units, recompute].any():
+            return recompute.tobytes()
+    return None
+
+
+def stack_terms(cm, p, spans, in_fl, M: int, features, opt_ms: float, me, moe, chunk_fwd: list, chunk_bwd: list,
+                rc_off: bytes | None = None):
     """(memory terms, time terms) of a stage, each a tuple of (name, value); the fine-grained offload's exposed
-    copies are added to ``chunk_fwd`` / ``chunk_bwd`` in place (module docstring)."""
+    copies are added to ``chunk_fwd`` / ``chunk_bwd`` in place (module docstring). ``rc_off``: the stage's recompute
+    codes where they change what the offload moves (``offload_recompute_key``; None: they do not)."""
     t = p.table
     mem, terms = [], [("optimizer_step", opt_ms)]
     if t.host_ms is not None:
@@ -85,7 +126,7 @@ def stack_terms(cm, p, spans, in_fl, M: int, features, opt_ms: float, me, moe, c
             mem.append(("cuda_graphs", g))
     st = features.stack if features is not None else None
     if st is not None and st.offload_modules and st.offload_fraction > 0:
-        mb, ms = _fine_grained_offload(cm, p, spans, in_fl, st, me, chunk_fwd, chunk_bwd)
+        mb, ms = _fine_grained_offload(cm, p, spans, in_fl, st, me, chunk_fwd, chunk_bwd, rc_off)
         if mb:
             mem.append(("fine_grained_offload", -mb))
             terms.append(("offload_copies", M * ms))
@@ -106,19 +147,29 @@ def _layers(model, spans):
     return out
 
 
-def _fine_grained_offload(cm, p, spans, in_fl, st, me, chunk_fwd, chunk_bwd) -> tuple[float, float]:
+def _fine_grained_offload(cm, p, spans, in_fl, st, me, chunk_fwd, chunk_bwd, rc_off=None) -> tuple[float, float]:
     """(MB off the GPU at the stage's peak, exposed copy ms per micro-batch)."""
-    m, src = cm.model, cm.source
+    m = cm.model
     b = p.table.batch
     s = m.seq_length / me.cp
     dt = m.dtype_bytes
     gbps = host_link_gbps(cm.cluster.gpu.name)
     t = p.table
+    te = getattr(cm.source, "flash", True)          # transformer-engine's layers (local: megatron-core's own)
+    codes = np.frombuffer(rc_off, dtype=np.int8) if rc_off is not None else None
+    rc = {}                                         # unit -> its recompute choice, where it changes what moves
+    if codes is not None:
+        units = [u for a, e in spans for u in range(a, e)]
+        rc = {u: RC[c] for u, c in zip(units, codes.tolist()) if c}
     layers_all = []
     for j, (a, e) in enumerate(spans):
         for x, y in _layers(m, ((a, e),)):
-            nbytes = sum(offload_input_bytes(m, m.units[u].kind, mod, b, s, me.tp, me.sp, dt, me.ep, me.etp)
-                         for u in range(x, y) for mod in st.offload_modules)
+            nbytes = 0.0
+            for u in range(x, y):
+                kind = m.units[u].kind
+                rec = resolve(m, kind)
+                nbytes += sum(offload_input_bytes(m, kind, mod, b, s, me.tp, me.sp, dt, me.ep, me.etp)
+                              for mod in st.offload_modules if moves(rec, mod, te, rc.get(u, "none")))
             layers_all.append((j, x, y, nbytes))
     n_off = int(len(layers_all) * st.offload_fraction + 1e-9)
     off = layers_all[:n_off]                    # the earliest groups stay offloaded

@@ -146,7 +146,8 @@ ATTENTION = register(LayerKind(
     keys=lambda m, u, s, s_enc: layer_variants.window_keys(m, u.layer, s) if u.stack == "decoder" else None,
     row_variant=_window, recompute=ATTENTION_RECOMPUTE, megatron_modules={"selective": "core_attn"},
     layer_parts=_ATTENTION_PARTS, hybrid_slot="attention_layer", ep_overlap_partner=True,
-    launches=attention_launches, muon_shapes=attention_muon, offload_inputs=attention_offload))
+    launches=attention_launches, muon_shapes=attention_muon, offload_inputs=attention_offload,
+    te_fused_norm="attn_norm"))     # TE spec: TELayerNormColumnParallelLinear linear_qkv, input_layernorm IdentityOp
 
 CROSS_ATTENTION = register(LayerKind(
     name="cross_attention", symbol=None, role="attention", label="cross-attention", params=cross_attention_params,
@@ -160,4 +161,4 @@ MLP = register(LayerKind(
     name="mlp", symbol="-", role="mlp", label="MLP", params=mlp_params, flops=mlp_flops, price=price_mlp,
     # selective re-runs the activation function; Megatron-LM's mlp module re-runs the whole MLP: no entry
     layer_parts=_MLP_PARTS, hybrid_slot="mlp_layer", launches=mlp_launches, muon_shapes=mlp_muon,
-    offload_inputs=mlp_offload))
+    offload_inputs=mlp_offload, te_fused_norm="mlp_norm"))   # TE spec: the norm in linear_fc1, pre_mlp IdentityOp

@@ -21,7 +21,8 @@ the cost model and the runtime need to know about it, in one record (``LayerKind
   stage's expert shape, EP dispatch, expert parameters) or are the unit megatron-core's EP overlap pairs with the
   routed-experts unit after it (``ep_overlap_partner``, ``ep_overlap_pairs``); its forward kernel launches by part
   (``launches``, ``costmodel.host``), the 2-D weight shards Muon updates (``muon_shapes``, ``costmodel.optimizers``)
-  and the input bytes of each module the fine-grained offload moves (``offload_inputs``, ``costmodel.stack_cost``).
+  and the input bytes of each module the fine-grained offload moves (``offload_inputs``, ``costmodel.stack_cost``;
+  ``te_fused_norm``: the norm transformer-engine's spec fuses into the next linear, which it then does not move).
 
 ``register`` adds a kind (``search/layers/__init__.py`` registers the built-in ones in the order a layer runs them,
 a test can register its own); ``get``, ``resolve`` (with the variant that applies), ``by_symbol`` and ``kinds`` read
@@ -143,6 +144,8 @@ class LayerKind:
     muon_shapes: Callable[..., list] | None = None        # (model, tp, ep, etp) -> [(rows, cols, count)] (routed
     #                                                       experts' shards second and third, as ``muon_matrices``)
     offload_inputs: Callable[..., float] | None = None    # (model, module, b, s, t, sp, dt, ep, etp) -> bytes
+    te_fused_norm: str | None = None            # the offload module of its norm that megatron-core's TE spec fuses
+    #                                             into the next linear (an IdentityOp, whose offload it skips)
     block: str | None = None                    # the ``ModelSpec`` field holding its spec, given exactly when a
     #                                             hybrid pattern writes its symbol (``hybrid.check_model``)
     shape_refusal: Callable[..., str | None] | None = None   # (model, tp, cp) -> why megatron-core refuses that

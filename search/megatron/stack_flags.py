@@ -14,7 +14,8 @@ optimizer does not support Megatron-FSDP") is refused; the stack rules of ``stac
 from __future__ import annotations
 
 from search.io.errors import AcesoError
-from search.settings.stack import GRAPH_SCOPES, OFFLOAD_MODULES, CudaGraphs, FineGrainedOffload, StackSettings
+from search.settings.stack import (GRAPH_SCOPES, OFFLOAD_MODULES, CudaGraphs, FineGrainedOffload, StackSettings,
+                                   moe_recompute_offload_refusal, offload_graphs_refusal)
 
 FLAG_KINDS: dict[str, str] = {
     "--cuda-graph-impl": "str", "--cuda-graph-scope": "list", "--cuda-graph-modules": "list",
@@ -52,6 +53,7 @@ def stack_fields(f, model, distributed_optimizer: bool, fsdp: bool,
         if not 0.0 <= frac <= 1.0:
             raise AcesoError(f"--activation-offload-fraction {frac:g}: must be in [0, 1]")
         offload = FineGrainedOffload(modules=tuple(dict.fromkeys(mods)), fraction=float(frac))
+        _offload_rules(f, graphs, offload.modules, notes)
     elif f.has("--offload-modules") or f.has("--activation-offload-fraction"):
         notes.append("--offload-modules / --activation-offload-fraction without --fine-grained-activation-offloading "
                      "do nothing")
@@ -62,6 +64,27 @@ def stack_fields(f, model, distributed_optimizer: bool, fsdp: bool,
             raise AcesoError(f"--cross-entropy-fusion-impl {ce}: use native or te")
     stack = StackSettings(cuda_graphs=graphs, offload=offload, cross_entropy_fusion=ce)
     return (None if stack.empty else stack), optimizer
+
+
+def _offload_rules(f, graphs: CudaGraphs | None, modules: tuple[str, ...], notes: list[str]) -> None:
+    """megatron-core's rules on the offload with the line's CUDA graphs and recompute modules, at the release the
+    flags are read under (``stack.offload_graphs_refusal``, ``stack.moe_recompute_offload_refusal``: one-line
+    errors); a note where the recompute leaves the offload less to move (priced so: ``costmodel.stack_cost.moves``)."""
+    core = f.release.version
+    why = offload_graphs_refusal(graphs.impl, graphs.scope, modules, core) if graphs is not None else None
+    selective = f.has("--recompute-activations") or f.get("--recompute-granularity") == "selective"
+    recomputed = (f.get("--recompute-modules") or ["core_attn"]) if selective else []
+    if f.has("--moe-layer-recompute"):         # megatron-core appends moe to the modules (selective)
+        recomputed = [*recomputed, "moe"]
+    why = why or moe_recompute_offload_refusal(recomputed, modules, core)
+    if why:
+        raise AcesoError(why)
+    if f.get("--recompute-granularity") == "full":
+        notes.append("--fine-grained-activation-offloading with --recompute-granularity full: the checkpointed "
+                     "layers save no module input to offload (megatron-core runs it); priced as moving nothing there")
+    elif "core_attn" in recomputed and "core_attn" in modules:
+        notes.append("--offload-modules core_attn with --recompute-modules core_attn: megatron-core offloads the "
+                     "core attention's input only where it does not recompute it; priced as not moving it")
 
 
 def _graphs(f, notes: list[str]) -> CudaGraphs | None:

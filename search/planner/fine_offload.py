@@ -21,18 +21,19 @@ What is offered, and megatron-core's rules it keeps (``offered``, ``variants``, 
   output; ``attn_proj`` only with ``core_attn``, megatron-core raises otherwise) on a model whose layer kinds offload
   them (``offload_inputs`` in ``search/layers/``), the routed experts' (``expert_fc1 moe_act``) on an MoE model
   without paged stashing (``stack.refusal``), and both. Not the norms nor ``qkv_linear``: megatron-core's TE specs
-  fuse the pre-attention and pre-MLP norms into the next linear (``TELayerNormColumnParallelLinear``; the norm is an
-  ``IdentityOp``, whose offload megatron-core skips), while the cost model prices their input as moved;
+  fuse the pre-attention and the dense pre-MLP norms into the next linear (``TELayerNormColumnParallelLinear``; the
+  norm is an ``IdentityOp``, whose offload megatron-core skips: ``stack_cost.moves`` prices them so);
 - recompute (``recompute_ok``): not with full recompute (its checkpointed forward saves no module input to offload:
   the layer keeps only its input), nor ``core_attn`` offloaded with ``core_attn`` recomputed (megatron-core 0.16.1
-  attention.py offloads the core's input only on the path that does not checkpoint it); ``moe_act`` offloaded with
-  ``moe_act`` recomputed is megatron-core's documented combination (experts.py offloads fc1's output either way);
+  attention.py offloads the core's input only on the path that does not checkpoint it): the cost model prices both
+  as moving nothing (``stack_cost.moves``), so the search does not spend evaluations on them; ``moe_act`` offloaded
+  with ``moe_act`` recomputed is megatron-core's documented combination (experts.py offloads fc1's output either
+  way);
 - CPU offloading (``cpu_offloading``): never with it (``stack.refusal``);
 - CUDA graphs: 0.16 and 0.17 state no rule for the two together and NVIDIA documents the combination from 0.18 on
-  (core_v0.18.2 transformer_config.py: ``transformer_engine`` or ``full_iteration`` graphs only, never the ``moe``
-  scope; the feature guide: the scope must hold ``attn`` and ``moe_router``, no norm offloaded), so: no graphs
-  before 0.18, and from 0.18 transformer-engine graphs of a scope holding ``attn`` and ``moe_router`` without
-  ``moe`` (``graphs_ok``).
+  (megatron-core's own rules: ``stack.offload_graphs_refusal``, which ``graphs_ok`` applies first; the feature guide
+  asks more: the scope must hold ``attn`` and ``moe_router``, no norm offloaded), so: no graphs before 0.18, and
+  from 0.18 transformer-engine graphs of a scope holding ``attn`` and ``moe_router`` without ``moe`` (``graphs_ok``).
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ from __future__ import annotations
 import dataclasses
 
 from ..costmodel.types import StackKey
+from search.settings.stack import OFFLOAD_GRAPHS_SINCE, offload_graphs_refusal
 
 OFFLOAD_SINCE = (0, 16)         # the first megatron-core with fine-grained activation offload
-GRAPHS_SINCE = (0, 18)          # the first that states how it runs under CUDA graphs
+GRAPHS_SINCE = OFFLOAD_GRAPHS_SINCE     # the first that states how it runs under CUDA graphs
 FRACTION_SINCE = (0, 19)        # --activation-offload-fraction
 FRACTIONS = (0.5, 1.0)          # offered from FRACTION_SINCE (before: 1 only)
 ATTENTION = ("core_attn", "attn_proj")
@@ -80,11 +82,15 @@ def candidates(cm, target: str, moe=None) -> list[tuple[tuple[str, ...], float]]
 
 
 def graphs_ok(sk: StackKey | None, core: tuple[int, int]) -> bool:
-    """Whether the offload in ``sk`` may run with its CUDA graphs at megatron-core ``core`` (module docstring)."""
+    """Whether the offload in ``sk`` may run with its CUDA graphs at megatron-core ``core`` (module docstring):
+    megatron-core's rules (``stack.offload_graphs_refusal``), then the feature guide's."""
     if sk is None or not sk.offload_modules or not sk.graphs:
         return True
+    scope = () if "layer" in sk.graphs else tuple(sorted(sk.graphs))      # StackKey: whole layers hold "layer"
+    if offload_graphs_refusal(sk.graph_impl, scope, sk.offload_modules, core) is not None:
+        return False
     return core >= GRAPHS_SINCE and sk.graph_impl == "transformer_engine" and {"attn", "moe_router"} <= sk.graphs \
-        and not {"moe", "layer"} & sk.graphs
+        and "layer" not in sk.graphs
 
 
 def variants(features, cands, core: tuple[int, int]):

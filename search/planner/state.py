@@ -112,8 +112,15 @@ class Evaluation:
 
     @property
     def rank(self) -> tuple:
-        """Deterministic total order: score, then the plan-level switches on before off, then the state."""
-        return (self.score, tuple(not x for x in self.state.features), self.state)
+        """Deterministic total order: score, then the plan-level switches on before off, then the state (its CUDA
+        graphs' scopes by their count, then their sorted names: frozensets compare by inclusion, which orders
+        neither of two scope sets that do not contain one another; fewer parts first keeps inclusion's order)."""
+        st = self.state
+        sk = st.features.stack
+        if sk is not None:
+            graphs = (len(sk.graphs), tuple(sorted(sk.graphs)))
+            st = st._replace(features=st.features._replace(stack=sk._replace(graphs=graphs)))
+        return (self.score, tuple(not x for x in st.features), st)
 
 
 class BudgetExhausted(Exception):

@@ -47,7 +47,17 @@ moe_router moe_preprocess``; the Nano H100 recipe ``mamba`` alone).
 **Fine-grained activation offload** (``--fine-grained-activation-offloading --offload-modules M ...``; 0.19
 ``--activation-offload-fraction F``): the inputs of the named modules go to host memory after their forward and
 come back for their backward, ``F`` of the eligible groups (the earliest; 0.16.1 has no fraction: 1). Rules: not
-with ``cpu_offloading``; ``attn_proj`` needs ``core_attn``; the MoE modules need an MoE model.
+with ``cpu_offloading``; ``attn_proj`` needs ``core_attn``; the MoE modules need an MoE model. With CUDA graphs
+(``offload_graphs_refusal``, keyed on the plan's release: ``releases.megatron_core``): 0.16 and 0.17 state no rule;
+core_v0.18.2 ``TransformerConfig.__post_init__`` (transformer_config.py:2351-2372) runs the offload only with
+``transformer_engine`` graphs or a ``full_iteration`` one, never the ``moe`` scope ("Token-drop MoE is temporarily
+not supported with activation offloading"), and a full-iteration graph needs
+``--fine-grained-offloading-max-inflight-offloads`` (default None: refused; aceso neither sets nor prices it);
+core_v0.19.0 (:2596-2641) adds ``local`` graphs of named scopes without ``moe`` when only the experts' inputs
+(``expert_fc1``, ``moe_act``) are offloaded. With recompute (``moe_recompute_offload_refusal``, 0.19: :1874-1884):
+``moe`` in ``--recompute-modules`` (or ``--moe-layer-recompute``) checkpoints the whole MoE forward, so offloading
+``expert_fc1`` / ``moe_act`` inside it is refused; no plan field says ``moe`` recompute, so the import checks it
+(``megatron/stack_flags.py``). The search offers less than these allow (``planner/fine_offload.graphs_ok``).
 
 **Cross-entropy fusion** (``--cross-entropy-loss-fusion --cross-entropy-fusion-impl native|te``): the loss as one
 fused kernel (``te``: transformer-engine's parallel cross-entropy, which keeps no fp32 softmax copy) or
@@ -66,6 +76,10 @@ OffloadModule = Literal["attn_norm", "qkv_linear", "core_attn", "attn_proj", "ml
 OFFLOAD_MODULES: tuple[str, ...] = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
                                     "moe_act")
 MOE_OFFLOAD = frozenset({"expert_fc1", "moe_act"})
+OFFLOAD_GRAPHS_SINCE = (0, 18)      # the first megatron-core with rules on CUDA graphs with the fine-grained offload
+OFFLOAD_FLAG = "--fine-grained-activation-offloading"
+LOCAL_GRAPHS_OFFLOAD_SINCE = (0, 19)    # local graphs with the experts' offload only (MOE_OFFLOAD)
+MOE_RECOMPUTE_OFFLOAD_SINCE = (0, 19)   # no expert offload inside a recomputed MoE layer
 
 
 class CudaGraphs(BaseModel):
@@ -143,8 +157,56 @@ def drop_and_pad(moe_spec) -> bool:
     return moe_spec.moe_expert_capacity_factor is not None and moe_spec.moe_pad_expert_input_to_capacity
 
 
+def offload_graphs_refusal(impl: str, scope: tuple[str, ...], modules, core: tuple[int, int]) -> str | None:
+    """Why megatron-core ``core`` (major, minor) refuses CUDA graphs ``impl`` of ``scope`` (the plan's: empty =
+    whole layers, ``full_iteration`` = 0.18's impl of that name) with the fine-grained offload of ``modules``, or
+    None (module docstring). One line: the field and the fix."""
+    if core < OFFLOAD_GRAPHS_SINCE or not modules:
+        return None
+    sc = set(scope)
+    v = "%d.%d" % core
+    if "moe" in sc:
+        return (f"stack.cuda_graphs.scope moe (--cuda-graph-scope moe) with stack.offload ({OFFLOAD_FLAG}): "
+                f"megatron-core {v} refuses the fine-grained offload with moe-scope graphs ('Token-drop MoE is "
+                "temporarily not supported with activation offloading'); use scope moe_router or drop the offload")
+    if "full_iteration" in sc:
+        return (f"stack.cuda_graphs.scope full_iteration (--cuda-graph-impl full_iteration) with stack.offload "
+                f"({OFFLOAD_FLAG}): megatron-core {v} needs --fine-grained-offloading-max-inflight-offloads under a "
+                "full-iteration graph, which aceso neither sets nor prices; use impl transformer_engine or drop the "
+                "offload")
+    if impl != "local":
+        return None
+    if core < LOCAL_GRAPHS_OFFLOAD_SINCE:
+        return (f"stack.cuda_graphs.impl local (--cuda-graph-impl local) with stack.offload ({OFFLOAD_FLAG}): "
+                f"megatron-core {v} runs the fine-grained offload only with transformer_engine graphs; use impl "
+                "transformer_engine")
+    other = [m for m in modules if m not in MOE_OFFLOAD]
+    if other:
+        return (f"stack.cuda_graphs.impl local (--cuda-graph-impl local) with stack.offload.modules "
+                f"{' '.join(other)} (--offload-modules): megatron-core {v} runs local graphs only with the experts' "
+                "offload (expert_fc1, moe_act); use impl transformer_engine or offload only expert_fc1 / moe_act")
+    if not sc:
+        return (f"stack.cuda_graphs.scope empty (whole layers: --cuda-graph-impl local without --cuda-graph-scope) "
+                f"with stack.offload ({OFFLOAD_FLAG}): megatron-core {v} refuses whole-layer local graphs with the "
+                "offload; name the scopes or use impl transformer_engine")
+    return None
+
+
+def moe_recompute_offload_refusal(recompute_modules, modules, core: tuple[int, int]) -> str | None:
+    """Why megatron-core ``core`` refuses selective recompute of ``recompute_modules`` (``--recompute-modules``;
+    ``--moe-layer-recompute`` adds ``moe``) with the fine-grained offload of ``modules``, or None (module
+    docstring)."""
+    inside = [m for m in modules if m in MOE_OFFLOAD]
+    if core < MOE_RECOMPUTE_OFFLOAD_SINCE or "moe" not in recompute_modules or not inside:
+        return None
+    return (f"--recompute-modules moe with --offload-modules {' '.join(inside)}: megatron-core {'%d.%d' % core} "
+            "refuses offloading inside a recomputed MoE layer (the checkpoint wraps the whole MoE forward); remove "
+            f"moe from --recompute-modules or {' '.join(inside)} from --offload-modules")
+
+
 def refusal(plan) -> str | None:
-    """What of the plan's stack switches megatron-core 0.16.1 refuses (one line: the field and the fix), or None."""
+    """What of the plan's stack switches the megatron-core of its release refuses (one line: the field and the
+    fix), or None: megatron-core 0.16.1's rules, and the offload's with CUDA graphs from 0.18."""
     s = plan.stack
     if s is None:
         return None
@@ -205,6 +267,9 @@ def refusal(plan) -> str | None:
         if moe is not None and moe.paged_stash and MOE_OFFLOAD & set(o.modules):
             return ("stack.offload.modules expert_fc1 / moe_act with moe.paged_stash (paged stashing holds those "
                     "activations; megatron-core refuses both); remove them")
+        if g is not None:
+            from search.settings.releases import megatron_core
+            return offload_graphs_refusal(g.impl, g.scope, o.modules, megatron_core(plan.settings.release))
     return None
 
 

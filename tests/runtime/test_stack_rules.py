@@ -98,3 +98,72 @@ def test_the_plan_refuses_graphs_whose_capture_breaks_on_dropless_moe(name):
     assert _we_refuse(*case), name
     padded = {"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True}
     assert not _we_refuse(case[0], case[1], padded, *case[3:]), name      # drop-and-pad counts live on the host
+
+
+# ----- the fine-grained offload with CUDA graphs and MoE recompute, keyed on the release (stack.offload_graphs_refusal,
+# stack.moe_recompute_offload_refusal): the plan, priced at the installed megatron-core's release, refuses exactly what
+# its TransformerConfig refuses (0.16.1 on Python 3.11: nothing; 0.19.x on 3.12: its rules)
+PADDED = {"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True}
+OFFLOAD_CASES = {   # name: (graph scope, impl, MoE spec fields, offloaded modules)
+    "te attn + router, core_attn": (["attn", "moe_router", "moe_preprocess"], "transformer_engine", {},
+                                    ["core_attn", "attn_proj"]),
+    "te attn + router, experts": (["attn", "moe_router", "moe_preprocess"], "transformer_engine", {},
+                                  ["expert_fc1", "moe_act"]),
+    "te moe scope, experts": (["attn", "moe"], "transformer_engine", PADDED, ["expert_fc1"]),
+    "local attn, core_attn": (["attn"], "local", {}, ["core_attn"]),
+    "local router, experts": (["moe_router", "moe_preprocess"], "local", {}, ["moe_act"]),
+    "local router, experts and core_attn": (["moe_router", "moe_preprocess"], "local", {}, ["core_attn", "moe_act"]),
+    "local whole layers, experts": ([], "local", PADDED, ["moe_act"]),
+    "local full_iteration, core_attn": (["full_iteration"], "local", PADDED, ["core_attn"]),
+}
+
+
+def _installed_core() -> tuple[int, int]:
+    from megatron.core import package_info
+    return package_info.MAJOR, package_info.MINOR
+
+
+def _config_refuses(kw) -> bool:
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    base = dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_moe_experts=8, moe_router_topk=2, bf16=True,
+                params_dtype=torch.bfloat16, moe_token_dispatcher_type="alltoall", expert_model_parallel_size=1,
+                moe_grouped_gemm=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            TransformerConfig(**base, **kw)
+    except (AssertionError, ValueError):
+        return True
+    return False
+
+
+@pytest.mark.parametrize("name", list(OFFLOAD_CASES))
+def test_the_plan_refuses_the_offload_with_graphs_as_its_megatron_core_does(name):
+    from search.settings.stack import FineGrainedOffload
+    scope, impl, spec, modules = OFFLOAD_CASES[name]
+    core = _installed_core()
+    theirs = _config_refuses(dict(cuda_graph_impl=impl, cuda_graph_scope=list(scope), **spec,
+                                  fine_grained_activation_offloading=True, offload_modules=list(modules)))
+    plan = uniform_plan(tiny_moe(**spec), 1, 1, 4, 4, 8, cluster=parse_cluster("1x4-cpu"))
+    data = plan.model_dump()
+    data["settings"]["release"] = "%d.%d" % core
+    data["settings"]["stack"] = StackSettings(cuda_graphs=CudaGraphs(impl=impl, scope=tuple(scope)),
+                                              offload=FineGrainedOffload(modules=tuple(modules))).model_dump()
+    try:
+        type(plan).model_validate(data)
+        ours = False
+    except pydantic.ValidationError:
+        ours = True
+    assert ours == theirs, (name, core)
+    if core < (0, 18):       # 0.16 / 0.17 state no rule for the two together
+        assert not theirs, name
+
+
+@pytest.mark.parametrize("recompute", [["moe"], ["moe_act"], ["core_attn", "moe"]])
+@pytest.mark.parametrize("modules", [["expert_fc1"], ["moe_act"], ["core_attn"]])
+def test_moe_recompute_with_expert_offload_is_refused_as_megatron_core_does(recompute, modules):
+    from search.settings.stack import moe_recompute_offload_refusal
+    theirs = _config_refuses(dict(recompute_granularity="selective", recompute_modules=list(recompute),
+                                  fine_grained_activation_offloading=True, offload_modules=list(modules)))
+    ours = moe_recompute_offload_refusal(recompute, modules, _installed_core())
+    assert (ours is not None) == theirs

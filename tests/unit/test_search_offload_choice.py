@@ -155,3 +155,88 @@ def test_a_bridge_search_offloads_and_the_runtime_line_does_not():
     plan = to_plan(bridge, MODEL, cl, GBS, "analytic", predicted=False)
     model = overrides(megatron_config(plan))[1]["model"]
     assert model["fine_grained_activation_offloading"] is True and model["offload_modules"] == ["core_attn"]
+
+
+def _offload_plan(scope, impl, modules, release, moe_spec=None):
+    """The validation error of a tiny MoE plan with these graphs and this offload, priced at ``release`` (None: it
+    validates)."""
+    import pydantic
+
+    from search.settings.stack import CudaGraphs, FineGrainedOffload, StackSettings
+    from search.spec.plan import uniform_plan
+    plan = uniform_plan(tiny_moe(**(moe_spec or {})), 1, 1, 4, 4, 8, cluster=parse_cluster("1x4-h100"))
+    data = plan.model_dump()
+    data["settings"]["release"] = release
+    data["settings"]["stack"] = StackSettings(cuda_graphs=CudaGraphs(impl=impl, scope=tuple(scope)),
+                                              offload=FineGrainedOffload(modules=tuple(modules))).model_dump()
+    try:
+        type(plan).model_validate(data)
+    except pydantic.ValidationError as e:
+        return str(e)
+    return None
+
+
+def test_the_plan_refuses_the_offload_with_graphs_from_its_release():
+    """megatron-core's rules on the two together, by release (stack.offload_graphs_refusal; checked against each
+    release's own config in tests/runtime/test_stack_rules.py and test_offload_choice_oracle.py): none in 0.16 and
+    0.17; core_v0.18.2 transformer_config.py:2351-2372: transformer_engine or full_iteration graphs only, never the
+    moe scope, full_iteration only with --fine-grained-offloading-max-inflight-offloads; core_v0.19.0 :2596-2641:
+    also local graphs of named scopes when only expert_fc1 / moe_act are offloaded."""
+    padded = {"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True}
+    for rel in ("26.04.01", "0.17"):
+        assert _offload_plan(["attn"], "local", ["core_attn"], rel) is None
+        assert _offload_plan(["attn", "moe"], "transformer_engine", ["expert_fc1"], rel, padded) is None
+    why = _offload_plan(["attn"], "local", ["core_attn"], "0.18")
+    assert "stack.cuda_graphs.impl local (--cuda-graph-impl local)" in why and "use impl transformer_engine" in why
+    assert _offload_plan(["moe_router", "moe_preprocess"], "local", ["moe_act"], "0.18") is not None
+    assert _offload_plan(["moe_router", "moe_preprocess"], "local", ["moe_act"], "0.19") is None
+    assert "offload only expert_fc1 / moe_act" in _offload_plan(["attn"], "local", ["core_attn"], "0.19")
+    assert "whole layers" in _offload_plan([], "local", ["moe_act"], "0.19", padded)
+    for rel in ("0.18", "0.19"):
+        assert "use scope moe_router" in _offload_plan(["attn", "moe"], "transformer_engine", ["expert_fc1"], rel,
+                                                       padded)
+        assert "--fine-grained-offloading-max-inflight-offloads" in \
+            _offload_plan(["full_iteration"], "local", ["core_attn"], rel, padded)
+        assert _offload_plan(["attn", "moe_router", "moe_preprocess"], "transformer_engine", ["core_attn"],
+                             rel) is None
+    # the search's choice applies the same rule first (fine_offload.graphs_ok)
+    sk = StackKey(graphs=frozenset({"attn", "moe_router", "moe"}), graph_impl="transformer_engine",
+                  offload_modules=("expert_fc1",), offload_fraction=1.0)
+    assert not fine_offload.graphs_ok(sk, (0, 19))
+
+
+def test_the_import_refuses_expert_offload_inside_a_recomputed_moe_layer_from_0_19():
+    """core_v0.19.0 transformer_config.py:1874-1884: ``moe`` in --recompute-modules (selective; --moe-layer-recompute
+    appends it) wraps the whole MoE forward in a checkpoint, and offloading expert_fc1 / moe_act inside it is
+    refused; 0.18 has no such rule. No plan field says ``moe`` recompute, so the import checks it, one line."""
+    from search.io.errors import AcesoError
+    from search.megatron.importer import read_megatron
+    from tests.unit.test_stack_features import STACK_LINE
+    line = STACK_LINE.replace("--overlap-moe-expert-parallel-comm --delay-wgrad-compute ", "") \
+        .replace("--cross-entropy-loss-fusion --cross-entropy-fusion-impl te ", "") \
+        .replace("--offload-modules core_attn attn_proj", "--offload-modules core_attn attn_proj expert_fc1")
+    moe = line + " --recompute-granularity selective --recompute-modules core_attn moe"
+    read_megatron(moe, world_size=8, version="0.18")
+    with pytest.raises(AcesoError) as e:
+        read_megatron(moe, world_size=8, version="0.19")
+    assert "--recompute-modules moe with --offload-modules expert_fc1" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(AcesoError, match="--recompute-modules moe with --offload-modules expert_fc1"):
+        read_megatron(line + " --moe-layer-recompute", world_size=8, version="0.19")
+    read_megatron(moe.replace(" expert_fc1", ""), world_size=8, version="0.19")     # core_attn: not inside the MoE
+
+
+def test_the_import_notes_what_the_recompute_leaves_the_offload_to_move():
+    """megatron-core accepts the offload with full recompute and with core_attn recomputed (no rule in any release),
+    so the import reads them, says what moves, and prices them so (stack_cost.moves: nothing under full recompute,
+    not the core attention's input where it is recomputed)."""
+    from search.megatron.importer import read_megatron
+    from tests.unit.test_stack_features import STACK_LINE
+    line = STACK_LINE.replace("--overlap-moe-expert-parallel-comm --delay-wgrad-compute ", "") \
+        .replace("--cross-entropy-loss-fusion --cross-entropy-fusion-impl te ", "") \
+        .replace("--cuda-graph-impl transformer_engine --cuda-graph-scope attn moe_router moe_preprocess ", "")
+    full = read_megatron(line + " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+                         world_size=8, version="0.17")
+    assert any("with --recompute-granularity full" in n and "priced as moving nothing" in n for n in full.notes)
+    sel = read_megatron(line + " --recompute-activations", world_size=8, version="0.17")
+    assert any("--offload-modules core_attn with --recompute-modules core_attn" in n for n in sel.notes)
+    assert not any("offload" in n for n in read_megatron(line, world_size=8, version="0.17").notes)

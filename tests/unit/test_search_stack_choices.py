@@ -70,3 +70,23 @@ def test_final_step_takes_full_iteration_graphs_on_host_bound_padded_moe():
         assert "--no-check-for-nan-in-loss-and-grad" in line.split()
         assert back.settings.stack.cuda_graphs.scope == ("full_iteration",)
         assert ms == pytest.approx(best.iteration_ms, rel=1e-6)
+
+
+def test_rank_orders_tied_graph_plans_alike_in_either_input_order():
+    """``Evaluation.rank`` is a total order: two plans of the same time whose CUDA-graph scopes hold neither the
+    other ({attn} and {moe_router}: frozensets compare by inclusion, so neither was below the other and the sort
+    kept the input order) rank the same whichever comes first, by their scope names; one whose scopes hold
+    another's ranks after it, as inclusion orders them; a plan without graphs but with a stack of its own (the
+    offload alone) ranks among them without a type error."""
+    from search.costmodel.types import StackKey
+    from search.planner.state import Evaluation
+    state = State(1, (Shape(1, 8, 1, False, 1, 0),), (0, 8))
+
+    def plan(graphs, offload=()):
+        sk = StackKey(graphs=frozenset(graphs), graph_impl="transformer_engine" if graphs else "",
+                      offload_modules=offload, offload_fraction=1.0 if offload else 0.0)
+        return Evaluation(state._replace(features=Features(stack=sk)), 100.0, True, [], [100.0], 1000.0)
+    a, b, c, d = plan({"moe_router"}), plan({"attn"}), plan((), ("core_attn",)), plan({"attn", "moe_preprocess"})
+    for order in ([a, b, c, d], [d, c, b, a], [b, d, c, a], [a, c, d, b]):
+        ranked = sorted(order, key=lambda e: e.rank)
+        assert [e.state.features.stack for e in ranked] == [x.state.features.stack for x in (c, b, a, d)]

@@ -293,6 +293,67 @@ def test_offload_input_bytes_by_hand():
     assert offload_input_bytes(m, "moe", "moe_act", 1, 1024, 1, False, 2, 4, 1) == 2 * 2048 * 512
 
 
+# What megatron-core moves (core_v0.16.1 to core_v0.19.0 alike): stack_cost.moves. 4 layers of 4096 hidden, 32 heads
+# (MHA), seq 8192, one sequence per rank at tp 1, pp 1 (one micro-batch in flight; the last layer's copy in flight)
+OFF_MODEL = dict(name="tiny-gpt", family="llama", num_layers=4, hidden_size=4096, num_attention_heads=32,
+                 ffn_hidden_size=11008, seq_length=8192, vocab_size=32000, activation="swiglu",
+                 normalization="rmsnorm", position_embedding="rope", add_bias_linear=False, tied_embeddings=False,
+                 params_dtype="bf16")
+QKV_MIB = 2 * 8192 * 3 * 4096 / 2**20          # core_attn: Q, K, V, dt s b (q + 2 kv) / t = 192 MiB per layer
+H_MIB = 2 * 8192 * 4096 / 2**20                # attn_proj (dt s b q / t) and the norms' input (dt s b h): 64 MiB
+
+
+def _offload_stage(modules, recompute, attention="flash", model=None):
+    """(the fine_grained_offload memory term, the offload_copies term) of the one-stage plan, 8 H100s, dp 8."""
+    import numpy as np
+
+    from search.costmodel.types import RC_CODE
+    from search.spec.model import ModelSpec
+    m = model or ModelSpec(**OFF_MODEL)
+    cm = make_cost_model(m, parse_cluster("1x8-h100"), TrainingSpec(global_batch_size=64, attention=attention))
+    units = m.units
+    rc = np.array([RC_CODE[recompute(u.kind)] for u in units], dtype=np.int8)
+    sk = StackKey(offload_modules=tuple(modules), offload_fraction=1.0)
+    c = cm.stage_cost(0, 1, 0, 0, len(units), 1, 8, rc, 8, features=Features(stack=sk))
+    return c.memory_breakdown.get("fine_grained_offload", 0.0), c.terms.get("offload_copies", 0.0)
+
+
+def test_offload_under_full_recompute_moves_nothing():
+    """megatron-core's config accepts the offload with full recompute (no check in any release's __post_init__),
+    but the checkpointed forward runs without grad and saves no module input, so nothing goes to the host: no
+    memory off the GPU, no copies (before: 3 x 192 MiB "saved" on top of full recompute's savings)."""
+    assert _offload_stage(["core_attn"], lambda k: "none")[0] == pytest.approx(-3 * QKV_MIB)
+    assert _offload_stage(["core_attn"], lambda k: "full") == (0.0, 0.0)
+    assert _offload_stage(["core_attn", "attn_proj"], lambda k: "full") == (0.0, 0.0)
+
+
+def test_core_attn_offload_is_skipped_where_the_core_attention_is_recomputed():
+    """``Attention.forward`` (0.16.1 attention.py:1134-1190; 0.19.0 :1541-1597) offloads the core's input only on the
+    path that does not checkpoint it: with ``--recompute-modules core_attn`` only attn_proj's input (the core's
+    output) moves."""
+    def sel(k):
+        return "selective" if k == "attention" else "none"
+    assert _offload_stage(["core_attn"], sel) == (0.0, 0.0)
+    assert _offload_stage(["core_attn", "attn_proj"], sel)[0] == pytest.approx(-3 * H_MIB)
+    assert _offload_stage(["core_attn", "attn_proj"], lambda k: "none")[0] == pytest.approx(-3 * (QKV_MIB + H_MIB))
+
+
+def test_norms_fused_by_transformer_engine_are_not_moved():
+    """transformer-engine's spec fuses the pre-attention norm into linear_qkv and the dense MLP's into linear_fc1
+    (``TELayerNormColumnParallelLinear``; ``input_layernorm`` / ``pre_mlp_layernorm`` are ``IdentityOp``: 0.16.1
+    gpt_layer_specs.py ``get_gpt_layer_with_transformer_engine_spec``, :271-291), whose offload ``TransformerLayer``
+    skips (``not isinstance(..., IdentityOp)``, 0.16.1 transformer_layer.py:448-457; 0.19.0 :1430-1438): nothing
+    moves. megatron-core's local spec keeps them as separate norms (``get_gpt_layer_local_spec``): their input,
+    dt s b h, moves. An MoE layer keeps its pre-MLP norm under TE too (``backend.layer_norm()`` where
+    ``num_experts``, :291): moved."""
+    for norm in ("attn_norm", "mlp_norm"):
+        assert _offload_stage([norm], lambda k: "none") == (0.0, 0.0)
+        assert _offload_stage([norm], lambda k: "none", attention="unfused")[0] == pytest.approx(-3 * H_MIB)
+    m = tiny_moe()          # 2 layers, h 1024, s 1024: one layer's residual stream off the GPU (the last in flight)
+    assert _offload_stage(["mlp_norm"], lambda k: "none", model=m)[0] == pytest.approx(-2 * 1024 * 1024 / 2**20)
+    assert _offload_stage(["attn_norm"], lambda k: "none", model=m) == (0.0, 0.0)
+
+
 def test_capacity_and_paged_stash_memory_by_hand():
     """moe_expert_rank_capacity_factor c = 1.5: (c - 1) x the experts' fc1 and activation inputs more per MoE layer
     in flight; paged stash: 0.10 x them (the 1.10 page factor) plus one layer's capacity buffer."""
