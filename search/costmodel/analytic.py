@@ -5,7 +5,8 @@ and attention efficiency; ``FlatKernels``: the v1 per-GPU constants). Per rank, 
 sequence / cp), hidden h, q = heads*head_dim, kv = groups*head_dim, ffn f (``up`` = f, 2f for SwiGLU and
 quick-GEGLU), tp t, element size dt, r = t with sequence parallelism (else 1):
 
-    attention fwd: norm (2 sbh dt / r bytes) | QKV GEMM (sb, (q+2kv)/t, h) | RoPE (2 sb(q+kv) dt / t) |
+    attention fwd: norm (2 sbh dt / r bytes) | QKV GEMM (sb, (q+2kv)/t, h) | with ``qk_layernorm`` the Q and K
+                   norms (2 sb(q+kv) dt / t, two kernels: ``memory.qk_norm_elems``) | RoPE (2 sb(q+kv) dt / t) |
                    core: flash (causal: half of 4 s^2 b q / t) or unfused (score and context batched GEMMs of
                    b heads/t matrices (s, kv_len, d) and (s, d, kv_len); softmax 2 dt and dropout 2dt+1 bytes per
                    score element) | output GEMM (sb, h, q/t) | bias-dropout-add ((3dt+1) sbh / r);
@@ -265,6 +266,10 @@ class AnalyticSource:
         if m.position_embedding == "rope" and not cross:     # the rank's query heads and K/V group(s)
             ew += 2 * dt * s * b * (q / t + groups_per_rank(m.groups, t) * m.head_dim)
             launches = 3
+        qk = 0.0 if cross else memory.qk_norm_elems(m, b, s, t)
+        if qk:                  # the Q and K norms (``qk_layernorm``): read and write, one kernel each
+            ew += 2 * dt * qk
+            launches += 2
         if cross:   # Q from the decoder tokens, K/V from the encoder's: two GEMMs; K/V shapes per encoder token
             gemms = [(s * b, q / t, h), (kv_len * b, 2 * kv / t, h), (s * b, h, q / t)]
         else:

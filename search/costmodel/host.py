@@ -8,7 +8,8 @@ per kernel) for each. Launch counts per part of a layer, forward, counted on meg
 low-precision recipe, its quantize / amax kernels):
 
     attn            TE LayerNormLinear (norm, QKV GEMM), fused RoPE (q, k), the fused attention, TE Linear
-                    (proj), bias-dropout-add: 7 (+ 3 q: quantize and amax of the two linears)
+                    (proj), bias-dropout-add: 7 (+ 3 q: quantize and amax of the two linears; + 2 with
+                    ``qk_layernorm``: the Q and K norms, ``memory.qk_norm_elems``)
                     MLA: 2 down projections, 2 latent norms, 2 up projections, RoPE, core, proj, bda: 12 (+ 5 q)
     mlp             TE LayerNormMLP: norm, fc1, activation, fc2, bda: 5 (+ 3 q)
     mamba           megatron-core 0.19 ``MambaMixer`` training path (``use_mem_eff_path``): TE LayerNormColumn-

@@ -191,6 +191,19 @@ def _has_hidden_dropout(model: ModelSpec) -> bool:
     return model.hidden_dropout > 0
 
 
+def qk_norm_elems(model: ModelSpec, b: float, s: int, t: int) -> float:
+    """Elements of one rank's queries and keys that a self-attention unit's Q and K norms read (0 without
+    ``megatron.qk_layernorm``). megatron-core's ``SelfAttention.get_query_key_value_tensors`` (core_v0.16.1 to
+    core_v0.19.0) splits the QKV output and applies ``q_layernorm`` to the query heads and ``k_layernorm`` to the key
+    groups (TENorm over each head's ``head_dim``): ``s b (heads / t + groups per rank) head_dim`` elements, one norm
+    kernel each. Its time is the unit's element-wise work (``AnalyticSource.attention``: read and write, dt each;
+    backward 1.5x), its memory ``attention_act_bytes`` (each norm keeps its input, dt, and one fp32 rstd per head
+    row, for backward)."""
+    if not (model.megatron or {}).get("qk_layernorm"):
+        return 0.0
+    return s * b * (model.num_attention_heads / t + groups_per_rank(model.groups, t)) * model.head_dim
+
+
 def attention_act_bytes(model: ModelSpec, b: float, s: int, t: int, flash: bool, kv_len: int | None = None,
                         dt: float = 2.0, sp: bool = False) -> tuple[float, float, float, float]:
     """Bytes kept by one attention (or cross-attention, ``kv_len`` = encoder tokens) unit: (none, selective, full,
@@ -203,6 +216,7 @@ def attention_act_bytes(model: ModelSpec, b: float, s: int, t: int, flash: bool,
     q = model.num_attention_heads * model.head_dim
     kv_rank = groups_per_rank(model.groups, t) * model.head_dim   # groups / tp, one group when tp exceeds them
     a = model.num_attention_heads
+    cross = kv_len is not None
     kv_len = kv_len or s
     r = t if sp else 1     # sequence parallelism splits what TP replicates
     mask = 1.0 * s * b * h if _has_hidden_dropout(model) else 0.0
@@ -213,6 +227,9 @@ def attention_act_bytes(model: ModelSpec, b: float, s: int, t: int, flash: bool,
         core = 4.0 * a * s * b / t
     else:
         core, dropped = unfused_core_bytes(model, b, s, kv_len, t, dt)
+    # the Q and K norms' inputs and rstd (self-attention only; selective recompute re-runs the core, not them)
+    qk = 0.0 if cross else qk_norm_elems(model, b, s, t)
+    split += (dt + 4.0 / model.head_dim) * qk
     none = replicated + split + core
     selective = replicated + split
     full = dt * s * b * h / r

@@ -101,8 +101,10 @@ def price_mlp(src, u, a) -> Row:
 # ----- what the cost model's other terms read of the units (costmodel.host, optimizers, stack_cost) -------------
 def attention_launches(m, quantized: bool, n_local: int = 0, moe=None) -> dict:
     """TE LayerNormLinear (norm, QKV GEMM), fused RoPE (q, k), the fused attention, TE Linear (proj),
-    bias-dropout-add: 7, + 3 quantized (``costmodel.host`` has the counting)."""
-    return {"attn": 7 + 3 * (1 if quantized else 0)}
+    bias-dropout-add: 7, + 3 quantized, + 2 with ``qk_layernorm`` (the Q and K norms: ``memory.qk_norm_elems``)
+    (``costmodel.host`` has the counting)."""
+    qk = 2 if (m.megatron or {}).get("qk_layernorm") else 0
+    return {"attn": 7 + 3 * (1 if quantized else 0) + qk}
 
 
 def mlp_launches(m, quantized: bool, n_local: int = 0, moe=None) -> dict:

@@ -90,8 +90,9 @@ NO_COST = frozenset({"init_method_std", "embedding_init_method_std", "layernorm_
                      "layernorm_zero_centered_gamma", "softmax_scale", "rotary_interleaved",
                      "apply_query_key_layer_scaling", "moe_router_topk_scaling_factor", "mtp_loss_scaling_factor"})
 # fields the analytic model prices where they act: the QKV bias in the parameter counts (ModelSpec.unit_params; its
-# add runs inside the projection, as add_bias_linear's does)
-PRICED = frozenset({"add_qkv_bias"})
+# add runs inside the projection, as add_bias_linear's does); the Q and K norms in the parameter counts and in the
+# attention unit's time, activations and launches (costmodel.memory.qk_norm_elems)
+PRICED = frozenset({"add_qkv_bias", "qk_layernorm"})
 
 # kernel fusions: CUDA-only, the runtime switches them off on CPU whatever the block says
 CPU_OFF = ("bias_activation_fusion", "bias_dropout_fusion", "masked_softmax_fusion", "persist_layer_norm",
