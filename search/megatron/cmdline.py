@@ -29,7 +29,7 @@ from .layer_variant_flags import FLAG_KINDS as LAYER_FLAG_KINDS
 from .layout import distribution, layout_chunk_layers
 from .model_args import model_from_flags
 from .moe_flags import moe_plan_fields
-from .stack_flags import FLAG_KINDS as STACK_FLAG_KINDS, stack_fields
+from .stack_flags import FLAG_KINDS as STACK_FLAG_KINDS, INFERENCE_PAD, release_stack_refusal, stack_fields
 from .shell import placeholder
 from .versions import Release, having, not_a_flag, release
 
@@ -107,6 +107,7 @@ QUIET = frozenset({
     "--norm-epsilon", "--initial-loss-scale", "--min-loss-scale", "--loss-scale", "--loss-scale-window",
     "--hysteresis", "--fp8-margin", "--fp8-interval", "--mask-prob", "--short-seq-prob", "--no-check-for-nan-in-loss-and-grad", "--local-rank",
     "--mtp-loss-scaling-factor", "--moe-per-layer-logging",
+    "--moe-pad-experts-for-cuda-graph-inference",     # inference only; 0.16 / 0.17 assert it (stack_flags)
 })
 
 
@@ -302,6 +303,9 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
     if f.has("--tp-comm-overlap") and not sp:
         raise AcesoError("--tp-comm-overlap needs --sequence-parallel (Megatron-LM's validate_args asserts it)")
     stack, optimizer = stack_fields(f, model, dist_opt, bool(fsdp), notes)
+    if (why := release_stack_refusal(f.release, stack, ep, f.has(INFERENCE_PAD),
+                                     attention)):
+        raise AcesoError(why)
     main_params, main_grads = _fsdp_dtypes(f, fsdp, model.params_dtype)
     settings = PlanSettings(
         framework="megatron-lm", distributed_optimizer=dist_opt, overlap_grad_reduce=ogr, overlap_param_gather=opg,

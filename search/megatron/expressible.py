@@ -26,6 +26,7 @@ from search.settings.moe_plan import expert_tp, moe_settings
 from . import arch_flags
 from .config import HINT, MegatronConfig, NotExpressible, Recompute, layer_bounds, layer_name, num_layers
 from .recompute import recompute_of
+from .stack_flags import OFFLOAD_NEEDS_TE
 
 SHAPE_FIELDS = ("tp", "cp", "dp", "sequence_parallel")
 FOLDING = "Megatron-LM has one expert folding for all stages; use the plugin runtime or --target megatron-lm"
@@ -169,6 +170,10 @@ def _check_features(plan: ParallelPlan) -> None:
         raise NotExpressible(f"model.rotary_base ({m.rotary_base}) is not an integer: Megatron-LM's --rotary-base "
                              "takes an integer")
     attention = plan.predicted.attention if plan.predicted else None
+    stack = plan.settings.stack if plan.settings is not None else None
+    if stack is not None and stack.offload is not None and attention == "unfused":
+        raise NotExpressible("settings.stack.offload with megatron-core's local layers (predicted.attention unfused): "
+                             + OFFLOAD_NEEDS_TE)
     if plan.tp_comm_overlap and attention == "unfused":
         raise NotExpressible("tp_comm_overlap is on but the plan was priced for megatron-core's local layers "
                              "(predicted.attention unfused): --tp-comm-overlap needs transformer-engine")

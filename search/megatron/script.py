@@ -28,6 +28,7 @@ from search.settings.fsdp import describe as fsdp_describe
 from search.costmodel.plan_view import describe
 from search.costmodel.throughput import throughput
 from .names import grad_reduce_args, megatron_lm_args, tokenizer_args
+from .stack_flags import INFERENCE_PAD, needs_inference_pad, release_stack_refusal
 
 TRAINING_PLACEHOLDER = ("--train-iters 100 --lr 1.0e-4 --min-lr 1.0e-5 --lr-decay-style cosine --lr-warmup-iters 10 "
                         "--weight-decay 0.1 --clip-grad 1.0 --log-interval 10 --eval-iters 0")
@@ -62,6 +63,11 @@ def arg_groups(c: MegatronConfig, rel: Release | None = None) -> dict[str, list[
     if why:
         raise AcesoError(why)
     groups = megatron_lm_args(as_run(c, rel))
+    stack = c.settings.stack
+    if needs_inference_pad(rel, stack, c.ep):    # 0.16 / 0.17 validate_args asserts it (inference only)
+        groups["parallel"] = groups["parallel"] + [INFERENCE_PAD]
+    if (why := release_stack_refusal(rel, stack, c.ep, True, c.attention)):
+        raise AcesoError(why)
     out = {}
     for g, words in groups.items():
         out[g] = [rel.flag_name(w) if w.startswith("--") else w for w in words]

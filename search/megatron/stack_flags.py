@@ -66,6 +66,35 @@ def stack_fields(f, model, distributed_optimizer: bool, fsdp: bool,
     return (None if stack.empty else stack), optimizer
 
 
+OFFLOAD_NEEDS_TE = ("--fine-grained-activation-offloading with --transformer-impl local: Megatron-LM core_v0.16.1 to "
+                    "core_v0.19.0 assert 'Fine-grained activation offloading is only supported with transformer_engine "
+                    "implementation'; use --transformer-impl transformer_engine or drop the offload")
+INFERENCE_PAD = "--moe-pad-experts-for-cuda-graph-inference"
+
+
+def needs_inference_pad(rel, stack: StackSettings | None, ep: int) -> bool:
+    """Whether ``rel``'s validate_args asserts ``INFERENCE_PAD`` on a line with ``stack`` and expert parallelism
+    ``ep``: megatron-core's own CUDA graphs (``--cuda-graph-impl local``) with ep > 1 before 0.18
+    (``versions.RULES`` local_graphs_ep_need_no_inference_pad). The flag pads experts in inference only, so the
+    export writes it where asserted and the training step is the one priced."""
+    g = stack.cuda_graphs if stack is not None else None
+    return g is not None and g.impl == "local" and ep > 1 and not rel.rule("local_graphs_ep_need_no_inference_pad")
+
+
+def release_stack_refusal(rel, stack: StackSettings | None, ep: int, inference_pad: bool,
+                          attention: str | None) -> str | None:
+    """What ``rel``'s validate_args refuses of a line's stack switches beside its other flags (one line, None where
+    it runs): the fine-grained offload with megatron-core's local layers (``attention`` unfused: ``--transformer-impl
+    local``), local CUDA graphs with ep > 1 without ``INFERENCE_PAD`` where the release asserts it."""
+    if stack is not None and stack.offload is not None and attention == "unfused":
+        return OFFLOAD_NEEDS_TE
+    if needs_inference_pad(rel, stack, ep) and not inference_pad:
+        return (f"--cuda-graph-impl local with --expert-model-parallel-size {ep}: {rel.label}'s validate_args asserts "
+                f"'{INFERENCE_PAD} must be set when using CUDA graphs with expert parallelism'; add {INFERENCE_PAD} "
+                "(it pads experts in inference only: the training step is the same)")
+    return None
+
+
 def _offload_rules(f, graphs: CudaGraphs | None, modules: tuple[str, ...], notes: list[str]) -> None:
     """megatron-core's rules on the offload with the line's CUDA graphs and recompute modules, at the release the
     flags are read under (``stack.offload_graphs_refusal``, ``stack.moe_recompute_offload_refusal``: one-line

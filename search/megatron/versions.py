@@ -38,6 +38,12 @@ RULES: dict[str, tuple[tuple[int, int], str]] = {
     "te_cross_entropy_refused": (
         (0, 18), "--cross-entropy-fusion-impl te is refused ('Transformer Engine cross entropy loss fusion is disabled "
                  "due to stability issues. Use --cross-entropy-fusion-impl native')"),
+    # core_v0.16.1 arguments.py:1158, core_v0.17.1 :1458 assert the (inference-only) flag with --cuda-graph-impl local
+    # and --expert-model-parallel-size > 1; core_v0.18.2 and core_v0.19.0 no longer do
+    "local_graphs_ep_need_no_inference_pad": (
+        (0, 18), "--cuda-graph-impl local with --expert-model-parallel-size > 1 runs without "
+                 "--moe-pad-experts-for-cuda-graph-inference (before: 'must be set when using CUDA graphs with expert "
+                 "parallelism'; the flag only pads experts in inference)"),
 }
 
 # deprecated or removed flag -> its replacement (the releases that have each are in the data)

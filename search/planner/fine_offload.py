@@ -53,10 +53,13 @@ EXPERTS = ("expert_fc1", "moe_act")
 
 def offered(cm, target: str) -> bool:
     """Whether the search offers the offload: the Megatron-LM / Bridge target (the aceso runtime runs none), the
-    analytic model (the only one that prices the stack switches) and a release that has it."""
+    analytic model (the only one that prices the stack switches), a release that has it, and transformer-engine's
+    layers (Megatron-LM asserts ``--transformer-impl transformer_engine`` with it: ``stack_flags.OFFLOAD_NEEDS_TE``;
+    a search priced with unfused attention exports ``local``)."""
     from .dispatchers import core_of
+    from .report import assumed_attention
     return target == "megatron-lm" and getattr(cm, "kind", "analytic") == "analytic" and \
-        core_of(cm) >= OFFLOAD_SINCE
+        core_of(cm) >= OFFLOAD_SINCE and assumed_attention(cm) != "unfused"
 
 
 def module_sets(model, moe=None) -> list[tuple[str, ...]]:

@@ -114,6 +114,67 @@ def test_a_te_loss_fusion_plan_is_written_as_the_release_validates_it(tag):
     assert ("error" in te) == rel.rule("te_cross_entropy_refused"), te
 
 
+def _local_graphs_ep2_plan(offload: bool = False):
+    """A drop-and-pad MoE plan on 4 ranks with expert parallelism 2 and megatron-core's own full-iteration graph
+    (what the search offers drop-and-pad MoE: ``dispatchers.graph_candidates``), or with the expert offload."""
+    from search.settings.stack import CudaGraphs, FineGrainedOffload, StackSettings
+    from search.spec.cluster import parse_cluster
+    from search.spec.plan import uniform_plan
+    from tests.unit.test_moe_cost import tiny_moe
+    m = tiny_moe(moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True)
+    data = uniform_plan(m, 1, 1, 4, 4, 8, cluster=parse_cluster("1x4-h100")).model_dump()
+    data["stages"][0]["ep"] = 2
+    stack = StackSettings(offload=FineGrainedOffload(modules=("expert_fc1",))) if offload else \
+        StackSettings(cuda_graphs=CudaGraphs(impl="local", scope=("full_iteration",)))
+    data["settings"]["stack"] = stack.model_dump()
+    from search.spec.plan import ParallelPlan
+    return ParallelPlan.model_validate(data)
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_local_graphs_with_ep_are_written_as_the_release_validates_them(tag):
+    """megatron-core's own CUDA graphs with ep 2: the exported line passes the release's validate_args (core_v0.16.1
+    and core_v0.17.1 assert --moe-pad-experts-for-cuda-graph-inference, an inference-only flag: RULES
+    local_graphs_ep_need_no_inference_pad), the line without the flag is refused by exactly the releases the rule
+    names, and the import refuses it there too (one line naming the flag)."""
+    from search.io.errors import AcesoError
+    from search.megatron.importer import read_megatron
+    rel = release(tag)
+    plan = _local_graphs_ep2_plan()
+    line = args_line(megatron_config(plan), rel)
+    pad = "--moe-pad-experts-for-cuda-graph-inference"
+    assert (pad in line) == (not rel.rule("local_graphs_ep_need_no_inference_pad"))
+    bare = line.replace(" " + pad, "")
+    written, raw = _oracle([plan, plan], tag, [line, bare])
+    assert "error" not in written, written
+    assert ("error" in raw) == (not rel.rule("local_graphs_ep_need_no_inference_pad")), raw
+    assert read_megatron(line, world_size=4, version=tag).plan.stages[0].ep == 2
+    if "error" in raw:
+        with pytest.raises(AcesoError, match=pad):
+            read_megatron(bare, world_size=4, version=tag)
+    else:
+        read_megatron(bare, world_size=4, version=tag)
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_offload_with_local_layers_is_refused_as_the_release_refuses_it(tag, monkeypatch):
+    """The fine-grained offload with --transformer-impl local: the release's validate_args refuses it, and so does
+    the import (one line). (``NVTE_CPU_OFFLOAD_V1=1``: the exported script's own export line.)"""
+    monkeypatch.setenv("NVTE_CPU_OFFLOAD_V1", "1")
+    from search.io.errors import AcesoError
+    from search.megatron.importer import read_megatron
+    rel = release(tag)
+    plan = _local_graphs_ep2_plan(offload=True)
+    line = args_line(megatron_config(plan), rel)          # transformer_engine: the plan was not priced unfused
+    local = line.replace("--transformer-impl transformer_engine", "--transformer-impl local")
+    assert local != line
+    te, got = _oracle([plan, plan], tag, [line, local])
+    assert "error" not in te, te
+    assert "error" in got and "transformer_engine" in got["error"], got
+    with pytest.raises(AcesoError, match="--transformer-impl local"):
+        read_megatron(local, world_size=4, version=tag)
+
+
 @pytest.mark.parametrize("tag", TAGS)
 def test_megatron_lm_parses_validates_and_builds_the_plans_layers(tag):
     plans = {n: case_plan(n) for n in sorted(CASES)}

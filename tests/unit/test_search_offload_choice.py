@@ -88,6 +88,26 @@ def test_a_release_without_the_offload_is_not_offered_it():
     assert best.state.features.stack.offload_modules == ("core_attn",)
 
 
+def test_local_layers_are_not_offered_the_offload_and_do_not_export_it():
+    """Priced with unfused attention (megatron-core's local layers: ``--transformer-impl local``), the same
+    memory-bound search is not offered the offload, which Megatron-LM asserts off there (core_v0.16.1 to
+    core_v0.19.0 ``validate_args``: 'only supported with transformer_engine implementation'), and a plan with it
+    priced so is not expressible."""
+    from search.megatron.expressible import check_expressible
+    cl = parse_cluster("1x8-h100")
+    training = TRAINING.model_copy(update={"attention": "unfused"})
+    cm = cost_model(MODEL, cl, training)
+    cm.memory_limit_mb = LIMIT_MB
+    assert fine_offload.candidates(cm, "megatron-lm") == []
+    res, _ = settle(cm, training, "megatron-lm", SearchOptions(budget_evals=100), 1)
+    assert res.plans[0].state.features.stack is None or not res.plans[0].state.features.stack.offload_modules
+    _, best, _ = _search()                 # flash attention: offloads (test above)
+    plan = to_plan(best, MODEL, cl, GBS, "analytic", predicted=True)
+    assert check_expressible(plan) is None
+    unfused = plan.model_copy(update={"predicted": plan.predicted.model_copy(update={"attention": "unfused"})})
+    assert "--transformer-impl local" in check_expressible(unfused)
+
+
 def test_the_offered_choices_keep_megatron_cores_rules():
     cl = parse_cluster("1x8-h100")
     cm = cost_model(MODEL, cl, TRAINING)
