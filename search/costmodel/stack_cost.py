@@ -14,18 +14,19 @@ Terms computed here (``stack_terms``):
                          ``fine_grained_activation_offload.py``): each offloaded module's input goes to host memory
                          after its forward on a side stream and comes back before its backward, behind the layer's
                          compute (as ``offload.py``): exposed ``max(0, bytes / H - t_layer)`` each way, per layer and
-                         micro-batch, for the ``fraction`` of layers offloaded (the earliest groups first:
-                         ``activation_offload_fraction``). Only what megatron-core moves (``moves``, core_v0.16.1 to
-                         core_v0.19.0 alike): nothing of a unit under full recompute (the checkpointed forward runs
-                         without grad and saves no module input; megatron-core's config does not refuse it, its
+                         micro-batch, for the groups offloaded (a group: one module in one layer; each module's last
+                         group stays, the margin; then of each chunk's other groups with bytes to move the earliest
+                         ``activation_offload_fraction``, as megatron-core 0.19 counts them: ``_fine_grained_
+                         offload``). Only what megatron-core moves (``moves``, core_v0.16.1 to core_v0.19.0
+                         alike): nothing of a unit under full recompute (the checkpointed forward runs without grad
+                         and saves no module input; megatron-core's config does not refuse it, its
                          feature guide pairs the offload with fine-grained recompute only), not ``core_attn`` where
                          the unit's recompute checkpoints the core attention (``Attention.forward`` offloads its
                          input only on the path that does not), not a norm transformer-engine's spec fuses into the
                          next linear (``LayerKind.te_fused_norm``: the layer's norm is an ``IdentityOp``, which
                          ``TransformerLayer`` does not offload; the local spec's separate norm is moved)
-    fine_grained_offload (MB, negative) the activations those copies take off the GPU: per offloaded layer and
-                         micro-batch in flight, its offloaded modules' inputs (``OFFLOAD_INPUT``), but the layer whose
-                         copy is in flight
+    fine_grained_offload (MB, negative) the activations those copies take off the GPU: per offloaded group and
+                         micro-batch in flight, its module's input (``OFFLOAD_INPUT``)
     moe_capacity (MB)    megatron-core 0.19's per-rank capacity (``MoEPlanSettings.rank_capacity_factor`` c): the
                          dispatch receive buffer and the routed experts' saved activations are sized by the capacity,
                          (c - 1) x the even share more per MoE layer in flight; ``moe_paged_stash`` stores them in
@@ -148,7 +149,11 @@ def _layers(model, spans):
 
 
 def _fine_grained_offload(cm, p, spans, in_fl, st, me, chunk_fwd, chunk_bwd, rc_off=None) -> tuple[float, float]:
-    """(MB off the GPU at the stage's peak, exposed copy ms per micro-batch)."""
+    """(MB off the GPU at the stage's peak, exposed copy ms per micro-batch), by offload group as megatron-core
+    0.19 keeps them (``fine_grained_activation_offload.py`` ``post_warmup_callback``): a group is one offloaded
+    module's input in one layer. First the offload margin: each module's last group (the stage's last chunk holding
+    it) stays on the GPU, so that reloading it does not block the backward; then, per model chunk, of its other
+    eligible groups (moving bytes: a Mamba layer has no ``core_attn``), the last ``int(n (1 - fraction))``."""
     m = cm.model
     b = p.table.batch
     s = m.seq_length / me.cp
@@ -161,31 +166,37 @@ def _fine_grained_offload(cm, p, spans, in_fl, st, me, chunk_fwd, chunk_bwd, rc_
     if codes is not None:
         units = [u for a, e in spans for u in range(a, e)]
         rc = {u: RC[c] for u, c in zip(units, codes.tolist()) if c}
-    layers_all = []
-    for j, (a, e) in enumerate(spans):
+    chunks = []                                     # per chunk: [((first unit, end unit), module, bytes)]
+    for a, e in spans:
+        groups = []
         for x, y in _layers(m, ((a, e),)):
-            nbytes = 0.0
-            for u in range(x, y):
-                kind = m.units[u].kind
-                rec = resolve(m, kind)
-                nbytes += sum(offload_input_bytes(m, kind, mod, b, s, me.tp, me.sp, dt, me.ep, me.etp)
-                              for mod in st.offload_modules if moves(rec, mod, te, rc.get(u, "none")))
-            layers_all.append((j, x, y, nbytes))
-    n_off = int(len(layers_all) * st.offload_fraction + 1e-9)
-    off = layers_all[:n_off]                    # the earliest groups stay offloaded
+            for mod in st.offload_modules:
+                nbytes = sum(offload_input_bytes(m, m.units[u].kind, mod, b, s, me.tp, me.sp, dt, me.ep, me.etp)
+                             for u in range(x, y) if moves(resolve(m, m.units[u].kind), mod, te, rc.get(u, "none")))
+                if nbytes > 0:
+                    groups.append(((x, y), mod, nbytes))
+        chunks.append(groups)
+    margin = {}                                     # module -> (chunk, index) of its last group
+    for j, groups in enumerate(chunks):
+        for i, (_, mod, _) in enumerate(groups):
+            margin[mod] = (j, i)
+    margin = set(margin.values())
     saved = exposed = 0.0
-    for k, (j, x, y, nbytes) in enumerate(off):
-        copy = nbytes / (gbps * 1e6)
-        tf = float(t.fwd_ms[x:y].sum())
-        tb = float(t.bwd_ms[x:y].sum())
-        ef, eb = max(0.0, copy - tf), max(0.0, copy - tb)
-        chunk_fwd[j] += ef
-        chunk_bwd[j] += eb
-        exposed += ef + eb
-        saved += nbytes / MB * in_fl[j]
-    if off:
-        saved -= off[-1][3] / MB                 # the last layer's copy in flight
-    return max(0.0, saved), exposed
+    for j, groups in enumerate(chunks):
+        eligible = [g for i, g in enumerate(groups) if (j, i) not in margin]
+        n_on_gpu = int(len(eligible) * (1.0 - st.offload_fraction) + 1e-9)     # the latest groups stay
+        per_layer: dict[tuple[int, int], float] = {}
+        for (x, y), _, nbytes in eligible[:len(eligible) - n_on_gpu]:
+            per_layer[(x, y)] = per_layer.get((x, y), 0.0) + nbytes
+        for (x, y), nbytes in per_layer.items():
+            copy = nbytes / (gbps * 1e6)
+            ef = max(0.0, copy - float(t.fwd_ms[x:y].sum()))
+            eb = max(0.0, copy - float(t.bwd_ms[x:y].sum()))
+            chunk_fwd[j] += ef
+            chunk_bwd[j] += eb
+            exposed += ef + eb
+            saved += nbytes / MB * in_fl[j]
+    return saved, exposed
 
 
 def _capacity_mb(cm, p, spans, in_fl, me, moe) -> float:

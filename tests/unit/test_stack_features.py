@@ -303,7 +303,7 @@ QKV_MIB = 2 * 8192 * 3 * 4096 / 2**20          # core_attn: Q, K, V, dt s b (q +
 H_MIB = 2 * 8192 * 4096 / 2**20                # attn_proj (dt s b q / t) and the norms' input (dt s b h): 64 MiB
 
 
-def _offload_stage(modules, recompute, attention="flash", model=None):
+def _offload_stage(modules, recompute, attention="flash", model=None, fraction=1.0):
     """(the fine_grained_offload memory term, the offload_copies term) of the one-stage plan, 8 H100s, dp 8."""
     import numpy as np
 
@@ -313,7 +313,7 @@ def _offload_stage(modules, recompute, attention="flash", model=None):
     cm = make_cost_model(m, parse_cluster("1x8-h100"), TrainingSpec(global_batch_size=64, attention=attention))
     units = m.units
     rc = np.array([RC_CODE[recompute(u.kind)] for u in units], dtype=np.int8)
-    sk = StackKey(offload_modules=tuple(modules), offload_fraction=1.0)
+    sk = StackKey(offload_modules=tuple(modules), offload_fraction=fraction)
     c = cm.stage_cost(0, 1, 0, 0, len(units), 1, 8, rc, 8, features=Features(stack=sk))
     return c.memory_breakdown.get("fine_grained_offload", 0.0), c.terms.get("offload_copies", 0.0)
 
@@ -352,6 +352,21 @@ def test_norms_fused_by_transformer_engine_are_not_moved():
     m = tiny_moe()          # 2 layers, h 1024, s 1024: one layer's residual stream off the GPU (the last in flight)
     assert _offload_stage(["mlp_norm"], lambda k: "none", model=m)[0] == pytest.approx(-2 * 1024 * 1024 / 2**20)
     assert _offload_stage(["attn_norm"], lambda k: "none", model=m) == (0.0, 0.0)
+
+
+def test_the_offload_fraction_and_margin_count_groups_as_megatron_core_does():
+    """megatron-core 0.19 ``post_warmup_callback`` (fine_grained_activation_offload.py:566-626): a group is one
+    module's input in one layer; each module's last group stays on the GPU (the margin), then of a chunk's other
+    groups that move bytes the last ``int(n (1 - fraction))`` stay. 4 dense layers, core_attn, fraction 0.6: the
+    margin keeps layer 3, int(3 x 0.4) = 1 more stays (layer 2): layers 0 and 1 move (before: int(4 x 0.6) = 2
+    layers counted, less the last one in flight, 1 x 192 MiB). A hybrid M-M*-M-M (Nemotron-H's layers) has one
+    attention layer: core_attn's only group is its margin, so nothing moves (before: its 192 MiB counted moved,
+    the fraction taken over all eight layers)."""
+    from tests.hybrid_plans import MAMBA8
+    assert _offload_stage(["core_attn"], lambda k: "none", fraction=0.6)[0] == pytest.approx(-2 * QKV_MIB)
+    assert _offload_stage(["core_attn", "attn_proj"], lambda k: "none", fraction=0.5)[0] == \
+        pytest.approx(-(QKV_MIB + H_MIB) - QKV_MIB)    # 6 groups besides the margin, 3 move: L0 both, L1 core_attn
+    assert _offload_stage(["core_attn"], lambda k: "none", model=MAMBA8) == (0.0, 0.0)
 
 
 def test_capacity_and_paged_stash_memory_by_hand():
