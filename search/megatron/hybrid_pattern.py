@@ -211,9 +211,18 @@ def plan_refusal(plan: ParallelPlan, rel: Release) -> str | None:
                 "get_moe_module_spec(moe_grouped_gemm=True)); turn it on")
     if plan.activation_offload is not None:
         return OFFLOAD_REFUSAL
+    if plan.moe is not None and plan.moe.overlap_ep_comm:
+        return EP_OVERLAP_REFUSAL
     return None
 
 
+# megatron-core's combined 1F1B EP overlap builds its schedule from ``model.build_schedule_plan``, which only GPTModel
+# has (core_v0.17.1 to core_v0.19.0: gpt_model.py; combined_1f1b.py calls ``forward_step_func(...,
+# return_schedule_plan=True)``, which only pretrain_gpt.py's forward_step takes), so a HybridModel line with
+# --overlap-moe-expert-parallel-comm fails at its first step
+EP_OVERLAP_REFUSAL = ("moe.overlap_ep_comm: megatron-core's EP overlap (--overlap-moe-expert-parallel-comm) schedules "
+                      "GPTModel only (build_schedule_plan; pretrain_hybrid.py's forward_step has no schedule plan); "
+                      "turn it off")
 OFFLOAD_REFUSAL = "activation_offload: aceso prices CPU activation offload for GPTModel's layers only; turn it off"
 
 

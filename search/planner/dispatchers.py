@@ -53,8 +53,8 @@ def candidates(model, cluster, base: MoEPlanSettings | None = None, target: str 
                allowed=None, shared_overlap: tuple[str, ...] = ()) -> list[MoEPlanSettings]:
     """The MoE settings to price a plan of ``model`` on ``cluster`` under: ``base`` (None: the defaults) first,
     then ``base`` with each other dispatcher megatron-core runs there (and ``allowed`` keeps: --dispatcher), each
-    (``--target megatron-lm``: the aceso runtime runs no EP overlap) also with the EP overlap and delayed weight
-    gradients where ``base`` has no overlap, and (a model with a shared expert, ``shared_overlap``: the dispatchers
+    (``--target megatron-lm``: the aceso runtime runs no EP overlap; nor does HybridModel, a Mamba / GDN model's) also
+    with the EP overlap and delayed weight gradients where ``base`` has no overlap, and (a model with a shared expert, ``shared_overlap``: the dispatchers
     the release runs it with, ``moe_plan.shared_overlap_dispatchers``) with the shared-expert overlap where ``base``
     has neither overlap; empty for a dense model."""
     if model.moe is None:
@@ -62,6 +62,8 @@ def candidates(model, cluster, base: MoEPlanSettings | None = None, target: str 
     base = base or MoEPlanSettings()
     out = [base]
     shared = bool(model.moe.moe_shared_expert_intermediate_size) and not base.overlap_ep_comm
+    from search.megatron.hybrid_pattern import runs_as_pattern
+    hybrid = runs_as_pattern(model)     # HybridModel runs no EP overlap (hybrid_pattern.EP_OVERLAP_REFUSAL)
     for d, backend in _dispatch_options(model):
         if (d == "flex" and cluster.gpu.name == "cpu") or (allowed is not None and d not in allowed):
             continue
@@ -70,7 +72,7 @@ def candidates(model, cluster, base: MoEPlanSettings | None = None, target: str 
         same = base.model_copy(update={"token_dispatcher": d, "flex_backend": backend})
         if (d, backend) != (base.token_dispatcher, base.flex_backend if d == "flex" else "deepep"):
             out.append(same)
-        if target == "megatron-lm" and not base.overlap_ep_comm and d != "allgather" \
+        if target == "megatron-lm" and not base.overlap_ep_comm and d != "allgather" and not hybrid \
                 and not base.shared_expert_overlap and model.params_dtype != "fp32" and base.grouped_gemm:
             out.append(same.model_copy(update={"overlap_ep_comm": True, "delay_wgrad": True}))
         if shared and not base.shared_expert_overlap and d in shared_overlap:
@@ -196,13 +198,16 @@ class Dispatchers:
         return True
 
     def _states(self, st, room: bool = False):
-        """``st`` and, with CUDA-graph candidates, ``st`` under each scope (its other switches kept); ``room``: also
-        under each fine-grained offload candidate (``fine_offload.variants``)."""
+        """``st`` and, with CUDA-graph candidates, ``st`` under each scope (its other switches kept, or a seed's);
+        ``room``: also under each fine-grained offload candidate (``fine_offload.variants``)."""
         yield st
         f = st.features
         if f.offload_layers:              # megatron-core: no CUDA graphs with CPU offloading
             return
-        graphed = [(f.stack or StackKey())._replace(graphs=g.graphs, graph_impl=g.graph_impl) for g in self.graphs]
+        # each scope on the state's own switches and on each seed's (its loss fusion: a published plan's TE fusion
+        # keeps less at the peak, so a scope may fit only with it)
+        graphed = list(dict.fromkeys(base._replace(graphs=g.graphs, graph_impl=g.graph_impl)
+                                     for base in [f.stack or StackKey()] + self.stacks for g in self.graphs))
         for sk in graphed:
             if sk != f.stack and fine_offload.graphs_ok(sk, self.core):
                 yield st._replace(features=f._replace(stack=sk))

@@ -2,25 +2,20 @@
 
 The search explores shapes, cuts and micro-batches under one plan-wide MoE setting (``Space.moe``: the dispatcher,
 the EP overlap) and only its final step prices the finalists under the other settings (``dispatchers.py``). A
-shape that wins only under another setting is then never reached: on Nemotron-3 Nano (gb300x8, MXFP8) the search
-under the published flex / HybridEP dispatcher picks ep 4, the final step turns the EP overlap on, and under the
-overlap ep 2 is 4% faster again (1.085x -> 1.127x over the published plan), a shape the search never priced with
-it. ``settle`` runs the search once more in the space of the chosen setting, seeded with the best plan, while the
-setting changes (at most ``MAX_ROUNDS`` times). The shared-expert overlap and the EP overlap exclude each other
-(megatron-core asserts it), so where the chosen setting has the shared-expert overlap, the same rounds run again
-with no shared-expert overlap candidate (``SearchOptions.shared_overlap``), and the plans of both are merged: on the
-same Nano row alltoall with the shared-expert overlap wins the first final step at ep 8 by 0.1%, and only the
-rounds without it reach the EP overlap's ep 2.
+shape that wins only under another setting is then never reached. ``settle`` runs the search once more in the
+space of the chosen setting, seeded with the best plan, while the setting changes (at most ``MAX_ROUNDS`` times).
+The shared-expert overlap and the EP overlap exclude each other (megatron-core asserts it), so where the chosen
+setting has the shared-expert overlap, the same rounds run again with no shared-expert overlap candidate
+(``SearchOptions.shared_overlap``), and the plans of both are merged (tests/unit/test_search_settle.py).
 
 The stack switches (``--target megatron-lm``: the CUDA-graph scope) are the same kind of choice: the search
-explores without them (``Space.start_of``) and its final step prices each scope on the finalists, so a shape that
-fits only without one scope's buffers is never reached. On Nemotron-3 Nano (gb200x8, 186 GiB, MXFP8) the final
-step keeps mbs 2 / ep 4 (13937.9 ms, 1.126x over the published plan); mbs 4 at ep 2 with Megatron FSDP is 2.8%
-faster under graphs without ``mamba`` (13547.6 ms, 180.0 GiB) and does not fit with the Mamba layers' graphs
-(202.4 GiB). ``settle`` then runs the search under the scopes the best plan prices best under (its own and the
-runner-up, ``Dispatchers.ranked_stacks``; at most ``MAX_GRAPH_ROUNDS``), each with every state carrying that stack
-(plus the seed's loss fusion it kept), seeded with the best plan and each round's first ``SEED_PLANS`` plans: such a
-search explores a few hundred states near them (tests/unit/test_settle_graphs.py).
+explores without them (``Space.start_of``) and its final step prices each scope on the finalists (on the state's
+own switches and on each seed's: a published plan's loss fusion can be what makes a scope's buffers fit,
+tests/unit/test_settle_graphs.py), so a shape that fits only without one scope's buffers is never reached.
+``settle`` then runs the search under the scopes the best plan prices best under (its own and the runner-up,
+``Dispatchers.ranked_stacks``; at most ``MAX_GRAPH_ROUNDS``), each with every state carrying that stack (plus the
+seed's loss fusion it kept), seeded with the best plan and each round's first ``SEED_PLANS`` plans: such a search
+explores a few hundred states near them.
 
 A wider space (``wider``: e.g. the context-parallel degrees) searched from scratch spreads the same budget over
 more states and can end slower than the narrow space (the hybrid bench lost two Nemotron-H 56B rows that way);

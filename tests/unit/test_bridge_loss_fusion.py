@@ -76,9 +76,10 @@ def test_search_export_explain_import_price_the_recipes_fused_loss(tmp_path, cap
     _run(capsys, "search", "--model", model, "--cluster", cluster, "--global-batch-size", "64", "--target",
          "megatron-bridge", "--budget-evals", "40", "--workers", "1", "-o", str(plan_path))
     searched = json.loads(plan_path.read_text())
-    # the plan records what it priced (and the fine-grained offload where the search chose it: fine_offload.py)
+    # the plan records what it priced (and the fine-grained offload or CUDA graphs where the search chose them:
+    # fine_offload.py, dispatchers.py)
     assert searched["settings"]["stack"]["cross_entropy_fusion"] == impl
-    assert set(searched["settings"]["stack"]) <= {"cross_entropy_fusion", "offload"}
+    assert set(searched["settings"]["stack"]) <= {"cross_entropy_fusion", "offload", "cuda_graphs"}
     ms = "%.1f" % searched["predicted"]["iteration_time_ms"]
     from search.spec.plan import ParallelPlan
     plan = ParallelPlan.model_validate(searched)

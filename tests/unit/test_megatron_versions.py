@@ -64,9 +64,11 @@ def test_the_importers_defaults_are_each_releases_parser_defaults():
 
 def test_rules_and_renames_agree_with_the_data():
     # validate_args / null_tokenizer.py of each tag (tests/runtime/test_megatron_lm_oracle.py runs them)
-    for rule in ("fsdp_forces_distributed_optimizer", "null_tokenizer_counts_eod", "te_cross_entropy_refused"):
+    rules = ("fsdp_forces_distributed_optimizer", "null_tokenizer_counts_eod", "te_cross_entropy_refused",
+             "local_graphs_ep_need_no_inference_pad")
+    for rule in rules:
         assert [r.rule(rule) for r in releases()] == [False, False, True, True]
-    assert set(RULES) == {"fsdp_forces_distributed_optimizer", "null_tokenizer_counts_eod", "te_cross_entropy_refused"}
+    assert set(RULES) == set(rules)
     assert [r.null_vocab(1000) for r in releases()] == [1001, 1001, 1000, 1000]
     for old, new in RENAMED.items():
         assert having(old) and newest().has(new), old
