@@ -195,6 +195,10 @@ class Dispatchers:
             return False
         return True
 
+    def variants(self, st):
+        """``st`` and ``st`` under each CUDA-graph scope and seed stack (``_states`` without the offload)."""
+        return self._states(st)
+
     def _states(self, st, room: bool = False):
         """``st`` and, with CUDA-graph candidates, ``st`` under each scope (its other switches kept); ``room``: also
         under each fine-grained offload candidate (``fine_offload.variants``)."""
