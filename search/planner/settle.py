@@ -160,12 +160,12 @@ def _graph_rounds(cm, training, target: str, opts: SearchOptions, top_k: int, ex
         log.append(f"again under graphs {' '.join(sorted(sk.graphs)) or 'none'} from the best plans: "
                    f"{_best_text(r)}")
     if stacks:
-        plans, line = _refine(disp, make_space(cm, training, target, moe=best.moe), plans)
+        plans, line = _refine(disp, make_space(cm, training, target, moe=_best(plans).moe), plans)
         log += [line] if line else []
     return plans, res
 
 
-def _refine(disp: Dispatchers, space, plans: list[Evaluation]) -> tuple[list[Evaluation], str]:
+def _refine(disp: Dispatchers, space, plans: list[Evaluation]) -> tuple[list[Evaluation], str | None]:
     """The graph rounds' last step: the best plan's stages, stage cuts and MoE setting under every combination of
     the four plan-wide choices the CUDA-graph buffers trade against (ep, the micro-batch, the plan-level switches,
     the graph scope), each priced exactly (``_neighbours``); the fastest that fits, passes the plan's rules and
@@ -182,8 +182,7 @@ def _refine(disp: Dispatchers, space, plans: list[Evaluation]) -> tuple[list[Eva
         n += 1
         try:
             c = ev.evaluate(st, charge=False, exact=True)
-            ok = c.fits and c.score < best.score and c.rank < found.rank and disp._valid(c) and \
-                (disp.accept is None or disp.accept(ev, c))
+            ok = c.fits and c.score < best.score and c.rank < found.rank and disp.passes(ev, c)
         except (pydantic.ValidationError, ValueError):
             continue               # a combination megatron-core refuses (the plan's own rules)
         if ok:
