@@ -422,9 +422,10 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
     comm_fwd = np.zeros((n, 4))
     rec, act, peak = np.zeros((n, N_RC)), np.zeros((n, N_RC)), np.zeros((n, N_RC))
     params, eparams, epc, eph, epf = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros((n, 2))
+    pre = np.zeros(n)                            # moe units: forward before the dispatcher's host wait
     for i, u in enumerate(m.units):
         cost, a, params[i], eparams[i], transient = rows[_row_key(src, u)]
-        epc[i], eph[i], epf[i] = cost.ep_comm, cost.ep_hidden, cost.ep_fwd
+        epc[i], eph[i], epf[i], pre[i] = cost.ep_comm, cost.ep_hidden, cost.ep_fwd, cost.fwd_before_wait
         transient /= MB                          # what the unit needs while it runs (MoE: the dispatch buffers)
         a = (*a, *([a[0]] * (N_RC - len(a))))    # choices a unit cannot take (attn_dropout, mla_up_proj): its none row
         fwd[i], bwd[i], tpc[i] = cost.fwd, cost.bwd, cost.tp_comm
@@ -438,7 +439,7 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
     scopes = stack.graphs if stack is not None else frozenset()
     host = None
     if m.moe is not None:       # a host-bound MoE layer: max(device, host) (moe_cost.host_layers, host.py)
-        host = host_layers(src, fwd, bwd, rec, x[0], x[2], scopes, lambda u: _lp_unit(src, u))
+        host = host_layers(src, fwd, bwd, rec, x[0], x[2], scopes, lambda u: _lp_unit(src, u), pre)
     graph = graph_unit_mb(src, b, s_dec, t, sp, x, scopes) if scopes else None
     boundary = np.full(n + 1, dt * s_dec * b * m.hidden_size / MB / r)   # SP: the sequence-sharded activation
     if m.is_t5:  # encoder boundaries carry the encoder activation; decoder ones also carry the encoder output

@@ -48,8 +48,13 @@ kept (docs/costmodel.md, "The 2026 software stack"). What the device sees:
   a per-rank capacity "sizes buffers dynamically (CPU sync in dispatch)", token_dispatcher.py ``_HybridEPManager``;
   a CUDA graph of ``moe_preprocess`` moves the copy, the wait stays): the CPU then launches the layer's remaining
   kernels and the next layer's up to its wait while the device idles, so a layer's forward takes max(device,
-  host): exposed ``max(0, H_f - D_f)``. A layer is the moe unit and the unit before it: the attention unit, or
-  in a hybrid pattern the Mamba unit (``ME``: every MoE layer of Nemotron-3 but those after an attention one);
+  host): exposed ``max(0, H_f - D_f)``; and the kernels launched right after the wait (``moe_rest``: the
+  all-to-alls, the experts) hide only behind the device work after the wait, ``D_moe - D_before``: megatron-core's
+  ``MoELayer.forward`` runs the shared expert (not overlapped), the router and the preprocess (LatentMoE's
+  ``fc1_latent_proj``) before the dispatch (0.16.1 and 0.19 moe_layer.py; ``UnitCost.fwd_before_wait``,
+  ``moe_cost._before_wait``): exposed ``max(0, H_rest - (D_moe - D_before), H_f - D_f)``. A layer is the moe unit
+  and the unit before it: the attention unit, or in a hybrid pattern the Mamba unit (``ME``: every MoE layer of
+  Nemotron-3 but those after an attention one);
 - without a synchronisation the CPU runs ahead: exposed only when a layer's (forward) host time exceeds its whole
   device time, ``max(0, H_f - D_f - D_b)``.
 
@@ -126,8 +131,9 @@ def host_launches(parts: dict[str, float], scopes: frozenset[str]) -> float:
 def exposed_host_ms(h_f: float, d_f: float, d_b: float, syncs: bool, h_first: float = 0.0,
                     d_first: float = 0.0) -> float:
     """Forward ms the device waits on the CPU in one layer of host forward time ``h_f`` and device times ``d_f`` /
-    ``d_b`` (module docstring); ``h_first`` / ``d_first``: the host and device time of the part launched right after
-    the wait (a synchronising layer's experts and all-to-alls)."""
+    ``d_b`` (module docstring); ``h_first`` / ``d_first``: the host time of the part launched right after the wait
+    (a synchronising layer's experts and all-to-alls) and the device time after the wait that hides it (the moe
+    unit's forward less what it runs before the dispatch: ``moe_cost.host_layers``)."""
     if syncs:
         return max(0.0, h_first - d_first, h_f - d_f)
     return max(0.0, h_f - d_f - d_b)

@@ -46,7 +46,10 @@ dropped): the busiest EP rank's share over the even one, which the slowest rank 
                               them (megatron-core 0.16.1 ``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize``
                               before the EP all-to-all; padded to capacity it does not), so the layer's forward
                               is max(device, host); unsynchronised, max over forward + backward; the host time
-                              is the layer's kernel launches not captured by a CUDA graph (``host.py``)
+                              is the layer's kernel launches not captured by a CUDA graph (``host.py``). The
+                              launches after the wait hide only behind the unit's forward after the dispatch:
+                              ``_before_wait`` (the router, the shared expert unless overlapped, fc1_latent_proj,
+                              alltoall's permutation 1, allgather's all-gather) runs before it
     shared expert             ``SharedExpertMLP`` is a dense MLP over the attention TP group (``pg_collection.tp``):
                               all-gather of the SP input, fc1 (b s, up_s/t, h), act, fc2 (b s, h, f_s/t),
                               reduce-scatter, as ``tpcomm.tp_half``. ``shared_expert_overlap``: it runs on its own
@@ -132,12 +135,14 @@ def host_wait_pairs(model) -> tuple[int, ...]:
     return routed_after(model, lambda k: k.role == "attention")
 
 
-def host_layers(src, fwd, bwd, rec, ep: int, cfg, scopes: frozenset = frozenset(), lp_of=None):
+def host_layers(src, fwd, bwd, rec, ep: int, cfg, scopes: frozenset = frozenset(), lp_of=None, before=None):
     """The host-bound wait of each MoE layer (``host.py``), added to its moe unit's forward in place (and to its
     full recompute, which re-runs the forward); returns the per-unit array of what was added. The layer's device
     time is the unit before (its attention unit, or in a hybrid pattern its Mamba unit: ``ME``) and the moe unit;
     its host time the two units' launches not captured by a CUDA graph of ``scopes``, at the release's
-    ``HOST_LAUNCH_MS`` on the cluster's host (``host.launch_ms``)."""
+    ``HOST_LAUNCH_MS`` on the cluster's host (``host.launch_ms``). ``before``: each unit's forward ms before the
+    dispatcher's wait (``UnitCost.fwd_before_wait``, ``_before_wait``): the launches of the moe unit's rest,
+    made after the wait, hide only behind the device time after it, ``fwd - before``."""
     import numpy as np
     from .host import exposed_host_ms, host_launches, launch_ms as host_launch_ms, part_launches
     m = src.model
@@ -153,8 +158,9 @@ def host_layers(src, fwd, bwd, rec, ep: int, cfg, scopes: frozenset = frozenset(
         prev = part_launches(m, units[i - 1].kind, bool(lp_of(units[i - 1])) if lp_of else False, 0)
         parts = {**prev, **moe}
         first = host_launches({"moe_rest": moe["moe_rest"]}, scopes) * launch_ms
+        after = fwd[i] - (before[i] if before is not None else 0.0)
         add = exposed_host_ms(host_launches(parts, scopes) * launch_ms, fwd[i - 1] + fwd[i],
-                              bwd[i - 1] + bwd[i], sync, first, fwd[i])
+                              bwd[i - 1] + bwd[i], sync, first, after)
         fwd[i] += add
         rec[i, 2] += add
         out[i] = add
@@ -376,12 +382,39 @@ def moe_parts(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, o
     hid_f = hid_b = 0.0
     if fs and cfg.shared_expert_overlap:     # the shared expert beside the dispatch: max(dispatch, shared)
         hid_f, hid_b = min(d, sh_f), min(c, sh_b)
+    pre = _before_wait(src, gate_k, T, E, h, score, perm, cfg, lat, lp, sh_f, tpc, d - hid_f)
     # the EP overlap (overlap_ep_comm) needs the layer's attention unit too: ep_overlap.py, on the unit table
     tp_p = (tpc.fwd, tpc.bwd) if tpc else (0.0, 0.0)
     wgrad = _experts_wgrad(src, m_e, n_local, etp, lp) + (k.gemm_parts(*col)[2] + k.gemm_parts(*row)[2] if fs else 0.0)
     return {"router": (router_f, router_b), "latent": (lat_f, lat_b), "experts": (ex_f, ex_b), "a2a": (a2a_f - hid_f, a2a_b - hid_b),
             "shared": (sh_f, sh_b), "tp": tp_p, "hidden": (hid_f, hid_b), "tpc": tpc,
-            "act_f": act_rec, "split": (d, c), "wgrad": wgrad}
+            "act_f": act_rec, "split": (d, c), "wgrad": wgrad, "before_wait": pre}
+
+
+def _before_wait(src, gate_k, T: float, E: int, h: int, score: float, perm: float, cfg, lat, lp: bool,
+                 sh_f: float, tpc, d_exposed: float) -> float:
+    """Forward ms of the moe unit before its dispatcher's host wait (``host_layers``: what the device runs before
+    the CPU can launch the rest). megatron-core ``MoELayer.forward`` (0.16.1 and 0.19 moe_layer.py
+    ``custom_forward``) runs ``shared_experts_compute`` (the shared expert unless ``moe_shared_expert_overlap``),
+    ``route`` and ``preprocess`` (LatentMoE's ``fc1_latent_proj``, the dispatcher's ``dispatch_preprocess``) before
+    ``dispatch``. Of the ``router`` part: the pre-MLP norm (its 2 dt T h bytes, one launch), the gating GEMM
+    and the score / top-k; not the bias-dropout-add. Where the wait is: alltoall before the EP all-to-all, after
+    permutation 1 (token_dispatcher.py ``dispatch_preprocess``: ``_maybe_dtoh_and_synchronize("before_permutation_1")``
+    copies, the dropless sync point is ``before_ep_alltoall``): half the permute / unpermute bytes and launches;
+    flex inside the dispatch, before the exchange (HybridEP sizes its buffers with a CPU sync in
+    ``hybrid_ep_dispatch``; DeepEP's dispatch waits on the host for the received counts), the permute fused after
+    it; allgather at the ``.cpu()`` of the local map in ``dispatch_postprocess``, after the all-gather (its
+    exposed part ``d_exposed`` counts)."""
+    k = src.kern
+    dt = src.dt
+    half = cfg.token_dispatcher == "alltoall"
+    perm_launches = 2 if cfg.permute_fusion else 6
+    router = gate_k.gemm([(T, E, h)]) + k.memory(2 * dt * T * h + score + (perm / 2 if half else 0.0),
+                                                 1 + (perm_launches // 2 if half else 0))
+    latent = src._linears([lat[0]], lp)[0] if lat else 0.0
+    shared = 0.0 if cfg.shared_expert_overlap else sh_f + (tpc.fwd if tpc else 0.0)
+    gathered = d_exposed if cfg.token_dispatcher == "allgather" else 0.0
+    return router + latent + shared + gathered
 
 
 def _experts_wgrad(src, m_e: float, n_local: int, etp: int, lp: bool) -> float:
@@ -409,7 +442,8 @@ def moe_unit(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, ov
     tp_f, tp_b, tp_h, tp_hf = (tpc.fwd, tpc.bwd, tpc.hidden, tpc.hidden_fwd) if tpc else (0.0, 0.0, 0.0, 0.0)
     cost = UnitCost(fwd, bwd, parts["act_f"], fwd, tp_f + tp_b, UNAVAILABLE_MS, tp_h,
                     comm_fwd=(tp_f, tp_hf, 0.0, 0.0), ep_comm=exp_f + exp_b, ep_hidden=hid_f + hid_b,
-                    ep_fwd=(exp_f, hid_f), ep_split=(*parts["split"], parts["wgrad"]))
+                    ep_fwd=(exp_f, hid_f), ep_split=(*parts["split"], parts["wgrad"]),
+                    fwd_before_wait=parts["before_wait"])
     acts = moe_act_bytes(src, b, s, t, ep, etp, cfg, lp)
     return cost, acts, *moe_params_per_rank(src.model, t, ep, etp)
 

@@ -68,6 +68,7 @@ class UnitCost(NamedTuple):
     rec_up: float = UNAVAILABLE_MS     # mla_up_proj: MLA's Q/K/V up projections + RoPE forward (MLA units only)
     ep_split: tuple = ()               # moe units: (dispatch, combine, experts' weight-gradient GEMMs) ms, one way
     wgrad: float = 0.0                 # the unit's weight-gradient GEMMs (inside bwd): what delay_wgrad moves
+    fwd_before_wait: float = 0.0       # moe units: forward ms before the dispatcher's host wait (moe_cost._before_wait)
 
 
 class Row(NamedTuple):

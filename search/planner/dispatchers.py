@@ -157,8 +157,7 @@ class Dispatchers:
                     continue
                 try:
                     c = ev.evaluate(st, charge=False, exact=True)
-                    ok = c.fits and c.score < best.score and self._valid(c) and \
-                        (self.accept is None or self.accept(ev, c))
+                    ok = c.fits and c.score < best.score and self.passes(ev, c)
                 except (pydantic.ValidationError, ValueError):
                     continue               # a combination megatron-core refuses (the plan's own rules)
                 if ok:
@@ -176,7 +175,7 @@ class Dispatchers:
         for st in self._states(e.state):
             try:
                 c = e if st == e.state else ev.evaluate(st, charge=False, exact=True)
-                ok = c.fits and self._valid(c) and (self.accept is None or self.accept(ev, c))
+                ok = c.fits and self.passes(ev, c)
             except (pydantic.ValidationError, ValueError):
                 continue
             if ok:
@@ -196,6 +195,14 @@ class Dispatchers:
         except (pydantic.ValidationError, ValueError):
             return False
         return True
+
+    def passes(self, ev, c: Evaluation) -> bool:
+        """Whether the variant ``c`` (priced by ``ev``) passes the plan's own rules and the extra check (``accept``)."""
+        return self._valid(c) and (self.accept is None or self.accept(ev, c))
+
+    def variants(self, st):
+        """``st`` and ``st`` under each CUDA-graph scope and seed stack (``_states`` without the offload)."""
+        return self._states(st)
 
     def _states(self, st, room: bool = False):
         """``st`` and, with CUDA-graph candidates, ``st`` under each scope (its other switches kept, or a seed's);

@@ -15,7 +15,11 @@ tests/unit/test_settle_graphs.py), so a shape that fits only without one scope's
 ``settle`` then runs the search under the scopes the best plan prices best under (its own and the runner-up,
 ``Dispatchers.ranked_stacks``; at most ``MAX_GRAPH_ROUNDS``), each with every state carrying that stack (plus the
 seed's loss fusion it kept), seeded with the best plan and each round's first ``SEED_PLANS`` plans: such a search
-explores a few hundred states near them.
+explores a few hundred states near them. Their last step (``_refine``) prices the best plan's stages and cuts under
+every ep x micro-batch x plan-level switches x graph scope (about 200 exact evaluations on Nano, not charged to the
+budget): the searches move one choice at a time and the final step polishes the switches and scopes on their own
+plans only, so where the graph buffers trade against ep, the micro-batch and Megatron FSDP together the rounds can
+end a few moves short (tests/unit/test_settle_refine.py).
 
 A wider space (``wider``: e.g. the context-parallel degrees) searched from scratch spreads the same budget over
 more states and can end slower than the narrow space (the hybrid bench lost two Nemotron-H 56B rows that way);
@@ -35,11 +39,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import pydantic
+
 from . import fine_offload
 from .aceso import SearchOptions, SearchResult, search
 from .api import make_space as _make_space
 from .dispatchers import Dispatchers, graph_candidates
-from .state import Evaluation
+from .state import Evaluation, Evaluator
 
 MAX_ROUNDS = 2      # searches under a newly chosen MoE setting (each seeded with the one before)
 MAX_GRAPH_ROUNDS = 2   # searches under the stack switches (CUDA-graph scopes) the best plan prices best under
@@ -145,7 +151,58 @@ def _graph_rounds(cm, training, target: str, opts: SearchOptions, top_k: int, ex
         plans, res = _merge(plans, [e for e in r.plans if e.score < best.score]), _sum(res, r)
         log.append(f"again under graphs {' '.join(sorted(sk.graphs)) or 'none'} from the best plans: "
                    f"{_best_text(r)}")
+    if stacks:
+        plans, line = _refine(disp, make_space(cm, training, target, moe=_best(plans).moe), plans)
+        log += [line] if line else []
     return plans, res
+
+
+def _refine(disp: Dispatchers, space, plans: list[Evaluation]) -> tuple[list[Evaluation], str | None]:
+    """The graph rounds' last step: the best plan's stages, stage cuts and MoE setting under every combination of
+    the four plan-wide choices the CUDA-graph buffers trade against (ep, the micro-batch, the plan-level switches,
+    the graph scope), each priced exactly (``_neighbours``); the fastest that fits, passes the plan's rules and
+    (megatron-lm) the export's check is merged when it beats the best plan. The rounds' searches move one choice
+    at a time and polish the switches on their best plans only, so a plan that is faster only with all four
+    changed together is missed: on Nemotron-3 Nano (gb200x8) mbs 4 per rank at ep 2 with Megatron FSDP under
+    graphs without ``mamba`` (the rounds ended at mbs 2 / ep 4 with every graph; tests/unit/test_settle_graphs.py).
+    (plans, a log line where it found a faster plan, else None)."""
+    best = _best(plans)
+    ev = disp.own if disp.own is not None and disp.own.moe == best.moe else \
+        Evaluator(disp.cm, disp.gbs, None, disp.target, best.moe)
+    found, n = best, 0
+    for st in _neighbours(space, best.state, disp):
+        n += 1
+        try:
+            c = ev.evaluate(st, charge=False, exact=True)
+            ok = c.fits and c.score < best.score and c.rank < found.rank and disp.passes(ev, c)
+        except (pydantic.ValidationError, ValueError):
+            continue               # a combination megatron-core refuses (the plan's own rules)
+        if ok:
+            found = c
+    if found is best:
+        return plans, None
+    return _merge(plans, [found]), (f"the best plan's ep x micro-batch x switches x graphs ({n} plans), from "
+                                    f"{best.iteration_ms:.1f} ms: {found.iteration_ms:.1f} ms")
+
+
+def _neighbours(space, st, disp: Dispatchers):
+    """The legal states of ``st``'s stage shapes and cuts at every ep (one on every stage, the stages' etp kept),
+    pipeline micro-batch, plan-level switch combination of ``space`` and CUDA-graph scope of ``disp`` (the state's
+    own stack with each scope, ``Dispatchers.variants``), ``st`` left out."""
+    ex = space.experts
+    eps = [s.ep for s in st.shapes[:1]] if ex is None else \
+        [e for e in ex.eps(st.shapes[0].num_gpus, st.shapes[0].expert_tp, st.shapes[0].tp)
+         if all(ex.ok(s._replace(ep=e)) for s in st.shapes)]
+    for ep in eps:
+        shapes = tuple(s._replace(ep=ep) for s in st.shapes)
+        for mbs in space.legal_mbs(shapes):
+            for f in space.features:
+                base = st._replace(mbs=mbs, shapes=shapes, features=f._replace(stack=st.features.stack))
+                if not space.legal(space.start_of(base)):
+                    continue
+                for x in disp.variants(base):
+                    if x != st:
+                        yield x
 
 
 def _accept(target: str):

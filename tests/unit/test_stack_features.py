@@ -135,6 +135,70 @@ def test_hybrid_moe_layer_after_mamba_waits_on_the_host_by_hand():
     assert t.fwd_ms[1] == pytest.approx(dev_moe + want, rel=1e-9)
 
 
+# A dropless layer with a large shared expert (tiny_moe, b 1, s 1024 = T tokens, tp 1, ep 4, flat kernels on H100):
+# megatron-core's MoELayer.forward runs the shared expert (not overlapped), the router and the dispatcher's
+# preprocess before the dispatch waits on the host (moe_layer.py custom_forward, 0.16.1 and 0.19).
+FS = 262144         # the shared expert's width: ~2 ms of forward, so its time decides what the wait exposes
+
+
+def _before_wait_by_hand(dispatcher: str, overlap: bool) -> float:
+    """The moe unit's forward before the wait: the gating GEMM (T, E, h), the norm (2 dt T h), the scores and top-k
+    (T E (dt + 3 x 4 + 1)) and, alltoall only (synchronised before the EP all-to-all, after permutation 1), half the
+    fused permute / unpermute bytes (dt T h + T k (dt h + 4)); the shared expert's two GEMMs (gelu: fc1 (T, fs, h),
+    fc2 (T, h, fs), one flat kernel group) and its activation (2 dt T fs) unless overlapped with the dispatch;
+    allgather: its all-gather of tokens, probs and routing map over the 4 EP ranks, which the ``.cpu()`` waits on."""
+    from search.costmodel.kernels import GPU_EFFICIENCY, LAUNCH_MS
+    from tests.unit.test_moe_cost import HBM, NVLINK, PEAK
+    e = GPU_EFFICIENCY["h100"]
+    T, h, E, k, dt = 1024, 1024, 8, 2, 2
+    gemm = lambda flops: flops / (PEAK * e.gemm) + LAUNCH_MS          # noqa: E731
+    mem = lambda nbytes: nbytes / (HBM * e.mem) + LAUNCH_MS           # noqa: E731
+    permute = dt * T * h + T * k * (dt * h + 4)
+    out = gemm(2 * T * E * h) + mem(2 * dt * T * h + T * E * (dt + 13) + (permute / 2 if dispatcher == "alltoall"
+                                                                          else 0.0))
+    if not overlap:
+        out += gemm(2 * T * FS * h + 2 * T * h * FS) + mem(2 * dt * T * FS)
+    if dispatcher == "allgather":
+        out += 3 * 0.003 + 3 / 4 * 4 * T * (h * dt + E * 5) / NVLINK        # ring all-gather over 4 ranks
+    return out
+
+
+@pytest.mark.parametrize("dispatcher,overlap", [("alltoall", False), ("alltoall", True), ("flex", False),
+                                                ("allgather", False)])
+def test_moe_forward_before_the_host_wait_by_hand(dispatcher, overlap):
+    from search.costmodel.moe_cost import moe_unit
+    m = tiny_moe(moe_router_force_load_balancing=True, moe_shared_expert_intermediate_size=FS)
+    src, _ = _table(m)
+    cfg = MoEPlanSettings(token_dispatcher=dispatcher, shared_expert_overlap=overlap)
+    cost = moe_unit(src, 1.0, 1024, 1, False, 4, 1, cfg)[0]
+    assert cost.fwd_before_wait == pytest.approx(_before_wait_by_hand(dispatcher, overlap), rel=1e-9)
+    assert cost.fwd_before_wait < cost.fwd
+
+
+def test_pre_dispatch_work_hides_no_launch_after_the_wait_by_hand():
+    """The experts' 21 launches, made after the wait, hide only behind the moe unit's device time after the
+    dispatch: exposed max(30 L - D_layer, 21 L - (D_moe - before)) (graphs of moe_router + moe_preprocess: 7 + 1 + 1
+    + 21 launches of L ms each). The shared expert's ~2 ms before the wait hid all of it when the launches were
+    priced against the whole D_moe (max(30 L - D_layer, 21 L - D_moe) < 0 here); now ~0.94 ms is exposed."""
+    m = tiny_moe(moe_router_force_load_balancing=True, moe_shared_expert_intermediate_size=FS)
+    launch = _launch_by_hand("h100")
+    _, t = _table(m, graphs=frozenset({"moe_router", "moe_preprocess"}))
+    i = [u.kind for u in m.units].index("moe")
+    assert t.host_ms is not None                             # f2e66ec priced no wait here
+    dev_moe = t.fwd_ms[i] - t.host_ms[i]
+    dev = t.fwd_ms[i - 1] + dev_moe
+    before = _before_wait_by_hand("alltoall", False)
+    assert max(30 * launch - dev, 21 * launch - dev_moe) < 0               # what the whole unit's time hid
+    want = max(30 * launch - dev, 21 * launch - (dev_moe - before))
+    assert want > 0.9
+    assert t.host_ms[i] == pytest.approx(want, rel=1e-9)
+    assert t.fwd_ms[i] == pytest.approx(dev_moe + want, rel=1e-9)
+    # the same shared expert beside the dispatch (moe_shared_expert_overlap) runs after the wait: it hides them
+    _, ov = _table(m, moe=MoEPlanSettings(shared_expert_overlap=True), graphs=frozenset({"moe_router",
+                                                                                          "moe_preprocess"}))
+    assert ov.host_ms is None or ov.host_ms[i] == 0.0
+
+
 def test_graph_buffers_by_hand():
     """GRAPH_BUFFERS tensors of dt s b h per captured unit and micro-batch in flight: 2 layers, attention and moe
     captured, 1 stage (one micro-batch in flight), b 1 s 1024 h 1024 bf16."""
