@@ -72,7 +72,8 @@ def settle(cm, training, target: str, opts: SearchOptions, top_k: int = 1, moe=N
         s.features.stack is not None and s.features.stack.graphs for s in opts.seeds)) else None
     plans, res, log = _rounds(cm, training, target, opts, top_k, first, make_space, tops)
     best = _best(plans)
-    if best is not None and best.moe is not None and best.moe.shared_expert_overlap:
+    if best is not None and best.moe is not None and best.moe.shared_expert_overlap and _ep_overlap_offered(cm, target,
+                                                                                                          best.moe):
         # the two overlaps exclude each other: the same rounds without the shared-expert overlap (the EP overlap's)
         o = copy.copy(opts)
         o.shared_overlap = False
@@ -203,6 +204,15 @@ def _neighbours(space, st, disp: Dispatchers):
                 for x in disp.variants(base):
                     if x != st:
                         yield x
+
+
+def _ep_overlap_offered(cm, target: str, moe) -> bool:
+    """Whether any candidate of the final step has the EP overlap (``dispatchers.candidates`` without the
+    shared-expert overlap): what the rounds without the shared-expert overlap are for (none on a hybrid model,
+    whose HybridModel runs no EP overlap, or for the aceso runtime)."""
+    from .dispatchers import candidates
+    base = moe.model_copy(update={"shared_expert_overlap": False})
+    return any(c.overlap_ep_comm for c in candidates(cm.model, cm.cluster, base, target))
 
 
 def _accept(target: str):
