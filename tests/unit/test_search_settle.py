@@ -37,19 +37,6 @@ def row():
     return x["_plan"], x["_cm"], x["_training"]
 
 
-def _brute(cm, tr, space, moe, features) -> float:
-    """The fastest fitting tp-1 dp-8 one-stage plan over every ep and per-rank micro-batch, under ``moe``."""
-    ev = Evaluator(cm, tr.global_batch_size, None, "megatron-lm", moe)
-    best = float("inf")
-    for ep in (1, 2, 4, 8):
-        for b in space.batches:
-            st = State(8 * b, (Shape(1, 8, 1, False, ep, 0),), (0, space.num_units), features)
-            if space.legal(st):
-                e = ev.evaluate(st, charge=False, exact=True)
-                best = min(best, e.iteration_ms if e.fits else best)
-    return best
-
-
 def test_settled_search_reaches_the_shape_the_chosen_setting_favours(monkeypatch):
     from search.spec.cluster import parse_cluster
     from search.spec.presets import load_model
