@@ -14,12 +14,11 @@ from __future__ import annotations
 import pytest
 
 from bench_modules import load
-from search.costmodel.types import Shape
 from search.planner.aceso import SearchOptions, search
 from search.planner import fine_offload
 from search.planner.api import make_space
 from search.planner.settle import settle
-from search.planner.state import Evaluator, State, from_plan
+from search.planner.state import Evaluator, from_plan
 from search.pricing import price
 
 hp = load("hybrid_published")
