@@ -107,4 +107,7 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
                          "--transformer-impl local (megatron-core's unfused attention)")
     plan = plan_from_config(cfg, cluster=cluster, source=source, release=release or version, spans=spans,
                             choices=hybrid_choices if read else unit_choices)
+    if read and plan.moe is not None and plan.moe.overlap_ep_comm:     # HybridModel: no combined 1F1B schedule
+        from .hybrid_pattern import EP_OVERLAP_REFUSAL
+        raise AcesoError(f"{source}: {EP_OVERLAP_REFUSAL}")
     return Imported(plan, cfg, notes, flags.ignored, rel, flags)

@@ -28,3 +28,18 @@ def test_a_hybrid_plan_with_the_ep_overlap_is_not_expressible():
     data["stages"][0]["ep"] = 2
     overlap = type(plain).model_validate(data)
     assert EP_OVERLAP_REFUSAL in check_expressible(overlap)
+
+
+def test_the_import_refuses_a_hybrid_line_with_the_ep_overlap():
+    import pytest
+
+    from search.io.errors import AcesoError
+    from search.megatron.hybrid_pattern import args_line, hybrid_form
+    from search.megatron.importer import read_megatron
+    plain = cut_plan(NANO8, [0, NANO8.num_units], 1, dp=8, gbs=64)
+    data = plain.model_dump()
+    data["stages"][0]["ep"] = 2
+    line = "python pretrain_hybrid.py " + args_line(hybrid_form(type(plain).model_validate(data)))
+    assert read_megatron(line, world_size=8).plan.stages[0].ep == 2
+    with pytest.raises(AcesoError, match="--overlap-moe-expert-parallel-comm"):
+        read_megatron(line.strip() + " --overlap-moe-expert-parallel-comm --delay-wgrad-compute", world_size=8)
