@@ -60,6 +60,14 @@ from .versions import Release, release
 
 SINCE = (0, 17)                      # --hybrid-layer-pattern with '|' and '/'
 FULL_RECOMPUTE_SINCE = (0, 18)       # HybridStack's checkpointed_forward
+# the fine-grained activation offload on a hybrid model: HybridModel starts the offload manager's chunk handler
+# (``preprocess_for_fine_grained_offloading``) from core_v0.18.0; core_v0.16.1 to core_v0.17.1's MambaModel never
+# does, so every offload group finds no chunk and moves nothing (fine_grained_activation_offload.py
+# ``fine_grained_offloading_group_start``: "if cur_forward_chunk is None: return tensor")
+OFFLOAD_SINCE = (0, 18)
+OFFLOAD_NOOP = ("--fine-grained-activation-offloading on a hybrid-pattern run: {label}'s MambaModel never starts the "
+                "offload (no chunk handler before core_v0.18's HybridModel), so nothing moves and the memory it "
+                "would save stays on the GPU; drop it, or use --megatron-version 0.18 or newer")
 MLA_SINCE = (0, 19)                  # the '+' symbol
 PIPE, MTP = "|", "/"
 FLAG = "--hybrid-layer-pattern"
@@ -306,6 +314,9 @@ def hybrid_form(plan: ParallelPlan, rel: Release | None = None) -> HybridForm:
     if rc.granularity == "full" and rel.version < FULL_RECOMPUTE_SINCE:
         raise NotExpressible(f"recompute full: {rel.label}'s MambaStack checkpoints no layers (HybridStack does from "
                              "core_v0.18): give --megatron-version 0.18 or newer")
+    stack = plan.settings.stack if plan.settings is not None else None
+    if stack is not None and stack.offload is not None and rel.version < OFFLOAD_SINCE:
+        raise NotExpressible(OFFLOAD_NOOP.format(label=rel.label))
     units = tuple(len(unit_pattern(plan.model, ch.start_unit, ch.end_unit)) for _, _, ch in plan.chunks_in_order())
     cfg = megatron_config(plan, chunk_layers=units, recompute=rc)
     return HybridForm(cfg, pattern_of(plan), rel)

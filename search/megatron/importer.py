@@ -110,4 +110,9 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
     if read and plan.moe is not None and plan.moe.overlap_ep_comm:     # HybridModel: no combined 1F1B schedule
         from .hybrid_pattern import EP_OVERLAP_REFUSAL
         raise AcesoError(f"{source}: {EP_OVERLAP_REFUSAL}")
+    stack = plan.settings.stack if plan.settings is not None else None
+    if read and stack is not None and stack.offload is not None:
+        from .hybrid_pattern import OFFLOAD_NOOP, OFFLOAD_SINCE
+        if rel.version < OFFLOAD_SINCE:
+            raise AcesoError(f"{source}: " + OFFLOAD_NOOP.format(label=rel.label))
     return Imported(plan, cfg, notes, flags.ignored, rel, flags)

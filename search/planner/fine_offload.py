@@ -53,13 +53,16 @@ EXPERTS = ("expert_fc1", "moe_act")
 
 def offered(cm, target: str) -> bool:
     """Whether the search offers the offload: the Megatron-LM / Bridge target (the aceso runtime runs none), the
-    analytic model (the only one that prices the stack switches), a release that has it, and transformer-engine's
+    analytic model (the only one that prices the stack switches), a release that has it (on a hybrid model 0.18:
+    ``hybrid_pattern.OFFLOAD_SINCE``), and transformer-engine's
     layers (Megatron-LM asserts ``--transformer-impl transformer_engine`` with it: ``stack_flags.OFFLOAD_NEEDS_TE``;
     a search priced with unfused attention exports ``local``)."""
+    from search.megatron.hybrid_pattern import OFFLOAD_SINCE as HYBRID_SINCE, runs_as_pattern
     from .dispatchers import core_of
     from .report import assumed_attention
+    since = HYBRID_SINCE if runs_as_pattern(cm.model) else OFFLOAD_SINCE    # MambaModel before 0.18: a no-op
     return target == "megatron-lm" and getattr(cm, "kind", "analytic") == "analytic" and \
-        core_of(cm) >= OFFLOAD_SINCE and assumed_attention(cm) != "unfused"
+        core_of(cm) >= since and assumed_attention(cm) != "unfused"
 
 
 def module_sets(model, moe=None) -> list[tuple[str, ...]]:

@@ -43,3 +43,56 @@ def test_the_import_refuses_a_hybrid_line_with_the_ep_overlap():
     assert read_megatron(line, world_size=8).plan.stages[0].ep == 2
     with pytest.raises(AcesoError, match="--overlap-moe-expert-parallel-comm"):
         read_megatron(line.strip() + " --overlap-moe-expert-parallel-comm --delay-wgrad-compute", world_size=8)
+
+
+# The fine-grained offload on a hybrid model: core_v0.16.1 to core_v0.17.1's MambaModel never starts the offload
+# manager's chunk handler (HybridModel's preprocess_for_fine_grained_offloading came with core_v0.18.0), so the flag
+# moves nothing there (tests/runtime/test_hybrid_ep_overlap_core.py checks the installed classes).
+def _offload_plan():
+    from search.settings.stack import FineGrainedOffload, StackSettings
+    plain = cut_plan(NANO8, [0, NANO8.num_units], 1, dp=8, gbs=64)
+    data = plain.model_dump()
+    data["stages"][0]["ep"] = 2
+    data["settings"] = {**(data.get("settings") or {}),
+                        "stack": StackSettings(offload=FineGrainedOffload(modules=("expert_fc1",))).model_dump()}
+    return type(plain).model_validate(data)
+
+
+def test_the_hybrid_offload_is_written_for_0_18_on_only():
+    import pytest
+
+    from search.megatron.config import NotExpressible
+    from search.megatron.hybrid_pattern import hybrid_form
+    from search.megatron.versions import release
+    plan = _offload_plan()
+    for version in ("0.18", "0.19"):
+        hybrid_form(plan, release(version))
+    with pytest.raises(NotExpressible, match="never starts the offload"):
+        hybrid_form(plan, release("0.17"))
+
+
+def test_the_import_refuses_a_0_17_hybrid_line_with_the_offload():
+    import pytest
+
+    from search.io.errors import AcesoError
+    from search.megatron.hybrid_pattern import args_line, hybrid_form
+    from search.megatron.importer import read_megatron
+    from search.megatron.versions import release
+    line = "python pretrain_hybrid.py " + args_line(hybrid_form(_offload_plan(), release("0.18")))
+    assert read_megatron(line, world_size=8, version="0.18").plan.settings.stack.offload is not None
+    with pytest.raises(AcesoError, match="never starts the offload"):
+        read_megatron(line, world_size=8, version="0.17")
+
+
+def test_the_search_offers_the_hybrid_offload_from_megatron_core_0_18():
+    from search.planner import fine_offload
+    from search.pricing import cost_model
+    from search.settings.plan_settings import PlanSettings
+    from search.spec.training import TrainingSpec
+    cl = parse_cluster("1x8-h100")
+    tr = TrainingSpec(global_batch_size=64)
+    for release, offered in (("26.04.01", False), ("0.17", False), ("0.18", True), ("0.19", True)):
+        cm = cost_model(NANO8, cl, tr, PlanSettings(release=release))
+        assert fine_offload.offered(cm, "megatron-lm") == offered, release
+    cm = cost_model(MIXTRAL4, cl, tr, PlanSettings(release="26.04.01"))      # GPTModel: from 0.16
+    assert fine_offload.offered(cm, "megatron-lm")
