@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{r['id']:<78} {r['search_target']:>12}  {r['search_status']}")
                 continue
             print(f"{r['id']:<78} {r['search_target']:>12}  {r['speedup']:.3f}x  {r['search_shape']}  "
-                  f"({r['search_s']:.0f} s)" + ("" if r["published"] == "in the space" else
+                  f"({r['search_s']:.0f} CPU s)" + ("" if r["published"] == "in the space" else
                                                 f"  published plan {r['published']}"))
             if args.exhaustive:
                 r.update(exhaustive_row(r))
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  exhaustive: {r['exhaustive_status']}")
                 else:
                     print(f"  exhaustive: {r['exhaustive_speedup']:.3f}x  {r['exhaustive_shape']}  "
-                          f"({r['exhaustive_states']} states, {r['exhaustive_s']:.0f} s; the search "
+                          f"({r['exhaustive_states']} states, {r['exhaustive_s']:.0f} CPU s; the search "
                           f"{r['search_ms'] / r['exhaustive_ms']:.4f}x its time)")
             if args.breakdown:
                 print("  rounds: " + "; ".join(r["search_rounds"]))
