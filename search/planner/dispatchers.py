@@ -63,7 +63,9 @@ def candidates(model, cluster, base: MoEPlanSettings | None = None, target: str 
     out = [base]
     shared = bool(model.moe.moe_shared_expert_intermediate_size) and not base.overlap_ep_comm
     from search.megatron.hybrid_pattern import runs_as_pattern
-    hybrid = runs_as_pattern(model)     # HybridModel runs no EP overlap (hybrid_pattern.EP_OVERLAP_REFUSAL)
+    # HybridModel runs no EP overlap (hybrid_pattern.EP_OVERLAP_REFUSAL), nor megatron-core with more than one MTP
+    # layer (moe_plan.settings_refusal)
+    no_overlap = runs_as_pattern(model) or (model.mtp_num_layers or 0) > 1
     for d, backend in _dispatch_options(model):
         if (d == "flex" and cluster.gpu.name == "cpu") or (allowed is not None and d not in allowed):
             continue
@@ -72,7 +74,7 @@ def candidates(model, cluster, base: MoEPlanSettings | None = None, target: str 
         same = base.model_copy(update={"token_dispatcher": d, "flex_backend": backend})
         if (d, backend) != (base.token_dispatcher, base.flex_backend if d == "flex" else "deepep"):
             out.append(same)
-        if target == "megatron-lm" and not base.overlap_ep_comm and d != "allgather" and not hybrid \
+        if target == "megatron-lm" and not base.overlap_ep_comm and d != "allgather" and not no_overlap \
                 and not base.shared_expert_overlap and model.params_dtype != "fp32" and base.grouped_gemm:
             out.append(same.model_copy(update={"overlap_ep_comm": True, "delay_wgrad": True}))
         if shared and not base.shared_expert_overlap and d in shared_overlap:

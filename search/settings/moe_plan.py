@@ -211,8 +211,8 @@ def shared_overlap_refusal(s: "MoEPlanSettings", core: tuple[int, int]) -> str |
 
 
 def settings_refusal(s: "MoEPlanSettings", model) -> str | None:
-    """megatron-core's rules on the delayed weight gradients, the per-rank capacity and paged stashing
-    (``TransformerConfig.__post_init__``, 0.16.1 and 0.19), or None."""
+    """megatron-core's rules on the delayed weight gradients, the EP overlap's dtype and MTP depth, the per-rank
+    capacity and paged stashing (``TransformerConfig.__post_init__``, 0.16.1 and 0.19), or None."""
     if s.delay_wgrad and not s.overlap_ep_comm:
         return ("moe.delay_wgrad needs moe.overlap_ep_comm (megatron-core asserts delay_wgrad_compute only with "
                 "overlap_moe_expert_parallel_comm); turn the overlap on or delay_wgrad off")
@@ -221,6 +221,11 @@ def settings_refusal(s: "MoEPlanSettings", model) -> str | None:
     if s.overlap_ep_comm and model.params_dtype == "fp32":
         return ("moe.overlap_ep_comm needs a bf16 or fp16 model (megatron-core asserts it); use --bf16 or turn the "
                 "overlap off")
+    if s.overlap_ep_comm and (model.mtp_num_layers or 0) > 1:
+        # core_v0.16.1 transformer_config.py:1889 ... core_v0.19.0 :2709 ("MTP layernum only supports 1" / "MTP
+        # supports at most one layer when enabling overlap_moe_expert_parallel_comm")
+        return (f"moe.overlap_ep_comm with model.mtp_num_layers {model.mtp_num_layers}: megatron-core asserts at most "
+                "one MTP layer with the EP overlap; turn the overlap off")
     if s.rank_capacity_factor is not None and (s.token_dispatcher != "flex" or s.flex_backend != "hybridep"):
         return ("moe.rank_capacity_factor needs the flex dispatcher with the hybridep backend (megatron-core 0.19 "
                 "raises otherwise); set token_dispatcher flex and flex_backend hybridep, or drop it")

@@ -96,3 +96,36 @@ def test_the_search_offers_the_hybrid_offload_from_megatron_core_0_18():
         assert fine_offload.offered(cm, "megatron-lm") == offered, release
     cm = cost_model(MIXTRAL4, cl, tr, PlanSettings(release="26.04.01"))      # GPTModel: from 0.16
     assert fine_offload.offered(cm, "megatron-lm")
+
+
+# megatron-core asserts at most one MTP layer with the EP overlap (core_v0.16.1 transformer_config.py:1889 to
+# core_v0.19.0 :2709; each release's own config refuses the line: checked with tests/runtime/megatron_lm_oracle.py):
+# a GPT MoE model with two MTP layers
+def _mtp2():
+    return type(MIXTRAL4).model_validate({**MIXTRAL4.model_dump(), "name": "custom", "aceso_db_key": None,
+                                          "mtp_num_layers": 2})
+
+
+def test_the_ep_overlap_with_two_mtp_layers_is_neither_offered_nor_read():
+    import pytest
+
+    from search.io.errors import AcesoError
+    from search.megatron import megatron_config
+    from search.megatron.importer import read_megatron
+    from search.megatron.script import args_line
+    from search.megatron.versions import release
+    m = _mtp2()
+    assert not any(c.overlap_ep_comm for c in candidates(m, parse_cluster("1x8-h100"), None, "megatron-lm"))
+    plain = cut_plan(m, [0, m.num_units], 1, dp=8, gbs=64)
+    data = plain.model_dump()
+    data["stages"][0]["ep"] = 2
+    line = args_line(megatron_config(type(plain).model_validate(data)), release("0.19"))
+    read_megatron(line, world_size=8, version="0.19")
+    data["settings"] = {**(data.get("settings") or {}),
+                        "moe": MoEPlanSettings(overlap_ep_comm=True, delay_wgrad=True).model_dump()}
+    with pytest.raises(ValueError, match="at most one MTP layer"):
+        type(plain).model_validate(data)
+    for version in ("0.16", "0.19"):
+        with pytest.raises(AcesoError, match="at most one MTP layer"):
+            read_megatron(line.strip() + " --overlap-moe-expert-parallel-comm --delay-wgrad-compute", world_size=8,
+                          version=version)
