@@ -303,8 +303,7 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
     if f.has("--tp-comm-overlap") and not sp:
         raise AcesoError("--tp-comm-overlap needs --sequence-parallel (Megatron-LM's validate_args asserts it)")
     stack, optimizer = stack_fields(f, model, dist_opt, bool(fsdp), notes)
-    if (why := release_stack_refusal(f.release, stack, ep, f.has(INFERENCE_PAD),
-                                     attention)):
+    if (why := release_stack_refusal(f.release, stack, ep, f.has(INFERENCE_PAD), attention)):
         raise AcesoError(why)
     main_params, main_grads = _fsdp_dtypes(f, fsdp, model.params_dtype)
     settings = PlanSettings(

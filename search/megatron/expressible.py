@@ -170,8 +170,7 @@ def _check_features(plan: ParallelPlan) -> None:
         raise NotExpressible(f"model.rotary_base ({m.rotary_base}) is not an integer: Megatron-LM's --rotary-base "
                              "takes an integer")
     attention = plan.predicted.attention if plan.predicted else None
-    stack = plan.settings.stack if plan.settings is not None else None
-    if stack is not None and stack.offload is not None and attention == "unfused":
+    if plan.stack is not None and plan.stack.offload is not None and attention == "unfused":
         raise NotExpressible("settings.stack.offload with megatron-core's local layers (predicted.attention unfused): "
                              + OFFLOAD_NEEDS_TE)
     if plan.tp_comm_overlap and attention == "unfused":

@@ -219,8 +219,17 @@ def plan_refusal(plan: ParallelPlan, rel: Release) -> str | None:
                 "get_moe_module_spec(moe_grouped_gemm=True)); turn it on")
     if plan.activation_offload is not None:
         return OFFLOAD_REFUSAL
+    return run_refusal(plan, rel)
+
+
+def run_refusal(plan: ParallelPlan, rel: Release) -> str | None:
+    """What ``rel``'s hybrid model class does not run of the plan's switches (one line; the export's
+    ``plan_refusal`` and the import share it), or None: the EP overlap (no schedule plan), the fine-grained
+    offload before ``OFFLOAD_SINCE`` (no chunk handler: the flag moves nothing)."""
     if plan.moe is not None and plan.moe.overlap_ep_comm:
         return EP_OVERLAP_REFUSAL
+    if plan.stack is not None and plan.stack.offload is not None and rel.version < OFFLOAD_SINCE:
+        return OFFLOAD_NOOP.format(label=rel.label)
     return None
 
 
@@ -314,9 +323,6 @@ def hybrid_form(plan: ParallelPlan, rel: Release | None = None) -> HybridForm:
     if rc.granularity == "full" and rel.version < FULL_RECOMPUTE_SINCE:
         raise NotExpressible(f"recompute full: {rel.label}'s MambaStack checkpoints no layers (HybridStack does from "
                              "core_v0.18): give --megatron-version 0.18 or newer")
-    stack = plan.settings.stack if plan.settings is not None else None
-    if stack is not None and stack.offload is not None and rel.version < OFFLOAD_SINCE:
-        raise NotExpressible(OFFLOAD_NOOP.format(label=rel.label))
     units = tuple(len(unit_pattern(plan.model, ch.start_unit, ch.end_unit)) for _, _, ch in plan.chunks_in_order())
     cfg = megatron_config(plan, chunk_layers=units, recompute=rc)
     return HybridForm(cfg, pattern_of(plan), rel)

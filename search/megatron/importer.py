@@ -20,7 +20,8 @@ from .build import plan_from_config
 from .cmdline import Flags, config_from_flags, parse_flags
 from .config import MegatronConfig
 from .entry import PRICED, EntryRefusal, check_unreadable, refuse_entry
-from .hybrid_pattern import ENTRIES, FLAG, current_spelling, hybrid_model, read_argv, unit_choices as hybrid_choices, unit_spans
+from .hybrid_pattern import (ENTRIES, FLAG, current_spelling, hybrid_model, read_argv, run_refusal,
+                             unit_choices as hybrid_choices, unit_spans)
 from .recompute import unit_choices
 from .shell import read_command
 from .versions import Release, release as megatron_release
@@ -107,12 +108,6 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
                          "--transformer-impl local (megatron-core's unfused attention)")
     plan = plan_from_config(cfg, cluster=cluster, source=source, release=release or version, spans=spans,
                             choices=hybrid_choices if read else unit_choices)
-    if read and plan.moe is not None and plan.moe.overlap_ep_comm:     # HybridModel: no combined 1F1B schedule
-        from .hybrid_pattern import EP_OVERLAP_REFUSAL
-        raise AcesoError(f"{source}: {EP_OVERLAP_REFUSAL}")
-    stack = plan.settings.stack if plan.settings is not None else None
-    if read and stack is not None and stack.offload is not None:
-        from .hybrid_pattern import OFFLOAD_NOOP, OFFLOAD_SINCE
-        if rel.version < OFFLOAD_SINCE:
-            raise AcesoError(f"{source}: " + OFFLOAD_NOOP.format(label=rel.label))
+    if read and (why := run_refusal(plan, rel)):      # what the release's hybrid model class does not run
+        raise AcesoError(f"{source}: {why}")
     return Imported(plan, cfg, notes, flags.ignored, rel, flags)

@@ -54,18 +54,18 @@ def candidates(model, cluster, base: MoEPlanSettings | None = None, target: str 
     """The MoE settings to price a plan of ``model`` on ``cluster`` under: ``base`` (None: the defaults) first,
     then ``base`` with each other dispatcher megatron-core runs there (and ``allowed`` keeps: --dispatcher), each
     (``--target megatron-lm``: the aceso runtime runs no EP overlap; nor does HybridModel, a Mamba / GDN model's) also
-    with the EP overlap and delayed weight gradients where ``base`` has no overlap, and (a model with a shared expert, ``shared_overlap``: the dispatchers
-    the release runs it with, ``moe_plan.shared_overlap_dispatchers``) with the shared-expert overlap where ``base``
-    has neither overlap; empty for a dense model."""
+    with the EP overlap and delayed weight gradients where ``base`` has no overlap and megatron-core's rules on the
+    settings allow it (``moe_plan.settings_refusal``), and (a model with a shared expert, ``shared_overlap``: the
+    dispatchers the release runs it with, ``moe_plan.shared_overlap_dispatchers``) with the shared-expert overlap
+    where ``base`` has neither overlap; empty for a dense model."""
     if model.moe is None:
         return []
     base = base or MoEPlanSettings()
     out = [base]
     shared = bool(model.moe.moe_shared_expert_intermediate_size) and not base.overlap_ep_comm
     from search.megatron.hybrid_pattern import runs_as_pattern
-    # HybridModel runs no EP overlap (hybrid_pattern.EP_OVERLAP_REFUSAL), nor megatron-core with more than one MTP
-    # layer (moe_plan.settings_refusal)
-    no_overlap = runs_as_pattern(model) or (model.mtp_num_layers or 0) > 1
+    from search.settings.moe_plan import settings_refusal
+    hybrid = runs_as_pattern(model)     # HybridModel runs no EP overlap (hybrid_pattern.EP_OVERLAP_REFUSAL)
     for d, backend in _dispatch_options(model):
         if (d == "flex" and cluster.gpu.name == "cpu") or (allowed is not None and d not in allowed):
             continue
@@ -74,9 +74,10 @@ def candidates(model, cluster, base: MoEPlanSettings | None = None, target: str 
         same = base.model_copy(update={"token_dispatcher": d, "flex_backend": backend})
         if (d, backend) != (base.token_dispatcher, base.flex_backend if d == "flex" else "deepep"):
             out.append(same)
-        if target == "megatron-lm" and not base.overlap_ep_comm and d != "allgather" and not no_overlap \
-                and not base.shared_expert_overlap and model.params_dtype != "fp32" and base.grouped_gemm:
-            out.append(same.model_copy(update={"overlap_ep_comm": True, "delay_wgrad": True}))
+        overlap = same.model_copy(update={"overlap_ep_comm": True, "delay_wgrad": True})
+        if target == "megatron-lm" and not base.overlap_ep_comm and d != "allgather" and not hybrid \
+                and not base.shared_expert_overlap and settings_refusal(overlap, model) is None:
+            out.append(overlap)     # (settings_refusal: a bf16 / fp16 model, grouped GEMM, at most one MTP layer)
         if shared and not base.shared_expert_overlap and d in shared_overlap:
             out.append(same.model_copy(update={"shared_expert_overlap": True}))
     return out

@@ -164,9 +164,8 @@ def _refine(disp: Dispatchers, space, plans: list[Evaluation]) -> tuple[list[Eva
     the graph scope), each priced exactly (``_neighbours``); the fastest that fits, passes the plan's rules and
     (megatron-lm) the export's check is merged when it beats the best plan. The rounds' searches move one choice
     at a time and polish the switches on their best plans only, so a plan that is faster only with all four
-    changed together is missed: on Nemotron-3 Nano (gb200x8) mbs 4 per rank at ep 2 with Megatron FSDP under
-    graphs without ``mamba`` (the rounds ended at mbs 2 / ep 4 with every graph; tests/unit/test_settle_graphs.py).
-    (plans, a log line where it found a faster plan, else None)."""
+    changed together is missed (tests/unit/test_settle_refine.py). (plans, a log line where it found a faster plan,
+    else None)."""
     best = _best(plans)
     ev = disp.own if disp.own is not None and disp.own.moe == best.moe else \
         Evaluator(disp.cm, disp.gbs, None, disp.target, best.moe)
