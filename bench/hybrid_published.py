@@ -26,11 +26,15 @@ searched row, the fastest plan of the whole Megatron-LM space the search searche
 row; use it with ``--rows``). The search of each row is
 ``search.planner.settle``: cp 1 under the published MoE settings, again under the setting its final step chose,
 then the CP degrees, each from the best plan so far.
+
+Published runs that did not fit (``published_no_fit``): a row's footnote that the other precision's mapping "could not fit"
+is priced and must be refused by the memory verdict search and validate share (``memory.headroom_verdict``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 import time
@@ -73,7 +77,7 @@ def load() -> list[dict]:
         t = r["table"]
         out.append({"id": r["id"], "model": r["model"], "cluster": t["cluster"], "gpus": t["gpus"],
                     "version": t["version"], "settings": r["settings"], "measured": t["tokens_per_s_per_gpu"],
-                    "source": "Megatron-Bridge " + t["source"]})
+                    "source": "Megatron-Bridge " + t["source"], "footnotes": r.get("footnotes", {})})
     for r in data["nemotron_h_rows"]:
         out.append({"id": r["id"], "model": r["model"], "cluster": r["cluster"], "gpus": r["gpus"],
                     "version": "25.04", "settings": r["settings"], "measured": r["measured"]["tokens_per_s_per_gpu"],
@@ -350,6 +354,50 @@ def breakdown_lines(name: str, d: dict) -> list[str]:
             f"  {'':<9} memory {d['memory_gib']:.1f}/{d['limit_gib']:.0f} GiB: {mem}"]
 
 
+_NO_FIT = re.compile(r"Mapping used for (\w+) precision could not fit for\s+(\w+) precision")
+# the parallel mapping of a row: what "the mapping used for <precision>" carries over to the other precision's run
+_MAPPING = ("tp", "pp", "cp", "vp", "ep", "etp", "dp", "sequence_parallel", "mbs", "ga", "fsdp")
+
+
+def published_no_fit(rows: list[dict] | None = None) -> list[dict]:
+    """The published runs NVIDIA says do not fit, against our memory verdict. A row's footnote "Mapping used for
+    MXFP8 precision could not fit for NVFP4 precision for this model" (Megatron-Bridge performance summary,
+    Nemotron-3 Super on B200) names a run that was tried and ran out of memory: the MXFP8 row's parallel mapping
+    (``_MAPPING``) with this row's precision. It is priced two ways, since the footnote does not say which of the
+    other settings went with it: the MXFP8 row's settings with this row's precision recipe, and this row's settings
+    on the MXFP8 row's mapping. Each must be refused by the memory verdict the search and validate use
+    (``memory.headroom_verdict`` at ``DEFAULT_HEADROOM``): over the GPU, or inside the headroom."""
+    from search.costmodel.memory import DEFAULT_HEADROOM, headroom_verdict
+    rows = rows if rows is not None else load()
+    out = []
+    for r in rows:
+        for note in r.get("footnotes", {}).values():
+            if not (m := _NO_FIT.search(note)):
+                continue
+            src, dst = m.group(1).lower(), m.group(2).lower()
+            twin = next((x for x in rows if x["model"] == r["model"] and x["cluster"] == r["cluster"] and
+                         x["version"] == r["version"] and x["settings"]["precision"]["recipe"] == src), None)
+            if twin is None or r["settings"]["precision"]["recipe"] != dst:
+                out.append({"id": r["id"], "status": f"no {src} twin of this row: not checked"})
+                continue
+            variants = {
+                f"the {src} row's settings, {dst} recipe": {**twin["settings"],
+                                                             "precision": r["settings"]["precision"]},
+                f"this row's settings on the {src} mapping": {**r["settings"],
+                                                              **{k: twin["settings"][k] for k in _MAPPING}},
+            }
+            for name, settings in variants.items():
+                x = price_row({**r, "id": f"{r['id']} as {name}", "settings": settings})
+                if x["status"] != "priced":
+                    out.append({"id": x["id"], "status": x["status"]})
+                    continue
+                verdict = headroom_verdict(x["memory_gib"] * 1024, x["limit_gib"] * 1024, DEFAULT_HEADROOM)
+                out.append({"id": x["id"], "status": "priced", "memory_gib": x["memory_gib"],
+                            "limit_gib": x["limit_gib"], "verdict": verdict, "agrees": verdict is not None,
+                            "evidence": note})
+    return out
+
+
 def summarize(rows: list[dict]) -> dict:
     errs = [abs(r["error"]) for r in rows if r["status"] == "priced"]
     sp = [r["speedup"] for r in rows if r.get("speedup")]
@@ -433,6 +481,12 @@ def main(argv: list[str] | None = None) -> int:
     s = summarize(rows)
     print(f"\npriced {s['priced']}/{s['rows']} rows: MAE {s['mae']:.1%}, max |error| {s['max_abs']:.1%}, "
           f"all fit: {s['all_fit']} (targets: MAE <= {TARGETS['mae']:.0%}, none beyond {TARGETS['max']:.0%})")
+    no_fit = published_no_fit() if not args.rows else []
+    for x in no_fit:
+        print(f"published as not fitting: {x['id']}: " + (x["status"] if x["status"] != "priced" else
+              f"{x['memory_gib']:.1f}/{x['limit_gib']:.0f} GiB, " + (f"refused ({x['verdict']})" if x["agrees"]
+                                                                    else "FITS (the published run did not)")))
+    s["published_no_fit_agree"] = all(x.get("agrees") for x in no_fit) if no_fit else None
     if s["searched"]:
         print(f"searched {s['searched']} rows: median speedup {s['median_speedup']:.3f}x, lowest "
               f"{s['min_speedup']:.3f}x (targets: median >= {TARGETS['median_speedup']}x, none below "

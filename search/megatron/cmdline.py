@@ -161,6 +161,12 @@ REFUSED: dict[str, tuple[object, str]] = {
     "--model-parallel-size": (_always, "the old flag; use --tensor-model-parallel-size"),
     "--checkpoint-activations": (_always, "removed in Megatron-LM; use --recompute-activations or "
                                           "--recompute-granularity"),
+    # megatron-core's per-module precision overrides (argument_utils.py: ``quant_recipe`` from the YAML, core_v0.16.1
+    # to core_v0.19.0; core/extensions/TransformerEngineMixedPrecision.md): the file moves linears between recipes
+    # (Megatron-Bridge's NVFP4 Nemotron-3 Super te_quant.cfg keeps QKV, attention output, the latent projections and
+    # MTP in bf16 and the Mamba out_proj in MXFP8), which aceso would price at the --fp8 / --fp4 recipe everywhere
+    "--te-precision-config-file": (_always, "per-module precision overrides are not priced by aceso (every linear "
+                                            "of a transformer layer runs the --fp8-recipe / --fp4-recipe here)"),
 }
 
 

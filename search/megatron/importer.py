@@ -32,7 +32,7 @@ class Imported:
     plan: ParallelPlan
     config: MegatronConfig
     notes: list[str] = field(default_factory=list)     # what was assumed or approximated
-    ignored: list[str] = field(default_factory=list)   # flags that do not change the plan
+    ignored: list[str] = field(default_factory=list)   # flags aceso does not price (nor knows to be harmless)
     release: Release = field(default_factory=megatron_release)  # the Megatron-LM release the flags were read under
     flags: Flags | None = None                         # every flag given, priced or not (Flags.get reads any)
 
@@ -41,7 +41,8 @@ class Imported:
         if not self.ignored:
             return None
         n = len(self.ignored)
-        return f"ignored {n} flag{'s that do' if n > 1 else ' that does'} not change the plan: {' '.join(self.ignored)}"
+        return (f"ignored {n} flag{'s' if n > 1 else ''} aceso does not price (the prediction is the run without "
+                f"{'them' if n > 1 else 'it'}): {' '.join(self.ignored)}")
 
 
 def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: int | None = None,

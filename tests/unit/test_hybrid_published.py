@@ -99,3 +99,20 @@ def test_breakdown_of_a_one_stage_plan():
     assert d["compute"] == pytest.approx(24 * (st.fwd_ms + st.bwd_ms) - d["comm"]["tp"], rel=1e-3)
     assert d["comm"]["tp"] > 0 and d["recompute"] == 0                # tp 8, no recompute
     assert d["memory_gib"] == pytest.approx(x["memory_gib"])
+
+
+def test_the_published_run_that_did_not_fit_is_refused():
+    """NVIDIA's B200 NVFP4 Nemotron-3 Super row says the MXFP8 row's mapping "could not fit for NVFP4 precision"
+    (Megatron-Bridge performance summary footnote): that run, priced with either reading of which settings went with
+    the mapping, must be refused by the memory verdict the search and validate share (over the GPU, or inside the
+    default --memory-headroom), never called a fit."""
+    checks = hp.published_no_fit()
+    assert len(checks) == 2 and all(x["status"] == "priced" for x in checks), checks
+    assert all(x["agrees"] for x in checks), [(x["id"], x["memory_gib"]) for x in checks]
+    by = {x["id"].split(" as ")[1]: x for x in checks}
+    # this row's settings (CUDA graphs, no recompute) at tp 1 / dp 64: over the 180 GiB outright
+    assert by["this row's settings on the mxfp8 mapping"]["memory_gib"] > 180
+    # the MXFP8 row itself fits the same budget: the verdict separates the two precisions, not the mapping alone
+    mx = hp.price_row(_row("26.04.01/pretrain/nemotron-3-super/b200x64/mxfp8"))
+    from search.costmodel.memory import DEFAULT_HEADROOM, headroom_verdict
+    assert headroom_verdict(mx["memory_gib"] * 1024, mx["limit_gib"] * 1024, DEFAULT_HEADROOM) is None

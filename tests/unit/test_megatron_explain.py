@@ -32,7 +32,7 @@ def test_explain_prices_the_imported_plan_as_megatron_lm_runs_it_and_reports_the
     assert "no fp16 loss scaling" in gain["aceso"]["not_offered"]      # an fp16 script: the runtime trains bf16
     # tp 4 with full recompute on 8 H100s for a 4-layer 1.3B model is far from the best Megatron-LM configuration
     assert gain["megatron"]["speedup"] > 1.2
-    assert any("ignored 1 flag that does not change the plan: --empty-unused-memory-level" in n for n in out["notes"])
+    assert any("ignored 1 flag aceso does not price (the prediction is the run without it): --empty-unused-memory-level" in n for n in out["notes"])
 
 
 def test_the_drop_in_plan_is_expressible_and_priced_as_megatron_lm_runs_it(tmp_path, capsys):

@@ -108,7 +108,7 @@ def test_megatron_style_script_with_megatron_defaults():
     # (--cross-entropy-loss-fusion is priced: the plan's stack, megatron-core's default impl "native")
     assert plan.stack is not None and plan.stack.cross_entropy_fusion == "native"
     assert imp.ignored == ["--empty-unused-memory-level"]
-    assert imp.warning == "ignored 1 flag that does not change the plan: --empty-unused-memory-level"
+    assert imp.warning == "ignored 1 flag aceso does not price (the prediction is the run without it): --empty-unused-memory-level"
     # the preset with this architecture names it and supplies the vocabulary GPT2BPETokenizer would set
     assert plan.model.name == "gpt-1.3b" and plan.model.vocab_size == 51200
     assert plan.model.make_vocab_size_divisible_by == 128 * 2         # Megatron-LM pads to 128 x tp
@@ -179,6 +179,8 @@ def test_account_for_embedding_and_loss_split():
 
 @pytest.mark.parametrize("extra,needle", [
     ("--fp8-format hybrid --fp8-dot-product-attention", "FP8 attention is not modelled"),
+    ("--fp8-format e4m3 --fp8-recipe mxfp8 --te-precision-config-file te_quant.yaml",
+     "--te-precision-config-file te_quant.yaml: per-module precision overrides are not priced"),
     ("--use-megatron-fsdp", "only supports the fsdp_dtensor checkpoint format; add --ckpt-format fsdp_dtensor"),
     ("--use-torch-fsdp2", "torch FSDP2 is not modelled"),
     ("--use-megatron-fsdp --ckpt-format fsdp_dtensor --data-parallel-sharding-strategy zero3",
