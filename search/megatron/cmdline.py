@@ -83,7 +83,8 @@ FLAGS: dict[str, str] = {
                          "--moe-paged-stash", "--mtp-use-repeated-layer", "--use-fused-weighted-squared-relu",
                          # (MoE ones read by moe_flags.py)
                          # the DP synchronization (search/settings/data_parallel.py)
-                         "--no-align-grad-reduce", "--no-align-param-gather", "--use-tp-pp-dp-mapping", "--use-sharp")},
+                         "--no-align-grad-reduce", "--no-align-param-gather", "--use-tp-pp-dp-mapping", "--use-sharp",
+                         "--moe-layer-recompute")},       # (_recompute: selective 'moe')
     **STACK_FLAG_KINDS,         # --cuda-graph-impl, --optimizer, --offload-modules, ... (stack_flags.py)
     **{f: LIST for f in ("--recompute-modules", "--moe-aux-loss-coeff", "--moe-router-load-balancing-type")},
     **LAYER_FLAG_KINDS,         # --window-size, --softmax-type, --quick-geglu, ... (layer_variant_flags)
@@ -454,6 +455,15 @@ def _recompute(f: Flags, notes: list[str], moe=None) -> Recompute:
     gran = "selective" if f.has("--recompute-activations") else f.get("--recompute-granularity")
     method, n = f.get("--recompute-method"), f.get("--recompute-num-layers")
     modules = f.get("--recompute-modules")
+    if f.has("--moe-layer-recompute"):
+        # megatron-core core_v0.16.1 to core_v0.19.0 TransformerConfig: the deprecated spelling of selective 'moe'
+        # (granularity selective, 'moe' appended to the modules, which default to core_attn first); raises with full
+        if gran == "full":
+            raise AcesoError("--moe-layer-recompute with --recompute-granularity full: megatron-core's "
+                             "TransformerConfig raises; use one of them")
+        gran = "selective"
+        modules = list(modules if modules is not None else ["core_attn"])
+        modules += [] if "moe" in modules else ["moe"]
     if gran is None:
         if method or n is not None or modules:
             notes.append("--recompute-method/-num-layers/-modules without --recompute-granularity do nothing")

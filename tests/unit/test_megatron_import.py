@@ -349,3 +349,28 @@ def test_import_help_names_as_refused_only_what_the_importer_refuses():
     for flags in ("--use-torch-fsdp2", "--fp8-format hybrid --fp8-dot-product-attention", "--rampup-batch-size 16 16 100"):
         with pytest.raises(AcesoError):
             read_megatron(base + flags, world_size=8)
+
+
+_MOE_LINE = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 1024 --num-attention-heads 16 "
+             "--seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 64 --bf16 "
+             "--vocab-size 32000 --tokenizer-type NullTokenizer --num-experts 8 --expert-model-parallel-size 8 "
+             "--moe-token-dispatcher-type alltoall --moe-grouped-gemm ")
+
+
+def test_moe_layer_recompute_is_read_as_megatron_core_sets_it():
+    """``--moe-layer-recompute`` (deprecated, every supported release) is megatron-core's selective recompute with
+    'moe' appended to the modules, which default to core_attn (TransformerConfig.__post_init__): the attention units
+    recompute their core, the whole-MoE recompute is said in a note (not priced), and the flag is not listed as
+    ignored (before: "does not change the plan", priced with no recompute at all)."""
+    imp = read_megatron(_MOE_LINE + "--moe-layer-recompute")
+    assert imp.warning is None and "--moe-layer-recompute" not in imp.ignored
+    kinds = {u.kind: rc for u, rc in zip(imp.plan.model.units, imp.plan.stages[0].chunks[0].recompute)}
+    assert kinds == {"attention": "selective", "moe": "none"}
+    assert any(n.startswith("--recompute-modules moe:") for n in imp.notes)
+    given = read_megatron(_MOE_LINE + "--moe-layer-recompute --recompute-granularity selective --recompute-modules "
+                                      "moe_act")      # explicit modules replace the core_attn default
+    assert {u.kind: rc for u, rc in zip(given.plan.model.units, given.plan.stages[0].chunks[0].recompute)} == \
+        {"attention": "none", "moe": "selective"}
+    with pytest.raises(Exception, match="--moe-layer-recompute with --recompute-granularity full"):
+        read_megatron(_MOE_LINE + "--moe-layer-recompute --recompute-granularity full --recompute-method uniform "
+                                  "--recompute-num-layers 1")
