@@ -95,7 +95,15 @@ FLAGS: dict[str, str] = {
 # without a warning; any other flag is listed in the one warning
 QUIET_PREFIXES = ("--lr", "--min-lr", "--train-", "--eval-", "--log-", "--save", "--load", "--data-", "--tokenizer-",
                   "--wandb-", "--tensorboard-", "--exit-", "--ckpt-", "--profile", "--adam-", "--sgd-", "--valid-data",
-                  "--test-data", "--manual-gc", "--timing-log", "--fp8-amax-")
+                  "--test-data", "--manual-gc", "--timing-log", "--fp8-amax-",
+                  # families that do not touch a pretraining step (inference, RL, vision / BERT / retrieval models,
+                  # checkpoint formats, fault injection and tolerance, logging and tracing, tokenizers, FIM data)
+                  "--inference-", "--mamba-inference-", "--rl-", "--no-rl-", "--grpo-", "--dino-", "--img-",
+                  "--vision-", "--swin-", "--bert-", "--biencoder-", "--ict-", "--retriever-", "--dist-ckpt-",
+                  "--non-persistent-", "--async-ckpt-", "--fault-injector-", "--error-injection-", "--inprocess-",
+                  "--flight-recorder-", "--no-flight-recorder-", "--disable-flight-recorder-", "--straggler-",
+                  "--one-logger-", "--app-tag-", "--pytorch-profiler-", "--moe-routing-trace-", "--logits-",
+                  "--tiktoken-", "--null-tokenizer-", "--fim-")
 QUIET = frozenset({
     "--split", "--vocab-file", "--merge-file", "--mock-data", "--weight-decay", "--start-weight-decay",
     "--end-weight-decay", "--weight-decay-incr-style", "--clip-grad", "--seed", "--init-method-std",
@@ -109,6 +117,15 @@ QUIET = frozenset({
     "--hysteresis", "--fp8-margin", "--fp8-interval", "--mask-prob", "--short-seq-prob", "--no-check-for-nan-in-loss-and-grad", "--local-rank",
     "--mtp-loss-scaling-factor", "--moe-per-layer-logging",
     "--moe-pad-experts-for-cuda-graph-inference",     # inference only; 0.16 / 0.17 assert it (stack_flags)
+    # initialisation, learning-rate and weight-decay variants, loss bookkeeping, checks, warm-up-only and logging
+    # switches (Megatron-LM core_v0.19.0: none changes a step's work or memory)
+    "--init-model-with-meta-device", "--use-cpu-initialization", "--no-initialization", "--lazy-mpu-init",
+    "--embedding-init-method-std", "--init-method-xavier-uniform", "--decoupled-lr", "--decoupled-min-lr",
+    "--head-lr-mult", "--apply-wd-to-qk-layernorm", "--no-weight-decay-cond-type", "--calculate-per-token-loss",
+    "--check-for-large-grads", "--check-for-spiky-loss", "--rerun-mode", "--cuda-graph-warmup-steps",
+    "--te-rng-tracker", "--logging-level", "--nvtx-ranges", "--skip-train", "--iterations-to-skip",
+    "--enable-experimental", "--distributed-timeout-seconds-after-init", "--disable-gloo-process-groups",
+    "--tp-comm-bootstrap-backend", "--record-memory-history", "--memory-snapshot-path", "--fp16-lm-cross-entropy",
 })
 
 
@@ -168,7 +185,72 @@ REFUSED: dict[str, tuple[object, str]] = {
     # MTP in bf16 and the Mamba out_proj in MXFP8), which aceso would price at the --fp8 / --fp4 recipe everywhere
     "--te-precision-config-file": (_always, "per-module precision overrides are not priced by aceso (every linear "
                                             "of a transformer layer runs the --fp8-recipe / --fp4-recipe here)"),
+    "--fp8-quantizer-factory": (_always, "custom quantizers are not priced by aceso (the --fp8-recipe is)"),
+    "--fp4-quantizer-factory": (_always, "custom quantizers are not priced by aceso (the --fp4-recipe is)"),
+    # Megatron-LM core_v0.19.0 file:line of what each does (megatron/...), the model or run aceso would misprice
+    # (--hybrid-layer-pattern and --spec on a GPT / T5 line: importer.GPT_LINE_REFUSED)
+    "--experimental-attention-variant": (_always, "gated delta-net / DeepSeek sparse attention layers in a GPT model "
+                                                  "are not read from pretrain_gpt.py (gpt_builders.py:37-40); give "
+                                                  "GDN layers as G in --hybrid-layer-pattern with pretrain_hybrid.py"),
+    "--attention-output-gate": (_always, "gated attention (linear_qkv widened by a per-head sigmoid gate, "
+                                         "core/transformer/attention.py) is not modelled"),
+    "--freeze-all-layers": (_always, "a frozen model (no weight gradients or optimizer step) is not priced"),
+    "--fp32-residual-connection": (_always, "an fp32 residual stream is not modelled (activations and pipeline "
+                                            "messages are priced in the parameter dtype)"),
+    "--defer-embedding-wgrad-compute": (_always, "the deferred output-layer weight gradients (the last stage keeps "
+                                                 "each micro-batch's logits gradient to the flush) are not modelled"),
+    "--deterministic-mode": (_always, "deterministic kernels and ring-only NCCL are not modelled"),
+    "--batch-invariant-mode": (_always, "batch-invariant kernels are not modelled"),
+    "--no-fp8-wgrad": (_always, "bf16 weight-gradient GEMMs under a low-precision recipe are not modelled"),
+    "--disable-fp8-wgrad": (_always, "bf16 weight-gradient GEMMs under a low-precision recipe are not modelled"),
+    "--fp8-output-proj": (_always, "an MXFP8 output layer is not modelled (the output layer is priced in bf16)"),
+    "--use-kitchen-attention": (_always, "kitchen attention is not modelled (aceso prices transformer-engine's and "
+                                         "megatron-core's local attention)"),
+    "--moe-router-force-biased": (_always, "a forced routing imbalance is not modelled (force-balanced routing is "
+                                           "--moe-router-force-load-balancing)"),
+    "--delta-offload-bytes-across-pp-ranks": (_positive, "per-stage offload amounts are not modelled"),
+    "--moe-paged-stash-buffer-size-factor-cuda": (lambda v: _num(v) != 1.1, "the paged stash is priced at megatron-"
+                                                                           "core's default 1.1x buffer"),
+    "--moe-paged-stash-buffer-size-factor-cpu": (_positive, "a paged stash spilling to host memory is not modelled"),
 }
+
+# flags whose refusal depends on the rest of the line (``_refuse_in_context``): flag -> (refused when, why, harmless
+# when not refused: not listed as unpriced)
+IN_CONTEXT: dict[str, tuple[object, str, bool]] = {
+    # model_parallel_config.py resolve_tensor_parallel_weight_shards: shards beyond tp are GTP's all-gathered weights
+    "--tensor-parallel-num-weight-shards": (
+        lambda f: f.get("--tensor-parallel-num-weight-shards") != f.get("--tensor-model-parallel-size", 1),
+        "weight sharding beyond TP (GTP) is not modelled; give --tensor-model-parallel-size's value or drop it", True),
+    "--expert-tensor-parallel-num-weight-shards": (
+        lambda f: f.get("--expert-tensor-parallel-num-weight-shards") != (
+            f.get("--expert-tensor-parallel-size") or f.get("--tensor-model-parallel-size", 1)),
+        "expert weight sharding beyond ETP (GTP) is not modelled; give the expert TP size or drop it", True),
+    # model_parallel_config.py: the interleaved schedule's micro-batch group defaults to pp (its warm-up depth)
+    "--microbatch-group-size-per-virtual-pipeline-stage": (
+        lambda f: f.get("--microbatch-group-size-per-virtual-pipeline-stage") != f.get(
+            "--pipeline-model-parallel-size", 1),
+        "aceso prices the interleaved schedule's default group (--pipeline-model-parallel-size micro-batches); "
+        "give pp's value or drop it", True),
+}
+
+
+def _refuse_in_context(f: "Flags") -> None:
+    for name, (when, why, _harmless) in IN_CONTEXT.items():
+        if f.has(name) and when(f):
+            raise AcesoError(f"{' '.join([name, *f.values[name]])}: {why}")
+
+
+_ALIASES: dict[str, dict[str, str]] = {}
+
+
+def _aliases(rel) -> dict[str, str]:
+    """Flags of ``rel``'s parser that set the same ``args`` field the same way as a priced flag (``FLAGS``): read as
+    that flag (core_v0.17.1 on: ``--disable-align-grad-reduce`` is ``--no-align-grad-reduce``)."""
+    if rel.label not in _ALIASES:
+        priced = {(f.dest, f.action): n for n, f in rel.flags.items() if n in FLAGS}
+        _ALIASES[rel.label] = {n: priced[(f.dest, f.action)] for n, f in rel.flags.items()
+                               if n not in FLAGS and (f.dest, f.action) in priced}
+    return _ALIASES[rel.label]
 
 
 @dataclass
@@ -224,7 +306,7 @@ class Flags:
 def parse_flags(argv: list[str], rel: Release | None = None) -> Flags:
     rel = rel or release()
     values: dict[str, list[str]] = {}
-    ignored: list[str] = []
+    ignored: set[str] = set()
     i = 0
     while i < len(argv):
         tok = argv[i]
@@ -241,6 +323,7 @@ def parse_flags(argv: list[str], rel: Release | None = None) -> Flags:
         i = j
         if not rel.has(name) and (having(name) or name not in REFUSED):
             raise AcesoError(not_a_flag(name, rel))
+        name = _aliases(rel).get(name, name)
         if name in REFUSED:
             when, why = REFUSED[name]
             if when(vals):
@@ -249,7 +332,7 @@ def parse_flags(argv: list[str], rel: Release | None = None) -> Flags:
             continue
         if name not in FLAGS:
             if name not in QUIET and not name.startswith(QUIET_PREFIXES):
-                ignored.append(name)
+                ignored.add(name)
             values[name] = vals
             continue
         if FLAGS[name] == BOOL and vals:
@@ -258,7 +341,9 @@ def parse_flags(argv: list[str], rel: Release | None = None) -> Flags:
                 raise AcesoError(f"{name} is followed by {hole}; give its value")
             raise AcesoError(f"{name} takes no value (got {' '.join(vals)})")
         values[name] = vals
-    return Flags(values, sorted(set(ignored)), rel)
+    f = Flags(values, sorted(x for x in ignored if not (x in IN_CONTEXT and IN_CONTEXT[x][2])), rel)
+    _refuse_in_context(f)
+    return f
 
 
 def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],

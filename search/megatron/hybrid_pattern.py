@@ -442,14 +442,53 @@ def current_spelling(argv: list[str], rel: Release) -> list[str]:
     """``argv`` as ``validate_args`` of ``rel`` reads its pattern: from core_v0.17 a deprecated
     ``--hybrid-override-pattern`` is copied into ``--hybrid-layer-pattern`` (both given: it asserts), and
     ``--is-hybrid-model`` changes nothing (``is_hybrid_model(args)`` is ``hybrid_layer_pattern is not None``), as in
-    NVIDIA's own Nemotron scripts. Before core_v0.17 the line is left as it is (refused, one line)."""
-    if not rel.has(FLAG) or not any(w.split("=")[0] in (OLD_FLAG, HYBRID_SWITCH) for w in argv):
+    NVIDIA's own Nemotron scripts; then the legacy ``--mtp-hybrid-override-pattern P`` with ``--mtp-num-layers N`` >
+    0 is appended to a pattern without ``/`` as ``/P`` N times, and otherwise read by nothing (core_v0.17.1
+    arguments.py:621-632, core_v0.19.0 :748-759: "kept only for loading old checkpoints"). Before core_v0.17 the
+    line is left as it is (refused, one line)."""
+    if not rel.has(FLAG) or not any(w.split("=")[0] in (OLD_FLAG, HYBRID_SWITCH, OLD_MTP) for w in argv):
         return argv
     words = _split_eq(argv)
     if OLD_FLAG in words and FLAG in words:
         raise NotExpressible(f"{OLD_FLAG} and {FLAG} cannot both be specified ({rel.label}'s validate_args "
                              f"asserts it); give {FLAG}")
-    return [FLAG if w == OLD_FLAG else w for w in words if w != HYBRID_SWITCH]
+    words = [FLAG if w == OLD_FLAG else w for w in words if w != HYBRID_SWITCH]
+    return _mtp_spelling(words) if OLD_MTP in words else words
+
+
+OLD_MTP = "--mtp-hybrid-override-pattern"    # legacy MTP pattern (core_v0.17 on: converted into FLAG's '/' part)
+
+
+def _mtp_spelling(words: list[str]) -> list[str]:
+    """``words`` with ``OLD_MTP`` converted as ``validate_args`` does (``current_spelling``); argparse's last
+    occurrence of each flag wins."""
+    def last(flag: str) -> str | None:
+        at = [i for i, w in enumerate(words) if w == flag]
+        return words[at[-1] + 1] if at and at[-1] + 1 < len(words) and not words[at[-1] + 1].startswith("--") \
+            else None
+    mtp, pattern, n = last(OLD_MTP), last(FLAG), last("--mtp-num-layers")
+    out, skip = [], False
+    for i, w in enumerate(words):          # drop every OLD_MTP and its value
+        if skip:
+            skip = False
+            continue
+        if w == OLD_MTP:
+            skip = i + 1 < len(words) and not words[i + 1].startswith("--")
+            continue
+        out.append(w)
+    try:
+        depth = int(n) if n is not None else 0
+    except ValueError:
+        return out                          # the flag reader refuses the value in one line
+    if mtp is None or depth <= 0 or (pattern is not None and MTP in pattern):
+        return out
+    unified = (pattern or "") + MTP + MTP.join([mtp] * depth)
+    at = [i for i, w in enumerate(out) if w == FLAG]
+    if at:
+        out[at[-1] + 1] = unified
+    else:
+        out += [FLAG, unified]
+    return out
 
 
 def _split_eq(argv: list[str]) -> list[str]:

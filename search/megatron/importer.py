@@ -20,10 +20,11 @@ from .build import plan_from_config
 from .cmdline import Flags, config_from_flags, parse_flags
 from .config import MegatronConfig
 from .entry import PRICED, EntryRefusal, check_unreadable, refuse_entry
-from .hybrid_pattern import (ENTRIES, FLAG, current_spelling, hybrid_model, read_argv, run_refusal,
-                             unit_choices as hybrid_choices, unit_spans)
+from .hybrid_pattern import (ENTRIES, FLAG, HYBRID_SWITCH, OLD_FLAG, current_spelling, hybrid_model, read_argv,
+                             run_refusal, unit_choices as hybrid_choices, unit_spans)
 from .recompute import unit_choices
 from .shell import read_command
+from .deprecated import current_flags
 from .versions import Release, release as megatron_release
 
 
@@ -45,6 +46,16 @@ class Imported:
                 f"{'them' if n > 1 else 'it'}): {' '.join(self.ignored)}")
 
 
+# flags of a hybrid line that a GPT / T5 line (pretrain_gpt.py, pretrain_t5.py) cannot honour, refused there in one
+# line (Megatron-LM core_v0.19.0): validate_args takes --num-layers from the pattern (training/arguments.py:761-771)
+# but pretrain_gpt.py builds GPT layers; --spec replaces the GPT layer spec (gpt_builders.py:32-33)
+GPT_LINE_REFUSED = {
+    FLAG: "Megatron-LM takes --num-layers from the pattern but builds GPT layers; run pretrain_hybrid.py for a "
+          "hybrid model, or drop it",
+    "--spec": "a custom layer spec is not modelled (aceso prices megatron-core's GPT layer spec); drop it",
+}
+
+
 def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: int | None = None,
                   cluster: ClusterSpec | None = None, vocab_size: int | None = None,
                   version: str | None = None, release: str | None = None) -> Imported:
@@ -60,13 +71,18 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
     except AcesoError as e:
         check_unreadable(text, source, e)
     try:
-        cmd = dataclasses.replace(cmd, argv=current_spelling(cmd.argv, rel))
+        cmd = dataclasses.replace(cmd, argv=current_flags(current_spelling(cmd.argv, rel)))
     except AcesoError as e:
         raise AcesoError(f"{source}: {e}") from None
     # a GPT model as a hybrid pattern: pretrain_hybrid.py / pretrain_mamba.py, or a bare line with the pattern
     hybrid = cmd.script in ENTRIES or (not cmd.script and any(w.split("=")[0] == FLAG for w in cmd.argv))
     if cmd.script and cmd.script not in PRICED and not hybrid:
         refuse_entry(cmd.path or cmd.script, source)
+    names = {w.split("=", 1)[0] for w in cmd.argv}
+    if not hybrid and not names & {OLD_FLAG, HYBRID_SWITCH}:     # (a core_v0.16 hybrid line: refused as one)
+        for name in (w.split("=", 1)[0] for w in cmd.argv):
+            if name in GPT_LINE_REFUSED and rel.has(name):
+                raise AcesoError(f"{source}: {name} with {cmd.script or 'a GPT line'}: {GPT_LINE_REFUSED[name]}")
     if not cmd.script and not cmd.argv and not cmd.assigned:
         raise AcesoError(f"{source}: empty (no command, no arguments); give the launch script that runs "
                          "pretrain_gpt.py or pretrain_t5.py, or its arguments")

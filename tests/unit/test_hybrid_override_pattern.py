@@ -53,3 +53,24 @@ def test_core_v0_16_names_the_release_not_a_missing_model(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and got is None and err.count("\n") == 1
     assert "not modelled" not in err and "--megatron-version 0.17" in err, err
+
+
+def test_the_legacy_mtp_pattern_is_the_same_run(tmp_path, capsys):
+    """``--mtp-hybrid-override-pattern P`` with ``--mtp-num-layers N`` (core_v0.17.1 arguments.py:621-632, core_v0.19.0
+    :748-759): ``validate_args`` appends ``/P`` N times to a pattern without ``/``; with a ``/`` in the pattern the
+    legacy flag is read by nothing. Before, it was listed as unpriced and the MTP layers were dropped."""
+    super_line = args_line(hybrid_form(uniform_plan(load_model("nemotron-3-super"), 1, 1, 8, 8, 64),
+                                       release("0.19")))
+    head, _, tail = super_line.partition("--hybrid-layer-pattern ")
+    value, _, rest = tail.partition(" ")
+    main_part, *mtp = value.strip("'").split("/")
+    assert mtp == ["*E", "*E"] and "--mtp-num-layers 2" in super_line
+    rc, want = _import(tmp_path, super_line)
+    assert rc == 0, capsys.readouterr().err
+    legacy = f"{head}--hybrid-layer-pattern '{main_part}' --mtp-hybrid-override-pattern '*E' {rest}"
+    rc, got = _import(tmp_path, legacy)
+    assert rc == 0, capsys.readouterr().err
+    assert got == want
+    ignored = f"{super_line} --mtp-hybrid-override-pattern 'M'"     # the pattern has '/': the legacy one is not read
+    rc, got = _import(tmp_path, ignored)
+    assert rc == 0 and got == want, capsys.readouterr().err

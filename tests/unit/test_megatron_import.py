@@ -181,6 +181,17 @@ def test_account_for_embedding_and_loss_split():
     ("--fp8-format hybrid --fp8-dot-product-attention", "FP8 attention is not modelled"),
     ("--fp8-format e4m3 --fp8-recipe mxfp8 --te-precision-config-file te_quant.yaml",
      "--te-precision-config-file te_quant.yaml: per-module precision overrides are not priced"),
+    # flags that change the model, the schedule or the kernels (Megatron-LM core_v0.19.0; docs/megatron.md)
+    ("--attention-output-gate", "--attention-output-gate: gated attention"),
+    ("--experimental-attention-variant dsa", "--experimental-attention-variant dsa: gated delta-net / DeepSeek sparse"),
+    ("--fp32-residual-connection", "an fp32 residual stream is not modelled"),
+    ("--deterministic-mode", "deterministic kernels and ring-only NCCL are not modelled"),
+    ("--defer-embedding-wgrad-compute", "deferred output-layer weight gradients"),
+    ("--tensor-parallel-num-weight-shards 4", "weight sharding beyond TP (GTP) is not modelled"),
+    ("--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 "
+     "--microbatch-group-size-per-virtual-pipeline-stage 4", "the interleaved schedule's default group"),
+    ("--enable-cuda-graph --external-cuda-graph", "cannot be enabled at the same time"),
+    ("--enable-cuda-graph --cuda-graph-impl local", "--enable-cuda-graph with --cuda-graph-impl"),
     ("--use-megatron-fsdp", "only supports the fsdp_dtensor checkpoint format; add --ckpt-format fsdp_dtensor"),
     ("--use-torch-fsdp2", "torch FSDP2 is not modelled"),
     ("--use-megatron-fsdp --ckpt-format fsdp_dtensor --data-parallel-sharding-strategy zero3",
@@ -374,3 +385,46 @@ def test_moe_layer_recompute_is_read_as_megatron_core_sets_it():
     with pytest.raises(Exception, match="--moe-layer-recompute with --recompute-granularity full"):
         read_megatron(_MOE_LINE + "--moe-layer-recompute --recompute-granularity full --recompute-method uniform "
                                   "--recompute-num-layers 1")
+
+
+def test_other_spellings_are_read_as_the_flags_they_stand_for():
+    """Megatron-LM's own equivalences, priced instead of listed as unpriced: ``--disable-align-grad-reduce`` is the
+    same parser field as ``--no-align-grad-reduce`` (core_v0.17.1 on: dest ``align_grad_reduce``, store_false);
+    ``validate_args`` sets ``cuda_graph_impl`` local / transformer_engine for ``--enable-cuda-graph`` /
+    ``--external-cuda-graph`` (core_v0.16.1 arguments.py:434-454, core_v0.19.0 :593-613)."""
+    base = BASE + " --use-distributed-optimizer --overlap-grad-reduce --pipeline-model-parallel-size 2 "
+    one, two = (read_megatron(base + x, world_size=4) for x in ("--disable-align-grad-reduce", "--no-align-grad-reduce"))
+    assert one.warning is None and one.plan.settings == two.plan.settings
+    assert one.plan.settings.data_parallel.align_grad_reduce is False
+    for switch, impl in (("--enable-cuda-graph", "local"), ("--external-cuda-graph", "transformer_engine")):
+        old = read_megatron(BASE + switch, world_size=4)
+        new = read_megatron(BASE + f"--cuda-graph-impl {impl}", world_size=4)
+        assert old.warning is None and old.plan.settings.stack == new.plan.settings.stack
+        assert old.plan.settings.stack.cuda_graphs.impl == impl
+
+
+def test_consistent_and_harmless_flags_are_not_listed():
+    """Weight shards equal to tp and a micro-batch group equal to pp are megatron-core's defaults (no GTP, the
+    default interleaved group): accepted without a warning; warm-up-only and bookkeeping switches are quiet."""
+    imp = read_megatron(BASE + "--tensor-model-parallel-size 2 --tensor-parallel-num-weight-shards 2 "
+                               "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 "
+                               "--microbatch-group-size-per-virtual-pipeline-stage 2 --cuda-graph-warmup-steps 3 "
+                               "--te-rng-tracker --calculate-per-token-loss --inference-max-requests 8 "
+                               "--global-batch-size 8", world_size=4)
+    assert imp.warning is None, imp.warning
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ("--hybrid-layer-pattern M*M*", "--hybrid-layer-pattern with pretrain_gpt.py: Megatron-LM takes --num-layers"),
+    ("--spec megatron.core.models.gpt.gpt_layer_specs my_spec", "--spec with pretrain_gpt.py: a custom layer spec"),
+])
+def test_hybrid_flags_on_a_gpt_script_exit_2_with_one_line(extra, needle, tmp_path, capsys):
+    """A hybrid line's pattern or layer spec on pretrain_gpt.py: validate_args takes --num-layers from the pattern
+    (core_v0.19.0 arguments.py:761-771) but the script builds GPT layers; --spec replaces the GPT spec. Read from
+    pretrain_hybrid.py both are the hybrid model's (tests/unit/test_hybrid_*)."""
+    f = tmp_path / "run.sh"
+    f.write_text("torchrun --nproc-per-node 4 pretrain_gpt.py " + BASE + extra)
+    assert main(["import", str(f), "--from", "megatron-lm", "-o", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "p.json").exists()
