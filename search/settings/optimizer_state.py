@@ -103,3 +103,12 @@ def bridge_fields(pa: PrecisionAwareOptimizer | None) -> dict[str, object]:
         if v != "fp32":
             out[name] = {"_target_": TORCH_DTYPES[v], "_call_": False}
     return out
+
+
+def from_bridge(field: str, value: object) -> object:
+    """A Bridge ``optimizer`` field as Megatron-LM's flag value: a torch dtype object of ``bridge_fields`` (a dtype
+    field) back to its name (fp8 for ``torch.uint8``); anything else as it is."""
+    if field in FLAG_FIELDS.values() and isinstance(value, dict):
+        names = {t: n for n, t in TORCH_DTYPES.items()}
+        return names.get(value.get("_target_"), value)
+    return value

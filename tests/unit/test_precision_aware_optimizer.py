@@ -128,3 +128,22 @@ def test_export_writes_the_flags_and_the_round_trip_holds(tmp_path, capsys):
     # without the flag the settings are written as before the field existed (digests unchanged)
     plain = read_megatron(BASE + "--use-distributed-optimizer", world_size=4).plan
     assert "precision_aware_optimizer" not in plain.model_dump_json()
+
+
+def test_bridge_yaml_of_a_hybrid_plan_imports_back_with_the_dtypes(tmp_path):
+    """Megatron-Bridge's YAML (the hybrid models' export, which imports back): the optimizer fields say the dtypes
+    as torch dtype objects and read back as the plan's record."""
+    from tests.hybrid_plans import cut_plan
+    h8 = load_model("nemotron-h-8b")
+    plan = cut_plan(h8, [0, 26, 52], 2, tp=2, dp=2, sp=True, gbs=32)
+    pa = PA(main_params_dtype="fp16", exp_avg_dtype="bf16", exp_avg_sq_dtype="fp8")
+    plan = plan.model_copy(update={"settings": plan.settings.model_copy(
+        update={"distributed_optimizer": True, "precision_aware_optimizer": pa})})
+    path, yaml, back = tmp_path / "plan.json", tmp_path / "o.yaml", tmp_path / "back.json"
+    path.write_text(plan.to_json())
+    assert main(["export", str(path), "--to", "megatron-bridge", "-o", str(yaml)]) == 0
+    text = yaml.read_text()
+    assert "  use_precision_aware_optimizer: true\n" in text
+    assert "  exp_avg_sq_dtype: {_target_: torch.uint8, _call_: false}\n" in text, text
+    assert main(["import", str(yaml), "--from", "megatron-bridge", "-o", str(back)]) == 0
+    assert load_plan(str(back)).settings.precision_aware_optimizer == pa
