@@ -147,3 +147,13 @@ def test_bridge_yaml_of_a_hybrid_plan_imports_back_with_the_dtypes(tmp_path):
     assert "  exp_avg_sq_dtype: {_target_: torch.uint8, _call_: false}\n" in text, text
     assert main(["import", str(yaml), "--from", "megatron-bridge", "-o", str(back)]) == 0
     assert load_plan(str(back)).settings.precision_aware_optimizer == pa
+
+
+def test_a_plan_file_breaking_megatron_cores_rule_is_refused_in_one_line(tmp_path, capsys):
+    plan = read_megatron(BASE + "--use-distributed-optimizer --use-precision-aware-optimizer", world_size=4).plan
+    d = json.loads(plan.to_json())
+    d["settings"]["distributed_optimizer"] = False
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    assert main(["validate", str(tmp_path / "p.json"), "--cluster", "1x4-h100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "precision_aware_optimizer needs distributed_optimizer" in err, err
