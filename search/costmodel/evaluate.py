@@ -37,7 +37,8 @@ Per iteration (DP group = the stage's dp x cp ranks, strided by tp; on the netwo
     step         the optimizer (memory bound: Adam reads fp32 master, m, v and the gradient and writes master, m,
                  v and the weight: ``OPT_BYTES_PER_PARAM`` 28 B for bf16/fp16 (30 with fp32 gradients) /
                  (HBM x ``OPT_MEM_EFFICIENCY``), divided by dp x cp with the distributed optimizer), then the
-                 distributed optimizer's parameter all-gather. With ``overlap_param_gather`` the all-gather runs
+                 distributed optimizer's parameter all-gather (the precision-aware optimizer: its states' bytes,
+                 ``optimizer_state.py``). With ``overlap_param_gather`` the all-gather runs
                  before each chunk's forward of the next iteration (``dp_timeline.py``: pre-hooks bucket by bucket,
                  or the schedule's aligned ``param_sync_func``): its exposed part delays the stage's first op
                  (``StageCost.prologue_ms``).
@@ -69,6 +70,8 @@ from .memory import (FRAGMENTATION, MB, RESERVE_MB, grad_copy_bytes, in_flight_p
 from .moe_cost import flex_buffer_mb
 from .offload import host_link_gbps, kept_mb, offload_ms
 from .stack_cost import offload_recompute_key, stack_terms
+from .optimizer_state import (state_bytes as pa_state_bytes, step_bytes as pa_step_bytes,
+                              step_copy_bytes as pa_step_copy_bytes)
 from .optimizers import (MUON_OPT_BYTES, dp_collectives, is_muon, muon_matrices, muon_params, ns_flops,
                          shards_states, step_ms)
 from .sharding import fsdp_buffer_mb, per_micro_batch, state_divisors
@@ -203,6 +206,10 @@ class CostModel:
         fp32g = self.settings.grad_reduce_in_fp32
         self._w, self._g, self._opt = state_bytes_per_param(training.dtype, False, 1, fp32g)
         self._copy = grad_copy_bytes(training.dtype, fp32g) if self.settings.fp32_grad_copy else 0.0
+        pa = self.settings.precision_aware     # megatron-core's precision-aware optimizer (optimizer_state.py)
+        if pa is not None:
+            self._opt = pa_state_bytes(pa, training.precision)
+            self._copy = pa_step_copy_bytes(pa, training.precision, fp32g)
         # low precision (search/settings/precision.py): quantized weight caches per linear parameter, quantized all-gather
         non_tn = GENERATION.get(cluster.gpu.name) == "blackwell"     # no transposed FP8 copy (precision.copies)
         self._w_lp = lowp.weight_bytes_per_param(training.precision, training.fp8_param_gather, non_tn)
@@ -213,6 +220,8 @@ class CostModel:
                                                       training.bf16_layers_start, training.bf16_layers_end)
                                   for u in model.units], dtype=bool)
         opt_bytes = OPT_BYTES_PER_PARAM[training.dtype] + (2.0 if fp32g and training.dtype != "fp32" else 0)
+        if pa is not None:
+            opt_bytes = pa_step_bytes(pa, training.precision, opt_bytes)
         self._opt_ms_per_param = getattr(source, "optimizer_ms_per_param", None) or (  # measured, else analytic
             opt_bytes / (cluster.gpu.hbm_gbps * 1e6 * OPT_MEM_EFFICIENCY))
         self._optimizer = training.optimizer

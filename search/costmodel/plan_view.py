@@ -24,7 +24,8 @@ def run_settings(settings: PlanSettings | None, precision: str):
     release resolved by ``releases.resolve``)."""
     s = settings or RUNTIME
     return RunSettings(grad_reduce_in_fp32=s.grad_reduce_in_fp32 and precision != "fp32",
-                       release=resolve(s.release)[0], **run_fields(s.data_parallel, s.framework))
+                       release=resolve(s.release)[0], precision_aware=s.precision_aware_optimizer,
+                       **run_fields(s.data_parallel, s.framework))
 
 
 def describe(settings: PlanSettings | None, precision: str) -> str:
@@ -33,6 +34,9 @@ def describe(settings: PlanSettings | None, precision: str) -> str:
     dtype = "fp32" if s.grad_reduce_in_fp32 or precision == "fp32" else base_dtype(precision)
     low = f", {s.low_precision.recipe} linear GEMMs" if s.low_precision else ""
     opt = f", {s.optimizer}" if s.optimizer != "adam" else ""
+    if (pa := s.precision_aware_optimizer) is not None:
+        opt += (f", precision-aware optimizer (master {pa.main_params_dtype}, moments {pa.exp_avg_dtype} / "
+                f"{pa.exp_avg_sq_dtype})")
     return f"{s.framework}{low}{opt}, gradients reduced in {dtype}{release_text(s.release)}"
 
 

@@ -182,6 +182,9 @@ class RunSettings(NamedTuple):
                          cluster; uniform stages only)
     nvls, sharp          NCCL's in-network reductions for the DP collectives (``comm.py``): NVLink SHARP
                          (``NCCL_NVLS_ENABLE``) inside an NVLink domain, InfiniBand SHARP (``--use-sharp``) across
+    precision_aware      megatron-core's precision-aware optimizer (``settings/optimizer_state.py``): Adam's master
+                         weight and moments in its dtypes, held by TE's FusedAdam (``costmodel/optimizer_state.py``);
+                         None: fp32 master weights and moments
     release              the software release priced (a container of ``search/settings/releases.py``; "" = the newest): the
                          kernel efficiencies fitted per release (``release_constants.py``)
     """
@@ -203,6 +206,7 @@ class RunSettings(NamedTuple):
     rank_order: str = "tp-cp-ep-dp-pp"
     nvls: bool = False
     sharp: bool = False
+    precision_aware: object = None       # a PrecisionAwareOptimizer (frozen) or None
 
 
 LEGACY_V1 = RunSettings(overlap_tp_dgrad=False, overlap_p2p_comm=False, optimizer_barrier=False,

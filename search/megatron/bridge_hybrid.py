@@ -346,6 +346,9 @@ def to_argv(ov: dict[str, dict[str, object]]) -> list[str]:
                 v = v // ov["model"].get("tensor_model_parallel_size", 1)
             if key == "model.seq_length":
                 argv += ["--max-position-embeddings", str(v)]
+            if section == "optimizer":            # the precision-aware optimizer's torch dtypes (optimizer_state.py)
+                from search.settings.optimizer_state import from_bridge
+                v = from_bridge(field, v)
             argv += [flag] if v is True else [flag, *(map(str, v) if isinstance(v, list) else [str(v)])]
     return argv
 

@@ -23,6 +23,8 @@ from search.io.errors import AcesoError
 from search.settings.data_parallel import from_flags as dp_from_flags
 from search.settings.fsdp import STRATEGIES, ActivationOffload, MegatronFSDP
 from search.settings.plan_settings import PlanSettings, grad_reduce_from_flags
+from search.settings.optimizer_state import (FLAG_FIELDS as PA_DTYPE_FLAGS, USE_FLAG as PA_FLAG,
+                                             from_flags as pa_from_flags, refusal as pa_refusal)
 from search.settings.precision import REUSE_FLAG, LowPrecision, from_megatron, reuse_grad_buf_check
 from .config import MegatronConfig, Recompute, num_layers
 from .layer_variant_flags import FLAG_KINDS as LAYER_FLAG_KINDS
@@ -65,11 +67,14 @@ FLAGS: dict[str, str] = {
                         "--main-grads-dtype", "--fp8-format", "--fp8-recipe", "--fp4-format", "--fp4-recipe",
                         "--data-parallel-sharding-strategy", "--ckpt-format", "--moe-layer-freq",
                         "--moe-router-score-function", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
-                        "--moe-router-dtype")},
+                        "--moe-router-dtype",
+                        # the precision-aware optimizer (search/settings/optimizer_state.py)
+                        "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype")},
     **{f: BOOL for f in ("--group-query-attention", "--use-rotary-position-embeddings", "--swiglu",
                          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--sequence-parallel",
                          "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                          "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                         "--use-precision-aware-optimizer",
                          "--tp-comm-overlap", "--recompute-activations", "--bf16", "--fp16",
                          "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
                          "--no-position-embedding", "--fp8-param-gather", "--fp4-param-gather",
@@ -398,7 +403,8 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
     if (why := release_stack_refusal(f.release, stack, ep, f.has(INFERENCE_PAD), attention)):
         raise AcesoError(why)
     main_params, main_grads = _fsdp_dtypes(f, fsdp, model.params_dtype)
-    settings = PlanSettings(
+    pa = _precision_aware(f, optimizer, dist_opt, bool(fsdp))
+    settings = PlanSettings(precision_aware_optimizer=pa,
         framework="megatron-lm", distributed_optimizer=dist_opt, overlap_grad_reduce=ogr, overlap_param_gather=opg,
         tp_comm_overlap=f.has("--tp-comm-overlap"), moe=moe,
         grad_reduce_in_fp32=grad_reduce_from_flags(model.params_dtype, f.has("--grad-reduce-in-bf16"),
@@ -428,6 +434,18 @@ def _fsdp_dtypes(f: Flags, fsdp: str | None, dtype: str) -> tuple[str | None, st
         v = auto if v == "auto" else v
         out.append(None if v == ("fp32" if auto else None) else v)
     return out[0], out[1]
+
+
+def _precision_aware(f: Flags, optimizer: str, dist_opt: bool, fsdp: bool):
+    """``--use-precision-aware-optimizer`` and its dtypes (``search/settings/optimizer_state.py``), refused in one
+    line where megatron-core's ``OptimizerConfig`` asserts."""
+    try:
+        pa = pa_from_flags(f.has(PA_FLAG), {flag: f.get(flag) for flag in PA_DTYPE_FLAGS})
+    except ValueError as e:
+        raise AcesoError(str(e)) from None
+    if (why := pa_refusal(pa, optimizer, dist_opt, fsdp)):
+        raise AcesoError(why)
+    return pa
 
 
 def _data_parallel(f: Flags, ogr: bool, fsdp):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from search.costmodel.plan_view import run_settings
 from search.settings.data_parallel import for_target, to_flags as dp_flags
+from search.settings.optimizer_state import bridge_fields as pa_bridge_fields, to_flags as pa_flags
 from search.settings.precision import megatron_flags as precision_flags
 from search.spec.rope_scaling import yarn_on_standard_attention
 from . import layer_variant_flags
@@ -111,6 +112,10 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "model.cross_entropy_loss_fusion, model.cross_entropy_fusion_impl",
      "Bridge: always stated (false when off); a Bridge search prices its recipe's"),
     ("settings.optimizer", "--optimizer adam|muon|dist_muon", "optimizer.optimizer", "adam: not written"),
+    ("settings.precision_aware_optimizer", "--use-precision-aware-optimizer --main-params-dtype "
+     "--exp-avg-dtype --exp-avg-sq-dtype", "optimizer.use_precision_aware_optimizer, optimizer.main_params_dtype, "
+     "optimizer.exp_avg_dtype, optimizer.exp_avg_sq_dtype", "adam with the distributed optimizer; an fp32 dtype "
+     "is not written (search/settings/optimizer_state.py)"),
     # MoE / MLA / MTP (moe_flags.py)
     ("model.moe.num_experts", "--num-experts", "model.num_moe_experts", ""),
     ("model.moe.moe_router_topk, moe_ffn_hidden_size, moe_shared_expert_intermediate_size, "
@@ -257,6 +262,7 @@ def _parallel(c: MegatronConfig) -> list[str]:
     off = s.activation_offload
     out += ["--cpu-offloading-num-layers", str(off.num_layers)] if off is not None else []
     out += [x for flag in dp_flags(_dp_written(c, "megatron-lm")) for x in flag.split()]
+    out += pa_flags(s.precision_aware_optimizer)
     return out + stack_args(s.stack, s.optimizer)
 
 
@@ -309,7 +315,8 @@ def bridge_fields(c: MegatronConfig) -> dict[str, dict[str, object]]:
                 "overlap_param_gather": s.overlap_param_gather,
                 "grad_reduce_in_fp32": s.grad_reduce_in_fp32 or c.precision == "fp32"},
         "optimizer": {"use_distributed_optimizer": s.distributed_optimizer,
-                      **({"optimizer": s.optimizer} if s.optimizer != "adam" else {})},
+                      **({"optimizer": s.optimizer} if s.optimizer != "adam" else {}),
+                      **pa_bridge_fields(s.precision_aware_optimizer)},
         # Bridge's own name (v0.3.1: a property that sets megatron-core's sequence_length; v0.6: a field that
         # finalize() copies over sequence_length, so sequence_length alone would be lost there)
         "dataset": {"seq_length": m.seq_length},

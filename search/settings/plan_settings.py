@@ -38,11 +38,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from search.settings.data_parallel import DataParallelSettings
 from search.settings.fsdp import ActivationOffload, MegatronFSDP
 from search.settings.moe_plan import MoEPlanSettings
+from search.settings.optimizer_state import PrecisionAwareOptimizer, refusal as optimizer_state_refusal
 from search.settings.precision import LowPrecision, base_dtype
 from search.settings.stack import StackSettings
 
@@ -70,6 +71,9 @@ class PlanSettings(BaseModel):
     optimizer: Optimizer = Field("adam", description="The optimizer (Megatron-LM --optimizer): adam, muon (Muon on "
                                  "the 2-D weights, Adam on the rest) or dist_muon (Muon with its states sharded "
                                  "layer-wise over DP: LayerWiseDistributedOptimizer).")
+    precision_aware_optimizer: PrecisionAwareOptimizer | None = Field(
+        None, description="--use-precision-aware-optimizer with its master-weight and moment dtypes (adam with the "
+        "distributed optimizer; search/settings/optimizer_state.py); None = fp32 master weights and moments.")
     grad_reduce_in_fp32: bool = Field(False, description="Gradient buffer and DP reduction in fp32 (megatron-core "
                                       "DDP grad_reduce_in_fp32). Megatron-LM: on for --bf16 unless "
                                       "--grad-reduce-in-bf16; --accumulate-allreduce-grads-in-fp32 for --fp16.")
@@ -96,6 +100,23 @@ class PlanSettings(BaseModel):
                                         "GEMM, overlaps); None = the defaults (moe_plan.py). Absent on dense models.")
     stack: StackSettings | None = Field(None, description="Software-stack switches: CUDA graphs, fine-grained "
                                         "activation offload, the cross-entropy fusion (stack.py); absent: none.")
+
+    @model_validator(mode="after")
+    def _optimizer_state(self) -> "PlanSettings":
+        why = optimizer_state_refusal(self.precision_aware_optimizer, self.optimizer, self.distributed_optimizer,
+                                      self.megatron_fsdp is not None)
+        if why:
+            raise ValueError(why)
+        return self
+
+    @model_serializer(mode="wrap")
+    def _plain_form(self, handler):
+        """Without the precision-aware optimizer the record is written as before the field existed (plans and
+        their digests unchanged)."""
+        out = handler(self)
+        if isinstance(out, dict) and out.get("precision_aware_optimizer", 0) is None:
+            out.pop("precision_aware_optimizer")
+        return out
 
     @field_validator("release")
     @classmethod
