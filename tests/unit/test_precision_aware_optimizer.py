@@ -157,3 +157,18 @@ def test_a_plan_file_breaking_megatron_cores_rule_is_refused_in_one_line(tmp_pat
     assert main(["validate", str(tmp_path / "p.json"), "--cluster", "1x4-h100"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "precision_aware_optimizer needs distributed_optimizer" in err, err
+
+
+def test_the_runtime_preflight_refuses_what_it_would_not_run():
+    """The runtime's OptimizerConfig (aceso_megatron/training/build_steps.py) sets no state dtype: a plan priced with
+    the precision-aware optimizer is refused by the one pre-flight for the aceso runtime in one line, and runs on
+    Megatron-LM (the export writes its flags)."""
+    from search.targets.capabilities import plan_refusal
+    from search.spec.plan import uniform_plan
+    from search.spec.presets import load_model
+    from search.settings.optimizer_state import PrecisionAwareOptimizer
+    plan = uniform_plan(load_model("gpt-1.3b"), 1, 1, 8, 8, 64, distributed_optimizer=True,
+                        precision_aware_optimizer=PrecisionAwareOptimizer(exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16"))
+    why = plan_refusal(plan, "aceso")
+    assert why is not None and "settings.precision_aware_optimizer" in why and "\n" not in why
+    assert plan_refusal(plan, "megatron-lm") is None
