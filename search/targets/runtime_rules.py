@@ -206,7 +206,7 @@ def stack_features(plan, device) -> str | None:
 def optimizer(plan, device) -> str | None:
     s = plan.settings
     if s is not None and s.precision_aware_optimizer is not None:
-        # the runtime's OptimizerConfig (aceso_megatron/training/build_steps.py) sets none of the state dtypes: the run
+        # the runtime builds its OptimizerConfig (its training-step builder) with none of the state dtypes: the run
         # would keep fp32 states where the plan is priced with the precision-aware ones
         return ("settings.precision_aware_optimizer: the aceso runtime builds megatron-core's optimizer with fp32 "
                 "states (its transformer-engine FusedAdam path has not run on a GPU); run the plan with Megatron-LM "
