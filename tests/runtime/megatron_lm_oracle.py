@@ -88,6 +88,9 @@ def run(line: str, world: int) -> dict:
                                "activation": cfg.activation_func.__name__, "gated": cfg.gated_linear_unit},
             "fsdp": [args.use_megatron_fsdp, args.data_parallel_sharding_strategy, args.ckpt_format],
             "distributed_optimizer": args.use_distributed_optimizer,
+            "optimizer_state": [str(getattr(args, k, None)) for k in (
+                "use_precision_aware_optimizer", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")],
+            "cuda_graph_impl": getattr(args, "cuda_graph_impl", None),
             "align": [args.align_grad_reduce, args.align_param_gather],
             "vocab": [tokenizer.vocab_size, args.padded_vocab_size],
             "offload": [cfg.cpu_offloading, cfg.cpu_offloading_num_layers],

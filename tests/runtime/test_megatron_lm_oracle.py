@@ -320,3 +320,36 @@ def test_megatron_lm_reads_the_router_and_init_std_as_exported(tag):
         assert got["arch"]["init_method_std"] == 0.0173, name
         qwen2 = name == "qwen2-57b-a14b"      # q/k/v biases and the shared expert's sigmoid gate: its config.json's
         assert (got["arch"]["add_qkv_bias"], got["arch"]["moe_shared_expert_gate"]) == (qwen2, qwen2), name
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_the_precision_aware_optimizer_is_written_as_the_release_reads_it(tag):
+    """The optimizer state dtypes (settings.precision_aware_optimizer) as exported: the release's validate_args takes
+    them (adam, the distributed optimizer) and its args hold the dtypes the plan was priced with; and the deprecated
+    --enable-cuda-graph / --external-cuda-graph are the cuda_graph_impl the import reads them as
+    (search/megatron/deprecated.py)."""
+    from search.megatron.importer import read_megatron
+    from search.settings.optimizer_state import PrecisionAwareOptimizer
+    from search.spec.plan import uniform_plan
+    from search.spec.presets import load_model
+    model = load_model("llama3-8b", num_layers=4)
+    states = [PrecisionAwareOptimizer(), PrecisionAwareOptimizer(main_params_dtype="fp16", exp_avg_dtype="bf16",
+                                                                 exp_avg_sq_dtype="fp8")]
+    plans = [uniform_plan(model, 1, 2, 4, 4, 16, "none", distributed_optimizer=True, precision_aware_optimizer=st)
+             for st in states]
+    rel = release(tag)
+    lines = [args_line(megatron_config(p), rel) for p in plans]
+    base = lines[0]
+    graphs = [base + " --enable-cuda-graph", base + " --external-cuda-graph"]
+    got = _oracle(plans + plans, tag, lines + graphs)
+    for st, g in zip(states, got[:2]):
+        assert "error" not in g, g
+        assert g["optimizer_state"][0] == "True"
+        # validate_args maps the names to torch dtypes (arguments.py map_dtype; fp8 is torch.uint8)
+        torch_names = {"fp32": "torch.float32", "fp16": "torch.float16", "bf16": "torch.bfloat16", "fp8": "torch.uint8"}
+        assert g["optimizer_state"][1:] == [torch_names[d] for d in (st.main_params_dtype, st.exp_avg_dtype,
+                                                                     st.exp_avg_sq_dtype)], g
+    for line, g in zip(graphs, got[2:]):
+        assert "error" not in g, g
+        imp = read_megatron(line, world_size=plans[0].world_size, version=tag)
+        assert imp.plan.settings.stack.cuda_graphs.impl == g["cuda_graph_impl"]
