@@ -115,3 +115,24 @@ def test_the_nemotron_presets_init_std_reaches_the_config(tag):
     for g, std in zip(_oracle(tag, lines, worlds), want):
         assert "error" not in g, g
         assert g["init_std"] == std
+
+
+@pytest.mark.parametrize("tag", ["core_v0.17.1", "core_v0.18.2", "core_v0.19.0"])
+def test_the_legacy_mtp_pattern_is_built_as_the_import_reads_it(tag):
+    """``--mtp-hybrid-override-pattern P`` on a pattern without '/': the release's validate_args appends '/P' per
+    MTP depth (core_v0.17.1 arguments.py:621-632); its megatron-core builds the same chunks and MTP as from the
+    unified pattern, which is what aceso's import reads (hybrid_pattern.current_spelling)."""
+    from search.megatron.importer import read_megatron
+    rel = release(tag)
+    plan = CASES["moe-mtp-pp2"][0]
+    line = args_line(hybrid_form(plan, rel))
+    head, _, tail = line.partition("--hybrid-layer-pattern ")
+    value, _, rest = tail.partition(" ")
+    main_part, *mtp = value.strip("'").split("/")
+    assert len(mtp) == plan.model.mtp_num_layers and len(set(mtp)) == 1
+    legacy = f"{head}--hybrid-layer-pattern '{main_part}' --mtp-hybrid-override-pattern '{mtp[0]}' {rest}"
+    unified, old = _oracle(tag, [line, legacy], [plan.world_size] * 2)
+    assert "error" not in unified and "error" not in old, (unified, old)
+    assert old == unified
+    ours = [read_megatron(x, world_size=plan.world_size, version=tag).plan for x in (line, legacy)]
+    assert ours[0] == ours[1]
