@@ -214,8 +214,13 @@ def low_precision_args(c: MegatronConfig) -> list[str]:
     low = c.settings.low_precision
     if low is None:
         return []
-    return precision_flags(low.recipe, low.param_gather, low.bf16_layers_start, low.bf16_layers_end,
-                           low.reuse_grad_buf)
+    out = precision_flags(low.recipe, low.param_gather, low.bf16_layers_start, low.bf16_layers_end,
+                          low.reuse_grad_buf)
+    # per-module overrides: the launch script writes the YAML before torchrun (script.py, TE_CONFIG_FILE)
+    return out + (["--te-precision-config-file", TE_CONFIG_FILE] if low.per_module else [])
+
+
+TE_CONFIG_FILE = "te_precision_config.yaml"
 
 
 def grad_reduce_args(c: MegatronConfig) -> list[str]:
