@@ -66,6 +66,9 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "--first-last-layers-bf16 --num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16",
      "mixed_precision.fp8, fp8_recipe, fp8_param_gather, fp4, fp4_recipe, first_last_layers_bf16, ...",
      "the recipes of search/settings/precision.py; with --bf16"),
+    ("settings.low_precision.per_module", "--te-precision-config-file FILE (the script writes FILE with a quoted "
+     "here-document before torchrun)", "refused (model.quant_recipe is a RecipeConfig object)",
+     "megatron-core's glob matchers, search/settings/precision_overrides.py"),
     ("predicted.attention", "--transformer-impl transformer_engine (flash) or local (unfused)",
      "model.transformer_impl", ""),
     ("stages[].tp", "--tensor-model-parallel-size", "model.tensor_model_parallel_size", "one for all stages"),
