@@ -521,7 +521,8 @@ def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg,
         none -= lowp.act_saving_bytes(r1, tok * w + tok * f / etp, dt)
         sel -= lowp.act_saving_bytes(r1, tok * w, dt)
     elif r1 != r2:          # per-module recipes: each expert linear's input kept in its own
-        none -= lowp.act_saving_bytes(r1 or "bf16", tok * w, dt) + lowp.act_saving_bytes(r2 or "bf16", tok * f / etp, dt)
+        none -= (lowp.act_saving_bytes(r1 or "bf16", tok * w, dt) +
+                 lowp.act_saving_bytes(r2 or "bf16", tok * f / etp, dt))
         sel -= lowp.act_saving_bytes(r1 or "bf16", tok * w, dt)
     return none, sel, dt * T * h, transient
 

@@ -86,7 +86,8 @@ def price_attention(src, u, a) -> Row:
     cost = src.attention(a.b, a.s, a.t, causal=not (m.is_t5 and u.stack == "encoder"), cp=a.cp, sp=a.sp,
                          overlap=a.overlap, window=window, lp=a.lp)
     act = src.attention_act_bytes(m, a.b, a.s, a.t, src.flash, dt=src.dt, sp=a.sp)
-    return Row(cost, _quantized(src, act, _qkv(m)[1], a, ATTENTION.linears), src.unit_params_per_rank(m, "attention", a.t))
+    return Row(cost, _quantized(src, act, _qkv(m)[1], a, ATTENTION.linears),
+               src.unit_params_per_rank(m, "attention", a.t))
 
 
 def price_cross_attention(src, u, a) -> Row:
