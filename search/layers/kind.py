@@ -88,7 +88,8 @@ class PriceArgs(NamedTuple):
     """The shape a unit is priced at: per-rank batch ``b``, this unit's tokens per rank ``s`` (the sequence / cp;
     ``s_enc``: the encoder's, which T5's cross-attention reads), tp ``t``, ``cp``, sequence parallelism ``sp``, the
     TP communication overlap ``overlap``, a quantized unit ``lp`` (a low-precision recipe and not a layer kept in
-    bf16), the stage's expert shape ``ep`` / ``etp`` and the plan's ``MoEPlanSettings`` ``moe``; ``row(unit)`` prices
+    bf16; with per-module overrides a ``settings.precision_overrides.UnitRecipes``: each linear's recipe, read
+    through ``src.recipe_of(lp, name)``), the stage's expert shape ``ep`` / ``etp`` and the plan's ``MoEPlanSettings`` ``moe``; ``row(unit)`` prices
     another unit at the same shape (MTP prices its inner layer's units)."""
 
     b: float
@@ -98,7 +99,7 @@ class PriceArgs(NamedTuple):
     cp: int
     sp: bool
     overlap: bool
-    lp: bool
+    lp: Any          # bool, or UnitRecipes (per-module precision)
     ep: int
     etp: int
     moe: Any
