@@ -105,6 +105,20 @@ def _twin_flags(m) -> list[str]:
     return f
 
 
+def _te_config(per_module: dict) -> str:
+    """A ``--te-precision-config-file`` of the row's ``per_module`` (recipe -> patterns; "every other linear" is the
+    run's own recipe, no matcher), written to a temporary file (megatron-core's YAML,
+    search/settings/precision_overrides.py)."""
+    import tempfile
+    from search.settings.precision_overrides import PrecisionOverride, write_yaml
+    ov = [PrecisionOverride(pattern=pat, recipe=r) for r, pats in per_module.items() if isinstance(pats, list)
+          for pat in pats]
+    fh = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="te_quant_", delete=False)
+    with fh:
+        fh.write(write_yaml(ov))
+    return fh.name
+
+
 def row_flags(row: dict, m) -> tuple[list[str], list[str]]:
     """(the run's settings as Megatron-LM flags on ``m``'s GPT twin, what was left out and why)."""
     s, notes = row["settings"], []
@@ -132,9 +146,8 @@ def row_flags(row: dict, m) -> tuple[list[str], list[str]]:
     if p.get("first_last_layers_bf16"):          # Super's NVFP4 recipe: its last 14 layers in bf16
         f += ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16", str(p.get("num_layers_at_start_in_bf16", 0)),
               "--num-layers-at-end-in-bf16", str(p.get("num_layers_at_end_in_bf16", 0))]
-    if p.get("per_module"):
-        notes.append("per-module precision (" + ", ".join(f"{k}: {v}" for k, v in p["per_module"].items()) +
-                     ") not held by a plan: those linears priced in the recipe's precision")
+    if p.get("per_module"):                      # Super's NVFP4 te_quant.cfg, through the import's own reader
+        f += ["--te-precision-config-file", _te_config(p["per_module"])]
     f += ["--use-distributed-optimizer"] if s["distributed_optimizer"] else []
     f += ["--overlap-grad-reduce"] if s["overlap_grad_reduce"] else []
     f += ["--overlap-param-gather"] if s["overlap_param_gather"] else []

@@ -59,6 +59,7 @@ from search.spec.training import TrainingSpec
 from .comm import CommModel
 from .comm import overlap_tax
 from search.settings import precision as lowp
+from search.settings.precision_overrides import UnitRecipes, unit_prefix, unit_recipes
 from .kernels import GENERATION, arch, KERNEL_MODELS, LAUNCH_MS, lowprec_kernels
 from . import memory, mla_mtp, moe_cost, moe_primitives
 from .memory import (LOSS_KEPT_BYTES, MB, embedding_params_per_rank, has_attention_dropout, loss_transient_bytes,
@@ -119,6 +120,8 @@ class AnalyticSource:
         self.dt = 4.0 if training.dtype == "fp32" else 2.0
         why = lowp.check(training.precision, cluster.gpu, training.fp8_param_gather, training.bf16_layers_start,
                          training.bf16_layers_end, model.num_layers)
+        for o in training.per_module:       # an override's recipe must run on the GPU too
+            why = why or (lowp.check(o.recipe, cluster.gpu) if o.recipe != "bf16" else None)
         if model.is_t5 and lowp.is_low(training.precision):
             why = f"precision {training.precision}: low precision is priced for GPT models (T5 trains in bf16 here)"
         if why:
@@ -134,6 +137,7 @@ class AnalyticSource:
             peak = cluster.gpu.peak_tflops(lowp.recipe(self.lp).gemm) * 1e9
             self.kern_lp = lowprec_kernels(kernels, cluster.gpu.name, peak, self.hbm, lowp.per_elem(self.lp),
                                            self.lp, self.settings.release)
+        self._kerns = {self.lp: self.kern_lp}
         self.non_tn = GENERATION.get(cluster.gpu.name) == "blackwell"   # FP8 GEMMs in any layout (precision.copies)
         if training.attention == "flash" and not self.kern.has_flash:
             raise AcesoError(f"--attention flash: {cluster.gpu.name} has no flash attention (it needs sm80+, A100 or "
@@ -159,6 +163,24 @@ class AnalyticSource:
                                                            4.0 if dtype == "fp32" else 8.0))
         return getattr(self, key)
 
+    def kern_of(self, recipe: str | None):
+        """The kernel model of GEMMs in ``recipe`` (None / a plain dtype: ``kern``), one per recipe, built as
+        ``kern_lp`` (per-module overrides, ``settings.precision_overrides``)."""
+        if recipe is None or not lowp.is_low(recipe):
+            return self.kern
+        if recipe not in self._kerns:
+            peak = self.cluster.gpu.peak_tflops(lowp.recipe(recipe).gemm) * 1e9
+            self._kerns[recipe] = lowprec_kernels(self.kernels, self.cluster.gpu.name, peak, self.hbm,
+                                                  lowp.per_elem(recipe), recipe, self.settings.release)
+        return self._kerns[recipe]
+
+    def recipe_of(self, lp, name: str | None = None) -> str | None:
+        """The recipe linear ``name`` of a unit runs: ``lp`` a ``UnitRecipes`` (per-module), else a flag (the
+        plan's recipe where truthy and quantizing). None: unquantized."""
+        if isinstance(lp, UnitRecipes):
+            return lp.of(name)
+        return self.lp if lp and self.kern_lp is not self.kern else None
+
     # ----- communication ------------------------------------------------------------------------------------------
     def _tp_ar(self, b: float, s: int, t: int) -> float:
         """One TP all-reduce of the ``s b h`` activation."""
@@ -170,24 +192,40 @@ class AnalyticSource:
         return "dgrad" if self.settings.overlap_tp_dgrad else "none"
 
     def _half(self, col: tuple, row: tuple, b: float, s: int, t: int, sp: bool, overlap: bool,
-              lp: bool = False) -> TPComm:
+              lp=False, names: tuple = (None, None)) -> TPComm:
+        """``names``: the column- and row-parallel linears' names (per-module recipes: the column linear's input
+        gathers in its recipe, the row linear's output gradient in its own)."""
         x = self.dt * s * b * self.model.hidden_size
-        kern = self.kern_lp if lp else self.kern
+        rc, rr = self.recipe_of(lp, names[0]), self.recipe_of(lp, names[1])
+        kern = self.kern_of(rc or rr)
         ag, amax = None, 0.0
-        if lp and sp and self.kern_lp is not self.kern:     # quantized gathers, current scaling's amax all-reduces
+        if (rc or rr) and sp:     # quantized gathers, current scaling's amax all-reduces
             elems = s * b * self.model.hidden_size
-            ag = tuple(e * elems for e in lowp.sp_gather_bytes(self.lp, self.dt))
-            amax = lowp.amax_reductions(self.lp) * self.comm.all_reduce(4.0, t)
+            if rc == rr:
+                ag = tuple(e * elems for e in lowp.sp_gather_bytes(rc, self.dt))
+                amax = lowp.amax_reductions(rc) * self.comm.all_reduce(4.0, t)
+            else:
+                c, r_ = (lowp.sp_gather_bytes(x_ or "bf16", self.dt) for x_ in (rc, rr))
+                ag = (c[0] * elems, r_[1] * elems, c[2] * elems)
+                amax = max(lowp.amax_reductions(x_) for x_ in (rc or "bf16", rr or "bf16")) * \
+                    self.comm.all_reduce(4.0, t)
         return tp_half(self.comm, kern, col, row, x, t, sp, self._tp_mode(sp, overlap), self._sms, self._tax,
                        ag, amax)
 
-    def _linears(self, gemms: list, lp: bool) -> tuple[float, float]:
+    def _linears(self, gemms: list, lp, names: tuple | None = None) -> tuple[float, float]:
         """(forward, backward) ms of a unit's linear GEMMs: bf16, or quantized at the low-precision peak plus the
-        casts of their inputs (forward x: m k; backward dy: m n; ``precision.cast_bytes``)."""
-        if not lp or self.kern_lp is self.kern:
+        casts of their inputs (forward x: m k; backward dy: m n; ``precision.cast_bytes``). ``names``: each GEMM's
+        linear (per-module recipes: each group of one recipe priced as one call)."""
+        recs = [self.recipe_of(lp, n) for n in (names or [None] * len(gemms))]
+        if len(set(recs)) > 1:
+            parts = [self._linears([g for g, r in zip(gemms, recs) if r == x], x is not None and UnitRecipes(x))
+                     for x in dict.fromkeys(recs)]
+            return sum(p[0] for p in parts), sum(p[1] for p in parts)
+        rec = recs[0] if recs else None
+        if rec is None:
             return self.kern.gemm(gemms), self.kern.gemm(gemms, backward=True)
-        k, n_l = self.kern_lp, lowp.cast_launches(self.lp)
-        cast = lambda elems: self.kern.memory(lowp.cast_bytes(self.lp, elems, self.dt, self.non_tn), n_l)  # noqa: E731
+        k, n_l = self.kern_of(rec), lowp.cast_launches(rec)
+        cast = lambda elems: self.kern.memory(lowp.cast_bytes(rec, elems, self.dt, self.non_tn), n_l)  # noqa: E731
         cast_f = sum(cast(m * kk) for m, n, kk in gemms)
         cast_b = sum(cast(m * n) for m, n, kk in gemms)
         return k.gemm(gemms) + cast_f, k.gemm(gemms, backward=True) + cast_b
@@ -278,12 +316,14 @@ class AnalyticSource:
                                               1 if cross else cp, window)
         ring_f, ring_b, ring_hf, ring_hb = (self._cp_ring_parts(b, s, t, cp, core_f, core_b) if not cross
                                             else (0.0, 0.0, 0.0, 0.0))
-        tpc = self._half(gemms[0], gemms[-1], b, s, t, sp, overlap, lp)
+        names = (("linear_q", "linear_kv", "linear_proj") if cross else ("linear_qkv", "linear_proj"))
+        names = tuple(f"{'cross' if cross else 'self'}_attention.{n}" for n in names)
+        tpc = self._half(gemms[0], gemms[-1], b, s, t, sp, overlap, lp, (names[0], names[-1]))
         gf, gb = (0.0, 0.0) if cross else self._qkv_gather(b, s, t)
-        lin_f, lin_b = self._linears(gemms, lp)
+        lin_f, lin_b = self._linears(gemms, lp, names)
         fwd = lin_f + k.memory(ew, launches) + core_f + ring_f + tpc.fwd + gf
         bwd = lin_b + k.memory(1.5 * ew, launches) + core_b + ring_b + tpc.bwd + gb
-        wgrad = sum((self.kern_lp if lp else k).gemm_parts(*g)[2] for g in gemms)
+        wgrad = sum(self.kern_of(self.recipe_of(lp, n)).gemm_parts(*g)[2] for g, n in zip(gemms, names))
         return UnitCost(fwd, bwd, core_f + ring_f, fwd, tpc.fwd + tpc.bwd + gf + gb + ring_f + ring_b, rec_drop,
                         tpc.hidden, ring_f + ring_b, ring_hf + ring_hb,
                         (tpc.fwd + gf, tpc.hidden_fwd, ring_f, ring_hf), wgrad=wgrad)
@@ -307,8 +347,9 @@ class AnalyticSource:
         act_bytes = (3 if m.gated_mlp else 2) * dt * s * b * f / t
         gemms = [(s * b, up / t, h), (s * b, h, f / t)]
         act_f = k.memory(act_bytes)
-        tpc = self._half(gemms[0], gemms[1], b, s, t, sp, overlap, lp)
-        lin_f, lin_b = self._linears(gemms, lp)
+        names = ("mlp.linear_fc1", "mlp.linear_fc2")
+        tpc = self._half(gemms[0], gemms[1], b, s, t, sp, overlap, lp, names)
+        lin_f, lin_b = self._linears(gemms, lp, names)
         fwd = lin_f + k.memory(ew, 2) + act_f + tpc.fwd
         bwd = lin_b + k.memory(1.5 * (ew + act_bytes), 3) + tpc.bwd
         return UnitCost(fwd, bwd, act_f, fwd, tpc.fwd + tpc.bwd, UNAVAILABLE_MS, tpc.hidden,
@@ -376,11 +417,16 @@ def _seqs(model: ModelSpec, cp: int = 1) -> tuple[int, int]:
     return model.seq_length // cp, (model.decoder_seq_length if model.is_t5 else model.seq_length) // cp
 
 
-def _lp_unit(src: AnalyticSource, u) -> bool:
-    """Whether unit ``u`` runs its linear GEMMs quantized (a low-precision recipe, not a layer kept in bf16)."""
+def _lp_unit(src: AnalyticSource, u):
+    """Whether unit ``u`` runs its linear GEMMs quantized (a low-precision recipe, not a layer kept in bf16); with
+    per-module overrides its ``UnitRecipes`` (each linear's recipe, ``settings.precision_overrides``)."""
     tr = src.training
-    return src.kern_lp is not src.kern and not lowp.bf16_layer(tr.precision, u.layer, src.model.num_layers,
-                                                                  tr.bf16_layers_start, tr.bf16_layers_end)
+    q = src.kern_lp is not src.kern and not lowp.bf16_layer(tr.precision, u.layer, src.model.num_layers,
+                                                               tr.bf16_layers_start, tr.bf16_layers_end)
+    if not tr.per_module:
+        return q
+    kind = layers.resolve(src.model, u.kind)
+    return unit_recipes(kind.linears, unit_prefix(u.stack, u.layer), src.lp if q else None, tr.per_module)
 
 
 def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool, ov: bool = False,

@@ -105,7 +105,8 @@ def mla_act_bytes(src, b: float, s: int, t: int, sp: bool = False,
     core = 4.0 * n * sb / t if src.flash else (4.0 + dt) * n * s * s * b / t
     none = (2 * dt * sb * h + mask) / r + latents + split + core
     if lp:
-        none -= lowp.act_saving_bytes(src.lp, sb * ((h + ql + a.kv_lora_rank) / r + n * dv / t), dt)
+        none -= lowp.act_saving_bytes(src.recipe_of(lp) or "bf16", sb * ((h + ql + a.kv_lora_rank) / r + n * dv / t),
+                                      dt)
     qkv = dt * sb * n * (2 * qk + dv) / t
     return none, none - core, dt * sb * h / r, none, none - qkv
 

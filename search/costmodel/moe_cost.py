@@ -222,17 +222,33 @@ def tokens_per_expert(model, b: float, s: float, t: int, ep: int, etp: int) -> f
     return etp * (b * s / t) * e.moe_router_topk * ep / e.num_experts
 
 
+_FC = ("mlp.experts.linear_fc1", "mlp.experts.linear_fc2")     # MOE.linears: the routed experts' fc1 and fc2
+_LATENT = ("mlp.fc1_latent_proj", "mlp.fc2_latent_proj")       # LatentMoE's projections
+
+
 def _experts(src, m_e: float, n_local: int, etp: int, grouped: bool, backward: bool = False,
-             lp: bool = False) -> float:
+             lp=False) -> float:
     """fc1 + fc2 of the local experts (grouped GEMM, or one GEMM per expert in sequence). ``lp``: quantized at the
     recipe's low-precision kernels (TE's grouped linear runs the recipe's GEMMs, as the dense linears do) plus the
     casts of their inputs (forward x: m k, backward dy: m n; ``precision.cast_bytes``), as ``_linears``."""
     m = src.model
-    k = src.kern_lp if lp else src.kern
+    r1, r2 = (src.recipe_of(lp, n) for n in _FC)
+    if r1 != r2:            # per-module recipes: fc1 and fc2 each at its own
+        return sum(_experts_one(src, m_e, n_local, etp, grouped, backward, r, i) for i, r in enumerate((r1, r2)))
+    return _experts_one(src, m_e, n_local, etp, grouped, backward, r1)
+
+
+def _experts_one(src, m_e: float, n_local: int, etp: int, grouped: bool, backward: bool, rec: str | None,
+                 which: int | None = None) -> float:
+    """``_experts`` with one recipe ``rec`` (None: bf16) for fc1 and fc2, or for fc1 / fc2 alone (``which``)."""
+    m = src.model
+    k = src.kern_of(rec)
     f = m.moe.moe_ffn_hidden_size
     up = 2 * f if m.gated_mlp else f       # SwiGLU and GPT-OSS's quick-GEGLU: fc1 is the gate and linear halves
     h = expert_width(m)
     shapes = ((m_e, up / etp, h), (m_e, h, f / etp))
+    shapes = shapes if which is None else (shapes[which],)
+    lp = rec is not None
     k0 = value("GROUPED_K0_LP", src.settings.release) if lp and k is not src.kern else 0.0
     if grouped:
         if not backward:
@@ -242,8 +258,8 @@ def _experts(src, m_e: float, n_local: int, etp: int, grouped: bool, backward: b
     else:
         t = n_local * k.gemm(list(shapes), backward=backward)
     if lp and k is not src.kern:
-        n_l = lowp.cast_launches(src.lp)
-        t += sum(src.kern.memory(lowp.cast_bytes(src.lp, n_local * mm * (nn if backward else kk), src.dt,
+        n_l = lowp.cast_launches(rec)
+        t += sum(src.kern.memory(lowp.cast_bytes(rec, n_local * mm * (nn if backward else kk), src.dt,
                                                   src.non_tn), n_l)
                  for mm, nn, kk in shapes)
     return t
@@ -365,7 +381,7 @@ def moe_parts(src, b: float, s: int, t: int, sp: bool, ep: int, etp: int, cfg, o
         ex_b += k.memory(nbytes[1], launches[1])
     act_rec = k.memory(act_b) + sum(k.memory(nb[0], ln[0]) for nb, ln, rec in ex_extra if rec)
     lat = ((T, e.moe_latent_size, h), (T, h, e.moe_latent_size)) if e.moe_latent_size else ()
-    lat_f, lat_b = src._linears(list(lat), lp) if lat else (0.0, 0.0)
+    lat_f, lat_b = src._linears(list(lat), lp, _LATENT) if lat else (0.0, 0.0)
     # the shared expert: a dense MLP half over the attention TP group
     sh_f = sh_b = 0.0
     tpc = None
@@ -411,22 +427,25 @@ def _before_wait(src, gate_k, T: float, E: int, h: int, score: float, perm: floa
     perm_launches = 2 if cfg.permute_fusion else 6
     router = gate_k.gemm([(T, E, h)]) + k.memory(2 * dt * T * h + score + (perm / 2 if half else 0.0),
                                                  1 + (perm_launches // 2 if half else 0))
-    latent = src._linears([lat[0]], lp)[0] if lat else 0.0
+    latent = src._linears([lat[0]], lp, _LATENT[:1])[0] if lat else 0.0
     shared = 0.0 if cfg.shared_expert_overlap else sh_f + (tpc.fwd if tpc else 0.0)
     gathered = d_exposed if cfg.token_dispatcher == "allgather" else 0.0
     return router + latent + shared + gathered
 
 
-def _experts_wgrad(src, m_e: float, n_local: int, etp: int, lp: bool) -> float:
+def _experts_wgrad(src, m_e: float, n_local: int, etp: int, lp) -> float:
     """The local experts' weight-gradient grouped GEMMs (``grouped_gemm_bwd_ms``'s second term): what
-    ``delay_wgrad_compute`` moves behind the dispatch backward (``ep_overlap.py``)."""
+    ``delay_wgrad_compute`` moves behind the dispatch backward (``ep_overlap.py``); each at its linear's recipe."""
     m = src.model
-    kern = src.kern_lp if lp else src.kern
     f = m.moe.moe_ffn_hidden_size
     up = 2 * f if m.gated_mlp else f
     h = expert_width(m)
-    k0 = value("GROUPED_K0_LP", src.settings.release) if lp and kern is not src.kern else 0.0
-    return sum(grouped_gemm_ms(kern, n_local, k, n, m_e, k0) for n, k in ((up / etp, h), (h, f / etp)))
+    out = 0.0
+    for (n, k), name in zip(((up / etp, h), (h, f / etp)), _FC):
+        kern = src.kern_of(src.recipe_of(lp, name))
+        k0 = value("GROUPED_K0_LP", src.settings.release) if kern is not src.kern else 0.0
+        out += grouped_gemm_ms(kern, n_local, k, n, m_e, k0)
+    return out
 
 
 TIME_PARTS = ("router", "latent", "experts", "a2a", "shared", "tp")
@@ -497,9 +516,14 @@ def moe_act_bytes(src, b: float, s: int, t: int, ep: int, etp: int, cfg,
     none = base + experts + shared + latent
     transient = dt * T * topk * w * (2 if etp > 1 else 1)
     sel = none - fc2_in - extra
-    if lp:
-        none -= lowp.act_saving_bytes(src.lp, tok * w + tok * f / etp, dt)
-        sel -= lowp.act_saving_bytes(src.lp, tok * w, dt)
+    r1, r2 = (src.recipe_of(lp, n) for n in _FC)
+    if r1 == r2 and r1 is not None:
+        none -= lowp.act_saving_bytes(r1, tok * w + tok * f / etp, dt)
+        sel -= lowp.act_saving_bytes(r1, tok * w, dt)
+    elif r1 != r2:          # per-module recipes: each expert linear's input kept in its own
+        none -= (lowp.act_saving_bytes(r1 or "bf16", tok * w, dt) +
+                 lowp.act_saving_bytes(r2 or "bf16", tok * f / etp, dt))
+        sel -= lowp.act_saving_bytes(r1 or "bf16", tok * w, dt)
     return none, sel, dt * T * h, transient
 
 

@@ -60,13 +60,19 @@ def mlp_flops(m, s: int, keys: int | None = None) -> float:
     return 2.0 * s * (m.hidden_size * (2 * ffn if m.gated_mlp else ffn) + ffn * m.hidden_size)
 
 
-def _quantized(src, act: tuple, second: int, a) -> tuple:
+def _quantized(src, act: tuple, second: int, a, names: tuple = (None, None)) -> tuple:
     """Activation bytes of a quantized unit: its linear layers' inputs are kept quantized (the first linear's
-    input ``s b h / r`` and the second's ``s b second / t``); full recompute keeps only the unit input."""
+    input ``s b h / r`` and the second's ``s b second / t``, ``names``: each in its own recipe with per-module
+    overrides); full recompute keeps only the unit input."""
     if not a.lp:
         return act
     r = a.t if a.sp else 1
-    save = lowp.act_saving_bytes(src.lp, a.s * a.b * (src.model.hidden_size / r + second / a.t), src.dt)
+    r1, r2 = (src.recipe_of(a.lp, n) or "bf16" for n in names)
+    if r1 == r2:
+        save = lowp.act_saving_bytes(r1, a.s * a.b * (src.model.hidden_size / r + second / a.t), src.dt)
+    else:
+        save = lowp.act_saving_bytes(r1, a.s * a.b * src.model.hidden_size / r, src.dt) + \
+            lowp.act_saving_bytes(r2, a.s * a.b * second / a.t, src.dt)
     return tuple(x if j == 2 else x - save for j, x in enumerate(act))
 
 
@@ -80,7 +86,8 @@ def price_attention(src, u, a) -> Row:
     cost = src.attention(a.b, a.s, a.t, causal=not (m.is_t5 and u.stack == "encoder"), cp=a.cp, sp=a.sp,
                          overlap=a.overlap, window=window, lp=a.lp)
     act = src.attention_act_bytes(m, a.b, a.s, a.t, src.flash, dt=src.dt, sp=a.sp)
-    return Row(cost, _quantized(src, act, _qkv(m)[1], a), src.unit_params_per_rank(m, "attention", a.t))
+    return Row(cost, _quantized(src, act, _qkv(m)[1], a, ATTENTION.linears),
+               src.unit_params_per_rank(m, "attention", a.t))
 
 
 def price_cross_attention(src, u, a) -> Row:
@@ -94,7 +101,7 @@ def price_mlp(src, u, a) -> Row:
     m = src.model
     fused = src.settings.fused_swiglu and src.cluster.gpu.name != "cpu"
     act = src.mlp_act_bytes(m, a.b, a.s, a.t, src.dt, a.sp, fused_swiglu=fused)
-    return Row(src.mlp(a.b, a.s, a.t, a.sp, a.overlap, a.lp), _quantized(src, act, m.ffn_hidden_size, a),
+    return Row(src.mlp(a.b, a.s, a.t, a.sp, a.overlap, a.lp), _quantized(src, act, m.ffn_hidden_size, a, MLP.linears),
                src.unit_params_per_rank(m, "mlp", a.t))
 
 
@@ -149,6 +156,7 @@ ATTENTION = register(LayerKind(
     row_variant=_window, recompute=ATTENTION_RECOMPUTE, megatron_modules={"selective": "core_attn"},
     layer_parts=_ATTENTION_PARTS, hybrid_slot="attention_layer", ep_overlap_partner=True,
     launches=attention_launches, muon_shapes=attention_muon, offload_inputs=attention_offload,
+    linears=("self_attention.linear_qkv", "self_attention.linear_proj"),   # core_v0.19.0 attention.py
     te_fused_norm="attn_norm"))     # TE spec: TELayerNormColumnParallelLinear linear_qkv, input_layernorm IdentityOp
 
 CROSS_ATTENTION = register(LayerKind(
@@ -157,10 +165,12 @@ CROSS_ATTENTION = register(LayerKind(
     in_layer=lambda m, stack: m.is_t5 and stack == "decoder", keys=lambda m, u, s, s_enc: s_enc,
     recompute=ATTENTION_RECOMPUTE, megatron_modules={"selective": "core_attn"},
     layer_parts=("pre_cross_attn_layernorm", "cross_attention", "cross_attn_bda"),
-    launches=attention_launches, muon_shapes=attention_muon))
+    launches=attention_launches, muon_shapes=attention_muon,
+    linears=("cross_attention.linear_q", "cross_attention.linear_kv", "cross_attention.linear_proj")))
 
 MLP = register(LayerKind(
     name="mlp", symbol="-", role="mlp", label="MLP", params=mlp_params, flops=mlp_flops, price=price_mlp,
     # selective re-runs the activation function; Megatron-LM's mlp module re-runs the whole MLP: no entry
     layer_parts=_MLP_PARTS, hybrid_slot="mlp_layer", launches=mlp_launches, muon_shapes=mlp_muon,
-    offload_inputs=mlp_offload, te_fused_norm="mlp_norm"))   # TE spec: the norm in linear_fc1, pre_mlp IdentityOp
+    offload_inputs=mlp_offload, te_fused_norm="mlp_norm",   # TE spec: the norm in linear_fc1, pre_mlp IdentityOp
+    linears=("mlp.linear_fc1", "mlp.linear_fc2")))   # core_v0.19.0 mlp.py   # TE spec: the norm in linear_fc1, pre_mlp IdentityOp

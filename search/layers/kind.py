@@ -20,7 +20,8 @@ the cost model and the runtime need to know about it, in one record (``LayerKind
 - **what the cost model's other terms read of it**: whether its units hold routed experts (``routed_experts``: the
   stage's expert shape, EP dispatch, expert parameters) or are the unit megatron-core's EP overlap pairs with the
   routed-experts unit after it (``ep_overlap_partner``, ``ep_overlap_pairs``); its forward kernel launches by part
-  (``launches``, ``costmodel.host``), the 2-D weight shards Muon updates (``muon_shapes``, ``costmodel.optimizers``)
+  (``launches``, ``costmodel.host``), its linears' module paths (``linears``: megatron-core's ``named_modules``
+  names under the layer, which ``--te-precision-config-file`` patterns match), the 2-D weight shards Muon updates (``muon_shapes``, ``costmodel.optimizers``)
   and the input bytes of each module the fine-grained offload moves (``offload_inputs``, ``costmodel.stack_cost``;
   ``te_fused_norm``: the norm transformer-engine's spec fuses into the next linear, which it then does not move).
 
@@ -87,7 +88,8 @@ class PriceArgs(NamedTuple):
     """The shape a unit is priced at: per-rank batch ``b``, this unit's tokens per rank ``s`` (the sequence / cp;
     ``s_enc``: the encoder's, which T5's cross-attention reads), tp ``t``, ``cp``, sequence parallelism ``sp``, the
     TP communication overlap ``overlap``, a quantized unit ``lp`` (a low-precision recipe and not a layer kept in
-    bf16), the stage's expert shape ``ep`` / ``etp`` and the plan's ``MoEPlanSettings`` ``moe``; ``row(unit)`` prices
+    bf16; with per-module overrides a ``settings.precision_overrides.UnitRecipes``: each linear's recipe, read
+    through ``src.recipe_of(lp, name)``), the stage's expert shape ``ep`` / ``etp`` and the plan's ``MoEPlanSettings`` ``moe``; ``row(unit)`` prices
     another unit at the same shape (MTP prices its inner layer's units)."""
 
     b: float
@@ -97,7 +99,7 @@ class PriceArgs(NamedTuple):
     cp: int
     sp: bool
     overlap: bool
-    lp: bool
+    lp: Any          # bool, or UnitRecipes (per-module precision)
     ep: int
     etp: int
     moe: Any
@@ -142,6 +144,8 @@ class LayerKind:
     routed_experts: bool = False                # its units hold routed experts (expert shape, EP dispatch)
     ep_overlap_partner: bool = False            # megatron-core's EP overlap pairs it with a routed-experts unit after it
     launches: Callable[..., dict] | None = None           # (model, quantized, n_local, moe) -> launches by part
+    linears: tuple[str, ...] = ()               # its transformer-engine linears' module paths under the layer
+    #                                             (``settings.precision_overrides``: per-module precision)
     muon_shapes: Callable[..., list] | None = None        # (model, tp, ep, etp) -> [(rows, cols, count)] (routed
     #                                                       experts' shards second and third, as ``muon_matrices``)
     offload_inputs: Callable[..., float] | None = None    # (model, module, b, s, t, sp, dt, ep, etp) -> bytes

@@ -395,8 +395,9 @@ def mixer_cost(src, a, in_width: int, out_width: int, bmms: list, mix: float, a2
     k, dt, h, t = src.kern, src.dt, src.model.hidden_size, a.t
     sb, r = a.s * a.b, (t if a.sp else 1)
     gemms = [(sb, in_width / t, h), (sb, h, out_width / t)]
-    tpc = src._half(gemms[0], gemms[-1], a.b, a.s, t, a.sp, a.overlap, a.lp)
-    lin_f, lin_b = src._linears(gemms, a.lp)
+    names = ("mixer.in_proj", "mixer.out_proj")      # MAMBA.linears (a GDN kind names none: its recipe throughout)
+    tpc = src._half(gemms[0], gemms[-1], a.b, a.s, t, a.sp, a.overlap, a.lp, names)
+    lin_f, lin_b = src._linears(gemms, a.lp, names)
     scan_f = sum(k.bmm(*x) for x in bmms)
     scan_b = sum(k.bmm(*x, backward=True) for x in bmms)
     ew = (2 * dt * sb * h + (3 * dt + 1) * sb * h) / r          # pre-norm + bias-dropout-add, as a dense unit's
@@ -419,6 +420,7 @@ MAMBA = register(LayerKind(
     price=price_layer, in_layer=lambda m, stack: False,      # only where a hybrid pattern writes M
     recompute=("none", "full"),     # no --recompute-modules entry covers a Mamba mixer (megatron-core 0.19)
     hybrid_slot="mamba_layer", launches=mamba_launches, block="mamba",
+    linears=("mixer.in_proj", "mixer.out_proj"),       # core_v0.19.0 mamba_layer.py / mamba_mixer.py
     shape_refusal=lambda model, tp, cp: cp_refusal(_spec(model), model.hidden_size, tp, cp),
     # megatron-core's MambaContextParallel on the runtime's per-stage groups is not run against stock megatron-core
     no_runtime_cp="Mamba-2 layers"))

@@ -40,4 +40,6 @@ MLA = register(LayerKind(
     recompute=(*ATTENTION.recompute, "mla_up_proj"),
     megatron_modules={**ATTENTION.megatron_modules, "mla_up_proj": "mla_up_proj"},
     layer_parts=ATTENTION.layer_parts, hybrid_slot="mla_layer", ep_overlap_partner=True, launches=mla_launches,
-    muon_shapes=mla_muon, offload_inputs=ATTENTION.offload_inputs, block="mla"))
+    muon_shapes=mla_muon, offload_inputs=ATTENTION.offload_inputs, block="mla",
+    linears=tuple(f"self_attention.{n}" for n in ("linear_q_proj", "linear_q_down_proj", "linear_q_up_proj",
+                                                    "linear_kv_down_proj", "linear_kv_up_proj", "linear_proj"))))

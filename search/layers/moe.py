@@ -86,4 +86,6 @@ MOE = register(LayerKind(
     megatron_modules={"selective": "moe_act"},      # the experts' activation function
     layer_parts=_MLP_PARTS, hybrid_slot="moe_layer",      # megatron-core's MoELayer sits at ``mlp``
     routed_experts=True, launches=moe_launches, muon_shapes=moe_muon, offload_inputs=moe_offload,
-    block="moe"))
+    block="moe",   # core_v0.19.0 moe_layer.py / experts.py (TEGroupedMLP) / shared_experts.py
+    linears=("mlp.experts.linear_fc1", "mlp.experts.linear_fc2", "mlp.shared_experts.linear_fc1",
+             "mlp.shared_experts.linear_fc2", "mlp.fc1_latent_proj", "mlp.fc2_latent_proj")))

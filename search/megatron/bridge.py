@@ -202,6 +202,10 @@ def _low_precision_object(c: MegatronConfig, fp32: bool, held_as: str) -> dict:
     (``fp8``/``fp8_recipe`` or ``fp4``/``fp4_recipe``, ``fp8_param_gather``, the bf16 first/last layers), which
     ``mixed_precision.setup`` copies onto the model and DDP configs."""
     low = c.settings.low_precision
+    if low.per_module:
+        raise AcesoError("--to megatron-bridge: settings.low_precision.per_module is not written: Bridge v0.3.1's "
+                         "model.quant_recipe holds a megatron-core RecipeConfig object, not a YAML mapping; export "
+                         "--to megatron-lm (the script writes --te-precision-config-file)")
     r = recipe(low.recipe)
     fmt, name = r.flags[1], r.flags[3]
     out: dict[str, object] = {"grad_reduce_in_fp32": fp32}

@@ -69,7 +69,9 @@ FLAGS: dict[str, str] = {
                         "--moe-router-score-function", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
                         "--moe-router-dtype",
                         # the precision-aware optimizer (search/settings/optimizer_state.py)
-                        "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype")},
+                        "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype",
+                        # per-module precision (read by importer.te_overrides: settings/precision_overrides.py)
+                        "--te-precision-config-file")},
     **{f: BOOL for f in ("--group-query-attention", "--use-rotary-position-embeddings", "--swiglu",
                          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--sequence-parallel",
                          "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
@@ -184,12 +186,6 @@ REFUSED: dict[str, tuple[object, str]] = {
     "--model-parallel-size": (_always, "the old flag; use --tensor-model-parallel-size"),
     "--checkpoint-activations": (_always, "removed in Megatron-LM; use --recompute-activations or "
                                           "--recompute-granularity"),
-    # megatron-core's per-module precision overrides (argument_utils.py: ``quant_recipe`` from the YAML, core_v0.16.1
-    # to core_v0.19.0; core/extensions/TransformerEngineMixedPrecision.md): the file moves linears between recipes
-    # (Megatron-Bridge's NVFP4 Nemotron-3 Super te_quant.cfg keeps QKV, attention output, the latent projections and
-    # MTP in bf16 and the Mamba out_proj in MXFP8), which aceso would price at the --fp8 / --fp4 recipe everywhere
-    "--te-precision-config-file": (_always, "per-module precision overrides are not priced by aceso (every linear "
-                                            "of a transformer layer runs the --fp8-recipe / --fp4-recipe here)"),
     "--fp8-quantizer-factory": (_always, "custom quantizers are not priced by aceso (the --fp8-recipe is)"),
     "--fp4-quantizer-factory": (_always, "custom quantizers are not priced by aceso (the --fp4-recipe is)"),
     # Megatron-LM core_v0.19.0 file:line of what each does (megatron/...), the model or run aceso would misprice
@@ -491,6 +487,7 @@ def _low_precision(f: Flags, dtype: str, sharded: bool) -> LowPrecision | None:
         raise AcesoError(why)
     return LowPrecision(recipe=recipe, param_gather=gather, bf16_layers_start=start, bf16_layers_end=end,
                         reuse_grad_buf=reuse)
+
 
 
 def _fsdp(f: Flags, notes: list[str]) -> str | None:

@@ -90,6 +90,7 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
         raise AcesoError(f"{source}: no command: the file only sets variables ({', '.join(sorted(set(cmd.assigned))[:4])}"
                          f"{', ...' if len(set(cmd.assigned)) > 4 else ''}); give the script that runs "
                          "pretrain_gpt.py or pretrain_t5.py")
+    overrides = te_overrides(cmd.argv, source, text)
     try:
         read = read_argv(cmd.argv, rel) if hybrid else None
         flags = parse_flags(read.argv if read else cmd.argv, rel)
@@ -127,4 +128,59 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
                             choices=hybrid_choices if read else unit_choices)
     if read and (why := run_refusal(plan, rel)):      # what the release's hybrid model class does not run
         raise AcesoError(f"{source}: {why}")
+    if overrides:
+        plan, cfg = with_overrides(plan, cfg, overrides, source)
     return Imported(plan, cfg, notes, flags.ignored, rel, flags)
+
+
+
+TE_CONFIG = "--te-precision-config-file"
+
+
+def te_overrides(argv: list[str], source: str, text: str) -> tuple:
+    """The per-module overrides of ``--te-precision-config-file PATH`` (``settings/precision_overrides.py``), or ():
+    a relative PATH is looked up next to the script (``source`` when it is a file), then in the working directory,
+    then as a here-document the script writes (``cat > PATH <<'EOF'``, as ``aceso export`` writes it). Not found,
+    unreadable or unsupported: one line."""
+    import os
+    import re
+    from search.settings.precision_overrides import read_yaml
+    path = None
+    for i, w in enumerate(argv):
+        name, eq, val = w.partition("=")
+        if name == TE_CONFIG:
+            path = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+    if path is None:
+        return ()
+    base = os.path.dirname(os.path.abspath(source)) if os.path.isfile(source) else None
+    cands = [path] if os.path.isabs(path) else [p for p in (base and os.path.join(base, path), path) if p]
+    found = next((c for c in cands if os.path.isfile(c)), None)
+    here = re.search(r"^cat > " + re.escape(path) + r" <<'(\w+)'\n(.*?)^\1$", text, re.M | re.S)
+    if found is not None:
+        try:
+            with open(found, encoding="utf-8") as fh:
+                body = fh.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise AcesoError(f"{source}: {TE_CONFIG} {path}: unreadable ({type(e).__name__})") from None
+    elif here:
+        body = here.group(2)
+    else:
+        raise AcesoError(f"{source}: {TE_CONFIG} {path}: no such file next to the script or in the working "
+                         "directory; give its path")
+    try:
+        return read_yaml(body)
+    except ValueError as e:
+        raise AcesoError(f"{source}: {str(e).splitlines()[0]}") from None
+
+
+def with_overrides(plan, cfg, overrides: tuple, source: str):
+    """``plan`` and ``cfg`` with the per-module overrides on their low-precision recipe; without a recipe: one line
+    (megatron-core applies the overrides to quantized layers only)."""
+    low = plan.settings.low_precision
+    if low is None:
+        raise AcesoError(f"{source}: {TE_CONFIG} without --fp8-format / --fp4-format: megatron-core applies the "
+                         "overrides to quantized layers only (override_nonquantized_autocast is not priced); give "
+                         "the recipe or drop the file")
+    settings = plan.settings.model_copy(update={"low_precision": low.model_copy(update={"per_module": overrides})})
+    cfg = dataclasses.replace(cfg, settings=settings) if hasattr(cfg, "settings") else cfg
+    return plan.model_copy(update={"settings": settings}), cfg

@@ -66,6 +66,9 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "--first-last-layers-bf16 --num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16",
      "mixed_precision.fp8, fp8_recipe, fp8_param_gather, fp4, fp4_recipe, first_last_layers_bf16, ...",
      "the recipes of search/settings/precision.py; with --bf16"),
+    ("settings.low_precision.per_module", "--te-precision-config-file FILE (the script writes FILE with a quoted "
+     "here-document before torchrun)", "refused (model.quant_recipe is a RecipeConfig object)",
+     "megatron-core's glob matchers, search/settings/precision_overrides.py"),
     ("predicted.attention", "--transformer-impl transformer_engine (flash) or local (unfused)",
      "model.transformer_impl", ""),
     ("stages[].tp", "--tensor-model-parallel-size", "model.tensor_model_parallel_size", "one for all stages"),
@@ -214,8 +217,13 @@ def low_precision_args(c: MegatronConfig) -> list[str]:
     low = c.settings.low_precision
     if low is None:
         return []
-    return precision_flags(low.recipe, low.param_gather, low.bf16_layers_start, low.bf16_layers_end,
-                           low.reuse_grad_buf)
+    out = precision_flags(low.recipe, low.param_gather, low.bf16_layers_start, low.bf16_layers_end,
+                          low.reuse_grad_buf)
+    # per-module overrides: the launch script writes the YAML before torchrun (script.py, TE_CONFIG_FILE)
+    return out + (["--te-precision-config-file", TE_CONFIG_FILE] if low.per_module else [])
+
+
+TE_CONFIG_FILE = "te_precision_config.yaml"
 
 
 def grad_reduce_args(c: MegatronConfig) -> list[str]:

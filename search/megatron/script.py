@@ -182,6 +182,12 @@ def write_script(plan: ParallelPlan, c: MegatronConfig, source: str, rel: Releas
                    "(validate_args asserts it)")
     out += [f"GPUS_PER_NODE={gpn}", f"NNODES={nodes}", "NODE_RANK=${NODE_RANK:-0}",
             "MASTER_ADDR=${MASTER_ADDR:-localhost}", "MASTER_PORT=${MASTER_PORT:-6000}", ""]
+    low = plan.settings.low_precision
+    if low is not None and low.per_module:      # --te-precision-config-file (settings/precision_overrides.py)
+        from search.megatron.names import TE_CONFIG_FILE
+        from search.settings.precision_overrides import write_yaml
+        out += [f"# per-module precision overrides (megatron-core --te-precision-config-file)",
+                f"cat > {TE_CONFIG_FILE} <<'EOF'", *write_yaml(low.per_module).rstrip("\n").split("\n"), "EOF", ""]
     out += [_array(f"{g.upper()}_ARGS", groups[g]) for g in GROUPS]
     tok = tokenizer_args(c, rel)
     out += ["",

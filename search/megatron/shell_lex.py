@@ -77,6 +77,24 @@ class Lexer:
                 return out
             out.append(tok)
 
+    def heredoc(self) -> Word | Op | None:
+        """A quoted here-document (``cat > FILE <<'EOF'``: a file the script writes, the way ``aceso export``
+        writes a --te-precision-config-file): its body is skipped, as the redirection targets are; an unquoted one
+        (its body expanded by the shell) is refused."""
+        m = re.match(r"<<-?'(\w+)'", self.s[self.i:])
+        if not m:
+            self.fail("a here-document (<<) other than a quoted one (<<'EOF'): aceso reads a launch script "
+                      "without running it; write the arguments out")
+        self.take(len(m.group(0)))
+        eol = self.s.find("\n", self.i)
+        end = re.compile(r"^" + m.group(1) + r"[ \t]*$", re.M).search(self.s, eol + 1 if eol >= 0 else len(self.s))
+        if eol < 0 or end is None:
+            self.fail(f"a here-document without its closing {m.group(1)} line")
+        body_lines = self.s.count("\n", eol + 1, end.end())
+        self.s = self.s[:eol + 1] + self.s[end.end() + 1:]
+        self.line += body_lines + 1        # (counted now: the lines after keep their numbers)
+        return self.next_token()
+
     def next_token(self) -> Word | Op | None:
         while True:
             c = self.peek()
@@ -94,8 +112,7 @@ class Lexer:
         if self.s.startswith(("<(", ">("), self.i):     # a process substitution is a word (done < <(cmd))
             return self.word()
         if self.s.startswith("<<", self.i):
-            self.fail("a here-document (<<): aceso reads a launch script without running it; write the "
-                      "arguments out")
+            return self.heredoc()
         m = re.match(r"(\d*>>?|&>|\d*<)(&\d+|&-)?", self.s[self.i:])
         if m and m.group(0):
             self.take(len(m.group(0)))

@@ -37,7 +37,9 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+
+from search.settings.precision_overrides import PrecisionOverride
 
 
 class Recipe(NamedTuple):
@@ -291,6 +293,9 @@ class LowPrecision(BaseModel):
     reuse_grad_buf: bool = Field(False, description="MXFP8 parameters all-gathered through the gradient buffer "
                                  "(--reuse-grad-buf-for-mxfp8-param-ag; Megatron-Bridge requires it with mxfp8 "
                                  "and param_gather). Priced the same either way (search/settings/precision.py).")
+    per_module: tuple[PrecisionOverride, ...] = Field((), description="Per-module overrides (--te-precision-config-"
+                                                      "file; search/settings/precision_overrides.py): ordered glob "
+                                                      "matchers, the first match wins; empty = the recipe throughout.")
 
     @model_validator(mode="after")
     def _reuse(self) -> "LowPrecision":
@@ -298,6 +303,14 @@ class LowPrecision(BaseModel):
         if why:
             raise ValueError(why)
         return self
+
+    @model_serializer(mode="wrap")
+    def _plain_form(self, handler):
+        """Without overrides the record is written as before the field existed (plans and digests unchanged)."""
+        out = handler(self)
+        if isinstance(out, dict) and not out.get("per_module", 1):
+            out.pop("per_module")
+        return out
 
 
 def of_training(training) -> LowPrecision | None:
@@ -307,12 +320,13 @@ def of_training(training) -> LowPrecision | None:
     reuse = training.precision == "mxfp8" and training.fp8_param_gather and not training.megatron_fsdp
     return LowPrecision(recipe=training.precision, param_gather=training.fp8_param_gather,
                         bf16_layers_start=training.bf16_layers_start, bf16_layers_end=training.bf16_layers_end,
-                        reuse_grad_buf=reuse)
+                        reuse_grad_buf=reuse, per_module=training.per_module)
 
 
 def training_fields(low: LowPrecision | None, dtype: str) -> dict:
     """``TrainingSpec`` fields of a plan: its recipe, else its parameter dtype."""
     if low is None:
         return {"precision": dtype}
-    return {"precision": low.recipe, "fp8_param_gather": low.param_gather,
-            "bf16_layers_start": low.bf16_layers_start, "bf16_layers_end": low.bf16_layers_end}
+    out = {"precision": low.recipe, "fp8_param_gather": low.param_gather,
+           "bf16_layers_start": low.bf16_layers_start, "bf16_layers_end": low.bf16_layers_end}
+    return {**out, "per_module": low.per_module} if low.per_module else out

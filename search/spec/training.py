@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from search.settings.precision import base_dtype, is_low
+from search.settings.precision_overrides import PrecisionOverride
 
 # Upper bounds (docs/inputs.md): far above any published run (global batches of a few thousand sequences, per-rank
 # micro-batches of 1-16, cp up to 32), low enough that a typo such as 10^30 is refused.
@@ -43,6 +44,9 @@ class TrainingSpec(BaseModel):
                                    "in bf16 (--first-last-layers-bf16 --num-layers-at-start-in-bf16).")
     bf16_layers_end: int = Field(0, ge=0, le=1 << 16, description="Low precision: last transformer layers kept in "
                                  "bf16 (--num-layers-at-end-in-bf16).")
+    per_module: tuple[PrecisionOverride, ...] = Field((), description="Low precision: per-module overrides "
+                                                      "(--te-precision-config-file; search/settings/"
+                                                      "precision_overrides.py); empty = the recipe throughout.")
     optimizer: Literal["adam", "muon", "dist_muon"] = Field(
         "adam", description="Optimizer: adam (fp32 master weights, m and v), muon (Muon's momentum on the 2-D "
         "weights, Adam on the rest) or dist_muon (Muon sharded layer-wise over DP; search/costmodel/optimizers.py).")
@@ -115,8 +119,9 @@ class TrainingSpec(BaseModel):
                 f"micro_batch_sizes: none of {self.micro_batch_sizes} divides global_batch_size "
                 f"({self.global_batch_size}); add a divisor"
             )
-        if not is_low(self.precision) and (self.fp8_param_gather or self.bf16_layers_start or self.bf16_layers_end):
-            raise ValueError(f"fp8_param_gather / bf16_layers_*: precision {self.precision} quantizes nothing; "
+        if not is_low(self.precision) and (self.fp8_param_gather or self.bf16_layers_start or self.bf16_layers_end
+                                           or self.per_module):
+            raise ValueError(f"fp8_param_gather / bf16_layers_* / per_module: precision {self.precision} quantizes nothing; "
                              "give a low-precision recipe (fp8-tensorwise, mxfp8, ...) or drop them")
         if self.fp8_param_gather and self.distributed_optimizer is False and not self.megatron_fsdp:
             raise ValueError("fp8_param_gather needs the distributed optimizer or Megatron FSDP (Megatron-LM asserts "

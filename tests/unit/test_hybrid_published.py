@@ -60,7 +60,10 @@ def test_super_nvfp4_row_is_the_plan_its_settings_say():
     assert (st.tp, st.dp, st.ep, st.sequence_parallel) == (s["tp"], s["dp"], s["ep"], s["sequence_parallel"])
     assert plan.settings.low_precision.recipe == "nvfp4"
     assert plan.settings.low_precision.bf16_layers_end == p["num_layers_at_end_in_bf16"] == 14
-    assert any(n.startswith("per-module precision") for n in notes)
+    per = {o.pattern: o.recipe for o in plan.settings.low_precision.per_module}     # te_quant.cfg, imported
+    assert per == {"*.linear_qkv": "bf16", "*.linear_proj": "bf16", "*mlp.fc[12]_latent_proj": "bf16",
+                   "mtp.*": "bf16", "*mixer.out_proj": "mxfp8"}
+    assert not any(n.startswith("per-module precision") for n in notes)
     x = hp.price_row(row)
     assert x["status"] == "priced" and x["fits"]
 

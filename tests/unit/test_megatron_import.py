@@ -180,7 +180,7 @@ def test_account_for_embedding_and_loss_split():
 @pytest.mark.parametrize("extra,needle", [
     ("--fp8-format hybrid --fp8-dot-product-attention", "FP8 attention is not modelled"),
     ("--fp8-format e4m3 --fp8-recipe mxfp8 --te-precision-config-file te_quant.yaml",
-     "--te-precision-config-file te_quant.yaml: per-module precision overrides are not priced"),
+     "--te-precision-config-file te_quant.yaml: no such file next to the script or in the working directory"),
     # flags that change the model, the schedule or the kernels (Megatron-LM core_v0.19.0; docs/megatron.md)
     ("--attention-output-gate", "--attention-output-gate: gated attention"),
     ("--experimental-attention-variant dsa", "--experimental-attention-variant dsa: gated delta-net / DeepSeek sparse"),
