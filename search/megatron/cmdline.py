@@ -52,7 +52,7 @@ FLAGS: dict[str, str] = {
                         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
                         "--recompute-num-layers", "--micro-batch-size", "--global-batch-size",
                         "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16", "--cpu-offloading-num-layers",
-                        "--ddp-bucket-size",
+                        "--ddp-bucket-size", "--ddp-num-buckets",
                         # MoE / MLA / MTP (moe_flags.py)
                         "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                         "--moe-shared-expert-intermediate-size", "--moe-router-num-groups", "--moe-router-group-topk",
@@ -472,14 +472,20 @@ def _overlap_p2p(f: Flags, pp: int, vpp: int, notes: list[str]) -> bool | None:
 
 def _data_parallel(f: Flags, ogr: bool, fsdp):
     """The DP synchronization flags (``search/settings/data_parallel.py``), with Megatron-LM's checks."""
-    bucket = f.get("--ddp-bucket-size")
+    bucket, num = f.get("--ddp-bucket-size"), f.get("--ddp-num-buckets")
     if bucket is not None and bucket <= 0:
         raise AcesoError(f"--ddp-bucket-size {bucket}: give a positive number of parameters per bucket")
+    # Megatron-LM's asserts (core_v0.16.1 training.py:1299-1302; core_v0.18.2 on: DistributedDataParallelConfig)
+    if num is not None and num <= 0:
+        raise AcesoError(f"--ddp-num-buckets {num}: must be greater than 0 (Megatron-LM asserts it)")
+    if num is not None and bucket is not None:
+        raise AcesoError("--ddp-num-buckets with --ddp-bucket-size: Megatron-LM asserts \"Cannot specify both\"; "
+                         "give one of them")
     if fsdp and (f.has("--use-tp-pp-dp-mapping") or f.has("--use-sharp")):
         raise AcesoError("--use-tp-pp-dp-mapping / --use-sharp with --use-megatron-fsdp: aceso prices them for DDP "
                          "and the distributed optimizer; drop the flag")
     return dp_from_flags(bucket if ogr else None, f.has("--no-align-grad-reduce"), f.has("--no-align-param-gather"),
-                         f.has("--use-tp-pp-dp-mapping"), f.has("--use-sharp"))
+                         f.has("--use-tp-pp-dp-mapping"), f.has("--use-sharp"), num if ogr else None)
 
 
 def _low_precision(f: Flags, dtype: str, sharded: bool) -> LowPrecision | None:

@@ -59,8 +59,8 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("settings.grad_reduce_in_fp32", "bf16: --grad-reduce-in-bf16 when off; fp16: "
      "--accumulate-allreduce-grads-in-fp32 when on", "ddp.grad_reduce_in_fp32, mixed_precision.grad_reduce_in_fp32",
      "Megatron-LM reduces bf16 gradients in fp32 by default; Bridge copies mixed_precision's over ddp's"),
-    ("settings.data_parallel", "--ddp-bucket-size, --no-align-grad-reduce, --no-align-param-gather, "
-     "--use-tp-pp-dp-mapping, --use-sharp", "ddp.bucket_size, dist.align_grad_reduce, ddp.align_param_gather (the others: refused)",
+    ("settings.data_parallel", "--ddp-bucket-size, --ddp-num-buckets, --no-align-grad-reduce, "
+     "--no-align-param-gather, --use-tp-pp-dp-mapping, --use-sharp", "ddp.bucket_size, dist.align_grad_reduce, ddp.align_param_gather (the others: refused)",
      "search/settings/data_parallel.py; nvls is NCCL_NVLS_ENABLE, not a flag"),
     ("settings.low_precision", "--fp8-format --fp8-recipe (or --fp4-format --fp4-recipe), --fp8-param-gather, "
      "--first-last-layers-bf16 --num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16",
@@ -362,6 +362,8 @@ def comm_overlap_dp_fields(c: MegatronConfig, core: str) -> dict[str, object]:
     on with virtual stages) except where the section states one: the plan's overlaps, its alignment as priced and
     the bucket size priced (megatron-core's default ``max(40M, 1M x dp)`` unless the plan sets one)."""
     rs = run_settings(written_settings(c, "megatron-bridge", core), c.precision)
+    if rs.ddp_num_buckets:
+        bridge_ddp_fields(c.settings.data_parallel)          # refused there: Bridge v0.3.1 has no such field
     s = c.settings
     return {"overlap_grad_reduce": s.overlap_grad_reduce, "overlap_param_gather": s.overlap_param_gather,
             "align_param_gather": rs.align_param_gather,
@@ -395,6 +397,9 @@ def bridge_ddp_fields(d) -> dict[str, object]:
     if d.rank_order != "tp-cp-ep-dp-pp" or d.sharp:
         raise NotExpressible("--use-tp-pp-dp-mapping and --use-sharp have no Megatron-Bridge v0.3.1 config field; "
                              "export for Megatron-LM (--framework megatron-lm)")
+    if d.num_buckets is not None:
+        raise NotExpressible("settings.data_parallel.num_buckets (--ddp-num-buckets) has no Megatron-Bridge v0.3.1 "
+                             "ddp field; export for Megatron-LM (--framework megatron-lm)")
     out: dict[str, object] = {"bucket_size": d.bucket_size} if d.bucket_size else {}
     if d.align_param_gather is not None:
         out["align_param_gather"] = d.align_param_gather

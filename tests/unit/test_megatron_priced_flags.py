@@ -61,3 +61,50 @@ def test_no_overlap_p2p_with_pp_2_is_megatrons_assert(tmp_path, capsys):
     err = _refused(tmp_path, capsys, GPT + "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
                    "--no-overlap-p2p-communication")
     assert "--no-overlap-p2p-communication" in err and "pp > 2" in err
+
+
+# ----- 2. --ddp-num-buckets ----------------------------------------------------------------------------------------
+DP = "--use-distributed-optimizer --overlap-grad-reduce "
+H = 4096
+# the rank's parameters on one stage (tp 1): 16 layers of 12h^2 + 13h (QKV + projection with biases 4h^2 + 4h, GeLU MLP
+# 8h^2 + 5h, two layernorms 4h), word embeddings 32000 h (tied), learned positions 4096 h, final layernorm 2h
+RANK_PARAMS = 16 * (12 * H * H + 13 * H) + 32000 * H + 4096 * H + 2 * H
+
+
+def test_ddp_num_buckets_is_the_ranks_parameters_over_n():
+    """Megatron-LM (core_v0.19.0 training.py:1559-1560 resolve_ddp_bucket_size; core_v0.16.1 training.py:1303):
+    bucket_size = num_parameters // num_buckets, num_parameters the rank's own. Priced exactly as that
+    --ddp-bucket-size, and not as one parameter more per bucket (10 buckets instead of 11)."""
+    cl = parse_cluster("2x8-h100")
+    n = read_megatron(GPT + DP + "--ddp-num-buckets 10", cluster=cl)
+    assert n.plan.settings.data_parallel.num_buckets == 10 and n.ignored == [] and n.warning is None
+    same = read_megatron(GPT + DP + f"--ddp-bucket-size {RANK_PARAMS // 10}", cluster=cl)
+    other = read_megatron(GPT + DP + f"--ddp-bucket-size {RANK_PARAMS // 10 + 1}", cluster=cl)
+    default = read_megatron(GPT + DP, cluster=cl)
+    pn, ps, po, pd = (price(x.plan) for x in (n, same, other, default))
+    assert pn.stages[0].dp_sync_ms == ps.stages[0].dp_sync_ms and pn.iteration_ms == ps.iteration_ms
+    assert pn.stages[0].dp_sync_ms != po.stages[0].dp_sync_ms
+    assert pn.iteration_ms != pd.iteration_ms
+    assert "--ddp-num-buckets 10" in _flat(n.config)
+    # without --overlap-grad-reduce megatron-core uses no buckets (bucket_size None): nothing to price
+    assert read_megatron(GPT + "--ddp-num-buckets 10", world_size=8).plan.settings.data_parallel is None
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ("--ddp-num-buckets 0", "must be greater than 0"),
+    ("--ddp-num-buckets 4 --ddp-bucket-size 1000000", "Cannot specify both"),
+])
+def test_ddp_num_buckets_asserts(extra, needle, tmp_path, capsys):
+    assert needle in _refused(tmp_path, capsys, GPT + DP + extra)
+
+
+def test_ddp_num_buckets_has_no_bridge_field_and_the_runtime_refuses_it():
+    from search.io.errors import AcesoError
+    from search.megatron.names import bridge_fields
+    from search.targets.capabilities import plan_refusal
+    imp = read_megatron(GPT + DP + "--ddp-num-buckets 10", world_size=8)
+    with pytest.raises(AcesoError, match="num_buckets"):
+        bridge_fields(imp.config)
+    why = plan_refusal(imp.plan, "aceso")
+    assert why is not None and why.startswith("settings.data_parallel.num_buckets") and "\n" not in why
+    assert plan_refusal(imp.plan, "megatron-lm") is None
