@@ -108,3 +108,22 @@ def test_ddp_num_buckets_has_no_bridge_field_and_the_runtime_refuses_it():
     why = plan_refusal(imp.plan, "aceso")
     assert why is not None and why.startswith("settings.data_parallel.num_buckets") and "\n" not in why
     assert plan_refusal(imp.plan, "megatron-lm") is None
+
+
+# ----- 3. --squared-relu on a GPT line -----------------------------------------------------------------------------
+def test_squared_relu_on_a_gpt_line_is_the_models_activation():
+    """megatron-core's squared_relu (activation_func; no gated linear unit): the MLP GEMMs of GeLU (fc1 h x 4h, fc2
+    4h x h), so the price is GeLU's; the model says it and the export writes it back."""
+    cl = parse_cluster("1x8-h100")
+    gelu = read_megatron(GPT, cluster=cl)
+    sq = read_megatron(GPT + "--squared-relu", cluster=cl)
+    assert gelu.plan.model.activation == "gelu" and sq.plan.model.activation == "squared_relu"
+    assert sq.ignored == [] and sq.warning is None
+    assert price(sq.plan).iteration_ms == price(gelu.plan).iteration_ms
+    assert "--squared-relu" in _flat(sq.config).split()
+
+
+def test_squared_relu_with_swiglu_is_megatrons_assert(tmp_path, capsys):
+    """core_v0.19.0 training/argument_utils.py:320-321 (core_v0.16.1 arguments.py:1338-1339): assert not swiglu."""
+    err = _refused(tmp_path, capsys, GPT + "--squared-relu --swiglu")
+    assert "--squared-relu and --swiglu" in err
