@@ -58,7 +58,7 @@ FLAGS: dict[str, str] = {
                         "--moe-shared-expert-intermediate-size", "--moe-router-num-groups", "--moe-router-group-topk",
                         "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
                         "--mtp-num-layers", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
-                        "--moe-latent-size")},
+                        "--moe-latent-size", "--moe-hybridep-num-sms", "--moe-flex-dispatcher-num-sms")},
     **{f: FLOAT for f in ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
                           "--moe-expert-rank-capacity-factor", "--moe-router-bias-update-rate")},
     **{f: STR for f in ("--position-embedding-type", "--normalization", "--tokenizer-type", "--transformer-impl",

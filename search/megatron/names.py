@@ -165,6 +165,8 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "model.delay_wgrad_compute, moe_router_fusion, moe_router_dtype (always; null: the model's dtype)",
      "off / fp32 from `aceso search` (NVIDIA's MoE runs and Bridge's MoE recipes; `--moe-router-dtype model`: the "
      "model's dtype, Megatron-LM's default); the recipes' fp32 never stands in for the plan's"),
+    ("settings.moe.hybridep_num_sms", "--moe-hybridep-num-sms (read also from 0.19's --moe-flex-dispatcher-num-sms)",
+     "model.moe_hybridep_num_sms", "flex hybridep only; 16 or 32 (HybridEP's published rates); unset: the release's"),
     ("settings.moe.rank_capacity_factor, paged_stash", "--moe-expert-rank-capacity-factor, --moe-paged-stash",
      "model.moe_expert_rank_capacity_factor, moe_paged_stash", "megatron-core 0.19"),
     ("settings.moe.fused_weighted_squared_relu", "--use-fused-weighted-squared-relu",

@@ -127,3 +127,48 @@ def test_squared_relu_with_swiglu_is_megatrons_assert(tmp_path, capsys):
     """core_v0.19.0 training/argument_utils.py:320-321 (core_v0.16.1 arguments.py:1338-1339): assert not swiglu."""
     err = _refused(tmp_path, capsys, GPT + "--squared-relu --swiglu")
     assert "--squared-relu and --swiglu" in err
+
+
+# ----- 4. --moe-hybridep-num-sms / --moe-flex-dispatcher-num-sms ---------------------------------------------------
+MOE = ("--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --seq-length 4096 --max-position-embeddings 4096 "
+       "--micro-batch-size 1 --global-batch-size 64 --tokenizer-type NullTokenizer --vocab-size 32000 --bf16 "
+       "--position-embedding-type rope --num-experts 64 --moe-router-topk 8 --moe-ffn-hidden-size 1024 "
+       "--expert-model-parallel-size 8 --moe-grouped-gemm --moe-token-dispatcher-type flex ")
+HYBRIDEP = MOE + "--moe-flex-dispatcher-backend hybridep "
+
+
+def _ep_ms(line: str, version: str) -> tuple[float, int | None]:
+    imp = read_megatron(line, cluster=parse_cluster("1x8-b200"), version=version)
+    assert imp.ignored == [] and imp.warning is None, imp.ignored
+    return price(imp.plan).stages[0].ep_comm_ms, imp.plan.settings.moe.hybridep_num_sms
+
+
+def test_hybridep_sms_price_the_published_rates_and_the_release_default():
+    """The release's default SM count (core_v0.16.1 TransformerConfig moe_hybridep_num_sms = 16; core_v0.19.0
+    moe_flex_dispatcher_num_sms None: HybridEP's own 32) priced as its calibration does; 16 and 32 given at
+    HybridEP's GB200 NVL72 rates (0.49 and 0.53 of NVLink: the exchange about 0.53 / 0.49 longer at 16)."""
+    d16, none16 = _ep_ms(HYBRIDEP, "0.16")
+    d32, none32 = _ep_ms(HYBRIDEP, "0.19")
+    assert none16 is None and none32 is None                     # not given: nothing stored, priced as before
+    g16, s16 = _ep_ms(HYBRIDEP + "--moe-hybridep-num-sms 16", "0.19")
+    g32, s32 = _ep_ms(HYBRIDEP + "--moe-flex-dispatcher-num-sms 32", "0.19")
+    o32, _ = _ep_ms(HYBRIDEP + "--moe-hybridep-num-sms 32", "0.16")
+    dep, sdep = _ep_ms(HYBRIDEP + "--moe-deepep-num-sms 16", "0.19")     # 0.19 routes it to HybridEP
+    assert (s16, s32, sdep) == (16, 32, 16)
+    assert g16 == pytest.approx(d16) and g32 == pytest.approx(d32) and o32 == pytest.approx(d32)
+    assert dep == pytest.approx(g16)
+    assert g16 / g32 == pytest.approx(0.53 / 0.49, rel=0.01)
+    imp = read_megatron(HYBRIDEP + "--moe-hybridep-num-sms 32", world_size=8, version="0.16")
+    assert "--moe-hybridep-num-sms 32" in _flat(imp.config)
+    from search.megatron.names import bridge_fields
+    assert bridge_fields(imp.config)["model"]["moe_hybridep_num_sms"] == 32
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ("--moe-flex-dispatcher-backend hybridep --moe-hybridep-num-sms 24", "16 or 32 SMs only"),
+    ("--moe-flex-dispatcher-backend hybridep --moe-deepep-num-sms 20 --moe-hybridep-num-sms 32",
+     "conflicting SM counts"),
+    ("--moe-flex-dispatcher-num-sms 32", "with the deepep backend"),
+])
+def test_hybridep_sms_refusals(extra, needle, tmp_path, capsys):
+    assert needle in _refused(tmp_path, capsys, MOE + extra)
