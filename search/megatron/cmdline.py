@@ -31,6 +31,7 @@ from .layer_variant_flags import FLAG_KINDS as LAYER_FLAG_KINDS
 from .layout import distribution, layout_chunk_layers
 from .model_args import model_from_flags
 from .moe_flags import moe_plan_fields
+from .tp_overlap_flags import FLAG_KINDS as TP_OVERLAP_FLAG_KINDS, refusal as tp_overlap_refusal
 from .stack_flags import FLAG_KINDS as STACK_FLAG_KINDS, INFERENCE_PAD, release_stack_refusal, stack_fields
 from .shell import placeholder
 from .versions import Release, having, not_a_flag, release
@@ -95,6 +96,7 @@ FLAGS: dict[str, str] = {
     **STACK_FLAG_KINDS,         # --cuda-graph-impl, --optimizer, --offload-modules, ... (stack_flags.py)
     **{f: LIST for f in ("--recompute-modules", "--moe-aux-loss-coeff", "--moe-router-load-balancing-type")},
     **LAYER_FLAG_KINDS,         # --window-size, --softmax-type, --quick-geglu, ... (layer_variant_flags)
+    **TP_OVERLAP_FLAG_KINDS,    # TE's overlap method overrides, refused with --tp-comm-overlap (tp_overlap_flags.py)
 }
 
 
@@ -401,6 +403,8 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
         raise AcesoError(f"--cpu-offloading-num-layers {offload}: give 0 (no offload) or a positive number of layers")
     if f.has("--tp-comm-overlap") and not sp:
         raise AcesoError("--tp-comm-overlap needs --sequence-parallel (Megatron-LM's validate_args asserts it)")
+    if (why := tp_overlap_refusal(f)):
+        raise AcesoError(why)
     stack, optimizer = stack_fields(f, model, dist_opt, bool(fsdp), notes)
     if (why := release_stack_refusal(f.release, stack, ep, f.has(INFERENCE_PAD), attention)):
         raise AcesoError(why)

@@ -172,3 +172,34 @@ def test_hybridep_sms_price_the_published_rates_and_the_release_default():
 ])
 def test_hybridep_sms_refusals(extra, needle, tmp_path, capsys):
     assert needle in _refused(tmp_path, capsys, MOE + extra)
+
+
+# ----- 5. transformer-engine's TP-overlap method overrides ---------------------------------------------------------
+TP4 = GPT + "--tensor-model-parallel-size 4 --sequence-parallel "
+
+
+@pytest.mark.parametrize("flag, needle", [
+    ("--tp-comm-overlap-cfg ub.yaml", "per-GEMM overlap methods"),
+    ("--disable-tp-comm-overlap-ag", "ring-exchange"),            # the --disable- spelling: same parser field
+    ("--no-tp-comm-overlap-rs", "pipelined overlap"),
+    ("--no-tp-comm-bulk-dgrad", "bulk overlap"),
+    ("--disable-tp-comm-bulk-wgrad", "bulk overlap"),
+    ("--tp-comm-overlap-rs-dgrad", "pipelined with its GEMM"),
+])
+def test_tp_overlap_method_overrides(flag, needle, tmp_path, capsys):
+    """megatron-core's ModelParallelConfig tp_comm_* fields ("Don't care if tp_comm_overlap is False",
+    core_v0.19.0 core/model_parallel_config.py:271-312): with --tp-comm-overlap they change the methods tpcomm.py
+    prices (refused in one line); without it they do nothing (read, not in the warning, the price unchanged)."""
+    err = _refused(tmp_path, capsys, TP4 + "--tp-comm-overlap " + flag)
+    assert "with --tp-comm-overlap" in err and needle in err
+    quiet = read_megatron(TP4 + flag, cluster=parse_cluster("1x8-h100"))
+    assert quiet.ignored == [] and quiet.warning is None
+    assert price(quiet.plan).iteration_ms == price(read_megatron(TP4, cluster=parse_cluster("1x8-h100")).plan
+                                                   ).iteration_ms
+
+
+def test_deprecated_split_flags_do_nothing_from_te_1_5():
+    """transformer_engine.py:936-946 (core_v0.19.0): from TE 1.5 ub_overlap_ag / _rs come from tp_comm_overlap_ag /
+    _rs; tp_comm_split_* are read only before TE 1.5."""
+    imp = read_megatron(TP4 + "--tp-comm-overlap --no-tp-comm-split-ag --disable-tp-comm-split-rs", world_size=8)
+    assert imp.ignored == [] and imp.plan.settings.tp_comm_overlap
