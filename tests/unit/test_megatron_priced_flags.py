@@ -203,3 +203,37 @@ def test_deprecated_split_flags_do_nothing_from_te_1_5():
     _rs; tp_comm_split_* are read only before TE 1.5."""
     imp = read_megatron(TP4 + "--tp-comm-overlap --no-tp-comm-split-ag --disable-tp-comm-split-rs", world_size=8)
     assert imp.ignored == [] and imp.plan.settings.tp_comm_overlap
+
+
+# ----- 6. --mamba-training-ssm-states-dtype fp32 -------------------------------------------------------------------
+HYB = ("torchrun --nproc-per-node 8 pretrain_hybrid.py --hybrid-layer-pattern 'M-M-|M*M-' --spec m s "
+       "--hidden-size 4096 --num-attention-heads 32 --seq-length 8192 --max-position-embeddings 8192 "
+       "--mamba-num-heads 128 --mamba-head-dim 64 --mamba-state-dim 128 --mamba-num-groups 8 "
+       "--pipeline-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 64 --tokenizer-type NullTokenizer "
+       "--vocab-size 1000 --bf16 --squared-relu ")
+
+
+def test_fp32_ssm_states_add_their_extra_bytes_to_the_scan_transient():
+    """megatron-core 0.19 (core/ssm/mamba_mixer.py:227-229, 752-753): the scan's passed inter-chunk states in fp32
+    instead of bf16. One sequence of 8192 tokens in chunks of 128: 64 chunks x 128 heads x 64 x 128 states x (4 - 2)
+    bytes = 128 MiB more while a Mamba layer runs (stage 0: its largest transient); nothing kept changes."""
+    cl = parse_cluster("1x8-h100")
+    a = read_megatron(HYB, cluster=cl, version="0.19")
+    b = read_megatron(HYB + "--mamba-training-ssm-states-dtype fp32", cluster=cl, version="0.19")
+    assert b.plan.model.mamba.mamba_training_ssm_states_dtype == "fp32" and b.ignored == [] and b.warning is None
+    assert "mamba_training_ssm_states_dtype" not in a.plan.model_dump_json()    # digests without it unchanged
+    pa, pb = price(a.plan), price(b.plan)
+    ma, mb = pa.stages[0].memory_breakdown, pb.stages[0].memory_breakdown
+    assert mb["recompute_peak"] - ma["recompute_peak"] == pytest.approx(64 * 128 * 64 * 128 * 2 / 2 ** 20)
+    assert {k: v for k, v in ma.items() if k != "recompute_peak"} == \
+        {k: v for k, v in mb.items() if k != "recompute_peak"}
+    same = read_megatron(HYB + "--mamba-training-ssm-states-dtype bf16", cluster=cl, version="0.19")
+    assert price(same.plan).stages[0].memory_breakdown == ma                  # bf16 states: the activation dtype
+    # the export writes it back (core_v0.19 only); Bridge's hybrid overrides refuse it
+    from search.megatron.hybrid_pattern import mamba_args, model_refusal
+    from search.megatron.bridge_hybrid import model_refusal as bridge_refusal
+    from search.megatron.versions import release
+    assert mamba_args(b.plan.model)[-2:] == ["--mamba-training-ssm-states-dtype", "fp32"]
+    assert model_refusal(b.plan.model, release("0.19")) is None
+    assert "core_v0.19" in model_refusal(b.plan.model, release("0.18"))
+    assert "mamba_training_ssm_states_dtype" in bridge_refusal(b.plan.model)
