@@ -100,11 +100,13 @@ class MoEPlanSettings(BaseModel):
 
 def dispatcher_settings(model, dispatcher: str, base: MoEPlanSettings | None = None) -> MoEPlanSettings:
     """``base`` (None: the defaults) under ``dispatcher``; flex on HybridEP where the experts' input is padded to
-    capacity (megatron-core pads with HybridEP only), else on ``base``'s backend."""
+    capacity (megatron-core pads with HybridEP only), else on ``base``'s backend; HybridEP's SM count kept on HybridEP
+    only."""
     base = base or MoEPlanSettings()
     backend = ("hybridep" if model.moe.moe_pad_expert_input_to_capacity else base.flex_backend) \
         if dispatcher == "flex" else "deepep"
-    return base.model_copy(update={"token_dispatcher": dispatcher, "flex_backend": backend})
+    sms = base.hybridep_num_sms if dispatcher == "flex" and backend == "hybridep" else None   # HybridEP's only
+    return base.model_copy(update={"token_dispatcher": dispatcher, "flex_backend": backend, "hybridep_num_sms": sms})
 
 
 def expert_tp(stage) -> int:
