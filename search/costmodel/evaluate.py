@@ -598,8 +598,11 @@ class CostModel:
             opt += self._step(experts - mu[1], mu[1], mu[3], edp if shard else 1)
             groups.append(("edp", "edp_param_gather", list(chunk_experts), edp,
                            self._group_link([first_rank + i * stride for i in range(edp)])))
-        # megatron-core: --ddp-bucket-size, else max(40M, 1M x dp) (dp without CP) with overlap_grad_reduce
-        bucket = cfg.ddp_bucket_size or max(cfg.bucket_params, 1_000_000 * me.dp)
+        # megatron-core: --ddp-bucket-size, else max(40M, 1M x dp) (dp without CP) with overlap_grad_reduce;
+        # --ddp-num-buckets N: the rank's parameters (all chunks, experts included) // N (Megatron-LM
+        # core_v0.19.0 training.py:1559-1560, core_v0.16.1 training.py:1303)
+        bucket = (int(params) // cfg.ddp_num_buckets if cfg.ddp_num_buckets else
+                  cfg.ddp_bucket_size or max(cfg.bucket_params, 1_000_000 * me.dp))
         depth = max(1, min(S, M, COOLDOWN_MICRO_BATCHES))
         red_fn = self.comm.reduce_scatter if dist else self.comm.all_reduce
         grad_jobs, gather_jobs = [], []

@@ -84,7 +84,7 @@ from search.layers.moe_params import (
 from .memory import _has_hidden_dropout
 from .comm import LINK_EFFICIENCY
 from .kernels import GENERATION
-from .moe_primitives import (FLEX_NVL_EFF, FLEX_RDMA_EFF, deepep_buffer_bytes, dispatch_bytes, ep_all_to_all_ms,
+from .moe_primitives import (FLEX_NVL_EFF, FLEX_RDMA_EFF, HYBRIDEP_NVL_EFF_BY_SMS, deepep_buffer_bytes, dispatch_bytes, ep_all_to_all_ms,
                              flex_all_to_all_ms, flex_destinations, flex_token_bytes, grouped_gemm_bwd_ms,
                              grouped_gemm_ms)
 from .release_constants import value
@@ -280,7 +280,7 @@ def _dispatch(src, T: float, ep: int, etp: int, cfg) -> tuple[float, float]:
                 comm.reduce_scatter(n * T * h * dt, n, inter, members))
     f = imbalance(m)
     if cfg.token_dispatcher == "flex":
-        return flex_dispatch(src, T, ep, etp, f, cfg.flex_backend)
+        return flex_dispatch(src, T, ep, etp, f, cfg.flex_backend, cfg.hybridep_num_sms)
     g = ep_members(src.cluster, ep, etp)
     tokens = dispatch_bytes(T, e.moe_router_topk, h, dt)
     d = ep_all_to_all_ms(comm, tokens + T * e.moe_router_topk * PROBS, ep, g, f)
@@ -293,12 +293,15 @@ def _dispatch(src, T: float, ep: int, etp: int, cfg) -> tuple[float, float]:
     return d, c
 
 
-def flex_dispatch(src, T: float, ep: int, etp: int, f: float, backend: str = "deepep") -> tuple[float, float]:
+def flex_dispatch(src, T: float, ep: int, etp: int, f: float, backend: str = "deepep",
+                  hybridep_sms: int | None = None) -> tuple[float, float]:
     """(dispatch, combine) ms of the flex dispatcher (DeepEP / HybridEP, ``MoEFlexTokenDispatcher``): one fused
     exchange over the etp x ep group (``tp_ep_group``; each token goes to every ETP rank of its experts, so there
     is no separate ETP all-gather / reduce-scatter), sent once per distinct destination rank and, across nodes,
     once per distinct destination node, fanned out over NVLink there (``moe_primitives.flex_all_to_all_ms``).
-    Group members per node ``min(etp ep, nvlink_size)`` (ETP innermost, EP strided by etp: ``ep_members``)."""
+    Group members per node ``min(etp ep, nvlink_size)`` (ETP innermost, EP strided by etp: ``ep_members``).
+    HybridEP on Blackwell runs at its published rate for ``hybridep_sms`` (16 or 32, ``HYBRIDEP_NVL_EFF_BY_SMS``),
+    else at the release's (its default SM count as calibrated); elsewhere its SM count has no published rate."""
     m, comm, dt = src.model, src.comm, src.dt
     e, h = m.moe, expert_width(m)
     etp = max(etp, 1)
@@ -313,7 +316,8 @@ def flex_dispatch(src, T: float, ep: int, etp: int, f: float, backend: str = "de
     gen = GENERATION.get(src.cluster.gpu.name)
     nvl = FLEX_NVL_EFF.get(gen, LINK_EFFICIENCY)
     if backend == "hybridep" and gen == "blackwell":    # HybridEP's own kernels: their rate per release
-        nvl = value("HYBRIDEP_NVL_EFF", src.settings.release)
+        nvl = (HYBRIDEP_NVL_EFF_BY_SMS[hybridep_sms] if hybridep_sms else
+               value("HYBRIDEP_NVL_EFF", src.settings.release))
     eff = {"nvl_eff": nvl, "rdma_eff": FLEX_RDMA_EFF}
     d = flex_all_to_all_ms(comm, T, flex_token_bytes(h, dt, k), r_ep * etp, nodes, n, g, f, **eff)
     c = flex_all_to_all_ms(comm, T, flex_token_bytes(h, dt, k, dispatch=False), r_ep * etp, nodes, n, g, f, **eff)

@@ -78,6 +78,9 @@ FLEX_RDMA_EFF = 0.87
 HYBRIDEP_32SM_NVL = {8: (545.71, 568.94), 16: (523.48, 521.55), 24: (507.32, 483.76), 32: (484.22, 464.54),
                      36: (479.02, 447.89)}
 HYBRIDEP_32SM_NVL_EFF = 0.53
+# HybridEP's NVLink rate on Blackwell by its SM count (``settings.moe.hybridep_num_sms``): the two published benchmarks
+# above (16 SMs: FLEX_NVL_EFF's Blackwell row; 32 SMs); no other SM count has a published number
+HYBRIDEP_NVL_EFF_BY_SMS = {16: FLEX_NVL_EFF["blackwell"], 32: HYBRIDEP_32SM_NVL_EFF}
 
 
 def dispatch_bytes(tokens: float, topk: int, hidden: int, dt: float) -> float:

@@ -25,6 +25,7 @@ def run_settings(settings: PlanSettings | None, precision: str):
     s = settings or RUNTIME
     return RunSettings(grad_reduce_in_fp32=s.grad_reduce_in_fp32 and precision != "fp32",
                        release=resolve(s.release)[0], precision_aware=s.precision_aware_optimizer,
+                       overlap_p2p_comm=s.overlap_p2p_comm is not False,
                        **run_fields(s.data_parallel, s.framework))
 
 

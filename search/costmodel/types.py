@@ -173,6 +173,8 @@ class RunSettings(NamedTuple):
     bucket_params        the least DDP bucket size in parameters (megatron-core: max(40M, 1M x dp) with
                          overlap_grad_reduce, when no bucket size is given)
     ddp_bucket_size      ``--ddp-bucket-size`` (parameters per bucket); None: megatron-core's default above
+    ddp_num_buckets      ``--ddp-num-buckets N``: a rank's bucket size is its parameter count // N (Megatron-LM
+                         ``resolve_ddp_bucket_size``, ``settings/data_parallel.py``); None: ``ddp_bucket_size``
     align_grad_reduce    the schedule launches each model chunk's gradient reduction (Megatron-LM's default
                          ``grad_sync_func``; our runtime does not: bucket hooks, ``dp_timeline.py``)
     align_param_gather   ``--align-param-gather``: the interleaved schedule gathers chunk j+1's parameters at chunk
@@ -201,6 +203,7 @@ class RunSettings(NamedTuple):
     fused_swiglu: bool = True
     release: str = ""
     ddp_bucket_size: int | None = None
+    ddp_num_buckets: int | None = None
     align_grad_reduce: bool = False
     align_param_gather: bool = False
     rank_order: str = "tp-cp-ep-dp-pp"

@@ -46,7 +46,9 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from .kind import UNAVAILABLE_MS, LayerKind, Row, UnitCost, register
 
@@ -74,6 +76,17 @@ class Mamba2Spec(BaseModel):
                             "chunk_size; HF chunk_size).")
     use_mamba_mem_eff_path: bool = Field(True, description="The fused conv + scan training kernel (Megatron-LM "
                                          "--disable-mamba-mem-eff-path turns it off).")
+    mamba_training_ssm_states_dtype: Literal["fp32", "bf16"] | None = Field(
+        None, description="megatron-core 0.19: dtype of the inter-chunk SSM states the training scan materialises "
+        "(--mamba-training-ssm-states-dtype); None: the activation dtype.")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """Without the states dtype when unset: models without it dump (and digest) as before the field existed."""
+        out = handler(self)
+        if isinstance(out, dict) and out.get("mamba_training_ssm_states_dtype", 0) is None:
+            out.pop("mamba_training_ssm_states_dtype")
+        return out
 
     @model_validator(mode="after")
     def _check(self) -> "Mamba2Spec":
@@ -357,6 +370,23 @@ def mixer_bytes(m: Mamba2Spec, hidden: int, tokens: float, dtype_bytes: float, t
 
 # The time of mamba_ssm's mixer kernels (causal_conv1d, the SSD chunk-scan Triton kernels, the gated RMSNorm) over
 # what the kernel model gives their matmuls and memory passes: fitted on the published runs of two hybrid models on
+STATES_BYTES = {"fp32": FP32, "bf16": 2}
+
+
+def states_dtype_extra_bytes(m: Mamba2Spec, hidden: int, seq: int, dtype_bytes: int, tp: int = 1,
+                             cp: int = 1) -> int:
+    """What ``mamba_training_ssm_states_dtype`` adds to the scan's transient (``scan_state_bytes``) of one sequence
+    of ``seq`` tokens over the activation dtype's passed states: mamba_ssm's ``_state_passing_fwd`` writes them in
+    ``state_dtype`` (megatron-core 0.19 core/ssm/mamba_mixer.py:227-229, 752-753, 1058-1060: the option, else
+    ``params_dtype``), recomputed in backward, so no kept activation changes. The transient in the activation dtype
+    is below the layer's other transients and not priced; only the wider states' extra bytes are (0 without it)."""
+    if m.mamba_training_ssm_states_dtype is None:
+        return 0
+    wider = STATES_BYTES[m.mamba_training_ssm_states_dtype]
+    return max(0, scan_state_bytes(m, hidden, seq, wider, tp, cp) - scan_state_bytes(m, hidden, seq, dtype_bytes,
+                                                                                     tp, cp))
+
+
 # three GPU generations (bench/hybrid_published.py --fit: Nemotron-3 Nano on GB300 / GB200 / B300 / B200 / H100 and
 # Nemotron-H 56B on H100 x32 to x2048, 12 rows; docs/costmodel.md, "Mamba-2"). The SSD kernels are launch- and
 # latency-bound small matmuls (Q x Q blocks of 128, head dim 64: tile-ai/tilelang benchmark/mamba2/README.md measures
@@ -372,7 +402,7 @@ def price_layer(src, u, a):
     (docs/costmodel.md, "Mamba-2 and hybrid models"). Backward: the GEMMs' and matmuls' gradients, 1.5x the
     element-wise bytes, and the fused training path's re-run of the conv and the scan (``use_mamba_mem_eff_path``).
     Bytes kept: ``act_bytes`` per token and ``fixed_act_bytes``, plus the pre-norm's input; full recompute keeps the
-    layer input. Context parallelism (``a.s`` is ``seq / cp``): the mixer's all-to-alls (``cp_all_to_all_ms``) forward
+    layer input. Transient: fp32 SSM states' extra bytes (``states_dtype_extra_bytes``). Context parallelism (``a.s`` is ``seq / cp``): the mixer's all-to-alls (``cp_all_to_all_ms``) forward
     and, reversed, backward, exposed (the conv and scan wait for them); each rank then scans the whole sequence for
     ``H / (tp cp)`` heads, the same matmul work as ``seq / cp`` tokens of ``H / tp`` heads (``scan_bmms``)."""
     model, dt = src.model, src.dt
@@ -383,7 +413,9 @@ def price_layer(src, u, a):
                       mixer_bytes(spec, h, sb, dt, t), cp_all_to_all_widths(spec, h, t, a.cp))
     keep = sb * act_bytes(spec, h, int(dt), t, a.cp, a.sp).total + fixed_act_bytes(spec, h, int(dt), t) + dt * sb * h / r
     full = dt * sb * h / r
-    return Row(cost, (keep, keep, full), params(spec, h, t, model.normalization == "layernorm").total)
+    states = a.b * states_dtype_extra_bytes(spec, h, a.s * a.cp, int(dt), t, a.cp)   # each rank scans the sequence
+    return Row(cost, (keep, keep, full), params(spec, h, t, model.normalization == "layernorm").total,
+               transient=states)
 
 
 def mixer_cost(src, a, in_width: int, out_width: int, bmms: list, mix: float, a2a_widths) -> UnitCost:

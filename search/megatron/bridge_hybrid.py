@@ -91,6 +91,9 @@ def model_refusal(model) -> str | None:
     if model.activation != "squared_relu":
         return (f"model.activation {model.activation}: the Nemotron-H providers' activation_func is squared_relu (a "
                 "Python callable a YAML cannot set)")
+    if model.mamba is not None and model.mamba.mamba_training_ssm_states_dtype:
+        return ("model.mamba.mamba_training_ssm_states_dtype: aceso's Bridge hybrid overrides do not write it "
+                "(megatron-core 0.19's TransformerConfig field)")
     return pattern_refusal(model, release(PIPES_CORE))
 
 

@@ -31,6 +31,7 @@ from .layer_variant_flags import FLAG_KINDS as LAYER_FLAG_KINDS
 from .layout import distribution, layout_chunk_layers
 from .model_args import model_from_flags
 from .moe_flags import moe_plan_fields
+from .tp_overlap_flags import FLAG_KINDS as TP_OVERLAP_FLAG_KINDS, refusal as tp_overlap_refusal
 from .stack_flags import FLAG_KINDS as STACK_FLAG_KINDS, INFERENCE_PAD, release_stack_refusal, stack_fields
 from .shell import placeholder
 from .versions import Release, having, not_a_flag, release
@@ -52,13 +53,13 @@ FLAGS: dict[str, str] = {
                         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
                         "--recompute-num-layers", "--micro-batch-size", "--global-batch-size",
                         "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16", "--cpu-offloading-num-layers",
-                        "--ddp-bucket-size",
+                        "--ddp-bucket-size", "--ddp-num-buckets",
                         # MoE / MLA / MTP (moe_flags.py)
                         "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                         "--moe-shared-expert-intermediate-size", "--moe-router-num-groups", "--moe-router-group-topk",
                         "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
                         "--mtp-num-layers", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
-                        "--moe-latent-size")},
+                        "--moe-latent-size", "--moe-hybridep-num-sms", "--moe-flex-dispatcher-num-sms")},
     **{f: FLOAT for f in ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
                           "--moe-expert-rank-capacity-factor", "--moe-router-bias-update-rate")},
     **{f: STR for f in ("--position-embedding-type", "--normalization", "--tokenizer-type", "--transformer-impl",
@@ -91,10 +92,13 @@ FLAGS: dict[str, str] = {
                          # (MoE ones read by moe_flags.py)
                          # the DP synchronization (search/settings/data_parallel.py)
                          "--no-align-grad-reduce", "--no-align-param-gather", "--use-tp-pp-dp-mapping", "--use-sharp",
-                         "--moe-layer-recompute")},       # (_recompute: selective 'moe')
+                         "--moe-layer-recompute",         # (_recompute: selective 'moe')
+                         "--no-overlap-p2p-communication",    # (_overlap_p2p: PlanSettings.overlap_p2p_comm)
+                         )},
     **STACK_FLAG_KINDS,         # --cuda-graph-impl, --optimizer, --offload-modules, ... (stack_flags.py)
     **{f: LIST for f in ("--recompute-modules", "--moe-aux-loss-coeff", "--moe-router-load-balancing-type")},
     **LAYER_FLAG_KINDS,         # --window-size, --softmax-type, --quick-geglu, ... (layer_variant_flags)
+    **TP_OVERLAP_FLAG_KINDS,    # TE's overlap method overrides, refused with --tp-comm-overlap (tp_overlap_flags.py)
 }
 
 
@@ -395,6 +399,8 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
         raise AcesoError(f"--cpu-offloading-num-layers {offload}: give 0 (no offload) or a positive number of layers")
     if f.has("--tp-comm-overlap") and not sp:
         raise AcesoError("--tp-comm-overlap needs --sequence-parallel (Megatron-LM's validate_args asserts it)")
+    if (why := tp_overlap_refusal(f)):
+        raise AcesoError(why)
     stack, optimizer = stack_fields(f, model, dist_opt, bool(fsdp), notes)
     if (why := release_stack_refusal(f.release, stack, ep, f.has(INFERENCE_PAD), attention)):
         raise AcesoError(why)
@@ -410,7 +416,8 @@ def config_from_flags(f: Flags, world_size: int, t5: bool, notes: list[str],
         megatron_fsdp=MegatronFSDP(data_parallel_sharding_strategy=fsdp, main_params_dtype=main_params,
                                    main_grads_dtype=main_grads) if fsdp else None,
         activation_offload=ActivationOffload(num_layers=offload) if offload else None, stack=stack,
-        optimizer=optimizer, data_parallel=_data_parallel(f, ogr, fsdp))
+        optimizer=optimizer, data_parallel=_data_parallel(f, ogr, fsdp),
+        overlap_p2p_comm=_overlap_p2p(f, pp, vpp, notes))
     return MegatronConfig(model=model, tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, sequence_parallel=sp, ep=ep, etp=etp,
                           chunk_layers=chunk_layers, recompute=_recompute(f, notes, moe), micro_batch_size=mbs,
                           global_batch_size=gbs, attention=attention, settings=settings)
@@ -444,16 +451,41 @@ def _precision_aware(f: Flags, optimizer: str, dist_opt: bool, fsdp: bool):
     return pa
 
 
+def _overlap_p2p(f: Flags, pp: int, vpp: int, notes: list[str]) -> bool | None:
+    """``--no-overlap-p2p-communication`` (``PlanSettings.overlap_p2p_comm`` False: the interleaved schedule's p2p
+    synchronous and batched, ``batch_p2p_comm = not overlap_p2p_comm``, core_v0.19.0 training/argument_utils.py:307);
+    None where the flag is not given. Megatron-LM's validate_args (core_v0.16.1 arguments.py:573-590, core_v0.19.0
+    arguments.py:966-985): without virtual stages it turns the overlap off anyway; with them and the overlap off it
+    asserts pp > 2."""
+    if not f.has("--no-overlap-p2p-communication"):
+        return None
+    if vpp == 1:
+        notes.append("--no-overlap-p2p-communication without virtual stages does nothing (Megatron-LM overlaps p2p "
+                     "only in the interleaved schedule)")
+        return None
+    if pp <= 2:
+        raise AcesoError(f"--no-overlap-p2p-communication with --pipeline-model-parallel-size {pp} and virtual "
+                         "stages: Megatron-LM asserts pp > 2 (several batched sends between the same two ranks); "
+                         "drop the flag or use pp > 2")
+    return False
+
+
 def _data_parallel(f: Flags, ogr: bool, fsdp):
     """The DP synchronization flags (``search/settings/data_parallel.py``), with Megatron-LM's checks."""
-    bucket = f.get("--ddp-bucket-size")
+    bucket, num = f.get("--ddp-bucket-size"), f.get("--ddp-num-buckets")
     if bucket is not None and bucket <= 0:
         raise AcesoError(f"--ddp-bucket-size {bucket}: give a positive number of parameters per bucket")
+    # Megatron-LM's asserts (core_v0.16.1 training.py:1299-1302; core_v0.18.2 on: DistributedDataParallelConfig)
+    if num is not None and num <= 0:
+        raise AcesoError(f"--ddp-num-buckets {num}: must be greater than 0 (Megatron-LM asserts it)")
+    if num is not None and bucket is not None:
+        raise AcesoError("--ddp-num-buckets with --ddp-bucket-size: Megatron-LM asserts \"Cannot specify both\"; "
+                         "give one of them")
     if fsdp and (f.has("--use-tp-pp-dp-mapping") or f.has("--use-sharp")):
         raise AcesoError("--use-tp-pp-dp-mapping / --use-sharp with --use-megatron-fsdp: aceso prices them for DDP "
                          "and the distributed optimizer; drop the flag")
     return dp_from_flags(bucket if ogr else None, f.has("--no-align-grad-reduce"), f.has("--no-align-param-gather"),
-                         f.has("--use-tp-pp-dp-mapping"), f.has("--use-sharp"))
+                         f.has("--use-tp-pp-dp-mapping"), f.has("--use-sharp"), num if ogr else None)
 
 
 def _low_precision(f: Flags, dtype: str, sharded: bool) -> LowPrecision | None:

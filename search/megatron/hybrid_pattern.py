@@ -155,6 +155,9 @@ def model_refusal(model: ModelSpec, rel: Release) -> str | None:
         return f"model.mla: the MLA layer '+' came with core_v0.19 ({rel.label} has none): give --megatron-version 0.19"
     if model.mamba is not None and mamba_refusal(model.mamba):
         return mamba_refusal(model.mamba)
+    if model.mamba is not None and model.mamba.mamba_training_ssm_states_dtype and not rel.has(STATES_FLAG):
+        return (f"model.mamba.mamba_training_ssm_states_dtype: {STATES_FLAG} came with core_v0.19 ({rel.label} has "
+                "none): give --megatron-version 0.19 or drop it")
     if any(unit_symbol(model, u) is None for u in model.units if u.kind != "mtp"):
         return "model: a unit that is no hybrid layer"
     return None
@@ -163,8 +166,9 @@ def model_refusal(model: ModelSpec, rel: Release) -> str | None:
 # ----- Mamba-2 layers: TransformerConfig's mamba_* fields as Megatron-LM flags ------------------------------------
 # MambaMixer arguments no flag sets (the stack specs build the mixer with its defaults): (field, default)
 MAMBA_FIXED = (("d_conv", 4), ("chunk_size", 128))
+STATES_FLAG = "--mamba-training-ssm-states-dtype"     # core_v0.19.0 on
 MAMBA_FLAGS = ("--mamba-state-dim", "--mamba-head-dim", "--mamba-num-groups", "--mamba-num-heads",
-               "--disable-mamba-mem-eff-path")
+               "--disable-mamba-mem-eff-path", STATES_FLAG)
 
 
 def mamba_refusal(m: Mamba2Spec) -> str | None:
@@ -183,7 +187,8 @@ def mamba_args(model: ModelSpec) -> list[str]:
     sh = mamba_shape(model.mamba, model.hidden_size)
     return ["--mamba-state-dim", str(sh.state), "--mamba-head-dim", str(sh.head_dim), "--mamba-num-groups",
             str(sh.groups), "--mamba-num-heads", str(sh.heads)] + \
-        ([] if model.mamba.use_mamba_mem_eff_path else ["--disable-mamba-mem-eff-path"])
+        ([] if model.mamba.use_mamba_mem_eff_path else ["--disable-mamba-mem-eff-path"]) + \
+        ([STATES_FLAG, d] if (d := model.mamba.mamba_training_ssm_states_dtype) else [])
 
 
 def mamba_of(f) -> Mamba2Spec:
@@ -191,7 +196,8 @@ def mamba_of(f) -> Mamba2Spec:
     heads = f.get("--mamba-num-heads")
     return Mamba2Spec(mamba_state_dim=f.value("--mamba-state-dim"), mamba_head_dim=f.value("--mamba-head-dim"),
                       mamba_num_groups=f.value("--mamba-num-groups"), mamba_num_heads=heads,
-                      use_mamba_mem_eff_path=not f.has("--disable-mamba-mem-eff-path"))
+                      use_mamba_mem_eff_path=not f.has("--disable-mamba-mem-eff-path"),
+                      mamba_training_ssm_states_dtype=f.get(STATES_FLAG))
 
 
 # ----- Gated DeltaNet layers: TransformerConfig's linear_* fields, one flag each (GDNSpec's fields are their names) --

@@ -3,7 +3,8 @@ Megatron-Bridge ``model`` fields.
 
 Megatron-LM (``megatron/training/arguments.py``): ``--window-size L,R`` (``tuple_type``: "128,0" or "(128,0)"),
 ``--window-attn-skip-freq`` (``moe_freq_type``: an integer N, or a Python list expression such as "[1,0]*18"),
-``--quick-geglu`` (``gated_linear_unit`` with ``quick_gelu``; asserts ``not --swiglu``), and from
+``--quick-geglu`` (``gated_linear_unit`` with ``quick_gelu``; asserts ``not --swiglu``), ``--squared-relu``
+(``activation_func = squared_relu``, same GEMM shapes as GeLU; asserts ``not --swiglu``; ``names.py`` writes it), and from
 ``TransformerConfig`` through its ``ArgumentGroupFactory``: ``--softmax-type vanilla|off-by-one|learnable``,
 ``--glu-linear-offset``, ``--activation-func-clamp-value``. ``--kv-channels`` is read with the other sizes
 (``model_args``). Bridge: the same ``TransformerConfig`` names; the activation comes with the recipe (as SwiGLU's).
@@ -21,7 +22,7 @@ from . import arch_flags
 # flag -> value kind (search.megatron.cmdline's FLAGS kinds)
 FLAG_KINDS: dict[str, str] = {"--window-size": "str", "--window-attn-skip-freq": "str", "--softmax-type": "str",
                               "--glu-linear-offset": "float", "--activation-func-clamp-value": "float",
-                              "--quick-geglu": "bool", **arch_flags.FLAG_KINDS}
+                              "--quick-geglu": "bool", "--squared-relu": "bool", **arch_flags.FLAG_KINDS}
 _SOFTMAX = ("vanilla", "off-by-one", "learnable")
 
 
@@ -66,6 +67,12 @@ def read(f) -> dict:
         if f.has("--swiglu"):
             raise AcesoError("--quick-geglu and --swiglu together: Megatron-LM asserts one of them")
         out["activation"] = "quick_geglu"
+    if f.has("--squared-relu"):
+        # core_v0.16.1 arguments.py:1338-1340, core_v0.19.0 training/argument_utils.py:320-322: asserts not --swiglu;
+        # it is tested before --quick-geglu (elif), so it wins over that one
+        if f.has("--swiglu"):
+            raise AcesoError("--squared-relu and --swiglu together: Megatron-LM asserts one of them")
+        out["activation"] = "squared_relu"
     if f.has("--window-size"):
         out["window_size"] = _window(f.get("--window-size"))
     if f.has("--window-attn-skip-freq"):

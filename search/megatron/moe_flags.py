@@ -57,7 +57,8 @@ SETTING_FLAGS = (("grouped_gemm", "--moe-grouped-gemm", "moe_grouped_gemm"),
                   "use_fused_weighted_squared_relu"))
 # MoEPlanSettings value field <-> Megatron-LM flag <-> Bridge model field (the capacity: megatron-core 0.19)
 VALUE_FLAGS = (("router_dtype", "--moe-router-dtype", "moe_router_dtype"),
-               ("rank_capacity_factor", "--moe-expert-rank-capacity-factor", "moe_expert_rank_capacity_factor"))
+               ("rank_capacity_factor", "--moe-expert-rank-capacity-factor", "moe_expert_rank_capacity_factor"),
+               ("hybridep_num_sms", "--moe-hybridep-num-sms", "moe_hybridep_num_sms"))
 ROUTER_DTYPES = ("fp32", "fp64")
 BIAS_UPDATE_RATE = 1e-3         # --moe-router-bias-update-rate's default (megatron-core's, every release)
 MODEL_ONLY = ("--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
@@ -234,6 +235,7 @@ def moe_plan_fields(f, model, notes: list[str]) -> tuple[int, int | None, MoEPla
         raise AcesoError(f"--moe-router-dtype {dtype}: use fp32 or fp64 (or leave it out: the model's dtype)")
     settings["router_dtype"] = dtype
     settings["rank_capacity_factor"] = f.get("--moe-expert-rank-capacity-factor")
+    settings["hybridep_num_sms"] = hybridep_num_sms(f, dispatcher, backend, notes)
     from search.settings.moe_plan import settings_refusal
     why = settings_refusal(MoEPlanSettings(**settings), model)
     if why:
@@ -244,6 +246,43 @@ def moe_plan_fields(f, model, notes: list[str]) -> tuple[int, int | None, MoEPla
         raise AcesoError(f"--moe-shared-expert-overlap with the {dispatcher} dispatcher: megatron-core "
                          f"{f.release.series} supports it with {' or '.join(ok)} only")
     return ep, etp, MoEPlanSettings(**settings)
+
+
+SMS_FLAG, FLEX_SMS_FLAG, DEEPEP_SMS_FLAG = "--moe-hybridep-num-sms", "--moe-flex-dispatcher-num-sms", "--moe-deepep-num-sms"
+
+
+def hybridep_num_sms(f, dispatcher: str, backend: str, notes: list[str]) -> int | None:
+    """HybridEP's SM count as given (``settings.moe.hybridep_num_sms``; None where no flag gives it: the release's
+    default, 16 in core_v0.16.1's TransformerConfig, None = HybridEP's own 32 from core_v0.17.1). core_v0.16.1 to
+    core_v0.18.2 pass ``moe_hybridep_num_sms`` to ``hybrid_ep_dispatch`` (token_dispatcher.py); core_v0.19.0 passes
+    ``moe_flex_dispatcher_num_sms`` to every flex backend, set from the deprecated ``moe_hybridep_num_sms`` /
+    ``moe_deepep_num_sms`` when not given (transformer_config.py:1616-1635, which raises on two different ones).
+    Priced at 16 and 32 SMs only (HybridEP's published benchmarks, costmodel/moe_primitives.py)."""
+    unified = f.release.has(FLEX_SMS_FLAG)
+    if unified and f.has(FLEX_SMS_FLAG):
+        given, sms = FLEX_SMS_FLAG, f.get(FLEX_SMS_FLAG)
+    elif unified and (old := {x: f.get(x) for x in (DEEPEP_SMS_FLAG, SMS_FLAG) if f.has(x)}):
+        if len(set(old.values())) > 1:
+            raise AcesoError(f"{' and '.join(f'{k} {v}' for k, v in old.items())}: megatron-core's TransformerConfig "
+                             f"raises on conflicting SM counts; give one {FLEX_SMS_FLAG}")
+        given, sms = next(iter(old.items()))
+        if given == DEEPEP_SMS_FLAG and dispatcher == "flex" and backend == "hybridep" and given in f.ignored:
+            f.ignored.remove(given)          # routed to HybridEP by 0.19: read here, not unpriced
+    elif f.has(SMS_FLAG):
+        given, sms = SMS_FLAG, f.get(SMS_FLAG)
+    else:
+        return None
+    if dispatcher != "flex" or backend != "hybridep":
+        if unified and dispatcher == "flex" and given != DEEPEP_SMS_FLAG:
+            raise AcesoError(f"{given} {sms} with the {backend} backend: megatron-core {f.release.series} sizes "
+                             f"{backend}'s kernels with it, which aceso does not price; drop it")
+        if given != DEEPEP_SMS_FLAG:
+            notes.append(f"{given} without the flex dispatcher's hybridep backend does nothing")
+        return None
+    if sms not in (16, 32):
+        raise AcesoError(f"{given} {sms}: HybridEP is priced at 16 or 32 SMs only (its published GB200 NVL72 "
+                         "benchmarks); give 16 or 32, or drop it")
+    return sms
 
 
 # ----- export -------------------------------------------------------------------------------------------------

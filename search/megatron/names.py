@@ -59,8 +59,8 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("settings.grad_reduce_in_fp32", "bf16: --grad-reduce-in-bf16 when off; fp16: "
      "--accumulate-allreduce-grads-in-fp32 when on", "ddp.grad_reduce_in_fp32, mixed_precision.grad_reduce_in_fp32",
      "Megatron-LM reduces bf16 gradients in fp32 by default; Bridge copies mixed_precision's over ddp's"),
-    ("settings.data_parallel", "--ddp-bucket-size, --no-align-grad-reduce, --no-align-param-gather, "
-     "--use-tp-pp-dp-mapping, --use-sharp", "ddp.bucket_size, dist.align_grad_reduce, ddp.align_param_gather (the others: refused)",
+    ("settings.data_parallel", "--ddp-bucket-size, --ddp-num-buckets, --no-align-grad-reduce, "
+     "--no-align-param-gather, --use-tp-pp-dp-mapping, --use-sharp", "ddp.bucket_size, dist.align_grad_reduce, ddp.align_param_gather (the others: refused)",
      "search/settings/data_parallel.py; nvls is NCCL_NVLS_ENABLE, not a flag"),
     ("settings.low_precision", "--fp8-format --fp8-recipe (or --fp4-format --fp4-recipe), --fp8-param-gather, "
      "--first-last-layers-bf16 --num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16",
@@ -78,9 +78,9 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("stages[].sequence_parallel", "--sequence-parallel", "model.sequence_parallel", ""),
     ("stages[].chunks (count)", "--num-virtual-stages-per-pipeline-rank", "model.virtual_pipeline_model_parallel_size",
      "or the layout's stage count"),
-    ("stages[].chunks > 1: p2p overlap", "(Megatron-LM's default with virtual stages)",
-     "model.overlap_p2p_comm, model.batch_p2p_comm", "as priced (async p2p); Bridge's recipes without a "
-     "comm_overlap section (llama3_8b, qwen3) run it off"),
+    ("stages[].chunks > 1: settings.overlap_p2p_comm", "(Megatron-LM's default with virtual stages); False: "
+     "--no-overlap-p2p-communication", "model.overlap_p2p_comm, model.batch_p2p_comm", "as priced (None: async "
+     "p2p); Bridge's recipes without a comm_overlap section (llama3_8b, qwen3) run it off"),
     ("stages[].chunks (layers)", "none (even), --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers, "
      "or --pipeline-model-parallel-layout", "model.num_layers_in_first_pipeline_stage / "
      "model.num_layers_in_last_pipeline_stage, or model.pipeline_model_parallel_layout", "the simplest form that gives "
@@ -168,6 +168,8 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "model.delay_wgrad_compute, moe_router_fusion, moe_router_dtype (always; null: the model's dtype)",
      "off / fp32 from `aceso search` (NVIDIA's MoE runs and Bridge's MoE recipes; `--moe-router-dtype model`: the "
      "model's dtype, Megatron-LM's default); the recipes' fp32 never stands in for the plan's"),
+    ("settings.moe.hybridep_num_sms", "--moe-hybridep-num-sms (read also from 0.19's --moe-flex-dispatcher-num-sms)",
+     "model.moe_hybridep_num_sms", "flex hybridep only; 16 or 32 (HybridEP's published rates); unset: the release's"),
     ("settings.moe.rank_capacity_factor, paged_stash", "--moe-expert-rank-capacity-factor, --moe-paged-stash",
      "model.moe_expert_rank_capacity_factor, moe_paged_stash", "megatron-core 0.19"),
     ("settings.moe.fused_weighted_squared_relu", "--use-fused-weighted-squared-relu",
@@ -271,6 +273,7 @@ def _parallel(c: MegatronConfig) -> list[str]:
     out += ["--cpu-offloading-num-layers", str(off.num_layers)] if off is not None else []
     out += [x for flag in dp_flags(_dp_written(c, "megatron-lm")) for x in flag.split()]
     out += pa_flags(s.precision_aware_optimizer)
+    out += ["--no-overlap-p2p-communication"] if s.overlap_p2p_comm is False and c.vpp > 1 else []
     return out + stack_args(s.stack, s.optimizer)
 
 
@@ -369,6 +372,8 @@ def comm_overlap_dp_fields(c: MegatronConfig, core: str) -> dict[str, object]:
     on with virtual stages) except where the section states one: the plan's overlaps, its alignment as priced and
     the bucket size priced (megatron-core's default ``max(40M, 1M x dp)`` unless the plan sets one)."""
     rs = run_settings(written_settings(c, "megatron-bridge", core), c.precision)
+    if rs.ddp_num_buckets:
+        bridge_ddp_fields(c.settings.data_parallel)          # refused there: Bridge v0.3.1 has no such field
     s = c.settings
     return {"overlap_grad_reduce": s.overlap_grad_reduce, "overlap_param_gather": s.overlap_param_gather,
             "align_param_gather": rs.align_param_gather,
@@ -402,6 +407,9 @@ def bridge_ddp_fields(d) -> dict[str, object]:
     if d.rank_order != "tp-cp-ep-dp-pp" or d.sharp:
         raise NotExpressible("--use-tp-pp-dp-mapping and --use-sharp have no Megatron-Bridge v0.3.1 config field; "
                              "export for Megatron-LM (--framework megatron-lm)")
+    if d.num_buckets is not None:
+        raise NotExpressible("settings.data_parallel.num_buckets (--ddp-num-buckets) has no Megatron-Bridge v0.3.1 "
+                             "ddp field; export for Megatron-LM (--framework megatron-lm)")
     out: dict[str, object] = {"bucket_size": d.bucket_size} if d.bucket_size else {}
     if d.align_param_gather is not None:
         out["align_param_gather"] = d.align_param_gather

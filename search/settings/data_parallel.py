@@ -5,6 +5,10 @@ exporters, and mapped to the cost model's ``RunSettings`` in one place (``run_fi
 
     bucket_size          ``--ddp-bucket-size``: parameters per DDP bucket (None: megatron-core's default
                          ``max(40M, 1M x dp)``, ``distributed_data_parallel.py``)
+    num_buckets          ``--ddp-num-buckets N``: the bucket size is the rank's parameter count // N (all its model
+                         chunks, experts included: Megatron-LM core_v0.16.1 training.py:1236, 1298-1303; core_v0.19.0
+                         training.py:1552-1567 ``resolve_ddp_bucket_size``), so it differs per pipeline stage;
+                         megatron-core asserts it is positive and not given with ``bucket_size``
     align_grad_reduce    ``training.py`` sets ``config.grad_sync_func`` and the interleaved schedule launches each
                          model chunk's reduction itself, at the same time on every pipeline rank
                          (``--no-align-grad-reduce`` turns it off)
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RANK_ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")
 TP_PP_DP = RANK_ORDERS[1]
@@ -44,6 +48,8 @@ class DataParallelSettings(BaseModel):
 
     bucket_size: int | None = Field(None, gt=0, description="--ddp-bucket-size: parameters per DDP bucket; None: "
                                     "megatron-core's default max(40M, 1M x dp).")
+    num_buckets: int | None = Field(None, gt=0, description="--ddp-num-buckets: each rank's bucket size is its "
+                                    "parameter count // num_buckets (not with bucket_size); None: bucket_size.")
     align_grad_reduce: bool | None = Field(None, description="The schedule launches each chunk's gradient "
                                            "reduction (--no-align-grad-reduce: off); None: the framework's default.")
     align_param_gather: bool | None = Field(None, description="The interleaved schedule gathers chunk j+1's "
@@ -55,6 +61,13 @@ class DataParallelSettings(BaseModel):
     nvls: bool = Field(False, description="NCCL_NVLS_ENABLE=1: NVLink SHARP for the DP collectives inside an NVLink "
                        "domain (an environment variable; not exported).")
 
+    @model_validator(mode="after")
+    def _one_bucket_rule(self) -> "DataParallelSettings":
+        if self.num_buckets is not None and self.bucket_size is not None:
+            raise ValueError("settings.data_parallel: give bucket_size or num_buckets, not both (megatron-core: "
+                             "\"Cannot specify both num_buckets and bucket_size\")")
+        return self
+
 
 ALIGN_DEFAULTS = {"runtime": (False, False), "megatron-lm": (True, True), "megatron-bridge": (True, False)}
 
@@ -63,7 +76,7 @@ def run_fields(dps: DataParallelSettings | None, framework: str) -> dict:
     """The ``RunSettings`` fields of these settings under ``framework`` (its default alignment when unset)."""
     d = dps or DataParallelSettings()
     grad, param = ALIGN_DEFAULTS[framework]
-    return {"ddp_bucket_size": d.bucket_size,
+    return {"ddp_bucket_size": d.bucket_size, "ddp_num_buckets": d.num_buckets,
             "align_grad_reduce": grad if d.align_grad_reduce is None else d.align_grad_reduce,
             "align_param_gather": param if d.align_param_gather is None else d.align_param_gather,
             "rank_order": d.rank_order, "sharp": d.sharp, "nvls": d.nvls}
@@ -87,9 +100,10 @@ def for_target(dps: DataParallelSettings | None, framework: str, target: str, gr
 
 
 def from_flags(bucket_size: int | None, no_align_grad_reduce: bool, no_align_param_gather: bool, tp_pp_dp: bool,
-               sharp: bool) -> DataParallelSettings | None:
+               sharp: bool, num_buckets: int | None = None) -> DataParallelSettings | None:
     """The settings of a Megatron-LM command line; None when every flag is at its default."""
-    d = DataParallelSettings(bucket_size=bucket_size, align_grad_reduce=False if no_align_grad_reduce else None,
+    d = DataParallelSettings(bucket_size=bucket_size, num_buckets=num_buckets,
+                             align_grad_reduce=False if no_align_grad_reduce else None,
                              align_param_gather=False if no_align_param_gather else None,
                              rank_order=TP_PP_DP if tp_pp_dp else RANK_ORDERS[0], sharp=sharp)
     return None if d == DataParallelSettings() else d
@@ -100,6 +114,7 @@ def to_flags(d: DataParallelSettings | None) -> list[str]:
     if d is None:
         return []
     out = [f"--ddp-bucket-size {d.bucket_size}"] if d.bucket_size else []
+    out += [f"--ddp-num-buckets {d.num_buckets}"] if d.num_buckets else []
     out += ["--no-align-grad-reduce"] if d.align_grad_reduce is False else []
     out += ["--no-align-param-gather"] if d.align_param_gather is False else []
     out += ["--use-tp-pp-dp-mapping"] if d.rank_order == TP_PP_DP else []

@@ -82,6 +82,10 @@ class MoEPlanSettings(BaseModel):
     paged_stash: bool = Field(False, description="megatron-core 0.19: the routed experts' activations in a paged "
                               "buffer sized by the average tokens, not the capacity (moe_paged_stash); needs "
                               "rank_capacity_factor.")
+    hybridep_num_sms: Literal[16, 32] | None = Field(
+        None, description="SMs of HybridEP's dispatch / combine kernels (moe_hybridep_num_sms; megatron-core 0.19: "
+        "moe_flex_dispatcher_num_sms); flex hybridep only. 16 and 32: HybridEP's published GB200 NVL72 rates "
+        "(costmodel/moe_primitives.py); None: the release's default as its calibration prices it.")
     fused_weighted_squared_relu: bool = Field(
         False, description="Squared-ReLU experts: the probs-weighted activation in one fused function "
         "(use_fused_weighted_squared_relu; Megatron-Bridge's Nemotron-3 recipes): it keeps its input and the probs, "
@@ -89,17 +93,20 @@ class MoEPlanSettings(BaseModel):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):
-        """Without ``fused_weighted_squared_relu`` when off: plans without it dump (and digest) as before."""
-        return drop_defaults(handler(self), {"fused_weighted_squared_relu": False})
+        """Without ``fused_weighted_squared_relu`` when off and ``hybridep_num_sms`` when unset: plans without them
+        dump (and digest) as before."""
+        return drop_defaults(handler(self), {"fused_weighted_squared_relu": False, "hybridep_num_sms": None})
 
 
 def dispatcher_settings(model, dispatcher: str, base: MoEPlanSettings | None = None) -> MoEPlanSettings:
     """``base`` (None: the defaults) under ``dispatcher``; flex on HybridEP where the experts' input is padded to
-    capacity (megatron-core pads with HybridEP only), else on ``base``'s backend."""
+    capacity (megatron-core pads with HybridEP only), else on ``base``'s backend; HybridEP's SM count kept on HybridEP
+    only."""
     base = base or MoEPlanSettings()
     backend = ("hybridep" if model.moe.moe_pad_expert_input_to_capacity else base.flex_backend) \
         if dispatcher == "flex" else "deepep"
-    return base.model_copy(update={"token_dispatcher": dispatcher, "flex_backend": backend})
+    sms = base.hybridep_num_sms if dispatcher == "flex" and backend == "hybridep" else None   # HybridEP's only
+    return base.model_copy(update={"token_dispatcher": dispatcher, "flex_backend": backend, "hybridep_num_sms": sms})
 
 
 def expert_tp(stage) -> int:
@@ -226,6 +233,9 @@ def settings_refusal(s: "MoEPlanSettings", model) -> str | None:
         # supports at most one layer when enabling overlap_moe_expert_parallel_comm")
         return (f"moe.overlap_ep_comm with model.mtp_num_layers {model.mtp_num_layers}: megatron-core asserts at most "
                 "one MTP layer with the EP overlap; turn the overlap off")
+    if s.hybridep_num_sms is not None and (s.token_dispatcher != "flex" or s.flex_backend != "hybridep"):
+        return ("moe.hybridep_num_sms needs the flex dispatcher with the hybridep backend (HybridEP's kernels are the "
+                "only ones it sizes); set token_dispatcher flex and flex_backend hybridep, or drop it")
     if s.rank_capacity_factor is not None and (s.token_dispatcher != "flex" or s.flex_backend != "hybridep"):
         return ("moe.rank_capacity_factor needs the flex dispatcher with the hybridep backend (megatron-core 0.19 "
                 "raises otherwise); set token_dispatcher flex and flex_backend hybridep, or drop it")

@@ -90,6 +90,10 @@ class PlanSettings(BaseModel):
     data_parallel: DataParallelSettings | None = Field(None, description="DDP buckets, the schedule's alignment "
                                                        "of the DP collectives, rank order and in-network reductions "
                                                        "(search/settings/data_parallel.py); None = the framework's defaults.")
+    overlap_p2p_comm: bool | None = Field(None, description="Interleaved schedule (virtual stages): p2p sends / "
+                                          "receives async behind the next chunk (megatron-core's overlap_p2p_comm); "
+                                          "False: synchronous, batched (Megatron-LM --no-overlap-p2p-communication). "
+                                          "None = on (Megatron-LM's default with virtual stages).")
     tp_comm_overlap: bool = Field(False, description="Transformer-engine's TP communication / GEMM overlap "
                                   "(GPU with transformer-engine only; needs sequence_parallel on every tp > 1 "
                                   "stage).")
@@ -111,11 +115,12 @@ class PlanSettings(BaseModel):
 
     @model_serializer(mode="wrap")
     def _plain_form(self, handler):
-        """Without the precision-aware optimizer the record is written as before the field existed (plans and
-        their digests unchanged)."""
+        """Without the precision-aware optimizer or a p2p-overlap setting the record is written as before those fields
+        existed (plans and their digests unchanged)."""
         out = handler(self)
-        if isinstance(out, dict) and out.get("precision_aware_optimizer", 0) is None:
-            out.pop("precision_aware_optimizer")
+        for key in ("precision_aware_optimizer", "overlap_p2p_comm"):
+            if isinstance(out, dict) and out.get(key, 0) is None:
+                out.pop(key)
         return out
 
     @field_validator("release")

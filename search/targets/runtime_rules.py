@@ -226,6 +226,10 @@ def data_parallel(plan, device) -> str | None:
     """The runtime builds megatron-core's default rank order (tp-cp-ep-dp-pp) and no SHARP groups."""
     s = plan.settings
     dps = s.data_parallel if s is not None else None
+    if dps is not None and dps.num_buckets is not None:
+        # the runtime's DDP config takes a bucket size (aceso_megatron/training/engine.py), not a bucket count
+        return ("settings.data_parallel.num_buckets: the aceso runtime sizes DDP buckets by bucket_size only; run the "
+                "plan with Megatron-LM (aceso export --to megatron-lm) or give bucket_size instead")
     if dps is None or (dps.rank_order == "tp-cp-ep-dp-pp" and not dps.sharp):
         return None
     return ("settings.data_parallel: the aceso runtime builds megatron-core's default rank order (tp-cp-ep-dp-pp) "

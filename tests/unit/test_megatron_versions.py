@@ -122,16 +122,17 @@ def test_valid_flags_aceso_does_not_price_are_kept_for_a_later_pricing():
     """2026 flags (CUDA graphs, overlaps, delayed wgrad): accepted, listed in the one warning, and readable from the
     import typed as the release's parser types them."""
     imp = read_megatron(_MLM + "--cuda-graph-impl transformer_engine --cuda-graph-modules attn mlp "
-                               "--delay-wgrad-compute --moe-flex-dispatcher-num-sms 24", world_size=8)
+                               "--delay-wgrad-compute --moe-deepep-num-sms 24", world_size=8)
     f = imp.flags
     assert f.get("--cuda-graph-impl") == "transformer_engine" and f.get("--cuda-graph-modules") == ["attn", "mlp"]
-    assert f.get("--delay-wgrad-compute") is True and f.get("--moe-flex-dispatcher-num-sms") == 24
+    assert f.get("--delay-wgrad-compute") is True and f.get("--moe-deepep-num-sms") == 24
     assert f.value("--cuda-graph-impl") == "transformer_engine" and f.value("--cuda-graph-warmup-steps") == 3
     assert f.value("--no-rope-fusion") is True and f.value("--tp-comm-overlap") is False      # store_false / _true
     assert read_megatron(_MLM + "--no-rope-fusion", world_size=8).flags.value("--no-rope-fusion") is False
     # the stack flags are priced now (issue 34: plan.stack); a flag nothing prices is still listed in the warning
     assert imp.plan.stack.cuda_graphs.impl == "transformer_engine" and imp.plan.stack.cuda_graphs.scope == ("attn", "mlp")
-    assert "--moe-flex-dispatcher-num-sms" in imp.ignored and "--cuda-graph-impl" not in imp.ignored
+    # (--moe-flex-dispatcher-num-sms is read now: settings.moe.hybridep_num_sms)
+    assert "--moe-deepep-num-sms" in imp.ignored and "--cuda-graph-impl" not in imp.ignored
     old = read_megatron(_MLM + "--cuda-graph-impl local --cuda-graph-scope attn", world_size=8, version="0.17")
     assert old.flags.get("--cuda-graph-scope") == ["attn"] and old.release.tag == "core_v0.17.1"
 
