@@ -111,12 +111,17 @@ def _te_config(per_module: dict) -> str:
     search/settings/precision_overrides.py)."""
     import tempfile
     from search.settings.precision_overrides import PrecisionOverride, write_yaml
+    global _TMP
     ov = [PrecisionOverride(pattern=pat, recipe=r) for r, pats in per_module.items() if isinstance(pats, list)
           for pat in pats]
-    fh = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="te_quant_", delete=False)
-    with fh:
-        fh.write(write_yaml(ov))
-    return fh.name
+    if _TMP is None:               # one folder per process, removed with it
+        _TMP = tempfile.TemporaryDirectory(prefix="aceso_te_quant_")
+    path = Path(_TMP.name) / f"te_quant_{len(list(Path(_TMP.name).iterdir()))}.yaml"
+    path.write_text(write_yaml(ov))
+    return str(path)
+
+
+_TMP = None
 
 
 def row_flags(row: dict, m) -> tuple[list[str], list[str]]:

@@ -93,6 +93,12 @@ def run(args: argparse.Namespace) -> int:
     if args.to == "megatron-lm":
         text = args_line(cfg, rel) if args.args_only else write_script(
             as_written(plan, cfg, "megatron-lm", rel.series), cfg, source, rel)
+        low = plan.settings.low_precision
+        if args.args_only and low is not None and low.per_module:
+            from ..megatron.names import TE_CONFIG_FILE
+            print(f"aceso export: note: the arguments read {TE_CONFIG_FILE} (--te-precision-config-file, the plan's "
+                  "per-module precision overrides), which they do not carry: the script export (without --args-only) "
+                  "writes it; or point the flag at your own file with the same matchers", file=sys.stderr)
     else:
         from ..megatron.bridge import cli_overrides, write_yaml
         from ..megatron.bridge_hybrid import BRIDGE_CORE

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from search.settings.precision_overrides import PrecisionOverride
 
@@ -296,6 +296,11 @@ class LowPrecision(BaseModel):
     per_module: tuple[PrecisionOverride, ...] = Field((), description="Per-module overrides (--te-precision-config-"
                                                       "file; search/settings/precision_overrides.py): ordered glob "
                                                       "matchers, the first match wins; empty = the recipe throughout.")
+
+    @field_validator("per_module", mode="before")
+    @classmethod
+    def _listed(cls, v):            # a plan / spec file's JSON array (strict mode takes only tuples)
+        return tuple(v) if isinstance(v, list) else v
 
     @model_validator(mode="after")
     def _reuse(self) -> "LowPrecision":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from search.settings.precision import base_dtype, is_low
 from search.settings.precision_overrides import PrecisionOverride
@@ -47,6 +47,11 @@ class TrainingSpec(BaseModel):
     per_module: tuple[PrecisionOverride, ...] = Field((), description="Low precision: per-module overrides "
                                                       "(--te-precision-config-file; search/settings/"
                                                       "precision_overrides.py); empty = the recipe throughout.")
+
+    @field_validator("per_module", mode="before")
+    @classmethod
+    def _listed(cls, v):            # a plan / spec file's JSON array (strict mode takes only tuples)
+        return tuple(v) if isinstance(v, list) else v
     optimizer: Literal["adam", "muon", "dist_muon"] = Field(
         "adam", description="Optimizer: adam (fp32 master weights, m and v), muon (Muon's momentum on the 2-D "
         "weights, Adam on the rest) or dist_muon (Muon sharded layer-wise over DP; search/costmodel/optimizers.py).")

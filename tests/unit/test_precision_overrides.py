@@ -247,3 +247,20 @@ def test_bridge_export_refuses_in_one_line(tmp_path, monkeypatch):
 def test_plans_without_overrides_are_written_as_before():
     plan = read_megatron(ARGS, world_size=8).plan
     assert "per_module" not in plan.to_json() and "per_module" not in plan.model_dump_json()
+
+
+def test_args_only_export_says_the_file_it_needs(tmp_path, monkeypatch, capsys):
+    """``aceso export --args-only`` (the drop-in arguments) names the YAML the line reads but does not carry: a note
+    on stderr says the script export writes it; the script export has no such note."""
+    from search.cli import main
+    monkeypatch.chdir(tmp_path)
+    sh = _script(tmp_path)
+    plan_file = tmp_path / "plan.json"
+    assert main(["import", str(sh), "--from", "megatron-lm", "-o", str(plan_file)]) == 0
+    capsys.readouterr()
+    assert main(["export", str(plan_file), "--to", "megatron-lm", "--args-only", "-o", str(tmp_path / "a.txt")]) == 0
+    err = capsys.readouterr().err
+    assert "--te-precision-config-file te_precision_config.yaml" in (tmp_path / "a.txt").read_text()
+    assert "the arguments read te_precision_config.yaml" in err and "without --args-only" in err, err
+    assert main(["export", str(plan_file), "--to", "megatron-lm", "-o", str(tmp_path / "run.sh")]) == 0
+    assert "te_precision_config.yaml" not in capsys.readouterr().err
