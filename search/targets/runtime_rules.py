@@ -227,7 +227,7 @@ def data_parallel(plan, device) -> str | None:
     s = plan.settings
     dps = s.data_parallel if s is not None else None
     if dps is not None and dps.num_buckets is not None:
-        # the runtime's DDP config takes a bucket size (aceso_megatron/training/engine.py), not a bucket count
+        # the runtime's DDP config takes a bucket size (its training engine), not a bucket count
         return ("settings.data_parallel.num_buckets: the aceso runtime sizes DDP buckets by bucket_size only; run the "
                 "plan with Megatron-LM (aceso export --to megatron-lm) or give bucket_size instead")
     if dps is None or (dps.rank_order == "tp-cp-ep-dp-pp" and not dps.sharp):
