@@ -163,6 +163,7 @@ OLD_HYBRID = ("aceso reads hybrid (Mamba) runs of Megatron-LM core_v0.17 on (--h
               "pretrain_hybrid.py), not core_v0.16.1's MambaModel: read the script with --megatron-version 0.17 or "
               "newer")
 
+BF16_WGRAD = "bf16 weight-gradient GEMMs under a low-precision recipe are not modelled"
 # flag -> (refused when, why)
 REFUSED: dict[str, tuple[object, str]] = {
     "--fp8-dot-product-attention": (_always, "FP8 attention is not modelled (the attention core prices bf16)"),
@@ -206,8 +207,8 @@ REFUSED: dict[str, tuple[object, str]] = {
                                                  "each micro-batch's logits gradient to the flush) are not modelled"),
     "--deterministic-mode": (_always, "deterministic kernels and ring-only NCCL are not modelled"),
     "--batch-invariant-mode": (_always, "batch-invariant kernels are not modelled"),
-    "--no-fp8-wgrad": (_always, "bf16 weight-gradient GEMMs under a low-precision recipe are not modelled"),
-    "--disable-fp8-wgrad": (_always, "bf16 weight-gradient GEMMs under a low-precision recipe are not modelled"),
+    "--no-fp8-wgrad": (_always, BF16_WGRAD),
+    "--disable-fp8-wgrad": (_always, BF16_WGRAD),           # (0.19's spelling of the same parser field)
     "--fp8-output-proj": (_always, "an MXFP8 output layer is not modelled (the output layer is priced in bf16)"),
     "--use-kitchen-attention": (_always, "kitchen attention is not modelled (aceso prices transformer-engine's and "
                                          "megatron-core's local attention)"),

@@ -225,9 +225,15 @@ def test_account_for_embedding_and_loss_split():
     ("--num-layers $LAYERS", "$LAYERS, which the file does not set"),
 ])
 def test_command_lines_aceso_cannot_honour_exit_2_with_one_line(extra, needle, tmp_path, capsys):
+    assert_refused(BASE + extra, needle, tmp_path, capsys)
+
+
+def assert_refused(text: str, needle: str, tmp_path, capsys, world: int = 4) -> None:
+    """``aceso import`` of ``text`` exits 2 with one line holding ``needle`` and writes nothing."""
     f = tmp_path / "args.txt"
-    f.write_text(BASE + extra)
-    assert main(["import", str(f), "--from", "megatron-lm", "--world-size", "4", "-o", str(tmp_path / "p.json")]) == 2
+    f.write_text(text)
+    assert main(["import", str(f), "--from", "megatron-lm", "--world-size", str(world),
+                 "-o", str(tmp_path / "p.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err, err
     assert not (tmp_path / "p.json").exists()

@@ -95,12 +95,8 @@ def test_import_reads_the_flags_and_does_not_ignore_them():
      "supports it only with adam"),
 ])
 def test_what_megatron_core_asserts_exits_2_with_one_line(extra, needle, tmp_path, capsys):
-    f = tmp_path / "args.txt"
-    f.write_text(BASE + extra)
-    assert main(["import", str(f), "--from", "megatron-lm", "--world-size", "4", "-o", str(tmp_path / "p.json")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and needle in err, err
-    assert not (tmp_path / "p.json").exists()
+    from tests.unit.test_megatron_import import assert_refused
+    assert_refused(BASE + extra, needle, tmp_path, capsys)
 
 
 def test_export_writes_the_flags_and_the_round_trip_holds(tmp_path, capsys):
