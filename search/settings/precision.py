@@ -37,9 +37,9 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from search.settings.precision_overrides import PrecisionOverride
+from search.settings.precision_overrides import PerModule
 
 
 class Recipe(NamedTuple):
@@ -293,14 +293,9 @@ class LowPrecision(BaseModel):
     reuse_grad_buf: bool = Field(False, description="MXFP8 parameters all-gathered through the gradient buffer "
                                  "(--reuse-grad-buf-for-mxfp8-param-ag; Megatron-Bridge requires it with mxfp8 "
                                  "and param_gather). Priced the same either way (search/settings/precision.py).")
-    per_module: tuple[PrecisionOverride, ...] = Field((), description="Per-module overrides (--te-precision-config-"
+    per_module: PerModule = Field((), description="Per-module overrides (--te-precision-config-"
                                                       "file; search/settings/precision_overrides.py): ordered glob "
                                                       "matchers, the first match wins; empty = the recipe throughout.")
-
-    @field_validator("per_module", mode="before")
-    @classmethod
-    def _listed(cls, v):            # a plan / spec file's JSON array (strict mode takes only tuples)
-        return tuple(v) if isinstance(v, list) else v
 
     @model_validator(mode="after")
     def _reuse(self) -> "LowPrecision":

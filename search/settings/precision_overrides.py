@@ -35,9 +35,9 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 OverrideRecipe = Literal["bf16", "fp8-tensorwise", "fp8-blockwise", "mxfp8", "nvfp4"]
 _FP8 = {"tensorwise": "fp8-tensorwise", "blockwise": "fp8-blockwise", "mxfp8": "mxfp8"}
@@ -67,6 +67,11 @@ class PrecisionOverride(BaseModel):
         if _LAYER_INDEX.search(v):
             raise ValueError("per_module pattern " + _index_why(v))
         return v
+
+
+# the ordered overrides as a plan / spec field (LowPrecision.per_module, TrainingSpec.per_module); a file's JSON array
+# is read as the tuple strict mode takes
+PerModule = Annotated[tuple[PrecisionOverride, ...], BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)]
 
 
 def _index_why(pattern) -> str:

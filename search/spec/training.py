@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from search.settings.precision import base_dtype, is_low
-from search.settings.precision_overrides import PrecisionOverride
+from search.settings.precision_overrides import PerModule
 
 # Upper bounds (docs/inputs.md): far above any published run (global batches of a few thousand sequences, per-rank
 # micro-batches of 1-16, cp up to 32), low enough that a typo such as 10^30 is refused.
@@ -44,14 +44,9 @@ class TrainingSpec(BaseModel):
                                    "in bf16 (--first-last-layers-bf16 --num-layers-at-start-in-bf16).")
     bf16_layers_end: int = Field(0, ge=0, le=1 << 16, description="Low precision: last transformer layers kept in "
                                  "bf16 (--num-layers-at-end-in-bf16).")
-    per_module: tuple[PrecisionOverride, ...] = Field((), description="Low precision: per-module overrides "
+    per_module: PerModule = Field((), description="Low precision: per-module overrides "
                                                       "(--te-precision-config-file; search/settings/"
                                                       "precision_overrides.py); empty = the recipe throughout.")
-
-    @field_validator("per_module", mode="before")
-    @classmethod
-    def _listed(cls, v):            # a plan / spec file's JSON array (strict mode takes only tuples)
-        return tuple(v) if isinstance(v, list) else v
     optimizer: Literal["adam", "muon", "dist_muon"] = Field(
         "adam", description="Optimizer: adam (fp32 master weights, m and v), muon (Muon's momentum on the 2-D "
         "weights, Adam on the rest) or dist_muon (Muon sharded layer-wise over DP; search/costmodel/optimizers.py).")
