@@ -66,10 +66,12 @@ def model_flags(model) -> list[str] | None:
     return flags if same else None
 
 
-def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.json") -> list[str]:
+def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.json",
+                te_file: str = "TE_QUANT.yaml") -> list[str]:
     """The ``aceso search`` arguments of ``plan`` (a user's configuration) for ``target`` (see the module
     docstring); ``args``: explain's (cluster, memory limit, headroom, calibration, attention, cost model,
-    framework); ``model_file``: the spec file standing for a model that is no preset."""
+    framework); ``model_file``: the spec file standing for a model that is no preset; ``te_file``: the per-module
+    precision overrides' YAML (``--te-precision-config-file``) where the configuration has them."""
     from ..costmodel.memory import DEFAULT_HEADROOM
     from search.settings.plan_settings import target_settings
     from ..planner.space import virtual_degrees
@@ -96,6 +98,8 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
         argv += ["--fp8-param-gather"]
     if prec.get("bf16_layers_start") or prec.get("bf16_layers_end"):
         argv += ["--bf16-layers", str(prec["bf16_layers_start"]), str(prec["bf16_layers_end"])]
+    if prec.get("per_module"):
+        argv += ["--te-precision-config-file", te_file]
     mbs = plan.micro_batch_per_rank(0)
     if mbs not in (1, 2, 4, 8):
         argv += ["--micro-batch-sizes", *map(str, sorted({1, 2, 4, 8, mbs}))]
@@ -166,9 +170,10 @@ def search_lines(plan, config_ms: float, args, budget: int, save_best: str | Non
     low = plan.settings.low_precision
     custom = model_flags(plan.model) is None
     model_file = _model_file(save_best) if custom and save_best else "SPEC.json"
+    te_file = saved_paths(save_best)["te"] if save_best else "TE_QUANT.yaml"
     out = {"config_ms": config_ms, "budget_evals": budget}
     for key, target in (("megatron", drop_in_target(plan, args.framework)), ("aceso", "aceso")):
-        argv = search_argv(plan, args, target, budget, model_file)
+        argv = search_argv(plan, args, target, budget, model_file, te_file)
         line = {"target": target, "command": "aceso search " + shlex.join(argv)}
         out[key] = line
         why = model_refusal(target, plan.model, low, plan.model.params_dtype, plan.cluster.gpu,
@@ -177,7 +182,9 @@ def search_lines(plan, config_ms: float, args, budget: int, save_best: str | Non
             line["not_offered"] = why
             continue
         try:
-            found = find(parse_args(argv), model=plan.model if custom else None, quiet=True)
+            ns = parse_args(argv)
+            ns.per_module = low.per_module if low is not None else ()     # the file the command names, as held
+            found = find(ns, model=plan.model if custom else None, quiet=True)
         except AcesoError as e:
             line["no_plan"] = str(e)
             continue
@@ -214,10 +221,11 @@ def _model_file(save_best: str) -> str:
 
 def saved_paths(save_best: str) -> dict:
     """Where ``--save-best FILE`` writes: the drop-in plan to FILE, the heterogeneous one beside it
-    (``FILE.aceso.json``), a model that is no preset as ``FILE.model.json`` (the commands name it)."""
+    (``FILE.aceso.json``), a model that is no preset as ``FILE.model.json`` and per-module precision overrides as
+    ``FILE.te_quant.yaml`` (the commands name them)."""
     p = Path(save_best)
     return {"megatron": save_best, "aceso": str(p.with_name(f"{p.stem}.aceso{p.suffix or '.json'}")),
-            "model": _model_file(save_best)}
+            "model": _model_file(save_best), "te": str(p.with_name(f"{p.stem}.te_quant.yaml"))}
 
 
 def save(lines: dict, plan, save_best: str) -> list[str]:
@@ -229,12 +237,16 @@ def save(lines: dict, plan, save_best: str) -> list[str]:
     files = [(lines[k]["plan"].to_json(), paths[k], "--save-best") for k, _ in LINES if "plan" in lines[k]]
     if files and model_flags(plan.model) is None:
         files.append((spec_text(plan.model, "json", title=plan.model.name), paths["model"], "--save-best"))
+    low = plan.settings.low_precision
+    if files and low is not None and low.per_module:      # the commands' --te-precision-config-file
+        from search.settings.precision_overrides import write_yaml
+        files.append((write_yaml(low.per_module), paths["te"], "--save-best"))
     write_outputs(files)
     return [f[1] for f in files]
 
 
 def check_save_best(save_best: str | None) -> None:
-    """``--save-best`` checked before any work (its three paths)."""
+    """``--save-best`` checked before any work (its paths)."""
     if save_best is None:
         return
     from .common import check_output

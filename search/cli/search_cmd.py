@@ -107,6 +107,10 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bf16-layers", type=int, nargs=2, metavar=("START", "END"), default=(0, 0),
                    help="low precision: the first START and last END transformer layers in bf16 (Megatron-LM "
                         "--first-last-layers-bf16)")
+    p.add_argument("--te-precision-config-file", metavar="FILE", default=None,
+                   help="low precision: megatron-core's per-module precision overrides (the YAML Megatron-LM's "
+                        "--te-precision-config-file reads; search/settings/precision_overrides.py), priced per "
+                        "linear and written by the Megatron-LM export")
     p.add_argument("--optimizer", choices=("adam", "muon", "dist_muon"), default="adam",
                    help="the optimizer the plan runs, priced as itself (Megatron-LM --optimizer; muon / dist_muon: "
                         "--target megatron-lm, the aceso runtime runs Adam only)")
@@ -219,7 +223,7 @@ def training_from_args(args, model, gpu=None):
                             precision=default_precision(args, model, gpu) if gpu else args.precision or
                             model.params_dtype, attention=args.attention,
                             fp8_param_gather=args.fp8_param_gather, bf16_layers_start=args.bf16_layers[0],
-                            bf16_layers_end=args.bf16_layers[1],
+                            bf16_layers_end=args.bf16_layers[1], per_module=per_module_of(args),
                             sequence_parallel=SWITCH[args.sequence_parallel],
                             distributed_optimizer=True if args.fp8_param_gather and dist is None else dist,
                             overlap_grad_reduce=overlap,
@@ -376,6 +380,27 @@ class Found:
     cluster: object
     training: object
     cm: object
+
+
+def per_module_of(args: argparse.Namespace) -> tuple:
+    """The search's per-module precision overrides: ``args.per_module`` where a caller holds them already
+    (``explain --megatron-args``: the imported script's), else ``--te-precision-config-file`` read (one line when it
+    cannot be), else none."""
+    if getattr(args, "per_module", None):
+        return tuple(args.per_module)
+    path = args.te_precision_config_file
+    if path is None:
+        return ()
+    from search.settings.precision_overrides import read_yaml
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise AcesoError(f"--te-precision-config-file {path}: cannot be read ({type(e).__name__}); give the YAML "
+                         "Megatron-LM's --te-precision-config-file reads") from None
+    try:
+        return read_yaml(text)
+    except ValueError as e:
+        raise AcesoError(f"--te-precision-config-file {path}: {str(e).splitlines()[0]}") from None
 
 
 def find(args: argparse.Namespace, model=None, quiet: bool = False) -> Found:

@@ -2,6 +2,9 @@
 ``quantization/quant_config.py`` and ``extensions/transformer_engine.py`` (core_v0.16.1 - core_v0.19.0), the YAML,
 the pricing of each linear at its own recipe, the import and the exports."""
 
+import json
+import shlex
+
 import pytest
 import yaml
 
@@ -264,3 +267,33 @@ def test_args_only_export_says_the_file_it_needs(tmp_path, monkeypatch, capsys):
     assert "the arguments read te_precision_config.yaml" in err and "without --args-only" in err, err
     assert main(["export", str(plan_file), "--to", "megatron-lm", "-o", str(tmp_path / "run.sh")]) == 0
     assert "te_precision_config.yaml" not in capsys.readouterr().err
+
+
+def test_search_reads_the_overrides_and_explain_promises_what_search_returns(tmp_path, monkeypatch, capsys):
+    """``aceso search --te-precision-config-file FILE`` prices and writes the overrides; ``explain --megatron-args-file``
+    of a script with them runs its drop-in search under them (before: without, so it compared a plan priced with the
+    overrides against plans priced without), prints a command naming the file and, with --save-best, writes the file:
+    that command returns exactly the saved plan."""
+    from search.cli import main
+    monkeypatch.chdir(tmp_path)
+    sh = _script(tmp_path)
+    best = tmp_path / "best.json"
+    assert main(["explain", "--megatron-args-file", str(sh), "--cluster", "1x8-b200", "--search-budget-evals", "40",
+                 "--save-best", str(best)]) == 0
+    out = capsys.readouterr().out
+    cmd = next(line.strip() for line in out.splitlines() if line.strip().startswith("aceso search ")
+               and "--target megatron-lm" in line)
+    yaml_file = tmp_path / "best.te_quant.yaml"
+    assert f"--te-precision-config-file {yaml_file}" in cmd and yaml_file.exists()
+    saved = json.loads(best.read_text())
+    assert saved["settings"]["low_precision"]["per_module"] == [o.model_dump() for o in read_yaml(DOC)]
+    argv = shlex.split(cmd)[2:]
+    argv[argv.index("-o") + 1] = str(tmp_path / "again.json")
+    assert main(["search", *argv]) == 0
+    assert json.loads((tmp_path / "again.json").read_text()) == saved
+    (tmp_path / "bad.yaml").write_text("configs: [1]\n")
+    argv[argv.index("--te-precision-config-file") + 1] = str(tmp_path / "bad.yaml")
+    capsys.readouterr()
+    assert main(["search", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--te-precision-config-file" in err, err
