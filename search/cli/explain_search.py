@@ -77,6 +77,7 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
     from ..planner.space import virtual_degrees
     from search.settings.precision import base_dtype, training_fields
     from .search_cmd import DEFAULT_CP, LONG_SEQUENCE, SPACE_TARGET, target_precision
+    from search.settings.optimizer_state import to_flags as optimizer_state_flags
 
     m = plan.model
     argv = model_flags(m) or ["--model", model_file]
@@ -94,6 +95,7 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
         argv += ["--precision", prec["precision"]]
     if plan.settings.optimizer != "adam":           # (Adam: the search's default)
         argv += ["--optimizer", plan.settings.optimizer]
+    argv += optimizer_state_flags(plan.settings.precision_aware_optimizer)     # numerics, kept as the search's
     if prec.get("fp8_param_gather"):
         argv += ["--fp8-param-gather"]
     if prec.get("bf16_layers_start") or prec.get("bf16_layers_end"):
@@ -177,7 +179,7 @@ def search_lines(plan, config_ms: float, args, budget: int, save_best: str | Non
         line = {"target": target, "command": "aceso search " + shlex.join(argv)}
         out[key] = line
         why = model_refusal(target, plan.model, low, plan.model.params_dtype, plan.cluster.gpu,
-                            plan.settings.optimizer)
+                            plan.settings.optimizer, plan.settings.precision_aware_optimizer)
         if why is not None:
             line["not_offered"] = why
             continue

@@ -111,6 +111,17 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                    help="low precision: megatron-core's per-module precision overrides (the YAML Megatron-LM's "
                         "--te-precision-config-file reads; search/settings/precision_overrides.py), priced per "
                         "linear and written by the Megatron-LM export")
+    from search.settings.optimizer_state import MAIN_DTYPES, STATE_DTYPES
+    p.add_argument("--use-precision-aware-optimizer", action="store_true",
+                   help="megatron-core's precision-aware optimizer in every plan (Megatron-LM's flag: numerics, not "
+                        "searched; needs Adam and the distributed optimizer, which it turns on), its state dtypes "
+                        "below (search/settings/optimizer_state.py)")
+    p.add_argument("--main-params-dtype", choices=MAIN_DTYPES, default=None,
+                   help="with --use-precision-aware-optimizer: the master weights' dtype (default fp32)")
+    p.add_argument("--exp-avg-dtype", choices=STATE_DTYPES, default=None,
+                   help="with --use-precision-aware-optimizer: Adam's first moment's dtype (default fp32)")
+    p.add_argument("--exp-avg-sq-dtype", choices=STATE_DTYPES, default=None,
+                   help="with --use-precision-aware-optimizer: Adam's second moment's dtype (default fp32)")
     p.add_argument("--optimizer", choices=("adam", "muon", "dist_muon"), default="adam",
                    help="the optimizer the plan runs, priced as itself (Megatron-LM --optimizer; muon / dist_muon: "
                         "--target megatron-lm, the aceso runtime runs Adam only)")
@@ -211,6 +222,13 @@ def training_from_args(args, model, gpu=None):
                 raise AcesoError(f"--optimizer {args.optimizer} with {flag}: megatron-core refuses it ({why}); "
                                  f"drop {flag} (dist_muon shards the states layer-wise)")
         dist, fsdp = False, False
+    if precision_aware_of(args) is not None:       # megatron-core: Adam with the distributed optimizer only
+        why = ("--optimizer " + args.optimizer if args.optimizer != "adam" else "--distributed-optimizer off"
+               if dist is False else "--megatron-fsdp on" if fsdp else None)
+        if why:
+            raise AcesoError(f"--use-precision-aware-optimizer with {why}: megatron-core runs it with Adam and the "
+                             "distributed optimizer only (optimizer_config.py asserts it); drop one of them")
+        dist = True
     cps = args.context_parallel_sizes or ([1] if model.seq_length < LONG_SEQUENCE else DEFAULT_CP)
     tps = args.tp
     if args.max_tp is not None:
@@ -270,9 +288,23 @@ def settings_from_args(args, training, model):
                          f"runtime reduces in the parameter dtype; this search is --target {target} --precision "
                          f"{training.precision}); drop it")
     rel = bridge_release(args, model) if target == "megatron-bridge" else release_of(args)
+    pa = precision_aware_of(args)
     return target_settings(Target.of(target, rel),
-                           PlanSettings(low_precision=of_training(training), optimizer=training.optimizer),
+                           PlanSettings(low_precision=of_training(training), optimizer=training.optimizer,
+                                        **({"precision_aware_optimizer": pa, "distributed_optimizer": True} if pa
+                                           else {})),
                            training.dtype, bf16_reduce)
+
+
+def precision_aware_of(args):
+    """The precision-aware optimizer the search's plans run (``--use-precision-aware-optimizer`` and its dtypes,
+    megatron-core's rules: ``optimizer_state.from_flags``), or None."""
+    from search.settings.optimizer_state import FLAG_FIELDS, from_flags
+    dtypes = {flag: getattr(args, name, None) for flag, name in FLAG_FIELDS.items()}
+    try:
+        return from_flags(getattr(args, "use_precision_aware_optimizer", False), dtypes)
+    except ValueError as e:
+        raise AcesoError(str(e).splitlines()[0]) from None
 
 
 def bridge_release(args, model) -> str:
@@ -321,7 +353,8 @@ def setup(args, model=None, runtime: bool = False):
     cluster = cluster_from_args(args)
     training = training_from_args(args, model, cluster.gpu)
     target = getattr(args, "target", "aceso")
-    why = model_refusal(target, model, of_training(training), training.dtype, cluster.gpu, training.optimizer)
+    why = model_refusal(target, model, of_training(training), training.dtype, cluster.gpu, training.optimizer,
+                        precision_aware_of(args))
     if why is not None:
         raise AcesoError(why)
     if target == "aceso":

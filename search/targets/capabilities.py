@@ -245,14 +245,17 @@ def plan_target(plan) -> str:
 
 
 def model_refusal(target: str, model, low=None, dtype: str | None = None, gpu=None,
-                  optimizer: str = "adam") -> str | None:
+                  optimizer: str = "adam", precision_aware=None) -> str | None:
     """Why ``target`` runs no plan of ``model`` (with the low-precision recipe ``low``; trained in ``dtype`` on
-    ``gpu``, the cluster's, when given; with ``optimizer``, the optimizer row's rule), one line; or None."""
+    ``gpu``, the cluster's, when given; with ``optimizer`` and the precision-aware optimizer ``precision_aware``, the
+    optimizer row's rules), one line; or None."""
     key = target_key(target)
     for row in TABLE:
         if row.scope == "model" and key in row.refuse and (why := row.refuse[key](model, low)) is not None:
             return why
     if key == RUNTIME and (why := rt.optimizer_refusal(optimizer, "--optimizer")) is not None:
+        return why
+    if key == RUNTIME and (why := rt.precision_aware_refusal(precision_aware, "--use-precision-aware-optimizer")):
         return why
     return precision_refusal(target, dtype, gpu) if dtype is not None else None
 

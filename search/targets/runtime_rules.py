@@ -205,13 +205,20 @@ def stack_features(plan, device) -> str | None:
 
 def optimizer(plan, device) -> str | None:
     s = plan.settings
-    if s is not None and s.precision_aware_optimizer is not None:
-        # the runtime builds its OptimizerConfig (its training-step builder) with none of the state dtypes: the run
-        # would keep fp32 states where the plan is priced with the precision-aware ones
-        return ("settings.precision_aware_optimizer: the aceso runtime builds megatron-core's optimizer with fp32 "
-                "states (its transformer-engine FusedAdam path has not run on a GPU); run the plan with Megatron-LM "
-                "(aceso export --to megatron-lm) or drop the setting")
+    if s is not None and (why := precision_aware_refusal(s.precision_aware_optimizer)):
+        return why
     return None if s is None else optimizer_refusal(s.optimizer)
+
+
+def precision_aware_refusal(pa, what: str = "settings.precision_aware_optimizer") -> str | None:
+    """The precision-aware optimizer (``pa``: a plan's ``PrecisionAwareOptimizer``, or a search's): the runtime builds
+    its OptimizerConfig (its training-step builder) with none of the state dtypes, so the run would keep fp32 states
+    where the plan is priced with the precision-aware ones."""
+    if pa is None:
+        return None
+    return (f"{what}: the aceso runtime builds megatron-core's optimizer with fp32 states (its transformer-engine "
+            "FusedAdam path has not run on a GPU); run the plan with Megatron-LM (search with --target megatron-lm, "
+            "aceso export --to megatron-lm) or drop the setting")
 
 
 def optimizer_refusal(name: str, what: str = "settings.optimizer") -> str | None:

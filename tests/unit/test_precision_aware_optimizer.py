@@ -168,3 +168,46 @@ def test_the_runtime_preflight_refuses_what_it_would_not_run():
     why = plan_refusal(plan, "aceso")
     assert why is not None and "settings.precision_aware_optimizer" in why and "\n" not in why
     assert plan_refusal(plan, "megatron-lm") is None
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--exp-avg-dtype", "bf16"], "--exp-avg-dtype bf16 needs --use-precision-aware-optimizer"),
+    (["--use-precision-aware-optimizer", "--distributed-optimizer", "off"], "with --distributed-optimizer off"),
+    (["--use-precision-aware-optimizer", "--optimizer", "muon"], "with --optimizer muon"),
+    (["--use-precision-aware-optimizer", "--target", "aceso"], "the aceso runtime builds megatron-core's optimizer"),
+])
+def test_search_refuses_what_megatron_core_or_the_runtime_does_not_run(extra, needle, tmp_path, capsys):
+    argv = ["search", "--model", "gpt-1.3b", "--cluster", "1x8-h100", "--global-batch-size", "64", "--budget-evals",
+            "20", "--target", "megatron-lm", *extra, "-o", str(tmp_path / "p.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_explain_keeps_the_optimizer_state_in_its_searches(tmp_path, capsys):
+    """The optimizer state dtypes are numerics, kept as --optimizer is: ``explain --megatron-args`` searches under
+    them (before, its drop-in plan dropped them: priced and exported with fp32 states), the printed command names
+    them and returns exactly the saved plan."""
+    import shlex
+    script = tmp_path / "run.sh"
+    script.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 8 --hidden-size 2048 "
+                      "--num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
+                      "--micro-batch-size 1 --global-batch-size 64 --vocab-size 32000 --tokenizer-type NullTokenizer "
+                      "--bf16 --use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype bf16 "
+                      "--exp-avg-sq-dtype bf16\n")
+    best = tmp_path / "best.json"
+    assert main(["explain", "--megatron-args-file", str(script), "--cluster", "1x8-h100", "--search-budget-evals",
+                 "40", "--save-best", str(best)]) == 0
+    out = capsys.readouterr().out
+    cmd = next(line.strip() for line in out.splitlines() if line.strip().startswith("aceso search ")
+               and "--target megatron-lm" in line)
+    assert "--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16" in cmd, cmd
+    saved = json.loads(best.read_text())
+    assert saved["settings"]["precision_aware_optimizer"] == {"main_params_dtype": "fp32", "exp_avg_dtype": "bf16",
+                                                             "exp_avg_sq_dtype": "bf16"}
+    assert "best heterogeneous plan (aceso runtime): not offered: --use-precision-aware-optimizer" in out
+    argv = shlex.split(cmd)[2:]
+    argv[argv.index("-o") + 1] = str(tmp_path / "again.json")
+    assert main(["search", *argv]) == 0
+    assert json.loads((tmp_path / "again.json").read_text()) == saved
