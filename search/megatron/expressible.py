@@ -159,6 +159,12 @@ def _check_features(plan: ParallelPlan) -> None:
     if plan.overlap_param_gather and not plan.overlap_grad_reduce:
         raise NotExpressible("overlap_param_gather is on but overlap_grad_reduce is off: Megatron-LM's "
                              "--overlap-param-gather requires --overlap-grad-reduce")
+    low, s = plan.settings.low_precision, plan.settings
+    if low is not None and low.param_gather and not s.distributed_optimizer and s.megatron_fsdp is None:
+        # core_v0.16.1 to core_v0.19.0 validate_args: "--fp8-param-gather only supported with distributed optimizer,
+        # torch fsdp2, megatron fsdp, or inference mode" (the import refuses such a line too)
+        raise NotExpressible("settings.low_precision.param_gather needs settings.distributed_optimizer or "
+                             "megatron_fsdp: Megatron-LM's validate_args asserts it; turn one on")
     if m.make_vocab_size_divisible_by % tp and m.padded_vocab_size % tp:
         raise NotExpressible(
             f"model.make_vocab_size_divisible_by ({m.make_vocab_size_divisible_by}): Megatron-LM pads the "

@@ -23,7 +23,21 @@ def test_megatron_lm_sets_the_runtimes_recipe_fields(tag):
 
     model = load_model("llama3-8b", num_layers=4)
     plans = [uniform_plan(model, 1, 2, 4, 4, 16, "none", distributed_optimizer=True).model_copy(update={
-        "settings": PlanSettings(framework="megatron-lm", low_precision=low)}) for low in LOWS]
+        "settings": PlanSettings(framework="megatron-lm", low_precision=low, distributed_optimizer=True)})
+        for low in LOWS]
     for low, got in zip(LOWS, _oracle(plans, tag)):
         assert "error" not in got, (low, got)
         assert got["recipe"] == config_fields(low), low
+
+
+def test_a_param_gather_plan_without_the_distributed_optimizer_is_not_exported():
+    """Megatron-LM asserts --fp8-param-gather with the distributed optimizer or FSDP (every release): a plan file with
+    it and neither is not expressible (before, its exported line failed validate_args, as this file's recipe test
+    showed)."""
+    from search.io.errors import AcesoError
+    from search.megatron import megatron_config
+    model = load_model("llama3-8b", num_layers=4)
+    plan = uniform_plan(model, 1, 2, 4, 4, 16, "none").model_copy(update={"settings": PlanSettings(
+        framework="megatron-lm", low_precision=LowPrecision(recipe="fp8-blockwise", param_gather=True))})
+    with pytest.raises(AcesoError, match="param_gather needs settings.distributed_optimizer"):
+        megatron_config(plan)
