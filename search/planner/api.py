@@ -213,7 +213,7 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
     if opts.callback is not None:   # one progress count over both searches
         o2.callback = lambda n, done=mlm.evals: opts.callback(done + n)
     why = model_refusal("aceso", cm.model, of_training(training), training.dtype, cm.cluster.gpu, training.optimizer,
-                        getattr(cm.settings, "precision_aware", None))
+                        getattr(getattr(cm, "settings", None), "precision_aware", None))
     if why is not None:   # the aceso runtime runs no plan of this model: no heterogeneous line (capabilities.py)
         return Plans(target, base, mlm, SearchResult([], [], 0, 0.0, False, {}), space,
                      {"aceso": why, **lines["not_offered"]}, pattern)

@@ -27,6 +27,7 @@ from search.spec.model import ModelSpec
 from search.layers.moe_spec import MLASpec, MoESpec
 from search.spec.plan import ParallelPlan, uniform_plan
 from search.settings.precision import LowPrecision
+from search.settings.optimizer_state import PrecisionAwareOptimizer
 from tests.conftest import ROOT
 from tests.tiny_models import HYBRID, LLAMA, T5
 
@@ -65,6 +66,7 @@ LOW = LowPrecision(recipe="fp8-tensorwise")
 H100 = parse_cluster("1x1-h100").gpu
 
 # rule -> its arguments (a refused case each)
+
 CASES = {
     "low_precision": (rt.low_precision, (LLAMA, LOW)),
     "latent_moe": (rt.latent_moe, (MOE.model_copy(update={"moe": MOE.moe.model_copy(update={"moe_latent_size": 64})}),
@@ -100,6 +102,7 @@ CASES = {
         settings={"tp_comm_overlap": True}, tp=2), CUDA_TE)),
     "stack_features": (rt.stack_features, (plan(settings={"stack": {"cross_entropy_fusion": "te"}}), CUDA)),
     "optimizer": (rt.optimizer, (plan(settings={"optimizer": "muon"}), CUDA)),
+    "precision_aware_refusal": (rt.precision_aware_refusal, (PrecisionAwareOptimizer(exp_avg_dtype="bf16"),)),
     "data_parallel": (rt.data_parallel, (plan(settings={"data_parallel": {"sharp": True}}), CUDA)),
 }
 
