@@ -114,8 +114,8 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     from search.settings.optimizer_state import MAIN_DTYPES, STATE_DTYPES
     p.add_argument("--use-precision-aware-optimizer", action="store_true",
                    help="megatron-core's precision-aware optimizer in every plan (Megatron-LM's flag: numerics, not "
-                        "searched; needs Adam and the distributed optimizer, which it turns on), its state dtypes "
-                        "below (search/settings/optimizer_state.py)")
+                        "searched; needs Adam and the distributed optimizer, which it turns on, Megatron FSDP off), "
+                        "its state dtypes below (search/settings/optimizer_state.py)")
     p.add_argument("--main-params-dtype", choices=MAIN_DTYPES, default=None,
                    help="with --use-precision-aware-optimizer: the master weights' dtype (default fp32)")
     p.add_argument("--exp-avg-dtype", choices=STATE_DTYPES, default=None,
@@ -228,7 +228,7 @@ def training_from_args(args, model, gpu=None):
         if why:
             raise AcesoError(f"--use-precision-aware-optimizer with {why}: megatron-core runs it with Adam and the "
                              "distributed optimizer only (optimizer_config.py asserts it); drop one of them")
-        dist = True
+        dist, fsdp = True, False        # (not searched: a Megatron FSDP plan would carry a setting it refuses)
     cps = args.context_parallel_sizes or ([1] if model.seq_length < LONG_SEQUENCE else DEFAULT_CP)
     tps = args.tp
     if args.max_tp is not None:

@@ -211,3 +211,19 @@ def test_explain_keeps_the_optimizer_state_in_its_searches(tmp_path, capsys):
     argv[argv.index("-o") + 1] = str(tmp_path / "again.json")
     assert main(["search", *argv]) == 0
     assert json.loads((tmp_path / "again.json").read_text()) == saved
+
+
+def test_search_with_it_searches_no_megatron_fsdp():
+    """megatron-core runs the precision-aware optimizer with the distributed optimizer, not Megatron FSDP (and aceso
+    does not price the pair: PlanSettings refuses it): the search turns the distributed optimizer on and FSDP off
+    instead of searching it (before, --megatron-fsdp auto left FSDP plans in the space, whose settings a plan file
+    could not hold)."""
+    from search.cli.search_cmd import parse_args, training_from_args
+    from search.spec.presets import load_model
+    args = parse_args(["--model", "gpt-1.3b", "--cluster", "1x8-h100", "--global-batch-size", "64", "--target",
+                       "megatron-lm", "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16"])
+    training = training_from_args(args, load_model("gpt-1.3b"))
+    assert training.distributed_optimizer is True and training.megatron_fsdp is False
+    plain = training_from_args(parse_args(["--model", "gpt-1.3b", "--cluster", "1x8-h100", "--global-batch-size",
+                                           "64", "--target", "megatron-lm"]), load_model("gpt-1.3b"))
+    assert plain.megatron_fsdp is None              # searched without it, as before
