@@ -424,16 +424,11 @@ def per_module_of(args: argparse.Namespace) -> tuple:
     path = args.te_precision_config_file
     if path is None:
         return ()
-    from search.settings.precision_overrides import read_yaml
+    from search.settings.precision_overrides import read_file
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise AcesoError(f"--te-precision-config-file {path}: cannot be read ({type(e).__name__}); give the YAML "
-                         "Megatron-LM's --te-precision-config-file reads") from None
-    try:
-        return read_yaml(text)
+        return read_file(path)
     except ValueError as e:
-        raise AcesoError(f"--te-precision-config-file {path}: {str(e).splitlines()[0]}") from None
+        raise AcesoError(str(e).splitlines()[0]) from None
 
 
 def find(args: argparse.Namespace, model=None, quiet: bool = False) -> Found:

@@ -132,12 +132,8 @@ class AnalyticSource:
         self.kern.attn_scale = cluster.gpu.attention_scale or 1.0     # aceso calibrate (search/costmodel/calibration.py)
         self.kernels = kernels
         self.lp = training.precision          # the recipe (search/settings/precision.py); bf16/fp16/fp32: no quantization
-        self.kern_lp = self.kern
-        if lowp.is_low(self.lp):
-            peak = cluster.gpu.peak_tflops(lowp.recipe(self.lp).gemm) * 1e9
-            self.kern_lp = lowprec_kernels(kernels, cluster.gpu.name, peak, self.hbm, lowp.per_elem(self.lp),
-                                           self.lp, self.settings.release)
-        self._kerns = {self.lp: self.kern_lp}
+        self._kerns: dict = {}                # kern_of's kernel models, one per recipe
+        self.kern_lp = self.kern_of(self.lp)
         self.non_tn = GENERATION.get(cluster.gpu.name) == "blackwell"   # FP8 GEMMs in any layout (precision.copies)
         if training.attention == "flash" and not self.kern.has_flash:
             raise AcesoError(f"--attention flash: {cluster.gpu.name} has no flash attention (it needs sm80+, A100 or "
@@ -201,14 +197,10 @@ class AnalyticSource:
         ag, amax = None, 0.0
         if (rc or rr) and sp:     # quantized gathers, current scaling's amax all-reduces
             elems = s * b * self.model.hidden_size
-            if rc == rr:
-                ag = tuple(e * elems for e in lowp.sp_gather_bytes(rc, self.dt))
-                amax = lowp.amax_reductions(rc) * self.comm.all_reduce(4.0, t)
-            else:
-                c, r_ = (lowp.sp_gather_bytes(x_ or "bf16", self.dt) for x_ in (rc, rr))
-                ag = (c[0] * elems, r_[1] * elems, c[2] * elems)
-                amax = max(lowp.amax_reductions(x_) for x_ in (rc or "bf16", rr or "bf16")) * \
-                    self.comm.all_reduce(4.0, t)
+            # (the column linear's input gathers forward and backward, the row linear's output gradient backward)
+            c, r_ = (lowp.sp_gather_bytes(x_ or "bf16", self.dt) for x_ in (rc, rr))
+            ag = (c[0] * elems, r_[1] * elems, c[2] * elems)
+            amax = max(lowp.amax_reductions(x_) for x_ in (rc or "bf16", rr or "bf16")) * self.comm.all_reduce(4.0, t)
         return tp_half(self.comm, kern, col, row, x, t, sp, self._tp_mode(sp, overlap), self._sms, self._tax,
                        ag, amax)
 

@@ -84,9 +84,9 @@ from search.layers.moe_params import (
 from .memory import _has_hidden_dropout
 from .comm import LINK_EFFICIENCY
 from .kernels import GENERATION
-from .moe_primitives import (FLEX_NVL_EFF, FLEX_RDMA_EFF, HYBRIDEP_NVL_EFF_BY_SMS, deepep_buffer_bytes, dispatch_bytes, ep_all_to_all_ms,
-                             flex_all_to_all_ms, flex_destinations, flex_token_bytes, grouped_gemm_bwd_ms,
-                             grouped_gemm_ms)
+from .moe_primitives import (FLEX_NVL_EFF, FLEX_RDMA_EFF, HYBRIDEP_NVL_EFF_BY_SMS, deepep_buffer_bytes,
+                             dispatch_bytes, ep_all_to_all_ms, flex_all_to_all_ms, flex_destinations, flex_token_bytes,
+                             grouped_gemm_bwd_ms, grouped_gemm_ms)
 from .release_constants import value
 from .types import UNAVAILABLE_MS
 

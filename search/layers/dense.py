@@ -173,4 +173,4 @@ MLP = register(LayerKind(
     # selective re-runs the activation function; Megatron-LM's mlp module re-runs the whole MLP: no entry
     layer_parts=_MLP_PARTS, hybrid_slot="mlp_layer", launches=mlp_launches, muon_shapes=mlp_muon,
     offload_inputs=mlp_offload, te_fused_norm="mlp_norm",   # TE spec: the norm in linear_fc1, pre_mlp IdentityOp
-    linears=("mlp.linear_fc1", "mlp.linear_fc2")))   # core_v0.19.0 mlp.py   # TE spec: the norm in linear_fc1, pre_mlp IdentityOp
+    linears=("mlp.linear_fc1", "mlp.linear_fc2")))   # core_v0.19.0 mlp.py

@@ -21,8 +21,8 @@ the cost model and the runtime need to know about it, in one record (``LayerKind
   stage's expert shape, EP dispatch, expert parameters) or are the unit megatron-core's EP overlap pairs with the
   routed-experts unit after it (``ep_overlap_partner``, ``ep_overlap_pairs``); its forward kernel launches by part
   (``launches``, ``costmodel.host``), its linears' module paths (``linears``: megatron-core's ``named_modules``
-  names under the layer, which ``--te-precision-config-file`` patterns match), the 2-D weight shards Muon updates (``muon_shapes``, ``costmodel.optimizers``)
-  and the input bytes of each module the fine-grained offload moves (``offload_inputs``, ``costmodel.stack_cost``;
+  names under the layer, which ``--te-precision-config-file`` patterns match), the 2-D weight shards Muon updates
+  (``muon_shapes``, ``costmodel.optimizers``) and the input bytes of each module the fine-grained offload moves (``offload_inputs``, ``costmodel.stack_cost``;
   ``te_fused_norm``: the norm transformer-engine's spec fuses into the next linear, which it then does not move).
 
 ``register`` adds a kind (``search/layers/__init__.py`` registers the built-in ones in the order a layer runs them,
@@ -89,8 +89,8 @@ class PriceArgs(NamedTuple):
     ``s_enc``: the encoder's, which T5's cross-attention reads), tp ``t``, ``cp``, sequence parallelism ``sp``, the
     TP communication overlap ``overlap``, a quantized unit ``lp`` (a low-precision recipe and not a layer kept in
     bf16; with per-module overrides a ``settings.precision_overrides.UnitRecipes``: each linear's recipe, read
-    through ``src.recipe_of(lp, name)``), the stage's expert shape ``ep`` / ``etp`` and the plan's ``MoEPlanSettings`` ``moe``; ``row(unit)`` prices
-    another unit at the same shape (MTP prices its inner layer's units)."""
+    through ``src.recipe_of(lp, name)``), the stage's expert shape ``ep`` / ``etp`` and the plan's
+    ``MoEPlanSettings`` ``moe``; ``row(unit)`` prices another unit at the same shape (MTP prices its inner layer's units)."""
 
     b: float
     s: int

@@ -44,9 +44,7 @@ formulas (``price_layer``). Checked against megatron-core's own ``MambaLayer`` o
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
-
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
@@ -368,8 +366,6 @@ def mixer_bytes(m: Mamba2Spec, hidden: int, tokens: float, dtype_bytes: float, t
     return dtype_bytes * tokens * (2 * s.conv_dim + s.in_proj_out + s.d_inner + 3 * s.d_inner) / tp
 
 
-# The time of mamba_ssm's mixer kernels (causal_conv1d, the SSD chunk-scan Triton kernels, the gated RMSNorm) over
-# what the kernel model gives their matmuls and memory passes: fitted on the published runs of two hybrid models on
 STATES_BYTES = {"fp32": FP32, "bf16": 2}
 
 
@@ -387,6 +383,8 @@ def states_dtype_extra_bytes(m: Mamba2Spec, hidden: int, seq: int, dtype_bytes: 
                                                                                      tp, cp))
 
 
+# The time of mamba_ssm's mixer kernels (causal_conv1d, the SSD chunk-scan Triton kernels, the gated RMSNorm) over
+# what the kernel model gives their matmuls and memory passes: fitted on the published runs of two hybrid models on
 # three GPU generations (bench/hybrid_published.py --fit: Nemotron-3 Nano on GB300 / GB200 / B300 / B200 / H100 and
 # Nemotron-H 56B on H100 x32 to x2048, 12 rows; docs/costmodel.md, "Mamba-2"). The SSD kernels are launch- and
 # latency-bound small matmuls (Q x Q blocks of 128, head dim 64: tile-ai/tilelang benchmark/mamba2/README.md measures
@@ -402,8 +400,8 @@ def price_layer(src, u, a):
     (docs/costmodel.md, "Mamba-2 and hybrid models"). Backward: the GEMMs' and matmuls' gradients, 1.5x the
     element-wise bytes, and the fused training path's re-run of the conv and the scan (``use_mamba_mem_eff_path``).
     Bytes kept: ``act_bytes`` per token and ``fixed_act_bytes``, plus the pre-norm's input; full recompute keeps the
-    layer input. Transient: fp32 SSM states' extra bytes (``states_dtype_extra_bytes``). Context parallelism (``a.s`` is ``seq / cp``): the mixer's all-to-alls (``cp_all_to_all_ms``) forward
-    and, reversed, backward, exposed (the conv and scan wait for them); each rank then scans the whole sequence for
+    layer input. Transient: fp32 SSM states' extra bytes (``states_dtype_extra_bytes``). Context parallelism (``a.s``
+    is ``seq / cp``): the mixer's all-to-alls (``cp_all_to_all_ms``) forward and, reversed, backward, exposed (the conv and scan wait for them); each rank then scans the whole sequence for
     ``H / (tp cp)`` heads, the same matmul work as ``seq / cp`` tokens of ``H / tp`` heads (``scan_bmms``)."""
     model, dt = src.model, src.dt
     spec, h, t = _spec(model), model.hidden_size, a.t

@@ -220,28 +220,28 @@ REFUSED: dict[str, tuple[object, str]] = {
     "--moe-paged-stash-buffer-size-factor-cpu": (_positive, "a paged stash spilling to host memory is not modelled"),
 }
 
-# flags whose refusal depends on the rest of the line (``_refuse_in_context``): flag -> (refused when, why, harmless
-# when not refused: not listed as unpriced)
-IN_CONTEXT: dict[str, tuple[object, str, bool]] = {
+# flags whose refusal depends on the rest of the line (``_refuse_in_context``): flag -> (refused when, why); not
+# refused, each is megatron-core's default and not listed as unpriced
+IN_CONTEXT: dict[str, tuple[object, str]] = {
     # model_parallel_config.py resolve_tensor_parallel_weight_shards: shards beyond tp are GTP's all-gathered weights
     "--tensor-parallel-num-weight-shards": (
         lambda f: f.get("--tensor-parallel-num-weight-shards") != f.get("--tensor-model-parallel-size", 1),
-        "weight sharding beyond TP (GTP) is not modelled; give --tensor-model-parallel-size's value or drop it", True),
+        "weight sharding beyond TP (GTP) is not modelled; give --tensor-model-parallel-size's value or drop it"),
     "--expert-tensor-parallel-num-weight-shards": (
         lambda f: f.get("--expert-tensor-parallel-num-weight-shards") != (
             f.get("--expert-tensor-parallel-size") or f.get("--tensor-model-parallel-size", 1)),
-        "expert weight sharding beyond ETP (GTP) is not modelled; give the expert TP size or drop it", True),
+        "expert weight sharding beyond ETP (GTP) is not modelled; give the expert TP size or drop it"),
     # model_parallel_config.py: the interleaved schedule's micro-batch group defaults to pp (its warm-up depth)
     "--microbatch-group-size-per-virtual-pipeline-stage": (
         lambda f: f.get("--microbatch-group-size-per-virtual-pipeline-stage") != f.get(
             "--pipeline-model-parallel-size", 1),
         "aceso prices the interleaved schedule's default group (--pipeline-model-parallel-size micro-batches); "
-        "give pp's value or drop it", True),
+        "give pp's value or drop it"),
 }
 
 
 def _refuse_in_context(f: "Flags") -> None:
-    for name, (when, why, _harmless) in IN_CONTEXT.items():
+    for name, (when, why) in IN_CONTEXT.items():
         if f.has(name) and when(f):
             raise AcesoError(f"{' '.join([name, *f.values[name]])}: {why}")
 
@@ -347,7 +347,7 @@ def parse_flags(argv: list[str], rel: Release | None = None) -> Flags:
                 raise AcesoError(f"{name} is followed by {hole}; give its value")
             raise AcesoError(f"{name} takes no value (got {' '.join(vals)})")
         values[name] = vals
-    f = Flags(values, sorted(x for x in ignored if not (x in IN_CONTEXT and IN_CONTEXT[x][2])), rel)
+    f = Flags(values, sorted(ignored - IN_CONTEXT.keys()), rel)
     _refuse_in_context(f)
     return f
 
@@ -520,7 +520,6 @@ def _low_precision(f: Flags, dtype: str, sharded: bool) -> LowPrecision | None:
         raise AcesoError(why)
     return LowPrecision(recipe=recipe, param_gather=gather, bf16_layers_start=start, bf16_layers_end=end,
                         reuse_grad_buf=reuse)
-
 
 
 def _fsdp(f: Flags, notes: list[str]) -> str | None:

@@ -473,15 +473,7 @@ def _mtp_spelling(words: list[str]) -> list[str]:
         return words[at[-1] + 1] if at and at[-1] + 1 < len(words) and not words[at[-1] + 1].startswith("--") \
             else None
     mtp, pattern, n = last(OLD_MTP), last(FLAG), last("--mtp-num-layers")
-    out, skip = [], False
-    for i, w in enumerate(words):          # drop every OLD_MTP and its value
-        if skip:
-            skip = False
-            continue
-        if w == OLD_MTP:
-            skip = i + 1 < len(words) and not words[i + 1].startswith("--")
-            continue
-        out.append(w)
+    out = _without(words, (OLD_MTP,))
     try:
         depth = int(n) if n is not None else 0
     except ValueError:

@@ -90,12 +90,13 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
         raise AcesoError(f"{source}: no command: the file only sets variables ({', '.join(sorted(set(cmd.assigned))[:4])}"
                          f"{', ...' if len(set(cmd.assigned)) > 4 else ''}); give the script that runs "
                          "pretrain_gpt.py or pretrain_t5.py")
-    overrides = te_overrides(cmd.argv, source, text)
     try:
         read = read_argv(cmd.argv, rel) if hybrid else None
         flags = parse_flags(read.argv if read else cmd.argv, rel)
+        path = flags.get(TE_CONFIG)
     except AcesoError as e:
         raise AcesoError(f"{source}: {e}") from None
+    overrides = te_overrides(path, source, text) if path is not None else ()
     sizes = {k: v for k, v in (("the launcher's", cmd.world_size), ("--world-size", world_size),
                                ("the cluster's", cluster.num_gpus if cluster else None)) if v is not None}
     if not sizes:
@@ -133,42 +134,26 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
     return Imported(plan, cfg, notes, flags.ignored, rel, flags)
 
 
-
 TE_CONFIG = "--te-precision-config-file"
 
 
-def te_overrides(argv: list[str], source: str, text: str) -> tuple:
-    """The per-module overrides of ``--te-precision-config-file PATH`` (``settings/precision_overrides.py``), or ():
-    a relative PATH is looked up next to the script (``source`` when it is a file), then in the working directory,
+def te_overrides(path: str, source: str, text: str) -> tuple:
+    """The per-module overrides of ``--te-precision-config-file PATH`` (``settings/precision_overrides.py``): a
+    relative PATH is looked up next to the script (``source`` when it is a file), then in the working directory,
     then as a here-document the script writes (``cat > PATH <<'EOF'``, as ``aceso export`` writes it). Not found,
     unreadable or unsupported: one line."""
     import os
     import re
-    from search.settings.precision_overrides import read_yaml
-    path = None
-    for i, w in enumerate(argv):
-        name, eq, val = w.partition("=")
-        if name == TE_CONFIG:
-            path = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-    if path is None:
-        return ()
+    from search.settings.precision_overrides import read_file, read_yaml
     base = os.path.dirname(os.path.abspath(source)) if os.path.isfile(source) else None
     cands = [path] if os.path.isabs(path) else [p for p in (base and os.path.join(base, path), path) if p]
     found = next((c for c in cands if os.path.isfile(c)), None)
     here = re.search(r"^cat > " + re.escape(path) + r" <<'(\w+)'\n(.*?)^\1$", text, re.M | re.S)
-    if found is not None:
-        try:
-            with open(found, encoding="utf-8") as fh:
-                body = fh.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise AcesoError(f"{source}: {TE_CONFIG} {path}: unreadable ({type(e).__name__})") from None
-    elif here:
-        body = here.group(2)
-    else:
+    if found is None and not here:
         raise AcesoError(f"{source}: {TE_CONFIG} {path}: no such file next to the script or in the working "
                          "directory; give its path")
     try:
-        return read_yaml(body)
+        return read_file(found) if found is not None else read_yaml(here.group(2))
     except ValueError as e:
         raise AcesoError(f"{source}: {str(e).splitlines()[0]}") from None
 

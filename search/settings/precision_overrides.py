@@ -188,6 +188,17 @@ def from_config(data) -> tuple[PrecisionOverride, ...]:
     return tuple(out)
 
 
+def read_file(path: str) -> tuple[PrecisionOverride, ...]:
+    """The overrides of the YAML file ``path`` (``read_yaml``); ``ValueError`` with one line when it cannot be read
+    or is not such a file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--te-precision-config-file {path}: unreadable ({type(e).__name__})") from None
+    return read_yaml(text)
+
+
 def read_yaml(text: str) -> tuple[PrecisionOverride, ...]:
     import yaml
     try:
