@@ -60,6 +60,22 @@ SEARCHES = [("llama3-70b", "8x8-h100", 128), ("llama3-70b", "16x8-h100", 512),
             ("nemotron-3-nano", "4x8-h100", 512), ("nemotron-h-8b", "2x8-h100", 256),
             ("nemotron-h-56b", "8x8-h100", 192)]
 QUICK = {("llama3-70b", "8x8-h100", 128), ("qwen2-57b-a14b", "4x8-h100", 256), ("nemotron-3-nano", "4x8-h100", 512)}
+# NVIDIA's published configurations on more than one pipeline stage, as `aceso search` arguments that hold the search
+# to the configuration's shape (its uniform line is then the configuration on the even split at its best recompute
+# setting). Every published Nemotron-3 performance run is on one stage (bench/hybrid_published.py); Megatron-Bridge's
+# 64-H100 Super recipe is the one on two: NVIDIA-NeMo/Megatron-Bridge 69c2088,
+# src/megatron/bridge/recipes/nemotronh/h100/nemotron_3_super.py `_nemotron_3_super_pretrain_64gpu_h100_bf16_config`
+# (the library's `nemotron_3_super_pretrain_config`): TP1 PP2 EP32 ETP1, no VPP, seq 4096, GBS 1280, MBS 1, BF16, the
+# flex dispatcher (HybridEP), the precision-aware optimizer (fp16 main params, bf16 moments), bf16 gradients, DDP
+# overlaps off. Not carried: its fixed expert capacity 1.10 with padding (priced dropless, as routed evenly) and its
+# selective recompute of layernorm / moe_act / moe / core_attn (each split is priced at its best setting).
+RECIPES = [("nemotron-3-super bridge h100 tp1 pp2 ep32", 1280,
+            ["--model", "nemotron-3-super", "--cluster", "8x8-h100", "--global-batch-size", "1280",
+             "--seq-length", "4096", "--tp", "1", "--pp", "2", "--ep", "32", "--etp", "1", "--vpp", "1",
+             "--micro-batch-sizes", "1", "--sequence-parallel", "off", "--dispatcher", "flex",
+             "--precision", "bf16", "--use-precision-aware-optimizer", "--main-params-dtype", "fp16",
+             "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16", "--grad-reduce-in-bf16",
+             "--overlap", "off", "--target", "megatron-lm", "--workers", "1"])]
 ONE_STAGE = "pp 1: nothing to cut (the |-pattern line is the Megatron-LM line)"
 
 
@@ -118,6 +134,37 @@ def section_config(quick: bool) -> list[dict]:
     return rows
 
 
+def search_row(case: str, plans, cm, gbs: int, cpu: float) -> dict:
+    """One search's lines (``plan_all``'s uniform, Megatron-LM and |-pattern plans) and, under ``config``, its uniform
+    configuration's cuts only (``three_splits``)."""
+    uni = plans.uniform.evaluation if plans.uniform is not None else None
+    mlm = plans.megatron.plans[0] if plans.megatron.plans else None
+    row = {"case": case, "even_ms": _ms(uni), "layers_ms": _ms(mlm),
+           "pattern_ms": _ms(plans.pattern), "pattern_vs_even": _gain(_ms(uni), _ms(plans.pattern)),
+           "pattern_vs_layers": _gain(_ms(mlm), _ms(plans.pattern)), "layers_vs_even": _gain(_ms(uni), _ms(mlm)),
+           "even_plan": describe(uni) if uni is not None and uni.fits else None,
+           "pattern_plan": describe(plans.pattern) if plans.pattern is not None else None,
+           "not_offered": plans.not_offered.get("megatron_lm_pattern"), "search_cpu_s": round(cpu, 1)}
+    if plans.pattern is not None and plans.pattern.state.num_stages == 1:
+        row.update(pattern_ms=None, pattern_vs_even=None, pattern_vs_layers=None, pattern_note=ONE_STAGE)
+    if uni is not None and uni.fits:      # the uniform configuration alone, its cuts only
+        row["config"] = three_splits(Evaluator(cm, gbs, None, "megatron-lm", uni.moe), uni.state)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def section_recipes() -> list[dict]:
+    """``RECIPES``: the search held to each configuration's shape by its arguments (``aceso search`` itself): its
+    uniform line is the configuration on the even split, its |-pattern line the same shape cut anywhere."""
+    from search.cli.search_cmd import find, parse_args
+    rows = []
+    for cid, gbs, argv in RECIPES:
+        t0 = time.process_time()
+        found = find(parse_args([*argv, "--budget-evals", str(BUDGET)]), quiet=True)
+        rows.append(search_row(cid, found.plans, found.cm, gbs, time.process_time() - t0))
+    return rows
+
+
 def section_search(quick: bool, cases=()) -> list[dict]:
     rows = []
     for preset, cluster, gbs in [c for c in SEARCHES if not quick or c in QUICK] + list(cases):
@@ -125,21 +172,7 @@ def section_search(quick: bool, cases=()) -> list[dict]:
         cm = cost_model(model, parse_cluster(cluster), tr)
         t0 = time.process_time()
         plans = plan_all(cm, tr, SearchOptions(budget_evals=BUDGET, workers=1))
-        cpu = time.process_time() - t0
-        uni = plans.uniform.evaluation if plans.uniform is not None else None
-        mlm = plans.megatron.plans[0] if plans.megatron.plans else None
-        row = {"case": f"{preset} {cluster} gbs {gbs}", "even_ms": _ms(uni), "layers_ms": _ms(mlm),
-               "pattern_ms": _ms(plans.pattern), "pattern_vs_even": _gain(_ms(uni), _ms(plans.pattern)),
-               "pattern_vs_layers": _gain(_ms(mlm), _ms(plans.pattern)), "layers_vs_even": _gain(_ms(uni), _ms(mlm)),
-               "even_plan": describe(uni) if uni is not None and uni.fits else None,
-               "pattern_plan": describe(plans.pattern) if plans.pattern is not None else None,
-               "not_offered": plans.not_offered.get("megatron_lm_pattern"), "search_cpu_s": round(cpu, 1)}
-        if plans.pattern is not None and plans.pattern.state.num_stages == 1:
-            row.update(pattern_ms=None, pattern_vs_even=None, pattern_vs_layers=None, pattern_note=ONE_STAGE)
-        if uni is not None and uni.fits:      # the uniform configuration alone, its cuts only
-            row["config"] = three_splits(Evaluator(cm, gbs, None, "megatron-lm", uni.moe), uni.state)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        rows.append(search_row(f"{preset} {cluster} gbs {gbs}", plans, cm, gbs, time.process_time() - t0))
     return rows
 
 
@@ -182,7 +215,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     t0 = time.time()
     config = section_config(args.quick)
-    search = section_search(args.quick, args.case)
+    search = section_recipes() + section_search(args.quick, args.case)
     _table("1. fixed configuration: even / layer-count / |-pattern splits (predicted, analytic)", config)
     _table("2. aceso search lines: uniform (even) / Megatron-LM plan (layer cuts) / Megatron-LM |-pattern",
            search)

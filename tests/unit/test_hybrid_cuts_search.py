@@ -86,3 +86,30 @@ def test_the_heterogeneous_line_is_never_slower_than_the_pattern_line(capsys):
     lines = json.loads(capsys.readouterr().out)["lines"]
     assert lines["megatron_lm_pattern"]["iteration_ms"] < lines["megatron_lm"]["iteration_ms"]
     assert lines["aceso"]["iteration_ms"] <= lines["megatron_lm_pattern"]["iteration_ms"]
+
+
+def test_the_bench_recipe_rows_are_the_published_configuration():
+    """bench/hybrid_cuts.py's RECIPES hold the search to a published configuration's shape, so their uniform line is
+    that configuration on the even split and the |-pattern line the same shape cut elsewhere. Reference: Megatron-
+    Bridge 69c2088 `_nemotron_3_super_pretrain_64gpu_h100_bf16_config`: 64 H100, TP1 PP2 EP32 ETP1, no VPP, MBS 1,
+    GBS 1280, seq 4096, the flex dispatcher, the precision-aware optimizer with fp16 main params and bf16 moments."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import hybrid_cuts
+    from search.cli.search_cmd import find, parse_args, settings_from_args
+
+    (cid, gbs, argv), = [r for r in hybrid_cuts.RECIPES if r[0].startswith("nemotron-3-super")]
+    args = parse_args([*argv, "--budget-evals", "60"])
+    found = find(args, quiet=True)
+    assert (found.cluster.num_gpus, found.model.seq_length, found.training.global_batch_size) == (64, 4096, 1280)
+    pa = settings_from_args(args, found.training, found.model).precision_aware_optimizer
+    assert (pa.main_params_dtype, pa.exp_avg_dtype, pa.exp_avg_sq_dtype) == ("fp16", "bf16", "bf16")
+    uni, pattern = found.plans.uniform.evaluation, found.plans.pattern
+    for e in (uni, pattern):
+        assert e.fits and e.moe.token_dispatcher == "flex"
+        assert [(s.tp, s.dp, s.ep, s.expert_tp) for s in e.state.shapes] == [(1, 32, 32, 1)] * 2
+        assert e.state.mbs // 32 == 1 and len(e.state.bounds) == 3      # one micro-batch per rank, no VPP
+    layers = [b - a for a, b in zip(uni.state.bounds, uni.state.bounds[1:])]
+    assert layers == [44, 46]       # 88 layers evenly, the 2 MTP depths on the last stage
+    assert pattern.iteration_ms <= uni.iteration_ms
