@@ -421,6 +421,21 @@ def _lp_unit(src: AnalyticSource, u):
     return unit_recipes(kind.linears, unit_prefix(u.stack, u.layer), src.lp if q else None, tr.per_module)
 
 
+def _override_params(src: AnalyticSource, u, t: int, x: tuple) -> dict:
+    """Weight parameters per rank of unit ``u``'s linears that a per-module override sets, by the recipe each runs
+    (``_lp_unit``: the recipes its time is priced at; None = bf16); ``x``: (ep, etp, ...) of the moe units. Empty
+    without overrides, and for a kind that names no linears (its unit at its recipe throughout)."""
+    lp = _lp_unit(src, u)
+    kind = layers.resolve(src.model, u.kind)
+    if not isinstance(lp, UnitRecipes) or not lp.matched or kind.linear_params is None:
+        return {}
+    out: dict = {}
+    for name, n in zip(kind.linears, kind.linear_params(src.model, t, x[0], x[1])):
+        if name in lp.matched:
+            out[lp.of(name)] = out.get(lp.of(name), 0.0) + n
+    return out
+
+
 def _unit_rows(src: AnalyticSource, b: float, t: int, cp: int, sp: bool, ov: bool = False,
                x: tuple = (1, 0, None)) -> dict:
     """Each unit's ``layers.Row`` (its kind's pricer: time, bytes kept per recompute choice, parameters per rank),
@@ -461,7 +476,10 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
     rec, act, peak = np.zeros((n, N_RC)), np.zeros((n, N_RC)), np.zeros((n, N_RC))
     params, eparams, epc, eph, epf = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros((n, 2))
     pre = np.zeros(n)                            # moe units: forward before the dispatcher's host wait
+    moved: dict = {}                             # recipe -> (U,) parameters of the linears an override set
     for i, u in enumerate(m.units):
+        for rec_, k in _override_params(src, u, t, x).items():
+            moved.setdefault(rec_, np.zeros(n))[i] = k
         cost, a, params[i], eparams[i], transient = rows[_row_key(src, u)]
         epc[i], eph[i], epf[i], pre[i] = cost.ep_comm, cost.ep_hidden, cost.ep_fwd, cost.fwd_before_wait
         transient /= MB                          # what the unit needs while it runs (MoE: the dispatch buffers)
@@ -504,6 +522,7 @@ def _build_table(src: AnalyticSource, b: float, t: int, cp: int = 1, sp: bool = 
         ep_comm_ms=epc if epc.any() or eph.any() else None, ep_hidden_ms=eph if epc.any() or eph.any() else None,
         ep_fwd_ms=epf if epf.any() else None,
         host_ms=host if host is not None and host.any() else None, graph_mb=graph,
+        override_params=tuple(moved.items()),
     )
 
 

@@ -216,6 +216,10 @@ class CostModel:
         self._ag_lp = lowp.gather_bytes_per_param(training.precision, training.fp8_param_gather, self._w) - self._w
         self._w_lp_fsdp = lowp.fsdp_weight_bytes_per_param(training.precision, training.fp8_param_gather, self._w,
                                                            non_tn)
+        # a linear a per-module override sets: its recipe's copies, its weight bf16 (the override's fp8_param False)
+        self._w_over = {fsdp: {r: lowp.fsdp_weight_bytes_per_param(r or "bf16", False, self._w, non_tn) if fsdp
+                               else lowp.weight_bytes_per_param(r or "bf16", False, non_tn)
+                               for r in (None, *lowp.LOW_PRECISIONS)} for fsdp in (False, True)}
         self._lp_mask = np.array([not lowp.bf16_layer(training.precision, u.layer, model.num_layers,
                                                       training.bf16_layers_start, training.bf16_layers_end)
                                   for u in model.units], dtype=bool)
@@ -415,6 +419,7 @@ class CostModel:
         chunk_fwd, chunk_bwd, chunk_p2p, chunk_comm = [], [], [], []
         split = FWD_COMM[0] in c
         params = act = head_peak = buf = ideal = lp_params = 0.0
+        over = dict.fromkeys((r for r, _ in t.override_params), 0.0)   # recipe -> parameters an override set
         sums = dict.fromkeys(("tpc", "tph", "cpc", "cph", "epc", "eph", "eparams"), 0.0)
         p2p_total = p2p_exposed = 0.0
         in_fl = in_flight_per_chunk(stage_index, S, v, M)
@@ -428,6 +433,10 @@ class CostModel:
             params += c["params"][e] - c["params"][a]
             lp0 = lp_params
             lp_params += float(t.weight_params[a:e][self._lp_mask[a:e]].sum()) if self._w_lp or self._ag_lp else 0.0
+            for r, n_r in t.override_params:    # at their own recipe, not the plan's
+                k_r = float(n_r[a:e].sum())
+                over[r] += k_r
+                lp_params -= k_r if self._w_lp or self._ag_lp else 0.0
             chunk_lp.append(lp_params - lp0)
             for name in sums:
                 sums[name] += c[name][e] - c[name][a]
@@ -500,7 +509,8 @@ class CostModel:
         # the experts' states shard over the expert-DP group where the dense ones shard over dp x cp
         ew, eg, eo = state_divisors(features.fsdp, edp, shard)
         dense = params - experts
-        lp_w = lp_params * (self._w_lp_fsdp if features.fsdp else self._w_lp)
+        lp_w = lp_params * (self._w_lp_fsdp if features.fsdp else self._w_lp) + sum(
+            k * self._w_over[bool(features.fsdp)][r] for r, k in over.items())
         # Muon's parameters keep MUON_OPT_BYTES instead of Adam's (optimizers.py): the difference on their count
         o_dense = dense * self._opt - (mu[0] * (self._opt - MUON_OPT_BYTES) if mu else 0.0)
         o_exp = experts * self._opt - (mu[1] * (self._opt - MUON_OPT_BYTES) if mu else 0.0)
@@ -688,7 +698,8 @@ class CostModel:
                             M: int, me: Shape | None = None) -> tuple[float, dict]:
         """Megatron FSDP's per-micro-batch collectives (``sharding.py``): the exposed parts added to each chunk's
         forward / backward in place; returns (whole-layer buffer MB, comm entries per iteration). ``chunk_lp``: the
-        chunks' low-precision linear parameters, gathered (and buffered) quantized with param gather. MoE: the
+        chunks' linear parameters at the plan's recipe (not those a per-module override sets: bf16 weights), gathered
+        (and buffered) quantized with param gather. MoE: the
         experts' parameters are sharded over the expert-DP group (megatron-core's ``expt_dp`` parameter groups:
         ``edp`` ranks strided by etp x ep), so they are gathered and reduce-scattered there, behind what the dense
         collectives leave of the micro-batch (one DP stream)."""

@@ -263,6 +263,10 @@ class UnitTable:
     # (``host.py``; inside fwd_ms) and the MB of CUDA-graph static buffers each unit keeps per micro-batch in flight
     host_ms: np.ndarray | None = None
     graph_mb: np.ndarray | None = None
+    # optional detail (per-module precision overrides, ``settings.precision_overrides``): per recipe the linears run
+    # (None: bf16), the (U,) weight parameters per rank of each unit's linears an override set, inside
+    # ``weight_params``: their cached copies are charged at that recipe, not the plan's (``evaluate.py``)
+    override_params: tuple[tuple[str | None, np.ndarray], ...] = ()
 
 
 @dataclass

@@ -132,6 +132,22 @@ def mlp_muon(m, t: int, ep: int = 1, etp: int = 0) -> list:
     return [(up * f / t, h, 1), (h, f / t, 1)]
 
 
+def attention_linears(m, t: int, ep: int = 1, etp: int = 0) -> tuple:
+    """``linear_qkv`` (``attention_muon``'s q, k and v) and ``linear_proj``: weight parameters per rank."""
+    q, kv, proj = (r * c * k for r, c, k in attention_muon(m, t))
+    return q + kv, proj
+
+
+def cross_attention_linears(m, t: int, ep: int = 1, etp: int = 0) -> tuple:
+    """``linear_q``, ``linear_kv`` and ``linear_proj`` (``attention_muon``'s shards): weight parameters per rank."""
+    return tuple(r * c * k for r, c, k in attention_muon(m, t))
+
+
+def mlp_linears(m, t: int, ep: int = 1, etp: int = 0) -> tuple:
+    """``linear_fc1`` and ``linear_fc2`` (``mlp_muon``'s shards): weight parameters per rank."""
+    return tuple(r * c * k for r, c, k in mlp_muon(m, t))
+
+
 def attention_offload(m, module: str, b: float, s: float, t: int, sp: bool, dt: float, ep: int = 1,
                       etp: int = 0) -> float:
     """attn_norm / qkv_linear: the residual stream / the norm output (``dt s b h / r``); core_attn: Q, K and V
@@ -157,6 +173,7 @@ ATTENTION = register(LayerKind(
     layer_parts=_ATTENTION_PARTS, hybrid_slot="attention_layer", ep_overlap_partner=True,
     launches=attention_launches, muon_shapes=attention_muon, offload_inputs=attention_offload,
     linears=("self_attention.linear_qkv", "self_attention.linear_proj"),   # core_v0.19.0 attention.py
+    linear_params=attention_linears,
     te_fused_norm="attn_norm"))     # TE spec: TELayerNormColumnParallelLinear linear_qkv, input_layernorm IdentityOp
 
 CROSS_ATTENTION = register(LayerKind(
@@ -166,11 +183,12 @@ CROSS_ATTENTION = register(LayerKind(
     recompute=ATTENTION_RECOMPUTE, megatron_modules={"selective": "core_attn"},
     layer_parts=("pre_cross_attn_layernorm", "cross_attention", "cross_attn_bda"),
     launches=attention_launches, muon_shapes=attention_muon,
-    linears=("cross_attention.linear_q", "cross_attention.linear_kv", "cross_attention.linear_proj")))
+    linears=("cross_attention.linear_q", "cross_attention.linear_kv", "cross_attention.linear_proj"),
+    linear_params=cross_attention_linears))
 
 MLP = register(LayerKind(
     name="mlp", symbol="-", role="mlp", label="MLP", params=mlp_params, flops=mlp_flops, price=price_mlp,
     # selective re-runs the activation function; Megatron-LM's mlp module re-runs the whole MLP: no entry
     layer_parts=_MLP_PARTS, hybrid_slot="mlp_layer", launches=mlp_launches, muon_shapes=mlp_muon,
     offload_inputs=mlp_offload, te_fused_norm="mlp_norm",   # TE spec: the norm in linear_fc1, pre_mlp IdentityOp
-    linears=("mlp.linear_fc1", "mlp.linear_fc2")))   # core_v0.19.0 mlp.py
+    linears=("mlp.linear_fc1", "mlp.linear_fc2"), linear_params=mlp_linears))   # core_v0.19.0 mlp.py

@@ -21,7 +21,8 @@ the cost model and the runtime need to know about it, in one record (``LayerKind
   stage's expert shape, EP dispatch, expert parameters) or are the unit megatron-core's EP overlap pairs with the
   routed-experts unit after it (``ep_overlap_partner``, ``ep_overlap_pairs``); its forward kernel launches by part
   (``launches``, ``costmodel.host``), its linears' module paths (``linears``: megatron-core's ``named_modules``
-  names under the layer, which ``--te-precision-config-file`` patterns match), the 2-D weight shards Muon updates
+  names under the layer, which ``--te-precision-config-file`` patterns match, and each one's weight parameters per
+  rank, ``linear_params``: the memory its recipe keeps), the 2-D weight shards Muon updates
   (``muon_shapes``, ``costmodel.optimizers``) and the input bytes of each module the fine-grained offload moves (``offload_inputs``, ``costmodel.stack_cost``;
   ``te_fused_norm``: the norm transformer-engine's spec fuses into the next linear, which it then does not move).
 
@@ -146,6 +147,9 @@ class LayerKind:
     launches: Callable[..., dict] | None = None           # (model, quantized, n_local, moe) -> launches by part
     linears: tuple[str, ...] = ()               # its transformer-engine linears' module paths under the layer
     #                                             (``settings.precision_overrides``: per-module precision)
+    linear_params: Callable[..., tuple] | None = None     # (model, tp, ep, etp) -> each of ``linears``' weight
+    #                                             parameters on one rank (0: a linear the model lacks), what its
+    #                                             cached quantized copies are charged on (``costmodel.evaluate``)
     muon_shapes: Callable[..., list] | None = None        # (model, tp, ep, etp) -> [(rows, cols, count)] (routed
     #                                                       experts' shards second and third, as ``muon_matrices``)
     offload_inputs: Callable[..., float] | None = None    # (model, module, b, s, t, sp, dt, ep, etp) -> bytes

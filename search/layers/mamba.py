@@ -440,6 +440,12 @@ def mixer_cost(src, a, in_width: int, out_width: int, bmms: list, mix: float, a2
                     comm_fwd=(tpc.fwd, tpc.hidden_fwd, a2a, 0.0))
 
 
+def mamba_linears(model, t: int, ep: int = 1, etp: int = 0) -> tuple:
+    """``in_proj`` and ``out_proj``: weight parameters per rank (``params``)."""
+    p = params(_spec(model), model.hidden_size, t)
+    return p.in_proj, p.out_proj
+
+
 def mamba_launches(m, quantized: bool, n_local: int = 0, moe=None) -> dict:
     """megatron-core 0.19 ``MambaMixer``'s training path: 17, + 3 quantized (``costmodel.host`` lists them)."""
     return {"mamba": 17 + 3 * (1 if quantized else 0)}
@@ -451,6 +457,7 @@ MAMBA = register(LayerKind(
     recompute=("none", "full"),     # no --recompute-modules entry covers a Mamba mixer (megatron-core 0.19)
     hybrid_slot="mamba_layer", launches=mamba_launches, block="mamba",
     linears=("mixer.in_proj", "mixer.out_proj"),       # core_v0.19.0 mamba_layer.py / mamba_mixer.py
+    linear_params=mamba_linears,
     shape_refusal=lambda model, tp, cp: cp_refusal(_spec(model), model.hidden_size, tp, cp),
     # megatron-core's MambaContextParallel on the runtime's per-stage groups is not run against stock megatron-core
     no_runtime_cp="Mamba-2 layers"))

@@ -33,6 +33,15 @@ def mla_muon(m, t: int, ep: int = 1, etp: int = 0) -> list:
                           (a.kv_lora_rank, n * (a.qk_head_dim + a.v_head_dim) / t, 1), (n * a.v_head_dim / t, h, 1)]
 
 
+def mla_linears(m, t: int, ep: int = 1, etp: int = 0) -> tuple:
+    """``MLA.linears``' weight parameters per rank (``mla_muon``'s shards): ``linear_q_proj`` without
+    ``q_lora_rank``, else ``linear_q_down_proj`` and ``linear_q_up_proj``; the KV down and up and output
+    projections."""
+    w = [r * c * k for r, c, k in mla_muon(m, t)]
+    q = (0.0, w[0], w[1]) if m.mla.q_lora_rank else (w[0], 0.0, 0.0)
+    return (*q, *w[-3:])
+
+
 MLA = register(LayerKind(
     name="attention", symbol="+", role="attention", label="MLA", params=mla_params,
     flops=lambda m, s, keys=None: mla_flops(m, s), price=price_mla,
@@ -42,4 +51,5 @@ MLA = register(LayerKind(
     layer_parts=ATTENTION.layer_parts, hybrid_slot="mla_layer", ep_overlap_partner=True, launches=mla_launches,
     muon_shapes=mla_muon, offload_inputs=ATTENTION.offload_inputs, block="mla",
     linears=tuple(f"self_attention.{n}" for n in ("linear_q_proj", "linear_q_down_proj", "linear_q_up_proj",
-                                                    "linear_kv_down_proj", "linear_kv_up_proj", "linear_proj"))))
+                                                    "linear_kv_down_proj", "linear_kv_up_proj", "linear_proj")),
+    linear_params=mla_linears))

@@ -64,6 +64,16 @@ def moe_muon(m, t: int, ep: int = 1, etp: int = 0) -> list:
     return out
 
 
+def moe_linears(m, t: int, ep: int = 1, etp: int = 0) -> tuple:
+    """``MOE.linears``' weight parameters per rank (``moe_muon``'s shards but the router, which is no TE linear): the
+    local experts' fc1 / fc2, the shared expert's and the latent projections' (0 where the model has none)."""
+    w = [r * c * k for r, c, k in moe_muon(m, t, ep, etp)]
+    e = m.moe
+    latent = w[3:5] if e.moe_latent_size else [0.0, 0.0]
+    shared = w[-2:] if e.moe_shared_expert_intermediate_size else [0.0, 0.0]
+    return (w[1], w[2], *shared, *latent)
+
+
 def moe_offload(m, module: str, b: float, s: float, t: int, sp: bool, dt: float, ep: int = 1,
                 etp: int = 0) -> float:
     """mlp_norm: the residual stream; expert_fc1: the dispatched tokens (``dt n h``; LatentMoE: ``dt n l``); moe_act:
@@ -88,4 +98,5 @@ MOE = register(LayerKind(
     routed_experts=True, launches=moe_launches, muon_shapes=moe_muon, offload_inputs=moe_offload,
     block="moe",   # core_v0.19.0 moe_layer.py / experts.py (TEGroupedMLP) / shared_experts.py
     linears=("mlp.experts.linear_fc1", "mlp.experts.linear_fc2", "mlp.shared_experts.linear_fc1",
-             "mlp.shared_experts.linear_fc2", "mlp.fc1_latent_proj", "mlp.fc2_latent_proj")))
+             "mlp.shared_experts.linear_fc2", "mlp.fc1_latent_proj", "mlp.fc2_latent_proj"),
+    linear_params=moe_linears))

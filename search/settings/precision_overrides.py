@@ -24,6 +24,11 @@ pattern that names a layer index (megatron-core matches the stage-local ``named_
 pipeline split: not priced). ``evaluation_recipe`` (validation only) and ``fp8_format`` (e4m3 / hybrid: priced the
 same) are read and not kept.
 
+A linear an override matches is also built under that config (``_get_fp8_model_init_for_quant_params``): its
+weight is a bf16 parameter (``fp8_param`` False), whatever ``--fp8-param-gather`` says; ``UnitRecipes.matched``
+names those linears, and the cost model charges their cached quantized copies at their own recipe
+(``costmodel.analytic._override_params``).
+
 The module paths of a unit's linears: ``unit_prefix`` (``decoder.layers.N.``, an MTP depth's inner layer
 ``mtp.layers.D.mtp_model_layer.``) and each kind's ``LayerKind.linears`` (``search/layers``). Routed experts are
 named as ``TEGroupedMLP`` names them (``mlp.experts.linear_fc1``; ``SequentialMLP``'s
@@ -79,24 +84,32 @@ def _index_why(pattern) -> str:
             "moves with the pipeline split (not priced); use patterns on module names (*.linear_qkv)")
 
 
-def recipe_of(path: str, default: str | None, overrides) -> str | None:
-    """The recipe the linear at module ``path`` runs: the first override whose pattern matches, where the layer's
-    own recipe ``default`` is quantized (None / "bf16": unquantized, left so); else ``default``. None = bf16."""
+def match(path: str, default: str | None, overrides) -> PrecisionOverride | None:
+    """The override that sets the recipe of the linear at module ``path``: the first whose pattern matches, where
+    the layer's own recipe ``default`` is quantized (None / "bf16": unquantized, left so); None: no override."""
     if default in (None, "bf16"):
         return None
-    for o in overrides:
-        if fnmatch.fnmatch(path, o.pattern):
-            return None if o.recipe == "bf16" else o.recipe
-    return default
+    return next((o for o in overrides if fnmatch.fnmatch(path, o.pattern)), None)
+
+
+def recipe_of(path: str, default: str | None, overrides) -> str | None:
+    """The recipe the linear at module ``path`` runs: its override's (``match``), else ``default``. None = bf16."""
+    o = match(path, default, overrides)
+    if o is None:
+        return None if default in (None, "bf16") else default
+    return None if o.recipe == "bf16" else o.recipe
 
 
 @dataclass(frozen=True)
 class UnitRecipes:
     """The recipe of each linear of one unit (``PriceArgs.lp``): ``named`` every linear of its kind, ``default``
-    (the layer's own recipe, None = bf16) for what a kind does not name. Truthy when any linear is quantized."""
+    (the layer's own recipe, None = bf16) for what a kind does not name; ``matched`` the linears an override set
+    (built with the override's parameter setting, ``fp8_param`` False: their weights stay bf16 under
+    ``--fp8-param-gather``). Truthy when any linear is quantized."""
 
     default: str | None
     named: tuple[tuple[str, str | None], ...] = ()
+    matched: tuple[str, ...] = ()
 
     def of(self, name: str | None) -> str | None:
         for n, r in self.named:
@@ -120,10 +133,11 @@ def unit_prefix(stack: str, layer: int) -> str:
 
 
 def unit_recipes(linears: tuple[str, ...], prefix: str, default: str | None, overrides) -> UnitRecipes:
-    """A unit's ``UnitRecipes``: each of its kind's ``linears`` under ``prefix`` through ``recipe_of``."""
+    """A unit's ``UnitRecipes``: each of its kind's ``linears`` under ``prefix`` through ``recipe_of`` / ``match``."""
     if not overrides:
         return UnitRecipes(default)
-    return UnitRecipes(default, tuple((n, recipe_of(prefix + n, default, overrides)) for n in linears))
+    return UnitRecipes(default, tuple((n, recipe_of(prefix + n, default, overrides)) for n in linears),
+                       tuple(n for n in linears if match(prefix + n, default, overrides) is not None))
 
 
 # ----- megatron-core's YAML ---------------------------------------------------------------------------------------

@@ -297,3 +297,95 @@ def test_search_reads_the_overrides_and_explain_promises_what_search_returns(tmp
     assert main(["search", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--te-precision-config-file" in err, err
+
+
+# ----- memory: each linear's cached quantized weight at the recipe it runs ----------------------------------------
+def _ceil(x, k):
+    return -(-x // k) * k
+
+
+def _te_weight_cache_bytes(recipe, rows, cols):
+    """Bytes of the weight workspace transformer-engine caches for a linear of weight (rows, cols) in training
+    (``module/linear.py``: ``weight_quantizer.set_usage(rowwise=True, columnwise=True)`` under grad, cached by
+    ``base.py`` ``quantize_weight(..., cache=True)`` in ``_fp8_workspaces``), from each quantizer's
+    ``inner_tensor_specs`` (NVIDIA/TransformerEngine, ``tensor/mxfp8_tensor.py`` / ``tensor/nvfp4_tensor.py``):
+    MXFP8 rowwise and columnwise uint8 data (rows x cols each), E8M0 scale_inv (ceil(rows, 128) x
+    ceil(cols / 32, 4)) and (ceil(rows / 32, 4) x ceil(cols, 128)); NVFP4 two packed FP4 copies (rows x cols / 2
+    each), E4M3 scale_inv (ceil(rows, 128) x ceil(cols / 16, 4)) and (ceil(cols, 128) x ceil(rows / 16, 4)), and
+    one fp32 amax per direction. bf16: nothing cached."""
+    if recipe == "mxfp8":
+        return (2 * rows * cols + _ceil(rows, 128) * _ceil(cols // 32, 4) + _ceil(rows // 32, 4) * _ceil(cols, 128))
+    if recipe == "nvfp4":
+        return (rows * cols + _ceil(rows, 128) * _ceil(-(-cols // 16), 4) + _ceil(cols, 128) * _ceil(-(-rows // 16), 4)
+                + 2 * 4)
+    assert recipe == "bf16"
+    return 0
+
+
+def _params_mb(cm, m, tp=1):
+    st = cm.stage_cost(0, 1, 0, 0, m.num_units, tp=tp, dp=1, recompute=[0] * m.num_units, micro_batch_size=2)
+    return st.memory_breakdown["params"]
+
+
+def test_bf16_override_drops_the_cached_quantized_weights():
+    """NVFP4 on a B200, linear_qkv and linear_proj in bf16 (Super's te_quant.cfg): each attention unit's two weights
+    no longer hold transformer-engine's NVFP4 weight cache (hand-computed from TE's storage); nothing else moves."""
+    m, nv = _cm("nvfp4")
+    _, ov = _cm("nvfp4", (PrecisionOverride(pattern="*.linear_qkv", recipe="bf16"),
+                          PrecisionOverride(pattern="*.linear_proj", recipe="bf16")))
+    h, q, kv = m.hidden_size, m.num_attention_heads * m.head_dim, m.groups * m.head_dim
+    n_att = sum(u.kind == "attention" for u in m.units)
+    # megatron-core TELayerNormColumnParallelLinear linear_qkv weight (q + 2 kv, h), TERowParallelLinear (h, q)
+    te = n_att * (_te_weight_cache_bytes("nvfp4", q + 2 * kv, h) + _te_weight_cache_bytes("nvfp4", h, q))
+    assert n_att == 4 and te > 0
+    assert _params_mb(nv, m) - _params_mb(ov, m) == pytest.approx(te / 2**20, rel=1e-3)
+
+
+def test_mxfp8_override_under_nvfp4_charges_the_larger_cache():
+    """NVFP4 with Mamba out_proj in MXFP8 (Super's te_quant.cfg): each out_proj weight (h, d_inner) caches MXFP8
+    data and scales (about 2.06 bytes per weight) instead of NVFP4's (about 1.13): the stage needs more."""
+    m, nv = _cm("nvfp4")
+    _, ov = _cm("nvfp4", (PrecisionOverride(pattern="*mixer.out_proj", recipe="mxfp8"),))
+    from search.layers.mamba import _spec, shape
+    d_inner, h = shape(_spec(m), m.hidden_size).d_inner, m.hidden_size
+    n_mamba = sum(u.kind == "mamba" for u in m.units)
+    te = n_mamba * (_te_weight_cache_bytes("mxfp8", h, d_inner) - _te_weight_cache_bytes("nvfp4", h, d_inner))
+    assert n_mamba == 24 and te > 0.9 * n_mamba * h * d_inner
+    assert _params_mb(ov, m) - _params_mb(nv, m) == pytest.approx(te / 2**20, rel=1e-3)
+
+
+def test_an_overridden_linear_keeps_a_bf16_weight_under_param_gather():
+    """--fp8-param-gather with an override of the plan's own recipe: megatron-core builds the matched linear under
+    its config's ``fp8_param`` (False: core_v0.19.0 extensions/transformer_engine.py
+    ``_get_fp8_model_init_for_quant_recipe`` ``enabled = qrecipe.fp8_param``), so its weight is a bf16 parameter
+    beside the cached copies (2 bytes per weight more), and the distributed optimizer gathers it in bf16."""
+    m = load_model("llama3-8b")
+    tr = dict(global_batch_size=16, micro_batch_sizes=[2], precision="fp8-blockwise", attention="flash",
+              fp8_param_gather=True, distributed_optimizer=True)
+    a = make_cost_model(m, parse_cluster("1x8-h100"), TrainingSpec(**tr))
+    b = make_cost_model(m, parse_cluster("1x8-h100"), TrainingSpec(
+        **tr, per_module=(PrecisionOverride(pattern="*.linear_fc2", recipe="fp8-blockwise"),)))
+    n_mlp = sum(u.kind == "mlp" for u in m.units)
+    fc2 = m.hidden_size * m.ffn_hidden_size           # TERowParallelLinear linear_fc2 weight (h, f), tp 1
+    assert _params_mb(b, m) - _params_mb(a, m) == pytest.approx(2 * n_mlp * fc2 / 2**20, rel=1e-9)
+
+
+def test_each_kind_names_the_weights_of_its_linears():
+    """``LayerKind.linear_params`` gives one count per named linear, and the dense kinds' counts are their weights
+    (the unit's parameters less its norm, Q/K norms and biases)."""
+    from search import layers
+    from search.costmodel.memory import unit_params_per_rank
+    m = load_model("llama3-8b")
+    for kind in layers.kind.kinds():
+        if kind.linears:
+            assert kind.linear_params is not None, kind.name
+    att, mlp = layers.resolve(m, "attention"), layers.resolve(m, "mlp")
+    h, q, kv, f = m.hidden_size, m.num_attention_heads * m.head_dim, m.groups * m.head_dim, m.ffn_hidden_size
+    assert att.linear_params(m, 2) == (h * (q + 2 * kv) / 2, h * q / 2)
+    assert mlp.linear_params(m, 2) == (2 * f * h / 2, h * f / 2)
+    assert sum(mlp.linear_params(m, 2)) == unit_params_per_rank(m, "mlp", 2) - m.hidden_size   # its RMSNorm
+    # LatentMoE (Nemotron-3 Super: 512 experts of 2688 at the 1024 latent, a 5376 shared expert, squared ReLU), tp 2,
+    # ep 64, etp 1: 8 local experts' fc1 / fc2, the shared expert split over tp, the latent projections whole
+    s = load_model("nemotron-3-super")
+    assert layers.resolve(s, "moe").linear_params(s, 2, 64, 1) == (8 * 2688 * 1024, 8 * 1024 * 2688, 5376 * 4096 / 2,
+                                                                   4096 * 5376 / 2, 1024 * 4096, 4096 * 1024)
