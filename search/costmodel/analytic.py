@@ -412,9 +412,10 @@ def _seqs(model: ModelSpec, cp: int = 1) -> tuple[int, int]:
 def _lp_unit(src: AnalyticSource, u):
     """Whether unit ``u`` runs its linear GEMMs quantized (a low-precision recipe, not a layer kept in bf16); with
     per-module overrides its ``UnitRecipes`` (each linear's recipe, ``settings.precision_overrides``)."""
-    tr = src.training
-    q = src.kern_lp is not src.kern and not lowp.bf16_layer(tr.precision, u.layer, src.model.num_layers,
-                                                               tr.bf16_layers_start, tr.bf16_layers_end)
+    tr, m = src.training, src.model
+    q = src.kern_lp is not src.kern and lowp.unit_quantized(
+        tr.precision, u.layer, m.num_layers, tr.bf16_layers_start, tr.bf16_layers_end,
+        mtp=u.kind == "mtp" or u.stack == "mtp", hybrid=bool(m.hybrid_layer_pattern))
     if not tr.per_module:
         return q
     kind = layers.resolve(src.model, u.kind)

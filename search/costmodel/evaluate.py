@@ -220,8 +220,9 @@ class CostModel:
         self._w_over = {fsdp: {r: lowp.fsdp_weight_bytes_per_param(r or "bf16", False, self._w, non_tn) if fsdp
                                else lowp.weight_bytes_per_param(r or "bf16", False, non_tn)
                                for r in (None, *lowp.LOW_PRECISIONS)} for fsdp in (False, True)}
-        self._lp_mask = np.array([not lowp.bf16_layer(training.precision, u.layer, model.num_layers,
-                                                      training.bf16_layers_start, training.bf16_layers_end)
+        self._lp_mask = np.array([lowp.unit_quantized(training.precision, u.layer, model.num_layers,
+                                                      training.bf16_layers_start, training.bf16_layers_end,
+                                                      mtp=u.kind == "mtp", hybrid=bool(model.hybrid_layer_pattern))
                                   for u in model.units], dtype=bool)
         opt_bytes = OPT_BYTES_PER_PARAM[training.dtype] + (2.0 if fp32g and training.dtype != "fp32" else 0)
         if pa is not None:

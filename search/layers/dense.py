@@ -76,8 +76,8 @@ def _quantized(src, act: tuple, second: int, a, names: tuple = (None, None)) -> 
     return tuple(x if j == 2 else x - save for j, x in enumerate(act))
 
 
-def _window(m, u) -> bool:
-    return u.stack == "decoder" and layer_variants.is_window_layer(m, u.layer)
+def _window(m, u) -> bool:      # (an MTP depth's inner layer: the decoder's last, ``layers.mtp.price_mtp``)
+    return u.stack in ("decoder", "mtp") and layer_variants.is_window_layer(m, u.layer)
 
 
 def price_attention(src, u, a) -> Row:
@@ -168,7 +168,8 @@ ATTENTION = register(LayerKind(
     name="attention", symbol="*", role="attention", params=attention_params, flops=attention_flops,
     price=price_attention,
     # a sliding-window layer scores s x min(s, window) keys (layer_variants) and is priced as its own row
-    keys=lambda m, u, s, s_enc: layer_variants.window_keys(m, u.layer, s) if u.stack == "decoder" else None,
+    keys=lambda m, u, s, s_enc: layer_variants.window_keys(m, u.layer, s) if u.stack in ("decoder", "mtp")
+    else None,
     row_variant=_window, recompute=ATTENTION_RECOMPUTE, megatron_modules={"selective": "core_attn"},
     layer_parts=_ATTENTION_PARTS, hybrid_slot="attention_layer", ep_overlap_partner=True,
     launches=attention_launches, muon_shapes=attention_muon, offload_inputs=attention_offload,

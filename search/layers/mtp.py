@@ -23,10 +23,10 @@ def shares_weights(m, u) -> bool:
 
 def price_mtp(src, u, a) -> Row:
     m = src.model
-    # the inner layer priced as the decoder's last; with per-module precision overrides under its own module path
-    # (``mtp.layers.D.mtp_model_layer.``: settings.precision_overrides.unit_prefix)
-    stack = "mtp" if getattr(src.training, "per_module", ()) else "decoder"
-    att, ffn = (a.row(type(u)(stack, m.num_layers - 1, k)) for k in mtp_inner_kinds(m))
+    # the inner layer priced as the decoder's last (its sliding window too), in the ``mtp`` stack: its recipe is
+    # an MTP depth's (``settings.precision.mtp_quantized``), its module path for per-module precision overrides
+    # ``mtp.layers.D.mtp_model_layer.`` (``settings.precision_overrides.unit_prefix``)
+    att, ffn = (a.row(type(u)("mtp", m.num_layers - 1, k)) for k in mtp_inner_kinds(m))
     cost, act, params, experts = src.mtp_unit(a.b, a.s, a.t, a.sp, att.cost, att.act, ffn.cost,
                                       (*ffn.act, ffn.transient), att.params, (ffn.params, ffn.expert_params))
     if shares_weights(m, u):

@@ -196,6 +196,28 @@ def bf16_layer(precision: str, layer: int, num_layers: int, start: int, end: int
     return not is_low(precision) or layer < start or layer >= num_layers - end
 
 
+def mtp_quantized(precision: str, hybrid: bool) -> bool:
+    """Whether megatron-core runs a multi-token-prediction depth's linears quantized under ``precision``
+    (transformer/multi_token_prediction.py, core_v0.16.1-0.19.0): a GPT model's MTP layer under the fp8 context of
+    the whole block (``get_fp8_context(config)``, layer_no -1: whatever the first / last bf16 layers) and under no
+    fp4 context ("TODO: currently ignoring FP4 in MTP layers"); a hybrid model's (``hybrid``: a model written as a
+    hybrid layer pattern; 0.17+ builds its MTP layer as a ``HybridStack``, models/hybrid/hybrid_block.py) under each
+    inner layer's own fp8 or fp4 context, by its index in the MTP pattern (0, 1, ...): quantized, unless
+    --num-layers-at-start-in-bf16 covers that index (not priced: the inner layers are priced quantized)."""
+    gemm = RECIPES[precision].gemm
+    return gemm == "fp8" or (hybrid and gemm == "fp4")
+
+
+def unit_quantized(precision: str, layer: int, num_layers: int, start: int, end: int, mtp: bool = False,
+                   hybrid: bool = False) -> bool:
+    """Whether a unit of layer ``layer`` runs its linears quantized: an MTP depth's (``mtp``) by ``mtp_quantized``,
+    a decoder layer's unless it is kept in bf16 (``bf16_layer``). The one answer the time (``costmodel.analytic``)
+    and the memory of its cached quantized weights (``costmodel.evaluate``) both use."""
+    if mtp:
+        return is_low(precision) and mtp_quantized(precision, hybrid)
+    return not bf16_layer(precision, layer, num_layers, start, end)
+
+
 def megatron_flags(precision: str, param_gather: bool = False, start: int = 0, end: int = 0,
                    reuse_grad_buf: bool = False) -> list[str]:
     """The Megatron-LM flags of a recipe (beyond ``--bf16``)."""
