@@ -12,8 +12,12 @@ prints, the plan ``--save-best`` writes is the plan its ``-o`` writes, and a lar
 returns a slower plan. A line is offered only when its target runs the model (``capabilities.model_refusal``: the
 aceso runtime has no low-precision recipes, GPT-OSS softmax offset or MoE expert bias yet); else it says why.
 
-An MoE configuration's settings are kept (``moe_flags``): its token dispatcher is the first of ``--dispatcher``
-(the search runs under it; the others are priced on its finalists), its router dtype ``--moe-router-dtype``; its
+A configuration's DP and pipeline tuning is kept (``tuning_flags``): its DDP buckets, DP alignment, rank order and
+SHARP (``settings.data_parallel``, as Megatron-LM's flags) and its interleaved p2p without overlap
+(``--no-overlap-p2p-communication``); the heterogeneous line is not offered where the runtime does not run them
+(``tuning_refusal``). An MoE configuration's settings are kept (``moe_flags``): its token dispatcher is the first of
+``--dispatcher`` (the search runs under it; the others are priced on its finalists), its router dtype
+``--moe-router-dtype``, its HybridEP SM count ``--moe-hybridep-num-sms``; its
 expert shape is a candidate where it is etp 1 or the stage's tp, and its routing (forced balance, capacity,
 padding: the model's ``moe`` fields) travels in the spec file the command names.
 
@@ -113,6 +117,7 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
     degrees = virtual_degrees(m, SPACE_TARGET[target])
     if v not in degrees:
         argv += ["--vpp", *map(str, sorted({*degrees, v}))]
+    argv += tuning_flags(plan)
     argv += moe_flags(plan)
     attention = args.attention or "auto"
     if attention != "auto" and attention != _auto_attention(plan, args):
@@ -126,6 +131,15 @@ def search_argv(plan, args, target: str, budget: int, model_file: str = "SPEC.js
             argv += ["--grad-reduce-in-bf16"]
     argv += ["--budget-evals", str(budget)]
     return argv
+
+
+def tuning_flags(plan) -> list[str]:
+    """The search flags that keep a configuration's DP and pipeline tuning in every plan of the search: its DDP
+    buckets, DP alignment, rank order and SHARP (Megatron-LM's flags, ``data_parallel.to_flags``) and its
+    interleaved schedule's p2p without overlap (``--no-overlap-p2p-communication``)."""
+    from search.settings.data_parallel import to_flags
+    s = plan.settings
+    return to_flags(s.data_parallel) + (["--no-overlap-p2p-communication"] if s.overlap_p2p_comm is False else [])
 
 
 def moe_flags(plan) -> list[str]:
@@ -143,6 +157,7 @@ def moe_flags(plan) -> list[str]:
         gpu = plan.cluster.gpu.name != "cpu"
         out += ["--dispatcher", own, *[d for d in DISPATCHERS if d != own and (gpu or d != "flex")]]
     out += ["--moe-router-dtype", plan.moe.router_dtype or "model"]
+    out += ["--moe-hybridep-num-sms", str(plan.moe.hybridep_num_sms)] if plan.moe.hybridep_num_sms else []
     return out
 
 
@@ -179,7 +194,8 @@ def search_lines(plan, config_ms: float, args, budget: int, save_best: str | Non
         line = {"target": target, "command": "aceso search " + shlex.join(argv)}
         out[key] = line
         why = model_refusal(target, plan.model, low, plan.model.params_dtype, plan.cluster.gpu,
-                            plan.settings.optimizer, plan.settings.precision_aware_optimizer)
+                            plan.settings.optimizer, plan.settings.precision_aware_optimizer) or \
+            tuning_refusal(plan, target)
         if why is not None:
             line["not_offered"] = why
             continue
@@ -196,6 +212,14 @@ def search_lines(plan, config_ms: float, args, budget: int, save_best: str | Non
     if behind is not None:
         out["aceso"]["slower_than_drop_in"] = behind
     return out
+
+
+def tuning_refusal(plan, target: str) -> str | None:
+    """Why ``target`` runs no plan with the configuration's DP tuning (the aceso runtime: ``--ddp-num-buckets``,
+    ``--use-tp-pp-dp-mapping``, ``--use-sharp``; ``data_parallel.runtime_refusal``), or None."""
+    from search.settings.data_parallel import FLAGS, runtime_refusal
+    why = runtime_refusal(plan.settings.data_parallel) if target == "aceso" else None
+    return f"the configuration's {FLAGS[why[0]]}: {why[1]}" if why else None
 
 
 def behind_drop_in(drop_in: dict, het: dict) -> str | None:

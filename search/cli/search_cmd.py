@@ -85,6 +85,31 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                      help="the router's gating GEMM and scores in this dtype in every plan (Megatron-LM "
                           "--moe-router-dtype: numerics, not searched; default fp32, as every Megatron-Bridge MoE "
                           "recipe and NVIDIA's published MoE runs; model: the model's dtype, Megatron-LM's default)")
+    moe.add_argument("--moe-hybridep-num-sms", type=int, choices=(16, 32), default=None,
+                     help="SMs of HybridEP's dispatch / combine kernels in every plan that uses HybridEP (flex "
+                          "dispatcher; Megatron-LM --moe-hybridep-num-sms: a tuning, not searched; 16 or 32, "
+                          "HybridEP's published rates; default: the release's)")
+    dp = p.add_argument_group("Data-parallel and pipeline tuning", "Megatron-LM's flags, kept in every plan (not "
+                              "searched; search/settings/data_parallel.py):\nthe DDP buckets, the schedule's "
+                              "alignment of the DP collectives, the rank order,\nSHARP and the interleaved "
+                              "schedule's p2p overlap.")
+    dp.add_argument("--ddp-bucket-size", type=positive_int, default=None, metavar="N",
+                    help="parameters per DDP bucket (default: megatron-core's max(40M, 1M x dp))")
+    dp.add_argument("--ddp-num-buckets", type=positive_int, default=None, metavar="N",
+                    help="each rank's bucket size is its parameter count // N (not with --ddp-bucket-size; "
+                         "--target megatron-lm)")
+    dp.add_argument("--no-align-grad-reduce", action="store_true",
+                    help="each pipeline rank launches its gradient reduction itself, not aligned by the schedule")
+    dp.add_argument("--no-align-param-gather", action="store_true",
+                    help="the interleaved schedule does not gather the next chunk's parameters at a chunk's first "
+                         "forward")
+    dp.add_argument("--use-tp-pp-dp-mapping", action="store_true",
+                    help="megatron-core rank order tp-cp-ep-pp-dp (--target megatron-lm, dense models)")
+    dp.add_argument("--use-sharp", action="store_true",
+                    help="InfiniBand SHARP for the DP x CP groups (--target megatron-lm)")
+    dp.add_argument("--no-overlap-p2p-communication", action="store_true",
+                    help="the interleaved schedule's p2p synchronous and batched (Megatron-LM then runs virtual "
+                         "stages on more than 2 pipeline stages only)")
     p.add_argument("--distributed-optimizer", choices=tuple(SWITCH), default="auto",
                    help="shard optimizer states over DP: auto (searched, default), on, off")
     p.add_argument("--overlap", choices=tuple(SWITCH), default="auto",
@@ -255,6 +280,7 @@ def training_from_args(args, model, gpu=None):
                             expert_tensor_parallel_sizes=args.expert_tensor_parallel_sizes,
                             token_dispatchers=_unique(args.token_dispatchers),
                             moe_router_dtype=router_dtype(args.moe_router_dtype, model), optimizer=args.optimizer,
+                            moe_hybridep_num_sms=args.moe_hybridep_num_sms,
                             activation_offload=SWITCH[args.activation_offload])
     except pydantic.ValidationError as e:
         raise AcesoError(format_validation_error(e)) from None
@@ -289,11 +315,43 @@ def settings_from_args(args, training, model):
                          f"{training.precision}); drop it")
     rel = bridge_release(args, model) if target == "megatron-bridge" else release_of(args)
     pa = precision_aware_of(args)
-    return target_settings(Target.of(target, rel),
-                           PlanSettings(low_precision=of_training(training), optimizer=training.optimizer,
-                                        **({"precision_aware_optimizer": pa, "distributed_optimizer": True} if pa
-                                           else {})),
-                           training.dtype, bf16_reduce)
+    settings = target_settings(Target.of(target, rel),
+                               PlanSettings(low_precision=of_training(training), optimizer=training.optimizer,
+                                            **({"precision_aware_optimizer": pa, "distributed_optimizer": True} if pa
+                                               else {})),
+                               training.dtype, bf16_reduce)
+    return settings.model_copy(update={"data_parallel": data_parallel_of(args, target),
+                                       "overlap_p2p_comm": False if getattr(args, "no_overlap_p2p_communication",
+                                                                            False) else None})
+
+
+def data_parallel_of(args, target: str = "aceso"):
+    """The DP tuning every plan of the search runs (``--ddp-bucket-size`` ... ``--use-sharp``, read as the import
+    reads Megatron-LM's: ``data_parallel.from_flags``), or None; refused in one line where ``target`` runs no plan
+    with it (the aceso runtime: ``data_parallel.runtime_refusal``; Megatron-Bridge: the fields its export has,
+    ``names.bridge_ddp_fields``)."""
+    import pydantic
+
+    from search.io.errors import format_validation_error
+    from search.settings.data_parallel import FLAGS, from_flags, runtime_refusal
+    try:
+        d = from_flags(getattr(args, "ddp_bucket_size", None), getattr(args, "no_align_grad_reduce", False),
+                       getattr(args, "no_align_param_gather", False), getattr(args, "use_tp_pp_dp_mapping", False),
+                       getattr(args, "use_sharp", False), getattr(args, "ddp_num_buckets", None))
+    except pydantic.ValidationError as e:
+        raise AcesoError("--ddp-bucket-size with --ddp-num-buckets: " + format_validation_error(e)) from None
+    why = runtime_refusal(d) if target == "aceso" else None
+    if why is not None:
+        raise AcesoError(f"{FLAGS[why[0]]} with --target aceso: {why[1]}; search with --target megatron-lm, or drop "
+                         "it")
+    if target == "megatron-bridge":
+        from search.megatron.config import NotExpressible
+        from search.megatron.names import bridge_ddp_fields
+        try:
+            bridge_ddp_fields(d)
+        except NotExpressible as e:
+            raise AcesoError(f"--target megatron-bridge: {e}") from None
+    return d
 
 
 def precision_aware_of(args):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from search.io.errors import AcesoError
 from search.settings.data_parallel import from_flags as dp_from_flags
 from search.settings.fsdp import STRATEGIES, ActivationOffload, MegatronFSDP
-from search.settings.plan_settings import PlanSettings, grad_reduce_from_flags
+from search.settings.plan_settings import PlanSettings, grad_reduce_from_flags, sync_p2p_refused
 from search.settings.optimizer_state import (FLAG_FIELDS as PA_DTYPE_FLAGS, USE_FLAG as PA_FLAG,
                                              from_flags as pa_from_flags, refusal as pa_refusal)
 from search.settings.precision import REUSE_FLAG, LowPrecision, from_megatron, reuse_grad_buf_check
@@ -464,7 +464,7 @@ def _overlap_p2p(f: Flags, pp: int, vpp: int, notes: list[str]) -> bool | None:
         notes.append("--no-overlap-p2p-communication without virtual stages does nothing (Megatron-LM overlaps p2p "
                      "only in the interleaved schedule)")
         return None
-    if pp <= 2:
+    if sync_p2p_refused(False, pp, vpp):
         raise AcesoError(f"--no-overlap-p2p-communication with --pipeline-model-parallel-size {pp} and virtual "
                          "stages: Megatron-LM asserts pp > 2 (several batched sends between the same two ranks); "
                          "drop the flag or use pp > 2")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from search.spec.plan import ParallelPlan
 from search.settings.moe_plan import expert_tp, moe_settings
+from search.settings.plan_settings import sync_p2p_refused
 from . import arch_flags
 from .config import HINT, MegatronConfig, NotExpressible, Recompute, layer_bounds, layer_name, num_layers
 from .recompute import recompute_of
@@ -165,6 +166,10 @@ def _check_features(plan: ParallelPlan) -> None:
         # torch fsdp2, megatron fsdp, or inference mode" (the import refuses such a line too)
         raise NotExpressible("settings.low_precision.param_gather needs settings.distributed_optimizer or "
                              "megatron_fsdp: Megatron-LM's validate_args asserts it; turn one on")
+    if sync_p2p_refused(s.overlap_p2p_comm, plan.num_stages, plan.num_virtual_stages):
+        raise NotExpressible(f"settings.overlap_p2p_comm false with virtual stages on {plan.num_stages} pipeline "
+                             "stages: Megatron-LM's --no-overlap-p2p-communication asserts pp > 2 with them; use "
+                             "more stages, one model chunk per stage, or the overlap")
     if m.make_vocab_size_divisible_by % tp and m.padded_vocab_size % tp:
         raise NotExpressible(
             f"model.make_vocab_size_divisible_by ({m.make_vocab_size_divisible_by}): Megatron-LM pads the "

@@ -271,7 +271,7 @@ def _parallel(c: MegatronConfig) -> list[str]:
             out += [flag, v] if v else []         # megatron-core 0.19 flags
     off = s.activation_offload
     out += ["--cpu-offloading-num-layers", str(off.num_layers)] if off is not None else []
-    out += [x for flag in dp_flags(_dp_written(c, "megatron-lm")) for x in flag.split()]
+    out += dp_flags(_dp_written(c, "megatron-lm"))
     out += pa_flags(s.precision_aware_optimizer)
     out += ["--no-overlap-p2p-communication"] if s.overlap_p2p_comm is False and c.vpp > 1 else []
     return out + stack_args(s.stack, s.optimizer)

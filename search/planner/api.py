@@ -34,7 +34,8 @@ def make_space(cm, training, target: str = "aceso", moe=None) -> Space:
     allowed = available() if available is not None else None
     measured = getattr(getattr(cm, "source", None), "expert_shapes", None)
     space = Space.of(cm.model, cm.cluster, training, priced=getattr(cm, "features", frozenset()), target=target,
-                     allowed=allowed, moe=moe, expert_shapes=measured() if measured is not None else None)
+                     allowed=allowed, moe=moe, expert_shapes=measured() if measured is not None else None,
+                     sync_p2p=getattr(getattr(cm, "settings", None), "overlap_p2p_comm", True) is False)
     if not space.batches:
         raise AcesoError(f"--micro-batch-sizes: none divides --global-batch-size ({training.global_batch_size})")
     if allowed is not None and not space.candidate_shapes() & space.allowed:

@@ -56,7 +56,7 @@ def check_virtual(model, vs) -> None:
 
 MOE_OPTIONS = (("expert_parallel_sizes", "--ep"), ("max_expert_parallel", "--max-ep"),
                ("expert_tensor_parallel_sizes", "--etp"), ("token_dispatchers", "--dispatcher"),
-               ("moe_router_dtype", "--moe-router-dtype"))
+               ("moe_router_dtype", "--moe-router-dtype"), ("moe_hybridep_num_sms", "--moe-hybridep-num-sms"))
 
 
 def expert_limits(model, cluster, training, tps) -> dict:

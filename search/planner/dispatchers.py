@@ -50,14 +50,15 @@ FULL_ITERATION = frozenset({"full_iteration"})     # megatron-core's own capture
 
 
 def candidates(model, cluster, base: MoEPlanSettings | None = None, target: str = "aceso",
-               allowed=None, shared_overlap: tuple[str, ...] = ()) -> list[MoEPlanSettings]:
+               allowed=None, shared_overlap: tuple[str, ...] = (), sms: int | None = None) -> list[MoEPlanSettings]:
     """The MoE settings to price a plan of ``model`` on ``cluster`` under: ``base`` (None: the defaults) first,
     then ``base`` with each other dispatcher megatron-core runs there (and ``allowed`` keeps: --dispatcher), each
     (``--target megatron-lm``: the aceso runtime runs no EP overlap; nor does HybridModel, a Mamba / GDN model's) also
     with the EP overlap and delayed weight gradients where ``base`` has no overlap and megatron-core's rules on the
     settings allow it (``moe_plan.settings_refusal``), and (a model with a shared expert, ``shared_overlap``: the
     dispatchers the release runs it with, ``moe_plan.shared_overlap_dispatchers``) with the shared-expert overlap
-    where ``base`` has neither overlap; empty for a dense model."""
+    where ``base`` has neither overlap; HybridEP's SM count (``sms``: ``--moe-hybridep-num-sms``; None: ``base``'s)
+    on the HybridEP candidates only (``moe_plan.settings_refusal``); empty for a dense model."""
     if model.moe is None:
         return []
     base = base or MoEPlanSettings()
@@ -71,7 +72,8 @@ def candidates(model, cluster, base: MoEPlanSettings | None = None, target: str 
             continue
         if (base.shared_expert_overlap and d not in shared_overlap) or (base.overlap_ep_comm and d == "allgather"):
             continue
-        same = base.model_copy(update={"token_dispatcher": d, "flex_backend": backend})
+        same = base.model_copy(update={"token_dispatcher": d, "flex_backend": backend, "hybridep_num_sms": (
+            sms or base.hybridep_num_sms) if (d, backend) == ("flex", "hybridep") else None})
         if (d, backend) != (base.token_dispatcher, base.flex_backend if d == "flex" else "deepep"):
             out.append(same)
         overlap = same.model_copy(update={"overlap_ep_comm": True, "delay_wgrad": True})
@@ -134,9 +136,10 @@ class Dispatchers:
         False: no fine-grained offload candidates (the uniform baseline: a tuned user's configuration)."""
         self.base = base
         self.accept = accept
-        cands = candidates(cm.model, cm.cluster, base, target,
-                           getattr(getattr(cm, "training", None), "token_dispatchers", None),
-                           shared_overlap_options(cm, target) if shared_overlap else ())
+        training = getattr(cm, "training", None)
+        cands = candidates(cm.model, cm.cluster, base, target, getattr(training, "token_dispatchers", None),
+                           shared_overlap_options(cm, target) if shared_overlap else (),
+                           getattr(training, "moe_hybridep_num_sms", None))
         self.cm, self.gbs, self.target = cm, gbs, target
         self.offload = fine_offload.candidates(cm, target, base) if offload else []    # (fine_offload.py)
         self.core = core_of(cm)

@@ -45,6 +45,7 @@ from search.layers.layer_variants import offset_blocks_cp
 from ..layers.kind import shape_refusal, without_runtime_cp
 from ..megatron.hybrid_pattern import runs_as_pattern
 from search.settings.moe_plan import MoEPlanSettings, dispatcher_settings, overlap_ep_refusal
+from search.settings.plan_settings import sync_p2p_refused
 from search.spec.training import MAX_VIRTUAL
 from search.spec import query_groups
 from . import constraints
@@ -184,13 +185,17 @@ class Space:
     bad_tp_cp: frozenset[tuple[int, int]] = frozenset()   # (tp, cp) a model's layers refuse (Mamba-2 heads and
     #                                                  groups per TP and CP rank: search.layers.mamba.cp_refusal)
     runs_on: str = ""                   # megatron-bridge: a Megatron-LM space whose plans Bridge must also run
+    sync_p2p: bool = False              # interleaved p2p without overlap (--no-overlap-p2p-communication): Megatron-LM
+    #                                     runs virtual stages on pp > 2 only (plan_settings.sync_p2p_refused)
 
     @classmethod
     def of(cls, model, cluster, training, micro_batch_sizes=None, priced=frozenset(), target: str = "aceso",
-           allowed=None, moe=None, expert_shapes=None) -> "Space":
+           allowed=None, moe=None, expert_shapes=None, sync_p2p: bool = False) -> "Space":
         """``priced``: what the cost model prices beyond a v1 plan (``CostModel.features``; empty for compat);
         ``moe``: the MoE settings every state runs with (``MoEPlanSettings``; None: the defaults);
-        ``expert_shapes``: the (tp, ep, etp, dispatcher) the cost model prices (``ExpertSpace.of``; None: all)."""
+        ``expert_shapes``: the (tp, ep, etp, dispatcher) the cost model prices (``ExpertSpace.of``; None: all);
+        ``sync_p2p``: the plans run the interleaved schedule's p2p without overlap (``PlanSettings.overlap_p2p_comm``
+        False)."""
         if target not in TARGETS + ("megatron-bridge",):
             raise AcesoError(f"--target {target}: choose one of {', '.join(TARGETS)}, megatron-bridge")
         runs_on, target = ("megatron-bridge", "megatron-lm") if target == "megatron-bridge" else ("", target)
@@ -230,13 +235,24 @@ class Space:
                                  "providers assert no virtual pipeline; use --virtual-stages 1, or --target "
                                  "megatron-lm")
             vs = (1,)           # both Bridge hybrid providers assert no virtual pipeline (the capability table's row)
+        if sync_p2p and target == "megatron-lm" and all(sync_p2p_refused(False, S, v) for v in vs
+                                                        for S in (training.pipeline_parallel_sizes or [3])):
+            pps = " ".join(map(str, training.pipeline_parallel_sizes))
+            raise AcesoError(f"--no-overlap-p2p-communication with --pp {pps} and --virtual-stages "
+                             f"{' '.join(map(str, vs))}: Megatron-LM runs virtual stages without "
+                             "p2p overlap on more than 2 pipeline stages only; allow more stages or 1 chunk, or drop "
+                             "the flag")
         sps = _switch(training, "sequence_parallel", priced, "sequence-parallel")
         if training.tp_comm_overlap:
             sps = (True,)       # TE's TP overlap needs sequence parallelism on every tp > 1 stage
-        if moe is None and model.moe is not None and (training.token_dispatchers or training.moe_router_dtype):
-            # --dispatcher: the first; --moe-router-dtype: every plan's
+        if moe is None and model.moe is not None and (training.token_dispatchers or training.moe_router_dtype
+                                                      or training.moe_hybridep_num_sms):
+            # --dispatcher: the first; --moe-router-dtype: every plan's; --moe-hybridep-num-sms: HybridEP's (flex
+            # searched on HybridEP then, DeepEP a candidate of the final step)
+            sms = training.moe_hybridep_num_sms
             moe = dispatcher_settings(model, (training.token_dispatchers or ["alltoall"])[0],
-                                      MoEPlanSettings(router_dtype=training.moe_router_dtype))
+                                      MoEPlanSettings(router_dtype=training.moe_router_dtype, hybridep_num_sms=sms,
+                                                      flex_backend="hybridep" if sms else "deepep"))
         experts = ExpertSpace.of(model, expert_shapes, getattr(moe, "token_dispatcher", "alltoall"),
                                  **constraints.expert_limits(model, cluster, training, tps))
         if experts is not None and True in sps:
@@ -257,7 +273,7 @@ class Space:
                    constraints.pipeline_sizes(model, cluster, training),
                    MAX_CHUNKS if training.virtual_stages is None else 0, experts, moe if experts else None,
                    empty_ends=(not model.is_t5, not model.is_t5 and not model.mtp_num_layers),
-                   bad_tp_cp=_bad_tp_cp(model, tps, cps), runs_on=runs_on)
+                   bad_tp_cp=_bad_tp_cp(model, tps, cps), runs_on=runs_on, sync_p2p=sync_p2p)
 
     @property
     def evaluator_target(self) -> str:
@@ -447,6 +463,8 @@ class Space:
                 one_rank_group(st.features.fsdp, s.dp, s.cp, s.num_gpus, s.etp or s.tp, s.ep, self.experts is not None)
                 for s in st.shapes)):
             return "Megatron FSDP's rules"     # what megatron-core cannot run under Megatron FSDP (search.settings.fsdp)
+        if self.sync_p2p and self.target == "megatron-lm" and sync_p2p_refused(False, S, v):
+            return "virtual stages on pp <= 2 without p2p overlap"     # Megatron-LM's validate_args asserts it
         if self.moe is not None and overlap_ep_refusal(self.moe, S, v, any(s.ep > 1 for s in st.shapes)):
             return "the EP overlap's structure"    # moe_plan; the recompute search avoids full
         for i, (a, b) in enumerate(zip(st.bounds[:-1], st.bounds[1:])):

@@ -109,14 +109,34 @@ def from_flags(bucket_size: int | None, no_align_grad_reduce: bool, no_align_par
     return None if d == DataParallelSettings() else d
 
 
+# field -> the Megatron-LM flag that says it (``to_flags``; ``aceso search`` takes the same flags: ``from_args``)
+FLAGS: dict[str, str] = {"bucket_size": "--ddp-bucket-size", "num_buckets": "--ddp-num-buckets",
+                         "align_grad_reduce": "--no-align-grad-reduce", "align_param_gather": "--no-align-param-gather",
+                         "rank_order": "--use-tp-pp-dp-mapping", "sharp": "--use-sharp"}
+
+
 def to_flags(d: DataParallelSettings | None) -> list[str]:
-    """The Megatron-LM flags that say ``d`` (``nvls`` has none: NCCL_NVLS_ENABLE is the environment's)."""
+    """The Megatron-LM arguments that say ``d`` (``nvls`` has none: NCCL_NVLS_ENABLE is the environment's)."""
     if d is None:
         return []
-    out = [f"--ddp-bucket-size {d.bucket_size}"] if d.bucket_size else []
-    out += [f"--ddp-num-buckets {d.num_buckets}"] if d.num_buckets else []
-    out += ["--no-align-grad-reduce"] if d.align_grad_reduce is False else []
-    out += ["--no-align-param-gather"] if d.align_param_gather is False else []
-    out += ["--use-tp-pp-dp-mapping"] if d.rank_order == TP_PP_DP else []
-    out += ["--use-sharp"] if d.sharp else []
+    out = [FLAGS["bucket_size"], str(d.bucket_size)] if d.bucket_size else []
+    out += [FLAGS["num_buckets"], str(d.num_buckets)] if d.num_buckets else []
+    out += [FLAGS["align_grad_reduce"]] if d.align_grad_reduce is False else []
+    out += [FLAGS["align_param_gather"]] if d.align_param_gather is False else []
+    out += [FLAGS["rank_order"]] if d.rank_order == TP_PP_DP else []
+    out += [FLAGS["sharp"]] if d.sharp else []
     return out
+
+
+def runtime_refusal(d: DataParallelSettings | None) -> tuple[str, str] | None:
+    """The first field of ``d`` the aceso runtime does not run and why, or None: its engine's DDP config takes a
+    bucket size, not a bucket count, and it builds megatron-core's default rank order without SHARP groups."""
+    if d is None:
+        return None
+    if d.num_buckets is not None:
+        return "num_buckets", "the aceso runtime sizes DDP buckets by bucket_size only"
+    for name, off in (("rank_order", d.rank_order == RANK_ORDERS[0]), ("sharp", not d.sharp)):
+        if not off:
+            return name, ("the aceso runtime builds megatron-core's default rank order (tp-cp-ep-dp-pp) without "
+                          "SHARP groups")
+    return None

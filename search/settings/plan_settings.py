@@ -180,6 +180,13 @@ def target_settings(target: "str | Target | None", settings: PlanSettings | None
     return own.model_copy(update=update)
 
 
+def sync_p2p_refused(overlap_p2p_comm: bool | None, pp: int, vpp: int) -> bool:
+    """Whether Megatron-LM refuses the interleaved schedule's p2p without overlap on ``pp`` stages: its
+    validate_args asserts pp > 2 there (several batched sends between the same two ranks; core_v0.16.1
+    arguments.py:573-590, core_v0.19.0 arguments.py:966-985). Without virtual stages the flag does nothing."""
+    return overlap_p2p_comm is False and vpp > 1 and pp <= 2
+
+
 def grad_reduce_from_flags(precision: str, grad_reduce_in_bf16: bool, accumulate_in_fp32: bool,
                            main_grads_bf16: bool = False) -> bool:
     """Megatron-LM's ``validate_args`` rule for ``accumulate_allreduce_grads_in_fp32`` (module docstring)."""

@@ -98,6 +98,10 @@ class TrainingSpec(BaseModel):
     moe_router_dtype: Literal["fp32", "fp64"] | None = Field(
         None, description="The MoE router's dtype every plan runs (moe_router_dtype, Megatron-LM --moe-router-dtype; "
         "numerics, not searched; None: the model's).")
+    moe_hybridep_num_sms: Literal[16, 32] | None = Field(
+        None, description="SMs of HybridEP's kernels in every plan that dispatches with HybridEP "
+        "(moe_hybridep_num_sms, Megatron-LM --moe-hybridep-num-sms: a tuning the search keeps, not searched; None: "
+        "the release's default).")
 
     @property
     def dtype(self) -> str:

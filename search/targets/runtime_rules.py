@@ -21,6 +21,7 @@ machine can tell builds its line from the pieces here (``fp16_loss_scaling``, ``
 from __future__ import annotations
 
 from search.layers.kind import without_runtime_cp
+from search.settings.data_parallel import runtime_refusal
 from search.settings.moe_plan import MoEPlanSettings, expert_tp
 
 RUNTIME_LOW_PRECISION = ("the aceso runtime does not run low-precision recipes yet (its transformer-engine path "
@@ -230,16 +231,15 @@ def optimizer_refusal(name: str, what: str = "settings.optimizer") -> str | None
 
 
 def data_parallel(plan, device) -> str | None:
-    """The runtime builds megatron-core's default rank order (tp-cp-ep-dp-pp) and no SHARP groups."""
+    """The runtime builds megatron-core's default rank order (tp-cp-ep-dp-pp) and no SHARP groups, and sizes DDP
+    buckets by a bucket size (``data_parallel.runtime_refusal``)."""
     s = plan.settings
-    dps = s.data_parallel if s is not None else None
-    if dps is not None and dps.num_buckets is not None:
-        # the runtime's DDP config takes a bucket size (its training engine), not a bucket count
-        return ("settings.data_parallel.num_buckets: the aceso runtime sizes DDP buckets by bucket_size only; run the "
-                "plan with Megatron-LM (aceso export --to megatron-lm) or give bucket_size instead")
-    if dps is None or (dps.rank_order == "tp-cp-ep-dp-pp" and not dps.sharp):
+    why = runtime_refusal(s.data_parallel if s is not None else None)
+    if why is None:
         return None
-    return ("settings.data_parallel: the aceso runtime builds megatron-core's default rank order (tp-cp-ep-dp-pp) "
-            "without SHARP groups; run the plan with Megatron-LM (aceso export --to megatron-lm) or remove "
-            "settings.data_parallel.rank_order / sharp")
+    if why[0] == "num_buckets":
+        return (f"settings.data_parallel.num_buckets: {why[1]}; run the plan with Megatron-LM (aceso export --to "
+                "megatron-lm) or give bucket_size instead")
+    return (f"settings.data_parallel: {why[1]}; run the plan with Megatron-LM (aceso export --to megatron-lm) or "
+            "remove settings.data_parallel.rank_order / sharp")
 
