@@ -12,7 +12,9 @@ cuts stages at any unit, inside a layer too (search/megatron/hybrid_pattern.py).
    Llama 3 70B at Megatron-Bridge's TP4 PP8 VP5 on 64 H100s (bench/search_bench.py's published plan) and the
    best uniform configuration of each searched case.
 2. search: ``aceso search``'s lines (planner/api.plan_all): uniform Megatron-LM (the even split), Megatron-LM plan
-   (layer cuts, any split) and Megatron-LM |-pattern, on Llama 3 70B, GPT-3 175B, Mixtral 8x22B and Qwen2 57B-A14B
+   (layer cuts, any split) and Megatron-LM |-pattern; first on NVIDIA's published multi-stage Nemotron-3
+   configuration (``RECIPES``: Megatron-Bridge's 64-H100 Super recipe, the search held to its shape by its
+   ``aceso search`` arguments, so its uniform line is that configuration on the even split), then on Llama 3 70B, GPT-3 175B, Mixtral 8x22B and Qwen2 57B-A14B
    on two clusters each, and the hybrid presets (Nemotron-3 Nano, Nemotron-H 8B / 56B), or any preset and cluster
    given with ``--case PRESET:CLUSTER:GBS``. A hybrid model's layers are its units, so its Megatron-LM line cuts at
    any unit already (as a ``|`` pattern: megatron-core splits a pattern without ``|`` evenly) and its |-pattern line
