@@ -119,9 +119,16 @@ def as_written(plan, cfg, target: str, core: str):
     from ..megatron.names import written_settings
     from ..megatron.script import written_settings as script_settings
     from ..megatron.versions import release
-    # Megatron-LM: the flags already say the plan's alignment (names._dp_written); only the release can differ
-    settings = script_settings(plan.settings.model_copy(update={"release": core}), release(core)) \
-        if target == "megatron-lm" else written_settings(cfg, target, core)
+    # Megatron-LM: the flags already say the plan's alignment (names._dp_written); the release can differ, and a
+    # runtime plan's interleaved p2p (synchronous on the runtime: runtime_rules.overlap_p2p) runs Megatron-LM's
+    # overlapped default unless the plan turned it off (--no-overlap-p2p-communication)
+    if target == "megatron-lm":
+        settings = plan.settings.model_copy(update={"release": core})
+        if cfg.vpp > 1 and settings.overlap_p2p_comm is None:
+            settings = settings.model_copy(update={"overlap_p2p_comm": True})
+        settings = script_settings(settings, release(core))
+    else:
+        settings = written_settings(cfg, target, core)
     dtype, was = plan.model.params_dtype, plan.predicted
     same = run_settings(settings, dtype) == run_settings(plan.settings, dtype)
     if same:

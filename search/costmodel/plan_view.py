@@ -25,7 +25,10 @@ def run_settings(settings: PlanSettings | None, precision: str):
     s = settings or RUNTIME
     return RunSettings(grad_reduce_in_fp32=s.grad_reduce_in_fp32 and precision != "fp32",
                        release=resolve(s.release)[0], precision_aware=s.precision_aware_optimizer,
-                       overlap_p2p_comm=s.overlap_p2p_comm is not False,
+                       # unset: Megatron-LM's default with virtual stages (on); the aceso runtime's pipeline
+                       # communicator runs them synchronously (``runtime_rules.overlap_p2p`` refuses it on)
+                       overlap_p2p_comm=s.overlap_p2p_comm if s.overlap_p2p_comm is not None else
+                       s.framework != "runtime",
                        **run_fields(s.data_parallel, s.framework))
 
 

@@ -93,7 +93,9 @@ class PlanSettings(BaseModel):
     overlap_p2p_comm: bool | None = Field(None, description="Interleaved schedule (virtual stages): p2p sends / "
                                           "receives async behind the next chunk (megatron-core's overlap_p2p_comm); "
                                           "False: synchronous, batched (Megatron-LM --no-overlap-p2p-communication). "
-                                          "None = on (Megatron-LM's default with virtual stages).")
+                                          "None = the framework's default: on for Megatron-LM and Bridge (with "
+                                          "virtual stages), off for the aceso runtime (its pipeline communicator "
+                                          "runs them synchronously).")
     tp_comm_overlap: bool = Field(False, description="Transformer-engine's TP communication / GEMM overlap "
                                   "(GPU with transformer-engine only; needs sequence_parallel on every tp > 1 "
                                   "stage).")

@@ -228,6 +228,7 @@ TABLE: tuple[Row, ...] = (
     Row("optimizers other than Adam (Muon, dist_muon); the precision-aware optimizer's state dtypes", "plan",
         {RUNTIME: rt.optimizer}),
     Row("tp-pp-dp rank order, SHARP", "plan", {RUNTIME: rt.data_parallel}),
+    Row("interleaved schedule's p2p overlapped with compute", "plan", {RUNTIME: rt.overlap_p2p}),
     Row("per-stage shapes, mid-layer cuts, per-unit recompute", "plan", {MEGATRON_LM: one_shape, BRIDGE: one_shape}),
     Row("hybrid layouts on Bridge (v0.3.1's even split; '|' cuts, full recompute, MTP from v0.6.0; no VPP)", "plan",
         {BRIDGE: bridge_hybrid_layout}),

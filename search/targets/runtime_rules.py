@@ -243,3 +243,14 @@ def data_parallel(plan, device) -> str | None:
     return (f"settings.data_parallel: {why[1]}; run the plan with Megatron-LM (aceso export --to megatron-lm) or "
             "remove settings.data_parallel.rank_order / sharp")
 
+
+
+def overlap_p2p(plan, device) -> str | None:
+    """The runtime's pipeline communicator runs the interleaved schedule's sends / receives synchronously (it refuses
+    megatron-core's ``overlap_p2p_comm``), and the cost model prices a runtime plan so (``plan_view.run_settings``)."""
+    s = plan.settings
+    if s is None or not s.overlap_p2p_comm or all(len(st.chunks) == 1 for st in plan.stages):
+        return None
+    return ("settings.overlap_p2p_comm: the aceso runtime runs the interleaved schedule's pipeline sends and receives "
+            "synchronously; remove the field (or set it false), or run the plan with Megatron-LM (aceso export --to "
+            "megatron-lm)")

@@ -96,10 +96,13 @@ def test_a_runtime_plans_yaml_runs_the_alignment_it_was_priced_with(tmp_path, ca
     from search.pricing import price
     plan = _runtime_plan("llama3-8b", [0, 16, 32, 48, 64], 2, 4, 64, "1x8-h100")
     assert bridge_fields(megatron_config(plan))["dist"] == {"align_grad_reduce": False}
+    from search.settings.data_parallel import DataParallelSettings
     aligned = plan.model_copy(update={"settings": plan.settings.model_copy(
         update={"framework": "megatron-bridge", "release": "0.16"})})    # what the YAML ran before
-    ms = "%.1f" % price(plan.model_copy(update={"settings": plan.settings.model_copy(update={"release": "0.16"})}
-                                        )).iteration_ms
+    # Bridge with the field: the runtime's unaligned reduction (and Bridge's own overlapped interleaved p2p, which
+    # the runtime runs synchronously: runtime_rules.overlap_p2p)
+    ms = "%.1f" % price(aligned.model_copy(update={"settings": aligned.settings.model_copy(
+        update={"data_parallel": DataParallelSettings(align_grad_reduce=False)})})).iteration_ms
     assert "%.1f" % price(aligned).iteration_ms != ms                   # the alignment matters for this plan
     path, yaml = tmp_path / "rt.json", tmp_path / "rt.yaml"
     path.write_text(plan.to_json())
@@ -180,3 +183,23 @@ def test_a_plan_only_bridge_v060s_form_runs_is_searched_at_its_release(tmp_path,
     assert json.loads(mlm.read_text())["stages"] == searched["stages"]
     main(["explain", str(mlm), "--framework", "megatron-bridge"])
     assert f"iteration {ms} ms" in capsys.readouterr().out
+
+
+def test_a_runtime_plans_megatron_lm_script_prices_as_its_import(tmp_path, capsys):
+    """A runtime plan with virtual stages (the runtime's interleaved p2p is synchronous: priced so) exported for
+    Megatron-LM: the script runs Megatron-LM's overlapped p2p, so its header is the plan re-priced as the script runs
+    (a note says so), and the script read back prices to the header."""
+    from search.pricing import price
+    from search.spec.plan import ParallelPlan
+    plan = _runtime_plan("llama3-8b", [0, 16, 32, 48, 64], 2, 4, 64, "1x8-h100")
+    path, script = tmp_path / "rt.json", tmp_path / "rt.sh"
+    path.write_text(plan.to_json())
+    err = _run(capsys, "export", str(path), "--to", "megatron-lm", "-o", str(script))
+    text = script.read_text()
+    assert "--no-overlap-p2p-communication" not in text and "the header prices the plan as this file runs" in err
+    _run(capsys, "import", str(script), "--from", "megatron-lm", "--cluster", "1x8-h100", "-o",
+         str(tmp_path / "back.json"))
+    back = ParallelPlan.model_validate_json((tmp_path / "back.json").read_text())
+    assert back.settings.framework == "megatron-lm"
+    assert _header_ms(text) == "%.1f" % back.predicted.iteration_time_ms == "%.1f" % price(back).iteration_ms
+    assert _header_ms(text) != "%.1f" % price(plan).iteration_ms       # the runtime's synchronous p2p is slower

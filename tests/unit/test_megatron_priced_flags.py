@@ -56,6 +56,26 @@ def test_no_overlap_p2p_is_read_and_exposes_all_p2p():
     assert "overlap_p2p_comm" not in on.plan.model_dump_json()      # digests of plans without it unchanged
 
 
+def test_the_runtime_prices_interleaved_p2p_synchronous_and_refuses_the_overlap():
+    """The aceso runtime's pipeline communicator runs the interleaved schedule's sends / receives synchronously (its
+    interleaved calls refuse megatron-core's overlap_p2p_comm): a runtime plan with the field unset is priced as
+    Megatron-LM's --no-overlap-p2p-communication, all p2p exposed (before: as Megatron-LM's overlapped default);
+    the field set true is refused by the runtime's pre-flight in one line."""
+    from search.targets.capabilities import Device, plan_refusal
+    cl = parse_cluster("2x4-h100")
+    mlm = read_megatron(GPT + VPP, cluster=cl).plan
+    runtime = mlm.model_copy(update={"settings": mlm.settings.model_copy(update={"framework": "runtime"})})
+    sync = read_megatron(GPT + VPP + "--no-overlap-p2p-communication", cluster=cl).plan
+    a, b, c = price(mlm), price(runtime), price(sync)
+    for sa, sb, sc in zip(a.stages, b.stages, c.stages):
+        assert sa.comm["p2p"][1] > 0 and sb.comm["p2p"][1] == 0.0
+        assert sb.comm["p2p"] == pytest.approx(sc.comm["p2p"])
+    on = runtime.model_copy(update={"settings": runtime.settings.model_copy(update={"overlap_p2p_comm": True})})
+    assert plan_refusal(runtime, "aceso", Device(cuda=True, te=True)) is None
+    why = plan_refusal(on, "aceso", Device(cuda=True, te=True))
+    assert why is not None and why.startswith("settings.overlap_p2p_comm:"), why
+
+
 def test_no_overlap_p2p_with_pp_2_is_megatrons_assert(tmp_path, capsys):
     """validate_args (core_v0.19.0 arguments.py:971-975): interleaved without p2p overlap needs pp > 2."""
     err = _refused(tmp_path, capsys, GPT + "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "

@@ -104,6 +104,8 @@ CASES = {
     "optimizer": (rt.optimizer, (plan(settings={"optimizer": "muon"}), CUDA)),
     "precision_aware_refusal": (rt.precision_aware_refusal, (PrecisionAwareOptimizer(exp_avg_dtype="bf16"),)),
     "data_parallel": (rt.data_parallel, (plan(settings={"data_parallel": {"sharp": True}}), CUDA)),
+    "overlap_p2p": (rt.overlap_p2p, (plan(stages=_chunks(((0, 1), (2, 3)), ((1, 2), (3, 4))),
+                                          settings={"overlap_p2p_comm": True}), CUDA)),
 }
 
 

@@ -43,8 +43,9 @@ def test_settled_search_reaches_the_shape_the_chosen_setting_favours(monkeypatch
     from search.pricing import cost_model
     # the MoE settings' rounds alone: without the fine-grained offload candidates (fine_offload.py)
     monkeypatch.setattr(fine_offload, "candidates", lambda *a, **k: [])
+    from search.settings.plan_settings import PlanSettings
     tr = TrainingSpec(global_batch_size=512)
-    cm = cost_model(load_model("qwen3-30b-a3b"), parse_cluster("1x8-h100"), tr)
+    cm = cost_model(load_model("qwen3-30b-a3b"), parse_cluster("1x8-h100"), tr, PlanSettings(framework="megatron-lm"))
     space = make_space(cm, tr, "megatron-lm", moe=None)
     once = search(cm, tr.global_batch_size, space, SearchOptions(budget_evals=BUDGET)).plans[0]
     res, log = settle(cm, tr, "megatron-lm", SearchOptions(budget_evals=BUDGET), moe=None)
