@@ -14,6 +14,7 @@ from search.io.errors import AcesoError
 
 PRICED = ("pretrain_gpt.py", "pretrain_t5.py")
 HYBRID_ENTRIES = ("pretrain_hybrid.py", "pretrain_mamba.py")   # read as hybrid-pattern runs (hybrid_pattern.py)
+READ = PRICED + HYBRID_ENTRIES     # every entry point whose run a launch script's other commands stand beside
 
 
 class EntryRefusal(AcesoError):
@@ -147,6 +148,6 @@ def check_unreadable(text: str, source: str, err: AcesoError):
     """A script aceso cannot read: refuse it for what it runs when that is not an entry point aceso reads (the
     priced ones and the hybrid-pattern ones); else the reading failure."""
     names = script_names(text)
-    if names and not any(n.rsplit("/", 1)[-1] in PRICED + HYBRID_ENTRIES for n in names):
+    if names and not any(n.rsplit("/", 1)[-1] in READ for n in names):
         refuse_entry(names[-1], source)
     raise err

@@ -480,7 +480,7 @@ def _parse(text: str, source: str) -> list:
 
 
 def read_command(text: str, source: str = "arguments") -> Command:
-    from .entry import PRICED, check_no_entry, harmless
+    from .entry import READ, check_no_entry, harmless
 
     sh = _Shell(source)
     sh.run(_parse(text, source))
@@ -489,7 +489,7 @@ def read_command(text: str, source: str = "arguments") -> Command:
         check_no_entry(sh.commands, source)
         return Command(argv=[x for argv, _ in sh.commands if not harmless(argv) for x in argv], notes=sh.notes,
                        assigned=sh.assigned)
-    priced = [r for r in runs if any(w.rsplit("/", 1)[-1] in PRICED for w in r[0])]
+    priced = [r for r in runs if any(w.rsplit("/", 1)[-1] in READ for w in r[0])]
     chosen = priced or runs
     if len({tuple(argv) for argv, _ in chosen}) > 1:
         script = next(w for w in chosen[-1][0] if w.endswith(".py")).rsplit("/", 1)[-1]
@@ -500,7 +500,7 @@ def read_command(text: str, source: str = "arguments") -> Command:
         sh.notes.append(f"the same command runs {len(chosen)} times (lines {', '.join(str(x) for _, x in chosen)}); "
                         "priced once")
     command, _ = chosen[-1]
-    k = max(i for i, w in enumerate(command) if w.endswith(".py") and (not priced or w.rsplit("/", 1)[-1] in PRICED))
+    k = max(i for i, w in enumerate(command) if w.endswith(".py") and (not priced or w.rsplit("/", 1)[-1] in READ))
     return Command(argv=command[k + 1:], script=command[k].rsplit("/", 1)[-1], path=command[k],
                    world_size=_world_size(command[:k]), notes=sh.notes, assigned=sh.assigned)
 

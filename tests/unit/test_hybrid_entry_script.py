@@ -52,3 +52,23 @@ def test_the_same_script_written_out_is_the_hybrid_model(tmp_path, capsys):
     rc, plan = _import(tmp_path, SIZES)
     assert rc == 0, capsys.readouterr().err
     assert '"hybrid_layer_pattern": "M-M-M--M-*M-M-M-M--*M-M-M-M-*M--M-M-M-*M-M--M-M-"' in plan
+
+
+# Megatron-LM's data step (tools/preprocess_data.py, its README's "Data Preprocessing") in the same launch script
+PREPROCESS = ("python tools/preprocess_data.py --input corpus.jsonl --output-prefix data/corpus "
+              "--tokenizer-type NullTokenizer --vocab-size 32000 --workers 8\n")
+
+
+def test_a_data_step_beside_the_hybrid_run_is_not_its_run(tmp_path, capsys):
+    """A script that prepares its data with ``tools/preprocess_data.py`` and then runs ``pretrain_hybrid.py`` prices
+    the ``pretrain_hybrid.py`` run, as a ``pretrain_gpt.py`` script with a data step prices that one: the plan is
+    the one of the same script without the data step. Before, only pretrain_gpt.py / pretrain_t5.py runs were told
+    apart from the other Python commands, so it was refused: "runs pretrain_hybrid.py 2 times with different
+    arguments", though one of them runs preprocess_data.py."""
+    rc, alone = _import(tmp_path, SIZES)
+    assert rc == 0, capsys.readouterr().err
+    src, out = tmp_path / "prep.sh", tmp_path / "prep.json"
+    src.write_text(SCRIPT.format(choice=SIZES).replace("torchrun", PREPROCESS + "torchrun"))
+    rc = main(["import", str(src), "--from", "megatron-lm", "--cluster", "1x8-h100", "-o", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    assert out.read_text() == alone
