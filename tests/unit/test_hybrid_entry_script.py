@@ -72,3 +72,17 @@ def test_a_data_step_beside_the_hybrid_run_is_not_its_run(tmp_path, capsys):
     rc = main(["import", str(src), "--from", "megatron-lm", "--cluster", "1x8-h100", "-o", str(out)])
     assert rc == 0, capsys.readouterr().err
     assert out.read_text() == alone
+
+
+def test_a_refusal_names_the_hybrid_entry_point_as_a_fix(tmp_path, capsys):
+    """A file that runs no entry point aceso reads (a wrapper around another script, another program) is refused
+    with the scripts to give instead; pretrain_hybrid.py is one (Megatron-LM core_v0.19.0's examples/mamba/train.sh
+    runs it, and its script imports: test above). Before, the fix named pretrain_gpt.py or pretrain_t5.py only, so
+    a Nemotron-H user was told to give a GPT script."""
+    for text in ("set -e\nbash ./train_hybrid.sh\n", "mkdir -p out\nmy_trainer --layers 4\n", "A=1\n",
+                 "python foo.py --layers 4\n"):
+        src = tmp_path / "wrap.sh"
+        src.write_text(text)
+        rc = main(["import", str(src), "--from", "megatron-lm", "--cluster", "1x8-h100", "-o", str(tmp_path / "p.json")])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and "pretrain_hybrid.py" in err, err
