@@ -205,6 +205,21 @@ def precision_note(args, model, gpu) -> str | None:
     return f"{model.name} is {article} {model.params_dtype} model and {why}: planning {dtype} (--precision sets it)"
 
 
+def runtime_cp_note(args, model) -> str | None:
+    """The note saying that the heterogeneous search leaves out the --cp degrees asked for (None: it searches them):
+    the aceso runtime does not run the model's Mamba-2 / GDN layers under context parallelism yet
+    (``layers.kind.without_runtime_cp``, its cp 1 in ``planner.space``); the Megatron-LM lines search them."""
+    from search.layers.kind import without_runtime_cp
+    if (getattr(args, "command", None) or "search") != "search":
+        return None
+    asked = [c for c in (getattr(args, "context_parallel_sizes", None) or []) if c > 1]
+    kinds = without_runtime_cp(model) if asked else ()
+    if not kinds:
+        return None
+    return (f"--cp {' '.join(map(str, asked))}: the aceso runtime does not run {kinds[0].no_runtime_cp} under context "
+            "parallelism yet, so the heterogeneous plans use cp 1; the Megatron-LM lines search it")
+
+
 def training_from_args(args, model, gpu=None):
     import pydantic
 
@@ -366,7 +381,8 @@ def setup(args, model=None, runtime: bool = False):
         from ..costmodel.memory import memory_budget_mb
         cm.memory_limit_mb = memory_budget_mb(cm.memory_limit_mb, args.memory_headroom)
     for note in (describe_dropped(search_space(cm, training, SPACE_TARGET[target])),
-                 (f"note: {n}" if (n := precision_note(args, model, cluster.gpu)) else None)):
+                 (f"note: {n}" if (n := precision_note(args, model, cluster.gpu)) else None),
+                 (f"note: {n}" if (n := runtime_cp_note(args, model)) else None)):
         if note:
             print(f"aceso {getattr(args, 'command', None) or 'search'}: {note}", file=sys.stderr)
     return model, cluster, training, cm
