@@ -137,6 +137,9 @@ class _Parser:
             if len(words) == 1 and isinstance(nxt, Op) and nxt.op == "(":
                 self.fail(line, f"a function definition ({words[0].source()}() ...): aceso does not expand "
                                 "functions; write the command out")
+            if conn == "|" and words and _pattern_piece(words[0].source()):
+                self.fail(line, f"'|' outside quotes pipes the command into {words[0].source()}, a piece of a hybrid "
+                                "layer pattern (bash reads it so too); quote the --hybrid-layer-pattern value")
             items.append((words, conn))
             if isinstance(nxt, Op) and nxt.op in ("&&", "||", "|"):
                 conn = nxt.op
@@ -168,6 +171,13 @@ class _Parser:
         if kw != "fi":
             self.fail(line, "an 'if' never closed with 'fi'")
         return _If(branches, otherwise, line)
+
+
+def _pattern_piece(word: str) -> bool:
+    """A word made of megatron-core's hybrid layer symbols (``MEMEM*E``, ``M-M-/*E``): what follows an unquoted
+    ``|`` of a ``--hybrid-layer-pattern`` value, never a program."""
+    from search.layers.hybrid import MEGATRON_SYMBOLS, MTP
+    return bool(word) and set(word) <= set(MEGATRON_SYMBOLS + MTP) and bool(set(word) & set("MGDE"))
 
 
 class _Shell:
