@@ -411,8 +411,9 @@ def runnable(found: list, keep: int, target: str = "aceso") -> tuple:
         print(f"aceso search: note: left out plan(s) {who} would refuse: {refusal}", file=sys.stderr)
     if unchecked:   # the capability table applied; what needs torch could not be asked here
         print("aceso search: note: the pre-flight ran the capability table's rules only: the runtime is not installed "
-              "here, so the plan's layer specs and megatron block were not built (aceso validate on a machine with "
-              "the runtime, or the workers at launch, check them)", file=sys.stderr)
+              "here, or lacks what the plan's GPUs run (transformer-engine; megatron-core 0.19 for a hybrid model), "
+              "so the plan's layer specs and megatron block were not built (aceso validate on a machine with the "
+              "runtime, or the workers at launch, check them)", file=sys.stderr)
     return kept[0][0], [plan for _, plan in kept]
 
 
