@@ -9,7 +9,8 @@ Megatron FSDP, then, for a run on this machine (``here``), the plan against this
 needs no torch (MoE, MLA / MTP, Megatron FSDP, what a CPU cannot run) is the capability table's
 (``search.targets.capabilities``), which ``search.targets.preflight`` applies before this, torch or not. A plan checked elsewhere (``aceso validate`` of a GPU plan on a
 laptop) is not held to this machine's environment, nor to its megatron-core's version (``installed_refusal``: a
-hybrid model needs 0.19, a shared MTP layer 0.17; on the GPUs the workers check theirs). Before any process group exists; one ``AcesoError`` line.
+hybrid model needs 0.19, a shared MTP layer 0.17; on the GPUs the workers check theirs). Before any process group
+exists; one ``AcesoError`` line.
 """
 
 from __future__ import annotations

@@ -83,6 +83,7 @@ def test_a_refusal_names_the_hybrid_entry_point_as_a_fix(tmp_path, capsys):
                  "python foo.py --layers 4\n"):
         src = tmp_path / "wrap.sh"
         src.write_text(text)
-        rc = main(["import", str(src), "--from", "megatron-lm", "--cluster", "1x8-h100", "-o", str(tmp_path / "p.json")])
+        rc = main(["import", str(src), "--from", "megatron-lm", "--cluster", "1x8-h100", "-o",
+                   str(tmp_path / "p.json")])
         err = capsys.readouterr().err
         assert rc == 2 and err.count("\n") == 1 and "pretrain_hybrid.py" in err, err
