@@ -8,7 +8,9 @@ Megatron FSDP, then, for a run on this machine (``here``), the plan against this
 (``training.engine.check_plan``: a recipe's transformer-engine version and tensor cores, userbuffers, fp16). What
 needs no torch (MoE, MLA / MTP, Megatron FSDP, what a CPU cannot run) is the capability table's
 (``search.targets.capabilities``), which ``search.targets.preflight`` applies before this, torch or not. A plan checked elsewhere (``aceso validate`` of a GPU plan on a
-laptop) is not held to this machine's environment. Before any process group exists; one ``AcesoError`` line.
+laptop) is not held to this machine's environment, nor to its megatron-core's version (``installed_refusal``: a
+hybrid model needs 0.19, a shared MTP layer 0.17; on the GPUs the workers check theirs). Before any process group
+exists; one ``AcesoError`` line.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ def preflight(plan, device: str, here: bool = False) -> bool:
         from model_specs.extensions import TE_MISSING
 
         from .model.build_check import check_layers_build
-        from .model.layers import check_model
+        from .model.layers import check_model, installed_refusal
 
         elsewhere = not here and device == "cuda" and not _has_cuda()
+        if elsewhere and installed_refusal(plan.model) is not None:
+            return False     # this machine's megatron-core cannot build it; the GPUs' own is the workers' to check
         try:
             check_model(plan, "cpu" if elsewhere else device)
         except AcesoError as e:

@@ -186,11 +186,17 @@ def hybrid_refusal(model: ModelSpec) -> str | None:
             or (gdn_cpu.refusal() if model.gdn is not None else None))
 
 
+def installed_refusal(model: ModelSpec) -> str | None:
+    """Why the megatron-core (and Mamba / GDN packages) installed here cannot build ``model`` (None: they can): a
+    verdict on this machine, not on the plan, which another machine's megatron-core may run."""
+    return hybrid_refusal(model) or shared_mtp_refusal(model)
+
+
 def check_model(plan, device: str = "cpu", fast=None) -> None:
     """Every fault of the model and its fit with the plan, as one ``AcesoError``, before any process group exists;
     the config is built with the fast paths ``fast`` the run will use (default: what this machine offers)."""
     model = plan.model
-    if (msg := hybrid_refusal(model) or shared_mtp_refusal(model)) is not None:
+    if (msg := installed_refusal(model)) is not None:
         raise AcesoError(msg)
     try:
         stage_config(model, 1, device, fast=fast)

@@ -191,7 +191,7 @@ def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str]
     from search.costmodel.plan_view import describe
     from search.pricing import plan_cost_model
     plan, notes = _read_plan(args, raw)
-    notes = notes + _other_cost_model(plan, args.cost_model)
+    notes = notes + _other_cost_model(plan, args.cost_model) + _framework_refusal(plan, args.framework)
     plan, cluster, attention = _resolve(args, plan)
     cm, plan, spec = plan_cost_model(plan, _target(args, plan), cluster=cluster, kind=args.cost_model, db=args.db,
                                      attention=attention, precision=args.precision)
@@ -211,6 +211,19 @@ def _plan_report(args: argparse.Namespace, raw: object) -> tuple[dict, list[str]
         _headroom(out, args.memory_headroom)
     plots.draw_explain(args, cm, cost, dict(out, cluster=cluster.label), plan)
     return out, notes, cluster.label
+
+
+def _framework_refusal(plan: ParallelPlan, framework: str | None) -> list[str]:
+    """A note when ``--framework`` names a framework that does not run the plan as it is (the one pre-flight's
+    capability table, what ``aceso validate --target`` says): the price is then what that framework's defaults would
+    cost, not a run it offers."""
+    if framework is None or framework == plan.settings.framework:
+        return []
+    from search.targets.capabilities import plan_refusal
+    from search.targets.preflight import target_device
+    why = plan_refusal(plan, framework, target_device(plan))
+    return [f"--framework {framework} does not run this plan as it is ({why}); the price is the plan under its "
+            "defaults, not a run it offers"] if why else []
 
 
 def _other_cost_model(plan: ParallelPlan, kind: str) -> list[str]:

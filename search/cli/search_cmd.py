@@ -230,6 +230,21 @@ def precision_note(args, model, gpu) -> str | None:
     return f"{model.name} is {article} {model.params_dtype} model and {why}: planning {dtype} (--precision sets it)"
 
 
+def runtime_cp_note(args, model) -> str | None:
+    """The note saying that the heterogeneous search leaves out the --cp degrees asked for (None: it searches them):
+    the aceso runtime does not run the model's Mamba-2 / GDN layers under context parallelism yet
+    (``layers.kind.without_runtime_cp``, its cp 1 in ``planner.space``); the Megatron-LM lines search them."""
+    from search.layers.kind import without_runtime_cp
+    if (getattr(args, "command", None) or "search") != "search":
+        return None
+    asked = [c for c in (getattr(args, "context_parallel_sizes", None) or []) if c > 1]
+    kinds = without_runtime_cp(model) if asked else ()
+    if not kinds:
+        return None
+    return (f"--cp {' '.join(map(str, asked))}: the aceso runtime does not run {kinds[0].no_runtime_cp} under context "
+            "parallelism yet, so the heterogeneous plans use cp 1; the Megatron-LM lines search it")
+
+
 def training_from_args(args, model, gpu=None):
     import pydantic
 
@@ -424,7 +439,8 @@ def setup(args, model=None, runtime: bool = False):
         from ..costmodel.memory import memory_budget_mb
         cm.memory_limit_mb = memory_budget_mb(cm.memory_limit_mb, args.memory_headroom)
     for note in (describe_dropped(search_space(cm, training, SPACE_TARGET[target])),
-                 (f"note: {n}" if (n := precision_note(args, model, cluster.gpu)) else None)):
+                 (f"note: {n}" if (n := precision_note(args, model, cluster.gpu)) else None),
+                 (f"note: {n}" if (n := runtime_cp_note(args, model)) else None)):
         if note:
             print(f"aceso {getattr(args, 'command', None) or 'search'}: {note}", file=sys.stderr)
     return model, cluster, training, cm
@@ -453,8 +469,9 @@ def runnable(found: list, keep: int, target: str = "aceso") -> tuple:
         print(f"aceso search: note: left out plan(s) {who} would refuse: {refusal}", file=sys.stderr)
     if unchecked:   # the capability table applied; what needs torch could not be asked here
         print("aceso search: note: the pre-flight ran the capability table's rules only: the runtime is not installed "
-              "here, so the plan's layer specs and megatron block were not built (aceso validate on a machine with "
-              "the runtime, or the workers at launch, check them)", file=sys.stderr)
+              "here, or lacks what the plan's GPUs run (transformer-engine; megatron-core 0.19 for a hybrid model), "
+              "so the plan's layer specs and megatron block were not built (aceso validate on a machine with the "
+              "runtime, or the workers at launch, check them)", file=sys.stderr)
     return kept[0][0], [plan for _, plan in kept]
 
 

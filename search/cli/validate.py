@@ -119,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
           + (" (what aceso launch runs)" if target == "aceso" else ""))
     if not runtime_checked:
         print("pre-flight: the capability table's rules ran; layer specs and megatron block not fully checked: this "
-              "machine lacks the runtime or transformer-engine (the workers check them before they start)")
+              "machine lacks the runtime, transformer-engine or the megatron-core the plan needs (0.19 for a hybrid "
+              "model; the workers check them before they start)")
     if memory is None:
         print("memory not checked: the plan names no cluster; give --cluster NODESxGPUS-gpu to check it")
     else:

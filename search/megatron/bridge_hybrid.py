@@ -162,11 +162,15 @@ def hybrid_config(plan: ParallelPlan, pipes: bool = False):
     ``NotExpressible`` (one line): ``(config, pattern)``."""
     from .hybrid_pattern import hybrid_form
     from .versions import release
+    why = model_refusal(plan.model)
+    if why:
+        raise NotExpressible(f"--to megatron-bridge: {why}; export it with --to megatron-lm --hybrid-pattern")
+    # the model and plan rules of a hybrid run (Megatron-LM's own refusals), before what only Bridge refuses, whose
+    # way out is the Megatron-LM export: a plan Megatron-LM does not run either is refused in its words
+    form = hybrid_form(plan, release(PIPES_CORE))
     why = _refusal(plan, pipes)
     if why:
         raise NotExpressible(f"--to megatron-bridge: {why}; export it with --to megatron-lm --hybrid-pattern")
-    # the model and plan rules of a hybrid run (Megatron-LM's own refusals)
-    form = hybrid_form(plan, release(PIPES_CORE))
     if pipes:
         return form.config, form.pattern
     gap = _v031_gap(plan, form.config)

@@ -14,6 +14,12 @@ from search.io.errors import AcesoError
 
 PRICED = ("pretrain_gpt.py", "pretrain_t5.py")
 HYBRID_ENTRIES = ("pretrain_hybrid.py", "pretrain_mamba.py")   # read as hybrid-pattern runs (hybrid_pattern.py)
+READ = PRICED + HYBRID_ENTRIES     # every entry point whose run a launch script's other commands stand beside
+
+
+def entry_list(last: str = "or") -> str:
+    """The entry points aceso reads, as a refusal's fix names them ("pretrain_gpt.py, ... or pretrain_mamba.py")."""
+    return f"{', '.join(READ[:-1])} {last} {READ[-1]}"
 
 
 class EntryRefusal(AcesoError):
@@ -35,8 +41,7 @@ _KINDS = (
     (r"preprocess\w*\.py$|data_processing", "data preprocessing, not training"),
     (r"post_training|modelopt|(convert\w*|export|quantize|prune|mmlu|validate|offline_feature_extract|"
      r"checkpoint_converter|combine_state_dicts)\.py$",
-     "a checkpoint / post-training (ModelOpt) tool, not pretraining; aceso plans pretrain_gpt.py and "
-     "pretrain_t5.py runs"),
+     f"a checkpoint / post-training (ModelOpt) tool, not pretraining; aceso plans {entry_list('and')} runs"),
     (r"finetune\w*\.py$|tasks/.*main\.py$", "a fine-tuning or task script whose model and data path aceso cannot "
                                              "read; price its run as pretrain_gpt.py arguments"),
 )
@@ -46,7 +51,7 @@ def what_it_runs(script: str) -> str:
     for pattern, what in _KINDS:
         if re.search(pattern, script):
             return what
-    return "not a Megatron-LM pretraining entry point aceso prices (pretrain_gpt.py, pretrain_t5.py)"
+    return f"not a Megatron-LM pretraining entry point aceso prices ({', '.join(READ)})"
 
 
 def refuse_entry(script: str, source: str):
@@ -82,10 +87,10 @@ def check_no_entry(commands: list[tuple[list[str], int]], source: str) -> None:
             (argv[0] if argv[0].endswith(".sh") else None)
         if script:
             raise EntryRefusal(f"{source}: line {line}: runs another script, {script}: aceso reads one launch script "
-                             "without running it; give the script that runs pretrain_gpt.py or pretrain_t5.py (or "
-                             "its arguments)")
-        raise EntryRefusal(f"{source}: line {line}: runs {prog}, and no command runs Megatron-LM's pretrain_gpt.py or "
-                         "pretrain_t5.py; give that launch script (or its arguments)")
+                             f"without running it; give the script that runs {entry_list()} (or its "
+                             "arguments)")
+        raise EntryRefusal(f"{source}: line {line}: runs {prog}, and no command runs Megatron-LM's {entry_list()}; "
+                         "give that launch script (or its arguments)")
 
 
 def _unwrap(argv: list[str]) -> list[str]:
@@ -147,6 +152,6 @@ def check_unreadable(text: str, source: str, err: AcesoError):
     """A script aceso cannot read: refuse it for what it runs when that is not an entry point aceso reads (the
     priced ones and the hybrid-pattern ones); else the reading failure."""
     names = script_names(text)
-    if names and not any(n.rsplit("/", 1)[-1] in PRICED + HYBRID_ENTRIES for n in names):
+    if names and not any(n.rsplit("/", 1)[-1] in READ for n in names):
         refuse_entry(names[-1], source)
     raise err

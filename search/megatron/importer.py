@@ -19,7 +19,7 @@ from search.spec.plan import ParallelPlan
 from .build import plan_from_config
 from .cmdline import Flags, config_from_flags, parse_flags
 from .config import MegatronConfig
-from .entry import PRICED, EntryRefusal, check_unreadable, refuse_entry
+from .entry import PRICED, EntryRefusal, check_unreadable, entry_list, refuse_entry
 from .hybrid_pattern import (ENTRIES, FLAG, HYBRID_SWITCH, OLD_FLAG, current_spelling, hybrid_model, read_argv,
                              run_refusal, unit_choices as hybrid_choices, unit_spans)
 from .recompute import unit_choices
@@ -85,11 +85,11 @@ def read_megatron(text: str, source: str = "megatron-lm arguments", world_size: 
                 raise AcesoError(f"{source}: {name} with {cmd.script or 'a GPT line'}: {GPT_LINE_REFUSED[name]}")
     if not cmd.script and not cmd.argv and not cmd.assigned:
         raise AcesoError(f"{source}: empty (no command, no arguments); give the launch script that runs "
-                         "pretrain_gpt.py or pretrain_t5.py, or its arguments")
+                         f"{entry_list()}, or its arguments")
     if not cmd.script and not cmd.argv and cmd.assigned:
         raise AcesoError(f"{source}: no command: the file only sets variables ({', '.join(sorted(set(cmd.assigned))[:4])}"
                          f"{', ...' if len(set(cmd.assigned)) > 4 else ''}); give the script that runs "
-                         "pretrain_gpt.py or pretrain_t5.py")
+                         f"{entry_list()}")
     try:
         read = read_argv(cmd.argv, rel) if hybrid else None
         flags = parse_flags(read.argv if read else cmd.argv, rel)

@@ -137,6 +137,9 @@ class _Parser:
             if len(words) == 1 and isinstance(nxt, Op) and nxt.op == "(":
                 self.fail(line, f"a function definition ({words[0].source()}() ...): aceso does not expand "
                                 "functions; write the command out")
+            if conn == "|" and words and _pattern_piece(words[0].source()):
+                self.fail(line, f"'|' outside quotes pipes the command into {words[0].source()}, a piece of a hybrid "
+                                "layer pattern (bash reads it so too); quote the --hybrid-layer-pattern value")
             items.append((words, conn))
             if isinstance(nxt, Op) and nxt.op in ("&&", "||", "|"):
                 conn = nxt.op
@@ -168,6 +171,13 @@ class _Parser:
         if kw != "fi":
             self.fail(line, "an 'if' never closed with 'fi'")
         return _If(branches, otherwise, line)
+
+
+def _pattern_piece(word: str) -> bool:
+    """A word made of megatron-core's hybrid layer symbols (``MEMEM*E``, ``M-M-/*E``): what follows an unquoted
+    ``|`` of a ``--hybrid-layer-pattern`` value, never a program."""
+    from search.layers.hybrid import MEGATRON_SYMBOLS, MTP
+    return bool(word) and set(word) <= set(MEGATRON_SYMBOLS + MTP) and bool(set(word) & set("MGDE"))
 
 
 class _Shell:
@@ -480,7 +490,7 @@ def _parse(text: str, source: str) -> list:
 
 
 def read_command(text: str, source: str = "arguments") -> Command:
-    from .entry import PRICED, check_no_entry, harmless
+    from .entry import READ, check_no_entry, harmless
 
     sh = _Shell(source)
     sh.run(_parse(text, source))
@@ -489,7 +499,7 @@ def read_command(text: str, source: str = "arguments") -> Command:
         check_no_entry(sh.commands, source)
         return Command(argv=[x for argv, _ in sh.commands if not harmless(argv) for x in argv], notes=sh.notes,
                        assigned=sh.assigned)
-    priced = [r for r in runs if any(w.rsplit("/", 1)[-1] in PRICED for w in r[0])]
+    priced = [r for r in runs if any(w.rsplit("/", 1)[-1] in READ for w in r[0])]
     chosen = priced or runs
     if len({tuple(argv) for argv, _ in chosen}) > 1:
         script = next(w for w in chosen[-1][0] if w.endswith(".py")).rsplit("/", 1)[-1]
@@ -500,7 +510,7 @@ def read_command(text: str, source: str = "arguments") -> Command:
         sh.notes.append(f"the same command runs {len(chosen)} times (lines {', '.join(str(x) for _, x in chosen)}); "
                         "priced once")
     command, _ = chosen[-1]
-    k = max(i for i, w in enumerate(command) if w.endswith(".py") and (not priced or w.rsplit("/", 1)[-1] in PRICED))
+    k = max(i for i, w in enumerate(command) if w.endswith(".py") and (not priced or w.rsplit("/", 1)[-1] in READ))
     return Command(argv=command[k + 1:], script=command[k].rsplit("/", 1)[-1], path=command[k],
                    world_size=_world_size(command[:k]), notes=sh.notes, assigned=sh.assigned)
 

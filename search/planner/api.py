@@ -97,6 +97,7 @@ class Plans:
     space: Space
     not_offered: dict[str, str] = field(default_factory=dict)   # line -> why its target runs no plan of the model
     pattern: object = None      # the Megatron-LM plans cut at any unit, as a hybrid pattern (hybrid_cuts.py)
+    runtime_space: Space | None = None   # the heterogeneous search's space (what the aceso runtime runs)
 
     @property
     def main(self) -> SearchResult:
@@ -157,8 +158,10 @@ def slower_note(plans) -> str | None:
     if het is None or mlm is None or het.iteration_ms <= mlm.iteration_ms or plans.aceso is plans.megatron:
         return None
     lacks = runtime_lacks(mlm)
+    space = plans.runtime_space      # what the heterogeneous search could start from (its seeds' check, plan_all)
+    outside = space.refusal(runtime_state(mlm.state)) if space is not None and not lacks else None
     why = f"it uses {_and(lacks)}, which the aceso runtime does not run" if lacks else \
-        "the aceso runtime prices it slower"
+        f"the aceso runtime does not run its {outside}" if outside else "the aceso runtime prices it slower"
     name = FRAMEWORK_NAMES[plans.drop_in]
     return (f"the heterogeneous plan is slower than the {name} plan ({het.iteration_ms:.2f} vs "
             f"{mlm.iteration_ms:.2f} ms): {why}; run the {name} plan with {name} ({_RUN_DROP_IN[plans.drop_in]})")
@@ -218,7 +221,8 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
     if why is not None:   # the aceso runtime runs no plan of this model: no heterogeneous line (capabilities.py)
         return Plans(target, base, mlm, SearchResult([], [], 0, 0.0, False, {}), space,
                      {"aceso": why, **lines["not_offered"]}, pattern)
-    # the Megatron-LM plan and its |-pattern form (one shape, unit cuts) also run on the aceso runtime
+    # the Megatron-LM plan and its |-pattern form (one shape, unit cuts) also run on the aceso runtime, where its
+    # space holds them (not a hybrid model's Mamba layers under context parallelism: runtime_rules.layers_cp)
     runs = [e for e in mlm.plans[:1] + [pattern] if e is not None and e.fits and not runs_elsewhere(e)]
     # the lines above as the runtime runs them (FSDP, offload, the stack switches and the EP overlap off) are seeds
     # too: a plan the runtime does not run as it is still gives the heterogeneous search its shapes and cuts
@@ -231,9 +235,10 @@ def plan_all(cm, training, opts: SearchOptions, top_k: int = 1, target: str = "a
     # the heterogeneous line is never slower than the Megatron-LM line (or its |-pattern form) as the runtime runs it
     from .state import Evaluator
     ev = Evaluator(cm, training.global_batch_size, None, "aceso", aspace.moe)
-    for e in runs + [ev.evaluate(s, charge=False, exact=True) for s in moved if aspace.legal(s)]:
+    for e in [e for e in runs if aspace.legal(e.state)] + [ev.evaluate(s, charge=False, exact=True) for s in moved
+                                                         if aspace.legal(s)]:
         _never_worse(het, e)
-    return Plans(target, base, mlm, het, aspace if target == "aceso" else space, **lines)
+    return Plans(target, base, mlm, het, aspace if target == "aceso" else space, **lines, runtime_space=aspace)
 
 
 def _pattern_line(cm, training, space, seeds, release):

@@ -308,6 +308,31 @@ def test_hybrid_plans_need_megatron_core_019(tmp_path, capsys):
         assert "Traceback" not in err
 
 
+def test_a_gpu_plan_is_not_held_to_this_machines_megatron_core(tmp_path, capsys):
+    """A hybrid MoE model's plan for GPUs, checked on a machine without CUDA, gets the capability table's verdict
+    (``planner_checks``: what a planner-only install answers, and what the dense hybrid's plan gets, whose runtime
+    checks do not run), whatever megatron-core is installed here: the GPUs run their own (NGC 26.x: 0.19), and the
+    workers check it. Before, on megatron-core 0.16.1 (the Python 3.11 stack) it was refused, "runs hybrid models on
+    megatron-core >= 0.19 ... this is 0.16.1", and ``aceso search`` of nemotron-3-nano for any GPU cluster exited
+    2 ("the search found no plan the runtime runs") while nemotron-h-8b's search returned its plan."""
+    import torch
+
+    from search.spec.plan import ParallelPlan
+    from search.targets.preflight import planner_checks
+    from tests.tiny_models import HYBRID
+
+    if torch.cuda.is_available():
+        pytest.skip("a machine with CUDA checks a GPU plan as one it may run")
+    p = tmp_path / "p.json"
+    raw = plan(HYBRID, (0, HYBRID.num_units, ["none"] * HYBRID.num_units))
+    raw = {**raw, "moe": {"token_dispatcher": "alltoall", "grouped_gemm": False, "permute_fusion": False}}
+    p.write_text(json.dumps(raw))
+    planner_checks(ParallelPlan.model_validate(raw), "cuda", "aceso")    # the table runs it (raises if not)
+    rc = main(["validate", str(p), "--cluster", "1x1-h100"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "valid plan" in out, err
+
+
 def test_the_shared_mtp_layer_needs_megatron_core_017(tmp_path, capsys):
     """Two MTP depths of one shared layer (``mtp_use_repeated_layer``) pass the pre-flight where megatron-core has
     the flag (0.19: the runtime builds it, tests/distributed/test_moe_mla_mtp.py) and are refused in one line naming

@@ -326,3 +326,22 @@ def test_a_megatron_fsdp_hybrids_yaml_imports_back(tmp_path, capsys):
     got = load_plan(str(back))
     assert got.model == plan.model and got.stages == plan.stages
     assert got.settings.megatron_fsdp == plan.settings.megatron_fsdp
+
+
+def test_a_plan_megatron_lm_does_not_run_either_is_refused_in_its_words():
+    """A Nemotron-H plan with virtual stages and a different dp per stage: Bridge's hybrid provider refuses the
+    virtual stages, and its way out, ``--to megatron-lm --hybrid-pattern``, refuses the two dp sizes (the reference:
+    the Megatron-LM export's own refusal, ``check_expressible``). The Bridge export names the one that no form runs.
+    Before, it named the virtual stages and sent the user to an export that refused the plan again."""
+    from search.megatron import check_expressible
+    from search.spec.plan import ParallelPlan
+
+    data = cut_plan(load_model("nemotron-h-8b"), [0, 14, 26, 40, 52], 2, dp=2, mbs=2, gbs=32).model_dump()
+    data["stages"][1].update(dp=4, num_gpus=4)
+    plan = ParallelPlan.model_validate(data)
+    megatron_lm = check_expressible(plan)
+    assert megatron_lm is not None and "data-parallel size" in megatron_lm
+    for pipes in (False, True):
+        with pytest.raises(NotExpressible) as e:
+            hybrid_config(plan, pipes)
+        assert str(e.value) == megatron_lm, str(e.value)

@@ -52,3 +52,38 @@ def test_the_same_script_written_out_is_the_hybrid_model(tmp_path, capsys):
     rc, plan = _import(tmp_path, SIZES)
     assert rc == 0, capsys.readouterr().err
     assert '"hybrid_layer_pattern": "M-M-M--M-*M-M-M-M--*M-M-M-M-*M--M-M-M-*M-M--M-M-"' in plan
+
+
+# Megatron-LM's data step (tools/preprocess_data.py, its README's "Data Preprocessing") in the same launch script
+PREPROCESS = ("python tools/preprocess_data.py --input corpus.jsonl --output-prefix data/corpus "
+              "--tokenizer-type NullTokenizer --vocab-size 32000 --workers 8\n")
+
+
+def test_a_data_step_beside_the_hybrid_run_is_not_its_run(tmp_path, capsys):
+    """A script that prepares its data with ``tools/preprocess_data.py`` and then runs ``pretrain_hybrid.py`` prices
+    the ``pretrain_hybrid.py`` run, as a ``pretrain_gpt.py`` script with a data step prices that one: the plan is
+    the one of the same script without the data step. Before, only pretrain_gpt.py / pretrain_t5.py runs were told
+    apart from the other Python commands, so it was refused: "runs pretrain_hybrid.py 2 times with different
+    arguments", though one of them runs preprocess_data.py."""
+    rc, alone = _import(tmp_path, SIZES)
+    assert rc == 0, capsys.readouterr().err
+    src, out = tmp_path / "prep.sh", tmp_path / "prep.json"
+    src.write_text(SCRIPT.format(choice=SIZES).replace("torchrun", PREPROCESS + "torchrun"))
+    rc = main(["import", str(src), "--from", "megatron-lm", "--cluster", "1x8-h100", "-o", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    assert out.read_text() == alone
+
+
+def test_a_refusal_names_the_hybrid_entry_point_as_a_fix(tmp_path, capsys):
+    """A file that runs no entry point aceso reads (a wrapper around another script, another program) is refused
+    with the scripts to give instead; pretrain_hybrid.py is one (Megatron-LM core_v0.19.0's examples/mamba/train.sh
+    runs it, and its script imports: test above). Before, the fix named pretrain_gpt.py or pretrain_t5.py only, so
+    a Nemotron-H user was told to give a GPT script."""
+    for text in ("set -e\nbash ./train_hybrid.sh\n", "mkdir -p out\nmy_trainer --layers 4\n", "A=1\n",
+                 "python foo.py --layers 4\n"):
+        src = tmp_path / "wrap.sh"
+        src.write_text(text)
+        rc = main(["import", str(src), "--from", "megatron-lm", "--cluster", "1x8-h100", "-o",
+                   str(tmp_path / "p.json")])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and "pretrain_hybrid.py" in err, err

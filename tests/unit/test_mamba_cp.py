@@ -5,6 +5,8 @@ the scan y (d_inner / tp); backward runs them reversed. Each moves (cp - 1) / cp
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from search.spec.cluster import parse_cluster
@@ -84,3 +86,25 @@ def test_the_runtime_preflight_refuses_mamba_cp_in_one_line():
         planner_checks(plan, "cuda", "runtime")
     assert str(e.value).startswith("stages[0].cp (2): the aceso runtime does not run Mamba-2") and "\n" not in str(e.value)
     planner_checks(plan, "cuda", "megatron-lm")        # Megatron-LM runs it
+
+
+def test_search_says_when_the_heterogeneous_plans_leave_out_the_cp_asked_for(tmp_path, capsys):
+    """``aceso search --cp 2`` of a Mamba-2 model: the heterogeneous line is a cp 1 plan (the aceso runtime refuses
+    Mamba-2 under cp: ``validate --target aceso`` of the cp 2 Megatron-LM plan, the reference), and the report says
+    so in one note on stderr; a model without such layers, or no --cp, gets none. Before, --cp 2 was dropped from
+    the heterogeneous search without a word."""
+    from search.cli import main
+
+    out = tmp_path / "plan.json"
+    args = ["search", "--cluster", "1x8-h100", "--global-batch-size", "64", "--budget-evals", "100", "--json"]
+    assert main([*args, "--model", "nemotron-h-8b", "--cp", "2", "--target", "megatron-lm", "-o", str(out)]) == 0
+    cap = capsys.readouterr()
+    got = json.loads(cap.out)
+    assert "cp2" in got["lines"]["megatron_lm"]["plan"] and " cp" not in got["lines"]["aceso"]["plan"]
+    assert main(["validate", str(out), "--target", "aceso"]) == 2
+    assert "Mamba-2 layers under context parallelism" in capsys.readouterr().err
+    notes = [n for n in cap.err.splitlines() if "--cp 2" in n]
+    assert len(notes) == 1 and "the aceso runtime does not run Mamba-2 layers under context parallelism" in notes[0]
+    for extra in (["--model", "nemotron-h-8b"], ["--model", "llama3-8b", "--cp", "2"]):
+        assert main([*args, *extra, "-o", str(out)]) == 0
+        assert "--cp" not in capsys.readouterr().err

@@ -276,3 +276,33 @@ def test_an_moe_search_routes_in_fp32_as_nvidias_runs_unless_asked(tmp_path, cap
     dense = tmp_path / "dense.json"
     assert main(["search", "--model", "gpt-1.3b", "--num-layers", "2", *common, "-o", str(dense)]) == 0
     assert json.loads(dense.read_text())["settings"].get("moe") is None
+
+
+def test_explain_under_a_framework_that_does_not_run_the_plan_says_so(tmp_path, capsys):
+    """``explain --framework megatron-bridge`` of a Nemotron-H plan with virtual pipeline stages prices it, and says
+    that Megatron-Bridge does not run it in the words of the one pre-flight (``aceso validate --target
+    megatron-bridge`` of the same plan: the reference); a plan it runs gets no such note. Before, the price came with
+    no word that Bridge's hybrid provider asserts no VPP (the export and validate refuse the plan)."""
+    from search.spec.cluster import parse_cluster
+    from search.spec.plan import uniform_plan
+    from search.spec.presets import load_model
+
+    model = load_model("nemotron-h-8b")
+    notes = {}
+    for vpp in (2, 1):
+        plan = uniform_plan(model, 2, 1, 4, 4, 64, cluster=parse_cluster("1x8-h100"), num_virtual_stages=vpp,
+                            distributed_optimizer=True, framework="megatron-lm")
+        path = tmp_path / f"vpp{vpp}.json"
+        path.write_text(plan.to_json())
+        rc_v = main(["validate", str(path), "--target", "megatron-bridge"])
+        err = capsys.readouterr().err
+        refusal = err.strip().split(": error: ", 1)[-1].split(": ", 1)[-1] if rc_v else None
+        rc_e = main(["explain", str(path), "--framework", "megatron-bridge", "--json"])
+        out, err = capsys.readouterr()
+        assert rc_e == 0, err
+        got = json.loads(out)
+        notes[vpp] = [n for n in got["notes"] if n.startswith("--framework")]
+        if vpp == 2:
+            assert rc_v == 2 and len(notes[2]) == 1 and refusal in notes[2][0], (refusal, notes)
+        else:
+            assert rc_v == 0 and notes[1] == [], notes

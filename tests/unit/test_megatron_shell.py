@@ -168,3 +168,22 @@ def test_the_same_command_twice_is_priced_once_with_a_note():
     got = read_command(line + "echo retry\n" + line, "run.sh")
     assert got.argv == ["--num-layers", "2"]
     assert got.notes == ["the same command runs 2 times (lines 1, 3); priced once"]
+
+
+def test_an_unquoted_pattern_cut_is_a_pipe_and_said_so():
+    """``--hybrid-layer-pattern MEM*|EME`` unquoted (as Megatron-LM's test YAMLs write the value) is a pipe into a
+    program ``EME`` to bash itself (the reference: bash runs it and cannot find that command); aceso says so and how
+    to quote it, in one line. Before: "--hidden-size is missing" (the flags after the '|' belong to the program
+    ``EME``), or "runs EME, and no command runs Megatron-LM's pretrain_gpt.py ...", naming no '|'."""
+    import subprocess
+
+    line = "torchrun pretrain_hybrid.py --hybrid-layer-pattern MEM*|EME --hidden-size 64"
+    bash = subprocess.run(["bash", "-c", line.replace("torchrun pretrain_hybrid.py", "true")], capture_output=True,
+                          text=True)
+    assert "EME: command not found" in bash.stderr
+    for text in (line, line.split(" ", 2)[2]):
+        with pytest.raises(AcesoError) as e:
+            read_command(text, "run.sh")
+        msg = str(e.value)
+        assert "'|' outside quotes pipes the command into EME" in msg and "quote the --hybrid-layer-pattern" in msg
+        assert "\n" not in msg
