@@ -425,6 +425,24 @@ def summarize(rows: list[dict]) -> dict:
             "min_speedup": min(sp, default=None)}
 
 
+def verdicts(rows: list[dict], s: dict) -> list[str]:
+    """One PASS / FAIL line per target of the issue, naming the rows that miss it."""
+    out = [f"{'PASS' if s['mae'] is not None and s['mae'] <= TARGETS['mae'] else 'FAIL'}  MAE <= {TARGETS['mae']:.0%}"]
+    beyond = [f"{r['id']} {r['error']:+.1%}" for r in rows if r["status"] == "priced" and
+              abs(r["error"]) > TARGETS["max"]]
+    out.append(f"{'FAIL' if beyond else 'PASS'}  no row beyond {TARGETS['max']:.0%}" + (": " + "; ".join(beyond)
+                                                                                      if beyond else ""))
+    out.append(f"{'PASS' if s['all_fit'] else 'FAIL'}  every published run fits")
+    if s["searched"]:
+        out.append(f"{'PASS' if s['median_speedup'] >= TARGETS['median_speedup'] else 'FAIL'}  search median "
+                   f"{s['median_speedup']:.3f}x >= {TARGETS['median_speedup']}x")
+        low = [f"{r['id']} {r['speedup']:.3f}x" for r in rows if r.get("speedup") and
+               r["speedup"] < TARGETS["min_speedup"]]
+        out.append(f"{'FAIL' if low else 'PASS'}  no search below {TARGETS['min_speedup']}x" + (": " + "; ".join(low)
+                                                                                             if low else ""))
+    return out
+
+
 def fit(grid=None) -> list[tuple[float, float, float]]:
     """``search.layers.mamba.SSD_KERNEL_TIME`` scanned over ``grid`` on every priced row: (value, MAE, max |error|)
     each. A fit never edits the source: the value is written into mamba.py by hand."""
@@ -499,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     s = summarize(rows)
     print(f"\npriced {s['priced']}/{s['rows']} rows: MAE {s['mae']:.1%}, max |error| {s['max_abs']:.1%}, "
           f"all fit: {s['all_fit']} (targets: MAE <= {TARGETS['mae']:.0%}, none beyond {TARGETS['max']:.0%})")
+    for line in verdicts(rows, s):
+        print(line)
     no_fit = published_no_fit() if not args.rows else []
     for x in no_fit:
         print(f"published as not fitting: {x['id']}: " + (x["status"] if x["status"] != "priced" else

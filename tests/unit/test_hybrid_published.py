@@ -119,3 +119,18 @@ def test_the_published_run_that_did_not_fit_is_refused():
     mx = hp.price_row(_row("26.04.01/pretrain/nemotron-3-super/b200x64/mxfp8"))
     from search.costmodel.memory import DEFAULT_HEADROOM, headroom_verdict
     assert headroom_verdict(mx["memory_gib"] * 1024, mx["limit_gib"] * 1024, DEFAULT_HEADROOM) is None
+
+
+def test_the_verdicts_name_each_target_and_the_rows_that_miss_it():
+    """The summary says PASS / FAIL per target of issue 36 (MAE <= 10%, no row beyond 20%, every run fits, search
+    median >= 1.15x, none below 1.0x) and names the rows beyond a bound; before, it printed the numbers beside the
+    targets and left the reader to compare (a row at +22% read as passing)."""
+    rows = [{"id": "a", "status": "priced", "error": 0.05, "fits": True, "speedup": 1.20},
+            {"id": "b", "status": "priced", "error": -0.224, "fits": True, "speedup": 0.98},
+            {"id": "c", "status": "priced", "error": 0.01, "fits": True, "speedup": 1.10}]
+    lines = hp.verdicts(rows, hp.summarize(rows))
+    assert lines[0].startswith("PASS") and "MAE" in lines[0]                       # (5 + 22.4 + 1) / 3 = 9.5%
+    assert lines[1].startswith("FAIL") and lines[1].endswith("b -22.4%")
+    assert lines[2].startswith("PASS")
+    assert lines[3].startswith("FAIL") and "1.100x" in lines[3]                    # median of 0.98, 1.10, 1.20
+    assert lines[4].startswith("FAIL") and lines[4].endswith("b 0.980x")
