@@ -30,7 +30,8 @@ from .recompute import recompute_of
 from .stack_flags import OFFLOAD_NEEDS_TE
 
 SHAPE_FIELDS = ("tp", "cp", "dp", "sequence_parallel")
-FOLDING = "Megatron-LM has one expert folding for all stages; use the plugin runtime or --target megatron-lm"
+FOLDING = ("Megatron-LM has one expert folding for all stages; run the plan on the aceso runtime, or search again with "
+           "--target megatron-lm (one folding)")
 
 
 def check_expressible(plan: ParallelPlan) -> str | None:

@@ -94,7 +94,8 @@ def test_a_plan_with_two_expert_foldings_is_refused_with_the_one_line():
     data["stages"][1].update(ep=2, etp=2)
     msg = check_expressible(ParallelPlan.model_validate(data))
     assert msg == ("stages[1] has the expert shape ep 2 etp 2, stages[0] ep 4 etp 2: Megatron-LM has one expert "
-                   "folding for all stages; use the plugin runtime or --target megatron-lm")
+                   "folding for all stages; run the plan on the aceso runtime, or search again with "
+                   "--target megatron-lm (one folding)")
     data["stages"][1].update(ep=4, etp=None)        # None = tp = 2: the same folding, expressible
     assert check_expressible(ParallelPlan.model_validate(data)) is None
 
