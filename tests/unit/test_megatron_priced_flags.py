@@ -257,3 +257,17 @@ def test_fp32_ssm_states_add_their_extra_bytes_to_the_scan_transient():
     assert model_refusal(b.plan.model, release("0.19")) is None
     assert "core_v0.19" in model_refusal(b.plan.model, release("0.18"))
     assert "mamba_training_ssm_states_dtype" in bridge_refusal(b.plan.model)
+
+
+def test_hiding_a_transfer_never_costs_more_than_exposing_it():
+    """The overlap tax is the share of the device's compute a collective takes while hidden: at most all of it. On
+    the ``cpu`` preset (8 nominal SMs, NCCL's 16 CTAs) it was 2, so an interleaved plan's overlapped p2p exposed
+    twice what the same plan exposes synchronously (57.1 against 54.6 ms for the README's pipe-gpt plan)."""
+    from search.costmodel.comm import overlap_tax
+    assert overlap_tax("cpu") == 1.0 and overlap_tax("h100") == pytest.approx(16 / 132)
+    mlm = read_megatron(GPT.replace("--hidden-size 4096", "--hidden-size 256").replace(
+        "--num-attention-heads 32", "--num-attention-heads 4") + VPP + "--transformer-impl local",
+        cluster=parse_cluster("2x4-cpu")).plan
+    sync = mlm.model_copy(update={"settings": mlm.settings.model_copy(update={"overlap_p2p_comm": False})})
+    for a, b in zip(price(mlm).stages, price(sync).stages):
+        assert a.comm["p2p"][0] <= b.comm["p2p"][0] + 1e-9
