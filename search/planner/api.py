@@ -35,7 +35,7 @@ def make_space(cm, training, target: str = "aceso", moe=None) -> Space:
     measured = getattr(getattr(cm, "source", None), "expert_shapes", None)
     space = Space.of(cm.model, cm.cluster, training, priced=getattr(cm, "features", frozenset()), target=target,
                      allowed=allowed, moe=moe, expert_shapes=measured() if measured is not None else None,
-                     sync_p2p=getattr(getattr(cm, "settings", None), "overlap_p2p_comm", True) is False)
+                     sync_p2p=getattr(cm, "sync_p2p", False))
     if not space.batches:
         raise AcesoError(f"--micro-batch-sizes: none divides --global-batch-size ({training.global_batch_size})")
     if allowed is not None and not space.candidate_shapes() & space.allowed:

@@ -41,6 +41,9 @@ def cost_model(model, cluster, training: TrainingSpec, settings: PlanSettings | 
                          settings=run if run is not None else run_settings(settings, training.precision))
     if settings is not None:        # megatron-core's rules of the stated release (a 0.19 is priced as the newest
         cm.megatron_core = megatron_core(settings.release)    # container, but runs 0.19's; planner.dispatchers)
+        # the plans say --no-overlap-p2p-communication (planner.api.make_space: Megatron-LM's pp > 2 rule); not the
+        # priced ``RunSettings.overlap_p2p_comm``, which is off for the runtime's own synchronous p2p too
+        cm.sync_p2p = settings.overlap_p2p_comm is False
     return cm
 
 

@@ -128,6 +128,18 @@ def test_synchronous_p2p_is_kept_and_megatron_lms_pp_above_2_rule_holds_in_the_s
     assert "asserts pp > 2" in check_expressible(sync)
 
 
+def test_the_runtimes_synchronous_p2p_does_not_impose_megatron_lms_pp_above_2_rule(tmp_path, capsys):
+    """Megatron-LM's pp > 2 rule is for plans that say --no-overlap-p2p-communication. A search for the runtime
+    prices its own interleaved p2p synchronous, but its Megatron-LM lines run Megatron-LM's overlapped default:
+    --pp 2 --vpp 2 searches (before, it was refused naming a flag the command did not give)."""
+    out = tmp_path / "p.json"
+    assert main(["search", "--model", "gpt-1.3b", "--cluster", "1x8-h100", "--global-batch-size", "64", "--pp", "2",
+                 "--vpp", "2", "--budget-evals", "40", "--workers", "1", "-o", str(out)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    plan = load_plan(str(out))
+    assert (plan.num_stages, plan.num_virtual_stages, plan.settings.overlap_p2p_comm) == (2, 2, None)
+
+
 def test_the_searched_plans_keep_the_scripts_hybridep_sm_count(tmp_path, capsys):
     """--moe-hybridep-num-sms 16 (HybridEP priced at its published 16-SM rate; the newest release's default is
     HybridEP's own 32): the drop-in plan, a flex plan on HybridEP, keeps 16 SMs and is priced at them."""
