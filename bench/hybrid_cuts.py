@@ -50,6 +50,7 @@ from search.planner.state import Evaluator, State  # noqa: E402
 from search.spec.plan import even_split  # noqa: E402
 from search.spec.presets import load_model  # noqa: E402
 from search.spec.training import TrainingSpec  # noqa: E402
+from search.settings.plan_settings import target_settings  # noqa: E402
 
 REL = release()          # the newest Megatron-LM (core_v0.19.0): every recompute setting over hybrid layers
 BUDGET = 1500
@@ -79,6 +80,11 @@ RECIPES = [("nemotron-3-super bridge h100 tp1 pp2 ep32", 1280,
              "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16", "--grad-reduce-in-bf16",
              "--overlap", "off", "--target", "megatron-lm", "--workers", "1"])]
 ONE_STAGE = "pp 1: nothing to cut (the |-pattern line is the Megatron-LM line)"
+
+
+# the lines are Megatron-LM runs: priced as Megatron-LM runs them (its interleaved p2p overlapped, its gradient
+# reduction), not as the aceso runtime would (the RECIPES rows: their arguments' --target megatron-lm)
+MEGATRON_LM = target_settings("megatron-lm", precision="bf16")
 
 
 def _training(gbs: int) -> TrainingSpec:
@@ -128,7 +134,7 @@ def section_config(quick: bool) -> list[dict]:
     rows = []
     for cid, preset, cluster, gbs, (tp, pp, cp, vpp, mbs) in CONFIGS:
         model, cl = load_model(preset), parse_cluster(cluster)
-        cm = cost_model(model, cl, _training(gbs))
+        cm = cost_model(model, cl, _training(gbs), MEGATRON_LM)
         ev = Evaluator(cm, gbs, None, "megatron-lm")
         feats = Features(distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True)
         rows.append({"case": cid, "cluster": cluster, "gbs": gbs,
@@ -171,7 +177,7 @@ def section_search(quick: bool, cases=()) -> list[dict]:
     rows = []
     for preset, cluster, gbs in [c for c in SEARCHES if not quick or c in QUICK] + list(cases):
         model, tr = load_model(preset), _training(gbs)
-        cm = cost_model(model, parse_cluster(cluster), tr)
+        cm = cost_model(model, parse_cluster(cluster), tr, MEGATRON_LM)
         t0 = time.process_time()
         plans = plan_all(cm, tr, SearchOptions(budget_evals=BUDGET, workers=1))
         rows.append(search_row(f"{preset} {cluster} gbs {gbs}", plans, cm, gbs, time.process_time() - t0))
